@@ -1,0 +1,79 @@
+# gpucr build. Everything lands in $(BUILD); `make clean` removes it.
+#
+#   make            build everything (Go binary, simulated driver, test apps)
+#   make demo       install what is missing, build, run the main job
+#   make test       everything CI runs; ends with a pass/fail count
+#   make gpu-apps   build the test apps against the real driver (GPU machine)
+
+BUILD    ?= build
+CC       ?= gcc
+GO       ?= go
+CFLAGS   ?= -O2 -g
+WARN     := -Wall -Wextra -Werror
+CPPFLAGS += -Iintercept/include -D_GNU_SOURCE
+PICFLAGS := -fPIC -fvisibility=hidden
+
+SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
+SIM_HDR    := $(wildcard tests/sim/*.h) intercept/include/gpucr/cudadrv.h
+SIM_LIB    := $(BUILD)/sim/libcuda.so.1
+APP_COMMON := $(wildcard tests/apps/common/*.c)
+APP_HDR    := $(wildcard tests/apps/common/*.h) intercept/include/gpucr/cudadrv.h
+APP_SRC    := $(wildcard tests/apps/*.c)
+APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
+DRVTEST    := $(BUILD)/bin/drvtest
+GPUCR      := $(BUILD)/bin/gpucr
+GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
+
+.PHONY: all sim apps gpucr clean demo test deps gpu-apps fmt vet
+
+all: gpucr sim apps $(DRVTEST)
+
+sim: $(SIM_LIB)
+apps: $(APPS)
+gpucr: $(GPUCR)
+
+# The simulated driver stands in for libcuda.so.1 (same soname), so programs
+# linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
+$(SIM_LIB): $(SIM_SRC) $(SIM_HDR) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/sim $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,-soname,libcuda.so.1 -Wl,--no-undefined -o $@ $(SIM_SRC) -lpthread -lrt
+	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
+
+# Test applications: driver API only, linked against whichever libcuda the
+# link path offers (the simulated one here, the real one with gpu-apps).
+CUDA_LINK ?= -L$(BUILD)/sim
+$(BUILD)/bin/%: tests/apps/%.c $(APP_COMMON) $(APP_HDR) $(SIM_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(CUDA_LINK) -lcuda
+
+$(DRVTEST): $(wildcard tests/drvtest/*.c tests/drvtest/*.h) $(APP_COMMON) $(APP_HDR) $(SIM_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $(wildcard tests/drvtest/*.c) $(APP_COMMON) $(CUDA_LINK) -lcuda
+
+# On the GPU machine: the same sources against the real driver.
+gpu-apps:
+	$(MAKE) BUILD=$(BUILD)/gpu SIM_LIB= CUDA_LINK="-L/usr/local/cuda/lib64/stubs -L/usr/lib/x86_64-linux-gnu" \
+		$(patsubst tests/apps/%.c,$(BUILD)/gpu/bin/%,$(APP_SRC)) $(BUILD)/gpu/bin/drvtest
+
+$(GPUCR): $(GO_SRC)
+	@mkdir -p $(@D)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
+
+deps:
+	bash scripts/install-deps.sh
+
+demo: deps all
+	bash scripts/demo.sh
+
+test: deps all
+	bash scripts/run-tests.sh
+
+fmt:
+	gofmt -l -w $$(find . -name '*.go' -not -path './build/*')
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BUILD)
