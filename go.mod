@@ -1,0 +1,33 @@
+module github.com/gpucr/gpucr
+
+go 1.26.8
+
+require (
+	github.com/checkpoint-restore/go-criu/v7 v7.2.0
+	github.com/urfave/cli/v2 v2.27.7
+	go.uber.org/zap v1.28.0
+)
+
+require (
+	github.com/bitfield/gotestdox v0.2.2 // indirect
+	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
+	github.com/dnephin/pflag v1.0.7 // indirect
+	github.com/fatih/color v1.18.0 // indirect
+	github.com/fsnotify/fsnotify v1.9.0 // indirect
+	github.com/google/shlex v0.0.0-20191202100458-e7afc7fbc510 // indirect
+	github.com/mattn/go-colorable v0.1.13 // indirect
+	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/russross/blackfriday/v2 v2.1.0 // indirect
+	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
+	go.uber.org/multierr v1.10.0 // indirect
+	golang.org/x/mod v0.27.0 // indirect
+	golang.org/x/sync v0.17.0 // indirect
+	golang.org/x/sys v0.36.0 // indirect
+	golang.org/x/term v0.35.0 // indirect
+	golang.org/x/text v0.17.0 // indirect
+	golang.org/x/tools v0.36.0 // indirect
+	google.golang.org/protobuf v1.34.2 // indirect
+	gotest.tools/gotestsum v1.13.0 // indirect
+)
+
+tool gotest.tools/gotestsum

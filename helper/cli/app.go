@@ -1,0 +1,101 @@
+// Package cli is gpucr's command line: the subcommands users and scripts run.
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	ucli "github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+)
+
+// Version is set at build time with -ldflags "-X .../cli.Version=...".
+var Version = "0.1.0-dev"
+
+// Exit codes scripts can rely on.
+const (
+	ExitOK      = 0
+	ExitFailure = 1 // the operation ran and failed
+	ExitUsage   = 2 // bad command line
+)
+
+// usageError marks errors that come from a bad command line.
+type usageError struct{ error }
+
+// Run runs the gpucr command line and returns the process exit code.
+func Run(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	if err := app.Run(args); err != nil {
+		fmt.Fprintf(stderr, "gpucr: %v\n", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return ExitUsage
+		}
+		return ExitFailure
+	}
+	return ExitOK
+}
+
+func newApp(stdout, stderr io.Writer) *ucli.App {
+	return &ucli.App{
+		Name:            "gpucr",
+		Usage:           "checkpoint and restore processes that use NVIDIA GPUs",
+		Version:         Version,
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		HideHelpCommand: true,
+		Flags: []ucli.Flag{
+			&ucli.BoolFlag{Name: "debug", Usage: "log debug messages to stderr"},
+		},
+		OnUsageError: func(_ *ucli.Context, err error, _ bool) error {
+			return usageError{err}
+		},
+		Commands: []*ucli.Command{
+			versionCommand(),
+			checkCommand(),
+		},
+	}
+}
+
+// logger returns the logger for a command: structured, to stderr, so stdout
+// stays clean for --json output.
+func logger(c *ucli.Context) *zap.Logger {
+	cfg := zap.NewProductionConfig()
+	cfg.OutputPaths = []string{"stderr"}
+	cfg.ErrorOutputPaths = []string{"stderr"}
+	cfg.Encoding = "console"
+	cfg.EncoderConfig = zap.NewDevelopmentEncoderConfig()
+	if c.Bool("debug") {
+		cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	} else {
+		cfg.Level = zap.NewAtomicLevelAt(zap.WarnLevel)
+	}
+	l, err := cfg.Build()
+	if err != nil {
+		return zap.NewNop()
+	}
+	return l
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func versionCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "version",
+		Usage: "print gpucr's version",
+		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
+		Action: func(c *ucli.Context) error {
+			if c.Bool("json") {
+				return writeJSON(c.App.Writer, map[string]string{"version": Version})
+			}
+			_, err := fmt.Fprintf(c.App.Writer, "gpucr %s\n", Version)
+			return err
+		},
+	}
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything CI runs (`make test` calls this after installing and building):
+# static checks, then every Go test (unit and end-to-end, with the race
+# detector) through gotestsum, which ends with a pass/fail count.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:$PATH"
+
+fail=0
+step() { printf '\n=== %s\n' "$*"; }
+
+step "gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then
+	echo "not gofmt-formatted:"; echo "$unformatted"; fail=1
+fi
+
+step "go vet"
+go vet ./... || fail=1
+
+step "go test -race ./... (unit and end-to-end)"
+# End-to-end tests drive CRIU and runc, which need root; they run serially
+# inside their package, packages in parallel.
+mkdir -p build
+if ! go tool gotestsum --format testname --jsonfile build/test-report.json -- \
+	-race -count=1 -timeout 40m ./...; then
+	fail=1
+fi
+
+if [ "$fail" != 0 ]; then
+	echo "FAILED (see above)"
+	exit 1
+fi
+echo "all checks passed"

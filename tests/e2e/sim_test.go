@@ -1,0 +1,61 @@
+package e2e
+
+import (
+	"bufio"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDriverConformance runs drvtest, the driver-API conformance suite that
+// also runs unchanged against the real driver on the GPU machine, on the
+// simulated driver; each of its cases is reported as a subtest.
+func TestDriverConformance(t *testing.T) {
+	out, err := runErr(5*time.Minute, simEnv(t), binPath(t, "drvtest"))
+	cases := 0
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "ok "):
+			cases++
+			t.Run(strings.TrimPrefix(line, "ok "), func(*testing.T) {})
+		case strings.HasPrefix(line, "FAIL "):
+			cases++
+			name, msg, _ := strings.Cut(strings.TrimPrefix(line, "FAIL "), ":")
+			t.Run(name, func(t *testing.T) { t.Error(strings.TrimSpace(msg)) })
+		}
+	}
+	if err != nil {
+		t.Errorf("drvtest: %v\n%s", err, tail(out, 40))
+	}
+	if cases < 20 {
+		t.Errorf("drvtest reported only %d cases:\n%s", cases, tail(out, 40))
+	}
+}
+
+// TestAppsDeterministic checks what the checkpoint tests rely on: an
+// application's checksums depend on the iteration only, not on timing, and
+// they change from one heartbeat to the next (a frozen app would not pass).
+func TestAppsDeterministic(t *testing.T) {
+	for _, tc := range appCases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := simEnv(t)
+			fast := reference(t, env, tc.name, tc.args, 40)
+			slow := run(t, 2*time.Minute, env, binPath(t, tc.name),
+				append(append([]string{}, tc.args...), "--iters", "40", "--interval-ms", "3")...)
+			_, hbs := parseHeartbeats(slow)
+			if len(hbs) < 4 {
+				t.Fatalf("too few heartbeats:\n%s", tail(slow, 20))
+			}
+			compareWithReference(t, hbs, fast)
+			seen := map[string]int{}
+			for _, h := range hbs {
+				if prev, dup := seen[h.Checksum]; dup {
+					t.Errorf("iterations %d and %d have the same checksum %s", prev, h.Iter, h.Checksum)
+				}
+				seen[h.Checksum] = h.Iter
+			}
+		})
+	}
+}
