@@ -39,7 +39,10 @@ func Run(args []string, stdout, stderr io.Writer) int {
 }
 
 func newApp(stdout, stderr io.Writer) *ucli.App {
-	return &ucli.App{
+	onUsageError := func(_ *ucli.Context, err error, _ bool) error {
+		return usageError{err}
+	}
+	app := &ucli.App{
 		Name:            "gpucr",
 		Usage:           "checkpoint and restore processes that use NVIDIA GPUs",
 		Version:         Version,
@@ -49,14 +52,16 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 		Flags: []ucli.Flag{
 			&ucli.BoolFlag{Name: "debug", Usage: "log debug messages to stderr"},
 		},
-		OnUsageError: func(_ *ucli.Context, err error, _ bool) error {
-			return usageError{err}
-		},
+		OnUsageError: onUsageError,
 		Commands: []*ucli.Command{
 			versionCommand(),
 			checkCommand(),
 		},
 	}
+	for _, c := range app.Commands {
+		c.OnUsageError = onUsageError
+	}
+	return app
 }
 
 // logger returns the logger for a command: structured, to stderr, so stdout

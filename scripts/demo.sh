@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The main job, shown end to end (`make demo` runs this after installing and
+# building): a GPU application runs, its GPU state goes through the driver's
+# checkpoint API, CRIU dumps it (the process dies), CRIU restores it, and it
+# carries on from where it was with exactly the checksums of an uninterrupted
+# run. Without a GPU it runs on gpucr's simulated driver.
+#
+# Later versions of gpucr replace the driver checkpoint of the GPU data by
+# gpucr's own (`gpucr checkpoint` / `gpucr restore`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/sbin:/usr/local/bin:$PATH"
+BUILD=${BUILD:-build}
+APP_ARGS=(--mib 64 --buffers 8 --hb-every 5 --interval-ms 20)
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+	echo "GPU found: $(nvidia-smi -L | head -1)"
+	make -s gpu-apps
+	BIN=$BUILD/gpu/bin
+	unset LD_LIBRARY_PATH
+else
+	echo "No GPU here: running on gpucr's simulated CUDA driver ($BUILD/sim/libcuda.so.1)."
+	BIN=$BUILD/bin
+	export LD_LIBRARY_PATH=$PWD/$BUILD/sim
+fi
+
+work=$(mktemp -d /tmp/gpucr-demo.XXXXXX)
+log=$work/app.log
+img=$work/img
+mkdir -p "$img"
+pid=
+cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; true; }
+trap cleanup EXIT
+
+last_hb() { awk '$1=="hb"{l=$0} END{print l}' "$log"; }
+wait_iter() { # wait until the app reports iteration >= $1
+	for _ in $(seq 1 600); do
+		it=$(last_hb | awk '{print $2}')
+		[ -n "$it" ] && [ "$it" -ge "$1" ] && return 0
+		sleep 0.1
+	done
+	echo "the application did not reach iteration $1"; tail "$log"; exit 1
+}
+
+echo; echo "1. start: heartbeat ${APP_ARGS[*]}  (log: $log)"
+setsid "$BIN/heartbeat" "${APP_ARGS[@]}" </dev/null >>"$log" 2>&1 &
+pid=$!
+wait_iter 20
+echo "   $(head -1 "$log")"
+echo "   $(last_hb)"
+
+echo; echo "2. checkpoint: driver lock + checkpoint, then criu dump (the process exits)"
+t0=$(date +%s.%N)
+"$BIN/cudackpt" lock checkpoint "$pid" | sed 's/^/   /'
+before=$(last_hb)
+criu dump -t "$pid" -D "$img" -o dump.log
+wait "$pid" 2>/dev/null || true
+t1=$(date +%s.%N)
+echo "   dumped in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s, image $(du -sh "$img" | cut -f1); last heartbeat: $before"
+kill -0 "$pid" 2>/dev/null && { echo "process still alive after dump"; exit 1; }
+echo "   process $pid is gone"
+
+echo; echo "3. restore: criu restore, then driver restore + unlock"
+t0=$(date +%s.%N)
+criu restore -D "$img" -d -o restore.log
+"$BIN/cudackpt" restore unlock "$pid" | sed 's/^/   /'
+t1=$(date +%s.%N)
+echo "   restored in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s as pid $pid"
+it=$(echo "$before" | awk '{print $2}')
+wait_iter $((it + 20))
+echo "   $(last_hb)"
+kill -9 "$pid"; pid=
+
+echo; echo "4. compare with an uninterrupted run of the same application"
+last=$(last_hb | awk '{print $2}')
+"$BIN/heartbeat" "${APP_ARGS[@]}" --iters "$last" --interval-ms 0 >"$work/ref.log"
+bad=$(awk 'NR==FNR { if ($1=="hb") ref[$2]=$3; next }
+	$1=="hb" { n++; if (ref[$2] != $3) { bad++; print "   iteration " $2 ": " $3 " != " ref[$2] > "/dev/stderr" } }
+	END { printf "%d %d\n", n, bad+0 }' "$work/ref.log" "$log")
+read -r n nbad <<<"$bad"
+if [ "$nbad" = 0 ]; then
+	echo "   all $n heartbeats, before and after the restore, equal the uninterrupted run's checksums"
+	echo; echo "demo: OK"
+else
+	echo "   $nbad of $n heartbeats differ"; echo; echo "demo: FAILED"; exit 1
+fi
+rm -rf "$work"
