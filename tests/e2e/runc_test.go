@@ -1,0 +1,88 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// container is a runc container running one test application, with its own
+// runc state directory so tests never touch the host's containers.
+type container struct {
+	t      testing.TB
+	runc   string
+	root   string // runc --root
+	bundle string
+	id     string
+	work   string // host directory bound at /work in the container
+}
+
+func (c *container) runc_(timeout time.Duration, args ...string) string {
+	c.t.Helper()
+	return run(c.t, timeout, nil, c.runc, append([]string{"--root", c.root}, args...)...)
+}
+
+func (c *container) pid(pidFile string) int {
+	c.t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		c.t.Fatalf("runc pid file: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		c.t.Fatalf("runc pid file %s: %q", pidFile, b)
+	}
+	return pid
+}
+
+// TestRuncCheckpointRestore checkpoints a container running a test
+// application on the simulated driver with `runc checkpoint` and brings it
+// back with `runc restore`, the path container runtimes (runc, podman) take.
+func TestRuncCheckpointRestore(t *testing.T) {
+	needTool(t, "criu")
+	c := &container{t: t, runc: needTool(t, "runc"), id: fmt.Sprintf("gpucr-e2e-%d", os.Getpid())}
+	dir := t.TempDir()
+	c.root, c.bundle, c.work = filepath.Join(dir, "runc"), filepath.Join(dir, "bundle"), filepath.Join(dir, "work")
+	img, cwork := filepath.Join(dir, "img"), filepath.Join(dir, "criu-work")
+	for _, d := range []string{c.root, c.work, img, cwork} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tc := appCases[0]
+	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " >>/work/app.log 2>&1"
+	run(t, time.Minute, nil, "bash", filepath.Join(repoRoot(t), "scripts", "oci-bundle.sh"), c.bundle,
+		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work",
+		"-e", "LD_LIBRARY_PATH=/gpucr/sim", "--", "/bin/sh", "-c", appCmd)
+
+	pidFile := filepath.Join(dir, "pid1")
+	c.runc_(time.Minute, "run", "-d", "--pid-file", pidFile, "-b", c.bundle, c.id)
+	t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
+	a := &app{t: t, name: tc.name, log: filepath.Join(c.work, "app.log"), pid: c.pid(pidFile)}
+	a.waitIter(15, time.Minute)
+
+	env := simEnv(t)
+	driverCheckpoint(t, env, a.pid, "lock", "checkpoint")
+	before := a.lastIter()
+	c.runc_(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", cwork, c.id)
+	if procState(a.pid) != "" {
+		t.Fatalf("container process %d still alive after runc checkpoint", a.pid)
+	}
+
+	pidFile2 := filepath.Join(dir, "pid2")
+	c.runc_(2*time.Minute, "restore", "-d", "--image-path", img, "--work-path", cwork,
+		"--pid-file", pidFile2, "-b", c.bundle, c.id)
+	a.pid = c.pid(pidFile2)
+	driverCheckpoint(t, env, a.pid, "restore", "unlock")
+	a.waitIter(before+20, time.Minute)
+	c.runc_(30*time.Second, "kill", c.id, "KILL")
+
+	hbs := a.heartbeats()
+	ref := reference(t, env, tc.name, tc.args, hbs[len(hbs)-1].Iter)
+	compareWithReference(t, hbs, ref)
+	checkContinuous(t, hbs, before)
+}
