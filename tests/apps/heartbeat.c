@@ -1,0 +1,309 @@
+/*
+ * heartbeat (test application "a"): plain device buffers, two streams.
+ *
+ * Holds --mib N MiB in --buffers K cuMemAlloc buffers of deliberately varied
+ * sizes (gpuapp_split_sizes). Every iteration ITER:
+ *
+ *   host   waits for the previous iteration's stream-0 work (ev_mix), so the
+ *          pageable pattern it copies from can be rewritten
+ *   s1     waits for ev_mix (buffer 1 is read by the previous mix)
+ *   s[i%2] app_hb_step on every buffer i                   (kernelParams)
+ *   s1     cuMemsetD32Async: 1024 words in the middle of buffer 1
+ *   s0     cuMemcpyHtoDAsync: 256 words of a host pattern into buffer 0
+ *   s1     records ev_s1; s0 waits for it (cross-stream dependency)
+ *   s0     app_hb_mix: buffer 0 ^= words of buffer 1 (stream 1's)  (cuLaunchKernelEx)
+ *   s0     records ev_mix
+ *
+ * A heartbeat synchronizes both streams and checksums all buffers in order.
+ * All arithmetic is on 32-bit unsigned integers, so the simulated driver and a
+ * GPU compute the same bits.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpuapp.h"
+
+/*
+ * The kernels (the simulator's C versions are in tests/sim/kernels/apps.c and
+ * must compute exactly the same):
+ *
+ * app_hb_init(u32 *buf, u32 n, u32 seed):
+ *   buf[j] = mix32(j * 0x9E3779B1 + seed), mix32 = murmur3's finalizer:
+ *   x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13; x *= 0xC2B2AE35; x ^= x >> 16
+ * app_hb_step(u32 *buf, u32 n, u32 iter, u32 salt):
+ *   k = iter * 0x9E3779B1 + salt;
+ *   v = (buf[j] ^ k) * 0x01000193; v ^= v >> 13; buf[j] = v + ((j << 3) ^ k)
+ * app_hb_mix(u32 *dst, u32 *src, u32 count, u32 nsrc, u32 iter), j < count:
+ *   dst[j] = (dst[j] ^ src[(j * 13 + iter) % nsrc]) + (j ^ iter)
+ *
+ * Each is a grid-stride loop over j; every element is read and written by
+ * one thread only, and app_hb_mix's src never overlaps dst.
+ */
+static const char ptx[] =
+    ".version 7.8\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry app_hb_init(\n"
+    "\t.param .u64 app_hb_init_param_0,\n"
+    "\t.param .u32 app_hb_init_param_1,\n"
+    "\t.param .u32 app_hb_init_param_2\n"
+    ")\n"
+    "{\n"
+    "\t.reg .pred %p<2>;\n"
+    "\t.reg .b32 %r<12>;\n"
+    "\t.reg .b64 %rd<6>;\n"
+    "\n"
+    "\tld.param.u64 %rd1, [app_hb_init_param_0];\n"
+    "\tld.param.u32 %r1, [app_hb_init_param_1];\n"
+    "\tld.param.u32 %r2, [app_hb_init_param_2];\n"
+    "\tcvta.to.global.u64 %rd2, %rd1;\n"
+    "\tmov.u32 %r3, %ctaid.x;\n"
+    "\tmov.u32 %r4, %ntid.x;\n"
+    "\tmov.u32 %r5, %tid.x;\n"
+    "\tmad.lo.u32 %r6, %r3, %r4, %r5;\n" /* j */
+    "\tmov.u32 %r7, %nctaid.x;\n"
+    "\tmul.lo.u32 %r7, %r7, %r4;\n" /* grid stride */
+    "\tsetp.ge.u32 %p1, %r6, %r1;\n"
+    "\t@%p1 bra $HI_done;\n"
+    "$HI_loop:\n"
+    "\tmad.lo.u32 %r8, %r6, 0x9E3779B1, %r2;\n"
+    "\tshr.u32 %r9, %r8, 16;\n"
+    "\txor.b32 %r8, %r8, %r9;\n"
+    "\tmul.lo.u32 %r8, %r8, 0x85EBCA6B;\n"
+    "\tshr.u32 %r9, %r8, 13;\n"
+    "\txor.b32 %r8, %r8, %r9;\n"
+    "\tmul.lo.u32 %r8, %r8, 0xC2B2AE35;\n"
+    "\tshr.u32 %r9, %r8, 16;\n"
+    "\txor.b32 %r8, %r8, %r9;\n"
+    "\tmul.wide.u32 %rd3, %r6, 4;\n"
+    "\tadd.s64 %rd4, %rd2, %rd3;\n"
+    "\tst.global.u32 [%rd4], %r8;\n"
+    "\tadd.u32 %r6, %r6, %r7;\n"
+    "\tsetp.lt.u32 %p1, %r6, %r1;\n"
+    "\t@%p1 bra $HI_loop;\n"
+    "$HI_done:\n"
+    "\tret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry app_hb_step(\n"
+    "\t.param .u64 app_hb_step_param_0,\n"
+    "\t.param .u32 app_hb_step_param_1,\n"
+    "\t.param .u32 app_hb_step_param_2,\n"
+    "\t.param .u32 app_hb_step_param_3\n"
+    ")\n"
+    "{\n"
+    "\t.reg .pred %p<2>;\n"
+    "\t.reg .b32 %r<14>;\n"
+    "\t.reg .b64 %rd<6>;\n"
+    "\n"
+    "\tld.param.u64 %rd1, [app_hb_step_param_0];\n"
+    "\tld.param.u32 %r1, [app_hb_step_param_1];\n"
+    "\tld.param.u32 %r2, [app_hb_step_param_2];\n"
+    "\tld.param.u32 %r3, [app_hb_step_param_3];\n"
+    "\tcvta.to.global.u64 %rd2, %rd1;\n"
+    "\tmad.lo.u32 %r10, %r2, 0x9E3779B1, %r3;\n" /* k */
+    "\tmov.u32 %r4, %ctaid.x;\n"
+    "\tmov.u32 %r5, %ntid.x;\n"
+    "\tmov.u32 %r6, %tid.x;\n"
+    "\tmad.lo.u32 %r7, %r4, %r5, %r6;\n" /* j */
+    "\tmov.u32 %r8, %nctaid.x;\n"
+    "\tmul.lo.u32 %r8, %r8, %r5;\n" /* grid stride */
+    "\tsetp.ge.u32 %p1, %r7, %r1;\n"
+    "\t@%p1 bra $HS_done;\n"
+    "$HS_loop:\n"
+    "\tmul.wide.u32 %rd3, %r7, 4;\n"
+    "\tadd.s64 %rd4, %rd2, %rd3;\n"
+    "\tld.global.u32 %r9, [%rd4];\n"
+    "\txor.b32 %r9, %r9, %r10;\n"
+    "\tmul.lo.u32 %r9, %r9, 0x01000193;\n"
+    "\tshr.u32 %r11, %r9, 13;\n"
+    "\txor.b32 %r9, %r9, %r11;\n"
+    "\tshl.b32 %r11, %r7, 3;\n"
+    "\txor.b32 %r11, %r11, %r10;\n"
+    "\tadd.u32 %r9, %r9, %r11;\n"
+    "\tst.global.u32 [%rd4], %r9;\n"
+    "\tadd.u32 %r7, %r7, %r8;\n"
+    "\tsetp.lt.u32 %p1, %r7, %r1;\n"
+    "\t@%p1 bra $HS_loop;\n"
+    "$HS_done:\n"
+    "\tret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry app_hb_mix(\n"
+    "\t.param .u64 app_hb_mix_param_0,\n"
+    "\t.param .u64 app_hb_mix_param_1,\n"
+    "\t.param .u32 app_hb_mix_param_2,\n"
+    "\t.param .u32 app_hb_mix_param_3,\n"
+    "\t.param .u32 app_hb_mix_param_4\n"
+    ")\n"
+    "{\n"
+    "\t.reg .pred %p<2>;\n"
+    "\t.reg .b32 %r<16>;\n"
+    "\t.reg .b64 %rd<10>;\n"
+    "\n"
+    "\tld.param.u64 %rd1, [app_hb_mix_param_0];\n"
+    "\tld.param.u64 %rd2, [app_hb_mix_param_1];\n"
+    "\tld.param.u32 %r1, [app_hb_mix_param_2];\n" /* count */
+    "\tld.param.u32 %r2, [app_hb_mix_param_3];\n" /* nsrc */
+    "\tld.param.u32 %r3, [app_hb_mix_param_4];\n" /* iter */
+    "\tcvta.to.global.u64 %rd3, %rd1;\n"
+    "\tcvta.to.global.u64 %rd4, %rd2;\n"
+    "\tmov.u32 %r4, %ctaid.x;\n"
+    "\tmov.u32 %r5, %ntid.x;\n"
+    "\tmov.u32 %r6, %tid.x;\n"
+    "\tmad.lo.u32 %r7, %r4, %r5, %r6;\n" /* j */
+    "\tmov.u32 %r8, %nctaid.x;\n"
+    "\tmul.lo.u32 %r8, %r8, %r5;\n" /* grid stride */
+    "\tsetp.ge.u32 %p1, %r7, %r1;\n"
+    "\t@%p1 bra $HM_done;\n"
+    "$HM_loop:\n"
+    "\tmad.lo.u32 %r9, %r7, 13, %r3;\n"
+    "\trem.u32 %r9, %r9, %r2;\n"
+    "\tmul.wide.u32 %rd5, %r9, 4;\n"
+    "\tadd.s64 %rd6, %rd4, %rd5;\n"
+    "\tld.global.u32 %r10, [%rd6];\n" /* src word */
+    "\tmul.wide.u32 %rd7, %r7, 4;\n"
+    "\tadd.s64 %rd8, %rd3, %rd7;\n"
+    "\tld.global.u32 %r11, [%rd8];\n" /* dst word */
+    "\txor.b32 %r11, %r11, %r10;\n"
+    "\txor.b32 %r12, %r7, %r3;\n"
+    "\tadd.u32 %r11, %r11, %r12;\n"
+    "\tst.global.u32 [%rd8], %r11;\n"
+    "\tadd.u32 %r7, %r7, %r8;\n"
+    "\tsetp.lt.u32 %p1, %r7, %r1;\n"
+    "\t@%p1 bra $HM_loop;\n"
+    "$HM_done:\n"
+    "\tret;\n"
+    "}\n";
+
+#define PATTERN_WORDS 256u /* host pattern copied into buffer 0 every iteration */
+#define MEMSET_WORDS 1024u /* words of buffer 1 set every iteration */
+#define MIX_WORDS 65536u   /* words of buffer 0 mixed with buffer 1 */
+
+typedef struct hb_state {
+    gpuapp *app;
+    unsigned k;
+    uint64_t *sizes;
+    CUdeviceptr *buf;
+    CUstream s[2];
+    CUevent ev_s1, ev_mix;
+    CUmodule mod;
+    CUfunction f_init, f_step, f_mix;
+    uint32_t *pattern; /* pageable host memory */
+} hb_state;
+
+static uint32_t salt_of(unsigned i) { return (i + 1) * 0x27D4EB2Fu; }
+
+static void step(void *p, uint32_t iter) {
+    hb_state *st = p;
+    CUstream s0 = st->s[0], s1 = st->s[1];
+
+    /*
+     * The previous iteration's stream-0 work (its HtoD copy included) is done:
+     * the pattern can be rewritten, and at most one iteration is in flight.
+     */
+    CHECK(cuEventSynchronize(st->ev_mix));
+    for (uint32_t j = 0; j < PATTERN_WORDS; j++)
+        st->pattern[j] = gpuapp_mix32(iter * 0x9E3779B1u + j);
+
+    /* Buffer 1 was read by the previous mix on s0: s1 must not write it before. */
+    CHECK(cuStreamWaitEvent(s1, st->ev_mix, 0));
+
+    for (unsigned i = 0; i < st->k; i++) {
+        CUdeviceptr b = st->buf[i];
+        uint32_t n = (uint32_t)(st->sizes[i] / 4);
+        uint32_t it = iter, salt = salt_of(i);
+        void *args[] = {&b, &n, &it, &salt};
+        CHECK(cuLaunchKernel(st->f_step, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, 0, st->s[i % 2], args, NULL));
+    }
+
+    uint64_t n0 = st->sizes[0] / 4, n1 = st->sizes[1] / 4;
+    CHECK(cuMemsetD32Async(st->buf[1] + (n1 / 2) * 4, iter * 0x01000193u ^ 0xA5A5A5A5u, MEMSET_WORDS, s1));
+    CHECK(cuMemcpyHtoDAsync(st->buf[0] + (n0 / 3) * 4, st->pattern, PATTERN_WORDS * 4, s0));
+
+    /* Cross-stream dependency: the mix on s0 reads buffer 1, written on s1. */
+    CHECK(cuEventRecord(st->ev_s1, s1));
+    CHECK(cuStreamWaitEvent(s0, st->ev_s1, 0));
+
+    CUdeviceptr dst = st->buf[0], src = st->buf[1];
+    uint32_t count = n0 < MIX_WORDS ? (uint32_t)n0 : MIX_WORDS, nsrc = (uint32_t)n1, it = iter;
+    void *args[] = {&dst, &src, &count, &nsrc, &it};
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = gpuapp_grid(count);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = GPUAPP_BLOCK;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = 0;
+    cfg.hStream = s0;
+    cfg.attrs = NULL;
+    cfg.numAttrs = 0;
+    CHECK(cuLaunchKernelEx(&cfg, st->f_mix, args, NULL));
+    CHECK(cuEventRecord(st->ev_mix, s0));
+}
+
+static uint64_t checksum(void *p) {
+    hb_state *st = p;
+    CHECK(cuStreamSynchronize(st->s[0]));
+    CHECK(cuStreamSynchronize(st->s[1]));
+    uint64_t h = GPUAPP_SUM_BASIS;
+    for (unsigned i = 0; i < st->k; i++)
+        h = gpuapp_sum_device(h, i, st->buf[i], st->sizes[i]);
+    return h;
+}
+
+int main(int argc, char **argv) {
+    gpuapp app;
+    hb_state st;
+    gpuapp_parse(&app, "heartbeat", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS, 64, 8, argc, argv);
+    memset(&st, 0, sizeof(st));
+    st.app = &app;
+    st.k = app.buffers;
+    st.sizes = calloc(st.k, sizeof(*st.sizes));
+    st.buf = calloc(st.k, sizeof(*st.buf));
+    st.pattern = calloc(PATTERN_WORDS, sizeof(uint32_t));
+    if (!st.sizes || !st.buf || !st.pattern)
+        gpuapp_die("out of host memory");
+    /* Each buffer must hold the memset and pattern regions (at n/2 and n/3). */
+    gpuapp_split_sizes((uint64_t)app.mib << 20, st.k, 4 * 4 * MEMSET_WORDS, st.sizes);
+
+    gpuapp_context(&app);
+    st.mod = gpuapp_load_ptx(ptx);
+    st.f_init = gpuapp_function(st.mod, "app_hb_init");
+    st.f_step = gpuapp_function(st.mod, "app_hb_step");
+    st.f_mix = gpuapp_function(st.mod, "app_hb_mix");
+    /* One blocking and one non-blocking stream: both kinds get exercised. */
+    CHECK(cuStreamCreate(&st.s[0], CU_STREAM_DEFAULT));
+    CHECK(cuStreamCreate(&st.s[1], CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventCreate(&st.ev_s1, CU_EVENT_DISABLE_TIMING));
+    CHECK(cuEventCreate(&st.ev_mix, CU_EVENT_DISABLE_TIMING));
+
+    for (unsigned i = 0; i < st.k; i++) {
+        CHECK(cuMemAlloc(&st.buf[i], st.sizes[i]));
+        CUdeviceptr b = st.buf[i];
+        uint32_t n = (uint32_t)(st.sizes[i] / 4), seed = app.seed + i * 0x9E3779B9u;
+        void *args[] = {&b, &n, &seed};
+        CHECK(cuLaunchKernel(st.f_init, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, 0, st.s[i % 2], args, NULL));
+    }
+    CHECK(cuEventRecord(st.ev_mix, st.s[0]));
+    CHECK(cuCtxSynchronize());
+
+    gpuapp_ready(&app, app.mib, st.k);
+    gpuapp_loop(&app, &st, step, checksum);
+
+    CHECK(cuCtxSynchronize());
+    for (unsigned i = 0; i < st.k; i++)
+        CHECK(cuMemFree(st.buf[i]));
+    CHECK(cuEventDestroy(st.ev_s1));
+    CHECK(cuEventDestroy(st.ev_mix));
+    CHECK(cuStreamDestroy(st.s[0]));
+    CHECK(cuStreamDestroy(st.s[1]));
+    CHECK(cuModuleUnload(st.mod));
+    gpuapp_context_release(&app);
+    free(st.sizes);
+    free(st.buf);
+    free(st.pattern);
+    return 0;
+}
