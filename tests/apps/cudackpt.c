@@ -166,6 +166,7 @@ int main(int argc, char **argv) {
         if (r == CUDA_ERROR_NOT_INITIALIZED && !initialized) {
             /* See the top: this driver wants cuInit in the calling process. */
             initialized = 1;
+            fprintf(stderr, "cudackpt: the driver answered CUDA_ERROR_NOT_INITIALIZED: calling cuInit(0)\n");
             CUresult ri = cuInit(0);
             if (ri != CUDA_SUCCESS) {
                 fprintf(stderr, "cudackpt: cuInit(0) failed: %d %s: %s\n", (int)ri, gpuapp_err_name(ri),
