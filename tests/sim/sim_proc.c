@@ -1,0 +1,250 @@
+/* cuGetProcAddress, error names and strings, export tables. */
+#include <string.h>
+
+#include "sim.h"
+
+#undef cuGetProcAddress
+
+/* Exported by this library but not declared in cudadrv.h (legacy or newer variants). */
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+
+typedef struct {
+    const char *base; /* the name programs ask for */
+    const char *sym;  /* the ABI symbol it resolves to */
+    int version;      /* the CUDA version from which `sym` is what `base` means */
+    void *fn;
+} proc_ent;
+
+#define P(base, sym, ver) {base, #sym, ver, (void *)sym}
+
+static const proc_ent procs[] = {
+    P("cuInit", cuInit, 2000),
+    P("cuDriverGetVersion", cuDriverGetVersion, 2020),
+    P("cuGetErrorString", cuGetErrorString, 6000),
+    P("cuGetErrorName", cuGetErrorName, 6000),
+    P("cuGetProcAddress", cuGetProcAddress, 11030),
+    P("cuGetProcAddress", cuGetProcAddress_v2, 12000),
+    P("cuGetExportTable", cuGetExportTable, 3000),
+    P("cuDeviceGetCount", cuDeviceGetCount, 2000),
+    P("cuDeviceGet", cuDeviceGet, 2000),
+    P("cuDeviceGetName", cuDeviceGetName, 2000),
+    P("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000),
+    P("cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020),
+    P("cuDeviceGetUuid", cuDeviceGetUuid, 9020),
+    P("cuDeviceGetUuid", cuDeviceGetUuid_v2, 11040),
+    P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000),
+    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000),
+    P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState, 7000),
+    P("cuCtxGetCurrent", cuCtxGetCurrent, 4000),
+    P("cuCtxSetCurrent", cuCtxSetCurrent, 4000),
+    P("cuCtxGetDevice", cuCtxGetDevice, 2000),
+    P("cuCtxSynchronize", cuCtxSynchronize, 2000),
+    P("cuMemAlloc", cuMemAlloc_v2, 3020),
+    P("cuMemAllocPitch", cuMemAllocPitch_v2, 3020),
+    P("cuMemFree", cuMemFree_v2, 3020),
+    P("cuMemGetInfo", cuMemGetInfo_v2, 3020),
+    P("cuMemGetAddressRange", cuMemGetAddressRange_v2, 3020),
+    P("cuMemAllocAsync", cuMemAllocAsync, 11020),
+    P("cuMemFreeAsync", cuMemFreeAsync, 11020),
+    P("cuMemAllocHost", cuMemAllocHost_v2, 3020),
+    P("cuMemHostAlloc", cuMemHostAlloc, 2020),
+    P("cuMemFreeHost", cuMemFreeHost, 2000),
+    P("cuMemHostRegister", cuMemHostRegister_v2, 6050),
+    P("cuMemHostUnregister", cuMemHostUnregister, 4000),
+    P("cuMemcpyHtoD", cuMemcpyHtoD_v2, 3020),
+    P("cuMemcpyDtoH", cuMemcpyDtoH_v2, 3020),
+    P("cuMemcpyDtoD", cuMemcpyDtoD_v2, 3020),
+    P("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2, 3020),
+    P("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2, 3020),
+    P("cuMemcpyDtoDAsync", cuMemcpyDtoDAsync_v2, 3020),
+    P("cuMemcpy", cuMemcpy, 4000),
+    P("cuMemcpyAsync", cuMemcpyAsync, 4000),
+    P("cuMemsetD8", cuMemsetD8_v2, 3020),
+    P("cuMemsetD16", cuMemsetD16_v2, 3020),
+    P("cuMemsetD32", cuMemsetD32_v2, 3020),
+    P("cuMemsetD8Async", cuMemsetD8Async, 3020),
+    P("cuMemsetD16Async", cuMemsetD16Async, 3020),
+    P("cuMemsetD32Async", cuMemsetD32Async, 3020),
+    P("cuStreamCreate", cuStreamCreate, 2000),
+    P("cuStreamDestroy", cuStreamDestroy_v2, 4000),
+    P("cuStreamSynchronize", cuStreamSynchronize, 2000),
+    P("cuStreamQuery", cuStreamQuery, 2000),
+    P("cuStreamWaitEvent", cuStreamWaitEvent, 3020),
+    P("cuEventCreate", cuEventCreate, 2000),
+    P("cuEventRecord", cuEventRecord, 2000),
+    P("cuEventQuery", cuEventQuery, 2000),
+    P("cuEventSynchronize", cuEventSynchronize, 2000),
+    P("cuEventElapsedTime", cuEventElapsedTime, 2000),
+    P("cuEventElapsedTime", cuEventElapsedTime_v2, 12080),
+    P("cuEventDestroy", cuEventDestroy_v2, 4000),
+    P("cuModuleLoadData", cuModuleLoadData, 2000),
+    P("cuModuleGetFunction", cuModuleGetFunction, 2000),
+    P("cuModuleUnload", cuModuleUnload, 2000),
+    P("cuLibraryLoadData", cuLibraryLoadData, 12000),
+    P("cuLibraryGetKernel", cuLibraryGetKernel, 12000),
+    P("cuLibraryUnload", cuLibraryUnload, 12000),
+    P("cuKernelGetFunction", cuKernelGetFunction, 12000),
+    P("cuFuncGetParamInfo", cuFuncGetParamInfo, 12040),
+    P("cuKernelGetParamInfo", cuKernelGetParamInfo, 12040),
+    P("cuLaunchKernel", cuLaunchKernel, 4000),
+    P("cuLaunchKernelEx", cuLaunchKernelEx, 11060),
+    P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity, 10020),
+    P("cuMemCreate", cuMemCreate, 10020),
+    P("cuMemRelease", cuMemRelease, 10020),
+    P("cuMemAddressReserve", cuMemAddressReserve, 10020),
+    P("cuMemAddressFree", cuMemAddressFree, 10020),
+    P("cuMemMap", cuMemMap, 10020),
+    P("cuMemUnmap", cuMemUnmap, 10020),
+    P("cuMemSetAccess", cuMemSetAccess, 10020),
+    P("cuMemExportToShareableHandle", cuMemExportToShareableHandle, 10020),
+    P("cuMemImportFromShareableHandle", cuMemImportFromShareableHandle, 10020),
+    P("cuCheckpointProcessGetRestoreThreadId", cuCheckpointProcessGetRestoreThreadId, 12080),
+    P("cuCheckpointProcessGetState", cuCheckpointProcessGetState, 12080),
+    P("cuCheckpointProcessLock", cuCheckpointProcessLock, 12080),
+    P("cuCheckpointProcessCheckpoint", cuCheckpointProcessCheckpoint, 12080),
+    P("cuCheckpointProcessRestore", cuCheckpointProcessRestore, 12080),
+    P("cuCheckpointProcessUnlock", cuCheckpointProcessUnlock, 12080),
+};
+
+#define NPROCS (sizeof procs / sizeof procs[0])
+
+/*
+ * The per-thread-default-stream flag would select _ptsz/_ptds variants on the
+ * driver; the simulator has none (its per-thread stream is the legacy one), so
+ * every flag value resolves to the plain entry point.
+ */
+static CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult *status) {
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    const proc_ent *best = NULL;
+    bool known = false;
+    for (size_t i = 0; i < NPROCS; i++) {
+        if (strcmp(procs[i].base, symbol) != 0)
+            continue;
+        known = true;
+        if (procs[i].version <= cudaVersion && (!best || procs[i].version > best->version))
+            best = &procs[i];
+    }
+    if (!best && !known) {
+        /* an exact ABI name ("cuMemAlloc_v2") resolves to itself */
+        for (size_t i = 0; i < NPROCS && !best; i++)
+            if (strcmp(procs[i].sym, symbol) == 0)
+                best = &procs[i];
+    }
+    if (!best) {
+        if (status)
+            *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = best->fn;
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+/* Both work before cuInit: that is how cudart finds cuInit in the first place. */
+SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult *symbolStatus) {
+    if (atomic_load(&sim.forked))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = resolve(symbol, pfn, cudaVersion, flags, symbolStatus);
+    sim_log("cuGetProcAddress_v2(%s, %d) -> %s", symbol ? symbol : "(null)", cudaVersion, sim_error_name(r));
+    return r;
+}
+
+SIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    if (atomic_load(&sim.forked))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = resolve(symbol, pfn, cudaVersion, flags, NULL);
+    sim_log("cuGetProcAddress(%s, %d) -> %s", symbol ? symbol : "(null)", cudaVersion, sim_error_name(r));
+    return r;
+}
+
+SIM_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+    if (!ppExportTable || !pExportTableId)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ppExportTable = NULL;
+    /* the simulator serves no CUDA runtime, so it has none of the runtime's private tables */
+    sim_log("cuGetExportTable -> CUDA_ERROR_NOT_SUPPORTED");
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- errors ---- */
+
+typedef struct {
+    CUresult code;
+    const char *name, *text;
+} err_ent;
+
+#define E(code, text) {code, #code, text}
+
+static const err_ent errs[] = {
+    E(CUDA_SUCCESS, "no error"),
+    E(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
+    E(CUDA_ERROR_OUT_OF_MEMORY, "out of memory"),
+    E(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
+    E(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
+    E(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library"),
+    E(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable"),
+    E(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"),
+    E(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
+    E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
+    E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
+    E(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed"),
+    E(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed"),
+    E(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped"),
+    E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
+    E(CUDA_ERROR_NOT_MAPPED, "resource not mapped"),
+    E(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
+    E(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid"),
+    E(CUDA_ERROR_FILE_NOT_FOUND, "file not found"),
+    E(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS"),
+    E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
+    E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
+    E(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
+    E(CUDA_ERROR_NOT_READY, "device not ready"),
+    E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
+    E(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch"),
+    E(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped"),
+    E(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region"),
+    E(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"),
+    E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
+    E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
+    E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing"),
+    E(CUDA_ERROR_TIMEOUT, "the operation timed out"),
+    E(CUDA_ERROR_UNKNOWN, "unknown error"),
+};
+
+static const err_ent *err_find(CUresult r) {
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++)
+        if (errs[i].code == r)
+            return &errs[i];
+    return NULL;
+}
+
+const char *sim_error_name(CUresult r) {
+    const err_ent *e = err_find(r);
+    return e ? e->name : "CUDA_ERROR_(unknown code)";
+}
+
+SIM_API CUresult cuGetErrorString(CUresult error, const char **pStr) {
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    const err_ent *e = err_find(error);
+    *pStr = e ? e->text : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SIM_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    const err_ent *e = err_find(error);
+    *pStr = e ? e->name : NULL;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}

@@ -1,0 +1,488 @@
+/*
+ * Virtual memory management: physical allocations (one memfd each), address
+ * reservations, mappings, access, and export/import as POSIX file descriptors.
+ *
+ * Exporting hands out a duplicate of the memfd, so a process that imports it
+ * (after SCM_RIGHTS) maps the very same pages: writes are visible both ways, as
+ * with real GPU memory shared between processes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+#define VMM_NAME_PREFIX "gpucr-vmm-dev"
+
+typedef struct sim_phys {
+    int fd; /* -1 while checkpointed */
+    uint64_t size;
+    int dev;
+    unsigned htypes; /* requestedHandleTypes */
+    int imported;
+    int released; /* cuMemRelease was called; lives on while mapped */
+    int nmaps;
+    sim_parked parked;
+    struct sim_phys *next;
+} sim_phys;
+
+typedef struct sim_vmap {
+    uint64_t addr, size, off;
+    sim_phys *phys;
+    int prot;
+} sim_vmap;
+
+static sim_phys *phys_find(CUmemGenericAllocationHandle h) {
+    for (sim_phys *p = sim.phys; p; p = p->next)
+        if ((uintptr_t)p == (uintptr_t)h && !p->released)
+            return p;
+    return NULL;
+}
+
+static void phys_destroy(sim_phys *p) {
+    for (sim_phys **pp = &sim.phys; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    if (p->fd >= 0)
+        close(p->fd);
+    sim_parked_free(&p->parked);
+    if (!p->imported)
+        sim.dev[p->dev].used -= p->size;
+    free(p);
+}
+
+static CUresult check_prop(const CUmemAllocationProp *prop) {
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    return sim_device_check(prop->location.id);
+}
+
+SIM_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                               CUmemAllocationGranularity_flags option) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemGetAllocationGranularity", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    r = check_prop(prop);
+    if (r == CUDA_SUCCESS)
+        *granularity = SIM_GRANULARITY;
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemCreate", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!handle || flags != 0 || size == 0 || size % SIM_GRANULARITY)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    if ((r = check_prop(prop)) != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return sim_leave(&c, CUDA_ERROR_NOT_SUPPORTED); /* no Windows or fabric handles here */
+    int dev = prop->location.id;
+    sim_phys *p = calloc(1, sizeof *p);
+    if (!p)
+        return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
+    pthread_rwlock_wrlock(&sim.memlock);
+    if (size > sim.dev[dev].total - sim.dev[dev].used) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        char name[32];
+        snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", dev);
+        int fd = sim_memfd(name, size);
+        if (fd < 0) {
+            sim_warn("cuMemCreate: memfd of %zu bytes: %s", size, strerror(-fd));
+            r = fd == -EMFILE || fd == -ENFILE ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            p->fd = fd;
+            p->size = size;
+            p->dev = dev;
+            p->htypes = (unsigned)prop->requestedHandleTypes;
+            p->next = sim.phys;
+            sim.phys = p;
+            sim.dev[dev].used += size;
+            *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
+        }
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    if (r != CUDA_SUCCESS)
+        free(p);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemRelease", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    pthread_rwlock_wrlock(&sim.memlock);
+    sim_phys *p = phys_find(handle);
+    if (!p) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        p->released = 1;
+        if (p->nmaps == 0)
+            phys_destroy(p);
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+static bool va_taken(uint64_t a, uint64_t len) {
+    for (int d = 0; d < sim.ndev; d++) {
+        const sim_pool *p = &sim.dev[d].pool;
+        if (a < p->base + p->size && p->base < a + len)
+            return true;
+    }
+    return rs_overlaps(&sim.vres, a, len);
+}
+
+SIM_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                     unsigned long long flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemAddressReserve", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!ptr || flags != 0 || size == 0 || size % SIM_GRANULARITY || (alignment & (alignment - 1)))
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    uint64_t align = alignment > SIM_GRANULARITY ? alignment : SIM_GRANULARITY;
+    const int flg = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    pthread_rwlock_wrlock(&sim.memlock);
+    uint64_t got = 0;
+    /* the hint is honoured whenever that range is free, as the driver does */
+    if (addr && addr % align == 0 && addr + size > addr && !va_taken(addr, size) &&
+        sim_map_exact(addr, size, PROT_NONE, flg, -1, 0) == 0)
+        got = addr;
+    uint64_t from = SIM_VMM_BASE;
+    for (int tries = 0; !got && tries < 4096; tries++) {
+        uint64_t cand = rs_fit(&sim.vres, SIM_VMM_BASE, SIM_VMM_BASE + SIM_VMM_SIZE, from, size, align);
+        if (!cand)
+            break;
+        int e = sim_map_exact(cand, size, PROT_NONE, flg, -1, 0);
+        if (e == 0)
+            got = cand;
+        else if (e == -EEXIST) /* something of the host's lives there: look further up */
+            from = cand + align;
+        else
+            break;
+    }
+    if (!got) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (rs_insert(&sim.vres, (sim_range){got, size, NULL, SIM_R_VRES, 0}) < 0) {
+        munmap((void *)(uintptr_t)got, size);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        *ptr = got;
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemAddressFree", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    pthread_rwlock_wrlock(&sim.memlock);
+    ssize_t i = rs_find_start(&sim.vres, ptr);
+    if (i < 0 || sim.vres.v[i].len != size || rs_overlaps(&sim.vmaps, ptr, size)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        if (munmap((void *)(uintptr_t)ptr, size) < 0)
+            sim_warn("cuMemAddressFree: munmap: %s", strerror(errno));
+        rs_remove_at(&sim.vres, (size_t)i);
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemMap", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (flags != 0 || size == 0 || size % SIM_GRANULARITY || offset % SIM_GRANULARITY || ptr % SIM_GRANULARITY)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_vmap *m = calloc(1, sizeof *m);
+    if (!m)
+        return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
+    pthread_rwlock_wrlock(&sim.memlock);
+    sim_phys *p = phys_find(handle);
+    ssize_t i = rs_find(&sim.vres, ptr);
+    if (!p || offset > p->size || size > p->size - offset || i < 0 ||
+        ptr + size > sim.vres.v[i].start + sim.vres.v[i].len || rs_overlaps(&sim.vmaps, ptr, size)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        /* mapped but inaccessible until cuMemSetAccess, as on the driver */
+        void *got = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, (off_t)offset);
+        if (got == MAP_FAILED) {
+            sim_warn("cuMemMap: mmap: %s", strerror(errno));
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *m = (sim_vmap){ptr, size, offset, p, PROT_NONE};
+            if (rs_insert(&sim.vmaps, (sim_range){ptr, size, m, SIM_R_VMAP, PROT_NONE}) < 0) {
+                sim_map_reserve_fixed(ptr, size);
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                p->nmaps++;
+                m = NULL;
+            }
+        }
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    free(m);
+    return sim_leave(&c, r);
+}
+
+/* Index of the first mapping of [ptr, ptr+size) if the range is exactly whole, adjacent mappings. */
+static ssize_t whole_maps(uint64_t ptr, uint64_t size, size_t *count) {
+    ssize_t i = rs_find_start(&sim.vmaps, ptr);
+    if (i < 0 || size == 0)
+        return -1;
+    uint64_t at = ptr, end = ptr + size;
+    size_t j = (size_t)i;
+    while (at < end) {
+        if (j >= sim.vmaps.n || sim.vmaps.v[j].start != at)
+            return -1;
+        at += sim.vmaps.v[j].len;
+        j++;
+    }
+    if (at != end)
+        return -1;
+    *count = j - (size_t)i;
+    return i;
+}
+
+static void dmap_drop(uint64_t addr) {
+    ssize_t k = rs_find_start(&sim.dmap, addr);
+    if (k >= 0)
+        rs_remove_at(&sim.dmap, (size_t)k);
+}
+
+SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemUnmap", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    pthread_rwlock_wrlock(&sim.memlock);
+    size_t n;
+    ssize_t i = whole_maps(ptr, size, &n);
+    if (i < 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        while (n--) {
+            sim_vmap *m = sim.vmaps.v[i].obj;
+            dmap_drop(m->addr);
+            int e = sim_map_reserve_fixed(m->addr, m->size);
+            if (e)
+                sim_warn("cuMemUnmap: mmap: %s", strerror(-e));
+            rs_remove_at(&sim.vmaps, (size_t)i);
+            sim_phys *p = m->phys;
+            free(m);
+            if (--p->nmaps == 0 && p->released)
+                phys_destroy(p);
+        }
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemSetAccess", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!desc || count == 0)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    /* Device memory is one host mapping here, so the most any device may do is what the host allows. */
+    int prot = PROT_NONE;
+    for (size_t k = 0; k < count; k++) {
+        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+        if ((r = sim_device_check(desc[k].location.id)) != CUDA_SUCCESS)
+            return sim_leave(&c, r);
+        switch (desc[k].flags) {
+        case CU_MEM_ACCESS_FLAGS_PROT_NONE: break;
+        case CU_MEM_ACCESS_FLAGS_PROT_READ: prot |= PROT_READ; break;
+        case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: prot |= PROT_READ | PROT_WRITE; break;
+        default: return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    pthread_rwlock_wrlock(&sim.memlock);
+    size_t n;
+    ssize_t i = whole_maps(ptr, size, &n);
+    if (i < 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (size_t j = (size_t)i; j < (size_t)i + n; j++) {
+            sim_vmap *m = sim.vmaps.v[j].obj;
+            if (mprotect((void *)(uintptr_t)m->addr, m->size, prot) < 0) {
+                sim_warn("cuMemSetAccess: mprotect: %s", strerror(errno));
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            m->prot = prot;
+            sim.vmaps.v[j].prot = prot;
+            dmap_drop(m->addr);
+            if (prot != PROT_NONE &&
+                rs_insert(&sim.dmap, (sim_range){m->addr, m->size, m, SIM_R_VMAP, prot}) < 0) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+        }
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                              CUmemAllocationHandleType handleType, unsigned long long flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemExportToShareableHandle", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!shareableHandle || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_rwlock_rdlock(&sim.memlock);
+    sim_phys *p = phys_find(handle);
+    if (!p || !(p->htypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            sim_warn("cuMemExportToShareableHandle: dup: %s", strerror(errno));
+            r = CUDA_ERROR_OPERATING_SYSTEM;
+        } else {
+            *(int *)shareableHandle = fd;
+        }
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+/* The device an exported fd belongs to, from the memfd's name; -1 if it is not one of ours. */
+static int fd_vmm_dev(int fd) {
+    char path[64], target[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n < 0)
+        return -1;
+    target[n] = 0;
+    const char *pre = "/memfd:" VMM_NAME_PREFIX;
+    if (strncmp(target, pre, strlen(pre)) != 0)
+        return -1;
+    return atoi(target + strlen(pre));
+}
+
+SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                CUmemAllocationHandleType shHandleType) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemImportFromShareableHandle", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!handle || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    int fd = (int)(intptr_t)osHandle;
+    struct stat st;
+    int dev;
+    if (fd < 0 || fstat(fd, &st) < 0 || (dev = fd_vmm_dev(fd)) < 0 || st.st_size <= 0 ||
+        (uint64_t)st.st_size % SIM_GRANULARITY)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    if (dev >= sim.ndev)
+        dev = 0; /* exported by a process that sees more devices */
+    sim_phys *p = calloc(1, sizeof *p);
+    if (!p)
+        return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
+    /* the caller keeps its fd, as with the driver */
+    p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (p->fd < 0) {
+        sim_warn("cuMemImportFromShareableHandle: dup: %s", strerror(errno));
+        free(p);
+        return sim_leave(&c, CUDA_ERROR_OPERATING_SYSTEM);
+    }
+    p->size = (uint64_t)st.st_size;
+    p->dev = dev;
+    p->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p->imported = 1;
+    pthread_rwlock_wrlock(&sim.memlock);
+    p->next = sim.phys;
+    sim.phys = p;
+    pthread_rwlock_unlock(&sim.memlock);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
+    return sim_leave(&c, CUDA_SUCCESS);
+}
+
+/* ---- checkpoint support (memlock held for writing) ---- */
+
+bool sim_vmm_has_imported(void) {
+    for (sim_phys *p = sim.phys; p; p = p->next)
+        if (p->imported)
+            return true;
+    return false;
+}
+
+int sim_vmm_park_all(void) {
+    for (sim_phys *p = sim.phys; p; p = p->next) {
+        if (p->fd < 0)
+            continue;
+        int e = sim_park_fd(p->fd, p->size, &p->parked);
+        if (e) {
+            sim_warn("checkpoint: copying a VMM allocation out: %s", strerror(-e));
+            return e;
+        }
+    }
+    for (size_t i = 0; i < sim.vmaps.n; i++) {
+        sim_vmap *m = sim.vmaps.v[i].obj;
+        int e = sim_map_reserve_fixed(m->addr, m->size);
+        if (e) {
+            sim_warn("checkpoint: unmapping a VMM mapping: %s", strerror(-e));
+            return e;
+        }
+    }
+    for (sim_phys *p = sim.phys; p; p = p->next) {
+        if (p->fd >= 0) {
+            close(p->fd);
+            p->fd = -1;
+        }
+    }
+    return 0;
+}
+
+int sim_vmm_unpark_all(void) {
+    for (sim_phys *p = sim.phys; p; p = p->next) {
+        if (p->fd >= 0)
+            continue;
+        char name[32];
+        snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", p->dev);
+        int e = sim_unpark_fd(&p->parked, p->size, name, &p->fd);
+        if (e) {
+            sim_warn("restore: recreating a VMM allocation: %s", strerror(-e));
+            return e;
+        }
+        sim_parked_free(&p->parked);
+    }
+    for (size_t i = 0; i < sim.vmaps.n; i++) {
+        sim_vmap *m = sim.vmaps.v[i].obj;
+        void *got = mmap((void *)(uintptr_t)m->addr, m->size, m->prot, MAP_SHARED | MAP_FIXED, m->phys->fd,
+                         (off_t)m->off);
+        if (got == MAP_FAILED) {
+            int e = -errno;
+            sim_warn("restore: remapping a VMM mapping: %s", strerror(-e));
+            return e;
+        }
+    }
+    return 0;
+}
