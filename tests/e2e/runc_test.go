@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,9 +23,26 @@ type container struct {
 	work   string // host directory bound at /work in the container
 }
 
-func (c *container) runc_(timeout time.Duration, args ...string) string {
+// do runs a runc command. Its output goes to a file, never a pipe: a
+// container started by run or restore inherits runc's stdio, and a pipe to
+// this test would both keep the command from finishing and be a peer outside
+// the container that CRIU cannot dump.
+func (c *container) do(timeout time.Duration, args ...string) {
 	c.t.Helper()
-	return run(c.t, timeout, nil, c.runc, append([]string{"--root", c.root}, args...)...)
+	logPath := filepath.Join(c.root, "runc-command.log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.runc, append([]string{"--root", c.root}, args...)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, f, f
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(logPath)
+		c.t.Fatalf("runc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
 }
 
 func (c *container) pid(pidFile string) int {
@@ -55,12 +74,12 @@ func TestRuncCheckpointRestore(t *testing.T) {
 	}
 	tc := appCases[0]
 	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " >>/work/app.log 2>&1"
-	run(t, time.Minute, nil, "bash", filepath.Join(repoRoot(t), "scripts", "oci-bundle.sh"), c.bundle,
+	run(t, time.Minute, nil, "bash", filepath.Join(repoRoot(t), "scripts", "oci-bundle.sh"),
 		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work",
-		"-e", "LD_LIBRARY_PATH=/gpucr/sim", "--", "/bin/sh", "-c", appCmd)
+		"-e", "LD_LIBRARY_PATH=/gpucr/sim", c.bundle, "--", "/bin/sh", "-c", appCmd)
 
 	pidFile := filepath.Join(dir, "pid1")
-	c.runc_(time.Minute, "run", "-d", "--pid-file", pidFile, "-b", c.bundle, c.id)
+	c.do(time.Minute, "run", "-d", "--pid-file", pidFile, "-b", c.bundle, c.id)
 	t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
 	a := &app{t: t, name: tc.name, log: filepath.Join(c.work, "app.log"), pid: c.pid(pidFile)}
 	a.waitIter(15, time.Minute)
@@ -68,18 +87,18 @@ func TestRuncCheckpointRestore(t *testing.T) {
 	env := simEnv(t)
 	driverCheckpoint(t, env, a.pid, "lock", "checkpoint")
 	before := a.lastIter()
-	c.runc_(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", cwork, c.id)
+	c.do(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", cwork, c.id)
 	if procState(a.pid) != "" {
 		t.Fatalf("container process %d still alive after runc checkpoint", a.pid)
 	}
 
 	pidFile2 := filepath.Join(dir, "pid2")
-	c.runc_(2*time.Minute, "restore", "-d", "--image-path", img, "--work-path", cwork,
+	c.do(2*time.Minute, "restore", "-d", "--image-path", img, "--work-path", cwork,
 		"--pid-file", pidFile2, "-b", c.bundle, c.id)
 	a.pid = c.pid(pidFile2)
 	driverCheckpoint(t, env, a.pid, "restore", "unlock")
 	a.waitIter(before+20, time.Minute)
-	c.runc_(30*time.Second, "kill", c.id, "KILL")
+	c.do(30*time.Second, "kill", c.id, "KILL")
 
 	hbs := a.heartbeats()
 	ref := reference(t, env, tc.name, tc.args, hbs[len(hbs)-1].Iter)
