@@ -103,9 +103,9 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
     a->seed = 1;
     a->ordinal = 0;
 
-    int c;
+    int c, li = -1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "", longopts, &li)) != -1) {
         switch (c) {
         case O_MIB:
             if (!(accepted & GPUAPP_OPT_MIB))
@@ -137,10 +137,14 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             usage(a, accepted, 0);
             break;
         default:
-        bad:
             fprintf(stderr, "%s: unknown or incomplete option '%s'\n", name, argv[optind - 1]);
             usage(a, accepted, 2);
+            break;
+        bad:
+            fprintf(stderr, "%s: %s takes no --%s\n", name, name, longopts[li].name);
+            usage(a, accepted, 2);
         }
+        li = -1;
     }
     if (optind != argc) {
         fprintf(stderr, "%s: unexpected argument '%s'\n", name, argv[optind]);
@@ -191,16 +195,15 @@ CUmodule gpuapp_load_ptx(const char *ptx) {
     log[sizeof(log) - 1] = 0;
     fprintf(stderr, "%s: PTX JIT log (cuLibraryLoadData: %s):\n%s\n", app_name, gpuapp_err_name(r2),
             log[0] ? log : "(empty)");
-    CHECK(r);
+    gpuapp_check(r, "cuModuleLoadData(PTX)", __FILE__, __LINE__);
     return NULL;
 }
 
 CUfunction gpuapp_function(CUmodule mod, const char *name) {
     CUfunction f = NULL;
-    CUresult r = cuModuleGetFunction(&f, mod, name);
-    if (r != CUDA_SUCCESS)
-        fprintf(stderr, "%s: kernel %s:\n", app_name, name);
-    CHECK(r);
+    char what[160];
+    snprintf(what, sizeof(what), "cuModuleGetFunction(%s)", name);
+    gpuapp_check(cuModuleGetFunction(&f, mod, name), what, __FILE__, __LINE__);
     return f;
 }
 
