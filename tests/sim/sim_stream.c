@@ -409,7 +409,7 @@ SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
     CUresult r = sim_enter(&c, "cuStreamWaitEvent", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    if (Flags != 0)
+    if (Flags & ~1u) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     sim_op *op = sim_op_new(0, NULL);
     if (!op)
