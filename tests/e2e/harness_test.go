@@ -6,7 +6,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -165,6 +167,9 @@ func startApp(t testing.TB, dir, name string, env []string, args ...string) *app
 
 func (a *app) output() string {
 	b, err := os.ReadFile(a.log)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "" // not started writing yet (a container creates it itself)
+	}
 	if err != nil {
 		a.t.Fatalf("read %s: %v", a.log, err)
 	}
@@ -285,4 +290,20 @@ func procState(pid int) string {
 		return ""
 	}
 	return s[i+2 : i+3]
+}
+
+// waitDead waits until pid has exited (a zombie counts: whoever is its parent
+// now, often pid 1, reaps it in its own time).
+func waitDead(t testing.TB, pid int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if s := procState(pid); s == "" || s == "Z" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still running %v after it should have exited (state %s)", pid, timeout, procState(pid))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -88,9 +88,7 @@ func TestRuncCheckpointRestore(t *testing.T) {
 	driverCheckpoint(t, env, a.pid, "lock", "checkpoint")
 	before := a.lastIter()
 	c.do(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", cwork, c.id)
-	if procState(a.pid) != "" {
-		t.Fatalf("container process %d still alive after runc checkpoint", a.pid)
-	}
+	waitDead(t, a.pid, 10*time.Second)
 
 	pidFile2 := filepath.Join(dir, "pid2")
 	c.do(2*time.Minute, "restore", "-d", "--image-path", img, "--work-path", cwork,
