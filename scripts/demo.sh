@@ -54,7 +54,7 @@ t0=$(date +%s.%N)
 "$BIN/cudackpt" lock checkpoint "$pid" | sed 's/^/   /'
 before=$(last_hb)
 criu dump -t "$pid" -D "$img" -o dump.log
-wait "$pid" 2>/dev/null || true
+{ wait "$pid"; } 2>/dev/null || true
 t1=$(date +%s.%N)
 echo "   dumped in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s, image $(du -sh "$img" | cut -f1); last heartbeat: $before"
 kill -0 "$pid" 2>/dev/null && { echo "process still alive after dump"; exit 1; }

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -57,5 +59,42 @@ func TestAppsDeterministic(t *testing.T) {
 				seen[h.Checksum] = h.Iter
 			}
 		})
+	}
+}
+
+// TestChecksumsMatchGPU runs every case of tests/gpu/expected-checksums.txt on
+// the simulated driver. Those checksums were also produced by the same
+// applications on an H100 (tests/gpu/run-apps.sh), so this keeps the
+// simulator computing what the GPU computes, to the bit.
+func TestChecksumsMatchGPU(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "tests", "gpu", "expected-checksums.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := simEnv(t)
+	cases := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		cases++
+		name, iters, want, args := f[0], f[1], f[2], f[3:]
+		t.Run(strings.Join(f[:2], "/")+"/"+strings.Join(args, ""), func(t *testing.T) {
+			out := run(t, 2*time.Minute, env, binPath(t, name),
+				append(append([]string{}, args...), "--iters", iters, "--interval-ms", "0")...)
+			var got string
+			for _, l := range strings.Split(out, "\n") {
+				if g := strings.Fields(l); len(g) == 3 && g[0] == "done" && g[1] == iters {
+					got = g[2]
+				}
+			}
+			if got != want {
+				t.Fatalf("%s %s --iters %s: checksum %q, GPU and stored %s\n%s", name, strings.Join(args, " "), iters, got, want, tail(out, 5))
+			}
+		})
+	}
+	if cases == 0 {
+		t.Fatal("no cases in expected-checksums.txt")
 	}
 }
