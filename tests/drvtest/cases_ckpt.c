@@ -4,6 +4,7 @@
  * after the cycle and reports on its channel.
  */
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -33,6 +34,17 @@ static size_t count_bad(const uint32_t *w, size_t n, uint32_t seed) {
 }
 
 /* ---- the target ---- */
+
+/* A call that changes state: it waits while the process is locked or checkpointed. */
+static void *call_thread(void *arg) {
+    CUresult r = cuCtxSetCurrent((CUcontext)arg);
+    dt_say("calling");
+    CUdeviceptr p;
+    if (r == CUDA_SUCCESS)
+        r = cuMemAlloc(&p, 4096);
+    dt_say("returned %d", (int)r);
+    return NULL;
+}
 
 #define T_FAIL(...)                                                                                            \
     do {                                                                                                       \
@@ -113,10 +125,16 @@ static int helper_ckpt_target(int argc, char **argv) {
                 T_FAIL("verify: a kernel after restore wrote %x", back[0]);
             dt_say("verified ok");
         } else if (strcmp(line, "call") == 0) {
-            dt_say("calling");
+            /* on another thread, so that this one goes on answering */
+            pthread_t t;
+            if (pthread_create(&t, NULL, call_thread, ctx) != 0)
+                T_FAIL("pthread_create");
+            pthread_detach(t);
+        } else if (strcmp(line, "query") == 0) {
+            /* a call that only looks: it does not wait (measured) */
             size_t f, t;
             r = cuMemGetInfo(&f, &t);
-            dt_say("returned %d", (int)r);
+            dt_say("queried %d", (int)r);
         } else if (strcmp(line, "exit") == 0) {
             break;
         }
@@ -234,17 +252,32 @@ static void ckpt_cycle(void) {
     finish(&c);
 }
 
+static void query_target(dt_child *c, CUresult want, const char *when) {
+    char line[256] = "", exp[64];
+    snprintf(exp, sizeof exp, "queried %d", (int)want);
+    dt_send_line(c->to, "query");
+    bool got = dt_read_line(c->from, line, sizeof line, 5000);
+    EXPECT(got && strcmp(line, exp) == 0, "cuMemGetInfo in a %s process: %s, want %s", when, got ? line : "blocked",
+           exp);
+}
+
 static void ckpt_gate(void) {
     OK(cuInit(0));
     dt_child c;
     start_target(&c, NULL);
     wait_ready(&c);
     EXPECT_RC(cuCheckpointProcessLock(c.pid, NULL), CUDA_SUCCESS);
+    query_target(&c, CUDA_SUCCESS, "locked");
     dt_send_line(c.to, "call");
     char line[256] = "";
     EXPECT(dt_read_line(c.from, line, sizeof line, 10000) && strcmp(line, "calling") == 0, "target: %s", line);
     line[0] = 0;
-    EXPECT(!dt_read_line(c.from, line, sizeof line, 1000), "a driver call returned while the process was locked: %s",
+    EXPECT(!dt_read_line(c.from, line, sizeof line, 1000), "cuMemAlloc returned while the process was locked: %s",
+           line);
+    EXPECT_RC(cuCheckpointProcessCheckpoint(c.pid, NULL), CUDA_SUCCESS);
+    query_target(&c, EXP_CKPT_MEMINFO_CHECKPOINTED, "checkpointed");
+    EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_SUCCESS);
+    EXPECT(!dt_read_line(c.from, line, sizeof line, 500), "cuMemAlloc returned while the process was locked: %s",
            line);
     EXPECT_RC(cuCheckpointProcessUnlock(c.pid, NULL), CUDA_SUCCESS);
     bool got = dt_read_line(c.from, line, sizeof line, 10000);
@@ -336,9 +369,10 @@ static void ckpt_imported(void) {
     wait_ready(&c);
     EXPECT_RC(cuCheckpointProcessLock(c.pid, NULL), CUDA_SUCCESS);
     EXPECT_RC(cuCheckpointProcessCheckpoint(c.pid, NULL), CUDA_SUCCESS);
-    /* measured on the driver: imported memory still mapped at checkpoint makes restore fail */
+    /* measured on the driver: imported memory still mapped at checkpoint makes restore fail, for good */
     EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_ERROR_NOT_SUPPORTED);
-    STATE_IS(c.pid, CU_PROCESS_STATE_FAILED);
+    STATE_IS(c.pid, CU_PROCESS_STATE_CHECKPOINTED);
+    EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_ERROR_NOT_SUPPORTED);
     dt_kill(&c);
     OK(cuMemRelease(h));
 }

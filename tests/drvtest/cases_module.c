@@ -6,6 +6,8 @@
 static const char bad_ptx_text[] = "this is not PTX at all\n";
 static const char bad_ptx_truncated[] = ".version 7.8\n.target sm_75\n.address_size 64\n"
                                         ".visible .entry broken(\n\t.param .u64 broken_p,\n";
+static const char bad_ptx_no_target[] = ".version 7.8\n.address_size 64\n.visible .entry broken() { ret; }\n";
+static const char ptx_header_only[] = "// nothing but the header\n.version 7.8\n.target sm_75\n.address_size 64\n";
 
 static void module_load(void) {
     dt_init_ctx();
@@ -17,13 +19,20 @@ static void module_load(void) {
     EXPECT_RC(cuModuleGetFunction(&f, m, "no_such_kernel"), CUDA_ERROR_NOT_FOUND);
     EXPECT_RC(cuModuleGetFunction(&f, m, NULL), CUDA_ERROR_INVALID_VALUE);
     CUmodule bad;
-    EXPECT_RC(cuModuleLoadData(&bad, bad_ptx_text), CUDA_ERROR_INVALID_PTX);
+    EXPECT_RC(cuModuleLoadData(&bad, bad_ptx_text), EXP_NOT_PTX);
     EXPECT_RC(cuModuleLoadData(&bad, bad_ptx_truncated), CUDA_ERROR_INVALID_PTX);
-    /* a fatbin header (magic 0xBA55ED50, version 1, header size 16) with nothing valid after it */
-    static const unsigned char fatbin[64] = {0x50, 0xed, 0x55, 0xba, 0x01, 0x00, 0x10, 0x00,
-                                             0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
-                                             0xde, 0xad, 0xbe, 0xef};
-    EXPECT_RC(cuModuleLoadData(&bad, fatbin), EXP_FATBIN_GARBAGE);
+    EXPECT_RC(cuModuleLoadData(&bad, bad_ptx_no_target), CUDA_ERROR_INVALID_PTX);
+    CUmodule empty;
+    if (EXPECT_RC(cuModuleLoadData(&empty, ptx_header_only), CUDA_SUCCESS))
+        EXPECT_RC(cuModuleUnload(empty), CUDA_SUCCESS);
+    /*
+     * Binary garbage: a fatbin wrapper magic (0x466243B1) and an ELF header. (Not a
+     * fatbin header with garbage behind it: that hangs driver 580 in cuModuleLoadData.)
+     */
+    static const unsigned char wrapper[64] = {0xb1, 0x43, 0x62, 0x46, 0x01};
+    static const unsigned char elf[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
+    EXPECT_RC(cuModuleLoadData(&bad, wrapper), CUDA_ERROR_INVALID_IMAGE);
+    EXPECT_RC(cuModuleLoadData(&bad, elf), CUDA_ERROR_INVALID_IMAGE);
     EXPECT_RC(cuModuleLoadData(&bad, NULL), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuModuleUnload(m), CUDA_SUCCESS);
 }
@@ -45,8 +54,16 @@ static void library_load(void) {
     OK(cuKernelGetFunction(&f, k));
     if (EXPECT_RC(cuFuncGetParamInfo(f, 6, &off, &size), CUDA_SUCCESS))
         EXPECT(off == 36 && size == 4, "cuFuncGetParamInfo(6) through cuKernelGetFunction: %zu/%zu", off, size);
+    /* lazy loading: a bad image loads, and the error comes with the first kernel asked for (measured) */
     CUlibrary bad;
-    EXPECT_RC(cuLibraryLoadData(&bad, bad_ptx_text, NULL, NULL, 0, NULL, NULL, 0), CUDA_ERROR_INVALID_PTX);
+    if (EXPECT_RC(cuLibraryLoadData(&bad, bad_ptx_text, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS)) {
+        EXPECT_RC(cuLibraryGetKernel(&k2, bad, "broken"), EXP_NOT_PTX);
+        EXPECT_RC(cuLibraryUnload(bad), CUDA_SUCCESS);
+    }
+    if (EXPECT_RC(cuLibraryLoadData(&bad, bad_ptx_truncated, NULL, NULL, 0, NULL, NULL, 0), CUDA_SUCCESS)) {
+        EXPECT_RC(cuLibraryGetKernel(&k2, bad, "broken"), CUDA_ERROR_INVALID_PTX);
+        EXPECT_RC(cuLibraryUnload(bad), CUDA_SUCCESS);
+    }
     OK(cuLibraryUnload(l));
 }
 
@@ -136,10 +153,15 @@ static void launch_extra(void) {
     OK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra));
     OK(cuCtxSynchronize());
     check_echo(out, "extra");
-    size_t small = sizeof buf - 4;
-    void *extra_small[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &small,
-                           CU_LAUNCH_PARAM_END};
-    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra_small), CUDA_ERROR_INVALID_VALUE);
+    /* measured: a longer buffer is refused, a shorter one is not, an empty one is */
+    size_t big = sizeof buf + 8, zero = 0;
+    void *extra_big[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &big, CU_LAUNCH_PARAM_END};
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra_big), EXP_EXTRA_TOO_LONG);
+    void *extra_zero[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &zero, CU_LAUNCH_PARAM_END};
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra_zero), CUDA_ERROR_INVALID_VALUE);
+    void *extra_nosize[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_END};
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra_nosize), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
     echo_vals v = EV;
     void *args[] = {&out, &v.a, &v.b, &v.c, &v.d, v.arr, &v.e};
     EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, extra), CUDA_ERROR_INVALID_VALUE);
@@ -208,6 +230,8 @@ static void launch_bad_dims(void) {
     EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 32, 32, 2, 0, NULL, args, NULL), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 1, 1, 65, 0, NULL, args, NULL), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuLaunchKernel(f, 1, 65536, 1, 32, 1, 1, 0, NULL, args, NULL), CUDA_ERROR_INVALID_VALUE);
+    /* more than 48 KiB of dynamic shared memory needs an opt-in first */
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 49153, NULL, args, NULL), CUDA_ERROR_INVALID_VALUE);
     /* the context is not harmed by launches that were refused */
     EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, args, NULL), CUDA_SUCCESS);
     EXPECT_RC(cuCtxSynchronize(), CUDA_SUCCESS);

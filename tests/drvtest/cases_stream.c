@@ -138,7 +138,7 @@ static void events(void) {
         EXPECT(ms2 == ms, "cuEventElapsedTime_v2 %.3f != cuEventElapsedTime %.3f", (double)ms2, (double)ms);
     OK(cuEventSynchronize(nt));
     EXPECT_RC(cuEventElapsedTime(&ms, a, nt), CUDA_ERROR_INVALID_HANDLE);
-    EXPECT_RC(cuEventElapsedTime(NULL, a, b), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuEventElapsedTime(NULL, a, b), EXP_ELAPSED_NULL);
     OK(cuEventDestroy(a));
     OK(cuEventDestroy(b));
     OK(cuEventDestroy(nt));

@@ -1,4 +1,5 @@
 /* Virtual memory management, and sharing it with another process through a POSIX fd. */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,8 +55,14 @@ static void vmm_basic(void) {
     EXPECT_RC(cuMemAddressReserve(&tmp, 4096, 0, 0, 0), EXP_VMM_RESERVE_UNALIGNED);
     OK(cuMemMap(va, 4 * MIB, 0, h, 0));
     EXPECT_RC(cuMemMap(va, 2 * MIB, 0, h2, 0), EXP_VMM_MAP_TWICE);
+    EXPECT_RC(cuMemMap(va + 4 * MIB, 4 * MIB, 0, h2, 0), EXP_VMM_MAP_PAST_HANDLE);
+    EXPECT_RC(cuMemMap(va + 4 * MIB, 2 * MIB, 2 * MIB, h2, 0), EXP_VMM_MAP_PAST_HANDLE);
+    EXPECT_RC(cuMemMap(va + 8 * MIB, 2 * MIB, 0, h2, 0), CUDA_ERROR_INVALID_VALUE); /* past the reservation */
     OK(cuMemMap(va + 4 * MIB, 2 * MIB, 0, h2, 0));
     CUmemAccessDesc d = rw();
+    /* access is set on whole mappings, over mapped memory only */
+    EXPECT_RC(cuMemSetAccess(va, 2 * MIB, &d, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuMemSetAccess(va, 8 * MIB, &d, 1), CUDA_ERROR_INVALID_VALUE);
     OK(cuMemSetAccess(va, 6 * MIB, &d, 1));
     /* a copy and a kernel on mapped memory, across the two mappings */
     uint32_t *buf = malloc(6 * MIB), *back = malloc(6 * MIB);
@@ -77,15 +84,33 @@ static void vmm_basic(void) {
     size_t size = 0;
     if (EXPECT_RC(cuMemGetAddressRange(&base, &size, va + 100), CUDA_SUCCESS))
         EXPECT(base == va && size == 4 * MIB, "address range of a mapping: 0x%llx+%zu", base, size);
+    /* read-only access: reads work, writes are refused */
+    CUmemAccessDesc ro = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READ};
+    OK(cuMemSetAccess(va, 4 * MIB, &ro, 1));
+    EXPECT_RC(cuMemcpyHtoD(va, buf, 16), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuMemcpyDtoH(back, va, 16), CUDA_SUCCESS);
+    OK(cuMemSetAccess(va, 4 * MIB, &d, 1));
     /* released while mapped: the memory lives until it is unmapped */
     OK(cuMemRelease(h2));
+    EXPECT_RC(cuMemRelease(h2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuMemMap(va + 6 * MIB, 2 * MIB, 0, h2, 0), EXP_VMM_MAP_PAST_HANDLE);
     OK(cuMemcpyDtoH(back, va + 4 * MIB, 4096));
     EXPECT(back[0] == 0x5eed, "memory released while mapped: read 0x%x, want 0x5eed", back[0]);
+    EXPECT_RC(cuMemUnmap(va, 2 * MIB), CUDA_ERROR_INVALID_VALUE); /* part of a mapping */
+    EXPECT_RC(cuMemAddressFree(va, 8 * MIB), CUDA_ERROR_INVALID_VALUE); /* still mapped */
     OK(cuMemUnmap(va, 4 * MIB));
     OK(cuMemUnmap(va + 4 * MIB, 2 * MIB));
+    EXPECT_RC(cuMemUnmap(va, 4 * MIB), CUDA_SUCCESS); /* nothing mapped there any more: a no-op */
     EXPECT_RC(cuMemcpyHtoD(va, buf, 16), CUDA_ERROR_INVALID_VALUE);
     OK(cuMemRelease(h));
+    EXPECT_RC(cuMemAddressFree(va, 4 * MIB), CUDA_ERROR_INVALID_VALUE); /* not the reserved size */
     OK(cuMemAddressFree(va, 8 * MIB));
+    /* an fd that is not exported device memory */
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    CUmemGenericAllocationHandle hn;
+    EXPECT_RC(cuMemImportFromShareableHandle(&hn, (void *)(intptr_t)devnull, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              EXP_VMM_IMPORT_FOREIGN_FD);
+    close(devnull);
     /* the address hint is honoured when the range is free */
     CUdeviceptr again;
     OK(cuMemAddressReserve(&again, 8 * MIB, 0, va, 0));

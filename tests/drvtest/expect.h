@@ -1,51 +1,58 @@
 /*
- * What drvtest expects where the driver's documentation does not say: each of
- * these is the simulator's guess at the real driver's behaviour, to be
- * confirmed (or corrected, here and in tests/sim) by running drvtest on a GPU.
- * The simulator keeps its own copies next to the code that returns them
- * (sim_ckpt.c CK_ERR_*, and the other sources); keep both in step.
+ * What drvtest expects where the driver's documentation is silent or wrong.
+ * "Measured" entries were observed on an H100, driver 580.159.04 (CUDA 13.0);
+ * the others are still the simulator's guesses, to be confirmed on a GPU. The
+ * simulator keeps its own copies next to the code that returns them (e.g.
+ * sim_ckpt.c CK_ERR_*, the gate table in sim_core.c): keep both in step.
  */
 #ifndef GPUCR_DRVTEST_EXPECT_H
 #define GPUCR_DRVTEST_EXPECT_H
 
-/* cuInit and cuDeviceGetCount in a fork() child of a process that had called cuInit. */
+/* Measured: cuInit and cuDeviceGetCount in a fork() child of a process that had called cuInit. */
 #define EXP_FORK_CHILD_INIT CUDA_ERROR_NOT_INITIALIZED
 #define EXP_FORK_CHILD_CALL CUDA_ERROR_NOT_INITIALIZED
 
-/* cuInit with flags != 0. */
+/* Measured: cuInit with flags != 0. */
 #define EXP_INIT_BAD_FLAGS CUDA_ERROR_INVALID_VALUE
 
-/* cuDeviceGetAttribute with an attribute number the driver does not know. */
+/* Measured: cuDeviceGetAttribute with an attribute number the driver does not know (0, >= 148). */
 #define EXP_ATTR_UNKNOWN CUDA_ERROR_INVALID_VALUE
 
-/* cuDevicePrimaryCtxRelease of a primary context that is not retained. */
+/* Measured: cuDevicePrimaryCtxRelease of a primary context that is not retained. */
 #define EXP_PRIMARY_RELEASE_UNRETAINED CUDA_ERROR_INVALID_CONTEXT
 
-/* cuMemFree(0). */
-#define EXP_MEMFREE_NULL CUDA_ERROR_INVALID_VALUE
+/* Measured: cuMemFree(0) succeeds. */
+#define EXP_MEMFREE_NULL CUDA_SUCCESS
 
-/* cuModuleLoadData of a fatbin header followed by garbage. */
-#define EXP_FATBIN_GARBAGE CUDA_ERROR_INVALID_IMAGE
-
-/* cuGetProcAddress of an exact versioned ABI name ("cuMemAlloc_v2"). */
-#define EXP_GETPROC_VERSIONED_NAME CUDA_SUCCESS
-
-/* cuEventElapsedTime with an event that was never recorded. */
+/* Measured: cuEventElapsedTime with an event that was never recorded, or a NULL result pointer. */
 #define EXP_ELAPSED_UNRECORDED CUDA_ERROR_INVALID_HANDLE
+#define EXP_ELAPSED_NULL CUDA_ERROR_INVALID_HANDLE
 
-/* VMM: cuMemMap over a range that is already mapped. */
+/* Measured: cuModuleLoadData of text that does not start with .version (it is not PTX at all). */
+#define EXP_NOT_PTX CUDA_ERROR_INVALID_IMAGE
+
+/* Measured: a packed `extra` parameter buffer longer than the PTX layout (shorter is accepted). */
+#define EXP_EXTRA_TOO_LONG CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+
+/* Measured, VMM: cuMemMap over a range that is already mapped. */
 #define EXP_VMM_MAP_TWICE CUDA_ERROR_INVALID_VALUE
-/* VMM: cuMemExportToShareableHandle(POSIX fd) of a handle created without that type requested. */
+/* Measured, VMM: cuMemMap of more than the handle holds, or of a released handle. */
+#define EXP_VMM_MAP_PAST_HANDLE CUDA_ERROR_NOT_SUPPORTED
+/* Measured, VMM: cuMemExportToShareableHandle(POSIX fd) of a handle created without that type. */
 #define EXP_VMM_EXPORT_NOT_REQUESTED CUDA_ERROR_INVALID_VALUE
-/* VMM: a copy into memory that is mapped but has no access set yet. */
+/* Measured, VMM: a copy into memory that is mapped but has no access set yet. */
 #define EXP_VMM_COPY_NO_ACCESS CUDA_ERROR_INVALID_VALUE
-/* VMM: cuMemAddressReserve of a size that is not a multiple of the granularity. */
+/* Measured, VMM: cuMemAddressReserve of a size that is not a multiple of the granularity. */
 #define EXP_VMM_RESERVE_UNALIGNED CUDA_ERROR_INVALID_VALUE
+/* Measured, VMM: cuMemImportFromShareableHandle of an fd that is not exported memory (/dev/null). */
+#define EXP_VMM_IMPORT_FOREIGN_FD CUDA_ERROR_UNKNOWN
 
-/* Checkpoint API on a pid that does not exist, and on a live process without CUDA. */
-#define EXP_CKPT_NO_PROCESS CUDA_ERROR_INVALID_VALUE
-#define EXP_CKPT_NO_CUDA CUDA_ERROR_INVALID_VALUE
-/* Checkpoint API called before the calling process called cuInit. */
+/* Measured: the checkpoint API on a pid that does not exist, and on a live process without CUDA. */
+#define EXP_CKPT_NO_PROCESS CUDA_ERROR_OPERATING_SYSTEM
+#define EXP_CKPT_NO_CUDA CUDA_ERROR_NOT_INITIALIZED
+/* Measured: the checkpoint API called before the calling process called cuInit. */
 #define EXP_CKPT_BEFORE_INIT CUDA_ERROR_NOT_INITIALIZED
+/* Measured: cuMemGetInfo in a checkpointed process (it does not block, unlike cuMemAlloc). */
+#define EXP_CKPT_MEMINFO_CHECKPOINTED CUDA_ERROR_OPERATING_SYSTEM
 
 #endif /* GPUCR_DRVTEST_EXPECT_H */

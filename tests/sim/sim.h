@@ -183,7 +183,7 @@ enum sim_need {
 typedef struct sim_call {
     const char *name;
     sim_ctx *ctx; /* the current context, if any */
-    int entered;  /* passed the gate */
+    int entered;  /* passed the gate: 1 counted in in_api, 2 a call that locks do not wait for */
 } sim_call;
 
 CUresult sim_enter(sim_call *c, const char *name, enum sim_need need);
@@ -194,6 +194,7 @@ void sim_set_current_ctx(sim_ctx *ctx);
 /* Gate control for the checkpoint API (restore thread only). */
 void sim_gate_close(void);
 void sim_gate_open(void);
+void sim_gate_set_state(int st); /* enum sim_ckpt_state */
 int sim_gate_wait_idle(uint64_t deadline_ns); /* 0, or -1 at the deadline (0: none) */
 /* One bounded wait on cv (monotonic deadline, 0: none); -1 once the deadline has passed. */
 int sim_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ns);

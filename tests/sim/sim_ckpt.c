@@ -40,12 +40,12 @@
 #include "sim.h"
 
 /*
- * What the API returns when the target cannot be reached. These are guesses
- * at the driver's behaviour; drvtest cases ckpt_unknown_pid and ckpt_no_cuda
- * check them against the real driver.
+ * What the API returns when the target cannot be reached, as measured on an
+ * H100 with driver 580 (drvtest cases ckpt_unknown_pid and ckpt_no_cuda).
+ * CK_ERR_TARGET_GONE (the target died during the call) is a guess.
  */
-#define CK_ERR_NO_PROCESS CUDA_ERROR_INVALID_VALUE /* no such pid */
-#define CK_ERR_NO_CUDA CUDA_ERROR_INVALID_VALUE    /* the process never initialized CUDA */
+#define CK_ERR_NO_PROCESS CUDA_ERROR_OPERATING_SYSTEM  /* no such pid */
+#define CK_ERR_NO_CUDA CUDA_ERROR_NOT_INITIALIZED      /* the process never initialized CUDA */
 #define CK_ERR_TARGET_GONE CUDA_ERROR_OPERATING_SYSTEM /* it died during the call */
 
 static const char *const ck_dirs[] = {"/dev/shm/gpucr-sim", "/tmp/gpucr-sim"};
@@ -97,12 +97,16 @@ static CUresult do_restore(int *state) {
     pthread_rwlock_wrlock(&sim.memlock);
     CUresult r = CUDA_SUCCESS;
     if (sim_vmm_has_imported()) {
-        /* measured on the driver: imported memory alive at checkpoint makes restore fail for good */
+        /*
+         * Measured on the driver: imported memory alive at checkpoint makes every
+         * restore fail with 801, and the process stays checkpointed.
+         */
         sim_warn("restore: the process held imported VMM memory at checkpoint; restore is not supported");
-        r = CUDA_ERROR_NOT_SUPPORTED;
-    } else if (sim_mem_unpark_all() || sim_vmm_unpark_all()) {
-        r = CUDA_ERROR_OPERATING_SYSTEM;
+        pthread_rwlock_unlock(&sim.memlock);
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
+    if (sim_mem_unpark_all() || sim_vmm_unpark_all())
+        r = CUDA_ERROR_OPERATING_SYSTEM;
     pthread_rwlock_unlock(&sim.memlock);
     *state = r == CUDA_SUCCESS ? SIM_CK_LOCKED : SIM_CK_FAILED;
     return r;
@@ -143,7 +147,8 @@ static CUresult handle(const ck_req *q, int *state_out) {
     default:
         r = CUDA_ERROR_INVALID_VALUE;
     }
-    sim.ckpt_state = st;
+    if (st != sim.ckpt_state)
+        sim_gate_set_state(st);
     *state_out = st;
     return r;
 }

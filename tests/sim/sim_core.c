@@ -204,18 +204,82 @@ SIM_API CUresult cuDriverGetVersion(int *driverVersion) {
 sim_ctx *sim_current_ctx(void) { return tls_ctx; }
 void sim_set_current_ctx(sim_ctx *ctx) { tls_ctx = ctx; }
 
+/*
+ * What a call does while the process is locked or checkpointed by the
+ * checkpoint API. Measured on an H100 with driver 580 (drvtest ckpt_gate and
+ * one-off probes): the driver does not block every call. Calls that only look
+ * at state or wait for work pass a locked process; once it is checkpointed only
+ * a few still pass and cuMemGetInfo fails. Everything not listed blocks until
+ * the process is unlocked.
+ */
+enum gate_class { GATE_BLOCK = 0, GATE_QUERY, GATE_FREE, GATE_MEMINFO };
+
+static const struct {
+    const char *name;
+    enum gate_class cls;
+} gate_table[] = {
+    /* sorted by name (strcmp), for bsearch */
+    {"cuCtxGetCurrent", GATE_FREE},
+    {"cuCtxGetDevice", GATE_QUERY},
+    {"cuCtxSetCurrent", GATE_QUERY},
+    {"cuCtxSynchronize", GATE_QUERY},
+    {"cuDeviceGet", GATE_QUERY},
+    {"cuDeviceGetAttribute", GATE_QUERY},
+    {"cuDeviceGetCount", GATE_FREE},
+    {"cuDeviceGetName", GATE_QUERY},
+    {"cuDeviceGetUuid", GATE_QUERY},
+    {"cuDeviceGetUuid_v2", GATE_QUERY},
+    {"cuDevicePrimaryCtxGetState", GATE_QUERY},
+    {"cuDeviceTotalMem_v2", GATE_QUERY},
+    {"cuEventElapsedTime", GATE_QUERY},
+    {"cuEventElapsedTime_v2", GATE_QUERY},
+    {"cuEventQuery", GATE_QUERY},
+    {"cuEventSynchronize", GATE_QUERY},
+    {"cuFuncGetParamInfo", GATE_QUERY},
+    {"cuKernelGetParamInfo", GATE_QUERY},
+    {"cuMemGetAddressRange_v2", GATE_QUERY},
+    {"cuMemGetInfo_v2", GATE_MEMINFO},
+    {"cuStreamQuery", GATE_QUERY},
+    {"cuStreamSynchronize", GATE_QUERY},
+};
+
+static int gate_cmp(const void *key, const void *ent) {
+    return strcmp(key, *(const char *const *)ent);
+}
+
+static enum gate_class gate_class_of(const char *name) {
+    const void *e = bsearch(name, gate_table, sizeof gate_table / sizeof gate_table[0], sizeof gate_table[0], gate_cmp);
+    return e ? ((const __typeof__(gate_table[0]) *)e)->cls : GATE_BLOCK;
+}
+
 CUresult sim_enter(sim_call *c, const char *name, enum sim_need need) {
     c->name = name;
     c->ctx = NULL;
     c->entered = 0;
     if (atomic_load(&sim.forked) || !atomic_load(&sim.initialized))
         return CUDA_ERROR_NOT_INITIALIZED;
+    enum gate_class cls = gate_class_of(name);
     pthread_mutex_lock(&sim.gate_mu);
-    while (sim.gate_closed)
+    for (;;) {
+        if (!sim.gate_closed || cls == GATE_FREE)
+            break;
+        bool parked = sim.ckpt_state == SIM_CK_CHECKPOINTED || sim.ckpt_state == SIM_CK_FAILED;
+        if (parked && cls == GATE_MEMINFO) {
+            pthread_mutex_unlock(&sim.gate_mu);
+            return CUDA_ERROR_OPERATING_SYSTEM;
+        }
+        if (!parked && cls != GATE_BLOCK)
+            break;
         pthread_cond_wait(&sim.gate_cv, &sim.gate_mu);
-    sim.in_api++;
+    }
+    /* only calls that change state are waited for by a lock; the others pass it anyway */
+    if (cls == GATE_BLOCK) {
+        sim.in_api++;
+        c->entered = 1;
+    } else {
+        c->entered = 2;
+    }
     pthread_mutex_unlock(&sim.gate_mu);
-    c->entered = 1;
     sim_ctx *ctx = tls_ctx;
     if (ctx && !atomic_load(&ctx->alive))
         ctx = NULL;
@@ -229,7 +293,7 @@ CUresult sim_enter(sim_call *c, const char *name, enum sim_need need) {
 }
 
 CUresult sim_leave(sim_call *c, CUresult r) {
-    if (c->entered) {
+    if (c->entered == 1) {
         pthread_mutex_lock(&sim.gate_mu);
         if (--sim.in_api == 0)
             pthread_cond_broadcast(&sim.gate_cv);
@@ -242,6 +306,13 @@ CUresult sim_leave(sim_call *c, CUresult r) {
 void sim_gate_close(void) {
     pthread_mutex_lock(&sim.gate_mu);
     sim.gate_closed = 1;
+    pthread_mutex_unlock(&sim.gate_mu);
+}
+
+void sim_gate_set_state(int st) {
+    pthread_mutex_lock(&sim.gate_mu);
+    sim.ckpt_state = st;
+    pthread_cond_broadcast(&sim.gate_cv);
     pthread_mutex_unlock(&sim.gate_mu);
 }
 

@@ -230,6 +230,8 @@ SIM_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
     /* cuMemFree synchronizes, as on the driver: queued work may still use the memory */
+    if (dptr == 0)
+        return sim_leave(&c, CUDA_SUCCESS); /* as on the driver (measured) */
     r = sim_ctx_sync(c.ctx);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
@@ -353,9 +355,13 @@ SIM_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
 
 static CUresult host_alloc(sim_call *c, void **pp, size_t size, unsigned flags) {
     const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
-    if (!pp || size == 0 || (flags & ~known))
+    if (!pp || (flags & ~known))
         return CUDA_ERROR_INVALID_VALUE;
     (void)c;
+    if (size == 0) { /* the driver answers NULL and success (measured) */
+        *pp = NULL;
+        return CUDA_SUCCESS;
+    }
     uint64_t len = sim_align_up(size, SIM_PAGE);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -392,12 +398,14 @@ SIM_API CUresult cuMemFreeHost(void *p) {
     CUresult r = sim_enter(&c, "cuMemFreeHost", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
+    if (!p)
+        return sim_leave(&c, CUDA_SUCCESS);
     r = sim_ctx_sync(c.ctx); /* async copies may still read or write it */
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
     pthread_rwlock_wrlock(&sim.memlock);
     ssize_t i = rs_find_start(&sim.host, (uint64_t)(uintptr_t)p);
-    if (!p || i < 0 || sim.host.v[i].prot != HOST_ALLOCATED) {
+    if (i < 0 || sim.host.v[i].prot != HOST_ALLOCATED) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
         uint64_t len = sim.host.v[i].len;

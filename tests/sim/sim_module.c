@@ -273,8 +273,9 @@ static void image_free(sim_image *img) {
 static CUresult ptx_parse(const char *text, sim_image *img) {
     memset(img, 0, sizeof *img);
     lexer L = {.p = text};
+    /* text that does not start with .version is not taken for PTX at all (measured) */
     if (lex(&L) != T_WORD || strcmp(L.tok, ".version") != 0)
-        return CUDA_ERROR_INVALID_PTX;
+        return CUDA_ERROR_INVALID_IMAGE;
     if (lex(&L) != T_WORD)
         return CUDA_ERROR_INVALID_PTX;
     bool target = false;
@@ -372,6 +373,7 @@ typedef struct sim_kernel {
 
 typedef struct sim_library {
     uint32_t magic;
+    CUresult err; /* a lazily loaded image that failed: reported by cuLibraryGetKernel */
     sim_image img;
     sim_kernel *kernels;
 } sim_library;
@@ -503,13 +505,25 @@ SIM_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_o
     if (!library || (numJitOptions && (!jitOptions || !jitOptionsValues)) ||
         (numLibraryOptions && (!libraryOptions || !libraryOptionValues)))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    if (!code)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     sim_library *l = calloc(1, sizeof *l);
     if (!l)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
     r = image_load(code, &l->img);
     if (r != CUDA_SUCCESS) {
-        free(l);
-        return sim_leave(&c, r);
+        /*
+         * With lazy loading (CUDA_MODULE_LOADING, LAZY by default) the driver
+         * accepts any image here and reports what is wrong with it when a kernel
+         * is asked for (measured); EAGER reports it now.
+         */
+        const char *mode = getenv("CUDA_MODULE_LOADING");
+        if (r == CUDA_ERROR_OUT_OF_MEMORY || (mode && strcmp(mode, "EAGER") == 0)) {
+            free(l);
+            return sim_leave(&c, r);
+        }
+        l->err = r;
+        r = CUDA_SUCCESS;
     }
     l->magic = 0x4c494252u;
     l->kernels = calloc(l->img.n ? l->img.n : 1, sizeof *l->kernels);
@@ -544,6 +558,8 @@ SIM_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const 
     sim_library *l = (sim_library *)library;
     if (!sim_handle_is(l, SIM_H_LIBRARY)) {
         r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (l->err) {
+        r = l->err;
     } else {
         r = CUDA_ERROR_NOT_FOUND;
         for (unsigned i = 0; i < l->img.n; i++) {
@@ -661,7 +677,7 @@ static CUresult run_kernel(sim_op *op) {
 static CUresult launch(sim_call *c, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                        unsigned bz, unsigned shared, CUstream h, void **kp, void **extra) {
     if (gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535 || bx == 0 || by == 0 || bz == 0 || bx > 1024 ||
-        by > 1024 || bz > 64 || (uint64_t)bx * by * bz > 1024 || shared > 232448)
+        by > 1024 || bz > 64 || (uint64_t)bx * by * bz > 1024 || shared > 49152)
         return CUDA_ERROR_INVALID_VALUE;
     if (kp && extra)
         return CUDA_ERROR_INVALID_VALUE;
@@ -694,9 +710,15 @@ static CUresult launch(sim_call *c, CUfunction f, unsigned gx, unsigned gy, unsi
         pthread_mutex_unlock(&sim.mu);
         return CUDA_ERROR_INVALID_HANDLE;
     }
+    /*
+     * Measured on the driver: a packed buffer may be shorter than the PTX
+     * layout (the rest reads as whatever is there; zeros here), not longer.
+     */
     CUresult r = CUDA_SUCCESS;
-    if (extra && (xsize != e->psize || (e->psize && !xbuf)))
+    if (extra && (xsize == 0 || !xbuf))
         r = CUDA_ERROR_INVALID_VALUE;
+    else if (extra && xsize > e->psize)
+        r = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     else if (!extra && e->nparams && !kp)
         r = CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; r == CUDA_SUCCESS && kp && i < e->nparams; i++)
@@ -727,8 +749,8 @@ static CUresult launch(sim_call *c, CUfunction f, unsigned gx, unsigned gy, unsi
     memcpy(offs, e->off, np * sizeof(size_t));
     memcpy(sizes, e->size, np * sizeof(size_t));
     memcpy(name, e->name, namelen);
-    if (extra && e->psize)
-        memcpy(params, xbuf, e->psize);
+    if (extra)
+        memcpy(params, xbuf, xsize);
     for (unsigned i = 0; kp && i < np; i++)
         memcpy(params + offs[i], kp[i], sizes[i]);
     k->fn = e->fn;

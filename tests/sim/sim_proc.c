@@ -111,17 +111,15 @@ static const proc_ent procs[] = {
 #define NPROCS (sizeof procs / sizeof procs[0])
 
 /*
- * The per-thread-default-stream flag would select _ptsz/_ptds variants on the
- * driver; the simulator has none (its per-thread stream is the legacy one), so
- * every flag value resolves to the plain entry point.
+ * Resolves a base name ("cuMemAlloc") for a CUDA version, as the driver does
+ * (measured on driver 580): only base names resolve, an exact ABI name such as
+ * "cuMemAlloc_v2" is unknown. The per-thread-default-stream flag would select
+ * _ptsz/_ptds variants on the driver; the simulator has none (its per-thread
+ * stream is the legacy one), so every flag value gives the plain entry point.
+ * A version older than a function's _v2 gets VERSION_NOT_SUFFICIENT here where
+ * the driver would hand out the old v1 function, which the simulator lacks.
  */
-static CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                        CUdriverProcAddressQueryResult *status) {
-    if (status)
-        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pfn = NULL;
+static CUdriverProcAddressQueryResult resolve(const char *symbol, void **pfn, int cudaVersion) {
     const proc_ent *best = NULL;
     bool known = false;
     for (size_t i = 0; i < NPROCS; i++) {
@@ -131,38 +129,42 @@ static CUresult resolve(const char *symbol, void **pfn, int cudaVersion, cuuint6
         if (procs[i].version <= cudaVersion && (!best || procs[i].version > best->version))
             best = &procs[i];
     }
-    if (!best && !known) {
-        /* an exact ABI name ("cuMemAlloc_v2") resolves to itself */
-        for (size_t i = 0; i < NPROCS && !best; i++)
-            if (strcmp(procs[i].sym, symbol) == 0)
-                best = &procs[i];
-    }
-    if (!best) {
-        if (status)
-            *status = known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        return CUDA_ERROR_NOT_FOUND;
-    }
+    if (!best)
+        return known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     *pfn = best->fn;
-    if (status)
-        *status = CU_GET_PROC_ADDRESS_SUCCESS;
-    return CUDA_SUCCESS;
+    return CU_GET_PROC_ADDRESS_SUCCESS;
 }
 
-/* Both work before cuInit: that is how cudart finds cuInit in the first place. */
+/*
+ * Both work before cuInit: that is how cudart finds cuInit in the first place.
+ * Measured on driver 580: the _v2 entry answers an unknown symbol with
+ * CUDA_SUCCESS, *pfn = NULL and the reason in symbolStatus; the legacy one
+ * answers CUDA_ERROR_NOT_FOUND and leaves *pfn alone.
+ */
 SIM_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                      CUdriverProcAddressQueryResult *symbolStatus) {
     if (atomic_load(&sim.forked))
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult r = resolve(symbol, pfn, cudaVersion, flags, symbolStatus);
-    sim_log("cuGetProcAddress_v2(%s, %d) -> %s", symbol ? symbol : "(null)", cudaVersion, sim_error_name(r));
-    return r;
+    if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    CUdriverProcAddressQueryResult st = resolve(symbol, pfn, cudaVersion);
+    if (symbolStatus)
+        *symbolStatus = st;
+    sim_log("cuGetProcAddress_v2(%s, %d) -> status %d", symbol, cudaVersion, (int)st);
+    return CUDA_SUCCESS;
 }
 
 SIM_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     if (atomic_load(&sim.forked))
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult r = resolve(symbol, pfn, cudaVersion, flags, NULL);
-    sim_log("cuGetProcAddress(%s, %d) -> %s", symbol ? symbol : "(null)", cudaVersion, sim_error_name(r));
+    if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *fn = NULL;
+    CUresult r = resolve(symbol, &fn, cudaVersion) == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS)
+        *pfn = fn;
+    sim_log("cuGetProcAddress(%s, %d) -> %s", symbol, cudaVersion, sim_error_name(r));
     return r;
 }
 
@@ -170,9 +172,12 @@ SIM_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExp
     if (!ppExportTable || !pExportTableId)
         return CUDA_ERROR_INVALID_VALUE;
     *ppExportTable = NULL;
-    /* the simulator serves no CUDA runtime, so it has none of the runtime's private tables */
-    sim_log("cuGetExportTable -> CUDA_ERROR_NOT_SUPPORTED");
-    return CUDA_ERROR_NOT_SUPPORTED;
+    /*
+     * The simulator serves no CUDA runtime, so it knows none of the runtime's
+     * private tables; the driver answers an unknown table id this way (measured).
+     */
+    sim_log("cuGetExportTable -> CUDA_ERROR_INVALID_VALUE");
+    return CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- errors ---- */

@@ -89,8 +89,11 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     if ((r = check_prop(prop)) != CUDA_SUCCESS)
         return sim_leave(&c, r);
+    /* fabric handles need IMEX, which a plain H100 host lacks: NOT_PERMITTED there (measured) */
+    if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC)
+        return sim_leave(&c, CUDA_ERROR_NOT_PERMITTED);
     if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-        return sim_leave(&c, CUDA_ERROR_NOT_SUPPORTED); /* no Windows or fabric handles here */
+        return sim_leave(&c, CUDA_ERROR_NOT_SUPPORTED); /* no Windows handles on Linux */
     int dev = prop->location.id;
     sim_phys *p = calloc(1, sizeof *p);
     if (!p)
@@ -222,9 +225,11 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
     pthread_rwlock_wrlock(&sim.memlock);
     sim_phys *p = phys_find(handle);
     ssize_t i = rs_find(&sim.vres, ptr);
-    if (!p || offset > p->size || size > p->size - offset || i < 0 ||
-        ptr + size > sim.vres.v[i].start + sim.vres.v[i].len || rs_overlaps(&sim.vmaps, ptr, size)) {
+    if (i < 0 || ptr + size > sim.vres.v[i].start + sim.vres.v[i].len || rs_overlaps(&sim.vmaps, ptr, size)) {
         r = CUDA_ERROR_INVALID_VALUE;
+    } else if (!p || offset > p->size || size > p->size - offset) {
+        /* measured: a released handle, or a range past its end (the driver crashes on garbage handles) */
+        r = CUDA_ERROR_NOT_SUPPORTED;
     } else {
         /* mapped but inaccessible until cuMemSetAccess, as on the driver */
         void *got = mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, (off_t)offset);
@@ -280,7 +285,11 @@ SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     pthread_rwlock_wrlock(&sim.memlock);
     size_t n;
     ssize_t i = whole_maps(ptr, size, &n);
-    if (i < 0) {
+    ssize_t res = rs_find(&sim.vres, ptr);
+    if (i < 0 && size && res >= 0 && ptr + size <= sim.vres.v[res].start + sim.vres.v[res].len &&
+        !rs_overlaps(&sim.vmaps, ptr, size)) {
+        r = CUDA_SUCCESS; /* nothing mapped there: a no-op on the driver (measured) */
+    } else if (i < 0) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
         while (n--) {
@@ -397,10 +406,12 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     int fd = (int)(intptr_t)osHandle;
     struct stat st;
-    int dev;
-    if (fd < 0 || fstat(fd, &st) < 0 || (dev = fd_vmm_dev(fd)) < 0 || st.st_size <= 0 ||
-        (uint64_t)st.st_size % SIM_GRANULARITY)
+    if (fd < 0 || fstat(fd, &st) < 0)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    int dev = fd_vmm_dev(fd);
+    /* an fd that is not exported device memory: the driver says UNKNOWN (measured with /dev/null) */
+    if (dev < 0 || st.st_size <= 0 || (uint64_t)st.st_size % SIM_GRANULARITY)
+        return sim_leave(&c, CUDA_ERROR_UNKNOWN);
     if (dev >= sim.ndev)
         dev = 0; /* exported by a process that sees more devices */
     sim_phys *p = calloc(1, sizeof *p);
