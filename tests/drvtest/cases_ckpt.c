@@ -372,7 +372,7 @@ static void ckpt_imported(void) {
     /* measured on the driver: imported memory still mapped at checkpoint makes restore fail, for good */
     EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_ERROR_NOT_SUPPORTED);
     STATE_IS(c.pid, CU_PROCESS_STATE_CHECKPOINTED);
-    EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_ERROR_NOT_SUPPORTED);
+    EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), EXP_CKPT_RESTORE_AFTER_FAILED);
     dt_kill(&c);
     OK(cuMemRelease(h));
 }

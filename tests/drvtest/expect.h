@@ -36,7 +36,7 @@
 
 /* Measured, VMM: cuMemMap over a range that is already mapped. */
 #define EXP_VMM_MAP_TWICE CUDA_ERROR_INVALID_VALUE
-/* Measured, VMM: cuMemMap of more than the handle holds, or of a released handle. */
+/* Measured, VMM: cuMemMap of anything but a whole allocation (offset 0, its full size). */
 #define EXP_VMM_MAP_PAST_HANDLE CUDA_ERROR_NOT_SUPPORTED
 /* Measured, VMM: cuMemExportToShareableHandle(POSIX fd) of a handle created without that type. */
 #define EXP_VMM_EXPORT_NOT_REQUESTED CUDA_ERROR_INVALID_VALUE
@@ -52,6 +52,8 @@
 #define EXP_CKPT_NO_CUDA CUDA_ERROR_NOT_INITIALIZED
 /* Measured: the checkpoint API called before the calling process called cuInit. */
 #define EXP_CKPT_BEFORE_INIT CUDA_ERROR_NOT_INITIALIZED
+/* Measured: a restore after a failed one (cuda-checkpoint issue #44 reports the same). */
+#define EXP_CKPT_RESTORE_AFTER_FAILED CUDA_ERROR_OPERATING_SYSTEM
 /* Measured: cuMemGetInfo in a checkpointed process (it does not block, unlike cuMemAlloc). */
 #define EXP_CKPT_MEMINFO_CHECKPOINTED CUDA_ERROR_OPERATING_SYSTEM
 

@@ -63,6 +63,7 @@ typedef struct {
 } ck_rep;
 
 static int lfd = -1;
+static bool restore_failed; /* restore thread only: after one failed restore the driver answers 304 */
 static char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 
 /* ---- target side ---- */
@@ -94,15 +95,19 @@ static CUresult do_checkpoint(void) {
 }
 
 static CUresult do_restore(int *state) {
+    if (restore_failed) /* measured: once a restore failed, every later one fails so */
+        return CUDA_ERROR_OPERATING_SYSTEM;
     pthread_rwlock_wrlock(&sim.memlock);
     CUresult r = CUDA_SUCCESS;
     if (sim_vmm_has_imported()) {
         /*
-         * Measured on the driver: imported memory alive at checkpoint makes every
-         * restore fail with 801, and the process stays checkpointed.
+         * Measured on the driver: imported memory alive at checkpoint makes the
+         * restore fail with 801 (and later ones with 304); the process stays
+         * checkpointed.
          */
         sim_warn("restore: the process held imported VMM memory at checkpoint; restore is not supported");
         pthread_rwlock_unlock(&sim.memlock);
+        restore_failed = true;
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     if (sim_mem_unpark_all() || sim_vmm_unpark_all())

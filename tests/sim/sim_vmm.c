@@ -37,12 +37,15 @@ typedef struct sim_vmap {
     int prot;
 } sim_vmap;
 
-static sim_phys *phys_find(CUmemGenericAllocationHandle h) {
+/* A handle the caller may still use; with `mapped_ok`, also one released but still mapped. */
+static sim_phys *phys_find_any(CUmemGenericAllocationHandle h, bool mapped_ok) {
     for (sim_phys *p = sim.phys; p; p = p->next)
-        if ((uintptr_t)p == (uintptr_t)h && !p->released)
+        if ((uintptr_t)p == (uintptr_t)h && (!p->released || mapped_ok))
             return p;
     return NULL;
 }
+
+static sim_phys *phys_find(CUmemGenericAllocationHandle h) { return phys_find_any(h, false); }
 
 static void phys_destroy(sim_phys *p) {
     for (sim_phys **pp = &sim.phys; *pp; pp = &(*pp)->next) {
@@ -223,12 +226,17 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
     if (!m)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
     pthread_rwlock_wrlock(&sim.memlock);
-    sim_phys *p = phys_find(handle);
+    /* a released handle can still be mapped again while some mapping keeps it alive (measured) */
+    sim_phys *p = phys_find_any(handle, true);
     ssize_t i = rs_find(&sim.vres, ptr);
     if (i < 0 || ptr + size > sim.vres.v[i].start + sim.vres.v[i].len || rs_overlaps(&sim.vmaps, ptr, size)) {
         r = CUDA_ERROR_INVALID_VALUE;
-    } else if (!p || offset > p->size || size > p->size - offset) {
-        /* measured: a released handle, or a range past its end (the driver crashes on garbage handles) */
+    } else if (!p || offset != 0 || size != p->size) {
+        /*
+         * Measured: only whole allocations map (offset 0, the full size), as the
+         * documentation's "offset must currently be zero" says. The driver
+         * crashes on garbage handles; here they get the same answer.
+         */
         r = CUDA_ERROR_NOT_SUPPORTED;
     } else {
         /* mapped but inaccessible until cuMemSetAccess, as on the driver */
