@@ -108,7 +108,6 @@ typedef enum sim_htype {
     SIM_H_FUNC,
     SIM_H_LIBRARY,
     SIM_H_KERNEL,
-    SIM_H_PHYS,
 } sim_htype;
 
 int sim_handle_add(const void *p, sim_htype t); /* 0 or -1 (no memory); caller holds sim.mu */

@@ -98,7 +98,6 @@ static CUresult do_restore(int *state) {
     if (restore_failed) /* measured: once a restore failed, every later one fails so */
         return CUDA_ERROR_OPERATING_SYSTEM;
     pthread_rwlock_wrlock(&sim.memlock);
-    CUresult r = CUDA_SUCCESS;
     if (sim_vmm_has_imported()) {
         /*
          * Measured on the driver: imported memory alive at checkpoint makes the
@@ -110,11 +109,17 @@ static CUresult do_restore(int *state) {
         restore_failed = true;
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    if (sim_mem_unpark_all() || sim_vmm_unpark_all())
-        r = CUDA_ERROR_OPERATING_SYSTEM;
+    int e = sim_mem_unpark_all();
+    if (!e)
+        e = sim_vmm_unpark_all();
     pthread_rwlock_unlock(&sim.memlock);
-    *state = r == CUDA_SUCCESS ? SIM_CK_LOCKED : SIM_CK_FAILED;
-    return r;
+    if (e) {
+        /* as the driver after a failed restore (cuda-checkpoint issue #44): still checkpointed, 304 from now on */
+        restore_failed = true;
+        return e == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    *state = SIM_CK_LOCKED;
+    return CUDA_SUCCESS;
 }
 
 static CUresult handle(const ck_req *q, int *state_out) {

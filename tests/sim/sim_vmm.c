@@ -482,8 +482,10 @@ int sim_vmm_park_all(void) {
 
 int sim_vmm_unpark_all(void) {
     for (sim_phys *p = sim.phys; p; p = p->next) {
-        if (p->fd >= 0)
+        if (p->fd >= 0) { /* never closed: a checkpoint that failed half-way */
+            sim_parked_free(&p->parked);
             continue;
+        }
         char name[32];
         snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", p->dev);
         int e = sim_unpark_fd(&p->parked, p->size, name, &p->fd);
