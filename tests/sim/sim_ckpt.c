@@ -251,10 +251,41 @@ __attribute__((destructor)) static void ck_unlink(void) {
         unlink(sock_path);
 }
 
+/*
+ * Removes the sockets of processes that died without cleaning up (killed, or
+ * dumped by CRIU and not restored): nobody listens on them any more. A
+ * connection refused is the test, not the pid, because the directory may be
+ * shared by processes of other pid namespaces; a live listener, even a stopped
+ * one, accepts into its backlog and is left alone.
+ */
+static void ck_sweep(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    int budget = 256; /* bounds the cost of cuInit in a littered directory */
+    while ((de = readdir(d)) && budget-- > 0) {
+        if (strncmp(de->d_name, "ckpt.", 5) != 0)
+            continue;
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        int n = snprintf(a.sun_path, sizeof a.sun_path, "%s/%s", dir, de->d_name);
+        if (n < 0 || (size_t)n >= sizeof a.sun_path)
+            continue;
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+            break;
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0 && errno == ECONNREFUSED)
+            unlink(a.sun_path);
+        close(fd);
+    }
+    closedir(d);
+}
+
 static int ck_bind(const char *dir) {
     if (mkdir(dir, 01777) < 0 && errno != EEXIST)
         return -errno;
     chmod(dir, 01777); /* umask may have narrowed it; other users' processes need it too */
+    ck_sweep(dir);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     int n = snprintf(a.sun_path, sizeof a.sun_path, "%s/ckpt.%d.sock", dir, (int)getpid());
     if (n < 0 || (size_t)n >= sizeof a.sun_path)
