@@ -4,11 +4,12 @@
 #include "sim.h"
 
 #undef cuGetProcAddress
+#undef cuEventElapsedTime
 
 /* Exported by this library but not declared in cudadrv.h (legacy or newer variants). */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
-CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 
 typedef struct {
     const char *base; /* the name programs ask for */

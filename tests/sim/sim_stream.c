@@ -555,11 +555,12 @@ static CUresult elapsed(const char *name, float *ms, CUevent hStart, CUevent hEn
     return sim_leave(&c, r);
 }
 
+#undef cuEventElapsedTime
+SIM_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 SIM_API CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
     return elapsed("cuEventElapsedTime", pMilliseconds, hStart, hEnd);
 }
 
-SIM_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 SIM_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
     return elapsed("cuEventElapsedTime_v2", pMilliseconds, hStart, hEnd);
 }

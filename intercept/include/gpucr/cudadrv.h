@@ -253,8 +253,17 @@ typedef struct CUcheckpointCheckpointArgs_st {
     cuuint64_t reserved[8];
 } CUcheckpointCheckpointArgs;
 
+/* A GPU of the checkpointed process and the GPU it is restored onto. */
+typedef struct CUcheckpointGpuPair_st {
+    CUuuid oldUuid;
+    CUuuid newUuid;
+} CUcheckpointGpuPair;
+
 typedef struct CUcheckpointRestoreArgs_st {
-    cuuint64_t reserved[8];
+    CUcheckpointGpuPair *gpuPairs; /* NULL: restore onto the same GPUs */
+    unsigned int gpuPairsCount;
+    char reserved[44];
+    cuuint64_t reserved1;
 } CUcheckpointRestoreArgs;
 
 typedef struct CUcheckpointUnlockArgs_st {
@@ -282,6 +291,7 @@ typedef struct CUcheckpointUnlockArgs_st {
 #define cuMemsetD32 cuMemsetD32_v2
 #define cuStreamDestroy cuStreamDestroy_v2
 #define cuEventDestroy cuEventDestroy_v2
+#define cuEventElapsedTime cuEventElapsedTime_v2
 #define cuGetProcAddress cuGetProcAddress_v2
 
 /* Initialization, version, errors. */
@@ -351,7 +361,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventQuery(CUevent hEvent);
 CUresult cuEventSynchronize(CUevent hEvent);
-CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventDestroy_v2(CUevent hEvent);
 
 /* Modules, libraries, kernels. */
