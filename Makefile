@@ -10,7 +10,9 @@ CC       ?= gcc
 GO       ?= go
 CFLAGS   ?= -O2 -g
 WARN     := -Wall -Wextra -Werror
-CPPFLAGS += -Iintercept/include -D_GNU_SOURCE
+# Fortified builds here too: the GPU machine's compiler fortifies by default,
+# and its warnings must show up here first.
+CPPFLAGS += -Iintercept/include -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
 PICFLAGS := -fPIC -fvisibility=hidden
 
 SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
