@@ -45,6 +45,7 @@ wait_iter() { # wait until the app reports iteration >= $1
 echo; echo "1. start: heartbeat ${APP_ARGS[*]}  (log: $log)"
 setsid "$BIN/heartbeat" "${APP_ARGS[@]}" </dev/null >>"$log" 2>&1 &
 pid=$!
+disown "$pid" # no "Killed" job notice when the dump ends it; bash still reaps it
 wait_iter 20
 echo "   $(head -1 "$log")"
 echo "   $(last_hb)"
@@ -54,7 +55,7 @@ t0=$(date +%s.%N)
 "$BIN/cudackpt" lock checkpoint "$pid" | sed 's/^/   /'
 before=$(last_hb)
 criu dump -t "$pid" -D "$img" -o dump.log
-{ wait "$pid"; } 2>/dev/null || true
+for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
 t1=$(date +%s.%N)
 echo "   dumped in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s, image $(du -sh "$img" | cut -f1); last heartbeat: $before"
 kill -0 "$pid" 2>/dev/null && { echo "process still alive after dump"; exit 1; }

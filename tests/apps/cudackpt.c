@@ -18,10 +18,10 @@
  * The first failure also prints the driver's error name and string on stderr
  * and exits 1. Usage errors exit 2.
  *
- * No context is created: these calls act on the target process. Whether they
- * need cuInit in the calling process is not documented; this tool calls them
- * without it first and, if the driver answers CUDA_ERROR_NOT_INITIALIZED,
- * calls cuInit(0) and retries once, so it works either way.
+ * No context is created: these calls act on the target process. They need
+ * no cuInit in the calling process (seen on driver 580, and so in the
+ * simulator; drvtest case ckpt_no_init_controller). Should a driver answer
+ * CUDA_ERROR_NOT_INITIALIZED, this tool calls cuInit(0) and retries once.
  */
 #include <errno.h>
 #include <stdio.h>

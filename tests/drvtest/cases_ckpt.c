@@ -252,6 +252,28 @@ static void ckpt_cycle(void) {
     finish(&c);
 }
 
+/*
+ * A controller that never calls cuInit, like NVIDIA's cuda-checkpoint: seen
+ * working on driver 580 (cudackpt and the anchor's drvckpt), so the
+ * simulator must allow it too.
+ */
+static void ckpt_no_init_controller(void) {
+    dt_child c;
+    start_target(&c, NULL);
+    wait_ready(&c);
+    STATE_IS(c.pid, CU_PROCESS_STATE_RUNNING);
+    EXPECT_RC(cuCheckpointProcessLock(c.pid, NULL), CUDA_SUCCESS);
+    EXPECT_RC(cuCheckpointProcessCheckpoint(c.pid, NULL), CUDA_SUCCESS);
+    STATE_IS(c.pid, CU_PROCESS_STATE_CHECKPOINTED);
+    EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_SUCCESS);
+    EXPECT_RC(cuCheckpointProcessUnlock(c.pid, NULL), CUDA_SUCCESS);
+    verify_target(&c);
+    /* and the controller's own driver is still uninitialized */
+    int n = 0;
+    EXPECT_RC(cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    finish(&c);
+}
+
 static void query_target(dt_child *c, CUresult want, const char *when) {
     char line[256] = "", exp[64];
     snprintf(exp, sizeof exp, "queried %d", (int)want);
@@ -415,6 +437,7 @@ static void ckpt_restore_stopped(void) {
 
 const dt_case dt_cases_ckpt[] = {
     {"ckpt_cycle", ckpt_cycle, 0},
+    {"ckpt_no_init_controller", ckpt_no_init_controller, 0},
     {"ckpt_gate", ckpt_gate, 0},
     {"ckpt_wrong_state", ckpt_wrong_state, 0},
     {"ckpt_unknown_pid", ckpt_unknown_pid, 0},

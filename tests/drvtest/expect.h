@@ -50,7 +50,9 @@
 /* Measured: the checkpoint API on a pid that does not exist, and on a live process without CUDA. */
 #define EXP_CKPT_NO_PROCESS CUDA_ERROR_OPERATING_SYSTEM
 #define EXP_CKPT_NO_CUDA CUDA_ERROR_NOT_INITIALIZED
-/* Measured: the checkpoint API called before the calling process called cuInit. */
+/* Measured: the checkpoint API called, before the caller's own cuInit, on a
+ * process that has no CUDA (the runner). The API itself works without cuInit:
+ * cudackpt and the anchor's drvckpt never call it, on the GPU too. */
 #define EXP_CKPT_BEFORE_INIT CUDA_ERROR_NOT_INITIALIZED
 /* Measured: a restore after a failed one (cuda-checkpoint issue #44 reports the same). */
 #define EXP_CKPT_RESTORE_AFTER_FAILED CUDA_ERROR_OPERATING_SYSTEM
