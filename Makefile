@@ -16,7 +16,7 @@ CPPFLAGS += -Iintercept/include -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURC
 PICFLAGS := -fPIC -fvisibility=hidden
 
 SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
-SIM_HDR    := $(wildcard tests/sim/*.h) intercept/include/gpucr/cudadrv.h
+SIM_HDR    := $(wildcard tests/sim/*.h) intercept/include/gpucr/cudadrv.h tests/apps/common/gpuapp.h
 SIM_LIB    := $(BUILD)/sim/libcuda.so.1
 APP_COMMON := $(wildcard tests/apps/common/*.c)
 APP_HDR    := $(wildcard tests/apps/common/*.h) intercept/include/gpucr/cudadrv.h

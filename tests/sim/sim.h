@@ -98,6 +98,12 @@ int sim_map_reserve_fixed(uint64_t addr, uint64_t len);
 
 static inline uint64_t sim_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t sim_now_ns(void);
+/*
+ * Starts a detached thread of the simulator with every signal blocked: the
+ * simulator's threads (stream workers, the restore thread) must never run
+ * the application's signal handlers. Returns 0 or the pthread_create error.
+ */
+int sim_start_thread(void *(*fn)(void *), void *arg);
 
 /* ---- sim_core.c ---- */
 

@@ -314,16 +314,7 @@ void sim_ckpt_start(void) {
                  strerror(-e));
         return;
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int pe = pthread_create(&t, &a, restore_main, NULL);
-    pthread_attr_destroy(&a);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int pe = sim_start_thread(restore_main, NULL);
     if (pe) {
         sim_warn("cuInit: cannot start the restore thread: %s; this process cannot be checkpointed", strerror(pe));
         close(lfd);

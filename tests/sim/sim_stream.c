@@ -12,7 +12,6 @@
  * record. Dependencies always point to ops queued earlier, so no cycle can form.
  */
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -143,17 +142,7 @@ CUresult sim_stream_create_locked(sim_ctx *ctx, unsigned flags, int legacy, sim_
         free(s);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    /* workers never run the application's signal handlers */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    int e = pthread_create(&t, &a, worker, s);
-    pthread_attr_destroy(&a);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int e = sim_start_thread(worker, s);
     if (e) {
         sim_warn("cannot start a stream worker thread: %s", strerror(e));
         if (!legacy)

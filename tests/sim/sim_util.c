@@ -1,6 +1,8 @@
 /* Address-range sets and memfd helpers shared by the memory and checkpoint code. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -253,4 +255,18 @@ void sim_parked_free(sim_parked *p) {
         munmap(p->buf, p->buflen);
     free(p->ext);
     memset(p, 0, sizeof *p);
+}
+
+int sim_start_thread(void *(*fn)(void *), void *arg) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    int e = pthread_create(&t, &a, fn, arg);
+    pthread_attr_destroy(&a);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return e;
 }

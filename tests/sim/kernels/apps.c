@@ -12,17 +12,10 @@
  */
 #include <stdint.h>
 
+#include "../../apps/common/gpuapp.h" /* gpuapp_mix32: the finalizer the PTX spells out */
 #include "simk.h"
 
-/* murmur3's 32-bit finalizer, as the PTX spells it out. */
-static inline uint32_t mix32(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x85EBCA6Bu;
-    x ^= x >> 13;
-    x *= 0xC2B2AE35u;
-    x ^= x >> 16;
-    return x;
-}
+#define mix32 gpuapp_mix32
 
 /* init: p[j] = mix32(j * 0x9E3779B1 + seed) */
 static inline void fill_init(uint32_t *p, uint32_t n, uint32_t seed) {
