@@ -4,6 +4,7 @@
 #   make demo       install what is missing, build, run the main job
 #   make test       everything CI runs; ends with a pass/fail count
 #   make gpu-apps   build the test apps against the real driver (GPU machine)
+#   make proto      regenerate protocol/imagepb from protocol/*.proto (commit the result)
 
 BUILD    ?= build
 CC       ?= gcc
@@ -26,7 +27,7 @@ DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr clean demo test deps gpu-apps fmt vet
+.PHONY: all sim apps gpucr clean demo test deps gpu-apps fmt vet proto
 
 all: gpucr sim apps $(DRVTEST)
 
@@ -64,6 +65,14 @@ $(GPUCR): $(GO_SRC)
 
 deps:
 	bash scripts/install-deps.sh
+
+# Generated Go code is committed; protocol/gen_test.go fails when it is stale.
+# The plugin is the module's tool dependency (go.mod pins its version, which
+# must match google.golang.org/protobuf); `go tool -n` builds it and prints its path.
+PROTOS := protocol/image.proto
+proto:
+	protoc -I . --plugin=protoc-gen-go=$$($(GO) tool -n protoc-gen-go) \
+		--go_out=. --go_opt=module=github.com/gpucr/gpucr $(PROTOS)
 
 demo: deps all
 	bash scripts/demo.sh

@@ -1,0 +1,123 @@
+package image
+
+import (
+	"fmt"
+)
+
+// BufferWriter takes the bytes of one buffer, in order. One goroutine per
+// BufferWriter; different BufferWriters of a Writer may be used concurrently.
+type BufferWriter struct {
+	w      *Writer
+	index  int
+	info   BufferInfo
+	chunks []chunkRecord // filled by the workers, one slot per chunk
+
+	written uint64  // bytes taken so far
+	cur     *[]byte // chunk being filled; nil between chunks
+	curLen  int     // bytes in cur
+	curCap  int     // bytes this chunk will hold
+	charge  int64   // budget taken for cur
+	pooled  bool    // cur came from the pool
+	closed  bool
+}
+
+// chunkRecord is what the workers learned about one chunk.
+type chunkRecord struct {
+	zero  bool
+	hash  chunkHash
+	local *localChunk // where the bytes live (shared by equal chunks)
+	owner bool        // this chunk decided local's location
+}
+
+// smallChunk: a chunk this much smaller than ChunkSize (the tail of a small
+// buffer) gets an exact allocation instead of a pooled chunk buffer, so that
+// many small buffers do not each hold a whole chunk of the budget.
+func (b *BufferWriter) smallChunk(n int) bool { return n < b.w.opts.ChunkSize/4 }
+
+// Write copies p into the buffer's chunks and hands every full chunk to the
+// workers; it blocks while MaxBuffered bytes are in flight. Writing past
+// the buffer's size is an error, and so is any earlier failure of the
+// Writer (then naming the chunk that failed).
+func (b *BufferWriter) Write(p []byte) (int, error) {
+	if b.closed {
+		return 0, fmt.Errorf("buffer %d (0x%x): write after Close", b.index, b.info.Address)
+	}
+	if err := b.w.failed(); err != nil {
+		return 0, err
+	}
+	if uint64(len(p)) > b.info.Size-b.written {
+		return 0, fmt.Errorf("buffer %d (0x%x): write of %d bytes at offset %d passes its size %d",
+			b.index, b.info.Address, len(p), b.written, b.info.Size)
+	}
+	n := 0
+	for n < len(p) {
+		if b.cur == nil {
+			if err := b.startChunk(); err != nil {
+				return n, err
+			}
+		}
+		k := copy((*b.cur)[b.curLen:b.curCap], p[n:])
+		b.curLen += k
+		n += k
+		b.written += uint64(k)
+		if b.curLen == b.curCap {
+			if err := b.submit(); err != nil {
+				return n, err
+			}
+		}
+	}
+	b.w.bytesIn.Add(int64(n))
+	return n, nil
+}
+
+func (b *BufferWriter) startChunk() error {
+	idx := int(b.written / uint64(b.w.opts.ChunkSize))
+	size := int(chunkLen(b.info.Size, uint32(b.w.opts.ChunkSize), idx))
+	charge, pooled := int64(b.w.opts.ChunkSize), true
+	if b.smallChunk(size) {
+		charge, pooled = int64(size), false
+	}
+	if err := b.w.budget.acquire(charge); err != nil {
+		return fmt.Errorf("buffer %d (0x%x) chunk %d: %w", b.index, b.info.Address, idx, err)
+	}
+	if pooled {
+		b.cur = b.w.pool.Get().(*[]byte)
+	} else {
+		buf := make([]byte, size)
+		b.cur = &buf
+	}
+	b.curLen, b.curCap, b.charge, b.pooled = 0, size, charge, pooled
+	return nil
+}
+
+func (b *BufferWriter) submit() error {
+	j := job{bw: b, index: int((b.written - 1) / uint64(b.w.opts.ChunkSize)),
+		buf: b.cur, n: b.curLen, charge: b.charge, pooled: b.pooled}
+	b.cur = nil
+	if err := b.w.send(j); err != nil {
+		b.w.recycle(j.buf, j.charge, j.pooled, false)
+		return err
+	}
+	return nil
+}
+
+// Close ends the buffer; all Size bytes must have been written.
+func (b *BufferWriter) Close() error {
+	if b.closed {
+		return nil
+	}
+	if b.written != b.info.Size {
+		return fmt.Errorf("buffer %d (0x%x): %w: %d of %d bytes written", b.index, b.info.Address,
+			ErrIncomplete, b.written, b.info.Size)
+	}
+	if err := b.w.failed(); err != nil {
+		return err
+	}
+	b.w.mu.Lock()
+	b.closed = true
+	b.w.mu.Unlock()
+	return nil
+}
+
+// Info returns the buffer's description.
+func (b *BufferWriter) Info() BufferInfo { return b.info }

@@ -1,0 +1,143 @@
+package image
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpucr/gpucr/protocol/imagepb"
+)
+
+// Commit waits for every chunk, makes all files and directories durable and
+// renames the manifest into place, last. Only then is the image visible; a
+// crash at any earlier point leaves DIR showing the image it held before.
+// Every buffer must be closed. If Commit fails, the write is dropped as by
+// Abort and the previous image stays.
+func (w *Writer) Commit() error {
+	w.mu.Lock()
+	if w.state != stateOpen {
+		err, failed := w.stateErrLocked(), w.state == stateFailed
+		w.mu.Unlock()
+		if failed {
+			w.abortAfter()
+		}
+		return err
+	}
+	for _, b := range w.buffers {
+		if !b.closed {
+			w.mu.Unlock()
+			w.fail(fmt.Errorf("image %s: buffer %d (0x%x): %w: not closed (%d of %d bytes written)",
+				w.dir, b.index, b.info.Address, ErrIncomplete, b.written, b.info.Size))
+			w.abortAfter()
+			return w.failedErr()
+		}
+	}
+	w.mu.Unlock()
+
+	w.closeJobs()
+	if err := w.failed(); err != nil {
+		w.abortAfter()
+		return err
+	}
+	m := w.manifest()
+	renamed := false
+	err := w.store.sync(w.dir)
+	if err == nil {
+		renamed, err = storeManifest(w.dir, m)
+	}
+	if err != nil && !renamed {
+		w.fail(fmt.Errorf("image %s: commit: %w", w.dir, err))
+		w.abortAfter()
+		return w.failedErr()
+	}
+	// Renamed: the new image is the visible one, and its chunk files stay
+	// even if the last directory fsync failed (then said in err).
+	w.mu.Lock()
+	w.state = stateCommitted
+	w.mu.Unlock()
+	w.release()
+	if err != nil {
+		return fmt.Errorf("image %s: committed, but not known to be durable: %w", w.dir, err)
+	}
+	return nil
+}
+
+func (w *Writer) failedErr() error {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.err
+}
+
+// abortAfter drops a write that failed; the error to report is the failure,
+// so a cleanup error is only added to it.
+func (w *Writer) abortAfter() {
+	w.mu.Lock()
+	if w.state == stateAborted || w.state == stateCommitted {
+		w.mu.Unlock()
+		return
+	}
+	w.state = stateAborted
+	w.mu.Unlock()
+	w.closeJobs()
+	if err := w.cleanup(); err != nil {
+		w.mu.Lock()
+		w.err = fmt.Errorf("%w (and %v)", w.err, err)
+		w.mu.Unlock()
+	}
+	w.release()
+}
+
+// manifest builds the manifest from the chunk records; all workers are done.
+func (w *Writer) manifest() *imagepb.Manifest {
+	t := w.origin.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	origin := w.origin
+	origin.Time = t
+	m := &imagepb.Manifest{
+		FormatVersion: FormatVersion,
+		ImageId:       w.id,
+		Origin:        originToPB(origin),
+		ChunkSize:     uint32(w.opts.ChunkSize),
+		Compression:   imagepb.Compression(w.opts.Compression),
+		Parent:        w.parent,
+	}
+	var st WriteStats
+	st.Buffers = len(w.buffers)
+	st.BytesIn = w.bytesIn.Load()
+	st.BytesStored = w.store.stored.Load()
+	for _, b := range w.buffers {
+		pb := &imagepb.Buffer{Pid: int64(b.info.Pid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
+			Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind),
+			Chunks: make([]*imagepb.Chunk, len(b.chunks))}
+		for i := range b.chunks {
+			pb.Chunks[i] = chunkPB(&b.chunks[i], chunkLen(b.info.Size, uint32(w.opts.ChunkSize), i))
+			countChunk(&st, &b.chunks[i])
+		}
+		m.Buffers = append(m.Buffers, pb)
+	}
+	m.Stats = statsToPB(st)
+	return m
+}
+
+func chunkPB(r *chunkRecord, size uint32) *imagepb.Chunk {
+	if r.zero {
+		return &imagepb.Chunk{Size: size, Location: imagepb.Location_LOCATION_ZERO}
+	}
+	mt := r.local.meta
+	return &imagepb.Chunk{Size: size, Location: mt.loc, Ancestor: mt.ancestor, Hash: append([]byte(nil), r.hash[:]...),
+		Crc32C: mt.crc, Compression: mt.comp, StoredSize: mt.storedSize}
+}
+
+func countChunk(s *WriteStats, r *chunkRecord) {
+	switch {
+	case r.zero:
+		s.ChunksZero++
+	case r.local.meta.loc == imagepb.Location_LOCATION_PARENT:
+		s.ChunksParent++
+	case r.owner && r.local.written:
+		s.ChunksNew++
+	default:
+		s.ChunksDedup++
+	}
+}

@@ -1,0 +1,145 @@
+package image
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpucr/gpucr/protocol/imagepb"
+)
+
+// SubDir is the subdirectory of a CRIU image directory that holds the GPU
+// image; CRIU and crit open their own files by name and never look into it.
+const SubDir = "gpucr"
+
+// DefaultChunkSize is the chunk size when Options.ChunkSize is 0: the unit
+// the copy engines move and prioritize, large enough that per-chunk file
+// overhead is small next to the copy itself.
+const DefaultChunkSize = 4 << 20
+
+// MaxChunkSize bounds Options.ChunkSize, so that readers can trust a chunk size
+// from a manifest enough to allocate it.
+const MaxChunkSize = 256 << 20
+
+// FormatVersion is the manifest format this package writes; it reads only this.
+const FormatVersion = 1
+
+// MaxChainDepth bounds how many parent links a chunk reference may follow. A
+// chunk unchanged for longer is written again, so that opening an image
+// never resolves more than this many ancestors however long the chain grows.
+const MaxChainDepth = 64
+
+// Compression is how chunk files are encoded.
+type Compression int
+
+const (
+	CompressionNone Compression = iota // the default: raw bytes
+	CompressionZstd                    // for slow storage; a chunk that does not shrink is stored raw
+)
+
+func (c Compression) String() string {
+	switch c {
+	case CompressionNone:
+		return "none"
+	case CompressionZstd:
+		return "zstd"
+	}
+	return fmt.Sprintf("Compression(%d)", int(c))
+}
+
+// AllocKind is how the process allocated a buffer; restore recreates it so.
+type AllocKind int
+
+const (
+	AllocMemAlloc AllocKind = iota // cuMemAlloc
+	AllocVMM                       // cuMemCreate + cuMemMap
+	AllocAsync                     // cuMemAllocAsync / memory pools
+	AllocPitch                     // cuMemAllocPitch
+	AllocOther
+)
+
+func (k AllocKind) String() string {
+	switch k {
+	case AllocMemAlloc:
+		return "memalloc"
+	case AllocVMM:
+		return "vmm"
+	case AllocAsync:
+		return "async"
+	case AllocPitch:
+		return "pitch"
+	case AllocOther:
+		return "other"
+	}
+	return fmt.Sprintf("AllocKind(%d)", int(k))
+}
+
+// Options control a Writer.
+type Options struct {
+	ChunkSize   int         // bytes per chunk; 0: DefaultChunkSize
+	Compression Compression // CompressionNone by default
+	Workers     int         // hashing/compressing/writing goroutines; 0: GOMAXPROCS
+	MaxBuffered int64       // bytes of chunk data in flight at most; 0: 2*Workers*ChunkSize
+	Parent      string      // parent image dir (incremental), "" for none; stored relative to DIR
+}
+
+// Origin says who made the image.
+type Origin struct {
+	Host, GPUModel, GPUUUID, DriverVersion string
+	Pid                                    int
+	Time                                   time.Time
+}
+
+// BufferInfo describes one GPU buffer of one process.
+type BufferInfo struct {
+	Pid     int // process the buffer belongs to (one image: several processes)
+	Device  int // device ordinal in that process
+	GPUUUID string
+	Address uint64 // device virtual address
+	Size    uint64
+	Kind    AllocKind
+}
+
+// WriteStats counts what a Writer did. A chunk is exactly one of new (a file
+// written now), dedup (same bytes already stored in this image, or a file
+// the image previously in DIR had), zero (no file) or parent (a file of an
+// ancestor image).
+type WriteStats struct {
+	Buffers      int
+	BytesIn      int64 // bytes given to BufferWriter.Write
+	BytesStored  int64 // bytes written to new chunk files
+	ChunksNew    int64
+	ChunksDedup  int64
+	ChunksZero   int64
+	ChunksParent int64
+}
+
+func originToPB(o Origin) *imagepb.Origin {
+	var t int64
+	if !o.Time.IsZero() {
+		t = o.Time.UnixNano()
+	}
+	return &imagepb.Origin{Host: o.Host, GpuModel: o.GPUModel, GpuUuid: o.GPUUUID,
+		DriverVersion: o.DriverVersion, Pid: int64(o.Pid), TimeUnixNano: t}
+}
+
+// OriginOf returns the manifest's origin in API form.
+func OriginOf(m *imagepb.Manifest) Origin {
+	o := m.GetOrigin()
+	var t time.Time
+	if o.GetTimeUnixNano() != 0 {
+		t = time.Unix(0, o.GetTimeUnixNano()).UTC()
+	}
+	return Origin{Host: o.GetHost(), GPUModel: o.GetGpuModel(), GPUUUID: o.GetGpuUuid(),
+		DriverVersion: o.GetDriverVersion(), Pid: int(o.GetPid()), Time: t}
+}
+
+func bufferInfoOf(b *imagepb.Buffer) BufferInfo {
+	return BufferInfo{Pid: int(b.GetPid()), Device: int(b.GetDevice()), GPUUUID: b.GetGpuUuid(),
+		Address: b.GetAddress(), Size: b.GetSize(), Kind: AllocKind(b.GetKind())}
+}
+
+func statsToPB(s WriteStats) *imagepb.Stats {
+	return &imagepb.Stats{BytesIn: uint64(s.BytesIn), BytesStored: uint64(s.BytesStored),
+		ChunksNew: uint64(s.ChunksNew), ChunksDedup: uint64(s.ChunksDedup),
+		ChunksZero: uint64(s.ChunksZero), ChunksParent: uint64(s.ChunksParent)}
+}

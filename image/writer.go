@@ -1,0 +1,412 @@
+package image
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/protocol/imagepb"
+)
+
+// Writer writes one image into DIR/gpucr. Create it, add buffers (from any
+// number of goroutines), write and close each, then Commit; or Abort.
+type Writer struct {
+	dir    string // DIR, symlinks resolved
+	gdir   string // DIR/gpucr
+	opts   Options
+	origin Origin
+	id     []byte
+	parent *imagepb.Parent
+	lock   *os.File
+	store  *chunkStore
+	budget *budget
+	pool   sync.Pool // *[]byte of ChunkSize: chunk buffers reused across chunks
+	jobs   chan job
+	wg     sync.WaitGroup
+
+	// mu guards what follows; a read lock is held while sending on jobs, so
+	// that Commit and Abort close the channel only when no send is under way.
+	mu         sync.RWMutex
+	state      writerState
+	err        error // first failure
+	buffers    []*BufferWriter
+	spans      map[int][]span // per pid, sorted by address: overlap check in AddBuffer
+	jobsClosed bool
+	bytesIn    atomic.Int64
+}
+
+type writerState int
+
+const (
+	stateOpen writerState = iota
+	stateCommitted
+	stateAborted
+	stateFailed
+)
+
+type span struct{ addr, size uint64 }
+
+// job is one full chunk handed to the workers.
+type job struct {
+	bw     *BufferWriter
+	index  int
+	buf    *[]byte // chunk buffer; data is (*buf)[:n]
+	n      int
+	charge int64 // budget taken for buf
+	pooled bool  // buf goes back to the pool
+}
+
+var errAborted = fmt.Errorf("%w: writer aborted", ErrIncomplete)
+
+// Create starts writing an image into dir (created if missing). The image DIR
+// held before, if any, stays the visible one until Commit; its chunk files
+// are reused for identical chunks. With opts.Parent the image is incremental:
+// chunks the parent chain already holds are only referenced.
+func Create(dir string, origin Origin, opts Options) (*Writer, error) {
+	if err := normalizeOptions(&opts); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, SubDir, chunksName), 0o755); err != nil {
+		return nil, fmt.Errorf("create image in %s: %w", dir, err)
+	}
+	real, err := realDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	w := &Writer{dir: real, gdir: gpucrDir(real), opts: opts, origin: origin,
+		id: make([]byte, 16), spans: map[int][]span{}}
+	_, _ = rand.Read(w.id)
+	if w.lock, err = lockDir(w.gdir); err != nil {
+		return nil, err
+	}
+	// Holding the lock, every temporary file is a dead writer's leftover.
+	if _, _, err := removeTemps(w.gdir, false); err != nil {
+		w.lock.Close()
+		return nil, fmt.Errorf("create image in %s: remove leftovers: %w", dir, err)
+	}
+	w.store = &chunkStore{gdir: w.gdir, local: map[chunkHash]*localChunk{}, old: oldChunks(real)}
+	if opts.Parent != "" {
+		if w.parent, w.store.parent, err = parentChunks(real, opts.Parent); err != nil {
+			w.lock.Close()
+			return nil, err
+		}
+	}
+	if opts.Compression == CompressionZstd {
+		// EncodeAll only: no goroutines. The zstd frame checksum is off:
+		// our CRC32C and xxh3 already cover every chunk.
+		w.store.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest),
+			zstd.WithEncoderCRC(false), zstd.WithEncoderConcurrency(opts.Workers), zstd.WithLowerEncoderMem(false))
+		if err != nil {
+			w.lock.Close()
+			return nil, fmt.Errorf("zstd encoder: %w", err)
+		}
+	}
+	cs := opts.ChunkSize
+	w.pool.New = func() any { b := make([]byte, cs); return &b }
+	w.budget = newBudget(opts.MaxBuffered)
+	w.jobs = make(chan job, opts.Workers)
+	for i := 0; i < opts.Workers; i++ {
+		w.wg.Add(1)
+		go w.worker()
+	}
+	return w, nil
+}
+
+func normalizeOptions(o *Options) error {
+	if o.ChunkSize == 0 {
+		o.ChunkSize = DefaultChunkSize
+	}
+	if o.ChunkSize < 0 || o.ChunkSize > MaxChunkSize {
+		return fmt.Errorf("chunk size %d out of range 1..%d", o.ChunkSize, MaxChunkSize)
+	}
+	if o.Compression != CompressionNone && o.Compression != CompressionZstd {
+		return fmt.Errorf("unknown compression %d", int(o.Compression))
+	}
+	if o.Workers < 0 {
+		return fmt.Errorf("workers %d < 0", o.Workers)
+	}
+	if o.Workers == 0 {
+		o.Workers = runtime.GOMAXPROCS(0)
+	}
+	if o.MaxBuffered == 0 {
+		o.MaxBuffered = 2 * int64(o.Workers) * int64(o.ChunkSize)
+	}
+	if o.MaxBuffered < int64(o.ChunkSize) {
+		return fmt.Errorf("MaxBuffered %d is less than one chunk (%d)", o.MaxBuffered, o.ChunkSize)
+	}
+	return nil
+}
+
+// realDir is dir made absolute with symlinks resolved: parent references are
+// relative to where the image really is, whichever path reached it.
+func realDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs)
+	}
+	if err != nil {
+		return "", fmt.Errorf("image dir %s: %w", dir, err)
+	}
+	return abs, nil
+}
+
+// oldChunks indexes the local chunk files of the image DIR holds now, if it
+// has a valid one: their files may be reused but must never be overwritten.
+func oldChunks(dir string) map[chunkHash]*imagepb.Chunk {
+	m, err := loadManifest(dir)
+	if err != nil {
+		return nil // nothing valid to keep intact or to reuse
+	}
+	idx := map[chunkHash]*imagepb.Chunk{}
+	for _, b := range m.GetBuffers() {
+		for _, c := range b.GetChunks() {
+			if c.GetLocation() == imagepb.Location_LOCATION_LOCAL {
+				h, _ := hashFromBytes(c.GetHash()) // validated by loadManifest
+				idx[h] = c
+			}
+		}
+	}
+	return idx
+}
+
+// parentChunks opens the parent image (it must be restorable) and indexes
+// every stored chunk reachable through it, as seen from the new image.
+func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChunk, error) {
+	pim, err := Open(parent)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parent image: %w", err)
+	}
+	rel, err := filepath.Rel(dir, pim.chain[0])
+	if err == nil {
+		err = checkParentPath(rel)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("parent image %s as seen from %s: %w", parent, dir, err)
+	}
+	idx := map[chunkHash]storedChunk{}
+	for _, b := range pim.m.GetBuffers() {
+		for _, c := range b.GetChunks() {
+			var depth uint32
+			switch c.GetLocation() {
+			case imagepb.Location_LOCATION_LOCAL:
+				depth = 1
+			case imagepb.Location_LOCATION_PARENT:
+				depth = c.GetAncestor() + 1
+			default:
+				continue
+			}
+			if depth > MaxChainDepth {
+				continue // written again, to bound the chain a reader resolves
+			}
+			h, _ := hashFromBytes(c.GetHash())
+			if old, ok := idx[h]; ok && old.ancestor <= depth {
+				continue
+			}
+			idx[h] = storedChunk{loc: imagepb.Location_LOCATION_PARENT, ancestor: depth,
+				crc: c.GetCrc32C(), comp: c.GetCompression(), storedSize: c.GetStoredSize()}
+		}
+	}
+	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, nil
+}
+
+// AddBuffer adds a buffer to the image; safe from many goroutines. The
+// buffers appear in the manifest in the order of AddBuffer. Two buffers of
+// one process may not overlap.
+func (w *Writer) AddBuffer(info BufferInfo) (*BufferWriter, error) {
+	if info.Address+info.Size < info.Address {
+		return nil, fmt.Errorf("buffer 0x%x: size %d wraps the address space", info.Address, info.Size)
+	}
+	if info.Kind < AllocMemAlloc || info.Kind > AllocOther {
+		return nil, fmt.Errorf("buffer 0x%x: unknown allocation kind %d", info.Address, int(info.Kind))
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != stateOpen {
+		return nil, w.stateErrLocked()
+	}
+	if err := w.reserveSpan(info); err != nil {
+		return nil, err
+	}
+	n := chunkCount(info.Size, uint32(w.opts.ChunkSize))
+	b := &BufferWriter{w: w, index: len(w.buffers), info: info, chunks: make([]chunkRecord, n)}
+	w.buffers = append(w.buffers, b)
+	return b, nil
+}
+
+// reserveSpan refuses a buffer overlapping one of the same process.
+func (w *Writer) reserveSpan(info BufferInfo) error {
+	spans := w.spans[info.Pid]
+	i := sort.Search(len(spans), func(k int) bool { return spans[k].addr >= info.Address })
+	clash := -1
+	if i < len(spans) && (spans[i].addr == info.Address || info.Address+info.Size > spans[i].addr) {
+		clash = i
+	}
+	if i > 0 && spans[i-1].addr+spans[i-1].size > info.Address {
+		clash = i - 1
+	}
+	if clash >= 0 {
+		return fmt.Errorf("buffer 0x%x+%d of pid %d overlaps buffer 0x%x+%d", info.Address, info.Size,
+			info.Pid, spans[clash].addr, spans[clash].size)
+	}
+	spans = append(spans, span{})
+	copy(spans[i+1:], spans[i:])
+	spans[i] = span{info.Address, info.Size}
+	w.spans[info.Pid] = spans
+	return nil
+}
+
+func (w *Writer) stateErrLocked() error {
+	switch w.state {
+	case stateCommitted:
+		return fmt.Errorf("image %s: already committed", w.dir)
+	case stateAborted:
+		return fmt.Errorf("image %s: %w", w.dir, errAborted)
+	}
+	return fmt.Errorf("image %s: write failed, commit impossible: %w", w.dir, w.err)
+}
+
+// fail records the first failure: every later Write, AddBuffer and Commit
+// returns it, and writers waiting for memory wake up.
+func (w *Writer) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+		if w.state == stateOpen {
+			w.state = stateFailed
+		}
+	}
+	w.mu.Unlock()
+	w.budget.fail(err)
+}
+
+func (w *Writer) failed() error {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.state == stateOpen {
+		return nil
+	}
+	return w.stateErrLocked()
+}
+
+// send hands a full chunk to the workers, unless the write is over.
+func (w *Writer) send(j job) error {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.state != stateOpen || w.jobsClosed {
+		return w.stateErrLocked()
+	}
+	w.budget.submit(j.charge)
+	w.jobs <- j
+	return nil
+}
+
+func (w *Writer) worker() {
+	defer w.wg.Done()
+	var scratch []byte // compression output, reused
+	for j := range w.jobs {
+		w.process(j, &scratch)
+	}
+}
+
+func (w *Writer) process(j job, scratch *[]byte) {
+	defer w.recycle(j.buf, j.charge, j.pooled, true)
+	if w.failed() != nil {
+		return // the write is lost anyway; drain quickly
+	}
+	rec := &j.bw.chunks[j.index]
+	raw := (*j.buf)[:j.n]
+	if isZero(raw) {
+		rec.zero = true
+		return
+	}
+	h := hashOf(raw)
+	lc, owner := w.store.claim(h)
+	rec.hash, rec.local = h, lc
+	if !owner {
+		return
+	}
+	rec.owner = true
+	if file, err := w.store.resolve(lc, h, raw, scratch); err != nil {
+		w.fail(&ChunkError{Image: w.dir, Buffer: j.bw.index, Address: j.bw.info.Address,
+			Chunk: j.index, File: file, Err: err})
+	}
+}
+
+// recycle gives a chunk buffer back to the pool and its bytes to the budget.
+func (w *Writer) recycle(buf *[]byte, charge int64, pooled, queued bool) {
+	if pooled {
+		w.pool.Put(buf)
+	}
+	w.budget.release(charge, queued)
+}
+
+// closeJobs stops the workers and waits for them; safe to call twice.
+func (w *Writer) closeJobs() {
+	w.mu.Lock()
+	closed := w.jobsClosed
+	w.jobsClosed = true
+	w.mu.Unlock()
+	if !closed {
+		close(w.jobs)
+	}
+	w.wg.Wait()
+}
+
+// release frees what the Writer holds once it is over.
+func (w *Writer) release() {
+	if w.store.enc != nil {
+		w.store.enc.Close()
+	}
+	w.lock.Close()
+}
+
+// Stats reports what the write did so far; exact after Commit.
+func (w *Writer) Stats() WriteStats {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	s := WriteStats{Buffers: len(w.buffers), BytesIn: w.bytesIn.Load(), BytesStored: w.store.stored.Load()}
+	if w.state == stateCommitted {
+		for _, b := range w.buffers {
+			for i := range b.chunks {
+				countChunk(&s, &b.chunks[i])
+			}
+		}
+	}
+	return s
+}
+
+// Abort drops the unfinished write: temporary files and the chunk files
+// this write created are removed; the image DIR held before (if any) stays
+// intact and visible. Abort after Commit does nothing.
+func (w *Writer) Abort() error {
+	w.mu.Lock()
+	if w.state == stateCommitted || w.state == stateAborted {
+		w.mu.Unlock()
+		return nil
+	}
+	w.state = stateAborted
+	w.mu.Unlock()
+	w.budget.fail(errAborted)
+	w.closeJobs()
+	defer w.release()
+	return w.cleanup()
+}
+
+func (w *Writer) cleanup() error {
+	err := w.store.removeCreated()
+	if _, _, terr := removeTemps(w.gdir, false); terr != nil {
+		err = errors.Join(err, terr)
+	}
+	if err != nil {
+		return fmt.Errorf("image %s: clean up: %w", w.dir, err)
+	}
+	return nil
+}
