@@ -11,14 +11,14 @@ import (
 	"time"
 )
 
-// testBuf is a buffer to write and what it must read back as.
-type testBuf struct {
+// fxBuf is a buffer to write and what it must read back as.
+type fxBuf struct {
 	info BufferInfo
 	data []byte
 }
 
-// randBytes returns n reproducible pseudo-random bytes.
-func randBytes(seed uint64, n int) []byte {
+// fxRand returns n reproducible pseudo-random bytes.
+func fxRand(seed uint64, n int) []byte {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	b := make([]byte, n)
 	for i := 0; i+8 <= n; i += 8 {
@@ -33,15 +33,15 @@ func randBytes(seed uint64, n int) []byte {
 	return b
 }
 
-func testOrigin() Origin {
+func fxOrigin() Origin {
 	return Origin{Host: "host1", GPUModel: "NVIDIA H100 80GB HBM3", GPUUUID: "GPU-0000", DriverVersion: "580.159.04",
 		Pid: 4242, Time: time.Unix(1700000000, 0)}
 }
 
-// writeImage writes bufs into dir through the public API and commits.
-func writeImage(t testing.TB, dir string, opts Options, bufs []testBuf) WriteStats {
+// fxWrite writes bufs into dir through the public API and commits.
+func fxWrite(t testing.TB, dir string, opts Options, bufs []fxBuf) WriteStats {
 	t.Helper()
-	w, err := Create(dir, testOrigin(), opts)
+	w, err := Create(dir, fxOrigin(), opts)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -70,7 +70,7 @@ func writeImage(t testing.TB, dir string, opts Options, bufs []testBuf) WriteSta
 
 // readAll reads every buffer of the image at dir, with Read and ReadAt, and
 // returns the first error or the data.
-func readAll(dir string) ([][]byte, error) {
+func fxReadAll(dir string) ([][]byte, error) {
 	im, err := Open(dir)
 	if err != nil {
 		return nil, err
@@ -98,9 +98,9 @@ func readAll(dir string) ([][]byte, error) {
 	return out, nil
 }
 
-func checkImage(t testing.TB, dir string, bufs []testBuf) {
+func fxCheck(t testing.TB, dir string, bufs []fxBuf) {
 	t.Helper()
-	got, err := readAll(dir)
+	got, err := fxReadAll(dir)
 	if err != nil {
 		t.Fatalf("read %s: %v", dir, err)
 	}
@@ -114,8 +114,8 @@ func checkImage(t testing.TB, dir string, bufs []testBuf) {
 	}
 }
 
-// copyTree copies the directory tree src to dst (test images are small).
-func copyTree(t testing.TB, src, dst string) {
+// fxCopyTree copies the directory tree src to dst (test images are small).
+func fxCopyTree(t testing.TB, src, dst string) {
 	t.Helper()
 	err := filepath.Walk(src, func(p string, info os.FileInfo, err error) error {
 		if err != nil {

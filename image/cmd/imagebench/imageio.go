@@ -1,0 +1,166 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr/image"
+)
+
+// imageWrite stores data as one image in dir: nbuf buffers, each a contiguous
+// part of data, written concurrently (as the helper copies several buffers off
+// the GPU at once), each in block-sized Writes (a staging buffer's worth), then
+// committed. It returns the writer's statistics.
+func imageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (image.WriteStats, error) {
+	w, err := image.Create(dir, image.Origin{
+		Host:     "imagebench",
+		GPUModel: "none (host memory)",
+		Pid:      os.Getpid(),
+		Time:     time.Now(),
+	}, opts)
+	if err != nil {
+		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
+	}
+	parts := splitAligned(len(data), nbuf, chunkSizeOf(opts))
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i, p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = writeBuffer(w, i, data[p[0]:p[1]], block)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		_ = w.Abort()
+		return image.WriteStats{}, err
+	}
+	if err := w.Commit(); err != nil {
+		return image.WriteStats{}, fmt.Errorf("commit image in %s: %w", dir, err)
+	}
+	return w.Stats(), nil
+}
+
+// benchBase is where the benchmark's buffers pretend to live on the GPU: a
+// typical device address, each buffer 1 TiB apart so they never overlap.
+const benchBase = 0x7f0000000000
+
+func writeBuffer(w *image.Writer, i int, b []byte, block int) error {
+	bw, err := w.AddBuffer(image.BufferInfo{
+		Pid:     os.Getpid(),
+		Address: benchBase + uint64(i)<<40,
+		Size:    uint64(len(b)),
+		Kind:    image.AllocMemAlloc,
+	})
+	if err != nil {
+		return fmt.Errorf("add buffer %d: %w", i, err)
+	}
+	for len(b) > 0 {
+		n := min(len(b), block)
+		if _, err := bw.Write(b[:n]); err != nil {
+			return fmt.Errorf("write buffer %d: %w", i, err)
+		}
+		b = b[n:]
+	}
+	if err := bw.Close(); err != nil {
+		return fmt.Errorf("close buffer %d: %w", i, err)
+	}
+	return nil
+}
+
+// imageRead opens the image in dir and reads every buffer back into dst (laid
+// out as imageWrite split it) with readers goroutines, each taking one chunk
+// at a time with ReadAt on a BufferReader of its own. Chunk-sized parallel
+// reads are how a restore fills the GPU, and they keep every core busy even
+// when the image holds a single large buffer.
+func imageRead(dir string, dst []byte, readers int) error {
+	im, err := image.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open image in %s: %w", dir, err)
+	}
+	bufs := im.Buffers()
+	chunk := int(im.Manifest().GetChunkSize())
+	if chunk <= 0 {
+		chunk = image.DefaultChunkSize
+	}
+	type piece struct{ buf, off, dst, n int }
+	var pieces []piece
+	pos := 0
+	for i, b := range bufs {
+		for off := 0; off < int(b.Size); off += chunk {
+			n := min(chunk, int(b.Size)-off)
+			pieces = append(pieces, piece{i, off, pos + off, n})
+		}
+		pos += int(b.Size)
+	}
+	if pos != len(dst) {
+		return fmt.Errorf("image in %s holds %d bytes, expected %d", dir, pos, len(dst))
+	}
+	work := make(chan piece)
+	errs := make([]error, readers)
+	var wg sync.WaitGroup
+	for g := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			open := map[int]*image.BufferReader{}
+			defer func() {
+				for _, r := range open {
+					_ = r.Close()
+				}
+			}()
+			for p := range work {
+				if errs[g] != nil {
+					continue // drain so the sender never blocks
+				}
+				r := open[p.buf]
+				if r == nil {
+					if r, errs[g] = im.OpenBuffer(p.buf); errs[g] != nil {
+						errs[g] = fmt.Errorf("open buffer %d: %w", p.buf, errs[g])
+						continue
+					}
+					open[p.buf] = r
+				}
+				if _, err := r.ReadAt(dst[p.dst:p.dst+p.n], int64(p.off)); err != nil {
+					errs[g] = fmt.Errorf("read buffer %d at %d: %w", p.buf, p.off, err)
+				}
+			}
+		}()
+	}
+	for _, p := range pieces {
+		work <- p
+	}
+	close(work)
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func chunkSizeOf(opts image.Options) int {
+	if opts.ChunkSize > 0 {
+		return opts.ChunkSize
+	}
+	return image.DefaultChunkSize
+}
+
+// splitAligned cuts n bytes into at most parts contiguous [start, end)
+// ranges whose boundaries are multiples of align. Image buffers are cut on
+// chunk boundaries, so splitting the data into buffers changes neither which
+// chunks are duplicates or zero nor how many chunks there are; raw files on
+// block boundaries, so every write but the last is whole.
+func splitAligned(n, parts, align int) [][2]int {
+	units := (n + align - 1) / align
+	parts = max(1, min(parts, units))
+	var out [][2]int
+	for i := range parts {
+		start := min(n, units*i/parts*align)
+		end := min(n, units*(i+1)/parts*align)
+		if end > start {
+			out = append(out, [2]int{start, end})
+		}
+	}
+	return out
+}

@@ -1,0 +1,288 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/protocol/imagepb"
+)
+
+// GCReport says what GC did (or, dry run, would do).
+type GCReport struct {
+	DryRun        bool
+	Dirs          []GCDir // the kept images first, in keep order, then their ancestors
+	ChunksDeleted int
+	BytesFreed    int64
+	Pruned        []string // ancestors marked pruned
+}
+
+// GCDir is one image directory GC looked at.
+type GCDir struct {
+	Dir           string // resolved path
+	Kept          bool   // named in keep
+	ChunksKept    int    // chunk files some kept image refers to
+	ChunksDeleted int
+	BytesFreed    int64 // chunk files and temporary files
+	TempRemoved   []string
+	Pruned        bool // marked pruned by this GC
+	WasPruned     bool // already pruned before
+}
+
+// gcNode is one image directory of the kept images' chains.
+type gcNode struct {
+	dir   string
+	m     *imagepb.Manifest
+	kept  bool
+	chain []*gcNode // itself, then its ancestors as far as they resolve
+	refs  map[chunkHash]bool
+	rep   *GCDir
+}
+
+// GC keeps the images in keep and every chunk file they refer to, in their
+// own directories and along their parent chains. In each directory of those
+// chains it deletes the chunk files no kept image refers to and leftover
+// temporary files. An ancestor that is not in keep and loses chunks it needs
+// has its manifest marked pruned first (atomically), so that it is refused
+// with ErrPruned instead of failing later on a missing chunk; its kept
+// descendants stay restorable. With dryRun nothing is changed.
+//
+// GC refuses to run (and changes nothing) if a kept image cannot be opened
+// or an ancestor its chunks need is missing: what they need would be unknown.
+func GC(keep []string, dryRun bool) (*GCReport, error) {
+	order, err := gcGraph(keep)
+	if err != nil {
+		return nil, err
+	}
+	// What the kept images need, per directory.
+	for _, n := range order {
+		if n.kept {
+			if err := n.eachNeeded(func(at *gcNode, h chunkHash) { at.refs[h] = true }); err != nil {
+				return nil, err
+			}
+		}
+	}
+	rep := &GCReport{DryRun: dryRun}
+	for _, n := range order {
+		n.rep = &GCDir{Dir: n.dir, Kept: n.kept, WasPruned: n.m.GetPruned()}
+		rep.Dirs = append(rep.Dirs, *n.rep)
+	}
+	if !dryRun {
+		for _, n := range order {
+			lock, err := lockDir(gpucrDir(n.dir))
+			if err != nil {
+				return nil, fmt.Errorf("gc: %w", err)
+			}
+			defer lock.Close()
+		}
+	}
+
+	// 1. Mark pruned before deleting: a crash in between leaves a pruned
+	// image whose chunks are all still there, never an unmarked image with
+	// chunks missing.
+	for _, n := range order {
+		if n.kept || n.m.GetPruned() {
+			continue
+		}
+		loses := false
+		_ = n.eachNeeded(func(at *gcNode, h chunkHash) {
+			if !at.refs[h] {
+				loses = true
+			}
+		})
+		if !loses {
+			continue
+		}
+		n.rep.Pruned = true
+		rep.Pruned = append(rep.Pruned, n.dir)
+		if !dryRun {
+			m := cloneManifest(n.m)
+			m.Pruned = true
+			if _, err := storeManifest(n.dir, m); err != nil {
+				return nil, fmt.Errorf("gc: mark %s pruned: %w", n.dir, err)
+			}
+		}
+	}
+	// 2. Delete unreferenced chunk files and temporary files.
+	var errs []error
+	for _, n := range order {
+		if err := n.sweep(dryRun); err != nil {
+			errs = append(errs, err)
+		}
+		rep.ChunksDeleted += n.rep.ChunksDeleted
+		rep.BytesFreed += n.rep.BytesFreed
+	}
+	for i, n := range order {
+		rep.Dirs[i] = *n.rep
+	}
+	return rep, errors.Join(errs...)
+}
+
+// gcGraph loads the kept images and walks their parent chains.
+func gcGraph(keep []string) ([]*gcNode, error) {
+	nodes := map[string]*gcNode{}
+	var order []*gcNode
+	get := func(dir string) (*gcNode, error) {
+		if n, ok := nodes[dir]; ok {
+			return n, nil
+		}
+		m, err := loadManifest(dir)
+		if err != nil {
+			return nil, err
+		}
+		n := &gcNode{dir: dir, m: m, refs: map[chunkHash]bool{}}
+		nodes[dir] = n
+		order = append(order, n)
+		return n, nil
+	}
+	var kept []*gcNode
+	for _, k := range keep {
+		real, err := realDir(k)
+		if err != nil {
+			return nil, fmt.Errorf("gc: keep %s: %w", k, err)
+		}
+		n, err := get(real)
+		if err != nil {
+			return nil, fmt.Errorf("gc: keep %s: %w", k, err)
+		}
+		n.kept = true
+		kept = append(kept, n)
+	}
+	// Walk each chain from its start; an ancestor reached from several kept
+	// images is loaded once.
+	for _, start := range kept {
+		need := maxAncestor(start.m)
+		chain := []*gcNode{start}
+		for cur := start; cur.m.GetParent() != nil; {
+			p := cur.m.GetParent()
+			next, err := realDir(filepath.Join(cur.dir, p.GetPath()))
+			var n *gcNode
+			if err == nil {
+				n, err = get(next)
+			}
+			if err == nil && string(n.m.GetImageId()) != string(p.GetImageId()) {
+				err = fmt.Errorf("%w: %s now holds another image", ErrMissingParent, next)
+			}
+			if err != nil {
+				if len(chain) <= need {
+					return nil, fmt.Errorf("gc: %s needs ancestor %d: %w", start.dir, len(chain), err)
+				}
+				break // beyond what the kept image needs: leave it alone
+			}
+			if n == start || containsNode(chain, n) {
+				return nil, fmt.Errorf("gc: %s: %w", start.dir, corruptf("parent chain loops at %s", n.dir))
+			}
+			chain = append(chain, n)
+			cur = n
+		}
+		for i, n := range chain {
+			if len(n.chain) < len(chain)-i {
+				n.chain = chain[i:]
+			}
+		}
+	}
+	for _, n := range order {
+		if n.chain == nil {
+			n.chain = []*gcNode{n}
+		}
+	}
+	return order, nil
+}
+
+func containsNode(chain []*gcNode, n *gcNode) bool {
+	for _, c := range chain {
+		if c == n {
+			return true
+		}
+	}
+	return false
+}
+
+// eachNeeded calls f with the directory and hash of every chunk file n's
+// manifest refers to.
+func (n *gcNode) eachNeeded(f func(at *gcNode, h chunkHash)) error {
+	for bi, b := range n.m.GetBuffers() {
+		for ci, c := range b.GetChunks() {
+			if c.GetLocation() == imagepb.Location_LOCATION_ZERO {
+				continue
+			}
+			if int(c.GetAncestor()) >= len(n.chain) {
+				return fmt.Errorf("gc: %s: buffer %d chunk %d: %w: ancestor %d not found", n.dir, bi, ci,
+					ErrMissingParent, c.GetAncestor())
+			}
+			h, _ := hashFromBytes(c.GetHash())
+			f(n.chain[c.GetAncestor()], h)
+		}
+	}
+	return nil
+}
+
+// sweep deletes n's chunk files nobody kept refers to, and temporary files.
+// Only names this package writes (chunks/HH/HASH with HH = HASH[:2]) are
+// candidates.
+func (n *gcNode) sweep(dryRun bool) error {
+	var errs []error
+	cdir := chunksDir(n.dir)
+	subs, err := os.ReadDir(cdir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("gc: %w", err)
+	}
+	sort.Slice(subs, func(i, j int) bool { return subs[i].Name() < subs[j].Name() })
+	for _, sub := range subs {
+		if !sub.IsDir() || len(sub.Name()) != 2 {
+			continue
+		}
+		ents, err := os.ReadDir(filepath.Join(cdir, sub.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		deleted := false
+		for _, e := range ents {
+			h, ok := parseHashName(e.Name())
+			if !ok || e.Name()[:2] != sub.Name() || !e.Type().IsRegular() {
+				continue
+			}
+			if n.refs[h] {
+				n.rep.ChunksKept++
+				continue
+			}
+			p := filepath.Join(cdir, sub.Name(), e.Name())
+			if info, err := e.Info(); err == nil {
+				n.rep.BytesFreed += info.Size()
+			}
+			if !dryRun {
+				if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					errs = append(errs, err)
+					continue
+				}
+				deleted = true
+			}
+			n.rep.ChunksDeleted++
+		}
+		if deleted {
+			if err := fsyncDir(filepath.Join(cdir, sub.Name())); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	temps, size, err := removeTemps(gpucrDir(n.dir), dryRun)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	n.rep.TempRemoved = temps
+	n.rep.BytesFreed += size
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("gc %s: %w", n.dir, err)
+	}
+	return nil
+}
+
+func cloneManifest(m *imagepb.Manifest) *imagepb.Manifest {
+	return proto.Clone(m).(*imagepb.Manifest)
+}
