@@ -10,6 +10,7 @@ package image_test
 // image/cmd/imagebench prints the same comparison as a table.
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -208,8 +210,16 @@ func benchReadImage(b *testing.B, dir string, dst []byte) {
 	bufs := im.Buffers()
 	errs := make([]error, len(bufs))
 	var wg sync.WaitGroup
+	// Buffers were added concurrently, so the manifest holds them in any
+	// order; their addresses grow with the part of the data each holds.
+	order := make([]int, len(bufs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(bufs[a].Address, bufs[b].Address) })
 	off := 0
-	for i, info := range bufs {
+	for _, i := range order {
+		info := bufs[i]
 		part := dst[off : off+int(info.Size)]
 		off += int(info.Size)
 		wg.Add(1)

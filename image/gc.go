@@ -127,17 +127,25 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 func gcGraph(keep []string) ([]*gcNode, error) {
 	nodes := map[string]*gcNode{}
 	var order []*gcNode
-	get := func(dir string) (*gcNode, error) {
-		if n, ok := nodes[dir]; ok {
-			return n, nil
+	// get returns the node of dir, loading its manifest the first time; a
+	// node is registered (and so swept) only once it is known to belong:
+	// named in keep, or the ancestor a manifest's parent id names.
+	get := func(dir string, wantID []byte) (*gcNode, error) {
+		n, ok := nodes[dir]
+		if !ok {
+			m, err := loadManifest(dir)
+			if err != nil {
+				return nil, err
+			}
+			n = &gcNode{dir: dir, m: m, refs: map[chunkHash]bool{}}
 		}
-		m, err := loadManifest(dir)
-		if err != nil {
-			return nil, err
+		if wantID != nil && string(n.m.GetImageId()) != string(wantID) {
+			return nil, fmt.Errorf("%s now holds another image", dir)
 		}
-		n := &gcNode{dir: dir, m: m, refs: map[chunkHash]bool{}}
-		nodes[dir] = n
-		order = append(order, n)
+		if !ok {
+			nodes[dir] = n
+			order = append(order, n)
+		}
 		return n, nil
 	}
 	var kept []*gcNode
@@ -146,7 +154,7 @@ func gcGraph(keep []string) ([]*gcNode, error) {
 		if err != nil {
 			return nil, fmt.Errorf("gc: keep %s: %w", k, err)
 		}
-		n, err := get(real)
+		n, err := get(real, nil)
 		if err != nil {
 			return nil, fmt.Errorf("gc: keep %s: %w", k, err)
 		}
@@ -163,10 +171,10 @@ func gcGraph(keep []string) ([]*gcNode, error) {
 			next, err := realDir(filepath.Join(cur.dir, p.GetPath()))
 			var n *gcNode
 			if err == nil {
-				n, err = get(next)
+				n, err = get(next, p.GetImageId())
 			}
-			if err == nil && string(n.m.GetImageId()) != string(p.GetImageId()) {
-				err = fmt.Errorf("%w: %s now holds another image", ErrMissingParent, next)
+			if err != nil {
+				err = fmt.Errorf("%w: %w", ErrMissingParent, err)
 			}
 			if err != nil {
 				if len(chain) <= need {

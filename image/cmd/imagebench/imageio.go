@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -87,10 +89,19 @@ func imageRead(dir string, dst []byte, readers int) error {
 	if chunk <= 0 {
 		chunk = image.DefaultChunkSize
 	}
+	// Buffers were added concurrently, so the manifest holds them in any
+	// order; their addresses, which grow with the part of data each holds,
+	// give the layout back.
+	order := make([]int, len(bufs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(bufs[a].Address, bufs[b].Address) })
 	type piece struct{ buf, off, dst, n int }
 	var pieces []piece
 	pos := 0
-	for i, b := range bufs {
+	for _, i := range order {
+		b := bufs[i]
 		for off := 0; off < int(b.Size); off += chunk {
 			n := min(chunk, int(b.Size)-off)
 			pieces = append(pieces, piece{i, off, pos + off, n})

@@ -1,0 +1,116 @@
+package image
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fxChain writes a -> b -> c, each changing one chunk of the one before,
+// plus an overwritten earlier image in a (orphan chunks) and a leftover
+// temporary file in b. It returns the dirs and c's buffers.
+func fxChain(t *testing.T) (a, b, c string, bufsA, bufsC []fxBuf) {
+	root := t.TempDir()
+	a, b, c = filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c")
+	mk := func(seed uint64, base []byte, change int) []fxBuf {
+		d := append([]byte(nil), base...)
+		if change >= 0 {
+			copy(d[change*4096:], fxRand(seed, 4096))
+		}
+		return []fxBuf{{BufferInfo{Pid: 9, Address: 0x4000000, Size: uint64(len(d))}, d}}
+	}
+	fxWrite(t, a, Options{ChunkSize: 4096}, mk(0, fxRand(70, 8*4096), -1)) // to be overwritten
+	bufsA = mk(0, fxRand(71, 8*4096), -1)
+	fxWrite(t, a, Options{ChunkSize: 4096}, bufsA)
+	bufsB := mk(72, bufsA[0].data, 2)
+	fxWrite(t, b, Options{ChunkSize: 4096, Parent: a}, bufsB)
+	bufsC = mk(73, bufsB[0].data, 5)
+	fxWrite(t, c, Options{ChunkSize: 4096, Parent: b}, bufsC)
+	os.WriteFile(filepath.Join(b, SubDir, tmpPrefix+"c-dead"), []byte("x"), 0o644)
+	return a, b, c, bufsA, bufsC
+}
+
+func TestGCKeepsChainOfKeptImage(t *testing.T) {
+	a, b, c, _, bufsC := fxChain(t)
+	filesA, filesB := fxChunkFiles(t, a), fxChunkFiles(t, b)
+
+	rep, err := GC([]string{c}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a: 8 current chunk files + 8 orphans of the overwritten image; c
+	// needs 6 of them (chunks 2 and 5 changed since). b has one file
+	// (chunk 2), which c needs; c's chunk 5 is its own.
+	if rep.ChunksDeleted != 10 || len(rep.Pruned) != 2 || len(rep.Dirs) != 3 || !rep.Dirs[0].Kept {
+		t.Fatalf("dry run report %+v", rep)
+	}
+	if fxChunkFiles(t, a) != filesA || fxChunkFiles(t, b) != filesB || len(fxTemps(t, b)) != 1 {
+		t.Fatal("dry run deleted files")
+	}
+	if _, err := Open(a); err != nil {
+		t.Fatalf("dry run pruned a: %v", err)
+	}
+
+	rep, err = GC([]string{c}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.ChunksDeleted != 10 || fxChunkFiles(t, a) != 6 || fxChunkFiles(t, b) != 1 || len(fxTemps(t, b)) != 0 {
+		t.Fatalf("report %+v; files a %d b %d", rep, fxChunkFiles(t, a), fxChunkFiles(t, b))
+	}
+	fxCheck(t, c, bufsC)
+	im, err := Open(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := im.Verify(); err != nil {
+		t.Fatalf("kept image after gc: %v", err)
+	}
+	for _, d := range []string{a, b} {
+		_, err := Open(d)
+		if !errors.Is(err, ErrPruned) || !strings.Contains(err.Error(), "pruned by gc: not restorable by itself") {
+			t.Errorf("Open(%s) after gc: %v, want ErrPruned", d, err)
+		}
+	}
+	// Idempotent: nothing more to do.
+	if rep, err := GC([]string{c}, false); err != nil || rep.ChunksDeleted != 0 || len(rep.Pruned) != 0 {
+		t.Fatalf("second gc: %+v, %v", rep, err)
+	}
+}
+
+func TestGCKeptAncestorStaysWhole(t *testing.T) {
+	a, b, c, bufsA, bufsC := fxChain(t)
+	rep, err := GC([]string{c, a}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b needs a's chunks (kept with a) and its own chunk 2 (kept for c).
+	if len(rep.Pruned) != 0 || rep.ChunksDeleted != 8 {
+		t.Fatalf("report %+v, want a's 8 orphans deleted and nothing pruned", rep)
+	}
+	fxCheck(t, a, bufsA)
+	fxCheck(t, c, bufsC)
+	if fxChunkFiles(t, a) != 8 {
+		t.Errorf("a has %d chunk files, want its 8", fxChunkFiles(t, a))
+	}
+	if im, err := Open(b); err != nil || im.Verify() != nil {
+		t.Errorf("b after gc: %v", err)
+	}
+	// Keeping only a: b and c are not in a's chain; a's orphans are gone.
+	if rep, err := GC([]string{a}, false); err != nil || len(rep.Dirs) != 1 || rep.ChunksDeleted != 0 {
+		t.Fatalf("gc of a alone: %+v, %v", rep, err)
+	}
+}
+
+func TestGCRefusesBrokenKeep(t *testing.T) {
+	_, b, c, _, _ := fxChain(t)
+	if _, err := GC([]string{filepath.Join(c, "nothing")}, false); err == nil {
+		t.Error("gc of a missing image succeeded")
+	}
+	os.RemoveAll(b)
+	if _, err := GC([]string{c}, false); !errors.Is(err, ErrMissingParent) {
+		t.Errorf("gc with c's parent gone: %v", err)
+	}
+}
