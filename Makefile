@@ -25,15 +25,17 @@ APP_SRC    := $(wildcard tests/apps/*.c)
 APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
+IMAGEBENCH := $(BUILD)/bin/imagebench
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr clean demo test deps gpu-apps fmt vet proto
+.PHONY: all sim apps gpucr imagebench clean demo test deps gpu-apps fmt vet proto
 
-all: gpucr sim apps $(DRVTEST)
+all: gpucr imagebench sim apps $(DRVTEST)
 
 sim: $(SIM_LIB)
 apps: $(APPS)
 gpucr: $(GPUCR)
+imagebench: $(IMAGEBENCH)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
 # linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
@@ -62,6 +64,12 @@ gpu-apps:
 $(GPUCR): $(GO_SRC)
 	@mkdir -p $(@D)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
+
+# Static, like gpucr: scripts/bench-image.sh runs it on the GPU machine, which
+# has no Go toolchain.
+$(IMAGEBENCH): $(GO_SRC)
+	@mkdir -p $(@D)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./image/cmd/imagebench
 
 deps:
 	bash scripts/install-deps.sh

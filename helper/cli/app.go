@@ -56,6 +56,7 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 		Commands: []*ucli.Command{
 			versionCommand(),
 			checkCommand(),
+			imageCommand(),
 		},
 	}
 	for _, c := range app.Commands {
