@@ -78,7 +78,7 @@ func (b *BufferWriter) startChunk() error {
 		charge, pooled = int64(size), false
 	}
 	if err := b.w.budget.acquire(charge); err != nil {
-		return fmt.Errorf("buffer %d (0x%x) chunk %d: %w", b.index, b.info.Address, idx, err)
+		return err // the Writer's failure, which names its own chunk
 	}
 	if pooled {
 		b.cur = b.w.pool.Get().(*[]byte)

@@ -140,7 +140,7 @@ func (s *chunkStore) writeFile(h chunkHash, final string, data []byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", tmp, err)
+		return err // *PathError / *LinkError: names the file
 	}
 	s.mu.Lock()
 	s.created = append(s.created, final)

@@ -270,7 +270,7 @@ func (w *Writer) stateErrLocked() error {
 	case stateAborted:
 		return fmt.Errorf("image %s: %w", w.dir, errAborted)
 	}
-	return fmt.Errorf("image %s: write failed, commit impossible: %w", w.dir, w.err)
+	return fmt.Errorf("write failed, commit impossible: %w", w.err)
 }
 
 // fail records the first failure: every later Write, AddBuffer and Commit
