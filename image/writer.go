@@ -32,15 +32,20 @@ type Writer struct {
 	jobs   chan job
 	wg     sync.WaitGroup
 
-	// mu guards what follows; a read lock is held while sending on jobs, so
-	// that Commit and Abort close the channel only when no send is under way.
-	mu         sync.RWMutex
-	state      writerState
-	err        error // first failure
-	buffers    []*BufferWriter
-	spans      map[int][]span // per pid, sorted by address: overlap check in AddBuffer
-	jobsClosed bool
-	bytesIn    atomic.Int64
+	// sendMu is read-held while sending on jobs (which may block until a
+	// worker takes the chunk) and write-held to close jobs, so that no send
+	// meets a closed channel. Nothing else is locked while it is held: the
+	// workers, which unblock senders, never take it.
+	sendMu     sync.RWMutex
+	jobsClosed bool // guarded by sendMu
+
+	// mu guards what follows; it is only held briefly, never while blocking.
+	mu      sync.RWMutex
+	state   writerState
+	err     error // first failure
+	buffers []*BufferWriter
+	spans   map[int][]span // per pid, sorted by address: overlap check in AddBuffer
+	bytesIn atomic.Int64
 }
 
 type writerState int
@@ -298,10 +303,13 @@ func (w *Writer) failed() error {
 
 // send hands a full chunk to the workers, unless the write is over.
 func (w *Writer) send(j job) error {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	if w.state != stateOpen || w.jobsClosed {
-		return w.stateErrLocked()
+	w.sendMu.RLock()
+	defer w.sendMu.RUnlock()
+	if err := w.failed(); err != nil {
+		return err
+	}
+	if w.jobsClosed {
+		return fmt.Errorf("image %s: buffer %d (0x%x): write after Commit", w.dir, j.bw.index, j.bw.info.Address)
 	}
 	w.budget.submit(j.charge)
 	w.jobs <- j
@@ -350,13 +358,12 @@ func (w *Writer) recycle(buf *[]byte, charge int64, pooled, queued bool) {
 
 // closeJobs stops the workers and waits for them; safe to call twice.
 func (w *Writer) closeJobs() {
-	w.mu.Lock()
-	closed := w.jobsClosed
-	w.jobsClosed = true
-	w.mu.Unlock()
-	if !closed {
+	w.sendMu.Lock()
+	if !w.jobsClosed {
+		w.jobsClosed = true
 		close(w.jobs)
 	}
+	w.sendMu.Unlock()
 	w.wg.Wait()
 }
 

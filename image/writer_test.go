@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // fxChunkFiles counts the chunk files of the image directory dir.
@@ -423,5 +424,54 @@ func TestCrashLeavesPreviousImage(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// Regression: a Write blocked handing a chunk to busy workers must not stop
+// Close, AddBuffer or the workers (once a lock held across the send
+// deadlocked them).
+func TestManyWritersNoDeadlock(t *testing.T) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for round := 0; round < 8; round++ {
+			dir := t.TempDir()
+			w, err := Create(dir, fxOrigin(), Options{ChunkSize: 1024, Workers: 2, MaxBuffered: 64 * 1024})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			var wg sync.WaitGroup
+			for i := 0; i < 6; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for k := 0; k < 5; k++ {
+						data := fxRand(uint64(round*100+i*10+k), 16*1024)
+						bw, err := w.AddBuffer(BufferInfo{Pid: i, Address: uint64(k+1) << 20, Size: uint64(len(data))})
+						if err == nil {
+							_, err = bw.Write(data)
+						}
+						if err == nil {
+							err = bw.Close()
+						}
+						if err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if err := w.Commit(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("writers deadlocked")
 	}
 }
