@@ -62,6 +62,29 @@ func lockDir(gdir string) (*os.File, error) {
 	return f, nil
 }
 
+// lockShared takes DIR/gpucr/.lock shared, without waiting: a Writer holds
+// it on the ancestors whose chunk files its new image refers to, so that gc
+// (which takes it exclusively) cannot delete them before the new image is
+// committed and names them. An ancestor on read-only storage without a lock
+// file cannot be gc'd either, and is not locked.
+func lockShared(gdir string) (*os.File, error) {
+	path := filepath.Join(gdir, lockName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		if f, err = os.Open(path); err != nil {
+			return nil, nil
+		}
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s: %w (gc or a writer holds %s)", gdir, ErrBusy, path)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
 // tmpName returns a fresh temporary name in gdir; tag says what it is for.
 func tmpName(gdir, tag string) string {
 	var b [8]byte

@@ -114,3 +114,49 @@ func TestGCRefusesBrokenKeep(t *testing.T) {
 		t.Errorf("gc with c's parent gone: %v", err)
 	}
 }
+
+func TestGCWaitsForWriterOfChild(t *testing.T) {
+	a, b, c, _, bufsC := fxChain(t)
+	w, err := Create(filepath.Join(filepath.Dir(c), "d"), fxOrigin(), Options{ChunkSize: 4096, Parent: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// d's chunks may refer to files in a, b and c: gc must not run on them.
+	for _, keep := range []string{c, b, a} {
+		if _, err := GC([]string{keep}, false); !errors.Is(err, ErrBusy) {
+			t.Errorf("gc of %s during a write that uses it: %v, want ErrBusy", keep, err)
+		}
+	}
+	if _, err := GC([]string{c}, true); err != nil {
+		t.Errorf("dry run during a write: %v", err)
+	}
+	w.Abort()
+	if _, err := GC([]string{c}, false); err != nil {
+		t.Fatal(err)
+	}
+	fxCheck(t, c, bufsC)
+}
+
+// An ancestor beyond what the kept image needs that now holds another image
+// is not part of the chain: gc leaves it alone.
+func TestGCLeavesReplacedFarAncestor(t *testing.T) {
+	root := t.TempDir()
+	a, b, c := filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c")
+	info := BufferInfo{Address: 0x10000, Size: 4 * 4096}
+	fxWrite(t, a, Options{ChunkSize: 4096}, []fxBuf{{info, fxRand(1, 4*4096)}})
+	y := []fxBuf{{info, fxRand(2, 4*4096)}}
+	fxWrite(t, b, Options{ChunkSize: 4096, Parent: a}, y)
+	fxWrite(t, c, Options{ChunkSize: 4096, Parent: b}, y) // needs b only
+	other := []fxBuf{{info, fxRand(3, 4*4096)}}
+	fxWrite(t, a, Options{ChunkSize: 4096}, other) // a replaced
+	files := fxChunkFiles(t, a)
+	rep, err := GC([]string{c}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Dirs) != 2 || fxChunkFiles(t, a) != files {
+		t.Fatalf("gc touched the replaced ancestor: %+v", rep)
+	}
+	fxCheck(t, a, other)
+	fxCheck(t, c, y)
+}

@@ -25,7 +25,8 @@ type Writer struct {
 	origin Origin
 	id     []byte
 	parent *imagepb.Parent
-	lock   *os.File
+	lock   *os.File   // exclusive, on DIR
+	shared []*os.File // shared, on the ancestors chunks may refer to
 	store  *chunkStore
 	budget *budget
 	pool   sync.Pool // *[]byte of ChunkSize: chunk buffers reused across chunks
@@ -99,8 +100,8 @@ func Create(dir string, origin Origin, opts Options) (*Writer, error) {
 	}
 	w.store = &chunkStore{gdir: w.gdir, local: map[chunkHash]*localChunk{}, old: oldChunks(real)}
 	if opts.Parent != "" {
-		if w.parent, w.store.parent, err = parentChunks(real, opts.Parent); err != nil {
-			w.lock.Close()
+		if w.parent, w.store.parent, w.shared, err = parentChunks(real, opts.Parent); err != nil {
+			w.release()
 			return nil, err
 		}
 	}
@@ -110,7 +111,7 @@ func Create(dir string, origin Origin, opts Options) (*Writer, error) {
 		w.store.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest),
 			zstd.WithEncoderCRC(false), zstd.WithEncoderConcurrency(opts.Workers), zstd.WithLowerEncoderMem(false))
 		if err != nil {
-			w.lock.Close()
+			w.release()
 			return nil, fmt.Errorf("zstd encoder: %w", err)
 		}
 	}
@@ -182,19 +183,33 @@ func oldChunks(dir string) map[chunkHash]*imagepb.Chunk {
 	return idx
 }
 
-// parentChunks opens the parent image (it must be restorable) and indexes
-// every stored chunk reachable through it, as seen from the new image.
-func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChunk, error) {
+// parentChunks opens the parent image (it must be restorable), locks its
+// chain against gc (shared) and indexes every stored chunk reachable through
+// it, as seen from the new image.
+func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChunk, []*os.File, error) {
 	pim, err := Open(parent)
 	if err != nil {
-		return nil, nil, fmt.Errorf("parent image: %w", err)
+		return nil, nil, nil, fmt.Errorf("parent image: %w", err)
 	}
 	rel, err := filepath.Rel(dir, pim.chain[0])
 	if err == nil {
 		err = checkParentPath(rel)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("parent image %s as seen from %s: %w", parent, dir, err)
+		return nil, nil, nil, fmt.Errorf("parent image %s as seen from %s: %w", parent, dir, err)
+	}
+	var locks []*os.File
+	for _, d := range pim.chain {
+		l, err := lockShared(gpucrDir(d))
+		if err != nil {
+			for _, l := range locks {
+				l.Close()
+			}
+			return nil, nil, nil, fmt.Errorf("parent image: %w", err)
+		}
+		if l != nil {
+			locks = append(locks, l)
+		}
 	}
 	idx := map[chunkHash]storedChunk{}
 	for _, b := range pim.m.GetBuffers() {
@@ -219,7 +234,7 @@ func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChun
 				crc: c.GetCrc32C(), comp: c.GetCompression(), storedSize: c.GetStoredSize()}
 		}
 	}
-	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, nil
+	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, locks, nil
 }
 
 // AddBuffer adds a buffer to the image; safe from many goroutines. The
@@ -369,8 +384,11 @@ func (w *Writer) closeJobs() {
 
 // release frees what the Writer holds once it is over.
 func (w *Writer) release() {
-	if w.store.enc != nil {
+	if w.store != nil && w.store.enc != nil {
 		w.store.enc.Close()
+	}
+	for _, l := range w.shared {
+		l.Close()
 	}
 	w.lock.Close()
 }
