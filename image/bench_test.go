@@ -23,9 +23,9 @@ import (
 	"strconv"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/image/internal/benchio"
 )
 
 // benchBuffers is how many buffers (and, for the raw baseline, files) the data
@@ -124,18 +124,7 @@ func BenchmarkRawFileRead(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		parts := benchParts(len(data))
-		errs := make([]error, len(parts))
-		var wg sync.WaitGroup
-		for j, p := range parts {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[j] = benchReadFile(filepath.Join(dir, fmt.Sprintf("raw-%d", j)), dst[p[0]:p[1]])
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+		if err := benchio.RawRead(dir, dst, benchBuffers); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -145,62 +134,34 @@ func BenchmarkRawFileRead(b *testing.B) {
 	}
 }
 
+// benchWriteImage writes data as one image of benchBuffers buffers, in
+// benchBlock Writes, and commits it (the loop imagebench times too).
 func benchWriteImage(b *testing.B, dir string, data []byte, comp image.Compression) image.WriteStats {
 	b.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	w, err := image.Create(dir, image.Origin{Host: "bench", Pid: os.Getpid(), Time: time.Now()},
-		image.Options{Compression: comp})
+	st, err := benchio.ImageWrite(dir, data, benchBuffers, benchBlock, image.Options{Compression: comp})
 	if err != nil {
 		b.Fatal(err)
 	}
-	parts := benchParts(len(data))
-	errs := make([]error, len(parts))
-	var wg sync.WaitGroup
-	for i, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = benchWriteBuffer(w, i, data[p[0]:p[1]])
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		_ = w.Abort()
-		b.Fatal(err)
-	}
-	if err := w.Commit(); err != nil {
-		b.Fatal(err)
-	}
-	return w.Stats()
+	return st
 }
 
-func benchWriteBuffer(w *image.Writer, i int, p []byte) error {
-	bw, err := w.AddBuffer(image.BufferInfo{
-		Pid:     os.Getpid(),
-		Address: 0x7f0000000000 + uint64(i)<<40,
-		Size:    uint64(len(p)),
-		Kind:    image.AllocMemAlloc,
-	})
-	if err != nil {
-		return fmt.Errorf("add buffer %d: %w", i, err)
+// benchRawWrite writes the plain-file baseline (the loop imagebench times too).
+func benchRawWrite(b *testing.B, dir string, data []byte) {
+	b.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
 	}
-	for len(p) > 0 {
-		n := min(len(p), benchBlock)
-		if _, err := bw.Write(p[:n]); err != nil {
-			return fmt.Errorf("write buffer %d: %w", i, err)
-		}
-		p = p[n:]
+	if err := benchio.RawWrite(dir, data, benchBuffers); err != nil {
+		b.Fatal(err)
 	}
-	if err := bw.Close(); err != nil {
-		return fmt.Errorf("close buffer %d: %w", i, err)
-	}
-	return nil
 }
 
 // benchReadImage reads every buffer through its io.Reader, one goroutine per
-// buffer, into dst laid out as benchWriteImage split it.
+// buffer, into dst laid out as benchWriteImage split it (imagebench reads
+// with ReadAt instead; this measures the io.Reader path).
 func benchReadImage(b *testing.B, dir string, dst []byte) {
 	b.Helper()
 	im, err := image.Open(dir)
@@ -244,91 +205,6 @@ func benchReadImage(b *testing.B, dir string, dst []byte) {
 	}
 }
 
-func benchRawWrite(b *testing.B, dir string, data []byte) {
-	b.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	parts := benchParts(len(data))
-	errs := make([]error, len(parts))
-	var wg sync.WaitGroup
-	for i, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = benchWriteFile(filepath.Join(dir, fmt.Sprintf("raw-%d", i)), data[p[0]:p[1]])
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		b.Fatal(err)
-	}
-	d, err := os.Open(dir)
-	if err == nil {
-		err = d.Sync()
-		d.Close()
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-}
-
-func benchWriteFile(name string, p []byte) error {
-	f, err := os.Create(name)
-	if err != nil {
-		return err
-	}
-	for len(p) > 0 {
-		n := min(len(p), benchBlock)
-		if _, err := f.Write(p[:n]); err != nil {
-			f.Close()
-			return err
-		}
-		p = p[n:]
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func benchReadFile(name string, p []byte) error {
-	f, err := os.Open(name)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	for len(p) > 0 {
-		n := min(len(p), benchBlock)
-		if _, err := io.ReadFull(f, p[:n]); err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		p = p[n:]
-	}
-	return nil
-}
-
-// benchParts splits n bytes into benchBuffers ranges on chunk boundaries, so
-// the split changes neither which chunks are duplicates or zero nor how many
-// chunks there are.
-func benchParts(n int) [][2]int {
-	const chunk = image.DefaultChunkSize
-	chunks := (n + chunk - 1) / chunk
-	parts := max(1, min(benchBuffers, chunks))
-	var out [][2]int
-	for i := range parts {
-		start, end := min(n, chunks*i/parts*chunk), min(n, chunks*(i+1)/parts*chunk)
-		if end > start {
-			out = append(out, [2]int{start, end})
-		}
-	}
-	return out
-}
-
-// benchDir is where a benchmark writes: a fresh directory under
-// GPUCR_BENCH_DIR if set (the GPU machine points it at /dev/shm), else under
-// the benchmark's temp dir. Either way it is removed afterwards.
 func benchDir(b *testing.B) string {
 	b.Helper()
 	root := os.Getenv("GPUCR_BENCH_DIR")

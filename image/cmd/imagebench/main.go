@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/image/internal/benchio"
 )
 
 func main() {
@@ -225,7 +226,7 @@ func benchOne(cfg config, c benchCase) (result, error) {
 			clear(dst)
 			runtime.GC()
 			t := time.Now()
-			st, err := imageWrite(dir, data, cfg.buffers, cfg.chunkSize, opts)
+			st, err := benchio.ImageWrite(dir, data, cfg.buffers, cfg.chunkSize, opts)
 			if err != nil {
 				return err
 			}
@@ -233,7 +234,7 @@ func benchOne(cfg config, c benchCase) (result, error) {
 			stats = st
 			runtime.GC()
 			t = time.Now()
-			if err := imageRead(dir, dst, cfg.workers); err != nil {
+			if err := benchio.ImageRead(dir, dst, cfg.workers); err != nil {
 				return err
 			}
 			r = append(r, gbps(n, time.Since(t)))
@@ -250,13 +251,13 @@ func benchOne(cfg config, c benchCase) (result, error) {
 			clear(dst)
 			runtime.GC()
 			t := time.Now()
-			if err := rawWrite(dir, data, cfg.streams); err != nil {
+			if err := benchio.RawWrite(dir, data, cfg.streams); err != nil {
 				return err
 			}
 			rw = append(rw, gbps(n, time.Since(t)))
 			runtime.GC()
 			t = time.Now()
-			if err := rawRead(dir, dst, cfg.streams); err != nil {
+			if err := benchio.RawRead(dir, dst, cfg.streams); err != nil {
 				return err
 			}
 			rr = append(rr, gbps(n, time.Since(t)))

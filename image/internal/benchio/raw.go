@@ -1,4 +1,7 @@
-package main
+// Package benchio holds the write and read loops that the image benchmarks
+// (image/bench_test.go) and imagebench share: the image path and the plain-file
+// baseline it is measured against, so both measure exactly the same thing.
+package benchio
 
 import (
 	"fmt"
@@ -8,16 +11,16 @@ import (
 	"sync"
 )
 
-// rawBlock is the size of each plain write and read: the image's default
+// Block is the size of each plain write and read: the image's default
 // chunk size, so both paths move the same amount per system call.
-const rawBlock = 4 << 20
+const Block = 4 << 20
 
-// rawWrite stores data as plain files in dir, the baseline the image writer
+// RawWrite stores data as plain files in dir, the baseline the image writer
 // is measured against: streams files written concurrently, each a contiguous
-// part of data, sequentially in rawBlock writes, each fsynced at the end, then
+// part of data, sequentially in Block writes, each fsynced at the end, then
 // the directory fsynced (what a committed image pays for durability too).
-func rawWrite(dir string, data []byte, streams int) error {
-	parts := splitAligned(len(data), streams, rawBlock)
+func RawWrite(dir string, data []byte, streams int) error {
+	parts := SplitAligned(len(data), streams, Block)
 	errs := make([]error, len(parts))
 	var wg sync.WaitGroup
 	for i, p := range parts {
@@ -42,7 +45,7 @@ func writeFile(name string, b []byte) error {
 		return err
 	}
 	for len(b) > 0 {
-		n := min(len(b), rawBlock)
+		n := min(len(b), Block)
 		if _, err := f.Write(b[:n]); err != nil {
 			f.Close()
 			return fmt.Errorf("write %s: %w", name, err)
@@ -56,11 +59,11 @@ func writeFile(name string, b []byte) error {
 	return f.Close()
 }
 
-// rawRead reads back what rawWrite stored, into dst, with the same streams
+// RawRead reads back what RawWrite stored, into dst, with the same streams
 // and block size. Nothing is dropped from the page cache first, as nothing is
 // before the image is read back either: both read what the write left there.
-func rawRead(dir string, dst []byte, streams int) error {
-	parts := splitAligned(len(dst), streams, rawBlock)
+func RawRead(dir string, dst []byte, streams int) error {
+	parts := SplitAligned(len(dst), streams, Block)
 	errs := make([]error, len(parts))
 	var wg sync.WaitGroup
 	for i, p := range parts {
@@ -86,7 +89,7 @@ func readFile(name string, b []byte) error {
 	}
 	defer f.Close()
 	for len(b) > 0 {
-		n := min(len(b), rawBlock)
+		n := min(len(b), Block)
 		if _, err := io.ReadFull(f, b[:n]); err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
 		}

@@ -1,4 +1,4 @@
-package main
+package benchio
 
 import (
 	"cmp"
@@ -12,11 +12,11 @@ import (
 	"github.com/gpucr/gpucr/image"
 )
 
-// imageWrite stores data as one image in dir: nbuf buffers, each a contiguous
+// ImageWrite stores data as one image in dir: nbuf buffers, each a contiguous
 // part of data, written concurrently (as the helper copies several buffers off
 // the GPU at once), each in block-sized Writes (a staging buffer's worth), then
 // committed. It returns the writer's statistics.
-func imageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (image.WriteStats, error) {
+func ImageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (image.WriteStats, error) {
 	w, err := image.Create(dir, image.Origin{
 		Host:     "imagebench",
 		GPUModel: "none (host memory)",
@@ -26,7 +26,7 @@ func imageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (i
 	if err != nil {
 		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
 	}
-	parts := splitAligned(len(data), nbuf, chunkSizeOf(opts))
+	parts := SplitAligned(len(data), nbuf, chunkSizeOf(opts))
 	errs := make([]error, len(parts))
 	var wg sync.WaitGroup
 	for i, p := range parts {
@@ -74,12 +74,12 @@ func writeBuffer(w *image.Writer, i int, b []byte, block int) error {
 	return nil
 }
 
-// imageRead opens the image in dir and reads every buffer back into dst (laid
-// out as imageWrite split it) with readers goroutines, each taking one chunk
+// ImageRead opens the image in dir and reads every buffer back into dst (laid
+// out as ImageWrite split it) with readers goroutines, each taking one chunk
 // at a time with ReadAt on a BufferReader of its own. Chunk-sized parallel
 // reads are how a restore fills the GPU, and they keep every core busy even
 // when the image holds a single large buffer.
-func imageRead(dir string, dst []byte, readers int) error {
+func ImageRead(dir string, dst []byte, readers int) error {
 	im, err := image.Open(dir)
 	if err != nil {
 		return fmt.Errorf("open image in %s: %w", dir, err)
@@ -157,12 +157,12 @@ func chunkSizeOf(opts image.Options) int {
 	return image.DefaultChunkSize
 }
 
-// splitAligned cuts n bytes into at most parts contiguous [start, end)
+// SplitAligned cuts n bytes into at most parts contiguous [start, end)
 // ranges whose boundaries are multiples of align. Image buffers are cut on
 // chunk boundaries, so splitting the data into buffers changes neither which
 // chunks are duplicates or zero nor how many chunks there are; raw files on
 // block boundaries, so every write but the last is whole.
-func splitAligned(n, parts, align int) [][2]int {
+func SplitAligned(n, parts, align int) [][2]int {
 	units := (n + align - 1) / align
 	parts = max(1, min(parts, units))
 	var out [][2]int
