@@ -553,45 +553,32 @@ SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state) {
     return sim_leave(&c, r);
 }
 
-SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
+/* Lock, Checkpoint, Restore and Unlock: one request to the target each. */
+static CUresult controller_op(const char *name, int pid, uint32_t op, uint32_t timeout_ms) {
     sim_call c;
-    CUresult r = controller_enter(&c, "cuCheckpointProcessLock");
-    if (r != CUDA_SUCCESS)
-        return sim_leave(&c, r);
-    ck_rep rep;
-    r = ck_call(pid, CK_LOCK, args ? args->timeoutMs : 0, &rep);
+    CUresult r = controller_enter(&c, name);
+    if (r == CUDA_SUCCESS) {
+        ck_rep rep;
+        r = ck_call(pid, op, timeout_ms, &rep);
+    }
     return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
+    return controller_op("cuCheckpointProcessLock", pid, CK_LOCK, args ? args->timeoutMs : 0);
 }
 
 SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
     (void)args;
-    sim_call c;
-    CUresult r = controller_enter(&c, "cuCheckpointProcessCheckpoint");
-    if (r != CUDA_SUCCESS)
-        return sim_leave(&c, r);
-    ck_rep rep;
-    r = ck_call(pid, CK_CHECKPOINT, 0, &rep);
-    return sim_leave(&c, r);
+    return controller_op("cuCheckpointProcessCheckpoint", pid, CK_CHECKPOINT, 0);
 }
 
 SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
     (void)args;
-    sim_call c;
-    CUresult r = controller_enter(&c, "cuCheckpointProcessRestore");
-    if (r != CUDA_SUCCESS)
-        return sim_leave(&c, r);
-    ck_rep rep;
-    r = ck_call(pid, CK_RESTORE, 0, &rep);
-    return sim_leave(&c, r);
+    return controller_op("cuCheckpointProcessRestore", pid, CK_RESTORE, 0);
 }
 
 SIM_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args) {
     (void)args;
-    sim_call c;
-    CUresult r = controller_enter(&c, "cuCheckpointProcessUnlock");
-    if (r != CUDA_SUCCESS)
-        return sim_leave(&c, r);
-    ck_rep rep;
-    r = ck_call(pid, CK_UNLOCK, 0, &rep);
-    return sim_leave(&c, r);
+    return controller_op("cuCheckpointProcessUnlock", pid, CK_UNLOCK, 0);
 }
