@@ -19,6 +19,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -49,28 +50,34 @@ var benchCases = []benchCase{
 	{"zstd-compressible", "compressible", image.CompressionZstd},
 }
 
+// BenchmarkWrite measures both write APIs: stream (BufferWriter.Write from
+// one goroutine per buffer: a copy into chunk buffers, then the workers) and
+// chunks (WriteChunk from GOMAXPROCS goroutines, no copy: the copy engine's
+// way).
 func BenchmarkWrite(b *testing.B) {
-	for _, c := range benchCases {
-		b.Run(c.name, func(b *testing.B) {
-			data := benchData(b, c.kind)
-			root := benchDir(b)
-			b.SetBytes(int64(len(data)))
-			var st image.WriteStats
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				dir := filepath.Join(root, strconv.Itoa(i))
-				st = benchWriteImage(b, dir, data, c.comp)
-				b.StopTimer()
-				if err := os.RemoveAll(dir); err != nil {
-					b.Fatal(err)
+	for _, api := range []string{"stream", "chunks"} {
+		for _, c := range benchCases {
+			b.Run(api+"/"+c.name, func(b *testing.B) {
+				data := benchData(b, c.kind)
+				root := benchDir(b)
+				b.SetBytes(int64(len(data)))
+				var st image.WriteStats
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					dir := filepath.Join(root, strconv.Itoa(i))
+					st = benchWriteImageAPI(b, api, dir, data, c.comp)
+					b.StopTimer()
+					if err := os.RemoveAll(dir); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
 				}
-				b.StartTimer()
-			}
-			b.StopTimer()
-			if st.BytesStored > 0 {
-				b.ReportMetric(float64(len(data))/float64(st.BytesStored), "dedup-ratio")
-			}
-		})
+				b.StopTimer()
+				if st.BytesStored > 0 {
+					b.ReportMetric(float64(len(data))/float64(st.BytesStored), "dedup-ratio")
+				}
+			})
+		}
 	}
 }
 
@@ -137,11 +144,23 @@ func BenchmarkRawFileRead(b *testing.B) {
 // benchWriteImage writes data as one image of benchBuffers buffers, in
 // benchBlock Writes, and commits it (the loop imagebench times too).
 func benchWriteImage(b *testing.B, dir string, data []byte, comp image.Compression) image.WriteStats {
+	return benchWriteImageAPI(b, "stream", dir, data, comp)
+}
+
+// benchWriteImageAPI is benchWriteImage through either write API.
+func benchWriteImageAPI(b *testing.B, api, dir string, data []byte, comp image.Compression) image.WriteStats {
 	b.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	st, err := benchio.ImageWrite(dir, data, benchBuffers, benchBlock, image.Options{Compression: comp})
+	opts := image.Options{Compression: comp}
+	var st image.WriteStats
+	var err error
+	if api == "chunks" {
+		st, err = benchio.ImageWriteChunks(dir, data, benchBuffers, runtime.GOMAXPROCS(0), opts)
+	} else {
+		st, err = benchio.ImageWrite(dir, data, benchBuffers, benchBlock, opts)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package image
 
 import (
 	"fmt"
+	"sync/atomic"
 )
 
 // BufferWriter takes the bytes of one buffer, in order. One goroutine per
@@ -19,7 +20,18 @@ type BufferWriter struct {
 	charge  int64   // budget taken for cur
 	pooled  bool    // cur came from the pool
 	closed  bool
+
+	// WriteChunk state. mode is fixed by the first Write or WriteChunk.
+	mode       atomic.Int32  // modeUnset, modeStream or modeChunks
+	taken      []atomic.Bool // chunk i was handed to WriteChunk
+	chunksDone atomic.Int64  // WriteChunk calls that stored their chunk
 }
+
+const (
+	modeUnset int32 = iota
+	modeStream
+	modeChunks
+)
 
 // chunkRecord is what the workers learned about one chunk.
 type chunkRecord struct {
@@ -44,6 +56,9 @@ func (b *BufferWriter) Write(p []byte) (int, error) {
 	}
 	if err := b.w.failed(); err != nil {
 		return 0, err
+	}
+	if !b.setMode(modeStream) {
+		return 0, fmt.Errorf("buffer %d (0x%x): Write after WriteChunk: use one or the other per buffer", b.index, b.info.Address)
 	}
 	if uint64(len(p)) > b.info.Size-b.written {
 		return 0, fmt.Errorf("buffer %d (0x%x): write of %d bytes at offset %d passes its size %d",
@@ -101,14 +116,80 @@ func (b *BufferWriter) submit() error {
 	return nil
 }
 
-// Close ends the buffer; all Size bytes must have been written.
+// setMode fixes how the buffer is written; false if the other way was
+// used already.
+func (b *BufferWriter) setMode(m int32) bool {
+	return b.mode.CompareAndSwap(modeUnset, m) || b.mode.Load() == m
+}
+
+// WriteChunk stores chunk i of the buffer from p, which must hold exactly
+// that chunk's bytes (ChunkSize, less for the last chunk). It works in the
+// calling goroutine and returns when the chunk is stored, so p may be
+// reused at once: there is no copy, no queue and no memory held in between,
+// which is what a copy engine with its own staging buffers wants. Chunks of
+// one buffer may be written in any order and from several goroutines at
+// once; each exactly once. A buffer is written either with Write or with
+// WriteChunk, not both.
+func (b *BufferWriter) WriteChunk(i int, p []byte) error {
+	if !b.setMode(modeChunks) {
+		return fmt.Errorf("buffer %d (0x%x): WriteChunk after Write: use one or the other per buffer", b.index, b.info.Address)
+	}
+	n := len(b.chunks)
+	if i < 0 || i >= n {
+		return fmt.Errorf("buffer %d (0x%x): no chunk %d (has %d)", b.index, b.info.Address, i, n)
+	}
+	if want := chunkLen(b.info.Size, uint32(b.w.opts.ChunkSize), i); len(p) != int(want) {
+		return fmt.Errorf("buffer %d (0x%x): chunk %d has %d bytes, WriteChunk got %d", b.index, b.info.Address, i, want, len(p))
+	}
+	if b.taken[i].Swap(true) {
+		return fmt.Errorf("buffer %d (0x%x): chunk %d written twice", b.index, b.info.Address, i)
+	}
+	// Read-holding sendMu keeps Commit and Abort (closeJobs) waiting until
+	// this chunk is stored, so nothing is created behind Abort's cleanup.
+	w := b.w
+	w.sendMu.RLock()
+	defer w.sendMu.RUnlock()
+	if err := w.failed(); err != nil {
+		return err
+	}
+	if w.jobsClosed {
+		return fmt.Errorf("image %s: buffer %d (0x%x): write after Commit", w.dir, b.index, b.info.Address)
+	}
+	var scratch *[]byte
+	if w.store.enc != nil {
+		scratch = w.scratch.Get().(*[]byte)
+		defer w.scratch.Put(scratch)
+	}
+	if err := w.storeChunk(b, i, p, scratch); err != nil {
+		return err
+	}
+	w.bytesIn.Add(int64(len(p)))
+	b.chunksDone.Add(1)
+	return nil
+}
+
+// complete reports whether every byte of the buffer has been stored or
+// handed to the workers, and how many bytes that is.
+func (b *BufferWriter) complete() (bool, uint64) {
+	if b.mode.Load() == modeChunks {
+		done := b.chunksDone.Load()
+		if done == int64(len(b.chunks)) {
+			return true, b.info.Size
+		}
+		return false, uint64(done) * uint64(b.w.opts.ChunkSize) // about: the last chunk may be short
+	}
+	return b.written == b.info.Size, b.written
+}
+
+// Close ends the buffer; all Size bytes must have been written (and every
+// WriteChunk call returned).
 func (b *BufferWriter) Close() error {
 	if b.closed {
 		return nil
 	}
-	if b.written != b.info.Size {
+	if ok, written := b.complete(); !ok {
 		return fmt.Errorf("buffer %d (0x%x): %w: %d of %d bytes written", b.index, b.info.Address,
-			ErrIncomplete, b.written, b.info.Size)
+			ErrIncomplete, written, b.info.Size)
 	}
 	if err := b.w.failed(); err != nil {
 		return err

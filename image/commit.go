@@ -25,8 +25,9 @@ func (w *Writer) Commit() error {
 	for _, b := range w.buffers {
 		if !b.closed {
 			w.mu.Unlock()
+			_, written := b.complete()
 			w.fail(fmt.Errorf("image %s: buffer %d (0x%x): %w: not closed (%d of %d bytes written)",
-				w.dir, b.index, b.info.Address, ErrIncomplete, b.written, b.info.Size))
+				w.dir, b.index, b.info.Address, ErrIncomplete, written, b.info.Size))
 			w.abortAfter()
 			return w.failedErr()
 		}

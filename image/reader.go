@@ -187,7 +187,12 @@ func (im *Image) putBuf(b *[]byte) { im.pool.Put(b) }
 
 // load fills dst (exactly the chunk's size) with chunk ci of buffer bi,
 // checked; at most Workers loads run at once.
-func (im *Image) load(bi, ci int, dst []byte) error {
+func (im *Image) load(bi, ci int, dst []byte) error { return im.loadCheck(bi, ci, dst, false) }
+
+// loadCheck is load; with allCRCs the CRC32C of an uncompressed chunk is
+// checked too, which the content hash makes redundant when reading (Verify
+// checks it to find damage in either).
+func (im *Image) loadCheck(bi, ci int, dst []byte, allCRCs bool) error {
 	im.sem <- struct{}{}
 	defer func() { <-im.sem }()
 	b := im.m.GetBuffers()[bi]
@@ -197,7 +202,7 @@ func (im *Image) load(bi, ci int, dst []byte) error {
 		return nil
 	}
 	file := im.ChunkFile(bi, ci)
-	if err := im.readChunk(file, c, dst); err != nil {
+	if err := im.readChunk(file, c, dst, allCRCs); err != nil {
 		return &ChunkError{Image: im.dir, Buffer: bi, Address: b.GetAddress(), Chunk: ci, File: file, Err: err}
 	}
 	return nil
@@ -206,7 +211,13 @@ func (im *Image) load(bi, ci int, dst []byte) error {
 // readChunk reads a chunk file and checks it: the file's size, the CRC32C of
 // the stored bytes, the decompressed size and the content hash. dst may hold
 // garbage after an error.
-func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte) error {
+//
+// The CRC32C of an uncompressed chunk covers the very bytes the content hash
+// covers, and the 128-bit hash catches every damage the 32-bit CRC would: so
+// reads skip that CRC (it costs more than the hash, and reads must keep up
+// with the GPU), unless allCRCs. A compressed chunk's CRC is always checked,
+// before its bytes reach the decoder.
+func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte, allCRCs bool) error {
 	// O_NOFOLLOW: a chunk file replaced by a symlink is refused, not followed.
 	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
@@ -235,10 +246,13 @@ func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte) error {
 	if _, err := io.ReadFull(f, stored); err != nil {
 		return corruptf("read: %v", err)
 	}
-	if got := crc32.Checksum(stored, castagnoli); got != c.GetCrc32C() {
-		return corruptf("CRC32C %08x, manifest says %08x: stored bytes damaged", got, c.GetCrc32C())
+	compressed := c.GetCompression() == imagepb.Compression_COMPRESSION_ZSTD
+	if compressed || allCRCs {
+		if got := crc32.Checksum(stored, castagnoli); got != c.GetCrc32C() {
+			return corruptf("CRC32C %08x, manifest says %08x: stored bytes damaged", got, c.GetCrc32C())
+		}
 	}
-	if c.GetCompression() == imagepb.Compression_COMPRESSION_ZSTD {
+	if compressed {
 		dec, err := im.decoder()
 		if err != nil {
 			return err

@@ -105,7 +105,7 @@ type BufferInfo struct {
 // ancestor image).
 type WriteStats struct {
 	Buffers      int
-	BytesIn      int64 // bytes given to BufferWriter.Write
+	BytesIn      int64 // bytes given to BufferWriter.Write and WriteChunk
 	BytesStored  int64 // bytes written to new chunk files
 	ChunksNew    int64
 	ChunksDedup  int64

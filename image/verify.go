@@ -55,7 +55,7 @@ func (im *Image) Verify() error {
 			for t := range work {
 				buf := im.getBuf()
 				c := im.m.GetBuffers()[t.bi].GetChunks()[t.ci]
-				t.err = im.load(t.bi, t.ci, (*buf)[:c.GetSize()])
+				t.err = im.loadCheck(t.bi, t.ci, (*buf)[:c.GetSize()], true)
 				im.putBuf(buf)
 			}
 		}()

@@ -19,19 +19,20 @@ import (
 // Writer writes one image into DIR/gpucr. Create it, add buffers (from any
 // number of goroutines), write and close each, then Commit; or Abort.
 type Writer struct {
-	dir    string // DIR, symlinks resolved
-	gdir   string // DIR/gpucr
-	opts   Options
-	origin Origin
-	id     []byte
-	parent *imagepb.Parent
-	lock   *os.File   // exclusive, on DIR
-	shared []*os.File // shared, on the ancestors chunks may refer to
-	store  *chunkStore
-	budget *budget
-	pool   sync.Pool // *[]byte of ChunkSize: chunk buffers reused across chunks
-	jobs   chan job
-	wg     sync.WaitGroup
+	dir     string // DIR, symlinks resolved
+	gdir    string // DIR/gpucr
+	opts    Options
+	origin  Origin
+	id      []byte
+	parent  *imagepb.Parent
+	lock    *os.File   // exclusive, on DIR
+	shared  []*os.File // shared, on the ancestors chunks may refer to
+	store   *chunkStore
+	budget  *budget
+	pool    sync.Pool // *[]byte of ChunkSize: chunk buffers reused across chunks
+	scratch sync.Pool // *[]byte: compression output of WriteChunk callers
+	jobs    chan job
+	wg      sync.WaitGroup
 
 	// sendMu is read-held while sending on jobs (which may block until a
 	// worker takes the chunk) and write-held to close jobs, so that no send
@@ -117,6 +118,7 @@ func Create(dir string, origin Origin, opts Options) (*Writer, error) {
 	}
 	cs := opts.ChunkSize
 	w.pool.New = func() any { b := make([]byte, cs); return &b }
+	w.scratch.New = func() any { b := []byte(nil); return &b }
 	w.budget = newBudget(opts.MaxBuffered)
 	w.jobs = make(chan job, opts.Workers)
 	for i := 0; i < opts.Workers; i++ {
@@ -256,7 +258,8 @@ func (w *Writer) AddBuffer(info BufferInfo) (*BufferWriter, error) {
 		return nil, err
 	}
 	n := chunkCount(info.Size, uint32(w.opts.ChunkSize))
-	b := &BufferWriter{w: w, index: len(w.buffers), info: info, chunks: make([]chunkRecord, n)}
+	b := &BufferWriter{w: w, index: len(w.buffers), info: info, chunks: make([]chunkRecord, n),
+		taken: make([]atomic.Bool, n)}
 	w.buffers = append(w.buffers, b)
 	return b, nil
 }
@@ -344,23 +347,32 @@ func (w *Writer) process(j job, scratch *[]byte) {
 	if w.failed() != nil {
 		return // the write is lost anyway; drain quickly
 	}
-	rec := &j.bw.chunks[j.index]
-	raw := (*j.buf)[:j.n]
+	w.storeChunk(j.bw, j.index, (*j.buf)[:j.n], scratch)
+}
+
+// storeChunk records chunk index of bw, whose bytes are raw: a zero flag, a
+// reference to an equal chunk, or a new chunk file. A failure fails the
+// Writer (naming the chunk) and is returned.
+func (w *Writer) storeChunk(bw *BufferWriter, index int, raw []byte, scratch *[]byte) error {
+	rec := &bw.chunks[index]
 	if isZero(raw) {
 		rec.zero = true
-		return
+		return nil
 	}
 	h := hashOf(raw)
 	lc, owner := w.store.claim(h)
 	rec.hash, rec.local = h, lc
 	if !owner {
-		return
+		return nil
 	}
 	rec.owner = true
 	if file, err := w.store.resolve(lc, h, raw, scratch); err != nil {
-		w.fail(&ChunkError{Image: w.dir, Buffer: j.bw.index, Address: j.bw.info.Address,
-			Chunk: j.index, File: file, Err: err})
+		err = &ChunkError{Image: w.dir, Buffer: bw.index, Address: bw.info.Address,
+			Chunk: index, File: file, Err: err}
+		w.fail(err)
+		return err
 	}
+	return nil
 }
 
 // recycle gives a chunk buffer back to the pool and its bytes to the budget.

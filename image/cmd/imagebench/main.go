@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -56,6 +57,8 @@ type config struct {
 	cases     []benchCase
 	buffers   int
 	workers   int
+	api       string // "chunks" or "stream"
+	profile   string // CPU profile file, "" for none
 	chunkSize int
 	streams   int
 	json      bool
@@ -85,6 +88,7 @@ type report struct {
 	ChunkSize  int      `json:"chunk_size"`
 	Workers    int      `json:"workers"`
 	Buffers    int      `json:"buffers"`
+	API        string   `json:"api"`
 	RawStreams int      `json:"raw_streams"`
 	Runs       int      `json:"runs"`
 	Results    []result `json:"results"`
@@ -106,6 +110,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "imagebench: %v\n", err)
 		return 2
+	}
+	if cfg.profile != "" {
+		f, err := os.Create(cfg.profile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "imagebench: cpu profile: %v\n", err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	rep, err := bench(cfg, stderr)
 	if err != nil {
@@ -140,10 +155,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.runs, "runs", 3, "runs per case; the table shows medians")
 	fs.StringVar(&cases, "cases", strings.Join(names, ","), "comma-separated cases")
 	fs.IntVar(&cfg.buffers, "buffers", 4, "buffers per image, written concurrently")
+	fs.StringVar(&cfg.api, "api", "chunks", "write API: chunks (WriteChunk from -workers goroutines, no copy, as the copy engine does) or stream (Write, one goroutine per buffer)")
 	fs.IntVar(&cfg.workers, "workers", 0, "image.Options.Workers (0: GOMAXPROCS); also the number of reading goroutines")
 	fs.IntVar(&chunkMiB, "chunk", image.DefaultChunkSize>>20, "chunk size in MiB")
 	fs.IntVar(&cfg.streams, "raw-streams", 0, "plain files written and read concurrently (0: GOMAXPROCS)")
 	fs.BoolVar(&cfg.json, "json", false, "print JSON instead of the table")
+	fs.StringVar(&cfg.profile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -152,6 +169,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.sizeMB <= 0 || cfg.runs <= 0 || cfg.buffers <= 0 || chunkMiB <= 0 || cfg.workers < 0 || cfg.streams < 0 {
 		return cfg, fmt.Errorf("-size, -runs, -buffers and -chunk must be positive, -workers and -raw-streams not negative")
+	}
+	if cfg.api != "chunks" && cfg.api != "stream" {
+		return cfg, fmt.Errorf("-api %q: want chunks or stream", cfg.api)
 	}
 	cfg.chunkSize = chunkMiB << 20
 	if cfg.workers == 0 {
@@ -183,6 +203,7 @@ func bench(cfg config, log io.Writer) (*report, error) {
 		ChunkSize:  cfg.chunkSize,
 		Workers:    cfg.workers,
 		Buffers:    cfg.buffers,
+		API:        cfg.api,
 		RawStreams: cfg.streams,
 		Runs:       cfg.runs,
 	}
@@ -226,7 +247,13 @@ func benchOne(cfg config, c benchCase) (result, error) {
 			clear(dst)
 			runtime.GC()
 			t := time.Now()
-			st, err := benchio.ImageWrite(dir, data, cfg.buffers, cfg.chunkSize, opts)
+			var st image.WriteStats
+			var err error
+			if cfg.api == "chunks" {
+				st, err = benchio.ImageWriteChunks(dir, data, cfg.buffers, cfg.workers, opts)
+			} else {
+				st, err = benchio.ImageWrite(dir, data, cfg.buffers, cfg.chunkSize, opts)
+			}
 			if err != nil {
 				return err
 			}
@@ -323,8 +350,8 @@ func prefault(b []byte) {
 
 func printTable(w io.Writer, rep *report) {
 	fmt.Fprintf(w, "imagebench: %d CPU cores (GOMAXPROCS %d), dir %s (%s)\n", rep.CPUs, rep.GOMAXPROCS, rep.Dir, rep.Filesystem)
-	fmt.Fprintf(w, "%d MiB per case, chunk %d MiB, %d buffers, %d image workers/readers, %d raw streams, median of %d runs; GB/s = 1e9 bytes/s of logical data\n\n",
-		rep.SizeBytes>>20, rep.ChunkSize>>20, rep.Buffers, rep.Workers, rep.RawStreams, rep.Runs)
+	fmt.Fprintf(w, "%d MiB per case, chunk %d MiB, %d buffers, write API %s, %d image workers/readers, %d raw streams, median of %d runs; GB/s = 1e9 bytes/s of logical data\n\n",
+		rep.SizeBytes>>20, rep.ChunkSize>>20, rep.Buffers, rep.API, rep.Workers, rep.RawStreams, rep.Runs)
 	header := []string{"case", "write GB/s", "read GB/s", "raw write GB/s", "raw read GB/s", "write ratio", "read ratio", "stored bytes", "dedup ratio", "ratio >= 0.8"}
 	rows := [][]string{header}
 	for _, r := range rep.Results {

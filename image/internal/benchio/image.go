@@ -47,6 +47,83 @@ func ImageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (i
 	return w.Stats(), nil
 }
 
+// ImageWriteChunks stores data as ImageWrite does (same buffers, same
+// image), but through BufferWriter.WriteChunk: writers goroutines take one
+// chunk at a time, of any buffer, and store it from data itself, without a
+// copy, as a copy engine stores its staging buffers. The mirror of
+// ImageRead.
+func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Options) (image.WriteStats, error) {
+	w, err := image.Create(dir, image.Origin{
+		Host:     "imagebench",
+		GPUModel: "none (host memory)",
+		Pid:      os.Getpid(),
+		Time:     time.Now(),
+	}, opts)
+	if err != nil {
+		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
+	}
+	chunk := chunkSizeOf(opts)
+	type piece struct {
+		bw         *image.BufferWriter
+		buf, index int
+		data       []byte
+	}
+	var pieces []piece
+	var bws []*image.BufferWriter
+	for i, p := range SplitAligned(len(data), nbuf, chunk) {
+		bw, err := w.AddBuffer(image.BufferInfo{
+			Pid:     os.Getpid(),
+			Address: benchBase + uint64(i)<<40,
+			Size:    uint64(p[1] - p[0]),
+			Kind:    image.AllocMemAlloc,
+		})
+		if err != nil {
+			_ = w.Abort()
+			return image.WriteStats{}, fmt.Errorf("add buffer %d: %w", i, err)
+		}
+		bws = append(bws, bw)
+		for off := p[0]; off < p[1]; off += chunk {
+			pieces = append(pieces, piece{bw, i, (off - p[0]) / chunk, data[off:min(off+chunk, p[1])]})
+		}
+	}
+	// Interleave the buffers' chunks, as several copy streams deliver them.
+	slices.SortStableFunc(pieces, func(a, b piece) int { return cmp.Compare(a.index, b.index) })
+	work := make(chan piece)
+	errs := make([]error, writers)
+	var wg sync.WaitGroup
+	for g := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range work {
+				if errs[g] == nil {
+					if err := p.bw.WriteChunk(p.index, p.data); err != nil {
+						errs[g] = fmt.Errorf("buffer %d chunk %d: %w", p.buf, p.index, err)
+					}
+				}
+			}
+		}()
+	}
+	for _, p := range pieces {
+		work <- p
+	}
+	close(work)
+	wg.Wait()
+	for i, bw := range bws {
+		if err := bw.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close buffer %d: %w", i, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		_ = w.Abort()
+		return image.WriteStats{}, err
+	}
+	if err := w.Commit(); err != nil {
+		return image.WriteStats{}, fmt.Errorf("commit image in %s: %w", dir, err)
+	}
+	return w.Stats(), nil
+}
+
 // benchBase is where the benchmark's buffers pretend to live on the GPU: a
 // typical device address, each buffer 1 TiB apart so they never overlap.
 const benchBase = 0x7f0000000000
