@@ -77,6 +77,9 @@ type result struct {
 	StoredBytes   int64   `json:"stored_bytes"`
 	DedupRatio    float64 `json:"dedup_ratio"`
 	TargetRatioOK bool    `json:"target_ratio_ok"`
+	// Targeted: the issue's targets apply (uncompressed cases; zstd is for
+	// slow storage and is shown for what it costs, not held to them).
+	Targeted bool `json:"targeted"`
 }
 
 type report struct {
@@ -209,7 +212,7 @@ func bench(cfg config, log io.Writer) (*report, error) {
 	}
 	for _, c := range cfg.cases {
 		fmt.Fprintf(log, "imagebench: %s: %d MB x %d runs\n", c.name, cfg.sizeMB, cfg.runs)
-		r, err := benchOne(cfg, c)
+		r, err := benchOne(cfg, c, log)
 		if err != nil {
 			return nil, fmt.Errorf("case %s: %w", c.name, err)
 		}
@@ -223,7 +226,7 @@ func bench(cfg config, log io.Writer) (*report, error) {
 // afterwards, so that a few GB fit in /dev/shm. Image and plain files take
 // turns going first, so neither always finds the page cache in the state the
 // other left.
-func benchOne(cfg config, c benchCase) (result, error) {
+func benchOne(cfg config, c benchCase, log io.Writer) (result, error) {
 	n := cfg.sizeMB << 20
 	data, err := genData(c.kind, n, cfg.chunkSize)
 	if err != nil {
@@ -307,6 +310,8 @@ func benchOne(cfg config, c benchCase) (result, error) {
 		if err != nil {
 			return result{}, err
 		}
+		fmt.Fprintf(log, "imagebench: %s run %d: image write %.2f read %.2f, raw write %.2f read %.2f GB/s\n",
+			c.name, i+1, w[i], r[i], rw[i], rr[i])
 	}
 	res := result{
 		Case:         c.name,
@@ -323,6 +328,7 @@ func benchOne(cfg config, c benchCase) (result, error) {
 		res.DedupRatio = float64(res.LogicalBytes) / float64(res.StoredBytes)
 	}
 	res.TargetRatioOK = res.WriteRatio >= targetRatio && res.ReadRatio >= targetRatio
+	res.Targeted = c.compression == image.CompressionNone
 	return res, nil
 }
 
@@ -356,7 +362,10 @@ func printTable(w io.Writer, rep *report) {
 	rows := [][]string{header}
 	for _, r := range rep.Results {
 		ok := "met"
-		if !r.TargetRatioOK {
+		switch {
+		case !r.Targeted:
+			ok = "n/a (zstd)"
+		case !r.TargetRatioOK:
 			ok = "MISSED"
 		}
 		rows = append(rows, []string{
@@ -399,12 +408,12 @@ func printTable(w io.Writer, rep *report) {
 	}
 	var missed []string
 	for _, r := range rep.Results {
-		if r.WriteGBps < targetGBps || r.ReadGBps < targetGBps {
+		if r.Targeted && (r.WriteGBps < targetGBps || r.ReadGBps < targetGBps) {
 			missed = append(missed, r.Case)
 		}
 	}
 	if len(missed) == 0 {
-		fmt.Fprintln(w, "met by every case")
+		fmt.Fprintln(w, "met by every uncompressed case")
 	} else {
 		fmt.Fprintf(w, "MISSED by %s\n", strings.Join(missed, ", "))
 	}
