@@ -4,7 +4,7 @@
 #   make demo       install what is missing, build, run the main job
 #   make test       everything CI runs; ends with a pass/fail count
 #   make gpu-apps   build the test apps against the real driver (GPU machine)
-#   make proto      regenerate protocol/imagepb from protocol/*.proto (commit the result)
+#   make proto      regenerate protocol/*pb (Go) and protocol/c (C) from protocol/*.proto (commit the result)
 
 BUILD    ?= build
 CC       ?= gcc
@@ -77,10 +77,12 @@ deps:
 # Generated Go code is committed; protocol/gen_test.go fails when it is stale.
 # The plugin is the module's tool dependency (go.mod pins its version, which
 # must match google.golang.org/protobuf); `go tool -n` builds it and prints its path.
-PROTOS := protocol/image.proto
+PROTOS   := protocol/image.proto protocol/helper.proto
+C_PROTOS := protocol/helper.proto
 proto:
 	protoc -I . --plugin=protoc-gen-go=$$($(GO) tool -n protoc-gen-go) \
 		--go_out=. --go_opt=module=github.com/gpucr/gpucr $(PROTOS)
+	protoc-c -I protocol --c_out=protocol/c $(C_PROTOS)
 
 demo: deps all
 	bash scripts/demo.sh
