@@ -78,3 +78,37 @@ func TestGeneratedCodeUpToDate(t *testing.T) {
 		}
 	}
 }
+
+// TestGeneratedCCodeUpToDate does the same for the C code protoc-c makes of
+// helper.proto (protocol/c), which the interposer and the plugin compile.
+func TestGeneratedCCodeUpToDate(t *testing.T) {
+	protocC, err := exec.LookPath("protoc-c")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("protoc-c not found in CI (scripts/install-deps.sh installs protobuf-c-compiler): %v", err)
+		}
+		t.Skipf("protoc-c not installed: %v", err)
+	}
+	_, self, _, _ := runtime.Caller(0)
+	root := filepath.Dir(filepath.Dir(self))
+	out := t.TempDir()
+	cmd := exec.Command(protocC, "-I", "protocol", "--c_out="+out, "protocol/helper.proto")
+	cmd.Dir = root
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("protoc-c: %v\n%s", err, msg)
+	}
+	for _, name := range []string{"helper.pb-c.c", "helper.pb-c.h"} {
+		want, err := os.ReadFile(filepath.Join(out, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		have, err := os.ReadFile(filepath.Join(root, "protocol", "c", name))
+		if err != nil {
+			t.Errorf("protocol/c/%s: %v: run `make proto` and commit the result", name, err)
+			continue
+		}
+		if !bytes.Equal(want, have) {
+			t.Errorf("protocol/c/%s is stale: run `make proto` and commit the result", name)
+		}
+	}
+}
