@@ -1841,7 +1841,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__hello_reply__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__hello_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[5] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[6] =
 {
   {
     "uuid",
@@ -1903,8 +1903,21 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "free_memory",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DeviceInfo, free_memory),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = {
+  5,   /* field[5] = free_memory */
   3,   /* field[3] = granularity */
   1,   /* field[1] = name */
   4,   /* field[4] = ordinal */
@@ -1914,7 +1927,7 @@ static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = 
 static const ProtobufCIntRange gpucr__helper__v1__device_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
 {
@@ -1924,7 +1937,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   "Gpucr__Helper__V1__DeviceInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__DeviceInfo),
-  5,
+  6,
   gpucr__helper__v1__device_info__field_descriptors,
   gpucr__helper__v1__device_info__field_indices_by_name,
   1,  gpucr__helper__v1__device_info__number_ranges,

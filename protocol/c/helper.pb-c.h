@@ -328,10 +328,14 @@ struct  Gpucr__Helper__V1__DeviceInfo
    * The helper's ordinal; clients name devices by uuid.
    */
   int32_t ordinal;
+  /*
+   * cuMemGetInfo's free bytes when the reply was made (Status only).
+   */
+  uint64_t free_memory;
 };
 #define GPUCR__HELPER__V1__DEVICE_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__device_info__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
 
 
 /*

@@ -1074,7 +1074,9 @@ type DeviceInfo struct {
 	// cuMemGetAllocationGranularity (minimum) for POSIX-fd allocations.
 	Granularity uint64 `protobuf:"varint,4,opt,name=granularity,proto3" json:"granularity,omitempty"`
 	// The helper's ordinal; clients name devices by uuid.
-	Ordinal       int32 `protobuf:"varint,5,opt,name=ordinal,proto3" json:"ordinal,omitempty"`
+	Ordinal int32 `protobuf:"varint,5,opt,name=ordinal,proto3" json:"ordinal,omitempty"`
+	// cuMemGetInfo's free bytes when the reply was made (Status only).
+	FreeMemory    uint64 `protobuf:"varint,6,opt,name=free_memory,json=freeMemory,proto3" json:"free_memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1140,6 +1142,13 @@ func (x *DeviceInfo) GetGranularity() uint64 {
 func (x *DeviceInfo) GetOrdinal() int32 {
 	if x != nil {
 		return x.Ordinal
+	}
+	return 0
+}
+
+func (x *DeviceInfo) GetFreeMemory() uint64 {
+	if x != nil {
+		return x.FreeMemory
 	}
 	return 0
 }
@@ -2467,14 +2476,16 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
 	"\fclient_token\x18\x02 \x01(\x04R\vclientToken\x12%\n" +
 	"\x0ehelper_version\x18\x03 \x01(\tR\rhelperVersion\x125\n" +
-	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\x93\x01\n" +
+	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xb4\x01\n" +
 	"\n" +
 	"DeviceInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12!\n" +
 	"\ftotal_memory\x18\x03 \x01(\x04R\vtotalMemory\x12 \n" +
 	"\vgranularity\x18\x04 \x01(\x04R\vgranularity\x12\x18\n" +
-	"\aordinal\x18\x05 \x01(\x05R\aordinal\"l\n" +
+	"\aordinal\x18\x05 \x01(\x05R\aordinal\x12\x1f\n" +
+	"\vfree_memory\x18\x06 \x01(\x04R\n" +
+	"freeMemory\"l\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +
