@@ -13,6 +13,7 @@ require (
 )
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
 	github.com/bitfield/gotestdox v0.2.2 // indirect
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/dnephin/pflag v1.0.7 // indirect

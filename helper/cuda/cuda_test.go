@@ -1,0 +1,85 @@
+package cuda
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// simDriver returns the absolute path of the simulated driver, or skips (fails under CI).
+func simDriver(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	p, _ := filepath.Abs(filepath.Join(filepath.Dir(file), "../../build/sim/libcuda.so.1"))
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("simulated driver missing (%v): run make sim", err)
+		}
+		t.Skipf("simulated driver missing (%v): run make sim", err)
+	}
+	return p
+}
+
+func TestFormatUUID(t *testing.T) {
+	b := [16]byte{0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8, 0x09}
+	if got, want := FormatUUID(b), "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809"; got != want {
+		t.Fatalf("FormatUUID = %q, want %q", got, want)
+	}
+}
+
+func TestSimDriver(t *testing.T) {
+	lib := simDriver(t)
+	t.Setenv("GPUCR_SIM_DEVICES", "2")
+	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
+	d, err := Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if len(d.Devices) != 2 || d.Version != 13000 {
+		t.Fatalf("devices %d, version %d", len(d.Devices), d.Version)
+	}
+	dev := d.Devices[1]
+	if dev.UUID == d.Devices[0].UUID || len(dev.UUID) != 40 || dev.Granularity != 2<<20 || dev.TotalMemory != 64<<20 {
+		t.Fatalf("device: %+v", dev)
+	}
+	free0, _, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := dev.Create(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := dev.Export(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != 4<<20 {
+		t.Fatalf("exported fd: size %d, %v", st.Size, err)
+	}
+	unix.Close(fd)
+	free1, _, _ := dev.MemInfo()
+	if free0-free1 != 4<<20 {
+		t.Fatalf("free %d -> %d", free0, free1)
+	}
+	if _, err := dev.Create(128 << 20); !IsOutOfMemory(err) {
+		t.Fatalf("oversized create: %v", err)
+	} else if err.Error() != "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)" {
+		t.Fatalf("error text %q", err)
+	}
+	if err := dev.Release(h); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Release(h); err == nil {
+		t.Fatal("double release succeeded")
+	}
+	free2, _, _ := dev.MemInfo()
+	if free2 != free0 {
+		t.Fatalf("free after release %d, want %d", free2, free0)
+	}
+}
