@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# make-gpucr-bundle.sh: a relocatable copy of gpucr to carry to a machine with
+# no Go toolchain and no package registry (the GPU machine).
+#
+# usage: scripts/make-gpucr-bundle.sh [OUTDIR]      (default .carry/gpucr)
+#
+#   OUTDIR/bin/gpucr          launcher: runs libexec/gpucr through the glibc
+#                             loader in libexec/lib (gpucr is a cgo binary; this
+#                             makes it independent of the target's glibc) and
+#                             points GPUCR_INTERPOSER at lib/libgpucr.so
+#   OUTDIR/libexec/gpucr      build/bin/gpucr
+#   OUTDIR/libexec/lib/       the loader and the libraries gpucr links, taken
+#                             from the CRIU prefix (Debian 13's glibc; see
+#                             scripts/install-criu.sh) so one glibc serves both
+#   OUTDIR/lib/libgpucr.so    the interposer, loaded into applications by their
+#                             own loader and glibc; it finds libprotobuf-c.so.1
+#                             next to it (RPATH $ORIGIN)
+#   OUTDIR/lib/libprotobuf-c.so.1
+#   OUTDIR/bin/*              the test applications built against the simulated
+#                             driver are NOT included (the GPU machine builds its
+#                             own with `make gpu-apps`)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${1:-$root/.carry/gpucr}
+prefix=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
+cd "$root"
+make -s build/bin/gpucr build/lib/libgpucr.so
+[ -x "$prefix/lib/ld-linux-x86-64.so.2" ] || bash scripts/install-criu.sh
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib"
+cp build/bin/gpucr "$out/libexec/gpucr"
+cp build/lib/libgpucr.so "$out/lib/"
+cp -L "$(ldconfig -p | awk '/libprotobuf-c.so.1 .*x86-64/{print $NF; exit}')" "$out/lib/libprotobuf-c.so.1"
+cp -L "$prefix/lib/ld-linux-x86-64.so.2" "$out/libexec/lib/"
+# Every library the loader resolves for gpucr, from the prefix.
+"$prefix/lib/ld-linux-x86-64.so.2" --library-path "$prefix/lib" --list build/bin/gpucr |
+	awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+	cp -L "$lib" "$out/libexec/lib/"
+done
+cat >"$out/bin/gpucr" <<'EOF'
+#!/bin/sh
+# gpucr launcher (scripts/make-gpucr-bundle.sh): the bundle's own glibc.
+here=$(cd "$(dirname "$0")/.." && pwd)
+: "${GPUCR_INTERPOSER:=$here/lib/libgpucr.so}"
+export GPUCR_INTERPOSER
+exec "$here/libexec/lib/ld-linux-x86-64.so.2" --library-path "$here/libexec/lib" "$here/libexec/gpucr" "$@"
+EOF
+chmod +x "$out/bin/gpucr"
+"$out/bin/gpucr" version >/dev/null
+echo "bundle in $out: $(du -sh "$out" | cut -f1)"

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The interposer and helper on a real GPU with real frameworks, in one call:
+#
+#   bash tests/gpu/bench-interposer.sh [PREFIX]
+#
+# PREFIX holds bin/gpucr and lib/libgpucr.so (default: build; carry a copy
+# made by scripts/make-gpucr-bundle.sh where the machine has no Go). Steps:
+#   1. start `gpucr helper` on a private socket; `gpucr status`
+#   2. the test applications (heartbeat, ptrchase, vmmapp, stormapp) under
+#      `gpucr run`: same final checksum as without; stormapp checks every byte
+#   3. PyTorch (tests/gpu/torch_workloads.py): resnet, transformer, inference,
+#      compile, each without, with, and again without the interposer; the
+#      losses must be identical; the median step time of each run; the
+#      overhead is with / mean(without runs)
+#   4. `gpucr status --json` while a PyTorch process runs under gpucr run,
+#      then the quiesce/drain/drop/reimport/resume cycle on it (snapshot
+#      before and after; the process must go on computing the same losses)
+#   5. JAX, CuPy, Numba smoke runs under gpucr run: same value as without
+#   6. allocbench: cuMemAlloc/cuMemFree latency without and with
+# Prints a table; logs in build/gpu/interposer (and $OUT if set).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+PREFIX=${1:-build}
+GPUCR=$PREFIX/bin/gpucr
+LOGS=${LOGS:-build/gpu/interposer}
+STEPS=${STEPS:-40}
+mkdir -p "$LOGS"
+SOCK=$(mktemp -u /tmp/gpucr-bench.XXXXXX.sock)
+PY=${PYTHON:-python3}
+fail=0
+note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
+bad() { note "FAIL: $*"; fail=1; }
+
+[ -x "$GPUCR" ] || { echo "bench-interposer.sh: $GPUCR missing" >&2; exit 2; }
+: >"$LOGS/summary.txt"
+note "host: $(hostname) $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+note "torch: $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -1)"
+
+"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
+HELPER=$!
+trap 'kill $HELPER 2>/dev/null; wait $HELPER 2>/dev/null; rm -f "$SOCK"' EXIT
+for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+"$GPUCR" status --socket "$SOCK" 2>&1 | tee "$LOGS/status0.txt" | sed 's/^/  /'
+under() { "$GPUCR" run --socket "$SOCK" -- "$@"; }
+
+# --- 2. test applications ----------------------------------------------------
+note ""
+note "## test applications (final checksum, without vs under gpucr run)"
+if [ -x build/gpu/bin/heartbeat ] || make -s gpu-apps >"$LOGS/make.log" 2>&1; then
+	for c in "heartbeat --mib 64 --buffers 8" "ptrchase --mib 16" "vmmapp --mib 64"; do
+		set -- $c
+		a=$1; shift
+		p=$(build/gpu/bin/$a "$@" --iters 30 --interval-ms 0 2>&1 | grep '^done')
+		g=$(under build/gpu/bin/$a "$@" --iters 30 --interval-ms 0 2>"$LOGS/$a.err" | grep '^done')
+		[ -n "$p" ] && [ "$p" = "$g" ] && r=equal || { r=DIFFER; fail=1; }
+		note "| $a | $p | $g | $r |"
+	done
+	s=$(under build/gpu/bin/stormapp --threads 4 --rounds 400 --max-kib 65536 2>&1 | tail -1)
+	note "| stormapp | $s |"
+	case "$s" in *errors=0*) ;; *) bad "stormapp: $s" ;; esac
+else
+	bad "make gpu-apps failed (see $LOGS/make.log)"
+fi
+
+# --- 3. PyTorch workloads ----------------------------------------------------
+note ""
+note "## PyTorch: losses and median step time (s), plain A, gpucr, plain B"
+note "| workload | losses | plain A | gpucr | plain B | overhead vs mean(A,B) |"
+note "|---|---|---|---|---|---|"
+for w in resnet transformer inference compile; do
+	$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.a" 2>"$LOGS/$w.a.err"
+	under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.g" 2>"$LOGS/$w.g.err"
+	$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.b" 2>"$LOGS/$w.b.err"
+	la=$(awk '$1=="step"{print $3}' "$LOGS/$w.a" | md5sum | cut -c1-8)
+	lg=$(awk '$1=="step"{print $3}' "$LOGS/$w.g" | md5sum | cut -c1-8)
+	n=$(grep -c '^step' "$LOGS/$w.g")
+	[ "$la" = "$lg" ] && [ "$n" -eq "$STEPS" ] && eq="identical ($n steps)" || { eq="DIFFER ($n steps)"; fail=1; }
+	med() { $PY -c 'import json,sys; print(json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["median_step_s"])' "$1" 2>/dev/null || echo nan; }
+	a=$(med "$LOGS/$w.a"); g=$(med "$LOGS/$w.g"); b=$(med "$LOGS/$w.b")
+	ov=$($PY -c "a,g,b=$a,$g,$b; print(f'{(g/((a+b)/2)-1)*100:+.1f}%')" 2>/dev/null || echo "?")
+	note "| $w | $eq | $a | $g | $b | $ov |"
+	grep -h '^gpucr:' "$LOGS/$w.g.err" | head -3 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
+done
+
+# --- 4. status and the quiesce cycle on a live PyTorch process ---------------
+note ""
+note "## quiesce/drain/drop/reimport/resume on a live PyTorch process"
+under $PY tests/gpu/torch_workloads.py transformer --steps 400 >"$LOGS/cycle.out" 2>"$LOGS/cycle.err" &
+TP=$!
+for _ in $(seq 300); do [ "$(grep -c '^step' "$LOGS/cycle.out")" -ge 20 ] && break; sleep 0.1; done
+"$GPUCR" status --socket "$SOCK" --json >"$LOGS/status-live.json" 2>&1
+"$GPUCR" status --socket "$SOCK" 2>&1 | sed 's/^/  /' | tee -a "$LOGS/summary.txt"
+cyc_ok=1
+for i in 1 2 3; do
+	t0=$(date +%s.%N)
+	for op in quiesce drain snapshot drop reimport snapshot resume; do
+		"$GPUCR" client $TP $op --json --socket "$SOCK" >"$LOGS/cycle-$i-$op.json" 2>&1 || { cyc_ok=0; note "cycle $i: $op failed: $(tail -2 "$LOGS/cycle-$i-$op.json")"; }
+	done
+	t1=$(date +%s.%N)
+	note "cycle $i: $($PY -c "print(f'{$t1-$t0:.3f} s for 7 gpucr client calls')")"
+	sleep 0.5
+done
+wait $TP; rc=$?
+under $PY tests/gpu/torch_workloads.py transformer --steps 400 >"$LOGS/cycle-ref.out" 2>/dev/null &
+wait $!
+lc=$(awk '$1=="step"{print $3}' "$LOGS/cycle.out" | md5sum | cut -c1-8)
+lr=$(awk '$1=="step"{print $3}' "$LOGS/cycle-ref.out" | md5sum | cut -c1-8)
+[ $rc -eq 0 ] && [ $cyc_ok -eq 1 ] && [ "$lc" = "$lr" ] && note "cycle: 3 cycles, process exit 0, 400 losses identical to an uncycled run" ||
+	bad "cycle: rc=$rc ops_ok=$cyc_ok losses $lc vs $lr"
+
+# --- 5. other frameworks -----------------------------------------------------
+note ""
+note "## JAX, CuPy, Numba under gpucr run"
+for f in jax cupy numba; do
+	p=$($PY tests/gpu/smoke_frameworks.py $f 2>"$LOGS/$f.a.err" | grep '^smoke')
+	g=$(under $PY tests/gpu/smoke_frameworks.py $f 2>"$LOGS/$f.g.err" | grep '^smoke')
+	[ -n "$p" ] && [ "$p" = "$g" ] && r=equal || r=DIFFER
+	note "| $f | $p | $g | $r | $(grep -h '^gpucr:' "$LOGS/$f.g.err" | head -1) |"
+done
+
+# --- 6. allocation latency ---------------------------------------------------
+note ""
+note "## cuMemAlloc/cuMemFree median latency (us): plain | gpucr"
+if [ -x build/gpu/bin/allocbench ]; then
+	build/gpu/bin/allocbench --reps 30 >"$LOGS/alloc.a" 2>&1
+	under build/gpu/bin/allocbench --reps 30 >"$LOGS/alloc.g" 2>&1
+	paste "$LOGS/alloc.a" "$LOGS/alloc.g" | awk '{printf "| %s %s | alloc %s free %s | alloc %s free %s |\n", $1, $2, $3, $4, $7, $8}' | tee -a "$LOGS/summary.txt"
+fi
+
+"$GPUCR" status --socket "$SOCK" >"$LOGS/status-end.txt" 2>&1
+if [ -n "${OUT:-}" ]; then
+	cp "$LOGS/summary.txt" "$OUT/" 2>/dev/null
+	tar -czf "$OUT/interposer-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+fi
+note ""
+[ $fail -eq 0 ] && note "RESULT: all checks passed" || note "RESULT: FAILURES above"
+exit $fail
