@@ -7,7 +7,7 @@
  * re-import the process's memory underneath.
  *
  *   stormapp [--threads T] [--rounds R | --seconds S] [--live N] [--seed S]
- *            [--max-kib K] [--device D]
+ *            [--max-kib K] [--forks F] [--device D]
  *
  * Each thread keeps up to N live buffers. A round picks a slot: a live buffer
  * is read back (all of it up to 1 MiB, 64 spread words beyond) and compared
@@ -20,6 +20,11 @@
  *   progress ROUNDS_DONE                    about once a second
  *   done rounds=R allocs=A bytes_max=B errors=E
  *
+ * --forks F: the main thread forks F children while the workers run, one
+ * every 100 ms; each child leaves through exit(0) (running atexit handlers
+ * and library destructors) without touching the driver, as a subprocess of
+ * a GPU program does. A child exiting nonzero counts as an error.
+ *
  * Exit 0 only with errors=0; a wrong byte prints
  *   error thread=T buffer=0xADDR+OFF want=... got=...
  */
@@ -29,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpuapp.h"
@@ -150,7 +156,7 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int ordinal = 0;
+    int ordinal = 0, forks = 0;
     g.threads = 4;
     g.rounds = 2000;
     g.seconds = 0;
@@ -177,10 +183,12 @@ int main(int argc, char **argv) {
             g.max_bytes = (size_t)atol(v) << 10;
         else if (!strcmp(o, "--device"))
             ordinal = atoi(v);
+        else if (!strcmp(o, "--forks"))
+            forks = atoi(v);
         else {
             fprintf(stderr,
                     "usage: stormapp [--threads T] [--rounds R | --seconds S] [--live N] [--seed S] [--max-kib K] "
-                    "[--device D]\n");
+                    "[--forks F] [--device D]\n");
             return 2;
         }
         i++;
@@ -204,11 +212,28 @@ int main(int argc, char **argv) {
             gpuapp_die("pthread_create failed");
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    double last = 0;
+    double last = 0, last_fork = 0;
     for (;;) {
         usleep(20000);
         clock_gettime(CLOCK_MONOTONIC, &now);
         double el = (double)(now.tv_sec - t0.tv_sec) + (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
+        if (forks > 0 && el - last_fork >= 0.1) {
+            last_fork = el;
+            forks--;
+            fflush(stdout);
+            pid_t c = fork();
+            if (c < 0)
+                gpuapp_die("fork failed");
+            if (c == 0) {
+                usleep(10000);
+                exit(0);
+            }
+            int st = 0;
+            if (waitpid(c, &st, 0) != c || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                printf("error child %d ended with status 0x%x\n", (int)c, st);
+                atomic_fetch_add(&g.errors, 1);
+            }
+        }
         if (g.seconds > 0 && el >= g.seconds)
             atomic_store(&g.stop, 1);
         if (el - last >= 1.0) {
