@@ -57,6 +57,10 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			versionCommand(),
 			checkCommand(),
 			imageCommand(),
+			helperCommand(),
+			statusCommand(),
+			runCommand(),
+			clientCommand(),
 		},
 	}
 	for _, c := range app.Commands {

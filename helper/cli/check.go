@@ -1,14 +1,19 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	ucli "github.com/urfave/cli/v2"
 	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // checkReport says whether this host can checkpoint and restore GPU processes.
@@ -18,7 +23,12 @@ type checkReport struct {
 	Driver      string `json:"driver,omitempty"`
 	DriverError string `json:"driver_error,omitempty"`
 	Simulated   bool   `json:"simulated_driver"`
-	OK          bool   `json:"ok"`
+	// The helper is reported, not required: check is about the host.
+	HelperSocket  string `json:"helper_socket"`
+	HelperVersion string `json:"helper_version,omitempty"`
+	HelperError   string `json:"helper_error,omitempty"`
+	HelperNoGPU   string `json:"helper_unavailable,omitempty"`
+	OK            bool   `json:"ok"`
 }
 
 // minCRIUVersion is CRIU 4.0: the first with the device plugin hooks gpucr uses.
@@ -28,11 +38,12 @@ func checkCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "check",
 		Usage: "check that CRIU and a CUDA driver are usable here",
-		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
+		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}, socketFlag()},
 		Action: func(c *ucli.Context) error {
 			log := logger(c)
 			defer func() { _ = log.Sync() }()
 			r := runCheck(log)
+			checkHelper(&r, client.SocketPath(c.String("socket")))
 			if c.Bool("json") {
 				if err := writeJSON(c.App.Writer, r); err != nil {
 					return err
@@ -84,6 +95,34 @@ func printCheck(c *ucli.Context, r checkReport) {
 	default:
 		fmt.Fprintf(w, "driver: ok %s\n", r.Driver)
 	}
+	switch {
+	case r.HelperError != "":
+		fmt.Fprintf(w, "helper: none (%s)\n", r.HelperError)
+	case r.HelperNoGPU != "":
+		fmt.Fprintf(w, "helper: %s on %s answers, but has no GPU: %s\n", r.HelperVersion, r.HelperSocket, r.HelperNoGPU)
+	default:
+		fmt.Fprintf(w, "helper: ok %s on %s\n", r.HelperVersion, r.HelperSocket)
+	}
+}
+
+// checkHelper says whether a helper answers Status on socket.
+func checkHelper(r *checkReport, socket string) {
+	r.HelperSocket = socket
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	if err != nil {
+		r.HelperError = err.Error()
+		return
+	}
+	defer conn.Close()
+	st, err := conn.Status(ctx)
+	if err != nil {
+		r.HelperError = err.Error()
+		return
+	}
+	r.HelperVersion = st.HelperVersion
+	r.HelperNoGPU = st.Unavailable
 }
 
 func formatCRIUVersion(v int) string {

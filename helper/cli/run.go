@@ -1,0 +1,103 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/gpucr/gpucr/helper/client"
+)
+
+// systemInterposer is where packages install the interposer.
+const systemInterposer = "/usr/lib/gpucr/libgpucr.so"
+
+func runCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "run",
+		Usage:     "run a CUDA program with the gpucr interposer, so that the helper can checkpoint it",
+		ArgsUsage: "-- CMD [ARGS...]",
+		Flags:     []ucli.Flag{socketFlag()},
+		Action: func(c *ucli.Context) error {
+			args := c.Args().Slice()
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			if len(args) == 0 {
+				return usageError{errors.New("usage: gpucr run [--socket PATH] -- CMD [ARGS...]")}
+			}
+			path, env, err := prepareRun(args[0], client.SocketPath(c.String("socket")), os.Environ())
+			if err != nil {
+				return err
+			}
+			err = syscall.Exec(path, args, env)
+			return fmt.Errorf("run %s: %w", path, err)
+		},
+	}
+}
+
+// findInterposer: $GPUCR_INTERPOSER, else <dir of gpucr>/../lib/libgpucr.so,
+// else <dir of gpucr>/libgpucr.so, else /usr/lib/gpucr/libgpucr.so.
+func findInterposer() (string, error) {
+	if p := os.Getenv("GPUCR_INTERPOSER"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("GPUCR_INTERPOSER=%s: %w", p, err)
+		}
+		return filepath.Abs(p)
+	}
+	var tried []string
+	if exe, err := os.Executable(); err == nil {
+		if r, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = r
+		}
+		dir := filepath.Dir(exe)
+		tried = append(tried, filepath.Join(dir, "..", "lib", "libgpucr.so"), filepath.Join(dir, "libgpucr.so"))
+	}
+	tried = append(tried, systemInterposer)
+	for _, p := range tried {
+		if _, err := os.Stat(p); err == nil {
+			return filepath.Clean(p), nil
+		}
+	}
+	return "", fmt.Errorf("interposer libgpucr.so not found (looked at %s; set GPUCR_INTERPOSER or build it with make)",
+		strings.Join(tried, ", "))
+}
+
+// prepareRun resolves the command and returns the environment it runs with:
+// the interposer first in LD_PRELOAD, GPUCR_SOCKET set to socket.
+func prepareRun(cmd, socket string, environ []string) (string, []string, error) {
+	lib, err := findInterposer()
+	if err != nil {
+		return "", nil, err
+	}
+	path, err := exec.LookPath(cmd)
+	if err != nil {
+		return "", nil, fmt.Errorf("run: %w", err)
+	}
+	if abs, err := filepath.Abs(socket); err == nil {
+		socket = abs
+	}
+	preload := lib
+	var env []string
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LD_PRELOAD":
+			for _, p := range strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ' ' }) {
+				if p != lib {
+					preload += ":" + p
+				}
+			}
+		case "GPUCR_SOCKET":
+		default:
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "LD_PRELOAD="+preload, "GPUCR_SOCKET="+socket)
+	return path, env, nil
+}

@@ -1,0 +1,139 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// statusJSON is `gpucr status --json`: a stable shape for scripts.
+type statusJSON struct {
+	Socket        string       `json:"socket"`
+	HelperVersion string       `json:"helper_version"`
+	Unavailable   string       `json:"unavailable,omitempty"`
+	Devices       []deviceJSON `json:"devices"`
+	Clients       []clientJSON `json:"clients"`
+}
+
+type deviceJSON struct {
+	Ordinal     int32  `json:"ordinal"`
+	UUID        string `json:"uuid"`
+	Name        string `json:"name"`
+	TotalMemory uint64 `json:"total_memory"`
+	Granularity uint64 `json:"granularity"`
+}
+
+type clientJSON struct {
+	PID               int64    `json:"pid"`
+	UID               uint32   `json:"uid"`
+	Program           string   `json:"program"`
+	Allocations       uint64   `json:"allocations"`
+	Bytes             uint64   `json:"bytes"`
+	ControlConnected  bool     `json:"control_connected"`
+	Checkpointable    bool     `json:"checkpointable"`
+	NotCheckpointable []string `json:"not_checkpointable"`
+	State             string   `json:"state"`
+}
+
+// stateName: "running", "quiesced", "dropped" or "unknown".
+func stateName(s helperpb.ClientState) string {
+	if s == helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
+		return "unknown"
+	}
+	return strings.ToLower(strings.TrimPrefix(s.String(), "CLIENT_STATE_"))
+}
+
+func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
+	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
+		Devices: []deviceJSON{}, Clients: []clientJSON{}}
+	for _, d := range st.Devices {
+		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.Granularity})
+	}
+	for _, c := range st.Clients {
+		r := c.NotCheckpointable
+		if r == nil {
+			r = []string{}
+		}
+		out.Clients = append(out.Clients, clientJSON{c.Pid, c.Uid, c.Program, c.Allocations, c.Bytes,
+			c.ControlConnected, c.Checkpointable, r, stateName(c.State)})
+	}
+	return out
+}
+
+func statusCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "status",
+		Usage: "show the helper, its GPUs and the applications it serves (checkpointable or not, and why)",
+		Flags: []ucli.Flag{socketFlag(), &ucli.BoolFlag{Name: "json", Usage: "machine-readable output"},
+			&ucli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long to wait for the helper"}},
+		Action: func(c *ucli.Context) error {
+			if c.Args().Present() {
+				return usageError{fmt.Errorf("status: unexpected arguments %q", c.Args().Slice())}
+			}
+			socket := client.SocketPath(c.String("socket"))
+			ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
+			defer cancel()
+			conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+			if err != nil {
+				return fmt.Errorf("%v (is `gpucr helper` running? systemctl start gpucr-helper)", err)
+			}
+			defer conn.Close()
+			st, err := conn.Status(ctx)
+			if err != nil {
+				return fmt.Errorf("status from the helper on %s: %w", socket, err)
+			}
+			j := toStatusJSON(socket, st)
+			if c.Bool("json") {
+				return writeJSON(c.App.Writer, j)
+			}
+			printStatus(c, j)
+			return nil
+		},
+	}
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func printStatus(c *ucli.Context, j statusJSON) {
+	w := c.App.Writer
+	fmt.Fprintf(w, "helper %s on %s\n", j.HelperVersion, j.Socket)
+	if j.Unavailable != "" {
+		fmt.Fprintf(w, "unavailable: %s\n", j.Unavailable)
+	}
+	fmt.Fprintf(w, "devices: %d\n", len(j.Devices))
+	for _, d := range j.Devices {
+		fmt.Fprintf(w, "  %d  %s  %s  %s\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory))
+	}
+	if len(j.Clients) == 0 {
+		fmt.Fprintln(w, "clients: none")
+		return
+	}
+	fmt.Fprintf(w, "clients: %d\n", len(j.Clients))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  PID\tUID\tPROGRAM\tALLOCS\tBYTES\tCONTROL\tCHECKPOINTABLE\tSTATE")
+	for _, cl := range j.Clients {
+		ck := yesNo(cl.Checkpointable)
+		if !cl.Checkpointable {
+			ck = "no: " + strings.Join(cl.NotCheckpointable, "; ")
+		}
+		ctl := "down"
+		if cl.ControlConnected {
+			ctl = "up"
+		}
+		fmt.Fprintf(tw, "  %d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", cl.PID, cl.UID, cl.Program, cl.Allocations,
+			humanBytes(cl.Bytes), ctl, ck, cl.State)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,149 @@
+// Package client is the Go side of a helper connection for the CLI and the
+// CRIU plugin (ROLE_CLI / ROLE_PLUGIN): dial, Hello, Status, ClientOp.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// DefaultSocket is the helper's socket without --socket or $GPUCR_SOCKET.
+const DefaultSocket = "/run/gpucr/helper.sock"
+
+// SocketPath returns flag if set, else $GPUCR_SOCKET, else DefaultSocket.
+func SocketPath(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if s := os.Getenv("GPUCR_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// Error is an error the helper (or, through it, a client) answered.
+type Error struct {
+	Code    helperpb.ErrorCode
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Code, e.Message) }
+
+// Conn is one connection to the helper; calls on it take turns.
+type Conn struct {
+	mu     sync.Mutex
+	w      *wire.Conn
+	nextID uint64
+	Hello  *helperpb.HelloReply
+	Socket string
+}
+
+// Dial connects to the helper at socket and says Hello with role.
+func Dial(ctx context.Context, socket string, role helperpb.Role, program string) (*Conn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("no helper answers on %s: %w", socket, err)
+	}
+	w, err := wire.New(nc.(*net.UnixConn))
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c := &Conn{w: w, Socket: socket}
+	resp, fds, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
+		ProtocolVersion: wire.Version, Role: role, Program: program}}})
+	wire.CloseFDs(fds)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("helper on %s: %w", socket, err)
+	}
+	c.Hello = resp.GetHello()
+	if c.Hello == nil {
+		nc.Close()
+		return nil, fmt.Errorf("helper on %s: Hello answered without HelloReply", socket)
+	}
+	return c, nil
+}
+
+// Close closes the connection.
+func (c *Conn) Close() error { return c.w.Close() }
+
+// Call sends req (its id is set here) and returns the response and any fds
+// that came with it; a response with an error is returned as *Error.
+func (c *Conn) Call(ctx context.Context, req *helperpb.Request) (*helperpb.Response, []int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nextID++
+	req.Id = c.nextID
+	uc := c.w.UnixConn()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = uc.SetDeadline(dl)
+	} else {
+		_ = uc.SetDeadline(time.Time{})
+	}
+	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if err := c.w.Write(req, nil); err != nil {
+		return nil, nil, ctxErr(ctx, err)
+	}
+	resp, fds, err := c.w.ReadResponse()
+	if err != nil {
+		return nil, nil, ctxErr(ctx, err)
+	}
+	if resp.Id != req.Id {
+		wire.CloseFDs(fds)
+		return nil, nil, fmt.Errorf("response id %d to request %d", resp.Id, req.Id)
+	}
+	if resp.Error != nil {
+		wire.CloseFDs(fds)
+		return resp, nil, &Error{Code: resp.Error.Code, Message: resp.Error.Message}
+	}
+	return resp, fds, nil
+}
+
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("timed out: %w", err)
+	}
+	return err
+}
+
+// Status asks the helper for its status.
+func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) {
+	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Status{Status: &helperpb.Status{}}})
+	if err != nil {
+		return nil, err
+	}
+	st := resp.GetStatus()
+	if st == nil {
+		return nil, errors.New("Status answered without StatusReply")
+	}
+	return st, nil
+}
+
+// ClientOp runs op on the client process pid through the helper.
+func (c *Conn) ClientOp(ctx context.Context, pid int64, op helperpb.ClientOp_Op, timeout time.Duration) (*helperpb.ClientOpReply, error) {
+	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: &helperpb.ClientOp{
+		Pid: pid, Op: op, TimeoutMs: uint32(timeout / time.Millisecond)}}})
+	if err != nil {
+		return nil, err
+	}
+	r := resp.GetClientOp()
+	if r == nil {
+		return nil, errors.New("ClientOp answered without ClientOpReply")
+	}
+	return r, nil
+}

@@ -1,0 +1,228 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
+	c.log = c.log.With(zap.Stringer("role", h.Role))
+	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
+		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
+		return
+	}
+	for {
+		req := c.next()
+		if req == nil {
+			return
+		}
+		var resp *helperpb.Response
+		switch b := req.Body.(type) {
+		case *helperpb.Request_Status:
+			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Status{Status: s.status()}}
+		case *helperpb.Request_ClientOp:
+			resp = s.clientOp(c, req.Id, b.ClientOp)
+		default:
+			c.reject(req.Id, "%T is not allowed for %s", req.Body, h.Role)
+			return
+		}
+		if err := c.send(resp, nil); err != nil {
+			return
+		}
+	}
+}
+
+// status describes the helper and every client. Clients with a control
+// connection are asked GetStats and Snapshot, each within StatusTimeout.
+func (s *Server) status() *helperpb.StatusReply {
+	s.mu.Lock()
+	var clients []*client
+	for _, cl := range s.byToken {
+		clients = append(clients, cl)
+	}
+	s.mu.Unlock()
+	sort.Slice(clients, func(i, j int) bool { return clients[i].pid < clients[j].pid })
+	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable}
+	infos := make([]*helperpb.ClientInfo, len(clients))
+	var wg sync.WaitGroup
+	for i, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			infos[i] = s.clientInfo(cl)
+		}()
+	}
+	wg.Wait()
+	out.Clients = infos
+	return out
+}
+
+func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
+	cl.mu.Lock()
+	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
+		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
+	cl.mu.Unlock()
+	var reasons []string
+	var state helperpb.ClientState
+	if !ci.ControlConnected {
+		reasons = append(reasons, "control connection down")
+	} else {
+		to := s.cfg.StatusTimeout
+		err := cl.withControl(to, func(ctl *control) error {
+			r, err := ctl.call(&helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}, nil, to)
+			if err != nil {
+				return err
+			}
+			if st := r.GetStats(); st != nil && st.LocalAllocs > 0 {
+				reasons = append(reasons, fmt.Sprintf("%d allocations fell back to local memory", st.LocalAllocs))
+			}
+			r, err = ctl.call(&helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, nil, to)
+			if err != nil {
+				return err
+			}
+			if t := r.GetTable(); t != nil {
+				reasons = append(reasons, t.NotCheckpointable...)
+				state = t.State
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, errBusy):
+			// An operation (a checkpoint) is running; what it last set stands.
+		case errors.Is(err, errNoControl):
+			reasons = append(reasons, "control connection down")
+			ci.ControlConnected = false
+		case err != nil:
+			reasons = append(reasons, "control connection does not answer: "+err.Error())
+		}
+	}
+	cl.mu.Lock()
+	if state != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
+		cl.state = state
+	}
+	ci.State = cl.state
+	cl.mu.Unlock()
+	ci.NotCheckpointable = reasons
+	ci.Checkpointable = len(reasons) == 0
+	return ci
+}
+
+// clientOp forwards one control command to a client; only root or the
+// client's own uid may.
+func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.Response {
+	s.mu.Lock()
+	cl := s.byPID[int32(op.Pid)]
+	s.mu.Unlock()
+	if cl == nil || int64(cl.pid) != op.Pid {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d", op.Pid)
+	}
+	if !mayControl(c.cred.Uid, cl.uid) {
+		c.log.Warn("client operation refused", zap.Int64("pid", op.Pid), zap.Stringer("op", op.Op))
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not control pid %d (uid %d)", c.cred.Uid, cl.pid, cl.uid)
+	}
+	wait := s.cfg.OpTimeout
+	if op.TimeoutMs > 0 {
+		wait = time.Duration(op.TimeoutMs)*time.Millisecond + opGrace
+	}
+	var req *helperpb.Request
+	newState := helperpb.ClientState_CLIENT_STATE_UNSPECIFIED
+	switch op.Op {
+	case helperpb.ClientOp_OP_QUIESCE:
+		req = &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{TimeoutMs: op.TimeoutMs}}}
+		newState = helperpb.ClientState_CLIENT_STATE_QUIESCED
+	case helperpb.ClientOp_OP_DRAIN:
+		req = &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}
+	case helperpb.ClientOp_OP_DROP:
+		req = &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{}}}
+		newState = helperpb.ClientState_CLIENT_STATE_DROPPED
+	case helperpb.ClientOp_OP_RESUME:
+		req = &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}
+		newState = helperpb.ClientState_CLIENT_STATE_RUNNING
+	case helperpb.ClientOp_OP_SNAPSHOT:
+		req = &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}
+	case helperpb.ClientOp_OP_STATS:
+		req = &helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}
+	case helperpb.ClientOp_OP_REIMPORT:
+		newState = helperpb.ClientState_CLIENT_STATE_QUIESCED
+	default:
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "unknown client operation %d", op.Op)
+	}
+	log := cl.log.With(zap.Stringer("op", op.Op))
+	start := time.Now()
+	reply := &helperpb.ClientOpReply{}
+	var failed *helperpb.Error
+	err := cl.withControl(wait, func(ctl *control) error {
+		if op.Op == helperpb.ClientOp_OP_REIMPORT {
+			var err error
+			failed, err = s.reimport(cl, ctl, wait)
+			return err
+		}
+		r, err := ctl.call(req, nil, wait)
+		if err != nil {
+			return err
+		}
+		if r.Error != nil {
+			failed = r.Error
+			return nil
+		}
+		reply.Table = r.GetTable()
+		reply.Stats = r.GetStats()
+		if reply.Table != nil {
+			newState = reply.Table.State
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNoControl):
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "client %d: control connection is not connected", cl.pid)
+	case errors.Is(err, errBusy):
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "client %d: another control operation is in progress", cl.pid)
+	case err != nil:
+		log.Warn("client operation failed", zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_TIMEOUT, "client %d: %v", cl.pid, err)
+	case failed != nil:
+		log.Info("client refused the operation", zap.Stringer("code", failed.Code), zap.String("message", failed.Message))
+		return errResp(id, failed.Code, "client %d: %s", cl.pid, failed.Message)
+	}
+	if newState != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
+		cl.mu.Lock()
+		cl.state = newState
+		cl.mu.Unlock()
+	}
+	log.Info("client operation done", zap.Duration("took", time.Since(start)))
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_ClientOp{ClientOp: reply}}
+}
+
+// mayControl: root, or the uid that owns the client.
+func mayControl(caller, owner uint32) bool { return caller == 0 || caller == owner }
+
+// reimport sends every mapped allocation of cl, with a new fd each, in
+// Reimport frames of at most wire.MaxFDs entries, waiting for each Ok.
+func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helperpb.Error, error) {
+	ents, fds, err := cl.reimportEntries()
+	if err != nil {
+		return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_DRIVER, Message: err.Error()}, nil
+	}
+	defer wire.CloseFDs(fds)
+	for i := 0; i < len(ents); i += wire.MaxFDs {
+		j := min(i+wire.MaxFDs, len(ents))
+		req := &helperpb.Request{Body: &helperpb.Request_Reimport{Reimport: &helperpb.Reimport{Entries: ents[i:j]}}}
+		r, err := ctl.call(req, fds[i:j], wait)
+		if err != nil {
+			return nil, err
+		}
+		if r.Error != nil {
+			return r.Error, nil
+		}
+	}
+	cl.log.Info("reimport sent", zap.Int("allocations", len(ents)))
+	return nil, nil
+}

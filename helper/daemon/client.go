@@ -1,0 +1,375 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// client is one application process: its calls connection, allocations and
+// control connection.
+type client struct {
+	pid     int32
+	uid     uint32
+	program string
+	token   uint64
+	log     *zap.Logger
+
+	mu     sync.Mutex
+	allocs map[uint64]*alloc
+	bytes  uint64
+	ctrl   *control
+	state  helperpb.ClientState
+
+	// opSem: one control exchange (or op sequence) at a time.
+	opSem chan struct{}
+}
+
+type alloc struct {
+	id, handle, size, address uint64
+	dev                       Device
+	kind                      helperpb.AllocKind
+}
+
+func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
+	if s.cfg.Unavailable != "" {
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_UNAVAILABLE, "helper has no GPU: %s", s.cfg.Unavailable), nil)
+		return
+	}
+	cl := &client{pid: c.cred.Pid, uid: c.cred.Uid, program: h.Program, token: newToken(),
+		allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_RUNNING, opSem: make(chan struct{}, 1)}
+	cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
+	c.log = cl.log
+	s.mu.Lock()
+	s.byToken[cl.token] = cl
+	s.byPID[cl.pid] = cl
+	s.mu.Unlock()
+	cl.log.Info("client registered")
+	defer s.dropClient(cl)
+	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
+		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
+		return
+	}
+	for {
+		req := c.next()
+		if req == nil {
+			return
+		}
+		var resp *helperpb.Response
+		var fd = -1
+		switch b := req.Body.(type) {
+		case *helperpb.Request_Alloc:
+			resp, fd = s.alloc(cl, req.Id, b.Alloc)
+		case *helperpb.Request_Mapped:
+			resp = s.mapped(cl, req.Id, b.Mapped)
+		case *helperpb.Request_Free:
+			resp = s.free(cl, req.Id, b.Free)
+		default:
+			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
+			return
+		}
+		var fds []int
+		if fd >= 0 {
+			fds = []int{fd}
+		}
+		err := c.send(resp, fds)
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if err != nil {
+			cl.log.Info("calls connection write failed", zap.Error(err))
+			return
+		}
+	}
+}
+
+func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Response, int) {
+	dev := s.device(a.DeviceUuid)
+	if dev == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %q", a.DeviceUuid), -1
+	}
+	info := dev.Info()
+	g := info.Granularity
+	if g == 0 {
+		g = 1
+	}
+	if a.Size == 0 || a.Size > math.MaxUint64-g {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "bad allocation size %d", a.Size), -1
+	}
+	size := (a.Size + g - 1) / g * g
+	if info.TotalMemory != 0 && size > info.TotalMemory {
+		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%d bytes requested; device %s has %d",
+			size, info.Uuid, info.TotalMemory), -1
+	}
+	h, err := dev.Create(size)
+	if err != nil {
+		var oom OutOfMemory
+		if errors.As(err, &oom) && oom.OutOfMemory() {
+			return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), -1
+		}
+		cl.log.Warn("allocation failed", zap.Uint64("size", size), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
+	}
+	fd, err := dev.Export(h)
+	if err != nil {
+		if rerr := dev.Release(h); rerr != nil {
+			cl.log.Warn("release after failed export", zap.Error(rerr))
+		}
+		cl.log.Warn("export failed", zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
+	}
+	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind}
+	cl.mu.Lock()
+	cl.allocs[al.id] = al
+	cl.bytes += size
+	cl.mu.Unlock()
+	s.mu.Lock()
+	s.owner[al.id] = cl
+	s.mu.Unlock()
+	cl.log.Debug("alloc", zap.Uint64("alloc_id", al.id), zap.Uint64("size", size), zap.String("device", info.Uuid),
+		zap.Stringer("kind", a.Kind))
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: al.id, Size: size}}}, fd
+}
+
+// ownAlloc finds id among cl's allocations; the error response says whether
+// it is someone else's or nobody's. Called with cl.mu held.
+func (s *Server) ownAlloc(cl *client, reqID, id uint64) (*alloc, *helperpb.Response) {
+	if al := cl.allocs[id]; al != nil {
+		return al, nil
+	}
+	s.mu.Lock()
+	other := s.owner[id]
+	s.mu.Unlock()
+	if other != nil {
+		cl.log.Warn("client named another client's allocation", zap.Uint64("alloc_id", id), zap.Int32("owner_pid", other.pid))
+		return nil, errResp(reqID, helperpb.ErrorCode_ERROR_PERMISSION, "allocation %d is not yours", id)
+	}
+	return nil, errResp(reqID, helperpb.ErrorCode_ERROR_NOT_FOUND, "no allocation %d", id)
+}
+
+func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Response {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	al, er := s.ownAlloc(cl, id, m.AllocId)
+	if er != nil {
+		return er
+	}
+	al.address = m.Address
+	return okResp(id)
+}
+
+func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Response {
+	cl.mu.Lock()
+	al, er := s.ownAlloc(cl, id, f.AllocId)
+	if er != nil {
+		cl.mu.Unlock()
+		return er
+	}
+	delete(cl.allocs, al.id)
+	cl.bytes -= al.size
+	cl.mu.Unlock()
+	s.mu.Lock()
+	delete(s.owner, al.id)
+	s.mu.Unlock()
+	if err := al.dev.Release(al.handle); err != nil {
+		cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err)
+	}
+	return okResp(id)
+}
+
+// dropClient forgets a client whose calls connection closed and releases
+// every allocation it had.
+func (s *Server) dropClient(cl *client) {
+	s.mu.Lock()
+	delete(s.byToken, cl.token)
+	if s.byPID[cl.pid] == cl {
+		delete(s.byPID, cl.pid)
+	}
+	s.mu.Unlock()
+	cl.mu.Lock()
+	allocs := cl.allocs
+	cl.allocs = map[uint64]*alloc{}
+	bytes := cl.bytes
+	cl.bytes = 0
+	ctrl := cl.ctrl
+	cl.mu.Unlock()
+	if ctrl != nil {
+		ctrl.conn.Close()
+	}
+	failed := 0
+	for _, al := range allocs {
+		s.mu.Lock()
+		delete(s.owner, al.id)
+		s.mu.Unlock()
+		if err := al.dev.Release(al.handle); err != nil {
+			failed++
+			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
+		}
+	}
+	cl.log.Info("client gone; its allocations released", zap.Int("allocations", len(allocs)),
+		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
+}
+
+// ---- the control connection ----
+
+var (
+	errNoControl = errors.New("control connection is not connected")
+	errBusy      = errors.New("another control operation is in progress")
+)
+
+type control struct {
+	conn *conn
+	mu   sync.Mutex
+	next uint64
+	wait map[uint64]chan *helperpb.Response
+	done chan struct{}
+}
+
+func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
+	s.mu.Lock()
+	cl := s.byToken[h.ClientToken]
+	s.mu.Unlock()
+	if cl == nil || cl.pid != c.cred.Pid {
+		c.log.Warn("control connection with an unknown token or from another process")
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_PERMISSION, "unknown client token for pid %d", c.cred.Pid), nil)
+		return
+	}
+	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
+	c.log = cl.log
+	cl.mu.Lock()
+	if cl.ctrl != nil {
+		cl.mu.Unlock()
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_STATE, "client %d already has a control connection", cl.pid), nil)
+		return
+	}
+	cl.ctrl = ctl
+	cl.mu.Unlock()
+	defer func() {
+		cl.mu.Lock()
+		if cl.ctrl == ctl {
+			cl.ctrl = nil
+		}
+		cl.mu.Unlock()
+		close(ctl.done)
+		cl.log.Info("control connection closed; client not checkpointable")
+	}()
+	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
+		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version}}}, nil); err != nil {
+		return
+	}
+	cl.log.Info("control connection up")
+	for {
+		resp, fds, err := c.ReadResponse()
+		if err != nil {
+			if errors.Is(err, wire.ErrFrame) {
+				cl.log.Warn("bad frame on the control connection; closing it", zap.Error(err))
+			}
+			return
+		}
+		if len(fds) > 0 {
+			wire.CloseFDs(fds)
+			cl.log.Warn("file descriptors on a control response; closing the control connection")
+			return
+		}
+		ctl.mu.Lock()
+		ch := ctl.wait[resp.Id]
+		delete(ctl.wait, resp.Id)
+		ctl.mu.Unlock()
+		if ch == nil {
+			cl.log.Warn("control response nobody waits for (late or unknown id)", zap.Uint64("id", resp.Id))
+			continue
+		}
+		ch <- resp
+	}
+}
+
+// call sends req (its id is set here) with fds and waits up to timeout.
+func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration) (*helperpb.Response, error) {
+	ch := make(chan *helperpb.Response, 1)
+	ctl.mu.Lock()
+	ctl.next++
+	req.Id = ctl.next
+	ctl.wait[req.Id] = ch
+	ctl.mu.Unlock()
+	forget := func() {
+		ctl.mu.Lock()
+		delete(ctl.wait, req.Id)
+		ctl.mu.Unlock()
+	}
+	ctl.conn.wmu.Lock()
+	_ = ctl.conn.UnixConn().SetWriteDeadline(time.Now().Add(timeout))
+	err := ctl.conn.Write(req, fds)
+	ctl.conn.wmu.Unlock()
+	if err != nil {
+		forget()
+		return nil, fmt.Errorf("control connection: %w", err)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctl.done:
+		forget()
+		return nil, errNoControl
+	case <-t.C:
+		forget()
+		return nil, fmt.Errorf("no answer within %v", timeout)
+	}
+}
+
+// withControl runs f with cl's control connection, one operation at a time;
+// it waits at most wait for another operation to finish.
+func (cl *client) withControl(wait time.Duration, f func(*control) error) error {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case cl.opSem <- struct{}{}:
+	case <-t.C:
+		return errBusy
+	}
+	defer func() { <-cl.opSem }()
+	cl.mu.Lock()
+	ctl := cl.ctrl
+	cl.mu.Unlock()
+	if ctl == nil {
+		return errNoControl
+	}
+	return f(ctl)
+}
+
+// reimportEntries: the client's mapped allocations in id order, with a new
+// fd each (the caller closes them). Allocations never mapped are skipped.
+func (cl *client) reimportEntries() ([]*helperpb.ReimportEntry, []int, error) {
+	cl.mu.Lock()
+	var list []*alloc
+	for _, al := range cl.allocs {
+		if al.address != 0 {
+			list = append(list, al)
+		}
+	}
+	cl.mu.Unlock()
+	sort.Slice(list, func(i, j int) bool { return list[i].id < list[j].id })
+	var ents []*helperpb.ReimportEntry
+	var fds []int
+	for _, al := range list {
+		fd, err := al.dev.Export(al.handle)
+		if err != nil {
+			wire.CloseFDs(fds)
+			return nil, nil, fmt.Errorf("allocation %d: %w", al.id, err)
+		}
+		ents = append(ents, &helperpb.ReimportEntry{AllocId: al.id, Address: al.address, Size: al.size})
+		fds = append(fds, fd)
+	}
+	return ents, fds, nil
+}

@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// Device is one GPU the helper allocates on. The production implementation
+// is the driver (CUDADevices); tests use a memfd-backed fake.
+type Device interface {
+	Info() *helperpb.DeviceInfo
+	// Create makes size bytes (a multiple of Info().Granularity) of pinned
+	// device memory exportable as a POSIX fd, and returns its handle.
+	Create(size uint64) (uint64, error)
+	// Export returns a new fd for the handle; the caller closes it.
+	Export(h uint64) (int, error)
+	// Release drops the helper's handle.
+	Release(h uint64) error
+}
+
+// OutOfMemory is implemented by errors that mean the device is full.
+type OutOfMemory interface{ OutOfMemory() bool }
+
+type cudaDevice struct{ d *cuda.Device }
+
+// CUDADevices adapts the loaded driver's devices.
+func CUDADevices(drv *cuda.Driver) []Device {
+	var out []Device
+	for _, d := range drv.Devices {
+		out = append(out, cudaDevice{d})
+	}
+	return out
+}
+
+func (c cudaDevice) Info() *helperpb.DeviceInfo {
+	return &helperpb.DeviceInfo{Uuid: c.d.UUID, Name: c.d.Name, TotalMemory: c.d.TotalMemory,
+		Granularity: c.d.Granularity, Ordinal: int32(c.d.Ordinal)}
+}
+
+func (c cudaDevice) Create(size uint64) (uint64, error) {
+	h, err := c.d.Create(size)
+	if cuda.IsOutOfMemory(err) {
+		return 0, oomError{err}
+	}
+	return uint64(h), err
+}
+
+func (c cudaDevice) Export(h uint64) (int, error) { return c.d.Export(cuda.Handle(h)) }
+func (c cudaDevice) Release(h uint64) error       { return c.d.Release(cuda.Handle(h)) }
+
+type oomError struct{ error }
+
+func (oomError) OutOfMemory() bool { return true }
+func (e oomError) Unwrap() error   { return e.error }

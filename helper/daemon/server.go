@@ -1,0 +1,345 @@
+// Package daemon is the gpucr helper (`gpucr helper`): it owns the GPU memory
+// of every application that runs with the interposer, hands it out as POSIX
+// fds, and drives the quiesce cycle on the clients' control connections.
+// docs/helper-protocol.md is the contract.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// DefaultSocket is where the helper listens without --socket or $GPUCR_SOCKET.
+const DefaultSocket = "/run/gpucr/helper.sock"
+
+// Defaults for Config.
+const (
+	DefaultStatusTimeout = 500 * time.Millisecond
+	DefaultOpTimeout     = 30 * time.Second
+	// opGrace is added to a ClientOp's timeout_ms: the client answers
+	// ERROR_TIMEOUT itself when its own wait ends, which takes a moment.
+	opGrace = 2 * time.Second
+)
+
+// Config configures a Server.
+type Config struct {
+	Socket      string
+	SocketMode  os.FileMode // 0: 0600
+	SocketGroup string      // name or numeric gid; "": leave it
+	Log         *zap.Logger
+	Version     string // helper_version in replies
+	Devices     []Device
+	// Unavailable says why the helper has no GPU (driver missing, no
+	// devices); clients are then refused and Status says it.
+	Unavailable string
+	// StatusTimeout bounds each GetStats/Snapshot a Status asks a client.
+	StatusTimeout time.Duration
+	// OpTimeout bounds a forwarded ClientOp whose timeout_ms is 0.
+	OpTimeout time.Duration
+}
+
+// Server is the helper daemon.
+type Server struct {
+	cfg Config
+	log *zap.Logger
+
+	ln *net.UnixListener
+
+	mu        sync.Mutex
+	byToken   map[uint64]*client
+	byPID     map[int32]*client
+	owner     map[uint64]*client // alloc id -> client
+	conns     map[*net.UnixConn]struct{}
+	closed    bool
+	nextAlloc atomic.Uint64
+	wg        sync.WaitGroup
+}
+
+// New returns a server; Listen and Serve start it.
+func New(cfg Config) *Server {
+	if cfg.SocketMode == 0 {
+		cfg.SocketMode = 0o600
+	}
+	if cfg.Log == nil {
+		cfg.Log = zap.NewNop()
+	}
+	if cfg.StatusTimeout <= 0 {
+		cfg.StatusTimeout = DefaultStatusTimeout
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = DefaultOpTimeout
+	}
+	if len(cfg.Devices) == 0 && cfg.Unavailable == "" {
+		cfg.Unavailable = "no GPU devices"
+	}
+	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
+		owner: map[uint64]*client{}, conns: map[*net.UnixConn]struct{}{}}
+}
+
+// Listen creates the socket: its directory (0755) if missing, a stale socket
+// removed (one another helper still answers on is an error), mode and group set.
+func (s *Server) Listen() error {
+	path := s.cfg.Socket
+	if path == "" {
+		return errors.New("no socket path")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return fmt.Errorf("another helper is listening on %s", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("removing stale socket: %w", err)
+		}
+		s.log.Info("removed stale socket", zap.String("socket", path))
+	}
+	// Nobody else may connect before the mode is set.
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return err
+	}
+	if s.cfg.SocketGroup != "" {
+		gid, err := lookupGroup(s.cfg.SocketGroup)
+		if err == nil {
+			err = os.Chown(path, -1, gid)
+		}
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("socket group %s: %w", s.cfg.SocketGroup, err)
+		}
+	}
+	if err := os.Chmod(path, s.cfg.SocketMode); err != nil {
+		ln.Close()
+		return fmt.Errorf("socket mode: %w", err)
+	}
+	s.ln = ln
+	return nil
+}
+
+func lookupGroup(g string) (int, error) {
+	if n, err := strconv.Atoi(g); err == nil {
+		return n, nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(grp.Gid)
+}
+
+// Serve accepts connections until ctx ends, then closes every connection,
+// waits for their handlers and releases every allocation.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.ln == nil {
+		return errors.New("Serve before Listen")
+	}
+	s.log.Info("helper listening", zap.String("socket", s.cfg.Socket), zap.Int("devices", len(s.cfg.Devices)),
+		zap.String("unavailable", s.cfg.Unavailable))
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	var err error
+	for {
+		c, aerr := s.ln.AcceptUnix()
+		if aerr != nil {
+			if ctx.Err() == nil {
+				err = aerr
+			}
+			break
+		}
+		s.Go(c)
+	}
+	s.Shutdown()
+	return err
+}
+
+// Go serves one connection on its own goroutine (Serve's accept loop; tests).
+func (s *Server) Go(c *net.UnixConn) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+		s.serveConn(c)
+	}()
+}
+
+// Shutdown closes every connection and waits for their handlers, which
+// release the clients' allocations.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.log.Info("helper stopped")
+}
+
+// ---- connections ----
+
+type conn struct {
+	*wire.Conn
+	cred *unix.Ucred
+	log  *zap.Logger
+	wmu  sync.Mutex
+}
+
+func (c *conn) send(m *helperpb.Response, fds []int) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.Write(m, fds)
+}
+
+func errResp(id uint64, code helperpb.ErrorCode, format string, a ...any) *helperpb.Response {
+	return &helperpb.Response{Id: id, Error: &helperpb.Error{Code: code, Message: fmt.Sprintf(format, a...)}}
+}
+
+func okResp(id uint64) *helperpb.Response {
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// reject answers ERROR_BAD_REQUEST; the caller then closes the connection.
+func (c *conn) reject(id uint64, format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	c.log.Warn("bad request; closing the connection", zap.String("reason", msg))
+	_ = c.UnixConn().SetWriteDeadline(time.Now().Add(time.Second))
+	_ = c.send(errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "%s", msg), nil)
+}
+
+// next reads the next request. nil: the connection is done (closed, or a
+// bad frame that was answered).
+func (c *conn) next() *helperpb.Request {
+	req, fds, err := c.ReadRequest()
+	if err != nil {
+		if errors.Is(err, wire.ErrFrame) {
+			c.reject(0, "%v", err)
+		} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			c.log.Debug("read", zap.Error(err))
+		}
+		return nil
+	}
+	if len(fds) > 0 {
+		wire.CloseFDs(fds)
+		c.reject(req.Id, "%d file descriptors attached to a request; none expected", len(fds))
+		return nil
+	}
+	if req.Body == nil {
+		c.reject(req.Id, "request %d has no (known) body", req.Id)
+		return nil
+	}
+	return req
+}
+
+func (s *Server) serveConn(nc *net.UnixConn) {
+	defer nc.Close()
+	wc, err := wire.New(nc)
+	if err != nil {
+		return
+	}
+	c := &conn{Conn: wc, log: s.log}
+	c.cred, err = wc.PeerCred()
+	if err != nil {
+		s.log.Warn("connection without peer credentials", zap.Error(err))
+		return
+	}
+	c.log = s.log.With(zap.Int32("peer_pid", c.cred.Pid), zap.Uint32("peer_uid", c.cred.Uid))
+	// A peer that never says Hello does not hold a handler forever.
+	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	req := c.next()
+	if req == nil {
+		return
+	}
+	_ = nc.SetReadDeadline(time.Time{})
+	h := req.GetHello()
+	if h == nil {
+		c.reject(req.Id, "the first request must be Hello")
+		return
+	}
+	if h.ProtocolVersion != wire.Version {
+		c.log.Warn("protocol version mismatch", zap.Uint32("client_version", h.ProtocolVersion))
+		_ = c.send(errResp(req.Id, helperpb.ErrorCode_ERROR_VERSION_MISMATCH,
+			"protocol version mismatch: client speaks version %d, helper %s speaks version %d",
+			h.ProtocolVersion, s.cfg.Version, wire.Version), nil)
+		return
+	}
+	switch h.Role {
+	case helperpb.Role_ROLE_CLIENT_CALLS:
+		s.serveCalls(c, req.Id, h)
+	case helperpb.Role_ROLE_CLIENT_CONTROL:
+		s.serveControl(c, req.Id, h)
+	case helperpb.Role_ROLE_CLI, helperpb.Role_ROLE_PLUGIN:
+		s.serveCLI(c, req.Id, h)
+	default:
+		c.reject(req.Id, "unknown role %d", h.Role)
+	}
+}
+
+func (s *Server) devicesInfo() []*helperpb.DeviceInfo {
+	out := make([]*helperpb.DeviceInfo, 0, len(s.cfg.Devices))
+	for _, d := range s.cfg.Devices {
+		out = append(out, d.Info())
+	}
+	return out
+}
+
+func (s *Server) device(uuid string) Device {
+	for _, d := range s.cfg.Devices {
+		if d.Info().Uuid == uuid {
+			return d
+		}
+	}
+	return nil
+}
+
+func newToken() uint64 {
+	var b [8]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			panic(err) // crypto/rand does not fail on Linux
+		}
+		if t := binary.LittleEndian.Uint64(b[:]); t != 0 {
+			return t
+		}
+	}
+}
