@@ -61,12 +61,16 @@ gpu-apps:
 	$(MAKE) BUILD=$(BUILD)/gpu SIM_LIB= CUDA_LINK="-L/usr/local/cuda/lib64/stubs -L/usr/lib/x86_64-linux-gnu" \
 		$(patsubst tests/apps/%.c,$(BUILD)/gpu/bin/%,$(APP_SRC)) $(BUILD)/gpu/bin/drvtest
 
-$(GPUCR): $(GO_SRC)
+# cgo: the helper dlopen()s the driver (helper/cuda) and NVML (go-nvml), so
+# gpucr is linked dynamically against glibc. go-nvml's header declares many
+# deprecated functions; their warnings are noise here.
+HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h) intercept/include/gpucr/cudadrv.h
+$(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 	@mkdir -p $(@D)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
+	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
 
-# Static, like gpucr: scripts/bench-image.sh runs it on the GPU machine, which
-# has no Go toolchain.
+# Static: scripts/bench-image.sh runs it on the GPU machine, which has no Go
+# toolchain.
 $(IMAGEBENCH): $(GO_SRC)
 	@mkdir -p $(@D)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./image/cmd/imagebench
