@@ -1,0 +1,136 @@
+package daemon
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// TestMain lets the test binary act as a client process (GPUCR_TEST_CLIENT =
+// socket): it registers, allocates, prints "ready" and waits to be killed.
+func TestMain(m *testing.M) {
+	if sock := os.Getenv("GPUCR_TEST_CLIENT"); sock != "" {
+		childClient(sock, os.Getenv("GPUCR_TEST_UUID"))
+		return
+	}
+	os.Exit(m.Run())
+}
+
+type exitTB struct{ testing.TB }
+
+func (exitTB) Helper() {}
+func (exitTB) Fatal(a ...any) {
+	fmt.Fprintln(os.Stderr, a...)
+	os.Exit(3)
+}
+func (e exitTB) Fatalf(f string, a ...any) { e.Fatal(fmt.Sprintf(f, a...)) }
+func (exitTB) Cleanup(func())              {}
+
+func childClient(sock, uuid string) {
+	t := exitTB{}
+	c := dial(t, sock)
+	c.register()
+	for i := 0; i < 4; i++ {
+		id, _ := c.alloc(uuid, 8<<20)
+		if e := c.simple(mappedReq(id, uint64(0x500000000000+i<<23))); e != nil {
+			t.Fatal(e)
+		}
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+func simLib(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	p, _ := filepath.Abs(filepath.Join(filepath.Dir(file), "../../build/sim/libcuda.so.1"))
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("simulated driver missing (%v): make sim", err)
+		}
+		t.Skipf("simulated driver missing (%v): make sim", err)
+	}
+	return p
+}
+
+// The helper on the simulated driver: a client process killed with SIGKILL
+// has its allocations released (Status, and cuMemGetInfo back up).
+func TestSimKilledClientReleased(t *testing.T) {
+	lib := simLib(t)
+	t.Setenv("GPUCR_LIBCUDA", lib)
+	t.Setenv("LD_LIBRARY_PATH", filepath.Dir(lib))
+	t.Setenv("GPUCR_SIM_MEM_MIB", "1024")
+	drv, err := cuda.Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.Close()
+	dev := drv.Devices[0]
+	_, sock := startServer(t, CUDADevices(drv)...)
+	free0, _, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This process, through the real driver: fd of the rounded size.
+	c := dial(t, sock)
+	c.register()
+	id, size := c.alloc(dev.UUID, 3<<20+1)
+	if size != 4<<20 {
+		t.Fatalf("rounded to %d", size)
+	}
+	if f, _, _ := dev.MemInfo(); free0-f != 4<<20 {
+		t.Fatalf("free %d -> %d", free0, f)
+	}
+	if e := c.simple(freeReq(id)); e != nil {
+		t.Fatal(e)
+	}
+	r, _ := c.mustCall(&helperpb.Request{Body: &helperpb.Request_Alloc{Alloc: &helperpb.Alloc{DeviceUuid: dev.UUID, Size: 2 << 30}}})
+	if r.Error == nil || r.Error.Code != helperpb.ErrorCode_ERROR_OUT_OF_MEMORY {
+		t.Fatalf("oversized: %v", r)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "GPUCR_TEST_CLIENT="+sock, "GPUCR_TEST_UUID="+dev.UUID)
+	cmd.Stderr = os.Stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	if line != "ready\n" {
+		t.Fatalf("child said %q", line)
+	}
+	var mine *helperpb.ClientInfo
+	for _, ci := range status(t, sock).Clients {
+		if ci.Pid == int64(cmd.Process.Pid) {
+			mine = ci
+		}
+	}
+	if mine == nil || mine.Allocations != 4 || mine.Bytes != 32<<20 {
+		t.Fatalf("child %d in status: %v", cmd.Process.Pid, mine)
+	}
+	if f, _, _ := dev.MemInfo(); free0-f != 32<<20 {
+		t.Fatalf("free with the child: %d -> %d", free0, f)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	waitFor(t, func() bool {
+		for _, ci := range status(t, sock).Clients {
+			if ci.Pid == int64(cmd.Process.Pid) {
+				return false
+			}
+		}
+		f, _, _ := dev.MemInfo()
+		return f == free0
+	})
+	t.Logf("child %s killed; free memory back to %d", strconv.Itoa(cmd.Process.Pid), free0)
+}
