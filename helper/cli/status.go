@@ -27,6 +27,7 @@ type deviceJSON struct {
 	UUID        string `json:"uuid"`
 	Name        string `json:"name"`
 	TotalMemory uint64 `json:"total_memory"`
+	FreeMemory  uint64 `json:"free_memory"`
 	Granularity uint64 `json:"granularity"`
 }
 
@@ -54,7 +55,7 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
 		Devices: []deviceJSON{}, Clients: []clientJSON{}}
 	for _, d := range st.Devices {
-		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.Granularity})
+		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity})
 	}
 	for _, c := range st.Clients {
 		r := c.NotCheckpointable
@@ -114,7 +115,7 @@ func printStatus(c *ucli.Context, j statusJSON) {
 	}
 	fmt.Fprintf(w, "devices: %d\n", len(j.Devices))
 	for _, d := range j.Devices {
-		fmt.Fprintf(w, "  %d  %s  %s  %s\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory))
+		fmt.Fprintf(w, "  %d  %s  %s  %s (%s free)\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory), humanBytes(d.FreeMemory))
 	}
 	if len(j.Clients) == 0 {
 		fmt.Fprintln(w, "clients: none")

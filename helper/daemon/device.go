@@ -33,8 +33,14 @@ func CUDADevices(drv *cuda.Driver) []Device {
 }
 
 func (c cudaDevice) Info() *helperpb.DeviceInfo {
-	return &helperpb.DeviceInfo{Uuid: c.d.UUID, Name: c.d.Name, TotalMemory: c.d.TotalMemory,
+	info := &helperpb.DeviceInfo{Uuid: c.d.UUID, Name: c.d.Name, TotalMemory: c.d.TotalMemory,
 		Granularity: c.d.Granularity, Ordinal: int32(c.d.Ordinal)}
+	// Free memory as the driver sees it now (0 if it cannot say): status
+	// shows a dead client's memory coming back.
+	if free, _, err := c.d.MemInfo(); err == nil {
+		info.FreeMemory = free
+	}
+	return info
 }
 
 func (c cudaDevice) Create(size uint64) (uint64, error) {

@@ -80,14 +80,14 @@ type status struct {
 		Pid               json.Number `json:"pid"`
 		Allocations       json.Number `json:"allocations"`
 		Bytes             json.Number `json:"bytes"`
-		ControlConnected  bool        `json:"controlConnected"`
+		ControlConnected  bool        `json:"control_connected"`
 		Checkpointable    bool        `json:"checkpointable"`
-		NotCheckpointable []string    `json:"notCheckpointable"`
+		NotCheckpointable []string    `json:"not_checkpointable"`
 	} `json:"clients"`
 	Devices []struct {
 		UUID        string      `json:"uuid"`
-		FreeMemory  json.Number `json:"freeMemory"`
-		TotalMemory json.Number `json:"totalMemory"`
+		FreeMemory  json.Number `json:"free_memory"`
+		TotalMemory json.Number `json:"total_memory"`
 	} `json:"devices"`
 }
 
@@ -366,55 +366,22 @@ func TestQuiesceDropReimportCycle(t *testing.T) {
 	t.Logf("%d cycles", cycles)
 }
 
-// addrs reduces a snapshot's JSON to its allocations' (address, size) list.
+// addrs reduces a snapshot's JSON (a BufferTable in protojson: 64-bit
+// numbers are strings) to its allocations' address+size list.
 func addrs(t testing.TB, snap string) string {
 	t.Helper()
 	var v struct {
-		Table struct {
-			Allocations []struct {
-				Address json.Number `json:"address"`
-				Size    json.Number `json:"size"`
-			} `json:"allocations"`
-		} `json:"table"`
+		Allocations []struct {
+			Address any `json:"address"`
+			Size    any `json:"size"`
+		} `json:"allocations"`
 	}
 	if err := json.Unmarshal([]byte(snap), &v); err != nil {
 		t.Fatalf("snapshot JSON: %v\n%s", err, snap)
 	}
 	var b strings.Builder
-	for _, a := range v.Table.Allocations {
-		fmt.Fprintf(&b, "%s+%s ", a.Address, a.Size)
+	for _, a := range v.Allocations {
+		fmt.Fprintf(&b, "%v+%v ", a.Address, a.Size)
 	}
 	return b.String()
-}
-
-// TestForkedChildrenLeaveConnectionAlone: children forked by an interposed
-// process exit without touching the driver; the parent's helper connections
-// must survive them (the children forget, never use or close, the parent's
-// connections), so the parent stays a checkpointable client throughout.
-func TestForkedChildrenLeaveConnectionAlone(t *testing.T) {
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	a := startUnder(t, dir, h, env, "stormapp", "--threads", "2", "--seconds", "3", "--forks", "10")
-	time.Sleep(2 * time.Second) // most children have come and gone
-	st := h.status()
-	found := false
-	for _, c := range st.Clients {
-		if p, _ := c.Pid.Int64(); int(p) == a.pid {
-			found = true
-			if !c.ControlConnected || !c.Checkpointable {
-				t.Errorf("after forks: control connected %v, checkpointable %v (%v)", c.ControlConnected, c.Checkpointable, c.NotCheckpointable)
-			}
-		} else {
-			t.Errorf("a forked child (pid %s) registered as a client without using the driver", c.Pid)
-		}
-	}
-	if !found {
-		t.Errorf("the parent (pid %d) is no longer a client after its children exited", a.pid)
-	}
-	h.op(a.pid, "quiesce")
-	h.op(a.pid, "resume")
-	if code := a.wait(time.Minute); code != 0 || !strings.Contains(a.output(), "errors=0") {
-		t.Fatalf("stormapp with forks: exit %d:\n%s", code, tail(a.output(), 10))
-	}
 }
