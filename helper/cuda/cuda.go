@@ -88,6 +88,7 @@ type Device struct {
 	work chan func()
 	done chan struct{}
 	stop sync.Once
+	ctx  C.CUcontext // primary context, retained by the worker while it runs
 }
 
 // Handle is a CUmemGenericAllocationHandle.
@@ -206,6 +207,7 @@ func (dev *Device) worker(ready chan<- error) {
 		return
 	}
 	defer C.gs_cuDevicePrimaryCtxRelease_v2(cd)
+	dev.ctx = ctx
 	if err := check("cuCtxSetCurrent", C.gs_cuCtxSetCurrent(ctx)); err != nil {
 		ready <- err
 		return

@@ -22,7 +22,25 @@
       (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle))                             \
     X(cuMemGetInfo_v2, (size_t *, size_t *))                                    \
-    X(cuGetErrorName, (CUresult, const char **))
+    X(cuGetErrorName, (CUresult, const char **))                                \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+    X(cuMemAddressFree, (CUdeviceptr, size_t))                                  \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                        \
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))   \
+    X(cuMemHostAlloc, (void **, size_t, unsigned int))                          \
+    X(cuMemFreeHost, (void *))                                                  \
+    X(cuStreamCreate, (CUstream *, unsigned int))                               \
+    X(cuStreamDestroy_v2, (CUstream))                                           \
+    X(cuStreamSynchronize, (CUstream))                                          \
+    X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))            \
+    X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))      \
+    X(cuCheckpointProcessGetRestoreThreadId, (int, int *))                      \
+    X(cuCheckpointProcessGetState, (int, CUprocessState *))                     \
+    X(cuCheckpointProcessLock, (int, CUcheckpointLockArgs *))                   \
+    X(cuCheckpointProcessCheckpoint, (int, CUcheckpointCheckpointArgs *))       \
+    X(cuCheckpointProcessRestore, (int, CUcheckpointRestoreArgs *))             \
+    X(cuCheckpointProcessUnlock, (int, CUcheckpointUnlockArgs *))
 
 #define DECL(name, args) static CUresult(*p_##name) args;
 FNS(DECL)
@@ -87,4 +105,77 @@ const char *gs_error_name(CUresult r) {
     if (!p_cuGetErrorName || p_cuGetErrorName(r, &s) != CUDA_SUCCESS)
         return NULL;
     return s;
+}
+
+/* Reserve, map and open for read/write: the helper's own view of h. */
+CUresult gs_map(CUdeviceptr *va, CUmemGenericAllocationHandle h, size_t size, size_t align, int dev) {
+    CUresult r = p_cuMemAddressReserve(va, size, align, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = p_cuMemMap(*va, size, 0, h, 0);
+    if (r == CUDA_SUCCESS) {
+        CUmemAccessDesc d;
+        memset(&d, 0, sizeof d);
+        d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        d.location.id = dev;
+        d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        r = p_cuMemSetAccess(*va, size, &d, 1);
+        if (r != CUDA_SUCCESS)
+            p_cuMemUnmap(*va, size);
+    }
+    if (r != CUDA_SUCCESS) {
+        p_cuMemAddressFree(*va, size);
+        *va = 0;
+    }
+    return r;
+}
+
+CUresult gs_unmap(CUdeviceptr va, size_t size) {
+    CUresult r = p_cuMemUnmap(va, size);
+    CUresult f = p_cuMemAddressFree(va, size);
+    return r != CUDA_SUCCESS ? r : f;
+}
+
+CUresult gs_host_alloc(void **p, size_t size) { return p_cuMemHostAlloc(p, size, CU_MEMHOSTALLOC_PORTABLE); }
+CUresult gs_host_free(void *p) { return p_cuMemFreeHost(p); }
+CUresult gs_stream_create(CUstream *s) { return p_cuStreamCreate(s, CU_STREAM_NON_BLOCKING); }
+CUresult gs_stream_destroy(CUstream s) { return p_cuStreamDestroy_v2(s); }
+
+/* One copy on stream s, waited for. */
+CUresult gs_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    CUresult r = p_cuMemcpyDtoHAsync_v2(dst, src, n, s);
+    return r != CUDA_SUCCESS ? r : p_cuStreamSynchronize(s);
+}
+CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    CUresult r = p_cuMemcpyHtoDAsync_v2(dst, src, n, s);
+    return r != CUDA_SUCCESS ? r : p_cuStreamSynchronize(s);
+}
+
+CUresult gs_ckpt_tid(int pid, int *tid) { return p_cuCheckpointProcessGetRestoreThreadId(pid, tid); }
+CUresult gs_ckpt_state(int pid, int *state) {
+    CUprocessState s = CU_PROCESS_STATE_FAILED;
+    CUresult r = p_cuCheckpointProcessGetState(pid, &s);
+    *state = (int)s;
+    return r;
+}
+CUresult gs_ckpt_lock(int pid, unsigned timeout_ms) {
+    CUcheckpointLockArgs a;
+    memset(&a, 0, sizeof a);
+    a.timeoutMs = timeout_ms;
+    return p_cuCheckpointProcessLock(pid, &a);
+}
+CUresult gs_ckpt_checkpoint(int pid) {
+    CUcheckpointCheckpointArgs a;
+    memset(&a, 0, sizeof a);
+    return p_cuCheckpointProcessCheckpoint(pid, &a);
+}
+CUresult gs_ckpt_restore(int pid) {
+    CUcheckpointRestoreArgs a;
+    memset(&a, 0, sizeof a);
+    return p_cuCheckpointProcessRestore(pid, &a);
+}
+CUresult gs_ckpt_unlock(int pid) {
+    CUcheckpointUnlockArgs a;
+    memset(&a, 0, sizeof a);
+    return p_cuCheckpointProcessUnlock(pid, &a);
 }

@@ -23,6 +23,24 @@ CUresult gs_granularity(size_t *g, int dev);
 CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev);
 CUresult gs_export_fd(int *fd, CUmemGenericAllocationHandle h);
 CUresult gs_cuMemRelease(CUmemGenericAllocationHandle h);
+/* The helper's own mapping of h: reserve (align), map, read/write for dev. */
+CUresult gs_map(CUdeviceptr *va, CUmemGenericAllocationHandle h, size_t size, size_t align, int dev);
+CUresult gs_unmap(CUdeviceptr va, size_t size);
+/* Pinned (page-locked, portable) host memory for staging. */
+CUresult gs_host_alloc(void **p, size_t size);
+CUresult gs_host_free(void *p);
+CUresult gs_stream_create(CUstream *s);
+CUresult gs_stream_destroy(CUstream s);
+/* A copy on stream s, then waited for. */
+CUresult gs_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+/* The driver's checkpoint API on another process. */
+CUresult gs_ckpt_tid(int pid, int *tid);
+CUresult gs_ckpt_state(int pid, int *state);
+CUresult gs_ckpt_lock(int pid, unsigned timeout_ms);
+CUresult gs_ckpt_checkpoint(int pid);
+CUresult gs_ckpt_restore(int pid);
+CUresult gs_ckpt_unlock(int pid);
 /* The CUresult's name, or NULL. */
 const char *gs_error_name(CUresult r);
 #endif

@@ -1,0 +1,183 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Map gives the helper its own read/write view of allocation h (size bytes,
+// a multiple of Granularity) at an address of its choosing in its context;
+// the copy engines read and write the application's memory through it.
+func (dev *Device) Map(h Handle, size uint64) (uint64, error) {
+	var va C.CUdeviceptr
+	var err error
+	if e := dev.do(func() {
+		err = check("cuMemMap (helper view)", C.gs_map(&va, C.CUmemGenericAllocationHandle(h), C.size_t(size),
+			C.size_t(dev.Granularity), C.int(dev.Ordinal)))
+	}); e != nil {
+		return 0, e
+	}
+	return uint64(va), err
+}
+
+// Unmap drops a view made by Map and frees its address range.
+func (dev *Device) Unmap(va, size uint64) error {
+	var err error
+	if e := dev.do(func() { err = check("cuMemUnmap", C.gs_unmap(C.CUdeviceptr(va), C.size_t(size))) }); e != nil {
+		return e
+	}
+	return err
+}
+
+// Lane is one OS thread with the device's primary context current, a stream
+// of its own and a pinned staging buffer: copies on different lanes run
+// concurrently (several DMA streams), and whatever a lane does with its
+// staging buffer between copies (hashing, writing the image) overlaps with
+// the copies of the other lanes.
+type Lane struct {
+	dev     *Device
+	Staging []byte // pinned host memory
+	stream  C.CUstream
+	work    chan func()
+	done    chan struct{}
+}
+
+// NewLane starts a lane with a pinned staging buffer of staging bytes.
+func (dev *Device) NewLane(staging int) (*Lane, error) {
+	l := &Lane{dev: dev, work: make(chan func()), done: make(chan struct{})}
+	ready := make(chan error, 1)
+	go l.run(staging, ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Lane) run(staging int, ready chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(l.done)
+	if err := check("cuCtxSetCurrent", C.gs_cuCtxSetCurrent(l.dev.ctx)); err != nil {
+		ready <- err
+		return
+	}
+	if err := check("cuStreamCreate", C.gs_stream_create(&l.stream)); err != nil {
+		ready <- err
+		return
+	}
+	defer C.gs_stream_destroy(l.stream)
+	var p unsafe.Pointer
+	if err := check(fmt.Sprintf("cuMemHostAlloc(%d)", staging), C.gs_host_alloc(&p, C.size_t(staging))); err != nil {
+		ready <- err
+		return
+	}
+	defer C.gs_host_free(p)
+	l.Staging = unsafe.Slice((*byte)(p), staging)
+	ready <- nil
+	for f := range l.work {
+		f()
+	}
+	l.Staging = nil
+	C.gs_cuCtxSetCurrent(nil)
+}
+
+// Do runs f on the lane's thread; DtoH and HtoD may only be called from f.
+func (l *Lane) Do(f func()) error {
+	ran := make(chan struct{})
+	select {
+	case l.work <- func() { f(); close(ran) }:
+	case <-l.done:
+		return errClosed
+	}
+	<-ran
+	return nil
+}
+
+// DtoH copies len(dst) bytes at device address src into dst (pinned memory,
+// usually the lane's Staging) on the lane's stream and waits for it.
+func (l *Lane) DtoH(dst []byte, src uint64) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return check("cuMemcpyDtoHAsync", C.gs_dtoh(unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), l.stream))
+}
+
+// HtoD copies src to device address dst on the lane's stream and waits.
+func (l *Lane) HtoD(dst uint64, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return check("cuMemcpyHtoDAsync", C.gs_htod(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), l.stream))
+}
+
+// Close stops the lane and frees its stream and staging buffer.
+func (l *Lane) Close() {
+	select {
+	case <-l.done:
+	default:
+		close(l.work)
+		<-l.done
+	}
+}
+
+// ProcessState is the driver's checkpoint state of a process.
+type ProcessState int
+
+const (
+	StateRunning      ProcessState = 0
+	StateLocked       ProcessState = 1
+	StateCheckpointed ProcessState = 2
+	StateFailed       ProcessState = 3
+)
+
+func (s ProcessState) String() string {
+	switch s {
+	case StateRunning:
+		return "running"
+	case StateLocked:
+		return "locked"
+	case StateCheckpointed:
+		return "checkpointed"
+	case StateFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// The driver's checkpoint API, acting on process pid (the driver must be
+// loaded; no context is needed).
+
+func CheckpointState(pid int) (ProcessState, error) {
+	var s C.int
+	err := check("cuCheckpointProcessGetState", C.gs_ckpt_state(C.int(pid), &s))
+	return ProcessState(s), err
+}
+
+func RestoreThreadID(pid int) (int, error) {
+	var tid C.int
+	err := check("cuCheckpointProcessGetRestoreThreadId", C.gs_ckpt_tid(C.int(pid), &tid))
+	return int(tid), err
+}
+
+func CheckpointLock(pid int, timeoutMs uint32) error {
+	return check("cuCheckpointProcessLock", C.gs_ckpt_lock(C.int(pid), C.unsigned(timeoutMs)))
+}
+
+func CheckpointCheckpoint(pid int) error {
+	return check("cuCheckpointProcessCheckpoint", C.gs_ckpt_checkpoint(C.int(pid)))
+}
+
+func CheckpointRestore(pid int) error {
+	return check("cuCheckpointProcessRestore", C.gs_ckpt_restore(C.int(pid)))
+}
+
+func CheckpointUnlock(pid int) error {
+	return check("cuCheckpointProcessUnlock", C.gs_ckpt_unlock(C.int(pid)))
+}

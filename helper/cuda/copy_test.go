@@ -1,0 +1,121 @@
+package cuda
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"sync"
+	"testing"
+)
+
+// TestLanesCopyThroughHelperView: an allocation the helper created is seen
+// through the helper's own mapping; lanes copy into it and back out of it,
+// concurrently, chunk by chunk, bit for bit.
+func TestLanesCopyThroughHelperView(t *testing.T) {
+	lib := simDriver(t)
+	t.Setenv("GPUCR_SIM_DEVICES", "2") // as TestSimDriver: cuInit runs once per process
+	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
+	d, err := Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dev := d.Devices[0]
+	size := 4 * dev.Granularity
+	h, err := dev.Create(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Release(h)
+	va, err := dev.Map(h, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Unmap(va, size)
+
+	const chunk = 1 << 20
+	want := make([]byte, size)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range want {
+		want[i] = byte(r.Uint32())
+	}
+	lanes := make([]*Lane, 3)
+	for i := range lanes {
+		if lanes[i], err = dev.NewLane(chunk); err != nil {
+			t.Fatal(err)
+		}
+		defer lanes[i].Close()
+	}
+	each := func(f func(l *Lane, off uint64) error) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, size/chunk)
+		for i, l := range lanes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for off := uint64(i) * chunk; off < size; off += uint64(len(lanes)) * chunk {
+					if err := l.Do(func() { errs <- f(l, off) }); err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	each(func(l *Lane, off uint64) error {
+		copy(l.Staging, want[off:off+chunk])
+		return l.HtoD(va+off, l.Staging[:chunk])
+	})
+	got := make([]byte, size)
+	each(func(l *Lane, off uint64) error {
+		if err := l.DtoH(l.Staging[:chunk], va+off); err != nil {
+			return err
+		}
+		copy(got[off:], l.Staging[:chunk])
+		return nil
+	})
+	if !bytes.Equal(got, want) {
+		t.Fatal("bytes read back through the lanes differ from those written")
+	}
+	// The helper's view is the allocation itself: a second view sees the same bytes.
+	va2, err := dev.Map(h, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Unmap(va2, size)
+	var probe []byte
+	if err := lanes[0].Do(func() {
+		if e := lanes[0].DtoH(lanes[0].Staging[:chunk], va2+chunk); e == nil {
+			probe = append(probe, lanes[0].Staging[:chunk]...)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(probe, want[chunk:2*chunk]) {
+		t.Fatal("a second view of the allocation sees other bytes")
+	}
+}
+
+// TestCheckpointAPIOnUnknownPid: the checkpoint API wrappers name the call
+// and the driver's error for a process that does not exist.
+func TestCheckpointAPIOnUnknownPid(t *testing.T) {
+	lib := simDriver(t)
+	t.Setenv("GPUCR_SIM_DEVICES", "2")
+	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
+	d, err := Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := CheckpointState(1 << 30); err == nil {
+		t.Fatal("state of a pid that cannot exist: no error")
+	} else if e, ok := err.(*Error); !ok || e.Call != "cuCheckpointProcessGetState" {
+		t.Fatalf("error %v does not name the call", err)
+	}
+}
