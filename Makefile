@@ -26,16 +26,21 @@ APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
+INTERCEPT_SRC := $(wildcard intercept/src/*.c)
+INTERCEPT_HDR := $(wildcard intercept/src/*.h) intercept/include/gpucr/cudadrv.h protocol/c/helper.pb-c.h
+INTERCEPT     := $(BUILD)/lib/libgpucr.so
+INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench clean demo test deps gpu-apps fmt vet proto
+.PHONY: all sim apps gpucr imagebench intercept clean demo test deps gpu-apps fmt vet proto
 
-all: gpucr imagebench sim apps $(DRVTEST)
+all: gpucr imagebench sim apps $(DRVTEST) intercept
 
 sim: $(SIM_LIB)
 apps: $(APPS)
 gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
+intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
 # linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
@@ -44,6 +49,21 @@ $(SIM_LIB): $(SIM_SRC) $(SIM_HDR) Makefile
 	$(CC) $(CPPFLAGS) -Itests/sim $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
 		-Wl,-soname,libcuda.so.1 -Wl,--no-undefined -o $@ $(SIM_SRC) -lpthread -lrt
 	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
+
+# The LD_PRELOAD interposer. Only the interposed driver entry points and dlsym
+# are exported (-fvisibility=hidden, GC_EXPORT); the protobuf-c runtime is
+# found next to the library too ($$ORIGIN), for machines that lack it.
+$(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) protocol/c/helper.pb-c.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) protocol/c/helper.pb-c.c \
+		-lprotobuf-c -ldl -lpthread
+
+# Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
+$(INTERCEPT_UNIT): tests/intercept/unit.c intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ tests/intercept/unit.c \
+		intercept/src/table.c intercept/src/scan.c
 
 # Test applications: driver API only, linked against whichever libcuda the
 # link path offers (the simulated one here, the real one with gpu-apps).

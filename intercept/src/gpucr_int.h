@@ -1,0 +1,303 @@
+/*
+ * Private declarations of libgpucr.so, the LD_PRELOAD interposer.
+ *
+ *   table.c      buffer table (immutable sorted snapshots, swapped atomically) and the
+ *                slab bitmap allocator; no driver calls, unit-tested by tests/intercept/unit.c
+ *   scan.c       per-handle parameter layout cache (lock-free), launch parameter scanning,
+ *                per-thread counters; driver calls only through function pointers
+ *   wire.c       framing (4-byte LE length + protobuf, SCM_RIGHTS fds)
+ *   client.c     the helper connections, allocations through the helper, the control thread
+ *   interpose.c  the symbol table, dlsym / cuGetProcAddress hooks, wrappers, the gate
+ *
+ * docs/helper-protocol.md is the contract with the helper.
+ */
+#ifndef GPUCR_INTERCEPT_INT_H
+#define GPUCR_INTERCEPT_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpucr/cudadrv.h"
+
+#define GC_EXPORT __attribute__((visibility("default")))
+#define GC_HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- driver entry points cudadrv.h does not declare (signatures of the public driver API) ---- */
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                   unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                   unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                   void **kernelParams);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N);
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult cuMemsetD16Async_ptsz(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream);
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
+CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
+                            void **optionValues);
+CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
+                               void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                               void **libraryOptionValues, unsigned int numLibraryOptions);
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+
+/* ---- logging ---- */
+GC_HIDDEN void gc_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+GC_HIDDEN void gc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+GC_HIDDEN extern int gc_log_debug;
+
+/* ---- table.c: buffer table ---- */
+
+/* Kinds are the protocol's AllocKind values. */
+enum { GC_KIND_MEM_ALLOC = 1, GC_KIND_PITCH = 2, GC_KIND_ASYNC = 3, GC_KIND_VMM = 4, GC_KIND_SLAB = 5 };
+
+typedef struct gc_buf {
+    uint64_t addr, size; /* what the application was handed */
+    uint64_t alloc_id;   /* the helper allocation holding it; 0: local memory (fallback) */
+    int32_t kind, dev;
+} gc_buf;
+
+typedef struct gc_btab {
+    struct gc_btab *retired_next;
+    uint64_t lo, hi; /* lowest start, highest end: a cheap filter for lookups */
+    size_t n;
+    gc_buf v[];
+} gc_btab;
+
+typedef struct gc_table {
+    _Atomic(gc_btab *) cur; /* never NULL after gt_init */
+    gc_btab *retired;       /* replaced snapshots; freed by gt_reclaim when nobody can read them */
+    size_t nretired;
+} gc_table;
+
+/* Writers (gt_insert/gt_remove/gt_reclaim) are serialized by the caller's mutex. */
+GC_HIDDEN int gt_init(gc_table *t);
+GC_HIDDEN int gt_insert(gc_table *t, const gc_buf *b); /* 0; -1 no memory; -2 overlaps */
+GC_HIDDEN int gt_remove(gc_table *t, uint64_t addr, gc_buf *out); /* exact start; 0 or -1 */
+GC_HIDDEN void gt_reclaim(gc_table *t);
+GC_HIDDEN void gt_destroy(gc_table *t);
+/* Lock-free: the buffer holding addr in snapshot s, or NULL. */
+GC_HIDDEN const gc_buf *gt_find(const gc_btab *s, uint64_t addr);
+static inline const gc_btab *gt_snap(gc_table *t) { return atomic_load_explicit(&t->cur, memory_order_acquire); }
+
+/* ---- table.c: slab bitmap (256-byte units) ---- */
+#define GC_SLAB_UNIT 256ULL
+
+typedef struct gc_slab {
+    uint64_t base, size; /* the slab's helper allocation as mapped here */
+    uint32_t nunits, used;
+    uint64_t *bits;
+    void *owner; /* client.c: its allocation record */
+    struct gc_slab *next;
+} gc_slab;
+
+GC_HIDDEN gc_slab *slab_new(uint64_t base, uint64_t size);
+GC_HIDDEN void slab_free(gc_slab *s);
+GC_HIDDEN int64_t slab_take(gc_slab *s, uint64_t size); /* offset (256-aligned) or -1 */
+GC_HIDDEN void slab_give(gc_slab *s, uint64_t off, uint64_t size);
+
+/* ---- scan.c: counters, layouts, scanning ---- */
+enum gc_stat {
+    ST_ALLOCS,
+    ST_FREES,
+    ST_LOCAL_ALLOCS,
+    ST_LAUNCHES,
+    ST_LAUNCH_HITS,
+    ST_PTR_WORDS,
+    ST_NO_LAYOUT,
+    ST_COPIES,
+    ST_MEMSETS,
+    ST_MODULES,
+    ST_STREAMS,
+    ST_EVENTS,
+    ST_GATE_WAITS,
+    ST_N
+};
+
+GC_HIDDEN void gc_stat_add(enum gc_stat s, uint64_t v);
+GC_HIDDEN void gc_stats_sum(uint64_t out[ST_N]);
+GC_HIDDEN void gc_stats_reset(void); /* fork child */
+
+typedef CUresult (*gc_paraminfo_fn)(void *h, size_t idx, size_t *off, size_t *size);
+/* cuFuncGetParamInfo and cuKernelGetParamInfo (either may be NULL). */
+GC_HIDDEN void gc_scan_set_query(gc_paraminfo_fn func, gc_paraminfo_fn kern);
+
+typedef struct gc_layout {
+    uint64_t gen;
+    uint32_t n;
+    int ok; /* 0: the driver gave no layout for this handle */
+    uint32_t size[];
+} gc_layout;
+
+GC_HIDDEN const gc_layout *gc_layout_get(void *handle, bool *owned);
+GC_HIDDEN void gc_layout_invalidate(void); /* module/library unloaded: handles may be reused */
+GC_HIDDEN void gc_layout_reclaim(void);    /* no launch in progress */
+GC_HIDDEN uint64_t gc_layout_count(void);
+GC_HIDDEN void gc_layout_reset(void);
+
+/* Scans one launch's parameters against the snapshot; counts. Returns the pointer words found. */
+GC_HIDDEN unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra);
+/* Scans a byte range word by word (8-byte aligned words). */
+GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
+
+/* ---- wire.c ---- */
+#define GC_MAX_FRAME (16u << 20)
+#define GC_MAX_FDS 200
+GC_HIDDEN int gc_send_frame(int sock, const void *buf, size_t len, const int *fds, int nfds); /* 0 or -errno */
+/* *buf malloc'ed; fds received go to fds[0..*nfds) (at most maxfds; extra are closed). 0, -errno, -EPIPE at EOF. */
+GC_HIDDEN int gc_recv_frame(int sock, uint8_t **buf, size_t *len, int *fds, int maxfds, int *nfds);
+
+/* ---- client.c ---- */
+GC_HIDDEN void gc_client_ensure(void); /* connect on first need */
+GC_HIDDEN bool gc_client_tracking(void);
+/* *use_real: the caller calls the driver's own allocator (then gc_track_local on success). */
+GC_HIDDEN CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real);
+GC_HIDDEN void gc_track_local(CUdeviceptr p, size_t size, int kind);
+GC_HIDDEN int gc_free(CUdeviceptr p, bool async, CUstream stream, CUresult *res); /* 1 handled, 0 not ours */
+GC_HIDDEN int gc_addr_range(CUdeviceptr p, CUdeviceptr *base, size_t *size);     /* 1 ours */
+GC_HIDDEN bool gc_is_helper_mem(CUdeviceptr p);
+GC_HIDDEN void gc_note_reason(int reason);
+GC_HIDDEN void gc_note_module(const void *image, size_t len);
+GC_HIDDEN void gc_note_module_file(const char *path);
+GC_HIDDEN void gc_client_atfork_prepare(void);
+GC_HIDDEN void gc_client_atfork_parent(void);
+GC_HIDDEN void gc_client_atfork_child(void);
+GC_HIDDEN const gc_btab *gc_buffers(void);
+enum { GC_REASON_MANAGED = 1, GC_REASON_APP_VMM = 2, GC_REASON_LOCAL = 4, GC_REASON_CONTROL = 8 };
+
+/* ---- interpose.c ---- */
+GC_HIDDEN void *gc_real(int idx);
+GC_HIDDEN void gc_resolve(void);
+/* The gate. */
+GC_HIDDEN void gc_gate_enter(void);
+GC_HIDDEN void gc_gate_leave(void);
+GC_HIDDEN int gc_gate_close(unsigned timeout_ms); /* 0 or -ETIMEDOUT (gate reopened) */
+GC_HIDDEN void gc_gate_open(void);
+GC_HIDDEN void gc_gate_reset(void);
+GC_HIDDEN extern __thread int gc_in_control;
+
+/* Real entry points the client needs, by name. */
+#define GC_REAL(name) ((__typeof__(&name))gc_real(SYM_##name))
+
+#define GC_SYMS(X)                                                                                                 \
+    X(cuInit)                                                                                                      \
+    X(cuGetProcAddress)                                                                                            \
+    X(cuGetProcAddress_v2)                                                                                         \
+    X(cuMemAlloc_v2)                                                                                               \
+    X(cuMemAllocPitch_v2)                                                                                          \
+    X(cuMemFree_v2)                                                                                                \
+    X(cuMemAllocAsync)                                                                                             \
+    X(cuMemAllocAsync_ptsz)                                                                                        \
+    X(cuMemFreeAsync)                                                                                              \
+    X(cuMemFreeAsync_ptsz)                                                                                         \
+    X(cuMemAllocFromPoolAsync)                                                                                     \
+    X(cuMemAllocFromPoolAsync_ptsz)                                                                                \
+    X(cuMemGetAddressRange_v2)                                                                                     \
+    X(cuMemAllocManaged)                                                                                           \
+    X(cuIpcGetMemHandle)                                                                                           \
+    X(cuMemCreate)                                                                                                 \
+    X(cuLaunchKernel)                                                                                              \
+    X(cuLaunchKernel_ptsz)                                                                                         \
+    X(cuLaunchKernelEx)                                                                                            \
+    X(cuLaunchKernelEx_ptsz)                                                                                       \
+    X(cuLaunchCooperativeKernel)                                                                                   \
+    X(cuLaunchCooperativeKernel_ptsz)                                                                              \
+    X(cuMemcpyHtoD_v2)                                                                                             \
+    X(cuMemcpyDtoH_v2)                                                                                             \
+    X(cuMemcpyDtoD_v2)                                                                                             \
+    X(cuMemcpy)                                                                                                    \
+    X(cuMemcpyHtoD_v2_ptds)                                                                                        \
+    X(cuMemcpyDtoH_v2_ptds)                                                                                        \
+    X(cuMemcpyDtoD_v2_ptds)                                                                                        \
+    X(cuMemcpy_ptds)                                                                                               \
+    X(cuMemcpyHtoDAsync_v2)                                                                                        \
+    X(cuMemcpyDtoHAsync_v2)                                                                                        \
+    X(cuMemcpyDtoDAsync_v2)                                                                                        \
+    X(cuMemcpyAsync)                                                                                               \
+    X(cuMemcpyHtoDAsync_v2_ptsz)                                                                                   \
+    X(cuMemcpyDtoHAsync_v2_ptsz)                                                                                   \
+    X(cuMemcpyDtoDAsync_v2_ptsz)                                                                                   \
+    X(cuMemcpyAsync_ptsz)                                                                                          \
+    X(cuMemsetD8_v2)                                                                                               \
+    X(cuMemsetD16_v2)                                                                                              \
+    X(cuMemsetD32_v2)                                                                                              \
+    X(cuMemsetD8_v2_ptds)                                                                                          \
+    X(cuMemsetD16_v2_ptds)                                                                                         \
+    X(cuMemsetD32_v2_ptds)                                                                                         \
+    X(cuMemsetD8Async)                                                                                             \
+    X(cuMemsetD16Async)                                                                                            \
+    X(cuMemsetD32Async)                                                                                            \
+    X(cuMemsetD8Async_ptsz)                                                                                        \
+    X(cuMemsetD16Async_ptsz)                                                                                       \
+    X(cuMemsetD32Async_ptsz)                                                                                       \
+    X(cuModuleLoad)                                                                                                \
+    X(cuModuleLoadData)                                                                                            \
+    X(cuModuleLoadDataEx)                                                                                          \
+    X(cuModuleUnload)                                                                                              \
+    X(cuLibraryLoadData)                                                                                           \
+    X(cuLibraryLoadFromFile)                                                                                       \
+    X(cuLibraryUnload)                                                                                             \
+    X(cuStreamCreate)                                                                                              \
+    X(cuStreamCreateWithPriority)                                                                                  \
+    X(cuEventCreate)
+
+/* Not wrapped: resolved for the interposer's own use. */
+#define GC_INTERNAL_SYMS(X)                                                                                        \
+    X(cuCtxGetDevice)                                                                                              \
+    X(cuCtxGetCurrent)                                                                                             \
+    X(cuCtxSetCurrent)                                                                                             \
+    X(cuCtxSynchronize)                                                                                            \
+    X(cuDeviceGetUuid_v2)                                                                                          \
+    X(cuMemGetAllocationGranularity)                                                                               \
+    X(cuMemAddressReserve)                                                                                         \
+    X(cuMemAddressFree)                                                                                            \
+    X(cuMemImportFromShareableHandle)                                                                              \
+    X(cuMemMap)                                                                                                    \
+    X(cuMemUnmap)                                                                                                  \
+    X(cuMemSetAccess)                                                                                              \
+    X(cuMemRelease)                                                                                                \
+    X(cuEventRecord)                                                                                               \
+    X(cuEventQuery)                                                                                                \
+    X(cuEventSynchronize)                                                                                          \
+    X(cuEventDestroy_v2)                                                                                           \
+    X(cuStreamSynchronize)                                                                                         \
+    X(cuFuncGetParamInfo)                                                                                          \
+    X(cuKernelGetParamInfo)
+
+#define GC_SYM_ENUM(n) SYM_##n,
+enum { GC_SYMS(GC_SYM_ENUM) SYM_NWRAPPED, SYM_INTERNAL_BEFORE = SYM_NWRAPPED - 1, GC_INTERNAL_SYMS(GC_SYM_ENUM) SYM_NALL };
+
+#endif

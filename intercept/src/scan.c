@@ -1,0 +1,260 @@
+/*
+ * Hot-path bookkeeping: per-thread counters, the per-handle parameter layout
+ * cache and the scan of a launch's parameters against the buffer table.
+ * Nothing here takes a lock or makes a system call on the hot path (a
+ * thread's first counter registers its block once; a kernel's first launch
+ * asks the driver for its layout once).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpucr_int.h"
+
+/* ---- per-thread counters ---- */
+
+typedef struct tstats {
+    _Atomic uint64_t c[ST_N];
+    struct tstats *next;
+} tstats;
+
+static _Atomic(tstats *) all_stats;
+static __thread tstats *my_stats;
+static tstats overflow_stats; /* if a thread's block cannot be allocated */
+
+static tstats *stats_block(void) {
+    tstats *t = my_stats;
+    if (__builtin_expect(t != NULL, 1))
+        return t;
+    t = calloc(1, sizeof *t);
+    if (!t)
+        return &overflow_stats;
+    tstats *head = atomic_load(&all_stats);
+    do
+        t->next = head;
+    while (!atomic_compare_exchange_weak(&all_stats, &head, t));
+    my_stats = t;
+    return t;
+}
+
+void gc_stat_add(enum gc_stat s, uint64_t v) {
+    /* one writer per block: a relaxed add, no lock prefix contention */
+    tstats *t = stats_block();
+    if (t == &overflow_stats)
+        atomic_fetch_add_explicit(&t->c[s], v, memory_order_relaxed);
+    else
+        atomic_store_explicit(&t->c[s], atomic_load_explicit(&t->c[s], memory_order_relaxed) + v,
+                              memory_order_relaxed);
+}
+
+void gc_stats_sum(uint64_t out[ST_N]) {
+    memset(out, 0, sizeof(uint64_t) * ST_N);
+    for (tstats *t = atomic_load(&all_stats); t; t = t->next)
+        for (int i = 0; i < ST_N; i++)
+            out[i] += atomic_load_explicit(&t->c[i], memory_order_relaxed);
+    for (int i = 0; i < ST_N; i++)
+        out[i] += atomic_load_explicit(&overflow_stats.c[i], memory_order_relaxed);
+}
+
+void gc_stats_reset(void) {
+    for (tstats *t = atomic_load(&all_stats); t; t = t->next)
+        for (int i = 0; i < ST_N; i++)
+            atomic_store(&t->c[i], 0);
+    for (int i = 0; i < ST_N; i++)
+        atomic_store(&overflow_stats.c[i], 0);
+}
+
+/* ---- parameter layouts: open addressing, keys claimed by CAS, never removed ---- */
+
+#define LCACHE_SLOTS 8192 /* power of two */
+#define LCACHE_PROBES 64
+
+typedef struct {
+    _Atomic uintptr_t key;
+    _Atomic(gc_layout *) val;
+} lslot;
+
+typedef struct lretired {
+    gc_layout *l;
+    struct lretired *next;
+} lretired;
+
+static lslot lcache[LCACHE_SLOTS];
+static _Atomic uint64_t lgen = 1;
+static _Atomic uint64_t lcount;
+static _Atomic(lretired *) lretired_head;
+static gc_paraminfo_fn q_func, q_kern;
+
+void gc_scan_set_query(gc_paraminfo_fn func, gc_paraminfo_fn kern) {
+    q_func = func;
+    q_kern = kern;
+}
+
+static gc_layout *query_layout(void *h, uint64_t gen) {
+    gc_paraminfo_fn fns[2] = {q_func, q_kern};
+    for (int k = 0; k < 2; k++) {
+        gc_paraminfo_fn fn = fns[k];
+        if (!fn)
+            continue;
+        size_t cap = 16, n = 0;
+        gc_layout *l = malloc(sizeof *l + cap * sizeof(uint32_t));
+        if (!l)
+            return NULL;
+        CUresult r = CUDA_SUCCESS;
+        for (;;) {
+            size_t off = 0, sz = 0;
+            r = fn(h, n, &off, &sz);
+            if (r != CUDA_SUCCESS)
+                break;
+            if (n == cap) {
+                cap *= 2;
+                gc_layout *nl = realloc(l, sizeof *l + cap * sizeof(uint32_t));
+                if (!nl) {
+                    free(l);
+                    return NULL;
+                }
+                l = nl;
+            }
+            l->size[n++] = (uint32_t)sz;
+        }
+        /* past the last parameter (or none): INVALID_VALUE; a CUkernel given to cuFuncGetParamInfo: INVALID_HANDLE */
+        if (r == CUDA_ERROR_INVALID_VALUE) {
+            l->gen = gen;
+            l->n = (uint32_t)n;
+            l->ok = 1;
+            return l;
+        }
+        free(l);
+    }
+    gc_layout *l = calloc(1, sizeof *l);
+    if (l)
+        l->gen = gen; /* no layout: cached as such, so the driver is asked once */
+    return l;
+}
+
+static void retire_layout(gc_layout *l) {
+    lretired *r = malloc(sizeof *r);
+    if (!r)
+        return; /* leaked rather than freed under a reader */
+    r->l = l;
+    lretired *head = atomic_load(&lretired_head);
+    do
+        r->next = head;
+    while (!atomic_compare_exchange_weak(&lretired_head, &head, r));
+}
+
+const gc_layout *gc_layout_get(void *handle, bool *owned) {
+    uintptr_t key = (uintptr_t)handle;
+    uint64_t gen = atomic_load_explicit(&lgen, memory_order_acquire);
+    *owned = false;
+    if (key == 0)
+        return NULL;
+    size_t h = (size_t)((key >> 4) * 0x9E3779B97F4A7C15ULL) & (LCACHE_SLOTS - 1);
+    for (int p = 0; p < LCACHE_PROBES; p++) {
+        lslot *s = &lcache[(h + (size_t)p) & (LCACHE_SLOTS - 1)];
+        uintptr_t k = atomic_load_explicit(&s->key, memory_order_acquire);
+        if (k == 0) {
+            uintptr_t zero = 0;
+            if (!atomic_compare_exchange_strong(&s->key, &zero, key)) {
+                if (zero != key)
+                    continue; /* another key took the slot */
+            }
+            k = key;
+        }
+        if (k != key)
+            continue;
+        gc_layout *cur = atomic_load_explicit(&s->val, memory_order_acquire);
+        if (cur && cur->gen == gen)
+            return cur;
+        gc_layout *l = query_layout(handle, gen);
+        if (!l)
+            return NULL;
+        if (atomic_compare_exchange_strong(&s->val, &cur, l)) {
+            if (cur)
+                retire_layout(cur);
+            else if (l->ok)
+                atomic_fetch_add(&lcount, 1);
+            return l;
+        }
+        /* someone else stored one meanwhile: use ours for this launch only */
+        *owned = true;
+        return l;
+    }
+    /* cache full along this probe sequence: ask each time */
+    gc_layout *l = query_layout(handle, gen);
+    *owned = l != NULL;
+    return l;
+}
+
+void gc_layout_invalidate(void) { atomic_fetch_add(&lgen, 1); }
+
+void gc_layout_reclaim(void) {
+    lretired *r = atomic_exchange(&lretired_head, NULL);
+    while (r) {
+        lretired *n = r->next;
+        free(r->l);
+        free(r);
+        r = n;
+    }
+}
+
+uint64_t gc_layout_count(void) { return atomic_load(&lcount); }
+
+void gc_layout_reset(void) {
+    for (size_t i = 0; i < LCACHE_SLOTS; i++) {
+        gc_layout *l = atomic_load(&lcache[i].val);
+        free(l);
+        atomic_store(&lcache[i].val, NULL);
+        atomic_store(&lcache[i].key, 0);
+    }
+    gc_layout_reclaim();
+    atomic_store(&lcount, 0);
+}
+
+/* ---- scanning ---- */
+
+unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len) {
+    unsigned hits = 0;
+    if (!p || s->n == 0)
+        return 0;
+    const unsigned char *b = p;
+    for (size_t off = 0; off + 8 <= len; off += 8) {
+        uint64_t w;
+        memcpy(&w, b + off, 8);
+        if (w >= s->lo && w < s->hi && gt_find(s, w))
+            hits++;
+    }
+    return hits;
+}
+
+unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra) {
+    unsigned hits = 0;
+    gc_stat_add(ST_LAUNCHES, 1);
+    if (kernelParams) {
+        bool owned;
+        const gc_layout *l = gc_layout_get(f, &owned);
+        if (!l || !l->ok) {
+            gc_stat_add(ST_NO_LAYOUT, 1);
+        } else {
+            for (uint32_t i = 0; i < l->n; i++)
+                hits += gc_scan_words(s, kernelParams[i], l->size[i]);
+        }
+        if (owned)
+            free((void *)l);
+    } else if (extra) {
+        void *buf = NULL;
+        size_t size = 0;
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END && i < 64; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                buf = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+                memcpy(&size, extra[i + 1], sizeof size);
+        }
+        if (buf)
+            hits += gc_scan_words(s, buf, size);
+    }
+    if (hits) {
+        gc_stat_add(ST_LAUNCH_HITS, 1);
+        gc_stat_add(ST_PTR_WORDS, hits);
+    }
+    return hits;
+}
