@@ -1,0 +1,217 @@
+// Package engine moves GPU memory between helper-owned allocations and an
+// image (package image): the copy engines of checkpoint and restore.
+//
+// Each device gets several lanes (helper/cuda.Lane: a thread, a stream and a
+// pinned staging buffer of one chunk). A lane copies one chunk device-to-host
+// into its staging buffer and hands exactly that buffer to
+// image.BufferWriter.WriteChunk, which hashes, checksums and writes it before
+// the lane takes the next chunk; with several lanes, the DMA of some chunks
+// overlaps with the hashing and writing of others, and no byte is copied in
+// host memory twice. Restore is the mirror: image.BufferReader.ReadAt straight
+// into the staging buffer (checked), then host-to-device.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/image"
+)
+
+// Region is one helper-owned allocation as the application sees it.
+type Region struct {
+	Device  *cuda.Device
+	Handle  cuda.Handle
+	Size    uint64 // the allocation's size (a multiple of the granularity)
+	Pid     int
+	Address uint64 // where the application maps it
+	Kind    image.AllocKind
+}
+
+// Options tune the engines.
+type Options struct {
+	// Lanes per device; 0: GOMAXPROCS (the image writer's hashing and
+	// writing, not the DMA, is what needs the threads).
+	Lanes int
+	// Progress, if set, is called with the bytes moved so far (from several
+	// goroutines; keep it cheap).
+	Progress func(done int64)
+}
+
+func (o Options) lanes() int {
+	if o.Lanes > 0 {
+		return o.Lanes
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// piece is one chunk of one region.
+type piece struct {
+	r     int    // region index
+	index int    // chunk index
+	off   uint64 // byte offset in the region
+	n     int
+}
+
+func pieces(regions []Region, chunk int) map[*cuda.Device][]piece {
+	byDev := map[*cuda.Device][]piece{}
+	// Chunk-major order: every region makes progress at once, as a restore
+	// that starts with any buffer wants.
+	for ci := 0; ; ci++ {
+		any := false
+		for ri, r := range regions {
+			off := uint64(ci) * uint64(chunk)
+			if off >= r.Size {
+				continue
+			}
+			any = true
+			n := int(min(uint64(chunk), r.Size-off))
+			byDev[r.Device] = append(byDev[r.Device], piece{ri, ci, off, n})
+		}
+		if !any {
+			return byDev
+		}
+	}
+}
+
+// run maps every region (the helper's own view), starts the lanes of each
+// device and calls do for every piece on some lane of its device.
+func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uint64, p piece) error) error {
+	vas := make([]uint64, len(regions))
+	defer func() {
+		for i, va := range vas {
+			if va != 0 {
+				_ = regions[i].Device.Unmap(va, regions[i].Size)
+			}
+		}
+	}()
+	for i, r := range regions {
+		va, err := r.Device.Map(r.Handle, r.Size)
+		if err != nil {
+			return fmt.Errorf("region %d (pid %d, 0x%x, %d bytes): %w", i, r.Pid, r.Address, r.Size, err)
+		}
+		vas[i] = va
+	}
+	var moved atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	fail := func(err error) {
+		mu.Lock()
+		errs = append(errs, err)
+		mu.Unlock()
+	}
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(errs) > 0
+	}
+	for dev, ps := range pieces(regions, chunk) {
+		work := make(chan piece)
+		for range min(opts.lanes(), len(ps)) {
+			l, err := dev.NewLane(chunk)
+			if err != nil {
+				fail(fmt.Errorf("device %s: %w", dev.UUID, err))
+				break
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer l.Close()
+				for p := range work {
+					if failed() {
+						continue // drain: the first error ends the job
+					}
+					var err error
+					if e := l.Do(func() { err = do(l, vas[p.r], p) }); e != nil {
+						err = e
+					}
+					if err != nil {
+						r := regions[p.r]
+						fail(fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
+						continue
+					}
+					if opts.Progress != nil {
+						opts.Progress(moved.Add(int64(p.n)))
+					}
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(work)
+			for _, p := range ps {
+				if failed() {
+					return
+				}
+				work <- p
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Dump copies every region into w, one image buffer each (added in region
+// order), and closes those buffers; the caller commits or aborts w.
+func Dump(regions []Region, w *image.Writer, chunk int, opts Options) error {
+	bws := make([]*image.BufferWriter, len(regions))
+	for i, r := range regions {
+		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, Device: r.Device.Ordinal, GPUUUID: r.Device.UUID,
+			Address: r.Address, Size: r.Size, Kind: r.Kind})
+		if err != nil {
+			return fmt.Errorf("region %d: %w", i, err)
+		}
+		bws[i] = bw
+	}
+	err := run(regions, chunk, opts, func(l *cuda.Lane, va uint64, p piece) error {
+		buf := l.Staging[:p.n]
+		if err := l.DtoH(buf, va+p.off); err != nil {
+			return err
+		}
+		return bws[p.r].WriteChunk(p.index, buf)
+	})
+	if err != nil {
+		return err
+	}
+	for i, bw := range bws {
+		if err := bw.Close(); err != nil {
+			return fmt.Errorf("region %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// Load fills every region from the image buffer bufs[i] of im (same size),
+// each chunk checked by the image reader before it reaches the GPU.
+func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
+	if len(bufs) != len(regions) {
+		return fmt.Errorf("%d regions but %d image buffers", len(regions), len(bufs))
+	}
+	readers := make([]*image.BufferReader, len(regions))
+	for i, bi := range bufs {
+		br, err := im.OpenBuffer(bi)
+		if err != nil {
+			return err
+		}
+		defer br.Close()
+		if uint64(br.Size()) != regions[i].Size {
+			return fmt.Errorf("region %d (0x%x): %d bytes, image buffer %d has %d", i, regions[i].Address,
+				regions[i].Size, bi, br.Size())
+		}
+		readers[i] = br
+	}
+	chunk := int(im.Manifest().GetChunkSize())
+	return run(regions, chunk, opts, func(l *cuda.Lane, va uint64, p piece) error {
+		buf := l.Staging[:p.n]
+		if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
+			return err
+		}
+		return l.HtoD(va+p.off, buf)
+	})
+}
