@@ -1,1 +1,207 @@
-int main(void){return 0;}
+//go:build ignore
+
+// (The constraint above keeps the Go tool from treating this directory as a cgo package.)
+/*
+ * Unit tests of libgpucr.so's driver-free parts: the buffer table, the slab
+ * bitmap, the parameter layout cache and launch parameter scanning.
+ * Built by make as build/bin/intercept-unit; exits 1 on any failure.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpucr_int.h"
+
+static int failures;
+
+#define CHECK(cond)                                                                                                \
+    do {                                                                                                           \
+        if (!(cond)) {                                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                               \
+            failures++;                                                                                            \
+        }                                                                                                          \
+    } while (0)
+
+static void test_table(void) {
+    gc_table t = {0};
+    CHECK(gt_init(&t) == 0);
+    CHECK(gt_find(gt_snap(&t), 0x1000) == NULL);
+    /* insert in scrambled order: 100 buffers of 0x100 bytes with 0x100 gaps */
+    for (int k = 0; k < 100; k++) {
+        int i = (k * 37) % 100;
+        gc_buf b = {.addr = 0x10000 + (uint64_t)i * 0x200, .size = 0x100, .alloc_id = (uint64_t)i + 1, .kind = 1};
+        CHECK(gt_insert(&t, &b) == 0);
+    }
+    const gc_btab *s = gt_snap(&t);
+    CHECK(s->n == 100);
+    for (size_t i = 1; i < s->n; i++)
+        CHECK(s->v[i - 1].addr < s->v[i].addr);
+    for (int i = 0; i < 100; i++) {
+        uint64_t a = 0x10000 + (uint64_t)i * 0x200;
+        const gc_buf *b = gt_find(s, a);
+        CHECK(b && b->alloc_id == (uint64_t)i + 1);
+        b = gt_find(s, a + 0xff);
+        CHECK(b && b->alloc_id == (uint64_t)i + 1);
+        CHECK(gt_find(s, a + 0x100) == NULL); /* the gap */
+        CHECK(gt_find(s, a - 1) == NULL);
+    }
+    CHECK(gt_find(s, 0) == NULL);
+    CHECK(gt_find(s, UINT64_MAX) == NULL);
+    /* overlaps are refused */
+    gc_buf ov = {.addr = 0x10080, .size = 0x10};
+    CHECK(gt_insert(&t, &ov) == -2);
+    ov.addr = 0x100f0;
+    ov.size = 0x20;
+    CHECK(gt_insert(&t, &ov) == -2);
+    ov.addr = 0x10100; /* exactly in the gap */
+    ov.size = 0x100;
+    CHECK(gt_insert(&t, &ov) == 0);
+    /* a snapshot stays valid after later changes (until reclaimed) */
+    const gc_btab *old = gt_snap(&t);
+    gc_buf out;
+    CHECK(gt_remove(&t, 0x10000, &out) == 0 && out.alloc_id == 1);
+    CHECK(gt_remove(&t, 0x10000, &out) == -1);
+    CHECK(gt_remove(&t, 0x10201, &out) == -1); /* not a start */
+    CHECK(gt_find(old, 0x10000) != NULL);
+    CHECK(gt_find(gt_snap(&t), 0x10000) == NULL);
+    CHECK(t.nretired > 0);
+    gt_reclaim(&t);
+    CHECK(t.retired == NULL && t.nretired == 0);
+    CHECK(gt_snap(&t)->n == 100);
+    gt_destroy(&t);
+}
+
+static void test_slab(void) {
+    gc_slab *s = slab_new(0x700000000000ULL, 2ULL << 20);
+    CHECK(s && s->nunits == 8192);
+    if (!s)
+        return;
+    int64_t a = slab_take(s, 1);
+    int64_t b = slab_take(s, 256);
+    int64_t c = slab_take(s, 257);
+    int64_t d = slab_take(s, 1000);
+    CHECK(a == 0 && b == 256 && c == 512 && d == 1024);
+    CHECK(s->used == 1 + 1 + 2 + 4);
+    slab_give(s, (uint64_t)c, 257);
+    CHECK(slab_take(s, 300) == 512); /* first fit reuses the hole */
+    CHECK(slab_take(s, 600) == 2048);
+    /* fill it up with 1 MiB - 4 KiB, then nothing larger than what is left fits */
+    int64_t big = slab_take(s, (1ULL << 20));
+    CHECK(big >= 0 && big % 256 == 0);
+    CHECK(slab_take(s, (1ULL << 20)) == -1);
+    /* all offsets 256-aligned, no overlaps: take many small ones until full */
+    uint64_t total = 0;
+    int64_t o;
+    while ((o = slab_take(s, 4000)) >= 0) {
+        CHECK(o % 256 == 0);
+        CHECK((uint64_t)o + 4000 <= s->size);
+        total += 4096;
+    }
+    CHECK(total > 0);
+    /* give everything back: empty again */
+    slab_give(s, 0, s->size);
+    CHECK(s->used == 0);
+    CHECK(slab_take(s, s->size) == 0);
+    CHECK(slab_take(s, 1) == -1);
+    slab_give(s, 0, s->size);
+    slab_free(s);
+}
+
+/* fake driver: handle 0x100 is a function with params (8, 4, 16); 0x200 a CUkernel (4, 8); 0x300 unknown */
+static int func_calls, kern_calls;
+
+static CUresult fake_func(void *h, size_t i, size_t *off, size_t *size) {
+    func_calls++;
+    static const size_t sz[] = {8, 4, 16}, of[] = {0, 8, 16};
+    if ((uintptr_t)h != 0x100)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (i >= 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    *off = of[i];
+    *size = sz[i];
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_kern(void *h, size_t i, size_t *off, size_t *size) {
+    kern_calls++;
+    static const size_t sz[] = {4, 8}, of[] = {0, 8};
+    if ((uintptr_t)h != 0x200)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (i >= 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    *off = of[i];
+    *size = sz[i];
+    return CUDA_SUCCESS;
+}
+
+static void test_scan(void) {
+    gc_table t = {0};
+    CHECK(gt_init(&t) == 0);
+    gc_buf b1 = {.addr = 0x500000000000ULL, .size = 1 << 20, .alloc_id = 7};
+    gc_buf b2 = {.addr = 0x500000200000ULL, .size = 4096, .alloc_id = 8};
+    CHECK(gt_insert(&t, &b1) == 0 && gt_insert(&t, &b2) == 0);
+    const gc_btab *s = gt_snap(&t);
+    gc_scan_set_query(fake_func, fake_kern);
+
+    uint64_t p0 = b1.addr + 64;                                 /* a pointer */
+    uint32_t p1 = 42;                                           /* an int */
+    uint64_t p2[2] = {b2.addr + 4095, 0x500000100000ULL + 5};   /* struct of two words: in b2, past b1 */
+    void *params[] = {&p0, &p1, p2};
+    uint64_t before[ST_N], after[ST_N];
+    gc_stats_sum(before);
+    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
+    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
+    CHECK(func_calls == 4); /* 3 params + the end, asked once */
+    CHECK(gc_layout_count() == 1);
+
+    /* a CUkernel: cuFuncGetParamInfo says INVALID_HANDLE, cuKernelGetParamInfo answers */
+    uint32_t k0 = 1;
+    uint64_t k1 = b2.addr;
+    void *kparams[] = {&k0, &k1};
+    int fc = func_calls;
+    CHECK(gc_scan_launch(s, (void *)0x200, kparams, NULL) == 1);
+    CHECK(gc_scan_launch(s, (void *)0x200, kparams, NULL) == 1);
+    CHECK(func_calls == fc + 1 && kern_calls == 3);
+    CHECK(gc_layout_count() == 2);
+
+    /* unknown handle: no layout, asked once */
+    int kc = kern_calls;
+    CHECK(gc_scan_launch(s, (void *)0x300, kparams, NULL) == 0);
+    CHECK(gc_scan_launch(s, (void *)0x300, kparams, NULL) == 0);
+    CHECK(kern_calls == kc + 1);
+
+    /* extra: a packed buffer */
+    uint64_t packed[4] = {7, b1.addr, b1.addr + b1.size /* one past: not inside */, b2.addr + 8};
+    size_t psize = sizeof packed;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
+    CHECK(gc_scan_launch(s, (void *)0x300, NULL, extra) == 2);
+    /* unaligned tail bytes are not a word */
+    CHECK(gc_scan_words(s, packed, 15) == 0);
+    CHECK(gc_scan_words(s, packed, 16) == 1);
+
+    gc_stats_sum(after);
+    CHECK(after[ST_LAUNCHES] - before[ST_LAUNCHES] == 7);
+    CHECK(after[ST_LAUNCH_HITS] - before[ST_LAUNCH_HITS] == 5);
+    CHECK(after[ST_PTR_WORDS] - before[ST_PTR_WORDS] == 2 + 2 + 1 + 1 + 2);
+    CHECK(after[ST_NO_LAYOUT] - before[ST_NO_LAYOUT] == 2);
+
+    /* after an unload, layouts are asked again */
+    gc_layout_invalidate();
+    fc = func_calls;
+    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
+    CHECK(func_calls == fc + 4);
+    gc_layout_reclaim();
+    gt_destroy(&t);
+}
+
+int main(void) {
+    test_table();
+    test_slab();
+    test_scan();
+    if (failures) {
+        fprintf(stderr, "intercept-unit: %d failures\n", failures);
+        return 1;
+    }
+    printf("intercept-unit: ok\n");
+    return 0;
+}

@@ -1,0 +1,85 @@
+// Package intercept_test runs the interposer's C unit tests
+// (build/bin/intercept-unit, built by make) and checks that an application
+// under LD_PRELOAD=libgpucr.so without a helper computes what it computes
+// without the interposer, with one warning.
+package intercept_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot locate the repository")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// need returns the path of a build output, skipping the test when it is missing
+// outside CI (in CI, make has built it, so a missing file is a failure).
+func need(t *testing.T, rel string) string {
+	t.Helper()
+	p := filepath.Join(repoRoot(t), rel)
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s missing: run make (CI requires it)", rel)
+		}
+		t.Skipf("%s missing: run make", rel)
+	}
+	return p
+}
+
+func TestUnit(t *testing.T) {
+	bin := need(t, "build/bin/intercept-unit")
+	out, err := exec.Command(bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", bin, err, out)
+	}
+	t.Logf("%s", out)
+}
+
+var doneRE = regexp.MustCompile(`(?m)^done \d+ [0-9a-f]+$`)
+
+func TestNoHelperPassThrough(t *testing.T) {
+	lib := need(t, "build/lib/libgpucr.so")
+	sim := need(t, "build/sim/libcuda.so.1")
+	for _, app := range [][]string{
+		{"heartbeat", "--mib", "4", "--iters", "5"},
+		{"ptrchase", "--iters", "5"},
+		{"vmmapp", "--iters", "5"},
+	} {
+		bin := need(t, filepath.Join("build/bin", app[0]))
+		run := func(preload bool) (string, string) {
+			cmd := exec.Command(bin, app[1:]...)
+			env := append(os.Environ(), "LD_LIBRARY_PATH="+filepath.Dir(sim), "GPUCR_LIBCUDA="+sim,
+				"GPUCR_SOCKET="+filepath.Join(t.TempDir(), "no-helper.sock"))
+			if preload {
+				env = append(env, "LD_PRELOAD="+lib)
+			}
+			cmd.Env = env
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("%v (preload %v): %v\n%s", app, preload, err, stderr.String())
+			}
+			return doneRE.FindString(string(out)), stderr.String()
+		}
+		want, _ := run(false)
+		got, stderr := run(true)
+		if want == "" || got != want {
+			t.Errorf("%v: %q with the interposer, %q without", app, got, want)
+		}
+		if n := strings.Count(stderr, "gpucr: "); n != 1 {
+			t.Errorf("%v: %d gpucr warning lines, want 1:\n%s", app, n, stderr)
+		}
+	}
+}
