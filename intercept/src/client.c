@@ -365,8 +365,6 @@ static void note_context(void) {
 
 /* ---- helper allocations ---- */
 
-#define GC_FALLBACK ((CUresult)-1)
-
 static void send_free(uint64_t id) {
     Gpucr__Helper__V1__Free f = GPUCR__HELPER__V1__FREE__INIT;
     f.alloc_id = id;
@@ -403,7 +401,7 @@ static CUresult map_fd(int fd, uint64_t addr, uint64_t size, int dev, CUmemGener
     return r;
 }
 
-static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CUresult *err) {
+CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, uint64_t *id, uint64_t *rsize, int *fd) {
     Gpucr__Helper__V1__Alloc al = GPUCR__HELPER__V1__ALLOC__INIT;
     al.device_uuid = (char *)uuid;
     al.size = size;
@@ -413,12 +411,12 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
     req.alloc = &al;
     Resp *resp = NULL;
     int fds[4], nfds = 0;
-    *err = GC_FALLBACK;
     if (call_helper(&req, &resp, fds, 4, &nfds) < 0)
-        return NULL;
+        return GC_FALLBACK;
     if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_ALLOC || nfds != 1) {
+        CUresult err = GC_FALLBACK;
         if (resp->error && resp->error->code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_OUT_OF_MEMORY) {
-            *err = CUDA_ERROR_OUT_OF_MEMORY;
+            err = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             pthread_mutex_lock(&G.mu);
             bool w = !G.warned_fallback;
@@ -433,10 +431,38 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
         gpucr__helper__v1__response__free_unpacked(resp, NULL);
-        return NULL;
+        return err;
     }
-    uint64_t id = resp->alloc->alloc_id, rsize = resp->alloc->size;
+    *id = resp->alloc->alloc_id;
+    *rsize = resp->alloc->size;
+    *fd = fds[0];
     gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return CUDA_SUCCESS;
+}
+
+void gc_send_mapped(uint64_t id, uint64_t addr) {
+    Gpucr__Helper__V1__Mapped m = GPUCR__HELPER__V1__MAPPED__INIT;
+    m.alloc_id = id;
+    m.address = addr;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_MAPPED;
+    req.mapped = &m;
+    Resp *resp = NULL;
+    if (call_helper(&req, &resp, NULL, 0, NULL) == 0) {
+        if (resp->error)
+            gc_warn("helper: Mapped %llu: %s", (unsigned long long)id, resp->error->message);
+        gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    }
+}
+
+void gc_send_free(uint64_t id) { send_free(id); }
+
+static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CUresult *err) {
+    uint64_t id = 0, rsize = 0;
+    int fds[1] = {-1};
+    *err = gc_helper_alloc(uuid, size, kind, &id, &rsize, &fds[0]);
+    if (*err != CUDA_SUCCESS)
+        return NULL;
     uint64_t gran = granularity(dev, uuid);
     if (rsize < size)
         rsize = (size + gran - 1) / gran * gran;
@@ -464,17 +490,7 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
     a->kind = kind;
     a->mapped = true;
 
-    Gpucr__Helper__V1__Mapped m = GPUCR__HELPER__V1__MAPPED__INIT;
-    m.alloc_id = id;
-    m.address = addr;
-    Req mreq = GPUCR__HELPER__V1__REQUEST__INIT;
-    mreq.body_case = GPUCR__HELPER__V1__REQUEST__BODY_MAPPED;
-    mreq.mapped = &m;
-    if (call_helper(&mreq, &resp, NULL, 0, NULL) == 0) {
-        if (resp->error)
-            gc_warn("helper: Mapped %llu: %s", (unsigned long long)id, resp->error->message);
-        gpucr__helper__v1__response__free_unpacked(resp, NULL);
-    }
+    gc_send_mapped(id, addr);
     gc_debug("alloc %llu: %llu bytes at 0x%llx (%s)", (unsigned long long)id, (unsigned long long)rsize,
              (unsigned long long)addr, uuid);
     *err = CUDA_SUCCESS;
@@ -524,6 +540,26 @@ static int insert_buf(const gc_buf *b) {
 }
 
 static void reap_pending(bool all);
+
+/* ---- for vmm.c ---- */
+
+void gc_lock(void) { pthread_mutex_lock(&G.mu); }
+void gc_unlock(void) { pthread_mutex_unlock(&G.mu); }
+bool gc_client_up(void) {
+    gc_client_ensure();
+    return atomic_load(&G.conn) == CONN_UP;
+}
+const char *gc_dev_uuid(int dev) { return dev_uuid(dev); }
+void gc_note_context(void) { note_context(); }
+int gc_buf_insert(const gc_buf *b) { return insert_buf(b); }
+void gc_buf_remove(uint64_t addr) {
+    gc_buf b;
+    if (gt_remove(&G.table, addr, &b) == 0) {
+        G.live_buffers--;
+        G.live_bytes -= b.size;
+    }
+}
+void gc_helper_bytes_add(int64_t d) { G.helper_bytes += (uint64_t)d; }
 
 CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) {
     *use_real = false;
@@ -705,7 +741,7 @@ int gc_free(CUdeviceptr p, bool async, CUstream stream, CUresult *res) {
     if (!gc_client_tracking() || p == 0)
         return 0;
     const gc_buf *f = gt_find(gc_buffers(), p);
-    if (!f || f->addr != p)
+    if (!f || f->addr != p || f->kind == GC_KIND_VMM) /* VMM mappings: cuMemFree is the driver's answer */
         return 0;
     reap_pending(false);
     gc_buf b;
@@ -757,7 +793,7 @@ int gc_addr_range(CUdeviceptr p, CUdeviceptr *base, size_t *size) {
     if (!gc_client_tracking())
         return 0;
     const gc_buf *b = gt_find(gc_buffers(), p);
-    if (!b || b->alloc_id == 0)
+    if (!b || b->alloc_id == 0 || b->kind == GC_KIND_VMM) /* real mappings: the driver knows them */
         return 0;
     if (base)
         *base = b->addr;
@@ -942,6 +978,7 @@ static void do_drop(Resp *resp) {
             bad = r;
         a->mapped = false;
     }
+    gc_vmm_drop(&bad);
     pthread_mutex_unlock(&G.mu);
     atomic_store(&G.state, ST_DROPPED);
     if (bad != CUDA_SUCCESS) {
@@ -967,6 +1004,18 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
     for (size_t i = 0; i < ri->n_entries; i++) {
         Gpucr__Helper__V1__ReimportEntry *e = ri->entries[i];
         rec *a = find_rec(e->alloc_id);
+        if (!a) {
+            int v = gc_vmm_reimport(e->alloc_id, e->address, e->size, fds[i], errbuf, sizeof errbuf);
+            if (v == 1)
+                continue;
+            if (v < 0) {
+                set_error(resp,
+                          v == -1 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND
+                                  : GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER,
+                          errbuf);
+                break;
+            }
+        }
         if (!a || a->addr != e->address || a->size != e->size) {
             snprintf(errbuf, sizeof errbuf, "Reimport: allocation %llu at 0x%llx (%llu bytes) is not ours",
                      (unsigned long long)e->alloc_id, (unsigned long long)e->address, (unsigned long long)e->size);
@@ -995,6 +1044,7 @@ static void do_resume(Resp *resp) {
         bool all = true;
         for (rec *a = G.recs; a; a = a->next)
             all &= a->mapped;
+        all &= gc_vmm_all_imported();
         pthread_mutex_unlock(&G.mu);
         if (!all) {
             set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Resume: allocations not reimported");
@@ -1016,6 +1066,10 @@ static int n_reasons(const char **out) {
         out[n++] = "managed memory";
     if (r & GC_REASON_APP_VMM)
         out[n++] = "application VMM allocations";
+    if (r & GC_REASON_FOREIGN)
+        out[n++] = "imported foreign memory";
+    if (r & GC_REASON_EXPORT)
+        out[n++] = "application VMM memory exported to a shareable handle";
     if (atomic_load(&G.conn) == CONN_DEAD)
         out[n++] = "helper connection lost";
     return n;
@@ -1038,12 +1092,18 @@ static void do_snapshot(Resp *resp, snap_mem *m) {
     size_t na = 0;
     for (rec *a = G.recs; a; a = a->next)
         na++;
+    size_t nv = gc_vmm_list(NULL, 0);
+    gc_vmm_info *vi = calloc(nv + 1, sizeof *vi);
+    if (vi)
+        nv = gc_vmm_list(vi, nv);
+    na += nv;
     const gc_btab *s = gc_buffers();
     m->allocs = calloc(na + 1, sizeof *m->allocs);
     m->pallocs = calloc(na + 1, sizeof *m->pallocs);
     m->bufs = calloc(s->n + 1, sizeof *m->bufs);
     m->pbufs = calloc(s->n + 1, sizeof *m->pbufs);
-    if (!m->allocs || !m->pallocs || !m->bufs || !m->pbufs) {
+    if (!vi || !m->allocs || !m->pallocs || !m->bufs || !m->pbufs) {
+        free(vi);
         pthread_mutex_unlock(&G.mu);
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "out of memory");
         return;
@@ -1059,6 +1119,17 @@ static void do_snapshot(Resp *resp, snap_mem *m) {
         x->kind = a->kind;
         m->pallocs[i] = x;
     }
+    for (size_t k = 0; k < nv; k++, i++) {
+        Gpucr__Helper__V1__Allocation *x = &m->allocs[i];
+        *x = (Gpucr__Helper__V1__Allocation)GPUCR__HELPER__V1__ALLOCATION__INIT;
+        x->alloc_id = vi[k].id;
+        x->address = vi[k].addr;
+        x->size = vi[k].size;
+        x->device_uuid = (char *)uuid_of(vi[k].dev);
+        x->kind = GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_VMM;
+        m->pallocs[i] = x;
+    }
+    free(vi);
     for (size_t j = 0; j < s->n; j++) {
         Gpucr__Helper__V1__Buffer *x = &m->bufs[j];
         *x = (Gpucr__Helper__V1__Buffer)GPUCR__HELPER__V1__BUFFER__INIT;
@@ -1243,6 +1314,7 @@ void gc_client_atfork_child(void) {
     G.warned_dead = G.warned_fallback = false;
     G.mods = NULL;
     G.nmods = G.capmods = 0;
+    gc_vmm_atfork_child();
     gc_stats_reset();
     gc_layout_reset();
 }

@@ -7,6 +7,8 @@
  *                per-thread counters; driver calls only through function pointers
  *   wire.c       framing (4-byte LE length + protobuf, SCM_RIGHTS fds)
  *   client.c     the helper connections, allocations through the helper, the control thread
+ *   vmm.c        the application's own VMM calls (cuMemCreate ...) served from the helper behind
+ *                virtual allocation handles; their part of Drop / Reimport / Snapshot
  *   interpose.c  the symbol table, dlsym / cuGetProcAddress hooks, wrappers, the gate
  *
  * docs/helper-protocol.md is the contract with the helper.
@@ -73,6 +75,8 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_o
                                void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
                                void **libraryOptionValues, unsigned int numLibraryOptions);
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
 
 /* ---- logging ---- */
 GC_HIDDEN void gc_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -196,7 +200,43 @@ GC_HIDDEN void gc_client_atfork_prepare(void);
 GC_HIDDEN void gc_client_atfork_parent(void);
 GC_HIDDEN void gc_client_atfork_child(void);
 GC_HIDDEN const gc_btab *gc_buffers(void);
-enum { GC_REASON_MANAGED = 1, GC_REASON_APP_VMM = 2, GC_REASON_LOCAL = 4, GC_REASON_CONTROL = 8 };
+enum {
+    GC_REASON_MANAGED = 1,
+    GC_REASON_APP_VMM = 2, /* cuMemCreate passed through (unsupported prop, or no helper) */
+    GC_REASON_LOCAL = 4,
+    GC_REASON_CONTROL = 8,
+    GC_REASON_FOREIGN = 16, /* the application imported a shareable handle */
+    GC_REASON_EXPORT = 32,  /* the application exported helper-backed VMM memory */
+};
+
+/* client.c, for vmm.c. */
+#define GC_FALLBACK ((CUresult)-1)
+GC_HIDDEN void gc_lock(void); /* the client mutex: bookkeeping, the buffer table */
+GC_HIDDEN void gc_unlock(void);
+GC_HIDDEN bool gc_client_up(void);
+GC_HIDDEN const char *gc_dev_uuid(int dev);
+GC_HIDDEN void gc_note_context(void);
+/* Alloc on the calls connection: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app. */
+GC_HIDDEN CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, uint64_t *id, uint64_t *rsize, int *fd);
+GC_HIDDEN void gc_send_mapped(uint64_t id, uint64_t addr);
+GC_HIDDEN void gc_send_free(uint64_t id);
+/* With gc_lock held: buffer table insert/remove with the live counters; helper bytes. */
+GC_HIDDEN int gc_buf_insert(const gc_buf *b);
+GC_HIDDEN void gc_buf_remove(uint64_t addr);
+GC_HIDDEN void gc_helper_bytes_add(int64_t d);
+
+/* ---- vmm.c (the gc_vmm_* calls with gc_lock held) ---- */
+typedef struct gc_vmm_info {
+    uint64_t id, addr, size;
+    int dev;
+} gc_vmm_info;
+/* Drop: unmaps and releases every allocation the helper can give back; first error in *bad. */
+GC_HIDDEN void gc_vmm_drop(CUresult *bad);
+/* Reimport entry: 1 done, 0 not a VMM allocation of ours, -1 mismatch (msg), -2 driver error (msg). */
+GC_HIDDEN int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg, size_t msglen);
+GC_HIDDEN bool gc_vmm_all_imported(void);
+GC_HIDDEN size_t gc_vmm_list(gc_vmm_info *out, size_t max); /* returns the count; fills up to max */
+GC_HIDDEN void gc_vmm_atfork_child(void);
 
 /* ---- interpose.c ---- */
 GC_HIDDEN void *gc_real(int idx);
@@ -229,6 +269,14 @@ GC_HIDDEN extern __thread int gc_in_control;
     X(cuMemAllocManaged)                                                                                           \
     X(cuIpcGetMemHandle)                                                                                           \
     X(cuMemCreate)                                                                                                 \
+    X(cuMemRelease)                                                                                                \
+    X(cuMemMap)                                                                                                    \
+    X(cuMemUnmap)                                                                                                  \
+    X(cuMemSetAccess)                                                                                              \
+    X(cuMemRetainAllocationHandle)                                                                                 \
+    X(cuMemGetAllocationPropertiesFromHandle)                                                                      \
+    X(cuMemExportToShareableHandle)                                                                                \
+    X(cuMemImportFromShareableHandle)                                                                              \
     X(cuLaunchKernel)                                                                                              \
     X(cuLaunchKernel_ptsz)                                                                                         \
     X(cuLaunchKernelEx)                                                                                            \
@@ -284,11 +332,6 @@ GC_HIDDEN extern __thread int gc_in_control;
     X(cuMemGetAllocationGranularity)                                                                               \
     X(cuMemAddressReserve)                                                                                         \
     X(cuMemAddressFree)                                                                                            \
-    X(cuMemImportFromShareableHandle)                                                                              \
-    X(cuMemMap)                                                                                                    \
-    X(cuMemUnmap)                                                                                                  \
-    X(cuMemSetAccess)                                                                                              \
-    X(cuMemRelease)                                                                                                \
     X(cuEventRecord)                                                                                               \
     X(cuEventQuery)                                                                                                \
     X(cuEventSynchronize)                                                                                          \

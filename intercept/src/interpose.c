@@ -418,19 +418,7 @@ GC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) 
     return r;
 }
 
-/* The application's own VMM memory is passed through: not checkpointable by gpucr. */
-GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                               unsigned long long flags) {
-    __typeof__(&cuMemCreate) fn = REAL(cuMemCreate);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
-    CUresult r = fn(handle, size, prop, flags);
-    if (r == CUDA_SUCCESS)
-        gc_note_reason(GC_REASON_APP_VMM);
-    gc_gate_leave();
-    return r;
-}
+/* The application's own VMM calls (cuMemCreate, cuMemMap, ...): vmm.c. */
 
 /* ---- launches ---- */
 

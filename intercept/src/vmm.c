@@ -1,0 +1,659 @@
+/*
+ * The application's own VMM calls, served from the helper.
+ *
+ * cuMemCreate of pinned device memory (requested handle types none or POSIX
+ * fd, no allocation flags, size a multiple of the granularity) becomes
+ * Alloc{kind VMM} at the helper; the fd is imported here, and the application
+ * gets a VIRTUAL handle that names a record {alloc_id, real (imported) handle,
+ * sizes, device, prop, reference count, mappings, access}. Every entry point
+ * taking or returning a generic allocation handle translates it, so that
+ * Drop / Reimport can swap the real handle underneath while every handle value
+ * and every address the application holds stays valid. Anything else (other
+ * props, no helper, helper refused) is passed through and stays a
+ * not-checkpointable reason, as before.
+ *
+ * Choices, where they refine the design brief:
+ * - Virtual handles are 0xC0DA in the top 16 bits | a counter. The driver's
+ *   handles are pointers (the simulator's, and the driver's as observed), whose
+ *   top 16 bits are 0 on x86-64/aarch64 user space; a pass-through handle with
+ *   the tag is warned about (it could not be told apart). A tagged value that
+ *   is not a live record is refused with CUDA_ERROR_INVALID_VALUE instead of
+ *   reaching the driver (which may crash on garbage handles).
+ * - Reference count: 1 at create, +1 per cuMemRetainAllocationHandle, -1 per
+ *   cuMemRelease. When it reaches 0 our import reference is released (once);
+ *   the mappings keep the memory alive, as the driver's do. The helper is told
+ *   Free when the count is 0 and no mapping remains; the handle is then dead.
+ * - Mapped{alloc_id, ptr} is sent for the first offset-0 mapping (the driver
+ *   only maps whole allocations at offset 0), and again if that mapping is
+ *   gone and another offset-0 mapping appears. The helper re-sends only
+ *   allocations it has an address for, so Drop drops only those: one created
+ *   but never mapped keeps its import across the cycle (it is not mapped, so
+ *   nothing of it is visible to the device anyway).
+ * - Access: per mapping, the part of each cuMemSetAccess range inside it with
+ *   its descriptors (merged per location for the same range), re-applied in
+ *   order after re-import. Unmapping part of a mapping keeps the rest (and the
+ *   rest of its access).
+ * - Exported handles (cuMemExportToShareableHandle): the application gets an
+ *   fd of the helper's physical memory, the same pages it sees; it stays valid
+ *   across Drop/Reimport (the helper holds the memory throughout), but a
+ *   restore into a new process would give new memory, so exporting makes the
+ *   process not checkpointable ("... exported to a shareable handle").
+ * - cuMemMapArrayAsync (sparse arrays) is not wrapped: cudadrv.h has no
+ *   CUarrayMapInfo; an application mapping helper-backed memory into a sparse
+ *   array would hand the driver a virtual handle. No test application does.
+ *
+ * Bookkeeping is under the client mutex (gc_lock), as is the buffer table;
+ * driver calls of the wrappers run under it too (VMM calls are not a hot path),
+ * helper requests never do.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpucr_int.h"
+
+#define VH_TAG 0xC0DA000000000000ULL
+#define VH_MASK 0xFFFF000000000000ULL
+
+#define R(name) ((__typeof__(&name))gc_real(SYM_##name))
+
+typedef struct vacc {
+    uint64_t ptr, size; /* inside its mapping */
+    size_t n;
+    CUmemAccessDesc *d;
+} vacc;
+
+typedef struct vrec vrec;
+
+typedef struct vmap {
+    uint64_t ptr, size, off;
+    vrec *r;
+    vacc *acc;
+    size_t nacc;
+    struct vmap *next;
+} vmap;
+
+struct vrec {
+    CUmemGenericAllocationHandle vh, real;
+    uint64_t id, size, hsize; /* size: the application's; hsize: the helper's */
+    uint64_t announced;       /* the address the helper has (Mapped); 0: none */
+    int dev, refs, nmaps;
+    bool real_released; /* our import reference released (the application released its last) */
+    bool imported;      /* false between Drop and Reimport */
+    CUmemAllocationProp prop;
+    vrec *next;
+};
+
+static struct {
+    vrec *recs;
+    vmap *maps;
+    uint64_t counter;
+} V;
+
+static bool is_virtual(CUmemGenericAllocationHandle h) { return (h & VH_MASK) == VH_TAG; }
+
+static vrec *find_vh(CUmemGenericAllocationHandle h) {
+    if (!is_virtual(h))
+        return NULL;
+    for (vrec *r = V.recs; r; r = r->next)
+        if (r->vh == h)
+            return r;
+    return NULL;
+}
+
+static vrec *find_id(uint64_t id) {
+    for (vrec *r = V.recs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+static vmap *map_at(uint64_t addr) {
+    for (vmap *m = V.maps; m; m = m->next)
+        if (addr >= m->ptr && addr - m->ptr < m->size)
+            return m;
+    return NULL;
+}
+
+static void map_free(vmap *m) {
+    for (size_t i = 0; i < m->nacc; i++)
+        free(m->acc[i].d);
+    free(m->acc);
+    free(m);
+}
+
+/* Forgets a record with no reference and no mapping; returns its alloc_id for Free. */
+static uint64_t rec_forget(vrec *v) {
+    for (vrec **pp = &V.recs; *pp; pp = &(*pp)->next)
+        if (*pp == v) {
+            *pp = v->next;
+            break;
+        }
+    uint64_t id = v->id;
+    gc_helper_bytes_add(-(int64_t)v->hsize);
+    free(v);
+    return id;
+}
+
+static void buf_add(const vmap *m) {
+    gc_buf b = {.addr = m->ptr, .size = m->size, .alloc_id = m->r->id, .kind = GC_KIND_VMM, .dev = m->r->dev};
+    int rc = gc_buf_insert(&b);
+    if (rc != 0)
+        gc_warn("buffer table: cannot add the mapping at 0x%llx (%s)", (unsigned long long)m->ptr,
+                rc == -1 ? "out of memory" : "overlaps");
+}
+
+static bool announced_alive(const vrec *v) {
+    if (!v->announced)
+        return false;
+    for (const vmap *m = V.maps; m; m = m->next)
+        if (m->r == v && m->off == 0 && m->ptr == v->announced)
+            return true;
+    return false;
+}
+
+/* [a, b) of m as a new mapping record, its access clipped; NULL when out of memory. */
+static vmap *piece(const vmap *m, uint64_t a, uint64_t b) {
+    vmap *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->ptr = a;
+    p->size = b - a;
+    p->off = m->off + (a - m->ptr);
+    p->r = m->r;
+    p->acc = m->nacc ? calloc(m->nacc, sizeof *p->acc) : NULL;
+    if (m->nacc && !p->acc) {
+        free(p);
+        return NULL;
+    }
+    for (size_t i = 0; i < m->nacc; i++) {
+        const vacc *x = &m->acc[i];
+        uint64_t lo = x->ptr > a ? x->ptr : a, hi = x->ptr + x->size < b ? x->ptr + x->size : b;
+        if (lo >= hi)
+            continue;
+        vacc *y = &p->acc[p->nacc];
+        y->d = malloc(x->n * sizeof *y->d);
+        if (!y->d) {
+            map_free(p);
+            return NULL;
+        }
+        memcpy(y->d, x->d, x->n * sizeof *y->d);
+        y->n = x->n;
+        y->ptr = lo;
+        y->size = hi - lo;
+        p->nacc++;
+    }
+    return p;
+}
+
+/* The driver unmapped [lo, hi): forget those parts. Records left with nothing go, their ids to *ids (malloc'ed). */
+static void cut_range(uint64_t lo, uint64_t hi, uint64_t **ids, size_t *nids) {
+    for (vmap **pp = &V.maps; *pp;) {
+        vmap *m = *pp;
+        uint64_t end = m->ptr + m->size;
+        if (m->ptr >= hi || end <= lo) {
+            pp = &m->next;
+            continue;
+        }
+        vrec *v = m->r;
+        gc_buf_remove(m->ptr);
+        *pp = m->next;
+        v->nmaps--;
+        vmap *parts[2] = {m->ptr < lo ? piece(m, m->ptr, lo) : NULL, hi < end ? piece(m, hi, end) : NULL};
+        if ((m->ptr < lo && !parts[0]) || (hi < end && !parts[1]))
+            gc_warn("out of memory: lost track of part of the mapping at 0x%llx", (unsigned long long)m->ptr);
+        map_free(m);
+        for (int k = 0; k < 2; k++) {
+            if (!parts[k])
+                continue;
+            parts[k]->next = *pp;
+            *pp = parts[k];
+            pp = &parts[k]->next;
+            v->nmaps++;
+            buf_add(parts[k]);
+        }
+        if (v->nmaps == 0 && v->refs == 0) {
+            uint64_t *n = realloc(*ids, (*nids + 1) * sizeof *n);
+            uint64_t id = rec_forget(v);
+            if (!n) {
+                gc_warn("out of memory: the helper keeps allocation %llu until this process exits",
+                        (unsigned long long)id);
+                continue;
+            }
+            *ids = n;
+            n[(*nids)++] = id;
+        }
+    }
+}
+
+/* Records a successful cuMemSetAccess over [lo, hi) of m. */
+static void note_access(vmap *m, uint64_t lo, uint64_t hi, const CUmemAccessDesc *desc, size_t count) {
+    vacc *x = NULL;
+    for (size_t i = 0; i < m->nacc; i++)
+        if (m->acc[i].ptr == lo && m->acc[i].size == hi - lo)
+            x = &m->acc[i];
+    if (!x) {
+        vacc *na = realloc(m->acc, (m->nacc + 1) * sizeof *na);
+        if (!na)
+            goto oom;
+        m->acc = na;
+        x = &m->acc[m->nacc];
+        *x = (vacc){.ptr = lo, .size = hi - lo};
+        m->nacc++;
+    }
+    for (size_t k = 0; k < count; k++) {
+        size_t j = 0;
+        while (j < x->n && (x->d[j].location.type != desc[k].location.type || x->d[j].location.id != desc[k].location.id))
+            j++;
+        if (j == x->n) {
+            CUmemAccessDesc *nd = realloc(x->d, (x->n + 1) * sizeof *nd);
+            if (!nd)
+                goto oom;
+            x->d = nd;
+            x->n++;
+        }
+        x->d[j] = desc[k];
+    }
+    return;
+oom:
+    gc_warn("out of memory recording the access of 0x%llx: it may not be restored after a checkpoint",
+            (unsigned long long)lo);
+}
+
+/* ---- wrappers ---- */
+
+static bool servable(size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
+    return p && flags == 0 && size != 0 && p->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
+           p->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+           !(p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
+           !p->allocFlags.compressionType && !p->allocFlags.gpuDirectRDMACapable && !p->allocFlags.usage;
+}
+
+/* CUDA_SUCCESS, GC_FALLBACK (the driver's own cuMemCreate answers), or an error for the application. */
+static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop) {
+    int dev = prop->location.id;
+    const char *uuid = gc_dev_uuid(dev);
+    if (!uuid)
+        return GC_FALLBACK;
+    size_t gran = 0;
+    __typeof__(&cuMemGetAllocationGranularity) gfn = R(cuMemGetAllocationGranularity);
+    CUresult r = gfn ? gfn(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) : CUDA_ERROR_NOT_SUPPORTED;
+    if (r != CUDA_SUCCESS || gran == 0 || size % gran)
+        return GC_FALLBACK; /* the driver gives the application its own answer */
+    gc_note_context();
+    uint64_t id = 0, hsize = 0;
+    int fd = -1;
+    r = gc_helper_alloc(uuid, size, GC_KIND_VMM, &id, &hsize, &fd);
+    if (r != CUDA_SUCCESS)
+        return r;
+    vrec *v = NULL;
+    CUmemGenericAllocationHandle real = 0;
+    if (hsize != size) {
+        /* the helper's granularity is coarser: only whole allocations map */
+        gc_warn("helper allocation of %zu bytes came as %llu: using the driver's cuMemCreate; not checkpointable",
+                size, (unsigned long long)hsize);
+        r = GC_FALLBACK;
+    } else if (!(v = calloc(1, sizeof *v))) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        r = R(cuMemImportFromShareableHandle)(&real, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r != CUDA_SUCCESS) {
+            gc_warn("cuMemImportFromShareableHandle: error %d: using the driver's cuMemCreate; not checkpointable",
+                    (int)r);
+            r = GC_FALLBACK;
+        }
+    }
+    if (close(fd) != 0)
+        gc_debug("close of the allocation fd failed");
+    if (r != CUDA_SUCCESS) {
+        free(v);
+        gc_send_free(id);
+        return r;
+    }
+    v->real = real;
+    v->id = id;
+    v->size = size;
+    v->hsize = hsize;
+    v->dev = dev;
+    v->prop = *prop;
+    v->refs = 1;
+    v->imported = true;
+    gc_lock();
+    v->vh = VH_TAG | (++V.counter & ~VH_MASK);
+    v->next = V.recs;
+    V.recs = v;
+    gc_helper_bytes_add((int64_t)hsize);
+    gc_unlock();
+    gc_stat_add(ST_ALLOCS, 1);
+    gc_debug("cuMemCreate: helper allocation %llu, %zu bytes, handle 0x%llx", (unsigned long long)id, size,
+             (unsigned long long)v->vh);
+    *handle = v->vh;
+    return CUDA_SUCCESS;
+}
+
+GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+    __typeof__(&cuMemCreate) fn = R(cuMemCreate);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r = GC_FALLBACK;
+    if (handle && servable(size, prop, flags) && gc_client_up())
+        r = create_from_helper(handle, size, prop);
+    if (r == GC_FALLBACK) {
+        r = fn(handle, size, prop, flags);
+        if (r == CUDA_SUCCESS) {
+            gc_note_reason(GC_REASON_APP_VMM);
+            if (is_virtual(*handle))
+                gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's",
+                        (unsigned long long)*handle);
+        }
+    }
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    __typeof__(&cuMemRelease) fn = R(cuMemRelease);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r = CUDA_SUCCESS;
+    uint64_t free_id = 0;
+    gc_lock();
+    vrec *v = find_vh(handle);
+    if (!v) {
+        gc_unlock();
+        r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(handle);
+    } else {
+        if (v->refs == 0) {
+            r = CUDA_ERROR_INVALID_VALUE; /* released already, alive only through its mappings */
+        } else if (v->refs == 1 && !v->real_released) {
+            r = fn(v->real);
+            if (r == CUDA_SUCCESS)
+                v->real_released = true;
+        }
+        if (r == CUDA_SUCCESS && --v->refs == 0 && v->nmaps == 0)
+            free_id = rec_forget(v);
+        gc_unlock();
+    }
+    if (free_id) {
+        gc_send_free(free_id);
+        gc_stat_add(ST_FREES, 1);
+    }
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                            unsigned long long flags) {
+    __typeof__(&cuMemMap) fn = R(cuMemMap);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r;
+    uint64_t announce = 0;
+    gc_lock();
+    vrec *v = find_vh(handle);
+    if (!v) {
+        gc_unlock();
+        r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(ptr, size, offset, handle, flags);
+    } else {
+        vmap *m = calloc(1, sizeof *m);
+        /* a released handle still maps while a mapping keeps its memory: the driver decides */
+        r = m ? fn(ptr, size, offset, v->real, flags) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (r == CUDA_SUCCESS) {
+            m->ptr = ptr;
+            m->size = size;
+            m->off = offset;
+            m->r = v;
+            m->next = V.maps;
+            V.maps = m;
+            v->nmaps++;
+            buf_add(m);
+            if (offset == 0 && !announced_alive(v)) {
+                v->announced = ptr;
+                announce = v->id;
+            }
+        } else {
+            free(m);
+        }
+        gc_unlock();
+    }
+    if (announce)
+        gc_send_mapped(announce, ptr);
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    __typeof__(&cuMemUnmap) fn = R(cuMemUnmap);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    uint64_t *ids = NULL;
+    size_t nids = 0;
+    gc_lock();
+    CUresult r = fn(ptr, size);
+    if (r == CUDA_SUCCESS && size && ptr + size > ptr)
+        cut_range(ptr, ptr + size, &ids, &nids);
+    gc_unlock();
+    for (size_t i = 0; i < nids; i++)
+        gc_send_free(ids[i]);
+    free(ids);
+    if (nids)
+        gc_stat_add(ST_FREES, nids);
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    __typeof__(&cuMemSetAccess) fn = R(cuMemSetAccess);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    gc_lock();
+    CUresult r = fn(ptr, size, desc, count);
+    if (r == CUDA_SUCCESS && desc && count) {
+        uint64_t end = ptr + size;
+        for (vmap *m = V.maps; m; m = m->next) {
+            uint64_t mend = m->ptr + m->size;
+            if (m->ptr >= end || mend <= ptr)
+                continue;
+            note_access(m, m->ptr > ptr ? m->ptr : ptr, mend < end ? mend : end, desc, count);
+        }
+    }
+    gc_unlock();
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    __typeof__(&cuMemRetainAllocationHandle) fn = R(cuMemRetainAllocationHandle);
+    gc_gate_enter();
+    CUresult r;
+    gc_lock();
+    vmap *m = handle ? map_at((uint64_t)(uintptr_t)addr) : NULL;
+    if (m) {
+        m->r->refs++; /* one more cuMemRelease to come; our import reference is not retained again */
+        *handle = m->r->vh;
+        gc_unlock();
+        r = CUDA_SUCCESS;
+    } else {
+        gc_unlock();
+        r = fn ? fn(handle, addr) : CUDA_ERROR_NOT_SUPPORTED;
+    }
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                          CUmemGenericAllocationHandle handle) {
+    __typeof__(&cuMemGetAllocationPropertiesFromHandle) fn = R(cuMemGetAllocationPropertiesFromHandle);
+    gc_gate_enter();
+    CUresult r;
+    gc_lock();
+    vrec *v = find_vh(handle);
+    if (v) {
+        if (prop)
+            *prop = v->prop; /* what the application asked for, not what the import says */
+        gc_unlock();
+        r = prop ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    } else {
+        gc_unlock();
+        r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn ? fn(prop, handle) : CUDA_ERROR_NOT_SUPPORTED;
+    }
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
+    __typeof__(&cuMemExportToShareableHandle) fn = R(cuMemExportToShareableHandle);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r;
+    gc_lock();
+    vrec *v = find_vh(handle);
+    if (!v) {
+        gc_unlock();
+        r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(shareableHandle, handle, handleType, flags);
+    } else {
+        /* only the types requested at creation export, as with the driver; the import itself is POSIX-fd */
+        r = (handleType & v->prop.requestedHandleTypes) ? fn(shareableHandle, v->real, handleType, flags)
+                                                         : CUDA_ERROR_INVALID_VALUE;
+        gc_unlock();
+        if (r == CUDA_SUCCESS)
+            gc_note_reason(GC_REASON_EXPORT);
+    }
+    gc_gate_leave();
+    return r;
+}
+
+/* Foreign memory (another process's export): passed through, not checkpointable. */
+GC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                  CUmemAllocationHandleType shHandleType) {
+    __typeof__(&cuMemImportFromShareableHandle) fn = R(cuMemImportFromShareableHandle);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r = fn(handle, osHandle, shHandleType);
+    if (r == CUDA_SUCCESS) {
+        gc_note_reason(GC_REASON_FOREIGN);
+        if (is_virtual(*handle))
+            gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's", (unsigned long long)*handle);
+    }
+    gc_gate_leave();
+    return r;
+}
+
+/* ---- the control thread's part (gc_lock held) ---- */
+
+void gc_vmm_drop(CUresult *bad) {
+    for (vrec *v = V.recs; v; v = v->next) {
+        if (!v->imported || !v->announced)
+            continue; /* never mapped: the helper would not send it back; it keeps its import */
+        for (vmap *m = V.maps; m; m = m->next) {
+            if (m->r != v)
+                continue;
+            CUresult r = R(cuMemUnmap)(m->ptr, m->size);
+            if (r != CUDA_SUCCESS && *bad == CUDA_SUCCESS)
+                *bad = r;
+        }
+        if (!v->real_released) {
+            CUresult r = R(cuMemRelease)(v->real);
+            if (r != CUDA_SUCCESS && *bad == CUDA_SUCCESS)
+                *bad = r;
+        }
+        v->imported = false;
+    }
+}
+
+/* Undoes the first n mappings of v at h (a failed re-import). */
+static void unmap_first(const vrec *v, size_t n) {
+    for (vmap *m = V.maps; m && n; m = m->next) {
+        if (m->r != v)
+            continue;
+        CUresult r = R(cuMemUnmap)(m->ptr, m->size);
+        if (r != CUDA_SUCCESS)
+            gc_warn("Reimport: undoing the mapping at 0x%llx: error %d", (unsigned long long)m->ptr, (int)r);
+        n--;
+    }
+}
+
+int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg, size_t msglen) {
+    vrec *v = find_id(id);
+    if (!v)
+        return 0;
+    if (v->hsize != size || v->announced != addr) {
+        snprintf(msg, msglen, "Reimport: VMM allocation %llu at 0x%llx (%llu bytes) is not ours",
+                 (unsigned long long)id, (unsigned long long)addr, (unsigned long long)size);
+        return -1;
+    }
+    if (v->imported)
+        return 1;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = R(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) {
+        snprintf(msg, msglen, "Reimport %llu: cuMemImportFromShareableHandle: CUresult %d", (unsigned long long)id,
+                 (int)r);
+        return -2;
+    }
+    size_t done = 0;
+    for (vmap *m = V.maps; m && r == CUDA_SUCCESS; m = m->next) {
+        if (m->r != v)
+            continue;
+        r = R(cuMemMap)(m->ptr, m->size, m->off, h, 0);
+        if (r != CUDA_SUCCESS) {
+            snprintf(msg, msglen, "Reimport %llu: cuMemMap(0x%llx): CUresult %d", (unsigned long long)id,
+                     (unsigned long long)m->ptr, (int)r);
+            break;
+        }
+        done++;
+        for (size_t i = 0; i < m->nacc && r == CUDA_SUCCESS; i++) {
+            r = R(cuMemSetAccess)(m->acc[i].ptr, m->acc[i].size, m->acc[i].d, m->acc[i].n);
+            if (r != CUDA_SUCCESS)
+                snprintf(msg, msglen, "Reimport %llu: cuMemSetAccess(0x%llx): CUresult %d", (unsigned long long)id,
+                         (unsigned long long)m->acc[i].ptr, (int)r);
+        }
+    }
+    if (r != CUDA_SUCCESS) {
+        unmap_first(v, done);
+        CUresult rr = R(cuMemRelease)(h);
+        if (rr != CUDA_SUCCESS)
+            gc_warn("Reimport %llu: releasing the import: error %d", (unsigned long long)id, (int)rr);
+        return -2;
+    }
+    if (v->real_released) {
+        /* the application had released its handle: again only the mappings hold the memory */
+        r = R(cuMemRelease)(h);
+        if (r != CUDA_SUCCESS)
+            gc_warn("Reimport %llu: cuMemRelease: error %d", (unsigned long long)id, (int)r);
+    }
+    v->real = h;
+    v->imported = true;
+    return 1;
+}
+
+bool gc_vmm_all_imported(void) {
+    for (vrec *v = V.recs; v; v = v->next)
+        if (!v->imported)
+            return false;
+    return true;
+}
+
+size_t gc_vmm_list(gc_vmm_info *out, size_t max) {
+    size_t n = 0;
+    for (vrec *v = V.recs; v; v = v->next, n++)
+        if (out && n < max)
+            out[n] = (gc_vmm_info){.id = v->id, .addr = v->announced, .size = v->hsize, .dev = v->dev};
+    return out && n > max ? max : n;
+}
+
+/* The child forgets the parent's records (its handles mean nothing to the child's driver state). */
+void gc_vmm_atfork_child(void) {
+    V.recs = NULL;
+    V.maps = NULL;
+}
