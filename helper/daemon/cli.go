@@ -51,6 +51,13 @@ func (s *Server) status() *helperpb.StatusReply {
 	s.mu.Unlock()
 	sort.Slice(clients, func(i, j int) bool { return clients[i].pid < clients[j].pid })
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable}
+	for i, d := range s.cfg.Devices {
+		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
+			if free, err := fm.FreeMemory(); err == nil {
+				out.Devices[i].FreeMemory = free
+			}
+		}
+	}
 	infos := make([]*helperpb.ClientInfo, len(clients))
 	var wg sync.WaitGroup
 	for i, cl := range clients {

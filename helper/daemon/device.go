@@ -33,14 +33,15 @@ func CUDADevices(drv *cuda.Driver) []Device {
 }
 
 func (c cudaDevice) Info() *helperpb.DeviceInfo {
-	info := &helperpb.DeviceInfo{Uuid: c.d.UUID, Name: c.d.Name, TotalMemory: c.d.TotalMemory,
+	return &helperpb.DeviceInfo{Uuid: c.d.UUID, Name: c.d.Name, TotalMemory: c.d.TotalMemory,
 		Granularity: c.d.Granularity, Ordinal: int32(c.d.Ordinal)}
-	// Free memory as the driver sees it now (0 if it cannot say): status
-	// shows a dead client's memory coming back.
-	if free, _, err := c.d.MemInfo(); err == nil {
-		info.FreeMemory = free
-	}
-	return info
+}
+
+// FreeMemory is the driver's free memory now: for Status only (cuMemGetInfo
+// costs a driver round trip, too much for every allocation).
+func (c cudaDevice) FreeMemory() (uint64, error) {
+	free, _, err := c.d.MemInfo()
+	return free, err
 }
 
 func (c cudaDevice) Create(size uint64) (uint64, error) {

@@ -87,10 +87,15 @@ done
 note ""
 note "## quiesce/drain/drop/reimport/resume on a live PyTorch process"
 under $PY tests/gpu/torch_workloads.py transformer --steps 400 >"$LOGS/cycle.out" 2>"$LOGS/cycle.err" &
-TP=$!
+BG=$!
 for _ in $(seq 300); do [ "$(grep -c '^step' "$LOGS/cycle.out")" -ge 20 ] && break; sleep 0.1; done
 "$GPUCR" status --socket "$SOCK" --json >"$LOGS/status-live.json" 2>&1
 "$GPUCR" status --socket "$SOCK" 2>&1 | sed 's/^/  /' | tee -a "$LOGS/summary.txt"
+# The client's pid (the background job is a subshell around it).
+TP=$($PY -c 'import json,sys; c=[c for c in json.load(open(sys.argv[1]))["clients"] if "python" in c["program"]]; print(c[0]["pid"] if c else "")' "$LOGS/status-live.json")
+[ -n "$TP" ] || bad "cycle: the PyTorch process is not a client"
+"$GPUCR" client $TP stats --json --socket "$SOCK" >"$LOGS/cycle-stats.json" 2>&1
+note "  stats: $(tr -d ' \n' <"$LOGS/cycle-stats.json" | cut -c1-400)"
 cyc_ok=1
 for i in 1 2 3; do
 	t0=$(date +%s.%N)
@@ -101,7 +106,7 @@ for i in 1 2 3; do
 	note "cycle $i: $($PY -c "print(f'{$t1-$t0:.3f} s for 7 gpucr client calls')")"
 	sleep 0.5
 done
-wait $TP; rc=$?
+wait $BG; rc=$?
 under $PY tests/gpu/torch_workloads.py transformer --steps 400 >"$LOGS/cycle-ref.out" 2>/dev/null &
 wait $!
 lc=$(awk '$1=="step"{print $3}' "$LOGS/cycle.out" | md5sum | cut -c1-8)
@@ -115,7 +120,14 @@ note "## JAX, CuPy, Numba under gpucr run"
 for f in jax cupy numba; do
 	p=$($PY tests/gpu/smoke_frameworks.py $f 2>"$LOGS/$f.a.err" | grep '^smoke')
 	g=$(under $PY tests/gpu/smoke_frameworks.py $f 2>"$LOGS/$f.g.err" | grep '^smoke')
-	[ -n "$p" ] && [ "$p" = "$g" ] && r=equal || r=DIFFER
+	if [ -z "$p" ]; then
+		r="fails without gpucr too: $(tail -1 "$LOGS/$f.a.err")"
+	elif [ "$p" = "$g" ]; then
+		r=equal
+	else
+		r=DIFFER
+		fail=1
+	fi
 	note "| $f | $p | $g | $r | $(grep -h '^gpucr:' "$LOGS/$f.g.err" | head -1) |"
 done
 
