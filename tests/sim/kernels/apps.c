@@ -169,3 +169,12 @@ static CUresult app_vm_fold(const simk_launch *L) {
     return CUDA_SUCCESS;
 }
 SIMK_REGISTER("app_vm_fold", app_vm_fold);
+
+/* ---- launchbench: empty kernels, only the launch is measured ---------- */
+
+static CUresult app_lb_nothing(const simk_launch *L) {
+    (void)L;
+    return CUDA_SUCCESS;
+}
+SIMK_REGISTER("lb_small", app_lb_nothing);
+SIMK_REGISTER("lb_big", app_lb_nothing);
