@@ -190,12 +190,16 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 // dropClient forgets a client whose calls connection closed and releases
 // every allocation it had.
 func (s *Server) dropClient(cl *client) {
-	s.mu.Lock()
-	delete(s.byToken, cl.token)
-	if s.byPID[cl.pid] == cl {
-		delete(s.byPID, cl.pid)
-	}
-	s.mu.Unlock()
+	// The client leaves the status list only after its memory is released,
+	// so that whoever sees it gone also sees the memory back.
+	defer func() {
+		s.mu.Lock()
+		delete(s.byToken, cl.token)
+		if s.byPID[cl.pid] == cl {
+			delete(s.byPID, cl.pid)
+		}
+		s.mu.Unlock()
+	}()
 	cl.mu.Lock()
 	allocs := cl.allocs
 	cl.allocs = map[uint64]*alloc{}

@@ -432,3 +432,35 @@ func TestQuiesceCycleVMMApp(t *testing.T) {
 	compareWithReference(t, hbs, reference(t, env, "vmmapp", args, iters))
 	waitNoClients(t, h, 10*time.Second)
 }
+
+// TestForkedChildrenLeaveConnectionAlone: children forked by an interposed
+// process exit without touching the driver; the parent's helper connections
+// must survive them (the children forget, never use or close, the parent's
+// connections), so the parent stays a checkpointable client throughout.
+func TestForkedChildrenLeaveConnectionAlone(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "stormapp", "--threads", "2", "--seconds", "3", "--forks", "10")
+	time.Sleep(2 * time.Second) // most children have come and gone
+	st := h.status()
+	found := false
+	for _, c := range st.Clients {
+		if p, _ := c.Pid.Int64(); int(p) == a.pid {
+			found = true
+			if !c.ControlConnected || !c.Checkpointable {
+				t.Errorf("after forks: control connected %v, checkpointable %v (%v)", c.ControlConnected, c.Checkpointable, c.NotCheckpointable)
+			}
+		} else {
+			t.Errorf("a forked child (pid %s) registered as a client without using the driver", c.Pid)
+		}
+	}
+	if !found {
+		t.Errorf("the parent (pid %d) is no longer a client after its children exited", a.pid)
+	}
+	h.op(a.pid, "quiesce")
+	h.op(a.pid, "resume")
+	if code := a.wait(time.Minute); code != 0 || !strings.Contains(a.output(), "errors=0") {
+		t.Fatalf("stormapp with forks: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+}
