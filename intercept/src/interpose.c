@@ -234,9 +234,19 @@ static void atfork_child(void) {
     gc_client_atfork_child();
 }
 
+/*
+ * GPUCR_SCAN=0 turns the per-launch parameter scan off (launches are only
+ * counted): nothing needs the speculated buffer sets before concurrent
+ * checkpointing, and it separates the scan's cost from the rest in
+ * measurements.
+ */
+static bool scan_on = true;
+
 __attribute__((constructor)) static void gc_init(void) {
     const char *l = getenv("GPUCR_LOG");
     gc_log_debug = l && strcmp(l, "debug") == 0;
+    const char *sc = getenv("GPUCR_SCAN");
+    scan_on = !(sc && strcmp(sc, "0") == 0);
     gate_init_cv();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
@@ -423,7 +433,7 @@ GC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) 
 /* ---- launches ---- */
 
 static inline void scan(void *f, void **kernelParams, void **extra) {
-    if (gc_client_tracking())
+    if (scan_on && gc_client_tracking())
         gc_scan_launch(gc_buffers(), f, kernelParams, extra);
     else
         gc_stat_add(ST_LAUNCHES, 1);

@@ -17,6 +17,7 @@
 #      before and after; the process must go on computing the same losses)
 #   5. JAX, CuPy, Numba smoke runs under gpucr run: same value as without
 #   6. allocbench: cuMemAlloc/cuMemFree latency without and with
+#   7. launchbench: CPU cost per launch without, with, with GPUCR_SCAN=0
 # Prints a table; logs in build/gpu/interposer (and $OUT if set).
 set -u
 cd "$(dirname "$0")/../.."
@@ -65,21 +66,23 @@ fi
 
 # --- 3. PyTorch workloads ----------------------------------------------------
 note ""
-note "## PyTorch: losses and median step time (s), plain A, gpucr, plain B"
-note "| workload | losses | plain A | gpucr | plain B | overhead vs mean(A,B) |"
-note "|---|---|---|---|---|---|"
+note "## PyTorch: losses and median step time (s): plain A, gpucr, gpucr with GPUCR_SCAN=0, plain B"
+note "| workload | losses | plain A | gpucr | gpucr scan off | plain B | overhead | overhead scan off |"
+note "|---|---|---|---|---|---|---|---|"
+med() { $PY -c 'import json,sys; print(json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["median_step_s"])' "$1" 2>/dev/null || echo nan; }
 for w in resnet transformer inference compile; do
 	$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.a" 2>"$LOGS/$w.a.err"
 	under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.g" 2>"$LOGS/$w.g.err"
+	GPUCR_SCAN=0 under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.n" 2>"$LOGS/$w.n.err"
 	$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.b" 2>"$LOGS/$w.b.err"
 	la=$(awk '$1=="step"{print $3}' "$LOGS/$w.a" | md5sum | cut -c1-8)
 	lg=$(awk '$1=="step"{print $3}' "$LOGS/$w.g" | md5sum | cut -c1-8)
 	n=$(grep -c '^step' "$LOGS/$w.g")
 	[ "$la" = "$lg" ] && [ "$n" -eq "$STEPS" ] && eq="identical ($n steps)" || { eq="DIFFER ($n steps)"; fail=1; }
-	med() { $PY -c 'import json,sys; print(json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["median_step_s"])' "$1" 2>/dev/null || echo nan; }
-	a=$(med "$LOGS/$w.a"); g=$(med "$LOGS/$w.g"); b=$(med "$LOGS/$w.b")
+	a=$(med "$LOGS/$w.a"); g=$(med "$LOGS/$w.g"); x=$(med "$LOGS/$w.n"); b=$(med "$LOGS/$w.b")
 	ov=$($PY -c "a,g,b=$a,$g,$b; print(f'{(g/((a+b)/2)-1)*100:+.1f}%')" 2>/dev/null || echo "?")
-	note "| $w | $eq | $a | $g | $b | $ov |"
+	ox=$($PY -c "a,g,b=$a,$x,$b; print(f'{(g/((a+b)/2)-1)*100:+.1f}%')" 2>/dev/null || echo "?")
+	note "| $w | $eq | $a | $g | $x | $b | $ov | $ox |"
 	grep -h '^gpucr:' "$LOGS/$w.g.err" | head -3 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
 done
 
@@ -138,6 +141,15 @@ if [ -x build/gpu/bin/allocbench ]; then
 	build/gpu/bin/allocbench --reps 30 >"$LOGS/alloc.a" 2>&1
 	under build/gpu/bin/allocbench --reps 30 >"$LOGS/alloc.g" 2>&1
 	paste "$LOGS/alloc.a" "$LOGS/alloc.g" | awk '{printf "| %s %s | alloc %s free %s | alloc %s free %s |\n", $1, $2, $3, $4, $7, $8}' | tee -a "$LOGS/summary.txt"
+fi
+
+note ""
+note "## launch cost (us per launch): plain | gpucr | gpucr GPUCR_SCAN=0"
+if [ -x build/gpu/bin/launchbench ]; then
+	build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.a" 2>&1
+	under build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.g" 2>&1
+	GPUCR_SCAN=0 under build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.n" 2>&1
+	paste "$LOGS/launch.a" "$LOGS/launch.g" "$LOGS/launch.n" | awk '{printf "| %s | %s | %s | %s |\n", $2, $4, $8, $12}' | tee -a "$LOGS/summary.txt"
 fi
 
 "$GPUCR" status --socket "$SOCK" >"$LOGS/status-end.txt" 2>&1
