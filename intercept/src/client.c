@@ -683,7 +683,17 @@ static void release_buf(const gc_buf *b) {
     rec *a = find_rec(b->alloc_id);
     if (a && a->slab) {
         slab_give(a->slab, b->addr - a->slab->base, b->size);
-        if (a->slab->used == 0) {
+        /*
+         * An empty slab goes back to the helper only if the device has
+         * another empty one: a program that allocates and frees one small
+         * buffer in a loop would otherwise pay a helper round trip (about
+         * 1.5 ms on the GPU machine) for every allocation.
+         */
+        bool spare = false;
+        if (a->slab->used == 0)
+            for (gc_slab *o = G.slabs; o && !spare; o = o->next)
+                spare = o != a->slab && o->used == 0 && ((rec *)o->owner)->dev == a->dev;
+        if (a->slab->used == 0 && spare) {
             for (gc_slab **pp = &G.slabs; *pp; pp = &(*pp)->next)
                 if (*pp == a->slab) {
                     *pp = a->slab->next;
