@@ -1189,6 +1189,7 @@ static void do_stats(Resp *resp) {
     s->pointer_words = c[ST_PTR_WORDS];
     s->param_layouts = gc_layout_count();
     s->launches_no_layout = c[ST_NO_LAYOUT];
+    s->launches_scanned = c[ST_SCANNED];
     s->copies = c[ST_COPIES];
     s->memsets = c[ST_MEMSETS];
     s->modules_loaded = c[ST_MODULES];

@@ -148,6 +148,7 @@ enum gc_stat {
     ST_STREAMS,
     ST_EVENTS,
     ST_GATE_WAITS,
+    ST_SCANNED,
     ST_N
 };
 

@@ -217,11 +217,24 @@ unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len) {
     if (!p || s->n == 0)
         return 0;
     const unsigned char *b = p;
+    /* The pointers of one launch mostly point into a few buffers: the last
+     * buffer hit is checked before searching the table. */
+    uint64_t last_lo = 1, last_hi = 0;
     for (size_t off = 0; off + 8 <= len; off += 8) {
         uint64_t w;
         memcpy(&w, b + off, 8);
-        if (w >= s->lo && w < s->hi && gt_find(s, w))
+        if (w < s->lo || w >= s->hi)
+            continue;
+        if (w >= last_lo && w < last_hi) {
             hits++;
+            continue;
+        }
+        const gc_buf *f = gt_find(s, w);
+        if (f) {
+            hits++;
+            last_lo = f->addr;
+            last_hi = f->addr + f->size;
+        }
     }
     return hits;
 }
@@ -229,6 +242,7 @@ unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len) {
 unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra) {
     unsigned hits = 0;
     gc_stat_add(ST_LAUNCHES, 1);
+    gc_stat_add(ST_SCANNED, 1);
     if (kernelParams) {
         bool owned;
         const gc_layout *l = gc_layout_get(f, &owned);

@@ -2635,7 +2635,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__buffer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[17] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[18] =
 {
   {
     "allocs",
@@ -2841,6 +2841,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "launches_scanned",
+    18,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, launches_scanned),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] = {
   0,   /* field[0] = allocs */
@@ -2851,6 +2863,7 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
   4,   /* field[4] = helper_bytes */
   6,   /* field[6] = launches */
   10,   /* field[10] = launches_no_layout */
+  17,   /* field[17] = launches_scanned */
   7,   /* field[7] = launches_with_hits */
   2,   /* field[2] = live_buffers */
   3,   /* field[3] = live_bytes */
@@ -2864,7 +2877,7 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
 static const ProtobufCIntRange gpucr__helper__v1__client_stats__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 17 }
+  { 0, 18 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
 {
@@ -2874,7 +2887,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
   "Gpucr__Helper__V1__ClientStats",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientStats),
-  17,
+  18,
   gpucr__helper__v1__client_stats__field_descriptors,
   gpucr__helper__v1__client_stats__field_indices_by_name,
   1,  gpucr__helper__v1__client_stats__number_ranges,

@@ -590,10 +590,16 @@ struct  Gpucr__Helper__V1__ClientStats
    * calls that waited at a closed gate
    */
   uint64_t gate_waits;
+  /*
+   * Launches whose parameters were scanned (launches_with_hits and
+   * pointer_words count over these): all of them with GPUCR_SCAN=all, a
+   * sample by default (see intercept/README.md).
+   */
+  uint64_t launches_scanned;
 };
 #define GPUCR__HELPER__V1__CLIENT_STATS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_stats__descriptor) \
-    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__Status

@@ -1948,8 +1948,12 @@ type ClientStats struct {
 	StreamsCreated   uint64                 `protobuf:"varint,15,opt,name=streams_created,json=streamsCreated,proto3" json:"streams_created,omitempty"`
 	EventsCreated    uint64                 `protobuf:"varint,16,opt,name=events_created,json=eventsCreated,proto3" json:"events_created,omitempty"`
 	GateWaits        uint64                 `protobuf:"varint,17,opt,name=gate_waits,json=gateWaits,proto3" json:"gate_waits,omitempty"` // calls that waited at a closed gate
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Launches whose parameters were scanned (launches_with_hits and
+	// pointer_words count over these): all of them with GPUCR_SCAN=all, a
+	// sample by default (see intercept/README.md).
+	LaunchesScanned uint64 `protobuf:"varint,18,opt,name=launches_scanned,json=launchesScanned,proto3" json:"launches_scanned,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ClientStats) Reset() {
@@ -2097,6 +2101,13 @@ func (x *ClientStats) GetEventsCreated() uint64 {
 func (x *ClientStats) GetGateWaits() uint64 {
 	if x != nil {
 		return x.GateWaits
+	}
+	return 0
+}
+
+func (x *ClientStats) GetLaunchesScanned() uint64 {
+	if x != nil {
+		return x.LaunchesScanned
 	}
 	return 0
 }
@@ -2535,7 +2546,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12\x19\n" +
 	"\balloc_id\x18\x04 \x01(\x04R\aallocId\x12\x1f\n" +
 	"\vdevice_uuid\x18\x05 \x01(\tR\n" +
-	"deviceUuid\"\xcd\x04\n" +
+	"deviceUuid\"\xf8\x04\n" +
 	"\vClientStats\x12\x16\n" +
 	"\x06allocs\x18\x01 \x01(\x04R\x06allocs\x12\x14\n" +
 	"\x05frees\x18\x02 \x01(\x04R\x05frees\x12!\n" +
@@ -2556,7 +2567,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0fstreams_created\x18\x0f \x01(\x04R\x0estreamsCreated\x12%\n" +
 	"\x0eevents_created\x18\x10 \x01(\x04R\reventsCreated\x12\x1d\n" +
 	"\n" +
-	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\"\b\n" +
+	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\x12)\n" +
+	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\"\b\n" +
 	"\x06Status\"\xc4\x01\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +

@@ -464,3 +464,42 @@ func TestForkedChildrenLeaveConnectionAlone(t *testing.T) {
 		t.Fatalf("stormapp with forks: exit %d:\n%s", code, tail(a.output(), 10))
 	}
 }
+
+// TestLaunchTracking: every launch of heartbeat (all three launch forms,
+// kernelParams and packed `extra`) is counted and, with GPUCR_SCAN=all,
+// scanned: each has a parameter layout and points into tracked buffers. By
+// default only a sample is scanned.
+func TestLaunchTracking(t *testing.T) {
+	dir := t.TempDir()
+	h := startHelper(t, dir, gpucrEnv(t))
+	stats := func(env []string) map[string]int64 {
+		t.Helper()
+		d := t.TempDir()
+		a := startUnder(t, d, h, env, "heartbeat", "--mib", "8", "--interval-ms", "5", "--iters", "400")
+		a.waitIter(300, time.Minute)
+		out := h.op(a.pid, "stats")
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(out), &raw); err != nil {
+			t.Fatalf("stats JSON: %v\n%s", err, out)
+		}
+		m := map[string]int64{}
+		for k, v := range raw {
+			n, _ := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+			m[k] = n
+		}
+		a.kill()
+		return m
+	}
+	all := stats(gpucrEnv(t, "GPUCR_SCAN=all"))
+	if all["launches"] < 600 || all["launches_scanned"] != all["launches"] || all["launches_with_hits"] != all["launches"] ||
+		all["pointer_words"] < all["launches"] || all["launches_no_layout"] != 0 || all["param_layouts"] < 2 {
+		t.Errorf("GPUCR_SCAN=all: %v", all)
+	}
+	if all["copies"] == 0 || all["streams_created"] < 2 || all["modules_loaded"] == 0 || all["allocs"] == 0 {
+		t.Errorf("copies, streams, modules or allocations not counted: %v", all)
+	}
+	def := stats(gpucrEnv(t))
+	if def["launches"] < 600 || def["launches_scanned"] == 0 || def["launches_scanned"]*8 > def["launches"] {
+		t.Errorf("default sampling: %d of %d launches scanned", def["launches_scanned"], def["launches"])
+	}
+}
