@@ -9,15 +9,20 @@
 #   2. the test applications (heartbeat, ptrchase, vmmapp, stormapp) under
 #      `gpucr run`: same final checksum as without; stormapp checks every byte
 #   3. PyTorch (tests/gpu/torch_workloads.py): resnet, transformer, inference,
-#      compile, each without, with, and again without the interposer; the
-#      losses must be identical; the median step time of each run; the
-#      overhead is with / mean(without runs)
+#      compile, ROUNDS (default 3) pairs of runs without and with the
+#      interposer, the order alternating; every run's losses must be
+#      identical; step time: the median over runs of each run's median step
+#      (this VM's speed drifts by 20% between processes, so single runs say
+#      little); overhead = gpucr / plain - 1
 #   4. `gpucr status --json` while a PyTorch process runs under gpucr run,
 #      then the quiesce/drain/drop/reimport/resume cycle on it (snapshot
 #      before and after; the process must go on computing the same losses)
 #   5. JAX, CuPy, Numba smoke runs under gpucr run: same value as without
 #   6. allocbench: cuMemAlloc/cuMemFree latency without and with
-#   7. launchbench: CPU cost per launch without, with, with GPUCR_SCAN=0
+#   7. launchbench: CPU cost per launch without, with (sampled scan), with
+#      GPUCR_SCAN=all (every launch scanned)
+# PARTS="apps torch cycle frameworks micro" selects sections (one GPU call
+# may not fit them all).
 # Prints a table; logs in build/gpu/interposer (and $OUT if set).
 set -u
 cd "$(dirname "$0")/../.."
@@ -26,6 +31,10 @@ PREFIX=${1:-build}
 GPUCR=$PREFIX/bin/gpucr
 LOGS=${LOGS:-build/gpu/interposer}
 STEPS=${STEPS:-40}
+ROUNDS=${ROUNDS:-3}
+# PARTS: which sections run (default all): apps torch cycle frameworks micro
+PARTS=${PARTS:-apps torch cycle frameworks micro}
+want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$LOGS"
 SOCK=$(mktemp -u /tmp/gpucr-bench.XXXXXX.sock)
 PY=${PYTHON:-python3}
@@ -45,10 +54,13 @@ for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && brea
 "$GPUCR" status --socket "$SOCK" 2>&1 | tee "$LOGS/status0.txt" | sed 's/^/  /'
 under() { "$GPUCR" run --socket "$SOCK" -- "$@"; }
 
+make -s gpu-apps >"$LOGS/make.log" 2>&1 || bad "make gpu-apps failed (see $LOGS/make.log)"
+
 # --- 2. test applications ----------------------------------------------------
+if want apps; then
 note ""
 note "## test applications (final checksum, without vs under gpucr run)"
-if [ -x build/gpu/bin/heartbeat ] || make -s gpu-apps >"$LOGS/make.log" 2>&1; then
+if [ -x build/gpu/bin/heartbeat ]; then
 	for c in "heartbeat --mib 64 --buffers 8" "ptrchase --mib 16" "vmmapp --mib 64"; do
 		set -- $c
 		a=$1; shift
@@ -63,30 +75,42 @@ if [ -x build/gpu/bin/heartbeat ] || make -s gpu-apps >"$LOGS/make.log" 2>&1; th
 else
 	bad "make gpu-apps failed (see $LOGS/make.log)"
 fi
+fi
 
 # --- 3. PyTorch workloads ----------------------------------------------------
 note ""
-note "## PyTorch: losses and median step time (s): plain A, gpucr, gpucr with GPUCR_SCAN=0, plain B"
-note "| workload | losses | plain A | gpucr | gpucr scan off | plain B | overhead | overhead scan off |"
-note "|---|---|---|---|---|---|---|---|"
-med() { $PY -c 'import json,sys; print(json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["median_step_s"])' "$1" 2>/dev/null || echo nan; }
+if want torch; then
+note "## PyTorch: losses, and median step time (ms) over $ROUNDS interleaved pairs of runs"
+note "| workload | losses (all runs) | plain: median of run medians (min-max) | gpucr | overhead |"
+note "|---|---|---|---|---|"
+med() { $PY -c 'import json,sys; print(json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])["median_step_s"]*1000)' "$1" 2>/dev/null || echo nan; }
 for w in resnet transformer inference compile; do
-	$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.a" 2>"$LOGS/$w.a.err"
-	under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.g" 2>"$LOGS/$w.g.err"
-	GPUCR_SCAN=0 under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.n" 2>"$LOGS/$w.n.err"
-	$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.b" 2>"$LOGS/$w.b.err"
-	la=$(awk '$1=="step"{print $3}' "$LOGS/$w.a" | md5sum | cut -c1-8)
-	lg=$(awk '$1=="step"{print $3}' "$LOGS/$w.g" | md5sum | cut -c1-8)
-	n=$(grep -c '^step' "$LOGS/$w.g")
-	[ "$la" = "$lg" ] && [ "$n" -eq "$STEPS" ] && eq="identical ($n steps)" || { eq="DIFFER ($n steps)"; fail=1; }
-	a=$(med "$LOGS/$w.a"); g=$(med "$LOGS/$w.g"); x=$(med "$LOGS/$w.n"); b=$(med "$LOGS/$w.b")
-	ov=$($PY -c "a,g,b=$a,$g,$b; print(f'{(g/((a+b)/2)-1)*100:+.1f}%')" 2>/dev/null || echo "?")
-	ox=$($PY -c "a,g,b=$a,$x,$b; print(f'{(g/((a+b)/2)-1)*100:+.1f}%')" 2>/dev/null || echo "?")
-	note "| $w | $eq | $a | $g | $x | $b | $ov | $ox |"
-	grep -h '^gpucr:' "$LOGS/$w.g.err" | head -3 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
+	for r in $(seq $ROUNDS); do
+		if [ $((r % 2)) -eq 1 ]; then
+			$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.a$r" 2>"$LOGS/$w.a$r.err"
+			under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.g$r" 2>"$LOGS/$w.g$r.err"
+		else
+			under $PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.g$r" 2>"$LOGS/$w.g$r.err"
+			$PY tests/gpu/torch_workloads.py $w --steps $STEPS >"$LOGS/$w.a$r" 2>"$LOGS/$w.a$r.err"
+		fi
+	done
+	ref=$(awk '$1=="step"{print $3}' "$LOGS/$w.a1" | md5sum | cut -c1-8)
+	eq="identical"
+	for f in "$LOGS/$w".[ag][0-9]*; do
+		case $f in *.err) continue ;; esac
+		[ "$(awk '$1=="step"{print $3}' "$f" | md5sum | cut -c1-8)" = "$ref" ] && [ "$(grep -c '^step' "$f")" -eq "$STEPS" ] || eq="DIFFER"
+	done
+	[ $eq = identical ] || fail=1
+	stat() { for r in $(seq $ROUNDS); do med "$LOGS/$w.$1$r"; done | $PY -c 'import sys,statistics as s; v=[float(x) for x in sys.stdin]; print(f"{s.median(v):.3f} ({min(v):.3f}-{max(v):.3f})")'; }
+	a=$(stat a); g=$(stat g)
+	ov=$($PY -c "a=float('$a'.split()[0]); g=float('$g'.split()[0]); print(f'{(g/a-1)*100:+.1f}%')" 2>/dev/null || echo "?")
+	note "| $w | $eq ($STEPS steps x $((2 * ROUNDS)) runs) | $a | $g | $ov |"
+	grep -h '^gpucr:' "$LOGS/$w.g1.err" | head -3 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
 done
+fi
 
 # --- 4. status and the quiesce cycle on a live PyTorch process ---------------
+if want cycle; then
 note ""
 note "## quiesce/drain/drop/reimport/resume on a live PyTorch process"
 under $PY tests/gpu/torch_workloads.py transformer --steps 400 >"$LOGS/cycle.out" 2>"$LOGS/cycle.err" &
@@ -116,8 +140,10 @@ lc=$(awk '$1=="step"{print $3}' "$LOGS/cycle.out" | md5sum | cut -c1-8)
 lr=$(awk '$1=="step"{print $3}' "$LOGS/cycle-ref.out" | md5sum | cut -c1-8)
 [ $rc -eq 0 ] && [ $cyc_ok -eq 1 ] && [ "$lc" = "$lr" ] && note "cycle: 3 cycles, process exit 0, 400 losses identical to an uncycled run" ||
 	bad "cycle: rc=$rc ops_ok=$cyc_ok losses $lc vs $lr"
+fi
 
 # --- 5. other frameworks -----------------------------------------------------
+if want frameworks; then
 note ""
 note "## JAX, CuPy, Numba under gpucr run"
 for f in jax cupy numba; do
@@ -133,8 +159,10 @@ for f in jax cupy numba; do
 	fi
 	note "| $f | $p | $g | $r | $(grep -h '^gpucr:' "$LOGS/$f.g.err" | head -1) |"
 done
+fi
 
 # --- 6. allocation latency ---------------------------------------------------
+if want micro; then
 note ""
 note "## cuMemAlloc/cuMemFree median latency (us): plain | gpucr"
 if [ -x build/gpu/bin/allocbench ]; then
@@ -144,12 +172,14 @@ if [ -x build/gpu/bin/allocbench ]; then
 fi
 
 note ""
-note "## launch cost (us per launch): plain | gpucr | gpucr GPUCR_SCAN=0"
+note "## launch cost (us per launch): plain | gpucr (sampled scan) | gpucr GPUCR_SCAN=all"
 if [ -x build/gpu/bin/launchbench ]; then
 	build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.a" 2>&1
 	under build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.g" 2>&1
-	GPUCR_SCAN=0 under build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.n" 2>&1
+	GPUCR_SCAN=all under build/gpu/bin/launchbench --launches 50000 >"$LOGS/launch.n" 2>&1
 	paste "$LOGS/launch.a" "$LOGS/launch.g" "$LOGS/launch.n" | awk '{printf "| %s | %s | %s | %s |\n", $2, $4, $8, $12}' | tee -a "$LOGS/summary.txt"
+fi
+
 fi
 
 "$GPUCR" status --socket "$SOCK" >"$LOGS/status-end.txt" 2>&1
