@@ -248,7 +248,7 @@ GC_HIDDEN void gc_gate_leave(void);
 GC_HIDDEN int gc_gate_close(unsigned timeout_ms); /* 0 or -ETIMEDOUT (gate reopened) */
 GC_HIDDEN void gc_gate_open(void);
 GC_HIDDEN void gc_gate_reset(void);
-GC_HIDDEN extern __thread int gc_in_control;
+GC_HIDDEN extern __thread int gc_in_control __attribute__((tls_model("initial-exec")));
 
 /* Real entry points the client needs, by name. */
 #define GC_REAL(name) ((__typeof__(&name))gc_real(SYM_##name))

@@ -155,7 +155,7 @@ static _Atomic long inflight;
 static _Atomic int gate_closed;
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv;
-__thread int gc_in_control;
+__thread int gc_in_control __attribute__((tls_model("initial-exec")));
 
 static void gate_init_cv(void) {
     pthread_condattr_t a;
@@ -248,7 +248,7 @@ static void atfork_child(void) {
 enum { SCAN_OFF, SCAN_SAMPLE, SCAN_ALL };
 #define SCAN_SAMPLE_EVERY 64
 static int scan_mode = SCAN_SAMPLE;
-static __thread unsigned scan_tick;
+static __thread unsigned scan_tick __attribute__((tls_model("initial-exec")));
 
 __attribute__((constructor)) static void gc_init(void) {
     const char *l = getenv("GPUCR_LOG");

@@ -18,7 +18,7 @@ typedef struct tstats {
 } tstats;
 
 static _Atomic(tstats *) all_stats;
-static __thread tstats *my_stats;
+static __thread tstats *my_stats __attribute__((tls_model("initial-exec")));
 static tstats overflow_stats; /* if a thread's block cannot be allocated */
 
 static tstats *stats_block(void) {
