@@ -61,6 +61,8 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			statusCommand(),
 			runCommand(),
 			clientCommand(),
+			checkpointCommand(),
+			resumeCommand(),
 		},
 	}
 	for _, c := range app.Commands {

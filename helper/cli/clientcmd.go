@@ -119,7 +119,10 @@ func flagsAnywhere(c *ucli.Context) ([]string, error) {
 		known := false
 		for _, f := range c.Command.Flags {
 			for _, n := range f.Names() {
-				known = known || n == name
+				if !known && n == name {
+					// Set the primary name: c.Set on an alias does not reach it.
+					known, name = true, f.Names()[0]
+				}
 			}
 		}
 		if !known {

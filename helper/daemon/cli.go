@@ -30,6 +30,10 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Status{Status: s.status()}}
 		case *helperpb.Request_ClientOp:
 			resp = s.clientOp(c, req.Id, b.ClientOp)
+		case *helperpb.Request_Checkpoint:
+			resp = s.checkpoint(c, req.Id, b.Checkpoint)
+		case *helperpb.Request_ResumeCheckpointed:
+			resp = s.resumeCheckpointed(c, req.Id, b.ResumeCheckpointed)
 		default:
 			c.reject(req.Id, "%T is not allowed for %s", req.Body, h.Role)
 			return

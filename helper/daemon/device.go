@@ -59,3 +59,6 @@ type oomError struct{ error }
 
 func (oomError) OutOfMemory() bool { return true }
 func (e oomError) Unwrap() error   { return e.error }
+
+// CUDA is the driver device behind this one (the copy engines need it).
+func (c cudaDevice) CUDA() *cuda.Device { return c.d }

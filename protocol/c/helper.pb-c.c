@@ -1267,7 +1267,187 @@ void   gpucr__helper__v1__client_op_reply__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__client_op_reply__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[14] =
+void   gpucr__helper__v1__checkpoint__init
+                     (Gpucr__Helper__V1__Checkpoint         *message)
+{
+  static const Gpucr__Helper__V1__Checkpoint init_value = GPUCR__HELPER__V1__CHECKPOINT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__checkpoint__get_packed_size
+                     (const Gpucr__Helper__V1__Checkpoint *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__checkpoint__pack
+                     (const Gpucr__Helper__V1__Checkpoint *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__checkpoint__pack_to_buffer
+                     (const Gpucr__Helper__V1__Checkpoint *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Checkpoint *
+       gpucr__helper__v1__checkpoint__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Checkpoint *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__checkpoint__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__checkpoint__free_unpacked
+                     (Gpucr__Helper__V1__Checkpoint *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__checkpoint_reply__init
+                     (Gpucr__Helper__V1__CheckpointReply         *message)
+{
+  static const Gpucr__Helper__V1__CheckpointReply init_value = GPUCR__HELPER__V1__CHECKPOINT_REPLY__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__checkpoint_reply__get_packed_size
+                     (const Gpucr__Helper__V1__CheckpointReply *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__checkpoint_reply__pack
+                     (const Gpucr__Helper__V1__CheckpointReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__checkpoint_reply__pack_to_buffer
+                     (const Gpucr__Helper__V1__CheckpointReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__CheckpointReply *
+       gpucr__helper__v1__checkpoint_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__CheckpointReply *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__checkpoint_reply__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__checkpoint_reply__free_unpacked
+                     (Gpucr__Helper__V1__CheckpointReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__checkpoint_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__phase__init
+                     (Gpucr__Helper__V1__Phase         *message)
+{
+  static const Gpucr__Helper__V1__Phase init_value = GPUCR__HELPER__V1__PHASE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__phase__get_packed_size
+                     (const Gpucr__Helper__V1__Phase *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__phase__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__phase__pack
+                     (const Gpucr__Helper__V1__Phase *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__phase__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__phase__pack_to_buffer
+                     (const Gpucr__Helper__V1__Phase *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__phase__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Phase *
+       gpucr__helper__v1__phase__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Phase *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__phase__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__phase__free_unpacked
+                     (Gpucr__Helper__V1__Phase *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__phase__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__resume_checkpointed__init
+                     (Gpucr__Helper__V1__ResumeCheckpointed         *message)
+{
+  static const Gpucr__Helper__V1__ResumeCheckpointed init_value = GPUCR__HELPER__V1__RESUME_CHECKPOINTED__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__resume_checkpointed__get_packed_size
+                     (const Gpucr__Helper__V1__ResumeCheckpointed *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__resume_checkpointed__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__resume_checkpointed__pack
+                     (const Gpucr__Helper__V1__ResumeCheckpointed *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__resume_checkpointed__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__resume_checkpointed__pack_to_buffer
+                     (const Gpucr__Helper__V1__ResumeCheckpointed *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__resume_checkpointed__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ResumeCheckpointed *
+       gpucr__helper__v1__resume_checkpointed__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ResumeCheckpointed *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__resume_checkpointed__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__resume_checkpointed__free_unpacked
+                     (Gpucr__Helper__V1__ResumeCheckpointed *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__resume_checkpointed__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[16] =
 {
   {
     "id",
@@ -1437,9 +1617,34 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "checkpoint",
+    22,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, checkpoint),
+    &gpucr__helper__v1__checkpoint__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "resume_checkpointed",
+    23,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, resume_checkpointed),
+    &gpucr__helper__v1__resume_checkpointed__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   2,   /* field[2] = alloc */
+  14,   /* field[14] = checkpoint */
   13,   /* field[13] = client_op */
   6,   /* field[6] = drain */
   7,   /* field[7] = drop */
@@ -1451,6 +1656,7 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   5,   /* field[5] = quiesce */
   8,   /* field[8] = reimport */
   9,   /* field[9] = resume */
+  15,   /* field[15] = resume_checkpointed */
   10,   /* field[10] = snapshot */
   12,   /* field[12] = status */
 };
@@ -1459,7 +1665,7 @@ static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] 
   { 1, 0 },
   { 10, 5 },
   { 20, 12 },
-  { 0, 14 }
+  { 0, 16 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -1469,14 +1675,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  14,
+  16,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   3,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[9] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[10] =
 {
   {
     "id",
@@ -1586,9 +1792,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "checkpoint",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, checkpoint),
+    &gpucr__helper__v1__checkpoint_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   3,   /* field[3] = alloc */
+  9,   /* field[9] = checkpoint */
   8,   /* field[8] = client_op */
   1,   /* field[1] = error */
   2,   /* field[2] = hello */
@@ -1601,7 +1820,7 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
 {
@@ -1611,7 +1830,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
   "Gpucr__Helper__V1__Response",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Response),
-  9,
+  10,
   gpucr__helper__v1__response__field_descriptors,
   gpucr__helper__v1__response__field_indices_by_name,
   1,  gpucr__helper__v1__response__number_ranges,
@@ -3284,6 +3503,301 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor 
   gpucr__helper__v1__client_op_reply__field_indices_by_name,
   1,  gpucr__helper__v1__client_op_reply__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__client_op_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[6] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "image_dir",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "leave_running",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, leave_running),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "parent",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, parent),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "compress",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, compress),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "timeout_ms",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, timeout_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
+  4,   /* field[4] = compress */
+  1,   /* field[1] = image_dir */
+  2,   /* field[2] = leave_running */
+  3,   /* field[3] = parent */
+  0,   /* field[0] = pid */
+  5,   /* field[5] = timeout_ms */
+};
+static const ProtobufCIntRange gpucr__helper__v1__checkpoint__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Checkpoint",
+  "Checkpoint",
+  "Gpucr__Helper__V1__Checkpoint",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Checkpoint),
+  6,
+  gpucr__helper__v1__checkpoint__field_descriptors,
+  gpucr__helper__v1__checkpoint__field_indices_by_name,
+  1,  gpucr__helper__v1__checkpoint__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__checkpoint__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[6] =
+{
+  {
+    "buffers",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, buffers),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "stored_bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, stored_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "phases",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__CheckpointReply, n_phases),
+    offsetof(Gpucr__Helper__V1__CheckpointReply, phases),
+    &gpucr__helper__v1__phase__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "total_seconds",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_DOUBLE,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, total_seconds),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, state),
+    &gpucr__helper__v1__client_state__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__checkpoint_reply__field_indices_by_name[] = {
+  0,   /* field[0] = buffers */
+  1,   /* field[1] = bytes */
+  3,   /* field[3] = phases */
+  5,   /* field[5] = state */
+  2,   /* field[2] = stored_bytes */
+  4,   /* field[4] = total_seconds */
+};
+static const ProtobufCIntRange gpucr__helper__v1__checkpoint_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.CheckpointReply",
+  "CheckpointReply",
+  "Gpucr__Helper__V1__CheckpointReply",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__CheckpointReply),
+  6,
+  gpucr__helper__v1__checkpoint_reply__field_descriptors,
+  gpucr__helper__v1__checkpoint_reply__field_indices_by_name,
+  1,  gpucr__helper__v1__checkpoint_reply__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__checkpoint_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__phase__field_descriptors[2] =
+{
+  {
+    "name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Phase, name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "seconds",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_DOUBLE,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Phase, seconds),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__phase__field_indices_by_name[] = {
+  0,   /* field[0] = name */
+  1,   /* field[1] = seconds */
+};
+static const ProtobufCIntRange gpucr__helper__v1__phase__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__phase__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Phase",
+  "Phase",
+  "Gpucr__Helper__V1__Phase",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Phase),
+  2,
+  gpucr__helper__v1__phase__field_descriptors,
+  gpucr__helper__v1__phase__field_indices_by_name,
+  1,  gpucr__helper__v1__phase__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__phase__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__resume_checkpointed__field_descriptors[1] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResumeCheckpointed, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__resume_checkpointed__field_indices_by_name[] = {
+  0,   /* field[0] = pid */
+};
+static const ProtobufCIntRange gpucr__helper__v1__resume_checkpointed__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ResumeCheckpointed",
+  "ResumeCheckpointed",
+  "Gpucr__Helper__V1__ResumeCheckpointed",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ResumeCheckpointed),
+  1,
+  gpucr__helper__v1__resume_checkpointed__field_descriptors,
+  gpucr__helper__v1__resume_checkpointed__field_indices_by_name,
+  1,  gpucr__helper__v1__resume_checkpointed__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__resume_checkpointed__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue gpucr__helper__v1__version__enum_values_by_number[2] =

@@ -43,6 +43,10 @@ typedef struct Gpucr__Helper__V1__StatusReply Gpucr__Helper__V1__StatusReply;
 typedef struct Gpucr__Helper__V1__ClientInfo Gpucr__Helper__V1__ClientInfo;
 typedef struct Gpucr__Helper__V1__ClientOp Gpucr__Helper__V1__ClientOp;
 typedef struct Gpucr__Helper__V1__ClientOpReply Gpucr__Helper__V1__ClientOpReply;
+typedef struct Gpucr__Helper__V1__Checkpoint Gpucr__Helper__V1__Checkpoint;
+typedef struct Gpucr__Helper__V1__CheckpointReply Gpucr__Helper__V1__CheckpointReply;
+typedef struct Gpucr__Helper__V1__Phase Gpucr__Helper__V1__Phase;
+typedef struct Gpucr__Helper__V1__ResumeCheckpointed Gpucr__Helper__V1__ResumeCheckpointed;
 
 
 /* --- enums --- */
@@ -177,7 +181,9 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_SNAPSHOT = 15,
   GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS = 16,
   GPUCR__HELPER__V1__REQUEST__BODY_STATUS = 20,
-  GPUCR__HELPER__V1__REQUEST__BODY_CLIENT_OP = 21
+  GPUCR__HELPER__V1__REQUEST__BODY_CLIENT_OP = 21,
+  GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT = 22,
+  GPUCR__HELPER__V1__REQUEST__BODY_RESUME_CHECKPOINTED = 23
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -212,6 +218,8 @@ struct  Gpucr__Helper__V1__Request
      */
     Gpucr__Helper__V1__Status *status;
     Gpucr__Helper__V1__ClientOp *client_op;
+    Gpucr__Helper__V1__Checkpoint *checkpoint;
+    Gpucr__Helper__V1__ResumeCheckpointed *resume_checkpointed;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -227,7 +235,8 @@ typedef enum {
   GPUCR__HELPER__V1__RESPONSE__BODY_TABLE = 6,
   GPUCR__HELPER__V1__RESPONSE__BODY_STATS = 7,
   GPUCR__HELPER__V1__RESPONSE__BODY_STATUS = 8,
-  GPUCR__HELPER__V1__RESPONSE__BODY_CLIENT_OP = 9
+  GPUCR__HELPER__V1__RESPONSE__BODY_CLIENT_OP = 9,
+  GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT = 10
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESPONSE__BODY__CASE)
 } Gpucr__Helper__V1__Response__BodyCase;
 
@@ -248,6 +257,7 @@ struct  Gpucr__Helper__V1__Response
     Gpucr__Helper__V1__ClientStats *stats;
     Gpucr__Helper__V1__StatusReply *status;
     Gpucr__Helper__V1__ClientOpReply *client_op;
+    Gpucr__Helper__V1__CheckpointReply *checkpoint;
   };
 };
 #define GPUCR__HELPER__V1__RESPONSE__INIT \
@@ -680,6 +690,89 @@ struct  Gpucr__Helper__V1__ClientOpReply
 #define GPUCR__HELPER__V1__CLIENT_OP_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_op_reply__descriptor) \
     , NULL, NULL }
+
+
+/*
+ * Checkpoint (ROLE_CLI / ROLE_PLUGIN): the GPU side of a checkpoint of client
+ * pid, stop-the-world: quiesce, drain, copy every helper allocation of the
+ * client into the image in image_dir (package image, under image_dir/gpucr,
+ * committed before the reply), drop the client's imported memory, then the
+ * driver's lock + checkpoint of the residual context. With leave_running the
+ * process is given everything back at once (driver restore + unlock,
+ * reimport, resume); without, it stays checkpointed (gate closed, memory
+ * dropped, driver state checkpointed) until ResumeCheckpointed or its end.
+ * Any failure undoes what was done, resumes the process and leaves the
+ * image DIR held before intact.
+ */
+struct  Gpucr__Helper__V1__Checkpoint
+{
+  ProtobufCMessage base;
+  int64_t pid;
+  char *image_dir;
+  protobuf_c_boolean leave_running;
+  /*
+   * Parent image directory for an incremental image ("" for a full one).
+   */
+  char *parent;
+  protobuf_c_boolean compress;
+  /*
+   * Bounds the quiesce; 0: 10 s.
+   */
+  uint32_t timeout_ms;
+};
+#define GPUCR__HELPER__V1__CHECKPOINT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint__descriptor) \
+    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0 }
+
+
+struct  Gpucr__Helper__V1__CheckpointReply
+{
+  ProtobufCMessage base;
+  uint64_t buffers;
+  /*
+   * GPU bytes copied
+   */
+  uint64_t bytes;
+  /*
+   * bytes written to new chunk files
+   */
+  uint64_t stored_bytes;
+  size_t n_phases;
+  Gpucr__Helper__V1__Phase **phases;
+  double total_seconds;
+  /*
+   * the client's state after the checkpoint
+   */
+  Gpucr__Helper__V1__ClientState state;
+};
+#define GPUCR__HELPER__V1__CHECKPOINT_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint_reply__descriptor) \
+    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED }
+
+
+struct  Gpucr__Helper__V1__Phase
+{
+  ProtobufCMessage base;
+  char *name;
+  double seconds;
+};
+#define GPUCR__HELPER__V1__PHASE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__phase__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
+
+
+/*
+ * ResumeCheckpointed: a client left checkpointed gets its GPU back: driver
+ * restore + unlock, reimport, resume.
+ */
+struct  Gpucr__Helper__V1__ResumeCheckpointed
+{
+  ProtobufCMessage base;
+  int64_t pid;
+};
+#define GPUCR__HELPER__V1__RESUME_CHECKPOINTED__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__resume_checkpointed__descriptor) \
+    , 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */
@@ -1214,6 +1307,82 @@ Gpucr__Helper__V1__ClientOpReply *
 void   gpucr__helper__v1__client_op_reply__free_unpacked
                      (Gpucr__Helper__V1__ClientOpReply *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Checkpoint methods */
+void   gpucr__helper__v1__checkpoint__init
+                     (Gpucr__Helper__V1__Checkpoint         *message);
+size_t gpucr__helper__v1__checkpoint__get_packed_size
+                     (const Gpucr__Helper__V1__Checkpoint   *message);
+size_t gpucr__helper__v1__checkpoint__pack
+                     (const Gpucr__Helper__V1__Checkpoint   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__checkpoint__pack_to_buffer
+                     (const Gpucr__Helper__V1__Checkpoint   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Checkpoint *
+       gpucr__helper__v1__checkpoint__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__checkpoint__free_unpacked
+                     (Gpucr__Helper__V1__Checkpoint *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__CheckpointReply methods */
+void   gpucr__helper__v1__checkpoint_reply__init
+                     (Gpucr__Helper__V1__CheckpointReply         *message);
+size_t gpucr__helper__v1__checkpoint_reply__get_packed_size
+                     (const Gpucr__Helper__V1__CheckpointReply   *message);
+size_t gpucr__helper__v1__checkpoint_reply__pack
+                     (const Gpucr__Helper__V1__CheckpointReply   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__checkpoint_reply__pack_to_buffer
+                     (const Gpucr__Helper__V1__CheckpointReply   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__CheckpointReply *
+       gpucr__helper__v1__checkpoint_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__checkpoint_reply__free_unpacked
+                     (Gpucr__Helper__V1__CheckpointReply *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Phase methods */
+void   gpucr__helper__v1__phase__init
+                     (Gpucr__Helper__V1__Phase         *message);
+size_t gpucr__helper__v1__phase__get_packed_size
+                     (const Gpucr__Helper__V1__Phase   *message);
+size_t gpucr__helper__v1__phase__pack
+                     (const Gpucr__Helper__V1__Phase   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__phase__pack_to_buffer
+                     (const Gpucr__Helper__V1__Phase   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Phase *
+       gpucr__helper__v1__phase__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__phase__free_unpacked
+                     (Gpucr__Helper__V1__Phase *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ResumeCheckpointed methods */
+void   gpucr__helper__v1__resume_checkpointed__init
+                     (Gpucr__Helper__V1__ResumeCheckpointed         *message);
+size_t gpucr__helper__v1__resume_checkpointed__get_packed_size
+                     (const Gpucr__Helper__V1__ResumeCheckpointed   *message);
+size_t gpucr__helper__v1__resume_checkpointed__pack
+                     (const Gpucr__Helper__V1__ResumeCheckpointed   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__resume_checkpointed__pack_to_buffer
+                     (const Gpucr__Helper__V1__ResumeCheckpointed   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ResumeCheckpointed *
+       gpucr__helper__v1__resume_checkpointed__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__resume_checkpointed__free_unpacked
+                     (Gpucr__Helper__V1__ResumeCheckpointed *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Gpucr__Helper__V1__Request_Closure)
@@ -1300,6 +1469,18 @@ typedef void (*Gpucr__Helper__V1__ClientOp_Closure)
 typedef void (*Gpucr__Helper__V1__ClientOpReply_Closure)
                  (const Gpucr__Helper__V1__ClientOpReply *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__Checkpoint_Closure)
+                 (const Gpucr__Helper__V1__Checkpoint *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__CheckpointReply_Closure)
+                 (const Gpucr__Helper__V1__CheckpointReply *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__Phase_Closure)
+                 (const Gpucr__Helper__V1__Phase *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ResumeCheckpointed_Closure)
+                 (const Gpucr__Helper__V1__ResumeCheckpointed *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1340,6 +1521,10 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descript
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__client_op__op__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__phase__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descriptor;
 
 PROTOBUF_C__END_DECLS
 

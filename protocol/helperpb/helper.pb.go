@@ -408,6 +408,8 @@ type Request struct {
 	//	*Request_GetStats
 	//	*Request_Status
 	//	*Request_ClientOp
+	//	*Request_Checkpoint
+	//	*Request_ResumeCheckpointed
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -574,6 +576,24 @@ func (x *Request) GetClientOp() *ClientOp {
 	return nil
 }
 
+func (x *Request) GetCheckpoint() *Checkpoint {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Checkpoint); ok {
+			return x.Checkpoint
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetResumeCheckpointed() *ResumeCheckpointed {
+	if x != nil {
+		if x, ok := x.Body.(*Request_ResumeCheckpointed); ok {
+			return x.ResumeCheckpointed
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -633,6 +653,14 @@ type Request_ClientOp struct {
 	ClientOp *ClientOp `protobuf:"bytes,21,opt,name=client_op,json=clientOp,proto3,oneof"`
 }
 
+type Request_Checkpoint struct {
+	Checkpoint *Checkpoint `protobuf:"bytes,22,opt,name=checkpoint,proto3,oneof"`
+}
+
+type Request_ResumeCheckpointed struct {
+	ResumeCheckpointed *ResumeCheckpointed `protobuf:"bytes,23,opt,name=resume_checkpointed,json=resumeCheckpointed,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -659,6 +687,10 @@ func (*Request_Status) isRequest_Body() {}
 
 func (*Request_ClientOp) isRequest_Body() {}
 
+func (*Request_Checkpoint) isRequest_Body() {}
+
+func (*Request_ResumeCheckpointed) isRequest_Body() {}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -673,6 +705,7 @@ type Response struct {
 	//	*Response_Stats
 	//	*Response_Status
 	//	*Response_ClientOp
+	//	*Response_Checkpoint
 	Body          isResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -792,6 +825,15 @@ func (x *Response) GetClientOp() *ClientOpReply {
 	return nil
 }
 
+func (x *Response) GetCheckpoint() *CheckpointReply {
+	if x != nil {
+		if x, ok := x.Body.(*Response_Checkpoint); ok {
+			return x.Checkpoint
+		}
+	}
+	return nil
+}
+
 type isResponse_Body interface {
 	isResponse_Body()
 }
@@ -824,6 +866,10 @@ type Response_ClientOp struct {
 	ClientOp *ClientOpReply `protobuf:"bytes,9,opt,name=client_op,json=clientOp,proto3,oneof"`
 }
 
+type Response_Checkpoint struct {
+	Checkpoint *CheckpointReply `protobuf:"bytes,10,opt,name=checkpoint,proto3,oneof"`
+}
+
 func (*Response_Hello) isResponse_Body() {}
 
 func (*Response_Alloc) isResponse_Body() {}
@@ -837,6 +883,8 @@ func (*Response_Stats) isResponse_Body() {}
 func (*Response_Status) isResponse_Body() {}
 
 func (*Response_ClientOp) isResponse_Body() {}
+
+func (*Response_Checkpoint) isResponse_Body() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2440,11 +2488,289 @@ func (x *ClientOpReply) GetStats() *ClientStats {
 	return nil
 }
 
+// Checkpoint (ROLE_CLI / ROLE_PLUGIN): the GPU side of a checkpoint of client
+// pid, stop-the-world: quiesce, drain, copy every helper allocation of the
+// client into the image in image_dir (package image, under image_dir/gpucr,
+// committed before the reply), drop the client's imported memory, then the
+// driver's lock + checkpoint of the residual context. With leave_running the
+// process is given everything back at once (driver restore + unlock,
+// reimport, resume); without, it stays checkpointed (gate closed, memory
+// dropped, driver state checkpointed) until ResumeCheckpointed or its end.
+// Any failure undoes what was done, resumes the process and leaves the
+// image DIR held before intact.
+type Checkpoint struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Pid          int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	ImageDir     string                 `protobuf:"bytes,2,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	LeaveRunning bool                   `protobuf:"varint,3,opt,name=leave_running,json=leaveRunning,proto3" json:"leave_running,omitempty"`
+	// Parent image directory for an incremental image ("" for a full one).
+	Parent   string `protobuf:"bytes,4,opt,name=parent,proto3" json:"parent,omitempty"`
+	Compress bool   `protobuf:"varint,5,opt,name=compress,proto3" json:"compress,omitempty"`
+	// Bounds the quiesce; 0: 10 s.
+	TimeoutMs     uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Checkpoint) Reset() {
+	*x = Checkpoint{}
+	mi := &file_protocol_helper_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Checkpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Checkpoint) ProtoMessage() {}
+
+func (x *Checkpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
+func (*Checkpoint) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Checkpoint) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Checkpoint) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetLeaveRunning() bool {
+	if x != nil {
+		return x.LeaveRunning
+	}
+	return false
+}
+
+func (x *Checkpoint) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *Checkpoint) GetCompress() bool {
+	if x != nil {
+		return x.Compress
+	}
+	return false
+}
+
+func (x *Checkpoint) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type CheckpointReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Buffers       uint64                 `protobuf:"varint,1,opt,name=buffers,proto3" json:"buffers,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`                                // GPU bytes copied
+	StoredBytes   uint64                 `protobuf:"varint,3,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"` // bytes written to new chunk files
+	Phases        []*Phase               `protobuf:"bytes,4,rep,name=phases,proto3" json:"phases,omitempty"`
+	TotalSeconds  float64                `protobuf:"fixed64,5,opt,name=total_seconds,json=totalSeconds,proto3" json:"total_seconds,omitempty"`
+	State         ClientState            `protobuf:"varint,6,opt,name=state,proto3,enum=gpucr.helper.v1.ClientState" json:"state,omitempty"` // the client's state after the checkpoint
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckpointReply) Reset() {
+	*x = CheckpointReply{}
+	mi := &file_protocol_helper_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckpointReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckpointReply) ProtoMessage() {}
+
+func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
+func (*CheckpointReply) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CheckpointReply) GetBuffers() uint64 {
+	if x != nil {
+		return x.Buffers
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetStoredBytes() uint64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetPhases() []*Phase {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
+func (x *CheckpointReply) GetTotalSeconds() float64 {
+	if x != nil {
+		return x.TotalSeconds
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetState() ClientState {
+	if x != nil {
+		return x.State
+	}
+	return ClientState_CLIENT_STATE_UNSPECIFIED
+}
+
+type Phase struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Seconds       float64                `protobuf:"fixed64,2,opt,name=seconds,proto3" json:"seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Phase) Reset() {
+	*x = Phase{}
+	mi := &file_protocol_helper_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Phase) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Phase) ProtoMessage() {}
+
+func (x *Phase) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Phase.ProtoReflect.Descriptor instead.
+func (*Phase) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Phase) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Phase) GetSeconds() float64 {
+	if x != nil {
+		return x.Seconds
+	}
+	return 0
+}
+
+// ResumeCheckpointed: a client left checkpointed gets its GPU back: driver
+// restore + unlock, reimport, resume.
+type ResumeCheckpointed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeCheckpointed) Reset() {
+	*x = ResumeCheckpointed{}
+	mi := &file_protocol_helper_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeCheckpointed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeCheckpointed) ProtoMessage() {}
+
+func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
+func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ResumeCheckpointed) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
 var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xc0\x05\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xd7\x06\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -2460,8 +2786,12 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bsnapshot\x18\x0f \x01(\v2\x19.gpucr.helper.v1.SnapshotH\x00R\bsnapshot\x128\n" +
 	"\tget_stats\x18\x10 \x01(\v2\x19.gpucr.helper.v1.GetStatsH\x00R\bgetStats\x121\n" +
 	"\x06status\x18\x14 \x01(\v2\x17.gpucr.helper.v1.StatusH\x00R\x06status\x128\n" +
-	"\tclient_op\x18\x15 \x01(\v2\x19.gpucr.helper.v1.ClientOpH\x00R\bclientOpB\x06\n" +
-	"\x04body\"\xc4\x03\n" +
+	"\tclient_op\x18\x15 \x01(\v2\x19.gpucr.helper.v1.ClientOpH\x00R\bclientOp\x12=\n" +
+	"\n" +
+	"checkpoint\x18\x16 \x01(\v2\x1b.gpucr.helper.v1.CheckpointH\x00R\n" +
+	"checkpoint\x12V\n" +
+	"\x13resume_checkpointed\x18\x17 \x01(\v2#.gpucr.helper.v1.ResumeCheckpointedH\x00R\x12resumeCheckpointedB\x06\n" +
+	"\x04body\"\x88\x04\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
 	"\x05error\x18\x02 \x01(\v2\x16.gpucr.helper.v1.ErrorR\x05error\x123\n" +
@@ -2471,7 +2801,11 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x05table\x18\x06 \x01(\v2\x1c.gpucr.helper.v1.BufferTableH\x00R\x05table\x124\n" +
 	"\x05stats\x18\a \x01(\v2\x1c.gpucr.helper.v1.ClientStatsH\x00R\x05stats\x126\n" +
 	"\x06status\x18\b \x01(\v2\x1c.gpucr.helper.v1.StatusReplyH\x00R\x06status\x12=\n" +
-	"\tclient_op\x18\t \x01(\v2\x1e.gpucr.helper.v1.ClientOpReplyH\x00R\bclientOpB\x06\n" +
+	"\tclient_op\x18\t \x01(\v2\x1e.gpucr.helper.v1.ClientOpReplyH\x00R\bclientOp\x12B\n" +
+	"\n" +
+	"checkpoint\x18\n" +
+	" \x01(\v2 .gpucr.helper.v1.CheckpointReplyH\x00R\n" +
+	"checkpointB\x06\n" +
 	"\x04body\"Q\n" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
@@ -2603,7 +2937,28 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bOP_STATS\x10\a\"w\n" +
 	"\rClientOpReply\x122\n" +
 	"\x05table\x18\x01 \x01(\v2\x1c.gpucr.helper.v1.BufferTableR\x05table\x122\n" +
-	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats*8\n" +
+	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\xb3\x01\n" +
+	"\n" +
+	"Checkpoint\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
+	"\timage_dir\x18\x02 \x01(\tR\bimageDir\x12#\n" +
+	"\rleave_running\x18\x03 \x01(\bR\fleaveRunning\x12\x16\n" +
+	"\x06parent\x18\x04 \x01(\tR\x06parent\x12\x1a\n" +
+	"\bcompress\x18\x05 \x01(\bR\bcompress\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\"\xed\x01\n" +
+	"\x0fCheckpointReply\x12\x18\n" +
+	"\abuffers\x18\x01 \x01(\x04R\abuffers\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
+	"\fstored_bytes\x18\x03 \x01(\x04R\vstoredBytes\x12.\n" +
+	"\x06phases\x18\x04 \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\x12#\n" +
+	"\rtotal_seconds\x18\x05 \x01(\x01R\ftotalSeconds\x122\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\"5\n" +
+	"\x05Phase\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aseconds\x18\x02 \x01(\x01R\aseconds\"&\n" +
+	"\x12ResumeCheckpointed\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid*8\n" +
 	"\aVersion\x12\x17\n" +
 	"\x13VERSION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10PROTOCOL_VERSION\x10\x01*k\n" +
@@ -2650,42 +3005,46 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_protocol_helper_proto_goTypes = []any{
-	(Version)(0),          // 0: gpucr.helper.v1.Version
-	(Role)(0),             // 1: gpucr.helper.v1.Role
-	(AllocKind)(0),        // 2: gpucr.helper.v1.AllocKind
-	(ErrorCode)(0),        // 3: gpucr.helper.v1.ErrorCode
-	(ClientState)(0),      // 4: gpucr.helper.v1.ClientState
-	(ClientOp_Op)(0),      // 5: gpucr.helper.v1.ClientOp.Op
-	(*Request)(nil),       // 6: gpucr.helper.v1.Request
-	(*Response)(nil),      // 7: gpucr.helper.v1.Response
-	(*Error)(nil),         // 8: gpucr.helper.v1.Error
-	(*Ok)(nil),            // 9: gpucr.helper.v1.Ok
-	(*Hello)(nil),         // 10: gpucr.helper.v1.Hello
-	(*HelloReply)(nil),    // 11: gpucr.helper.v1.HelloReply
-	(*DeviceInfo)(nil),    // 12: gpucr.helper.v1.DeviceInfo
-	(*Alloc)(nil),         // 13: gpucr.helper.v1.Alloc
-	(*AllocReply)(nil),    // 14: gpucr.helper.v1.AllocReply
-	(*Mapped)(nil),        // 15: gpucr.helper.v1.Mapped
-	(*Free)(nil),          // 16: gpucr.helper.v1.Free
-	(*Quiesce)(nil),       // 17: gpucr.helper.v1.Quiesce
-	(*Drain)(nil),         // 18: gpucr.helper.v1.Drain
-	(*Drop)(nil),          // 19: gpucr.helper.v1.Drop
-	(*Reimport)(nil),      // 20: gpucr.helper.v1.Reimport
-	(*ReimportEntry)(nil), // 21: gpucr.helper.v1.ReimportEntry
-	(*Resume)(nil),        // 22: gpucr.helper.v1.Resume
-	(*Snapshot)(nil),      // 23: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),      // 24: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),   // 25: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),    // 26: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),        // 27: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),   // 28: gpucr.helper.v1.ClientStats
-	(*Status)(nil),        // 29: gpucr.helper.v1.Status
-	(*StatusReply)(nil),   // 30: gpucr.helper.v1.StatusReply
-	(*ClientInfo)(nil),    // 31: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),      // 32: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil), // 33: gpucr.helper.v1.ClientOpReply
+	(Version)(0),               // 0: gpucr.helper.v1.Version
+	(Role)(0),                  // 1: gpucr.helper.v1.Role
+	(AllocKind)(0),             // 2: gpucr.helper.v1.AllocKind
+	(ErrorCode)(0),             // 3: gpucr.helper.v1.ErrorCode
+	(ClientState)(0),           // 4: gpucr.helper.v1.ClientState
+	(ClientOp_Op)(0),           // 5: gpucr.helper.v1.ClientOp.Op
+	(*Request)(nil),            // 6: gpucr.helper.v1.Request
+	(*Response)(nil),           // 7: gpucr.helper.v1.Response
+	(*Error)(nil),              // 8: gpucr.helper.v1.Error
+	(*Ok)(nil),                 // 9: gpucr.helper.v1.Ok
+	(*Hello)(nil),              // 10: gpucr.helper.v1.Hello
+	(*HelloReply)(nil),         // 11: gpucr.helper.v1.HelloReply
+	(*DeviceInfo)(nil),         // 12: gpucr.helper.v1.DeviceInfo
+	(*Alloc)(nil),              // 13: gpucr.helper.v1.Alloc
+	(*AllocReply)(nil),         // 14: gpucr.helper.v1.AllocReply
+	(*Mapped)(nil),             // 15: gpucr.helper.v1.Mapped
+	(*Free)(nil),               // 16: gpucr.helper.v1.Free
+	(*Quiesce)(nil),            // 17: gpucr.helper.v1.Quiesce
+	(*Drain)(nil),              // 18: gpucr.helper.v1.Drain
+	(*Drop)(nil),               // 19: gpucr.helper.v1.Drop
+	(*Reimport)(nil),           // 20: gpucr.helper.v1.Reimport
+	(*ReimportEntry)(nil),      // 21: gpucr.helper.v1.ReimportEntry
+	(*Resume)(nil),             // 22: gpucr.helper.v1.Resume
+	(*Snapshot)(nil),           // 23: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 24: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 25: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 26: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 27: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 28: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 29: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 30: gpucr.helper.v1.StatusReply
+	(*ClientInfo)(nil),         // 31: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 32: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 33: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 34: gpucr.helper.v1.Checkpoint
+	(*CheckpointReply)(nil),    // 35: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 36: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 37: gpucr.helper.v1.ResumeCheckpointed
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	10, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -2701,35 +3060,40 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	24, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
 	29, // 11: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
 	32, // 12: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	8,  // 13: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	11, // 14: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	14, // 15: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	9,  // 16: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	25, // 17: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 18: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	30, // 19: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	33, // 20: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	3,  // 21: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 22: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	12, // 23: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 24: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	21, // 25: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 26: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	27, // 27: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 28: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 29: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 30: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	12, // 31: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	31, // 32: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	4,  // 33: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	5,  // 34: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	25, // 35: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 36: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	34, // 13: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	37, // 14: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	8,  // 15: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	11, // 16: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	14, // 17: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	9,  // 18: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	25, // 19: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	28, // 20: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	30, // 21: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	33, // 22: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	35, // 23: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	3,  // 24: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 25: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	12, // 26: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 27: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	21, // 28: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 29: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	27, // 30: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 31: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 32: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 33: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	12, // 34: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	31, // 35: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	4,  // 36: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	5,  // 37: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	25, // 38: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	28, // 39: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	36, // 40: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 41: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	42, // [42:42] is the sub-list for method output_type
+	42, // [42:42] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -2751,6 +3115,8 @@ func file_protocol_helper_proto_init() {
 		(*Request_GetStats)(nil),
 		(*Request_Status)(nil),
 		(*Request_ClientOp)(nil),
+		(*Request_Checkpoint)(nil),
+		(*Request_ResumeCheckpointed)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -2760,6 +3126,7 @@ func file_protocol_helper_proto_init() {
 		(*Response_Stats)(nil),
 		(*Response_Status)(nil),
 		(*Response_ClientOp)(nil),
+		(*Response_Checkpoint)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2767,7 +3134,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   28,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

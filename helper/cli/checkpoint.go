@@ -1,0 +1,133 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// checkpointCommand is `gpucr checkpoint PID -D DIR --gpu-only`: the GPU
+// half of a checkpoint, through the helper, without CRIU. The whole-process
+// checkpoint through CRIU and the plugin comes with issue 5; until then
+// --gpu-only must be given, so that nobody mistakes the result for a
+// restorable process image.
+func checkpointCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "checkpoint",
+		Usage:     "checkpoint a process's GPU state into DIR (today: --gpu-only, without CRIU)",
+		ArgsUsage: "PID",
+		Flags: []ucli.Flag{socketFlag(),
+			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory (created if missing)"},
+			&ucli.BoolFlag{Name: "gpu-only", Usage: "only the GPU state (required until the CRIU plugin lands)"},
+			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
+			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental image"},
+			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
+			&ucli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long the process may take to reach a quiet point"},
+			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
+		Action: func(c *ucli.Context) error {
+			pos, err := flagsAnywhere(c)
+			if err != nil {
+				return helpOK(err)
+			}
+			if len(pos) != 1 {
+				return usageError{fmt.Errorf("usage: gpucr checkpoint PID -D DIR --gpu-only [--leave-running]")}
+			}
+			pid, err := strconv.ParseInt(pos[0], 10, 32)
+			if err != nil || pid <= 0 {
+				return usageError{fmt.Errorf("checkpoint: %q is not a pid", pos[0])}
+			}
+			dir := c.String("images-dir")
+			if dir == "" {
+				return usageError{fmt.Errorf("checkpoint: -D DIR is required")}
+			}
+			if !c.Bool("gpu-only") {
+				return usageError{fmt.Errorf("checkpoint: whole-process checkpoints (CRIU + plugin) are not there yet; pass --gpu-only for the GPU state alone")}
+			}
+			abs, err := filepath.Abs(dir)
+			if err != nil {
+				return err
+			}
+			parent := c.String("parent")
+			if parent != "" {
+				if parent, err = filepath.Abs(parent); err != nil {
+					return err
+				}
+			}
+			req := &helperpb.Checkpoint{Pid: pid, ImageDir: abs, LeaveRunning: c.Bool("leave-running"), Parent: parent,
+				Compress: c.Bool("compress"), TimeoutMs: uint32(c.Duration("timeout") / time.Millisecond)}
+			return callCheckpoint(c, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}},
+				fmt.Sprintf("checkpoint %d", pid))
+		},
+	}
+}
+
+// resumeCommand is `gpucr resume PID`: a process that `gpucr checkpoint`
+// left checkpointed gets its GPU back.
+func resumeCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "resume",
+		Usage:     "give a process left checkpointed by `gpucr checkpoint` its GPU back",
+		ArgsUsage: "PID",
+		Flags:     []ucli.Flag{socketFlag(), &ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
+		Action: func(c *ucli.Context) error {
+			pos, err := flagsAnywhere(c)
+			if err != nil {
+				return helpOK(err)
+			}
+			if len(pos) != 1 {
+				return usageError{fmt.Errorf("usage: gpucr resume PID")}
+			}
+			pid, err := strconv.ParseInt(pos[0], 10, 32)
+			if err != nil || pid <= 0 {
+				return usageError{fmt.Errorf("resume: %q is not a pid", pos[0])}
+			}
+			return callCheckpoint(c, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
+				ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: pid}}}, fmt.Sprintf("resume %d", pid))
+		},
+	}
+}
+
+func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	conn, err := client.Dial(ctx, client.SocketPath(c.String("socket")), helperpb.Role_ROLE_CLI, "gpucr")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, _, err := conn.Call(ctx, req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	r := resp.GetCheckpoint()
+	if r == nil {
+		return fmt.Errorf("%s: the helper answered without a checkpoint reply", what)
+	}
+	if c.Bool("json") {
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(c.App.Writer, "%s\n", b)
+		return err
+	}
+	var parts []string
+	for _, p := range r.Phases {
+		parts = append(parts, fmt.Sprintf("%s %.3f s", p.Name, p.Seconds))
+	}
+	line := fmt.Sprintf("%s: done in %.3f s", what, r.TotalSeconds)
+	if r.Bytes > 0 {
+		line += fmt.Sprintf(", %d buffers, %s of GPU memory (%s stored)", r.Buffers, humanBytes(r.Bytes), humanBytes(r.StoredBytes))
+	}
+	_, err = fmt.Fprintf(c.App.Writer, "%s; state %s\n  %s\n", line, stateName(r.State), strings.Join(parts, ", "))
+	return err
+}

@@ -1,0 +1,317 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// cudaBacked is a Device with a real (or simulated) driver device behind it:
+// only those can be copied by the engines and checkpointed.
+type cudaBacked interface{ CUDA() *cuda.Device }
+
+// defaultQuiesce bounds the quiesce of a Checkpoint whose timeout_ms is 0.
+const defaultQuiesce = 10 * time.Second
+
+// driverLockTimeoutMs bounds cuCheckpointProcessLock: the process is
+// quiesced and drained by then, so the lock has nothing to wait for.
+const driverLockTimeoutMs = 10000
+
+// phases times the steps of a checkpoint or resume for the reply and log.
+type phases struct {
+	list  []*helperpb.Phase
+	start time.Time
+	last  time.Time
+}
+
+func newPhases() *phases { now := time.Now(); return &phases{start: now, last: now} }
+
+func (p *phases) done(name string) {
+	now := time.Now()
+	p.list = append(p.list, &helperpb.Phase{Name: name, Seconds: now.Sub(p.last).Seconds()})
+	p.last = now
+}
+
+// undo is one step that was done and how to take it back.
+type undo struct {
+	name string
+	fn   func() error
+}
+
+// checkpoint runs a Checkpoint request; see helper.proto.
+func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helperpb.Response {
+	s.mu.Lock()
+	cl := s.byPID[int32(req.Pid)]
+	s.mu.Unlock()
+	if cl == nil || int64(cl.pid) != req.Pid {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", req.Pid)
+	}
+	if !mayControl(c.cred.Uid, cl.uid) {
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not checkpoint pid %d (uid %d)", c.cred.Uid, cl.pid, cl.uid)
+	}
+	if req.ImageDir == "" {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "no image directory")
+	}
+	quiesce := defaultQuiesce
+	if req.TimeoutMs > 0 {
+		quiesce = time.Duration(req.TimeoutMs) * time.Millisecond
+	}
+	wait := quiesce + opGrace
+	log := cl.log.With(zap.String("image", req.ImageDir), zap.Bool("leave_running", req.LeaveRunning))
+	reply := &helperpb.CheckpointReply{}
+	var failed *helperpb.Response
+	err := cl.withControl(wait, func(ctl *control) error {
+		failed = s.checkpointLocked(cl, ctl, id, req, quiesce, wait, reply, log)
+		return nil
+	})
+	switch {
+	case errors.Is(err, errBusy):
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "client %d: another control operation is in progress", cl.pid)
+	case err != nil:
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "client %d: %v", cl.pid, err)
+	case failed != nil:
+		return failed
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: reply}}
+}
+
+// control sends one request on the control connection and turns a client
+// refusal into an error.
+func controlCall(ctl *control, req *helperpb.Request, wait time.Duration) (*helperpb.Response, error) {
+	r, err := ctl.call(req, nil, wait)
+	if err != nil {
+		return nil, err
+	}
+	if r.Error != nil {
+		return nil, fmt.Errorf("%s: %s", r.Error.Code, r.Error.Message)
+	}
+	return r, nil
+}
+
+func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, quiesce, wait time.Duration,
+	reply *helperpb.CheckpointReply, log *zap.Logger) *helperpb.Response {
+	ph := newPhases()
+	var undos []undo
+	// fail undoes every step done so far, newest first, so that the process
+	// runs again with all its memory; what cannot be undone is logged.
+	fail := func(code helperpb.ErrorCode, format string, args ...any) *helperpb.Response {
+		msg := fmt.Sprintf(format, args...)
+		for i := len(undos) - 1; i >= 0; i-- {
+			if err := undos[i].fn(); err != nil {
+				log.Error("undo after a failed checkpoint failed", zap.String("step", undos[i].name), zap.Error(err))
+				msg += fmt.Sprintf("; undo %s failed too: %v", undos[i].name, err)
+			}
+		}
+		log.Warn("checkpoint failed", zap.String("error", msg))
+		return errResp(id, code, "checkpoint of pid %d: %s", cl.pid, msg)
+	}
+	setState := func(st helperpb.ClientState) {
+		cl.mu.Lock()
+		cl.state = st
+		cl.mu.Unlock()
+	}
+
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{
+		TimeoutMs: uint32(quiesce / time.Millisecond)}}}, wait); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_TIMEOUT, "quiesce: %v", err)
+	}
+	setState(helperpb.ClientState_CLIENT_STATE_QUIESCED)
+	resume := func() error {
+		_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait)
+		if err == nil {
+			setState(helperpb.ClientState_CLIENT_STATE_RUNNING)
+		}
+		return err
+	}
+	undos = append(undos, undo{"resume", resume})
+	ph.done("quiesce")
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}, wait); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drain: %v", err)
+	}
+	ph.done("drain")
+	snap, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, wait)
+	if err != nil {
+		return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "snapshot: %v", err)
+	}
+	table := snap.GetTable()
+	if len(table.GetNotCheckpointable()) > 0 {
+		return fail(helperpb.ErrorCode_ERROR_STATE, "not checkpointable: %v", table.GetNotCheckpointable())
+	}
+	regions, rerr := s.regions(cl, table)
+	if rerr != nil {
+		return fail(helperpb.ErrorCode_ERROR_STATE, "%v", rerr)
+	}
+
+	// The GPU data, into the image, committed before anything is dropped.
+	origin := image.Origin{Pid: int(cl.pid), Time: time.Now()}
+	origin.Host, _ = os.Hostname()
+	if len(regions) > 0 {
+		d := regions[0].Device
+		origin.GPUModel, origin.GPUUUID = d.Name, d.UUID
+	}
+	opts := image.Options{Parent: req.Parent}
+	if req.Compress {
+		opts.Compression = image.CompressionZstd
+	}
+	w, err := image.Create(req.ImageDir, origin, opts)
+	if err != nil {
+		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
+	}
+	if err := engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{}); err != nil {
+		_ = w.Abort()
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
+	}
+	ph.done("copy")
+	if err := w.Commit(); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
+	}
+	st := w.Stats()
+	reply.Buffers, reply.StoredBytes = uint64(len(regions)), uint64(st.BytesStored)
+	for _, r := range regions {
+		reply.Bytes += r.Size
+	}
+	ph.done("commit")
+
+	// Drop the imports: the driver checkpoint must see none (it fails to
+	// restore a process that kept imported memory mapped: 801).
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{}}}, wait); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
+	}
+	setState(helperpb.ClientState_CLIENT_STATE_DROPPED)
+	reimport := func() error {
+		failed, err := s.reimport(cl, ctl, wait)
+		if err == nil && failed != nil {
+			err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
+		}
+		return err
+	}
+	undos = append(undos, undo{"reimport", reimport})
+	ph.done("drop")
+
+	pid := int(cl.pid)
+	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
+	}
+	undos = append(undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
+	ph.done("driver-lock")
+	if err := cuda.CheckpointCheckpoint(pid); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
+	}
+	undos = append(undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
+	ph.done("driver-checkpoint")
+	reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
+	if req.LeaveRunning {
+		if err := s.thaw(cl, ctl, wait, ph); err != nil {
+			return fail(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
+		}
+		reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
+	}
+	reply.Phases = ph.list
+	reply.TotalSeconds = time.Since(ph.start).Seconds()
+	log.Info("checkpoint done", zap.Uint64("bytes", reply.Bytes), zap.Uint64("stored", reply.StoredBytes),
+		zap.Float64("seconds", reply.TotalSeconds))
+	return nil
+}
+
+// thaw gives a checkpointed client its GPU back: driver restore + unlock,
+// reimport, resume.
+func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
+	pid := int(cl.pid)
+	if err := cuda.CheckpointRestore(pid); err != nil {
+		return fmt.Errorf("driver restore: %w", err)
+	}
+	if err := cuda.CheckpointUnlock(pid); err != nil {
+		return fmt.Errorf("driver unlock: %w", err)
+	}
+	ph.done("driver-restore")
+	failed, err := s.reimport(cl, ctl, wait)
+	if err == nil && failed != nil {
+		err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
+	}
+	if err != nil {
+		return fmt.Errorf("reimport: %w", err)
+	}
+	ph.done("reimport")
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	cl.mu.Lock()
+	cl.state = helperpb.ClientState_CLIENT_STATE_RUNNING
+	cl.mu.Unlock()
+	ph.done("resume")
+	return nil
+}
+
+// resumeCheckpointed runs a ResumeCheckpointed request.
+func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeCheckpointed) *helperpb.Response {
+	s.mu.Lock()
+	cl := s.byPID[int32(req.Pid)]
+	s.mu.Unlock()
+	if cl == nil || int64(cl.pid) != req.Pid {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d", req.Pid)
+	}
+	if !mayControl(c.cred.Uid, cl.uid) {
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not resume pid %d (uid %d)", c.cred.Uid, cl.pid, cl.uid)
+	}
+	state, err := cuda.CheckpointState(int(cl.pid))
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", cl.pid, err)
+	}
+	if state != cuda.StateCheckpointed {
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d is %s, not checkpointed", cl.pid, state)
+	}
+	ph := newPhases()
+	err = cl.withControl(s.cfg.OpTimeout, func(ctl *control) error { return s.thaw(cl, ctl, s.cfg.OpTimeout, ph) })
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "resume pid %d: %v", cl.pid, err)
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: &helperpb.CheckpointReply{
+		Phases: ph.list, TotalSeconds: time.Since(ph.start).Seconds(), State: helperpb.ClientState_CLIENT_STATE_RUNNING}}}
+}
+
+// regions turns a client's buffer table into what the engine copies: every
+// allocation must be one the helper made for this client, mapped, on a
+// device the engines can reach.
+func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Region, error) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	var out []engine.Region
+	for _, a := range table.GetAllocations() {
+		al := cl.allocs[a.AllocId]
+		if al == nil {
+			return nil, fmt.Errorf("the client lists allocation %d, which the helper does not know", a.AllocId)
+		}
+		cb, ok := al.dev.(cudaBacked)
+		if !ok {
+			return nil, fmt.Errorf("allocation %d: its device has no driver behind it", a.AllocId)
+		}
+		if a.Address == 0 {
+			return nil, fmt.Errorf("allocation %d is not mapped", a.AllocId)
+		}
+		out = append(out, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(al.handle), Size: al.size,
+			Pid: int(cl.pid), Address: a.Address, Kind: imageKind(a.Kind)})
+	}
+	return out, nil
+}
+
+func imageKind(k helperpb.AllocKind) image.AllocKind {
+	switch k {
+	case helperpb.AllocKind_ALLOC_KIND_MEM_ALLOC:
+		return image.AllocMemAlloc
+	case helperpb.AllocKind_ALLOC_KIND_PITCH:
+		return image.AllocPitch
+	case helperpb.AllocKind_ALLOC_KIND_ASYNC:
+		return image.AllocAsync
+	case helperpb.AllocKind_ALLOC_KIND_VMM:
+		return image.AllocVMM
+	}
+	return image.AllocOther
+}
