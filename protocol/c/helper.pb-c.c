@@ -1447,7 +1447,187 @@ void   gpucr__helper__v1__resume_checkpointed__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__resume_checkpointed__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[16] =
+void   gpucr__helper__v1__detach__init
+                     (Gpucr__Helper__V1__Detach         *message)
+{
+  static const Gpucr__Helper__V1__Detach init_value = GPUCR__HELPER__V1__DETACH__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__detach__get_packed_size
+                     (const Gpucr__Helper__V1__Detach *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__detach__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__detach__pack
+                     (const Gpucr__Helper__V1__Detach *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__detach__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__detach__pack_to_buffer
+                     (const Gpucr__Helper__V1__Detach *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__detach__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Detach *
+       gpucr__helper__v1__detach__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Detach *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__detach__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__detach__free_unpacked
+                     (Gpucr__Helper__V1__Detach *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__detach__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__dump_done__init
+                     (Gpucr__Helper__V1__DumpDone         *message)
+{
+  static const Gpucr__Helper__V1__DumpDone init_value = GPUCR__HELPER__V1__DUMP_DONE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__dump_done__get_packed_size
+                     (const Gpucr__Helper__V1__DumpDone *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__dump_done__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__dump_done__pack
+                     (const Gpucr__Helper__V1__DumpDone *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__dump_done__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__dump_done__pack_to_buffer
+                     (const Gpucr__Helper__V1__DumpDone *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__dump_done__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__DumpDone *
+       gpucr__helper__v1__dump_done__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__DumpDone *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__dump_done__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__dump_done__free_unpacked
+                     (Gpucr__Helper__V1__DumpDone *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__dump_done__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__prepare_restore__init
+                     (Gpucr__Helper__V1__PrepareRestore         *message)
+{
+  static const Gpucr__Helper__V1__PrepareRestore init_value = GPUCR__HELPER__V1__PREPARE_RESTORE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__prepare_restore__get_packed_size
+                     (const Gpucr__Helper__V1__PrepareRestore *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__prepare_restore__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__prepare_restore__pack
+                     (const Gpucr__Helper__V1__PrepareRestore *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__prepare_restore__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__prepare_restore__pack_to_buffer
+                     (const Gpucr__Helper__V1__PrepareRestore *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__prepare_restore__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__PrepareRestore *
+       gpucr__helper__v1__prepare_restore__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__PrepareRestore *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__prepare_restore__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__prepare_restore__free_unpacked
+                     (Gpucr__Helper__V1__PrepareRestore *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__prepare_restore__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__restored__init
+                     (Gpucr__Helper__V1__Restored         *message)
+{
+  static const Gpucr__Helper__V1__Restored init_value = GPUCR__HELPER__V1__RESTORED__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__restored__get_packed_size
+                     (const Gpucr__Helper__V1__Restored *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restored__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__restored__pack
+                     (const Gpucr__Helper__V1__Restored *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restored__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__restored__pack_to_buffer
+                     (const Gpucr__Helper__V1__Restored *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restored__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Restored *
+       gpucr__helper__v1__restored__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Restored *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__restored__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__restored__free_unpacked
+                     (Gpucr__Helper__V1__Restored *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__restored__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[20] =
 {
   {
     "id",
@@ -1594,6 +1774,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
+    "detach",
+    17,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, detach),
+    &gpucr__helper__v1__detach__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
     "status",
     20,
     PROTOBUF_C_LABEL_NONE,
@@ -1641,31 +1833,71 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "dump_done",
+    24,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, dump_done),
+    &gpucr__helper__v1__dump_done__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "prepare_restore",
+    25,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, prepare_restore),
+    &gpucr__helper__v1__prepare_restore__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "restored",
+    26,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, restored),
+    &gpucr__helper__v1__restored__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   2,   /* field[2] = alloc */
-  14,   /* field[14] = checkpoint */
-  13,   /* field[13] = client_op */
+  15,   /* field[15] = checkpoint */
+  14,   /* field[14] = client_op */
+  12,   /* field[12] = detach */
   6,   /* field[6] = drain */
   7,   /* field[7] = drop */
+  17,   /* field[17] = dump_done */
   4,   /* field[4] = free */
   11,   /* field[11] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
   3,   /* field[3] = mapped */
+  18,   /* field[18] = prepare_restore */
   5,   /* field[5] = quiesce */
   8,   /* field[8] = reimport */
+  19,   /* field[19] = restored */
   9,   /* field[9] = resume */
-  15,   /* field[15] = resume_checkpointed */
+  16,   /* field[16] = resume_checkpointed */
   10,   /* field[10] = snapshot */
-  12,   /* field[12] = status */
+  13,   /* field[13] = status */
 };
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] =
 {
   { 1, 0 },
   { 10, 5 },
-  { 20, 12 },
-  { 0, 16 }
+  { 20, 13 },
+  { 0, 20 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -1675,7 +1907,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  16,
+  20,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   3,  gpucr__helper__v1__request__number_ranges,
@@ -3505,7 +3737,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor 
   (ProtobufCMessageInit) gpucr__helper__v1__client_op_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[6] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[7] =
 {
   {
     "pid",
@@ -3579,9 +3811,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "detach",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, detach),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
   4,   /* field[4] = compress */
+  6,   /* field[6] = detach */
   1,   /* field[1] = image_dir */
   2,   /* field[2] = leave_running */
   3,   /* field[3] = parent */
@@ -3591,7 +3836,7 @@ static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
 {
@@ -3601,7 +3846,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
   "Gpucr__Helper__V1__Checkpoint",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Checkpoint),
-  6,
+  7,
   gpucr__helper__v1__checkpoint__field_descriptors,
   gpucr__helper__v1__checkpoint__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint__number_ranges,
@@ -3798,6 +4043,171 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descrip
   gpucr__helper__v1__resume_checkpointed__field_indices_by_name,
   1,  gpucr__helper__v1__resume_checkpointed__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__resume_checkpointed__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__detach__field_descriptors[1] =
+{
+  {
+    "wake_path",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Detach, wake_path),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__detach__field_indices_by_name[] = {
+  0,   /* field[0] = wake_path */
+};
+static const ProtobufCIntRange gpucr__helper__v1__detach__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Detach",
+  "Detach",
+  "Gpucr__Helper__V1__Detach",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Detach),
+  1,
+  gpucr__helper__v1__detach__field_descriptors,
+  gpucr__helper__v1__detach__field_indices_by_name,
+  1,  gpucr__helper__v1__detach__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__detach__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__dump_done__field_descriptors[2] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DumpDone, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "alive",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DumpDone, alive),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__dump_done__field_indices_by_name[] = {
+  1,   /* field[1] = alive */
+  0,   /* field[0] = pid */
+};
+static const ProtobufCIntRange gpucr__helper__v1__dump_done__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.DumpDone",
+  "DumpDone",
+  "Gpucr__Helper__V1__DumpDone",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__DumpDone),
+  2,
+  gpucr__helper__v1__dump_done__field_descriptors,
+  gpucr__helper__v1__dump_done__field_indices_by_name,
+  1,  gpucr__helper__v1__dump_done__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__dump_done__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_descriptors[1] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__PrepareRestore, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__prepare_restore__field_indices_by_name[] = {
+  0,   /* field[0] = image_dir */
+};
+static const ProtobufCIntRange gpucr__helper__v1__prepare_restore__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.PrepareRestore",
+  "PrepareRestore",
+  "Gpucr__Helper__V1__PrepareRestore",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__PrepareRestore),
+  1,
+  gpucr__helper__v1__prepare_restore__field_descriptors,
+  gpucr__helper__v1__prepare_restore__field_indices_by_name,
+  1,  gpucr__helper__v1__prepare_restore__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__prepare_restore__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__restored__field_descriptors[1] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Restored, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__restored__field_indices_by_name[] = {
+  0,   /* field[0] = pid */
+};
+static const ProtobufCIntRange gpucr__helper__v1__restored__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__restored__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Restored",
+  "Restored",
+  "Gpucr__Helper__V1__Restored",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Restored),
+  1,
+  gpucr__helper__v1__restored__field_descriptors,
+  gpucr__helper__v1__restored__field_indices_by_name,
+  1,  gpucr__helper__v1__restored__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__restored__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue gpucr__helper__v1__version__enum_values_by_number[2] =

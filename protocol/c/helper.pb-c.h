@@ -47,6 +47,10 @@ typedef struct Gpucr__Helper__V1__Checkpoint Gpucr__Helper__V1__Checkpoint;
 typedef struct Gpucr__Helper__V1__CheckpointReply Gpucr__Helper__V1__CheckpointReply;
 typedef struct Gpucr__Helper__V1__Phase Gpucr__Helper__V1__Phase;
 typedef struct Gpucr__Helper__V1__ResumeCheckpointed Gpucr__Helper__V1__ResumeCheckpointed;
+typedef struct Gpucr__Helper__V1__Detach Gpucr__Helper__V1__Detach;
+typedef struct Gpucr__Helper__V1__DumpDone Gpucr__Helper__V1__DumpDone;
+typedef struct Gpucr__Helper__V1__PrepareRestore Gpucr__Helper__V1__PrepareRestore;
+typedef struct Gpucr__Helper__V1__Restored Gpucr__Helper__V1__Restored;
 
 
 /* --- enums --- */
@@ -180,10 +184,14 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_RESUME = 14,
   GPUCR__HELPER__V1__REQUEST__BODY_SNAPSHOT = 15,
   GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS = 16,
+  GPUCR__HELPER__V1__REQUEST__BODY_DETACH = 17,
   GPUCR__HELPER__V1__REQUEST__BODY_STATUS = 20,
   GPUCR__HELPER__V1__REQUEST__BODY_CLIENT_OP = 21,
   GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT = 22,
-  GPUCR__HELPER__V1__REQUEST__BODY_RESUME_CHECKPOINTED = 23
+  GPUCR__HELPER__V1__REQUEST__BODY_RESUME_CHECKPOINTED = 23,
+  GPUCR__HELPER__V1__REQUEST__BODY_DUMP_DONE = 24,
+  GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE = 25,
+  GPUCR__HELPER__V1__REQUEST__BODY_RESTORED = 26
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -213,6 +221,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__Resume *resume;
     Gpucr__Helper__V1__Snapshot *snapshot;
     Gpucr__Helper__V1__GetStats *get_stats;
+    Gpucr__Helper__V1__Detach *detach;
     /*
      * ROLE_CLI / ROLE_PLUGIN -> helper
      */
@@ -220,6 +229,12 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__ClientOp *client_op;
     Gpucr__Helper__V1__Checkpoint *checkpoint;
     Gpucr__Helper__V1__ResumeCheckpointed *resume_checkpointed;
+    /*
+     * ROLE_PLUGIN -> helper (the CRIU plugin)
+     */
+    Gpucr__Helper__V1__DumpDone *dump_done;
+    Gpucr__Helper__V1__PrepareRestore *prepare_restore;
+    Gpucr__Helper__V1__Restored *restored;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -719,10 +734,17 @@ struct  Gpucr__Helper__V1__Checkpoint
    * Bounds the quiesce; 0: 10 s.
    */
   uint32_t timeout_ms;
+  /*
+   * For a CRIU dump: after the drop the client closes its helper
+   * connections (CRIU cannot dump a unix socket connected outside the dumped
+   * tree) and waits for its wake file (Detach). The helper keeps its memory
+   * until DumpDone says what became of the process.
+   */
+  protobuf_c_boolean detach;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint__descriptor) \
-    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0 }
+    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__CheckpointReply
@@ -772,6 +794,75 @@ struct  Gpucr__Helper__V1__ResumeCheckpointed
 };
 #define GPUCR__HELPER__V1__RESUME_CHECKPOINTED__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__resume_checkpointed__descriptor) \
+    , 0 }
+
+
+/*
+ * Detach (helper -> interposer, control): only when dropped. The client
+ * answers Ok, then closes both connections and waits, every few
+ * milliseconds checking whether the file wake_path exists; when it does, it
+ * connects again (Hello with its old client_token on both connections) and
+ * the helper takes it from there (reimport, resume). Everything it does while
+ * detached is a stat() of wake_path and a sleep: nothing CRIU cannot dump and
+ * restore.
+ */
+struct  Gpucr__Helper__V1__Detach
+{
+  ProtobufCMessage base;
+  char *wake_path;
+};
+#define GPUCR__HELPER__V1__DETACH__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__detach__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+/*
+ * DumpDone (plugin, at the end of CRIU's dump): what became of a process
+ * that a Checkpoint with detach left detached. alive (--leave-running, or
+ * the dump failed): driver restore + unlock, wake it; it reattaches and gets
+ * its memory back and the gate opened; the reply comes once it runs again.
+ * Not alive: its memory is released (the image holds its data).
+ */
+struct  Gpucr__Helper__V1__DumpDone
+{
+  ProtobufCMessage base;
+  int64_t pid;
+  protobuf_c_boolean alive;
+};
+#define GPUCR__HELPER__V1__DUMP_DONE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__dump_done__descriptor) \
+    , 0, 0 }
+
+
+/*
+ * PrepareRestore (plugin, as CRIU's restore starts): read the GPU image in
+ * image_dir, check that this helper can restore it (devices by uuid, else
+ * ordinal; sizes), and load every buffer into new helper memory for the pid
+ * the image names. Fails with a clear error before anything is changed.
+ */
+struct  Gpucr__Helper__V1__PrepareRestore
+{
+  ProtobufCMessage base;
+  char *image_dir;
+};
+#define GPUCR__HELPER__V1__PREPARE_RESTORE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__prepare_restore__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+/*
+ * Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
+ * creates its wake file. When the process runs and reattaches, the helper
+ * does the driver restore + unlock of its residual context, sends it its
+ * memory (Reimport entries matched by address) and resumes it.
+ */
+struct  Gpucr__Helper__V1__Restored
+{
+  ProtobufCMessage base;
+  int64_t pid;
+};
+#define GPUCR__HELPER__V1__RESTORED__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__restored__descriptor) \
     , 0 }
 
 
@@ -1383,6 +1474,82 @@ Gpucr__Helper__V1__ResumeCheckpointed *
 void   gpucr__helper__v1__resume_checkpointed__free_unpacked
                      (Gpucr__Helper__V1__ResumeCheckpointed *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Detach methods */
+void   gpucr__helper__v1__detach__init
+                     (Gpucr__Helper__V1__Detach         *message);
+size_t gpucr__helper__v1__detach__get_packed_size
+                     (const Gpucr__Helper__V1__Detach   *message);
+size_t gpucr__helper__v1__detach__pack
+                     (const Gpucr__Helper__V1__Detach   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__detach__pack_to_buffer
+                     (const Gpucr__Helper__V1__Detach   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Detach *
+       gpucr__helper__v1__detach__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__detach__free_unpacked
+                     (Gpucr__Helper__V1__Detach *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__DumpDone methods */
+void   gpucr__helper__v1__dump_done__init
+                     (Gpucr__Helper__V1__DumpDone         *message);
+size_t gpucr__helper__v1__dump_done__get_packed_size
+                     (const Gpucr__Helper__V1__DumpDone   *message);
+size_t gpucr__helper__v1__dump_done__pack
+                     (const Gpucr__Helper__V1__DumpDone   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__dump_done__pack_to_buffer
+                     (const Gpucr__Helper__V1__DumpDone   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__DumpDone *
+       gpucr__helper__v1__dump_done__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__dump_done__free_unpacked
+                     (Gpucr__Helper__V1__DumpDone *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__PrepareRestore methods */
+void   gpucr__helper__v1__prepare_restore__init
+                     (Gpucr__Helper__V1__PrepareRestore         *message);
+size_t gpucr__helper__v1__prepare_restore__get_packed_size
+                     (const Gpucr__Helper__V1__PrepareRestore   *message);
+size_t gpucr__helper__v1__prepare_restore__pack
+                     (const Gpucr__Helper__V1__PrepareRestore   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__prepare_restore__pack_to_buffer
+                     (const Gpucr__Helper__V1__PrepareRestore   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__PrepareRestore *
+       gpucr__helper__v1__prepare_restore__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__prepare_restore__free_unpacked
+                     (Gpucr__Helper__V1__PrepareRestore *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Restored methods */
+void   gpucr__helper__v1__restored__init
+                     (Gpucr__Helper__V1__Restored         *message);
+size_t gpucr__helper__v1__restored__get_packed_size
+                     (const Gpucr__Helper__V1__Restored   *message);
+size_t gpucr__helper__v1__restored__pack
+                     (const Gpucr__Helper__V1__Restored   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__restored__pack_to_buffer
+                     (const Gpucr__Helper__V1__Restored   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Restored *
+       gpucr__helper__v1__restored__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__restored__free_unpacked
+                     (Gpucr__Helper__V1__Restored *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Gpucr__Helper__V1__Request_Closure)
@@ -1481,6 +1648,18 @@ typedef void (*Gpucr__Helper__V1__Phase_Closure)
 typedef void (*Gpucr__Helper__V1__ResumeCheckpointed_Closure)
                  (const Gpucr__Helper__V1__ResumeCheckpointed *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__Detach_Closure)
+                 (const Gpucr__Helper__V1__Detach *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__DumpDone_Closure)
+                 (const Gpucr__Helper__V1__DumpDone *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__PrepareRestore_Closure)
+                 (const Gpucr__Helper__V1__PrepareRestore *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__Restored_Closure)
+                 (const Gpucr__Helper__V1__Restored *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1525,6 +1704,10 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descripto
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__phase__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__restored__descriptor;
 
 PROTOBUF_C__END_DECLS
 

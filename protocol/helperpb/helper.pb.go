@@ -406,10 +406,14 @@ type Request struct {
 	//	*Request_Resume
 	//	*Request_Snapshot
 	//	*Request_GetStats
+	//	*Request_Detach
 	//	*Request_Status
 	//	*Request_ClientOp
 	//	*Request_Checkpoint
 	//	*Request_ResumeCheckpointed
+	//	*Request_DumpDone
+	//	*Request_PrepareRestore
+	//	*Request_Restored
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -558,6 +562,15 @@ func (x *Request) GetGetStats() *GetStats {
 	return nil
 }
 
+func (x *Request) GetDetach() *Detach {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Detach); ok {
+			return x.Detach
+		}
+	}
+	return nil
+}
+
 func (x *Request) GetStatus() *Status {
 	if x != nil {
 		if x, ok := x.Body.(*Request_Status); ok {
@@ -589,6 +602,33 @@ func (x *Request) GetResumeCheckpointed() *ResumeCheckpointed {
 	if x != nil {
 		if x, ok := x.Body.(*Request_ResumeCheckpointed); ok {
 			return x.ResumeCheckpointed
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetDumpDone() *DumpDone {
+	if x != nil {
+		if x, ok := x.Body.(*Request_DumpDone); ok {
+			return x.DumpDone
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetPrepareRestore() *PrepareRestore {
+	if x != nil {
+		if x, ok := x.Body.(*Request_PrepareRestore); ok {
+			return x.PrepareRestore
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetRestored() *Restored {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Restored); ok {
+			return x.Restored
 		}
 	}
 	return nil
@@ -644,6 +684,10 @@ type Request_GetStats struct {
 	GetStats *GetStats `protobuf:"bytes,16,opt,name=get_stats,json=getStats,proto3,oneof"`
 }
 
+type Request_Detach struct {
+	Detach *Detach `protobuf:"bytes,17,opt,name=detach,proto3,oneof"`
+}
+
 type Request_Status struct {
 	// ROLE_CLI / ROLE_PLUGIN -> helper
 	Status *Status `protobuf:"bytes,20,opt,name=status,proto3,oneof"`
@@ -659,6 +703,19 @@ type Request_Checkpoint struct {
 
 type Request_ResumeCheckpointed struct {
 	ResumeCheckpointed *ResumeCheckpointed `protobuf:"bytes,23,opt,name=resume_checkpointed,json=resumeCheckpointed,proto3,oneof"`
+}
+
+type Request_DumpDone struct {
+	// ROLE_PLUGIN -> helper (the CRIU plugin)
+	DumpDone *DumpDone `protobuf:"bytes,24,opt,name=dump_done,json=dumpDone,proto3,oneof"`
+}
+
+type Request_PrepareRestore struct {
+	PrepareRestore *PrepareRestore `protobuf:"bytes,25,opt,name=prepare_restore,json=prepareRestore,proto3,oneof"`
+}
+
+type Request_Restored struct {
+	Restored *Restored `protobuf:"bytes,26,opt,name=restored,proto3,oneof"`
 }
 
 func (*Request_Hello) isRequest_Body() {}
@@ -683,6 +740,8 @@ func (*Request_Snapshot) isRequest_Body() {}
 
 func (*Request_GetStats) isRequest_Body() {}
 
+func (*Request_Detach) isRequest_Body() {}
+
 func (*Request_Status) isRequest_Body() {}
 
 func (*Request_ClientOp) isRequest_Body() {}
@@ -690,6 +749,12 @@ func (*Request_ClientOp) isRequest_Body() {}
 func (*Request_Checkpoint) isRequest_Body() {}
 
 func (*Request_ResumeCheckpointed) isRequest_Body() {}
+
+func (*Request_DumpDone) isRequest_Body() {}
+
+func (*Request_PrepareRestore) isRequest_Body() {}
+
+func (*Request_Restored) isRequest_Body() {}
 
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2507,7 +2572,12 @@ type Checkpoint struct {
 	Parent   string `protobuf:"bytes,4,opt,name=parent,proto3" json:"parent,omitempty"`
 	Compress bool   `protobuf:"varint,5,opt,name=compress,proto3" json:"compress,omitempty"`
 	// Bounds the quiesce; 0: 10 s.
-	TimeoutMs     uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// For a CRIU dump: after the drop the client closes its helper
+	// connections (CRIU cannot dump a unix socket connected outside the dumped
+	// tree) and waits for its wake file (Detach). The helper keeps its memory
+	// until DumpDone says what became of the process.
+	Detach        bool `protobuf:"varint,7,opt,name=detach,proto3" json:"detach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2582,6 +2652,13 @@ func (x *Checkpoint) GetTimeoutMs() uint32 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *Checkpoint) GetDetach() bool {
+	if x != nil {
+		return x.Detach
+	}
+	return false
 }
 
 type CheckpointReply struct {
@@ -2766,11 +2843,215 @@ func (x *ResumeCheckpointed) GetPid() int64 {
 	return 0
 }
 
+// Detach (helper -> interposer, control): only when dropped. The client
+// answers Ok, then closes both connections and waits, every few
+// milliseconds checking whether the file wake_path exists; when it does, it
+// connects again (Hello with its old client_token on both connections) and
+// the helper takes it from there (reimport, resume). Everything it does while
+// detached is a stat() of wake_path and a sleep: nothing CRIU cannot dump and
+// restore.
+type Detach struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WakePath      string                 `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Detach) Reset() {
+	*x = Detach{}
+	mi := &file_protocol_helper_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Detach) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Detach) ProtoMessage() {}
+
+func (x *Detach) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Detach.ProtoReflect.Descriptor instead.
+func (*Detach) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *Detach) GetWakePath() string {
+	if x != nil {
+		return x.WakePath
+	}
+	return ""
+}
+
+// DumpDone (plugin, at the end of CRIU's dump): what became of a process
+// that a Checkpoint with detach left detached. alive (--leave-running, or
+// the dump failed): driver restore + unlock, wake it; it reattaches and gets
+// its memory back and the gate opened; the reply comes once it runs again.
+// Not alive: its memory is released (the image holds its data).
+type DumpDone struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Alive         bool                   `protobuf:"varint,2,opt,name=alive,proto3" json:"alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DumpDone) Reset() {
+	*x = DumpDone{}
+	mi := &file_protocol_helper_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DumpDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DumpDone) ProtoMessage() {}
+
+func (x *DumpDone) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
+func (*DumpDone) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DumpDone) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *DumpDone) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+// PrepareRestore (plugin, as CRIU's restore starts): read the GPU image in
+// image_dir, check that this helper can restore it (devices by uuid, else
+// ordinal; sizes), and load every buffer into new helper memory for the pid
+// the image names. Fails with a clear error before anything is changed.
+type PrepareRestore struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareRestore) Reset() {
+	*x = PrepareRestore{}
+	mi := &file_protocol_helper_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareRestore) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareRestore) ProtoMessage() {}
+
+func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
+func (*PrepareRestore) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PrepareRestore) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+// Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
+// creates its wake file. When the process runs and reattaches, the helper
+// does the driver restore + unlock of its residual context, sends it its
+// memory (Reimport entries matched by address) and resumes it.
+type Restored struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pid           int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Restored) Reset() {
+	*x = Restored{}
+	mi := &file_protocol_helper_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Restored) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Restored) ProtoMessage() {}
+
+func (x *Restored) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Restored.ProtoReflect.Descriptor instead.
+func (*Restored) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *Restored) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
 var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xd7\x06\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xc9\b\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -2785,12 +3066,16 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06resume\x18\x0e \x01(\v2\x17.gpucr.helper.v1.ResumeH\x00R\x06resume\x127\n" +
 	"\bsnapshot\x18\x0f \x01(\v2\x19.gpucr.helper.v1.SnapshotH\x00R\bsnapshot\x128\n" +
 	"\tget_stats\x18\x10 \x01(\v2\x19.gpucr.helper.v1.GetStatsH\x00R\bgetStats\x121\n" +
+	"\x06detach\x18\x11 \x01(\v2\x17.gpucr.helper.v1.DetachH\x00R\x06detach\x121\n" +
 	"\x06status\x18\x14 \x01(\v2\x17.gpucr.helper.v1.StatusH\x00R\x06status\x128\n" +
 	"\tclient_op\x18\x15 \x01(\v2\x19.gpucr.helper.v1.ClientOpH\x00R\bclientOp\x12=\n" +
 	"\n" +
 	"checkpoint\x18\x16 \x01(\v2\x1b.gpucr.helper.v1.CheckpointH\x00R\n" +
 	"checkpoint\x12V\n" +
-	"\x13resume_checkpointed\x18\x17 \x01(\v2#.gpucr.helper.v1.ResumeCheckpointedH\x00R\x12resumeCheckpointedB\x06\n" +
+	"\x13resume_checkpointed\x18\x17 \x01(\v2#.gpucr.helper.v1.ResumeCheckpointedH\x00R\x12resumeCheckpointed\x128\n" +
+	"\tdump_done\x18\x18 \x01(\v2\x19.gpucr.helper.v1.DumpDoneH\x00R\bdumpDone\x12J\n" +
+	"\x0fprepare_restore\x18\x19 \x01(\v2\x1f.gpucr.helper.v1.PrepareRestoreH\x00R\x0eprepareRestore\x127\n" +
+	"\brestored\x18\x1a \x01(\v2\x19.gpucr.helper.v1.RestoredH\x00R\brestoredB\x06\n" +
 	"\x04body\"\x88\x04\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
@@ -2937,7 +3222,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bOP_STATS\x10\a\"w\n" +
 	"\rClientOpReply\x122\n" +
 	"\x05table\x18\x01 \x01(\v2\x1c.gpucr.helper.v1.BufferTableR\x05table\x122\n" +
-	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\xb3\x01\n" +
+	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\xcb\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
@@ -2946,7 +3231,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06parent\x18\x04 \x01(\tR\x06parent\x12\x1a\n" +
 	"\bcompress\x18\x05 \x01(\bR\bcompress\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\"\xed\x01\n" +
+	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x16\n" +
+	"\x06detach\x18\a \x01(\bR\x06detach\"\xed\x01\n" +
 	"\x0fCheckpointReply\x12\x18\n" +
 	"\abuffers\x18\x01 \x01(\x04R\abuffers\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
@@ -2958,6 +3244,15 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aseconds\x18\x02 \x01(\x01R\aseconds\"&\n" +
 	"\x12ResumeCheckpointed\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\"%\n" +
+	"\x06Detach\x12\x1b\n" +
+	"\twake_path\x18\x01 \x01(\tR\bwakePath\"2\n" +
+	"\bDumpDone\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x14\n" +
+	"\x05alive\x18\x02 \x01(\bR\x05alive\"-\n" +
+	"\x0ePrepareRestore\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\x1c\n" +
+	"\bRestored\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid*8\n" +
 	"\aVersion\x12\x17\n" +
 	"\x13VERSION_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -3005,7 +3300,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -3045,6 +3340,10 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*CheckpointReply)(nil),    // 35: gpucr.helper.v1.CheckpointReply
 	(*Phase)(nil),              // 36: gpucr.helper.v1.Phase
 	(*ResumeCheckpointed)(nil), // 37: gpucr.helper.v1.ResumeCheckpointed
+	(*Detach)(nil),             // 38: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 39: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 40: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 41: gpucr.helper.v1.Restored
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	10, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -3058,42 +3357,46 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	22, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	23, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	24, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	29, // 11: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	32, // 12: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	34, // 13: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	37, // 14: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	8,  // 15: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	11, // 16: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	14, // 17: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	9,  // 18: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	25, // 19: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 20: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	30, // 21: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	33, // 22: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	35, // 23: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	3,  // 24: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 25: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	12, // 26: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 27: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	21, // 28: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 29: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	27, // 30: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 31: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 32: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 33: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	12, // 34: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	31, // 35: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	4,  // 36: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	5,  // 37: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	25, // 38: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 39: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	36, // 40: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 41: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	42, // [42:42] is the sub-list for method output_type
-	42, // [42:42] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	38, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	29, // 12: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	32, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	34, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	37, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	39, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	40, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	41, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	8,  // 19: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	11, // 20: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	14, // 21: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	9,  // 22: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	25, // 23: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	28, // 24: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	30, // 25: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	33, // 26: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	35, // 27: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	3,  // 28: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 29: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	12, // 30: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 31: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	21, // 32: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 33: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	27, // 34: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 35: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 36: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 37: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	12, // 38: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	31, // 39: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	4,  // 40: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	5,  // 41: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	25, // 42: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	28, // 43: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	36, // 44: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 45: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -3113,10 +3416,14 @@ func file_protocol_helper_proto_init() {
 		(*Request_Resume)(nil),
 		(*Request_Snapshot)(nil),
 		(*Request_GetStats)(nil),
+		(*Request_Detach)(nil),
 		(*Request_Status)(nil),
 		(*Request_ClientOp)(nil),
 		(*Request_Checkpoint)(nil),
 		(*Request_ResumeCheckpointed)(nil),
+		(*Request_DumpDone)(nil),
+		(*Request_PrepareRestore)(nil),
+		(*Request_Restored)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -3134,7 +3441,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   32,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
