@@ -62,6 +62,7 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			runCommand(),
 			clientCommand(),
 			checkpointCommand(),
+			restoreCommand(),
 			resumeCommand(),
 		},
 	}

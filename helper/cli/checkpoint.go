@@ -15,19 +15,20 @@ import (
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// checkpointCommand is `gpucr checkpoint PID -D DIR --gpu-only`: the GPU
-// half of a checkpoint, through the helper, without CRIU. The whole-process
-// checkpoint through CRIU and the plugin comes with issue 5; until then
-// --gpu-only must be given, so that nobody mistakes the result for a
-// restorable process image.
+// checkpointCommand is `gpucr checkpoint PID -D DIR`: the whole process
+// through CRIU (go-criu) with gpucr's plugin; with --gpu-only, the GPU state
+// alone through the helper, without CRIU (the process stays checkpointed
+// until `gpucr resume`, or keeps running with --leave-running).
 func checkpointCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "checkpoint",
-		Usage:     "checkpoint a process's GPU state into DIR (today: --gpu-only, without CRIU)",
+		Usage:     "checkpoint a process (CRIU with gpucr's plugin), or with --gpu-only its GPU state alone, into DIR",
 		ArgsUsage: "PID",
 		Flags: []ucli.Flag{socketFlag(),
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory (created if missing)"},
-			&ucli.BoolFlag{Name: "gpu-only", Usage: "only the GPU state (required until the CRIU plugin lands)"},
+			&ucli.BoolFlag{Name: "gpu-only", Usage: "only the GPU state, through the helper, without CRIU"},
+			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
+			pluginDirFlag(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental image"},
 			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
@@ -39,7 +40,7 @@ func checkpointCommand() *ucli.Command {
 				return helpOK(err)
 			}
 			if len(pos) != 1 {
-				return usageError{fmt.Errorf("usage: gpucr checkpoint PID -D DIR --gpu-only [--leave-running]")}
+				return usageError{fmt.Errorf("usage: gpucr checkpoint PID -D DIR [--gpu-only] [--leave-running]")}
 			}
 			pid, err := strconv.ParseInt(pos[0], 10, 32)
 			if err != nil || pid <= 0 {
@@ -49,12 +50,12 @@ func checkpointCommand() *ucli.Command {
 			if dir == "" {
 				return usageError{fmt.Errorf("checkpoint: -D DIR is required")}
 			}
-			if !c.Bool("gpu-only") {
-				return usageError{fmt.Errorf("checkpoint: whole-process checkpoints (CRIU + plugin) are not there yet; pass --gpu-only for the GPU state alone")}
-			}
 			abs, err := filepath.Abs(dir)
 			if err != nil {
 				return err
+			}
+			if !c.Bool("gpu-only") {
+				return wholeCheckpoint(c, pid, abs)
 			}
 			parent := c.String("parent")
 			if parent != "" {

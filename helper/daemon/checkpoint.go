@@ -196,6 +196,25 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	undos = append(undos, undo{"reimport", reimport})
 	ph.done("drop")
 
+	if req.Detach {
+		// The client closes its connections and waits for its wake file:
+		// CRIU must not find a socket connected to the helper.
+		wake := s.wakePath(cl.pid)
+		_ = os.Remove(wake)
+		cl.mu.Lock()
+		cl.detached = true
+		cl.mu.Unlock()
+		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: wake}}}, wait); err != nil {
+			cl.mu.Lock()
+			cl.detached = false
+			cl.mu.Unlock()
+			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
+		}
+		// From here on the way back goes through the wake file.
+		undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
+		ph.done("detach")
+	}
+
 	pid := int(cl.pid)
 	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
@@ -314,4 +333,35 @@ func imageKind(k helperpb.AllocKind) image.AllocKind {
 		return image.AllocVMM
 	}
 	return image.AllocOther
+}
+
+// wakeAndGiveBack brings a detached client back while its checkpoint's
+// control exchange is still held (the undo of a failed detached checkpoint):
+// it waits for the reattach, then reimports and resumes it.
+func (s *Server) wakeAndGiveBack(cl *client) error {
+	s.mu.Lock()
+	waiting := s.waiting[cl.pid] == cl
+	s.mu.Unlock()
+	if !waiting {
+		// Still connected (the close has not been seen yet): wait a little.
+		for i := 0; i < 200 && !waiting; i++ {
+			time.Sleep(10 * time.Millisecond)
+			s.mu.Lock()
+			waiting = s.waiting[cl.pid] == cl
+			s.mu.Unlock()
+		}
+	}
+	done := make(chan error, 1)
+	cl.mu.Lock()
+	cl.onAttach = func() { done <- s.giveBackLocked(cl) }
+	cl.mu.Unlock()
+	if err := s.wake(cl.pid); err != nil {
+		return err
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(reattachTimeout):
+		return fmt.Errorf("pid %d did not reattach within %v", cl.pid, reattachTimeout)
+	}
 }

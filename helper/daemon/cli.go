@@ -34,6 +34,12 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.checkpoint(c, req.Id, b.Checkpoint)
 		case *helperpb.Request_ResumeCheckpointed:
 			resp = s.resumeCheckpointed(c, req.Id, b.ResumeCheckpointed)
+		case *helperpb.Request_DumpDone:
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
+		case *helperpb.Request_PrepareRestore:
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.prepareRestore(req.Id, b.PrepareRestore) })
+		case *helperpb.Request_Restored:
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored) })
 		default:
 			c.reject(req.Id, "%T is not allowed for %s", req.Body, h.Role)
 			return
@@ -236,4 +242,13 @@ func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helper
 	}
 	cl.log.Info("reimport sent", zap.Int("allocations", len(ents)))
 	return nil, nil
+}
+
+// pluginOnly runs f for root callers only: these requests act on whatever
+// process CRIU is dumping or restoring, which only root may do.
+func (s *Server) pluginOnly(c *conn, id uint64, f func() *helperpb.Response) *helperpb.Response {
+	if c.cred.Uid != 0 {
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "only root (CRIU) may send this")
+	}
+	return f()
 }

@@ -32,6 +32,14 @@ type client struct {
 
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
+
+	// detach.go: detached for a CRIU dump (its memory is kept when its
+	// connections close), restored from an image (waiting for the process),
+	// and what to do once it is attached again (run when its control
+	// connection is up). Guarded by mu.
+	detached bool
+	restored bool
+	onAttach func()
 }
 
 type alloc struct {
@@ -45,15 +53,29 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_UNAVAILABLE, "helper has no GPU: %s", s.cfg.Unavailable), nil)
 		return
 	}
-	cl := &client{pid: c.cred.Pid, uid: c.cred.Uid, program: h.Program, token: newToken(),
-		allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_RUNNING, opSem: make(chan struct{}, 1)}
-	cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
+	var cl *client
+	if h.ClientToken != 0 {
+		// A detached or restored process coming back.
+		if cl = s.reattach(c.cred.Pid, h.ClientToken); cl == nil {
+			_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_NOT_FOUND,
+				"no detached or restored process with pid %d and this token", c.cred.Pid), nil)
+			return
+		}
+		cl.mu.Lock()
+		cl.uid, cl.program = c.cred.Uid, h.Program
+		cl.mu.Unlock()
+		cl.log.Info("client reattached")
+	} else {
+		cl = &client{pid: c.cred.Pid, uid: c.cred.Uid, program: h.Program, token: newToken(),
+			allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_RUNNING, opSem: make(chan struct{}, 1)}
+		cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
+		s.mu.Lock()
+		s.byToken[cl.token] = cl
+		s.byPID[cl.pid] = cl
+		s.mu.Unlock()
+		cl.log.Info("client registered")
+	}
 	c.log = cl.log
-	s.mu.Lock()
-	s.byToken[cl.token] = cl
-	s.byPID[cl.pid] = cl
-	s.mu.Unlock()
-	cl.log.Info("client registered")
 	defer s.dropClient(cl)
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
@@ -190,6 +212,15 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 // dropClient forgets a client whose calls connection closed and releases
 // every allocation it had.
 func (s *Server) dropClient(cl *client) {
+	if s.park(cl) {
+		cl.mu.Lock()
+		ctrl := cl.ctrl
+		cl.mu.Unlock()
+		if ctrl != nil {
+			ctrl.conn.Close()
+		}
+		return
+	}
 	// The client leaves the status list only after its memory is released,
 	// so that whoever sees it gone also sees the memory back.
 	defer func() {
@@ -272,6 +303,13 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 		return
 	}
 	cl.log.Info("control connection up")
+	cl.mu.Lock()
+	attach := cl.onAttach
+	cl.onAttach = nil
+	cl.mu.Unlock()
+	if attach != nil {
+		go attach()
+	}
 	for {
 		resp, fds, err := c.ReadResponse()
 		if err != nil {

@@ -67,6 +67,7 @@ type Server struct {
 	byToken   map[uint64]*client
 	byPID     map[int32]*client
 	owner     map[uint64]*client // alloc id -> client
+	waiting   map[int32]*client  // detached or restored, by pid (detach.go)
 	conns     map[*net.UnixConn]struct{}
 	closed    bool
 	nextAlloc atomic.Uint64
@@ -91,7 +92,7 @@ func New(cfg Config) *Server {
 		cfg.Unavailable = "no GPU devices"
 	}
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, conns: map[*net.UnixConn]struct{}{}}
+		owner: map[uint64]*client{}, waiting: map[int32]*client{}, conns: map[*net.UnixConn]struct{}{}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket

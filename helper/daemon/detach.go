@@ -1,0 +1,323 @@
+package daemon
+
+// Clients that are not connected but whose memory the helper keeps: detached
+// for a CRIU dump (Checkpoint with detach), or restored from an image
+// (PrepareRestore) and waiting for the restored process to come back. Such a
+// client waits in Server.waiting (by pid) until it reattaches: a calls Hello
+// from the same pid, with its old token (detached) or any token (restored);
+// then, when its control connection is up, onAttach gives it its memory back.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// reattachTimeout bounds how long DumpDone waits for a woken process.
+const reattachTimeout = 60 * time.Second
+
+// wakePath is the file whose existence tells a detached client of pid to
+// reconnect: next to the socket, so a container that can reach the socket can
+// reach it too.
+func (s *Server) wakePath(pid int32) string {
+	return filepath.Join(filepath.Dir(s.cfg.Socket), "wake", strconv.Itoa(int(pid)))
+}
+
+func (s *Server) wake(pid int32) error {
+	p := s.wakePath(pid)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(p, nil, 0o644)
+}
+
+// reattach finds the waiting client a calls Hello with a token comes from,
+// and takes it out of the waiting list.
+func (s *Server) reattach(pid int32, token uint64) *client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cl := s.waiting[pid]
+	if cl == nil || (!cl.restored && cl.token != token) {
+		return nil
+	}
+	delete(s.waiting, pid)
+	if cl.restored {
+		cl.token = token
+	}
+	cl.detached = false
+	s.byToken[cl.token] = cl
+	s.byPID[cl.pid] = cl
+	_ = os.Remove(s.wakePath(pid))
+	return cl
+}
+
+// park moves a detached client whose connections closed to the waiting list
+// instead of releasing its memory. It reports whether it did.
+func (s *Server) park(cl *client) bool {
+	cl.mu.Lock()
+	detached := cl.detached
+	cl.mu.Unlock()
+	if !detached {
+		return false
+	}
+	s.mu.Lock()
+	delete(s.byToken, cl.token)
+	if s.byPID[cl.pid] == cl {
+		delete(s.byPID, cl.pid)
+	}
+	s.waiting[cl.pid] = cl
+	s.mu.Unlock()
+	cl.log.Info("client detached; its memory is kept until the dump ends")
+	return true
+}
+
+// release gives back every allocation of cl (it is gone for good).
+func (s *Server) release(cl *client) {
+	cl.mu.Lock()
+	allocs := cl.allocs
+	cl.allocs = map[uint64]*alloc{}
+	cl.bytes = 0
+	cl.mu.Unlock()
+	for _, al := range allocs {
+		s.mu.Lock()
+		delete(s.owner, al.id)
+		s.mu.Unlock()
+		if err := al.dev.Release(al.handle); err != nil {
+			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
+		}
+	}
+}
+
+// giveBack is what a reattached client gets: optionally the driver restore
+// of its residual context, then its memory, then the gate opened.
+func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error) {
+	err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
+		if driverRestore {
+			return s.thaw(cl, ctl, s.cfg.OpTimeout, newPhases())
+		}
+		return s.reimportResume(cl, ctl)
+	})
+	if err != nil {
+		cl.log.Error("giving a reattached client its GPU back failed", zap.Error(err))
+	} else {
+		cl.log.Info("reattached client runs again")
+	}
+	if done != nil {
+		done <- err
+	}
+}
+
+// dumpDone runs a DumpDone request.
+func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response {
+	s.mu.Lock()
+	cl := s.waiting[int32(req.Pid)]
+	if cl != nil && !req.Alive {
+		delete(s.waiting, cl.pid)
+	}
+	s.mu.Unlock()
+	if cl == nil || cl.restored {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no detached client with pid %d", req.Pid)
+	}
+	if !req.Alive {
+		s.release(cl)
+		_ = os.Remove(s.wakePath(cl.pid))
+		cl.log.Info("dumped process is gone; its memory is released")
+		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+	}
+	// Alive (--leave-running, or the dump failed): the driver state first,
+	// while nothing in the process can touch the GPU, then wake it.
+	pid := int(cl.pid)
+	if st, err := cuda.CheckpointState(pid); err == nil && st == cuda.StateCheckpointed {
+		if err := cuda.CheckpointRestore(pid); err != nil {
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: driver restore: %v", pid, err)
+		}
+	}
+	if st, err := cuda.CheckpointState(pid); err == nil && st == cuda.StateLocked {
+		if err := cuda.CheckpointUnlock(pid); err != nil {
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: driver unlock: %v", pid, err)
+		}
+	}
+	done := make(chan error, 1)
+	cl.mu.Lock()
+	cl.onAttach = func() { s.giveBack(cl, false, done) }
+	cl.mu.Unlock()
+	if err := s.wake(cl.pid); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", pid, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", pid, err)
+		}
+	case <-time.After(reattachTimeout):
+		return errResp(id, helperpb.ErrorCode_ERROR_TIMEOUT, "pid %d did not reattach within %v", pid, reattachTimeout)
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// prepareRestore runs a PrepareRestore request: every buffer of the image
+// gets new helper memory, filled from the image; nothing is kept if any of
+// it fails.
+func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) *helperpb.Response {
+	im, err := image.Open(req.ImageDir)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err)
+	}
+	infos := im.Buffers()
+	byPid := map[int]*client{}
+	var regions []engine.Region
+	var bufs []int
+	var made []*alloc
+	undo := func() {
+		for _, al := range made {
+			_ = al.dev.Release(al.handle)
+		}
+	}
+	for i, b := range infos {
+		dev := s.deviceFor(b)
+		if dev == nil {
+			undo()
+			return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device)
+		}
+		cb, ok := dev.(cudaBacked)
+		if !ok {
+			undo()
+			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
+		}
+		h, err := dev.Create(b.Size)
+		if err != nil {
+			undo()
+			var oom OutOfMemory
+			if errors.As(err, &oom) && oom.OutOfMemory() {
+				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err)
+			}
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err)
+		}
+		al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind)}
+		made = append(made, al)
+		cl := byPid[b.Pid]
+		if cl == nil {
+			cl = &client{pid: int32(b.Pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
+				opSem: make(chan struct{}, 1), restored: true}
+			cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.String("restored_from", req.ImageDir))
+			byPid[b.Pid] = cl
+		}
+		cl.allocs[al.id] = al
+		cl.bytes += al.size
+		regions = append(regions, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(h), Size: b.Size, Pid: b.Pid,
+			Address: b.Address, Kind: b.Kind})
+		bufs = append(bufs, i)
+	}
+	start := time.Now()
+	if err := engine.Load(regions, im, bufs, engine.Options{}); err != nil {
+		undo()
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "load the GPU image: %v", err)
+	}
+	s.mu.Lock()
+	for pid, cl := range byPid {
+		if old := s.waiting[int32(pid)]; old != nil || s.byPID[int32(pid)] != nil {
+			s.mu.Unlock()
+			undo()
+			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d is already a client of this helper", pid)
+		}
+		_ = cl
+	}
+	for pid, cl := range byPid {
+		s.waiting[int32(pid)] = cl
+		for aid := range cl.allocs {
+			s.owner[aid] = cl
+		}
+	}
+	s.mu.Unlock()
+	s.log.Info("GPU image loaded for restore", zap.String("image", req.ImageDir), zap.Int("buffers", len(regions)),
+		zap.Duration("took", time.Since(start)))
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// restored runs a Restored request: the restored process will reattach
+// once CRIU lets it run; then it gets its driver state and memory back.
+func (s *Server) restored(id uint64, req *helperpb.Restored) *helperpb.Response {
+	s.mu.Lock()
+	cl := s.waiting[int32(req.Pid)]
+	s.mu.Unlock()
+	if cl == nil || !cl.restored {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no restored GPU memory for pid %d", req.Pid)
+	}
+	cl.mu.Lock()
+	cl.onAttach = func() { s.giveBack(cl, true, nil) }
+	cl.mu.Unlock()
+	if err := s.wake(cl.pid); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", req.Pid, err)
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// deviceFor finds the device an image buffer goes to: the same GPU (UUID)
+// if it is here, else the same ordinal.
+func (s *Server) deviceFor(b image.BufferInfo) Device {
+	for _, d := range s.cfg.Devices {
+		if d.Info().Uuid == b.GPUUUID {
+			return d
+		}
+	}
+	for _, d := range s.cfg.Devices {
+		if int(d.Info().Ordinal) == b.Device {
+			return d
+		}
+	}
+	return nil
+}
+
+func protoKind(k image.AllocKind) helperpb.AllocKind {
+	switch k {
+	case image.AllocMemAlloc:
+		return helperpb.AllocKind_ALLOC_KIND_MEM_ALLOC
+	case image.AllocPitch:
+		return helperpb.AllocKind_ALLOC_KIND_PITCH
+	case image.AllocAsync:
+		return helperpb.AllocKind_ALLOC_KIND_ASYNC
+	case image.AllocVMM:
+		return helperpb.AllocKind_ALLOC_KIND_VMM
+	}
+	return helperpb.AllocKind_ALLOC_KIND_SLAB
+}
+
+// reimportResume sends a client its memory and opens its gate.
+func (s *Server) reimportResume(cl *client, ctl *control) error {
+	failed, err := s.reimport(cl, ctl, s.cfg.OpTimeout)
+	if err == nil && failed != nil {
+		err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
+	}
+	if err != nil {
+		return fmt.Errorf("reimport: %w", err)
+	}
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, s.cfg.OpTimeout); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	cl.mu.Lock()
+	cl.state = helperpb.ClientState_CLIENT_STATE_RUNNING
+	cl.mu.Unlock()
+	return nil
+}
+
+// giveBackLocked is giveBack without taking the client's control exchange,
+// for a caller that holds it already (a failing checkpoint's undo).
+func (s *Server) giveBackLocked(cl *client) error {
+	cl.mu.Lock()
+	ctl := cl.ctrl
+	cl.mu.Unlock()
+	if ctl == nil {
+		return errNoControl
+	}
+	return s.reimportResume(cl, ctl)
+}
