@@ -32,9 +32,9 @@ INTERCEPT     := $(BUILD)/lib/libgpucr.so
 INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench intercept clean demo test deps gpu-apps fmt vet proto
+.PHONY: all sim apps gpucr imagebench intercept clean demo test deps gpu-apps fmt vet proto plugin install
 
-all: gpucr imagebench sim apps $(DRVTEST) intercept
+all: gpucr imagebench sim apps $(DRVTEST) intercept plugin
 
 sim: $(SIM_LIB)
 apps: $(APPS)
@@ -58,6 +58,31 @@ $(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) protocol/c/helper.pb-c.c Makefil
 	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
 		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) protocol/c/helper.pb-c.c \
 		-lprotobuf-c -ldl -lpthread
+
+# The CRIU plugin. Built against CRIU's public criu-plugin.h only (-isystem:
+# its inline dummies have unused parameters); only CR_PLUGIN_DESC is exported.
+# criu_get_image_dir comes from the criu binary, so no --no-undefined. It
+# shares the interposer's framing code (intercept/src/wire.c).
+CRIU_INCLUDE ?= /opt/gpucr/criu/include
+PLUGIN       := $(BUILD)/lib/gpucr_plugin.so
+PLUGIN_SRC   := criuplugin/gpucr_plugin.c intercept/src/wire.c protocol/c/helper.pb-c.c
+plugin: $(PLUGIN)
+
+$(PLUGIN): $(PLUGIN_SRC) intercept/src/gpucr_int.h protocol/c/helper.pb-c.h Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -isystem $(CRIU_INCLUDE) -Iintercept/src -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared \
+		-Wl,-rpath,'$$ORIGIN' -o $@ $(PLUGIN_SRC) -lprotobuf-c
+
+# make install: the plugin where CRIU looks by default (criu --help: "by
+# default /usr/lib/criu/"), the gpucr binary and the interposer where gpucr
+# run finds it (docs/helper-protocol.md).
+PREFIX          ?= /usr/local
+CRIU_PLUGIN_DIR ?= /usr/lib/criu
+GPUCR_LIB_DIR   ?= /usr/lib/gpucr
+install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
+	install -D -m 0755 $(PLUGIN) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so
+	install -D -m 0755 $(GPUCR) $(DESTDIR)$(PREFIX)/bin/gpucr
+	install -D -m 0755 $(INTERCEPT) $(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
 $(INTERCEPT_UNIT): tests/intercept/unit.c intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile

@@ -1,0 +1,602 @@
+//go:build ignore
+
+// (That line keeps the go tool from treating this C file as part of the Go
+// test package criuplugin_test next to it; gcc sees a comment.)
+
+/*
+ * gpucr_plugin.so: the CRIU (>= 4.0) plugin. Each hook is forwarded to the
+ * gpucr helper (docs/helper-protocol.md, ROLE_PLUGIN):
+ *
+ *   init(RESTORE)            DIR/gpucr/manifest.pb exists -> PrepareRestore{DIR};
+ *                            failure fails the restore before anything changed
+ *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach}; a pid the
+ *                            helper does not know (or no helper) -> -ENOTSUP
+ *   CHECKPOINT_DEVICES(pid)  0 for a pid checkpointed above, else -ENOTSUP
+ *   exit(DUMP, ret)          DumpDone{pid, alive} for each checkpointed pid (see
+ *                            dumpdone_monitor: CRIU calls exit before it kills
+ *                            or resumes the tree)
+ *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid}
+ *
+ * Messages go to stderr, prefixed "gpucr_plugin: "; GPUCR_LOG=debug adds
+ * debug lines. Replies are waited for without a timeout (a checkpoint of a
+ * large GPU process takes seconds); a helper that goes away is an error.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* CR_PLUGIN_DESC is the one symbol CRIU needs; everything else stays hidden. */
+#pragma GCC visibility push(default)
+#include <criu/criu-plugin.h>
+#pragma GCC visibility pop
+
+#include "gpucr_int.h" /* gc_send_frame / gc_recv_frame (intercept/src/wire.c) */
+#include "helper.pb-c.h"
+
+typedef Gpucr__Helper__V1__Request Req;
+typedef Gpucr__Helper__V1__Response Resp;
+
+#define PFX "gpucr_plugin: "
+#define MAX_PIDS 1 /* one GPU image (DIR/gpucr) per CRIU image directory */
+
+static struct {
+    int stage;
+    int sock;           /* helper connection, -1 until first need */
+    uint64_t next_id;
+    bool prepared;      /* PrepareRestore succeeded in this CRIU run */
+    int npids;          /* checkpointed (detached) by PAUSE_DEVICES */
+    pid_t pids[MAX_PIDS];
+    unsigned long long start[MAX_PIDS]; /* /proc/PID/stat starttime: guards against pid reuse */
+    char sockpath[sizeof(((struct sockaddr_un *)0)->sun_path)];
+} P = {.stage = -1, .sock = -1};
+
+static bool debug_on(void) {
+    const char *l = getenv("GPUCR_LOG");
+    return l && strcmp(l, "debug") == 0;
+}
+
+static void __attribute__((format(printf, 1, 2))) perr(const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, PFX "%s\n", line);
+    fflush(stderr);
+}
+
+#define pdebug(...)                   \
+    do {                              \
+        if (debug_on())               \
+            perr("debug: " __VA_ARGS__); \
+    } while (0)
+
+static const char *socket_path(void) {
+    const char *e = getenv("GPUCR_SOCKET");
+    return e && *e ? e : "/run/gpucr/helper.sock";
+}
+
+static const char *code_name(int code) {
+    switch (code) {
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_VERSION_MISMATCH: return "version mismatch";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST: return "bad request";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND: return "not found";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_PERMISSION: return "permission denied";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_OUT_OF_MEMORY: return "out of GPU memory";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER: return "driver error";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE: return "wrong state";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_UNAVAILABLE: return "unavailable";
+    case GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT: return "timeout";
+    default: return "error";
+    }
+}
+
+/* The image directory CRIU works on (its fd, resolved through /proc). */
+static int image_dir(char *out, size_t n) {
+    int fd = criu_get_image_dir();
+    if (fd < 0) {
+        perr("CRIU has no image directory open");
+        return -1;
+    }
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(link, out, n - 1);
+    if (k < 0) {
+        perr("cannot resolve CRIU's image directory (%s): %s", link, strerror(errno));
+        return -1;
+    }
+    if ((size_t)k >= n - 1) {
+        perr("CRIU's image directory path is too long");
+        return -1;
+    }
+    out[k] = 0;
+    return 0;
+}
+
+static void disconnect(void) {
+    if (P.sock >= 0)
+        close(P.sock);
+    P.sock = -1;
+}
+
+/* One request, one response. 0 (*out set; check (*out)->error) or -errno (transport). */
+static int roundtrip(Req *req, Resp **out) {
+    req->id = ++P.next_id;
+    size_t len = gpucr__helper__v1__request__get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return -ENOMEM;
+    gpucr__helper__v1__request__pack(req, buf);
+    int rc = gc_send_frame(P.sock, buf, len, NULL, 0);
+    free(buf);
+    if (rc < 0)
+        goto dead;
+    size_t rlen;
+    int nf = 0, fds[1];
+    rc = gc_recv_frame(P.sock, &buf, &rlen, fds, 0, &nf);
+    if (rc < 0)
+        goto dead;
+    *out = gpucr__helper__v1__response__unpack(NULL, rlen, buf);
+    free(buf);
+    if (!*out || (*out)->id != req->id) {
+        if (*out)
+            gpucr__helper__v1__response__free_unpacked(*out, NULL);
+        *out = NULL;
+        rc = -EPROTO;
+        goto dead;
+    }
+    return 0;
+dead:
+    disconnect();
+    return rc;
+}
+
+static const char *transport_err(int rc) {
+    return rc == -EPIPE || rc == -ECONNRESET ? "the helper closed the connection (did it exit or crash?)"
+                                             : strerror(-rc);
+}
+
+/*
+ * Connect and Hello, once per CRIU run. 0; 1: no helper listens (no socket,
+ * or a stale one); -1: error, printed.
+ */
+static int helper_connect(void) {
+    if (P.sock >= 0)
+        return 0;
+    const char *path = socket_path();
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path) {
+        perr("helper socket path %s is too long", path);
+        return -1;
+    }
+    strcpy(a.sun_path, path);
+    snprintf(P.sockpath, sizeof P.sockpath, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        perr("socket: %s", strerror(errno));
+        return -1;
+    }
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        int e = errno;
+        close(fd);
+        if (e == ENOENT || e == ECONNREFUSED || e == ENOTDIR) {
+            pdebug("no helper at %s (%s)", path, strerror(e));
+            return 1;
+        }
+        perr("cannot connect to the gpucr helper at %s: %s", path, strerror(e));
+        return -1;
+    }
+    P.sock = fd;
+    Gpucr__Helper__V1__Hello h = GPUCR__HELPER__V1__HELLO__INIT;
+    h.protocol_version = GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION;
+    h.role = GPUCR__HELPER__V1__ROLE__ROLE_PLUGIN;
+    h.program = (char *)"criu";
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    Resp *r = NULL;
+    int rc = roundtrip(&req, &r);
+    if (rc < 0) {
+        perr("hello to the gpucr helper at %s failed: %s", path, transport_err(rc));
+        return -1;
+    }
+    if (r->error || r->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_HELLO ||
+        r->hello->protocol_version != GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION) {
+        if (r->error)
+            perr("the gpucr helper at %s refused the plugin: %s: %s", path, code_name(r->error->code),
+                 r->error->message);
+        else
+            perr("the gpucr helper at %s speaks protocol version %u, this plugin %d", path,
+                 r->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_HELLO ? r->hello->protocol_version : 0,
+                 GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION);
+        gpucr__helper__v1__response__free_unpacked(r, NULL);
+        disconnect();
+        return -1;
+    }
+    pdebug("connected to helper %s at %s", r->hello->helper_version, path);
+    gpucr__helper__v1__response__free_unpacked(r, NULL);
+    return 0;
+}
+
+/*
+ * /proc/PID/stat: state letter, flags, starttime. 0, or -1 when there is no
+ * such process.
+ */
+static int proc_stat(pid_t pid, char *state, unsigned long *flags, unsigned long long *start) {
+    char path[64], buf[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return -1;
+    /* after ")": state(3) ppid pgrp session tty_nr tpgid flags(9) ... starttime(22) */
+    char st = 0;
+    unsigned long fl = 0;
+    unsigned long long s = 0;
+    if (sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &st,
+               &fl, &s) != 3)
+        return -1;
+    *state = st;
+    *flags = fl;
+    *start = s;
+    return 0;
+}
+
+/* SIGKILL pending (queued for the thread or the process): the process is dying. */
+static bool sigkill_pending(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    bool dying = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long m;
+        if ((sscanf(line, "SigPnd: %llx", &m) == 1 || sscanf(line, "ShdPnd: %llx", &m) == 1) &&
+            (m & (1ull << (9 - 1))))
+            dying = true;
+    }
+    fclose(f);
+    return dying;
+}
+
+#define PF_EXITING_FLAG 0x00000004ul
+
+/* The process runs on: it exists, is the one checkpointed, and is not dying or a zombie. */
+static bool process_alive(int i) {
+    char st;
+    unsigned long fl;
+    unsigned long long start;
+    if (proc_stat(P.pids[i], &st, &fl, &start) < 0)
+        return false;
+    if (start != P.start[i] || st == 'Z' || st == 'X' || st == 'x' || (fl & PF_EXITING_FLAG))
+        return false;
+    return !sigkill_pending(P.pids[i]);
+}
+
+/* ---- hooks ---- */
+
+/* Whether the helper has pid as a client (Status). 1 yes, 0 no, -1 error (printed). */
+static int is_client(int pid) {
+    Gpucr__Helper__V1__Status st = GPUCR__HELPER__V1__STATUS__INIT;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Resp *r = NULL;
+    int rc = roundtrip(&req, &r);
+    if (rc < 0) {
+        perr("status: %s", transport_err(rc));
+        return -1;
+    }
+    int found = -1;
+    if (r->error)
+        perr("status failed: %s: %s", code_name(r->error->code), r->error->message);
+    else if (r->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_STATUS) {
+        found = 0;
+        for (size_t i = 0; i < r->status->n_clients; i++)
+            if (r->status->clients[i]->pid == pid)
+                found = 1;
+    } else
+        perr("status: unexpected reply");
+    gpucr__helper__v1__response__free_unpacked(r, NULL);
+    return found;
+}
+
+static int gpucr_pause_devices(int pid) {
+    if (P.stage != CR_PLUGIN_STAGE__DUMP)
+        return -ENOTSUP; /* pre-dump: the GPU keeps running */
+    int c = helper_connect();
+    if (c == 1)
+        return -ENOTSUP;
+    if (c < 0) {
+        perr("cannot checkpoint the GPU state of pid %d: no usable gpucr helper", pid);
+        return -1;
+    }
+    char dir[PATH_MAX];
+    if (image_dir(dir, sizeof dir) < 0)
+        return -1;
+
+    if (P.npids > 0) {
+        /* one GPU image per image directory: a second client would overwrite the first one's */
+        int k = is_client(pid);
+        if (k == 0)
+            return -ENOTSUP;
+        if (k > 0)
+            perr("pid %d is a second GPU process in this dump (pid %d is the first); gpucr stores one GPU "
+                 "process per CRIU image",
+                 pid, P.pids[0]);
+        return -1;
+    }
+
+    char st;
+    unsigned long fl;
+    unsigned long long start = 0;
+    if (proc_stat(pid, &st, &fl, &start) < 0)
+        start = 0;
+
+    Gpucr__Helper__V1__Checkpoint ck = GPUCR__HELPER__V1__CHECKPOINT__INIT;
+    ck.pid = pid;
+    ck.image_dir = dir;
+    ck.detach = true;
+    ck.leave_running = false;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT;
+    req.checkpoint = &ck;
+    Resp *r = NULL;
+    int rc = roundtrip(&req, &r);
+    if (rc < 0) {
+        perr("checkpoint of pid %d: %s", pid, transport_err(rc));
+        return -1;
+    }
+    if (r->error) {
+        int code = r->error->code;
+        if (code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
+            pdebug("pid %d is not a gpucr client", pid);
+            gpucr__helper__v1__response__free_unpacked(r, NULL);
+            return -ENOTSUP;
+        }
+        perr("checkpoint of the GPU state of pid %d failed: %s: %s", pid, code_name(code), r->error->message);
+        gpucr__helper__v1__response__free_unpacked(r, NULL);
+        return -1;
+    }
+    if (r->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT && r->checkpoint)
+        pdebug("pid %d: GPU state checkpointed into %s/gpucr (%llu buffers, %llu bytes, %.3f s)", pid, dir,
+               (unsigned long long)r->checkpoint->buffers, (unsigned long long)r->checkpoint->bytes,
+               r->checkpoint->total_seconds);
+    gpucr__helper__v1__response__free_unpacked(r, NULL);
+    if (P.npids == MAX_PIDS) {
+        perr("more than %d GPU process(es) in one dump", MAX_PIDS); /* cannot happen: checked above */
+        return -1;
+    }
+    P.pids[P.npids] = pid;
+    P.start[P.npids] = start;
+    P.npids++;
+    return 0;
+}
+
+static int gpucr_checkpoint_devices(int pid) {
+    for (int i = 0; i < P.npids; i++)
+        if (P.pids[i] == pid)
+            return 0;
+    return -ENOTSUP;
+}
+
+static int gpucr_resume_devices_late(int pid) {
+    if (!P.prepared || P.sock < 0)
+        return -ENOTSUP;
+    Gpucr__Helper__V1__Restored rs = GPUCR__HELPER__V1__RESTORED__INIT;
+    rs.pid = pid;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_RESTORED;
+    req.restored = &rs;
+    Resp *r = NULL;
+    int rc = roundtrip(&req, &r);
+    if (rc < 0) {
+        perr("restored pid %d: %s", pid, transport_err(rc));
+        return -1;
+    }
+    int ret = 0;
+    if (r->error) {
+        if (r->error->code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
+            ret = -ENOTSUP;
+        } else {
+            perr("GPU restore of pid %d failed: %s: %s", pid, code_name(r->error->code), r->error->message);
+            ret = -1;
+        }
+    }
+    gpucr__helper__v1__response__free_unpacked(r, NULL);
+    return ret;
+}
+
+static int prepare_restore(void) {
+    char dir[PATH_MAX], manifest[PATH_MAX + 32];
+    if (image_dir(dir, sizeof dir) < 0)
+        return -1;
+    snprintf(manifest, sizeof manifest, "%s/gpucr/manifest.pb", dir);
+    struct stat sb;
+    if (stat(manifest, &sb) < 0) {
+        if (errno == ENOENT)
+            return 0; /* not a gpucr image */
+        perr("cannot read the GPU image %s: %s", manifest, strerror(errno));
+        return -1;
+    }
+    int c = helper_connect();
+    if (c != 0) {
+        if (c == 1)
+            perr("the image in %s holds GPU state, but no gpucr helper listens at %s (start `gpucr helper`)", dir,
+                 socket_path());
+        perr("restore refused: the GPU state in %s cannot be restored", dir);
+        return -1;
+    }
+    Gpucr__Helper__V1__PrepareRestore pr = GPUCR__HELPER__V1__PREPARE_RESTORE__INIT;
+    pr.image_dir = dir;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE;
+    req.prepare_restore = &pr;
+    Resp *r = NULL;
+    int rc = roundtrip(&req, &r);
+    if (rc < 0) {
+        perr("restore refused: preparing the GPU state in %s: %s", dir, transport_err(rc));
+        return -1;
+    }
+    if (r->error) {
+        perr("restore refused: the gpucr helper cannot restore the GPU state in %s: %s: %s", dir,
+             code_name(r->error->code), r->error->message);
+        gpucr__helper__v1__response__free_unpacked(r, NULL);
+        disconnect();
+        return -1;
+    }
+    gpucr__helper__v1__response__free_unpacked(r, NULL);
+    P.prepared = true;
+    pdebug("GPU state in %s loaded by the helper", dir);
+    return 0;
+}
+
+static int gpucr_init(int stage) {
+    P.stage = stage;
+    if (stage == CR_PLUGIN_STAGE__RESTORE)
+        return prepare_restore();
+    return 0;
+}
+
+/* DumpDone for every checkpointed pid on the (already connected) helper socket. */
+static void send_dump_done(void) {
+    for (int i = 0; i < P.npids; i++) {
+        bool alive = process_alive(i);
+        if (P.sock < 0) {
+            perr("cannot tell the helper what became of pid %d (alive=%d): no helper connection", P.pids[i], alive);
+            continue;
+        }
+        Gpucr__Helper__V1__DumpDone dd = GPUCR__HELPER__V1__DUMP_DONE__INIT;
+        dd.pid = P.pids[i];
+        dd.alive = alive;
+        Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+        req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_DUMP_DONE;
+        req.dump_done = &dd;
+        Resp *r = NULL;
+        int rc = roundtrip(&req, &r);
+        if (rc < 0) {
+            perr("dump done for pid %d (alive=%d): %s", P.pids[i], alive, transport_err(rc));
+            continue;
+        }
+        if (r->error)
+            perr("dump done for pid %d (alive=%d) failed: %s: %s%s", P.pids[i], alive, code_name(r->error->code),
+                 r->error->message, alive ? " (the process may stay stopped waiting for its GPU)" : "");
+        else
+            pdebug("dump done for pid %d (alive=%d)", P.pids[i], alive);
+        gpucr__helper__v1__response__free_unpacked(r, NULL);
+    }
+}
+
+/*
+ * CRIU calls exit(DUMP) before it kills the dumped tree (or, with
+ * --leave-running or after a failure, lets it run): at this point every
+ * process is still alive and seized, and the plugin cannot know its fate.
+ * Nor may it wait here for DumpDone{alive} (the helper replies once the
+ * process runs again, which it cannot while CRIU holds it). So a detached
+ * monitor process waits until CRIU has exited (EOF on a pipe whose write end
+ * only CRIU holds), then looks at each process and sends DumpDone on the
+ * plugin's helper connection. It keeps CRIU's stderr for its messages.
+ */
+static void dumpdone_monitor(void) {
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) < 0) {
+        perr("pipe: %s; telling the helper now, before CRIU has finished", strerror(errno));
+        send_dump_done();
+        return;
+    }
+    fflush(stderr);
+    pid_t c = fork();
+    if (c < 0) {
+        perr("fork: %s; telling the helper now, before CRIU has finished", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        send_dump_done();
+        return;
+    }
+    if (c == 0) {
+        /* intermediate child: the monitor must not be CRIU's child */
+        setsid();
+        pid_t g = fork();
+        if (g != 0)
+            _exit(g < 0 ? 1 : 0);
+        close(pfd[1]);
+        int keep[3] = {2, pfd[0], P.sock};
+        int dn = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (dn >= 0) {
+            dup2(dn, 0);
+            dup2(dn, 1);
+        }
+        /* everything else CRIU had open (service fds, the image dir, an RPC socket) */
+        DIR *d = opendir("/proc/self/fd");
+        if (d) {
+            int dfd = dirfd(d);
+            struct dirent *de;
+            int fds[1024], n = 0;
+            while ((de = readdir(d)) && n < 1024) {
+                char *end;
+                long v = strtol(de->d_name, &end, 10);
+                if (*end || end == de->d_name || v <= 2 || v == dfd || v == keep[1] || v == keep[2])
+                    continue;
+                fds[n++] = (int)v;
+            }
+            closedir(d);
+            for (int i = 0; i < n; i++)
+                close(fds[i]);
+        }
+        char b;
+        for (;;) {
+            ssize_t n = read(pfd[0], &b, 1);
+            if (n == 0 || (n < 0 && errno != EINTR))
+                break;
+        }
+        close(pfd[0]);
+        send_dump_done();
+        disconnect();
+        _exit(0);
+    }
+    close(pfd[0]);
+    int status;
+    while (waitpid(c, &status, 0) < 0 && errno == EINTR)
+        ;
+    /* pfd[1] stays open until CRIU exits; the monitor owns the connection now */
+    if (P.sock >= 0)
+        close(P.sock);
+    P.sock = -1;
+}
+
+static void gpucr_fini(int stage, int ret) {
+    if (stage == CR_PLUGIN_STAGE__DUMP && P.npids > 0) {
+        pdebug("dump finished (ret %d): %d checkpointed process(es)", ret, P.npids);
+        dumpdone_monitor();
+    }
+    if (stage == CR_PLUGIN_STAGE__RESTORE && ret && P.prepared)
+        perr("CRIU's restore failed after the gpucr helper loaded the GPU state; closing the plugin's connection");
+    disconnect();
+    P.npids = 0;
+    P.prepared = false;
+}
+
+CR_PLUGIN_REGISTER("gpucr", gpucr_init, gpucr_fini)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__PAUSE_DEVICES, gpucr_pause_devices)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__CHECKPOINT_DEVICES, gpucr_checkpoint_devices)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESUME_DEVICES_LATE, gpucr_resume_devices_late)
