@@ -15,6 +15,10 @@ import (
 
 func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	c.log = c.log.With(zap.Stringer("role", h.Role))
+	// Restores this connection prepared: if it closes before it said
+	// Restored for a pid (CRIU's restore failed), that memory is given back.
+	var prepared []int32
+	defer func() { s.dropUnrestored(prepared) }()
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -37,7 +41,11 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_DumpDone:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
 		case *helperpb.Request_PrepareRestore:
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.prepareRestore(req.Id, b.PrepareRestore) })
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response {
+				r, pids := s.prepareRestore(req.Id, b.PrepareRestore)
+				prepared = append(prepared, pids...)
+				return r
+			})
 		case *helperpb.Request_Restored:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored) })
 		default:

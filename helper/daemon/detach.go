@@ -168,10 +168,15 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 // prepareRestore runs a PrepareRestore request: every buffer of the image
 // gets new helper memory, filled from the image; nothing is kept if any of
 // it fails.
-func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) *helperpb.Response {
+func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, []int32) {
+	r, pids := s.prepareRestoreInner(id, req)
+	return r, pids
+}
+
+func (s *Server) prepareRestoreInner(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, []int32) {
 	im, err := image.Open(req.ImageDir)
 	if err != nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err)
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
 	infos := im.Buffers()
 	byPid := map[int]*client{}
@@ -187,21 +192,21 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) *helper
 		dev := s.deviceFor(b)
 		if dev == nil {
 			undo()
-			return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device)
+			return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device), nil
 		}
 		cb, ok := dev.(cudaBacked)
 		if !ok {
 			undo()
-			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
+			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i), nil
 		}
 		h, err := dev.Create(b.Size)
 		if err != nil {
 			undo()
 			var oom OutOfMemory
 			if errors.As(err, &oom) && oom.OutOfMemory() {
-				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err)
+				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err), nil
 			}
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err)
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err), nil
 		}
 		al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind)}
 		made = append(made, al)
@@ -221,14 +226,14 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) *helper
 	start := time.Now()
 	if err := engine.Load(regions, im, bufs, engine.Options{}); err != nil {
 		undo()
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "load the GPU image: %v", err)
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "load the GPU image: %v", err), nil
 	}
 	s.mu.Lock()
 	for pid, cl := range byPid {
 		if old := s.waiting[int32(pid)]; old != nil || s.byPID[int32(pid)] != nil {
 			s.mu.Unlock()
 			undo()
-			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d is already a client of this helper", pid)
+			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d is already a client of this helper", pid), nil
 		}
 		_ = cl
 	}
@@ -241,7 +246,11 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) *helper
 	s.mu.Unlock()
 	s.log.Info("GPU image loaded for restore", zap.String("image", req.ImageDir), zap.Int("buffers", len(regions)),
 		zap.Duration("took", time.Since(start)))
-	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+	var pids []int32
+	for pid := range byPid {
+		pids = append(pids, int32(pid))
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}, pids
 }
 
 // restored runs a Restored request: the restored process will reattach
@@ -320,4 +329,27 @@ func (s *Server) giveBackLocked(cl *client) error {
 		return errNoControl
 	}
 	return s.reimportResume(cl, ctl)
+}
+
+// dropUnrestored gives back the memory prepared for pids that never got a
+// Restored (the restore failed, or CRIU died).
+func (s *Server) dropUnrestored(pids []int32) {
+	for _, pid := range pids {
+		s.mu.Lock()
+		cl := s.waiting[pid]
+		var drop bool
+		if cl != nil && cl.restored {
+			cl.mu.Lock()
+			drop = cl.onAttach == nil && cl.token == 0
+			cl.mu.Unlock()
+		}
+		if drop {
+			delete(s.waiting, pid)
+		}
+		s.mu.Unlock()
+		if drop {
+			s.release(cl)
+			cl.log.Info("restore did not finish; the GPU memory prepared for it is released")
+		}
+	}
 }
