@@ -64,14 +64,14 @@ $(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) protocol/c/helper.pb-c.c Makefil
 # criu_get_image_dir comes from the criu binary, so no --no-undefined. It
 # shares the interposer's framing code (intercept/src/wire.c).
 CRIU_INCLUDE ?= /opt/gpucr/criu/include
-PLUGIN       := $(BUILD)/lib/gpucr_plugin.so
+PLUGIN       := $(BUILD)/lib/criu/gpucr_plugin.so
 PLUGIN_SRC   := criuplugin/gpucr_plugin.c intercept/src/wire.c protocol/c/helper.pb-c.c
 plugin: $(PLUGIN)
 
 $(PLUGIN): $(PLUGIN_SRC) intercept/src/gpucr_int.h protocol/c/helper.pb-c.h Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -isystem $(CRIU_INCLUDE) -Iintercept/src -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared \
-		-Wl,-rpath,'$$ORIGIN' -o $@ $(PLUGIN_SRC) -lprotobuf-c
+		-Wl,-rpath,'$$ORIGIN:$$ORIGIN/..' -o $@ $(PLUGIN_SRC) -lprotobuf-c
 
 # make install: the plugin where CRIU looks by default (criu --help: "by
 # default /usr/lib/criu/"), the gpucr binary and the interposer where gpucr

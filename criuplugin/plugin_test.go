@@ -1,4 +1,4 @@
-// Package criuplugin_test checks the built CRIU plugin (build/lib/gpucr_plugin.so):
+// Package criuplugin_test checks the built CRIU plugin (build/lib/criu/gpucr_plugin.so):
 // its exported symbols, and real CRIU dumps and restores of a plain process
 // with no helper and with a fake helper that records what the plugin asks.
 package criuplugin_test
@@ -39,7 +39,7 @@ func pluginPath(t *testing.T) string {
 		}
 		build = filepath.Join(filepath.Dir(file), "..", "build")
 	}
-	p := filepath.Join(build, "lib", "gpucr_plugin.so")
+	p := filepath.Join(build, "lib", "criu", "gpucr_plugin.so")
 	if _, err := os.Stat(p); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("%s is not built (run `make`): %v", p, err)

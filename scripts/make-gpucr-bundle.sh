@@ -16,6 +16,8 @@
 #                             own loader and glibc; it finds libprotobuf-c.so.1
 #                             next to it (RPATH $ORIGIN)
 #   OUTDIR/lib/libprotobuf-c.so.1
+#   OUTDIR/lib/criu/gpucr_plugin.so  the CRIU plugin (gpucr checkpoint finds it;
+#                             for criu itself: --libdir or a config "libdir")
 #   OUTDIR/bin/*              the test applications built against the simulated
 #                             driver are NOT included (the GPU machine builds its
 #                             own with `make gpu-apps`)
@@ -24,12 +26,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/.carry/gpucr}
 prefix=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
 cd "$root"
-make -s build/bin/gpucr build/lib/libgpucr.so
+make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so
 [ -x "$prefix/lib/ld-linux-x86-64.so.2" ] || bash scripts/install-criu.sh
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib"
+mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib/criu"
 cp build/bin/gpucr "$out/libexec/gpucr"
 cp build/lib/libgpucr.so "$out/lib/"
+cp build/lib/criu/gpucr_plugin.so "$out/lib/criu/"
 cp -L "$(ldconfig -p | awk '/libprotobuf-c.so.1 .*x86-64/{print $NF; exit}')" "$out/lib/libprotobuf-c.so.1"
 cp -L "$prefix/lib/ld-linux-x86-64.so.2" "$out/libexec/lib/"
 # Every library the loader resolves for gpucr, from the prefix.
