@@ -3,7 +3,8 @@
  * (Hello, Alloc, Mapped, Free), allocations imported from the helper at
  * reserved addresses, slabs for small buffers, deferred stream-ordered frees,
  * and the control thread (Quiesce, Drain, Drop, Reimport, Resume, Snapshot,
- * GetStats). All state lives in the one struct G; a forked child resets it.
+ * GetStats, Detach and the reattach after it). All state lives in the one
+ * struct G; a forked child resets it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpucr_int.h"
@@ -27,7 +29,8 @@ typedef Gpucr__Helper__V1__Response Resp;
 #define DEFAULT_SLAB (2ULL << 20)
 #define DEFAULT_THRESHOLD (1ULL << 20)
 
-enum { CONN_NONE = 0, CONN_UP, CONN_OFF, CONN_DEAD };
+/* CONN_DETACHED: both connections closed on the helper's Detach, the control thread waits for the wake file. */
+enum { CONN_NONE = 0, CONN_UP, CONN_OFF, CONN_DEAD, CONN_DETACHED };
 enum { ST_RUNNING = 1, ST_QUIESCED = 2, ST_DROPPED = 3 };
 
 typedef struct rec {
@@ -76,6 +79,8 @@ static struct {
     modrec *mods;
     size_t nmods, capmods;
     uint64_t threshold;
+    char sock_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* the helper socket, for the reattach */
+    char wake_path[4096];                                         /* Detach's wake file */
 } G = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .calls_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -100,7 +105,7 @@ const gc_btab *gc_buffers(void) {
 
 bool gc_client_tracking(void) {
     int c = atomic_load_explicit(&G.conn, memory_order_relaxed);
-    return c == CONN_UP || c == CONN_DEAD;
+    return c == CONN_UP || c == CONN_DEAD || c == CONN_DETACHED;
 }
 
 void gc_note_reason(int reason) { atomic_fetch_or(&G.reasons, reason); }
@@ -207,6 +212,16 @@ static int hello(int fd, int role, uint64_t token, Resp **out) {
     return roundtrip(fd, &req, out, NULL, 0, NULL);
 }
 
+static void set_devices(const Gpucr__Helper__V1__HelloReply *h) {
+    G.nhdev = 0;
+    for (size_t i = 0; i < h->n_devices && G.nhdev < MAX_DEV; i++) {
+        Gpucr__Helper__V1__DeviceInfo *d = h->devices[i];
+        snprintf(G.hdev[G.nhdev].uuid, sizeof G.hdev[0].uuid, "%s", d->uuid ? d->uuid : "");
+        G.hdev[G.nhdev].gran = d->granularity;
+        G.nhdev++;
+    }
+}
+
 static void connect_helper(void) {
     const char *env = getenv("GPUCR_SOCKET");
     const char *path = env && *env ? env : "/run/gpucr/helper.sock";
@@ -248,13 +263,8 @@ static void connect_helper(void) {
     G.calls_fd = fd;
     G.token = resp->hello->client_token;
     G.next_id = 1;
-    G.nhdev = 0;
-    for (size_t i = 0; i < resp->hello->n_devices && G.nhdev < MAX_DEV; i++) {
-        Gpucr__Helper__V1__DeviceInfo *d = resp->hello->devices[i];
-        snprintf(G.hdev[G.nhdev].uuid, sizeof G.hdev[0].uuid, "%s", d->uuid ? d->uuid : "");
-        G.hdev[G.nhdev].gran = d->granularity;
-        G.nhdev++;
-    }
+    snprintf(G.sock_path, sizeof G.sock_path, "%s", path); /* unix_connect took it: it fits */
+    set_devices(resp->hello);
     gc_debug("registered with the helper at %s (token %llu, %d devices)", path, (unsigned long long)G.token,
              G.nhdev);
     gpucr__helper__v1__response__free_unpacked(resp, NULL);
@@ -659,8 +669,7 @@ CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) {
 }
 
 void gc_track_local(CUdeviceptr p, size_t size, int kind) {
-    int c = atomic_load(&G.conn);
-    if (c != CONN_UP && c != CONN_DEAD)
+    if (!gc_client_tracking())
         return;
     CUdevice dev = 0;
     if (R(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
@@ -999,6 +1008,83 @@ static void do_drop(Resp *resp) {
     set_ok(resp);
 }
 
+/* Helper allocations sorted by address, for relabel_fn. */
+typedef struct {
+    uint64_t addr, size, id;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+    uint64_t x = ((const span *)a)->addr, y = ((const span *)b)->addr;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    span *v;
+    size_t n;
+} spans;
+
+/* The alloc_id the buffer b belongs to now, by its address (G.mu held). */
+static uint64_t relabel_fn(const gc_buf *b, void *arg) {
+    if (b->alloc_id == 0)
+        return 0; /* local memory */
+    if (b->kind == GC_KIND_VMM) {
+        uint64_t id = gc_vmm_id_at(b->addr);
+        return id ? id : b->alloc_id;
+    }
+    const spans *sp = arg;
+    if (sp->v) {
+        size_t lo = 0, hi = sp->n; /* last span with addr <= b->addr */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (sp->v[mid].addr <= b->addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > 0 && b->addr - sp->v[lo - 1].addr < sp->v[lo - 1].size)
+            return sp->v[lo - 1].id;
+        return b->alloc_id;
+    }
+    for (rec *a = G.recs; a; a = a->next)
+        if (b->addr >= a->addr && b->addr - a->addr < a->size)
+            return a->id;
+    return b->alloc_id;
+}
+
+/*
+ * The buffers (table, deferred frees) take the alloc_ids their allocations adopted in a Reimport.
+ * By address: ids of different allocations may have been swapped between frames. G.mu held.
+ */
+static void relabel_buffers(void) {
+    spans sp = {NULL, 0};
+    for (rec *a = G.recs; a; a = a->next)
+        sp.n++;
+    sp.v = sp.n ? malloc(sp.n * sizeof *sp.v) : NULL; /* NULL: relabel_fn searches the list */
+    if (sp.v) {
+        size_t i = 0;
+        for (rec *a = G.recs; a; a = a->next)
+            sp.v[i++] = (span){a->addr, a->size, a->id};
+        qsort(sp.v, sp.n, sizeof *sp.v, span_cmp);
+    }
+    if (gt_relabel(&G.table, relabel_fn, &sp) != 0)
+        gc_warn("out of memory relabelling the buffer table after a Reimport: frees may reach the wrong allocation");
+    for (pend *p = G.pending; p; p = p->next)
+        p->b.alloc_id = relabel_fn(&p->b, &sp);
+    free(sp.v);
+}
+
+static rec *find_rec_at(uint64_t addr) {
+    for (rec *a = G.recs; a; a = a->next)
+        if (a->addr == addr)
+            return a;
+    return NULL;
+}
+
+/*
+ * Entries are matched by address (helper allocations: where they are mapped; the application's VMM
+ * allocations: their announced offset-0 mapping), and each record adopts the entry's alloc_id: after a
+ * restore the helper is another process, or has given new ids.
+ */
 static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
     Gpucr__Helper__V1__Reimport *ri = req->reimport;
     if (atomic_load(&G.state) != ST_DROPPED) {
@@ -1011,37 +1097,48 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
         return;
     }
     pthread_mutex_lock(&G.mu);
+    bool relabel = false;
     for (size_t i = 0; i < ri->n_entries; i++) {
         Gpucr__Helper__V1__ReimportEntry *e = ri->entries[i];
-        rec *a = find_rec(e->alloc_id);
+        rec *a = find_rec_at(e->address);
         if (!a) {
             int v = gc_vmm_reimport(e->alloc_id, e->address, e->size, fds[i], errbuf, sizeof errbuf);
+            relabel |= v != 0;
             if (v == 1)
                 continue;
-            if (v < 0) {
-                set_error(resp,
-                          v == -1 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND
-                                  : GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER,
-                          errbuf);
-                break;
-            }
+            if (v == 0)
+                snprintf(errbuf, sizeof errbuf, "Reimport: no allocation of ours at 0x%llx (entry %llu, %llu bytes)",
+                         (unsigned long long)e->address, (unsigned long long)e->alloc_id,
+                         (unsigned long long)e->size);
+            set_error(resp,
+                      v == -2 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER
+                              : GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND,
+                      errbuf);
+            break;
         }
-        if (!a || a->addr != e->address || a->size != e->size) {
-            snprintf(errbuf, sizeof errbuf, "Reimport: allocation %llu at 0x%llx (%llu bytes) is not ours",
-                     (unsigned long long)e->alloc_id, (unsigned long long)e->address, (unsigned long long)e->size);
+        if (a->size != e->size) {
+            snprintf(errbuf, sizeof errbuf, "Reimport: the allocation at 0x%llx has %llu bytes here, the entry %llu",
+                     (unsigned long long)e->address, (unsigned long long)a->size, (unsigned long long)e->size);
             set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND, errbuf);
             break;
+        }
+        if (a->id != e->alloc_id) {
+            a->id = e->alloc_id;
+            relabel = true;
         }
         if (a->mapped)
             continue;
         CUresult r = map_fd(fds[i], a->addr, a->size, a->dev, &a->h);
         if (r != CUDA_SUCCESS) {
-            snprintf(errbuf, sizeof errbuf, "Reimport %llu: CUresult %d", (unsigned long long)a->id, (int)r);
+            snprintf(errbuf, sizeof errbuf, "Reimport %llu at 0x%llx: CUresult %d", (unsigned long long)a->id,
+                     (unsigned long long)a->addr, (int)r);
             set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER, errbuf);
             break;
         }
         a->mapped = true;
     }
+    if (relabel)
+        relabel_buffers();
     pthread_mutex_unlock(&G.mu);
     if (!resp->error)
         set_ok(resp);
@@ -1200,6 +1297,147 @@ static void do_stats(Resp *resp) {
     resp->stats = s;
 }
 
+/* Detach: only dropped, with both connections up; *detach tells control_main to go on with detached(). */
+static void do_detach(Req *req, Resp *resp, bool *detach) {
+    const char *w = req->detach->wake_path;
+    if (atomic_load(&G.state) != ST_DROPPED) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: not dropped");
+    } else if (atomic_load(&G.conn) != CONN_UP) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: the calls connection is lost");
+    } else if (!w || !*w || strlen(w) >= sizeof G.wake_path) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: no wake path, or too long");
+    } else {
+        memcpy(G.wake_path, w, strlen(w) + 1);
+        *detach = true;
+        set_ok(resp);
+    }
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR)
+        ;
+}
+
+/* A HelloReply we can use? Else *why says what the helper answered. */
+static bool hello_ok(const Resp *resp, char *why, size_t n) {
+    if (resp->error) {
+        snprintf(why, n, "error %d: %s", (int)resp->error->code,
+                 resp->error->message ? resp->error->message : "no message");
+        return false;
+    }
+    if (resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_HELLO) {
+        snprintf(why, n, "not a HelloReply");
+        return false;
+    }
+    if (resp->hello->protocol_version != GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION) {
+        snprintf(why, n, "protocol version %u, we speak %d", resp->hello->protocol_version,
+                 GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * After Detach's Ok: closes both connections, waits for the wake file (stat and sleep, nothing
+ * else: CRIU freezes, dumps and maybe restores the process in this loop), then connects again with
+ * the old token: calls first (its HelloReply's token names us from then on), then control. Connect
+ * failures retry every 100 ms (one warning after 5 s), a helper's error every second (one warning
+ * per distinct answer). The gate stays closed throughout. Returns the new control connection.
+ */
+static int detached(int ctl_fd) {
+    gc_debug("detached: waiting for %s", G.wake_path);
+    pthread_mutex_lock(&G.calls_mu);
+    atomic_store(&G.conn, CONN_DETACHED);
+    if (G.calls_fd >= 0)
+        close(G.calls_fd);
+    G.calls_fd = -1;
+    pthread_mutex_unlock(&G.calls_mu);
+    G.ctl_fd = -1;
+    close(ctl_fd);
+
+    static const struct timespec tick = {0, 2000000};
+    struct stat st;
+    while (stat(G.wake_path, &st) != 0)
+        nanosleep(&tick, NULL);
+
+    gc_debug("woken by %s: reattaching to the helper at %s (token %llu)", G.wake_path, G.sock_path,
+             (unsigned long long)G.token);
+    char why[512], last_why[512] = "";
+    bool warned_connect = false;
+    long failing_ms = 0;
+    int calls = -1;
+    uint64_t token = G.token;
+    for (;;) {
+        long delay = 100;
+        Resp *resp = NULL;
+        int rc;
+        if (calls < 0) {
+            calls = unix_connect(G.sock_path);
+            rc = calls < 0 ? -errno : hello(calls, GPUCR__HELPER__V1__ROLE__ROLE_CLIENT_CALLS, G.token, &resp);
+            if (rc < 0) {
+                snprintf(why, sizeof why, "%s", strerror(-rc));
+            } else if (!hello_ok(resp, why, sizeof why)) {
+                rc = 1;
+            } else {
+                token = resp->hello->client_token;
+                set_devices(resp->hello);
+            }
+            if (resp)
+                gpucr__helper__v1__response__free_unpacked(resp, NULL);
+            resp = NULL;
+            if (rc != 0 && calls >= 0) {
+                close(calls);
+                calls = -1;
+            }
+        } else {
+            rc = 0;
+        }
+        int cfd = -1;
+        if (rc == 0) {
+            cfd = unix_connect(G.sock_path);
+            rc = cfd < 0 ? -errno : hello(cfd, GPUCR__HELPER__V1__ROLE__ROLE_CLIENT_CONTROL, token, &resp);
+            if (rc < 0) {
+                snprintf(why, sizeof why, "control connection: %s", strerror(-rc));
+                close(calls); /* the helper is gone or broke the connection: from the start */
+                calls = -1;
+            } else if (!hello_ok(resp, why, sizeof why)) {
+                rc = 1; /* keep the calls connection, ask again */
+            }
+            if (resp)
+                gpucr__helper__v1__response__free_unpacked(resp, NULL);
+            if (rc == 0) {
+                pthread_mutex_lock(&G.calls_mu);
+                G.calls_fd = calls;
+                G.token = token;
+                G.next_id = 1;
+                atomic_store(&G.conn, CONN_UP);
+                pthread_mutex_unlock(&G.calls_mu);
+                G.ctl_fd = cfd;
+                gc_debug("reattached to the helper (token %llu)", (unsigned long long)token);
+                return cfd;
+            }
+            if (cfd >= 0)
+                close(cfd);
+        }
+        if (rc > 0) { /* the helper answered with an error */
+            if (strcmp(why, last_why) != 0) {
+                gc_warn("reattach: the helper at %s refused us (%s): retrying every second", G.sock_path, why);
+                snprintf(last_why, sizeof last_why, "%s", why);
+            }
+            delay = 1000;
+            failing_ms = 0;
+        } else {
+            failing_ms += delay;
+            if (failing_ms >= 5000 && !warned_connect) {
+                warned_connect = true;
+                gc_warn("reattach: cannot reach the helper at %s for 5 s (%s): still trying", G.sock_path, why);
+            }
+        }
+        sleep_ms(delay);
+    }
+}
+
 static void *control_main(void *arg) {
     int fd = (int)(intptr_t)arg;
     gc_in_control = 1;
@@ -1218,7 +1456,7 @@ static void *control_main(void *arg) {
         free(buf);
         Resp resp = GPUCR__HELPER__V1__RESPONSE__INIT;
         snap_mem sm;
-        bool snapped = false;
+        bool snapped = false, detach = false;
         if (!req) {
             set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "undecodable request");
         } else {
@@ -1251,6 +1489,7 @@ static void *control_main(void *arg) {
                 snapped = true;
                 break;
             case GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS: do_stats(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_DETACH: do_detach(req, &resp, &detach); break;
             default:
                 set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST,
                           "not a request for an interposer's control connection");
@@ -1274,6 +1513,8 @@ static void *control_main(void *arg) {
             gc_warn("control connection: send: %s", strerror(-rc));
             break;
         }
+        if (detach)
+            fd = detached(fd);
     }
     gc_note_reason(GC_REASON_CONTROL);
     if (atomic_load(&G.state) == ST_QUIESCED) {
@@ -1325,6 +1566,7 @@ void gc_client_atfork_child(void) {
     G.warned_dead = G.warned_fallback = false;
     G.mods = NULL;
     G.nmods = G.capmods = 0;
+    G.wake_path[0] = 0;
     gc_vmm_atfork_child();
     gc_stats_reset();
     gc_layout_reset();

@@ -111,6 +111,8 @@ typedef struct gc_table {
 GC_HIDDEN int gt_init(gc_table *t);
 GC_HIDDEN int gt_insert(gc_table *t, const gc_buf *b); /* 0; -1 no memory; -2 overlaps */
 GC_HIDDEN int gt_remove(gc_table *t, uint64_t addr, gc_buf *out); /* exact start; 0 or -1 */
+/* Sets every entry's alloc_id to fn(entry) (one new snapshot if any changes). 0; -1 no memory. */
+GC_HIDDEN int gt_relabel(gc_table *t, uint64_t (*fn)(const gc_buf *b, void *arg), void *arg);
 GC_HIDDEN void gt_reclaim(gc_table *t);
 GC_HIDDEN void gt_destroy(gc_table *t);
 /* Lock-free: the buffer holding addr in snapshot s, or NULL. */
@@ -233,8 +235,13 @@ typedef struct gc_vmm_info {
 } gc_vmm_info;
 /* Drop: unmaps and releases every allocation the helper can give back; first error in *bad. */
 GC_HIDDEN void gc_vmm_drop(CUresult *bad);
-/* Reimport entry: 1 done, 0 not a VMM allocation of ours, -1 mismatch (msg), -2 driver error (msg). */
+/*
+ * Reimport entry, matched by address (the allocation's announced offset-0 mapping); the record adopts id.
+ * 1 done, 0 not a VMM allocation of ours, -1 mismatch (msg), -2 driver error (msg).
+ */
 GC_HIDDEN int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg, size_t msglen);
+/* The alloc_id of the VMM allocation mapped at addr (0: none). */
+GC_HIDDEN uint64_t gc_vmm_id_at(uint64_t addr);
 GC_HIDDEN bool gc_vmm_all_imported(void);
 GC_HIDDEN size_t gc_vmm_list(gc_vmm_info *out, size_t max); /* returns the count; fills up to max */
 GC_HIDDEN void gc_vmm_atfork_child(void);

@@ -102,6 +102,23 @@ int gt_remove(gc_table *t, uint64_t addr, gc_buf *out) {
     return 0;
 }
 
+int gt_relabel(gc_table *t, uint64_t (*fn)(const gc_buf *b, void *arg), void *arg) {
+    gc_btab *old = atomic_load(&t->cur);
+    size_t i = 0;
+    while (i < old->n && fn(&old->v[i], arg) == old->v[i].alloc_id)
+        i++;
+    if (i == old->n)
+        return 0;
+    gc_btab *s = btab_alloc(old->n);
+    if (!s)
+        return -1;
+    memcpy(s->v, old->v, old->n * sizeof(gc_buf));
+    for (; i < s->n; i++)
+        s->v[i].alloc_id = fn(&old->v[i], arg);
+    publish(t, old, s);
+    return 0;
+}
+
 void gt_reclaim(gc_table *t) {
     while (t->retired) {
         gc_btab *n = t->retired->retired_next;

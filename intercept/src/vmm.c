@@ -102,13 +102,6 @@ static vrec *find_vh(CUmemGenericAllocationHandle h) {
     return NULL;
 }
 
-static vrec *find_id(uint64_t id) {
-    for (vrec *r = V.recs; r; r = r->next)
-        if (r->id == id)
-            return r;
-    return NULL;
-}
-
 static vmap *map_at(uint64_t addr) {
     for (vmap *m = V.maps; m; m = m->next)
         if (addr >= m->ptr && addr - m->ptr < m->size)
@@ -583,15 +576,38 @@ static void unmap_first(const vrec *v, size_t n) {
     }
 }
 
+/*
+ * The record the helper knows at addr (its announced offset-0 mapping). A record whose announced
+ * mapping is gone may still carry the address another record has announced since: the one still
+ * waiting for its memory wins, then the one whose mapping is alive.
+ */
+static vrec *find_announced(uint64_t addr) {
+    vrec *best = NULL;
+    int bestscore = -1;
+    if (!addr)
+        return NULL;
+    for (vrec *r = V.recs; r; r = r->next) {
+        if (r->announced != addr)
+            continue;
+        int score = (!r->imported ? 2 : 0) + (announced_alive(r) ? 1 : 0);
+        if (score > bestscore) {
+            best = r;
+            bestscore = score;
+        }
+    }
+    return best;
+}
+
 int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg, size_t msglen) {
-    vrec *v = find_id(id);
+    vrec *v = find_announced(addr);
     if (!v)
         return 0;
-    if (v->hsize != size || v->announced != addr) {
-        snprintf(msg, msglen, "Reimport: VMM allocation %llu at 0x%llx (%llu bytes) is not ours",
-                 (unsigned long long)id, (unsigned long long)addr, (unsigned long long)size);
+    if (v->hsize != size) {
+        snprintf(msg, msglen, "Reimport: VMM allocation at 0x%llx has %llu bytes here, the entry %llu",
+                 (unsigned long long)addr, (unsigned long long)v->hsize, (unsigned long long)size);
         return -1;
     }
+    v->id = id; /* after a restore the helper is another process, or has new ids */
     if (v->imported)
         return 1;
     CUmemGenericAllocationHandle h = 0;
@@ -635,6 +651,11 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     v->real = h;
     v->imported = true;
     return 1;
+}
+
+uint64_t gc_vmm_id_at(uint64_t addr) {
+    vmap *m = map_at(addr);
+    return m ? m->r->id : 0;
 }
 
 bool gc_vmm_all_imported(void) {
