@@ -205,9 +205,14 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		cl.detached = true
 		cl.mu.Unlock()
 		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: wake}}}, wait); err != nil {
-			cl.mu.Lock()
-			cl.detached = false
-			cl.mu.Unlock()
+			if s.parkedWithin(cl, time.Second) {
+				// It detached all the same: the way back is the wake file.
+				undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
+			} else {
+				cl.mu.Lock()
+				cl.detached = false
+				cl.mu.Unlock()
+			}
 			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 		}
 		// From here on the way back goes through the wake file.
@@ -363,5 +368,19 @@ func (s *Server) wakeAndGiveBack(cl *client) error {
 		return err
 	case <-time.After(reattachTimeout):
 		return fmt.Errorf("pid %d did not reattach within %v", cl.pid, reattachTimeout)
+	}
+}
+
+// parkedWithin reports whether cl is in the waiting list within d.
+func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		s.mu.Lock()
+		ok := s.waiting[cl.pid] == cl
+		s.mu.Unlock()
+		if ok || time.Now().After(deadline) {
+			return ok
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

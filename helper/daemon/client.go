@@ -213,13 +213,7 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 // every allocation it had.
 func (s *Server) dropClient(cl *client) {
 	if s.park(cl) {
-		cl.mu.Lock()
-		ctrl := cl.ctrl
-		cl.mu.Unlock()
-		if ctrl != nil {
-			ctrl.conn.Close()
-		}
-		return
+		return // the client closes its control connection itself
 	}
 	// The client leaves the status list only after its memory is released,
 	// so that whoever sees it gone also sees the memory back.

@@ -1,0 +1,105 @@
+package e2e
+
+// criu dump / criu restore of processes under `gpucr run`, with gpucr's CRIU
+// plugin: the GPU memory goes through the helper into the image, only the
+// residual context through the driver checkpoint API.
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pluginDir is a directory holding only gpucr's CRIU plugin (CRIU loads
+// every library in its --libdir).
+func pluginDir(t testing.TB) string {
+	t.Helper()
+	so := filepath.Join(buildDir(t), "lib", "criu", "gpucr_plugin.so")
+	if _, err := os.Stat(so); err != nil {
+		t.Fatalf("%s is not built (run `make`): %v", so, err)
+	}
+	d := t.TempDir()
+	abs, _ := filepath.Abs(so)
+	if err := os.Symlink(abs, filepath.Join(d, "gpucr_plugin.so")); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestPluginDumpRestore: criu dump (the process dies) and criu restore with
+// the plugin; the application goes on with exactly the checksums of an
+// uninterrupted run, and the GPU image in CRIU's directory verifies.
+func TestPluginDumpRestore(t *testing.T) {
+	criu := needTool(t, "criu")
+	for _, tc := range appCases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, env)
+			criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+			libdir := pluginDir(t)
+			img := filepath.Join(dir, "img")
+			if err := os.Mkdir(img, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			a := startUnder(t, dir, h, env, tc.name, append(append([]string{}, tc.args...), "--interval-ms", "20")...)
+			a.waitIter(15, time.Minute)
+			out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img,
+				"--libdir", libdir, "-o", "dump.log", "-v4")
+			if err != nil {
+				b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+				t.Fatalf("criu dump: %v\n%s\n%s", err, out, tail(string(b), 40))
+			}
+			a.reap(30 * time.Second)
+			before := a.lastIter()
+			if out := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "verify", img); !strings.Contains(out, "ok:") {
+				t.Fatalf("GPU image: %s", out)
+			}
+			waitNoClients(t, h, 10*time.Second) // the dead process's memory was released
+
+			out, err = runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir,
+				"-o", "restore.log", "-v4")
+			if err != nil {
+				b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+				t.Fatalf("criu restore: %v\n%s\n%s", err, out, tail(string(b), 40))
+			}
+			a.waitIter(before+20, time.Minute)
+			_ = syscall.Kill(a.pid, syscall.SIGKILL)
+			hbs := a.heartbeats()
+			compareWithReference(t, hbs, reference(t, env, tc.name, tc.args, hbs[len(hbs)-1].Iter))
+			checkContinuous(t, hbs, before)
+		})
+	}
+}
+
+// TestPluginLeaveRunning: criu dump --leave-running with the plugin: the
+// process gets its GPU back at once and computes on exactly; the image
+// restores into a second process after the first is killed.
+func TestPluginLeaveRunning(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	libdir := pluginDir(t)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(15, time.Minute)
+	out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img, "--leave-running",
+		"--libdir", libdir, "-o", "dump.log", "-v4")
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+		t.Fatalf("criu dump --leave-running: %v\n%s\n%s", err, out, tail(string(b), 40))
+	}
+	at := a.lastIter()
+	a.waitIter(at+20, time.Minute)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+}
