@@ -374,7 +374,9 @@ func TestDumpLeaveRunningWithHelper(t *testing.T) {
 func TestDumpCheckpointErrorAborts(t *testing.T) {
 	e := newEnv(t)
 	h := startFake(t, e.socket)
+	h.mu.Lock()
 	h.ckptErr = helperpb.ErrorCode_ERROR_DRIVER
+	h.mu.Unlock()
 	p := startSleep(t)
 	out, err := e.run("dump", "-t", strconv.Itoa(p.pid), "-D", e.imgDir("img"), "--shell-job", "-o", "dump.log")
 	var ee *exec.ExitError
@@ -393,7 +395,9 @@ func TestDumpNotAClient(t *testing.T) {
 	e := newEnv(t)
 	h := startFake(t, e.socket)
 	p := startSleep(t)
+	h.mu.Lock()
 	h.notFound[int64(p.pid)] = true
+	h.mu.Unlock()
 	if out, err := e.run("dump", "-t", strconv.Itoa(p.pid), "-D", e.imgDir("img"), "--shell-job", "--leave-running", "-o", "dump.log"); err != nil {
 		t.Fatalf("criu dump: %v\n%s", err, out)
 	}
