@@ -13,6 +13,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	ucli "github.com/urfave/cli/v2"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/helper/client"
 )
 
 // The whole-process checkpoint and restore: CRIU through go-criu (swrk),
@@ -113,6 +115,10 @@ func criuRun(c *ucli.Context, dir string, dump bool, fill func(*rpc.CriuOpts)) (
 	if !c.Bool("json") {
 		n.w = c.App.Writer
 	}
+	// The plugin, inside CRIU, reaches the helper this command was told about.
+	if err := os.Setenv("GPUCR_SOCKET", client.SocketPath(c.String("socket"))); err != nil {
+		return nil, err
+	}
 	cr := criu.MakeCriu()
 	if p := os.Getenv("GPUCR_CRIU"); p != "" {
 		cr.SetCriuPath(p)
@@ -169,7 +175,7 @@ func restoreCommand() *ucli.Command {
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory"},
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
-			pluginDirFlag(),
+			pluginDirFlag(), socketFlag(),
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
 		Action: func(c *ucli.Context) error {
 			if _, err := flagsAnywhere(c); err != nil {

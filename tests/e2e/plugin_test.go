@@ -103,3 +103,31 @@ func TestPluginLeaveRunning(t *testing.T) {
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
 }
+
+// TestCLICheckpointRestore: `gpucr checkpoint` and `gpucr restore` drive
+// CRIU (go-criu) with the plugin found next to the gpucr binary.
+func TestCLICheckpointRestore(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnder(t, dir, h, env, "ptrchase", "--mib", "8", "--interval-ms", "20")
+	a.waitIter(15, time.Minute)
+	cliEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	out, err := runErr(2*time.Minute, cliEnv, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--json")
+	if err != nil || !strings.Contains(out, `"image_bytes"`) {
+		t.Fatalf("gpucr checkpoint: %v\n%s", err, out)
+	}
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+	out, err = runErr(2*time.Minute, cliEnv, binPath(t, "gpucr"), "restore", "-D", img)
+	if err != nil || !strings.Contains(out, "pid "+strconv.Itoa(a.pid)+" running again") {
+		t.Fatalf("gpucr restore: %v\n%s", err, out)
+	}
+	a.waitIter(before+20, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "ptrchase", []string{"--mib", "8"}, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+}
