@@ -36,7 +36,9 @@ now() { date +%s.%N; }
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
 note ""
 note "## anchor: CRIU + driver checkpoint API (shared/device/anchor/run-anchor.sh)"
-bash "$A/run-anchor.sh" "$GPUCR_CRIU" $SIZES >"$LOGS/anchor.txt" 2>&1 || bad "anchor script failed"
+if [ -z "${SKIP_ANCHOR:-}" ]; then
+	bash "$A/run-anchor.sh" "$GPUCR_CRIU" $SIZES >"$LOGS/anchor.txt" 2>&1 || bad "anchor script failed"
+fi
 sed 's/^/    /' "$LOGS/anchor.txt" | tail -n 8 | tee -a "$LOGS/summary.txt"
 
 SOCK=/run/gpucr/helper.sock
@@ -52,11 +54,15 @@ note "## gpucr: gpucr checkpoint / gpucr restore (CRIU with gpucr_plugin.so)"
 note "| GB | dump total | image | restore (criu) | restore to next heartbeat | checksum advancing after |"
 note "|---|---|---|---|---|---|"
 for gb in $SIZES; do
-	L=$(pwd)/$LOGS/work-$gb.log
+	L=$(cd "$LOGS" && pwd)/work-$gb.log
 	rm -f "$L" && rm -rf "$IMG"
 	setsid "$GPUCR" run --socket "$SOCK" -- $PY "$A/work.py" "$gb" "$L" </dev/null >"$LOGS/work-$gb.out" 2>&1 &
 	for _ in $(seq 900); do grep -q '^ready' "$L" 2>/dev/null && break; sleep 0.1; done
 	P=$(grep -o 'pid=[0-9]*' "$L" | head -1 | cut -d= -f2)
+	if [ -z "$P" ]; then
+		bad "$gb GB: the workload did not start: $(tail -3 "$LOGS/work-$gb.out")"
+		continue
+	fi
 	sleep 1
 	t0=$(now)
 	"$GPUCR" checkpoint "$P" -D "$IMG" --plugin-dir "$PLUGINS" --socket "$SOCK" >"$LOGS/ckpt-$gb.txt" 2>&1 || bad "$gb GB: checkpoint: $(tail -2 "$LOGS/ckpt-$gb.txt")"
