@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The main job, shown end to end (`make demo` runs this after installing and
-# building): a GPU application runs, its GPU state goes through the driver's
-# checkpoint API, CRIU dumps it (the process dies), CRIU restores it, and it
-# carries on from where it was with exactly the checksums of an uninterrupted
-# run. Without a GPU it runs on gpucr's simulated driver.
-#
-# Later versions of gpucr replace the driver checkpoint of the GPU data by
-# gpucr's own (`gpucr checkpoint` / `gpucr restore`).
+# building): the gpucr helper starts; a GPU application runs under `gpucr
+# run` (its GPU memory is helper-owned); `gpucr checkpoint` dumps it through
+# CRIU with gpucr's plugin (the GPU data goes through the helper into the
+# image, only the residual context through the driver's checkpoint API; the
+# process ends); `gpucr restore` brings it back, and it carries on from where
+# it was with exactly the checksums of an uninterrupted run. Without a GPU it
+# runs on gpucr's simulated driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/sbin:/usr/local/bin:$PATH"
@@ -27,9 +27,18 @@ fi
 work=$(mktemp -d /tmp/gpucr-demo.XXXXXX)
 log=$work/app.log
 img=$work/img
-mkdir -p "$img"
+sock=$work/helper.sock
+GPUCR=$BUILD/bin/gpucr
+if [ -n "${LD_LIBRARY_PATH:-}" ]; then
+	export GPUCR_LIBCUDA=$PWD/$BUILD/sim/libcuda.so.1 # helper and interposer: the simulated driver
+fi
 pid=
-cleanup() { [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null; true; }
+helper=
+cleanup() {
+	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
+	[ -n "$helper" ] && kill "$helper" 2>/dev/null
+	true
+}
 trap cleanup EXIT
 
 last_hb() { awk '$1=="hb"{l=$0} END{print l}' "$log"; }
@@ -42,31 +51,28 @@ wait_iter() { # wait until the app reports iteration >= $1
 	echo "the application did not reach iteration $1"; tail "$log"; exit 1
 }
 
-echo; echo "1. start: heartbeat ${APP_ARGS[*]}  (log: $log)"
-setsid "$BIN/heartbeat" "${APP_ARGS[@]}" </dev/null >>"$log" 2>&1 &
+echo; echo "1. start the helper (gpucr helper) and the application under gpucr run"
+"$GPUCR" helper --socket "$sock" --log-level warn >"$work/helper.log" 2>&1 &
+helper=$!
+for _ in $(seq 1 100); do "$GPUCR" status --socket "$sock" >/dev/null 2>&1 && break; sleep 0.1; done
+setsid "$GPUCR" run --socket "$sock" -- "$BIN/heartbeat" "${APP_ARGS[@]}" </dev/null >>"$log" 2>&1 &
 pid=$!
-disown "$pid" # no "Killed" job notice when the dump ends it; bash still reaps it
+disown "$pid" # no "Killed" job notice when the dump ends it
 wait_iter 20
 echo "   $(head -1 "$log")"
 echo "   $(last_hb)"
+"$GPUCR" status --socket "$sock" | sed 's/^/   /'
 
-echo; echo "2. checkpoint: driver lock + checkpoint, then criu dump (the process exits)"
-t0=$(date +%s.%N)
-"$BIN/cudackpt" lock checkpoint "$pid" | sed 's/^/   /'
+echo; echo "2. gpucr checkpoint $pid -D $img  (CRIU + gpucr's plugin; the process exits)"
+"$GPUCR" checkpoint "$pid" -D "$img" --socket "$sock" | sed 's/^/   /'
 before=$(last_hb)
-criu dump -t "$pid" -D "$img" -o dump.log
 for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-t1=$(date +%s.%N)
-echo "   dumped in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s, image $(du -sh "$img" | cut -f1); last heartbeat: $before"
-kill -0 "$pid" 2>/dev/null && { echo "process still alive after dump"; exit 1; }
-echo "   process $pid is gone"
+kill -0 "$pid" 2>/dev/null && { echo "process still alive after the checkpoint"; exit 1; }
+echo "   process $pid is gone; last heartbeat: $before"
+"$GPUCR" image inspect "$img" | sed -n '1,4p' | sed 's/^/   /'
 
-echo; echo "3. restore: criu restore, then driver restore + unlock"
-t0=$(date +%s.%N)
-criu restore -D "$img" -d -o restore.log
-"$BIN/cudackpt" restore unlock "$pid" | sed 's/^/   /'
-t1=$(date +%s.%N)
-echo "   restored in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s as pid $pid"
+echo; echo "3. gpucr restore -D $img"
+"$GPUCR" restore -D "$img" --socket "$sock" | sed 's/^/   /'
 it=$(echo "$before" | awk '{print $2}')
 wait_iter $((it + 20))
 echo "   $(last_hb)"
