@@ -131,3 +131,70 @@ func TestCLICheckpointRestore(t *testing.T) {
 	compareWithReference(t, hbs, reference(t, env, "ptrchase", []string{"--mib", "8"}, hbs[len(hbs)-1].Iter))
 	checkContinuous(t, hbs, before)
 }
+
+// TestPluginTwoRestoresAndDamage: one image restores twice (the first
+// restored process is killed in between), and a damaged GPU chunk makes the
+// restore fail with an error naming the damage, before any process exists.
+func TestPluginTwoRestoresAndDamage(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	libdir := pluginDir(t)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(15, time.Minute)
+	if out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img,
+		"--libdir", libdir, "-o", "dump.log"); err != nil {
+		t.Fatalf("criu dump: %v\n%s", err, out)
+	}
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+	ref := reference(t, env, "heartbeat", []string{"--mib", "16"}, before+60)
+	for round := 1; round <= 2; round++ {
+		if out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir,
+			"-o", "restore.log"); err != nil {
+			b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+			t.Fatalf("restore %d: %v\n%s\n%s", round, err, out, tail(string(b), 30))
+		}
+		a.waitIter(before+20*round, time.Minute)
+		_ = syscall.Kill(a.pid, syscall.SIGKILL)
+		// The pid must be free again, not only dead: the restored process is
+		// an orphan that pid 1 here reaps late.
+		for i := 0; i < 500 && procState(a.pid) != ""; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+		waitNoClients(t, h, 10*time.Second)
+	}
+	compareWithReference(t, a.heartbeats(), ref)
+
+	// Damage one chunk file of the GPU image.
+	files, _ := filepath.Glob(filepath.Join(img, "gpucr", "chunks", "*", "*"))
+	if len(files) == 0 {
+		t.Fatal("no chunk files in the GPU image")
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x10
+	if err := os.WriteFile(files[0], b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log")
+	if err == nil {
+		t.Fatalf("criu restore of a damaged image succeeded:\n%s", out)
+	}
+	log, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+	if all := string(log) + out; !strings.Contains(all, "gpucr_plugin") || !strings.Contains(all, "corrupt") {
+		t.Errorf("the restore failure does not name the damage:\n%s\n%s", out, tail(string(log), 20))
+	}
+	if procState(a.pid) != "" {
+		t.Errorf("pid %d exists after a refused restore", a.pid)
+	}
+	waitNoClients(t, h, 10*time.Second)
+}
