@@ -19,6 +19,15 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	// Restored for a pid (CRIU's restore failed), that memory is given back.
 	var prepared []int32
 	defer func() { s.dropUnrestored(prepared) }()
+	// Processes this connection detached for a dump and has not reported
+	// on (DumpDone): if it closes first, CRIU died mid-dump, and whatever
+	// is still alive gets its GPU back.
+	detached := map[int64]bool{}
+	defer func() {
+		for pid := range detached {
+			s.recoverDetached(int32(pid))
+		}
+	}()
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -36,9 +45,13 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.clientOp(c, req.Id, b.ClientOp)
 		case *helperpb.Request_Checkpoint:
 			resp = s.checkpoint(c, req.Id, b.Checkpoint)
+			if b.Checkpoint.Detach && resp.Error == nil {
+				detached[b.Checkpoint.Pid] = true
+			}
 		case *helperpb.Request_ResumeCheckpointed:
 			resp = s.resumeCheckpointed(c, req.Id, b.ResumeCheckpointed)
 		case *helperpb.Request_DumpDone:
+			delete(detached, b.DumpDone.Pid)
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
 		case *helperpb.Request_PrepareRestore:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -364,4 +365,32 @@ func (s *Server) dropUnrestored(pids []int32) {
 			cl.log.Info("restore did not finish; the GPU memory prepared for it is released")
 		}
 	}
+}
+
+// recoverDetached handles a detached client whose dump never reported its
+// end (CRIU died): alive, it gets its GPU back as after --leave-running;
+// gone, its memory is released.
+func (s *Server) recoverDetached(pid int32) {
+	s.mu.Lock()
+	cl := s.waiting[pid]
+	s.mu.Unlock()
+	if cl == nil || cl.restored {
+		return
+	}
+	alive := processAlive(pid)
+	cl.log.Warn("the dump ended without a report (CRIU died?)", zap.Bool("process_alive", alive))
+	if r := s.dumpDone(0, &helperpb.DumpDone{Pid: int64(pid), Alive: alive}); r.Error != nil {
+		cl.log.Error("recovering the process after an unfinished dump failed", zap.String("error", r.Error.Message))
+	}
+}
+
+// processAlive: pid exists and is not a zombie.
+func processAlive(pid int32) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
 }

@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -197,4 +198,60 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 		t.Errorf("pid %d exists after a refused restore", a.pid)
 	}
 	waitNoClients(t, h, 10*time.Second)
+}
+
+// TestPluginCRIUKilledMidDump: CRIU dies after the plugin saved the GPU
+// state and detached the process (here: SIGKILL while a post-dump action
+// script holds CRIU). The helper sees the plugin's connection close without
+// a report, gives the live process its GPU back, and it computes on exactly.
+func TestPluginCRIUKilledMidDump(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	libdir := pluginDir(t)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(dir, "post-dump")
+	script := filepath.Join(dir, "hold.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\ntouch "+marker+"\nsleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "300")
+	a.waitIter(15, time.Minute)
+	cmd := exec.Command(criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img, "--libdir", libdir,
+		"--action-script", script, "-o", "dump.log")
+	cmd.Env = criuEnv
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+			t.Fatalf("the dump never reached post-dump:\n%s", tail(string(b), 30))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stalled := a.lastIter()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // CRIU and its action script
+	_ = cmd.Wait()
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("heartbeat after CRIU died: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	if a.lastIter() <= stalled {
+		t.Fatalf("no progress after CRIU died (stuck at %d)", stalled)
+	}
+	if b, _ := os.ReadFile(h.log); !strings.Contains(string(b), "without a report") {
+		t.Errorf("the helper log does not show the recovery of an unfinished dump:\n%s", tail(string(b), 20))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", []string{"--mib", "16"}, 300))
 }
