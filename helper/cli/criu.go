@@ -68,7 +68,10 @@ func (n *notifier) say(what string) {
 		fmt.Fprintf(n.w, "  %6.3f s  %s\n", time.Since(n.start).Seconds(), what)
 	}
 }
-func (n *notifier) PreDump() error  { n.say("dumping (the plugin saves the GPU state through the helper)"); return nil }
+func (n *notifier) PreDump() error {
+	n.say("dumping (the plugin saves the GPU state through the helper)")
+	return nil
+}
 func (n *notifier) PostDump() error { n.say("dumped"); return nil }
 func (n *notifier) PreRestore() error {
 	n.say("restoring (GPU memory loaded by the helper)")
