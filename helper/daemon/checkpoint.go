@@ -199,8 +199,10 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if req.Detach {
 		// The client closes its connections and waits for its wake file:
 		// CRIU must not find a socket connected to the helper.
-		wake := s.wakePath(cl.pid)
-		_ = os.Remove(wake)
+		_ = os.Remove(s.wakePath(cl.pid))
+		// Relative to the socket's directory: the client resolves it against
+		// its own path to the socket, which differs inside a container.
+		wake := s.wakeName(cl.pid)
 		cl.mu.Lock()
 		cl.detached = true
 		cl.mu.Unlock()

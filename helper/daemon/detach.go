@@ -31,7 +31,12 @@ const reattachTimeout = 60 * time.Second
 // reconnect: next to the socket, so a container that can reach the socket can
 // reach it too.
 func (s *Server) wakePath(pid int32) string {
-	return filepath.Join(filepath.Dir(s.cfg.Socket), "wake", strconv.Itoa(int(pid)))
+	return filepath.Join(filepath.Dir(s.cfg.Socket), s.wakeName(pid))
+}
+
+// wakeName is wakePath relative to the socket's directory (what Detach sends).
+func (s *Server) wakeName(pid int32) string {
+	return filepath.Join("wake", strconv.Itoa(int(pid)))
 }
 
 func (s *Server) wake(pid int32) error {

@@ -1306,10 +1306,25 @@ static void do_detach(Req *req, Resp *resp, bool *detach) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: the calls connection is lost");
     } else if (!w || !*w || strlen(w) >= sizeof G.wake_path) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: no wake path, or too long");
-    } else {
+    } else if (w[0] == '/') {
         memcpy(G.wake_path, w, strlen(w) + 1);
         *detach = true;
         set_ok(resp);
+    } else {
+        /* Relative: to the directory of our socket path, which is where the
+         * helper's socket directory is mounted in this process's view (a
+         * container may see it elsewhere than the helper does). */
+        const char *slash = strrchr(G.sock_path, '/');
+        int dirlen = slash ? (int)(slash - G.sock_path) : 1;
+        const char *dir = slash ? G.sock_path : ".";
+        int n = snprintf(G.wake_path, sizeof G.wake_path, "%.*s/%s", dirlen, dir, w);
+        if (n < 0 || (size_t)n >= sizeof G.wake_path) {
+            G.wake_path[0] = 0;
+            set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: wake path too long");
+        } else {
+            *detach = true;
+            set_ok(resp);
+        }
     }
 }
 

@@ -809,6 +809,11 @@ struct  Gpucr__Helper__V1__ResumeCheckpointed
 struct  Gpucr__Helper__V1__Detach
 {
   ProtobufCMessage base;
+  /*
+   * Absolute, or relative to the directory of the client's own path to the
+   * helper socket (the helper sends "wake/PID": a container may mount the
+   * socket directory elsewhere).
+   */
   char *wake_path;
 };
 #define GPUCR__HELPER__V1__DETACH__INIT \

@@ -2851,8 +2851,11 @@ func (x *ResumeCheckpointed) GetPid() int64 {
 // detached is a stat() of wake_path and a sleep: nothing CRIU cannot dump and
 // restore.
 type Detach struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WakePath      string                 `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Absolute, or relative to the directory of the client's own path to the
+	// helper socket (the helper sends "wake/PID": a container may mount the
+	// socket directory elsewhere).
+	WakePath      string `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
