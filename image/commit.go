@@ -108,7 +108,7 @@ func (w *Writer) manifest() *imagepb.Manifest {
 	st.BytesIn = w.bytesIn.Load()
 	st.BytesStored = w.store.stored.Load()
 	for _, b := range w.buffers {
-		pb := &imagepb.Buffer{Pid: int64(b.info.Pid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
+		pb := &imagepb.Buffer{Pid: int64(b.info.Pid), NsPid: int64(b.info.NsPid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
 			Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind),
 			Chunks: make([]*imagepb.Chunk, len(b.chunks))}
 		for i := range b.chunks {

@@ -92,6 +92,7 @@ type Origin struct {
 // BufferInfo describes one GPU buffer of one process.
 type BufferInfo struct {
 	Pid     int // process the buffer belongs to (one image: several processes)
+	NsPid   int // its pid in its own pid namespace (0: unknown)
 	Device  int // device ordinal in that process
 	GPUUUID string
 	Address uint64 // device virtual address
@@ -134,7 +135,7 @@ func OriginOf(m *imagepb.Manifest) Origin {
 }
 
 func bufferInfoOf(b *imagepb.Buffer) BufferInfo {
-	return BufferInfo{Pid: int(b.GetPid()), Device: int(b.GetDevice()), GPUUUID: b.GetGpuUuid(),
+	return BufferInfo{Pid: int(b.GetPid()), NsPid: int(b.GetNsPid()), Device: int(b.GetDevice()), GPUUUID: b.GetGpuUuid(),
 		Address: b.GetAddress(), Size: b.GetSize(), Kind: AllocKind(b.GetKind())}
 }
 

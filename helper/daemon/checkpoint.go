@@ -323,7 +323,7 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 			return nil, fmt.Errorf("allocation %d is not mapped", a.AllocId)
 		}
 		out = append(out, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(al.handle), Size: al.size,
-			Pid: int(cl.pid), Address: a.Address, Kind: imageKind(a.Kind)})
+			Pid: int(cl.pid), NsPid: int(nsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind)})
 	}
 	return out, nil
 }

@@ -40,6 +40,8 @@ type client struct {
 	detached bool
 	restored bool
 	onAttach func()
+	nsPid    int32 // restored: the pid inside its namespace, from the image
+	wakeAs   int32 // restored: the pid its wake file is named after (the one it detached as)
 }
 
 type alloc struct {

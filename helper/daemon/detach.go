@@ -64,6 +64,9 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 	s.byToken[cl.token] = cl
 	s.byPID[cl.pid] = cl
 	_ = os.Remove(s.wakePath(pid))
+	if cl.wakeAs != 0 {
+		_ = os.Remove(s.wakePath(cl.wakeAs))
+	}
 	return cl
 }
 
@@ -219,7 +222,7 @@ func (s *Server) prepareRestoreInner(id uint64, req *helperpb.PrepareRestore) (*
 		cl := byPid[b.Pid]
 		if cl == nil {
 			cl = &client{pid: int32(b.Pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
-				opSem: make(chan struct{}, 1), restored: true}
+				opSem: make(chan struct{}, 1), restored: true, nsPid: int32(b.NsPid), wakeAs: int32(b.Pid)}
 			cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.String("restored_from", req.ImageDir))
 			byPid[b.Pid] = cl
 		}
@@ -276,6 +279,21 @@ func (s *Server) prepareRestoreInner(id uint64, req *helperpb.PrepareRestore) (*
 func (s *Server) restored(id uint64, req *helperpb.Restored) *helperpb.Response {
 	s.mu.Lock()
 	cl := s.waiting[int32(req.Pid)]
+	if cl == nil {
+		// Restored into a new pid namespace (a container): another host
+		// pid, but the same pid inside; the image recorded that one.
+		if ns := nsPid(int32(req.Pid)); ns != 0 {
+			for pid, w := range s.waiting {
+				if w.restored && w.nsPid == ns && !processAlive(pid) {
+					delete(s.waiting, pid)
+					w.pid = int32(req.Pid)
+					s.waiting[w.pid] = w
+					cl = w
+					break
+				}
+			}
+		}
+	}
 	s.mu.Unlock()
 	if cl == nil || !cl.restored {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no restored GPU memory for pid %d", req.Pid)
@@ -283,7 +301,8 @@ func (s *Server) restored(id uint64, req *helperpb.Restored) *helperpb.Response 
 	cl.mu.Lock()
 	cl.onAttach = func() { s.giveBack(cl, true, nil) }
 	cl.mu.Unlock()
-	if err := s.wake(cl.pid); err != nil {
+	// Named after the pid it detached as: that is what it waits for.
+	if err := s.wake(cl.wakeAs); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", req.Pid, err)
 	}
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
@@ -398,4 +417,20 @@ func processAlive(pid int32) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+// nsPid is pid's pid in its own (innermost) pid namespace, from
+// /proc/PID/status; 0 if unknown.
+func nsPid(pid int32) int32 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "NSpid:" {
+			n, _ := strconv.Atoi(f[len(f)-1])
+			return int32(n)
+		}
+	}
+	return 0
 }

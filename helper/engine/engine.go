@@ -28,6 +28,7 @@ type Region struct {
 	Handle  cuda.Handle
 	Size    uint64 // the allocation's size (a multiple of the granularity)
 	Pid     int
+	NsPid   int    // Pid in the process's own pid namespace (0: unknown)
 	Address uint64 // where the application maps it
 	Kind    image.AllocKind
 }
@@ -162,7 +163,7 @@ func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uin
 func Dump(regions []Region, w *image.Writer, chunk int, opts Options) error {
 	bws := make([]*image.BufferWriter, len(regions))
 	for i, r := range regions {
-		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, Device: r.Device.Ordinal, GPUUUID: r.Device.UUID,
+		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal, GPUUUID: r.Device.UUID,
 			Address: r.Address, Size: r.Size, Kind: r.Kind})
 		if err != nil {
 			return fmt.Errorf("region %d: %w", i, err)

@@ -526,7 +526,11 @@ type Buffer struct {
 	Size    uint64    `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
 	Kind    AllocKind `protobuf:"varint,6,opt,name=kind,proto3,enum=gpucr.image.v1.AllocKind" json:"kind,omitempty"`
 	// In order: chunk i holds bytes [i*chunk_size, min((i+1)*chunk_size, size)).
-	Chunks        []*Chunk `protobuf:"bytes,7,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	Chunks []*Chunk `protobuf:"bytes,7,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	// The process's pid in its own pid namespace (0: unknown, or pid is it):
+	// a restore into a new pid namespace gives the process another host pid
+	// but this one again.
+	NsPid         int64 `protobuf:"varint,8,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -608,6 +612,13 @@ func (x *Buffer) GetChunks() []*Chunk {
 		return x.Chunks
 	}
 	return nil
+}
+
+func (x *Buffer) GetNsPid() int64 {
+	if x != nil {
+		return x.NsPid
+	}
+	return 0
 }
 
 type Chunk struct {
@@ -824,7 +835,7 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x0etime_unix_nano\x18\x06 \x01(\x03R\ftimeUnixNano\"7\n" +
 	"\x06Parent\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
-	"\bimage_id\x18\x02 \x01(\fR\aimageId\"\xd9\x01\n" +
+	"\bimage_id\x18\x02 \x01(\fR\aimageId\"\xf0\x01\n" +
 	"\x06Buffer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\x05R\x06device\x12\x19\n" +
@@ -832,7 +843,8 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\aaddress\x18\x04 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x05 \x01(\x04R\x04size\x12-\n" +
 	"\x04kind\x18\x06 \x01(\x0e2\x19.gpucr.image.v1.AllocKindR\x04kind\x12-\n" +
-	"\x06chunks\x18\a \x03(\v2\x15.gpucr.image.v1.ChunkR\x06chunks\"\xf9\x01\n" +
+	"\x06chunks\x18\a \x03(\v2\x15.gpucr.image.v1.ChunkR\x06chunks\x12\x15\n" +
+	"\x06ns_pid\x18\b \x01(\x03R\x05nsPid\"\xf9\x01\n" +
 	"\x05Chunk\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\rR\x04size\x124\n" +
 	"\blocation\x18\x02 \x01(\x0e2\x18.gpucr.image.v1.LocationR\blocation\x12\x1a\n" +

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -102,4 +103,89 @@ func TestRuncCheckpointRestore(t *testing.T) {
 	ref := reference(t, env, tc.name, tc.args, hbs[len(hbs)-1].Iter)
 	compareWithReference(t, hbs, ref)
 	checkContinuous(t, hbs, before)
+}
+
+// TestRuncWithPlugin: `runc checkpoint` / `runc restore` of a container whose
+// application runs on helper-owned GPU memory (the interposer preloaded, the
+// helper's socket directory bound into the container), with gpucr's plugin
+// given to CRIU through the org.criu.config annotation. The restored process
+// has another host pid (new pid namespace); the helper finds it by its pid
+// inside the container, which the image records.
+func TestRuncWithPlugin(t *testing.T) {
+	needTool(t, "criu")
+	c := &container{t: t, runc: needTool(t, "runc"), id: fmt.Sprintf("gpucr-e2e-plugin-%d", os.Getpid())}
+	dir := t.TempDir()
+	c.root, c.bundle, c.work = filepath.Join(dir, "runc"), filepath.Join(dir, "bundle"), filepath.Join(dir, "work")
+	img, cwork, hdir := filepath.Join(dir, "img"), filepath.Join(dir, "criu-work"), filepath.Join(dir, "helper")
+	for _, d := range []string{c.root, c.work, img, cwork, hdir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := gpucrEnv(t)
+	h := startHelper(t, hdir, env)
+	t.Setenv("GPUCR_SOCKET", h.socket) // runc -> criu -> the plugin
+	conf := filepath.Join(dir, "criu.conf")
+	if err := os.WriteFile(conf, []byte("libdir "+pluginDir(t)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := appCases[0]
+	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " --interval-ms 20 >>/work/app.log 2>&1"
+	run(t, time.Minute, nil, "bash", filepath.Join(repoRoot(t), "scripts", "oci-bundle.sh"),
+		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work", "-w", hdir+":/run/gpucr",
+		"-e", "LD_LIBRARY_PATH=/gpucr/sim", "-e", "GPUCR_LIBCUDA=/gpucr/sim/libcuda.so.1",
+		"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",
+		c.bundle, "--", "/bin/sh", "-c", appCmd)
+	annotate(t, filepath.Join(c.bundle, "config.json"), "org.criu.config", conf)
+
+	pidFile := filepath.Join(dir, "pid1")
+	c.do(time.Minute, "run", "-d", "--pid-file", pidFile, "-b", c.bundle, c.id)
+	t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
+	a := &app{t: t, name: tc.name, log: filepath.Join(c.work, "app.log"), pid: c.pid(pidFile)}
+	a.waitIter(15, time.Minute)
+	if _, _, ok := h.client(a.pid); !ok {
+		t.Fatalf("the containerized application (pid %d) is no client of the helper", a.pid)
+	}
+	before := a.lastIter()
+	c.do(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", cwork, c.id)
+	waitDead(t, a.pid, 10*time.Second)
+	if out := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "verify", img); !strings.Contains(out, "ok:") {
+		t.Fatalf("GPU image: %s", out)
+	}
+
+	pidFile2 := filepath.Join(dir, "pid2")
+	c.do(2*time.Minute, "restore", "-d", "--image-path", img, "--work-path", cwork,
+		"--pid-file", pidFile2, "-b", c.bundle, c.id)
+	a.pid = c.pid(pidFile2)
+	a.waitIter(before+20, time.Minute)
+	c.do(30*time.Second, "kill", c.id, "KILL")
+
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, tc.name, tc.args, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+}
+
+// annotate sets one annotation in an OCI config.json.
+func annotate(t testing.TB, path, key, value string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	ann, _ := cfg["annotations"].(map[string]any)
+	if ann == nil {
+		ann = map[string]any{}
+	}
+	ann[key] = value
+	cfg["annotations"] = ann
+	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
