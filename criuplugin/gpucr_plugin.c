@@ -49,7 +49,7 @@ typedef Gpucr__Helper__V1__Request Req;
 typedef Gpucr__Helper__V1__Response Resp;
 
 #define PFX "gpucr_plugin: "
-#define MAX_PIDS 1 /* one GPU image (DIR/gpucr) per CRIU image directory */
+#define MAX_PIDS 256 /* GPU processes in one dump, all in one GPU image */
 
 static struct {
     int stage;
@@ -60,6 +60,7 @@ static struct {
     pid_t pids[MAX_PIDS];
     unsigned long long start[MAX_PIDS]; /* /proc/PID/stat starttime: guards against pid reuse */
     char sockpath[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char dir[PATH_MAX]; /* CRIU's image directory, where the GPU image of this dump goes */
 } P = {.stage = -1, .sock = -1};
 
 static bool debug_on(void) {
@@ -295,32 +296,6 @@ static bool process_alive(int i) {
 
 /* ---- hooks ---- */
 
-/* Whether the helper has pid as a client (Status). 1 yes, 0 no, -1 error (printed). */
-static int is_client(int pid) {
-    Gpucr__Helper__V1__Status st = GPUCR__HELPER__V1__STATUS__INIT;
-    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
-    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_STATUS;
-    req.status = &st;
-    Resp *r = NULL;
-    int rc = roundtrip(&req, &r);
-    if (rc < 0) {
-        perr("status: %s", transport_err(rc));
-        return -1;
-    }
-    int found = -1;
-    if (r->error)
-        perr("status failed: %s: %s", code_name(r->error->code), r->error->message);
-    else if (r->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_STATUS) {
-        found = 0;
-        for (size_t i = 0; i < r->status->n_clients; i++)
-            if (r->status->clients[i]->pid == pid)
-                found = 1;
-    } else
-        perr("status: unexpected reply");
-    gpucr__helper__v1__response__free_unpacked(r, NULL);
-    return found;
-}
-
 static int gpucr_pause_devices(int pid) {
     if (P.stage != CR_PLUGIN_STAGE__DUMP)
         return -ENOTSUP; /* pre-dump: the GPU keeps running */
@@ -335,15 +310,8 @@ static int gpucr_pause_devices(int pid) {
     if (image_dir(dir, sizeof dir) < 0)
         return -1;
 
-    if (P.npids > 0) {
-        /* one GPU image per image directory: a second client would overwrite the first one's */
-        int k = is_client(pid);
-        if (k == 0)
-            return -ENOTSUP;
-        if (k > 0)
-            perr("pid %d is a second GPU process in this dump (pid %d is the first); gpucr stores one GPU "
-                 "process per CRIU image",
-                 pid, P.pids[0]);
+    if (P.npids == MAX_PIDS) {
+        perr("more than %d GPU processes in one dump", MAX_PIDS);
         return -1;
     }
 
@@ -358,6 +326,9 @@ static int gpucr_pause_devices(int pid) {
     ck.image_dir = dir;
     ck.detach = true;
     ck.leave_running = false;
+    /* Every GPU process of the dump goes into one image, committed when the
+     * dump has succeeded (CommitImage in exit(DUMP)). */
+    ck.defer_commit = true;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT;
     req.checkpoint = &ck;
@@ -383,10 +354,7 @@ static int gpucr_pause_devices(int pid) {
                (unsigned long long)r->checkpoint->buffers, (unsigned long long)r->checkpoint->bytes,
                r->checkpoint->total_seconds);
     gpucr__helper__v1__response__free_unpacked(r, NULL);
-    if (P.npids == MAX_PIDS) {
-        perr("more than %d GPU process(es) in one dump", MAX_PIDS); /* cannot happen: checked above */
-        return -1;
-    }
+    snprintf(P.dir, sizeof P.dir, "%s", dir);
     P.pids[P.npids] = pid;
     P.start[P.npids] = start;
     P.npids++;
@@ -584,9 +552,36 @@ static void dumpdone_monitor(void) {
     P.sock = -1;
 }
 
+/* Commits (dump succeeded) or drops (it failed) the GPU image of this dump. */
+static void commit_image(bool abort) {
+    if (P.sock < 0) {
+        perr("cannot %s the GPU image in %s: no helper connection", abort ? "drop" : "commit", P.dir);
+        return;
+    }
+    Gpucr__Helper__V1__CommitImage ci = GPUCR__HELPER__V1__COMMIT_IMAGE__INIT;
+    ci.image_dir = P.dir;
+    ci.abort = abort;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE;
+    req.commit_image = &ci;
+    Resp *r = NULL;
+    int rc = roundtrip(&req, &r);
+    if (rc < 0) {
+        perr("%s the GPU image in %s: %s", abort ? "dropping" : "committing", P.dir, transport_err(rc));
+        return;
+    }
+    if (r->error)
+        perr("%s the GPU image in %s failed: %s: %s%s", abort ? "dropping" : "committing", P.dir,
+             code_name(r->error->code), r->error->message, abort ? "" : " (this image cannot be restored)");
+    else
+        pdebug("GPU image in %s %s", P.dir, abort ? "dropped" : "committed");
+    gpucr__helper__v1__response__free_unpacked(r, NULL);
+}
+
 static void gpucr_fini(int stage, int ret) {
     if (stage == CR_PLUGIN_STAGE__DUMP && P.npids > 0) {
         pdebug("dump finished (ret %d): %d checkpointed process(es)", ret, P.npids);
+        commit_image(ret != 0);
         dumpdone_monitor();
     }
     if (stage == CR_PLUGIN_STAGE__RESTORE && ret && P.prepared)

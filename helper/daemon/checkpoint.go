@@ -161,24 +161,33 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if req.Compress {
 		opts.Compression = image.CompressionZstd
 	}
-	w, err := image.Create(req.ImageDir, origin, opts)
+	var w *image.Writer
+	if req.DeferCommit {
+		w, err = s.openImage(req.ImageDir, origin, opts)
+	} else {
+		w, err = image.Create(req.ImageDir, origin, opts)
+	}
 	if err != nil {
 		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	if err := engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{}); err != nil {
-		_ = w.Abort()
+		if !req.DeferCommit {
+			_ = w.Abort()
+		} // a shared writer is dropped by CommitImage{abort} or when the connection closes
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
 	}
 	ph.done("copy")
-	if err := w.Commit(); err != nil {
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
+	if !req.DeferCommit {
+		if err := w.Commit(); err != nil {
+			return fail(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
+		}
+		ph.done("commit")
 	}
 	st := w.Stats()
 	reply.Buffers, reply.StoredBytes = uint64(len(regions)), uint64(st.BytesStored)
 	for _, r := range regions {
 		reply.Bytes += r.Size
 	}
-	ph.done("commit")
 
 	// Drop the imports: the driver checkpoint must see none (it fails to
 	// restore a process that kept imported memory mapped: 801).
@@ -384,5 +393,58 @@ func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
 			return ok
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// openImage returns the image writer kept open for dir (deferred commit),
+// creating it for the first process of a dump.
+func (s *Server) openImage(dir string, origin image.Origin, opts image.Options) (*image.Writer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w := s.open[dir]; w != nil {
+		return w, nil
+	}
+	w, err := image.Create(dir, origin, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.open[dir] = w
+	return w, nil
+}
+
+// commitImage runs a CommitImage request.
+func (s *Server) commitImage(id uint64, req *helperpb.CommitImage) *helperpb.Response {
+	s.mu.Lock()
+	w := s.open[req.ImageDir]
+	delete(s.open, req.ImageDir)
+	s.mu.Unlock()
+	if w == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU image being written in %s", req.ImageDir)
+	}
+	if req.Abort {
+		if err := w.Abort(); err != nil {
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "drop the GPU image in %s: %v", req.ImageDir, err)
+		}
+		s.log.Info("GPU image dropped (the dump failed)", zap.String("image", req.ImageDir))
+		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+	}
+	if err := w.Commit(); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "commit the GPU image in %s: %v", req.ImageDir, err)
+	}
+	s.log.Info("GPU image committed", zap.String("image", req.ImageDir), zap.Int("buffers", w.Stats().Buffers))
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// abortImages drops deferred images a connection left uncommitted.
+func (s *Server) abortImages(dirs map[string]bool) {
+	for dir := range dirs {
+		s.mu.Lock()
+		w := s.open[dir]
+		delete(s.open, dir)
+		s.mu.Unlock()
+		if w != nil {
+			_ = w.Abort()
+			s.log.Warn("GPU image left uncommitted by its dump is dropped", zap.String("image", dir))
+		}
 	}
 }

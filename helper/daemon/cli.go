@@ -28,6 +28,8 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			s.recoverDetached(int32(pid))
 		}
 	}()
+	images := map[string]bool{} // deferred-commit images this connection writes
+	defer func() { s.abortImages(images) }()
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -48,6 +50,12 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			if b.Checkpoint.Detach && resp.Error == nil {
 				detached[b.Checkpoint.Pid] = true
 			}
+			if b.Checkpoint.DeferCommit {
+				images[b.Checkpoint.ImageDir] = true
+			}
+		case *helperpb.Request_CommitImage:
+			delete(images, b.CommitImage.ImageDir)
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.commitImage(req.Id, b.CommitImage) })
 		case *helperpb.Request_ResumeCheckpointed:
 			resp = s.resumeCheckpointed(c, req.Id, b.ResumeCheckpointed)
 		case *helperpb.Request_DumpDone:

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -68,6 +69,7 @@ type Server struct {
 	byPID     map[int32]*client
 	owner     map[uint64]*client // alloc id -> client
 	waiting   map[int32]*client  // detached or restored, by pid (detach.go)
+	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
 	conns     map[*net.UnixConn]struct{}
 	closed    bool
 	nextAlloc atomic.Uint64
@@ -92,7 +94,7 @@ func New(cfg Config) *Server {
 		cfg.Unavailable = "no GPU devices"
 	}
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, waiting: map[int32]*client{}, conns: map[*net.UnixConn]struct{}{}}
+		owner: map[uint64]*client{}, waiting: map[int32]*client{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket

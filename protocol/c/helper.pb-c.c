@@ -1312,6 +1312,51 @@ void   gpucr__helper__v1__checkpoint__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__checkpoint__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__commit_image__init
+                     (Gpucr__Helper__V1__CommitImage         *message)
+{
+  static const Gpucr__Helper__V1__CommitImage init_value = GPUCR__HELPER__V1__COMMIT_IMAGE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__commit_image__get_packed_size
+                     (const Gpucr__Helper__V1__CommitImage *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__commit_image__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__commit_image__pack
+                     (const Gpucr__Helper__V1__CommitImage *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__commit_image__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__commit_image__pack_to_buffer
+                     (const Gpucr__Helper__V1__CommitImage *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__commit_image__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__CommitImage *
+       gpucr__helper__v1__commit_image__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__CommitImage *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__commit_image__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__commit_image__free_unpacked
+                     (Gpucr__Helper__V1__CommitImage *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__commit_image__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__checkpoint_reply__init
                      (Gpucr__Helper__V1__CheckpointReply         *message)
 {
@@ -1627,7 +1672,7 @@ void   gpucr__helper__v1__restored__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__restored__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[20] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[21] =
 {
   {
     "id",
@@ -1869,11 +1914,24 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "commit_image",
+    27,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, commit_image),
+    &gpucr__helper__v1__commit_image__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   2,   /* field[2] = alloc */
   15,   /* field[15] = checkpoint */
   14,   /* field[14] = client_op */
+  20,   /* field[20] = commit_image */
   12,   /* field[12] = detach */
   6,   /* field[6] = drain */
   7,   /* field[7] = drop */
@@ -1897,7 +1955,7 @@ static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] 
   { 1, 0 },
   { 10, 5 },
   { 20, 13 },
-  { 0, 20 }
+  { 0, 21 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -1907,7 +1965,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  20,
+  21,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   3,  gpucr__helper__v1__request__number_ranges,
@@ -3737,7 +3795,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor 
   (ProtobufCMessageInit) gpucr__helper__v1__client_op_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[7] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[8] =
 {
   {
     "pid",
@@ -3823,9 +3881,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "defer_commit",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, defer_commit),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
   4,   /* field[4] = compress */
+  7,   /* field[7] = defer_commit */
   6,   /* field[6] = detach */
   1,   /* field[1] = image_dir */
   2,   /* field[2] = leave_running */
@@ -3836,7 +3907,7 @@ static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
 {
@@ -3846,11 +3917,62 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
   "Gpucr__Helper__V1__Checkpoint",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Checkpoint),
-  7,
+  8,
   gpucr__helper__v1__checkpoint__field_descriptors,
   gpucr__helper__v1__checkpoint__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__checkpoint__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__commit_image__field_descriptors[2] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CommitImage, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "abort",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CommitImage, abort),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__commit_image__field_indices_by_name[] = {
+  1,   /* field[1] = abort */
+  0,   /* field[0] = image_dir */
+};
+static const ProtobufCIntRange gpucr__helper__v1__commit_image__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__commit_image__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.CommitImage",
+  "CommitImage",
+  "Gpucr__Helper__V1__CommitImage",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__CommitImage),
+  2,
+  gpucr__helper__v1__commit_image__field_descriptors,
+  gpucr__helper__v1__commit_image__field_indices_by_name,
+  1,  gpucr__helper__v1__commit_image__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__commit_image__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[6] =

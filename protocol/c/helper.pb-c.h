@@ -44,6 +44,7 @@ typedef struct Gpucr__Helper__V1__ClientInfo Gpucr__Helper__V1__ClientInfo;
 typedef struct Gpucr__Helper__V1__ClientOp Gpucr__Helper__V1__ClientOp;
 typedef struct Gpucr__Helper__V1__ClientOpReply Gpucr__Helper__V1__ClientOpReply;
 typedef struct Gpucr__Helper__V1__Checkpoint Gpucr__Helper__V1__Checkpoint;
+typedef struct Gpucr__Helper__V1__CommitImage Gpucr__Helper__V1__CommitImage;
 typedef struct Gpucr__Helper__V1__CheckpointReply Gpucr__Helper__V1__CheckpointReply;
 typedef struct Gpucr__Helper__V1__Phase Gpucr__Helper__V1__Phase;
 typedef struct Gpucr__Helper__V1__ResumeCheckpointed Gpucr__Helper__V1__ResumeCheckpointed;
@@ -191,7 +192,8 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_RESUME_CHECKPOINTED = 23,
   GPUCR__HELPER__V1__REQUEST__BODY_DUMP_DONE = 24,
   GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE = 25,
-  GPUCR__HELPER__V1__REQUEST__BODY_RESTORED = 26
+  GPUCR__HELPER__V1__REQUEST__BODY_RESTORED = 26,
+  GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE = 27
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -235,6 +237,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__DumpDone *dump_done;
     Gpucr__Helper__V1__PrepareRestore *prepare_restore;
     Gpucr__Helper__V1__Restored *restored;
+    Gpucr__Helper__V1__CommitImage *commit_image;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -741,10 +744,32 @@ struct  Gpucr__Helper__V1__Checkpoint
    * until DumpDone says what became of the process.
    */
   protobuf_c_boolean detach;
+  /*
+   * For a dump of several processes into one image: the buffers go into an
+   * image writer kept open for image_dir, shared by every Checkpoint of this
+   * connection with the same image_dir, and committed by CommitImage.
+   */
+  protobuf_c_boolean defer_commit;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint__descriptor) \
-    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0 }
+    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+
+
+/*
+ * CommitImage (plugin, at the end of a successful dump; abort after a failed
+ * one): commits (or drops) the GPU image that Checkpoints with defer_commit
+ * wrote into image_dir. Only then is the image visible.
+ */
+struct  Gpucr__Helper__V1__CommitImage
+{
+  ProtobufCMessage base;
+  char *image_dir;
+  protobuf_c_boolean abort;
+};
+#define GPUCR__HELPER__V1__COMMIT_IMAGE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__commit_image__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Gpucr__Helper__V1__CheckpointReply
@@ -1422,6 +1447,25 @@ Gpucr__Helper__V1__Checkpoint *
 void   gpucr__helper__v1__checkpoint__free_unpacked
                      (Gpucr__Helper__V1__Checkpoint *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__CommitImage methods */
+void   gpucr__helper__v1__commit_image__init
+                     (Gpucr__Helper__V1__CommitImage         *message);
+size_t gpucr__helper__v1__commit_image__get_packed_size
+                     (const Gpucr__Helper__V1__CommitImage   *message);
+size_t gpucr__helper__v1__commit_image__pack
+                     (const Gpucr__Helper__V1__CommitImage   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__commit_image__pack_to_buffer
+                     (const Gpucr__Helper__V1__CommitImage   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__CommitImage *
+       gpucr__helper__v1__commit_image__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__commit_image__free_unpacked
+                     (Gpucr__Helper__V1__CommitImage *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__CheckpointReply methods */
 void   gpucr__helper__v1__checkpoint_reply__init
                      (Gpucr__Helper__V1__CheckpointReply         *message);
@@ -1644,6 +1688,9 @@ typedef void (*Gpucr__Helper__V1__ClientOpReply_Closure)
 typedef void (*Gpucr__Helper__V1__Checkpoint_Closure)
                  (const Gpucr__Helper__V1__Checkpoint *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__CommitImage_Closure)
+                 (const Gpucr__Helper__V1__CommitImage *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__CheckpointReply_Closure)
                  (const Gpucr__Helper__V1__CheckpointReply *message,
                   void *closure_data);
@@ -1706,6 +1753,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__client_op__op__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__commit_image__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__phase__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descriptor;

@@ -414,6 +414,7 @@ type Request struct {
 	//	*Request_DumpDone
 	//	*Request_PrepareRestore
 	//	*Request_Restored
+	//	*Request_CommitImage
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -634,6 +635,15 @@ func (x *Request) GetRestored() *Restored {
 	return nil
 }
 
+func (x *Request) GetCommitImage() *CommitImage {
+	if x != nil {
+		if x, ok := x.Body.(*Request_CommitImage); ok {
+			return x.CommitImage
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -718,6 +728,10 @@ type Request_Restored struct {
 	Restored *Restored `protobuf:"bytes,26,opt,name=restored,proto3,oneof"`
 }
 
+type Request_CommitImage struct {
+	CommitImage *CommitImage `protobuf:"bytes,27,opt,name=commit_image,json=commitImage,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -755,6 +769,8 @@ func (*Request_DumpDone) isRequest_Body() {}
 func (*Request_PrepareRestore) isRequest_Body() {}
 
 func (*Request_Restored) isRequest_Body() {}
+
+func (*Request_CommitImage) isRequest_Body() {}
 
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2577,7 +2593,11 @@ type Checkpoint struct {
 	// connections (CRIU cannot dump a unix socket connected outside the dumped
 	// tree) and waits for its wake file (Detach). The helper keeps its memory
 	// until DumpDone says what became of the process.
-	Detach        bool `protobuf:"varint,7,opt,name=detach,proto3" json:"detach,omitempty"`
+	Detach bool `protobuf:"varint,7,opt,name=detach,proto3" json:"detach,omitempty"`
+	// For a dump of several processes into one image: the buffers go into an
+	// image writer kept open for image_dir, shared by every Checkpoint of this
+	// connection with the same image_dir, and committed by CommitImage.
+	DeferCommit   bool `protobuf:"varint,8,opt,name=defer_commit,json=deferCommit,proto3" json:"defer_commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2661,6 +2681,68 @@ func (x *Checkpoint) GetDetach() bool {
 	return false
 }
 
+func (x *Checkpoint) GetDeferCommit() bool {
+	if x != nil {
+		return x.DeferCommit
+	}
+	return false
+}
+
+// CommitImage (plugin, at the end of a successful dump; abort after a failed
+// one): commits (or drops) the GPU image that Checkpoints with defer_commit
+// wrote into image_dir. Only then is the image visible.
+type CommitImage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	Abort         bool                   `protobuf:"varint,2,opt,name=abort,proto3" json:"abort,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitImage) Reset() {
+	*x = CommitImage{}
+	mi := &file_protocol_helper_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitImage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitImage) ProtoMessage() {}
+
+func (x *CommitImage) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
+func (*CommitImage) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CommitImage) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *CommitImage) GetAbort() bool {
+	if x != nil {
+		return x.Abort
+	}
+	return false
+}
+
 type CheckpointReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Buffers       uint64                 `protobuf:"varint,1,opt,name=buffers,proto3" json:"buffers,omitempty"`
@@ -2675,7 +2757,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2769,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2782,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -2755,7 +2837,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2849,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2862,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Phase) GetName() string {
@@ -2808,7 +2890,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2902,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2915,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -2862,7 +2944,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +2956,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +2969,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -2912,7 +2994,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2924,7 +3006,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2937,7 +3019,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -2967,7 +3049,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2979,7 +3061,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2992,7 +3074,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -3015,7 +3097,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3109,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3122,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -3054,7 +3136,7 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xc9\b\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\x8c\t\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -3078,7 +3160,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x13resume_checkpointed\x18\x17 \x01(\v2#.gpucr.helper.v1.ResumeCheckpointedH\x00R\x12resumeCheckpointed\x128\n" +
 	"\tdump_done\x18\x18 \x01(\v2\x19.gpucr.helper.v1.DumpDoneH\x00R\bdumpDone\x12J\n" +
 	"\x0fprepare_restore\x18\x19 \x01(\v2\x1f.gpucr.helper.v1.PrepareRestoreH\x00R\x0eprepareRestore\x127\n" +
-	"\brestored\x18\x1a \x01(\v2\x19.gpucr.helper.v1.RestoredH\x00R\brestoredB\x06\n" +
+	"\brestored\x18\x1a \x01(\v2\x19.gpucr.helper.v1.RestoredH\x00R\brestored\x12A\n" +
+	"\fcommit_image\x18\x1b \x01(\v2\x1c.gpucr.helper.v1.CommitImageH\x00R\vcommitImageB\x06\n" +
 	"\x04body\"\x88\x04\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
@@ -3225,7 +3308,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bOP_STATS\x10\a\"w\n" +
 	"\rClientOpReply\x122\n" +
 	"\x05table\x18\x01 \x01(\v2\x1c.gpucr.helper.v1.BufferTableR\x05table\x122\n" +
-	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\xcb\x01\n" +
+	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\xee\x01\n" +
 	"\n" +
 	"Checkpoint\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
@@ -3235,7 +3318,11 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bcompress\x18\x05 \x01(\bR\bcompress\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x16\n" +
-	"\x06detach\x18\a \x01(\bR\x06detach\"\xed\x01\n" +
+	"\x06detach\x18\a \x01(\bR\x06detach\x12!\n" +
+	"\fdefer_commit\x18\b \x01(\bR\vdeferCommit\"@\n" +
+	"\vCommitImage\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
+	"\x05abort\x18\x02 \x01(\bR\x05abort\"\xed\x01\n" +
 	"\x0fCheckpointReply\x12\x18\n" +
 	"\abuffers\x18\x01 \x01(\x04R\abuffers\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
@@ -3303,7 +3390,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -3340,13 +3427,14 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*ClientOp)(nil),           // 32: gpucr.helper.v1.ClientOp
 	(*ClientOpReply)(nil),      // 33: gpucr.helper.v1.ClientOpReply
 	(*Checkpoint)(nil),         // 34: gpucr.helper.v1.Checkpoint
-	(*CheckpointReply)(nil),    // 35: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 36: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 37: gpucr.helper.v1.ResumeCheckpointed
-	(*Detach)(nil),             // 38: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 39: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 40: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 41: gpucr.helper.v1.Restored
+	(*CommitImage)(nil),        // 35: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 36: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 37: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 38: gpucr.helper.v1.ResumeCheckpointed
+	(*Detach)(nil),             // 39: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 40: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 41: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 42: gpucr.helper.v1.Restored
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	10, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -3360,46 +3448,47 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	22, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	23, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	24, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	38, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	39, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
 	29, // 12: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
 	32, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
 	34, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	37, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	39, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	40, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	41, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	8,  // 19: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	11, // 20: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	14, // 21: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	9,  // 22: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	25, // 23: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 24: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	30, // 25: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	33, // 26: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	35, // 27: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	3,  // 28: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 29: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	12, // 30: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 31: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	21, // 32: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 33: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	27, // 34: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 35: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 36: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 37: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	12, // 38: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	31, // 39: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	4,  // 40: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	5,  // 41: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	25, // 42: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 43: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	36, // 44: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 45: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	46, // [46:46] is the sub-list for method output_type
-	46, // [46:46] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	38, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	40, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	41, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	42, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	35, // 19: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	8,  // 20: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	11, // 21: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	14, // 22: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	9,  // 23: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	25, // 24: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	28, // 25: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	30, // 26: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	33, // 27: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	36, // 28: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	3,  // 29: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 30: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	12, // 31: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 32: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	21, // 33: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 34: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	27, // 35: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 36: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 37: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 38: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	12, // 39: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	31, // 40: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	4,  // 41: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	5,  // 42: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	25, // 43: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	28, // 44: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	37, // 45: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 46: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	47, // [47:47] is the sub-list for method output_type
+	47, // [47:47] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -3427,6 +3516,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_DumpDone)(nil),
 		(*Request_PrepareRestore)(nil),
 		(*Request_Restored)(nil),
+		(*Request_CommitImage)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -3444,7 +3534,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -255,3 +255,82 @@ func TestPluginCRIUKilledMidDump(t *testing.T) {
 	}
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", []string{"--mib", "16"}, 300))
 }
+
+// TestPluginProcessTree: a process tree with two GPU processes (a shell and
+// its two children, heartbeat and ptrchase, all under gpucr run) dumps into
+// one image holding both processes' GPU memory and restores as a whole.
+func TestPluginProcessTree(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	libdir := pluginDir(t)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	hb := &app{t: t, name: "heartbeat", log: filepath.Join(dir, "heartbeat.log")}
+	pc := &app{t: t, name: "ptrchase", log: filepath.Join(dir, "ptrchase.log")}
+	script := binPath(t, "heartbeat") + " --mib 8 --interval-ms 20 >>" + hb.log + " 2>&1 & " +
+		binPath(t, "ptrchase") + " --mib 8 --interval-ms 20 >>" + pc.log + " 2>&1 & wait"
+	root := exec.Command(binPath(t, "gpucr"), "run", "--socket", h.socket, "--", "/bin/sh", "-c", script)
+	root.Env = env
+	root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devnull.Close()
+	root.Stdin, root.Stdout, root.Stderr = devnull, devnull, devnull
+	if err := root.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range []int{hb.pid, pc.pid, root.Process.Pid} {
+			if p > 0 {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		_, _ = root.Process.Wait()
+	})
+	for _, a := range []*app{hb, pc} {
+		a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
+			p, _ := parseHeartbeats(out)
+			a.pid = p
+			return p > 0
+		})
+		a.waitIter(15, time.Minute)
+	}
+	if out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(root.Process.Pid), "-D", img,
+		"--libdir", libdir, "-o", "dump.log"); err != nil {
+		b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+		t.Fatalf("criu dump of the tree: %v\n%s\n%s", err, out, tail(string(b), 30))
+	}
+	_, _ = root.Process.Wait()
+	befores := map[*app]int{hb: hb.lastIter(), pc: pc.lastIter()}
+	out := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "inspect", img)
+	for _, a := range []*app{hb, pc} {
+		if !strings.Contains(out, "process "+strconv.Itoa(a.pid)) {
+			t.Fatalf("the GPU image lacks process %d (%s):\n%s", a.pid, a.name, out)
+		}
+		for i := 0; i < 500 && procState(a.pid) != ""; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for i := 0; i < 500 && procState(root.Process.Pid) != ""; i++ {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir,
+		"-o", "restore.log"); err != nil {
+		b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+		t.Fatalf("criu restore of the tree: %v\n%s\n%s", err, out, tail(string(b), 30))
+	}
+	for _, a := range []*app{hb, pc} {
+		a.waitIter(befores[a]+20, time.Minute)
+		_ = syscall.Kill(a.pid, syscall.SIGKILL)
+		hbs := a.heartbeats()
+		compareWithReference(t, hbs, reference(t, env, a.name, []string{"--mib", "8"}, hbs[len(hbs)-1].Iter))
+		checkContinuous(t, hbs, befores[a])
+	}
+}
