@@ -67,8 +67,8 @@ type Server struct {
 	mu        sync.Mutex
 	byToken   map[uint64]*client
 	byPID     map[int32]*client
-	owner     map[uint64]*client // alloc id -> client
-	waiting   map[int32]*client  // detached or restored, by pid (detach.go)
+	owner     map[uint64]*client       // alloc id -> client
+	waiting   map[int32]*client        // detached or restored, by pid (detach.go)
 	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
 	conns     map[*net.UnixConn]struct{}
 	closed    bool
