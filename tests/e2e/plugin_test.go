@@ -118,7 +118,9 @@ func TestCLICheckpointRestore(t *testing.T) {
 	cliEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
 	out, err := runErr(2*time.Minute, cliEnv, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--json")
 	if err != nil || !strings.Contains(out, `"image_bytes"`) {
-		t.Fatalf("gpucr checkpoint: %v\n%s", err, out)
+		b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+		hl, _ := os.ReadFile(h.log)
+		t.Fatalf("gpucr checkpoint: %v\n%s\ndump.log:\n%s\nhelper log:\n%s", err, out, tail(string(b), 30), tail(string(hl), 15))
 	}
 	a.reap(30 * time.Second)
 	before := a.lastIter()
