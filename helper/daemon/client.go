@@ -358,6 +358,14 @@ func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration
 	case r := <-ch:
 		return r, nil
 	case <-ctl.done:
+		// The answer may have come just before the connection closed (a
+		// client that detaches answers, then closes): both are ready then,
+		// and select picks either.
+		select {
+		case r := <-ch:
+			return r, nil
+		default:
+		}
 		forget()
 		return nil, errNoControl
 	case <-t.C:
