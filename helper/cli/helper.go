@@ -84,6 +84,9 @@ func runHelper(c *ucli.Context) error {
 		SocketGroup: c.String("socket-group"),
 		Log:         log,
 		Version:     Version,
+		// Fault injection for failure tests: GPUCR_FAULT=STEP makes that
+		// checkpoint step fail (see daemon.Config.Fault).
+		Fault: os.Getenv("GPUCR_FAULT"),
 	}
 	if loadErr != nil {
 		cfg.Unavailable = fmt.Sprintf("driver %s: %v", lib, loadErr)

@@ -232,11 +232,17 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	}
 
 	pid := int(cl.pid)
+	if s.cfg.Fault == "driver-lock" {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
+	}
 	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
 	}
 	undos = append(undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
 	ph.done("driver-lock")
+	if s.cfg.Fault == "driver-checkpoint" {
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
+	}
 	if err := cuda.CheckpointCheckpoint(pid); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
 	}

@@ -55,6 +55,9 @@ type Config struct {
 	StatusTimeout time.Duration
 	// OpTimeout bounds a forwarded ClientOp whose timeout_ms is 0.
 	OpTimeout time.Duration
+	// Fault names a checkpoint step that fails on purpose ("driver-lock",
+	// "driver-checkpoint"): tests check that every step before it is undone.
+	Fault string
 }
 
 // Server is the helper daemon.

@@ -336,3 +336,34 @@ func TestPluginProcessTree(t *testing.T) {
 		checkContinuous(t, hbs, befores[a])
 	}
 }
+
+// TestPluginFailureAfterDetach: the driver's lock or checkpoint fails after
+// the process was already quiesced, copied, dropped and detached (injected
+// with GPUCR_FAULT): the dump fails, and the process gets everything back
+// and computes on exactly.
+func TestPluginFailureAfterDetach(t *testing.T) {
+	criu := needTool(t, "criu")
+	for _, fault := range []string{"driver-lock", "driver-checkpoint"} {
+		t.Run(fault, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT="+fault))
+			criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+			img := filepath.Join(dir, "img")
+			if err := os.Mkdir(img, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "200")
+			a.waitIter(15, time.Minute)
+			out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img,
+				"--libdir", pluginDir(t), "-o", "dump.log")
+			if err == nil || !strings.Contains(out, "injected fault") {
+				t.Fatalf("criu dump with a failing %s: %v\n%s", fault, err, out)
+			}
+			if code := a.wait(time.Minute); code != 0 {
+				t.Fatalf("exit %d after the failed dump:\n%s", code, tail(a.output(), 10))
+			}
+			compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", []string{"--mib", "16"}, 200))
+		})
+	}
+}
