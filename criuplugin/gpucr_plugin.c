@@ -402,10 +402,20 @@ static int prepare_restore(void) {
     snprintf(manifest, sizeof manifest, "%s/gpucr/manifest.pb", dir);
     struct stat sb;
     if (stat(manifest, &sb) < 0) {
-        if (errno == ENOENT)
-            return 0; /* not a gpucr image */
-        perr("cannot read the GPU image %s: %s", manifest, strerror(errno));
-        return -1;
+        if (errno != ENOENT) {
+            perr("cannot read the GPU image %s: %s", manifest, strerror(errno));
+            return -1;
+        }
+        /* No manifest: not a gpucr image, unless its directory is there (a dump
+         * whose GPU image was never committed): restoring the processes without
+         * their GPU memory would leave them waiting for it forever. */
+        char gdir[PATH_MAX + 16];
+        snprintf(gdir, sizeof gdir, "%s/gpucr", dir);
+        if (stat(gdir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            perr("restore refused: the GPU image in %s is incomplete (no manifest: its dump did not commit it)", gdir);
+            return -1;
+        }
+        return 0;
     }
     int c = helper_connect();
     if (c != 0) {

@@ -200,6 +200,18 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 		t.Errorf("pid %d exists after a refused restore", a.pid)
 	}
 	waitNoClients(t, h, 10*time.Second)
+
+	// A GPU image whose dump never committed it (no manifest) is refused too.
+	if err := os.Remove(filepath.Join(img, "gpucr", "manifest.pb")); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log")
+	if err == nil || !strings.Contains(out, "incomplete") {
+		t.Fatalf("criu restore of an uncommitted GPU image: %v\n%s", err, out)
+	}
+	if procState(a.pid) != "" {
+		t.Errorf("pid %d exists after a refused restore", a.pid)
+	}
 }
 
 // TestPluginCRIUKilledMidDump: CRIU dies after the plugin saved the GPU
