@@ -108,6 +108,25 @@ func (s *Server) status() *helperpb.StatusReply {
 	}
 	wg.Wait()
 	out.Clients = infos
+	// Processes the helper keeps memory for while they are not connected.
+	s.mu.Lock()
+	var waiting []*client
+	for _, cl := range s.waiting {
+		waiting = append(waiting, cl)
+	}
+	s.mu.Unlock()
+	sort.Slice(waiting, func(i, j int) bool { return waiting[i].pid < waiting[j].pid })
+	for _, cl := range waiting {
+		cl.mu.Lock()
+		why := "detached for a dump; waits for the dump to end"
+		if cl.restored {
+			why = "restored from an image; waits for the process to come back"
+		}
+		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
+			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{why},
+			State: helperpb.ClientState_CLIENT_STATE_DROPPED})
+		cl.mu.Unlock()
+	}
 	return out
 }
 

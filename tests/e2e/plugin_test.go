@@ -256,6 +256,15 @@ func TestPluginCRIUKilledMidDump(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	stalled := a.lastIter()
+	listed := false
+	for _, c := range h.status().Clients {
+		if p, _ := c.Pid.Int64(); int(p) == a.pid && len(c.NotCheckpointable) > 0 && strings.Contains(c.NotCheckpointable[0], "detached") {
+			listed = true
+		}
+	}
+	if !listed {
+		t.Errorf("gpucr status does not list pid %d as detached while its dump runs", a.pid)
+	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // CRIU and its action script
 	_ = cmd.Wait()
 	if code := a.wait(2 * time.Minute); code != 0 {
