@@ -134,7 +134,9 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%d bytes requested; device %s has %d",
 			size, info.Uuid, info.TotalMemory), -1
 	}
+	t0 := time.Now()
 	h, err := dev.Create(size)
+	tCreate := time.Since(t0)
 	if err != nil {
 		var oom OutOfMemory
 		if errors.As(err, &oom) && oom.OutOfMemory() {
@@ -143,7 +145,9 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 		cl.log.Warn("allocation failed", zap.Uint64("size", size), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
 	}
+	t1 := time.Now()
 	fd, err := dev.Export(h)
+	tExport := time.Since(t1)
 	if err != nil {
 		if rerr := dev.Release(h); rerr != nil {
 			cl.log.Warn("release after failed export", zap.Error(rerr))
@@ -160,7 +164,7 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 	s.owner[al.id] = cl
 	s.mu.Unlock()
 	cl.log.Debug("alloc", zap.Uint64("alloc_id", al.id), zap.Uint64("size", size), zap.String("device", info.Uuid),
-		zap.Stringer("kind", a.Kind))
+		zap.Stringer("kind", a.Kind), zap.Duration("create", tCreate), zap.Duration("export", tExport))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: al.id, Size: size}}}, fd
 }
 
