@@ -195,14 +195,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
 	}
 	setState(helperpb.ClientState_CLIENT_STATE_DROPPED)
-	reimport := func() error {
-		failed, err := s.reimport(cl, ctl, wait)
-		if err == nil && failed != nil {
-			err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
-		}
-		return err
-	}
-	undos = append(undos, undo{"reimport", reimport})
+	undos = append(undos, undo{"reimport", func() error { return s.reimportErr(cl, ctl, wait) }})
 	ph.done("drop")
 
 	if req.Detach {
@@ -273,22 +266,7 @@ func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) 
 		return fmt.Errorf("driver unlock: %w", err)
 	}
 	ph.done("driver-restore")
-	failed, err := s.reimport(cl, ctl, wait)
-	if err == nil && failed != nil {
-		err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
-	}
-	if err != nil {
-		return fmt.Errorf("reimport: %w", err)
-	}
-	ph.done("reimport")
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait); err != nil {
-		return fmt.Errorf("resume: %w", err)
-	}
-	cl.mu.Lock()
-	cl.state = helperpb.ClientState_CLIENT_STATE_RUNNING
-	cl.mu.Unlock()
-	ph.done("resume")
-	return nil
+	return s.reimportResume(cl, ctl, wait, ph)
 }
 
 // resumeCheckpointed runs a ResumeCheckpointed request.
@@ -361,18 +339,8 @@ func imageKind(k helperpb.AllocKind) image.AllocKind {
 // control exchange is still held (the undo of a failed detached checkpoint):
 // it waits for the reattach, then reimports and resumes it.
 func (s *Server) wakeAndGiveBack(cl *client) error {
-	s.mu.Lock()
-	waiting := s.waiting[cl.pid] == cl
-	s.mu.Unlock()
-	if !waiting {
-		// Still connected (the close has not been seen yet): wait a little.
-		for i := 0; i < 200 && !waiting; i++ {
-			time.Sleep(10 * time.Millisecond)
-			s.mu.Lock()
-			waiting = s.waiting[cl.pid] == cl
-			s.mu.Unlock()
-		}
-	}
+	// It may still look connected (its close not seen yet): wait a little.
+	s.parkedWithin(cl, 2*time.Second)
 	done := make(chan error, 1)
 	cl.mu.Lock()
 	cl.onAttach = func() { done <- s.giveBackLocked(cl) }

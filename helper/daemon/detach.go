@@ -114,7 +114,7 @@ func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error) {
 		if driverRestore {
 			return s.thaw(cl, ctl, s.cfg.OpTimeout, newPhases())
 		}
-		return s.reimportResume(cl, ctl)
+		return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
 	})
 	if err != nil {
 		cl.log.Error("giving a reattached client its GPU back failed", zap.Error(err))
@@ -338,21 +338,33 @@ func protoKind(k image.AllocKind) helperpb.AllocKind {
 	return helperpb.AllocKind_ALLOC_KIND_SLAB
 }
 
-// reimportResume sends a client its memory and opens its gate.
-func (s *Server) reimportResume(cl *client, ctl *control) error {
-	failed, err := s.reimport(cl, ctl, s.cfg.OpTimeout)
+// reimportErr is reimport with the client's refusal turned into an error.
+func (s *Server) reimportErr(cl *client, ctl *control, wait time.Duration) error {
+	failed, err := s.reimport(cl, ctl, wait)
 	if err == nil && failed != nil {
 		err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
 	}
-	if err != nil {
+	return err
+}
+
+// reimportResume sends a client its memory and opens its gate; ph (if not
+// nil) times the two steps.
+func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph *phases) error {
+	if err := s.reimportErr(cl, ctl, wait); err != nil {
 		return fmt.Errorf("reimport: %w", err)
 	}
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, s.cfg.OpTimeout); err != nil {
+	if ph != nil {
+		ph.done("reimport")
+	}
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
 	cl.mu.Lock()
 	cl.state = helperpb.ClientState_CLIENT_STATE_RUNNING
 	cl.mu.Unlock()
+	if ph != nil {
+		ph.done("resume")
+	}
 	return nil
 }
 
@@ -365,7 +377,7 @@ func (s *Server) giveBackLocked(cl *client) error {
 	if ctl == nil {
 		return errNoControl
 	}
-	return s.reimportResume(cl, ctl)
+	return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
 }
 
 // dropUnrestored gives back the memory prepared for pids that never got a

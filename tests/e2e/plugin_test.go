@@ -31,6 +31,17 @@ func pluginDir(t testing.TB) string {
 	return d
 }
 
+// criuOK runs `criu ARGS -D img -o log` and fails the test, with the end of
+// CRIU's log, if it fails.
+func criuOK(t testing.TB, criu string, env []string, img, log string, args ...string) {
+	t.Helper()
+	full := append(append([]string{}, args...), "-D", img, "-o", log)
+	if out, err := runErr(2*time.Minute, env, criu, full...); err != nil {
+		b, _ := os.ReadFile(filepath.Join(img, log))
+		t.Fatalf("criu %s: %v\n%s\n%s", strings.Join(args, " "), err, out, tail(string(b), 40))
+	}
+}
+
 // TestPluginDumpRestore: criu dump (the process dies) and criu restore with
 // the plugin; the application goes on with exactly the checksums of an
 // uninterrupted run, and the GPU image in CRIU's directory verifies.
@@ -49,12 +60,7 @@ func TestPluginDumpRestore(t *testing.T) {
 			}
 			a := startUnder(t, dir, h, env, tc.name, append(append([]string{}, tc.args...), "--interval-ms", "20")...)
 			a.waitIter(15, time.Minute)
-			out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img,
-				"--libdir", libdir, "-o", "dump.log", "-v4")
-			if err != nil {
-				b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
-				t.Fatalf("criu dump: %v\n%s\n%s", err, out, tail(string(b), 40))
-			}
+			criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir, "-v4")
 			a.reap(30 * time.Second)
 			before := a.lastIter()
 			if out := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "verify", img); !strings.Contains(out, "ok:") {
@@ -62,12 +68,7 @@ func TestPluginDumpRestore(t *testing.T) {
 			}
 			waitNoClients(t, h, 10*time.Second) // the dead process's memory was released
 
-			out, err = runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir,
-				"-o", "restore.log", "-v4")
-			if err != nil {
-				b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
-				t.Fatalf("criu restore: %v\n%s\n%s", err, out, tail(string(b), 40))
-			}
+			criuOK(t, criu, criuEnv, img, "restore.log", "restore", "-d", "--libdir", libdir, "-v4")
 			a.waitIter(before+20, time.Minute)
 			_ = syscall.Kill(a.pid, syscall.SIGKILL)
 			hbs := a.heartbeats()
@@ -93,12 +94,7 @@ func TestPluginLeaveRunning(t *testing.T) {
 	}
 	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
 	a.waitIter(15, time.Minute)
-	out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img, "--leave-running",
-		"--libdir", libdir, "-o", "dump.log", "-v4")
-	if err != nil {
-		b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
-		t.Fatalf("criu dump --leave-running: %v\n%s\n%s", err, out, tail(string(b), 40))
-	}
+	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--leave-running", "--libdir", libdir, "-v4")
 	at := a.lastIter()
 	a.waitIter(at+20, time.Minute)
 	hbs := a.heartbeats()
@@ -151,19 +147,12 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	}
 	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
 	a.waitIter(15, time.Minute)
-	if out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img,
-		"--libdir", libdir, "-o", "dump.log"); err != nil {
-		t.Fatalf("criu dump: %v\n%s", err, out)
-	}
+	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir)
 	a.reap(30 * time.Second)
 	before := a.lastIter()
 	ref := reference(t, env, "heartbeat", []string{"--mib", "16"}, before+60)
 	for round := 1; round <= 2; round++ {
-		if out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir,
-			"-o", "restore.log"); err != nil {
-			b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
-			t.Fatalf("restore %d: %v\n%s\n%s", round, err, out, tail(string(b), 30))
-		}
+		criuOK(t, criu, criuEnv, img, "restore.log", "restore", "-d", "--libdir", libdir)
 		a.waitIter(before+20*round, time.Minute)
 		_ = syscall.Kill(a.pid, syscall.SIGKILL)
 		// The pid must be free again, not only dead: the restored process is
@@ -325,11 +314,7 @@ func TestPluginProcessTree(t *testing.T) {
 		})
 		a.waitIter(15, time.Minute)
 	}
-	if out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(root.Process.Pid), "-D", img,
-		"--libdir", libdir, "-o", "dump.log"); err != nil {
-		b, _ := os.ReadFile(filepath.Join(img, "dump.log"))
-		t.Fatalf("criu dump of the tree: %v\n%s\n%s", err, out, tail(string(b), 30))
-	}
+	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(root.Process.Pid), "--libdir", libdir)
 	_, _ = root.Process.Wait()
 	befores := map[*app]int{hb: hb.lastIter(), pc: pc.lastIter()}
 	out := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "inspect", img)
@@ -344,11 +329,7 @@ func TestPluginProcessTree(t *testing.T) {
 	for i := 0; i < 500 && procState(root.Process.Pid) != ""; i++ {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir,
-		"-o", "restore.log"); err != nil {
-		b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
-		t.Fatalf("criu restore of the tree: %v\n%s\n%s", err, out, tail(string(b), 30))
-	}
+	criuOK(t, criu, criuEnv, img, "restore.log", "restore", "-d", "--libdir", libdir)
 	for _, a := range []*app{hb, pc} {
 		a.waitIter(befores[a]+20, time.Minute)
 		_ = syscall.Kill(a.pid, syscall.SIGKILL)
