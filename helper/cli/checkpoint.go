@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -42,9 +41,9 @@ func checkpointCommand() *ucli.Command {
 			if len(pos) != 1 {
 				return usageError{fmt.Errorf("usage: gpucr checkpoint PID -D DIR [--gpu-only] [--leave-running]")}
 			}
-			pid, err := strconv.ParseInt(pos[0], 10, 32)
-			if err != nil || pid <= 0 {
-				return usageError{fmt.Errorf("checkpoint: %q is not a pid", pos[0])}
+			pid, err := parsePid("checkpoint", pos[0])
+			if err != nil {
+				return err
 			}
 			dir := c.String("images-dir")
 			if dir == "" {
@@ -87,9 +86,9 @@ func resumeCommand() *ucli.Command {
 			if len(pos) != 1 {
 				return usageError{fmt.Errorf("usage: gpucr resume PID")}
 			}
-			pid, err := strconv.ParseInt(pos[0], 10, 32)
-			if err != nil || pid <= 0 {
-				return usageError{fmt.Errorf("resume: %q is not a pid", pos[0])}
+			pid, err := parsePid("resume", pos[0])
+			if err != nil {
+				return err
 			}
 			return callCheckpoint(c, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
 				ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: pid}}}, fmt.Sprintf("resume %d", pid))

@@ -45,9 +45,9 @@ func clientCommand() *ucli.Command {
 			if len(pos) != 2 {
 				return usageError{fmt.Errorf("usage: gpucr client [flags] %s", c.Command.ArgsUsage)}
 			}
-			pid, err := strconv.ParseInt(pos[0], 10, 32)
-			if err != nil || pid <= 0 {
-				return usageError{fmt.Errorf("client: %q is not a pid", pos[0])}
+			pid, err := parsePid("client", pos[0])
+			if err != nil {
+				return err
 			}
 			op, ok := clientOps[strings.ToLower(pos[1])]
 			if !ok {
@@ -143,4 +143,13 @@ func flagsAnywhere(c *ucli.Context) ([]string, error) {
 		}
 	}
 	return pos, nil
+}
+
+// parsePid reads a process id argument of command cmd.
+func parsePid(cmd, arg string) (int64, error) {
+	pid, err := strconv.ParseInt(arg, 10, 32)
+	if err != nil || pid <= 0 {
+		return 0, usageError{fmt.Errorf("%s: %q is not a pid", cmd, arg)}
+	}
+	return pid, nil
 }

@@ -307,3 +307,13 @@ func waitDead(t testing.TB, pid int, timeout time.Duration) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// waitPidFree waits up to timeout until pid has no /proc entry at all (not
+// even a zombie), so a restore can use it again: a restored process is an
+// orphan that pid 1 here reaps late.
+func waitPidFree(pid int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for procState(pid) != "" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -155,11 +155,7 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 		criuOK(t, criu, criuEnv, img, "restore.log", "restore", "-d", "--libdir", libdir)
 		a.waitIter(before+20*round, time.Minute)
 		_ = syscall.Kill(a.pid, syscall.SIGKILL)
-		// The pid must be free again, not only dead: the restored process is
-		// an orphan that pid 1 here reaps late.
-		for i := 0; i < 500 && procState(a.pid) != ""; i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitPidFree(a.pid, 10*time.Second)
 		waitNoClients(t, h, 10*time.Second)
 	}
 	compareWithReference(t, a.heartbeats(), ref)
@@ -322,13 +318,9 @@ func TestPluginProcessTree(t *testing.T) {
 		if !strings.Contains(out, "process "+strconv.Itoa(a.pid)) {
 			t.Fatalf("the GPU image lacks process %d (%s):\n%s", a.pid, a.name, out)
 		}
-		for i := 0; i < 500 && procState(a.pid) != ""; i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
+		waitPidFree(a.pid, 10*time.Second)
 	}
-	for i := 0; i < 500 && procState(root.Process.Pid) != ""; i++ {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitPidFree(root.Process.Pid, 10*time.Second)
 	criuOK(t, criu, criuEnv, img, "restore.log", "restore", "-d", "--libdir", libdir)
 	for _, a := range []*app{hb, pc} {
 		a.waitIter(befores[a]+20, time.Minute)

@@ -17,12 +17,7 @@ import (
 // the GPU at once), each in block-sized Writes (a staging buffer's worth), then
 // committed. It returns the writer's statistics.
 func ImageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (image.WriteStats, error) {
-	w, err := image.Create(dir, image.Origin{
-		Host:     "imagebench",
-		GPUModel: "none (host memory)",
-		Pid:      os.Getpid(),
-		Time:     time.Now(),
-	}, opts)
+	w, err := create(dir, opts)
 	if err != nil {
 		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
 	}
@@ -53,12 +48,7 @@ func ImageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (i
 // copy, as a copy engine stores its staging buffers. The mirror of
 // ImageRead.
 func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Options) (image.WriteStats, error) {
-	w, err := image.Create(dir, image.Origin{
-		Host:     "imagebench",
-		GPUModel: "none (host memory)",
-		Pid:      os.Getpid(),
-		Time:     time.Now(),
-	}, opts)
+	w, err := create(dir, opts)
 	if err != nil {
 		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
 	}
@@ -122,6 +112,16 @@ func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Opt
 		return image.WriteStats{}, fmt.Errorf("commit image in %s: %w", dir, err)
 	}
 	return w.Stats(), nil
+}
+
+// create starts a benchmark image in dir.
+func create(dir string, opts image.Options) (*image.Writer, error) {
+	return image.Create(dir, image.Origin{
+		Host:     "imagebench",
+		GPUModel: "none (host memory)",
+		Pid:      os.Getpid(),
+		Time:     time.Now(),
+	}, opts)
 }
 
 // benchBase is where the benchmark's buffers pretend to live on the GPU: a
