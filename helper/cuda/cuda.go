@@ -160,6 +160,11 @@ func FormatUUID(b [16]byte) string {
 	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
+// waitBlocking says how the helper's threads wait for the GPU:
+// GPUCR_HELPER_WAIT=spin keeps the driver's default (for comparison in
+// benchmarks), anything else sleeps in the driver (blocking sync).
+func waitBlocking() bool { return os.Getenv("GPUCR_HELPER_WAIT") != "spin" }
+
 func startDevice(ordinal int) (*Device, error) {
 	dev := &Device{Ordinal: ordinal, work: make(chan func()), done: make(chan struct{})}
 	ready := make(chan error, 1)
@@ -201,6 +206,15 @@ func (dev *Device) worker(ready chan<- error) {
 		return
 	}
 	dev.TotalMemory = uint64(total)
+	if waitBlocking() {
+		// Lanes wait for every 4 MiB copy; with the driver's default (spin
+		// while there are fewer contexts than cores) 16 waiting lanes would
+		// spin on the cores the image writer hashes and writes on.
+		if err := check("cuDevicePrimaryCtxSetFlags", C.gs_cuDevicePrimaryCtxSetFlags_v2(cd, C.CU_CTX_SCHED_BLOCKING_SYNC)); err != nil {
+			ready <- err
+			return
+		}
+	}
 	var ctx C.CUcontext
 	if err := check("cuDevicePrimaryCtxRetain", C.gs_cuDevicePrimaryCtxRetain(&ctx, cd)); err != nil {
 		ready <- err

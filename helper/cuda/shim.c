@@ -14,6 +14,7 @@
     X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                        \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                 \
+    X(cuDevicePrimaryCtxSetFlags_v2, (CUdevice, unsigned int))                  \
     X(cuCtxSetCurrent, (CUcontext))                                             \
     X(cuMemGetAllocationGranularity,                                            \
       (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
@@ -71,6 +72,7 @@ CUresult gs_cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return p_cuDeviceGetUuid
 CUresult gs_cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { return p_cuDeviceTotalMem_v2(bytes, d); }
 CUresult gs_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d) { return p_cuDevicePrimaryCtxRetain(ctx, d); }
 CUresult gs_cuDevicePrimaryCtxRelease_v2(CUdevice d) { return p_cuDevicePrimaryCtxRelease_v2(d); }
+CUresult gs_cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned int f) { return p_cuDevicePrimaryCtxSetFlags_v2(d, f); }
 CUresult gs_cuCtxSetCurrent(CUcontext ctx) { return p_cuCtxSetCurrent(ctx); }
 CUresult gs_cuMemGetInfo_v2(size_t *free_, size_t *total) { return p_cuMemGetInfo_v2(free_, total); }
 CUresult gs_cuMemRelease(CUmemGenericAllocationHandle h) { return p_cuMemRelease(h); }

@@ -16,6 +16,7 @@ CUresult gs_cuDeviceGetUuid_v2(CUuuid *u, CUdevice d);
 CUresult gs_cuDeviceTotalMem_v2(size_t *bytes, CUdevice d);
 CUresult gs_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d);
 CUresult gs_cuDevicePrimaryCtxRelease_v2(CUdevice d);
+CUresult gs_cuDevicePrimaryCtxSetFlags_v2(CUdevice d, unsigned int f);
 CUresult gs_cuCtxSetCurrent(CUcontext ctx);
 CUresult gs_cuMemGetInfo_v2(size_t *free_, size_t *total);
 /* With a pinned device-memory property for dev, POSIX-fd handles. */

@@ -200,6 +200,31 @@ static void primary_ctx(void) {
     EXPECT_RC(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
 }
 
+/* The helper asks for CU_CTX_SCHED_BLOCKING_SYNC before its first retain, so
+ * that copy lanes waiting for DMA sleep instead of spinning on the cores the
+ * image writer needs. */
+static void primary_flags(void) {
+    OK(cuInit(0));
+    unsigned flags = 99;
+    int active = -1;
+    OK(cuDevicePrimaryCtxSetFlags(0, CU_CTX_SCHED_BLOCKING_SYNC));
+    OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    EXPECT(flags == CU_CTX_SCHED_BLOCKING_SYNC, "flags %#x after setting blocking sync", flags);
+    EXPECT(active == 0, "setting flags made the primary context active");
+    CUcontext ctx;
+    OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+    OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    EXPECT(flags == CU_CTX_SCHED_BLOCKING_SYNC && active == 1, "flags %#x active %d after retain", flags, active);
+    /* two scheduling modes at once, and an unknown bit */
+    EXPECT_RC(cuDevicePrimaryCtxSetFlags(0, CU_CTX_SCHED_SPIN | CU_CTX_SCHED_YIELD), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuDevicePrimaryCtxSetFlags(0, 0x10000), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_RC(cuDevicePrimaryCtxSetFlags(99, 0), CUDA_ERROR_INVALID_DEVICE);
+    OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    EXPECT(flags == CU_CTX_SCHED_BLOCKING_SYNC, "a refused cuDevicePrimaryCtxSetFlags changed the flags to %#x", flags);
+    OK(cuDevicePrimaryCtxRelease(0));
+    OK(cuDevicePrimaryCtxSetFlags(0, CU_CTX_SCHED_AUTO));
+}
+
 static CUcontext thread_ctx;
 static CUresult thread_rc[3];
 
@@ -333,6 +358,7 @@ const dt_case dt_cases_basic[] = {
     {"device_attributes", device_attributes, 0},
     {"device_info", device_info, 0},
     {"primary_ctx", primary_ctx, 0},
+    {"primary_flags", primary_flags, 0},
     {"ctx_per_thread", ctx_per_thread, 0},
     {"error_strings", error_strings, 0},
     {"getprocaddress", getprocaddress, 0},

@@ -138,6 +138,7 @@ typedef struct sim_device {
     uint64_t used;  /* bytes charged to this process (memlock) */
     sim_pool pool;
     sim_ctx *primary;
+    unsigned primary_flags; /* cuDevicePrimaryCtxSetFlags (mu) */
 } sim_device;
 
 enum sim_ckpt_state { SIM_CK_RUNNING = 0, SIM_CK_LOCKED = 1, SIM_CK_CHECKPOINTED = 2, SIM_CK_FAILED = 3 };

@@ -236,8 +236,27 @@ SIM_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, i
     if (!flags || !active)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
-    *flags = 0;
+    *flags = sim.dev[dev].primary_flags;
     *active = ctxs[dev].refs > 0;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, CUDA_SUCCESS);
+}
+
+/* The scheduling flags only change how the driver waits (spin, yield, sleep);
+ * the simulator always sleeps on a condition variable, so it only keeps and
+ * validates them. One scheduling mode at most; other known bits are kept. */
+SIM_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuDevicePrimaryCtxSetFlags_v2", SIM_NEED_INIT);
+    if (r != CUDA_SUCCESS || (r = sim_device_check(dev)) != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    unsigned sched = flags & CU_CTX_SCHED_MASK;
+    if ((flags & ~(CU_CTX_SCHED_MASK | CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX)) != 0 ||
+        (sched != CU_CTX_SCHED_AUTO && sched != CU_CTX_SCHED_SPIN && sched != CU_CTX_SCHED_YIELD &&
+         sched != CU_CTX_SCHED_BLOCKING_SYNC))
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    sim.dev[dev].primary_flags = flags;
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, CUDA_SUCCESS);
 }

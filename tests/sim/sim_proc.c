@@ -38,6 +38,7 @@ static const proc_ent procs[] = {
     P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000),
     P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000),
     P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState, 7000),
+    P("cuDevicePrimaryCtxSetFlags", cuDevicePrimaryCtxSetFlags_v2, 11000),
     P("cuCtxGetCurrent", cuCtxGetCurrent, 4000),
     P("cuCtxSetCurrent", cuCtxSetCurrent, 4000),
     P("cuCtxGetDevice", cuCtxGetDevice, 2000),

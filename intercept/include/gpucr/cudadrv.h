@@ -120,6 +120,15 @@ typedef enum CUdevice_attribute_enum {
 } CUdevice_attribute;
 
 /* Stream and event flags. */
+/* Context flags (cuDevicePrimaryCtxSetFlags): how a thread waits for the GPU. */
+#define CU_CTX_SCHED_AUTO 0x00
+#define CU_CTX_SCHED_SPIN 0x01
+#define CU_CTX_SCHED_YIELD 0x02
+#define CU_CTX_SCHED_BLOCKING_SYNC 0x04
+#define CU_CTX_SCHED_MASK 0x07
+#define CU_CTX_MAP_HOST 0x08
+#define CU_CTX_LMEM_RESIZE_TO_MAX 0x10
+
 #define CU_STREAM_DEFAULT 0x0
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_STREAM_LEGACY ((CUstream)0x1)
@@ -273,6 +282,7 @@ typedef struct CUcheckpointUnlockArgs_st {
 /* Versioned ABI names, as cuda.h maps them. */
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
 #define cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2
+#define cuDevicePrimaryCtxSetFlags cuDevicePrimaryCtxSetFlags_v2
 #define cuMemAlloc cuMemAlloc_v2
 #define cuMemAllocPitch cuMemAllocPitch_v2
 #define cuMemFree cuMemFree_v2
@@ -315,6 +325,7 @@ CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags);
 CUresult cuCtxGetCurrent(CUcontext *pctx);
 CUresult cuCtxSetCurrent(CUcontext ctx);
 CUresult cuCtxGetDevice(CUdevice *device);
