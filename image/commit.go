@@ -126,6 +126,9 @@ func chunkPB(r *chunkRecord, size uint32) *imagepb.Chunk {
 		return &imagepb.Chunk{Size: size, Location: imagepb.Location_LOCATION_ZERO}
 	}
 	mt := r.local.meta
+	if mt.comp == imagepb.Compression_COMPRESSION_NONE {
+		mt.crc = 0 // format 2; a reused or parent file may come from a format 1 image
+	}
 	return &imagepb.Chunk{Size: size, Location: mt.loc, Ancestor: mt.ancestor, Hash: append([]byte(nil), r.hash[:]...),
 		Crc32C: mt.crc, Compression: mt.comp, StoredSize: mt.storedSize}
 }

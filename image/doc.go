@@ -10,9 +10,10 @@
 // Each buffer is split into chunks (4 MiB by default). A chunk is stored once
 // per image and never again in a descendant image (it refers to the ancestor's
 // file instead); an all-zero chunk is only a flag in the manifest. Every chunk
-// read is checked twice: the CRC32C of the stored bytes (storage damage) and
-// the xxh3-128 of the raw bytes (its name; catches a file put under the wrong
-// name or a bad decompression). The manifest carries its own CRC32C.
+// read is checked against the xxh3-128 of its raw bytes (its name: storage
+// damage, a file put under the wrong name, a bad decompression); a compressed
+// chunk also has a CRC32C of its stored bytes, checked before they reach the
+// decoder. The manifest carries its own CRC32C.
 //
 // Commit order makes a crash harmless: chunk files are written under
 // temporary names and renamed into chunks/, the file system is synced, then

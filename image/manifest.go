@@ -43,8 +43,8 @@ func decodeManifest(data []byte) (*imagepb.Manifest, error) {
 	if file.GetFormatVersion() == 0 || len(file.GetManifest()) == 0 {
 		return nil, corruptf("not a manifest (%d bytes, no version or no body)", len(data))
 	}
-	if file.GetFormatVersion() != FormatVersion {
-		return nil, fmt.Errorf("%w %d (this build reads %d)", ErrVersion, file.GetFormatVersion(), FormatVersion)
+	if v := file.GetFormatVersion(); v < MinFormatVersion || v > FormatVersion {
+		return nil, fmt.Errorf("%w %d (this build reads %d to %d)", ErrVersion, v, MinFormatVersion, FormatVersion)
 	}
 	if got := crc32.Checksum(file.GetManifest(), castagnoli); got != file.GetManifestCrc32C() {
 		return nil, corruptf("manifest CRC32C %08x, file says %08x", got, file.GetManifestCrc32C())

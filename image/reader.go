@@ -190,8 +190,8 @@ func (im *Image) putBuf(b *[]byte) { im.pool.Put(b) }
 func (im *Image) load(bi, ci int, dst []byte) error { return im.loadCheck(bi, ci, dst, false) }
 
 // loadCheck is load; with allCRCs the CRC32C of an uncompressed chunk is
-// checked too, which the content hash makes redundant when reading (Verify
-// checks it to find damage in either).
+// checked too where the image has one (format 1), which the content hash
+// makes redundant when reading (Verify checks it to find damage in either).
 func (im *Image) loadCheck(bi, ci int, dst []byte, allCRCs bool) error {
 	im.sem <- struct{}{}
 	defer func() { <-im.sem }()
@@ -215,8 +215,9 @@ func (im *Image) loadCheck(bi, ci int, dst []byte, allCRCs bool) error {
 // The CRC32C of an uncompressed chunk covers the very bytes the content hash
 // covers, and the 128-bit hash catches every damage the 32-bit CRC would: so
 // reads skip that CRC (it costs more than the hash, and reads must keep up
-// with the GPU), unless allCRCs. A compressed chunk's CRC is always checked,
-// before its bytes reach the decoder.
+// with the GPU), unless allCRCs; format 2 images no longer have it. A
+// compressed chunk's CRC is always checked, before its bytes reach the
+// decoder.
 func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte, allCRCs bool) error {
 	// O_NOFOLLOW: a chunk file replaced by a symlink is refused, not followed.
 	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
@@ -247,7 +248,7 @@ func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte, allCRCs bo
 		return corruptf("read: %v", err)
 	}
 	compressed := c.GetCompression() == imagepb.Compression_COMPRESSION_ZSTD
-	if compressed || allCRCs {
+	if compressed || (allCRCs && im.m.GetFormatVersion() == 1) {
 		if got := crc32.Checksum(stored, castagnoli); got != c.GetCrc32C() {
 			return corruptf("CRC32C %08x, manifest says %08x: stored bytes damaged", got, c.GetCrc32C())
 		}

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"errors"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -191,7 +192,7 @@ func TestOpenRefuses(t *testing.T) {
 	data, _ := os.ReadFile(manifestPath(child))
 	var file imagepb.ManifestFile
 	proto.Unmarshal(data, &file)
-	file.FormatVersion = 2
+	file.FormatVersion = FormatVersion + 1
 	data, _ = proto.Marshal(&file)
 	os.WriteFile(manifestPath(child), data, 0o644)
 	if _, err := Open(child); !errors.Is(err, ErrVersion) {
@@ -242,7 +243,7 @@ func TestVerifyNamesDamagedChunk(t *testing.T) {
 	if !errors.Is(err, ErrCorrupt) || !errors.As(err, &ce) || ce.Buffer != 1 || ce.Chunk != 2 || ce.File != file || ce.Address != 0x900000 {
 		t.Fatalf("Verify: %v (%+v)", err, ce)
 	}
-	if !strings.Contains(err.Error(), "buffer 1 (0x900000) chunk 2") || !strings.Contains(err.Error(), "CRC32C") {
+	if !strings.Contains(err.Error(), "buffer 1 (0x900000) chunk 2") || !strings.Contains(err.Error(), "content hash") {
 		t.Errorf("message: %v", err)
 	}
 	r, _ := im.OpenBuffer(1)
@@ -287,5 +288,108 @@ func TestDiff(t *testing.T) {
 	}
 	if rep, _ := Diff(ia, ia); rep.Unchanged != 3 || len(rep.Changed)+len(rep.OnlyA)+len(rep.OnlyB) != 0 {
 		t.Fatalf("self diff %+v", rep)
+	}
+}
+
+// asFormat1 rewrites the committed manifest of dir as format 1 wrote it: a
+// CRC32C for every stored chunk (crcOf gives it).
+func asFormat1(t *testing.T, dir string, crcOf func(c *imagepb.Chunk, file string) uint32) {
+	t.Helper()
+	m, err := loadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.FormatVersion = 1
+	im, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for bi, b := range m.GetBuffers() {
+		for ci, c := range b.GetChunks() {
+			if c.GetLocation() != imagepb.Location_LOCATION_ZERO {
+				c.Crc32C = crcOf(c, im.ChunkFile(bi, ci))
+			}
+		}
+	}
+	data, err := encodeManifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifestPath(dir), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Images written before format 2 stay readable, and Verify still checks the
+// CRC32C they carry for uncompressed chunks.
+func TestReadsFormat1(t *testing.T) {
+	dir := t.TempDir()
+	bufs := []fxBuf{{BufferInfo{Address: 0x100000, Size: 3 * 4096}, fxRand(60, 3*4096)}}
+	fxWrite(t, dir, Options{ChunkSize: 4096}, bufs)
+	fileCRC := func(c *imagepb.Chunk, file string) uint32 {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return crc32.Checksum(data, castagnoli)
+	}
+	asFormat1(t, dir, fileCRC)
+	fxCheck(t, dir, bufs)
+	im, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := im.Manifest().GetFormatVersion(); v != 1 {
+		t.Fatalf("format %d after rewriting as 1", v)
+	}
+	if err := im.Verify(); err != nil {
+		t.Fatalf("Verify of an intact format 1 image: %v", err)
+	}
+
+	// A wrong CRC on an uncompressed chunk: reads (hash-checked) still work,
+	// Verify names the CRC.
+	asFormat1(t, dir, func(c *imagepb.Chunk, file string) uint32 { return fileCRC(c, file) ^ 1 })
+	fxCheck(t, dir, bufs)
+	if im, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.Verify(); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "CRC32C") {
+		t.Fatalf("Verify with wrong format 1 CRCs: %v", err)
+	}
+}
+
+// Format 2 writes no CRC for uncompressed chunks and one for compressed ones.
+func TestFormat2CRCOnlyForCompressed(t *testing.T) {
+	for _, comp := range []Compression{CompressionNone, CompressionZstd} {
+		dir := t.TempDir()
+		data := make([]byte, 4*4096)
+		copy(data, fxRand(61, 4096)) // one incompressible chunk, then zeros...
+		for i := 4096; i < len(data); i++ {
+			data[i] = byte(i / 7) // ...and compressible ones
+		}
+		fxWrite(t, dir, Options{ChunkSize: 4096, Compression: comp}, []fxBuf{{BufferInfo{Address: 0x100000, Size: uint64(len(data))}, data}})
+		im, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := im.Manifest().GetFormatVersion(); v != FormatVersion {
+			t.Fatalf("wrote format %d", v)
+		}
+		compressed := 0
+		for _, c := range im.Manifest().GetBuffers()[0].GetChunks() {
+			isComp := c.GetCompression() == imagepb.Compression_COMPRESSION_ZSTD
+			if isComp {
+				compressed++
+			}
+			if isComp != (c.GetCrc32C() != 0) {
+				t.Errorf("compression %v with CRC %08x", c.GetCompression(), c.GetCrc32C())
+			}
+		}
+		if (comp == CompressionZstd) != (compressed > 0) {
+			t.Errorf("compression %v: %d compressed chunks", comp, compressed)
+		}
+		if err := im.Verify(); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -106,7 +106,10 @@ func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[
 			stored, comp = out, imagepb.Compression_COMPRESSION_ZSTD
 		}
 	}
-	crc := crc32.Checksum(stored, castagnoli)
+	var crc uint32 // format 2: uncompressed chunks are covered by their hash alone
+	if comp != imagepb.Compression_COMPRESSION_NONE {
+		crc = crc32.Checksum(stored, castagnoli)
+	}
 	if err := s.writeFile(h, final, stored); err != nil {
 		return final, err
 	}
