@@ -7,15 +7,18 @@
  * gpucr_plugin.so: the CRIU (>= 4.0) plugin. Each hook is forwarded to the
  * gpucr helper (docs/helper-protocol.md, ROLE_PLUGIN):
  *
- *   init(RESTORE)            DIR/gpucr/manifest.pb exists -> PrepareRestore{DIR};
- *                            failure fails the restore before anything changed
+ *   init(RESTORE)            DIR/gpucr/manifest.pb exists -> PrepareRestore{DIR}:
+ *                            the helper checks the image and makes the memory,
+ *                            then loads it while CRIU restores; failure fails
+ *                            the restore before anything changed
  *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach}; a pid the
  *                            helper does not know (or no helper) -> -ENOTSUP
  *   CHECKPOINT_DEVICES(pid)  0 for a pid checkpointed above, else -ENOTSUP
  *   exit(DUMP, ret)          DumpDone{pid, alive} for each checkpointed pid (see
  *                            dumpdone_monitor: CRIU calls exit before it kills
  *                            or resumes the tree)
- *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid}
+ *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid} (waits for the
+ *                            load); failure kills pid (kill_restored)
  *
  * Messages go to stderr, prefixed "gpucr_plugin: "; GPUCR_LOG=debug adds
  * debug lines. Replies are waited for without a timeout (a checkpoint of a
@@ -24,6 +27,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -368,6 +372,18 @@ static int gpucr_checkpoint_devices(int pid) {
     return -ENOTSUP;
 }
 
+/* A restored process whose GPU memory could not be restored must not run: it
+ * would wait for that memory forever, or compute on garbage. CRIU 4.1 ignores
+ * what this hook returns (cr-restore.c logs it at debug level and goes on), so
+ * the plugin kills the task itself. The task is still ptrace-stopped by CRIU;
+ * CRIU's next step, restoring its registers and detaching, then fails on the
+ * dead task, and CRIU fails the restore and kills the rest of the tree. */
+static void kill_restored(int pid, const char *why) {
+    perr("GPU restore of pid %d failed: %s; killing it (it cannot run without its GPU memory)", pid, why);
+    if (kill(pid, SIGKILL) < 0 && errno != ESRCH)
+        perr("kill pid %d: %s", pid, strerror(errno));
+}
+
 static int gpucr_resume_devices_late(int pid) {
     if (!P.prepared || P.sock < 0)
         return -ENOTSUP;
@@ -379,7 +395,7 @@ static int gpucr_resume_devices_late(int pid) {
     Resp *r = NULL;
     int rc = roundtrip(&req, &r);
     if (rc < 0) {
-        perr("restored pid %d: %s", pid, transport_err(rc));
+        kill_restored(pid, transport_err(rc));
         return -1;
     }
     int ret = 0;
@@ -387,7 +403,9 @@ static int gpucr_resume_devices_late(int pid) {
         if (r->error->code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
             ret = -ENOTSUP;
         } else {
-            perr("GPU restore of pid %d failed: %s: %s", pid, code_name(r->error->code), r->error->message);
+            char why[1024];
+            snprintf(why, sizeof why, "%s: %s", code_name(r->error->code), r->error->message);
+            kill_restored(pid, why);
             ret = -1;
         }
     }
@@ -445,7 +463,7 @@ static int prepare_restore(void) {
     }
     gpucr__helper__v1__response__free_unpacked(r, NULL);
     P.prepared = true;
-    pdebug("GPU state in %s loaded by the helper", dir);
+    pdebug("GPU state in %s checked and being loaded by the helper", dir);
     return 0;
 }
 

@@ -393,3 +393,43 @@ func TestFormat2CRCOnlyForCompressed(t *testing.T) {
 		}
 	}
 }
+
+// CheckFiles finds missing, truncated and replaced chunk files without
+// reading them; damage inside a file is left to the reads.
+func TestCheckFiles(t *testing.T) {
+	dir := t.TempDir()
+	bufs := []fxBuf{{BufferInfo{Address: 0x100000, Size: 4 * 4096}, fxRand(62, 4*4096)}}
+	fxWrite(t, dir, Options{ChunkSize: 4096}, bufs)
+	im, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := im.CheckFiles(); err != nil {
+		t.Fatalf("intact image: %v", err)
+	}
+	file := im.ChunkFile(0, 1)
+	data, _ := os.ReadFile(file)
+
+	data[7] ^= 1 // same size: not CheckFiles' business
+	os.WriteFile(file, data, 0o644)
+	if err := im.CheckFiles(); err != nil {
+		t.Errorf("flipped bit: %v", err)
+	}
+	for _, tc := range []struct {
+		name, want string
+		damage     func()
+	}{
+		{"truncated", "has 4095 bytes", func() { os.WriteFile(file, data[:4095], 0o644) }},
+		{"missing", "missing", func() { os.Remove(file) }},
+		{"symlink", "symlink", func() { os.Remove(file); os.Symlink(im.ChunkFile(0, 0), file) }},
+	} {
+		tc.damage()
+		err := im.CheckFiles()
+		var ce *ChunkError
+		if !errors.Is(err, ErrCorrupt) || !errors.As(err, &ce) || ce.Chunk != 1 || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		os.Remove(file)
+		os.WriteFile(file, data, 0o644)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // The whole-process checkpoint and restore: CRIU through go-criu (swrk),
@@ -61,6 +62,7 @@ type notifier struct {
 	w     io.Writer
 	start time.Time
 	pid   int32
+	gpu   *helperpb.Transfer // the helper's copy of the GPU data, if it saw one
 }
 
 func (n *notifier) say(what string) {
@@ -119,9 +121,19 @@ func criuRun(c *ucli.Context, dir string, dump bool, fill func(*rpc.CriuOpts)) (
 		n.w = c.App.Writer
 	}
 	// The plugin, inside CRIU, reaches the helper this command was told about.
-	if err := os.Setenv("GPUCR_SOCKET", client.SocketPath(c.String("socket"))); err != nil {
+	socket := client.SocketPath(c.String("socket"))
+	if err := os.Setenv("GPUCR_SOCKET", socket); err != nil {
 		return nil, err
 	}
+	var bar io.Writer
+	if n.w != nil && isTerminal(n.w) {
+		bar = n.w
+	}
+	dir0 := helperpb.Transfer_DIRECTION_LOAD
+	if dump {
+		dir0 = helperpb.Transfer_DIRECTION_DUMP
+	}
+	watch := watchGPU(socket, dir, dir0, n.start, bar)
 	cr := criu.MakeCriu()
 	if p := os.Getenv("GPUCR_CRIU"); p != "" {
 		cr.SetCriuPath(p)
@@ -130,6 +142,10 @@ func criuRun(c *ucli.Context, dir string, dump bool, fill func(*rpc.CriuOpts)) (
 		err = cr.Dump(opts, n)
 	} else {
 		err = cr.Restore(opts, n)
+	}
+	n.gpu = watch.stop()
+	if _, line := gpuSummary(n.gpu); line != "" && n.w != nil {
+		fmt.Fprintf(n.w, "  %s\n", line)
 	}
 	if err != nil {
 		return n, fmt.Errorf("criu %s: %w (see %s)", map[bool]string{true: "dump", false: "restore"}[dump], err, filepath.Join(dir, log))
@@ -157,8 +173,9 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir string) error {
 	if err != nil {
 		return err
 	}
+	gpu, _ := gpuSummary(n.gpu)
 	return report(c, map[string]any{"pid": pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds(),
-		"image_bytes": dirBytes(dir), "leave_running": c.Bool("leave-running")},
+		"image_bytes": dirBytes(dir), "leave_running": c.Bool("leave-running"), "gpu": gpu},
 		fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, time.Since(n.start).Seconds(), humanBytes(uint64(dirBytes(dir))), dir))
 }
 
@@ -192,7 +209,8 @@ func restoreCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			return report(c, map[string]any{"pid": n.pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds()},
+			gpu, _ := gpuSummary(n.gpu)
+			return report(c, map[string]any{"pid": n.pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds(), "gpu": gpu},
 				fmt.Sprintf("restore: pid %d running again after %.3f s", n.pid, time.Since(n.start).Seconds()))
 		},
 	}

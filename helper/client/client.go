@@ -134,6 +134,20 @@ func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) {
 	return st, nil
 }
 
+// Transfers lists the helper's GPU copies of image directory dir ("" for
+// all), oldest first.
+func (c *Conn) Transfers(ctx context.Context, dir string) ([]*helperpb.Transfer, error) {
+	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Transfers{Transfers: &helperpb.Transfers{ImageDir: dir}}})
+	if err != nil {
+		return nil, err
+	}
+	tr := resp.GetTransfers()
+	if tr == nil {
+		return nil, errors.New("Transfers answered without TransfersReply")
+	}
+	return tr.GetTransfers(), nil
+}
+
 // ClientOp runs op on the client process pid through the helper.
 func (c *Conn) ClientOp(ctx context.Context, pid int64, op helperpb.ClientOp_Op, timeout time.Duration) (*helperpb.ClientOpReply, error) {
 	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: &helperpb.ClientOp{

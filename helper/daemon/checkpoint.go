@@ -170,7 +170,14 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if err != nil {
 		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
-	if err := engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{}); err != nil {
+	var bytes uint64
+	for _, r := range regions {
+		bytes += r.Size
+	}
+	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
+	err = engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
+	tr.finish(err)
+	if err != nil {
 		if !req.DeferCommit {
 			_ = w.Abort()
 		} // a shared writer is dropped by CommitImage{abort} or when the connection closes

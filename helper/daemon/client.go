@@ -40,8 +40,9 @@ type client struct {
 	detached bool
 	restored bool
 	onAttach func()
-	nsPid    int32 // restored: the pid inside its namespace, from the image
-	wakeAs   int32 // restored: the pid its wake file is named after (the one it detached as)
+	nsPid    int32        // restored: the pid inside its namespace, from the image
+	wakeAs   int32        // restored: the pid its wake file is named after (the one it detached as)
+	load     *restoreLoad // restored: the background load that fills its memory
 }
 
 type alloc struct {

@@ -174,17 +174,36 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
 }
 
-// prepareRestore runs a PrepareRestore request: every buffer of the image
-// gets new helper memory, filled from the image; nothing is kept if any of
-// it fails.
-func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, []int32) {
-	r, pids := s.prepareRestoreInner(id, req)
-	return r, pids
+// restoreLoad is the load of one PrepareRestore's image into the memory it
+// made, running while CRIU restores the processes.
+type restoreLoad struct {
+	done chan struct{} // closed when the load has ended
+	err  error         // its result; read only after done
 }
 
-func (s *Server) prepareRestoreInner(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, []int32) {
+// wait blocks until the load has ended and returns its error.
+func (l *restoreLoad) wait() error {
+	if l == nil {
+		return nil
+	}
+	<-l.done
+	return l.err
+}
+
+// prepareRestore runs a PrepareRestore request. Everything that can refuse
+// the restore cheaply is checked before it answers, while nothing has been
+// changed: the manifest, every chunk file's presence and size, a GPU for
+// every buffer, and new helper memory for each (out of memory refuses it).
+// Then it answers and fills that memory from the image in the background, so
+// that the GPU data moves while CRIU restores the CPU side; Restored waits for
+// the load. Damage inside a chunk file is only found by that load: Restored
+// then fails, and the plugin kills the restored process (see restored).
+func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, []int32) {
 	im, err := image.Open(req.ImageDir)
 	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
+	}
+	if err := im.CheckFiles(); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
 	infos := im.Buffers()
@@ -232,11 +251,7 @@ func (s *Server) prepareRestoreInner(id uint64, req *helperpb.PrepareRestore) (*
 			Address: b.Address, Kind: b.Kind})
 		bufs = append(bufs, i)
 	}
-	start := time.Now()
-	if err := engine.Load(regions, im, bufs, engine.Options{}); err != nil {
-		undo()
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "load the GPU image: %v", err), nil
-	}
+	load := &restoreLoad{done: make(chan struct{})}
 	s.mu.Lock()
 	for pid, cl := range byPid {
 		if old := s.waiting[int32(pid)]; old != nil || s.byPID[int32(pid)] != nil {
@@ -247,14 +262,36 @@ func (s *Server) prepareRestoreInner(id uint64, req *helperpb.PrepareRestore) (*
 		_ = cl
 	}
 	for pid, cl := range byPid {
+		cl.load = load
 		s.waiting[int32(pid)] = cl
 		for aid := range cl.allocs {
 			s.owner[aid] = cl
 		}
 	}
 	s.mu.Unlock()
-	s.log.Info("GPU image loaded for restore", zap.String("image", req.ImageDir), zap.Int("buffers", len(regions)),
-		zap.Duration("took", time.Since(start)))
+	go func() {
+		start := time.Now()
+		var bytes uint64
+		for _, r := range regions {
+			bytes += r.Size
+		}
+		var pids []int64
+		for pid := range byPid {
+			pids = append(pids, int64(pid))
+		}
+		tr := s.transfers.begin(req.ImageDir, false, bytes, pids)
+		load.err = engine.Load(regions, im, bufs, engine.Options{Progress: tr.progress})
+		tr.finish(load.err)
+		took := time.Since(start)
+		if load.err != nil {
+			s.log.Error("loading the GPU image for a restore failed", zap.String("image", req.ImageDir), zap.Error(load.err))
+		} else {
+			s.log.Info("GPU image loaded for restore", zap.String("image", req.ImageDir), zap.Int("buffers", len(regions)),
+				zap.Uint64("bytes", bytes), zap.Duration("took", took),
+				zap.Float64("gb_per_s", float64(bytes)/1e9/max(took.Seconds(), 1e-9)))
+		}
+		close(load.done)
+	}()
 	var pids []int32
 	for pid := range byPid {
 		pids = append(pids, int32(pid))
@@ -297,6 +334,20 @@ func (s *Server) restored(id uint64, req *helperpb.Restored) *helperpb.Response 
 	s.mu.Unlock()
 	if cl == nil || !cl.restored {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no restored GPU memory for pid %d", req.Pid)
+	}
+	// The process may run only with all of its memory in place.
+	if err := cl.load.wait(); err != nil {
+		s.mu.Lock()
+		if s.waiting[cl.pid] == cl {
+			delete(s.waiting, cl.pid)
+		}
+		s.mu.Unlock()
+		s.release(cl)
+		code := helperpb.ErrorCode_ERROR_DRIVER
+		if errors.Is(err, image.ErrCorrupt) {
+			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
+		}
+		return errResp(id, code, "pid %d: loading its GPU image: %v", req.Pid, err)
 	}
 	cl.mu.Lock()
 	cl.onAttach = func() { s.giveBack(cl, true, nil) }
@@ -386,6 +437,13 @@ func (s *Server) dropUnrestored(pids []int32) {
 	for _, pid := range pids {
 		s.mu.Lock()
 		cl := s.waiting[pid]
+		s.mu.Unlock()
+		if cl == nil {
+			continue
+		}
+		_ = cl.load.wait() // the engines may still be writing into that memory
+		s.mu.Lock()
+		cl = s.waiting[pid]
 		var drop bool
 		if cl != nil && cl.restored {
 			cl.mu.Lock()

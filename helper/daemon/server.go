@@ -74,6 +74,7 @@ type Server struct {
 	waiting   map[int32]*client        // detached or restored, by pid (detach.go)
 	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
 	conns     map[*net.UnixConn]struct{}
+	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
 	nextAlloc atomic.Uint64
 	wg        sync.WaitGroup

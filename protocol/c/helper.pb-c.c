@@ -1672,7 +1672,142 @@ void   gpucr__helper__v1__restored__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__restored__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[21] =
+void   gpucr__helper__v1__transfers__init
+                     (Gpucr__Helper__V1__Transfers         *message)
+{
+  static const Gpucr__Helper__V1__Transfers init_value = GPUCR__HELPER__V1__TRANSFERS__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__transfers__get_packed_size
+                     (const Gpucr__Helper__V1__Transfers *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__transfers__pack
+                     (const Gpucr__Helper__V1__Transfers *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__transfers__pack_to_buffer
+                     (const Gpucr__Helper__V1__Transfers *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Transfers *
+       gpucr__helper__v1__transfers__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Transfers *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__transfers__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__transfers__free_unpacked
+                     (Gpucr__Helper__V1__Transfers *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__transfers_reply__init
+                     (Gpucr__Helper__V1__TransfersReply         *message)
+{
+  static const Gpucr__Helper__V1__TransfersReply init_value = GPUCR__HELPER__V1__TRANSFERS_REPLY__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__transfers_reply__get_packed_size
+                     (const Gpucr__Helper__V1__TransfersReply *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__transfers_reply__pack
+                     (const Gpucr__Helper__V1__TransfersReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__transfers_reply__pack_to_buffer
+                     (const Gpucr__Helper__V1__TransfersReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__TransfersReply *
+       gpucr__helper__v1__transfers_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__TransfersReply *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__transfers_reply__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__transfers_reply__free_unpacked
+                     (Gpucr__Helper__V1__TransfersReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__transfers_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__transfer__init
+                     (Gpucr__Helper__V1__Transfer         *message)
+{
+  static const Gpucr__Helper__V1__Transfer init_value = GPUCR__HELPER__V1__TRANSFER__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__transfer__get_packed_size
+                     (const Gpucr__Helper__V1__Transfer *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__transfer__pack
+                     (const Gpucr__Helper__V1__Transfer *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__transfer__pack_to_buffer
+                     (const Gpucr__Helper__V1__Transfer *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Transfer *
+       gpucr__helper__v1__transfer__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Transfer *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__transfer__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__transfer__free_unpacked
+                     (Gpucr__Helper__V1__Transfer *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[22] =
 {
   {
     "id",
@@ -1926,6 +2061,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "transfers",
+    28,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, transfers),
+    &gpucr__helper__v1__transfers__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   2,   /* field[2] = alloc */
@@ -1949,13 +2096,14 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   16,   /* field[16] = resume_checkpointed */
   10,   /* field[10] = snapshot */
   13,   /* field[13] = status */
+  21,   /* field[21] = transfers */
 };
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] =
 {
   { 1, 0 },
   { 10, 5 },
   { 20, 13 },
-  { 0, 21 }
+  { 0, 22 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -1965,14 +2113,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  21,
+  22,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   3,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[10] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[11] =
 {
   {
     "id",
@@ -2094,6 +2242,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "transfers",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, transfers),
+    &gpucr__helper__v1__transfers_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   3,   /* field[3] = alloc */
@@ -2106,11 +2266,12 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   6,   /* field[6] = stats */
   7,   /* field[7] = status */
   5,   /* field[5] = table */
+  10,   /* field[10] = transfers */
 };
 static const ProtobufCIntRange gpucr__helper__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 10 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
 {
@@ -2120,7 +2281,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
   "Gpucr__Helper__V1__Response",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Response),
-  10,
+  11,
   gpucr__helper__v1__response__field_descriptors,
   gpucr__helper__v1__response__field_indices_by_name,
   1,  gpucr__helper__v1__response__number_ranges,
@@ -4330,6 +4491,254 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__restored__descriptor =
   gpucr__helper__v1__restored__field_indices_by_name,
   1,  gpucr__helper__v1__restored__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__restored__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfers__field_descriptors[1] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfers, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__transfers__field_indices_by_name[] = {
+  0,   /* field[0] = image_dir */
+};
+static const ProtobufCIntRange gpucr__helper__v1__transfers__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__transfers__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Transfers",
+  "Transfers",
+  "Gpucr__Helper__V1__Transfers",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Transfers),
+  1,
+  gpucr__helper__v1__transfers__field_descriptors,
+  gpucr__helper__v1__transfers__field_indices_by_name,
+  1,  gpucr__helper__v1__transfers__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__transfers__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfers_reply__field_descriptors[1] =
+{
+  {
+    "transfers",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__TransfersReply, n_transfers),
+    offsetof(Gpucr__Helper__V1__TransfersReply, transfers),
+    &gpucr__helper__v1__transfer__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__transfers_reply__field_indices_by_name[] = {
+  0,   /* field[0] = transfers */
+};
+static const ProtobufCIntRange gpucr__helper__v1__transfers_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__transfers_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.TransfersReply",
+  "TransfersReply",
+  "Gpucr__Helper__V1__TransfersReply",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__TransfersReply),
+  1,
+  gpucr__helper__v1__transfers_reply__field_descriptors,
+  gpucr__helper__v1__transfers_reply__field_indices_by_name,
+  1,  gpucr__helper__v1__transfers_reply__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__transfers_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCEnumValue gpucr__helper__v1__transfer__direction__enum_values_by_number[3] =
+{
+  { "DIRECTION_UNSPECIFIED", "GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED", 0 },
+  { "DIRECTION_DUMP", "GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_DUMP", 1 },
+  { "DIRECTION_LOAD", "GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_LOAD", 2 },
+};
+static const ProtobufCIntRange gpucr__helper__v1__transfer__direction__value_ranges[] = {
+{0, 0},{0, 3}
+};
+static const ProtobufCEnumValueIndex gpucr__helper__v1__transfer__direction__enum_values_by_name[3] =
+{
+  { "DIRECTION_DUMP", 1 },
+  { "DIRECTION_LOAD", 2 },
+  { "DIRECTION_UNSPECIFIED", 0 },
+};
+const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Transfer.Direction",
+  "Direction",
+  "Gpucr__Helper__V1__Transfer__Direction",
+  "gpucr.helper.v1",
+  3,
+  gpucr__helper__v1__transfer__direction__enum_values_by_number,
+  3,
+  gpucr__helper__v1__transfer__direction__enum_values_by_name,
+  1,
+  gpucr__helper__v1__transfer__direction__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[9] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "direction",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, direction),
+    &gpucr__helper__v1__transfer__direction__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bytes_done",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, bytes_done),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bytes_total",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, bytes_total),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "started_unix_ms",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, started_unix_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "elapsed_us",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, elapsed_us),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "finished",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, finished),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "error",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, error),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pids",
+    9,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Gpucr__Helper__V1__Transfer, n_pids),
+    offsetof(Gpucr__Helper__V1__Transfer, pids),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
+  2,   /* field[2] = bytes_done */
+  3,   /* field[3] = bytes_total */
+  1,   /* field[1] = direction */
+  5,   /* field[5] = elapsed_us */
+  7,   /* field[7] = error */
+  6,   /* field[6] = finished */
+  0,   /* field[0] = image_dir */
+  8,   /* field[8] = pids */
+  4,   /* field[4] = started_unix_ms */
+};
+static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 9 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Transfer",
+  "Transfer",
+  "Gpucr__Helper__V1__Transfer",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Transfer),
+  9,
+  gpucr__helper__v1__transfer__field_descriptors,
+  gpucr__helper__v1__transfer__field_indices_by_name,
+  1,  gpucr__helper__v1__transfer__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__transfer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue gpucr__helper__v1__version__enum_values_by_number[2] =

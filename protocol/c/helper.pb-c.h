@@ -52,6 +52,9 @@ typedef struct Gpucr__Helper__V1__Detach Gpucr__Helper__V1__Detach;
 typedef struct Gpucr__Helper__V1__DumpDone Gpucr__Helper__V1__DumpDone;
 typedef struct Gpucr__Helper__V1__PrepareRestore Gpucr__Helper__V1__PrepareRestore;
 typedef struct Gpucr__Helper__V1__Restored Gpucr__Helper__V1__Restored;
+typedef struct Gpucr__Helper__V1__Transfers Gpucr__Helper__V1__Transfers;
+typedef struct Gpucr__Helper__V1__TransfersReply Gpucr__Helper__V1__TransfersReply;
+typedef struct Gpucr__Helper__V1__Transfer Gpucr__Helper__V1__Transfer;
 
 
 /* --- enums --- */
@@ -67,6 +70,18 @@ typedef enum _Gpucr__Helper__V1__ClientOp__Op {
   GPUCR__HELPER__V1__CLIENT_OP__OP__OP_STATS = 7
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__CLIENT_OP__OP)
 } Gpucr__Helper__V1__ClientOp__Op;
+typedef enum _Gpucr__Helper__V1__Transfer__Direction {
+  GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED = 0,
+  /*
+   * GPU -> image
+   */
+  GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_DUMP = 1,
+  /*
+   * image -> GPU
+   */
+  GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_LOAD = 2
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__TRANSFER__DIRECTION)
+} Gpucr__Helper__V1__Transfer__Direction;
 typedef enum _Gpucr__Helper__V1__Version {
   GPUCR__HELPER__V1__VERSION__VERSION_UNSPECIFIED = 0,
   GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION = 1
@@ -193,7 +208,8 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_DUMP_DONE = 24,
   GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE = 25,
   GPUCR__HELPER__V1__REQUEST__BODY_RESTORED = 26,
-  GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE = 27
+  GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE = 27,
+  GPUCR__HELPER__V1__REQUEST__BODY_TRANSFERS = 28
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -238,6 +254,10 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__PrepareRestore *prepare_restore;
     Gpucr__Helper__V1__Restored *restored;
     Gpucr__Helper__V1__CommitImage *commit_image;
+    /*
+     * ROLE_CLI / ROLE_PLUGIN -> helper
+     */
+    Gpucr__Helper__V1__Transfers *transfers;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -254,7 +274,8 @@ typedef enum {
   GPUCR__HELPER__V1__RESPONSE__BODY_STATS = 7,
   GPUCR__HELPER__V1__RESPONSE__BODY_STATUS = 8,
   GPUCR__HELPER__V1__RESPONSE__BODY_CLIENT_OP = 9,
-  GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT = 10
+  GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT = 10,
+  GPUCR__HELPER__V1__RESPONSE__BODY_TRANSFERS = 11
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESPONSE__BODY__CASE)
 } Gpucr__Helper__V1__Response__BodyCase;
 
@@ -276,6 +297,7 @@ struct  Gpucr__Helper__V1__Response
     Gpucr__Helper__V1__StatusReply *status;
     Gpucr__Helper__V1__ClientOpReply *client_op;
     Gpucr__Helper__V1__CheckpointReply *checkpoint;
+    Gpucr__Helper__V1__TransfersReply *transfers;
   };
 };
 #define GPUCR__HELPER__V1__RESPONSE__INIT \
@@ -894,6 +916,70 @@ struct  Gpucr__Helper__V1__Restored
 #define GPUCR__HELPER__V1__RESTORED__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__restored__descriptor) \
     , 0 }
+
+
+/*
+ * Transfers asks for the GPU copies the helper runs or ran lately (a
+ * checkpoint's copy into an image, the load of an image for a restore): what
+ * progress displays show. The helper keeps the last 32 finished ones.
+ */
+struct  Gpucr__Helper__V1__Transfers
+{
+  ProtobufCMessage base;
+  /*
+   * Only the copies of this image directory (symlinks resolved by the
+   * helper); "" for all.
+   */
+  char *image_dir;
+};
+#define GPUCR__HELPER__V1__TRANSFERS__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfers__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+struct  Gpucr__Helper__V1__TransfersReply
+{
+  ProtobufCMessage base;
+  /*
+   * Oldest first.
+   */
+  size_t n_transfers;
+  Gpucr__Helper__V1__Transfer **transfers;
+};
+#define GPUCR__HELPER__V1__TRANSFERS_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfers_reply__descriptor) \
+    , 0,NULL }
+
+
+struct  Gpucr__Helper__V1__Transfer
+{
+  ProtobufCMessage base;
+  /*
+   * Absolute, symlinks resolved.
+   */
+  char *image_dir;
+  Gpucr__Helper__V1__Transfer__Direction direction;
+  uint64_t bytes_done;
+  uint64_t bytes_total;
+  int64_t started_unix_ms;
+  /*
+   * Time spent so far, or the whole copy's once finished.
+   */
+  uint64_t elapsed_us;
+  protobuf_c_boolean finished;
+  /*
+   * Set if the copy failed.
+   */
+  char *error;
+  /*
+   * Processes whose memory it moves.
+   */
+  size_t n_pids;
+  int64_t *pids;
+};
+#define GPUCR__HELPER__V1__TRANSFER__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL }
 
 
 /* Gpucr__Helper__V1__Request methods */
@@ -1599,6 +1685,63 @@ Gpucr__Helper__V1__Restored *
 void   gpucr__helper__v1__restored__free_unpacked
                      (Gpucr__Helper__V1__Restored *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Transfers methods */
+void   gpucr__helper__v1__transfers__init
+                     (Gpucr__Helper__V1__Transfers         *message);
+size_t gpucr__helper__v1__transfers__get_packed_size
+                     (const Gpucr__Helper__V1__Transfers   *message);
+size_t gpucr__helper__v1__transfers__pack
+                     (const Gpucr__Helper__V1__Transfers   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__transfers__pack_to_buffer
+                     (const Gpucr__Helper__V1__Transfers   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Transfers *
+       gpucr__helper__v1__transfers__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__transfers__free_unpacked
+                     (Gpucr__Helper__V1__Transfers *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__TransfersReply methods */
+void   gpucr__helper__v1__transfers_reply__init
+                     (Gpucr__Helper__V1__TransfersReply         *message);
+size_t gpucr__helper__v1__transfers_reply__get_packed_size
+                     (const Gpucr__Helper__V1__TransfersReply   *message);
+size_t gpucr__helper__v1__transfers_reply__pack
+                     (const Gpucr__Helper__V1__TransfersReply   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__transfers_reply__pack_to_buffer
+                     (const Gpucr__Helper__V1__TransfersReply   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__TransfersReply *
+       gpucr__helper__v1__transfers_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__transfers_reply__free_unpacked
+                     (Gpucr__Helper__V1__TransfersReply *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Transfer methods */
+void   gpucr__helper__v1__transfer__init
+                     (Gpucr__Helper__V1__Transfer         *message);
+size_t gpucr__helper__v1__transfer__get_packed_size
+                     (const Gpucr__Helper__V1__Transfer   *message);
+size_t gpucr__helper__v1__transfer__pack
+                     (const Gpucr__Helper__V1__Transfer   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__transfer__pack_to_buffer
+                     (const Gpucr__Helper__V1__Transfer   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Transfer *
+       gpucr__helper__v1__transfer__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__transfer__free_unpacked
+                     (Gpucr__Helper__V1__Transfer *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Gpucr__Helper__V1__Request_Closure)
@@ -1712,6 +1855,15 @@ typedef void (*Gpucr__Helper__V1__PrepareRestore_Closure)
 typedef void (*Gpucr__Helper__V1__Restored_Closure)
                  (const Gpucr__Helper__V1__Restored *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__Transfers_Closure)
+                 (const Gpucr__Helper__V1__Transfers *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__TransfersReply_Closure)
+                 (const Gpucr__Helper__V1__TransfersReply *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__Transfer_Closure)
+                 (const Gpucr__Helper__V1__Transfer *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -1761,6 +1913,10 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__restored__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfers__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfers_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor;
+extern const ProtobufCEnumDescriptor    gpucr__helper__v1__transfer__direction__descriptor;
 
 PROTOBUF_C__END_DECLS
 

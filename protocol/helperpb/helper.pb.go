@@ -389,6 +389,55 @@ func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{26, 0}
 }
 
+type Transfer_Direction int32
+
+const (
+	Transfer_DIRECTION_UNSPECIFIED Transfer_Direction = 0
+	Transfer_DIRECTION_DUMP        Transfer_Direction = 1 // GPU -> image
+	Transfer_DIRECTION_LOAD        Transfer_Direction = 2 // image -> GPU
+)
+
+// Enum value maps for Transfer_Direction.
+var (
+	Transfer_Direction_name = map[int32]string{
+		0: "DIRECTION_UNSPECIFIED",
+		1: "DIRECTION_DUMP",
+		2: "DIRECTION_LOAD",
+	}
+	Transfer_Direction_value = map[string]int32{
+		"DIRECTION_UNSPECIFIED": 0,
+		"DIRECTION_DUMP":        1,
+		"DIRECTION_LOAD":        2,
+	}
+)
+
+func (x Transfer_Direction) Enum() *Transfer_Direction {
+	p := new(Transfer_Direction)
+	*p = x
+	return p
+}
+
+func (x Transfer_Direction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Transfer_Direction) Descriptor() protoreflect.EnumDescriptor {
+	return file_protocol_helper_proto_enumTypes[6].Descriptor()
+}
+
+func (Transfer_Direction) Type() protoreflect.EnumType {
+	return &file_protocol_helper_proto_enumTypes[6]
+}
+
+func (x Transfer_Direction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Transfer_Direction.Descriptor instead.
+func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39, 0}
+}
+
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Echoed in the Response.
@@ -415,6 +464,7 @@ type Request struct {
 	//	*Request_PrepareRestore
 	//	*Request_Restored
 	//	*Request_CommitImage
+	//	*Request_Transfers
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -644,6 +694,15 @@ func (x *Request) GetCommitImage() *CommitImage {
 	return nil
 }
 
+func (x *Request) GetTransfers() *Transfers {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Transfers); ok {
+			return x.Transfers
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -732,6 +791,11 @@ type Request_CommitImage struct {
 	CommitImage *CommitImage `protobuf:"bytes,27,opt,name=commit_image,json=commitImage,proto3,oneof"`
 }
 
+type Request_Transfers struct {
+	// ROLE_CLI / ROLE_PLUGIN -> helper
+	Transfers *Transfers `protobuf:"bytes,28,opt,name=transfers,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -772,6 +836,8 @@ func (*Request_Restored) isRequest_Body() {}
 
 func (*Request_CommitImage) isRequest_Body() {}
 
+func (*Request_Transfers) isRequest_Body() {}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -787,6 +853,7 @@ type Response struct {
 	//	*Response_Status
 	//	*Response_ClientOp
 	//	*Response_Checkpoint
+	//	*Response_Transfers
 	Body          isResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -915,6 +982,15 @@ func (x *Response) GetCheckpoint() *CheckpointReply {
 	return nil
 }
 
+func (x *Response) GetTransfers() *TransfersReply {
+	if x != nil {
+		if x, ok := x.Body.(*Response_Transfers); ok {
+			return x.Transfers
+		}
+	}
+	return nil
+}
+
 type isResponse_Body interface {
 	isResponse_Body()
 }
@@ -951,6 +1027,10 @@ type Response_Checkpoint struct {
 	Checkpoint *CheckpointReply `protobuf:"bytes,10,opt,name=checkpoint,proto3,oneof"`
 }
 
+type Response_Transfers struct {
+	Transfers *TransfersReply `protobuf:"bytes,11,opt,name=transfers,proto3,oneof"`
+}
+
 func (*Response_Hello) isResponse_Body() {}
 
 func (*Response_Alloc) isResponse_Body() {}
@@ -966,6 +1046,8 @@ func (*Response_Status) isResponse_Body() {}
 func (*Response_ClientOp) isResponse_Body() {}
 
 func (*Response_Checkpoint) isResponse_Body() {}
+
+func (*Response_Transfers) isResponse_Body() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3132,11 +3214,217 @@ func (x *Restored) GetPid() int64 {
 	return 0
 }
 
+// Transfers asks for the GPU copies the helper runs or ran lately (a
+// checkpoint's copy into an image, the load of an image for a restore): what
+// progress displays show. The helper keeps the last 32 finished ones.
+type Transfers struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the copies of this image directory (symlinks resolved by the
+	// helper); "" for all.
+	ImageDir      string `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Transfers) Reset() {
+	*x = Transfers{}
+	mi := &file_protocol_helper_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Transfers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Transfers) ProtoMessage() {}
+
+func (x *Transfers) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
+func (*Transfers) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Transfers) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+type TransfersReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first.
+	Transfers     []*Transfer `protobuf:"bytes,1,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransfersReply) Reset() {
+	*x = TransfersReply{}
+	mi := &file_protocol_helper_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransfersReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransfersReply) ProtoMessage() {}
+
+func (x *TransfersReply) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
+func (*TransfersReply) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *TransfersReply) GetTransfers() []*Transfer {
+	if x != nil {
+		return x.Transfers
+	}
+	return nil
+}
+
+type Transfer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Absolute, symlinks resolved.
+	ImageDir      string             `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	Direction     Transfer_Direction `protobuf:"varint,2,opt,name=direction,proto3,enum=gpucr.helper.v1.Transfer_Direction" json:"direction,omitempty"`
+	BytesDone     uint64             `protobuf:"varint,3,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal    uint64             `protobuf:"varint,4,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	StartedUnixMs int64              `protobuf:"varint,5,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	// Time spent so far, or the whole copy's once finished.
+	ElapsedUs uint64 `protobuf:"varint,6,opt,name=elapsed_us,json=elapsedUs,proto3" json:"elapsed_us,omitempty"`
+	Finished  bool   `protobuf:"varint,7,opt,name=finished,proto3" json:"finished,omitempty"`
+	// Set if the copy failed.
+	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	// Processes whose memory it moves.
+	Pids          []int64 `protobuf:"varint,9,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Transfer) Reset() {
+	*x = Transfer{}
+	mi := &file_protocol_helper_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Transfer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Transfer) ProtoMessage() {}
+
+func (x *Transfer) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
+func (*Transfer) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *Transfer) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *Transfer) GetDirection() Transfer_Direction {
+	if x != nil {
+		return x.Direction
+	}
+	return Transfer_DIRECTION_UNSPECIFIED
+}
+
+func (x *Transfer) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *Transfer) GetBytesTotal() uint64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *Transfer) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *Transfer) GetElapsedUs() uint64 {
+	if x != nil {
+		return x.ElapsedUs
+	}
+	return 0
+}
+
+func (x *Transfer) GetFinished() bool {
+	if x != nil {
+		return x.Finished
+	}
+	return false
+}
+
+func (x *Transfer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Transfer) GetPids() []int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
 var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\x8c\t\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xc8\t\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -3161,8 +3449,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tdump_done\x18\x18 \x01(\v2\x19.gpucr.helper.v1.DumpDoneH\x00R\bdumpDone\x12J\n" +
 	"\x0fprepare_restore\x18\x19 \x01(\v2\x1f.gpucr.helper.v1.PrepareRestoreH\x00R\x0eprepareRestore\x127\n" +
 	"\brestored\x18\x1a \x01(\v2\x19.gpucr.helper.v1.RestoredH\x00R\brestored\x12A\n" +
-	"\fcommit_image\x18\x1b \x01(\v2\x1c.gpucr.helper.v1.CommitImageH\x00R\vcommitImageB\x06\n" +
-	"\x04body\"\x88\x04\n" +
+	"\fcommit_image\x18\x1b \x01(\v2\x1c.gpucr.helper.v1.CommitImageH\x00R\vcommitImage\x12:\n" +
+	"\ttransfers\x18\x1c \x01(\v2\x1a.gpucr.helper.v1.TransfersH\x00R\ttransfersB\x06\n" +
+	"\x04body\"\xc9\x04\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
 	"\x05error\x18\x02 \x01(\v2\x16.gpucr.helper.v1.ErrorR\x05error\x123\n" +
@@ -3176,7 +3465,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"checkpoint\x18\n" +
 	" \x01(\v2 .gpucr.helper.v1.CheckpointReplyH\x00R\n" +
-	"checkpointB\x06\n" +
+	"checkpoint\x12?\n" +
+	"\ttransfers\x18\v \x01(\v2\x1f.gpucr.helper.v1.TransfersReplyH\x00R\ttransfersB\x06\n" +
 	"\x04body\"Q\n" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
@@ -3343,7 +3633,28 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0ePrepareRestore\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\x1c\n" +
 	"\bRestored\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\x03R\x03pid*8\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\"(\n" +
+	"\tTransfers\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
+	"\x0eTransfersReply\x127\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\x87\x03\n" +
+	"\bTransfer\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
+	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x03 \x01(\x04R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x04 \x01(\x04R\n" +
+	"bytesTotal\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x05 \x01(\x03R\rstartedUnixMs\x12\x1d\n" +
+	"\n" +
+	"elapsed_us\x18\x06 \x01(\x04R\telapsedUs\x12\x1a\n" +
+	"\bfinished\x18\a \x01(\bR\bfinished\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x12\x12\n" +
+	"\x04pids\x18\t \x03(\x03R\x04pids\"N\n" +
+	"\tDirection\x12\x19\n" +
+	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
+	"\x0eDIRECTION_LOAD\x10\x02*8\n" +
 	"\aVersion\x12\x17\n" +
 	"\x13VERSION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10PROTOCOL_VERSION\x10\x01*k\n" +
@@ -3389,8 +3700,8 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 	return file_protocol_helper_proto_rawDescData
 }
 
-var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -3398,97 +3709,105 @@ var file_protocol_helper_proto_goTypes = []any{
 	(ErrorCode)(0),             // 3: gpucr.helper.v1.ErrorCode
 	(ClientState)(0),           // 4: gpucr.helper.v1.ClientState
 	(ClientOp_Op)(0),           // 5: gpucr.helper.v1.ClientOp.Op
-	(*Request)(nil),            // 6: gpucr.helper.v1.Request
-	(*Response)(nil),           // 7: gpucr.helper.v1.Response
-	(*Error)(nil),              // 8: gpucr.helper.v1.Error
-	(*Ok)(nil),                 // 9: gpucr.helper.v1.Ok
-	(*Hello)(nil),              // 10: gpucr.helper.v1.Hello
-	(*HelloReply)(nil),         // 11: gpucr.helper.v1.HelloReply
-	(*DeviceInfo)(nil),         // 12: gpucr.helper.v1.DeviceInfo
-	(*Alloc)(nil),              // 13: gpucr.helper.v1.Alloc
-	(*AllocReply)(nil),         // 14: gpucr.helper.v1.AllocReply
-	(*Mapped)(nil),             // 15: gpucr.helper.v1.Mapped
-	(*Free)(nil),               // 16: gpucr.helper.v1.Free
-	(*Quiesce)(nil),            // 17: gpucr.helper.v1.Quiesce
-	(*Drain)(nil),              // 18: gpucr.helper.v1.Drain
-	(*Drop)(nil),               // 19: gpucr.helper.v1.Drop
-	(*Reimport)(nil),           // 20: gpucr.helper.v1.Reimport
-	(*ReimportEntry)(nil),      // 21: gpucr.helper.v1.ReimportEntry
-	(*Resume)(nil),             // 22: gpucr.helper.v1.Resume
-	(*Snapshot)(nil),           // 23: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 24: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 25: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 26: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 27: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 28: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 29: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 30: gpucr.helper.v1.StatusReply
-	(*ClientInfo)(nil),         // 31: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 32: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 33: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 34: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 35: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 36: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 37: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 38: gpucr.helper.v1.ResumeCheckpointed
-	(*Detach)(nil),             // 39: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 40: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 41: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 42: gpucr.helper.v1.Restored
+	(Transfer_Direction)(0),    // 6: gpucr.helper.v1.Transfer.Direction
+	(*Request)(nil),            // 7: gpucr.helper.v1.Request
+	(*Response)(nil),           // 8: gpucr.helper.v1.Response
+	(*Error)(nil),              // 9: gpucr.helper.v1.Error
+	(*Ok)(nil),                 // 10: gpucr.helper.v1.Ok
+	(*Hello)(nil),              // 11: gpucr.helper.v1.Hello
+	(*HelloReply)(nil),         // 12: gpucr.helper.v1.HelloReply
+	(*DeviceInfo)(nil),         // 13: gpucr.helper.v1.DeviceInfo
+	(*Alloc)(nil),              // 14: gpucr.helper.v1.Alloc
+	(*AllocReply)(nil),         // 15: gpucr.helper.v1.AllocReply
+	(*Mapped)(nil),             // 16: gpucr.helper.v1.Mapped
+	(*Free)(nil),               // 17: gpucr.helper.v1.Free
+	(*Quiesce)(nil),            // 18: gpucr.helper.v1.Quiesce
+	(*Drain)(nil),              // 19: gpucr.helper.v1.Drain
+	(*Drop)(nil),               // 20: gpucr.helper.v1.Drop
+	(*Reimport)(nil),           // 21: gpucr.helper.v1.Reimport
+	(*ReimportEntry)(nil),      // 22: gpucr.helper.v1.ReimportEntry
+	(*Resume)(nil),             // 23: gpucr.helper.v1.Resume
+	(*Snapshot)(nil),           // 24: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 25: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 26: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 27: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 28: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 29: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 30: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 31: gpucr.helper.v1.StatusReply
+	(*ClientInfo)(nil),         // 32: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 33: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 34: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 35: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 36: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 37: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 38: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 39: gpucr.helper.v1.ResumeCheckpointed
+	(*Detach)(nil),             // 40: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 41: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 42: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 43: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 44: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 45: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 46: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
-	10, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
-	13, // 1: gpucr.helper.v1.Request.alloc:type_name -> gpucr.helper.v1.Alloc
-	15, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
-	16, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
-	17, // 4: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	18, // 5: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	19, // 6: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	20, // 7: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	22, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	23, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	24, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	39, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	29, // 12: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	32, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	34, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	38, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	40, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	41, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	42, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	35, // 19: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	8,  // 20: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	11, // 21: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	14, // 22: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	9,  // 23: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	25, // 24: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 25: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	30, // 26: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	33, // 27: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	36, // 28: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	3,  // 29: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 30: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	12, // 31: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 32: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	21, // 33: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 34: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	27, // 35: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 36: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 37: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 38: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	12, // 39: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	31, // 40: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	4,  // 41: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	5,  // 42: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	25, // 43: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	28, // 44: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	37, // 45: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 46: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	47, // [47:47] is the sub-list for method output_type
-	47, // [47:47] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	11, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
+	14, // 1: gpucr.helper.v1.Request.alloc:type_name -> gpucr.helper.v1.Alloc
+	16, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
+	17, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
+	18, // 4: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	19, // 5: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	20, // 6: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	21, // 7: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	23, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	24, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	25, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	40, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	30, // 12: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	33, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	35, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	39, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	41, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	42, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	43, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	36, // 19: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	44, // 20: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	9,  // 21: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	12, // 22: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	15, // 23: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	10, // 24: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	26, // 25: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	29, // 26: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	31, // 27: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	34, // 28: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	37, // 29: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	45, // 30: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	3,  // 31: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 32: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	13, // 33: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 34: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	22, // 35: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	27, // 36: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	28, // 37: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 38: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 39: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 40: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	13, // 41: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	32, // 42: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	4,  // 43: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	5,  // 44: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	26, // 45: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	29, // 46: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	38, // 47: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 48: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	46, // 49: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	6,  // 50: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	51, // [51:51] is the sub-list for method output_type
+	51, // [51:51] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -3517,6 +3836,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_PrepareRestore)(nil),
 		(*Request_Restored)(nil),
 		(*Request_CommitImage)(nil),
+		(*Request_Transfers)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -3527,14 +3847,15 @@ func file_protocol_helper_proto_init() {
 		(*Response_Status)(nil),
 		(*Response_ClientOp)(nil),
 		(*Response_Checkpoint)(nil),
+		(*Response_Transfers)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   37,
+			NumEnums:      7,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

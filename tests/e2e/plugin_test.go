@@ -5,9 +5,11 @@ package e2e
 // residual context through the driver checkpoint API.
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -118,11 +120,31 @@ func TestCLICheckpointRestore(t *testing.T) {
 		hl, _ := os.ReadFile(h.log)
 		t.Fatalf("gpucr checkpoint: %v\n%s\ndump.log:\n%s\nhelper log:\n%s", err, out, tail(string(b), 30), tail(string(hl), 15))
 	}
+	// The report carries the helper's GPU copy: every byte of ptrchase's
+	// device memory (8 MiB of data plus its pointer table), finished.
+	var rep struct {
+		GPU struct {
+			Bytes    uint64  `json:"bytes"`
+			Total    uint64  `json:"total_bytes"`
+			Finished bool    `json:"finished"`
+			GBPerS   float64 `json:"gb_per_s"`
+		} `json:"gpu"`
+	}
+	if i := strings.LastIndex(out, "\n{"); i >= 0 {
+		out = out[i+1:]
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.GPU.Bytes < 8<<20 || rep.GPU.Bytes != rep.GPU.Total ||
+		!rep.GPU.Finished || rep.GPU.GBPerS <= 0 {
+		t.Errorf("gpucr checkpoint --json: GPU copy %+v (%v) in\n%s", rep.GPU, err, out)
+	}
 	a.reap(30 * time.Second)
 	before := a.lastIter()
 	out, err = runErr(2*time.Minute, cliEnv, binPath(t, "gpucr"), "restore", "-D", img)
 	if err != nil || !strings.Contains(out, "pid "+strconv.Itoa(a.pid)+" running again") {
 		t.Fatalf("gpucr restore: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`GPU data: [0-9.]+ MiB in [0-9.]+ s \([0-9.]+ GB/s\)\n`).MatchString(out) {
+		t.Errorf("gpucr restore does not report the GPU load:\n%s", out)
 	}
 	a.waitIter(before+20, time.Minute)
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
@@ -132,8 +154,10 @@ func TestCLICheckpointRestore(t *testing.T) {
 }
 
 // TestPluginTwoRestoresAndDamage: one image restores twice (the first
-// restored process is killed in between), and a damaged GPU chunk makes the
-// restore fail with an error naming the damage, before any process exists.
+// restored process is killed in between); a damaged GPU chunk, found while
+// the image loads alongside CRIU's restore, makes the restore fail naming
+// the damage, and no restored process survives; a truncated chunk file is
+// refused before CRIU restores anything.
 func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	criu := needTool(t, "criu")
 	dir := t.TempDir()
@@ -173,16 +197,37 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	if err := os.WriteFile(files[0], b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log")
+	out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log", "-v4")
 	if err == nil {
 		t.Fatalf("criu restore of a damaged image succeeded:\n%s", out)
 	}
 	log, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+	if !strings.Contains(string(log), "Forking task") { // what the truncated case below must not see
+		t.Errorf("CRIU's log of a restore that forked lacks \"Forking task\":\n%s", tail(string(log), 20))
+	}
 	if all := string(log) + out; !strings.Contains(all, "gpucr_plugin") || !strings.Contains(all, "corrupt") {
 		t.Errorf("the restore failure does not name the damage:\n%s\n%s", out, tail(string(log), 20))
 	}
-	if procState(a.pid) != "" {
-		t.Errorf("pid %d exists after a refused restore", a.pid)
+	waitPidFree(a.pid, 10*time.Second)
+	if st := procState(a.pid); st != "" {
+		t.Errorf("pid %d exists (state %s) after a failed restore", a.pid, st)
+	}
+	waitNoClients(t, h, 10*time.Second)
+
+	// Truncated: refused by the helper's check before CRIU forks anything.
+	if err := os.WriteFile(files[0], b[:len(b)-1], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log", "-v4")
+	log, _ = os.ReadFile(filepath.Join(img, "restore.log"))
+	if err == nil || !strings.Contains(out, "restore refused") || !strings.Contains(out, "truncated") {
+		t.Fatalf("criu restore with a truncated chunk file: %v\n%s", err, out)
+	}
+	if strings.Contains(string(log), "Forking task") {
+		t.Errorf("CRIU forked tasks although the GPU image was refused at init:\n%s", tail(string(log), 20))
+	}
+	if st := procState(a.pid); st != "" {
+		t.Errorf("pid %d exists (state %s) after a refused restore", a.pid, st)
 	}
 	waitNoClients(t, h, 10*time.Second)
 

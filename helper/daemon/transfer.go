@@ -1,0 +1,133 @@
+package daemon
+
+import (
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// keepFinished is how many finished transfers the helper remembers, so that
+// a CLI can read the numbers of a copy that ended before it asked.
+const keepFinished = 32
+
+// transfer is one GPU copy between helper memory and an image: what
+// Transfers reports while it runs and after.
+type transfer struct {
+	dir       string
+	direction helperpb.Transfer_Direction
+	total     uint64
+	pids      []int64
+	start     time.Time
+	done      atomic.Uint64
+
+	mu       sync.Mutex
+	finished bool
+	took     time.Duration
+	err      string
+}
+
+// progress is the engines' Options.Progress: bytes moved so far, reported
+// from several lanes at once (so never lowered).
+func (t *transfer) progress(moved int64) {
+	for {
+		old := t.done.Load()
+		if uint64(moved) <= old || t.done.CompareAndSwap(old, uint64(moved)) {
+			return
+		}
+	}
+}
+
+func (t *transfer) finish(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.finished = true
+	t.took = time.Since(t.start)
+	if err != nil {
+		t.err = err.Error()
+	}
+}
+
+func (t *transfer) proto() *helperpb.Transfer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	took := t.took
+	if !t.finished {
+		took = time.Since(t.start)
+	}
+	return &helperpb.Transfer{ImageDir: t.dir, Direction: t.direction, BytesDone: t.done.Load(), BytesTotal: t.total,
+		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
+		Error: t.err, Pids: t.pids}
+}
+
+// transferLog holds the running transfers and the last finished ones.
+type transferLog struct {
+	mu   sync.Mutex
+	list []*transfer // oldest first
+}
+
+// begin records a new transfer of total bytes for image directory dir.
+func (l *transferLog) begin(dir string, dump bool, total uint64, pids []int64) *transfer {
+	d := helperpb.Transfer_DIRECTION_LOAD
+	if dump {
+		d = helperpb.Transfer_DIRECTION_DUMP
+	}
+	t := &transfer{dir: resolvedDir(dir), direction: d, total: total, pids: pids, start: time.Now()}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.list = append(l.list, t)
+	// Forget the oldest finished ones beyond keepFinished.
+	finished := 0
+	for _, x := range l.list {
+		x.mu.Lock()
+		if x.finished {
+			finished++
+		}
+		x.mu.Unlock()
+	}
+	kept := l.list[:0]
+	for _, x := range l.list {
+		x.mu.Lock()
+		drop := x.finished && finished > keepFinished
+		x.mu.Unlock()
+		if drop {
+			finished--
+			continue
+		}
+		kept = append(kept, x)
+	}
+	l.list = kept
+	return t
+}
+
+// snapshot lists the transfers of dir ("" for all), oldest first.
+func (l *transferLog) snapshot(dir string) []*helperpb.Transfer {
+	if dir != "" {
+		dir = resolvedDir(dir)
+	}
+	l.mu.Lock()
+	list := append([]*transfer(nil), l.list...)
+	l.mu.Unlock()
+	var out []*helperpb.Transfer
+	for _, t := range list {
+		if dir == "" || t.dir == dir {
+			out = append(out, t.proto())
+		}
+	}
+	return out
+}
+
+// resolvedDir is dir absolute with symlinks resolved (as given if that fails):
+// the CLI, CRIU's plugin and the helper may each name one directory differently.
+func resolvedDir(dir string) string {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return dir
+	}
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		return r
+	}
+	return abs
+}
