@@ -239,6 +239,10 @@ func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChun
 	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, locks, nil
 }
 
+// ID is the image id the manifest will carry (Manifest.image_id): who keeps
+// it can tell later whether the manifest in DIR is this write's.
+func (w *Writer) ID() []byte { return append([]byte(nil), w.id...) }
+
 // AddBuffer adds a buffer to the image; safe from many goroutines. The
 // buffers appear in the manifest in the order of AddBuffer. Two buffers of
 // one process may not overlap.

@@ -137,6 +137,12 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drain: %v", err)
 	}
 	ph.done("drain")
+	if s.cfg.Fault == "stall-copy" {
+		// For the test that kills the helper mid-dump: the process is
+		// quiesced and drained, its memory still mapped.
+		log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
+		time.Sleep(time.Minute)
+	}
 	snap, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, wait)
 	if err != nil {
 		return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "snapshot: %v", err)
@@ -212,6 +218,11 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		// Relative to the socket's directory: the client resolves it against
 		// its own path to the socket, which differs inside a container.
 		wake := s.wakeName(cl.pid)
+		// Should this helper die while the process is detached, the next
+		// one finds it here (orphan.go).
+		if err := s.saveDetachState(cl.pid, req.ImageDir, w.ID()); err != nil {
+			log.Warn("cannot record the detached process; a helper restart would lose it", zap.Error(err))
+		}
 		cl.mu.Lock()
 		cl.detached = true
 		cl.mu.Unlock()
@@ -223,6 +234,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 				cl.mu.Lock()
 				cl.detached = false
 				cl.mu.Unlock()
+				s.dropDetachState(cl.pid)
 			}
 			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 		}
@@ -265,15 +277,32 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 // thaw gives a checkpointed client its GPU back: driver restore + unlock,
 // reimport, resume.
 func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
-	pid := int(cl.pid)
-	if err := cuda.CheckpointRestore(pid); err != nil {
-		return fmt.Errorf("driver restore: %w", err)
-	}
-	if err := cuda.CheckpointUnlock(pid); err != nil {
-		return fmt.Errorf("driver unlock: %w", err)
+	if err := driverResume(int(cl.pid)); err != nil {
+		return err
 	}
 	ph.done("driver-restore")
 	return s.reimportResume(cl, ctl, wait, ph)
+}
+
+// driverResume brings pid's driver state back to running from wherever a
+// checkpoint left it: restore if checkpointed, then unlock if locked.
+func driverResume(pid int) error {
+	st, err := cuda.CheckpointState(pid)
+	if err != nil {
+		return fmt.Errorf("driver state: %w", err)
+	}
+	if st == cuda.StateCheckpointed {
+		if err := cuda.CheckpointRestore(pid); err != nil {
+			return fmt.Errorf("driver restore: %w", err)
+		}
+		st = cuda.StateLocked
+	}
+	if st == cuda.StateLocked {
+		if err := cuda.CheckpointUnlock(pid); err != nil {
+			return fmt.Errorf("driver unlock: %w", err)
+		}
+	}
+	return nil
 }
 
 // resumeCheckpointed runs a ResumeCheckpointed request.

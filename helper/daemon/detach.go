@@ -39,12 +39,21 @@ func (s *Server) wakeName(pid int32) string {
 	return filepath.Join("wake", strconv.Itoa(int(pid)))
 }
 
-func (s *Server) wake(pid int32) error {
+func (s *Server) wake(pid int32) error { return s.wakeWith(pid, "") }
+
+// wakeWith creates pid's wake file with content msg: empty means "come
+// back", "lost: why" that its GPU state is gone (orphan.go). Written under
+// another name and renamed: the client reads it as soon as it exists.
+func (s *Server) wakeWith(pid int32, msg string) error {
 	p := s.wakePath(pid)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(p, nil, 0o644)
+	tmp := filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".tmp")
+	if err := os.WriteFile(tmp, []byte(msg), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
 }
 
 // reattach finds the waiting client a calls Hello with a token comes from,
@@ -57,6 +66,7 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 		return nil
 	}
 	delete(s.waiting, pid)
+	s.dropDetachState(pid)
 	if cl.restored {
 		cl.token = token
 	}
@@ -92,6 +102,7 @@ func (s *Server) park(cl *client) bool {
 
 // release gives back every allocation of cl (it is gone for good).
 func (s *Server) release(cl *client) {
+	s.dropDetachState(cl.pid)
 	cl.mu.Lock()
 	allocs := cl.allocs
 	cl.allocs = map[uint64]*alloc{}
@@ -146,15 +157,8 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 	// Alive (--leave-running, or the dump failed): the driver state first,
 	// while nothing in the process can touch the GPU, then wake it.
 	pid := int(cl.pid)
-	if st, err := cuda.CheckpointState(pid); err == nil && st == cuda.StateCheckpointed {
-		if err := cuda.CheckpointRestore(pid); err != nil {
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: driver restore: %v", pid, err)
-		}
-	}
-	if st, err := cuda.CheckpointState(pid); err == nil && st == cuda.StateLocked {
-		if err := cuda.CheckpointUnlock(pid); err != nil {
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: driver unlock: %v", pid, err)
-		}
+	if err := driverResume(pid); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", pid, err)
 	}
 	done := make(chan error, 1)
 	cl.mu.Lock()
@@ -206,97 +210,136 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helpe
 	if err := im.CheckFiles(); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
-	infos := im.Buffers()
-	byPid := map[int]*client{}
-	var regions []engine.Region
-	var bufs []int
-	var made []*alloc
-	undo := func() {
-		for _, al := range made {
-			_ = al.dev.Release(al.handle)
-		}
+	plan, e := s.planRestore(im, req.ImageDir, 0)
+	if e != nil {
+		return &helperpb.Response{Id: id, Error: e}, nil
 	}
-	for i, b := range infos {
+	if e := s.register(plan); e != nil {
+		return &helperpb.Response{Id: id, Error: e}, nil
+	}
+	go s.runLoad(plan)
+	return okResp(id), plan.pids()
+}
+
+// restorePlan is the helper memory made for (part of) an image, waiting to be
+// filled by its load and claimed by the restored processes.
+type restorePlan struct {
+	im      *image.Image
+	dir     string
+	byPid   map[int]*client
+	regions []engine.Region
+	bufs    []int // image buffer of each region
+	made    []*alloc
+	load    *restoreLoad
+}
+
+func (p *restorePlan) undo() {
+	for _, al := range p.made {
+		_ = al.dev.Release(al.handle)
+	}
+}
+
+func (p *restorePlan) pids() []int32 {
+	var pids []int32
+	for pid := range p.byPid {
+		pids = append(pids, int32(pid))
+	}
+	return pids
+}
+
+// planRestore makes new helper memory for every buffer of im (only those of
+// pid only, if not 0), each on the same GPU if it is here, else the same
+// ordinal; nothing is kept if any of it fails.
+func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePlan, *helperpb.Error) {
+	p := &restorePlan{im: im, dir: dir, byPid: map[int]*client{}, load: &restoreLoad{done: make(chan struct{})}}
+	fail := func(code helperpb.ErrorCode, format string, a ...any) (*restorePlan, *helperpb.Error) {
+		p.undo()
+		return nil, &helperpb.Error{Code: code, Message: fmt.Sprintf(format, a...)}
+	}
+	for i, b := range im.Buffers() {
+		if only != 0 && b.Pid != only {
+			continue
+		}
 		dev := s.deviceFor(b)
 		if dev == nil {
-			undo()
-			return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device), nil
+			return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device)
 		}
 		cb, ok := dev.(cudaBacked)
 		if !ok {
-			undo()
-			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i), nil
+			return fail(helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
 		}
 		h, err := dev.Create(b.Size)
 		if err != nil {
-			undo()
 			var oom OutOfMemory
 			if errors.As(err, &oom) && oom.OutOfMemory() {
-				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err), nil
+				return fail(helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err)
 			}
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err), nil
+			return fail(helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err)
 		}
 		al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind)}
-		made = append(made, al)
-		cl := byPid[b.Pid]
+		p.made = append(p.made, al)
+		cl := p.byPid[b.Pid]
 		if cl == nil {
 			cl = &client{pid: int32(b.Pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
-				opSem: make(chan struct{}, 1), restored: true, nsPid: int32(b.NsPid), wakeAs: int32(b.Pid)}
-			cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.String("restored_from", req.ImageDir))
-			byPid[b.Pid] = cl
+				opSem: make(chan struct{}, 1), restored: true, nsPid: int32(b.NsPid), wakeAs: int32(b.Pid), load: p.load}
+			cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.String("restored_from", dir))
+			p.byPid[b.Pid] = cl
 		}
 		cl.allocs[al.id] = al
 		cl.bytes += al.size
-		regions = append(regions, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(h), Size: b.Size, Pid: b.Pid,
+		p.regions = append(p.regions, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(h), Size: b.Size, Pid: b.Pid,
 			Address: b.Address, Kind: b.Kind})
-		bufs = append(bufs, i)
+		p.bufs = append(p.bufs, i)
 	}
-	load := &restoreLoad{done: make(chan struct{})}
+	if len(p.byPid) == 0 {
+		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no buffers of pid %d", dir, only)
+	}
+	return p, nil
+}
+
+// register makes the plan's processes waiting clients (the memory is theirs
+// from now on); a pid the helper already serves refuses it all.
+func (s *Server) register(p *restorePlan) *helperpb.Error {
 	s.mu.Lock()
-	for pid, cl := range byPid {
-		if old := s.waiting[int32(pid)]; old != nil || s.byPID[int32(pid)] != nil {
-			s.mu.Unlock()
-			undo()
-			return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d is already a client of this helper", pid), nil
+	defer s.mu.Unlock()
+	for pid := range p.byPid {
+		if s.waiting[int32(pid)] != nil || s.byPID[int32(pid)] != nil {
+			p.undo()
+			return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_STATE, Message: fmt.Sprintf("pid %d is already a client of this helper", pid)}
 		}
-		_ = cl
 	}
-	for pid, cl := range byPid {
-		cl.load = load
+	for pid, cl := range p.byPid {
 		s.waiting[int32(pid)] = cl
 		for aid := range cl.allocs {
 			s.owner[aid] = cl
 		}
 	}
-	s.mu.Unlock()
-	go func() {
-		start := time.Now()
-		var bytes uint64
-		for _, r := range regions {
-			bytes += r.Size
-		}
-		var pids []int64
-		for pid := range byPid {
-			pids = append(pids, int64(pid))
-		}
-		tr := s.transfers.begin(req.ImageDir, false, bytes, pids)
-		load.err = engine.Load(regions, im, bufs, engine.Options{Progress: tr.progress})
-		tr.finish(load.err)
-		took := time.Since(start)
-		if load.err != nil {
-			s.log.Error("loading the GPU image for a restore failed", zap.String("image", req.ImageDir), zap.Error(load.err))
-		} else {
-			s.log.Info("GPU image loaded for restore", zap.String("image", req.ImageDir), zap.Int("buffers", len(regions)),
-				zap.Uint64("bytes", bytes), zap.Duration("took", took),
-				zap.Float64("gb_per_s", float64(bytes)/1e9/max(took.Seconds(), 1e-9)))
-		}
-		close(load.done)
-	}()
-	var pids []int32
-	for pid := range byPid {
-		pids = append(pids, int32(pid))
+	return nil
+}
+
+// runLoad fills the plan's memory from its image and ends its load.
+func (s *Server) runLoad(p *restorePlan) {
+	start := time.Now()
+	var bytes uint64
+	for _, r := range p.regions {
+		bytes += r.Size
 	}
-	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}, pids
+	var pids []int64
+	for pid := range p.byPid {
+		pids = append(pids, int64(pid))
+	}
+	tr := s.transfers.begin(p.dir, false, bytes, pids)
+	p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress})
+	tr.finish(p.load.err)
+	took := time.Since(start)
+	if p.load.err != nil {
+		s.log.Error("loading the GPU image for a restore failed", zap.String("image", p.dir), zap.Error(p.load.err))
+	} else {
+		s.log.Info("GPU image loaded for restore", zap.String("image", p.dir), zap.Int("buffers", len(p.regions)),
+			zap.Uint64("bytes", bytes), zap.Duration("took", took),
+			zap.Float64("gb_per_s", float64(bytes)/1e9/max(took.Seconds(), 1e-9)))
+	}
+	close(p.load.done)
 }
 
 // restored runs a Restored request: the restored process will reattach

@@ -56,7 +56,9 @@ type Config struct {
 	// OpTimeout bounds a forwarded ClientOp whose timeout_ms is 0.
 	OpTimeout time.Duration
 	// Fault names a checkpoint step that fails on purpose ("driver-lock",
-	// "driver-checkpoint"): tests check that every step before it is undone.
+	// "driver-checkpoint": tests check that every step before it is
+	// undone), or "stall-copy": a checkpoint waits a minute before its copy
+	// (tests kill the helper there).
 	Fault string
 }
 
@@ -170,6 +172,13 @@ func (s *Server) Serve(ctx context.Context) error {
 		zap.String("unavailable", s.cfg.Unavailable))
 	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
 	defer stop()
+	aliveStop := make(chan struct{})
+	aliveDone := make(chan struct{})
+	go func() { defer close(aliveDone); s.keepAlive(aliveStop) }()
+	defer func() { close(aliveStop); <-aliveDone }()
+	if s.cfg.Unavailable == "" {
+		s.adoptOrphans()
+	}
 	var err error
 	for {
 		c, aerr := s.ln.AcceptUnix()

@@ -1364,6 +1364,90 @@ static bool hello_ok(const Resp *resp, char *why, size_t n) {
     return true;
 }
 
+/* Ends the process: its GPU memory is gone (held by a helper that died), and
+ * running on would compute on nothing or hang at the gate forever. */
+static void gpu_state_lost(const char *why) __attribute__((noreturn));
+static void gpu_state_lost(const char *why) {
+    fprintf(stderr, "gpucr: this process's GPU state is lost: %s; aborting\n", why);
+    abort();
+}
+
+/* <socket dir>/NAME, in this process's view of the socket directory. */
+static void sock_dir_file(char *out, size_t n, const char *name) {
+    const char *slash = strrchr(G.sock_path, '/');
+    int dirlen = slash ? (int)(slash - G.sock_path) : 1;
+    snprintf(out, n, "%.*s/%s", dirlen, slash ? G.sock_path : ".", name);
+}
+
+/* Watches the helper while detached: it touches helper.alive in the socket
+ * directory every second (helper/daemon/orphan.go). Stale or missing for
+ * GPUCR_ORPHAN_TIMEOUT_S (default 60) seconds of this process's running time:
+ * no helper will bring the memory back. Time the process spent frozen by CRIU
+ * (or between a dump and its restore) does not count. */
+typedef struct {
+    char path[4200];
+    long timeout_s;
+    struct timespec last;  /* monotonic time of the previous check */
+    double stale_s;        /* running time with the file stale or missing */
+} helper_watch;
+
+static void watch_init(helper_watch *w) {
+    sock_dir_file(w->path, sizeof w->path, "helper.alive");
+    const char *e = getenv("GPUCR_ORPHAN_TIMEOUT_S");
+    w->timeout_s = e && atol(e) > 0 ? atol(e) : 60;
+    clock_gettime(CLOCK_MONOTONIC, &w->last);
+    w->stale_s = 0;
+}
+
+static void watch_check(helper_watch *w) {
+    struct timespec now, real;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    clock_gettime(CLOCK_REALTIME, &real);
+    double step = (double)(now.tv_sec - w->last.tv_sec) + (double)(now.tv_nsec - w->last.tv_nsec) / 1e9;
+    w->last = now;
+    struct stat st;
+    bool exists = stat(w->path, &st) == 0;
+    long age = exists ? (long)(real.tv_sec - st.st_mtim.tv_sec) : -1;
+    bool fresh = exists && age < 3; /* touched every second */
+    if (fresh || step > 5) { /* alive, or we were frozen: start counting again */
+        w->stale_s = 0;
+        return;
+    }
+    w->stale_s += step;
+    if (w->stale_s >= (double)w->timeout_s) {
+        char why[4400];
+        char seen[64] = "missing";
+        if (exists)
+            snprintf(seen, sizeof seen, "last updated %ld s ago", age);
+        snprintf(why, sizeof why,
+                 "the gpucr helper that holds its GPU memory has been gone for %ld s while it was detached for a dump "
+                 "(%s: %s)",
+                 w->timeout_s, w->path, seen);
+        gpu_state_lost(why);
+    }
+}
+
+/* The wake file exists: empty means come back; "lost: why" (from a helper
+ * that adopted us after the one we detached from died) that there is nothing
+ * to come back to. */
+static void check_wake_file(void) {
+    char buf[2048];
+    int fd = open(G.wake_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    if (strncmp(buf, "lost:", 5) == 0) {
+        char *nl = strchr(buf, '\n');
+        if (nl)
+            *nl = 0;
+        gpu_state_lost(buf + 5 + (buf[5] == ' '));
+    }
+}
+
 /*
  * After Detach's Ok: closes both connections, waits for the wake file (stat and sleep, nothing
  * else: CRIU freezes, dumps and maybe restores the process in this loop), then connects again with
@@ -1384,8 +1468,14 @@ static int detached(int ctl_fd) {
 
     static const struct timespec tick = {0, 2000000};
     struct stat st;
-    while (stat(G.wake_path, &st) != 0)
+    helper_watch watch;
+    watch_init(&watch);
+    for (unsigned n = 1; stat(G.wake_path, &st) != 0; n++) {
         nanosleep(&tick, NULL);
+        if (n % 250 == 0) /* every 0.5 s */
+            watch_check(&watch);
+    }
+    check_wake_file();
 
     gc_debug("woken by %s: reattaching to the helper at %s (token %llu)", G.wake_path, G.sock_path,
              (unsigned long long)G.token);
@@ -1548,7 +1638,8 @@ static void *control_main(void *arg) {
         gc_gate_open();
         gc_warn("control connection closed while quiesced: resuming");
     } else if (atomic_load(&G.state) == ST_DROPPED) {
-        gc_warn("control connection closed while device memory was dropped: the application stays stopped");
+        gpu_state_lost("the gpucr helper closed the control connection while this process's device memory was dropped "
+                       "for a checkpoint (the helper died?)");
     }
     /* the fd is ours unless a fork happened meanwhile (the child never runs this thread) */
     close(fd);

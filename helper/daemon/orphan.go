@@ -1,0 +1,182 @@
+package daemon
+
+// A helper that dies while a process is detached for a dump takes the
+// process's GPU memory with it (the process dropped its imports before it
+// detached). Two things keep such a process from waiting for its wake file
+// forever:
+//
+//   - The helper records each detached process in a state file
+//     (<socket dir>/detached/PID.json: pid, start time, image directory and
+//     the id of the image its dump writes). A helper that starts finds those
+//     of live processes and adopts them: if the dump's image was committed,
+//     it loads that process's buffers into new memory and wakes it, and the
+//     process comes back as after a restore; if not, the GPU state is gone,
+//     and the wake file says so ("lost: why"): the interposer prints that and
+//     aborts the process instead of letting it compute without its memory.
+//   - The helper touches <socket dir>/helper.alive every second; a detached
+//     interposer that sees it stale (or missing) for GPUCR_ORPHAN_TIMEOUT_S
+//     (default 60 s) gives up the same way.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/image"
+)
+
+// aliveInterval is how often the helper touches helper.alive.
+const aliveInterval = time.Second
+
+// detachState is a detached process's state file.
+type detachState struct {
+	Pid       int32  `json:"pid"`
+	StartTime uint64 `json:"start_time"` // /proc/PID/stat field 22: tells a reused pid apart
+	NsPid     int32  `json:"ns_pid,omitempty"`
+	ImageDir  string `json:"image_dir"`
+	ImageID   []byte `json:"image_id"` // the image its dump writes; an older one in ImageDir is not it
+}
+
+func (s *Server) sockDir() string   { return filepath.Dir(s.cfg.Socket) }
+func (s *Server) alivePath() string { return filepath.Join(s.sockDir(), "helper.alive") }
+func (s *Server) stateDir() string  { return filepath.Join(s.sockDir(), "detached") }
+func (s *Server) statePath(pid int32) string {
+	return filepath.Join(s.stateDir(), strconv.Itoa(int(pid))+".json")
+}
+
+// saveDetachState records that pid is about to detach for a dump into dir.
+func (s *Server) saveDetachState(pid int32, dir string, id []byte) error {
+	start, err := procStartTime(pid)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(detachState{Pid: pid, StartTime: start, NsPid: nsPid(pid), ImageDir: resolvedDir(dir), ImageID: id})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.stateDir(), 0o700); err != nil {
+		return err
+	}
+	tmp := s.statePath(pid) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, s.statePath(pid))
+}
+
+func (s *Server) dropDetachState(pid int32) { _ = os.Remove(s.statePath(pid)) }
+
+// procStartTime is field 22 of /proc/PID/stat (clock ticks after boot).
+func procStartTime(pid int32) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(s[i+1:]) // field 3 onwards
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// keepAlive touches helper.alive until stop is closed, then removes it.
+func (s *Server) keepAlive(stop <-chan struct{}) {
+	p := s.alivePath()
+	touch := func() {
+		now := time.Now()
+		if err := os.Chtimes(p, now, now); err != nil {
+			_ = os.WriteFile(p, nil, 0o644)
+		}
+	}
+	touch()
+	t := time.NewTicker(aliveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			_ = os.Remove(p)
+			return
+		case <-t.C:
+			touch()
+		}
+	}
+}
+
+// adoptOrphans runs when the helper starts: every process a dead helper
+// detached gets its GPU memory back from its committed image, or is told
+// that it is lost.
+func (s *Server) adoptOrphans() {
+	files, _ := filepath.Glob(filepath.Join(s.stateDir(), "*.json"))
+	for _, f := range files {
+		var st detachState
+		b, err := os.ReadFile(f)
+		if err == nil {
+			err = json.Unmarshal(b, &st)
+		}
+		if err != nil || st.Pid <= 0 {
+			s.log.Warn("unreadable detach state file removed", zap.String("file", f), zap.Error(err))
+			_ = os.Remove(f)
+			continue
+		}
+		if start, err := procStartTime(st.Pid); err != nil || start != st.StartTime || !processAlive(st.Pid) {
+			_ = os.Remove(f) // that process is gone
+			continue
+		}
+		log := s.log.With(zap.Int32("pid", st.Pid), zap.String("image", st.ImageDir))
+		if err := s.adopt(st); err != nil {
+			log.Error("a process detached by a helper that died has lost its GPU state", zap.Error(err))
+			msg := fmt.Sprintf("lost: the gpucr helper that held this process's GPU memory died while it was detached for a dump, and %v\n", err)
+			if werr := s.wakeWith(st.Pid, msg); werr != nil {
+				log.Error("cannot tell the process", zap.Error(werr))
+			}
+		} else {
+			log.Info("adopted a process a dead helper had detached: its GPU memory is loaded from its image")
+		}
+		_ = os.Remove(f)
+	}
+}
+
+// adopt loads pid's buffers from the image its dump committed into new
+// memory and wakes it; it then comes back as a restored process does.
+func (s *Server) adopt(st detachState) error {
+	im, err := image.Open(st.ImageDir)
+	if err != nil {
+		return fmt.Errorf("its GPU image cannot be used: %w", err)
+	}
+	if !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
+		return fmt.Errorf("the dump never committed its GPU image in %s (the image there is another one)", st.ImageDir)
+	}
+	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid))
+	if e != nil {
+		return errors.New(e.Message)
+	}
+	if e := s.register(plan); e != nil {
+		return errors.New(e.Message)
+	}
+	s.runLoad(plan)
+	cl := plan.byPid[int(st.Pid)]
+	if plan.load.err != nil {
+		s.mu.Lock()
+		delete(s.waiting, cl.pid)
+		s.mu.Unlock()
+		s.release(cl)
+		return fmt.Errorf("loading its GPU image failed: %w", plan.load.err)
+	}
+	cl.mu.Lock()
+	cl.onAttach = func() { s.giveBack(cl, true, nil) }
+	cl.mu.Unlock()
+	return s.wake(cl.pid)
+}

@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// A helper that dies while a process is detached for a dump (here: the test
+// plays the CRIU plugin, then SIGKILLs the helper before DumpDone) must not
+// leave that process waiting for its wake file forever.
+
+// detachForDump does what the plugin's PAUSE_DEVICES and exit(DUMP) do up to
+// DumpDone: Checkpoint{detach, defer_commit}, then CommitImage if commit.
+// The connection stays open (closing it would make the helper give the
+// process its GPU back); the caller kills the helper.
+func detachForDump(t *testing.T, socket string, pid int, img string, commit bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_PLUGIN, "orphan-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, _, err := conn.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: &helperpb.Checkpoint{
+		Pid: int64(pid), ImageDir: img, Detach: true, DeferCommit: true}}}); err != nil {
+		t.Fatalf("Checkpoint{detach}: %v", err)
+	}
+	if commit {
+		if _, _, err := conn.Call(ctx, &helperpb.Request{Body: &helperpb.Request_CommitImage{CommitImage: &helperpb.CommitImage{
+			ImageDir: img}}}); err != nil {
+			t.Fatalf("CommitImage: %v", err)
+		}
+	}
+}
+
+// killHelper SIGKILLs h and waits until it is gone.
+func killHelper(h *helperProc) {
+	_ = h.cmd.Process.Kill()
+	_, _ = h.cmd.Process.Wait()
+}
+
+// waitAborted waits for a to die and checks it died of SIGABRT saying why.
+func waitAborted(t *testing.T, a *app, timeout time.Duration, want string) {
+	t.Helper()
+	a.reap(timeout)
+	ws, ok := a.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGABRT {
+		t.Errorf("%s ended with %v, want SIGABRT", a.name, a.cmd.ProcessState)
+	}
+	if out := a.output(); !strings.Contains(out, "GPU state is lost") || !strings.Contains(out, want) {
+		t.Errorf("%s's output does not say why (want %q):\n%s", a.name, want, tail(out, 10))
+	}
+}
+
+// The image was committed: a new helper adopts the process, loads its memory
+// from the image, and it computes on exactly.
+func TestHelperDiesAfterCommit(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(15, time.Minute)
+	img := filepath.Join(dir, "img")
+	detachForDump(t, h.socket, a.pid, img, true)
+	before := a.lastIter()
+	killHelper(h)
+	time.Sleep(300 * time.Millisecond)
+	if a.lastIter() > before {
+		t.Fatalf("heartbeat ran on while detached (iteration %d after %d)", a.lastIter(), before)
+	}
+	h2 := startHelper(t, dir, env)
+	a.waitIter(before+30, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+	if log := helperLog(h2); !strings.Contains(log, "adopted a process a dead helper had detached") {
+		t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
+	}
+}
+
+// The dump never committed its image, and DIR holds an older image of the
+// same process: the new helper must not load that one; the process is told
+// its GPU state is lost and aborts.
+func TestHelperDiesBeforeCommit(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	img := filepath.Join(dir, "img")
+	if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running"); err != nil {
+		t.Fatalf("earlier checkpoint: %v\n%s", err, out)
+	}
+	a.waitIter(a.lastIter()+10, time.Minute)
+	detachForDump(t, h.socket, a.pid, img, false)
+	killHelper(h)
+	h2 := startHelper(t, dir, env)
+	waitAborted(t, a, 30*time.Second, "never committed its GPU image")
+	if log := helperLog(h2); !strings.Contains(log, "has lost its GPU state") {
+		t.Errorf("the new helper does not report the lost process:\n%s", tail(log, 15))
+	}
+}
+
+// No helper comes back: the detached process gives up after
+// GPUCR_ORPHAN_TIMEOUT_S instead of waiting forever.
+func TestHelperNeverComesBack(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t, "GPUCR_ORPHAN_TIMEOUT_S=2")
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "8", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	detachForDump(t, h.socket, a.pid, filepath.Join(dir, "img"), true)
+	killHelper(h)
+	start := time.Now()
+	waitAborted(t, a, 30*time.Second, "has been gone for 2 s")
+	if took := time.Since(start); took < 2*time.Second {
+		t.Errorf("gave up after %v, before the 2 s timeout", took)
+	}
+}
+
+func helperLog(h *helperProc) string {
+	b, _ := os.ReadFile(h.log)
+	return string(b)
+}
+
+// The helper is SIGKILLed in the middle of `criu dump` (quiesced and drained,
+// before the copy; its memory still mapped by the process): the dump fails
+// naming the helper, and the application keeps running on its own, computing
+// on exactly (the interposer's fallback after a helper death).
+func TestHelperKilledMidDump(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-copy"))
+	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(15, time.Minute)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img, "--libdir", pluginDir(t), "-o", "dump.log")
+		done <- result{out, err}
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(helperLog(h), "stalling before the copy") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the checkpoint never reached the copy:\n%s", tail(helperLog(h), 20))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	killHelper(h)
+	r := <-done
+	log, _ := os.ReadFile(filepath.Join(img, "dump.log"))
+	if r.err == nil {
+		t.Fatalf("criu dump succeeded although the helper died mid-dump:\n%s", r.out)
+	}
+	if all := r.out + string(log); !strings.Contains(all, "gpucr_plugin") {
+		t.Errorf("the failed dump does not name the plugin:\n%s\n%s", r.out, tail(string(log), 20))
+	}
+	at := a.lastIter()
+	a.waitIter(at+30, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+	if out := a.output(); !strings.Contains(out, "resuming") {
+		t.Errorf("the interposer does not say it resumed on its own:\n%s", tail(out, 10))
+	}
+}
