@@ -49,15 +49,21 @@ func (w *gpuWatch) run(socket, dir string, dir0 helperpb.Transfer_Direction, sin
 		if err != nil {
 			return
 		}
-		for i := len(list) - 1; i >= 0; i-- {
-			t := list[i]
+		// A dump of a process tree makes one copy per process.
+		var mine []*helperpb.Transfer
+		for _, t := range list {
 			if t.Direction == dir0 && time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
-				w.last = t
-				break
+				mine = append(mine, t)
 			}
+		}
+		if len(mine) > 0 {
+			w.last = combine(mine)
 		}
 		if w.last == nil || out == nil {
 			return
+		}
+		if bar != nil && int64(w.last.BytesTotal) != bar.GetMax64() {
+			bar.ChangeMax64(int64(w.last.BytesTotal))
 		}
 		if bar == nil {
 			what := "GPU -> image"
@@ -85,6 +91,29 @@ func (w *gpuWatch) run(socket, dir string, dir0 helperpb.Transfer_Direction, sin
 			poll()
 		}
 	}
+}
+
+// combine sums copies into one: bytes, the span from the first start to the
+// last end, finished when all are, the errors joined.
+func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
+	out := &helperpb.Transfer{ImageDir: ts[0].ImageDir, Direction: ts[0].Direction, StartedUnixMs: ts[0].StartedUnixMs, Finished: true}
+	var end int64 // microseconds since the epoch
+	for _, t := range ts {
+		out.BytesDone += t.BytesDone
+		out.BytesTotal += t.BytesTotal
+		out.Pids = append(out.Pids, t.Pids...)
+		out.StartedUnixMs = min(out.StartedUnixMs, t.StartedUnixMs)
+		end = max(end, t.StartedUnixMs*1000+int64(t.ElapsedUs))
+		out.Finished = out.Finished && t.Finished
+		if t.Error != "" {
+			if out.Error != "" {
+				out.Error += "; "
+			}
+			out.Error += t.Error
+		}
+	}
+	out.ElapsedUs = uint64(max(0, end-out.StartedUnixMs*1000))
+	return out
 }
 
 // stop ends the watch and returns the copy it saw last (nil: none).

@@ -200,9 +200,8 @@ static void primary_ctx(void) {
     EXPECT_RC(cuMemAlloc(&p, 4096), CUDA_SUCCESS);
 }
 
-/* The helper asks for CU_CTX_SCHED_BLOCKING_SYNC before its first retain, so
- * that copy lanes waiting for DMA sleep instead of spinning on the cores the
- * image writer needs. */
+/* The helper may ask for CU_CTX_SCHED_BLOCKING_SYNC before its first retain
+ * (GPUCR_HELPER_WAIT=block). */
 static void primary_flags(void) {
     OK(cuInit(0));
     unsigned flags = 99;

@@ -17,9 +17,9 @@
 # Also measured in the same call: the PCIe floor (pinned 4 GiB copies with
 # PyTorch, each direction), against which the GPU copy of the dump and the
 # load of the restore (the `"gpu"` numbers of `gpucr checkpoint/restore
-# --json`) are given as ratios. WAIT_MODES="block spin" repeats gpucr's part
-# with the helper's lanes waiting in blocking sync (default) and spinning
-# (GPUCR_HELPER_WAIT=spin). TREE_GB=N (default 2; 0: off) adds a process tree:
+# --json`) are given as ratios.  WAIT_MODES="spin block" repeats gpucr's part
+# with the helper's lanes spinning (GPUCR_HELPER_WAIT=spin, the driver's default) and in blocking sync
+# (GPUCR_HELPER_WAIT=block). TREE_GB=N (default 2; 0: off) adds a process tree:
 # a shell with two work.py of N GB each under one `gpucr run`, dumped and
 # restored as a whole, each process's heartbeat checked.
 set -u
@@ -84,7 +84,7 @@ gpu() { $PY -c "import json,sys; l=[x for x in open(sys.argv[2]) if x.startswith
 copyinfo() { $PY -c "
 import sys; s=float(sys.argv[1]); b=float(sys.argv[2]); f=float(sys.argv[3])
 print(f'{s:.3f} s ({b/1e9/s:.1f} GB/s, {s/(b/1e9/f):.2f}x floor)' if s > 0 else 'n/a')" "$(gpu seconds "$1")" "$(gpu bytes "$1")" "$2"; }
-for MODE in ${WAIT_MODES:-block}; do
+for MODE in ${WAIT_MODES:-spin}; do
 kill $HELPER 2>/dev/null; wait $HELPER 2>/dev/null
 start_helper "$MODE"
 note ""
@@ -148,6 +148,11 @@ if [ "$TREE_GB" != 0 ]; then
 	"$GPUCR" status --socket "$SOCK" >"$LOGS/tree-status.txt" 2>&1
 	"$GPUCR" checkpoint "$ROOT" -D "$IMG" --plugin-dir "$PLUGINS" --socket "$SOCK" --json >"$LOGS/tree-ckpt.txt" 2>&1 || bad "tree: checkpoint: $(tail -2 "$LOGS/tree-ckpt.txt")"
 	n1=$(hbs "$T/tree-1.log"); n2=$(hbs "$T/tree-2.log")
+	# The dumped processes must be reaped before their pids can be restored
+	# (the python ones were orphans: init reaps them, sometimes late).
+	for p in $(grep -o 'pid=[0-9]*' "$T"/tree-*.log | cut -d= -f2) $ROOT; do
+		for _ in $(seq 100); do [ -e /proc/$p ] || break; sleep 0.1; done
+	done
 	bufs=$("$GPUCR" image inspect "$IMG" 2>/dev/null | grep -c '^process ' || true)
 	"$GPUCR" restore -D "$IMG" --plugin-dir "$PLUGINS" --socket "$SOCK" --json >"$LOGS/tree-restore.txt" 2>&1 || bad "tree: restore: $(tail -2 "$LOGS/tree-restore.txt")"
 	sleep 3
@@ -158,6 +163,8 @@ if [ "$TREE_GB" != 0 ]; then
 	note "|---|---|---|---|---|"
 	note "| $bufs | $(copyinfo "$LOGS/tree-ckpt.txt" "$DTOH") | $(copyinfo "$LOGS/tree-restore.txt" "$HTOD") | $n1->$m1, $n2->$m2 | $res |"
 	"$GPUCR" image inspect "$IMG" >"$LOGS/tree-inspect.txt" 2>&1
+	cp "$IMG/dump.log" "$LOGS/tree-dump.log" 2>/dev/null
+	cp "$IMG/restore.log" "$LOGS/tree-restore.log" 2>/dev/null
 	pkill -f "$A/work.py" 2>/dev/null
 fi
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/criu-summary.txt" && tar -czf "$OUT/criu-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
