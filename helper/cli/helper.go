@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/daemon"
 	"github.com/gpucr/gpucr/helper/inventory"
+	"github.com/gpucr/gpucr/image"
 )
 
 func socketFlag() *ucli.StringFlag {
@@ -94,6 +96,16 @@ func runHelper(c *ucli.Context) error {
 	} else {
 		defer drv.Close()
 		cfg.Devices = daemon.CUDADevices(drv)
+		// The copy engines' lanes (a thread, a stream and 4 MiB of pinned
+		// staging each; GOMAXPROCS per device) start now rather than in
+		// the first checkpoint or restore.
+		for _, d := range drv.Devices {
+			go func() {
+				if err := d.WarmLanes(runtime.GOMAXPROCS(0), image.DefaultChunkSize); err != nil {
+					log.Warn("starting copy lanes", zap.Int("device", d.Ordinal), zap.Error(err))
+				}
+			}()
+		}
 	}
 	for _, d := range inv.Devices {
 		log.Info("device", zap.Int("ordinal", d.Ordinal), zap.String("uuid", d.UUID), zap.String("name", d.Name),

@@ -49,6 +49,63 @@ type Lane struct {
 	done    chan struct{}
 }
 
+// maxIdleLanes bounds the lanes a device keeps between copies.
+const maxIdleLanes = 64
+
+// AcquireLane returns an idle lane whose staging buffer holds at least
+// staging bytes, or starts a new one.
+func (dev *Device) AcquireLane(staging int) (*Lane, error) {
+	dev.laneMu.Lock()
+	for i, l := range dev.idleLanes {
+		if len(l.Staging) >= staging {
+			dev.idleLanes = append(dev.idleLanes[:i], dev.idleLanes[i+1:]...)
+			dev.laneMu.Unlock()
+			return l, nil
+		}
+	}
+	dev.laneMu.Unlock()
+	return dev.NewLane(staging)
+}
+
+// ReleaseLane keeps l for the next copy. A lane whose copy failed should be
+// closed instead (its stream may be in an error state).
+func (dev *Device) ReleaseLane(l *Lane) {
+	dev.laneMu.Lock()
+	if !dev.closing && len(dev.idleLanes) < maxIdleLanes {
+		dev.idleLanes = append(dev.idleLanes, l)
+		dev.laneMu.Unlock()
+		return
+	}
+	dev.laneMu.Unlock()
+	l.Close()
+}
+
+// WarmLanes starts n lanes of staging bytes and keeps them idle, so that the
+// first copy does not pay for starting them; errors are returned, the lanes
+// started so far kept.
+func (dev *Device) WarmLanes(n, staging int) error {
+	lanes := make([]*Lane, 0, n)
+	var err error
+	for range n {
+		var l *Lane
+		if l, err = dev.AcquireLane(staging); err != nil {
+			break
+		}
+		lanes = append(lanes, l)
+	}
+	for _, l := range lanes {
+		dev.ReleaseLane(l)
+	}
+	return err
+}
+
+// IdleLanes is how many lanes the device keeps (for tests).
+func (dev *Device) IdleLanes() int {
+	dev.laneMu.Lock()
+	defer dev.laneMu.Unlock()
+	return len(dev.idleLanes)
+}
+
 // NewLane starts a lane with a pinned staging buffer of staging bytes.
 func (dev *Device) NewLane(staging int) (*Lane, error) {
 	l := &Lane{dev: dev, work: make(chan func()), done: make(chan struct{})}

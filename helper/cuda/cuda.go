@@ -89,6 +89,13 @@ type Device struct {
 	done chan struct{}
 	stop sync.Once
 	ctx  C.CUcontext // primary context, retained by the worker while it runs
+
+	// Lanes kept between copies (AcquireLane, ReleaseLane): starting one
+	// costs a thread, a stream and a pinned allocation, which added about
+	// 20 ms to every checkpoint and restore of the H200 host's 16 lanes.
+	laneMu    sync.Mutex
+	idleLanes []*Lane
+	closing   bool
 }
 
 // Handle is a CUmemGenericAllocationHandle.
@@ -254,6 +261,13 @@ func (dev *Device) do(f func()) error {
 }
 
 func (dev *Device) close() {
+	dev.laneMu.Lock()
+	idle := dev.idleLanes
+	dev.idleLanes, dev.closing = nil, true
+	dev.laneMu.Unlock()
+	for _, l := range idle {
+		l.Close() // before the primary context goes
+	}
 	dev.stop.Do(func() { close(dev.work) })
 	<-dev.done
 }

@@ -114,7 +114,7 @@ func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uin
 	for dev, ps := range pieces(regions, chunk) {
 		work := make(chan piece)
 		for range min(opts.lanes(), len(ps)) {
-			l, err := dev.NewLane(chunk)
+			l, err := dev.AcquireLane(chunk)
 			if err != nil {
 				fail(fmt.Errorf("device %s: %w", dev.UUID, err))
 				break
@@ -122,7 +122,14 @@ func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uin
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer l.Close()
+				laneOK := true
+				defer func() {
+					if laneOK {
+						dev.ReleaseLane(l)
+					} else {
+						l.Close()
+					}
+				}()
 				for p := range work {
 					if failed() {
 						continue // drain: the first error ends the job
@@ -132,6 +139,7 @@ func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uin
 						err = e
 					}
 					if err != nil {
+						laneOK = false
 						r := regions[p.r]
 						fail(fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
 						continue

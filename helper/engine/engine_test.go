@@ -116,6 +116,10 @@ func TestDumpLoadRoundTrip(t *testing.T) {
 	if last != total {
 		t.Errorf("progress reported %d bytes, moved %d", last, total)
 	}
+	// The lanes stay for the next copy (and the next copy reuses them).
+	if n := d.Devices[0].IdleLanes(); n < 3 {
+		t.Errorf("device 0 keeps %d lanes after a 3-lane dump", n)
+	}
 	im, err := image.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +139,9 @@ func TestDumpLoadRoundTrip(t *testing.T) {
 	}
 	if err := Load(fresh, im, bufs, Options{Lanes: 4}); err != nil {
 		t.Fatal(err)
+	}
+	if n := d.Devices[0].IdleLanes(); n < 4 {
+		t.Errorf("device 0 keeps %d lanes after a 4-lane load", n)
 	}
 	for i, r := range fresh {
 		if !bytes.Equal(readBack(t, r), want[i]) {
