@@ -406,3 +406,38 @@ func TestPluginFailureAfterDetach(t *testing.T) {
 		})
 	}
 }
+
+// TestRestoreRefusedOnSmallGPU: the image holds more GPU memory than the
+// GPU (here: the restarted helper's simulated device) has; the restore is
+// refused, naming that, before CRIU forks anything, and the helper holds
+// nothing afterwards.
+func TestRestoreRefusedOnSmallGPU(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	libdir := pluginDir(t)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "64", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir)
+	a.reap(30 * time.Second)
+	h.stop()
+	small := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_SIM_MEM_MIB=32"))
+	out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log", "-v4")
+	log, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+	if err == nil || !strings.Contains(out, "restore refused") || !strings.Contains(out, "ERROR_OUT_OF_MEMORY") {
+		t.Fatalf("criu restore onto a GPU too small for the image: %v\n%s", err, out)
+	}
+	if strings.Contains(string(log), "Forking task") {
+		t.Errorf("CRIU forked tasks although the GPU image was refused at init:\n%s", tail(string(log), 20))
+	}
+	if st := procState(a.pid); st != "" {
+		t.Errorf("pid %d exists (state %s) after a refused restore", a.pid, st)
+	}
+	waitNoClients(t, small, 10*time.Second)
+}
