@@ -139,24 +139,17 @@ func helperLog(h *helperProc) string {
 // naming the helper, and the application keeps running on its own, computing
 // on exactly (the interposer's fallback after a helper death).
 func TestHelperKilledMidDump(t *testing.T) {
-	criu := needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-copy"))
-	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	rig := newCriuRig(t, "GPUCR_FAULT=stall-copy")
+	criu, dir, env, h, img := rig.criu, rig.dir, rig.env, rig.h, rig.img
 	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
 	a.waitIter(15, time.Minute)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		t.Fatal(err)
-	}
 	type result struct {
 		out string
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img, "--libdir", pluginDir(t), "-o", "dump.log")
+		out, err := runErr(2*time.Minute, rig.criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img, "--libdir", rig.libdir, "-o", "dump.log")
 		done <- result{out, err}
 	}()
 	deadline := time.Now().Add(time.Minute)

@@ -48,18 +48,10 @@ func criuOK(t testing.TB, criu string, env []string, img, log string, args ...st
 // the plugin; the application goes on with exactly the checksums of an
 // uninterrupted run, and the GPU image in CRIU's directory verifies.
 func TestPluginDumpRestore(t *testing.T) {
-	criu := needTool(t, "criu")
 	for _, tc := range appCases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			env := gpucrEnv(t)
-			h := startHelper(t, dir, env)
-			criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-			libdir := pluginDir(t)
-			img := filepath.Join(dir, "img")
-			if err := os.Mkdir(img, 0o700); err != nil {
-				t.Fatal(err)
-			}
+			rig := newCriuRig(t)
+			criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
 			a := startUnder(t, dir, h, env, tc.name, append(append([]string{}, tc.args...), "--interval-ms", "20")...)
 			a.waitIter(15, time.Minute)
 			criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir, "-v4")
@@ -84,16 +76,8 @@ func TestPluginDumpRestore(t *testing.T) {
 // process gets its GPU back at once and computes on exactly; the image
 // restores into a second process after the first is killed.
 func TestPluginLeaveRunning(t *testing.T) {
-	criu := needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	libdir := pluginDir(t)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
 	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
 	a.waitIter(15, time.Minute)
 	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--leave-running", "--libdir", libdir, "-v4")
@@ -101,6 +85,29 @@ func TestPluginLeaveRunning(t *testing.T) {
 	a.waitIter(at+20, time.Minute)
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+}
+
+// criuRig is what the CRIU tests share: a helper, the environment CRIU runs
+// in (its plugin reaches that helper), the plugin directory and an empty
+// image directory.
+type criuRig struct {
+	criu, dir, libdir, img string
+	env, criuEnv           []string
+	h                      *helperProc
+}
+
+// newCriuRig starts a helper with helperEnv added to the simulated driver's
+// environment.
+func newCriuRig(t *testing.T, helperEnv ...string) *criuRig {
+	t.Helper()
+	r := &criuRig{criu: needTool(t, "criu"), dir: t.TempDir(), env: gpucrEnv(t), libdir: pluginDir(t)}
+	r.h = startHelper(t, r.dir, append(append([]string{}, r.env...), helperEnv...))
+	r.criuEnv = append(append([]string{}, r.env...), "GPUCR_SOCKET="+r.h.socket)
+	r.img = filepath.Join(r.dir, "img")
+	if err := os.Mkdir(r.img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // TestCLICheckpointRestore: `gpucr checkpoint` and `gpucr restore` drive
@@ -159,16 +166,8 @@ func TestCLICheckpointRestore(t *testing.T) {
 // the damage, and no restored process survives; a truncated chunk file is
 // refused before CRIU restores anything.
 func TestPluginTwoRestoresAndDamage(t *testing.T) {
-	criu := needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	libdir := pluginDir(t)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
 	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
 	a.waitIter(15, time.Minute)
 	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir)
@@ -249,16 +248,8 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 // script holds CRIU). The helper sees the plugin's connection close without
 // a report, gives the live process its GPU back, and it computes on exactly.
 func TestPluginCRIUKilledMidDump(t *testing.T) {
-	criu := needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	libdir := pluginDir(t)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
 	marker := filepath.Join(dir, "post-dump")
 	script := filepath.Join(dir, "hold.sh")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\ntouch "+marker+"\nsleep 60\n"), 0o755); err != nil {
@@ -313,16 +304,8 @@ func TestPluginCRIUKilledMidDump(t *testing.T) {
 // its two children, heartbeat and ptrchase, all under gpucr run) dumps into
 // one image holding both processes' GPU memory and restores as a whole.
 func TestPluginProcessTree(t *testing.T) {
-	criu := needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	libdir := pluginDir(t)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
 	hb := &app{t: t, name: "heartbeat", log: filepath.Join(dir, "heartbeat.log")}
 	pc := &app{t: t, name: "ptrchase", log: filepath.Join(dir, "ptrchase.log")}
 	script := binPath(t, "heartbeat") + " --mib 8 --interval-ms 20 >>" + hb.log + " 2>&1 & " +
@@ -381,17 +364,10 @@ func TestPluginProcessTree(t *testing.T) {
 // with GPUCR_FAULT): the dump fails, and the process gets everything back
 // and computes on exactly.
 func TestPluginFailureAfterDetach(t *testing.T) {
-	criu := needTool(t, "criu")
 	for _, fault := range []string{"driver-lock", "driver-checkpoint"} {
 		t.Run(fault, func(t *testing.T) {
-			dir := t.TempDir()
-			env := gpucrEnv(t)
-			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT="+fault))
-			criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-			img := filepath.Join(dir, "img")
-			if err := os.Mkdir(img, 0o700); err != nil {
-				t.Fatal(err)
-			}
+			rig := newCriuRig(t, "GPUCR_FAULT="+fault)
+			criu, dir, env, h, criuEnv, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.img
 			a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "200")
 			a.waitIter(15, time.Minute)
 			out, err := runErr(2*time.Minute, criuEnv, criu, "dump", "-t", strconv.Itoa(a.pid), "-D", img,
@@ -412,16 +388,8 @@ func TestPluginFailureAfterDetach(t *testing.T) {
 // refused, naming that, before CRIU forks anything, and the helper holds
 // nothing afterwards.
 func TestRestoreRefusedOnSmallGPU(t *testing.T) {
-	criu := needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	criuEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	libdir := pluginDir(t)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
 	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "64", "--interval-ms", "20")
 	a.waitIter(10, time.Minute)
 	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir)
