@@ -174,6 +174,35 @@ static const char *transport_err(int rc) {
 }
 
 /*
+ * One request to the helper on the plugin's connection. 0: it succeeded, and
+ * *out (if out is not NULL) holds the reply, which the caller frees. Else
+ * why says what went wrong, and the result is the helper's error code (> 0),
+ * or -1 when no answer came (the connection is then closed).
+ */
+static int call(Req *req, Resp **out, char *why, size_t n) {
+    Resp *r = NULL;
+    int rc = roundtrip(req, &r);
+    if (rc < 0) {
+        snprintf(why, n, "%s", transport_err(rc));
+        return -1;
+    }
+    if (r->error) {
+        int code = (int)r->error->code;
+        if (code <= 0)
+            code = -1; /* ERROR_UNSPECIFIED is a failure too */
+        snprintf(why, n, "%s: %s", code_name(r->error->code), r->error->message);
+        gpucr__helper__v1__response__free_unpacked(r, NULL);
+        return code;
+    }
+    why[0] = 0;
+    if (out)
+        *out = r;
+    else
+        gpucr__helper__v1__response__free_unpacked(r, NULL);
+    return 0;
+}
+
+/*
  * Connect and Hello, once per CRIU run. 0; 1: no helper listens (no socket,
  * or a stale one); -1: error, printed.
  */
@@ -337,20 +366,14 @@ static int gpucr_pause_devices(int pid) {
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT;
     req.checkpoint = &ck;
     Resp *r = NULL;
-    int rc = roundtrip(&req, &r);
-    if (rc < 0) {
-        perr("checkpoint of pid %d: %s", pid, transport_err(rc));
-        return -1;
+    char why[1024];
+    int rc = call(&req, &r, why, sizeof why);
+    if (rc == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
+        pdebug("pid %d is not a gpucr client", pid);
+        return -ENOTSUP;
     }
-    if (r->error) {
-        int code = r->error->code;
-        if (code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
-            pdebug("pid %d is not a gpucr client", pid);
-            gpucr__helper__v1__response__free_unpacked(r, NULL);
-            return -ENOTSUP;
-        }
-        perr("checkpoint of the GPU state of pid %d failed: %s: %s", pid, code_name(code), r->error->message);
-        gpucr__helper__v1__response__free_unpacked(r, NULL);
+    if (rc != 0) {
+        perr("checkpoint of the GPU state of pid %d failed: %s", pid, why);
         return -1;
     }
     if (r->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT && r->checkpoint)
@@ -392,25 +415,15 @@ static int gpucr_resume_devices_late(int pid) {
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_RESTORED;
     req.restored = &rs;
-    Resp *r = NULL;
-    int rc = roundtrip(&req, &r);
-    if (rc < 0) {
-        kill_restored(pid, transport_err(rc));
+    char why[1024];
+    int rc = call(&req, NULL, why, sizeof why);
+    if (rc == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND)
+        return -ENOTSUP;
+    if (rc != 0) {
+        kill_restored(pid, why);
         return -1;
     }
-    int ret = 0;
-    if (r->error) {
-        if (r->error->code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
-            ret = -ENOTSUP;
-        } else {
-            char why[1024];
-            snprintf(why, sizeof why, "%s: %s", code_name(r->error->code), r->error->message);
-            kill_restored(pid, why);
-            ret = -1;
-        }
-    }
-    gpucr__helper__v1__response__free_unpacked(r, NULL);
-    return ret;
+    return 0;
 }
 
 static int prepare_restore(void) {
@@ -448,20 +461,12 @@ static int prepare_restore(void) {
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE;
     req.prepare_restore = &pr;
-    Resp *r = NULL;
-    int rc = roundtrip(&req, &r);
-    if (rc < 0) {
-        perr("restore refused: preparing the GPU state in %s: %s", dir, transport_err(rc));
-        return -1;
-    }
-    if (r->error) {
-        perr("restore refused: the gpucr helper cannot restore the GPU state in %s: %s: %s", dir,
-             code_name(r->error->code), r->error->message);
-        gpucr__helper__v1__response__free_unpacked(r, NULL);
+    char why[1024];
+    if (call(&req, NULL, why, sizeof why) != 0) {
+        perr("restore refused: the gpucr helper cannot restore the GPU state in %s: %s", dir, why);
         disconnect();
         return -1;
     }
-    gpucr__helper__v1__response__free_unpacked(r, NULL);
     P.prepared = true;
     pdebug("GPU state in %s checked and being loaded by the helper", dir);
     return 0;
@@ -488,18 +493,12 @@ static void send_dump_done(void) {
         Req req = GPUCR__HELPER__V1__REQUEST__INIT;
         req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_DUMP_DONE;
         req.dump_done = &dd;
-        Resp *r = NULL;
-        int rc = roundtrip(&req, &r);
-        if (rc < 0) {
-            perr("dump done for pid %d (alive=%d): %s", P.pids[i], alive, transport_err(rc));
-            continue;
-        }
-        if (r->error)
-            perr("dump done for pid %d (alive=%d) failed: %s: %s%s", P.pids[i], alive, code_name(r->error->code),
-                 r->error->message, alive ? " (the process may stay stopped waiting for its GPU)" : "");
+        char why[1024];
+        if (call(&req, NULL, why, sizeof why) != 0)
+            perr("dump done for pid %d (alive=%d) failed: %s%s", P.pids[i], alive, why,
+                 alive ? " (the process may stay stopped waiting for its GPU)" : "");
         else
             pdebug("dump done for pid %d (alive=%d)", P.pids[i], alive);
-        gpucr__helper__v1__response__free_unpacked(r, NULL);
     }
 }
 
@@ -592,18 +591,12 @@ static void commit_image(bool abort) {
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE;
     req.commit_image = &ci;
-    Resp *r = NULL;
-    int rc = roundtrip(&req, &r);
-    if (rc < 0) {
-        perr("%s the GPU image in %s: %s", abort ? "dropping" : "committing", P.dir, transport_err(rc));
-        return;
-    }
-    if (r->error)
-        perr("%s the GPU image in %s failed: %s: %s%s", abort ? "dropping" : "committing", P.dir,
-             code_name(r->error->code), r->error->message, abort ? "" : " (this image cannot be restored)");
+    char why[1024];
+    if (call(&req, NULL, why, sizeof why) != 0)
+        perr("%s the GPU image in %s failed: %s%s", abort ? "dropping" : "committing", P.dir, why,
+             abort ? "" : " (this image cannot be restored)");
     else
         pdebug("GPU image in %s %s", P.dir, abort ? "dropped" : "committed");
-    gpucr__helper__v1__response__free_unpacked(r, NULL);
 }
 
 static void gpucr_fini(int stage, int ret) {
