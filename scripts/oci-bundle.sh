@@ -4,7 +4,7 @@
 # `runc checkpoint` / `runc restore` with CRIU.
 #
 # usage: scripts/oci-bundle.sh [-w HOSTDIR:CTRDIR]... [-e NAME=VALUE]...
-#                              [-C CWD] DIR -- CMD [ARGS...]
+#                              [-d DEVICE]... [-C CWD] DIR -- CMD [ARGS...]
 #
 #   DIR       bundle directory to create (config.json + rootfs/); an existing
 #             bundle there is replaced (its config.json and rootfs/ only).
@@ -12,6 +12,9 @@
 #             (may be repeated); H is created if missing.
 #   -e N=V    set environment variable N to V in the container (repeatable);
 #             PATH defaults to the usual system PATH.
+#   -d DEV    give the container the host's device node DEV (a path such as
+#             /dev/nvidia0; repeatable): created in the container's /dev with
+#             the same type and numbers, and allowed by the device cgroup.
 #   -C CWD    working directory of the process (default: /).
 #   CMD ...   the process' argv. With no terminal the process inherits
 #             runc's stdio, so redirect inside the container, e.g.
@@ -58,12 +61,17 @@ usage() {
 
 binds=()   # HOST:CTR pairs
 envs=()    # NAME=VALUE
+devs=()    # TYPE:MAJOR:MINOR:PATH
 cwd=/
 dir=
 while [ $# -gt 0 ]; do
 	case $1 in
 	-w) [ $# -ge 2 ] || usage; binds+=("$2"); shift 2 ;;
 	-e) [ $# -ge 2 ] || usage; envs+=("$2"); shift 2 ;;
+	-d) [ $# -ge 2 ] || usage
+		[ -c "$2" ] || [ -b "$2" ] || die "-d: $2 is not a device node"
+		t=c; [ -b "$2" ] && t=b
+		devs+=("$t:$((16#$(stat -c %t "$2"))):$((16#$(stat -c %T "$2"))):$2"); shift 2 ;;
 	-C) [ $# -ge 2 ] || usage; cwd=$2; shift 2 ;;
 	-h|--help) usage 0 ;;
 	--) shift; break ;;
@@ -115,6 +123,7 @@ python3 - "$dir/config.json" \
 	"${#ro_dirs[@]}" "${ro_dirs[@]}" \
 	"${#binds[@]}" "${binds[@]+"${binds[@]}"}" \
 	"${#envs[@]}" "${envs[@]+"${envs[@]}"}" \
+	"${#devs[@]}" "${devs[@]+"${devs[@]}"}" \
 	"$cwd" "$@" <<'PY'
 import json, sys
 
@@ -127,7 +136,7 @@ def group():
     del args[:n]
     return out
 
-ro_dirs, binds, envs = group(), group(), group()
+ro_dirs, binds, envs, devs = group(), group(), group(), group()
 cwd = args.pop(0)
 cmd = args
 
@@ -160,6 +169,12 @@ for b in binds:
 cfg["mounts"] = mounts
 
 linux = cfg.setdefault("linux", {})
+for d in devs:
+    typ, major, minor, dpath = d.split(":", 3)
+    linux.setdefault("devices", []).append({"path": dpath, "type": typ, "major": int(major),
+                                            "minor": int(minor), "fileMode": 0o666, "uid": 0, "gid": 0})
+    linux.setdefault("resources", {}).setdefault("devices", []).append(
+        {"allow": True, "type": typ, "major": int(major), "minor": int(minor), "access": "rwm"})
 # Share the host's network namespace.
 linux["namespaces"] = [ns for ns in linux.get("namespaces", [])
                        if ns.get("type") != "network"]

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# runc checkpoint / restore of a container running PyTorch on the GPU, with
+# gpucr's CRIU plugin (what tests/e2e/runc_test.go does on the simulated
+# driver), in one call on the GPU machine:
+#
+#   bash tests/gpu/runc-gpu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR RUNC_DIR [GB]
+#
+# GPUCR_PREFIX: scripts/make-gpucr-bundle.sh output; CRIU_BUNDLE:
+# scripts/make-criu-bundle.sh output; ANCHOR_DIR: a copy of the shared anchor
+# (work.py); RUNC_DIR: a directory holding a runc binary (the machine has
+# none). The container (scripts/oci-bundle.sh): the host's /usr, /etc, ...
+# read-only, the NVIDIA device nodes, the helper's socket directory, the
+# gpucr prefix at /gpucr (LD_PRELOAD of its interposer), work.py GB (default
+# 2) writing its heartbeat to a host directory. Then `runc checkpoint` (CRIU
+# with the plugin, named by the org.criu.config annotation), `runc restore`,
+# and the heartbeat must go on advancing. Logs in build/gpu/runc (and $OUT).
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: runc-gpu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR RUNC_DIR [GB]}" && pwd)
+C=$(cd "${2:?usage}" && pwd)
+A=$(cd "${3:?usage}" && pwd)
+R=$(cd "${4:?usage}" && pwd)
+GB=${5:-2}
+export PATH="$R:$C/bin:$PATH" # runc, and the criu runc calls
+LOGS=${LOGS:-build/gpu/runc}
+mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+W=$LOGS/work CW=$LOGS/criu-work IMG=/dev/shm/gpucr-runc-img ROOT=$LOGS/runc-root ID=gpucr-gpu
+rm -rf "$W" "$CW" "$IMG" && mkdir -p "$W" "$CW" "$IMG" "$ROOT"
+: >"$LOGS/summary.txt"
+fail=0
+note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
+bad() { note "FAIL: $*"; fail=1; }
+now() { date +%s.%N; }
+hbs() { grep -c '^hb' "$W/w.log" 2>/dev/null || echo 0; }
+
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(runc --version | head -1); $(criu --version | head -1)"
+SOCK=/run/gpucr/helper.sock
+mkdir -p /run/gpucr
+"$G/bin/gpucr" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
+HELPER=$!
+trap 'runc --root "$ROOT" delete -f $ID >/dev/null 2>&1; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
+for _ in $(seq 100); do "$G/bin/gpucr" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+
+# Python and torch may live outside /usr (a venv, conda): bind those too.
+PY=$(command -v python3)
+extra=()
+for p in $(python3 -c 'import sys, os, torch; print(sys.prefix); print(sys.base_prefix); print(os.path.dirname(os.path.dirname(torch.__file__)))'); do
+	case $p in /usr | /usr/*) ;; *) extra+=(-w "$p:$p") ;; esac
+done
+for d in /dev/nvidia*; do
+	[ -c "$d" ] && extra+=(-d "$d")
+done
+bash scripts/oci-bundle.sh -w "$G:/gpucr" -w "$W:/work" -w /run/gpucr:/run/gpucr -w "$A:/anchor" "${extra[@]}" \
+	-e LD_PRELOAD=/gpucr/lib/libgpucr.so -e GPUCR_SOCKET=/run/gpucr/helper.sock \
+	"$LOGS/bundle" -- /bin/sh -c "exec $PY /anchor/work.py $GB /work/w.log >>/work/out.log 2>&1" >"$LOGS/bundle.txt" 2>&1 ||
+	{ bad "bundle: $(tail -2 "$LOGS/bundle.txt")"; exit 1; }
+echo "libdir $G/lib/criu" >"$LOGS/criu.conf"
+python3 - "$LOGS/bundle/config.json" "$LOGS/criu.conf" <<'PY'
+import json, sys
+p = sys.argv[1]
+c = json.load(open(p))
+c.setdefault("annotations", {})["org.criu.config"] = sys.argv[2]
+json.dump(c, open(p, "w"), indent=2)
+PY
+
+runc --root "$ROOT" run -d --pid-file "$LOGS/pid1" -b "$LOGS/bundle" $ID </dev/null >"$LOGS/run.txt" 2>&1 || { bad "runc run: $(tail -3 "$LOGS/run.txt")"; exit 1; }
+for _ in $(seq 900); do grep -q '^ready' "$W/w.log" 2>/dev/null && break; sleep 0.1; done
+grep -q '^ready' "$W/w.log" 2>/dev/null || { bad "work.py did not start in the container: $(tail -3 "$W/out.log")"; exit 1; }
+sleep 1
+"$G/bin/gpucr" status --socket "$SOCK" >"$LOGS/status.txt" 2>&1
+P1=$(cat "$LOGS/pid1")
+grep -q "^  $P1 " "$LOGS/status.txt" || bad "the container's process (pid $P1) is not a client of the helper: $(cat "$LOGS/status.txt")"
+
+t0=$(now)
+runc --root "$ROOT" checkpoint --image-path "$IMG" --work-path "$CW" $ID >"$LOGS/checkpoint.txt" 2>&1 || bad "runc checkpoint: $(tail -3 "$LOGS/checkpoint.txt"; tail -5 "$CW/dump.log")"
+t1=$(now)
+n0=$(hbs)
+size=$(du -sb "$IMG" | cut -f1)
+"$G/bin/gpucr" image verify "$IMG" >"$LOGS/verify.txt" 2>&1 || bad "gpucr image verify: $(tail -2 "$LOGS/verify.txt")"
+t2=$(now)
+runc --root "$ROOT" restore -d --image-path "$IMG" --work-path "$CW" --pid-file "$LOGS/pid2" -b "$LOGS/bundle" $ID </dev/null >"$LOGS/restore.txt" 2>&1 || bad "runc restore: $(tail -3 "$LOGS/restore.txt"; tail -5 "$CW/restore.log")"
+t3=$(now)
+t4=""
+for _ in $(seq 3000); do
+	if [ "$(hbs)" -gt "$n0" ]; then t4=$(now); break; fi
+	sleep 0.01
+done
+adv=no
+if [ -n "$t4" ]; then
+	c1=$(grep '^hb' "$W/w.log" | tail -1 | awk '{print $4}')
+	sleep 1
+	c2=$(grep '^hb' "$W/w.log" | tail -1 | awk '{print $4}')
+	[ "$c1" != "$c2" ] && adv=yes
+fi
+[ $adv = yes ] || bad "no advancing heartbeat after runc restore"
+note "| GB | runc checkpoint | image | runc restore | restore to next heartbeat | host pid before / after | checksum advancing after |"
+note "|---|---|---|---|---|---|---|"
+note "| $GB | $(python3 -c "print(f'{$t1-$t0:.3f} s')") | $((size / 1000000)) MB | $(python3 -c "print(f'{$t3-$t2:.3f} s')") | $([ -n "$t4" ] && python3 -c "print(f'{$t4-$t2:.3f} s')" || echo never) | $P1 / $(cat "$LOGS/pid2" 2>/dev/null) | $adv |"
+cp "$CW"/*.log "$LOGS/" 2>/dev/null
+[ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/runc-summary.txt" && tar -czf "$OUT/runc-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" --exclude=bundle 2>/dev/null
+exit $fail
