@@ -22,7 +22,11 @@
 #
 # The container:
 #   - rootfs: an empty directory with read-only bind mounts of the host's
-#     /usr /etc and (where they are real directories) /bin /sbin /lib /lib64;
+#     /usr /etc and (where they are real directories) /bin /sbin /lib /lib64,
+#     each mount below them bound on its own (not through a recursive bind:
+#     runc tells CRIU that the bundle's mounts are external, and CRIU refuses
+#     to dump a file system it does not know that came along a recursive
+#     bind, such as a GPU host's /usr/local/nvidia);
 #     where the host has merged-/usr symlinks (bin -> usr/bin ...) the same
 #     symlinks are made in rootfs instead. Plus tmpfs /tmp and the -w binds.
 #   - no rlimits (this machine lacks CAP_SYS_RESOURCE: runc would fail to set
@@ -116,6 +120,12 @@ for d in /usr /etc /bin /sbin /lib /lib64; do
 		ro_dirs+=("$d")
 	fi
 done
+# The mounts below them (mountinfo field 5, octal escapes decoded), parents
+# first; only directories (a file bind mount would need a file mount point).
+top=$(IFS='|'; echo "${ro_dirs[*]}")
+while IFS= read -r m; do
+	[ -d "$m" ] && ro_dirs+=("$m")
+done < <(awk '{print $5}' /proc/self/mountinfo | grep -E "^($top)/" | while IFS= read -r m; do printf '%b\n' "$m"; done | sort -u)
 
 # Edit config.json. Lists are passed as counted argv groups:
 #   config  nRO ro...  nBIND bind...  nENV env...  cwd  cmd...
@@ -159,7 +169,7 @@ cfg["root"] = {"path": "rootfs", "readonly": True}
 mounts = cfg.get("mounts", [])
 for d in ro_dirs:
     mounts.append({"destination": d, "type": "bind", "source": d,
-                   "options": ["rbind", "ro", "nosuid"]})
+                   "options": ["bind", "ro", "nosuid"]})
 mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "nodev", "mode=1777"]})
 for b in binds:

@@ -73,7 +73,12 @@ P1=$(cat "$LOGS/pid1")
 grep -q "^  $P1 " "$LOGS/status.txt" || bad "the container's process (pid $P1) is not a client of the helper: $(cat "$LOGS/status.txt")"
 
 t0=$(now)
-runc --root "$ROOT" checkpoint --image-path "$IMG" --work-path "$CW" $ID >"$LOGS/checkpoint.txt" 2>&1 || bad "runc checkpoint: $(tail -3 "$LOGS/checkpoint.txt"; tail -5 "$CW/dump.log")"
+if ! runc --root "$ROOT" checkpoint --image-path "$IMG" --work-path "$CW" $ID >"$LOGS/checkpoint.txt" 2>&1; then
+	bad "runc checkpoint: $(tail -3 "$LOGS/checkpoint.txt"; grep Error "$CW/dump.log" | tail -5)"
+	cp "$CW"/*.log "$LOGS/" 2>/dev/null
+	[ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/runc-summary.txt" && tar -czf "$OUT/runc-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" --exclude=bundle 2>/dev/null
+	exit 1
+fi
 t1=$(now)
 n0=$(hbs)
 size=$(du -sb "$IMG" | cut -f1)
