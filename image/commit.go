@@ -2,6 +2,8 @@ package image
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/gpucr/gpucr/protocol/imagepb"
@@ -116,6 +118,18 @@ func (w *Writer) manifest() *imagepb.Manifest {
 			countChunk(&st, &b.chunks[i])
 		}
 		m.Buffers = append(m.Buffers, pb)
+	}
+	procs := maps.Clone(w.procs)
+	if procs == nil {
+		procs = map[int]int{}
+	}
+	for _, b := range w.buffers {
+		if b.info.Pid > 0 && procs[b.info.Pid] == 0 { // pid 0: unknown (tests, tools)
+			procs[b.info.Pid] = b.info.NsPid
+		}
+	}
+	for _, pid := range slices.Sorted(maps.Keys(procs)) {
+		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid])})
 	}
 	m.Stats = statsToPB(st)
 	return m

@@ -154,6 +154,13 @@ func validateManifest(m *imagepb.Manifest) error {
 			return fmt.Errorf("buffer %d (0x%x): %w", bi, b.GetAddress(), err)
 		}
 	}
+	var last int64
+	for _, p := range m.GetProcesses() {
+		if p.GetPid() <= last || p.GetNsPid() < 0 {
+			return corruptf("process list: pid %d (ns pid %d) after %d (pids must be positive, unique and sorted)", p.GetPid(), p.GetNsPid(), last)
+		}
+		last = p.GetPid()
+	}
 	return checkOverlaps(m.GetBuffers())
 }
 

@@ -6,9 +6,11 @@ import (
 	"hash/crc32"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -148,6 +150,25 @@ func (im *Image) Buffers() []BufferInfo {
 	out := make([]BufferInfo, len(im.m.GetBuffers()))
 	for i, b := range im.m.GetBuffers() {
 		out[i] = bufferInfoOf(b)
+	}
+	return out
+}
+
+// Processes lists the processes the image was taken of, by pid: those the
+// manifest records, and the owner of every buffer.
+func (im *Image) Processes() []ProcessInfo {
+	procs := map[int]int{}
+	for _, p := range im.m.GetProcesses() {
+		procs[int(p.GetPid())] = int(p.GetNsPid())
+	}
+	for _, b := range im.m.GetBuffers() {
+		if b.GetPid() > 0 && procs[int(b.GetPid())] == 0 {
+			procs[int(b.GetPid())] = int(b.GetNsPid())
+		}
+	}
+	out := make([]ProcessInfo, 0, len(procs))
+	for _, pid := range slices.Sorted(maps.Keys(procs)) {
+		out = append(out, ProcessInfo{Pid: pid, NsPid: procs[pid]})
 	}
 	return out
 }

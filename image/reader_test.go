@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -431,5 +432,81 @@ func TestCheckFiles(t *testing.T) {
 		}
 		os.Remove(file)
 		os.WriteFile(file, data, 0o644)
+	}
+}
+
+// The manifest lists every process the image was taken of, those without
+// buffers too; older manifests (no list) give the buffers' pids.
+func TestProcesses(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Create(dir, fxOrigin(), Options{ChunkSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][2]int{{30, 3}, {10, 0}, {30, 0}} { // a later 0 does not erase a known ns pid
+		if err := w.AddProcess(p[0], p[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.AddProcess(0, 0); err == nil {
+		t.Error("AddProcess(0) accepted")
+	}
+	bw, err := w.AddBuffer(BufferInfo{Pid: 20, NsPid: 2, Address: 0x1000, Size: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.WriteChunk(0, fxRand(63, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddProcess(40, 0); err == nil {
+		t.Error("AddProcess after Commit accepted")
+	}
+	im, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ProcessInfo{{10, 0}, {20, 2}, {30, 3}}
+	if got := im.Processes(); !slices.Equal(got, want) {
+		t.Errorf("Processes() = %v, want %v", got, want)
+	}
+
+	// Written before the list existed: the buffers' owners.
+	m, err := loadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Processes = nil
+	writeManifestForTest(t, dir, m)
+	if im, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := im.Processes(); !slices.Equal(got, []ProcessInfo{{20, 2}}) {
+		t.Errorf("without a process list: %v", got)
+	}
+
+	// A list that is not sorted, or repeats a pid, is damage.
+	for _, bad := range [][]*imagepb.Process{{{Pid: 5}, {Pid: 4}}, {{Pid: 5}, {Pid: 5}}, {{Pid: -1}}} {
+		m.Processes = bad
+		writeManifestForTest(t, dir, m)
+		if _, err := Open(dir); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("process list %v: Open: %v", bad, err)
+		}
+	}
+}
+
+func writeManifestForTest(t *testing.T, dir string, m *imagepb.Manifest) {
+	t.Helper()
+	data, err := encodeManifest(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifestPath(dir), data, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

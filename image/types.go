@@ -109,6 +109,12 @@ type BufferInfo struct {
 	Kind    AllocKind
 }
 
+// ProcessInfo is one process an image was taken of.
+type ProcessInfo struct {
+	Pid   int
+	NsPid int // 0: unknown
+}
+
 // WriteStats counts what a Writer did. A chunk is exactly one of new (a file
 // written now), dedup (same bytes already stored in this image, or a file
 // the image previously in DIR had), zero (no file) or parent (a file of an

@@ -47,6 +47,7 @@ type Writer struct {
 	err     error // first failure
 	buffers []*BufferWriter
 	spans   map[int][]span // per pid, sorted by address: overlap check in AddBuffer
+	procs   map[int]int    // AddProcess: pid -> ns pid
 	bytesIn atomic.Int64
 }
 
@@ -237,6 +238,27 @@ func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChun
 		}
 	}
 	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, locks, nil
+}
+
+// AddProcess records a process the image is taken of, whether or not it
+// has buffers (AddBuffer records its own process too). nsPid is its pid in
+// its pid namespace, 0 if unknown.
+func (w *Writer) AddProcess(pid, nsPid int) error {
+	if pid <= 0 || nsPid < 0 {
+		return fmt.Errorf("process %d (ns pid %d): invalid pid", pid, nsPid)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != stateOpen {
+		return w.stateErrLocked()
+	}
+	if w.procs == nil {
+		w.procs = map[int]int{}
+	}
+	if nsPid != 0 || w.procs[pid] == 0 {
+		w.procs[pid] = nsPid
+	}
+	return nil
 }
 
 // ID is the image id the manifest will carry (Manifest.image_id): who keeps

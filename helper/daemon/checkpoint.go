@@ -176,6 +176,14 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if err != nil {
 		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
+	// Recorded even without buffers: its restore must know it (a process
+	// may hold a driver context and no device memory).
+	if err := w.AddProcess(int(cl.pid), int(nsPid(cl.pid))); err != nil {
+		if !req.DeferCommit {
+			_ = w.Abort()
+		}
+		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
+	}
 	var bytes uint64
 	for _, r := range regions {
 		bytes += r.Size

@@ -256,6 +256,22 @@ func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePla
 		p.undo()
 		return nil, &helperpb.Error{Code: code, Message: fmt.Sprintf(format, a...)}
 	}
+	newClient := func(pid, ns int) *client {
+		cl := p.byPid[pid]
+		if cl == nil {
+			cl = &client{pid: int32(pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
+				opSem: make(chan struct{}, 1), restored: true, nsPid: int32(ns), wakeAs: int32(pid), load: p.load}
+			cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.String("restored_from", dir))
+			p.byPid[pid] = cl
+		}
+		return cl
+	}
+	// Every process, also those without buffers: they wait to be woken too.
+	for _, pr := range im.Processes() {
+		if only == 0 || pr.Pid == only {
+			newClient(pr.Pid, pr.NsPid)
+		}
+	}
 	for i, b := range im.Buffers() {
 		if only != 0 && b.Pid != only {
 			continue
@@ -278,21 +294,15 @@ func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePla
 		}
 		al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind)}
 		p.made = append(p.made, al)
-		cl := p.byPid[b.Pid]
-		if cl == nil {
-			cl = &client{pid: int32(b.Pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
-				opSem: make(chan struct{}, 1), restored: true, nsPid: int32(b.NsPid), wakeAs: int32(b.Pid), load: p.load}
-			cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.String("restored_from", dir))
-			p.byPid[b.Pid] = cl
-		}
+		cl := newClient(b.Pid, b.NsPid)
 		cl.allocs[al.id] = al
 		cl.bytes += al.size
 		p.regions = append(p.regions, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(h), Size: b.Size, Pid: b.Pid,
 			Address: b.Address, Kind: b.Kind})
 		p.bufs = append(p.bufs, i)
 	}
-	if len(p.byPid) == 0 {
-		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no buffers of pid %d", dir, only)
+	if only != 0 && len(p.byPid) == 0 {
+		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
 	}
 	return p, nil
 }

@@ -274,8 +274,13 @@ type Manifest struct {
 	// Set by gc when chunk files this image needs were deleted because only
 	// kept descendants' chunks survive: the image is then not restorable by
 	// itself (its descendants still are).
-	Pruned        bool   `protobuf:"varint,8,opt,name=pruned,proto3" json:"pruned,omitempty"`
-	Stats         *Stats `protobuf:"bytes,9,opt,name=stats,proto3" json:"stats,omitempty"`
+	Pruned bool   `protobuf:"varint,8,opt,name=pruned,proto3" json:"pruned,omitempty"`
+	Stats  *Stats `protobuf:"bytes,9,opt,name=stats,proto3" json:"stats,omitempty"`
+	// Every process the image was taken of, with or without buffers (a
+	// process may hold a driver context and no device memory; restoring it
+	// still needs the helper to know it). Sorted by pid. Images written before
+	// this field: the pids of their buffers.
+	Processes     []*Process `protobuf:"bytes,10,rep,name=processes,proto3" json:"processes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +378,66 @@ func (x *Manifest) GetStats() *Stats {
 	return nil
 }
 
+func (x *Manifest) GetProcesses() []*Process {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
+type Process struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pid   int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Its pid in its own pid namespace; 0: unknown.
+	NsPid         int64 `protobuf:"varint,2,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Process) Reset() {
+	*x = Process{}
+	mi := &file_protocol_image_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Process) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Process) ProtoMessage() {}
+
+func (x *Process) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_image_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Process.ProtoReflect.Descriptor instead.
+func (*Process) Descriptor() ([]byte, []int) {
+	return file_protocol_image_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Process) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Process) GetNsPid() int64 {
+	if x != nil {
+		return x.NsPid
+	}
+	return 0
+}
+
 type Origin struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
@@ -388,7 +453,7 @@ type Origin struct {
 
 func (x *Origin) Reset() {
 	*x = Origin{}
-	mi := &file_protocol_image_proto_msgTypes[2]
+	mi := &file_protocol_image_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +465,7 @@ func (x *Origin) String() string {
 func (*Origin) ProtoMessage() {}
 
 func (x *Origin) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[2]
+	mi := &file_protocol_image_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +478,7 @@ func (x *Origin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Origin.ProtoReflect.Descriptor instead.
 func (*Origin) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{2}
+	return file_protocol_image_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Origin) GetHost() string {
@@ -472,7 +537,7 @@ type Parent struct {
 
 func (x *Parent) Reset() {
 	*x = Parent{}
-	mi := &file_protocol_image_proto_msgTypes[3]
+	mi := &file_protocol_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +549,7 @@ func (x *Parent) String() string {
 func (*Parent) ProtoMessage() {}
 
 func (x *Parent) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[3]
+	mi := &file_protocol_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +562,7 @@ func (x *Parent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Parent.ProtoReflect.Descriptor instead.
 func (*Parent) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{3}
+	return file_protocol_image_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Parent) GetPath() string {
@@ -537,7 +602,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_image_proto_msgTypes[4]
+	mi := &file_protocol_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +614,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[4]
+	mi := &file_protocol_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +627,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{4}
+	return file_protocol_image_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Buffer) GetPid() int64 {
@@ -646,7 +711,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_protocol_image_proto_msgTypes[5]
+	mi := &file_protocol_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +723,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[5]
+	mi := &file_protocol_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +736,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{5}
+	return file_protocol_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Chunk) GetSize() uint32 {
@@ -738,7 +803,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_protocol_image_proto_msgTypes[6]
+	mi := &file_protocol_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +815,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[6]
+	mi := &file_protocol_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +828,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{6}
+	return file_protocol_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Stats) GetBytesIn() uint64 {
@@ -816,7 +881,7 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\fManifestFile\x12%\n" +
 	"\x0eformat_version\x18\x01 \x01(\rR\rformatVersion\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\fR\bmanifest\x12'\n" +
-	"\x0fmanifest_crc32c\x18\x03 \x01(\aR\x0emanifestCrc32c\"\x81\x03\n" +
+	"\x0fmanifest_crc32c\x18\x03 \x01(\aR\x0emanifestCrc32c\"\xb8\x03\n" +
 	"\bManifest\x12%\n" +
 	"\x0eformat_version\x18\x01 \x01(\rR\rformatVersion\x12\x19\n" +
 	"\bimage_id\x18\x02 \x01(\fR\aimageId\x12.\n" +
@@ -827,7 +892,12 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06parent\x18\x06 \x01(\v2\x16.gpucr.image.v1.ParentR\x06parent\x120\n" +
 	"\abuffers\x18\a \x03(\v2\x16.gpucr.image.v1.BufferR\abuffers\x12\x16\n" +
 	"\x06pruned\x18\b \x01(\bR\x06pruned\x12+\n" +
-	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\"\xb3\x01\n" +
+	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\x125\n" +
+	"\tprocesses\x18\n" +
+	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"2\n" +
+	"\aProcess\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x15\n" +
+	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\"\xb3\x01\n" +
 	"\x06Origin\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x1b\n" +
 	"\tgpu_model\x18\x02 \x01(\tR\bgpuModel\x12\x19\n" +
@@ -893,34 +963,36 @@ func file_protocol_image_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_image_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_protocol_image_proto_goTypes = []any{
 	(Compression)(0),     // 0: gpucr.image.v1.Compression
 	(AllocKind)(0),       // 1: gpucr.image.v1.AllocKind
 	(Location)(0),        // 2: gpucr.image.v1.Location
 	(*ManifestFile)(nil), // 3: gpucr.image.v1.ManifestFile
 	(*Manifest)(nil),     // 4: gpucr.image.v1.Manifest
-	(*Origin)(nil),       // 5: gpucr.image.v1.Origin
-	(*Parent)(nil),       // 6: gpucr.image.v1.Parent
-	(*Buffer)(nil),       // 7: gpucr.image.v1.Buffer
-	(*Chunk)(nil),        // 8: gpucr.image.v1.Chunk
-	(*Stats)(nil),        // 9: gpucr.image.v1.Stats
+	(*Process)(nil),      // 5: gpucr.image.v1.Process
+	(*Origin)(nil),       // 6: gpucr.image.v1.Origin
+	(*Parent)(nil),       // 7: gpucr.image.v1.Parent
+	(*Buffer)(nil),       // 8: gpucr.image.v1.Buffer
+	(*Chunk)(nil),        // 9: gpucr.image.v1.Chunk
+	(*Stats)(nil),        // 10: gpucr.image.v1.Stats
 }
 var file_protocol_image_proto_depIdxs = []int32{
-	5, // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
-	0, // 1: gpucr.image.v1.Manifest.compression:type_name -> gpucr.image.v1.Compression
-	6, // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
-	7, // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
-	9, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
-	1, // 5: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
-	8, // 6: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
-	2, // 7: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
-	0, // 8: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	6,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
+	0,  // 1: gpucr.image.v1.Manifest.compression:type_name -> gpucr.image.v1.Compression
+	7,  // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
+	8,  // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
+	10, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
+	5,  // 5: gpucr.image.v1.Manifest.processes:type_name -> gpucr.image.v1.Process
+	1,  // 6: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
+	9,  // 7: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
+	2,  // 8: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
+	0,  // 9: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_protocol_image_proto_init() }
@@ -934,7 +1006,7 @@ func file_protocol_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_image_proto_rawDesc), len(file_protocol_image_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -133,17 +133,23 @@ func (h *helperProc) op(pid int, op string) string {
 // helper at all when h is nil: then the socket named does not exist).
 func startUnder(t testing.TB, dir string, h *helperProc, env []string, name string, args ...string) *app {
 	t.Helper()
+	return startUnderArgv(t, dir, h, env, name, append([]string{binPath(t, name)}, args...))
+}
+
+// startUnderArgv is startUnder for any command line (its log is NAME.log).
+func startUnderArgv(t testing.TB, dir string, h *helperProc, env []string, name string, argv []string) *app {
+	t.Helper()
 	socket := filepath.Join(dir, "no-helper.sock")
 	if h != nil {
 		socket = h.socket
 	}
-	a := &app{t: t, name: name, args: args, log: filepath.Join(dir, name+".log")}
+	a := &app{t: t, name: name, args: argv[1:], log: filepath.Join(dir, name+".log")}
 	f, err := os.OpenFile(a.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	full := append([]string{"run", "--socket", socket, "--", binPath(t, name)}, args...)
+	full := append([]string{"run", "--socket", socket, "--"}, argv...)
 	a.cmd = exec.Command(binPath(t, "gpucr"), full...)
 	a.cmd.Env = env
 	a.cmd.Stdout, a.cmd.Stderr = f, f

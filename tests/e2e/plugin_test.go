@@ -409,3 +409,36 @@ func TestRestoreRefusedOnSmallGPU(t *testing.T) {
 	}
 	waitNoClients(t, small, 10*time.Second)
 }
+
+// TestPluginClientWithoutMemory: a process that initialized the driver (so a
+// gpucr client, with a context the driver checkpoints) but holds no device
+// memory is dumped and restored like the others: the image records it
+// although it has no buffer, and it comes back and runs on.
+func TestPluginClientWithoutMemory(t *testing.T) {
+	rig := newCriuRig(t)
+	py := needTool(t, "python3")
+	script := `import ctypes, os, time
+lib = ctypes.CDLL(os.environ["GPUCR_LIBCUDA"])
+assert lib.cuInit(0) == 0
+print("ready pid=%d" % os.getpid(), flush=True)
+i = 0
+while True:
+    print("hb %d %d" % (i, 7 * i), flush=True)
+    i += 1
+    time.sleep(0.02)
+`
+	a := startUnderArgv(t, rig.dir, rig.h, rig.env, "nomem", []string{py, "-c", script})
+	a.waitIter(10, time.Minute)
+	if _, _, ok := rig.h.client(a.pid); !ok {
+		t.Fatalf("pid %d (cuInit only) is no client of the helper", a.pid)
+	}
+	criuOK(t, rig.criu, rig.criuEnv, rig.img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", rig.libdir)
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+	criuOK(t, rig.criu, rig.criuEnv, rig.img, "restore.log", "restore", "-d", "--libdir", rig.libdir)
+	a.waitIter(before+20, 30*time.Second)
+	checkContinuous(t, a.heartbeats(), before)
+	if _, _, ok := rig.h.client(a.pid); !ok {
+		t.Errorf("the restored process is no client of the helper again")
+	}
+}
