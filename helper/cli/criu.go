@@ -76,7 +76,7 @@ func (n *notifier) PreDump() error {
 }
 func (n *notifier) PostDump() error { n.say("dumped"); return nil }
 func (n *notifier) PreRestore() error {
-	n.say("restoring (GPU memory loaded by the helper)")
+	n.say("restoring (the helper loads the GPU memory meanwhile)")
 	return nil
 }
 func (n *notifier) PostRestore(pid int32) error {
