@@ -210,9 +210,21 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		reply.Bytes += r.Size
 	}
 
+	// From the drop on, the process's memory lives only in this helper.
+	// Should it die, the next helper finds the process here and gives it
+	// its memory back from the image, or tells it that it is lost (orphan.go);
+	// the wake file (relative to the socket's directory: the client resolves
+	// it against its own path to the socket, which differs inside a
+	// container) is how it tells the process.
+	_ = os.Remove(s.wakePath(cl.pid))
+	wake := s.wakeName(cl.pid)
+	if err := s.saveDetachState(cl.pid, req.ImageDir, w.ID()); err != nil {
+		log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
+	}
+	undos = append(undos, undo{"forget the recorded process", func() error { s.dropDetachState(cl.pid); return nil }})
 	// Drop the imports: the driver checkpoint must see none (it fails to
 	// restore a process that kept imported memory mapped: 801).
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{}}}, wait); err != nil {
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: wake}}}, wait); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
 	}
 	setState(helperpb.ClientState_CLIENT_STATE_DROPPED)
@@ -222,15 +234,6 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if req.Detach {
 		// The client closes its connections and waits for its wake file:
 		// CRIU must not find a socket connected to the helper.
-		_ = os.Remove(s.wakePath(cl.pid))
-		// Relative to the socket's directory: the client resolves it against
-		// its own path to the socket, which differs inside a container.
-		wake := s.wakeName(cl.pid)
-		// Should this helper die while the process is detached, the next
-		// one finds it here (orphan.go).
-		if err := s.saveDetachState(cl.pid, req.ImageDir, w.ID()); err != nil {
-			log.Warn("cannot record the detached process; a helper restart would lose it", zap.Error(err))
-		}
 		cl.mu.Lock()
 		cl.detached = true
 		cl.mu.Unlock()
@@ -242,7 +245,6 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 				cl.mu.Lock()
 				cl.detached = false
 				cl.mu.Unlock()
-				s.dropDetachState(cl.pid)
 			}
 			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 		}

@@ -66,7 +66,6 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 		return nil
 	}
 	delete(s.waiting, pid)
-	s.dropDetachState(pid)
 	if cl.restored {
 		cl.token = token
 	}
@@ -466,6 +465,7 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 	cl.mu.Lock()
 	cl.state = helperpb.ClientState_CLIENT_STATE_RUNNING
 	cl.mu.Unlock()
+	s.dropDetachState(cl.pid) // its memory is its own again
 	if ph != nil {
 		ph.done("resume")
 	}

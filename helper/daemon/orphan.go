@@ -1,18 +1,21 @@
 package daemon
 
-// A helper that dies while a process is detached for a dump takes the
-// process's GPU memory with it (the process dropped its imports before it
-// detached). Two things keep such a process from waiting for its wake file
-// forever:
+// A helper that dies while a checkpoint has dropped a process's imports (the
+// process waits, connected, for gpucr resume; or detached for a CRIU dump)
+// takes the process's GPU memory with it. Two things keep such a process from
+// waiting forever:
 //
-//   - The helper records each detached process in a state file
+//   - Before the drop, the helper records the process in a state file
 //     (<socket dir>/detached/PID.json: pid, start time, image directory and
-//     the id of the image its dump writes). A helper that starts finds those
+//     the id of the image its checkpoint writes), removed once the process
+//     has its memory back. A helper that starts finds those
 //     of live processes and adopts them: if the dump's image was committed,
 //     it loads that process's buffers into new memory and wakes it, and the
 //     process comes back as after a restore; if not, the GPU state is gone,
 //     and the wake file says so ("lost: why"): the interposer prints that and
 //     aborts the process instead of letting it compute without its memory.
+//     (A dropped process whose control connection closes waits for the wake
+//     file Drop named, as a detached one does.)
 //   - The helper touches <socket dir>/helper.alive every second; a detached
 //     interposer that sees it stale (or missing) for GPUCR_ORPHAN_TIMEOUT_S
 //     (default 60 s) gives up the same way.
@@ -138,12 +141,12 @@ func (s *Server) adoptOrphans() {
 		log := s.log.With(zap.Int32("pid", st.Pid), zap.String("image", st.ImageDir))
 		if err := s.adopt(st); err != nil {
 			log.Error("a process detached by a helper that died has lost its GPU state", zap.Error(err))
-			msg := fmt.Sprintf("lost: the gpucr helper that held this process's GPU memory died while it was detached for a dump, and %v\n", err)
+			msg := fmt.Sprintf("lost: the gpucr helper that held this process's GPU memory died during a checkpoint, and %v\n", err)
 			if werr := s.wakeWith(st.Pid, msg); werr != nil {
 				log.Error("cannot tell the process", zap.Error(werr))
 			}
 		} else {
-			log.Info("adopted a process a dead helper had detached: its GPU memory is loaded from its image")
+			log.Info("adopted a process a dead helper held the GPU memory of: loaded from its image")
 		}
 		_ = os.Remove(f)
 	}
@@ -157,7 +160,7 @@ func (s *Server) adopt(st detachState) error {
 		return fmt.Errorf("its GPU image cannot be used: %w", err)
 	}
 	if !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
-		return fmt.Errorf("the dump never committed its GPU image in %s (the image there is another one)", st.ImageDir)
+		return fmt.Errorf("the checkpoint never committed its GPU image in %s (the image there is another one)", st.ImageDir)
 	}
 	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid))
 	if e != nil {

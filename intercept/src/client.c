@@ -990,9 +990,17 @@ static void do_drain(Resp *resp) {
     set_ok(resp);
 }
 
-static void do_drop(Resp *resp) {
+static bool set_wake_path(const char *w);
+
+/* Drop: unmap and release every import. Its wake path (a checkpoint's) is
+ * where to wait should the helper go away before the memory comes back. */
+static void do_drop(Req *req, Resp *resp) {
     if (atomic_load(&G.state) != ST_QUIESCED) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Drop: not quiesced");
+        return;
+    }
+    if (!set_wake_path(req->drop->wake_path) && req->drop->wake_path && *req->drop->wake_path) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Drop: wake path too long");
         return;
     }
     reap_pending(true);
@@ -1170,6 +1178,7 @@ static void do_resume(Resp *resp) {
         }
     }
     atomic_store(&G.state, ST_RUNNING);
+    G.wake_path[0] = 0; /* the memory is back: nothing to wait for */
     gc_gate_open();
     set_ok(resp);
 }
@@ -1308,34 +1317,40 @@ static void do_stats(Resp *resp) {
     resp->stats = s;
 }
 
+/* G.wake_path = w; a relative w is relative to the directory of our socket
+ * path, which is where the helper's socket directory is mounted in this
+ * process's view (a container may see it elsewhere than the helper does).
+ * false (and no wake path) if it is empty or too long. */
+static bool set_wake_path(const char *w) {
+    G.wake_path[0] = 0;
+    if (!w || !*w)
+        return false;
+    int n;
+    if (w[0] == '/') {
+        n = snprintf(G.wake_path, sizeof G.wake_path, "%s", w);
+    } else {
+        const char *slash = strrchr(G.sock_path, '/');
+        int dirlen = slash ? (int)(slash - G.sock_path) : 1;
+        n = snprintf(G.wake_path, sizeof G.wake_path, "%.*s/%s", dirlen, slash ? G.sock_path : ".", w);
+    }
+    if (n < 0 || (size_t)n >= sizeof G.wake_path) {
+        G.wake_path[0] = 0;
+        return false;
+    }
+    return true;
+}
+
 /* Detach: only dropped, with both connections up; *detach tells control_main to go on with detached(). */
 static void do_detach(Req *req, Resp *resp, bool *detach) {
-    const char *w = req->detach->wake_path;
     if (atomic_load(&G.state) != ST_DROPPED) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: not dropped");
     } else if (atomic_load(&G.conn) != CONN_UP) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: the calls connection is lost");
-    } else if (!w || !*w || strlen(w) >= sizeof G.wake_path) {
+    } else if (!set_wake_path(req->detach->wake_path)) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: no wake path, or too long");
-    } else if (w[0] == '/') {
-        memcpy(G.wake_path, w, strlen(w) + 1);
+    } else {
         *detach = true;
         set_ok(resp);
-    } else {
-        /* Relative: to the directory of our socket path, which is where the
-         * helper's socket directory is mounted in this process's view (a
-         * container may see it elsewhere than the helper does). */
-        const char *slash = strrchr(G.sock_path, '/');
-        int dirlen = slash ? (int)(slash - G.sock_path) : 1;
-        const char *dir = slash ? G.sock_path : ".";
-        int n = snprintf(G.wake_path, sizeof G.wake_path, "%.*s/%s", dirlen, dir, w);
-        if (n < 0 || (size_t)n >= sizeof G.wake_path) {
-            G.wake_path[0] = 0;
-            set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: wake path too long");
-        } else {
-            *detach = true;
-            set_ok(resp);
-        }
     }
 }
 
@@ -1558,6 +1573,7 @@ static void *control_main(void *arg) {
     int fd = (int)(intptr_t)arg;
     gc_in_control = 1;
     int fds[GC_MAX_FDS];
+serve:
     for (;;) {
         uint8_t *buf;
         size_t len;
@@ -1597,7 +1613,7 @@ static void *control_main(void *arg) {
                 break;
             }
             case GPUCR__HELPER__V1__REQUEST__BODY_DRAIN: do_drain(&resp); break;
-            case GPUCR__HELPER__V1__REQUEST__BODY_DROP: do_drop(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_DROP: do_drop(req, &resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_REIMPORT: do_reimport(req, &resp, fds, nfds); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_RESUME: do_resume(&resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_SNAPSHOT:
@@ -1631,6 +1647,14 @@ static void *control_main(void *arg) {
         }
         if (detach)
             fd = detached(fd);
+    }
+    if (atomic_load(&G.state) == ST_DROPPED && G.wake_path[0]) {
+        /* A checkpoint recorded us for the next helper (helper/daemon/orphan.go). */
+        gc_warn("the helper closed the control connection while this process's device memory was dropped for a "
+                "checkpoint (did it die?): waiting for a helper to give it back (%s)",
+                G.wake_path);
+        fd = detached(fd);
+        goto serve;
     }
     gc_note_reason(GC_REASON_CONTROL);
     if (atomic_load(&G.state) == ST_QUIESCED) {

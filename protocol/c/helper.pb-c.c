@@ -2874,9 +2874,29 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__drain__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__drain__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-#define gpucr__helper__v1__drop__field_descriptors NULL
-#define gpucr__helper__v1__drop__field_indices_by_name NULL
-#define gpucr__helper__v1__drop__number_ranges NULL
+static const ProtobufCFieldDescriptor gpucr__helper__v1__drop__field_descriptors[1] =
+{
+  {
+    "wake_path",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Drop, wake_path),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__drop__field_indices_by_name[] = {
+  0,   /* field[0] = wake_path */
+};
+static const ProtobufCIntRange gpucr__helper__v1__drop__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
 const ProtobufCMessageDescriptor gpucr__helper__v1__drop__descriptor =
 {
   PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
@@ -2885,10 +2905,10 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__drop__descriptor =
   "Gpucr__Helper__V1__Drop",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Drop),
-  0,
+  1,
   gpucr__helper__v1__drop__field_descriptors,
   gpucr__helper__v1__drop__field_indices_by_name,
-  0,  gpucr__helper__v1__drop__number_ranges,
+  1,  gpucr__helper__v1__drop__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__drop__init,
   NULL,NULL,NULL    /* reserved[123] */
 };

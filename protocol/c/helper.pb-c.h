@@ -476,10 +476,17 @@ struct  Gpucr__Helper__V1__Drain
 struct  Gpucr__Helper__V1__Drop
 {
   ProtobufCMessage base;
+  /*
+   * Set by a checkpoint (which records the process for a helper that may
+   * come after it): should the helper go away while the process is dropped,
+   * the client waits for this wake file (relative to its socket's
+   * directory, as Detach's) instead of giving up; see orphan.go.
+   */
+  char *wake_path;
 };
 #define GPUCR__HELPER__V1__DROP__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__drop__descriptor) \
-     }
+    , (char *)protobuf_c_empty_string }
 
 
 /*

@@ -1663,7 +1663,12 @@ func (*Drain) Descriptor() ([]byte, []int) {
 // Drop: unmap and release every imported allocation; address reservations
 // stay. Only when quiesced and drained.
 type Drop struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set by a checkpoint (which records the process for a helper that may
+	// come after it): should the helper go away while the process is dropped,
+	// the client waits for this wake file (relative to its socket's
+	// directory, as Detach's) instead of giving up; see orphan.go.
+	WakePath      string `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1696,6 +1701,13 @@ func (x *Drop) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Drop.ProtoReflect.Descriptor instead.
 func (*Drop) Descriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Drop) GetWakePath() string {
+	if x != nil {
+		return x.WakePath
+	}
+	return ""
 }
 
 // Reimport: the helper sends, for each allocation, its id, size and address,
@@ -3509,8 +3521,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aQuiesce\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x01 \x01(\rR\ttimeoutMs\"\a\n" +
-	"\x05Drain\"\x06\n" +
-	"\x04Drop\"D\n" +
+	"\x05Drain\"#\n" +
+	"\x04Drop\x12\x1b\n" +
+	"\twake_path\x18\x01 \x01(\tR\bwakePath\"D\n" +
 	"\bReimport\x128\n" +
 	"\aentries\x18\x01 \x03(\v2\x1e.gpucr.helper.v1.ReimportEntryR\aentries\"X\n" +
 	"\rReimportEntry\x12\x19\n" +

@@ -84,7 +84,37 @@ func TestHelperDiesAfterCommit(t *testing.T) {
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
 	checkContinuous(t, hbs, before)
-	if log := helperLog(h2); !strings.Contains(log, "adopted a process a dead helper had detached") {
+	if log := helperLog(h2); !strings.Contains(log, "adopted a process") {
+		t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
+	}
+}
+
+// A `gpucr checkpoint --gpu-only` leaves the process stopped, its memory in
+// the helper and in the committed image, waiting for `gpucr resume`; the
+// helper dies. A new helper gives the process its memory back from the image
+// and it computes on exactly.
+func TestHelperDiesAfterGPUOnlyCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(15, time.Minute)
+	if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--gpu-only"); err != nil {
+		t.Fatalf("gpucr checkpoint --gpu-only: %v\n%s", err, out)
+	}
+	before := a.lastIter()
+	killHelper(h)
+	time.Sleep(300 * time.Millisecond)
+	if a.lastIter() > before {
+		t.Fatalf("heartbeat ran on while checkpointed (iteration %d after %d)", a.lastIter(), before)
+	}
+	h2 := startHelper(t, dir, env)
+	a.waitIter(before+30, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+	if log := helperLog(h2); !strings.Contains(log, "adopted a process") {
 		t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
 	}
 }
