@@ -40,6 +40,12 @@ func (p *phases) done(name string) {
 	p.last = now
 }
 
+// ran records a step that ran alongside the others (its own duration d).
+func (p *phases) ran(name string, d time.Duration) {
+	p.list = append(p.list, &helperpb.Phase{Name: name, Seconds: d.Seconds()})
+	p.last = time.Now()
+}
+
 // undo is one step that was done and how to take it back.
 type undo struct {
 	name string
@@ -156,7 +162,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		return fail(helperpb.ErrorCode_ERROR_STATE, "%v", rerr)
 	}
 
-	// The GPU data, into the image, committed before anything is dropped.
+	// The image the GPU data goes into.
 	origin := image.Origin{Pid: int(cl.pid), Time: time.Now()}
 	origin.Host, _ = os.Hostname()
 	if len(regions) > 0 {
@@ -176,38 +182,16 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if err != nil {
 		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
-	// Recorded even without buffers: its restore must know it (a process
-	// may hold a driver context and no device memory).
-	if err := w.AddProcess(int(cl.pid), int(nsPid(cl.pid))); err != nil {
-		if !req.DeferCommit {
-			_ = w.Abort()
-		}
-		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
-	}
-	var bytes uint64
-	for _, r := range regions {
-		bytes += r.Size
-	}
-	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
-	err = engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
-	tr.finish(err)
-	if err != nil {
+	abortImage := func() {
 		if !req.DeferCommit {
 			_ = w.Abort()
 		} // a shared writer is dropped by CommitImage{abort} or when the connection closes
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
 	}
-	ph.done("copy")
-	if !req.DeferCommit {
-		if err := w.Commit(); err != nil {
-			return fail(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
-		}
-		ph.done("commit")
-	}
-	st := w.Stats()
-	reply.Buffers, reply.StoredBytes = uint64(len(regions)), uint64(st.BytesStored)
-	for _, r := range regions {
-		reply.Bytes += r.Size
+	// Recorded even without buffers: its restore must know it (a process
+	// may hold a driver context and no device memory).
+	if err := w.AddProcess(int(cl.pid), int(nsPid(cl.pid))); err != nil {
+		abortImage()
+		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 
 	// From the drop on, the process's memory lives only in this helper.
@@ -222,9 +206,12 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
 	}
 	undos = append(undos, undo{"forget the recorded process", func() error { s.dropDetachState(cl.pid); return nil }})
-	// Drop the imports: the driver checkpoint must see none (it fails to
-	// restore a process that kept imported memory mapped: 801).
+	// Drop the imports before the copy: the driver checkpoint must see none
+	// (it fails to restore a process that kept imported memory mapped: 801),
+	// and the copy reads the memory through the helper's own view, so the
+	// driver checkpoint of the residual context runs while the data moves.
 	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: wake}}}, wait); err != nil {
+		abortImage()
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
 	}
 	setState(helperpb.ClientState_CLIENT_STATE_DROPPED)
@@ -246,6 +233,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 				cl.detached = false
 				cl.mu.Unlock()
 			}
+			abortImage()
 			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 		}
 		// From here on the way back goes through the wake file.
@@ -253,23 +241,45 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		ph.done("detach")
 	}
 
-	pid := int(cl.pid)
-	if s.cfg.Fault == "driver-lock" {
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
+	// The GPU data into the image, while the driver checkpoints the rest.
+	var bytes uint64
+	for _, r := range regions {
+		bytes += r.Size
 	}
-	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
+	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
+	copyDone := make(chan error, 1)
+	copyStart := time.Now()
+	go func() {
+		err := engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
+		tr.finish(err)
+		copyDone <- err
+	}()
+	driverErr := s.driverCheckpoint(int(cl.pid), ph, &undos)
+	copyErr := <-copyDone
+	ph.ran("copy", time.Since(copyStart))
+	switch {
+	case copyErr != nil:
+		abortImage()
+		msg := fmt.Sprintf("copy to the image: %v", copyErr)
+		if driverErr != nil {
+			msg += fmt.Sprintf("; %v", driverErr)
+		}
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "%s", msg)
+	case driverErr != nil:
+		abortImage()
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "%v", driverErr)
 	}
-	undos = append(undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
-	ph.done("driver-lock")
-	if s.cfg.Fault == "driver-checkpoint" {
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
+	if !req.DeferCommit {
+		if err := w.Commit(); err != nil {
+			return fail(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
+		}
+		ph.done("commit")
 	}
-	if err := cuda.CheckpointCheckpoint(pid); err != nil {
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
+	st := w.Stats()
+	reply.Buffers, reply.StoredBytes = uint64(len(regions)), uint64(st.BytesStored)
+	for _, r := range regions {
+		reply.Bytes += r.Size
 	}
-	undos = append(undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
-	ph.done("driver-checkpoint")
 	reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
 	if req.LeaveRunning {
 		if err := s.thaw(cl, ctl, wait, ph); err != nil {
@@ -281,6 +291,29 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	reply.TotalSeconds = time.Since(ph.start).Seconds()
 	log.Info("checkpoint done", zap.Uint64("bytes", reply.Bytes), zap.Uint64("stored", reply.StoredBytes),
 		zap.Float64("seconds", reply.TotalSeconds))
+	return nil
+}
+
+// driverCheckpoint locks pid in the driver and checkpoints its residual
+// context (the process is quiesced, drained and dropped), adding the undo of
+// each step that succeeded to undos.
+func (s *Server) driverCheckpoint(pid int, ph *phases, undos *[]undo) error {
+	if s.cfg.Fault == "driver-lock" {
+		return errors.New("driver lock: injected fault (GPUCR_FAULT)")
+	}
+	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
+		return fmt.Errorf("driver lock: %w", err)
+	}
+	*undos = append(*undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
+	ph.done("driver-lock")
+	if s.cfg.Fault == "driver-checkpoint" {
+		return errors.New("driver checkpoint: injected fault (GPUCR_FAULT)")
+	}
+	if err := cuda.CheckpointCheckpoint(pid); err != nil {
+		return fmt.Errorf("driver checkpoint: %w", err)
+	}
+	*undos = append(*undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
+	ph.done("driver-checkpoint")
 	return nil
 }
 
