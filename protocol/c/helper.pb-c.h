@@ -741,10 +741,11 @@ struct  Gpucr__Helper__V1__ClientOpReply
 
 /*
  * Checkpoint (ROLE_CLI / ROLE_PLUGIN): the GPU side of a checkpoint of client
- * pid, stop-the-world: quiesce, drain, copy every helper allocation of the
- * client into the image in image_dir (package image, under image_dir/gpucr,
- * committed before the reply), drop the client's imported memory, then the
- * driver's lock + checkpoint of the residual context. With leave_running the
+ * pid, stop-the-world: quiesce, drain, drop the client's imported memory
+ * (detach it, with detach), then copy every helper allocation of the client
+ * (through the helper's own view) into the image in image_dir (package image,
+ * under image_dir/gpucr, committed before the reply unless defer_commit)
+ * while the driver locks and checkpoints the residual context. With leave_running the
  * process is given everything back at once (driver restore + unlock,
  * reimport, resume); without, it stays checkpointed (gate closed, memory
  * dropped, driver state checkpointed) until ResumeCheckpointed or its end.

@@ -11,8 +11,9 @@
 #                restore+unlock (what cuda-checkpoint and CRIU's cuda plugin
 #                do): all of the GPU memory goes through the driver
 #   gpucr        work.py GB under `gpucr run`; `gpucr checkpoint --gpu-only`
-#                (quiesce, drain, copy into an image in /dev/shm, commit,
-#                drop, driver lock+checkpoint of the residual), then
+#                (quiesce, drain, drop, then the copy into an image in
+#                /dev/shm alongside the driver lock+checkpoint of the
+#                residual, commit), then
 #                `gpucr resume` (driver restore+unlock, reimport, resume);
 #                then once more with --leave-running
 # and checks that the heartbeat checksum keeps advancing after each.
