@@ -62,60 +62,46 @@ func waitAborted(t *testing.T, a *app, timeout time.Duration, want string) {
 	}
 }
 
-// The image was committed: a new helper adopts the process, loads its memory
-// from the image, and it computes on exactly.
+// The checkpoint's image was committed when the helper died: a CRIU dump
+// (the process detached, waiting for DumpDone), or `gpucr checkpoint
+// --gpu-only` (the process stopped, waiting for `gpucr resume`). A new
+// helper adopts the process, loads its memory from the image, and it
+// computes on exactly.
 func TestHelperDiesAfterCommit(t *testing.T) {
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
-	a.waitIter(15, time.Minute)
-	img := filepath.Join(dir, "img")
-	detachForDump(t, h.socket, a.pid, img, true)
-	before := a.lastIter()
-	killHelper(h)
-	time.Sleep(300 * time.Millisecond)
-	if a.lastIter() > before {
-		t.Fatalf("heartbeat ran on while detached (iteration %d after %d)", a.lastIter(), before)
-	}
-	h2 := startHelper(t, dir, env)
-	a.waitIter(before+30, time.Minute)
-	_ = syscall.Kill(a.pid, syscall.SIGKILL)
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
-	checkContinuous(t, hbs, before)
-	if log := helperLog(h2); !strings.Contains(log, "adopted a process") {
-		t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
-	}
-}
-
-// A `gpucr checkpoint --gpu-only` leaves the process stopped, its memory in
-// the helper and in the committed image, waiting for `gpucr resume`; the
-// helper dies. A new helper gives the process its memory back from the image
-// and it computes on exactly.
-func TestHelperDiesAfterGPUOnlyCheckpoint(t *testing.T) {
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
-	a.waitIter(15, time.Minute)
-	if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--gpu-only"); err != nil {
-		t.Fatalf("gpucr checkpoint --gpu-only: %v\n%s", err, out)
-	}
-	before := a.lastIter()
-	killHelper(h)
-	time.Sleep(300 * time.Millisecond)
-	if a.lastIter() > before {
-		t.Fatalf("heartbeat ran on while checkpointed (iteration %d after %d)", a.lastIter(), before)
-	}
-	h2 := startHelper(t, dir, env)
-	a.waitIter(before+30, time.Minute)
-	_ = syscall.Kill(a.pid, syscall.SIGKILL)
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
-	checkContinuous(t, hbs, before)
-	if log := helperLog(h2); !strings.Contains(log, "adopted a process") {
-		t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
+	for _, tc := range []struct {
+		name string
+		stop func(t *testing.T, h *helperProc, pid int, img string)
+	}{
+		{"dump", func(t *testing.T, h *helperProc, pid int, img string) { detachForDump(t, h.socket, pid, img, true) }},
+		{"gpu-only", func(t *testing.T, h *helperProc, pid int, img string) {
+			if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(pid), "-D", img, "--gpu-only"); err != nil {
+				t.Fatalf("gpucr checkpoint --gpu-only: %v\n%s", err, out)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, env)
+			a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+			a.waitIter(15, time.Minute)
+			tc.stop(t, h, a.pid, filepath.Join(dir, "img"))
+			before := a.lastIter()
+			killHelper(h)
+			time.Sleep(300 * time.Millisecond)
+			if a.lastIter() > before {
+				t.Fatalf("heartbeat ran on while checkpointed (iteration %d after %d)", a.lastIter(), before)
+			}
+			h2 := startHelper(t, dir, env)
+			a.waitIter(before+30, time.Minute)
+			_ = syscall.Kill(a.pid, syscall.SIGKILL)
+			hbs := a.heartbeats()
+			compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+			checkContinuous(t, hbs, before)
+			if log := helperLog(h2); !strings.Contains(log, "adopted a process") {
+				t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
+			}
+		})
 	}
 }
 
