@@ -54,14 +54,9 @@ type undo struct {
 
 // checkpoint runs a Checkpoint request; see helper.proto.
 func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helperpb.Response {
-	s.mu.Lock()
-	cl := s.byPID[int32(req.Pid)]
-	s.mu.Unlock()
-	if cl == nil || int64(cl.pid) != req.Pid {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", req.Pid)
-	}
-	if !mayControl(c.cred.Uid, cl.uid) {
-		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not checkpoint pid %d (uid %d)", c.cred.Uid, cl.pid, cl.uid)
+	cl, refused := s.controlledClient(c, id, req.Pid, "checkpoint")
+	if refused != nil {
+		return refused
 	}
 	if req.ImageDir == "" {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "no image directory")
@@ -350,14 +345,9 @@ func driverResume(pid int) error {
 
 // resumeCheckpointed runs a ResumeCheckpointed request.
 func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeCheckpointed) *helperpb.Response {
-	s.mu.Lock()
-	cl := s.byPID[int32(req.Pid)]
-	s.mu.Unlock()
-	if cl == nil || int64(cl.pid) != req.Pid {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d", req.Pid)
-	}
-	if !mayControl(c.cred.Uid, cl.uid) {
-		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not resume pid %d (uid %d)", c.cred.Uid, cl.pid, cl.uid)
+	cl, refused := s.controlledClient(c, id, req.Pid, "resume")
+	if refused != nil {
+		return refused
 	}
 	state, err := cuda.CheckpointState(int(cl.pid))
 	if err != nil {

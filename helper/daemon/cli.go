@@ -183,18 +183,30 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 	return ci
 }
 
+// controlledClient is the client pid that a CLI or plugin request (verb:
+// what it would do) names, if the caller may control it: root, or the
+// client's own uid. Else the answer that refuses the request (a refusal for
+// permission is logged, with fields).
+func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fields ...zap.Field) (*client, *helperpb.Response) {
+	s.mu.Lock()
+	cl := s.byPID[int32(pid)]
+	s.mu.Unlock()
+	if cl == nil || int64(cl.pid) != pid {
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", pid)
+	}
+	if !mayControl(c.cred.Uid, cl.uid) {
+		c.log.Warn("client operation refused", append([]zap.Field{zap.Int64("pid", pid), zap.String("action", verb)}, fields...)...)
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not %s pid %d (uid %d)", c.cred.Uid, verb, cl.pid, cl.uid)
+	}
+	return cl, nil
+}
+
 // clientOp forwards one control command to a client; only root or the
 // client's own uid may.
 func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.Response {
-	s.mu.Lock()
-	cl := s.byPID[int32(op.Pid)]
-	s.mu.Unlock()
-	if cl == nil || int64(cl.pid) != op.Pid {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d", op.Pid)
-	}
-	if !mayControl(c.cred.Uid, cl.uid) {
-		c.log.Warn("client operation refused", zap.Int64("pid", op.Pid), zap.Stringer("op", op.Op))
-		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not control pid %d (uid %d)", c.cred.Uid, cl.pid, cl.uid)
+	cl, refused := s.controlledClient(c, id, op.Pid, "control", zap.Stringer("op", op.Op))
+	if refused != nil {
+		return refused
 	}
 	wait := s.cfg.OpTimeout
 	if op.TimeoutMs > 0 {
