@@ -237,10 +237,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	}
 
 	// The GPU data into the image, while the driver checkpoints the rest.
-	var bytes uint64
-	for _, r := range regions {
-		bytes += r.Size
-	}
+	bytes := engine.TotalSize(regions)
 	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
 	copyDone := make(chan error, 1)
 	copyStart := time.Now()
@@ -271,10 +268,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		ph.done("commit")
 	}
 	st := w.Stats()
-	reply.Buffers, reply.StoredBytes = uint64(len(regions)), uint64(st.BytesStored)
-	for _, r := range regions {
-		reply.Bytes += r.Size
-	}
+	reply.Buffers, reply.Bytes, reply.StoredBytes = uint64(len(regions)), bytes, uint64(st.BytesStored)
 	reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
 	if req.LeaveRunning {
 		if err := s.thaw(cl, ctl, wait, ph); err != nil {

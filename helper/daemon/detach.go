@@ -329,10 +329,7 @@ func (s *Server) register(p *restorePlan) *helperpb.Error {
 // runLoad fills the plan's memory from its image and ends its load.
 func (s *Server) runLoad(p *restorePlan) {
 	start := time.Now()
-	var bytes uint64
-	for _, r := range p.regions {
-		bytes += r.Size
-	}
+	bytes := engine.TotalSize(p.regions)
 	var pids []int64
 	for pid := range p.byPid {
 		pids = append(pids, int64(pid))

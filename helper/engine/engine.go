@@ -33,6 +33,15 @@ type Region struct {
 	Kind    image.AllocKind
 }
 
+// TotalSize is the bytes of all regions.
+func TotalSize(regions []Region) uint64 {
+	var n uint64
+	for _, r := range regions {
+		n += r.Size
+	}
+	return n
+}
+
 // Options tune the engines.
 type Options struct {
 	// Lanes per device; 0: GOMAXPROCS (the image writer's hashing and
