@@ -384,18 +384,34 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 	return out, nil
 }
 
+// allocKinds pairs the protocol's allocation kinds with the image's; every
+// other protocol kind (slabs) is image.AllocOther, which comes back as a slab.
+var allocKinds = []struct {
+	proto helperpb.AllocKind
+	image image.AllocKind
+}{
+	{helperpb.AllocKind_ALLOC_KIND_MEM_ALLOC, image.AllocMemAlloc},
+	{helperpb.AllocKind_ALLOC_KIND_PITCH, image.AllocPitch},
+	{helperpb.AllocKind_ALLOC_KIND_ASYNC, image.AllocAsync},
+	{helperpb.AllocKind_ALLOC_KIND_VMM, image.AllocVMM},
+}
+
 func imageKind(k helperpb.AllocKind) image.AllocKind {
-	switch k {
-	case helperpb.AllocKind_ALLOC_KIND_MEM_ALLOC:
-		return image.AllocMemAlloc
-	case helperpb.AllocKind_ALLOC_KIND_PITCH:
-		return image.AllocPitch
-	case helperpb.AllocKind_ALLOC_KIND_ASYNC:
-		return image.AllocAsync
-	case helperpb.AllocKind_ALLOC_KIND_VMM:
-		return image.AllocVMM
+	for _, p := range allocKinds {
+		if p.proto == k {
+			return p.image
+		}
 	}
 	return image.AllocOther
+}
+
+func protoKind(k image.AllocKind) helperpb.AllocKind {
+	for _, p := range allocKinds {
+		if p.image == k {
+			return p.proto
+		}
+	}
+	return helperpb.AllocKind_ALLOC_KIND_SLAB
 }
 
 // wakeAndGiveBack brings a detached client back while its checkpoint's

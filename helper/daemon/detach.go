@@ -424,20 +424,6 @@ func (s *Server) deviceFor(b image.BufferInfo) Device {
 	return nil
 }
 
-func protoKind(k image.AllocKind) helperpb.AllocKind {
-	switch k {
-	case image.AllocMemAlloc:
-		return helperpb.AllocKind_ALLOC_KIND_MEM_ALLOC
-	case image.AllocPitch:
-		return helperpb.AllocKind_ALLOC_KIND_PITCH
-	case image.AllocAsync:
-		return helperpb.AllocKind_ALLOC_KIND_ASYNC
-	case image.AllocVMM:
-		return helperpb.AllocKind_ALLOC_KIND_VMM
-	}
-	return helperpb.AllocKind_ALLOC_KIND_SLAB
-}
-
 // reimportErr is reimport with the client's refusal turned into an error.
 func (s *Server) reimportErr(cl *client, ctl *control, wait time.Duration) error {
 	failed, err := s.reimport(cl, ctl, wait)
