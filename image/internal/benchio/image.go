@@ -21,18 +21,10 @@ func ImageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (i
 	if err != nil {
 		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
 	}
-	parts := SplitAligned(len(data), nbuf, chunkSizeOf(opts))
-	errs := make([]error, len(parts))
-	var wg sync.WaitGroup
-	for i, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = writeBuffer(w, i, data[p[0]:p[1]], block)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	err = eachPart(SplitAligned(len(data), nbuf, chunkSizeOf(opts)), func(i, lo, hi int) error {
+		return writeBuffer(w, i, data[lo:hi], block)
+	})
+	if err != nil {
 		_ = w.Abort()
 		return image.WriteStats{}, err
 	}

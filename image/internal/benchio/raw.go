@@ -4,6 +4,7 @@
 package benchio
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,23 +21,29 @@ const Block = 4 << 20
 // part of data, sequentially in Block writes, each fsynced at the end, then
 // the directory fsynced (what a committed image pays for durability too).
 func RawWrite(dir string, data []byte, streams int) error {
-	parts := SplitAligned(len(data), streams, Block)
+	err := eachPart(SplitAligned(len(data), streams, Block), func(i, lo, hi int) error {
+		return writeFile(rawName(dir, i), data[lo:hi])
+	})
+	if err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+// eachPart runs fn for every part [lo, hi) at once, each on its own
+// goroutine, and returns their errors joined.
+func eachPart(parts [][2]int, fn func(i, lo, hi int) error) error {
 	errs := make([]error, len(parts))
 	var wg sync.WaitGroup
 	for i, p := range parts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = writeFile(rawName(dir, i), data[p[0]:p[1]])
+			errs[i] = fn(i, p[0], p[1])
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return syncDir(dir)
+	return errors.Join(errs...)
 }
 
 func writeFile(name string, b []byte) error {
@@ -63,23 +70,9 @@ func writeFile(name string, b []byte) error {
 // and block size. Nothing is dropped from the page cache first, as nothing is
 // before the image is read back either: both read what the write left there.
 func RawRead(dir string, dst []byte, streams int) error {
-	parts := SplitAligned(len(dst), streams, Block)
-	errs := make([]error, len(parts))
-	var wg sync.WaitGroup
-	for i, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = readFile(rawName(dir, i), dst[p[0]:p[1]])
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return eachPart(SplitAligned(len(dst), streams, Block), func(i, lo, hi int) error {
+		return readFile(rawName(dir, i), dst[lo:hi])
+	})
 }
 
 func readFile(name string, b []byte) error {
