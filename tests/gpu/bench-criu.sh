@@ -37,10 +37,7 @@ IMG=${IMG:-/dev/shm/gpucr-criu-img}
 PY=${PYTHON:-python3}
 mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
-fail=0
-note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
-bad() { note "FAIL: $*"; fail=1; }
-now() { date +%s.%N; }
+. tests/gpu/lib.sh
 
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
 note ""
@@ -77,7 +74,6 @@ start_helper() {
 }
 trap 'kill $HELPER 2>/dev/null; pkill -f "$A/work.py" 2>/dev/null; rm -rf "$IMG"' EXIT
 
-hbs() { grep -c '^hb' "$1" 2>/dev/null || echo 0; }
 # gpu FIELD FILE: a number from the "gpu" object of a --json report.
 gpu() { $PY -c "import json,sys; l=[x for x in open(sys.argv[2]) if x.startswith('{')]; g=(json.loads(l[-1]) if l else {}).get('gpu') or {}; print(g.get(sys.argv[1], 0))" "$1" "$2"; }
 # copyinfo FILE FLOOR_GBPS: "seconds (GB/s, x floor)" of a report's GPU copy.
@@ -111,20 +107,11 @@ for gb in $SIZES; do
 	t2=$(now)
 	"$GPUCR" restore -D "$IMG" --plugin-dir "$PLUGINS" --socket "$SOCK" --json >"$LOGS/restore-$gb.txt" 2>&1 || bad "$gb GB: restore: $(tail -2 "$LOGS/restore-$gb.txt")"
 	t3=$(now)
-	t4=""
-	for _ in $(seq 3000); do
-		if [ "$(hbs "$L")" -gt "$n0" ]; then t4=$(now); break; fi
-		sleep 0.01
-	done
+	t4=$(next_heartbeat "$L" "$n0")
 	adv=no
-	if [ -n "$t4" ]; then
-		c1=$(grep '^hb' "$L" | tail -1 | awk '{print $4}')
-		sleep 1
-		c2=$(grep '^hb' "$L" | tail -1 | awk '{print $4}')
-		[ "$c1" != "$c2" ] && adv=yes
-	fi
+	[ -n "$t4" ] && adv=$(checksum_advancing "$L")
 	[ $adv = yes ] || bad "$gb GB: no advancing heartbeat after the restore"
-	note "| $gb | $(python3 -c "print(f'{$t1-$t0:.3f} s')") | $(copyinfo "$LOGS/ckpt-$gb.txt" "$DTOH") | $((size / 1000000)) MB | $(python3 -c "print(f'{$t3-$t2:.3f} s')") | $(copyinfo "$LOGS/restore-$gb.txt" "$HTOD") | $([ -n "$t4" ] && python3 -c "print(f'{$t4-$t2:.3f} s')" || echo never) | $adv |"
+	note "| $gb | $(span "$t0" "$t1") | $(copyinfo "$LOGS/ckpt-$gb.txt" "$DTOH") | $((size / 1000000)) MB | $(span "$t2" "$t3") | $(copyinfo "$LOGS/restore-$gb.txt" "$HTOD") | $([ -n "$t4" ] && span "$t2" "$t4" || echo never) | $adv |"
 	cp "$IMG/dump.log" "$LOGS/dump-$MODE-$gb.log" 2>/dev/null
 	cp "$IMG/restore.log" "$LOGS/restore-$MODE-$gb.log" 2>/dev/null
 	cp "$LOGS/ckpt-$gb.txt" "$LOGS/ckpt-$MODE-$gb.txt"; cp "$LOGS/restore-$gb.txt" "$LOGS/restore-$MODE-$gb.txt"

@@ -30,9 +30,7 @@ IMG=${IMG:-/dev/shm/gpucr-bench-img}
 PY=${PYTHON:-python3}
 mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
-fail=0
-note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
-bad() { note "FAIL: $*"; fail=1; }
+. tests/gpu/lib.sh
 
 gcc -O2 -I/usr/local/cuda/include -o "$LOGS/drvckpt" "$ANCHOR/drvckpt.c" -L/usr/local/cuda/lib64/stubs -lcuda || exit 1
 SOCK=$(mktemp -u /tmp/gpucr-ckpt.XXXXXX.sock)

@@ -38,9 +38,7 @@ want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$LOGS"
 SOCK=$(mktemp -u /tmp/gpucr-bench.XXXXXX.sock)
 PY=${PYTHON:-python3}
-fail=0
-note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
-bad() { note "FAIL: $*"; fail=1; }
+. tests/gpu/lib.sh
 
 [ -x "$GPUCR" ] || { echo "bench-interposer.sh: $GPUCR missing" >&2; exit 2; }
 : >"$LOGS/summary.txt"

@@ -28,11 +28,7 @@ LOGS=$(cd "$LOGS" && pwd)
 W=$LOGS/work CW=$LOGS/criu-work IMG=/dev/shm/gpucr-runc-img ROOT=$LOGS/runc-root ID=gpucr-gpu
 rm -rf "$W" "$CW" "$IMG" && mkdir -p "$W" "$CW" "$IMG" "$ROOT"
 : >"$LOGS/summary.txt"
-fail=0
-note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
-bad() { note "FAIL: $*"; fail=1; }
-now() { date +%s.%N; }
-hbs() { grep -c '^hb' "$W/w.log" 2>/dev/null || echo 0; }
+. tests/gpu/lib.sh
 
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(runc --version | head -1); $(criu --version | head -1)"
 SOCK=/run/gpucr/helper.sock
@@ -80,28 +76,19 @@ if ! runc --root "$ROOT" checkpoint --image-path "$IMG" --work-path "$CW" $ID >"
 	exit 1
 fi
 t1=$(now)
-n0=$(hbs)
+n0=$(hbs "$W/w.log")
 size=$(du -sb "$IMG" | cut -f1)
 "$G/bin/gpucr" image verify "$IMG" >"$LOGS/verify.txt" 2>&1 || bad "gpucr image verify: $(tail -2 "$LOGS/verify.txt")"
 t2=$(now)
 runc --root "$ROOT" restore -d --image-path "$IMG" --work-path "$CW" --pid-file "$LOGS/pid2" -b "$LOGS/bundle" $ID </dev/null >"$LOGS/restore.txt" 2>&1 || bad "runc restore: $(tail -3 "$LOGS/restore.txt"; tail -5 "$CW/restore.log")"
 t3=$(now)
-t4=""
-for _ in $(seq 3000); do
-	if [ "$(hbs)" -gt "$n0" ]; then t4=$(now); break; fi
-	sleep 0.01
-done
+t4=$(next_heartbeat "$W/w.log" "$n0")
 adv=no
-if [ -n "$t4" ]; then
-	c1=$(grep '^hb' "$W/w.log" | tail -1 | awk '{print $4}')
-	sleep 1
-	c2=$(grep '^hb' "$W/w.log" | tail -1 | awk '{print $4}')
-	[ "$c1" != "$c2" ] && adv=yes
-fi
+[ -n "$t4" ] && adv=$(checksum_advancing "$W/w.log")
 [ $adv = yes ] || bad "no advancing heartbeat after runc restore"
 note "| GB | runc checkpoint | image | runc restore | restore to next heartbeat | host pid before / after | checksum advancing after |"
 note "|---|---|---|---|---|---|---|"
-note "| $GB | $(python3 -c "print(f'{$t1-$t0:.3f} s')") | $((size / 1000000)) MB | $(python3 -c "print(f'{$t3-$t2:.3f} s')") | $([ -n "$t4" ] && python3 -c "print(f'{$t4-$t2:.3f} s')" || echo never) | $P1 / $(cat "$LOGS/pid2" 2>/dev/null) | $adv |"
+note "| $GB | $(span "$t0" "$t1") | $((size / 1000000)) MB | $(span "$t2" "$t3") | $([ -n "$t4" ] && span "$t2" "$t4" || echo never) | $P1 / $(cat "$LOGS/pid2" 2>/dev/null) | $adv |"
 cp "$CW"/*.log "$LOGS/" 2>/dev/null
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/runc-summary.txt" && tar -czf "$OUT/runc-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" --exclude=bundle 2>/dev/null
 exit $fail

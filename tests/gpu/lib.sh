@@ -1,0 +1,31 @@
+# Shell functions the GPU scripts share; sourced after LOGS is set (their
+# table goes to $LOGS/summary.txt). `bad` sets fail=1, the scripts' exit
+# status.
+fail=0
+note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
+bad() { note "FAIL: $*"; fail=1; }
+now() { date +%s.%N; }
+# span T0 T1: the seconds from T0 to T1 ("1.234 s").
+span() { python3 -c "print(f'{$2-$1:.3f} s')"; }
+# hbs LOG: the heartbeat lines in LOG so far.
+hbs() { grep -c '^hb' "$1" 2>/dev/null || echo 0; }
+# next_heartbeat LOG N: the time LOG first holds more than N heartbeats
+# (polled every 10 ms for up to 30 s); nothing if it never does.
+next_heartbeat() {
+	for _ in $(seq 3000); do
+		if [ "$(hbs "$1")" -gt "$2" ]; then
+			now
+			return
+		fi
+		sleep 0.01
+	done
+}
+# checksum_advancing LOG: "yes" if the last heartbeat's checksum (work.py's
+# fourth field) changes within a second, else "no".
+checksum_advancing() {
+	local c1 c2
+	c1=$(grep '^hb' "$1" | tail -1 | awk '{print $4}')
+	sleep 1
+	c2=$(grep '^hb' "$1" | tail -1 | awk '{print $4}')
+	if [ -n "$c1" ] && [ "$c1" != "$c2" ]; then echo yes; else echo no; fi
+}
