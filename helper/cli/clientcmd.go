@@ -93,9 +93,10 @@ func clientCommand() *ucli.Command {
 	}
 }
 
-// flagsAnywhere is commandArgs for commands with non-boolean flags too: the
-// documented form puts flags after the arguments (`gpucr client 42 stats
-// --json --timeout 5s`), where urfave/cli no longer reads them.
+// flagsAnywhere applies the command's flags wherever they stand among its
+// arguments and returns the others: the documented form puts flags after the
+// arguments (`gpucr client 42 stats --json --timeout 5s`), where urfave/cli no
+// longer reads them. An argument like -5 is not a flag (a negative number).
 func flagsAnywhere(c *ucli.Context) ([]string, error) {
 	var pos []string
 	args := c.Args().Slice()

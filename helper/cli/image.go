@@ -82,40 +82,13 @@ var errHelpShown = errors.New("help shown")
 // commandArgs returns the positional arguments of c, checked against min and
 // max (max < 0: no limit). urfave/cli, like Go's flag package, stops reading
 // flags at the first argument, but the documented form puts them last
-// (`gpucr image inspect DIR --json`): the command's own boolean flags found
-// among the arguments are applied here. "--" ends the flags, for a directory
-// whose name starts with '-'.
+// (`gpucr image inspect DIR --json`): flagsAnywhere applies the command's own
+// flags found among the arguments. "--" ends the flags, for a directory whose
+// name starts with '-'.
 func commandArgs(c *ucli.Context, minArgs, maxArgs int) ([]string, error) {
-	var pos []string
-	args := c.Args().Slice()
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if len(a) < 2 || a[0] != '-' {
-			pos = append(pos, a)
-			continue
-		}
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if name == "h" || name == "help" {
-			// Help for a command is printed from its parent's context,
-			// which lists it.
-			if l := c.Lineage(); len(l) > 1 {
-				_ = ucli.ShowCommandHelp(l[1], c.Command.Name)
-			}
-			return nil, errHelpShown
-		}
-		if !isBoolFlag(c.Command, name) {
-			return nil, usageError{fmt.Errorf("%s: flag provided but not defined: %s", c.Command.FullName(), a)}
-		}
-		if !hasVal {
-			val = "true"
-		}
-		if err := c.Set(name, val); err != nil {
-			return nil, usageError{fmt.Errorf("%s: invalid value %q for flag %s", c.Command.FullName(), val, a)}
-		}
+	pos, err := flagsAnywhere(c)
+	if err != nil {
+		return nil, err
 	}
 	if len(pos) < minArgs || (maxArgs >= 0 && len(pos) > maxArgs) {
 		return nil, usageError{fmt.Errorf("usage: gpucr %s [flags] %s", c.Command.FullName(), c.Command.ArgsUsage)}
