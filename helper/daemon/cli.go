@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -82,16 +84,19 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	}
 }
 
+// sortedClients copies the clients of m, one of s's maps, by pid.
+func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
+	s.mu.Lock()
+	out := slices.Collect(maps.Values(m))
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b *client) int { return cmp.Compare(a.pid, b.pid) })
+	return out
+}
+
 // status describes the helper and every client. Clients with a control
 // connection are asked GetStats and Snapshot, each within StatusTimeout.
 func (s *Server) status() *helperpb.StatusReply {
-	s.mu.Lock()
-	var clients []*client
-	for _, cl := range s.byToken {
-		clients = append(clients, cl)
-	}
-	s.mu.Unlock()
-	sort.Slice(clients, func(i, j int) bool { return clients[i].pid < clients[j].pid })
+	clients := sortedClients(s, s.byToken)
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable}
 	for i, d := range s.cfg.Devices {
 		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
@@ -112,14 +117,7 @@ func (s *Server) status() *helperpb.StatusReply {
 	wg.Wait()
 	out.Clients = infos
 	// Processes the helper keeps memory for while they are not connected.
-	s.mu.Lock()
-	var waiting []*client
-	for _, cl := range s.waiting {
-		waiting = append(waiting, cl)
-	}
-	s.mu.Unlock()
-	sort.Slice(waiting, func(i, j int) bool { return waiting[i].pid < waiting[j].pid })
-	for _, cl := range waiting {
+	for _, cl := range sortedClients(s, s.waiting) {
 		cl.mu.Lock()
 		why := "detached for a dump; waits for the dump to end"
 		if cl.restored {
