@@ -516,13 +516,37 @@ func (s *Server) recoverDetached(pid int32) {
 
 // processAlive: pid exists and is not a zombie.
 func processAlive(pid int32) bool {
+	st, err := procStat(pid)
+	return err == nil && st.alive()
+}
+
+// procStatus is what the helper reads of /proc/PID/stat.
+type procStatus struct {
+	state byte   // field 3: R, S, D, Z, X...
+	start uint64 // field 22: start time in clock ticks after boot; tells a reused pid apart
+}
+
+func (p procStatus) alive() bool { return p.state != 'Z' && p.state != 'X' }
+
+func procStat(pid int32) (procStatus, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return procStatus{}, err
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+	if i < 0 {
+		return procStatus{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(s[i+1:]) // field 3 onwards
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStatus{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return procStatus{}, fmt.Errorf("/proc/%d/stat: start time: %w", pid, err)
+	}
+	return procStatus{state: f[0][0], start: start}, nil
 }
 
 // nsPid is pid's pid in its own (innermost) pid namespace, from

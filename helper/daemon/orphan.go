@@ -28,7 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -57,11 +56,11 @@ func (s *Server) statePath(pid int32) string {
 
 // saveDetachState records that pid is about to detach for a dump into dir.
 func (s *Server) saveDetachState(pid int32, dir string, id []byte) error {
-	start, err := procStartTime(pid)
+	ps, err := procStat(pid)
 	if err != nil {
 		return err
 	}
-	b, err := json.Marshal(detachState{Pid: pid, StartTime: start, NsPid: nsPid(pid), ImageDir: resolvedDir(dir), ImageID: id})
+	b, err := json.Marshal(detachState{Pid: pid, StartTime: ps.start, NsPid: nsPid(pid), ImageDir: resolvedDir(dir), ImageID: id})
 	if err != nil {
 		return err
 	}
@@ -76,24 +75,6 @@ func (s *Server) saveDetachState(pid int32, dir string, id []byte) error {
 }
 
 func (s *Server) dropDetachState(pid int32) { _ = os.Remove(s.statePath(pid)) }
-
-// procStartTime is field 22 of /proc/PID/stat (clock ticks after boot).
-func procStartTime(pid int32) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(s[i+1:]) // field 3 onwards
-	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}
 
 // keepAlive touches helper.alive until stop is closed, then removes it.
 func (s *Server) keepAlive(stop <-chan struct{}) {
@@ -134,7 +115,7 @@ func (s *Server) adoptOrphans() {
 			_ = os.Remove(f)
 			continue
 		}
-		if start, err := procStartTime(st.Pid); err != nil || start != st.StartTime || !processAlive(st.Pid) {
+		if ps, err := procStat(st.Pid); err != nil || ps.start != st.StartTime || !ps.alive() {
 			_ = os.Remove(f) // that process is gone
 			continue
 		}
