@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"syscall"
 
 	"github.com/gpucr/gpucr/protocol/imagepb"
 )
@@ -26,25 +27,36 @@ func (im *Image) CheckFiles() error {
 				continue
 			}
 			seen[file] = true
-			if err := checkFile(file, c); err != nil {
+			f, err := openChunkFile(file, c)
+			if err != nil {
 				return &ChunkError{Image: im.dir, Buffer: bi, Address: b.GetAddress(), Chunk: ci, File: file, Err: err}
 			}
+			f.Close()
 		}
 	}
 	return nil
 }
 
-func checkFile(file string, c *imagepb.Chunk) error {
-	info, err := os.Lstat(file)
+// openChunkFile opens a chunk file and checks what can be checked without
+// reading it: it is there, is no symlink (O_NOFOLLOW: refused, not followed)
+// and is a regular file of the size the manifest says.
+func openChunkFile(file string, c *imagepb.Chunk) (*os.File, error) {
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return corruptf("chunk file missing")
+		return nil, corruptf("chunk file missing")
+	case errors.Is(err, syscall.ELOOP):
+		return nil, corruptf("chunk file is a symlink")
 	case err != nil:
-		return err
-	case info.Mode()&fs.ModeSymlink != 0:
-		return corruptf("chunk file is a symlink")
-	case !info.Mode().IsRegular() || info.Size() != int64(c.GetStoredSize()):
-		return corruptf("chunk file has %d bytes, manifest says %d (truncated or replaced)", info.Size(), c.GetStoredSize())
+		return nil, err
 	}
-	return nil
+	info, err := f.Stat()
+	if err == nil && (!info.Mode().IsRegular() || info.Size() != int64(c.GetStoredSize())) {
+		err = corruptf("chunk file has %d bytes, manifest says %d (truncated or replaced)", info.Size(), c.GetStoredSize())
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }

@@ -1,18 +1,15 @@
 package image
 
 import (
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
-	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
-	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -240,25 +237,11 @@ func (im *Image) loadCheck(bi, ci int, dst []byte, allCRCs bool) error {
 // compressed chunk's CRC is always checked, before its bytes reach the
 // decoder.
 func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte, allCRCs bool) error {
-	// O_NOFOLLOW: a chunk file replaced by a symlink is refused, not followed.
-	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := openChunkFile(file, c)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: chunk file missing", ErrCorrupt)
-		}
-		if errors.Is(err, syscall.ELOOP) {
-			return corruptf("chunk file is a symlink")
-		}
 		return err
 	}
 	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if !info.Mode().IsRegular() || info.Size() != int64(c.GetStoredSize()) {
-		return corruptf("chunk file has %d bytes, manifest says %d (truncated or replaced)", info.Size(), c.GetStoredSize())
-	}
 	stored := dst
 	if c.GetCompression() == imagepb.Compression_COMPRESSION_ZSTD {
 		sb := im.getBuf()
