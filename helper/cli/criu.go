@@ -129,11 +129,11 @@ func criuRun(c *ucli.Context, dir string, dump bool, fill func(*rpc.CriuOpts)) (
 	if n.w != nil && isTerminal(n.w) {
 		bar = n.w
 	}
-	dir0 := helperpb.Transfer_DIRECTION_LOAD
+	direction := helperpb.Transfer_DIRECTION_LOAD
 	if dump {
-		dir0 = helperpb.Transfer_DIRECTION_DUMP
+		direction = helperpb.Transfer_DIRECTION_DUMP
 	}
-	watch := watchGPU(socket, dir, dir0, n.start, bar)
+	watch := watchGPU(socket, dir, direction, n.start, bar)
 	cr := criu.MakeCriu()
 	if p := os.Getenv("GPUCR_CRIU"); p != "" {
 		cr.SetCriuPath(p)

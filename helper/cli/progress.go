@@ -23,15 +23,15 @@ type gpuWatch struct {
 	last  *helperpb.Transfer
 }
 
-// watchGPU starts watching the copy of dir in direction dir0 that starts
+// watchGPU starts watching the copy of dir in the given direction that starts
 // after since. bar, if not nil, is where the progress bar goes (a terminal).
-func watchGPU(socket, dir string, dir0 helperpb.Transfer_Direction, since time.Time, bar io.Writer) *gpuWatch {
+func watchGPU(socket, dir string, direction helperpb.Transfer_Direction, since time.Time, bar io.Writer) *gpuWatch {
 	w := &gpuWatch{stopc: make(chan struct{}), done: make(chan struct{})}
-	go w.run(socket, dir, dir0, since, bar)
+	go w.run(socket, dir, direction, since, bar)
 	return w
 }
 
-func (w *gpuWatch) run(socket, dir string, dir0 helperpb.Transfer_Direction, since time.Time, out io.Writer) {
+func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction, since time.Time, out io.Writer) {
 	defer close(w.done)
 	ctx := context.Background()
 	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
@@ -52,7 +52,7 @@ func (w *gpuWatch) run(socket, dir string, dir0 helperpb.Transfer_Direction, sin
 		// A dump of a process tree makes one copy per process.
 		var mine []*helperpb.Transfer
 		for _, t := range list {
-			if t.Direction == dir0 && time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
+			if t.Direction == direction && time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
 				mine = append(mine, t)
 			}
 		}
@@ -67,7 +67,7 @@ func (w *gpuWatch) run(socket, dir string, dir0 helperpb.Transfer_Direction, sin
 		}
 		if bar == nil {
 			what := "GPU -> image"
-			if dir0 == helperpb.Transfer_DIRECTION_LOAD {
+			if direction == helperpb.Transfer_DIRECTION_LOAD {
 				what = "image -> GPU"
 			}
 			bar = progressbar.NewOptions64(int64(w.last.BytesTotal), progressbar.OptionSetWriter(out),

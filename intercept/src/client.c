@@ -1317,22 +1317,23 @@ static void do_stats(Resp *resp) {
     resp->stats = s;
 }
 
-/* G.wake_path = w; a relative w is relative to the directory of our socket
- * path, which is where the helper's socket directory is mounted in this
- * process's view (a container may see it elsewhere than the helper does).
- * false (and no wake path) if it is empty or too long. */
+/* <socket dir>/NAME into out, in this process's view of the socket directory
+ * (a container may mount it elsewhere than the helper sees it); snprintf's
+ * result. */
+static int sock_dir_file(char *out, size_t n, const char *name) {
+    const char *slash = strrchr(G.sock_path, '/');
+    int dirlen = slash ? (int)(slash - G.sock_path) : 1;
+    return snprintf(out, n, "%.*s/%s", dirlen, slash ? G.sock_path : ".", name);
+}
+
+/* G.wake_path = w, a relative w relative to our socket's directory; false
+ * (and no wake path) if it is empty or too long. */
 static bool set_wake_path(const char *w) {
     G.wake_path[0] = 0;
     if (!w || !*w)
         return false;
-    int n;
-    if (w[0] == '/') {
-        n = snprintf(G.wake_path, sizeof G.wake_path, "%s", w);
-    } else {
-        const char *slash = strrchr(G.sock_path, '/');
-        int dirlen = slash ? (int)(slash - G.sock_path) : 1;
-        n = snprintf(G.wake_path, sizeof G.wake_path, "%.*s/%s", dirlen, slash ? G.sock_path : ".", w);
-    }
+    int n = w[0] == '/' ? snprintf(G.wake_path, sizeof G.wake_path, "%s", w)
+                        : sock_dir_file(G.wake_path, sizeof G.wake_path, w);
     if (n < 0 || (size_t)n >= sizeof G.wake_path) {
         G.wake_path[0] = 0;
         return false;
@@ -1385,13 +1386,6 @@ static void gpu_state_lost(const char *why) __attribute__((noreturn));
 static void gpu_state_lost(const char *why) {
     fprintf(stderr, "gpucr: this process's GPU state is lost: %s; aborting\n", why);
     abort();
-}
-
-/* <socket dir>/NAME, in this process's view of the socket directory. */
-static void sock_dir_file(char *out, size_t n, const char *name) {
-    const char *slash = strrchr(G.sock_path, '/');
-    int dirlen = slash ? (int)(slash - G.sock_path) : 1;
-    snprintf(out, n, "%.*s/%s", dirlen, slash ? G.sock_path : ".", name);
 }
 
 /* Watches the helper while detached: it touches helper.alive in the socket
