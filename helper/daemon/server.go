@@ -176,6 +176,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	aliveDone := make(chan struct{})
 	go func() { defer close(aliveDone); s.keepAlive(aliveStop) }()
 	defer func() { close(aliveStop); <-aliveDone }()
+	// Before the first accept, on purpose: the processes a dead helper
+	// left get their memory back before new clients can take the GPU's
+	// (their reattach waits in the listen backlog meanwhile).
 	if s.cfg.Unavailable == "" {
 		s.adoptOrphans()
 	}
