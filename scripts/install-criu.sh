@@ -1,29 +1,45 @@
 #!/usr/bin/env bash
-# install-criu.sh: make CRIU >= 4.0 (and its plugin header criu-plugin.h)
+# install-criu.sh: make CRIU >= 4.2 (and its plugin header criu-plugin.h)
 # available, for gpucr's CRIU plugin and helper. Run as root. Idempotent: a
-# second run only checks, prints what is there and changes nothing.
+# second run only checks (a real dump and restore, a few seconds), prints
+# what is there and changes nothing.
+#
+# Why 4.2: Debian 12's CRIU 3.17 cannot run on new kernels (it does not know
+# the [vvar_vclock] mapping: "vdso: Unexpected rt vDSO area bounds"), and
+# Debian 13's 4.1.1 hangs in every dump on Linux 6.18 (after the parasite's
+# cure; `criu check` still says "Looks good"). 4.2 also has the plugin hook
+# POST_FORKING. A CRIU is judged by scripts/criu-selftest.sh (a real dump
+# and restore under a time limit), never by `criu check` alone.
 #
 # What it does:
-#  1. If `criu` on PATH is >= 4.0, passes `criu check`, and a criu-plugin.h
-#     with the PAUSE_DEVICES / CHECKPOINT_DEVICES / RESUME_DEVICES_LATE hooks
-#     is found (PREFIX/include, /usr/include or /usr/local/include): nothing
-#     to do; it says so and prints the version and header path.
-#     If the working criu lacks only the header, only the header is
-#     installed (from libcriu-dev, into PREFIX/include on Debian 12).
-#  2. Debian 13 or newer: the distribution's criu is new enough; installs
-#     criu and libcriu-dev with apt-get.
-#  3. Debian 12 (whose CRIU 3.17 cannot run on new kernels: it does not know
-#     the [vvar_vclock] mapping, "vdso: Unexpected rt vDSO area bounds"):
-#     installs Debian 13's CRIU into a private prefix without touching the
-#     system's libc, apt configuration or apt state:
+#  1. If `criu` on PATH is >= 4.2, passes the self-test, and a criu-plugin.h
+#     with the PAUSE_DEVICES / CHECKPOINT_DEVICES / RESUME_DEVICES_LATE /
+#     POST_FORKING hooks is found (PREFIX/include, /usr/include or
+#     /usr/local/include): nothing to do; it says so and prints the version
+#     and header path. If the working criu lacks only the header, only the
+#     header is installed (from libcriu-dev, into PREFIX/include).
+#     A criu on PATH that is older or fails the self-test is shadowed by the
+#     private one (step 3), which goes first on root's PATH.
+#  2. Debian testing/unstable (forky, sid): the distribution's criu is new
+#     enough; installs criu and libcriu-dev with apt-get, then self-tests it
+#     (a failure falls through to step 3).
+#  3. Every other Debian (12 bookworm, 13 trixie, older): installs Debian
+#     forky's CRIU into a private prefix without touching the system's libc,
+#     apt configuration or apt state:
 #       a. a private apt setup in APT_DIR (default /var/lib/gpucr/apt): its
 #          own apt.conf (used through APT_CONFIG, so not even the system's
-#          /etc/apt/apt.conf.d is read), sources list for trixie (and
-#          trixie-security) on the mirror host this machine already uses,
-#          lists, cache and an empty dpkg status file. Nothing is written to
-#          /etc/apt or /var/lib/apt, and no package is installed with dpkg.
+#          /etc/apt/apt.conf.d is read), sources list for SUITE on the mirror
+#          host this machine already uses, lists, cache and an empty dpkg
+#          status file. Nothing is written to /etc/apt or /var/lib/apt, and
+#          no package is installed with dpkg. The Release file's signature is
+#          checked against debian-archive-keyring; its Valid-Until date is
+#          not (Acquire::Check-Valid-Until false), because mirrors and
+#          snapshots serve testing's Release files after they expire (seen:
+#          sid's and forky's, 20 days past): the packages installed are
+#          named and versioned in PREFIX/PACKAGES, and the self-test judges
+#          the result.
 #       b. apt-get update there, then apt-get download of criu and the
-#          closure of its Depends in trixie (libcompel1, libc6, libgnutls,
+#          closure of its Depends in SUITE (libcompel1, libc6, libgnutls,
 #          libnftables1, libnl-3, libnet1, libprotobuf-c1, libbsd0, libuuid1
 #          and their own library deps), so every library comes from the same
 #          release, plus libcriu-dev for the plugin header.
@@ -34,11 +50,12 @@
 #            ld-linux-x86-64.so.2 --library-path PREFIX/lib[:$LD_LIBRARY_PATH]
 #                                 --argv0 "$0" PREFIX/libexec/criu "$@"
 #          and a symlink LINK_DIR/criu -> PREFIX/bin/criu (default LINK_DIR
-#          /usr/local/sbin, ahead of /usr/sbin on root's PATH, so runc and
-#          go-criu, which exec "criu" from PATH, find it). An intact PREFIX
-#          from an earlier run is only re-linked, not downloaded again.
-#       e. checks the result (all libraries resolve inside the prefix,
-#          `criu check`) before it replaces a previous PREFIX.
+#          /usr/local/sbin, ahead of /usr/sbin on root's PATH, so runc, podman
+#          and go-criu, which exec "criu" from PATH, find it). An intact
+#          PREFIX from an earlier run that passes the self-test is only
+#          re-linked, not downloaded again.
+#       e. checks the result (all libraries resolve inside the prefix, the
+#          self-test) before it replaces a previous PREFIX.
 #
 # Why a loader launcher (and not patchelf or LD_LIBRARY_PATH):
 #  - CRIU never re-executes itself: it forks for `criu swrk` requests, for
@@ -70,26 +87,27 @@
 #  - a caller's LD_PRELOAD is honoured by the loader: don't run criu with an
 #    application's interposer preloaded.
 #  - without CAP_SYS_RESOURCE CRIU logs "rlimit: Can't setup RLIMIT_NOFILE
-#    for self: Operation not permitted" as an Error; it is harmless, but
-#    RPC (swrk) callers get it as the error text if something else fails.
+#    for self: Operation not permitted" as an Error; it is harmless (gpucr's
+#    CLI leaves it out of the errors it shows).
 #
 # Environment:
 #   GPUCR_CRIU_PREFIX   private prefix           (default /opt/gpucr/criu)
 #   GPUCR_APT_DIR       private apt directory    (default /var/lib/gpucr/apt)
 #   GPUCR_CRIU_LINK_DIR where the criu symlink goes (default /usr/local/sbin)
 #   GPUCR_DEBIAN_MIRROR Debian mirror URI (default: the one the system's
-#                       bookworm source uses, else http://deb.debian.org/debian)
-#   GPUCR_CRIU_SUITE    Debian suite to take CRIU from (default trixie)
-#   GPUCR_CRIU_PRIVATE  1: use the private prefix even where not Debian 12
-#                       (Debian-like amd64 systems with debian-archive-keyring)
+#                       own Debian source uses, else http://deb.debian.org/debian)
+#   GPUCR_CRIU_SUITE    Debian suite to take CRIU from (default forky)
+#   GPUCR_CRIU_PRIVATE  1: use the private prefix even where the distribution
+#                       has a new enough CRIU (Debian-like amd64 systems with
+#                       debian-archive-keyring)
 set -euo pipefail
 
 PREFIX=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
 APT_DIR=${GPUCR_APT_DIR:-/var/lib/gpucr/apt}
 LINK_DIR=${GPUCR_CRIU_LINK_DIR:-/usr/local/sbin}
-SUITE=${GPUCR_CRIU_SUITE:-trixie}
+SUITE=${GPUCR_CRIU_SUITE:-forky}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-MIN_MAJOR=4
+MIN_VERSION=4.2
 LOADER_NAME=ld-linux-x86-64.so.2
 TRIPLET=x86_64-linux-gnu
 
@@ -103,24 +121,41 @@ criu_version() {
 		sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1
 }
 
-# criu_ok BIN: true if BIN is CRIU >= MIN_MAJOR and `BIN check` passes.
-criu_ok() {
+# version_ge A B: true if version A >= B (dotted numbers).
+version_ge() {
+	[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+
+# new_enough BIN: BIN runs and is CRIU >= MIN_VERSION.
+new_enough() {
 	local v
 	[ -x "$1" ] || return 1
 	v=$(criu_version "$1")
-	[ -n "$v" ] && [ "${v%%.*}" -ge "$MIN_MAJOR" ] && "$1" check >/dev/null 2>&1
+	[ -n "$v" ] && version_ge "$v" "$MIN_VERSION"
+}
+
+# criu_ok BIN: BIN is CRIU >= MIN_VERSION and dumps and restores a process
+# (scripts/criu-selftest.sh; its output goes to the log on failure).
+criu_ok() {
+	new_enough "$1" || return 1
+	if ! "$here/criu-selftest.sh" -q -t 60 "$1" >"$selftest_log" 2>&1; then
+		warn "$1 ($(criu_version "$1")) fails the dump/restore self-test:"
+		sed 's/^/    /' "$selftest_log" >&2
+		return 1
+	fi
 }
 
 # find_header: prints the include directory whose criu/criu-plugin.h has
 # the device hooks gpucr uses (Debian 12's criu package ships a 3.17 one in
-# /usr/include/criu without them).
+# /usr/include/criu without them; 4.1's lacks POST_FORKING).
 find_header() {
 	local d h
 	for d in "$PREFIX/include" /usr/include /usr/local/include; do
 		h=$d/criu/criu-plugin.h
 		if [ -f "$h" ] && grep -q CR_PLUGIN_HOOK__PAUSE_DEVICES "$h" &&
 			grep -q CR_PLUGIN_HOOK__CHECKPOINT_DEVICES "$h" &&
-			grep -q CR_PLUGIN_HOOK__RESUME_DEVICES_LATE "$h"; then
+			grep -q CR_PLUGIN_HOOK__RESUME_DEVICES_LATE "$h" &&
+			grep -q CR_PLUGIN_HOOK__POST_FORKING "$h"; then
 			echo "$d"
 			return 0
 		fi
@@ -128,16 +163,14 @@ find_header() {
 	return 1
 }
 
-# summary BIN INCDIR: the closing report (criu check, version, header).
+# summary BIN INCDIR: the closing report (version, header; BIN passed the
+# self-test before this is called).
 summary() {
-	local bin=$1 inc=$2 out
+	local bin=$1 inc=$2
 	log "criu: $bin -> $(readlink -f "$bin")"
-	log "running 'criu check':"
-	out=$("$bin" check 2>&1) || { printf '%s\n' "$out" >&2; die "criu check failed"; }
-	printf '%s\n' "$out" | sed 's/^/    /'
-	log "CRIU version: $(criu_version "$bin")"
+	log "CRIU version: $(criu_version "$bin") (dumped and restored a test process)"
 	log "criu-plugin.h: $inc/criu/criu-plugin.h (build plugins with -I$inc)"
-	log "  its device hooks: $(grep -o 'CR_PLUGIN_HOOK__[A-Z_]*DEVICES[A-Z_]*' "$inc/criu/criu-plugin.h" | sort -u | tr '\n' ' ')"
+	log "  its device hooks: $(grep -oE 'CR_PLUGIN_HOOK__([A-Z_]*DEVICES[A-Z_]*|POST_FORKING)' "$inc/criu/criu-plugin.h" | sort -u | tr '\n' ' ')"
 	log "CRIU loads plugins from /usr/lib/criu/ by default (or criu --libdir DIR)"
 }
 
@@ -149,7 +182,7 @@ launcher_text() {
 	cat <<EOF
 #!/bin/sh
 # CRIU launcher generated by gpucr scripts/install-criu.sh.
-# Runs ../libexec/criu (Debian's CRIU ${v:-4.x}) with the glibc and libraries
+# Runs ../libexec/criu (Debian's CRIU ${v:-4.2+}) with the glibc and libraries
 # in ../lib, through that glibc's own loader, wherever this directory is
 # (links to this file are followed). Nothing is exported: programs that CRIU
 # runs (ip, iptables, tar...) use the system's libraries. The caller's
@@ -175,6 +208,14 @@ write_launcher() {
 }
 
 [ "$(id -u)" -eq 0 ] || die "must run as root"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+selftest_log=$(mktemp /tmp/gpucr-install-criu-selftest.XXXXXX)
+stage=
+cleanup() {
+	rm -f "$selftest_log"
+	if [ -n "$stage" ]; then rm -rf "$stage"; fi
+}
+trap cleanup EXIT
 
 # One install at a time (parallel make jobs, CI steps).
 lockdir=/run/lock
@@ -185,7 +226,7 @@ if command -v flock >/dev/null && ! flock -w 600 9; then
 fi
 
 # ------------------------------------------------------------------ step 1
-log "step 1: looking for a working CRIU >= $MIN_MAJOR.0 on PATH"
+log "step 1: looking for a working CRIU >= $MIN_VERSION on PATH"
 header_only=0
 # A launcher of ours written by an older version of this script: refresh it.
 if [ -f "$PREFIX/PACKAGES" ] && [ -e "$PREFIX/libexec/criu" ] && write_launcher "$PREFIX"; then
@@ -201,7 +242,7 @@ if cur=$(command -v criu) && criu_ok "$cur"; then
 	header_only=1
 elif [ -n "${cur:-}" ]; then
 	v=$(criu_version "$cur")
-	log "criu at $cur (version ${v:-unknown}) is older than $MIN_MAJOR.0 or fails 'criu check': installing CRIU"
+	log "criu at $cur (version ${v:-unknown}) is older than $MIN_VERSION or fails the self-test: installing CRIU >= $MIN_VERSION, which goes ahead of it on PATH"
 else
 	log "no criu on PATH: installing CRIU"
 fi
@@ -214,11 +255,11 @@ if [ "${GPUCR_CRIU_PRIVATE:-0}" = 1 ]; then
 	route=private
 elif [ "${ID:-}" = debian ]; then
 	case ${VERSION_CODENAME:-} in
-	buster | bullseye | bookworm) route=private ;;
+	buster | bullseye | bookworm | trixie) route=private ;;
 	*) route=system ;;
 	esac
 else
-	die "unsupported system (${PRETTY_NAME:-unknown}): install CRIU >= $MIN_MAJOR.0 and its criu-plugin.h yourself, or set GPUCR_CRIU_PRIVATE=1 on a Debian-like amd64 system"
+	die "unsupported system (${PRETTY_NAME:-unknown}): install CRIU >= $MIN_VERSION and its criu-plugin.h yourself, or set GPUCR_CRIU_PRIVATE=1 on a Debian-like amd64 system"
 fi
 
 # ------------------------------------------------------------------ step 2
@@ -230,10 +271,13 @@ if [ "$route" = system ]; then
 	apt-get install -y -q --no-install-recommends "$@"
 	hash -r
 	cur=$(command -v criu) || die "criu not on PATH after apt-get install"
-	criu_ok "$cur" || die "the distribution's criu ($(criu_version "$cur")) is older than $MIN_MAJOR.0 or fails 'criu check'"
-	inc=$(find_header) || die "criu-plugin.h not found after installing libcriu-dev"
-	summary "$cur" "$inc"
-	exit 0
+	if criu_ok "$cur" && inc=$(find_header); then
+		summary "$cur" "$inc"
+		exit 0
+	fi
+	warn "the distribution's criu ($(criu_version "$cur")) is older than $MIN_VERSION, fails the self-test or lacks its header: installing the private one"
+	route=private
+	header_only=0
 fi
 
 # ------------------------------------------------------------------ step 3
@@ -334,16 +378,13 @@ if [ -z "$mirror" ]; then
 	usable_uri "$mirror" || mirror=http://deb.debian.org/debian
 fi
 mirror=${mirror%/}
-security=$(system_mirror "${VERSION_CODENAME:-bookworm}-security" | head -n1)
-usable_uri "$security" || security=
-security=${security%/}
 
 if [ "$header_only" = 1 ]; then
 	log "step 3: fetching criu-plugin.h from Debian '$SUITE' libcriu-dev into $PREFIX/include (private apt state in $APT_DIR)"
 else
 	log "step 3: installing Debian '$SUITE' CRIU into $PREFIX (private apt state in $APT_DIR)"
 fi
-log "  mirror: $mirror${security:+ (security: $security)}"
+log "  mirror: $mirror"
 
 # --- 3a: private apt configuration
 log "step 3a: private apt configuration $APT_DIR/apt.conf"
@@ -356,9 +397,6 @@ touch "$APT_DIR/state/dpkg-status"
 {
 	echo "# Generated by gpucr scripts/install-criu.sh; used through APT_CONFIG only."
 	echo "deb [signed-by=$KEYRING] $mirror $SUITE main"
-	if [ -n "$security" ]; then
-		echo "deb [signed-by=$KEYRING] $security $SUITE-security main"
-	fi
 } >"$APT_DIR/etc/sources.list.new"
 mv "$APT_DIR/etc/sources.list.new" "$APT_DIR/etc/sources.list"
 cat >"$conf.new" <<EOF
@@ -382,6 +420,8 @@ Dir::Log "$APT_DIR/log";
 APT::Architecture "amd64";
 APT::Architectures { "amd64"; };
 Acquire::Languages "none";
+// Signatures are checked; the Release file's expiry is not (see the header).
+Acquire::Check-Valid-Until "false";
 EOF
 mv "$conf.new" "$conf"
 papt() { APT_CONFIG=$conf "$@"; }
@@ -413,7 +453,6 @@ if id _apt >/dev/null 2>&1; then chown _apt "$debs"; fi
 
 # --- 3c: unpack into a staging directory
 stage=$PREFIX.new.$$
-trap 'rm -rf "$stage"' EXIT
 rm -rf "$stage"
 mkdir -p "$stage/include"
 log "step 3c: unpacking with dpkg-deb -x into $stage"
@@ -460,7 +499,7 @@ write_launcher "$stage" || true
 log "step 3e: checking the staged CRIU"
 v=$(criu_version "$stage/bin/criu")
 [ -n "$v" ] || die "the staged criu does not run"
-[ "${v%%.*}" -ge "$MIN_MAJOR" ] || die "the staged criu is $v, older than $MIN_MAJOR.0"
+version_ge "$v" "$MIN_VERSION" || die "the staged criu is $v, older than $MIN_VERSION (GPUCR_CRIU_SUITE=$SUITE)"
 listing=$("$stage/lib/$LOADER_NAME" --list --library-path "$stage/lib" "$stage/libexec/criu" 2>&1) ||
 	die "cannot list criu's libraries: $listing"
 stage_lib=$(readlink -f "$stage/lib")
@@ -472,9 +511,8 @@ if printf '%s\n' "$listing" | grep -q 'not found' || [ -n "$outside" ]; then
 	die "some of criu's libraries do not resolve inside the prefix: ${outside:-see above}"
 fi
 log "    all $(printf '%s\n' "$listing" | grep -c '=>') libraries resolve inside the prefix"
-"$stage/bin/criu" check >"$APT_DIR/log/check.log" 2>&1 ||
-	{ cat "$APT_DIR/log/check.log" >&2; die "'criu check' of the staged CRIU $v failed"; }
-log "    criu $v: 'criu check' passed"
+criu_ok "$stage/bin/criu" || die "the staged CRIU $v fails the dump/restore self-test (see above)"
+log "    criu $v: dumped and restored a test process"
 
 # Swap in: PREFIX is replaced as a whole (the launcher finds its own
 # directory, so the rename is harmless).
@@ -483,7 +521,7 @@ if [ -e "$PREFIX" ] || [ -L "$PREFIX" ]; then
 	mv "$PREFIX" "$PREFIX.old"
 fi
 mv "$stage" "$PREFIX"
-trap - EXIT
+stage=
 rm -rf "$PREFIX.old"
 log "installed CRIU $v in $PREFIX (packages: $PREFIX/PACKAGES)"
 

@@ -10,7 +10,7 @@
 #                             points GPUCR_INTERPOSER at lib/libgpucr.so
 #   OUTDIR/libexec/gpucr      build/bin/gpucr
 #   OUTDIR/libexec/lib/       the loader and the libraries gpucr links, taken
-#                             from the CRIU prefix (Debian 13's glibc; see
+#                             from the CRIU prefix (Debian forky's glibc; see
 #                             scripts/install-criu.sh) so one glibc serves both
 #   OUTDIR/lib/libgpucr.so    the interposer, loaded into applications by their
 #                             own loader and glibc; it finds libprotobuf-c.so.1
