@@ -46,6 +46,7 @@
  * driver calls of the wrappers run under it too (VMM calls are not a hot path),
  * helper requests never do.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,11 +257,40 @@ oom:
 
 /* ---- wrappers ---- */
 
-static bool servable(size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
-    return p && flags == 0 && size != 0 && p->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
-           p->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-           !(p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) &&
-           !p->allocFlags.compressionType && !p->allocFlags.gpuDirectRDMACapable && !p->allocFlags.usage;
+/* NULL if the helper can serve a cuMemCreate with these arguments, else why not. */
+static const char *unservable(size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
+    if (!p)
+        return "no allocation properties";
+    if (flags != 0)
+        return "flags other than 0";
+    if (size == 0)
+        return "size 0";
+    if (p->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return "allocation type other than pinned";
+    if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return "location other than a device";
+    if (p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return "requested handle types other than POSIX fd";
+    if (p->allocFlags.compressionType)
+        return "compressible memory";
+    if (p->allocFlags.gpuDirectRDMACapable)
+        return "GPUDirect RDMA capable memory";
+    if (p->allocFlags.usage)
+        return "allocation usage flags";
+    return NULL;
+}
+
+/* Says once why an application's cuMemCreate went to the driver: the process
+ * is then not checkpointable, and this is what to change. */
+static void warn_unserved(size_t size, const CUmemAllocationProp *p, unsigned long long flags, const char *why) {
+    static atomic_bool warned;
+    if (atomic_exchange(&warned, true))
+        return;
+    gc_warn("cuMemCreate of %zu bytes (type %d, location %d/%d, handle types 0x%x, compression %u, gpuDirectRDMA %u, "
+            "usage 0x%x, flags 0x%llx) is not served by the helper: %s; this process is not checkpointable",
+            size, p ? (int)p->type : -1, p ? (int)p->location.type : -1, p ? p->location.id : -1,
+            p ? (unsigned)p->requestedHandleTypes : 0u, p ? p->allocFlags.compressionType : 0u,
+            p ? p->allocFlags.gpuDirectRDMACapable : 0u, p ? p->allocFlags.usage : 0u, flags, why);
 }
 
 /* CUDA_SUCCESS, GC_FALLBACK (the driver's own cuMemCreate answers), or an error for the application. */
@@ -332,11 +362,14 @@ GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
     CUresult r = GC_FALLBACK;
-    if (handle && servable(size, prop, flags) && gc_client_up())
+    const char *why = unservable(size, prop, flags);
+    if (handle && !why && gc_client_up())
         r = create_from_helper(handle, size, prop);
     if (r == GC_FALLBACK) {
         r = fn(handle, size, prop, flags);
         if (r == CUDA_SUCCESS) {
+            if (why)
+                warn_unserved(size, prop, flags, why);
             gc_note_reason(GC_REASON_APP_VMM);
             if (is_virtual(*handle))
                 gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's",
