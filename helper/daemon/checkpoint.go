@@ -216,17 +216,13 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	if req.Detach {
 		// The client closes its connections and waits for its wake file:
 		// CRIU must not find a socket connected to the helper.
-		cl.mu.Lock()
-		cl.detached = true
-		cl.mu.Unlock()
+		cl.setDetached(true)
 		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: wake}}}, wait); err != nil {
 			if s.parkedWithin(cl, time.Second) {
 				// It detached all the same: the way back is the wake file.
 				undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
 			} else {
-				cl.mu.Lock()
-				cl.detached = false
-				cl.mu.Unlock()
+				cl.setDetached(false)
 			}
 			abortImage()
 			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
@@ -379,7 +375,7 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 			return nil, fmt.Errorf("allocation %d is not mapped", a.AllocId)
 		}
 		out = append(out, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(al.handle), Size: al.size,
-			Pid: int(cl.pid), NsPid: int(nsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind)})
+			Pid: int(cl.pid), NsPid: int(nsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags})
 	}
 	return out, nil
 }

@@ -17,10 +17,11 @@ import (
 
 func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	c.log = c.log.With(zap.Stringer("role", h.Role))
-	// Restores this connection prepared: if it closes before it said
-	// Restored for a pid (CRIU's restore failed), that memory is given back.
-	var prepared []int32
-	defer func() { s.dropUnrestored(prepared) }()
+	// Restores this connection prepared: only it claims their processes
+	// (Restored), and if it closes before it did (CRIU's restore failed),
+	// that memory is given back.
+	var plans []*restorePlan
+	defer func() { s.dropUnrestored(plans) }()
 	// Processes this connection detached for a dump and has not reported
 	// on (DumpDone): if it closes first, CRIU died mid-dump, and whatever
 	// is still alive gets its GPU back.
@@ -68,12 +69,14 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
 		case *helperpb.Request_PrepareRestore:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response {
-				r, pids := s.prepareRestore(req.Id, b.PrepareRestore)
-				prepared = append(prepared, pids...)
+				r, plan := s.prepareRestore(req.Id, b.PrepareRestore)
+				if plan != nil {
+					plans = append(plans, plan)
+				}
 				return r
 			})
 		case *helperpb.Request_Restored:
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored) })
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored, plans) })
 		default:
 			c.reject(req.Id, "%T is not allowed for %s", req.Body, h.Role)
 			return
@@ -117,12 +120,19 @@ func (s *Server) status() *helperpb.StatusReply {
 	wg.Wait()
 	out.Clients = infos
 	// Processes the helper keeps memory for while they are not connected.
-	for _, cl := range sortedClients(s, s.waiting) {
-		cl.mu.Lock()
-		why := "detached for a dump; waits for the dump to end"
-		if cl.restored {
-			why = "restored from an image; waits for the process to come back"
+	waiting := sortedClients(s, s.waiting)
+	s.mu.Lock()
+	for p := range s.plans {
+		for _, cl := range p.clients {
+			if cl.getPhase() == phasePrepared {
+				waiting = append(waiting, cl)
+			}
 		}
+	}
+	s.mu.Unlock()
+	for _, cl := range waiting {
+		cl.mu.Lock()
+		why := cl.phase.waitingWhy()
 		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
 			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{why},
 			State: helperpb.ClientState_CLIENT_STATE_DROPPED})

@@ -147,20 +147,19 @@ func (s *Server) adopt(st detachState) error {
 	if e != nil {
 		return errors.New(e.Message)
 	}
-	if e := s.register(plan); e != nil {
-		return errors.New(e.Message)
-	}
+	s.trackPlan(plan)
+	defer s.dropUnrestored([]*restorePlan{plan})
 	s.runLoad(plan)
-	cl := plan.byPid[int(st.Pid)]
+	cl := plan.clients[0]
 	if plan.load.err != nil {
-		s.mu.Lock()
-		delete(s.waiting, cl.pid)
-		s.mu.Unlock()
-		s.release(cl)
 		return fmt.Errorf("loading its GPU image failed: %w", plan.load.err)
+	}
+	if err := s.parkRestored(cl, st.Pid, st.StartTime); err != nil {
+		s.release(cl)
+		return err
 	}
 	cl.mu.Lock()
 	cl.onAttach = func() { s.giveBack(cl, true, nil) }
 	cl.mu.Unlock()
-	return s.wake(cl.pid)
+	return s.wake(st.Pid)
 }

@@ -73,7 +73,8 @@ type Server struct {
 	byToken   map[uint64]*client
 	byPID     map[int32]*client
 	owner     map[uint64]*client       // alloc id -> client
-	waiting   map[int32]*client        // detached or restored, by pid (detach.go)
+	waiting   map[int32]*client        // detached or restored, by pid (lifecycle.go)
+	plans     map[*restorePlan]bool    // restores being prepared (restore.go)
 	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
@@ -100,7 +101,7 @@ func New(cfg Config) *Server {
 		cfg.Unavailable = "no GPU devices"
 	}
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, waiting: map[int32]*client{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
+		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
@@ -174,8 +175,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer stop()
 	aliveStop := make(chan struct{})
 	aliveDone := make(chan struct{})
+	reaperDone := make(chan struct{})
 	go func() { defer close(aliveDone); s.keepAlive(aliveStop) }()
-	defer func() { close(aliveStop); <-aliveDone }()
+	go func() { defer close(reaperDone); s.runReaper(aliveStop) }()
+	defer func() { close(aliveStop); <-aliveDone; <-reaperDone }()
 	// Before the first accept, on purpose: the processes a dead helper
 	// left get their memory back before new clients can take the GPU's
 	// (their reattach waits in the listen backlog meanwhile).

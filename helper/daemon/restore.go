@@ -1,0 +1,284 @@
+package daemon
+
+// The restore path: PrepareRestore makes new helper memory for every buffer of
+// an image and loads it in the background while CRIU restores the processes;
+// Restored hands each restored process its memory (lifecycle.go).
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// restoreLoad is the load of one PrepareRestore's image into the memory it
+// made, running while CRIU restores the processes.
+type restoreLoad struct {
+	done chan struct{} // closed when the load has ended
+	err  error         // its result; read only after done
+}
+
+// wait blocks until the load has ended and returns its error.
+func (l *restoreLoad) wait() error {
+	if l == nil {
+		return nil
+	}
+	<-l.done
+	return l.err
+}
+
+// restorePlan is the helper memory made for (part of) an image, filled by its
+// load and claimed by the restored processes. Only the plugin connection that
+// made it (or the adoption of an orphan) claims its clients.
+type restorePlan struct {
+	im      *image.Image
+	dir     string
+	clients []*client // one per process of the image, in image order; phasePrepared until claimed
+	regions []engine.Region
+	bufs    []int // image buffer of each region
+	made    []*alloc
+	load    *restoreLoad
+}
+
+func (p *restorePlan) undo() {
+	for _, al := range p.made {
+		_ = al.dev.Release(al.handle)
+	}
+}
+
+// prepareRestore runs a PrepareRestore request. Everything that can refuse
+// the restore cheaply is checked before it answers, while nothing has been
+// changed: the manifest, every chunk file's presence and size, a GPU for
+// every buffer, and new helper memory for each (out of memory refuses it).
+// Then it answers and fills that memory from the image in the background, so
+// that the GPU data moves while CRIU restores the CPU side; Restored waits for
+// the load. Damage inside a chunk file is only found by that load: Restored
+// then fails, and the plugin kills the restored process (see restored).
+func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, *restorePlan) {
+	im, err := image.Open(req.ImageDir)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
+	}
+	if err := im.CheckFiles(); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
+	}
+	plan, e := s.planRestore(im, req.ImageDir, 0)
+	if e != nil {
+		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
+		return &helperpb.Response{Id: id, Error: e}, nil
+	}
+	s.trackPlan(plan)
+	go s.runLoad(plan)
+	return okResp(id), plan
+}
+
+// planRestore makes new helper memory for every buffer of im (only those of
+// pid only, if not 0), each on the same GPU if it is here, else the same
+// ordinal; nothing is kept if any of it fails.
+func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePlan, *helperpb.Error) {
+	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{})}}
+	byPid := map[int]*client{}
+	fail := func(code helperpb.ErrorCode, format string, a ...any) (*restorePlan, *helperpb.Error) {
+		p.undo()
+		return nil, &helperpb.Error{Code: code, Message: fmt.Sprintf(format, a...)}
+	}
+	newClient := func(pid, ns int) *client {
+		cl := byPid[pid]
+		if cl == nil {
+			cl = &client{pid: int32(pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
+				opSem: make(chan struct{}, 1), phase: phasePrepared, nsPid: int32(ns), wakeAs: int32(pid), load: p.load}
+			cl.log = s.log.With(zap.Int32("image_pid", cl.pid), zap.String("restored_from", dir))
+			byPid[pid] = cl
+			p.clients = append(p.clients, cl)
+		}
+		return cl
+	}
+	// Every process, also those without buffers: they wait to be woken too.
+	for _, pr := range im.Processes() {
+		if only == 0 || pr.Pid == only {
+			newClient(pr.Pid, pr.NsPid)
+		}
+	}
+	for i, b := range im.Buffers() {
+		if only != 0 && b.Pid != only {
+			continue
+		}
+		dev := s.deviceFor(b)
+		if dev == nil {
+			return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device)
+		}
+		cb, ok := dev.(cudaBacked)
+		if !ok {
+			return fail(helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
+		}
+		h, err := dev.Create(b.Size, b.Flags)
+		if err != nil {
+			var oom OutOfMemory
+			if errors.As(err, &oom) && oom.OutOfMemory() {
+				return fail(helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err)
+			}
+			return fail(helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err)
+		}
+		al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind),
+			flags: b.Flags}
+		p.made = append(p.made, al)
+		cl := newClient(b.Pid, b.NsPid)
+		cl.allocs[al.id] = al
+		cl.bytes += al.size
+		p.regions = append(p.regions, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(h), Size: b.Size, Pid: b.Pid,
+			Address: b.Address, Kind: b.Kind, Flags: b.Flags})
+		p.bufs = append(p.bufs, i)
+	}
+	if only != 0 && len(p.clients) == 0 {
+		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
+	}
+	return p, nil
+}
+
+// trackPlan makes the plan's memory its clients' (ownership checks) and
+// shows the plan in status until it is dropped.
+func (s *Server) trackPlan(p *restorePlan) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, cl := range p.clients {
+		for aid := range cl.allocs {
+			s.owner[aid] = cl
+		}
+	}
+	s.plans[p] = true
+}
+
+// runLoad fills the plan's memory from its image and ends its load.
+func (s *Server) runLoad(p *restorePlan) {
+	start := time.Now()
+	bytes := engine.TotalSize(p.regions)
+	var pids []int64
+	for _, cl := range p.clients {
+		pids = append(pids, int64(cl.pid))
+	}
+	tr := s.transfers.begin(p.dir, false, bytes, pids)
+	p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress})
+	tr.finish(p.load.err)
+	took := time.Since(start)
+	if p.load.err != nil {
+		s.log.Error("loading the GPU image for a restore failed", zap.String("image", p.dir), zap.Error(p.load.err))
+	} else {
+		s.log.Info("GPU image loaded for restore", zap.String("image", p.dir), zap.Int("buffers", len(p.regions)),
+			zap.Uint64("bytes", bytes), zap.Duration("took", took),
+			zap.Float64("gb_per_s", float64(bytes)/1e9/max(took.Seconds(), 1e-9)))
+	}
+	close(p.load.done)
+}
+
+// claimPrepared finds, among the plans one plugin connection made, the
+// prepared client of the restored process pid. CRIU restores a process
+// under its old pid when it restores into the helper's own pid namespace;
+// into a new one (a container), the pid inside is the old one, recorded in
+// the image, and the host pid is new.
+func claimPrepared(plans []*restorePlan, pid int32) *client {
+	sameNS := samePidNS(pid)
+	ns := nsPid(pid)
+	for _, p := range plans {
+		for _, cl := range p.clients {
+			cl.mu.Lock()
+			ok := cl.phase == phasePrepared && ((sameNS && cl.pid == pid) || (!sameNS && ns != 0 && cl.nsPid == ns))
+			cl.mu.Unlock()
+			if ok {
+				return cl
+			}
+		}
+	}
+	return nil
+}
+
+// restored runs a Restored request of a plugin connection that made plans:
+// the restored process will reattach once CRIU lets it run; then it gets
+// its driver state and memory back.
+//
+// Why the driver restore happens then, on the running process, and not in
+// RESUME_DEVICES_LATE while CRIU still holds the tasks ptrace-stopped: the
+// driver's restore needs the process's own restore thread to run, which in
+// RESUME_DEVICES_LATE means resuming one traced thread from inside CRIU's
+// tracer and interrupting it again. Once CRIU has let the process go, every
+// thread of it that could touch the GPU is blocked (application threads at
+// the interposer's closed gate, the control thread polling its wake file),
+// while threads doing only CPU work and pinned host memory are the kernel's
+// business and need nothing from us; the restore then needs no ptrace at all.
+// Measured on the GPU machine: the driver restore of the residual on the
+// running, gated process works and takes 0.2-0.5 s.
+func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePlan) *helperpb.Response {
+	pid := int32(req.Pid)
+	cl := claimPrepared(plans, pid)
+	if cl == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU memory prepared for pid %d by this restore", req.Pid)
+	}
+	// The process may run only with all of its memory in place.
+	if err := cl.load.wait(); err != nil {
+		s.release(cl)
+		code := helperpb.ErrorCode_ERROR_DRIVER
+		if errors.Is(err, image.ErrCorrupt) {
+			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
+		}
+		cl.log.Warn("restore failed: its GPU image did not load", zap.Int32("pid", pid), zap.Error(err))
+		return errResp(id, code, "pid %d: loading its GPU image: %v", req.Pid, err)
+	}
+	ps, err := procStat(pid)
+	if err != nil {
+		s.release(cl)
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "restored pid %d: %v", req.Pid, err)
+	}
+	if err := s.parkRestored(cl, pid, ps.start); err != nil {
+		s.release(cl)
+		cl.log.Warn("restore failed", zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err)
+	}
+	cl.mu.Lock()
+	cl.onAttach = func() { s.giveBack(cl, true, nil) }
+	wakeAs := cl.wakeAs
+	cl.mu.Unlock()
+	// Named after the pid it detached as: that is what it waits for.
+	if err := s.wake(wakeAs); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", req.Pid, err)
+	}
+	cl.log.Info("restored process handed its GPU memory; waiting for it to come back")
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// dropUnrestored gives back the memory of a closing plugin connection's
+// plans that no restored process claimed (the restore failed, or CRIU died).
+func (s *Server) dropUnrestored(plans []*restorePlan) {
+	for _, p := range plans {
+		_ = p.load.wait() // the engines may still be writing into that memory
+		for _, cl := range p.clients {
+			if cl.getPhase() == phasePrepared {
+				s.release(cl)
+				cl.log.Info("restore did not finish; the GPU memory prepared for it is released")
+			}
+		}
+		s.mu.Lock()
+		delete(s.plans, p)
+		s.mu.Unlock()
+	}
+}
+
+// deviceFor finds the device an image buffer goes to: the same GPU (UUID)
+// if it is here, else the same ordinal.
+func (s *Server) deviceFor(b image.BufferInfo) Device {
+	for _, d := range s.cfg.Devices {
+		if d.Info().Uuid == b.GPUUUID {
+			return d
+		}
+	}
+	for _, d := range s.cfg.Devices {
+		if int(d.Info().Ordinal) == b.Device {
+			return d
+		}
+	}
+	return nil
+}
