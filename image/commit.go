@@ -111,7 +111,7 @@ func (w *Writer) manifest() *imagepb.Manifest {
 	st.BytesStored = w.store.stored.Load()
 	for _, b := range w.buffers {
 		pb := &imagepb.Buffer{Pid: int64(b.info.Pid), NsPid: int64(b.info.NsPid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
-			Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind),
+			Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind), AllocFlags: uint32(b.info.Flags),
 			Chunks: make([]*imagepb.Chunk, len(b.chunks))}
 		for i := range b.chunks {
 			pb.Chunks[i] = chunkPB(&b.chunks[i], chunkLen(b.info.Size, uint32(w.opts.ChunkSize), i))

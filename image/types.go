@@ -107,7 +107,15 @@ type BufferInfo struct {
 	Address uint64 // device virtual address
 	Size    uint64
 	Kind    AllocKind
+	Flags   AllocFlags // properties the memory was created with
 }
+
+// AllocFlags are properties a buffer's memory was created with, which a
+// restore creates it with again (imagepb.AllocFlag bits).
+type AllocFlags uint32
+
+// AllocFlagGPUDirectRDMA: created GPUDirect RDMA capable.
+const AllocFlagGPUDirectRDMA = AllocFlags(imagepb.AllocFlag_ALLOC_FLAG_GPU_DIRECT_RDMA)
 
 // ProcessInfo is one process an image was taken of.
 type ProcessInfo struct {
@@ -151,7 +159,7 @@ func OriginOf(m *imagepb.Manifest) Origin {
 
 func bufferInfoOf(b *imagepb.Buffer) BufferInfo {
 	return BufferInfo{Pid: int(b.GetPid()), NsPid: int(b.GetNsPid()), Device: int(b.GetDevice()), GPUUUID: b.GetGpuUuid(),
-		Address: b.GetAddress(), Size: b.GetSize(), Kind: AllocKind(b.GetKind())}
+		Address: b.GetAddress(), Size: b.GetSize(), Kind: AllocKind(b.GetKind()), Flags: AllocFlags(b.GetAllocFlags())}
 }
 
 func statsToPB(s WriteStats) *imagepb.Stats {

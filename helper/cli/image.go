@@ -246,6 +246,7 @@ type inspectBuffer struct {
 	Address     string      `json:"address"`
 	Size        uint64      `json:"size"`
 	Kind        string      `json:"kind"`
+	GPUDirect   bool        `json:"gpu_direct_rdma,omitempty"` // created GPUDirect RDMA capable
 	Chunks      chunkCounts `json:"chunks"`
 	StoredBytes uint64      `json:"stored_bytes"` // file bytes of the chunks counted in Here
 
@@ -311,14 +312,15 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 	seen := map[string]bool{}
 	for i, b := range m.GetBuffers() {
 		ib := inspectBuffer{
-			Index:   i,
-			Pid:     b.GetPid(),
-			Device:  b.GetDevice(),
-			GPUUUID: b.GetGpuUuid(),
-			Address: fmt.Sprintf("0x%x", b.GetAddress()),
-			Size:    b.GetSize(),
-			Kind:    image.AllocKind(b.GetKind()).String(),
-			addr:    b.GetAddress(),
+			Index:     i,
+			Pid:       b.GetPid(),
+			Device:    b.GetDevice(),
+			GPUUUID:   b.GetGpuUuid(),
+			Address:   fmt.Sprintf("0x%x", b.GetAddress()),
+			Size:      b.GetSize(),
+			Kind:      image.AllocKind(b.GetKind()).String(),
+			GPUDirect: image.AllocFlags(b.GetAllocFlags())&image.AllocFlagGPUDirectRDMA != 0,
+			addr:      b.GetAddress(),
 		}
 		for _, ch := range b.GetChunks() {
 			ib.Chunks.Total++

@@ -21,7 +21,7 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 	defer d.Close()
 	dev := d.Devices[0]
 	size := 4 * dev.Granularity
-	h, err := dev.Create(size)
+	h, err := dev.Create(size, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -273,11 +273,16 @@ func (dev *Device) close() {
 }
 
 // Create makes size bytes (a multiple of Granularity) of pinned device memory
-// that can be exported as a POSIX fd.
-func (dev *Device) Create(size uint64) (Handle, error) {
+// that can be exported as a POSIX fd; gpuDirectRDMA asks for memory a NIC may
+// reach (allocFlags.gpuDirectRDMACapable).
+func (dev *Device) Create(size uint64, gpuDirectRDMA bool) (Handle, error) {
 	var h C.CUmemGenericAllocationHandle
 	var err error
-	if e := dev.do(func() { err = check("cuMemCreate", C.gs_create(&h, C.size_t(size), C.int(dev.Ordinal))) }); e != nil {
+	gdr := C.int(0)
+	if gpuDirectRDMA {
+		gdr = 1
+	}
+	if e := dev.do(func() { err = check("cuMemCreate", C.gs_create(&h, C.size_t(size), C.int(dev.Ordinal), gdr)) }); e != nil {
 		return 0, e
 	}
 	return Handle(h), err

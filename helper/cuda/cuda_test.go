@@ -50,7 +50,7 @@ func TestSimDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := dev.Create(4 << 20)
+	h, err := dev.Create(4<<20, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestSimDriver(t *testing.T) {
 	if free0-free1 != 4<<20 {
 		t.Fatalf("free %d -> %d", free0, free1)
 	}
-	if _, err := dev.Create(128 << 20); !IsOutOfMemory(err) {
+	if _, err := dev.Create(128<<20, false); !IsOutOfMemory(err) {
 		t.Fatalf("oversized create: %v", err)
 	} else if err.Error() != "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)" {
 		t.Fatalf("error text %q", err)

@@ -92,8 +92,9 @@ CUresult gs_granularity(size_t *g, int dev) {
     return p_cuMemGetAllocationGranularity(g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 }
 
-CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev) {
+CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev, int gpu_direct_rdma) {
     CUmemAllocationProp p = prop_for(dev);
+    p.allocFlags.gpuDirectRDMACapable = gpu_direct_rdma ? 1 : 0;
     return p_cuMemCreate(h, size, &p, 0);
 }
 

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -33,22 +34,23 @@ type client struct {
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
 
-	// detach.go: detached for a CRIU dump (its memory is kept when its
-	// connections close), restored from an image (waiting for the process),
-	// and what to do once it is attached again (run when its control
-	// connection is up). Guarded by mu.
-	detached bool
-	restored bool
+	// Where it is in its lifecycle (lifecycle.go), the start time of its
+	// process (0: not read yet; tells a reused pid apart), and what to do
+	// once it is attached again (run when its control connection is up).
+	// Guarded by mu.
+	phase    phase
+	start    uint64
 	onAttach func()
-	nsPid    int32        // restored: the pid inside its namespace, from the image
-	wakeAs   int32        // restored: the pid its wake file is named after (the one it detached as)
-	load     *restoreLoad // restored: the background load that fills its memory
+	nsPid    int32        // prepared/restored: the pid inside its namespace, from the image
+	wakeAs   int32        // prepared/restored: the pid its wake file is named after (the one it detached as)
+	load     *restoreLoad // prepared/restored: the background load that fills its memory
 }
 
 type alloc struct {
 	id, handle, size, address uint64
 	dev                       Device
 	kind                      helperpb.AllocKind
+	flags                     image.AllocFlags // properties the memory was created with
 }
 
 func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
@@ -135,8 +137,12 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%d bytes requested; device %s has %d",
 			size, info.Uuid, info.TotalMemory), -1
 	}
+	var flags image.AllocFlags
+	if a.GpuDirectRdma {
+		flags |= image.AllocFlagGPUDirectRDMA
+	}
 	t0 := time.Now()
-	h, err := dev.Create(size)
+	h, err := dev.Create(size, flags)
 	tCreate := time.Since(t0)
 	if err != nil {
 		var oom OutOfMemory
@@ -156,7 +162,7 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 		cl.log.Warn("export failed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
 	}
-	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind}
+	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind, flags: flags}
 	cl.mu.Lock()
 	cl.allocs[al.id] = al
 	cl.bytes += size

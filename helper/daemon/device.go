@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -10,8 +11,9 @@ import (
 type Device interface {
 	Info() *helperpb.DeviceInfo
 	// Create makes size bytes (a multiple of Info().Granularity) of pinned
-	// device memory exportable as a POSIX fd, and returns its handle.
-	Create(size uint64) (uint64, error)
+	// device memory exportable as a POSIX fd, with the properties flags asks
+	// for, and returns its handle.
+	Create(size uint64, flags image.AllocFlags) (uint64, error)
 	// Export returns a new fd for the handle; the caller closes it.
 	Export(h uint64) (int, error)
 	// Release drops the helper's handle.
@@ -44,8 +46,8 @@ func (c cudaDevice) FreeMemory() (uint64, error) {
 	return free, err
 }
 
-func (c cudaDevice) Create(size uint64) (uint64, error) {
-	h, err := c.d.Create(size)
+func (c cudaDevice) Create(size uint64, flags image.AllocFlags) (uint64, error) {
+	h, err := c.d.Create(size, flags&image.AllocFlagGPUDirectRDMA != 0)
 	if cuda.IsOutOfMemory(err) {
 		return 0, oomError{err}
 	}

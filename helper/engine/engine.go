@@ -31,6 +31,7 @@ type Region struct {
 	NsPid   int    // Pid in the process's own pid namespace (0: unknown)
 	Address uint64 // where the application maps it
 	Kind    image.AllocKind
+	Flags   image.AllocFlags // how the memory was created
 }
 
 // TotalSize is the bytes of all regions.
@@ -181,7 +182,7 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) error {
 	bws := make([]*image.BufferWriter, len(regions))
 	for i, r := range regions {
 		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal, GPUUUID: r.Device.UUID,
-			Address: r.Address, Size: r.Size, Kind: r.Kind})
+			Address: r.Address, Size: r.Size, Kind: r.Kind, Flags: r.Flags})
 		if err != nil {
 			return fmt.Errorf("region %d: %w", i, err)
 		}

@@ -64,7 +64,7 @@ func readBack(t *testing.T, r Region) []byte {
 func newRegion(t *testing.T, dev *cuda.Device, granules uint64, addr uint64) Region {
 	t.Helper()
 	size := granules * dev.Granularity
-	h, err := dev.Create(size)
+	h, err := dev.Create(size, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -411,11 +411,13 @@ static CUresult map_fd(int fd, uint64_t addr, uint64_t size, int dev, CUmemGener
     return r;
 }
 
-CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, uint64_t *id, uint64_t *rsize, int *fd) {
+CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t *id, uint64_t *rsize,
+                         int *fd) {
     Gpucr__Helper__V1__Alloc al = GPUCR__HELPER__V1__ALLOC__INIT;
     al.device_uuid = (char *)uuid;
     al.size = size;
     al.kind = kind;
+    al.gpu_direct_rdma = gpu_direct_rdma;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_ALLOC;
     req.alloc = &al;
@@ -477,7 +479,7 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
     uint64_t id = 0, rsize = 0;
     int fds[1] = {-1};
     double t0 = mono_us();
-    *err = gc_helper_alloc(uuid, size, kind, &id, &rsize, &fds[0]);
+    *err = gc_helper_alloc(uuid, size, kind, false, &id, &rsize, &fds[0]);
     double t1 = mono_us();
     if (*err != CUDA_SUCCESS)
         return NULL;

@@ -220,7 +220,13 @@ GC_HIDDEN bool gc_client_up(void);
 GC_HIDDEN const char *gc_dev_uuid(int dev);
 GC_HIDDEN void gc_note_context(void);
 /* Alloc on the calls connection: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app. */
-GC_HIDDEN CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, uint64_t *id, uint64_t *rsize, int *fd);
+/* forkscrub.c: forked children give up the driver's files (CRIU cannot dump
+ * them); around the application's cuInit. */
+GC_HIDDEN void gc_forkscrub_before_init(void);
+GC_HIDDEN void gc_forkscrub_after_init(bool ok);
+
+GC_HIDDEN CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t *id,
+                                   uint64_t *rsize, int *fd);
 GC_HIDDEN void gc_send_mapped(uint64_t id, uint64_t addr);
 GC_HIDDEN void gc_send_free(uint64_t id);
 /* With gc_lock held: buffer table insert/remove with the live counters; helper bytes. */

@@ -2,7 +2,8 @@
  * The application's own VMM calls, served from the helper.
  *
  * cuMemCreate of pinned device memory (requested handle types none or POSIX
- * fd, no allocation flags, size a multiple of the granularity) becomes
+ * fd, no allocation flags but GPUDirect RDMA capability, size a multiple of
+ * the granularity) becomes
  * Alloc{kind VMM} at the helper; the fd is imported here, and the application
  * gets a VIRTUAL handle that names a record {alloc_id, real (imported) handle,
  * sizes, device, prop, reference count, mappings, access}. Every entry point
@@ -273,8 +274,6 @@ static const char *unservable(size_t size, const CUmemAllocationProp *p, unsigne
         return "requested handle types other than POSIX fd";
     if (p->allocFlags.compressionType)
         return "compressible memory";
-    if (p->allocFlags.gpuDirectRDMACapable)
-        return "GPUDirect RDMA capable memory";
     if (p->allocFlags.usage)
         return "allocation usage flags";
     return NULL;
@@ -307,7 +306,9 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     gc_note_context();
     uint64_t id = 0, hsize = 0;
     int fd = -1;
-    r = gc_helper_alloc(uuid, size, GC_KIND_VMM, &id, &hsize, &fd);
+    /* GPUDirect RDMA capable (PyTorch's expandable segments ask for it where
+     * the device supports it): the helper creates it so, and a restore too */
+    r = gc_helper_alloc(uuid, size, GC_KIND_VMM, prop->allocFlags.gpuDirectRDMACapable != 0, &id, &hsize, &fd);
     if (r != CUDA_SUCCESS)
         return r;
     vrec *v = NULL;

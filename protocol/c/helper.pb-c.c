@@ -2614,7 +2614,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__device_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptors[3] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptors[4] =
 {
   {
     "device_uuid",
@@ -2652,16 +2652,29 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptor
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "gpu_direct_rdma",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Alloc, gpu_direct_rdma),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__alloc__field_indices_by_name[] = {
   0,   /* field[0] = device_uuid */
+  3,   /* field[3] = gpu_direct_rdma */
   2,   /* field[2] = kind */
   1,   /* field[1] = size */
 };
 static const ProtobufCIntRange gpucr__helper__v1__alloc__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor =
 {
@@ -2671,7 +2684,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor =
   "Gpucr__Helper__V1__Alloc",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Alloc),
-  3,
+  4,
   gpucr__helper__v1__alloc__field_descriptors,
   gpucr__helper__v1__alloc__field_indices_by_name,
   1,  gpucr__helper__v1__alloc__number_ranges,

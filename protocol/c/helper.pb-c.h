@@ -398,10 +398,15 @@ struct  Gpucr__Helper__V1__Alloc
   char *device_uuid;
   uint64_t size;
   Gpucr__Helper__V1__AllocKind kind;
+  /*
+   * Create it GPUDirect RDMA capable (the application's cuMemCreate asked
+   * for allocFlags.gpuDirectRDMACapable).
+   */
+  protobuf_c_boolean gpu_direct_rdma;
 };
 #define GPUCR__HELPER__V1__ALLOC__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__alloc__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_UNSPECIFIED }
+    , (char *)protobuf_c_empty_string, 0, GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_UNSPECIFIED, 0 }
 
 
 struct  Gpucr__Helper__V1__AllocReply

@@ -1367,10 +1367,13 @@ func (x *DeviceInfo) GetFreeMemory() uint64 {
 // Alloc: the helper creates size bytes (rounded up to the granularity) on the
 // device, exports a POSIX fd and sends it with the reply (one SCM_RIGHTS fd).
 type Alloc struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DeviceUuid    string                 `protobuf:"bytes,1,opt,name=device_uuid,json=deviceUuid,proto3" json:"device_uuid,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	Kind          AllocKind              `protobuf:"varint,3,opt,name=kind,proto3,enum=gpucr.helper.v1.AllocKind" json:"kind,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DeviceUuid string                 `protobuf:"bytes,1,opt,name=device_uuid,json=deviceUuid,proto3" json:"device_uuid,omitempty"`
+	Size       uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Kind       AllocKind              `protobuf:"varint,3,opt,name=kind,proto3,enum=gpucr.helper.v1.AllocKind" json:"kind,omitempty"`
+	// Create it GPUDirect RDMA capable (the application's cuMemCreate asked
+	// for allocFlags.gpuDirectRDMACapable).
+	GpuDirectRdma bool `protobuf:"varint,4,opt,name=gpu_direct_rdma,json=gpuDirectRdma,proto3" json:"gpu_direct_rdma,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1424,6 +1427,13 @@ func (x *Alloc) GetKind() AllocKind {
 		return x.Kind
 	}
 	return AllocKind_ALLOC_KIND_UNSPECIFIED
+}
+
+func (x *Alloc) GetGpuDirectRdma() bool {
+	if x != nil {
+		return x.GpuDirectRdma
+	}
+	return false
 }
 
 type AllocReply struct {
@@ -3504,12 +3514,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vgranularity\x18\x04 \x01(\x04R\vgranularity\x12\x18\n" +
 	"\aordinal\x18\x05 \x01(\x05R\aordinal\x12\x1f\n" +
 	"\vfree_memory\x18\x06 \x01(\x04R\n" +
-	"freeMemory\"l\n" +
+	"freeMemory\"\x94\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12.\n" +
-	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\";\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12&\n" +
+	"\x0fgpu_direct_rdma\x18\x04 \x01(\bR\rgpuDirectRdma\";\n" +
 	"\n" +
 	"AllocReply\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x12\n" +

@@ -131,6 +131,55 @@ func (AllocKind) EnumDescriptor() ([]byte, []int) {
 	return file_protocol_image_proto_rawDescGZIP(), []int{1}
 }
 
+// Bits of Buffer.alloc_flags.
+type AllocFlag int32
+
+const (
+	AllocFlag_ALLOC_FLAG_NONE AllocFlag = 0
+	// cuMemCreate with allocFlags.gpuDirectRDMACapable (PyTorch's expandable
+	// segments ask for it where the device supports it).
+	AllocFlag_ALLOC_FLAG_GPU_DIRECT_RDMA AllocFlag = 1
+)
+
+// Enum value maps for AllocFlag.
+var (
+	AllocFlag_name = map[int32]string{
+		0: "ALLOC_FLAG_NONE",
+		1: "ALLOC_FLAG_GPU_DIRECT_RDMA",
+	}
+	AllocFlag_value = map[string]int32{
+		"ALLOC_FLAG_NONE":            0,
+		"ALLOC_FLAG_GPU_DIRECT_RDMA": 1,
+	}
+)
+
+func (x AllocFlag) Enum() *AllocFlag {
+	p := new(AllocFlag)
+	*p = x
+	return p
+}
+
+func (x AllocFlag) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AllocFlag) Descriptor() protoreflect.EnumDescriptor {
+	return file_protocol_image_proto_enumTypes[2].Descriptor()
+}
+
+func (AllocFlag) Type() protoreflect.EnumType {
+	return &file_protocol_image_proto_enumTypes[2]
+}
+
+func (x AllocFlag) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AllocFlag.Descriptor instead.
+func (AllocFlag) EnumDescriptor() ([]byte, []int) {
+	return file_protocol_image_proto_rawDescGZIP(), []int{2}
+}
+
 type Location int32
 
 const (
@@ -171,11 +220,11 @@ func (x Location) String() string {
 }
 
 func (Location) Descriptor() protoreflect.EnumDescriptor {
-	return file_protocol_image_proto_enumTypes[2].Descriptor()
+	return file_protocol_image_proto_enumTypes[3].Descriptor()
 }
 
 func (Location) Type() protoreflect.EnumType {
-	return &file_protocol_image_proto_enumTypes[2]
+	return &file_protocol_image_proto_enumTypes[3]
 }
 
 func (x Location) Number() protoreflect.EnumNumber {
@@ -184,7 +233,7 @@ func (x Location) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Location.Descriptor instead.
 func (Location) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{2}
+	return file_protocol_image_proto_rawDescGZIP(), []int{3}
 }
 
 // ManifestFile is the whole content of manifest.pb. The manifest travels as
@@ -595,7 +644,10 @@ type Buffer struct {
 	// The process's pid in its own pid namespace (0: unknown, or pid is it):
 	// a restore into a new pid namespace gives the process another host pid
 	// but this one again.
-	NsPid         int64 `protobuf:"varint,8,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
+	NsPid int64 `protobuf:"varint,8,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
+	// Properties the memory was created with, which a restore creates it
+	// with again: a bit set of AllocFlag.
+	AllocFlags    uint32 `protobuf:"varint,9,opt,name=alloc_flags,json=allocFlags,proto3" json:"alloc_flags,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -682,6 +734,13 @@ func (x *Buffer) GetChunks() []*Chunk {
 func (x *Buffer) GetNsPid() int64 {
 	if x != nil {
 		return x.NsPid
+	}
+	return 0
+}
+
+func (x *Buffer) GetAllocFlags() uint32 {
+	if x != nil {
+		return x.AllocFlags
 	}
 	return 0
 }
@@ -907,7 +966,7 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x0etime_unix_nano\x18\x06 \x01(\x03R\ftimeUnixNano\"7\n" +
 	"\x06Parent\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
-	"\bimage_id\x18\x02 \x01(\fR\aimageId\"\xf0\x01\n" +
+	"\bimage_id\x18\x02 \x01(\fR\aimageId\"\x91\x02\n" +
 	"\x06Buffer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\x05R\x06device\x12\x19\n" +
@@ -916,7 +975,9 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x04size\x18\x05 \x01(\x04R\x04size\x12-\n" +
 	"\x04kind\x18\x06 \x01(\x0e2\x19.gpucr.image.v1.AllocKindR\x04kind\x12-\n" +
 	"\x06chunks\x18\a \x03(\v2\x15.gpucr.image.v1.ChunkR\x06chunks\x12\x15\n" +
-	"\x06ns_pid\x18\b \x01(\x03R\x05nsPid\"\xf9\x01\n" +
+	"\x06ns_pid\x18\b \x01(\x03R\x05nsPid\x12\x1f\n" +
+	"\valloc_flags\x18\t \x01(\rR\n" +
+	"allocFlags\"\xf9\x01\n" +
 	"\x05Chunk\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\rR\x04size\x124\n" +
 	"\blocation\x18\x02 \x01(\x0e2\x18.gpucr.image.v1.LocationR\blocation\x12\x1a\n" +
@@ -943,7 +1004,10 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x0eALLOC_KIND_VMM\x10\x01\x12\x14\n" +
 	"\x10ALLOC_KIND_ASYNC\x10\x02\x12\x14\n" +
 	"\x10ALLOC_KIND_PITCH\x10\x03\x12\x14\n" +
-	"\x10ALLOC_KIND_OTHER\x10\x04*`\n" +
+	"\x10ALLOC_KIND_OTHER\x10\x04*@\n" +
+	"\tAllocFlag\x12\x13\n" +
+	"\x0fALLOC_FLAG_NONE\x10\x00\x12\x1e\n" +
+	"\x1aALLOC_FLAG_GPU_DIRECT_RDMA\x10\x01*`\n" +
 	"\bLocation\x12\x18\n" +
 	"\x14LOCATION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLOCATION_LOCAL\x10\x01\x12\x13\n" +
@@ -962,31 +1026,32 @@ func file_protocol_image_proto_rawDescGZIP() []byte {
 	return file_protocol_image_proto_rawDescData
 }
 
-var file_protocol_image_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_protocol_image_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_protocol_image_proto_goTypes = []any{
 	(Compression)(0),     // 0: gpucr.image.v1.Compression
 	(AllocKind)(0),       // 1: gpucr.image.v1.AllocKind
-	(Location)(0),        // 2: gpucr.image.v1.Location
-	(*ManifestFile)(nil), // 3: gpucr.image.v1.ManifestFile
-	(*Manifest)(nil),     // 4: gpucr.image.v1.Manifest
-	(*Process)(nil),      // 5: gpucr.image.v1.Process
-	(*Origin)(nil),       // 6: gpucr.image.v1.Origin
-	(*Parent)(nil),       // 7: gpucr.image.v1.Parent
-	(*Buffer)(nil),       // 8: gpucr.image.v1.Buffer
-	(*Chunk)(nil),        // 9: gpucr.image.v1.Chunk
-	(*Stats)(nil),        // 10: gpucr.image.v1.Stats
+	(AllocFlag)(0),       // 2: gpucr.image.v1.AllocFlag
+	(Location)(0),        // 3: gpucr.image.v1.Location
+	(*ManifestFile)(nil), // 4: gpucr.image.v1.ManifestFile
+	(*Manifest)(nil),     // 5: gpucr.image.v1.Manifest
+	(*Process)(nil),      // 6: gpucr.image.v1.Process
+	(*Origin)(nil),       // 7: gpucr.image.v1.Origin
+	(*Parent)(nil),       // 8: gpucr.image.v1.Parent
+	(*Buffer)(nil),       // 9: gpucr.image.v1.Buffer
+	(*Chunk)(nil),        // 10: gpucr.image.v1.Chunk
+	(*Stats)(nil),        // 11: gpucr.image.v1.Stats
 }
 var file_protocol_image_proto_depIdxs = []int32{
-	6,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
+	7,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
 	0,  // 1: gpucr.image.v1.Manifest.compression:type_name -> gpucr.image.v1.Compression
-	7,  // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
-	8,  // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
-	10, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
-	5,  // 5: gpucr.image.v1.Manifest.processes:type_name -> gpucr.image.v1.Process
+	8,  // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
+	9,  // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
+	11, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
+	6,  // 5: gpucr.image.v1.Manifest.processes:type_name -> gpucr.image.v1.Process
 	1,  // 6: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
-	9,  // 7: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
-	2,  // 8: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
+	10, // 7: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
+	3,  // 8: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
 	0,  // 9: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
 	10, // [10:10] is the sub-list for method output_type
 	10, // [10:10] is the sub-list for method input_type
@@ -1005,7 +1070,7 @@ func file_protocol_image_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_image_proto_rawDesc), len(file_protocol_image_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,

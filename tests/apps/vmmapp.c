@@ -1,7 +1,8 @@
 /*
  * vmmapp (test application "c"): device memory through the VMM API.
  *
- * Two physical allocations (cuMemCreate, POSIX-fd shareable, on the device)
+ * Two physical allocations (cuMemCreate, POSIX-fd shareable, on the device,
+ * the second GPUDirect RDMA capable where the device supports it)
  * mapped back to back into one reserved range (cuMemAddressReserve, cuMemMap
  * twice, one cuMemSetAccess read-write over both), used as one array of
  * 32-bit words. The kernels, a memset and a device-to-device copy all work
@@ -257,10 +258,16 @@ int main(int argc, char **argv) {
     if (st.total / 4 > 0xFFFFFFFFull - (1u << 20))
         gpuapp_die("--mib %u is too large (kernels index 32-bit words)", app.mib);
 
-    /* One virtual range, two physical allocations mapped into it contiguously. */
+    /* One virtual range, two physical allocations mapped into it contiguously;
+     * the second GPUDirect RDMA capable where the device supports that with
+     * VMM, as PyTorch's expandable segments ask for it. */
+    int gdr = 0;
+    CHECK(cuDeviceGetAttribute(&gdr, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, app.dev));
     CHECK(cuMemAddressReserve(&st.base, st.total, 0, 0, 0));
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        prop.allocFlags.gpuDirectRDMACapable = i == 1 && gdr;
         CHECK(cuMemCreate(&st.h[i], st.size[i], &prop, 0));
+    }
     CHECK(cuMemMap(st.base, st.size[0], 0, st.h[0], 0));
     CHECK(cuMemMap(st.base + st.size[0], st.size[1], 0, st.h[1], 0));
     CUmemAccessDesc acc;

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -40,7 +41,7 @@ func (ErrOOM) OutOfMemory() bool { return true }
 
 func (d *Device) Info() *helperpb.DeviceInfo { return d.info }
 
-func (d *Device) Create(size uint64) (uint64, error) {
+func (d *Device) Create(size uint64, _ image.AllocFlags) (uint64, error) {
 	if size%d.info.Granularity != 0 {
 		return 0, errors.New("cuMemCreate: CUDA_ERROR_INVALID_VALUE (1)")
 	}
