@@ -283,9 +283,11 @@ GC_EXPORT CUresult cuInit(unsigned int flags) {
     __typeof__(&cuInit) fn = REAL(cuInit);
     if (!fn)
         return CUDA_ERROR_NOT_INITIALIZED;
+    gc_forkscrub_before_init();
     gc_gate_enter();
     CUresult r = fn(flags);
     gc_gate_leave();
+    gc_forkscrub_after_init(r == CUDA_SUCCESS);
     if (r == CUDA_SUCCESS)
         gc_client_ensure();
     return r;

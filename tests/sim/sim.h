@@ -302,6 +302,12 @@ void sim_modules_free_ctx(sim_ctx *ctx); /* mu held */
 /* ---- sim_ckpt.c ---- */
 
 void sim_ckpt_start(void); /* starts the restore thread; warns on failure */
+/* sim_devfile.c: the driver's device file (an fd CRIU cannot dump) */
+void sim_devfile_open(void);
+void sim_devfile_close(void);
+/* sim_mem.c, sim_vmm.c: a forked child's device memory becomes inaccessible */
+void sim_mem_atfork_child(void);
+void sim_vmm_atfork_child(void);
 void sim_ckpt_atfork_child(void);
 
 /* ---- sim_proc.c ---- */

@@ -89,6 +89,8 @@ static CUresult do_checkpoint(void) {
     if (e) {
         sim_vmm_unpark_all();
         sim_mem_unpark_all();
+    } else {
+        sim_devfile_close(); /* as the driver releases its files */
     }
     pthread_rwlock_unlock(&sim.memlock);
     return e ? (e == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM) : CUDA_SUCCESS;
@@ -112,6 +114,8 @@ static CUresult do_restore(int *state) {
     int e = sim_mem_unpark_all();
     if (!e)
         e = sim_vmm_unpark_all();
+    if (!e)
+        sim_devfile_open();
     pthread_rwlock_unlock(&sim.memlock);
     if (e) {
         /* as the driver after a failed restore (cuda-checkpoint issue #44): still checkpointed, 304 from now on */

@@ -130,10 +130,16 @@ static long env_long(const char *name, long def, long lo, long hi) {
 
 /* ---- fork: a child of an initialized process has no usable driver, as with libcuda ---- */
 
+/* The child inherits the device file (sim_devfile.c), as it inherits the
+ * driver's; its device memory is out of its reach, as device memory is out of
+ * the CPU's: each mapping becomes an inaccessible reservation of the same
+ * range, and the memory's own fds are dropped. */
 static void atfork_child(void) {
     if (atomic_load(&sim.initialized) || sim.init_err) {
         atomic_store(&sim.forked, 1);
         sim_ckpt_atfork_child();
+        sim_mem_atfork_child();
+        sim_vmm_atfork_child();
     }
 }
 
@@ -183,6 +189,7 @@ SIM_API CUresult cuInit(unsigned int flags) {
         sim.init_err = r;
         goto out;
     }
+    sim_devfile_open();
     sim_ckpt_start();
     atomic_store(&sim.initialized, 1);
 out:

@@ -455,6 +455,17 @@ SIM_API CUresult cuMemHostUnregister(void *p) {
     return sim_leave(&c, r);
 }
 
+void sim_mem_atfork_child(void) {
+    for (int d = 0; d < sim.ndev; d++) {
+        sim_pool *p = &sim.dev[d].pool;
+        if (p->fd < 0)
+            continue;
+        (void)sim_map_reserve_fixed(p->base, p->size);
+        close(p->fd);
+        p->fd = -1;
+    }
+}
+
 /* ---- checkpoint: device memory into ordinary process memory and back ---- */
 
 int sim_mem_park_all(void) {

@@ -444,6 +444,18 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     return sim_leave(&c, CUDA_SUCCESS);
 }
 
+void sim_vmm_atfork_child(void) {
+    for (size_t i = 0; i < sim.vmaps.n; i++) {
+        sim_vmap *m = sim.vmaps.v[i].obj;
+        (void)sim_map_reserve_fixed(m->addr, m->size);
+    }
+    for (sim_phys *p = sim.phys; p; p = p->next) {
+        if (p->fd >= 0)
+            close(p->fd);
+        p->fd = -1;
+    }
+}
+
 /* ---- checkpoint support (memlock held for writing) ---- */
 
 bool sim_vmm_has_imported(void) {
