@@ -138,7 +138,8 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drain: %v", err)
 	}
 	ph.done("drain")
-	if s.cfg.Fault == "stall-copy" {
+	nth := s.nCkpt.Add(1)
+	if s.faultAt("stall-copy", nth) {
 		// For the test that kills the helper mid-dump: the process is
 		// quiesced and drained, its memory still mapped.
 		log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
@@ -229,6 +230,10 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		}
 		// From here on the way back goes through the wake file.
 		undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
+		cl.hangUp()
+		if !s.parkedWithin(cl, 2*time.Second) {
+			log.Warn("a detached client did not leave its connections within 2 s")
+		}
 		ph.done("detach")
 	}
 
@@ -242,7 +247,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 		tr.finish(err)
 		copyDone <- err
 	}()
-	driverErr := s.driverCheckpoint(int(cl.pid), ph, &undos)
+	driverErr := s.driverCheckpoint(int(cl.pid), nth, ph, &undos)
 	copyErr := <-copyDone
 	ph.ran("copy", time.Since(copyStart))
 	switch {
@@ -282,8 +287,8 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 // driverCheckpoint locks pid in the driver and checkpoints its residual
 // context (the process is quiesced, drained and dropped), adding the undo of
 // each step that succeeded to undos.
-func (s *Server) driverCheckpoint(pid int, ph *phases, undos *[]undo) error {
-	if s.cfg.Fault == "driver-lock" {
+func (s *Server) driverCheckpoint(pid int, nth uint64, ph *phases, undos *[]undo) error {
+	if s.faultAt("driver-lock", nth) {
 		return errors.New("driver lock: injected fault (GPUCR_FAULT)")
 	}
 	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
@@ -291,7 +296,7 @@ func (s *Server) driverCheckpoint(pid int, ph *phases, undos *[]undo) error {
 	}
 	*undos = append(*undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
 	ph.done("driver-lock")
-	if s.cfg.Fault == "driver-checkpoint" {
+	if s.faultAt("driver-checkpoint", nth) {
 		return errors.New("driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
 	if err := cuda.CheckpointCheckpoint(pid); err != nil {
@@ -300,6 +305,12 @@ func (s *Server) driverCheckpoint(pid int, ph *phases, undos *[]undo) error {
 	*undos = append(*undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
 	ph.done("driver-checkpoint")
 	return nil
+}
+
+// faultAt reports whether Config.Fault injects step into the nth checkpoint.
+func (s *Server) faultAt(step string, nth uint64) bool {
+	f := s.cfg.Fault
+	return f == step || f == fmt.Sprintf("%s@%d", step, nth)
 }
 
 // thaw gives a checkpointed client its GPU back: driver restore + unlock,

@@ -29,6 +29,7 @@ type client struct {
 	allocs map[uint64]*alloc
 	bytes  uint64
 	ctrl   *control
+	calls  *conn // its calls connection, while it is served
 	state  helperpb.ClientState
 
 	// opSem: one control exchange (or op sequence) at a time.
@@ -81,6 +82,16 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.log.Info("client registered")
 	}
 	c.log = cl.log
+	cl.mu.Lock()
+	cl.calls = c
+	cl.mu.Unlock()
+	defer func() {
+		cl.mu.Lock()
+		if cl.calls == c {
+			cl.calls = nil
+		}
+		cl.mu.Unlock()
+	}()
 	defer s.dropClient(cl)
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {

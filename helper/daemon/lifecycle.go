@@ -95,6 +95,23 @@ func (cl *client) setDetached(on bool) {
 	}
 }
 
+// hangUp closes the helper's side of a detached client's connections. The
+// client closes its own side when it detaches, but a process it forked may
+// still hold copies of those sockets (the interposer drops them in forked
+// children; anything else that keeps one would keep the helper from ever
+// seeing the close): closing them here parks the client now.
+func (cl *client) hangUp() {
+	cl.mu.Lock()
+	calls, ctl := cl.calls, cl.ctrl
+	cl.mu.Unlock()
+	if calls != nil {
+		calls.UnixConn().Close()
+	}
+	if ctl != nil {
+		ctl.conn.UnixConn().Close()
+	}
+}
+
 // park moves a detached client whose connections closed to the waiting list
 // instead of releasing its memory. It reports whether it did.
 func (s *Server) park(cl *client) bool {

@@ -58,7 +58,8 @@ type Config struct {
 	// Fault names a checkpoint step that fails on purpose ("driver-lock",
 	// "driver-checkpoint": tests check that every step before it is
 	// undone), or "stall-copy": a checkpoint waits a minute before its copy
-	// (tests kill the helper there).
+	// (tests kill the helper there). "STEP@N": only in the helper's N-th
+	// checkpoint (the second process of a dumped tree, say).
 	Fault string
 }
 
@@ -80,6 +81,7 @@ type Server struct {
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
 	nextAlloc atomic.Uint64
+	nCkpt     atomic.Uint64 // checkpoints begun, for Fault "STEP@N"
 	wg        sync.WaitGroup
 }
 

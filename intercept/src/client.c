@@ -1680,12 +1680,33 @@ void gc_client_atfork_parent(void) {
     pthread_mutex_unlock(&G.init_mu);
 }
 
-/* The child forgets the parent's connections (neither uses nor closes them) and its memory. */
+/* A forked child's copy of one of the parent's helper connections becomes
+ * /dev/null under the same number: the child never uses it, and while it held
+ * the socket the helper could not see the parent close it (a parent detached
+ * for a dump never looked detached, and CRIU refuses to dump a child holding a
+ * socket connected outside the tree). The parent's own fd is untouched. */
+static void drop_inherited(int fd) {
+    if (fd < 0)
+        return;
+    int dn = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (dn < 0) {
+        close(fd);
+        return;
+    }
+    if (dn != fd && dup3(dn, fd, O_CLOEXEC) < 0)
+        close(fd);
+    if (dn != fd)
+        close(dn);
+}
+
+/* The child forgets the parent's connections (drops its copies of them) and its memory. */
 void gc_client_atfork_child(void) {
     pthread_mutex_init(&G.init_mu, NULL);
     pthread_mutex_init(&G.calls_mu, NULL);
     pthread_mutex_init(&G.mu, NULL);
     atomic_store(&G.conn, CONN_NONE);
+    drop_inherited(G.calls_fd);
+    drop_inherited(G.ctl_fd);
     G.calls_fd = G.ctl_fd = -1;
     G.token = G.next_id = 0;
     G.nhdev = 0;

@@ -17,10 +17,22 @@
  * A heartbeat synchronizes both streams and checksums all buffers in order.
  * All arithmetic is on 32-bit unsigned integers, so the simulated driver and a
  * GPU compute the same bits.
+ *
+ * --workers W: W CPU worker processes forked after CUDA is initialised and the
+ * buffers made, as PyTorch forks its DataLoader workers. They never touch the
+ * GPU. Every iteration the parent sends each worker the iteration number and
+ * worker w answers its running state s_w = mix32(s_w ^ iter), which starts at
+ * (w + 1) * 0x9E3779B9 + seed; the host pattern word j is XORed with the
+ * answer of worker j % W. So the checksums depend on every worker's memory,
+ * and a worker that lost its state (or its process) shows.
  */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "gpuapp.h"
 
@@ -192,7 +204,69 @@ typedef struct hb_state {
     CUmodule mod;
     CUfunction f_init, f_step, f_mix;
     uint32_t *pattern; /* pageable host memory */
+    unsigned nworkers;
+    pid_t workers[16];
+    int req[16], rep[16]; /* the parent's ends of each worker's pipes */
+    uint32_t answer[16];
 } hb_state;
+
+static void full_io(int fd, void *buf, size_t n, bool wr) {
+    for (size_t done = 0; done < n;) {
+        ssize_t k = wr ? write(fd, (char *)buf + done, n - done) : read(fd, (char *)buf + done, n - done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            if (!wr && k == 0 && done == 0)
+                _exit(0); /* a worker whose parent is gone */
+            gpuapp_die("worker pipe: %s", k < 0 ? strerror(errno) : "closed");
+        }
+        done += (size_t)k;
+    }
+}
+
+/* A worker: answers every iteration number with its new state. */
+static void worker_main(int rq, int rp, uint32_t state) {
+    for (;;) {
+        uint32_t iter;
+        full_io(rq, &iter, sizeof iter, false);
+        state = gpuapp_mix32(state ^ iter);
+        full_io(rp, &state, sizeof state, true);
+    }
+}
+
+static void start_workers(hb_state *st, uint32_t seed) {
+    for (unsigned w = 0; w < st->nworkers; w++) {
+        int q[2], r[2];
+        if (pipe(q) < 0 || pipe(r) < 0)
+            gpuapp_die("pipe: %s", strerror(errno));
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0)
+            gpuapp_die("fork: %s", strerror(errno));
+        if (pid == 0) {
+            close(q[1]);
+            close(r[0]);
+            for (unsigned v = 0; v < w; v++) {
+                close(st->req[v]);
+                close(st->rep[v]);
+            }
+            worker_main(q[0], r[1], (w + 1) * 0x9E3779B9u + seed);
+        }
+        close(q[0]);
+        close(r[1]);
+        st->workers[w] = pid;
+        st->req[w] = q[1];
+        st->rep[w] = r[0];
+    }
+}
+
+static void stop_workers(hb_state *st) {
+    for (unsigned w = 0; w < st->nworkers; w++) {
+        close(st->req[w]);
+        close(st->rep[w]);
+        waitpid(st->workers[w], NULL, 0);
+    }
+}
 
 static uint32_t salt_of(unsigned i) { return (i + 1) * 0x27D4EB2Fu; }
 
@@ -205,8 +279,12 @@ static void step(void *p, uint32_t iter) {
      * the pattern can be rewritten, and at most one iteration is in flight.
      */
     CHECK(cuEventSynchronize(st->ev_mix));
+    for (unsigned w = 0; w < st->nworkers; w++)
+        full_io(st->req[w], &iter, sizeof iter, true);
+    for (unsigned w = 0; w < st->nworkers; w++)
+        full_io(st->rep[w], &st->answer[w], sizeof st->answer[w], false);
     for (uint32_t j = 0; j < PATTERN_WORDS; j++)
-        st->pattern[j] = gpuapp_mix32(iter * 0x9E3779B1u + j);
+        st->pattern[j] = gpuapp_mix32(iter * 0x9E3779B1u + j) ^ (st->nworkers ? st->answer[j % st->nworkers] : 0);
 
     /* Buffer 1 was read by the previous mix on s0: s1 must not write it before. */
     CHECK(cuStreamWaitEvent(s1, st->ev_mix, 0));
@@ -257,7 +335,7 @@ static uint64_t checksum(void *p) {
 int main(int argc, char **argv) {
     gpuapp app;
     hb_state st;
-    gpuapp_parse(&app, "heartbeat", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS, 64, 8, argc, argv);
+    gpuapp_parse(&app, "heartbeat", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS, 64, 8, argc, argv);
     memset(&st, 0, sizeof(st));
     st.app = &app;
     st.k = app.buffers;
@@ -289,9 +367,12 @@ int main(int argc, char **argv) {
     }
     CHECK(cuEventRecord(st.ev_mix, st.s[0]));
     CHECK(cuCtxSynchronize());
+    st.nworkers = app.workers;
+    start_workers(&st, app.seed);
 
     gpuapp_ready(&app, app.mib, st.k);
     gpuapp_loop(&app, &st, step, checksum);
+    stop_workers(&st);
 
     CHECK(cuCtxSynchronize());
     for (unsigned i = 0; i < st.k; i++)

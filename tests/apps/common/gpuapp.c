@@ -57,6 +57,8 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f, "  --mib N          device memory to hold, MiB (default %u)\n", a->mib);
     if (accepted & GPUAPP_OPT_BUFFERS)
         fprintf(f, "  --buffers K      number of device buffers (default %u)\n", a->buffers);
+    if (accepted & GPUAPP_OPT_WORKERS)
+        fprintf(f, "  --workers W      fork W CPU worker processes after CUDA is initialised (default 0)\n");
     fprintf(f, "  --iters M        stop after iteration M with a done line (default: run forever)\n"
                "  --interval-ms T  sleep T ms between iterations (default 50)\n"
                "  --hb-every E     heartbeat every E iterations (default 10)\n"
@@ -80,10 +82,11 @@ static unsigned long long parse_num(const gpuapp *a, unsigned accepted, const ch
 
 void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib,
                   unsigned def_buffers, int argc, char **argv) {
-    enum { O_MIB = 1, O_BUFFERS, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
+    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"mib", required_argument, NULL, O_MIB},
         {"buffers", required_argument, NULL, O_BUFFERS},
+        {"workers", required_argument, NULL, O_WORKERS},
         {"iters", required_argument, NULL, O_ITERS},
         {"interval-ms", required_argument, NULL, O_INTERVAL},
         {"hb-every", required_argument, NULL, O_HB},
@@ -116,6 +119,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             if (!(accepted & GPUAPP_OPT_BUFFERS))
                 goto bad;
             a->buffers = (unsigned)parse_num(a, accepted, "buffers", optarg, 2, 64);
+            break;
+        case O_WORKERS:
+            if (!(accepted & GPUAPP_OPT_WORKERS))
+                goto bad;
+            a->workers = (unsigned)parse_num(a, accepted, "workers", optarg, 0, 16);
             break;
         case O_ITERS:
             /* Kernels take the iteration as a 32-bit number. */

@@ -44,6 +44,7 @@ const char *gpuapp_err_string(CUresult r);
 /* Options beyond the common ones that an application accepts. */
 #define GPUAPP_OPT_MIB 0x1u     /* --mib N: device memory to hold, MiB */
 #define GPUAPP_OPT_BUFFERS 0x2u /* --buffers K: number of buffers */
+#define GPUAPP_OPT_WORKERS 0x4u /* --workers W: forked CPU worker processes */
 
 typedef struct gpuapp {
     const char *name;     /* app=NAME in the ready line */
@@ -52,6 +53,7 @@ typedef struct gpuapp {
     unsigned hb_every;    /* --hb-every E: heartbeat period in iterations (default 10) */
     unsigned mib;         /* --mib N */
     unsigned buffers;     /* --buffers K */
+    unsigned workers;     /* --workers W (default 0) */
     uint32_t seed;        /* --seed S: initial contents (default 1) */
     int ordinal;          /* --device D: device ordinal (default 0) */
     CUdevice dev;         /* set by gpuapp_context() */

@@ -1,0 +1,296 @@
+package e2e
+
+// Real jobs through the CLI: forked CPU workers of a GPU process (as PyTorch's
+// DataLoader forks them), a dump that fails anywhere after the GPU state was
+// paused, and a restored process checkpointed again and again.
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cli runs gpucr with the helper's socket and returns its output and error.
+func cli(t testing.TB, h *helperProc, env []string, args ...string) (string, error) {
+	t.Helper()
+	e := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	return runErr(2*time.Minute, e, binPath(t, "gpucr"), args...)
+}
+
+// cliOK is cli that fails the test, with the end of CRIU's log, on failure.
+func cliOK(t testing.TB, h *helperProc, env []string, img string, args ...string) string {
+	t.Helper()
+	out, err := cli(t, h, env, args...)
+	if err != nil {
+		var logs string
+		for _, l := range []string{"dump.log", "restore.log"} {
+			if b, rerr := os.ReadFile(filepath.Join(img, l)); rerr == nil {
+				logs += "\n" + l + ":\n" + tail(string(b), 25)
+			}
+		}
+		hl, _ := os.ReadFile(h.log)
+		t.Fatalf("gpucr %s: %v\n%s%s\nhelper log:\n%s", strings.Join(args, " "), err, out, logs, tail(string(hl), 20))
+	}
+	return out
+}
+
+// children lists pid's child processes.
+func children(pid int) []int {
+	var out []int
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(s); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// runsAgainWithin fails the test unless a runs on after a failed dump: a
+// heartbeat after since, within d (from the moment CRIU and the CLI have
+// exited: since).
+func runsAgainWithin(t testing.TB, a *app, since time.Time, last int, d time.Duration) {
+	t.Helper()
+	deadline := since.Add(d)
+	for a.lastIter() <= last {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (pid %d, state %s) ran no iteration past %d within %v of the failed dump; output:\n%s",
+				a.name, a.pid, procState(a.pid), last, d, tail(a.output(), 10))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var workerArgs = []string{"--mib", "16", "--workers", "2", "--hb-every", "5"}
+
+// TestForkedWorkersCheckpointRestore: a GPU process with two CPU workers it
+// forked after CUDA was initialised (as PyTorch's DataLoader does) is
+// checkpointed as a tree with `gpucr checkpoint` and restored with `gpucr
+// restore`; the workers come back with their state (the checksums depend on
+// it) and every heartbeat equals an uninterrupted run's.
+func TestForkedWorkersCheckpointRestore(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, workerArgs...), "--interval-ms", "20")...)
+	a.waitIter(15, time.Minute)
+	workers := children(a.pid)
+	if len(workers) != 2 {
+		t.Fatalf("heartbeat has children %v, want its 2 workers", workers)
+	}
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+	for _, w := range workers {
+		waitPidFree(w, 10*time.Second)
+	}
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+20, time.Minute)
+	if got := children(a.pid); len(got) != 2 {
+		t.Errorf("after the restore heartbeat has children %v, want its 2 workers", got)
+	}
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	for _, w := range workers {
+		_ = syscall.Kill(w, syscall.SIGKILL)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", workerArgs, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+}
+
+// TestDumpFailureGivesBack: whatever fails after the plugin paused a
+// process's GPU state, every process of the tree runs again within a second
+// of CRIU exiting, its checksums going on exactly.
+func TestDumpFailureGivesBack(t *testing.T) {
+	needTool(t, "criu")
+	t.Run("criu refuses a forked child", func(t *testing.T) {
+		// Without gpucr's fork handling, a forked worker keeps the driver's
+		// device file, which CRIU cannot dump: it fails on the child after
+		// the parent was paused.
+		dir := t.TempDir()
+		env := gpucrEnv(t)
+		h := startHelper(t, dir, env)
+		img := filepath.Join(dir, "img")
+		a := startUnder(t, dir, h, append(append([]string{}, env...), "GPUCR_FORK_SCRUB=0"), "heartbeat",
+			append(append([]string{}, workerArgs...), "--interval-ms", "10", "--iters", "300")...)
+		a.waitIter(15, time.Minute)
+		out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+		exited := time.Now()
+		last := a.lastIter()
+		if err == nil {
+			t.Fatalf("a dump of a worker holding the driver's file succeeded:\n%s", out)
+		}
+		if b, _ := os.ReadFile(filepath.Join(img, "dump.log")); !strings.Contains(string(b), "perf_event") {
+			t.Errorf("dump.log does not name the worker's device file:\n%s", tail(string(b), 15))
+		}
+		runsAgainWithin(t, a, exited, last, time.Second)
+		if code := a.wait(time.Minute); code != 0 {
+			t.Fatalf("exit %d after the failed dump:\n%s", code, tail(a.output(), 10))
+		}
+		compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", workerArgs, 300))
+	})
+	t.Run("plugin error in the second process", func(t *testing.T) {
+		// Two GPU processes in one tree: the first is paused and detached,
+		// the second's checkpoint fails in the helper, CRIU aborts.
+		dir := t.TempDir()
+		env := gpucrEnv(t)
+		h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=driver-lock@2"))
+		img := filepath.Join(dir, "img")
+		hb := &app{t: t, name: "heartbeat", log: filepath.Join(dir, "heartbeat.log")}
+		pc := &app{t: t, name: "ptrchase", log: filepath.Join(dir, "ptrchase.log")}
+		script := binPath(t, "heartbeat") + " --mib 8 --interval-ms 10 --iters 300 >>" + hb.log + " 2>&1 & " +
+			binPath(t, "ptrchase") + " --mib 8 --interval-ms 10 --iters 300 >>" + pc.log + " 2>&1 & wait"
+		root := exec.Command(binPath(t, "gpucr"), "run", "--socket", h.socket, "--", "/bin/sh", "-c", script)
+		root.Env = env
+		root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := root.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, p := range []int{hb.pid, pc.pid, root.Process.Pid} {
+				if p > 0 {
+					_ = syscall.Kill(p, syscall.SIGKILL)
+				}
+			}
+			_, _ = root.Process.Wait()
+		})
+		for _, a := range []*app{hb, pc} {
+			a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
+				p, _ := parseHeartbeats(out)
+				a.pid = p
+				return p > 0
+			})
+			a.waitIter(15, time.Minute)
+		}
+		out, err := cli(t, h, env, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", img)
+		exited := time.Now()
+		if err == nil {
+			hl, _ := os.ReadFile(h.log)
+			t.Fatalf("a dump whose second GPU checkpoint fails succeeded:\n%s\nhelper log:\n%s", out, tail(string(hl), 30))
+		}
+		for _, a := range []*app{hb, pc} {
+			runsAgainWithin(t, a, exited, a.lastIter(), time.Second)
+		}
+		if err := root.Wait(); err != nil {
+			t.Fatalf("the tree after the failed dump: %v\n%s\n%s", err, tail(hb.output(), 5), tail(pc.output(), 5))
+		}
+		for _, a := range []*app{hb, pc} {
+			compareWithReference(t, a.heartbeats(), reference(t, env, a.name, []string{"--mib", "8"}, 300))
+		}
+	})
+	t.Run("image directory full", func(t *testing.T) {
+		dir := t.TempDir()
+		env := gpucrEnv(t)
+		h := startHelper(t, dir, env)
+		img := filepath.Join(dir, "img")
+		if err := os.Mkdir(img, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", img, "tmpfs", 0, "size=6m"); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatalf("mount a small tmpfs: %v", err)
+			}
+			t.Skipf("cannot mount a small tmpfs here: %v", err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(img, unix.MNT_DETACH) })
+		a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "10", "--iters", "300")
+		a.waitIter(15, time.Minute)
+		out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+		exited := time.Now()
+		last := a.lastIter()
+		if err == nil {
+			t.Fatalf("a dump of 16 MiB into a 6 MiB file system succeeded:\n%s", out)
+		}
+		runsAgainWithin(t, a, exited, last, time.Second)
+		if code := a.wait(time.Minute); code != 0 {
+			t.Fatalf("exit %d after the failed dump:\n%s", code, tail(a.output(), 10))
+		}
+		compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", []string{"--mib", "16"}, 300))
+	})
+}
+
+// TestRestoredCheckpointedAgain: a restored process is a client like any
+// other: it is checkpointed again with --leave-running (it runs on), then
+// dumped and restored again, three rounds, and computes exactly throughout.
+func TestRestoredCheckpointedAgain(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	args := []string{"--mib", "8", "--hb-every", "5"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "10")...)
+	a.waitIter(15, time.Minute)
+	for round := 1; round <= 3; round++ {
+		img := filepath.Join(dir, "img"+strconv.Itoa(round))
+		keep := img + "-kept"
+		// --leave-running: the process goes on; a restored one too.
+		cliOK(t, h, env, keep, "checkpoint", strconv.Itoa(a.pid), "-D", keep, "--leave-running")
+		at := a.lastIter()
+		a.waitIter(at+10, 30*time.Second)
+		// Then a dump (the process ends) and a restore.
+		cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+		if round == 1 {
+			a.reap(30 * time.Second)
+		} else {
+			waitDead(t, a.pid, 30*time.Second)
+		}
+		waitPidFree(a.pid, 10*time.Second)
+		before := a.lastIter()
+		cliOK(t, h, env, img, "restore", "-D", img)
+		a.waitIter(before+10, 30*time.Second)
+		st := h.status()
+		if len(st.Clients) != 1 || st.Clients[0].Pid.String() != strconv.Itoa(a.pid) || !st.Clients[0].Checkpointable {
+			t.Fatalf("round %d: after the restore the helper lists %+v, want pid %d checkpointable", round, st.Clients, a.pid)
+		}
+	}
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, 0)
+}
+
+// TestStaleRestoredEntryReaped: a restored process that never comes back for
+// its GPU memory (CRIU left it stopped, as a frozen container) keeps it while
+// it exists; once it is killed the helper releases that memory by itself, and
+// the same image restores again into a process that runs.
+func TestStaleRestoredEntryReaped(t *testing.T) {
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
+	args := []string{"--mib", "8", "--hb-every", "5"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "10")...)
+	a.waitIter(15, time.Minute)
+	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(a.pid), "--libdir", libdir)
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+	waitPidFree(a.pid, 10*time.Second)
+	criuOK(t, criu, criuEnv, img, "restore.log", "restore", "-d", "--leave-stopped", "--libdir", libdir)
+	time.Sleep(300 * time.Millisecond)
+	if a.lastIter() != before {
+		t.Fatalf("the process restored stopped ran on (%d -> %d)", before, a.lastIter())
+	}
+	st := h.status()
+	if len(st.Clients) != 1 || len(st.Clients[0].NotCheckpointable) == 0 ||
+		!strings.Contains(st.Clients[0].NotCheckpointable[0], "restored") {
+		t.Fatalf("the helper lists %+v, want the stopped restored process waiting", st.Clients)
+	}
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	waitNoClients(t, h, 5*time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	criuOK(t, criu, criuEnv, img, "restore2.log", "restore", "-d", "--libdir", libdir)
+	a.waitIter(before+10, 30*time.Second)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
+}
