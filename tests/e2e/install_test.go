@@ -44,7 +44,7 @@ func TestMakeInstall(t *testing.T) {
 				args = append(args, "PREFIX="+prefix)
 				want = prefix
 			}
-			run(t, 2*time.Minute, nil, mk, args...)
+			run(t, 2*time.Minute, makeEnv(), mk, args...)
 
 			unitPath := want + "/lib/systemd/system/gpucr-helper.service"
 			for path, f := range map[string]struct {
@@ -153,4 +153,21 @@ func checkUnitSandbox(t *testing.T, unit string) {
 			t.Errorf("the unit sets %s: the helper writes GPU images into whatever directory it is asked to", line)
 		}
 	}
+}
+
+// makeEnv is this process's environment without what would change make's
+// variables: the flags of a make this test runs under (make test), and the
+// install directories the Makefile takes from the environment (?=).
+func makeEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "GNUMAKEFLAGS", "MAKEFILES",
+			"DESTDIR", "PREFIX", "CRIU_PLUGIN_DIR", "GPUCR_LIB_DIR", "SYSTEMD_UNIT_DIR", "DOC_DIR", "BUILD":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }
