@@ -75,14 +75,29 @@ $(PLUGIN): $(PLUGIN_SRC) intercept/src/gpucr_int.h protocol/c/helper.pb-c.h Make
 
 # make install: the plugin where CRIU looks by default (criu --help: "by
 # default /usr/lib/criu/"), the gpucr binary and the interposer where gpucr
-# run finds it (docs/helper-protocol.md).
-PREFIX          ?= /usr/local
-CRIU_PLUGIN_DIR ?= /usr/lib/criu
-GPUCR_LIB_DIR   ?= /usr/lib/gpucr
+# run finds it (docs/helper-protocol.md), the helper's systemd unit below
+# $(PREFIX) like the binary it starts ($(PREFIX)/lib/systemd/system: systemd
+# reads /usr/local/lib/systemd/system for units the administrator installed
+# and /usr/lib/systemd/system for the distribution's, and leaves
+# /etc/systemd/system to the administrator's own units and drop-ins; with
+# another PREFIX set SYSTEMD_UNIT_DIR=/etc/systemd/system), its ExecStart
+# and Documentation pointed at $(PREFIX), and the protocol document it names.
+# DESTDIR stages everything below a root for packaging (tests/e2e/install_test.go).
+PREFIX           ?= /usr/local
+CRIU_PLUGIN_DIR  ?= /usr/lib/criu
+GPUCR_LIB_DIR    ?= /usr/lib/gpucr
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+DOC_DIR          ?= $(PREFIX)/share/doc/gpucr
 install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 	install -D -m 0755 $(PLUGIN) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so
 	install -D -m 0755 $(GPUCR) $(DESTDIR)$(PREFIX)/bin/gpucr
 	install -D -m 0755 $(INTERCEPT) $(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so
+	install -d -m 0755 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
+	sed -e 's|^ExecStart=/usr/local/bin/gpucr |ExecStart=$(PREFIX)/bin/gpucr |' \
+		-e 's|^Documentation=file:///usr/local/share/doc/gpucr/|Documentation=file://$(DOC_DIR)/|' \
+		scripts/gpucr-helper.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
+	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
 $(INTERCEPT_UNIT): tests/intercept/unit.c intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile

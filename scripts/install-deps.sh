@@ -10,6 +10,11 @@
 #       protobuf-compiler protobuf-c-compiler libprotobuf-c-dev
 #                                     CRIU image / RPC protobufs
 #       runc                          OCI runtime for the container tests
+#       podman busybox-static         the podman test (tests/e2e/podman_test.go):
+#                                     podman (conmon, containers-common come
+#                                     with it; runc is its runtime, so Debian's
+#                                     crun is not pulled in) runs a container
+#                                     made from busybox-static's /bin/busybox
 #       iproute2 procps util-linux psmisc
 #                                     ip, ps/pgrep/pkill, setsid/nsenter, fuser
 #       python3                       scripts/oci-bundle.sh edits config.json
@@ -34,6 +39,7 @@ PKGS=(
 	build-essential pkg-config
 	protobuf-compiler protobuf-c-compiler libprotobuf-c-dev
 	runc
+	podman busybox-static
 	iproute2 procps util-linux psmisc
 	python3 tar
 )
@@ -74,4 +80,4 @@ log "step 3: CRIU (scripts/install-criu.sh)"
 "$here/install-criu.sh"
 
 criu=$(command -v criu) || die "criu is not on PATH after install-criu.sh"
-log "done: gcc $(gcc -dumpfullversion), $(go version | cut -d' ' -f3), runc $(runc --version | sed -n 's/^runc version //p'), $(protoc --version), protoc-c $(protoc-c --version 2>&1 | sed -n 's/^protobuf-c //p'), criu $("$criu" --version | sed -n 's/^Version: //p') ($criu; dump/restore self-test passed)"
+log "done: gcc $(gcc -dumpfullversion), $(go version | cut -d' ' -f3), runc $(runc --version | sed -n 's/^runc version //p'), podman $(podman --version | sed -n 's/^podman version //p'), $(protoc --version), protoc-c $(protoc-c --version 2>&1 | sed -n 's/^protobuf-c //p'), criu $("$criu" --version | sed -n 's/^Version: //p') ($criu; dump/restore self-test passed)"
