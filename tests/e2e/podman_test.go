@@ -482,6 +482,56 @@ func TestPodmanCheckpointRestore(t *testing.T) {
 		segments[restored] = heartbeatsFrom(a, off)
 	}
 
+	// Two restores from the one archive running at the same time: the same
+	// image, the same pid inside each container, the same token, the same
+	// wake file. Each must get its own memory and run on, and both are
+	// clients of the helper at once. They write identical lines to the one
+	// log, so every iteration shows up twice.
+	off := len(a.output())
+	var pids []int
+	for _, restored := range []string{name + "-3", name + "-4"} {
+		p.do(2*time.Minute, "container", "restore", "--import", archive, "--name", restored)
+		pids = append(pids, p.pid(restored))
+	}
+	for _, pid := range pids {
+		waitClient(t, h, pid, 10*time.Second)
+	}
+	target := last.Iter + 20
+	a.waitFor(time.Minute, fmt.Sprintf("iteration %d from both containers", target), func(out string, _ []heartbeat) bool {
+		n := 0
+		for _, hb := range heartbeatsFrom(a, off) {
+			if hb.Iter == target {
+				n++
+			}
+		}
+		return n == 2
+	})
+	st := h.status()
+	for _, pid := range pids {
+		found := false
+		for _, c := range st.Clients {
+			if n, _ := c.Pid.Int64(); int(n) == pid {
+				found = true
+				if !c.Checkpointable {
+					t.Errorf("restored container process %d is not checkpointable: %v", pid, c.NotCheckpointable)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("restored container process %d is not a client of the helper (%d clients)", pid, len(st.Clients))
+		}
+	}
+	step("two concurrent restore --import")
+	p.do(time.Minute, "rm", "--force", "--time", "0", name+"-3", name+"-4")
+	for _, pid := range pids {
+		waitDead(t, pid, 10*time.Second)
+	}
+	waitNoClients(t, h, 10*time.Second)
+	concurrent := map[int][]string{}
+	for _, hb := range heartbeatsFrom(a, off) {
+		concurrent[hb.Iter] = append(concurrent[hb.Iter], hb.Checksum)
+	}
+
 	maxIter := last.Iter
 	for _, hbs := range segments {
 		if n := len(hbs); n > 0 && hbs[n-1].Iter > maxIter {
@@ -494,6 +544,20 @@ func TestPodmanCheckpointRestore(t *testing.T) {
 		what := "container " + restored + " restored from the archive"
 		checkResumed(t, what, hbs, last, period)
 		compareWithReference(t, hbs, ref)
+	}
+	if target > maxIter {
+		ref = reference(t, env, tc.name, tc.args, target)
+	}
+	for it := last.Iter + period; it <= target; it += period {
+		sums := concurrent[it]
+		if len(sums) != 2 {
+			t.Errorf("concurrent restores: iteration %d reported %d times, want once by each container", it, len(sums))
+		}
+		for _, sum := range sums {
+			if sum != ref[it] {
+				t.Errorf("concurrent restores: iteration %d: checksum %s, uninterrupted run has %s", it, sum, ref[it])
+			}
+		}
 	}
 	t.Logf("podman test: %.1fs in all", time.Since(start).Seconds())
 }
