@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# The workload matrix: real GPU programs checkpointed mid-run with `gpucr
+# checkpoint` and restored with `gpucr restore`, each compared with an
+# uninterrupted run, in one call on the GPU machine:
+#
+#   bash tests/gpu/matrix.sh GPUCR_PREFIX CRIU_BUNDLE
+#
+# GPUCR_PREFIX: scripts/make-gpucr-bundle.sh output; CRIU_BUNDLE:
+# scripts/make-criu-bundle.sh output (put first on PATH, as users would).
+# ROWS (default: all below) picks rows; STEPS (default 1500) the steps of the
+# Python programs.
+#
+#  1. `gpucr check` with the helper (the host, CRIU, plugin, driver).
+#  2. Every program twice without gpucr, at full speed, at the same time:
+#     both runs must print the same lines, or a comparison means nothing
+#     (tests/gpu/matrix_workloads.py says how each is made deterministic).
+#  3. Every program under `gpucr run` at once, a step every 50 ms. Row by
+#     row, once it is past step 30:
+#       dump     gpucr checkpoint PID -D DIR (the tree ends), gpucr restore -D DIR
+#       again    --leave-running, dump + restore, --leave-running, dump + restore
+#       fail     gpucr checkpoint must fail (CRIU cannot dump a forked worker
+#                that keeps the driver's files: GPUCR_FORK_SCRUB=0); the
+#                program must run again within a second of the CLI's exit
+#       refuse   nothing: the program's own use must be refused, clearly
+#  4. Every program must end (done) with exactly the lines of its first
+#     plain run.
+# Images in /dev/shm. Logs in build/gpu/matrix (and $OUT): summary.txt holds
+# the table.
+#
+# SIM=1: on the simulated driver (no GPU; the C programs only), to try the
+# script itself: bash tests/gpu/matrix.sh build /opt/gpucr/criu with SIM=1
+# (GPUCR_PREFIX a build directory: bin/gpucr, lib/...).
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
+C=$(cd "${2:?usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
+SIM=${SIM:-}
+BIN=build/gpu/bin
+if [ -n "$SIM" ]; then
+	BIN=build/bin
+	export LD_LIBRARY_PATH=$PWD/build/sim GPUCR_LIBCUDA=$PWD/build/sim/libcuda.so.1
+	ROWS=${ROWS:-vmmapp workers_c workers_c_failed_dump}
+fi
+GPUCR=$G/bin/gpucr
+export PATH="$C/bin:$PATH"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
+export CUPY_ACCELERATORS=""
+LOGS=${LOGS:-build/gpu/matrix}
+STEPS=${STEPS:-1500}
+C_ITERS=${C_ITERS:-1500}
+IMG=${IMG:-/dev/shm/gpucr-matrix}
+W=$PWD/tests/gpu/matrix_workloads.py
+rm -rf "$LOGS" "$IMG"
+mkdir -p "$LOGS" "$IMG"
+LOGS=$(cd "$LOGS" && pwd)
+: >"$LOGS/summary.txt"
+. tests/gpu/lib.sh
+
+# name | mode | environment | command (python workload, or app:ARGS of build/gpu/bin)
+ALL_ROWS='
+dataloader|dump||train_dataloader
+dataloader_expandable|dump|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|train_dataloader
+restored_again|again||train_plain
+compile|dump||compile
+cuda_graph|dump||cuda_graph
+streams|dump||streams
+kv_cache|dump||kv_cache
+jax|dump||jax
+cupy|dump||cupy
+vmmapp|dump||app:vmmapp --mib 256 --hb-every 5
+workers_c|dump||app:heartbeat --mib 256 --workers 2 --hb-every 5
+workers_c_failed_dump|fail|GPUCR_FORK_SCRUB=0|app:heartbeat --mib 64 --workers 2 --hb-every 5
+dataloader_failed_dump|fail|GPUCR_FORK_SCRUB=0|train_dataloader
+ipc|refuse||ipc
+'
+ROWS=${ROWS:-$(printf '%s\n' "$ALL_ROWS" | cut -d'|' -f1 | xargs)}
+row() { printf '%s\n' "$ALL_ROWS" | awk -F'|' -v n="$1" '$1 == n'; }
+field() { row "$1" | cut -d'|' -f"$2"; }
+
+# argv NAME PLAIN: the command line of row NAME (plain: at full speed).
+argv() {
+	local cmd mode=$2
+	cmd=$(field "$1" 4)
+	case $cmd in
+	app:*)
+		# shellcheck disable=SC2086
+		set -- ${cmd#app:}
+		local app=$1
+		shift
+		if [ "$mode" = plain ]; then echo "$BIN/$app $* --iters $C_ITERS --interval-ms 0"; else echo "$BIN/$app $* --iters $C_ITERS --interval-ms 20"; fi
+		;;
+	*) echo "python3 $W $cmd" ;;
+	esac
+}
+# lines LOG: what must equal between runs (hb lines without their time).
+lines() { awk '$1 == "step" || ($1 == "hb" && NF >= 3) { if ($1 == "hb") print $1, $2, $3; else print }' "$1" 2>/dev/null; }
+steps() { lines "$1" | wc -l; }
+# start NAME LOG PLAIN: a run of row NAME in the background, its output to LOG.
+start() {
+	local name=$1 log=$2 mode=$3 env cmd
+	env=$(field "$name" 3)
+	cmd=$(argv "$name" "$mode")
+	case $cmd in
+	python3*) cmd="$cmd $log $STEPS" ;;
+	*) cmd="$cmd" ;;
+	esac
+	if [ "$mode" = plain ]; then
+		# shellcheck disable=SC2086
+		(env $env MATRIX_DELAY=0 setsid $cmd </dev/null >>"$log" 2>"$log.err") &
+		PLAIN+=($!)
+	else
+		# shellcheck disable=SC2086
+		(env $env MATRIX_DELAY=0.05 setsid "$GPUCR" run --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err") &
+	fi
+}
+# wait_steps LOG N SECONDS: until LOG holds N step lines (or its program ended).
+wait_steps() {
+	for _ in $(seq $(($3 * 10))); do
+		[ "$(steps "$1")" -ge "$2" ] && return 0
+		grep -q '^done' "$1" 2>/dev/null && return 1
+		sleep 0.1
+	done
+	return 1
+}
+pid_of() { sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$1" | tail -1; }
+ended() { grep -q '^done' "$1" 2>/dev/null; }
+
+if [ -n "$SIM" ]; then
+	note "host: simulated driver; $(criu --version | head -1)"
+else
+	note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(criu --version | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
+	make -s gpu-apps >"$LOGS/make.txt" 2>&1 || bad "make gpu-apps: $(tail -3 "$LOGS/make.txt")"
+fi
+
+SOCK=/run/gpucr/helper.sock
+mkdir -p /run/gpucr
+"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
+HELPER=$!
+trap 'kill $HELPER 2>/dev/null; pkill -f matrix_workloads.py 2>/dev/null; pkill -f "$BIN/" 2>/dev/null; rm -rf "$IMG"' EXIT
+for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+
+note ""
+note "## gpucr check"
+if "$GPUCR" check --socket "$SOCK" -D /dev/shm >"$LOGS/check.txt" 2>&1; then note "gpucr check: exit 0"; else bad "gpucr check: exit $?"; fi
+sed 's/^/    /' "$LOGS/check.txt" | tee -a "$LOGS/summary.txt" >/dev/null
+
+# 2. plain runs, twice, all at once.
+PLAIN=()
+t0=$(now)
+for r in $ROWS; do
+	[ "$(field "$r" 2)" = refuse ] && continue
+	start "$r" "$LOGS/$r.plain1" plain
+	start "$r" "$LOGS/$r.plain2" plain
+done
+wait "${PLAIN[@]}"
+note ""
+note "plain runs (2 per program, at once): $(span "$t0" "$(now)")"
+
+# 3. under gpucr, all at once.
+for r in $ROWS; do start "$r" "$LOGS/$r.gpucr" gpucr; done
+declare -A RESULT DETAIL
+cli() { # cli LOGNAME ARGS...: gpucr ARGS, output appended to LOGS/LOGNAME.cli; sets CLI_RC, CLI_S
+	local t=$(now)
+	"$GPUCR" "${@:2}" --socket "$SOCK" >>"$LOGS/$1.cli" 2>&1
+	CLI_RC=$?
+	CLI_S=$(span "$t" "$(now)")
+}
+for r in $ROWS; do
+	log=$LOGS/$r.gpucr
+	mode=$(field "$r" 2)
+	if ! wait_steps "$log" 30 300; then
+		RESULT[$r]=FAIL
+		DETAIL[$r]="never reached step 30 under gpucr: $(tail -c 300 "$log.err" | tr '\n' ' ')"
+		continue
+	fi
+	pid=$(pid_of "$log")
+	case $mode in
+	dump | again)
+		d=""
+		round=0
+		for op in $( [ "$mode" = again ] && echo "leave dump leave dump" || echo dump); do
+			round=$((round + 1))
+			img=$IMG/$r.$round
+			n=$(steps "$log")
+			if [ "$op" = leave ]; then
+				cli "$r" checkpoint "$pid" -D "$img" --leave-running
+				[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint --leave-running failed: $(tail -2 "$LOGS/$r.cli" | tr '\n' ' '); "; break; }
+				d+="leave-running $CLI_S; "
+				wait_steps "$log" $((n + 10)) 60 || { RESULT[$r]=FAIL; d+="no step after --leave-running; "; break; }
+				continue
+			fi
+			cli "$r" checkpoint "$pid" -D "$img"
+			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint failed: $(grep -v '^ ' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
+			ck=$CLI_S
+			size=$(du -sm "$img" | cut -f1)
+			for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+			n=$(steps "$log")
+			tr0=$(now)
+			cli "$r" restore -D "$img"
+			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="restore failed: $(grep -v '^ ' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
+			rs=$CLI_S
+			wait_steps "$log" $((n + 1)) 60 && nx=$(span "$tr0" "$(now)") || nx=never
+			d+="checkpoint $ck (${size} MB), restore $rs, next step after $nx; "
+		done
+		DETAIL[$r]=$d
+		;;
+	fail)
+		n=$(steps "$log")
+		cli "$r" checkpoint "$pid" -D "$IMG/$r"
+		t1=$(now)
+		if [ $CLI_RC = 0 ]; then
+			RESULT[$r]=FAIL
+			DETAIL[$r]="the checkpoint succeeded, but should have failed"
+		else
+			wait_steps "$log" $((n + 1)) 5 && back=$(span "$t1" "$(now)") || back="not within 5 s"
+			why=$(grep -v '^ ' "$LOGS/$r.cli" | grep -i 'error\|fail\|cannot\|can.t' | head -2 | tr '\n' ' ')
+			DETAIL[$r]="checkpoint failed as expected ($CLI_S): ${why:0:200}; running again $back after the CLI exited"
+			case $back in not*) RESULT[$r]=FAIL ;; esac
+		fi
+		;;
+	refuse) DETAIL[$r]="" ;;
+	esac
+done
+# 4. every program to its end, then the comparison.
+for r in $ROWS; do
+	log=$LOGS/$r.gpucr
+	for _ in $(seq 3000); do ended "$log" && break; sleep 0.1; done
+	mode=$(field "$r" 2)
+	if [ "$mode" = refuse ]; then
+		if grep -q 'refused' "$log"; then
+			RESULT[$r]=refused
+			DETAIL[$r]="the program's own call is refused: $(grep -h 'gpucr:' "$log.err" | head -1 | cut -c1-160) / $(grep refused "$log" | cut -c1-160)"
+		else
+			RESULT[$r]=FAIL
+			DETAIL[$r]="not refused: $(tail -2 "$log" | tr '\n' ' ')"
+		fi
+		continue
+	fi
+	[ "${RESULT[$r]:-}" = FAIL ] && continue
+	det=yes
+	[ "$(lines "$LOGS/$r.plain1")" = "$(lines "$LOGS/$r.plain2")" ] || det=no
+	if ! ended "$log"; then
+		RESULT[$r]=FAIL
+		DETAIL[$r]+="did not finish: $(tail -c 300 "$log.err" | tr '\n' ' ')"
+	elif [ $det = no ]; then
+		RESULT[$r]=FAIL
+		DETAIL[$r]+="two plain runs differ (not deterministic)"
+	elif [ "$(lines "$log")" = "$(lines "$LOGS/$r.plain1")" ]; then
+		RESULT[$r]=pass
+	else
+		RESULT[$r]=FAIL
+		first=$(diff <(lines "$LOGS/$r.plain1") <(lines "$log") | head -3 | tr '\n' ' ')
+		DETAIL[$r]+="output differs from the uninterrupted run: $first"
+	fi
+	DETAIL[$r]+=" $(steps "$log") lines, plain runs identical: $det"
+done
+note ""
+note "| row | how | result | details |"
+note "|---|---|---|---|"
+for r in $ROWS; do
+	note "| $r | $(field "$r" 2)$( [ -n "$(field "$r" 3)" ] && echo " ($(field "$r" 3))") | ${RESULT[$r]:-?} | ${DETAIL[$r]:-} |"
+	[ "${RESULT[$r]:-?}" = FAIL ] && fail=1
+done
+grep -i '"level":"\(warn\|error\)"' "$LOGS/helper.log" | tail -20 >"$LOGS/helper-warnings.txt"
+if [ -n "${OUT:-}" ]; then
+	cp "$LOGS/summary.txt" "$OUT/matrix-summary.txt"
+	tar -czf "$OUT/matrix-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+fi
+exit $fail
