@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Processes from /proc: a process's children and its whole tree.
+
+// procChildren lists the children of pid: the union of
+// /proc/PID/task/TID/children over its threads (a child belongs to the
+// thread that forked it).
+func procChildren(pid int) ([]int, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	if err != nil {
+		return nil, err
+	}
+	if len(tasks) == 0 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return nil, fmt.Errorf("no process %d", pid)
+		}
+		return nil, fmt.Errorf("/proc/%d/task/*/children: not provided by this kernel (CONFIG_PROC_CHILDREN)", pid)
+	}
+	var out []int
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // the thread has exited
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil && !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// processTree is pid and all its descendants (children recursively), the
+// tree CRIU dumps for pid.
+func processTree(pid int) []int {
+	tree := []int{pid}
+	for i := 0; i < len(tree); i++ {
+		kids, err := procChildren(tree[i])
+		if err != nil {
+			continue // exited meanwhile
+		}
+		for _, k := range kids {
+			if !slices.Contains(tree, k) {
+				tree = append(tree, k)
+			}
+		}
+	}
+	return tree
+}
+
+// processExists says whether pid is a process (a zombie is not).
+func processExists(pid int) bool {
+	st := procStateLetter(pid)
+	return st != "" && st != "Z" && st != "X"
+}
+
+// procStateLetter is pid's state from /proc/PID/stat ("" if there is no pid).
+func procStateLetter(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+2 >= len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}
+
+// procArgv is pid's command line.
+func procArgv(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
