@@ -41,7 +41,8 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	}
 	code := ExitFailure
 	var ue usageError
-	if errors.As(err, &ue) {
+	var ec ucli.ExitCoder // urfave's own: `gpucr help NOSUCH`
+	if errors.As(err, &ue) || errors.As(err, &ec) {
 		code = ExitUsage
 	}
 	if wantsJSON(args) {
@@ -100,6 +101,16 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			&ucli.BoolFlag{Name: "debug", Usage: "log debug messages to stderr"},
 		},
 		OnUsageError: onUsageError,
+		// Errors come back to Run, which chooses the exit code (urfave's
+		// default handler calls os.Exit for some).
+		ExitErrHandler: func(*ucli.Context, error) {},
+		// Reached only when no command matches.
+		Action: func(c *ucli.Context) error {
+			if c.Args().Present() {
+				return usageError{fmt.Errorf("unknown command %q (`gpucr help` lists them)", c.Args().First())}
+			}
+			return ucli.ShowAppHelp(c)
+		},
 		Commands: []*ucli.Command{
 			versionCommand(),
 			checkCommand(),
