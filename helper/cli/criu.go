@@ -13,6 +13,7 @@ import (
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	ucli "github.com/urfave/cli/v2"
+	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
@@ -145,6 +146,10 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 		return cr.Restore(opts, n)
 	})
 	n.gpu = watch.stop()
+	zlog := logger(c)
+	zlog.Debug("criu ran", zap.String("criu", criuPath()), zap.Int("swrk_pid", out.swrk), zap.String("plugin_dir", job.pluginDir),
+		zap.String("config", sess.config), zap.Bool("timed_out", out.timedOut), zap.Error(out.err))
+	_ = zlog.Sync()
 	if _, line := gpuSummary(n.gpu); line != "" && n.w != nil {
 		fmt.Fprintf(n.w, "  %s\n", line)
 	}

@@ -78,12 +78,3 @@ func procStateLetter(pid int) string {
 	}
 	return s[i+2 : i+3]
 }
-
-// procArgv is pid's command line.
-func procArgv(pid int) []string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return nil
-	}
-	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-}
