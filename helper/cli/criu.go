@@ -219,7 +219,7 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir string) error {
 		return err
 	}
 	if plugin.Dir == "" && len(tc.Clients) > 0 {
-		return fmt.Errorf("checkpoint %d refused: %s of its tree use the GPU through the helper, and %s",
+		return fmt.Errorf("checkpoint %d refused: its tree holds GPU processes of the helper (%s), and %s",
 			pid, pidList(tc.Clients), plugin.notFound())
 	}
 	if free, err := freeBytes(dir); err == nil && tc.Bytes > free {
