@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -200,5 +201,25 @@ func TestCheckImagesDir(t *testing.T) {
 	}
 	if got := unescapeMount(`/mnt/a\040b`); got != "/mnt/a b" {
 		t.Errorf("unescapeMount = %q", got)
+	}
+}
+
+// After a killed dump, each GPU process is told as the helper sees it.
+func TestWaitGPUBack(t *testing.T) {
+	sock := startHelperWith(t, nil, "")
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	got := waitGPUBack(sock, []int{os.Getpid(), gone.Process.Pid}, 200*time.Millisecond)
+	if len(got) != 2 || got[0].Running || got[0].State != "not a client of the helper" || got[1].State != "gone" {
+		t.Fatalf("waitGPUBack = %+v", got)
+	}
+	if s := got[0].describe(); !strings.Contains(s, "has not got its GPU back") {
+		t.Errorf("describe: %q", s)
+	}
+	got = waitGPUBack(filepath.Join(t.TempDir(), "none.sock"), []int{os.Getpid()}, 0)
+	if len(got) != 1 || got[0].Running || !strings.Contains(got[0].State, "does not answer") {
+		t.Fatalf("waitGPUBack without a helper = %+v", got)
 	}
 }

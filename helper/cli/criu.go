@@ -49,7 +49,8 @@ type notifier struct {
 	pid   int32
 	gpu   *helperpb.Transfer // the helper's copy of the GPU data, if it saw one
 	// plugin is what the plugin said in a run that succeeded.
-	plugin []string
+	plugin   []string
+	noPlugin bool // CRIU runs without gpucr's plugin
 }
 
 func (n *notifier) say(what string) {
@@ -58,12 +59,20 @@ func (n *notifier) say(what string) {
 	}
 }
 func (n *notifier) PreDump() error {
-	n.say("dumping (the plugin saves the GPU state through the helper)")
+	if n.noPlugin {
+		n.say("dumping (without gpucr's plugin)")
+	} else {
+		n.say("dumping (the plugin saves the GPU state through the helper)")
+	}
 	return nil
 }
 func (n *notifier) PostDump() error { n.say("dumped"); return nil }
 func (n *notifier) PreRestore() error {
-	n.say("restoring (the helper loads the GPU memory meanwhile)")
+	if n.noPlugin {
+		n.say("restoring (without gpucr's plugin)")
+	} else {
+		n.say("restoring (the helper loads the GPU memory meanwhile)")
+	}
 	return nil
 }
 func (n *notifier) PostRestore(pid int32) error {
@@ -117,7 +126,7 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 		opts.ConfigFile = proto.String(sess.config)
 	}
 	job.fill(opts)
-	n := &notifier{start: time.Now()}
+	n := &notifier{start: time.Now(), noPlugin: job.pluginDir == ""}
 	if !c.Bool("json") {
 		n.w = c.App.Writer
 	}

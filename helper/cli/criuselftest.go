@@ -258,17 +258,7 @@ func sessionMembers(sid int) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		// after ")": state ppid pgrp session
-		if f := strings.Fields(s[i+1:]); len(f) > 3 && f[3] == strconv.Itoa(sid) {
+		if f := procStatFields(pid); len(f) > 3 && f[3] == strconv.Itoa(sid) { // state ppid pgrp session
 			out = append(out, pid)
 		}
 	}

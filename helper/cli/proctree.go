@@ -13,17 +13,18 @@ import (
 
 // procChildren lists the children of pid: the union of
 // /proc/PID/task/TID/children over its threads (a child belongs to the
-// thread that forked it).
+// thread that forked it); on a kernel without those files
+// (CONFIG_PROC_CHILDREN), the processes whose parent is pid.
 func procChildren(pid int) ([]int, error) {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
 	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	if err != nil {
 		return nil, err
 	}
 	if len(tasks) == 0 {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-			return nil, fmt.Errorf("no process %d", pid)
-		}
-		return nil, fmt.Errorf("/proc/%d/task/*/children: not provided by this kernel (CONFIG_PROC_CHILDREN)", pid)
+		return childrenByParent(pid)
 	}
 	var out []int
 	for _, p := range tasks {
@@ -39,6 +40,41 @@ func procChildren(pid int) ([]int, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// childrenByParent scans /proc for the processes whose parent is pid.
+func childrenByParent(pid int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := procStatFields(p); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// procStatFields are the fields of /proc/PID/stat after the command name:
+// state, ppid, pgrp, session... (nil if there is no pid).
+func procStatFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(s[i+1:])
 }
 
 // processTree is pid and all its descendants (children recursively), the
@@ -67,14 +103,8 @@ func processExists(pid int) bool {
 
 // procStateLetter is pid's state from /proc/PID/stat ("" if there is no pid).
 func procStateLetter(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
+	if f := procStatFields(pid); len(f) > 0 {
+		return f[0]
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 || i+2 >= len(s) {
-		return ""
-	}
-	return s[i+2 : i+3]
+	return ""
 }

@@ -28,6 +28,9 @@ func TestProcessTree(t *testing.T) {
 	if err != nil || !slices.Equal(kids, tree[1:]) {
 		t.Fatalf("children %v (%v), tree %v", kids, err, tree)
 	}
+	if byParent, err := childrenByParent(cmd.Process.Pid); err != nil || !slices.Equal(byParent, kids) {
+		t.Fatalf("children by parent %v (%v), want %v", byParent, err, kids)
+	}
 	if _, err := procChildren(4194304); err == nil {
 		t.Error("children of a missing pid")
 	}
