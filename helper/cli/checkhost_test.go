@@ -68,6 +68,17 @@ func TestCheckOldCRIU(t *testing.T) {
 	if it := item(t, r, "criu self-test"); it.Status != checkFail || !strings.Contains(it.Reason, "not run") {
 		t.Errorf("self-test item: %+v", it)
 	}
+	// No helper at that socket either: said in the items, and in text the
+	// error names what failed.
+	if it := item(t, r, "helper"); it.Status != checkFail || !strings.Contains(it.Reason, "none.sock") {
+		t.Errorf("helper item: %+v", it)
+	}
+	code, out, errOut := runCLI(t, "check", "--socket", filepath.Join(t.TempDir(), "none.sock"))
+	if code != ExitFailure || !strings.Contains(out, "too old") ||
+		!strings.Contains(errOut, "this host cannot checkpoint GPU processes: criu, criu self-test, ") ||
+		!strings.Contains(errOut, "helper, driver failed") {
+		t.Errorf("check in text: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
 }
 
 // A CRIU that hangs is given up on at the time limit: in --version, and in

@@ -94,6 +94,10 @@ type criuJob struct {
 // criuRun runs a CRIU job under the --criu-timeout deadline. Its failure is
 // a *criuFailure: what CRIU's log and the plugin said.
 func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
+	deadline := c.Duration("criu-timeout")
+	if deadline <= 0 {
+		return nil, usageError{fmt.Errorf("--criu-timeout %v: must be positive", deadline)}
+	}
 	d, err := os.Open(job.dir)
 	if err != nil {
 		return nil, fmt.Errorf("image directory: %w", err)
@@ -107,10 +111,6 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	log := "restore.log"
 	if job.dump {
 		log = "dump.log"
-	}
-	deadline := c.Duration("criu-timeout")
-	if deadline <= 0 {
-		return nil, usageError{fmt.Errorf("--criu-timeout %v: must be positive", deadline)}
 	}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd: proto.Int32(int32(d.Fd())),
