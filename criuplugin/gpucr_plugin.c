@@ -20,9 +20,10 @@
  *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid} (waits for the
  *                            load); failure kills pid (kill_restored)
  *
- * Messages go to stderr, prefixed "gpucr_plugin: "; GPUCR_LOG=debug adds
- * debug lines. Replies are waited for without a timeout (a checkpoint of a
- * large GPU process takes seconds); a helper that goes away is an error.
+ * Messages go to stderr, prefixed "gpucr_plugin: ", and are appended to the
+ * file $GPUCR_PLUGIN_LOG names, if set; GPUCR_LOG=debug adds debug lines.
+ * Replies are waited for without a timeout (a checkpoint of a large GPU
+ * process takes seconds); a helper that goes away is an error.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -72,14 +73,43 @@ static bool debug_on(void) {
     return l && strcmp(l, "debug") == 0;
 }
 
+/*
+ * Appends one message line to the file $GPUCR_PLUGIN_LOG names, if set: CRIU
+ * run through its RPC (go-criu, as `gpucr checkpoint` does) discards its
+ * stderr, so this is how the caller gets the plugin's messages. The file is
+ * opened for each line (the dump-done monitor writes after CRIU has exited),
+ * never through a symlink (O_NOFOLLOW), without waiting on a FIFO (O_NONBLOCK),
+ * and only a regular file is written to; one write() per line, so lines of
+ * several processes do not mix. Failures are ignored: stderr has the message.
+ */
+static void plugin_log_append(const char *line, size_t len) {
+    const char *path = getenv("GPUCR_PLUGIN_LOG");
+    if (!path || !*path)
+        return;
+    int saved = errno;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0600);
+    if (fd >= 0) {
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+            ssize_t n = write(fd, line, len);
+            (void)n;
+        }
+        close(fd);
+    }
+    errno = saved;
+}
+
 static void __attribute__((format(printf, 1, 2))) perr(const char *fmt, ...) {
-    char line[1024];
+    char msg[1024], line[sizeof msg + sizeof PFX + 1];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, PFX "%s\n", line);
+    int n = snprintf(line, sizeof line, PFX "%s\n", msg);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    fputs(line, stderr);
     fflush(stderr);
+    plugin_log_append(line, len);
 }
 
 #define pdebug(...)                   \

@@ -126,7 +126,10 @@ func lookPath(name, path string) (string, error) {
 
 // criu runs CRIU with the plugin directory and GPUCR_SOCKET; output goes to
 // a file (never a pipe a lingering process could hold).
-func (e *env) run(args ...string) (string, error) {
+func (e *env) run(args ...string) (string, error) { return e.runEnv(nil, args...) }
+
+// runEnv is run with extra environment variables.
+func (e *env) runEnv(extra []string, args ...string) (string, error) {
 	out, err := os.CreateTemp(e.dir, "criu-*.out")
 	if err != nil {
 		e.t.Fatal(err)
@@ -135,7 +138,7 @@ func (e *env) run(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, e.criu, append(args, "--libdir", e.libdir)...)
-	cmd.Env = append(os.Environ(), "GPUCR_SOCKET="+e.socket, "PATH=/usr/local/sbin:"+os.Getenv("PATH"))
+	cmd.Env = append(append(os.Environ(), "GPUCR_SOCKET="+e.socket, "PATH=/usr/local/sbin:"+os.Getenv("PATH")), extra...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, out, out
 	err = cmd.Run()
 	b, _ := os.ReadFile(out.Name())
@@ -435,5 +438,80 @@ func TestRestoreWithoutHelperRefused(t *testing.T) {
 	}
 	if alive(p.pid) {
 		t.Errorf("pid %d exists after a refused restore", p.pid)
+	}
+}
+
+// TestPluginLogFile: with GPUCR_PLUGIN_LOG set, the plugin appends each of
+// its messages to that file as well as to stderr; it never writes through a
+// symlink there, and a FIFO there neither blocks it nor gets written to.
+func TestPluginLogFile(t *testing.T) {
+	e := newEnv(t)
+	h := startFake(t, e.socket)
+	h.mu.Lock()
+	h.ckptErr = helperpb.ErrorCode_ERROR_DRIVER
+	h.mu.Unlock()
+	p := startSleep(t)
+	dump := func(logPath, img string) string {
+		t.Helper()
+		out, err := e.runEnv([]string{"GPUCR_PLUGIN_LOG=" + logPath},
+			"dump", "-t", strconv.Itoa(p.pid), "-D", e.imgDir(img), "--shell-job", "-o", "dump.log")
+		if err == nil {
+			t.Fatalf("criu dump succeeded though the checkpoint failed\n%s", out)
+		}
+		if !strings.Contains(out, "gpucr_plugin: checkpoint of the GPU state of pid") {
+			t.Errorf("the plugin's message is no longer on stderr:\n%s", out)
+		}
+		return out
+	}
+
+	// A file that already holds a line: the plugin's lines are appended.
+	logPath := filepath.Join(e.dir, "plugin.log")
+	if err := os.WriteFile(logPath, []byte("earlier line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dump(logPath, "img1")
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if lines[0] != "earlier line" || len(lines) < 2 {
+		t.Fatalf("plugin log does not keep the earlier line and append:\n%s", b)
+	}
+	found := false
+	for _, l := range lines[1:] {
+		if !strings.HasPrefix(l, "gpucr_plugin: ") {
+			t.Errorf("plugin log line without the prefix: %q", l)
+		}
+		if strings.Contains(l, "fake helper says no") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("the helper's refusal is not in the plugin log:\n%s", b)
+	}
+
+	// A symlink: not followed, its target unchanged.
+	target := filepath.Join(e.dir, "target")
+	if err := os.WriteFile(target, []byte("keep\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(e.dir, "link.log")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	dump(link, "img2")
+	if b, _ := os.ReadFile(target); string(b) != "keep\n" {
+		t.Errorf("the plugin wrote through a symlink: target now %q", b)
+	}
+
+	// A FIFO nobody reads: the dump ends (it would block in open otherwise).
+	fifo := filepath.Join(e.dir, "fifo.log")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dump(fifo, "img3")
+	if !alive(p.pid) {
+		t.Fatalf("pid %d died in a failed dump", p.pid)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 
 	ucli "github.com/urfave/cli/v2"
 	"go.uber.org/zap"
@@ -24,18 +25,66 @@ const (
 // usageError marks errors that come from a bad command line.
 type usageError struct{ error }
 
-// Run runs the gpucr command line and returns the process exit code.
+// jsonDone marks the failure of a command that has already written its
+// --json document, which tells the failure (image verify's problems): no
+// second JSON object follows it.
+type jsonDone struct{ error }
+
+// Run runs the gpucr command line and returns the process exit code. A
+// failure is one line on stderr (a CRIU failure: what CRIU and the plugin
+// said, indented below it), or with --json one JSON object on stdout.
 func Run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	if err := app.Run(args); err != nil {
-		fmt.Fprintf(stderr, "gpucr: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			return ExitUsage
-		}
-		return ExitFailure
+	err := app.Run(args)
+	if err == nil {
+		return ExitOK
 	}
-	return ExitOK
+	code := ExitFailure
+	var ue usageError
+	var ec ucli.ExitCoder // urfave's own: `gpucr help NOSUCH`
+	if errors.As(err, &ue) || errors.As(err, &ec) {
+		code = ExitUsage
+	}
+	if wantsJSON(args) {
+		var done jsonDone
+		if errors.As(err, &done) {
+			return code
+		}
+		if jerr := writeJSON(stdout, errorJSON(err, code)); jerr == nil {
+			return code
+		}
+	}
+	fmt.Fprintf(stderr, "gpucr: %v\n", err)
+	return code
+}
+
+// wantsJSON says whether the command line asks for --json (flags may stand
+// after the arguments; everything after "--" belongs to another program).
+func wantsJSON(args []string) bool {
+	for _, a := range args[min(1, len(args)):] {
+		switch a {
+		case "--":
+			return false
+		case "--json", "-json", "--json=true", "-json=true":
+			return true
+		}
+	}
+	return false
+}
+
+// errorJSON is a failure for --json: {"error": ..., "exit_code": ...}, and
+// for a CRIU failure what CRIU and the plugin said.
+func errorJSON(err error, code int) map[string]any {
+	m := map[string]any{}
+	var f *criuFailure
+	if errors.As(err, &f) {
+		maps.Copy(m, f.jsonFields())
+		m["error"] = f.Summary
+	} else {
+		m["error"] = err.Error()
+	}
+	m["exit_code"] = code
+	return m
 }
 
 func newApp(stdout, stderr io.Writer) *ucli.App {
@@ -43,16 +92,25 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 		return usageError{err}
 	}
 	app := &ucli.App{
-		Name:            "gpucr",
-		Usage:           "checkpoint and restore processes that use NVIDIA GPUs",
-		Version:         Version,
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		HideHelpCommand: true,
+		Name:      "gpucr",
+		Usage:     "checkpoint and restore processes that use NVIDIA GPUs",
+		Version:   Version,
+		Writer:    stdout,
+		ErrWriter: stderr,
 		Flags: []ucli.Flag{
 			&ucli.BoolFlag{Name: "debug", Usage: "log debug messages to stderr"},
 		},
 		OnUsageError: onUsageError,
+		// Errors come back to Run, which chooses the exit code (urfave's
+		// default handler calls os.Exit for some).
+		ExitErrHandler: func(*ucli.Context, error) {},
+		// Reached only when no command matches.
+		Action: func(c *ucli.Context) error {
+			if c.Args().Present() {
+				return usageError{fmt.Errorf("unknown command %q (`gpucr help` lists them)", c.Args().First())}
+			}
+			return ucli.ShowAppHelp(c)
+		},
 		Commands: []*ucli.Command{
 			versionCommand(),
 			checkCommand(),

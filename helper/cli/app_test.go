@@ -3,12 +3,9 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"go.uber.org/zap"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -37,40 +34,96 @@ func TestUsageErrorExitCode(t *testing.T) {
 	}
 }
 
-// With no criu on PATH and no driver, check must fail and say what is missing.
-func TestCheckReportsWhatIsMissing(t *testing.T) {
-	t.Setenv("PATH", t.TempDir())
-	t.Setenv("LD_LIBRARY_PATH", t.TempDir())
-	r := runCheck(zap.NewNop())
-	if r.OK || r.CRIUError == "" {
-		t.Fatalf("check passed without criu: %+v", r)
+// help works as a command, for a command, and as a flag, and exits 0.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"--help"}, {"help", "checkpoint"}, {"checkpoint", "--help"},
+		{"checkpoint", "42", "--help"}, {"restore", "--help"}, {"check", "--help"}, {"help", "image"}, {}} {
+		code, out, errOut := runCLI(t, args...)
+		if code != ExitOK || !strings.Contains(out, "USAGE:") {
+			t.Errorf("gpucr %v: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
 	}
-	if !strings.Contains(r.CRIUError, "install-criu.sh") {
-		t.Errorf("criu error does not say how to fix it: %q", r.CRIUError)
+	if _, out, _ := runCLI(t, "help", "checkpoint"); !strings.Contains(out, "--criu-timeout") || !strings.Contains(out, "--plugin-dir") {
+		t.Errorf("help checkpoint does not list its flags: %q", out)
+	}
+	for _, args := range [][]string{{"help", "nosuch"}, {"nosuch"}} {
+		if code, _, errOut := runCLI(t, args...); code != ExitUsage {
+			t.Errorf("gpucr %v: exit %d (%q), want %d", args, code, errOut, ExitUsage)
+		}
 	}
 }
 
-func TestFindDriverRecognisesSimulation(t *testing.T) {
+// With --json a failure is one JSON object on stdout, nothing on stderr, and
+// the exit code stays.
+func TestJSONErrors(t *testing.T) {
 	dir := t.TempDir()
-	lib := filepath.Join(dir, "libcuda.so.1")
-	if err := os.WriteFile(lib, []byte("\x7fELF...gpucr simulated GPU..."), 0o644); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"checkpoint", "x12", "-D", dir, "--json"}, ExitUsage, "is not a pid"},
+		{[]string{"checkpoint", "--json", "-D", dir}, ExitUsage, "usage"},
+		{[]string{"restore", "-D", filepath.Join(dir, "none"), "--json"}, ExitFailure, "does not exist"},
+		{[]string{"status", "--socket", filepath.Join(dir, "none.sock"), "--json"}, ExitFailure, "no helper answers"},
+		{[]string{"nosuch", "--json"}, ExitUsage, "unknown command"},
+	} {
+		code, out, errOut := runCLI(t, tc.args...)
+		var m map[string]any
+		dec := json.NewDecoder(strings.NewReader(out))
+		if err := dec.Decode(&m); err != nil || dec.More() {
+			t.Errorf("gpucr %v: stdout is not one JSON object (%v): %q", tc.args, err, out)
+			continue
+		}
+		if code != tc.code || m["exit_code"] != float64(tc.code) || errOut != "" {
+			t.Errorf("gpucr %v: exit %d, exit_code %v, stderr %q; want %d and nothing on stderr", tc.args, code, m["exit_code"], errOut, tc.code)
+		}
+		if e, _ := m["error"].(string); !strings.Contains(e, tc.want) {
+			t.Errorf("gpucr %v: error %q does not say %q", tc.args, e, tc.want)
+		}
 	}
-	t.Setenv("LD_LIBRARY_PATH", dir)
-	p, sim, err := findDriver()
-	if err != nil || p != lib || !sim {
-		t.Fatalf("findDriver = %q, %v, %v; want %q, true", p, sim, err, lib)
-	}
-	if err := os.WriteFile(lib, []byte("\x7fELF...NVIDIA..."), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, sim, _ := findDriver(); sim {
-		t.Fatal("a library without the marker was taken for the simulated driver")
+	// A pid that does not exist (a free one: the largest possible).
+	code, out, _ := runCLI(t, "checkpoint", "4194304", "-D", dir, "--json")
+	if code != ExitFailure || !strings.Contains(out, `"error": "no process 4194304"`) {
+		t.Errorf("checkpoint of a missing pid: exit %d, %q", code, out)
 	}
 }
 
-func TestFormatCRIUVersion(t *testing.T) {
-	if got := formatCRIUVersion(40101); got != "4.1.1" {
-		t.Fatalf("formatCRIUVersion(40101) = %q", got)
+func TestWantsJSON(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"gpucr", "status", "--json"}, true},
+		{[]string{"gpucr", "client", "1", "stats", "-json"}, true},
+		{[]string{"gpucr", "status"}, false},
+		{[]string{"gpucr", "run", "--", "prog", "--json"}, false},
+		{[]string{"gpucr", "status", "--json=false"}, false},
+	} {
+		if got := wantsJSON(tc.args); got != tc.want {
+			t.Errorf("wantsJSON(%q) = %v", tc.args, got)
+		}
+	}
+}
+
+// A CRIU failure's JSON carries what CRIU and the plugin said.
+func TestCRIUFailureJSON(t *testing.T) {
+	f := &criuFailure{Summary: "criu dump of pid 7 failed; see /d/dump.log", CRIU: []string{"unix: External socket is used."},
+		Plugin: []string{"gpucr_plugin: no"}, Hints: []string{"h"}, Log: "/d/dump.log"}
+	m := errorJSON(f, ExitFailure)
+	if m["error"] != f.Summary || m["log"] != "/d/dump.log" || m["timed_out"] != false || m["exit_code"] != ExitFailure {
+		t.Errorf("errorJSON: %v", m)
+	}
+	if c, _ := m["criu_errors"].([]string); len(c) != 1 || c[0] != f.CRIU[0] {
+		t.Errorf("criu_errors: %v", m["criu_errors"])
+	}
+	if _, ok := m["go_criu_error"]; ok {
+		t.Errorf("go-criu's error shown although the log says why: %v", m)
+	}
+	text := f.Error()
+	for _, want := range []string{f.Summary, "\n  gpucr_plugin: no", "\n  criu: unix: External socket is used.", "\n  hint: h"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text %q lacks %q", text, want)
+		}
 	}
 }

@@ -1,165 +1,134 @@
 package cli
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
+	"text/tabwriter"
 	"time"
 
-	criu "github.com/checkpoint-restore/go-criu/v7"
 	ucli "github.com/urfave/cli/v2"
-	"go.uber.org/zap"
 
 	"github.com/gpucr/gpucr/helper/client"
-	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// checkReport says whether this host can checkpoint and restore GPU processes.
-type checkReport struct {
-	CRIUVersion int    `json:"criu_version,omitempty"`
-	CRIUError   string `json:"criu_error,omitempty"`
-	Driver      string `json:"driver,omitempty"`
-	DriverError string `json:"driver_error,omitempty"`
-	Simulated   bool   `json:"simulated_driver"`
-	// The helper is reported, not required: check is about the host.
-	HelperSocket  string `json:"helper_socket"`
-	HelperVersion string `json:"helper_version,omitempty"`
-	HelperError   string `json:"helper_error,omitempty"`
-	HelperNoGPU   string `json:"helper_unavailable,omitempty"`
-	OK            bool   `json:"ok"`
+// `gpucr check`, in the spirit of `criu check`: whether this host can
+// checkpoint and restore GPU processes with gpucr, item by item.
+
+// Check item states.
+const (
+	checkOK   = "ok"
+	checkWarn = "warn" // works, with a drawback worth knowing
+	checkFail = "fail" // gpucr cannot work so
+)
+
+// checkItem is one thing `gpucr check` looked at.
+type checkItem struct {
+	Name   string         `json:"name"`
+	Status string         `json:"status"`
+	Reason string         `json:"reason"`
+	Info   map[string]any `json:"info,omitempty"` // machine-readable details
 }
 
-// minCRIUVersion is CRIU 4.0: the first with the device plugin hooks gpucr uses.
-const minCRIUVersion = 40000
+// checkReport is `gpucr check --json`.
+type checkReport struct {
+	OK    bool        `json:"ok"`
+	Items []checkItem `json:"items"`
+}
+
+func (r *checkReport) add(name, status, reason string, info map[string]any) {
+	r.Items = append(r.Items, checkItem{Name: name, Status: status, Reason: reason, Info: info})
+}
+
+// defaultCheckTimeout bounds each CRIU step of the check (a CRIU that hangs
+// in every dump exists: Debian 13's 4.1.1 on Linux 6.18).
+const defaultCheckTimeout = 30 * time.Second
 
 func checkCommand() *ucli.Command {
 	return &ucli.Command{
-		Name:  "check",
-		Usage: "check that CRIU and a CUDA driver are usable here",
-		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}, socketFlag()},
+		Name: "check",
+		Usage: "check that this host can checkpoint GPU processes: kernel, CRIU (a real dump and restore with gpucr's plugin), " +
+			"the interposer, the helper and its driver, the image directory",
+		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}, socketFlag(), pluginDirFlag(),
+			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "also check this image directory's file system"},
+			&ucli.DurationFlag{Name: "timeout", Value: defaultCheckTimeout, Usage: "limit for each CRIU step"}},
 		Action: func(c *ucli.Context) error {
-			log := logger(c)
-			defer func() { _ = log.Sync() }()
-			r := runCheck(log)
-			checkHelper(&r, client.SocketPath(c.String("socket")))
+			pos, err := flagsAnywhere(c)
+			if err != nil {
+				return helpOK(err)
+			}
+			if len(pos) > 0 {
+				return usageError{fmt.Errorf("check: unexpected arguments %q", pos)}
+			}
+			if c.Duration("timeout") <= 0 {
+				return usageError{fmt.Errorf("check: --timeout must be positive")}
+			}
+			dir := c.String("images-dir")
+			if dir != "" {
+				if dir, err = filepath.Abs(dir); err != nil {
+					return err
+				}
+			}
+			r := runCheck(checkOptions{socket: client.SocketPath(c.String("socket")), pluginDir: c.String("plugin-dir"),
+				imagesDir: dir, timeout: c.Duration("timeout"), criu: criuPath()})
 			if c.Bool("json") {
 				if err := writeJSON(c.App.Writer, r); err != nil {
 					return err
 				}
-			} else {
-				printCheck(c, r)
+				if !r.OK {
+					return jsonDone{fmt.Errorf("this host cannot checkpoint GPU processes")}
+				}
+				return nil
 			}
+			printCheck(c, r)
 			if !r.OK {
-				return fmt.Errorf("this host cannot checkpoint GPU processes (see above)")
+				var failed []string
+				for _, it := range r.Items {
+					if it.Status == checkFail {
+						failed = append(failed, it.Name)
+					}
+				}
+				return fmt.Errorf("this host cannot checkpoint GPU processes: %s failed (see above)", strings.Join(failed, ", "))
 			}
 			return nil
 		},
 	}
 }
 
-func runCheck(log *zap.Logger) checkReport {
+// checkOptions is what a check looks at.
+type checkOptions struct {
+	socket    string
+	pluginDir string // --plugin-dir
+	imagesDir string // "" for none
+	timeout   time.Duration
+	criu      string
+}
+
+// runCheck checks every item.
+func runCheck(o checkOptions) checkReport {
 	var r checkReport
-	v, err := criu.MakeCriu().GetCriuVersion()
-	switch {
-	case err != nil:
-		r.CRIUError = fmt.Sprintf("cannot run criu: %v (scripts/install-criu.sh installs CRIU 4.x)", err)
-	case v < minCRIUVersion:
-		r.CRIUVersion = v
-		r.CRIUError = fmt.Sprintf("criu %s is too old: gpucr needs 4.0 or newer (scripts/install-criu.sh)", formatCRIUVersion(v))
-	default:
-		r.CRIUVersion = v
+	checkKernel(&r)
+	criuOK := checkCRIUVersion(&r, o.criu, o.timeout)
+	plugin, perr := findPlugin(o.pluginDir)
+	checkCRIUWithPlugin(&r, o, criuOK, plugin, perr)
+	checkInterposer(&r)
+	st := checkHelper(&r, o.socket)
+	if o.imagesDir != "" {
+		checkImagesDir(&r, o.imagesDir, st)
 	}
-	log.Debug("criu", zap.Int("version", v), zap.Error(err))
-	r.Driver, r.Simulated, err = findDriver()
-	if err != nil {
-		r.DriverError = err.Error()
+	r.OK = true
+	for _, it := range r.Items {
+		if it.Status == checkFail {
+			r.OK = false
+		}
 	}
-	r.OK = r.CRIUError == "" && r.DriverError == ""
 	return r
 }
 
 func printCheck(c *ucli.Context, r checkReport) {
-	w := c.App.Writer
-	if r.CRIUError != "" {
-		fmt.Fprintf(w, "criu:   FAIL %s\n", r.CRIUError)
-	} else {
-		fmt.Fprintf(w, "criu:   ok %s\n", formatCRIUVersion(r.CRIUVersion))
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	for _, it := range r.Items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", it.Name, it.Status, it.Reason)
 	}
-	switch {
-	case r.DriverError != "":
-		fmt.Fprintf(w, "driver: FAIL %s\n", r.DriverError)
-	case r.Simulated:
-		fmt.Fprintf(w, "driver: ok %s (simulated driver: no GPU)\n", r.Driver)
-	default:
-		fmt.Fprintf(w, "driver: ok %s\n", r.Driver)
-	}
-	switch {
-	case r.HelperError != "":
-		fmt.Fprintf(w, "helper: none (%s)\n", r.HelperError)
-	case r.HelperNoGPU != "":
-		fmt.Fprintf(w, "helper: %s on %s answers, but has no GPU: %s\n", r.HelperVersion, r.HelperSocket, r.HelperNoGPU)
-	default:
-		fmt.Fprintf(w, "helper: ok %s on %s\n", r.HelperVersion, r.HelperSocket)
-	}
+	_ = tw.Flush()
 }
-
-// checkHelper says whether a helper answers Status on socket.
-func checkHelper(r *checkReport, socket string) {
-	r.HelperSocket = socket
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
-	if err != nil {
-		r.HelperError = err.Error()
-		return
-	}
-	defer conn.Close()
-	st, err := conn.Status(ctx)
-	if err != nil {
-		r.HelperError = err.Error()
-		return
-	}
-	r.HelperVersion = st.HelperVersion
-	r.HelperNoGPU = st.Unavailable
-}
-
-func formatCRIUVersion(v int) string {
-	return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
-}
-
-// findDriver locates the libcuda.so.1 a CUDA program started now would load:
-// LD_LIBRARY_PATH first, then the usual system locations. The simulated driver
-// is recognised by the marker symbol file next to it.
-func findDriver() (path string, simulated bool, err error) {
-	var dirs []string
-	if lp := os.Getenv("LD_LIBRARY_PATH"); lp != "" {
-		dirs = append(dirs, strings.Split(lp, ":")...)
-	}
-	dirs = append(dirs, "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64")
-	for _, d := range dirs {
-		if d == "" {
-			continue
-		}
-		p := filepath.Join(d, "libcuda.so.1")
-		if _, err := os.Stat(p); err == nil {
-			return p, isSimulatedDriver(p), nil
-		}
-	}
-	return "", false, fmt.Errorf("no libcuda.so.1 found (no NVIDIA driver installed; for the simulated driver set LD_LIBRARY_PATH=build/sim)")
-}
-
-// isSimulatedDriver reports whether the library at p is gpucr's simulated
-// driver, which embeds a recognisable marker string.
-func isSimulatedDriver(p string) bool {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return false
-	}
-	return strings.Contains(string(b), simDriverMarker)
-}
-
-// simDriverMarker is a string the simulated driver library contains
-// (tests/sim: the name it reports for its devices).
-const simDriverMarker = "gpucr simulated GPU"

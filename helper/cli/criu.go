@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -12,6 +13,7 @@ import (
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	ucli "github.com/urfave/cli/v2"
+	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
@@ -21,39 +23,22 @@ import (
 // The whole-process checkpoint and restore: CRIU through go-criu (swrk),
 // with gpucr's plugin, which moves the GPU state through the helper.
 
-// pluginDirFlag: where CRIU finds gpucr_plugin.so. By default CRIU's own
-// plugin directory (make install puts it there), unless a plugin next to
-// this binary (a build tree or a bundle) is found first.
-func pluginDirFlag() ucli.Flag {
-	return &ucli.StringFlag{Name: "plugin-dir", Usage: "directory with gpucr_plugin.so for CRIU (default: next to gpucr, else CRIU's own)"}
+// criuTimeoutFlag: the deadline of a CRIU run.
+func criuTimeoutFlag() ucli.Flag {
+	return &ucli.DurationFlag{Name: "criu-timeout", Value: defaultCRIUTimeout,
+		Usage: "how long CRIU may run; then it is killed (the processes of a dump run on)"}
 }
 
-func pluginDir(c *ucli.Context) string {
-	if d := c.String("plugin-dir"); d != "" {
-		return d
-	}
-	if exe, err := os.Executable(); err == nil {
-		for _, d := range []string{filepath.Join(filepath.Dir(exe), "..", "lib", "criu"), filepath.Join(filepath.Dir(exe), "..", "lib")} {
-			if _, err := os.Stat(filepath.Join(d, "gpucr_plugin.so")); err == nil {
-				return filepath.Clean(d)
-			}
-		}
-	}
-	return ""
-}
+// defaultCRIUTimeout is generous: CRIU copies the process memory, and the
+// plugin all GPU memory, within it.
+const defaultCRIUTimeout = 10 * time.Minute
 
-// criuConfig writes a CRIU configuration file naming the plugin directory
-// (the RPC has no option for it) and returns its path, "" if none is needed.
-func criuConfig(dir, libdir string) (string, error) {
-	if libdir == "" {
-		return "", nil
+// criuPath is the CRIU that runs: $GPUCR_CRIU, else criu on PATH.
+func criuPath() string {
+	if p := os.Getenv("GPUCR_CRIU"); p != "" {
+		return p
 	}
-	abs, err := filepath.Abs(libdir)
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(dir, ".gpucr-criu.conf")
-	return p, os.WriteFile(p, []byte("libdir "+abs+"\n"), 0o644)
+	return "criu"
 }
 
 // notifier prints CRIU's phases on a terminal (not with --json).
@@ -63,6 +48,9 @@ type notifier struct {
 	start time.Time
 	pid   int32
 	gpu   *helperpb.Transfer // the helper's copy of the GPU data, if it saw one
+	// plugin is what the plugin said in a run that succeeded.
+	plugin   []string
+	noPlugin bool // CRIU runs without gpucr's plugin
 }
 
 func (n *notifier) say(what string) {
@@ -71,12 +59,20 @@ func (n *notifier) say(what string) {
 	}
 }
 func (n *notifier) PreDump() error {
-	n.say("dumping (the plugin saves the GPU state through the helper)")
+	if n.noPlugin {
+		n.say("dumping (without gpucr's plugin)")
+	} else {
+		n.say("dumping (the plugin saves the GPU state through the helper)")
+	}
 	return nil
 }
 func (n *notifier) PostDump() error { n.say("dumped"); return nil }
 func (n *notifier) PreRestore() error {
-	n.say("restoring (the helper loads the GPU memory meanwhile)")
+	if n.noPlugin {
+		n.say("restoring (without gpucr's plugin)")
+	} else {
+		n.say("restoring (the helper loads the GPU memory meanwhile)")
+	}
 	return nil
 }
 func (n *notifier) PostRestore(pid int32) error {
@@ -85,25 +81,35 @@ func (n *notifier) PostRestore(pid int32) error {
 	return nil
 }
 
-// criuRun drives one CRIU dump or restore of the image directory dir.
-func criuRun(c *ucli.Context, dir string, dump bool, fill func(*rpc.CriuOpts)) (*notifier, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("image directory: %w", err)
+// criuJob is one CRIU dump or restore of the image directory dir.
+type criuJob struct {
+	dir       string
+	dump      bool
+	pluginDir string // "" to run CRIU without gpucr's plugin
+	what      string // "criu dump of pid 42", for messages
+	clients   []int  // the GPU processes of a dump's tree (given back after a timeout)
+	fill      func(*rpc.CriuOpts)
+}
+
+// criuRun runs a CRIU job under the --criu-timeout deadline. Its failure is
+// a *criuFailure: what CRIU's log and the plugin said.
+func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
+	deadline := c.Duration("criu-timeout")
+	if deadline <= 0 {
+		return nil, usageError{fmt.Errorf("--criu-timeout %v: must be positive", deadline)}
 	}
-	d, err := os.Open(dir)
+	d, err := os.Open(job.dir)
 	if err != nil {
 		return nil, fmt.Errorf("image directory: %w", err)
 	}
 	defer d.Close()
-	conf, err := criuConfig(dir, pluginDir(c))
+	sess, err := newCRIUSession(job.pluginDir)
 	if err != nil {
 		return nil, fmt.Errorf("CRIU configuration: %w", err)
 	}
-	if conf != "" {
-		defer os.Remove(conf)
-	}
+	defer sess.close()
 	log := "restore.log"
-	if dump {
+	if job.dump {
 		log = "dump.log"
 	}
 	opts := &rpc.CriuOpts{
@@ -111,46 +117,89 @@ func criuRun(c *ucli.Context, dir string, dump bool, fill func(*rpc.CriuOpts)) (
 		LogFile:     proto.String(log),
 		LogLevel:    proto.Int32(4),
 		ShellJob:    proto.Bool(c.Bool("shell-job")),
+		// CRIU's own limit on stopping the tree (alarm() around
+		// collect_pstree, 10 s by default), which is where the plugin's
+		// PAUSE_DEVICES copies all GPU memory: the deadline instead.
+		Timeout: proto.Uint32(uint32(math.Ceil(deadline.Seconds()))),
 	}
-	if conf != "" {
-		opts.ConfigFile = proto.String(conf)
+	if sess.config != "" {
+		opts.ConfigFile = proto.String(sess.config)
 	}
-	fill(opts)
-	n := &notifier{start: time.Now()}
+	job.fill(opts)
+	n := &notifier{start: time.Now(), noPlugin: job.pluginDir == ""}
 	if !c.Bool("json") {
 		n.w = c.App.Writer
 	}
-	// The plugin, inside CRIU, reaches the helper this command was told about.
+	// go-criu's criu swrk inherits this environment: the plugin, inside
+	// CRIU, reaches the helper this command was told about, and writes its
+	// messages where this command reads them.
 	socket := client.SocketPath(c.String("socket"))
-	if err := os.Setenv("GPUCR_SOCKET", socket); err != nil {
-		return nil, err
+	for k, v := range map[string]string{"GPUCR_SOCKET": socket, pluginLogEnv: sess.pluginLog} {
+		if err := os.Setenv(k, v); err != nil {
+			return nil, err
+		}
 	}
 	var bar io.Writer
 	if n.w != nil && isTerminal(n.w) {
 		bar = n.w
 	}
 	direction := helperpb.Transfer_DIRECTION_LOAD
-	if dump {
+	if job.dump {
 		direction = helperpb.Transfer_DIRECTION_DUMP
 	}
-	watch := watchGPU(socket, dir, direction, n.start, bar)
-	cr := criu.MakeCriu()
-	if p := os.Getenv("GPUCR_CRIU"); p != "" {
-		cr.SetCriuPath(p)
-	}
-	if dump {
-		err = cr.Dump(opts, n)
-	} else {
-		err = cr.Restore(opts, n)
-	}
+	watch := watchGPU(socket, job.dir, direction, n.start, bar)
+	out := runCRIU(criuPath(), deadline, !job.dump, func(cr *criu.Criu) error {
+		if job.dump {
+			return cr.Dump(opts, n)
+		}
+		return cr.Restore(opts, n)
+	})
 	n.gpu = watch.stop()
+	zlog := logger(c)
+	zlog.Debug("criu ran", zap.String("criu", criuPath()), zap.Int("swrk_pid", out.swrk), zap.String("plugin_dir", job.pluginDir),
+		zap.String("config", sess.config), zap.Bool("timed_out", out.timedOut), zap.Error(out.err))
+	_ = zlog.Sync()
 	if _, line := gpuSummary(n.gpu); line != "" && n.w != nil {
 		fmt.Fprintf(n.w, "  %s\n", line)
 	}
-	if err != nil {
-		return n, fmt.Errorf("criu %s: %w (see %s)", map[bool]string{true: "dump", false: "restore"}[dump], err, filepath.Join(dir, log))
+	if out.err == nil && !out.timedOut {
+		n.plugin = sess.pluginLines()
+		return n, nil
 	}
-	return n, nil
+	logPath := filepath.Join(job.dir, log)
+	f := &criuFailure{Log: logPath, TimedOut: out.timedOut, Err: out.err,
+		Summary: fmt.Sprintf("%s failed; see %s", job.what, logPath)}
+	if out.timedOut {
+		f.Summary = timeoutSummary(job.what, deadline, out, logPath)
+	}
+	f.CRIU, err = criuLogFile(logPath, maxCRIUErrors)
+	if err != nil {
+		f.CRIU = []string{fmt.Sprintf("(CRIU's log cannot be read: %v)", err)}
+	}
+	f.Plugin = sess.pluginLines()
+	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...))
+	if out.timedOut && len(job.clients) > 0 {
+		f.Processes = waitGPUBack(socket, job.clients, gpuBackWait)
+	}
+	return n, f
+}
+
+// timeoutSummary says that CRIU ran past its deadline and what was done.
+func timeoutSummary(what string, deadline time.Duration, out criuOutcome, logPath string) string {
+	s := fmt.Sprintf("%s did not finish within %v; ", what, deadline)
+	switch {
+	case out.swrk == 0:
+		s += "could not tell which process is CRIU to kill it"
+	default:
+		s += "killed it"
+	}
+	if len(out.killed) > 0 {
+		s += fmt.Sprintf(" and the processes it was restoring (%v)", out.killed)
+	}
+	if out.hung {
+		s += fmt.Sprintf("; go-criu did not return within %v after that", criuReturnGrace)
+	}
+	return s + "; see " + logPath
 }
 
 func dirBytes(dir string) int64 {
@@ -166,22 +215,89 @@ func dirBytes(dir string) int64 {
 
 // wholeCheckpoint is `gpucr checkpoint PID -D DIR` without --gpu-only.
 func wholeCheckpoint(c *ucli.Context, pid int64, dir string) error {
-	n, err := criuRun(c, dir, true, func(o *rpc.CriuOpts) {
-		o.Pid = proto.Int32(int32(pid))
-		o.LeaveRunning = proto.Bool(c.Bool("leave-running"))
-	})
+	if !processExists(int(pid)) {
+		return fmt.Errorf("no process %d", pid)
+	}
+	if err := checkpointDir(dir); err != nil {
+		return err
+	}
+	socket := client.SocketPath(c.String("socket"))
+	tc := gpuClientsOf(socket, int(pid))
+	plugin, err := findPlugin(c.String("plugin-dir"))
 	if err != nil {
 		return err
 	}
+	if plugin.Dir == "" && len(tc.Clients) > 0 {
+		return fmt.Errorf("checkpoint %d refused: its tree holds GPU processes of the helper (%s), and %s",
+			pid, pidList(tc.Clients), plugin.notFound())
+	}
+	if free, err := freeBytes(dir); err == nil && tc.Bytes > free {
+		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s has %s free; the GPU memory of the tree alone is %s\n",
+			dir, humanBytes(free), humanBytes(tc.Bytes))
+	}
+	manifest := filepath.Join(dir, "gpucr", "manifest.pb")
+	before, _ := os.Stat(manifest)
+	n, err := criuRun(c, criuJob{dir: dir, dump: true, pluginDir: plugin.Dir, clients: tc.Clients,
+		what: fmt.Sprintf("criu dump of pid %d", pid),
+		fill: func(o *rpc.CriuOpts) {
+			o.Pid = proto.Int32(int32(pid))
+			o.LeaveRunning = proto.Bool(c.Bool("leave-running"))
+		}})
+	if err != nil {
+		return err
+	}
+	after, _ := os.Stat(manifest)
+	gpuState := after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()))
+	secs := time.Since(n.start).Seconds()
 	gpu, _ := gpuSummary(n.gpu)
-	return report(c, map[string]any{"pid": pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds(),
-		"image_bytes": dirBytes(dir), "leave_running": c.Bool("leave-running"), "gpu": gpu},
-		fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, time.Since(n.start).Seconds(), humanBytes(uint64(dirBytes(dir))), dir))
+	v := map[string]any{"pid": pid, "images_dir": dir, "seconds": secs, "image_bytes": dirBytes(dir),
+		"leave_running": c.Bool("leave-running"), "gpu": gpu, "gpu_state": gpuState,
+		"gpu_processes": nonNilInts(tc.Clients), "plugin_dir": plugin.Dir, "plugin_messages": nonNil(n.plugin)}
+	line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, secs, humanBytes(uint64(dirBytes(dir))), dir)
+	if !gpuState {
+		why := noGPUStateReason(tc, plugin)
+		v["no_gpu_state"] = why
+		line += "\nno GPU state saved: " + why
+	}
+	return report(c, v, line, n.plugin)
 }
 
-func report(c *ucli.Context, v map[string]any, line string) error {
+// noGPUStateReason says why a successful dump wrote no GPU image.
+func noGPUStateReason(tc treeClients, plugin pluginSearch) string {
+	switch {
+	case tc.HelperErr != nil:
+		return tc.HelperErr.Error()
+	case len(tc.Clients) == 0:
+		return "no process of the tree is a gpucr client"
+	case plugin.Dir == "":
+		return plugin.notFound()
+	default:
+		return fmt.Sprintf("%s of the tree were gpucr clients, but no GPU image was written (see dump.log)", pidList(tc.Clients))
+	}
+}
+
+func pidList(pids []int) string {
+	if len(pids) == 1 {
+		return fmt.Sprintf("pid %d", pids[0])
+	}
+	return fmt.Sprintf("pids %v", pids)
+}
+
+func nonNilInts(s []int) []int {
+	if s == nil {
+		return []int{}
+	}
+	return s
+}
+
+// report prints a command's result: v with --json, else line; the plugin's
+// messages of a run that succeeded go to stderr as warnings.
+func report(c *ucli.Context, v map[string]any, line string, plugin []string) error {
 	if c.Bool("json") {
 		return json.NewEncoder(c.App.Writer).Encode(v)
+	}
+	for _, l := range plugin {
+		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s\n", l)
 	}
 	_, err := fmt.Fprintln(c.App.Writer, line)
 	return err
@@ -195,23 +311,42 @@ func restoreCommand() *ucli.Command {
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory"},
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
-			pluginDirFlag(), socketFlag(),
+			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
 		Action: func(c *ucli.Context) error {
-			if _, err := flagsAnywhere(c); err != nil {
+			pos, err := flagsAnywhere(c)
+			if err != nil {
 				return helpOK(err)
+			}
+			if len(pos) > 0 {
+				return usageError{fmt.Errorf("restore: unexpected arguments %q (usage: gpucr restore -D DIR)", pos)}
 			}
 			dir := c.String("images-dir")
 			if dir == "" {
 				return usageError{errors.New("restore: -D DIR is required")}
 			}
-			n, err := criuRun(c, dir, false, func(o *rpc.CriuOpts) { o.RstSibling = proto.Bool(true) })
+			if dir, err = filepath.Abs(dir); err != nil {
+				return err
+			}
+			if err := restoreDir(dir); err != nil {
+				return err
+			}
+			plugin, err := findPlugin(c.String("plugin-dir"))
+			if err != nil {
+				return err
+			}
+			if _, err := os.Stat(filepath.Join(dir, "gpucr")); err == nil && plugin.Dir == "" {
+				return fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, plugin.notFound())
+			}
+			n, err := criuRun(c, criuJob{dir: dir, pluginDir: plugin.Dir, what: "criu restore from " + dir,
+				fill: func(o *rpc.CriuOpts) { o.RstSibling = proto.Bool(true) }})
 			if err != nil {
 				return err
 			}
 			gpu, _ := gpuSummary(n.gpu)
-			return report(c, map[string]any{"pid": n.pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds(), "gpu": gpu},
-				fmt.Sprintf("restore: pid %d running again after %.3f s", n.pid, time.Since(n.start).Seconds()))
+			return report(c, map[string]any{"pid": n.pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds(), "gpu": gpu,
+				"plugin_dir": plugin.Dir, "plugin_messages": nonNil(n.plugin)},
+				fmt.Sprintf("restore: pid %d running again after %.3f s", n.pid, time.Since(n.start).Seconds()), n.plugin)
 		},
 	}
 }

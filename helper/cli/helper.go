@@ -18,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr/helper/daemon"
 	"github.com/gpucr/gpucr/helper/inventory"
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 func socketFlag() *ucli.StringFlag {
@@ -88,7 +89,8 @@ func runHelper(c *ucli.Context) error {
 		Version:     Version,
 		// Fault injection for failure tests: GPUCR_FAULT=STEP makes that
 		// checkpoint step fail (see daemon.Config.Fault).
-		Fault: os.Getenv("GPUCR_FAULT"),
+		Fault:  os.Getenv("GPUCR_FAULT"),
+		Driver: driverInfo(lib, drv),
 	}
 	if loadErr != nil {
 		cfg.Unavailable = fmt.Sprintf("driver %s: %v", lib, loadErr)
@@ -123,4 +125,22 @@ func runHelper(c *ucli.Context) error {
 	err = srv.Serve(ctx)
 	log.Info("helper exiting")
 	return err
+}
+
+// driverInfo describes the driver library lib for Status: the loaded
+// driver's version, else what a look at the library alone finds (a driver
+// without the checkpoint API does not load).
+func driverInfo(lib string, drv *cuda.Driver) *helperpb.DriverInfo {
+	d := &helperpb.DriverInfo{Library: lib}
+	p, err := cuda.Probe(lib)
+	if err != nil {
+		d.Error = err.Error()
+		return d
+	}
+	d.Path, d.Version, d.CheckpointApiMissing = p.Path, int32(p.Version), p.MissingCheckpointAPI
+	d.CheckpointApi = len(p.MissingCheckpointAPI) == 0
+	if drv != nil {
+		d.Version = int32(drv.Version)
+	}
+	return d
 }

@@ -478,7 +478,12 @@ func imageVerify(c *ucli.Context) error {
 		if err := writeJSON(c.App.Writer, doc); err != nil {
 			return err
 		}
-	} else if doc.OK {
+		if !doc.OK {
+			return jsonDone{errors.New(doc.Problems[0].Error)}
+		}
+		return nil
+	}
+	if doc.OK {
 		fmt.Fprintf(c.App.Writer, "ok: %s: %d buffers, %d chunks, every CRC, hash and parent reference checked\n", dir, doc.Buffers, doc.Chunks)
 	} else if im != nil {
 		for _, p := range doc.Problems {
@@ -666,6 +671,9 @@ func imageGC(c *ucli.Context) error {
 		if c.Bool("json") {
 			if jerr := writeJSON(c.App.Writer, doc); jerr != nil {
 				return jerr
+			}
+			if err != nil {
+				return jsonDone{errors.New(describeImageError(err))}
 			}
 		} else {
 			printGC(c.App.Writer, doc)

@@ -42,7 +42,8 @@ func runCommand() *ucli.Command {
 }
 
 // findInterposer: $GPUCR_INTERPOSER, else <dir of gpucr>/../lib/libgpucr.so,
-// else <dir of gpucr>/libgpucr.so, else /usr/lib/gpucr/libgpucr.so.
+// else <dir of gpucr>/libgpucr.so, else /usr/lib/gpucr/libgpucr.so; gpucr is
+// the real binary, also when a dynamic loader runs it (realExecutable).
 func findInterposer() (string, error) {
 	if p := os.Getenv("GPUCR_INTERPOSER"); p != "" {
 		if _, err := os.Stat(p); err != nil {
@@ -51,10 +52,7 @@ func findInterposer() (string, error) {
 		return filepath.Abs(p)
 	}
 	var tried []string
-	if exe, err := os.Executable(); err == nil {
-		if r, err := filepath.EvalSymlinks(exe); err == nil {
-			exe = r
-		}
+	if exe, err := realExecutable(); err == nil {
 		dir := filepath.Dir(exe)
 		tried = append(tried, filepath.Join(dir, "..", "lib", "libgpucr.so"), filepath.Join(dir, "libgpucr.so"))
 	}

@@ -70,7 +70,7 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	reply := &helperpb.CheckpointReply{}
 	var failed *helperpb.Response
 	err := cl.withControl(wait, func(ctl *control) error {
-		failed = s.checkpointLocked(cl, ctl, id, req, quiesce, wait, reply, log)
+		failed = s.checkpointLocked(c, cl, ctl, id, req, quiesce, wait, reply, log)
 		return nil
 	})
 	switch {
@@ -97,7 +97,7 @@ func controlCall(ctl *control, req *helperpb.Request, wait time.Duration) (*help
 	return r, nil
 }
 
-func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, quiesce, wait time.Duration,
+func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, quiesce, wait time.Duration,
 	reply *helperpb.CheckpointReply, log *zap.Logger) *helperpb.Response {
 	ph := newPhases()
 	var undos []undo
@@ -140,10 +140,17 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, id uint64, req *help
 	ph.done("drain")
 	nth := s.nCkpt.Add(1)
 	if s.faultAt("stall-copy", nth) {
-		// For the test that kills the helper mid-dump: the process is
-		// quiesced and drained, its memory still mapped.
+		// For the tests that kill the helper, or CRIU, mid-dump: the
+		// process is quiesced and drained, its memory still mapped. The
+		// stall ends early when the requester hangs up (CRIU killed), as
+		// a long copy would end, and the checkpoint goes on.
 		log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
-		time.Sleep(time.Minute)
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if c.peerClosed() {
+				log.Warn("injected fault: the requester closed its connection; the stall ends")
+				break
+			}
+		}
 	}
 	snap, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, wait)
 	if err != nil {

@@ -100,7 +100,8 @@ func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
 // connection are asked GetStats and Snapshot, each within StatusTimeout.
 func (s *Server) status() *helperpb.StatusReply {
 	clients := sortedClients(s, s.byToken)
-	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable}
+	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
+		Driver: s.cfg.Driver}
 	for i, d := range s.cfg.Devices {
 		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
 			if free, err := fm.FreeMemory(); err == nil {

@@ -51,15 +51,18 @@ type Config struct {
 	// Unavailable says why the helper has no GPU (driver missing, no
 	// devices); clients are then refused and Status says it.
 	Unavailable string
+	// Driver describes the driver library for Status (nil: not told).
+	Driver *helperpb.DriverInfo
 	// StatusTimeout bounds each GetStats/Snapshot a Status asks a client.
 	StatusTimeout time.Duration
 	// OpTimeout bounds a forwarded ClientOp whose timeout_ms is 0.
 	OpTimeout time.Duration
 	// Fault names a checkpoint step that fails on purpose ("driver-lock",
 	// "driver-checkpoint": tests check that every step before it is
-	// undone), or "stall-copy": a checkpoint waits a minute before its copy
-	// (tests kill the helper there). "STEP@N": only in the helper's N-th
-	// checkpoint (the second process of a dumped tree, say).
+	// undone), or "stall-copy": a checkpoint waits a minute before its copy,
+	// or until its requester closes the connection (tests kill the helper,
+	// or CRIU, there). "STEP@N": only in the helper's N-th checkpoint (the
+	// second process of a dumped tree, say).
 	Fault string
 }
 
@@ -269,6 +272,23 @@ func (c *conn) reject(id uint64, format string, a ...any) {
 	c.log.Warn("bad request; closing the connection", zap.String("reason", msg))
 	_ = c.UnixConn().SetWriteDeadline(time.Now().Add(time.Second))
 	_ = c.send(errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "%s", msg), nil)
+}
+
+// peerClosed says whether c's peer has closed the connection: a peek reads
+// end of file (or a reset). Only for a connection nothing reads meanwhile
+// (its request is being served), and which has sent nothing more.
+func (c *conn) peerClosed() bool {
+	raw, err := c.UnixConn().SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	_ = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		closed = (n == 0 && err == nil) || errors.Is(err, unix.ECONNRESET)
+	})
+	return closed
 }
 
 // next reads the next request. nil: the connection is done (closed, or a

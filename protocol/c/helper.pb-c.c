@@ -1132,6 +1132,51 @@ void   gpucr__helper__v1__status_reply__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__status_reply__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__driver_info__init
+                     (Gpucr__Helper__V1__DriverInfo         *message)
+{
+  static const Gpucr__Helper__V1__DriverInfo init_value = GPUCR__HELPER__V1__DRIVER_INFO__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__driver_info__get_packed_size
+                     (const Gpucr__Helper__V1__DriverInfo *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__driver_info__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__driver_info__pack
+                     (const Gpucr__Helper__V1__DriverInfo *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__driver_info__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__driver_info__pack_to_buffer
+                     (const Gpucr__Helper__V1__DriverInfo *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__driver_info__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__DriverInfo *
+       gpucr__helper__v1__driver_info__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__DriverInfo *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__driver_info__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__driver_info__free_unpacked
+                     (Gpucr__Helper__V1__DriverInfo *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__driver_info__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__client_info__init
                      (Gpucr__Helper__V1__ClientInfo         *message)
 {
@@ -3615,7 +3660,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__status__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[5] =
 {
   {
     "helper_version",
@@ -3665,17 +3710,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "driver",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__StatusReply, driver),
+    &gpucr__helper__v1__driver_info__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__status_reply__field_indices_by_name[] = {
   2,   /* field[2] = clients */
   1,   /* field[1] = devices */
+  4,   /* field[4] = driver */
   0,   /* field[0] = helper_version */
   3,   /* field[3] = unavailable */
 };
 static const ProtobufCIntRange gpucr__helper__v1__status_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
 {
@@ -3685,11 +3743,114 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
   "Gpucr__Helper__V1__StatusReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__StatusReply),
-  4,
+  5,
   gpucr__helper__v1__status_reply__field_descriptors,
   gpucr__helper__v1__status_reply__field_indices_by_name,
   1,  gpucr__helper__v1__status_reply__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__status_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__driver_info__field_descriptors[6] =
+{
+  {
+    "library",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DriverInfo, library),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "path",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DriverInfo, path),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "version",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DriverInfo, version),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "checkpoint_api",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DriverInfo, checkpoint_api),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "checkpoint_api_missing",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Gpucr__Helper__V1__DriverInfo, n_checkpoint_api_missing),
+    offsetof(Gpucr__Helper__V1__DriverInfo, checkpoint_api_missing),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "error",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DriverInfo, error),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__driver_info__field_indices_by_name[] = {
+  3,   /* field[3] = checkpoint_api */
+  4,   /* field[4] = checkpoint_api_missing */
+  5,   /* field[5] = error */
+  0,   /* field[0] = library */
+  1,   /* field[1] = path */
+  2,   /* field[2] = version */
+};
+static const ProtobufCIntRange gpucr__helper__v1__driver_info__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.DriverInfo",
+  "DriverInfo",
+  "Gpucr__Helper__V1__DriverInfo",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__DriverInfo),
+  6,
+  gpucr__helper__v1__driver_info__field_descriptors,
+  gpucr__helper__v1__driver_info__field_indices_by_name,
+  1,  gpucr__helper__v1__driver_info__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__driver_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[9] =

@@ -40,6 +40,7 @@ typedef struct Gpucr__Helper__V1__Buffer Gpucr__Helper__V1__Buffer;
 typedef struct Gpucr__Helper__V1__ClientStats Gpucr__Helper__V1__ClientStats;
 typedef struct Gpucr__Helper__V1__Status Gpucr__Helper__V1__Status;
 typedef struct Gpucr__Helper__V1__StatusReply Gpucr__Helper__V1__StatusReply;
+typedef struct Gpucr__Helper__V1__DriverInfo Gpucr__Helper__V1__DriverInfo;
 typedef struct Gpucr__Helper__V1__ClientInfo Gpucr__Helper__V1__ClientInfo;
 typedef struct Gpucr__Helper__V1__ClientOp Gpucr__Helper__V1__ClientOp;
 typedef struct Gpucr__Helper__V1__ClientOpReply Gpucr__Helper__V1__ClientOpReply;
@@ -685,10 +686,54 @@ struct  Gpucr__Helper__V1__StatusReply
    * No driver / no GPU: the helper serves nothing and says why.
    */
   char *unavailable;
+  /*
+   * The CUDA driver as the helper loaded it (its environment, not the
+   * caller's); unset from a helper that does not say.
+   */
+  Gpucr__Helper__V1__DriverInfo *driver;
 };
 #define GPUCR__HELPER__V1__STATUS_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status_reply__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL }
+
+
+/*
+ * DriverInfo: the driver library the helper runs on (`gpucr check`).
+ */
+struct  Gpucr__Helper__V1__DriverInfo
+{
+  ProtobufCMessage base;
+  /*
+   * What the helper asked dlopen for: $GPUCR_LIBCUDA, else libcuda.so.1.
+   */
+  char *library;
+  /*
+   * The file dlopen loaded for it; "" when it could not be opened.
+   */
+  char *path;
+  /*
+   * cuDriverGetVersion: 1000 * major + 10 * minor (13000 is CUDA 13.0);
+   * 0 when unknown.
+   */
+  int32_t version;
+  /*
+   * The driver checkpoint API (cuCheckpointProcess*, R550 and newer): true
+   * when the library has every entry point of it gpucr calls.
+   */
+  protobuf_c_boolean checkpoint_api;
+  /*
+   * Those entry points the library lacks.
+   */
+  size_t n_checkpoint_api_missing;
+  char **checkpoint_api_missing;
+  /*
+   * Why the library could not be opened or asked; "" when it could.
+   */
+  char *error;
+};
+#define GPUCR__HELPER__V1__DRIVER_INFO__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__driver_info__descriptor) \
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0,NULL, (char *)protobuf_c_empty_string }
 
 
 struct  Gpucr__Helper__V1__ClientInfo
@@ -1470,6 +1515,25 @@ Gpucr__Helper__V1__StatusReply *
 void   gpucr__helper__v1__status_reply__free_unpacked
                      (Gpucr__Helper__V1__StatusReply *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__DriverInfo methods */
+void   gpucr__helper__v1__driver_info__init
+                     (Gpucr__Helper__V1__DriverInfo         *message);
+size_t gpucr__helper__v1__driver_info__get_packed_size
+                     (const Gpucr__Helper__V1__DriverInfo   *message);
+size_t gpucr__helper__v1__driver_info__pack
+                     (const Gpucr__Helper__V1__DriverInfo   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__driver_info__pack_to_buffer
+                     (const Gpucr__Helper__V1__DriverInfo   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__DriverInfo *
+       gpucr__helper__v1__driver_info__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__driver_info__free_unpacked
+                     (Gpucr__Helper__V1__DriverInfo *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__ClientInfo methods */
 void   gpucr__helper__v1__client_info__init
                      (Gpucr__Helper__V1__ClientInfo         *message);
@@ -1832,6 +1896,9 @@ typedef void (*Gpucr__Helper__V1__Status_Closure)
 typedef void (*Gpucr__Helper__V1__StatusReply_Closure)
                  (const Gpucr__Helper__V1__StatusReply *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__DriverInfo_Closure)
+                 (const Gpucr__Helper__V1__DriverInfo *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__ClientInfo_Closure)
                  (const Gpucr__Helper__V1__ClientInfo *message,
                   void *closure_data);
@@ -1913,6 +1980,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__client_op__op__descriptor;

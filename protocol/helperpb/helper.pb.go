@@ -386,7 +386,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27, 0}
 }
 
 type Transfer_Direction int32
@@ -435,7 +435,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40, 0}
 }
 
 type Request struct {
@@ -2387,7 +2387,10 @@ type StatusReply struct {
 	Devices       []*DeviceInfo          `protobuf:"bytes,2,rep,name=devices,proto3" json:"devices,omitempty"`
 	Clients       []*ClientInfo          `protobuf:"bytes,3,rep,name=clients,proto3" json:"clients,omitempty"`
 	// No driver / no GPU: the helper serves nothing and says why.
-	Unavailable   string `protobuf:"bytes,4,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	Unavailable string `protobuf:"bytes,4,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	// The CUDA driver as the helper loaded it (its environment, not the
+	// caller's); unset from a helper that does not say.
+	Driver        *DriverInfo `protobuf:"bytes,5,opt,name=driver,proto3" json:"driver,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2450,6 +2453,106 @@ func (x *StatusReply) GetUnavailable() string {
 	return ""
 }
 
+func (x *StatusReply) GetDriver() *DriverInfo {
+	if x != nil {
+		return x.Driver
+	}
+	return nil
+}
+
+// DriverInfo: the driver library the helper runs on (`gpucr check`).
+type DriverInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the helper asked dlopen for: $GPUCR_LIBCUDA, else libcuda.so.1.
+	Library string `protobuf:"bytes,1,opt,name=library,proto3" json:"library,omitempty"`
+	// The file dlopen loaded for it; "" when it could not be opened.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// cuDriverGetVersion: 1000 * major + 10 * minor (13000 is CUDA 13.0);
+	// 0 when unknown.
+	Version int32 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// The driver checkpoint API (cuCheckpointProcess*, R550 and newer): true
+	// when the library has every entry point of it gpucr calls.
+	CheckpointApi bool `protobuf:"varint,4,opt,name=checkpoint_api,json=checkpointApi,proto3" json:"checkpoint_api,omitempty"`
+	// Those entry points the library lacks.
+	CheckpointApiMissing []string `protobuf:"bytes,5,rep,name=checkpoint_api_missing,json=checkpointApiMissing,proto3" json:"checkpoint_api_missing,omitempty"`
+	// Why the library could not be opened or asked; "" when it could.
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriverInfo) Reset() {
+	*x = DriverInfo{}
+	mi := &file_protocol_helper_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriverInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriverInfo) ProtoMessage() {}
+
+func (x *DriverInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
+func (*DriverInfo) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DriverInfo) GetLibrary() string {
+	if x != nil {
+		return x.Library
+	}
+	return ""
+}
+
+func (x *DriverInfo) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *DriverInfo) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *DriverInfo) GetCheckpointApi() bool {
+	if x != nil {
+		return x.CheckpointApi
+	}
+	return false
+}
+
+func (x *DriverInfo) GetCheckpointApiMissing() []string {
+	if x != nil {
+		return x.CheckpointApiMissing
+	}
+	return nil
+}
+
+func (x *DriverInfo) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ClientInfo struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Pid               int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -2467,7 +2570,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2582,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2595,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -2572,7 +2675,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2687,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2700,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -2631,7 +2734,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2746,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +2759,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -2709,7 +2812,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2721,7 +2824,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2734,7 +2837,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -2806,7 +2909,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2818,7 +2921,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2831,7 +2934,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -2862,7 +2965,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +2977,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +2990,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -2942,7 +3045,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3057,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3070,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Phase) GetName() string {
@@ -2995,7 +3098,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3110,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3123,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -3049,7 +3152,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3164,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3177,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -3099,7 +3202,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3111,7 +3214,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3124,7 +3227,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -3154,7 +3257,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3269,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3282,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -3202,7 +3305,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3214,7 +3317,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3227,7 +3330,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -3251,7 +3354,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3263,7 +3366,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3276,7 +3379,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -3296,7 +3399,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3308,7 +3411,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3321,7 +3424,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -3352,7 +3455,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3467,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3480,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -3589,12 +3692,21 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\x12)\n" +
 	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\"\b\n" +
-	"\x06Status\"\xc4\x01\n" +
+	"\x06Status\"\xf9\x01\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +
 	"\adevices\x18\x02 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\x125\n" +
 	"\aclients\x18\x03 \x03(\v2\x1b.gpucr.helper.v1.ClientInfoR\aclients\x12 \n" +
-	"\vunavailable\x18\x04 \x01(\tR\vunavailable\"\xba\x02\n" +
+	"\vunavailable\x18\x04 \x01(\tR\vunavailable\x123\n" +
+	"\x06driver\x18\x05 \x01(\v2\x1b.gpucr.helper.v1.DriverInfoR\x06driver\"\xc7\x01\n" +
+	"\n" +
+	"DriverInfo\x12\x18\n" +
+	"\alibrary\x18\x01 \x01(\tR\alibrary\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x05R\aversion\x12%\n" +
+	"\x0echeckpoint_api\x18\x04 \x01(\bR\rcheckpointApi\x124\n" +
+	"\x16checkpoint_api_missing\x18\x05 \x03(\tR\x14checkpointApiMissing\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xba\x02\n" +
 	"\n" +
 	"ClientInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x10\n" +
@@ -3726,7 +3838,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -3760,21 +3872,22 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*ClientStats)(nil),        // 29: gpucr.helper.v1.ClientStats
 	(*Status)(nil),             // 30: gpucr.helper.v1.Status
 	(*StatusReply)(nil),        // 31: gpucr.helper.v1.StatusReply
-	(*ClientInfo)(nil),         // 32: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 33: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 34: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 35: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 36: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 37: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 38: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 39: gpucr.helper.v1.ResumeCheckpointed
-	(*Detach)(nil),             // 40: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 41: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 42: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 43: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 44: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 45: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 46: gpucr.helper.v1.Transfer
+	(*DriverInfo)(nil),         // 32: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 33: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 34: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 35: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 36: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 37: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 38: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 39: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 40: gpucr.helper.v1.ResumeCheckpointed
+	(*Detach)(nil),             // 41: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 42: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 43: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 44: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 45: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 46: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 47: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	11, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -3788,16 +3901,16 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	23, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	24, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	25, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	40, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	41, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
 	30, // 12: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	33, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	35, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	39, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	41, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	42, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	43, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	36, // 19: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	44, // 20: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	34, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	36, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	40, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	42, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	43, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	44, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	37, // 19: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	45, // 20: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
 	9,  // 21: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
 	12, // 22: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
 	15, // 23: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
@@ -3805,9 +3918,9 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	26, // 25: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
 	29, // 26: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
 	31, // 27: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	34, // 28: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	37, // 29: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	45, // 30: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	35, // 28: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	38, // 29: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	46, // 30: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
 	3,  // 31: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
 	1,  // 32: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
 	13, // 33: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
@@ -3819,20 +3932,21 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	2,  // 39: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
 	2,  // 40: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
 	13, // 41: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	32, // 42: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	4,  // 43: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	5,  // 44: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	26, // 45: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	29, // 46: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	38, // 47: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 48: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	46, // 49: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	6,  // 50: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	51, // [51:51] is the sub-list for method output_type
-	51, // [51:51] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	33, // 42: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	32, // 43: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	4,  // 44: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	5,  // 45: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	26, // 46: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	29, // 47: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	39, // 48: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 49: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	47, // 50: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	6,  // 51: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	52, // [52:52] is the sub-list for method output_type
+	52, // [52:52] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -3880,7 +3994,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -136,6 +136,8 @@ func TestCLICheckpointRestore(t *testing.T) {
 			Finished bool    `json:"finished"`
 			GBPerS   float64 `json:"gb_per_s"`
 		} `json:"gpu"`
+		GPUState     bool  `json:"gpu_state"`
+		GPUProcesses []int `json:"gpu_processes"`
 	}
 	if i := strings.LastIndex(out, "\n{"); i >= 0 {
 		out = out[i+1:]
@@ -143,6 +145,9 @@ func TestCLICheckpointRestore(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.GPU.Bytes < 8<<20 || rep.GPU.Bytes != rep.GPU.Total ||
 		!rep.GPU.Finished || rep.GPU.GBPerS <= 0 {
 		t.Errorf("gpucr checkpoint --json: GPU copy %+v (%v) in\n%s", rep.GPU, err, out)
+	}
+	if !rep.GPUState || len(rep.GPUProcesses) != 1 || rep.GPUProcesses[0] != a.pid {
+		t.Errorf("gpucr checkpoint --json: gpu_state %v, gpu_processes %v; want true, [%d]", rep.GPUState, rep.GPUProcesses, a.pid)
 	}
 	a.reap(30 * time.Second)
 	before := a.lastIter()

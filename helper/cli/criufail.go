@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+)
+
+// criuFailure is a failed or timed-out CRIU run, told with what CRIU's log
+// and gpucr's plugin said (and, after a timeout, what became of the GPU
+// processes), instead of go-criu's first log line.
+type criuFailure struct {
+	Summary   string         // first line: what failed, where the log is
+	CRIU      []string       // CRIU's last error lines (criuLogErrors)
+	Plugin    []string       // the plugin's messages (GPUCR_PLUGIN_LOG)
+	Hints     []string       // what the messages mean for gpucr's flags
+	Processes []processAfter // after a timeout: each GPU process of the tree
+	Log       string         // CRIU's log file
+	TimedOut  bool
+	Err       error // go-criu's error, shown when neither log nor plugin says anything
+}
+
+// processAfter is a GPU process after its dump was killed.
+type processAfter struct {
+	PID     int    `json:"pid"`
+	Running bool   `json:"running"`
+	State   string `json:"state"` // the helper's: running, quiesced, detached, gone...
+}
+
+func (f *criuFailure) Error() string {
+	var b strings.Builder
+	b.WriteString(f.Summary)
+	for _, l := range f.Plugin {
+		b.WriteString("\n  " + l)
+	}
+	for _, l := range f.CRIU {
+		b.WriteString("\n  criu: " + l)
+	}
+	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut {
+		fmt.Fprintf(&b, "\n  go-criu: %v", f.Err)
+	}
+	for _, h := range f.Hints {
+		b.WriteString("\n  hint: " + h)
+	}
+	for _, p := range f.Processes {
+		b.WriteString("\n  " + p.describe())
+	}
+	return b.String()
+}
+
+func (p processAfter) describe() string {
+	if p.Running {
+		return fmt.Sprintf("pid %d runs again: the helper gave it its GPU back", p.PID)
+	}
+	if p.State == "gone" {
+		return fmt.Sprintf("pid %d has exited", p.PID)
+	}
+	return fmt.Sprintf("pid %d has not got its GPU back yet (state %s): see `gpucr status`", p.PID, p.State)
+}
+
+// jsonFields is the failure for --json.
+func (f *criuFailure) jsonFields() map[string]any {
+	m := map[string]any{
+		"criu_errors":     nonNil(f.CRIU),
+		"plugin_messages": nonNil(f.Plugin),
+		"hints":           nonNil(f.Hints),
+		"log":             f.Log,
+		"timed_out":       f.TimedOut,
+	}
+	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut {
+		m["go_criu_error"] = f.Err.Error()
+	}
+	if f.TimedOut {
+		ps := f.Processes
+		if ps == nil {
+			ps = []processAfter{}
+		}
+		m["processes"] = ps
+	}
+	return m
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,159 @@
+package cli
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// What a failed CRIU run's log says. go-criu's error carries only the first
+// "Error" line of CRIU's log, which on hosts where CRIU lacks
+// CAP_SYS_RESOURCE is always the harmless rlimit line; the real cause is one
+// of the last error lines before CRIU's "Dumping FAILED." (or the log's end:
+// a restore of an empty directory stops without it).
+
+// maxCRIUErrors is how many of the last error lines a failure shows.
+const maxCRIUErrors = 6
+
+// criuLogLine is "(00.038346) Error (criu/util.c:1534): message": CRIU's
+// timestamped lines; a restored task's lines have its pid after the time
+// ("(00.027916)   6237: Error (criu/tty.c:1010): ..."). Lines without a
+// timestamp (the parasite's "pie: ..." output, a line cut short by a full
+// disk) carry no level and are skipped.
+var criuLogLine = regexp.MustCompile(`^\(\s*\d+\.\d+\)\s+(?:(\d+): )?(Error|Warn) +\(([^)]*)\): (.*)$`)
+
+// criuFailedLine is the message that ends a failed run's log.
+var criuFailedLine = regexp.MustCompile(`^(Dumping|Restoring|Pre-dumping|Lazy-pages|Checking) FAILED`)
+
+// criuNoise are messages CRIU logs in every run here, failed or not, and
+// that say nothing about a failure.
+var criuNoise = []*regexp.Regexp{
+	// CRIU raises its open-file limit; without CAP_SYS_RESOURCE it cannot,
+	// and goes on.
+	regexp.MustCompile(`^rlimit: Can't setup RLIMIT_NOFILE`),
+	// A task stopped in a system call; routine (a sleeping process).
+	regexp.MustCompile(`^Will restore \d+ with interrupted system call`),
+}
+
+func criuNoiseLine(msg string) bool {
+	for _, re := range criuNoise {
+		if re.MatchString(msg) {
+			return true
+		}
+	}
+	return false
+}
+
+// criuLogErrors reads a CRIU log and returns the last (up to max) error
+// messages before the FAILED line, noise and repeats removed, oldest first. Without any,
+// the warnings there instead (a dump of a vanished pid says why only in one).
+func criuLogErrors(r io.Reader, max int) ([]string, error) {
+	var errs, warns []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		m := criuLogLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		msg := strings.TrimSpace(m[4])
+		if criuFailedLine.MatchString(msg) {
+			break
+		}
+		if criuNoiseLine(msg) {
+			continue
+		}
+		if m[1] != "" {
+			msg = "pid " + m[1] + ": " + msg
+		}
+		// Each message once: a full disk fails every image file alike.
+		if m[2] == "Error" && !slices.Contains(errs, msg) {
+			errs = append(errs, msg)
+		} else if m[2] == "Warn" && !slices.Contains(warns, msg) {
+			warns = append(warns, msg)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(errs) == 0 {
+		errs = warns
+	}
+	if len(errs) > max {
+		errs = errs[len(errs)-max:]
+	}
+	return errs, nil
+}
+
+// criuLogFile is criuLogErrors of the log at path.
+func criuLogFile(path string, max int) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return criuLogErrors(f, max)
+}
+
+// criuPluginLoaded says whether a CRIU log (-v4) shows that CRIU loaded the
+// plugin named name: CRIU 4.2 logs `Plugin "gpucr" (version 512 hooks 13)`
+// when it has loaded a plugin and registered its hooks.
+func criuPluginLoaded(log, name string) bool {
+	return strings.Contains(log, fmt.Sprintf("Plugin %q (version", name))
+}
+
+// criuHint explains a CRIU error message gpucr's users meet, in terms of
+// gpucr's flags: what a pattern matches, and what to say.
+type criuHint struct {
+	re   *regexp.Regexp
+	hint func(m []string) string
+}
+
+var criuHints = []criuHint{
+	{regexp.MustCompile(`Consider using --shell-job|without correspond master peer`), func([]string) string {
+		return "the process was started from a terminal, or is not the leader of its own session: " +
+			"start it with setsid and stdin from /dev/null, or checkpoint and restore it with --shell-job"
+	}},
+	{regexp.MustCompile(`Don't have tty to inherit session from`), func([]string) string {
+		return "the process had a terminal; restored with --shell-job it takes the terminal gpucr runs on, and gpucr runs on none"
+	}},
+	{regexp.MustCompile(`External socket is used`), func([]string) string {
+		return "a unix socket of the process is connected to a process outside the checkpointed tree " +
+			"(gpucr does not pass CRIU's --ext-unix-sk): checkpoint the tree that holds both ends"
+	}},
+	{regexp.MustCompile(`Can't fork for (\d+): File exists`), func(m []string) string {
+		return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
+			"a restored process gets its old pid back", m[1])
+	}},
+	{regexp.MustCompile(`No space left on device`), func([]string) string {
+		return "the image directory's file system is full"
+	}},
+	{regexp.MustCompile(`Read-only file system`), func([]string) string {
+		return "the image directory's file system is read-only"
+	}},
+	{regexp.MustCompile(`Unable to interrupt task: (\d+) \(No such process\)`), func(m []string) string {
+		return fmt.Sprintf("process %s exited before CRIU could stop it", m[1])
+	}},
+}
+
+// criuHintsFor returns the hints for a failure's messages, each once.
+func criuHintsFor(msgs []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, h := range criuHints {
+		for _, msg := range msgs {
+			if m := h.re.FindStringSubmatch(msg); m != nil {
+				if s := h.hint(m); !seen[s] {
+					seen[s] = true
+					out = append(out, s)
+				}
+				break
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The logs in testdata/criulog are excerpts of real CRIU 4.2.1 logs (-v4) of
+// failed runs on a host where CRIU lacks CAP_SYS_RESOURCE: each starts with
+// the harmless rlimit error that go-criu reports as the failure.
+func TestCRIULogErrors(t *testing.T) {
+	for _, tc := range []struct {
+		log    string
+		errors []string
+		hint   string // a part of the one hint expected; "" for none
+	}{
+		{"ext-unix-sk.log", []string{"unix: External socket is used. Consider using --ext-unix-sk option."}, "--ext-unix-sk"},
+		{"no-such-process.log", []string{"Unable to detach from 999999: No such process"}, ""},
+		{"shell-job.log", []string{"The root process 21097 is not a session leader. Consider using --shell-job option"}, "--shell-job"},
+		{"tty.log", []string{"tty: Found slave peer index 0 without correspond master peer"}, "--shell-job"},
+		{"restore-empty.log", []string{"Unexpected EOF on (empty-image)"}, ""},
+		// A restored task's lines carry its pid.
+		{"restore-tty.log", []string{"pid 6237: tty: Don't have tty to inherit session from, aborting",
+			"pid 6237: Unable to open fd=0 id=0x11"}, "takes the terminal"},
+		{"restore-pid-busy.log", []string{"Can't fork for 21148: File exists"}, "pid 21148 is taken"},
+		// The disk filled up: the log itself ends in the middle of a line.
+		{"enospc.log", []string{"page-xfer: Unable to spice data: No space left on device",
+			"bfd: Error flushing image: No space left on device"}, "is full"},
+		// The plugin refused in PAUSE_DEVICES: CRIU logs no word of it (the
+		// plugin's own messages say why).
+		{"plugin-failure.log", []string{"Unable to detach from 26555: No such process"}, ""},
+	} {
+		t.Run(tc.log, func(t *testing.T) {
+			got, err := criuLogFile(filepath.Join("testdata", "criulog", tc.log), maxCRIUErrors)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.errors) {
+				t.Errorf("errors %q, want %q", got, tc.errors)
+			}
+			hints := criuHintsFor(got)
+			switch {
+			case tc.hint == "" && len(hints) > 0:
+				t.Errorf("unexpected hints %q", hints)
+			case tc.hint != "" && (len(hints) != 1 || !strings.Contains(hints[0], tc.hint)):
+				t.Errorf("hints %q, want one containing %q", hints, tc.hint)
+			}
+		})
+	}
+}
+
+// Without error lines before the end, the warnings there say why.
+func TestCRIULogWarningsWhenNoErrors(t *testing.T) {
+	log := "(00.031083) Warn  (compel/src/lib/infect.c:132): Unable to interrupt task: 4242 (No such process)\n" +
+		"(00.038346) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted\n" +
+		"(00.038352) Warn  (compel/arch/x86/src/lib/infect.c:419): Will restore 4242 with interrupted system call\n" +
+		"(00.031136) Error (criu/cr-dump.c:1975): Dumping FAILED.\n" +
+		"(00.031140) Error (criu/cr-dump.c:1999): after the end\n"
+	got, err := criuLogErrors(strings.NewReader(log), maxCRIUErrors)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"Unable to interrupt task: 4242 (No such process)"}; !slices.Equal(got, want) {
+		t.Fatalf("errors %q, want %q", got, want)
+	}
+	if h := criuHintsFor(got); len(h) != 1 || !strings.Contains(h[0], "4242 exited") {
+		t.Errorf("hints %q", h)
+	}
+}
+
+// Only the last max errors are kept, oldest first.
+func TestCRIULogErrorsKeepsTheLast(t *testing.T) {
+	var b strings.Builder
+	for i := range 10 {
+		b.WriteString("(00.000001) Error (criu/x.c:1): e" + string(rune('0'+i)) + "\n")
+	}
+	got, err := criuLogErrors(strings.NewReader(b.String()), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"e7", "e8", "e9"}; !slices.Equal(got, want) {
+		t.Fatalf("errors %q, want %q", got, want)
+	}
+}
+
+func TestCRIUPluginLoaded(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "criulog", "plugin-loaded.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !criuPluginLoaded(string(b), "gpucr") {
+		t.Errorf("the plugin's load is not recognised in\n%s", b)
+	}
+	b, err = os.ReadFile(filepath.Join("testdata", "criulog", "shell-job.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if criuPluginLoaded(string(b), "gpucr") {
+		t.Errorf("a log without the plugin's load is taken for one")
+	}
+}

@@ -1,0 +1,266 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// criuSelfTest judges a CRIU by a real dump and restore, as
+// scripts/criu-selftest.sh does (`criu check` says "Looks good" for a CRIU
+// that then hangs in every dump), and through the same path as `gpucr
+// checkpoint`: go-criu, under a deadline, with gpucr's plugin loaded through
+// the private CRIU configuration. A shell loop in its own session appends a
+// counter to a file; the dump kills it, the counter must stop; the restore
+// brings it back, the counter must go on; then it is killed.
+
+// selfTestLoop appends a counter to $1 every 0.1 s.
+const selfTestLoop = `i=0; while :; do i=$((i+1)); echo $i >> "$1"; sleep 0.1; done`
+
+// closeOnExecAbove2 marks every fd of this process above stderr
+// close-on-exec, so that the test loop inherits none: Go opens its own so,
+// but not an fd gpucr inherited (a caller's lock file, say, which CRIU
+// refuses to dump without --file-locks). The shell cannot do it itself
+// (dash's redirections take one-digit fds only).
+func closeOnExecAbove2() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
+}
+
+// selfTestResult is how the self-test went.
+type selfTestResult struct {
+	err           error
+	dump, restore time.Duration
+	dumpRan       bool     // CRIU ran the dump and wrote its log (whether or not it succeeded)
+	pluginLoaded  bool     // the dump log shows CRIU loaded gpucr's plugin
+	dumpErrors    []string // CRIU's errors of the dump (for a plugin that did not load)
+}
+
+// selfTestWait bounds the waits for the test loop (to start, to stop, to
+// go on after the restore).
+const selfTestWait = 5 * time.Second
+
+func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res selfTestResult) {
+	tmp, err := os.MkdirTemp("", "gpucr-check-")
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer os.RemoveAll(tmp)
+	count := filepath.Join(tmp, "count")
+	img := filepath.Join(tmp, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		res.err = err
+		return res
+	}
+	closeOnExecAbove2()
+	loop := exec.Command("/bin/sh", "-c", selfTestLoop, "gpucr-check-loop", count)
+	loop.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // stdio: /dev/null (os/exec)
+	if err := loop.Start(); err != nil {
+		res.err = fmt.Errorf("start the test loop: %w", err)
+		return res
+	}
+	pid := loop.Process.Pid
+	// The loop goes, whatever happened. Its session (and process group) is
+	// killed only while its leader is this process's unreaped child, the
+	// original or the restored one, so the pid cannot name another group.
+	reaped, restored := false, false
+	defer func() {
+		switch {
+		case !reaped:
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = loop.Wait()
+		case restored: // RstSibling: the restored loop is this process's child
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(pid, &ws, 0, nil)
+		}
+	}()
+	if !waitCounter(count, func(n int) bool { return n >= 3 }) {
+		res.err = errors.New("the test loop does not run")
+		return res
+	}
+
+	sess, err := newCRIUSession(pluginDir)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer sess.close()
+	for k, v := range map[string]string{"GPUCR_SOCKET": socket, pluginLogEnv: sess.pluginLog} {
+		if err := os.Setenv(k, v); err != nil {
+			res.err = err
+			return res
+		}
+	}
+	d, err := os.Open(img)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer d.Close()
+	opts := func(log string) *rpc.CriuOpts {
+		o := &rpc.CriuOpts{ImagesDirFd: proto.Int32(int32(d.Fd())), LogFile: proto.String(log), LogLevel: proto.Int32(4),
+			Timeout: proto.Uint32(uint32(max(1, limit/time.Second)))}
+		if sess.config != "" {
+			o.ConfigFile = proto.String(sess.config)
+		}
+		return o
+	}
+	uname := "?"
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		uname = unix.ByteSliceToString(u.Release[:])
+	}
+
+	dumpOpts := opts("dump.log")
+	dumpOpts.Pid = proto.Int32(int32(pid))
+	start := time.Now()
+	out := runCRIU(criuPath, limit, false, func(cr *criu.Criu) error { return cr.Dump(dumpOpts, nil) })
+	res.dump = time.Since(start)
+	if log, err := os.ReadFile(filepath.Join(img, "dump.log")); err == nil {
+		res.dumpRan = true
+		res.pluginLoaded = criuPluginLoaded(string(log), "gpucr")
+		res.dumpErrors, _ = criuLogErrors(strings.NewReader(string(log)), 3)
+	}
+	if res.err = stepFailed("dump", out, limit, uname, filepath.Join(img, "dump.log"), sess); res.err != nil {
+		return res
+	}
+	if err := reapWithin(loop, selfTestWait); err != nil {
+		res.err = fmt.Errorf("after the dump: %w", err)
+		return res
+	}
+	reaped = true
+	// Until its sleep is reaped too (by pid 1, in its own time), the
+	// session's pid is still taken and the restore would fail.
+	if !waitSessionEmpty(pid, selfTestWait) {
+		res.err = fmt.Errorf("processes of session %d are still there after the dump", pid)
+		return res
+	}
+	atDump, _ := lastCount(count)
+	time.Sleep(300 * time.Millisecond)
+	if n, _ := lastCount(count); n != atDump {
+		res.err = fmt.Errorf("the dump did not stop the test loop (counter %d, then %d)", atDump, n)
+		return res
+	}
+
+	restoreOpts := opts("restore.log")
+	restoreOpts.RstSibling = proto.Bool(true)
+	start = time.Now()
+	out = runCRIU(criuPath, limit, true, func(cr *criu.Criu) error { return cr.Restore(restoreOpts, nil) })
+	res.restore = time.Since(start)
+	if res.err = stepFailed("restore", out, limit, uname, filepath.Join(img, "restore.log"), sess); res.err != nil {
+		return res
+	}
+	restored = true
+	if !waitCounter(count, func(n int) bool { return n > atDump }) {
+		n, _ := lastCount(count)
+		res.err = fmt.Errorf("the restored test loop does not run (counter %d at the dump, %d now)", atDump, n)
+	}
+	return res
+}
+
+// stepFailed says why a self-test step failed, nil if it did not.
+func stepFailed(step string, out criuOutcome, limit time.Duration, uname, log string, sess *criuSession) error {
+	switch {
+	case out.timedOut:
+		return fmt.Errorf("criu %s did not finish within %v (this CRIU hangs on this kernel, Linux %s?)", step, limit, uname)
+	case out.err != nil:
+		msgs, _ := criuLogFile(log, 3)
+		msgs = append(sess.pluginLines(), msgs...)
+		if len(msgs) == 0 {
+			msgs = []string{out.err.Error()}
+		}
+		return fmt.Errorf("criu %s failed: %s", step, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+// waitCounter waits until the counter file's last number satisfies ok.
+func waitCounter(path string, ok func(int) bool) bool {
+	deadline := time.Now().Add(selfTestWait)
+	for {
+		if n, err := lastCount(path); err == nil && ok(n) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func lastCount(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	lines := strings.Fields(string(b))
+	if len(lines) == 0 {
+		return 0, errors.New("empty")
+	}
+	return strconv.Atoi(lines[len(lines)-1])
+}
+
+// reapWithin waits for cmd (killed by the dump) to exit.
+func reapWithin(cmd *exec.Cmd, wait time.Duration) error {
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-time.After(wait):
+		return fmt.Errorf("the test loop (pid %d) still runs %v after its dump", cmd.Process.Pid, wait)
+	}
+}
+
+// waitSessionEmpty waits until no process is in session sid.
+func waitSessionEmpty(sid int, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		if len(sessionMembers(sid)) == 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sessionMembers are the processes (zombies included) of session sid.
+func sessionMembers(sid int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := procStatFields(pid); len(f) > 3 && f[3] == strconv.Itoa(sid) { // state ppid pgrp session
+			out = append(out, pid)
+		}
+	}
+	return out
+}

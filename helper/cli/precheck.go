@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// Checks made before CRIU starts, so that a wrong pid or directory is named
+// plainly instead of surfacing as one of CRIU's log lines.
+
+// checkpointDir makes sure the image directory of a checkpoint exists (made
+// 0700 if missing), is a directory, and takes a new file: a probe file is
+// created and removed, which finds a read-only or full file system and
+// missing permissions alike.
+func checkpointDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	if err := isDir(dir); err != nil {
+		return err
+	}
+	if err := probeWritable(dir); err != nil {
+		return fmt.Errorf("image directory %s cannot take CRIU's images: %w", dir, err)
+	}
+	if free, err := freeBytes(dir); err == nil && free == 0 {
+		return fmt.Errorf("image directory %s: its file system is full", dir)
+	}
+	return nil
+}
+
+// restoreDir checks the image directory of a restore: it exists, is a
+// directory, holds CRIU's images (inventory.img), and takes CRIU's log.
+func restoreDir(dir string) error {
+	if err := isDir(dir); err != nil {
+		return err
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("image directory %s holds no CRIU images (no inventory.img): not the directory of a `gpucr checkpoint`, or that checkpoint failed", dir)
+	}
+	if err := probeWritable(dir); err != nil {
+		return fmt.Errorf("image directory %s does not take CRIU's restore.log: %w", dir, err)
+	}
+	return nil
+}
+
+func isDir(dir string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("image directory %s does not exist", dir)
+	case err != nil:
+		return fmt.Errorf("image directory %s: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("image directory %s is not a directory", dir)
+	}
+	return nil
+}
+
+// probeWritable creates and removes a file in dir.
+func probeWritable(dir string) error {
+	f, err := os.CreateTemp(dir, ".gpucr-probe-*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return pe.Err
+		}
+		return err
+	}
+	name := f.Name()
+	_ = f.Close()
+	return os.Remove(name)
+}
+
+// freeBytes is what an unprivileged writer may still write on dir's file system.
+func freeBytes(dir string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
+
+// treeClients is what the helper said, before CRIU runs, about the process
+// tree CRIU is to dump.
+type treeClients struct {
+	Tree      []int  // pid and its descendants
+	Clients   []int  // those that are the helper's clients (GPU processes)
+	Bytes     uint64 // their GPU memory
+	HelperErr error  // no helper answered: Clients is unknown (empty)
+}
+
+// helperStatusTimeout bounds the Status asked before and after a dump.
+const helperStatusTimeout = 5 * time.Second
+
+// gpuClientsOf asks the helper at socket which processes of pid's tree are
+// its clients.
+func gpuClientsOf(socket string, pid int) treeClients {
+	tc := treeClients{Tree: processTree(pid)}
+	st, err := helperStatus(socket)
+	if err != nil {
+		tc.HelperErr = err
+		return tc
+	}
+	for _, cl := range st.Clients {
+		if p := int(cl.Pid); slices.Contains(tc.Tree, p) && !slices.Contains(tc.Clients, p) {
+			tc.Clients = append(tc.Clients, p)
+			tc.Bytes += cl.Bytes
+		}
+	}
+	slices.Sort(tc.Clients)
+	return tc
+}
+
+// helperStatus is the helper's Status reply.
+func helperStatus(socket string) (*helperpb.StatusReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), helperStatusTimeout)
+	defer cancel()
+	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.Status(ctx)
+}
