@@ -7,8 +7,10 @@
 #
 # GPUCR_PREFIX: scripts/make-gpucr-bundle.sh output; CRIU_BUNDLE:
 # scripts/make-criu-bundle.sh output (put first on PATH, as users would).
-# ROWS (default: all below) picks rows; STEPS (default 1500) the steps of the
-# Python programs.
+# ROWS (default: all below) picks rows; STEPS (default 1200) the steps of the
+# Python programs, C_ITERS (default 1200) the iterations of the C ones. Under
+# gpucr a step takes at least 40 ms, so that every program is still running
+# when its turn to be checkpointed comes.
 #
 #  1. `gpucr check` with the helper (the host, CRIU, plugin, driver).
 #  2. Every program twice without gpucr, at full speed, at the same time:
@@ -48,8 +50,13 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
 export CUPY_ACCELERATORS=""
 LOGS=${LOGS:-build/gpu/matrix}
-STEPS=${STEPS:-1500}
-C_ITERS=${C_ITERS:-1500}
+STEPS=${STEPS:-1200}
+C_ITERS=${C_ITERS:-1200}
+# Every wait ends by DEADLINE seconds after the start (default 480): what is
+# unfinished then is reported so, and the logs still reach $OUT.
+DEADLINE=${DEADLINE:-480}
+T_START=$(date +%s)
+left() { echo $((T_START + DEADLINE - $(date +%s))); }
 IMG=${IMG:-/dev/shm/gpucr-matrix}
 W=$PWD/tests/gpu/matrix_workloads.py
 rm -rf "$LOGS" "$IMG"
@@ -59,22 +66,25 @@ LOGS=$(cd "$LOGS" && pwd)
 . tests/gpu/lib.sh
 
 # name | mode | environment | command (python workload, or app:ARGS of build/gpu/bin)
-ALL_ROWS='
+# (in the order they are checkpointed: torch.compile's first step compiles
+# for a minute, so it comes last)
+C_MIB=${C_MIB:-256}
+ALL_ROWS="
 dataloader|dump||train_dataloader
 dataloader_expandable|dump|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|train_dataloader
+dataloader_failed_dump|fail|GPUCR_FORK_SCRUB=0|train_dataloader
 restored_again|again||train_plain
-compile|dump||compile
 cuda_graph|dump||cuda_graph
 streams|dump||streams
 kv_cache|dump||kv_cache
 jax|dump||jax
 cupy|dump||cupy
-vmmapp|dump||app:vmmapp --mib 256 --hb-every 5
-workers_c|dump||app:heartbeat --mib 256 --workers 2 --hb-every 5
+vmmapp|dump||app:vmmapp --mib $C_MIB --hb-every 5
+workers_c|dump||app:heartbeat --mib $C_MIB --workers 2 --hb-every 5
 workers_c_failed_dump|fail|GPUCR_FORK_SCRUB=0|app:heartbeat --mib 64 --workers 2 --hb-every 5
-dataloader_failed_dump|fail|GPUCR_FORK_SCRUB=0|train_dataloader
+compile|dump||compile
 ipc|refuse||ipc
-'
+"
 ROWS=${ROWS:-$(printf '%s\n' "$ALL_ROWS" | cut -d'|' -f1 | xargs)}
 row() { printf '%s\n' "$ALL_ROWS" | awk -F'|' -v n="$1" '$1 == n'; }
 field() { row "$1" | cut -d'|' -f"$2"; }
@@ -89,7 +99,7 @@ argv() {
 		set -- ${cmd#app:}
 		local app=$1
 		shift
-		if [ "$mode" = plain ]; then echo "$BIN/$app $* --iters $C_ITERS --interval-ms 0"; else echo "$BIN/$app $* --iters $C_ITERS --interval-ms 20"; fi
+		if [ "$mode" = plain ]; then echo "$BIN/$app $* --iters $C_ITERS --interval-ms 0"; else echo "$BIN/$app $* --iters $C_ITERS --interval-ms 40"; fi
 		;;
 	*) echo "python3 $W $cmd" ;;
 	esac
@@ -112,15 +122,38 @@ start() {
 		PLAIN+=($!)
 	else
 		# shellcheck disable=SC2086
-		(env $env MATRIX_DELAY=0.05 setsid "$GPUCR" run --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err") &
+		(env $env MATRIX_DELAY=0.04 setsid "$GPUCR" run --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err") &
 	fi
 }
-# wait_steps LOG N SECONDS: until LOG holds N step lines (or its program ended).
+# wait_steps LOG N SECONDS: until LOG holds N step lines (or its program
+# ended, or the deadline came).
 wait_steps() {
-	for _ in $(seq $(($3 * 10))); do
+	local t=$3
+	[ "$t" -le "$(left)" ] || t=$(left)
+	[ "$t" -gt 0 ] || return 1
+	for _ in $(seq $((t * 10))); do
 		[ "$(steps "$1")" -ge "$2" ] && return 0
 		grep -q '^done' "$1" 2>/dev/null && return 1
 		sleep 0.1
+	done
+	return 1
+}
+# tree PID: PID and its descendants.
+tree() {
+	local p c
+	for p in "$@"; do
+		echo "$p"
+		for c in $(cat /proc/"$p"/task/*/children 2>/dev/null); do tree "$c"; done
+	done
+}
+# gone PIDS...: until no /proc entry is left for them (zombies reaped too: a
+# restore needs their pids), at most 10 s.
+gone() {
+	local p
+	for _ in $(seq 200); do
+		for p in "$@"; do [ -e "/proc/$p" ] && break; p=; done
+		[ -z "$p" ] && return 0
+		sleep 0.05
 	done
 	return 1
 }
@@ -138,7 +171,22 @@ SOCK=/run/gpucr/helper.sock
 mkdir -p /run/gpucr
 "$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
 HELPER=$!
-trap 'kill $HELPER 2>/dev/null; pkill -f matrix_workloads.py 2>/dev/null; pkill -f "$BIN/" 2>/dev/null; rm -rf "$IMG"' EXIT
+# The logs reach $OUT whatever happens (a timeout's SIGTERM included).
+save() {
+	if [ -n "${OUT:-}" ]; then
+		cp "$LOGS/summary.txt" "$OUT/matrix-summary.txt" 2>/dev/null
+		tar -czf "$OUT/matrix-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+	fi
+}
+finish() {
+	save
+	kill $HELPER 2>/dev/null
+	pkill -f matrix_workloads.py 2>/dev/null
+	pkill -f "$BIN/" 2>/dev/null
+	rm -rf "$IMG"
+}
+trap finish EXIT
+trap 'note "TERMINATED after $(($(date +%s) - T_START)) s"; exit 1' TERM INT
 for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 
 note ""
@@ -163,13 +211,16 @@ for r in $ROWS; do start "$r" "$LOGS/$r.gpucr" gpucr; done
 declare -A RESULT DETAIL
 cli() { # cli LOGNAME ARGS...: gpucr ARGS, output appended to LOGS/LOGNAME.cli; sets CLI_RC, CLI_S
 	local t=$(now)
-	"$GPUCR" "${@:2}" --socket "$SOCK" >>"$LOGS/$1.cli" 2>&1
+	echo "+ gpucr ${*:2}" >>"$LOGS/$1.cli"
+	"$GPUCR" "${@:2}" --socket "$SOCK" --criu-timeout 90s >>"$LOGS/$1.cli" 2>&1
 	CLI_RC=$?
 	CLI_S=$(span "$t" "$(now)")
 }
 for r in $ROWS; do
 	log=$LOGS/$r.gpucr
 	mode=$(field "$r" 2)
+	note "$(($(date +%s) - T_START)) s: $r"
+	save
 	if ! wait_steps "$log" 30 300; then
 		RESULT[$r]=FAIL
 		DETAIL[$r]="never reached step 30 under gpucr: $(tail -c 300 "$log.err" | tr '\n' ' ')"
@@ -191,11 +242,13 @@ for r in $ROWS; do
 				wait_steps "$log" $((n + 10)) 60 || { RESULT[$r]=FAIL; d+="no step after --leave-running; "; break; }
 				continue
 			fi
+			pids=$(tree "$pid" | xargs)
 			cli "$r" checkpoint "$pid" -D "$img"
 			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint failed: $(grep -v '^ ' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
 			ck=$CLI_S
 			size=$(du -sm "$img" | cut -f1)
-			for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+			# shellcheck disable=SC2086
+			gone $pids || d+="(pids $pids still there 10 s after the dump) "
 			n=$(steps "$log")
 			tr0=$(now)
 			cli "$r" restore -D "$img"
@@ -215,7 +268,7 @@ for r in $ROWS; do
 			DETAIL[$r]="the checkpoint succeeded, but should have failed"
 		else
 			wait_steps "$log" $((n + 1)) 5 && back=$(span "$t1" "$(now)") || back="not within 5 s"
-			why=$(grep -v '^ ' "$LOGS/$r.cli" | grep -i 'error\|fail\|cannot\|can.t' | head -2 | tr '\n' ' ')
+			why=$(grep '^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | head -2 | tr '\n' ' ')
 			DETAIL[$r]="checkpoint failed as expected ($CLI_S): ${why:0:200}; running again $back after the CLI exited"
 			case $back in not*) RESULT[$r]=FAIL ;; esac
 		fi
@@ -226,7 +279,7 @@ done
 # 4. every program to its end, then the comparison.
 for r in $ROWS; do
 	log=$LOGS/$r.gpucr
-	for _ in $(seq 3000); do ended "$log" && break; sleep 0.1; done
+	while ! ended "$log" && [ "$(left)" -gt 0 ]; do sleep 0.2; done
 	mode=$(field "$r" 2)
 	if [ "$mode" = refuse ]; then
 		if grep -q 'refused' "$log"; then
@@ -264,8 +317,5 @@ for r in $ROWS; do
 	[ "${RESULT[$r]:-?}" = FAIL ] && fail=1
 done
 grep -i '"level":"\(warn\|error\)"' "$LOGS/helper.log" | tail -20 >"$LOGS/helper-warnings.txt"
-if [ -n "${OUT:-}" ]; then
-	cp "$LOGS/summary.txt" "$OUT/matrix-summary.txt"
-	tar -czf "$OUT/matrix-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
-fi
+note "matrix: $(($(date +%s) - T_START)) s"
 exit $fail
