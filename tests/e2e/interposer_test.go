@@ -509,3 +509,28 @@ func TestLaunchTracking(t *testing.T) {
 		t.Errorf("default sampling: %d of %d launches scanned", def["launches_scanned"], def["launches"])
 	}
 }
+
+// TestGateHoldsOtherWork: work queued by entry points other than launches,
+// copies and memsets (here host functions, cuLaunchHostFunc; CUDA graph
+// launches, 2D/3D and peer copies, stream memory operations are gated the
+// same way) waits while the process is quiesced, and goes on after resume.
+func TestGateHoldsOtherWork(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "hostfn", "--hb-every", "1", "--interval-ms", "5", "--iters", "400")
+	a.waitIter(10, 30*time.Second)
+	h.op(a.pid, "quiesce")
+	at := a.lastIter()
+	time.Sleep(300 * time.Millisecond)
+	// At most the iteration whose host function was queued before the gate
+	// closed may still report.
+	if got := a.lastIter(); got > at+1 {
+		t.Fatalf("host functions ran on while the process was quiesced: iteration %d -> %d", at, got)
+	}
+	h.op(a.pid, "resume")
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("hostfn: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "hostfn", []string{"--hb-every", "1"}, 400))
+}

@@ -13,24 +13,24 @@
 # when its turn to be checkpointed comes.
 #
 #  1. `gpucr check` with the helper (the host, CRIU, plugin, driver).
-#  2. Every program twice without gpucr, at full speed, at the same time:
-#     both runs must print the same lines, or a comparison means nothing
-#     (tests/gpu/matrix_workloads.py says how each is made deterministic).
-#  3. Every program under `gpucr run` at once, a step every 50 ms. Row by
-#     row, once it is past step 30:
+#  2. Every program under `gpucr run`, all at once, a step every 40 ms, with
+#     no fixed end. Row by row, once it is past step 30:
 #       dump     gpucr checkpoint PID -D DIR (the tree ends), gpucr restore -D DIR
 #       again    --leave-running, dump + restore, --leave-running, dump + restore
 #       fail     gpucr checkpoint must fail (CRIU cannot dump a forked worker
 #                that keeps the driver's files: GPUCR_FORK_SCRUB=0); the
 #                program must run again within a second of the CLI's exit
 #       refuse   nothing: the program's own use must be refused, clearly
-#  4. Every program must end (done) with exactly the lines of its first
-#     plain run.
+#     then 20 more steps, and the program is stopped: N steps in all.
+#  3. Every program twice without gpucr, N steps, at full speed, all at once:
+#     both runs must print the same lines (or a comparison means nothing:
+#     tests/gpu/matrix_workloads.py says how each is made deterministic), and
+#     the run under gpucr exactly those lines.
 # Images in /dev/shm. Logs in build/gpu/matrix (and $OUT): summary.txt holds
 # the table.
 #
 # SIM=1: on the simulated driver (no GPU; the C programs only), to try the
-# script itself: bash tests/gpu/matrix.sh build /opt/gpucr/criu with SIM=1
+# script itself: SIM=1 bash tests/gpu/matrix.sh build /opt/gpucr/criu
 # (GPUCR_PREFIX a build directory: bin/gpucr, lib/...).
 set -u
 cd "$(dirname "$0")/../.."
@@ -50,8 +50,7 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
 export CUPY_ACCELERATORS=""
 LOGS=${LOGS:-build/gpu/matrix}
-STEPS=${STEPS:-1200}
-C_ITERS=${C_ITERS:-1200}
+C_MIB=${C_MIB:-256}
 # Every wait ends by DEADLINE seconds after the start (default 480): what is
 # unfinished then is reported so, and the logs still reach $OUT.
 DEADLINE=${DEADLINE:-480}
@@ -65,10 +64,9 @@ LOGS=$(cd "$LOGS" && pwd)
 : >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
 
-# name | mode | environment | command (python workload, or app:ARGS of build/gpu/bin)
+# name | mode | environment | command (python workload, or app:ARGS of $BIN)
 # (in the order they are checkpointed: torch.compile's first step compiles
 # for a minute, so it comes last)
-C_MIB=${C_MIB:-256}
 ALL_ROWS="
 dataloader|dump||train_dataloader
 dataloader_expandable|dump|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|train_dataloader
@@ -89,32 +87,28 @@ ROWS=${ROWS:-$(printf '%s\n' "$ALL_ROWS" | cut -d'|' -f1 | xargs)}
 row() { printf '%s\n' "$ALL_ROWS" | awk -F'|' -v n="$1" '$1 == n'; }
 field() { row "$1" | cut -d'|' -f"$2"; }
 
-# argv NAME PLAIN: the command line of row NAME (plain: at full speed).
-argv() {
-	local cmd mode=$2
-	cmd=$(field "$1" 4)
-	case $cmd in
-	app:*)
-		# shellcheck disable=SC2086
-		set -- ${cmd#app:}
-		local app=$1
-		shift
-		if [ "$mode" = plain ]; then echo "$BIN/$app $* --iters $C_ITERS --interval-ms 0"; else echo "$BIN/$app $* --iters $C_ITERS --interval-ms 40"; fi
-		;;
-	*) echo "python3 $W $cmd" ;;
-	esac
-}
 # lines LOG: what must equal between runs (hb lines without their time).
 lines() { awk '$1 == "step" || ($1 == "hb" && NF >= 3) { if ($1 == "hb") print $1, $2, $3; else print }' "$1" 2>/dev/null; }
 steps() { lines "$1" | wc -l; }
-# start NAME LOG PLAIN: a run of row NAME in the background, its output to LOG.
+# last_iter LOG: the iteration of LOG's last line.
+last_iter() { lines "$1" | tail -1 | awk '{print $2}'; }
+# start NAME LOG MODE [N]: a run of row NAME in the background, its output to
+# LOG. MODE gpucr: under gpucr run, slowed down, with no end; plain: at full
+# speed, up to step (C programs: iteration) N.
 start() {
-	local name=$1 log=$2 mode=$3 env cmd
+	local name=$1 log=$2 mode=$3 n=${4:-} env cmd delay=0.04
 	env=$(field "$name" 3)
-	cmd=$(argv "$name" "$mode")
+	cmd=$(field "$name" 4)
+	[ "$mode" = plain ] && delay=0
 	case $cmd in
-	python3*) cmd="$cmd $log $STEPS" ;;
-	*) cmd="$cmd" ;;
+	app:*)
+		if [ "$mode" = plain ]; then
+			cmd="$BIN/${cmd#app:} --iters $n --interval-ms 0"
+		else
+			cmd="$BIN/${cmd#app:} --interval-ms 40"
+		fi
+		;;
+	*) cmd="python3 $W $cmd $log ${n:-1000000000}" ;;
 	esac
 	if [ "$mode" = plain ]; then
 		# shellcheck disable=SC2086
@@ -122,7 +116,7 @@ start() {
 		PLAIN+=($!)
 	else
 		# shellcheck disable=SC2086
-		(env $env MATRIX_DELAY=0.04 setsid "$GPUCR" run --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err") &
+		(env $env MATRIX_DELAY=$delay setsid "$GPUCR" run --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err") &
 	fi
 }
 # wait_steps LOG N SECONDS: until LOG holds N step lines (or its program
@@ -158,7 +152,6 @@ gone() {
 	return 1
 }
 pid_of() { sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$1" | tail -1; }
-ended() { grep -q '^done' "$1" 2>/dev/null; }
 
 if [ -n "$SIM" ]; then
 	note "host: simulated driver; $(criu --version | head -1)"
@@ -178,11 +171,14 @@ save() {
 		tar -czf "$OUT/matrix-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
 	fi
 }
+stop_all() {
+	pkill -9 -f matrix_workloads.py 2>/dev/null
+	pkill -9 -f "$BIN/" 2>/dev/null
+}
 finish() {
 	save
 	kill $HELPER 2>/dev/null
-	pkill -f matrix_workloads.py 2>/dev/null
-	pkill -f "$BIN/" 2>/dev/null
+	stop_all
 	rm -rf "$IMG"
 }
 trap finish EXIT
@@ -194,19 +190,7 @@ note "## gpucr check"
 if "$GPUCR" check --socket "$SOCK" -D /dev/shm >"$LOGS/check.txt" 2>&1; then note "gpucr check: exit 0"; else bad "gpucr check: exit $?"; fi
 sed 's/^/    /' "$LOGS/check.txt" | tee -a "$LOGS/summary.txt" >/dev/null
 
-# 2. plain runs, twice, all at once.
-PLAIN=()
-t0=$(now)
-for r in $ROWS; do
-	[ "$(field "$r" 2)" = refuse ] && continue
-	start "$r" "$LOGS/$r.plain1" plain
-	start "$r" "$LOGS/$r.plain2" plain
-done
-wait "${PLAIN[@]}"
-note ""
-note "plain runs (2 per program, at once): $(span "$t0" "$(now)")"
-
-# 3. under gpucr, all at once.
+# 2. under gpucr, all at once, row by row.
 for r in $ROWS; do start "$r" "$LOGS/$r.gpucr" gpucr; done
 declare -A RESULT DETAIL
 cli() { # cli LOGNAME ARGS...: gpucr ARGS, output appended to LOGS/LOGNAME.cli; sets CLI_RC, CLI_S
@@ -221,30 +205,35 @@ for r in $ROWS; do
 	mode=$(field "$r" 2)
 	note "$(($(date +%s) - T_START)) s: $r"
 	save
+	if [ "$mode" = refuse ]; then
+		wait_steps "$log" 1 120
+		for _ in $(seq 100); do grep -q '^done' "$log" && break; sleep 0.1; done
+		continue
+	fi
 	if ! wait_steps "$log" 30 300; then
 		RESULT[$r]=FAIL
 		DETAIL[$r]="never reached step 30 under gpucr: $(tail -c 300 "$log.err" | tr '\n' ' ')"
 		continue
 	fi
 	pid=$(pid_of "$log")
+	d=""
 	case $mode in
 	dump | again)
-		d=""
 		round=0
-		for op in $( [ "$mode" = again ] && echo "leave dump leave dump" || echo dump); do
+		for op in $([ "$mode" = again ] && echo "leave dump leave dump" || echo dump); do
 			round=$((round + 1))
 			img=$IMG/$r.$round
 			n=$(steps "$log")
 			if [ "$op" = leave ]; then
 				cli "$r" checkpoint "$pid" -D "$img" --leave-running
-				[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint --leave-running failed: $(tail -2 "$LOGS/$r.cli" | tr '\n' ' '); "; break; }
+				[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint --leave-running failed: $(grep '^gpucr:\|^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
 				d+="leave-running $CLI_S; "
 				wait_steps "$log" $((n + 10)) 60 || { RESULT[$r]=FAIL; d+="no step after --leave-running; "; break; }
 				continue
 			fi
 			pids=$(tree "$pid" | xargs)
 			cli "$r" checkpoint "$pid" -D "$img"
-			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint failed: $(grep -v '^ ' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
+			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint failed: $(grep '^gpucr:\|^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
 			ck=$CLI_S
 			size=$(du -sm "$img" | cut -f1)
 			# shellcheck disable=SC2086
@@ -252,12 +241,12 @@ for r in $ROWS; do
 			n=$(steps "$log")
 			tr0=$(now)
 			cli "$r" restore -D "$img"
-			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="restore failed: $(grep -v '^ ' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
+			[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="restore failed: $(grep '^gpucr:\|^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
 			rs=$CLI_S
 			wait_steps "$log" $((n + 1)) 60 && nx=$(span "$tr0" "$(now)") || nx=never
 			d+="checkpoint $ck (${size} MB), restore $rs, next step after $nx; "
+			[ "$nx" = never ] && { RESULT[$r]=FAIL; break; }
 		done
-		DETAIL[$r]=$d
 		;;
 	fail)
 		n=$(steps "$log")
@@ -265,23 +254,42 @@ for r in $ROWS; do
 		t1=$(now)
 		if [ $CLI_RC = 0 ]; then
 			RESULT[$r]=FAIL
-			DETAIL[$r]="the checkpoint succeeded, but should have failed"
+			d="the checkpoint succeeded, but should have failed"
 		else
 			wait_steps "$log" $((n + 1)) 5 && back=$(span "$t1" "$(now)") || back="not within 5 s"
 			why=$(grep '^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | head -2 | tr '\n' ' ')
-			DETAIL[$r]="checkpoint failed as expected ($CLI_S): ${why:0:200}; running again $back after the CLI exited"
+			d="checkpoint failed as expected ($CLI_S): ${why:0:200}; running again $back after the CLI exited; "
 			case $back in not*) RESULT[$r]=FAIL ;; esac
 		fi
 		;;
-	refuse) DETAIL[$r]="" ;;
 	esac
+	# 20 more steps, then this one is done.
+	n=$(steps "$log")
+	wait_steps "$log" $((n + 20)) 60 || { [ "${RESULT[$r]:-}" = FAIL ] || d+="no 20 steps after: $(tail -c 200 "$log.err" | tr '\n' ' ') "; RESULT[$r]=FAIL; }
+	# shellcheck disable=SC2046
+	kill -9 $(tree "$(pid_of "$log")") 2>/dev/null
+	DETAIL[$r]=$d
 done
-# 4. every program to its end, then the comparison.
+stop_all
+
+# 3. the plain runs, as long as the runs under gpucr, twice, all at once.
+PLAIN=()
+t0=$(now)
+for r in $ROWS; do
+	[ "$(field "$r" 2)" = refuse ] && continue
+	n=$(last_iter "$LOGS/$r.gpucr")
+	[ -n "$n" ] || continue
+	case $(field "$r" 4) in app:*) ;; *) n=$((n + 1)) ;; esac # python steps count from 0
+	start "$r" "$LOGS/$r.plain1" plain "$n"
+	start "$r" "$LOGS/$r.plain2" plain "$n"
+done
+[ ${#PLAIN[@]} -gt 0 ] && wait "${PLAIN[@]}"
+note ""
+note "plain runs (2 per program, at once): $(span "$t0" "$(now)")"
+
 for r in $ROWS; do
 	log=$LOGS/$r.gpucr
-	while ! ended "$log" && [ "$(left)" -gt 0 ]; do sleep 0.2; done
-	mode=$(field "$r" 2)
-	if [ "$mode" = refuse ]; then
+	if [ "$(field "$r" 2)" = refuse ]; then
 		if grep -q 'refused' "$log"; then
 			RESULT[$r]=refused
 			DETAIL[$r]="the program's own call is refused: $(grep -h 'gpucr:' "$log.err" | head -1 | cut -c1-160) / $(grep refused "$log" | cut -c1-160)"
@@ -294,26 +302,22 @@ for r in $ROWS; do
 	[ "${RESULT[$r]:-}" = FAIL ] && continue
 	det=yes
 	[ "$(lines "$LOGS/$r.plain1")" = "$(lines "$LOGS/$r.plain2")" ] || det=no
-	if ! ended "$log"; then
+	if [ $det = no ]; then
 		RESULT[$r]=FAIL
-		DETAIL[$r]+="did not finish: $(tail -c 300 "$log.err" | tr '\n' ' ')"
-	elif [ $det = no ]; then
-		RESULT[$r]=FAIL
-		DETAIL[$r]+="two plain runs differ (not deterministic)"
+		DETAIL[$r]+="two plain runs differ (not deterministic): $(diff <(lines "$LOGS/$r.plain1") <(lines "$LOGS/$r.plain2") | head -3 | tr '\n' ' ')"
 	elif [ "$(lines "$log")" = "$(lines "$LOGS/$r.plain1")" ]; then
 		RESULT[$r]=pass
 	else
 		RESULT[$r]=FAIL
-		first=$(diff <(lines "$LOGS/$r.plain1") <(lines "$log") | head -3 | tr '\n' ' ')
-		DETAIL[$r]+="output differs from the uninterrupted run: $first"
+		DETAIL[$r]+="output differs from the uninterrupted run: $(diff <(lines "$LOGS/$r.plain1") <(lines "$log") | head -3 | tr '\n' ' ')"
 	fi
-	DETAIL[$r]+=" $(steps "$log") lines, plain runs identical: $det"
+	DETAIL[$r]+=" $(steps "$log") lines equal to a plain run's; two plain runs identical: $det"
 done
 note ""
 note "| row | how | result | details |"
 note "|---|---|---|---|"
 for r in $ROWS; do
-	note "| $r | $(field "$r" 2)$( [ -n "$(field "$r" 3)" ] && echo " ($(field "$r" 3))") | ${RESULT[$r]:-?} | ${DETAIL[$r]:-} |"
+	note "| $r | $(field "$r" 2)$([ -n "$(field "$r" 3)" ] && echo " ($(field "$r" 3))") | ${RESULT[$r]:-?} | ${DETAIL[$r]:-} |"
 	[ "${RESULT[$r]:-?}" = FAIL ] && fail=1
 done
 grep -i '"level":"\(warn\|error\)"' "$LOGS/helper.log" | tail -20 >"$LOGS/helper-warnings.txt"

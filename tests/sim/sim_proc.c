@@ -74,6 +74,7 @@ static const proc_ent procs[] = {
     P("cuStreamSynchronize", cuStreamSynchronize, 2000),
     P("cuStreamQuery", cuStreamQuery, 2000),
     P("cuStreamWaitEvent", cuStreamWaitEvent, 3020),
+    P("cuLaunchHostFunc", cuLaunchHostFunc, 10000),
     P("cuEventCreate", cuEventCreate, 2000),
     P("cuEventRecord", cuEventRecord, 2000),
     P("cuEventQuery", cuEventQuery, 2000),

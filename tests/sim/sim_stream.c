@@ -393,6 +393,35 @@ SIM_API CUresult cuStreamQuery(CUstream hStream) {
     return sim_leave(&c, r);
 }
 
+/* A host function runs on the stream's worker in stream order; like the
+ * driver's, it must not call the driver itself (not checked here). */
+typedef struct {
+    CUhostFn fn;
+    void *data;
+} hostfn_pay;
+
+static CUresult run_hostfn(sim_op *op) {
+    hostfn_pay *h = op->arg;
+    h->fn(h->data);
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuLaunchHostFunc", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!fn)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_op *op = sim_op_new(sizeof(hostfn_pay), run_hostfn);
+    if (!op)
+        return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
+    *(hostfn_pay *)op->arg = (hostfn_pay){fn, userData};
+    r = sim_submit(c.ctx, hStream, op);
+    sim_op_put(op);
+    return sim_leave(&c, r);
+}
+
 SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
     sim_call c;
     CUresult r = sim_enter(&c, "cuStreamWaitEvent", SIM_NEED_CTX);
