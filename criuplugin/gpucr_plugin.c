@@ -4,7 +4,7 @@
 // test package criuplugin_test next to it; gcc sees a comment.)
 
 /*
- * gpucr_plugin.so: the CRIU (>= 4.0) plugin. Each hook is forwarded to the
+ * gpucr_plugin.so: the CRIU (>= 4.2) plugin. Each hook is forwarded to the
  * gpucr helper (docs/helper-protocol.md, ROLE_PLUGIN):
  *
  *   init(RESTORE)            DIR/gpucr/manifest.pb exists -> PrepareRestore{DIR}:
@@ -426,7 +426,7 @@ static int gpucr_checkpoint_devices(int pid) {
 }
 
 /* A restored process whose GPU memory could not be restored must not run: it
- * would wait for that memory forever, or compute on garbage. CRIU 4.1 ignores
+ * would wait for that memory forever, or compute on garbage. CRIU (4.1, 4.2) ignores
  * what this hook returns (cr-restore.c logs it at debug level and goes on), so
  * the plugin kills the task itself. The task is still ptrace-stopped by CRIU;
  * CRIU's next step, restoring its registers and detaching, then fails on the

@@ -109,7 +109,7 @@ typedef enum _Gpucr__Helper__V1__Role {
    */
   GPUCR__HELPER__V1__ROLE__ROLE_CLI = 3,
   /*
-   * The CRIU plugin (issue 5).
+   * The CRIU plugin.
    */
   GPUCR__HELPER__V1__ROLE__ROLE_PLUGIN = 4
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__ROLE)

@@ -96,7 +96,7 @@ const (
 	Role_ROLE_CLIENT_CONTROL Role = 2
 	// gpucr CLI (status, client operations).
 	Role_ROLE_CLI Role = 3
-	// The CRIU plugin (issue 5).
+	// The CRIU plugin.
 	Role_ROLE_PLUGIN Role = 4
 )
 

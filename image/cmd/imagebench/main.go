@@ -97,7 +97,7 @@ type report struct {
 	Results    []result `json:"results"`
 }
 
-// Targets (issue 3): the image costs at most 20% of plain-file throughput,
+// Targets: the image costs at most 20% of plain-file throughput,
 // and a 16-core host moves at least 20 GB/s each way into /dev/shm.
 const (
 	targetRatio   = 0.8
