@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/image/mountinfo"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -244,11 +245,11 @@ func checkImagesDir(r *checkReport, dir string, st *helperpb.StatusReply) {
 		return
 	}
 	free := sfs.Bavail * uint64(sfs.Bsize)
-	mnt := mountOf(at)
-	info := map[string]any{"path": dir, "free_bytes": free, "fs_type": mnt.fsType, "mount_point": mnt.point}
+	mnt, _ := mountinfo.Of(at) // unknown: no type, no options
+	info := map[string]any{"path": dir, "free_bytes": free, "fs_type": mnt.FSType, "mount_point": mnt.Point}
 	status, notes := checkOK, []string{}
 	if int64(sfs.Type) == tmpfsMagic {
-		huge := mnt.option("huge")
+		huge := mnt.Option("huge")
 		info["huge"] = huge
 		if huge != "always" && huge != "within_size" {
 			status = checkWarn
@@ -275,7 +276,7 @@ func checkImagesDir(r *checkReport, dir string, st *helperpb.StatusReply) {
 		status = checkFail
 		notes = append(notes, "not writable")
 	}
-	reason := fmt.Sprintf("%s: %s, %s free", where, mnt.fsType, humanBytes(free))
+	reason := fmt.Sprintf("%s: %s, %s free", where, mnt.FSType, humanBytes(free))
 	if len(notes) > 0 {
 		reason += "; " + strings.Join(notes, "; ")
 	}
@@ -296,70 +297,4 @@ func existingAncestor(dir string) (string, error) {
 			return "", err
 		}
 	}
-}
-
-// mount is a line of /proc/self/mountinfo.
-type mount struct {
-	point, fsType string
-	options       []string // the super block's (tmpfs: size=, huge=)
-}
-
-func (m mount) option(name string) string {
-	for _, o := range m.options {
-		if k, v, _ := strings.Cut(o, "="); k == name {
-			return v
-		}
-	}
-	return ""
-}
-
-// mountOf is the mount that path (which exists) is on: of the mounts of its
-// device, the one with the longest mount point above it.
-func mountOf(path string) mount {
-	var best mount
-	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return best
-	}
-	var st unix.Stat_t
-	if unix.Stat(real, &st) != nil {
-		return best
-	}
-	dev := fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return best
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
-		pre, post, ok := strings.Cut(line, " - ")
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(g) < 3 || f[2] != dev {
-			continue
-		}
-		point := unescapeMount(f[4])
-		if (real == point || strings.HasPrefix(real, strings.TrimSuffix(point, "/")+"/")) && len(point) >= len(best.point) {
-			best = mount{point: point, fsType: g[0], options: strings.Split(g[2], ",")}
-		}
-	}
-	return best
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a blank).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

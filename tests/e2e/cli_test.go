@@ -23,6 +23,17 @@ import (
 
 // gpucrRun runs build/bin/gpucr ARGS with env and returns its combined
 // output and exit code (-1: it did not run or was killed).
+// checkJSON is what `gpucr check --json` prints.
+type checkJSON struct {
+	OK    bool `json:"ok"`
+	Items []struct {
+		Name   string         `json:"name"`
+		Status string         `json:"status"`
+		Reason string         `json:"reason"`
+		Info   map[string]any `json:"info"`
+	} `json:"items"`
+}
+
 func gpucrRun(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
 	return exitCode(runErr(2*time.Minute, env, binPath(t, "gpucr"), args...))
@@ -79,15 +90,7 @@ func TestCLICheck(t *testing.T) {
 	rig := newCriuRig(t)
 	bare := []string{"PATH=" + os.Getenv("PATH")}
 	out, code := gpucrRun(t, bare, "check", "--json", "--socket", rig.h.socket, "-D", rig.img)
-	var r struct {
-		OK    bool `json:"ok"`
-		Items []struct {
-			Name   string         `json:"name"`
-			Status string         `json:"status"`
-			Reason string         `json:"reason"`
-			Info   map[string]any `json:"info"`
-		} `json:"items"`
-	}
+	var r checkJSON
 	lastJSON(t, out, &r)
 	if code != 0 || !r.OK {
 		t.Fatalf("gpucr check: exit %d:\n%s", code, out)
@@ -140,14 +143,7 @@ func TestCLILoaderLauncher(t *testing.T) {
 	copyText(t, launcher, "#!/bin/sh\nhere=$(cd \"$(dirname \"$0\")/..\" && pwd)\nexec "+loader+" \"$here/libexec/gpucr\" \"$@\"\n")
 	out, code := exitCode(runErr(2*time.Minute, []string{"PATH=" + os.Getenv("PATH")}, launcher,
 		"check", "--json", "--socket", rig.h.socket))
-	var r struct {
-		Items []struct {
-			Name   string         `json:"name"`
-			Status string         `json:"status"`
-			Reason string         `json:"reason"`
-			Info   map[string]any `json:"info"`
-		} `json:"items"`
-	}
+	var r checkJSON
 	lastJSON(t, out, &r)
 	found := 0
 	for _, it := range r.Items {

@@ -305,17 +305,17 @@ func TestPluginCRIUKilledMidDump(t *testing.T) {
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", []string{"--mib", "16"}, 300))
 }
 
-// TestPluginProcessTree: a process tree with two GPU processes (a shell and
-// its two children, heartbeat and ptrchase, all under gpucr run) dumps into
-// one image holding both processes' GPU memory and restores as a whole.
-func TestPluginProcessTree(t *testing.T) {
-	rig := newCriuRig(t)
-	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
-	hb := &app{t: t, name: "heartbeat", log: filepath.Join(dir, "heartbeat.log")}
-	pc := &app{t: t, name: "ptrchase", log: filepath.Join(dir, "ptrchase.log")}
-	script := binPath(t, "heartbeat") + " --mib 8 --interval-ms 20 >>" + hb.log + " 2>&1 & " +
-		binPath(t, "ptrchase") + " --mib 8 --interval-ms 20 >>" + pc.log + " 2>&1 & wait"
-	root := exec.Command(binPath(t, "gpucr"), "run", "--socket", h.socket, "--", "/bin/sh", "-c", script)
+// startTree starts a process tree under one gpucr run, in its own session:
+// a shell whose two children are GPU processes, heartbeat and ptrchase
+// (--mib 8, and args), each writing its own log; it returns once both have
+// reached iteration 15.
+func startTree(t *testing.T, dir string, h *helperProc, env []string, args string) (root *exec.Cmd, hb, pc *app) {
+	t.Helper()
+	hb = &app{t: t, name: "heartbeat", log: filepath.Join(dir, "heartbeat.log")}
+	pc = &app{t: t, name: "ptrchase", log: filepath.Join(dir, "ptrchase.log")}
+	script := binPath(t, "heartbeat") + " --mib 8 " + args + " >>" + hb.log + " 2>&1 & " +
+		binPath(t, "ptrchase") + " --mib 8 " + args + " >>" + pc.log + " 2>&1 & wait"
+	root = exec.Command(binPath(t, "gpucr"), "run", "--socket", h.socket, "--", "/bin/sh", "-c", script)
 	root.Env = env
 	root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
@@ -343,6 +343,16 @@ func TestPluginProcessTree(t *testing.T) {
 		})
 		a.waitIter(15, time.Minute)
 	}
+	return root, hb, pc
+}
+
+// TestPluginProcessTree: a process tree with two GPU processes (a shell and
+// its two children, heartbeat and ptrchase, all under gpucr run) dumps into
+// one image holding both processes' GPU memory and restores as a whole.
+func TestPluginProcessTree(t *testing.T) {
+	rig := newCriuRig(t)
+	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
+	root, hb, pc := startTree(t, dir, h, env, "--interval-ms 20")
 	criuOK(t, criu, criuEnv, img, "dump.log", "dump", "-t", strconv.Itoa(root.Process.Pid), "--libdir", libdir)
 	_, _ = root.Process.Wait()
 	befores := map[*app]int{hb: hb.lastIter(), pc: pc.lastIter()}

@@ -6,7 +6,6 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -148,32 +147,7 @@ func TestDumpFailureGivesBack(t *testing.T) {
 		env := gpucrEnv(t)
 		h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=driver-lock@2"))
 		img := filepath.Join(dir, "img")
-		hb := &app{t: t, name: "heartbeat", log: filepath.Join(dir, "heartbeat.log")}
-		pc := &app{t: t, name: "ptrchase", log: filepath.Join(dir, "ptrchase.log")}
-		script := binPath(t, "heartbeat") + " --mib 8 --interval-ms 10 --iters 300 >>" + hb.log + " 2>&1 & " +
-			binPath(t, "ptrchase") + " --mib 8 --interval-ms 10 --iters 300 >>" + pc.log + " 2>&1 & wait"
-		root := exec.Command(binPath(t, "gpucr"), "run", "--socket", h.socket, "--", "/bin/sh", "-c", script)
-		root.Env = env
-		root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := root.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			for _, p := range []int{hb.pid, pc.pid, root.Process.Pid} {
-				if p > 0 {
-					_ = syscall.Kill(p, syscall.SIGKILL)
-				}
-			}
-			_, _ = root.Process.Wait()
-		})
-		for _, a := range []*app{hb, pc} {
-			a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
-				p, _ := parseHeartbeats(out)
-				a.pid = p
-				return p > 0
-			})
-			a.waitIter(15, time.Minute)
-		}
+		root, hb, pc := startTree(t, dir, h, env, "--interval-ms 10 --iters 300")
 		out, err := cli(t, h, env, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", img)
 		exited := time.Now()
 		if err == nil {
