@@ -137,8 +137,8 @@ static void note_before(int fd, void *arg) {
 static void note_after(int fd, void *arg) {
     (void)arg;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !device_like(&st))
-        return;
+    if (fd >= MAX_FDS || fstat(fd, &st) != 0 || !device_like(&st))
+        return; /* beyond the table: not known to be new, so not noted */
     if (fd < F.nbefore && F.before[fd].ino == st.st_ino && F.before[fd].dev == st.st_dev)
         return; /* the application's */
     if (F.nnoted < MAX_NOTED && !noted(st.st_dev, st.st_ino))
