@@ -293,6 +293,7 @@ func TestPluginCRIUKilledMidDump(t *testing.T) {
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // CRIU and its action script
 	_ = cmd.Wait()
+	runsAgainWithin(t, a, time.Now(), a.lastIter(), time.Second)
 	if code := a.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("heartbeat after CRIU died: exit %d:\n%s", code, tail(a.output(), 10))
 	}
