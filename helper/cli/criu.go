@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
@@ -340,12 +341,31 @@ func restoreCommand() *ucli.Command {
 			}
 			n, err := criuRun(c, criuJob{dir: dir, pluginDir: plugin.Dir, what: "criu restore from " + dir,
 				fill: func(o *rpc.CriuOpts) { o.RstSibling = proto.Bool(true) }})
+			_, statErr := os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
+			gpuState := statErr == nil
+			socket := client.SocketPath(c.String("socket"))
 			if err != nil {
+				// CRIU also fails when a restored process that cannot get
+				// its GPU memory back is stopped while CRIU still detaches
+				// from it: the helper knows why.
+				if gpuState {
+					if _, werr := waitGPURestored(socket, dir, 3*time.Second); werr != nil && !strings.Contains(werr.Error(), "no restore from") {
+						return fmt.Errorf("%w; %v", err, werr)
+					}
+				}
 				return err
+			}
+			// CRIU is done; with GPU state, each process must also have its
+			// GPU memory back before this says it runs.
+			var procs []restoredProcess
+			if gpuState {
+				if procs, err = waitGPURestored(socket, dir, restoredWait); err != nil {
+					return fmt.Errorf("restore from %s: CRIU restored the processes, but %w", dir, err)
+				}
 			}
 			gpu, _ := gpuSummary(n.gpu)
 			return report(c, map[string]any{"pid": n.pid, "images_dir": dir, "seconds": time.Since(n.start).Seconds(), "gpu": gpu,
-				"plugin_dir": plugin.Dir, "plugin_messages": nonNil(n.plugin)},
+				"plugin_dir": plugin.Dir, "plugin_messages": nonNil(n.plugin), "gpu_processes": procs},
 				fmt.Sprintf("restore: pid %d running again after %.3f s", n.pid, time.Since(n.start).Seconds()), n.plugin)
 		},
 	}

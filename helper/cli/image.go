@@ -471,6 +471,7 @@ func imageVerify(c *ucli.Context) error {
 			doc.Buffers++
 			doc.Chunks += len(b.GetChunks())
 		}
+		doc.Problems = append(doc.Problems, verifyProblems(im.CheckRestorable())...)
 		doc.Problems = append(doc.Problems, verifyProblems(im.Verify())...)
 	}
 	doc.OK = len(doc.Problems) == 0

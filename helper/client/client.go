@@ -161,3 +161,19 @@ func (c *Conn) ClientOp(ctx context.Context, pid int64, op helperpb.ClientOp_Op,
 	}
 	return r, nil
 }
+
+// WaitRestored waits, at most timeout, until every process of the latest
+// restore from image directory dir has its GPU memory back or cannot get it,
+// and returns what became of each.
+func (c *Conn) WaitRestored(ctx context.Context, dir string, timeout time.Duration) ([]*helperpb.RestoreResult, error) {
+	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_WaitRestored{WaitRestored: &helperpb.WaitRestored{
+		ImageDir: dir, TimeoutMs: uint32(timeout / time.Millisecond)}}})
+	if err != nil {
+		return nil, err
+	}
+	r := resp.GetRestoreResults()
+	if r == nil {
+		return nil, errors.New("WaitRestored answered without RestoreResults")
+	}
+	return r.GetResults(), nil
+}

@@ -46,6 +46,8 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		switch b := req.Body.(type) {
 		case *helperpb.Request_Status:
 			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Status{Status: s.status()}}
+		case *helperpb.Request_WaitRestored:
+			resp = s.waitRestored(c, req.Id, b.WaitRestored)
 		case *helperpb.Request_Transfers:
 			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Transfers{Transfers: &helperpb.TransfersReply{
 				Transfers: s.transfers.snapshot(b.Transfers.ImageDir)}}}

@@ -45,6 +45,7 @@ type client struct {
 	nsPid    int32        // prepared/restored: the pid inside its namespace, from the image
 	wakeAs   int32        // prepared/restored: the pid its wake file is named after (the one it detached as)
 	load     *restoreLoad // prepared/restored: the background load that fills its memory
+	out      *outcomes    // prepared/restored, until it runs or fails: where its restore's result goes
 }
 
 type alloc struct {

@@ -8,10 +8,13 @@ package daemon
 // control connection is up.
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,23 +72,99 @@ func (s *Server) release(cl *client) {
 	}
 }
 
-// giveBack is what a reattached client gets: optionally the driver restore
-// of its residual context, then its memory, then the gate opened.
+// giveBack is what a reattached client gets: optionally (a restored one)
+// the check that the image holds exactly the memory the process had and the
+// driver restore of its residual context, then its memory, then the gate
+// opened. A restored process whose memory cannot be given back is aborted
+// with the reason: it must neither run without its memory nor sit frozen.
 func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error) {
 	err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
-		if driverRestore {
-			return s.thaw(cl, ctl, s.cfg.OpTimeout, newPhases())
+		if !driverRestore {
+			return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
 		}
-		return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
+		err := s.checkRestored(cl, ctl)
+		if err == nil {
+			err = s.thaw(cl, ctl, s.cfg.OpTimeout, newPhases())
+		}
+		if err != nil {
+			reason := "its GPU memory could not be restored: " + err.Error()
+			if _, aerr := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Abort{Abort: &helperpb.Abort{Reason: reason}}},
+				5*time.Second); aerr != nil {
+				cl.log.Error("cannot tell a restored process to stop", zap.Error(aerr))
+			}
+		}
+		return err
 	})
+	cl.mu.Lock()
+	out, pid := cl.out, cl.pid
+	cl.out = nil
+	cl.mu.Unlock()
 	if err != nil {
 		cl.log.Error("giving a reattached client its GPU back failed", zap.Error(err))
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 	} else {
 		cl.log.Info("reattached client runs again")
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_RUNNING, "")
 	}
 	if done != nil {
 		done <- err
 	}
+}
+
+// checkRestored compares what a restored process records of its own GPU
+// memory (its buffer table: every allocation it had, by address and size)
+// with what the image gave it: the image must hold exactly those. An image
+// anyone could rewrite (a re-sealed manifest with a buffer moved, shrunk,
+// dropped, or given to another pid) is caught here, before the driver
+// restore and before the process may run.
+func (s *Server) checkRestored(cl *client, ctl *control) error {
+	r, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, s.cfg.OpTimeout)
+	if err != nil {
+		return fmt.Errorf("its record of its memory: %w", err)
+	}
+	cl.mu.Lock()
+	have := map[uint64]uint64{} // address -> size, of what the image gave
+	for _, al := range cl.allocs {
+		have[al.address] = al.size
+	}
+	cl.mu.Unlock()
+	var missing, wrong []string
+	seen := map[uint64]bool{}
+	for _, a := range r.GetTable().GetAllocations() {
+		if a.Address == 0 {
+			continue // never mapped: nothing of it was dropped or saved
+		}
+		seen[a.Address] = true
+		size, ok := have[a.Address]
+		switch {
+		case !ok:
+			missing = append(missing, fmt.Sprintf("0x%x (%d bytes)", a.Address, a.Size))
+		case size != a.Size:
+			wrong = append(wrong, fmt.Sprintf("0x%x is %d bytes in the image, %d in the process", a.Address, size, a.Size))
+		}
+	}
+	var extra []string
+	for addr, size := range have {
+		if !seen[addr] {
+			extra = append(extra, fmt.Sprintf("0x%x (%d bytes)", addr, size))
+		}
+	}
+	if len(missing)+len(wrong)+len(extra) == 0 {
+		return nil
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	msg := "the GPU image does not match the process"
+	if len(missing) > 0 {
+		msg += "; it lacks the process's buffer(s) at " + strings.Join(missing, ", ")
+	}
+	if len(wrong) > 0 {
+		msg += "; buffer " + strings.Join(wrong, ", ")
+	}
+	if len(extra) > 0 {
+		msg += "; it holds buffer(s) the process does not have at " + strings.Join(extra, ", ")
+	}
+	return errors.New(msg)
 }
 
 // dumpDone runs a DumpDone request: the dump that detached pid has ended.

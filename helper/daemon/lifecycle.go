@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // phase is where a client is in its lifecycle.
@@ -293,8 +295,9 @@ func (s *Server) reapIfParked(cl *client, why string) {
 // reap releases the memory of a client taken out of the waiting list.
 func (s *Server) reap(cl *client, why string) {
 	cl.mu.Lock()
-	pid, wakeAs, bytes := cl.pid, cl.wakeAs, cl.bytes
+	pid, wakeAs, bytes, out := cl.pid, cl.wakeAs, cl.bytes, cl.out
 	cl.mu.Unlock()
+	out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "the process is gone: "+why)
 	s.release(cl)
 	s.mu.Lock()
 	s.removeWakeLocked(pid, pid)

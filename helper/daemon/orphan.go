@@ -137,6 +137,9 @@ func (s *Server) adoptOrphans() {
 // memory and wakes it; it then comes back as a restored process does.
 func (s *Server) adopt(st detachState) error {
 	im, err := image.Open(st.ImageDir)
+	if err == nil {
+		err = im.CheckRestorable()
+	}
 	if err != nil {
 		return fmt.Errorf("its GPU image cannot be used: %w", err)
 	}

@@ -44,6 +44,7 @@ type restorePlan struct {
 	bufs    []int // image buffer of each region
 	made    []*alloc
 	load    *restoreLoad
+	out     *outcomes
 }
 
 func (p *restorePlan) undo() {
@@ -62,10 +63,14 @@ func (p *restorePlan) undo() {
 // then fails, and the plugin kills the restored process (see restored).
 func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, *restorePlan) {
 	im, err := image.Open(req.ImageDir)
-	if err != nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
+	if err == nil {
+		err = im.CheckRestorable()
 	}
-	if err := im.CheckFiles(); err != nil {
+	if err == nil {
+		err = im.CheckFiles()
+	}
+	if err != nil {
+		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
 	plan, e := s.planRestore(im, req.ImageDir, 0)
@@ -74,6 +79,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helpe
 		return &helperpb.Response{Id: id, Error: e}, nil
 	}
 	s.trackPlan(plan)
+	s.rememberRestore(req.ImageDir, plan.out)
 	go s.runLoad(plan)
 	return okResp(id), plan
 }
@@ -137,6 +143,10 @@ func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePla
 	}
 	if only != 0 && len(p.clients) == 0 {
 		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
+	}
+	p.out = newOutcomes(p.clients)
+	for _, cl := range p.clients {
+		cl.out = p.out
 	}
 	return p, nil
 }
@@ -218,8 +228,10 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	if cl == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU memory prepared for pid %d by this restore", req.Pid)
 	}
+	cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_PENDING, "")
 	// The process may run only with all of its memory in place.
 	if err := cl.load.wait(); err != nil {
+		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		s.release(cl)
 		code := helperpb.ErrorCode_ERROR_DRIVER
 		if errors.Is(err, image.ErrCorrupt) {
@@ -230,10 +242,12 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	}
 	ps, err := procStat(pid)
 	if err != nil {
+		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 		s.release(cl)
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "restored pid %d: %v", req.Pid, err)
 	}
 	if err := s.parkRestored(cl, pid, ps.start); err != nil {
+		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 		s.release(cl)
 		cl.log.Warn("restore failed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err)
@@ -257,6 +271,8 @@ func (s *Server) dropUnrestored(plans []*restorePlan) {
 		_ = p.load.wait() // the engines may still be writing into that memory
 		for _, cl := range p.clients {
 			if cl.getPhase() == phasePrepared {
+				cl.out.set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED,
+					"CRIU did not restore this process (its restore failed or was stopped)")
 				s.release(cl)
 				cl.log.Info("restore did not finish; the GPU memory prepared for it is released")
 			}

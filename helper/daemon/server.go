@@ -79,6 +79,7 @@ type Server struct {
 	owner     map[uint64]*client       // alloc id -> client
 	waiting   map[int32]*client        // detached or restored, by pid (lifecycle.go)
 	plans     map[*restorePlan]bool    // restores being prepared (restore.go)
+	recent    map[string]*outcomes     // what became of recent restores, by image directory (outcome.go)
 	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
@@ -106,7 +107,7 @@ func New(cfg Config) *Server {
 		cfg.Unavailable = "no GPU devices"
 	}
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
+		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket

@@ -1585,6 +1585,8 @@ serve:
         Resp resp = GPUCR__HELPER__V1__RESPONSE__INIT;
         snap_mem sm;
         bool snapped = false, detach = false;
+        static char abort_why[1024];
+        abort_why[0] = 0;
         if (!req) {
             set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "undecodable request");
         } else {
@@ -1618,6 +1620,12 @@ serve:
                 break;
             case GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS: do_stats(&resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_DETACH: do_detach(req, &resp, &detach); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_ABORT:
+                /* answered first, so the helper knows it was heard; then this process ends */
+                snprintf(abort_why, sizeof abort_why, "%s",
+                         req->abort->reason && *req->abort->reason ? req->abort->reason : "the gpucr helper gave it up");
+                set_ok(&resp);
+                break;
             default:
                 set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST,
                           "not a request for an interposer's control connection");
@@ -1633,6 +1641,8 @@ serve:
             rc = gc_send_frame(fd, out, olen, NULL, 0);
         }
         free(out);
+        if (abort_why[0])
+            gpu_state_lost(abort_why);
         if (snapped)
             snap_free(&sm);
         if (req)

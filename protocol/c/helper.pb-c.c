@@ -1537,6 +1537,186 @@ void   gpucr__helper__v1__resume_checkpointed__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__resume_checkpointed__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__abort__init
+                     (Gpucr__Helper__V1__Abort         *message)
+{
+  static const Gpucr__Helper__V1__Abort init_value = GPUCR__HELPER__V1__ABORT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__abort__get_packed_size
+                     (const Gpucr__Helper__V1__Abort *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__abort__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__abort__pack
+                     (const Gpucr__Helper__V1__Abort *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__abort__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__abort__pack_to_buffer
+                     (const Gpucr__Helper__V1__Abort *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__abort__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Abort *
+       gpucr__helper__v1__abort__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Abort *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__abort__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__abort__free_unpacked
+                     (Gpucr__Helper__V1__Abort *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__abort__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__wait_restored__init
+                     (Gpucr__Helper__V1__WaitRestored         *message)
+{
+  static const Gpucr__Helper__V1__WaitRestored init_value = GPUCR__HELPER__V1__WAIT_RESTORED__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__wait_restored__get_packed_size
+                     (const Gpucr__Helper__V1__WaitRestored *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__wait_restored__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__wait_restored__pack
+                     (const Gpucr__Helper__V1__WaitRestored *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__wait_restored__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__wait_restored__pack_to_buffer
+                     (const Gpucr__Helper__V1__WaitRestored *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__wait_restored__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__WaitRestored *
+       gpucr__helper__v1__wait_restored__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__WaitRestored *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__wait_restored__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__wait_restored__free_unpacked
+                     (Gpucr__Helper__V1__WaitRestored *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__wait_restored__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__restore_results__init
+                     (Gpucr__Helper__V1__RestoreResults         *message)
+{
+  static const Gpucr__Helper__V1__RestoreResults init_value = GPUCR__HELPER__V1__RESTORE_RESULTS__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__restore_results__get_packed_size
+                     (const Gpucr__Helper__V1__RestoreResults *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_results__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__restore_results__pack
+                     (const Gpucr__Helper__V1__RestoreResults *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_results__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__restore_results__pack_to_buffer
+                     (const Gpucr__Helper__V1__RestoreResults *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_results__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__RestoreResults *
+       gpucr__helper__v1__restore_results__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__RestoreResults *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__restore_results__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__restore_results__free_unpacked
+                     (Gpucr__Helper__V1__RestoreResults *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_results__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__restore_result__init
+                     (Gpucr__Helper__V1__RestoreResult         *message)
+{
+  static const Gpucr__Helper__V1__RestoreResult init_value = GPUCR__HELPER__V1__RESTORE_RESULT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__restore_result__get_packed_size
+                     (const Gpucr__Helper__V1__RestoreResult *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_result__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__restore_result__pack
+                     (const Gpucr__Helper__V1__RestoreResult *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_result__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__restore_result__pack_to_buffer
+                     (const Gpucr__Helper__V1__RestoreResult *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_result__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__RestoreResult *
+       gpucr__helper__v1__restore_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__RestoreResult *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__restore_result__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__restore_result__free_unpacked
+                     (Gpucr__Helper__V1__RestoreResult *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__restore_result__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__detach__init
                      (Gpucr__Helper__V1__Detach         *message)
 {
@@ -1852,7 +2032,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[22] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[24] =
 {
   {
     "id",
@@ -2011,6 +2191,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
+    "abort",
+    18,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, abort),
+    &gpucr__helper__v1__abort__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
     "status",
     20,
     PROTOBUF_C_LABEL_NONE,
@@ -2118,37 +2310,51 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "wait_restored",
+    29,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, wait_restored),
+    &gpucr__helper__v1__wait_restored__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
+  13,   /* field[13] = abort */
   2,   /* field[2] = alloc */
-  15,   /* field[15] = checkpoint */
-  14,   /* field[14] = client_op */
-  20,   /* field[20] = commit_image */
+  16,   /* field[16] = checkpoint */
+  15,   /* field[15] = client_op */
+  21,   /* field[21] = commit_image */
   12,   /* field[12] = detach */
   6,   /* field[6] = drain */
   7,   /* field[7] = drop */
-  17,   /* field[17] = dump_done */
+  18,   /* field[18] = dump_done */
   4,   /* field[4] = free */
   11,   /* field[11] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
   3,   /* field[3] = mapped */
-  18,   /* field[18] = prepare_restore */
+  19,   /* field[19] = prepare_restore */
   5,   /* field[5] = quiesce */
   8,   /* field[8] = reimport */
-  19,   /* field[19] = restored */
+  20,   /* field[20] = restored */
   9,   /* field[9] = resume */
-  16,   /* field[16] = resume_checkpointed */
+  17,   /* field[17] = resume_checkpointed */
   10,   /* field[10] = snapshot */
-  13,   /* field[13] = status */
-  21,   /* field[21] = transfers */
+  14,   /* field[14] = status */
+  22,   /* field[22] = transfers */
+  23,   /* field[23] = wait_restored */
 };
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] =
 {
   { 1, 0 },
   { 10, 5 },
-  { 20, 13 },
-  { 0, 22 }
+  { 20, 14 },
+  { 0, 24 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2158,14 +2364,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  22,
+  24,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   3,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[11] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[12] =
 {
   {
     "id",
@@ -2299,6 +2505,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "restore_results",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, restore_results),
+    &gpucr__helper__v1__restore_results__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   3,   /* field[3] = alloc */
@@ -2308,6 +2526,7 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   2,   /* field[2] = hello */
   0,   /* field[0] = id */
   4,   /* field[4] = ok */
+  11,   /* field[11] = restore_results */
   6,   /* field[6] = stats */
   7,   /* field[7] = status */
   5,   /* field[5] = table */
@@ -2316,7 +2535,7 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 12 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
 {
@@ -2326,7 +2545,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
   "Gpucr__Helper__V1__Response",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Response),
-  11,
+  12,
   gpucr__helper__v1__response__field_descriptors,
   gpucr__helper__v1__response__field_indices_by_name,
   1,  gpucr__helper__v1__response__number_ranges,
@@ -4522,6 +4741,210 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descrip
   (ProtobufCMessageInit) gpucr__helper__v1__resume_checkpointed__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor gpucr__helper__v1__abort__field_descriptors[1] =
+{
+  {
+    "reason",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Abort, reason),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__abort__field_indices_by_name[] = {
+  0,   /* field[0] = reason */
+};
+static const ProtobufCIntRange gpucr__helper__v1__abort__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__abort__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Abort",
+  "Abort",
+  "Gpucr__Helper__V1__Abort",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Abort),
+  1,
+  gpucr__helper__v1__abort__field_descriptors,
+  gpucr__helper__v1__abort__field_indices_by_name,
+  1,  gpucr__helper__v1__abort__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__abort__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__wait_restored__field_descriptors[2] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__WaitRestored, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "timeout_ms",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__WaitRestored, timeout_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__wait_restored__field_indices_by_name[] = {
+  0,   /* field[0] = image_dir */
+  1,   /* field[1] = timeout_ms */
+};
+static const ProtobufCIntRange gpucr__helper__v1__wait_restored__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__wait_restored__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.WaitRestored",
+  "WaitRestored",
+  "Gpucr__Helper__V1__WaitRestored",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__WaitRestored),
+  2,
+  gpucr__helper__v1__wait_restored__field_descriptors,
+  gpucr__helper__v1__wait_restored__field_indices_by_name,
+  1,  gpucr__helper__v1__wait_restored__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__wait_restored__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__restore_results__field_descriptors[1] =
+{
+  {
+    "results",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__RestoreResults, n_results),
+    offsetof(Gpucr__Helper__V1__RestoreResults, results),
+    &gpucr__helper__v1__restore_result__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__restore_results__field_indices_by_name[] = {
+  0,   /* field[0] = results */
+};
+static const ProtobufCIntRange gpucr__helper__v1__restore_results__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__restore_results__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.RestoreResults",
+  "RestoreResults",
+  "Gpucr__Helper__V1__RestoreResults",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__RestoreResults),
+  1,
+  gpucr__helper__v1__restore_results__field_descriptors,
+  gpucr__helper__v1__restore_results__field_indices_by_name,
+  1,  gpucr__helper__v1__restore_results__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__restore_results__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__restore_result__field_descriptors[4] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RestoreResult, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "image_pid",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RestoreResult, image_pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "state",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_ENUM,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RestoreResult, state),
+    &gpucr__helper__v1__restore_state__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reason",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RestoreResult, reason),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__restore_result__field_indices_by_name[] = {
+  1,   /* field[1] = image_pid */
+  0,   /* field[0] = pid */
+  3,   /* field[3] = reason */
+  2,   /* field[2] = state */
+};
+static const ProtobufCIntRange gpucr__helper__v1__restore_result__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__restore_result__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.RestoreResult",
+  "RestoreResult",
+  "Gpucr__Helper__V1__RestoreResult",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__RestoreResult),
+  4,
+  gpucr__helper__v1__restore_result__field_descriptors,
+  gpucr__helper__v1__restore_result__field_indices_by_name,
+  1,  gpucr__helper__v1__restore_result__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__restore_result__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCFieldDescriptor gpucr__helper__v1__detach__field_descriptors[1] =
 {
   {
@@ -5107,5 +5530,37 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__client_state__descriptor =
   gpucr__helper__v1__client_state__enum_values_by_name,
   1,
   gpucr__helper__v1__client_state__value_ranges,
+  NULL,NULL,NULL,NULL   /* reserved[1234] */
+};
+static const ProtobufCEnumValue gpucr__helper__v1__restore_state__enum_values_by_number[4] =
+{
+  { "RESTORE_STATE_UNSPECIFIED", "GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_UNSPECIFIED", 0 },
+  { "RESTORE_STATE_PENDING", "GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_PENDING", 1 },
+  { "RESTORE_STATE_RUNNING", "GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_RUNNING", 2 },
+  { "RESTORE_STATE_FAILED", "GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_FAILED", 3 },
+};
+static const ProtobufCIntRange gpucr__helper__v1__restore_state__value_ranges[] = {
+{0, 0},{0, 4}
+};
+static const ProtobufCEnumValueIndex gpucr__helper__v1__restore_state__enum_values_by_name[4] =
+{
+  { "RESTORE_STATE_FAILED", 3 },
+  { "RESTORE_STATE_PENDING", 1 },
+  { "RESTORE_STATE_RUNNING", 2 },
+  { "RESTORE_STATE_UNSPECIFIED", 0 },
+};
+const ProtobufCEnumDescriptor gpucr__helper__v1__restore_state__descriptor =
+{
+  PROTOBUF_C__ENUM_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.RestoreState",
+  "RestoreState",
+  "Gpucr__Helper__V1__RestoreState",
+  "gpucr.helper.v1",
+  4,
+  gpucr__helper__v1__restore_state__enum_values_by_number,
+  4,
+  gpucr__helper__v1__restore_state__enum_values_by_name,
+  1,
+  gpucr__helper__v1__restore_state__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };

@@ -49,6 +49,10 @@ typedef struct Gpucr__Helper__V1__CommitImage Gpucr__Helper__V1__CommitImage;
 typedef struct Gpucr__Helper__V1__CheckpointReply Gpucr__Helper__V1__CheckpointReply;
 typedef struct Gpucr__Helper__V1__Phase Gpucr__Helper__V1__Phase;
 typedef struct Gpucr__Helper__V1__ResumeCheckpointed Gpucr__Helper__V1__ResumeCheckpointed;
+typedef struct Gpucr__Helper__V1__Abort Gpucr__Helper__V1__Abort;
+typedef struct Gpucr__Helper__V1__WaitRestored Gpucr__Helper__V1__WaitRestored;
+typedef struct Gpucr__Helper__V1__RestoreResults Gpucr__Helper__V1__RestoreResults;
+typedef struct Gpucr__Helper__V1__RestoreResult Gpucr__Helper__V1__RestoreResult;
 typedef struct Gpucr__Helper__V1__Detach Gpucr__Helper__V1__Detach;
 typedef struct Gpucr__Helper__V1__DumpDone Gpucr__Helper__V1__DumpDone;
 typedef struct Gpucr__Helper__V1__PrepareRestore Gpucr__Helper__V1__PrepareRestore;
@@ -185,6 +189,22 @@ typedef enum _Gpucr__Helper__V1__ClientState {
   GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_DROPPED = 3
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__CLIENT_STATE)
 } Gpucr__Helper__V1__ClientState;
+typedef enum _Gpucr__Helper__V1__RestoreState {
+  GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_UNSPECIFIED = 0,
+  /*
+   * Not yet back (CRIU has not restored it, or it has not reattached).
+   */
+  GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_PENDING = 1,
+  /*
+   * It has its GPU memory back and runs.
+   */
+  GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_RUNNING = 2,
+  /*
+   * It cannot get its memory back (reason); the process was aborted or never ran.
+   */
+  GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_FAILED = 3
+    PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESTORE_STATE)
+} Gpucr__Helper__V1__RestoreState;
 
 /* --- messages --- */
 
@@ -202,6 +222,7 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_SNAPSHOT = 15,
   GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS = 16,
   GPUCR__HELPER__V1__REQUEST__BODY_DETACH = 17,
+  GPUCR__HELPER__V1__REQUEST__BODY_ABORT = 18,
   GPUCR__HELPER__V1__REQUEST__BODY_STATUS = 20,
   GPUCR__HELPER__V1__REQUEST__BODY_CLIENT_OP = 21,
   GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT = 22,
@@ -210,7 +231,8 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE = 25,
   GPUCR__HELPER__V1__REQUEST__BODY_RESTORED = 26,
   GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE = 27,
-  GPUCR__HELPER__V1__REQUEST__BODY_TRANSFERS = 28
+  GPUCR__HELPER__V1__REQUEST__BODY_TRANSFERS = 28,
+  GPUCR__HELPER__V1__REQUEST__BODY_WAIT_RESTORED = 29
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -241,6 +263,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__Snapshot *snapshot;
     Gpucr__Helper__V1__GetStats *get_stats;
     Gpucr__Helper__V1__Detach *detach;
+    Gpucr__Helper__V1__Abort *abort;
     /*
      * ROLE_CLI / ROLE_PLUGIN -> helper
      */
@@ -259,6 +282,10 @@ struct  Gpucr__Helper__V1__Request
      * ROLE_CLI / ROLE_PLUGIN -> helper
      */
     Gpucr__Helper__V1__Transfers *transfers;
+    /*
+     * ROLE_CLI -> helper
+     */
+    Gpucr__Helper__V1__WaitRestored *wait_restored;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -276,7 +303,8 @@ typedef enum {
   GPUCR__HELPER__V1__RESPONSE__BODY_STATUS = 8,
   GPUCR__HELPER__V1__RESPONSE__BODY_CLIENT_OP = 9,
   GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT = 10,
-  GPUCR__HELPER__V1__RESPONSE__BODY_TRANSFERS = 11
+  GPUCR__HELPER__V1__RESPONSE__BODY_TRANSFERS = 11,
+  GPUCR__HELPER__V1__RESPONSE__BODY_RESTORE_RESULTS = 12
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESPONSE__BODY__CASE)
 } Gpucr__Helper__V1__Response__BodyCase;
 
@@ -299,6 +327,7 @@ struct  Gpucr__Helper__V1__Response
     Gpucr__Helper__V1__ClientOpReply *client_op;
     Gpucr__Helper__V1__CheckpointReply *checkpoint;
     Gpucr__Helper__V1__TransfersReply *transfers;
+    Gpucr__Helper__V1__RestoreResults *restore_results;
   };
 };
 #define GPUCR__HELPER__V1__RESPONSE__INIT \
@@ -910,7 +939,68 @@ struct  Gpucr__Helper__V1__ResumeCheckpointed
  * the helper takes it from there (reimport, resume). Everything it does while
  * detached is a stat() of wake_path and a sleep: nothing CRIU cannot dump and
  * restore.
+ * Abort (helper -> interposer): the helper gives up on the client's GPU
+ * state, for the reason given (a restored image that does not match the
+ * process's own record of its memory). The interposer answers Ok, prints the
+ * reason and aborts the process: it must not run on without its memory.
  */
+struct  Gpucr__Helper__V1__Abort
+{
+  ProtobufCMessage base;
+  char *reason;
+};
+#define GPUCR__HELPER__V1__ABORT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__abort__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+/*
+ * WaitRestored (CLI -> helper): waits until every process of the latest
+ * restore from image_dir has its GPU memory back, or cannot get it, at most
+ * timeout_ms (0: 60 s), and says which. The caller may control those
+ * processes (root, or their owner).
+ */
+struct  Gpucr__Helper__V1__WaitRestored
+{
+  ProtobufCMessage base;
+  char *image_dir;
+  uint32_t timeout_ms;
+};
+#define GPUCR__HELPER__V1__WAIT_RESTORED__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__wait_restored__descriptor) \
+    , (char *)protobuf_c_empty_string, 0 }
+
+
+struct  Gpucr__Helper__V1__RestoreResults
+{
+  ProtobufCMessage base;
+  size_t n_results;
+  Gpucr__Helper__V1__RestoreResult **results;
+};
+#define GPUCR__HELPER__V1__RESTORE_RESULTS__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__restore_results__descriptor) \
+    , 0,NULL }
+
+
+struct  Gpucr__Helper__V1__RestoreResult
+{
+  ProtobufCMessage base;
+  /*
+   * The restored process (the host pid), 0 if no process claimed its memory.
+   */
+  int64_t pid;
+  /*
+   * Its pid in the image.
+   */
+  int64_t image_pid;
+  Gpucr__Helper__V1__RestoreState state;
+  char *reason;
+};
+#define GPUCR__HELPER__V1__RESTORE_RESULT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__restore_result__descriptor) \
+    , 0, 0, GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_UNSPECIFIED, (char *)protobuf_c_empty_string }
+
+
 struct  Gpucr__Helper__V1__Detach
 {
   ProtobufCMessage base;
@@ -1686,6 +1776,82 @@ Gpucr__Helper__V1__ResumeCheckpointed *
 void   gpucr__helper__v1__resume_checkpointed__free_unpacked
                      (Gpucr__Helper__V1__ResumeCheckpointed *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Abort methods */
+void   gpucr__helper__v1__abort__init
+                     (Gpucr__Helper__V1__Abort         *message);
+size_t gpucr__helper__v1__abort__get_packed_size
+                     (const Gpucr__Helper__V1__Abort   *message);
+size_t gpucr__helper__v1__abort__pack
+                     (const Gpucr__Helper__V1__Abort   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__abort__pack_to_buffer
+                     (const Gpucr__Helper__V1__Abort   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Abort *
+       gpucr__helper__v1__abort__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__abort__free_unpacked
+                     (Gpucr__Helper__V1__Abort *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__WaitRestored methods */
+void   gpucr__helper__v1__wait_restored__init
+                     (Gpucr__Helper__V1__WaitRestored         *message);
+size_t gpucr__helper__v1__wait_restored__get_packed_size
+                     (const Gpucr__Helper__V1__WaitRestored   *message);
+size_t gpucr__helper__v1__wait_restored__pack
+                     (const Gpucr__Helper__V1__WaitRestored   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__wait_restored__pack_to_buffer
+                     (const Gpucr__Helper__V1__WaitRestored   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__WaitRestored *
+       gpucr__helper__v1__wait_restored__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__wait_restored__free_unpacked
+                     (Gpucr__Helper__V1__WaitRestored *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__RestoreResults methods */
+void   gpucr__helper__v1__restore_results__init
+                     (Gpucr__Helper__V1__RestoreResults         *message);
+size_t gpucr__helper__v1__restore_results__get_packed_size
+                     (const Gpucr__Helper__V1__RestoreResults   *message);
+size_t gpucr__helper__v1__restore_results__pack
+                     (const Gpucr__Helper__V1__RestoreResults   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__restore_results__pack_to_buffer
+                     (const Gpucr__Helper__V1__RestoreResults   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__RestoreResults *
+       gpucr__helper__v1__restore_results__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__restore_results__free_unpacked
+                     (Gpucr__Helper__V1__RestoreResults *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__RestoreResult methods */
+void   gpucr__helper__v1__restore_result__init
+                     (Gpucr__Helper__V1__RestoreResult         *message);
+size_t gpucr__helper__v1__restore_result__get_packed_size
+                     (const Gpucr__Helper__V1__RestoreResult   *message);
+size_t gpucr__helper__v1__restore_result__pack
+                     (const Gpucr__Helper__V1__RestoreResult   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__restore_result__pack_to_buffer
+                     (const Gpucr__Helper__V1__RestoreResult   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__RestoreResult *
+       gpucr__helper__v1__restore_result__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__restore_result__free_unpacked
+                     (Gpucr__Helper__V1__RestoreResult *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__Detach methods */
 void   gpucr__helper__v1__detach__init
                      (Gpucr__Helper__V1__Detach         *message);
@@ -1923,6 +2089,18 @@ typedef void (*Gpucr__Helper__V1__Phase_Closure)
 typedef void (*Gpucr__Helper__V1__ResumeCheckpointed_Closure)
                  (const Gpucr__Helper__V1__ResumeCheckpointed *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__Abort_Closure)
+                 (const Gpucr__Helper__V1__Abort *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__WaitRestored_Closure)
+                 (const Gpucr__Helper__V1__WaitRestored *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__RestoreResults_Closure)
+                 (const Gpucr__Helper__V1__RestoreResults *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__RestoreResult_Closure)
+                 (const Gpucr__Helper__V1__RestoreResult *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__Detach_Closure)
                  (const Gpucr__Helper__V1__Detach *message,
                   void *closure_data);
@@ -1955,6 +2133,7 @@ extern const ProtobufCEnumDescriptor    gpucr__helper__v1__role__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__alloc_kind__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__error_code__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__client_state__descriptor;
+extern const ProtobufCEnumDescriptor    gpucr__helper__v1__restore_state__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__error__descriptor;
@@ -1990,6 +2169,10 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__commit_image__descrip
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__phase__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume_checkpointed__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__abort__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__wait_restored__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__restore_results__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__restore_result__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor;

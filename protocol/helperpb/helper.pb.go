@@ -325,6 +325,61 @@ func (ClientState) EnumDescriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{4}
 }
 
+type RestoreState int32
+
+const (
+	RestoreState_RESTORE_STATE_UNSPECIFIED RestoreState = 0
+	// Not yet back (CRIU has not restored it, or it has not reattached).
+	RestoreState_RESTORE_STATE_PENDING RestoreState = 1
+	// It has its GPU memory back and runs.
+	RestoreState_RESTORE_STATE_RUNNING RestoreState = 2
+	// It cannot get its memory back (reason); the process was aborted or never ran.
+	RestoreState_RESTORE_STATE_FAILED RestoreState = 3
+)
+
+// Enum value maps for RestoreState.
+var (
+	RestoreState_name = map[int32]string{
+		0: "RESTORE_STATE_UNSPECIFIED",
+		1: "RESTORE_STATE_PENDING",
+		2: "RESTORE_STATE_RUNNING",
+		3: "RESTORE_STATE_FAILED",
+	}
+	RestoreState_value = map[string]int32{
+		"RESTORE_STATE_UNSPECIFIED": 0,
+		"RESTORE_STATE_PENDING":     1,
+		"RESTORE_STATE_RUNNING":     2,
+		"RESTORE_STATE_FAILED":      3,
+	}
+)
+
+func (x RestoreState) Enum() *RestoreState {
+	p := new(RestoreState)
+	*p = x
+	return p
+}
+
+func (x RestoreState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RestoreState) Descriptor() protoreflect.EnumDescriptor {
+	return file_protocol_helper_proto_enumTypes[5].Descriptor()
+}
+
+func (RestoreState) Type() protoreflect.EnumType {
+	return &file_protocol_helper_proto_enumTypes[5]
+}
+
+func (x RestoreState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RestoreState.Descriptor instead.
+func (RestoreState) EnumDescriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{5}
+}
+
 type ClientOp_Op int32
 
 const (
@@ -373,11 +428,11 @@ func (x ClientOp_Op) String() string {
 }
 
 func (ClientOp_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_protocol_helper_proto_enumTypes[5].Descriptor()
+	return file_protocol_helper_proto_enumTypes[6].Descriptor()
 }
 
 func (ClientOp_Op) Type() protoreflect.EnumType {
-	return &file_protocol_helper_proto_enumTypes[5]
+	return &file_protocol_helper_proto_enumTypes[6]
 }
 
 func (x ClientOp_Op) Number() protoreflect.EnumNumber {
@@ -422,11 +477,11 @@ func (x Transfer_Direction) String() string {
 }
 
 func (Transfer_Direction) Descriptor() protoreflect.EnumDescriptor {
-	return file_protocol_helper_proto_enumTypes[6].Descriptor()
+	return file_protocol_helper_proto_enumTypes[7].Descriptor()
 }
 
 func (Transfer_Direction) Type() protoreflect.EnumType {
-	return &file_protocol_helper_proto_enumTypes[6]
+	return &file_protocol_helper_proto_enumTypes[7]
 }
 
 func (x Transfer_Direction) Number() protoreflect.EnumNumber {
@@ -435,7 +490,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44, 0}
 }
 
 type Request struct {
@@ -456,6 +511,7 @@ type Request struct {
 	//	*Request_Snapshot
 	//	*Request_GetStats
 	//	*Request_Detach
+	//	*Request_Abort
 	//	*Request_Status
 	//	*Request_ClientOp
 	//	*Request_Checkpoint
@@ -465,6 +521,7 @@ type Request struct {
 	//	*Request_Restored
 	//	*Request_CommitImage
 	//	*Request_Transfers
+	//	*Request_WaitRestored
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -622,6 +679,15 @@ func (x *Request) GetDetach() *Detach {
 	return nil
 }
 
+func (x *Request) GetAbort() *Abort {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Abort); ok {
+			return x.Abort
+		}
+	}
+	return nil
+}
+
 func (x *Request) GetStatus() *Status {
 	if x != nil {
 		if x, ok := x.Body.(*Request_Status); ok {
@@ -703,6 +769,15 @@ func (x *Request) GetTransfers() *Transfers {
 	return nil
 }
 
+func (x *Request) GetWaitRestored() *WaitRestored {
+	if x != nil {
+		if x, ok := x.Body.(*Request_WaitRestored); ok {
+			return x.WaitRestored
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -757,6 +832,10 @@ type Request_Detach struct {
 	Detach *Detach `protobuf:"bytes,17,opt,name=detach,proto3,oneof"`
 }
 
+type Request_Abort struct {
+	Abort *Abort `protobuf:"bytes,18,opt,name=abort,proto3,oneof"`
+}
+
 type Request_Status struct {
 	// ROLE_CLI / ROLE_PLUGIN -> helper
 	Status *Status `protobuf:"bytes,20,opt,name=status,proto3,oneof"`
@@ -796,6 +875,11 @@ type Request_Transfers struct {
 	Transfers *Transfers `protobuf:"bytes,28,opt,name=transfers,proto3,oneof"`
 }
 
+type Request_WaitRestored struct {
+	// ROLE_CLI -> helper
+	WaitRestored *WaitRestored `protobuf:"bytes,29,opt,name=wait_restored,json=waitRestored,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -820,6 +904,8 @@ func (*Request_GetStats) isRequest_Body() {}
 
 func (*Request_Detach) isRequest_Body() {}
 
+func (*Request_Abort) isRequest_Body() {}
+
 func (*Request_Status) isRequest_Body() {}
 
 func (*Request_ClientOp) isRequest_Body() {}
@@ -838,6 +924,8 @@ func (*Request_CommitImage) isRequest_Body() {}
 
 func (*Request_Transfers) isRequest_Body() {}
 
+func (*Request_WaitRestored) isRequest_Body() {}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -854,6 +942,7 @@ type Response struct {
 	//	*Response_ClientOp
 	//	*Response_Checkpoint
 	//	*Response_Transfers
+	//	*Response_RestoreResults
 	Body          isResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -991,6 +1080,15 @@ func (x *Response) GetTransfers() *TransfersReply {
 	return nil
 }
 
+func (x *Response) GetRestoreResults() *RestoreResults {
+	if x != nil {
+		if x, ok := x.Body.(*Response_RestoreResults); ok {
+			return x.RestoreResults
+		}
+	}
+	return nil
+}
+
 type isResponse_Body interface {
 	isResponse_Body()
 }
@@ -1031,6 +1129,10 @@ type Response_Transfers struct {
 	Transfers *TransfersReply `protobuf:"bytes,11,opt,name=transfers,proto3,oneof"`
 }
 
+type Response_RestoreResults struct {
+	RestoreResults *RestoreResults `protobuf:"bytes,12,opt,name=restore_results,json=restoreResults,proto3,oneof"`
+}
+
 func (*Response_Hello) isResponse_Body() {}
 
 func (*Response_Alloc) isResponse_Body() {}
@@ -1048,6 +1150,8 @@ func (*Response_ClientOp) isResponse_Body() {}
 func (*Response_Checkpoint) isResponse_Body() {}
 
 func (*Response_Transfers) isResponse_Body() {}
+
+func (*Response_RestoreResults) isResponse_Body() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3140,6 +3244,224 @@ func (x *ResumeCheckpointed) GetPid() int64 {
 // the helper takes it from there (reimport, resume). Everything it does while
 // detached is a stat() of wake_path and a sleep: nothing CRIU cannot dump and
 // restore.
+// Abort (helper -> interposer): the helper gives up on the client's GPU
+// state, for the reason given (a restored image that does not match the
+// process's own record of its memory). The interposer answers Ok, prints the
+// reason and aborts the process: it must not run on without its memory.
+type Abort struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Abort) Reset() {
+	*x = Abort{}
+	mi := &file_protocol_helper_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Abort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Abort) ProtoMessage() {}
+
+func (x *Abort) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Abort.ProtoReflect.Descriptor instead.
+func (*Abort) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Abort) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// WaitRestored (CLI -> helper): waits until every process of the latest
+// restore from image_dir has its GPU memory back, or cannot get it, at most
+// timeout_ms (0: 60 s), and says which. The caller may control those
+// processes (root, or their owner).
+type WaitRestored struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	TimeoutMs     uint32                 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitRestored) Reset() {
+	*x = WaitRestored{}
+	mi := &file_protocol_helper_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitRestored) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitRestored) ProtoMessage() {}
+
+func (x *WaitRestored) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
+func (*WaitRestored) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *WaitRestored) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *WaitRestored) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type RestoreResults struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*RestoreResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResults) Reset() {
+	*x = RestoreResults{}
+	mi := &file_protocol_helper_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResults) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResults) ProtoMessage() {}
+
+func (x *RestoreResults) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
+func (*RestoreResults) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RestoreResults) GetResults() []*RestoreResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type RestoreResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The restored process (the host pid), 0 if no process claimed its memory.
+	Pid int64 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// Its pid in the image.
+	ImagePid      int64        `protobuf:"varint,2,opt,name=image_pid,json=imagePid,proto3" json:"image_pid,omitempty"`
+	State         RestoreState `protobuf:"varint,3,opt,name=state,proto3,enum=gpucr.helper.v1.RestoreState" json:"state,omitempty"`
+	Reason        string       `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResult) Reset() {
+	*x = RestoreResult{}
+	mi := &file_protocol_helper_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResult) ProtoMessage() {}
+
+func (x *RestoreResult) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
+func (*RestoreResult) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *RestoreResult) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *RestoreResult) GetImagePid() int64 {
+	if x != nil {
+		return x.ImagePid
+	}
+	return 0
+}
+
+func (x *RestoreResult) GetState() RestoreState {
+	if x != nil {
+		return x.State
+	}
+	return RestoreState_RESTORE_STATE_UNSPECIFIED
+}
+
+func (x *RestoreResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type Detach struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Absolute, or relative to the directory of the client's own path to the
@@ -3152,7 +3474,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3164,7 +3486,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3177,7 +3499,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -3202,7 +3524,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3214,7 +3536,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3227,7 +3549,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -3257,7 +3579,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3269,7 +3591,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3282,7 +3604,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -3305,7 +3627,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3317,7 +3639,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3330,7 +3652,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -3354,7 +3676,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3366,7 +3688,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3379,7 +3701,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -3399,7 +3721,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3411,7 +3733,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3424,7 +3746,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -3455,7 +3777,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3467,7 +3789,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3480,7 +3802,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -3550,7 +3872,8 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xc8\t\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xbe\n" +
+	"\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -3565,7 +3888,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06resume\x18\x0e \x01(\v2\x17.gpucr.helper.v1.ResumeH\x00R\x06resume\x127\n" +
 	"\bsnapshot\x18\x0f \x01(\v2\x19.gpucr.helper.v1.SnapshotH\x00R\bsnapshot\x128\n" +
 	"\tget_stats\x18\x10 \x01(\v2\x19.gpucr.helper.v1.GetStatsH\x00R\bgetStats\x121\n" +
-	"\x06detach\x18\x11 \x01(\v2\x17.gpucr.helper.v1.DetachH\x00R\x06detach\x121\n" +
+	"\x06detach\x18\x11 \x01(\v2\x17.gpucr.helper.v1.DetachH\x00R\x06detach\x12.\n" +
+	"\x05abort\x18\x12 \x01(\v2\x16.gpucr.helper.v1.AbortH\x00R\x05abort\x121\n" +
 	"\x06status\x18\x14 \x01(\v2\x17.gpucr.helper.v1.StatusH\x00R\x06status\x128\n" +
 	"\tclient_op\x18\x15 \x01(\v2\x19.gpucr.helper.v1.ClientOpH\x00R\bclientOp\x12=\n" +
 	"\n" +
@@ -3576,8 +3900,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0fprepare_restore\x18\x19 \x01(\v2\x1f.gpucr.helper.v1.PrepareRestoreH\x00R\x0eprepareRestore\x127\n" +
 	"\brestored\x18\x1a \x01(\v2\x19.gpucr.helper.v1.RestoredH\x00R\brestored\x12A\n" +
 	"\fcommit_image\x18\x1b \x01(\v2\x1c.gpucr.helper.v1.CommitImageH\x00R\vcommitImage\x12:\n" +
-	"\ttransfers\x18\x1c \x01(\v2\x1a.gpucr.helper.v1.TransfersH\x00R\ttransfersB\x06\n" +
-	"\x04body\"\xc9\x04\n" +
+	"\ttransfers\x18\x1c \x01(\v2\x1a.gpucr.helper.v1.TransfersH\x00R\ttransfers\x12D\n" +
+	"\rwait_restored\x18\x1d \x01(\v2\x1d.gpucr.helper.v1.WaitRestoredH\x00R\fwaitRestoredB\x06\n" +
+	"\x04body\"\x95\x05\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
 	"\x05error\x18\x02 \x01(\v2\x16.gpucr.helper.v1.ErrorR\x05error\x123\n" +
@@ -3592,7 +3917,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"checkpoint\x18\n" +
 	" \x01(\v2 .gpucr.helper.v1.CheckpointReplyH\x00R\n" +
 	"checkpoint\x12?\n" +
-	"\ttransfers\x18\v \x01(\v2\x1f.gpucr.helper.v1.TransfersReplyH\x00R\ttransfersB\x06\n" +
+	"\ttransfers\x18\v \x01(\v2\x1f.gpucr.helper.v1.TransfersReplyH\x00R\ttransfers\x12J\n" +
+	"\x0frestore_results\x18\f \x01(\v2\x1f.gpucr.helper.v1.RestoreResultsH\x00R\x0erestoreResultsB\x06\n" +
 	"\x04body\"Q\n" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
@@ -3761,7 +4087,20 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aseconds\x18\x02 \x01(\x01R\aseconds\"&\n" +
 	"\x12ResumeCheckpointed\x12\x10\n" +
-	"\x03pid\x18\x01 \x01(\x03R\x03pid\"%\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\"\x1f\n" +
+	"\x05Abort\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"J\n" +
+	"\fWaitRestored\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"J\n" +
+	"\x0eRestoreResults\x128\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.gpucr.helper.v1.RestoreResultR\aresults\"\x8b\x01\n" +
+	"\rRestoreResult\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
+	"\timage_pid\x18\x02 \x01(\x03R\bimagePid\x123\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x1d.gpucr.helper.v1.RestoreStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"%\n" +
 	"\x06Detach\x12\x1b\n" +
 	"\twake_path\x18\x01 \x01(\tR\bwakePath\"2\n" +
 	"\bDumpDone\x12\x10\n" +
@@ -3823,7 +4162,12 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x18CLIENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CLIENT_STATE_RUNNING\x10\x01\x12\x19\n" +
 	"\x15CLIENT_STATE_QUIESCED\x10\x02\x12\x18\n" +
-	"\x14CLIENT_STATE_DROPPED\x10\x03B*Z(github.com/gpucr/gpucr/protocol/helperpbb\x06proto3"
+	"\x14CLIENT_STATE_DROPPED\x10\x03*}\n" +
+	"\fRestoreState\x12\x1d\n" +
+	"\x19RESTORE_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15RESTORE_STATE_PENDING\x10\x01\x12\x19\n" +
+	"\x15RESTORE_STATE_RUNNING\x10\x02\x12\x18\n" +
+	"\x14RESTORE_STATE_FAILED\x10\x03B*Z(github.com/gpucr/gpucr/protocol/helperpbb\x06proto3"
 
 var (
 	file_protocol_helper_proto_rawDescOnce sync.Once
@@ -3837,116 +4181,126 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 	return file_protocol_helper_proto_rawDescData
 }
 
-var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
 	(AllocKind)(0),             // 2: gpucr.helper.v1.AllocKind
 	(ErrorCode)(0),             // 3: gpucr.helper.v1.ErrorCode
 	(ClientState)(0),           // 4: gpucr.helper.v1.ClientState
-	(ClientOp_Op)(0),           // 5: gpucr.helper.v1.ClientOp.Op
-	(Transfer_Direction)(0),    // 6: gpucr.helper.v1.Transfer.Direction
-	(*Request)(nil),            // 7: gpucr.helper.v1.Request
-	(*Response)(nil),           // 8: gpucr.helper.v1.Response
-	(*Error)(nil),              // 9: gpucr.helper.v1.Error
-	(*Ok)(nil),                 // 10: gpucr.helper.v1.Ok
-	(*Hello)(nil),              // 11: gpucr.helper.v1.Hello
-	(*HelloReply)(nil),         // 12: gpucr.helper.v1.HelloReply
-	(*DeviceInfo)(nil),         // 13: gpucr.helper.v1.DeviceInfo
-	(*Alloc)(nil),              // 14: gpucr.helper.v1.Alloc
-	(*AllocReply)(nil),         // 15: gpucr.helper.v1.AllocReply
-	(*Mapped)(nil),             // 16: gpucr.helper.v1.Mapped
-	(*Free)(nil),               // 17: gpucr.helper.v1.Free
-	(*Quiesce)(nil),            // 18: gpucr.helper.v1.Quiesce
-	(*Drain)(nil),              // 19: gpucr.helper.v1.Drain
-	(*Drop)(nil),               // 20: gpucr.helper.v1.Drop
-	(*Reimport)(nil),           // 21: gpucr.helper.v1.Reimport
-	(*ReimportEntry)(nil),      // 22: gpucr.helper.v1.ReimportEntry
-	(*Resume)(nil),             // 23: gpucr.helper.v1.Resume
-	(*Snapshot)(nil),           // 24: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 25: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 26: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 27: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 28: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 29: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 30: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 31: gpucr.helper.v1.StatusReply
-	(*DriverInfo)(nil),         // 32: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 33: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 34: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 35: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 36: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 37: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 38: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 39: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 40: gpucr.helper.v1.ResumeCheckpointed
-	(*Detach)(nil),             // 41: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 42: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 43: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 44: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 45: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 46: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 47: gpucr.helper.v1.Transfer
+	(RestoreState)(0),          // 5: gpucr.helper.v1.RestoreState
+	(ClientOp_Op)(0),           // 6: gpucr.helper.v1.ClientOp.Op
+	(Transfer_Direction)(0),    // 7: gpucr.helper.v1.Transfer.Direction
+	(*Request)(nil),            // 8: gpucr.helper.v1.Request
+	(*Response)(nil),           // 9: gpucr.helper.v1.Response
+	(*Error)(nil),              // 10: gpucr.helper.v1.Error
+	(*Ok)(nil),                 // 11: gpucr.helper.v1.Ok
+	(*Hello)(nil),              // 12: gpucr.helper.v1.Hello
+	(*HelloReply)(nil),         // 13: gpucr.helper.v1.HelloReply
+	(*DeviceInfo)(nil),         // 14: gpucr.helper.v1.DeviceInfo
+	(*Alloc)(nil),              // 15: gpucr.helper.v1.Alloc
+	(*AllocReply)(nil),         // 16: gpucr.helper.v1.AllocReply
+	(*Mapped)(nil),             // 17: gpucr.helper.v1.Mapped
+	(*Free)(nil),               // 18: gpucr.helper.v1.Free
+	(*Quiesce)(nil),            // 19: gpucr.helper.v1.Quiesce
+	(*Drain)(nil),              // 20: gpucr.helper.v1.Drain
+	(*Drop)(nil),               // 21: gpucr.helper.v1.Drop
+	(*Reimport)(nil),           // 22: gpucr.helper.v1.Reimport
+	(*ReimportEntry)(nil),      // 23: gpucr.helper.v1.ReimportEntry
+	(*Resume)(nil),             // 24: gpucr.helper.v1.Resume
+	(*Snapshot)(nil),           // 25: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 26: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 27: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 28: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 29: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 30: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 31: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 32: gpucr.helper.v1.StatusReply
+	(*DriverInfo)(nil),         // 33: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 34: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 35: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 36: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 37: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 38: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 39: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 40: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 41: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 42: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 43: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 44: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 45: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 46: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 47: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 48: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 49: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 50: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 51: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 52: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
-	11, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
-	14, // 1: gpucr.helper.v1.Request.alloc:type_name -> gpucr.helper.v1.Alloc
-	16, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
-	17, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
-	18, // 4: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	19, // 5: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	20, // 6: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	21, // 7: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	23, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	24, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	25, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	41, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	30, // 12: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	34, // 13: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	36, // 14: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	40, // 15: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	42, // 16: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	43, // 17: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	44, // 18: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	37, // 19: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	45, // 20: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	9,  // 21: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	12, // 22: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	15, // 23: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	10, // 24: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	26, // 25: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	29, // 26: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	31, // 27: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	35, // 28: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	38, // 29: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	46, // 30: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	3,  // 31: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 32: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	13, // 33: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 34: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	22, // 35: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	27, // 36: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	28, // 37: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 38: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 39: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 40: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	13, // 41: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	33, // 42: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	32, // 43: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	4,  // 44: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	5,  // 45: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	26, // 46: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	29, // 47: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	39, // 48: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 49: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	47, // 50: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	6,  // 51: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	52, // [52:52] is the sub-list for method output_type
-	52, // [52:52] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
+	15, // 1: gpucr.helper.v1.Request.alloc:type_name -> gpucr.helper.v1.Alloc
+	17, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
+	18, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
+	19, // 4: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	20, // 5: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	21, // 6: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	22, // 7: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	24, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	25, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	26, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	46, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	42, // 12: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	31, // 13: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	35, // 14: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	37, // 15: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	41, // 16: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	47, // 17: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	48, // 18: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	49, // 19: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	38, // 20: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	50, // 21: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	43, // 22: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	10, // 23: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 24: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 25: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 26: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	27, // 27: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	30, // 28: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	32, // 29: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	36, // 30: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	39, // 31: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	51, // 32: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	44, // 33: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	3,  // 34: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 35: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 36: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 37: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	23, // 38: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	28, // 39: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	29, // 40: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 41: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 42: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 43: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 44: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	34, // 45: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	33, // 46: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	4,  // 47: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 48: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	27, // 49: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	30, // 50: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	40, // 51: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 52: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	45, // 53: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 54: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	52, // 55: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 56: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	57, // [57:57] is the sub-list for method output_type
+	57, // [57:57] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -3967,6 +4321,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_Snapshot)(nil),
 		(*Request_GetStats)(nil),
 		(*Request_Detach)(nil),
+		(*Request_Abort)(nil),
 		(*Request_Status)(nil),
 		(*Request_ClientOp)(nil),
 		(*Request_Checkpoint)(nil),
@@ -3976,6 +4331,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_Restored)(nil),
 		(*Request_CommitImage)(nil),
 		(*Request_Transfers)(nil),
+		(*Request_WaitRestored)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -3987,14 +4343,15 @@ func file_protocol_helper_proto_init() {
 		(*Response_ClientOp)(nil),
 		(*Response_Checkpoint)(nil),
 		(*Response_Transfers)(nil),
+		(*Response_RestoreResults)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   41,
+			NumEnums:      8,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// restoredWait bounds how long `gpucr restore` waits, after CRIU, for the
+// restored processes to have their GPU memory back.
+const restoredWait = time.Minute
+
+// restoredProcess is what `gpucr restore` reports of one restored GPU process.
+type restoredProcess struct {
+	Pid      int64  `json:"pid"`
+	ImagePid int64  `json:"image_pid"`
+	State    string `json:"state"` // running, failed, pending
+	Reason   string `json:"reason,omitempty"`
+}
+
+// waitGPURestored asks the helper what became of the GPU processes of the
+// restore from dir: CRIU's success says only that the processes exist; each
+// must also have got its GPU memory back (the helper checks that the image
+// holds exactly the memory the process had, and aborts it otherwise). An
+// error lists those that failed, or have not got their memory back within
+// the wait.
+func waitGPURestored(socket, dir string, wait time.Duration) ([]restoredProcess, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait+5*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	if err != nil {
+		return nil, fmt.Errorf("asking the helper whether the restored processes have their GPU memory back: %w", err)
+	}
+	defer conn.Close()
+	rs, err := conn.WaitRestored(ctx, dir, wait)
+	if err != nil {
+		return nil, fmt.Errorf("asking the helper whether the restored processes have their GPU memory back: %w", err)
+	}
+	var out []restoredProcess
+	var bad []string
+	for _, r := range rs {
+		p := restoredProcess{Pid: r.Pid, ImagePid: r.ImagePid, Reason: r.Reason}
+		switch r.State {
+		case helperpb.RestoreState_RESTORE_STATE_RUNNING:
+			p.State = "running"
+		case helperpb.RestoreState_RESTORE_STATE_FAILED:
+			p.State = "failed"
+			bad = append(bad, fmt.Sprintf("pid %d (%d in the image): %s", r.Pid, r.ImagePid, r.Reason))
+		default:
+			p.State = "pending"
+			bad = append(bad, fmt.Sprintf("pid %d (%d in the image) has not got its GPU memory back within %v", r.Pid, r.ImagePid, wait))
+		}
+		out = append(out, p)
+	}
+	if len(bad) > 0 {
+		return out, fmt.Errorf("the restored processes' GPU state: %s", strings.Join(bad, "; "))
+	}
+	return out, nil
+}

@@ -1,0 +1,122 @@
+package daemon
+
+// What became of each process of a restore: pending until it has its GPU
+// memory back (running) or cannot get it (failed, with the reason). `gpucr
+// restore` waits for that (WaitRestored) instead of reporting success while
+// a process may still sit frozen.
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// recentRestores is how long the outcome of a restore stays known after it.
+const recentRestores = 10 * time.Minute
+
+// outcomes are the results of one restore plan's processes.
+type outcomes struct {
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced on every change
+	byCl    map[*client]*helperpb.RestoreResult
+	at      time.Time
+}
+
+func newOutcomes(clients []*client) *outcomes {
+	o := &outcomes{changed: make(chan struct{}), byCl: map[*client]*helperpb.RestoreResult{}, at: time.Now()}
+	for _, cl := range clients {
+		o.byCl[cl] = &helperpb.RestoreResult{ImagePid: int64(cl.pid), State: helperpb.RestoreState_RESTORE_STATE_PENDING}
+	}
+	return o
+}
+
+// set records what became of cl; a final state (running, failed) is kept.
+func (o *outcomes) set(cl *client, pid int32, state helperpb.RestoreState, reason string) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r := o.byCl[cl]
+	if r == nil || r.State != helperpb.RestoreState_RESTORE_STATE_PENDING {
+		return
+	}
+	if pid != 0 {
+		r.Pid = int64(pid)
+	}
+	if state != helperpb.RestoreState_RESTORE_STATE_PENDING {
+		r.State, r.Reason = state, reason
+	}
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
+// snapshot copies the results in image pid order; done: none is pending.
+func (o *outcomes) snapshot() (rs []*helperpb.RestoreResult, done bool, changed <-chan struct{}) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	done = true
+	for _, r := range o.byCl {
+		rs = append(rs, proto.Clone(r).(*helperpb.RestoreResult))
+		done = done && r.State != helperpb.RestoreState_RESTORE_STATE_PENDING
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].ImagePid < rs[j].ImagePid })
+	return rs, done, o.changed
+}
+
+// rememberRestore keeps a plan's outcomes findable by its image directory.
+func (s *Server) rememberRestore(dir string, o *outcomes) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for d, old := range s.recent {
+		if time.Since(old.at) > recentRestores {
+			delete(s.recent, d)
+		}
+	}
+	s.recent[resolvedDir(dir)] = o
+}
+
+// waitRestored runs a WaitRestored request.
+func (s *Server) waitRestored(c *conn, id uint64, req *helperpb.WaitRestored) *helperpb.Response {
+	s.mu.Lock()
+	o := s.recent[resolvedDir(req.ImageDir)]
+	s.mu.Unlock()
+	if o == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no restore from %s is known to this helper", req.ImageDir)
+	}
+	timeout := time.Duration(req.TimeoutMs) * time.Millisecond
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		rs, done, changed := o.snapshot()
+		if done || ctx.Err() != nil {
+			if c.cred.Uid != 0 {
+				// Another user's processes are not this caller's business.
+				o.mu.Lock()
+				for cl := range o.byCl {
+					cl.mu.Lock()
+					uid := cl.uid
+					cl.mu.Unlock()
+					if uid != c.cred.Uid {
+						o.mu.Unlock()
+						return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not see the restore from %s", c.cred.Uid, req.ImageDir)
+					}
+				}
+				o.mu.Unlock()
+			}
+			return &helperpb.Response{Id: id, Body: &helperpb.Response_RestoreResults{RestoreResults: &helperpb.RestoreResults{Results: rs}}}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+		}
+	}
+}
