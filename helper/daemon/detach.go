@@ -122,28 +122,46 @@ func (s *Server) checkRestored(cl *client, ctl *control) error {
 	if err != nil {
 		return fmt.Errorf("its record of its memory: %w", err)
 	}
+	var had, got []memSpan
+	for _, a := range r.GetTable().GetAllocations() {
+		if a.Address != 0 { // never mapped: nothing of it was dropped or saved
+			had = append(had, memSpan{a.Address, a.Size})
+		}
+	}
 	cl.mu.Lock()
-	have := map[uint64]uint64{} // address -> size, of what the image gave
 	for _, al := range cl.allocs {
-		have[al.address] = al.size
+		got = append(got, memSpan{al.address, al.size})
 	}
 	cl.mu.Unlock()
-	var missing, wrong []string
-	seen := map[uint64]bool{}
-	for _, a := range r.GetTable().GetAllocations() {
-		if a.Address == 0 {
-			continue // never mapped: nothing of it was dropped or saved
+	return matchRestored(had, got)
+}
+
+// memSpan is one allocation: where it is mapped and how large it is.
+type memSpan struct{ addr, size uint64 }
+
+// matchRestored is nil if got (what the image gave a restored process)
+// holds exactly the allocations of had (what the process records it had),
+// by address and size; else it says every difference.
+func matchRestored(had, got []memSpan) error {
+	have := map[uint64]uint64{} // address -> size, of what the image gave
+	for _, g := range got {
+		if _, dup := have[g.addr]; dup {
+			return fmt.Errorf("the GPU image gives the process two buffers at 0x%x", g.addr)
 		}
-		seen[a.Address] = true
-		size, ok := have[a.Address]
+		have[g.addr] = g.size
+	}
+	var missing, wrong, extra []string
+	seen := map[uint64]bool{}
+	for _, h := range had {
+		seen[h.addr] = true
+		size, ok := have[h.addr]
 		switch {
 		case !ok:
-			missing = append(missing, fmt.Sprintf("0x%x (%d bytes)", a.Address, a.Size))
-		case size != a.Size:
-			wrong = append(wrong, fmt.Sprintf("0x%x is %d bytes in the image, %d in the process", a.Address, size, a.Size))
+			missing = append(missing, fmt.Sprintf("0x%x (%d bytes)", h.addr, h.size))
+		case size != h.size:
+			wrong = append(wrong, fmt.Sprintf("0x%x is %d bytes in the image, %d in the process", h.addr, size, h.size))
 		}
 	}
-	var extra []string
 	for addr, size := range have {
 		if !seen[addr] {
 			extra = append(extra, fmt.Sprintf("0x%x (%d bytes)", addr, size))
@@ -153,6 +171,7 @@ func (s *Server) checkRestored(cl *client, ctl *control) error {
 		return nil
 	}
 	sort.Strings(missing)
+	sort.Strings(wrong)
 	sort.Strings(extra)
 	msg := "the GPU image does not match the process"
 	if len(missing) > 0 {
