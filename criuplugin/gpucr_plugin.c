@@ -99,6 +99,20 @@ static void plugin_log_append(const char *line, size_t len) {
     errno = saved;
 }
 
+/*
+ * CRIU's own logger, which the criu binary exports (its plugins' pr_err and
+ * friends end there). Declared here, weak, with the levels of CRIU's log.h:
+ * the public headers do not ship that file. Through it the plugin's messages
+ * land in CRIU's log (dump.log, restore.log) among CRIU's, where whoever
+ * reads the log finds the reason a dump or restore was refused.
+ */
+#define CRIU_LOG_ERROR 1
+#define CRIU_LOG_DEBUG 4
+extern void print_on_level(unsigned int loglevel, const char *format, ...) __attribute__((weak, format(printf, 2, 3)));
+
+/* Set in the dump-done monitor, which closed CRIU's log (and may have reused its fd). */
+static bool no_criu_log;
+
 static void __attribute__((format(printf, 1, 2))) perr(const char *fmt, ...) {
     char msg[1024], line[sizeof msg + sizeof PFX + 1];
     va_list ap;
@@ -110,6 +124,8 @@ static void __attribute__((format(printf, 1, 2))) perr(const char *fmt, ...) {
     fputs(line, stderr);
     fflush(stderr);
     plugin_log_append(line, len);
+    if (print_on_level && !no_criu_log)
+        print_on_level(strncmp(msg, "debug: ", 7) == 0 ? CRIU_LOG_DEBUG : CRIU_LOG_ERROR, "%s", line);
 }
 
 #define pdebug(...)                   \
@@ -560,6 +576,7 @@ static void dumpdone_monitor(void) {
     }
     if (c == 0) {
         /* intermediate child: the monitor must not be CRIU's child */
+        no_criu_log = true;
         setsid();
         pid_t g = fork();
         if (g != 0)

@@ -117,8 +117,13 @@ func TestRestoreRefusesMismatchedImage(t *testing.T) {
 			waitDead(t, a.pid, 10*time.Second)
 			waitNoClients(t, h, 10*time.Second)
 			if tc.early {
-				if b, _ := os.ReadFile(filepath.Join(img, "restore.log")); strings.Contains(string(b), "Forking task") {
+				b, _ := os.ReadFile(filepath.Join(img, "restore.log"))
+				if strings.Contains(string(b), "Forking task") {
 					t.Errorf("CRIU forked tasks although the image was refused first")
+				}
+				// The reason is in CRIU's own log too, for whoever reads only that.
+				if !strings.Contains(string(b), tc.want) {
+					t.Errorf("restore.log does not say why the restore was refused (%q):\n%s", tc.want, tail(string(b), 10))
 				}
 			} else if !strings.Contains(a.output(), "GPU state is lost") {
 				t.Errorf("the restored process did not say why it stopped:\n%s", tail(a.output(), 5))
