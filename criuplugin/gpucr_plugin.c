@@ -215,6 +215,8 @@ dead:
 }
 
 static const char *transport_err(int rc) {
+    if (rc == -EAGAIN || rc == -EWOULDBLOCK)
+        return "no answer from the helper within GPUCR_PLUGIN_TIMEOUT_S (default 600 s)";
     return rc == -EPIPE || rc == -ECONNRESET ? "the helper closed the connection (did it exit or crash?)"
                                              : strerror(-rc);
 }
@@ -278,6 +280,17 @@ static int helper_connect(void) {
         perr("cannot connect to the gpucr helper at %s: %s", path, strerror(e));
         return -1;
     }
+    /* Every wait for the helper ends: a reply that does not come within
+     * GPUCR_PLUGIN_TIMEOUT_S (default 600: a checkpoint's reply comes after
+     * all of the process's GPU memory is copied) fails the hook, the
+     * connection is closed, and the helper, seeing it close, gives the
+     * processes back (dump) or drops what it prepared (restore). */
+    const char *ts = getenv("GPUCR_PLUGIN_TIMEOUT_S");
+    long tsec = ts && atol(ts) > 0 ? atol(ts) : 600;
+    struct timeval tv = {.tv_sec = tsec};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) < 0)
+        perr("cannot bound the waits for the helper (%s): they may wait forever", strerror(errno));
     P.sock = fd;
     Gpucr__Helper__V1__Hello h = GPUCR__HELPER__V1__HELLO__INIT;
     h.protocol_version = GPUCR__HELPER__V1__VERSION__PROTOCOL_VERSION;

@@ -223,6 +223,7 @@ type fakeHelper struct {
 	reqs     []*helperpb.Request
 	ckptErr  helperpb.ErrorCode // answer to Checkpoint (0: ok)
 	notFound map[int64]bool     // Checkpoint / Restored answer NOT_FOUND for these pids
+	silent   bool               // Checkpoint gets no answer at all
 }
 
 func startFake(t *testing.T, socket string) *fakeHelper {
@@ -269,6 +270,11 @@ func (h *fakeHelper) serve(c net.Conn) {
 		case *helperpb.Request_Hello:
 			resp.Body = &helperpb.Response_Hello{Hello: &helperpb.HelloReply{ProtocolVersion: 1, HelperVersion: "fake"}}
 		case *helperpb.Request_Checkpoint:
+			if h.silent {
+				h.mu.Unlock()
+				_, _ = io.Copy(io.Discard, c) // until the plugin gives up and hangs up
+				return
+			}
 			if h.notFound[b.Checkpoint.Pid] {
 				fail(helperpb.ErrorCode_ERROR_NOT_FOUND)
 			} else if h.ckptErr != 0 {
@@ -388,6 +394,33 @@ func TestDumpCheckpointErrorAborts(t *testing.T) {
 	}
 	if !strings.Contains(out, "gpucr_plugin: ") || !strings.Contains(out, "fake helper says no") {
 		t.Errorf("no plugin error in CRIU's output:\n%s", out)
+	}
+	if !alive(p.pid) {
+		t.Fatalf("pid %d died in a failed dump", p.pid)
+	}
+}
+
+// A helper that never answers does not hold CRIU forever: the plugin gives
+// up after GPUCR_PLUGIN_TIMEOUT_S, says so, the dump fails, the process lives.
+func TestDumpHelperSilentTimesOut(t *testing.T) {
+	e := newEnv(t)
+	h := startFake(t, e.socket)
+	h.mu.Lock()
+	h.silent = true
+	h.mu.Unlock()
+	p := startSleep(t)
+	start := time.Now()
+	out, err := e.runEnv([]string{"GPUCR_PLUGIN_TIMEOUT_S=2"}, "dump", "-t", strconv.Itoa(p.pid), "-D", e.imgDir("img"),
+		"--shell-job", "-o", "dump.log")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("criu dump succeeded (or did not run: %v) though the helper never answered\n%s", err, out)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the dump took %v with a 2 s plugin timeout", took)
+	}
+	if !strings.Contains(out, "no answer from the helper within GPUCR_PLUGIN_TIMEOUT_S") {
+		t.Errorf("the plugin does not say it gave up waiting:\n%s", out)
 	}
 	if !alive(p.pid) {
 		t.Fatalf("pid %d died in a failed dump", p.pid)

@@ -33,6 +33,25 @@ func (l *restoreLoad) wait() error {
 	return l.err
 }
 
+// loadTimeout bounds how long a restored process waits for its GPU image to
+// load (storage that hangs must not hold CRIU, or the process, forever).
+const loadTimeout = 10 * time.Minute
+
+// waitFor is wait, at most d.
+func (l *restoreLoad) waitFor(d time.Duration) error {
+	if l == nil {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-l.done:
+		return l.err
+	case <-t.C:
+		return fmt.Errorf("the GPU image did not load within %v", d)
+	}
+}
+
 // restorePlan is the helper memory made for (part of) an image, filled by its
 // load and claimed by the restored processes. Only the plugin connection that
 // made it (or the adoption of an orphan) claims its clients.
@@ -230,7 +249,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	}
 	cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_PENDING, "")
 	// The process may run only with all of its memory in place.
-	if err := cl.load.wait(); err != nil {
+	if err := cl.load.waitFor(loadTimeout); err != nil {
 		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		s.release(cl)
 		code := helperpb.ErrorCode_ERROR_DRIVER
