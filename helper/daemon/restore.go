@@ -251,7 +251,14 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	// The process may run only with all of its memory in place.
 	if err := cl.load.waitFor(loadTimeout); err != nil {
 		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
-		s.release(cl)
+		select {
+		case <-cl.load.done:
+			s.release(cl)
+		default:
+			// Still loading: the engines write into that memory; it is
+			// released once the load has ended, when the plugin's
+			// connection closes (dropUnrestored).
+		}
 		code := helperpb.ErrorCode_ERROR_DRIVER
 		if errors.Is(err, image.ErrCorrupt) {
 			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
