@@ -53,7 +53,9 @@ func (w *Writer) Commit() error {
 		return w.failedErr()
 	}
 	// Renamed: the new image is the visible one, and its chunk files stay
-	// even if the last directory fsync failed (then said in err).
+	// even if the last directory fsync failed (then said in err). The
+	// processes' parts are superseded by it.
+	removeParts(w.dir)
 	w.mu.Lock()
 	w.state = stateCommitted
 	w.mu.Unlock()
@@ -89,15 +91,15 @@ func (w *Writer) abortAfter() {
 	w.release()
 }
 
-// manifest builds the manifest from the chunk records; all workers are done.
-func (w *Writer) manifest() *imagepb.Manifest {
+// header is the manifest without buffers and processes.
+func (w *Writer) header() *imagepb.Manifest {
 	t := w.origin.Time
 	if t.IsZero() {
 		t = time.Now()
 	}
 	origin := w.origin
 	origin.Time = t
-	m := &imagepb.Manifest{
+	return &imagepb.Manifest{
 		FormatVersion: FormatVersion,
 		ImageId:       w.id,
 		Origin:        originToPB(origin),
@@ -105,19 +107,29 @@ func (w *Writer) manifest() *imagepb.Manifest {
 		Compression:   imagepb.Compression(w.opts.Compression),
 		Parent:        w.parent,
 	}
+}
+
+// bufferPB is b's manifest entry; its chunks are all stored.
+func (w *Writer) bufferPB(b *BufferWriter, st *WriteStats) *imagepb.Buffer {
+	pb := &imagepb.Buffer{Pid: int64(b.info.Pid), NsPid: int64(b.info.NsPid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
+		Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind), AllocFlags: uint32(b.info.Flags),
+		Chunks: make([]*imagepb.Chunk, len(b.chunks))}
+	for i := range b.chunks {
+		pb.Chunks[i] = chunkPB(&b.chunks[i], chunkLen(b.info.Size, uint32(w.opts.ChunkSize), i))
+		countChunk(st, &b.chunks[i])
+	}
+	return pb
+}
+
+// manifest builds the manifest from the chunk records; all workers are done.
+func (w *Writer) manifest() *imagepb.Manifest {
+	m := w.header()
 	var st WriteStats
 	st.Buffers = len(w.buffers)
 	st.BytesIn = w.bytesIn.Load()
 	st.BytesStored = w.store.stored.Load()
 	for _, b := range w.buffers {
-		pb := &imagepb.Buffer{Pid: int64(b.info.Pid), NsPid: int64(b.info.NsPid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
-			Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind), AllocFlags: uint32(b.info.Flags),
-			Chunks: make([]*imagepb.Chunk, len(b.chunks))}
-		for i := range b.chunks {
-			pb.Chunks[i] = chunkPB(&b.chunks[i], chunkLen(b.info.Size, uint32(w.opts.ChunkSize), i))
-			countChunk(&st, &b.chunks[i])
-		}
-		m.Buffers = append(m.Buffers, pb)
+		m.Buffers = append(m.Buffers, w.bufferPB(b, &st))
 	}
 	procs := maps.Clone(w.procs)
 	if procs == nil {

@@ -61,6 +61,12 @@ func openImage(dir string, opts ReadOptions, allowPruned bool) (*Image, error) {
 	if m.GetPruned() && !allowPruned {
 		return nil, &ManifestError{File: manifestPath(real), Err: ErrPruned}
 	}
+	return newImage(dir, real, m, opts)
+}
+
+// newImage is the Image of manifest m of directory dir (real: symlinks
+// resolved), its ancestors resolved.
+func newImage(dir, real string, m *imagepb.Manifest, opts ReadOptions) (*Image, error) {
 	chain, err := resolveChain(real, m, maxAncestor(m))
 	if err != nil {
 		return nil, err

@@ -464,6 +464,7 @@ func (w *Writer) Abort() error {
 }
 
 func (w *Writer) cleanup() error {
+	removeParts(w.dir)
 	err := w.store.removeCreated()
 	if _, _, terr := removeTemps(w.gdir, false); terr != nil {
 		err = errors.Join(err, terr)

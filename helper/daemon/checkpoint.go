@@ -197,22 +197,42 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 
-	// From the drop on, the process's memory lives only in this helper.
-	// Should it die, the next helper finds the process here and gives it
-	// its memory back from the image, or tells it that it is lost (orphan.go);
-	// the wake file (relative to the socket's directory: the client resolves
-	// it against its own path to the socket, which differs inside a
-	// container) is how it tells the process.
+	// The GPU data into the image first, while the process still holds its
+	// memory: should this helper die during the copy, the process keeps
+	// running on it (its control connection closes while it is quiesced, and
+	// it resumes by itself). The copy reads through the helper's own view.
+	bytes := engine.TotalSize(regions)
+	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
+	err = engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
+	tr.finish(err)
+	if err != nil {
+		abortImage()
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
+	}
+	ph.done("copy")
+	// Then what a new helper needs to give the process its memory back, if
+	// this one dies after the process gave it up: the process's part of the
+	// image, stored before the drop (the image itself is committed later:
+	// for a dump, once the whole tree is dumped).
+	if err := w.SealProcess(int(cl.pid)); err != nil {
+		abortImage()
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
+	}
+
+	// From the drop on, the process's memory lives only in this helper and
+	// in the image. Should the helper die, the next one finds the process
+	// here and gives it its memory back from the image (orphan.go); the
+	// wake file (relative to the socket's directory: the client resolves it
+	// against its own path to the socket, which differs inside a container)
+	// is how it tells the process.
 	_ = os.Remove(s.wakePath(cl.pid))
 	wake := s.wakeName(cl.pid)
 	if err := s.saveDetachState(cl.pid, req.ImageDir, w.ID()); err != nil {
 		log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
 	}
 	undos = append(undos, undo{"forget the recorded process", func() error { s.dropDetachState(cl.pid); return nil }})
-	// Drop the imports before the copy: the driver checkpoint must see none
-	// (it fails to restore a process that kept imported memory mapped: 801),
-	// and the copy reads the memory through the helper's own view, so the
-	// driver checkpoint of the residual context runs while the data moves.
+	// The driver's checkpoint must see no imported memory (it fails to
+	// restore a process that kept imported memory mapped: 801).
 	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: wake}}}, wait); err != nil {
 		abortImage()
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
@@ -244,30 +264,9 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 		ph.done("detach")
 	}
 
-	// The GPU data into the image, while the driver checkpoints the rest.
-	bytes := engine.TotalSize(regions)
-	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
-	copyDone := make(chan error, 1)
-	copyStart := time.Now()
-	go func() {
-		err := engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
-		tr.finish(err)
-		copyDone <- err
-	}()
-	driverErr := s.driverCheckpoint(int(cl.pid), nth, ph, &undos)
-	copyErr := <-copyDone
-	ph.ran("copy", time.Since(copyStart))
-	switch {
-	case copyErr != nil:
+	if err := s.driverCheckpoint(int(cl.pid), nth, ph, &undos); err != nil {
 		abortImage()
-		msg := fmt.Sprintf("copy to the image: %v", copyErr)
-		if driverErr != nil {
-			msg += fmt.Sprintf("; %v", driverErr)
-		}
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "%s", msg)
-	case driverErr != nil:
-		abortImage()
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "%v", driverErr)
+		return fail(helperpb.ErrorCode_ERROR_DRIVER, "%v", err)
 	}
 	if !req.DeferCommit {
 		if err := w.Commit(); err != nil {

@@ -1,24 +1,30 @@
 package daemon
 
-// A helper that dies while a checkpoint has dropped a process's imports (the
-// process waits, connected, for gpucr resume; or detached for a CRIU dump)
-// takes the process's GPU memory with it. Two things keep such a process from
-// waiting forever:
+// A helper that dies during a checkpoint must never cost a healthy process
+// its GPU memory. A checkpoint copies the memory into the image while the
+// process still holds it (a helper that dies then leaves the process running
+// on it: it resumes by itself when its control connection closes while it is
+// quiesced), stores the process's part of the image (image.SealProcess), and
+// only then has the process give the memory up. From then on:
 //
 //   - Before the drop, the helper records the process in a state file
 //     (<socket dir>/detached/PID.json: pid, start time, image directory and
 //     the id of the image its checkpoint writes), removed once the process
-//     has its memory back. A helper that starts finds those
-//     of live processes and adopts them: if the dump's image was committed,
-//     it loads that process's buffers into new memory and wakes it, and the
-//     process comes back as after a restore; if not, the GPU state is gone,
-//     and the wake file says so ("lost: why"): the interposer prints that and
-//     aborts the process instead of letting it compute without its memory.
-//     (A dropped process whose control connection closes waits for the wake
-//     file Drop named, as a detached one does.)
+//     has its memory back. A helper that starts finds those of live
+//     processes and adopts them: it loads the process's buffers from the
+//     image its checkpoint committed, or, where the image was not committed
+//     yet (a dump commits once the whole tree is dumped), from the process's
+//     part of it, and wakes the process, which comes back as after a
+//     restore. Only a process whose checkpoint left neither (its image
+//     removed, say) is told, through its wake file ("lost: why"), that its
+//     GPU state is gone: the interposer prints that and aborts it instead of
+//     letting it compute without its memory. (A dropped process whose control
+//     connection closes waits for the wake file Drop named, as a detached one
+//     does.)
 //   - The helper touches <socket dir>/helper.alive every second; a detached
 //     interposer that sees it stale (or missing) for GPUCR_ORPHAN_TIMEOUT_S
-//     (default 60 s) gives up the same way.
+//     (default 60 s of its own running time) gives up the same way: without
+//     a helper its driver state cannot be restored.
 
 import (
 	"bytes"
@@ -133,18 +139,39 @@ func (s *Server) adoptOrphans() {
 	}
 }
 
+// adoptionImage is the image st's process gave its memory up to: the one its
+// checkpoint committed, else (a dump that had not committed the whole image
+// yet) the process's part of it, sealed before the process gave its memory
+// up. An image of another checkpoint (an older one in the same directory) is
+// never taken for it.
+func adoptionImage(st detachState) (*image.Image, error) {
+	im, err := image.Open(st.ImageDir)
+	if err == nil && !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
+		im, err = nil, fmt.Errorf("the image there is another one")
+	}
+	if err != nil {
+		part, perr := image.OpenProcessPart(st.ImageDir, int(st.Pid))
+		if perr == nil && !bytes.Equal(part.Manifest().GetImageId(), st.ImageID) {
+			perr = fmt.Errorf("it is another checkpoint's")
+		}
+		if perr != nil {
+			return nil, fmt.Errorf("its checkpoint left neither a committed GPU image in %s (%v) nor its part of one (%v)",
+				st.ImageDir, err, perr)
+		}
+		im = part
+	}
+	if err := im.CheckRestorable(); err != nil {
+		return nil, fmt.Errorf("its GPU image cannot be used: %w", err)
+	}
+	return im, nil
+}
+
 // adopt loads pid's buffers from the image its dump committed into new
 // memory and wakes it; it then comes back as a restored process does.
 func (s *Server) adopt(st detachState) error {
-	im, err := image.Open(st.ImageDir)
-	if err == nil {
-		err = im.CheckRestorable()
-	}
+	im, err := adoptionImage(st)
 	if err != nil {
-		return fmt.Errorf("its GPU image cannot be used: %w", err)
-	}
-	if !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
-		return fmt.Errorf("the checkpoint never committed its GPU image in %s (the image there is another one)", st.ImageDir)
+		return err
 	}
 	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid))
 	if e != nil {

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -105,26 +107,52 @@ func TestHelperDiesAfterCommit(t *testing.T) {
 	}
 }
 
-// The dump never committed its image, and DIR holds an older image of the
-// same process: the new helper must not load that one; the process is told
-// its GPU state is lost and aborts.
+// The dump never committed its image (the helper died between the process's
+// checkpoint and the end of the whole dump), and DIR holds an older image of
+// the same process: the new helper must not load that one, but the part of
+// the image the checkpoint sealed before the process gave its memory up; the
+// process computes on exactly. Only without that part (here removed) is the
+// process told its GPU state is lost.
 func TestHelperDiesBeforeCommit(t *testing.T) {
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
-	a.waitIter(10, time.Minute)
-	img := filepath.Join(dir, "img")
-	if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running"); err != nil {
-		t.Fatalf("earlier checkpoint: %v\n%s", err, out)
-	}
-	a.waitIter(a.lastIter()+10, time.Minute)
-	detachForDump(t, h.socket, a.pid, img, false)
-	killHelper(h)
-	h2 := startHelper(t, dir, env)
-	waitAborted(t, a, 30*time.Second, "never committed its GPU image")
-	if log := helperLog(h2); !strings.Contains(log, "has lost its GPU state") {
-		t.Errorf("the new helper does not report the lost process:\n%s", tail(log, 15))
+	for _, tc := range []struct {
+		name       string
+		removePart bool
+	}{{"part", false}, {"no part", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, env)
+			a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+			a.waitIter(10, time.Minute)
+			img := filepath.Join(dir, "img")
+			if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running"); err != nil {
+				t.Fatalf("earlier checkpoint: %v\n%s", err, out)
+			}
+			a.waitIter(a.lastIter()+10, time.Minute)
+			detachForDump(t, h.socket, a.pid, img, false)
+			before := a.lastIter()
+			killHelper(h)
+			if tc.removePart {
+				if err := os.RemoveAll(filepath.Join(img, "gpucr", "parts")); err != nil {
+					t.Fatal(err)
+				}
+				h2 := startHelper(t, dir, env)
+				waitAborted(t, a, 30*time.Second, "nor its part of one")
+				if log := helperLog(h2); !strings.Contains(log, "has lost its GPU state") {
+					t.Errorf("the new helper does not report the lost process:\n%s", tail(log, 15))
+				}
+				return
+			}
+			h2 := startHelper(t, dir, env)
+			a.waitIter(before+30, time.Minute)
+			_ = syscall.Kill(a.pid, syscall.SIGKILL)
+			hbs := a.heartbeats()
+			compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+			checkContinuous(t, hbs, before)
+			if log := helperLog(h2); !strings.Contains(log, "adopted a process") {
+				t.Errorf("the new helper does not say it adopted the process:\n%s", tail(log, 15))
+			}
+		})
 	}
 }
 
@@ -192,4 +220,50 @@ func TestHelperKilledMidDump(t *testing.T) {
 	if out := a.output(); !strings.Contains(out, "resuming") {
 		t.Errorf("the interposer does not say it resumed on its own:\n%s", tail(out, 10))
 	}
+}
+
+// A helper SIGKILLed at any moment of a checkpoint never costs the
+// application its life: whether it dies before the copy, during it, between
+// the drop and the commit or after, the application runs on by itself or is
+// adopted by the next helper, and computes exactly. Ten kills at points
+// spread over the checkpoint, of a GPU-only and of a CRIU checkpoint, both
+// --leave-running.
+func TestHelperKilledAnywhereInCheckpoint(t *testing.T) {
+	needTool(t, "criu")
+	args := []string{"--mib", "48", "--buffers", "6", "--hb-every", "5"}
+	const iters = 150
+	env := gpucrEnv(t)
+	ref := reference(t, env, "heartbeat", args, iters)
+	adopted := 0
+	for i := 0; i < 10; i++ {
+		kind := []string{"--gpu-only"}
+		if i%2 == 1 {
+			kind = nil // CRIU, with the plugin next to the gpucr binary
+		}
+		delay := time.Duration(i*12) * time.Millisecond
+		t.Run(fmt.Sprintf("%d-%v-after-%v", i, map[bool]string{true: "gpu-only", false: "criu"}[kind != nil], delay), func(t *testing.T) {
+			dir := t.TempDir()
+			h := startHelper(t, dir, env)
+			a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--iters", strconv.Itoa(iters), "--interval-ms", "5")...)
+			a.waitIter(20, time.Minute)
+			ck := exec.Command(binPath(t, "gpucr"), append([]string{"checkpoint", strconv.Itoa(a.pid), "-D",
+				filepath.Join(dir, "img"), "--leave-running", "--socket", h.socket}, kind...)...)
+			ck.Env = env
+			if err := ck.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(delay)
+			killHelper(h)
+			_ = ck.Wait()
+			h2 := startHelper(t, dir, env)
+			if code := a.wait(2 * time.Minute); code != 0 {
+				t.Fatalf("the application ended with %d after its helper died %v into a checkpoint:\n%s", code, delay, tail(a.output(), 10))
+			}
+			compareWithReference(t, a.heartbeats(), ref)
+			if strings.Contains(helperLog(h2), "adopted a process") {
+				adopted++
+			}
+		})
+	}
+	t.Logf("%d of 10 applications were adopted by the next helper (their helper died after they gave their memory up); the others ran on by themselves", adopted)
 }
