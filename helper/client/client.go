@@ -99,7 +99,9 @@ func (c *Conn) Call(ctx context.Context, req *helperpb.Request) (*helperpb.Respo
 	if err != nil {
 		return nil, nil, ctxErr(ctx, err)
 	}
-	if resp.Id != req.Id {
+	// An error of id 0 answers whatever was asked: the helper refused the
+	// connection (a limit) or the frame, and closes it.
+	if resp.Id != req.Id && (resp.Id != 0 || resp.Error == nil) {
 		wire.CloseFDs(fds)
 		return nil, nil, fmt.Errorf("response id %d to request %d", resp.Id, req.Id)
 	}
