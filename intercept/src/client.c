@@ -140,7 +140,10 @@ static int roundtrip(int fd, Req *req, Resp **out, int *fds, int maxfds, int *nf
     gpucr__helper__v1__request__pack(req, buf);
     int rc = gc_send_frame(fd, buf, len, NULL, 0);
     free(buf);
-    if (rc < 0)
+    /* A helper that refused the connection (a limit) wrote why before it
+     * closed; that answer is still there to read. */
+    int sent = rc;
+    if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET)
         return rc;
     size_t rlen;
     int nf = 0;
@@ -151,19 +154,20 @@ static int roundtrip(int fd, Req *req, Resp **out, int *fds, int maxfds, int *nf
     }
     rc = gc_recv_frame(fd, &buf, &rlen, fds, maxfds, &nf);
     if (rc < 0)
-        return rc;
+        return sent < 0 ? sent : rc;
     if (nfds)
         *nfds = nf;
     *out = gpucr__helper__v1__response__unpack(NULL, rlen, buf);
     free(buf);
     /* An error of id 0 answers whatever was asked: the helper refused the
      * connection (a limit) or the frame, and closes it. */
-    if (!*out || ((*out)->id != req->id && !((*out)->id == 0 && (*out)->error))) {
+    bool refused = *out && (*out)->id == 0 && (*out)->error;
+    if (!*out || ((*out)->id != req->id && !refused) || (sent < 0 && !refused)) {
         if (*out)
             gpucr__helper__v1__response__free_unpacked(*out, NULL);
         for (int i = 0; i < nf; i++)
             close(fds[i]);
-        return -EPROTO;
+        return sent < 0 ? sent : -EPROTO;
     }
     return 0;
 }
