@@ -104,16 +104,16 @@ func sendPart(t *testing.T, c *tclient, n int, body []byte, part int) {
 	}
 }
 
-// padded is req serialized and padded to n bytes with an unknown field,
+// padded is m serialized and padded to n bytes with an unknown field,
 // which a decoder skips.
-func padded(t *testing.T, req *helperpb.Request, n int) []byte {
+func padded(t *testing.T, m proto.Message, n int) []byte {
 	t.Helper()
-	b, err := proto.Marshal(req)
+	b, err := proto.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tag := protowire.AppendTag(nil, 1000, protowire.BytesType)
-	for pad := n - len(b) - len(tag) - 3; ; pad-- {
+	for pad := n - len(b) - len(tag); ; pad-- {
 		p := protowire.AppendBytes(append(append([]byte{}, b...), tag...), make([]byte, pad))
 		if len(p) == n {
 			return p
@@ -199,7 +199,8 @@ func TestControlAnswerCap(t *testing.T) {
 	}
 	// One nobody asked for may not: the control connection is closed.
 	ctl.mu.Lock() // the fake answers nothing meanwhile
-	sendPart(t, ctl.c, maxUnaskedAnswer+1, nil, 16)
+	const n = maxUnaskedAnswer + 1
+	sendPart(t, ctl.c, n, padded(t, &helperpb.Response{Id: 1 << 40, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}, n), n)
 	ctl.mu.Unlock()
 	waitFor(t, func() bool {
 		st := status(t, sock)
