@@ -506,3 +506,84 @@ func TestGPUMemoryLimitPerUID(t *testing.T) {
 		t.Fatalf("uid %d alone again, 24 MiB: exit %d:\n%s", u.UID, code, tail(out, 10))
 	}
 }
+
+// unitSettings reads the helper's systemd unit: key -> values, in order.
+func unitSettings(t testing.TB) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts", "gpucr-helper.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || line[0] == '[' {
+			continue
+		}
+		if k, v, ok := strings.Cut(line, "="); ok {
+			m[k] = append(m[k], v)
+		}
+	}
+	return m
+}
+
+// TestHelperUnitSettings: the systemd unit's helper starts with its
+// ExecStart's flags (socket moved to a test directory) and answers; the unit
+// keeps it alive (Restart=always, no start limit), protects it from the OOM
+// killer without making it immune, and sets no memory limit, which would
+// get it killed writing an image into a tmpfs (the unit's comments say why).
+// systemd itself cannot run here; install_test.go has systemd-analyze
+// verify the unit.
+func TestHelperUnitSettings(t *testing.T) {
+	u := unitSettings(t)
+	one := func(k string) string {
+		t.Helper()
+		if len(u[k]) != 1 {
+			t.Fatalf("the unit sets %s %d times, want once: %q", k, len(u[k]), u[k])
+		}
+		return u[k][0]
+	}
+	if v := one("Restart"); v != "always" {
+		t.Errorf("Restart=%s, want always", v)
+	}
+	if v := one("StartLimitIntervalSec"); v != "0" {
+		t.Errorf("StartLimitIntervalSec=%s, want 0: systemd would stop restarting a helper that failed 5 times in 10 s", v)
+	}
+	adj, err := strconv.Atoi(one("OOMScoreAdjust"))
+	if err != nil || adj <= -1000 || adj >= 0 {
+		t.Errorf("OOMScoreAdjust=%s: want protected (below 0) but not immune (above -1000)", one("OOMScoreAdjust"))
+	}
+	for _, k := range []string{"MemoryMax", "MemoryHigh", "MemoryLimit"} {
+		if len(u[k]) > 0 {
+			t.Errorf("the unit sets %s=%s: image pages written into a tmpfs count against it", k, u[k][0])
+		}
+	}
+	argv := strings.Fields(one("ExecStart"))
+	if len(argv) < 2 || filepath.Base(argv[0]) != "gpucr" || argv[1] != "helper" {
+		t.Fatalf("ExecStart=%s", one("ExecStart"))
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "helper.sock")
+	args := argv[1:]
+	for i := range args {
+		if args[i] == "--socket" && i+1 < len(args) {
+			args[i+1] = sock
+		}
+	}
+	h := &helperProc{t: t, socket: sock, log: filepath.Join(dir, "helper.log")}
+	f, err := os.Create(h.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h.cmd = exec.Command(binPath(t, "gpucr"), args...)
+	h.cmd.Env = gpucrEnv(t)
+	h.cmd.Stdout, h.cmd.Stderr = f, f
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.stop)
+	if st := h.waitStatus(20 * time.Second); len(st.Devices) == 0 {
+		t.Errorf("the unit's helper lists no device: %+v", st)
+	}
+}
