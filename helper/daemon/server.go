@@ -91,13 +91,14 @@ type Server struct {
 	wg        sync.WaitGroup
 
 	// Limits (limits.go).
-	counts     connCounts        // connections of limited uids, under mu
-	stopping   chan struct{}     // closed by Shutdown
-	frames     *budget           // bytes of frames being read
-	gpuMu      sync.Mutex        // GPU memory limit checks, one at a time
-	gpuPending map[uint32]uint64 // uid -> bytes of allocations being made
-	refusedLog burstLog          // connections refused for a limit
-	stalledLog burstLog          // connections closed for a frame that stalled
+	counts      connCounts        // connections of limited uids, under mu
+	stopping    chan struct{}     // closed by Shutdown
+	frames      *budget           // bytes of frames being read
+	gpuMu       sync.Mutex        // GPU memory limit checks, one at a time
+	gpuPending  map[uint32]uint64 // uid -> bytes of allocations being made
+	refusedLog  burstLog          // connections refused for a limit
+	stalledLog  burstLog          // connections closed for a frame that stalled
+	rejectedLog burstLog          // connections closed for a bad request
 }
 
 // New returns a server; Listen and Serve start it.
@@ -123,7 +124,8 @@ func New(cfg Config) *Server {
 		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
-		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second}}
+		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
+		rejectedLog: burstLog{interval: 10 * time.Second}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
@@ -341,6 +343,7 @@ type conn struct {
 	wmu          sync.Mutex
 	writeTimeout time.Duration // of each send; 0: none
 	stalled      *burstLog     // where a stalled frame is logged; nil: at debug level
+	rejected     *burstLog     // where a bad request is logged; nil: every one
 }
 
 // send writes a response; a peer that does not read it within the frame
@@ -365,9 +368,16 @@ func okResp(id uint64) *helperpb.Response {
 // reject answers ERROR_BAD_REQUEST; the caller then closes the connection.
 func (c *conn) reject(id uint64, format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
-	c.log.Warn("bad request; closing the connection", zap.String("reason", msg))
+	if c.rejected == nil {
+		c.log.Warn("bad request; closing the connection", zap.String("reason", msg))
+	} else if ok, skipped := c.rejected.allow(); ok {
+		c.log.Warn("bad request; closing the connection", zap.String("reason", msg),
+			zap.Int("rejected_since_last_line", skipped))
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	_ = c.UnixConn().SetWriteDeadline(time.Now().Add(time.Second))
-	_ = c.send(errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "%s", msg), nil)
+	_ = c.Write(errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "%s", msg), nil)
 }
 
 // peerClosed says whether c's peer has closed the connection: a peek reads
@@ -426,7 +436,7 @@ func (c *conn) readFailed(err error) {
 func (s *Server) serveConn(c *conn, adm *admission) {
 	defer c.Close()
 	c.writeTimeout = s.cfg.Limits.FrameTimeout
-	c.stalled = &s.stalledLog
+	c.stalled, c.rejected = &s.stalledLog, &s.rejectedLog
 	// A peer that never says Hello does not hold a handler for long.
 	c.SetReadLimits(s.readLimits(c, capOf(maxHello), time.Now().Add(s.cfg.Limits.HelloTimeout)))
 	req := c.next()
