@@ -177,6 +177,22 @@ func fdCount(t testing.TB, pid int) int {
 	return len(ents)
 }
 
+// settledFDs is pid's number of open descriptors once it has not changed
+// for half a second (a new helper opens its copy lanes' in the background).
+func settledFDs(t testing.TB, pid int) int {
+	t.Helper()
+	n, same := fdCount(t, pid), 0
+	for deadline := time.Now().Add(10 * time.Second); same < 5 && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		if m := fdCount(t, pid); m == n {
+			same++
+		} else {
+			n, same = m, 0
+		}
+	}
+	return n
+}
+
 // procStatusKiB reads a "Name: N kB" line of /proc/PID/status.
 func procStatusKiB(t testing.TB, pid int, name string) int64 {
 	t.Helper()
@@ -251,7 +267,7 @@ func TestHelperSurvivesFDExhaustion(t *testing.T) {
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
 		t.Fatal(err)
 	}
-	low := unix.Rlimit{Cur: uint64(fdCount(t, pid) + 16), Max: old.Max}
+	low := unix.Rlimit{Cur: uint64(settledFDs(t, pid) + 16), Max: old.Max}
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &low, nil); err != nil {
 		t.Fatalf("lowering the helper's RLIMIT_NOFILE: %v", err)
 	}
@@ -287,10 +303,12 @@ func TestHelperSurvivesFDExhaustion(t *testing.T) {
 		t.Fatalf("%d connections against a limit of %d file descriptors, and no accept failed; log:\n%s",
 			len(conns), low.Cur, tail(h.logText(), 20))
 	}
+	// The limit first: a helper that accepts the dead connections left in
+	// its backlog with too few descriptors would only start a new burst.
+	restore()
 	for _, c := range conns {
 		c.Close()
 	}
-	restore()
 
 	st := h.waitStatus(20 * time.Second)
 	found := false
@@ -330,7 +348,7 @@ func TestStalledFramesClosed(t *testing.T) {
 	u := secondUser(t)
 	dir := sharedDir(t)
 	h := startHelper(t, dir, gpucrEnv(t), "--socket-mode", "0666")
-	fd0 := fdCount(t, h.pid())
+	fd0 := settledFDs(t, h.pid())
 	// Before Hello, at most a quarter of --max-pending-connections (64 of
 	// 256) per uid.
 	hello := func(c *net.UnixConn) error { return sayHello(c, helperpb.Role_ROLE_CLI) }
