@@ -35,11 +35,15 @@ import (
 
 // Defaults for Limits.
 const (
-	DefaultFrameTimeout   = 10 * time.Second
-	DefaultHelloTimeout   = 10 * time.Second
+	DefaultFrameTimeout = 10 * time.Second
+	DefaultHelloTimeout = 10 * time.Second
+	// A process under gpucr run holds two connections; a uid's 512 GPU
+	// processes on one host is far beyond any job seen.
 	DefaultMaxConnsPerUID = 1024
-	DefaultMaxPending     = 256
-	DefaultInFlightBytes  = 64 << 20
+	// Generous too: a job's processes may all connect at once, and a new
+	// client the helper refuses runs without checkpoint support.
+	DefaultMaxPending    = 1024
+	DefaultInFlightBytes = 64 << 20
 	// DefaultInFlightBytesPerUID is one frame of the largest size a
 	// connection may send (a control connection's answer): a uid must
 	// always be able to send one.

@@ -349,8 +349,8 @@ func TestStalledFramesClosed(t *testing.T) {
 	dir := sharedDir(t)
 	h := startHelper(t, dir, gpucrEnv(t), "--socket-mode", "0666")
 	fd0 := settledFDs(t, h.pid())
-	// Before Hello, at most a quarter of --max-pending-connections (64 of
-	// 256) per uid.
+	// Before Hello, at most a quarter of --max-pending-connections (256 of
+	// 1024) per uid.
 	hello := func(c *net.UnixConn) error { return sayHello(c, helperpb.Role_ROLE_CLI) }
 	stall := func(c *net.UnixConn) error { return beginFrame(c, 1000, 100) }
 	stalled := dialAs(t, h.socket, &u, 50, stall)
