@@ -3,11 +3,15 @@ package cli
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
+	"os/user"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
+	"unicode"
 
 	ucli "github.com/urfave/cli/v2"
 	"go.uber.org/zap"
@@ -36,6 +40,15 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "socket-group", Usage: "group of the socket (name or gid)"},
 			&ucli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 			&ucli.StringFlag{Name: "log-format", Value: "json", Usage: "json or console"},
+			&ucli.DurationFlag{Name: "frame-timeout", Value: daemon.DefaultFrameTimeout,
+				Usage: "a request begun must be complete within this, else its connection is closed (idle connections stay)"},
+			&ucli.IntFlag{Name: "max-connections-per-uid", Value: daemon.DefaultMaxConnsPerUID,
+				Usage: "open connections of one uid (root: no limit); 0: no limit"},
+			&ucli.IntFlag{Name: "max-pending-connections", Value: daemon.DefaultMaxPending,
+				Usage: "connections not past Hello yet, of all uids but root (a quarter of them per uid); 0: no limit"},
+			&ucli.StringFlag{Name: "max-gpu-memory-per-uid", Value: "unlimited",
+				Usage: "GPU memory the helper holds for one uid's processes (root: no limit), e.g. 40G; allocations beyond it fail with out of memory"},
+			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
 		},
 		Action: runHelper,
 	}
@@ -72,6 +85,10 @@ func runHelper(c *ucli.Context) error {
 	if err != nil || mode > 0o777 {
 		return usageError{fmt.Errorf("--socket-mode: %q is not an octal permission", c.String("socket-mode"))}
 	}
+	limits, err := helperLimits(c)
+	if err != nil {
+		return err
+	}
 	log, err := helperLogger(c.String("log-level"), c.String("log-format"))
 	if err != nil {
 		return err
@@ -91,6 +108,7 @@ func runHelper(c *ucli.Context) error {
 		// checkpoint step fail (see daemon.Config.Fault).
 		Fault:  os.Getenv("GPUCR_FAULT"),
 		Driver: driverInfo(lib, drv),
+		Limits: limits,
 	}
 	if loadErr != nil {
 		cfg.Unavailable = fmt.Sprintf("driver %s: %v", lib, loadErr)
@@ -125,6 +143,94 @@ func runHelper(c *ucli.Context) error {
 	err = srv.Serve(ctx)
 	log.Info("helper exiting")
 	return err
+}
+
+// helperLimits reads the limit flags of `gpucr helper`.
+func helperLimits(c *ucli.Context) (daemon.Limits, error) {
+	var l daemon.Limits
+	if l.FrameTimeout = c.Duration("frame-timeout"); l.FrameTimeout <= 0 {
+		return l, usageError{fmt.Errorf("--frame-timeout: %v is not a positive duration", l.FrameTimeout)}
+	}
+	count := func(name string) (int, error) {
+		switch n := c.Int(name); {
+		case n < 0:
+			return 0, usageError{fmt.Errorf("--%s: %d is negative", name, n)}
+		case n == 0:
+			return -1, nil // daemon.Limits: negative is no limit
+		default:
+			return n, nil
+		}
+	}
+	var err error
+	if l.MaxConnsPerUID, err = count("max-connections-per-uid"); err != nil {
+		return l, err
+	}
+	if l.MaxPending, err = count("max-pending-connections"); err != nil {
+		return l, err
+	}
+	if l.GPUMemoryPerUID, err = parseSize(c.String("max-gpu-memory-per-uid")); err != nil {
+		return l, usageError{fmt.Errorf("--max-gpu-memory-per-uid: %v", err)}
+	}
+	for _, v := range c.StringSlice("max-gpu-memory-for") {
+		who, size, ok := strings.Cut(v, "=")
+		if !ok {
+			return l, usageError{fmt.Errorf("--max-gpu-memory-for: %q is not USER=SIZE", v)}
+		}
+		uid, err := lookupUID(who)
+		if err != nil {
+			return l, usageError{fmt.Errorf("--max-gpu-memory-for %s: %v", v, err)}
+		}
+		n, err := parseSize(size)
+		if err != nil {
+			return l, usageError{fmt.Errorf("--max-gpu-memory-for %s: %v", v, err)}
+		}
+		if l.GPUMemoryByUID == nil {
+			l.GPUMemoryByUID = map[uint32]uint64{}
+		}
+		l.GPUMemoryByUID[uid] = n
+	}
+	return l, nil
+}
+
+// lookupUID is a user name's uid, or a number's.
+func lookupUID(who string) (uint32, error) {
+	if n, err := strconv.ParseUint(who, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	u, err := user.Lookup(who)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("user %s: uid %q: %w", who, u.Uid, err)
+	}
+	return uint32(n), nil
+}
+
+// parseSize reads a size: a number of bytes with an optional binary unit
+// (K, M, G, T, with or without "iB" or "B": 1K = 1024), fractions allowed
+// ("1.5G"); "unlimited" (or "none", "0") is 0, no limit.
+func parseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	switch strings.ToLower(t) {
+	case "unlimited", "none", "infinity":
+		return 0, nil
+	}
+	num := strings.TrimRightFunc(t, unicode.IsLetter)
+	unit := strings.ToUpper(strings.TrimSpace(t[len(num):]))
+	unit = strings.TrimSuffix(strings.TrimSuffix(unit, "B"), "I")
+	shift := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+	sh, ok := shift[unit]
+	v, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if !ok || err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0, fmt.Errorf("%q is not a size (like 512M, 40G, 1.5T or unlimited)", s)
+	}
+	b := v * float64(uint64(1)<<sh)
+	if b >= math.MaxUint64 {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return uint64(math.Ceil(b)), nil
 }
 
 // driverInfo describes the driver library lib for Status: the loaded

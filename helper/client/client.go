@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr/helper/wire"
@@ -92,14 +93,25 @@ func (c *Conn) Call(ctx context.Context, req *helperpb.Request) (*helperpb.Respo
 	}
 	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if err := c.w.Write(req, nil); err != nil {
-		return nil, nil, ctxErr(ctx, err)
+	werr := c.w.Write(req, nil)
+	if werr != nil && !errors.Is(werr, syscall.EPIPE) && !errors.Is(werr, syscall.ECONNRESET) {
+		return nil, nil, ctxErr(ctx, werr)
 	}
+	// A helper that refused the connection (a limit) wrote why before it
+	// closed; that answer is still there to read after a failed write.
 	resp, fds, err := c.w.ReadResponse()
-	if err != nil {
+	if err != nil || (werr != nil && (resp.Id != 0 || resp.Error == nil)) {
+		if werr != nil {
+			err = werr
+		}
+		if resp != nil {
+			wire.CloseFDs(fds)
+		}
 		return nil, nil, ctxErr(ctx, err)
 	}
-	if resp.Id != req.Id {
+	// An error of id 0 answers whatever was asked: the helper refused the
+	// connection (a limit) or the frame, and closes it.
+	if resp.Id != req.Id && (resp.Id != 0 || resp.Error == nil) {
 		wire.CloseFDs(fds)
 		return nil, nil, fmt.Errorf("response id %d to request %d", resp.Id, req.Id)
 	}

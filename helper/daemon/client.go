@@ -6,6 +6,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -149,6 +150,11 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%d bytes requested; device %s has %d",
 			size, info.Uuid, info.TotalMemory), -1
 	}
+	unreserve, refused := s.reserveGPU(cl, id, size)
+	if refused != nil {
+		return refused, -1
+	}
+	defer unreserve() // once cl.bytes counts it, or it failed
 	var flags image.AllocFlags
 	if a.GpuDirectRdma {
 		flags |= image.AllocFlagGPUDirectRDMA
@@ -287,6 +293,28 @@ type control struct {
 	next uint64
 	wait map[uint64]chan *helperpb.Response
 	done chan struct{}
+	// asked: requests sent whose answer has not come (those given up on
+	// included: a late answer is still an answer). Only while some is
+	// due may the client send a frame larger than maxUnaskedAnswer.
+	asked atomic.Int64
+}
+
+// maxAnswer caps the control connection's next frame.
+func (ctl *control) maxAnswer() int {
+	if ctl.asked.Load() > 0 {
+		return wire.MaxFrame
+	}
+	return maxUnaskedAnswer
+}
+
+// answered counts one answer in.
+func (ctl *control) answered() {
+	for {
+		n := ctl.asked.Load()
+		if n <= 0 || ctl.asked.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
 }
 
 func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
@@ -299,6 +327,7 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 		return
 	}
 	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
+	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
 	c.log = cl.log
 	cl.mu.Lock()
 	if cl.ctrl != nil {
@@ -334,9 +363,12 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 		if err != nil {
 			if errors.Is(err, wire.ErrFrame) {
 				cl.log.Warn("bad frame on the control connection; closing it", zap.Error(err))
+			} else {
+				c.readFailed(err)
 			}
 			return
 		}
+		ctl.answered()
 		if len(fds) > 0 {
 			wire.CloseFDs(fds)
 			cl.log.Warn("file descriptors on a control response; closing the control connection")
@@ -367,11 +399,13 @@ func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration
 		delete(ctl.wait, req.Id)
 		ctl.mu.Unlock()
 	}
+	ctl.asked.Add(1)
 	ctl.conn.wmu.Lock()
 	_ = ctl.conn.UnixConn().SetWriteDeadline(time.Now().Add(timeout))
 	err := ctl.conn.Write(req, fds)
 	ctl.conn.wmu.Unlock()
 	if err != nil {
+		ctl.answered()
 		forget()
 		return nil, fmt.Errorf("control connection: %w", err)
 	}

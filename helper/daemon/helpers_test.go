@@ -21,13 +21,19 @@ import (
 // startServer runs a helper on a fresh socket until the test ends.
 func startServer(t testing.TB, devs ...Device) (*Server, string) {
 	t.Helper()
+	return startServerLimits(t, Limits{}, devs...)
+}
+
+// startServerLimits is startServer with limits.
+func startServerLimits(t testing.TB, lim Limits, devs ...Device) (*Server, string) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "gpucr-helper-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "s", "helper.sock")
 	s := New(Config{Socket: sock, Devices: devs, Version: "test", Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		StatusTimeout: 300 * time.Millisecond})
+		StatusTimeout: 300 * time.Millisecond, Limits: lim})
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
 	}

@@ -64,6 +64,9 @@ type Config struct {
 	// or CRIU, there). "STEP@N": only in the helper's N-th checkpoint (the
 	// second process of a dumped tree, say).
 	Fault string
+	// Limits bound what the socket's users can make the helper hold
+	// (limits.go); zero fields take the defaults.
+	Limits Limits
 }
 
 // Server is the helper daemon.
@@ -87,6 +90,16 @@ type Server struct {
 	nextAlloc atomic.Uint64
 	nCkpt     atomic.Uint64 // checkpoints begun, for Fault "STEP@N"
 	wg        sync.WaitGroup
+
+	// Limits (limits.go).
+	counts      connCounts        // connections of limited uids, under mu
+	stopping    chan struct{}     // closed by Shutdown
+	frames      *budget           // bytes of frames being read
+	gpuMu       sync.Mutex        // GPU memory limit checks, one at a time
+	gpuPending  map[uint32]uint64 // uid -> bytes of allocations being made
+	refusedLog  burstLog          // connections refused for a limit
+	stalledLog  burstLog          // connections closed for a frame that stalled
+	rejectedLog burstLog          // connections closed for a bad request
 }
 
 // New returns a server; Listen and Serve start it.
@@ -106,8 +119,15 @@ func New(cfg Config) *Server {
 	if len(cfg.Devices) == 0 && cfg.Unavailable == "" {
 		cfg.Unavailable = "no GPU devices"
 	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	stopping := make(chan struct{})
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
+		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
+		open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{},
+		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
+		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
+		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
+		rejectedLog: burstLog{interval: 10 * time.Second}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
@@ -169,8 +189,17 @@ func lookupGroup(g string) (int, error) {
 	return strconv.Atoi(grp.Gid)
 }
 
-// Serve accepts connections until ctx ends, then closes every connection,
-// waits for their handlers and releases every allocation.
+// Accept errors (EMFILE, ENFILE, ENOBUFS...) are survived: Serve waits
+// acceptBackoffMin, doubling up to acceptBackoffMax, and tries again.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// Serve accepts connections until ctx ends (or the listener is closed), then
+// closes every connection, waits for their handlers and releases every
+// allocation. Any other accept error (out of file descriptors, say) only
+// pauses it: it is logged once per burst, and Serve backs off and goes on.
 func (s *Server) Serve(ctx context.Context) error {
 	if s.ln == nil {
 		return errors.New("Serve before Listen")
@@ -192,13 +221,40 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.adoptOrphans()
 	}
 	var err error
+	var (
+		failures  int
+		delay     time.Duration
+		since     time.Time
+		lastError error
+	)
 	for {
 		c, aerr := s.ln.AcceptUnix()
 		if aerr != nil {
-			if ctx.Err() == nil {
-				err = aerr
+			if errors.Is(aerr, net.ErrClosed) || ctx.Err() != nil {
+				if ctx.Err() == nil {
+					err = aerr
+				}
+				break
 			}
-			break
+			if failures == 0 {
+				since = time.Now()
+				s.log.Warn("accepting connections failed; retrying with backoff until it works again", zap.Error(aerr))
+			}
+			failures++
+			lastError = aerr
+			delay = min(max(2*delay, acceptBackoffMin), acceptBackoffMax)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			continue
+		}
+		if failures > 0 {
+			s.log.Warn("accepting connections again", zap.Int("failed_accepts", failures),
+				zap.Duration("for", time.Since(since)), zap.NamedError("last_error", lastError))
+			failures, delay = 0, 0
 		}
 		s.Go(c)
 	}
@@ -206,32 +262,68 @@ func (s *Server) Serve(ctx context.Context) error {
 	return err
 }
 
-// Go serves one connection on its own goroutine (Serve's accept loop; tests).
-func (s *Server) Go(c *net.UnixConn) {
+// Go serves one connection on its own goroutine (Serve's accept loop; tests),
+// unless a connection limit refuses it.
+func (s *Server) Go(nc *net.UnixConn) {
+	wc, err := wire.New(nc)
+	if err != nil {
+		nc.Close()
+		return
+	}
+	c := &conn{Conn: wc, log: s.log}
+	if c.cred, err = wc.PeerCred(); err != nil {
+		s.log.Warn("connection without peer credentials", zap.Error(err))
+		nc.Close()
+		return
+	}
+	c.log = s.log.With(zap.Int32("peer_pid", c.cred.Pid), zap.Uint32("peer_uid", c.cred.Uid))
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		c.Close()
+		nc.Close()
 		return
 	}
-	s.conns[c] = struct{}{}
+	adm, why := s.admitLocked(c.cred.Uid)
+	if adm == nil {
+		s.mu.Unlock()
+		s.refuse(c, why)
+		return
+	}
+	s.conns[nc] = struct{}{}
 	s.wg.Add(1)
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
 		defer func() {
 			s.mu.Lock()
-			delete(s.conns, c)
+			delete(s.conns, nc)
 			s.mu.Unlock()
+			adm.done()
 		}()
-		s.serveConn(c)
+		s.serveConn(c, adm)
 	}()
+}
+
+// refuse answers a connection a limit refuses with an Error of id 0 (it
+// answers no request: the helper has read nothing) and closes it. The
+// socket is new, so the write does not wait; a peer that sent nothing yet
+// reads the answer to its Hello.
+func (s *Server) refuse(c *conn, why string) {
+	if ok, skipped := s.refusedLog.allow(); ok {
+		c.log.Warn("connection refused", zap.String("why", why), zap.Int("refused_since_last_line", skipped))
+	}
+	_ = c.UnixConn().SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	_ = c.Write(errResp(0, helperpb.ErrorCode_ERROR_UNAVAILABLE, "helper refused the connection: %s", why), nil)
+	c.Close()
 }
 
 // Shutdown closes every connection and waits for their handlers, which
 // release the clients' allocations.
 func (s *Server) Shutdown() {
 	s.mu.Lock()
+	if !s.closed {
+		close(s.stopping)
+	}
 	s.closed = true
 	for c := range s.conns {
 		c.Close()
@@ -248,14 +340,22 @@ func (s *Server) Shutdown() {
 
 type conn struct {
 	*wire.Conn
-	cred *unix.Ucred
-	log  *zap.Logger
-	wmu  sync.Mutex
+	cred         *unix.Ucred
+	log          *zap.Logger
+	wmu          sync.Mutex
+	writeTimeout time.Duration // of each send; 0: none
+	stalled      *burstLog     // where a stalled frame is logged; nil: at debug level
+	rejected     *burstLog     // where a bad request is logged; nil: every one
 }
 
+// send writes a response; a peer that does not read it within the frame
+// timeout loses the connection.
 func (c *conn) send(m *helperpb.Response, fds []int) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.writeTimeout > 0 {
+		_ = c.UnixConn().SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
 	return c.Write(m, fds)
 }
 
@@ -270,9 +370,16 @@ func okResp(id uint64) *helperpb.Response {
 // reject answers ERROR_BAD_REQUEST; the caller then closes the connection.
 func (c *conn) reject(id uint64, format string, a ...any) {
 	msg := fmt.Sprintf(format, a...)
-	c.log.Warn("bad request; closing the connection", zap.String("reason", msg))
+	if c.rejected == nil {
+		c.log.Warn("bad request; closing the connection", zap.String("reason", msg))
+	} else if ok, skipped := c.rejected.allow(); ok {
+		c.log.Warn("bad request; closing the connection", zap.String("reason", msg),
+			zap.Int("rejected_since_last_line", skipped))
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	_ = c.UnixConn().SetWriteDeadline(time.Now().Add(time.Second))
-	_ = c.send(errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "%s", msg), nil)
+	_ = c.Write(errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "%s", msg), nil)
 }
 
 // peerClosed says whether c's peer has closed the connection: a peek reads
@@ -297,11 +404,7 @@ func (c *conn) peerClosed() bool {
 func (c *conn) next() *helperpb.Request {
 	req, fds, err := c.ReadRequest()
 	if err != nil {
-		if errors.Is(err, wire.ErrFrame) {
-			c.reject(0, "%v", err)
-		} else if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-			c.log.Debug("read", zap.Error(err))
-		}
+		c.readFailed(err)
 		return nil
 	}
 	if len(fds) > 0 {
@@ -316,26 +419,33 @@ func (c *conn) next() *helperpb.Request {
 	return req
 }
 
-func (s *Server) serveConn(nc *net.UnixConn) {
-	defer nc.Close()
-	wc, err := wire.New(nc)
-	if err != nil {
-		return
+// readFailed handles a read error: a bad frame is answered, a frame that
+// stalled is logged (once per burst), the rest is the peer going away.
+func (c *conn) readFailed(err error) {
+	switch {
+	case errors.Is(err, wire.ErrFrame):
+		c.reject(0, "%v", err)
+	case errors.Is(err, os.ErrDeadlineExceeded) && c.stalled != nil:
+		if ok, skipped := c.stalled.allow(); ok {
+			c.log.Warn("closing a connection whose frame (or Hello) did not come in time", zap.Error(err),
+				zap.Int("closed_since_last_line", skipped))
+		}
+	case !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed):
+		c.log.Debug("read", zap.Error(err))
 	}
-	c := &conn{Conn: wc, log: s.log}
-	c.cred, err = wc.PeerCred()
-	if err != nil {
-		s.log.Warn("connection without peer credentials", zap.Error(err))
-		return
-	}
-	c.log = s.log.With(zap.Int32("peer_pid", c.cred.Pid), zap.Uint32("peer_uid", c.cred.Uid))
-	// A peer that never says Hello does not hold a handler forever.
-	_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+}
+
+func (s *Server) serveConn(c *conn, adm *admission) {
+	defer c.Close()
+	c.writeTimeout = s.cfg.Limits.FrameTimeout
+	c.stalled, c.rejected = &s.stalledLog, &s.rejectedLog
+	// A peer that never says Hello does not hold a handler for long.
+	c.SetReadLimits(s.readLimits(c, capOf(maxHello), time.Now().Add(s.cfg.Limits.HelloTimeout)))
 	req := c.next()
+	adm.helloDone()
 	if req == nil {
 		return
 	}
-	_ = nc.SetReadDeadline(time.Time{})
 	h := req.GetHello()
 	if h == nil {
 		c.reject(req.Id, "the first request must be Hello")
@@ -350,10 +460,12 @@ func (s *Server) serveConn(nc *net.UnixConn) {
 	}
 	switch h.Role {
 	case helperpb.Role_ROLE_CLIENT_CALLS:
+		c.SetReadLimits(s.readLimits(c, capOf(maxCallsRequest), time.Time{}))
 		s.serveCalls(c, req.Id, h)
 	case helperpb.Role_ROLE_CLIENT_CONTROL:
-		s.serveControl(c, req.Id, h)
+		s.serveControl(c, req.Id, h) // sets its own limits
 	case helperpb.Role_ROLE_CLI, helperpb.Role_ROLE_PLUGIN:
+		c.SetReadLimits(s.readLimits(c, capOf(maxCLIRequest), time.Time{}))
 		s.serveCLI(c, req.Id, h)
 	default:
 		c.reject(req.Id, "unknown role %d", h.Role)

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -43,9 +44,39 @@ var oobSpace = unix.CmsgSpace(4 * (MaxFDs + 8))
 // concurrently with each other, but not two reads or two writes at once: the
 // caller serializes each direction.
 type Conn struct {
-	c  *net.UnixConn
-	rc syscall.RawConn
+	c   *net.UnixConn
+	rc  syscall.RawConn
+	lim ReadLimits
 }
+
+// ReadLimits bound what reading one frame may cost the reader: how long a
+// frame that has begun may take, how large it may be, and how much memory
+// all frames being read at once may hold. The helper sets them on every
+// connection; the zero value is the plain framing (MaxFrame, no deadline
+// touched).
+type ReadLimits struct {
+	// MaxBody, if set, is the largest body accepted for the next frame
+	// (at most MaxFrame; 0 or more than MaxFrame: MaxFrame). It is asked
+	// once the frame's length has arrived; a longer frame is an ErrFrame.
+	MaxBody func() int
+	// FrameTimeout bounds a frame once its first byte has arrived: the
+	// rest must follow within it, or the read fails with a timeout
+	// (os.ErrDeadlineExceeded). 0: no bound, and the read deadline is left
+	// to the caller.
+	FrameTimeout time.Duration
+	// IdleDeadline, with FrameTimeout, bounds the wait for a frame's first
+	// byte, and a frame begun before it must end by it too. Zero: a
+	// connection may stay idle between frames for ever.
+	IdleDeadline time.Time
+	// Reserve, if set, is asked for a body's n bytes before they are read
+	// and may wait for them until deadline (zero: no deadline); release
+	// gives them back once the frame is read and decoded.
+	Reserve func(n int, deadline time.Time) (release func(), err error)
+}
+
+// SetReadLimits sets the limits of the next reads. Only the reading side
+// calls it, between frames.
+func (c *Conn) SetReadLimits(l ReadLimits) { c.lim = l }
 
 // New wraps c.
 func New(c *net.UnixConn) (*Conn, error) {
@@ -92,8 +123,8 @@ func (c *Conn) recvmsg(p, oob []byte) (n, oobn, flags int, err error) {
 
 // readFull reads exactly len(p) bytes. Descriptors are accepted only while
 // takeFDs is set (the first byte of a frame); any others are closed and the
-// read fails with ErrFrame.
-func (c *Conn) readFull(p []byte, takeFDs bool, fds *[]int) error {
+// read fails with ErrFrame. began, if set, runs once the first bytes came.
+func (c *Conn) readFull(p []byte, takeFDs bool, fds *[]int, began func()) error {
 	oob := make([]byte, oobSpace)
 	got := 0
 	for got < len(p) {
@@ -124,6 +155,9 @@ func (c *Conn) readFull(p []byte, takeFDs bool, fds *[]int) error {
 				return io.EOF
 			}
 			return io.ErrUnexpectedEOF
+		}
+		if got == 0 && began != nil {
+			began()
 		}
 		got += n
 	}
@@ -159,25 +193,64 @@ func CloseFDs(fds []int) { closeFDs(fds) }
 
 // ReadFrame reads one frame: its body and the descriptors that came with its
 // first byte (the caller owns them). io.EOF: the peer closed between frames.
-// Errors wrapping ErrFrame: the peer broke the framing.
+// Errors wrapping ErrFrame: the peer broke the framing (or the limits).
 func (c *Conn) ReadFrame() ([]byte, []int, error) {
-	var hdr [4]byte
-	var fds []int
-	if err := c.readFull(hdr[:], true, &fds); err != nil {
-		closeFDs(fds)
+	body, fds, release, err := c.readFrame()
+	if err != nil {
 		return nil, nil, err
+	}
+	release()
+	return body, fds, nil
+}
+
+// readFrame is ReadFrame under the connection's ReadLimits; the caller calls
+// release once it is done with the body.
+func (c *Conn) readFrame() (body []byte, fds []int, release func(), err error) {
+	lim := c.lim
+	var deadline time.Time // of this frame, once it has begun
+	var began func()
+	if lim.FrameTimeout > 0 {
+		if err := c.c.SetReadDeadline(lim.IdleDeadline); err != nil {
+			return nil, nil, nil, err
+		}
+		began = func() {
+			deadline = time.Now().Add(lim.FrameTimeout)
+			if !lim.IdleDeadline.IsZero() && lim.IdleDeadline.Before(deadline) {
+				deadline = lim.IdleDeadline
+			}
+			_ = c.c.SetReadDeadline(deadline)
+		}
+	}
+	var hdr [4]byte
+	if err := c.readFull(hdr[:], true, &fds, began); err != nil {
+		closeFDs(fds)
+		return nil, nil, nil, err
 	}
 	n := binary.LittleEndian.Uint32(hdr[:])
-	if n == 0 || n > MaxFrame {
-		closeFDs(fds)
-		return nil, nil, fmt.Errorf("%w: length %d (allowed 1..%d)", ErrFrame, n, MaxFrame)
+	limit := MaxFrame
+	if lim.MaxBody != nil {
+		if m := lim.MaxBody(); m > 0 && m < limit {
+			limit = m
+		}
 	}
-	body := make([]byte, n)
-	if err := c.readFull(body, false, &fds); err != nil {
+	if n == 0 || n > uint32(limit) {
 		closeFDs(fds)
-		return nil, nil, err
+		return nil, nil, nil, fmt.Errorf("%w: length %d (allowed 1..%d)", ErrFrame, n, limit)
 	}
-	return body, fds, nil
+	release = func() {}
+	if lim.Reserve != nil {
+		if release, err = lim.Reserve(int(n), deadline); err != nil {
+			closeFDs(fds)
+			return nil, nil, nil, err
+		}
+	}
+	body = make([]byte, n)
+	if err := c.readFull(body, false, &fds, nil); err != nil {
+		release()
+		closeFDs(fds)
+		return nil, nil, nil, err
+	}
+	return body, fds, release, nil
 }
 
 // WriteFrame sends body as one frame with fds attached to its first byte. The
@@ -217,12 +290,14 @@ func (c *Conn) WriteFrame(body []byte, fds []int) error {
 
 // ReadRequest reads and decodes one Request frame.
 func (c *Conn) ReadRequest() (*helperpb.Request, []int, error) {
-	body, fds, err := c.ReadFrame()
+	body, fds, release, err := c.readFrame()
 	if err != nil {
 		return nil, nil, err
 	}
 	var m helperpb.Request
-	if err := proto.Unmarshal(body, &m); err != nil {
+	err = proto.Unmarshal(body, &m)
+	release()
+	if err != nil {
 		closeFDs(fds)
 		return nil, nil, fmt.Errorf("%w: request does not decode: %v", ErrFrame, err)
 	}
@@ -231,12 +306,14 @@ func (c *Conn) ReadRequest() (*helperpb.Request, []int, error) {
 
 // ReadResponse reads and decodes one Response frame.
 func (c *Conn) ReadResponse() (*helperpb.Response, []int, error) {
-	body, fds, err := c.ReadFrame()
+	body, fds, release, err := c.readFrame()
 	if err != nil {
 		return nil, nil, err
 	}
 	var m helperpb.Response
-	if err := proto.Unmarshal(body, &m); err != nil {
+	err = proto.Unmarshal(body, &m)
+	release()
+	if err != nil {
 		closeFDs(fds)
 		return nil, nil, fmt.Errorf("%w: response does not decode: %v", ErrFrame, err)
 	}

@@ -75,7 +75,7 @@ static struct {
     _Atomic int reasons;
     _Atomic int state;
     uint64_t live_buffers, live_bytes, helper_bytes;
-    bool warned_dead, warned_fallback;
+    bool warned_dead, warned_fallback, warned_oom;
     modrec *mods;
     size_t nmods, capmods;
     uint64_t threshold;
@@ -140,7 +140,10 @@ static int roundtrip(int fd, Req *req, Resp **out, int *fds, int maxfds, int *nf
     gpucr__helper__v1__request__pack(req, buf);
     int rc = gc_send_frame(fd, buf, len, NULL, 0);
     free(buf);
-    if (rc < 0)
+    /* A helper that refused the connection (a limit) wrote why before it
+     * closed; that answer is still there to read. */
+    int sent = rc;
+    if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET)
         return rc;
     size_t rlen;
     int nf = 0;
@@ -151,17 +154,20 @@ static int roundtrip(int fd, Req *req, Resp **out, int *fds, int maxfds, int *nf
     }
     rc = gc_recv_frame(fd, &buf, &rlen, fds, maxfds, &nf);
     if (rc < 0)
-        return rc;
+        return sent < 0 ? sent : rc;
     if (nfds)
         *nfds = nf;
     *out = gpucr__helper__v1__response__unpack(NULL, rlen, buf);
     free(buf);
-    if (!*out || (*out)->id != req->id) {
+    /* An error of id 0 answers whatever was asked: the helper refused the
+     * connection (a limit) or the frame, and closes it. */
+    bool refused = *out && (*out)->id == 0 && (*out)->error;
+    if (!*out || ((*out)->id != req->id && !refused) || (sent < 0 && !refused)) {
         if (*out)
             gpucr__helper__v1__response__free_unpacked(*out, NULL);
         for (int i = 0; i < nf; i++)
             close(fds[i]);
-        return -EPROTO;
+        return sent < 0 ? sent : -EPROTO;
     }
     return 0;
 }
@@ -428,7 +434,16 @@ CUresult gc_helper_alloc(const char *uuid, uint64_t size, int kind, bool gpu_dir
     if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_ALLOC || nfds != 1) {
         CUresult err = GC_FALLBACK;
         if (resp->error && resp->error->code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_OUT_OF_MEMORY) {
+            /* Once: the reason (the device is full, or this uid's GPU
+             * memory limit) is only in the helper's message. */
             err = CUDA_ERROR_OUT_OF_MEMORY;
+            pthread_mutex_lock(&G.mu);
+            bool w = !G.warned_oom;
+            G.warned_oom = true;
+            pthread_mutex_unlock(&G.mu);
+            if (w)
+                gc_warn("helper: out of memory for %llu bytes (%s); the application gets CUDA_ERROR_OUT_OF_MEMORY",
+                        (unsigned long long)size, resp->error->message ? resp->error->message : "no message");
         } else {
             pthread_mutex_lock(&G.mu);
             bool w = !G.warned_fallback;
@@ -1731,7 +1746,7 @@ void gc_client_atfork_child(void) {
     atomic_store(&G.reasons, 0);
     atomic_store(&G.state, ST_RUNNING);
     G.live_buffers = G.live_bytes = G.helper_bytes = 0;
-    G.warned_dead = G.warned_fallback = false;
+    G.warned_dead = G.warned_fallback = G.warned_oom = false;
     G.mods = NULL;
     G.nmods = G.capmods = 0;
     G.wake_path[0] = 0;

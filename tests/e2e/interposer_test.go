@@ -37,7 +37,8 @@ func gpucrEnv(t testing.TB, extra ...string) []string {
 	return simEnv(t, append([]string{"GPUCR_LIBCUDA=" + abs}, extra...)...)
 }
 
-func startHelper(t testing.TB, dir string, env []string) *helperProc {
+// startHelper starts `gpucr helper` on DIR/helper.sock, with extra flags.
+func startHelper(t testing.TB, dir string, env []string, extra ...string) *helperProc {
 	t.Helper()
 	h := &helperProc{t: t, socket: filepath.Join(dir, "helper.sock"), log: filepath.Join(dir, "helper.log")}
 	f, err := os.Create(h.log)
@@ -45,7 +46,7 @@ func startHelper(t testing.TB, dir string, env []string) *helperProc {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h.cmd = exec.Command(binPath(t, "gpucr"), "helper", "--socket", h.socket, "--log-level", "debug")
+	h.cmd = exec.Command(binPath(t, "gpucr"), append([]string{"helper", "--socket", h.socket, "--log-level", "debug"}, extra...)...)
 	h.cmd.Env = env
 	h.cmd.Stdout, h.cmd.Stderr = f, f
 	if err := h.cmd.Start(); err != nil {
@@ -139,6 +140,13 @@ func startUnder(t testing.TB, dir string, h *helperProc, env []string, name stri
 // startUnderArgv is startUnder for any command line (its log is NAME.log).
 func startUnderArgv(t testing.TB, dir string, h *helperProc, env []string, name string, argv []string) *app {
 	t.Helper()
+	return startUnderCmd(t, dir, h, env, name, argv, nil)
+}
+
+// startUnderCmd is startUnderArgv with mod, if set, applied to the command
+// before it starts (asUser, say).
+func startUnderCmd(t testing.TB, dir string, h *helperProc, env []string, name string, argv []string, mod func(*exec.Cmd)) *app {
+	t.Helper()
 	socket := filepath.Join(dir, "no-helper.sock")
 	if h != nil {
 		socket = h.socket
@@ -154,6 +162,9 @@ func startUnderArgv(t testing.TB, dir string, h *helperProc, env []string, name 
 	a.cmd.Env = env
 	a.cmd.Stdout, a.cmd.Stderr = f, f
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if mod != nil {
+		mod(a.cmd)
+	}
 	if err := a.cmd.Start(); err != nil {
 		t.Fatalf("gpucr run %s: %v", name, err)
 	}

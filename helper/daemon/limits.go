@@ -1,0 +1,407 @@
+package daemon
+
+// What a user of the helper's socket can make the helper hold. The socket
+// may be open to every user of a shared machine (--socket-mode 0666), and
+// the helper holds every application's GPU memory: no user may stop it,
+// make it grow without bound, or take the GPU from the others.
+//
+//   - connections: at most MaxConnsPerUID per uid, at most MaxPending not
+//     yet past Hello (a quarter of them per uid); more are refused at once
+//     with an Error (id 0) that says which limit;
+//   - frames: one that has begun must end within FrameTimeout (idle
+//     connections between frames are fine); each role's frames have a
+//     size cap (maxRequest*), and the bodies being read at once hold at
+//     most InFlightBytes (InFlightBytesPerUID per uid);
+//   - GPU memory: an Alloc that would take a uid's helper-held memory past
+//     its limit is answered ERROR_OUT_OF_MEMORY naming the limit.
+//
+// Root is exempt from all of these but an explicit GPU memory limit for
+// uid 0: root can stop the helper anyway, and root's CLI and CRIU plugin
+// must never wait behind other users. Restores (PrepareRestore, root only)
+// are never refused for a limit; the memory they load counts for the
+// restored process's uid once it reattaches.
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// Defaults for Limits.
+const (
+	DefaultFrameTimeout = 10 * time.Second
+	DefaultHelloTimeout = 10 * time.Second
+	// A process under gpucr run holds two connections; a uid's 512 GPU
+	// processes on one host is far beyond any job seen.
+	DefaultMaxConnsPerUID = 1024
+	// Generous too: a job's processes may all connect at once, and a new
+	// client the helper refuses runs without checkpoint support.
+	DefaultMaxPending    = 1024
+	DefaultInFlightBytes = 64 << 20
+	// DefaultInFlightBytesPerUID is one frame of the largest size a
+	// connection may send (a control connection's answer): a uid must
+	// always be able to send one.
+	DefaultInFlightBytesPerUID = wire.MaxFrame
+)
+
+// Caps on one frame's body, by what the connection is. Requests are small;
+// only a client's answers on its control connection carry long lists.
+const (
+	// maxHello: before Hello. Its largest field is program, the client's
+	// argv[0], which the kernel allows up to 128 KiB (MAX_ARG_STRLEN);
+	// twice that.
+	maxHello = 256 << 10
+	// maxCallsRequest: Alloc (a device uuid, three numbers), Mapped, Free:
+	// under 100 bytes; 4 KiB.
+	maxCallsRequest = 4 << 10
+	// maxCLIRequest: CLI and plugin requests. The largest is Checkpoint,
+	// two paths (image_dir, parent) of at most PATH_MAX (4096) bytes and a
+	// few numbers, about 8.2 KiB; 64 KiB.
+	maxCLIRequest = 64 << 10
+	// maxUnaskedAnswer: a control connection's frame while the helper
+	// waits for no answer on it (the interposer only ever answers); the
+	// answers it waits for may be a whole BufferTable (every allocation
+	// and buffer of the process: about 40 bytes a buffer), up to
+	// wire.MaxFrame.
+	maxUnaskedAnswer = 4 << 10
+)
+
+// Limits bound what the socket's users can make the helper hold. Zero
+// fields take the defaults; see the comment at the top of limits.go.
+type Limits struct {
+	// FrameTimeout: a frame that has begun must be complete within it,
+	// else the connection is closed. Also bounds each response write.
+	FrameTimeout time.Duration
+	// HelloTimeout: a new connection must have sent its Hello within it.
+	HelloTimeout time.Duration
+	// MaxConnsPerUID: open connections of one uid (root: no limit).
+	// Negative: no limit.
+	MaxConnsPerUID int
+	// MaxPending: connections that have not sent their Hello yet, of all
+	// uids but root; one uid may hold a quarter of them (at least one).
+	// Negative: no limit.
+	MaxPending int
+	// InFlightBytes: frame bodies being read at once, of all uids but
+	// root; InFlightBytesPerUID: of one uid. A frame waits (within
+	// FrameTimeout) until its bytes fit.
+	InFlightBytes       int64
+	InFlightBytesPerUID int64
+	// GPUMemoryPerUID: helper-held GPU memory of one uid, root excepted;
+	// 0: no limit. GPUMemoryByUID overrides it for the uids it names
+	// (root too); a value of 0 there means no limit.
+	GPUMemoryPerUID uint64
+	GPUMemoryByUID  map[uint32]uint64
+
+	// limitRoot: root is limited like any uid (tests, which run as root).
+	limitRoot bool
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.FrameTimeout <= 0 {
+		l.FrameTimeout = DefaultFrameTimeout
+	}
+	if l.HelloTimeout <= 0 {
+		l.HelloTimeout = DefaultHelloTimeout
+	}
+	if l.MaxConnsPerUID == 0 {
+		l.MaxConnsPerUID = DefaultMaxConnsPerUID
+	}
+	if l.MaxPending == 0 {
+		l.MaxPending = DefaultMaxPending
+	}
+	if l.InFlightBytes <= 0 {
+		l.InFlightBytes = DefaultInFlightBytes
+	}
+	if l.InFlightBytesPerUID <= 0 {
+		l.InFlightBytesPerUID = min(DefaultInFlightBytesPerUID, l.InFlightBytes)
+	}
+	return l
+}
+
+// limited says whether uid is subject to the connection and frame limits.
+func (l *Limits) limited(uid uint32) bool { return uid != 0 || l.limitRoot }
+
+// gpuLimit is uid's GPU memory limit; 0: none.
+func (l *Limits) gpuLimit(uid uint32) uint64 {
+	if v, ok := l.GPUMemoryByUID[uid]; ok {
+		return v
+	}
+	if uid == 0 && !l.limitRoot {
+		return 0
+	}
+	return l.GPUMemoryPerUID
+}
+
+// ---- connections ----
+
+// connCounts are the connections of the limited uids (under Server.mu).
+type connCounts struct {
+	byUID        map[uint32]int
+	pending      int
+	pendingByUID map[uint32]int
+}
+
+// admission is one accepted connection's place in the counts.
+type admission struct {
+	s       *Server
+	uid     uint32
+	counted bool
+	pending bool // not past Hello yet
+}
+
+// admitLocked counts a new connection of uid, or says why it is refused.
+// Called with s.mu held.
+func (s *Server) admitLocked(uid uint32) (*admission, string) {
+	l := &s.cfg.Limits
+	a := &admission{s: s, uid: uid}
+	if !l.limited(uid) {
+		return a, ""
+	}
+	n := &s.counts
+	if l.MaxConnsPerUID > 0 && n.byUID[uid] >= l.MaxConnsPerUID {
+		return nil, fmt.Sprintf("uid %d has %d connections to the helper, the most it may have (--max-connections-per-uid)",
+			uid, n.byUID[uid])
+	}
+	if l.MaxPending > 0 {
+		perUID := max(1, l.MaxPending/4)
+		if n.pending >= l.MaxPending {
+			return nil, fmt.Sprintf("%d connections have not sent their Hello yet, the most the helper takes (--max-pending-connections)",
+				n.pending)
+		}
+		if n.pendingByUID[uid] >= perUID {
+			return nil, fmt.Sprintf("uid %d has %d connections that have not sent their Hello yet, the most one uid may have (a quarter of --max-pending-connections)",
+				uid, n.pendingByUID[uid])
+		}
+	}
+	n.byUID[uid]++
+	n.pending++
+	n.pendingByUID[uid]++
+	a.counted, a.pending = true, true
+	return a, ""
+}
+
+// helloDone: the connection's first frame has been read (or it failed).
+func (a *admission) helloDone() {
+	if !a.counted {
+		return
+	}
+	a.s.mu.Lock()
+	defer a.s.mu.Unlock()
+	a.helloDoneLocked()
+}
+
+func (a *admission) helloDoneLocked() {
+	if !a.pending {
+		return
+	}
+	a.pending = false
+	n := &a.s.counts
+	n.pending--
+	if n.pendingByUID[a.uid]--; n.pendingByUID[a.uid] <= 0 {
+		delete(n.pendingByUID, a.uid)
+	}
+}
+
+// done: the connection is closed.
+func (a *admission) done() {
+	if !a.counted {
+		return
+	}
+	a.s.mu.Lock()
+	defer a.s.mu.Unlock()
+	a.helloDoneLocked()
+	a.counted = false
+	n := &a.s.counts
+	if n.byUID[a.uid]--; n.byUID[a.uid] <= 0 {
+		delete(n.byUID, a.uid)
+	}
+}
+
+// ---- bytes being read ----
+
+// budget is a counting semaphore over bytes, overall and per uid.
+type budget struct {
+	total, perUID int64
+	done          <-chan struct{} // closed when the server stops: waits end
+
+	mu    sync.Mutex
+	used  int64
+	byUID map[uint32]int64
+	freed chan struct{} // closed (and replaced) whenever bytes are given back
+}
+
+func newBudget(total, perUID int64, done <-chan struct{}) *budget {
+	return &budget{total: total, perUID: perUID, done: done, byUID: map[uint32]int64{}, freed: make(chan struct{})}
+}
+
+// errNoBudget: a frame's bytes did not fit in time.
+var errNoBudget = fmt.Errorf("%w: the helper's memory for frames being read stayed taken", os.ErrDeadlineExceeded)
+
+// reserve takes n bytes for uid, waiting until they fit or deadline (zero:
+// no deadline) passes.
+func (b *budget) reserve(uid uint32, n int64, deadline time.Time) (func(), error) {
+	if n > b.total || n > b.perUID {
+		return nil, fmt.Errorf("%w: a frame of %d bytes is more than the helper reads at once (%d, %d per uid)",
+			wire.ErrFrame, n, b.total, b.perUID)
+	}
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	for {
+		b.mu.Lock()
+		if b.used+n <= b.total && b.byUID[uid]+n <= b.perUID {
+			b.used += n
+			b.byUID[uid] += n
+			b.mu.Unlock()
+			var once sync.Once
+			return func() { once.Do(func() { b.give(uid, n) }) }, nil
+		}
+		freed := b.freed
+		b.mu.Unlock()
+		select {
+		case <-freed:
+		case <-timeout:
+			return nil, errNoBudget
+		case <-b.done:
+			return nil, errNoBudget
+		}
+	}
+}
+
+func (b *budget) give(uid uint32, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+	if b.byUID[uid] -= n; b.byUID[uid] <= 0 {
+		delete(b.byUID, uid)
+	}
+	close(b.freed)
+	b.freed = make(chan struct{})
+}
+
+// inFlight is how many bytes are taken (tests).
+func (b *budget) inFlight() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+// readLimits are the limits of connection c's next frames: maxBody caps
+// each frame, idle bounds the wait for the next one (zero: none).
+func (s *Server) readLimits(c *conn, maxBody func() int, idle time.Time) wire.ReadLimits {
+	l := wire.ReadLimits{MaxBody: maxBody, FrameTimeout: s.cfg.Limits.FrameTimeout, IdleDeadline: idle}
+	if uid := c.cred.Uid; s.cfg.Limits.limited(uid) {
+		l.Reserve = func(n int, deadline time.Time) (func(), error) { return s.frames.reserve(uid, int64(n), deadline) }
+	}
+	return l
+}
+
+func capOf(n int) func() int { return func() int { return n } }
+
+// ---- GPU memory ----
+
+// reserveGPU checks that cl's uid may take size more bytes of GPU memory and
+// holds them until release (after they are counted in cl.bytes, or the
+// allocation failed). A refusal is the response to send.
+func (s *Server) reserveGPU(cl *client, id, size uint64) (release func(), refused *helperpb.Response) {
+	cl.mu.Lock()
+	uid := cl.uid
+	cl.mu.Unlock()
+	limit := s.cfg.Limits.gpuLimit(uid)
+	if limit == 0 {
+		return func() {}, nil
+	}
+	s.gpuMu.Lock()
+	defer s.gpuMu.Unlock()
+	held := s.gpuHeld(uid) + s.gpuPending[uid]
+	if held+size > limit || held+size < held {
+		cl.log.Info("allocation refused: GPU memory limit", zap.Uint64("size", size), zap.Uint64("held", held),
+			zap.Uint64("limit", limit))
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY,
+			"GPU memory limit of uid %d reached: it may hold %s through the helper (--max-gpu-memory-per-uid / --max-gpu-memory-for), holds %s, this allocation needs %s",
+			uid, sizeStr(limit), sizeStr(held), sizeStr(size))
+	}
+	s.gpuPending[uid] += size
+	return func() {
+		s.gpuMu.Lock()
+		defer s.gpuMu.Unlock()
+		if s.gpuPending[uid] -= size; s.gpuPending[uid] == 0 {
+			delete(s.gpuPending, uid)
+		}
+	}, nil
+}
+
+// gpuHeld is the GPU memory the helper holds for uid's processes: connected,
+// detached, restored, or being restored.
+func (s *Server) gpuHeld(uid uint32) uint64 {
+	seen := map[*client]bool{}
+	s.mu.Lock()
+	for _, cl := range s.byToken {
+		seen[cl] = true
+	}
+	for _, cl := range s.waiting {
+		seen[cl] = true
+	}
+	for p := range s.plans {
+		for _, cl := range p.clients {
+			seen[cl] = true
+		}
+	}
+	s.mu.Unlock()
+	var held uint64
+	for cl := range seen {
+		cl.mu.Lock()
+		if cl.uid == uid {
+			held += cl.bytes
+		}
+		cl.mu.Unlock()
+	}
+	return held
+}
+
+// sizeStr writes n in binary units, exactly.
+func sizeStr(n uint64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// ---- logging a burst once ----
+
+// burstLog logs the first of a run of like events and then at most one
+// line per interval, saying how many it left out.
+type burstLog struct {
+	interval time.Duration
+	mu       sync.Mutex
+	last     time.Time
+	skipped  int
+}
+
+// allow says whether to log now, and how many events were left out since
+// the last line.
+func (b *burstLog) allow() (bool, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now := time.Now(); b.last.IsZero() || now.Sub(b.last) >= b.interval {
+		n := b.skipped
+		b.last, b.skipped = now, 0
+		return true, n
+	}
+	b.skipped++
+	return false, 0
+}
