@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/wire"
-	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -79,7 +78,7 @@ type Server struct {
 	owner     map[uint64]*client       // alloc id -> client
 	waiting   map[int32]*client        // detached or restored, by pid (lifecycle.go)
 	plans     map[*restorePlan]bool    // restores being prepared (restore.go)
-	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
+	open      map[deferKey]*deferImage // deferred-commit images by connection and directory (imagedir.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
@@ -106,7 +105,7 @@ func New(cfg Config) *Server {
 		cfg.Unavailable = "no GPU devices"
 	}
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{}}
+		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, open: map[deferKey]*deferImage{}, conns: map[*net.UnixConn]struct{}{}}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
@@ -250,6 +249,10 @@ type conn struct {
 	cred *unix.Ucred
 	log  *zap.Logger
 	wmu  sync.Mutex
+	// fds came with the request being served, one that takes a descriptor
+	// (takesFD, imagedir.go); its handler takes them (takeFD), and any left are
+	// closed with the next request or the connection.
+	fds []int
 }
 
 func (c *conn) send(m *helperpb.Response, fds []int) error {
@@ -303,11 +306,14 @@ func (c *conn) next() *helperpb.Request {
 		}
 		return nil
 	}
-	if len(fds) > 0 {
+	wire.CloseFDs(c.fds)
+	c.fds = nil
+	if len(fds) > 0 && (len(fds) > 1 || !takesFD(req)) {
 		wire.CloseFDs(fds)
-		c.reject(req.Id, "%d file descriptors attached to a request; none expected", len(fds))
+		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint and PrepareRestore take one (the image directory)", len(fds))
 		return nil
 	}
+	c.fds = fds
 	if req.Body == nil {
 		c.reject(req.Id, "request %d has no (known) body", req.Id)
 		return nil
@@ -322,6 +328,7 @@ func (s *Server) serveConn(nc *net.UnixConn) {
 		return
 	}
 	c := &conn{Conn: wc, log: s.log}
+	defer func() { wire.CloseFDs(c.fds) }()
 	c.cred, err = wc.PeerCred()
 	if err != nil {
 		s.log.Warn("connection without peer credentials", zap.Error(err))
