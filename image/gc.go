@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -39,6 +40,7 @@ type GCDir struct {
 type gcNode struct {
 	dir   string
 	g     *fsDir // DIR/gpucr, open: everything gc touches is beneath it
+	own   *Owner // whose image it is (its gpucr/'s owner): what gc writes there stays theirs
 	m     *imagepb.Manifest
 	kept  bool
 	chain []*gcNode // itself, then its ancestors as far as they resolve
@@ -81,7 +83,7 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 	}
 	if !dryRun {
 		for _, n := range order {
-			lock, err := lockDir(n.g, nil)
+			lock, err := lockDir(n.g, n.own)
 			if err != nil {
 				return nil, fmt.Errorf("gc: %w", err)
 			}
@@ -110,7 +112,7 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 		if !dryRun {
 			m := cloneManifest(n.m)
 			m.Pruned = true
-			if _, err := storeManifest(n.g, m, nil); err != nil {
+			if _, err := storeManifest(n.g, m, n.own); err != nil {
 				return nil, fmt.Errorf("gc: mark %s pruned: %w", n.dir, err)
 			}
 		}
@@ -155,6 +157,10 @@ func gcGraph(keep []string) (order []*gcNode, err error) {
 				return nil, err
 			}
 			n = &gcNode{dir: dir, g: g, m: m, refs: map[chunkHash]bool{}}
+			if fi, err := g.f.Stat(); err == nil {
+				st := fi.Sys().(*syscall.Stat_t)
+				n.own = &Owner{UID: int(st.Uid), GID: int(st.Gid)}
+			}
 		}
 		if wantID != nil && string(n.m.GetImageId()) != string(wantID) {
 			if !ok {

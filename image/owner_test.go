@@ -228,3 +228,34 @@ func TestHostileWithoutOpenat2(t *testing.T) {
 	dir, bufs := fxImage(t)
 	fxCheck(t, dir, bufs)
 }
+
+// gc run by root on a user's images leaves them the user's: a manifest it
+// rewrites (marked pruned) and a lock file it makes belong to the image's
+// owner, and the owner's writer still accepts the image.
+func TestGCKeepsOwner(t *testing.T) {
+	needRoot(t)
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	data := fxRand(96, 4*4096)
+	fxWrite(t, a, Options{ChunkSize: 4096, Owner: ownerA}, []fxBuf{{BufferInfo{Address: 0x1000, Size: 4 * 4096}, data}})
+	next := append(append([]byte(nil), data[:3*4096]...), fxRand(97, 4096)...)
+	bufs := []fxBuf{{BufferInfo{Address: 0x1000, Size: 4 * 4096}, next}}
+	fxWrite(t, b, Options{ChunkSize: 4096, Owner: ownerA, Parent: a}, bufs)
+	os.Remove(filepath.Join(a, SubDir, lockName))
+	rep, err := GC([]string{b}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Pruned) != 1 {
+		t.Fatalf("gc pruned %v, want a", rep.Pruned)
+	}
+	for _, d := range []string{a, b} {
+		if bad := fxOwners(t, d, ownerA); len(bad) > 0 {
+			t.Errorf("after gc, not the owner's: %v", bad)
+		}
+	}
+	fxCheck(t, b, bufs)
+	// The owner writes a new image into a: what gc left there is its own.
+	fxWrite(t, a, Options{ChunkSize: 4096, Owner: ownerA}, bufs)
+	fxCheck(t, a, bufs)
+}
