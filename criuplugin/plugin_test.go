@@ -215,13 +215,16 @@ func TestDumpRestoreWithoutHelper(t *testing.T) {
 	}
 }
 
+// fdStats is the fstat of the descriptor that came with a request.
+type fdStats map[*helperpb.Request]syscall.Stat_t
+
 // fakeHelper answers the plugin's requests and records them.
 type fakeHelper struct {
 	t        *testing.T
 	ln       net.Listener
 	mu       sync.Mutex
 	reqs     []*helperpb.Request
-	dirFDs   map[*helperpb.Request]syscall.Stat_t // what the descriptor that came with a request is
+	dirFDs   fdStats            // what the descriptor that came with a request is
 	ckptErr  helperpb.ErrorCode // answer to Checkpoint (0: ok)
 	notFound map[int64]bool     // Checkpoint / Restored answer NOT_FOUND for these pids
 }
@@ -231,7 +234,7 @@ func startFake(t *testing.T, socket string) *fakeHelper {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &fakeHelper{t: t, ln: ln, notFound: map[int64]bool{}, dirFDs: map[*helperpb.Request]syscall.Stat_t{}}
+	h := &fakeHelper{t: t, ln: ln, notFound: map[int64]bool{}, dirFDs: fdStats{}}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
