@@ -6,6 +6,7 @@ package image
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -264,13 +265,22 @@ func fxTree(t *testing.T, dir string) string {
 }
 
 // A Writer removes only what it created: temporary files it finds (a dead
-// writer's, or anyone's) stay, after a commit and after an abort.
+// writer's, or anyone's) stay, after a commit and after an abort, and do
+// not stop the write (not even one named as the chunks it writes would be
+// by a writer that named them by hash and sequence number alone).
 func TestWriterKeepsTempsItDidNotMake(t *testing.T) {
 	for _, commit := range []bool{true, false} {
-		dir, bufs := fxImage(t)
+		dir, old := fxImage(t)
+		bufs := []fxBuf{{old[0].info, fxRand(98, len(old[0].data))}}
 		planted := []string{
 			filepath.Join(dir, SubDir, tmpPrefix+"c-0123-1"),
 			filepath.Join(dir, SubDir, tmpPrefix+"manifest-abcd"),
+		}
+		for i := 0; i < 3; i++ {
+			h := hashOf(bufs[0].data[i*4096 : (i+1)*4096])
+			for seq := 1; seq <= 3; seq++ {
+				planted = append(planted, filepath.Join(dir, SubDir, fmt.Sprintf("%sc-%s-%d", tmpPrefix, h, seq)))
+			}
 		}
 		for _, p := range planted {
 			if err := os.WriteFile(p, []byte("not the writer's"), 0o600); err != nil {
@@ -282,8 +292,12 @@ func TestWriterKeepsTempsItDidNotMake(t *testing.T) {
 			t.Fatal(err)
 		}
 		bw, _ := w.AddBuffer(bufs[0].info)
-		bw.Write(bufs[0].data)
-		bw.Close()
+		if _, err := bw.Write(bufs[0].data); err != nil {
+			t.Fatalf("write beside planted temporary files: %v", err)
+		}
+		if err := bw.Close(); err != nil {
+			t.Fatal(err)
+		}
 		if commit {
 			err = w.Commit()
 		} else {
@@ -291,6 +305,9 @@ func TestWriterKeepsTempsItDidNotMake(t *testing.T) {
 		}
 		if err != nil {
 			t.Fatal(err)
+		}
+		if commit {
+			fxCheck(t, dir, bufs)
 		}
 		for _, p := range planted {
 			if b, err := os.ReadFile(p); err != nil || string(b) != "not the writer's" {

@@ -61,6 +61,7 @@ type chunkStore struct {
 	enc    *zstd.Encoder                // nil: no compression
 	stored atomic.Int64                 // bytes written to new files
 	seq    atomic.Uint64                // temporary names
+	tmpTag string                       // this write's, in its temporary names: a dead writer's leftovers never clash
 
 	mu      sync.Mutex
 	local   map[chunkHash]*localChunk
@@ -154,7 +155,7 @@ func (s *chunkStore) writeFile(h chunkHash, data []byte) error {
 	if err != nil {
 		return err
 	}
-	tmp := fmt.Sprintf("%sc-%s-%d", tmpPrefix, h, s.seq.Add(1))
+	tmp := fmt.Sprintf("%sc-%s-%s-%d", tmpPrefix, s.tmpTag, h, s.seq.Add(1))
 	f, err := s.g.create(tmp, unix.O_WRONLY, s.own)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package image
 
 import (
 	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -143,7 +144,8 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create image in %s: %w", w.dir, err)
 	}
-	w.store = &chunkStore{g: w.g, chunks: chunks, own: own, local: map[chunkHash]*localChunk{}, old: oldChunks(w.g, own)}
+	w.store = &chunkStore{g: w.g, chunks: chunks, own: own, local: map[chunkHash]*localChunk{}, old: oldChunks(w.g, own),
+		tmpTag: hex.EncodeToString(w.id[:4])}
 	if opts.Parent != "" {
 		if w.parent, w.store.parent, w.shared, err = parentChunks(w.dir, opts.Parent, own); err != nil {
 			return nil, err
