@@ -54,6 +54,10 @@ func watchFIFO(path string) (stop func() []string) {
 				return
 			default:
 			}
+			// No fork while the watcher's own reading end is open: a child
+			// of this process would hold a copy of it until its exec, and
+			// the probe below would take that for someone reading.
+			syscall.ForkLock.RLock()
 			if fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
 				time.Sleep(2 * time.Millisecond)
 				if n, _ := unix.Read(fd, buf); n > 0 {
@@ -61,6 +65,7 @@ func watchFIFO(path string) (stop func() []string) {
 				}
 				unix.Close(fd)
 			}
+			syscall.ForkLock.RUnlock()
 			if fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0); err == nil {
 				note("opened for reading")
 				unix.Close(fd)
@@ -134,6 +139,9 @@ func TestPlantedCRIUConfig(t *testing.T) {
 			cliEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
 			out, err := runErr(90*time.Second, cliEnv, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img)
 			if err != nil {
+				if stop != nil {
+					t.Errorf("the planted FIFO: %v", stop())
+				}
 				t.Fatalf("gpucr checkpoint: %v\n%s", err, out)
 			}
 			a.reap(30 * time.Second)
