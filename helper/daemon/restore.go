@@ -76,10 +76,12 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
 	if err := im.CheckFiles(); err != nil {
+		_ = im.Close()
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
 	plan, e := s.planRestore(im, im.Dir(), 0)
 	if e != nil {
+		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
 		return &helperpb.Response{Id: id, Error: e}, nil
 	}
