@@ -7,11 +7,11 @@
  * gpucr_plugin.so: the CRIU (>= 4.2) plugin. Each hook is forwarded to the
  * gpucr helper (docs/helper-protocol.md, ROLE_PLUGIN):
  *
- *   init(RESTORE)            DIR/gpucr/manifest.pb exists -> PrepareRestore{DIR}:
+ *   init(RESTORE)            DIR/gpucr exists -> PrepareRestore{DIR} with CRIU's DIR fd:
  *                            the helper checks the image and makes the memory,
  *                            then loads it while CRIU restores; failure fails
  *                            the restore before anything changed
- *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach}; a pid the
+ *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach} with CRIU's DIR fd; a pid the
  *                            helper does not know (or no helper) -> -ENOTSUP
  *   CHECKPOINT_DEVICES(pid)  0 for a pid checkpointed above, else -ENOTSUP
  *   exit(DUMP, ret)          DumpDone{pid, alive} for each checkpointed pid (see
@@ -154,7 +154,12 @@ static const char *code_name(int code) {
     }
 }
 
-/* The image directory CRIU works on (its fd, resolved through /proc). */
+/*
+ * The image directory CRIU works on: its descriptor (the result; CRIU's own,
+ * not to be closed), and its path resolved through /proc for messages. The
+ * descriptor goes to the helper with Checkpoint and PrepareRestore: the
+ * helper writes and reads only beneath the directory CRIU has open.
+ */
 static int image_dir(char *out, size_t n) {
     int fd = criu_get_image_dir();
     if (fd < 0) {
@@ -173,7 +178,7 @@ static int image_dir(char *out, size_t n) {
         return -1;
     }
     out[k] = 0;
-    return 0;
+    return fd;
 }
 
 static void disconnect(void) {
@@ -182,15 +187,16 @@ static void disconnect(void) {
     P.sock = -1;
 }
 
-/* One request, one response. 0 (*out set; check (*out)->error) or -errno (transport). */
-static int roundtrip(Req *req, Resp **out) {
+/* One request, one response. 0 (*out set; check (*out)->error) or -errno (transport).
+ * fd, if not -1, goes with the request (SCM_RIGHTS): the image directory. */
+static int roundtrip_fd(Req *req, int fd, Resp **out) {
     req->id = ++P.next_id;
     size_t len = gpucr__helper__v1__request__get_packed_size(req);
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
         return -ENOMEM;
     gpucr__helper__v1__request__pack(req, buf);
-    int rc = gc_send_frame(P.sock, buf, len, NULL, 0);
+    int rc = gc_send_frame(P.sock, buf, len, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
     free(buf);
     if (rc < 0)
         goto dead;
@@ -214,6 +220,8 @@ dead:
     return rc;
 }
 
+static int roundtrip(Req *req, Resp **out) { return roundtrip_fd(req, -1, out); }
+
 static const char *transport_err(int rc) {
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
         return "no answer from the helper within GPUCR_PLUGIN_TIMEOUT_S (default 600 s)";
@@ -222,14 +230,15 @@ static const char *transport_err(int rc) {
 }
 
 /*
- * One request to the helper on the plugin's connection. 0: it succeeded, and
- * *out (if out is not NULL) holds the reply, which the caller frees. Else
- * why says what went wrong, and the result is the helper's error code (> 0),
- * or -1 when no answer came (the connection is then closed).
+ * One request to the helper on the plugin's connection, with the descriptor
+ * fd if not -1. 0: it succeeded, and *out (if out is not NULL) holds the
+ * reply, which the caller frees. Else why says what went wrong, and the
+ * result is the helper's error code (> 0), or -1 when no answer came (the
+ * connection is then closed).
  */
-static int call(Req *req, Resp **out, char *why, size_t n) {
+static int call_fd(Req *req, int fd, Resp **out, char *why, size_t n) {
     Resp *r = NULL;
-    int rc = roundtrip(req, &r);
+    int rc = roundtrip_fd(req, fd, &r);
     if (rc < 0) {
         snprintf(why, n, "%s", transport_err(rc));
         return -1;
@@ -249,6 +258,8 @@ static int call(Req *req, Resp **out, char *why, size_t n) {
         gpucr__helper__v1__response__free_unpacked(r, NULL);
     return 0;
 }
+
+static int call(Req *req, Resp **out, char *why, size_t n) { return call_fd(req, -1, out, why, n); }
 
 /*
  * Connect and Hello, once per CRIU run. 0; 1: no helper listens (no socket,
@@ -399,7 +410,8 @@ static int gpucr_pause_devices(int pid) {
         return -1;
     }
     char dir[PATH_MAX];
-    if (image_dir(dir, sizeof dir) < 0)
+    int dirfd = image_dir(dir, sizeof dir);
+    if (dirfd < 0)
         return -1;
 
     if (P.npids == MAX_PIDS) {
@@ -426,7 +438,7 @@ static int gpucr_pause_devices(int pid) {
     req.checkpoint = &ck;
     Resp *r = NULL;
     char why[1024];
-    int rc = call(&req, &r, why, sizeof why);
+    int rc = call_fd(&req, dirfd, &r, why, sizeof why);
     if (rc == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
         pdebug("pid %d is not a gpucr client", pid);
         return -ENOTSUP;
@@ -486,26 +498,30 @@ static int gpucr_resume_devices_late(int pid) {
 }
 
 static int prepare_restore(void) {
-    char dir[PATH_MAX], manifest[PATH_MAX + 32];
-    if (image_dir(dir, sizeof dir) < 0)
+    char dir[PATH_MAX];
+    int dirfd = image_dir(dir, sizeof dir);
+    if (dirfd < 0)
         return -1;
-    snprintf(manifest, sizeof manifest, "%s/gpucr/manifest.pb", dir);
+    /* Looked at beneath CRIU's directory, nothing followed: whatever is at
+     * gpucr (a symlink, a FIFO) goes to the helper, which refuses it by name. */
     struct stat sb;
-    if (stat(manifest, &sb) < 0) {
+    if (fstatat(dirfd, "gpucr", &sb, AT_SYMLINK_NOFOLLOW) < 0) {
         if (errno != ENOENT) {
-            perr("cannot read the GPU image %s: %s", manifest, strerror(errno));
+            perr("cannot read the GPU image in %s/gpucr: %s", dir, strerror(errno));
             return -1;
         }
-        /* No manifest: not a gpucr image, unless its directory is there (a dump
-         * whose GPU image was never committed): restoring the processes without
-         * their GPU memory would leave them waiting for it forever. */
-        char gdir[PATH_MAX + 16];
-        snprintf(gdir, sizeof gdir, "%s/gpucr", dir);
-        if (stat(gdir, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-            perr("restore refused: the GPU image in %s is incomplete (no manifest: its dump did not commit it)", gdir);
+        return 0; /* not a gpucr image */
+    }
+    if (S_ISDIR(sb.st_mode) && fstatat(dirfd, "gpucr/manifest.pb", &sb, AT_SYMLINK_NOFOLLOW) < 0) {
+        if (errno != ENOENT) {
+            perr("cannot read the GPU image %s/gpucr/manifest.pb: %s", dir, strerror(errno));
             return -1;
         }
-        return 0;
+        /* No manifest in gpucr/: a dump whose GPU image was never committed.
+         * Restoring the processes without their GPU memory would leave them
+         * waiting for it forever. */
+        perr("restore refused: the GPU image in %s/gpucr is incomplete (no manifest: its dump did not commit it)", dir);
+        return -1;
     }
     int c = helper_connect();
     if (c != 0) {
@@ -521,7 +537,7 @@ static int prepare_restore(void) {
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE;
     req.prepare_restore = &pr;
     char why[1024];
-    if (call(&req, NULL, why, sizeof why) != 0) {
+    if (call_fd(&req, dirfd, NULL, why, sizeof why) != 0) {
         perr("restore refused: the gpucr helper cannot restore the GPU state in %s: %s", dir, why);
         disconnect();
         return -1;

@@ -25,6 +25,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -215,12 +216,16 @@ func TestDumpRestoreWithoutHelper(t *testing.T) {
 	}
 }
 
+// fdStats is the fstat of the descriptor that came with a request.
+type fdStats map[*helperpb.Request]syscall.Stat_t
+
 // fakeHelper answers the plugin's requests and records them.
 type fakeHelper struct {
 	t        *testing.T
 	ln       net.Listener
 	mu       sync.Mutex
 	reqs     []*helperpb.Request
+	dirFDs   fdStats            // what the descriptor that came with a request is
 	ckptErr  helperpb.ErrorCode // answer to Checkpoint (0: ok)
 	notFound map[int64]bool     // Checkpoint / Restored answer NOT_FOUND for these pids
 	silent   bool               // Checkpoint gets no answer at all
@@ -231,7 +236,7 @@ func startFake(t *testing.T, socket string) *fakeHelper {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &fakeHelper{t: t, ln: ln, notFound: map[int64]bool{}}
+	h := &fakeHelper{t: t, ln: ln, notFound: map[int64]bool{}, dirFDs: fdStats{}}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -247,21 +252,25 @@ func startFake(t *testing.T, socket string) *fakeHelper {
 
 func (h *fakeHelper) serve(c net.Conn) {
 	defer c.Close()
+	wc, err := wire.New(c.(*net.UnixConn))
+	if err != nil {
+		return
+	}
 	for {
+		req, fds, err := wc.ReadRequest()
+		if err != nil {
+			return
+		}
 		var hdr [4]byte
-		if _, err := io.ReadFull(c, hdr[:]); err != nil {
-			return
-		}
-		buf := make([]byte, binary.LittleEndian.Uint32(hdr[:]))
-		if _, err := io.ReadFull(c, buf); err != nil {
-			return
-		}
-		req := &helperpb.Request{}
-		if err := proto.Unmarshal(buf, req); err != nil {
-			return
-		}
 		h.mu.Lock()
 		h.reqs = append(h.reqs, req)
+		for _, fd := range fds {
+			var st syscall.Stat_t
+			if syscall.Fstat(fd, &st) == nil {
+				h.dirFDs[req] = st
+			}
+			syscall.Close(fd)
+		}
 		resp := &helperpb.Response{Id: req.Id}
 		fail := func(code helperpb.ErrorCode) {
 			resp.Error = &helperpb.Error{Code: code, Message: "fake helper says no"}
@@ -326,6 +335,22 @@ func (h *fakeHelper) dumpDone(pid int) *helperpb.DumpDone {
 	return r.GetDumpDone()
 }
 
+// wantDirFD checks that req came with a descriptor of the directory dir
+// (CRIU's image directory: the helper works beneath it).
+func (h *fakeHelper) wantDirFD(t *testing.T, req *helperpb.Request, dir string) {
+	t.Helper()
+	var want syscall.Stat_t
+	if err := syscall.Stat(dir, &want); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	got, ok := h.dirFDs[req]
+	h.mu.Unlock()
+	if !ok || got.Dev != want.Dev || got.Ino != want.Ino {
+		t.Errorf("%T came without a descriptor of the image directory %s (got one: %v)", req.Body, dir, ok)
+	}
+}
+
 func TestDumpRestoreWithHelper(t *testing.T) {
 	e := newEnv(t)
 	h := startFake(t, e.socket)
@@ -334,10 +359,12 @@ func TestDumpRestoreWithHelper(t *testing.T) {
 	if out, err := e.run("dump", "-t", strconv.Itoa(p.pid), "-D", img, "--shell-job", "-o", "dump.log", "-v4"); err != nil {
 		t.Fatalf("criu dump: %v\n%s", err, out)
 	}
-	ck := h.wait("Checkpoint", func(r *helperpb.Request) bool { return r.GetCheckpoint() != nil }).GetCheckpoint()
+	ckReq := h.wait("Checkpoint", func(r *helperpb.Request) bool { return r.GetCheckpoint() != nil })
+	ck := ckReq.GetCheckpoint()
 	if ck.Pid != int64(p.pid) || !ck.Detach || ck.LeaveRunning || ck.ImageDir != img {
 		t.Fatalf("Checkpoint %v, want pid %d, image_dir %s, detach", ck, p.pid, img)
 	}
+	h.wantDirFD(t, ckReq, img)
 	if h.wait("Hello", func(r *helperpb.Request) bool { return r.GetHello() != nil }).GetHello().Role != helperpb.Role_ROLE_PLUGIN {
 		t.Fatal("Hello without ROLE_PLUGIN")
 	}
@@ -356,9 +383,11 @@ func TestDumpRestoreWithHelper(t *testing.T) {
 	if out, err := e.run("restore", "-D", img, "--shell-job", "-d", "-o", "restore.log", "-v4"); err != nil {
 		t.Fatalf("criu restore: %v\n%s", err, out)
 	}
-	if pr := h.wait("PrepareRestore", func(r *helperpb.Request) bool { return r.GetPrepareRestore() != nil }); pr.GetPrepareRestore().ImageDir != img {
+	pr := h.wait("PrepareRestore", func(r *helperpb.Request) bool { return r.GetPrepareRestore() != nil })
+	if pr.GetPrepareRestore().ImageDir != img {
 		t.Fatalf("PrepareRestore for %q, want %q", pr.GetPrepareRestore().ImageDir, img)
 	}
+	h.wantDirFD(t, pr, img)
 	h.wait("Restored", func(r *helperpb.Request) bool { return r.GetRestored().GetPid() == int64(p.pid) })
 	if !alive(p.pid) {
 		t.Fatalf("pid %d not running after the restore", p.pid)

@@ -4,7 +4,8 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/protocol/imagepb"
 )
@@ -27,7 +28,7 @@ func (im *Image) CheckFiles() error {
 				continue
 			}
 			seen[file] = true
-			f, err := openChunkFile(file, c)
+			f, err := im.openChunk(bi, ci)
 			if err != nil {
 				return &ChunkError{Image: im.dir, Buffer: bi, Address: b.GetAddress(), Chunk: ci, File: file, Err: err}
 			}
@@ -37,21 +38,23 @@ func (im *Image) CheckFiles() error {
 	return nil
 }
 
-// openChunkFile opens a chunk file and checks what can be checked without
-// reading it: it is there, is no symlink (O_NOFOLLOW: refused, not followed)
-// and is a regular file of the size the manifest says.
-func openChunkFile(file string, c *imagepb.Chunk) (*os.File, error) {
-	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
+// openChunk opens the file of chunk ci of buffer bi (not a zero chunk)
+// beneath its image's DIR/gpucr and checks what can be checked without
+// reading it: it is there, is a regular file (not a symlink, which is not
+// followed, nor a FIFO, which is not waited on) and has the size the
+// manifest says.
+func (im *Image) openChunk(bi, ci int) (*os.File, error) {
+	c := im.m.GetBuffers()[bi].GetChunks()[ci]
+	h, _ := hashFromBytes(c.GetHash()) // validated with the manifest
+	f, err := im.gdirs[c.GetAncestor()].openFile(chunkRel(h), unix.O_RDONLY, nil)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, corruptf("chunk file missing")
-	case errors.Is(err, syscall.ELOOP):
-		return nil, corruptf("chunk file is a symlink")
-	case err != nil:
+	}
+	if err != nil {
 		return nil, err
 	}
 	info, err := f.Stat()
-	if err == nil && (!info.Mode().IsRegular() || info.Size() != int64(c.GetStoredSize())) {
+	if err == nil && info.Size() != int64(c.GetStoredSize()) {
 		err = corruptf("chunk file has %d bytes, manifest says %d (truncated or replaced)", info.Size(), c.GetStoredSize())
 	}
 	if err != nil {

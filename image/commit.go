@@ -43,9 +43,9 @@ func (w *Writer) Commit() error {
 	}
 	m := w.manifest()
 	renamed := false
-	err := w.store.sync(w.dir)
+	err := w.store.sync(w.top)
 	if err == nil {
-		renamed, err = storeManifest(w.dir, m)
+		renamed, err = storeManifest(w.g, m, w.opts.Owner)
 	}
 	if err != nil && !renamed {
 		w.fail(fmt.Errorf("image %s: commit: %w", w.dir, err))
@@ -55,7 +55,7 @@ func (w *Writer) Commit() error {
 	// Renamed: the new image is the visible one, and its chunk files stay
 	// even if the last directory fsync failed (then said in err). The
 	// processes' parts are superseded by it.
-	removeParts(w.dir)
+	w.removeParts()
 	w.mu.Lock()
 	w.state = stateCommitted
 	w.mu.Unlock()

@@ -7,6 +7,11 @@
 //	DIR/gpucr/.tmp-*          unfinished writes, never read
 //	DIR/gpucr/.lock           flock held by a Writer or GC working on DIR
 //
+// Directories are made 0700 and files 0600 (Options.Owner: given to the user
+// the image is written for). Everything beneath DIR is opened beneath an open
+// directory, following no symlink and waiting on no FIFO, and checked to be
+// what it should be before any I/O (safeopen.go).
+//
 // Each buffer is split into chunks (4 MiB by default). A chunk is stored once
 // per image and never again in a descendant image (it refers to the ancestor's
 // file instead); an all-zero chunk is only a flag in the manifest. Every chunk

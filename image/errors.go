@@ -43,7 +43,17 @@ func (e *ChunkError) Error() string {
 	if e.File != "" {
 		s += " (" + e.File + ")"
 	}
-	return s + ": " + e.Err.Error()
+	return s + ": " + errorWithout(e.Err, e.File)
+}
+
+// errorWithout is err's message, less the path file where err is only about
+// that file's type (the message names it already).
+func errorWithout(err error, file string) string {
+	var fte *FileTypeError
+	if errors.As(err, &fte) && fte.Path == file && err == error(fte) {
+		return fte.what()
+	}
+	return err.Error()
 }
 
 func (e *ChunkError) Unwrap() error { return e.Err }
@@ -55,7 +65,9 @@ type ManifestError struct {
 	Err  error
 }
 
-func (e *ManifestError) Error() string { return "manifest " + e.File + ": " + e.Err.Error() }
+func (e *ManifestError) Error() string {
+	return "manifest " + e.File + ": " + errorWithout(e.Err, e.File)
+}
 
 func (e *ManifestError) Unwrap() error { return e.Err }
 

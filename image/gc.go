@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/protobuf/proto"
 
@@ -37,6 +39,8 @@ type GCDir struct {
 // gcNode is one image directory of the kept images' chains.
 type gcNode struct {
 	dir   string
+	g     *fsDir // DIR/gpucr, open: everything gc touches is beneath it
+	own   *Owner // whose image it is (its gpucr/'s owner): what gc writes there stays theirs
 	m     *imagepb.Manifest
 	kept  bool
 	chain []*gcNode // itself, then its ancestors as far as they resolve
@@ -56,6 +60,11 @@ type gcNode struct {
 // or an ancestor its chunks need is missing: what they need would be unknown.
 func GC(keep []string, dryRun bool) (*GCReport, error) {
 	order, err := gcGraph(keep)
+	defer func() {
+		for _, n := range order {
+			n.g.close()
+		}
+	}()
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +83,7 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 	}
 	if !dryRun {
 		for _, n := range order {
-			lock, err := lockDir(gpucrDir(n.dir))
+			lock, err := lockDir(n.g, n.own)
 			if err != nil {
 				return nil, fmt.Errorf("gc: %w", err)
 			}
@@ -103,7 +112,7 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 		if !dryRun {
 			m := cloneManifest(n.m)
 			m.Pruned = true
-			if _, err := storeManifest(n.dir, m); err != nil {
+			if _, err := storeManifest(n.g, m, n.own); err != nil {
 				return nil, fmt.Errorf("gc: mark %s pruned: %w", n.dir, err)
 			}
 		}
@@ -123,23 +132,40 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// gcGraph loads the kept images and walks their parent chains.
-func gcGraph(keep []string) ([]*gcNode, error) {
+// gcGraph loads the kept images and walks their parent chains. The nodes
+// it returns (also with an error) hold their gpucr/ open.
+func gcGraph(keep []string) (order []*gcNode, err error) {
 	nodes := map[string]*gcNode{}
-	var order []*gcNode
 	// get returns the node of dir, loading its manifest the first time; a
 	// node is registered (and so swept) only once it is known to belong:
 	// named in keep, or the ancestor a manifest's parent id names.
 	get := func(dir string, wantID []byte) (*gcNode, error) {
 		n, ok := nodes[dir]
 		if !ok {
-			m, err := loadManifest(dir)
+			top, err := openDirPath(dir)
+			if err != nil {
+				return nil, &ManifestError{File: manifestPath(dir), Err: err}
+			}
+			g, err := openSubDir(top, nil)
+			top.close()
 			if err != nil {
 				return nil, err
 			}
-			n = &gcNode{dir: dir, m: m, refs: map[chunkHash]bool{}}
+			m, err := loadManifestAt(g, nil)
+			if err != nil {
+				g.close()
+				return nil, err
+			}
+			n = &gcNode{dir: dir, g: g, m: m, refs: map[chunkHash]bool{}}
+			if fi, err := g.f.Stat(); err == nil {
+				st := fi.Sys().(*syscall.Stat_t)
+				n.own = &Owner{UID: int(st.Uid), GID: int(st.Gid)}
+			}
 		}
 		if wantID != nil && string(n.m.GetImageId()) != string(wantID) {
+			if !ok {
+				n.g.close()
+			}
 			return nil, fmt.Errorf("%s now holds another image", dir)
 		}
 		if !ok {
@@ -152,11 +178,11 @@ func gcGraph(keep []string) ([]*gcNode, error) {
 	for _, k := range keep {
 		real, err := realDir(k)
 		if err != nil {
-			return nil, fmt.Errorf("gc: keep %s: %w", k, err)
+			return order, fmt.Errorf("gc: keep %s: %w", k, err)
 		}
 		n, err := get(real, nil)
 		if err != nil {
-			return nil, fmt.Errorf("gc: keep %s: %w", k, err)
+			return order, fmt.Errorf("gc: keep %s: %w", k, err)
 		}
 		n.kept = true
 		kept = append(kept, n)
@@ -178,12 +204,12 @@ func gcGraph(keep []string) ([]*gcNode, error) {
 			}
 			if err != nil {
 				if len(chain) <= need {
-					return nil, fmt.Errorf("gc: %s needs ancestor %d: %w", start.dir, len(chain), err)
+					return order, fmt.Errorf("gc: %s needs ancestor %d: %w", start.dir, len(chain), err)
 				}
 				break // beyond what the kept image needs: leave it alone
 			}
 			if n == start || containsNode(chain, n) {
-				return nil, fmt.Errorf("gc: %s: %w", start.dir, corruptf("parent chain loops at %s", n.dir))
+				return order, fmt.Errorf("gc: %s: %w", start.dir, corruptf("parent chain loops at %s", n.dir))
 			}
 			chain = append(chain, n)
 			cur = n
@@ -232,11 +258,16 @@ func (n *gcNode) eachNeeded(f func(at *gcNode, h chunkHash)) error {
 
 // sweep deletes n's chunk files nobody kept refers to, and temporary files.
 // Only names this package writes (chunks/HH/HASH with HH = HASH[:2]) are
-// candidates.
+// candidates, and only regular files; everything is reached beneath n's
+// gpucr/, no symlink followed.
 func (n *gcNode) sweep(dryRun bool) error {
 	var errs []error
-	cdir := chunksDir(n.dir)
-	subs, err := os.ReadDir(cdir)
+	cdir, err := n.g.openDir(chunksName, nil)
+	var subs []fs.DirEntry
+	if err == nil {
+		defer cdir.close()
+		subs, err = readDir(cdir)
+	}
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("gc: %w", err)
 	}
@@ -245,41 +276,11 @@ func (n *gcNode) sweep(dryRun bool) error {
 		if !sub.IsDir() || len(sub.Name()) != 2 {
 			continue
 		}
-		ents, err := os.ReadDir(filepath.Join(cdir, sub.Name()))
-		if err != nil {
+		if err := n.sweepSub(cdir, sub.Name(), dryRun); err != nil {
 			errs = append(errs, err)
-			continue
-		}
-		deleted := false
-		for _, e := range ents {
-			h, ok := parseHashName(e.Name())
-			if !ok || e.Name()[:2] != sub.Name() || !e.Type().IsRegular() {
-				continue
-			}
-			if n.refs[h] {
-				n.rep.ChunksKept++
-				continue
-			}
-			p := filepath.Join(cdir, sub.Name(), e.Name())
-			if info, err := e.Info(); err == nil {
-				n.rep.BytesFreed += info.Size()
-			}
-			if !dryRun {
-				if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, err)
-					continue
-				}
-				deleted = true
-			}
-			n.rep.ChunksDeleted++
-		}
-		if deleted {
-			if err := fsyncDir(filepath.Join(cdir, sub.Name())); err != nil {
-				errs = append(errs, err)
-			}
 		}
 	}
-	temps, size, err := removeTemps(gpucrDir(n.dir), dryRun)
+	temps, size, err := removeTemps(n.g, dryRun)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err)
 	}
@@ -289,6 +290,48 @@ func (n *gcNode) sweep(dryRun bool) error {
 		return fmt.Errorf("gc %s: %w", n.dir, err)
 	}
 	return nil
+}
+
+// sweepSub is sweep of one chunks/HH.
+func (n *gcNode) sweepSub(cdir *fsDir, name string, dryRun bool) error {
+	sd, err := cdir.openDir(name, nil)
+	if err != nil {
+		return err
+	}
+	defer sd.close()
+	ents, err := readDir(sd)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	deleted := false
+	for _, e := range ents {
+		h, ok := parseHashName(e.Name())
+		if !ok || e.Name()[:2] != name || !e.Type().IsRegular() {
+			continue
+		}
+		if n.refs[h] {
+			n.rep.ChunksKept++
+			continue
+		}
+		if info, err := e.Info(); err == nil {
+			n.rep.BytesFreed += info.Size()
+		}
+		if !dryRun {
+			if err := unix.Unlinkat(sd.fd(), e.Name(), 0); err != nil && err != unix.ENOENT {
+				errs = append(errs, &fs.PathError{Op: "remove", Path: sd.join(e.Name()), Err: err})
+				continue
+			}
+			deleted = true
+		}
+		n.rep.ChunksDeleted++
+	}
+	if deleted {
+		if err := sd.sync(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func cloneManifest(m *imagepb.Manifest) *imagepb.Manifest {

@@ -69,17 +69,18 @@ func parseHashName(name string) (chunkHash, bool) {
 	return h, true
 }
 
-func gpucrDir(dir string) string     { return filepath.Join(dir, SubDir) }
 func manifestPath(dir string) string { return filepath.Join(dir, SubDir, manifestName) }
-func chunksDir(dir string) string    { return filepath.Join(dir, SubDir, chunksName) }
-func chunkSubdir(dir string, h chunkHash) string {
-	return filepath.Join(dir, SubDir, chunksName, hex.EncodeToString(h[:1]))
-}
 
 // chunkPath is DIR/gpucr/chunks/HH/HASH.
 func chunkPath(dir string, h chunkHash) string {
 	s := h.String()
 	return filepath.Join(dir, SubDir, chunksName, s[:2], s)
+}
+
+// chunkRel is chunks/HH/HASH, relative to DIR/gpucr.
+func chunkRel(h chunkHash) string {
+	s := h.String()
+	return chunksName + "/" + s[:2] + "/" + s
 }
 
 // maxParentPath bounds a parent reference; real ones are a few dozen bytes.

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io/fs"
-	"os"
 	"sort"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/protobuf/proto"
 
@@ -62,19 +63,53 @@ func decodeManifest(data []byte) (*imagepb.Manifest, error) {
 	return m, nil
 }
 
-// loadManifest reads and validates DIR/gpucr/manifest.pb. A missing manifest
-// in an existing DIR/gpucr is an unfinished (or aborted) write: ErrIncomplete.
+// loadManifest reads and validates DIR/gpucr/manifest.pb (DIR by path: the
+// caller's). A missing manifest in an existing DIR/gpucr is an unfinished
+// (or aborted) write: ErrIncomplete.
 func loadManifest(dir string) (*imagepb.Manifest, error) {
-	path := manifestPath(dir)
-	f, err := os.Open(path)
+	d, err := openDirPath(dir)
+	if err != nil {
+		return nil, &ManifestError{File: manifestPath(dir), Err: err}
+	}
+	defer d.close()
+	g, err := openSubDir(d, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	return loadManifestAt(g, nil)
+}
+
+// openSubDir opens DIR/gpucr beneath d for reading (own, if set, must own
+// it); a missing one is no GPU image (fs.ErrNotExist), as a ManifestError.
+func openSubDir(d *fsDir, own *Owner) (*fsDir, error) {
+	g, err := d.openDir(SubDir, own)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			if _, serr := os.Stat(gpucrDir(dir)); serr == nil {
-				err = fmt.Errorf("%w: no committed manifest (write unfinished or aborted)", ErrIncomplete)
-			} else {
-				err = fmt.Errorf("no GPU image in %s: %w", dir, fs.ErrNotExist)
-			}
+			err = fmt.Errorf("no GPU image in %s: %w", d.path, fs.ErrNotExist)
 		}
+		return nil, &ManifestError{File: d.join(SubDir + "/" + manifestName), Err: err}
+	}
+	return g, nil
+}
+
+// loadManifestAt reads and validates manifest.pb in the open DIR/gpucr g
+// (a regular file, of own's if set).
+func loadManifestAt(g *fsDir, own *Owner) (*imagepb.Manifest, error) {
+	m, err := loadManifestFile(g, manifestName, own)
+	var me *ManifestError
+	if errors.Is(err, fs.ErrNotExist) && errors.As(err, &me) {
+		me.Err = fmt.Errorf("%w: no committed manifest (write unfinished or aborted)", ErrIncomplete)
+	}
+	return m, err
+}
+
+// loadManifestFile reads and validates the manifest rel beneath g (a
+// regular file, of own's if set): manifest.pb or a process's part.
+func loadManifestFile(g *fsDir, rel string, own *Owner) (*imagepb.Manifest, error) {
+	path := g.join(rel)
+	f, err := g.openFile(rel, unix.O_RDONLY, own)
+	if err != nil {
 		return nil, &ManifestError{File: path, Err: err}
 	}
 	defer f.Close()
@@ -82,8 +117,8 @@ func loadManifest(dir string) (*imagepb.Manifest, error) {
 	if err != nil {
 		return nil, &ManifestError{File: path, Err: err}
 	}
-	if !info.Mode().IsRegular() || info.Size() > maxManifestSize {
-		return nil, &ManifestError{File: path, Err: corruptf("not a regular file of at most %d bytes", maxManifestSize)}
+	if info.Size() > maxManifestSize {
+		return nil, &ManifestError{File: path, Err: corruptf("%d bytes, more than a manifest has (%d at most)", info.Size(), maxManifestSize)}
 	}
 	data := make([]byte, info.Size())
 	if _, err := f.ReadAt(data, 0); err != nil {
@@ -96,15 +131,15 @@ func loadManifest(dir string) (*imagepb.Manifest, error) {
 	return m, nil
 }
 
-// storeManifest commits m as DIR/gpucr/manifest.pb atomically; renamed as
-// for writeFileAtomic.
-func storeManifest(dir string, m *imagepb.Manifest) (renamed bool, err error) {
+// storeManifest commits m as manifest.pb in the open DIR/gpucr g
+// atomically (0600, given to own); renamed as for writeFileAtomic.
+func storeManifest(g *fsDir, m *imagepb.Manifest, own *Owner) (renamed bool, err error) {
 	data, err := encodeManifest(m)
 	if err != nil {
 		return false, err
 	}
-	if renamed, err = writeFileAtomic(manifestPath(dir), data); err != nil {
-		return renamed, &ManifestError{File: manifestPath(dir), Err: err}
+	if renamed, err = writeFileAtomic(g, manifestName, data, own); err != nil {
+		return renamed, &ManifestError{File: g.join(manifestName), Err: err}
 	}
 	return true, nil
 }

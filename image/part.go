@@ -18,21 +18,24 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/protocol/imagepb"
 )
 
 const partsName = "parts"
 
-func partsDir(dir string) string { return filepath.Join(dir, SubDir, partsName) }
-func partPath(dir string, pid int) string {
-	return filepath.Join(partsDir(dir), strconv.Itoa(pid)+".pb")
-}
+func partName(pid int) string { return strconv.Itoa(pid) + ".pb" }
 
-func removeParts(dir string) { _ = os.RemoveAll(partsDir(dir)) }
+// parts are the parts a Writer sealed: removed (only those files, never
+// one put there since) at commit and abort.
+type parts struct {
+	dir     *fsDir // DIR/gpucr/parts, open once the first part is sealed
+	created bool   // this write made dir: removed with its last part
+	written map[string]fileID
+}
 
 // SealProcess writes the part of process pid: its buffers, every one closed
 // and written with WriteChunk (which stores each chunk before it returns, so
@@ -71,37 +74,73 @@ func (w *Writer) SealProcess(pid int) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(partsDir(w.dir), 0o700); err != nil {
-		return fmt.Errorf("image %s: part of pid %d: %w", w.dir, pid, err)
+	w.partsMu.Lock()
+	defer w.partsMu.Unlock()
+	if w.parts.dir == nil {
+		d, created, err := w.g.mkdir(partsName, w.opts.Owner)
+		if err != nil {
+			return fmt.Errorf("image %s: part of pid %d: %w", w.dir, pid, err)
+		}
+		w.parts.dir, w.parts.created, w.parts.written = d, created, map[string]fileID{}
 	}
-	if _, err := writeFileAtomic(partPath(w.dir, pid), data); err != nil {
+	id, renamed, err := writeFileAtomicID(w.parts.dir, partName(pid), data, w.opts.Owner)
+	if renamed {
+		w.parts.written[partName(pid)] = id
+	}
+	if err != nil {
 		return fmt.Errorf("image %s: part of pid %d: %w", w.dir, pid, err)
 	}
 	return nil
 }
 
+// removeParts removes the parts this write sealed, and the parts directory
+// if this write made it (should anything else be in it, it stays).
+func (w *Writer) removeParts() {
+	w.partsMu.Lock()
+	defer w.partsMu.Unlock()
+	if w.parts.dir == nil {
+		return
+	}
+	for name, id := range w.parts.written {
+		_ = w.parts.dir.removeOwn(name, id)
+	}
+	w.parts.dir.close()
+	if w.parts.created {
+		_ = unix.Unlinkat(w.g.fd(), partsName, unix.AT_REMOVEDIR)
+	}
+	w.parts = parts{}
+}
+
 // OpenProcessPart opens the part of process pid that a write into dir sealed
 // and has not committed (nor aborted) yet. Its chunks are read as an
-// image's; what it holds is checked like a manifest.
+// image's; what it holds is checked like a manifest. Like Open, it follows
+// symlinks on the path to dir and none beneath it.
 func OpenProcessPart(dir string, pid int) (*Image, error) {
+	rel := partsName + "/" + partName(pid)
 	real, err := realDir(dir)
 	if err != nil {
-		return nil, &ManifestError{File: partPath(dir, pid), Err: err}
+		return nil, &ManifestError{File: dir, Err: err}
 	}
-	path := partPath(real, pid)
-	data, err := os.ReadFile(path)
+	top, err := openDirPath(real)
 	if err != nil {
+		return nil, &ManifestError{File: real, Err: err}
+	}
+	g, err := openSubDir(top, nil)
+	top.close()
+	if err != nil {
+		return nil, err
+	}
+	m, err := loadManifestFile(g, rel, nil)
+	if err != nil {
+		g.close()
 		if errors.Is(err, fs.ErrNotExist) {
-			err = fmt.Errorf("no part of pid %d: %w", pid, fs.ErrNotExist)
+			err = &ManifestError{File: g.join(rel), Err: fmt.Errorf("no part of pid %d: %w", pid, fs.ErrNotExist)}
 		}
-		return nil, &ManifestError{File: path, Err: err}
-	}
-	m, err := decodeManifest(data)
-	if err != nil {
-		return nil, &ManifestError{File: path, Err: err}
+		return nil, err
 	}
 	if ps := m.GetProcesses(); len(ps) != 1 || ps[0].GetPid() != int64(pid) {
-		return nil, &ManifestError{File: path, Err: corruptf("a part of pid %d that is not that process's alone", pid)}
+		g.close()
+		return nil, &ManifestError{File: g.join(rel), Err: corruptf("a part of pid %d that is not that process's alone", pid)}
 	}
-	return newImage(dir, real, m, ReadOptions{})
+	return imageFrom(real, g, dir, m, ReadOptions{}, nil)
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -87,7 +88,7 @@ func TestProcessParts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := os.Stat(partsDir(dir)); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := os.Stat(filepath.Join(dir, SubDir, partsName)); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("after %s the parts are still there: %v", end, err)
 			}
 		})

@@ -28,6 +28,7 @@ type ReadOptions struct {
 type Image struct {
 	dir   string // as given to Open
 	chain []string
+	gdirs []*fsDir // DIR/gpucr of each image of chain, open: chunks are opened beneath them
 	m     *imagepb.Manifest
 	opts  ReadOptions
 	sem   chan struct{} // bounds concurrent chunk loads
@@ -41,33 +42,66 @@ type Image struct {
 // Open opens the image in dir: the manifest is checked (checksum, version,
 // every field's range) and the parent chain resolved as far as its chunks
 // reach, each ancestor checked to be the image this one was written against.
+// Symlinks on the path to dir (and to each parent) are followed, as for any
+// path; nothing under an image's gpucr/ is (a symlink there is damage), and
+// every file is checked to be a regular file before it is read.
 func Open(dir string) (*Image, error) { return OpenWith(dir, ReadOptions{}) }
 
 // OpenWith is Open with reader options.
 func OpenWith(dir string, opts ReadOptions) (*Image, error) {
-	return openImage(dir, opts, false)
+	return openImage(dir, opts, false, nil)
 }
 
-// openImage opens dir; allowPruned lets gc look at pruned images.
-func openImage(dir string, opts ReadOptions, allowPruned bool) (*Image, error) {
+// OpenAt is Open of the image directory d is open on (a descriptor another
+// process passed, which opened it); d stays the caller's. The image's Dir
+// is the path the kernel knows d by.
+func OpenAt(d *os.File, opts ReadOptions) (*Image, error) {
+	top, err := dirOf(d)
+	if err != nil {
+		return nil, &ManifestError{File: manifestPath(fdPath(d)), Err: err}
+	}
+	return openFrom(top, top.path, opts, false, nil)
+}
+
+// openImage opens dir; allowPruned lets gc look at pruned images; own, if
+// set, must own every image of the chain (a writer's parents).
+func openImage(dir string, opts ReadOptions, allowPruned bool, own *Owner) (*Image, error) {
 	real, err := realDir(dir)
 	if err != nil {
 		return nil, &ManifestError{File: manifestPath(dir), Err: err}
 	}
-	m, err := loadManifest(real)
+	top, err := openDirPath(real)
+	if err != nil {
+		return nil, &ManifestError{File: manifestPath(real), Err: err}
+	}
+	return openFrom(top, dir, opts, allowPruned, own)
+}
+
+// openFrom opens the image whose DIR is open as top (taken over: closed on
+// failure, or with the Image); name is what messages call it.
+func openFrom(top *fsDir, name string, opts ReadOptions, allowPruned bool, own *Owner) (*Image, error) {
+	defer top.close()
+	g, err := openSubDir(top, own)
 	if err != nil {
 		return nil, err
 	}
-	if m.GetPruned() && !allowPruned {
-		return nil, &ManifestError{File: manifestPath(real), Err: ErrPruned}
+	m, err := loadManifestAt(g, own)
+	if err != nil {
+		g.close()
+		return nil, err
 	}
-	return newImage(dir, real, m, opts)
+	if m.GetPruned() && !allowPruned {
+		g.close()
+		return nil, &ManifestError{File: g.join(manifestName), Err: ErrPruned}
+	}
+	return imageFrom(top.path, g, name, m, opts, own)
 }
 
-// newImage is the Image of manifest m of directory dir (real: symlinks
-// resolved), its ancestors resolved.
-func newImage(dir, real string, m *imagepb.Manifest, opts ReadOptions) (*Image, error) {
-	chain, err := resolveChain(real, m, maxAncestor(m))
+// imageFrom is the Image of manifest m, read from the image at real whose
+// gpucr/ is open as g (taken over: closed on failure, or with the Image),
+// its ancestors resolved; name is what messages call it.
+func imageFrom(real string, g *fsDir, name string, m *imagepb.Manifest, opts ReadOptions, own *Owner) (*Image, error) {
+	chain, gdirs, err := resolveChain(real, g, m, maxAncestor(m), own)
 	if err != nil {
 		return nil, err
 	}
@@ -77,10 +111,19 @@ func newImage(dir, real string, m *imagepb.Manifest, opts ReadOptions) (*Image, 
 	if opts.Prefetch == 0 {
 		opts.Prefetch = opts.Workers
 	}
-	im := &Image{dir: dir, chain: chain, m: m, opts: opts, sem: make(chan struct{}, opts.Workers)}
+	im := &Image{dir: name, chain: chain, gdirs: gdirs, m: m, opts: opts, sem: make(chan struct{}, opts.Workers)}
 	cs := int(m.GetChunkSize())
 	im.pool.New = func() any { b := make([]byte, cs); return &b }
 	return im, nil
+}
+
+// Close releases the directories the image holds open. Readers of it must
+// be done; an Image nobody closes is released by the garbage collector.
+func (im *Image) Close() error {
+	for _, g := range im.gdirs {
+		g.close()
+	}
+	return nil
 }
 
 func maxAncestor(m *imagepb.Manifest) int {
@@ -93,13 +136,22 @@ func maxAncestor(m *imagepb.Manifest) int {
 	return int(deepest)
 }
 
-// resolveChain returns the directories of real and of its first need
-// ancestors. Each parent path is joined once to the directory of the image
-// that names it; a loop, a missing or replaced ancestor is an error.
-func resolveChain(real string, m *imagepb.Manifest, need int) ([]string, error) {
-	chain := []string{real}
+// resolveChain returns the directories of real (whose gpucr/ is open as g,
+// taken over) and of its first need ancestors, and their gpucr/ opened.
+// Each parent path is joined once to the directory of the image that names
+// it; a loop, a missing or replaced ancestor is an error (everything opened
+// is closed then).
+func resolveChain(real string, g *fsDir, m *imagepb.Manifest, need int, own *Owner) (chain []string, gdirs []*fsDir, err error) {
+	chain, gdirs = []string{real}, []*fsDir{g}
+	defer func() {
+		if err != nil {
+			for _, g := range gdirs {
+				g.close()
+			}
+		}
+	}()
 	infos := []os.FileInfo{}
-	if info, err := os.Stat(real); err == nil {
+	if info, err := g.f.Stat(); err == nil {
 		infos = append(infos, info)
 	}
 	cur, curM := real, m
@@ -107,35 +159,45 @@ func resolveChain(real string, m *imagepb.Manifest, need int) ([]string, error) 
 		mfile := manifestPath(cur)
 		p := curM.GetParent()
 		if p == nil {
-			return nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: chunks refer to ancestor %d, but the chain ends at %d",
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: chunks refer to ancestor %d, but the chain ends at %d",
 				ErrMissingParent, need, d-1)}
 		}
 		next, err := realDir(filepath.Join(cur, p.GetPath()))
 		if err != nil {
-			return nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %w", ErrMissingParent, err)}
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %w", ErrMissingParent, err)}
 		}
-		info, err := os.Stat(next)
+		top, err := openDirPath(next)
 		if err != nil {
-			return nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %w", ErrMissingParent, err)}
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %w", ErrMissingParent, err)}
+		}
+		pg, err := openSubDir(top, own)
+		top.close()
+		if err != nil {
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: parent %s: %w", ErrMissingParent, next, err)}
+		}
+		gdirs = append(gdirs, pg)
+		info, err := pg.f.Stat()
+		if err != nil {
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %w", ErrMissingParent, err)}
 		}
 		for _, seen := range infos {
 			if os.SameFile(seen, info) {
-				return nil, &ManifestError{File: mfile, Err: corruptf("parent chain loops at %s", next)}
+				return nil, nil, &ManifestError{File: mfile, Err: corruptf("parent chain loops at %s", next)}
 			}
 		}
 		infos = append(infos, info)
-		pm, err := loadManifest(next)
+		pm, err := loadManifestAt(pg, own)
 		if err != nil {
-			return nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: parent %s: %w", ErrMissingParent, next, err)}
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: parent %s: %w", ErrMissingParent, next, err)}
 		}
 		if string(pm.GetImageId()) != string(p.GetImageId()) {
-			return nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %s now holds another image (id %x, want %x)",
+			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: %s now holds another image (id %x, want %x)",
 				ErrMissingParent, next, pm.GetImageId(), p.GetImageId())}
 		}
 		chain = append(chain, next)
 		cur, curM = next, pm
 	}
-	return chain, nil
+	return chain, gdirs, nil
 }
 
 // Manifest returns the manifest; callers must not modify it.
@@ -226,7 +288,7 @@ func (im *Image) loadCheck(bi, ci int, dst []byte, allCRCs bool) error {
 		return nil
 	}
 	file := im.ChunkFile(bi, ci)
-	if err := im.readChunk(file, c, dst, allCRCs); err != nil {
+	if err := im.readChunk(bi, ci, dst, allCRCs); err != nil {
 		return &ChunkError{Image: im.dir, Buffer: bi, Address: b.GetAddress(), Chunk: ci, File: file, Err: err}
 	}
 	return nil
@@ -242,8 +304,9 @@ func (im *Image) loadCheck(bi, ci int, dst []byte, allCRCs bool) error {
 // with the GPU), unless allCRCs; format 2 images no longer have it. A
 // compressed chunk's CRC is always checked, before its bytes reach the
 // decoder.
-func (im *Image) readChunk(file string, c *imagepb.Chunk, dst []byte, allCRCs bool) error {
-	f, err := openChunkFile(file, c)
+func (im *Image) readChunk(bi, ci int, dst []byte, allCRCs bool) error {
+	c := im.m.GetBuffers()[bi].GetChunks()[ci]
+	f, err := im.openChunk(bi, ci)
 	if err != nil {
 		return err
 	}

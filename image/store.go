@@ -5,11 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -54,18 +53,29 @@ type localChunk struct {
 // dedup within the image, against the image DIR held before (its files are
 // reused, never overwritten) and against the parent chain (referenced).
 type chunkStore struct {
-	gdir   string
+	g      *fsDir                       // DIR/gpucr
+	chunks *fsDir                       // DIR/gpucr/chunks
+	own    *Owner                       // nil: the process's own
 	old    map[chunkHash]*imagepb.Chunk // LOCAL chunks of the manifest DIR held at Create
 	parent map[chunkHash]storedChunk    // chunks of the parent chain, ancestor as seen from here
 	enc    *zstd.Encoder                // nil: no compression
 	stored atomic.Int64                 // bytes written to new files
 	seq    atomic.Uint64                // temporary names
+	tmpTag string                       // this write's, in its temporary names: a dead writer's leftovers never clash
 
 	mu      sync.Mutex
 	local   map[chunkHash]*localChunk
-	subdirs [256]bool // chunks/HH known to exist
-	touched [256]bool // chunks/HH that got a new entry: fsynced at Commit
-	created []string  // files renamed into chunks/ by this write: Abort removes them
+	subdirs [256]*fsDir // chunks/HH, open once made or found
+	touched [256]bool   // chunks/HH that got a new entry: fsynced at Commit
+	created []ownFile   // files renamed into chunks/ by this write: Abort removes them
+}
+
+// ownFile is a file this write created: the name in its directory, and
+// which file it was (one put under that name since is not removed).
+type ownFile struct {
+	dir  *fsDir
+	name string
+	id   fileID
 }
 
 // claim returns the entry for h and whether the caller is its owner.
@@ -84,11 +94,12 @@ func (s *chunkStore) claim(h chunkHash) (*localChunk, bool) {
 // scratch is the worker's compression buffer. It returns the file involved
 // (for error messages).
 func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[]byte) (string, error) {
-	final := chunkPath(filepath.Dir(s.gdir), h)
+	final := s.g.join(chunkRel(h))
 	if oc, ok := s.old[h]; ok {
 		// Reuse the previous image's file only if it is still there with the
-		// size that manifest promised; its CRC is checked on every read.
-		if info, err := os.Lstat(final); err == nil && info.Mode().IsRegular() && info.Size() == int64(oc.GetStoredSize()) {
+		// size that manifest promised (and is the owner's); its CRC is
+		// checked on every read.
+		if s.reusable(h, int64(oc.GetStoredSize())) {
 			lc.meta = storedChunk{loc: imagepb.Location_LOCATION_LOCAL, crc: oc.GetCrc32C(),
 				comp: oc.GetCompression(), storedSize: oc.GetStoredSize()}
 			return final, nil
@@ -110,7 +121,7 @@ func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[
 	if comp != imagepb.Compression_COMPRESSION_NONE {
 		crc = crc32.Checksum(stored, castagnoli)
 	}
-	if err := s.writeFile(h, final, stored); err != nil {
+	if err := s.writeFile(h, stored); err != nil {
 		return final, err
 	}
 	lc.meta = storedChunk{loc: imagepb.Location_LOCATION_LOCAL, crc: crc, comp: comp, storedSize: uint32(len(stored))}
@@ -119,90 +130,122 @@ func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[
 	return final, nil
 }
 
-// writeFile puts data at final: a temporary file, renamed into place. No
-// fsync here (Commit syncs the file system once): a file in chunks/ may be
-// incomplete after a crash, but then no committed manifest names it with the
-// metadata of this write, and the next write to DIR replaces it.
-func (s *chunkStore) writeFile(h chunkHash, final string, data []byte) error {
-	if err := s.ensureSubdir(h); err != nil {
-		return err
+// reusable says whether chunks/HH/HASH of h is a regular file of size bytes
+// (and the owner's): looked at without opening it for I/O.
+func (s *chunkStore) reusable(h chunkHash, size int64) bool {
+	fd, err := openat2(s.g.fd(), chunkRel(h), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
 	}
-	tmp := filepath.Join(s.gdir, fmt.Sprintf("%sc-%s-%d", tmpPrefix, h, s.seq.Add(1)))
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != size {
+		return false
+	}
+	return s.own == nil || int(st.Uid) == s.own.UID
+}
+
+// writeFile puts data at chunks/HH/HASH: a temporary file (0600, the
+// owner's), renamed into place. No fsync here (Commit syncs the file system
+// once): a file in chunks/ may be incomplete after a crash, but then no
+// committed manifest names it with the metadata of this write, and the next
+// write to DIR replaces it.
+func (s *chunkStore) writeFile(h chunkHash, data []byte) error {
+	sub, err := s.subdir(h)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(data) // one large write; os.File loops over short writes
+	tmp := fmt.Sprintf("%sc-%s-%s-%d", tmpPrefix, s.tmpTag, h, s.seq.Add(1))
+	f, err := s.g.create(tmp, unix.O_WRONLY, s.own)
+	if err != nil {
+		return err
+	}
+	id, err := idOf(f)
+	if err == nil {
+		_, err = f.Write(data) // one large write; os.File loops over short writes
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
+	name := h.String()
 	if err == nil {
 		// Replaces only a file no committed manifest of DIR refers to with
 		// this content's metadata (those are reused above).
-		err = os.Rename(tmp, final)
+		err = s.g.rename(tmp, sub, name)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		_ = s.g.removeOwn(tmp, id)
 		return err // *PathError / *LinkError: names the file
 	}
 	s.mu.Lock()
-	s.created = append(s.created, final)
+	s.created = append(s.created, ownFile{dir: sub, name: name, id: id})
 	s.touched[h[0]] = true
 	s.mu.Unlock()
 	return nil
 }
 
-func (s *chunkStore) ensureSubdir(h chunkHash) error {
+// subdir returns chunks/HH of h, made (0700, the owner's) or opened the
+// first time; one that is there must be a directory of the owner's.
+func (s *chunkStore) subdir(h chunkHash) (*fsDir, error) {
 	s.mu.Lock()
-	made := s.subdirs[h[0]]
-	s.mu.Unlock()
-	if made {
-		return nil
+	defer s.mu.Unlock()
+	if d := s.subdirs[h[0]]; d != nil {
+		return d, nil
 	}
-	d := filepath.Join(s.gdir, chunksName, hex.EncodeToString(h[:1]))
-	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
+	d, created, err := s.chunks.mkdir(hex.EncodeToString(h[:1]), s.own)
+	if err != nil {
+		return nil, err
 	}
-	s.mu.Lock()
-	if !s.subdirs[h[0]] {
-		s.subdirs[h[0]] = true
+	s.subdirs[h[0]] = d
+	if created {
 		s.touched[h[0]] = true // a new directory entry in chunks/ as well
 	}
-	s.mu.Unlock()
-	return nil
+	return d, nil
 }
 
 // sync makes every file and directory entry this write created durable:
 // one syncfs for the data, then the directories whose entries changed.
-func (s *chunkStore) sync(dir string) error {
-	if err := syncFS(s.gdir); err != nil {
+func (s *chunkStore) sync(top *fsDir) error {
+	if err := syncFS(s.g); err != nil {
 		return err
 	}
 	for i, t := range s.touched {
 		if t {
-			if err := fsyncDir(filepath.Join(s.gdir, chunksName, hex.EncodeToString([]byte{byte(i)}))); err != nil {
+			if err := s.subdirs[i].sync(); err != nil {
 				return err
 			}
 		}
 	}
-	for _, d := range []string{filepath.Join(s.gdir, chunksName), s.gdir, dir} {
-		if err := fsyncDir(d); err != nil {
+	for _, d := range []*fsDir{s.chunks, s.g, top} {
+		if err := d.sync(); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// close closes the directories the store holds open.
+func (s *chunkStore) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, d := range s.subdirs {
+		d.close()
+		s.subdirs[i] = nil
+	}
+	s.chunks.close()
+}
+
 // removeCreated deletes the chunk files this write put in place (Abort):
-// none of them is referenced by the manifest DIR held before.
+// none of them is referenced by the manifest DIR held before. A file put
+// under one of those names since is not this write's, and stays.
 func (s *chunkStore) removeCreated() error {
 	s.mu.Lock()
 	created := s.created
 	s.created = nil
 	s.mu.Unlock()
 	var errs []error
-	for _, p := range created {
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for _, c := range created {
+		if err := c.dir.removeOwn(c.name, c.id); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -89,6 +89,20 @@ type Options struct {
 	Workers     int         // hashing/compressing/writing goroutines; 0: GOMAXPROCS
 	MaxBuffered int64       // bytes of chunk data in flight at most; 0: 2*Workers*ChunkSize
 	Parent      string      // parent image dir (incremental), "" for none; stored relative to DIR
+
+	// Owner, for a process that writes an image for another user (the
+	// helper, for the process that asked): the directories and files the
+	// Writer creates are given to Owner, and every one it finds and uses
+	// (gpucr/, chunks/, chunks/HH/, .lock, the manifest it replaces and the
+	// chunk files it reuses) and every image of the parent chain must
+	// already be Owner's, else ErrOwner. nil: the process's own, with no
+	// such checks (the kernel's permission checks are the rule then).
+	// Either way directories are made 0700 and files 0600.
+	Owner *Owner
+	// SubDirMustExist: DIR/gpucr must be there already (made by the user the
+	// image is for, so the kernel checked that it may write DIR); the
+	// Writer creates nothing directly in DIR.
+	SubDirMustExist bool
 }
 
 // Origin says who made the image.

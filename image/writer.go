@@ -2,7 +2,7 @@ package image
 
 import (
 	"crypto/rand"
-	"errors"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,6 +21,8 @@ import (
 type Writer struct {
 	dir     string // DIR, symlinks resolved
 	gdir    string // DIR/gpucr
+	top     *fsDir // DIR, open: nothing is opened by path beneath it
+	g       *fsDir // DIR/gpucr, open
 	opts    Options
 	origin  Origin
 	id      []byte
@@ -49,6 +51,9 @@ type Writer struct {
 	spans   map[int][]span // per pid, sorted by address: overlap check in AddBuffer
 	procs   map[int]int    // AddProcess: pid -> ns pid
 	bytesIn atomic.Int64
+
+	partsMu sync.Mutex // guards parts; never held with mu
+	parts   parts
 }
 
 type writerState int
@@ -74,36 +79,78 @@ type job struct {
 
 var errAborted = fmt.Errorf("%w: writer aborted", ErrIncomplete)
 
-// Create starts writing an image into dir (created if missing). The image DIR
-// held before, if any, stays the visible one until Commit; its chunk files
-// are reused for identical chunks. With opts.Parent the image is incremental:
-// chunks the parent chain already holds are only referenced.
+// Create starts writing an image into dir (created 0700 if missing). The
+// image DIR held before, if any, stays the visible one until Commit; its
+// chunk files are reused for identical chunks. With opts.Parent the image
+// is incremental: chunks the parent chain already holds are only
+// referenced. Symlinks on the path to dir are followed (the caller's
+// path); beneath it nothing is: a symlink, FIFO or other non-directory
+// where DIR/gpucr or its subdirectories should be is refused, and so is
+// anything but a regular file where a file should be.
 func Create(dir string, origin Origin, opts Options) (*Writer, error) {
 	if err := normalizeOptions(&opts); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Join(dir, SubDir, chunksName), 0o755); err != nil {
+	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("create image in %s: %w", dir, err)
 	}
 	real, err := realDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	w := &Writer{dir: real, gdir: gpucrDir(real), opts: opts, origin: origin,
-		id: make([]byte, 16), spans: map[int][]span{}}
-	_, _ = rand.Read(w.id)
-	if w.lock, err = lockDir(w.gdir); err != nil {
+	top, err := openDirPath(real)
+	if err != nil {
+		return nil, fmt.Errorf("create image in %s: %w", dir, err)
+	}
+	return create(top, origin, opts)
+}
+
+// CreateAt is Create into the image directory d is open on (a descriptor
+// another process passed: it opened the directory, so it could reach it);
+// d stays the caller's. Everything is created beneath d.
+func CreateAt(d *os.File, origin Origin, opts Options) (*Writer, error) {
+	if err := normalizeOptions(&opts); err != nil {
 		return nil, err
 	}
-	// Holding the lock, every temporary file is a dead writer's leftover.
-	if _, _, err := removeTemps(w.gdir, false); err != nil {
-		w.lock.Close()
-		return nil, fmt.Errorf("create image in %s: remove leftovers: %w", dir, err)
+	top, err := dirOf(d)
+	if err != nil {
+		return nil, fmt.Errorf("create image: %w", err)
 	}
-	w.store = &chunkStore{gdir: w.gdir, local: map[chunkHash]*localChunk{}, old: oldChunks(real)}
-	if opts.Parent != "" {
-		if w.parent, w.store.parent, w.shared, err = parentChunks(real, opts.Parent); err != nil {
+	return create(top, origin, opts)
+}
+
+// create starts the write into the open DIR top, which it takes over.
+func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
+	w := &Writer{dir: top.path, gdir: top.join(SubDir), top: top, opts: opts, origin: origin,
+		id: make([]byte, 16), spans: map[int][]span{}}
+	_, _ = rand.Read(w.id)
+	defer func() {
+		if err != nil {
 			w.release()
+		}
+	}()
+	own := opts.Owner
+	if opts.SubDirMustExist {
+		w.g, err = top.openDir(SubDir, own)
+	} else {
+		w.g, _, err = top.mkdir(SubDir, own)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create image in %s: %w", w.dir, err)
+	}
+	if w.lock, err = lockDir(w.g, own); err != nil {
+		return nil, err
+	}
+	// Leftover temporary files of a writer that died stay: a Writer removes
+	// only what it created itself (gc removes the rest).
+	chunks, _, err := w.g.mkdir(chunksName, own)
+	if err != nil {
+		return nil, fmt.Errorf("create image in %s: %w", w.dir, err)
+	}
+	w.store = &chunkStore{g: w.g, chunks: chunks, own: own, local: map[chunkHash]*localChunk{}, old: oldChunks(w.g, own),
+		tmpTag: hex.EncodeToString(w.id[:4])}
+	if opts.Parent != "" {
+		if w.parent, w.store.parent, w.shared, err = parentChunks(w.dir, opts.Parent, own); err != nil {
 			return nil, err
 		}
 	}
@@ -113,7 +160,6 @@ func Create(dir string, origin Origin, opts Options) (*Writer, error) {
 		w.store.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest),
 			zstd.WithEncoderCRC(false), zstd.WithEncoderConcurrency(opts.Workers), zstd.WithLowerEncoderMem(false))
 		if err != nil {
-			w.release()
 			return nil, fmt.Errorf("zstd encoder: %w", err)
 		}
 	}
@@ -128,6 +174,10 @@ func Create(dir string, origin Origin, opts Options) (*Writer, error) {
 	}
 	return w, nil
 }
+
+// Dir is the image directory the Writer writes into (absolute, symlinks
+// resolved).
+func (w *Writer) Dir() string { return w.dir }
 
 func normalizeOptions(o *Options) error {
 	if o.ChunkSize == 0 {
@@ -168,9 +218,10 @@ func realDir(dir string) (string, error) {
 }
 
 // oldChunks indexes the local chunk files of the image DIR holds now, if it
-// has a valid one: their files may be reused but must never be overwritten.
-func oldChunks(dir string) map[chunkHash]*imagepb.Chunk {
-	m, err := loadManifest(dir)
+// has a valid one (of own's, if set): their files may be reused but must
+// never be overwritten.
+func oldChunks(g *fsDir, own *Owner) map[chunkHash]*imagepb.Chunk {
+	m, err := loadManifestAt(g, own)
 	if err != nil {
 		return nil // nothing valid to keep intact or to reuse
 	}
@@ -186,14 +237,16 @@ func oldChunks(dir string) map[chunkHash]*imagepb.Chunk {
 	return idx
 }
 
-// parentChunks opens the parent image (it must be restorable), locks its
-// chain against gc (shared) and indexes every stored chunk reachable through
-// it, as seen from the new image.
-func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChunk, []*os.File, error) {
-	pim, err := Open(parent)
+// parentChunks opens the parent image (it must be restorable, and with own
+// set every image of its chain must be own's: the new image will use their
+// chunk files), locks its chain against gc (shared) and indexes every
+// stored chunk reachable through it, as seen from the new image in dir.
+func parentChunks(dir, parent string, own *Owner) (*imagepb.Parent, map[chunkHash]storedChunk, []*os.File, error) {
+	pim, err := openImage(parent, ReadOptions{}, false, own)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("parent image: %w", err)
 	}
+	defer pim.Close()
 	rel, err := filepath.Rel(dir, pim.chain[0])
 	if err == nil {
 		err = checkParentPath(rel)
@@ -202,8 +255,8 @@ func parentChunks(dir, parent string) (*imagepb.Parent, map[chunkHash]storedChun
 		return nil, nil, nil, fmt.Errorf("parent image %s as seen from %s: %w", parent, dir, err)
 	}
 	var locks []*os.File
-	for _, d := range pim.chain {
-		l, err := lockShared(gpucrDir(d))
+	for _, g := range pim.gdirs {
+		l, err := lockShared(g, own)
 		if err != nil {
 			for _, l := range locks {
 				l.Close()
@@ -420,15 +473,23 @@ func (w *Writer) closeJobs() {
 	w.wg.Wait()
 }
 
-// release frees what the Writer holds once it is over.
+// release frees what the Writer holds once it is over (also a Writer that
+// create gave up on half-made).
 func (w *Writer) release() {
-	if w.store != nil && w.store.enc != nil {
-		w.store.enc.Close()
+	if w.store != nil {
+		if w.store.enc != nil {
+			w.store.enc.Close()
+		}
+		w.store.close()
 	}
 	for _, l := range w.shared {
 		l.Close()
 	}
-	w.lock.Close()
+	if w.lock != nil {
+		w.lock.Close()
+	}
+	w.g.close()
+	w.top.close()
 }
 
 // Stats reports what the write did so far; exact after Commit.
@@ -463,13 +524,12 @@ func (w *Writer) Abort() error {
 	return w.cleanup()
 }
 
+// cleanup removes the chunk files this write created. Its temporary files
+// are gone already: each is renamed into place or removed by the worker
+// that made it, and every worker has ended.
 func (w *Writer) cleanup() error {
-	removeParts(w.dir)
-	err := w.store.removeCreated()
-	if _, _, terr := removeTemps(w.gdir, false); terr != nil {
-		err = errors.Join(err, terr)
-	}
-	if err != nil {
+	w.removeParts()
+	if err := w.store.removeCreated(); err != nil {
 		return fmt.Errorf("image %s: clean up: %w", w.dir, err)
 	}
 	return nil

@@ -3,14 +3,17 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	ucli "github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -62,10 +65,15 @@ func checkpointCommand() *ucli.Command {
 					return err
 				}
 			}
+			d, err := gpuImageDir(abs)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
 			req := &helperpb.Checkpoint{Pid: pid, ImageDir: abs, LeaveRunning: c.Bool("leave-running"), Parent: parent,
 				Compress: c.Bool("compress"), TimeoutMs: uint32(c.Duration("timeout") / time.Millisecond)}
 			return callCheckpoint(c, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}},
-				fmt.Sprintf("checkpoint %d", pid))
+				fmt.Sprintf("checkpoint %d", pid), int(d.Fd()))
 		},
 	}
 }
@@ -91,12 +99,35 @@ func resumeCommand() *ucli.Command {
 				return err
 			}
 			return callCheckpoint(c, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
-				ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: pid}}}, fmt.Sprintf("resume %d", pid))
+				ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: pid}}}, fmt.Sprintf("resume %d", pid), -1)
 		},
 	}
 }
 
-func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string) error {
+// gpuImageDir prepares the image directory of a --gpu-only checkpoint, as
+// the user who runs gpucr: DIR and DIR/gpucr are made (0700) if missing, so
+// the kernel checks that this user may write there, and DIR is opened. The
+// helper, which runs as root, writes only beneath the descriptor passed to
+// it, into DIR/gpucr, and gives what it writes to this user.
+func gpuImageDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	if err := unix.Mkdirat(fd, image.SubDir, 0o700); err != nil && err != unix.EEXIST {
+		d.Close()
+		return nil, fmt.Errorf("image directory %s: %w", filepath.Join(dir, image.SubDir), err)
+	}
+	return d, nil
+}
+
+// callCheckpoint sends a Checkpoint (with dirFD, the image directory, if not
+// -1) or a ResumeCheckpointed and prints the reply.
+func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string, dirFD int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	conn, err := client.Dial(ctx, client.SocketPath(c.String("socket")), helperpb.Role_ROLE_CLI, "gpucr")
@@ -104,7 +135,11 @@ func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string) error {
 		return err
 	}
 	defer conn.Close()
-	resp, _, err := conn.Call(ctx, req)
+	var send []int
+	if dirFD >= 0 {
+		send = []int{dirFD}
+	}
+	resp, _, err := conn.CallFDs(ctx, req, send)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	ucli "github.com/urfave/cli/v2"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
@@ -99,10 +100,13 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	if deadline <= 0 {
 		return nil, usageError{fmt.Errorf("--criu-timeout %v: must be positive", deadline)}
 	}
-	d, err := os.Open(job.dir)
+	// O_DIRECTORY: what replaced the directory since it was checked (a
+	// FIFO) is refused, not waited on.
+	fd, err := unix.Open(job.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("image directory: %w", err)
+		return nil, fmt.Errorf("image directory %s: %w", job.dir, err)
 	}
+	d := os.NewFile(uintptr(fd), job.dir)
 	defer d.Close()
 	sess, err := newCRIUSession(job.pluginDir)
 	if err != nil {

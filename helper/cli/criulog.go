@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // What a failed CRIU run's log says. go-criu's error carries only the first
@@ -89,13 +90,18 @@ func criuLogErrors(r io.Reader, max int) ([]string, error) {
 	return errs, nil
 }
 
-// criuLogFile is criuLogErrors of the log at path.
+// criuLogFile is criuLogErrors of the log at path (in the image directory,
+// where others may write: a symlink there is not followed, and anything
+// but a regular file, a FIFO say, is refused without waiting on it).
 func criuLogFile(path string, max int) ([]string, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
 	return criuLogErrors(f, max)
 }
 

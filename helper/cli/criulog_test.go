@@ -5,7 +5,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The logs in testdata/criulog are excerpts of real CRIU 4.2.1 logs (-v4) of
@@ -100,5 +102,39 @@ func TestCRIUPluginLoaded(t *testing.T) {
 	}
 	if criuPluginLoaded(string(b), "gpucr") {
 		t.Errorf("a log without the plugin's load is taken for one")
+	}
+}
+
+// CRIU's log is read from the image directory, where others may write: a
+// FIFO there is refused at once, a symlink is not followed.
+func TestCRIULogFileRefusesFIFOAndSymlink(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "dump.log")
+	if err := syscall.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := criuLogFile(fifo, 5); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a FIFO read as CRIU's log")
+		}
+	case <-time.After(5 * time.Second):
+		if f, err := os.OpenFile(fifo, os.O_RDWR, 0); err == nil {
+			f.Close()
+		}
+		t.Fatal("reading a FIFO as CRIU's log hung")
+	}
+	target := filepath.Join(dir, "other.log")
+	if err := os.WriteFile(target, []byte("(00.1) Error (criu/x.c:1): secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "restore.log")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if lines, err := criuLogFile(link, 5); err == nil {
+		t.Errorf("a symlink followed to CRIU's log: %q", lines)
 	}
 }

@@ -81,6 +81,12 @@ func (c *Conn) Close() error { return c.w.Close() }
 // Call sends req (its id is set here) and returns the response and any fds
 // that came with it; a response with an error is returned as *Error.
 func (c *Conn) Call(ctx context.Context, req *helperpb.Request) (*helperpb.Response, []int, error) {
+	return c.CallFDs(ctx, req, nil)
+}
+
+// CallFDs is Call with descriptors sent along with the request (the image
+// directory of a Checkpoint); they stay the caller's.
+func (c *Conn) CallFDs(ctx context.Context, req *helperpb.Request, send []int) (*helperpb.Response, []int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.nextID++
@@ -93,7 +99,7 @@ func (c *Conn) Call(ctx context.Context, req *helperpb.Request) (*helperpb.Respo
 	}
 	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	werr := c.w.Write(req, nil)
+	werr := c.w.Write(req, send)
 	if werr != nil && !errors.Is(werr, syscall.EPIPE) && !errors.Is(werr, syscall.ECONNRESET) {
 		return nil, nil, ctxErr(ctx, werr)
 	}

@@ -61,6 +61,11 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	if req.ImageDir == "" {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "no image directory")
 	}
+	dir, refused := s.checkpointDir(c, id, req)
+	if refused != nil {
+		return refused
+	}
+	defer dir.Close()
 	quiesce := defaultQuiesce
 	if req.TimeoutMs > 0 {
 		quiesce = time.Duration(req.TimeoutMs) * time.Millisecond
@@ -70,7 +75,7 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	reply := &helperpb.CheckpointReply{}
 	var failed *helperpb.Response
 	err := cl.withControl(wait, func(ctl *control) error {
-		failed = s.checkpointLocked(c, cl, ctl, id, req, quiesce, wait, reply, log)
+		failed = s.checkpointLocked(c, cl, ctl, id, req, dir, quiesce, wait, reply, log)
 		return nil
 	})
 	switch {
@@ -97,7 +102,7 @@ func controlCall(ctl *control, req *helperpb.Request, wait time.Duration) (*help
 	return r, nil
 }
 
-func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, quiesce, wait time.Duration,
+func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, dir *os.File, quiesce, wait time.Duration,
 	reply *helperpb.CheckpointReply, log *zap.Logger) *helperpb.Response {
 	ph := newPhases()
 	var undos []undo
@@ -176,14 +181,9 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 	if req.Compress {
 		opts.Compression = image.CompressionZstd
 	}
-	var w *image.Writer
-	if req.DeferCommit {
-		w, err = s.openImage(req.ImageDir, origin, opts)
-	} else {
-		w, err = image.Create(req.ImageDir, origin, opts)
-	}
+	w, err := s.imageWriter(c, dir, req, origin, opts) // the caller's image, beneath dir (imagedir.go)
 	if err != nil {
-		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
+		return fail(imageErrCode(err), "image: %v", err)
 	}
 	abortImage := func() {
 		if !req.DeferCommit {
@@ -202,7 +202,7 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 	// running on it (its control connection closes while it is quiesced, and
 	// it resumes by itself). The copy reads through the helper's own view.
 	bytes := engine.TotalSize(regions)
-	tr := s.transfers.begin(req.ImageDir, true, bytes, []int64{int64(cl.pid)})
+	tr := s.transfers.beginFor(c.cred.Uid, w.Dir(), true, bytes, []int64{int64(cl.pid)})
 	err = engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
 	tr.finish(err)
 	if err != nil {
@@ -227,7 +227,7 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 	// is how it tells the process.
 	_ = os.Remove(s.wakePath(cl.pid))
 	wake := s.wakeName(cl.pid)
-	if err := s.saveDetachState(cl.pid, req.ImageDir, w.ID()); err != nil {
+	if err := s.saveDetachState(cl.pid, w.Dir(), w.ID()); err != nil {
 		log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
 	}
 	undos = append(undos, undo{"forget the recorded process", func() error { s.dropDetachState(cl.pid); return nil }})
@@ -459,58 +459,5 @@ func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
 			return ok
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// openImage returns the image writer kept open for dir (deferred commit),
-// creating it for the first process of a dump.
-func (s *Server) openImage(dir string, origin image.Origin, opts image.Options) (*image.Writer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if w := s.open[dir]; w != nil {
-		return w, nil
-	}
-	w, err := image.Create(dir, origin, opts)
-	if err != nil {
-		return nil, err
-	}
-	s.open[dir] = w
-	return w, nil
-}
-
-// commitImage runs a CommitImage request.
-func (s *Server) commitImage(id uint64, req *helperpb.CommitImage) *helperpb.Response {
-	s.mu.Lock()
-	w := s.open[req.ImageDir]
-	delete(s.open, req.ImageDir)
-	s.mu.Unlock()
-	if w == nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU image being written in %s", req.ImageDir)
-	}
-	if req.Abort {
-		if err := w.Abort(); err != nil {
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "drop the GPU image in %s: %v", req.ImageDir, err)
-		}
-		s.log.Info("GPU image dropped (the dump failed)", zap.String("image", req.ImageDir))
-		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
-	}
-	if err := w.Commit(); err != nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "commit the GPU image in %s: %v", req.ImageDir, err)
-	}
-	s.log.Info("GPU image committed", zap.String("image", req.ImageDir), zap.Int("buffers", w.Stats().Buffers))
-	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
-}
-
-// abortImages drops deferred images a connection left uncommitted.
-func (s *Server) abortImages(dirs map[string]bool) {
-	for dir := range dirs {
-		s.mu.Lock()
-		w := s.open[dir]
-		delete(s.open, dir)
-		s.mu.Unlock()
-		if w != nil {
-			_ = w.Abort()
-			s.log.Warn("GPU image left uncommitted by its dump is dropped", zap.String("image", dir))
-		}
 	}
 }

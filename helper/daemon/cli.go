@@ -32,7 +32,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		}
 	}()
 	images := map[string]bool{} // deferred-commit images this connection writes
-	defer func() { s.abortImages(images) }()
+	defer func() { s.abortImages(c, images) }()
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -50,7 +50,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.waitRestored(c, req.Id, b.WaitRestored)
 		case *helperpb.Request_Transfers:
 			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Transfers{Transfers: &helperpb.TransfersReply{
-				Transfers: s.transfers.snapshot(b.Transfers.ImageDir)}}}
+				Transfers: s.transfers.snapshot(b.Transfers.ImageDir, c.cred.Uid)}}}
 		case *helperpb.Request_ClientOp:
 			resp = s.clientOp(c, req.Id, b.ClientOp)
 		case *helperpb.Request_Checkpoint:
@@ -63,7 +63,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			}
 		case *helperpb.Request_CommitImage:
 			delete(images, b.CommitImage.ImageDir)
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.commitImage(req.Id, b.CommitImage) })
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.commitImage(c, req.Id, b.CommitImage) })
 		case *helperpb.Request_ResumeCheckpointed:
 			resp = s.resumeCheckpointed(c, req.Id, b.ResumeCheckpointed)
 		case *helperpb.Request_DumpDone:
@@ -71,7 +71,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
 		case *helperpb.Request_PrepareRestore:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response {
-				r, plan := s.prepareRestore(req.Id, b.PrepareRestore)
+				r, plan := s.prepareRestore(req.Id, b.PrepareRestore, c.takeFD())
 				if plan != nil {
 					plans = append(plans, plan)
 				}

@@ -147,11 +147,13 @@ func (s *Server) adoptOrphans() {
 func adoptionImage(st detachState) (*image.Image, error) {
 	im, err := image.Open(st.ImageDir)
 	if err == nil && !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
+		_ = im.Close()
 		im, err = nil, fmt.Errorf("the image there is another one")
 	}
 	if err != nil {
 		part, perr := image.OpenProcessPart(st.ImageDir, int(st.Pid))
 		if perr == nil && !bytes.Equal(part.Manifest().GetImageId(), st.ImageID) {
+			_ = part.Close()
 			perr = fmt.Errorf("it is another checkpoint's")
 		}
 		if perr != nil {
@@ -161,6 +163,7 @@ func adoptionImage(st detachState) (*image.Image, error) {
 		im = part
 	}
 	if err := im.CheckRestorable(); err != nil {
+		_ = im.Close()
 		return nil, fmt.Errorf("its GPU image cannot be used: %w", err)
 	}
 	return im, nil
@@ -175,6 +178,7 @@ func (s *Server) adopt(st detachState) error {
 	}
 	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid))
 	if e != nil {
+		_ = im.Close()
 		return errors.New(e.Message)
 	}
 	s.trackPlan(plan)

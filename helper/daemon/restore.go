@@ -7,6 +7,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -80,20 +81,33 @@ func (p *restorePlan) undo() {
 // that the GPU data moves while CRIU restores the CPU side; Restored waits for
 // the load. Damage inside a chunk file is only found by that load: Restored
 // then fails, and the plugin kills the restored process (see restored).
-func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore) (*helperpb.Response, *restorePlan) {
-	im, err := image.Open(req.ImageDir)
-	if err == nil {
-		err = im.CheckRestorable()
+// dir is the image directory CRIU restores from (the plugin passes CRIU's
+// descriptor), nil for req.ImageDir by path.
+func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os.File) (*helperpb.Response, *restorePlan) {
+	var im *image.Image
+	var err error
+	if dir != nil {
+		defer dir.Close()
+		im, err = image.OpenAt(dir, image.ReadOptions{})
+	} else {
+		im, err = image.Open(req.ImageDir)
 	}
 	if err == nil {
-		err = im.CheckFiles()
+		err = im.CheckRestorable()
+		if err == nil {
+			err = im.CheckFiles()
+		}
+		if err != nil {
+			_ = im.Close()
+		}
 	}
 	if err != nil {
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
-	plan, e := s.planRestore(im, req.ImageDir, 0)
+	plan, e := s.planRestore(im, im.Dir(), 0)
 	if e != nil {
+		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
 		return &helperpb.Response{Id: id, Error: e}, nil
 	}
@@ -193,6 +207,7 @@ func (s *Server) runLoad(p *restorePlan) {
 	}
 	tr := s.transfers.begin(p.dir, false, bytes, pids)
 	p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress})
+	_ = p.im.Close() // its chunks are read; its manifest stays
 	tr.finish(p.load.err)
 	took := time.Since(start)
 	if p.load.err != nil {

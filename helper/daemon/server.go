@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/wire"
-	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -83,7 +82,7 @@ type Server struct {
 	waiting   map[int32]*client        // detached or restored, by pid (lifecycle.go)
 	plans     map[*restorePlan]bool    // restores being prepared (restore.go)
 	recent    map[string]*outcomes     // what became of recent restores, by image directory (outcome.go)
-	open      map[string]*image.Writer // deferred-commit images by directory (checkpoint.go)
+	open      map[deferKey]*deferImage // deferred-commit images by connection and directory (imagedir.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
@@ -123,7 +122,7 @@ func New(cfg Config) *Server {
 	stopping := make(chan struct{})
 	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
 		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
-		open: map[string]*image.Writer{}, conns: map[*net.UnixConn]struct{}{},
+		open: map[deferKey]*deferImage{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
@@ -346,6 +345,10 @@ type conn struct {
 	writeTimeout time.Duration // of each send; 0: none
 	stalled      *burstLog     // where a stalled frame is logged; nil: at debug level
 	rejected     *burstLog     // where a bad request is logged; nil: every one
+	// fds came with the request being served, one that takes a descriptor
+	// (takesFD, imagedir.go); its handler takes them (takeFD), and any left are
+	// closed with the next request or the connection.
+	fds []int
 }
 
 // send writes a response; a peer that does not read it within the frame
@@ -407,11 +410,14 @@ func (c *conn) next() *helperpb.Request {
 		c.readFailed(err)
 		return nil
 	}
-	if len(fds) > 0 {
+	wire.CloseFDs(c.fds)
+	c.fds = nil
+	if len(fds) > 0 && (len(fds) > 1 || !takesFD(req)) {
 		wire.CloseFDs(fds)
-		c.reject(req.Id, "%d file descriptors attached to a request; none expected", len(fds))
+		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint and PrepareRestore take one (the image directory)", len(fds))
 		return nil
 	}
+	c.fds = fds
 	if req.Body == nil {
 		c.reject(req.Id, "request %d has no (known) body", req.Id)
 		return nil
@@ -437,6 +443,7 @@ func (c *conn) readFailed(err error) {
 
 func (s *Server) serveConn(c *conn, adm *admission) {
 	defer c.Close()
+	defer func() { wire.CloseFDs(c.fds) }()
 	c.writeTimeout = s.cfg.Limits.FrameTimeout
 	c.stalled, c.rejected = &s.stalledLog, &s.rejectedLog
 	// A peer that never says Hello does not hold a handler for long.

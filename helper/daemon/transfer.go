@@ -16,6 +16,7 @@ const keepFinished = 32
 // transfer is one GPU copy between helper memory and an image: what
 // Transfers reports while it runs and after.
 type transfer struct {
+	uid       uint32 // who asked for it: Transfers shows it to that uid (and root) only
 	dir       string
 	direction helperpb.Transfer_Direction
 	total     uint64
@@ -68,13 +69,19 @@ type transferLog struct {
 	list []*transfer // oldest first
 }
 
-// begin records a new transfer of total bytes for image directory dir.
+// begin records a new transfer of total bytes for image directory dir, on
+// root's behalf (restores: the plugin, or the helper itself for an orphan).
 func (l *transferLog) begin(dir string, dump bool, total uint64, pids []int64) *transfer {
+	return l.beginFor(0, dir, dump, total, pids)
+}
+
+// beginFor is begin on behalf of uid.
+func (l *transferLog) beginFor(uid uint32, dir string, dump bool, total uint64, pids []int64) *transfer {
 	d := helperpb.Transfer_DIRECTION_LOAD
 	if dump {
 		d = helperpb.Transfer_DIRECTION_DUMP
 	}
-	t := &transfer{dir: resolvedDir(dir), direction: d, total: total, pids: pids, start: time.Now()}
+	t := &transfer{uid: uid, dir: resolvedDir(dir), direction: d, total: total, pids: pids, start: time.Now()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.list = append(l.list, t)
@@ -102,8 +109,9 @@ func (l *transferLog) begin(dir string, dump bool, total uint64, pids []int64) *
 	return t
 }
 
-// snapshot lists the transfers of dir ("" for all), oldest first.
-func (l *transferLog) snapshot(dir string) []*helperpb.Transfer {
+// snapshot lists the transfers of dir ("" for all) that uid may see (its
+// own; root: all), oldest first.
+func (l *transferLog) snapshot(dir string, uid uint32) []*helperpb.Transfer {
 	if dir != "" {
 		dir = resolvedDir(dir)
 	}
@@ -112,7 +120,7 @@ func (l *transferLog) snapshot(dir string) []*helperpb.Transfer {
 	l.mu.Unlock()
 	var out []*helperpb.Transfer
 	for _, t := range list {
-		if dir == "" || t.dir == dir {
+		if (dir == "" || t.dir == dir) && (uid == 0 || t.uid == uid) {
 			out = append(out, t.proto())
 		}
 	}

@@ -830,6 +830,11 @@ struct  Gpucr__Helper__V1__ClientOpReply
  * dropped, driver state checkpointed) until ResumeCheckpointed or its end.
  * Any failure undoes what was done, resumes the process and leaves the
  * image DIR held before intact.
+ * The image directory comes with the request as one descriptor the caller
+ * opened (SCM_RIGHTS; required for callers other than root, who may name a
+ * path instead); the helper writes only beneath it, into DIR/gpucr, which
+ * must be the caller's (for callers other than root it must exist already),
+ * and what it writes is the caller's (docs/security.md).
  */
 struct  Gpucr__Helper__V1__Checkpoint
 {
@@ -856,7 +861,8 @@ struct  Gpucr__Helper__V1__Checkpoint
   /*
    * For a dump of several processes into one image: the buffers go into an
    * image writer kept open for image_dir, shared by every Checkpoint of this
-   * connection with the same image_dir, and committed by CommitImage.
+   * connection with the same image_dir (and directory), and committed by
+   * CommitImage on this connection; no other connection can add to it.
    */
   protobuf_c_boolean defer_commit;
 };
@@ -867,8 +873,8 @@ struct  Gpucr__Helper__V1__Checkpoint
 
 /*
  * CommitImage (plugin, at the end of a successful dump; abort after a failed
- * one): commits (or drops) the GPU image that Checkpoints with defer_commit
- * wrote into image_dir. Only then is the image visible.
+ * one): commits (or drops) the GPU image that this connection's Checkpoints
+ * with defer_commit wrote into image_dir. Only then is the image visible.
  */
 struct  Gpucr__Helper__V1__CommitImage
 {
@@ -1039,6 +1045,8 @@ struct  Gpucr__Helper__V1__DumpDone
  * image_dir, check that this helper can restore it (devices by uuid, else
  * ordinal; sizes), and load every buffer into new helper memory for the pid
  * the image names. Fails with a clear error before anything is changed.
+ * The plugin passes CRIU's image directory as a descriptor (SCM_RIGHTS);
+ * the helper then reads beneath it.
  */
 struct  Gpucr__Helper__V1__PrepareRestore
 {
@@ -1069,7 +1077,8 @@ struct  Gpucr__Helper__V1__Restored
 /*
  * Transfers asks for the GPU copies the helper runs or ran lately (a
  * checkpoint's copy into an image, the load of an image for a restore): what
- * progress displays show. The helper keeps the last 32 finished ones.
+ * progress displays show. The helper keeps the last 32 finished ones. A
+ * caller sees the copies it asked for; root sees all.
  */
 struct  Gpucr__Helper__V1__Transfers
 {

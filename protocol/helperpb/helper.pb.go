@@ -2891,6 +2891,12 @@ func (x *ClientOpReply) GetStats() *ClientStats {
 // dropped, driver state checkpointed) until ResumeCheckpointed or its end.
 // Any failure undoes what was done, resumes the process and leaves the
 // image DIR held before intact.
+//
+// The image directory comes with the request as one descriptor the caller
+// opened (SCM_RIGHTS; required for callers other than root, who may name a
+// path instead); the helper writes only beneath it, into DIR/gpucr, which
+// must be the caller's (for callers other than root it must exist already),
+// and what it writes is the caller's (docs/security.md).
 type Checkpoint struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Pid          int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -2908,7 +2914,8 @@ type Checkpoint struct {
 	Detach bool `protobuf:"varint,7,opt,name=detach,proto3" json:"detach,omitempty"`
 	// For a dump of several processes into one image: the buffers go into an
 	// image writer kept open for image_dir, shared by every Checkpoint of this
-	// connection with the same image_dir, and committed by CommitImage.
+	// connection with the same image_dir (and directory), and committed by
+	// CommitImage on this connection; no other connection can add to it.
 	DeferCommit   bool `protobuf:"varint,8,opt,name=defer_commit,json=deferCommit,proto3" json:"defer_commit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3001,8 +3008,8 @@ func (x *Checkpoint) GetDeferCommit() bool {
 }
 
 // CommitImage (plugin, at the end of a successful dump; abort after a failed
-// one): commits (or drops) the GPU image that Checkpoints with defer_commit
-// wrote into image_dir. Only then is the image visible.
+// one): commits (or drops) the GPU image that this connection's Checkpoints
+// with defer_commit wrote into image_dir. Only then is the image visible.
 type CommitImage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
@@ -3570,6 +3577,8 @@ func (x *DumpDone) GetAlive() bool {
 // image_dir, check that this helper can restore it (devices by uuid, else
 // ordinal; sizes), and load every buffer into new helper memory for the pid
 // the image names. Fails with a clear error before anything is changed.
+// The plugin passes CRIU's image directory as a descriptor (SCM_RIGHTS);
+// the helper then reads beneath it.
 type PrepareRestore struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
@@ -3664,7 +3673,8 @@ func (x *Restored) GetPid() int64 {
 
 // Transfers asks for the GPU copies the helper runs or ran lately (a
 // checkpoint's copy into an image, the load of an image for a restore): what
-// progress displays show. The helper keeps the last 32 finished ones.
+// progress displays show. The helper keeps the last 32 finished ones. A
+// caller sees the copies it asked for; root sees all.
 type Transfers struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only the copies of this image directory (symlinks resolved by the

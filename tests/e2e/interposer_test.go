@@ -40,13 +40,19 @@ func gpucrEnv(t testing.TB, extra ...string) []string {
 // startHelper starts `gpucr helper` on DIR/helper.sock, with extra flags.
 func startHelper(t testing.TB, dir string, env []string, extra ...string) *helperProc {
 	t.Helper()
+	return startHelperWith(t, dir, env, extra...)
+}
+
+// startHelperWith is startHelper with more flags for `gpucr helper`.
+func startHelperWith(t testing.TB, dir string, env []string, flags ...string) *helperProc {
+	t.Helper()
 	h := &helperProc{t: t, socket: filepath.Join(dir, "helper.sock"), log: filepath.Join(dir, "helper.log")}
 	f, err := os.Create(h.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h.cmd = exec.Command(binPath(t, "gpucr"), append([]string{"helper", "--socket", h.socket, "--log-level", "debug"}, extra...)...)
+	h.cmd = exec.Command(binPath(t, "gpucr"), append([]string{"helper", "--socket", h.socket, "--log-level", "debug"}, flags...)...)
 	h.cmd.Env = env
 	h.cmd.Stdout, h.cmd.Stderr = f, f
 	if err := h.cmd.Start(); err != nil {
