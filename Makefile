@@ -30,6 +30,9 @@ INTERCEPT_SRC := $(wildcard intercept/src/*.c)
 INTERCEPT_HDR := $(wildcard intercept/src/*.h) intercept/include/gpucr/cudadrv.h protocol/c/helper.pb-c.h
 INTERCEPT     := $(BUILD)/lib/libgpucr.so
 INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
+# C sources in a directory of their own: the Go test beside them (tests/intercept)
+# would otherwise make the go tool take the directory for a cgo package.
+INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
 .PHONY: all sim apps gpucr imagebench intercept clean demo test deps gpu-apps fmt vet proto plugin install
@@ -100,9 +103,9 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
-$(INTERCEPT_UNIT): tests/intercept/unit.c intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile
+$(INTERCEPT_UNIT): $(INTERCEPT_UNIT_SRC) intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ tests/intercept/unit.c \
+	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ $(INTERCEPT_UNIT_SRC) \
 		intercept/src/table.c intercept/src/scan.c
 
 # Test applications: driver API only, linked against whichever libcuda the

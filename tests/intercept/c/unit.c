@@ -1,6 +1,3 @@
-//go:build ignore
-
-// (The constraint above keeps the Go tool from treating this directory as a cgo package.)
 /*
  * Unit tests of libgpucr.so's driver-free parts: the buffer table, the slab
  * bitmap, the parameter layout cache and launch parameter scanning.
