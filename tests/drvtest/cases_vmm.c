@@ -159,7 +159,7 @@ static void vmm_export_import(void) {
     CUmemAccessDesc d = rw();
     OK(cuMemSetAccess(va, 4 * MIB, &d, 1));
     uint32_t *buf = malloc(4 * MIB);
-    REQUIRE(buf, "malloc");
+    REQUIRE(buf != NULL, "malloc");
     fill_words(buf, MIB / 2, 7); /* the first 2 MiB: ours */
     OK(cuMemcpyHtoD(va, buf, 2 * MIB));
     OK(cuCtxSynchronize());

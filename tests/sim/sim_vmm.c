@@ -251,6 +251,7 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
                 r = CUDA_ERROR_OUT_OF_MEMORY;
             } else {
                 p->nmaps++;
+                /* cppcheck-suppress memleak ; sim.vmaps holds m now */
                 m = NULL;
             }
         }
