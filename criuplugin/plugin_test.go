@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/internal/testroot"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -34,11 +34,7 @@ func pluginPath(t *testing.T) string {
 	t.Helper()
 	build := os.Getenv("GPUCR_BUILD")
 	if build == "" {
-		_, file, _, ok := runtime.Caller(0)
-		if !ok {
-			t.Fatal("cannot locate the repository")
-		}
-		build = filepath.Join(filepath.Dir(file), "..", "build")
+		build = filepath.Join(testroot.Dir(t), "build")
 	}
 	p := filepath.Join(build, "lib", "criu", "gpucr_plugin.so")
 	if _, err := os.Stat(p); err != nil {

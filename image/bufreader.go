@@ -30,9 +30,6 @@ type pending struct {
 	err  error
 }
 
-// Info describes the buffer.
-func (r *BufferReader) Info() BufferInfo { return bufferInfoOf(r.b) }
-
 // Size is the buffer's size in bytes.
 func (r *BufferReader) Size() int64 { return int64(r.b.GetSize()) }
 

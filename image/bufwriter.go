@@ -199,6 +199,3 @@ func (b *BufferWriter) Close() error {
 	b.w.mu.Unlock()
 	return nil
 }
-
-// Info returns the buffer's description.
-func (b *BufferWriter) Info() BufferInfo { return b.info }

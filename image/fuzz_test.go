@@ -122,6 +122,22 @@ func FuzzReader(f *testing.F) {
 	})
 }
 
+// loadManifest reads and validates DIR/gpucr/manifest.pb as a reader does,
+// for the seed corpora.
+func loadManifest(dir string) (*imagepb.Manifest, error) {
+	d, err := openDirPath(dir)
+	if err != nil {
+		return nil, &ManifestError{File: manifestPath(dir), Err: err}
+	}
+	defer d.close()
+	g, err := openSubDir(d, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	return loadManifestAt(g, nil)
+}
+
 // TestWriteFuzzSeeds regenerates the committed seed corpora under
 // testdata/fuzz when GPUCR_WRITE_FUZZ_SEEDS=1.
 func TestWriteFuzzSeeds(t *testing.T) {

@@ -63,23 +63,6 @@ func decodeManifest(data []byte) (*imagepb.Manifest, error) {
 	return m, nil
 }
 
-// loadManifest reads and validates DIR/gpucr/manifest.pb (DIR by path: the
-// caller's). A missing manifest in an existing DIR/gpucr is an unfinished
-// (or aborted) write: ErrIncomplete.
-func loadManifest(dir string) (*imagepb.Manifest, error) {
-	d, err := openDirPath(dir)
-	if err != nil {
-		return nil, &ManifestError{File: manifestPath(dir), Err: err}
-	}
-	defer d.close()
-	g, err := openSubDir(d, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer g.close()
-	return loadManifestAt(g, nil)
-}
-
 // openSubDir opens DIR/gpucr beneath d for reading (own, if set, must own
 // it); a missing one is no GPU image (fs.ErrNotExist), as a ManifestError.
 func openSubDir(d *fsDir, own *Owner) (*fsDir, error) {

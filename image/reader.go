@@ -249,16 +249,6 @@ func (im *Image) ChunkFile(bi, ci int) string {
 	return chunkPath(im.chain[c.GetAncestor()], h)
 }
 
-// ChunkHash returns a chunk's content hash in hex (its file name), "" for a
-// zero chunk.
-func ChunkHash(c *imagepb.Chunk) string {
-	h, err := hashFromBytes(c.GetHash())
-	if err != nil {
-		return ""
-	}
-	return h.String()
-}
-
 func (im *Image) decoder() (*zstd.Decoder, error) {
 	im.decOnce.Do(func() {
 		// DecodeAll only: no goroutines, nothing to close.

@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // protocVersionLine is the one header line that names the protoc binary that
@@ -27,8 +29,7 @@ func TestGeneratedCodeUpToDate(t *testing.T) {
 		}
 		t.Skipf("protoc not installed: %v", err)
 	}
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(self))
+	root := testroot.Dir(t)
 
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	plugin, err := exec.Command(goBin, "tool", "-n", "protoc-gen-go").Output()
@@ -89,8 +90,7 @@ func TestGeneratedCCodeUpToDate(t *testing.T) {
 		}
 		t.Skipf("protoc-c not installed: %v", err)
 	}
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(self))
+	root := testroot.Dir(t)
 	out := t.TempDir()
 	cmd := exec.Command(protocC, "-I", "protocol", "--c_out="+out, "protocol/helper.proto")
 	cmd.Dir = root

@@ -1,4 +1,7 @@
-// Package ptx will parse fatbins and PTX: per-kernel parameter analysis for
-// write-set speculation and gpucr's own hashing kernels. Empty in the walking
-// skeleton.
+// Package ptx is reserved for gpucr's own GPU code: kernels such as
+// GPU-side hashing of device memory (so that a checkpoint need not copy what
+// has not changed) and the PTX and fatbin handling they need. Nothing is
+// written yet and nothing imports it. The interposer's per-kernel parameter
+// layouts come from the driver (cuFuncGetParamInfo, cuKernelGetParamInfo),
+// not from parsing PTX.
 package ptx

@@ -19,6 +19,8 @@
 #                                     ip, ps/pgrep/pkill, setsid/nsenter, fuser
 #       python3                       scripts/oci-bundle.sh edits config.json
 #       tar                           CRIU dumps tmpfs mounts (/dev/shm, /tmp)
+#       clang-format cppcheck         `make lint-c`: the C sources' format and
+#                                     static analysis (clang-format 14, cppcheck 2.10)
 #  2. Go: expected in /usr/local/go; if `go` is not on PATH it is linked into
 #     /usr/local/bin.
 #  3. CRIU >= 4.2 and criu-plugin.h: scripts/install-criu.sh (a private
@@ -42,6 +44,7 @@ PKGS=(
 	podman busybox-static
 	iproute2 procps util-linux psmisc
 	python3 tar
+	clang-format cppcheck
 )
 
 # ------------------------------------------------------------------ step 1

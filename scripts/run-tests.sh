@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything CI runs (`make test` calls this after installing and building):
-# static checks, then every Go test (unit and end-to-end, with the race
-# detector) through gotestsum, which ends with a pass/fail count.
+# static checks (Go, and the C sources: `make lint-c`), then every Go test
+# (unit and end-to-end, with the race detector) through gotestsum, which ends
+# with a pass/fail count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:$PATH"
@@ -19,6 +20,9 @@ fi
 
 step "go vet"
 go vet ./... || fail=1
+
+step "C: clang-format and cppcheck (make lint-c)"
+make --no-print-directory lint-c || fail=1
 
 step "go test -race ./... (unit and end-to-end)"
 # End-to-end tests drive CRIU and runc, which need root; they run serially

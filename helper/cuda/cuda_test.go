@@ -3,17 +3,17 @@ package cuda
 import (
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // simDriver returns the absolute path of the simulated driver, or skips (fails under CI).
 func simDriver(t *testing.T) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	p, _ := filepath.Abs(filepath.Join(filepath.Dir(file), "../../build/sim/libcuda.so.1"))
+	p := filepath.Join(testroot.Dir(t), "build/sim/libcuda.so.1")
 	if _, err := os.Stat(p); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("simulated driver missing (%v): run make sim", err)

@@ -4,43 +4,42 @@
 
 #include "shim.h"
 
-#define FNS(X)                                                                  \
-    X(cuInit, (unsigned int))                                                   \
-    X(cuDriverGetVersion, (int *))                                              \
-    X(cuDeviceGetCount, (int *))                                                \
-    X(cuDeviceGet, (CUdevice *, int))                                           \
-    X(cuDeviceGetName, (char *, int, CUdevice))                                 \
-    X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                 \
-    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                \
-    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                        \
-    X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                 \
-    X(cuDevicePrimaryCtxSetFlags_v2, (CUdevice, unsigned int))                  \
-    X(cuCtxSetCurrent, (CUcontext))                                             \
-    X(cuMemGetAllocationGranularity,                                            \
-      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)) \
-    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
-    X(cuMemExportToShareableHandle,                                             \
-      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
-    X(cuMemRelease, (CUmemGenericAllocationHandle))                             \
-    X(cuMemGetInfo_v2, (size_t *, size_t *))                                    \
-    X(cuGetErrorName, (CUresult, const char **))                                \
-    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
-    X(cuMemAddressFree, (CUdeviceptr, size_t))                                  \
-    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
-    X(cuMemUnmap, (CUdeviceptr, size_t))                                        \
-    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))   \
-    X(cuMemHostAlloc, (void **, size_t, unsigned int))                          \
-    X(cuMemFreeHost, (void *))                                                  \
-    X(cuStreamCreate, (CUstream *, unsigned int))                               \
-    X(cuStreamDestroy_v2, (CUstream))                                           \
-    X(cuStreamSynchronize, (CUstream))                                          \
-    X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))            \
-    X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))      \
-    X(cuCheckpointProcessGetRestoreThreadId, (int, int *))                      \
-    X(cuCheckpointProcessGetState, (int, CUprocessState *))                     \
-    X(cuCheckpointProcessLock, (int, CUcheckpointLockArgs *))                   \
-    X(cuCheckpointProcessCheckpoint, (int, CUcheckpointCheckpointArgs *))       \
-    X(cuCheckpointProcessRestore, (int, CUcheckpointRestoreArgs *))             \
+#define FNS(X)                                                                                                         \
+    X(cuInit, (unsigned int))                                                                                          \
+    X(cuDriverGetVersion, (int *))                                                                                     \
+    X(cuDeviceGetCount, (int *))                                                                                       \
+    X(cuDeviceGet, (CUdevice *, int))                                                                                  \
+    X(cuDeviceGetName, (char *, int, CUdevice))                                                                        \
+    X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                                        \
+    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                                       \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                               \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                                        \
+    X(cuDevicePrimaryCtxSetFlags_v2, (CUdevice, unsigned int))                                                         \
+    X(cuCtxSetCurrent, (CUcontext))                                                                                    \
+    X(cuMemGetAllocationGranularity, (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))        \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))          \
+    X(cuMemExportToShareableHandle,                                                                                    \
+      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))                           \
+    X(cuMemRelease, (CUmemGenericAllocationHandle))                                                                    \
+    X(cuMemGetInfo_v2, (size_t *, size_t *))                                                                           \
+    X(cuGetErrorName, (CUresult, const char **))                                                                       \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                           \
+    X(cuMemAddressFree, (CUdeviceptr, size_t))                                                                         \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))                       \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                                                               \
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                                          \
+    X(cuMemHostAlloc, (void **, size_t, unsigned int))                                                                 \
+    X(cuMemFreeHost, (void *))                                                                                         \
+    X(cuStreamCreate, (CUstream *, unsigned int))                                                                      \
+    X(cuStreamDestroy_v2, (CUstream))                                                                                  \
+    X(cuStreamSynchronize, (CUstream))                                                                                 \
+    X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))                                                   \
+    X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))                                             \
+    X(cuCheckpointProcessGetRestoreThreadId, (int, int *))                                                             \
+    X(cuCheckpointProcessGetState, (int, CUprocessState *))                                                            \
+    X(cuCheckpointProcessLock, (int, CUcheckpointLockArgs *))                                                          \
+    X(cuCheckpointProcessCheckpoint, (int, CUcheckpointCheckpointArgs *))                                              \
+    X(cuCheckpointProcessRestore, (int, CUcheckpointRestoreArgs *))                                                    \
     X(cuCheckpointProcessUnlock, (int, CUcheckpointUnlockArgs *))
 
 #define DECL(name, args) static CUresult(*p_##name) args;
@@ -52,12 +51,12 @@ int gs_open(const char *path, char *err, size_t errlen) {
         snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
         return -1;
     }
-#define RESOLVE(name, args)                                                     \
-    *(void **)&p_##name = dlsym(h, #name);                                      \
-    if (!p_##name) {                                                            \
-        snprintf(err, errlen, "%s: no symbol %s", path, #name);                 \
-        dlclose(h);                                                             \
-        return -1;                                                              \
+#define RESOLVE(name, args)                                                                                            \
+    *(void **)&p_##name = dlsym(h, #name);                                                                             \
+    if (!p_##name) {                                                                                                   \
+        snprintf(err, errlen, "%s: no symbol %s", path, #name);                                                        \
+        dlclose(h);                                                                                                    \
+        return -1;                                                                                                     \
     }
     FNS(RESOLVE)
     return 0;

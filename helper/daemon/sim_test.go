@@ -6,11 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
 
 	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/internal/testroot"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -50,8 +50,7 @@ func childClient(sock, uuid string) {
 
 func simLib(t *testing.T) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	p, _ := filepath.Abs(filepath.Join(filepath.Dir(file), "../../build/sim/libcuda.so.1"))
+	p := filepath.Join(testroot.Dir(t), "build/sim/libcuda.so.1")
 	if _, err := os.Stat(p); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("simulated driver missing (%v): make sim", err)

@@ -6,19 +6,18 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 func simDriver(t *testing.T) *cuda.Driver {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	p, _ := filepath.Abs(filepath.Join(filepath.Dir(file), "../../build/sim/libcuda.so.1"))
+	p := filepath.Join(testroot.Dir(t), "build/sim/libcuda.so.1")
 	if _, err := os.Stat(p); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("simulated driver missing (%v): run make sim", err)

@@ -36,14 +36,10 @@ static int initialized;
 
 static const char *state_name(CUprocessState s) {
     switch (s) {
-    case CU_PROCESS_STATE_RUNNING:
-        return "running";
-    case CU_PROCESS_STATE_LOCKED:
-        return "locked";
-    case CU_PROCESS_STATE_CHECKPOINTED:
-        return "checkpointed";
-    case CU_PROCESS_STATE_FAILED:
-        return "failed";
+    case CU_PROCESS_STATE_RUNNING: return "running";
+    case CU_PROCESS_STATE_LOCKED: return "locked";
+    case CU_PROCESS_STATE_CHECKPOINTED: return "checkpointed";
+    case CU_PROCESS_STATE_FAILED: return "failed";
     }
     return "unknown";
 }
@@ -176,8 +172,8 @@ int main(int argc, char **argv) {
             r = call(action, (int)pid, extra, sizeof(extra));
         }
         double t1 = now_s();
-        printf("cudackpt %s pid=%ld rc=%d (%s) %.3f s%s\n", actions[action], pid, (int)r, gpuapp_err_name(r),
-               t1 - t0, extra);
+        printf("cudackpt %s pid=%ld rc=%d (%s) %.3f s%s\n", actions[action], pid, (int)r, gpuapp_err_name(r), t1 - t0,
+               extra);
         fflush(stdout);
         if (r != CUDA_SUCCESS) {
             fprintf(stderr, "cudackpt: %s pid=%ld failed: %s: %s\n", actions[action], pid, gpuapp_err_name(r),

@@ -20,18 +20,19 @@
 
 #include "gpuapp.h"
 
-static const char ptx[] = ".version 7.8\n"
-                          ".target sm_75\n"
-                          ".address_size 64\n"
-                          ".visible .entry lb_small(.param .u64 lb_a, .param .u64 lb_b, .param .u64 lb_c,"
-                          " .param .u32 lb_n)\n"
-                          "{\n"
-                          "\tret;\n"
-                          "}\n"
-                          ".visible .entry lb_big(.param .align 8 .b8 lb_blob[2048])\n"
-                          "{\n"
-                          "\tret;\n"
-                          "}\n";
+static const char ptx[] =
+    ".version 7.8\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    ".visible .entry lb_small(.param .u64 lb_a, .param .u64 lb_b, .param .u64 lb_c,"
+    " .param .u32 lb_n)\n"
+    "{\n"
+    "\tret;\n"
+    "}\n"
+    ".visible .entry lb_big(.param .align 8 .b8 lb_blob[2048])\n"
+    "{\n"
+    "\tret;\n"
+    "}\n";
 
 static double now_s(void) {
     struct timespec ts;
@@ -78,8 +79,7 @@ int main(int argc, char **argv) {
         uint32_t n, pad;
     } packed = {buf[0], buf[1], buf[2], count, 0};
     size_t psize = 28; /* the last parameter ends at 24 + 4 */
-    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize,
-                     CU_LAUNCH_PARAM_END};
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
     const char *names[] = {"small", "big", "extra"};
     for (int k = 0; k < 3; k++) {
         for (int warm = 1; warm >= 0; warm--) {

@@ -69,7 +69,7 @@ static const char ptx[] =
     "$PI_entry:\n"
     "\tmul.wide.u32 %rd3, %r3, 16;\n"
     "\tadd.s64 %rd4, %rd2, %rd3;\n"
-    "\tld.global.u64 %rd5, [%rd4];\n"     /* ptr, loaded from device memory */
+    "\tld.global.u64 %rd5, [%rd4];\n"    /* ptr, loaded from device memory */
     "\tld.global.u32 %r10, [%rd4+8];\n"  /* nwords */
     "\tld.global.u32 %r11, [%rd4+12];\n" /* salt */
     "\tcvta.to.global.u64 %rd6, %rd5;\n"
@@ -128,7 +128,7 @@ static const char ptx[] =
     "$PS_entry:\n"
     "\tmul.wide.u32 %rd3, %r3, 16;\n"
     "\tadd.s64 %rd4, %rd2, %rd3;\n"
-    "\tld.global.u64 %rd5, [%rd4];\n"     /* ptr, loaded from device memory */
+    "\tld.global.u64 %rd5, [%rd4];\n"    /* ptr, loaded from device memory */
     "\tld.global.u32 %r10, [%rd4+8];\n"  /* nwords */
     "\tld.global.u32 %r11, [%rd4+12];\n" /* salt */
     "\tcvta.to.global.u64 %rd6, %rd5;\n"
@@ -192,8 +192,7 @@ static void step(void *p, uint32_t iter) {
     pc_state *st = p;
     pc_step_params prm = {st->table, st->k, iter};
     size_t prm_size = sizeof(prm);
-    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &prm, CU_LAUNCH_PARAM_BUFFER_SIZE, &prm_size,
-                     CU_LAUNCH_PARAM_END};
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &prm, CU_LAUNCH_PARAM_BUFFER_SIZE, &prm_size, CU_LAUNCH_PARAM_END};
     CHECK(cuLaunchKernel(st->f_step, st->grid_x, st->k, 1, GPUAPP_BLOCK, 1, 1, 0, st->s, NULL, extra));
 }
 

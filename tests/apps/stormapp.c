@@ -91,8 +91,8 @@ static void check_buffer(int t, CUstream s, const buf_t *b, uint32_t *host) {
         CHECK(cuStreamSynchronize(s));
         for (size_t i = 0; i < words; i++)
             if (host[i] != b->pattern) {
-                printf("error thread=%d buffer=0x%llx+%zu want=%08x got=%08x\n", t, (unsigned long long)b->p,
-                       i * 4, b->pattern, host[i]);
+                printf("error thread=%d buffer=0x%llx+%zu want=%08x got=%08x\n", t, (unsigned long long)b->p, i * 4,
+                       b->pattern, host[i]);
                 atomic_fetch_add(&g.errors, 1);
                 return;
             }

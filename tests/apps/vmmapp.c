@@ -210,12 +210,10 @@ static void step(void *p, uint32_t iter) {
 
     vm_fold_params prm = {base, boundary - FOLD_WORDS / 2 * 4, FOLD_WORDS, iter};
     size_t prm_size = sizeof(prm);
-    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &prm, CU_LAUNCH_PARAM_BUFFER_SIZE, &prm_size,
-                     CU_LAUNCH_PARAM_END};
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &prm, CU_LAUNCH_PARAM_BUFFER_SIZE, &prm_size, CU_LAUNCH_PARAM_END};
     CHECK(cuLaunchKernel(st->f_fold, gpuapp_grid(FOLD_WORDS), 1, 1, GPUAPP_BLOCK, 1, 1, 0, st->s, NULL, extra));
 
-    CHECK(cuMemcpyDtoDAsync(base + st->total - COPY_WORDS * 4, boundary - COPY_WORDS / 2 * 4, COPY_WORDS * 4,
-                            st->s));
+    CHECK(cuMemcpyDtoDAsync(base + st->total - COPY_WORDS * 4, boundary - COPY_WORDS / 2 * 4, COPY_WORDS * 4, st->s));
 }
 
 static uint64_t checksum(void *p) {

@@ -105,10 +105,10 @@ static void device_get(void) {
 static void device_attributes(void) {
     OK(cuInit(0));
     int v;
-#define ATTR_IS(a, want)                                                                                       \
-    do {                                                                                                       \
-        if (EXPECT_RC(cuDeviceGetAttribute(&v, a, 0), CUDA_SUCCESS))                                           \
-            EXPECT(v == (want), #a " = %d, want %d", v, (want));                                               \
+#define ATTR_IS(a, want)                                                                                               \
+    do {                                                                                                               \
+        if (EXPECT_RC(cuDeviceGetAttribute(&v, a, 0), CUDA_SUCCESS))                                                   \
+            EXPECT(v == (want), #a " = %d, want %d", v, (want));                                                       \
     } while (0)
     ATTR_IS(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9);
     ATTR_IS(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
@@ -259,17 +259,39 @@ static void error_strings(void) {
         const char *name;
     } codes[] = {
 #define C(x) {x, #x}
-        C(CUDA_SUCCESS), C(CUDA_ERROR_INVALID_VALUE), C(CUDA_ERROR_OUT_OF_MEMORY), C(CUDA_ERROR_NOT_INITIALIZED),
-        C(CUDA_ERROR_DEINITIALIZED), C(CUDA_ERROR_STUB_LIBRARY), C(CUDA_ERROR_DEVICE_UNAVAILABLE),
-        C(CUDA_ERROR_NO_DEVICE), C(CUDA_ERROR_INVALID_DEVICE), C(CUDA_ERROR_INVALID_IMAGE),
-        C(CUDA_ERROR_INVALID_CONTEXT), C(CUDA_ERROR_MAP_FAILED), C(CUDA_ERROR_UNMAP_FAILED),
-        C(CUDA_ERROR_ALREADY_MAPPED), C(CUDA_ERROR_NO_BINARY_FOR_GPU), C(CUDA_ERROR_NOT_MAPPED),
-        C(CUDA_ERROR_INVALID_PTX), C(CUDA_ERROR_INVALID_SOURCE), C(CUDA_ERROR_FILE_NOT_FOUND),
-        C(CUDA_ERROR_OPERATING_SYSTEM), C(CUDA_ERROR_INVALID_HANDLE), C(CUDA_ERROR_ILLEGAL_STATE),
-        C(CUDA_ERROR_NOT_FOUND), C(CUDA_ERROR_NOT_READY), C(CUDA_ERROR_ILLEGAL_ADDRESS),
-        C(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), C(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED),
-        C(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED), C(CUDA_ERROR_LAUNCH_FAILED), C(CUDA_ERROR_NOT_PERMITTED),
-        C(CUDA_ERROR_NOT_SUPPORTED), C(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), C(CUDA_ERROR_TIMEOUT),
+        C(CUDA_SUCCESS),
+        C(CUDA_ERROR_INVALID_VALUE),
+        C(CUDA_ERROR_OUT_OF_MEMORY),
+        C(CUDA_ERROR_NOT_INITIALIZED),
+        C(CUDA_ERROR_DEINITIALIZED),
+        C(CUDA_ERROR_STUB_LIBRARY),
+        C(CUDA_ERROR_DEVICE_UNAVAILABLE),
+        C(CUDA_ERROR_NO_DEVICE),
+        C(CUDA_ERROR_INVALID_DEVICE),
+        C(CUDA_ERROR_INVALID_IMAGE),
+        C(CUDA_ERROR_INVALID_CONTEXT),
+        C(CUDA_ERROR_MAP_FAILED),
+        C(CUDA_ERROR_UNMAP_FAILED),
+        C(CUDA_ERROR_ALREADY_MAPPED),
+        C(CUDA_ERROR_NO_BINARY_FOR_GPU),
+        C(CUDA_ERROR_NOT_MAPPED),
+        C(CUDA_ERROR_INVALID_PTX),
+        C(CUDA_ERROR_INVALID_SOURCE),
+        C(CUDA_ERROR_FILE_NOT_FOUND),
+        C(CUDA_ERROR_OPERATING_SYSTEM),
+        C(CUDA_ERROR_INVALID_HANDLE),
+        C(CUDA_ERROR_ILLEGAL_STATE),
+        C(CUDA_ERROR_NOT_FOUND),
+        C(CUDA_ERROR_NOT_READY),
+        C(CUDA_ERROR_ILLEGAL_ADDRESS),
+        C(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES),
+        C(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED),
+        C(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
+        C(CUDA_ERROR_LAUNCH_FAILED),
+        C(CUDA_ERROR_NOT_PERMITTED),
+        C(CUDA_ERROR_NOT_SUPPORTED),
+        C(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+        C(CUDA_ERROR_TIMEOUT),
         C(CUDA_ERROR_UNKNOWN),
 #undef C
     };

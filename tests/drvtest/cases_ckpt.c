@@ -46,10 +46,10 @@ static void *call_thread(void *arg) {
     return NULL;
 }
 
-#define T_FAIL(...)                                                                                            \
-    do {                                                                                                       \
-        dt_say(__VA_ARGS__);                                                                                   \
-        return 1;                                                                                              \
+#define T_FAIL(...)                                                                                                    \
+    do {                                                                                                               \
+        dt_say(__VA_ARGS__);                                                                                           \
+        return 1;                                                                                                      \
     } while (0)
 
 /*
@@ -299,8 +299,7 @@ static void ckpt_gate(void) {
     EXPECT_RC(cuCheckpointProcessCheckpoint(c.pid, NULL), CUDA_SUCCESS);
     query_target(&c, EXP_CKPT_MEMINFO_CHECKPOINTED, "checkpointed");
     EXPECT_RC(cuCheckpointProcessRestore(c.pid, NULL), CUDA_SUCCESS);
-    EXPECT(!dt_read_line(c.from, line, sizeof line, 500), "cuMemAlloc returned while the process was locked: %s",
-           line);
+    EXPECT(!dt_read_line(c.from, line, sizeof line, 500), "cuMemAlloc returned while the process was locked: %s", line);
     EXPECT_RC(cuCheckpointProcessUnlock(c.pid, NULL), CUDA_SUCCESS);
     bool got = dt_read_line(c.from, line, sizeof line, 10000);
     EXPECT(got && strcmp(line, "returned 0") == 0, "after unlock the blocked call: %s", got ? line : "no answer");

@@ -171,7 +171,7 @@ static void memcpy_async(void) {
     EXPECT(!bad, "cuMemsetD32Async: %d words wrong", bad);
     /* pageable host memory: the source may change as soon as the call returns */
     uint32_t *pg = malloc(n * 4);
-    REQUIRE(pg, "malloc");
+    REQUIRE(pg != NULL, "malloc");
     for (uint32_t i = 0; i < n; i++)
         pg[i] = 5;
     OK(cuMemcpyHtoDAsync(b, pg, n * 4, s));

@@ -4,8 +4,9 @@
 #include "drvtest.h"
 
 static const char bad_ptx_text[] = "this is not PTX at all\n";
-static const char bad_ptx_truncated[] = ".version 7.8\n.target sm_75\n.address_size 64\n"
-                                        ".visible .entry broken(\n\t.param .u64 broken_p,\n";
+static const char bad_ptx_truncated[] =
+    ".version 7.8\n.target sm_75\n.address_size 64\n"
+    ".visible .entry broken(\n\t.param .u64 broken_p,\n";
 static const char bad_ptx_no_target[] = ".version 7.8\n.address_size 64\n.visible .entry broken() { ret; }\n";
 static const char ptx_header_only[] = "// nothing but the header\n.version 7.8\n.target sm_75\n.address_size 64\n";
 
@@ -75,8 +76,8 @@ static void param_info(void) {
     for (size_t i = 0; i < 6; i++) {
         size_t off = 99, size = 99;
         if (EXPECT_RC(cuFuncGetParamInfo(f, i, &off, &size), CUDA_SUCCESS))
-            EXPECT(off == want[i][0] && size == want[i][1], "dt_params parameter %zu: offset %zu size %zu, want %zu %zu",
-                   i, off, size, want[i][0], want[i][1]);
+            EXPECT(off == want[i][0] && size == want[i][1],
+                   "dt_params parameter %zu: offset %zu size %zu, want %zu %zu", i, off, size, want[i][0], want[i][1]);
     }
     size_t off, size;
     EXPECT_RC(cuFuncGetParamInfo(f, 6, &off, &size), CUDA_ERROR_INVALID_VALUE);
@@ -85,8 +86,8 @@ static void param_info(void) {
     for (size_t i = 0; i < 7; i++) {
         off = size = 99;
         if (EXPECT_RC(cuFuncGetParamInfo(e, i, &off, &size), CUDA_SUCCESS))
-            EXPECT(off == ewant[i][0] && size == ewant[i][1], "dt_echo parameter %zu: offset %zu size %zu, want %zu %zu",
-                   i, off, size, ewant[i][0], ewant[i][1]);
+            EXPECT(off == ewant[i][0] && size == ewant[i][1],
+                   "dt_echo parameter %zu: offset %zu size %zu, want %zu %zu", i, off, size, ewant[i][0], ewant[i][1]);
     }
     EXPECT_RC(cuFuncGetParamInfo(e, 7, &off, &size), CUDA_ERROR_INVALID_VALUE);
 }
@@ -101,8 +102,8 @@ typedef struct {
     float e;
 } echo_vals;
 
-static const echo_vals EV = {0x11, 0x2233, 0x44556677, 0x8899aabbccddeeffULL,
-                             {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 1.5f};
+static const echo_vals EV = {0x11, 0x2233, 0x44556677, 0x8899aabbccddeeffULL, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12},
+                             1.5f};
 
 static void check_echo(CUdeviceptr out, const char *how) {
     unsigned char o[32];
@@ -116,8 +117,8 @@ static void check_echo(CUdeviceptr out, const char *how) {
     memcpy(&b, o + 12, 2);
     memcpy(&e, o + 28, 4);
     EXPECT(d == EV.d && c == EV.c && b == EV.b && o[14] == EV.a && memcmp(o + 16, EV.arr, 12) == 0 && e == EV.e,
-           "%s: the kernel saw other parameter values (d=%llx c=%x b=%x a=%x e=%g)", how, (unsigned long long)d, c,
-           b, o[14], (double)e);
+           "%s: the kernel saw other parameter values (d=%llx c=%x b=%x a=%x e=%g)", how, (unsigned long long)d, c, b,
+           o[14], (double)e);
 }
 
 static void launch_params(void) {
@@ -206,8 +207,16 @@ static void launch_ex(void) {
     memset(&attr, 0, sizeof attr);
     attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
     attr.value.cooperative = 1;
-    CUlaunchConfig cfg = {.gridDimX = 8, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128, .blockDimY = 1,
-                          .blockDimZ = 1, .sharedMemBytes = 0, .hStream = s, .attrs = &attr, .numAttrs = 1};
+    CUlaunchConfig cfg = {.gridDimX = 8,
+                          .gridDimY = 1,
+                          .gridDimZ = 1,
+                          .blockDimX = 128,
+                          .blockDimY = 1,
+                          .blockDimZ = 1,
+                          .sharedMemBytes = 0,
+                          .hStream = s,
+                          .attrs = &attr,
+                          .numAttrs = 1};
     uint32_t v = 77, n = 1024;
     void *args[] = {&p, &v, &n};
     OK(cuLaunchKernelEx(&cfg, f, args, NULL));

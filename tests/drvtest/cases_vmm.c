@@ -57,7 +57,7 @@ static void vmm_basic(void) {
     EXPECT_RC(cuMemMap(va, 2 * MIB, 0, h2, 0), EXP_VMM_MAP_TWICE);
     EXPECT_RC(cuMemMap(va + 4 * MIB, 4 * MIB, 0, h2, 0), EXP_VMM_MAP_PAST_HANDLE);
     EXPECT_RC(cuMemMap(va + 4 * MIB, 2 * MIB, 2 * MIB, h2, 0), EXP_VMM_MAP_PAST_HANDLE);
-    EXPECT_RC(cuMemMap(va + 4 * MIB, 2 * MIB, 0, h, 0), EXP_VMM_MAP_PAST_HANDLE); /* part of h */
+    EXPECT_RC(cuMemMap(va + 4 * MIB, 2 * MIB, 0, h, 0), EXP_VMM_MAP_PAST_HANDLE);   /* part of h */
     EXPECT_RC(cuMemMap(va + 8 * MIB, 2 * MIB, 0, h2, 0), CUDA_ERROR_INVALID_VALUE); /* past the reservation */
     OK(cuMemMap(va + 4 * MIB, 2 * MIB, 0, h2, 0));
     CUmemAccessDesc d = rw();
@@ -103,7 +103,7 @@ static void vmm_basic(void) {
         EXPECT(back[1024] == 0x5eed, "second mapping of one allocation reads 0x%x, want 0x5eed", back[1024]);
         OK(cuMemUnmap(va + 6 * MIB, 2 * MIB));
     }
-    EXPECT_RC(cuMemUnmap(va, 2 * MIB), CUDA_ERROR_INVALID_VALUE); /* part of a mapping */
+    EXPECT_RC(cuMemUnmap(va, 2 * MIB), CUDA_ERROR_INVALID_VALUE);       /* part of a mapping */
     EXPECT_RC(cuMemAddressFree(va, 8 * MIB), CUDA_ERROR_INVALID_VALUE); /* still mapped */
     OK(cuMemUnmap(va, 4 * MIB));
     OK(cuMemUnmap(va + 4 * MIB, 2 * MIB));
@@ -159,7 +159,7 @@ static void vmm_export_import(void) {
     CUmemAccessDesc d = rw();
     OK(cuMemSetAccess(va, 4 * MIB, &d, 1));
     uint32_t *buf = malloc(4 * MIB);
-    REQUIRE(buf, "malloc");
+    REQUIRE(buf != NULL, "malloc");
     fill_words(buf, MIB / 2, 7); /* the first 2 MiB: ours */
     OK(cuMemcpyHtoD(va, buf, 2 * MIB));
     OK(cuCtxSynchronize());

@@ -56,27 +56,27 @@ _Noreturn void dt_skip(const char *why);
 /* EXPECT_RC(call, want): the call must return want. */
 #define EXPECT_RC(call, want) dt_check_rc((call), (want), #call, __LINE__)
 /* REQUIRE_RC: same, and the case stops if it does not. */
-#define REQUIRE_RC(call, want)                                                                                 \
-    do {                                                                                                       \
-        if (!dt_check_rc((call), (want), #call, __LINE__))                                                     \
-            dt_stop();                                                                                         \
+#define REQUIRE_RC(call, want)                                                                                         \
+    do {                                                                                                               \
+        if (!dt_check_rc((call), (want), #call, __LINE__))                                                             \
+            dt_stop();                                                                                                 \
     } while (0)
 #define OK(call) REQUIRE_RC(call, CUDA_SUCCESS)
 #define EXPECT(cond, ...) dt_check((cond), __LINE__, __VA_ARGS__)
-#define REQUIRE(cond, ...)                                                                                     \
-    do {                                                                                                       \
-        if (!dt_check((cond), __LINE__, __VA_ARGS__))                                                          \
-            dt_stop();                                                                                         \
+#define REQUIRE(cond, ...)                                                                                             \
+    do {                                                                                                               \
+        if (!dt_check((cond), __LINE__, __VA_ARGS__))                                                                  \
+            dt_stop();                                                                                                 \
     } while (0)
 
 const char *dt_err(CUresult r); /* "CUDA_ERROR_X(n)" */
 
 /* ---- setup ---- */
 
-extern const char *dt_self; /* this executable, for helpers */
-bool dt_is_sim(void);       /* running on gpucr's simulated driver (after cuInit) */
+extern const char *dt_self;  /* this executable, for helpers */
+bool dt_is_sim(void);        /* running on gpucr's simulated driver (after cuInit) */
 CUcontext dt_init_ctx(void); /* cuInit, device 0, primary context made current */
-extern const char dt_ptx[];   /* the test kernels (ptx.c) */
+extern const char dt_ptx[];  /* the test kernels (ptx.c) */
 CUmodule dt_module(void);
 CUfunction dt_function(CUmodule m, const char *name);
 CUdeviceptr dt_alloc(size_t bytes);

@@ -12,30 +12,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-)
 
-// repoRoot is the repository's top directory (this file is tests/e2e/...).
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the repository")
-	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
+	"github.com/gpucr/gpucr/internal/testroot"
+)
 
 // buildDir is where `make` put the binaries (GPUCR_BUILD overrides).
 func buildDir(t testing.TB) string {
 	if d := os.Getenv("GPUCR_BUILD"); d != "" {
 		return d
 	}
-	return filepath.Join(repoRoot(t), "build")
+	return filepath.Join(testroot.Dir(t), "build")
 }
 
 func binPath(t testing.TB, name string) string {

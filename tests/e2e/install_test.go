@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // TestMakeInstall: `make install DESTDIR=...` stages CRIU's plugin, the gpucr
@@ -18,7 +20,7 @@ import (
 // systemd-analyze verify (where it exists; systemd need not run) accepts it.
 func TestMakeInstall(t *testing.T) {
 	mk := needTool(t, "make")
-	build, root := buildDir(t), repoRoot(t)
+	build, root := buildDir(t), testroot.Dir(t)
 	if !filepath.IsAbs(build) {
 		t.Fatalf("GPUCR_BUILD must be absolute here, got %s", build)
 	}

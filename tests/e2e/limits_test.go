@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/internal/testroot"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -528,7 +529,7 @@ func TestGPUMemoryLimitPerUID(t *testing.T) {
 // unitSettings reads the helper's systemd unit: key -> values, in order.
 func unitSettings(t testing.TB) map[string][]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts", "gpucr-helper.service"))
+	b, err := os.ReadFile(filepath.Join(testroot.Dir(t), "scripts", "gpucr-helper.service"))
 	if err != nil {
 		t.Fatal(err)
 	}

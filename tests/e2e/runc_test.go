@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // container is a runc container running one test application, with its own
@@ -75,7 +77,7 @@ func TestRuncCheckpointRestore(t *testing.T) {
 	}
 	tc := appCases[0]
 	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " >>/work/app.log 2>&1"
-	run(t, time.Minute, nil, "bash", filepath.Join(repoRoot(t), "scripts", "oci-bundle.sh"),
+	run(t, time.Minute, nil, "bash", filepath.Join(testroot.Dir(t), "scripts", "oci-bundle.sh"),
 		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work",
 		"-e", "LD_LIBRARY_PATH=/gpucr/sim", c.bundle, "--", "/bin/sh", "-c", appCmd)
 
@@ -131,7 +133,7 @@ func TestRuncWithPlugin(t *testing.T) {
 	}
 	tc := appCases[0]
 	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " --interval-ms 20 >>/work/app.log 2>&1"
-	run(t, time.Minute, nil, "bash", filepath.Join(repoRoot(t), "scripts", "oci-bundle.sh"),
+	run(t, time.Minute, nil, "bash", filepath.Join(testroot.Dir(t), "scripts", "oci-bundle.sh"),
 		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work", "-w", hdir+":/run/gpucr",
 		"-e", "LD_LIBRARY_PATH=/gpucr/sim", "-e", "GPUCR_LIBCUDA=/gpucr/sim/libcuda.so.1",
 		"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // TestDriverConformance runs drvtest, the driver-API conformance suite that
@@ -67,7 +69,7 @@ func TestAppsDeterministic(t *testing.T) {
 // applications on an H100 (tests/gpu/run-apps.sh), so this keeps the
 // simulator computing what the GPU computes, to the bit.
 func TestChecksumsMatchGPU(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "tests", "gpu", "expected-checksums.txt"))
+	b, err := os.ReadFile(filepath.Join(testroot.Dir(t), "tests", "gpu", "expected-checksums.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}

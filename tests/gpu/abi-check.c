@@ -57,22 +57,22 @@ static void symbol(const char *name) {
     }
 }
 
-#define ABI_SIZEOF(T)                                                                                              \
-    if (!symbols_mode)                                                                                             \
+#define ABI_SIZEOF(T)                                                                                                  \
+    if (!symbols_mode)                                                                                                 \
         printf("sizeof %s %zu\n", #T, sizeof(T));
-#define ABI_MEMBER(T, m)                                                                                           \
-    if (!symbols_mode)                                                                                             \
+#define ABI_MEMBER(T, m)                                                                                               \
+    if (!symbols_mode)                                                                                                 \
         printf("member %s.%s %zu %zu\n", #T, #m, offsetof(T, m), sizeof(((T *)0)->m));
-#define ABI_VALUE(N)                                                                                               \
-    if (!symbols_mode)                                                                                             \
+#define ABI_VALUE(N)                                                                                                   \
+    if (!symbols_mode)                                                                                                 \
         printf("value %s %lld\n", #N, (long long)(intptr_t)(N));
-#define ABI_ALIAS(N)                                                                                               \
-    if (!symbols_mode)                                                                                             \
+#define ABI_ALIAS(N)                                                                                                   \
+    if (!symbols_mode)                                                                                                 \
         printf("alias %s %s\n", #N, ABI_STR(N));
 /* Not through ABI_ALIAS: N would be expanded before it is stringified. */
-#define ABI_FUNC(N, abiname)                                                                                       \
-    if (!symbols_mode)                                                                                             \
-        printf("alias %s %s\n", #N, ABI_STR(N));                                                                  \
+#define ABI_FUNC(N, abiname)                                                                                           \
+    if (!symbols_mode)                                                                                                 \
+        printf("alias %s %s\n", #N, ABI_STR(N));                                                                       \
     symbol(abiname);
 
 static void items(void) {

@@ -9,25 +9,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
-)
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("cannot locate the repository")
-	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
+	"github.com/gpucr/gpucr/internal/testroot"
+)
 
 // need returns the path of a build output, skipping the test when it is missing
 // outside CI (in CI, make has built it, so a missing file is a failure).
 func need(t *testing.T, rel string) string {
 	t.Helper()
-	p := filepath.Join(repoRoot(t), rel)
+	p := filepath.Join(testroot.Dir(t), rel)
 	if _, err := os.Stat(p); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("%s missing: run make (CI requires it)", rel)

@@ -65,14 +65,13 @@ typedef struct sim_rangeset {
     size_t n, cap;
 } sim_rangeset;
 
-int rs_insert(sim_rangeset *rs, sim_range r);          /* 0, or -1 (no memory / overlap) */
+int rs_insert(sim_rangeset *rs, sim_range r);           /* 0, or -1 (no memory / overlap) */
 ssize_t rs_find(const sim_rangeset *rs, uint64_t addr); /* index of the range holding addr */
 ssize_t rs_find_start(const sim_rangeset *rs, uint64_t start);
 void rs_remove_at(sim_rangeset *rs, size_t i);
 bool rs_overlaps(const sim_rangeset *rs, uint64_t start, uint64_t len);
 /* Lowest aligned gap of `size` bytes in [lo, hi) at or above `from`; 0 if none. */
-uint64_t rs_fit(const sim_rangeset *rs, uint64_t lo, uint64_t hi, uint64_t from, uint64_t size,
-                uint64_t align);
+uint64_t rs_fit(const sim_rangeset *rs, uint64_t lo, uint64_t hi, uint64_t from, uint64_t size, uint64_t align);
 void rs_free(sim_rangeset *rs);
 
 /*
@@ -144,8 +143,8 @@ typedef struct sim_device {
 enum sim_ckpt_state { SIM_CK_RUNNING = 0, SIM_CK_LOCKED = 1, SIM_CK_CHECKPOINTED = 2, SIM_CK_FAILED = 3 };
 
 typedef struct sim_state {
-    pthread_mutex_t mu; /* contexts, streams, ops, events, modules, handles */
-    pthread_cond_t cv;  /* broadcast whenever an op completes or is queued */
+    pthread_mutex_t mu;       /* contexts, streams, ops, events, modules, handles */
+    pthread_cond_t cv;        /* broadcast whenever an op completes or is queued */
     pthread_rwlock_t memlock; /* memory tables and protections; writers change mappings */
 
     pthread_mutex_t init_mu;
@@ -159,10 +158,10 @@ typedef struct sim_state {
     sim_device dev[SIM_MAX_DEVICES];
 
     /* memlock: */
-    sim_rangeset dmap;  /* device memory accessible now (allocations, VMM maps with access) */
-    sim_rangeset vres;  /* VMM reservations (obj unused) */
-    sim_rangeset vmaps; /* VMM mappings (obj: sim_vmap) */
-    sim_rangeset host;  /* page-locked host memory: allocations and registrations */
+    sim_rangeset dmap;     /* device memory accessible now (allocations, VMM maps with access) */
+    sim_rangeset vres;     /* VMM reservations (obj unused) */
+    sim_rangeset vmaps;    /* VMM mappings (obj: sim_vmap) */
+    sim_rangeset host;     /* page-locked host memory: allocations and registrations */
     struct sim_phys *phys; /* VMM physical allocations, a list */
 
     /* the gate that cuCheckpointProcessLock closes */
@@ -200,7 +199,7 @@ void sim_set_current_ctx(sim_ctx *ctx);
 /* Gate control for the checkpoint API (restore thread only). */
 void sim_gate_close(void);
 void sim_gate_open(void);
-void sim_gate_set_state(int st); /* enum sim_ckpt_state */
+void sim_gate_set_state(int st);              /* enum sim_ckpt_state */
 int sim_gate_wait_idle(uint64_t deadline_ns); /* 0, or -1 at the deadline (0: none) */
 /* One bounded wait on cv (monotonic deadline, 0: none); -1 once the deadline has passed. */
 int sim_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ns);
@@ -210,12 +209,12 @@ int sim_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadli
 struct sim_ctx {
     uint32_t magic;
     int dev;
-    int refs;         /* primary-context retains (mu) */
-    atomic_int alive; /* between the first retain and the last release */
+    int refs;          /* primary-context retains (mu) */
+    atomic_int alive;  /* between the first retain and the last release */
     atomic_int sticky; /* a kernel fault: every later call in this context fails with it */
     sim_stream *legacy;
-    sim_stream *streams; /* all streams, the legacy one included (mu) */
-    int nstreams;        /* workers not yet exited (mu) */
+    sim_stream *streams;      /* all streams, the legacy one included (mu) */
+    int nstreams;             /* workers not yet exited (mu) */
     struct sim_event *events; /* (mu) */
 };
 #define SIM_CTX_MAGIC 0x43545831u
@@ -291,7 +290,7 @@ CUresult sim_submit(sim_ctx *ctx, CUstream h, sim_op *op);
 CUresult sim_op_wait(sim_op *op); /* waits, then returns op->err */
 CUresult sim_stream_create_locked(sim_ctx *ctx, unsigned flags, int legacy, sim_stream **out);
 CUresult sim_ctx_sync(sim_ctx *ctx);
-void sim_ctx_streams_stop(sim_ctx *ctx); /* mu held; waits for every worker to exit */
+void sim_ctx_streams_stop(sim_ctx *ctx);     /* mu held; waits for every worker to exit */
 int sim_streams_drain(uint64_t deadline_ns); /* all contexts; 0 or -1 at the deadline */
 void sim_stream_mark_fault(sim_ctx *ctx, CUresult r, const char *what);
 

@@ -130,8 +130,7 @@ static CUresult handle(const ck_req *q, int *state_out) {
     int st = sim.ckpt_state;
     CUresult r = CUDA_SUCCESS;
     switch (q->op) {
-    case CK_GET_STATE:
-        break;
+    case CK_GET_STATE: break;
     case CK_LOCK:
         if (st != SIM_CK_RUNNING)
             r = CUDA_ERROR_ILLEGAL_STATE;
@@ -158,8 +157,7 @@ static CUresult handle(const ck_req *q, int *state_out) {
             sim_gate_open();
         }
         break;
-    default:
-        r = CUDA_ERROR_INVALID_VALUE;
+    default: r = CUDA_ERROR_INVALID_VALUE;
     }
     if (st != sim.ckpt_state)
         sim_gate_set_state(st);
@@ -313,9 +311,10 @@ void sim_ckpt_start(void) {
     for (size_t i = 0; i < sizeof ck_dirs / sizeof ck_dirs[0] && e; i++)
         e = ck_bind(ck_dirs[i]);
     if (e) {
-        sim_warn("cuInit: no checkpoint socket in /dev/shm/gpucr-sim or /tmp/gpucr-sim (%s); "
-                 "this process cannot be checkpointed",
-                 strerror(-e));
+        sim_warn(
+            "cuInit: no checkpoint socket in /dev/shm/gpucr-sim or /tmp/gpucr-sim (%s); "
+            "this process cannot be checkpointed",
+            strerror(-e));
         return;
     }
     int pe = sim_start_thread(restore_main, NULL);

@@ -29,8 +29,8 @@ typedef struct {
 static CUresult run_copy(sim_op *op) {
     copy_pay *c = op->arg;
     pthread_rwlock_rdlock(&sim.memlock);
-    bool ok = (!c->dst_dev || sim_dev_range_ok(c->dst, c->n, true)) &&
-              (!c->src_dev || sim_dev_range_ok(c->src, c->n, false));
+    bool ok =
+        (!c->dst_dev || sim_dev_range_ok(c->dst, c->n, true)) && (!c->src_dev || sim_dev_range_ok(c->src, c->n, false));
     if (ok)
         memmove((void *)(uintptr_t)c->dst, c->staging ? c->staging : (const void *)(uintptr_t)c->src, c->n);
     pthread_rwlock_unlock(&sim.memlock);
@@ -48,8 +48,8 @@ static CUresult check_side(uint64_t p, size_t n, enum side want, bool write, boo
     return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-static CUresult do_copy(sim_call *c, uint64_t dst, enum side dside, uint64_t src, enum side sside, size_t n,
-                        CUstream h, bool async) {
+static CUresult do_copy(sim_call *c, uint64_t dst, enum side dside, uint64_t src, enum side sside, size_t n, CUstream h,
+                        bool async) {
     if (n == 0)
         return CUDA_SUCCESS;
     copy_pay pay = {.dst = dst, .src = src, .n = n};
@@ -82,31 +82,30 @@ static CUresult do_copy(sim_call *c, uint64_t dst, enum side dside, uint64_t src
     return r;
 }
 
-#define COPY_ENTRY(NAME, DST, DSIDE, SRC, SSIDE, ASYNC, STREAM, ...)                                  \
-    SIM_API CUresult NAME(__VA_ARGS__) {                                                              \
-        sim_call c;                                                                                    \
-        CUresult r = sim_enter(&c, #NAME, SIM_NEED_CTX);                                              \
-        if (r == CUDA_SUCCESS)                                                                         \
-            r = do_copy(&c, (uint64_t)(uintptr_t)(DST), DSIDE, (uint64_t)(uintptr_t)(SRC), SSIDE,      \
-                        ByteCount, STREAM, ASYNC);                                                     \
-        return sim_leave(&c, r);                                                                       \
+#define COPY_ENTRY(NAME, DST, DSIDE, SRC, SSIDE, ASYNC, STREAM, ...)                                                   \
+    SIM_API CUresult NAME(__VA_ARGS__) {                                                                               \
+        sim_call c;                                                                                                    \
+        CUresult r = sim_enter(&c, #NAME, SIM_NEED_CTX);                                                               \
+        if (r == CUDA_SUCCESS)                                                                                         \
+            r = do_copy(&c, (uint64_t)(uintptr_t)(DST), DSIDE, (uint64_t)(uintptr_t)(SRC), SSIDE, ByteCount, STREAM,   \
+                        ASYNC);                                                                                        \
+        return sim_leave(&c, r);                                                                                       \
     }
 
 COPY_ENTRY(cuMemcpyHtoD_v2, dstDevice, SIDE_DEV, srcHost, SIDE_HOST, false, NULL, CUdeviceptr dstDevice,
            const void *srcHost, size_t ByteCount)
-COPY_ENTRY(cuMemcpyDtoH_v2, dstHost, SIDE_HOST, srcDevice, SIDE_DEV, false, NULL, void *dstHost,
-           CUdeviceptr srcDevice, size_t ByteCount)
+COPY_ENTRY(cuMemcpyDtoH_v2, dstHost, SIDE_HOST, srcDevice, SIDE_DEV, false, NULL, void *dstHost, CUdeviceptr srcDevice,
+           size_t ByteCount)
 COPY_ENTRY(cuMemcpyDtoD_v2, dstDevice, SIDE_DEV, srcDevice, SIDE_DEV, false, NULL, CUdeviceptr dstDevice,
            CUdeviceptr srcDevice, size_t ByteCount)
 COPY_ENTRY(cuMemcpyHtoDAsync_v2, dstDevice, SIDE_DEV, srcHost, SIDE_HOST, true, hStream, CUdeviceptr dstDevice,
            const void *srcHost, size_t ByteCount, CUstream hStream)
 COPY_ENTRY(cuMemcpyDtoHAsync_v2, dstHost, SIDE_HOST, srcDevice, SIDE_DEV, true, hStream, void *dstHost,
            CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
-COPY_ENTRY(cuMemcpyDtoDAsync_v2, dstDevice, SIDE_DEV, srcDevice, SIDE_DEV, true, hStream,
-           CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+COPY_ENTRY(cuMemcpyDtoDAsync_v2, dstDevice, SIDE_DEV, srcDevice, SIDE_DEV, true, hStream, CUdeviceptr dstDevice,
+           CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 /* unified addressing: the direction follows from where the pointers are */
-COPY_ENTRY(cuMemcpy, dst, SIDE_ANY, src, SIDE_ANY, false, NULL, CUdeviceptr dst, CUdeviceptr src,
-           size_t ByteCount)
+COPY_ENTRY(cuMemcpy, dst, SIDE_ANY, src, SIDE_ANY, false, NULL, CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 COPY_ENTRY(cuMemcpyAsync, dst, SIDE_ANY, src, SIDE_ANY, true, hStream, CUdeviceptr dst, CUdeviceptr src,
            size_t ByteCount, CUstream hStream)
 
@@ -140,8 +139,7 @@ static CUresult run_set(sim_op *op) {
     return ok ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
-static CUresult do_set(sim_call *c, CUdeviceptr dst, uint32_t val, size_t n, unsigned elem, CUstream h,
-                       bool async) {
+static CUresult do_set(sim_call *c, CUdeviceptr dst, uint32_t val, size_t n, unsigned elem, CUstream h, bool async) {
     if (dst % elem)
         return CUDA_ERROR_INVALID_VALUE;
     if (n == 0)
@@ -164,13 +162,13 @@ static CUresult do_set(sim_call *c, CUdeviceptr dst, uint32_t val, size_t n, uns
     return r;
 }
 
-#define SET_ENTRY(NAME, T, ELEM, ASYNC, STREAM, ...)                                                  \
-    SIM_API CUresult NAME(__VA_ARGS__) {                                                              \
-        sim_call c;                                                                                    \
-        CUresult r = sim_enter(&c, #NAME, SIM_NEED_CTX);                                              \
-        if (r == CUDA_SUCCESS)                                                                         \
-            r = do_set(&c, dstDevice, (uint32_t)(T)v, N, ELEM, STREAM, ASYNC);                         \
-        return sim_leave(&c, r);                                                                       \
+#define SET_ENTRY(NAME, T, ELEM, ASYNC, STREAM, ...)                                                                   \
+    SIM_API CUresult NAME(__VA_ARGS__) {                                                                               \
+        sim_call c;                                                                                                    \
+        CUresult r = sim_enter(&c, #NAME, SIM_NEED_CTX);                                                               \
+        if (r == CUDA_SUCCESS)                                                                                         \
+            r = do_set(&c, dstDevice, (uint32_t)(T)v, N, ELEM, STREAM, ASYNC);                                         \
+        return sim_leave(&c, r);                                                                                       \
     }
 
 SET_ENTRY(cuMemsetD8_v2, unsigned char, 1, false, NULL, CUdeviceptr dstDevice, unsigned char v, size_t N)

@@ -23,8 +23,7 @@ static __thread sim_ctx *tls_ctx;
 
 static void vlogf(const char *kind, const char *fmt, va_list ap) {
     char buf[512];
-    int n = snprintf(buf, sizeof buf, "gpucr-sim[%d/%ld] %s", (int)getpid(), (long)syscall(SYS_gettid),
-                     kind);
+    int n = snprintf(buf, sizeof buf, "gpucr-sim[%d/%ld] %s", (int)getpid(), (long)syscall(SYS_gettid), kind);
     if (n < 0 || (size_t)n >= sizeof buf)
         return;
     int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
@@ -250,9 +249,7 @@ static const struct {
     {"cuStreamSynchronize", GATE_QUERY},
 };
 
-static int gate_cmp(const void *key, const void *ent) {
-    return strcmp(key, *(const char *const *)ent);
-}
+static int gate_cmp(const void *key, const void *ent) { return strcmp(key, *(const char *const *)ent); }
 
 static enum gate_class gate_class_of(const char *name) {
     const void *e = bsearch(name, gate_table, sizeof gate_table / sizeof gate_table[0], sizeof gate_table[0], gate_cmp);

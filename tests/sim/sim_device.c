@@ -49,7 +49,7 @@ static int attr_value(int a, int dev) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: return 2048;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: return 3;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: return 1;
-    case 51: return 32;  /* TEXTURE_PITCH_ALIGNMENT */
+    case 51: return 32; /* TEXTURE_PITCH_ALIGNMENT */
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: return 9;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: return 0;
     case 78: return 1;      /* STREAM_PRIORITIES_SUPPORTED */
@@ -66,13 +66,13 @@ static int attr_value(int a, int dev) {
     case 99: return 1;      /* HOST_REGISTER_SUPPORTED */
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: return 1;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: return 1;
-    case 106: return 32;    /* MAX_BLOCKS_PER_MULTIPROCESSOR */
+    case 106: return 32;                                                        /* MAX_BLOCKS_PER_MULTIPROCESSOR */
     case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: return 1; /* H100, H200 */
-    case 111: return 1024;  /* RESERVED_SHARED_MEMORY_PER_BLOCK */
-    case 113: return 1;     /* READ_ONLY_HOST_REGISTER_SUPPORTED */
+    case 111: return 1024;                                                      /* RESERVED_SHARED_MEMORY_PER_BLOCK */
+    case 113: return 1;                                                         /* READ_ONLY_HOST_REGISTER_SUPPORTED */
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
-    case 119: return 1;     /* MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX fd */
-    case 120: return 1;     /* CLUSTER_LAUNCH */
+    case 119: return 1; /* MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX fd */
+    case 120: return 1; /* CLUSTER_LAUNCH */
     default: return 0;
     }
 }

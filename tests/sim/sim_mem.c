@@ -48,8 +48,7 @@ CUresult sim_mem_init(void) {
                 break;
         }
         if (e) {
-            sim_warn("cuInit: cannot map device %d memory at 0x%llx: %s", d, (unsigned long long)slot,
-                     strerror(-e));
+            sim_warn("cuInit: cannot map device %d memory at 0x%llx: %s", d, (unsigned long long)slot, strerror(-e));
             close(fd);
             return CUDA_ERROR_OPERATING_SYSTEM;
         }
@@ -137,8 +136,8 @@ CUresult sim_mem_alloc_impl(sim_ctx *ctx, CUdeviceptr *dptr, size_t size) {
         goto fail;
     }
     if (mprotect((void *)(uintptr_t)addr, mapped, PROT_READ | PROT_WRITE) < 0) {
-        sim_warn("cuMemAlloc: mprotect(0x%llx, %llu): %s", (unsigned long long)addr,
-                 (unsigned long long)mapped, strerror(errno));
+        sim_warn("cuMemAlloc: mprotect(0x%llx, %llu): %s", (unsigned long long)addr, (unsigned long long)mapped,
+                 strerror(errno));
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto fail;
     }
@@ -178,8 +177,8 @@ CUresult sim_mem_free_locked(sim_alloc *a) {
         if (mprotect((void *)(uintptr_t)a->addr, a->mapped, PROT_NONE) < 0)
             sim_warn("cuMemFree: mprotect: %s", strerror(errno));
         /* give the pages back, and let the next allocation here start zeroed */
-        if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(a->addr - p->base),
-                      (off_t)a->mapped) < 0)
+        if (fallocate(p->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)(a->addr - p->base), (off_t)a->mapped) <
+            0)
             sim_warn("cuMemFree: fallocate(PUNCH_HOLE): %s", strerror(errno));
     }
     dev->used -= a->mapped;
@@ -503,8 +502,7 @@ int sim_mem_unpark_all(void) {
             sim_warn("restore: recreating device %d memory: %s", d, strerror(-e));
             return e;
         }
-        void *m = mmap((void *)(uintptr_t)p->base, p->size, PROT_NONE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE,
-                       fd, 0);
+        void *m = mmap((void *)(uintptr_t)p->base, p->size, PROT_NONE, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0);
         if (m == MAP_FAILED) {
             e = -errno;
             sim_warn("restore: mapping device %d memory: %s", d, strerror(-e));

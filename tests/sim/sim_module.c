@@ -87,8 +87,8 @@ typedef struct lexer {
 } lexer;
 
 static bool is_word_char(int ch) {
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-           ch == '.' || ch == '$' || ch == '%';
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' ||
+           ch == '$' || ch == '%';
 }
 
 static int lex(lexer *L) {
@@ -157,10 +157,9 @@ static size_t type_size(const char *t) {
         const char *name;
         size_t size;
     } types[] = {
-        {".b8", 1},   {".u8", 1},   {".s8", 1},   {".b16", 2},    {".u16", 2},     {".s16", 2},
-        {".f16", 2},  {".bf16", 2}, {".b32", 4},  {".u32", 4},    {".s32", 4},     {".f32", 4},
-        {".f16x2", 4}, {".bf16x2", 4}, {".b64", 8}, {".u64", 8},  {".s64", 8},     {".f64", 8},
-        {".b128", 16},
+        {".b8", 1},   {".u8", 1},  {".s8", 1},  {".b16", 2}, {".u16", 2},   {".s16", 2},   {".f16", 2},
+        {".bf16", 2}, {".b32", 4}, {".u32", 4}, {".s32", 4}, {".f32", 4},   {".f16x2", 4}, {".bf16x2", 4},
+        {".b64", 8},  {".u64", 8}, {".s64", 8}, {".f64", 8}, {".b128", 16},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(t, types[i].name) == 0)
@@ -495,9 +494,8 @@ static void library_free_locked(sim_library *l) {
 }
 
 SIM_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
-                                   void **jitOptionsValues, unsigned int numJitOptions,
-                                   CUlibraryOption *libraryOptions, void **libraryOptionValues,
-                                   unsigned int numLibraryOptions) {
+                                   void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                   void **libraryOptionValues, unsigned int numLibraryOptions) {
     sim_call c;
     CUresult r = sim_enter(&c, "cuLibraryLoadData", SIM_CTX_OPTIONAL);
     if (r != CUDA_SUCCESS)
@@ -703,9 +701,7 @@ static CUresult launch(sim_call *c, CUfunction f, unsigned gx, unsigned gy, unsi
     }
     pthread_mutex_lock(&sim.mu);
     int t = sim_handle_type(f);
-    const sim_entry *e = t == SIM_H_FUNC     ? ((sim_func *)f)->entry
-                         : t == SIM_H_KERNEL ? ((sim_kernel *)f)->entry
-                                             : NULL;
+    const sim_entry *e = t == SIM_H_FUNC ? ((sim_func *)f)->entry : t == SIM_H_KERNEL ? ((sim_kernel *)f)->entry : NULL;
     if (!e) {
         pthread_mutex_unlock(&sim.mu);
         return CUDA_ERROR_INVALID_HANDLE;

@@ -18,7 +18,8 @@ typedef struct {
     void *fn;
 } proc_ent;
 
-#define P(base, sym, ver) {base, #sym, ver, (void *)sym}
+#define P(base, sym, ver)                                                                                              \
+    { base, #sym, ver, (void *)sym }
 
 static const proc_ent procs[] = {
     P("cuInit", cuInit, 2000),
@@ -190,7 +191,8 @@ typedef struct {
     const char *name, *text;
 } err_ent;
 
-#define E(code, text) {code, #code, text}
+#define E(code, text)                                                                                                  \
+    { code, #code, text }
 
 static const err_ent errs[] = {
     E(CUDA_SUCCESS, "no error"),

@@ -463,8 +463,7 @@ SIM_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
     const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
-    if (!phEvent || (Flags & ~known) ||
-        ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+    if (!phEvent || (Flags & ~known) || ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     sim_event *e = calloc(1, sizeof *e);
     if (!e)

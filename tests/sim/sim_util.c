@@ -75,8 +75,7 @@ void rs_remove_at(sim_rangeset *rs, size_t i) {
     rs->n--;
 }
 
-uint64_t rs_fit(const sim_rangeset *rs, uint64_t lo, uint64_t hi, uint64_t from, uint64_t size,
-                uint64_t align) {
+uint64_t rs_fit(const sim_rangeset *rs, uint64_t lo, uint64_t hi, uint64_t from, uint64_t size, uint64_t align) {
     uint64_t cand = sim_align_up(from > lo ? from : lo, align);
     size_t i = rs_upper(rs, cand);
     if (i > 0) {
@@ -128,8 +127,8 @@ int sim_map_exact(uint64_t addr, uint64_t len, int prot, int flags, int fd, off_
 }
 
 int sim_map_reserve_fixed(uint64_t addr, uint64_t len) {
-    void *p = mmap((void *)(uintptr_t)addr, len, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    void *p =
+        mmap((void *)(uintptr_t)addr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
     return p == MAP_FAILED ? -errno : 0;
 }
 

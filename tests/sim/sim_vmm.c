@@ -251,6 +251,7 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
                 r = CUDA_ERROR_OUT_OF_MEMORY;
             } else {
                 p->nmaps++;
+                /* cppcheck-suppress memleak ; sim.vmaps holds m now */
                 m = NULL;
             }
         }
@@ -354,8 +355,7 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
             m->prot = prot;
             sim.vmaps.v[j].prot = prot;
             dmap_drop(m->addr);
-            if (prot != PROT_NONE &&
-                rs_insert(&sim.dmap, (sim_range){m->addr, m->size, m, SIM_R_VMAP, prot}) < 0) {
+            if (prot != PROT_NONE && rs_insert(&sim.dmap, (sim_range){m->addr, m->size, m, SIM_R_VMAP, prot}) < 0) {
                 r = CUDA_ERROR_OUT_OF_MEMORY;
                 break;
             }
@@ -509,8 +509,8 @@ int sim_vmm_unpark_all(void) {
     }
     for (size_t i = 0; i < sim.vmaps.n; i++) {
         sim_vmap *m = sim.vmaps.v[i].obj;
-        void *got = mmap((void *)(uintptr_t)m->addr, m->size, m->prot, MAP_SHARED | MAP_FIXED, m->phys->fd,
-                         (off_t)m->off);
+        void *got =
+            mmap((void *)(uintptr_t)m->addr, m->size, m->prot, MAP_SHARED | MAP_FIXED, m->phys->fd, (off_t)m->off);
         if (got == MAP_FAILED) {
             int e = -errno;
             sim_warn("restore: remapping a VMM mapping: %s", strerror(-e));

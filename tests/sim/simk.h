@@ -71,9 +71,9 @@ void simk_register(const char *name, simk_fn fn);
 
 #define SIMK_CONCAT_(a, b) a##b
 #define SIMK_CONCAT(a, b) SIMK_CONCAT_(a, b)
-#define SIMK_REGISTER(name, fn)                                                                    \
-    __attribute__((constructor)) static void SIMK_CONCAT(simk_register_, __LINE__)(void) {         \
-        simk_register((name), (fn));                                                               \
+#define SIMK_REGISTER(name, fn)                                                                                        \
+    __attribute__((constructor)) static void SIMK_CONCAT(simk_register_, __LINE__)(void) {                             \
+        simk_register((name), (fn));                                                                                   \
     }
 
 #endif /* GPUCR_SIMK_H */

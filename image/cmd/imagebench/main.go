@@ -77,8 +77,8 @@ type result struct {
 	StoredBytes   int64   `json:"stored_bytes"`
 	DedupRatio    float64 `json:"dedup_ratio"`
 	TargetRatioOK bool    `json:"target_ratio_ok"`
-	// Targeted: the issue's targets apply (uncompressed cases; zstd is for
-	// slow storage and is shown for what it costs, not held to them).
+	// Targeted: the throughput targets below apply (uncompressed cases; zstd
+	// is for slow storage and is shown for what it costs, not held to them).
 	Targeted bool `json:"targeted"`
 }
 

@@ -32,8 +32,8 @@ void gpuapp_check(CUresult r, const char *call, const char *file, int line) {
     if (r == CUDA_SUCCESS)
         return;
     fflush(stdout);
-    fprintf(stderr, "%s: %s:%d: %s failed: %d %s: %s\n", app_name, file, line, call, (int)r,
-            gpuapp_err_name(r), gpuapp_err_string(r));
+    fprintf(stderr, "%s: %s:%d: %s failed: %d %s: %s\n", app_name, file, line, call, (int)r, gpuapp_err_name(r),
+            gpuapp_err_string(r));
     exit(3);
 }
 
@@ -59,11 +59,12 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f, "  --buffers K      number of device buffers (default %u)\n", a->buffers);
     if (accepted & GPUAPP_OPT_WORKERS)
         fprintf(f, "  --workers W      fork W CPU worker processes after CUDA is initialised (default 0)\n");
-    fprintf(f, "  --iters M        stop after iteration M with a done line (default: run forever)\n"
-               "  --interval-ms T  sleep T ms between iterations (default 50)\n"
-               "  --hb-every E     heartbeat every E iterations (default 10)\n"
-               "  --seed S         seed of the initial contents (default 1)\n"
-               "  --device D       device ordinal (default 0)\n");
+    fprintf(f,
+            "  --iters M        stop after iteration M with a done line (default: run forever)\n"
+            "  --interval-ms T  sleep T ms between iterations (default 50)\n"
+            "  --hb-every E     heartbeat every E iterations (default 10)\n"
+            "  --seed S         seed of the initial contents (default 1)\n"
+            "  --device D       device ordinal (default 0)\n");
     exit(status);
 }
 
@@ -80,8 +81,8 @@ static unsigned long long parse_num(const gpuapp *a, unsigned accepted, const ch
     return v;
 }
 
-void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib,
-                  unsigned def_buffers, int argc, char **argv) {
+void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
+                  char **argv) {
     enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"mib", required_argument, NULL, O_MIB},
@@ -129,21 +130,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             /* Kernels take the iteration as a 32-bit number. */
             a->iters = (long long)parse_num(a, accepted, "iters", optarg, 0, UINT32_MAX);
             break;
-        case O_INTERVAL:
-            a->interval_ms = (unsigned)parse_num(a, accepted, "interval-ms", optarg, 0, 3600000);
-            break;
-        case O_HB:
-            a->hb_every = (unsigned)parse_num(a, accepted, "hb-every", optarg, 1, UINT32_MAX);
-            break;
-        case O_SEED:
-            a->seed = (uint32_t)parse_num(a, accepted, "seed", optarg, 0, UINT32_MAX);
-            break;
-        case O_DEVICE:
-            a->ordinal = (int)parse_num(a, accepted, "device", optarg, 0, 1024);
-            break;
-        case O_HELP:
-            usage(a, accepted, 0);
-            break;
+        case O_INTERVAL: a->interval_ms = (unsigned)parse_num(a, accepted, "interval-ms", optarg, 0, 3600000); break;
+        case O_HB: a->hb_every = (unsigned)parse_num(a, accepted, "hb-every", optarg, 1, UINT32_MAX); break;
+        case O_SEED: a->seed = (uint32_t)parse_num(a, accepted, "seed", optarg, 0, UINT32_MAX); break;
+        case O_DEVICE: a->ordinal = (int)parse_num(a, accepted, "device", optarg, 0, 1024); break;
+        case O_HELP: usage(a, accepted, 0); break;
         default:
             fprintf(stderr, "%s: unknown or incomplete option '%s'\n", name, argv[optind - 1]);
             usage(a, accepted, 2);
@@ -325,8 +316,8 @@ uint64_t gpuapp_sum_device_split(uint64_t h, CUdeviceptr p, const uint64_t *size
             gpuapp_die("gpuapp_sum_device_split: buffer sizes must be multiples of 8");
         total += sizes[i];
     }
-    unsigned cur = 0;       /* buffer being hashed */
-    uint64_t left = 0;      /* its bytes not hashed yet */
+    unsigned cur = 0;  /* buffer being hashed */
+    uint64_t left = 0; /* its bytes not hashed yet */
     int begun = 0;
     for (uint64_t off = 0; off < total; off += STAGE_BYTES) {
         size_t n = total - off < STAGE_BYTES ? (size_t)(total - off) : STAGE_BYTES;

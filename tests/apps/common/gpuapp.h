@@ -65,8 +65,8 @@ typedef struct gpuapp {
  * application takes; def_mib / def_buffers are its defaults. Exits with a
  * usage message (status 2) on a bad option.
  */
-void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib,
-                  unsigned def_buffers, int argc, char **argv);
+void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
+                  char **argv);
 
 /* cuInit, the device --device, its primary context made current. */
 void gpuapp_context(gpuapp *a);

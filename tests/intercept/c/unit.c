@@ -1,6 +1,3 @@
-//go:build ignore
-
-// (The constraint above keeps the Go tool from treating this directory as a cgo package.)
 /*
  * Unit tests of libgpucr.so's driver-free parts: the buffer table, the slab
  * bitmap, the parameter layout cache and launch parameter scanning.
@@ -14,12 +11,12 @@
 
 static int failures;
 
-#define CHECK(cond)                                                                                                \
-    do {                                                                                                           \
-        if (!(cond)) {                                                                                             \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                               \
-            failures++;                                                                                            \
-        }                                                                                                          \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                   \
+            failures++;                                                                                                \
+        }                                                                                                              \
     } while (0)
 
 static void test_table(void) {
@@ -143,9 +140,9 @@ static void test_scan(void) {
     const gc_btab *s = gt_snap(&t);
     gc_scan_set_query(fake_func, fake_kern);
 
-    uint64_t p0 = b1.addr + 64;                                 /* a pointer */
-    uint32_t p1 = 42;                                           /* an int */
-    uint64_t p2[2] = {b2.addr + 4095, 0x500000100000ULL + 5};   /* struct of two words: in b2, past b1 */
+    uint64_t p0 = b1.addr + 64;                               /* a pointer */
+    uint32_t p1 = 42;                                         /* an int */
+    uint64_t p2[2] = {b2.addr + 4095, 0x500000100000ULL + 5}; /* struct of two words: in b2, past b1 */
     void *params[] = {&p0, &p1, p2};
     uint64_t before[ST_N], after[ST_N];
     gc_stats_sum(before);
