@@ -124,6 +124,10 @@ var criuHints = []criuHint{
 		return "the process was started from a terminal, or is not the leader of its own session: " +
 			"start it with setsid and stdin from /dev/null, or checkpoint and restore it with --shell-job"
 	}},
+	{regexp.MustCompile(`A session leader of \d+\(\d+\) is outside of its pid namespace`), func([]string) string {
+		return "the process is not the leader of its own session, and that session's leader is outside the process's pid namespace " +
+			"(as in a container): start it with setsid, so that it leads a session of its own"
+	}},
 	{regexp.MustCompile(`Don't have tty to inherit session from`), func([]string) string {
 		return "the process had a terminal; restored with --shell-job it takes the terminal gpucr runs on, and gpucr runs on none"
 	}},

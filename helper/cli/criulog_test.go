@@ -22,6 +22,9 @@ func TestCRIULogErrors(t *testing.T) {
 		{"ext-unix-sk.log", []string{"unix: External socket is used. Consider using --ext-unix-sk option."}, "--ext-unix-sk"},
 		{"no-such-process.log", []string{"Unable to detach from 999999: No such process"}, ""},
 		{"shell-job.log", []string{"The root process 21097 is not a session leader. Consider using --shell-job option"}, "--shell-job"},
+		// The session's leader is outside the process's pid namespace (a
+		// container): --shell-job does not help there.
+		{"pidns-session.log", []string{"A session leader of 19473(1) is outside of its pid namespace"}, "start it with setsid"},
 		{"tty.log", []string{"tty: Found slave peer index 0 without correspond master peer"}, "--shell-job"},
 		{"restore-empty.log", []string{"Unexpected EOF on (empty-image)"}, ""},
 		// A restored task's lines carry its pid.
