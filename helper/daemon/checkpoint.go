@@ -221,7 +221,7 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 
 	// From the drop on, the process's memory lives only in this helper and
 	// in the image. Should the helper die, the next one finds the process
-	// here and gives it its memory back from the image (orphan.go); the
+	// here and gives it its memory back from the image (adopt.go); the
 	// wake file (relative to the socket's directory: the client resolves it
 	// against its own path to the socket, which differs inside a container)
 	// is how it tells the process.

@@ -40,7 +40,7 @@ func (s *Server) wakeName(pid int32) string {
 func (s *Server) wake(pid int32) error { return s.wakeWith(pid, "") }
 
 // wakeWith creates pid's wake file with content msg: empty means "come
-// back", "lost: why" that its GPU state is gone (orphan.go). Written under
+// back", "lost: why" that its GPU state is gone (adopt.go). Written under
 // another name and renamed: the client reads it as soon as it exists.
 func (s *Server) wakeWith(pid int32, msg string) error {
 	p := s.wakePath(pid)
