@@ -89,19 +89,6 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: reply}}
 }
 
-// control sends one request on the control connection and turns a client
-// refusal into an error.
-func controlCall(ctl *control, req *helperpb.Request, wait time.Duration) (*helperpb.Response, error) {
-	r, err := ctl.call(req, nil, wait)
-	if err != nil {
-		return nil, err
-	}
-	if r.Error != nil {
-		return nil, fmt.Errorf("%s: %s", r.Error.Code, r.Error.Message)
-	}
-	return r, nil
-}
-
 func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, dir *os.File, quiesce, wait time.Duration,
 	reply *helperpb.CheckpointReply, log *zap.Logger) *helperpb.Response {
 	ph := newPhases()
@@ -319,37 +306,6 @@ func (s *Server) faultAt(step string, nth uint64) bool {
 	return f == step || f == fmt.Sprintf("%s@%d", step, nth)
 }
 
-// thaw gives a checkpointed client its GPU back: driver restore + unlock,
-// reimport, resume.
-func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
-	if err := driverResume(int(cl.pid)); err != nil {
-		return err
-	}
-	ph.done("driver-restore")
-	return s.reimportResume(cl, ctl, wait, ph)
-}
-
-// driverResume brings pid's driver state back to running from wherever a
-// checkpoint left it: restore if checkpointed, then unlock if locked.
-func driverResume(pid int) error {
-	st, err := cuda.CheckpointState(pid)
-	if err != nil {
-		return fmt.Errorf("driver state: %w", err)
-	}
-	if st == cuda.StateCheckpointed {
-		if err := cuda.CheckpointRestore(pid); err != nil {
-			return fmt.Errorf("driver restore: %w", err)
-		}
-		st = cuda.StateLocked
-	}
-	if st == cuda.StateLocked {
-		if err := cuda.CheckpointUnlock(pid); err != nil {
-			return fmt.Errorf("driver unlock: %w", err)
-		}
-	}
-	return nil
-}
-
 // resumeCheckpointed runs a ResumeCheckpointed request.
 func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeCheckpointed) *helperpb.Response {
 	cl, refused := s.controlledClient(c, id, req.Pid, "resume")
@@ -425,39 +381,4 @@ func protoKind(k image.AllocKind) helperpb.AllocKind {
 		}
 	}
 	return helperpb.AllocKind_ALLOC_KIND_SLAB
-}
-
-// wakeAndGiveBack brings a detached client back while its checkpoint's
-// control exchange is still held (the undo of a failed detached checkpoint):
-// it waits for the reattach, then reimports and resumes it.
-func (s *Server) wakeAndGiveBack(cl *client) error {
-	// It may still look connected (its close not seen yet): wait a little.
-	s.parkedWithin(cl, 2*time.Second)
-	done := make(chan error, 1)
-	cl.mu.Lock()
-	cl.onAttach = func() { done <- s.giveBackLocked(cl) }
-	cl.mu.Unlock()
-	if err := s.wake(cl.pid); err != nil {
-		return err
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(reattachTimeout):
-		return fmt.Errorf("pid %d did not reattach within %v", cl.pid, reattachTimeout)
-	}
-}
-
-// parkedWithin reports whether cl is in the waiting list within d.
-func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		s.mu.Lock()
-		ok := s.waiting[cl.pid] == cl
-		s.mu.Unlock()
-		if ok || time.Now().After(deadline) {
-			return ok
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

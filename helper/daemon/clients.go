@@ -6,7 +6,6 @@ import (
 	"math"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -280,175 +279,39 @@ func (s *Server) dropClient(cl *client) {
 		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
 }
 
-// ---- the control connection ----
-
-var (
-	errNoControl = errors.New("control connection is not connected")
-	errBusy      = errors.New("another control operation is in progress")
-)
-
-type control struct {
-	conn *conn
-	mu   sync.Mutex
-	next uint64
-	wait map[uint64]chan *helperpb.Response
-	done chan struct{}
-	// asked: requests sent whose answer has not come (those given up on
-	// included: a late answer is still an answer). Only while some is
-	// due may the client send a frame larger than maxUnaskedAnswer.
-	asked atomic.Int64
-}
-
-// maxAnswer caps the control connection's next frame.
-func (ctl *control) maxAnswer() int {
-	if ctl.asked.Load() > 0 {
-		return wire.MaxFrame
-	}
-	return maxUnaskedAnswer
-}
-
-// answered counts one answer in.
-func (ctl *control) answered() {
-	for {
-		n := ctl.asked.Load()
-		if n <= 0 || ctl.asked.CompareAndSwap(n, n-1) {
-			return
-		}
-	}
-}
-
-func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
-	s.mu.Lock()
-	cl := s.byToken[h.ClientToken]
-	s.mu.Unlock()
-	if cl == nil || cl.pid != c.cred.Pid {
-		c.log.Warn("control connection with an unknown token or from another process")
-		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_PERMISSION, "unknown client token for pid %d", c.cred.Pid), nil)
-		return
-	}
-	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
-	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
-	c.log = cl.log
+// release gives back every allocation of cl (it is gone for good).
+func (s *Server) release(cl *client) {
+	s.dropDetachState(cl.pid)
 	cl.mu.Lock()
-	if cl.ctrl != nil {
-		cl.mu.Unlock()
-		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_STATE, "client %d already has a control connection", cl.pid), nil)
-		return
-	}
-	cl.ctrl = ctl
+	allocs := cl.allocs
+	cl.allocs = map[uint64]*alloc{}
+	cl.bytes = 0
 	cl.mu.Unlock()
-	defer func() {
-		cl.mu.Lock()
-		if cl.ctrl == ctl {
-			cl.ctrl = nil
+	for _, al := range allocs {
+		s.mu.Lock()
+		delete(s.owner, al.id)
+		s.mu.Unlock()
+		if err := al.dev.Release(al.handle); err != nil {
+			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
 		}
-		cl.mu.Unlock()
-		close(ctl.done)
-		cl.log.Info("control connection closed; client not checkpointable")
-	}()
-	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
-		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version}}}, nil); err != nil {
-		return
-	}
-	cl.log.Info("control connection up")
-	cl.mu.Lock()
-	attach := cl.onAttach
-	cl.onAttach = nil
-	cl.mu.Unlock()
-	if attach != nil {
-		go attach()
-	}
-	for {
-		resp, fds, err := c.ReadResponse()
-		if err != nil {
-			if errors.Is(err, wire.ErrFrame) {
-				cl.log.Warn("bad frame on the control connection; closing it", zap.Error(err))
-			} else {
-				c.readFailed(err)
-			}
-			return
-		}
-		ctl.answered()
-		if len(fds) > 0 {
-			wire.CloseFDs(fds)
-			cl.log.Warn("file descriptors on a control response; closing the control connection")
-			return
-		}
-		ctl.mu.Lock()
-		ch := ctl.wait[resp.Id]
-		delete(ctl.wait, resp.Id)
-		ctl.mu.Unlock()
-		if ch == nil {
-			cl.log.Warn("control response nobody waits for (late or unknown id)", zap.Uint64("id", resp.Id))
-			continue
-		}
-		ch <- resp
 	}
 }
 
-// call sends req (its id is set here) with fds and waits up to timeout.
-func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration) (*helperpb.Response, error) {
-	ch := make(chan *helperpb.Response, 1)
-	ctl.mu.Lock()
-	ctl.next++
-	req.Id = ctl.next
-	ctl.wait[req.Id] = ch
-	ctl.mu.Unlock()
-	forget := func() {
-		ctl.mu.Lock()
-		delete(ctl.wait, req.Id)
-		ctl.mu.Unlock()
-	}
-	ctl.asked.Add(1)
-	ctl.conn.wmu.Lock()
-	_ = ctl.conn.UnixConn().SetWriteDeadline(time.Now().Add(timeout))
-	err := ctl.conn.Write(req, fds)
-	ctl.conn.wmu.Unlock()
-	if err != nil {
-		ctl.answered()
-		forget()
-		return nil, fmt.Errorf("control connection: %w", err)
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case r := <-ch:
-		return r, nil
-	case <-ctl.done:
-		// The answer may have come just before the connection closed (a
-		// client that detaches answers, then closes): both are ready then,
-		// and select picks either.
-		select {
-		case r := <-ch:
-			return r, nil
-		default:
-		}
-		forget()
-		return nil, errNoControl
-	case <-t.C:
-		forget()
-		return nil, fmt.Errorf("no answer within %v", timeout)
-	}
-}
-
-// withControl runs f with cl's control connection, one operation at a time;
-// it waits at most wait for another operation to finish.
-func (cl *client) withControl(wait time.Duration, f func(*control) error) error {
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case cl.opSem <- struct{}{}:
-	case <-t.C:
-		return errBusy
-	}
-	defer func() { <-cl.opSem }()
+// hangUp closes the helper's side of a detached client's connections. The
+// client closes its own side when it detaches, but a process it forked may
+// still hold copies of those sockets (the interposer drops them in forked
+// children; anything else that keeps one would keep the helper from ever
+// seeing the close): closing them here parks the client now.
+func (cl *client) hangUp() {
 	cl.mu.Lock()
-	ctl := cl.ctrl
+	calls, ctl := cl.calls, cl.ctrl
 	cl.mu.Unlock()
-	if ctl == nil {
-		return errNoControl
+	if calls != nil {
+		calls.UnixConn().Close()
 	}
-	return f(ctl)
+	if ctl != nil {
+		ctl.conn.UnixConn().Close()
+	}
 }
 
 // reimportEntries: the client's mapped allocations in id order, with a new

@@ -1,12 +1,7 @@
 package daemon
 
 import (
-	"cmp"
 	"errors"
-	"fmt"
-	"maps"
-	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -87,111 +82,6 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			return
 		}
 	}
-}
-
-// sortedClients copies the clients of m, one of s's maps, by pid.
-func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
-	s.mu.Lock()
-	out := slices.Collect(maps.Values(m))
-	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b *client) int { return cmp.Compare(a.pid, b.pid) })
-	return out
-}
-
-// status describes the helper and every client. Clients with a control
-// connection are asked GetStats and Snapshot, each within StatusTimeout.
-func (s *Server) status() *helperpb.StatusReply {
-	clients := sortedClients(s, s.byToken)
-	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
-		Driver: s.cfg.Driver}
-	for i, d := range s.cfg.Devices {
-		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
-			if free, err := fm.FreeMemory(); err == nil {
-				out.Devices[i].FreeMemory = free
-			}
-		}
-	}
-	infos := make([]*helperpb.ClientInfo, len(clients))
-	var wg sync.WaitGroup
-	for i, cl := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			infos[i] = s.clientInfo(cl)
-		}()
-	}
-	wg.Wait()
-	out.Clients = infos
-	// Processes the helper keeps memory for while they are not connected.
-	waiting := sortedClients(s, s.waiting)
-	s.mu.Lock()
-	for p := range s.plans {
-		for _, cl := range p.clients {
-			if cl.getPhase() == phasePrepared {
-				waiting = append(waiting, cl)
-			}
-		}
-	}
-	s.mu.Unlock()
-	for _, cl := range waiting {
-		cl.mu.Lock()
-		why := cl.phase.waitingWhy()
-		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
-			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{why},
-			State: helperpb.ClientState_CLIENT_STATE_DROPPED})
-		cl.mu.Unlock()
-	}
-	return out
-}
-
-func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
-	cl.mu.Lock()
-	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
-		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
-	cl.mu.Unlock()
-	var reasons []string
-	var state helperpb.ClientState
-	if !ci.ControlConnected {
-		reasons = append(reasons, "control connection down")
-	} else {
-		to := s.cfg.StatusTimeout
-		err := cl.withControl(to, func(ctl *control) error {
-			r, err := ctl.call(&helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}, nil, to)
-			if err != nil {
-				return err
-			}
-			if st := r.GetStats(); st != nil && st.LocalAllocs > 0 {
-				reasons = append(reasons, fmt.Sprintf("%d allocations fell back to local memory", st.LocalAllocs))
-			}
-			r, err = ctl.call(&helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, nil, to)
-			if err != nil {
-				return err
-			}
-			if t := r.GetTable(); t != nil {
-				reasons = append(reasons, t.NotCheckpointable...)
-				state = t.State
-			}
-			return nil
-		})
-		switch {
-		case errors.Is(err, errBusy):
-			// An operation (a checkpoint) is running; what it last set stands.
-		case errors.Is(err, errNoControl):
-			reasons = append(reasons, "control connection down")
-			ci.ControlConnected = false
-		case err != nil:
-			reasons = append(reasons, "control connection does not answer: "+err.Error())
-		}
-	}
-	cl.mu.Lock()
-	if state != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
-		cl.state = state
-	}
-	ci.State = cl.state
-	cl.mu.Unlock()
-	ci.NotCheckpointable = reasons
-	ci.Checkpointable = len(reasons) == 0
-	return ci
 }
 
 // controlledClient is the client pid that a CLI or plugin request (verb:
@@ -294,29 +184,6 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 
 // mayControl: root, or the uid that owns the client.
 func mayControl(caller, owner uint32) bool { return caller == 0 || caller == owner }
-
-// reimport sends every mapped allocation of cl, with a new fd each, in
-// Reimport frames of at most wire.MaxFDs entries, waiting for each Ok.
-func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helperpb.Error, error) {
-	ents, fds, err := cl.reimportEntries()
-	if err != nil {
-		return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_DRIVER, Message: err.Error()}, nil
-	}
-	defer wire.CloseFDs(fds)
-	for i := 0; i < len(ents); i += wire.MaxFDs {
-		j := min(i+wire.MaxFDs, len(ents))
-		req := &helperpb.Request{Body: &helperpb.Request_Reimport{Reimport: &helperpb.Reimport{Entries: ents[i:j]}}}
-		r, err := ctl.call(req, fds[i:j], wait)
-		if err != nil {
-			return nil, err
-		}
-		if r.Error != nil {
-			return r.Error, nil
-		}
-	}
-	cl.log.Info("reimport sent", zap.Int("allocations", len(ents)))
-	return nil, nil
-}
 
 // pluginOnly runs f for root callers only: these requests act on whatever
 // process CRIU is dumping or restoring, which only root may do.

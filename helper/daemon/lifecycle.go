@@ -19,18 +19,14 @@ package daemon
 // the helper never takes a pid alone as a process's identity:
 //   - a prepared client is claimed only by the plugin connection whose
 //     PrepareRestore made it (restore.go), never by another restore;
-//   - a parked client records its process's start time; the reaper releases
-//     the memory of one whose process is gone (or whose pid now names
-//     another process), so no stale entry outlives its process.
+//   - a parked client records its process's start time; the reaper
+//     (reaper.go) releases the memory of one whose process is gone (or whose
+//     pid now names another process), so no stale entry outlives its process.
 
 import (
 	"fmt"
-	"os"
-	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // phase is where a client is in its lifecycle.
@@ -97,23 +93,6 @@ func (cl *client) setDetached(on bool) {
 	}
 }
 
-// hangUp closes the helper's side of a detached client's connections. The
-// client closes its own side when it detaches, but a process it forked may
-// still hold copies of those sockets (the interposer drops them in forked
-// children; anything else that keeps one would keep the helper from ever
-// seeing the close): closing them here parks the client now.
-func (cl *client) hangUp() {
-	cl.mu.Lock()
-	calls, ctl := cl.calls, cl.ctrl
-	cl.mu.Unlock()
-	if calls != nil {
-		calls.UnixConn().Close()
-	}
-	if ctl != nil {
-		ctl.conn.UnixConn().Close()
-	}
-}
-
 // park moves a detached client whose connections closed to the waiting list
 // instead of releasing its memory. It reports whether it did.
 func (s *Server) park(cl *client) bool {
@@ -174,24 +153,6 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 	return cl
 }
 
-// removeWakeLocked removes the wake file named after pid unless a client
-// other than the one now waiting as self still waits for it (two restores
-// of one image wait for the same file). Called with s.mu held.
-func (s *Server) removeWakeLocked(pid, self int32) {
-	for p, w := range s.waiting {
-		if p == self {
-			continue
-		}
-		w.mu.Lock()
-		shared := w.phase == phaseRestored && (w.wakeAs == pid || (w.wakeAs == 0 && p == pid))
-		w.mu.Unlock()
-		if shared {
-			return
-		}
-	}
-	_ = os.Remove(s.wakePath(pid))
-}
-
 // unpark takes cl out of the waiting list if it is still there; false if
 // someone else (a reattach, the reaper) took it first.
 func (s *Server) unpark(cl *client) bool {
@@ -241,70 +202,4 @@ func (s *Server) parkRestored(cl *client, pid int32, start uint64) error {
 		s.reap(old, "its pid names another process now")
 	}
 	return nil
-}
-
-// reapInterval is how often the reaper looks for parked clients whose
-// process is gone.
-const reapInterval = time.Second
-
-// runReaper releases, every reapInterval until stop is closed, the memory of
-// parked clients whose process is gone: a restored process killed before it
-// reattached (a container removed while frozen, say), a detached one killed
-// while its dump ran. A process that still exists keeps its memory however
-// long it waits (a frozen container may be thawed).
-func (s *Server) runReaper(stop <-chan struct{}) {
-	t := time.NewTicker(reapInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			s.reapGone()
-		}
-	}
-}
-
-// reapGone runs one pass of the reaper.
-func (s *Server) reapGone() {
-	for _, cl := range sortedClients(s, s.waiting) {
-		cl.mu.Lock()
-		pid, start, ph := cl.pid, cl.start, cl.phase
-		cl.mu.Unlock()
-		if start == 0 {
-			continue // not known yet: the dump or restore that parked it decides
-		}
-		ps, err := procStat(pid)
-		switch {
-		case err != nil:
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, ph))
-		case ps.start != start:
-			s.reapIfParked(cl, fmt.Sprintf("pid %d names another process now", pid))
-		case !ps.alive():
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) exited while %s", pid, ph))
-		}
-	}
-}
-
-func (s *Server) reapIfParked(cl *client, why string) {
-	if s.unpark(cl) {
-		s.reap(cl, why)
-	}
-}
-
-// reap releases the memory of a client taken out of the waiting list.
-func (s *Server) reap(cl *client, why string) {
-	cl.mu.Lock()
-	pid, wakeAs, bytes, out := cl.pid, cl.wakeAs, cl.bytes, cl.out
-	cl.mu.Unlock()
-	out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "the process is gone: "+why)
-	s.release(cl)
-	s.mu.Lock()
-	s.removeWakeLocked(pid, pid)
-	if wakeAs != 0 && wakeAs != pid {
-		s.removeWakeLocked(wakeAs, pid)
-	}
-	s.mu.Unlock()
-	cl.log.Info("released the GPU memory of a process that will not come back", zap.String("why", why),
-		zap.Uint64("bytes", bytes))
 }
