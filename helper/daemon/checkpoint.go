@@ -106,25 +106,21 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 		log.Warn("checkpoint failed", zap.String("error", msg))
 		return errResp(id, code, "checkpoint of pid %d: %s", cl.pid, msg)
 	}
-	setState := func(st helperpb.ClientState) {
-		cl.mu.Lock()
-		cl.state = st
-		cl.mu.Unlock()
-	}
-
 	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{
 		TimeoutMs: uint32(quiesce / time.Millisecond)}}}, wait); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_TIMEOUT, "quiesce: %v", err)
 	}
-	setState(helperpb.ClientState_CLIENT_STATE_QUIESCED)
 	resume := func() error {
 		_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait)
 		if err == nil {
-			setState(helperpb.ClientState_CLIENT_STATE_RUNNING)
+			err = cl.fire(evResumed)
 		}
 		return err
 	}
 	undos = append(undos, undo{"resume", resume})
+	if err := cl.fire(evQuiesced); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_STATE, "quiesce: %v", err)
+	}
 	ph.done("quiesce")
 	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}, wait); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drain: %v", err)
@@ -224,20 +220,26 @@ func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, 
 		abortImage()
 		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
 	}
-	setState(helperpb.ClientState_CLIENT_STATE_DROPPED)
 	undos = append(undos, undo{"reimport", func() error { return s.reimportErr(cl, ctl, wait) }})
+	if err := cl.fire(evDropped); err != nil {
+		abortImage()
+		return fail(helperpb.ErrorCode_ERROR_STATE, "drop: %v", err)
+	}
 	ph.done("drop")
 
 	if req.Detach {
 		// The client closes its connections and waits for its wake file:
 		// CRIU must not find a socket connected to the helper.
-		cl.setDetached(true)
+		if err := cl.fire(evDetach); err != nil {
+			abortImage()
+			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
+		}
 		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: wake}}}, wait); err != nil {
 			if s.parkedWithin(cl, time.Second) {
 				// It detached all the same: the way back is the wake file.
 				undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
 			} else {
-				cl.setDetached(false)
+				_ = cl.fire(evDetachFailed) // an illegal transition is logged
 			}
 			abortImage()
 			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)

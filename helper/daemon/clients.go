@@ -17,7 +17,7 @@ import (
 )
 
 // client is one application process: its calls connection, allocations and
-// control connection.
+// control connection, and where it is in its lifecycle.
 type client struct {
 	pid     int32
 	uid     uint32
@@ -30,22 +30,13 @@ type client struct {
 	bytes  uint64
 	ctrl   *control
 	calls  *conn // its calls connection, while it is served
-	state  helperpb.ClientState
 
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
 
-	// Where it is in its lifecycle (lifecycle.go), the start time of its
-	// process (0: not read yet; tells a reused pid apart), and what to do
-	// once it is attached again (run when its control connection is up).
-	// Guarded by mu.
-	phase    phase
-	start    uint64
-	onAttach func()
-	nsPid    int32        // prepared/restored: the pid inside its namespace, from the image
-	wakeAs   int32        // prepared/restored: the pid its wake file is named after (the one it detached as)
-	load     *restoreLoad // prepared/restored: the background load that fills its memory
-	out      *outcomes    // prepared/restored, until it runs or fails: where its restore's result goes
+	// life is where it is in its lifecycle, and what goes with that; only
+	// lifecycle.go reads or changes it. Guarded by mu.
+	life life
 }
 
 type alloc struct {
@@ -73,14 +64,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
 	} else {
-		cl = &client{pid: c.cred.Pid, uid: c.cred.Uid, program: h.Program, token: newToken(),
-			allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_RUNNING, opSem: make(chan struct{}, 1)}
-		cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
-		s.mu.Lock()
-		s.byToken[cl.token] = cl
-		s.byPID[cl.pid] = cl
-		s.mu.Unlock()
-		cl.log.Info("client registered")
+		cl = s.register(c.cred.Pid, c.cred.Uid, h.Program)
 	}
 	c.log = cl.log
 	cl.mu.Lock()
@@ -240,32 +224,45 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 }
 
 // dropClient forgets a client whose calls connection closed and releases
-// every allocation it had.
+// every allocation it had; one detaching for a dump is parked instead.
 func (s *Server) dropClient(cl *client) {
-	if s.park(cl) {
+	if s.callsClosed(cl) {
 		return // the client closes its control connection itself
 	}
 	// The client leaves the status list only after its memory is released,
 	// so that whoever sees it gone also sees the memory back.
-	defer func() {
-		s.mu.Lock()
-		delete(s.byToken, cl.token)
-		if s.byPID[cl.pid] == cl {
-			delete(s.byPID, cl.pid)
-		}
-		s.mu.Unlock()
-	}()
+	defer s.unregister(cl)
 	cl.mu.Lock()
-	allocs := cl.allocs
-	cl.allocs = map[uint64]*alloc{}
-	bytes := cl.bytes
-	cl.bytes = 0
 	ctrl := cl.ctrl
 	cl.mu.Unlock()
 	if ctrl != nil {
 		ctrl.conn.Close()
 	}
-	failed := 0
+	n, bytes, failed := s.freeAllocs(cl)
+	cl.log.Info("client gone; its allocations released", zap.Int("allocations", n),
+		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
+}
+
+// release gives back every allocation of a client that waited for its
+// process (released): it is gone for good. A client its state does not let
+// go (a connected one) keeps its memory; the refusal is logged.
+func (s *Server) release(cl *client) {
+	if cl.fire(evReleased) != nil {
+		return
+	}
+	s.dropDetachState(cl.pid)
+	s.freeAllocs(cl)
+}
+
+// freeAllocs releases every allocation of cl: n of them, of bytes in all,
+// failed of which the driver refused (logged).
+func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
+	cl.mu.Lock()
+	allocs := cl.allocs
+	cl.allocs = map[uint64]*alloc{}
+	bytes = cl.bytes
+	cl.bytes = 0
+	cl.mu.Unlock()
 	for _, al := range allocs {
 		s.mu.Lock()
 		delete(s.owner, al.id)
@@ -275,26 +272,7 @@ func (s *Server) dropClient(cl *client) {
 			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
 		}
 	}
-	cl.log.Info("client gone; its allocations released", zap.Int("allocations", len(allocs)),
-		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
-}
-
-// release gives back every allocation of cl (it is gone for good).
-func (s *Server) release(cl *client) {
-	s.dropDetachState(cl.pid)
-	cl.mu.Lock()
-	allocs := cl.allocs
-	cl.allocs = map[uint64]*alloc{}
-	cl.bytes = 0
-	cl.mu.Unlock()
-	for _, al := range allocs {
-		s.mu.Lock()
-		delete(s.owner, al.id)
-		s.mu.Unlock()
-		if err := al.dev.Release(al.handle); err != nil {
-			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
-		}
-	}
+	return len(allocs), bytes, failed
 }
 
 // hangUp closes the helper's side of a detached client's connections. The

@@ -114,25 +114,26 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		wait = time.Duration(op.TimeoutMs)*time.Millisecond + opGrace
 	}
 	var req *helperpb.Request
-	newState := helperpb.ClientState_CLIENT_STATE_UNSPECIFIED
+	var ev lifeEvent // what the client's Ok to op means for its lifecycle
+	changes := false
 	switch op.Op {
 	case helperpb.ClientOp_OP_QUIESCE:
 		req = &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{TimeoutMs: op.TimeoutMs}}}
-		newState = helperpb.ClientState_CLIENT_STATE_QUIESCED
+		ev, changes = evQuiesced, true
 	case helperpb.ClientOp_OP_DRAIN:
 		req = &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}
 	case helperpb.ClientOp_OP_DROP:
 		req = &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{}}}
-		newState = helperpb.ClientState_CLIENT_STATE_DROPPED
+		ev, changes = evDropped, true
 	case helperpb.ClientOp_OP_RESUME:
 		req = &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}
-		newState = helperpb.ClientState_CLIENT_STATE_RUNNING
+		ev, changes = evResumed, true
 	case helperpb.ClientOp_OP_SNAPSHOT:
 		req = &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}
 	case helperpb.ClientOp_OP_STATS:
 		req = &helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}
 	case helperpb.ClientOp_OP_REIMPORT:
-		newState = helperpb.ClientState_CLIENT_STATE_QUIESCED
+		ev, changes = evQuiesced, true
 	default:
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "unknown client operation %d", op.Op)
 	}
@@ -140,10 +141,14 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 	start := time.Now()
 	reply := &helperpb.ClientOpReply{}
 	var failed *helperpb.Error
+	// What the client did is recorded while the exchange is held: no other
+	// operation comes between.
 	err := cl.withControl(wait, func(ctl *control) error {
 		if op.Op == helperpb.ClientOp_OP_REIMPORT {
 			var err error
-			failed, err = s.reimport(cl, ctl, wait)
+			if failed, err = s.reimport(cl, ctl, wait); err == nil && failed == nil {
+				_ = cl.fire(ev) // an illegal transition is logged
+			}
 			return err
 		}
 		r, err := ctl.call(req, nil, wait)
@@ -156,8 +161,11 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		}
 		reply.Table = r.GetTable()
 		reply.Stats = r.GetStats()
-		if reply.Table != nil {
-			newState = reply.Table.State
+		switch {
+		case reply.Table != nil:
+			_ = cl.reported(reply.Table.State) // an illegal transition is logged
+		case changes:
+			_ = cl.fire(ev)
 		}
 		return nil
 	})
@@ -172,11 +180,6 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 	case failed != nil:
 		log.Info("client refused the operation", zap.Stringer("code", failed.Code), zap.String("message", failed.Message))
 		return errResp(id, failed.Code, "client %d: %s", cl.pid, failed.Message)
-	}
-	if newState != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
-		cl.mu.Lock()
-		cl.state = newState
-		cl.mu.Unlock()
 	}
 	log.Info("client operation done", zap.Duration("took", time.Since(start)))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_ClientOp{ClientOp: reply}}

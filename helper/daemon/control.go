@@ -65,14 +65,13 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
 	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
 	c.log = cl.log
-	cl.mu.Lock()
-	if cl.ctrl != nil {
-		cl.mu.Unlock()
-		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_STATE, "client %d already has a control connection", cl.pid), nil)
+	if err := cl.controlUp(ctl); err != nil {
+		if errors.Is(err, errHasControl) {
+			err = fmt.Errorf("client %d already has a control connection", cl.pid)
+		}
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_STATE, "%v", err), nil)
 		return
 	}
-	cl.ctrl = ctl
-	cl.mu.Unlock()
 	defer func() {
 		cl.mu.Lock()
 		if cl.ctrl == ctl {
@@ -87,11 +86,7 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 		return
 	}
 	cl.log.Info("control connection up")
-	cl.mu.Lock()
-	attach := cl.onAttach
-	cl.onAttach = nil
-	cl.mu.Unlock()
-	if attach != nil {
+	if attach := cl.takeOnAttach(); attach != nil {
 		go attach()
 	}
 	for {

@@ -29,7 +29,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 	pid := int32(req.Pid)
 	s.mu.Lock()
 	cl := s.waiting[pid]
-	if cl != nil && cl.getPhase() != phaseDetached {
+	if cl != nil && cl.lifeState() != lifeDetached {
 		cl = nil
 	}
 	s.mu.Unlock()
@@ -40,9 +40,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		s.log.Warn("a dump ended for a process that is not detached", zap.Int32("pid", pid))
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no detached client with pid %d", req.Pid)
 	}
-	cl.mu.Lock()
-	start := cl.start
-	cl.mu.Unlock()
+	start := cl.startTime()
 	alive := req.Alive
 	if !alive && processRunsOn(pid, start) {
 		// Releasing its memory would leave it waiting forever.
@@ -66,9 +64,9 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", pid, err)
 	}
 	done := make(chan error, 1)
-	cl.mu.Lock()
-	cl.onAttach = func() { s.giveBack(cl, false, done) }
-	cl.mu.Unlock()
+	if err := cl.arm(func() { s.giveBack(cl, false, done) }); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d: %v", pid, err) // its memory is gone (logged)
+	}
 	if err := s.wake(pid); err != nil {
 		cl.log.Error("cannot wake a dumped process that runs on", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", pid, err)
@@ -93,13 +91,10 @@ func (s *Server) recoverDetached(pid int32) {
 	s.mu.Lock()
 	cl := s.waiting[pid]
 	s.mu.Unlock()
-	if cl == nil || cl.getPhase() != phaseDetached {
+	if cl == nil || cl.lifeState() != lifeDetached {
 		return
 	}
-	cl.mu.Lock()
-	start := cl.start
-	cl.mu.Unlock()
-	alive := processRunsOn(pid, start)
+	alive := processRunsOn(pid, cl.startTime())
 	cl.log.Warn("the dump ended without a report (CRIU died?)", zap.Bool("process_alive", alive))
 	if r := s.dumpDone(0, &helperpb.DumpDone{Pid: int64(pid), Alive: alive}); r.Error != nil {
 		cl.log.Error("recovering the process after an unfinished dump failed", zap.String("error", r.Error.Message))
@@ -113,9 +108,9 @@ func (s *Server) wakeAndGiveBack(cl *client) error {
 	// It may still look connected (its close not seen yet): wait a little.
 	s.parkedWithin(cl, 2*time.Second)
 	done := make(chan error, 1)
-	cl.mu.Lock()
-	cl.onAttach = func() { done <- s.giveBackLocked(cl) }
-	cl.mu.Unlock()
+	if err := cl.arm(func() { done <- s.giveBackLocked(cl) }); err != nil {
+		return err
+	}
 	if err := s.wake(cl.pid); err != nil {
 		return err
 	}

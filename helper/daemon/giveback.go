@@ -39,9 +39,9 @@ func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error) {
 		}
 		return err
 	})
+	out := cl.takeOutcomes()
 	cl.mu.Lock()
-	out, pid := cl.out, cl.pid
-	cl.out = nil
+	pid := cl.pid
 	cl.mu.Unlock()
 	if err != nil {
 		cl.log.Error("giving a reattached client its GPU back failed", zap.Error(err))
@@ -76,9 +76,9 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
-	cl.mu.Lock()
-	cl.state = helperpb.ClientState_CLIENT_STATE_RUNNING
-	cl.mu.Unlock()
+	if err := cl.fire(evResumed); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
 	s.dropDetachState(cl.pid) // its memory is its own again
 	if ph != nil {
 		ph.done("resume")

@@ -37,20 +37,18 @@ func (s *Server) runReaper(stop <-chan struct{}) {
 // reapGone runs one pass of the reaper.
 func (s *Server) reapGone() {
 	for _, cl := range sortedClients(s, s.waiting) {
-		cl.mu.Lock()
-		pid, start, ph := cl.pid, cl.start, cl.phase
-		cl.mu.Unlock()
+		pid, start, st := cl.parkedAs()
 		if start == 0 {
 			continue // not known yet: the dump or restore that parked it decides
 		}
 		ps, err := procStat(pid)
 		switch {
 		case err != nil:
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, ph))
+			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, st))
 		case ps.start != start:
 			s.reapIfParked(cl, fmt.Sprintf("pid %d names another process now", pid))
 		case !ps.alive():
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) exited while %s", pid, ph))
+			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) exited while %s", pid, st))
 		}
 	}
 }
@@ -64,9 +62,10 @@ func (s *Server) reapIfParked(cl *client, why string) {
 // reap releases the memory of a client taken out of the waiting list.
 func (s *Server) reap(cl *client, why string) {
 	cl.mu.Lock()
-	pid, wakeAs, bytes, out := cl.pid, cl.wakeAs, cl.bytes, cl.out
+	pid, bytes := cl.pid, cl.bytes
 	cl.mu.Unlock()
-	out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "the process is gone: "+why)
+	wakeAs := cl.wakesAs()
+	cl.outcomes().set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "the process is gone: "+why)
 	s.release(cl)
 	s.mu.Lock()
 	s.removeWakeLocked(pid, pid)

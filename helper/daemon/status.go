@@ -52,7 +52,7 @@ func (s *Server) status() *helperpb.StatusReply {
 	s.mu.Lock()
 	for p := range s.plans {
 		for _, cl := range p.clients {
-			if cl.getPhase() == phasePrepared {
+			if cl.lifeState() == lifePrepared {
 				waiting = append(waiting, cl)
 			}
 		}
@@ -60,10 +60,9 @@ func (s *Server) status() *helperpb.StatusReply {
 	s.mu.Unlock()
 	for _, cl := range waiting {
 		cl.mu.Lock()
-		why := cl.phase.waitingWhy()
 		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
-			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{why},
-			State: helperpb.ClientState_CLIENT_STATE_DROPPED})
+			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{cl.waitingWhyLocked()},
+			State: cl.shownStateLocked()})
 		cl.mu.Unlock()
 	}
 	return out
@@ -75,7 +74,6 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
 	cl.mu.Unlock()
 	var reasons []string
-	var state helperpb.ClientState
 	if !ci.ControlConnected {
 		reasons = append(reasons, "control connection down")
 	} else {
@@ -94,7 +92,9 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 			}
 			if t := r.GetTable(); t != nil {
 				reasons = append(reasons, t.NotCheckpointable...)
-				state = t.State
+				// What the client says it is, recorded while the
+				// exchange is held (an illegal transition is logged).
+				_ = cl.reported(t.State)
 			}
 			return nil
 		})
@@ -109,10 +109,7 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		}
 	}
 	cl.mu.Lock()
-	if state != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
-		cl.state = state
-	}
-	ci.State = cl.state
+	ci.State = cl.shownStateLocked()
 	cl.mu.Unlock()
 	ci.NotCheckpointable = reasons
 	ci.Checkpointable = len(reasons) == 0

@@ -50,7 +50,7 @@ func (s *Server) removeWakeLocked(pid, self int32) {
 			continue
 		}
 		w.mu.Lock()
-		shared := w.phase == phaseRestored && (w.wakeAs == pid || (w.wakeAs == 0 && p == pid))
+		shared := w.waitsForWakeLocked(p, pid)
 		w.mu.Unlock()
 		if shared {
 			return
