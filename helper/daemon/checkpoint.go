@@ -45,12 +45,6 @@ func (p *phases) done(name string) {
 	p.last = now
 }
 
-// ran records a step that ran alongside the others (its own duration d).
-func (p *phases) ran(name string, d time.Duration) {
-	p.list = append(p.list, &helperpb.Phase{Name: name, Seconds: d.Seconds()})
-	p.last = time.Now()
-}
-
 // undo is one step that was done and how to take it back.
 type undo struct {
 	name string
