@@ -1,5 +1,10 @@
 package daemon
 
+// An interposer's calls connection: the client it registers (or the waiting
+// one it reattaches), its allocations (Alloc, Mapped, Free), and what its
+// close releases. Its control connection is in control.go, its lifecycle in
+// lifecycle.go.
+
 import (
 	"errors"
 	"fmt"

@@ -1,5 +1,9 @@
 package daemon
 
+// The connections of the CLI (ROLE_CLI) and of CRIU's plugin (ROLE_PLUGIN):
+// what they ask (Status, ClientOp, Checkpoint, PrepareRestore, Restored,
+// DumpDone, ...), who may ask it, and what their connection closing undoes.
+
 import (
 	"errors"
 	"time"
