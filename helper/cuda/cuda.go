@@ -28,10 +28,8 @@ type Result int
 
 // CUresult values the helper looks at.
 const (
-	Success       Result = 0
-	OutOfMemory   Result = 2
-	NoDevice      Result = 100
-	InvalidDevice Result = 101
+	OutOfMemory Result = 2
+	NoDevice    Result = 100
 )
 
 // Error is a failed driver call: which call, and its CUresult.

@@ -11,17 +11,6 @@ import (
 	"unsafe"
 )
 
-// CheckpointAPI are the driver checkpoint API's entry points (R550 and
-// newer) that the helper calls.
-var CheckpointAPI = []string{
-	"cuCheckpointProcessGetRestoreThreadId",
-	"cuCheckpointProcessGetState",
-	"cuCheckpointProcessLock",
-	"cuCheckpointProcessCheckpoint",
-	"cuCheckpointProcessRestore",
-	"cuCheckpointProcessUnlock",
-}
-
 // ProbeResult is what Probe saw of a driver library.
 type ProbeResult struct {
 	Path                 string   // the file loaded ("" if unknown)

@@ -153,7 +153,6 @@ CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     return r != CUDA_SUCCESS ? r : p_cuStreamSynchronize(s);
 }
 
-CUresult gs_ckpt_tid(int pid, int *tid) { return p_cuCheckpointProcessGetRestoreThreadId(pid, tid); }
 CUresult gs_ckpt_state(int pid, int *state) {
     CUprocessState s = CU_PROCESS_STATE_FAILED;
     CUresult r = p_cuCheckpointProcessGetState(pid, &s);

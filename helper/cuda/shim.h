@@ -36,7 +36,6 @@ CUresult gs_stream_destroy(CUstream s);
 CUresult gs_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s);
 /* The driver's checkpoint API on another process. */
-CUresult gs_ckpt_tid(int pid, int *tid);
 CUresult gs_ckpt_state(int pid, int *state);
 CUresult gs_ckpt_lock(int pid, unsigned timeout_ms);
 CUresult gs_ckpt_checkpoint(int pid);

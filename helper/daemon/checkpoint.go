@@ -1,5 +1,10 @@
 package daemon
 
+// A Checkpoint: one client's GPU state into an image, in named steps
+// (checkpointLocked), every step done undone if a later one fails; and
+// ResumeCheckpointed, which gives a client that a checkpoint left dropped
+// (--gpu-only, without --leave-running) its GPU back.
+
 import (
 	"errors"
 	"fmt"
@@ -40,12 +45,6 @@ func (p *phases) done(name string) {
 	p.last = now
 }
 
-// ran records a step that ran alongside the others (its own duration d).
-func (p *phases) ran(name string, d time.Duration) {
-	p.list = append(p.list, &helperpb.Phase{Name: name, Seconds: d.Seconds()})
-	p.last = time.Now()
-}
-
 // undo is one step that was done and how to take it back.
 type undo struct {
 	name string
@@ -66,16 +65,16 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 		return refused
 	}
 	defer dir.Close()
-	quiesce := defaultQuiesce
+	o := checkpointOpts{req: req, id: id, requester: c, dir: dir, quiesce: defaultQuiesce}
 	if req.TimeoutMs > 0 {
-		quiesce = time.Duration(req.TimeoutMs) * time.Millisecond
+		o.quiesce = time.Duration(req.TimeoutMs) * time.Millisecond
 	}
-	wait := quiesce + opGrace
-	log := cl.log.With(zap.String("image", req.ImageDir), zap.Bool("leave_running", req.LeaveRunning))
-	reply := &helperpb.CheckpointReply{}
+	o.wait = o.quiesce + opGrace
+	o.log = cl.log.With(zap.String("image", req.ImageDir), zap.Bool("leave_running", req.LeaveRunning))
+	var reply *helperpb.CheckpointReply
 	var failed *helperpb.Response
-	err := cl.withControl(wait, func(ctl *control) error {
-		failed = s.checkpointLocked(c, cl, ctl, id, req, dir, quiesce, wait, reply, log)
+	err := cl.withControl(o.wait, func(ctl *control) error {
+		reply, failed = s.checkpointLocked(cl, ctl, o)
 		return nil
 	})
 	switch {
@@ -89,227 +88,313 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: reply}}
 }
 
-// control sends one request on the control connection and turns a client
-// refusal into an error.
-func controlCall(ctl *control, req *helperpb.Request, wait time.Duration) (*helperpb.Response, error) {
-	r, err := ctl.call(req, nil, wait)
-	if err != nil {
-		return nil, err
-	}
-	if r.Error != nil {
-		return nil, fmt.Errorf("%s: %s", r.Error.Code, r.Error.Message)
-	}
-	return r, nil
+// checkpointOpts is what a Checkpoint request asks, resolved.
+type checkpointOpts struct {
+	req       *helperpb.Checkpoint
+	id        uint64        // the request's, for the error response
+	requester *conn         // whose image it is; its hang-up ends an injected stall
+	dir       *os.File      // the image directory, open
+	quiesce   time.Duration // the client's own wait for its calls in progress
+	wait      time.Duration // for each control exchange
+	log       *zap.Logger
 }
 
-func (s *Server) checkpointLocked(c *conn, cl *client, ctl *control, id uint64, req *helperpb.Checkpoint, dir *os.File, quiesce, wait time.Duration,
-	reply *helperpb.CheckpointReply, log *zap.Logger) *helperpb.Response {
-	ph := newPhases()
-	var undos []undo
-	// fail undoes every step done so far, newest first, so that the process
-	// runs again with all its memory; what cannot be undone is logged.
-	fail := func(code helperpb.ErrorCode, format string, args ...any) *helperpb.Response {
-		msg := fmt.Sprintf(format, args...)
-		for i := len(undos) - 1; i >= 0; i-- {
-			if err := undos[i].fn(); err != nil {
-				log.Error("undo after a failed checkpoint failed", zap.String("step", undos[i].name), zap.Error(err))
-				msg += fmt.Sprintf("; undo %s failed too: %v", undos[i].name, err)
-			}
-		}
-		log.Warn("checkpoint failed", zap.String("error", msg))
-		return errResp(id, code, "checkpoint of pid %d: %s", cl.pid, msg)
-	}
-	setState := func(st helperpb.ClientState) {
-		cl.mu.Lock()
-		cl.state = st
-		cl.mu.Unlock()
-	}
+// checkpointRun is one checkpoint of a client whose control exchange it
+// holds: the steps done so far, and how to take each back.
+type checkpointRun struct {
+	checkpointOpts
+	s     *Server
+	cl    *client
+	ctl   *control
+	nth   uint64 // the helper's how-manyth checkpoint past the drain (Config.Fault "STEP@N")
+	ph    *phases
+	undos []undo
+	reply *helperpb.CheckpointReply
 
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{
-		TimeoutMs: uint32(quiesce / time.Millisecond)}}}, wait); err != nil {
-		return fail(helperpb.ErrorCode_ERROR_TIMEOUT, "quiesce: %v", err)
+	regions []engine.Region
+	bytes   uint64        // of regions
+	w       *image.Writer // the image, once open
+	keep    bool          // the image is (being) committed: a failure no longer aborts it
+	wake    string        // the wake file the drop and the detach name
+}
+
+// stepError is a failed checkpoint step: the response's error code and
+// what failed.
+type stepError struct {
+	code helperpb.ErrorCode
+	msg  string
+}
+
+func stepFailed(code helperpb.ErrorCode, format string, args ...any) *stepError {
+	return &stepError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// checkpointLocked checkpoints cl with its control exchange held: the reply,
+// or the response of a failure after which every step done was undone, so
+// that the process runs again with all its memory. The steps, in order:
+//
+//   - quiesce and drain it;
+//   - read its buffer table: what to copy;
+//   - open the image and record the process in it;
+//   - copy its GPU memory into the image while it still holds that memory,
+//     and seal its part of the image;
+//   - record it for a helper that may come after this one, then have it
+//     drop its memory;
+//   - with Detach (a CRIU dump), have it detach;
+//   - lock and checkpoint its residual context in the driver;
+//   - commit the image (unless the commit is deferred);
+//   - with LeaveRunning, give it its GPU back.
+func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*helperpb.CheckpointReply, *helperpb.Response) {
+	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}}
+	for _, step := range []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
+		r.driverCheckpoint, r.commit, r.leaveRunning} {
+		if e := step(); e != nil {
+			return nil, r.fail(e)
+		}
 	}
-	setState(helperpb.ClientState_CLIENT_STATE_QUIESCED)
-	resume := func() error {
-		_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait)
+	r.reply.Phases = r.ph.list
+	r.reply.TotalSeconds = time.Since(r.ph.start).Seconds()
+	r.log.Info("checkpoint done", zap.Uint64("bytes", r.reply.Bytes), zap.Uint64("stored", r.reply.StoredBytes),
+		zap.Float64("seconds", r.reply.TotalSeconds))
+	return r.reply, nil
+}
+
+// fail drops an image that is not committed (a deferred one is dropped by
+// CommitImage{abort}, or when its connection closes) and undoes every step
+// done so far, newest first; what cannot be undone is logged and told.
+func (r *checkpointRun) fail(e *stepError) *helperpb.Response {
+	if r.w != nil && !r.keep && !r.req.DeferCommit {
+		_ = r.w.Abort()
+	}
+	msg := e.msg
+	for i := len(r.undos) - 1; i >= 0; i-- {
+		if err := r.undos[i].fn(); err != nil {
+			r.log.Error("undo after a failed checkpoint failed", zap.String("step", r.undos[i].name), zap.Error(err))
+			msg += fmt.Sprintf("; undo %s failed too: %v", r.undos[i].name, err)
+		}
+	}
+	r.log.Warn("checkpoint failed", zap.String("error", msg))
+	return errResp(r.id, e.code, "checkpoint of pid %d: %s", r.cl.pid, msg)
+}
+
+// call sends one request on the client's control connection.
+func (r *checkpointRun) call(req *helperpb.Request) (*helperpb.Response, error) {
+	return controlCall(r.ctl, req, r.wait)
+}
+
+// quiesceDrain closes the client's gate and synchronizes its contexts.
+func (r *checkpointRun) quiesceDrain() *stepError {
+	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{
+		TimeoutMs: uint32(r.quiesce / time.Millisecond)}}}); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_TIMEOUT, "quiesce: %v", err)
+	}
+	r.undos = append(r.undos, undo{"resume", func() error {
+		_, err := r.call(&helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}})
 		if err == nil {
-			setState(helperpb.ClientState_CLIENT_STATE_RUNNING)
+			err = r.cl.fire(evResumed)
 		}
 		return err
+	}})
+	if err := r.cl.fire(evQuiesced); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "quiesce: %v", err)
 	}
-	undos = append(undos, undo{"resume", resume})
-	ph.done("quiesce")
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}, wait); err != nil {
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drain: %v", err)
+	r.ph.done("quiesce")
+	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "drain: %v", err)
 	}
-	ph.done("drain")
-	nth := s.nCkpt.Add(1)
-	if s.faultAt("stall-copy", nth) {
-		// For the tests that kill the helper, or CRIU, mid-dump: the
-		// process is quiesced and drained, its memory still mapped. The
-		// stall ends early when the requester hangs up (CRIU killed), as
-		// a long copy would end, and the checkpoint goes on.
-		log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
-		for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-			if c.peerClosed() {
-				log.Warn("injected fault: the requester closed its connection; the stall ends")
-				break
-			}
-		}
+	r.ph.done("drain")
+	r.nth = r.s.nCkpt.Add(1)
+	if r.s.faultAt("stall-copy", r.nth) {
+		r.stall()
 	}
-	snap, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, wait)
-	if err != nil {
-		return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "snapshot: %v", err)
-	}
-	table := snap.GetTable()
-	if len(table.GetNotCheckpointable()) > 0 {
-		return fail(helperpb.ErrorCode_ERROR_STATE, "not checkpointable: %v", table.GetNotCheckpointable())
-	}
-	regions, rerr := s.regions(cl, table)
-	if rerr != nil {
-		return fail(helperpb.ErrorCode_ERROR_STATE, "%v", rerr)
-	}
-
-	// The image the GPU data goes into.
-	origin := image.Origin{Pid: int(cl.pid), Time: time.Now()}
-	origin.Host, _ = os.Hostname()
-	if len(regions) > 0 {
-		d := regions[0].Device
-		origin.GPUModel, origin.GPUUUID = d.Name, d.UUID
-	}
-	opts := image.Options{Parent: req.Parent}
-	if req.Compress {
-		opts.Compression = image.CompressionZstd
-	}
-	w, err := s.imageWriter(c, dir, req, origin, opts) // the caller's image, beneath dir (imagedir.go)
-	if err != nil {
-		return fail(imageErrCode(err), "image: %v", err)
-	}
-	abortImage := func() {
-		if !req.DeferCommit {
-			_ = w.Abort()
-		} // a shared writer is dropped by CommitImage{abort} or when the connection closes
-	}
-	// Recorded even without buffers: its restore must know it (a process
-	// may hold a driver context and no device memory).
-	if err := w.AddProcess(int(cl.pid), int(nsPid(cl.pid))); err != nil {
-		abortImage()
-		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
-	}
-
-	// The GPU data into the image first, while the process still holds its
-	// memory: should this helper die during the copy, the process keeps
-	// running on it (its control connection closes while it is quiesced, and
-	// it resumes by itself). The copy reads through the helper's own view.
-	bytes := engine.TotalSize(regions)
-	tr := s.transfers.beginFor(c.cred.Uid, w.Dir(), true, bytes, []int64{int64(cl.pid)})
-	err = engine.Dump(regions, w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
-	tr.finish(err)
-	if err != nil {
-		abortImage()
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
-	}
-	ph.done("copy")
-	// Then what a new helper needs to give the process its memory back, if
-	// this one dies after the process gave it up: the process's part of the
-	// image, stored before the drop (the image itself is committed later:
-	// for a dump, once the whole tree is dumped).
-	if err := w.SealProcess(int(cl.pid)); err != nil {
-		abortImage()
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
-	}
-
-	// From the drop on, the process's memory lives only in this helper and
-	// in the image. Should the helper die, the next one finds the process
-	// here and gives it its memory back from the image (orphan.go); the
-	// wake file (relative to the socket's directory: the client resolves it
-	// against its own path to the socket, which differs inside a container)
-	// is how it tells the process.
-	_ = os.Remove(s.wakePath(cl.pid))
-	wake := s.wakeName(cl.pid)
-	if err := s.saveDetachState(cl.pid, w.Dir(), w.ID()); err != nil {
-		log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
-	}
-	undos = append(undos, undo{"forget the recorded process", func() error { s.dropDetachState(cl.pid); return nil }})
-	// The driver's checkpoint must see no imported memory (it fails to
-	// restore a process that kept imported memory mapped: 801).
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: wake}}}, wait); err != nil {
-		abortImage()
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
-	}
-	setState(helperpb.ClientState_CLIENT_STATE_DROPPED)
-	undos = append(undos, undo{"reimport", func() error { return s.reimportErr(cl, ctl, wait) }})
-	ph.done("drop")
-
-	if req.Detach {
-		// The client closes its connections and waits for its wake file:
-		// CRIU must not find a socket connected to the helper.
-		cl.setDetached(true)
-		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: wake}}}, wait); err != nil {
-			if s.parkedWithin(cl, time.Second) {
-				// It detached all the same: the way back is the wake file.
-				undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
-			} else {
-				cl.setDetached(false)
-			}
-			abortImage()
-			return fail(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
-		}
-		// From here on the way back goes through the wake file.
-		undos = []undo{{"wake and give back", func() error { return s.wakeAndGiveBack(cl) }}}
-		cl.hangUp()
-		if !s.parkedWithin(cl, 2*time.Second) {
-			log.Warn("a detached client did not leave its connections within 2 s")
-		}
-		ph.done("detach")
-	}
-
-	if err := s.driverCheckpoint(int(cl.pid), nth, ph, &undos); err != nil {
-		abortImage()
-		return fail(helperpb.ErrorCode_ERROR_DRIVER, "%v", err)
-	}
-	if !req.DeferCommit {
-		if err := w.Commit(); err != nil {
-			return fail(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
-		}
-		ph.done("commit")
-	}
-	st := w.Stats()
-	reply.Buffers, reply.Bytes, reply.StoredBytes = uint64(len(regions)), bytes, uint64(st.BytesStored)
-	reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
-	if req.LeaveRunning {
-		if err := s.thaw(cl, ctl, wait, ph); err != nil {
-			return fail(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
-		}
-		reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
-	}
-	reply.Phases = ph.list
-	reply.TotalSeconds = time.Since(ph.start).Seconds()
-	log.Info("checkpoint done", zap.Uint64("bytes", reply.Bytes), zap.Uint64("stored", reply.StoredBytes),
-		zap.Float64("seconds", reply.TotalSeconds))
 	return nil
 }
 
-// driverCheckpoint locks pid in the driver and checkpoints its residual
-// context (the process is quiesced, drained and dropped), adding the undo of
-// each step that succeeded to undos.
-func (s *Server) driverCheckpoint(pid int, nth uint64, ph *phases, undos *[]undo) error {
-	if s.faultAt("driver-lock", nth) {
-		return errors.New("driver lock: injected fault (GPUCR_FAULT)")
+// stall is the injected fault "stall-copy", for the tests that kill the
+// helper, or CRIU, mid-dump: the process is quiesced and drained, its memory
+// still mapped. The stall ends early when the requester hangs up (CRIU
+// killed), as a long copy would end, and the checkpoint goes on.
+func (r *checkpointRun) stall() {
+	r.log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if r.requester.peerClosed() {
+			r.log.Warn("injected fault: the requester closed its connection; the stall ends")
+			break
+		}
+	}
+}
+
+// bufferTable asks the client for its buffer table and turns it into the
+// regions to copy.
+func (r *checkpointRun) bufferTable() *stepError {
+	snap, err := r.call(&helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}})
+	if err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "snapshot: %v", err)
+	}
+	table := snap.GetTable()
+	if len(table.GetNotCheckpointable()) > 0 {
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "not checkpointable: %v", table.GetNotCheckpointable())
+	}
+	if r.regions, err = r.s.regions(r.cl, table); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "%v", err)
+	}
+	r.bytes = engine.TotalSize(r.regions)
+	return nil
+}
+
+// openImage opens the image the GPU data goes into (the caller's, beneath
+// the directory it passed: imagedir.go) and records the process in it, even
+// without buffers: its restore must know it (a process may hold a driver
+// context and no device memory).
+func (r *checkpointRun) openImage() *stepError {
+	origin := image.Origin{Pid: int(r.cl.pid), Time: time.Now()}
+	origin.Host, _ = os.Hostname()
+	if len(r.regions) > 0 {
+		d := r.regions[0].Device
+		origin.GPUModel, origin.GPUUUID = d.Name, d.UUID
+	}
+	opts := image.Options{Parent: r.req.Parent}
+	if r.req.Compress {
+		opts.Compression = image.CompressionZstd
+	}
+	w, err := r.s.imageWriter(r.requester, r.dir, r.req, origin, opts)
+	if err != nil {
+		return stepFailed(imageErrCode(err), "image: %v", err)
+	}
+	r.w = w
+	if err := w.AddProcess(int(r.cl.pid), int(nsPid(r.cl.pid))); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
+	}
+	return nil
+}
+
+// copyToImage puts the GPU data into the image first, while the process
+// still holds its memory: should this helper die during the copy, the
+// process keeps running on it (its control connection closes while it is
+// quiesced, and it resumes by itself). The copy reads through the helper's
+// own view. Then it stores what a new helper needs to give the process its
+// memory back, if this one dies after the process gave it up: the process's
+// part of the image, sealed before the drop (the image itself is committed
+// later: for a dump, once the whole tree is dumped).
+func (r *checkpointRun) copyToImage() *stepError {
+	tr := r.s.transfers.beginFor(r.requester.cred.Uid, r.w.Dir(), true, r.bytes, []int64{int64(r.cl.pid)})
+	err := engine.Dump(r.regions, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
+	tr.finish(err)
+	if err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
+	}
+	r.ph.done("copy")
+	if err := r.w.SealProcess(int(r.cl.pid)); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
+	}
+	return nil
+}
+
+// drop has the process give its memory up. From then on its memory lives
+// only in this helper and in the image. Should the helper die, the next one
+// finds the process recorded here and gives it its memory back from the
+// image (adopt.go); the wake file (relative to the socket's directory: the
+// client resolves it against its own path to the socket, which differs
+// inside a container) is how it tells the process.
+func (r *checkpointRun) drop() *stepError {
+	pid := r.cl.pid
+	_ = os.Remove(r.s.wakePath(pid))
+	r.wake = r.s.wakeName(pid)
+	if err := r.s.saveDetachState(pid, r.w.Dir(), r.w.ID()); err != nil {
+		r.log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
+	}
+	r.undos = append(r.undos, undo{"forget the recorded process", func() error { r.s.dropDetachState(pid); return nil }})
+	// The driver's checkpoint must see no imported memory (it fails to
+	// restore a process that kept imported memory mapped: 801).
+	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: r.wake}}}); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
+	}
+	r.undos = append(r.undos, undo{"reimport", func() error { return r.s.reimportErr(r.cl, r.ctl, r.wait) }})
+	if err := r.cl.fire(evDropped); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "drop: %v", err)
+	}
+	r.ph.done("drop")
+	return nil
+}
+
+// detach (a CRIU dump) has the client close its connections and wait for
+// its wake file: CRIU must not find a socket connected to the helper. From
+// then on the way back goes through the wake file.
+func (r *checkpointRun) detach() *stepError {
+	if !r.req.Detach {
+		return nil
+	}
+	wakeAndGiveBack := []undo{{"wake and give back", func() error { return r.s.wakeAndGiveBack(r.cl) }}}
+	if err := r.cl.fire(evDetach); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
+	}
+	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: r.wake}}}); err != nil {
+		if r.s.parkedWithin(r.cl, time.Second) {
+			r.undos = wakeAndGiveBack // it detached all the same
+		} else {
+			_ = r.cl.fire(evDetachFailed) // an illegal transition is logged
+		}
+		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
+	}
+	r.undos = wakeAndGiveBack
+	r.cl.hangUp()
+	if !r.s.parkedWithin(r.cl, 2*time.Second) {
+		r.log.Warn("a detached client did not leave its connections within 2 s")
+	}
+	r.ph.done("detach")
+	return nil
+}
+
+// driverCheckpoint locks the process in the driver and checkpoints its
+// residual context (it is quiesced, drained and dropped by now), adding the
+// undo of each step that succeeded.
+func (r *checkpointRun) driverCheckpoint() *stepError {
+	pid := int(r.cl.pid)
+	if r.s.faultAt("driver-lock", r.nth) {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
 	}
 	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
-		return fmt.Errorf("driver lock: %w", err)
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
 	}
-	*undos = append(*undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
-	ph.done("driver-lock")
-	if s.faultAt("driver-checkpoint", nth) {
-		return errors.New("driver checkpoint: injected fault (GPUCR_FAULT)")
+	r.undos = append(r.undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
+	r.ph.done("driver-lock")
+	if r.s.faultAt("driver-checkpoint", r.nth) {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
 	if err := cuda.CheckpointCheckpoint(pid); err != nil {
-		return fmt.Errorf("driver checkpoint: %w", err)
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
 	}
-	*undos = append(*undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
-	ph.done("driver-checkpoint")
+	r.undos = append(r.undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
+	r.ph.done("driver-checkpoint")
+	return nil
+}
+
+// commit commits the image, unless its commit is deferred (a dump of
+// several processes: the plugin commits it once the whole tree is dumped),
+// and fills in the reply.
+func (r *checkpointRun) commit() *stepError {
+	if !r.req.DeferCommit {
+		r.keep = true
+		if err := r.w.Commit(); err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
+		}
+		r.ph.done("commit")
+	}
+	st := r.w.Stats()
+	r.reply.Buffers, r.reply.Bytes, r.reply.StoredBytes = uint64(len(r.regions)), r.bytes, uint64(st.BytesStored)
+	r.reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
+	return nil
+}
+
+// leaveRunning (LeaveRunning) gives the process its GPU back.
+func (r *checkpointRun) leaveRunning() *stepError {
+	if !r.req.LeaveRunning {
+		return nil
+	}
+	if err := r.s.thaw(r.cl, r.ctl, r.wait, r.ph); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
+	}
+	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }
 
@@ -317,37 +402,6 @@ func (s *Server) driverCheckpoint(pid int, nth uint64, ph *phases, undos *[]undo
 func (s *Server) faultAt(step string, nth uint64) bool {
 	f := s.cfg.Fault
 	return f == step || f == fmt.Sprintf("%s@%d", step, nth)
-}
-
-// thaw gives a checkpointed client its GPU back: driver restore + unlock,
-// reimport, resume.
-func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
-	if err := driverResume(int(cl.pid)); err != nil {
-		return err
-	}
-	ph.done("driver-restore")
-	return s.reimportResume(cl, ctl, wait, ph)
-}
-
-// driverResume brings pid's driver state back to running from wherever a
-// checkpoint left it: restore if checkpointed, then unlock if locked.
-func driverResume(pid int) error {
-	st, err := cuda.CheckpointState(pid)
-	if err != nil {
-		return fmt.Errorf("driver state: %w", err)
-	}
-	if st == cuda.StateCheckpointed {
-		if err := cuda.CheckpointRestore(pid); err != nil {
-			return fmt.Errorf("driver restore: %w", err)
-		}
-		st = cuda.StateLocked
-	}
-	if st == cuda.StateLocked {
-		if err := cuda.CheckpointUnlock(pid); err != nil {
-			return fmt.Errorf("driver unlock: %w", err)
-		}
-	}
-	return nil
 }
 
 // resumeCheckpointed runs a ResumeCheckpointed request.
@@ -425,39 +479,4 @@ func protoKind(k image.AllocKind) helperpb.AllocKind {
 		}
 	}
 	return helperpb.AllocKind_ALLOC_KIND_SLAB
-}
-
-// wakeAndGiveBack brings a detached client back while its checkpoint's
-// control exchange is still held (the undo of a failed detached checkpoint):
-// it waits for the reattach, then reimports and resumes it.
-func (s *Server) wakeAndGiveBack(cl *client) error {
-	// It may still look connected (its close not seen yet): wait a little.
-	s.parkedWithin(cl, 2*time.Second)
-	done := make(chan error, 1)
-	cl.mu.Lock()
-	cl.onAttach = func() { done <- s.giveBackLocked(cl) }
-	cl.mu.Unlock()
-	if err := s.wake(cl.pid); err != nil {
-		return err
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(reattachTimeout):
-		return fmt.Errorf("pid %d did not reattach within %v", cl.pid, reattachTimeout)
-	}
-}
-
-// parkedWithin reports whether cl is in the waiting list within d.
-func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		s.mu.Lock()
-		ok := s.waiting[cl.pid] == cl
-		s.mu.Unlock()
-		if ok || time.Now().After(deadline) {
-			return ok
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -1,149 +1,467 @@
 package daemon
 
-// A client's lifecycle. Every change of a client's phase goes through the
-// functions of this file, under s.mu and then cl.mu (in that order).
+// A client's lifecycle: one state machine, the only code that changes where a
+// client is. The other files tell it what happened (an event, fired through
+// the transition functions of this file) or ask it (the queries below); none
+// of them reads or writes client.life.
 //
-//	connected --Checkpoint{detach}--> detached --its connections close--> (parked in s.waiting)
-//	   ^                                                |
-//	   |<---------- reattach (its old token) -----------+  DumpDone{alive}, a failed dump, CRIU gone
-//	   |
-//	   |<-- reattach (any token; a new one is issued) -- restored (in s.waiting, by its new pid)
-//	                                                         ^
-//	prepared (in the PrepareRestore's plan only) --Restored--+
+// Locking: s.mu before cl.mu, never the other way round. cl.life is guarded by
+// cl.mu; the registry maps a client moves between (s.byToken and s.byPID
+// while it is connected, s.waiting while it is parked) by s.mu, and a
+// transition that moves it holds both.
 //
-// A reattached client is connected again, a client like any other: it can be
-// checkpointed, detached and restored again any number of times.
+// States, and the ClientState that Status shows for each:
+//
+//	registered  its calls connection is up; its control connection has not come up yet   RUNNING
+//	up          its control connection came up; its gate is open                         RUNNING
+//	quiesced    its gate is closed                                                        QUIESCED
+//	dropped     its gate is closed and it gave its memory up (a checkpoint's drop, or it  DROPPED
+//	            came back from a dump or a restore and waits for its memory)
+//	detaching   a checkpoint asked it to detach for a CRIU dump; its connections close    DROPPED
+//	detached    its connections closed while detaching: parked in s.waiting by pid; its   DROPPED
+//	            memory is kept until the dump ends
+//	prepared    memory a PrepareRestore made and is loading; no process yet. Lives only   DROPPED
+//	            in its restore plan
+//	restored    CRIU restored its process (Restored); parked in s.waiting until it        DROPPED
+//	            reattaches with any token
+//	gone        its memory is released (or being released); it is forgotten              as it was
+//
+// Transitions (lifeTable has them all; every other event is refused):
+//
+//	registered --control-up--> up
+//	up, quiesced, dropped --quiesced--> quiesced, --dropped--> dropped, --resumed--> up:
+//	    what the client did (its Ok to the helper's request) or says it is (Snapshot);
+//	    the client is the authority on its gate. A new control connection (control-up)
+//	    leaves them as they are.
+//	dropped --detach--> detaching --parked--> detached --reattached--> dropped
+//	            detaching --detach-failed--> dropped  (the Detach failed and it did not leave)
+//	prepared --restored--> restored --reattached--> dropped
+//	detaching, detached, restored --armed--> themselves: what to do once it is back
+//	    (onAttach: give it its memory, run once its control connection is up)
+//	registered, up, quiesced, dropped --calls-closed--> gone
+//	detached, prepared, restored --released--> gone
+//
+// A reattached client is dropped, waiting for its memory; once it has it
+// back (resumed) it is up, a client like any other: it can be checkpointed,
+// detached and restored again any number of times.
+//
+// An event its state does not allow is refused: logged, returned as an
+// error (*illegalTransition), the state left as it was. The caller decides
+// what the refusal means: a checkpoint fails (and is undone), a control
+// connection is turned away, a release leaves the memory alone.
 //
 // Processes are named by host pid, which the kernel reuses, and a container's
 // processes share their pids inside it (every container's init is pid 1), so
 // the helper never takes a pid alone as a process's identity:
 //   - a prepared client is claimed only by the plugin connection whose
 //     PrepareRestore made it (restore.go), never by another restore;
-//   - a parked client records its process's start time; the reaper releases
-//     the memory of one whose process is gone (or whose pid now names
-//     another process), so no stale entry outlives its process.
+//   - a parked client records its process's start time; the reaper
+//     (reaper.go) releases the memory of one whose process is gone (or whose
+//     pid now names another process), so no stale entry outlives its process.
 
 import (
+	"errors"
 	"fmt"
-	"os"
-	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// phase is where a client is in its lifecycle.
-type phase int
+// lifeState is where a client is in its lifecycle.
+type lifeState uint8
 
 const (
-	// phaseConnected: a process with its connections (or setting them up).
-	phaseConnected phase = iota
-	// phaseDetached: detached for a CRIU dump; it keeps its memory while
-	// its connections are closed, and waits for its wake file.
-	phaseDetached
-	// phasePrepared: memory a PrepareRestore made and is loading; no
-	// process yet. Lives only in its restore plan.
-	phasePrepared
-	// phaseRestored: CRIU restored its process (Restored); it waits for
-	// its wake file and then reattaches with any token.
-	phaseRestored
+	lifeRegistered lifeState = iota
+	lifeUp
+	lifeQuiesced
+	lifeDropped
+	lifeDetaching
+	lifeDetached
+	lifePrepared
+	lifeRestored
+	lifeGone
+	numLifeStates
 )
 
-func (p phase) String() string {
-	switch p {
-	case phaseConnected:
-		return "connected"
-	case phaseDetached:
-		return "detached"
-	case phasePrepared:
-		return "prepared"
-	case phaseRestored:
-		return "restored"
+var lifeStateNames = [numLifeStates]string{"registered", "up", "quiesced", "dropped", "detaching", "detached",
+	"prepared", "restored", "gone"}
+
+func (st lifeState) String() string {
+	if st < numLifeStates {
+		return lifeStateNames[st]
 	}
-	return fmt.Sprintf("phase(%d)", int(p))
+	return fmt.Sprintf("lifeState(%d)", int(st))
 }
 
-// waitingWhy is what status says about a client the helper keeps memory for
-// while it is not connected.
-func (p phase) waitingWhy() string {
-	switch p {
-	case phaseDetached:
+// lifeEvent is what happened to a client.
+type lifeEvent uint8
+
+const (
+	// evControlUp: its control connection came up.
+	evControlUp lifeEvent = iota
+	// evQuiesced: it closed its gate (its Ok to Quiesce or Reimport), or
+	// says it is quiesced.
+	evQuiesced
+	// evDropped: it gave its memory up (its Ok to Drop), or says so.
+	evDropped
+	// evResumed: it opened its gate (its Ok to Resume), or says it runs.
+	evResumed
+	// evDetach: a checkpoint asks it to detach for a dump.
+	evDetach
+	// evDetachFailed: the Detach failed and it did not leave.
+	evDetachFailed
+	// evParked: its calls connection closed while it was detaching.
+	evParked
+	// evReattached: its process came back (a calls Hello with a token).
+	evReattached
+	// evRestored: CRIU restored its process (Restored, or the adoption of
+	// a process a dead helper left).
+	evRestored
+	// evArmed: what to do once it is back is set (onAttach).
+	evArmed
+	// evCallsClosed: its calls connection closed (not detaching).
+	evCallsClosed
+	// evReleased: its memory is released while it waits (its process is
+	// gone, its dump ended with it, its restore failed).
+	evReleased
+	numLifeEvents
+)
+
+var lifeEventNames = [numLifeEvents]string{"control-up", "quiesced", "dropped", "resumed", "detach", "detach-failed",
+	"parked", "reattached", "restored", "armed", "calls-closed", "released"}
+
+func (ev lifeEvent) String() string {
+	if ev < numLifeEvents {
+		return lifeEventNames[ev]
+	}
+	return fmt.Sprintf("lifeEvent(%d)", int(ev))
+}
+
+// lifeTable is every transition: lifeTable[from][event] = to. An event a
+// state has no entry for is illegal there.
+var lifeTable = [numLifeStates]map[lifeEvent]lifeState{
+	lifeRegistered: {evControlUp: lifeUp, evCallsClosed: lifeGone},
+	lifeUp: {evControlUp: lifeUp, evQuiesced: lifeQuiesced, evDropped: lifeDropped, evResumed: lifeUp,
+		evCallsClosed: lifeGone},
+	lifeQuiesced: {evControlUp: lifeQuiesced, evQuiesced: lifeQuiesced, evDropped: lifeDropped, evResumed: lifeUp,
+		evCallsClosed: lifeGone},
+	lifeDropped: {evControlUp: lifeDropped, evQuiesced: lifeQuiesced, evDropped: lifeDropped, evResumed: lifeUp,
+		evDetach: lifeDetaching, evCallsClosed: lifeGone},
+	lifeDetaching: {evDetachFailed: lifeDropped, evParked: lifeDetached, evArmed: lifeDetaching},
+	lifeDetached:  {evReattached: lifeDropped, evArmed: lifeDetached, evReleased: lifeGone},
+	lifePrepared:  {evRestored: lifeRestored, evReleased: lifeGone},
+	lifeRestored:  {evReattached: lifeDropped, evArmed: lifeRestored, evReleased: lifeGone},
+	lifeGone:      {},
+}
+
+// nextState is where ev takes a client that is in st; false: ev may not
+// happen there.
+func nextState(st lifeState, ev lifeEvent) (lifeState, bool) {
+	if st >= numLifeStates {
+		return st, false
+	}
+	to, ok := lifeTable[st][ev]
+	return to, ok
+}
+
+// shownState is the ClientState Status shows for a client in st (gone: none
+// of its own; the client shows what it showed before).
+func shownState(st lifeState) helperpb.ClientState {
+	switch st {
+	case lifeRegistered, lifeUp:
+		return helperpb.ClientState_CLIENT_STATE_RUNNING
+	case lifeQuiesced:
+		return helperpb.ClientState_CLIENT_STATE_QUIESCED
+	case lifeDropped, lifeDetaching, lifeDetached, lifePrepared, lifeRestored:
+		return helperpb.ClientState_CLIENT_STATE_DROPPED
+	}
+	return helperpb.ClientState_CLIENT_STATE_UNSPECIFIED
+}
+
+// life is the part of a client that this file alone reads and changes,
+// under the client's mu.
+type life struct {
+	st    lifeState
+	shown helperpb.ClientState // what Status shows: shownState(st), kept as it was once gone
+	// start is its process's start time (0: not read yet): it tells a
+	// reused pid apart.
+	start uint64
+	// onAttach is what to do once it is back (armed), run when its control
+	// connection is up.
+	onAttach func()
+	nsPid    int32        // prepared/restored: the pid inside its namespace, from the image
+	wakeAs   int32        // prepared/restored: the pid its wake file is named after (the one it detached as)
+	load     *restoreLoad // prepared/restored: the background load that fills its memory
+	out      *outcomes    // prepared/restored, until it runs or fails: where its restore's result goes
+}
+
+func newLife(st lifeState) life { return life{st: st, shown: shownState(st)} }
+
+// illegalTransition is the error of an event that the client's state does
+// not allow; the state is left as it was.
+type illegalTransition struct {
+	pid  int32
+	from lifeState
+	ev   lifeEvent
+}
+
+func (e *illegalTransition) Error() string {
+	return fmt.Sprintf("client %d is %s, where %s cannot happen", e.pid, e.from, e.ev)
+}
+
+// fireLocked moves cl on ev; cl.mu held. An illegal event changes nothing:
+// it is logged and returned.
+func (cl *client) fireLocked(ev lifeEvent) error {
+	from := cl.life.st
+	to, ok := nextState(from, ev)
+	if !ok {
+		cl.log.Warn("lifecycle: illegal transition refused", zap.Stringer("state", from), zap.Stringer("event", ev))
+		return &illegalTransition{pid: cl.pid, from: from, ev: ev}
+	}
+	cl.life.st = to
+	if to == lifeGone {
+		cl.life.onAttach = nil
+	} else {
+		cl.life.shown = shownState(to)
+	}
+	if to != from {
+		cl.log.Debug("lifecycle", zap.Stringer("from", from), zap.Stringer("event", ev), zap.Stringer("to", to))
+	}
+	return nil
+}
+
+// fire is fireLocked taking cl.mu.
+func (cl *client) fire(ev lifeEvent) error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.fireLocked(ev)
+}
+
+// ---- queries ----
+
+// lifeState is where cl is now.
+func (cl *client) lifeState() lifeState {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.life.st
+}
+
+// shownStateLocked is the ClientState Status shows for cl; cl.mu held.
+func (cl *client) shownStateLocked() helperpb.ClientState { return cl.life.shown }
+
+// waitingWhyLocked is what status says about a client the helper keeps
+// memory for while it is not connected; cl.mu held.
+func (cl *client) waitingWhyLocked() string {
+	switch cl.life.st {
+	case lifeDetached:
 		return "detached for a dump; waits for the dump to end"
-	case phaseRestored:
+	case lifeRestored:
 		return "restored from an image; waits for the process to come back"
-	case phasePrepared:
+	case lifePrepared:
 		return "being restored from an image"
 	}
 	return "waiting"
 }
 
-// getPhase reads cl's phase.
-func (cl *client) getPhase() phase {
+// startTime is the start time of cl's process as recorded when it was
+// parked (0: not known).
+func (cl *client) startTime() uint64 {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	return cl.phase
+	return cl.life.start
 }
 
-// setDetached marks cl as detaching for a dump (on=true), or takes that back
-// when the detach failed before the client closed its connections.
-func (cl *client) setDetached(on bool) {
+// parkedAs is what the reaper checks of a parked client: its pid, its
+// process's start time and its state.
+func (cl *client) parkedAs() (pid int32, start uint64, st lifeState) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	if on {
-		cl.phase = phaseDetached
-	} else if cl.phase == phaseDetached {
-		cl.phase = phaseConnected
-	}
+	return cl.pid, cl.life.start, cl.life.st
 }
 
-// hangUp closes the helper's side of a detached client's connections. The
-// client closes its own side when it detaches, but a process it forked may
-// still hold copies of those sockets (the interposer drops them in forked
-// children; anything else that keeps one would keep the helper from ever
-// seeing the close): closing them here parks the client now.
-func (cl *client) hangUp() {
+// preparedFor reports whether cl is a prepared client for the restored
+// process pid: by pid when CRIU restored it into the helper's own pid
+// namespace (sameNS), else by ns, its pid inside its own (0: unknown).
+func (cl *client) preparedFor(pid int32, sameNS bool, ns int32) bool {
 	cl.mu.Lock()
-	calls, ctl := cl.calls, cl.ctrl
-	cl.mu.Unlock()
-	if calls != nil {
-		calls.UnixConn().Close()
-	}
-	if ctl != nil {
-		ctl.conn.UnixConn().Close()
-	}
+	defer cl.mu.Unlock()
+	return cl.life.st == lifePrepared && ((sameNS && cl.pid == pid) || (!sameNS && ns != 0 && cl.life.nsPid == ns))
 }
 
-// park moves a detached client whose connections closed to the waiting list
-// instead of releasing its memory. It reports whether it did.
-func (s *Server) park(cl *client) bool {
-	if cl.getPhase() != phaseDetached {
-		return false
+// restoreLoad is the load that fills a prepared or restored client's memory
+// (nil once it reattached).
+func (cl *client) restoreLoad() *restoreLoad {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.life.load
+}
+
+// outcomes is where the result of cl's restore goes (nil: none, or taken).
+func (cl *client) outcomes() *outcomes {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.life.out
+}
+
+// takeOutcomes is outcomes, taken: the result is given once.
+func (cl *client) takeOutcomes() *outcomes {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	out := cl.life.out
+	cl.life.out = nil
+	return out
+}
+
+// wakesAs is the pid cl's wake file is named after: the one it detached as
+// (0: its own pid).
+func (cl *client) wakesAs() int32 {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.life.wakeAs
+}
+
+// waitsForWakeLocked reports whether w, parked as p, waits for the wake
+// file named after pid as a restored process (two restores of one image
+// wait for the same file); w.mu held.
+func (w *client) waitsForWakeLocked(p, pid int32) bool {
+	return w.life.st == lifeRestored && (w.life.wakeAs == pid || (w.life.wakeAs == 0 && p == pid))
+}
+
+// takeOnAttach takes what cl is to do once it is back (nil: nothing).
+func (cl *client) takeOnAttach() func() {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	f := cl.life.onAttach
+	cl.life.onAttach = nil
+	return f
+}
+
+// ---- transitions ----
+
+// register makes a new client of the process whose calls connection said
+// Hello without a token: registered, findable by token and pid.
+func (s *Server) register(pid int32, uid uint32, program string) *client {
+	cl := &client{pid: pid, uid: uid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
+		opSem: make(chan struct{}, 1), life: newLife(lifeRegistered)}
+	cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
+	s.mu.Lock()
+	s.byToken[cl.token] = cl
+	s.byPID[cl.pid] = cl
+	s.mu.Unlock()
+	cl.log.Info("client registered")
+	return cl
+}
+
+// newPreparedClient is a client for process pid of an image (ns: its pid
+// inside its namespace) that a restore plan makes memory for: prepared,
+// filled by load, its result going to out.
+func newPreparedClient(log *zap.Logger, pid, ns int32, load *restoreLoad, out *outcomes) *client {
+	cl := &client{pid: pid, allocs: map[uint64]*alloc{}, opSem: make(chan struct{}, 1), log: log,
+		life: newLife(lifePrepared)}
+	cl.life.nsPid, cl.life.wakeAs, cl.life.load, cl.life.out = ns, pid, load, out
+	out.add(cl)
+	return cl
+}
+
+// errHasControl: a second control connection for a client that has one.
+var errHasControl = errors.New("already has a control connection")
+
+// controlUp makes ctl cl's control connection (control-up). errHasControl
+// if it has one; an illegal transition (cl is not connected) if it may not
+// have one now.
+func (cl *client) controlUp(ctl *control) error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.ctrl != nil {
+		return errHasControl
 	}
+	if err := cl.fireLocked(evControlUp); err != nil {
+		return err
+	}
+	cl.ctrl = ctl
+	return nil
+}
+
+// reported records the state cl's own buffer table says it is in (a
+// Snapshot's answer): the client is the authority on its gate.
+// CLIENT_STATE_UNSPECIFIED says nothing.
+func (cl *client) reported(st helperpb.ClientState) error {
+	switch st {
+	case helperpb.ClientState_CLIENT_STATE_UNSPECIFIED:
+		return nil
+	case helperpb.ClientState_CLIENT_STATE_RUNNING:
+		return cl.fire(evResumed)
+	case helperpb.ClientState_CLIENT_STATE_QUIESCED:
+		return cl.fire(evQuiesced)
+	case helperpb.ClientState_CLIENT_STATE_DROPPED:
+		return cl.fire(evDropped)
+	}
+	cl.log.Warn("lifecycle: the client reports a state the helper does not know", zap.Stringer("reported", st))
+	return fmt.Errorf("client %d reports state %v", cl.pid, st)
+}
+
+// arm sets what cl is to do once it is back (armed): f runs when its
+// control connection is up after it reattached.
+func (cl *client) arm(f func()) error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if err := cl.fireLocked(evArmed); err != nil {
+		return err
+	}
+	cl.life.onAttach = f
+	return nil
+}
+
+// callsClosed handles the close of cl's calls connection. A client detaching
+// for a dump is parked (true): it moves to the waiting list instead of
+// losing its memory. Any other is gone (false): the caller releases its
+// memory, then unregisters it.
+func (s *Server) callsClosed(cl *client) (parked bool) {
 	start := uint64(0)
-	if ps, err := procStat(cl.pid); err == nil {
-		start = ps.start
+	if cl.lifeState() == lifeDetaching {
+		if ps, err := procStat(cl.pid); err == nil {
+			start = ps.start
+		}
 	}
 	s.mu.Lock()
+	cl.mu.Lock()
+	if cl.life.st != lifeDetaching {
+		_ = cl.fireLocked(evCallsClosed) // logged if illegal; its memory goes all the same
+		cl.mu.Unlock()
+		s.mu.Unlock()
+		return false
+	}
+	_ = cl.fireLocked(evParked) // legal: detaching
+	if cl.life.start == 0 {
+		cl.life.start = start
+	}
+	cl.mu.Unlock()
 	delete(s.byToken, cl.token)
 	if s.byPID[cl.pid] == cl {
 		delete(s.byPID, cl.pid)
 	}
 	s.waiting[cl.pid] = cl
 	s.mu.Unlock()
-	cl.mu.Lock()
-	if cl.start == 0 {
-		cl.start = start
-	}
-	cl.mu.Unlock()
 	cl.log.Info("client detached; its memory is kept until the dump ends")
 	return true
 }
 
+// unregister forgets a client that is gone: it leaves the status list.
+func (s *Server) unregister(cl *client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.byToken, cl.token)
+	if s.byPID[cl.pid] == cl {
+		delete(s.byPID, cl.pid)
+	}
+}
+
 // reattach finds the waiting client a calls Hello with a token comes from
-// and makes it connected again. A detached client must present its token; a
-// restored one presents the token of the process it was restored from, which
-// another restore of the same image presents too, so it gets a new one.
+// and makes it connected again (reattached). A detached client must present
+// its token; a restored one presents the token of the process it was
+// restored from, which another restore of the same image presents too, so it
+// gets a new one.
 func (s *Server) reattach(pid int32, token uint64) *client {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -153,16 +471,16 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 	}
 	cl.mu.Lock()
 	switch {
-	case cl.phase == phaseDetached && cl.token == token:
-	case cl.phase == phaseRestored:
+	case cl.life.st == lifeDetached && cl.token == token:
+	case cl.life.st == lifeRestored:
 		cl.token = newToken()
 	default:
 		cl.mu.Unlock()
 		return nil
 	}
-	wakeAs := cl.wakeAs
-	cl.phase = phaseConnected
-	cl.wakeAs, cl.nsPid, cl.load = 0, 0, nil
+	_ = cl.fireLocked(evReattached) // legal: detached or restored
+	wakeAs := cl.life.wakeAs
+	cl.life.wakeAs, cl.life.nsPid, cl.life.load = 0, 0, nil
 	cl.mu.Unlock()
 	delete(s.waiting, pid)
 	s.byToken[cl.token] = cl
@@ -172,24 +490,6 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 		s.removeWakeLocked(wakeAs, pid)
 	}
 	return cl
-}
-
-// removeWakeLocked removes the wake file named after pid unless a client
-// other than the one now waiting as self still waits for it (two restores
-// of one image wait for the same file). Called with s.mu held.
-func (s *Server) removeWakeLocked(pid, self int32) {
-	for p, w := range s.waiting {
-		if p == self {
-			continue
-		}
-		w.mu.Lock()
-		shared := w.phase == phaseRestored && (w.wakeAs == pid || (w.wakeAs == 0 && p == pid))
-		w.mu.Unlock()
-		if shared {
-			return
-		}
-	}
-	_ = os.Remove(s.wakePath(pid))
 }
 
 // unpark takes cl out of the waiting list if it is still there; false if
@@ -211,100 +511,33 @@ func (s *Server) parkRestored(cl *client, pid int32, start uint64) error {
 	s.mu.Lock()
 	old := s.waiting[pid]
 	if old != nil && old != cl {
-		old.mu.Lock()
-		oldStart := old.start
-		old.mu.Unlock()
+		oldStart, oldState := old.startTime(), old.lifeState()
 		if oldStart != 0 && oldStart == start {
 			s.mu.Unlock()
-			return fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, old.getPhase())
+			return fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, oldState)
 		}
 		delete(s.waiting, pid) // its process is gone: that pid names another one now
 	} else {
 		old = nil
 	}
+	var err error
 	if c := s.byPID[pid]; c != nil {
-		s.mu.Unlock()
-		if old != nil {
-			s.reap(old, "its pid names another process now")
+		err = fmt.Errorf("pid %d is already a connected client of this helper", pid)
+	} else {
+		cl.mu.Lock()
+		if err = cl.fireLocked(evRestored); err == nil {
+			cl.pid = pid
+			cl.life.start = start
+			cl.log = cl.log.With(zap.Int32("restored_pid", pid))
 		}
-		return fmt.Errorf("pid %d is already a connected client of this helper", pid)
+		cl.mu.Unlock()
+		if err == nil {
+			s.waiting[pid] = cl
+		}
 	}
-	cl.mu.Lock()
-	cl.phase = phaseRestored
-	cl.pid = pid
-	cl.start = start
-	cl.log = cl.log.With(zap.Int32("restored_pid", pid))
-	cl.mu.Unlock()
-	s.waiting[pid] = cl
 	s.mu.Unlock()
 	if old != nil {
 		s.reap(old, "its pid names another process now")
 	}
-	return nil
-}
-
-// reapInterval is how often the reaper looks for parked clients whose
-// process is gone.
-const reapInterval = time.Second
-
-// runReaper releases, every reapInterval until stop is closed, the memory of
-// parked clients whose process is gone: a restored process killed before it
-// reattached (a container removed while frozen, say), a detached one killed
-// while its dump ran. A process that still exists keeps its memory however
-// long it waits (a frozen container may be thawed).
-func (s *Server) runReaper(stop <-chan struct{}) {
-	t := time.NewTicker(reapInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			s.reapGone()
-		}
-	}
-}
-
-// reapGone runs one pass of the reaper.
-func (s *Server) reapGone() {
-	for _, cl := range sortedClients(s, s.waiting) {
-		cl.mu.Lock()
-		pid, start, ph := cl.pid, cl.start, cl.phase
-		cl.mu.Unlock()
-		if start == 0 {
-			continue // not known yet: the dump or restore that parked it decides
-		}
-		ps, err := procStat(pid)
-		switch {
-		case err != nil:
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, ph))
-		case ps.start != start:
-			s.reapIfParked(cl, fmt.Sprintf("pid %d names another process now", pid))
-		case !ps.alive():
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) exited while %s", pid, ph))
-		}
-	}
-}
-
-func (s *Server) reapIfParked(cl *client, why string) {
-	if s.unpark(cl) {
-		s.reap(cl, why)
-	}
-}
-
-// reap releases the memory of a client taken out of the waiting list.
-func (s *Server) reap(cl *client, why string) {
-	cl.mu.Lock()
-	pid, wakeAs, bytes, out := cl.pid, cl.wakeAs, cl.bytes, cl.out
-	cl.mu.Unlock()
-	out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "the process is gone: "+why)
-	s.release(cl)
-	s.mu.Lock()
-	s.removeWakeLocked(pid, pid)
-	if wakeAs != 0 && wakeAs != pid {
-		s.removeWakeLocked(wakeAs, pid)
-	}
-	s.mu.Unlock()
-	cl.log.Info("released the GPU memory of a process that will not come back", zap.String("why", why),
-		zap.Uint64("bytes", bytes))
+	return err
 }

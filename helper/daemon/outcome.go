@@ -27,12 +27,15 @@ type outcomes struct {
 	at      time.Time
 }
 
-func newOutcomes(clients []*client) *outcomes {
-	o := &outcomes{changed: make(chan struct{}), byCl: map[*client]*helperpb.RestoreResult{}, at: time.Now()}
-	for _, cl := range clients {
-		o.byCl[cl] = &helperpb.RestoreResult{ImagePid: int64(cl.pid), State: helperpb.RestoreState_RESTORE_STATE_PENDING}
-	}
-	return o
+func newOutcomes() *outcomes {
+	return &outcomes{changed: make(chan struct{}), byCl: map[*client]*helperpb.RestoreResult{}, at: time.Now()}
+}
+
+// add makes cl, a prepared client, one of the plan's processes: pending.
+func (o *outcomes) add(cl *client) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.byCl[cl] = &helperpb.RestoreResult{ImagePid: int64(cl.pid), State: helperpb.RestoreState_RESTORE_STATE_PENDING}
 }
 
 // set records what became of cl; a final state (running, failed) is kept.

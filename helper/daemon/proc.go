@@ -9,12 +9,6 @@ import (
 	"strings"
 )
 
-// processAlive: pid exists and is not a zombie.
-func processAlive(pid int32) bool {
-	st, err := procStat(pid)
-	return err == nil && st.alive()
-}
-
 // procStatus is what the helper reads of /proc/PID/stat.
 type procStatus struct {
 	state byte   // field 3: R, S, D, Z, X...

@@ -59,7 +59,7 @@ func (l *restoreLoad) waitFor(d time.Duration) error {
 type restorePlan struct {
 	im      *image.Image
 	dir     string
-	clients []*client // one per process of the image, in image order; phasePrepared until claimed
+	clients []*client // one per process of the image, in image order; prepared until claimed
 	regions []engine.Region
 	bufs    []int // image buffer of each region
 	made    []*alloc
@@ -121,7 +121,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 // pid only, if not 0), each on the same GPU if it is here, else the same
 // ordinal; nothing is kept if any of it fails.
 func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePlan, *helperpb.Error) {
-	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{})}}
+	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{})}, out: newOutcomes()}
 	byPid := map[int]*client{}
 	fail := func(code helperpb.ErrorCode, format string, a ...any) (*restorePlan, *helperpb.Error) {
 		p.undo()
@@ -130,9 +130,8 @@ func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePla
 	newClient := func(pid, ns int) *client {
 		cl := byPid[pid]
 		if cl == nil {
-			cl = &client{pid: int32(pid), allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_DROPPED,
-				opSem: make(chan struct{}, 1), phase: phasePrepared, nsPid: int32(ns), wakeAs: int32(pid), load: p.load}
-			cl.log = s.log.With(zap.Int32("image_pid", cl.pid), zap.String("restored_from", dir))
+			cl = newPreparedClient(s.log.With(zap.Int32("image_pid", int32(pid)), zap.String("restored_from", dir)),
+				int32(pid), int32(ns), p.load, p.out)
 			byPid[pid] = cl
 			p.clients = append(p.clients, cl)
 		}
@@ -176,10 +175,6 @@ func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePla
 	}
 	if only != 0 && len(p.clients) == 0 {
 		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
-	}
-	p.out = newOutcomes(p.clients)
-	for _, cl := range p.clients {
-		cl.out = p.out
 	}
 	return p, nil
 }
@@ -230,10 +225,7 @@ func claimPrepared(plans []*restorePlan, pid int32) *client {
 	ns := nsPid(pid)
 	for _, p := range plans {
 		for _, cl := range p.clients {
-			cl.mu.Lock()
-			ok := cl.phase == phasePrepared && ((sameNS && cl.pid == pid) || (!sameNS && ns != 0 && cl.nsPid == ns))
-			cl.mu.Unlock()
-			if ok {
+			if cl.preparedFor(pid, sameNS, ns) {
 				return cl
 			}
 		}
@@ -262,12 +254,13 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	if cl == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU memory prepared for pid %d by this restore", req.Pid)
 	}
-	cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_PENDING, "")
+	load, out := cl.restoreLoad(), cl.outcomes()
+	out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_PENDING, "")
 	// The process may run only with all of its memory in place.
-	if err := cl.load.waitFor(loadTimeout); err != nil {
-		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
+	if err := load.waitFor(loadTimeout); err != nil {
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		select {
-		case <-cl.load.done:
+		case <-load.done:
 			s.release(cl)
 		default:
 			// Still loading: the engines write into that memory; it is
@@ -283,22 +276,21 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	}
 	ps, err := procStat(pid)
 	if err != nil {
-		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 		s.release(cl)
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "restored pid %d: %v", req.Pid, err)
 	}
 	if err := s.parkRestored(cl, pid, ps.start); err != nil {
-		cl.out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 		s.release(cl)
 		cl.log.Warn("restore failed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err)
 	}
-	cl.mu.Lock()
-	cl.onAttach = func() { s.giveBack(cl, true, nil) }
-	wakeAs := cl.wakeAs
-	cl.mu.Unlock()
+	if err := cl.arm(func() { s.giveBack(cl, true, nil) }); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err) // reaped meanwhile
+	}
 	// Named after the pid it detached as: that is what it waits for.
-	if err := s.wake(wakeAs); err != nil {
+	if err := s.wake(cl.wakesAs()); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", req.Pid, err)
 	}
 	cl.log.Info("restored process handed its GPU memory; waiting for it to come back")
@@ -311,8 +303,8 @@ func (s *Server) dropUnrestored(plans []*restorePlan) {
 	for _, p := range plans {
 		_ = p.load.wait() // the engines may still be writing into that memory
 		for _, cl := range p.clients {
-			if cl.getPhase() == phasePrepared {
-				cl.out.set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED,
+			if cl.lifeState() == lifePrepared {
+				cl.outcomes().set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED,
 					"CRIU did not restore this process (its restore failed or was stopped)")
 				s.release(cl)
 				cl.log.Info("restore did not finish; the GPU memory prepared for it is released")

@@ -515,7 +515,7 @@ struct  Gpucr__Helper__V1__Drop
    * Set by a checkpoint (which records the process for a helper that may
    * come after it): should the helper go away while the process is dropped,
    * the client waits for this wake file (relative to its socket's
-   * directory, as Detach's) instead of giving up; see orphan.go.
+   * directory, as Detach's) instead of giving up; see helper/daemon/adopt.go.
    */
   char *wake_path;
 };

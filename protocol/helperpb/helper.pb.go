@@ -1781,7 +1781,7 @@ type Drop struct {
 	// Set by a checkpoint (which records the process for a helper that may
 	// come after it): should the helper go away while the process is dropped,
 	// the client waits for this wake file (relative to its socket's
-	// directory, as Detach's) instead of giving up; see orphan.go.
+	// directory, as Detach's) instead of giving up; see helper/daemon/adopt.go.
 	WakePath      string `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

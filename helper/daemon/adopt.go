@@ -192,8 +192,8 @@ func (s *Server) adopt(st detachState) error {
 		s.release(cl)
 		return err
 	}
-	cl.mu.Lock()
-	cl.onAttach = func() { s.giveBack(cl, true, nil) }
-	cl.mu.Unlock()
+	if err := cl.arm(func() { s.giveBack(cl, true, nil) }); err != nil {
+		return err
+	}
 	return s.wake(st.Pid)
 }

@@ -1,12 +1,16 @@
 package daemon
 
+// An interposer's calls connection: the client it registers (or the waiting
+// one it reattaches), its allocations (Alloc, Mapped, Free), and what its
+// close releases. Its control connection is in control.go, its lifecycle in
+// lifecycle.go.
+
 import (
 	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -18,7 +22,7 @@ import (
 )
 
 // client is one application process: its calls connection, allocations and
-// control connection.
+// control connection, and where it is in its lifecycle.
 type client struct {
 	pid     int32
 	uid     uint32
@@ -31,22 +35,13 @@ type client struct {
 	bytes  uint64
 	ctrl   *control
 	calls  *conn // its calls connection, while it is served
-	state  helperpb.ClientState
 
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
 
-	// Where it is in its lifecycle (lifecycle.go), the start time of its
-	// process (0: not read yet; tells a reused pid apart), and what to do
-	// once it is attached again (run when its control connection is up).
-	// Guarded by mu.
-	phase    phase
-	start    uint64
-	onAttach func()
-	nsPid    int32        // prepared/restored: the pid inside its namespace, from the image
-	wakeAs   int32        // prepared/restored: the pid its wake file is named after (the one it detached as)
-	load     *restoreLoad // prepared/restored: the background load that fills its memory
-	out      *outcomes    // prepared/restored, until it runs or fails: where its restore's result goes
+	// life is where it is in its lifecycle, and what goes with that; only
+	// lifecycle.go reads or changes it. Guarded by mu.
+	life life
 }
 
 type alloc struct {
@@ -74,14 +69,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
 	} else {
-		cl = &client{pid: c.cred.Pid, uid: c.cred.Uid, program: h.Program, token: newToken(),
-			allocs: map[uint64]*alloc{}, state: helperpb.ClientState_CLIENT_STATE_RUNNING, opSem: make(chan struct{}, 1)}
-		cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
-		s.mu.Lock()
-		s.byToken[cl.token] = cl
-		s.byPID[cl.pid] = cl
-		s.mu.Unlock()
-		cl.log.Info("client registered")
+		cl = s.register(c.cred.Pid, c.cred.Uid, h.Program)
 	}
 	c.log = cl.log
 	cl.mu.Lock()
@@ -241,32 +229,45 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 }
 
 // dropClient forgets a client whose calls connection closed and releases
-// every allocation it had.
+// every allocation it had; one detaching for a dump is parked instead.
 func (s *Server) dropClient(cl *client) {
-	if s.park(cl) {
+	if s.callsClosed(cl) {
 		return // the client closes its control connection itself
 	}
 	// The client leaves the status list only after its memory is released,
 	// so that whoever sees it gone also sees the memory back.
-	defer func() {
-		s.mu.Lock()
-		delete(s.byToken, cl.token)
-		if s.byPID[cl.pid] == cl {
-			delete(s.byPID, cl.pid)
-		}
-		s.mu.Unlock()
-	}()
+	defer s.unregister(cl)
 	cl.mu.Lock()
-	allocs := cl.allocs
-	cl.allocs = map[uint64]*alloc{}
-	bytes := cl.bytes
-	cl.bytes = 0
 	ctrl := cl.ctrl
 	cl.mu.Unlock()
 	if ctrl != nil {
 		ctrl.conn.Close()
 	}
-	failed := 0
+	n, bytes, failed := s.freeAllocs(cl)
+	cl.log.Info("client gone; its allocations released", zap.Int("allocations", n),
+		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
+}
+
+// release gives back every allocation of a client that waited for its
+// process (released): it is gone for good. A client its state does not let
+// go (a connected one) keeps its memory; the refusal is logged.
+func (s *Server) release(cl *client) {
+	if cl.fire(evReleased) != nil {
+		return
+	}
+	s.dropDetachState(cl.pid)
+	s.freeAllocs(cl)
+}
+
+// freeAllocs releases every allocation of cl: n of them, of bytes in all,
+// failed of which the driver refused (logged).
+func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
+	cl.mu.Lock()
+	allocs := cl.allocs
+	cl.allocs = map[uint64]*alloc{}
+	bytes = cl.bytes
+	cl.bytes = 0
+	cl.mu.Unlock()
 	for _, al := range allocs {
 		s.mu.Lock()
 		delete(s.owner, al.id)
@@ -276,179 +277,24 @@ func (s *Server) dropClient(cl *client) {
 			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
 		}
 	}
-	cl.log.Info("client gone; its allocations released", zap.Int("allocations", len(allocs)),
-		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
+	return len(allocs), bytes, failed
 }
 
-// ---- the control connection ----
-
-var (
-	errNoControl = errors.New("control connection is not connected")
-	errBusy      = errors.New("another control operation is in progress")
-)
-
-type control struct {
-	conn *conn
-	mu   sync.Mutex
-	next uint64
-	wait map[uint64]chan *helperpb.Response
-	done chan struct{}
-	// asked: requests sent whose answer has not come (those given up on
-	// included: a late answer is still an answer). Only while some is
-	// due may the client send a frame larger than maxUnaskedAnswer.
-	asked atomic.Int64
-}
-
-// maxAnswer caps the control connection's next frame.
-func (ctl *control) maxAnswer() int {
-	if ctl.asked.Load() > 0 {
-		return wire.MaxFrame
-	}
-	return maxUnaskedAnswer
-}
-
-// answered counts one answer in.
-func (ctl *control) answered() {
-	for {
-		n := ctl.asked.Load()
-		if n <= 0 || ctl.asked.CompareAndSwap(n, n-1) {
-			return
-		}
-	}
-}
-
-func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
-	s.mu.Lock()
-	cl := s.byToken[h.ClientToken]
-	s.mu.Unlock()
-	if cl == nil || cl.pid != c.cred.Pid {
-		c.log.Warn("control connection with an unknown token or from another process")
-		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_PERMISSION, "unknown client token for pid %d", c.cred.Pid), nil)
-		return
-	}
-	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
-	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
-	c.log = cl.log
+// hangUp closes the helper's side of a detached client's connections. The
+// client closes its own side when it detaches, but a process it forked may
+// still hold copies of those sockets (the interposer drops them in forked
+// children; anything else that keeps one would keep the helper from ever
+// seeing the close): closing them here parks the client now.
+func (cl *client) hangUp() {
 	cl.mu.Lock()
-	if cl.ctrl != nil {
-		cl.mu.Unlock()
-		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_STATE, "client %d already has a control connection", cl.pid), nil)
-		return
-	}
-	cl.ctrl = ctl
+	calls, ctl := cl.calls, cl.ctrl
 	cl.mu.Unlock()
-	defer func() {
-		cl.mu.Lock()
-		if cl.ctrl == ctl {
-			cl.ctrl = nil
-		}
-		cl.mu.Unlock()
-		close(ctl.done)
-		cl.log.Info("control connection closed; client not checkpointable")
-	}()
-	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
-		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version}}}, nil); err != nil {
-		return
+	if calls != nil {
+		calls.UnixConn().Close()
 	}
-	cl.log.Info("control connection up")
-	cl.mu.Lock()
-	attach := cl.onAttach
-	cl.onAttach = nil
-	cl.mu.Unlock()
-	if attach != nil {
-		go attach()
+	if ctl != nil {
+		ctl.conn.UnixConn().Close()
 	}
-	for {
-		resp, fds, err := c.ReadResponse()
-		if err != nil {
-			if errors.Is(err, wire.ErrFrame) {
-				cl.log.Warn("bad frame on the control connection; closing it", zap.Error(err))
-			} else {
-				c.readFailed(err)
-			}
-			return
-		}
-		ctl.answered()
-		if len(fds) > 0 {
-			wire.CloseFDs(fds)
-			cl.log.Warn("file descriptors on a control response; closing the control connection")
-			return
-		}
-		ctl.mu.Lock()
-		ch := ctl.wait[resp.Id]
-		delete(ctl.wait, resp.Id)
-		ctl.mu.Unlock()
-		if ch == nil {
-			cl.log.Warn("control response nobody waits for (late or unknown id)", zap.Uint64("id", resp.Id))
-			continue
-		}
-		ch <- resp
-	}
-}
-
-// call sends req (its id is set here) with fds and waits up to timeout.
-func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration) (*helperpb.Response, error) {
-	ch := make(chan *helperpb.Response, 1)
-	ctl.mu.Lock()
-	ctl.next++
-	req.Id = ctl.next
-	ctl.wait[req.Id] = ch
-	ctl.mu.Unlock()
-	forget := func() {
-		ctl.mu.Lock()
-		delete(ctl.wait, req.Id)
-		ctl.mu.Unlock()
-	}
-	ctl.asked.Add(1)
-	ctl.conn.wmu.Lock()
-	_ = ctl.conn.UnixConn().SetWriteDeadline(time.Now().Add(timeout))
-	err := ctl.conn.Write(req, fds)
-	ctl.conn.wmu.Unlock()
-	if err != nil {
-		ctl.answered()
-		forget()
-		return nil, fmt.Errorf("control connection: %w", err)
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case r := <-ch:
-		return r, nil
-	case <-ctl.done:
-		// The answer may have come just before the connection closed (a
-		// client that detaches answers, then closes): both are ready then,
-		// and select picks either.
-		select {
-		case r := <-ch:
-			return r, nil
-		default:
-		}
-		forget()
-		return nil, errNoControl
-	case <-t.C:
-		forget()
-		return nil, fmt.Errorf("no answer within %v", timeout)
-	}
-}
-
-// withControl runs f with cl's control connection, one operation at a time;
-// it waits at most wait for another operation to finish.
-func (cl *client) withControl(wait time.Duration, f func(*control) error) error {
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case cl.opSem <- struct{}{}:
-	case <-t.C:
-		return errBusy
-	}
-	defer func() { <-cl.opSem }()
-	cl.mu.Lock()
-	ctl := cl.ctrl
-	cl.mu.Unlock()
-	if ctl == nil {
-		return errNoControl
-	}
-	return f(ctl)
 }
 
 // reimportEntries: the client's mapped allocations in id order, with a new

@@ -1,12 +1,11 @@
 package daemon
 
+// The connections of the CLI (ROLE_CLI) and of CRIU's plugin (ROLE_PLUGIN):
+// what they ask (Status, ClientOp, Checkpoint, PrepareRestore, Restored,
+// DumpDone, ...), who may ask it, and what their connection closing undoes.
+
 import (
-	"cmp"
 	"errors"
-	"fmt"
-	"maps"
-	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -89,111 +88,6 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	}
 }
 
-// sortedClients copies the clients of m, one of s's maps, by pid.
-func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
-	s.mu.Lock()
-	out := slices.Collect(maps.Values(m))
-	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b *client) int { return cmp.Compare(a.pid, b.pid) })
-	return out
-}
-
-// status describes the helper and every client. Clients with a control
-// connection are asked GetStats and Snapshot, each within StatusTimeout.
-func (s *Server) status() *helperpb.StatusReply {
-	clients := sortedClients(s, s.byToken)
-	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
-		Driver: s.cfg.Driver}
-	for i, d := range s.cfg.Devices {
-		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
-			if free, err := fm.FreeMemory(); err == nil {
-				out.Devices[i].FreeMemory = free
-			}
-		}
-	}
-	infos := make([]*helperpb.ClientInfo, len(clients))
-	var wg sync.WaitGroup
-	for i, cl := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			infos[i] = s.clientInfo(cl)
-		}()
-	}
-	wg.Wait()
-	out.Clients = infos
-	// Processes the helper keeps memory for while they are not connected.
-	waiting := sortedClients(s, s.waiting)
-	s.mu.Lock()
-	for p := range s.plans {
-		for _, cl := range p.clients {
-			if cl.getPhase() == phasePrepared {
-				waiting = append(waiting, cl)
-			}
-		}
-	}
-	s.mu.Unlock()
-	for _, cl := range waiting {
-		cl.mu.Lock()
-		why := cl.phase.waitingWhy()
-		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
-			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{why},
-			State: helperpb.ClientState_CLIENT_STATE_DROPPED})
-		cl.mu.Unlock()
-	}
-	return out
-}
-
-func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
-	cl.mu.Lock()
-	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
-		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
-	cl.mu.Unlock()
-	var reasons []string
-	var state helperpb.ClientState
-	if !ci.ControlConnected {
-		reasons = append(reasons, "control connection down")
-	} else {
-		to := s.cfg.StatusTimeout
-		err := cl.withControl(to, func(ctl *control) error {
-			r, err := ctl.call(&helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}, nil, to)
-			if err != nil {
-				return err
-			}
-			if st := r.GetStats(); st != nil && st.LocalAllocs > 0 {
-				reasons = append(reasons, fmt.Sprintf("%d allocations fell back to local memory", st.LocalAllocs))
-			}
-			r, err = ctl.call(&helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, nil, to)
-			if err != nil {
-				return err
-			}
-			if t := r.GetTable(); t != nil {
-				reasons = append(reasons, t.NotCheckpointable...)
-				state = t.State
-			}
-			return nil
-		})
-		switch {
-		case errors.Is(err, errBusy):
-			// An operation (a checkpoint) is running; what it last set stands.
-		case errors.Is(err, errNoControl):
-			reasons = append(reasons, "control connection down")
-			ci.ControlConnected = false
-		case err != nil:
-			reasons = append(reasons, "control connection does not answer: "+err.Error())
-		}
-	}
-	cl.mu.Lock()
-	if state != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
-		cl.state = state
-	}
-	ci.State = cl.state
-	cl.mu.Unlock()
-	ci.NotCheckpointable = reasons
-	ci.Checkpointable = len(reasons) == 0
-	return ci
-}
-
 // controlledClient is the client pid that a CLI or plugin request (verb:
 // what it would do) names, if the caller may control it: root, or the
 // client's own uid. Else the answer that refuses the request (a refusal for
@@ -224,25 +118,26 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		wait = time.Duration(op.TimeoutMs)*time.Millisecond + opGrace
 	}
 	var req *helperpb.Request
-	newState := helperpb.ClientState_CLIENT_STATE_UNSPECIFIED
+	var ev lifeEvent // what the client's Ok to op means for its lifecycle
+	changes := false
 	switch op.Op {
 	case helperpb.ClientOp_OP_QUIESCE:
 		req = &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{TimeoutMs: op.TimeoutMs}}}
-		newState = helperpb.ClientState_CLIENT_STATE_QUIESCED
+		ev, changes = evQuiesced, true
 	case helperpb.ClientOp_OP_DRAIN:
 		req = &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}
 	case helperpb.ClientOp_OP_DROP:
 		req = &helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{}}}
-		newState = helperpb.ClientState_CLIENT_STATE_DROPPED
+		ev, changes = evDropped, true
 	case helperpb.ClientOp_OP_RESUME:
 		req = &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}
-		newState = helperpb.ClientState_CLIENT_STATE_RUNNING
+		ev, changes = evResumed, true
 	case helperpb.ClientOp_OP_SNAPSHOT:
 		req = &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}
 	case helperpb.ClientOp_OP_STATS:
 		req = &helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}
 	case helperpb.ClientOp_OP_REIMPORT:
-		newState = helperpb.ClientState_CLIENT_STATE_QUIESCED
+		ev, changes = evQuiesced, true
 	default:
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "unknown client operation %d", op.Op)
 	}
@@ -250,10 +145,14 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 	start := time.Now()
 	reply := &helperpb.ClientOpReply{}
 	var failed *helperpb.Error
+	// What the client did is recorded while the exchange is held: no other
+	// operation comes between.
 	err := cl.withControl(wait, func(ctl *control) error {
 		if op.Op == helperpb.ClientOp_OP_REIMPORT {
 			var err error
-			failed, err = s.reimport(cl, ctl, wait)
+			if failed, err = s.reimport(cl, ctl, wait); err == nil && failed == nil {
+				_ = cl.fire(ev) // an illegal transition is logged
+			}
 			return err
 		}
 		r, err := ctl.call(req, nil, wait)
@@ -266,8 +165,11 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		}
 		reply.Table = r.GetTable()
 		reply.Stats = r.GetStats()
-		if reply.Table != nil {
-			newState = reply.Table.State
+		switch {
+		case reply.Table != nil:
+			_ = cl.reported(reply.Table.State) // an illegal transition is logged
+		case changes:
+			_ = cl.fire(ev)
 		}
 		return nil
 	})
@@ -283,40 +185,12 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		log.Info("client refused the operation", zap.Stringer("code", failed.Code), zap.String("message", failed.Message))
 		return errResp(id, failed.Code, "client %d: %s", cl.pid, failed.Message)
 	}
-	if newState != helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
-		cl.mu.Lock()
-		cl.state = newState
-		cl.mu.Unlock()
-	}
 	log.Info("client operation done", zap.Duration("took", time.Since(start)))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_ClientOp{ClientOp: reply}}
 }
 
 // mayControl: root, or the uid that owns the client.
 func mayControl(caller, owner uint32) bool { return caller == 0 || caller == owner }
-
-// reimport sends every mapped allocation of cl, with a new fd each, in
-// Reimport frames of at most wire.MaxFDs entries, waiting for each Ok.
-func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helperpb.Error, error) {
-	ents, fds, err := cl.reimportEntries()
-	if err != nil {
-		return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_DRIVER, Message: err.Error()}, nil
-	}
-	defer wire.CloseFDs(fds)
-	for i := 0; i < len(ents); i += wire.MaxFDs {
-		j := min(i+wire.MaxFDs, len(ents))
-		req := &helperpb.Request{Body: &helperpb.Request_Reimport{Reimport: &helperpb.Reimport{Entries: ents[i:j]}}}
-		r, err := ctl.call(req, fds[i:j], wait)
-		if err != nil {
-			return nil, err
-		}
-		if r.Error != nil {
-			return r.Error, nil
-		}
-	}
-	cl.log.Info("reimport sent", zap.Int("allocations", len(ents)))
-	return nil, nil
-}
 
 // pluginOnly runs f for root callers only: these requests act on whatever
 // process CRIU is dumping or restoring, which only root may do.

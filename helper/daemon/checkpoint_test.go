@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"os"
 	"testing"
 
 	"github.com/gpucr/gpucr/image"
@@ -19,20 +18,5 @@ func TestAllocKindsRoundTrip(t *testing.T) {
 	}
 	if imageKind(helperpb.AllocKind_ALLOC_KIND_SLAB) != image.AllocOther {
 		t.Errorf("a slab is %v in the image", imageKind(helperpb.AllocKind_ALLOC_KIND_SLAB))
-	}
-}
-
-// procStat reads this process's state and start time; a pid that is gone
-// is an error.
-func TestProcStat(t *testing.T) {
-	ps, err := procStat(int32(os.Getpid()))
-	if err != nil || !ps.alive() || ps.start == 0 {
-		t.Fatalf("procStat(self) = %+v, %v", ps, err)
-	}
-	if !processAlive(int32(os.Getpid())) {
-		t.Error("processAlive(self) is false")
-	}
-	if _, err := procStat(1 << 30); err == nil {
-		t.Error("procStat of a pid that cannot exist succeeded")
 	}
 }

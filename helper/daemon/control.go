@@ -1,0 +1,196 @@
+package daemon
+
+// The control connection: the helper asks an interposer (Quiesce, Drain,
+// Drop, Reimport, Resume, Snapshot, GetStats, Detach, Abort) and a thread of
+// the interposer answers. One exchange (or sequence of them) at a time
+// (withControl).
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+var (
+	errNoControl = errors.New("control connection is not connected")
+	errBusy      = errors.New("another control operation is in progress")
+)
+
+type control struct {
+	conn *conn
+	mu   sync.Mutex
+	next uint64
+	wait map[uint64]chan *helperpb.Response
+	done chan struct{}
+	// asked: requests sent whose answer has not come (those given up on
+	// included: a late answer is still an answer). Only while some is
+	// due may the client send a frame larger than maxUnaskedAnswer.
+	asked atomic.Int64
+}
+
+// maxAnswer caps the control connection's next frame.
+func (ctl *control) maxAnswer() int {
+	if ctl.asked.Load() > 0 {
+		return wire.MaxFrame
+	}
+	return maxUnaskedAnswer
+}
+
+// answered counts one answer in.
+func (ctl *control) answered() {
+	for {
+		n := ctl.asked.Load()
+		if n <= 0 || ctl.asked.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
+
+func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
+	s.mu.Lock()
+	cl := s.byToken[h.ClientToken]
+	s.mu.Unlock()
+	if cl == nil || cl.pid != c.cred.Pid {
+		c.log.Warn("control connection with an unknown token or from another process")
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_PERMISSION, "unknown client token for pid %d", c.cred.Pid), nil)
+		return
+	}
+	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
+	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
+	c.log = cl.log
+	if err := cl.controlUp(ctl); err != nil {
+		if errors.Is(err, errHasControl) {
+			err = fmt.Errorf("client %d already has a control connection", cl.pid)
+		}
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_STATE, "%v", err), nil)
+		return
+	}
+	defer func() {
+		cl.mu.Lock()
+		if cl.ctrl == ctl {
+			cl.ctrl = nil
+		}
+		cl.mu.Unlock()
+		close(ctl.done)
+		cl.log.Info("control connection closed; client not checkpointable")
+	}()
+	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
+		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version}}}, nil); err != nil {
+		return
+	}
+	cl.log.Info("control connection up")
+	if attach := cl.takeOnAttach(); attach != nil {
+		go attach()
+	}
+	for {
+		resp, fds, err := c.ReadResponse()
+		if err != nil {
+			if errors.Is(err, wire.ErrFrame) {
+				cl.log.Warn("bad frame on the control connection; closing it", zap.Error(err))
+			} else {
+				c.readFailed(err)
+			}
+			return
+		}
+		ctl.answered()
+		if len(fds) > 0 {
+			wire.CloseFDs(fds)
+			cl.log.Warn("file descriptors on a control response; closing the control connection")
+			return
+		}
+		ctl.mu.Lock()
+		ch := ctl.wait[resp.Id]
+		delete(ctl.wait, resp.Id)
+		ctl.mu.Unlock()
+		if ch == nil {
+			cl.log.Warn("control response nobody waits for (late or unknown id)", zap.Uint64("id", resp.Id))
+			continue
+		}
+		ch <- resp
+	}
+}
+
+// call sends req (its id is set here) with fds and waits up to timeout.
+func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration) (*helperpb.Response, error) {
+	ch := make(chan *helperpb.Response, 1)
+	ctl.mu.Lock()
+	ctl.next++
+	req.Id = ctl.next
+	ctl.wait[req.Id] = ch
+	ctl.mu.Unlock()
+	forget := func() {
+		ctl.mu.Lock()
+		delete(ctl.wait, req.Id)
+		ctl.mu.Unlock()
+	}
+	ctl.asked.Add(1)
+	ctl.conn.wmu.Lock()
+	_ = ctl.conn.UnixConn().SetWriteDeadline(time.Now().Add(timeout))
+	err := ctl.conn.Write(req, fds)
+	ctl.conn.wmu.Unlock()
+	if err != nil {
+		ctl.answered()
+		forget()
+		return nil, fmt.Errorf("control connection: %w", err)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctl.done:
+		// The answer may have come just before the connection closed (a
+		// client that detaches answers, then closes): both are ready then,
+		// and select picks either.
+		select {
+		case r := <-ch:
+			return r, nil
+		default:
+		}
+		forget()
+		return nil, errNoControl
+	case <-t.C:
+		forget()
+		return nil, fmt.Errorf("no answer within %v", timeout)
+	}
+}
+
+// withControl runs f with cl's control connection, one operation at a time;
+// it waits at most wait for another operation to finish.
+func (cl *client) withControl(wait time.Duration, f func(*control) error) error {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case cl.opSem <- struct{}{}:
+	case <-t.C:
+		return errBusy
+	}
+	defer func() { <-cl.opSem }()
+	cl.mu.Lock()
+	ctl := cl.ctrl
+	cl.mu.Unlock()
+	if ctl == nil {
+		return errNoControl
+	}
+	return f(ctl)
+}
+
+// controlCall sends one request on the control connection and turns a client
+// refusal into an error.
+func controlCall(ctl *control, req *helperpb.Request, wait time.Duration) (*helperpb.Response, error) {
+	r, err := ctl.call(req, nil, wait)
+	if err != nil {
+		return nil, err
+	}
+	if r.Error != nil {
+		return nil, fmt.Errorf("%s: %s", r.Error.Code, r.Error.Message)
+	}
+	return r, nil
+}

@@ -1,0 +1,167 @@
+package daemon
+
+// Giving a client its GPU memory back: reimport (every mapped allocation,
+// with a new fd each) and resume, after the driver's restore of its residual
+// context where a checkpoint left one; for a restored process, after the
+// check that the image holds exactly its memory (restorecheck.go).
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// giveBack is what a reattached client gets: optionally (a restored one)
+// the check that the image holds exactly the memory the process had and the
+// driver restore of its residual context, then its memory, then the gate
+// opened. A restored process whose memory cannot be given back is aborted
+// with the reason: it must neither run without its memory nor sit frozen.
+func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error) {
+	err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
+		if !driverRestore {
+			return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
+		}
+		err := s.checkRestored(cl, ctl)
+		if err == nil {
+			err = s.thaw(cl, ctl, s.cfg.OpTimeout, newPhases())
+		}
+		if err != nil {
+			reason := "its GPU memory could not be restored: " + err.Error()
+			if _, aerr := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Abort{Abort: &helperpb.Abort{Reason: reason}}},
+				5*time.Second); aerr != nil {
+				cl.log.Error("cannot tell a restored process to stop", zap.Error(aerr))
+			}
+		}
+		return err
+	})
+	out := cl.takeOutcomes()
+	cl.mu.Lock()
+	pid := cl.pid
+	cl.mu.Unlock()
+	if err != nil {
+		cl.log.Error("giving a reattached client its GPU back failed", zap.Error(err))
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
+	} else {
+		cl.log.Info("reattached client runs again")
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_RUNNING, "")
+	}
+	if done != nil {
+		done <- err
+	}
+}
+
+// reimportErr is reimport with the client's refusal turned into an error.
+func (s *Server) reimportErr(cl *client, ctl *control, wait time.Duration) error {
+	failed, err := s.reimport(cl, ctl, wait)
+	if err == nil && failed != nil {
+		err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
+	}
+	return err
+}
+
+// reimportResume sends a client its memory and opens its gate; ph (if not
+// nil) times the two steps.
+func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph *phases) error {
+	if err := s.reimportErr(cl, ctl, wait); err != nil {
+		return fmt.Errorf("reimport: %w", err)
+	}
+	if ph != nil {
+		ph.done("reimport")
+	}
+	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := cl.fire(evResumed); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	s.dropDetachState(cl.pid) // its memory is its own again
+	if ph != nil {
+		ph.done("resume")
+	}
+	return nil
+}
+
+// giveBackLocked is giveBack without taking the client's control exchange,
+// for a caller that holds it already (a failing checkpoint's undo).
+func (s *Server) giveBackLocked(cl *client) error {
+	cl.mu.Lock()
+	ctl := cl.ctrl
+	cl.mu.Unlock()
+	if ctl == nil {
+		return errNoControl
+	}
+	return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
+}
+
+// reimport sends every mapped allocation of cl, with a new fd each, in
+// Reimport frames of at most wire.MaxFDs entries, waiting for each Ok.
+func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helperpb.Error, error) {
+	ents, fds, err := cl.reimportEntries()
+	if err != nil {
+		return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_DRIVER, Message: err.Error()}, nil
+	}
+	defer wire.CloseFDs(fds)
+	for i := 0; i < len(ents); i += wire.MaxFDs {
+		j := min(i+wire.MaxFDs, len(ents))
+		req := &helperpb.Request{Body: &helperpb.Request_Reimport{Reimport: &helperpb.Reimport{Entries: ents[i:j]}}}
+		r, err := ctl.call(req, fds[i:j], wait)
+		if err != nil {
+			return nil, err
+		}
+		if r.Error != nil {
+			return r.Error, nil
+		}
+	}
+	cl.log.Info("reimport sent", zap.Int("allocations", len(ents)))
+	return nil, nil
+}
+
+// thaw gives a checkpointed client its GPU back: driver restore + unlock,
+// reimport, resume.
+func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
+	if err := driverResume(int(cl.pid)); err != nil {
+		return err
+	}
+	ph.done("driver-restore")
+	return s.reimportResume(cl, ctl, wait, ph)
+}
+
+// driverResume brings pid's driver state back to running from wherever a
+// checkpoint left it: restore if checkpointed, then unlock if locked.
+func driverResume(pid int) error {
+	st, err := cuda.CheckpointState(pid)
+	if err != nil {
+		return fmt.Errorf("driver state: %w", err)
+	}
+	if st == cuda.StateCheckpointed {
+		if err := cuda.CheckpointRestore(pid); err != nil {
+			return fmt.Errorf("driver restore: %w", err)
+		}
+		st = cuda.StateLocked
+	}
+	if st == cuda.StateLocked {
+		if err := cuda.CheckpointUnlock(pid); err != nil {
+			return fmt.Errorf("driver unlock: %w", err)
+		}
+	}
+	return nil
+}
+
+// driverResumeRetry is driverResume, tried again for up to a second: the
+// driver's restore needs the process's restore thread to run, which it does
+// only once CRIU has let the process go.
+func driverResumeRetry(pid int) error {
+	var err error
+	for i := 0; i < 10; i++ {
+		if err = driverResume(pid); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}

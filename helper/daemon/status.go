@@ -1,0 +1,117 @@
+package daemon
+
+// Status: the helper, its devices and driver, and every client it knows,
+// connected or waiting for its process.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// sortedClients copies the clients of m, one of s's maps, by pid.
+func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
+	s.mu.Lock()
+	out := slices.Collect(maps.Values(m))
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b *client) int { return cmp.Compare(a.pid, b.pid) })
+	return out
+}
+
+// status describes the helper and every client. Clients with a control
+// connection are asked GetStats and Snapshot, each within StatusTimeout.
+func (s *Server) status() *helperpb.StatusReply {
+	clients := sortedClients(s, s.byToken)
+	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
+		Driver: s.cfg.Driver}
+	for i, d := range s.cfg.Devices {
+		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
+			if free, err := fm.FreeMemory(); err == nil {
+				out.Devices[i].FreeMemory = free
+			}
+		}
+	}
+	infos := make([]*helperpb.ClientInfo, len(clients))
+	var wg sync.WaitGroup
+	for i, cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			infos[i] = s.clientInfo(cl)
+		}()
+	}
+	wg.Wait()
+	out.Clients = infos
+	// Processes the helper keeps memory for while they are not connected.
+	waiting := sortedClients(s, s.waiting)
+	s.mu.Lock()
+	for p := range s.plans {
+		for _, cl := range p.clients {
+			if cl.lifeState() == lifePrepared {
+				waiting = append(waiting, cl)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, cl := range waiting {
+		cl.mu.Lock()
+		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
+			Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, NotCheckpointable: []string{cl.waitingWhyLocked()},
+			State: cl.shownStateLocked()})
+		cl.mu.Unlock()
+	}
+	return out
+}
+
+func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
+	cl.mu.Lock()
+	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
+		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
+	cl.mu.Unlock()
+	var reasons []string
+	if !ci.ControlConnected {
+		reasons = append(reasons, "control connection down")
+	} else {
+		to := s.cfg.StatusTimeout
+		err := cl.withControl(to, func(ctl *control) error {
+			r, err := ctl.call(&helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}, nil, to)
+			if err != nil {
+				return err
+			}
+			if st := r.GetStats(); st != nil && st.LocalAllocs > 0 {
+				reasons = append(reasons, fmt.Sprintf("%d allocations fell back to local memory", st.LocalAllocs))
+			}
+			r, err = ctl.call(&helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, nil, to)
+			if err != nil {
+				return err
+			}
+			if t := r.GetTable(); t != nil {
+				reasons = append(reasons, t.NotCheckpointable...)
+				// What the client says it is, recorded while the
+				// exchange is held (an illegal transition is logged).
+				_ = cl.reported(t.State)
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, errBusy):
+			// An operation (a checkpoint) is running; what it last set stands.
+		case errors.Is(err, errNoControl):
+			reasons = append(reasons, "control connection down")
+			ci.ControlConnected = false
+		case err != nil:
+			reasons = append(reasons, "control connection does not answer: "+err.Error())
+		}
+	}
+	cl.mu.Lock()
+	ci.State = cl.shownStateLocked()
+	cl.mu.Unlock()
+	ci.NotCheckpointable = reasons
+	ci.Checkpointable = len(reasons) == 0
+	return ci
+}
