@@ -165,6 +165,7 @@ static int roundtrip(int fd, Req *req, Resp **out, int *fds, int maxfds, int *nf
     if (!*out || ((*out)->id != req->id && !refused) || (sent < 0 && !refused)) {
         if (*out)
             gpucr__helper__v1__response__free_unpacked(*out, NULL);
+        *out = NULL; /* the callers free what they got */
         for (int i = 0; i < nf; i++)
             close(fds[i]);
         return sent < 0 ? sent : -EPROTO;
