@@ -31,7 +31,7 @@ typedef Gpucr__Helper__V1__Response Resp;
 
 /* CONN_DETACHED: both connections closed on the helper's Detach, the control thread waits for the wake file. */
 enum { CONN_NONE = 0, CONN_UP, CONN_OFF, CONN_DEAD, CONN_DETACHED };
-enum { ST_RUNNING = 1, ST_QUIESCED = 2, ST_DROPPED = 3 };
+enum { CLIENT_RUNNING = 1, CLIENT_QUIESCED = 2, CLIENT_DROPPED = 3 }; /* the protocol's ClientState */
 
 typedef struct rec {
     uint64_t id, addr, size; /* size: what is reserved and mapped */
@@ -87,10 +87,9 @@ static struct {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .calls_fd = -1,
     .ctl_fd = -1,
-    .state = ST_RUNNING,
+    .state = CLIENT_RUNNING,
 };
 
-#define R(name) ((__typeof__(&name))gc_real(SYM_##name))
 
 static void ensure_table(void) {
     if (!atomic_load(&G.table.cur) && gt_init(&G.table) != 0)
@@ -332,7 +331,7 @@ static const char *dev_uuid(int dev) {
     if (have)
         return G.uuid[dev];
     CUuuid u;
-    __typeof__(&cuDeviceGetUuid_v2) fn = R(cuDeviceGetUuid_v2);
+    __typeof__(&cuDeviceGetUuid_v2) fn = GC_REAL(cuDeviceGetUuid_v2);
     CUresult r = fn ? fn(&u, dev) : CUDA_ERROR_NOT_SUPPORTED;
     if (r != CUDA_SUCCESS) {
         gc_debug("cuDeviceGetUuid_v2(%d): %d", dev, (int)r);
@@ -359,7 +358,7 @@ static uint64_t granularity(int dev, const char *uuid) {
     p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     p.location.id = dev;
     size_t g = 0;
-    __typeof__(&cuMemGetAllocationGranularity) fn = R(cuMemGetAllocationGranularity);
+    __typeof__(&cuMemGetAllocationGranularity) fn = GC_REAL(cuMemGetAllocationGranularity);
     if (fn && fn(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && g)
         return g;
     return DEFAULT_SLAB;
@@ -368,7 +367,7 @@ static uint64_t granularity(int dev, const char *uuid) {
 /* Remembers the calling thread's context for Drain. */
 static void note_context(void) {
     CUcontext c = NULL;
-    __typeof__(&cuCtxGetCurrent) fn = R(cuCtxGetCurrent);
+    __typeof__(&cuCtxGetCurrent) fn = GC_REAL(cuCtxGetCurrent);
     if (!fn || fn(&c) != CUDA_SUCCESS || !c)
         return;
     pthread_mutex_lock(&G.mu);
@@ -397,23 +396,24 @@ static void send_free(uint64_t id) {
 }
 
 static CUresult map_fd(int fd, uint64_t addr, uint64_t size, int dev, CUmemGenericAllocationHandle *h) {
-    CUresult r = R(cuMemImportFromShareableHandle)(h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = GC_REAL(cuMemImportFromShareableHandle)(h, (void *)(intptr_t)fd,
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
         gc_warn("cuMemImportFromShareableHandle: error %d", (int)r);
         return r;
     }
-    r = R(cuMemMap)(addr, size, 0, *h, 0);
+    r = GC_REAL(cuMemMap)(addr, size, 0, *h, 0);
     if (r != CUDA_SUCCESS) {
         gc_warn("cuMemMap(0x%llx, %llu): error %d", (unsigned long long)addr, (unsigned long long)size, (int)r);
-        R(cuMemRelease)(*h);
+        GC_REAL(cuMemRelease)(*h);
         return r;
     }
     CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-    r = R(cuMemSetAccess)(addr, size, &d, 1);
+    r = GC_REAL(cuMemSetAccess)(addr, size, &d, 1);
     if (r != CUDA_SUCCESS) {
         gc_warn("cuMemSetAccess(0x%llx): error %d", (unsigned long long)addr, (int)r);
-        R(cuMemUnmap)(addr, size);
-        R(cuMemRelease)(*h);
+        GC_REAL(cuMemUnmap)(addr, size);
+        GC_REAL(cuMemRelease)(*h);
     }
     return r;
 }
@@ -504,11 +504,11 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
         rsize = (size + gran - 1) / gran * gran;
     rec *a = calloc(1, sizeof *a);
     CUdeviceptr addr = 0;
-    CUresult r = a ? R(cuMemAddressReserve)(&addr, rsize, gran, 0, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = a ? GC_REAL(cuMemAddressReserve)(&addr, rsize, gran, 0, 0) : CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS) {
         r = map_fd(fds[0], addr, rsize, dev, &a->h);
         if (r != CUDA_SUCCESS)
-            R(cuMemAddressFree)(addr, rsize);
+            GC_REAL(cuMemAddressFree)(addr, rsize);
     } else {
         gc_warn("cuMemAddressReserve(%llu): error %d", (unsigned long long)rsize, (int)r);
     }
@@ -539,14 +539,14 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
 /* Unmaps, releases, frees the reservation, tells the helper. Not under G.mu. */
 static void release_rec(rec *a) {
     if (a->mapped) {
-        CUresult r = R(cuMemUnmap)(a->addr, a->size);
+        CUresult r = GC_REAL(cuMemUnmap)(a->addr, a->size);
         if (r != CUDA_SUCCESS)
             gc_warn("cuMemUnmap(0x%llx): error %d", (unsigned long long)a->addr, (int)r);
-        r = R(cuMemRelease)(a->h);
+        r = GC_REAL(cuMemRelease)(a->h);
         if (r != CUDA_SUCCESS)
             gc_warn("cuMemRelease: error %d", (int)r);
     }
-    CUresult r = R(cuMemAddressFree)(a->addr, a->size);
+    CUresult r = GC_REAL(cuMemAddressFree)(a->addr, a->size);
     if (r != CUDA_SUCCESS)
         gc_warn("cuMemAddressFree(0x%llx): error %d", (unsigned long long)a->addr, (int)r);
     send_free(a->id);
@@ -614,7 +614,7 @@ CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) {
     reap_pending(false);
     CUdevice dev = 0;
     const char *uuid = NULL;
-    if (R(cuCtxGetDevice)(&dev) != CUDA_SUCCESS || !(uuid = dev_uuid(dev))) {
+    if (GC_REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS || !(uuid = dev_uuid(dev))) {
         *use_real = true; /* the driver gives the application its own answer (no context, ...) */
         return CUDA_SUCCESS;
     }
@@ -642,7 +642,7 @@ CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) {
                     return CUDA_ERROR_OUT_OF_MEMORY;
                 }
                 pthread_mutex_unlock(&G.mu);
-                gc_stat_add(ST_ALLOCS, 1);
+                gc_stat_add(STAT_ALLOCS, 1);
                 *dptr = b.addr;
                 return CUDA_SUCCESS;
             }
@@ -692,7 +692,7 @@ CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) {
         release_rec(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    gc_stat_add(ST_ALLOCS, 1);
+    gc_stat_add(STAT_ALLOCS, 1);
     *dptr = a->addr;
     return CUDA_SUCCESS;
 }
@@ -701,14 +701,14 @@ void gc_track_local(CUdeviceptr p, size_t size, int kind) {
     if (!gc_client_tracking())
         return;
     CUdevice dev = 0;
-    if (R(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
+    if (GC_REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS)
         dev = -1;
     gc_buf b = {.addr = p, .size = size, .alloc_id = 0, .kind = kind, .dev = dev};
     pthread_mutex_lock(&G.mu);
     insert_buf(&b);
     pthread_mutex_unlock(&G.mu);
-    gc_stat_add(ST_ALLOCS, 1);
-    gc_stat_add(ST_LOCAL_ALLOCS, 1);
+    gc_stat_add(STAT_ALLOCS, 1);
+    gc_stat_add(STAT_LOCAL_ALLOCS, 1);
     gc_note_reason(GC_REASON_LOCAL);
 }
 
@@ -760,17 +760,17 @@ static void reap_pending(bool all) {
     while (list) {
         pend *p = list;
         list = p->next;
-        CUresult r = R(cuEventQuery)(p->ev);
+        CUresult r = GC_REAL(cuEventQuery)(p->ev);
         if (r == CUDA_ERROR_NOT_READY && !all) {
             p->next = keep;
             keep = p;
             continue;
         }
         if (r == CUDA_ERROR_NOT_READY)
-            r = R(cuEventSynchronize)(p->ev);
+            r = GC_REAL(cuEventSynchronize)(p->ev);
         if (r != CUDA_SUCCESS)
             gc_debug("deferred free of 0x%llx: event error %d", (unsigned long long)p->b.addr, (int)r);
-        R(cuEventDestroy_v2)(p->ev);
+        GC_REAL(cuEventDestroy_v2)(p->ev);
         release_buf(&p->b);
         free(p);
     }
@@ -798,7 +798,7 @@ int gc_free(CUdeviceptr p, bool async, CUstream stream, CUresult *res) {
     pthread_mutex_unlock(&G.mu);
     if (rc != 0)
         return 0; /* freed meanwhile by another thread: the driver answers */
-    gc_stat_add(ST_FREES, 1);
+    gc_stat_add(STAT_FREES, 1);
     if (b.alloc_id == 0) {
         pthread_mutex_lock(&G.mu);
         G.live_buffers--;
@@ -809,9 +809,9 @@ int gc_free(CUdeviceptr p, bool async, CUstream stream, CUresult *res) {
     *res = CUDA_SUCCESS;
     if (async) {
         CUevent ev = NULL;
-        CUresult r = R(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
-        if (r == CUDA_SUCCESS && (r = R(cuEventRecord)(ev, stream)) != CUDA_SUCCESS)
-            R(cuEventDestroy_v2)(ev);
+        CUresult r = GC_REAL(cuEventCreate)(&ev, CU_EVENT_DISABLE_TIMING);
+        if (r == CUDA_SUCCESS && (r = GC_REAL(cuEventRecord)(ev, stream)) != CUDA_SUCCESS)
+            GC_REAL(cuEventDestroy_v2)(ev);
         pend *pd = r == CUDA_SUCCESS ? malloc(sizeof *pd) : NULL;
         if (pd) {
             pd->b = b;
@@ -823,13 +823,13 @@ int gc_free(CUdeviceptr p, bool async, CUstream stream, CUresult *res) {
             return 1;
         }
         if (r == CUDA_SUCCESS)
-            R(cuEventDestroy_v2)(ev);
-        r = R(cuStreamSynchronize)(stream);
+            GC_REAL(cuEventDestroy_v2)(ev);
+        r = GC_REAL(cuStreamSynchronize)(stream);
         if (r != CUDA_SUCCESS)
             gc_debug("cuMemFreeAsync: stream sync: error %d", (int)r);
     } else {
         /* cuMemFree synchronizes: work still queued may use the memory */
-        CUresult r = R(cuCtxSynchronize)();
+        CUresult r = GC_REAL(cuCtxSynchronize)();
         if (r != CUDA_SUCCESS)
             gc_debug("cuMemFree: cuCtxSynchronize: error %d", (int)r);
     }
@@ -993,9 +993,9 @@ static void do_drain(Resp *resp) {
     memcpy(ctxs, G.ctxs, sizeof(CUcontext) * (size_t)n);
     pthread_mutex_unlock(&G.mu);
     for (int i = 0; i < n; i++) {
-        CUresult r = R(cuCtxSetCurrent)(ctxs[i]);
+        CUresult r = GC_REAL(cuCtxSetCurrent)(ctxs[i]);
         if (r == CUDA_SUCCESS)
-            r = R(cuCtxSynchronize)();
+            r = GC_REAL(cuCtxSynchronize)();
         if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_HANDLE)
             continue; /* destroyed since */
         if (r != CUDA_SUCCESS) {
@@ -1013,7 +1013,7 @@ static bool set_wake_path(const char *w);
 /* Drop: unmap and release every import. Its wake path (a checkpoint's) is
  * where to wait should the helper go away before the memory comes back. */
 static void do_drop(Req *req, Resp *resp) {
-    if (atomic_load(&G.state) != ST_QUIESCED) {
+    if (atomic_load(&G.state) != CLIENT_QUIESCED) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Drop: not quiesced");
         return;
     }
@@ -1027,16 +1027,16 @@ static void do_drop(Req *req, Resp *resp) {
     for (rec *a = G.recs; a; a = a->next) {
         if (!a->mapped)
             continue;
-        CUresult r = R(cuMemUnmap)(a->addr, a->size);
+        CUresult r = GC_REAL(cuMemUnmap)(a->addr, a->size);
         if (r == CUDA_SUCCESS)
-            r = R(cuMemRelease)(a->h);
+            r = GC_REAL(cuMemRelease)(a->h);
         if (r != CUDA_SUCCESS && bad == CUDA_SUCCESS)
             bad = r;
         a->mapped = false;
     }
     gc_vmm_drop(&bad);
     pthread_mutex_unlock(&G.mu);
-    atomic_store(&G.state, ST_DROPPED);
+    atomic_store(&G.state, CLIENT_DROPPED);
     if (bad != CUDA_SUCCESS) {
         snprintf(errbuf, sizeof errbuf, "Drop: cuMemUnmap/cuMemRelease: CUresult %d", (int)bad);
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER, errbuf);
@@ -1124,7 +1124,7 @@ static rec *find_rec_at(uint64_t addr) {
  */
 static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
     Gpucr__Helper__V1__Reimport *ri = req->reimport;
-    if (atomic_load(&G.state) != ST_DROPPED) {
+    if (atomic_load(&G.state) != CLIENT_DROPPED) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Reimport: nothing dropped");
         return;
     }
@@ -1183,7 +1183,7 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
 
 static void do_resume(Resp *resp) {
     int st = atomic_load(&G.state);
-    if (st == ST_DROPPED) {
+    if (st == CLIENT_DROPPED) {
         pthread_mutex_lock(&G.mu);
         bool all = true;
         for (rec *a = G.recs; a; a = a->next)
@@ -1195,7 +1195,7 @@ static void do_resume(Resp *resp) {
             return;
         }
     }
-    atomic_store(&G.state, ST_RUNNING);
+    atomic_store(&G.state, CLIENT_RUNNING);
     G.wake_path[0] = 0; /* the memory is back: nothing to wait for */
     gc_gate_open();
     set_ok(resp);
@@ -1307,30 +1307,30 @@ static void snap_free(snap_mem *m) {
 static Gpucr__Helper__V1__ClientStats stats_msg;
 
 static void do_stats(Resp *resp) {
-    uint64_t c[ST_N];
+    uint64_t c[STAT_N];
     gc_stats_sum(c);
     Gpucr__Helper__V1__ClientStats *s = &stats_msg;
     *s = (Gpucr__Helper__V1__ClientStats)GPUCR__HELPER__V1__CLIENT_STATS__INIT;
-    s->allocs = c[ST_ALLOCS];
-    s->frees = c[ST_FREES];
+    s->allocs = c[STAT_ALLOCS];
+    s->frees = c[STAT_FREES];
     pthread_mutex_lock(&G.mu);
     s->live_buffers = G.live_buffers;
     s->live_bytes = G.live_bytes;
     s->helper_bytes = G.helper_bytes;
     pthread_mutex_unlock(&G.mu);
-    s->local_allocs = c[ST_LOCAL_ALLOCS];
-    s->launches = c[ST_LAUNCHES];
-    s->launches_with_hits = c[ST_LAUNCH_HITS];
-    s->pointer_words = c[ST_PTR_WORDS];
+    s->local_allocs = c[STAT_LOCAL_ALLOCS];
+    s->launches = c[STAT_LAUNCHES];
+    s->launches_with_hits = c[STAT_LAUNCH_HITS];
+    s->pointer_words = c[STAT_PTR_WORDS];
     s->param_layouts = gc_layout_count();
-    s->launches_no_layout = c[ST_NO_LAYOUT];
-    s->launches_scanned = c[ST_SCANNED];
-    s->copies = c[ST_COPIES];
-    s->memsets = c[ST_MEMSETS];
-    s->modules_loaded = c[ST_MODULES];
-    s->streams_created = c[ST_STREAMS];
-    s->events_created = c[ST_EVENTS];
-    s->gate_waits = c[ST_GATE_WAITS];
+    s->launches_no_layout = c[STAT_NO_LAYOUT];
+    s->launches_scanned = c[STAT_SCANNED];
+    s->copies = c[STAT_COPIES];
+    s->memsets = c[STAT_MEMSETS];
+    s->modules_loaded = c[STAT_MODULES];
+    s->streams_created = c[STAT_STREAMS];
+    s->events_created = c[STAT_EVENTS];
+    s->gate_waits = c[STAT_GATE_WAITS];
     resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_STATS;
     resp->stats = s;
 }
@@ -1361,7 +1361,7 @@ static bool set_wake_path(const char *w) {
 
 /* Detach: only dropped, with both connections up; *detach tells control_main to go on with detached(). */
 static void do_detach(Req *req, Resp *resp, bool *detach) {
-    if (atomic_load(&G.state) != ST_DROPPED) {
+    if (atomic_load(&G.state) != CLIENT_DROPPED) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: not dropped");
     } else if (atomic_load(&G.conn) != CONN_UP) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: the calls connection is lost");
@@ -1611,13 +1611,13 @@ serve:
             switch (req->body_case) {
             case GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE: {
                 unsigned t = req->quiesce->timeout_ms ? req->quiesce->timeout_ms : 10000;
-                if (atomic_load(&G.state) != ST_RUNNING) {
+                if (atomic_load(&G.state) != CLIENT_RUNNING) {
                     set_ok(&resp);
                 } else if (gc_gate_close(t) != 0) {
                     set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT,
                               "Quiesce: calls still in progress at the timeout");
                 } else {
-                    atomic_store(&G.state, ST_QUIESCED);
+                    atomic_store(&G.state, CLIENT_QUIESCED);
                     pthread_mutex_lock(&G.mu);
                     gt_reclaim(&G.table);
                     pthread_mutex_unlock(&G.mu);
@@ -1670,7 +1670,7 @@ serve:
         if (detach)
             fd = detached(fd);
     }
-    if (atomic_load(&G.state) == ST_DROPPED && G.wake_path[0]) {
+    if (atomic_load(&G.state) == CLIENT_DROPPED && G.wake_path[0]) {
         /* A checkpoint recorded us for the next helper (helper/daemon/orphan.go). */
         gc_warn("the helper closed the control connection while this process's device memory was dropped for a "
                 "checkpoint (did it die?): waiting for a helper to give it back (%s)",
@@ -1679,11 +1679,11 @@ serve:
         goto serve;
     }
     gc_note_reason(GC_REASON_CONTROL);
-    if (atomic_load(&G.state) == ST_QUIESCED) {
-        atomic_store(&G.state, ST_RUNNING);
+    if (atomic_load(&G.state) == CLIENT_QUIESCED) {
+        atomic_store(&G.state, CLIENT_RUNNING);
         gc_gate_open();
         gc_warn("control connection closed while quiesced: resuming");
-    } else if (atomic_load(&G.state) == ST_DROPPED) {
+    } else if (atomic_load(&G.state) == CLIENT_DROPPED) {
         gpu_state_lost("the gpucr helper closed the control connection while this process's device memory was dropped "
                        "for a checkpoint (the helper died?)");
     }
@@ -1745,7 +1745,7 @@ void gc_client_atfork_child(void) {
     G.table.retired = NULL;
     G.table.nretired = 0;
     atomic_store(&G.reasons, 0);
-    atomic_store(&G.state, ST_RUNNING);
+    atomic_store(&G.state, CLIENT_RUNNING);
     G.live_buffers = G.live_bytes = G.helper_bytes = 0;
     G.warned_dead = G.warned_fallback = G.warned_oom = false;
     G.mods = NULL;

@@ -206,25 +206,25 @@ GC_HIDDEN void slab_give(gc_slab *s, uint64_t off, uint64_t size);
 
 /* ---- scan.c: counters, layouts, scanning ---- */
 enum gc_stat {
-    ST_ALLOCS,
-    ST_FREES,
-    ST_LOCAL_ALLOCS,
-    ST_LAUNCHES,
-    ST_LAUNCH_HITS,
-    ST_PTR_WORDS,
-    ST_NO_LAYOUT,
-    ST_COPIES,
-    ST_MEMSETS,
-    ST_MODULES,
-    ST_STREAMS,
-    ST_EVENTS,
-    ST_GATE_WAITS,
-    ST_SCANNED,
-    ST_N
+    STAT_ALLOCS,
+    STAT_FREES,
+    STAT_LOCAL_ALLOCS,
+    STAT_LAUNCHES,
+    STAT_LAUNCH_HITS,
+    STAT_PTR_WORDS,
+    STAT_NO_LAYOUT,
+    STAT_COPIES,
+    STAT_MEMSETS,
+    STAT_MODULES,
+    STAT_STREAMS,
+    STAT_EVENTS,
+    STAT_GATE_WAITS,
+    STAT_SCANNED,
+    STAT_N
 };
 
 GC_HIDDEN void gc_stat_add(enum gc_stat s, uint64_t v);
-GC_HIDDEN void gc_stats_sum(uint64_t out[ST_N]);
+GC_HIDDEN void gc_stats_sum(uint64_t out[STAT_N]);
 GC_HIDDEN void gc_stats_reset(void); /* fork child */
 
 typedef CUresult (*gc_paraminfo_fn)(void *h, size_t idx, size_t *off, size_t *size);
@@ -332,7 +332,7 @@ GC_HIDDEN void gc_gate_open(void);
 GC_HIDDEN void gc_gate_reset(void);
 GC_HIDDEN extern __thread int gc_in_control __attribute__((tls_model("initial-exec")));
 
-/* Real entry points the client needs, by name. */
+/* The driver's entry point, by name (resolved on first use). */
 #define GC_REAL(name) ((__typeof__(&name))gc_real(SYM_##name))
 
 /* Passed through behind the gate only (interpose.c). */

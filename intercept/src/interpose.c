@@ -179,7 +179,7 @@ void gc_gate_enter(void) {
         if (__builtin_expect(!atomic_load(&gate_closed), 1) || gc_in_control)
             return;
         gc_gate_leave();
-        gc_stat_add(ST_GATE_WAITS, 1);
+        gc_stat_add(STAT_GATE_WAITS, 1);
         pthread_mutex_lock(&gate_mu);
         while (atomic_load(&gate_closed))
             pthread_cond_wait(&gate_cv, &gate_mu);
@@ -264,12 +264,11 @@ __attribute__((constructor)) static void gc_init(void) {
 
 /* ---- wrappers ---- */
 
-#define REAL(name) ((__typeof__(&name))gc_real(SYM_##name))
 
 /* Counted pass-through. */
 #define WRAP_COUNT(name, stat, PARAMS, ARGS)                                                                       \
     GC_EXPORT CUresult name PARAMS {                                                                               \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -280,7 +279,7 @@ __attribute__((constructor)) static void gc_init(void) {
     }
 
 GC_EXPORT CUresult cuInit(unsigned int flags) {
-    __typeof__(&cuInit) fn = REAL(cuInit);
+    __typeof__(&cuInit) fn = GC_REAL(cuInit);
     if (!fn)
         return CUDA_ERROR_NOT_INITIALIZED;
     gc_forkscrub_before_init();
@@ -295,7 +294,7 @@ GC_EXPORT CUresult cuInit(unsigned int flags) {
 
 GC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                        CUdriverProcAddressQueryResult *symbolStatus) {
-    __typeof__(&cuGetProcAddress_v2) fn = REAL(cuGetProcAddress_v2);
+    __typeof__(&cuGetProcAddress_v2) fn = GC_REAL(cuGetProcAddress_v2);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     CUresult r = fn(symbol, pfn, cudaVersion, flags, symbolStatus);
@@ -305,7 +304,7 @@ GC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaV
 }
 
 GC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
-    __typeof__(&cuGetProcAddress) fn = REAL(cuGetProcAddress);
+    __typeof__(&cuGetProcAddress) fn = GC_REAL(cuGetProcAddress);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     CUresult r = fn(symbol, pfn, cudaVersion, flags);
@@ -317,7 +316,7 @@ GC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
 /* ---- allocations ---- */
 
 #define ALLOC_BODY(name, kind, ...)                                                                                \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
@@ -356,7 +355,7 @@ GC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
  */
 GC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                       unsigned int ElementSizeBytes) {
-    __typeof__(&cuMemAllocPitch_v2) fn = REAL(cuMemAllocPitch_v2);
+    __typeof__(&cuMemAllocPitch_v2) fn = GC_REAL(cuMemAllocPitch_v2);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -381,7 +380,7 @@ GC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
 }
 
 #define FREE_BODY(name, async, stream, ...)                                                                        \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
@@ -400,7 +399,7 @@ GC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 }
 
 GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
-    __typeof__(&cuMemGetAddressRange_v2) fn = REAL(cuMemGetAddressRange_v2);
+    __typeof__(&cuMemGetAddressRange_v2) fn = GC_REAL(cuMemGetAddressRange_v2);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -412,7 +411,7 @@ GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
 }
 
 GC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
-    __typeof__(&cuMemAllocManaged) fn = REAL(cuMemAllocManaged);
+    __typeof__(&cuMemAllocManaged) fn = GC_REAL(cuMemAllocManaged);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -424,7 +423,7 @@ GC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 }
 
 GC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
-    __typeof__(&cuIpcGetMemHandle) fn = REAL(cuIpcGetMemHandle);
+    __typeof__(&cuIpcGetMemHandle) fn = GC_REAL(cuIpcGetMemHandle);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -455,14 +454,14 @@ static inline void scan(void *f, void **kernelParams, void **extra) {
     if (scan_this() && gc_client_tracking())
         gc_scan_launch(gc_buffers(), f, kernelParams, extra);
     else
-        gc_stat_add(ST_LAUNCHES, 1);
+        gc_stat_add(STAT_LAUNCHES, 1);
 }
 
 #define LAUNCH(name)                                                                                               \
     GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,     \
                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                \
                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {    \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -479,7 +478,7 @@ LAUNCH(cuLaunchKernel_ptsz)
     GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,     \
                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                \
                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams) {                  \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -494,7 +493,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
 
 #define LAUNCH_EX(name)                                                                                            \
     GC_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {       \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -508,8 +507,8 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
 /* ---- copies and memsets ---- */
 
-#define CP_SYNC(name, D, S) WRAP_COUNT(name, ST_COPIES, (D dst, S src, size_t n), (dst, src, n))
-#define CP_ASYNC(name, D, S) WRAP_COUNT(name, ST_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s))
+#define CP_SYNC(name, D, S) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n), (dst, src, n))
+#define CP_ASYNC(name, D, S) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s))
 CP_SYNC(cuMemcpyHtoD_v2, CUdeviceptr, const void *)
 CP_SYNC(cuMemcpyDtoH_v2, void *, CUdeviceptr)
 CP_SYNC(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr)
@@ -527,8 +526,8 @@ CP_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, void *, CUdeviceptr)
 CP_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, CUdeviceptr, CUdeviceptr)
 CP_ASYNC(cuMemcpyAsync_ptsz, CUdeviceptr, CUdeviceptr)
 
-#define MS_SYNC(name, T) WRAP_COUNT(name, ST_MEMSETS, (CUdeviceptr d, T v, size_t n), (d, v, n))
-#define MS_ASYNC(name, T) WRAP_COUNT(name, ST_MEMSETS, (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s))
+#define MS_SYNC(name, T) WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n), (d, v, n))
+#define MS_ASYNC(name, T) WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s))
 MS_SYNC(cuMemsetD8_v2, unsigned char)
 MS_SYNC(cuMemsetD16_v2, unsigned short)
 MS_SYNC(cuMemsetD32_v2, unsigned int)
@@ -545,13 +544,13 @@ MS_ASYNC(cuMemsetD32Async_ptsz, unsigned int)
 /* ---- modules, libraries ---- */
 
 #define LOAD_BODY(name, NOTE, ...)                                                                                 \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
     CUresult r = fn(__VA_ARGS__);                                                                                  \
     if (r == CUDA_SUCCESS) {                                                                                       \
-        gc_stat_add(ST_MODULES, 1);                                                                                \
+        gc_stat_add(STAT_MODULES, 1);                                                                              \
         NOTE;                                                                                                      \
     }                                                                                                              \
     gc_gate_leave();                                                                                               \
@@ -584,7 +583,7 @@ GC_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
 
 /* Unloads free function handles the driver may hand out again: cached layouts become stale. */
 GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
-    __typeof__(&cuModuleUnload) fn = REAL(cuModuleUnload);
+    __typeof__(&cuModuleUnload) fn = GC_REAL(cuModuleUnload);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -594,7 +593,7 @@ GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     return r;
 }
 GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
-    __typeof__(&cuLibraryUnload) fn = REAL(cuLibraryUnload);
+    __typeof__(&cuLibraryUnload) fn = GC_REAL(cuLibraryUnload);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -607,7 +606,7 @@ GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
 /* ---- streams, events ---- */
 
 #define CREATE_BODY(name, stat, ...)                                                                               \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
@@ -618,11 +617,11 @@ GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
     return r;
 
 GC_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
-    CREATE_BODY(cuStreamCreate, ST_STREAMS, phStream, Flags)
+    CREATE_BODY(cuStreamCreate, STAT_STREAMS, phStream, Flags)
 }
 GC_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
-    CREATE_BODY(cuStreamCreateWithPriority, ST_STREAMS, phStream, flags, priority)
+    CREATE_BODY(cuStreamCreateWithPriority, STAT_STREAMS, phStream, flags, priority)
 }
 GC_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
-    CREATE_BODY(cuEventCreate, ST_EVENTS, phEvent, Flags)
+    CREATE_BODY(cuEventCreate, STAT_EVENTS, phEvent, Flags)
 }

@@ -58,7 +58,6 @@
 #define VH_TAG 0xC0DA000000000000ULL
 #define VH_MASK 0xFFFF000000000000ULL
 
-#define R(name) ((__typeof__(&name))gc_real(SYM_##name))
 
 typedef struct vacc {
     uint64_t ptr, size; /* inside its mapping */
@@ -299,7 +298,7 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     if (!uuid)
         return GC_FALLBACK;
     size_t gran = 0;
-    __typeof__(&cuMemGetAllocationGranularity) gfn = R(cuMemGetAllocationGranularity);
+    __typeof__(&cuMemGetAllocationGranularity) gfn = GC_REAL(cuMemGetAllocationGranularity);
     CUresult r = gfn ? gfn(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) : CUDA_ERROR_NOT_SUPPORTED;
     if (r != CUDA_SUCCESS || gran == 0 || size % gran)
         return GC_FALLBACK; /* the driver gives the application its own answer */
@@ -321,7 +320,8 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     } else if (!(v = calloc(1, sizeof *v))) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        r = R(cuMemImportFromShareableHandle)(&real, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        r = GC_REAL(cuMemImportFromShareableHandle)(&real, (void *)(intptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (r != CUDA_SUCCESS) {
             gc_warn("cuMemImportFromShareableHandle: error %d: using the driver's cuMemCreate; not checkpointable",
                     (int)r);
@@ -349,7 +349,7 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     V.recs = v;
     gc_helper_bytes_add((int64_t)hsize);
     gc_unlock();
-    gc_stat_add(ST_ALLOCS, 1);
+    gc_stat_add(STAT_ALLOCS, 1);
     gc_debug("cuMemCreate: helper allocation %llu, %zu bytes, handle 0x%llx", (unsigned long long)id, size,
              (unsigned long long)v->vh);
     *handle = v->vh;
@@ -358,7 +358,7 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
 
 GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                                unsigned long long flags) {
-    __typeof__(&cuMemCreate) fn = R(cuMemCreate);
+    __typeof__(&cuMemCreate) fn = GC_REAL(cuMemCreate);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -382,7 +382,7 @@ GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 }
 
 GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    __typeof__(&cuMemRelease) fn = R(cuMemRelease);
+    __typeof__(&cuMemRelease) fn = GC_REAL(cuMemRelease);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -407,7 +407,7 @@ GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     }
     if (free_id) {
         gc_send_free(free_id);
-        gc_stat_add(ST_FREES, 1);
+        gc_stat_add(STAT_FREES, 1);
     }
     gc_gate_leave();
     return r;
@@ -415,7 +415,7 @@ GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                             unsigned long long flags) {
-    __typeof__(&cuMemMap) fn = R(cuMemMap);
+    __typeof__(&cuMemMap) fn = GC_REAL(cuMemMap);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -455,7 +455,7 @@ GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
 }
 
 GC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
-    __typeof__(&cuMemUnmap) fn = R(cuMemUnmap);
+    __typeof__(&cuMemUnmap) fn = GC_REAL(cuMemUnmap);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -470,13 +470,13 @@ GC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
         gc_send_free(ids[i]);
     free(ids);
     if (nids)
-        gc_stat_add(ST_FREES, nids);
+        gc_stat_add(STAT_FREES, nids);
     gc_gate_leave();
     return r;
 }
 
 GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-    __typeof__(&cuMemSetAccess) fn = R(cuMemSetAccess);
+    __typeof__(&cuMemSetAccess) fn = GC_REAL(cuMemSetAccess);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -497,7 +497,7 @@ GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
 }
 
 GC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
-    __typeof__(&cuMemRetainAllocationHandle) fn = R(cuMemRetainAllocationHandle);
+    __typeof__(&cuMemRetainAllocationHandle) fn = GC_REAL(cuMemRetainAllocationHandle);
     gc_gate_enter();
     CUresult r;
     gc_lock();
@@ -517,7 +517,7 @@ GC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *han
 
 GC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
                                                           CUmemGenericAllocationHandle handle) {
-    __typeof__(&cuMemGetAllocationPropertiesFromHandle) fn = R(cuMemGetAllocationPropertiesFromHandle);
+    __typeof__(&cuMemGetAllocationPropertiesFromHandle) fn = GC_REAL(cuMemGetAllocationPropertiesFromHandle);
     gc_gate_enter();
     CUresult r;
     gc_lock();
@@ -537,7 +537,7 @@ GC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *p
 
 GC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
                                                 CUmemAllocationHandleType handleType, unsigned long long flags) {
-    __typeof__(&cuMemExportToShareableHandle) fn = R(cuMemExportToShareableHandle);
+    __typeof__(&cuMemExportToShareableHandle) fn = GC_REAL(cuMemExportToShareableHandle);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -562,7 +562,7 @@ GC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGene
 /* Foreign memory (another process's export): passed through, not checkpointable. */
 GC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
                                                   CUmemAllocationHandleType shHandleType) {
-    __typeof__(&cuMemImportFromShareableHandle) fn = R(cuMemImportFromShareableHandle);
+    __typeof__(&cuMemImportFromShareableHandle) fn = GC_REAL(cuMemImportFromShareableHandle);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -585,12 +585,12 @@ void gc_vmm_drop(CUresult *bad) {
         for (vmap *m = V.maps; m; m = m->next) {
             if (m->r != v)
                 continue;
-            CUresult r = R(cuMemUnmap)(m->ptr, m->size);
+            CUresult r = GC_REAL(cuMemUnmap)(m->ptr, m->size);
             if (r != CUDA_SUCCESS && *bad == CUDA_SUCCESS)
                 *bad = r;
         }
         if (!v->real_released) {
-            CUresult r = R(cuMemRelease)(v->real);
+            CUresult r = GC_REAL(cuMemRelease)(v->real);
             if (r != CUDA_SUCCESS && *bad == CUDA_SUCCESS)
                 *bad = r;
         }
@@ -603,7 +603,7 @@ static void unmap_first(const vrec *v, size_t n) {
     for (vmap *m = V.maps; m && n; m = m->next) {
         if (m->r != v)
             continue;
-        CUresult r = R(cuMemUnmap)(m->ptr, m->size);
+        CUresult r = GC_REAL(cuMemUnmap)(m->ptr, m->size);
         if (r != CUDA_SUCCESS)
             gc_warn("Reimport: undoing the mapping at 0x%llx: error %d", (unsigned long long)m->ptr, (int)r);
         n--;
@@ -645,7 +645,8 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     if (v->imported)
         return 1;
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = R(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = GC_REAL(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd,
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
         snprintf(msg, msglen, "Reimport %llu: cuMemImportFromShareableHandle: CUresult %d", (unsigned long long)id,
                  (int)r);
@@ -655,7 +656,7 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     for (vmap *m = V.maps; m && r == CUDA_SUCCESS; m = m->next) {
         if (m->r != v)
             continue;
-        r = R(cuMemMap)(m->ptr, m->size, m->off, h, 0);
+        r = GC_REAL(cuMemMap)(m->ptr, m->size, m->off, h, 0);
         if (r != CUDA_SUCCESS) {
             snprintf(msg, msglen, "Reimport %llu: cuMemMap(0x%llx): CUresult %d", (unsigned long long)id,
                      (unsigned long long)m->ptr, (int)r);
@@ -663,7 +664,7 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
         }
         done++;
         for (size_t i = 0; i < m->nacc && r == CUDA_SUCCESS; i++) {
-            r = R(cuMemSetAccess)(m->acc[i].ptr, m->acc[i].size, m->acc[i].d, m->acc[i].n);
+            r = GC_REAL(cuMemSetAccess)(m->acc[i].ptr, m->acc[i].size, m->acc[i].d, m->acc[i].n);
             if (r != CUDA_SUCCESS)
                 snprintf(msg, msglen, "Reimport %llu: cuMemSetAccess(0x%llx): CUresult %d", (unsigned long long)id,
                          (unsigned long long)m->acc[i].ptr, (int)r);
@@ -671,14 +672,14 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     }
     if (r != CUDA_SUCCESS) {
         unmap_first(v, done);
-        CUresult rr = R(cuMemRelease)(h);
+        CUresult rr = GC_REAL(cuMemRelease)(h);
         if (rr != CUDA_SUCCESS)
             gc_warn("Reimport %llu: releasing the import: error %d", (unsigned long long)id, (int)rr);
         return -2;
     }
     if (v->real_released) {
         /* the application had released its handle: again only the mappings hold the memory */
-        r = R(cuMemRelease)(h);
+        r = GC_REAL(cuMemRelease)(h);
         if (r != CUDA_SUCCESS)
             gc_warn("Reimport %llu: cuMemRelease: error %d", (unsigned long long)id, (int)r);
     }
