@@ -13,21 +13,21 @@ CFLAGS   ?= -O2 -g
 WARN     := -Wall -Wextra -Werror
 # Fortified builds here too: the GPU machine's compiler fortifies by default,
 # and its warnings must show up here first.
-CPPFLAGS += -Iintercept/include -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
+CPPFLAGS += -Iinclude -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
 PICFLAGS := -fPIC -fvisibility=hidden
 
 SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
-SIM_HDR    := $(wildcard tests/sim/*.h) intercept/include/gpucr/cudadrv.h tests/apps/common/gpuapp.h
+SIM_HDR    := $(wildcard tests/sim/*.h) include/gpucr/cudadrv.h tests/apps/common/gpuapp.h
 SIM_LIB    := $(BUILD)/sim/libcuda.so.1
 APP_COMMON := $(wildcard tests/apps/common/*.c)
-APP_HDR    := $(wildcard tests/apps/common/*.h) intercept/include/gpucr/cudadrv.h
+APP_HDR    := $(wildcard tests/apps/common/*.h) include/gpucr/cudadrv.h
 APP_SRC    := $(wildcard tests/apps/*.c)
 APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
 INTERCEPT_SRC := $(wildcard intercept/src/*.c)
-INTERCEPT_HDR := $(wildcard intercept/src/*.h) intercept/include/gpucr/cudadrv.h protocol/c/helper.pb-c.h
+INTERCEPT_HDR := $(wildcard intercept/src/*.h) include/gpucr/cudadrv.h protocol/c/helper.pb-c.h
 INTERCEPT     := $(BUILD)/lib/libgpucr.so
 INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
@@ -124,7 +124,7 @@ gpu-apps:
 # cgo: the helper dlopen()s the driver (helper/cuda) and NVML (go-nvml), so
 # gpucr is linked dynamically against glibc. go-nvml's header declares many
 # deprecated functions; their warnings are noise here.
-HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h) intercept/include/gpucr/cudadrv.h
+HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h) include/gpucr/cudadrv.h
 $(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 	@mkdir -p $(@D)
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
