@@ -26,8 +26,12 @@ APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
+# The C side of the protocol (protocol/c): the generated messages, the framing
+# and the round trip; the interposer and the CRIU plugin both link it.
+PROTO_C_SRC := protocol/c/helper.pb-c.c protocol/c/wire.c
+PROTO_C_HDR := protocol/c/helper.pb-c.h protocol/c/wire.h
 INTERCEPT_SRC := $(wildcard intercept/src/*.c)
-INTERCEPT_HDR := $(wildcard intercept/src/*.h) include/gpucr/cudadrv.h protocol/c/helper.pb-c.h
+INTERCEPT_HDR := $(wildcard intercept/src/*.h) include/gpucr/cudadrv.h $(PROTO_C_HDR)
 INTERCEPT     := $(BUILD)/lib/libgpucr.so
 INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
@@ -53,24 +57,24 @@ $(SIM_LIB): $(SIM_SRC) $(SIM_HDR) Makefile
 # The LD_PRELOAD interposer. Only the interposed driver entry points and dlsym
 # are exported (-fvisibility=hidden, GC_EXPORT); the protobuf-c runtime is
 # found next to the library too ($$ORIGIN), for machines that lack it.
-$(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) protocol/c/helper.pb-c.c Makefile
+$(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) $(PROTO_C_SRC) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
-		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) protocol/c/helper.pb-c.c \
+		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) $(PROTO_C_SRC) \
 		-lprotobuf-c -ldl -lpthread
 
 # The CRIU plugin. Built against CRIU's public criu-plugin.h only (-isystem:
 # its inline dummies have unused parameters); only CR_PLUGIN_DESC is exported.
 # criu_get_image_dir comes from the criu binary, so no --no-undefined. It
-# shares the interposer's framing code (intercept/src/wire.c).
+# shares protocol/c with the interposer, nothing of intercept/.
 CRIU_INCLUDE ?= /opt/gpucr/criu/include
 PLUGIN       := $(BUILD)/lib/criu/gpucr_plugin.so
-PLUGIN_SRC   := criuplugin/gpucr_plugin.c intercept/src/wire.c protocol/c/helper.pb-c.c
+PLUGIN_SRC   := criuplugin/gpucr_plugin.c $(PROTO_C_SRC)
 plugin: $(PLUGIN)
 
-$(PLUGIN): $(PLUGIN_SRC) intercept/src/gpucr_int.h protocol/c/helper.pb-c.h Makefile
+$(PLUGIN): $(PLUGIN_SRC) $(PROTO_C_HDR) Makefile
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -isystem $(CRIU_INCLUDE) -Iintercept/src -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared \
+	$(CC) $(CPPFLAGS) -isystem $(CRIU_INCLUDE) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared \
 		-Wl,-rpath,'$$ORIGIN:$$ORIGIN/..' -o $@ $(PLUGIN_SRC) -lprotobuf-c
 
 # make install: the plugin where CRIU looks by default (criu --help: "by

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "gpucr_int.h"
-#include "helper.pb-c.h"
+#include "wire.h"
 
 typedef Gpucr__Helper__V1__Request Req;
 typedef Gpucr__Helper__V1__Response Resp;
@@ -132,44 +132,7 @@ static int unix_connect(const char *path) {
 
 /* One request, one response on fd. 0 (*out set), or -errno (transport). */
 static int roundtrip(int fd, Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
-    size_t len = gpucr__helper__v1__request__get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return -ENOMEM;
-    gpucr__helper__v1__request__pack(req, buf);
-    int rc = gc_send_frame(fd, buf, len, NULL, 0);
-    free(buf);
-    /* A helper that refused the connection (a limit) wrote why before it
-     * closed; that answer is still there to read. */
-    int sent = rc;
-    if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET)
-        return rc;
-    size_t rlen;
-    int nf = 0;
-    int dummy[GC_MAX_FDS];
-    if (!fds) {
-        fds = dummy;
-        maxfds = 0;
-    }
-    rc = gc_recv_frame(fd, &buf, &rlen, fds, maxfds, &nf);
-    if (rc < 0)
-        return sent < 0 ? sent : rc;
-    if (nfds)
-        *nfds = nf;
-    *out = gpucr__helper__v1__response__unpack(NULL, rlen, buf);
-    free(buf);
-    /* An error of id 0 answers whatever was asked: the helper refused the
-     * connection (a limit) or the frame, and closes it. */
-    bool refused = *out && (*out)->id == 0 && (*out)->error;
-    if (!*out || ((*out)->id != req->id && !refused) || (sent < 0 && !refused)) {
-        if (*out)
-            gpucr__helper__v1__response__free_unpacked(*out, NULL);
-        *out = NULL; /* the callers free what they got */
-        for (int i = 0; i < nf; i++)
-            close(fds[i]);
-        return sent < 0 ? sent : -EPROTO;
-    }
-    return 0;
+    return wire_roundtrip(fd, req, NULL, 0, out, fds, maxfds, nfds, true);
 }
 
 static void mark_dead(int err) {
@@ -1584,13 +1547,13 @@ static int detached(int ctl_fd) {
 static void *control_main(void *arg) {
     int fd = (int)(intptr_t)arg;
     gc_in_control = 1;
-    int fds[GC_MAX_FDS];
+    int fds[WIRE_MAX_FDS];
 serve:
     for (;;) {
         uint8_t *buf;
         size_t len;
         int nfds = 0;
-        int rc = gc_recv_frame(fd, &buf, &len, fds, GC_MAX_FDS, &nfds);
+        int rc = wire_recv_frame(fd, &buf, &len, fds, WIRE_MAX_FDS, &nfds);
         if (rc < 0) {
             if (rc != -EPIPE)
                 gc_warn("control connection: %s", strerror(-rc));
@@ -1654,7 +1617,7 @@ serve:
         rc = 0;
         if (out && olen) { /* every reply sets a body or an error: never empty */
             gpucr__helper__v1__response__pack(&resp, out);
-            rc = gc_send_frame(fd, out, olen, NULL, 0);
+            rc = wire_send_frame(fd, out, olen, NULL, 0);
         }
         free(out);
         if (abort_why[0])

@@ -5,7 +5,6 @@
  *                slab bitmap allocator; no driver calls, unit-tested by tests/intercept/unit.c
  *   scan.c       per-handle parameter layout cache (lock-free), launch parameter scanning,
  *                per-thread counters; driver calls only through function pointers
- *   wire.c       framing (4-byte LE length + protobuf, SCM_RIGHTS fds)
  *   client.c     the helper connections, allocations through the helper, the control thread
  *   vmm.c        the application's own VMM calls (cuMemCreate ...) served from the helper behind
  *                virtual allocation handles; their part of Drop / Reimport / Snapshot
@@ -248,13 +247,6 @@ GC_HIDDEN void gc_layout_reset(void);
 GC_HIDDEN unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
-
-/* ---- wire.c ---- */
-#define GC_MAX_FRAME (16u << 20)
-#define GC_MAX_FDS 200
-GC_HIDDEN int gc_send_frame(int sock, const void *buf, size_t len, const int *fds, int nfds); /* 0 or -errno */
-/* *buf malloc'ed; fds received go to fds[0..*nfds) (at most maxfds; extra are closed). 0, -errno, -EPIPE at EOF. */
-GC_HIDDEN int gc_recv_frame(int sock, uint8_t **buf, size_t *len, int *fds, int maxfds, int *nfds);
 
 /* ---- client.c ---- */
 GC_HIDDEN void gc_client_ensure(void); /* connect on first need */
