@@ -104,10 +104,10 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
-$(INTERCEPT_UNIT): tests/intercept/unit.c intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile
+$(INTERCEPT_UNIT): tests/intercept/unit.c intercept/src/1_table.c intercept/src/1_scan.c $(INTERCEPT_HDR) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ tests/intercept/unit.c \
-		intercept/src/table.c intercept/src/scan.c
+		intercept/src/1_table.c intercept/src/1_scan.c
 
 # Test applications: driver API only, linked against whichever libcuda the
 # link path offers (the simulated one here, the real one with gpu-apps).

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
 
 static int failures;
 

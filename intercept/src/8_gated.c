@@ -6,7 +6,7 @@
  * faulted on the H200: "unspecified launch failure"). Counted with the
  * launches, copies or memsets they are.
  */
-#include "gpucr_int.h"
+#include "1_base.h"
 
 #define GATED(name, stat, PARAMS, ARGS)                                                                            \
     GC_EXPORT CUresult name PARAMS {                                                                               \

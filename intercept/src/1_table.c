@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
 
 static gc_btab *btab_alloc(size_t n) {
     gc_btab *s = malloc(sizeof *s + n * sizeof(gc_buf));

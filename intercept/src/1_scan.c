@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
 
 /* ---- per-thread counters ---- */
 
