@@ -21,8 +21,6 @@
 typedef Gpucr__Helper__V1__Request Req;
 typedef Gpucr__Helper__V1__Response Resp;
 
-#define MAX_DEV 64
-
 static struct {
     pthread_mutex_t init_mu;  /* connecting */
     pthread_mutex_t calls_mu; /* the calls connection, one request at a time */
@@ -32,7 +30,7 @@ static struct {
     struct {
         char uuid[48];
         uint64_t gran;
-    } hdev[MAX_DEV]; /* the helper's devices (HelloReply) */
+    } hdev[GC_MAX_DEV]; /* the helper's devices (HelloReply) */
     int nhdev;
     bool warned_dead;
     atomic_bool warned_fallback, warned_oom;
@@ -118,7 +116,7 @@ static int hello(int fd, int role, uint64_t token, Resp **out) {
 
 static void set_devices(const Gpucr__Helper__V1__HelloReply *h) {
     G.nhdev = 0;
-    for (size_t i = 0; i < h->n_devices && G.nhdev < MAX_DEV; i++) {
+    for (size_t i = 0; i < h->n_devices && G.nhdev < GC_MAX_DEV; i++) {
         Gpucr__Helper__V1__DeviceInfo *d = h->devices[i];
         snprintf(G.hdev[G.nhdev].uuid, sizeof G.hdev[0].uuid, "%s", d->uuid ? d->uuid : "");
         G.hdev[G.nhdev].gran = d->granularity;

@@ -15,6 +15,9 @@
  * for the wake file. */
 enum { CONN_NONE = 0, CONN_UP, CONN_OFF, CONN_DEAD, CONN_DETACHED };
 
+/* Devices: the most the helper's list and the UUID cache (3_devices.c) hold. */
+#define GC_MAX_DEV 64
+
 /* The helper did not serve (no helper, or it failed otherwise than out of memory): the driver's own call answers. */
 #define GC_FALLBACK ((CUresult)-1)
 

@@ -10,12 +10,10 @@
 #include "2_link.h"
 #include "3_devices.h"
 
-#define MAX_DEV 64
-
 static struct {
     pthread_mutex_t mu; /* everything below; taken after any other lock, never before one */
-    char uuid[MAX_DEV][48];
-    bool have_uuid[MAX_DEV];
+    char uuid[GC_MAX_DEV][48];
+    bool have_uuid[GC_MAX_DEV];
     CUcontext ctxs[GC_MAX_CTX];
     int nctx;
 } G = {
@@ -23,7 +21,7 @@ static struct {
 };
 
 const char *gc_dev_uuid(int dev) {
-    if (dev < 0 || dev >= MAX_DEV)
+    if (dev < 0 || dev >= GC_MAX_DEV)
         return NULL;
     pthread_mutex_lock(&G.mu);
     bool have = G.have_uuid[dev];
@@ -49,7 +47,7 @@ const char *gc_dev_uuid(int dev) {
 }
 
 const char *gc_dev_uuid_known(int dev) {
-    if (dev < 0 || dev >= MAX_DEV)
+    if (dev < 0 || dev >= GC_MAX_DEV)
         return "";
     pthread_mutex_lock(&G.mu);
     bool have = G.have_uuid[dev];

@@ -2,8 +2,8 @@
  * Helper allocations (4_alloc.h): memory the helper allocates and exports,
  * imported here at reserved addresses; 2 MiB slabs for small buffers;
  * deferred stream-ordered frees; the buffer table of everything the
- * application was handed. Their part of Drop / Reimport / Resume / Snapshot / GetStats
- * for the control thread. A forked child resets it all.
+ * application was handed. Their part of Drop / Reimport / Resume / Snapshot
+ * / GetStats for the control thread. A forked child resets it all.
  */
 #include <stdio.h>
 #include <stdlib.h>
