@@ -15,21 +15,25 @@ CFLAGS   ?= -O2 -g
 WARN     := -Wall -Wextra -Werror
 # Fortified builds here too: the GPU machine's compiler fortifies by default,
 # and its warnings must show up here first.
-CPPFLAGS += -Iintercept/include -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
+CPPFLAGS += -Iinclude -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
 PICFLAGS := -fPIC -fvisibility=hidden
 
 SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
-SIM_HDR    := $(wildcard tests/sim/*.h) intercept/include/gpucr/cudadrv.h tests/apps/common/gpuapp.h
+SIM_HDR    := $(wildcard tests/sim/*.h) include/gpucr/cudadrv.h tests/apps/common/gpuapp.h
 SIM_LIB    := $(BUILD)/sim/libcuda.so.1
 APP_COMMON := $(wildcard tests/apps/common/*.c)
-APP_HDR    := $(wildcard tests/apps/common/*.h) intercept/include/gpucr/cudadrv.h
+APP_HDR    := $(wildcard tests/apps/common/*.h) include/gpucr/cudadrv.h
 APP_SRC    := $(wildcard tests/apps/*.c)
 APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
+# The C side of the protocol (protocol/c): the generated messages, the framing
+# and the round trip; the interposer and the CRIU plugin both link it.
+PROTO_C_SRC := protocol/c/helper.pb-c.c protocol/c/wire.c
+PROTO_C_HDR := protocol/c/helper.pb-c.h protocol/c/wire.h
 INTERCEPT_SRC := $(wildcard intercept/src/*.c)
-INTERCEPT_HDR := $(wildcard intercept/src/*.h) intercept/include/gpucr/cudadrv.h protocol/c/helper.pb-c.h
+INTERCEPT_HDR := $(wildcard intercept/src/*.h) include/gpucr/cudadrv.h $(PROTO_C_HDR)
 INTERCEPT     := $(BUILD)/lib/libgpucr.so
 INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 # C sources in a directory of their own: the Go test beside them (tests/intercept)
@@ -58,24 +62,24 @@ $(SIM_LIB): $(SIM_SRC) $(SIM_HDR) Makefile
 # The LD_PRELOAD interposer. Only the interposed driver entry points and dlsym
 # are exported (-fvisibility=hidden, GC_EXPORT); the protobuf-c runtime is
 # found next to the library too ($$ORIGIN), for machines that lack it.
-$(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) protocol/c/helper.pb-c.c Makefile
+$(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) $(PROTO_C_SRC) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
-		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) protocol/c/helper.pb-c.c \
+		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) $(PROTO_C_SRC) \
 		-lprotobuf-c -ldl -lpthread
 
 # The CRIU plugin. Built against CRIU's public criu-plugin.h only (-isystem:
 # its inline dummies have unused parameters); only CR_PLUGIN_DESC is exported.
 # criu_get_image_dir comes from the criu binary, so no --no-undefined. It
-# shares the interposer's framing code (intercept/src/wire.c).
+# shares protocol/c with the interposer, nothing of intercept/.
 CRIU_INCLUDE ?= /opt/gpucr/criu/include
 PLUGIN       := $(BUILD)/lib/criu/gpucr_plugin.so
-PLUGIN_SRC   := criuplugin/gpucr_plugin.c intercept/src/wire.c protocol/c/helper.pb-c.c
+PLUGIN_SRC   := criuplugin/gpucr_plugin.c $(PROTO_C_SRC)
 plugin: $(PLUGIN)
 
-$(PLUGIN): $(PLUGIN_SRC) intercept/src/gpucr_int.h protocol/c/helper.pb-c.h Makefile
+$(PLUGIN): $(PLUGIN_SRC) $(PROTO_C_HDR) Makefile
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -isystem $(CRIU_INCLUDE) -Iintercept/src -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared \
+	$(CC) $(CPPFLAGS) -isystem $(CRIU_INCLUDE) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared \
 		-Wl,-rpath,'$$ORIGIN:$$ORIGIN/..' -o $@ $(PLUGIN_SRC) -lprotobuf-c
 
 # make install: the plugin where CRIU looks by default (criu --help: "by
@@ -105,10 +109,10 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
-$(INTERCEPT_UNIT): $(INTERCEPT_UNIT_SRC) intercept/src/table.c intercept/src/scan.c $(INTERCEPT_HDR) Makefile
+$(INTERCEPT_UNIT): $(INTERCEPT_UNIT_SRC) intercept/src/1_table.c intercept/src/1_scan.c $(INTERCEPT_HDR) Makefile
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ $(INTERCEPT_UNIT_SRC) \
-		intercept/src/table.c intercept/src/scan.c
+		intercept/src/1_table.c intercept/src/1_scan.c
 
 # Test applications: driver API only, linked against whichever libcuda the
 # link path offers (the simulated one here, the real one with gpu-apps).
@@ -129,7 +133,7 @@ gpu-apps:
 # cgo: the helper dlopen()s the driver (helper/cuda) and NVML (go-nvml), so
 # gpucr is linked dynamically against glibc. go-nvml's header declares many
 # deprecated functions; their warnings are noise here.
-HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h) intercept/include/gpucr/cudadrv.h
+HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h) include/gpucr/cudadrv.h
 $(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 	@mkdir -p $(@D)
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) build -trimpath -o $@ ./helper/cmd/gpucr

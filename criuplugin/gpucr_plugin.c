@@ -47,8 +47,7 @@
 #include <criu/criu-plugin.h>
 #pragma GCC visibility pop
 
-#include "gpucr_int.h" /* gc_send_frame / gc_recv_frame (intercept/src/wire.c) */
-#include "helper.pb-c.h"
+#include "wire.h" /* protocol/c: framing, the round trip */
 
 typedef Gpucr__Helper__V1__Request Req;
 typedef Gpucr__Helper__V1__Response Resp;
@@ -191,32 +190,9 @@ static void disconnect(void) {
  * fd, if not -1, goes with the request (SCM_RIGHTS): the image directory. */
 static int roundtrip_fd(Req *req, int fd, Resp **out) {
     req->id = ++P.next_id;
-    size_t len = gpucr__helper__v1__request__get_packed_size(req);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-        return -ENOMEM;
-    gpucr__helper__v1__request__pack(req, buf);
-    int rc = gc_send_frame(P.sock, buf, len, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
-    free(buf);
+    int rc = wire_roundtrip(P.sock, req, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, out, NULL, 0, NULL, false);
     if (rc < 0)
-        goto dead;
-    size_t rlen;
-    int nf = 0, fds[1];
-    rc = gc_recv_frame(P.sock, &buf, &rlen, fds, 0, &nf);
-    if (rc < 0)
-        goto dead;
-    *out = gpucr__helper__v1__response__unpack(NULL, rlen, buf);
-    free(buf);
-    if (!*out || (*out)->id != req->id) {
-        if (*out)
-            gpucr__helper__v1__response__free_unpacked(*out, NULL);
-        *out = NULL;
-        rc = -EPROTO;
-        goto dead;
-    }
-    return 0;
-dead:
-    disconnect();
+        disconnect();
     return rc;
 }
 

@@ -7,7 +7,7 @@
 package cuda
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../intercept/include -O2
+#cgo CFLAGS: -I${SRCDIR}/../../include -O2
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"

@@ -1,12 +1,12 @@
 /*
- * ABI check of gpucr's driver API header (intercept/include/gpucr/cudadrv.h)
+ * ABI check of gpucr's driver API header (include/gpucr/cudadrv.h)
  * against the real cuda.h and libcuda.so.1. Driven by tests/gpu/abi-check.py,
  * which parses cudadrv.h and writes abi-items.h: one item a line, every
  * struct and typedef, struct member, enum constant, #define and function that
  * cudadrv.h declares. This file is compiled twice with the same items:
  *
  *   -DREAL_CUDA_H -I/usr/local/cuda/include    against NVIDIA's cuda.h
- *   -Iintercept/include                         against gpucr's header
+ *   -Iinclude                                   against gpucr's header
  *
  * and each binary prints one `kind name value` line per item:
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ABI check of intercept/include/gpucr/cudadrv.h against NVIDIA's cuda.h and libcuda.so.1.
+"""ABI check of include/gpucr/cudadrv.h against NVIDIA's cuda.h and libcuda.so.1.
 
 Parses cudadrv.h, writes abi-items.h (one item a line) and compiles
 tests/gpu/abi-check.c twice: with the real cuda.h and with gpucr's header.
@@ -29,7 +29,7 @@ import sys
 import tempfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-HEADER = os.path.join(ROOT, "intercept", "include", "gpucr", "cudadrv.h")
+HEADER = os.path.join(ROOT, "include", "gpucr", "cudadrv.h")
 CHECK_C = os.path.join(ROOT, "tests", "gpu", "abi-check.c")
 CC = os.environ.get("CC", "gcc")
 
@@ -201,7 +201,7 @@ def main():
     print("abi-check: %d items, %d functions from %s" % (len(items), len(protos), os.path.relpath(HEADER, ROOT)))
 
     src = os.path.join(work, "abi-check")
-    ours_exe = compile_dropping(src, items_path, items, ["-I", work, "-I", os.path.join(ROOT, "intercept", "include")],
+    ours_exe = compile_dropping(src, items_path, items, ["-I", work, "-I", os.path.join(ROOT, "include")],
                                 "gpucr-header", failures, False)
     if not ours_exe:
         raise SystemExit("abi-check: the items do not build with gpucr's own header: a bug in abi-check.py")

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
 
 static int failures;
 
@@ -144,7 +144,7 @@ static void test_scan(void) {
     uint32_t p1 = 42;                                         /* an int */
     uint64_t p2[2] = {b2.addr + 4095, 0x500000100000ULL + 5}; /* struct of two words: in b2, past b1 */
     void *params[] = {&p0, &p1, p2};
-    uint64_t before[ST_N], after[ST_N];
+    uint64_t before[STAT_N], after[STAT_N];
     gc_stats_sum(before);
     CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
     CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
@@ -177,10 +177,10 @@ static void test_scan(void) {
     CHECK(gc_scan_words(s, packed, 16) == 1);
 
     gc_stats_sum(after);
-    CHECK(after[ST_LAUNCHES] - before[ST_LAUNCHES] == 7);
-    CHECK(after[ST_LAUNCH_HITS] - before[ST_LAUNCH_HITS] == 5);
-    CHECK(after[ST_PTR_WORDS] - before[ST_PTR_WORDS] == 2 + 2 + 1 + 1 + 2);
-    CHECK(after[ST_NO_LAYOUT] - before[ST_NO_LAYOUT] == 2);
+    CHECK(after[STAT_LAUNCHES] - before[STAT_LAUNCHES] == 7);
+    CHECK(after[STAT_LAUNCH_HITS] - before[STAT_LAUNCH_HITS] == 5);
+    CHECK(after[STAT_PTR_WORDS] - before[STAT_PTR_WORDS] == 2 + 2 + 1 + 1 + 2);
+    CHECK(after[STAT_NO_LAYOUT] - before[STAT_NO_LAYOUT] == 2);
 
     /* after an unload, layouts are asked again */
     gc_layout_invalidate();

@@ -1,7 +1,6 @@
 /*
- * Framing (docs/helper-protocol.md): a 4-byte little-endian length N
- * (1..16 MiB), then N bytes. File descriptors ride as SCM_RIGHTS on the
- * sendmsg that carries the frame's first byte; received with MSG_CMSG_CLOEXEC.
+ * Framing and the request/response round trip (wire.h), for libgpucr.so and
+ * the CRIU plugin.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -9,16 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "gpucr_int.h"
+#include "wire.h"
 
-int gc_send_frame(int sock, const void *buf, size_t len, const int *fds, int nfds) {
-    if (len == 0 || len > GC_MAX_FRAME || nfds < 0 || nfds > GC_MAX_FDS)
+int wire_send_frame(int sock, const void *buf, size_t len, const int *fds, int nfds) {
+    if (len == 0 || len > WIRE_MAX_FRAME || nfds < 0 || nfds > WIRE_MAX_FDS)
         return -EINVAL;
     unsigned char hdr[4] = {(unsigned char)len, (unsigned char)(len >> 8), (unsigned char)(len >> 16),
                             (unsigned char)(len >> 24)};
     struct iovec iov[2] = {{hdr, 4}, {(void *)buf, len}};
     union {
-        char b[CMSG_SPACE(sizeof(int) * GC_MAX_FDS)];
+        char b[CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS)];
         struct cmsghdr align;
     } cm;
     struct msghdr mh = {0};
@@ -78,14 +77,14 @@ static void take_fds(struct msghdr *mh, int *fds, int maxfds, int *nfds) {
     }
 }
 
-int gc_recv_frame(int sock, uint8_t **bufp, size_t *lenp, int *fds, int maxfds, int *nfds) {
+int wire_recv_frame(int sock, uint8_t **bufp, size_t *lenp, int *fds, int maxfds, int *nfds) {
     unsigned char hdr[4];
     size_t got = 0;
     *nfds = 0;
     *bufp = NULL;
     while (got < 4) {
         union {
-            char b[CMSG_SPACE(sizeof(int) * GC_MAX_FDS)];
+            char b[CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS)];
             struct cmsghdr align;
         } cm;
         struct iovec iov = {hdr + got, 4 - got};
@@ -107,7 +106,7 @@ int gc_recv_frame(int sock, uint8_t **bufp, size_t *lenp, int *fds, int maxfds, 
         got += (size_t)n;
     }
     size_t len = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
-    if (len == 0 || len > GC_MAX_FRAME) {
+    if (len == 0 || len > WIRE_MAX_FRAME) {
         errno = EPROTO;
         goto fail_errno;
     }
@@ -138,4 +137,47 @@ fail_errno:;
         close(fds[i]);
     *nfds = 0;
     return -e;
+}
+
+int wire_roundtrip(int sock, Gpucr__Helper__V1__Request *req, const int *sfds, int nsfds,
+                   Gpucr__Helper__V1__Response **out, int *fds, int maxfds, int *nfds, bool refusals) {
+    *out = NULL;
+    size_t len = gpucr__helper__v1__request__get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+        return -ENOMEM;
+    gpucr__helper__v1__request__pack(req, buf);
+    int rc = wire_send_frame(sock, buf, len, sfds, nsfds);
+    free(buf);
+    /* A helper that refused the connection (a limit) wrote why before it
+     * closed; that answer is still there to read. */
+    int sent = rc;
+    if (rc < 0 && !(refusals && (rc == -EPIPE || rc == -ECONNRESET)))
+        return rc;
+    size_t rlen;
+    int nf = 0;
+    int none[1];
+    if (!fds) {
+        fds = none;
+        maxfds = 0;
+    }
+    rc = wire_recv_frame(sock, &buf, &rlen, fds, maxfds, &nf);
+    if (rc < 0)
+        return sent < 0 ? sent : rc;
+    Gpucr__Helper__V1__Response *r = gpucr__helper__v1__response__unpack(NULL, rlen, buf);
+    free(buf);
+    /* An error of id 0 answers whatever was asked: the helper refused the
+     * connection (a limit) or the frame, and closes it. */
+    bool refused = refusals && r && r->id == 0 && r->error;
+    if (!r || (r->id != req->id && !refused) || (sent < 0 && !refused)) {
+        if (r)
+            gpucr__helper__v1__response__free_unpacked(r, NULL);
+        for (int i = 0; i < nf; i++)
+            close(fds[i]);
+        return sent < 0 ? sent : -EPROTO;
+    }
+    *out = r;
+    if (nfds)
+        *nfds = nf;
+    return 0;
 }

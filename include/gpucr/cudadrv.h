@@ -1,6 +1,7 @@
 /*
  * gpucr's own declarations of the subset of the CUDA driver API that gpucr's C
- * components use (the interposer, the simulated driver, the test applications).
+ * components use (the interposer, the helper's driver binding, the simulated
+ * driver, the test applications and drvtest).
  *
  * Written from the public CUDA Driver API reference so that the project builds
  * without the CUDA toolkit. Enum values and struct layouts must equal those of

@@ -43,9 +43,11 @@
  *   CUarrayMapInfo; an application mapping helper-backed memory into a sparse
  *   array would hand the driver a virtual handle. No test application does.
  *
- * Bookkeeping is under the client mutex (gc_lock), as is the buffer table;
- * driver calls of the wrappers run under it too (VMM calls are not a hot path),
- * helper requests never do.
+ * Bookkeeping is under the bookkeeping lock (gc_alloc_lock), as is the buffer
+ * table; the driver calls of these entry points run under it too (VMM calls
+ * are not a hot path), helper requests never do. The wrappers
+ * (8_interpose.c) pass the gate and connect to the helper; they call the
+ * functions here with the driver's entry point.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -53,12 +55,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
+#include "2_link.h"
+#include "3_devices.h"
+#include "4_alloc.h"
+#include "5_vmm.h"
 
 #define VH_TAG 0xC0DA000000000000ULL
 #define VH_MASK 0xFFFF000000000000ULL
 
-#define R(name) ((__typeof__(&name))gc_real(SYM_##name))
 
 typedef struct vacc {
     uint64_t ptr, size; /* inside its mapping */
@@ -256,10 +261,9 @@ oom:
             (unsigned long long)lo);
 }
 
-/* ---- wrappers ---- */
+/* ---- the application's calls ---- */
 
-/* NULL if the helper can serve a cuMemCreate with these arguments, else why not. */
-static const char *unservable(size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
+const char *gc_vmm_unservable(size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
     if (!p)
         return "no allocation properties";
     if (flags != 0)
@@ -292,14 +296,13 @@ static void warn_unserved(size_t size, const CUmemAllocationProp *p, unsigned lo
             p ? p->allocFlags.gpuDirectRDMACapable : 0u, p ? p->allocFlags.usage : 0u, flags, why);
 }
 
-/* CUDA_SUCCESS, GC_FALLBACK (the driver's own cuMemCreate answers), or an error for the application. */
-static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop) {
+CUresult gc_vmm_create(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop) {
     int dev = prop->location.id;
     const char *uuid = gc_dev_uuid(dev);
     if (!uuid)
         return GC_FALLBACK;
     size_t gran = 0;
-    __typeof__(&cuMemGetAllocationGranularity) gfn = R(cuMemGetAllocationGranularity);
+    __typeof__(&cuMemGetAllocationGranularity) gfn = GC_REAL(cuMemGetAllocationGranularity);
     CUresult r = gfn ? gfn(&gran, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) : CUDA_ERROR_NOT_SUPPORTED;
     if (r != CUDA_SUCCESS || gran == 0 || size % gran)
         return GC_FALLBACK; /* the driver gives the application its own answer */
@@ -308,7 +311,7 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     int fd = -1;
     /* GPUDirect RDMA capable (PyTorch's expandable segments ask for it where
      * the device supports it): the helper creates it so, and a restore too */
-    r = gc_helper_alloc(uuid, size, GC_KIND_VMM, prop->allocFlags.gpuDirectRDMACapable != 0, &id, &hsize, &fd);
+    r = gc_link_alloc(uuid, size, GC_KIND_VMM, prop->allocFlags.gpuDirectRDMACapable != 0, &id, &hsize, &fd);
     if (r != CUDA_SUCCESS)
         return r;
     vrec *v = NULL;
@@ -321,7 +324,8 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     } else if (!(v = calloc(1, sizeof *v))) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-        r = R(cuMemImportFromShareableHandle)(&real, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        r = GC_REAL(cuMemImportFromShareableHandle)(&real, (void *)(intptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (r != CUDA_SUCCESS) {
             gc_warn("cuMemImportFromShareableHandle: error %d: using the driver's cuMemCreate; not checkpointable",
                     (int)r);
@@ -332,7 +336,7 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
         gc_debug("close of the allocation fd failed");
     if (r != CUDA_SUCCESS) {
         free(v);
-        gc_send_free(id);
+        gc_link_free(id);
         return r;
     }
     v->real = real;
@@ -343,55 +347,35 @@ static CUresult create_from_helper(CUmemGenericAllocationHandle *handle, size_t 
     v->prop = *prop;
     v->refs = 1;
     v->imported = true;
-    gc_lock();
+    gc_alloc_lock();
     v->vh = VH_TAG | (++V.counter & ~VH_MASK);
     v->next = V.recs;
     V.recs = v;
     gc_helper_bytes_add((int64_t)hsize);
-    gc_unlock();
-    gc_stat_add(ST_ALLOCS, 1);
+    gc_alloc_unlock();
+    gc_stat_add(STAT_ALLOCS, 1);
     gc_debug("cuMemCreate: helper allocation %llu, %zu bytes, handle 0x%llx", (unsigned long long)id, size,
              (unsigned long long)v->vh);
     *handle = v->vh;
     return CUDA_SUCCESS;
 }
 
-GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                               unsigned long long flags) {
-    __typeof__(&cuMemCreate) fn = R(cuMemCreate);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
-    CUresult r = GC_FALLBACK;
-    const char *why = unservable(size, prop, flags);
-    if (handle && !why && gc_client_up())
-        r = create_from_helper(handle, size, prop);
-    if (r == GC_FALLBACK) {
-        r = fn(handle, size, prop, flags);
-        if (r == CUDA_SUCCESS) {
-            if (why)
-                warn_unserved(size, prop, flags, why);
-            gc_note_reason(GC_REASON_APP_VMM);
-            if (is_virtual(*handle))
-                gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's",
-                        (unsigned long long)*handle);
-        }
-    }
-    gc_gate_leave();
-    return r;
+void gc_vmm_created_by_driver(CUmemGenericAllocationHandle handle, size_t size, const CUmemAllocationProp *prop,
+                              unsigned long long flags, const char *why) {
+    if (why)
+        warn_unserved(size, prop, flags, why);
+    gc_note_reason(GC_REASON_APP_VMM);
+    if (is_virtual(handle))
+        gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's", (unsigned long long)handle);
 }
 
-GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    __typeof__(&cuMemRelease) fn = R(cuMemRelease);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
+CUresult gc_vmm_release(__typeof__(&cuMemRelease) fn, CUmemGenericAllocationHandle handle) {
     CUresult r = CUDA_SUCCESS;
     uint64_t free_id = 0;
-    gc_lock();
+    gc_alloc_lock();
     vrec *v = find_vh(handle);
     if (!v) {
-        gc_unlock();
+        gc_alloc_unlock();
         r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(handle);
     } else {
         if (v->refs == 0) {
@@ -403,28 +387,23 @@ GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
         }
         if (r == CUDA_SUCCESS && --v->refs == 0 && v->nmaps == 0)
             free_id = rec_forget(v);
-        gc_unlock();
+        gc_alloc_unlock();
     }
     if (free_id) {
-        gc_send_free(free_id);
-        gc_stat_add(ST_FREES, 1);
+        gc_link_free(free_id);
+        gc_stat_add(STAT_FREES, 1);
     }
-    gc_gate_leave();
     return r;
 }
 
-GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                            unsigned long long flags) {
-    __typeof__(&cuMemMap) fn = R(cuMemMap);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
+CUresult gc_vmm_map(__typeof__(&cuMemMap) fn, CUdeviceptr ptr, size_t size, size_t offset,
+                    CUmemGenericAllocationHandle handle, unsigned long long flags) {
     CUresult r;
     uint64_t announce = 0;
-    gc_lock();
+    gc_alloc_lock();
     vrec *v = find_vh(handle);
     if (!v) {
-        gc_unlock();
+        gc_alloc_unlock();
         r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(ptr, size, offset, handle, flags);
     } else {
         vmap *m = calloc(1, sizeof *m);
@@ -446,41 +425,32 @@ GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
         } else {
             free(m);
         }
-        gc_unlock();
+        gc_alloc_unlock();
     }
     if (announce)
-        gc_send_mapped(announce, ptr);
-    gc_gate_leave();
+        gc_link_mapped(announce, ptr);
     return r;
 }
 
-GC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
-    __typeof__(&cuMemUnmap) fn = R(cuMemUnmap);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
+CUresult gc_vmm_unmap(__typeof__(&cuMemUnmap) fn, CUdeviceptr ptr, size_t size) {
     uint64_t *ids = NULL;
     size_t nids = 0;
-    gc_lock();
+    gc_alloc_lock();
     CUresult r = fn(ptr, size);
     if (r == CUDA_SUCCESS && size && ptr + size > ptr)
         cut_range(ptr, ptr + size, &ids, &nids);
-    gc_unlock();
+    gc_alloc_unlock();
     for (size_t i = 0; i < nids; i++)
-        gc_send_free(ids[i]);
+        gc_link_free(ids[i]);
     free(ids);
     if (nids)
-        gc_stat_add(ST_FREES, nids);
-    gc_gate_leave();
+        gc_stat_add(STAT_FREES, nids);
     return r;
 }
 
-GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-    __typeof__(&cuMemSetAccess) fn = R(cuMemSetAccess);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
-    gc_lock();
+CUresult gc_vmm_set_access(__typeof__(&cuMemSetAccess) fn, CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                           size_t count) {
+    gc_alloc_lock();
     CUresult r = fn(ptr, size, desc, count);
     if (r == CUDA_SUCCESS && desc && count) {
         uint64_t end = ptr + size;
@@ -491,92 +461,76 @@ GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcces
             note_access(m, m->ptr > ptr ? m->ptr : ptr, mend < end ? mend : end, desc, count);
         }
     }
-    gc_unlock();
-    gc_gate_leave();
+    gc_alloc_unlock();
     return r;
 }
 
-GC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
-    __typeof__(&cuMemRetainAllocationHandle) fn = R(cuMemRetainAllocationHandle);
-    gc_gate_enter();
+CUresult gc_vmm_retain(__typeof__(&cuMemRetainAllocationHandle) fn, CUmemGenericAllocationHandle *handle, void *addr) {
     CUresult r;
-    gc_lock();
+    gc_alloc_lock();
     vmap *m = handle ? map_at((uint64_t)(uintptr_t)addr) : NULL;
     if (m) {
         m->r->refs++; /* one more cuMemRelease to come; our import reference is not retained again */
         *handle = m->r->vh;
-        gc_unlock();
+        gc_alloc_unlock();
         r = CUDA_SUCCESS;
     } else {
-        gc_unlock();
+        gc_alloc_unlock();
         r = fn ? fn(handle, addr) : CUDA_ERROR_NOT_SUPPORTED;
     }
-    gc_gate_leave();
     return r;
 }
 
-GC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
-                                                          CUmemGenericAllocationHandle handle) {
-    __typeof__(&cuMemGetAllocationPropertiesFromHandle) fn = R(cuMemGetAllocationPropertiesFromHandle);
-    gc_gate_enter();
+CUresult gc_vmm_get_props(__typeof__(&cuMemGetAllocationPropertiesFromHandle) fn, CUmemAllocationProp *prop,
+                          CUmemGenericAllocationHandle handle) {
     CUresult r;
-    gc_lock();
+    gc_alloc_lock();
     vrec *v = find_vh(handle);
     if (v) {
         if (prop)
             *prop = v->prop; /* what the application asked for, not what the import says */
-        gc_unlock();
+        gc_alloc_unlock();
         r = prop ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     } else {
-        gc_unlock();
+        gc_alloc_unlock();
         r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn ? fn(prop, handle) : CUDA_ERROR_NOT_SUPPORTED;
     }
-    gc_gate_leave();
     return r;
 }
 
-GC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
-                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
-    __typeof__(&cuMemExportToShareableHandle) fn = R(cuMemExportToShareableHandle);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
+CUresult gc_vmm_export(__typeof__(&cuMemExportToShareableHandle) fn, void *shareableHandle,
+                       CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType,
+                       unsigned long long flags) {
     CUresult r;
-    gc_lock();
+    gc_alloc_lock();
     vrec *v = find_vh(handle);
     if (!v) {
-        gc_unlock();
+        gc_alloc_unlock();
         r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(shareableHandle, handle, handleType, flags);
     } else {
         /* only the types requested at creation export, as with the driver; the import itself is POSIX-fd */
         r = (handleType & v->prop.requestedHandleTypes) ? fn(shareableHandle, v->real, handleType, flags)
                                                          : CUDA_ERROR_INVALID_VALUE;
-        gc_unlock();
+        gc_alloc_unlock();
         if (r == CUDA_SUCCESS)
             gc_note_reason(GC_REASON_EXPORT);
     }
-    gc_gate_leave();
     return r;
 }
 
 /* Foreign memory (another process's export): passed through, not checkpointable. */
-GC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
-                                                  CUmemAllocationHandleType shHandleType) {
-    __typeof__(&cuMemImportFromShareableHandle) fn = R(cuMemImportFromShareableHandle);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    gc_gate_enter();
+CUresult gc_vmm_import(__typeof__(&cuMemImportFromShareableHandle) fn, CUmemGenericAllocationHandle *handle,
+                       void *osHandle, CUmemAllocationHandleType shHandleType) {
     CUresult r = fn(handle, osHandle, shHandleType);
     if (r == CUDA_SUCCESS) {
         gc_note_reason(GC_REASON_FOREIGN);
         if (is_virtual(*handle))
             gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's", (unsigned long long)*handle);
     }
-    gc_gate_leave();
     return r;
 }
 
-/* ---- the control thread's part (gc_lock held) ---- */
+/* ---- the control thread's part (the bookkeeping lock held) ---- */
 
 void gc_vmm_drop(CUresult *bad) {
     for (vrec *v = V.recs; v; v = v->next) {
@@ -585,12 +539,12 @@ void gc_vmm_drop(CUresult *bad) {
         for (vmap *m = V.maps; m; m = m->next) {
             if (m->r != v)
                 continue;
-            CUresult r = R(cuMemUnmap)(m->ptr, m->size);
+            CUresult r = GC_REAL(cuMemUnmap)(m->ptr, m->size);
             if (r != CUDA_SUCCESS && *bad == CUDA_SUCCESS)
                 *bad = r;
         }
         if (!v->real_released) {
-            CUresult r = R(cuMemRelease)(v->real);
+            CUresult r = GC_REAL(cuMemRelease)(v->real);
             if (r != CUDA_SUCCESS && *bad == CUDA_SUCCESS)
                 *bad = r;
         }
@@ -603,7 +557,7 @@ static void unmap_first(const vrec *v, size_t n) {
     for (vmap *m = V.maps; m && n; m = m->next) {
         if (m->r != v)
             continue;
-        CUresult r = R(cuMemUnmap)(m->ptr, m->size);
+        CUresult r = GC_REAL(cuMemUnmap)(m->ptr, m->size);
         if (r != CUDA_SUCCESS)
             gc_warn("Reimport: undoing the mapping at 0x%llx: error %d", (unsigned long long)m->ptr, (int)r);
         n--;
@@ -645,7 +599,8 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     if (v->imported)
         return 1;
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = R(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r = GC_REAL(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd,
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
         snprintf(msg, msglen, "Reimport %llu: cuMemImportFromShareableHandle: CUresult %d", (unsigned long long)id,
                  (int)r);
@@ -655,7 +610,7 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     for (vmap *m = V.maps; m && r == CUDA_SUCCESS; m = m->next) {
         if (m->r != v)
             continue;
-        r = R(cuMemMap)(m->ptr, m->size, m->off, h, 0);
+        r = GC_REAL(cuMemMap)(m->ptr, m->size, m->off, h, 0);
         if (r != CUDA_SUCCESS) {
             snprintf(msg, msglen, "Reimport %llu: cuMemMap(0x%llx): CUresult %d", (unsigned long long)id,
                      (unsigned long long)m->ptr, (int)r);
@@ -663,7 +618,7 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
         }
         done++;
         for (size_t i = 0; i < m->nacc && r == CUDA_SUCCESS; i++) {
-            r = R(cuMemSetAccess)(m->acc[i].ptr, m->acc[i].size, m->acc[i].d, m->acc[i].n);
+            r = GC_REAL(cuMemSetAccess)(m->acc[i].ptr, m->acc[i].size, m->acc[i].d, m->acc[i].n);
             if (r != CUDA_SUCCESS)
                 snprintf(msg, msglen, "Reimport %llu: cuMemSetAccess(0x%llx): CUresult %d", (unsigned long long)id,
                          (unsigned long long)m->acc[i].ptr, (int)r);
@@ -671,14 +626,14 @@ int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd, char *msg
     }
     if (r != CUDA_SUCCESS) {
         unmap_first(v, done);
-        CUresult rr = R(cuMemRelease)(h);
+        CUresult rr = GC_REAL(cuMemRelease)(h);
         if (rr != CUDA_SUCCESS)
             gc_warn("Reimport %llu: releasing the import: error %d", (unsigned long long)id, (int)rr);
         return -2;
     }
     if (v->real_released) {
         /* the application had released its handle: again only the mappings hold the memory */
-        r = R(cuMemRelease)(h);
+        r = GC_REAL(cuMemRelease)(h);
         if (r != CUDA_SUCCESS)
             gc_warn("Reimport %llu: cuMemRelease: error %d", (unsigned long long)id, (int)r);
     }
@@ -699,11 +654,12 @@ bool gc_vmm_all_imported(void) {
     return true;
 }
 
-size_t gc_vmm_list(gc_vmm_info *out, size_t max) {
+size_t gc_vmm_list(gc_alloc_info *out, size_t max) {
     size_t n = 0;
     for (vrec *v = V.recs; v; v = v->next, n++)
         if (out && n < max)
-            out[n] = (gc_vmm_info){.id = v->id, .addr = v->announced, .size = v->hsize, .dev = v->dev};
+            out[n] = (gc_alloc_info){
+                .id = v->id, .addr = v->announced, .size = v->hsize, .dev = v->dev, .kind = GC_KIND_VMM};
     return out && n > max ? max : n;
 }
 

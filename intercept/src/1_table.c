@@ -1,6 +1,6 @@
 /*
  * The buffer table and the slab bitmap. No driver calls, no I/O: unit-tested
- * by tests/intercept/unit.c.
+ * by tests/intercept/c/unit.c.
  *
  * The table is an immutable sorted array; a writer (holding its caller's
  * mutex) builds a new array and swaps the pointer with a release store, so
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
 
 static gc_btab *btab_alloc(size_t n) {
     gc_btab *s = malloc(sizeof *s + n * sizeof(gc_buf));

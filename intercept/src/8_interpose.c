@@ -1,238 +1,20 @@
 /*
- * Symbol interposition: one table of {name, wrapper, real pointer}; the
- * exported wrappers under the driver's ABI names; dlsym and cuGetProcAddress
- * hand out wrappers in place of the driver's own entry points; the gate.
+ * The wrappers (layer 8): the exported entry points under the driver's ABI
+ * names (GC_SYMS), each passing the gate, connecting to the helper where it
+ * needs it, counting, and calling on the layers below; the constructor.
+ * 8_gated.c has those that need nothing but the gate.
  */
-#include <dlfcn.h>
-#include <errno.h>
-#include <link.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
+#include "2_link.h"
+#include "4_alloc.h"
+#include "5_vmm.h"
+#include "6_modules.h"
+#include "7_control.h"
 
-/* ---- logging ---- */
-
-int gc_log_debug;
-
-static void vlog(const char *fmt, va_list ap) {
-    char line[1024];
-    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
-    if (n < 0)
-        return;
-    if ((size_t)n > sizeof line - 2)
-        n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    fputs("gpucr: ", stderr);
-    fwrite(line, 1, (size_t)n, stderr);
-}
-
-void gc_warn(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(fmt, ap);
-    va_end(ap);
-}
-
-void gc_debug(const char *fmt, ...) {
-    if (!gc_log_debug)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(fmt, ap);
-    va_end(ap);
-}
-
-/* ---- the symbol table ---- */
-
-typedef struct {
-    const char *name;
-    void *wrapper; /* NULL for the interposer's internal entries */
-    void *real;
-} sym_ent;
-
-#define GC_SYM_WRAPPED(n) {#n, (void *)n, NULL},
-#define GC_SYM_INTERNAL(n) {#n, NULL, NULL},
-static sym_ent syms[SYM_NALL] = {GC_SYMS(GC_SYM_WRAPPED) GC_INTERNAL_SYMS(GC_SYM_INTERNAL)};
-
-typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym;
-static void *libcuda;
-static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
-static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
-static _Atomic int resolved;
-
-static void find_real_dlsym(void) {
-    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!real_dlsym)
-        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-}
-
-static dlsym_fn get_real_dlsym(void) {
-    pthread_once(&dlsym_once, find_real_dlsym);
-    return real_dlsym;
-}
-
-static void do_resolve(void) {
-    dlsym_fn rd = get_real_dlsym();
-    const char *path = getenv("GPUCR_LIBCUDA");
-    if (!path || !*path)
-        path = "libcuda.so.1";
-    libcuda = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
-    if (!libcuda || !rd) {
-        gc_warn("cannot load the driver %s: %s", path, rd ? dlerror() : "no dlsym");
-    } else {
-        for (int i = 0; i < SYM_NALL; i++)
-            syms[i].real = rd(libcuda, syms[i].name);
-    }
-    gc_scan_set_query((gc_paraminfo_fn)syms[SYM_cuFuncGetParamInfo].real,
-                      (gc_paraminfo_fn)syms[SYM_cuKernelGetParamInfo].real);
-    atomic_store(&resolved, 1);
-}
-
-void gc_resolve(void) {
-    if (__builtin_expect(!atomic_load_explicit(&resolved, memory_order_acquire), 0))
-        pthread_once(&resolve_once, do_resolve);
-}
-
-void *gc_real(int idx) {
-    gc_resolve();
-    return syms[idx].real;
-}
-
-/* A real entry point of a function we wrap -> our wrapper; anything else unchanged. */
-static void *to_wrapper(void *p) {
-    if (!p)
-        return p;
-    for (int i = 0; i < SYM_NWRAPPED; i++)
-        if (syms[i].real == p)
-            return syms[i].wrapper;
-    return p;
-}
-
-/* RTLD_NEXT relative to our caller, not to us (the real dlsym would see us as the caller). */
-static void *dlsym_next(dlsym_fn rd, const void *caller, const char *name) {
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-        return rd(RTLD_NEXT, name);
-    for (struct link_map *l = lm->l_next; l; l = l->l_next) {
-        void *h = dlopen(l->l_name && *l->l_name ? l->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h)
-            continue;
-        void *p = rd(h, name);
-        dlclose(h);
-        if (!p)
-            continue;
-        struct link_map *pl = NULL;
-        Dl_info pi;
-        if (dladdr1(p, &pi, (void **)&pl, RTLD_DL_LINKMAP) && pl == l)
-            return p;
-    }
-    return NULL;
-}
-
-GC_EXPORT void *dlsym(void *restrict handle, const char *restrict name) {
-    dlsym_fn rd = get_real_dlsym();
-    if (!rd)
-        return NULL;
-    void *p = handle == RTLD_NEXT ? dlsym_next(rd, __builtin_return_address(0), name) : rd(handle, name);
-    if (p && name[0] == 'c' && name[1] == 'u') {
-        gc_resolve();
-        for (int i = 0; i < SYM_NWRAPPED; i++)
-            if (strcmp(syms[i].name, name) == 0)
-                return syms[i].real == p ? syms[i].wrapper : p;
-    }
-    return p;
-}
-
-/* ---- the gate ---- */
-
-static _Atomic long inflight;
-static _Atomic int gate_closed;
-static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cv;
-__thread int gc_in_control __attribute__((tls_model("initial-exec")));
-
-static void gate_init_cv(void) {
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&gate_cv, &a);
-    pthread_condattr_destroy(&a);
-}
-
-void gc_gate_leave(void) {
-    if (atomic_fetch_sub(&inflight, 1) == 1 && atomic_load(&gate_closed)) {
-        pthread_mutex_lock(&gate_mu);
-        pthread_cond_broadcast(&gate_cv);
-        pthread_mutex_unlock(&gate_mu);
-    }
-}
-
-void gc_gate_enter(void) {
-    for (;;) {
-        atomic_fetch_add(&inflight, 1);
-        if (__builtin_expect(!atomic_load(&gate_closed), 1) || gc_in_control)
-            return;
-        gc_gate_leave();
-        gc_stat_add(ST_GATE_WAITS, 1);
-        pthread_mutex_lock(&gate_mu);
-        while (atomic_load(&gate_closed))
-            pthread_cond_wait(&gate_cv, &gate_mu);
-        pthread_mutex_unlock(&gate_mu);
-    }
-}
-
-int gc_gate_close(unsigned timeout_ms) {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&gate_mu);
-    atomic_store(&gate_closed, 1);
-    int rc = 0;
-    while (atomic_load(&inflight) > 0 && rc == 0)
-        rc = pthread_cond_timedwait(&gate_cv, &gate_mu, &dl);
-    if (atomic_load(&inflight) > 0) {
-        atomic_store(&gate_closed, 0);
-        pthread_cond_broadcast(&gate_cv);
-        pthread_mutex_unlock(&gate_mu);
-        return -ETIMEDOUT;
-    }
-    pthread_mutex_unlock(&gate_mu);
-    return 0;
-}
-
-void gc_gate_open(void) {
-    pthread_mutex_lock(&gate_mu);
-    atomic_store(&gate_closed, 0);
-    pthread_cond_broadcast(&gate_cv);
-    pthread_mutex_unlock(&gate_mu);
-}
-
-void gc_gate_reset(void) {
-    atomic_store(&inflight, 0);
-    atomic_store(&gate_closed, 0);
-    pthread_mutex_init(&gate_mu, NULL);
-    gate_init_cv();
-}
-
-/* ---- init, fork ---- */
-
-static void atfork_prepare(void) { gc_client_atfork_prepare(); }
-static void atfork_parent(void) { gc_client_atfork_parent(); }
-static void atfork_child(void) {
-    gc_gate_reset();
-    gc_client_atfork_child();
-}
+/* ---- init ---- */
 
 /*
  * How launches are scanned for pointers into tracked buffers (GPUCR_SCAN):
@@ -251,25 +33,22 @@ static int scan_mode = SCAN_SAMPLE;
 static __thread unsigned scan_tick __attribute__((tls_model("initial-exec")));
 
 __attribute__((constructor)) static void gc_init(void) {
-    const char *l = getenv("GPUCR_LOG");
-    gc_log_debug = l && strcmp(l, "debug") == 0;
+    gc_log_init();
     const char *sc = getenv("GPUCR_SCAN");
     if (sc && strcmp(sc, "0") == 0)
         scan_mode = SCAN_OFF;
     else if (sc && strcmp(sc, "all") == 0)
         scan_mode = SCAN_ALL;
-    gate_init_cv();
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    gc_gate_init();
+    gc_fork_init();
 }
 
 /* ---- wrappers ---- */
 
-#define REAL(name) ((__typeof__(&name))gc_real(SYM_##name))
-
 /* Counted pass-through. */
 #define WRAP_COUNT(name, stat, PARAMS, ARGS)                                                                       \
     GC_EXPORT CUresult name PARAMS {                                                                               \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -280,7 +59,7 @@ __attribute__((constructor)) static void gc_init(void) {
     }
 
 GC_EXPORT CUresult cuInit(unsigned int flags) {
-    __typeof__(&cuInit) fn = REAL(cuInit);
+    __typeof__(&cuInit) fn = GC_REAL(cuInit);
     if (!fn)
         return CUDA_ERROR_NOT_INITIALIZED;
     gc_forkscrub_before_init();
@@ -293,36 +72,22 @@ GC_EXPORT CUresult cuInit(unsigned int flags) {
     return r;
 }
 
-GC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-                                       CUdriverProcAddressQueryResult *symbolStatus) {
-    __typeof__(&cuGetProcAddress_v2) fn = REAL(cuGetProcAddress_v2);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult r = fn(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (r == CUDA_SUCCESS && pfn)
-        *pfn = to_wrapper(*pfn);
-    return r;
-}
-
-GC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
-    __typeof__(&cuGetProcAddress) fn = REAL(cuGetProcAddress);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult r = fn(symbol, pfn, cudaVersion, flags);
-    if (r == CUDA_SUCCESS && pfn)
-        *pfn = to_wrapper(*pfn);
-    return r;
-}
-
 /* ---- allocations ---- */
 
+/* An allocation connects to the helper on first need (not for arguments the driver refuses anyway). */
+static CUresult alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) {
+    if (dptr && size)
+        gc_client_ensure();
+    return gc_alloc(dptr, size, kind, use_real);
+}
+
 #define ALLOC_BODY(name, kind, ...)                                                                                \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
     bool use_real = false;                                                                                         \
-    CUresult r = gc_alloc(dptr, bytesize, kind, &use_real);                                                        \
+    CUresult r = alloc(dptr, bytesize, kind, &use_real);                                                           \
     if (use_real) {                                                                                                \
         r = fn(__VA_ARGS__);                                                                                       \
         if (r == CUDA_SUCCESS)                                                                                     \
@@ -356,7 +121,7 @@ GC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
  */
 GC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                       unsigned int ElementSizeBytes) {
-    __typeof__(&cuMemAllocPitch_v2) fn = REAL(cuMemAllocPitch_v2);
+    __typeof__(&cuMemAllocPitch_v2) fn = GC_REAL(cuMemAllocPitch_v2);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -367,7 +132,7 @@ GC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
         (ElementSizeBytes == 4 || ElementSizeBytes == 8 || ElementSizeBytes == 16) && pitch >= WidthInBytes &&
         Height <= SIZE_MAX / pitch) {
         use_real = false;
-        r = gc_alloc(dptr, pitch * Height, GC_KIND_PITCH, &use_real);
+        r = alloc(dptr, pitch * Height, GC_KIND_PITCH, &use_real);
         if (r == CUDA_SUCCESS && !use_real)
             *pPitch = pitch;
     }
@@ -381,7 +146,7 @@ GC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
 }
 
 #define FREE_BODY(name, async, stream, ...)                                                                        \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
@@ -400,7 +165,7 @@ GC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 }
 
 GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
-    __typeof__(&cuMemGetAddressRange_v2) fn = REAL(cuMemGetAddressRange_v2);
+    __typeof__(&cuMemGetAddressRange_v2) fn = GC_REAL(cuMemGetAddressRange_v2);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -412,7 +177,7 @@ GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
 }
 
 GC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
-    __typeof__(&cuMemAllocManaged) fn = REAL(cuMemAllocManaged);
+    __typeof__(&cuMemAllocManaged) fn = GC_REAL(cuMemAllocManaged);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -424,7 +189,7 @@ GC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
 }
 
 GC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
-    __typeof__(&cuIpcGetMemHandle) fn = REAL(cuIpcGetMemHandle);
+    __typeof__(&cuIpcGetMemHandle) fn = GC_REAL(cuIpcGetMemHandle);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -441,7 +206,73 @@ GC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) 
     return r;
 }
 
-/* The application's own VMM calls (cuMemCreate, cuMemMap, ...): vmm.c. */
+/* ---- the application's own VMM calls (5_vmm.c) ---- */
+
+GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags) {
+    __typeof__(&cuMemCreate) fn = GC_REAL(cuMemCreate);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r = GC_FALLBACK;
+    const char *why = gc_vmm_unservable(size, prop, flags);
+    if (handle && !why && gc_client_up())
+        r = gc_vmm_create(handle, size, prop);
+    if (r == GC_FALLBACK) {
+        r = fn(handle, size, prop, flags);
+        if (r == CUDA_SUCCESS)
+            gc_vmm_created_by_driver(*handle, size, prop, flags, why);
+    }
+    gc_gate_leave();
+    return r;
+}
+
+/* The driver's entry point fn (NULL: not supported), the gate, the VMM layer. */
+#define VMM_BODY(name, call)                                                                                       \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
+    if (!fn)                                                                                                       \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+    gc_gate_enter();                                                                                               \
+    CUresult r = call;                                                                                             \
+    gc_gate_leave();                                                                                               \
+    return r;
+
+GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    VMM_BODY(cuMemRelease, gc_vmm_release(fn, handle))
+}
+GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                            unsigned long long flags) {
+    VMM_BODY(cuMemMap, gc_vmm_map(fn, ptr, size, offset, handle, flags))
+}
+GC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) { VMM_BODY(cuMemUnmap, gc_vmm_unmap(fn, ptr, size)) }
+GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    VMM_BODY(cuMemSetAccess, gc_vmm_set_access(fn, ptr, size, desc, count))
+}
+GC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
+    VMM_BODY(cuMemExportToShareableHandle, gc_vmm_export(fn, shareableHandle, handle, handleType, flags))
+}
+GC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                                  CUmemAllocationHandleType shHandleType) {
+    VMM_BODY(cuMemImportFromShareableHandle, gc_vmm_import(fn, handle, osHandle, shHandleType))
+}
+
+/* These two answer for virtual handles without the driver's entry point. */
+GC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    __typeof__(&cuMemRetainAllocationHandle) fn = GC_REAL(cuMemRetainAllocationHandle);
+    gc_gate_enter();
+    CUresult r = gc_vmm_retain(fn, handle, addr);
+    gc_gate_leave();
+    return r;
+}
+GC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                          CUmemGenericAllocationHandle handle) {
+    __typeof__(&cuMemGetAllocationPropertiesFromHandle) fn = GC_REAL(cuMemGetAllocationPropertiesFromHandle);
+    gc_gate_enter();
+    CUresult r = gc_vmm_get_props(fn, prop, handle);
+    gc_gate_leave();
+    return r;
+}
 
 /* ---- launches ---- */
 
@@ -452,17 +283,17 @@ static inline bool scan_this(void) {
 }
 
 static inline void scan(void *f, void **kernelParams, void **extra) {
-    if (scan_this() && gc_client_tracking())
+    if (scan_this() && gc_alloc_tracking())
         gc_scan_launch(gc_buffers(), f, kernelParams, extra);
     else
-        gc_stat_add(ST_LAUNCHES, 1);
+        gc_stat_add(STAT_LAUNCHES, 1);
 }
 
 #define LAUNCH(name)                                                                                               \
     GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,     \
                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                \
                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {    \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -479,7 +310,7 @@ LAUNCH(cuLaunchKernel_ptsz)
     GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,     \
                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                \
                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams) {                  \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -494,7 +325,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
 
 #define LAUNCH_EX(name)                                                                                            \
     GC_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {       \
-        __typeof__(&name) fn = REAL(name);                                                                         \
+        __typeof__(&name) fn = GC_REAL(name);                                                                      \
         if (!fn)                                                                                                   \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
         gc_gate_enter();                                                                                           \
@@ -508,8 +339,8 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
 /* ---- copies and memsets ---- */
 
-#define CP_SYNC(name, D, S) WRAP_COUNT(name, ST_COPIES, (D dst, S src, size_t n), (dst, src, n))
-#define CP_ASYNC(name, D, S) WRAP_COUNT(name, ST_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s))
+#define CP_SYNC(name, D, S) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n), (dst, src, n))
+#define CP_ASYNC(name, D, S) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s))
 CP_SYNC(cuMemcpyHtoD_v2, CUdeviceptr, const void *)
 CP_SYNC(cuMemcpyDtoH_v2, void *, CUdeviceptr)
 CP_SYNC(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr)
@@ -527,8 +358,8 @@ CP_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, void *, CUdeviceptr)
 CP_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, CUdeviceptr, CUdeviceptr)
 CP_ASYNC(cuMemcpyAsync_ptsz, CUdeviceptr, CUdeviceptr)
 
-#define MS_SYNC(name, T) WRAP_COUNT(name, ST_MEMSETS, (CUdeviceptr d, T v, size_t n), (d, v, n))
-#define MS_ASYNC(name, T) WRAP_COUNT(name, ST_MEMSETS, (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s))
+#define MS_SYNC(name, T) WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n), (d, v, n))
+#define MS_ASYNC(name, T) WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s))
 MS_SYNC(cuMemsetD8_v2, unsigned char)
 MS_SYNC(cuMemsetD16_v2, unsigned short)
 MS_SYNC(cuMemsetD32_v2, unsigned int)
@@ -545,13 +376,13 @@ MS_ASYNC(cuMemsetD32Async_ptsz, unsigned int)
 /* ---- modules, libraries ---- */
 
 #define LOAD_BODY(name, NOTE, ...)                                                                                 \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
     CUresult r = fn(__VA_ARGS__);                                                                                  \
     if (r == CUDA_SUCCESS) {                                                                                       \
-        gc_stat_add(ST_MODULES, 1);                                                                                \
+        gc_stat_add(STAT_MODULES, 1);                                                                              \
         NOTE;                                                                                                      \
     }                                                                                                              \
     gc_gate_leave();                                                                                               \
@@ -584,7 +415,7 @@ GC_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileNam
 
 /* Unloads free function handles the driver may hand out again: cached layouts become stale. */
 GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
-    __typeof__(&cuModuleUnload) fn = REAL(cuModuleUnload);
+    __typeof__(&cuModuleUnload) fn = GC_REAL(cuModuleUnload);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -594,7 +425,7 @@ GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     return r;
 }
 GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
-    __typeof__(&cuLibraryUnload) fn = REAL(cuLibraryUnload);
+    __typeof__(&cuLibraryUnload) fn = GC_REAL(cuLibraryUnload);
     if (!fn)
         return CUDA_ERROR_NOT_SUPPORTED;
     gc_gate_enter();
@@ -607,7 +438,7 @@ GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
 /* ---- streams, events ---- */
 
 #define CREATE_BODY(name, stat, ...)                                                                               \
-    __typeof__(&name) fn = REAL(name);                                                                             \
+    __typeof__(&name) fn = GC_REAL(name);                                                                          \
     if (!fn)                                                                                                       \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
     gc_gate_enter();                                                                                               \
@@ -618,11 +449,11 @@ GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
     return r;
 
 GC_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
-    CREATE_BODY(cuStreamCreate, ST_STREAMS, phStream, Flags)
+    CREATE_BODY(cuStreamCreate, STAT_STREAMS, phStream, Flags)
 }
 GC_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
-    CREATE_BODY(cuStreamCreateWithPriority, ST_STREAMS, phStream, flags, priority)
+    CREATE_BODY(cuStreamCreateWithPriority, STAT_STREAMS, phStream, flags, priority)
 }
 GC_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
-    CREATE_BODY(cuEventCreate, ST_EVENTS, phEvent, Flags)
+    CREATE_BODY(cuEventCreate, STAT_EVENTS, phEvent, Flags)
 }

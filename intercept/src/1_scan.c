@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
 
 /* ---- per-thread counters ---- */
 
 typedef struct tstats {
-    _Atomic uint64_t c[ST_N];
+    _Atomic uint64_t c[STAT_N];
     struct tstats *next;
 } tstats;
 
@@ -46,20 +46,20 @@ void gc_stat_add(enum gc_stat s, uint64_t v) {
                               memory_order_relaxed);
 }
 
-void gc_stats_sum(uint64_t out[ST_N]) {
-    memset(out, 0, sizeof(uint64_t) * ST_N);
+void gc_stats_sum(uint64_t out[STAT_N]) {
+    memset(out, 0, sizeof(uint64_t) * STAT_N);
     for (tstats *t = atomic_load(&all_stats); t; t = t->next)
-        for (int i = 0; i < ST_N; i++)
+        for (int i = 0; i < STAT_N; i++)
             out[i] += atomic_load_explicit(&t->c[i], memory_order_relaxed);
-    for (int i = 0; i < ST_N; i++)
+    for (int i = 0; i < STAT_N; i++)
         out[i] += atomic_load_explicit(&overflow_stats.c[i], memory_order_relaxed);
 }
 
 void gc_stats_reset(void) {
     for (tstats *t = atomic_load(&all_stats); t; t = t->next)
-        for (int i = 0; i < ST_N; i++)
+        for (int i = 0; i < STAT_N; i++)
             atomic_store(&t->c[i], 0);
-    for (int i = 0; i < ST_N; i++)
+    for (int i = 0; i < STAT_N; i++)
         atomic_store(&overflow_stats.c[i], 0);
 }
 
@@ -241,13 +241,13 @@ unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len) {
 
 unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra) {
     unsigned hits = 0;
-    gc_stat_add(ST_LAUNCHES, 1);
-    gc_stat_add(ST_SCANNED, 1);
+    gc_stat_add(STAT_LAUNCHES, 1);
+    gc_stat_add(STAT_SCANNED, 1);
     if (kernelParams) {
         bool owned;
         const gc_layout *l = gc_layout_get(f, &owned);
         if (!l || !l->ok) {
-            gc_stat_add(ST_NO_LAYOUT, 1);
+            gc_stat_add(STAT_NO_LAYOUT, 1);
         } else {
             for (uint32_t i = 0; i < l->n; i++)
                 hits += gc_scan_words(s, kernelParams[i], l->size[i]);
@@ -267,8 +267,8 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
             hits += gc_scan_words(s, buf, size);
     }
     if (hits) {
-        gc_stat_add(ST_LAUNCH_HITS, 1);
-        gc_stat_add(ST_PTR_WORDS, hits);
+        gc_stat_add(STAT_LAUNCH_HITS, 1);
+        gc_stat_add(STAT_PTR_WORDS, hits);
     }
     return hits;
 }

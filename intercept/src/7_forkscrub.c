@@ -43,7 +43,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "gpucr_int.h"
+#include "1_base.h"
+#include "7_control.h"
 
 #define DRV_PREFIX "/dev/nvidia"
 #define MAX_NOTED 64

@@ -1,0 +1,168 @@
+/*
+ * The base layer of libgpucr.so, the LD_PRELOAD interposer: what every layer
+ * above uses, calling nothing above it. intercept/README.md has the map of
+ * the layers (the number a file's name starts with); a file includes only the
+ * headers of its own layer and of the layers below.
+ *
+ *   1_syms.h     the driver entry points cudadrv.h lacks; GC_SYMS, the hooked entry points
+ *   1_log.c      logging (GPUCR_LOG)
+ *   1_syms.c     the symbol table: the driver's entry points (GPUCR_LIBCUDA), the dlsym and
+ *                cuGetProcAddress hooks that hand out the wrappers
+ *   1_gate.c     the gate the wrappers pass and a checkpoint closes
+ *   1_reasons.c  what makes this process not checkpointable
+ *   1_table.c    buffer table (immutable sorted snapshots, swapped atomically) and the
+ *                slab bitmap allocator; no driver calls, unit-tested by tests/intercept/c/unit.c
+ *   1_scan.c     per-handle parameter layout cache (lock-free), launch parameter scanning,
+ *                per-thread counters; driver calls only through function pointers
+ *
+ * docs/helper-protocol.md is the contract with the helper.
+ */
+#ifndef GPUCR_INTERCEPT_BASE_H
+#define GPUCR_INTERCEPT_BASE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "1_syms.h"
+
+#define GC_EXPORT __attribute__((visibility("default")))
+#define GC_HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- 1_log.c ---- */
+GC_HIDDEN void gc_log_init(void); /* GPUCR_LOG, from the constructor */
+GC_HIDDEN void gc_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+GC_HIDDEN void gc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+GC_HIDDEN extern int gc_log_debug;
+
+/* ---- 1_syms.c ---- */
+GC_HIDDEN void *gc_real(int idx);
+GC_HIDDEN void gc_resolve(void);
+
+/* The driver's entry point, by name (resolved on first use). */
+#define GC_REAL(name) ((__typeof__(&name))gc_real(SYM_##name))
+
+/* ---- 1_gate.c: the gate ---- */
+GC_HIDDEN void gc_gate_init(void); /* from the constructor */
+GC_HIDDEN void gc_gate_enter(void);
+GC_HIDDEN void gc_gate_leave(void);
+GC_HIDDEN int gc_gate_close(unsigned timeout_ms); /* 0 or -ETIMEDOUT (gate reopened) */
+GC_HIDDEN void gc_gate_open(void);
+GC_HIDDEN void gc_gate_reset(void); /* fork child */
+/* Set in the control thread: the gate lets it through, and it never connects to the helper. */
+GC_HIDDEN extern __thread int gc_in_control __attribute__((tls_model("initial-exec")));
+
+/* ---- 1_reasons.c: why this process is not checkpointable ---- */
+enum {
+    GC_REASON_MANAGED = 1,
+    GC_REASON_APP_VMM = 2, /* cuMemCreate passed through (unsupported prop, or no helper) */
+    GC_REASON_LOCAL = 4,
+    GC_REASON_CONTROL = 8,
+    GC_REASON_FOREIGN = 16, /* the application imported a shareable handle */
+    GC_REASON_EXPORT = 32,  /* the application exported helper-backed VMM memory */
+};
+GC_HIDDEN void gc_note_reason(int reason);
+/* The noted reasons in words into out (room for 6); returns their count. */
+GC_HIDDEN int gc_reason_names(const char **out);
+GC_HIDDEN void gc_reasons_reset(void); /* fork child */
+
+/* ---- 1_table.c: the buffer table ---- */
+
+/* Kinds are the protocol's AllocKind values. */
+enum { GC_KIND_MEM_ALLOC = 1, GC_KIND_PITCH = 2, GC_KIND_ASYNC = 3, GC_KIND_VMM = 4, GC_KIND_SLAB = 5 };
+
+typedef struct gc_buf {
+    uint64_t addr, size; /* what the application was handed */
+    uint64_t alloc_id;   /* the helper allocation holding it; 0: local memory (fallback) */
+    int32_t kind, dev;
+} gc_buf;
+
+typedef struct gc_btab {
+    struct gc_btab *retired_next;
+    uint64_t lo, hi; /* lowest start, highest end: a cheap filter for lookups */
+    size_t n;
+    gc_buf v[];
+} gc_btab;
+
+typedef struct gc_table {
+    _Atomic(gc_btab *) cur; /* never NULL after gt_init */
+    gc_btab *retired;       /* replaced snapshots; freed by gt_reclaim when nobody can read them */
+    size_t nretired;
+} gc_table;
+
+/* Writers (gt_insert/gt_remove/gt_reclaim) are serialized by the caller's mutex. */
+GC_HIDDEN int gt_init(gc_table *t);
+GC_HIDDEN int gt_insert(gc_table *t, const gc_buf *b); /* 0; -1 no memory; -2 overlaps */
+GC_HIDDEN int gt_remove(gc_table *t, uint64_t addr, gc_buf *out); /* exact start; 0 or -1 */
+/* Sets every entry's alloc_id to fn(entry) (one new snapshot if any changes). 0; -1 no memory. */
+GC_HIDDEN int gt_relabel(gc_table *t, uint64_t (*fn)(const gc_buf *b, void *arg), void *arg);
+GC_HIDDEN void gt_reclaim(gc_table *t);
+GC_HIDDEN void gt_destroy(gc_table *t);
+/* Lock-free: the buffer holding addr in snapshot s, or NULL. */
+GC_HIDDEN const gc_buf *gt_find(const gc_btab *s, uint64_t addr);
+static inline const gc_btab *gt_snap(gc_table *t) { return atomic_load_explicit(&t->cur, memory_order_acquire); }
+
+/* ---- 1_table.c: the slab bitmap (256-byte units) ---- */
+#define GC_SLAB_UNIT 256ULL
+
+typedef struct gc_slab {
+    uint64_t base, size; /* the slab's helper allocation as mapped here */
+    uint32_t nunits, used;
+    uint64_t *bits;
+    void *owner; /* 4_alloc.c: its allocation record */
+    struct gc_slab *next;
+} gc_slab;
+
+GC_HIDDEN gc_slab *slab_new(uint64_t base, uint64_t size);
+GC_HIDDEN void slab_free(gc_slab *s);
+GC_HIDDEN int64_t slab_take(gc_slab *s, uint64_t size); /* offset (256-aligned) or -1 */
+GC_HIDDEN void slab_give(gc_slab *s, uint64_t off, uint64_t size);
+
+/* ---- 1_scan.c: counters, layouts, scanning ---- */
+enum gc_stat {
+    STAT_ALLOCS,
+    STAT_FREES,
+    STAT_LOCAL_ALLOCS,
+    STAT_LAUNCHES,
+    STAT_LAUNCH_HITS,
+    STAT_PTR_WORDS,
+    STAT_NO_LAYOUT,
+    STAT_COPIES,
+    STAT_MEMSETS,
+    STAT_MODULES,
+    STAT_STREAMS,
+    STAT_EVENTS,
+    STAT_GATE_WAITS,
+    STAT_SCANNED,
+    STAT_N
+};
+
+GC_HIDDEN void gc_stat_add(enum gc_stat s, uint64_t v);
+GC_HIDDEN void gc_stats_sum(uint64_t out[STAT_N]);
+GC_HIDDEN void gc_stats_reset(void); /* fork child */
+
+typedef CUresult (*gc_paraminfo_fn)(void *h, size_t idx, size_t *off, size_t *size);
+/* cuFuncGetParamInfo and cuKernelGetParamInfo (either may be NULL). */
+GC_HIDDEN void gc_scan_set_query(gc_paraminfo_fn func, gc_paraminfo_fn kern);
+
+typedef struct gc_layout {
+    uint64_t gen;
+    uint32_t n;
+    int ok; /* 0: the driver gave no layout for this handle */
+    uint32_t size[];
+} gc_layout;
+
+GC_HIDDEN const gc_layout *gc_layout_get(void *handle, bool *owned);
+GC_HIDDEN void gc_layout_invalidate(void); /* module/library unloaded: handles may be reused */
+GC_HIDDEN void gc_layout_reclaim(void);    /* no launch in progress */
+GC_HIDDEN uint64_t gc_layout_count(void);
+GC_HIDDEN void gc_layout_reset(void);
+
+/* Scans one launch's parameters against the snapshot; counts. Returns the pointer words found. */
+GC_HIDDEN unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra);
+/* Scans a byte range word by word (8-byte aligned words). */
+GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
+
+#endif

@@ -1,0 +1,28 @@
+/*
+ * Why this process is not checkpointable: noted by any layer, reported in the
+ * control thread's Snapshot (gpucr status).
+ */
+#include "1_base.h"
+
+static _Atomic int reasons;
+
+void gc_note_reason(int reason) { atomic_fetch_or(&reasons, reason); }
+
+int gc_reason_names(const char **out) {
+    int r = atomic_load(&reasons), n = 0;
+    if (r & GC_REASON_CONTROL)
+        out[n++] = "control connection down";
+    if (r & GC_REASON_LOCAL)
+        out[n++] = "allocations that fell back to local memory";
+    if (r & GC_REASON_MANAGED)
+        out[n++] = "managed memory";
+    if (r & GC_REASON_APP_VMM)
+        out[n++] = "application VMM allocations";
+    if (r & GC_REASON_FOREIGN)
+        out[n++] = "imported foreign memory";
+    if (r & GC_REASON_EXPORT)
+        out[n++] = "application VMM memory exported to a shareable handle";
+    return n;
+}
+
+void gc_reasons_reset(void) { atomic_store(&reasons, 0); }

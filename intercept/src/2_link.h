@@ -1,0 +1,63 @@
+/*
+ * Layer 2, the helper link (2_link.c): the interposer's two connections to
+ * the helper (docs/helper-protocol.md). The calls connection carries Hello
+ * and the requests of allocations (Alloc, Mapped, Free), one at a time; the
+ * control connection is opened here and served by the control thread
+ * (7_control.c). Detach closes both; the reattach opens them again with the
+ * old token. Calls only the base layer and protocol/c (wire.h).
+ */
+#ifndef GPUCR_INTERCEPT_LINK_H
+#define GPUCR_INTERCEPT_LINK_H
+
+#include "1_base.h"
+
+/* The calls connection. CONN_DETACHED: both connections closed on the helper's Detach, the control thread waits
+ * for the wake file. */
+enum { CONN_NONE = 0, CONN_UP, CONN_OFF, CONN_DEAD, CONN_DETACHED };
+
+/* Devices: the most the helper's list and the UUID cache (3_devices.c) hold. */
+#define GC_MAX_DEV 64
+
+/* The helper did not serve (no helper, or it failed otherwise than out of memory): the driver's own call answers. */
+#define GC_FALLBACK ((CUresult)-1)
+
+GC_HIDDEN int gc_link_state(void); /* CONN_* */
+
+/* Connecting, by the control layer, under gc_link_connect_lock: */
+GC_HIDDEN void gc_link_connect_lock(void);
+GC_HIDDEN void gc_link_connect_unlock(void);
+/* The calls connection to GPUCR_SOCKET and its Hello: 0 (registered; up at gc_link_up), or -1 (CONN_OFF, warned). */
+GC_HIDDEN int gc_link_connect(void);
+GC_HIDDEN void gc_link_up(void);
+/* The control connection and its Hello with our token: its fd, or -1 (warned). */
+GC_HIDDEN int gc_link_connect_control(void);
+GC_HIDDEN void gc_link_control_failed(int fd); /* no thread to serve it: closed */
+
+/* The granularity the helper announced for the device uuid; 0: none. */
+GC_HIDDEN uint64_t gc_link_granularity(const char *uuid);
+
+/* Requests on the calls connection. Alloc: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app. */
+GC_HIDDEN CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t *id,
+                                 uint64_t *rsize, int *fd);
+GC_HIDDEN void gc_link_mapped(uint64_t id, uint64_t addr);
+GC_HIDDEN void gc_link_free(uint64_t id);
+
+/* The helper socket's path, our client token. */
+GC_HIDDEN const char *gc_link_socket(void);
+GC_HIDDEN uint64_t gc_link_token(void);
+/* <socket dir>/name into out, in this process's view of the socket directory (a container may mount it elsewhere
+ * than the helper sees it); snprintf's result. */
+GC_HIDDEN int gc_link_sock_dir_file(char *out, size_t n, const char *name);
+
+/* Detach: closes both connections (ctl_fd is the control thread's); CONN_DETACHED. */
+GC_HIDDEN void gc_link_detach(int ctl_fd);
+/* Connects again with the old token until it works (CONN_UP); the new control connection. */
+GC_HIDDEN int gc_link_reattach(void);
+
+/* Fork: prepare takes the link's locks, parent releases them; the child forgets the parent's connections (its
+ * copies of them become /dev/null). */
+GC_HIDDEN void gc_link_atfork_prepare(void);
+GC_HIDDEN void gc_link_atfork_parent(void);
+GC_HIDDEN void gc_link_atfork_child(void);
+
+#endif

@@ -1,0 +1,31 @@
+/*
+ * Layer 3, the devices (3_devices.c): the devices' UUIDs, by which the helper
+ * knows them; the granularity of their allocations; the contexts that were
+ * current at an allocation, which Drain synchronizes. Calls the base layer and
+ * the link (the granularities the helper announced).
+ */
+#ifndef GPUCR_INTERCEPT_DEVICES_H
+#define GPUCR_INTERCEPT_DEVICES_H
+
+#include "1_base.h"
+
+#define GC_MAX_CTX 64
+/* The granularity when neither the helper nor the driver names one; the smallest slab. */
+#define GC_DEFAULT_SLAB (2ULL << 20)
+
+/* The device's UUID ("GPU-..."), asked of the driver once; NULL if it gives none. */
+GC_HIDDEN const char *gc_dev_uuid(int dev);
+/* The UUID asked before, or "". */
+GC_HIDDEN const char *gc_dev_uuid_known(int dev);
+/* The helper's granularity for the device, else the driver's minimum for exportable memory, else GC_DEFAULT_SLAB. */
+GC_HIDDEN uint64_t gc_dev_granularity(int dev, const char *uuid);
+/* Remembers the calling thread's context for Drain. */
+GC_HIDDEN void gc_note_context(void);
+/* The contexts remembered, into out[0..GC_MAX_CTX); their count. */
+GC_HIDDEN int gc_contexts(CUcontext *out);
+
+GC_HIDDEN void gc_dev_atfork_prepare(void);
+GC_HIDDEN void gc_dev_atfork_parent(void);
+GC_HIDDEN void gc_dev_atfork_child(void);
+
+#endif

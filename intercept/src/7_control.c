@@ -1,0 +1,593 @@
+/*
+ * The client (7_control.h): connecting to the helper on first need (both
+ * connections, then the control thread); the control thread, which serves
+ * the helper's requests (Quiesce, Drain, Drop, Reimport, Resume, Snapshot,
+ * GetStats, Detach and the wait and reattach after it, Abort) over the layers
+ * below; the fork handlers, which give a forked child a fresh client.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "1_base.h"
+#include "2_link.h"
+#include "3_devices.h"
+#include "4_alloc.h"
+#include "5_vmm.h"
+#include "6_modules.h"
+#include "7_control.h"
+#include "wire.h"
+
+typedef Gpucr__Helper__V1__Request Req;
+typedef Gpucr__Helper__V1__Response Resp;
+
+enum { CLIENT_RUNNING = 1, CLIENT_QUIESCED = 2, CLIENT_DROPPED = 3 }; /* the protocol's ClientState */
+
+static struct {
+    _Atomic int state;
+    char wake_path[4096]; /* Detach's wake file */
+} G = {
+    .state = CLIENT_RUNNING,
+};
+
+/* ---- connecting ---- */
+
+static void *control_main(void *arg);
+
+static void connect_helper(void) {
+    gc_alloc_configure();
+    if (gc_link_connect() != 0)
+        return;
+    gc_alloc_init();
+    gc_link_up();
+    int cfd = gc_link_connect_control();
+    if (cfd < 0) {
+        gc_note_reason(GC_REASON_CONTROL);
+        return;
+    }
+    int rc;
+    pthread_t th;
+    pthread_attr_t a;
+    sigset_t all, old;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&th, &a, control_main, (void *)(intptr_t)cfd);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&a);
+    if (rc != 0) {
+        gc_warn("cannot start the control thread (%s): this process is not checkpointable", strerror(rc));
+        gc_link_control_failed(cfd);
+        gc_note_reason(GC_REASON_CONTROL);
+    }
+}
+
+void gc_client_ensure(void) {
+    if (gc_link_state() != CONN_NONE || gc_in_control)
+        return;
+    gc_link_connect_lock();
+    if (gc_link_state() == CONN_NONE)
+        connect_helper();
+    gc_link_connect_unlock();
+}
+
+bool gc_client_up(void) {
+    gc_client_ensure();
+    return gc_link_state() == CONN_UP;
+}
+
+/* ---- the control thread ---- */
+
+static Gpucr__Helper__V1__Error resp_err;
+
+static void set_error(Resp *resp, int code, const char *msg) {
+    resp_err = (Gpucr__Helper__V1__Error)GPUCR__HELPER__V1__ERROR__INIT;
+    resp_err.code = code;
+    resp_err.message = (char *)msg;
+    resp->error = &resp_err;
+    resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY__NOT_SET;
+}
+
+static Gpucr__Helper__V1__Ok ok_msg = GPUCR__HELPER__V1__OK__INIT;
+
+static void set_ok(Resp *resp) {
+    resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_OK;
+    resp->ok = &ok_msg;
+}
+
+static char errbuf[512];
+
+static void do_drain(Resp *resp) {
+    CUcontext ctxs[GC_MAX_CTX];
+    int n = gc_contexts(ctxs);
+    for (int i = 0; i < n; i++) {
+        CUresult r = GC_REAL(cuCtxSetCurrent)(ctxs[i]);
+        if (r == CUDA_SUCCESS)
+            r = GC_REAL(cuCtxSynchronize)();
+        if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_HANDLE)
+            continue; /* destroyed since */
+        if (r != CUDA_SUCCESS) {
+            snprintf(errbuf, sizeof errbuf, "cuCtxSynchronize: CUresult %d", (int)r);
+            set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER, errbuf);
+            return;
+        }
+    }
+    gc_alloc_flush_frees();
+    set_ok(resp);
+}
+
+static bool set_wake_path(const char *w);
+
+/* Drop: unmap and release every import. Its wake path (a checkpoint's) is
+ * where to wait should the helper go away before the memory comes back. */
+static void do_drop(Req *req, Resp *resp) {
+    if (atomic_load(&G.state) != CLIENT_QUIESCED) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Drop: not quiesced");
+        return;
+    }
+    if (!set_wake_path(req->drop->wake_path) && req->drop->wake_path && *req->drop->wake_path) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Drop: wake path too long");
+        return;
+    }
+    gc_alloc_flush_frees();
+    gc_alloc_lock();
+    CUresult bad = CUDA_SUCCESS;
+    gc_alloc_drop(&bad);
+    gc_vmm_drop(&bad);
+    gc_alloc_unlock();
+    atomic_store(&G.state, CLIENT_DROPPED);
+    if (bad != CUDA_SUCCESS) {
+        snprintf(errbuf, sizeof errbuf, "Drop: cuMemUnmap/cuMemRelease: CUresult %d", (int)bad);
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER, errbuf);
+        return;
+    }
+    set_ok(resp);
+}
+
+/*
+ * Entries are matched by address (helper allocations: where they are mapped; the application's VMM
+ * allocations: their announced offset-0 mapping), and each record adopts the entry's alloc_id: after a
+ * restore the helper is another process, or has given new ids.
+ */
+static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
+    Gpucr__Helper__V1__Reimport *ri = req->reimport;
+    if (atomic_load(&G.state) != CLIENT_DROPPED) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Reimport: nothing dropped");
+        return;
+    }
+    if ((size_t)nfds != ri->n_entries) {
+        snprintf(errbuf, sizeof errbuf, "Reimport: %zu entries, %d fds", ri->n_entries, nfds);
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, errbuf);
+        return;
+    }
+    gc_alloc_lock();
+    bool relabel = false;
+    for (size_t i = 0; i < ri->n_entries; i++) {
+        Gpucr__Helper__V1__ReimportEntry *e = ri->entries[i];
+        int v = gc_alloc_reimport(e->alloc_id, e->address, e->size, fds[i], errbuf, sizeof errbuf, &relabel);
+        if (v == 0) {
+            v = gc_vmm_reimport(e->alloc_id, e->address, e->size, fds[i], errbuf, sizeof errbuf);
+            relabel |= v != 0;
+            if (v == 0)
+                snprintf(errbuf, sizeof errbuf, "Reimport: no allocation of ours at 0x%llx (entry %llu, %llu bytes)",
+                         (unsigned long long)e->address, (unsigned long long)e->alloc_id,
+                         (unsigned long long)e->size);
+        }
+        if (v == 1)
+            continue;
+        set_error(resp,
+                  v == -2 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER : GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND,
+                  errbuf);
+        break;
+    }
+    if (relabel)
+        gc_alloc_relabel(gc_vmm_id_at);
+    gc_alloc_unlock();
+    if (!resp->error)
+        set_ok(resp);
+}
+
+static void do_resume(Resp *resp) {
+    int st = atomic_load(&G.state);
+    if (st == CLIENT_DROPPED) {
+        gc_alloc_lock();
+        bool all = gc_alloc_all_mapped();
+        all &= gc_vmm_all_imported();
+        gc_alloc_unlock();
+        if (!all) {
+            set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Resume: allocations not reimported");
+            return;
+        }
+    }
+    atomic_store(&G.state, CLIENT_RUNNING);
+    G.wake_path[0] = 0; /* the memory is back: nothing to wait for */
+    gc_gate_open();
+    set_ok(resp);
+}
+
+static int n_reasons(const char **out) {
+    int n = gc_reason_names(out);
+    if (gc_link_state() == CONN_DEAD)
+        out[n++] = "helper connection lost";
+    return n;
+}
+
+/* Builds the table into resp; *cleanup frees it after packing. */
+typedef struct {
+    Gpucr__Helper__V1__BufferTable t;
+    Gpucr__Helper__V1__Allocation *allocs, **pallocs;
+    Gpucr__Helper__V1__Buffer *bufs, **pbufs;
+    const char *reasons[8];
+} snap_mem;
+
+static void do_snapshot(Resp *resp, snap_mem *m) {
+    memset(m, 0, sizeof *m);
+    m->t = (Gpucr__Helper__V1__BufferTable)GPUCR__HELPER__V1__BUFFER_TABLE__INIT;
+    gc_alloc_lock();
+    size_t na = gc_alloc_list(NULL, 0), nv = gc_vmm_list(NULL, 0);
+    gc_alloc_info *vi = calloc(na + nv + 1, sizeof *vi);
+    if (vi) {
+        na = gc_alloc_list(vi, na);
+        nv = gc_vmm_list(vi + na, nv);
+    }
+    na += nv;
+    const gc_btab *s = gc_buffers();
+    m->allocs = calloc(na + 1, sizeof *m->allocs);
+    m->pallocs = calloc(na + 1, sizeof *m->pallocs);
+    m->bufs = calloc(s->n + 1, sizeof *m->bufs);
+    m->pbufs = calloc(s->n + 1, sizeof *m->pbufs);
+    if (!vi || !m->allocs || !m->pallocs || !m->bufs || !m->pbufs) {
+        free(vi);
+        gc_alloc_unlock();
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < na; i++) { /* the helper's allocations, then the application's VMM */
+        Gpucr__Helper__V1__Allocation *x = &m->allocs[i];
+        *x = (Gpucr__Helper__V1__Allocation)GPUCR__HELPER__V1__ALLOCATION__INIT;
+        x->alloc_id = vi[i].id;
+        x->address = vi[i].addr;
+        x->size = vi[i].size;
+        x->device_uuid = (char *)gc_dev_uuid_known(vi[i].dev);
+        x->kind = vi[i].kind;
+        m->pallocs[i] = x;
+    }
+    free(vi);
+    for (size_t j = 0; j < s->n; j++) {
+        Gpucr__Helper__V1__Buffer *x = &m->bufs[j];
+        *x = (Gpucr__Helper__V1__Buffer)GPUCR__HELPER__V1__BUFFER__INIT;
+        x->address = s->v[j].addr;
+        x->size = s->v[j].size;
+        x->kind = s->v[j].kind;
+        x->alloc_id = s->v[j].alloc_id;
+        x->device_uuid = (char *)gc_dev_uuid_known(s->v[j].dev);
+        m->pbufs[j] = x;
+    }
+    m->t.n_allocations = na;
+    m->t.allocations = m->pallocs;
+    m->t.n_buffers = s->n;
+    m->t.buffers = m->pbufs;
+    gc_alloc_unlock();
+    m->t.state = atomic_load(&G.state);
+    m->t.n_not_checkpointable = (size_t)n_reasons(m->reasons);
+    m->t.not_checkpointable = (char **)m->reasons;
+    resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_TABLE;
+    resp->table = &m->t;
+}
+
+static void snap_free(snap_mem *m) {
+    free(m->allocs);
+    free(m->pallocs);
+    free(m->bufs);
+    free(m->pbufs);
+}
+
+static Gpucr__Helper__V1__ClientStats stats_msg;
+
+static void do_stats(Resp *resp) {
+    uint64_t c[STAT_N];
+    gc_stats_sum(c);
+    Gpucr__Helper__V1__ClientStats *s = &stats_msg;
+    *s = (Gpucr__Helper__V1__ClientStats)GPUCR__HELPER__V1__CLIENT_STATS__INIT;
+    s->allocs = c[STAT_ALLOCS];
+    s->frees = c[STAT_FREES];
+    gc_alloc_live(&s->live_buffers, &s->live_bytes, &s->helper_bytes);
+    s->local_allocs = c[STAT_LOCAL_ALLOCS];
+    s->launches = c[STAT_LAUNCHES];
+    s->launches_with_hits = c[STAT_LAUNCH_HITS];
+    s->pointer_words = c[STAT_PTR_WORDS];
+    s->param_layouts = gc_layout_count();
+    s->launches_no_layout = c[STAT_NO_LAYOUT];
+    s->launches_scanned = c[STAT_SCANNED];
+    s->copies = c[STAT_COPIES];
+    s->memsets = c[STAT_MEMSETS];
+    s->modules_loaded = c[STAT_MODULES];
+    s->streams_created = c[STAT_STREAMS];
+    s->events_created = c[STAT_EVENTS];
+    s->gate_waits = c[STAT_GATE_WAITS];
+    resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_STATS;
+    resp->stats = s;
+}
+
+/* G.wake_path = w, a relative w relative to our socket's directory; false
+ * (and no wake path) if it is empty or too long. */
+static bool set_wake_path(const char *w) {
+    G.wake_path[0] = 0;
+    if (!w || !*w)
+        return false;
+    int n = w[0] == '/' ? snprintf(G.wake_path, sizeof G.wake_path, "%s", w)
+                        : gc_link_sock_dir_file(G.wake_path, sizeof G.wake_path, w);
+    if (n < 0 || (size_t)n >= sizeof G.wake_path) {
+        G.wake_path[0] = 0;
+        return false;
+    }
+    return true;
+}
+
+/* Detach: only dropped, with both connections up; *detach tells control_main to go on with detached(). */
+static void do_detach(Req *req, Resp *resp, bool *detach) {
+    if (atomic_load(&G.state) != CLIENT_DROPPED) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: not dropped");
+    } else if (gc_link_state() != CONN_UP) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: the calls connection is lost");
+    } else if (!set_wake_path(req->detach->wake_path)) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: no wake path, or too long");
+    } else {
+        *detach = true;
+        set_ok(resp);
+    }
+}
+
+/* Ends the process: its GPU memory is gone (held by a helper that died), and
+ * running on would compute on nothing or hang at the gate forever. */
+static void gpu_state_lost(const char *why) __attribute__((noreturn));
+static void gpu_state_lost(const char *why) {
+    fprintf(stderr, "gpucr: this process's GPU state is lost: %s; aborting\n", why);
+    abort();
+}
+
+/* Watches the helper while detached: it touches helper.alive in the socket
+ * directory every second (helper/daemon/orphan.go). Stale or missing for
+ * GPUCR_ORPHAN_TIMEOUT_S (default 60) seconds of this process's running time:
+ * no helper will bring the memory back. Time the process spent frozen by CRIU
+ * (or between a dump and its restore) does not count. */
+typedef struct {
+    char path[4200];
+    long timeout_s;
+    struct timespec last;  /* monotonic time of the previous check */
+    double stale_s;        /* running time with the file stale or missing */
+} helper_watch;
+
+static void watch_init(helper_watch *w) {
+    gc_link_sock_dir_file(w->path, sizeof w->path, "helper.alive");
+    const char *e = getenv("GPUCR_ORPHAN_TIMEOUT_S");
+    w->timeout_s = e && atol(e) > 0 ? atol(e) : 60;
+    clock_gettime(CLOCK_MONOTONIC, &w->last);
+    w->stale_s = 0;
+}
+
+static void watch_check(helper_watch *w) {
+    struct timespec now, real;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    clock_gettime(CLOCK_REALTIME, &real);
+    double step = (double)(now.tv_sec - w->last.tv_sec) + (double)(now.tv_nsec - w->last.tv_nsec) / 1e9;
+    w->last = now;
+    struct stat st;
+    bool exists = stat(w->path, &st) == 0;
+    long age = exists ? (long)(real.tv_sec - st.st_mtim.tv_sec) : -1;
+    bool fresh = exists && age < 3; /* touched every second */
+    if (fresh || step > 5) { /* alive, or we were frozen: start counting again */
+        w->stale_s = 0;
+        return;
+    }
+    w->stale_s += step;
+    if (w->stale_s >= (double)w->timeout_s) {
+        char why[4400];
+        char seen[64] = "missing";
+        if (exists)
+            snprintf(seen, sizeof seen, "last updated %ld s ago", age);
+        snprintf(why, sizeof why,
+                 "the gpucr helper that holds its GPU memory has been gone for %ld s while it was detached for a dump "
+                 "(%s: %s)",
+                 w->timeout_s, w->path, seen);
+        gpu_state_lost(why);
+    }
+}
+
+/* The wake file exists: empty means come back; "lost: why" (from a helper
+ * that adopted us after the one we detached from died) that there is nothing
+ * to come back to. */
+static void check_wake_file(void) {
+    char buf[2048];
+    int fd = open(G.wake_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    buf[n] = 0;
+    if (strncmp(buf, "lost:", 5) == 0) {
+        char *nl = strchr(buf, '\n');
+        if (nl)
+            *nl = 0;
+        gpu_state_lost(buf + 5 + (buf[5] == ' '));
+    }
+}
+
+/*
+ * After Detach's Ok: closes both connections, waits for the wake file (stat and sleep, nothing
+ * else: CRIU freezes, dumps and maybe restores the process in this loop), then connects again with
+ * the old token: calls first (its HelloReply's token names us from then on), then control. Connect
+ * failures retry every 100 ms (one warning after 5 s), a helper's error every second (one warning
+ * per distinct answer). The gate stays closed throughout. Returns the new control connection.
+ */
+static int detached(int ctl_fd) {
+    gc_debug("detached: waiting for %s", G.wake_path);
+    gc_link_detach(ctl_fd);
+
+    static const struct timespec tick = {0, 2000000};
+    struct stat st;
+    helper_watch watch;
+    watch_init(&watch);
+    for (unsigned n = 1; stat(G.wake_path, &st) != 0; n++) {
+        nanosleep(&tick, NULL);
+        if (n % 250 == 0) /* every 0.5 s */
+            watch_check(&watch);
+    }
+    check_wake_file();
+
+    gc_debug("woken by %s: reattaching to the helper at %s (token %llu)", G.wake_path, gc_link_socket(),
+             (unsigned long long)gc_link_token());
+    return gc_link_reattach();
+}
+
+static void *control_main(void *arg) {
+    int fd = (int)(intptr_t)arg;
+    gc_in_control = 1;
+    int fds[WIRE_MAX_FDS];
+serve:
+    for (;;) {
+        uint8_t *buf;
+        size_t len;
+        int nfds = 0;
+        int rc = wire_recv_frame(fd, &buf, &len, fds, WIRE_MAX_FDS, &nfds);
+        if (rc < 0) {
+            if (rc != -EPIPE)
+                gc_warn("control connection: %s", strerror(-rc));
+            break;
+        }
+        Req *req = gpucr__helper__v1__request__unpack(NULL, len, buf);
+        free(buf);
+        Resp resp = GPUCR__HELPER__V1__RESPONSE__INIT;
+        snap_mem sm;
+        bool snapped = false, detach = false;
+        static char abort_why[1024];
+        abort_why[0] = 0;
+        if (!req) {
+            set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "undecodable request");
+        } else {
+            resp.id = req->id;
+            gc_debug("control: request %d", (int)req->body_case);
+            switch (req->body_case) {
+            case GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE: {
+                unsigned t = req->quiesce->timeout_ms ? req->quiesce->timeout_ms : 10000;
+                if (atomic_load(&G.state) != CLIENT_RUNNING) {
+                    set_ok(&resp);
+                } else if (gc_gate_close(t) != 0) {
+                    set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT,
+                              "Quiesce: calls still in progress at the timeout");
+                } else {
+                    atomic_store(&G.state, CLIENT_QUIESCED);
+                    gc_alloc_reclaim();
+                    gc_layout_reclaim();
+                    set_ok(&resp);
+                }
+                break;
+            }
+            case GPUCR__HELPER__V1__REQUEST__BODY_DRAIN: do_drain(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_DROP: do_drop(req, &resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_REIMPORT: do_reimport(req, &resp, fds, nfds); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_RESUME: do_resume(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_SNAPSHOT:
+                do_snapshot(&resp, &sm);
+                snapped = true;
+                break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS: do_stats(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_DETACH: do_detach(req, &resp, &detach); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_ABORT:
+                /* answered first, so the helper knows it was heard; then this process ends */
+                snprintf(abort_why, sizeof abort_why, "%s",
+                         req->abort->reason && *req->abort->reason ? req->abort->reason : "the gpucr helper gave it up");
+                set_ok(&resp);
+                break;
+            default:
+                set_error(&resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST,
+                          "not a request for an interposer's control connection");
+            }
+        }
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]); /* Reimport's are imported (the driver keeps its own reference) */
+        size_t olen = gpucr__helper__v1__response__get_packed_size(&resp);
+        uint8_t *out = malloc(olen ? olen : 1);
+        rc = 0;
+        if (out && olen) { /* every reply sets a body or an error: never empty */
+            gpucr__helper__v1__response__pack(&resp, out);
+            rc = wire_send_frame(fd, out, olen, NULL, 0);
+        }
+        free(out);
+        if (abort_why[0])
+            gpu_state_lost(abort_why);
+        if (snapped)
+            snap_free(&sm);
+        if (req)
+            gpucr__helper__v1__request__free_unpacked(req, NULL);
+        if (rc < 0) {
+            gc_warn("control connection: send: %s", strerror(-rc));
+            break;
+        }
+        if (detach)
+            fd = detached(fd);
+    }
+    if (atomic_load(&G.state) == CLIENT_DROPPED && G.wake_path[0]) {
+        /* A checkpoint recorded us for the next helper (helper/daemon/orphan.go). */
+        gc_warn("the helper closed the control connection while this process's device memory was dropped for a "
+                "checkpoint (did it die?): waiting for a helper to give it back (%s)",
+                G.wake_path);
+        fd = detached(fd);
+        goto serve;
+    }
+    gc_note_reason(GC_REASON_CONTROL);
+    if (atomic_load(&G.state) == CLIENT_QUIESCED) {
+        atomic_store(&G.state, CLIENT_RUNNING);
+        gc_gate_open();
+        gc_warn("control connection closed while quiesced: resuming");
+    } else if (atomic_load(&G.state) == CLIENT_DROPPED) {
+        gpu_state_lost("the gpucr helper closed the control connection while this process's device memory was dropped "
+                       "for a checkpoint (the helper died?)");
+    }
+    /* the fd is ours unless a fork happened meanwhile (the child never runs this thread) */
+    close(fd);
+    return NULL;
+}
+
+/* ---- fork ---- */
+
+/* The locks in their order, so that the child's copies are consistent. */
+static void atfork_prepare(void) {
+    gc_link_atfork_prepare();
+    gc_alloc_atfork_prepare();
+    gc_modules_atfork_prepare();
+    gc_dev_atfork_prepare();
+}
+
+static void atfork_parent(void) {
+    gc_dev_atfork_parent();
+    gc_modules_atfork_parent();
+    gc_alloc_atfork_parent();
+    gc_link_atfork_parent();
+}
+
+/* The child forgets the parent's connections (drops its copies of them), its memory and its state. */
+static void atfork_child(void) {
+    gc_gate_reset();
+    gc_link_atfork_child();
+    gc_alloc_atfork_child();
+    gc_dev_atfork_child();
+    gc_modules_atfork_child();
+    gc_reasons_reset();
+    atomic_store(&G.state, CLIENT_RUNNING);
+    G.wake_path[0] = 0;
+    gc_vmm_atfork_child();
+    gc_stats_reset();
+    gc_layout_reset();
+}
+
+void gc_fork_init(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
