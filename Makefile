@@ -174,11 +174,6 @@ CLANG_FORMAT ?= clang-format
 CPPCHECK     ?= cppcheck
 C_FILES := $(shell find . \( -path ./build -o -path './.*' \) -prune -o \( -name '*.c' -o -name '*.h' \) \
 	! -name '*.pb-c.*' -print 2>/dev/null | sed 's|^\./||' | sort)
-# FORMATTING PENDING: paths whose files are being moved and split on another
-# branch. lint-c does not check their format until they are merged, formatted
-# (`make fmt-c`) and removed from this list; cppcheck covers them already.
-C_FMT_PENDING := intercept/src intercept/include criuplugin protocol/c
-C_FMT_CHECKED := $(filter-out $(addsuffix /%,$(C_FMT_PENDING)),$(C_FILES))
 # cppcheck: errors, warnings, performance and portability (its style checks
 # are mostly noise here), in the configuration the build compiles, with every
 # directory that holds a header on the include path. It reads no system
@@ -196,8 +191,8 @@ fmt-c:
 	$(CLANG_FORMAT) -i $(C_FILES)
 
 lint-c:
-	@echo "$(CLANG_FORMAT) --dry-run -Werror: $(words $(C_FMT_CHECKED)) files (format pending: $(C_FMT_PENDING))"
-	@$(CLANG_FORMAT) --dry-run -Werror $(C_FMT_CHECKED)
+	@echo "$(CLANG_FORMAT) --dry-run -Werror: $(words $(C_FILES)) files"
+	@$(CLANG_FORMAT) --dry-run -Werror $(C_FILES)
 	@echo "$(CPPCHECK): $(words $(filter %.c,$(C_FILES))) files"
 	@$(CPPCHECK) $(CPPCHECK_FLAGS) $(filter %.c,$(C_FILES))
 

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // The interposer is built in layers (intercept/README.md): the number a
@@ -245,7 +247,7 @@ func checkPluginBuild(makefile string) []string {
 }
 
 func TestLayers(t *testing.T) {
-	root := repoRoot(t)
+	root := testroot.Dir(t)
 	exists := func(p string) bool {
 		st, err := os.Stat(filepath.Join(root, filepath.FromSlash(p)))
 		return err == nil && !st.IsDir()
