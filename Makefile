@@ -179,9 +179,9 @@ C_FILES := $(shell find . \( -path ./build -o -path './.*' \) -prune -o \( -name
 # directory that holds a header on the include path. It reads no system
 # header, so the version check of protobuf-c's header is given the version
 # it needs. Findings that are no bugs are suppressed where they are
-# (`cppcheck-suppress` comments), or else in scripts/cppcheck-suppressions.txt.
+# (`cppcheck-suppress` comments, each with its reason).
 CPPCHECK_FLAGS = --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
-	--inline-suppr --suppressions-list=scripts/cppcheck-suppressions.txt \
+	--inline-suppr \
 	--template='{file}:{line}: {severity} ({id}): {message}' \
 	$(CPPFLAGS) -DPROTOBUF_C_VERSION_NUMBER=1004001 -DPROTOBUF_C_MIN_COMPILER_VERSION=1000000 \
 	-DPROTOBUF_C__BEGIN_DECLS= -DPROTOBUF_C__END_DECLS= \

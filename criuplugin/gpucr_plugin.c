@@ -1,8 +1,3 @@
-//go:build ignore
-
-// (That line keeps the go tool from treating this C file as part of the Go
-// test package criuplugin_test next to it; gcc sees a comment.)
-
 /*
  * gpucr_plugin.so: the CRIU (>= 4.2) plugin. Each hook is forwarded to the
  * gpucr helper (docs/helper-protocol.md, ROLE_PLUGIN):
@@ -57,10 +52,10 @@ typedef Gpucr__Helper__V1__Response Resp;
 
 static struct {
     int stage;
-    int sock;           /* helper connection, -1 until first need */
+    int sock; /* helper connection, -1 until first need */
     uint64_t next_id;
-    bool prepared;      /* PrepareRestore succeeded in this CRIU run */
-    int npids;          /* checkpointed (detached) by PAUSE_DEVICES */
+    bool prepared; /* PrepareRestore succeeded in this CRIU run */
+    int npids;     /* checkpointed (detached) by PAUSE_DEVICES */
     pid_t pids[MAX_PIDS];
     unsigned long long start[MAX_PIDS]; /* /proc/PID/stat starttime: guards against pid reuse */
     char sockpath[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -127,10 +122,10 @@ static void __attribute__((format(printf, 1, 2))) perr(const char *fmt, ...) {
         print_on_level(strncmp(msg, "debug: ", 7) == 0 ? CRIU_LOG_DEBUG : CRIU_LOG_ERROR, "%s", line);
 }
 
-#define pdebug(...)                   \
-    do {                              \
-        if (debug_on())               \
-            perr("debug: " __VA_ARGS__); \
+#define pdebug(...)                                                                                                    \
+    do {                                                                                                               \
+        if (debug_on())                                                                                                \
+            perr("debug: " __VA_ARGS__);                                                                               \
     } while (0)
 
 static const char *socket_path(void) {
@@ -332,8 +327,8 @@ static int proc_stat(pid_t pid, char *state, unsigned long *flags, unsigned long
     char st = 0;
     unsigned long fl = 0;
     unsigned long long s = 0;
-    if (sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &st,
-               &fl, &s) != 3)
+    if (sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &st, &fl,
+               &s) != 3)
         return -1;
     *state = st;
     *flags = fl;
@@ -351,8 +346,7 @@ static bool sigkill_pending(pid_t pid) {
     bool dying = false;
     while (fgets(line, sizeof line, f)) {
         unsigned long long m;
-        if ((sscanf(line, "SigPnd: %llx", &m) == 1 || sscanf(line, "ShdPnd: %llx", &m) == 1) &&
-            (m & (1ull << (9 - 1))))
+        if ((sscanf(line, "SigPnd: %llx", &m) == 1 || sscanf(line, "ShdPnd: %llx", &m) == 1) && (m & (1ull << (9 - 1))))
             dying = true;
     }
     fclose(f);

@@ -383,9 +383,8 @@ CUresult cuEventDestroy_v2(CUevent hEvent);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
 CUresult cuModuleUnload(CUmodule hmod);
-CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
-                           void **jitOptionsValues, unsigned int numJitOptions,
-                           CUlibraryOption *libraryOptions, void **libraryOptionValues,
+CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
+                           unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
                            unsigned int numLibraryOptions);
 CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
 CUresult cuLibraryUnload(CUlibrary library);

@@ -94,7 +94,7 @@ typedef struct gc_table {
 
 /* Writers (gt_insert/gt_remove/gt_reclaim) are serialized by the caller's mutex. */
 GC_HIDDEN int gt_init(gc_table *t);
-GC_HIDDEN int gt_insert(gc_table *t, const gc_buf *b); /* 0; -1 no memory; -2 overlaps */
+GC_HIDDEN int gt_insert(gc_table *t, const gc_buf *b);            /* 0; -1 no memory; -2 overlaps */
 GC_HIDDEN int gt_remove(gc_table *t, uint64_t addr, gc_buf *out); /* exact start; 0 or -1 */
 /* Sets every entry's alloc_id to fn(entry) (one new snapshot if any changes). 0; -1 no memory. */
 GC_HIDDEN int gt_relabel(gc_table *t, uint64_t (*fn)(const gc_buf *b, void *arg), void *arg);

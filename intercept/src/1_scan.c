@@ -42,8 +42,7 @@ void gc_stat_add(enum gc_stat s, uint64_t v) {
     if (t == &overflow_stats)
         atomic_fetch_add_explicit(&t->c[s], v, memory_order_relaxed);
     else
-        atomic_store_explicit(&t->c[s], atomic_load_explicit(&t->c[s], memory_order_relaxed) + v,
-                              memory_order_relaxed);
+        atomic_store_explicit(&t->c[s], atomic_load_explicit(&t->c[s], memory_order_relaxed) + v, memory_order_relaxed);
 }
 
 void gc_stats_sum(uint64_t out[STAT_N]) {
@@ -90,6 +89,8 @@ void gc_scan_set_query(gc_paraminfo_fn func, gc_paraminfo_fn kern) {
 }
 
 static gc_layout *query_layout(void *h, uint64_t gen) {
+    /* cppcheck 2.10 takes this array of two function pointers for uninitialized. */
+    // cppcheck-suppress uninitvar
     gc_paraminfo_fn fns[2] = {q_func, q_kern};
     for (int k = 0; k < 2; k++) {
         gc_paraminfo_fn fn = fns[k];
@@ -257,7 +258,7 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
     } else if (extra) {
         void *buf = NULL;
         size_t size = 0;
-        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END && i < 64; i += 2) {
+        for (size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
             if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
                 buf = extra[i + 1];
             else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])

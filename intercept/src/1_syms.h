@@ -28,10 +28,9 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int g
                              unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                              unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
-CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                                   unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                                   unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                                   void **kernelParams);
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                   unsigned int sharedMemBytes, CUstream hStream, void **kernelParams);
 CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
@@ -42,8 +41,7 @@ CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
 CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
-CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
-                                   CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream);
 CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
 CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 CUresult cuMemsetD16_v2_ptds(CUdeviceptr dstDevice, unsigned short us, size_t N);
@@ -101,22 +99,21 @@ CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr dstDevice, CUcontext dstContext, CUd
 CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height);
 CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height);
 CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height);
-CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
-                               size_t Height);
+CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height);
 CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height);
 CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height);
 CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height,
                            CUstream hStream);
-CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width,
-                                size_t Height, CUstream hStream);
+CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height,
+                                CUstream hStream);
 CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height,
                             CUstream hStream);
-CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width,
-                                 size_t Height, CUstream hStream);
+CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height,
+                                 CUstream hStream);
 CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height,
                             CUstream hStream);
-CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width,
-                                 size_t Height, CUstream hStream);
+CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height,
+                                 CUstream hStream);
 CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
 CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
 CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags);
@@ -131,142 +128,146 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
                                     unsigned int flags);
 
 /* Passed through behind the gate only (8_gated.c). */
-#define GC_GATED_SYMS(X)                                                                                              \
-    X(cuGraphLaunch)                                                                                                  \
-    X(cuGraphLaunch_ptsz)                                                                                             \
-    X(cuLaunchHostFunc)                                                                                               \
-    X(cuLaunchHostFunc_ptsz)                                                                                          \
-    X(cuMemcpy2D_v2)                                                                                                  \
-    X(cuMemcpy2D_v2_ptds)                                                                                             \
-    X(cuMemcpy2DUnaligned_v2)                                                                                         \
-    X(cuMemcpy2DUnaligned_v2_ptds)                                                                                    \
-    X(cuMemcpy2DAsync_v2)                                                                                             \
-    X(cuMemcpy2DAsync_v2_ptsz)                                                                                        \
-    X(cuMemcpy3D_v2)                                                                                                  \
-    X(cuMemcpy3D_v2_ptds)                                                                                             \
-    X(cuMemcpy3DAsync_v2)                                                                                             \
-    X(cuMemcpy3DAsync_v2_ptsz)                                                                                        \
-    X(cuMemcpy3DPeer)                                                                                                 \
-    X(cuMemcpy3DPeer_ptds)                                                                                            \
-    X(cuMemcpy3DPeerAsync)                                                                                            \
-    X(cuMemcpy3DPeerAsync_ptsz)                                                                                       \
-    X(cuMemcpyPeer)                                                                                                   \
-    X(cuMemcpyPeer_ptds)                                                                                              \
-    X(cuMemcpyPeerAsync)                                                                                              \
-    X(cuMemcpyPeerAsync_ptsz)                                                                                         \
-    X(cuMemsetD2D8_v2)                                                                                                \
-    X(cuMemsetD2D8_v2_ptds)                                                                                           \
-    X(cuMemsetD2D16_v2)                                                                                               \
-    X(cuMemsetD2D16_v2_ptds)                                                                                          \
-    X(cuMemsetD2D32_v2)                                                                                               \
-    X(cuMemsetD2D32_v2_ptds)                                                                                          \
-    X(cuMemsetD2D8Async)                                                                                              \
-    X(cuMemsetD2D8Async_ptsz)                                                                                         \
-    X(cuMemsetD2D16Async)                                                                                             \
-    X(cuMemsetD2D16Async_ptsz)                                                                                        \
-    X(cuMemsetD2D32Async)                                                                                             \
-    X(cuMemsetD2D32Async_ptsz)                                                                                        \
-    X(cuStreamWriteValue32_v2)                                                                                        \
-    X(cuStreamWriteValue32_v2_ptsz)                                                                                   \
-    X(cuStreamWriteValue64_v2)                                                                                        \
-    X(cuStreamWriteValue64_v2_ptsz)                                                                                   \
-    X(cuStreamWaitValue32_v2)                                                                                         \
-    X(cuStreamWaitValue32_v2_ptsz)                                                                                    \
-    X(cuStreamWaitValue64_v2)                                                                                         \
-    X(cuStreamWaitValue64_v2_ptsz)                                                                                    \
-    X(cuStreamBatchMemOp_v2)                                                                                          \
+#define GC_GATED_SYMS(X)                                                                                               \
+    X(cuGraphLaunch)                                                                                                   \
+    X(cuGraphLaunch_ptsz)                                                                                              \
+    X(cuLaunchHostFunc)                                                                                                \
+    X(cuLaunchHostFunc_ptsz)                                                                                           \
+    X(cuMemcpy2D_v2)                                                                                                   \
+    X(cuMemcpy2D_v2_ptds)                                                                                              \
+    X(cuMemcpy2DUnaligned_v2)                                                                                          \
+    X(cuMemcpy2DUnaligned_v2_ptds)                                                                                     \
+    X(cuMemcpy2DAsync_v2)                                                                                              \
+    X(cuMemcpy2DAsync_v2_ptsz)                                                                                         \
+    X(cuMemcpy3D_v2)                                                                                                   \
+    X(cuMemcpy3D_v2_ptds)                                                                                              \
+    X(cuMemcpy3DAsync_v2)                                                                                              \
+    X(cuMemcpy3DAsync_v2_ptsz)                                                                                         \
+    X(cuMemcpy3DPeer)                                                                                                  \
+    X(cuMemcpy3DPeer_ptds)                                                                                             \
+    X(cuMemcpy3DPeerAsync)                                                                                             \
+    X(cuMemcpy3DPeerAsync_ptsz)                                                                                        \
+    X(cuMemcpyPeer)                                                                                                    \
+    X(cuMemcpyPeer_ptds)                                                                                               \
+    X(cuMemcpyPeerAsync)                                                                                               \
+    X(cuMemcpyPeerAsync_ptsz)                                                                                          \
+    X(cuMemsetD2D8_v2)                                                                                                 \
+    X(cuMemsetD2D8_v2_ptds)                                                                                            \
+    X(cuMemsetD2D16_v2)                                                                                                \
+    X(cuMemsetD2D16_v2_ptds)                                                                                           \
+    X(cuMemsetD2D32_v2)                                                                                                \
+    X(cuMemsetD2D32_v2_ptds)                                                                                           \
+    X(cuMemsetD2D8Async)                                                                                               \
+    X(cuMemsetD2D8Async_ptsz)                                                                                          \
+    X(cuMemsetD2D16Async)                                                                                              \
+    X(cuMemsetD2D16Async_ptsz)                                                                                         \
+    X(cuMemsetD2D32Async)                                                                                              \
+    X(cuMemsetD2D32Async_ptsz)                                                                                         \
+    X(cuStreamWriteValue32_v2)                                                                                         \
+    X(cuStreamWriteValue32_v2_ptsz)                                                                                    \
+    X(cuStreamWriteValue64_v2)                                                                                         \
+    X(cuStreamWriteValue64_v2_ptsz)                                                                                    \
+    X(cuStreamWaitValue32_v2)                                                                                          \
+    X(cuStreamWaitValue32_v2_ptsz)                                                                                     \
+    X(cuStreamWaitValue64_v2)                                                                                          \
+    X(cuStreamWaitValue64_v2_ptsz)                                                                                     \
+    X(cuStreamBatchMemOp_v2)                                                                                           \
     X(cuStreamBatchMemOp_v2_ptsz)
 
-#define GC_SYMS(X)                                                                                                 \
-    X(cuInit)                                                                                                      \
-    X(cuGetProcAddress)                                                                                            \
-    X(cuGetProcAddress_v2)                                                                                         \
-    X(cuMemAlloc_v2)                                                                                               \
-    X(cuMemAllocPitch_v2)                                                                                          \
-    X(cuMemFree_v2)                                                                                                \
-    X(cuMemAllocAsync)                                                                                             \
-    X(cuMemAllocAsync_ptsz)                                                                                        \
-    X(cuMemFreeAsync)                                                                                              \
-    X(cuMemFreeAsync_ptsz)                                                                                         \
-    X(cuMemAllocFromPoolAsync)                                                                                     \
-    X(cuMemAllocFromPoolAsync_ptsz)                                                                                \
-    X(cuMemGetAddressRange_v2)                                                                                     \
-    X(cuMemAllocManaged)                                                                                           \
-    X(cuIpcGetMemHandle)                                                                                           \
-    X(cuMemCreate)                                                                                                 \
-    X(cuMemRelease)                                                                                                \
-    X(cuMemMap)                                                                                                    \
-    X(cuMemUnmap)                                                                                                  \
-    X(cuMemSetAccess)                                                                                              \
-    X(cuMemRetainAllocationHandle)                                                                                 \
-    X(cuMemGetAllocationPropertiesFromHandle)                                                                      \
-    X(cuMemExportToShareableHandle)                                                                                \
-    X(cuMemImportFromShareableHandle)                                                                              \
-    X(cuLaunchKernel)                                                                                              \
-    X(cuLaunchKernel_ptsz)                                                                                         \
-    X(cuLaunchKernelEx)                                                                                            \
-    X(cuLaunchKernelEx_ptsz)                                                                                       \
-    X(cuLaunchCooperativeKernel)                                                                                   \
-    X(cuLaunchCooperativeKernel_ptsz)                                                                              \
-    X(cuMemcpyHtoD_v2)                                                                                             \
-    X(cuMemcpyDtoH_v2)                                                                                             \
-    X(cuMemcpyDtoD_v2)                                                                                             \
-    X(cuMemcpy)                                                                                                    \
-    X(cuMemcpyHtoD_v2_ptds)                                                                                        \
-    X(cuMemcpyDtoH_v2_ptds)                                                                                        \
-    X(cuMemcpyDtoD_v2_ptds)                                                                                        \
-    X(cuMemcpy_ptds)                                                                                               \
-    X(cuMemcpyHtoDAsync_v2)                                                                                        \
-    X(cuMemcpyDtoHAsync_v2)                                                                                        \
-    X(cuMemcpyDtoDAsync_v2)                                                                                        \
-    X(cuMemcpyAsync)                                                                                               \
-    X(cuMemcpyHtoDAsync_v2_ptsz)                                                                                   \
-    X(cuMemcpyDtoHAsync_v2_ptsz)                                                                                   \
-    X(cuMemcpyDtoDAsync_v2_ptsz)                                                                                   \
-    X(cuMemcpyAsync_ptsz)                                                                                          \
-    X(cuMemsetD8_v2)                                                                                               \
-    X(cuMemsetD16_v2)                                                                                              \
-    X(cuMemsetD32_v2)                                                                                              \
-    X(cuMemsetD8_v2_ptds)                                                                                          \
-    X(cuMemsetD16_v2_ptds)                                                                                         \
-    X(cuMemsetD32_v2_ptds)                                                                                         \
-    X(cuMemsetD8Async)                                                                                             \
-    X(cuMemsetD16Async)                                                                                            \
-    X(cuMemsetD32Async)                                                                                            \
-    X(cuMemsetD8Async_ptsz)                                                                                        \
-    X(cuMemsetD16Async_ptsz)                                                                                       \
-    X(cuMemsetD32Async_ptsz)                                                                                       \
-    X(cuModuleLoad)                                                                                                \
-    X(cuModuleLoadData)                                                                                            \
-    X(cuModuleLoadDataEx)                                                                                          \
-    X(cuModuleUnload)                                                                                              \
-    X(cuLibraryLoadData)                                                                                           \
-    X(cuLibraryLoadFromFile)                                                                                       \
-    X(cuLibraryUnload)                                                                                             \
-    X(cuStreamCreate)                                                                                              \
-    X(cuStreamCreateWithPriority)                                                                                  \
-    X(cuEventCreate)                                                                                               \
+#define GC_SYMS(X)                                                                                                     \
+    X(cuInit)                                                                                                          \
+    X(cuGetProcAddress)                                                                                                \
+    X(cuGetProcAddress_v2)                                                                                             \
+    X(cuMemAlloc_v2)                                                                                                   \
+    X(cuMemAllocPitch_v2)                                                                                              \
+    X(cuMemFree_v2)                                                                                                    \
+    X(cuMemAllocAsync)                                                                                                 \
+    X(cuMemAllocAsync_ptsz)                                                                                            \
+    X(cuMemFreeAsync)                                                                                                  \
+    X(cuMemFreeAsync_ptsz)                                                                                             \
+    X(cuMemAllocFromPoolAsync)                                                                                         \
+    X(cuMemAllocFromPoolAsync_ptsz)                                                                                    \
+    X(cuMemGetAddressRange_v2)                                                                                         \
+    X(cuMemAllocManaged)                                                                                               \
+    X(cuIpcGetMemHandle)                                                                                               \
+    X(cuMemCreate)                                                                                                     \
+    X(cuMemRelease)                                                                                                    \
+    X(cuMemMap)                                                                                                        \
+    X(cuMemUnmap)                                                                                                      \
+    X(cuMemSetAccess)                                                                                                  \
+    X(cuMemRetainAllocationHandle)                                                                                     \
+    X(cuMemGetAllocationPropertiesFromHandle)                                                                          \
+    X(cuMemExportToShareableHandle)                                                                                    \
+    X(cuMemImportFromShareableHandle)                                                                                  \
+    X(cuLaunchKernel)                                                                                                  \
+    X(cuLaunchKernel_ptsz)                                                                                             \
+    X(cuLaunchKernelEx)                                                                                                \
+    X(cuLaunchKernelEx_ptsz)                                                                                           \
+    X(cuLaunchCooperativeKernel)                                                                                       \
+    X(cuLaunchCooperativeKernel_ptsz)                                                                                  \
+    X(cuMemcpyHtoD_v2)                                                                                                 \
+    X(cuMemcpyDtoH_v2)                                                                                                 \
+    X(cuMemcpyDtoD_v2)                                                                                                 \
+    X(cuMemcpy)                                                                                                        \
+    X(cuMemcpyHtoD_v2_ptds)                                                                                            \
+    X(cuMemcpyDtoH_v2_ptds)                                                                                            \
+    X(cuMemcpyDtoD_v2_ptds)                                                                                            \
+    X(cuMemcpy_ptds)                                                                                                   \
+    X(cuMemcpyHtoDAsync_v2)                                                                                            \
+    X(cuMemcpyDtoHAsync_v2)                                                                                            \
+    X(cuMemcpyDtoDAsync_v2)                                                                                            \
+    X(cuMemcpyAsync)                                                                                                   \
+    X(cuMemcpyHtoDAsync_v2_ptsz)                                                                                       \
+    X(cuMemcpyDtoHAsync_v2_ptsz)                                                                                       \
+    X(cuMemcpyDtoDAsync_v2_ptsz)                                                                                       \
+    X(cuMemcpyAsync_ptsz)                                                                                              \
+    X(cuMemsetD8_v2)                                                                                                   \
+    X(cuMemsetD16_v2)                                                                                                  \
+    X(cuMemsetD32_v2)                                                                                                  \
+    X(cuMemsetD8_v2_ptds)                                                                                              \
+    X(cuMemsetD16_v2_ptds)                                                                                             \
+    X(cuMemsetD32_v2_ptds)                                                                                             \
+    X(cuMemsetD8Async)                                                                                                 \
+    X(cuMemsetD16Async)                                                                                                \
+    X(cuMemsetD32Async)                                                                                                \
+    X(cuMemsetD8Async_ptsz)                                                                                            \
+    X(cuMemsetD16Async_ptsz)                                                                                           \
+    X(cuMemsetD32Async_ptsz)                                                                                           \
+    X(cuModuleLoad)                                                                                                    \
+    X(cuModuleLoadData)                                                                                                \
+    X(cuModuleLoadDataEx)                                                                                              \
+    X(cuModuleUnload)                                                                                                  \
+    X(cuLibraryLoadData)                                                                                               \
+    X(cuLibraryLoadFromFile)                                                                                           \
+    X(cuLibraryUnload)                                                                                                 \
+    X(cuStreamCreate)                                                                                                  \
+    X(cuStreamCreateWithPriority)                                                                                      \
+    X(cuEventCreate)                                                                                                   \
     GC_GATED_SYMS(X)
 
 /* Not wrapped: resolved for the interposer's own use. */
-#define GC_INTERNAL_SYMS(X)                                                                                        \
-    X(cuCtxGetDevice)                                                                                              \
-    X(cuCtxGetCurrent)                                                                                             \
-    X(cuCtxSetCurrent)                                                                                             \
-    X(cuCtxSynchronize)                                                                                            \
-    X(cuDeviceGetUuid_v2)                                                                                          \
-    X(cuMemGetAllocationGranularity)                                                                               \
-    X(cuMemAddressReserve)                                                                                         \
-    X(cuMemAddressFree)                                                                                            \
-    X(cuEventRecord)                                                                                               \
-    X(cuEventQuery)                                                                                                \
-    X(cuEventSynchronize)                                                                                          \
-    X(cuEventDestroy_v2)                                                                                           \
-    X(cuStreamSynchronize)                                                                                         \
-    X(cuFuncGetParamInfo)                                                                                          \
+#define GC_INTERNAL_SYMS(X)                                                                                            \
+    X(cuCtxGetDevice)                                                                                                  \
+    X(cuCtxGetCurrent)                                                                                                 \
+    X(cuCtxSetCurrent)                                                                                                 \
+    X(cuCtxSynchronize)                                                                                                \
+    X(cuDeviceGetUuid_v2)                                                                                              \
+    X(cuMemGetAllocationGranularity)                                                                                   \
+    X(cuMemAddressReserve)                                                                                             \
+    X(cuMemAddressFree)                                                                                                \
+    X(cuEventRecord)                                                                                                   \
+    X(cuEventQuery)                                                                                                    \
+    X(cuEventSynchronize)                                                                                              \
+    X(cuEventDestroy_v2)                                                                                               \
+    X(cuStreamSynchronize)                                                                                             \
+    X(cuFuncGetParamInfo)                                                                                              \
     X(cuKernelGetParamInfo)
 
 #define GC_SYM_ENUM(n) SYM_##n,
-enum { GC_SYMS(GC_SYM_ENUM) SYM_NWRAPPED, SYM_INTERNAL_BEFORE = SYM_NWRAPPED - 1, GC_INTERNAL_SYMS(GC_SYM_ENUM) SYM_NALL };
+enum {
+    GC_SYMS(GC_SYM_ENUM) SYM_NWRAPPED,
+    SYM_INTERNAL_BEFORE = SYM_NWRAPPED - 1,
+    GC_INTERNAL_SYMS(GC_SYM_ENUM) SYM_NALL
+};
 
 #endif

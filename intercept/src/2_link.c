@@ -80,9 +80,10 @@ static void mark_dead(int err) {
     G.calls_fd = -1;
     if (!G.warned_dead) {
         G.warned_dead = true;
-        gc_warn("lost the helper connection (%s): existing buffers keep working, new allocations use the driver's "
-                "allocator; this process is not checkpointable any more",
-                strerror(err));
+        gc_warn(
+            "lost the helper connection (%s): existing buffers keep working, new allocations use the driver's "
+            "allocator; this process is not checkpointable any more",
+            strerror(err));
     }
 }
 
@@ -168,8 +169,7 @@ int gc_link_connect(void) {
     G.next_id = 1;
     snprintf(G.sock_path, sizeof G.sock_path, "%s", path); /* unix_connect took it: it fits */
     set_devices(resp->hello);
-    gc_debug("registered with the helper at %s (token %llu, %d devices)", path, (unsigned long long)G.token,
-             G.nhdev);
+    gc_debug("registered with the helper at %s (token %llu, %d devices)", path, (unsigned long long)G.token, G.nhdev);
     gpucr__helper__v1__response__free_unpacked(resp, NULL);
     return 0;
 }
@@ -182,9 +182,12 @@ int gc_link_connect_control(void) {
     int cfd = unix_connect(path);
     Resp *resp = NULL;
     int rc = cfd < 0 ? -errno : hello(cfd, GPUCR__HELPER__V1__ROLE__ROLE_CLIENT_CONTROL, G.token, &resp);
-    if (rc < 0 || resp->error) {
-        gc_warn("helper control connection failed (%s): this process is not checkpointable",
-                rc < 0 ? strerror(-rc) : (resp->error->message ? resp->error->message : "refused"));
+    if (rc < 0 || !resp || resp->error) {
+        const char *why = rc < 0                                          ? strerror(-rc)
+                          : !resp                                         ? "no response"
+                          : resp->error->message && *resp->error->message ? resp->error->message
+                                                                          : "refused";
+        gc_warn("helper control connection failed (%s): this process is not checkpointable", why);
         if (resp)
             gpucr__helper__v1__response__free_unpacked(resp, NULL);
         if (cfd >= 0)

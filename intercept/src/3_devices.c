@@ -37,8 +37,8 @@ const char *gc_dev_uuid(int dev) {
     }
     const unsigned char *b = (const unsigned char *)u.bytes;
     char s[48];
-    snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     pthread_mutex_lock(&G.mu);
     memcpy(G.uuid[dev], s, sizeof s);
     G.have_uuid[dev] = true;

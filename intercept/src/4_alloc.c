@@ -80,8 +80,8 @@ bool gc_alloc_tracking(void) {
 /* ---- helper allocations ---- */
 
 static CUresult map_fd(int fd, uint64_t addr, uint64_t size, int dev, CUmemGenericAllocationHandle *h) {
-    CUresult r = GC_REAL(cuMemImportFromShareableHandle)(h, (void *)(intptr_t)fd,
-                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult r =
+        GC_REAL(cuMemImportFromShareableHandle)(h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
         gc_warn("cuMemImportFromShareableHandle: error %d", (int)r);
         return r;

@@ -34,7 +34,7 @@ GC_HIDDEN const gc_btab *gc_buffers(void);
 GC_HIDDEN CUresult gc_alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real);
 GC_HIDDEN void gc_track_local(CUdeviceptr p, size_t size, int kind);
 GC_HIDDEN int gc_free(CUdeviceptr p, bool async, CUstream stream, CUresult *res); /* 1 handled, 0 not ours */
-GC_HIDDEN int gc_addr_range(CUdeviceptr p, CUdeviceptr *base, size_t *size);     /* 1 ours */
+GC_HIDDEN int gc_addr_range(CUdeviceptr p, CUdeviceptr *base, size_t *size);      /* 1 ours */
 GC_HIDDEN bool gc_is_helper_mem(CUdeviceptr p);
 
 /* Lock held: buffer table insert (0; -1 no memory; -2 overlaps) and remove, with the live counters; the bytes the
@@ -66,7 +66,7 @@ GC_HIDDEN int gc_alloc_reimport(uint64_t id, uint64_t addr, uint64_t size, int f
  * ask vmm_id_at (0: keep the id).
  */
 GC_HIDDEN void gc_alloc_relabel(uint64_t (*vmm_id_at)(uint64_t addr));
-GC_HIDDEN bool gc_alloc_all_mapped(void);                        /* lock held */
+GC_HIDDEN bool gc_alloc_all_mapped(void);                       /* lock held */
 GC_HIDDEN size_t gc_alloc_list(gc_alloc_info *out, size_t max); /* lock held; the count; fills up to max */
 GC_HIDDEN void gc_alloc_live(uint64_t *buffers, uint64_t *bytes, uint64_t *helper_bytes);
 

@@ -30,14 +30,13 @@ GC_HIDDEN CUresult gc_vmm_set_access(__typeof__(&cuMemSetAccess) fn, CUdeviceptr
                                      const CUmemAccessDesc *desc, size_t count);
 GC_HIDDEN CUresult gc_vmm_retain(__typeof__(&cuMemRetainAllocationHandle) fn, CUmemGenericAllocationHandle *handle,
                                  void *addr);
-GC_HIDDEN CUresult gc_vmm_get_props(__typeof__(&cuMemGetAllocationPropertiesFromHandle) fn,
-                                    CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
+GC_HIDDEN CUresult gc_vmm_get_props(__typeof__(&cuMemGetAllocationPropertiesFromHandle) fn, CUmemAllocationProp *prop,
+                                    CUmemGenericAllocationHandle handle);
 GC_HIDDEN CUresult gc_vmm_export(__typeof__(&cuMemExportToShareableHandle) fn, void *shareableHandle,
                                  CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType,
                                  unsigned long long flags);
-GC_HIDDEN CUresult gc_vmm_import(__typeof__(&cuMemImportFromShareableHandle) fn,
-                                 CUmemGenericAllocationHandle *handle, void *osHandle,
-                                 CUmemAllocationHandleType shHandleType);
+GC_HIDDEN CUresult gc_vmm_import(__typeof__(&cuMemImportFromShareableHandle) fn, CUmemGenericAllocationHandle *handle,
+                                 void *osHandle, CUmemAllocationHandleType shHandleType);
 
 /* ---- for the control thread, the bookkeeping lock held ---- */
 

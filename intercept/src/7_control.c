@@ -177,13 +177,13 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
             relabel |= v != 0;
             if (v == 0)
                 snprintf(errbuf, sizeof errbuf, "Reimport: no allocation of ours at 0x%llx (entry %llu, %llu bytes)",
-                         (unsigned long long)e->address, (unsigned long long)e->alloc_id,
-                         (unsigned long long)e->size);
+                         (unsigned long long)e->address, (unsigned long long)e->alloc_id, (unsigned long long)e->size);
         }
         if (v == 1)
             continue;
         set_error(resp,
-                  v == -2 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER : GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND,
+                  v == -2 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER
+                          : GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND,
                   errbuf);
         break;
     }
@@ -361,8 +361,8 @@ static void gpu_state_lost(const char *why) {
 typedef struct {
     char path[4200];
     long timeout_s;
-    struct timespec last;  /* monotonic time of the previous check */
-    double stale_s;        /* running time with the file stale or missing */
+    struct timespec last; /* monotonic time of the previous check */
+    double stale_s;       /* running time with the file stale or missing */
 } helper_watch;
 
 static void watch_init(helper_watch *w) {
@@ -383,7 +383,7 @@ static void watch_check(helper_watch *w) {
     bool exists = stat(w->path, &st) == 0;
     long age = exists ? (long)(real.tv_sec - st.st_mtim.tv_sec) : -1;
     bool fresh = exists && age < 3; /* touched every second */
-    if (fresh || step > 5) { /* alive, or we were frozen: start counting again */
+    if (fresh || step > 5) {        /* alive, or we were frozen: start counting again */
         w->stale_s = 0;
         return;
     }
@@ -505,7 +505,8 @@ serve:
             case GPUCR__HELPER__V1__REQUEST__BODY_ABORT:
                 /* answered first, so the helper knows it was heard; then this process ends */
                 snprintf(abort_why, sizeof abort_why, "%s",
-                         req->abort->reason && *req->abort->reason ? req->abort->reason : "the gpucr helper gave it up");
+                         req->abort->reason && *req->abort->reason ? req->abort->reason
+                                                                   : "the gpucr helper gave it up");
                 set_ok(&resp);
                 break;
             default:
@@ -538,9 +539,10 @@ serve:
     }
     if (atomic_load(&G.state) == CLIENT_DROPPED && G.wake_path[0]) {
         /* A checkpoint recorded us for the next helper (helper/daemon/orphan.go). */
-        gc_warn("the helper closed the control connection while this process's device memory was dropped for a "
-                "checkpoint (did it die?): waiting for a helper to give it back (%s)",
-                G.wake_path);
+        gc_warn(
+            "the helper closed the control connection while this process's device memory was dropped for a "
+            "checkpoint (did it die?): waiting for a helper to give it back (%s)",
+            G.wake_path);
         fd = detached(fd);
         goto serve;
     }
@@ -550,8 +552,9 @@ serve:
         gc_gate_open();
         gc_warn("control connection closed while quiesced: resuming");
     } else if (atomic_load(&G.state) == CLIENT_DROPPED) {
-        gpu_state_lost("the gpucr helper closed the control connection while this process's device memory was dropped "
-                       "for a checkpoint (the helper died?)");
+        gpu_state_lost(
+            "the gpucr helper closed the control connection while this process's device memory was dropped "
+            "for a checkpoint (the helper died?)");
     }
     /* the fd is ours unless a fork happened meanwhile (the child never runs this thread) */
     close(fd);

@@ -63,7 +63,7 @@ static struct {
     bool have_before;
     int nnoted;
     file_id noted[MAX_NOTED]; /* files the driver opened during it */
-    bool noted_done;           /* the first cuInit succeeded and was looked at */
+    bool noted_done;          /* the first cuInit succeeded and was looked at */
     bool disabled;
 } F = {.mu = PTHREAD_MUTEX_INITIALIZER};
 

@@ -8,16 +8,16 @@
  */
 #include "1_base.h"
 
-#define GATED(name, stat, PARAMS, ARGS)                                                                            \
-    GC_EXPORT CUresult name PARAMS {                                                                               \
-        __typeof__(&name) real_ = GC_REAL(name);                                                                   \
-        if (!real_)                                                                                                \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
-        gc_gate_enter();                                                                                           \
-        gc_stat_add(stat, 1);                                                                                      \
-        CUresult r = real_ ARGS;                                                                                   \
-        gc_gate_leave();                                                                                           \
-        return r;                                                                                                  \
+#define GATED(name, stat, PARAMS, ARGS)                                                                                \
+    GC_EXPORT CUresult name PARAMS {                                                                                   \
+        __typeof__(&name) real_ = GC_REAL(name);                                                                       \
+        if (!real_)                                                                                                    \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        gc_gate_enter();                                                                                               \
+        gc_stat_add(stat, 1);                                                                                          \
+        CUresult r = real_ ARGS;                                                                                       \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
     }
 
 GATED(cuGraphLaunch, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))
@@ -88,30 +88,22 @@ GATED(cuMemsetD2D32Async, STAT_MEMSETS,
 GATED(cuMemsetD2D32Async_ptsz, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream),
       (dstDevice, dstPitch, ui, Width, Height, hStream))
-GATED(cuStreamWriteValue32_v2, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
+GATED(cuStreamWriteValue32_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
       (stream, addr, value, flags))
 GATED(cuStreamWriteValue32_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
-      (stream, addr, value, flags))
-GATED(cuStreamWriteValue64_v2, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
+      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags))
+GATED(cuStreamWriteValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
       (stream, addr, value, flags))
 GATED(cuStreamWriteValue64_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
-      (stream, addr, value, flags))
-GATED(cuStreamWaitValue32_v2, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
+      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags))
+GATED(cuStreamWaitValue32_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
       (stream, addr, value, flags))
 GATED(cuStreamWaitValue32_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
-      (stream, addr, value, flags))
-GATED(cuStreamWaitValue64_v2, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
+      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags))
+GATED(cuStreamWaitValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
       (stream, addr, value, flags))
 GATED(cuStreamWaitValue64_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
-      (stream, addr, value, flags))
+      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags))
 GATED(cuStreamBatchMemOp_v2, STAT_LAUNCHES,
       (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags),
       (stream, count, paramArray, flags))

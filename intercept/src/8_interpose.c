@@ -46,16 +46,16 @@ __attribute__((constructor)) static void gc_init(void) {
 /* ---- wrappers ---- */
 
 /* Counted pass-through. */
-#define WRAP_COUNT(name, stat, PARAMS, ARGS)                                                                       \
-    GC_EXPORT CUresult name PARAMS {                                                                               \
-        __typeof__(&name) fn = GC_REAL(name);                                                                      \
-        if (!fn)                                                                                                   \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
-        gc_gate_enter();                                                                                           \
-        gc_stat_add(stat, 1);                                                                                      \
-        CUresult r = fn ARGS;                                                                                      \
-        gc_gate_leave();                                                                                           \
-        return r;                                                                                                  \
+#define WRAP_COUNT(name, stat, PARAMS, ARGS)                                                                           \
+    GC_EXPORT CUresult name PARAMS {                                                                                   \
+        __typeof__(&name) fn = GC_REAL(name);                                                                          \
+        if (!fn)                                                                                                       \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        gc_gate_enter();                                                                                               \
+        gc_stat_add(stat, 1);                                                                                          \
+        CUresult r = fn ARGS;                                                                                          \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
     }
 
 GC_EXPORT CUresult cuInit(unsigned int flags) {
@@ -81,37 +81,31 @@ static CUresult alloc(CUdeviceptr *dptr, size_t size, int kind, bool *use_real) 
     return gc_alloc(dptr, size, kind, use_real);
 }
 
-#define ALLOC_BODY(name, kind, ...)                                                                                \
-    __typeof__(&name) fn = GC_REAL(name);                                                                          \
-    if (!fn)                                                                                                       \
-        return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-    gc_gate_enter();                                                                                               \
-    bool use_real = false;                                                                                         \
-    CUresult r = alloc(dptr, bytesize, kind, &use_real);                                                           \
-    if (use_real) {                                                                                                \
-        r = fn(__VA_ARGS__);                                                                                       \
-        if (r == CUDA_SUCCESS)                                                                                     \
-            gc_track_local(*dptr, bytesize, kind);                                                                 \
-    }                                                                                                              \
-    gc_gate_leave();                                                                                               \
+#define ALLOC_BODY(name, kind, ...)                                                                                    \
+    __typeof__(&name) fn = GC_REAL(name);                                                                              \
+    if (!fn)                                                                                                           \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                                               \
+    gc_gate_enter();                                                                                                   \
+    bool use_real = false;                                                                                             \
+    CUresult r = alloc(dptr, bytesize, kind, &use_real);                                                               \
+    if (use_real) {                                                                                                    \
+        r = fn(__VA_ARGS__);                                                                                           \
+        if (r == CUDA_SUCCESS)                                                                                         \
+            gc_track_local(*dptr, bytesize, kind);                                                                     \
+    }                                                                                                                  \
+    gc_gate_leave();                                                                                                   \
     return r;
 
-GC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
-    ALLOC_BODY(cuMemAlloc_v2, GC_KIND_MEM_ALLOC, dptr, bytesize)
-}
-GC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ALLOC_BODY(cuMemAllocAsync, GC_KIND_ASYNC, dptr, bytesize, hStream)
-}
-GC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    ALLOC_BODY(cuMemAllocAsync_ptsz, GC_KIND_ASYNC, dptr, bytesize, hStream)
-}
-GC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
-    ALLOC_BODY(cuMemAllocFromPoolAsync, GC_KIND_ASYNC, dptr, bytesize, pool, hStream)
-}
-GC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                CUstream hStream) {
-    ALLOC_BODY(cuMemAllocFromPoolAsync_ptsz, GC_KIND_ASYNC, dptr, bytesize, pool, hStream)
-}
+GC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize){
+    ALLOC_BODY(cuMemAlloc_v2, GC_KIND_MEM_ALLOC, dptr, bytesize)} GC_EXPORT CUresult
+    cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream){
+        ALLOC_BODY(cuMemAllocAsync, GC_KIND_ASYNC, dptr, bytesize, hStream)} GC_EXPORT CUresult
+    cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream){
+        ALLOC_BODY(cuMemAllocAsync_ptsz, GC_KIND_ASYNC, dptr, bytesize, hStream)} GC_EXPORT CUresult
+    cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream){
+        ALLOC_BODY(cuMemAllocFromPoolAsync, GC_KIND_ASYNC, dptr, bytesize, pool, hStream)} GC_EXPORT CUresult
+    cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream){
+        ALLOC_BODY(cuMemAllocFromPoolAsync_ptsz, GC_KIND_ASYNC, dptr, bytesize, pool, hStream)}
 
 /*
  * Pitch: round_up(width, 512), as the simulator does. The real driver's pitch
@@ -145,24 +139,22 @@ GC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     return r;
 }
 
-#define FREE_BODY(name, async, stream, ...)                                                                        \
-    __typeof__(&name) fn = GC_REAL(name);                                                                          \
-    if (!fn)                                                                                                       \
-        return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-    gc_gate_enter();                                                                                               \
-    CUresult r;                                                                                                    \
-    if (!gc_free(dptr, async, stream, &r))                                                                         \
-        r = fn(__VA_ARGS__);                                                                                       \
-    gc_gate_leave();                                                                                               \
+#define FREE_BODY(name, async, stream, ...)                                                                            \
+    __typeof__(&name) fn = GC_REAL(name);                                                                              \
+    if (!fn)                                                                                                           \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                                               \
+    gc_gate_enter();                                                                                                   \
+    CUresult r;                                                                                                        \
+    if (!gc_free(dptr, async, stream, &r))                                                                             \
+        r = fn(__VA_ARGS__);                                                                                           \
+    gc_gate_leave();                                                                                                   \
     return r;
 
-GC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { FREE_BODY(cuMemFree_v2, false, NULL, dptr) }
-GC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    FREE_BODY(cuMemFreeAsync, true, hStream, dptr, hStream)
-}
-GC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-    FREE_BODY(cuMemFreeAsync_ptsz, true, hStream, dptr, hStream)
-}
+GC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr){FREE_BODY(cuMemFree_v2, false, NULL, dptr)} GC_EXPORT CUresult
+    cuMemFreeAsync(CUdeviceptr dptr,
+                   CUstream hStream){FREE_BODY(cuMemFreeAsync, true, hStream, dptr, hStream)} GC_EXPORT CUresult
+    cuMemFreeAsync_ptsz(CUdeviceptr dptr,
+                        CUstream hStream){FREE_BODY(cuMemFreeAsync_ptsz, true, hStream, dptr, hStream)}
 
 GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
     __typeof__(&cuMemGetAddressRange_v2) fn = GC_REAL(cuMemGetAddressRange_v2);
@@ -195,9 +187,10 @@ GC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) 
     gc_gate_enter();
     CUresult r;
     if (gc_is_helper_mem(dptr)) {
-        gc_warn("cuIpcGetMemHandle on gpucr-managed memory (0x%llx): not supported (VMM memory has no legacy IPC "
-                "handle)",
-                dptr);
+        gc_warn(
+            "cuIpcGetMemHandle on gpucr-managed memory (0x%llx): not supported (VMM memory has no legacy IPC "
+            "handle)",
+            dptr);
         r = CUDA_ERROR_NOT_SUPPORTED;
     } else {
         r = fn(pHandle, dptr);
@@ -228,34 +221,30 @@ GC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 }
 
 /* The driver's entry point fn (NULL: not supported), the gate, the VMM layer. */
-#define VMM_BODY(name, call)                                                                                       \
-    __typeof__(&name) fn = GC_REAL(name);                                                                          \
-    if (!fn)                                                                                                       \
-        return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-    gc_gate_enter();                                                                                               \
-    CUresult r = call;                                                                                             \
-    gc_gate_leave();                                                                                               \
+#define VMM_BODY(name, call)                                                                                           \
+    __typeof__(&name) fn = GC_REAL(name);                                                                              \
+    if (!fn)                                                                                                           \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                                               \
+    gc_gate_enter();                                                                                                   \
+    CUresult r = call;                                                                                                 \
+    gc_gate_leave();                                                                                                   \
     return r;
 
-GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    VMM_BODY(cuMemRelease, gc_vmm_release(fn, handle))
-}
-GC_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                            unsigned long long flags) {
-    VMM_BODY(cuMemMap, gc_vmm_map(fn, ptr, size, offset, handle, flags))
-}
-GC_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) { VMM_BODY(cuMemUnmap, gc_vmm_unmap(fn, ptr, size)) }
-GC_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
-    VMM_BODY(cuMemSetAccess, gc_vmm_set_access(fn, ptr, size, desc, count))
-}
-GC_EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
-                                                CUmemAllocationHandleType handleType, unsigned long long flags) {
-    VMM_BODY(cuMemExportToShareableHandle, gc_vmm_export(fn, shareableHandle, handle, handleType, flags))
-}
-GC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
-                                                  CUmemAllocationHandleType shHandleType) {
-    VMM_BODY(cuMemImportFromShareableHandle, gc_vmm_import(fn, handle, osHandle, shHandleType))
-}
+GC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle){
+    VMM_BODY(cuMemRelease, gc_vmm_release(fn, handle))} GC_EXPORT CUresult
+    cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+             unsigned long long flags){
+        VMM_BODY(cuMemMap, gc_vmm_map(fn, ptr, size, offset, handle, flags))} GC_EXPORT CUresult
+    cuMemUnmap(CUdeviceptr ptr, size_t size){VMM_BODY(cuMemUnmap, gc_vmm_unmap(fn, ptr, size))} GC_EXPORT CUresult
+    cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count){
+        VMM_BODY(cuMemSetAccess, gc_vmm_set_access(fn, ptr, size, desc, count))} GC_EXPORT CUresult
+    cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                 CUmemAllocationHandleType handleType, unsigned long long flags){
+        VMM_BODY(cuMemExportToShareableHandle,
+                 gc_vmm_export(fn, shareableHandle, handle, handleType, flags))} GC_EXPORT CUresult
+    cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                   CUmemAllocationHandleType shHandleType){
+        VMM_BODY(cuMemImportFromShareableHandle, gc_vmm_import(fn, handle, osHandle, shHandleType))}
 
 /* These two answer for virtual handles without the driver's entry point. */
 GC_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
@@ -289,50 +278,50 @@ static inline void scan(void *f, void **kernelParams, void **extra) {
         gc_stat_add(STAT_LAUNCHES, 1);
 }
 
-#define LAUNCH(name)                                                                                               \
-    GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,     \
-                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                \
-                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {    \
-        __typeof__(&name) fn = GC_REAL(name);                                                                      \
-        if (!fn)                                                                                                   \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
-        gc_gate_enter();                                                                                           \
-        scan(f, kernelParams, extra);                                                                              \
-        CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, \
-                        kernelParams, extra);                                                                      \
-        gc_gate_leave();                                                                                           \
-        return r;                                                                                                  \
+#define LAUNCH(name)                                                                                                   \
+    GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,         \
+                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                    \
+                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra) {        \
+        __typeof__(&name) fn = GC_REAL(name);                                                                          \
+        if (!fn)                                                                                                       \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        gc_gate_enter();                                                                                               \
+        scan(f, kernelParams, extra);                                                                                  \
+        CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
+                        kernelParams, extra);                                                                          \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
     }
 LAUNCH(cuLaunchKernel)
 LAUNCH(cuLaunchKernel_ptsz)
 
-#define LAUNCH_COOP(name)                                                                                          \
-    GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,     \
-                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                \
-                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams) {                  \
-        __typeof__(&name) fn = GC_REAL(name);                                                                      \
-        if (!fn)                                                                                                   \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
-        gc_gate_enter();                                                                                           \
-        scan(f, kernelParams, NULL);                                                                               \
-        CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, \
-                        kernelParams);                                                                             \
-        gc_gate_leave();                                                                                           \
-        return r;                                                                                                  \
+#define LAUNCH_COOP(name)                                                                                              \
+    GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,         \
+                            unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                    \
+                            unsigned int sharedMemBytes, CUstream hStream, void **kernelParams) {                      \
+        __typeof__(&name) fn = GC_REAL(name);                                                                          \
+        if (!fn)                                                                                                       \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        gc_gate_enter();                                                                                               \
+        scan(f, kernelParams, NULL);                                                                                   \
+        CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
+                        kernelParams);                                                                                 \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
     }
 LAUNCH_COOP(cuLaunchCooperativeKernel)
 LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
 
-#define LAUNCH_EX(name)                                                                                            \
-    GC_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {       \
-        __typeof__(&name) fn = GC_REAL(name);                                                                      \
-        if (!fn)                                                                                                   \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                                       \
-        gc_gate_enter();                                                                                           \
-        scan(f, kernelParams, extra);                                                                              \
-        CUresult r = fn(config, f, kernelParams, extra);                                                           \
-        gc_gate_leave();                                                                                           \
-        return r;                                                                                                  \
+#define LAUNCH_EX(name)                                                                                                \
+    GC_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {           \
+        __typeof__(&name) fn = GC_REAL(name);                                                                          \
+        if (!fn)                                                                                                       \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        gc_gate_enter();                                                                                               \
+        scan(f, kernelParams, extra);                                                                                  \
+        CUresult r = fn(config, f, kernelParams, extra);                                                               \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
     }
 LAUNCH_EX(cuLaunchKernelEx)
 LAUNCH_EX(cuLaunchKernelEx_ptsz)
@@ -375,43 +364,36 @@ MS_ASYNC(cuMemsetD32Async_ptsz, unsigned int)
 
 /* ---- modules, libraries ---- */
 
-#define LOAD_BODY(name, NOTE, ...)                                                                                 \
-    __typeof__(&name) fn = GC_REAL(name);                                                                          \
-    if (!fn)                                                                                                       \
-        return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-    gc_gate_enter();                                                                                               \
-    CUresult r = fn(__VA_ARGS__);                                                                                  \
-    if (r == CUDA_SUCCESS) {                                                                                       \
-        gc_stat_add(STAT_MODULES, 1);                                                                              \
-        NOTE;                                                                                                      \
-    }                                                                                                              \
-    gc_gate_leave();                                                                                               \
+#define LOAD_BODY(name, NOTE, ...)                                                                                     \
+    __typeof__(&name) fn = GC_REAL(name);                                                                              \
+    if (!fn)                                                                                                           \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                                               \
+    gc_gate_enter();                                                                                                   \
+    CUresult r = fn(__VA_ARGS__);                                                                                      \
+    if (r == CUDA_SUCCESS) {                                                                                           \
+        gc_stat_add(STAT_MODULES, 1);                                                                                  \
+        NOTE;                                                                                                          \
+    }                                                                                                                  \
+    gc_gate_leave();                                                                                                   \
     return r;
 
-GC_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname) {
-    LOAD_BODY(cuModuleLoad, gc_note_module_file(fname), module, fname)
-}
-GC_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    LOAD_BODY(cuModuleLoadData, gc_note_module(image, 0), module, image)
-}
-GC_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
-                                      CUjit_option *options, void **optionValues) {
-    LOAD_BODY(cuModuleLoadDataEx, gc_note_module(image, 0), module, image, numOptions, options, optionValues)
-}
-GC_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
-                                     void **jitOptionsValues, unsigned int numJitOptions,
-                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
-                                     unsigned int numLibraryOptions) {
-    LOAD_BODY(cuLibraryLoadData, gc_note_module(code, 0), library, code, jitOptions, jitOptionsValues, numJitOptions,
-              libraryOptions, libraryOptionValues, numLibraryOptions)
-}
-GC_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions,
-                                         void **jitOptionsValues, unsigned int numJitOptions,
-                                         CUlibraryOption *libraryOptions, void **libraryOptionValues,
-                                         unsigned int numLibraryOptions) {
-    LOAD_BODY(cuLibraryLoadFromFile, gc_note_module_file(fileName), library, fileName, jitOptions, jitOptionsValues,
-              numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions)
-}
+GC_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname){
+    LOAD_BODY(cuModuleLoad, gc_note_module_file(fname), module, fname)} GC_EXPORT CUresult
+    cuModuleLoadData(CUmodule *module, const void *image){
+        LOAD_BODY(cuModuleLoadData, gc_note_module(image, 0), module, image)} GC_EXPORT CUresult
+    cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
+                       void **optionValues){LOAD_BODY(cuModuleLoadDataEx, gc_note_module(image, 0), module, image,
+                                                      numOptions, options, optionValues)} GC_EXPORT CUresult
+    cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
+                      unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                      unsigned int numLibraryOptions){
+        LOAD_BODY(cuLibraryLoadData, gc_note_module(code, 0), library, code, jitOptions, jitOptionsValues,
+                  numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions)} GC_EXPORT CUresult
+    cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues,
+                          unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                          unsigned int numLibraryOptions){
+        LOAD_BODY(cuLibraryLoadFromFile, gc_note_module_file(fileName), library, fileName, jitOptions, jitOptionsValues,
+                  numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions)}
 
 /* Unloads free function handles the driver may hand out again: cached layouts become stale. */
 GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
@@ -437,23 +419,21 @@ GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
 
 /* ---- streams, events ---- */
 
-#define CREATE_BODY(name, stat, ...)                                                                               \
-    __typeof__(&name) fn = GC_REAL(name);                                                                          \
-    if (!fn)                                                                                                       \
-        return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-    gc_gate_enter();                                                                                               \
-    CUresult r = fn(__VA_ARGS__);                                                                                  \
-    if (r == CUDA_SUCCESS)                                                                                         \
-        gc_stat_add(stat, 1);                                                                                      \
-    gc_gate_leave();                                                                                               \
+#define CREATE_BODY(name, stat, ...)                                                                                   \
+    __typeof__(&name) fn = GC_REAL(name);                                                                              \
+    if (!fn)                                                                                                           \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                                               \
+    gc_gate_enter();                                                                                                   \
+    CUresult r = fn(__VA_ARGS__);                                                                                      \
+    if (r == CUDA_SUCCESS)                                                                                             \
+        gc_stat_add(stat, 1);                                                                                          \
+    gc_gate_leave();                                                                                                   \
     return r;
 
-GC_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
-    CREATE_BODY(cuStreamCreate, STAT_STREAMS, phStream, Flags)
-}
-GC_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
-    CREATE_BODY(cuStreamCreateWithPriority, STAT_STREAMS, phStream, flags, priority)
-}
-GC_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+GC_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags){
+    CREATE_BODY(cuStreamCreate, STAT_STREAMS, phStream, Flags)} GC_EXPORT CUresult
+    cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority){
+        CREATE_BODY(cuStreamCreateWithPriority, STAT_STREAMS, phStream, flags, priority)} GC_EXPORT CUresult
+    cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     CREATE_BODY(cuEventCreate, STAT_EVENTS, phEvent, Flags)
 }
