@@ -354,7 +354,7 @@ static void gpu_state_lost(const char *why) {
 }
 
 /* Watches the helper while detached: it touches helper.alive in the socket
- * directory every second (helper/daemon/orphan.go). Stale or missing for
+ * directory every second (helper/daemon/adopt.go). Stale or missing for
  * GPUCR_ORPHAN_TIMEOUT_S (default 60) seconds of this process's running time:
  * no helper will bring the memory back. Time the process spent frozen by CRIU
  * (or between a dump and its restore) does not count. */
@@ -538,7 +538,7 @@ serve:
             fd = detached(fd);
     }
     if (atomic_load(&G.state) == CLIENT_DROPPED && G.wake_path[0]) {
-        /* A checkpoint recorded us for the next helper (helper/daemon/orphan.go). */
+        /* A checkpoint recorded us for the next helper (helper/daemon/adopt.go). */
         gc_warn(
             "the helper closed the control connection while this process's device memory was dropped for a "
             "checkpoint (did it die?): waiting for a helper to give it back (%s)",
