@@ -1,7 +1,25 @@
-// Package ptx is reserved for gpucr's own GPU code: kernels such as
-// GPU-side hashing of device memory (so that a checkpoint need not copy what
-// has not changed) and the PTX and fatbin handling they need. Nothing is
-// written yet and nothing imports it. The interposer's per-kernel parameter
-// layouts come from the driver (cuFuncGetParamInfo, cuKernelGetParamInfo),
-// not from parsing PTX.
+// Package ptx is gpucr's own GPU code: kernels written as PTX text
+// (kernels.ptx, embedded here as Kernels) that the helper loads with
+// cuModuleLoadData into its own context on each device, so that gpucr needs
+// neither nvcc nor anything of the application's. The simulated driver runs
+// the same entries as C functions (tests/sim/kernels/gpucr.c).
+//
+// ChunkHash defines the chunk hash the kernel gpucr_chunk_hash computes on
+// the GPU: a checkpoint hashes device memory where it lies and copies only
+// chunks it does not have yet, and a restore checks every loaded chunk
+// there. The interposer's per-kernel parameter layouts come from the driver
+// (cuFuncGetParamInfo, cuKernelGetParamInfo), not from parsing PTX.
 package ptx
+
+import _ "embed"
+
+// Kernels is the PTX text of gpucr's kernels.
+//
+//go:embed kernels.ptx
+var Kernels string
+
+// Entry names in Kernels.
+const (
+	ChunkHashKernel = "gpucr_chunk_hash"
+	CompareKernel   = "gpucr_compare"
+)

@@ -94,6 +94,9 @@ type Device struct {
 	laneMu    sync.Mutex
 	idleLanes []*Lane
 	closing   bool
+
+	// gpucr's own kernels, loaded on first use; the worker's alone.
+	kern kernels
 }
 
 // Handle is a CUmemGenericAllocationHandle.
@@ -241,6 +244,7 @@ func (dev *Device) worker(ready chan<- error) {
 	for f := range dev.work {
 		f()
 	}
+	dev.kern.unload() // before the primary context goes
 	C.gs_cuCtxSetCurrent(nil)
 }
 

@@ -40,7 +40,15 @@
     X(cuCheckpointProcessLock, (int, CUcheckpointLockArgs *))                                                          \
     X(cuCheckpointProcessCheckpoint, (int, CUcheckpointCheckpointArgs *))                                              \
     X(cuCheckpointProcessRestore, (int, CUcheckpointRestoreArgs *))                                                    \
-    X(cuCheckpointProcessUnlock, (int, CUcheckpointUnlockArgs *))
+    X(cuCheckpointProcessUnlock, (int, CUcheckpointUnlockArgs *))                                                      \
+    X(cuModuleLoadData, (CUmodule *, const void *))                                                                    \
+    X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                                                     \
+    X(cuModuleUnload, (CUmodule))                                                                                      \
+    X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
+                       unsigned int, CUstream, void **, void **))                                                      \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                                          \
+    X(cuMemFree_v2, (CUdeviceptr))                                                                                     \
+    X(cuMemsetD32Async, (CUdeviceptr, unsigned int, size_t, CUstream))
 
 #define DECL(name, args) static CUresult(*p_##name) args;
 FNS(DECL)
@@ -180,3 +188,20 @@ CUresult gs_ckpt_unlock(int pid) {
     memset(&a, 0, sizeof a);
     return p_cuCheckpointProcessUnlock(pid, &a);
 }
+
+/* ---- gpucr's own kernels (ptx/kernels.ptx) ---- */
+
+CUresult gs_module_load(CUmodule *m, const char *ptx) { return p_cuModuleLoadData(m, ptx); }
+CUresult gs_module_unload(CUmodule m) { return p_cuModuleUnload(m); }
+CUresult gs_module_function(CUfunction *f, CUmodule m, const char *name) { return p_cuModuleGetFunction(f, m, name); }
+CUresult gs_mem_alloc(CUdeviceptr *p, size_t size) { return p_cuMemAlloc_v2(p, size); }
+CUresult gs_mem_free(CUdeviceptr p) { return p_cuMemFree_v2(p); }
+
+/* Four u64 parameters, grid x blocks of block threads, on stream s. */
+CUresult gs_launch4(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c,
+                    uint64_t d) {
+    void *params[4] = {&a, &b, &c, &d};
+    return p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, NULL);
+}
+
+CUresult gs_memset32(CUdeviceptr p, unsigned v, size_t n, CUstream s) { return p_cuMemsetD32Async(p, v, n, s); }

@@ -2,6 +2,7 @@
 #ifndef GPUCR_HELPER_CUDA_SHIM_H
 #define GPUCR_HELPER_CUDA_SHIM_H
 #include <stddef.h>
+#include <stdint.h>
 #include "gpucr/cudadrv.h"
 
 /* Loads the driver and resolves every entry point; 0, or -1 with err filled. */
@@ -41,6 +42,15 @@ CUresult gs_ckpt_lock(int pid, unsigned timeout_ms);
 CUresult gs_ckpt_checkpoint(int pid);
 CUresult gs_ckpt_restore(int pid);
 CUresult gs_ckpt_unlock(int pid);
+/* gpucr's own kernels (ptx/kernels.ptx), in the current context. */
+CUresult gs_module_load(CUmodule *m, const char *ptx);
+CUresult gs_module_unload(CUmodule m);
+CUresult gs_module_function(CUfunction *f, CUmodule m, const char *name);
+CUresult gs_mem_alloc(CUdeviceptr *p, size_t size);
+CUresult gs_mem_free(CUdeviceptr p);
+CUresult gs_launch4(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c,
+                    uint64_t d);
+CUresult gs_memset32(CUdeviceptr p, unsigned v, size_t n, CUstream s);
 /* The CUresult's name, or NULL. */
 const char *gs_error_name(CUresult r);
 #endif
