@@ -207,3 +207,24 @@ func (r *BufferReader) readChunkAt(p []byte, off, end uint64, ci int) error {
 
 var _ io.ReaderAt = (*BufferReader)(nil)
 var _ io.WriterTo = (*BufferReader)(nil)
+
+// ChunkHashes returns the content hash of each chunk of the buffer, in
+// order, as the manifest records it (a zero chunk: the hash of its zero
+// bytes), for a caller that checks loaded chunks itself
+// (ReadOptions.HashCheckedByCaller). Only images that HashesOnGPU have such
+// hashes: for others it returns nil.
+func (r *BufferReader) ChunkHashes() [][16]byte {
+	if !r.im.HashesOnGPU() {
+		return nil
+	}
+	cs := r.b.GetChunks()
+	out := make([][16]byte, len(cs))
+	for i, c := range cs {
+		if c.GetLocation() == imagepb.Location_LOCATION_ZERO {
+			out[i] = ZeroChunkHash(int(c.GetSize()))
+		} else {
+			copy(out[i][:], c.GetHash())
+		}
+	}
+	return out
+}

@@ -130,16 +130,87 @@ func (b *BufferWriter) setMode(m int32) bool {
 // one buffer may be written in any order and from several goroutines at
 // once; each exactly once. A buffer is written either with Write or with
 // WriteChunk, not both.
-func (b *BufferWriter) WriteChunk(i int, p []byte) error {
+func (b *BufferWriter) WriteChunk(i int, p []byte) error { return b.writeChunk(i, p, nil) }
+
+// WriteChunkHashed is WriteChunk of a chunk whose content hash h (format 3:
+// ptx.ChunkHash of p) the caller computed, on the GPU where p came from:
+// the Writer trusts it and hashes nothing. A wrong h makes a chunk that
+// fails every later check (a restore's on the GPU, Verify's here).
+func (b *BufferWriter) WriteChunkHashed(i int, p []byte, h [16]byte) error {
+	return b.writeChunk(i, p, (*chunkHash)(&h))
+}
+
+// RecordChunk records chunk i by its content hash h alone (format 3:
+// ptx.ChunkHash, computed on the GPU) if the image needs no bytes for it:
+// it is all zero, or equal to a chunk this write has met already (any
+// buffer, any process), or one the parent chain holds, or one the image
+// DIR held before left a file for. Then it returns true and the chunk is
+// written. Otherwise it returns false, records nothing, and the caller
+// copies the chunk and writes it (WriteChunkHashed). Like WriteChunk, it
+// works in the calling goroutine and may be called from several at once.
+func (b *BufferWriter) RecordChunk(i int, h [16]byte) (bool, error) {
+	n, err := b.checkChunk(i, -1)
+	if err != nil {
+		return false, err
+	}
+	if b.taken[i].Load() {
+		return false, fmt.Errorf("buffer %d (0x%x): chunk %d written twice", b.index, b.info.Address, i)
+	}
+	w := b.w
+	w.sendMu.RLock()
+	defer w.sendMu.RUnlock()
+	if err := w.writable(b); err != nil {
+		return false, err
+	}
+	rec := &b.chunks[i]
+	var lc *localChunk
+	owner, zero := false, chunkHash(h) == ZeroChunkHash(n)
+	if !zero {
+		var ok bool
+		if lc, owner, ok = w.store.claimKnown(h); !ok {
+			return false, nil
+		}
+	}
+	if b.taken[i].Swap(true) {
+		return false, fmt.Errorf("buffer %d (0x%x): chunk %d written twice", b.index, b.info.Address, i)
+	}
+	rec.zero, rec.hash, rec.local, rec.owner = zero, h, lc, owner
+	w.bytesIn.Add(int64(n))
+	b.chunksDone.Add(1)
+	return true, nil
+}
+
+// checkChunk checks that chunk i exists and, with size >= 0, that it has
+// size bytes; it returns the chunk's size.
+func (b *BufferWriter) checkChunk(i, size int) (int, error) {
 	if !b.setMode(modeChunks) {
-		return fmt.Errorf("buffer %d (0x%x): WriteChunk after Write: use one or the other per buffer", b.index, b.info.Address)
+		return 0, fmt.Errorf("buffer %d (0x%x): WriteChunk after Write: use one or the other per buffer", b.index, b.info.Address)
 	}
 	n := len(b.chunks)
 	if i < 0 || i >= n {
-		return fmt.Errorf("buffer %d (0x%x): no chunk %d (has %d)", b.index, b.info.Address, i, n)
+		return 0, fmt.Errorf("buffer %d (0x%x): no chunk %d (has %d)", b.index, b.info.Address, i, n)
 	}
-	if want := chunkLen(b.info.Size, uint32(b.w.opts.ChunkSize), i); len(p) != int(want) {
-		return fmt.Errorf("buffer %d (0x%x): chunk %d has %d bytes, WriteChunk got %d", b.index, b.info.Address, i, want, len(p))
+	want := int(chunkLen(b.info.Size, uint32(b.w.opts.ChunkSize), i))
+	if size >= 0 && size != want {
+		return 0, fmt.Errorf("buffer %d (0x%x): chunk %d has %d bytes, WriteChunk got %d", b.index, b.info.Address, i, want, size)
+	}
+	return want, nil
+}
+
+// writable says whether chunks may still be stored (sendMu read-held).
+func (w *Writer) writable(b *BufferWriter) error {
+	if err := w.failed(); err != nil {
+		return err
+	}
+	if w.jobsClosed {
+		return fmt.Errorf("image %s: buffer %d (0x%x): write after Commit", w.dir, b.index, b.info.Address)
+	}
+	return nil
+}
+
+func (b *BufferWriter) writeChunk(i int, p []byte, h *chunkHash) error {
+	if _, err := b.checkChunk(i, len(p)); err != nil {
+		return err
 	}
 	if b.taken[i].Swap(true) {
 		return fmt.Errorf("buffer %d (0x%x): chunk %d written twice", b.index, b.info.Address, i)
@@ -149,18 +220,24 @@ func (b *BufferWriter) WriteChunk(i int, p []byte) error {
 	w := b.w
 	w.sendMu.RLock()
 	defer w.sendMu.RUnlock()
-	if err := w.failed(); err != nil {
+	if err := w.writable(b); err != nil {
 		return err
-	}
-	if w.jobsClosed {
-		return fmt.Errorf("image %s: buffer %d (0x%x): write after Commit", w.dir, b.index, b.info.Address)
 	}
 	var scratch *[]byte
 	if w.store.enc != nil {
 		scratch = w.scratch.Get().(*[]byte)
 		defer w.scratch.Put(scratch)
 	}
-	if err := w.storeChunk(b, i, p, scratch); err != nil {
+	var err error
+	switch {
+	case h == nil:
+		err = w.storeChunk(b, i, p, scratch)
+	case *h == ZeroChunkHash(len(p)):
+		b.chunks[i].zero = true
+	default:
+		err = w.storeHashed(b, i, p, *h, scratch)
+	}
+	if err != nil {
 		return err
 	}
 	w.bytesIn.Add(int64(len(p)))

@@ -38,7 +38,11 @@ func Diff(a, b *Image) (*DiffReport, error) {
 		inB[bufKey{bb.GetPid(), bb.GetAddress()}] = i
 	}
 	matched := make([]bool, len(b.m.GetBuffers()))
-	zeros := zeroHashes{}
+	zeros := zeroHashes{format: b.m.GetFormatVersion(), m: map[uint32]chunkHash{}}
+	// Chunks hashed with different functions (formats 1-2 against 3) cannot
+	// be compared by hash: every chunk counts as changed, as with different
+	// chunk sizes.
+	sameHash := a.HashesOnGPU() == b.HashesOnGPU()
 	for ia, ba := range a.m.GetBuffers() {
 		ib, ok := inB[bufKey{ba.GetPid(), ba.GetAddress()}]
 		if !ok {
@@ -49,7 +53,7 @@ func Diff(a, b *Image) (*DiffReport, error) {
 		bb := b.m.GetBuffers()[ib]
 		d := BufferDiff{IndexA: ia, IndexB: ib, A: bufferInfoOf(ba), B: bufferInfoOf(bb)}
 		d.InfoChanged = d.A != d.B
-		sameLayout := a.m.GetChunkSize() == b.m.GetChunkSize()
+		sameLayout := a.m.GetChunkSize() == b.m.GetChunkSize() && sameHash
 		na, nb := len(ba.GetChunks()), len(bb.GetChunks())
 		for ci := 0; ci < max(na, nb); ci++ {
 			switch {
@@ -75,15 +79,18 @@ func Diff(a, b *Image) (*DiffReport, error) {
 	return rep, nil
 }
 
-// zeroHashes caches the hash of n zero bytes, to compare a zero chunk with a
-// stored one.
-type zeroHashes map[uint32]chunkHash
+// zeroHashes caches the hash of n zero bytes in one format, to compare a
+// zero chunk with a stored one.
+type zeroHashes struct {
+	format uint32
+	m      map[uint32]chunkHash
+}
 
 func (z zeroHashes) hash(n uint32) chunkHash {
-	h, ok := z[n]
+	h, ok := z.m[n]
 	if !ok {
-		h = hashOf(make([]byte, n))
-		z[n] = h
+		h = hashFor(z.format, make([]byte, n))
+		z.m[n] = h
 	}
 	return h
 }

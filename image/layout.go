@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/gpucr/gpucr/ptx"
 )
 
 // Names inside DIR/gpucr. Temporary files all start with tmpPrefix so that
@@ -21,19 +24,45 @@ const (
 
 // hashLen is the size of a chunk's content hash.
 //
-// The content hash is xxh3-128 (github.com/zeebo/xxh3), not a cryptographic
-// hash such as BLAKE3: it runs at tens of GB/s per core where BLAKE3 does a
-// few, and the checkpoint must keep up with the GPU. The threat model allows
-// it: the hash names chunks for dedup of our own writes and catches
-// accidental corruption; nobody adversarial chooses chunk contents to collide
-// (an attacker who can write the image directory can write anything there).
-// Storage damage is caught by the CRC32C of the stored bytes in any case.
+// The content hash is not a cryptographic hash such as BLAKE3: the threat
+// model does not need one (it names chunks for dedup of our own writes and
+// catches accidental damage; an attacker who can write the image directory
+// can write anything there, docs/security.md), and the checkpoint must keep
+// up with the GPU. Format 3 uses gpucr's chunk hash (ptx.ChunkHash), which
+// the GPU computes where the bytes lie, at memory bandwidth, so that a
+// checkpoint copies only chunks the image does not have yet and a restore
+// checks every chunk after it reached the GPU. Formats 1 and 2 used
+// xxh3-128, which only the CPU computes; they are still read.
 const hashLen = 16
 
-// chunkHash is a chunk's xxh3-128, big-endian (high half first).
+// chunkHash is a chunk's content hash, big-endian (high half first).
 type chunkHash [hashLen]byte
 
-func hashOf(raw []byte) chunkHash { return xxh3.Hash128(raw).Bytes() }
+// hashFor is the content hash of raw in manifest format version format.
+func hashFor(format uint32, raw []byte) chunkHash {
+	if format >= 3 {
+		return ptx.ChunkHash(raw)
+	}
+	return xxh3.Hash128(raw).Bytes()
+}
+
+// hashOf is the content hash this package writes (FormatVersion).
+func hashOf(raw []byte) chunkHash { return hashFor(FormatVersion, raw) }
+
+// zeroHashCache holds the hash of n zero bytes in format 3, by n: a chunk
+// the GPU hashed is zero if its hash is that (chunk sizes are few).
+var zeroHashCache sync.Map // uint64 -> chunkHash
+
+// ZeroChunkHash is the content hash (format 3: ptx.ChunkHash) of n zero
+// bytes.
+func ZeroChunkHash(n int) [16]byte {
+	if h, ok := zeroHashCache.Load(uint64(n)); ok {
+		return h.(chunkHash)
+	}
+	h := chunkHash(ptx.ChunkHash(make([]byte, n)))
+	zeroHashCache.Store(uint64(n), h)
+	return h
+}
 
 func (h chunkHash) String() string { return hex.EncodeToString(h[:]) }
 

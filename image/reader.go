@@ -21,6 +21,13 @@ import (
 type ReadOptions struct {
 	Workers  int // chunk loads at once, over all readers of the image; 0: GOMAXPROCS
 	Prefetch int // chunks a BufferReader loads ahead of Read; 0: Workers; <0: none
+	// HashCheckedByCaller: the caller checks every chunk it reads against
+	// its content hash itself (BufferReader.ChunkHashes), on the GPU after
+	// loading it there, so the reader skips that check on the CPU. Only for
+	// images whose hash the GPU computes (Image.HashesOnGPU); others are
+	// checked here as always. A compressed chunk's CRC32C is checked
+	// either way, before its bytes reach the decoder.
+	HashCheckedByCaller bool
 }
 
 // Image is a committed image opened for reading. Its methods are safe for
@@ -329,7 +336,10 @@ func (im *Image) readChunk(bi, ci int, dst []byte, allCRCs bool) error {
 			return corruptf("decompressed to %d bytes, want %d", len(out), len(dst))
 		}
 	}
-	if h := hashOf(dst); string(h[:]) != string(c.GetHash()) {
+	if im.opts.HashCheckedByCaller && im.HashesOnGPU() {
+		return nil
+	}
+	if h := hashFor(im.m.GetFormatVersion(), dst); string(h[:]) != string(c.GetHash()) {
 		return corruptf("content hash %s, want %x", h, c.GetHash())
 	}
 	return nil
@@ -343,3 +353,8 @@ func (im *Image) OpenBuffer(i int) (*BufferReader, error) {
 	}
 	return &BufferReader{im: im, index: i, b: im.m.GetBuffers()[i]}, nil
 }
+
+// HashesOnGPU says whether the image's content hash is gpucr's chunk hash
+// (format 3 and later), which the GPU computes (helper/cuda.HashChunks):
+// then a chunk loaded into device memory can be checked there.
+func (im *Image) HashesOnGPU() bool { return im.m.GetFormatVersion() >= 3 }

@@ -292,8 +292,9 @@ func TestDiff(t *testing.T) {
 	}
 }
 
-// asFormat1 rewrites the committed manifest of dir as format 1 wrote it: a
-// CRC32C for every stored chunk (crcOf gives it).
+// asFormat1 rewrites the committed image in dir (uncompressed, no parent)
+// as format 1 wrote it: chunk files named by their xxh3-128, and a CRC32C
+// for every stored chunk (crcOf gives it).
 func asFormat1(t *testing.T, dir string, crcOf func(c *imagepb.Chunk, file string) uint32) {
 	t.Helper()
 	m, err := loadManifest(dir)
@@ -301,15 +302,34 @@ func asFormat1(t *testing.T, dir string, crcOf func(c *imagepb.Chunk, file strin
 		t.Fatal(err)
 	}
 	m.FormatVersion = 1
-	im, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for bi, b := range m.GetBuffers() {
-		for ci, c := range b.GetChunks() {
-			if c.GetLocation() != imagepb.Location_LOCATION_ZERO {
-				c.Crc32C = crcOf(c, im.ChunkFile(bi, ci))
+	renamed := map[string]bool{}
+	for _, b := range m.GetBuffers() {
+		for _, c := range b.GetChunks() {
+			if c.GetLocation() == imagepb.Location_LOCATION_ZERO {
+				continue
 			}
+			if c.GetLocation() != imagepb.Location_LOCATION_LOCAL || c.GetCompression() != imagepb.Compression_COMPRESSION_NONE {
+				t.Fatal("asFormat1: only uncompressed images without a parent")
+			}
+			h, _ := hashFromBytes(c.GetHash())
+			old := chunkPath(dir, h)
+			data, err := os.ReadFile(old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := hashFor(1, data)
+			c.Hash = x[:]
+			file := chunkPath(dir, x)
+			if !renamed[old] {
+				renamed[old] = true
+				if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(old, file); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.Crc32C = crcOf(c, file)
 		}
 	}
 	data, err := encodeManifest(m)

@@ -90,6 +90,36 @@ func (s *chunkStore) claim(h chunkHash) (*localChunk, bool) {
 	return lc, true
 }
 
+// claimKnown claims h if its bytes need not be written: this write met it
+// already (a reference to that chunk), the image DIR held before has its
+// file (reused) or the parent chain has it (referenced). ok is false if the
+// bytes are needed; nothing is claimed then.
+func (s *chunkStore) claimKnown(h chunkHash) (lc *localChunk, owner, ok bool) {
+	s.mu.Lock()
+	lc, ok = s.local[h]
+	s.mu.Unlock()
+	if ok {
+		return lc, false, true
+	}
+	var meta storedChunk
+	if oc, found := s.old[h]; found && s.reusable(h, int64(oc.GetStoredSize())) {
+		meta = storedChunk{loc: imagepb.Location_LOCATION_LOCAL, crc: oc.GetCrc32C(), comp: oc.GetCompression(),
+			storedSize: oc.GetStoredSize()}
+	} else if pc, found := s.parent[h]; found {
+		meta = pc
+	} else {
+		return nil, false, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if lc, ok := s.local[h]; ok { // claimed meanwhile
+		return lc, false, true
+	}
+	lc = &localChunk{meta: meta}
+	s.local[h] = lc
+	return lc, true, true
+}
+
 // resolve is the owner's job for a new hash: reuse, reference or write.
 // scratch is the worker's compression buffer. It returns the file involved
 // (for error messages).

@@ -27,7 +27,12 @@ const MaxChunkSize = 256 << 20
 //	2: only compressed chunks have one (0 otherwise): an uncompressed chunk's
 //	   stored bytes are the bytes its xxh3-128 name covers, and computing the
 //	   CRC as well cost the writer about a fifth of its throughput.
-const FormatVersion = 2
+//	3: the content hash is gpucr's chunk hash (ptx.ChunkHash) instead of
+//	   xxh3-128: the GPU computes it, so a checkpoint hashes device memory
+//	   where it lies and copies only chunks the image lacks, and a restore
+//	   checks each chunk on the GPU after loading it. Chunks of images of
+//	   formats 1 and 2 (other hashes) are neither referenced nor reused by it.
+const FormatVersion = 3
 
 // MinFormatVersion is the oldest manifest format this package reads.
 const MinFormatVersion = 1

@@ -222,8 +222,8 @@ func realDir(dir string) (string, error) {
 // never be overwritten.
 func oldChunks(g *fsDir, own *Owner) map[chunkHash]*imagepb.Chunk {
 	m, err := loadManifestAt(g, own)
-	if err != nil {
-		return nil // nothing valid to keep intact or to reuse
+	if err != nil || m.GetFormatVersion() != FormatVersion {
+		return nil // nothing valid to keep intact or to reuse (another format: other hashes)
 	}
 	idx := map[chunkHash]*imagepb.Chunk{}
 	for _, b := range m.GetBuffers() {
@@ -268,7 +268,11 @@ func parentChunks(dir, parent string, own *Owner) (*imagepb.Parent, map[chunkHas
 		}
 	}
 	idx := map[chunkHash]storedChunk{}
-	for _, b := range pim.m.GetBuffers() {
+	bufs := pim.m.GetBuffers()
+	if pim.m.GetFormatVersion() != FormatVersion {
+		bufs = nil // its chunks are named by another hash: none can be referenced
+	}
+	for _, b := range bufs {
 		for _, c := range b.GetChunks() {
 			var depth uint32
 			switch c.GetLocation() {
@@ -438,7 +442,12 @@ func (w *Writer) storeChunk(bw *BufferWriter, index int, raw []byte, scratch *[]
 		rec.zero = true
 		return nil
 	}
-	h := hashOf(raw)
+	return w.storeHashed(bw, index, raw, hashOf(raw), scratch)
+}
+
+// storeHashed is storeChunk of a chunk whose content hash h is known.
+func (w *Writer) storeHashed(bw *BufferWriter, index int, raw []byte, h chunkHash, scratch *[]byte) error {
+	rec := &bw.chunks[index]
 	lc, owner := w.store.claim(h)
 	rec.hash, rec.local = h, lc
 	if !owner {
