@@ -145,9 +145,10 @@ func (b *BufferWriter) WriteChunkHashed(i int, p []byte, h [16]byte) error {
 // it is all zero, or equal to a chunk this write has met already (any
 // buffer, any process), or one the parent chain holds, or one the image
 // DIR held before left a file for. Then it returns true and the chunk is
-// written. Otherwise it returns false, records nothing, and the caller
-// copies the chunk and writes it (WriteChunkHashed). Like WriteChunk, it
-// works in the calling goroutine and may be called from several at once.
+// written. Otherwise it returns false and the caller must copy the chunk
+// and write it (WriteChunkHashed, same h), or the write fails: equal
+// chunks recorded meanwhile refer to this one. Like WriteChunk, it works in
+// the calling goroutine and may be called from several at once.
 func (b *BufferWriter) RecordChunk(i int, h [16]byte) (bool, error) {
 	n, err := b.checkChunk(i, -1)
 	if err != nil {
@@ -168,7 +169,13 @@ func (b *BufferWriter) RecordChunk(i int, h [16]byte) (bool, error) {
 	if !zero {
 		var ok bool
 		if lc, owner, ok = w.store.claimKnown(h); !ok {
-			return false, nil
+			// New content: the caller copies it. It is claimed for this
+			// chunk now, so that an equal chunk recorded meanwhile refers
+			// to it instead of being copied too.
+			if lc, owner = w.store.claim(h); owner {
+				rec.hash, rec.local, rec.owner = h, lc, true
+				return false, nil
+			}
 		}
 	}
 	if b.taken[i].Swap(true) {
@@ -211,6 +218,15 @@ func (w *Writer) writable(b *BufferWriter) error {
 func (b *BufferWriter) writeChunk(i int, p []byte, h *chunkHash) error {
 	if _, err := b.checkChunk(i, len(p)); err != nil {
 		return err
+	}
+	if b.taken[i].Load() {
+		return fmt.Errorf("buffer %d (0x%x): chunk %d written twice", b.index, b.info.Address, i)
+	}
+	if rec := &b.chunks[i]; rec.owner && (h == nil || *h != rec.hash) {
+		// RecordChunk claimed the chunk for its hash: equal chunks refer to
+		// the bytes written for it, so they must be the bytes of that hash.
+		return fmt.Errorf("buffer %d (0x%x): chunk %d recorded with hash %s is written without it", b.index,
+			b.info.Address, i, rec.hash)
 	}
 	if b.taken[i].Swap(true) {
 		return fmt.Errorf("buffer %d (0x%x): chunk %d written twice", b.index, b.info.Address, i)

@@ -205,3 +205,46 @@ func verifyDir(dir string) error {
 	defer im.Close()
 	return im.Verify()
 }
+
+// A chunk RecordChunk claimed for new bytes must be written with that
+// hash: another hash, or WriteChunk's own, is refused (equal chunks of the
+// image refer to it).
+func TestRecordedChunkKeepsItsHash(t *testing.T) {
+	const cs = 4096
+	w, err := Create(t.TempDir(), fxOrigin(), Options{ChunkSize: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	data := fxRand(5, 2*cs)
+	bw, err := w.AddBuffer(BufferInfo{Address: 0x400000, Size: 2 * cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := ptx.ChunkHash(data[:cs])
+	if ok, err := bw.RecordChunk(0, h); ok || err != nil {
+		t.Fatalf("new content recorded without bytes: %v %v", ok, err)
+	}
+	// The same content in chunk 1 now refers to chunk 0: no bytes needed.
+	if ok, err := bw.RecordChunk(1, h); !ok || err != nil {
+		t.Fatalf("a chunk equal to a claimed one: %v %v", ok, err)
+	}
+	if err := bw.WriteChunkHashed(0, data[:cs], ptx.ChunkHash(data[cs:])); err == nil {
+		t.Error("chunk 0 written with another hash than it was recorded with")
+	}
+	if err := bw.WriteChunk(0, data[:cs]); err == nil {
+		t.Error("chunk 0 written without its recorded hash")
+	}
+	if err := bw.WriteChunkHashed(0, data[:cs], h); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.Stats(); st.ChunksNew != 1 || st.ChunksDedup != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}

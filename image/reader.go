@@ -336,7 +336,7 @@ func (im *Image) readChunk(bi, ci int, dst []byte, allCRCs bool) error {
 			return corruptf("decompressed to %d bytes, want %d", len(out), len(dst))
 		}
 	}
-	if im.opts.HashCheckedByCaller && im.HashesOnGPU() {
+	if im.HashCheckedByCaller() {
 		return nil
 	}
 	if h := hashFor(im.m.GetFormatVersion(), dst); string(h[:]) != string(c.GetHash()) {
@@ -358,3 +358,8 @@ func (im *Image) OpenBuffer(i int) (*BufferReader, error) {
 // (format 3 and later), which the GPU computes (helper/cuda.HashChunks):
 // then a chunk loaded into device memory can be checked there.
 func (im *Image) HashesOnGPU() bool { return im.m.GetFormatVersion() >= 3 }
+
+// HashCheckedByCaller says whether the reader leaves the content hash check
+// to the caller (ReadOptions.HashCheckedByCaller on an image that
+// HashesOnGPU): the caller must then check every chunk it reads.
+func (im *Image) HashCheckedByCaller() bool { return im.opts.HashCheckedByCaller && im.HashesOnGPU() }

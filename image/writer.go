@@ -448,12 +448,16 @@ func (w *Writer) storeChunk(bw *BufferWriter, index int, raw []byte, scratch *[]
 // storeHashed is storeChunk of a chunk whose content hash h is known.
 func (w *Writer) storeHashed(bw *BufferWriter, index int, raw []byte, h chunkHash, scratch *[]byte) error {
 	rec := &bw.chunks[index]
-	lc, owner := w.store.claim(h)
-	rec.hash, rec.local = h, lc
-	if !owner {
-		return nil
+	lc := rec.local
+	if lc == nil || !rec.owner || rec.hash != h { // else RecordChunk claimed it for these bytes
+		var owner bool
+		lc, owner = w.store.claim(h)
+		rec.hash, rec.local, rec.owner = h, lc, false
+		if !owner {
+			return nil
+		}
+		rec.owner = true
 	}
-	rec.owner = true
 	if file, err := w.store.resolve(lc, h, raw, scratch); err != nil {
 		err = &ChunkError{Image: w.dir, Buffer: bw.index, Address: bw.info.Address,
 			Chunk: index, File: file, Err: err}

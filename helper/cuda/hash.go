@@ -81,43 +81,80 @@ func (k *kernels) unload() {
 // the helper's own context, and reads nothing into host memory but the
 // hashes. va and chunk must be multiples of 16.
 func (dev *Device) HashChunks(va, size uint64, chunk int) ([][16]byte, error) {
-	if chunk <= 0 || chunk%16 != 0 || va%16 != 0 {
-		return nil, fmt.Errorf("hash chunks: chunk %d and address 0x%x must be multiples of 16", chunk, va)
+	hs, err := dev.HashRanges([]Range{{va, size}}, chunk)
+	if err != nil {
+		return nil, err
 	}
-	n := (size + uint64(chunk) - 1) / uint64(chunk)
-	if n == 0 {
-		return nil, nil
+	return hs[0], nil
+}
+
+// Range is device memory the helper has mapped: Size bytes at VA.
+type Range struct{ VA, Size uint64 }
+
+// HashRanges is HashChunks of several ranges at once: one launch each, all
+// queued before the one wait and the one copy of their hashes, so that a
+// process with many allocations costs a launch per allocation, not a round
+// trip.
+func (dev *Device) HashRanges(ranges []Range, chunk int) ([][][16]byte, error) {
+	if chunk <= 0 || chunk%16 != 0 {
+		return nil, fmt.Errorf("hash chunks: chunk size %d is not a positive multiple of 16", chunk)
 	}
-	if n > 1<<31-1 {
-		return nil, fmt.Errorf("hash chunks: %d chunks in one launch", n)
+	first := make([]uint64, len(ranges)) // each range's first hash in the output
+	var total uint64
+	for i, r := range ranges {
+		if r.VA%16 != 0 {
+			return nil, fmt.Errorf("hash chunks: address 0x%x is not a multiple of 16", r.VA)
+		}
+		n := (r.Size + uint64(chunk) - 1) / uint64(chunk)
+		if n > 1<<31-1 {
+			return nil, fmt.Errorf("hash chunks: %d chunks in one launch", n)
+		}
+		first[i] = total
+		total += n
 	}
-	words := make([]uint64, 2*n)
+	out := make([][][16]byte, len(ranges))
+	if total == 0 {
+		return out, nil
+	}
+	words := make([]uint64, 2*total)
 	var err error
 	if e := dev.do(func() {
 		if err = dev.kern.load(); err != nil {
 			return
 		}
-		var out C.CUdeviceptr
-		if out, err = dev.kern.output(16 * n); err != nil {
+		var buf C.CUdeviceptr
+		if buf, err = dev.kern.output(16 * total); err != nil {
 			return
 		}
-		err = check("cuLaunchKernel("+ptx.ChunkHashKernel+")", C.gs_launch4(dev.kern.hash, C.uint(n), C.uint(ptx.HashLanes), nil,
-			C.uint64_t(va), C.uint64_t(size), C.uint64_t(chunk), C.uint64_t(out)))
-		if err != nil {
-			return
+		for i, r := range ranges {
+			n := (r.Size + uint64(chunk) - 1) / uint64(chunk)
+			if n == 0 {
+				continue
+			}
+			err = check("cuLaunchKernel("+ptx.ChunkHashKernel+")", C.gs_launch4(dev.kern.hash, C.uint(n),
+				C.uint(ptx.HashLanes), nil, C.uint64_t(r.VA), C.uint64_t(r.Size), C.uint64_t(chunk),
+				C.uint64_t(uint64(buf)+16*first[i])))
+			if err != nil {
+				return
+			}
 		}
-		// On the legacy stream, after the kernel; waited for.
-		err = check("cuMemcpyDtoH(chunk hashes)", C.gs_dtoh(unsafe.Pointer(&words[0]), out, C.size_t(16*n), nil))
+		// On the legacy stream, after the kernels; waited for.
+		err = check("cuMemcpyDtoH(chunk hashes)", C.gs_dtoh(unsafe.Pointer(&words[0]), buf, C.size_t(16*total), nil))
 	}); e != nil {
 		return nil, e
 	}
 	if err != nil {
 		return nil, err
 	}
-	hashes := make([][16]byte, n)
-	for i := range hashes {
-		binary.BigEndian.PutUint64(hashes[i][:8], words[2*i])
-		binary.BigEndian.PutUint64(hashes[i][8:], words[2*i+1])
+	for i, r := range ranges {
+		n := (r.Size + uint64(chunk) - 1) / uint64(chunk)
+		hs := make([][16]byte, n)
+		for k := range hs {
+			w := words[2*(first[i]+uint64(k)):]
+			binary.BigEndian.PutUint64(hs[k][:8], w[0])
+			binary.BigEndian.PutUint64(hs[k][8:], w[1])
+		}
+		out[i] = hs
 	}
-	return hashes, nil
+	return out, nil
 }

@@ -88,9 +88,9 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	var err error
 	if dir != nil {
 		defer dir.Close()
-		im, err = image.OpenAt(dir, image.ReadOptions{})
+		im, err = image.OpenAt(dir, image.ReadOptions{HashCheckedByCaller: true}) // on the GPU, by engine.Load
 	} else {
-		im, err = image.Open(req.ImageDir)
+		im, err = image.OpenWith(req.ImageDir, image.ReadOptions{HashCheckedByCaller: true})
 	}
 	if err == nil {
 		err = im.CheckRestorable()

@@ -1,14 +1,19 @@
 // Package engine moves GPU memory between helper-owned allocations and an
 // image (package image): the copy engines of checkpoint and restore.
 //
-// Each device gets several lanes (helper/cuda.Lane: a thread, a stream and a
-// pinned staging buffer of one chunk). A lane copies one chunk device-to-host
-// into its staging buffer and hands exactly that buffer to
-// image.BufferWriter.WriteChunk, which hashes, checksums and writes it before
-// the lane takes the next chunk; with several lanes, the DMA of some chunks
-// overlaps with the hashing and writing of others, and no byte is copied in
-// host memory twice. Restore is the mirror: image.BufferReader.ReadAt straight
-// into the staging buffer (checked), then host-to-device.
+// A dump first hashes every chunk on the GPU where it lies (gpucr's own
+// kernel, helper/cuda.HashRanges): a chunk the image has already (zero,
+// equal to another, or in the parent chain) is recorded by its hash and
+// never crosses PCIe. Each device gets several lanes (helper/cuda.Lane: a
+// thread, a stream and a pinned staging buffer of one chunk). A lane copies
+// one new chunk device-to-host into its staging buffer and hands exactly
+// that buffer, with its hash, to image.BufferWriter.WriteChunkHashed, which
+// writes it before the lane takes the next chunk; with several lanes, the
+// DMA of some chunks overlaps with the writing of others, and no byte is
+// copied in host memory twice. Restore is the mirror: image.BufferReader.ReadAt
+// straight into the staging buffer, then host-to-device; once every chunk
+// is on the GPU it is hashed there and compared with the image (for images
+// whose hash the GPU computes; older ones are checked by the reader).
 package engine
 
 import (
@@ -17,6 +22,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
@@ -89,9 +95,12 @@ func pieces(regions []Region, chunk int) map[*cuda.Device][]piece {
 	}
 }
 
-// run maps every region (the helper's own view), starts the lanes of each
-// device and calls do for every piece on some lane of its device.
-func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uint64, p piece) error) error {
+// run maps every region (the helper's own view), calls before (if set) with
+// the mappings, starts the lanes of each device and calls do for every piece
+// on some lane of its device, then calls after (if set) with the mappings,
+// which stay until it returns.
+func run(regions []Region, chunk int, opts Options, before func(vas []uint64) error,
+	do func(l *cuda.Lane, va uint64, p piece) error, after func(vas []uint64) error) error {
 	vas := make([]uint64, len(regions))
 	defer func() {
 		for i, va := range vas {
@@ -106,6 +115,11 @@ func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uin
 			return fmt.Errorf("region %d (pid %d, 0x%x, %d bytes): %w", i, r.Pid, r.Address, r.Size, err)
 		}
 		vas[i] = va
+	}
+	if before != nil {
+		if err := before(vas); err != nil {
+			return err
+		}
 	}
 	var moved atomic.Int64
 	var wg sync.WaitGroup
@@ -173,37 +187,108 @@ func run(regions []Region, chunk int, opts Options, do func(l *cuda.Lane, va uin
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil || after == nil {
+		return err
+	}
+	return after(vas)
 }
 
-// Dump copies every region into w, one image buffer each (added in region
-// order), and closes those buffers; the caller commits or aborts w.
-func Dump(regions []Region, w *image.Writer, chunk int, opts Options) error {
+// hashAll hashes every region's chunks on its GPU (helper/cuda.HashRanges),
+// each device's regions in one go, the devices at once.
+func hashAll(regions []Region, vas []uint64, chunk int) ([][][16]byte, error) {
+	byDev := map[*cuda.Device][]int{}
+	for i, r := range regions {
+		byDev[r.Device] = append(byDev[r.Device], i)
+	}
+	out := make([][][16]byte, len(regions))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for dev, idx := range byDev {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ranges := make([]cuda.Range, len(idx))
+			for k, i := range idx {
+				ranges[k] = cuda.Range{VA: vas[i], Size: regions[i].Size}
+			}
+			hs, err := dev.HashRanges(ranges, chunk)
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("device %s: hash on the GPU: %w", dev.UUID, err))
+				mu.Unlock()
+				return
+			}
+			for k, i := range idx {
+				out[i] = hs[k]
+			}
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// DumpStats says what a Dump did.
+type DumpStats struct {
+	Chunks      int           // chunks of all regions
+	Copied      int           // chunks copied to the host: those the image did not have yet
+	BytesCopied uint64        // their bytes
+	Hash        time.Duration // hashing every chunk on the GPUs
+}
+
+// Dump puts every region into w, one image buffer each (added in region
+// order), and closes those buffers; the caller commits or aborts w. Every
+// chunk is hashed on its GPU first, and only the chunks w does not have
+// (image.BufferWriter.RecordChunk) are copied to the host and written.
+func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats, error) {
+	var st DumpStats
 	bws := make([]*image.BufferWriter, len(regions))
 	for i, r := range regions {
 		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal, GPUUUID: r.Device.UUID,
 			Address: r.Address, Size: r.Size, Kind: r.Kind, Flags: r.Flags})
 		if err != nil {
-			return fmt.Errorf("region %d: %w", i, err)
+			return st, fmt.Errorf("region %d: %w", i, err)
 		}
 		bws[i] = bw
 	}
-	err := run(regions, chunk, opts, func(l *cuda.Lane, va uint64, p piece) error {
+	// Every chunk is hashed on the GPU first; only those the image does not
+	// have yet (not zero, not met earlier in this write, not in the parent
+	// chain) cross PCIe.
+	var hashes [][][16]byte
+	hash := func(vas []uint64) (err error) {
+		t := time.Now()
+		hashes, err = hashAll(regions, vas, chunk)
+		st.Hash = time.Since(t)
+		return err
+	}
+	var copied atomic.Int64
+	var copiedBytes atomic.Uint64
+	err := run(regions, chunk, opts, hash, func(l *cuda.Lane, va uint64, p piece) error {
+		h := hashes[p.r][p.index]
+		if recorded, err := bws[p.r].RecordChunk(p.index, h); err != nil || recorded {
+			return err
+		}
 		buf := l.Staging[:p.n]
 		if err := l.DtoH(buf, va+p.off); err != nil {
 			return err
 		}
-		return bws[p.r].WriteChunk(p.index, buf)
-	})
+		copied.Add(1)
+		copiedBytes.Add(uint64(p.n))
+		return bws[p.r].WriteChunkHashed(p.index, buf, h)
+	}, nil)
+	for _, hs := range hashes {
+		st.Chunks += len(hs)
+	}
+	st.Copied, st.BytesCopied = int(copied.Load()), copiedBytes.Load()
 	if err != nil {
-		return err
+		return st, err
 	}
 	for i, bw := range bws {
 		if err := bw.Close(); err != nil {
-			return fmt.Errorf("region %d: %w", i, err)
+			return st, fmt.Errorf("region %d: %w", i, err)
 		}
 	}
-	return nil
+	return st, nil
 }
 
 // Load fills every region from the image buffer bufs[i] of im (same size),
@@ -226,11 +311,33 @@ func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 		readers[i] = br
 	}
 	chunk := int(im.Manifest().GetChunkSize())
-	return run(regions, chunk, opts, func(l *cuda.Lane, va uint64, p piece) error {
+	var check func(vas []uint64) error
+	if im.HashCheckedByCaller() {
+		// Every chunk, once on the GPU, is hashed there and compared with
+		// the image: one check that covers storage, host memory and PCIe.
+		check = func(vas []uint64) error {
+			hashes, err := hashAll(regions, vas, chunk)
+			if err != nil {
+				return err
+			}
+			for i, r := range regions {
+				want := readers[i].ChunkHashes()
+				for ci, h := range hashes[i] {
+					if h != want[ci] {
+						return &image.ChunkError{Image: im.Dir(), Buffer: bufs[i], Address: r.Address, Chunk: ci,
+							File: im.ChunkFile(bufs[i], ci), Err: fmt.Errorf("%w: the chunk hashes to %x on the GPU after loading, the image says %x",
+								image.ErrCorrupt, h, want[ci])}
+					}
+				}
+			}
+			return nil
+		}
+	}
+	return run(regions, chunk, opts, nil, func(l *cuda.Lane, va uint64, p piece) error {
 		buf := l.Staging[:p.n]
 		if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
 			return err
 		}
 		return l.HtoD(va+p.off, buf)
-	})
+	}, check)
 }

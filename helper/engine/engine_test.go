@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,10 +38,10 @@ func simDriver(t *testing.T) *cuda.Driver {
 // fill writes data into a region through a lane (test setup).
 func fill(t *testing.T, r Region, data []byte) {
 	t.Helper()
-	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, func(l *cuda.Lane, va uint64, p piece) error {
+	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, nil, func(l *cuda.Lane, va uint64, p piece) error {
 		copy(l.Staging, data[p.off:p.off+uint64(p.n)])
 		return l.HtoD(va+p.off, l.Staging[:p.n])
-	}); err != nil {
+	}, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -48,13 +49,13 @@ func fill(t *testing.T, r Region, data []byte) {
 func readBack(t *testing.T, r Region) []byte {
 	t.Helper()
 	out := make([]byte, r.Size)
-	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, func(l *cuda.Lane, va uint64, p piece) error {
+	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, nil, func(l *cuda.Lane, va uint64, p piece) error {
 		if err := l.DtoH(l.Staging[:p.n], va+p.off); err != nil {
 			return err
 		}
 		copy(out[p.off:], l.Staging[:p.n])
 		return nil
-	}); err != nil {
+	}, nil); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -102,7 +103,7 @@ func TestDumpLoadRoundTrip(t *testing.T) {
 	var mu sync.Mutex
 	var last int64
 	progress := func(n int64) { mu.Lock(); last = max(last, n); mu.Unlock() }
-	if err := Dump(regions, w, 1<<20, Options{Lanes: 3, Progress: progress}); err != nil {
+	if _, err := Dump(regions, w, 1<<20, Options{Lanes: 3, Progress: progress}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Commit(); err != nil {
@@ -161,7 +162,7 @@ func TestLoadRefusesDamage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Dump([]Region{r}, w, 1<<20, Options{}); err != nil {
+	if _, err := Dump([]Region{r}, w, 1<<20, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Commit(); err != nil {
@@ -192,5 +193,162 @@ func TestLoadRefusesDamage(t *testing.T) {
 	var ce *image.ChunkError
 	if !errors.As(err, &ce) || ce.Chunk != 1 {
 		t.Errorf("error %v does not name chunk 1", err)
+	}
+}
+
+// dumpTo dumps regions into a new image in dir (with parent, if set) and
+// commits it.
+func dumpTo(t *testing.T, dir, parent string, regions []Region) DumpStats {
+	t.Helper()
+	w, err := image.Create(dir, image.Origin{Host: "test"}, image.Options{ChunkSize: 1 << 20, Parent: parent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Dump(regions, w, 1<<20, Options{Lanes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// loadInto loads every buffer of the image in dir into fresh regions like
+// regions, the chunks checked on the GPU, and returns their bytes.
+func loadInto(t *testing.T, dir string, regions []Region) ([][]byte, error) {
+	t.Helper()
+	im, err := image.OpenWith(dir, image.ReadOptions{HashCheckedByCaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	fresh := make([]Region, len(regions))
+	bufs := make([]int, len(regions))
+	for i, r := range regions {
+		fresh[i] = newRegion(t, r.Device, r.Size/r.Device.Granularity, r.Address)
+		bufs[i] = i
+	}
+	if err := Load(fresh, im, bufs, Options{Lanes: 2}); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(fresh))
+	for i, r := range fresh {
+		out[i] = readBack(t, r)
+	}
+	return out, nil
+}
+
+// Checkpoints in a series: the second of unchanged memory copies nothing
+// to the host, a changed chunk is the only one copied, zero chunks and
+// chunks equal to another are never copied, and each image restores its
+// own bytes, checked on the GPU.
+func TestDumpCopiesOnlyWhatTheImageLacks(t *testing.T) {
+	d := simDriver(t)
+	regions := []Region{newRegion(t, d.Devices[0], 4, 0x7f0000000000), newRegion(t, d.Devices[1], 2, 0x7f0000800000)}
+	data := [][]byte{make([]byte, regions[0].Size), make([]byte, regions[1].Size)}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range data {
+		for k := range data[i] {
+			data[i][k] = byte(rng.Uint32())
+		}
+	}
+	clear(data[0][1<<20 : 2<<20])          // a zero chunk
+	copy(data[1][1<<20:], data[0][3<<20:]) // region 1's chunk 1 equals region 0's chunk 3
+	for i, r := range regions {
+		fill(t, r, data[i])
+	}
+	root := t.TempDir()
+	first, second, third := filepath.Join(root, "1"), filepath.Join(root, "2"), filepath.Join(root, "3")
+
+	st := dumpTo(t, first, "", regions)
+	const chunks = 8 + 4 // 2 MiB granules, 1 MiB chunks
+	// One zero chunk; region 1's chunks 1-3 are region 0's 3-5.
+	if st.Chunks != chunks || st.Copied != chunks-4 || st.BytesCopied != uint64(chunks-4)<<20 {
+		t.Errorf("first dump: %+v, want %d chunks, %d copied", st, chunks, chunks-4)
+	}
+	st = dumpTo(t, second, first, regions)
+	if st.Copied != 0 || st.BytesCopied != 0 {
+		t.Errorf("unchanged memory: %+v, want nothing copied", st)
+	}
+	data[1][5] ^= 1
+	fill(t, regions[1], data[1])
+	st = dumpTo(t, third, second, regions)
+	if st.Copied != 1 || st.BytesCopied != 1<<20 {
+		t.Errorf("one changed byte: %+v, want one chunk copied", st)
+	}
+	got, err := loadInto(t, third, regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range data {
+		if !bytes.Equal(got[i], data[i]) {
+			t.Errorf("region %d: restored bytes differ", i)
+		}
+	}
+}
+
+// An image of another process as the parent: only equal content is
+// shared, never a chunk at the same place with other bytes.
+func TestDumpAgainstAnotherProcessParent(t *testing.T) {
+	d := simDriver(t)
+	a := newRegion(t, d.Devices[0], 2, 0x7f0000000000)
+	b := newRegion(t, d.Devices[0], 2, 0x7f0000000000)
+	b.Pid = 99
+	da := bytes.Repeat([]byte("process a "), int(a.Size)/10+1)[:a.Size]
+	db := bytes.Repeat([]byte("process b!"), int(b.Size)/10+1)[:b.Size]
+	copy(db[3<<20:], da[3<<20:]) // the last chunk is the same in both
+	fill(t, a, da)
+	fill(t, b, db)
+	root := t.TempDir()
+	dumpTo(t, filepath.Join(root, "a"), "", []Region{a})
+	st := dumpTo(t, filepath.Join(root, "b"), filepath.Join(root, "a"), []Region{b})
+	// Every chunk of each is distinct (the pattern's phase moves from chunk
+	// to chunk); b's chunk 3 is a's chunk 3.
+	if st.Copied != 3 {
+		t.Errorf("dump of b against a: %+v, want the 3 chunks a lacks copied", st)
+	}
+	got, err := loadInto(t, filepath.Join(root, "b"), []Region{b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[0], db) {
+		t.Error("b restored with bytes other than its own")
+	}
+}
+
+// A chunk damaged in storage, with the reader's own check left to the GPU:
+// the check after loading refuses it and names the buffer and the chunk.
+func TestLoadChecksChunksOnTheGPU(t *testing.T) {
+	d := simDriver(t)
+	r := newRegion(t, d.Devices[0], 2, 0x7f0000000000)
+	data := bytes.Repeat([]byte("gpucr!"), int(r.Size)/6+1)[:r.Size]
+	for i := range data {
+		data[i] += byte(i >> 20) // every chunk different
+	}
+	fill(t, r, data)
+	dir := t.TempDir()
+	dumpTo(t, dir, "", []Region{r})
+	im, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := im.ChunkFile(0, 2)
+	im.Close()
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[4242] ^= 0x08
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = loadInto(t, dir, []Region{r})
+	var ce *image.ChunkError
+	if !errors.Is(err, image.ErrCorrupt) || !errors.As(err, &ce) || ce.Chunk != 2 || ce.Buffer != 0 {
+		t.Fatalf("load of a damaged chunk: %v, want ErrCorrupt naming buffer 0 chunk 2", err)
+	}
+	if !strings.Contains(err.Error(), "on the GPU") {
+		t.Errorf("the damage was not found by the GPU's check: %v", err)
 	}
 }
