@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -126,7 +127,7 @@ func TestImageInspect(t *testing.T) {
 		t.Fatalf("inspect: exit %d, stderr %q", code, errOut)
 	}
 	for _, want := range []string{
-		"version 2", "host node7", "pid 4242", "2025-11-25T21:55:00Z",
+		fmt.Sprintf("version %d", image.FormatVersion), "host node7", "pid 4242", "2025-11-25T21:55:00Z",
 		"NVIDIA H100 80GB HBM3 (GPU-0d1c5e3a), driver 580.159.04", "parent:      none",
 		"process 4242, device 0", "0x7f0000000000", "20 KiB", "vmm",
 		"chunks:      5: 3 here, 0 in parent, 1 zero, 1 dedup",
@@ -145,7 +146,7 @@ func TestImageInspect(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("inspect --json is not JSON: %v\n%s", err, out)
 	}
-	if doc.FormatVersion != 2 || doc.Origin.Host != "node7" || doc.Origin.Pid != 4242 ||
+	if doc.FormatVersion != image.FormatVersion || doc.Origin.Host != "node7" || doc.Origin.Pid != 4242 ||
 		doc.Origin.GPUUUID != "GPU-0d1c5e3a" || doc.Origin.DriverVersion != "580.159.04" || doc.ChunkSize != testChunk {
 		t.Errorf("inspect --json header: %+v", doc)
 	}

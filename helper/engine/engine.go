@@ -57,6 +57,10 @@ type Options struct {
 	// Progress, if set, is called with the bytes moved so far (from several
 	// goroutines; keep it cheap).
 	Progress func(done int64)
+
+	// stagingFault, in tests, damages a chunk in host memory between the
+	// image and the GPU (region index, chunk index, its staged bytes).
+	stagingFault func(r, chunk int, buf []byte)
 }
 
 func (o Options) lanes() int {
@@ -160,10 +164,14 @@ func run(regions []Region, chunk int, opts Options, before func(vas []uint64) er
 					}
 					var err error
 					if e := l.Do(func() { err = do(l, vas[p.r], p) }); e != nil {
-						err = e
+						err, laneOK = e, false // the lane's thread is gone
 					}
 					if err != nil {
-						laneOK = false
+						// A driver call that failed may leave the lane's
+						// stream unusable; a damaged chunk does not.
+						if de := (*cuda.Error)(nil); errors.As(err, &de) {
+							laneOK = false
+						}
 						r := regions[p.r]
 						fail(fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
 						continue
@@ -337,6 +345,9 @@ func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 		buf := l.Staging[:p.n]
 		if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
 			return err
+		}
+		if opts.stagingFault != nil {
+			opts.stagingFault(p.r, p.index, buf)
 		}
 		return l.HtoD(va+p.off, buf)
 	}, check)
