@@ -753,12 +753,14 @@ type Chunk struct {
 	// LOCATION_PARENT: parent links to follow to the image holding the file
 	// (1: the parent, 2: the grandparent, ...). 0 otherwise.
 	Ancestor uint32 `protobuf:"varint,3,opt,name=ancestor,proto3" json:"ancestor,omitempty"`
-	// xxh3-128 of the raw bytes, 16 bytes big-endian (high half first); its
-	// hex form names the chunk file. Empty for LOCATION_ZERO.
+	// The content hash of the raw bytes, 16 bytes big-endian (high half
+	// first); its hex form names the chunk file. Format 3: gpucr's chunk hash
+	// (ptx.ChunkHash, computed on the GPU); formats 1 and 2: xxh3-128. Empty
+	// for LOCATION_ZERO.
 	Hash []byte `protobuf:"bytes,4,opt,name=hash,proto3" json:"hash,omitempty"`
 	// CRC32C (Castagnoli) of the stored file bytes of a compressed chunk. Format
-	// 1 sets it for uncompressed chunks too; format 2 leaves it 0 for them (the
-	// hash covers exactly those bytes).
+	// 1 sets it for uncompressed chunks too; formats 2 and 3 leave it 0 for
+	// them (the hash covers exactly those bytes).
 	Crc32C uint32 `protobuf:"fixed32,5,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
 	// How the stored bytes are encoded.
 	Compression Compression `protobuf:"varint,6,opt,name=compression,proto3,enum=gpucr.image.v1.Compression" json:"compression,omitempty"`
