@@ -7,7 +7,9 @@
  *                            then loads it while CRIU restores; failure fails
  *                            the restore before anything changed
  *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach} with CRIU's DIR fd; a pid the
- *                            helper does not know (or no helper) -> -ENOTSUP
+ *                            helper does not know (or no helper) -> -ENOTSUP. With
+ *                            $GPUCR_PARENT (an absolute image directory) the GPU image is
+ *                            incremental against it
  *   CHECKPOINT_DEVICES(pid)  0 for a pid checkpointed above, else -ENOTSUP
  *   exit(DUMP, ret)          DumpDone{pid, alive} for each checkpointed pid (see
  *                            dumpdone_monitor: CRIU calls exit before it kills
@@ -395,9 +397,20 @@ static int gpucr_pause_devices(int pid) {
     if (proc_stat(pid, &st, &fl, &start) < 0)
         start = 0;
 
+    /* An incremental GPU image: GPUCR_PARENT names the parent image
+     * directory (gpucr checkpoint --parent or --auto-parent sets it in
+     * CRIU's environment); only chunks its chain lacks are copied. */
+    const char *parent = getenv("GPUCR_PARENT");
+    if (parent && *parent && parent[0] != '/') {
+        perr("GPUCR_PARENT=%s: the parent image directory must be an absolute path", parent);
+        return -1;
+    }
+
     Gpucr__Helper__V1__Checkpoint ck = GPUCR__HELPER__V1__CHECKPOINT__INIT;
     ck.pid = pid;
     ck.image_dir = dir;
+    if (parent && *parent)
+        ck.parent = (char *)parent;
     ck.detach = true;
     ck.leave_running = false;
     /* Every GPU process of the dump goes into one image, committed when the

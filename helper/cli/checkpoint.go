@@ -32,7 +32,8 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
-			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental image"},
+			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
+			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
 			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
 			&ucli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long the process may take to reach a quiet point"},
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
@@ -56,14 +57,12 @@ func checkpointCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			if !c.Bool("gpu-only") {
-				return wholeCheckpoint(c, pid, abs)
+			parent, err := checkpointParent(c, abs)
+			if err != nil {
+				return err
 			}
-			parent := c.String("parent")
-			if parent != "" {
-				if parent, err = filepath.Abs(parent); err != nil {
-					return err
-				}
+			if !c.Bool("gpu-only") {
+				return wholeCheckpoint(c, pid, abs, parent)
 			}
 			d, err := gpuImageDir(abs)
 			if err != nil {
@@ -76,6 +75,34 @@ func checkpointCommand() *ucli.Command {
 				fmt.Sprintf("checkpoint %d", pid), int(d.Fd()))
 		},
 	}
+}
+
+// checkpointParent is the parent image of an incremental checkpoint into
+// dir: --parent, or with --auto-parent the newest committed image beside
+// dir (image.Latest), "" for a full image.
+func checkpointParent(c *ucli.Context, dir string) (string, error) {
+	parent := c.String("parent")
+	switch {
+	case parent != "" && c.Bool("auto-parent"):
+		return "", usageError{fmt.Errorf("checkpoint: --parent and --auto-parent exclude each other")}
+	case parent != "":
+		return filepath.Abs(parent)
+	case !c.Bool("auto-parent"):
+		return "", nil
+	}
+	base := filepath.Dir(dir)
+	latest, err := image.Latest(base, dir)
+	if err != nil {
+		return "", fmt.Errorf("--auto-parent: %w", err)
+	}
+	if !c.Bool("json") {
+		if latest == "" {
+			fmt.Fprintf(c.App.Writer, "no committed image in %s yet: a full GPU image\n", base)
+		} else {
+			fmt.Fprintf(c.App.Writer, "parent: %s\n", latest)
+		}
+	}
+	return latest, nil
 }
 
 // resumeCommand is `gpucr resume PID`: a process that `gpucr checkpoint`

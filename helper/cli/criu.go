@@ -90,6 +90,7 @@ type criuJob struct {
 	pluginDir string // "" to run CRIU without gpucr's plugin
 	what      string // "criu dump of pid 42", for messages
 	clients   []int  // the GPU processes of a dump's tree (given back after a timeout)
+	parent    string // a dump's parent GPU image (absolute), "" for a full one
 	fill      func(*rpc.CriuOpts)
 }
 
@@ -136,10 +137,11 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 		n.w = c.App.Writer
 	}
 	// go-criu's criu swrk inherits this environment: the plugin, inside
-	// CRIU, reaches the helper this command was told about, and writes its
-	// messages where this command reads them.
+	// CRIU, reaches the helper this command was told about, writes its
+	// messages where this command reads them, and asks for an incremental
+	// GPU image against the parent this command chose.
 	socket := client.SocketPath(c.String("socket"))
-	for k, v := range map[string]string{"GPUCR_SOCKET": socket, pluginLogEnv: sess.pluginLog} {
+	for k, v := range map[string]string{"GPUCR_SOCKET": socket, pluginLogEnv: sess.pluginLog, "GPUCR_PARENT": job.parent} {
 		if err := os.Setenv(k, v); err != nil {
 			return nil, err
 		}
@@ -219,7 +221,7 @@ func dirBytes(dir string) int64 {
 }
 
 // wholeCheckpoint is `gpucr checkpoint PID -D DIR` without --gpu-only.
-func wholeCheckpoint(c *ucli.Context, pid int64, dir string) error {
+func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 	if !processExists(int(pid)) {
 		return fmt.Errorf("no process %d", pid)
 	}
@@ -242,7 +244,7 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir string) error {
 	}
 	manifest := filepath.Join(dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
-	n, err := criuRun(c, criuJob{dir: dir, dump: true, pluginDir: plugin.Dir, clients: tc.Clients,
+	n, err := criuRun(c, criuJob{dir: dir, dump: true, pluginDir: plugin.Dir, clients: tc.Clients, parent: parent,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(o *rpc.CriuOpts) {
 			o.Pid = proto.Int32(int32(pid))

@@ -1,0 +1,60 @@
+package image
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Latest finds the newest committed image among the subdirectories of
+// base, a series of checkpoints such as base/1, base/2, ... (the parent an
+// incremental checkpoint of the series takes: `gpucr checkpoint
+// --auto-parent`). skip names a directory not to take (the one the next
+// image goes into). An image counts if its manifest is committed and
+// valid and it is restorable by itself (not pruned by gc); the newest is
+// the one taken last (the manifest's origin time), ties broken by name.
+// It returns "" when base holds none.
+func Latest(base, skip string) (string, error) {
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		return "", fmt.Errorf("image series %s: %w", base, err)
+	}
+	skipReal, _ := realDir(skip)
+	var best string
+	var bestTime time.Time
+	for _, e := range entries { // sorted by name
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(base, e.Name())
+		if real, err := realDir(dir); err != nil || real == skipReal {
+			continue
+		}
+		t, ok := committedAt(dir)
+		if ok && !t.Before(bestTime) {
+			best, bestTime = dir, t
+		}
+	}
+	return best, nil
+}
+
+// committedAt is when the image in dir was taken, if it has a valid,
+// unpruned manifest.
+func committedAt(dir string) (time.Time, bool) {
+	top, err := openDirPath(dir)
+	if err != nil {
+		return time.Time{}, false
+	}
+	defer top.close()
+	g, err := openSubDir(top, nil)
+	if err != nil {
+		return time.Time{}, false
+	}
+	defer g.close()
+	m, err := loadManifestAt(g, nil)
+	if err != nil || m.GetPruned() {
+		return time.Time{}, false
+	}
+	return time.Unix(0, m.GetOrigin().GetTimeUnixNano()), true
+}
