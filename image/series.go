@@ -1,7 +1,9 @@
 package image
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -14,9 +16,12 @@ import (
 // image goes into). An image counts if its manifest is committed and
 // valid and it is restorable by itself (not pruned by gc); the newest is
 // the one taken last (the manifest's origin time), ties broken by name.
-// It returns "" when base holds none.
+// It returns "" when base holds none or does not exist yet.
 func Latest(base, skip string) (string, error) {
 	entries, err := os.ReadDir(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil // the series starts here
+	}
 	if err != nil {
 		return "", fmt.Errorf("image series %s: %w", base, err)
 	}

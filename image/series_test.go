@@ -68,7 +68,10 @@ func TestLatestOfSeries(t *testing.T) {
 	if got, _ := Latest(base, filepath.Join(base, "6")); got != two {
 		t.Fatalf("latest with damaged and unfinished ones: %q, want %q", got, two)
 	}
-	if _, err := Latest(filepath.Join(base, "missing"), ""); err == nil {
-		t.Fatal("a missing series directory is no error")
+	if got, err := Latest(filepath.Join(base, "missing"), ""); err != nil || got != "" {
+		t.Fatalf("a series not started yet: %q, %v", got, err)
+	}
+	if _, err := Latest(filepath.Join(base, "2", SubDir, manifestName), ""); err == nil {
+		t.Fatal("a file taken for a series directory is no error")
 	}
 }
