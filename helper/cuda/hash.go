@@ -91,30 +91,30 @@ func (dev *Device) HashChunks(va, size uint64, chunk int) ([][16]byte, error) {
 // Range is device memory the helper has mapped: Size bytes at VA.
 type Range struct{ VA, Size uint64 }
 
-// HashRanges is HashChunks of several ranges at once: one launch each, all
-// queued before the one wait and the one copy of their hashes, so that a
-// process with many allocations costs a launch per allocation, not a round
-// trip.
+// HashRanges is HashChunks of several ranges at once: one table of every
+// chunk of every range, one launch (a block per chunk, so even a process
+// of many small allocations fills the GPU), one wait and one copy of the
+// hashes.
 func (dev *Device) HashRanges(ranges []Range, chunk int) ([][][16]byte, error) {
 	if chunk <= 0 || chunk%16 != 0 {
 		return nil, fmt.Errorf("hash chunks: chunk size %d is not a positive multiple of 16", chunk)
 	}
-	first := make([]uint64, len(ranges)) // each range's first hash in the output
-	var total uint64
-	for i, r := range ranges {
+	var table []uint64 // address, length per chunk
+	for _, r := range ranges {
 		if r.VA%16 != 0 {
 			return nil, fmt.Errorf("hash chunks: address 0x%x is not a multiple of 16", r.VA)
 		}
-		n := (r.Size + uint64(chunk) - 1) / uint64(chunk)
-		if n > 1<<31-1 {
-			return nil, fmt.Errorf("hash chunks: %d chunks in one launch", n)
+		for off := uint64(0); off < r.Size; off += uint64(chunk) {
+			table = append(table, r.VA+off, min(uint64(chunk), r.Size-off))
 		}
-		first[i] = total
-		total += n
 	}
+	total := uint64(len(table) / 2)
 	out := make([][][16]byte, len(ranges))
 	if total == 0 {
 		return out, nil
+	}
+	if total > 1<<31-1 {
+		return nil, fmt.Errorf("hash chunks: %d chunks in one launch", total)
 	}
 	words := make([]uint64, 2*total)
 	var err error
@@ -122,39 +122,49 @@ func (dev *Device) HashRanges(ranges []Range, chunk int) ([][][16]byte, error) {
 		if err = dev.kern.load(); err != nil {
 			return
 		}
+		// One device buffer: the table, then the hashes (16 bytes per
+		// chunk each).
 		var buf C.CUdeviceptr
-		if buf, err = dev.kern.output(16 * total); err != nil {
+		if buf, err = dev.kern.output(32 * total); err != nil {
 			return
 		}
-		for i, r := range ranges {
-			n := (r.Size + uint64(chunk) - 1) / uint64(chunk)
-			if n == 0 {
-				continue
-			}
-			err = check("cuLaunchKernel("+ptx.ChunkHashKernel+")", C.gs_launch4(dev.kern.hash, C.uint(n),
-				C.uint(ptx.HashLanes), nil, C.uint64_t(r.VA), C.uint64_t(r.Size), C.uint64_t(chunk),
-				C.uint64_t(uint64(buf)+16*first[i])))
-			if err != nil {
-				return
-			}
+		hashes := C.CUdeviceptr(uint64(buf) + 16*total)
+		if err = check("cuMemcpyHtoD(chunk table)", C.gs_htod(buf, unsafe.Pointer(&table[0]), C.size_t(16*total), nil)); err != nil {
+			return
 		}
-		// On the legacy stream, after the kernels; waited for.
-		err = check("cuMemcpyDtoH(chunk hashes)", C.gs_dtoh(unsafe.Pointer(&words[0]), buf, C.size_t(16*total), nil))
+		err = check("cuLaunchKernel("+ptx.ChunkHashKernel+")", C.gs_launch3(dev.kern.hash, C.uint(total),
+			C.uint(ptx.HashLanes), nil, C.uint64_t(buf), C.uint64_t(total), C.uint64_t(hashes)))
+		if err != nil {
+			return
+		}
+		// On the legacy stream, after the kernel; waited for.
+		err = check("cuMemcpyDtoH(chunk hashes)", C.gs_dtoh(unsafe.Pointer(&words[0]), hashes, C.size_t(16*total), nil))
 	}); e != nil {
 		return nil, e
 	}
 	if err != nil {
 		return nil, err
 	}
+	k := 0
 	for i, r := range ranges {
-		n := (r.Size + uint64(chunk) - 1) / uint64(chunk)
-		hs := make([][16]byte, n)
-		for k := range hs {
-			w := words[2*(first[i]+uint64(k)):]
-			binary.BigEndian.PutUint64(hs[k][:8], w[0])
-			binary.BigEndian.PutUint64(hs[k][8:], w[1])
+		hs := make([][16]byte, (r.Size+uint64(chunk)-1)/uint64(chunk))
+		for j := range hs {
+			binary.BigEndian.PutUint64(hs[j][:8], words[2*k])
+			binary.BigEndian.PutUint64(hs[j][8:], words[2*k+1])
+			k++
 		}
 		out[i] = hs
 	}
 	return out, nil
+}
+
+// LoadKernels loads gpucr's kernels into the device's context now (the
+// driver compiles the PTX, which takes a while the first time), so that the
+// first checkpoint does not wait for it.
+func (dev *Device) LoadKernels() error {
+	var err error
+	if e := dev.do(func() { err = dev.kern.load() }); e != nil {
+		return e
+	}
+	return err
 }

@@ -197,6 +197,12 @@ CUresult gs_module_function(CUfunction *f, CUmodule m, const char *name) { retur
 CUresult gs_mem_alloc(CUdeviceptr *p, size_t size) { return p_cuMemAlloc_v2(p, size); }
 CUresult gs_mem_free(CUdeviceptr p) { return p_cuMemFree_v2(p); }
 
+/* Three u64 parameters, grid x blocks of block threads, on stream s. */
+CUresult gs_launch3(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c) {
+    void *params[3] = {&a, &b, &c};
+    return p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, NULL);
+}
+
 /* Four u64 parameters, grid x blocks of block threads, on stream s. */
 CUresult gs_launch4(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c,
                     uint64_t d) {

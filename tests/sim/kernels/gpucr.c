@@ -6,7 +6,7 @@
  * the PTX against both on a GPU (tests/gpu/ptx-check.py).
  *
  * A launch the PTX would trap on (a block of other than 256 threads,
- * misaligned addresses, a zero chunk size) fails the same way here:
+ * misaligned addresses) fails the same way here:
  * CUDA_ERROR_LAUNCH_FAILED, which the simulator makes sticky as the driver
  * does.
  */
@@ -82,24 +82,26 @@ static void chunk_hash(const unsigned char *p, uint64_t n, uint64_t out[2]) {
     out[1] = fmix(h.b ^ rotl(h.a, 23) ^ n);
 }
 
-/* gpucr_chunk_hash(u64 src, u64 size, u64 chunk, u64 out) */
+/* gpucr_chunk_hash(u64 table, u64 count, u64 out): table holds count
+ * {address, length} pairs of u64, one per chunk. */
 static CUresult k_chunk_hash(const simk_launch *L) {
-    CUdeviceptr src = SIMK_PARAM(L, 0, uint64_t);
-    uint64_t size = SIMK_PARAM(L, 1, uint64_t);
-    uint64_t chunk = SIMK_PARAM(L, 2, uint64_t);
-    CUdeviceptr out = SIMK_PARAM(L, 3, uint64_t);
-    if (L->block.x != LANES || L->block.y != 1 || L->block.z != 1 || (src | chunk) % 16 || out % 8 || chunk == 0)
+    CUdeviceptr table = SIMK_PARAM(L, 0, uint64_t);
+    uint64_t count = SIMK_PARAM(L, 1, uint64_t);
+    CUdeviceptr out = SIMK_PARAM(L, 2, uint64_t);
+    if (L->block.x != LANES || L->block.y != 1 || L->block.z != 1 || (table | out) % 8)
         return CUDA_ERROR_LAUNCH_FAILED;
-    uint64_t blocks = (uint64_t)L->grid.x * L->grid.y * L->grid.z;
-    for (uint64_t i = 0; i < blocks; i++) {
-        /* blockIdx.x only: the PTX reads %ctaid.x, so blocks with y or z
-         * beyond 0 redo (and rewrite) the same chunks */
-        uint64_t bx = i % L->grid.x;
-        if (chunk > UINT64_MAX / (bx + 1) || bx * chunk >= size)
-            continue;
-        uint64_t off = bx * chunk, n = size - off < chunk ? size - off : chunk;
-        const unsigned char *p = simk_dev(L, src + off, n);
-        uint64_t *o = simk_dev(L, out + 16 * bx, 16);
+    /* blockIdx.x only: the PTX reads %ctaid.x, so blocks with y or z beyond
+     * 0 redo (and rewrite) the same chunks */
+    uint64_t blocks = L->grid.x;
+    for (uint64_t i = 0; i < blocks && i < count; i++) {
+        const uint64_t *e = simk_dev(L, table + 16 * i, 16);
+        if (!e)
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        uint64_t addr = e[0], n = e[1];
+        if (addr % 16)
+            return CUDA_ERROR_LAUNCH_FAILED;
+        const unsigned char *p = simk_dev(L, addr, n);
+        uint64_t *o = simk_dev(L, out + 16 * i, 16);
         if (!p || !o)
             return CUDA_ERROR_ILLEGAL_ADDRESS;
         chunk_hash(p, n, o);
