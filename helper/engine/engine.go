@@ -99,12 +99,21 @@ func pieces(regions []Region, chunk int) map[*cuda.Device][]piece {
 	}
 }
 
-// run maps every region (the helper's own view), calls before (if set) with
-// the mappings, starts the lanes of each device and calls do for every piece
-// on some lane of its device, then calls after (if set) with the mappings,
-// which stay until it returns.
-func run(regions []Region, chunk int, opts Options, before func(vas []uint64) error,
-	do func(l *cuda.Lane, va uint64, p piece) error, after func(vas []uint64) error) error {
+// steps are what run does; only do is required.
+type steps struct {
+	before func(vas []uint64) error                     // once every region is mapped
+	skip   func(p piece) (bool, error)                  // before a piece goes to a lane: true if it needs none
+	do     func(l *cuda.Lane, va uint64, p piece) error // on a lane of the piece's device
+	after  func(vas []uint64) error                     // once every piece is done, the regions still mapped
+}
+
+// run maps every region (the helper's own view), runs st.before with the
+// mappings, starts the lanes of each device and runs st.do for every piece
+// on some lane of its device (unless st.skip says it needs none: that runs
+// on the goroutine that hands pieces to the lanes, without a thread hop),
+// then st.after, the regions still mapped.
+func run(regions []Region, chunk int, opts Options, st steps) error {
+	before, do, after := st.before, st.do, st.after
 	vas := make([]uint64, len(regions))
 	defer func() {
 		for i, va := range vas {
@@ -190,6 +199,20 @@ func run(regions []Region, chunk int, opts Options, before func(vas []uint64) er
 				if failed() {
 					return
 				}
+				if st.skip != nil {
+					skipped, err := st.skip(p)
+					if err != nil {
+						r := regions[p.r]
+						fail(fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
+						return
+					}
+					if skipped {
+						if opts.Progress != nil {
+							opts.Progress(moved.Add(int64(p.n)))
+						}
+						continue
+					}
+				}
 				work <- p
 			}
 		}()
@@ -271,11 +294,9 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 	}
 	var copied atomic.Int64
 	var copiedBytes atomic.Uint64
-	err := run(regions, chunk, opts, hash, func(l *cuda.Lane, va uint64, p piece) error {
+	record := func(p piece) (bool, error) { return bws[p.r].RecordChunk(p.index, hashes[p.r][p.index]) }
+	err := run(regions, chunk, opts, steps{before: hash, skip: record, do: func(l *cuda.Lane, va uint64, p piece) error {
 		h := hashes[p.r][p.index]
-		if recorded, err := bws[p.r].RecordChunk(p.index, h); err != nil || recorded {
-			return err
-		}
 		buf := l.Staging[:p.n]
 		if err := l.DtoH(buf, va+p.off); err != nil {
 			return err
@@ -283,7 +304,7 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 		copied.Add(1)
 		copiedBytes.Add(uint64(p.n))
 		return bws[p.r].WriteChunkHashed(p.index, buf, h)
-	}, nil)
+	}})
 	for _, hs := range hashes {
 		st.Chunks += len(hs)
 	}
@@ -341,7 +362,7 @@ func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 			return nil
 		}
 	}
-	return run(regions, chunk, opts, nil, func(l *cuda.Lane, va uint64, p piece) error {
+	return run(regions, chunk, opts, steps{after: check, do: func(l *cuda.Lane, va uint64, p piece) error {
 		buf := l.Staging[:p.n]
 		if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
 			return err
@@ -350,5 +371,5 @@ func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 			opts.stagingFault(p.r, p.index, buf)
 		}
 		return l.HtoD(va+p.off, buf)
-	}, check)
+	}})
 }
