@@ -7,8 +7,16 @@
 // ChunkHash defines the chunk hash the kernel gpucr_chunk_hash computes on
 // the GPU: a checkpoint hashes device memory where it lies and copies only
 // chunks it does not have yet, and a restore checks every loaded chunk
-// there. The interposer's per-kernel parameter layouts come from the driver
-// (cuFuncGetParamInfo, cuKernelGetParamInfo), not from parsing PTX.
+// there.
+//
+// Analyze reads the application's PTX far enough to say, per kernel, which
+// parameters the kernel may write global memory through (what a
+// checkpoint taken while kernels run must treat as changing), and where it
+// cannot decide; ParseFatbin finds the PTX in a fat binary. A fat binary
+// with SASS only (cuBLAS ships most kernels that way) cannot be analysed:
+// SASS's encoding is not public. The interposer's per-kernel parameter
+// layouts come from the driver (cuFuncGetParamInfo, cuKernelGetParamInfo),
+// not from parsing PTX. README.md has the rules and the limits.
 package ptx
 
 import _ "embed"

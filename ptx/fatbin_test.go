@@ -1,0 +1,93 @@
+package ptx
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// fatbinEntry lays out one entry as a toolkit does (see fatbin.go).
+func fatbinEntry(kind, arch int, payload []byte, flags, rawSize uint64, hlen int) []byte {
+	padded := (len(payload) + 7) &^ 7
+	e := make([]byte, hlen+padded)
+	le := binary.LittleEndian
+	le.PutUint16(e, uint16(kind))
+	le.PutUint16(e[2:], 0x0101)
+	le.PutUint32(e[4:], uint32(hlen))
+	le.PutUint32(e[8:], uint32(padded))
+	le.PutUint32(e[16:], uint32(len(payload)))
+	le.PutUint32(e[28:], uint32(arch))
+	le.PutUint64(e[40:], flags)
+	le.PutUint64(e[56:], rawSize)
+	copy(e[hlen:], payload)
+	return e
+}
+
+func fatbinContainer(entries ...[]byte) []byte {
+	var body []byte
+	for _, e := range entries {
+		body = append(body, e...)
+	}
+	h := make([]byte, 16)
+	binary.LittleEndian.PutUint32(h, FatbinMagic)
+	binary.LittleEndian.PutUint16(h[4:], 1)
+	binary.LittleEndian.PutUint16(h[6:], 16)
+	binary.LittleEndian.PutUint64(h[8:], uint64(len(body)))
+	return append(h, body...)
+}
+
+// Containers one after another, PTX plain and zstd-compressed (the
+// kernels analysed), SASS (said to be unanalysable), an extended entry
+// header; damage is refused.
+func TestParseFatbin(t *testing.T) {
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptxText := []byte(Kernels + "\x00")
+	compressed := enc.EncodeAll(ptxText, nil)
+	fb := append(fatbinContainer(
+		fatbinEntry(FatbinPTX, 90, ptxText, 0, 0, 64),
+		fatbinEntry(FatbinELF, 90, []byte("\x7fELF not really"), 0, 0, 112),
+	), fatbinContainer(
+		fatbinEntry(FatbinPTX, 120, compressed, 0x8000, uint64(len(ptxText)), 80),
+		fatbinEntry(FatbinPTX, 80, []byte("lz-something"), 0x2000, 100, 64),
+	)...)
+	fb = append(fb, 0, 0, 0, 0) // what follows the last container in a section
+	entries, err := ParseFatbin(fb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 4 {
+		t.Fatalf("%d entries, want 4: %+v", len(entries), entries)
+	}
+	for _, i := range []int{0, 2} {
+		e := entries[i]
+		if e.Kind != FatbinPTX || e.Module == nil || len(e.Module.Entries) != 2 || e.NotAnalysed != "" {
+			t.Fatalf("entry %d: %+v", i, e)
+		}
+		if got := writes(entry(t, e.Module, ChunkHashKernel)); !strings.HasSuffix(got, "gpucr_chunk_hash_out:W") {
+			t.Errorf("entry %d: %s", i, got)
+		}
+	}
+	if e := entries[1]; e.Kind != FatbinELF || e.Arch != 90 || !strings.Contains(e.NotAnalysed, "SASS for sm_90") {
+		t.Errorf("SASS entry: %+v", e)
+	}
+	if e := entries[3]; e.Module != nil || !strings.Contains(e.NotAnalysed, "other than zstd") {
+		t.Errorf("entry compressed otherwise: %+v", e)
+	}
+
+	for _, bad := range [][]byte{
+		nil,
+		[]byte("\x7fELF"),
+		fb[:40],                           // truncated container
+		fatbinContainer(make([]byte, 10)), // stray bytes
+		fatbinContainer(fatbinEntry(FatbinPTX, 90, ptxText, 0, 0, 200)[:70]),
+	} {
+		if _, err := ParseFatbin(bad); err == nil {
+			t.Errorf("damaged fat binary of %d bytes parsed", len(bad))
+		}
+	}
+}
