@@ -15,6 +15,9 @@
 # the same call, and what copying just the changed bytes at that floor
 # would take. BASE_PREFIX (optional, a directory holding bin/gpucr) runs the
 # 8 GB case with that build too, as the baseline.
+# IMG_ROOT (default /dev/shm) is where the images go: a tmpfs mounted with
+# huge=always writes new chunk files 2.5x faster than one without (measured
+# on the CI machine), e.g. mount -t tmpfs -o huge=always,size=80g tmpfs DIR.
 # Prints a table; logs in build/gpu/incremental (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
@@ -46,7 +49,7 @@ def rate(f):
 print(f"{rate(lambda: h.copy_(d, non_blocking=True)):.2f}")
 PYEOF
 DTOH=$(tail -1 "$LOGS/pcie.txt")
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3)"
+note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3); images in ${IMG_ROOT:-/dev/shm} ($(findmnt -no FSTYPE,OPTIONS -T "${IMG_ROOT:-/dev/shm}" 2>/dev/null))"
 note ""
 note "| build | GB | checkpoint | stall (helper total) | copy phase | chunks copied | bytes over PCIe | GPU hash | changed bytes at the floor |"
 note "|---|---|---|---|---|---|---|---|---|"
@@ -78,7 +81,7 @@ print(r.get('chunks', 0), r.get('copied', 0), r.get('bytes_copied', 0), f\"{r.ge
 
 one() { # one BUILD-NAME PREFIX GB
 	local name=$1 pre=$2 gb=$3
-	local G=$pre/bin/gpucr L=$LOGS/$name-$gb IMG=/dev/shm/gpucr-incr-$name-$gb
+	local G=$pre/bin/gpucr L=$LOGS/$name-$gb IMG=${IMG_ROOT:-/dev/shm}/gpucr-incr-$name-$gb
 	mkdir -p "$L"
 	rm -rf "$IMG"
 	local SOCK
