@@ -111,7 +111,7 @@ func TestAnalyzeTestApplications(t *testing.T) {
 	root := testroot.Dir(t)
 	for _, tc := range []struct {
 		app, entry, want string
-		undecided     bool
+		undecided        bool
 	}{
 		{"heartbeat", "app_hb_init", "app_hb_init_param_0:W app_hb_init_param_1:- app_hb_init_param_2:-", false},
 		{"heartbeat", "app_hb_step", "app_hb_step_param_0:W app_hb_step_param_1:- app_hb_step_param_2:- app_hb_step_param_3:-", false},
