@@ -188,7 +188,8 @@ func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string, dirFD i
 	}
 	line := fmt.Sprintf("%s: done in %.3f s", what, r.TotalSeconds)
 	if r.Bytes > 0 {
-		line += fmt.Sprintf(", %d buffers, %s of GPU memory (%s stored)", r.Buffers, humanBytes(r.Bytes), humanBytes(r.StoredBytes))
+		line += fmt.Sprintf(", %d buffers, %s of GPU memory (%s over PCIe, %s stored)", r.Buffers, humanBytes(r.Bytes),
+			humanBytes(r.BytesMoved), humanBytes(r.StoredBytes))
 	}
 	_, err = fmt.Fprintf(c.App.Writer, "%s; state %s\n  %s\n", line, stateName(r.State), strings.Join(parts, ", "))
 	return err

@@ -101,6 +101,7 @@ func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
 	for _, t := range ts {
 		out.BytesDone += t.BytesDone
 		out.BytesTotal += t.BytesTotal
+		out.BytesMoved += t.BytesMoved
 		out.Pids = append(out.Pids, t.Pids...)
 		out.StartedUnixMs = min(out.StartedUnixMs, t.StartedUnixMs)
 		end = max(end, t.StartedUnixMs*1000+int64(t.ElapsedUs))
@@ -139,8 +140,12 @@ func gpuSummary(t *helperpb.Transfer) (map[string]any, string) {
 	if secs > 0 {
 		rate = float64(t.BytesDone) / 1e9 / secs
 	}
-	m := map[string]any{"bytes": t.BytesDone, "total_bytes": t.BytesTotal, "seconds": secs, "gb_per_s": rate, "finished": t.Finished}
+	m := map[string]any{"bytes": t.BytesDone, "total_bytes": t.BytesTotal, "seconds": secs, "gb_per_s": rate, "finished": t.Finished,
+		"bytes_moved": t.BytesMoved}
 	line := fmt.Sprintf("GPU data: %s in %.3f s (%.1f GB/s)", humanBytes(t.BytesDone), secs, rate)
+	if t.Direction == helperpb.Transfer_DIRECTION_DUMP {
+		line += fmt.Sprintf(", %s of it over PCIe (the rest the image had)", humanBytes(t.BytesMoved))
+	}
 	if t.Error != "" {
 		m["error"] = t.Error
 		line += ", failed: " + t.Error

@@ -8,15 +8,18 @@ import (
 )
 
 func TestCombineTransfers(t *testing.T) {
-	a := &helperpb.Transfer{BytesDone: 100, BytesTotal: 100, StartedUnixMs: 1000, ElapsedUs: 500_000, Finished: true, Pids: []int64{1}}
-	b := &helperpb.Transfer{BytesDone: 50, BytesTotal: 200, StartedUnixMs: 1200, ElapsedUs: 800_000, Pids: []int64{2}, Error: "disk full"}
+	a := &helperpb.Transfer{BytesDone: 100, BytesTotal: 100, StartedUnixMs: 1000, ElapsedUs: 500_000, Finished: true, Pids: []int64{1},
+		Direction: helperpb.Transfer_DIRECTION_DUMP, BytesMoved: 40}
+	b := &helperpb.Transfer{BytesDone: 50, BytesTotal: 200, StartedUnixMs: 1200, ElapsedUs: 800_000, Pids: []int64{2}, Error: "disk full",
+		Direction: helperpb.Transfer_DIRECTION_DUMP, BytesMoved: 2}
 	c := combine([]*helperpb.Transfer{a, b})
 	if c.BytesDone != 150 || c.BytesTotal != 300 || c.StartedUnixMs != 1000 || c.ElapsedUs != 1_000_000 ||
 		c.Finished || len(c.Pids) != 2 || c.Error != "disk full" {
 		t.Fatalf("combined: %+v", c)
 	}
 	m, line := gpuSummary(c)
-	if m["bytes"] != uint64(150) || !strings.Contains(line, "failed: disk full") {
+	if m["bytes"] != uint64(150) || m["bytes_moved"] != uint64(42) || !strings.Contains(line, "42 B of it over PCIe") ||
+		!strings.Contains(line, "failed: disk full") {
 		t.Errorf("summary %v / %q", m, line)
 	}
 	if m, line := gpuSummary(nil); m != nil || line != "" {

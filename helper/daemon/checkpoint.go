@@ -278,7 +278,8 @@ func (r *checkpointRun) openImage() *stepError {
 // later: for a dump, once the whole tree is dumped).
 func (r *checkpointRun) copyToImage() *stepError {
 	tr := r.s.transfers.beginFor(r.requester.cred.Uid, r.w.Dir(), true, r.bytes, []int64{int64(r.cl.pid)})
-	st, err := engine.Dump(r.regions, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress})
+	st, err := engine.Dump(r.regions, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress, Copied: tr.copied})
+	r.reply.BytesMoved = st.BytesCopied
 	tr.finish(err)
 	r.s.log.Info("GPU memory into the image", zap.Int64("pid", int64(r.cl.pid)), zap.Int("chunks", st.Chunks),
 		zap.Int("copied", st.Copied), zap.Uint64("bytes_copied", st.BytesCopied), zap.Duration("gpu_hash", st.Hash))

@@ -23,6 +23,7 @@ type transfer struct {
 	pids      []int64
 	start     time.Time
 	done      atomic.Uint64
+	moved     atomic.Uint64 // over PCIe (a dump's copied chunks)
 
 	mu       sync.Mutex
 	finished bool
@@ -41,6 +42,9 @@ func (t *transfer) progress(moved int64) {
 	}
 }
 
+// copied is the engines' Options.Copied: a dump copied n bytes over PCIe.
+func (t *transfer) copied(n int64) { t.moved.Add(uint64(n)) }
+
 func (t *transfer) finish(err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -58,9 +62,13 @@ func (t *transfer) proto() *helperpb.Transfer {
 	if !t.finished {
 		took = time.Since(t.start)
 	}
+	moved := t.moved.Load()
+	if t.direction == helperpb.Transfer_DIRECTION_LOAD {
+		moved = t.done.Load() // a load moves every byte it has done
+	}
 	return &helperpb.Transfer{ImageDir: t.dir, Direction: t.direction, BytesDone: t.done.Load(), BytesTotal: t.total,
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
-		Error: t.err, Pids: t.pids}
+		Error: t.err, Pids: t.pids, BytesMoved: moved}
 }
 
 // transferLog holds the running transfers and the last finished ones.

@@ -54,9 +54,12 @@ type Options struct {
 	// Lanes per device; 0: GOMAXPROCS (the image writer's hashing and
 	// writing, not the DMA, is what needs the threads).
 	Lanes int
-	// Progress, if set, is called with the bytes moved so far (from several
+	// Progress, if set, is called with the bytes done so far (from several
 	// goroutines; keep it cheap).
 	Progress func(done int64)
+	// Copied, if set, is called with the bytes of each chunk a dump copies
+	// over PCIe (those its image lacks); from several goroutines.
+	Copied func(n int64)
 
 	// stagingFault, in tests, damages a chunk in host memory between the
 	// image and the GPU (region index, chunk index, its staged bytes).
@@ -303,6 +306,9 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 		}
 		copied.Add(1)
 		copiedBytes.Add(uint64(p.n))
+		if opts.Copied != nil {
+			opts.Copied(int64(p.n))
+		}
 		return bws[p.r].WriteChunkHashed(p.index, buf, h)
 	}})
 	for _, hs := range hashes {

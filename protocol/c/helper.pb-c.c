@@ -4549,7 +4549,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__commit_image__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__commit_image__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[6] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[7] =
 {
   {
     "buffers",
@@ -4623,10 +4623,23 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "bytes_moved",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, bytes_moved),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint_reply__field_indices_by_name[] = {
   0,   /* field[0] = buffers */
   1,   /* field[1] = bytes */
+  6,   /* field[6] = bytes_moved */
   3,   /* field[3] = phases */
   5,   /* field[5] = state */
   2,   /* field[2] = stored_bytes */
@@ -4635,7 +4648,7 @@ static const unsigned gpucr__helper__v1__checkpoint_reply__field_indices_by_name
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor =
 {
@@ -4645,7 +4658,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor
   "Gpucr__Helper__V1__CheckpointReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__CheckpointReply),
-  6,
+  7,
   gpucr__helper__v1__checkpoint_reply__field_descriptors,
   gpucr__helper__v1__checkpoint_reply__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint_reply__number_ranges,
@@ -5216,7 +5229,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[9] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[10] =
 {
   {
     "image_dir",
@@ -5326,9 +5339,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "bytes_moved",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, bytes_moved),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   2,   /* field[2] = bytes_done */
+  9,   /* field[9] = bytes_moved */
   3,   /* field[3] = bytes_total */
   1,   /* field[1] = direction */
   5,   /* field[5] = elapsed_us */
@@ -5341,7 +5367,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -5351,7 +5377,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  9,
+  10,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,

@@ -892,7 +892,7 @@ struct  Gpucr__Helper__V1__CheckpointReply
   ProtobufCMessage base;
   uint64_t buffers;
   /*
-   * GPU bytes copied
+   * GPU bytes put into the image
    */
   uint64_t bytes;
   /*
@@ -906,10 +906,15 @@ struct  Gpucr__Helper__V1__CheckpointReply
    * the client's state after the checkpoint
    */
   Gpucr__Helper__V1__ClientState state;
+  /*
+   * GPU bytes that crossed PCIe: only chunks the image did not have (the
+   * GPU hashed every chunk; the rest are recorded by their hash).
+   */
+  uint64_t bytes_moved;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint_reply__descriptor) \
-    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED }
+    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0 }
 
 
 struct  Gpucr__Helper__V1__Phase
@@ -1133,10 +1138,16 @@ struct  Gpucr__Helper__V1__Transfer
    */
   size_t n_pids;
   int64_t *pids;
+  /*
+   * Bytes that crossed PCIe so far: a dump copies only the chunks its image
+   * lacks (bytes_done counts every chunk, recorded by hash or copied); a
+   * load moves every byte.
+   */
+  uint64_t bytes_moved;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */

@@ -3063,13 +3063,16 @@ func (x *CommitImage) GetAbort() bool {
 }
 
 type CheckpointReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Buffers       uint64                 `protobuf:"varint,1,opt,name=buffers,proto3" json:"buffers,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`                                // GPU bytes copied
-	StoredBytes   uint64                 `protobuf:"varint,3,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"` // bytes written to new chunk files
-	Phases        []*Phase               `protobuf:"bytes,4,rep,name=phases,proto3" json:"phases,omitempty"`
-	TotalSeconds  float64                `protobuf:"fixed64,5,opt,name=total_seconds,json=totalSeconds,proto3" json:"total_seconds,omitempty"`
-	State         ClientState            `protobuf:"varint,6,opt,name=state,proto3,enum=gpucr.helper.v1.ClientState" json:"state,omitempty"` // the client's state after the checkpoint
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Buffers      uint64                 `protobuf:"varint,1,opt,name=buffers,proto3" json:"buffers,omitempty"`
+	Bytes        uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`                                // GPU bytes put into the image
+	StoredBytes  uint64                 `protobuf:"varint,3,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"` // bytes written to new chunk files
+	Phases       []*Phase               `protobuf:"bytes,4,rep,name=phases,proto3" json:"phases,omitempty"`
+	TotalSeconds float64                `protobuf:"fixed64,5,opt,name=total_seconds,json=totalSeconds,proto3" json:"total_seconds,omitempty"`
+	State        ClientState            `protobuf:"varint,6,opt,name=state,proto3,enum=gpucr.helper.v1.ClientState" json:"state,omitempty"` // the client's state after the checkpoint
+	// GPU bytes that crossed PCIe: only chunks the image did not have (the
+	// GPU hashed every chunk; the rest are recorded by their hash).
+	BytesMoved    uint64 `protobuf:"varint,7,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3144,6 +3147,13 @@ func (x *CheckpointReply) GetState() ClientState {
 		return x.State
 	}
 	return ClientState_CLIENT_STATE_UNSPECIFIED
+}
+
+func (x *CheckpointReply) GetBytesMoved() uint64 {
+	if x != nil {
+		return x.BytesMoved
+	}
+	return 0
 }
 
 type Phase struct {
@@ -3780,7 +3790,11 @@ type Transfer struct {
 	// Set if the copy failed.
 	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
 	// Processes whose memory it moves.
-	Pids          []int64 `protobuf:"varint,9,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	Pids []int64 `protobuf:"varint,9,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	// Bytes that crossed PCIe so far: a dump copies only the chunks its image
+	// lacks (bytes_done counts every chunk, recorded by hash or copied); a
+	// load moves every byte.
+	BytesMoved    uint64 `protobuf:"varint,10,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3876,6 +3890,13 @@ func (x *Transfer) GetPids() []int64 {
 		return x.Pids
 	}
 	return nil
+}
+
+func (x *Transfer) GetBytesMoved() uint64 {
+	if x != nil {
+		return x.BytesMoved
+	}
+	return 0
 }
 
 var File_protocol_helper_proto protoreflect.FileDescriptor
@@ -4085,14 +4106,16 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\fdefer_commit\x18\b \x01(\bR\vdeferCommit\"@\n" +
 	"\vCommitImage\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
-	"\x05abort\x18\x02 \x01(\bR\x05abort\"\xed\x01\n" +
+	"\x05abort\x18\x02 \x01(\bR\x05abort\"\x8e\x02\n" +
 	"\x0fCheckpointReply\x12\x18\n" +
 	"\abuffers\x18\x01 \x01(\x04R\abuffers\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
 	"\fstored_bytes\x18\x03 \x01(\x04R\vstoredBytes\x12.\n" +
 	"\x06phases\x18\x04 \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\x12#\n" +
 	"\rtotal_seconds\x18\x05 \x01(\x01R\ftotalSeconds\x122\n" +
-	"\x05state\x18\x06 \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\"5\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\x12\x1f\n" +
+	"\vbytes_moved\x18\a \x01(\x04R\n" +
+	"bytesMoved\"5\n" +
 	"\x05Phase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aseconds\x18\x02 \x01(\x01R\aseconds\"&\n" +
@@ -4123,7 +4146,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\x87\x03\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xa8\x03\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -4136,7 +4159,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"elapsed_us\x18\x06 \x01(\x04R\telapsedUs\x12\x1a\n" +
 	"\bfinished\x18\a \x01(\bR\bfinished\x12\x14\n" +
 	"\x05error\x18\b \x01(\tR\x05error\x12\x12\n" +
-	"\x04pids\x18\t \x03(\x03R\x04pids\"N\n" +
+	"\x04pids\x18\t \x03(\x03R\x04pids\x12\x1f\n" +
+	"\vbytes_moved\x18\n" +
+	" \x01(\x04R\n" +
+	"bytesMoved\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +

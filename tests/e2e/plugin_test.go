@@ -135,6 +135,7 @@ func TestCLICheckpointRestore(t *testing.T) {
 			Total    uint64  `json:"total_bytes"`
 			Finished bool    `json:"finished"`
 			GBPerS   float64 `json:"gb_per_s"`
+			Moved    uint64  `json:"bytes_moved"`
 		} `json:"gpu"`
 		GPUState     bool  `json:"gpu_state"`
 		GPUProcesses []int `json:"gpu_processes"`
@@ -143,7 +144,7 @@ func TestCLICheckpointRestore(t *testing.T) {
 		out = out[i+1:]
 	}
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.GPU.Bytes < 8<<20 || rep.GPU.Bytes != rep.GPU.Total ||
-		!rep.GPU.Finished || rep.GPU.GBPerS <= 0 {
+		!rep.GPU.Finished || rep.GPU.GBPerS <= 0 || rep.GPU.Moved == 0 || rep.GPU.Moved > rep.GPU.Bytes {
 		t.Errorf("gpucr checkpoint --json: GPU copy %+v (%v) in\n%s", rep.GPU, err, out)
 	}
 	if !rep.GPUState || len(rep.GPUProcesses) != 1 || rep.GPUProcesses[0] != a.pid {

@@ -62,6 +62,9 @@ func TestCheckpointSeries(t *testing.T) {
 		if d := inspect(t, h, env, img(2)); d.Totals.Chunks.Here != 0 || d.Totals.Chunks.Parent == 0 {
 			t.Errorf("unchanged process: %+v, want every chunk the parent's", d.Totals.Chunks)
 		}
+		if !strings.Contains(out, "(0 B over PCIe, 0 B stored)") {
+			t.Errorf("unchanged process: the checkpoint moved GPU data:\n%s", out)
+		}
 	} else {
 		t.Logf("the process took a step between the checkpoints: not checking that nothing was stored")
 	}
