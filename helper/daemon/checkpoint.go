@@ -45,6 +45,17 @@ func (p *phases) done(name string) {
 	p.last = now
 }
 
+// doneSplit ends a step made of two: first took the first (at most the
+// whole step), second the rest.
+func (p *phases) doneSplit(first string, took time.Duration, second string) {
+	now := time.Now()
+	all := now.Sub(p.last)
+	took = min(took, all)
+	p.list = append(p.list, &helperpb.Phase{Name: first, Seconds: took.Seconds()},
+		&helperpb.Phase{Name: second, Seconds: (all - took).Seconds()})
+	p.last = now
+}
+
 // undo is one step that was done and how to take it back.
 type undo struct {
 	name string
@@ -286,7 +297,7 @@ func (r *checkpointRun) copyToImage() *stepError {
 	if err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
 	}
-	r.ph.done("copy")
+	r.ph.doneSplit("gpu-hash", st.Hash, "copy")
 	if err := r.w.SealProcess(int(r.cl.pid)); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
 	}

@@ -10,7 +10,8 @@
 # --leave-running --json` into /dev/shm/.../1 (full), .../2 (--parent 1,
 # nothing changed) and .../3 (--parent 2, after one byte changed in 10% of
 # the 4 MiB chunks). Per checkpoint: the process's stall (the helper's
-# total), the copy phase, and (new builds: the helper's log) the chunks and
+# total), the GPU phase (the phases gpu-hash and copy: hashing every chunk,
+# recording those the image has, copying the rest), and (new builds: the helper's log) the chunks and
 # bytes copied over PCIe and the time hashing on the GPU; the PCIe floor of
 # the same call, and what copying just the changed bytes at that floor
 # would take. BASE_PREFIX (optional, a directory holding bin/gpucr) runs the
@@ -51,7 +52,7 @@ PYEOF
 DTOH=$(tail -1 "$LOGS/pcie.txt")
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3); images in ${IMG_ROOT:-/dev/shm} ($(findmnt -no FSTYPE,OPTIONS -T "${IMG_ROOT:-/dev/shm}" 2>/dev/null))"
 note ""
-note "| build | GB | checkpoint | stall (helper total) | copy phase | chunks copied | bytes over PCIe | GPU hash | changed bytes at the floor |"
+note "| build | GB | checkpoint | stall (helper total) | GPU phase (hash + copy) | chunks copied | bytes over PCIe | GPU hash | changed bytes at the floor |"
 note "|---|---|---|---|---|---|---|---|---|"
 
 # field NAME FILE: a number from the --json reply in FILE (phases: "phase:copy").
@@ -62,7 +63,7 @@ l = [x for x in open(sys.argv[2]) if x.startswith('{')]
 r = json.loads(l[-1]) if l else {}
 k = sys.argv[1]
 if k.startswith('phase:'):
-    print(sum(p.get('seconds', 0) for p in r.get('phases', []) if p.get('name') == k[6:]))
+    print(sum(p.get('seconds', 0) for p in r.get('phases', []) if p.get('name') in k[6:].split('+')))
 else:
     print(r.get(k, 0))" "$1" "$2"
 }
@@ -114,7 +115,7 @@ one() { # one BUILD-NAME PREFIX GB
 		read -r chunks copied bytes hash < <(hashlog "$L/helper.log" $k)
 		local floor="-"
 		[ "$bytes" != n/a ] && floor=$($PY -c "print(f'{$bytes/1e9/$DTOH*1e3:.1f} ms')")
-		note "| $name | $gb | $k: $what | $($PY -c "print(f'{$(field total_seconds "$L/ckpt-$k.txt"):.3f} s')") | $($PY -c "print(f'{$(field phase:copy "$L/ckpt-$k.txt"):.3f} s')") | $copied of $chunks | $([ "$bytes" = n/a ] && echo "all (no GPU hashing)" || $PY -c "print(f'{$bytes/1e9:.3f} GB')") | $hash | $floor |"
+		note "| $name | $gb | $k: $what | $($PY -c "print(f'{$(field total_seconds "$L/ckpt-$k.txt"):.3f} s')") | $($PY -c "print(f'{$(field phase:gpu-hash+copy "$L/ckpt-$k.txt"):.3f} s')") | $copied of $chunks | $([ "$bytes" = n/a ] && echo "all (no GPU hashing)" || $PY -c "print(f'{$bytes/1e9:.3f} GB')") | $hash | $floor |"
 	done
 	"$G" image inspect "$IMG/3" >"$L/inspect-3.txt" 2>&1
 	kill "$P" 2>/dev/null
