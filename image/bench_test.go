@@ -157,7 +157,7 @@ func benchWriteImageAPI(b *testing.B, api, dir string, data []byte, comp image.C
 	var st image.WriteStats
 	var err error
 	if api == "chunks" {
-		st, err = benchio.ImageWriteChunks(dir, data, benchBuffers, runtime.GOMAXPROCS(0), opts)
+		st, err = benchio.ImageWriteChunks(dir, data, benchBuffers, runtime.GOMAXPROCS(0), opts, nil)
 	} else {
 		st, err = benchio.ImageWrite(dir, data, benchBuffers, benchBlock, opts)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/ptx"
 )
 
 // ImageWrite stores data as one image in dir: nbuf buffers, each a contiguous
@@ -39,7 +40,10 @@ func ImageWrite(dir string, data []byte, nbuf, block int, opts image.Options) (i
 // chunk at a time, of any buffer, and store it from data itself, without a
 // copy, as a copy engine stores its staging buffers. The mirror of
 // ImageRead.
-func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Options) (image.WriteStats, error) {
+// With hashes (ChunkHashes of the same data, buffers and chunk size) each
+// chunk is written with its hash given (WriteChunkHashed), as the copy
+// engine does with the GPU's: the writer hashes nothing.
+func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Options, hashes [][16]byte) (image.WriteStats, error) {
 	w, err := create(dir, opts)
 	if err != nil {
 		return image.WriteStats{}, fmt.Errorf("create image in %s: %w", dir, err)
@@ -52,6 +56,7 @@ func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Opt
 	}
 	var pieces []piece
 	var bws []*image.BufferWriter
+	var hashOf map[*byte][16]byte // a chunk's first byte -> its hash
 	for i, p := range SplitAligned(len(data), nbuf, chunk) {
 		bw, err := w.AddBuffer(image.BufferInfo{
 			Pid:     os.Getpid(),
@@ -68,6 +73,16 @@ func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Opt
 			pieces = append(pieces, piece{bw, i, (off - p[0]) / chunk, data[off:min(off+chunk, p[1])]})
 		}
 	}
+	if hashes != nil {
+		if len(hashes) != len(pieces) {
+			_ = w.Abort()
+			return image.WriteStats{}, fmt.Errorf("%d hashes for %d chunks", len(hashes), len(pieces))
+		}
+		hashOf = make(map[*byte][16]byte, len(pieces))
+		for k, p := range pieces {
+			hashOf[&p.data[0]] = hashes[k]
+		}
+	}
 	// Interleave the buffers' chunks, as several copy streams deliver them.
 	slices.SortStableFunc(pieces, func(a, b piece) int { return cmp.Compare(a.index, b.index) })
 	work := make(chan piece)
@@ -79,7 +94,13 @@ func ImageWriteChunks(dir string, data []byte, nbuf, writers int, opts image.Opt
 			defer wg.Done()
 			for p := range work {
 				if errs[g] == nil {
-					if err := p.bw.WriteChunk(p.index, p.data); err != nil {
+					var err error
+					if hashOf != nil {
+						err = p.bw.WriteChunkHashed(p.index, p.data, hashOf[&p.data[0]])
+					} else {
+						err = p.bw.WriteChunk(p.index, p.data)
+					}
+					if err != nil {
 						errs[g] = fmt.Errorf("buffer %d chunk %d: %w", p.buf, p.index, err)
 					}
 				}
@@ -147,9 +168,11 @@ func writeBuffer(w *image.Writer, i int, b []byte, block int) error {
 // out as ImageWrite split it) with readers goroutines, each taking one chunk
 // at a time with ReadAt on a BufferReader of its own. Chunk-sized parallel
 // reads are how a restore fills the GPU, and they keep every core busy even
-// when the image holds a single large buffer.
-func ImageRead(dir string, dst []byte, readers int) error {
-	im, err := image.Open(dir)
+// when the image holds a single large buffer. gpuChecks: the reader leaves
+// the hash check to the caller, as a restore does that checks on the GPU
+// (image.ReadOptions.HashCheckedByCaller).
+func ImageRead(dir string, dst []byte, readers int, gpuChecks bool) error {
+	im, err := image.OpenWith(dir, image.ReadOptions{HashCheckedByCaller: gpuChecks})
 	if err != nil {
 		return fmt.Errorf("open image in %s: %w", dir, err)
 	}
@@ -240,6 +263,19 @@ func SplitAligned(n, parts, align int) [][2]int {
 		end := min(n, units*(i+1)/parts*align)
 		if end > start {
 			out = append(out, [2]int{start, end})
+		}
+	}
+	return out
+}
+
+// ChunkHashes is the content hash (ptx.ChunkHash) of every chunk
+// ImageWriteChunks writes of data in nbuf buffers, in its order before
+// interleaving: what the GPU computes before a dump copies anything.
+func ChunkHashes(data []byte, nbuf, chunk int) [][16]byte {
+	var out [][16]byte
+	for _, p := range SplitAligned(len(data), nbuf, chunk) {
+		for off := p[0]; off < p[1]; off += chunk {
+			out = append(out, ptx.ChunkHash(data[off:min(off+chunk, p[1])]))
 		}
 	}
 	return out
