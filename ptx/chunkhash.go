@@ -29,9 +29,20 @@ func ChunkHash(b []byte) [16]byte {
 		lanes[l] = laneInit(l)
 	}
 	full := len(b) / 16
-	for j := 0; j < full; j++ {
-		w := b[16*j:]
-		lanes[j%HashLanes].word(binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:]))
+	// A row of HashLanes words at a time, each lane's state in registers
+	// for its word (the same order as word j going to lane j mod HashLanes).
+	for row := 0; row < full; row += HashLanes {
+		n := min(HashLanes, full-row)
+		words := b[16*row : 16*(row+n)]
+		for l := range n {
+			w := words[16*l : 16*l+16]
+			s := &lanes[l]
+			lo, hi := binary.LittleEndian.Uint64(w), binary.LittleEndian.Uint64(w[8:])
+			a := bits.RotateLeft64(s.a+lo*k2, 31) * k1
+			bb := bits.RotateLeft64(s.b^lo*k4, 27) * k3
+			s.a = bits.RotateLeft64(a+hi*k2, 31) * k1
+			s.b = bits.RotateLeft64(bb^hi*k4, 27) * k3
+		}
 	}
 	if rest := b[16*full:]; len(rest) > 0 {
 		var pad [16]byte

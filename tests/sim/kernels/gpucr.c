@@ -36,10 +36,11 @@ static inline void lane_in(lane *s, uint64_t v) {
     s->b = rotl(s->b ^ v * K4, 27) * K3;
 }
 
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the words are read as little-endian u64, as on the GPU");
+
 static inline uint64_t le64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
     return v;
 }
 
@@ -60,10 +61,14 @@ static void chunk_hash(const unsigned char *p, uint64_t n, uint64_t out[2]) {
         s[l].b = K4 ^ l * K2;
     }
     uint64_t full = n / 16;
-    for (uint64_t j = 0; j < full; j++) {
-        lane *t = &s[j % LANES];
-        lane_in(t, le64(p + 16 * j));
-        lane_in(t, le64(p + 16 * j + 8));
+    /* a row of LANES words at a time: word j goes to lane j % LANES */
+    for (uint64_t row = 0; row < full; row += LANES) {
+        uint64_t m = full - row < LANES ? full - row : LANES;
+        const unsigned char *w = p + 16 * row;
+        for (uint64_t l = 0; l < m; l++) {
+            lane_in(&s[l], le64(w + 16 * l));
+            lane_in(&s[l], le64(w + 16 * l + 8));
+        }
     }
     if (n % 16) {
         unsigned char pad[16] = {0};
