@@ -125,6 +125,9 @@ func (l *Lane) run(staging int, ready chan<- error) {
 		ready <- err
 		return
 	}
+	// Last: the stream and the staging buffer are freed in the context
+	// (without a current one the driver refuses, and both would leak).
+	defer C.gs_cuCtxSetCurrent(nil)
 	if err := check("cuStreamCreate", C.gs_stream_create(&l.stream)); err != nil {
 		ready <- err
 		return
@@ -142,7 +145,6 @@ func (l *Lane) run(staging int, ready chan<- error) {
 		f()
 	}
 	l.Staging = nil
-	C.gs_cuCtxSetCurrent(nil)
 }
 
 // Do runs f on the lane's thread; DtoH and HtoD may only be called from f.
