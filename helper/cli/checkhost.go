@@ -203,6 +203,13 @@ func driverItem(st *helperpb.StatusReply) (string, string, string, map[string]an
 	case st.Unavailable != "":
 		return "driver", checkFail, fmt.Sprintf("%s (CUDA %s): the helper has no GPU: %s", lib, cudaVersion(d.Version), st.Unavailable), info
 	}
+	for _, dev := range st.Devices {
+		if dev.KernelsError != "" {
+			info["kernels_error"] = dev.KernelsError
+			return "driver", checkFail, fmt.Sprintf("%s (CUDA %s): the helper cannot load gpucr's GPU kernels on GPU %d (%s): %s; "+
+				"checkpoints and restores of its memory fail", lib, cudaVersion(d.Version), dev.Ordinal, dev.Uuid, dev.KernelsError), info
+		}
+	}
 	reason := fmt.Sprintf("%s, CUDA %s, checkpoint API present, %d GPU(s), as the helper loaded it", lib, cudaVersion(d.Version), len(st.Devices))
 	if simulated {
 		reason += " (the simulated driver: no GPU)"

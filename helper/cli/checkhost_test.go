@@ -228,3 +228,21 @@ func TestWaitGPUBack(t *testing.T) {
 		t.Fatalf("waitGPUBack without a helper = %+v", got)
 	}
 }
+
+// A device on which the helper could not load gpucr's GPU kernels fails the
+// driver item, naming the device and the driver's answer.
+func TestCheckKernelsNotLoaded(t *testing.T) {
+	st := &helperpb.StatusReply{
+		Driver:  &helperpb.DriverInfo{Library: "libcuda.so.1", Version: 13000, CheckpointApi: true},
+		Devices: []*helperpb.DeviceInfo{{Uuid: "GPU-1", Ordinal: 0}, {Uuid: "GPU-2", Ordinal: 1, KernelsError: "cuModuleLoadData(gpucr kernels): CUDA_ERROR_INVALID_PTX (218)"}},
+	}
+	name, status, reason, info := driverItem(st)
+	if name != "driver" || status != checkFail || !strings.Contains(reason, "GPU 1 (GPU-2)") ||
+		!strings.Contains(reason, "CUDA_ERROR_INVALID_PTX") || info["kernels_error"] == nil {
+		t.Fatalf("driver item %s %s %q %v", name, status, reason, info)
+	}
+	st.Devices[1].KernelsError = ""
+	if _, status, reason, _ := driverItem(st); status != checkOK {
+		t.Fatalf("with the kernels loaded: %s %q", status, reason)
+	}
+}

@@ -158,6 +158,16 @@ func (dev *Device) HashRanges(ranges []Range, chunk int) ([][][16]byte, error) {
 	return out, nil
 }
 
+// KernelsError is why gpucr's kernels could not be loaded on the device, nil
+// if they were or no load was tried yet.
+func (dev *Device) KernelsError() error {
+	var err error
+	if e := dev.do(func() { err = dev.kern.err }); e != nil {
+		return e
+	}
+	return err
+}
+
 // LoadKernels loads gpucr's kernels into the device's context now (the
 // driver compiles the PTX, which takes a while the first time), so that the
 // first checkpoint does not wait for it.

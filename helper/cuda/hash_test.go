@@ -90,3 +90,23 @@ func TestHashChunksMatchesDefinition(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The kernels load on the simulated driver, and the device says so.
+func TestKernelsLoad(t *testing.T) {
+	lib := simDriver(t)
+	t.Setenv("GPUCR_SIM_DEVICES", "2") // as TestSimDriver: cuInit runs once per process
+	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
+	d, err := Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, dev := range d.Devices {
+		if err := dev.LoadKernels(); err != nil {
+			t.Fatalf("device %d: %v", dev.Ordinal, err)
+		}
+		if err := dev.KernelsError(); err != nil {
+			t.Fatalf("device %d: %v", dev.Ordinal, err)
+		}
+	}
+}

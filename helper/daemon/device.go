@@ -62,5 +62,8 @@ type oomError struct{ error }
 func (oomError) OutOfMemory() bool { return true }
 func (e oomError) Unwrap() error   { return e.error }
 
+// KernelsError is why gpucr's GPU kernels could not be loaded here.
+func (c cudaDevice) KernelsError() error { return c.d.KernelsError() }
+
 // CUDA is the driver device behind this one (the copy engines need it).
 func (c cudaDevice) CUDA() *cuda.Device { return c.d }

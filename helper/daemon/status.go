@@ -35,6 +35,11 @@ func (s *Server) status() *helperpb.StatusReply {
 				out.Devices[i].FreeMemory = free
 			}
 		}
+		if kd, ok := d.(interface{ KernelsError() error }); ok {
+			if err := kd.KernelsError(); err != nil {
+				out.Devices[i].KernelsError = err.Error()
+			}
+		}
 	}
 	infos := make([]*helperpb.ClientInfo, len(clients))
 	var wg sync.WaitGroup

@@ -2775,7 +2775,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__hello_reply__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__hello_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[6] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[7] =
 {
   {
     "uuid",
@@ -2849,10 +2849,23 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "kernels_error",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DeviceInfo, kernels_error),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = {
   5,   /* field[5] = free_memory */
   3,   /* field[3] = granularity */
+  6,   /* field[6] = kernels_error */
   1,   /* field[1] = name */
   4,   /* field[4] = ordinal */
   2,   /* field[2] = total_memory */
@@ -2861,7 +2874,7 @@ static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = 
 static const ProtobufCIntRange gpucr__helper__v1__device_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
 {
@@ -2871,7 +2884,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   "Gpucr__Helper__V1__DeviceInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__DeviceInfo),
-  6,
+  7,
   gpucr__helper__v1__device_info__field_descriptors,
   gpucr__helper__v1__device_info__field_indices_by_name,
   1,  gpucr__helper__v1__device_info__number_ranges,

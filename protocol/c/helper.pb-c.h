@@ -412,10 +412,16 @@ struct  Gpucr__Helper__V1__DeviceInfo
    * cuMemGetInfo's free bytes when the reply was made (Status only).
    */
   uint64_t free_memory;
+  /*
+   * Why gpucr's own GPU kernels (the chunk hash) could not be loaded on this
+   * device, "" if they were (or are still loading): checkpoints and restores
+   * of its memory fail without them (Status only).
+   */
+  char *kernels_error;
 };
 #define GPUCR__HELPER__V1__DEVICE_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__device_info__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string }
 
 
 /*

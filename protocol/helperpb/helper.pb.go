@@ -1391,7 +1391,11 @@ type DeviceInfo struct {
 	// The helper's ordinal; clients name devices by uuid.
 	Ordinal int32 `protobuf:"varint,5,opt,name=ordinal,proto3" json:"ordinal,omitempty"`
 	// cuMemGetInfo's free bytes when the reply was made (Status only).
-	FreeMemory    uint64 `protobuf:"varint,6,opt,name=free_memory,json=freeMemory,proto3" json:"free_memory,omitempty"`
+	FreeMemory uint64 `protobuf:"varint,6,opt,name=free_memory,json=freeMemory,proto3" json:"free_memory,omitempty"`
+	// Why gpucr's own GPU kernels (the chunk hash) could not be loaded on this
+	// device, "" if they were (or are still loading): checkpoints and restores
+	// of its memory fail without them (Status only).
+	KernelsError  string `protobuf:"bytes,7,opt,name=kernels_error,json=kernelsError,proto3" json:"kernels_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1466,6 +1470,13 @@ func (x *DeviceInfo) GetFreeMemory() uint64 {
 		return x.FreeMemory
 	}
 	return 0
+}
+
+func (x *DeviceInfo) GetKernelsError() string {
+	if x != nil {
+		return x.KernelsError
+	}
+	return ""
 }
 
 // Alloc: the helper creates size bytes (rounded up to the granularity) on the
@@ -3965,7 +3976,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
 	"\fclient_token\x18\x02 \x01(\x04R\vclientToken\x12%\n" +
 	"\x0ehelper_version\x18\x03 \x01(\tR\rhelperVersion\x125\n" +
-	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xb4\x01\n" +
+	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xd9\x01\n" +
 	"\n" +
 	"DeviceInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
@@ -3974,7 +3985,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vgranularity\x18\x04 \x01(\x04R\vgranularity\x12\x18\n" +
 	"\aordinal\x18\x05 \x01(\x05R\aordinal\x12\x1f\n" +
 	"\vfree_memory\x18\x06 \x01(\x04R\n" +
-	"freeMemory\"\x94\x01\n" +
+	"freeMemory\x12#\n" +
+	"\rkernels_error\x18\a \x01(\tR\fkernelsError\"\x94\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +
