@@ -47,8 +47,7 @@
     X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
                        unsigned int, CUstream, void **, void **))                                                      \
     X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                                          \
-    X(cuMemFree_v2, (CUdeviceptr))                                                                                     \
-    X(cuMemsetD32Async, (CUdeviceptr, unsigned int, size_t, CUstream))
+    X(cuMemFree_v2, (CUdeviceptr))
 
 #define DECL(name, args) static CUresult(*p_##name) args;
 FNS(DECL)
@@ -202,12 +201,3 @@ CUresult gs_launch3(CUfunction f, unsigned grid, unsigned block, CUstream s, uin
     void *params[3] = {&a, &b, &c};
     return p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, NULL);
 }
-
-/* Four u64 parameters, grid x blocks of block threads, on stream s. */
-CUresult gs_launch4(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c,
-                    uint64_t d) {
-    void *params[4] = {&a, &b, &c, &d};
-    return p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, s, params, NULL);
-}
-
-CUresult gs_memset32(CUdeviceptr p, unsigned v, size_t n, CUstream s) { return p_cuMemsetD32Async(p, v, n, s); }

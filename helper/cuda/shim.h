@@ -49,9 +49,6 @@ CUresult gs_module_function(CUfunction *f, CUmodule m, const char *name);
 CUresult gs_mem_alloc(CUdeviceptr *p, size_t size);
 CUresult gs_mem_free(CUdeviceptr p);
 CUresult gs_launch3(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c);
-CUresult gs_launch4(CUfunction f, unsigned grid, unsigned block, CUstream s, uint64_t a, uint64_t b, uint64_t c,
-                    uint64_t d);
-CUresult gs_memset32(CUdeviceptr p, unsigned v, size_t n, CUstream s);
 /* The CUresult's name, or NULL. */
 const char *gs_error_name(CUresult r);
 #endif
