@@ -11,14 +11,7 @@ import (
 // through the helper's own mapping; lanes copy into it and back out of it,
 // concurrently, chunk by chunk, bit for bit.
 func TestLanesCopyThroughHelperView(t *testing.T) {
-	lib := simDriver(t)
-	t.Setenv("GPUCR_SIM_DEVICES", "2") // as TestSimDriver: cuInit runs once per process
-	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
-	d, err := Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := loadSim(t)
 	dev := d.Devices[0]
 	size := 4 * dev.Granularity
 	h, err := dev.Create(size, false)
@@ -105,14 +98,7 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 // TestCheckpointAPIOnUnknownPid: the checkpoint API wrappers name the call
 // and the driver's error for a process that does not exist.
 func TestCheckpointAPIOnUnknownPid(t *testing.T) {
-	lib := simDriver(t)
-	t.Setenv("GPUCR_SIM_DEVICES", "2")
-	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
-	d, err := Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	loadSim(t) // the checkpoint API needs an initialized driver
 	if _, err := CheckpointState(1 << 30); err == nil {
 		t.Fatal("state of a pid that cannot exist: no error")
 	} else if e, ok := err.(*Error); !ok || e.Call != "cuCheckpointProcessGetState" {

@@ -23,6 +23,22 @@ func simDriver(t *testing.T) string {
 	return p
 }
 
+// loadSim loads the simulated driver with two devices of 64 MiB (cuInit
+// reads the settings once per process, so every test asks for the same)
+// and closes it when the test ends.
+func loadSim(t *testing.T) *Driver {
+	t.Helper()
+	lib := simDriver(t)
+	t.Setenv("GPUCR_SIM_DEVICES", "2")
+	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
+	d, err := Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	return d
+}
+
 func TestFormatUUID(t *testing.T) {
 	b := [16]byte{0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8, 0x09}
 	if got, want := FormatUUID(b), "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809"; got != want {
@@ -31,14 +47,7 @@ func TestFormatUUID(t *testing.T) {
 }
 
 func TestSimDriver(t *testing.T) {
-	lib := simDriver(t)
-	t.Setenv("GPUCR_SIM_DEVICES", "2")
-	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
-	d, err := Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := loadSim(t)
 	if len(d.Devices) != 2 || d.Version != 13000 {
 		t.Fatalf("devices %d, version %d", len(d.Devices), d.Version)
 	}

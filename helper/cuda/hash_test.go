@@ -11,14 +11,7 @@ import (
 // loads, and every chunk's hash equals ptx.ChunkHash of the same bytes,
 // whole chunks, short last chunks and a size that ends mid-word alike.
 func TestHashChunksMatchesDefinition(t *testing.T) {
-	lib := simDriver(t)
-	t.Setenv("GPUCR_SIM_DEVICES", "2") // as TestSimDriver: cuInit runs once per process
-	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
-	d, err := Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := loadSim(t)
 	dev := d.Devices[1]
 	size := 4 * dev.Granularity
 	h, err := dev.Create(size, false)
@@ -93,14 +86,7 @@ func TestHashChunksMatchesDefinition(t *testing.T) {
 
 // The kernels load on the simulated driver, and the device says so.
 func TestKernelsLoad(t *testing.T) {
-	lib := simDriver(t)
-	t.Setenv("GPUCR_SIM_DEVICES", "2") // as TestSimDriver: cuInit runs once per process
-	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
-	d, err := Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := loadSim(t)
 	for _, dev := range d.Devices {
 		if err := dev.LoadKernels(); err != nil {
 			t.Fatalf("device %d: %v", dev.Ordinal, err)

@@ -29,14 +29,7 @@ func streamThreads(t *testing.T) int {
 // clear the thread's context first, so the driver refused both and every
 // lane closed after a failed copy leaked them.
 func TestLaneCloseFreesItsStream(t *testing.T) {
-	lib := simDriver(t)
-	t.Setenv("GPUCR_SIM_DEVICES", "2") // as TestSimDriver: cuInit runs once per process
-	t.Setenv("GPUCR_SIM_MEM_MIB", "64")
-	d, err := Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := loadSim(t)
 	before := streamThreads(t)
 	for range 50 {
 		l, err := d.Devices[0].NewLane(64 << 10)
