@@ -48,20 +48,7 @@ fi
 sed 's/^/    /' "$LOGS/anchor.txt" | tail -n 8 | tee -a "$LOGS/summary.txt"
 
 note ""
-$PY - >"$LOGS/pcie.txt" 2>&1 <<'PYEOF'
-import time, torch
-n = 4 << 30
-d = torch.empty(n, dtype=torch.uint8, device="cuda")
-h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-def rate(f):
-    f(); torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(3):
-        t = time.perf_counter(); f(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)
-    return n / best / 1e9
-print(f"{rate(lambda: h.copy_(d, non_blocking=True)):.2f} {rate(lambda: d.copy_(h, non_blocking=True)):.2f}")
-PYEOF
-read -r DTOH HTOD < <(tail -1 "$LOGS/pcie.txt")
+pcie_floor
 note "PCIe floor, this run (pinned 4 GiB, best of 3): device->host $DTOH GB/s, host->device $HTOD GB/s"
 
 SOCK=/run/gpucr/helper.sock

@@ -36,20 +36,7 @@ mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
 
-$PY - >"$LOGS/pcie.txt" 2>&1 <<'PYEOF'
-import time, torch
-n = 4 << 30
-d = torch.empty(n, dtype=torch.uint8, device="cuda")
-h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-def rate(f):
-    f(); torch.cuda.synchronize()
-    best = 1e9
-    for _ in range(3):
-        t = time.perf_counter(); f(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)
-    return n / best / 1e9
-print(f"{rate(lambda: h.copy_(d, non_blocking=True)):.2f}")
-PYEOF
-DTOH=$(tail -1 "$LOGS/pcie.txt")
+pcie_floor
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3); images in ${IMG_ROOT:-/dev/shm} ($(findmnt -no FSTYPE,OPTIONS -T "${IMG_ROOT:-/dev/shm}" 2>/dev/null))"
 note ""
 note "| build | GB | checkpoint | stall (helper total) | GPU phase (hash + copy) | chunks copied | bytes over PCIe | GPU hash | changed bytes at the floor |"

@@ -29,3 +29,21 @@ checksum_advancing() {
 	c2=$(grep '^hb' "$1" | tail -1 | awk '{print $4}')
 	if [ -n "$c1" ] && [ "$c1" != "$c2" ]; then echo yes; else echo no; fi
 }
+# pcie_floor: the PCIe floor of this run, pinned 4 GiB copies with PyTorch,
+# best of 3, into DTOH and HTOD (GB/s); the log in $LOGS/pcie.txt.
+pcie_floor() {
+	${PY:-python3} - >"$LOGS/pcie.txt" 2>&1 <<'PYEOF'
+import time, torch
+n = 4 << 30
+d = torch.empty(n, dtype=torch.uint8, device="cuda")
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+def rate(f):
+    f(); torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(3):
+        t = time.perf_counter(); f(); torch.cuda.synchronize(); best = min(best, time.perf_counter() - t)
+    return n / best / 1e9
+print(f"{rate(lambda: h.copy_(d, non_blocking=True)):.2f} {rate(lambda: d.copy_(h, non_blocking=True)):.2f}")
+PYEOF
+	read -r DTOH HTOD < <(tail -1 "$LOGS/pcie.txt")
+}
