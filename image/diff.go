@@ -87,6 +87,9 @@ type zeroHashes struct {
 }
 
 func (z zeroHashes) hash(n uint32) chunkHash {
+	if z.format >= 3 {
+		return ZeroChunkHash(int(n)) // cached for the whole process
+	}
 	h, ok := z.m[n]
 	if !ok {
 		h = hashFor(z.format, make([]byte, n))
