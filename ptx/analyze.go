@@ -246,16 +246,15 @@ func instructions(body []string) []instr {
 		case t == "{" || t == "}" || t == ";":
 			i++
 			continue
-		case strings.HasPrefix(t, ".") || strings.HasPrefix(t, "@"):
-			if t == "@" || strings.HasPrefix(t, "@") { // a guard: @%p or @!%p
+		case t == "@": // a guard: @%p or @!%p
+			i++
+			if i < len(body) && body[i] == "!" {
 				i++
-				if i < len(body) && body[i] == "!" {
-					i++
-				}
-				i++ // the predicate
-				continue
 			}
-			for i < len(body) && body[i] != ";" { // a directive
+			i++ // the predicate
+			continue
+		case strings.HasPrefix(t, "."): // a directive
+			for i < len(body) && body[i] != ";" {
 				i++
 			}
 			continue
