@@ -116,7 +116,6 @@ type steps struct {
 // on the goroutine that hands pieces to the lanes, without a thread hop),
 // then st.after, the regions still mapped.
 func run(regions []Region, chunk int, opts Options, st steps) error {
-	before, do, after := st.before, st.do, st.after
 	vas := make([]uint64, len(regions))
 	defer func() {
 		for i, va := range vas {
@@ -132,8 +131,8 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 		}
 		vas[i] = va
 	}
-	if before != nil {
-		if err := before(vas); err != nil {
+	if st.before != nil {
+		if err := st.before(vas); err != nil {
 			return err
 		}
 	}
@@ -175,7 +174,7 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 						continue // drain: the first error ends the job
 					}
 					var err error
-					if e := l.Do(func() { err = do(l, vas[p.r], p) }); e != nil {
+					if e := l.Do(func() { err = st.do(l, vas[p.r], p) }); e != nil {
 						err, laneOK = e, false // the lane's thread is gone
 					}
 					if err != nil {
@@ -221,10 +220,10 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil || after == nil {
+	if err := errors.Join(errs...); err != nil || st.after == nil {
 		return err
 	}
-	return after(vas)
+	return st.after(vas)
 }
 
 // hashAll hashes every region's chunks on its GPU (helper/cuda.HashRanges),
@@ -327,7 +326,9 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 }
 
 // Load fills every region from the image buffer bufs[i] of im (same size),
-// each chunk checked by the image reader before it reaches the GPU.
+// each chunk checked: on the GPU once all are loaded where the image leaves
+// the check to its caller (image.Image.HashCheckedByCaller), else by the
+// image reader before it reaches the GPU.
 func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 	if len(bufs) != len(regions) {
 		return fmt.Errorf("%d regions but %d image buffers", len(regions), len(bufs))
