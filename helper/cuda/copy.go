@@ -12,10 +12,21 @@ import (
 	"unsafe"
 )
 
-// Map gives the helper its own read/write view of allocation h (size bytes,
-// a multiple of Granularity) at an address of its choosing in its context;
-// the copy engines read and write the application's memory through it.
+// Map returns the helper's own read/write view of allocation h (size
+// bytes, a multiple of Granularity), at an address of its choosing in its
+// context: the copy engines and the hash kernels reach the application's
+// memory through it. The view is made on first use and kept until
+// Release(h) or Unmap(h), so repeated checkpoints of the same buffers map
+// nothing.
 func (dev *Device) Map(h Handle, size uint64) (uint64, error) {
+	dev.viewMu.Lock()
+	defer dev.viewMu.Unlock()
+	if v, ok := dev.views[h]; ok {
+		if v.size != size {
+			return 0, fmt.Errorf("allocation %#x: mapped with %d bytes, asked for %d", uint64(h), v.size, size)
+		}
+		return v.va, nil
+	}
 	var va C.CUdeviceptr
 	var err error
 	if e := dev.do(func() {
@@ -24,16 +35,42 @@ func (dev *Device) Map(h Handle, size uint64) (uint64, error) {
 	}); e != nil {
 		return 0, e
 	}
-	return uint64(va), err
+	if err != nil {
+		return 0, err
+	}
+	if dev.views == nil {
+		dev.views = map[Handle]view{}
+	}
+	dev.views[h] = view{uint64(va), size}
+	return uint64(va), nil
 }
 
-// Unmap drops a view made by Map and frees its address range.
-func (dev *Device) Unmap(va, size uint64) error {
+// Unmap drops the helper's view of h, if it has one, and frees its
+// address range.
+func (dev *Device) Unmap(h Handle) error {
+	dev.viewMu.Lock()
+	defer dev.viewMu.Unlock()
+	return dev.unmapLocked(h)
+}
+
+func (dev *Device) unmapLocked(h Handle) error {
+	v, ok := dev.views[h]
+	if !ok {
+		return nil
+	}
+	delete(dev.views, h)
 	var err error
-	if e := dev.do(func() { err = check("cuMemUnmap", C.gs_unmap(C.CUdeviceptr(va), C.size_t(size))) }); e != nil {
+	if e := dev.do(func() { err = check("cuMemUnmap", C.gs_unmap(C.CUdeviceptr(v.va), C.size_t(v.size))) }); e != nil {
 		return e
 	}
 	return err
+}
+
+// Views is how many allocations the helper holds a view of.
+func (dev *Device) Views() int {
+	dev.viewMu.Lock()
+	defer dev.viewMu.Unlock()
+	return len(dev.views)
 }
 
 // Lane is one OS thread with the device's primary context current, a stream
@@ -175,6 +212,30 @@ func (l *Lane) HtoD(dst uint64, src []byte) error {
 	}
 	return check("cuMemcpyHtoDAsync", C.gs_htod(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), l.stream))
 }
+
+// StartDtoH queues a copy of len(dst) bytes at device address src into dst
+// (pinned memory) on the lane's stream without waiting: the lane's thread
+// can work on other bytes meanwhile. Sync waits for it; dst must not be
+// touched before.
+func (l *Lane) StartDtoH(dst []byte, src uint64) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return check("cuMemcpyDtoHAsync", C.gs_dtoh_async(unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), l.stream))
+}
+
+// StartHtoD queues a copy of src (pinned memory) to device address dst on
+// the lane's stream without waiting; src must not change before Sync.
+func (l *Lane) StartHtoD(dst uint64, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return check("cuMemcpyHtoDAsync", C.gs_htod_async(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), l.stream))
+}
+
+// Sync waits for every copy queued on the lane's stream; an error of a
+// queued copy shows here.
+func (l *Lane) Sync() error { return check("cuStreamSynchronize", C.gs_stream_sync(l.stream)) }
 
 // Close stops the lane and frees its stream and staging buffer.
 func (l *Lane) Close() {

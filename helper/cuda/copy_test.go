@@ -23,7 +23,6 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dev.Unmap(va, size)
 
 	const chunk = 1 << 20
 	want := make([]byte, size)
@@ -76,12 +75,15 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("bytes read back through the lanes differ from those written")
 	}
-	// The helper's view is the allocation itself: a second view sees the same bytes.
+	// The helper's view is the allocation itself: a new view, made after
+	// the first was dropped, sees the same bytes.
+	if err := dev.Unmap(h); err != nil {
+		t.Fatal(err)
+	}
 	va2, err := dev.Map(h, size)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dev.Unmap(va2, size)
 	var probe []byte
 	if err := lanes[0].Do(func() {
 		if e := lanes[0].DtoH(lanes[0].Staging[:chunk], va2+chunk); e == nil {
@@ -92,6 +94,46 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 	}
 	if !bytes.Equal(probe, want[chunk:2*chunk]) {
 		t.Fatal("a second view of the allocation sees other bytes")
+	}
+}
+
+// TestViewKeptUntilRelease: the helper maps an allocation once, however
+// many copies go through it, and Release drops the view with the handle,
+// so the memory is freed (a view left behind would keep it alive).
+func TestViewKeptUntilRelease(t *testing.T) {
+	d := loadSim(t)
+	dev := d.Devices[0]
+	size := 8 * dev.Granularity
+	free0, _, err := dev.MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := dev.Create(size, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	va, err := dev.Map(h, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := dev.Map(h, size)
+	if err != nil || again != va {
+		t.Fatalf("second Map: %#x, %v; want the first view %#x", again, err, va)
+	}
+	if n := dev.Views(); n != 1 {
+		t.Fatalf("%d views after mapping one allocation twice", n)
+	}
+	if _, err := dev.Map(h, size/2); err == nil {
+		t.Fatal("Map with another size than the view's: no error")
+	}
+	if err := dev.Release(h); err != nil {
+		t.Fatal(err)
+	}
+	if n := dev.Views(); n != 0 {
+		t.Fatalf("%d views after Release", n)
+	}
+	if free, _, err := dev.MemInfo(); err != nil || free != free0 {
+		t.Fatalf("free memory after Release: %d (%v), before Create %d: the view kept the allocation alive", free, err, free0)
 	}
 }
 

@@ -95,9 +95,19 @@ type Device struct {
 	idleLanes []*Lane
 	closing   bool
 
+	// The helper's own view of each allocation it has copied (Map), kept
+	// until the allocation is released: making and dropping the views of
+	// 128 buffers cost every checkpoint tens of milliseconds, more than
+	// hashing 32 GB on the GPU.
+	viewMu sync.Mutex
+	views  map[Handle]view
+
 	// gpucr's own kernels, loaded on first use; the worker's alone.
 	kern kernels
 }
+
+// view is where Map put an allocation in the helper's address space.
+type view struct{ va, size uint64 }
 
 // Handle is a CUmemGenericAllocationHandle.
 type Handle uint64
@@ -270,6 +280,11 @@ func (dev *Device) close() {
 	for _, l := range idle {
 		l.Close() // before the primary context goes
 	}
+	dev.viewMu.Lock()
+	for h := range dev.views {
+		_ = dev.unmapLocked(h)
+	}
+	dev.viewMu.Unlock()
 	dev.stop.Do(func() { close(dev.work) })
 	<-dev.done
 }
@@ -305,8 +320,12 @@ func (dev *Device) Export(h Handle) (int, error) {
 	return int(fd), nil
 }
 
-// Release drops the helper's handle; the memory lives while imports do.
+// Release drops the helper's view of h (Map), if any, and its handle; the
+// memory lives while imports do.
 func (dev *Device) Release(h Handle) error {
+	if err := dev.Unmap(h); err != nil {
+		return err
+	}
 	var err error
 	if e := dev.do(func() { err = check("cuMemRelease", C.gs_cuMemRelease(C.CUmemGenericAllocationHandle(h))) }); e != nil {
 		return e

@@ -23,7 +23,6 @@ func TestHashChunksMatchesDefinition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dev.Unmap(va, size)
 	data := make([]byte, size)
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := range data {

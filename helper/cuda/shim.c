@@ -159,6 +159,13 @@ CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     CUresult r = p_cuMemcpyHtoDAsync_v2(dst, src, n, s);
     return r != CUDA_SUCCESS ? r : p_cuStreamSynchronize(s);
 }
+CUresult gs_dtoh_async(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    return p_cuMemcpyDtoHAsync_v2(dst, src, n, s);
+}
+CUresult gs_htod_async(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    return p_cuMemcpyHtoDAsync_v2(dst, src, n, s);
+}
+CUresult gs_stream_sync(CUstream s) { return p_cuStreamSynchronize(s); }
 
 CUresult gs_ckpt_state(int pid, int *state) {
     CUprocessState s = CU_PROCESS_STATE_FAILED;

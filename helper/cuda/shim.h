@@ -36,6 +36,9 @@ CUresult gs_stream_destroy(CUstream s);
 /* A copy on stream s, then waited for. */
 CUresult gs_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult gs_dtoh_async(void *dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult gs_htod_async(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult gs_stream_sync(CUstream s);
 /* The driver's checkpoint API on another process. */
 CUresult gs_ckpt_state(int pid, int *state);
 CUresult gs_ckpt_lock(int pid, unsigned timeout_ms);

@@ -102,28 +102,34 @@ func pieces(regions []Region, chunk int) map[*cuda.Device][]piece {
 	}
 }
 
-// steps are what run does; only do is required.
+// steps are what run does around the copies; exactly one of fromGPU and
+// toGPU is set.
 type steps struct {
-	before func(vas []uint64) error                     // once every region is mapped
-	skip   func(p piece) (bool, error)                  // before a piece goes to a lane: true if it needs none
-	do     func(l *cuda.Lane, va uint64, p piece) error // on a lane of the piece's device
-	after  func(vas []uint64) error                     // once every piece is done, the regions still mapped
+	before func(vas []uint64) error    // once every region is mapped
+	skip   func(p piece) (bool, error) // before a piece goes to a lane: true if it needs no copy
+	// fromGPU (a dump) gets each piece's bytes once they are in host
+	// memory; toGPU (a load) fills buf with them before they go to the GPU.
+	// Both run on a lane's thread; buf is pinned staging memory.
+	fromGPU func(p piece, buf []byte) error
+	toGPU   func(p piece, buf []byte) error
+	after   func(vas []uint64) error // once every piece is done, the regions still mapped
 }
 
 // run maps every region (the helper's own view), runs st.before with the
-// mappings, starts the lanes of each device and runs st.do for every piece
-// on some lane of its device (unless st.skip says it needs none: that runs
-// on the goroutine that hands pieces to the lanes, without a thread hop),
-// then st.after, the regions still mapped.
+// mappings, starts the lanes of each device and moves every piece through
+// some lane of its device (unless st.skip says it needs none: that runs on
+// the goroutine that hands pieces to the lanes, without a thread hop), then
+// st.after, the regions still mapped.
+//
+// A lane's staging buffer holds two chunks, so that its copy engine and its
+// thread work at once: while one chunk crosses PCIe, the thread writes the
+// previous one to the image (a dump) or reads the next one from it (a
+// load). Without that, each lane waited for its DMA before touching a file,
+// and the file system, the slower of the two, stood idle meanwhile.
 func run(regions []Region, chunk int, opts Options, st steps) error {
+	// The helper's views (cuda.Device.Map) stay until each allocation is
+	// released: the next checkpoint of the same buffers maps nothing.
 	vas := make([]uint64, len(regions))
-	defer func() {
-		for i, va := range vas {
-			if va != 0 {
-				_ = regions[i].Device.Unmap(va, regions[i].Size)
-			}
-		}
-	}()
 	for i, r := range regions {
 		va, err := r.Device.Map(r.Handle, r.Size)
 		if err != nil {
@@ -140,9 +146,10 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var errs []error
-	fail := func(err error) {
+	failPiece := func(p piece, err error) {
+		r := regions[p.r]
 		mu.Lock()
-		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
 		mu.Unlock()
 	}
 	failed := func() bool {
@@ -150,46 +157,31 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 		defer mu.Unlock()
 		return len(errs) > 0
 	}
+	done := func(p piece) {
+		if opts.Progress != nil {
+			opts.Progress(moved.Add(int64(p.n)))
+		}
+	}
 	for dev, ps := range pieces(regions, chunk) {
 		work := make(chan piece)
 		for range min(opts.lanes(), len(ps)) {
-			l, err := dev.AcquireLane(chunk)
+			l, err := dev.AcquireLane(2 * chunk)
 			if err != nil {
-				fail(fmt.Errorf("device %s: %w", dev.UUID, err))
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("device %s: %w", dev.UUID, err))
+				mu.Unlock()
 				break
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				laneOK := true
-				defer func() {
-					if laneOK {
-						dev.ReleaseLane(l)
-					} else {
-						l.Close()
-					}
-				}()
-				for p := range work {
-					if failed() {
-						continue // drain: the first error ends the job
-					}
-					var err error
-					if e := l.Do(func() { err = st.do(l, vas[p.r], p) }); e != nil {
-						err, laneOK = e, false // the lane's thread is gone
-					}
-					if err != nil {
-						// A driver call that failed may leave the lane's
-						// stream unusable; a damaged chunk does not.
-						if de := (*cuda.Error)(nil); errors.As(err, &de) {
-							laneOK = false
-						}
-						r := regions[p.r]
-						fail(fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
-						continue
-					}
-					if opts.Progress != nil {
-						opts.Progress(moved.Add(int64(p.n)))
-					}
+				lane := &laneRun{l: l, bufs: [2][]byte{l.Staging[:chunk], l.Staging[chunk : 2*chunk]}, vas: vas,
+					st: st, fail: failPiece, failed: failed, done: done}
+				lane.loop(work)
+				if lane.broken {
+					l.Close()
+				} else {
+					dev.ReleaseLane(l)
 				}
 			}()
 		}
@@ -204,14 +196,11 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 				if st.skip != nil {
 					skipped, err := st.skip(p)
 					if err != nil {
-						r := regions[p.r]
-						fail(fmt.Errorf("region %d (pid %d, 0x%x) chunk %d: %w", p.r, r.Pid, r.Address, p.index, err))
+						failPiece(p, err)
 						return
 					}
 					if skipped {
-						if opts.Progress != nil {
-							opts.Progress(moved.Add(int64(p.n)))
-						}
+						done(p)
 						continue
 					}
 				}
@@ -224,6 +213,112 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 		return err
 	}
 	return st.after(vas)
+}
+
+// laneRun is one lane's share of a run: the pieces it takes from the work
+// channel, two at a time in flight (one in its copy engine, one in its
+// thread's hands).
+type laneRun struct {
+	l      *cuda.Lane
+	bufs   [2][]byte
+	vas    []uint64
+	st     steps
+	fail   func(piece, error)
+	failed func() bool
+	done   func(piece)
+	// broken: a driver call failed (the lane's stream may be unusable) or
+	// the lane's thread is gone; the lane is closed, not kept.
+	broken bool
+}
+
+// gpuErr reports a driver error of piece p.
+func (lr *laneRun) gpuErr(p piece, err error) {
+	if de := (*cuda.Error)(nil); errors.As(err, &de) {
+		lr.broken = true
+	}
+	lr.fail(p, err)
+}
+
+// on runs f on the lane's thread.
+func (lr *laneRun) on(f func()) bool {
+	if err := lr.l.Do(f); err != nil {
+		lr.broken = true
+		return false
+	}
+	return true
+}
+
+// loop moves every piece it receives; after the first error anywhere it
+// only drains the channel. Piece i uses staging half i%2.
+func (lr *laneRun) loop(work <-chan piece) {
+	var prev piece
+	var have bool // prev is in flight (dump: its bytes are coming; load: they are going)
+	k := 0
+	for p := range work {
+		if lr.broken || lr.failed() {
+			continue // drain: the first error ends the job
+		}
+		buf := lr.bufs[k][:p.n]
+		ok := lr.on(func() {
+			if lr.st.fromGPU != nil {
+				// Queue p's copy, write prev meanwhile, then wait for p.
+				if err := lr.l.StartDtoH(buf, lr.vas[p.r]+p.off); err != nil {
+					lr.gpuErr(p, err)
+					return
+				}
+				if have {
+					if err := lr.st.fromGPU(prev, lr.bufs[1-k][:prev.n]); err != nil {
+						lr.fail(prev, err)
+					} else {
+						lr.done(prev)
+					}
+				}
+				if err := lr.l.Sync(); err != nil {
+					lr.gpuErr(p, err)
+				}
+				return
+			}
+			// Read p while prev's copy runs (its half is the other), wait
+			// for prev, then queue p's copy.
+			if err := lr.st.toGPU(p, buf); err != nil {
+				lr.fail(p, err)
+				return
+			}
+			if have {
+				if err := lr.l.Sync(); err != nil {
+					lr.gpuErr(prev, err)
+					return
+				}
+				lr.done(prev)
+			}
+			if err := lr.l.StartHtoD(lr.vas[p.r]+p.off, buf); err != nil {
+				lr.gpuErr(p, err)
+			}
+		})
+		if !ok {
+			lr.fail(p, errors.New("the copy lane's thread is gone"))
+			return
+		}
+		prev, have, k = p, true, 1-k
+	}
+	if !have || lr.broken || lr.failed() {
+		if have && !lr.broken {
+			lr.on(func() { _ = lr.l.Sync() }) // nothing may still read or write its staging
+		}
+		return
+	}
+	lr.on(func() {
+		if lr.st.fromGPU != nil {
+			if err := lr.st.fromGPU(prev, lr.bufs[1-k][:prev.n]); err != nil {
+				lr.fail(prev, err)
+				return
+			}
+		} else if err := lr.l.Sync(); err != nil {
+			lr.gpuErr(prev, err)
+			return
+		}
+		lr.done(prev)
+	})
 }
 
 // hashAll hashes every region's chunks on its GPU (helper/cuda.HashRanges),
@@ -297,18 +392,13 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 	var copied atomic.Int64
 	var copiedBytes atomic.Uint64
 	record := func(p piece) (bool, error) { return bws[p.r].RecordChunk(p.index, hashes[p.r][p.index]) }
-	err := run(regions, chunk, opts, steps{before: hash, skip: record, do: func(l *cuda.Lane, va uint64, p piece) error {
-		h := hashes[p.r][p.index]
-		buf := l.Staging[:p.n]
-		if err := l.DtoH(buf, va+p.off); err != nil {
-			return err
-		}
+	err := run(regions, chunk, opts, steps{before: hash, skip: record, fromGPU: func(p piece, buf []byte) error {
 		copied.Add(1)
 		copiedBytes.Add(uint64(p.n))
 		if opts.Copied != nil {
 			opts.Copied(int64(p.n))
 		}
-		return bws[p.r].WriteChunkHashed(p.index, buf, h)
+		return bws[p.r].WriteChunkHashed(p.index, buf, hashes[p.r][p.index])
 	}})
 	for _, hs := range hashes {
 		st.Chunks += len(hs)
@@ -369,14 +459,13 @@ func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 			return nil
 		}
 	}
-	return run(regions, chunk, opts, steps{after: check, do: func(l *cuda.Lane, va uint64, p piece) error {
-		buf := l.Staging[:p.n]
+	return run(regions, chunk, opts, steps{after: check, toGPU: func(p piece, buf []byte) error {
 		if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
 			return err
 		}
 		if opts.stagingFault != nil {
 			opts.stagingFault(p.r, p.index, buf)
 		}
-		return l.HtoD(va+p.off, buf)
+		return nil
 	}})
 }

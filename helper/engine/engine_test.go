@@ -38,9 +38,9 @@ func simDriver(t *testing.T) *cuda.Driver {
 // fill writes data into a region through a lane (test setup).
 func fill(t *testing.T, r Region, data []byte) {
 	t.Helper()
-	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, steps{do: func(l *cuda.Lane, va uint64, p piece) error {
-		copy(l.Staging, data[p.off:p.off+uint64(p.n)])
-		return l.HtoD(va+p.off, l.Staging[:p.n])
+	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, steps{toGPU: func(p piece, buf []byte) error {
+		copy(buf, data[p.off:p.off+uint64(p.n)])
+		return nil
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +49,8 @@ func fill(t *testing.T, r Region, data []byte) {
 func readBack(t *testing.T, r Region) []byte {
 	t.Helper()
 	out := make([]byte, r.Size)
-	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, steps{do: func(l *cuda.Lane, va uint64, p piece) error {
-		if err := l.DtoH(l.Staging[:p.n], va+p.off); err != nil {
-			return err
-		}
-		copy(out[p.off:], l.Staging[:p.n])
+	if err := run([]Region{r}, 1<<20, Options{Lanes: 2}, steps{fromGPU: func(p piece, buf []byte) error {
+		copy(out[p.off:], buf)
 		return nil
 	}}); err != nil {
 		t.Fatal(err)

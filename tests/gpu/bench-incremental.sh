@@ -15,7 +15,7 @@
 # bytes copied over PCIe and the time hashing on the GPU; the PCIe floor of
 # the same call, and what copying just the changed bytes at that floor
 # would take. BASE_PREFIX (optional, a directory holding bin/gpucr) runs the
-# 8 GB case with that build too, as the baseline.
+# sizes in BASE_GB (default 8) with that build too, as the baseline.
 # IMG_ROOT (default /dev/shm) is where the images go: a tmpfs mounted with
 # huge=always writes new chunk files 2.5x faster than one without (measured
 # on the CI machine), e.g. mount -t tmpfs -o huge=always,size=80g tmpfs DIR.
@@ -115,6 +115,10 @@ one() { # one BUILD-NAME PREFIX GB
 for gb in $SIZES; do
 	one new "$NEW" "$gb"
 done
-[ -n "$BASE" ] && one base "$BASE" 8
+if [ -n "$BASE" ]; then
+	for gb in ${BASE_GB:-8}; do
+		one base "$BASE" "$gb"
+	done
+fi
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/incremental-summary.txt" && tar -czf "$OUT/incremental-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
 exit $fail

@@ -24,7 +24,7 @@ note() { echo "$*" | tee -a "$LOGS/summary.txt"; }
 
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 for d in $DIRS; do
-	fs=$(findmnt -no FSTYPE -T "$d")
+	fs=$(stat -f -c %T "$d")
 	ways=files,falloc,big,bigfalloc,writev,mmap
 	[ "$fs" != tmpfs ] && ways=files,big,direct
 	note ""
