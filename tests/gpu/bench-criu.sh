@@ -60,6 +60,7 @@ start_helper() {
 	for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 }
 trap 'kill $HELPER 2>/dev/null; pkill -f "$A/work.py" 2>/dev/null; rm -rf "$IMG"' EXIT
+trap 'exit 143' TERM INT
 
 # gpu FIELD FILE: a number from the "gpu" object of a --json report.
 gpu() { $PY -c "import json,sys; l=[x for x in open(sys.argv[2]) if x.startswith('{')]; g=(json.loads(l[-1]) if l else {}).get('gpu') or {}; print(g.get(sys.argv[1], 0))" "$1" "$2"; }

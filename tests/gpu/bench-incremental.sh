@@ -35,6 +35,17 @@ PY=${PYTHON:-python3}
 mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
+# A run cut short (timeout sends TERM) must not leave its helper and GPU
+# workload holding the GPU's memory for whatever the caller runs next.
+IMGS=()
+cleanup() {
+	local j
+	for j in $(jobs -p); do kill -9 "$j" 2>/dev/null; done
+	wait 2>/dev/null
+	[ ${#IMGS[@]} -gt 0 ] && rm -rf "${IMGS[@]}"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
 
 pcie_floor
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3); images in ${IMG_ROOT:-/dev/shm} ($(findmnt -no FSTYPE,OPTIONS -T "${IMG_ROOT:-/dev/shm}" 2>/dev/null))"
@@ -72,6 +83,7 @@ one() { # one BUILD-NAME PREFIX GB
 	local G=$pre/bin/gpucr L=$LOGS/$name-$gb IMG=${IMG_ROOT:-/dev/shm}/gpucr-incr-$name-$gb
 	mkdir -p "$L"
 	rm -rf "$IMG"
+	IMGS+=("$IMG")
 	local SOCK
 	SOCK=$(mktemp -u /tmp/gpucr-incr.XXXXXX.sock)
 	"$G" helper --socket "$SOCK" --log-level info >"$L/helper.log" 2>&1 &
