@@ -28,6 +28,8 @@ APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
+# Measuring tools for the GPU machine, static for the same reason as imagebench.
+TOOLS      := $(BUILD)/bin/filebench $(BUILD)/bin/fatbinscan
 # The C side of the protocol (protocol/c): the generated messages, the framing
 # and the round trip; the interposer and the CRIU plugin both link it.
 PROTO_C_SRC := protocol/c/helper.pb-c.c protocol/c/wire.c
@@ -41,7 +43,7 @@ INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench intercept clean demo test deps gpu-apps fmt vet proto plugin install fmt-c lint-c
+.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install fmt-c lint-c
 
 all: gpucr imagebench sim apps $(DRVTEST) intercept plugin
 
@@ -49,6 +51,7 @@ sim: $(SIM_LIB)
 apps: $(APPS)
 gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
+tools: $(TOOLS)
 intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
@@ -143,6 +146,14 @@ $(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 $(IMAGEBENCH): $(GO_SRC)
 	@mkdir -p $(@D)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./image/cmd/imagebench
+
+$(BUILD)/bin/filebench: $(GO_SRC)
+	@mkdir -p $(@D)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./image/cmd/filebench
+
+$(BUILD)/bin/fatbinscan: $(GO_SRC)
+	@mkdir -p $(@D)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $@ ./ptx/cmd/fatbinscan
 
 deps:
 	bash scripts/install-deps.sh

@@ -97,8 +97,8 @@ type Device struct {
 
 	// The helper's own view of each allocation it has copied (Map), kept
 	// until the allocation is released: making and dropping the views of
-	// 128 buffers cost every checkpoint tens of milliseconds, more than
-	// hashing 32 GB on the GPU.
+	// 128 buffers on every checkpoint took an unchanged 32 GB checkpoint
+	// from 25 ms to 40 ms on the H100 host, more than hashing those 32 GB.
 	viewMu sync.Mutex
 	views  map[Handle]view
 

@@ -4,7 +4,7 @@
 #
 #   bash tests/gpu/bench-store.sh TOOLS_DIR [DIR...]
 #
-# TOOLS_DIR holds filebench (CGO_ENABLED=0 go build ./image/cmd/filebench).
+# TOOLS_DIR holds filebench (`make tools` puts it in build/bin, static).
 # For each DIR (default /dev/shm): filebench's table (one file per chunk as
 # images store them, with fallocate, one file per thread, pwritev, mmap,
 # O_DIRECT where the file system takes it) at 4, 8 and 16 threads, and for
