@@ -68,6 +68,9 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.uid, cl.program = c.cred.Uid, h.Program
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
+		if s.cfg.Fault == "stall-reattach" {
+			stallReattach(c, cl)
+		}
 	} else {
 		cl = s.register(c.cred.Pid, c.cred.Uid, h.Program)
 	}
@@ -228,6 +231,20 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 	return okResp(id)
 }
 
+// stallReattach is the injected fault "stall-reattach", for the tests of a
+// process that goes while it reattaches (JAX's crashed inside the driver
+// there on the GPU machine): the Hello reply waits, up to a minute, until
+// the process closes its calls connection.
+func stallReattach(c *conn, cl *client) {
+	cl.log.Warn("injected fault: stalling the reattach (GPUCR_FAULT=stall-reattach)")
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if c.peerClosed() {
+			cl.log.Warn("injected fault: the client closed its connection; the stall ends")
+			return
+		}
+	}
+}
+
 // dropClient forgets a client whose calls connection closed and releases
 // every allocation it had; one detaching for a dump is parked instead.
 func (s *Server) dropClient(cl *client) {
@@ -246,6 +263,18 @@ func (s *Server) dropClient(cl *client) {
 	n, bytes, failed := s.freeAllocs(cl)
 	cl.log.Info("client gone; its allocations released", zap.Int("allocations", n),
 		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
+	// A restored process that goes before it has its GPU memory back (it
+	// crashed or was killed while reattaching) fails its restore now: the
+	// one waiting for the restore learns it at once, not at its deadline.
+	if out := cl.takeOutcomes(); out != nil {
+		cl.mu.Lock()
+		pid := cl.pid
+		cl.mu.Unlock()
+		cl.log.Error("restored process went before it got its GPU memory back")
+		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED,
+			"it exited or was killed before it got its GPU memory back (its connection to the helper closed); "+
+				"its own output and the kernel log (a crash) say why")
+	}
 }
 
 // release gives back every allocation of a client that waited for its

@@ -61,7 +61,9 @@ type Config struct {
 	// undone), or "stall-copy": a checkpoint waits a minute before its copy,
 	// or until its requester closes the connection (tests kill the helper,
 	// or CRIU, there). "STEP@N": only in the helper's N-th checkpoint (the
-	// second process of a dumped tree, say).
+	// second process of a dumped tree, say). "stall-reattach": the reply to
+	// a reattaching process waits until it closes its connection (tests
+	// kill it there).
 	Fault string
 	// Limits bound what the socket's users can make the helper hold
 	// (limits.go); zero fields take the defaults.
