@@ -20,6 +20,7 @@ import (
 	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/daemon"
+	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/inventory"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -116,15 +117,15 @@ func runHelper(c *ucli.Context) error {
 	} else {
 		defer drv.Close()
 		cfg.Devices = daemon.CUDADevices(drv)
-		// The copy engines' lanes (a thread, a stream and 4 MiB of pinned
-		// staging each; GOMAXPROCS per device) start now rather than in
-		// the first checkpoint or restore.
+		// The copy engines' lanes (a thread, a stream and pinned staging
+		// for two chunks each; GOMAXPROCS per device) start now rather than
+		// in the first checkpoint or restore.
 		// gpucr's own kernels (the chunk hash) are loaded now too: the
 		// driver compiles their PTX: on the H200 the first checkpoint hashed
 		// 8 GB in 170 ms with it, later ones in 13 ms.
 		for _, d := range drv.Devices {
 			go func() {
-				if err := d.WarmLanes(runtime.GOMAXPROCS(0), image.DefaultChunkSize); err != nil {
+				if err := d.WarmLanes(runtime.GOMAXPROCS(0), engine.LaneStaging(image.DefaultChunkSize)); err != nil {
 					log.Warn("starting copy lanes", zap.Int("device", d.Ordinal), zap.Error(err))
 				}
 				if err := d.LoadKernels(); err != nil {

@@ -66,6 +66,12 @@ type Options struct {
 	stagingFault func(r, chunk int, buf []byte)
 }
 
+// LaneStaging is the pinned staging a copy lane needs for chunks of chunk
+// bytes: two chunks, one crossing PCIe while the lane's thread works on the
+// other (run). The helper starts its lanes with this much, so that the
+// first checkpoint finds them ready.
+func LaneStaging(chunk int) int { return 2 * chunk }
+
 func (o Options) lanes() int {
 	if o.Lanes > 0 {
 		return o.Lanes
@@ -165,7 +171,7 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 	for dev, ps := range pieces(regions, chunk) {
 		work := make(chan piece)
 		for range min(opts.lanes(), len(ps)) {
-			l, err := dev.AcquireLane(2 * chunk)
+			l, err := dev.AcquireLane(LaneStaging(chunk))
 			if err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Errorf("device %s: %w", dev.UUID, err))

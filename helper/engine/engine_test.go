@@ -349,3 +349,33 @@ func TestLoadChecksChunksOnTheGPU(t *testing.T) {
 		t.Errorf("the damage was not found by the GPU's check: %v", err)
 	}
 }
+
+// TestRunUsesWarmLanes: lanes started ahead with LaneStaging (as the helper
+// does at start) are the ones a copy takes: it starts none of its own, so
+// the first checkpoint pays for no thread, stream or pinned buffer.
+func TestRunUsesWarmLanes(t *testing.T) {
+	d := simDriver(t)
+	dev := d.Devices[0]
+	const chunk = 1 << 20
+	if err := dev.WarmLanes(3, LaneStaging(chunk)); err != nil {
+		t.Fatal(err)
+	}
+	idle := dev.IdleLanes()
+	r := newRegion(t, dev, 4, 0x7000000000)
+	data := make([]byte, r.Size)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	if err := run([]Region{r}, chunk, Options{Lanes: 3}, steps{toGPU: func(p piece, buf []byte) error {
+		copy(buf, data[p.off:p.off+uint64(p.n)])
+		return nil
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := dev.IdleLanes(); got != idle {
+		t.Fatalf("%d idle lanes after a copy, %d before: the copy started lanes of its own", got, idle)
+	}
+	if !bytes.Equal(readBack(t, r), data) {
+		t.Fatal("bytes read back differ")
+	}
+}
