@@ -5,15 +5,17 @@
 // kernel, helper/cuda.HashRanges): a chunk the image has already (zero,
 // equal to another, or in the parent chain) is recorded by its hash and
 // never crosses PCIe. Each device gets several lanes (helper/cuda.Lane: a
-// thread, a stream and a pinned staging buffer of one chunk). A lane copies
-// one new chunk device-to-host into its staging buffer and hands exactly
-// that buffer, with its hash, to image.BufferWriter.WriteChunkHashed, which
-// writes it before the lane takes the next chunk; with several lanes, the
-// DMA of some chunks overlaps with the writing of others, and no byte is
-// copied in host memory twice. Restore is the mirror: image.BufferReader.ReadAt
-// straight into the staging buffer, then host-to-device; once every chunk
-// is on the GPU it is hashed there and compared with the image (for images
-// whose hash the GPU computes; older ones are checked by the reader).
+// thread, a stream and pinned staging for two chunks). A lane copies one
+// new chunk device-to-host into one half of its staging while its thread
+// hands the chunk before it, in the other half, with its hash, to
+// image.BufferWriter.WriteChunkHashed, which writes it to the image: the
+// lane's DMA and its file I/O overlap, and no byte is copied in host memory
+// twice. Restore is the mirror: image.BufferReader.ReadAt straight into one
+// half while the other goes host-to-device; once every chunk is on the GPU
+// it is hashed there and compared with the image (for images whose hash the
+// GPU computes; older ones are checked by the reader). The helper reaches
+// the memory through its own view of each allocation, kept from the first
+// copy until the allocation is released.
 package engine
 
 import (
