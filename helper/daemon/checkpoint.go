@@ -227,11 +227,8 @@ func (r *checkpointRun) quiesceDrain() *stepError {
 // killed), as a long copy would end, and the checkpoint goes on.
 func (r *checkpointRun) stall() {
 	r.log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
-	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if r.requester.peerClosed() {
-			r.log.Warn("injected fault: the requester closed its connection; the stall ends")
-			break
-		}
+	if r.requester.waitPeerClosed(time.Minute) {
+		r.log.Warn("injected fault: the requester closed its connection; the stall ends")
 	}
 }
 

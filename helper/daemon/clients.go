@@ -237,11 +237,8 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 // the process closes its calls connection.
 func stallReattach(c *conn, cl *client) {
 	cl.log.Warn("injected fault: stalling the reattach (GPUCR_FAULT=stall-reattach)")
-	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if c.peerClosed() {
-			cl.log.Warn("injected fault: the client closed its connection; the stall ends")
-			return
-		}
+	if c.waitPeerClosed(time.Minute) {
+		cl.log.Warn("injected fault: the client closed its connection; the stall ends")
 	}
 }
 

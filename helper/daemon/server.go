@@ -404,6 +404,19 @@ func (c *conn) peerClosed() bool {
 	return closed
 }
 
+// waitPeerClosed polls peerClosed every 50 ms until c's peer has closed
+// the connection (true) or limit has passed (false): the injected stalls
+// end early this way, as the real work they stand for would. peerClosed's
+// condition holds: nothing reads c meanwhile.
+func (c *conn) waitPeerClosed(limit time.Duration) bool {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if c.peerClosed() {
+			return true
+		}
+	}
+	return false
+}
+
 // next reads the next request. nil: the connection is done (closed, or a
 // bad frame that was answered).
 func (c *conn) next() *helperpb.Request {
