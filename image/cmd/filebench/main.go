@@ -252,12 +252,7 @@ func writeWay(cfg config, way, dir string, t int, mine []int, buf []byte) error 
 			if err != nil {
 				return err
 			}
-			var iov [][]byte
-			for k := g; k < min(g+4, len(mine)); k++ {
-				o := (k - g) * cfg.chunk
-				iov = append(iov, buf[o:o+cfg.chunk])
-			}
-			_, err = unix.Pwritev(int(f.Fd()), iov, 0)
+			_, err = unix.Pwritev(int(f.Fd()), groupIOV(buf, cfg.chunk, len(mine)-g), 0)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
@@ -322,12 +317,7 @@ func readWay(cfg config, way, dir string, t int, mine []int, buf []byte) error {
 			if err != nil {
 				return err
 			}
-			var iov [][]byte
-			for k := g; k < min(g+4, len(mine)); k++ {
-				o := (k - g) * cfg.chunk
-				iov = append(iov, buf[o:o+cfg.chunk])
-			}
-			_, err = unix.Preadv(int(f.Fd()), iov, 0)
+			_, err = unix.Preadv(int(f.Fd()), groupIOV(buf, cfg.chunk, len(mine)-g), 0)
 			f.Close()
 			if err != nil {
 				return err
@@ -336,6 +326,16 @@ func readWay(cfg config, way, dir string, t int, mine []int, buf []byte) error {
 		return nil
 	}
 	return fmt.Errorf("unknown way %q", way)
+}
+
+// groupIOV is the vector of one writev group: up to 4 chunks (fewer when
+// only left remain) from consecutive chunk-sized pieces of buf.
+func groupIOV(buf []byte, chunk, left int) [][]byte {
+	var iov [][]byte
+	for k := range min(4, left) {
+		iov = append(iov, buf[k*chunk:(k+1)*chunk])
+	}
+	return iov
 }
 
 func parallel(n int, f func(int) error) error {
