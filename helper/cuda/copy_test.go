@@ -14,15 +14,7 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 	d := loadSim(t)
 	dev := d.Devices[0]
 	size := 4 * dev.Granularity
-	h, err := dev.Create(size, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Release(h)
-	va, err := dev.Map(h, size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, va := mappedAlloc(t, dev, size)
 
 	const chunk = 1 << 20
 	want := make([]byte, size)
@@ -32,6 +24,7 @@ func TestLanesCopyThroughHelperView(t *testing.T) {
 	}
 	lanes := make([]*Lane, 3)
 	for i := range lanes {
+		var err error
 		if lanes[i], err = dev.NewLane(chunk); err != nil {
 			t.Fatal(err)
 		}

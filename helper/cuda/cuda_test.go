@@ -26,6 +26,22 @@ func simDriver(t *testing.T) string {
 // loadSim loads the simulated driver with two devices of 64 MiB (cuInit
 // reads the settings once per process, so every test asks for the same)
 // and closes it when the test ends.
+// mappedAlloc makes size bytes of device memory on dev and the helper's
+// view of them (Map); the allocation is released when the test ends.
+func mappedAlloc(t *testing.T, dev *Device, size uint64) (Handle, uint64) {
+	t.Helper()
+	h, err := dev.Create(size, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dev.Release(h) })
+	va, err := dev.Map(h, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, va
+}
+
 func loadSim(t *testing.T) *Driver {
 	t.Helper()
 	lib := simDriver(t)

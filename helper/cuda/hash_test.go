@@ -14,15 +14,7 @@ func TestHashChunksMatchesDefinition(t *testing.T) {
 	d := loadSim(t)
 	dev := d.Devices[1]
 	size := 4 * dev.Granularity
-	h, err := dev.Create(size, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Release(h)
-	va, err := dev.Map(h, size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, va := mappedAlloc(t, dev, size)
 	data := make([]byte, size)
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := range data {
