@@ -199,18 +199,18 @@ func (l *Lane) Do(f func()) error {
 // DtoH copies len(dst) bytes at device address src into dst (pinned memory,
 // usually the lane's Staging) on the lane's stream and waits for it.
 func (l *Lane) DtoH(dst []byte, src uint64) error {
-	if len(dst) == 0 {
-		return nil
+	if err := l.StartDtoH(dst, src); err != nil {
+		return err
 	}
-	return check("cuMemcpyDtoHAsync", C.gs_dtoh(unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), C.size_t(len(dst)), l.stream))
+	return l.Sync()
 }
 
 // HtoD copies src to device address dst on the lane's stream and waits.
 func (l *Lane) HtoD(dst uint64, src []byte) error {
-	if len(src) == 0 {
-		return nil
+	if err := l.StartHtoD(dst, src); err != nil {
+		return err
 	}
-	return check("cuMemcpyHtoDAsync", C.gs_htod(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), l.stream))
+	return l.Sync()
 }
 
 // StartDtoH queues a copy of len(dst) bytes at device address src into dst
