@@ -304,8 +304,10 @@ func (lr *laneRun) loop(work <-chan piece) {
 			}
 		})
 		if !ok {
+			// Keep draining (broken is set): the feeder must not block on
+			// a channel no lane reads.
 			lr.fail(p, errors.New("the copy lane's thread is gone"))
-			return
+			continue
 		}
 		prev, have, k = p, true, 1-k
 	}
