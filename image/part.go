@@ -114,8 +114,9 @@ func (w *Writer) removeParts() {
 // OpenProcessPart opens the part of process pid that a write into dir sealed
 // and has not committed (nor aborted) yet. Its chunks are read as an
 // image's; what it holds is checked like a manifest. Like Open, it follows
-// symlinks on the path to dir and none beneath it.
-func OpenProcessPart(dir string, pid int) (*Image, error) {
+// symlinks on the path to dir and none beneath it. own, if set, must own
+// the image and its chain (ErrOwner).
+func OpenProcessPart(dir string, pid int, own *Owner) (*Image, error) {
 	rel := partsName + "/" + partName(pid)
 	real, err := realDir(dir)
 	if err != nil {
@@ -125,12 +126,12 @@ func OpenProcessPart(dir string, pid int) (*Image, error) {
 	if err != nil {
 		return nil, &ManifestError{File: real, Err: err}
 	}
-	g, err := openSubDir(top, nil)
+	g, err := openSubDir(top, own)
 	top.close()
 	if err != nil {
 		return nil, err
 	}
-	m, err := loadManifestFile(g, rel, nil)
+	m, err := loadManifestFile(g, rel, own)
 	if err != nil {
 		g.close()
 		if errors.Is(err, fs.ErrNotExist) {
@@ -142,5 +143,5 @@ func OpenProcessPart(dir string, pid int) (*Image, error) {
 		g.close()
 		return nil, &ManifestError{File: g.join(rel), Err: corruptf("a part of pid %d that is not that process's alone", pid)}
 	}
-	return imageFrom(real, g, dir, m, ReadOptions{}, nil)
+	return imageFrom(real, g, dir, m, ReadOptions{Owner: own}, own)
 }

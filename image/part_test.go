@@ -60,7 +60,7 @@ func TestProcessParts(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			im, err := OpenProcessPart(dir, 100)
+			im, err := OpenProcessPart(dir, 100, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,7 +77,7 @@ func TestProcessParts(t *testing.T) {
 			if err != nil || !bytes.Equal(got, a) {
 				t.Fatalf("part's buffer reads back %d bytes (%v), want the %d written", len(got), err, len(a))
 			}
-			if _, err := OpenProcessPart(dir, 300); !errors.Is(err, fs.ErrNotExist) {
+			if _, err := OpenProcessPart(dir, 300, nil); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("part of a process never sealed: %v", err)
 			}
 			if end == "commit" {

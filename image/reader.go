@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -28,6 +29,10 @@ type ReadOptions struct {
 	// checked here as always. A compressed chunk's CRC32C is checked
 	// either way, before its bytes reach the decoder.
 	HashCheckedByCaller bool
+	// Owner, if set, must own every image of the chain (its gpucr/ and
+	// manifest): an image of another user is refused with ErrOwner. nil:
+	// any owner (the kernel's permission checks are the rule).
+	Owner *Owner
 }
 
 // Image is a committed image opened for reading. Its methods are safe for
@@ -56,7 +61,7 @@ func Open(dir string) (*Image, error) { return OpenWith(dir, ReadOptions{}) }
 
 // OpenWith is Open with reader options.
 func OpenWith(dir string, opts ReadOptions) (*Image, error) {
-	return openImage(dir, opts, false, nil)
+	return openImage(dir, opts, false, opts.Owner)
 }
 
 // OpenAt is Open of the image directory d is open on (a descriptor another
@@ -67,7 +72,7 @@ func OpenAt(d *os.File, opts ReadOptions) (*Image, error) {
 	if err != nil {
 		return nil, &ManifestError{File: manifestPath(fdPath(d)), Err: err}
 	}
-	return openFrom(top, top.path, opts, false, nil)
+	return openFrom(top, top.path, opts, false, opts.Owner)
 }
 
 // openImage opens dir; allowPruned lets gc look at pruned images; own, if
@@ -122,6 +127,19 @@ func imageFrom(real string, g *fsDir, name string, m *imagepb.Manifest, opts Rea
 	cs := int(m.GetChunkSize())
 	im.pool.New = func() any { b := make([]byte, cs); return &b }
 	return im, nil
+}
+
+// OwnerUID is the uid its DIR/gpucr belongs to: whose image it is.
+func (im *Image) OwnerUID() (uint32, error) {
+	fi, err := im.gdirs[0].f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, fmt.Errorf("%s: no owner known", im.gdirs[0].path)
+	}
+	return st.Uid, nil
 }
 
 // Close releases the directories the image holds open. Readers of it must

@@ -38,6 +38,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 )
 
@@ -49,8 +50,14 @@ type detachState struct {
 	Pid       int32  `json:"pid"`
 	StartTime uint64 `json:"start_time"` // /proc/PID/stat field 22: tells a reused pid apart
 	NsPid     int32  `json:"ns_pid,omitempty"`
-	ImageDir  string `json:"image_dir"`
-	ImageID   []byte `json:"image_id"` // the image its dump writes; an older one in ImageDir is not it
+	// UID is the process's (the client's) uid: a process of another uid
+	// is not it. Its adopted memory counts against that uid's limit.
+	UID uint32 `json:"uid"`
+	// ImageOwner is the uid the image belongs to (the checkpoint's
+	// requester): root's, or the process's own uid.
+	ImageOwner uint32 `json:"image_owner"`
+	ImageDir   string `json:"image_dir"`
+	ImageID    []byte `json:"image_id"` // the image its dump writes; an older one in ImageDir is not it
 }
 
 func (s *Server) sockDir() string   { return filepath.Dir(s.cfg.Socket) }
@@ -60,13 +67,18 @@ func (s *Server) statePath(pid int32) string {
 	return filepath.Join(s.stateDir(), strconv.Itoa(int(pid))+".json")
 }
 
-// saveDetachState records that pid is about to detach for a dump into dir.
-func (s *Server) saveDetachState(pid int32, dir string, id []byte) error {
-	ps, err := procStat(pid)
-	if err != nil {
+// saveDetachState records that cl's process is about to give its memory up
+// to the image id in dir, which owner (the checkpoint's requester) owns.
+func (s *Server) saveDetachState(cl *client, owner uint32, dir string, id []byte) error {
+	cl.mu.Lock()
+	p, uid := cl.proc, cl.uid
+	cl.mu.Unlock()
+	if err := p.Check(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(detachState{Pid: pid, StartTime: ps.start, NsPid: nsPid(pid), ImageDir: resolvedDir(dir), ImageID: id})
+	pid := p.Pid()
+	b, err := json.Marshal(detachState{Pid: pid, StartTime: p.Start(), NsPid: proc.NsPid(pid), UID: uid, ImageOwner: owner,
+		ImageDir: resolvedDir(dir), ImageID: id})
 	if err != nil {
 		return err
 	}
@@ -121,18 +133,35 @@ func (s *Server) adoptOrphans() {
 			_ = os.Remove(f)
 			continue
 		}
-		if ps, err := procStat(st.Pid); err != nil || ps.start != st.StartTime || !ps.alive() {
+		log := s.log.With(zap.Int32("pid", st.Pid), zap.String("image", st.ImageDir))
+		p, err := proc.OpenStarted(st.Pid, st.StartTime)
+		if err != nil {
 			_ = os.Remove(f) // that process is gone
 			continue
 		}
-		log := s.log.With(zap.Int32("pid", st.Pid), zap.String("image", st.ImageDir))
-		if err := s.adopt(st); err != nil {
+		if p.UID() != st.UID || (st.ImageOwner != 0 && st.ImageOwner != st.UID) {
+			// Not the process that detached (or a state file no
+			// checkpoint writes): it is left alone, and told nothing.
+			log.Warn("a detach state file does not match the process with its pid; removed, the process left alone",
+				zap.Uint32("process_uid", p.UID()), zap.Uint32("recorded_uid", st.UID), zap.Uint32("image_owner", st.ImageOwner))
+			p.Close()
+			_ = os.Remove(f)
+			continue
+		}
+		err = s.adopt(st, p)
+		switch {
+		case errors.Is(err, image.ErrOwner):
+			// An image of another user than the one recorded: no
+			// checkpoint of this process wrote it, so this process is
+			// not the one that detached. It is left alone.
+			log.Warn("a detach state file names an image of another owner; removed, the process left alone", zap.Error(err))
+		case err != nil:
 			log.Error("a process detached by a helper that died has lost its GPU state", zap.Error(err))
 			msg := fmt.Sprintf("lost: the gpucr helper that held this process's GPU memory died during a checkpoint, and %v\n", err)
 			if werr := s.wakeWith(st.Pid, msg); werr != nil {
 				log.Error("cannot tell the process", zap.Error(werr))
 			}
-		} else {
+		default:
 			log.Info("adopted a process a dead helper held the GPU memory of: loaded from its image")
 		}
 		_ = os.Remove(f)
@@ -145,19 +174,20 @@ func (s *Server) adoptOrphans() {
 // up. An image of another checkpoint (an older one in the same directory) is
 // never taken for it.
 func adoptionImage(st detachState) (*image.Image, error) {
-	im, err := image.Open(st.ImageDir)
+	own := &image.Owner{UID: int(st.ImageOwner)}
+	im, err := image.OpenWith(st.ImageDir, image.ReadOptions{Owner: own})
 	if err == nil && !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
 		_ = im.Close()
 		im, err = nil, fmt.Errorf("the image there is another one")
 	}
 	if err != nil {
-		part, perr := image.OpenProcessPart(st.ImageDir, int(st.Pid))
+		part, perr := image.OpenProcessPart(st.ImageDir, int(st.Pid), own)
 		if perr == nil && !bytes.Equal(part.Manifest().GetImageId(), st.ImageID) {
 			_ = part.Close()
 			perr = fmt.Errorf("it is another checkpoint's")
 		}
 		if perr != nil {
-			return nil, fmt.Errorf("its checkpoint left neither a committed GPU image in %s (%v) nor its part of one (%v)",
+			return nil, fmt.Errorf("its checkpoint left neither a committed GPU image in %s (%w) nor its part of one (%w)",
 				st.ImageDir, err, perr)
 		}
 		im = part
@@ -169,26 +199,39 @@ func adoptionImage(st detachState) (*image.Image, error) {
 	return im, nil
 }
 
-// adopt loads pid's buffers from the image its dump committed into new
-// memory and wakes it; it then comes back as a restored process does.
-func (s *Server) adopt(st detachState) error {
+// adopt loads the buffers of p (the process st records) from the image its
+// dump committed into new memory and wakes it; it then comes back as a
+// restored process does. The memory counts against the process's uid's
+// limit, and is refused past it.
+func (s *Server) adopt(st detachState, p *proc.Process) error {
 	im, err := adoptionImage(st)
 	if err != nil {
+		p.Close()
 		return err
 	}
-	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid))
-	if e != nil {
+	release, err := s.reserveGPUFor(st.UID, imageBytes(im, int(st.Pid)), "its GPU memory")
+	if err != nil {
 		_ = im.Close()
+		p.Close()
+		return err
+	}
+	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid), st.UID)
+	if e != nil {
+		release()
+		_ = im.Close()
+		p.Close()
 		return errors.New(e.Message)
 	}
 	s.trackPlan(plan)
+	release()
 	defer s.dropUnrestored([]*restorePlan{plan})
 	s.runLoad(plan)
 	cl := plan.clients[0]
 	if plan.load.err != nil {
+		p.Close()
 		return fmt.Errorf("loading its GPU image failed: %w", plan.load.err)
 	}
-	if err := s.parkRestored(cl, st.Pid, st.StartTime); err != nil {
+	if err := s.parkRestored(cl, p); err != nil {
 		s.release(cl)
 		return err
 	}

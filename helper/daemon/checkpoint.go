@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -270,7 +271,7 @@ func (r *checkpointRun) openImage() *stepError {
 		return stepFailed(imageErrCode(err), "image: %v", err)
 	}
 	r.w = w
-	if err := w.AddProcess(int(r.cl.pid), int(nsPid(r.cl.pid))); err != nil {
+	if err := w.AddProcess(int(r.cl.pid), int(proc.NsPid(r.cl.pid))); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	return nil
@@ -311,7 +312,7 @@ func (r *checkpointRun) drop() *stepError {
 	pid := r.cl.pid
 	_ = os.Remove(r.s.wakePath(pid))
 	r.wake = r.s.wakeName(pid)
-	if err := r.s.saveDetachState(pid, r.w.Dir(), r.w.ID()); err != nil {
+	if err := r.s.saveDetachState(r.cl, r.requester.cred.Uid, r.w.Dir(), r.w.ID()); err != nil {
 		r.log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
 	}
 	r.undos = append(r.undos, undo{"forget the recorded process", func() error { r.s.dropDetachState(pid); return nil }})
@@ -359,23 +360,30 @@ func (r *checkpointRun) detach() *stepError {
 // driverCheckpoint locks the process in the driver and checkpoints its
 // residual context (it is quiesced, drained and dropped by now), adding the
 // undo of each step that succeeded.
+//
+// The driver names processes by pid: before each call the client's process
+// must still run (livePid), so that no call reaches a process that took its
+// pid since.
 func (r *checkpointRun) driverCheckpoint() *stepError {
-	pid := int(r.cl.pid)
 	if r.s.faultAt("driver-lock", r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
+	}
+	pid, err := r.cl.livePid()
+	if err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_NOT_FOUND, "driver lock: %v", err)
 	}
 	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
 	}
-	r.undos = append(r.undos, undo{"driver unlock", func() error { return cuda.CheckpointUnlock(pid) }})
+	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(cuda.CheckpointUnlock) }})
 	r.ph.done("driver-lock")
 	if r.s.faultAt("driver-checkpoint", r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
-	if err := cuda.CheckpointCheckpoint(pid); err != nil {
+	if err := r.cl.onLive(cuda.CheckpointCheckpoint); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
 	}
-	r.undos = append(r.undos, undo{"driver restore", func() error { return cuda.CheckpointRestore(pid) }})
+	r.undos = append(r.undos, undo{"driver restore", func() error { return r.cl.onLive(cuda.CheckpointRestore) }})
 	r.ph.done("driver-checkpoint")
 	return nil
 }
@@ -421,7 +429,11 @@ func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeChec
 	if refused != nil {
 		return refused
 	}
-	state, err := cuda.CheckpointState(int(cl.pid))
+	pid, err := cl.livePid()
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "pid %d: %v", cl.pid, err)
+	}
+	state, err := cuda.CheckpointState(pid)
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", cl.pid, err)
 	}
@@ -457,7 +469,7 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 			return nil, fmt.Errorf("allocation %d is not mapped", a.AllocId)
 		}
 		out = append(out, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(al.handle), Size: al.size,
-			Pid: int(cl.pid), NsPid: int(nsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags})
+			Pid: int(cl.pid), NsPid: int(proc.NsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags})
 	}
 	return out, nil
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -24,7 +25,13 @@ import (
 // client is one application process: its calls connection, allocations and
 // control connection, and where it is in its lifecycle.
 type client struct {
-	pid     int32
+	pid int32
+	// proc is its process, held (nil for a prepared client, which has
+	// none yet): every action on the process checks it first (livePid),
+	// and a connected client whose process exits is dropped at once
+	// (watchProcess). Set when the client is made or parked as a restored
+	// process, under mu; closed when it is gone.
+	proc    *proc.Process
 	uid     uint32
 	program string
 	token   uint64
@@ -56,10 +63,20 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_UNAVAILABLE, "helper has no GPU: %s", s.cfg.Unavailable), nil)
 		return
 	}
+	// A client is the process that connected, not its pid: one that is
+	// gone already is not registered (its pid may name another process).
+	p, err := c.takePeer()
+	if err != nil {
+		c.log.Info("calls connection of a process that is gone", zap.Error(err))
+		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_NOT_FOUND, "the connecting process (pid %d) cannot be held: %v",
+			c.cred.Pid, err), nil)
+		return
+	}
 	var cl *client
 	if h.ClientToken != 0 {
 		// A detached or restored process coming back.
-		if cl = s.reattach(c.cred.Pid, h.ClientToken); cl == nil {
+		if cl = s.reattach(p, h.ClientToken); cl == nil {
+			p.Close()
 			_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_NOT_FOUND,
 				"no detached or restored process with pid %d and this token", c.cred.Pid), nil)
 			return
@@ -72,12 +89,14 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			stallReattach(c, cl)
 		}
 	} else {
-		cl = s.register(c.cred.Pid, c.cred.Uid, h.Program)
+		cl = s.register(p, c.cred.Uid, h.Program)
 	}
 	c.log = cl.log
 	cl.mu.Lock()
 	cl.calls = c
 	cl.mu.Unlock()
+	served := make(chan struct{})
+	defer close(served)
 	defer func() {
 		cl.mu.Lock()
 		if cl.calls == c {
@@ -86,6 +105,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.mu.Unlock()
 	}()
 	defer s.dropClient(cl)
+	go s.watchProcess(cl, served)
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -242,6 +262,45 @@ func stallReattach(c *conn, cl *client) {
 	}
 }
 
+// watchProcess drops a connected client whose process exits: its
+// connections are hung up, which ends its calls connection (and so the
+// client) even where another process still holds that socket. Until then,
+// nothing done for the client can reach a process that reuses its pid. It
+// returns when served is closed (the calls connection's handler has ended).
+func (s *Server) watchProcess(cl *client, served <-chan struct{}) {
+	p := cl.process()
+	select {
+	case <-p.Exited():
+		cl.log.Info("the client's process has exited; dropping it", zap.Stringer("process", p))
+		cl.hangUp()
+	case <-served:
+	}
+}
+
+// livePid is the pid of cl's process to act on (the driver's checkpoint
+// calls name processes by pid), while that process runs; once it is gone, a
+// *proc.GoneError: its pid may name another process by now.
+func (cl *client) livePid() (int, error) {
+	p := cl.process()
+	if err := p.Check(); err != nil {
+		return 0, err
+	}
+	return int(p.Pid()), nil
+}
+
+// onLive runs f (a driver call) on the pid of cl's process, if that process
+// still runs.
+func (cl *client) onLive(f func(pid int) error) error {
+	pid, err := cl.livePid()
+	if err != nil {
+		return err
+	}
+	return f(pid)
+}
+
+// closeProc lets a client's process go once the client is gone.
+func (cl *client) closeProc() { cl.process().Close() }
+
 // dropClient forgets a client whose calls connection closed and releases
 // every allocation it had; one detaching for a dump is parked instead.
 func (s *Server) dropClient(cl *client) {
@@ -251,6 +310,7 @@ func (s *Server) dropClient(cl *client) {
 	// The client leaves the status list only after its memory is released,
 	// so that whoever sees it gone also sees the memory back.
 	defer s.unregister(cl)
+	defer cl.closeProc()
 	cl.mu.Lock()
 	ctrl := cl.ctrl
 	cl.mu.Unlock()
@@ -283,6 +343,7 @@ func (s *Server) release(cl *client) {
 	}
 	s.dropDetachState(cl.pid)
 	s.freeAllocs(cl)
+	cl.closeProc()
 }
 
 // freeAllocs releases every allocation of cl: n of them, of bytes in all,

@@ -99,6 +99,12 @@ func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fi
 	if cl == nil || int64(cl.pid) != pid {
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", pid)
 	}
+	if err := cl.process().Check(); err != nil {
+		// Its process exited (its drop is under way): the pid names
+		// nothing of the helper's, whatever process has it now.
+		cl.hangUp()
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (the client's process has exited)", pid)
+	}
 	if !mayControl(c.cred.Uid, cl.uid) {
 		c.log.Warn("client operation refused", append([]zap.Field{zap.Int64("pid", pid), zap.String("action", verb)}, fields...)...)
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not %s pid %d (uid %d)", c.cred.Uid, verb, cl.pid, cl.uid)

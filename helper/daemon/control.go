@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -57,11 +58,14 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 	s.mu.Lock()
 	cl := s.byToken[h.ClientToken]
 	s.mu.Unlock()
-	if cl == nil || cl.pid != c.cred.Pid {
+	// The client's own process, not one that took its pid since.
+	if cl == nil || cl.pid != c.cred.Pid || !proc.Same(cl.process(), c.peer) {
 		c.log.Warn("control connection with an unknown token or from another process")
 		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_PERMISSION, "unknown client token for pid %d", c.cred.Pid), nil)
 		return
 	}
+	c.peer.Close() // the client holds its process already
+	c.peer = nil
 	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
 	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
 	c.log = cl.log

@@ -40,9 +40,8 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		s.log.Warn("a dump ended for a process that is not detached", zap.Int32("pid", pid))
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no detached client with pid %d", req.Pid)
 	}
-	start := cl.startTime()
 	alive := req.Alive
-	if !alive && processRunsOn(pid, start) {
+	if !alive && cl.process().RunsOn() {
 		// Releasing its memory would leave it waiting forever.
 		cl.log.Warn("the dump reported the process gone, but it runs on: giving its GPU back")
 		alive = true
@@ -59,7 +58,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 	}
 	// The driver state first, while nothing in the process can touch the
 	// GPU, then wake it.
-	if err := driverResumeRetry(int(pid)); err != nil {
+	if err := cl.driverResumeRetry(); err != nil {
 		cl.log.Error("a dumped process that runs on cannot get its GPU back: the driver refuses to restore it", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", pid, err)
 	}
@@ -94,7 +93,7 @@ func (s *Server) recoverDetached(pid int32) {
 	if cl == nil || cl.lifeState() != lifeDetached {
 		return
 	}
-	alive := processRunsOn(pid, cl.startTime())
+	alive := cl.process().RunsOn()
 	cl.log.Warn("the dump ended without a report (CRIU died?)", zap.Bool("process_alive", alive))
 	if r := s.dumpDone(0, &helperpb.DumpDone{Pid: int64(pid), Alive: alive}); r.Error != nil {
 		cl.log.Error("recovering the process after an unfinished dump failed", zap.String("error", r.Error.Message))

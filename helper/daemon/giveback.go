@@ -6,12 +6,14 @@ package daemon
 // check that the image holds exactly its memory (restorecheck.go).
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -124,7 +126,7 @@ func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helper
 // thaw gives a checkpointed client its GPU back: driver restore + unlock,
 // reimport, resume.
 func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
-	if err := driverResume(int(cl.pid)); err != nil {
+	if err := cl.onLive(driverResume); err != nil {
 		return err
 	}
 	ph.done("driver-restore")
@@ -155,11 +157,11 @@ func driverResume(pid int) error {
 // driverResumeRetry is driverResume, tried again for up to a second: the
 // driver's restore needs the process's restore thread to run, which it does
 // only once CRIU has let the process go.
-func driverResumeRetry(pid int) error {
+func (cl *client) driverResumeRetry() error {
 	var err error
 	for i := 0; i < 10; i++ {
-		if err = driverResume(pid); err == nil {
-			return nil
+		if err = cl.onLive(driverResume); err == nil || errors.Is(err, proc.ErrGone) {
+			return err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

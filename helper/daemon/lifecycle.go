@@ -55,9 +55,12 @@ package daemon
 // the helper never takes a pid alone as a process's identity:
 //   - a prepared client is claimed only by the plugin connection whose
 //     PrepareRestore made it (restore.go), never by another restore;
-//   - a parked client records its process's start time; the reaper
-//     (reaper.go) releases the memory of one whose process is gone (or whose
-//     pid now names another process), so no stale entry outlives its process.
+//   - every client but a prepared one holds its process (client.proc, a
+//     pidfd): a process that takes its pid is never taken for it (a
+//     reattach must come from that very process), a connected client whose
+//     process exits is dropped at once (watchProcess), and the reaper
+//     (reaper.go) releases the memory of a parked one whose process is gone,
+//     so no stale entry outlives its process.
 
 import (
 	"errors"
@@ -65,6 +68,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -184,9 +188,6 @@ func shownState(st lifeState) helperpb.ClientState {
 type life struct {
 	st    lifeState
 	shown helperpb.ClientState // what Status shows: shownState(st), kept as it was once gone
-	// start is its process's start time (0: not read yet): it tells a
-	// reused pid apart.
-	start uint64
 	// onAttach is what to do once it is back (armed), run when its control
 	// connection is up.
 	onAttach func()
@@ -264,20 +265,19 @@ func (cl *client) waitingWhyLocked() string {
 	return "waiting"
 }
 
-// startTime is the start time of cl's process as recorded when it was
-// parked (0: not known).
-func (cl *client) startTime() uint64 {
+// process is cl's process (nil: none yet).
+func (cl *client) process() *proc.Process {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	return cl.life.start
+	return cl.proc
 }
 
 // parkedAs is what the reaper checks of a parked client: its pid, its
-// process's start time and its state.
-func (cl *client) parkedAs() (pid int32, start uint64, st lifeState) {
+// process and its state.
+func (cl *client) parkedAs() (pid int32, p *proc.Process, st lifeState) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	return cl.pid, cl.life.start, cl.life.st
+	return cl.pid, cl.proc, cl.life.st
 }
 
 // preparedFor reports whether cl is a prepared client for the restored
@@ -341,8 +341,8 @@ func (cl *client) takeOnAttach() func() {
 
 // register makes a new client of the process whose calls connection said
 // Hello without a token: registered, findable by token and pid.
-func (s *Server) register(pid int32, uid uint32, program string) *client {
-	cl := &client{pid: pid, uid: uid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
+func (s *Server) register(p *proc.Process, uid uint32, program string) *client {
+	cl := &client{pid: p.Pid(), proc: p, uid: uid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
 		opSem: make(chan struct{}, 1), life: newLife(lifeRegistered)}
 	cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
 	s.mu.Lock()
@@ -354,10 +354,11 @@ func (s *Server) register(pid int32, uid uint32, program string) *client {
 }
 
 // newPreparedClient is a client for process pid of an image (ns: its pid
-// inside its namespace) that a restore plan makes memory for: prepared,
-// filled by load, its result going to out.
-func newPreparedClient(log *zap.Logger, pid, ns int32, load *restoreLoad, out *outcomes) *client {
-	cl := &client{pid: pid, allocs: map[uint64]*alloc{}, opSem: make(chan struct{}, 1), log: log,
+// inside its namespace) that a restore plan makes memory for: prepared, its
+// memory uid's (the image's owner) until the process is back, filled by
+// load, its result going to out.
+func newPreparedClient(log *zap.Logger, pid, ns int32, uid uint32, load *restoreLoad, out *outcomes) *client {
+	cl := &client{pid: pid, uid: uid, allocs: map[uint64]*alloc{}, opSem: make(chan struct{}, 1), log: log,
 		life: newLife(lifePrepared)}
 	cl.life.nsPid, cl.life.wakeAs, cl.life.load, cl.life.out = ns, pid, load, out
 	out.add(cl)
@@ -418,12 +419,6 @@ func (cl *client) arm(f func()) error {
 // losing its memory. Any other is gone (false): the caller releases its
 // memory, then unregisters it.
 func (s *Server) callsClosed(cl *client) (parked bool) {
-	start := uint64(0)
-	if cl.lifeState() == lifeDetaching {
-		if ps, err := procStat(cl.pid); err == nil {
-			start = ps.start
-		}
-	}
 	s.mu.Lock()
 	cl.mu.Lock()
 	if cl.life.st != lifeDetaching {
@@ -433,9 +428,6 @@ func (s *Server) callsClosed(cl *client) (parked bool) {
 		return false
 	}
 	_ = cl.fireLocked(evParked) // legal: detaching
-	if cl.life.start == 0 {
-		cl.life.start = start
-	}
 	cl.mu.Unlock()
 	delete(s.byToken, cl.token)
 	if s.byPID[cl.pid] == cl {
@@ -458,11 +450,14 @@ func (s *Server) unregister(cl *client) {
 }
 
 // reattach finds the waiting client a calls Hello with a token comes from
-// and makes it connected again (reattached). A detached client must present
-// its token; a restored one presents the token of the process it was
-// restored from, which another restore of the same image presents too, so it
-// gets a new one.
-func (s *Server) reattach(pid int32, token uint64) *client {
+// (p, the process that connected) and makes it connected again
+// (reattached). It must be the very process the client waits for, not one
+// that took its pid since. A detached client must present its token; a
+// restored one presents the token of the process it was restored from,
+// which another restore of the same image presents too, so it gets a new
+// one. p becomes the client's, or is left to the caller if nil is returned.
+func (s *Server) reattach(p *proc.Process, token uint64) *client {
+	pid := p.Pid()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cl := s.waiting[pid]
@@ -470,6 +465,11 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 		return nil
 	}
 	cl.mu.Lock()
+	if !proc.Same(cl.proc, p) {
+		cl.mu.Unlock()
+		cl.log.Warn("a process with a waiting client's pid is not that client's process; refused", zap.Stringer("process", p))
+		return nil
+	}
 	switch {
 	case cl.life.st == lifeDetached && cl.token == token:
 	case cl.life.st == lifeRestored:
@@ -479,6 +479,9 @@ func (s *Server) reattach(pid int32, token uint64) *client {
 		return nil
 	}
 	_ = cl.fireLocked(evReattached) // legal: detached or restored
+	// The same process, held twice now: the connection's hold stays.
+	cl.proc.Close()
+	cl.proc = p
 	wakeAs := cl.life.wakeAs
 	cl.life.wakeAs, cl.life.nsPid, cl.life.load = 0, 0, nil
 	cl.mu.Unlock()
@@ -504,30 +507,32 @@ func (s *Server) unpark(cl *client) bool {
 	return true
 }
 
-// parkRestored makes a prepared client the restored process pid (started at
-// start ticks after boot): it waits in the list until it reattaches. A stale
-// entry of a process that is gone under the same pid is released first.
-func (s *Server) parkRestored(cl *client, pid int32, start uint64) error {
+// parkRestored makes a prepared client the restored process p (CRIU's, or
+// an orphan's that a dead helper left): it waits in the list until that
+// process reattaches. A stale entry of a process that is gone under the same
+// pid is released first. p becomes the client's, or is closed on an error.
+func (s *Server) parkRestored(cl *client, p *proc.Process) error {
+	pid := p.Pid()
 	s.mu.Lock()
 	old := s.waiting[pid]
 	if old != nil && old != cl {
-		oldStart, oldState := old.startTime(), old.lifeState()
-		if oldStart != 0 && oldStart == start {
+		if proc.Same(old.process(), p) {
 			s.mu.Unlock()
-			return fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, oldState)
+			p.Close()
+			return fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, old.lifeState())
 		}
 		delete(s.waiting, pid) // its process is gone: that pid names another one now
 	} else {
 		old = nil
 	}
 	var err error
-	if c := s.byPID[pid]; c != nil {
+	if c := s.byPID[pid]; c != nil && proc.Same(c.process(), p) {
 		err = fmt.Errorf("pid %d is already a connected client of this helper", pid)
 	} else {
 		cl.mu.Lock()
 		if err = cl.fireLocked(evRestored); err == nil {
 			cl.pid = pid
-			cl.life.start = start
+			cl.proc = p
 			cl.log = cl.log.With(zap.Int32("restored_pid", pid))
 		}
 		cl.mu.Unlock()
@@ -536,6 +541,9 @@ func (s *Server) parkRestored(cl *client, pid int32, start uint64) error {
 		}
 	}
 	s.mu.Unlock()
+	if err != nil {
+		p.Close()
+	}
 	if old != nil {
 		s.reap(old, "its pid names another process now")
 	}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -179,8 +180,15 @@ func TestLifecycleRegistry(t *testing.T) {
 	s := New(Config{Socket: filepath.Join(dir, "helper.sock"), Log: zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))})
 	pid := int32(os.Getpid())
 	ctl := &control{}
+	self := func() *proc.Process {
+		p, err := proc.Open(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 
-	cl := s.register(pid, uint32(os.Getuid()), "test")
+	cl := s.register(self(), uint32(os.Getuid()), "test")
 	if cl.lifeState() != lifeRegistered || s.byPID[pid] != cl || s.byToken[cl.token] != cl {
 		t.Fatalf("registered: %s, listed %v", cl.lifeState(), s.byPID[pid] == cl)
 	}
@@ -202,17 +210,17 @@ func TestLifecycleRegistry(t *testing.T) {
 		s.byToken[cl.token] != nil {
 		t.Fatalf("a detaching client's calls closed: %s, parked %v", cl.lifeState(), s.waiting[pid] == cl)
 	}
-	if cl.startTime() == 0 {
-		t.Error("parked without its process's start time")
+	if cl.process() == nil || !cl.process().Running() {
+		t.Error("parked without its process")
 	}
 	if err := cl.arm(func() {}); err != nil {
 		t.Errorf("arming a detached client: %v", err)
 	}
-	if s.reattach(pid, cl.token+1) != nil || cl.lifeState() != lifeDetached {
+	if s.reattach(self(), cl.token+1) != nil || cl.lifeState() != lifeDetached {
 		t.Fatal("a detached client came back with another token")
 	}
 	token := cl.token
-	if s.reattach(pid, token) != cl || cl.lifeState() != lifeDropped || s.byPID[pid] != cl || s.waiting[pid] != nil ||
+	if s.reattach(self(), token) != cl || cl.lifeState() != lifeDropped || s.byPID[pid] != cl || s.waiting[pid] != nil ||
 		cl.token != token {
 		t.Fatalf("reattached: %s", cl.lifeState())
 	}
@@ -239,19 +247,19 @@ func TestLifecycleRegistry(t *testing.T) {
 
 	// A restored process: prepared, restored under its pid, back with any token.
 	out := newOutcomes()
-	rc := newPreparedClient(s.log, 77, 7, nil, out)
+	rc := newPreparedClient(s.log, 77, 7, 0, nil, out)
 	if rc.lifeState() != lifePrepared || !rc.preparedFor(77, true, 0) || !rc.preparedFor(1234, false, 7) ||
 		rc.preparedFor(78, true, 0) || rc.wakesAs() != 77 || rc.outcomes() != out {
 		t.Fatalf("prepared client: %s", rc.lifeState())
 	}
-	if err := s.parkRestored(rc, pid, 1); err != nil || rc.lifeState() != lifeRestored || s.waiting[pid] != rc || rc.pid != pid {
+	if err := s.parkRestored(rc, self()); err != nil || rc.lifeState() != lifeRestored || s.waiting[pid] != rc || rc.pid != pid {
 		t.Fatalf("restored: %s, %v", rc.lifeState(), err)
 	}
 	if rc.preparedFor(pid, true, 0) {
 		t.Error("a restored client is still claimable")
 	}
 	old := rc.token
-	if s.reattach(pid, 12345) != rc || rc.lifeState() != lifeDropped || rc.token == old || s.byToken[rc.token] != rc {
+	if s.reattach(self(), 12345) != rc || rc.lifeState() != lifeDropped || rc.token == old || s.byToken[rc.token] != rc {
 		t.Fatalf("restored client reattached: %s", rc.lifeState())
 	}
 	if rc.wakesAs() != 0 || rc.restoreLoad() != nil {
@@ -265,7 +273,7 @@ func TestLifecycleRegistry(t *testing.T) {
 	if rc.lifeState() != lifeDropped {
 		t.Errorf("a connected client was released: %s", rc.lifeState())
 	}
-	pc := newPreparedClient(s.log, 78, 0, nil, newOutcomes())
+	pc := newPreparedClient(s.log, 78, 0, 0, nil, newOutcomes())
 	s.release(pc)
 	if pc.lifeState() != lifeGone {
 		t.Errorf("a prepared client released: %s", pc.lifeState())

@@ -17,9 +17,10 @@ package daemon
 //
 // Root is exempt from all of these but an explicit GPU memory limit for
 // uid 0: root can stop the helper anyway, and root's CLI and CRIU plugin
-// must never wait behind other users. Restores (PrepareRestore, root only)
-// are never refused for a limit; the memory they load counts for the
-// restored process's uid once it reattaches.
+// must never wait behind other users. The memory a restore (PrepareRestore,
+// root only) or an adoption (a process a dead helper left) loads counts for
+// the image's owner until the process is back, and for the process's uid
+// from then on; either is refused if it would take that uid past its limit.
 
 import (
 	"fmt"
@@ -316,6 +317,18 @@ func (s *Server) reserveGPU(cl *client, id, size uint64) (release func(), refuse
 	cl.mu.Lock()
 	uid := cl.uid
 	cl.mu.Unlock()
+	release, err := s.reserveGPUFor(uid, size, "this allocation")
+	if err != nil {
+		cl.log.Info("allocation refused: GPU memory limit", zap.Uint64("size", size), zap.Error(err))
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err)
+	}
+	return release, nil
+}
+
+// reserveGPUFor is reserveGPU for size bytes of uid's that what (for the
+// message) needs: an allocation, a restore's or an adoption's memory. The
+// refusal names the limit.
+func (s *Server) reserveGPUFor(uid uint32, size uint64, what string) (release func(), err error) {
 	limit := s.cfg.Limits.gpuLimit(uid)
 	if limit == 0 {
 		return func() {}, nil
@@ -324,11 +337,8 @@ func (s *Server) reserveGPU(cl *client, id, size uint64) (release func(), refuse
 	defer s.gpuMu.Unlock()
 	held := s.gpuHeld(uid) + s.gpuPending[uid]
 	if held+size > limit || held+size < held {
-		cl.log.Info("allocation refused: GPU memory limit", zap.Uint64("size", size), zap.Uint64("held", held),
-			zap.Uint64("limit", limit))
-		return nil, errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY,
-			"GPU memory limit of uid %d reached: it may hold %s through the helper (--max-gpu-memory-per-uid / --max-gpu-memory-for), holds %s, this allocation needs %s",
-			uid, sizeStr(limit), sizeStr(held), sizeStr(size))
+		return nil, fmt.Errorf("GPU memory limit of uid %d reached: it may hold %s through the helper (--max-gpu-memory-per-uid / --max-gpu-memory-for), holds %s, %s needs %s",
+			uid, sizeStr(limit), sizeStr(held), what, sizeStr(size))
 	}
 	s.gpuPending[uid] += size
 	return func() {

@@ -37,18 +37,12 @@ func (s *Server) runReaper(stop <-chan struct{}) {
 // reapGone runs one pass of the reaper.
 func (s *Server) reapGone() {
 	for _, cl := range sortedClients(s, s.waiting) {
-		pid, start, st := cl.parkedAs()
-		if start == 0 {
+		pid, p, st := cl.parkedAs()
+		if p == nil {
 			continue // not known yet: the dump or restore that parked it decides
 		}
-		ps, err := procStat(pid)
-		switch {
-		case err != nil:
+		if !p.Running() {
 			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, st))
-		case ps.start != start:
-			s.reapIfParked(cl, fmt.Sprintf("pid %d names another process now", pid))
-		case !ps.alive():
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) exited while %s", pid, st))
 		}
 	}
 }

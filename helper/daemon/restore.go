@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -101,11 +102,25 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 			_ = im.Close()
 		}
 	}
+	var owner uint32
+	if err == nil {
+		if owner, err = im.OwnerUID(); err != nil {
+			_ = im.Close()
+		}
+	}
 	if err != nil {
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
-	plan, e := s.planRestore(im, im.Dir(), 0)
+	// Its memory is the image owner's until each process is back.
+	release, err := s.reserveGPUFor(owner, imageBytes(im, 0), "restoring the GPU image in "+im.Dir())
+	if err != nil {
+		_ = im.Close()
+		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), nil
+	}
+	defer release() // once trackPlan counts it
+	plan, e := s.planRestore(im, im.Dir(), 0, owner)
 	if e != nil {
 		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
@@ -117,10 +132,23 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	return okResp(id), plan
 }
 
+// imageBytes is the GPU memory im's buffers take (only those of pid only,
+// if not 0).
+func imageBytes(im *image.Image, only int) uint64 {
+	var n uint64
+	for _, b := range im.Buffers() {
+		if only == 0 || b.Pid == only {
+			n += b.Size
+		}
+	}
+	return n
+}
+
 // planRestore makes new helper memory for every buffer of im (only those of
 // pid only, if not 0), each on the same GPU if it is here, else the same
-// ordinal; nothing is kept if any of it fails.
-func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePlan, *helperpb.Error) {
+// ordinal; nothing is kept if any of it fails. The memory is uid's (for the
+// limits) until each process is back.
+func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) (*restorePlan, *helperpb.Error) {
 	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{})}, out: newOutcomes()}
 	byPid := map[int]*client{}
 	fail := func(code helperpb.ErrorCode, format string, a ...any) (*restorePlan, *helperpb.Error) {
@@ -131,7 +159,7 @@ func (s *Server) planRestore(im *image.Image, dir string, only int) (*restorePla
 		cl := byPid[pid]
 		if cl == nil {
 			cl = newPreparedClient(s.log.With(zap.Int32("image_pid", int32(pid)), zap.String("restored_from", dir)),
-				int32(pid), int32(ns), p.load, p.out)
+				int32(pid), int32(ns), uid, p.load, p.out)
 			byPid[pid] = cl
 			p.clients = append(p.clients, cl)
 		}
@@ -221,8 +249,8 @@ func (s *Server) runLoad(p *restorePlan) {
 // into a new one (a container), the pid inside is the old one, recorded in
 // the image, and the host pid is new.
 func claimPrepared(plans []*restorePlan, pid int32) *client {
-	sameNS := samePidNS(pid)
-	ns := nsPid(pid)
+	sameNS := proc.SamePidNS(pid)
+	ns := proc.NsPid(pid)
 	for _, p := range plans {
 		for _, cl := range p.clients {
 			if cl.preparedFor(pid, sameNS, ns) {
@@ -274,13 +302,15 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 		cl.log.Warn("restore failed: its GPU image did not load", zap.Int32("pid", pid), zap.Error(err))
 		return errResp(id, code, "pid %d: loading its GPU image: %v", req.Pid, err)
 	}
-	ps, err := procStat(pid)
+	// CRIU holds the restored process stopped: the pid is that process's
+	// until it runs, and from now on it is held.
+	p, err := proc.Open(pid)
 	if err != nil {
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 		s.release(cl)
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "restored pid %d: %v", req.Pid, err)
 	}
-	if err := s.parkRestored(cl, pid, ps.start); err != nil {
+	if err := s.parkRestored(cl, p); err != nil {
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 		s.release(cl)
 		cl.log.Warn("restore failed", zap.Error(err))

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -341,7 +342,14 @@ func (s *Server) Shutdown() {
 
 type conn struct {
 	*wire.Conn
-	cred         *unix.Ucred
+	cred *unix.Ucred
+	// peer is the process that connected, held by a client's connections
+	// (holdPeer; nil: peerErr says why there is none, such as it being
+	// gone already). A calls connection hands it to the client it
+	// registers (takePeer); a control connection lets it go when it
+	// closes.
+	peer         *proc.Process
+	peerErr      error
 	log          *zap.Logger
 	wmu          sync.Mutex
 	writeTimeout time.Duration // of each send; 0: none
@@ -362,6 +370,37 @@ func (c *conn) send(m *helperpb.Response, fds []int) error {
 		_ = c.UnixConn().SetWriteDeadline(time.Now().Add(c.writeTimeout))
 	}
 	return c.Write(m, fds)
+}
+
+// holdPeer takes hold of the process that connected (c.peer, or c.peerErr
+// says why there is none).
+func (c *conn) holdPeer() {
+	rc, err := c.UnixConn().SyscallConn()
+	if err != nil {
+		c.peerErr = err
+		return
+	}
+	c.peer, c.peerErr = proc.Peer(rc, c.cred)
+}
+
+// Close closes the connection and lets its peer process go.
+func (c *conn) Close() error {
+	c.peer.Close()
+	return c.Conn.Close()
+}
+
+// takePeer takes the connection's peer process (its new holder closes it),
+// or says why there is none.
+func (c *conn) takePeer() (*proc.Process, error) {
+	p := c.peer
+	c.peer = nil
+	if p == nil {
+		if c.peerErr != nil {
+			return nil, c.peerErr
+		}
+		return nil, errors.New("the connecting process is not known")
+	}
+	return p, nil
 }
 
 func errResp(id uint64, code helperpb.ErrorCode, format string, a ...any) *helperpb.Response {
@@ -479,6 +518,13 @@ func (s *Server) serveConn(c *conn, adm *admission) {
 			"protocol version mismatch: client speaks version %d, helper %s speaks version %d",
 			h.ProtocolVersion, s.cfg.Version, wire.Version), nil)
 		return
+	}
+	switch h.Role {
+	case helperpb.Role_ROLE_CLIENT_CALLS, helperpb.Role_ROLE_CLIENT_CONTROL:
+		// The process that connected, held: its pid is only a name, which
+		// another process may have by the time a request comes. (The
+		// kernel recorded that process at connect time: SO_PEERPIDFD.)
+		c.holdPeer()
 	}
 	switch h.Role {
 	case helperpb.Role_ROLE_CLIENT_CALLS:

@@ -29,10 +29,17 @@ import (
 )
 
 // TestMain runs the test binary as the raw client when GPUCR_E2E_CLIENT is
-// set (see rawAs), else the tests.
+// set (see rawAs), as a stale client (GPUCR_E2E_STALE, identity_test.go) or
+// its child, else the tests.
 func TestMain(m *testing.M) {
 	if socket := os.Getenv("GPUCR_E2E_CLIENT"); socket != "" {
 		os.Exit(rawClientMain(socket))
+	}
+	if socket := os.Getenv("GPUCR_E2E_STALE"); socket != "" {
+		os.Exit(staleClientMain(socket))
+	}
+	if socket := os.Getenv("GPUCR_E2E_STALE_CHILD"); socket != "" {
+		os.Exit(staleChildMain(socket))
 	}
 	code := m.Run()
 	if binCopyDir != "" {

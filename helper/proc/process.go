@@ -1,0 +1,310 @@
+package proc
+
+// A pid names a process only while that process lives: the kernel gives it to
+// the next process once the first one is reaped. A root daemon that acts on a
+// pid it learned earlier (a socket's peer, a state file) would then act on
+// whichever process has it now, another user's included. A Process holds the
+// process itself, by a pidfd, and says whether that one still runs.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrGone: the process has exited (its pid may name another one now).
+var ErrGone = errors.New("process is gone")
+
+// GoneError names the process that is gone.
+type GoneError struct {
+	Pid int32
+	Why string // "" or what showed it
+}
+
+func (e *GoneError) Error() string {
+	if e.Why != "" {
+		return fmt.Sprintf("process %d is gone (%s)", e.Pid, e.Why)
+	}
+	return fmt.Sprintf("process %d is gone", e.Pid)
+}
+
+func (e *GoneError) Unwrap() error { return ErrGone }
+
+// Process is one process, held by a pidfd where the kernel has them
+// (Linux 5.3 and newer); else by its pid and start time, which tell a reused
+// pid apart as long as the process is looked at. Its pid, start time and uid
+// are read once, while it was known to be that process.
+type Process struct {
+	pid   int32
+	start uint64
+	uid   uint32
+	f     *os.File // the pidfd, non-blocking; nil without one
+
+	once   sync.Once
+	exited chan struct{} // closed once it is seen to have exited (Exited)
+	closed chan struct{} // closed by Close
+	close  sync.Once
+}
+
+// Pid is the process's pid (in this process's pid namespace).
+func (p *Process) Pid() int32 { return p.pid }
+
+// Start is its start time in clock ticks after boot (/proc/PID/stat).
+func (p *Process) Start() uint64 { return p.start }
+
+// UID is its effective uid when it was identified (for a socket's peer: at
+// connect time).
+func (p *Process) UID() uint32 { return p.uid }
+
+// HasPidfd says whether the kernel gave a pidfd for it.
+func (p *Process) HasPidfd() bool { return p.f != nil }
+
+func (p *Process) String() string { return fmt.Sprintf("pid %d (started at %d)", p.pid, p.start) }
+
+// Running reports whether the process has not exited. A zombie has exited.
+func (p *Process) Running() bool {
+	if p == nil {
+		return false
+	}
+	if p.f != nil {
+		return !pidfdExited(p.f)
+	}
+	st, err := ReadStat(p.pid)
+	return err == nil && st.Alive() && st.Start == p.start
+}
+
+// Check is nil while the process runs, else a *GoneError.
+func (p *Process) Check() error {
+	if p == nil {
+		return &GoneError{Why: "never identified"}
+	}
+	if !p.Running() {
+		return &GoneError{Pid: p.pid}
+	}
+	return nil
+}
+
+// RunsOn is Running, and the process is not exiting either: no SIGKILL
+// pending, not past the start of its exit (see the package's RunsOn).
+func (p *Process) RunsOn() bool {
+	return p.Running() && RunsOn(p.pid, p.start) && p.Running()
+}
+
+// pidfdExited: the pidfd polls readable once its process has exited.
+func pidfdExited(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return true // closed: nothing is known of it any more
+	}
+	exited := false
+	if cerr := rc.Control(func(fd uintptr) { exited = fdExited(int(fd)) }); cerr != nil {
+		return true
+	}
+	return exited
+}
+
+func fdExited(fd int) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(pfd, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || (n > 0 && pfd[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0)
+	}
+}
+
+// pollInterval is how often Exited looks at a process held without a pidfd.
+const pollInterval = time.Second
+
+// Exited is closed once the process has exited; it is never closed if Close
+// comes first. With a pidfd the wait costs no thread (the runtime's poller
+// waits on it); without one the process is looked at every second.
+func (p *Process) Exited() <-chan struct{} {
+	p.once.Do(func() {
+		p.exited = make(chan struct{})
+		go p.watch()
+	})
+	return p.exited
+}
+
+func (p *Process) watch() {
+	if p.f != nil {
+		rc, err := p.f.SyscallConn()
+		if err != nil {
+			return
+		}
+		// Read waits in the poller until the pidfd is readable, calling
+		// the function each time it may be; the error is the file's close.
+		if rc.Read(func(fd uintptr) bool { return fdExited(int(fd)) }) == nil {
+			close(p.exited)
+		}
+		return
+	}
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.closed:
+			return
+		case <-t.C:
+			if !p.Running() {
+				close(p.exited)
+				return
+			}
+		}
+	}
+}
+
+// Close lets the process go (its pidfd is closed); Running is false from
+// then on.
+func (p *Process) Close() error {
+	if p == nil {
+		return nil
+	}
+	var err error
+	p.close.Do(func() {
+		close(p.closed)
+		if p.f != nil {
+			err = p.f.Close()
+		}
+	})
+	return err
+}
+
+// Same reports whether a and b are one process: both run, with the same
+// pid, at one moment. (a runs at the first and the last look, so it ran all
+// along and had its pid when b was seen running with it; two live processes
+// never share a pid.)
+func Same(a, b *Process) bool {
+	if a == nil || b == nil || a.pid != b.pid || a.start != b.start {
+		return false
+	}
+	return a.Running() && b.Running() && a.Running()
+}
+
+// newProcess identifies the process behind pidfd (-1: none) that had pid:
+// its start time and uid are read, then the pidfd must still show it
+// running, so that what was read is its and not a successor's.
+func newProcess(pidfd int, pid int32) (*Process, error) {
+	p := &Process{pid: pid, closed: make(chan struct{})}
+	if pidfd >= 0 {
+		if err := unix.SetNonblock(pidfd, true); err != nil {
+			unix.Close(pidfd)
+			return nil, fmt.Errorf("pidfd of %d: %w", pid, err)
+		}
+		// Non-blocking, so the runtime's poller takes it (Exited).
+		p.f = os.NewFile(uintptr(pidfd), fmt.Sprintf("pidfd:%d", pid))
+	}
+	st, err := ReadStat(pid)
+	if err == nil && !st.Alive() {
+		err = &GoneError{Pid: pid, Why: "a zombie"}
+	}
+	if err != nil {
+		p.Close()
+		if errors.Is(err, os.ErrNotExist) {
+			err = &GoneError{Pid: pid}
+		}
+		return nil, err
+	}
+	p.start = st.Start
+	uid, err := EffectiveUID(pid)
+	if err != nil {
+		p.Close()
+		if errors.Is(err, os.ErrNotExist) {
+			err = &GoneError{Pid: pid}
+		}
+		return nil, err
+	}
+	p.uid = uid
+	if p.f != nil && pidfdExited(p.f) {
+		p.Close()
+		return nil, &GoneError{Pid: pid}
+	}
+	return p, nil
+}
+
+// pidfdOpen is pidfd_open(2); -1 and no error where the kernel has none.
+func pidfdOpen(pid int32) (int, error) {
+	fd, err := unix.PidfdOpen(int(pid), unix.PIDFD_NONBLOCK)
+	switch {
+	case err == nil:
+		unix.CloseOnExec(fd)
+		return fd, nil
+	case err == unix.ENOSYS:
+		return -1, nil
+	case err == unix.ESRCH:
+		return -1, &GoneError{Pid: pid}
+	}
+	return -1, fmt.Errorf("pidfd_open %d: %w", pid, err)
+}
+
+// Open holds the process that has pid now.
+func Open(pid int32) (*Process, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
+	fd, err := pidfdOpen(pid)
+	if err != nil {
+		return nil, err
+	}
+	return newProcess(fd, pid)
+}
+
+// OpenStarted holds the process that has pid now, if it is the one that
+// started at start ticks after boot; else a *GoneError.
+func OpenStarted(pid int32, start uint64) (*Process, error) {
+	p, err := Open(pid)
+	if err != nil {
+		return nil, err
+	}
+	if p.start != start {
+		p.Close()
+		return nil, &GoneError{Pid: pid, Why: "the pid names another process now"}
+	}
+	return p, nil
+}
+
+// Peer holds the process at the other end of the unix socket rc, which
+// connected as cred (its SO_PEERCRED). SO_PEERPIDFD (Linux 6.5 and newer)
+// names the very process that connected, whatever happened since; a peer
+// that is gone already is a *GoneError. On older kernels the pid is opened
+// (pidfd_open) and must still be a process of cred's uid: a process that
+// took the pid since (another user's) is refused, but one of the same uid in
+// that short window cannot be told apart.
+func Peer(rc syscall.RawConn, cred *unix.Ucred) (*Process, error) {
+	fd, gerr := -1, error(nil)
+	if err := rc.Control(func(s uintptr) {
+		fd, gerr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	}); err != nil {
+		return nil, err
+	}
+	switch {
+	case gerr == nil:
+		unix.CloseOnExec(fd)
+		p, err := newProcess(fd, cred.Pid)
+		if err != nil {
+			return nil, err
+		}
+		p.uid = cred.Uid // at connect time, as the kernel recorded it
+		return p, nil
+	case gerr == unix.EINVAL || gerr == unix.ESRCH:
+		return nil, &GoneError{Pid: cred.Pid, Why: "it exited before the helper saw its connection"}
+	case gerr != unix.ENOPROTOOPT:
+		return nil, fmt.Errorf("SO_PEERPIDFD: %w", gerr)
+	}
+	p, err := Open(cred.Pid)
+	if err != nil {
+		return nil, err
+	}
+	if p.uid != cred.Uid {
+		p.Close()
+		return nil, &GoneError{Pid: cred.Pid, Why: fmt.Sprintf("the pid names a process of uid %d now, not the connecting uid %d", p.uid, cred.Uid)}
+	}
+	return p, nil
+}

@@ -1,0 +1,160 @@
+// Package proc is what the helper knows of other processes: what /proc says
+// of a pid (stat.go), and a process held by a pidfd (process.go), which names
+// that one process for as long as it is held and never another one that
+// reuses its pid.
+package proc
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Stat is what the helper reads of /proc/PID/stat.
+type Stat struct {
+	State   byte   // field 3: R, S, D, Z, X...
+	PPid    int32  // field 4
+	Session int32  // field 6
+	Flags   uint64 // field 9: the kernel's PF_* task flags
+	Start   uint64 // field 22: start time in clock ticks after boot; tells a reused pid apart
+}
+
+// Alive says the process has not exited (it is no zombie, not dead).
+func (s Stat) Alive() bool { return s.State != 'Z' && s.State != 'X' }
+
+// ReadStat reads /proc/PID/stat.
+func ReadStat(pid int32) (Stat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return Stat{}, err
+	}
+	return parseStat(pid, b)
+}
+
+// parseStat parses the text of /proc/PID/stat. The command name (field 2)
+// may hold blanks and parentheses: the fields after it start after its last
+// ')'.
+func parseStat(pid int32, b []byte) (Stat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return Stat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:])) // field 3 onwards
+	if len(f) < 20 || len(f[0]) != 1 {
+		return Stat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	var st Stat
+	st.State = f[0][0]
+	num := func(field int, bits int) (uint64, error) {
+		v, err := strconv.ParseUint(f[field-3], 10, bits)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: field %d: %w", pid, field, err)
+		}
+		return v, nil
+	}
+	ppid, err := num(4, 31)
+	if err != nil {
+		return Stat{}, err
+	}
+	sid, err := num(6, 31)
+	if err != nil {
+		return Stat{}, err
+	}
+	if st.Flags, err = num(9, 64); err != nil {
+		return Stat{}, err
+	}
+	if st.Start, err = num(22, 64); err != nil {
+		return Stat{}, err
+	}
+	st.PPid, st.Session = int32(ppid), int32(sid)
+	return st, nil
+}
+
+// statusField is the value of the line "name:" of /proc/PID/status, split
+// into its blank-separated words; nil if there is none.
+func statusField(pid int32, name string) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == name+":" {
+			return f[1:], nil
+		}
+	}
+	return nil, nil
+}
+
+// NsPid is pid's pid in its own (innermost) pid namespace; 0 if unknown.
+func NsPid(pid int32) int32 {
+	f, _ := statusField(pid, "NSpid")
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(f[len(f)-1], 10, 32)
+	return int32(n)
+}
+
+// EffectiveUID is the effective uid of pid (the second of /proc/PID/status's
+// Uid: line).
+func EffectiveUID(pid int32) (uint32, error) {
+	f, err := statusField(pid, "Uid")
+	if err != nil {
+		return 0, err
+	}
+	if len(f) < 2 {
+		return 0, fmt.Errorf("/proc/%d/status: no Uid line", pid)
+	}
+	v, err := strconv.ParseUint(f[1], 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/status: Uid: %w", pid, err)
+	}
+	return uint32(v), nil
+}
+
+// SamePidNS reports whether pid lives in this process's own pid namespace
+// (then its pid there is the one this process sees). Unknown counts as the
+// same: the pid is all there is to go by.
+func SamePidNS(pid int32) bool {
+	mine, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return true
+	}
+	its, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	if err != nil {
+		return true
+	}
+	return mine == its
+}
+
+// pfExiting is the kernel's PF_EXITING task flag (/proc/PID/stat field 9).
+const pfExiting = 0x4
+
+// RunsOn reports whether pid is the process that started at start ticks
+// after boot (0: any) and will run on: not a zombie, not exiting, no
+// SIGKILL pending (CRIU kills a dumped tree just before it exits, so a
+// process it killed may still look alive for a moment).
+func RunsOn(pid int32, start uint64) bool {
+	st, err := ReadStat(pid)
+	if err != nil || !st.Alive() || (start != 0 && st.Start != start) || st.Flags&pfExiting != 0 {
+		return false
+	}
+	return !SigkillPending(pid)
+}
+
+// SigkillPending says SIGKILL is queued for pid's thread or its whole
+// process.
+func SigkillPending(pid int32) bool {
+	for _, name := range []string{"SigPnd", "ShdPnd"} {
+		f, _ := statusField(pid, name)
+		if len(f) != 1 {
+			continue
+		}
+		if m, err := strconv.ParseUint(f[0], 16, 64); err == nil && m&(1<<(9-1)) != 0 {
+			return true
+		}
+	}
+	return false
+}
