@@ -25,8 +25,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -151,13 +151,29 @@ static const char *code_name(int code) {
 }
 
 /*
- * The image directory CRIU works on: its descriptor (the result; CRIU's own,
- * not to be closed), and its path resolved through /proc for messages. The
- * descriptor goes to the helper with Checkpoint and PrepareRestore: the
- * helper writes and reads only beneath the directory CRIU has open.
+ * The image directory the GPU image goes into (dump) or comes from
+ * (restore): its descriptor (the result; not to be closed), and its path
+ * resolved through /proc for messages. The descriptor goes to the helper
+ * with Checkpoint and PrepareRestore: the helper writes and reads only
+ * beneath it. It is CRIU's own image directory, unless gpucr's CLI runs CRIU
+ * in a private directory of its own inside the user's and passes the user's
+ * as the descriptor GPUCR_IMAGE_DIR_FD names.
  */
 static int image_dir(char *out, size_t n) {
-    int fd = criu_get_image_dir();
+    int fd;
+    const char *e = getenv("GPUCR_IMAGE_DIR_FD");
+    if (e && *e) {
+        char *end;
+        long v = strtol(e, &end, 10);
+        struct stat sb;
+        if (*end || v < 0 || v > INT_MAX || fstat((int)v, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+            perr("GPUCR_IMAGE_DIR_FD=%s names no open directory", e);
+            return -1;
+        }
+        fd = (int)v;
+    } else {
+        fd = criu_get_image_dir();
+    }
     if (fd < 0) {
         perr("CRIU has no image directory open");
         return -1;
@@ -262,6 +278,18 @@ static int helper_connect(void) {
             return 1;
         }
         perr("cannot connect to the gpucr helper at %s: %s", path, strerror(e));
+        return -1;
+    }
+    /* Run as root (CRIU), the plugin hands the helper CRIU's image
+     * directory and acts on what it answers: it talks only to a helper that
+     * runs as root too, never to a process of a user who named the socket
+     * (GPUCR_SOCKET, kept by `sudo -E`). */
+    struct ucred peer;
+    socklen_t plen = sizeof peer;
+    if (geteuid() == 0 && (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) < 0 || peer.uid != 0)) {
+        perr("the process listening on %s is not a gpucr helper run by root (uid %ld): not used", path,
+             plen == sizeof peer ? (long)peer.uid : -1L);
+        close(fd);
         return -1;
     }
     /* Every wait for the helper ends: a reply that does not come within

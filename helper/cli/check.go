@@ -69,8 +69,9 @@ func checkCommand() *ucli.Command {
 					return err
 				}
 			}
+			criuBin, criuErr := criuBinary()
 			r := runCheck(checkOptions{socket: client.SocketPath(c.String("socket")), pluginDir: c.String("plugin-dir"),
-				imagesDir: dir, timeout: c.Duration("timeout"), criu: criuPath()})
+				imagesDir: dir, timeout: c.Duration("timeout"), criu: criuBin, criuErr: criuErr})
 			if c.Bool("json") {
 				if err := writeJSON(c.App.Writer, r); err != nil {
 					return err
@@ -102,13 +103,19 @@ type checkOptions struct {
 	imagesDir string // "" for none
 	timeout   time.Duration
 	criu      string
+	criuErr   error // why there is no CRIU to run (criu is "" then)
 }
 
 // runCheck checks every item.
 func runCheck(o checkOptions) checkReport {
 	var r checkReport
 	checkKernel(&r)
-	criuOK := checkCRIUVersion(&r, o.criu, o.timeout)
+	criuOK := false
+	if o.criuErr != nil {
+		r.add("criu", checkFail, o.criuErr.Error(), nil)
+	} else {
+		criuOK = checkCRIUVersion(&r, o.criu, o.timeout)
+	}
 	plugin, perr := findPlugin(o.pluginDir)
 	checkCRIUWithPlugin(&r, o, criuOK, plugin, perr)
 	checkInterposer(&r)

@@ -71,7 +71,7 @@ func checkCRIUVersion(r *checkReport, criu string, limit time.Duration) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "--version")
+	cmd := exec.CommandContext(ctx, path, "--no-default-config", "--version")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.WaitDelay = time.Second // a child of a launcher script may hold the pipe

@@ -47,6 +47,16 @@ func item(t *testing.T, r checkReport, name string) checkItem {
 	return checkItem{}
 }
 
+// fakeCRIU writes an executable script standing in for criu.
+func fakeCRIU(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // checkEnv keeps the variables a check sets (for CRIU's plugin) within the test.
 func checkEnv(t *testing.T) {
 	t.Setenv("GPUCR_SOCKET", "")
@@ -90,7 +100,7 @@ func TestCheckHangingCRIU(t *testing.T) {
 	if it := item(t, r, "criu"); r.OK || it.Status != checkFail || !strings.Contains(it.Reason, "did not answer within 500ms") {
 		t.Errorf("criu item of a hanging criu: %+v", it)
 	}
-	r = runCheck(checkOptions{criu: fakeCRIU(t, `[ "$1" = --version ] && { echo "Version: 4.2.1"; exit 0; }; exec sleep 60`),
+	r = runCheck(checkOptions{criu: fakeCRIU(t, `case "$*" in *--version*) echo "Version: 4.2.1"; exit 0;; esac; exec sleep 60`),
 		timeout: 500 * time.Millisecond, socket: filepath.Join(t.TempDir(), "none.sock")})
 	if it := item(t, r, "criu"); it.Status != checkOK {
 		t.Errorf("criu item: %+v", it)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -19,6 +20,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/swrk"
+	"github.com/gpucr/gpucr/helper/trusted"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -35,12 +38,35 @@ func criuTimeoutFlag() ucli.Flag {
 // plugin all GPU memory, within it.
 const defaultCRIUTimeout = 10 * time.Minute
 
-// criuPath is the CRIU that runs: $GPUCR_CRIU, else criu on PATH.
-func criuPath() string {
-	if p := os.Getenv("GPUCR_CRIU"); p != "" {
-		return p
+// criuBinary is the CRIU to run: $GPUCR_CRIU, else criu on PATH. As root,
+// only one that root alone can change (package trusted): the environment
+// (GPUCR_CRIU, PATH) may be a user's, kept by `sudo -E`, and name their own
+// program. On PATH, one that root cannot trust is passed over; the system's
+// directories come after PATH's.
+func criuBinary() (string, error) {
+	p := os.Getenv("GPUCR_CRIU")
+	if os.Geteuid() != 0 {
+		if p != "" {
+			return p, nil
+		}
+		found, err := exec.LookPath("criu")
+		if err != nil {
+			return "", fmt.Errorf("no criu on PATH (scripts/install-criu.sh installs CRIU 4.2): %w", err)
+		}
+		return found, nil
 	}
-	return "criu"
+	if p != "" {
+		real, err := trusted.Path(p)
+		if err != nil {
+			return "", fmt.Errorf("GPUCR_CRIU=%s: %w (as root, gpucr runs a CRIU that the environment names only where root alone can change it)", p, err)
+		}
+		return real, nil
+	}
+	found, _, err := trusted.LookPath("criu", os.Getenv("PATH"))
+	if err != nil {
+		return "", fmt.Errorf("%w (scripts/install-criu.sh installs CRIU 4.2)", err)
+	}
+	return found, nil
 }
 
 // notifier prints CRIU's phases on a terminal (not with --json).
@@ -94,12 +120,20 @@ type criuJob struct {
 	fill      func(*rpc.CriuOpts)
 }
 
-// criuRun runs a CRIU job under the --criu-timeout deadline. Its failure is
-// a *criuFailure: what CRIU's log and the plugin said.
+// criuRun runs a CRIU job under the --criu-timeout deadline, in a private
+// world (criudir.go, criusession.go): CRIU reads no configuration but the
+// session's, gets only the environment the session gives it, and works in
+// private directories; the log and a dump's images are moved into the image
+// directory afterwards. Its failure is a *criuFailure: what CRIU's log and
+// the plugin said.
 func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	deadline := c.Duration("criu-timeout")
 	if deadline <= 0 {
 		return nil, usageError{fmt.Errorf("--criu-timeout %v: must be positive", deadline)}
+	}
+	criuBin, err := criuBinary()
+	if err != nil {
+		return nil, err
 	}
 	// O_DIRECTORY: what replaced the directory since it was checked (a
 	// FIFO) is refused, not waited on.
@@ -114,12 +148,28 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 		return nil, fmt.Errorf("CRIU configuration: %w", err)
 	}
 	defer sess.close()
+	work, err := sess.workDir()
+	if err != nil {
+		return nil, err
+	}
+	defer work.Close()
+	var cd *criuDir
+	if job.dump {
+		cd, err = stageDump(d, job.dir)
+	} else {
+		cd, err = stageRestore(d, job.dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer cd.remove()
 	log := "restore.log"
 	if job.dump {
 		log = "dump.log"
 	}
 	opts := &rpc.CriuOpts{
-		ImagesDirFd: proto.Int32(int32(d.Fd())),
+		ImagesDirFd: proto.Int32(int32(cd.stage.Fd())),
+		WorkDirFd:   proto.Int32(int32(work.Fd())),
 		LogFile:     proto.String(log),
 		LogLevel:    proto.Int32(4),
 		ShellJob:    proto.Bool(c.Bool("shell-job")),
@@ -136,16 +186,18 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	if !c.Bool("json") {
 		n.w = c.App.Writer
 	}
-	// go-criu's criu swrk inherits this environment: the plugin, inside
-	// CRIU, reaches the helper this command was told about, writes its
-	// messages where this command reads them, and asks for an incremental
-	// GPU image against the parent this command chose.
+	// The plugin, inside CRIU, reaches the helper this command was told
+	// about, writes its messages where this command reads them, puts the
+	// GPU image into (or takes it from) the image directory itself, passed
+	// as descriptor 4, and asks for an incremental GPU image against the
+	// parent this command chose.
 	socket := client.SocketPath(c.String("socket"))
-	for k, v := range map[string]string{"GPUCR_SOCKET": socket, pluginLogEnv: sess.pluginLog, "GPUCR_PARENT": job.parent} {
-		if err := os.Setenv(k, v); err != nil {
-			return nil, err
-		}
+	extra := []string{"GPUCR_IMAGE_DIR_FD=4"}
+	if job.parent != "" {
+		extra = append(extra, "GPUCR_PARENT="+job.parent)
 	}
+	cmd := swrk.Cmd{CRIU: criuBin, Env: sess.criuEnv(socket, extra...), Files: []*os.File{d}, Deadline: deadline,
+		KillNew: !job.dump}
 	var bar io.Writer
 	if n.w != nil && isTerminal(n.w) {
 		bar = n.w
@@ -155,56 +207,61 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 		direction = helperpb.Transfer_DIRECTION_DUMP
 	}
 	watch := watchGPU(socket, job.dir, direction, n.start, bar)
-	out := runCRIU(criuPath(), deadline, !job.dump, func(cr *criu.Criu) error {
-		if job.dump {
-			return cr.Dump(opts, n)
-		}
-		return cr.Restore(opts, n)
-	})
+	var out swrk.Outcome
+	if job.dump {
+		out = cmd.Dump(opts, n)
+	} else {
+		out = cmd.Restore(opts, n)
+	}
 	n.gpu = watch.stop()
 	zlog := logger(c)
-	zlog.Debug("criu ran", zap.String("criu", criuPath()), zap.Int("swrk_pid", out.swrk), zap.String("plugin_dir", job.pluginDir),
-		zap.String("config", sess.config), zap.Bool("timed_out", out.timedOut), zap.Error(out.err))
+	zlog.Debug("criu ran", zap.String("criu", criuBin), zap.Int("swrk_pid", out.Pid), zap.String("plugin_dir", job.pluginDir),
+		zap.String("config", sess.config), zap.Bool("timed_out", out.TimedOut), zap.Error(out.Err))
 	_ = zlog.Sync()
 	if _, line := gpuSummary(n.gpu); line != "" && n.w != nil {
 		fmt.Fprintf(n.w, "  %s\n", line)
 	}
-	if out.err == nil && !out.timedOut {
+	privateLog := filepath.Join(sess.dir, log)
+	logPath := filepath.Join(job.dir, log)
+	if err := placeLog(d, job.dir, privateLog, log); err != nil {
+		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: CRIU's log could not be placed in the image directory: %v\n", err)
+	}
+	if out.Err == nil && !out.TimedOut {
+		if job.dump {
+			if err := cd.publish(); err != nil {
+				return n, err
+			}
+		} else {
+			cd.keepNew()
+		}
 		n.plugin = sess.pluginLines()
 		return n, nil
 	}
-	logPath := filepath.Join(job.dir, log)
-	f := &criuFailure{Log: logPath, TimedOut: out.timedOut, Err: out.err,
+	f := &criuFailure{Log: logPath, TimedOut: out.TimedOut, Err: out.Err,
 		Summary: fmt.Sprintf("%s failed; see %s", job.what, logPath)}
-	if out.timedOut {
+	if out.TimedOut {
 		f.Summary = timeoutSummary(job.what, deadline, out, logPath)
 	}
-	f.CRIU, err = criuLogFile(logPath, maxCRIUErrors)
+	f.CRIU, err = criuLogFile(privateLog, maxCRIUErrors)
 	if err != nil {
 		f.CRIU = []string{fmt.Sprintf("(CRIU's log cannot be read: %v)", err)}
 	}
 	f.Plugin = sess.pluginLines()
 	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...))
-	if out.timedOut && len(job.clients) > 0 {
+	if out.TimedOut && len(job.clients) > 0 {
 		f.Processes = waitGPUBack(socket, job.clients, gpuBackWait)
 	}
 	return n, f
 }
 
 // timeoutSummary says that CRIU ran past its deadline and what was done.
-func timeoutSummary(what string, deadline time.Duration, out criuOutcome, logPath string) string {
-	s := fmt.Sprintf("%s did not finish within %v; ", what, deadline)
-	switch {
-	case out.swrk == 0:
-		s += "could not tell which process is CRIU to kill it"
-	default:
-		s += "killed it"
+func timeoutSummary(what string, deadline time.Duration, out swrk.Outcome, logPath string) string {
+	s := fmt.Sprintf("%s did not finish within %v; killed it", what, deadline)
+	if len(out.Killed) > 0 {
+		s += fmt.Sprintf(" and the processes it was restoring (%v)", out.Killed)
 	}
-	if len(out.killed) > 0 {
-		s += fmt.Sprintf(" and the processes it was restoring (%v)", out.killed)
-	}
-	if out.hung {
-		s += fmt.Sprintf("; go-criu did not return within %v after that", criuReturnGrace)
+	if out.Hung {
+		s += fmt.Sprintf("; its RPC did not end within %v after that (a process CRIU started holds it)", swrk.ReturnGrace)
 	}
 	return s + "; see " + logPath
 }

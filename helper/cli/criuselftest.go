@@ -11,10 +11,11 @@ import (
 	"syscall"
 	"time"
 
-	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/helper/swrk"
 )
 
 // criuSelfTest judges a CRIU by a real dump and restore, as
@@ -59,7 +60,12 @@ type selfTestResult struct {
 const selfTestWait = 5 * time.Second
 
 func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res selfTestResult) {
-	tmp, err := os.MkdirTemp("", "gpucr-check-")
+	base, err := privateTempDir()
+	if err != nil {
+		res.err = err
+		return res
+	}
+	tmp, err := os.MkdirTemp(base, "gpucr-check-")
 	if err != nil {
 		res.err = err
 		return res
@@ -105,21 +111,25 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 		return res
 	}
 	defer sess.close()
-	for k, v := range map[string]string{"GPUCR_SOCKET": socket, pluginLogEnv: sess.pluginLog} {
-		if err := os.Setenv(k, v); err != nil {
-			res.err = err
-			return res
-		}
-	}
 	d, err := os.Open(img)
 	if err != nil {
 		res.err = err
 		return res
 	}
 	defer d.Close()
+	work, err := sess.workDir()
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer work.Close()
+	// As gpucr checkpoint runs CRIU: no configuration but the session's,
+	// only the session's environment. The images directory is this
+	// check's own private one.
+	cmd := swrk.Cmd{CRIU: criuPath, Env: sess.criuEnv(socket), Deadline: limit}
 	opts := func(log string) *rpc.CriuOpts {
-		o := &rpc.CriuOpts{ImagesDirFd: proto.Int32(int32(d.Fd())), LogFile: proto.String(log), LogLevel: proto.Int32(4),
-			Timeout: proto.Uint32(uint32(max(1, limit/time.Second)))}
+		o := &rpc.CriuOpts{ImagesDirFd: proto.Int32(int32(d.Fd())), WorkDirFd: proto.Int32(int32(work.Fd())),
+			LogFile: proto.String(log), LogLevel: proto.Int32(4), Timeout: proto.Uint32(uint32(max(1, limit/time.Second)))}
 		if sess.config != "" {
 			o.ConfigFile = proto.String(sess.config)
 		}
@@ -134,14 +144,14 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 	dumpOpts := opts("dump.log")
 	dumpOpts.Pid = proto.Int32(int32(pid))
 	start := time.Now()
-	out := runCRIU(criuPath, limit, false, func(cr *criu.Criu) error { return cr.Dump(dumpOpts, nil) })
+	out := cmd.Dump(dumpOpts, nil)
 	res.dump = time.Since(start)
-	if log, err := os.ReadFile(filepath.Join(img, "dump.log")); err == nil {
+	if log, err := os.ReadFile(filepath.Join(sess.dir, "dump.log")); err == nil {
 		res.dumpRan = true
 		res.pluginLoaded = criuPluginLoaded(string(log), "gpucr")
 		res.dumpErrors, _ = criuLogErrors(strings.NewReader(string(log)), 3)
 	}
-	if res.err = stepFailed("dump", out, limit, uname, filepath.Join(img, "dump.log"), sess); res.err != nil {
+	if res.err = stepFailed("dump", out, limit, uname, filepath.Join(sess.dir, "dump.log"), sess); res.err != nil {
 		return res
 	}
 	if err := reapWithin(loop, selfTestWait); err != nil {
@@ -165,9 +175,10 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 	restoreOpts := opts("restore.log")
 	restoreOpts.RstSibling = proto.Bool(true)
 	start = time.Now()
-	out = runCRIU(criuPath, limit, true, func(cr *criu.Criu) error { return cr.Restore(restoreOpts, nil) })
+	cmd.KillNew = true
+	out = cmd.Restore(restoreOpts, nil)
 	res.restore = time.Since(start)
-	if res.err = stepFailed("restore", out, limit, uname, filepath.Join(img, "restore.log"), sess); res.err != nil {
+	if res.err = stepFailed("restore", out, limit, uname, filepath.Join(sess.dir, "restore.log"), sess); res.err != nil {
 		return res
 	}
 	restored = true
@@ -179,15 +190,15 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 }
 
 // stepFailed says why a self-test step failed, nil if it did not.
-func stepFailed(step string, out criuOutcome, limit time.Duration, uname, log string, sess *criuSession) error {
+func stepFailed(step string, out swrk.Outcome, limit time.Duration, uname, log string, sess *criuSession) error {
 	switch {
-	case out.timedOut:
+	case out.TimedOut:
 		return fmt.Errorf("criu %s did not finish within %v (this CRIU hangs on this kernel, Linux %s?)", step, limit, uname)
-	case out.err != nil:
+	case out.Err != nil:
 		msgs, _ := criuLogFile(log, 3)
 		msgs = append(sess.pluginLines(), msgs...)
 		if len(msgs) == 0 {
-			msgs = []string{out.err.Error()}
+			msgs = []string{out.Err.Error()}
 		}
 		return fmt.Errorf("criu %s failed: %s", step, strings.Join(msgs, "; "))
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
+
+	"github.com/gpucr/gpucr/helper/trusted"
 )
 
 // Where `gpucr checkpoint` and `gpucr restore` find gpucr's CRIU plugin.
@@ -52,6 +54,17 @@ func findPlugin(flagDir string) (pluginSearch, error) {
 		s.Tried = append(s.Tried, p)
 		if !isFile(p) {
 			return s, fmt.Errorf("%s %s: no %s there", named.what, named.dir, pluginFile)
+		}
+		// As root, a directory the environment names (kept from a user by
+		// `sudo -E`) is loaded into CRIU only if root alone can change it
+		// and its plugin; --plugin-dir is root's own choice.
+		if named.what == "GPUCR_PLUGIN_DIR" && os.Geteuid() == 0 {
+			real, err := trusted.Path(p)
+			if err != nil {
+				return s, fmt.Errorf("GPUCR_PLUGIN_DIR=%s: %w (as root, gpucr loads a plugin named by the environment only where root alone can change it; name the directory with --plugin-dir)",
+					named.dir, err)
+			}
+			abs = filepath.Dir(real)
 		}
 		s.Dir = abs
 		return s, nil

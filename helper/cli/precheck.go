@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -40,13 +39,23 @@ func checkpointDir(dir string) error {
 }
 
 // restoreDir checks the image directory of a restore: it exists, is a
-// directory, holds CRIU's images (inventory.img), and takes CRIU's log.
+// directory, holds CRIU's images (inventory.img, a regular file of the
+// caller's: CRIU restores only images of the user who restores), and takes
+// CRIU's log.
 func restoreDir(dir string) error {
 	if err := isDir(dir); err != nil {
 		return err
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("image directory %s holds no CRIU images (no inventory.img): not the directory of a `gpucr checkpoint`, or that checkpoint failed", dir)
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	uid := uint32(os.Geteuid())
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(d.Fd()), "inventory.img", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil ||
+		st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uid {
+		return inventoryProblem(d, dir, uid)
 	}
 	if err := probeWritable(dir); err != nil {
 		return fmt.Errorf("image directory %s does not take CRIU's restore.log: %w", dir, err)

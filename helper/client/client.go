@@ -59,6 +59,20 @@ func Dial(ctx context.Context, socket string, role helperpb.Role, program string
 		nc.Close()
 		return nil, err
 	}
+	// Run as root, gpucr talks only to a helper that runs as root: a
+	// socket named by the environment (GPUCR_SOCKET, kept by `sudo -E`) may
+	// be a user's process, which would be handed image directories and
+	// believed.
+	if os.Geteuid() == 0 {
+		cred, err := w.PeerCred()
+		if err == nil && cred.Uid != 0 {
+			err = fmt.Errorf("it runs as uid %d, not as root", cred.Uid)
+		}
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("the process listening on %s is not a gpucr helper run by root: %w", socket, err)
+		}
+	}
 	c := &Conn{w: w, Socket: socket}
 	resp, fds, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
 		ProtocolVersion: wire.Version, Role: role, Program: program}}})

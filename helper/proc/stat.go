@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -127,6 +129,32 @@ func SamePidNS(pid int32) bool {
 		return true
 	}
 	return mine == its
+}
+
+// Children lists pid's children, read from /proc/PID/task/*/children (every
+// thread's: a multithreaded parent forks from any of them).
+func Children(pid int32) ([]int32, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	if err != nil {
+		return nil, err
+	}
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("no process %d (or no /proc/PID/task/*/children)", pid)
+	}
+	var out []int32
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // the thread has exited
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.ParseInt(f, 10, 32); err == nil && !slices.Contains(out, int32(c)) {
+				out = append(out, int32(c))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // pfExiting is the kernel's PF_EXITING task flag (/proc/PID/stat field 9).
