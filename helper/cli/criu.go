@@ -223,8 +223,16 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	}
 	privateLog := filepath.Join(sess.dir, log)
 	logPath := filepath.Join(job.dir, log)
-	if err := placeLog(d, job.dir, privateLog, log); err != nil {
-		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: CRIU's log could not be placed in the image directory: %v\n", err)
+	// CRIU writes its log and its statistics (stats-dump, stats-restore)
+	// into its work directory.
+	for _, name := range []string{log, "stats-dump", "stats-restore"} {
+		src := filepath.Join(sess.dir, name)
+		if _, err := os.Stat(src); err != nil && name != log {
+			continue
+		}
+		if err := placeLog(d, job.dir, src, name); err != nil {
+			fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: CRIU's %s could not be placed in the image directory: %v\n", name, err)
+		}
 	}
 	if out.Err == nil && !out.TimedOut {
 		if job.dump {

@@ -6,9 +6,9 @@ package cli
 // symlink planted there into any file on the system, and restore from files
 // it did not write. So CRIU never works in the image directory DIR itself:
 //
-//   - its work directory (its log) is the session's private directory; the
-//     log is placed into DIR afterwards (placeLog), by a rename, which
-//     replaces whatever has that name and follows nothing;
+//   - its work directory (its log and statistics) is the session's private
+//     directory; they are placed into DIR afterwards (placeLog), by a
+//     rename, which replaces whatever has that name and follows nothing;
 //   - its images directory is a private directory made inside DIR (0700,
 //     this process's; "stage" below). A dump's images are renamed from there
 //     into DIR once the dump has succeeded, so a failed dump leaves the
