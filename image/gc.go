@@ -59,7 +59,26 @@ type gcNode struct {
 // GC refuses to run (and changes nothing) if a kept image cannot be opened
 // or an ancestor its chunks need is missing: what they need would be unknown.
 func GC(keep []string, dryRun bool) (*GCReport, error) {
-	order, err := gcGraph(keep)
+	return GCWith(keep, GCOptions{DryRun: dryRun})
+}
+
+// GCOptions are GCWith's settings.
+type GCOptions struct {
+	DryRun bool
+	// Confined: every image GC reads or changes must belong to the owner of
+	// the path that each keep names, as that path itself is seen (a
+	// symlink's own owner; a process other than root: the process's own
+	// uid), and be reached through no symlink of another user than that
+	// owner or root. An image of another user, a kept one or an ancestor,
+	// makes GC refuse (ErrOwner), changing nothing. For a root that runs gc
+	// on paths users may have named or made.
+	Confined bool
+}
+
+// GCWith is GC with options.
+func GCWith(keep []string, opts GCOptions) (*GCReport, error) {
+	dryRun := opts.DryRun
+	order, err := gcGraph(keep, opts.Confined)
 	defer func() {
 		for _, n := range order {
 			n.g.close()
@@ -134,7 +153,7 @@ func GC(keep []string, dryRun bool) (*GCReport, error) {
 
 // gcGraph loads the kept images and walks their parent chains. The nodes
 // it returns (also with an error) hold their gpucr/ open.
-func gcGraph(keep []string) (order []*gcNode, err error) {
+func gcGraph(keep []string, confined bool) (order []*gcNode, err error) {
 	nodes := map[string]*gcNode{}
 	// get returns the node of dir, loading its manifest the first time; a
 	// node is registered (and so swept) only once it is known to belong:
@@ -174,13 +193,41 @@ func gcGraph(keep []string) (order []*gcNode, err error) {
 		}
 		return n, nil
 	}
+	// owners[i]: whose images keep[i]'s chain must be (-1: anyone's).
+	owners := make([]int, len(keep))
+	resolve := func(path string, uid int) (string, error) {
+		if uid < 0 {
+			return realDir(path)
+		}
+		return ownedPath(path, uid)
+	}
+	// check refuses a node that is not uid's.
+	check := func(n *gcNode, uid int) error {
+		if uid >= 0 && (n.own == nil || n.own.UID != uid) {
+			got := -1
+			if n.own != nil {
+				got = n.own.UID
+			}
+			return &OwnerError{Path: filepath.Join(n.dir, SubDir), UID: got, Want: uid}
+		}
+		return nil
+	}
 	var kept []*gcNode
-	for _, k := range keep {
-		real, err := realDir(k)
+	for i, k := range keep {
+		owners[i] = -1
+		if confined {
+			if owners[i], err = pathOwner(k); err != nil {
+				return order, fmt.Errorf("gc: keep %s: %w", k, err)
+			}
+		}
+		real, err := resolve(k, owners[i])
 		if err != nil {
 			return order, fmt.Errorf("gc: keep %s: %w", k, err)
 		}
 		n, err := get(real, nil)
+		if err == nil {
+			err = check(n, owners[i])
+		}
 		if err != nil {
 			return order, fmt.Errorf("gc: keep %s: %w", k, err)
 		}
@@ -189,15 +236,23 @@ func gcGraph(keep []string) (order []*gcNode, err error) {
 	}
 	// Walk each chain from its start; an ancestor reached from several kept
 	// images is loaded once.
-	for _, start := range kept {
+	for i, start := range kept {
 		need := maxAncestor(start.m)
 		chain := []*gcNode{start}
 		for cur := start; cur.m.GetParent() != nil; {
 			p := cur.m.GetParent()
-			next, err := realDir(filepath.Join(cur.dir, p.GetPath()))
+			next, err := resolve(filepath.Join(cur.dir, p.GetPath()), owners[i])
+			if errors.Is(err, ErrOwner) {
+				return order, fmt.Errorf("gc: %s: its ancestor %d: %w", start.dir, len(chain), err)
+			}
 			var n *gcNode
 			if err == nil {
 				n, err = get(next, p.GetImageId())
+			}
+			if err == nil {
+				if oerr := check(n, owners[i]); oerr != nil {
+					return order, fmt.Errorf("gc: %s: its ancestor %d: %w", start.dir, len(chain), oerr)
+				}
 			}
 			if err != nil {
 				err = fmt.Errorf("%w: %w", ErrMissingParent, err)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // Two users that are not this process; the tests that give files away need
@@ -258,4 +259,136 @@ func TestGCKeepsOwner(t *testing.T) {
 	// The owner writes a new image into a: what gc left there is its own.
 	fxWrite(t, a, Options{ChunkSize: 4096, Owner: ownerA}, bufs)
 	fxCheck(t, a, bufs)
+}
+
+// fxOwnedChain writes own's a -> b (b changes one chunk of a) under root and
+// returns their directories; root itself belongs to own too.
+func fxOwnedChain(t *testing.T, root string, own *Owner) (a, b string, bufs []fxBuf) {
+	t.Helper()
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(root, own.UID, own.GID); err != nil {
+		t.Fatal(err)
+	}
+	a, b = filepath.Join(root, "a"), filepath.Join(root, "b")
+	data := fxRand(uint64(own.UID), 4*4096)
+	fxWrite(t, a, Options{ChunkSize: 4096, Owner: own}, []fxBuf{{BufferInfo{Address: 0x1000, Size: 4 * 4096}, data}})
+	next := append(append([]byte(nil), data[:3*4096]...), fxRand(98, 4096)...)
+	bufs = []fxBuf{{BufferInfo{Address: 0x1000, Size: 4 * 4096}, next}}
+	fxWrite(t, b, Options{ChunkSize: 4096, Owner: own, Parent: a}, bufs)
+	for _, d := range []string{a, b} {
+		os.Remove(filepath.Join(d, SubDir, lockName))
+		if err := os.Chown(d, own.UID, own.GID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b, bufs
+}
+
+// A confined gc run by root on a user's path acts only on that user's
+// images: a symlink of user B to user A's newest incremental image, or B's
+// image whose manifest names A's as its parent, is refused (ErrOwner), and
+// A's parent is neither pruned nor loses a chunk. B's own chain is gc'd.
+func TestGCConfinedToThePathsOwner(t *testing.T) {
+	needRoot(t)
+	root := t.TempDir()
+	victimA, victimB, _ := fxOwnedChain(t, filepath.Join(root, "victim"), ownerA)
+	filesA := fxChunkFiles(t, victimA)
+
+	attacker := filepath.Join(root, "attacker")
+	_, ownB, bufsB := fxOwnedChain(t, attacker, ownerB)
+	link := filepath.Join(attacker, "img")
+	if err := os.Symlink(victimB, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, ownerB.UID, ownerB.GID); err != nil {
+		t.Fatal(err)
+	}
+	// B's own image re-pointed at A's parent: its manifest is B's to write.
+	forged := filepath.Join(attacker, "forged")
+	fxCopyTree(t, victimB, forged)
+	for _, p := range []string{forged, filepath.Join(forged, SubDir)} {
+		if err := os.Chown(p, ownerB.UID, ownerB.GID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filepath.Walk(filepath.Join(forged, SubDir), func(p string, _ os.FileInfo, _ error) error {
+		return os.Lchown(p, ownerB.UID, ownerB.GID)
+	})
+	m, err := loadManifest(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Parent.Path = "../../victim/a"
+	g, err := openDirPath(filepath.Join(forged, SubDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storeManifest(g, m, ownerB); err != nil {
+		t.Fatal(err)
+	}
+	g.close()
+
+	for _, keep := range []string{link, forged} {
+		rep, err := GCWith([]string{keep}, GCOptions{Confined: true})
+		if !errors.Is(err, ErrOwner) {
+			t.Errorf("confined gc of %s: %+v, %v; want ErrOwner", keep, rep, err)
+		}
+	}
+	if _, err := Open(victimA); err != nil {
+		t.Errorf("A's parent image after B's gc: %v", err)
+	}
+	if n := fxChunkFiles(t, victimA); n != filesA {
+		t.Errorf("A's parent image has %d chunk files, %d before", n, filesA)
+	}
+	// Unconfined, as before (a user gc'ing as themselves: the kernel's
+	// permissions are the rule), the symlink is followed.
+	if _, err := GCWith([]string{ownB}, GCOptions{Confined: true}); err != nil {
+		t.Fatalf("confined gc of B's own image: %v", err)
+	}
+	fxCheck(t, ownB, bufsB)
+}
+
+// In a shared series directory (1777, root's), root's --auto-parent takes
+// root's newest image, not another user's newer one; a user's takes their own.
+func TestLatestOwned(t *testing.T) {
+	needRoot(t)
+	base := filepath.Join(t.TempDir(), "series")
+	if err := os.Mkdir(base, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(base, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string, own *Owner) string {
+		dir := filepath.Join(base, name)
+		fxWrite(t, dir, Options{ChunkSize: 4096, Owner: own}, []fxBuf{{BufferInfo{Address: 0x1000, Size: 4096}, fxRand(5, 4096)}})
+		if own != nil {
+			if err := os.Chown(dir, own.UID, own.GID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	mine := mk("1", nil)
+	time.Sleep(10 * time.Millisecond)
+	mk("2", ownerA)
+	if got, err := Latest(base, filepath.Join(base, "3")); err != nil || got != filepath.Join(base, "2") {
+		t.Fatalf("Latest = %q, %v: want the newest of anyone's", got, err)
+	}
+	if got, err := LatestOwned(base, filepath.Join(base, "3")); err != nil || got != mine {
+		t.Errorf("LatestOwned = %q, %v; want root's own %s", got, err, mine)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(base, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, ownerA.UID, ownerA.GID); err != nil {
+		t.Fatal(err)
+	}
+	// Through A's symlink the path is A's: A's newest.
+	if got, err := LatestOwned(link, filepath.Join(link, "3")); err != nil || got != filepath.Join(base, "2") {
+		t.Errorf("LatestOwned through A's link = %q, %v", got, err)
+	}
 }

@@ -17,7 +17,30 @@ import (
 // valid and it is restorable by itself (not pruned by gc); the newest is
 // the one taken last (the manifest's origin time), ties broken by name.
 // It returns "" when base holds none or does not exist yet.
-func Latest(base, skip string) (string, error) {
+func Latest(base, skip string) (string, error) { return latest(base, skip, nil) }
+
+// LatestOwned is Latest among the images of one user: the caller (for root:
+// the owner of base itself, as base is seen, a symlink's own owner). In a
+// series directory others may write (a shared 1777 one), another user's
+// newer image is not taken, nor is base reached through another user's
+// symlink (ErrOwner).
+func LatestOwned(base, skip string) (string, error) {
+	uid, err := pathOwner(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("image series %s: %w", base, err)
+	}
+	real, err := ownedPath(base, uid)
+	if err != nil {
+		return "", fmt.Errorf("image series %s: %w", base, err)
+	}
+	return latest(real, skip, &Owner{UID: uid})
+}
+
+// latest is Latest of own's images (nil: anyone's).
+func latest(base, skip string, own *Owner) (string, error) {
 	entries, err := os.ReadDir(base)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil // the series starts here
@@ -36,7 +59,7 @@ func Latest(base, skip string) (string, error) {
 		if real, err := realDir(dir); err != nil || real == skipReal {
 			continue
 		}
-		t, ok := committedAt(dir)
+		t, ok := committedAt(dir, own)
 		if ok && !t.Before(bestTime) {
 			best, bestTime = dir, t
 		}
@@ -45,19 +68,19 @@ func Latest(base, skip string) (string, error) {
 }
 
 // committedAt is when the image in dir was taken, if it has a valid,
-// unpruned manifest.
-func committedAt(dir string) (time.Time, bool) {
+// unpruned manifest (of own's, if set).
+func committedAt(dir string, own *Owner) (time.Time, bool) {
 	top, err := openDirPath(dir)
 	if err != nil {
 		return time.Time{}, false
 	}
 	defer top.close()
-	g, err := openSubDir(top, nil)
+	g, err := openSubDir(top, own)
 	if err != nil {
 		return time.Time{}, false
 	}
 	defer g.close()
-	m, err := loadManifestAt(g, nil)
+	m, err := loadManifestAt(g, own)
 	if err != nil || m.GetPruned() {
 		return time.Time{}, false
 	}

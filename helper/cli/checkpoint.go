@@ -79,7 +79,8 @@ func checkpointCommand() *ucli.Command {
 
 // checkpointParent is the parent image of an incremental checkpoint into
 // dir: --parent, or with --auto-parent the newest committed image beside
-// dir (image.Latest), "" for a full image.
+// dir (image.LatestOwned: the caller's own images; as root, those of
+// whoever owns the series directory), "" for a full image.
 func checkpointParent(c *ucli.Context, dir string) (string, error) {
 	parent := c.String("parent")
 	switch {
@@ -91,7 +92,7 @@ func checkpointParent(c *ucli.Context, dir string) (string, error) {
 		return "", nil
 	}
 	base := filepath.Dir(dir)
-	latest, err := image.Latest(base, dir)
+	latest, err := image.LatestOwned(base, dir)
 	if err != nil {
 		return "", fmt.Errorf("--auto-parent: %w", err)
 	}

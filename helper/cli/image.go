@@ -665,7 +665,9 @@ func imageGC(c *ucli.Context) error {
 			return fmt.Errorf("gc: keep %w", err)
 		}
 	}
-	rep, err := image.GC(args, c.Bool("dry-run"))
+	// Confined: as root, only the images of whoever owns each path named
+	// (a user's symlink to another user's image is refused).
+	rep, err := image.GCWith(args, image.GCOptions{DryRun: c.Bool("dry-run"), Confined: true})
 	if rep != nil {
 		// GC reports what it did even when some removals failed.
 		doc := buildGC(rep)

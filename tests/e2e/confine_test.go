@@ -1,0 +1,131 @@
+package e2e
+
+// gc and --auto-parent act only on the images of the user a path belongs to.
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/image"
+)
+
+// writeChain writes root's images a -> b into dir (b changes one of a's two
+// chunks, so that gc of b alone prunes a) and returns them.
+func writeChain(t *testing.T, dir string) (a, b string) {
+	t.Helper()
+	write := func(d, parent string, second byte) {
+		w, err := image.Create(d, image.Origin{Pid: 1, Time: time.Now()}, image.Options{Parent: parent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bw, err := w.AddBuffer(image.BufferInfo{Pid: 1, Address: 0x7f0000000000, Size: 2 * image.DefaultChunkSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		one := make([]byte, image.DefaultChunkSize)
+		for i := range one {
+			one[i] = byte(i)
+		}
+		two := make([]byte, image.DefaultChunkSize)
+		for i := range two {
+			two[i] = second
+		}
+		if _, err := bw.Write(append(one, two...)); err != nil {
+			t.Fatal(err)
+		}
+		if err := bw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b = filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	write(a, "", 1)
+	write(b, a, 2)
+	return a, b
+}
+
+func chunkFiles(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	_ = filepath.Walk(filepath.Join(dir, "gpucr", "chunks"), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+// TestGCThroughAnothersSymlink: the second user's "image" is a symlink to
+// root's newest incremental image. Root's `gpucr image gc` of that path is
+// refused, saying the path's owner is not the image's, and root's parent
+// image is neither pruned nor loses a chunk.
+func TestGCThroughAnothersSymlink(t *testing.T) {
+	u := secondUser(t)
+	dir := t.TempDir()
+	openUp(t, dir)
+	a, b := writeChain(t, filepath.Join(dir, "root-series"))
+	before := chunkFiles(t, a)
+	home := userDir(t, u, filepath.Join(dir, "home"))
+	link := filepath.Join(home, "img")
+	mustAsOther(t, u, "ln", "-s", b, link)
+
+	out, err := runErr(time.Minute, nil, binPath(t, "gpucr"), "image", "gc", link)
+	if err == nil || !strings.Contains(out, "belongs to uid 0, not to uid "+strconv.Itoa(int(u.UID))) {
+		t.Errorf("gc of the second user's symlink to root's image: %v\n%s", err, out)
+	}
+	if _, err := image.Open(a); err != nil {
+		t.Errorf("root's parent image after gc: %v", err)
+	}
+	if n := chunkFiles(t, a); n != before {
+		t.Errorf("root's parent image has %d chunk files, %d before", n, before)
+	}
+	// Root's gc of its own image still works, and prunes the parent.
+	if out, err := runErr(time.Minute, nil, binPath(t, "gpucr"), "image", "gc", b); err != nil {
+		t.Fatalf("gc of root's own image: %v\n%s", err, out)
+	}
+	if _, err := image.Open(a); err == nil {
+		t.Error("root's own gc did not prune the parent")
+	}
+}
+
+// TestAutoParentSharedSeries: in a shared series directory (1777) the second
+// user checkpoints into series/2 after root's series/1. Root's next
+// checkpoint with --auto-parent takes root's own series/1 as its parent (the
+// second user's newer image cannot be root's parent) and succeeds.
+func TestAutoParentSharedSeries(t *testing.T) {
+	u := secondUser(t)
+	dir := t.TempDir()
+	openUp(t, dir)
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	series := filepath.Join(dir, "series")
+	if err := os.Mkdir(series, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(series, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	mine := startUnder(t, dir, h, env, "ptrchase", "--mib", "8", "--interval-ms", "20")
+	mine.waitIter(5, time.Minute)
+	if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(mine.pid), "-D", filepath.Join(series, "1"),
+		"--gpu-only", "--leave-running"); err != nil {
+		t.Fatalf("root's first checkpoint: %v\n%s", err, out)
+	}
+	theirs := startUnderAs(t, dir, h, env, u, "ptrchase", "--mib", "8", "--interval-ms", "20")
+	theirs.waitIter(5, time.Minute)
+	mustAsOther(t, u, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(theirs.pid), "-D", filepath.Join(series, "2"),
+		"--gpu-only", "--leave-running", "--socket", h.socket)
+
+	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(mine.pid), "-D", filepath.Join(series, "3"), "--gpu-only",
+		"--leave-running", "--auto-parent")
+	if err != nil || !strings.Contains(out, "parent: "+filepath.Join(series, "1")) {
+		t.Fatalf("root's --auto-parent checkpoint in the shared series: %v\n%s", err, out)
+	}
+}
