@@ -45,6 +45,9 @@ type client struct {
 
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
+	// quietUntil: its control connection did not answer a Status; Status
+	// does not ask it again before then (status.go). Guarded by mu.
+	quietUntil time.Time
 
 	// life is where it is in its lifecycle, and what goes with that; only
 	// lifecycle.go reads or changes it. Guarded by mu.

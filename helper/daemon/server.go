@@ -102,6 +102,8 @@ type Server struct {
 	refusedLog  burstLog          // connections refused for a limit
 	stalledLog  burstLog          // connections closed for a frame that stalled
 	rejectedLog burstLog          // connections closed for a bad request
+
+	statusShare statusShare // Status requests share their replies (status.go)
 }
 
 // New returns a server; Listen and Serve start it.

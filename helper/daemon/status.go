@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -23,8 +25,79 @@ func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
 	return out
 }
 
+// statusShare coalesces Status requests. At most one reply is built at a
+// time; a request waits for the first build that starts after it came (so
+// it sees everything done before it asked), and the requests that wait for
+// one build share its reply. A flood of Status, from any number of
+// connections, costs the helper one build at a time and one reply, however
+// many clients it asks.
+type statusShare struct {
+	mu      sync.Mutex
+	running bool
+	next    *statusBuild // the build the requests that came while one ran wait for
+}
+
+// statusBuild is one build of the Status reply and those waiting for it.
+type statusBuild struct {
+	done  chan struct{}
+	reply *helperpb.StatusReply
+}
+
+// sharedStatus is the reply to a Status request (see statusShare).
+func (s *Server) sharedStatus() *helperpb.StatusReply {
+	sh := &s.statusShare
+	sh.mu.Lock()
+	if sh.next == nil {
+		sh.next = &statusBuild{done: make(chan struct{})}
+	}
+	b := sh.next
+	if !sh.running {
+		sh.running = true
+		sh.next = nil
+		go s.buildStatuses(b)
+	}
+	sh.mu.Unlock()
+	<-b.done
+	return b.reply
+}
+
+// buildStatuses builds b, then every build requested meanwhile, one after
+// the other, until none is waiting.
+func (s *Server) buildStatuses(b *statusBuild) {
+	sh := &s.statusShare
+	builds := 0
+	for b != nil {
+		b.reply = s.status()
+		builds++
+		close(b.done)
+		sh.mu.Lock()
+		b, sh.next = sh.next, nil
+		if b == nil {
+			sh.running = false
+		}
+		sh.mu.Unlock()
+	}
+	// A run of builds back to back is a flood of Status (a reply of every
+	// client per request); what it left is given back to the system now,
+	// not when the runtime gets round to it.
+	if builds >= floodBuilds {
+		debug.FreeOSMemory()
+	}
+}
+
+// floodBuilds is the number of Status builds back to back after which the
+// helper returns its free memory to the system.
+const floodBuilds = 16
+
+// quietFor is how long a client whose control connection did not answer
+// Status is not asked again: it is shown as not answering meanwhile, so that
+// clients that never answer (stopped, or a user's on purpose) do not make
+// every Status wait for them.
+const quietFor = 5 * time.Second
+
 // status describes the helper and every client. Clients with a control
-// connection are asked GetStats and Snapshot, each within StatusTimeout.
+// connection are asked GetStats and Snapshot, each within StatusTimeout
+// (one that did not answer within quietFor is not asked).
 func (s *Server) status() *helperpb.StatusReply {
 	clients := sortedClients(s, s.byToken)
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
@@ -79,9 +152,15 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
 	cl.mu.Unlock()
 	var reasons []string
-	if !ci.ControlConnected {
+	cl.mu.Lock()
+	quiet := time.Now().Before(cl.quietUntil)
+	cl.mu.Unlock()
+	switch {
+	case !ci.ControlConnected:
 		reasons = append(reasons, "control connection down")
-	} else {
+	case quiet:
+		reasons = append(reasons, "control connection does not answer")
+	default:
 		to := s.cfg.StatusTimeout
 		err := cl.withControl(to, func(ctl *control) error {
 			r, err := ctl.call(&helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}, nil, to)
@@ -111,6 +190,9 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 			ci.ControlConnected = false
 		case err != nil:
 			reasons = append(reasons, "control connection does not answer: "+err.Error())
+			cl.mu.Lock()
+			cl.quietUntil = time.Now().Add(quietFor)
+			cl.mu.Unlock()
 		}
 	}
 	cl.mu.Lock()

@@ -20,6 +20,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -604,5 +606,121 @@ func TestHelperUnitSettings(t *testing.T) {
 	t.Cleanup(h.stop)
 	if st := h.waitStatus(20 * time.Second); len(st.Devices) == 0 {
 		t.Errorf("the unit's helper lists no device: %+v", st)
+	}
+}
+
+// silentClient registers as an interposer would (a calls connection, then a
+// control connection with its token) and then never reads nor answers
+// anything on the control connection.
+func silentClient(c *net.UnixConn, ctl *net.UnixConn) error {
+	w, err := wire.New(c)
+	if err != nil {
+		return err
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if err := w.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
+		ProtocolVersion: wire.Version, Role: helperpb.Role_ROLE_CLIENT_CALLS, Program: "silent"}}}, nil); err != nil {
+		return err
+	}
+	r, _, err := w.ReadResponse()
+	if err != nil {
+		return err
+	}
+	token := r.GetHello().GetClientToken()
+	if token == 0 {
+		return fmt.Errorf("calls Hello answered %v", r)
+	}
+	cw, err := wire.New(ctl)
+	if err != nil {
+		return err
+	}
+	_ = ctl.SetDeadline(time.Now().Add(10 * time.Second))
+	defer ctl.SetDeadline(time.Time{})
+	if err := cw.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
+		ProtocolVersion: wire.Version, Role: helperpb.Role_ROLE_CLIENT_CONTROL, ClientToken: token, Program: "silent"}}}, nil); err != nil {
+		return err
+	}
+	if r, _, err := cw.ReadResponse(); err != nil || r.GetHello() == nil {
+		return fmt.Errorf("control Hello: %v, %v", r, err)
+	}
+	return nil
+}
+
+// TestStatusFloodWithSilentClients: another user registers 300 clients
+// that never answer on their control connections, and 400 connections of
+// theirs ask Status back to back for 10 s. Each Status costs the helper a
+// bounded amount whatever the number of silent clients: its resident memory
+// (silent clients included) grows by less than floodRSSBound, at the peak
+// and once the askers have gone, and root's `gpucr status` is answered
+// throughout, within seconds. (A helper that asked every client for every
+// request grew by over 500 MiB here and kept it, and root's status took
+// 1.5 s.)
+func TestStatusFloodWithSilentClients(t *testing.T) {
+	u := secondUser(t)
+	dir := sharedDir(t)
+	h := startHelper(t, dir, gpucrEnv(t), "--socket-mode", "0666")
+	pid := h.pid()
+	h.status()
+	rss0 := procStatusKiB(t, pid, "VmRSS") << 10
+	const silent, askers = 300, 400
+	for i := 0; i < silent; i++ {
+		pair := dialAs(t, h.socket, &u, 2, nil)
+		if err := silentClient(pair[0], pair[1]); err != nil {
+			t.Fatalf("silent client %d: %v", i, err)
+		}
+	}
+	conns := dialAs(t, h.socket, &u, askers, func(c *net.UnixConn) error { return sayHello(c, helperpb.Role_ROLE_CLI) })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var asked atomic.Int64
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if askStatus(c) != nil {
+					return
+				}
+				asked.Add(1)
+			}
+		}()
+	}
+	var slowest time.Duration
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		start := time.Now()
+		if _, err := h.statusErr(); err != nil {
+			t.Errorf("root's status during the flood: %v", err)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	close(stop)
+	wg.Wait()
+	peak := procStatusKiB(t, pid, "VmHWM") << 10
+	during := procStatusKiB(t, pid, "VmRSS") << 10
+	for _, c := range conns {
+		c.Close()
+	}
+	time.Sleep(5 * time.Second)
+	after := procStatusKiB(t, pid, "VmRSS") << 10
+	t.Logf("%d Status answered; resident memory %d MiB before, peak %d MiB, %d MiB at the end, %d MiB 5 s after the askers left; root's status took at most %v",
+		asked.Load(), rss0>>20, peak>>20, during>>20, after>>20, slowest)
+	if peak-rss0 > floodRSSBound {
+		t.Errorf("the helper's peak resident memory grew by %d MiB under the Status flood, more than %d MiB",
+			(peak-rss0)>>20, floodRSSBound>>20)
+	}
+	if after-rss0 > floodRSSBound {
+		t.Errorf("5 s after the flood the helper still holds %d MiB more than before", (after-rss0)>>20)
+	}
+	if slowest > 5*time.Second {
+		t.Errorf("root's gpucr status took %v during the flood", slowest)
+	}
+	if !h.alive() {
+		t.Fatal("the helper died")
 	}
 }
