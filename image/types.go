@@ -108,6 +108,13 @@ type Options struct {
 	// image is for, so the kernel checked that it may write DIR); the
 	// Writer creates nothing directly in DIR.
 	SubDirMustExist bool
+	// Lookup, if set, runs the opening of the parent chain (Parent, and
+	// the ancestors its manifests name: paths the image's owner named, or
+	// wrote) with the owner's permissions (package fscred of the helper):
+	// the kernel then checks every step as it would for them, and a path
+	// they could not reach fails as it would for them, telling them
+	// nothing of what lies there. nil: this process's own permissions.
+	Lookup func(open func() error) error
 }
 
 // Origin says who made the image.

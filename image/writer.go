@@ -150,7 +150,16 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 	w.store = &chunkStore{g: w.g, chunks: chunks, own: own, local: map[chunkHash]*localChunk{}, old: oldChunks(w.g, own),
 		tmpTag: hex.EncodeToString(w.id[:4])}
 	if opts.Parent != "" {
-		if w.parent, w.store.parent, w.shared, err = parentChunks(w.dir, opts.Parent, own); err != nil {
+		open := func() (err error) {
+			w.parent, w.store.parent, w.shared, err = parentChunks(w.dir, opts.Parent, own)
+			return err
+		}
+		if opts.Lookup != nil {
+			err = opts.Lookup(open)
+		} else {
+			err = open()
+		}
+		if err != nil {
 			return nil, err
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/fscred"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -66,6 +67,22 @@ func (s *Server) checkpointDir(c *conn, id uint64, req *helperpb.Checkpoint) (*o
 			f.Close()
 			return nil, errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s (the descriptor passed): %v", req.ImageDir, err)
 		}
+		// A directory the caller may read but not search (r without x): what
+		// is in it is not theirs to learn, so the helper does not look
+		// either.
+		if c.cred.Uid != 0 {
+			cred, err := c.fsCred()
+			if err == nil {
+				err = fscred.Do(cred, func() error {
+					var st unix.Stat_t
+					return unix.Fstatat(int(f.Fd()), ".", &st, 0)
+				})
+			}
+			if err != nil {
+				f.Close()
+				return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "image directory %s: %v", req.ImageDir, err)
+			}
+		}
 		return f, nil
 	}
 	if c.cred.Uid != 0 {
@@ -82,6 +99,16 @@ func (s *Server) checkpointDir(c *conn, id uint64, req *helperpb.Checkpoint) (*o
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
 	}
 	return os.NewFile(uintptr(fd), req.ImageDir), nil
+}
+
+// fsCred is the caller's file-system identity, for lookups made as the
+// caller (package fscred).
+func (c *conn) fsCred() (fscred.Cred, error) {
+	groups, err := c.PeerGroups()
+	if err != nil {
+		return fscred.Cred{}, fmt.Errorf("the caller's groups: %w", err)
+	}
+	return fscred.Cred{UID: c.cred.Uid, GID: c.cred.Gid, Groups: groups}, nil
 }
 
 // imageErrCode is the error code of a failure to open an image for a caller.
@@ -125,6 +152,16 @@ func dirID(f *os.File) (dev, ino uint64, err error) {
 func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, origin image.Origin, opts image.Options) (*image.Writer, error) {
 	opts.Owner = &image.Owner{UID: int(c.cred.Uid), GID: int(c.cred.Gid)}
 	opts.SubDirMustExist = c.cred.Uid != 0
+	if c.cred.Uid != 0 {
+		// The parent chain is found with the caller's permissions: what
+		// the caller could not reach fails as it would for them, and the
+		// answer tells nothing of what lies there.
+		cred, err := c.fsCred()
+		if err != nil {
+			return nil, err
+		}
+		opts.Lookup = func(open func() error) error { return fscred.Do(cred, open) }
+	}
 	if !req.DeferCommit {
 		return image.CreateAt(dir, origin, opts)
 	}

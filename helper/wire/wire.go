@@ -14,6 +14,7 @@ import (
 	"net"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -107,6 +108,37 @@ func (c *Conn) PeerCred() (*unix.Ucred, error) {
 		return nil, fmt.Errorf("SO_PEERCRED: %w", credErr)
 	}
 	return cred, nil
+}
+
+// PeerGroups returns the peer's supplementary groups at connect time
+// (SO_PEERGROUPS, Linux 4.13 and newer); none where the kernel cannot tell.
+func (c *Conn) PeerGroups() ([]uint32, error) {
+	var groups []uint32
+	var gerr error
+	err := c.rc.Control(func(fd uintptr) {
+		// The kernel says how much room it needs when there is too little.
+		for n := 64; ; {
+			buf := make([]uint32, n)
+			size := uint32(4 * n)
+			_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+				uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+			switch {
+			case e == unix.ERANGE && int(size/4) > n:
+				n = int(size / 4)
+				continue
+			case e == unix.ENOPROTOOPT:
+			case e != 0:
+				gerr = fmt.Errorf("SO_PEERGROUPS: %w", e)
+			default:
+				groups = buf[:size/4]
+			}
+			return
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return groups, gerr
 }
 
 func (c *Conn) recvmsg(p, oob []byte) (n, oobn, flags int, err error) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // writeChain writes root's images a -> b into dir (b changes one of a's two
@@ -128,4 +129,61 @@ func TestAutoParentSharedSeries(t *testing.T) {
 	if err != nil || !strings.Contains(out, "parent: "+filepath.Join(series, "1")) {
 		t.Fatalf("root's --auto-parent checkpoint in the shared series: %v\n%s", err, out)
 	}
+}
+
+// TestErrorsRevealNothing: the second user names, as the parent of a
+// checkpoint, paths inside a directory only root may enter: one where root
+// keeps an image, one where nothing is. The helper, which runs as root,
+// answers both alike, as the kernel would answer that user (permission
+// denied), saying neither that an image is there nor whose it is.
+func TestErrorsRevealNothing(t *testing.T) {
+	u := secondUser(t)
+	dir := t.TempDir()
+	openUp(t, dir)
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	private := filepath.Join(dir, "root-only")
+	if err := os.Mkdir(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeChain(t, private) // root's images private/a and private/b
+
+	a := startUnderAs(t, dir, h, env, u, "ptrchase", "--mib", "8", "--interval-ms", "20")
+	a.waitIter(5, time.Minute)
+	img := userDir(t, u, filepath.Join(dir, "img"))
+	answers := map[string]string{}
+	for _, parent := range []string{filepath.Join(private, "b"), filepath.Join(private, "none")} {
+		out, err := asOther(t, u, time.Minute, nil, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img,
+			"--gpu-only", "--leave-running", "--parent", parent, "--socket", h.socket)
+		if err == nil {
+			t.Fatalf("checkpoint with the parent %s in root's private directory succeeded:\n%s", parent, out)
+		}
+		answers[parent] = strings.ReplaceAll(out, parent, "PARENT")
+		for _, tell := range []string{"belongs to", "uid 0", "no GPU image", "not a directory", "no such file"} {
+			if strings.Contains(out, tell) {
+				t.Errorf("the answer for %s says %q:\n%s", parent, tell, out)
+			}
+		}
+		if !strings.Contains(out, "permission denied") {
+			t.Errorf("the answer for %s is not the user's permission error:\n%s", parent, out)
+		}
+	}
+	if answers[filepath.Join(private, "b")] != answers[filepath.Join(private, "none")] {
+		t.Errorf("an image and nothing are answered differently:\n%q\n%q", answers[filepath.Join(private, "b")],
+			answers[filepath.Join(private, "none")])
+	}
+	// A directory the user may read but not search (r without x), where
+	// root keeps an image: the helper does not look into it for them.
+	readable := filepath.Join(dir, "readable")
+	writeChain(t, readable)
+	if err := os.Chmod(readable, 0o744); err != nil {
+		t.Fatal(err)
+	}
+	r := rawAs(t, u, h, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: &helperpb.Checkpoint{
+		Pid: int64(a.pid), ImageDir: readable, LeaveRunning: true}}}, readable)
+	if r.Code != helperpb.ErrorCode_ERROR_PERMISSION.String() || !strings.Contains(r.Message, "permission denied") ||
+		strings.Contains(r.Message, "uid 0") {
+		t.Errorf("a checkpoint into a directory the user may not search: %s", r)
+	}
+	a.waitIter(a.lastIter()+5, 30*time.Second)
 }
