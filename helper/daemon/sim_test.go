@@ -7,9 +7,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/internal/testroot"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -132,4 +134,72 @@ func TestSimKilledClientReleased(t *testing.T) {
 		return f == free0
 	})
 	t.Logf("child %s killed; free memory back to %d", strconv.Itoa(cmd.Process.Pid), free0)
+}
+
+// A restore's memory counts for the owner of its image: a PrepareRestore
+// that would take that uid past its GPU memory limit is refused, naming the
+// limit, and one within it shows in Status as that uid's.
+func TestSimPrepareRestoreCountsForTheImagesOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: an image of another uid is written")
+	}
+	lib := simLib(t)
+	t.Setenv("GPUCR_LIBCUDA", lib)
+	t.Setenv("LD_LIBRARY_PATH", filepath.Dir(lib))
+	t.Setenv("GPUCR_SIM_MEM_MIB", "1024")
+	drv, err := cuda.Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drv.Close()
+	owner := &image.Owner{UID: 61001, GID: 61001}
+	dir := filepath.Join(t.TempDir(), "img")
+	w, err := image.Create(dir, image.Origin{Pid: 42}, image.Options{Owner: owner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddProcess(42, 0); err != nil {
+		t.Fatal(err)
+	}
+	bw, err := w.AddBuffer(image.BufferInfo{Pid: 42, Address: 0x500000000000, Size: 16 << 20, GPUUUID: drv.Devices[0].UUID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bw.Write(make([]byte, 16<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		limit uint64
+		ok    bool
+	}{{8 << 20, false}, {32 << 20, true}} {
+		_, sock := startServerLimits(t, Limits{GPUMemoryByUID: map[uint32]uint64{61001: c.limit}}, CUDADevices(drv)...)
+		p := dial(t, sock)
+		p.hello(helperpb.Role_ROLE_PLUGIN, 0)
+		r, _ := p.mustCall(&helperpb.Request{Body: &helperpb.Request_PrepareRestore{PrepareRestore: &helperpb.PrepareRestore{ImageDir: dir}}})
+		if !c.ok {
+			if r.Error == nil || r.Error.Code != helperpb.ErrorCode_ERROR_OUT_OF_MEMORY || !strings.Contains(r.Error.Message, "uid 61001") {
+				t.Errorf("a restore past the owner's limit of %d bytes: %v", c.limit, r)
+			}
+			continue
+		}
+		if r.Error != nil {
+			t.Fatalf("a restore within the owner's limit: %v", r.Error)
+		}
+		var held uint64
+		for _, ci := range status(t, sock).Clients {
+			if int(ci.Uid) == owner.UID {
+				held += ci.Bytes
+			}
+		}
+		if held != 16<<20 {
+			t.Errorf("Status shows %d bytes for uid 61001 while its image is prepared, want 16 MiB", held)
+		}
+		p.w.Close()
+	}
 }
