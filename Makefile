@@ -7,6 +7,7 @@
 #   make proto      regenerate protocol/*pb (Go) and protocol/c (C) from protocol/*.proto (commit the result)
 #   make fmt-c      format the project's C files (.clang-format)
 #   make lint-c     check their format and run cppcheck on them (CI runs it)
+#   make fuzz       run every fuzz target for FUZZTIME each (default 10m; CI runs 20s)
 
 BUILD    ?= build
 CC       ?= gcc
@@ -43,7 +44,7 @@ INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install fmt-c lint-c
+.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install fmt-c lint-c fuzz
 
 all: gpucr imagebench sim apps $(DRVTEST) intercept plugin
 
@@ -173,6 +174,10 @@ demo: deps all
 
 test: deps all
 	bash scripts/run-tests.sh
+
+FUZZTIME ?= 10m
+fuzz: all
+	bash scripts/fuzz.sh $(FUZZTIME)
 
 fmt:
 	gofmt -l -w $$(find . -name '*.go' -not -path './build/*')

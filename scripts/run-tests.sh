@@ -2,7 +2,8 @@
 # Everything CI runs (`make test` calls this after installing and building):
 # static checks (Go, and the C sources: `make lint-c`), then every Go test
 # (unit and end-to-end, with the race detector) through gotestsum, which ends
-# with a pass/fail count.
+# with a pass/fail count, then a short run of every fuzz target
+# (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:$PATH"
@@ -32,6 +33,9 @@ if ! go tool gotestsum --format testname --jsonfile build/test-report.json -- \
 	-race -count=1 -timeout 40m ./...; then
 	fail=1
 fi
+
+step "fuzz: every fuzz target, briefly (make fuzz FUZZTIME=10m for a long run)"
+bash scripts/fuzz.sh "${FUZZTIME:-20s}" || fail=1
 
 if [ "$fail" != 0 ]; then
 	echo "FAILED (see above)"
