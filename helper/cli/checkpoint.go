@@ -18,7 +18,7 @@ import (
 )
 
 // checkpointCommand is `gpucr checkpoint PID -D DIR`: the whole process
-// through CRIU (go-criu) with gpucr's plugin; with --gpu-only, the GPU state
+// through CRIU (criu swrk) with gpucr's plugin; with --gpu-only, the GPU state
 // alone through the helper, without CRIU (the process stays checkpointed
 // until `gpucr resume`, or keeps running with --leave-running).
 func checkpointCommand() *ucli.Command {

@@ -25,7 +25,7 @@ import (
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// The whole-process checkpoint and restore: CRIU through go-criu (swrk),
+// The whole-process checkpoint and restore: CRIU's RPC (criu swrk, package swrk),
 // with gpucr's plugin, which moves the GPU state through the helper.
 
 // criuTimeoutFlag: the deadline of a CRIU run.

@@ -7,7 +7,7 @@ import (
 
 // criuFailure is a failed or timed-out CRIU run, told with what CRIU's log
 // and gpucr's plugin said (and, after a timeout, what became of the GPU
-// processes), instead of go-criu's first log line.
+// processes), instead of the RPC's first log line.
 type criuFailure struct {
 	Summary   string         // first line: what failed, where the log is
 	CRIU      []string       // CRIU's last error lines (criuLogErrors)
@@ -16,7 +16,7 @@ type criuFailure struct {
 	Processes []processAfter // after a timeout: each GPU process of the tree
 	Log       string         // CRIU's log file
 	TimedOut  bool
-	Err       error // go-criu's error, shown when neither log nor plugin says anything
+	Err       error // the RPC's error, shown when neither log nor plugin says anything
 }
 
 // processAfter is a GPU process after its dump was killed.
@@ -36,7 +36,7 @@ func (f *criuFailure) Error() string {
 		b.WriteString("\n  criu: " + l)
 	}
 	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut {
-		fmt.Fprintf(&b, "\n  go-criu: %v", f.Err)
+		fmt.Fprintf(&b, "\n  criu rpc: %v", f.Err)
 	}
 	for _, h := range f.Hints {
 		b.WriteString("\n  hint: " + h)

@@ -11,7 +11,7 @@ import (
 	"syscall"
 )
 
-// What a failed CRIU run's log says. go-criu's error carries only the first
+// What a failed CRIU run's log says. The RPC's error carries only the first
 // "Error" line of CRIU's log, which on hosts where CRIU lacks
 // CAP_SYS_RESOURCE is always the harmless rlimit line; the real cause is one
 // of the last error lines before CRIU's "Dumping FAILED." (or the log's end:

@@ -21,8 +21,9 @@ import (
 // criuSelfTest judges a CRIU by a real dump and restore, as
 // scripts/criu-selftest.sh does (`criu check` says "Looks good" for a CRIU
 // that then hangs in every dump), and through the same path as `gpucr
-// checkpoint`: go-criu, under a deadline, with gpucr's plugin loaded through
-// the private CRIU configuration. A shell loop in its own session appends a
+// checkpoint`: `criu swrk` in a private world (package swrk), under a
+// deadline, with gpucr's plugin loaded through the private CRIU
+// configuration. A shell loop in its own session appends a
 // counter to a file; the dump kills it, the counter must stop; the restore
 // brings it back, the counter must go on; then it is killed.
 
