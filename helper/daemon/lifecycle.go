@@ -349,7 +349,7 @@ func (s *Server) register(p *proc.Process, uid uint32, program string) *client {
 	s.byToken[cl.token] = cl
 	s.byPID[cl.pid] = cl
 	s.mu.Unlock()
-	cl.log.Info("client registered")
+	cl.log.Info("client registered", zap.String("held_by", p.HeldBy()))
 	return cl
 }
 

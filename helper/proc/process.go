@@ -44,6 +44,7 @@ type Process struct {
 	start uint64
 	uid   uint32
 	f     *os.File // the pidfd, non-blocking; nil without one
+	how   string   // how it was identified (HeldBy)
 
 	once   sync.Once
 	exited chan struct{} // closed once it is seen to have exited (Exited)
@@ -60,6 +61,11 @@ func (p *Process) Start() uint64 { return p.start }
 // UID is its effective uid when it was identified (for a socket's peer: at
 // connect time).
 func (p *Process) UID() uint32 { return p.uid }
+
+// HeldBy says how the process was identified and is held: "SO_PEERPIDFD"
+// (the very process that connected), "pidfd_open" (a pidfd of the pid) or
+// "pid and start time" (a kernel without pidfds).
+func (p *Process) HeldBy() string { return p.how }
 
 // HasPidfd says whether the kernel gave a pidfd for it.
 func (p *Process) HasPidfd() bool { return p.f != nil }
@@ -192,8 +198,9 @@ func Same(a, b *Process) bool {
 // its start time and uid are read, then the pidfd must still show it
 // running, so that what was read is its and not a successor's.
 func newProcess(pidfd int, pid int32) (*Process, error) {
-	p := &Process{pid: pid, closed: make(chan struct{})}
+	p := &Process{pid: pid, closed: make(chan struct{}), how: "pid and start time"}
 	if pidfd >= 0 {
+		p.how = "pidfd_open"
 		if err := unix.SetNonblock(pidfd, true); err != nil {
 			unix.Close(pidfd)
 			return nil, fmt.Errorf("pidfd of %d: %w", pid, err)
@@ -292,6 +299,7 @@ func Peer(rc syscall.RawConn, cred *unix.Ucred) (*Process, error) {
 			return nil, err
 		}
 		p.uid = cred.Uid // at connect time, as the kernel recorded it
+		p.how = "SO_PEERPIDFD"
 		return p, nil
 	case gerr == unix.EINVAL || gerr == unix.ESRCH:
 		return nil, &GoneError{Pid: cred.Pid, Why: "it exited before the helper saw its connection"}

@@ -30,7 +30,6 @@ A=${3:?usage}
 shift 3
 SIZES=${*:-8}
 GPUCR=$G/bin/gpucr
-export GPUCR_CRIU=$(cd "$C" && pwd)/bin/criu
 PLUGINS=$(cd "$G/lib/criu" && pwd)
 LOGS=${LOGS:-build/gpu/criu}
 IMG=${IMG:-/dev/shm/gpucr-criu-img}
@@ -38,6 +37,8 @@ PY=${PYTHON:-python3}
 mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
+C=$(root_bundle "$C") || exit 1
+export GPUCR_CRIU=$C/bin/criu
 
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
 note ""

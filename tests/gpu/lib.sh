@@ -47,3 +47,14 @@ print(f"{rate(lambda: h.copy_(d, non_blocking=True)):.2f} {rate(lambda: d.copy_(
 PYEOF
 	read -r DTOH HTOD < <(tail -1 "$LOGS/pcie.txt")
 }
+# root_bundle DIR: a copy of DIR (a carried CRIU bundle) where root alone can
+# change it, /opt/gpucr-carried/NAME, and its path. gpucr run as root takes a
+# CRIU that the environment names (PATH, GPUCR_CRIU) only from such a place
+# (docs/security.md), and the carried working tree may lie below a directory
+# of another user.
+root_bundle() {
+	local d
+	d=/opt/gpucr-carried/$(basename "$1")
+	rm -rf "$d" && mkdir -p /opt/gpucr-carried && chmod 755 /opt/gpucr-carried &&
+		cp -a "$1" "$d" && chown -R root:root "$d" && chmod -R go-w "$d" && echo "$d"
+}

@@ -44,7 +44,6 @@ if [ -n "$SIM" ]; then
 	ROWS=${ROWS:-vmmapp workers_c workers_c_failed_dump}
 fi
 GPUCR=$G/bin/gpucr
-export PATH="$C/bin:$PATH"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
@@ -63,6 +62,8 @@ mkdir -p "$LOGS" "$IMG"
 LOGS=$(cd "$LOGS" && pwd)
 : >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
+C=$(root_bundle "$C") || exit 1
+export PATH="$C/bin:$PATH"
 
 # name | mode | environment | command (python workload, or app:ARGS of $BIN)
 # (in the order they are checkpointed: torch.compile's first step compiles
