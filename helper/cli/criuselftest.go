@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/swrk"
 )
 
@@ -270,7 +271,7 @@ func sessionMembers(sid int) []int {
 		if err != nil {
 			continue
 		}
-		if f := procStatFields(pid); len(f) > 3 && f[3] == strconv.Itoa(sid) { // state ppid pgrp session
+		if st, err := proc.ReadStat(int32(pid)); err == nil && int(st.Session) == sid {
 			out = append(out, pid)
 		}
 	}

@@ -50,6 +50,23 @@ func childClient(sock, uuid string) {
 	select {}
 }
 
+// loadSim loads the simulated driver (1 GiB of device memory) for the
+// test, as the helper would: its path in GPUCR_LIBCUDA, its directory on
+// LD_LIBRARY_PATH. It is closed when the test ends.
+func loadSim(t *testing.T) *cuda.Driver {
+	t.Helper()
+	lib := simLib(t)
+	t.Setenv("GPUCR_LIBCUDA", lib)
+	t.Setenv("LD_LIBRARY_PATH", filepath.Dir(lib))
+	t.Setenv("GPUCR_SIM_MEM_MIB", "1024")
+	drv, err := cuda.Load(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { drv.Close() })
+	return drv
+}
+
 func simLib(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(testroot.Dir(t), "build/sim/libcuda.so.1")
@@ -65,15 +82,7 @@ func simLib(t *testing.T) string {
 // The helper on the simulated driver: a client process killed with SIGKILL
 // has its allocations released (Status, and cuMemGetInfo back up).
 func TestSimKilledClientReleased(t *testing.T) {
-	lib := simLib(t)
-	t.Setenv("GPUCR_LIBCUDA", lib)
-	t.Setenv("LD_LIBRARY_PATH", filepath.Dir(lib))
-	t.Setenv("GPUCR_SIM_MEM_MIB", "1024")
-	drv, err := cuda.Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drv.Close()
+	drv := loadSim(t)
 	dev := drv.Devices[0]
 	_, sock := startServer(t, CUDADevices(drv)...)
 	free0, _, err := dev.MemInfo()
@@ -143,15 +152,7 @@ func TestSimPrepareRestoreCountsForTheImagesOwner(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: an image of another uid is written")
 	}
-	lib := simLib(t)
-	t.Setenv("GPUCR_LIBCUDA", lib)
-	t.Setenv("LD_LIBRARY_PATH", filepath.Dir(lib))
-	t.Setenv("GPUCR_SIM_MEM_MIB", "1024")
-	drv, err := cuda.Load(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drv.Close()
+	drv := loadSim(t)
 	owner := &image.Owner{UID: 61001, GID: 61001}
 	dir := filepath.Join(t.TempDir(), "img")
 	w, err := image.Create(dir, image.Origin{Pid: 42}, image.Options{Owner: owner})

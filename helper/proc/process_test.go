@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -267,5 +269,39 @@ func TestParseStat(t *testing.T) {
 	}
 	if st, _ := parseStat(1, []byte(fmt.Sprintf("1 (x) Z 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 0 0 0 0 %d", 7))); st.Alive() {
 		t.Error("a zombie is alive")
+	}
+}
+
+// A shell with two sleeps: its tree is itself and the two; Children finds
+// them through the task files and through the parents alike.
+func TestTree(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", "sleep 60 & sleep 60 & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
+	pid := int32(cmd.Process.Pid)
+	var tree []int32
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if tree = Tree(pid); len(tree) == 3 {
+			break
+		}
+	}
+	if len(tree) != 3 || tree[0] != pid {
+		t.Fatalf("tree of %d: %v, want it and its two sleeps", pid, tree)
+	}
+	kids, err := Children(pid)
+	if err != nil || !slices.Equal(kids, tree[1:]) {
+		t.Fatalf("children %v (%v), tree %v", kids, err, tree)
+	}
+	if byParent, err := childrenByParent(pid); err != nil || !slices.Equal(byParent, kids) {
+		t.Fatalf("children by parent %v (%v), want %v", byParent, err, kids)
+	}
+	if _, err := Children(4194304); err == nil {
+		t.Error("children of a missing pid")
+	}
+	if !Exists(pid) || Exists(4194304) {
+		t.Error("Exists")
 	}
 }

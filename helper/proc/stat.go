@@ -131,15 +131,20 @@ func SamePidNS(pid int32) bool {
 	return mine == its
 }
 
-// Children lists pid's children, read from /proc/PID/task/*/children (every
-// thread's: a multithreaded parent forks from any of them).
+// Children lists pid's children: the union of /proc/PID/task/TID/children
+// over its threads (a child belongs to the thread that forked it); on a
+// kernel without those files (CONFIG_PROC_CHILDREN), the processes whose
+// parent is pid.
 func Children(pid int32) ([]int32, error) {
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
 	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	if err != nil {
 		return nil, err
 	}
 	if len(tasks) == 0 {
-		return nil, fmt.Errorf("no process %d (or no /proc/PID/task/*/children)", pid)
+		return childrenByParent(pid)
 	}
 	var out []int32
 	for _, p := range tasks {
@@ -155,6 +160,50 @@ func Children(pid int32) ([]int32, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// childrenByParent scans /proc for the processes whose parent is pid.
+func childrenByParent(pid int32) ([]int32, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int32
+	for _, e := range ents {
+		p, err := strconv.ParseInt(e.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		if st, err := ReadStat(int32(p)); err == nil && st.PPid == pid {
+			out = append(out, int32(p))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Tree is pid and all its descendants (children recursively): the tree CRIU
+// dumps for pid.
+func Tree(pid int32) []int32 {
+	tree := []int32{pid}
+	for i := 0; i < len(tree); i++ {
+		kids, err := Children(tree[i])
+		if err != nil {
+			continue // exited meanwhile
+		}
+		for _, k := range kids {
+			if !slices.Contains(tree, k) {
+				tree = append(tree, k)
+			}
+		}
+	}
+	return tree
+}
+
+// Exists says whether pid is a process (a zombie is not).
+func Exists(pid int32) bool {
+	st, err := ReadStat(pid)
+	return err == nil && st.Alive()
 }
 
 // pfExiting is the kernel's PF_EXITING task flag (/proc/PID/stat field 9).

@@ -34,25 +34,15 @@ func (e *Error) Unwrap() error { return ErrUntrusted }
 // accepted only with the sticky bit, which keeps them from renaming or
 // removing root's entries in it. The resolved path is returned: use that,
 // not p, since a symlink on p's way may be changed by whoever owns it.
-func Path(p string) (string, error) {
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return "", err
-	}
-	real, err := filepath.EvalSymlinks(abs)
-	if err != nil {
-		return "", err
-	}
-	if err := check(real, false); err != nil {
-		return "", err
-	}
-	return real, nil
-}
+func Path(p string) (string, error) { return resolve(p, false) }
 
 // TempDir is Path for a directory to make private entries in (a temporary
 // directory): it may itself be one that others write, if it is sticky
 // (/tmp), since nobody else can then rename or remove what root makes there.
-func TempDir(p string) (string, error) {
+func TempDir(p string) (string, error) { return resolve(p, true) }
+
+// resolve makes p absolute, resolves its symlinks and checks the result.
+func resolve(p string, stickyLast bool) (string, error) {
 	abs, err := filepath.Abs(p)
 	if err != nil {
 		return "", err
@@ -61,7 +51,7 @@ func TempDir(p string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := check(real, true); err != nil {
+	if err := check(real, stickyLast); err != nil {
 		return "", err
 	}
 	return real, nil

@@ -120,24 +120,30 @@ func dialAsErr(sock string, u *otherUser, n int, then func(*net.UnixConn) error)
 
 // sayHello sends Hello with role on c and reads the answer.
 func sayHello(c *net.UnixConn, role helperpb.Role) error {
+	_, err := helloWith(c, role, 0)
+	return err
+}
+
+// helloWith sends Hello with role and token on c and returns the answer.
+func helloWith(c *net.UnixConn, role helperpb.Role, token uint64) (*helperpb.HelloReply, error) {
 	w, err := wire.New(c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetDeadline(time.Time{})
 	if err := w.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
-		ProtocolVersion: wire.Version, Role: role, Program: "limits-test"}}}, nil); err != nil {
-		return err
+		ProtocolVersion: wire.Version, Role: role, ClientToken: token, Program: "limits-test"}}}, nil); err != nil {
+		return nil, err
 	}
 	r, _, err := w.ReadResponse()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if r.GetHello() == nil {
-		return fmt.Errorf("Hello answered %v", r)
+		return nil, fmt.Errorf("Hello answered %v", r)
 	}
-	return nil
+	return r.GetHello(), nil
 }
 
 // askStatus sends Status on a connection that said Hello as ROLE_CLI.
@@ -613,38 +619,15 @@ func TestHelperUnitSettings(t *testing.T) {
 // control connection with its token) and then never reads nor answers
 // anything on the control connection.
 func silentClient(c *net.UnixConn, ctl *net.UnixConn) error {
-	w, err := wire.New(c)
+	h, err := helloWith(c, helperpb.Role_ROLE_CLIENT_CALLS, 0)
 	if err != nil {
 		return err
 	}
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	if err := w.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
-		ProtocolVersion: wire.Version, Role: helperpb.Role_ROLE_CLIENT_CALLS, Program: "silent"}}}, nil); err != nil {
-		return err
+	if h.ClientToken == 0 {
+		return fmt.Errorf("calls Hello answered no token")
 	}
-	r, _, err := w.ReadResponse()
-	if err != nil {
-		return err
-	}
-	token := r.GetHello().GetClientToken()
-	if token == 0 {
-		return fmt.Errorf("calls Hello answered %v", r)
-	}
-	cw, err := wire.New(ctl)
-	if err != nil {
-		return err
-	}
-	_ = ctl.SetDeadline(time.Now().Add(10 * time.Second))
-	defer ctl.SetDeadline(time.Time{})
-	if err := cw.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
-		ProtocolVersion: wire.Version, Role: helperpb.Role_ROLE_CLIENT_CONTROL, ClientToken: token, Program: "silent"}}}, nil); err != nil {
-		return err
-	}
-	if r, _, err := cw.ReadResponse(); err != nil || r.GetHello() == nil {
-		return fmt.Errorf("control Hello: %v, %v", r, err)
-	}
-	return nil
+	_, err = helloWith(ctl, helperpb.Role_ROLE_CLIENT_CONTROL, h.ClientToken)
+	return err
 }
 
 // TestStatusFloodWithSilentClients: another user registers 300 clients
