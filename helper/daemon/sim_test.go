@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,7 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+
 	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/internal/testroot"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -202,5 +206,71 @@ func TestSimPrepareRestoreCountsForTheImagesOwner(t *testing.T) {
 			t.Errorf("Status shows %d bytes for uid 61001 while its image is prepared, want 16 MiB", held)
 		}
 		p.w.Close()
+	}
+}
+
+// An adoption (a process a dead helper left detached) counts against the
+// process's uid's GPU memory limit: past it the process is told its GPU
+// state is lost, naming the limit, and nothing is held for it; within it,
+// the memory is loaded for it.
+func TestSimAdoptionCountsForTheProcess(t *testing.T) {
+	drv := loadSim(t)
+	dir := filepath.Join(t.TempDir(), "img")
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
+	pid := int32(sleeper.Process.Pid)
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := image.Create(dir, image.Origin{Pid: int(pid)}, image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddProcess(int(pid), 0); err != nil {
+		t.Fatal(err)
+	}
+	bw, err := w.AddBuffer(image.BufferInfo{Pid: int(pid), Address: 0x500000000000, Size: 16 << 20, GPUUUID: drv.Devices[0].UUID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bw.Write(make([]byte, 16<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := bw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	uid := uint32(os.Geteuid())
+	for _, c := range []struct {
+		limit uint64
+		ok    bool
+	}{{8 << 20, false}, {32 << 20, true}} {
+		sockDir := t.TempDir()
+		s := New(Config{Socket: filepath.Join(sockDir, "helper.sock"), Devices: CUDADevices(drv), Log: zap.NewNop(),
+			Limits: Limits{GPUMemoryByUID: map[uint32]uint64{uid: c.limit}}})
+		state, _ := json.Marshal(detachState{Pid: pid, StartTime: st.Start, UID: uid, ImageOwner: uid, ImageDir: dir, ImageID: w.ID()})
+		if err := os.MkdirAll(s.stateDir(), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(s.statePath(pid), state, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s.adoptOrphans()
+		wake, _ := os.ReadFile(s.wakePath(pid))
+		held := s.gpuHeld(uid)
+		if c.ok {
+			if len(wake) != 0 || held != 16<<20 {
+				t.Errorf("an adoption within a %d-byte limit: wake file %q, %d bytes held", c.limit, wake, held)
+			}
+		} else if !strings.HasPrefix(string(wake), "lost: ") || !strings.Contains(string(wake), "GPU memory limit") || held != 0 {
+			t.Errorf("an adoption past a %d-byte limit: wake file %q, %d bytes held", c.limit, wake, held)
+		}
+		s.Shutdown()
 	}
 }
