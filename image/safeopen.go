@@ -363,6 +363,17 @@ func (d *fsDir) openFile(rel string, flags int, own *Owner) (*os.File, error) {
 
 // openDir opens the directory rel beneath d; own, if set, must own it.
 func (d *fsDir) openDir(rel string, own *Owner) (*fsDir, error) {
+	// Another user's directory is refused by its owner before it is
+	// opened: looked up with the caller's own permissions (fscred), it
+	// may be one the caller may see but not open, and "belongs to uid N"
+	// says why better than "permission denied".
+	if own != nil && !strings.Contains(rel, "/") {
+		var st unix.Stat_t
+		if unix.Fstatat(d.fd(), rel, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR &&
+			int(st.Uid) != own.UID {
+			return nil, &OwnerError{Path: d.join(rel), UID: int(st.Uid), Want: own.UID}
+		}
+	}
 	f, err := d.open(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err

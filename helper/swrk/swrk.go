@@ -162,6 +162,9 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 	return o
 }
 
+// errNoAnswer: CRIU went (exited, was killed) before it answered.
+var errNoAnswer = errors.New("CRIU closed the connection without an answer (it exited or was killed)")
+
 // maxResponse bounds one CRIU response (they are small: a few hundred
 // bytes); a longer one is an error, not silently cut.
 const maxResponse = 64 << 10
@@ -177,6 +180,9 @@ func converse(sk *os.File, typ rpc.CriuReqType, first []byte, nfy criu.Notify) e
 	buf := make([]byte, maxResponse)
 	for {
 		if _, err := sk.Write(b); err != nil {
+			if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+				return fmt.Errorf("CRIU's RPC: %w", errNoAnswer)
+			}
 			return fmt.Errorf("CRIU's RPC: send: %w", err)
 		}
 		n, err := recvOne(sk, buf)
@@ -225,7 +231,7 @@ func recvOne(sk *os.File, buf []byte) (int, error) {
 	case rerr != nil && rerr != unix.ECONNRESET:
 		return 0, fmt.Errorf("receive: %w", rerr)
 	case n == 0 || rerr == unix.ECONNRESET: // reset: it exited without reading our request
-		return 0, errors.New("CRIU closed the connection without an answer (it exited or was killed)")
+		return 0, errNoAnswer
 	case flags&unix.MSG_TRUNC != 0:
 		return 0, fmt.Errorf("a response longer than %d bytes", len(buf))
 	}
