@@ -284,13 +284,16 @@ static int helper_connect(void) {
      * directory and acts on what it answers: it talks only to a helper that
      * runs as root too, never to a process of a user who named the socket
      * (GPUCR_SOCKET, kept by `sudo -E`). */
-    struct ucred peer;
-    socklen_t plen = sizeof peer;
-    if (geteuid() == 0 && (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) < 0 || peer.uid != 0)) {
-        perr("the process listening on %s is not a gpucr helper run by root (uid %ld): not used", path,
-             plen == sizeof peer ? (long)peer.uid : -1L);
-        close(fd);
-        return -1;
+    if (geteuid() == 0) {
+        struct ucred peer = {0};
+        socklen_t plen = sizeof peer;
+        bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &plen) == 0;
+        if (!known || peer.uid != 0) {
+            perr("the process listening on %s is not a gpucr helper run by root (uid %ld): not used", path,
+                 known ? (long)peer.uid : -1L);
+            close(fd);
+            return -1;
+        }
     }
     /* Every wait for the helper ends: a reply that does not come within
      * GPUCR_PLUGIN_TIMEOUT_S (default 600: a checkpoint's reply comes after

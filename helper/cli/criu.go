@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"os/exec"
@@ -226,11 +227,8 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	// CRIU writes its log and its statistics (stats-dump, stats-restore)
 	// into its work directory.
 	for _, name := range []string{log, "stats-dump", "stats-restore"} {
-		src := filepath.Join(sess.dir, name)
-		if _, err := os.Stat(src); err != nil && name != log {
-			continue
-		}
-		if err := placeLog(d, job.dir, src, name); err != nil {
+		err := placeFile(d, job.dir, filepath.Join(sess.dir, name), name)
+		if err != nil && (name == log || !errors.Is(err, fs.ErrNotExist)) { // CRIU writes one of the two statistics
 			fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: CRIU's %s could not be placed in the image directory: %v\n", name, err)
 		}
 	}

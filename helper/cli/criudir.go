@@ -7,7 +7,7 @@ package cli
 // it did not write. So CRIU never works in the image directory DIR itself:
 //
 //   - its work directory (its log and statistics) is the session's private
-//     directory; they are placed into DIR afterwards (placeLog), by a
+//     directory; they are placed into DIR afterwards (placeFile), by a
 //     rename, which replaces whatever has that name and follows nothing;
 //   - its images directory is a private directory made inside DIR (0700,
 //     this process's; "stage" below). A dump's images are renamed from there
@@ -116,8 +116,7 @@ func stageRestore(dir *os.File, path string) (*criuDir, error) {
 		if strings.HasPrefix(n, ".gpucr-") || n == image.SubDir {
 			continue // stages, gpucr's own files, the GPU image
 		}
-		var st unix.Stat_t
-		if unix.Fstatat(dfd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uid {
+		if !regularOf(dfd, n, uid) {
 			continue
 		}
 		if err := unix.Linkat(dfd, n, sfd, n, 0); err != nil {
@@ -127,7 +126,7 @@ func stageRestore(dir *os.File, path string) (*criuDir, error) {
 		}
 		// Linked is what counts: the name may have been swapped since the
 		// look above.
-		if unix.Fstatat(sfd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uid {
+		if !regularOf(sfd, n, uid) {
 			_ = unix.Unlinkat(sfd, n, 0)
 			continue
 		}
@@ -138,6 +137,13 @@ func stageRestore(dir *os.File, path string) (*criuDir, error) {
 		return nil, inventoryProblem(dir, path, uid)
 	}
 	return cd, nil
+}
+
+// regularOf says whether name, in the directory open as dfd, is a regular
+// file (not followed: a symlink is not) that belongs to uid.
+func regularOf(dfd int, name string, uid uint32) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(dfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Uid == uid
 }
 
 // inventoryProblem says why DIR's inventory.img is not one to restore.
@@ -210,11 +216,12 @@ func (cd *criuDir) remove() {
 	}
 }
 
-// placeLog copies the log at src (in the private directory) into DIR as
-// name: written under a new name there, then renamed over name, so that
-// nothing DIR held under that name (a symlink, a FIFO) is followed or
-// opened. The copy is the caller's, 0600.
-func placeLog(dir *os.File, path, src, name string) error {
+// placeFile copies the file at src (CRIU's log or statistics, in the private
+// directory) into DIR as name: written under a new name there, then renamed
+// over name, so that nothing DIR held under that name (a symlink, a FIFO) is
+// followed or opened. The copy is the caller's, 0600. A missing src is an
+// fs.ErrNotExist.
+func placeFile(dir *os.File, path, src, name string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err

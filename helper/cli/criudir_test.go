@@ -170,8 +170,8 @@ func TestStageRestore(t *testing.T) {
 	}
 }
 
-// placeLog puts a copy where a symlink was, writing nothing through it.
-func TestPlaceLog(t *testing.T) {
+// placeFile puts a copy where a symlink was, writing nothing through it.
+func TestPlaceFile(t *testing.T) {
 	dir := t.TempDir()
 	outside := filepath.Join(t.TempDir(), "target")
 	writeFile(t, outside, "untouched")
@@ -180,7 +180,7 @@ func TestPlaceLog(t *testing.T) {
 	}
 	src := filepath.Join(t.TempDir(), "dump.log")
 	writeFile(t, src, "CRIU's log\n")
-	if err := placeLog(openDir(t, dir), dir, src, "dump.log"); err != nil {
+	if err := placeFile(openDir(t, dir), dir, src, "dump.log"); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Lstat(filepath.Join(dir, "dump.log")); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {

@@ -51,10 +51,7 @@ func restoreDir(dir string) error {
 		return fmt.Errorf("image directory %s: %w", dir, err)
 	}
 	defer d.Close()
-	uid := uint32(os.Geteuid())
-	var st unix.Stat_t
-	if err := unix.Fstatat(int(d.Fd()), "inventory.img", &st, unix.AT_SYMLINK_NOFOLLOW); err != nil ||
-		st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uid {
+	if uid := uint32(os.Geteuid()); !regularOf(int(d.Fd()), "inventory.img", uid) {
 		return inventoryProblem(d, dir, uid)
 	}
 	if err := probeWritable(dir); err != nil {

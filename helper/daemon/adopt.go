@@ -204,22 +204,25 @@ func adoptionImage(st detachState) (*image.Image, error) {
 // restored process does. The memory counts against the process's uid's
 // limit, and is refused past it.
 func (s *Server) adopt(st detachState, p *proc.Process) error {
+	handed := false // p is the client's once parkRestored has it
+	defer func() {
+		if !handed {
+			p.Close()
+		}
+	}()
 	im, err := adoptionImage(st)
 	if err != nil {
-		p.Close()
 		return err
 	}
 	release, err := s.reserveGPUFor(st.UID, imageBytes(im, int(st.Pid)), "its GPU memory")
 	if err != nil {
 		_ = im.Close()
-		p.Close()
 		return err
 	}
 	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid), st.UID)
 	if e != nil {
 		release()
 		_ = im.Close()
-		p.Close()
 		return errors.New(e.Message)
 	}
 	s.trackPlan(plan)
@@ -228,9 +231,9 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 	s.runLoad(plan)
 	cl := plan.clients[0]
 	if plan.load.err != nil {
-		p.Close()
 		return fmt.Errorf("loading its GPU image failed: %w", plan.load.err)
 	}
+	handed = true
 	if err := s.parkRestored(cl, p); err != nil {
 		s.release(cl)
 		return err

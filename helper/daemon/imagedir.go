@@ -102,13 +102,17 @@ func (s *Server) checkpointDir(c *conn, id uint64, req *helperpb.Checkpoint) (*o
 }
 
 // fsCred is the caller's file-system identity, for lookups made as the
-// caller (package fscred).
+// caller (package fscred): its groups are those it had when it connected,
+// read once.
 func (c *conn) fsCred() (fscred.Cred, error) {
-	groups, err := c.PeerGroups()
-	if err != nil {
-		return fscred.Cred{}, fmt.Errorf("the caller's groups: %w", err)
+	if c.fscred == nil {
+		groups, err := c.PeerGroups()
+		if err != nil {
+			return fscred.Cred{}, fmt.Errorf("the caller's groups: %w", err)
+		}
+		c.fscred = &fscred.Cred{UID: c.cred.Uid, GID: c.cred.Gid, Groups: groups}
 	}
-	return fscred.Cred{UID: c.cred.Uid, GID: c.cred.Gid, Groups: groups}, nil
+	return *c.fscred, nil
 }
 
 // imageErrCode is the error code of a failure to open an image for a caller.

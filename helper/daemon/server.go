@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/fscred"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -352,6 +353,7 @@ type conn struct {
 	// closes.
 	peer         *proc.Process
 	peerErr      error
+	fscred       *fscred.Cred // the caller's file-system identity, once asked (fsCred)
 	log          *zap.Logger
 	wmu          sync.Mutex
 	writeTimeout time.Duration // of each send; 0: none

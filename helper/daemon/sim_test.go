@@ -149,24 +149,19 @@ func TestSimKilledClientReleased(t *testing.T) {
 	t.Logf("child %s killed; free memory back to %d", strconv.Itoa(cmd.Process.Pid), free0)
 }
 
-// A restore's memory counts for the owner of its image: a PrepareRestore
-// that would take that uid past its GPU memory limit is refused, naming the
-// limit, and one within it shows in Status as that uid's.
-func TestSimPrepareRestoreCountsForTheImagesOwner(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: an image of another uid is written")
-	}
-	drv := loadSim(t)
-	owner := &image.Owner{UID: 61001, GID: 61001}
-	dir := filepath.Join(t.TempDir(), "img")
-	w, err := image.Create(dir, image.Origin{Pid: 42}, image.Options{Owner: owner})
+// writeImage commits into dir, for own (nil: this process), a GPU image of
+// process pid holding one 16 MiB buffer (zeros) on the device uuid, and
+// returns its id.
+func writeImage(t *testing.T, dir string, pid int, uuid string, own *image.Owner) []byte {
+	t.Helper()
+	w, err := image.Create(dir, image.Origin{Pid: pid}, image.Options{Owner: own})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.AddProcess(42, 0); err != nil {
+	if err := w.AddProcess(pid, 0); err != nil {
 		t.Fatal(err)
 	}
-	bw, err := w.AddBuffer(image.BufferInfo{Pid: 42, Address: 0x500000000000, Size: 16 << 20, GPUUUID: drv.Devices[0].UUID})
+	bw, err := w.AddBuffer(image.BufferInfo{Pid: pid, Address: 0x500000000000, Size: 16 << 20, GPUUUID: uuid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +174,20 @@ func TestSimPrepareRestoreCountsForTheImagesOwner(t *testing.T) {
 	if err := w.Commit(); err != nil {
 		t.Fatal(err)
 	}
+	return w.ID()
+}
+
+// A restore's memory counts for the owner of its image: a PrepareRestore
+// that would take that uid past its GPU memory limit is refused, naming the
+// limit, and one within it shows in Status as that uid's.
+func TestSimPrepareRestoreCountsForTheImagesOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: an image of another uid is written")
+	}
+	drv := loadSim(t)
+	owner := &image.Owner{UID: 61001, GID: 61001}
+	dir := filepath.Join(t.TempDir(), "img")
+	writeImage(t, dir, 42, drv.Devices[0].UUID, owner)
 	for _, c := range []struct {
 		limit uint64
 		ok    bool
@@ -226,26 +235,7 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := image.Create(dir, image.Origin{Pid: int(pid)}, image.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.AddProcess(int(pid), 0); err != nil {
-		t.Fatal(err)
-	}
-	bw, err := w.AddBuffer(image.BufferInfo{Pid: int(pid), Address: 0x500000000000, Size: 16 << 20, GPUUUID: drv.Devices[0].UUID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bw.Write(make([]byte, 16<<20)); err != nil {
-		t.Fatal(err)
-	}
-	if err := bw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Commit(); err != nil {
-		t.Fatal(err)
-	}
+	id := writeImage(t, dir, int(pid), drv.Devices[0].UUID, nil)
 	uid := uint32(os.Geteuid())
 	for _, c := range []struct {
 		limit uint64
@@ -254,7 +244,7 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 		sockDir := t.TempDir()
 		s := New(Config{Socket: filepath.Join(sockDir, "helper.sock"), Devices: CUDADevices(drv), Log: zap.NewNop(),
 			Limits: Limits{GPUMemoryByUID: map[uint32]uint64{uid: c.limit}}})
-		state, _ := json.Marshal(detachState{Pid: pid, StartTime: st.Start, UID: uid, ImageOwner: uid, ImageDir: dir, ImageID: w.ID()})
+		state, _ := json.Marshal(detachState{Pid: pid, StartTime: st.Start, UID: uid, ImageOwner: uid, ImageDir: dir, ImageID: id})
 		if err := os.MkdirAll(s.stateDir(), 0o700); err != nil {
 			t.Fatal(err)
 		}

@@ -150,11 +150,9 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 	cl.mu.Lock()
 	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
 		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
-	cl.mu.Unlock()
-	var reasons []string
-	cl.mu.Lock()
 	quiet := time.Now().Before(cl.quietUntil)
 	cl.mu.Unlock()
+	var reasons []string
 	switch {
 	case !ci.ControlConnected:
 		reasons = append(reasons, "control connection down")

@@ -195,9 +195,11 @@ func Same(a, b *Process) bool {
 }
 
 // newProcess identifies the process behind pidfd (-1: none) that had pid:
-// its start time and uid are read, then the pidfd must still show it
-// running, so that what was read is its and not a successor's.
-func newProcess(pidfd int, pid int32) (*Process, error) {
+// its start time and, unless the caller knows it (uid not nil: a socket's
+// peer, as the kernel recorded it), its uid are read, then the pidfd must
+// still show it running, so that what was read is its and not a
+// successor's.
+func newProcess(pidfd int, pid int32, uid *uint32) (*Process, error) {
 	p := &Process{pid: pid, closed: make(chan struct{}), how: "pid and start time"}
 	if pidfd >= 0 {
 		p.how = "pidfd_open"
@@ -208,30 +210,28 @@ func newProcess(pidfd int, pid int32) (*Process, error) {
 		// Non-blocking, so the runtime's poller takes it (Exited).
 		p.f = os.NewFile(uintptr(pidfd), fmt.Sprintf("pidfd:%d", pid))
 	}
+	fail := func(err error) (*Process, error) {
+		p.Close()
+		if errors.Is(err, os.ErrNotExist) {
+			err = &GoneError{Pid: pid}
+		}
+		return nil, err
+	}
 	st, err := ReadStat(pid)
 	if err == nil && !st.Alive() {
 		err = &GoneError{Pid: pid, Why: "a zombie"}
 	}
 	if err != nil {
-		p.Close()
-		if errors.Is(err, os.ErrNotExist) {
-			err = &GoneError{Pid: pid}
-		}
-		return nil, err
+		return fail(err)
 	}
 	p.start = st.Start
-	uid, err := EffectiveUID(pid)
-	if err != nil {
-		p.Close()
-		if errors.Is(err, os.ErrNotExist) {
-			err = &GoneError{Pid: pid}
-		}
-		return nil, err
+	if uid != nil {
+		p.uid = *uid
+	} else if p.uid, err = EffectiveUID(pid); err != nil {
+		return fail(err)
 	}
-	p.uid = uid
 	if p.f != nil && pidfdExited(p.f) {
-		p.Close()
-		return nil, &GoneError{Pid: pid}
+		return fail(&GoneError{Pid: pid})
 	}
 	return p, nil
 }
@@ -260,7 +260,7 @@ func Open(pid int32) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newProcess(fd, pid)
+	return newProcess(fd, pid, nil)
 }
 
 // OpenStarted holds the process that has pid now, if it is the one that
@@ -294,11 +294,11 @@ func Peer(rc syscall.RawConn, cred *unix.Ucred) (*Process, error) {
 	switch {
 	case gerr == nil:
 		unix.CloseOnExec(fd)
-		p, err := newProcess(fd, cred.Pid)
+		// Its uid at connect time, as the kernel recorded it.
+		p, err := newProcess(fd, cred.Pid, &cred.Uid)
 		if err != nil {
 			return nil, err
 		}
-		p.uid = cred.Uid // at connect time, as the kernel recorded it
 		p.how = "SO_PEERPIDFD"
 		return p, nil
 	case gerr == unix.EINVAL || gerr == unix.ESRCH:

@@ -95,8 +95,13 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 	// exec.Cmd passes ExtraFiles without close-on-exec, as 3, 4, ...
 	cmd := &exec.Cmd{Path: c.CRIU, Args: []string{c.CRIU, "--no-default-config", "swrk", "3"}, Env: c.Env,
 		ExtraFiles: append([]*os.File{theirs}, c.Files...)}
+	// A restore's half-made tree, killed at the deadline, is what appears
+	// among this process's children while CRIU runs.
 	self := int32(os.Getpid())
-	before, _ := proc.Children(self)
+	var before []int32
+	if c.KillNew {
+		before, _ = proc.Children(self)
+	}
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {
