@@ -127,6 +127,8 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.mapped(cl, req.Id, b.Mapped)
 		case *helperpb.Request_Free:
 			resp = s.free(cl, req.Id, b.Free)
+		case *helperpb.Request_Export:
+			resp, fd = s.export(cl, req.Id, b.Export)
 		default:
 			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
 			return
@@ -232,6 +234,25 @@ func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Res
 	}
 	al.address = m.Address
 	return okResp(id)
+}
+
+// export hands the client a new fd of one of its allocations: the
+// application exports memory the helper serves (NCCL shares its buffers with
+// its peer ranks this way), and the driver refuses to export what the
+// application holds, an import.
+func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Response, int) {
+	cl.mu.Lock()
+	al, er := s.ownAlloc(cl, id, e.AllocId)
+	cl.mu.Unlock()
+	if er != nil {
+		return er, -1
+	}
+	fd, err := al.dev.Export(al.handle)
+	if err != nil {
+		cl.log.Warn("export failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
+	}
+	return okResp(id), fd
 }
 
 func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Response {

@@ -264,6 +264,34 @@ CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direc
     return CUDA_SUCCESS;
 }
 
+CUresult gc_link_export(uint64_t id, int *fd) {
+    Gpucr__Helper__V1__Export e = GPUCR__HELPER__V1__EXPORT__INIT;
+    e.alloc_id = id;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_EXPORT;
+    req.export = &e;
+    Resp *resp = NULL;
+    int fds[4], nfds = 0;
+    if (call_helper(&req, &resp, fds, 4, &nfds) < 0) {
+        gc_warn("helper: Export %llu: no answer; the application's export fails", (unsigned long long)id);
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    CUresult r = CUDA_SUCCESS;
+    if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_OK || nfds != 1) {
+        gc_warn("helper: Export %llu: %s; the application's export fails", (unsigned long long)id,
+                resp->error && resp->error->message ? resp->error->message : "no fd in the answer");
+        r = resp->error && resp->error->code == GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND
+                ? CUDA_ERROR_INVALID_VALUE
+                : CUDA_ERROR_OPERATING_SYSTEM;
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+    } else {
+        *fd = fds[0];
+    }
+    gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return r;
+}
+
 void gc_link_mapped(uint64_t id, uint64_t addr) {
     Gpucr__Helper__V1__Mapped m = GPUCR__HELPER__V1__MAPPED__INIT;
     m.alloc_id = id;

@@ -40,6 +40,8 @@ GC_HIDDEN uint64_t gc_link_granularity(const char *uuid);
 GC_HIDDEN CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t *id,
                                  uint64_t *rsize, int *fd);
 GC_HIDDEN void gc_link_mapped(uint64_t id, uint64_t addr);
+/* Export: a new fd of allocation id (the caller's to close), or the CUresult for the application. */
+GC_HIDDEN CUresult gc_link_export(uint64_t id, int *fd);
 GC_HIDDEN void gc_link_free(uint64_t id);
 
 /* The helper socket's path, our client token. */

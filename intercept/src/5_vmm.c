@@ -35,10 +35,13 @@
  *   order after re-import. Unmapping part of a mapping keeps the rest (and the
  *   rest of its access).
  * - Exported handles (cuMemExportToShareableHandle): the application gets an
- *   fd of the helper's physical memory, the same pages it sees; it stays valid
- *   across Drop/Reimport (the helper holds the memory throughout), but a
- *   restore into a new process would give new memory, so exporting makes the
- *   process not checkpointable ("... exported to a shareable handle").
+ *   fd of the helper's physical memory, the same pages it sees, which the
+ *   helper exports (Export): the driver refuses to export an allocation the
+ *   process imported (measured: CUDA_ERROR_INVALID_VALUE), and NCCL exports
+ *   its buffers for its peer ranks. The fd stays valid across Drop/Reimport
+ *   (the helper holds the memory throughout), but a restore into a new
+ *   process would give new memory, so exporting makes the process not
+ *   checkpointable ("... exported to a shareable handle").
  * - cuMemMapArrayAsync (sparse arrays) is not wrapped: cudadrv.h has no
  *   CUarrayMapInfo; an application mapping helper-backed memory into a sparse
  *   array would hand the driver a virtual handle. No test application does.
@@ -505,21 +508,28 @@ CUresult gc_vmm_get_props(__typeof__(&cuMemGetAllocationPropertiesFromHandle) fn
 CUresult gc_vmm_export(__typeof__(&cuMemExportToShareableHandle) fn, void *shareableHandle,
                        CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType,
                        unsigned long long flags) {
-    CUresult r;
     gc_alloc_lock();
     vrec *v = find_vh(handle);
     if (!v) {
         gc_alloc_unlock();
-        r = is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(shareableHandle, handle, handleType, flags);
-    } else {
-        /* only the types requested at creation export, as with the driver; the import itself is POSIX-fd */
-        r = (handleType & v->prop.requestedHandleTypes) ? fn(shareableHandle, v->real, handleType, flags)
-                                                        : CUDA_ERROR_INVALID_VALUE;
-        gc_alloc_unlock();
-        if (r == CUDA_SUCCESS)
-            gc_note_reason(GC_REASON_EXPORT);
+        return is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(shareableHandle, handle, handleType, flags);
     }
-    return r;
+    /* only the types requested at creation export, as with the driver; the helper serves POSIX fds only */
+    bool ok = shareableHandle && flags == 0 && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+              (v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    uint64_t id = v->id;
+    gc_alloc_unlock();
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* What we hold is an import, which the driver does not export again: the helper, which created the
+     * memory, exports it (the same pages the application maps). */
+    int fd = -1;
+    CUresult r = gc_link_export(id, &fd);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *(int *)shareableHandle = fd;
+    gc_note_reason(GC_REASON_EXPORT);
+    return CUDA_SUCCESS;
 }
 
 /* Foreign memory (another process's export): passed through, not checkpointable. */

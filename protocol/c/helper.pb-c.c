@@ -502,6 +502,51 @@ void   gpucr__helper__v1__free__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__free__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__export__init
+                     (Gpucr__Helper__V1__Export         *message)
+{
+  static const Gpucr__Helper__V1__Export init_value = GPUCR__HELPER__V1__EXPORT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__export__get_packed_size
+                     (const Gpucr__Helper__V1__Export *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__export__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__export__pack
+                     (const Gpucr__Helper__V1__Export *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__export__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__export__pack_to_buffer
+                     (const Gpucr__Helper__V1__Export *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__export__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Export *
+       gpucr__helper__v1__export__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Export *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__export__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__export__free_unpacked
+                     (Gpucr__Helper__V1__Export *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__export__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__quiesce__init
                      (Gpucr__Helper__V1__Quiesce         *message)
 {
@@ -2032,7 +2077,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[24] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[25] =
 {
   {
     "id",
@@ -2090,6 +2135,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     offsetof(Gpucr__Helper__V1__Request, body_case),
     offsetof(Gpucr__Helper__V1__Request, free),
     &gpucr__helper__v1__free__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "export",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, export),
+    &gpucr__helper__v1__export__descriptor,
     NULL,
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
@@ -2324,37 +2381,38 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
   },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
-  13,   /* field[13] = abort */
+  14,   /* field[14] = abort */
   2,   /* field[2] = alloc */
-  16,   /* field[16] = checkpoint */
-  15,   /* field[15] = client_op */
-  21,   /* field[21] = commit_image */
-  12,   /* field[12] = detach */
-  6,   /* field[6] = drain */
-  7,   /* field[7] = drop */
-  18,   /* field[18] = dump_done */
+  17,   /* field[17] = checkpoint */
+  16,   /* field[16] = client_op */
+  22,   /* field[22] = commit_image */
+  13,   /* field[13] = detach */
+  7,   /* field[7] = drain */
+  8,   /* field[8] = drop */
+  19,   /* field[19] = dump_done */
+  5,   /* field[5] = export */
   4,   /* field[4] = free */
-  11,   /* field[11] = get_stats */
+  12,   /* field[12] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
   3,   /* field[3] = mapped */
-  19,   /* field[19] = prepare_restore */
-  5,   /* field[5] = quiesce */
-  8,   /* field[8] = reimport */
-  20,   /* field[20] = restored */
-  9,   /* field[9] = resume */
-  17,   /* field[17] = resume_checkpointed */
-  10,   /* field[10] = snapshot */
-  14,   /* field[14] = status */
-  22,   /* field[22] = transfers */
-  23,   /* field[23] = wait_restored */
+  20,   /* field[20] = prepare_restore */
+  6,   /* field[6] = quiesce */
+  9,   /* field[9] = reimport */
+  21,   /* field[21] = restored */
+  10,   /* field[10] = resume */
+  18,   /* field[18] = resume_checkpointed */
+  11,   /* field[11] = snapshot */
+  15,   /* field[15] = status */
+  23,   /* field[23] = transfers */
+  24,   /* field[24] = wait_restored */
 };
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] =
 {
   { 1, 0 },
-  { 10, 5 },
-  { 20, 14 },
-  { 0, 24 }
+  { 10, 6 },
+  { 20, 15 },
+  { 0, 25 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2364,7 +2422,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  24,
+  25,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   3,  gpucr__helper__v1__request__number_ranges,
@@ -3106,6 +3164,44 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__free__descriptor =
   gpucr__helper__v1__free__field_indices_by_name,
   1,  gpucr__helper__v1__free__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__free__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__export__field_descriptors[1] =
+{
+  {
+    "alloc_id",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Export, alloc_id),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__export__field_indices_by_name[] = {
+  0,   /* field[0] = alloc_id */
+};
+static const ProtobufCIntRange gpucr__helper__v1__export__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__export__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Export",
+  "Export",
+  "Gpucr__Helper__V1__Export",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Export),
+  1,
+  gpucr__helper__v1__export__field_descriptors,
+  gpucr__helper__v1__export__field_indices_by_name,
+  1,  gpucr__helper__v1__export__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__export__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__quiesce__field_descriptors[1] =

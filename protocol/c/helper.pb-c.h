@@ -26,6 +26,7 @@ typedef struct Gpucr__Helper__V1__Alloc Gpucr__Helper__V1__Alloc;
 typedef struct Gpucr__Helper__V1__AllocReply Gpucr__Helper__V1__AllocReply;
 typedef struct Gpucr__Helper__V1__Mapped Gpucr__Helper__V1__Mapped;
 typedef struct Gpucr__Helper__V1__Free Gpucr__Helper__V1__Free;
+typedef struct Gpucr__Helper__V1__Export Gpucr__Helper__V1__Export;
 typedef struct Gpucr__Helper__V1__Quiesce Gpucr__Helper__V1__Quiesce;
 typedef struct Gpucr__Helper__V1__Drain Gpucr__Helper__V1__Drain;
 typedef struct Gpucr__Helper__V1__Drop Gpucr__Helper__V1__Drop;
@@ -214,6 +215,7 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_ALLOC = 3,
   GPUCR__HELPER__V1__REQUEST__BODY_MAPPED = 4,
   GPUCR__HELPER__V1__REQUEST__BODY_FREE = 5,
+  GPUCR__HELPER__V1__REQUEST__BODY_EXPORT = 6,
   GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE = 10,
   GPUCR__HELPER__V1__REQUEST__BODY_DRAIN = 11,
   GPUCR__HELPER__V1__REQUEST__BODY_DROP = 12,
@@ -252,6 +254,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__Alloc *alloc;
     Gpucr__Helper__V1__Mapped *mapped;
     Gpucr__Helper__V1__Free *free;
+    Gpucr__Helper__V1__Export *export;
     /*
      * ROLE_CLIENT_CONTROL, helper -> interposer
      */
@@ -480,6 +483,22 @@ struct  Gpucr__Helper__V1__Free
 };
 #define GPUCR__HELPER__V1__FREE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__free__descriptor) \
+    , 0 }
+
+
+/*
+ * Export: a new POSIX fd of one of the client's allocations, sent with an Ok
+ * (one SCM_RIGHTS fd). The application's cuMemExportToShareableHandle of
+ * memory the helper serves: the driver refuses to export an allocation the
+ * process imported, so the fd must come from the helper, which created it.
+ */
+struct  Gpucr__Helper__V1__Export
+{
+  ProtobufCMessage base;
+  uint64_t alloc_id;
+};
+#define GPUCR__HELPER__V1__EXPORT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__export__descriptor) \
     , 0 }
 
 
@@ -1365,6 +1384,25 @@ Gpucr__Helper__V1__Free *
 void   gpucr__helper__v1__free__free_unpacked
                      (Gpucr__Helper__V1__Free *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Export methods */
+void   gpucr__helper__v1__export__init
+                     (Gpucr__Helper__V1__Export         *message);
+size_t gpucr__helper__v1__export__get_packed_size
+                     (const Gpucr__Helper__V1__Export   *message);
+size_t gpucr__helper__v1__export__pack
+                     (const Gpucr__Helper__V1__Export   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__export__pack_to_buffer
+                     (const Gpucr__Helper__V1__Export   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Export *
+       gpucr__helper__v1__export__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__export__free_unpacked
+                     (Gpucr__Helper__V1__Export *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__Quiesce methods */
 void   gpucr__helper__v1__quiesce__init
                      (Gpucr__Helper__V1__Quiesce         *message);
@@ -2046,6 +2084,9 @@ typedef void (*Gpucr__Helper__V1__Mapped_Closure)
 typedef void (*Gpucr__Helper__V1__Free_Closure)
                  (const Gpucr__Helper__V1__Free *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__Export_Closure)
+                 (const Gpucr__Helper__V1__Export *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__Quiesce_Closure)
                  (const Gpucr__Helper__V1__Quiesce *message,
                   void *closure_data);
@@ -2171,6 +2212,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__alloc_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__mapped__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__free__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__export__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__quiesce__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__drain__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__drop__descriptor;

@@ -441,7 +441,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28, 0}
 }
 
 type Transfer_Direction int32
@@ -490,7 +490,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45, 0}
 }
 
 type Request struct {
@@ -503,6 +503,7 @@ type Request struct {
 	//	*Request_Alloc
 	//	*Request_Mapped
 	//	*Request_Free
+	//	*Request_Export
 	//	*Request_Quiesce
 	//	*Request_Drain
 	//	*Request_Drop
@@ -602,6 +603,15 @@ func (x *Request) GetFree() *Free {
 	if x != nil {
 		if x, ok := x.Body.(*Request_Free); ok {
 			return x.Free
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetExport() *Export {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Export); ok {
+			return x.Export
 		}
 	}
 	return nil
@@ -799,6 +809,10 @@ type Request_Free struct {
 	Free *Free `protobuf:"bytes,5,opt,name=free,proto3,oneof"`
 }
 
+type Request_Export struct {
+	Export *Export `protobuf:"bytes,6,opt,name=export,proto3,oneof"`
+}
+
 type Request_Quiesce struct {
 	// ROLE_CLIENT_CONTROL, helper -> interposer
 	Quiesce *Quiesce `protobuf:"bytes,10,opt,name=quiesce,proto3,oneof"`
@@ -887,6 +901,8 @@ func (*Request_Alloc) isRequest_Body() {}
 func (*Request_Mapped) isRequest_Body() {}
 
 func (*Request_Free) isRequest_Body() {}
+
+func (*Request_Export) isRequest_Body() {}
 
 func (*Request_Quiesce) isRequest_Body() {}
 
@@ -1701,6 +1717,54 @@ func (x *Free) GetAllocId() uint64 {
 	return 0
 }
 
+// Export: a new POSIX fd of one of the client's allocations, sent with an Ok
+// (one SCM_RIGHTS fd). The application's cuMemExportToShareableHandle of
+// memory the helper serves: the driver refuses to export an allocation the
+// process imported, so the fd must come from the helper, which created it.
+type Export struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AllocId       uint64                 `protobuf:"varint,1,opt,name=alloc_id,json=allocId,proto3" json:"alloc_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Export) Reset() {
+	*x = Export{}
+	mi := &file_protocol_helper_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Export) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Export) ProtoMessage() {}
+
+func (x *Export) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Export.ProtoReflect.Descriptor instead.
+func (*Export) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Export) GetAllocId() uint64 {
+	if x != nil {
+		return x.AllocId
+	}
+	return 0
+}
+
 // Quiesce: close the gate (new interposed calls block), wait for the calls in
 // progress; timeout_ms 0 means the client's default (10 s).
 type Quiesce struct {
@@ -1712,7 +1776,7 @@ type Quiesce struct {
 
 func (x *Quiesce) Reset() {
 	*x = Quiesce{}
-	mi := &file_protocol_helper_proto_msgTypes[11]
+	mi := &file_protocol_helper_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1788,7 @@ func (x *Quiesce) String() string {
 func (*Quiesce) ProtoMessage() {}
 
 func (x *Quiesce) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[11]
+	mi := &file_protocol_helper_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1801,7 @@ func (x *Quiesce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quiesce.ProtoReflect.Descriptor instead.
 func (*Quiesce) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{11}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Quiesce) GetTimeoutMs() uint32 {
@@ -1757,7 +1821,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_protocol_helper_proto_msgTypes[12]
+	mi := &file_protocol_helper_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1833,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[12]
+	mi := &file_protocol_helper_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1846,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{12}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{13}
 }
 
 // Drop: unmap and release every imported allocation; address reservations
@@ -1800,7 +1864,7 @@ type Drop struct {
 
 func (x *Drop) Reset() {
 	*x = Drop{}
-	mi := &file_protocol_helper_proto_msgTypes[13]
+	mi := &file_protocol_helper_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1876,7 @@ func (x *Drop) String() string {
 func (*Drop) ProtoMessage() {}
 
 func (x *Drop) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[13]
+	mi := &file_protocol_helper_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1889,7 @@ func (x *Drop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drop.ProtoReflect.Descriptor instead.
 func (*Drop) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{13}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Drop) GetWakePath() string {
@@ -1848,7 +1912,7 @@ type Reimport struct {
 
 func (x *Reimport) Reset() {
 	*x = Reimport{}
-	mi := &file_protocol_helper_proto_msgTypes[14]
+	mi := &file_protocol_helper_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +1924,7 @@ func (x *Reimport) String() string {
 func (*Reimport) ProtoMessage() {}
 
 func (x *Reimport) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[14]
+	mi := &file_protocol_helper_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +1937,7 @@ func (x *Reimport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reimport.ProtoReflect.Descriptor instead.
 func (*Reimport) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{14}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Reimport) GetEntries() []*ReimportEntry {
@@ -1894,7 +1958,7 @@ type ReimportEntry struct {
 
 func (x *ReimportEntry) Reset() {
 	*x = ReimportEntry{}
-	mi := &file_protocol_helper_proto_msgTypes[15]
+	mi := &file_protocol_helper_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +1970,7 @@ func (x *ReimportEntry) String() string {
 func (*ReimportEntry) ProtoMessage() {}
 
 func (x *ReimportEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[15]
+	mi := &file_protocol_helper_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +1983,7 @@ func (x *ReimportEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReimportEntry.ProtoReflect.Descriptor instead.
 func (*ReimportEntry) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{15}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReimportEntry) GetAllocId() uint64 {
@@ -1952,7 +2016,7 @@ type Resume struct {
 
 func (x *Resume) Reset() {
 	*x = Resume{}
-	mi := &file_protocol_helper_proto_msgTypes[16]
+	mi := &file_protocol_helper_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2028,7 @@ func (x *Resume) String() string {
 func (*Resume) ProtoMessage() {}
 
 func (x *Resume) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[16]
+	mi := &file_protocol_helper_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2041,7 @@ func (x *Resume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resume.ProtoReflect.Descriptor instead.
 func (*Resume) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{16}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{17}
 }
 
 type Snapshot struct {
@@ -1988,7 +2052,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_protocol_helper_proto_msgTypes[17]
+	mi := &file_protocol_helper_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2000,7 +2064,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[17]
+	mi := &file_protocol_helper_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2013,7 +2077,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{17}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{18}
 }
 
 type GetStats struct {
@@ -2024,7 +2088,7 @@ type GetStats struct {
 
 func (x *GetStats) Reset() {
 	*x = GetStats{}
-	mi := &file_protocol_helper_proto_msgTypes[18]
+	mi := &file_protocol_helper_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2100,7 @@ func (x *GetStats) String() string {
 func (*GetStats) ProtoMessage() {}
 
 func (x *GetStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[18]
+	mi := &file_protocol_helper_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2113,7 @@ func (x *GetStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStats.ProtoReflect.Descriptor instead.
 func (*GetStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{18}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{19}
 }
 
 // BufferTable: what the interposer tracks. allocations: helper-owned memory
@@ -2068,7 +2132,7 @@ type BufferTable struct {
 
 func (x *BufferTable) Reset() {
 	*x = BufferTable{}
-	mi := &file_protocol_helper_proto_msgTypes[19]
+	mi := &file_protocol_helper_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2144,7 @@ func (x *BufferTable) String() string {
 func (*BufferTable) ProtoMessage() {}
 
 func (x *BufferTable) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[19]
+	mi := &file_protocol_helper_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2157,7 @@ func (x *BufferTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BufferTable.ProtoReflect.Descriptor instead.
 func (*BufferTable) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{19}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BufferTable) GetAllocations() []*Allocation {
@@ -2137,7 +2201,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2213,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2226,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Allocation) GetAllocId() uint64 {
@@ -2214,7 +2278,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2226,7 +2290,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2239,7 +2303,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Buffer) GetAddress() uint64 {
@@ -2306,7 +2370,7 @@ type ClientStats struct {
 
 func (x *ClientStats) Reset() {
 	*x = ClientStats{}
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2382,7 @@ func (x *ClientStats) String() string {
 func (*ClientStats) ProtoMessage() {}
 
 func (x *ClientStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2395,7 @@ func (x *ClientStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientStats.ProtoReflect.Descriptor instead.
 func (*ClientStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ClientStats) GetAllocs() uint64 {
@@ -2468,7 +2532,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2480,7 +2544,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2493,7 +2557,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
 }
 
 type StatusReply struct {
@@ -2512,7 +2576,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2588,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2601,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusReply) GetHelperVersion() string {
@@ -2598,7 +2662,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2674,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2687,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -2685,7 +2749,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2761,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2774,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -2790,7 +2854,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2802,7 +2866,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2815,7 +2879,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -2849,7 +2913,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2861,7 +2925,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2874,7 +2938,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -2934,7 +2998,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3010,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3023,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -3031,7 +3095,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3043,7 +3107,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3056,7 +3120,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -3090,7 +3154,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3102,7 +3166,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3179,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -3177,7 +3241,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3189,7 +3253,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3202,7 +3266,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Phase) GetName() string {
@@ -3230,7 +3294,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3306,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3319,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -3285,7 +3349,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3297,7 +3361,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3310,7 +3374,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Abort) GetReason() string {
@@ -3334,7 +3398,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3346,7 +3410,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3359,7 +3423,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -3385,7 +3449,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3397,7 +3461,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3410,7 +3474,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -3434,7 +3498,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3510,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3523,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -3502,7 +3566,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3514,7 +3578,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3527,7 +3591,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -3552,7 +3616,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3564,7 +3628,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3577,7 +3641,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -3609,7 +3673,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3685,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3698,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -3657,7 +3721,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +3733,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +3746,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -3707,7 +3771,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +3783,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +3796,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -3752,7 +3816,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3764,7 +3828,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3777,7 +3841,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -3812,7 +3876,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3824,7 +3888,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3837,7 +3901,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -3914,14 +3978,15 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xbe\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xf1\n" +
 	"\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\x05alloc\x18\x03 \x01(\v2\x16.gpucr.helper.v1.AllocH\x00R\x05alloc\x121\n" +
 	"\x06mapped\x18\x04 \x01(\v2\x17.gpucr.helper.v1.MappedH\x00R\x06mapped\x12+\n" +
-	"\x04free\x18\x05 \x01(\v2\x15.gpucr.helper.v1.FreeH\x00R\x04free\x124\n" +
+	"\x04free\x18\x05 \x01(\v2\x15.gpucr.helper.v1.FreeH\x00R\x04free\x121\n" +
+	"\x06export\x18\x06 \x01(\v2\x17.gpucr.helper.v1.ExportH\x00R\x06export\x124\n" +
 	"\aquiesce\x18\n" +
 	" \x01(\v2\x18.gpucr.helper.v1.QuiesceH\x00R\aquiesce\x12.\n" +
 	"\x05drain\x18\v \x01(\v2\x16.gpucr.helper.v1.DrainH\x00R\x05drain\x12+\n" +
@@ -4001,6 +4066,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\x04R\aaddress\"!\n" +
 	"\x04Free\x12\x19\n" +
+	"\balloc_id\x18\x01 \x01(\x04R\aallocId\"#\n" +
+	"\x06Export\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\"(\n" +
 	"\aQuiesce\x12\x1d\n" +
 	"\n" +
@@ -4230,7 +4297,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -4251,104 +4318,106 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*AllocReply)(nil),         // 16: gpucr.helper.v1.AllocReply
 	(*Mapped)(nil),             // 17: gpucr.helper.v1.Mapped
 	(*Free)(nil),               // 18: gpucr.helper.v1.Free
-	(*Quiesce)(nil),            // 19: gpucr.helper.v1.Quiesce
-	(*Drain)(nil),              // 20: gpucr.helper.v1.Drain
-	(*Drop)(nil),               // 21: gpucr.helper.v1.Drop
-	(*Reimport)(nil),           // 22: gpucr.helper.v1.Reimport
-	(*ReimportEntry)(nil),      // 23: gpucr.helper.v1.ReimportEntry
-	(*Resume)(nil),             // 24: gpucr.helper.v1.Resume
-	(*Snapshot)(nil),           // 25: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 26: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 27: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 28: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 29: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 30: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 31: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 32: gpucr.helper.v1.StatusReply
-	(*DriverInfo)(nil),         // 33: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 34: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 35: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 36: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 37: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 38: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 39: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 40: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 41: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 42: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 43: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 44: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 45: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 46: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 47: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 48: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 49: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 50: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 51: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 52: gpucr.helper.v1.Transfer
+	(*Export)(nil),             // 19: gpucr.helper.v1.Export
+	(*Quiesce)(nil),            // 20: gpucr.helper.v1.Quiesce
+	(*Drain)(nil),              // 21: gpucr.helper.v1.Drain
+	(*Drop)(nil),               // 22: gpucr.helper.v1.Drop
+	(*Reimport)(nil),           // 23: gpucr.helper.v1.Reimport
+	(*ReimportEntry)(nil),      // 24: gpucr.helper.v1.ReimportEntry
+	(*Resume)(nil),             // 25: gpucr.helper.v1.Resume
+	(*Snapshot)(nil),           // 26: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 27: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 28: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 29: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 30: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 31: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 32: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 33: gpucr.helper.v1.StatusReply
+	(*DriverInfo)(nil),         // 34: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 35: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 36: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 37: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 38: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 39: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 40: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 41: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 42: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 43: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 44: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 45: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 46: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 47: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 48: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 49: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 50: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 51: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 52: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 53: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
 	15, // 1: gpucr.helper.v1.Request.alloc:type_name -> gpucr.helper.v1.Alloc
 	17, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
 	18, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
-	19, // 4: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	20, // 5: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	21, // 6: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	22, // 7: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	24, // 8: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	25, // 9: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	26, // 10: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	46, // 11: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	42, // 12: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
-	31, // 13: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	35, // 14: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	37, // 15: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	41, // 16: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	47, // 17: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	48, // 18: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	49, // 19: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	38, // 20: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	50, // 21: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	43, // 22: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	10, // 23: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 24: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 25: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 26: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	27, // 27: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	30, // 28: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	32, // 29: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	36, // 30: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	39, // 31: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	51, // 32: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	44, // 33: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	3,  // 34: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 35: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 36: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 37: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	23, // 38: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	28, // 39: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	29, // 40: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 41: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 42: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 43: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 44: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	34, // 45: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	33, // 46: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	4,  // 47: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 48: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	27, // 49: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	30, // 50: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	40, // 51: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 52: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	45, // 53: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 54: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	52, // 55: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 56: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	57, // [57:57] is the sub-list for method output_type
-	57, // [57:57] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	19, // 4: gpucr.helper.v1.Request.export:type_name -> gpucr.helper.v1.Export
+	20, // 5: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	21, // 6: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	22, // 7: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	23, // 8: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	25, // 9: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	26, // 10: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	27, // 11: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	47, // 12: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	43, // 13: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	32, // 14: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	36, // 15: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	38, // 16: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	42, // 17: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	48, // 18: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	49, // 19: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	50, // 20: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	39, // 21: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	51, // 22: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	44, // 23: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	10, // 24: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 25: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 26: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 27: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	28, // 28: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	31, // 29: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	33, // 30: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	37, // 31: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	40, // 32: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	52, // 33: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	45, // 34: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	3,  // 35: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 36: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 37: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 38: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	24, // 39: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	29, // 40: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	30, // 41: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 42: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 43: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 44: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 45: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	35, // 46: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	34, // 47: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	4,  // 48: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 49: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	28, // 50: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	31, // 51: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	41, // 52: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 53: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	46, // 54: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 55: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	53, // 56: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 57: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	58, // [58:58] is the sub-list for method output_type
+	58, // [58:58] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -4361,6 +4430,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_Alloc)(nil),
 		(*Request_Mapped)(nil),
 		(*Request_Free)(nil),
+		(*Request_Export)(nil),
 		(*Request_Quiesce)(nil),
 		(*Request_Drain)(nil),
 		(*Request_Drop)(nil),
@@ -4399,7 +4469,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -34,14 +34,14 @@ typedef struct dt_case {
 
 /* Each cases_*.c file defines one table, ended by {NULL}. */
 extern const dt_case dt_cases_basic[], dt_cases_mem[], dt_cases_stream[], dt_cases_module[], dt_cases_vmm[],
-    dt_cases_ckpt[];
+    dt_cases_share[], dt_cases_ckpt[];
 
 /* Helper modes (drvtest --helper MODE ARG...), run in child processes by some cases. */
 typedef struct dt_helper {
     const char *mode;
     int (*fn)(int argc, char **argv);
 } dt_helper;
-extern const dt_helper dt_helpers_vmm[], dt_helpers_ckpt[], dt_helpers_basic[];
+extern const dt_helper dt_helpers_vmm[], dt_helpers_share[], dt_helpers_ckpt[], dt_helpers_basic[];
 
 /* ---- checks: a failing check records a message; the case goes on unless it must stop ---- */
 

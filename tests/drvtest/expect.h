@@ -47,6 +47,16 @@
 /* Measured, VMM: cuMemImportFromShareableHandle of an fd that is not exported memory (/dev/null). */
 #define EXP_VMM_IMPORT_FOREIGN_FD CUDA_ERROR_UNKNOWN
 
+/* Measured (H200, 580.159.04), VMM: the minimum granularity of host memory (location HOST_NUMA). */
+#define EXP_HOST_NUMA_GRANULARITY (2ULL << 20)
+/* Measured, VMM: cuMemGetAllocationGranularity does not check the host NUMA node (4096 is accepted). */
+#define EXP_HOST_NUMA_BAD_NODE CUDA_SUCCESS
+/* Measured, VMM: cuMemSetAccess for a host NUMA node on device memory. */
+#define EXP_HOST_ACCESS_TO_DEVICE_MEM CUDA_ERROR_NOT_SUPPORTED
+/* Measured, VMM: cuMemExportToShareableHandle(POSIX fd) of an allocation the process imported, in the importing
+ * process and in the exporting one: what gpucr's interposer holds of the helper's memory is such an import. */
+#define EXP_VMM_REEXPORT_IMPORTED CUDA_ERROR_INVALID_VALUE
+
 /* Measured: the checkpoint API on a pid that does not exist, and on a live process without CUDA. */
 #define EXP_CKPT_NO_PROCESS CUDA_ERROR_OPERATING_SYSTEM
 #define EXP_CKPT_NO_CUDA CUDA_ERROR_NOT_INITIALIZED

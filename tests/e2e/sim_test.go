@@ -36,6 +36,12 @@ func TestDriverConformance(t *testing.T) {
 	if cases < 20 {
 		t.Errorf("drvtest reported only %d cases:\n%s", cases, tail(out, 40))
 	}
+	// with one device the peer case skips itself; the GPU machine's two
+	// cards run it, and two simulated ones here
+	out, err = runErr(time.Minute, simEnv(t, "GPUCR_SIM_DEVICES=2"), binPath(t, "drvtest"), "share_peer_access")
+	if err != nil || !strings.Contains(out, "ok share_peer_access\n") {
+		t.Errorf("drvtest share_peer_access on two devices: %v\n%s", err, tail(out, 20))
+	}
 }
 
 // TestAppsDeterministic checks what the checkpoint tests rely on: an

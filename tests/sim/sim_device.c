@@ -73,6 +73,7 @@ static int attr_value(int a, int dev) {
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: return 1;
     case 119: return 1; /* MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX fd */
     case 120: return 1; /* CLUSTER_LAUNCH */
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: return 0;
     default: return 0;
     }
 }
@@ -171,6 +172,19 @@ SIM_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return get_uui
 
 SIM_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 SIM_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return get_uuid("cuDeviceGetUuid", uuid, dev); }
+
+/* Every simulated device reaches every other one (one host's memory underneath), as NVLinked H100s do. */
+SIM_API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuDeviceCanAccessPeer", SIM_NEED_INIT);
+    if (r != CUDA_SUCCESS || (r = sim_device_check(dev)) != CUDA_SUCCESS ||
+        (r = sim_device_check(peerDev)) != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!canAccessPeer)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    *canAccessPeer = dev != peerDev;
+    return sim_leave(&c, CUDA_SUCCESS);
+}
 
 /* ---- primary contexts ---- */
 

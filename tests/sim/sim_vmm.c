@@ -2,6 +2,10 @@
  * Virtual memory management: physical allocations (one memfd each), address
  * reservations, mappings, access, and export/import as POSIX file descriptors.
  *
+ * Physical memory lives on a device or on the host (location HOST_NUMA, the
+ * simulated host's one node, 0: pinned host memory that devices and the CPU
+ * share, as NCCL allocates it). Host memory is charged to no device.
+ *
  * Exporting hands out a duplicate of the memfd, so a process that imports it
  * (after SCM_RIGHTS) maps the very same pages: writes are visible both ways, as
  * with real GPU memory shared between processes.
@@ -18,14 +22,19 @@
 #include "sim.h"
 
 #define VMM_NAME_PREFIX "gpucr-vmm-dev"
+#define VMM_HOST_NAME "gpucr-vmm-host"
+/* The host NUMA node every device reports (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID). */
+#define SIM_HOST_NUMA 0
 
 typedef struct sim_phys {
     int fd; /* -1 while checkpointed */
     uint64_t size;
     int dev;
     unsigned htypes; /* requestedHandleTypes */
+    int host;        /* host memory (HOST_NUMA); dev is then -1 */
     int imported;
-    int released; /* cuMemRelease was called; lives on while mapped */
+    int refs;     /* handle references: cuMemCreate or import 1, each cuMemRetainAllocationHandle 1 more */
+    int released; /* no reference left (cuMemRelease as often); lives on while mapped */
     int nmaps;
     sim_parked parked;
     struct sim_phys *next;
@@ -34,7 +43,9 @@ typedef struct sim_phys {
 typedef struct sim_vmap {
     uint64_t addr, size, off;
     sim_phys *phys;
-    int prot;
+    int prot;                     /* what the host mapping allows: the union of the locations' access */
+    int dprot[SIM_MAX_DEVICES];   /* each device's access (cuMemSetAccess sets only the locations it names) */
+    int hprot;                    /* the CPU's (location HOST_NUMA), host memory only */
 } sim_vmap;
 
 /* A handle the caller may still use; with `mapped_ok`, also one released but still mapped. */
@@ -57,13 +68,18 @@ static void phys_destroy(sim_phys *p) {
     if (p->fd >= 0)
         close(p->fd);
     sim_parked_free(&p->parked);
-    if (!p->imported)
+    if (!p->imported && !p->host)
         sim.dev[p->dev].used -= p->size;
     free(p);
 }
 
-static CUresult check_prop(const CUmemAllocationProp *prop) {
-    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+/* The granularity query does not check the host node (measured: node 4096 is accepted); cuMemCreate does. */
+static CUresult check_prop(const CUmemAllocationProp *prop, bool node_checked) {
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return !node_checked || prop->location.id == SIM_HOST_NUMA ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     return sim_device_check(prop->location.id);
 }
@@ -76,7 +92,7 @@ SIM_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemA
         return sim_leave(&c, r);
     if (!granularity || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
-    r = check_prop(prop);
+    r = check_prop(prop, false);
     if (r == CUDA_SUCCESS)
         *granularity = SIM_GRANULARITY;
     return sim_leave(&c, r);
@@ -90,23 +106,27 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         return sim_leave(&c, r);
     if (!handle || flags != 0 || size == 0 || size % SIM_GRANULARITY)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
-    if ((r = check_prop(prop)) != CUDA_SUCCESS)
+    if ((r = check_prop(prop, true)) != CUDA_SUCCESS)
         return sim_leave(&c, r);
     /* fabric handles need IMEX, which a plain H100 host lacks: NOT_PERMITTED there (measured) */
     if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC)
         return sim_leave(&c, CUDA_ERROR_NOT_PERMITTED);
     if (prop->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return sim_leave(&c, CUDA_ERROR_NOT_SUPPORTED); /* no Windows handles on Linux */
-    int dev = prop->location.id;
+    bool host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    int dev = host ? -1 : prop->location.id;
     sim_phys *p = calloc(1, sizeof *p);
     if (!p)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
     pthread_rwlock_wrlock(&sim.memlock);
-    if (size > sim.dev[dev].total - sim.dev[dev].used) {
+    if (!host && size > sim.dev[dev].total - sim.dev[dev].used) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         char name[32];
-        snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", dev);
+        if (host)
+            snprintf(name, sizeof name, VMM_HOST_NAME);
+        else
+            snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", dev);
         int fd = sim_memfd(name, size);
         if (fd < 0) {
             sim_warn("cuMemCreate: memfd of %zu bytes: %s", size, strerror(-fd));
@@ -115,10 +135,13 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
             p->fd = fd;
             p->size = size;
             p->dev = dev;
+            p->host = host;
+            p->refs = 1;
             p->htypes = (unsigned)prop->requestedHandleTypes;
             p->next = sim.phys;
             sim.phys = p;
-            sim.dev[dev].used += size;
+            if (!host)
+                sim.dev[dev].used += size;
             *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
         }
     }
@@ -138,9 +161,11 @@ SIM_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     if (!p) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
-        p->released = 1;
-        if (p->nmaps == 0)
-            phys_destroy(p);
+        if (--p->refs == 0) {
+            p->released = 1;
+            if (p->nmaps == 0)
+                phys_destroy(p);
+        }
     }
     pthread_rwlock_unlock(&sim.memlock);
     return sim_leave(&c, r);
@@ -245,7 +270,7 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
             sim_warn("cuMemMap: mmap: %s", strerror(errno));
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            *m = (sim_vmap){ptr, size, offset, p, PROT_NONE};
+            *m = (sim_vmap){.addr = ptr, .size = size, .off = offset, .phys = p, .prot = PROT_NONE};
             if (rs_insert(&sim.vmaps, (sim_range){ptr, size, m, SIM_R_VMAP, PROT_NONE}) < 0) {
                 sim_map_reserve_fixed(ptr, size);
                 r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -318,6 +343,20 @@ SIM_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return sim_leave(&c, r);
 }
 
+static int access_prot(CUmemAccess_flags f) {
+    switch (f) {
+    case CU_MEM_ACCESS_FLAGS_PROT_NONE: return PROT_NONE;
+    case CU_MEM_ACCESS_FLAGS_PROT_READ: return PROT_READ;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: return PROT_READ | PROT_WRITE;
+    default: return -1;
+    }
+}
+
+/*
+ * Access is per location (each device, the host node); a call changes only the
+ * locations it names. Memory is one host mapping here, so the most any device
+ * or the CPU may do is what the union of them allows.
+ */
 SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
     sim_call c;
     CUresult r = sim_enter(&c, "cuMemSetAccess", SIM_CTX_OPTIONAL);
@@ -325,40 +364,51 @@ SIM_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
         return sim_leave(&c, r);
     if (!desc || count == 0)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
-    /* Device memory is one host mapping here, so the most any device may do is what the host allows. */
-    int prot = PROT_NONE;
+    bool to_host = false;
     for (size_t k = 0; k < count; k++) {
-        if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        if (access_prot(desc[k].flags) < 0)
             return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
-        if ((r = sim_device_check(desc[k].location.id)) != CUDA_SUCCESS)
+        if (desc[k].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+            if (desc[k].location.id != SIM_HOST_NUMA)
+                return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+            to_host = true;
+        } else if (desc[k].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+            return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+        } else if ((r = sim_device_check(desc[k].location.id)) != CUDA_SUCCESS) {
             return sim_leave(&c, r);
-        switch (desc[k].flags) {
-        case CU_MEM_ACCESS_FLAGS_PROT_NONE: break;
-        case CU_MEM_ACCESS_FLAGS_PROT_READ: prot |= PROT_READ; break;
-        case CU_MEM_ACCESS_FLAGS_PROT_READWRITE: prot |= PROT_READ | PROT_WRITE; break;
-        default: return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
         }
     }
     pthread_rwlock_wrlock(&sim.memlock);
     size_t n;
     ssize_t i = whole_maps(ptr, size, &n);
-    if (i < 0) {
+    if (i < 0)
         r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        for (size_t j = (size_t)i; j < (size_t)i + n; j++) {
-            sim_vmap *m = sim.vmaps.v[j].obj;
-            if (mprotect((void *)(uintptr_t)m->addr, m->size, prot) < 0) {
-                sim_warn("cuMemSetAccess: mprotect: %s", strerror(errno));
-                r = CUDA_ERROR_OUT_OF_MEMORY;
-                break;
-            }
-            m->prot = prot;
-            sim.vmaps.v[j].prot = prot;
-            dmap_drop(m->addr);
-            if (prot != PROT_NONE && rs_insert(&sim.dmap, (sim_range){m->addr, m->size, m, SIM_R_VMAP, prot}) < 0) {
-                r = CUDA_ERROR_OUT_OF_MEMORY;
-                break;
-            }
+    /* the CPU's access to device memory (measured: NOT_SUPPORTED) */
+    for (size_t j = (size_t)i; r == CUDA_SUCCESS && to_host && j < (size_t)i + n; j++)
+        if (!((sim_vmap *)sim.vmaps.v[j].obj)->phys->host)
+            r = CUDA_ERROR_NOT_SUPPORTED;
+    for (size_t j = (size_t)i; r == CUDA_SUCCESS && j < (size_t)i + n; j++) {
+        sim_vmap *m = sim.vmaps.v[j].obj;
+        for (size_t k = 0; k < count; k++) {
+            if (desc[k].location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+                m->hprot = access_prot(desc[k].flags);
+            else
+                m->dprot[desc[k].location.id] = access_prot(desc[k].flags);
+        }
+        int prot = m->hprot;
+        for (int d = 0; d < SIM_MAX_DEVICES; d++)
+            prot |= m->dprot[d];
+        if (mprotect((void *)(uintptr_t)m->addr, m->size, prot) < 0) {
+            sim_warn("cuMemSetAccess: mprotect: %s", strerror(errno));
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        m->prot = prot;
+        sim.vmaps.v[j].prot = prot;
+        dmap_drop(m->addr);
+        if (prot != PROT_NONE && rs_insert(&sim.dmap, (sim_range){m->addr, m->size, m, SIM_R_VMAP, prot}) < 0) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
         }
     }
     pthread_rwlock_unlock(&sim.memlock);
@@ -375,7 +425,9 @@ SIM_API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneri
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_rwlock_rdlock(&sim.memlock);
     sim_phys *p = phys_find(handle);
-    if (!p || !(p->htypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+    /* an allocation this process imported is not exported again (measured, in the importing process and in the
+     * exporting one) */
+    if (!p || !(p->htypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) || p->imported) {
         r = CUDA_ERROR_INVALID_VALUE;
     } else {
         int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
@@ -390,7 +442,7 @@ SIM_API CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGeneri
     return sim_leave(&c, r);
 }
 
-/* The device an exported fd belongs to, from the memfd's name; -1 if it is not one of ours. */
+/* The device an exported fd belongs to, from the memfd's name; -2 for host memory, -1 if it is not one of ours. */
 static int fd_vmm_dev(int fd) {
     char path[64], target[256];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -398,6 +450,8 @@ static int fd_vmm_dev(int fd) {
     if (n < 0)
         return -1;
     target[n] = 0;
+    if (strncmp(target, "/memfd:" VMM_HOST_NAME, strlen("/memfd:" VMM_HOST_NAME)) == 0)
+        return -2;
     const char *pre = "/memfd:" VMM_NAME_PREFIX;
     if (strncmp(target, pre, strlen(pre)) != 0)
         return -1;
@@ -417,8 +471,9 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     if (fd < 0 || fstat(fd, &st) < 0)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     int dev = fd_vmm_dev(fd);
-    /* an fd that is not exported device memory: the driver says UNKNOWN (measured with /dev/null) */
-    if (dev < 0 || st.st_size <= 0 || (uint64_t)st.st_size % SIM_GRANULARITY)
+    bool host = dev == -2;
+    /* an fd that is not exported memory: the driver says UNKNOWN (measured with /dev/null) */
+    if (dev == -1 || st.st_size <= 0 || (uint64_t)st.st_size % SIM_GRANULARITY)
         return sim_leave(&c, CUDA_ERROR_UNKNOWN);
     if (dev >= sim.ndev)
         dev = 0; /* exported by a process that sees more devices */
@@ -433,7 +488,9 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
         return sim_leave(&c, CUDA_ERROR_OPERATING_SYSTEM);
     }
     p->size = (uint64_t)st.st_size;
-    p->dev = dev;
+    p->dev = host ? -1 : dev;
+    p->host = host;
+    p->refs = 1;
     p->htypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     p->imported = 1;
     pthread_rwlock_wrlock(&sim.memlock);
@@ -442,6 +499,50 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     pthread_rwlock_unlock(&sim.memlock);
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
     return sim_leave(&c, CUDA_SUCCESS);
+}
+
+/* The allocation mapped at addr, one more reference to it (also to one released but still mapped). */
+SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemRetainAllocationHandle", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!handle)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_rwlock_wrlock(&sim.memlock);
+    ssize_t i = rs_find(&sim.vmaps, (uint64_t)(uintptr_t)addr);
+    if (i < 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        sim_phys *p = ((sim_vmap *)sim.vmaps.v[i].obj)->phys;
+        p->refs++;
+        p->released = 0;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)p;
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuMemGetAllocationPropertiesFromHandle", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!prop)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_rwlock_rdlock(&sim.memlock);
+    sim_phys *p = phys_find(handle);
+    if (!p) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        memset(prop, 0, sizeof *prop);
+        prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop->requestedHandleTypes = (CUmemAllocationHandleType)p->htypes;
+        prop->location.type = p->host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = p->host ? SIM_HOST_NUMA : p->dev;
+    }
+    pthread_rwlock_unlock(&sim.memlock);
+    return sim_leave(&c, r);
 }
 
 void sim_vmm_atfork_child(void) {
@@ -499,7 +600,10 @@ int sim_vmm_unpark_all(void) {
             continue;
         }
         char name[32];
-        snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", p->dev);
+        if (p->host)
+            snprintf(name, sizeof name, VMM_HOST_NAME);
+        else
+            snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", p->dev);
         int e = sim_unpark_fd(&p->parked, p->size, name, &p->fd);
         if (e) {
             sim_warn("restore: recreating a VMM allocation: %s", strerror(-e));

@@ -1,0 +1,42 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPeerRanksUnderGpucr: two ranks on two (simulated) devices that share
+// memory as NCCL does on one host (tests/apps/peerapp.c: host memory through
+// cuMem, device memory exported as POSIX fds whose handle values travel to
+// the peer and back to the owner's proxy thread, peer mappings, stream memory
+// operations as flags) run under `gpucr run` exactly as without it: the same
+// checksums, every iteration. What gpucr does not serve passes through, and
+// both ranks say they are not checkpointable, and why.
+func TestPeerRanksUnderGpucr(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t, "GPUCR_SIM_DEVICES=2")
+	h := startHelper(t, dir, env)
+	args := []string{"--hb-every", "10", "--mib", "4"}
+	a := startUnder(t, dir, h, env, "peerapp", append(args, "--iters", "300", "--interval-ms", "5")...)
+	a.waitIter(20, time.Minute)
+	st := h.status()
+	if len(st.Clients) != 2 {
+		t.Fatalf("%d clients while both ranks run, want 2: %+v", len(st.Clients), st.Clients)
+	}
+	for _, c := range st.Clients {
+		why := strings.Join(c.NotCheckpointable, "; ")
+		if c.Checkpointable || !strings.Contains(why, "imported foreign memory") ||
+			!strings.Contains(why, "exported to a shareable handle") || !strings.Contains(why, "application VMM allocations") {
+			t.Errorf("rank pid %s: checkpointable %v, reasons %q; want not checkpointable for its imports, its exports and its host memory",
+				c.Pid, c.Checkpointable, why)
+		}
+	}
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("peerapp under gpucr: exit %d:\n%s", code, tail(a.output(), 15))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "peerapp", args, 300))
+	if hbs := a.heartbeats(); len(hbs) != 30 {
+		t.Errorf("%d heartbeats, want 30", len(hbs))
+	}
+}
