@@ -109,6 +109,10 @@ def parse(path):
                 for mem in members(body, ""):
                     items.append("ABI_MEMBER(%s, %s)" % (name, mem))
             continue
+        m = re.match(r"^typedef [\w\s*]+\(\s*\*\s*(\w+)\s*\)\s*\(.*\)$", stmt)  # a function pointer type
+        if m:
+            items.append("ABI_SIZEOF(%s)" % m.group(1))
+            continue
         m = re.match(r"^typedef .*?(\w+)$", stmt)
         if m:
             items.append("ABI_SIZEOF(%s)" % m.group(1))

@@ -26,6 +26,8 @@
 #     both runs must print the same lines (or a comparison means nothing:
 #     tests/gpu/matrix_workloads.py says how each is made deterministic), and
 #     the run under gpucr exactly those lines.
+#  4. On a machine with 2 GPUs: tests/gpu/ddp.sh, a 2-rank DDP job plain and
+#     under gpucr run, with the same losses.
 # Images in /dev/shm. Logs in build/gpu/matrix (and $OUT): summary.txt holds
 # the table.
 #
@@ -321,6 +323,23 @@ for r in $ROWS; do
 	note "| $r | $(field "$r" 2)$([ -n "$(field "$r" 3)" ] && echo " ($(field "$r" 3))") | ${RESULT[$r]:-?} | ${DETAIL[$r]:-} |"
 	[ "${RESULT[$r]:-?}" = FAIL ] && fail=1
 done
+
+# 4. On a machine with 2 GPUs (DDP=0 leaves it out): a 2-rank DDP job, plain
+# and under gpucr run, served by the same helper (tests/gpu/ddp.sh); each run
+# may take half the time left, at most 240 s.
+if [ -z "$SIM" ] && [ "${DDP:-1}" = 1 ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+	lim=$((($(left) - 20) / 2))
+	[ $lim -gt 240 ] && lim=240
+	note ""
+	if [ $lim -lt 45 ]; then
+		bad "ddp_2ranks: not run, $(left) s left"
+	else
+		SOCK=$SOCK LOGS=$LOGS/ddp LIMIT=$lim bash tests/gpu/ddp.sh "$G" >"$LOGS/ddp.txt" 2>&1
+		rc=$?
+		cat "$LOGS/ddp/summary.txt" >>"$LOGS/summary.txt"
+		if [ $rc = 0 ]; then note "| ddp_2ranks | plain, then gpucr run | pass |"; else bad "ddp_2ranks: see above"; fi
+	fi
+fi
 grep -i '"level":"\(warn\|error\)"' "$LOGS/helper.log" | tail -20 >"$LOGS/helper-warnings.txt"
 note "matrix: $(($(date +%s) - T_START)) s"
 exit $fail

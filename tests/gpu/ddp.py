@@ -1,0 +1,87 @@
+"""A 2-rank DDP training job, as people run them: torchrun, one process per
+GPU, NCCL with its defaults, a DataLoader with worker processes.
+
+    torchrun --nproc-per-node 2 tests/gpu/ddp.py OUTFILE STEPS
+
+Rank 0 writes `ready pid=PID` once the process group is up, one line per step,
+`step I LOSS GRADNORM` (the loss averaged over the ranks with all_reduce, the
+gradient norm after DDP's all_reduce; full precision), and `done`. Every value
+depends only on the step, so runs with and without gpucr must print the same
+lines (tests/gpu/ddp.sh compares them). DDP_DELAY (seconds) sleeps between
+steps.
+"""
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+OUT, STEPS = sys.argv[1], int(sys.argv[2])
+DELAY = float(os.environ.get("DDP_DELAY", "0"))
+
+
+class Synthetic(Dataset):
+    """Inputs and targets made from the index alone, so every run sees the same data."""
+
+    def __len__(self):
+        return 1 << 16
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(256, generator=g)
+        return x, (x[:16] * 0.5).sin()
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
+                          nn.Linear(1024, 16)).cuda()
+    ddp = DDP(model, device_ids=[local])
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    sampler = DistributedSampler(Synthetic(), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(Synthetic(), batch_size=64, sampler=sampler, num_workers=2, persistent_workers=True)
+    log = open(OUT, "a", buffering=1) if rank == 0 else None
+    if log:
+        log.write(f"ready pid={os.getpid()} world={world}\n")
+    step = 0
+    epoch = 0
+    while step < STEPS:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            if step >= STEPS:
+                break
+            x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+            loss = nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1e9)
+            opt.step()
+            avg = loss.detach().clone()
+            dist.all_reduce(avg)
+            avg /= world
+            if log:
+                log.write(f"step {step} {avg.item()!r} {gnorm.item()!r}\n")
+            step += 1
+            if DELAY:
+                time.sleep(DELAY)
+        epoch += 1
+    if log:
+        log.write("done\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
