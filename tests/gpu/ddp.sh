@@ -73,7 +73,12 @@ watch_status() {
 		sleep 0.2
 	done
 }
-steps() { grep -c '^step' "$LOGS/$1.txt" 2>/dev/null || true; }
+# steps NAME: the step lines NAME's run has printed so far (0 before its file exists).
+steps() {
+	local n
+	n=$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)
+	echo "${n:-0}"
+}
 
 read -r rc_plain t_plain < <(run plain)
 note "plain: exit $rc_plain, $t_plain, $(steps plain) steps"
