@@ -87,6 +87,53 @@ func TestFreeOthersAllocation(t *testing.T) {
 	}
 }
 
+// An application's export of memory the helper serves is the helper's
+// export: an fd of the very memory its Alloc gave, for the owner only.
+func TestExportAllocation(t *testing.T) {
+	dev := newFake()
+	_, sock := startServer(t, dev)
+	a, b := dial(t, sock), dial(t, sock)
+	a.register()
+	b.register()
+	r, fds := a.mustCall(&helperpb.Request{Body: &helperpb.Request_Alloc{Alloc: &helperpb.Alloc{
+		DeviceUuid: dev.Info().Uuid, Size: 2 << 20, Kind: helperpb.AllocKind_ALLOC_KIND_VMM}}})
+	if r.GetAlloc() == nil || len(fds) != 1 {
+		t.Fatalf("Alloc: %v with %d fds", r, len(fds))
+	}
+	defer unix.Close(fds[0])
+	id := r.GetAlloc().AllocId
+	exportReq := func(id uint64) *helperpb.Request {
+		return &helperpb.Request{Body: &helperpb.Request_Export{Export: &helperpb.Export{AllocId: id}}}
+	}
+	r, got := a.mustCall(exportReq(id))
+	if r.Error != nil || r.GetOk() == nil || len(got) != 1 {
+		t.Fatalf("Export of its own allocation: %v with %d fds", r, len(got))
+	}
+	var st1, st2 unix.Stat_t
+	if err := unix.Fstat(fds[0], &st1); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fstat(got[0], &st2); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(got[0])
+	if st1.Ino != st2.Ino || st1.Dev != st2.Dev {
+		t.Fatalf("the exported fd is other memory than the allocation's")
+	}
+	if r, got := b.mustCall(exportReq(id)); r.Error == nil || r.Error.Code != helperpb.ErrorCode_ERROR_PERMISSION || len(got) != 0 {
+		t.Fatalf("B exporting A's allocation: %v with %d fds", r, len(got))
+	}
+	if r, got := a.mustCall(exportReq(id + 100)); r.Error == nil || r.Error.Code != helperpb.ErrorCode_ERROR_NOT_FOUND || len(got) != 0 {
+		t.Fatalf("exporting an unknown allocation: %v with %d fds", r, len(got))
+	}
+	if e := a.simple(freeReq(id)); e != nil {
+		t.Fatal(e)
+	}
+	if r, _ := a.mustCall(exportReq(id)); r.Error == nil || r.Error.Code != helperpb.ErrorCode_ERROR_NOT_FOUND {
+		t.Fatalf("exporting a freed allocation: %v", r)
+	}
+}
+
 func TestMayControl(t *testing.T) {
 	for _, c := range []struct {
 		caller, owner uint32
