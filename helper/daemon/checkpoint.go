@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -242,7 +243,7 @@ func (r *checkpointRun) bufferTable() *stepError {
 	}
 	table := snap.GetTable()
 	if len(table.GetNotCheckpointable()) > 0 {
-		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "not checkpointable: %v", table.GetNotCheckpointable())
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "not checkpointable: %s", strings.Join(table.GetNotCheckpointable(), "; "))
 	}
 	if r.regions, err = r.s.regions(r.cl, table); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "%v", err)

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +13,9 @@ import (
 // cuMem, device memory exported as POSIX fds whose handle values travel to
 // the peer and back to the owner's proxy thread, peer mappings, stream memory
 // operations as flags) run under `gpucr run` exactly as without it: the same
-// checksums, every iteration. What gpucr does not serve passes through, and
-// both ranks say they are not checkpointable, and why.
+// checksums, every iteration. What gpucr does not serve passes through, both
+// ranks say they are not checkpointable, and why, and a checkpoint is refused
+// for that reason without disturbing them.
 func TestPeerRanksUnderGpucr(t *testing.T) {
 	dir := t.TempDir()
 	env := gpucrEnv(t, "GPUCR_SIM_DEVICES=2")
@@ -31,6 +34,11 @@ func TestPeerRanksUnderGpucr(t *testing.T) {
 			t.Errorf("rank pid %s: checkpointable %v, reasons %q; want not checkpointable for its imports, its exports and its host memory",
 				c.Pid, c.Checkpointable, why)
 		}
+	}
+	// a checkpoint is refused, naming why, and the ranks go on as before
+	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--gpu-only", "--leave-running")
+	if err == nil || !strings.Contains(out, "not checkpointable") || !strings.Contains(out, "imported foreign memory") {
+		t.Errorf("checkpoint of rank 0: err %v, want a refusal naming its imports:\n%s", err, out)
 	}
 	if code := a.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("peerapp under gpucr: exit %d:\n%s", code, tail(a.output(), 15))
