@@ -29,6 +29,8 @@ func FuzzServeFrame(f *testing.F) {
 	alloc := frame(mustMarshal(&helperpb.Request{Id: 2, Body: &helperpb.Request_Alloc{Alloc: &helperpb.Alloc{DeviceUuid: "GPU-00000000-0000-0000-0000-000000000000", Size: 1}}}))
 	f.Add(hello)
 	f.Add(append(append([]byte{}, hello...), alloc...))
+	export := frame(mustMarshal(&helperpb.Request{Id: 3, Body: &helperpb.Request_Export{Export: &helperpb.Export{AllocId: 1}}}))
+	f.Add(append(append(append([]byte{}, hello...), alloc...), export...))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{})
 	dev := fakegpu.New(0, 64<<20)
