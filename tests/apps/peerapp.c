@@ -267,7 +267,8 @@ static void teardown(peer *P) {
 /* Rank 0 starts rank 1: three socket pairs, rank 1's ends at fds 3, 4, 5; its stdout to /dev/null. */
 static void start_rank1(peer *P, char **argv) {
     int ctl[2], a01[2], a10[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a01) ||
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a01) ||
         socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a10))
         gpuapp_die("socketpair: %s", strerror(errno));
     fflush(stdout);

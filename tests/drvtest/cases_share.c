@@ -244,8 +244,8 @@ static int helper_reexport(int argc, char **argv) {
         dt_say("no fd received");
         return 1;
     }
-    if ((r = cuInit(0)) || (r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
-                                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
+    if ((r = cuInit(0)) ||
+        (r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
         dt_say("import: %s", dt_err(r));
         return 1;
     }
@@ -412,12 +412,9 @@ static void getproc_is_dlsym(void) {
 }
 
 const dt_case dt_cases_share[] = {
-    {"share_getproc_is_dlsym", getproc_is_dlsym, 0},
-    {"share_host_numa", host_numa, 0},
-    {"share_reexport_imported", reexport_imported, 0},
-    {"share_peer_access", peer_access, 0},
-    {"share_stream_memops", stream_memops, 0},
-    {NULL, NULL, 0},
+    {"share_getproc_is_dlsym", getproc_is_dlsym, 0},   {"share_host_numa", host_numa, 0},
+    {"share_reexport_imported", reexport_imported, 0}, {"share_peer_access", peer_access, 0},
+    {"share_stream_memops", stream_memops, 0},         {NULL, NULL, 0},
 };
 
 const dt_helper dt_helpers_share[] = {

@@ -40,7 +40,7 @@ static bool satisfied(const memop_pay *m, uint64_t v) {
         return m->bits == 32 ? (int32_t)((uint32_t)v - (uint32_t)want) >= 0 : (int64_t)(v - want) >= 0;
     case CU_STREAM_WAIT_VALUE_EQ: return v == want;
     case CU_STREAM_WAIT_VALUE_AND: return (v & want) != 0;
-    default: return m->bits == 32 ? (uint32_t)~(v | want) != 0 : ~(v | want) != 0; /* NOR */
+    default: return m->bits == 32 ? (uint32_t) ~(v | want) != 0 : ~(v | want) != 0; /* NOR */
     }
 }
 

@@ -43,9 +43,9 @@ typedef struct sim_phys {
 typedef struct sim_vmap {
     uint64_t addr, size, off;
     sim_phys *phys;
-    int prot;                     /* what the host mapping allows: the union of the locations' access */
-    int dprot[SIM_MAX_DEVICES];   /* each device's access (cuMemSetAccess sets only the locations it names) */
-    int hprot;                    /* the CPU's (location HOST_NUMA), host memory only */
+    int prot;                   /* what the host mapping allows: the union of the locations' access */
+    int dprot[SIM_MAX_DEVICES]; /* each device's access (cuMemSetAccess sets only the locations it names) */
+    int hprot;                  /* the CPU's (location HOST_NUMA), host memory only */
 } sim_vmap;
 
 /* A handle the caller may still use; with `mapped_ok`, also one released but still mapped. */
@@ -523,7 +523,8 @@ SIM_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
     return sim_leave(&c, r);
 }
 
-SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+SIM_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                        CUmemGenericAllocationHandle handle) {
     sim_call c;
     CUresult r = sim_enter(&c, "cuMemGetAllocationPropertiesFromHandle", SIM_CTX_OPTIONAL);
     if (r != CUDA_SUCCESS)
