@@ -178,3 +178,18 @@ static CUresult app_lb_nothing(const simk_launch *L) {
 }
 SIMK_REGISTER("lb_small", app_lb_nothing);
 SIMK_REGISTER("lb_big", app_lb_nothing);
+
+/* ---- gaterace: gr_add(p, n): p[i] += 1 ---------------------------------- */
+
+static CUresult app_gr_add(const simk_launch *L) {
+    CUdeviceptr p = SIMK_PARAM(L, 0, CUdeviceptr);
+    uint32_t n = SIMK_PARAM(L, 1, uint32_t);
+    uint64_t m = simk_threads(L) < n ? simk_threads(L) : n;
+    uint32_t *d = simk_dev(L, p, m * 4);
+    if (!d)
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (uint64_t i = 0; i < m; i++)
+        d[i] += 1;
+    return CUDA_SUCCESS;
+}
+SIMK_REGISTER("gr_add", app_gr_add);

@@ -1,0 +1,69 @@
+package e2e
+
+import (
+	"encoding/binary"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// readCounts reads gaterace's per-thread counters of calls that returned.
+func readCounts(t *testing.T, path string, n int) []uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 8*n {
+		t.Fatalf("gaterace counters %s: %d bytes, %v", path, len(b), err)
+	}
+	c := make([]uint64, n)
+	for i := range c {
+		c[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return c
+}
+
+// TestGateHoldsEveryThread: a quiesce requested while 8 threads launch, set
+// and copy memory and record events without a pause, many times over: once
+// the quiesce has answered, no thread's gated call returns until the resume
+// (at most the one it had finished just before counts itself after), the
+// threads go on after each resume, and at the end every launch, memset and
+// copy took effect exactly once.
+func TestGateHoldsEveryThread(t *testing.T) {
+	const threads, cycles = 8, 40
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	counts := filepath.Join(dir, "counts")
+	a := startUnder(t, dir, h, env, "gaterace", "--counts", counts, "--threads", "8", "--seconds", "600")
+	rng := rand.New(rand.NewSource(1))
+	var moved uint64
+	prev := readCounts(t, counts, threads)
+	for c := 0; c < cycles; c++ {
+		time.Sleep(time.Duration(5+rng.Intn(30)) * time.Millisecond)
+		h.op(a.pid, "quiesce")
+		held := readCounts(t, counts, threads)
+		time.Sleep(time.Duration(20+rng.Intn(30)) * time.Millisecond)
+		after := readCounts(t, counts, threads)
+		for i := range held {
+			if after[i] > held[i]+1 {
+				t.Fatalf("cycle %d: thread %d returned from %d gated calls while the process was quiesced", c, i, after[i]-held[i])
+			}
+			moved += held[i] - prev[i]
+		}
+		h.op(a.pid, "resume")
+		prev = after
+	}
+	if moved == 0 {
+		t.Fatal("the threads made no calls between the quiesces")
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if code := a.wait(time.Minute); code != 0 || !strings.Contains(a.output(), "errors=0") {
+		t.Fatalf("gaterace: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	t.Logf("%d calls returned between %d quiesces", moved, cycles)
+}
