@@ -1,0 +1,205 @@
+/*
+ * callbench: the CPU cost of the driver calls a training step makes most
+ * often, per call, for the cost table of the interposer (run with and
+ * without `gpucr run`, interleaved: tests/gpu/bench-calls.sh).
+ *
+ *   callbench [--calls N] [--device D]
+ *
+ * Each case makes N calls (after 1000 to warm up) and prints the wall time
+ * per call, synchronization included where the case queues work:
+ *
+ *   cost launch-1t NS       cuLaunchKernel of an empty kernel, one thread
+ *   cost launch-8t NS       the same from 8 threads at once, each on its own
+ *                           stream (wall time / all launches)
+ *   cost memcpy-async NS    cuMemcpyAsync of 64 bytes, device to device
+ *   cost memset-async NS    cuMemsetD8Async of 64 bytes
+ *   cost event-record NS    cuEventRecord on an idle stream
+ *   cost stream-sync NS     cuStreamSynchronize of an idle stream
+ *   cost graph-launch NS    cuGraphLaunch of a captured graph of one empty
+ *                           kernel (where the driver has CUDA graphs; the
+ *                           simulated one has not: "cost graph-launch -")
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpuapp.h"
+
+static const char ptx[] = ".version 7.8\n"
+                          ".target sm_75\n"
+                          ".address_size 64\n"
+                          ".visible .entry lb_small(.param .u64 lb_a, .param .u64 lb_b, .param .u64 lb_c,"
+                          " .param .u32 lb_n)\n"
+                          "{\n"
+                          "\tret;\n"
+                          "}\n";
+
+/* CUDA graphs, looked up through cuGetProcAddress: cudadrv.h does not declare them (nothing else uses them). */
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef CUresult (*begin_capture_fn)(CUstream, int mode);
+typedef CUresult (*end_capture_fn)(CUstream, CUgraph *);
+typedef CUresult (*instantiate_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+enum { CAPTURE_MODE_THREAD_LOCAL = 1 };
+
+static long ncalls = 200000;
+static CUcontext ctx;
+static CUfunction fn;
+static CUdeviceptr buf[3];
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void launch(CUstream s) {
+    unsigned n = 1024;
+    void *p[] = {&buf[0], &buf[1], &buf[2], &n};
+    CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, s, p, NULL));
+}
+
+static void *launcher(void *arg) {
+    long n = *(long *)arg;
+    CHECK(cuCtxSetCurrent(ctx));
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    for (long i = 0; i < n; i++)
+        launch(s);
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuStreamDestroy(s));
+    return NULL;
+}
+
+static void report(const char *name, double seconds, long calls) {
+    printf("cost %s %.1f\n", name, seconds / (double)calls * 1e9);
+    fflush(stdout);
+}
+
+static void *getproc(const char *name) {
+    void *p = NULL;
+    CUdriverProcAddressQueryResult q;
+    if (cuGetProcAddress_v2(name, &p, 12000, 0, &q) != CUDA_SUCCESS || q != CU_GET_PROC_ADDRESS_SUCCESS)
+        return NULL;
+    return p;
+}
+
+int main(int argc, char **argv) {
+    int ordinal = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--calls") && i + 1 < argc)
+            ncalls = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            ordinal = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: callbench [--calls N] [--device D]\n");
+            return 2;
+        }
+    }
+    if (ncalls < 1) {
+        fprintf(stderr, "callbench: --calls must be positive\n");
+        return 2;
+    }
+    CUdevice dev;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, ordinal));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CUmodule mod = gpuapp_load_ptx(ptx);
+    fn = gpuapp_function(mod, "lb_small");
+    for (int i = 0; i < 3; i++)
+        CHECK(cuMemAlloc(&buf[i], 1 << 20));
+    CUstream s;
+    CUevent ev;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+
+    for (int warm = 1; warm >= 0; warm--) {
+        long n = warm ? 1000 : ncalls;
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            launch(s);
+        CHECK(cuStreamSynchronize(s));
+        if (!warm)
+            report("launch-1t", now_s() - t0, n);
+    }
+    {
+        pthread_t t[8];
+        long per = ncalls / 8 > 0 ? ncalls / 8 : 1;
+        double t0 = now_s();
+        for (int i = 0; i < 8; i++)
+            if (pthread_create(&t[i], NULL, launcher, &per) != 0)
+                gpuapp_die("pthread_create");
+        for (int i = 0; i < 8; i++)
+            pthread_join(t[i], NULL);
+        report("launch-8t", now_s() - t0, per * 8);
+    }
+    for (int warm = 1; warm >= 0; warm--) {
+        long n = warm ? 1000 : ncalls;
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            CHECK(cuMemcpyAsync(buf[1], buf[0], 64, s));
+        CHECK(cuStreamSynchronize(s));
+        if (!warm)
+            report("memcpy-async", now_s() - t0, n);
+    }
+    for (int warm = 1; warm >= 0; warm--) {
+        long n = warm ? 1000 : ncalls;
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            CHECK(cuMemsetD8Async(buf[2], (unsigned char)i, 64, s));
+        CHECK(cuStreamSynchronize(s));
+        if (!warm)
+            report("memset-async", now_s() - t0, n);
+    }
+    for (int warm = 1; warm >= 0; warm--) {
+        long n = warm ? 1000 : ncalls;
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            CHECK(cuEventRecord(ev, s));
+        CHECK(cuStreamSynchronize(s));
+        if (!warm)
+            report("event-record", now_s() - t0, n);
+    }
+    for (int warm = 1; warm >= 0; warm--) {
+        long n = warm ? 1000 : ncalls;
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            CHECK(cuStreamSynchronize(s));
+        if (!warm)
+            report("stream-sync", now_s() - t0, n);
+    }
+    begin_capture_fn begin = (begin_capture_fn)getproc("cuStreamBeginCapture");
+    end_capture_fn end = (end_capture_fn)getproc("cuStreamEndCapture");
+    instantiate_fn inst = (instantiate_fn)getproc("cuGraphInstantiateWithFlags");
+    graph_launch_fn glaunch = (graph_launch_fn)getproc("cuGraphLaunch");
+    if (begin && end && inst && glaunch) {
+        CUgraph g;
+        CUgraphExec ge;
+        CHECK(begin(s, CAPTURE_MODE_THREAD_LOCAL));
+        launch(s);
+        CHECK(end(s, &g));
+        CHECK(inst(&ge, g, 0));
+        for (int warm = 1; warm >= 0; warm--) {
+            long n = warm ? 1000 : ncalls;
+            double t0 = now_s();
+            for (long i = 0; i < n; i++)
+                CHECK(glaunch(ge, s));
+            CHECK(cuStreamSynchronize(s));
+            if (!warm)
+                report("graph-launch", now_s() - t0, n);
+        }
+    } else {
+        printf("cost graph-launch -\n");
+    }
+    CHECK(cuEventDestroy(ev));
+    CHECK(cuStreamDestroy(s));
+    for (int i = 0; i < 3; i++)
+        CHECK(cuMemFree(buf[i]));
+    CHECK(cuModuleUnload(mod));
+    CHECK(cuDevicePrimaryCtxRelease(dev));
+    return 0;
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The cost table of the interposer: what `gpucr run` adds to each driver call
+# a training step makes most, and to allocations, on the GPU machine:
+#
+#   bash tests/gpu/bench-calls.sh GPUCR_PREFIX [BASE_INTERPOSER]
+#
+# ROUNDS (default 5) rounds, each running, in an order that alternates,
+#   callbench (tests/apps/callbench.c: launches from 1 and 8 threads, small
+#   async copies and memsets, event records, stream syncs, graph launches;
+#   CALLS calls each, default 200000) and allocbench (cuMemAlloc + cuMemFree
+#   of 4 KiB .. 1 GiB, REPS each, default 20)
+# plain, under `gpucr run`, and under `gpucr run` with BASE_INTERPOSER (an
+# older libgpucr.so, to compare builds) where given. The table gives each
+# case's median over the rounds (min-max) and the added time against plain.
+# The helper's CPU time while the gpucr runs ran is reported too (its copy
+# lanes must not spin). Logs in build/gpu/calls (and $OUT).
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: bench-calls.sh GPUCR_PREFIX [BASE_INTERPOSER]}" && pwd)
+BASE=${2:-}
+GPUCR=$G/bin/gpucr
+ROUNDS=${ROUNDS:-5}
+CALLS=${CALLS:-200000}
+REPS=${REPS:-20}
+LOGS=${LOGS:-build/gpu/calls}
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+: >"$LOGS/summary.txt"
+. tests/gpu/lib.sh
+BIN=${BIN:-build/gpu/bin}
+[ -x "$BIN/callbench" ] || make -s gpu-apps >"$LOGS/make.txt" 2>&1 || { bad "make gpu-apps"; exit 1; }
+SOCK=/run/gpucr/calls-helper.sock
+mkdir -p /run/gpucr
+"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
+HELPER=$!
+trap 'kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/calls-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
+for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+# cpu_s PID: user + system CPU seconds of PID so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+
+modes="plain gpucr"
+[ -n "$BASE" ] && modes="plain gpucr base"
+helper_cpu=0
+gpucr_wall=0
+for r in $(seq "$ROUNDS"); do
+	order=$modes
+	[ $((r % 2)) = 0 ] && order=$(echo "$modes" | tr ' ' '\n' | tac | xargs)
+	for m in $order; do
+		pre=()
+		envs=()
+		case $m in
+		gpucr) pre=("$GPUCR" run --socket "$SOCK" --) ;;
+		base) pre=("$GPUCR" run --socket "$SOCK" --) envs=(GPUCR_INTERPOSER="$(cd "$(dirname "$BASE")" && pwd)/$(basename "$BASE")") ;;
+		esac
+		c0=$(cpu_s $HELPER)
+		t0=$(now)
+		env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/callbench" --calls "$CALLS" >"$LOGS/calls.$m.$r" 2>&1 || bad "callbench $m round $r: $(tail -2 "$LOGS/calls.$m.$r" | tr '\n' ' ')"
+		env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/allocbench" --reps "$REPS" >"$LOGS/alloc.$m.$r" 2>&1 || bad "allocbench $m round $r: $(tail -2 "$LOGS/alloc.$m.$r" | tr '\n' ' ')"
+		if [ "$m" = gpucr ]; then
+			helper_cpu=$(python3 -c "print($helper_cpu + $(cpu_s $HELPER) - $c0)")
+			gpucr_wall=$(python3 -c "print($gpucr_wall + $(now) - $t0)")
+		fi
+	done
+done
+
+note "## What gpucr run adds to each call"
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); $ROUNDS rounds, $CALLS calls per case, $REPS allocations per size"
+python3 - "$LOGS" "$ROUNDS" "$modes" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import statistics, sys
+logs, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def read(kind, m):
+    vals = {}
+    for r in range(1, rounds + 1):
+        try:
+            lines = open(f"{logs}/{kind}.{m}.{r}").read().split("\n")
+        except OSError:
+            continue
+        for ln in lines:
+            f = ln.split()
+            if kind == "calls" and len(f) == 3 and f[0] == "cost" and f[2] != "-":
+                vals.setdefault(f[1], []).append(float(f[2]))
+            elif kind == "alloc" and len(f) == 4 and f[0] == "alloc":
+                size = int(f[1])
+                name = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+                vals.setdefault(f"alloc {name}", []).append(float(f[2]) * 1000)
+                vals.setdefault(f"free {name}", []).append(float(f[3]) * 1000)
+    return vals
+def fmt(ns):
+    return f"{ns / 1000:.2f} us" if ns >= 10000 else f"{ns:.0f} ns"
+for kind in ("calls", "alloc"):
+    data = {m: read(kind, m) for m in modes}
+    head = "| case | plain, median (min-max) | gpucr run | added |" + (" base build | base added |" if "base" in modes else "")
+    print(); print(head); print("|" + "---|" * (head.count("|") - 1))
+    for case in data["plain"]:
+        p = data["plain"][case]
+        row = f"| {case} | {fmt(statistics.median(p))} ({fmt(min(p))}-{fmt(max(p))}) |"
+        for m in modes[1:]:
+            g = data[m].get(case)
+            if not g:
+                row += " - | - |"
+                continue
+            row += f" {fmt(statistics.median(g))} ({fmt(min(g))}-{fmt(max(g))}) | {statistics.median(g) - statistics.median(p):+.0f} ns |"
+        print(row)
+PYEOF
+note ""
+note "helper CPU time while the gpucr runs ran: $(python3 -c "print(f'{$helper_cpu:.2f} s in {$gpucr_wall:.1f} s')")"
+exit $fail
