@@ -10,7 +10,8 @@
 #   CALLS calls each, default 200000) and allocbench (cuMemAlloc + cuMemFree
 #   of 4 KiB .. 1 GiB, REPS each, default 20)
 # plain, under `gpucr run`, and under `gpucr run` with BASE_INTERPOSER (an
-# older libgpucr.so, to compare builds) where given. The table gives each
+# older libgpucr.so, to compare builds) where given, and under `gpucr run`
+# with GPUCR_SCAN=0 (no sampled launch scan). The table gives each
 # case's median over the rounds (min-max) and the added time against plain.
 # The helper's CPU time while the gpucr runs ran is reported too (its copy
 # lanes must not spin). Logs in build/gpu/calls (and $OUT).
@@ -38,8 +39,9 @@ for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && brea
 # cpu_s PID: user + system CPU seconds of PID so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 
-modes="plain gpucr"
-[ -n "$BASE" ] && modes="plain gpucr base"
+# noscan: gpucr run without the sampled launch scan (GPUCR_SCAN=0), to price it
+modes="plain gpucr noscan"
+[ -n "$BASE" ] && modes="plain gpucr noscan base"
 helper_cpu=0
 gpucr_wall=0
 for r in $(seq "$ROUNDS"); do
@@ -50,6 +52,7 @@ for r in $(seq "$ROUNDS"); do
 		envs=()
 		case $m in
 		gpucr) pre=("$GPUCR" run --socket "$SOCK" --) ;;
+		noscan) pre=("$GPUCR" run --socket "$SOCK" --) envs=(GPUCR_SCAN=0) ;;
 		base) pre=("$GPUCR" run --socket "$SOCK" --) envs=(GPUCR_INTERPOSER="$(cd "$(dirname "$BASE")" && pwd)/$(basename "$BASE")") ;;
 		esac
 		c0=$(cpu_s $HELPER)
@@ -89,7 +92,8 @@ def fmt(ns):
     return f"{ns / 1000:.2f} us" if ns >= 10000 else f"{ns:.0f} ns"
 for kind in ("calls", "alloc"):
     data = {m: read(kind, m) for m in modes}
-    head = "| case | plain, median (min-max) | gpucr run | added |" + (" base build | base added |" if "base" in modes else "")
+    names = {"gpucr": "gpucr run", "noscan": "GPUCR_SCAN=0", "base": "base build"}
+    head = "| case | plain, median (min-max) |" + "".join(f" {names[m]} | added |" for m in modes[1:])
     print(); print(head); print("|" + "---|" * (head.count("|") - 1))
     for case in data["plain"]:
         p = data["plain"][case]

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Step times of real GPU work (tests/gpu/bench_steps.py: a launch-bound LM
+# training step, a ResNet-50 training step, an LLM decode loop at batch 1,
+# CUDA graph replay), plain against `gpucr run`, in interleaved pairs:
+#
+#   bash tests/gpu/bench-steps.sh GPUCR_PREFIX
+#
+# PAIRS (default 10) pairs of runs per workload, the order alternating;
+# WORKLOADS (default all four); STEPS (default 100) timed steps a run, after
+# 10 to warm up. The table gives the median over the runs of each run's median
+# step (min-max) and gpucr / plain; "last" says whether every run ended on the
+# same value (loss or token). step-times.png (and $OUT) plots the
+# distribution of every step of every run. Logs in build/gpu/steps.
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: bench-steps.sh GPUCR_PREFIX}" && pwd)
+GPUCR=$G/bin/gpucr
+PAIRS=${PAIRS:-10}
+STEPS=${STEPS:-100}
+WORKLOADS=${WORKLOADS:-lm_train resnet50 decode_b1 graph}
+LOGS=${LOGS:-build/gpu/steps}
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+: >"$LOGS/summary.txt"
+. tests/gpu/lib.sh
+SOCK=/run/gpucr/steps-helper.sock
+mkdir -p /run/gpucr
+"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
+HELPER=$!
+finish() {
+	kill $HELPER 2>/dev/null
+	if [ -n "${OUT:-}" ]; then
+		cp "$LOGS"/*.png "$OUT/" 2>/dev/null
+		tar -czf "$OUT/steps-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+	fi
+}
+trap finish EXIT
+for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+
+for w in $WORKLOADS; do
+	for p in $(seq "$PAIRS"); do
+		order="plain gpucr"
+		[ $((p % 2)) = 0 ] && order="gpucr plain"
+		for m in $order; do
+			pre=()
+			[ $m = gpucr ] && pre=("$GPUCR" run --socket "$SOCK" --)
+			timeout 300 "${pre[@]}" python3 tests/gpu/bench_steps.py "$w" --steps "$STEPS" >"$LOGS/$w.$m.$p" 2>"$LOGS/$w.$m.$p.err" ||
+				bad "$w $m pair $p: $(grep -v '^gpucr:' "$LOGS/$w.$m.$p.err" | tail -2 | tr '\n' ' ')"
+		done
+	done
+done
+
+note "## Step times, plain against gpucr run"
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, $STEPS steps a run"
+python3 - "$LOGS" "$PAIRS" "$WORKLOADS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import json, statistics, sys
+logs, pairs, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def load(w, m):
+    runs = []
+    for p in range(1, pairs + 1):
+        try:
+            runs.append(json.loads([l for l in open(f"{logs}/{w}.{m}.{p}") if l.startswith("{")][-1]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return runs
+print()
+print("| workload | plain: median step, ms (min-max of run medians) | gpucr run | gpucr / plain | pairs | last value the same |")
+print("|---|---|---|---|---|---|")
+plot = []
+for w in workloads:
+    a, g = load(w, "plain"), load(w, "gpucr")
+    if not a or not g:
+        print(f"| {w} | {len(a)} runs | {len(g)} runs | - | - | - |")
+        continue
+    am, gm = [r["median_ms"] for r in a], [r["median_ms"] for r in g]
+    same = len({r["last"] for r in a + g}) == 1
+    print(f"| {w} | {statistics.median(am):.3f} ({min(am):.3f}-{max(am):.3f}) | {statistics.median(gm):.3f} "
+          f"({min(gm):.3f}-{max(gm):.3f}) | {statistics.median(gm) / statistics.median(am):.3f}x | {min(len(a), len(g))} | {'yes' if same else 'no'} |")
+    plot.append((w, [t for r in a for t in r["times_ms"]], [t for r in g for t in r["times_ms"]]))
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(plot), figsize=(4 * len(plot), 4), squeeze=False)
+    for ax, (w, a, g) in zip(axes[0], plot):
+        ax.violinplot([a, g], showmedians=True)
+        ax.set_xticks([1, 2], ["plain", "gpucr run"])
+        ax.set_title(w)
+        ax.set_ylabel("step time, ms")
+    fig.tight_layout()
+    fig.savefig(f"{logs}/step-times.png", dpi=100)
+    print("\nplot: step-times.png")
+except Exception as e:  # a machine without matplotlib still gets the table
+    print(f"\nno plot: {e}")
+PYEOF
+exit $fail
