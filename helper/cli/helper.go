@@ -50,6 +50,8 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "max-gpu-memory-per-uid", Value: "unlimited",
 				Usage: "GPU memory the helper holds for one uid's processes (root: no limit), e.g. 40G; allocations beyond it fail with out of memory"},
 			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
+			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
+				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for, e.g. 256M (0: none; experimental)"},
 		},
 		Action: runHelper,
 	}
@@ -99,7 +101,12 @@ func runHelper(c *ucli.Context) error {
 	lib := cuda.LibraryPath()
 	drv, loadErr := cuda.Load(lib)
 	inv := inventory.Collect(drv, loadErr)
+	poolBytes, err := parseSize(c.String("alloc-pool"))
+	if err != nil {
+		return usageError{fmt.Errorf("--alloc-pool: %v", err)}
+	}
 	cfg := daemon.Config{
+		Pool:        daemon.PoolConfig{Budget: poolBytes},
 		Socket:      client.SocketPath(c.String("socket")),
 		SocketMode:  os.FileMode(mode),
 		SocketGroup: c.String("socket-group"),

@@ -176,25 +176,34 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 		flags |= image.AllocFlagGPUDirectRDMA
 	}
 	t0 := time.Now()
-	h, err := dev.Create(size, flags)
-	tCreate := time.Since(t0)
-	if err != nil {
+	key := poolKey{dev: dev, size: size, flags: flags}
+	h, fd, pooled := s.pool.take(key)
+	var tCreate, tExport time.Duration
+	if !pooled {
+		var err error
+		h, err = dev.Create(size, flags)
 		var oom OutOfMemory
-		if errors.As(err, &oom) && oom.OutOfMemory() {
-			return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), -1
+		if err != nil && errors.As(err, &oom) && oom.OutOfMemory() && s.pool.drain(dev) > 0 {
+			h, err = dev.Create(size, flags) // the pool's memory, given back, may be what it needed
 		}
-		cl.log.Warn("allocation failed", zap.Uint64("size", size), zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
-	}
-	t1 := time.Now()
-	fd, err := dev.Export(h)
-	tExport := time.Since(t1)
-	if err != nil {
-		if rerr := dev.Release(h); rerr != nil {
-			cl.log.Warn("release after failed export", zap.Error(rerr))
+		tCreate = time.Since(t0)
+		if err != nil {
+			if errors.As(err, &oom) && oom.OutOfMemory() {
+				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), -1
+			}
+			cl.log.Warn("allocation failed", zap.Uint64("size", size), zap.Error(err))
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
 		}
-		cl.log.Warn("export failed", zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
+		t1 := time.Now()
+		fd, err = dev.Export(h)
+		tExport = time.Since(t1)
+		if err != nil {
+			if rerr := dev.Release(h); rerr != nil {
+				cl.log.Warn("release after failed export", zap.Error(rerr))
+			}
+			cl.log.Warn("export failed", zap.Error(err))
+			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
+		}
 	}
 	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind, flags: flags}
 	cl.mu.Lock()
@@ -205,7 +214,7 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 	s.owner[al.id] = cl
 	s.mu.Unlock()
 	cl.log.Debug("alloc", zap.Uint64("alloc_id", al.id), zap.Uint64("size", size), zap.String("device", info.Uuid),
-		zap.Stringer("kind", a.Kind), zap.Duration("create", tCreate), zap.Duration("export", tExport))
+		zap.Stringer("kind", a.Kind), zap.Bool("pooled", pooled), zap.Duration("create", tCreate), zap.Duration("export", tExport))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: al.id, Size: size}}}, fd
 }
 

@@ -27,13 +27,19 @@ func startServer(t testing.TB, devs ...Device) (*Server, string) {
 // startServerLimits is startServer with limits.
 func startServerLimits(t testing.TB, lim Limits, devs ...Device) (*Server, string) {
 	t.Helper()
+	return startServerConfig(t, Config{Limits: lim}, devs...)
+}
+
+// startServerConfig is startServer with cfg's limits and pool.
+func startServerConfig(t testing.TB, cfg Config, devs ...Device) (*Server, string) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "gpucr-helper-test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "s", "helper.sock")
 	s := New(Config{Socket: sock, Devices: devs, Version: "test", Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		StatusTimeout: 300 * time.Millisecond, Limits: lim})
+		StatusTimeout: 300 * time.Millisecond, Limits: cfg.Limits, Pool: cfg.Pool})
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
 	}
@@ -227,5 +233,7 @@ func (f *fakeControl) serve() {
 }
 
 func newFake() *fakegpu.Device { return fakegpu.New(0, 1<<30) }
+
+func newFakeTotal(total uint64) *fakegpu.Device { return fakegpu.New(0, total) }
 
 var _ Device = (*fakegpu.Device)(nil)

@@ -70,6 +70,8 @@ type Config struct {
 	// Limits bound what the socket's users can make the helper hold
 	// (limits.go); zero fields take the defaults.
 	Limits Limits
+	// Pool sizes the allocations made ahead of time (pool.go).
+	Pool PoolConfig
 }
 
 // Server is the helper daemon.
@@ -105,6 +107,7 @@ type Server struct {
 	rejectedLog burstLog          // connections closed for a bad request
 
 	statusShare statusShare // Status requests share their replies (status.go)
+	pool        *pool       // allocations made ahead of time (pool.go)
 }
 
 // New returns a server; Listen and Serve start it.
@@ -132,7 +135,7 @@ func New(cfg Config) *Server {
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
-		rejectedLog: burstLog{interval: 10 * time.Second}}
+		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log)}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
@@ -218,7 +221,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	reaperDone := make(chan struct{})
 	go func() { defer close(aliveDone); s.keepAlive(aliveStop) }()
 	go func() { defer close(reaperDone); s.runReaper(aliveStop) }()
-	defer func() { close(aliveStop); <-aliveDone; <-reaperDone }()
+	poolDone := make(chan struct{})
+	go func() { defer close(poolDone); s.pool.run(aliveStop) }()
+	defer func() { close(aliveStop); <-aliveDone; <-reaperDone; <-poolDone }()
 	// Before the first accept, on purpose: the processes a dead helper
 	// left get their memory back before new clients can take the GPU's
 	// (their reattach waits in the listen backlog meanwhile).
@@ -335,6 +340,7 @@ func (s *Server) Shutdown() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.pool.close()
 	if s.ln != nil {
 		s.ln.Close()
 	}

@@ -67,3 +67,20 @@ func TestGateHoldsEveryThread(t *testing.T) {
 	}
 	t.Logf("%d calls returned between %d quiesces", moved, cycles)
 }
+
+// TestAllocPoolUnderStorm: with allocations made ahead of time (`gpucr helper
+// --alloc-pool`), threads that allocate, fill, check and free buffers of every
+// size class get correct memory, some of it from the pool.
+func TestAllocPoolUnderStorm(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t, "GPUCR_SIM_MEM_MIB=2048")
+	h := startHelperWith(t, dir, env, "--alloc-pool", "64M")
+	a := startUnder(t, dir, h, env, "stormapp", "--threads", "3", "--rounds", "400", "--live", "8", "--max-kib", "8192")
+	if code := a.wait(3 * time.Minute); code != 0 || !strings.Contains(a.output(), "errors=0") {
+		t.Fatalf("stormapp: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	if !strings.Contains(h.logText(), `"pooled":true`) {
+		t.Errorf("no allocation came from the pool:\n%s", tail(h.logText(), 20))
+	}
+	waitNoClients(t, h, 10*time.Second)
+}
