@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The start of an inference server that loads GIB (default 8.6) GiB of bf16
+# weights from a safetensors file onto the GPU, warms up and answers HTTP
+# (tests/gpu/bench_start.py): seconds from the process's start to its first
+# answer, plain against `gpucr run` (and `gpucr run` with the helper's
+# allocation pool, POOL, default 256M; POOL=0 leaves that mode out), in
+# PAIRS (default 10) interleaved rounds:
+#
+#   bash tests/gpu/bench-start.sh GPUCR_PREFIX
+#
+# The weights file is written once to WEIGHTS (default /dev/shm/gpucr-bench-weights.safetensors,
+# so that the disk is not what is timed) and kept. Every run's answer (the
+# warm-up's checksum) must be the same. Logs in build/gpu/start (and $OUT).
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: bench-start.sh GPUCR_PREFIX}" && pwd)
+GPUCR=$G/bin/gpucr
+PAIRS=${PAIRS:-10}
+GIB=${GIB:-8.6}
+POOL=${POOL:-256M}
+WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
+LOGS=${LOGS:-build/gpu/start}
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+: >"$LOGS/summary.txt"
+. tests/gpu/lib.sh
+[ -s "$WEIGHTS" ] || python3 tests/gpu/bench_start.py make "$WEIGHTS" --gib "$GIB" >"$LOGS/make.txt" 2>&1 || {
+	bad "writing the weights: $(tail -2 "$LOGS/make.txt")"
+	exit 1
+}
+mkdir -p /run/gpucr
+HELPER=
+helper() { # helper POOL: a helper of its own for one mode
+	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null && wait "$HELPER" 2>/dev/null
+	"$GPUCR" helper --socket /run/gpucr/start.sock --alloc-pool "$1" >>"$LOGS/helper.log" 2>&1 &
+	HELPER=$!
+	for _ in $(seq 100); do "$GPUCR" status --socket /run/gpucr/start.sock >/dev/null 2>&1 && break; sleep 0.1; done
+}
+trap '[ -n "$HELPER" ] && kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/start-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
+# ask URL: the server's answer, if it answers (curl where there is one).
+ask() {
+	if command -v curl >/dev/null; then
+		curl -sf "$1" 2>/dev/null
+	else
+		python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=1).read().decode().strip())' "$1" 2>/dev/null
+	fi
+}
+# start MODE ROUND: one server start; prints the seconds to its first answer.
+start() {
+	local port=$((18000 + RANDOM % 1000)) pre=() t0 pid ans=""
+	case $1 in
+	gpucr) helper 0 && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
+	pool) helper "$POOL" && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
+	esac
+	t0=$(now)
+	setsid "${pre[@]}" python3 tests/gpu/bench_start.py serve "$WEIGHTS" "$port" >"$LOGS/$1.$2.out" 2>&1 &
+	pid=$!
+	for _ in $(seq 3000); do
+		ans=$(ask "http://127.0.0.1:$port/") && break
+		kill -0 $pid 2>/dev/null || break
+		sleep 0.02
+	done
+	python3 -c "print(f'{$(now) - $t0:.3f}')"
+	echo "$ans" >"$LOGS/$1.$2.answer"
+	kill -- -$pid 2>/dev/null
+	wait $pid 2>/dev/null
+}
+modes="plain gpucr"
+[ "$POOL" != 0 ] && modes="plain gpucr pool"
+for r in $(seq "$PAIRS"); do
+	order=$modes
+	[ $((r % 2)) = 0 ] && order=$(echo "$modes" | tr ' ' '\n' | tac | xargs)
+	for m in $order; do
+		start "$m" "$r" >"$LOGS/$m.$r.seconds"
+	done
+done
+note "## Server start to first answer ($GIB GiB of weights from $WEIGHTS)"
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $PAIRS interleaved rounds"
+python3 - "$LOGS" "$PAIRS" "$modes" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import statistics, sys
+logs, pairs, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def vals(m, what):
+    out = []
+    for r in range(1, pairs + 1):
+        try:
+            out.append(open(f"{logs}/{m}.{r}.{what}").read().strip())
+        except OSError:
+            pass
+    return out
+answers = {a for m in modes for a in vals(m, "answer")}
+base = statistics.median(float(x) for x in vals("plain", "seconds"))
+print("\n| mode | seconds to the first answer, median (min-max) | against plain |")
+print("|---|---|---|")
+for m in modes:
+    v = [float(x) for x in vals(m, "seconds")]
+    print(f"| {m} | {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) | {statistics.median(v) / base - 1:+.1%} |")
+print(f"\nanswers: {'all the same' if len(answers) == 1 and '' not in answers else answers}")
+PYEOF
+exit $fail

@@ -1,0 +1,61 @@
+"""The start of an inference server, for timing it plain and under `gpucr run`
+(tests/gpu/bench-start.sh):
+
+    python3 bench_start.py make WEIGHTS [--gib 8.6]   # write the weights file once
+    python3 bench_start.py serve WEIGHTS PORT        # load, warm up, answer HTTP
+
+`serve` loads every tensor of the safetensors file WEIGHTS onto the GPU (bf16,
+one tensor per layer matrix, as a transformer checkpoint holds them), runs a
+warm-up pass over all of them (a matrix product per layer), then answers
+`GET /` on 127.0.0.1:PORT with the warm-up's checksum. The harness times from
+the start of the process to the first answer.
+"""
+import http.server
+import sys
+
+
+def make(path, gib):
+    import torch
+    from safetensors.torch import save_file
+    d = 4096
+    per = d * d * 2  # bytes of one bf16 d x d matrix
+    n = int(gib * (1 << 30) // per)
+    g = torch.Generator().manual_seed(0)
+    tensors = {f"layers.{i}.weight": (torch.randn(d, d, generator=g) * 0.02).to(torch.bfloat16) for i in range(n)}
+    save_file(tensors, path)
+    print(f"wrote {n} tensors, {n * per / (1 << 30):.2f} GiB, to {path}")
+
+
+def serve(path, port):
+    import torch
+    from safetensors.torch import load_file
+    weights = load_file(path, device="cuda")
+    x = torch.ones(16, 4096, device="cuda", dtype=torch.bfloat16) * 0.01
+    acc = torch.zeros((), device="cuda", dtype=torch.float32)
+    with torch.no_grad():
+        for name in sorted(weights, key=lambda s: int(s.split(".")[1])):
+            x = torch.tanh(x @ weights[name])
+            acc += x.float().abs().sum()
+    torch.cuda.synchronize()
+    answer = f"{acc.item():.6f}\n".encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2], float(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "--gib" else 8.6)
+    elif sys.argv[1] == "serve":
+        serve(sys.argv[2], int(sys.argv[3]))
+    else:
+        sys.exit("usage: bench_start.py make WEIGHTS [--gib G] | serve WEIGHTS PORT")
