@@ -27,14 +27,15 @@
 
 #include "gpuapp.h"
 
-static const char ptx[] = ".version 7.8\n"
-                          ".target sm_75\n"
-                          ".address_size 64\n"
-                          ".visible .entry lb_small(.param .u64 lb_a, .param .u64 lb_b, .param .u64 lb_c,"
-                          " .param .u32 lb_n)\n"
-                          "{\n"
-                          "\tret;\n"
-                          "}\n";
+static const char ptx[] =
+    ".version 7.8\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    ".visible .entry lb_small(.param .u64 lb_a, .param .u64 lb_b, .param .u64 lb_c,"
+    " .param .u32 lb_n)\n"
+    "{\n"
+    "\tret;\n"
+    "}\n";
 
 /* CUDA graphs, looked up through cuGetProcAddress: cudadrv.h does not declare them (nothing else uses them). */
 typedef struct CUgraph_st *CUgraph;
