@@ -136,7 +136,6 @@ enum gc_stat {
     STAT_EVENTS,
     STAT_GATE_WAITS,
     STAT_SCANNED,
-    STAT_HELPER_CALLS,
     STAT_N
 };
 
