@@ -10,7 +10,10 @@
 # 10 to warm up. The table gives the median over the runs of each run's median
 # step (min-max) and gpucr / plain; "last" says whether every run ended on the
 # same value (loss or token). step-times.png (and $OUT) plots the
-# distribution of every step of every run. Logs in build/gpu/steps.
+# distribution of every step of every run. DEADLINE (seconds, default 540)
+# bounds the whole: no run starts after it, a run is cut at it, and the table
+# and the plot are made of the pairs that finished (the table says how many).
+# Logs in build/gpu/steps.
 set -u
 cd "$(dirname "$0")/../.."
 G=$(cd "${1:?usage: bench-steps.sh GPUCR_PREFIX}" && pwd)
@@ -37,15 +40,29 @@ finish() {
 trap finish EXIT
 for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 
-for w in $WORKLOADS; do
-	for p in $(seq "$PAIRS"); do
+DEADLINE=${DEADLINE:-540}
+T_END=$(($(date +%s) + DEADLINE))
+# Pairs go round the workloads (pair 1 of each, then pair 2 of each, ...), so
+# that a deadline leaves every workload with about as many pairs.
+for p in $(seq "$PAIRS"); do
+	for w in $WORKLOADS; do
 		order="plain gpucr"
 		[ $((p % 2)) = 0 ] && order="gpucr plain"
 		for m in $order; do
+			left=$((T_END - $(date +%s)))
+			if [ $left -le 5 ]; then
+				note "DEADLINE: stopped before $w $m pair $p"
+				break 3
+			fi
 			pre=()
 			[ $m = gpucr ] && pre=("$GPUCR" run --socket "$SOCK" --)
-			timeout 300 "${pre[@]}" python3 tests/gpu/bench_steps.py "$w" --steps "$STEPS" >"$LOGS/$w.$m.$p" 2>"$LOGS/$w.$m.$p.err" ||
-				bad "$w $m pair $p: $(grep -v '^gpucr:' "$LOGS/$w.$m.$p.err" | tail -2 | tr '\n' ' ')"
+			timeout "$left" "${pre[@]}" python3 tests/gpu/bench_steps.py "$w" --steps "$STEPS" >"$LOGS/$w.$m.$p" 2>"$LOGS/$w.$m.$p.err"
+			rc=$?
+			if [ $rc = 124 ]; then
+				note "DEADLINE: $w $m pair $p cut"
+			elif [ $rc != 0 ]; then
+				bad "$w $m pair $p: exit $rc: $(grep -v '^gpucr:' "$LOGS/$w.$m.$p.err" | tail -2 | tr '\n' ' ')"
+			fi
 		done
 	done
 done
@@ -55,14 +72,14 @@ note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader |
 python3 - "$LOGS" "$PAIRS" "$WORKLOADS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import json, statistics, sys
 logs, pairs, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+def one(w, m, p):
+    try:
+        return json.loads([l for l in open(f"{logs}/{w}.{m}.{p}") if l.startswith("{")][-1])
+    except (OSError, IndexError, ValueError):
+        return None
 def load(w, m):
-    runs = []
-    for p in range(1, pairs + 1):
-        try:
-            runs.append(json.loads([l for l in open(f"{logs}/{w}.{m}.{p}") if l.startswith("{")][-1]))
-        except (OSError, IndexError, ValueError):
-            pass
-    return runs
+    # complete pairs only: a pair cut by the deadline would bias the medians
+    return [one(w, m, p) for p in range(1, pairs + 1) if one(w, "plain", p) and one(w, "gpucr", p)]
 print()
 print("| workload | plain: median step, ms (min-max of run medians) | gpucr run | gpucr / plain | pairs | last value the same |")
 print("|---|---|---|---|---|---|")
