@@ -113,10 +113,10 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
-$(INTERCEPT_UNIT): $(INTERCEPT_UNIT_SRC) intercept/src/1_table.c intercept/src/1_scan.c $(INTERCEPT_HDR) Makefile
+INTERCEPT_UNIT_LIB := intercept/src/1_table.c intercept/src/1_scan.c intercept/src/1_gate.c intercept/src/1_log.c
+$(INTERCEPT_UNIT): $(INTERCEPT_UNIT_SRC) $(INTERCEPT_UNIT_LIB) $(INTERCEPT_HDR) Makefile
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ $(INTERCEPT_UNIT_SRC) \
-		intercept/src/1_table.c intercept/src/1_scan.c
+	$(CC) $(CPPFLAGS) -Iintercept/src $(CFLAGS) $(WARN) -pthread -o $@ $(INTERCEPT_UNIT_SRC) $(INTERCEPT_UNIT_LIB)
 
 # Test applications: driver API only, linked against whichever libcuda the
 # link path offers (the simulated one here, the real one with gpu-apps).

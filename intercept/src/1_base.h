@@ -50,7 +50,8 @@ GC_HIDDEN void gc_gate_enter(void);
 GC_HIDDEN void gc_gate_leave(void);
 GC_HIDDEN int gc_gate_close(unsigned timeout_ms); /* 0 or -ETIMEDOUT (gate reopened) */
 GC_HIDDEN void gc_gate_open(void);
-GC_HIDDEN void gc_gate_reset(void); /* fork child */
+GC_HIDDEN void gc_gate_reset(void);   /* fork child */
+GC_HIDDEN size_t gc_gate_slots(void); /* threads' slots made so far (tests: exited threads' are reused) */
 /* Set in the control thread: the gate lets it through, and it never connects to the helper. */
 GC_HIDDEN extern __thread int gc_in_control __attribute__((tls_model("initial-exec")));
 

@@ -27,11 +27,15 @@
 
 typedef struct gate_slot {
     _Atomic long busy; /* this thread's calls in progress; written by it alone */
+    _Atomic int taken; /* a live thread owns it; a thread's exit gives it back for the next new thread */
     struct gate_slot *next;
 } __attribute__((aligned(64))) gate_slot;
 
 static _Atomic(gate_slot *) slots;
 static __thread gate_slot *my_slot __attribute__((tls_model("initial-exec")));
+static pthread_key_t slot_key; /* its destructor gives an exiting thread's slot back */
+static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
+static int slot_key_ok;
 /* For threads whose slot could not be allocated: shared, so counted with atomic read-modify-writes. */
 static gate_slot overflow_slot;
 static _Atomic int gate_closed;
@@ -53,20 +57,35 @@ static void gate_setup(void) {
         gc_debug("membarrier unavailable (%s): the gate fences every call", strerror(errno));
 }
 
+static void slot_give_back(void *p) { atomic_store((_Atomic int *)&((gate_slot *)p)->taken, 0); }
+static void slot_key_make(void) { slot_key_ok = pthread_key_create(&slot_key, slot_give_back) == 0; }
+
+/* The calling thread's slot: one given back by a thread that exited, else a new one. */
 static gate_slot *slot(void) {
     gate_slot *s = my_slot;
     if (__builtin_expect(s != NULL, 1))
         return s;
-    s = aligned_alloc(sizeof(gate_slot), sizeof(gate_slot));
-    if (!s) {
-        my_slot = &overflow_slot;
-        return my_slot;
+    pthread_once(&slot_key_once, slot_key_make);
+    for (s = atomic_load(&slots); s; s = s->next) {
+        int free_ = 0;
+        if (slot_key_ok && atomic_compare_exchange_strong(&s->taken, &free_, 1))
+            break;
     }
-    atomic_init(&s->busy, 0);
-    gate_slot *head = atomic_load(&slots);
-    do
-        s->next = head;
-    while (!atomic_compare_exchange_weak(&slots, &head, s));
+    if (!s) {
+        s = aligned_alloc(sizeof(gate_slot), sizeof(gate_slot));
+        if (!s) {
+            my_slot = &overflow_slot;
+            return my_slot;
+        }
+        atomic_init(&s->busy, 0);
+        atomic_init(&s->taken, 1);
+        gate_slot *head = atomic_load(&slots);
+        do
+            s->next = head;
+        while (!atomic_compare_exchange_weak(&slots, &head, s));
+    }
+    if (slot_key_ok)
+        pthread_setspecific(slot_key, s);
     my_slot = s;
     return s;
 }
@@ -149,10 +168,13 @@ void gc_gate_open(void) {
     pthread_mutex_unlock(&gate_mu);
 }
 
-/* The fork child: only the forking thread exists, and it is in no call. */
+/* The fork child: only the forking thread exists, and it is in no call; the other threads' slots are free. */
 void gc_gate_reset(void) {
-    for (gate_slot *s = atomic_load(&slots); s; s = s->next)
+    for (gate_slot *s = atomic_load(&slots); s; s = s->next) {
         atomic_store(&s->busy, 0);
+        if (s != my_slot)
+            atomic_store(&s->taken, 0);
+    }
     atomic_store(&overflow_slot.busy, 0);
     atomic_store(&gate_closed, 0);
     pthread_mutex_init(&gate_mu, NULL);
@@ -160,3 +182,10 @@ void gc_gate_reset(void) {
 }
 
 void gc_gate_init(void) { gate_setup(); }
+
+size_t gc_gate_slots(void) {
+    size_t n = 0;
+    for (gate_slot *s = atomic_load(&slots); s; s = s->next)
+        n++;
+    return n;
+}

@@ -1,11 +1,15 @@
 /*
  * Unit tests of libgpucr.so's driver-free parts: the buffer table, the slab
- * bitmap, the parameter layout cache and launch parameter scanning.
+ * bitmap, the parameter layout cache, launch parameter scanning and the gate.
  * Built by make as build/bin/intercept-unit; exits 1 on any failure.
  */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "1_base.h"
 
@@ -191,7 +195,74 @@ static void test_scan(void) {
     gt_destroy(&t);
 }
 
+/* ---- the gate ---- */
+
+static _Atomic int gate_step;
+
+static void *one_call(void *arg) {
+    (void)arg;
+    gc_gate_enter();
+    gc_gate_leave();
+    return NULL;
+}
+
+/* Enters and stays in the call until gate_step is 1, then leaves. */
+static void *long_call(void *arg) {
+    (void)arg;
+    gc_gate_enter();
+    atomic_store(&gate_step, 2);
+    while (atomic_load(&gate_step) != 1) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
+    gc_gate_leave();
+    return NULL;
+}
+
+/* Enters once the gate lets it; records that it did. */
+static void *late_call(void *arg) {
+    gc_gate_enter();
+    atomic_store((_Atomic int *)arg, 1);
+    gc_gate_leave();
+    return NULL;
+}
+
+static void test_gate(void) {
+    gc_gate_init();
+    one_call(NULL);
+    size_t base = gc_gate_slots();
+    CHECK(base == 1);
+    /* a thread's slot goes back at its exit, and the next thread takes it */
+    for (int i = 0; i < 5; i++) {
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, one_call, NULL) == 0);
+        pthread_join(t, NULL);
+    }
+    CHECK(gc_gate_slots() == base + 1);
+    /* a call in progress keeps the gate from closing; closing waits for it */
+    pthread_t lc;
+    atomic_store(&gate_step, 0);
+    CHECK(pthread_create(&lc, NULL, long_call, NULL) == 0);
+    while (atomic_load(&gate_step) != 2)
+        sched_yield();
+    CHECK(gc_gate_close(50) == -ETIMEDOUT);
+    atomic_store(&gate_step, 1);
+    pthread_join(lc, NULL);
+    CHECK(gc_gate_close(1000) == 0);
+    /* a call made while closed waits for the gate to open */
+    _Atomic int entered = 0;
+    pthread_t late;
+    CHECK(pthread_create(&late, NULL, late_call, (void *)&entered) == 0);
+    struct timespec t = {0, 50000000};
+    nanosleep(&t, NULL);
+    CHECK(atomic_load(&entered) == 0);
+    gc_gate_open();
+    pthread_join(late, NULL);
+    CHECK(atomic_load(&entered) == 1);
+}
+
 int main(void) {
+    test_gate();
     test_table();
     test_slab();
     test_scan();
