@@ -19,8 +19,6 @@
 #define MIB (1ULL << 20)
 #define TARGET_MIB 64
 
-CUmemAllocationProp dt_vmm_prop(bool posix_fd);
-
 static void fill_words(uint32_t *w, size_t n, uint32_t seed) {
     for (size_t i = 0; i < n; i++)
         w[i] = seed * 0x9e3779b9u + (uint32_t)i;

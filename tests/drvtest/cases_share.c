@@ -22,25 +22,15 @@ static int host_numa_id(void) {
     return r == CUDA_SUCCESS ? numa : -1;
 }
 
-static CUmemAllocationProp host_prop(int numa) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-    p.location.id = numa;
+/* dt_vmm_prop's allocation, placed at loc instead. */
+static CUmemAllocationProp prop_at(CUmemLocationType type, int id) {
+    CUmemAllocationProp p = dt_vmm_prop(true);
+    p.location.type = type;
+    p.location.id = id;
     return p;
 }
 
-static CUmemAllocationProp dev_prop(int dev) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = dev;
-    return p;
-}
+static CUmemAllocationProp host_prop(int numa) { return prop_at(CU_MEM_LOCATION_TYPE_HOST_NUMA, numa); }
 
 /* Host memory mapped with access for device 0 and the CPU, as NCCL maps it. */
 static CUdeviceptr map_host(CUmemGenericAllocationHandle h, size_t size, int numa) {
@@ -72,7 +62,7 @@ static void host_numa(void) {
     CUmemGenericAllocationHandle h;
     OK(cuMemCreate(&h, 2 * MIB, &prop, 0));
     /* device memory cannot be opened to the CPU this way */
-    CUmemAllocationProp dprop = dev_prop(0);
+    CUmemAllocationProp dprop = dt_vmm_prop(true);
     CUmemGenericAllocationHandle hd;
     OK(cuMemCreate(&hd, 2 * MIB, &dprop, 0));
     CUdeviceptr dva;
@@ -126,26 +116,11 @@ static void host_numa(void) {
 /* drvtest --helper host_numa_import NUMA: imports host memory (fd 4), reads the parent's words, writes one. */
 static int helper_host_numa_import(int argc, char **argv) {
     int numa = argc > 0 ? atoi(argv[0]) : 0;
-    int fd = dt_recv_fd(DT_HELPER_SOCK);
-    CUdevice dev;
-    CUcontext ctx;
     CUmemGenericAllocationHandle h;
     CUdeviceptr va;
     CUresult r;
-    if (fd < 0) {
-        dt_say("no fd received");
+    if (!dt_helper_import(&h))
         return 1;
-    }
-    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) || (r = cuDevicePrimaryCtxRetain(&ctx, dev)) ||
-        (r = cuCtxSetCurrent(ctx))) {
-        dt_say("init: %s", dt_err(r));
-        return 1;
-    }
-    if ((r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
-        dt_say("cuMemImportFromShareableHandle: %s", dt_err(r));
-        return 1;
-    }
-    close(fd);
     CUmemAccessDesc d[2] = {
         {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
         {.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, numa}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
@@ -177,7 +152,7 @@ static int helper_host_numa_import(int argc, char **argv) {
  */
 static void reexport_imported(void) {
     dt_init_ctx();
-    CUmemAllocationProp prop = dev_prop(0);
+    CUmemAllocationProp prop = dt_vmm_prop(true);
     CUmemGenericAllocationHandle h;
     OK(cuMemCreate(&h, 2 * MIB, &prop, 0));
     CUdeviceptr va;
@@ -237,19 +212,10 @@ static void reexport_imported(void) {
 static int helper_reexport(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    int fd = dt_recv_fd(DT_HELPER_SOCK);
     CUmemGenericAllocationHandle h;
     CUresult r;
-    if (fd < 0) {
-        dt_say("no fd received");
+    if (!dt_helper_import(&h))
         return 1;
-    }
-    if ((r = cuInit(0)) ||
-        (r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
-        dt_say("import: %s", dt_err(r));
-        return 1;
-    }
-    close(fd);
     int out = -1;
     r = cuMemExportToShareableHandle(&out, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     dt_say("rc %d", (int)r);
@@ -279,7 +245,7 @@ static void peer_access(void) {
     OK(cuDevicePrimaryCtxRetain(&c0, d0));
     OK(cuDevicePrimaryCtxRetain(&c1, d1));
     OK(cuCtxSetCurrent(c1));
-    CUmemAllocationProp prop = dev_prop(1);
+    CUmemAllocationProp prop = prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 1);
     CUmemGenericAllocationHandle h;
     OK(cuMemCreate(&h, 2 * MIB, &prop, 0));
     CUdeviceptr va;

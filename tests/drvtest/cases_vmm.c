@@ -8,7 +8,6 @@
 
 #define MIB (1ULL << 20)
 
-CUmemAllocationProp dt_vmm_prop(bool posix_fd);
 CUmemAllocationProp dt_vmm_prop(bool posix_fd) {
     CUmemAllocationProp p;
     memset(&p, 0, sizeof p);
@@ -189,26 +188,11 @@ static void vmm_export_import(void) {
 static int helper_vmm_import(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    int fd = dt_recv_fd(DT_HELPER_SOCK);
-    if (fd < 0) {
-        dt_say("no fd received");
-        return 1;
-    }
-    CUdevice dev;
-    CUcontext ctx;
     CUmemGenericAllocationHandle h;
     CUdeviceptr va;
     CUresult r;
-    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) || (r = cuDevicePrimaryCtxRetain(&ctx, dev)) ||
-        (r = cuCtxSetCurrent(ctx))) {
-        dt_say("init: %s", dt_err(r));
+    if (!dt_helper_import(&h))
         return 1;
-    }
-    if ((r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
-        dt_say("cuMemImportFromShareableHandle: %s", dt_err(r));
-        return 1;
-    }
-    close(fd);
     CUmemAccessDesc d = rw();
     if ((r = cuMemAddressReserve(&va, 4 * MIB, 0, 0, 0)) || (r = cuMemMap(va, 4 * MIB, 0, h, 0)) ||
         (r = cuMemSetAccess(va, 4 * MIB, &d, 1))) {

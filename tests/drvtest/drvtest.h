@@ -111,6 +111,12 @@ bool dt_hear(char *buf, size_t n); /* a line from stdin; false on EOF */
 /* SCM_RIGHTS */
 bool dt_send_fd(int sock, int fd);
 int dt_recv_fd(int sock); /* -1 on failure */
+/* Inside a helper: the fd on DT_HELPER_SOCK imported (and closed), device 0's primary context current; false
+ * (and the parent told what failed) if any step failed. */
+bool dt_helper_import(CUmemGenericAllocationHandle *h);
+
+/* Pinned memory on device 0, POSIX-fd shareable if asked (cases_vmm.c). */
+CUmemAllocationProp dt_vmm_prop(bool posix_fd);
 
 /* An entry point libcuda exports but cudadrv.h does not declare; a failed check (and the case stops) if absent. */
 void *dt_sym(const char *name);

@@ -339,6 +339,28 @@ int dt_recv_fd(int sock) {
     return fd;
 }
 
+bool dt_helper_import(CUmemGenericAllocationHandle *h) {
+    int fd = dt_recv_fd(DT_HELPER_SOCK);
+    CUdevice dev;
+    CUcontext ctx;
+    CUresult r;
+    if (fd < 0) {
+        dt_say("no fd received");
+        return false;
+    }
+    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) || (r = cuDevicePrimaryCtxRetain(&ctx, dev)) ||
+        (r = cuCtxSetCurrent(ctx))) {
+        dt_say("init: %s", dt_err(r));
+        return false;
+    }
+    if ((r = cuMemImportFromShareableHandle(h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))) {
+        dt_say("cuMemImportFromShareableHandle: %s", dt_err(r));
+        return false;
+    }
+    close(fd);
+    return true;
+}
+
 /* ---- runner ---- */
 
 static const dt_case *find_case(const char *name) {
