@@ -50,6 +50,11 @@ static long ncalls = 200000;
 static CUcontext ctx;
 static CUfunction fn;
 static CUdeviceptr buf[3];
+/* What the single-thread cases call on. */
+static CUstream s;
+static CUevent ev;
+static CUgraphExec ge;
+static graph_launch_fn glaunch;
 
 static double now_s(void) {
     struct timespec ts;
@@ -80,6 +85,41 @@ static void report(const char *name, double seconds, long calls) {
     fflush(stdout);
 }
 
+static void call_launch(long i) {
+    (void)i;
+    launch(s);
+}
+static void call_memcpy(long i) {
+    (void)i;
+    CHECK(cuMemcpyAsync(buf[1], buf[0], 64, s));
+}
+static void call_memset(long i) { CHECK(cuMemsetD8Async(buf[2], (unsigned char)i, 64, s)); }
+static void call_event_record(long i) {
+    (void)i;
+    CHECK(cuEventRecord(ev, s));
+}
+static void call_stream_sync(long i) {
+    (void)i;
+    CHECK(cuStreamSynchronize(s));
+}
+static void call_graph(long i) {
+    (void)i;
+    CHECK(glaunch(ge, s));
+}
+
+/* 1000 calls of call to warm up, then ncalls timed, the stream synchronized after each run. */
+static void timed(const char *name, void (*call)(long i)) {
+    for (int warm = 1; warm >= 0; warm--) {
+        long n = warm ? 1000 : ncalls;
+        double t0 = now_s();
+        for (long i = 0; i < n; i++)
+            call(i);
+        CHECK(cuStreamSynchronize(s));
+        if (!warm)
+            report(name, now_s() - t0, n);
+    }
+}
+
 static void *getproc(const char *name) {
     void *p = NULL;
     CUdriverProcAddressQueryResult q;
@@ -104,29 +144,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "callbench: --calls must be positive\n");
         return 2;
     }
-    CUdevice dev;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, ordinal));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
+    gpuapp a = {.ordinal = ordinal};
+    gpuapp_context(&a);
+    ctx = a.ctx;
     CUmodule mod = gpuapp_load_ptx(ptx);
     fn = gpuapp_function(mod, "lb_small");
     for (int i = 0; i < 3; i++)
         CHECK(cuMemAlloc(&buf[i], 1 << 20));
-    CUstream s;
-    CUevent ev;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
 
-    for (int warm = 1; warm >= 0; warm--) {
-        long n = warm ? 1000 : ncalls;
-        double t0 = now_s();
-        for (long i = 0; i < n; i++)
-            launch(s);
-        CHECK(cuStreamSynchronize(s));
-        if (!warm)
-            report("launch-1t", now_s() - t0, n);
-    }
+    timed("launch-1t", call_launch);
     {
         pthread_t t[8];
         long per = ncalls / 8 > 0 ? ncalls / 8 : 1;
@@ -138,61 +166,21 @@ int main(int argc, char **argv) {
             pthread_join(t[i], NULL);
         report("launch-8t", now_s() - t0, per * 8);
     }
-    for (int warm = 1; warm >= 0; warm--) {
-        long n = warm ? 1000 : ncalls;
-        double t0 = now_s();
-        for (long i = 0; i < n; i++)
-            CHECK(cuMemcpyAsync(buf[1], buf[0], 64, s));
-        CHECK(cuStreamSynchronize(s));
-        if (!warm)
-            report("memcpy-async", now_s() - t0, n);
-    }
-    for (int warm = 1; warm >= 0; warm--) {
-        long n = warm ? 1000 : ncalls;
-        double t0 = now_s();
-        for (long i = 0; i < n; i++)
-            CHECK(cuMemsetD8Async(buf[2], (unsigned char)i, 64, s));
-        CHECK(cuStreamSynchronize(s));
-        if (!warm)
-            report("memset-async", now_s() - t0, n);
-    }
-    for (int warm = 1; warm >= 0; warm--) {
-        long n = warm ? 1000 : ncalls;
-        double t0 = now_s();
-        for (long i = 0; i < n; i++)
-            CHECK(cuEventRecord(ev, s));
-        CHECK(cuStreamSynchronize(s));
-        if (!warm)
-            report("event-record", now_s() - t0, n);
-    }
-    for (int warm = 1; warm >= 0; warm--) {
-        long n = warm ? 1000 : ncalls;
-        double t0 = now_s();
-        for (long i = 0; i < n; i++)
-            CHECK(cuStreamSynchronize(s));
-        if (!warm)
-            report("stream-sync", now_s() - t0, n);
-    }
+    timed("memcpy-async", call_memcpy);
+    timed("memset-async", call_memset);
+    timed("event-record", call_event_record);
+    timed("stream-sync", call_stream_sync);
     begin_capture_fn begin = (begin_capture_fn)getproc("cuStreamBeginCapture");
     end_capture_fn end = (end_capture_fn)getproc("cuStreamEndCapture");
     instantiate_fn inst = (instantiate_fn)getproc("cuGraphInstantiateWithFlags");
-    graph_launch_fn glaunch = (graph_launch_fn)getproc("cuGraphLaunch");
+    glaunch = (graph_launch_fn)getproc("cuGraphLaunch");
     if (begin && end && inst && glaunch) {
         CUgraph g;
-        CUgraphExec ge;
         CHECK(begin(s, CAPTURE_MODE_THREAD_LOCAL));
         launch(s);
         CHECK(end(s, &g));
         CHECK(inst(&ge, g, 0));
-        for (int warm = 1; warm >= 0; warm--) {
-            long n = warm ? 1000 : ncalls;
-            double t0 = now_s();
-            for (long i = 0; i < n; i++)
-                CHECK(glaunch(ge, s));
-            CHECK(cuStreamSynchronize(s));
-            if (!warm)
-                report("graph-launch", now_s() - t0, n);
-        }
+        timed("graph-launch", call_graph);
     } else {
         printf("cost graph-launch -\n");
     }
@@ -201,6 +189,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
         CHECK(cuMemFree(buf[i]));
     CHECK(cuModuleUnload(mod));
-    CHECK(cuDevicePrimaryCtxRelease(dev));
+    gpuapp_context_release(&a);
     return 0;
 }

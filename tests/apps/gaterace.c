@@ -190,12 +190,8 @@ int main(int argc, char **argv) {
     if (shared == MAP_FAILED)
         gpuapp_die("mmap %s: %s", counts, strerror(errno));
     close(fd);
-    CUdevice dev;
-    CUcontext ctx;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, ordinal));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
+    gpuapp a = {.ordinal = ordinal};
+    gpuapp_context(&a);
     CUmodule mod = gpuapp_load_ptx(ptx);
     CUfunction add = gpuapp_function(mod, "gr_add");
     static worker w[MAX_THREADS];
@@ -205,7 +201,7 @@ int main(int argc, char **argv) {
     printf("ready pid=%d app=gaterace threads=%d\n", (int)getpid(), threads);
     fflush(stdout);
     for (int i = 0; i < threads; i++) {
-        w[i] = (worker){.index = i, .ctx = ctx, .add = add, .count = &shared[i], .until = until};
+        w[i] = (worker){.index = i, .ctx = a.ctx, .add = add, .count = &shared[i], .until = until};
         if (pthread_create(&tid[i], NULL, run, &w[i]) != 0)
             gpuapp_die("pthread_create");
     }

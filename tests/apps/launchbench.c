@@ -57,12 +57,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "launchbench: --launches must be positive\n");
         return 2;
     }
-    CUdevice dev;
-    CUcontext ctx;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, ordinal));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
+    gpuapp a = {.ordinal = ordinal};
+    gpuapp_context(&a);
     CUmodule mod = gpuapp_load_ptx(ptx);
     CUfunction small = gpuapp_function(mod, "lb_small"), big = gpuapp_function(mod, "lb_big");
     CUdeviceptr buf[3];
@@ -102,6 +98,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
         CHECK(cuMemFree(buf[i]));
     CHECK(cuModuleUnload(mod));
-    CHECK(cuDevicePrimaryCtxRelease(dev));
+    gpuapp_context_release(&a);
     return 0;
 }
