@@ -103,9 +103,8 @@ func TestGCThroughAnothersSymlink(t *testing.T) {
 func TestAutoParentSharedSeries(t *testing.T) {
 	u := secondUser(t)
 	dir := t.TempDir()
-	openUp(t, dir)
 	env := gpucrEnv(t)
-	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	h := sharedHelper(t, dir, env)
 	series := filepath.Join(dir, "series")
 	if err := os.Mkdir(series, 0o777); err != nil {
 		t.Fatal(err)
@@ -139,9 +138,8 @@ func TestAutoParentSharedSeries(t *testing.T) {
 func TestErrorsRevealNothing(t *testing.T) {
 	u := secondUser(t)
 	dir := t.TempDir()
-	openUp(t, dir)
 	env := gpucrEnv(t)
-	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	h := sharedHelper(t, dir, env)
 	private := filepath.Join(dir, "root-only")
 	if err := os.Mkdir(private, 0o700); err != nil {
 		t.Fatal(err)

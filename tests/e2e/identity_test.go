@@ -240,9 +240,8 @@ func startAppAtPid(t *testing.T, dir, name string, env []string, pid int, args .
 func TestStaleClientPidReuse(t *testing.T) {
 	u := secondUser(t)
 	dir := t.TempDir()
-	openUp(t, dir)
 	env := gpucrEnv(t)
-	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	h := sharedHelper(t, dir, env)
 	sc := startStaleClient(t, u, h)
 	pid := sc.line.ChildPid
 
