@@ -31,11 +31,8 @@ LOGS=$(cd "$LOGS" && pwd)
 BIN=${BIN:-build/gpu/bin}
 [ -x "$BIN/callbench" ] || make -s gpu-apps >"$LOGS/make.txt" 2>&1 || { bad "make gpu-apps"; exit 1; }
 SOCK=/run/gpucr/calls-helper.sock
-mkdir -p /run/gpucr
-"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
-HELPER=$!
 trap 'kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/calls-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
-for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
 # cpu_s PID: user + system CPU seconds of PID so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 

@@ -28,13 +28,10 @@ LOGS=$(cd "$LOGS" && pwd)
 	bad "writing the weights: $(tail -2 "$LOGS/make.txt")"
 	exit 1
 }
-mkdir -p /run/gpucr
 HELPER=
 helper() { # helper POOL: a helper of its own for one mode
 	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null && wait "$HELPER" 2>/dev/null
-	"$GPUCR" helper --socket /run/gpucr/start.sock --alloc-pool "$1" >>"$LOGS/helper.log" 2>&1 &
-	HELPER=$!
-	for _ in $(seq 100); do "$GPUCR" status --socket /run/gpucr/start.sock >/dev/null 2>&1 && break; sleep 0.1; done
+	start_helper "$GPUCR" /run/gpucr/start.sock "$LOGS/helper.log" --alloc-pool "$1"
 }
 trap '[ -n "$HELPER" ] && kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/start-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
 # ask URL: the server's answer, if it answers (curl where there is one).

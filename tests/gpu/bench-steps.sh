@@ -27,9 +27,7 @@ LOGS=$(cd "$LOGS" && pwd)
 : >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
 SOCK=/run/gpucr/steps-helper.sock
-mkdir -p /run/gpucr
-"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
-HELPER=$!
+HELPER=
 finish() {
 	kill $HELPER 2>/dev/null
 	if [ -n "${OUT:-}" ]; then
@@ -38,7 +36,7 @@ finish() {
 	fi
 }
 trap finish EXIT
-for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
 
 DEADLINE=${DEADLINE:-540}
 T_END=$(($(date +%s) + DEADLINE))

@@ -44,10 +44,7 @@ fi
 
 if [ -z "${SOCK:-}" ]; then
 	SOCK=/run/gpucr/ddp-helper.sock
-	mkdir -p /run/gpucr
-	"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
-	HELPER=$!
-	for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+	start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
 fi
 
 # run NAME [gpucr]: one training run, its lines to $LOGS/NAME.txt; prints its seconds.

@@ -58,3 +58,18 @@ root_bundle() {
 	rm -rf "$d" && mkdir -p /opt/gpucr-carried && chmod 755 /opt/gpucr-carried &&
 		cp -a "$1" "$d" && chown -R root:root "$d" && chmod -R go-w "$d" && echo "$d"
 }
+# start_helper GPUCR SOCK LOG [FLAGS...]: `GPUCR helper --socket SOCK FLAGS`
+# in the background, its output appended to LOG, its pid in HELPER; returns
+# once it answers `gpucr status` (1 if it has not within 10 s).
+start_helper() {
+	local g=$1 sock=$2 log=$3
+	shift 3
+	mkdir -p "$(dirname "$sock")"
+	"$g" helper --socket "$sock" "$@" >>"$log" 2>&1 &
+	HELPER=$!
+	for _ in $(seq 100); do
+		"$g" status --socket "$sock" >/dev/null 2>&1 && return 0
+		sleep 0.1
+	done
+	return 1
+}

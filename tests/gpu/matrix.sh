@@ -165,8 +165,7 @@ fi
 
 SOCK=/run/gpucr/helper.sock
 mkdir -p /run/gpucr
-"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
-HELPER=$!
+HELPER=
 # The logs reach $OUT whatever happens (a timeout's SIGTERM included).
 save() {
 	if [ -n "${OUT:-}" ]; then
@@ -186,7 +185,7 @@ finish() {
 }
 trap finish EXIT
 trap 'note "TERMINATED after $(($(date +%s) - T_START)) s"; exit 1' TERM INT
-for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
 
 note ""
 note "## gpucr check"

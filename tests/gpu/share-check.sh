@@ -31,10 +31,7 @@ trap finish EXIT
 note "## memory shared as NCCL shares it"
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $(nvidia-smi -L | grep -c '^GPU')"
 make -s gpu-apps >"$LOGS/make.txt" 2>&1 || bad "make gpu-apps: $(tail -3 "$LOGS/make.txt")"
-mkdir -p /run/gpucr
-"$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &
-HELPER=$!
-for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
 
 CASES=$("$BIN/drvtest" -l | grep '^share_' | xargs)
 for mode in plain gpucr; do
