@@ -6,7 +6,6 @@ package daemon
 // lifecycle.go.
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -181,14 +180,10 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 	var tCreate, tExport time.Duration
 	if !pooled {
 		var err error
-		h, err = dev.Create(size, flags)
-		var oom OutOfMemory
-		if err != nil && errors.As(err, &oom) && oom.OutOfMemory() && s.pool.drain(dev) > 0 {
-			h, err = dev.Create(size, flags) // the pool's memory, given back, may be what it needed
-		}
+		h, err = s.create(dev, size, flags)
 		tCreate = time.Since(t0)
 		if err != nil {
-			if errors.As(err, &oom) && oom.OutOfMemory() {
+			if isOOM(err) {
 				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), -1
 			}
 			cl.log.Warn("allocation failed", zap.Uint64("size", size), zap.Error(err))

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -22,6 +23,12 @@ type Device interface {
 
 // OutOfMemory is implemented by errors that mean the device is full.
 type OutOfMemory interface{ OutOfMemory() bool }
+
+// isOOM says whether err means the device is full.
+func isOOM(err error) bool {
+	var oom OutOfMemory
+	return errors.As(err, &oom) && oom.OutOfMemory()
+}
 
 type cudaDevice struct{ d *cuda.Device }
 

@@ -41,7 +41,8 @@ type pooled struct {
 // asked for twice within Idle; its ready allocations are refilled in the
 // background after each one is taken, and released when the size has not
 // been asked for within Idle, when a device runs out of memory (an
-// allocation's own creation always comes first), and at Shutdown. The pool's
+// allocation's or a restore's own creation always comes first: Server.create),
+// and at Shutdown. The pool's
 // memory is the helper's: a process's limit counts what it takes, not what
 // waits here.
 type pool struct {
@@ -197,6 +198,17 @@ func (p *pool) sweep(now time.Time) {
 	}
 	p.mu.Unlock()
 	p.dropAll(m)
+}
+
+// create makes memory on dev for an allocation or a restore: the pool's
+// ready allocations of dev are given back first if the device is full
+// without them.
+func (s *Server) create(dev Device, size uint64, flags image.AllocFlags) (uint64, error) {
+	h, err := dev.Create(size, flags)
+	if err != nil && isOOM(err) && s.pool.drain(dev) > 0 {
+		h, err = dev.Create(size, flags)
+	}
+	return h, err
 }
 
 // run sweeps until stop is closed.

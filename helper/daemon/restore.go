@@ -183,10 +183,9 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) 
 		if !ok {
 			return fail(helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
 		}
-		h, err := dev.Create(b.Size, b.Flags)
+		h, err := s.create(dev, b.Size, b.Flags)
 		if err != nil {
-			var oom OutOfMemory
-			if errors.As(err, &oom) && oom.OutOfMemory() {
+			if isOOM(err) {
 				return fail(helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err)
 			}
 			return fail(helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err)
