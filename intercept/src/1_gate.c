@@ -39,7 +39,8 @@ static int slot_key_ok;
 /* For threads whose slot could not be allocated: shared, so counted with atomic read-modify-writes. */
 static gate_slot overflow_slot;
 static _Atomic int gate_closed;
-static int fence_each_call; /* no membarrier: every call fences */
+/* no membarrier: every call fences. Read by every call, set by the closer: atomic, relaxed (a plain load on x86). */
+static _Atomic int fence_each_call;
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv;
 __thread int gc_in_control __attribute__((tls_model("initial-exec")));
@@ -52,8 +53,8 @@ static void gate_setup(void) {
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
     pthread_cond_init(&gate_cv, &a);
     pthread_condattr_destroy(&a);
-    fence_each_call = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0;
-    if (fence_each_call)
+    atomic_store(&fence_each_call, membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0);
+    if (atomic_load(&fence_each_call))
         gc_debug("membarrier unavailable (%s): the gate fences every call", strerror(errno));
 }
 
@@ -110,7 +111,7 @@ void gc_gate_enter(void) {
     gate_slot *s = slot();
     for (;;) {
         count_in(s);
-        if (__builtin_expect(fence_each_call, 0))
+        if (__builtin_expect(atomic_load_explicit(&fence_each_call, memory_order_relaxed), 0))
             atomic_thread_fence(memory_order_seq_cst);
         else
             atomic_signal_fence(memory_order_seq_cst); /* the closer's membarrier orders it for the CPU */
@@ -141,9 +142,9 @@ static uint64_t now_ns(void) {
 int gc_gate_close(unsigned timeout_ms) {
     uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
     atomic_store(&gate_closed, 1);
-    if (fence_each_call || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+    if (atomic_load(&fence_each_call) || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
         /* every call fences (or registration was lost, e.g. across fork): a fence here pairs with theirs */
-        fence_each_call = 1;
+        atomic_store(&fence_each_call, 1);
         atomic_thread_fence(memory_order_seq_cst);
     }
     /* Calls in progress end on their own; poll them out, from 20 us up to 1 ms between looks. */
