@@ -200,7 +200,7 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
 		}
 	}
-	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind, flags: flags}
+	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind, flags: flags, address: a.Address}
 	cl.mu.Lock()
 	cl.allocs[al.id] = al
 	cl.bytes += size

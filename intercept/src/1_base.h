@@ -137,6 +137,7 @@ enum gc_stat {
     STAT_EVENTS,
     STAT_GATE_WAITS,
     STAT_SCANNED,
+    STAT_HELPER_CALLS,
     STAT_N
 };
 

@@ -95,6 +95,7 @@ static int call_helper(Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
         return -ENOTCONN;
     }
     req->id = ++G.next_id;
+    gc_stat_add(STAT_HELPER_CALLS, 1);
     int rc = roundtrip(G.calls_fd, req, out, fds, maxfds, nfds);
     if (rc < 0)
         mark_dead(-rc);
@@ -222,11 +223,12 @@ static void send_free(uint64_t id) {
 
 void gc_link_free(uint64_t id) { send_free(id); }
 
-CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t *id, uint64_t *rsize,
-                       int *fd) {
+CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t addr, uint64_t *id,
+                       uint64_t *rsize, int *fd) {
     Gpucr__Helper__V1__Alloc al = GPUCR__HELPER__V1__ALLOC__INIT;
     al.device_uuid = (char *)uuid;
     al.size = size;
+    al.address = addr;
     al.kind = kind;
     al.gpu_direct_rdma = gpu_direct_rdma;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;

@@ -36,9 +36,10 @@ GC_HIDDEN void gc_link_control_failed(int fd); /* no thread to serve it: closed 
 /* The granularity the helper announced for the device uuid; 0: none. */
 GC_HIDDEN uint64_t gc_link_granularity(const char *uuid);
 
-/* Requests on the calls connection. Alloc: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app. */
-GC_HIDDEN CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t *id,
-                                 uint64_t *rsize, int *fd);
+/* Requests on the calls connection. Alloc: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app;
+ * addr: where it will be mapped (0: not known yet; Mapped will say). */
+GC_HIDDEN CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t addr,
+                                 uint64_t *id, uint64_t *rsize, int *fd);
 GC_HIDDEN void gc_link_mapped(uint64_t id, uint64_t addr);
 /* Export: a new fd of allocation id (the caller's to close), or the CUresult for the application. */
 GC_HIDDEN CUresult gc_link_export(uint64_t id, int *fd);

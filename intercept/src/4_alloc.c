@@ -108,29 +108,54 @@ static double mono_us(void) {
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
 
+/*
+ * A helper allocation of size bytes, imported and mapped. The range is reserved before the helper is asked, so
+ * that Alloc tells it the address and no Mapped round trip follows (one round trip per allocation, not two).
+ */
 static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CUresult *err) {
+    uint64_t gran = gc_dev_granularity(dev, uuid);
+    uint64_t want = (size + gran - 1) / gran * gran;
+    CUdeviceptr addr = 0;
+    double t0 = mono_us();
+    CUresult r = GC_REAL(cuMemAddressReserve)(&addr, want, gran, 0, 0);
+    if (r != CUDA_SUCCESS) {
+        gc_warn("cuMemAddressReserve(%llu): error %d", (unsigned long long)want, (int)r);
+        *err = r;
+        return NULL;
+    }
     uint64_t id = 0, rsize = 0;
     int fds[1] = {-1};
-    double t0 = mono_us();
-    *err = gc_link_alloc(uuid, size, kind, false, &id, &rsize, &fds[0]);
     double t1 = mono_us();
-    if (*err != CUDA_SUCCESS)
+    *err = gc_link_alloc(uuid, size, kind, false, addr, &id, &rsize, &fds[0]);
+    double t2 = mono_us();
+    if (*err != CUDA_SUCCESS) {
+        GC_REAL(cuMemAddressFree)(addr, want);
         return NULL;
-    uint64_t gran = gc_dev_granularity(dev, uuid);
+    }
+    bool moved = false;
     if (rsize < size)
-        rsize = (size + gran - 1) / gran * gran;
-    rec *a = calloc(1, sizeof *a);
-    CUdeviceptr addr = 0;
-    CUresult r = a ? GC_REAL(cuMemAddressReserve)(&addr, rsize, gran, 0, 0) : CUDA_ERROR_OUT_OF_MEMORY;
+        rsize = want;
+    if (rsize != want) {
+        /* the helper rounded otherwise: a range of its size, and Mapped says where */
+        GC_REAL(cuMemAddressFree)(addr, want);
+        addr = 0;
+        r = GC_REAL(cuMemAddressReserve)(&addr, rsize, gran, 0, 0);
+        if (r != CUDA_SUCCESS)
+            gc_warn("cuMemAddressReserve(%llu): error %d", (unsigned long long)rsize, (int)r);
+        moved = true;
+    }
+    rec *a = r == CUDA_SUCCESS ? calloc(1, sizeof *a) : NULL;
+    if (r == CUDA_SUCCESS && !a)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS) {
         r = map_fd(fds[0], addr, rsize, dev, &a->h);
         if (r != CUDA_SUCCESS)
             GC_REAL(cuMemAddressFree)(addr, rsize);
-    } else {
-        gc_warn("cuMemAddressReserve(%llu): error %d", (unsigned long long)rsize, (int)r);
+    } else if (addr) {
+        GC_REAL(cuMemAddressFree)(addr, moved ? rsize : want);
     }
     close(fds[0]);
-    double t2 = mono_us();
+    double t3 = mono_us();
     if (r != CUDA_SUCCESS) {
         free(a);
         gc_link_free(id);
@@ -143,12 +168,11 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
     a->dev = dev;
     a->kind = kind;
     a->mapped = true;
-
-    gc_link_mapped(id, addr);
-    double t3 = mono_us();
-    gc_debug("alloc %llu: %llu bytes at 0x%llx (%s): helper %.0f us, reserve+import+map+access %.0f us, mapped %.0f us",
+    if (moved)
+        gc_link_mapped(id, addr);
+    gc_debug("alloc %llu: %llu bytes at 0x%llx (%s): reserve %.0f us, helper %.0f us, import+map+access %.0f us%s",
              (unsigned long long)id, (unsigned long long)rsize, (unsigned long long)addr, uuid, t1 - t0, t2 - t1,
-             t3 - t2);
+             t3 - t2, moved ? ", then Mapped" : "");
     *err = CUDA_SUCCESS;
     return a;
 }

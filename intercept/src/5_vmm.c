@@ -315,7 +315,7 @@ CUresult gc_vmm_create(CUmemGenericAllocationHandle *handle, size_t size, const 
     int fd = -1;
     /* GPUDirect RDMA capable (PyTorch's expandable segments ask for it where
      * the device supports it): the helper creates it so, and a restore too */
-    r = gc_link_alloc(uuid, size, GC_KIND_VMM, prop->allocFlags.gpuDirectRDMACapable != 0, &id, &hsize, &fd);
+    r = gc_link_alloc(uuid, size, GC_KIND_VMM, prop->allocFlags.gpuDirectRDMACapable != 0, 0, &id, &hsize, &fd);
     if (r != CUDA_SUCCESS)
         return r;
     vrec *v = NULL;

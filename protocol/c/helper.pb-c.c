@@ -2949,7 +2949,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__device_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptors[5] =
 {
   {
     "device_uuid",
@@ -2999,8 +2999,21 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptor
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "address",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Alloc, address),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__alloc__field_indices_by_name[] = {
+  4,   /* field[4] = address */
   0,   /* field[0] = device_uuid */
   3,   /* field[3] = gpu_direct_rdma */
   2,   /* field[2] = kind */
@@ -3009,7 +3022,7 @@ static const unsigned gpucr__helper__v1__alloc__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__alloc__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor =
 {
@@ -3019,7 +3032,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor =
   "Gpucr__Helper__V1__Alloc",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Alloc),
-  4,
+  5,
   gpucr__helper__v1__alloc__field_descriptors,
   gpucr__helper__v1__alloc__field_indices_by_name,
   1,  gpucr__helper__v1__alloc__number_ranges,
@@ -3711,7 +3724,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__buffer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[18] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[19] =
 {
   {
     "allocs",
@@ -3929,6 +3942,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "helper_calls",
+    19,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, helper_calls),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] = {
   0,   /* field[0] = allocs */
@@ -3937,6 +3962,7 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
   1,   /* field[1] = frees */
   16,   /* field[16] = gate_waits */
   4,   /* field[4] = helper_bytes */
+  18,   /* field[18] = helper_calls */
   6,   /* field[6] = launches */
   10,   /* field[10] = launches_no_layout */
   17,   /* field[17] = launches_scanned */
@@ -3953,7 +3979,7 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
 static const ProtobufCIntRange gpucr__helper__v1__client_stats__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 18 }
+  { 0, 19 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
 {
@@ -3963,7 +3989,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
   "Gpucr__Helper__V1__ClientStats",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientStats),
-  18,
+  19,
   gpucr__helper__v1__client_stats__field_descriptors,
   gpucr__helper__v1__client_stats__field_indices_by_name,
   1,  gpucr__helper__v1__client_stats__number_ranges,

@@ -442,10 +442,16 @@ struct  Gpucr__Helper__V1__Alloc
    * for allocFlags.gpuDirectRDMACapable).
    */
   protobuf_c_boolean gpu_direct_rdma;
+  /*
+   * Where the client will map it (it reserved the range before asking), so
+   * that no Mapped needs to follow; 0: not known yet (the application's own
+   * VMM allocations), Mapped will say.
+   */
+  uint64_t address;
 };
 #define GPUCR__HELPER__V1__ALLOC__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__alloc__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_UNSPECIFIED, 0 }
+    , (char *)protobuf_c_empty_string, 0, GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_UNSPECIFIED, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__AllocReply
@@ -713,10 +719,15 @@ struct  Gpucr__Helper__V1__ClientStats
    * sample by default (see intercept/README.md).
    */
   uint64_t launches_scanned;
+  /*
+   * Requests the interposer sent the helper on its calls connection (Alloc,
+   * Mapped, Free, Export): the round trips its allocations cost.
+   */
+  uint64_t helper_calls;
 };
 #define GPUCR__HELPER__V1__CLIENT_STATS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_stats__descriptor) \
-    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__Status

@@ -1505,6 +1505,10 @@ type Alloc struct {
 	// Create it GPUDirect RDMA capable (the application's cuMemCreate asked
 	// for allocFlags.gpuDirectRDMACapable).
 	GpuDirectRdma bool `protobuf:"varint,4,opt,name=gpu_direct_rdma,json=gpuDirectRdma,proto3" json:"gpu_direct_rdma,omitempty"`
+	// Where the client will map it (it reserved the range before asking), so
+	// that no Mapped needs to follow; 0: not known yet (the application's own
+	// VMM allocations), Mapped will say.
+	Address       uint64 `protobuf:"varint,5,opt,name=address,proto3" json:"address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1565,6 +1569,13 @@ func (x *Alloc) GetGpuDirectRdma() bool {
 		return x.GpuDirectRdma
 	}
 	return false
+}
+
+func (x *Alloc) GetAddress() uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return 0
 }
 
 type AllocReply struct {
@@ -2364,8 +2375,11 @@ type ClientStats struct {
 	// pointer_words count over these): all of them with GPUCR_SCAN=all, a
 	// sample by default (see intercept/README.md).
 	LaunchesScanned uint64 `protobuf:"varint,18,opt,name=launches_scanned,json=launchesScanned,proto3" json:"launches_scanned,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Requests the interposer sent the helper on its calls connection (Alloc,
+	// Mapped, Free, Export): the round trips its allocations cost.
+	HelperCalls   uint64 `protobuf:"varint,19,opt,name=helper_calls,json=helperCalls,proto3" json:"helper_calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClientStats) Reset() {
@@ -2520,6 +2534,13 @@ func (x *ClientStats) GetGateWaits() uint64 {
 func (x *ClientStats) GetLaunchesScanned() uint64 {
 	if x != nil {
 		return x.LaunchesScanned
+	}
+	return 0
+}
+
+func (x *ClientStats) GetHelperCalls() uint64 {
+	if x != nil {
+		return x.HelperCalls
 	}
 	return 0
 }
@@ -4051,13 +4072,14 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aordinal\x18\x05 \x01(\x05R\aordinal\x12\x1f\n" +
 	"\vfree_memory\x18\x06 \x01(\x04R\n" +
 	"freeMemory\x12#\n" +
-	"\rkernels_error\x18\a \x01(\tR\fkernelsError\"\x94\x01\n" +
+	"\rkernels_error\x18\a \x01(\tR\fkernelsError\"\xae\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12.\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12&\n" +
-	"\x0fgpu_direct_rdma\x18\x04 \x01(\bR\rgpuDirectRdma\";\n" +
+	"\x0fgpu_direct_rdma\x18\x04 \x01(\bR\rgpuDirectRdma\x12\x18\n" +
+	"\aaddress\x18\x05 \x01(\x04R\aaddress\";\n" +
 	"\n" +
 	"AllocReply\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x12\n" +
@@ -4105,7 +4127,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12\x19\n" +
 	"\balloc_id\x18\x04 \x01(\x04R\aallocId\x12\x1f\n" +
 	"\vdevice_uuid\x18\x05 \x01(\tR\n" +
-	"deviceUuid\"\xf8\x04\n" +
+	"deviceUuid\"\x9b\x05\n" +
 	"\vClientStats\x12\x16\n" +
 	"\x06allocs\x18\x01 \x01(\x04R\x06allocs\x12\x14\n" +
 	"\x05frees\x18\x02 \x01(\x04R\x05frees\x12!\n" +
@@ -4127,7 +4149,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0eevents_created\x18\x10 \x01(\x04R\reventsCreated\x12\x1d\n" +
 	"\n" +
 	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\x12)\n" +
-	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\"\b\n" +
+	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\x12!\n" +
+	"\fhelper_calls\x18\x13 \x01(\x04R\vhelperCalls\"\b\n" +
 	"\x06Status\"\xf9\x01\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"encoding/binary"
+	"encoding/json"
+	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,4 +86,33 @@ func TestAllocPoolUnderStorm(t *testing.T) {
 		t.Errorf("no allocation came from the pool:\n%s", tail(h.logText(), 20))
 	}
 	waitNoClients(t, h, 10*time.Second)
+}
+
+// TestOneRoundTripPerAllocation: a helper allocation costs the interposer
+// one request to the helper (Alloc tells it the address the range was
+// reserved at), not two (Alloc, then Mapped), and checkpoints still find
+// the memory where the application has it.
+func TestOneRoundTripPerAllocation(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "64", "--buffers", "4", "--interval-ms", "5", "--hb-every", "5", "--iters", "300")
+	a.waitIter(20, time.Minute)
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(h.op(a.pid, "stats")), &raw); err != nil {
+		t.Fatal(err)
+	}
+	calls, _ := strconv.ParseInt(fmt.Sprint(raw["helper_calls"]), 10, 64)
+	allocs, _, ok := h.client(a.pid)
+	if !ok || allocs < 4 || calls != allocs {
+		t.Fatalf("%d requests to the helper for %d helper allocations (client found: %v); want one each", calls, allocs, ok)
+	}
+	// a quiesce/drop/reimport cycle finds every buffer at its address
+	for _, op := range []string{"quiesce", "drain", "drop", "reimport", "resume"} {
+		h.op(a.pid, op)
+	}
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("heartbeat: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", []string{"--mib", "64", "--buffers", "4", "--hb-every", "5"}, 300))
 }
