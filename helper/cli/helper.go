@@ -50,8 +50,11 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "max-gpu-memory-per-uid", Value: "unlimited",
 				Usage: "GPU memory the helper holds for one uid's processes (root: no limit), e.g. 40G; allocations beyond it fail with out of memory"},
 			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
-			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
-				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for, e.g. 256M (0: none; experimental)"},
+			&ucli.StringFlag{Name: "alloc-pool", Value: "256M",
+				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
+			// Benchmarks turn it off to measure what it saves.
+			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,
+				Usage: "hold one small exported allocation per device, which keeps the driver's exports fast"},
 		},
 		Action: runHelper,
 	}
@@ -106,12 +109,13 @@ func runHelper(c *ucli.Context) error {
 		return usageError{fmt.Errorf("--alloc-pool: %v", err)}
 	}
 	cfg := daemon.Config{
-		Pool:        daemon.PoolConfig{Budget: poolBytes},
-		Socket:      client.SocketPath(c.String("socket")),
-		SocketMode:  os.FileMode(mode),
-		SocketGroup: c.String("socket-group"),
-		Log:         log,
-		Version:     Version,
+		Pool:         daemon.PoolConfig{Budget: poolBytes},
+		ExportKeeper: c.Bool("export-keeper"),
+		Socket:       client.SocketPath(c.String("socket")),
+		SocketMode:   os.FileMode(mode),
+		SocketGroup:  c.String("socket-group"),
+		Log:          log,
+		Version:      Version,
 		// Fault injection for failure tests: GPUCR_FAULT=STEP makes that
 		// checkpoint step fail (see daemon.Config.Fault).
 		Fault:  os.Getenv("GPUCR_FAULT"),

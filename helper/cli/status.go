@@ -29,6 +29,7 @@ type deviceJSON struct {
 	TotalMemory uint64 `json:"total_memory"`
 	FreeMemory  uint64 `json:"free_memory"`
 	Granularity uint64 `json:"granularity"`
+	PoolMemory  uint64 `json:"pool_memory"`
 }
 
 type clientJSON struct {
@@ -55,7 +56,7 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
 		Devices: []deviceJSON{}, Clients: []clientJSON{}}
 	for _, d := range st.Devices {
-		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity})
+		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity, d.PoolMemory})
 	}
 	for _, c := range st.Clients {
 		r := c.NotCheckpointable
@@ -115,7 +116,11 @@ func printStatus(c *ucli.Context, j statusJSON) {
 	}
 	fmt.Fprintf(w, "devices: %d\n", len(j.Devices))
 	for _, d := range j.Devices {
-		fmt.Fprintf(w, "  %d  %s  %s  %s (%s free)\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory), humanBytes(d.FreeMemory))
+		pool := ""
+		if d.PoolMemory > 0 {
+			pool = fmt.Sprintf(", %s ready in the allocation pool", humanBytes(d.PoolMemory))
+		}
+		fmt.Fprintf(w, "  %d  %s  %s  %s (%s free%s)\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory), humanBytes(d.FreeMemory), pool)
 	}
 	if len(j.Clients) == 0 {
 		fmt.Fprintln(w, "clients: none")

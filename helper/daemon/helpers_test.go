@@ -39,7 +39,7 @@ func startServerConfig(t testing.TB, cfg Config, devs ...Device) (*Server, strin
 	}
 	sock := filepath.Join(dir, "s", "helper.sock")
 	s := New(Config{Socket: sock, Devices: devs, Version: "test", Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-		StatusTimeout: 300 * time.Millisecond, Limits: cfg.Limits, Pool: cfg.Pool})
+		StatusTimeout: 300 * time.Millisecond, Limits: cfg.Limits, Pool: cfg.Pool, ExportKeeper: cfg.ExportKeeper})
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
 	}

@@ -52,6 +52,9 @@ func TestPoolServesRepeatedSizes(t *testing.T) {
 	}
 	c.alloc(uuid, 2<<20)
 	waitFor(t, func() bool { return s.pool.readyBytes(dev) == 4<<20 })
+	if got := status(t, sock).Devices[0].PoolMemory; got != 4<<20 {
+		t.Fatalf("Status says the pool holds %d bytes, want %d", got, 4<<20)
+	}
 	dev.setStall(true)
 	done := make(chan uint64, 1)
 	go func() { id, _ := c.alloc(uuid, 2<<20); done <- id }()

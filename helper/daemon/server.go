@@ -22,6 +22,7 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/fscred"
 	"github.com/gpucr/gpucr/helper/proc"
@@ -72,6 +73,10 @@ type Config struct {
 	Limits Limits
 	// Pool sizes the allocations made ahead of time (pool.go).
 	Pool PoolConfig
+	// ExportKeeper holds one small exported allocation per device while
+	// the helper serves, which keeps the driver's later exports fast
+	// (keeper.go).
+	ExportKeeper bool
 }
 
 // Server is the helper daemon.
@@ -228,6 +233,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	// left get their memory back before new clients can take the GPU's
 	// (their reattach waits in the listen backlog meanwhile).
 	if s.cfg.Unavailable == "" {
+		if s.cfg.ExportKeeper {
+			keeper := startExportKeeper(s.cfg.Devices, s.log)
+			defer keeper.close(s.log)
+		}
 		s.adoptOrphans()
 	}
 	var err error
@@ -553,7 +562,9 @@ func (s *Server) serveConn(c *conn, adm *admission) {
 func (s *Server) devicesInfo() []*helperpb.DeviceInfo {
 	out := make([]*helperpb.DeviceInfo, 0, len(s.cfg.Devices))
 	for _, d := range s.cfg.Devices {
-		out = append(out, d.Info())
+		// a copy: Status fills in its fields, and a Device may hand out
+		// the same message every time
+		out = append(out, proto.Clone(d.Info()).(*helperpb.DeviceInfo))
 	}
 	return out
 }

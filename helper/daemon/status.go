@@ -108,6 +108,7 @@ func (s *Server) status() *helperpb.StatusReply {
 				out.Devices[i].FreeMemory = free
 			}
 		}
+		out.Devices[i].PoolMemory = s.pool.readyBytes(d)
 		if kd, ok := d.(interface{ KernelsError() error }); ok {
 			if err := kd.KernelsError(); err != nil {
 				out.Devices[i].KernelsError = err.Error()

@@ -162,8 +162,32 @@ GC_HIDDEN void gc_layout_reclaim(void);    /* no launch in progress */
 GC_HIDDEN uint64_t gc_layout_count(void);
 GC_HIDDEN void gc_layout_reset(void);
 
-/* Scans one launch's parameters against the snapshot; counts. Returns the pointer words found. */
-GC_HIDDEN unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra);
+/*
+ * Scans one launch's parameters against the snapshot; counts. Returns the pointer words found; *words (may be
+ * NULL) gets the words scanned.
+ */
+GC_HIDDEN unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra, size_t *words);
+
+/*
+ * Sampled scanning (GPUCR_SCAN=sample): a thread scans a launch, then lets gc_scan_interval(words) - 1 of its
+ * launches pass unscanned. The interval is at least GC_SCAN_SAMPLE_MIN launches and grows with the words the
+ * scan read (GC_SCAN_LAUNCHES_PER_WORD a word), so that a kernel with kilobytes of parameters costs a launch
+ * no more on average than a kernel with a few: about a quarter of one word's scan (intercept/README.md).
+ */
+#define GC_SCAN_SAMPLE_MIN 64u
+#define GC_SCAN_LAUNCHES_PER_WORD 4u
+GC_HIDDEN uint32_t gc_scan_interval(size_t words);
+extern GC_HIDDEN __thread uint32_t gc_scan_wait __attribute__((tls_model("initial-exec")));
+/* Whether this launch of the thread is one to scan (counts down the launches still to pass). */
+static inline bool gc_scan_due(void) {
+    if (__builtin_expect(gc_scan_wait != 0, 1)) {
+        gc_scan_wait--;
+        return false;
+    }
+    return true;
+}
+/* A sampled scan: scans the launch and sets the thread's interval to the next one. */
+GC_HIDDEN unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams, void **extra);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
 

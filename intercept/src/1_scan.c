@@ -240,8 +240,9 @@ unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len) {
     return hits;
 }
 
-unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra) {
+unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **extra, size_t *words) {
     unsigned hits = 0;
+    size_t bytes = 0;
     gc_stat_add(STAT_LAUNCHES, 1);
     gc_stat_add(STAT_SCANNED, 1);
     if (kernelParams) {
@@ -250,8 +251,10 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
         if (!l || !l->ok) {
             gc_stat_add(STAT_NO_LAYOUT, 1);
         } else {
-            for (uint32_t i = 0; i < l->n; i++)
+            for (uint32_t i = 0; i < l->n; i++) {
                 hits += gc_scan_words(s, kernelParams[i], l->size[i]);
+                bytes += l->size[i];
+            }
         }
         if (owned)
             free((void *)l);
@@ -264,12 +267,34 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
             else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
                 memcpy(&size, extra[i + 1], sizeof size);
         }
-        if (buf)
+        if (buf) {
             hits += gc_scan_words(s, buf, size);
+            bytes += size;
+        }
     }
+    if (words)
+        *words = bytes / 8;
     if (hits) {
         gc_stat_add(STAT_LAUNCH_HITS, 1);
         gc_stat_add(STAT_PTR_WORDS, hits);
     }
+    return hits;
+}
+
+/* ---- sampling ---- */
+
+__thread uint32_t gc_scan_wait __attribute__((tls_model("initial-exec")));
+
+uint32_t gc_scan_interval(size_t words) {
+    if (words > UINT32_MAX / GC_SCAN_LAUNCHES_PER_WORD)
+        return UINT32_MAX;
+    uint32_t n = (uint32_t)words * GC_SCAN_LAUNCHES_PER_WORD;
+    return n > GC_SCAN_SAMPLE_MIN ? n : GC_SCAN_SAMPLE_MIN;
+}
+
+unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams, void **extra) {
+    size_t words = 0;
+    unsigned hits = gc_scan_launch(s, f, kernelParams, extra, &words);
+    gc_scan_wait = gc_scan_interval(words) - 1;
     return hits;
 }

@@ -20,17 +20,16 @@
  * How launches are scanned for pointers into tracked buffers (GPUCR_SCAN):
  *   all     every launch (what concurrent checkpointing will need while a
  *           copy-on-write window is open)
- *   sample  (default) one launch in SCAN_SAMPLE per thread: the statistics
- *           stay representative while the cost stays out of the step time
- *           (scanning every launch cost ResNet-18 training about 13% of its
- *           step time on the H200 machine: its kernels take kilobytes of
- *           parameters)
+ *   sample  (default) a sample of each thread's launches, one in 64 or
+ *           fewer for kernels with big parameter blocks (gc_scan_due, 1_base.h):
+ *           the statistics stay representative while the cost stays out of
+ *           the step time (scanning every launch cost ResNet-18 training
+ *           about 13% of its step time on the H200 machine: its kernels take
+ *           kilobytes of parameters)
  *   0       none; launches are only counted
  */
 enum { SCAN_OFF, SCAN_SAMPLE, SCAN_ALL };
-#define SCAN_SAMPLE_EVERY 64
 static int scan_mode = SCAN_SAMPLE;
-static __thread unsigned scan_tick __attribute__((tls_model("initial-exec")));
 
 __attribute__((constructor)) static void gc_init(void) {
     gc_log_init();
@@ -265,17 +264,20 @@ GC_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *p
 
 /* ---- launches ---- */
 
-static inline bool scan_this(void) {
-    if (scan_mode == SCAN_ALL)
-        return true;
-    return scan_mode == SCAN_SAMPLE && scan_tick++ % SCAN_SAMPLE_EVERY == 0;
-}
-
 static inline void scan(void *f, void **kernelParams, void **extra) {
-    if (scan_this() && gc_alloc_tracking())
-        gc_scan_launch(gc_buffers(), f, kernelParams, extra);
-    else
-        gc_stat_add(STAT_LAUNCHES, 1);
+    if (scan_mode == SCAN_SAMPLE) {
+        if (gc_scan_due()) {
+            if (gc_alloc_tracking()) {
+                gc_scan_sample(gc_buffers(), f, kernelParams, extra);
+                return;
+            }
+            gc_scan_wait = GC_SCAN_SAMPLE_MIN - 1;
+        }
+    } else if (scan_mode == SCAN_ALL && gc_alloc_tracking()) {
+        gc_scan_launch(gc_buffers(), f, kernelParams, extra, NULL);
+        return;
+    }
+    gc_stat_add(STAT_LAUNCHES, 1);
 }
 
 #define LAUNCH(name)                                                                                                   \

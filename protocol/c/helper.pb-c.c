@@ -2833,7 +2833,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__hello_reply__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__hello_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[7] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[8] =
 {
   {
     "uuid",
@@ -2919,6 +2919,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "pool_memory",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DeviceInfo, pool_memory),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = {
   5,   /* field[5] = free_memory */
@@ -2926,13 +2938,14 @@ static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = 
   6,   /* field[6] = kernels_error */
   1,   /* field[1] = name */
   4,   /* field[4] = ordinal */
+  7,   /* field[7] = pool_memory */
   2,   /* field[2] = total_memory */
   0,   /* field[0] = uuid */
 };
 static const ProtobufCIntRange gpucr__helper__v1__device_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
 {
@@ -2942,7 +2955,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   "Gpucr__Helper__V1__DeviceInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__DeviceInfo),
-  7,
+  8,
   gpucr__helper__v1__device_info__field_descriptors,
   gpucr__helper__v1__device_info__field_indices_by_name,
   1,  gpucr__helper__v1__device_info__number_ranges,

@@ -421,10 +421,16 @@ struct  Gpucr__Helper__V1__DeviceInfo
    * of its memory fail without them (Status only).
    */
   char *kernels_error;
+  /*
+   * GPU memory the helper holds here in allocations made ahead of time for
+   * sizes processes keep asking for (the allocation pool; Status only).
+   * Counted in no process's memory; given back when the device is full.
+   */
+  uint64_t pool_memory;
 };
 #define GPUCR__HELPER__V1__DEVICE_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__device_info__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0 }
 
 
 /*

@@ -1411,7 +1411,11 @@ type DeviceInfo struct {
 	// Why gpucr's own GPU kernels (the chunk hash) could not be loaded on this
 	// device, "" if they were (or are still loading): checkpoints and restores
 	// of its memory fail without them (Status only).
-	KernelsError  string `protobuf:"bytes,7,opt,name=kernels_error,json=kernelsError,proto3" json:"kernels_error,omitempty"`
+	KernelsError string `protobuf:"bytes,7,opt,name=kernels_error,json=kernelsError,proto3" json:"kernels_error,omitempty"`
+	// GPU memory the helper holds here in allocations made ahead of time for
+	// sizes processes keep asking for (the allocation pool; Status only).
+	// Counted in no process's memory; given back when the device is full.
+	PoolMemory    uint64 `protobuf:"varint,8,opt,name=pool_memory,json=poolMemory,proto3" json:"pool_memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1493,6 +1497,13 @@ func (x *DeviceInfo) GetKernelsError() string {
 		return x.KernelsError
 	}
 	return ""
+}
+
+func (x *DeviceInfo) GetPoolMemory() uint64 {
+	if x != nil {
+		return x.PoolMemory
+	}
+	return 0
 }
 
 // Alloc: the helper creates size bytes (rounded up to the granularity) on the
@@ -4062,7 +4073,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
 	"\fclient_token\x18\x02 \x01(\x04R\vclientToken\x12%\n" +
 	"\x0ehelper_version\x18\x03 \x01(\tR\rhelperVersion\x125\n" +
-	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xd9\x01\n" +
+	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xfa\x01\n" +
 	"\n" +
 	"DeviceInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
@@ -4072,7 +4083,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aordinal\x18\x05 \x01(\x05R\aordinal\x12\x1f\n" +
 	"\vfree_memory\x18\x06 \x01(\x04R\n" +
 	"freeMemory\x12#\n" +
-	"\rkernels_error\x18\a \x01(\tR\fkernelsError\"\xae\x01\n" +
+	"\rkernels_error\x18\a \x01(\tR\fkernelsError\x12\x1f\n" +
+	"\vpool_memory\x18\b \x01(\x04R\n" +
+	"poolMemory\"\xae\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +

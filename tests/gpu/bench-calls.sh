@@ -11,8 +11,12 @@
 #   of 4 KiB .. 1 GiB, REPS each, default 20)
 # plain, under `gpucr run`, and under `gpucr run` with BASE_INTERPOSER (an
 # older libgpucr.so, to compare builds) where given, and under `gpucr run`
-# with GPUCR_SCAN=0 (no sampled launch scan). The table gives each
-# case's median over the rounds (min-max) and the added time against plain.
+# with GPUCR_SCAN=0 (no sampled launch scan); allocbench also under
+# `gpucr run` with a helper without its allocation pool (`nopool`:
+# --alloc-pool 0) and without the pool and the kept export (`bare`), and
+# exportbench (tests/apps/exportbench.c: what an export costs beside what the
+# process holds) plain. The table gives each case's median over the rounds
+# (min-max) and the added time against plain.
 # The helper's CPU time while the gpucr runs ran is reported too (its copy
 # lanes must not spin). Logs in build/gpu/calls (and $OUT).
 set -u
@@ -32,13 +36,29 @@ BIN=${BIN:-build/gpu/bin}
 [ -x "$BIN/callbench" ] || make -s gpu-apps >"$LOGS/make.txt" 2>&1 || { bad "make gpu-apps"; exit 1; }
 SOCK=/run/gpucr/calls-helper.sock
 trap 'kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/calls-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
-start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
+HELPER=
+HELPER_FLAGS=none
+# helper_for MODE: the helper MODE needs is the one running (started anew
+# where its flags differ)
+helper_for() {
+	local flags=""
+	case $1 in
+	plain) return 0 ;;
+	nopool) flags="--alloc-pool 0" ;;
+	bare) flags="--alloc-pool 0 --export-keeper=false" ;;
+	esac
+	[ "$flags" = "$HELPER_FLAGS" ] && return 0
+	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null && wait "$HELPER" 2>/dev/null
+	HELPER_FLAGS=$flags
+	# shellcheck disable=SC2086 # flags is a list
+	start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info $flags || bad "the helper ($1) did not answer"
+}
 # cpu_s PID: user + system CPU seconds of PID so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 
 # noscan: gpucr run without the sampled launch scan (GPUCR_SCAN=0), to price it
-modes="plain gpucr noscan"
-[ -n "$BASE" ] && modes="plain gpucr noscan base"
+modes="plain gpucr noscan nopool bare"
+[ -n "$BASE" ] && modes="plain gpucr noscan base nopool bare"
 helper_cpu=0
 gpucr_wall=0
 for r in $(seq "$ROUNDS"); do
@@ -52,10 +72,18 @@ for r in $(seq "$ROUNDS"); do
 		noscan) pre=("$GPUCR" run --socket "$SOCK" --) envs=(GPUCR_SCAN=0) ;;
 		base) pre=("$GPUCR" run --socket "$SOCK" --) envs=(GPUCR_INTERPOSER="$(cd "$(dirname "$BASE")" && pwd)/$(basename "$BASE")") ;;
 		esac
-		c0=$(cpu_s $HELPER)
+		case $m in
+		nopool | bare) pre=("$GPUCR" run --socket "$SOCK" --) ;;
+		esac
+		helper_for "$m"
+		c0=$( [ -n "$HELPER" ] && cpu_s $HELPER || echo 0)
 		t0=$(now)
-		env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/callbench" --calls "$CALLS" >"$LOGS/calls.$m.$r" 2>&1 || bad "callbench $m round $r: $(tail -2 "$LOGS/calls.$m.$r" | tr '\n' ' ')"
+		case $m in
+		nopool | bare) ;; # allocations only
+		*) env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/callbench" --calls "$CALLS" >"$LOGS/calls.$m.$r" 2>&1 || bad "callbench $m round $r: $(tail -2 "$LOGS/calls.$m.$r" | tr '\n' ' ')" ;;
+		esac
 		env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/allocbench" --reps "$REPS" >"$LOGS/alloc.$m.$r" 2>&1 || bad "allocbench $m round $r: $(tail -2 "$LOGS/alloc.$m.$r" | tr '\n' ' ')"
+		[ $m = plain ] && { timeout 120 "$BIN/exportbench" --reps "$REPS" >"$LOGS/export.$r" 2>&1 || bad "exportbench round $r: $(tail -2 "$LOGS/export.$r" | tr '\n' ' ')"; }
 		if [ "$m" = gpucr ]; then
 			helper_cpu=$(python3 -c "print($helper_cpu + $(cpu_s $HELPER) - $c0)")
 			gpucr_wall=$(python3 -c "print($gpucr_wall + $(now) - $t0)")
@@ -88,20 +116,41 @@ def read(kind, m):
 def fmt(ns):
     return f"{ns / 1000:.2f} us" if ns >= 10000 else f"{ns:.0f} ns"
 for kind in ("calls", "alloc"):
-    data = {m: read(kind, m) for m in modes}
-    names = {"gpucr": "gpucr run", "noscan": "GPUCR_SCAN=0", "base": "base build"}
-    head = "| case | plain, median (min-max) |" + "".join(f" {names[m]} | added |" for m in modes[1:])
+    kmodes = [m for m in modes if read(kind, m)]
+    data = {m: read(kind, m) for m in kmodes}
+    names = {"gpucr": "gpucr run", "noscan": "GPUCR_SCAN=0", "base": "base build", "nopool": "no pool", "bare": "no pool, no kept export"}
+    head = "| case | plain, median (min-max) |" + "".join(f" {names[m]} | added |" for m in kmodes[1:])
     print(); print(head); print("|" + "---|" * (head.count("|") - 1))
     for case in data["plain"]:
         p = data["plain"][case]
         row = f"| {case} | {fmt(statistics.median(p))} ({fmt(min(p))}-{fmt(max(p))}) |"
-        for m in modes[1:]:
+        for m in kmodes[1:]:
             g = data[m].get(case)
             if not g:
                 row += " - | - |"
                 continue
             row += f" {fmt(statistics.median(g))} ({fmt(min(g))}-{fmt(max(g))}) | {statistics.median(g) - statistics.median(p):+.0f} ns |"
         print(row)
+# exportbench: medians over the rounds of each round's medians, per mode
+ex = {}
+for r in range(1, rounds + 1):
+    try:
+        lines = open(f"{logs}/export.{r}").read().split("\n")
+    except OSError:
+        continue
+    seen = {}
+    for ln in lines:
+        f = ln.split()
+        if len(f) == 7 and f[0] == "export":
+            k = f"{f[1]} ({seen.setdefault(f[1], 0) + 1})" if f[1] == "alone" else f[1]
+            seen[f[1]] = seen.get(f[1], 0) + 1
+            ex.setdefault(k, []).append([float(x) for x in f[2:]])
+if ex:
+    print("\nexportbench (2 MiB, in one process; us, median over rounds):\n")
+    print("| beside it, the process holds | create | export | import | reserve+map+access | teardown |")
+    print("|---|---|---|---|---|---|")
+    for k, rows in ex.items():
+        print(f"| {k} | " + " | ".join(f"{statistics.median(col):.0f}" for col in zip(*rows)) + " |")
 PYEOF
 note ""
 note "helper CPU time while the gpucr runs ran: $(python3 -c "print(f'{$helper_cpu:.2f} s in {$gpucr_wall:.1f} s')")"

@@ -2,22 +2,24 @@
 # The start of an inference server that loads GIB (default 8.6) GiB of bf16
 # weights from a safetensors file onto the GPU, warms up and answers HTTP
 # (tests/gpu/bench_start.py): seconds from the process's start to its first
-# answer, plain against `gpucr run` (and `gpucr run` with the helper's
-# allocation pool, POOL, default 256M; POOL=0 leaves that mode out), in
-# PAIRS (default 10) interleaved rounds:
+# answer, plain against `gpucr run` (the helper's defaults: an allocation pool
+# of 256M) and `gpucr run` with a helper without the pool (`nopool`; NOPOOL=0
+# leaves that mode out), in PAIRS (default 10) interleaved rounds:
 #
 #   bash tests/gpu/bench-start.sh GPUCR_PREFIX
 #
 # The weights file is written once to WEIGHTS (default /dev/shm/gpucr-bench-weights.safetensors,
 # so that the disk is not what is timed) and kept. Every run's answer (the
-# warm-up's checksum) must be the same. Logs in build/gpu/start (and $OUT).
+# warm-up's checksum) must be the same. DEADLINE (seconds, default 540): no
+# round starts after it; the table is made of the rounds that finished.
+# Logs in build/gpu/start (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
 G=$(cd "${1:?usage: bench-start.sh GPUCR_PREFIX}" && pwd)
 GPUCR=$G/bin/gpucr
 PAIRS=${PAIRS:-10}
 GIB=${GIB:-8.6}
-POOL=${POOL:-256M}
+NOPOOL=${NOPOOL:-1}
 WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
 LOGS=${LOGS:-build/gpu/start}
 rm -rf "$LOGS" && mkdir -p "$LOGS"
@@ -29,9 +31,9 @@ LOGS=$(cd "$LOGS" && pwd)
 	exit 1
 }
 HELPER=
-helper() { # helper POOL: a helper of its own for one mode
+helper() { # helper [FLAGS]: a helper of its own for one mode
 	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null && wait "$HELPER" 2>/dev/null
-	start_helper "$GPUCR" /run/gpucr/start.sock "$LOGS/helper.log" --alloc-pool "$1"
+	start_helper "$GPUCR" /run/gpucr/start.sock "$LOGS/helper.log" "$@"
 }
 trap '[ -n "$HELPER" ] && kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/start-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
 # ask URL: the server's answer, if it answers (curl where there is one).
@@ -46,8 +48,8 @@ ask() {
 start() {
 	local port=$((18000 + RANDOM % 1000)) pre=() t0 pid ans=""
 	case $1 in
-	gpucr) helper 0 && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
-	pool) helper "$POOL" && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
+	gpucr) helper && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
+	nopool) helper --alloc-pool 0 && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
 	esac
 	t0=$(now)
 	setsid "${pre[@]}" python3 tests/gpu/bench_start.py serve "$WEIGHTS" "$port" >"$LOGS/$1.$2.out" 2>&1 &
@@ -63,14 +65,23 @@ start() {
 	wait $pid 2>/dev/null
 }
 modes="plain gpucr"
-[ "$POOL" != 0 ] && modes="plain gpucr pool"
+[ "$NOPOOL" != 0 ] && modes="plain gpucr nopool"
+DEADLINE=${DEADLINE:-540}
+T_END=$(($(date +%s) + DEADLINE))
+done_rounds=0
 for r in $(seq "$PAIRS"); do
+	if [ $(($(date +%s) + 30)) -ge $T_END ]; then
+		note "DEADLINE: stopped before round $r"
+		break
+	fi
 	order=$modes
 	[ $((r % 2)) = 0 ] && order=$(echo "$modes" | tr ' ' '\n' | tac | xargs)
 	for m in $order; do
 		start "$m" "$r" >"$LOGS/$m.$r.seconds"
 	done
+	done_rounds=$r
 done
+PAIRS=$done_rounds
 note "## Server start to first answer ($GIB GiB of weights from $WEIGHTS)"
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $PAIRS interleaved rounds"
 python3 - "$LOGS" "$PAIRS" "$modes" <<'PYEOF' | tee -a "$LOGS/summary.txt"

@@ -5,9 +5,11 @@
 #
 #   bash tests/gpu/bench-steps.sh GPUCR_PREFIX
 #
-# PAIRS (default 10) pairs of runs per workload, the order alternating;
-# WORKLOADS (default all four); STEPS (default 100) timed steps a run, after
-# 10 to warm up. The table gives the median over the runs of each run's median
+# PAIRS (default 10) pairs of runs, the order alternating; a run is one
+# process that times every workload of WORKLOADS (default all four) in turn;
+# STEPS (default 100: 100 steps of the training steps, 1000 of the decode loop
+# and the graph replay, bench_steps.py) scales the timed steps, after 10 to
+# warm up. The table gives the median over the runs of each run's median
 # step (min-max) and gpucr / plain; "last" says whether every run ended on the
 # same value (loss or token). step-times.png (and $OUT) plots the
 # distribution of every step of every run. DEADLINE (seconds, default 540)
@@ -40,57 +42,61 @@ start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the he
 
 DEADLINE=${DEADLINE:-540}
 T_END=$(($(date +%s) + DEADLINE))
-# Pairs go round the workloads (pair 1 of each, then pair 2 of each, ...), so
-# that a deadline leaves every workload with about as many pairs.
 for p in $(seq "$PAIRS"); do
-	for w in $WORKLOADS; do
-		order="plain gpucr"
-		[ $((p % 2)) = 0 ] && order="gpucr plain"
-		for m in $order; do
-			left=$((T_END - $(date +%s)))
-			if [ $left -le 5 ]; then
-				note "DEADLINE: stopped before $w $m pair $p"
-				break 3
-			fi
-			pre=()
-			[ $m = gpucr ] && pre=("$GPUCR" run --socket "$SOCK" --)
-			timeout "$left" "${pre[@]}" python3 tests/gpu/bench_steps.py "$w" --steps "$STEPS" >"$LOGS/$w.$m.$p" 2>"$LOGS/$w.$m.$p.err"
-			rc=$?
-			if [ $rc = 124 ]; then
-				note "DEADLINE: $w $m pair $p cut"
-			elif [ $rc != 0 ]; then
-				bad "$w $m pair $p: exit $rc: $(grep -v '^gpucr:' "$LOGS/$w.$m.$p.err" | tail -2 | tr '\n' ' ')"
-			fi
-		done
+	order="plain gpucr"
+	[ $((p % 2)) = 0 ] && order="gpucr plain"
+	for m in $order; do
+		left=$((T_END - $(date +%s)))
+		if [ $left -le 5 ]; then
+			note "DEADLINE: stopped before pair $p ($m)"
+			break 2
+		fi
+		pre=()
+		[ $m = gpucr ] && pre=("$GPUCR" run --socket "$SOCK" --)
+		# shellcheck disable=SC2086 # WORKLOADS is a list
+		timeout "$left" "${pre[@]}" python3 tests/gpu/bench_steps.py $WORKLOADS --steps "$STEPS" >"$LOGS/run.$m.$p" 2>"$LOGS/run.$m.$p.err"
+		rc=$?
+		if [ $rc = 124 ]; then
+			note "DEADLINE: pair $p ($m) cut"
+		elif [ $rc != 0 ]; then
+			bad "pair $p ($m): exit $rc: $(grep -v '^gpucr:' "$LOGS/run.$m.$p.err" | tail -2 | tr '\n' ' ')"
+		fi
 	done
 done
 
 note "## Step times, plain against gpucr run"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, $STEPS steps a run"
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, --steps $STEPS"
 python3 - "$LOGS" "$PAIRS" "$WORKLOADS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import json, statistics, sys
 logs, pairs, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 def one(w, m, p):
     try:
-        return json.loads([l for l in open(f"{logs}/{w}.{m}.{p}") if l.startswith("{")][-1])
-    except (OSError, IndexError, ValueError):
-        return None
+        for l in open(f"{logs}/run.{m}.{p}"):
+            if l.startswith("{"):
+                r = json.loads(l)
+                if r["workload"] == w:
+                    return r
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
 def load(w, m):
     # complete pairs only: a pair cut by the deadline would bias the medians
     return [one(w, m, p) for p in range(1, pairs + 1) if one(w, "plain", p) and one(w, "gpucr", p)]
 print()
-print("| workload | plain: median step, ms (min-max of run medians) | gpucr run | gpucr / plain | pairs | last value the same |")
-print("|---|---|---|---|---|---|")
+print("| workload | plain: median step, ms (min-max of run medians) | gpucr run | gpucr / plain | median of pair ratios (min-max) | pairs | last value the same |")
+print("|---|---|---|---|---|---|---|")
 plot = []
 for w in workloads:
     a, g = load(w, "plain"), load(w, "gpucr")
     if not a or not g:
-        print(f"| {w} | {len(a)} runs | {len(g)} runs | - | - | - |")
+        print(f"| {w} | {len(a)} runs | {len(g)} runs | - | - | - | - |")
         continue
     am, gm = [r["median_ms"] for r in a], [r["median_ms"] for r in g]
     same = len({r["last"] for r in a + g}) == 1
+    ratios = [y / x for x, y in zip(am, gm)]
     print(f"| {w} | {statistics.median(am):.3f} ({min(am):.3f}-{max(am):.3f}) | {statistics.median(gm):.3f} "
-          f"({min(gm):.3f}-{max(gm):.3f}) | {statistics.median(gm) / statistics.median(am):.3f}x | {min(len(a), len(g))} | {'yes' if same else 'no'} |")
+          f"({min(gm):.3f}-{max(gm):.3f}) | {statistics.median(gm) / statistics.median(am):.3f}x | "
+          f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | {len(a)} | {'yes' if same else 'no'} |")
     plot.append((w, [t for r in a for t in r["times_ms"]], [t for r in g for t in r["times_ms"]]))
 try:
     import matplotlib

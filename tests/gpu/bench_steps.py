@@ -1,8 +1,10 @@
 """Step times of real GPU work, for comparing a run under `gpucr run` with a
 plain one (tests/gpu/bench-steps.sh runs them in interleaved pairs).
 
-    python3 bench_steps.py WORKLOAD [--steps N] [--warmup W]
+    python3 bench_steps.py WORKLOAD... [--steps N] [--warmup W]
 
+One process runs the workloads named, one after the other (each's memory
+given back before the next), so that a pair of processes compares them all.
 WORKLOAD:
   lm_train     a launch-bound language-model training step: 12 layers, hidden
                1536, batch 16 x 256 tokens, bf16 autocast, AdamW, a DataLoader
@@ -12,10 +14,13 @@ WORKLOAD:
                cache): one token a step, many tiny kernels
   graph        CUDA graph replay of a small MLP's forward and backward
 
-Prints one JSON line: {"workload", "steps", "times_ms": [...], "median_ms",
-"last": a value of the last step (loss or token) that two runs must share}.
+Prints a JSON line per workload: {"workload", "steps", "times_ms": [...],
+"median_ms", "last": a value of the last step (loss or token) that two runs
+must share}. --steps scales each workload's own number of timed steps
+(STEPS below: about 5 s of steps each on an H200).
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -54,7 +59,8 @@ class LM(nn.Module):
 
 
 def lm_train():
-    model = LM().cuda()
+    with torch.device("cuda"):  # initialised on the GPU: seconds less than on the CPU
+        model = LM()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     loader = torch.utils.data.DataLoader(Tokens(), batch_size=16, num_workers=2, pin_memory=True,
                                          persistent_workers=True)
@@ -144,27 +150,39 @@ def graph():
     return step
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("workload", choices=["lm_train", "resnet50", "decode_b1", "graph"])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--warmup", type=int, default=10)
-    a = ap.parse_args()
+# Timed steps of each workload at --steps 100: the short steps get more, so
+# that each is timed over a few seconds.
+STEPS = {"lm_train": 100, "resnet50": 100, "decode_b1": 1000, "graph": 1000}
+
+
+def run(workload, steps, warmup):
     seed()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    step = globals()[a.workload]()
+    step = globals()[workload]()
     last = None
-    for _ in range(a.warmup):
+    for _ in range(warmup):
         last = step()
     torch.cuda.synchronize()
     times = []
-    for _ in range(a.steps):
+    for _ in range(steps):
         t0 = time.perf_counter()
         last = step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
-    print(json.dumps({"workload": a.workload, "steps": a.steps, "pid": os.getpid(), "times_ms": times,
-                      "median_ms": statistics.median(times), "last": float(last.float().sum().item())}))
+    print(json.dumps({"workload": workload, "steps": steps, "pid": os.getpid(), "times_ms": times,
+                      "median_ms": statistics.median(times), "last": float(last.float().sum().item())}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workload", nargs="+", choices=sorted(STEPS))
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=10)
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for w in a.workload:
+        run(w, max(1, STEPS[w] * a.steps // 100), a.warmup)
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

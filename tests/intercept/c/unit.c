@@ -114,12 +114,22 @@ static void test_slab(void) {
     slab_free(s);
 }
 
-/* fake driver: handle 0x100 is a function with params (8, 4, 16); 0x200 a CUkernel (4, 8); 0x300 unknown */
+/*
+ * fake driver: handle 0x100 is a function with params (8, 4, 16); 0x200 a CUkernel (4, 8); 0x300 unknown; 0x400 a
+ * function with one 2 KiB parameter
+ */
 static int func_calls, kern_calls;
 
 static CUresult fake_func(void *h, size_t i, size_t *off, size_t *size) {
     func_calls++;
     static const size_t sz[] = {8, 4, 16}, of[] = {0, 8, 16};
+    if ((uintptr_t)h == 0x400) {
+        if (i >= 1)
+            return CUDA_ERROR_INVALID_VALUE;
+        *off = 0;
+        *size = 2048;
+        return CUDA_SUCCESS;
+    }
     if ((uintptr_t)h != 0x100)
         return CUDA_ERROR_INVALID_HANDLE;
     if (i >= 3)
@@ -156,8 +166,8 @@ static void test_scan(void) {
     void *params[] = {&p0, &p1, p2};
     uint64_t before[STAT_N], after[STAT_N];
     gc_stats_sum(before);
-    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
-    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
+    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL, NULL) == 2);
+    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL, NULL) == 2);
     CHECK(func_calls == 4); /* 3 params + the end, asked once */
     CHECK(gc_layout_count() == 1);
 
@@ -166,22 +176,22 @@ static void test_scan(void) {
     uint64_t k1 = b2.addr;
     void *kparams[] = {&k0, &k1};
     int fc = func_calls;
-    CHECK(gc_scan_launch(s, (void *)0x200, kparams, NULL) == 1);
-    CHECK(gc_scan_launch(s, (void *)0x200, kparams, NULL) == 1);
+    CHECK(gc_scan_launch(s, (void *)0x200, kparams, NULL, NULL) == 1);
+    CHECK(gc_scan_launch(s, (void *)0x200, kparams, NULL, NULL) == 1);
     CHECK(func_calls == fc + 1 && kern_calls == 3);
     CHECK(gc_layout_count() == 2);
 
     /* unknown handle: no layout, asked once */
     int kc = kern_calls;
-    CHECK(gc_scan_launch(s, (void *)0x300, kparams, NULL) == 0);
-    CHECK(gc_scan_launch(s, (void *)0x300, kparams, NULL) == 0);
+    CHECK(gc_scan_launch(s, (void *)0x300, kparams, NULL, NULL) == 0);
+    CHECK(gc_scan_launch(s, (void *)0x300, kparams, NULL, NULL) == 0);
     CHECK(kern_calls == kc + 1);
 
     /* extra: a packed buffer */
     uint64_t packed[4] = {7, b1.addr, b1.addr + b1.size /* one past: not inside */, b2.addr + 8};
     size_t psize = sizeof packed;
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
-    CHECK(gc_scan_launch(s, (void *)0x300, NULL, extra) == 2);
+    CHECK(gc_scan_launch(s, (void *)0x300, NULL, extra, NULL) == 2);
     /* unaligned tail bytes are not a word */
     CHECK(gc_scan_words(s, packed, 15) == 0);
     CHECK(gc_scan_words(s, packed, 16) == 1);
@@ -192,10 +202,26 @@ static void test_scan(void) {
     CHECK(after[STAT_PTR_WORDS] - before[STAT_PTR_WORDS] == 2 + 2 + 1 + 1 + 2);
     CHECK(after[STAT_NO_LAYOUT] - before[STAT_NO_LAYOUT] == 2);
 
+    /* sampling: the interval grows with the words a scan read, from at least 64 launches */
+    CHECK(gc_scan_interval(0) == GC_SCAN_SAMPLE_MIN && gc_scan_interval(3) == GC_SCAN_SAMPLE_MIN);
+    CHECK(gc_scan_interval(256) == 256 * GC_SCAN_LAUNCHES_PER_WORD);
+    CHECK(gc_scan_interval((size_t)1 << 40) == UINT32_MAX);
+    uint64_t blob[256] = {b1.addr};
+    void *bparams[] = {blob};
+    gc_scan_wait = 0;
+    CHECK(gc_scan_due());
+    CHECK(gc_scan_sample(s, (void *)0x400, bparams, NULL) == 1);
+    int passed = 0;
+    while (!gc_scan_due())
+        passed++;
+    CHECK(passed == 256 * GC_SCAN_LAUNCHES_PER_WORD - 1);
+    CHECK(gc_scan_sample(s, (void *)0x100, params, NULL) == 2);
+    CHECK(gc_scan_wait == GC_SCAN_SAMPLE_MIN - 1);
+
     /* after an unload, layouts are asked again */
     gc_layout_invalidate();
     fc = func_calls;
-    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL) == 2);
+    CHECK(gc_scan_launch(s, (void *)0x100, params, NULL, NULL) == 2);
     CHECK(func_calls == fc + 4);
     gc_layout_reclaim();
     gt_destroy(&t);
@@ -317,10 +343,10 @@ static void bench(void) {
     uint64_t p2[2] = {0x500000400000ULL + 8, 0x7f0000000000ULL};
     void *params[] = {&p0, &p1, p2};
     long m = 1000000;
-    gc_scan_launch(s, (void *)0x100, params, NULL); /* the layout, once */
+    gc_scan_launch(s, (void *)0x100, params, NULL, NULL); /* the layout, once */
     t0 = bench_now();
     for (long i = 0; i < m; i++)
-        gc_scan_launch(s, (void *)0x100, params, NULL);
+        gc_scan_launch(s, (void *)0x100, params, NULL, NULL);
     double small = (bench_now() - t0) / (double)m;
     uint64_t blob[256];
     for (int i = 0; i < 256; i++)
@@ -329,8 +355,24 @@ static void bench(void) {
     for (long i = 0; i < m; i++)
         gc_scan_words(s, blob, sizeof blob);
     double big = (bench_now() - t0) / (double)m;
-    printf("scan, 4 parameters              %6.1f ns (sampled 1 in 64: %.1f ns a launch)\n", small, small / 64);
-    printf("scan, one 2 KiB parameter       %6.1f ns (sampled 1 in 64: %.1f ns a launch)\n", big, big / 64);
+    void *bparams[] = {blob};
+    gc_scan_launch(s, (void *)0x400, bparams, NULL, NULL); /* the layout, once */
+    gc_scan_wait = 0;
+    long n_big = 16 * 1000 * 1000;
+    t0 = bench_now();
+    for (long i = 0; i < n_big; i++)
+        if (gc_scan_due())
+            gc_scan_sample(s, (void *)0x400, bparams, NULL);
+    double sampled_big = (bench_now() - t0) / (double)n_big;
+    gc_scan_wait = 0;
+    t0 = bench_now();
+    for (long i = 0; i < n_big; i++)
+        if (gc_scan_due())
+            gc_scan_sample(s, (void *)0x100, params, NULL);
+    double sampled_small = (bench_now() - t0) / (double)n_big;
+    printf("scan, 4 parameters              %6.1f ns (sampled: %.1f ns a launch)\n", small, sampled_small);
+    printf("scan, one 2 KiB parameter       %6.1f ns (sampled: %.1f ns a launch, 1 in %u)\n", big, sampled_big,
+           gc_scan_interval(256));
     gt_destroy(&t);
 }
 
