@@ -50,7 +50,7 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "max-gpu-memory-per-uid", Value: "unlimited",
 				Usage: "GPU memory the helper holds for one uid's processes (root: no limit), e.g. 40G; allocations beyond it fail with out of memory"},
 			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
-			&ucli.StringFlag{Name: "alloc-pool", Value: "256M",
+			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
 				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
 			// Benchmarks turn it off to measure what it saves.
 			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,

@@ -36,8 +36,8 @@ type pooled struct {
 
 // pool keeps allocations created and exported ahead of time, so that an
 // Alloc of a size a process keeps asking for is answered without the
-// driver's cuMemCreate and export (on an H200, 50-150 us and 650-760 us of
-// the 1.9 ms a helper allocation took). A size becomes pooled once it is
+// driver's cuMemCreate and export (tens of microseconds each on an H200 once
+// the export keeper is there, keeper.go; off by default). A size becomes pooled once it is
 // asked for twice within Idle; its ready allocations are refilled in the
 // background after each one is taken, and released when the size has not
 // been asked for within Idle, when a device runs out of memory (an

@@ -12,6 +12,10 @@
  *   cost launch-8t NS       the same from 8 threads at once, each on its own
  *                           stream (wall time / all launches)
  *   cost memcpy-async NS    cuMemcpyAsync of 64 bytes, device to device
+ *   cost memcpy-async-vmm NS  the same between two VMM allocations the
+ *                           program makes itself (cuMemCreate, cuMemMap):
+ *                           under gpucr run every allocation is VMM memory,
+ *                           so this says what the driver's copy costs on it
  *   cost memset-async NS    cuMemsetD8Async of 64 bytes
  *   cost event-record NS    cuEventRecord on an idle stream
  *   cost stream-sync NS     cuStreamSynchronize of an idle stream
@@ -50,6 +54,8 @@ static long ncalls = 200000;
 static CUcontext ctx;
 static CUfunction fn;
 static CUdeviceptr buf[3];
+static CUdeviceptr vbuf; /* one VMM range of two granules: the memcpy-async-vmm case */
+static size_t vgran;
 /* What the single-thread cases call on. */
 static CUstream s;
 static CUevent ev;
@@ -92,6 +98,10 @@ static void call_launch(long i) {
 static void call_memcpy(long i) {
     (void)i;
     CHECK(cuMemcpyAsync(buf[1], buf[0], 64, s));
+}
+static void call_memcpy_vmm(long i) {
+    (void)i;
+    CHECK(cuMemcpyAsync(vbuf + vgran, vbuf, 64, s));
 }
 static void call_memset(long i) { CHECK(cuMemsetD8Async(buf[2], (unsigned char)i, 64, s)); }
 static void call_event_record(long i) {
@@ -167,6 +177,24 @@ int main(int argc, char **argv) {
         report("launch-8t", now_s() - t0, per * 8);
     }
     timed("memcpy-async", call_memcpy);
+    {
+        CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                    .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = a.dev}};
+        CHECK(cuMemGetAllocationGranularity(&vgran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        CUmemGenericAllocationHandle h[2];
+        CHECK(cuMemAddressReserve(&vbuf, 2 * vgran, vgran, 0, 0));
+        for (int i = 0; i < 2; i++) {
+            CHECK(cuMemCreate(&h[i], vgran, &prop, 0));
+            CHECK(cuMemMap(vbuf + i * vgran, vgran, 0, h[i], 0));
+        }
+        CUmemAccessDesc acc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CHECK(cuMemSetAccess(vbuf, 2 * vgran, &acc, 1));
+        timed("memcpy-async-vmm", call_memcpy_vmm);
+        CHECK(cuMemUnmap(vbuf, 2 * vgran));
+        for (int i = 0; i < 2; i++)
+            CHECK(cuMemRelease(h[i]));
+        CHECK(cuMemAddressFree(vbuf, 2 * vgran));
+    }
     timed("memset-async", call_memset);
     timed("event-record", call_event_record);
     timed("stream-sync", call_stream_sync);

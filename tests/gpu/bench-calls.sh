@@ -12,8 +12,9 @@
 # plain, under `gpucr run`, and under `gpucr run` with BASE_INTERPOSER (an
 # older libgpucr.so, to compare builds) where given, and under `gpucr run`
 # with GPUCR_SCAN=0 (no sampled launch scan); allocbench also under
-# `gpucr run` with a helper without its allocation pool (`nopool`:
-# --alloc-pool 0) and without the pool and the kept export (`bare`), and
+# `gpucr run` with a helper that keeps an allocation pool (`pool`:
+# --alloc-pool 256M) and with one that keeps no exported allocation
+# (`nokeep`: --export-keeper=false), and
 # exportbench (tests/apps/exportbench.c: what an export costs beside what the
 # process holds) plain. The table gives each case's median over the rounds
 # (min-max) and the added time against plain.
@@ -44,8 +45,8 @@ helper_for() {
 	local flags=""
 	case $1 in
 	plain) return 0 ;;
-	nopool) flags="--alloc-pool 0" ;;
-	bare) flags="--alloc-pool 0 --export-keeper=false" ;;
+	pool) flags="--alloc-pool 256M" ;;
+	nokeep) flags="--export-keeper=false" ;;
 	esac
 	[ "$flags" = "$HELPER_FLAGS" ] && return 0
 	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null && wait "$HELPER" 2>/dev/null
@@ -57,8 +58,8 @@ helper_for() {
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 
 # noscan: gpucr run without the sampled launch scan (GPUCR_SCAN=0), to price it
-modes="plain gpucr noscan nopool bare"
-[ -n "$BASE" ] && modes="plain gpucr noscan base nopool bare"
+modes="plain gpucr noscan pool nokeep"
+[ -n "$BASE" ] && modes="plain gpucr noscan base pool nokeep"
 helper_cpu=0
 gpucr_wall=0
 for r in $(seq "$ROUNDS"); do
@@ -73,13 +74,13 @@ for r in $(seq "$ROUNDS"); do
 		base) pre=("$GPUCR" run --socket "$SOCK" --) envs=(GPUCR_INTERPOSER="$(cd "$(dirname "$BASE")" && pwd)/$(basename "$BASE")") ;;
 		esac
 		case $m in
-		nopool | bare) pre=("$GPUCR" run --socket "$SOCK" --) ;;
+		pool | nokeep) pre=("$GPUCR" run --socket "$SOCK" --) ;;
 		esac
 		helper_for "$m"
 		c0=$( [ -n "$HELPER" ] && cpu_s $HELPER || echo 0)
 		t0=$(now)
 		case $m in
-		nopool | bare) ;; # allocations only
+		pool | nokeep) ;; # allocations only
 		*) env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/callbench" --calls "$CALLS" >"$LOGS/calls.$m.$r" 2>&1 || bad "callbench $m round $r: $(tail -2 "$LOGS/calls.$m.$r" | tr '\n' ' ')" ;;
 		esac
 		env "${envs[@]}" timeout 300 "${pre[@]}" "$BIN/allocbench" --reps "$REPS" >"$LOGS/alloc.$m.$r" 2>&1 || bad "allocbench $m round $r: $(tail -2 "$LOGS/alloc.$m.$r" | tr '\n' ' ')"
@@ -118,7 +119,7 @@ def fmt(ns):
 for kind in ("calls", "alloc"):
     kmodes = [m for m in modes if read(kind, m)]
     data = {m: read(kind, m) for m in kmodes}
-    names = {"gpucr": "gpucr run", "noscan": "GPUCR_SCAN=0", "base": "base build", "nopool": "no pool", "bare": "no pool, no kept export"}
+    names = {"gpucr": "gpucr run", "noscan": "GPUCR_SCAN=0", "base": "base build", "pool": "with the pool", "nokeep": "no kept export"}
     head = "| case | plain, median (min-max) |" + "".join(f" {names[m]} | added |" for m in kmodes[1:])
     print(); print(head); print("|" + "---|" * (head.count("|") - 1))
     for case in data["plain"]:

@@ -2,9 +2,9 @@
 # The start of an inference server that loads GIB (default 8.6) GiB of bf16
 # weights from a safetensors file onto the GPU, warms up and answers HTTP
 # (tests/gpu/bench_start.py): seconds from the process's start to its first
-# answer, plain against `gpucr run` (the helper's defaults: an allocation pool
-# of 256M) and `gpucr run` with a helper without the pool (`nopool`; NOPOOL=0
-# leaves that mode out), in PAIRS (default 10) interleaved rounds:
+# answer, plain against `gpucr run` and `gpucr run` with the helper's
+# allocation pool (`pool`: --alloc-pool POOL, default 256M; POOL=0 leaves that
+# mode out), in PAIRS (default 10) interleaved rounds:
 #
 #   bash tests/gpu/bench-start.sh GPUCR_PREFIX
 #
@@ -19,7 +19,7 @@ G=$(cd "${1:?usage: bench-start.sh GPUCR_PREFIX}" && pwd)
 GPUCR=$G/bin/gpucr
 PAIRS=${PAIRS:-10}
 GIB=${GIB:-8.6}
-NOPOOL=${NOPOOL:-1}
+POOL=${POOL:-256M}
 WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
 LOGS=${LOGS:-build/gpu/start}
 rm -rf "$LOGS" && mkdir -p "$LOGS"
@@ -49,10 +49,10 @@ start() {
 	local port=$((18000 + RANDOM % 1000)) pre=() t0 pid ans=""
 	case $1 in
 	gpucr) helper && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
-	nopool) helper --alloc-pool 0 && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
+	pool) helper --alloc-pool "$POOL" && pre=("$GPUCR" run --socket /run/gpucr/start.sock --) ;;
 	esac
 	t0=$(now)
-	setsid "${pre[@]}" python3 tests/gpu/bench_start.py serve "$WEIGHTS" "$port" >"$LOGS/$1.$2.out" 2>&1 &
+	BENCH_T0=$t0 setsid "${pre[@]}" python3 tests/gpu/bench_start.py serve "$WEIGHTS" "$port" >"$LOGS/$1.$2.out" 2>&1 &
 	pid=$!
 	for _ in $(seq 3000); do
 		ans=$(ask "http://127.0.0.1:$port/") && break
@@ -65,7 +65,7 @@ start() {
 	wait $pid 2>/dev/null
 }
 modes="plain gpucr"
-[ "$NOPOOL" != 0 ] && modes="plain gpucr nopool"
+[ "$POOL" != 0 ] && modes="plain gpucr pool"
 DEADLINE=${DEADLINE:-540}
 T_END=$(($(date +%s) + DEADLINE))
 done_rounds=0
@@ -97,11 +97,46 @@ def vals(m, what):
     return out
 answers = {a for m in modes for a in vals(m, "answer")}
 base = statistics.median(float(x) for x in vals("plain", "seconds"))
-print("\n| mode | seconds to the first answer, median (min-max) | against plain |")
-print("|---|---|---|")
+plain = [float(x) for x in vals("plain", "seconds")]
+print("\n| mode | seconds to the first answer, median (min-max) | against plain | median of round ratios (min-max) |")
+print("|---|---|---|---|")
 for m in modes:
     v = [float(x) for x in vals(m, "seconds")]
-    print(f"| {m} | {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) | {statistics.median(v) / base - 1:+.1%} |")
+    ratios = [y / x for x, y in zip(plain, v)]
+    print(f"| {m} | {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) | {statistics.median(v) / base - 1:+.1%} | "
+          f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |")
+# where the time goes: each phase's length (phase lines of bench_start.py), median over the rounds
+names = ["python", "torch", "cuda", "load", "warmup"]
+def phases(m, r):
+    ends = {}
+    try:
+        for ln in open(f"{logs}/{m}.{r}.out"):
+            f = ln.split()
+            if len(f) == 3 and f[0] == "phase":
+                ends[f[1]] = float(f[2])
+    except OSError:
+        return None
+    if set(names) - set(ends):
+        return None
+    out, prev = [], 0.0
+    for n in names:
+        out.append(ends[n] - prev)
+        prev = ends[n]
+    return out
+print("\n| mode | " + " | ".join(f"{n}, s" for n in names) + " | answer after warm-up, s |")
+print("|---|" + "---|" * (len(names) + 1))
+for m in modes:
+    rows = []
+    for r in range(1, pairs + 1):
+        p = phases(m, r)
+        try:
+            total = float(open(f"{logs}/{m}.{r}.seconds").read())
+        except (OSError, ValueError):
+            continue
+        if p:
+            rows.append(p + [total - sum(p)])
+    if rows:
+        print(f"| {m} | " + " | ".join(f"{statistics.median(c):.3f}" for c in zip(*rows)) + " |")
 print(f"\nanswers: {'all the same' if len(answers) == 1 and '' not in answers else answers}")
 PYEOF
 exit $fail

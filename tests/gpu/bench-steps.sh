@@ -66,52 +66,5 @@ done
 
 note "## Step times, plain against gpucr run"
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, --steps $STEPS"
-python3 - "$LOGS" "$PAIRS" "$WORKLOADS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
-import json, statistics, sys
-logs, pairs, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
-def one(w, m, p):
-    try:
-        for l in open(f"{logs}/run.{m}.{p}"):
-            if l.startswith("{"):
-                r = json.loads(l)
-                if r["workload"] == w:
-                    return r
-    except (OSError, ValueError, KeyError):
-        pass
-    return None
-def load(w, m):
-    # complete pairs only: a pair cut by the deadline would bias the medians
-    return [one(w, m, p) for p in range(1, pairs + 1) if one(w, "plain", p) and one(w, "gpucr", p)]
-print()
-print("| workload | plain: median step, ms (min-max of run medians) | gpucr run | gpucr / plain | median of pair ratios (min-max) | pairs | last value the same |")
-print("|---|---|---|---|---|---|---|")
-plot = []
-for w in workloads:
-    a, g = load(w, "plain"), load(w, "gpucr")
-    if not a or not g:
-        print(f"| {w} | {len(a)} runs | {len(g)} runs | - | - | - | - |")
-        continue
-    am, gm = [r["median_ms"] for r in a], [r["median_ms"] for r in g]
-    same = len({r["last"] for r in a + g}) == 1
-    ratios = [y / x for x, y in zip(am, gm)]
-    print(f"| {w} | {statistics.median(am):.3f} ({min(am):.3f}-{max(am):.3f}) | {statistics.median(gm):.3f} "
-          f"({min(gm):.3f}-{max(gm):.3f}) | {statistics.median(gm) / statistics.median(am):.3f}x | "
-          f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | {len(a)} | {'yes' if same else 'no'} |")
-    plot.append((w, [t for r in a for t in r["times_ms"]], [t for r in g for t in r["times_ms"]]))
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(plot), figsize=(4 * len(plot), 4), squeeze=False)
-    for ax, (w, a, g) in zip(axes[0], plot):
-        ax.violinplot([a, g], showmedians=True)
-        ax.set_xticks([1, 2], ["plain", "gpucr run"])
-        ax.set_title(w)
-        ax.set_ylabel("step time, ms")
-    fig.tight_layout()
-    fig.savefig(f"{logs}/step-times.png", dpi=100)
-    print("\nplot: step-times.png")
-except Exception as e:  # a machine without matplotlib still gets the table
-    print(f"\nno plot: {e}")
-PYEOF
+python3 tests/gpu/steps_table.py "$LOGS" "$PAIRS" "$WORKLOADS" | tee -a "$LOGS/summary.txt"
 exit $fail

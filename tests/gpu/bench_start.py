@@ -8,10 +8,22 @@
 one tensor per layer matrix, as a transformer checkpoint holds them), runs a
 warm-up pass over all of them (a matrix product per layer), then answers
 `GET /` on 127.0.0.1:PORT with the warm-up's checksum. The harness times from
-the start of the process to the first answer.
+the start of the process to the first answer. With BENCH_T0 (the harness's
+clock, seconds since the epoch, when it started the process) in the
+environment, `serve` prints when each phase ended, in seconds since then:
+
+    phase python|torch|cuda|load|warmup SECONDS
 """
 import http.server
+import os
 import sys
+import time
+
+
+def phase(name):
+    t0 = os.environ.get("BENCH_T0")
+    if t0:
+        print(f"phase {name} {time.time() - float(t0):.3f}", flush=True)
 
 
 def make(path, gib):
@@ -27,9 +39,16 @@ def make(path, gib):
 
 
 def serve(path, port):
+    phase("python")
     import torch
     from safetensors.torch import load_file
+    phase("torch")
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    phase("cuda")
     weights = load_file(path, device="cuda")
+    torch.cuda.synchronize()
+    phase("load")
     x = torch.ones(16, 4096, device="cuda", dtype=torch.bfloat16) * 0.01
     acc = torch.zeros((), device="cuda", dtype=torch.float32)
     with torch.no_grad():
@@ -38,6 +57,7 @@ def serve(path, port):
             acc += x.float().abs().sum()
     torch.cuda.synchronize()
     answer = f"{acc.item():.6f}\n".encode()
+    phase("warmup")
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
