@@ -1,7 +1,10 @@
 /*
- * Modules (6_modules.h): every module or library image the application loads
- * is noted (its size and FNV-1a hash) and, with GPUCR_RECORD_MODULES=DIR,
- * written to DIR/module-<hash>.bin.
+ * Modules (6_modules.h): with GPUCR_LOG=debug every module or library image
+ * the application loads is logged (its size and FNV-1a hash), and with
+ * GPUCR_RECORD_MODULES=DIR written to DIR/module-<hash>.bin. Otherwise nothing
+ * is read: hashing the images cost a start-up time in proportion to them
+ * (PyTorch's and cuBLAS's fatbins are hundreds of megabytes), and a load
+ * holds the gate while it is noted.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -13,18 +16,6 @@
 
 #include "1_base.h"
 #include "6_modules.h"
-
-typedef struct modrec {
-    uint64_t size, hash;
-} modrec;
-
-static struct {
-    pthread_mutex_t mu;
-    modrec *mods;
-    size_t nmods, capmods;
-} G = {
-    .mu = PTHREAD_MUTEX_INITIALIZER,
-};
 
 static size_t image_size(const void *image) {
     const unsigned char *p = image;
@@ -64,27 +55,29 @@ static uint64_t fnv1a(const void *d, size_t n) {
     return h;
 }
 
+/* GPUCR_RECORD_MODULES, read once; NULL: not set */
+static const char *record_dir(void) {
+    static const char *dir;
+    static int read;
+    if (!__atomic_load_n(&read, __ATOMIC_ACQUIRE)) {
+        const char *d = getenv("GPUCR_RECORD_MODULES");
+        dir = d && *d ? d : NULL;
+        __atomic_store_n(&read, 1, __ATOMIC_RELEASE);
+    }
+    return dir;
+}
+
+static bool noting(void) { return gc_log_debug || record_dir(); }
+
 void gc_note_module(const void *image, size_t len) {
-    if (!image)
+    if (!image || !noting())
         return;
     if (len == 0)
         len = image_size(image);
     uint64_t h = fnv1a(image, len);
-    pthread_mutex_lock(&G.mu);
-    if (G.nmods == G.capmods) {
-        size_t nc = G.capmods ? G.capmods * 2 : 16;
-        modrec *m = realloc(G.mods, nc * sizeof *m);
-        if (m) {
-            G.mods = m;
-            G.capmods = nc;
-        }
-    }
-    if (G.nmods < G.capmods)
-        G.mods[G.nmods++] = (modrec){len, h};
-    pthread_mutex_unlock(&G.mu);
     gc_debug("module image: %zu bytes, hash %016llx", len, (unsigned long long)h);
-    const char *dir = getenv("GPUCR_RECORD_MODULES");
-    if (dir && *dir) {
+    const char *dir = record_dir();
+    if (dir) {
         char path[4096];
         snprintf(path, sizeof path, "%s/module-%016llx.bin", dir, (unsigned long long)h);
         int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -108,7 +101,7 @@ void gc_note_module(const void *image, size_t len) {
 }
 
 void gc_note_module_file(const char *path) {
-    if (!path)
+    if (!path || !noting())
         return;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
@@ -130,14 +123,4 @@ void gc_note_module_file(const char *path) {
     if (buf && got)
         gc_note_module(buf, got);
     free(buf);
-}
-
-void gc_modules_atfork_prepare(void) { pthread_mutex_lock(&G.mu); }
-void gc_modules_atfork_parent(void) { pthread_mutex_unlock(&G.mu); }
-
-/* The child forgets the parent's modules. */
-void gc_modules_atfork_child(void) {
-    pthread_mutex_init(&G.mu, NULL);
-    G.mods = NULL;
-    G.nmods = G.capmods = 0;
 }

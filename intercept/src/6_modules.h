@@ -1,6 +1,6 @@
 /*
  * Layer 6, modules (6_modules.c): the images of the modules and libraries the
- * application loads, noted (GPUCR_RECORD_MODULES: written out). Calls the
+ * application loads, logged (GPUCR_LOG=debug) or written out (GPUCR_RECORD_MODULES). Calls the
  * base layer only.
  */
 #ifndef GPUCR_INTERCEPT_MODULES_H
@@ -8,12 +8,11 @@
 
 #include "1_base.h"
 
-/* An image in memory (len 0: from its header: ELF, fatbin, or PTX text) or in a file. */
+/*
+ * An image in memory (len 0: from its header: ELF, fatbin, or PTX text) or in a file; nothing is read unless
+ * GPUCR_LOG=debug or GPUCR_RECORD_MODULES asks for it.
+ */
 GC_HIDDEN void gc_note_module(const void *image, size_t len);
 GC_HIDDEN void gc_note_module_file(const char *path);
-
-GC_HIDDEN void gc_modules_atfork_prepare(void);
-GC_HIDDEN void gc_modules_atfork_parent(void);
-GC_HIDDEN void gc_modules_atfork_child(void);
 
 #endif

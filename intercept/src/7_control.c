@@ -568,13 +568,11 @@ serve:
 static void atfork_prepare(void) {
     gc_link_atfork_prepare();
     gc_alloc_atfork_prepare();
-    gc_modules_atfork_prepare();
     gc_dev_atfork_prepare();
 }
 
 static void atfork_parent(void) {
     gc_dev_atfork_parent();
-    gc_modules_atfork_parent();
     gc_alloc_atfork_parent();
     gc_link_atfork_parent();
 }
@@ -585,7 +583,6 @@ static void atfork_child(void) {
     gc_link_atfork_child();
     gc_alloc_atfork_child();
     gc_dev_atfork_child();
-    gc_modules_atfork_child();
     gc_reasons_reset();
     atomic_store(&G.state, CLIENT_RUNNING);
     G.wake_path[0] = 0;

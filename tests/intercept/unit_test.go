@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -73,5 +74,44 @@ func TestNoHelperPassThrough(t *testing.T) {
 		if n := strings.Count(stderr, "gpucr: "); n != 1 {
 			t.Errorf("%v: %d gpucr warning lines, want 1:\n%s", app, n, stderr)
 		}
+	}
+}
+
+// The module images an application loads are written out with
+// GPUCR_RECORD_MODULES, byte for byte (heartbeat loads its PTX text, NUL
+// included), named by their hash; without it nothing is written, and no
+// debug line names an image (the interposer reads no image unless asked).
+func TestRecordModules(t *testing.T) {
+	lib := need(t, "build/lib/libgpucr.so")
+	sim := need(t, "build/sim/libcuda.so.1")
+	bin := need(t, "build/bin/heartbeat")
+	run := func(extra ...string) string {
+		cmd := exec.Command(bin, "--mib", "4", "--iters", "2")
+		cmd.Env = append(os.Environ(), append([]string{"LD_LIBRARY_PATH=" + filepath.Dir(sim), "GPUCR_LIBCUDA=" + sim,
+			"GPUCR_SOCKET=" + filepath.Join(t.TempDir(), "no-helper.sock"), "LD_PRELOAD=" + lib}, extra...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("heartbeat %v: %v\n%s", extra, err, out)
+		}
+		return string(out)
+	}
+	dir := t.TempDir()
+	run("GPUCR_RECORD_MODULES=" + dir)
+	files, _ := filepath.Glob(filepath.Join(dir, "module-*.bin"))
+	if len(files) != 1 {
+		t.Fatalf("recorded %v, want one module image", files)
+	}
+	img, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(img), ".version") || img[len(img)-1] != 0 || strings.Count(string(img), "\x00") != 1 {
+		t.Errorf("recorded image is not heartbeat's PTX text with its NUL: %d bytes, starts %q", len(img), img[:min(len(img), 20)])
+	}
+	if out := run("GPUCR_LOG=debug"); !strings.Contains(out, "module image: "+strconv.Itoa(len(img))+" bytes") {
+		t.Errorf("GPUCR_LOG=debug names no module image of %d bytes:\n%s", len(img), out)
+	}
+	if out := run("GPUCR_LOG=info"); strings.Contains(out, "module image") {
+		t.Errorf("a module image was noted without being asked for:\n%s", out)
 	}
 }
