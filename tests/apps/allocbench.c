@@ -18,25 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpuapp.h"
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void touch(CUdeviceptr p, size_t size) {
     unsigned char b = 0;
@@ -80,30 +63,30 @@ int main(int argc, char **argv) {
         touch(p, sizes[s]);
         CHECK(cuMemFree(p));
         for (int r = 0; r < reps; r++) {
-            double t0 = now_us();
+            double t0 = gpuapp_now_s() * 1e6;
             CHECK(cuMemAlloc(&p, sizes[s]));
-            double t1 = now_us();
+            double t1 = gpuapp_now_s() * 1e6;
             if (r == 0)
                 touch(p, sizes[s]);
-            double t2 = now_us();
+            double t2 = gpuapp_now_s() * 1e6;
             CHECK(cuMemFree(p));
-            double t3 = now_us();
+            double t3 = gpuapp_now_s() * 1e6;
             ta[r] = t1 - t0;
             tf[r] = t3 - t2;
         }
-        printf("alloc %zu %.1f %.1f\n", sizes[s], median(ta, reps), median(tf, reps));
+        printf("alloc %zu %.1f %.1f\n", sizes[s], gpuapp_median(ta, reps), gpuapp_median(tf, reps));
         fflush(stdout);
     }
-    double a0 = now_us();
+    double a0 = gpuapp_now_s() * 1e6;
     for (int r = 0; r < reps; r++)
         CHECK(cuMemAlloc(&live[r], 4096));
-    double a1 = now_us();
+    double a1 = gpuapp_now_s() * 1e6;
     for (int r = 0; r < reps; r++)
         touch(live[r], 4096);
-    double f0 = now_us();
+    double f0 = gpuapp_now_s() * 1e6;
     for (int r = 0; r < reps; r++)
         CHECK(cuMemFree(live[r]));
-    double f1 = now_us();
+    double f1 = gpuapp_now_s() * 1e6;
     printf("alloc-live 4096 %.1f %.1f\n", (a1 - a0) / reps, (f1 - f0) / reps);
     free(ta);
     free(tf);

@@ -30,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpuapp.h"
 
@@ -64,12 +63,6 @@ static CUstream s;
 static CUevent ev;
 static CUgraphExec ge;
 static graph_launch_fn glaunch;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void launch(CUstream s) {
     unsigned n = 1024;
@@ -124,12 +117,12 @@ static void call_graph(long i) {
 static void timed(const char *name, void (*call)(long i)) {
     for (int warm = 1; warm >= 0; warm--) {
         long n = warm ? 1000 : ncalls;
-        double t0 = now_s();
+        double t0 = gpuapp_now_s();
         for (long i = 0; i < n; i++)
             call(i);
         CHECK(cuStreamSynchronize(s));
         if (!warm)
-            report(name, now_s() - t0, n);
+            report(name, gpuapp_now_s() - t0, n);
     }
 }
 
@@ -171,13 +164,13 @@ int main(int argc, char **argv) {
     {
         pthread_t t[8];
         long per = ncalls / 8 > 0 ? ncalls / 8 : 1;
-        double t0 = now_s();
+        double t0 = gpuapp_now_s();
         for (int i = 0; i < 8; i++)
             if (pthread_create(&t[i], NULL, launcher, &per) != 0)
                 gpuapp_die("pthread_create");
         for (int i = 0; i < 8; i++)
             pthread_join(t[i], NULL);
-        report("launch-8t", now_s() - t0, per * 8);
+        report("launch-8t", gpuapp_now_s() - t0, per * 8);
     }
     timed("memcpy-async", call_memcpy);
     {
@@ -211,11 +204,11 @@ int main(int argc, char **argv) {
         CHECK(cuMemAlloc(&dev, n));
         for (int warm = 1; warm >= 0; warm--) {
             long calls = warm ? 5 : 50;
-            double t0 = now_s();
+            double t0 = gpuapp_now_s();
             for (long i = 0; i < calls; i++)
                 CHECK(cuMemcpyHtoD(dev, host, n));
             if (!warm)
-                report("h2d-32MiB", now_s() - t0, calls);
+                report("h2d-32MiB", gpuapp_now_s() - t0, calls);
         }
         unsigned char b = 0;
         CHECK(cuMemcpyDtoH(&b, dev + n - 1, 1));

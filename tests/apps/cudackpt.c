@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpuapp.h"
 
@@ -101,12 +100,6 @@ static CUresult call(int action, int pid, char *extra, size_t extra_len) {
     return r;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void usage(int status) {
     fprintf(status ? stderr : stdout,
             "usage: cudackpt [--timeout-ms N] ACTION... PID\n"
@@ -157,7 +150,7 @@ int main(int argc, char **argv) {
     for (int i = first; i < argc - 1; i++) {
         int action = action_index(argv[i]);
         char extra[64] = "";
-        double t0 = now_s();
+        double t0 = gpuapp_now_s();
         CUresult r = call(action, (int)pid, extra, sizeof(extra));
         if (r == CUDA_ERROR_NOT_INITIALIZED && !initialized) {
             /* See the top: this driver wants cuInit in the calling process. */
@@ -171,7 +164,7 @@ int main(int argc, char **argv) {
             }
             r = call(action, (int)pid, extra, sizeof(extra));
         }
-        double t1 = now_s();
+        double t1 = gpuapp_now_s();
         printf("cudackpt %s pid=%ld rc=%d (%s) %.3f s%s\n", actions[action], pid, (int)r, gpuapp_err_name(r), t1 - t0,
                extra);
         fflush(stdout);

@@ -23,26 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "gpuapp.h"
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 typedef struct {
     CUdevice dev;
@@ -86,38 +69,38 @@ static void round_of(const bench *b, const char *mode, int reps) {
         gpuapp_die("out of memory");
     CUmemAccessDesc acc = {.location = b->prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     for (int i = 0; i < reps; i++) {
-        double t0 = now_us();
+        double t0 = gpuapp_now_s() * 1e6;
         CUmemGenericAllocationHandle h = create(b);
-        double t1 = now_us();
+        double t1 = gpuapp_now_s() * 1e6;
         int fd = export_fd(h);
-        double t2 = now_us();
+        double t2 = gpuapp_now_s() * 1e6;
         CUmemGenericAllocationHandle imp = import_fd(fd);
         close(fd);
-        double t3 = now_us();
+        double t3 = gpuapp_now_s() * 1e6;
         CUdeviceptr p = 0;
         CHECK(cuMemAddressReserve(&p, b->size, b->size, 0, 0));
         CHECK(cuMemMap(p, b->size, 0, imp, 0));
         CHECK(cuMemSetAccess(p, b->size, &acc, 1));
-        double t4 = now_us();
+        double t4 = gpuapp_now_s() * 1e6;
         unsigned char v = 0;
         CHECK(cuMemsetD8(p, (unsigned char)i, b->size));
         CHECK(cuMemcpyDtoH(&v, p + b->size - 1, 1));
         if (v != (unsigned char)i)
             gpuapp_die("round %s rep %d: wrote 0x%02x, read 0x%02x", mode, i, (unsigned char)i, v);
-        double t5 = now_us();
+        double t5 = gpuapp_now_s() * 1e6;
         CHECK(cuMemUnmap(p, b->size));
         CHECK(cuMemRelease(imp));
         CHECK(cuMemRelease(h));
         CHECK(cuMemAddressFree(p, b->size));
-        double t6 = now_us();
+        double t6 = gpuapp_now_s() * 1e6;
         t[i] = t1 - t0;
         t[reps + i] = t2 - t1;
         t[2 * reps + i] = t3 - t2;
         t[3 * reps + i] = t4 - t3;
         t[4 * reps + i] = t6 - t5;
     }
-    printf("export %s %.1f %.1f %.1f %.1f %.1f\n", mode, median(t, reps), median(t + reps, reps),
-           median(t + 2 * reps, reps), median(t + 3 * reps, reps), median(t + 4 * reps, reps));
+    printf("export %s %.1f %.1f %.1f %.1f %.1f\n", mode, gpuapp_median(t, reps), gpuapp_median(t + reps, reps),
+           gpuapp_median(t + 2 * reps, reps), gpuapp_median(t + 3 * reps, reps), gpuapp_median(t + 4 * reps, reps));
     fflush(stdout);
     free(t);
     if (keep_imp)

@@ -31,7 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "gpuapp.h"
@@ -82,12 +81,6 @@ static void on_usr1(int sig) {
     stop = 1;
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void done_one(worker *w) {
     atomic_fetch_add_explicit(w->count, 1, memory_order_release);
     w->calls++;
@@ -110,7 +103,7 @@ static void *run(void *arg) {
     uint64_t rounds = 0;
     unsigned char last[64]; /* the value of each 16-byte slot of B's first 1 KiB */
     memset(last, 0, sizeof last);
-    while (!stop && now_s() < w->until) {
+    while (!stop && gpuapp_now_s() < w->until) {
         rounds++;
         CHECK(cuLaunchKernel(w->add, WORDS / 256, 1, 1, 256, 1, 1, 0, s, params, NULL));
         done_one(w);
@@ -196,7 +189,7 @@ int main(int argc, char **argv) {
     CUfunction add = gpuapp_function(mod, "gr_add");
     static worker w[MAX_THREADS];
     pthread_t tid[MAX_THREADS];
-    double until = now_s() + seconds;
+    double until = gpuapp_now_s() + seconds;
     signal(SIGUSR1, on_usr1);
     printf("ready pid=%d app=gaterace threads=%d\n", (int)getpid(), threads);
     fflush(stdout);

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpuapp.h"
 
@@ -33,12 +32,6 @@ static const char ptx[] =
     "{\n"
     "\tret;\n"
     "}\n";
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv) {
     long n = 20000;
@@ -80,7 +73,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++) {
         for (int warm = 1; warm >= 0; warm--) {
             long reps = warm ? 100 : n;
-            double t0 = now_s();
+            double t0 = gpuapp_now_s();
             for (long r = 0; r < reps; r++) {
                 if (k == 0)
                     CHECK(cuLaunchKernel(small, 1, 1, 1, 32, 1, 1, 0, NULL, sp, NULL));
@@ -90,7 +83,7 @@ int main(int argc, char **argv) {
                     CHECK(cuLaunchKernel(small, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, extra));
             }
             CHECK(cuCtxSynchronize());
-            double t = now_s() - t0;
+            double t = gpuapp_now_s() - t0;
             if (!warm)
                 printf("launch %s %ld %.3f\n", names[k], reps, t / (double)reps * 1e6);
         }

@@ -68,6 +68,11 @@ typedef struct gpuapp {
 void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
                   char **argv);
 
+/* CLOCK_MONOTONIC in seconds (benchmarks). */
+double gpuapp_now_s(void);
+/* The median of v[0..n) (n >= 1); sorts v. */
+double gpuapp_median(double *v, int n);
+
 /* cuInit, the device --device, its primary context made current. */
 void gpuapp_context(gpuapp *a);
 /* Releases the primary context (after everything else was freed). */
