@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/swrk"
 	"github.com/gpucr/gpucr/helper/trusted"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -307,6 +309,8 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 	}
 	manifest := filepath.Join(dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
+	// the pids a restore must get back, known before CRIU kills the tree
+	tree := proc.Tree(int32(pid))
 	n, err := criuRun(c, criuJob{dir: dir, dump: true, pluginDir: plugin.Dir, clients: tc.Clients, parent: parent,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(o *rpc.CriuOpts) {
@@ -324,12 +328,45 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 		"leave_running": c.Bool("leave-running"), "gpu": gpu, "gpu_state": gpuState,
 		"gpu_processes": nonNilInts(tc.Clients), "plugin_dir": plugin.Dir, "plugin_messages": nonNil(n.plugin)}
 	line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, secs, humanBytes(uint64(dirBytes(dir))), dir)
+	if !c.Bool("leave-running") {
+		// Return once the tree's pids are free, so that a restore right
+		// after (a script's next line) can have them.
+		t0 := time.Now()
+		ctx, cancel := context.WithTimeout(c.Context, treeGoneWait)
+		held := proc.WaitReleased(ctx, tree)
+		cancel()
+		v["pids_released_after_seconds"] = time.Since(t0).Seconds()
+		if len(held) > 0 {
+			why := heldPidsReason(held, time.Since(t0).Round(100*time.Millisecond))
+			v["pids_held"] = why
+			fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s\n", why)
+		}
+	}
 	if !gpuState {
 		why := noGPUStateReason(tc, plugin)
 		v["no_gpu_state"] = why
 		line += "\nno GPU state saved: " + why
 	}
 	return report(c, v, line, n.plugin)
+}
+
+// treeGoneWait bounds how long a checkpoint that ends its tree waits for
+// the tree's pids to be free (zombies reaped) before it returns.
+const treeGoneWait = 10 * time.Second
+
+// heldPidsReason says which processes still hold a dumped tree's pids, and
+// what that means for a restore.
+func heldPidsReason(held []proc.Holder, waited time.Duration) string {
+	var parts []string
+	for _, h := range held {
+		if h.State == 'Z' {
+			parts = append(parts, fmt.Sprintf("%d (a zombie its parent %d has not reaped)", h.Pid, h.PPid))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d (running, parent %d)", h.Pid, h.PPid))
+		}
+	}
+	return fmt.Sprintf("%v after the dump, processes still hold the tree's pids: %s; a restore fails with \"File exists\" until they are gone",
+		waited, strings.Join(parts, ", "))
 }
 
 // noGPUStateReason says why a successful dump wrote no GPU image.

@@ -18,6 +18,7 @@ import (
 type Stat struct {
 	State   byte   // field 3: R, S, D, Z, X...
 	PPid    int32  // field 4
+	PGrp    int32  // field 5: process group
 	Session int32  // field 6
 	Flags   uint64 // field 9: the kernel's PF_* task flags
 	Start   uint64 // field 22: start time in clock ticks after boot; tells a reused pid apart
@@ -60,6 +61,10 @@ func parseStat(pid int32, b []byte) (Stat, error) {
 	if err != nil {
 		return Stat{}, err
 	}
+	pgrp, err := num(5, 31)
+	if err != nil {
+		return Stat{}, err
+	}
 	sid, err := num(6, 31)
 	if err != nil {
 		return Stat{}, err
@@ -70,7 +75,7 @@ func parseStat(pid int32, b []byte) (Stat, error) {
 	if st.Start, err = num(22, 64); err != nil {
 		return Stat{}, err
 	}
-	st.PPid, st.Session = int32(ppid), int32(sid)
+	st.PPid, st.PGrp, st.Session = int32(ppid), int32(pgrp), int32(sid)
 	return st, nil
 }
 

@@ -119,12 +119,22 @@ func parseHeartbeats(out string) (pid int, hbs []heartbeat) {
 // session (as a service would be), its output going to a file: that is what
 // CRIU can dump and restore without help.
 type app struct {
-	t    testing.TB
-	name string
-	args []string
-	log  string
-	cmd  *exec.Cmd
-	pid  int
+	t      testing.TB
+	name   string
+	args   []string
+	log    string
+	cmd    *exec.Cmd
+	pid    int
+	exited chan struct{} // closed once cmd.Wait has collected its exit (started)
+}
+
+// started collects the application's exit as soon as it happens, as a shell
+// does for its jobs, so that a dumped process leaves no zombie holding its
+// pid (gpucr checkpoint waits for the tree's pids to be free).
+func (a *app) started() {
+	a.pid = a.cmd.Process.Pid
+	a.exited = make(chan struct{})
+	go func() { _ = a.cmd.Wait(); close(a.exited) }()
 }
 
 func startApp(t testing.TB, dir, name string, env []string, args ...string) *app {
@@ -147,7 +157,7 @@ func startApp(t testing.TB, dir, name string, env []string, args ...string) *app
 	if err := a.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
-	a.pid = a.cmd.Process.Pid
+	a.started()
 	t.Cleanup(a.kill)
 	a.waitFor(30*time.Second, "ready", func(string, []heartbeat) bool {
 		p, _ := parseHeartbeats(a.output())
@@ -209,10 +219,8 @@ func (a *app) waitIter(n int, timeout time.Duration) {
 // its pid is free for the restore.
 func (a *app) reap(timeout time.Duration) {
 	a.t.Helper()
-	done := make(chan struct{})
-	go func() { _ = a.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-a.exited:
 	case <-time.After(timeout):
 		a.t.Fatalf("%s (pid %d) still running %v after the dump", a.name, a.pid, timeout)
 	}
@@ -224,8 +232,8 @@ func (a *app) kill() {
 	if a.pid > 0 {
 		_ = syscall.Kill(a.pid, syscall.SIGKILL)
 	}
-	if a.cmd != nil && a.cmd.ProcessState == nil {
-		_, _ = a.cmd.Process.Wait()
+	if a.exited != nil {
+		<-a.exited
 	}
 }
 

@@ -246,7 +246,7 @@ func startUnderAs(t testing.TB, dir string, h *helperProc, env []string, u other
 	if err := a.cmd.Start(); err != nil {
 		t.Fatalf("gpucr run %s as %s: %v", name, u.Name, err)
 	}
-	a.pid = a.cmd.Process.Pid
+	a.started()
 	t.Cleanup(a.kill)
 	a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
 		return strings.Contains(out, fmt.Sprintf("ready pid=%d", a.pid))

@@ -215,7 +215,7 @@ func startAppAtPid(t *testing.T, dir, name string, env []string, pid int, args .
 		if err != nil {
 			t.Fatalf("start %s: %v", name, err)
 		}
-		a.pid = a.cmd.Process.Pid
+		a.started()
 		if a.pid != pid {
 			a.kill()
 			continue

@@ -174,7 +174,7 @@ func startUnderCmd(t testing.TB, dir string, h *helperProc, env []string, name s
 	if err := a.cmd.Start(); err != nil {
 		t.Fatalf("gpucr run %s: %v", name, err)
 	}
-	a.pid = a.cmd.Process.Pid // gpucr run execs the command: same pid
+	a.started() // gpucr run execs the command: same pid
 	t.Cleanup(a.kill)
 	a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
 		return strings.Contains(out, "ready pid="+strconv.Itoa(a.pid))
@@ -185,10 +185,8 @@ func startUnderCmd(t testing.TB, dir string, h *helperProc, env []string, name s
 // wait waits for the application to exit and returns its exit code.
 func (a *app) wait(timeout time.Duration) int {
 	a.t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- a.cmd.Wait() }()
 	select {
-	case <-done:
+	case <-a.exited:
 	case <-time.After(timeout):
 		a.t.Fatalf("%s (pid %d) still running after %v; output:\n%s", a.name, a.pid, timeout, tail(a.output(), 30))
 	}

@@ -5,6 +5,7 @@ package e2e
 // paused, and a restored process checkpointed again and again.
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -267,4 +268,74 @@ func TestStaleRestoredEntryReaped(t *testing.T) {
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
+}
+
+// TestCheckpointThenRestoreAtOnce: a checkpoint returns only once the dumped
+// tree's pids are free, so that a restore on the next line of a script
+// works. The tree's forked workers, orphaned when CRIU kills the tree, become
+// zombies of this test (a subreaper, as a slow pid 1 is on the GPU machine)
+// that hold the root's pid as their session; they are reaped a second after
+// they appear. The checkpoint must not return before that, and the restore
+// right after it must succeed.
+func TestCheckpointThenRestoreAtOnce(t *testing.T) {
+	needTool(t, "criu")
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatalf("become a subreaper: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, workerArgs...), "--interval-ms", "20")...)
+	a.waitIter(15, time.Minute)
+	workers := children(a.pid)
+	if len(workers) != 2 {
+		t.Fatalf("heartbeat has children %v, want its 2 workers", workers)
+	}
+	const hold = time.Second
+	reaped := make(chan time.Time, 1)
+	go func() {
+		// once both are zombies (ours: their parent died), hold them, then reap
+		deadline := time.Now().Add(time.Minute)
+		for _, w := range workers {
+			for procState(w) != "Z" && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		time.Sleep(hold)
+		for _, w := range workers {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(w, &ws, 0, nil)
+		}
+		reaped <- time.Now()
+	}()
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--json")
+	returned := time.Now()
+	var when time.Time
+	select {
+	case when = <-reaped:
+	case <-time.After(time.Minute):
+		t.Fatalf("the workers %v never became zombies of this test (states %s %s)", workers, procState(workers[0]), procState(workers[1]))
+	}
+	if returned.Before(when) {
+		t.Fatalf("gpucr checkpoint returned %v before the tree's zombies were reaped:\n%s", when.Sub(returned), out)
+	}
+	var res struct {
+		Released float64 `json:"pids_released_after_seconds"`
+		Held     string  `json:"pids_held"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Released < hold.Seconds()/2 || res.Held != "" {
+		t.Errorf("checkpoint's JSON: released after %.3f s, held %q (%v), want about %v and none:\n%s", res.Released, res.Held, err, hold, out)
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+20, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	for _, w := range children(a.pid) {
+		_ = syscall.Kill(w, syscall.SIGKILL)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", workerArgs, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
 }

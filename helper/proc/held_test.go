@@ -1,0 +1,64 @@
+package proc
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A session leader's forked child holds the leader's pid as its session after
+// the leader is gone, and as a zombie until it is reaped; only then is the
+// pid released.
+func TestHoldersZombieOfASession(t *testing.T) {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Skipf("cannot become a subreaper: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+	// the leader prints its child's pid, then waits to be killed
+	leader := exec.Command("sh", "-c", "sleep 1000 & echo $!; wait")
+	leader.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := leader.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 32)
+	n, _ := out.Read(buf)
+	child, err := strconv.Atoi(strings.TrimSpace(string(buf[:n])))
+	if err != nil {
+		t.Fatalf("the leader's child: %q", buf[:n])
+	}
+	lpid := int32(leader.Process.Pid)
+	_ = leader.Process.Kill()
+	_ = leader.Wait()
+	// the leader is reaped; its child (ours now, as the subreaper) holds its pid as session
+	h := Holders([]int32{lpid})
+	if len(h) != 1 || h[0].Pid != int32(child) || h[0].State == 'Z' {
+		t.Fatalf("holders of %d after the leader exited: %+v, want its running child %d", lpid, h, child)
+	}
+	_ = syscall.Kill(child, syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	h = WaitReleased(ctx, []int32{lpid})
+	if len(h) != 1 || h[0].State != 'Z' || h[0].PPid != int32(os.Getpid()) {
+		t.Fatalf("holders while the killed child is not reaped: %+v, want it as a zombie of this process", h)
+	}
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(child, &ws, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	if h := WaitReleased(ctx2, []int32{lpid}); h != nil {
+		t.Fatalf("holders after the zombie was reaped: %+v", h)
+	}
+}
