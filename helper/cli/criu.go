@@ -438,6 +438,9 @@ func restoreCommand() *ucli.Command {
 			if err := restoreDir(dir); err != nil {
 				return err
 			}
+			if err := restorePidsFree(c.Context, dir); err != nil {
+				return err
+			}
 			plugin, err := findPlugin(c.String("plugin-dir"))
 			if err != nil {
 				return err

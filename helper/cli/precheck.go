@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -138,4 +143,75 @@ func helperStatus(socket string) (*helperpb.StatusReply, error) {
 	}
 	defer conn.Close()
 	return conn.Status(ctx)
+}
+
+// imagePids lists the pids and thread ids a restore of dir gives back (CRIU's
+// pstree.img): CRIU needs each of them free.
+func imagePids(dir string) ([]int32, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "pstree.img"), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: the process tree: %w", dir, err)
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, true).Decode(&pstree.PstreeEntry{})
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: pstree.img: %w", dir, err)
+	}
+	var out []int32
+	for _, e := range img.Entries {
+		p, ok := e.Message.(*pstree.PstreeEntry)
+		if !ok {
+			continue
+		}
+		for _, id := range append([]uint32{p.GetPid()}, p.GetThreads()...) {
+			if id != 0 && !slices.Contains(out, int32(id)) {
+				out = append(out, int32(id))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("image directory %s: pstree.img names no process", dir)
+	}
+	return out, nil
+}
+
+// pidsFreeWait is how long a restore waits for its pids to be released
+// (a zombie being reaped) before it refuses.
+const pidsFreeWait = 2 * time.Second
+
+// restorePidsFree refuses a restore whose pids are taken, before CRIU starts
+// and before any GPU memory is loaded: CRIU would fail on them only after
+// that ("Can't fork for PID: File exists").
+func restorePidsFree(ctx context.Context, dir string) error {
+	pids, err := imagePids(dir)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, pidsFreeWait)
+	defer cancel()
+	held := proc.WaitReleased(ctx, pids)
+	if len(held) == 0 {
+		return nil
+	}
+	var parts []string
+	running := false
+	for _, h := range held {
+		what := fmt.Sprintf("%d", h.Pid)
+		if c := proc.Comm(h.Pid); c != "" {
+			what += " " + c
+		}
+		if h.State == 'Z' {
+			what += fmt.Sprintf(" (a zombie its parent %d has not reaped)", h.PPid)
+		} else {
+			running = true
+			what += fmt.Sprintf(" (running, parent %d)", h.PPid)
+		}
+		parts = append(parts, what)
+	}
+	msg := fmt.Sprintf("restore from %s refused: CRIU gives every process of the image its pid %v back, and these processes hold them: %s",
+		dir, pids, strings.Join(parts, ", "))
+	if running {
+		msg += "; if the image was made with --leave-running, stop that process first"
+	}
+	return errors.New(msg)
 }

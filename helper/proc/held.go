@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -16,7 +17,8 @@ type Holder struct {
 }
 
 // Holders lists the processes, zombies included, that keep any of pids in
-// use: one whose pid, process group or session is one of them. The kernel
+// use: one whose pid, process group or session is one of them, or a thread
+// whose id is one of them (then Pid is that thread's id). The kernel
 // gives a held pid to no new process, so a restore of a dumped tree, which
 // must get its pids back, fails ("Can't fork for PID: File exists") while a
 // holder is left; a dumped tree's forked children linger as zombies holding
@@ -41,7 +43,25 @@ func Holders(pids []int32) []Holder {
 			out = append(out, Holder{Pid: pid, State: st.State, PPid: st.PPid})
 		}
 	}
+	// threads are not listed in /proc, but /proc/TID answers for them
+	for _, p := range pids {
+		if slices.ContainsFunc(out, func(h Holder) bool { return h.Pid == p }) {
+			continue
+		}
+		if st, err := ReadStat(p); err == nil {
+			out = append(out, Holder{Pid: p, State: st.State, PPid: st.PPid})
+		}
+	}
 	return out
+}
+
+// Comm is pid's command name (/proc/PID/comm), "" if unknown.
+func Comm(pid int32) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/comm")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // releasePoll is how often WaitReleased looks again.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -60,5 +61,25 @@ func TestHoldersZombieOfASession(t *testing.T) {
 	defer cancel2()
 	if h := WaitReleased(ctx2, []int32{lpid}); h != nil {
 		t.Fatalf("holders after the zombie was reaped: %+v", h)
+	}
+}
+
+// A thread's id is held while the thread runs, though /proc does not list it.
+func TestHoldersThread(t *testing.T) {
+	tids := make(chan int32)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // the thread ends with the goroutine, so its id is released
+		tids <- int32(unix.Gettid())
+		<-done
+	}()
+	tid := <-tids
+	if tid == int32(os.Getpid()) {
+		t.Skip("the goroutine runs on the main thread")
+	}
+	h := Holders([]int32{tid})
+	close(done)
+	if len(h) != 1 || h[0].Pid != tid {
+		t.Fatalf("holders of thread id %d: %+v", tid, h)
 	}
 }

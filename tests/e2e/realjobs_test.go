@@ -339,3 +339,41 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", workerArgs, hbs[len(hbs)-1].Iter))
 	checkContinuous(t, hbs, before)
 }
+
+// TestRestoreRefusedWhilePidsHeld: a restore whose pids are taken (here by
+// the process itself, checkpointed with --leave-running and still running)
+// is refused before CRIU starts and before any GPU memory is loaded, naming
+// the process that holds them and what to do; the process runs on.
+func TestRestoreRefusedWhilePidsHeld(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	start := time.Now()
+	out, err := cli(t, h, env, "restore", "-D", img)
+	took := time.Since(start)
+	if err == nil {
+		t.Fatalf("a restore whose pid %d is running succeeded:\n%s", a.pid, out)
+	}
+	for _, want := range []string{"refused", strconv.Itoa(a.pid) + " heartbeat (running", "--leave-running"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(img, "restore.log")); err == nil {
+		t.Errorf("CRIU ran (restore.log exists) although the pids were taken")
+	}
+	if took > pidsWaitBound {
+		t.Errorf("the refusal took %v", took)
+	}
+	last := a.lastIter()
+	a.waitIter(last+5, 30*time.Second)
+}
+
+// pidsWaitBound: a restore refused for held pids waits for them 2 s at most,
+// plus the CLI's start.
+const pidsWaitBound = 10 * time.Second
