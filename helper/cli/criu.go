@@ -290,6 +290,9 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 	if !processExists(int(pid)) {
 		return fmt.Errorf("no process %d", pid)
 	}
+	if err := sessionLeaderCheck(int32(pid), c.Bool("shell-job")); err != nil {
+		return err
+	}
 	if err := checkpointDir(dir); err != nil {
 		return err
 	}

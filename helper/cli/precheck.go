@@ -215,3 +215,26 @@ func restorePidsFree(ctx context.Context, dir string) error {
 	}
 	return errors.New(msg)
 }
+
+// sessionLeaderCheck refuses, before anything is paused or copied, a dump
+// CRIU would refuse only after the plugin had copied all GPU memory: without
+// --shell-job, the root of the tree must lead its own session ("The root
+// process N is not a session leader").
+func sessionLeaderCheck(pid int32, shellJob bool) error {
+	if shellJob {
+		return nil
+	}
+	st, err := proc.ReadStat(pid)
+	if err != nil {
+		return fmt.Errorf("no process %d", pid)
+	}
+	if st.Session == pid {
+		return nil
+	}
+	leader := fmt.Sprintf("%d", st.Session)
+	if c := proc.Comm(st.Session); c != "" {
+		leader += " (" + c + ")"
+	}
+	return fmt.Errorf("checkpoint of %d refused: it is not the leader of its own session (its session is %s's), "+
+		"which CRIU requires; start it with setsid and stdin from /dev/null, or checkpoint and restore it with --shell-job", pid, leader)
+}

@@ -7,6 +7,7 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -377,3 +378,35 @@ func TestRestoreRefusedWhilePidsHeld(t *testing.T) {
 // pidsWaitBound: a restore refused for held pids waits for them 2 s at most,
 // plus the CLI's start.
 const pidsWaitBound = 10 * time.Second
+
+// TestCheckpointRefusedNotSessionLeader: a process that does not lead its
+// own session (started without setsid, in this test's session) is refused
+// before anything is paused or copied, saying what to do; CRIU would refuse
+// it only after the plugin had copied all its GPU memory. It runs on.
+func TestCheckpointRefusedNotSessionLeader(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnderCmd(t, dir, h, env, "heartbeat", []string{binPath(t, "heartbeat"), "--mib", "16", "--interval-ms", "20"},
+		func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{} })
+	a.waitIter(5, time.Minute)
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	if err == nil {
+		t.Fatalf("a checkpoint of a process that leads no session succeeded:\n%s", out)
+	}
+	for _, want := range []string{"not the leader of its own session", "setsid", "--shell-job"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "GPU data") {
+		t.Errorf("GPU memory was copied before the refusal:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(img, "dump.log")); err == nil {
+		t.Errorf("CRIU ran (dump.log exists)")
+	}
+	last := a.lastIter()
+	a.waitIter(last+5, 30*time.Second)
+}
