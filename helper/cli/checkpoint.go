@@ -35,6 +35,7 @@ func checkpointCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
 			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
+			&ucli.BoolFlag{Name: "force", Usage: "replace the image DIR already holds (removed once the new one is complete; kept if the checkpoint fails)"},
 			&ucli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long the process may take to reach a quiet point"},
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
 		Action: func(c *ucli.Context) error {

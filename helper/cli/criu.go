@@ -310,6 +310,20 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s has %s free; the GPU memory of the tree alone is %s\n",
 			dir, humanBytes(free), humanBytes(tc.Bytes))
 	}
+	held, err := heldEntries(dir)
+	if err != nil {
+		return err
+	}
+	var aside *asideDir
+	if len(held) > 0 {
+		if !c.Bool("force") {
+			return fmt.Errorf("checkpoint refused: %s already holds %s, which a new image would mix with; choose a new directory, or --force to replace it",
+				dir, describeHeld(held))
+		}
+		if aside, err = putAside(dir, held); err != nil {
+			return err
+		}
+	}
 	manifest := filepath.Join(dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
 	// the pids a restore must get back, known before CRIU kills the tree
@@ -321,7 +335,17 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 			o.LeaveRunning = proto.Bool(c.Bool("leave-running"))
 		}})
 	if err != nil {
+		if aside != nil {
+			if perr := aside.putBack(); perr != nil {
+				return fmt.Errorf("%w; %v", err, perr)
+			}
+		}
 		return err
+	}
+	if aside != nil {
+		if derr := aside.discard(); derr != nil {
+			fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %v\n", derr)
+		}
 	}
 	after, _ := os.Stat(manifest)
 	gpuState := after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()))

@@ -410,3 +410,67 @@ func TestCheckpointRefusedNotSessionLeader(t *testing.T) {
 	last := a.lastIter()
 	a.waitIter(last+5, 30*time.Second)
 }
+
+// TestCheckpointIntoUsedDirectory: a checkpoint into a directory that holds
+// another process's image is refused, the directory left as it was; with
+// --force the old image is replaced whole (none of its files stay) and the
+// new one restores; a --force checkpoint that fails puts the old image back.
+func TestCheckpointIntoUsedDirectory(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	first := startUnder(t, filepath.Join(dir), h, env, "ptrchase", "--mib", "8", "--interval-ms", "20")
+	first.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(first.pid), "-D", img)
+	oldCore := filepath.Join(img, "core-"+strconv.Itoa(first.pid)+".img")
+	inv, err := os.Stat(filepath.Join(img, "inventory.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(5, time.Minute)
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	if err == nil || !strings.Contains(out, "already holds a CRIU image and a GPU image") || !strings.Contains(out, "--force") {
+		t.Fatalf("a checkpoint into another's image directory: err %v, want a refusal naming both images and --force:\n%s", err, out)
+	}
+	if now, err := os.Stat(filepath.Join(img, "inventory.img")); err != nil || !os.SameFile(inv, now) || !now.ModTime().Equal(inv.ModTime()) {
+		t.Errorf("the refused checkpoint changed the old image's inventory.img")
+	}
+	last := a.lastIter()
+	a.waitIter(last+3, 30*time.Second)
+
+	// a --force checkpoint that fails leaves the old image
+	if err := os.Mkdir(filepath.Join(dir, "faulty"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hf := startHelper(t, filepath.Join(dir, "faulty"), append(append([]string{}, env...), "GPUCR_FAULT=driver-lock"))
+	b := startUnder(t, filepath.Join(dir, "faulty"), hf, env, "heartbeat", "--mib", "8", "--interval-ms", "20")
+	b.waitIter(5, time.Minute)
+	if out, err := cli(t, hf, env, "checkpoint", strconv.Itoa(b.pid), "-D", img, "--force"); err == nil {
+		t.Fatalf("a checkpoint whose GPU lock fails succeeded:\n%s", out)
+	}
+	if now, err := os.Stat(filepath.Join(img, "inventory.img")); err != nil || !os.SameFile(inv, now) {
+		t.Errorf("after a failed --force checkpoint the old image's inventory.img is gone or replaced (%v)", err)
+	}
+	if _, err := os.Stat(oldCore); err != nil {
+		t.Errorf("after a failed --force checkpoint the old image lost %s: %v", filepath.Base(oldCore), err)
+	}
+
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--force")
+	if _, err := os.Stat(oldCore); err == nil {
+		t.Errorf("the old image's %s survived --force", filepath.Base(oldCore))
+	}
+	if left, _ := filepath.Glob(filepath.Join(img, ".gpucr-old-*")); len(left) > 0 {
+		t.Errorf("the old image was put aside and left: %v", left)
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+10, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+}
