@@ -46,6 +46,17 @@ func TestHelp(t *testing.T) {
 	if _, out, _ := runCLI(t, "help", "checkpoint"); !strings.Contains(out, "--criu-timeout") || !strings.Contains(out, "--plugin-dir") {
 		t.Errorf("help checkpoint does not list its flags: %q", out)
 	}
+	if _, out, _ := runCLI(t, "help", "checkpoint"); !strings.Contains(out, "--force") {
+		t.Errorf("help checkpoint does not list --force: %q", out)
+	}
+	for _, args := range [][]string{{"help", "image"}, {"image", "--help"}} {
+		_, out, _ := runCLI(t, args...)
+		for _, sub := range []string{"inspect", "verify", "diff", "gc"} {
+			if !strings.Contains(out, "   "+sub+" ") {
+				t.Errorf("gpucr %s does not list %q:\n%s", strings.Join(args, " "), sub, out)
+			}
+		}
+	}
 	for _, args := range [][]string{{"help", "nosuch"}, {"nosuch"}} {
 		if code, _, errOut := runCLI(t, args...); code != ExitUsage {
 			t.Errorf("gpucr %v: exit %d (%q), want %d", args, code, errOut, ExitUsage)

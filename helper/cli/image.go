@@ -27,6 +27,9 @@ func imageCommand() *ucli.Command {
 	cmd := &ucli.Command{
 		Name:  "image",
 		Usage: "inspect, verify, compare and garbage-collect GPU images",
+		// `gpucr help image` lists the subcommands too, as `gpucr image --help`
+		// does (urfave's template for it finds none before the command runs)
+		CustomHelpTemplate: imageHelpTemplate,
 		Subcommands: []*ucli.Command{
 			{
 				Name:      "inspect",
@@ -753,3 +756,15 @@ func printGC(w io.Writer, d gcDoc) {
 	fmt.Fprintf(w, "total: %s %d chunk files and %d unfinished writes; %s %s (%d bytes)\n",
 		removed, d.ChunksRemoved, temps, freed, humanBytes(uint64(d.BytesFreed)), d.BytesFreed)
 }
+
+const imageHelpTemplate = `NAME:
+   {{.HelpName}} - {{.Usage}}
+
+USAGE:
+   {{.HelpName}} COMMAND [command options] ARGS
+
+COMMANDS:{{range .Subcommands}}{{if not .Hidden}}
+   {{join .Names ", "}}{{"\t"}}{{.Usage}}{{end}}{{end}}
+
+Run 'gpucr image COMMAND --help' for a command's options.
+`
