@@ -307,7 +307,14 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 			pid, pidList(tc.Clients), plugin.notFound())
 	}
 	if free, err := freeBytes(dir); err == nil && tc.Bytes > free {
-		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s has %s free; the GPU memory of the tree alone is %s\n",
+		// Refused before anything is paused: the copy would fail on a full
+		// disk only after the application had waited for it. With a parent
+		// image only the chunks it lacks are written, so that may fit.
+		if parent == "" {
+			return fmt.Errorf("checkpoint refused: %s has %s free, and the GPU memory of the tree alone is %s; free space there or choose another directory",
+				dir, humanBytes(free), humanBytes(tc.Bytes))
+		}
+		fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s has %s free; the GPU memory of the tree alone is %s (the parent image may hold most of it)\n",
 			dir, humanBytes(free), humanBytes(tc.Bytes))
 	}
 	held, err := heldEntries(dir)

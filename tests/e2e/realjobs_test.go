@@ -189,6 +189,10 @@ func TestDumpFailureGivesBack(t *testing.T) {
 		if err == nil {
 			t.Fatalf("a dump of 16 MiB into a 6 MiB file system succeeded:\n%s", out)
 		}
+		// refused before the pause: no GPU data was copied
+		if !strings.Contains(out, "checkpoint refused") || !strings.Contains(out, "free") || strings.Contains(out, "GPU data") {
+			t.Errorf("a dump that cannot fit was not refused before the copy:\n%s", out)
+		}
 		runsAgainWithin(t, a, exited, last, time.Second)
 		if code := a.wait(time.Minute); code != 0 {
 			t.Fatalf("exit %d after the failed dump:\n%s", code, tail(a.output(), 10))
