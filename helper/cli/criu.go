@@ -10,8 +10,11 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
@@ -199,8 +202,12 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 	if job.parent != "" {
 		extra = append(extra, "GPUCR_PARENT="+job.parent)
 	}
+	// Ctrl-C or a SIGTERM stops CRIU as the deadline does (the processes
+	// get their GPU back), rather than killing this command midway.
+	sigCtx, stopSignals := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
 	cmd := swrk.Cmd{CRIU: criuBin, Env: sess.criuEnv(socket, extra...), Files: []*os.File{d}, Deadline: deadline,
-		KillNew: !job.dump}
+		KillNew: !job.dump, Cancel: sigCtx.Done()}
 	var bar io.Writer
 	if n.w != nil && isTerminal(n.w) {
 		bar = n.w
@@ -245,18 +252,28 @@ func criuRun(c *ucli.Context, job criuJob) (*notifier, error) {
 		n.plugin = sess.pluginLines()
 		return n, nil
 	}
-	f := &criuFailure{Log: logPath, TimedOut: out.TimedOut, Err: out.Err,
+	f := &criuFailure{Log: logPath, TimedOut: out.TimedOut, Cancelled: out.Cancelled, Err: out.Err,
 		Summary: fmt.Sprintf("%s failed; see %s", job.what, logPath)}
 	if out.TimedOut {
 		f.Summary = timeoutSummary(job.what, deadline, out, logPath)
+	}
+	if out.Cancelled {
+		f.Summary = fmt.Sprintf("%s interrupted: stopped CRIU", job.what)
+		if len(out.Killed) > 0 {
+			f.Summary += fmt.Sprintf(" and the processes it was restoring (%v)", out.Killed)
+		}
 	}
 	f.CRIU, err = criuLogFile(privateLog, maxCRIUErrors)
 	if err != nil {
 		f.CRIU = []string{fmt.Sprintf("(CRIU's log cannot be read: %v)", err)}
 	}
 	f.Plugin = sess.pluginLines()
+	if out.Cancelled {
+		// what CRIU said after it was stopped is noise
+		f.CRIU, f.Plugin = nil, nil
+	}
 	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...))
-	if out.TimedOut && len(job.clients) > 0 {
+	if (out.TimedOut || out.Cancelled) && len(job.clients) > 0 {
 		f.Processes = waitGPUBack(socket, job.clients, gpuBackWait)
 	}
 	return n, f
@@ -342,12 +359,7 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 			o.LeaveRunning = proto.Bool(c.Bool("leave-running"))
 		}})
 	if err != nil {
-		if aside != nil {
-			if perr := aside.putBack(); perr != nil {
-				return fmt.Errorf("%w; %v", err, perr)
-			}
-		}
-		return err
+		return failedDump(dir, err, aside, !slices.Contains(held, "gpucr"))
 	}
 	if aside != nil {
 		if derr := aside.discard(); derr != nil {
@@ -382,6 +394,45 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 		line += "\nno GPU state saved: " + why
 	}
 	return report(c, v, line, n.plugin)
+}
+
+// failedDump cleans up after a dump that failed: the GPU image the helper
+// began in DIR is removed where DIR held none before (a failed GPU image
+// only misleads), an interrupted run's log goes too, and an old image put
+// aside for --force comes back. What was done is added to the failure.
+func failedDump(dir string, err error, aside *asideDir, gpuNew bool) error {
+	var f *criuFailure
+	errors.As(err, &f)
+	note := func(s string) {
+		if f != nil {
+			f.Cleanup = append(f.Cleanup, s)
+		}
+	}
+	partial := filepath.Join(dir, "gpucr")
+	if _, serr := os.Lstat(partial); serr == nil && (gpuNew || aside != nil) {
+		if rerr := os.RemoveAll(partial); rerr != nil {
+			note(fmt.Sprintf("the partial GPU image %s could not be removed: %v", partial, rerr))
+		} else {
+			note("removed the partial GPU image " + partial)
+		}
+	}
+	if f != nil && f.Cancelled {
+		for _, name := range []string{"dump.log", "stats-dump"} {
+			_ = os.Remove(filepath.Join(dir, name))
+		}
+		f.Log = ""
+	}
+	if aside != nil {
+		if perr := aside.putBack(); perr != nil {
+			note(perr.Error())
+			if f == nil {
+				return fmt.Errorf("%w; %v", err, perr)
+			}
+		} else {
+			note("the image " + dir + " held before is back")
+		}
+	}
+	return err
 }
 
 // treeGoneWait bounds how long a checkpoint that ends its tree waits for

@@ -16,7 +16,9 @@ type criuFailure struct {
 	Processes []processAfter // after a timeout: each GPU process of the tree
 	Log       string         // CRIU's log file
 	TimedOut  bool
-	Err       error // the RPC's error, shown when neither log nor plugin says anything
+	Cancelled bool     // interrupted (SIGINT, SIGTERM): CRIU was stopped on purpose
+	Cleanup   []string // what was done to the image directory afterwards
+	Err       error    // the RPC's error, shown when neither log nor plugin says anything
 }
 
 // processAfter is a GPU process after its dump was killed.
@@ -35,7 +37,7 @@ func (f *criuFailure) Error() string {
 	for _, l := range f.CRIU {
 		b.WriteString("\n  criu: " + l)
 	}
-	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut {
+	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut && !f.Cancelled {
 		fmt.Fprintf(&b, "\n  criu rpc: %v", f.Err)
 	}
 	for _, h := range f.Hints {
@@ -43,6 +45,9 @@ func (f *criuFailure) Error() string {
 	}
 	for _, p := range f.Processes {
 		b.WriteString("\n  " + p.describe())
+	}
+	for _, l := range f.Cleanup {
+		b.WriteString("\n  " + l)
 	}
 	return b.String()
 }
@@ -65,11 +70,13 @@ func (f *criuFailure) jsonFields() map[string]any {
 		"hints":           nonNil(f.Hints),
 		"log":             f.Log,
 		"timed_out":       f.TimedOut,
+		"cancelled":       f.Cancelled,
+		"cleanup":         nonNil(f.Cleanup),
 	}
-	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut {
+	if len(f.Plugin) == 0 && len(f.CRIU) == 0 && f.Err != nil && !f.TimedOut && !f.Cancelled {
 		m["go_criu_error"] = f.Err.Error()
 	}
-	if f.TimedOut {
+	if f.TimedOut || f.Cancelled {
 		ps := f.Processes
 		if ps == nil {
 			ps = []processAfter{}

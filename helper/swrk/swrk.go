@@ -41,15 +41,19 @@ type Cmd struct {
 	// while CRIU ran are killed too (a restore with RstSibling makes the
 	// restored tree's root one: half-restored, it must not stay).
 	KillNew bool
+	// Cancel (nil: never) ends the request as the deadline does, when it
+	// is closed (the user interrupted the command).
+	Cancel <-chan struct{}
 }
 
 // Outcome is how one request ended.
 type Outcome struct {
-	Err      error // nil: CRIU answered success
-	TimedOut bool  // the deadline passed and CRIU was killed
-	Pid      int   // criu swrk's pid (0: it did not start)
-	Killed   []int // after a timeout: processes killed besides criu (a restore's half-made tree)
-	Hung     bool  // after the kill, the RPC still did not end (a child of CRIU holds its socket)
+	Err       error // nil: CRIU answered success
+	TimedOut  bool  // the deadline passed and CRIU was killed
+	Cancelled bool  // Cancel was closed and CRIU was killed
+	Pid       int   // criu swrk's pid (0: it did not start)
+	Killed    []int // after a timeout: processes killed besides criu (a restore's half-made tree)
+	Hung      bool  // after the kill, the RPC still did not end (a child of CRIU holds its socket)
 }
 
 // ReturnGrace is how long the RPC gets to end once CRIU was killed (its
@@ -94,7 +98,10 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 	theirs := os.NewFile(uintptr(fds[1]), "criu-rpc-swrk")
 	// exec.Cmd passes ExtraFiles without close-on-exec, as 3, 4, ...
 	cmd := &exec.Cmd{Path: c.CRIU, Args: []string{c.CRIU, "--no-default-config", "swrk", "3"}, Env: c.Env,
-		ExtraFiles: append([]*os.File{theirs}, c.Files...)}
+		ExtraFiles: append([]*os.File{theirs}, c.Files...),
+		// its own process group: a terminal's Ctrl-C reaches this process,
+		// which ends CRIU itself (Cancel), not CRIU in the middle of a dump
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	// A restore's half-made tree, killed at the deadline, is what appears
 	// among this process's children while CRIU runs.
 	self := int32(os.Getpid())
@@ -124,17 +131,20 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 			_ = cmd.Process.Kill() // not reaped yet: still criu's pid
 			err = <-exited
 		}
-		if err != nil && !o.TimedOut && o.Err == nil {
+		if err != nil && !o.TimedOut && !o.Cancelled && o.Err == nil {
 			o.Err = fmt.Errorf("criu swrk: %w", err)
 		}
 	}
 	timer := time.NewTimer(c.Deadline)
 	defer timer.Stop()
+	cancelled := false
 	select {
 	case o.Err = <-done:
 		finish()
 		return o
 	case <-timer.C:
+	case <-c.Cancel:
+		cancelled = true
 	}
 	select { // finished at the same moment: not a timeout
 	case o.Err = <-done:
@@ -142,7 +152,7 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 		return o
 	default:
 	}
-	o.TimedOut = true
+	o.TimedOut, o.Cancelled = !cancelled, cancelled
 	// Not reaped before this kill (Wait comes after it), so the pid is
 	// still criu's.
 	_ = cmd.Process.Kill()

@@ -43,6 +43,40 @@ func TestDeadline(t *testing.T) {
 	}
 }
 
+// Cancel ends a request at once, as the deadline would, but says so; CRIU
+// runs in a process group of its own (a terminal's Ctrl-C is for gpucr).
+func TestCancel(t *testing.T) {
+	cancel := make(chan struct{})
+	c := Cmd{CRIU: fakeCRIU(t, "exec sleep 60"), Env: []string{"PATH=/usr/bin:/bin"}, Deadline: time.Minute, Cancel: cancel}
+	time.AfterFunc(200*time.Millisecond, func() { close(cancel) })
+	start := time.Now()
+	o := c.Dump(opts(), nil)
+	if !o.Cancelled || o.TimedOut || o.Pid <= 0 || o.Err == nil {
+		t.Fatalf("outcome %+v: want a cancellation that killed swrk", o)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("took %v", took)
+	}
+	if !procGone(o.Pid) {
+		t.Errorf("criu swrk (pid %d) not killed and reaped", o.Pid)
+	}
+}
+
+// CRIU's process group is its own.
+func TestOwnProcessGroup(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "pgid")
+	o := Cmd{CRIU: fakeCRIU(t, "cut -d' ' -f5 /proc/$$/stat > "+out+"; echo $$ >> "+out+"; exit 1"), Env: []string{"PATH=/usr/bin:/bin"},
+		Deadline: time.Minute}.Dump(opts(), nil)
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatalf("%v (outcome %+v)", err, o)
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 || f[0] != f[1] {
+		t.Errorf("criu swrk's process group and pid: %q, want equal", b)
+	}
+}
+
 // A CRIU that exits without an answer is a failure, not a timeout.
 func TestExits(t *testing.T) {
 	o := Cmd{CRIU: fakeCRIU(t, "exit 3"), Deadline: time.Minute}.Restore(opts(), nil)

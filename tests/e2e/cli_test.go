@@ -6,6 +6,7 @@ package e2e
 // check.
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -255,6 +256,67 @@ func TestCLICRIUTimeout(t *testing.T) {
 	if !strings.Contains(helperLog(rig.h), "without a report") {
 		t.Errorf("the helper log does not show the recovery:\n%s", tail(helperLog(rig.h), 20))
 	}
+}
+
+// TestCLIInterrupt: Ctrl-C (SIGINT to gpucr checkpoint's process group, as
+// a terminal sends it) while the plugin's copy hangs stops CRIU at once,
+// says so, gives the process its GPU back and leaves the image directory as
+// it was: no log, no partial GPU image, no private directory.
+func TestCLIInterrupt(t *testing.T) {
+	rig := newCriuRig(t, "GPUCR_FAULT=stall-copy")
+	a := startUnder(t, rig.dir, rig.h, rig.env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "500")
+	a.waitIter(15, time.Minute)
+	var b bytes.Buffer
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", rig.img)
+	cmd.Env = rig.criuEnv
+	cmd.Stdout, cmd.Stderr = &b, &b
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// once CRIU has reached the plugin (the helper stalls in the copy)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(helperLog(rig.h), "stall-copy") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("gpucr checkpoint still running 30 s after SIGINT:\n%s", b.String())
+	}
+	out := b.String()
+	if _, code := exitCode(out, err); code != 1 {
+		t.Errorf("exit %d after SIGINT, want 1:\n%s", code, out)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("gpucr checkpoint took %v to end after SIGINT", took)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("criu dump of pid %d interrupted: stopped CRIU", a.pid),
+		fmt.Sprintf("pid %d runs again: the helper gave it its GPU back", a.pid),
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	runsAgainWithin(t, a, time.Now(), a.lastIter(), time.Second)
+	if ents, _ := os.ReadDir(rig.img); len(ents) > 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the interrupted checkpoint left %v in %s:\n%s", names, rig.img, out)
+	}
+	if c := a.wait(2 * time.Minute); c != 0 {
+		t.Fatalf("heartbeat after the interrupted dump: exit %d:\n%s", c, tail(a.output(), 10))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, rig.env, "heartbeat", []string{"--mib", "16"}, 500))
 }
 
 // TestCLIShowsCRIUFailures: real CRIU failures, each shown with its cause
