@@ -68,7 +68,16 @@ type asideDir struct {
 	dir   *os.File
 	path  string // DIR's path
 	name  string
+	ino   uint64 // the directory made, told apart from one put in its place
 	moved []string
+}
+
+// ours says whether DIR's entry a.name is still the directory putAside made
+// (whoever may write DIR could have swapped it).
+func (a *asideDir) ours() bool {
+	var st unix.Stat_t
+	return unix.Fstatat(int(a.dir.Fd()), a.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Ino == a.ino &&
+		st.Mode&unix.S_IFMT == unix.S_IFDIR && int(st.Uid) == os.Geteuid()
 }
 
 // putAside moves names of DIR into a new private directory inside it.
@@ -87,6 +96,12 @@ func putAside(path string, names []string) (*asideDir, error) {
 		d.Close()
 		return nil, fmt.Errorf("image directory %s: a place for the old image: %w", path, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(d.Fd()), a.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("image directory %s: a place for the old image: %w", path, err)
+	}
+	a.ino = st.Ino
 	for _, n := range names {
 		if err := unix.Renameat(int(d.Fd()), n, int(d.Fd()), filepath.Join(a.name, n)); err != nil {
 			rerr := a.putBack()
@@ -101,6 +116,9 @@ func putAside(path string, names []string) (*asideDir, error) {
 // failed dump left under the same names is removed first.
 func (a *asideDir) putBack() error {
 	defer a.dir.Close()
+	if !a.ours() {
+		return fmt.Errorf("the old image's directory %s was replaced meanwhile; left alone", filepath.Join(a.path, a.name))
+	}
 	var errs []error
 	for _, n := range a.moved {
 		if err := os.RemoveAll(filepath.Join(a.path, n)); err != nil {
@@ -120,6 +138,9 @@ func (a *asideDir) putBack() error {
 // discard removes the old image (the new one is complete).
 func (a *asideDir) discard() error {
 	defer a.dir.Close()
+	if !a.ours() {
+		return fmt.Errorf("the old image's directory %s was replaced meanwhile; left alone", filepath.Join(a.path, a.name))
+	}
 	// RemoveAll unlinks symlinks, it does not follow them
 	if err := os.RemoveAll(filepath.Join(a.path, a.name)); err != nil {
 		return fmt.Errorf("removing the old image %s: %w", filepath.Join(a.path, a.name), err)

@@ -54,9 +54,11 @@ func userDir(t *testing.T, u otherUser, p string) string {
 // an image directory that belongs to the second user, who planted symlinks
 // under the names of CRIU's logs, of one of its images and of its
 // statistics: to files only root may write, and to a file that does not
-// exist. The dump and the restore work, nothing is written through the
-// symlinks and nothing is created where the dangling one points; the
-// directory then holds CRIU's own files.
+// exist. The dump (with --force: the directory holds something) and the
+// restore work, nothing is written through the symlinks, nothing is created
+// where the dangling one points, and removing the planted image name after
+// the dump removes the symlink, not its target; the directory then holds
+// CRIU's own files.
 func TestCRIUFollowsNothingPlanted(t *testing.T) {
 	needTool(t, "criu")
 	u := secondUser(t)
@@ -76,7 +78,9 @@ func TestCRIUFollowsNothingPlanted(t *testing.T) {
 	a := startUnder(t, dir, h, env, "ptrchase", "--mib", "8", "--interval-ms", "20")
 	a.waitIter(15, time.Minute)
 	cliEnv := append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	if out, err := runErr(90*time.Second, cliEnv, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img); err != nil {
+	// --force: the planted image name is put aside (renamed, not followed)
+	// and removed with the aside directory once the dump is complete
+	if out, err := runErr(90*time.Second, cliEnv, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--force"); err != nil {
 		t.Fatalf("gpucr checkpoint: %v\n%s", err, out)
 	}
 	a.reap(30 * time.Second)
@@ -185,7 +189,7 @@ func TestCRIUReadsNoUsersConfig(t *testing.T) {
 		{"socket", "GPUCR_SOCKET=" + fake, "not a gpucr helper run by root"},
 	} {
 		e := append(append([]string{}, cliEnv...), tc.env)
-		out, err := runErr(90*time.Second, e, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img,
+		out, err := runErr(90*time.Second, e, binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img+"-"+tc.name,
 			"--leave-running")
 		if err == nil || !strings.Contains(out, tc.want) {
 			t.Errorf("%s the user could change: %v\n%s\nwant %q", tc.name, err, out, tc.want)

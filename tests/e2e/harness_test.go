@@ -215,6 +215,16 @@ func (a *app) waitIter(n int, timeout time.Duration) {
 	})
 }
 
+// hasExited says whether the application has exited (and been collected).
+func (a *app) hasExited() bool {
+	select {
+	case <-a.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // reap collects the exit of the original process once CRIU has killed it, so
 // its pid is free for the restore.
 func (a *app) reap(timeout time.Duration) {
