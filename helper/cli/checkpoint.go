@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -169,6 +170,11 @@ func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string, dirFD i
 		send = []int{dirFD}
 	}
 	resp, _, err := conn.CallFDs(ctx, req, send)
+	var he *client.Error
+	if errors.As(err, &he) && he.Code == helperpb.ErrorCode_ERROR_STATE && req.GetResumeCheckpointed() != nil {
+		return fmt.Errorf("%s: nothing to resume: %s; only a process that `gpucr checkpoint --gpu-only` (without --leave-running) left checkpointed waits for its GPU",
+			what, he.Message)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
@@ -194,5 +200,11 @@ func callCheckpoint(c *ucli.Context, req *helperpb.Request, what string, dirFD i
 			humanBytes(r.BytesMoved), humanBytes(r.StoredBytes))
 	}
 	_, err = fmt.Fprintf(c.App.Writer, "%s; state %s\n  %s\n", line, stateName(r.State), strings.Join(parts, ", "))
+	if err == nil && r.State == helperpb.ClientState_CLIENT_STATE_DROPPED {
+		if ck := req.GetCheckpoint(); ck != nil {
+			_, err = fmt.Fprintf(c.App.Writer, "  pid %d waits without its GPU memory: `gpucr resume %d` gives it back from %s (`gpucr image inspect %s` describes the image)\n",
+				ck.Pid, ck.Pid, ck.ImageDir, ck.ImageDir)
+		}
+	}
 	return err
 }

@@ -152,6 +152,12 @@ func inventoryProblem(dir *os.File, path string, uid uint32) error {
 	err := unix.Fstatat(int(dir.Fd()), "inventory.img", &st, unix.AT_SYMLINK_NOFOLLOW)
 	switch {
 	case err != nil:
+		var gst unix.Stat_t
+		if unix.Fstatat(int(dir.Fd()), "gpucr", &gst, unix.AT_SYMLINK_NOFOLLOW) == nil && gst.Mode&unix.S_IFMT == unix.S_IFDIR {
+			return fmt.Errorf("image directory %s holds a GPU-only image (`gpucr checkpoint --gpu-only`), not a whole process: "+
+				"gpucr restore needs CRIU's images too. A process that checkpoint left waiting gets this memory back with "+
+				"`gpucr resume PID`; `gpucr image inspect %s` describes it", path, path)
+		}
 		return fmt.Errorf("image directory %s holds no CRIU images (no inventory.img): not the directory of a `gpucr checkpoint`, or that checkpoint failed", path)
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
 		return fmt.Errorf("image directory %s: inventory.img is not a regular file", path)

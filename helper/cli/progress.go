@@ -143,8 +143,8 @@ func gpuSummary(t *helperpb.Transfer) (map[string]any, string) {
 	m := map[string]any{"bytes": t.BytesDone, "total_bytes": t.BytesTotal, "seconds": secs, "gb_per_s": rate, "finished": t.Finished,
 		"bytes_moved": t.BytesMoved}
 	line := fmt.Sprintf("GPU data: %s in %.3f s (%.1f GB/s)", humanBytes(t.BytesDone), secs, rate)
-	if t.Direction == helperpb.Transfer_DIRECTION_DUMP {
-		line += fmt.Sprintf(", %s of it over PCIe (the rest the image had)", humanBytes(t.BytesMoved))
+	if t.Direction == helperpb.Transfer_DIRECTION_DUMP && t.BytesMoved < t.BytesDone {
+		line += fmt.Sprintf(", %s of it over PCIe (the rest the parent image had)", humanBytes(t.BytesMoved))
 	}
 	if t.Error != "" {
 		m["error"] = t.Error

@@ -5,6 +5,7 @@ package e2e
 // driver lock + checkpoint of the residual, and back.
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,9 +57,18 @@ func TestGPUCheckpointThenResume(t *testing.T) {
 	h := startHelper(t, dir, env)
 	a := startUnder(t, dir, h, env, "vmmapp", "--mib", "16", "--interval-ms", "20", "--iters", "120")
 	a.waitIter(20, 30*time.Second)
-	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--gpu-only")
+	img := filepath.Join(dir, "img")
+	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only")
 	if err != nil || !strings.Contains(out, "state dropped") {
 		t.Fatalf("checkpoint: %v\n%s", err, out)
+	}
+	// what to do next is said: the checkpoint, and a restore of the image
+	if want := fmt.Sprintf("`gpucr resume %d` gives it back", a.pid); !strings.Contains(out, want) {
+		t.Errorf("the checkpoint does not say %q:\n%s", want, out)
+	}
+	if out, err := gpucrCLI(t, h, "restore", "-D", img); err == nil || !strings.Contains(out, "holds a GPU-only image") ||
+		!strings.Contains(out, "gpucr resume PID") {
+		t.Errorf("gpucr restore of a GPU-only image: %v, want a refusal that says what the image is for:\n%s", err, out)
 	}
 	if s := driverState(t, env, a.pid); s != "checkpointed" {
 		t.Errorf("driver state %q after the checkpoint, want checkpointed", s)
@@ -71,8 +81,9 @@ func TestGPUCheckpointThenResume(t *testing.T) {
 	if out, err := gpucrCLI(t, h, "resume", strconv.Itoa(a.pid)); err != nil || !strings.Contains(out, "state running") {
 		t.Fatalf("resume: %v\n%s", err, out)
 	}
-	if out, err := gpucrCLI(t, h, "resume", strconv.Itoa(a.pid)); err == nil {
-		t.Errorf("a second resume was accepted:\n%s", out)
+	if out, err := gpucrCLI(t, h, "resume", strconv.Itoa(a.pid)); err == nil || !strings.Contains(out, "nothing to resume") ||
+		strings.Contains(out, "ERROR_STATE") {
+		t.Errorf("a second resume: %v, want a refusal in words:\n%s", err, out)
 	}
 	if code := a.wait(time.Minute); code != 0 {
 		t.Fatalf("exit %d:\n%s", code, tail(a.output(), 10))
