@@ -2,7 +2,9 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"os/signal"
@@ -40,7 +42,8 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "socket-mode", Value: "0600", Usage: "permissions of the socket (octal)"},
 			&ucli.StringFlag{Name: "socket-group", Usage: "group of the socket (name or gid)"},
 			&ucli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
-			&ucli.StringFlag{Name: "log-format", Value: "json", Usage: "json or console"},
+			&ucli.StringFlag{Name: "log-format", Value: "json", Usage: "json, or text (console: the same)"},
+			&ucli.StringFlag{Name: "log-file", Usage: "append the log to this file (created 0640) instead of writing it to stderr"},
 			&ucli.DurationFlag{Name: "frame-timeout", Value: daemon.DefaultFrameTimeout,
 				Usage: "a request begun must be complete within this, else its connection is closed (idle connections stay)"},
 			&ucli.IntFlag{Name: "max-connections-per-uid", Value: daemon.DefaultMaxConnsPerUID,
@@ -60,25 +63,46 @@ func helperCommand() *ucli.Command {
 	}
 }
 
-func helperLogger(level, format string) (*zap.Logger, error) {
+func helperLogger(level, format, file string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--log-level: %v", err)}
 	}
+	out := "stderr"
+	if file != "" {
+		// zap opens it for appending; a new one is made here first, so
+		// that its mode is 0640 whatever the umask
+		f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o640)
+		if err == nil {
+			err = f.Chmod(0o640)
+			f.Close()
+		} else if errors.Is(err, fs.ErrExist) {
+			f, err = os.OpenFile(file, os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0)
+			if err == nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--log-file: %w", err)
+		}
+		out = file
+	}
 	cfg := zap.NewProductionConfig()
-	cfg.OutputPaths = []string{"stderr"}
-	cfg.ErrorOutputPaths = []string{"stderr"}
+	cfg.OutputPaths = []string{out}
+	cfg.ErrorOutputPaths = []string{out}
+	// an error names what failed; a Go stack trace tells an operator nothing
+	cfg.DisableStacktrace = true
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.Sampling = nil
 	switch format {
 	case "json":
 		cfg.EncoderConfig.TimeKey = "time"
 		cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	case "console":
+	case "console", "text":
 		cfg.Encoding = "console"
 		cfg.EncoderConfig = zap.NewDevelopmentEncoderConfig()
 	default:
-		return nil, usageError{fmt.Errorf("--log-format: %q is neither json nor console", format)}
+		return nil, usageError{fmt.Errorf("--log-format: %q is neither json nor text", format)}
 	}
 	return cfg.Build()
 }
@@ -95,7 +119,7 @@ func runHelper(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	log, err := helperLogger(c.String("log-level"), c.String("log-format"))
+	log, err := helperLogger(c.String("log-level"), c.String("log-format"), c.String("log-file"))
 	if err != nil {
 		return err
 	}
@@ -124,7 +148,7 @@ func runHelper(c *ucli.Context) error {
 	}
 	if loadErr != nil {
 		cfg.Unavailable = fmt.Sprintf("driver %s: %v", lib, loadErr)
-		log.Error("no usable GPU driver; serving status only", zap.String("library", lib), zap.Error(loadErr))
+		log.Warn("no usable GPU driver; serving status only", zap.String("library", lib), zap.Error(loadErr))
 	} else {
 		defer drv.Close()
 		cfg.Devices = daemon.CUDADevices(drv)
