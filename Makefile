@@ -44,7 +44,7 @@ INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install fmt-c lint-c fuzz
+.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install uninstall fmt-c lint-c fuzz
 
 all: gpucr imagebench sim apps $(DRVTEST) intercept plugin
 
@@ -111,6 +111,14 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 		scripts/gpucr-helper.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
+
+# Removes what install put there (the same variables name the same places);
+# directories are removed only where they are left empty.
+uninstall:
+	rm -f $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
+		$(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service \
+		$(DESTDIR)$(DOC_DIR)/helper-protocol.md
+	-rmdir $(DESTDIR)$(GPUCR_LIB_DIR) $(DESTDIR)$(DOC_DIR) 2>/dev/null
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
 INTERCEPT_UNIT_LIB := intercept/src/1_table.c intercept/src/1_scan.c intercept/src/1_gate.c intercept/src/1_log.c

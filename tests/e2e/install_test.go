@@ -106,6 +106,28 @@ func TestMakeInstall(t *testing.T) {
 			}
 			checkUnitSandbox(t, string(unit))
 
+			// make uninstall removes every file install put there, and
+			// nothing else of DESTDIR (a file of another package stays)
+			other := destdir + "/usr/lib/criu/other_plugin.so"
+			if err := os.WriteFile(other, []byte("not ours"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				uargs := append([]string{}, args...)
+				uargs[3] = "uninstall"
+				run(t, 2*time.Minute, makeEnv(), mk, uargs...)
+				var left []string
+				_ = filepath.Walk(destdir, func(p string, fi os.FileInfo, err error) error {
+					if err == nil && !fi.IsDir() {
+						left = append(left, strings.TrimPrefix(p, destdir))
+					}
+					return nil
+				})
+				if len(left) != 1 || left[0] != "/usr/lib/criu/other_plugin.so" {
+					t.Errorf("after make uninstall DESTDIR holds %v, want only the other package's plugin", left)
+				}
+			}()
+
 			sa, err := exec.LookPath("systemd-analyze")
 			if err != nil {
 				t.Logf("systemd-analyze not found: the unit's syntax is not verified")
