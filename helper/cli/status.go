@@ -71,13 +71,26 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 
 func statusCommand() *ucli.Command {
 	return &ucli.Command{
-		Name:  "status",
-		Usage: "show the helper, its GPUs and the applications it serves (checkpointable or not, and why)",
+		Name:      "status",
+		Usage:     "show the helper, its GPUs and the applications it serves (checkpointable or not, and why); with PID, that one only",
+		ArgsUsage: "[PID]",
 		Flags: []ucli.Flag{socketFlag(), &ucli.BoolFlag{Name: "json", Usage: "machine-readable output"},
 			&ucli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long to wait for the helper"}},
 		Action: func(c *ucli.Context) error {
-			if c.Args().Present() {
-				return usageError{fmt.Errorf("status: unexpected arguments %q", c.Args().Slice())}
+			pos, err := flagsAnywhere(c)
+			if err != nil {
+				return helpOK(err)
+			}
+			if len(pos) > 1 {
+				return usageError{fmt.Errorf("status: unexpected arguments %q (usage: gpucr status [PID])", pos)}
+			}
+			var only int64
+			if len(pos) == 1 {
+				p, err := parsePid("status", pos[0])
+				if err != nil {
+					return err
+				}
+				only = int64(p)
 			}
 			socket := client.SocketPath(c.String("socket"))
 			ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
@@ -92,6 +105,18 @@ func statusCommand() *ucli.Command {
 				return fmt.Errorf("status from the helper on %s: %w", socket, err)
 			}
 			j := toStatusJSON(socket, st)
+			if only != 0 {
+				var mine []clientJSON
+				for _, cl := range j.Clients {
+					if cl.PID == only {
+						mine = append(mine, cl)
+					}
+				}
+				if len(mine) == 0 {
+					return fmt.Errorf("status: pid %d is no client of the helper on %s (not started with `gpucr run`, or gone)", only, socket)
+				}
+				j.Clients = mine
+			}
 			if c.Bool("json") {
 				return writeJSON(c.App.Writer, j)
 			}

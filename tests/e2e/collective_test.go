@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,8 +36,18 @@ func TestPeerRanksUnderGpucr(t *testing.T) {
 				c.Pid, c.Checkpointable, why)
 		}
 	}
+	// gpucr status PID shows that process alone
+	out, err := runErr(10*time.Second, nil, binPath(t, "gpucr"), "status", strconv.Itoa(a.pid), "--json", "--socket", h.socket)
+	var one status
+	if err != nil || json.Unmarshal([]byte(out), &one) != nil || len(one.Clients) != 1 || one.Clients[0].Pid.String() != strconv.Itoa(a.pid) {
+		t.Errorf("gpucr status %d: %v, want that client alone:\n%s", a.pid, err, out)
+	}
+	if out, err := runErr(10*time.Second, nil, binPath(t, "gpucr"), "status", "1", "--socket", h.socket); err == nil ||
+		!strings.Contains(out, "pid 1 is no client") {
+		t.Errorf("gpucr status 1: %v, want a refusal naming pid 1:\n%s", err, out)
+	}
 	// a checkpoint is refused, naming why, and the ranks go on as before
-	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--gpu-only", "--leave-running")
+	out, err = gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--gpu-only", "--leave-running")
 	if err == nil || !strings.Contains(out, "not checkpointable") || !strings.Contains(out, "imported foreign memory") {
 		t.Errorf("checkpoint of rank 0: err %v, want a refusal naming its imports:\n%s", err, out)
 	}
