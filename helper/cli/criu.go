@@ -351,7 +351,11 @@ func wholeCheckpoint(c *ucli.Context, pid int64, dir, parent string) error {
 	manifest := filepath.Join(dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
 	// the pids a restore must get back, known before CRIU kills the tree
-	tree := proc.Tree(int32(pid))
+	// (the tree read for the helper's clients above)
+	tree := make([]int32, 0, len(tc.Tree))
+	for _, p := range tc.Tree {
+		tree = append(tree, int32(p))
+	}
 	n, err := criuRun(c, criuJob{dir: dir, dump: true, pluginDir: plugin.Dir, clients: tc.Clients, parent: parent,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(o *rpc.CriuOpts) {
@@ -442,16 +446,9 @@ const treeGoneWait = 10 * time.Second
 // heldPidsReason says which processes still hold a dumped tree's pids, and
 // what that means for a restore.
 func heldPidsReason(held []proc.Holder, waited time.Duration) string {
-	var parts []string
-	for _, h := range held {
-		if h.State == 'Z' {
-			parts = append(parts, fmt.Sprintf("%d (a zombie its parent %d has not reaped)", h.Pid, h.PPid))
-		} else {
-			parts = append(parts, fmt.Sprintf("%d (running, parent %d)", h.Pid, h.PPid))
-		}
-	}
+	text, _ := holdersText(held)
 	return fmt.Sprintf("%v after the dump, processes still hold the tree's pids: %s; a restore fails with \"File exists\" until they are gone",
-		waited, strings.Join(parts, ", "))
+		waited, text)
 }
 
 // noGPUStateReason says why a successful dump wrote no GPU image.

@@ -193,23 +193,9 @@ func restorePidsFree(ctx context.Context, dir string) error {
 	if len(held) == 0 {
 		return nil
 	}
-	var parts []string
-	running := false
-	for _, h := range held {
-		what := fmt.Sprintf("%d", h.Pid)
-		if c := proc.Comm(h.Pid); c != "" {
-			what += " " + c
-		}
-		if h.State == 'Z' {
-			what += fmt.Sprintf(" (a zombie its parent %d has not reaped)", h.PPid)
-		} else {
-			running = true
-			what += fmt.Sprintf(" (running, parent %d)", h.PPid)
-		}
-		parts = append(parts, what)
-	}
+	text, running := holdersText(held)
 	msg := fmt.Sprintf("restore from %s refused: CRIU gives every process of the image its pid %v back, and these processes hold them: %s",
-		dir, pids, strings.Join(parts, ", "))
+		dir, pids, text)
 	if running {
 		msg += "; if the image was made with --leave-running, stop that process first"
 	}
@@ -237,4 +223,24 @@ func sessionLeaderCheck(pid int32, shellJob bool) error {
 	}
 	return fmt.Errorf("checkpoint of %d refused: it is not the leader of its own session (its session is %s's), "+
 		"which CRIU requires; start it with setsid and stdin from /dev/null, or checkpoint and restore it with --shell-job", pid, leader)
+}
+
+// holdersText names the processes that hold pids (proc.Holders) and who
+// would reap each zombie among them; running says whether one is alive.
+func holdersText(held []proc.Holder) (text string, running bool) {
+	var parts []string
+	for _, h := range held {
+		what := fmt.Sprintf("%d", h.Pid)
+		if c := proc.Comm(h.Pid); c != "" {
+			what += " " + c
+		}
+		if h.State == 'Z' {
+			what += fmt.Sprintf(" (a zombie its parent %d has not reaped)", h.PPid)
+		} else {
+			running = true
+			what += fmt.Sprintf(" (running, parent %d)", h.PPid)
+		}
+		parts = append(parts, what)
+	}
+	return strings.Join(parts, ", "), running
 }

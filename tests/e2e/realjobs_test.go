@@ -72,6 +72,21 @@ func runsAgainWithin(t testing.TB, a *app, since time.Time, last int, d time.Dur
 	}
 }
 
+// stopAndCompare ends a restored application and the processes of its tree
+// named in others (its workers: after the restore they are no children of
+// this test), then checks every heartbeat against an uninterrupted run of
+// the application with args, and that none is missing from iteration from on.
+func stopAndCompare(t testing.TB, a *app, env, args []string, from int, others ...int) {
+	t.Helper()
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	for _, p := range others {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, a.name, args, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, from)
+}
+
 var workerArgs = []string{"--mib", "16", "--workers", "2", "--hb-every", "5"}
 
 // TestForkedWorkersCheckpointRestore: a GPU process with two CPU workers it
@@ -102,13 +117,7 @@ func TestForkedWorkersCheckpointRestore(t *testing.T) {
 	if got := children(a.pid); len(got) != 2 {
 		t.Errorf("after the restore heartbeat has children %v, want its 2 workers", got)
 	}
-	_ = syscall.Kill(a.pid, syscall.SIGKILL)
-	for _, w := range workers {
-		_ = syscall.Kill(w, syscall.SIGKILL)
-	}
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", workerArgs, hbs[len(hbs)-1].Iter))
-	checkContinuous(t, hbs, before)
+	stopAndCompare(t, a, env, workerArgs, before, workers...)
 }
 
 // TestDumpFailureGivesBack: whatever fails after the plugin paused a
@@ -235,10 +244,7 @@ func TestRestoredCheckpointedAgain(t *testing.T) {
 			t.Fatalf("round %d: after the restore the helper lists %+v, want pid %d checkpointable", round, st.Clients, a.pid)
 		}
 	}
-	_ = syscall.Kill(a.pid, syscall.SIGKILL)
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
-	checkContinuous(t, hbs, 0)
+	stopAndCompare(t, a, env, args, 0)
 }
 
 // TestStaleRestoredEntryReaped: a restored process that never comes back for
@@ -336,13 +342,7 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 	before := a.lastIter()
 	cliOK(t, h, env, img, "restore", "-D", img)
 	a.waitIter(before+20, time.Minute)
-	_ = syscall.Kill(a.pid, syscall.SIGKILL)
-	for _, w := range children(a.pid) {
-		_ = syscall.Kill(w, syscall.SIGKILL)
-	}
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", workerArgs, hbs[len(hbs)-1].Iter))
-	checkContinuous(t, hbs, before)
+	stopAndCompare(t, a, env, workerArgs, before, workers...)
 }
 
 // TestRestoreRefusedWhilePidsHeld: a restore whose pids are taken (here by
@@ -473,8 +473,5 @@ func TestCheckpointIntoUsedDirectory(t *testing.T) {
 	before := a.lastIter()
 	cliOK(t, h, env, img, "restore", "-D", img)
 	a.waitIter(before+10, time.Minute)
-	_ = syscall.Kill(a.pid, syscall.SIGKILL)
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
-	checkContinuous(t, hbs, before)
+	stopAndCompare(t, a, env, []string{"--mib", "16"}, before)
 }
