@@ -8,6 +8,8 @@ import (
 	"io"
 	"maps"
 
+	"github.com/gpucr/gpucr/helper/checkpoint"
+
 	ucli "github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 )
@@ -76,9 +78,9 @@ func wantsJSON(args []string) bool {
 // for a CRIU failure what CRIU and the plugin said.
 func errorJSON(err error, code int) map[string]any {
 	m := map[string]any{}
-	var f *criuFailure
+	var f *checkpoint.Failure
 	if errors.As(err, &f) {
-		maps.Copy(m, f.jsonFields())
+		maps.Copy(m, f.Fields())
 		m["error"] = f.Summary
 	} else {
 		m["error"] = err.Error()

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/helper/checkpoint"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -119,7 +121,7 @@ func TestWantsJSON(t *testing.T) {
 
 // A CRIU failure's JSON carries what CRIU and the plugin said.
 func TestCRIUFailureJSON(t *testing.T) {
-	f := &criuFailure{Summary: "criu dump of pid 7 failed; see /d/dump.log", CRIU: []string{"unix: External socket is used."},
+	f := &checkpoint.Failure{Summary: "criu dump of pid 7 failed; see /d/dump.log", CRIU: []string{"unix: External socket is used."},
 		Plugin: []string{"gpucr_plugin: no"}, Hints: []string{"h"}, Log: "/d/dump.log"}
 	m := errorJSON(f, ExitFailure)
 	if m["error"] != f.Summary || m["log"] != "/d/dump.log" || m["timed_out"] != false || m["exit_code"] != ExitFailure {

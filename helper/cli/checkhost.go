@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/image/mountinfo"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -123,27 +125,32 @@ func checkCRIUWithPlugin(r *checkReport, o checkOptions, criuOK bool, plugin plu
 	if perr != nil { // a wrong --plugin-dir or GPUCR_PLUGIN_DIR: test CRIU alone
 		plugin.Dir = ""
 	}
-	res := criuSelfTest(o.criu, plugin.Dir, o.socket, o.timeout)
-	if res.err != nil {
-		r.add("criu self-test", checkFail, res.err.Error(), nil)
+	env, err := criuEnvironment(o.socket)
+	if err != nil {
+		r.add("criu self-test", checkFail, err.Error(), nil)
+		return
+	}
+	res := checkpoint.SelfTest(checkpoint.CRIU{Binary: o.criu, PluginDir: plugin.Dir, Timeout: o.timeout}, env)
+	if res.Err != nil {
+		r.add("criu self-test", checkFail, res.Err.Error(), nil)
 	} else {
 		r.add("criu self-test", checkOK, fmt.Sprintf("dumped a test process in %.3f s, restored it in %.3f s, and it ran on",
-			res.dump.Seconds(), res.restore.Seconds()), map[string]any{"dump_seconds": res.dump.Seconds(), "restore_seconds": res.restore.Seconds()})
+			res.Dump.Seconds(), res.Restore.Seconds()), map[string]any{"dump_seconds": res.Dump.Seconds(), "restore_seconds": res.Restore.Seconds()})
 	}
 	switch {
 	case perr != nil:
 		r.add("plugin", checkFail, perr.Error(), pluginInfo)
 	case plugin.Dir == "":
 		r.add("plugin", checkFail, plugin.notFound(), pluginInfo)
-	case res.pluginLoaded:
+	case res.PluginLoaded:
 		pluginInfo["loaded"] = true
 		r.add("plugin", checkOK, fmt.Sprintf("%s, loaded by CRIU", pluginInfo["path"]), pluginInfo)
-	case !res.dumpRan:
+	case !res.DumpRan:
 		r.add("plugin", checkWarn, fmt.Sprintf("found at %s; CRIU's dump did not run to show whether it loads", pluginInfo["path"]), pluginInfo)
 	default:
 		why := "its dump log does not show the plugin loaded"
-		if len(res.dumpErrors) > 0 {
-			why += ": " + strings.Join(res.dumpErrors, "; ")
+		if len(res.DumpErrors) > 0 {
+			why += ": " + strings.Join(res.DumpErrors, "; ")
 		}
 		r.add("plugin", checkFail, fmt.Sprintf("found at %s, but CRIU did not load it (%s)", pluginInfo["path"], why), pluginInfo)
 	}
@@ -162,7 +169,7 @@ func checkInterposer(r *checkReport) {
 // driver: the driver the helper loaded, in its environment. It returns the
 // Status (nil without a helper).
 func checkHelper(r *checkReport, socket string) *helperpb.StatusReply {
-	st, err := helperStatus(socket)
+	st, err := client.StatusOf(socket, helperStatusTimeout)
 	if err != nil {
 		r.add("helper", checkFail, fmt.Sprintf("%v (start it: `gpucr helper`, or systemctl start gpucr-helper)", err), map[string]any{"socket": socket})
 		r.add("driver", checkFail, "not known: no helper to ask", nil)
@@ -305,3 +312,6 @@ func existingAncestor(dir string) (string, error) {
 		}
 	}
 }
+
+// helperStatusTimeout bounds the Status a check asks.
+const helperStatusTimeout = 5 * time.Second

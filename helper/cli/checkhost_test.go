@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -60,7 +59,7 @@ func fakeCRIU(t *testing.T, body string) string {
 // checkEnv keeps the variables a check sets (for CRIU's plugin) within the test.
 func checkEnv(t *testing.T) {
 	t.Setenv("GPUCR_SOCKET", "")
-	t.Setenv(pluginLogEnv, "")
+	t.Setenv("GPUCR_PLUGIN_LOG", "")
 }
 
 // An old CRIU fails the check, saying why, and is not tried.
@@ -220,25 +219,6 @@ func TestCheckImagesDir(t *testing.T) {
 }
 
 // After a killed dump, each GPU process is told as the helper sees it.
-func TestWaitGPUBack(t *testing.T) {
-	sock := startHelperWith(t, nil, "")
-	gone := exec.Command("true")
-	if err := gone.Run(); err != nil {
-		t.Fatal(err)
-	}
-	got := waitGPUBack(sock, []int{os.Getpid(), gone.Process.Pid}, 200*time.Millisecond)
-	if len(got) != 2 || got[0].Running || got[0].State != "not a client of the helper" || got[1].State != "gone" {
-		t.Fatalf("waitGPUBack = %+v", got)
-	}
-	if s := got[0].describe(); !strings.Contains(s, "has not got its GPU back") {
-		t.Errorf("describe: %q", s)
-	}
-	got = waitGPUBack(filepath.Join(t.TempDir(), "none.sock"), []int{os.Getpid()}, 0)
-	if len(got) != 1 || got[0].Running || !strings.Contains(got[0].State, "does not answer") {
-		t.Fatalf("waitGPUBack without a helper = %+v", got)
-	}
-}
-
 // A device on which the helper could not load gpucr's GPU kernels fails the
 // driver item, naming the device and the driver's answer.
 func TestCheckKernelsNotLoaded(t *testing.T) {

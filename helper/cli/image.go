@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/internal/units"
+
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/image"
@@ -403,21 +405,7 @@ func orDash(s string) string {
 	return s
 }
 
-// humanBytes writes n in binary units; exact bytes below 1 KiB.
-func humanBytes(n uint64) string {
-	if n < 1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, exp := float64(n)/1024, 0
-	for v >= 1024 && exp < 5 {
-		v /= 1024
-		exp++
-	}
-	if v == float64(uint64(v)) {
-		return fmt.Sprintf("%d %ciB", uint64(v), "KMGTPE"[exp])
-	}
-	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[exp])
-}
+func humanBytes(n uint64) string { return units.Bytes(n) }
 
 // ---- verify -----------------------------------------------------------------
 

@@ -7,6 +7,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/checkpoint"
+
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/helper/client"
@@ -45,12 +47,7 @@ type clientJSON struct {
 }
 
 // stateName: "running", "quiesced", "dropped" or "unknown".
-func stateName(s helperpb.ClientState) string {
-	if s == helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
-		return "unknown"
-	}
-	return strings.ToLower(strings.TrimPrefix(s.String(), "CLIENT_STATE_"))
-}
+func stateName(s helperpb.ClientState) string { return checkpoint.StateName(s) }
 
 func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,

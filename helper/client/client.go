@@ -166,6 +166,19 @@ func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) {
 	return st, nil
 }
 
+// StatusOf dials the helper at socket as the CLI and asks for its status,
+// all within timeout.
+func StatusOf(socket string, timeout time.Duration) (*helperpb.StatusReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conn, err := Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.Status(ctx)
+}
+
 // Transfers lists the helper's GPU copies of image directory dir ("" for
 // all), oldest first.
 func (c *Conn) Transfers(ctx context.Context, dir string) ([]*helperpb.Transfer, error) {

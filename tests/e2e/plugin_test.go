@@ -137,8 +137,11 @@ func TestCLICheckpointRestore(t *testing.T) {
 			GBPerS   float64 `json:"gb_per_s"`
 			Moved    uint64  `json:"bytes_moved"`
 		} `json:"gpu"`
-		GPUState     bool  `json:"gpu_state"`
-		GPUProcesses []int `json:"gpu_processes"`
+		GPUState     bool `json:"gpu_state"`
+		GPUProcesses []struct {
+			Pid   int    `json:"pid"`
+			State string `json:"state"`
+		} `json:"gpu_processes"`
 	}
 	if i := strings.LastIndex(out, "\n{"); i >= 0 {
 		out = out[i+1:]
@@ -147,7 +150,7 @@ func TestCLICheckpointRestore(t *testing.T) {
 		!rep.GPU.Finished || rep.GPU.GBPerS <= 0 || rep.GPU.Moved == 0 || rep.GPU.Moved > rep.GPU.Bytes {
 		t.Errorf("gpucr checkpoint --json: GPU copy %+v (%v) in\n%s", rep.GPU, err, out)
 	}
-	if !rep.GPUState || len(rep.GPUProcesses) != 1 || rep.GPUProcesses[0] != a.pid {
+	if !rep.GPUState || len(rep.GPUProcesses) != 1 || rep.GPUProcesses[0].Pid != a.pid || rep.GPUProcesses[0].State != "checkpointed" {
 		t.Errorf("gpucr checkpoint --json: gpu_state %v, gpu_processes %v; want true, [%d]", rep.GPUState, rep.GPUProcesses, a.pid)
 	}
 	a.reap(30 * time.Second)

@@ -1,17 +1,18 @@
-package cli
+package checkpoint
 
 import (
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 // The CRIU configuration and the plugin's log are made in a new private
 // directory, not in the image directory.
 func TestCRIUSession(t *testing.T) {
 	plugins := t.TempDir()
-	s, err := newCRIUSession(plugins)
+	s, err := newSession(t.TempDir(), plugins, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func TestCRIUSession(t *testing.T) {
 	}
 
 	// Without a plugin directory, no configuration.
-	s, err = newCRIUSession("")
+	s, err = newSession(t.TempDir(), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +50,18 @@ func TestCRIUSession(t *testing.T) {
 	if s.config != "" {
 		t.Errorf("a configuration without a plugin directory: %s", s.config)
 	}
+	// CRIU options passed through are lines of the configuration, without
+	// their dashes.
+	s2, err := newSession(t.TempDir(), plugins, []string{"--tcp-established", "external mnt[]:m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.close()
+	if b, err := os.ReadFile(s2.config); err != nil || string(b) != "libdir "+plugins+"\ntcp-established\nexternal mnt[]:m\n" {
+		t.Errorf("config with options: %q, %v", b, err)
+	}
 	// CRIU's configuration format has no quoting.
-	if s, err := newCRIUSession(filepath.Join(plugins, "a b")); err == nil {
+	if s, err := newSession(t.TempDir(), filepath.Join(plugins, "a b"), nil); err == nil {
 		s.close()
 		t.Error("a plugin directory with a blank was written into CRIU's configuration")
 	}
@@ -71,5 +82,31 @@ func TestCreateExclRefusesExisting(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(target); string(b) != "keep" {
 		t.Fatalf("target changed: %q", b)
+	}
+}
+
+// Options gpucr sets itself, and malformed ones, are refused before
+// anything runs.
+func TestCRIUOptionsCheck(t *testing.T) {
+	base := CRIU{Binary: "/usr/sbin/criu"}
+	for _, bad := range []CRIU{
+		{Binary: ""},
+		{Binary: "criu", Extra: []string{"images-dir /tmp"}},
+		{Binary: "criu", Extra: []string{"--log-file x"}},
+		{Binary: "criu", Extra: []string{"tcp-established\nlibdir /evil"}},
+		{Binary: "criu", Extra: []string{"  "}},
+		{Binary: "criu", ManageCgroups: "sometimes"},
+		{Binary: "criu", LogLevel: 7},
+		{Binary: "criu", Timeout: -time.Second},
+	} {
+		if err := bad.check(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	good := base
+	good.Extra = []string{"--tcp-established", "ghost-limit 10M"}
+	good.ManageCgroups = "soft"
+	if err := good.check(); err != nil {
+		t.Errorf("%+v refused: %v", good, err)
 	}
 }

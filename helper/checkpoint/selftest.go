@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 import (
 	"errors"
@@ -19,7 +19,7 @@ import (
 	"github.com/gpucr/gpucr/helper/swrk"
 )
 
-// criuSelfTest judges a CRIU by a real dump and restore, as
+// SelfTest judges a CRIU by a real dump and restore, as
 // scripts/criu-selftest.sh does (`criu check` says "Looks good" for a CRIU
 // that then hangs in every dump), and through the same path as `gpucr
 // checkpoint`: `criu swrk` in a private world (package swrk), under a
@@ -48,42 +48,44 @@ func closeOnExecAbove2() {
 	}
 }
 
-// selfTestResult is how the self-test went.
-type selfTestResult struct {
-	err           error
-	dump, restore time.Duration
-	dumpRan       bool     // CRIU ran the dump and wrote its log (whether or not it succeeded)
-	pluginLoaded  bool     // the dump log shows CRIU loaded gpucr's plugin
-	dumpErrors    []string // CRIU's errors of the dump (for a plugin that did not load)
+// SelfTestResult is how the self-test went.
+type SelfTestResult struct {
+	Err           error
+	Dump, Restore time.Duration
+	DumpRan       bool     // CRIU ran the dump and wrote its log (whether or not it succeeded)
+	PluginLoaded  bool     // the dump log shows CRIU loaded gpucr's plugin
+	DumpErrors    []string // CRIU's errors of the dump (for a plugin that did not load)
 }
 
 // selfTestWait bounds the waits for the test loop (to start, to stop, to
 // go on after the restore).
 const selfTestWait = 5 * time.Second
 
-func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res selfTestResult) {
-	base, err := privateTempDir()
-	if err != nil {
-		res.err = err
-		return res
+// SelfTest runs the self-test with c's CRIU and plugin directory, each step
+// within c's timeout.
+func SelfTest(c CRIU, env Environment) (res SelfTestResult) {
+	criuPath, pluginDir, limit := c.Binary, c.PluginDir, c.timeout()
+	base := env.TempDir
+	if base == "" {
+		base = "/tmp"
 	}
 	tmp, err := os.MkdirTemp(base, "gpucr-check-")
 	if err != nil {
-		res.err = err
+		res.Err = err
 		return res
 	}
 	defer os.RemoveAll(tmp)
 	count := filepath.Join(tmp, "count")
 	img := filepath.Join(tmp, "img")
 	if err := os.Mkdir(img, 0o700); err != nil {
-		res.err = err
+		res.Err = err
 		return res
 	}
 	closeOnExecAbove2()
 	loop := exec.Command("/bin/sh", "-c", selfTestLoop, "gpucr-check-loop", count)
 	loop.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // stdio: /dev/null (os/exec)
 	if err := loop.Start(); err != nil {
-		res.err = fmt.Errorf("start the test loop: %w", err)
+		res.Err = fmt.Errorf("start the test loop: %w", err)
 		return res
 	}
 	pid := loop.Process.Pid
@@ -103,32 +105,32 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 		}
 	}()
 	if !waitCounter(count, func(n int) bool { return n >= 3 }) {
-		res.err = errors.New("the test loop does not run")
+		res.Err = errors.New("the test loop does not run")
 		return res
 	}
 
-	sess, err := newCRIUSession(pluginDir)
+	sess, err := newSession(base, pluginDir, nil)
 	if err != nil {
-		res.err = err
+		res.Err = err
 		return res
 	}
 	defer sess.close()
 	d, err := os.Open(img)
 	if err != nil {
-		res.err = err
+		res.Err = err
 		return res
 	}
 	defer d.Close()
 	work, err := sess.workDir()
 	if err != nil {
-		res.err = err
+		res.Err = err
 		return res
 	}
 	defer work.Close()
 	// As gpucr checkpoint runs CRIU: no configuration but the session's,
 	// only the session's environment. The images directory is this
 	// check's own private one.
-	cmd := swrk.Cmd{CRIU: criuPath, Env: sess.criuEnv(socket), Deadline: limit}
+	cmd := swrk.Cmd{CRIU: criuPath, Env: sess.criuEnv(env), Deadline: limit}
 	opts := func(log string) *rpc.CriuOpts {
 		o := &rpc.CriuOpts{ImagesDirFd: proto.Int32(int32(d.Fd())), WorkDirFd: proto.Int32(int32(work.Fd())),
 			LogFile: proto.String(log), LogLevel: proto.Int32(4), Timeout: proto.Uint32(uint32(max(1, limit/time.Second)))}
@@ -147,30 +149,30 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 	dumpOpts.Pid = proto.Int32(int32(pid))
 	start := time.Now()
 	out := cmd.Dump(dumpOpts, nil)
-	res.dump = time.Since(start)
+	res.Dump = time.Since(start)
 	if log, err := os.ReadFile(filepath.Join(sess.dir, "dump.log")); err == nil {
-		res.dumpRan = true
-		res.pluginLoaded = criuPluginLoaded(string(log), "gpucr")
-		res.dumpErrors, _ = criuLogErrors(strings.NewReader(string(log)), 3)
+		res.DumpRan = true
+		res.PluginLoaded = criuPluginLoaded(string(log), "gpucr")
+		res.DumpErrors, _ = criuLogErrors(strings.NewReader(string(log)), 3)
 	}
-	if res.err = stepFailed("dump", out, limit, uname, filepath.Join(sess.dir, "dump.log"), sess); res.err != nil {
+	if res.Err = stepFailed("dump", out, limit, uname, filepath.Join(sess.dir, "dump.log"), sess); res.Err != nil {
 		return res
 	}
 	if err := reapWithin(loop, selfTestWait); err != nil {
-		res.err = fmt.Errorf("after the dump: %w", err)
+		res.Err = fmt.Errorf("after the dump: %w", err)
 		return res
 	}
 	reaped = true
 	// Until its sleep is reaped too (by pid 1, in its own time), the
 	// session's pid is still taken and the restore would fail.
 	if !waitSessionEmpty(pid, selfTestWait) {
-		res.err = fmt.Errorf("processes of session %d are still there after the dump", pid)
+		res.Err = fmt.Errorf("processes of session %d are still there after the dump", pid)
 		return res
 	}
 	atDump, _ := lastCount(count)
 	time.Sleep(300 * time.Millisecond)
 	if n, _ := lastCount(count); n != atDump {
-		res.err = fmt.Errorf("the dump did not stop the test loop (counter %d, then %d)", atDump, n)
+		res.Err = fmt.Errorf("the dump did not stop the test loop (counter %d, then %d)", atDump, n)
 		return res
 	}
 
@@ -179,14 +181,14 @@ func criuSelfTest(criuPath, pluginDir, socket string, limit time.Duration) (res 
 	start = time.Now()
 	cmd.KillNew = true
 	out = cmd.Restore(restoreOpts, nil)
-	res.restore = time.Since(start)
-	if res.err = stepFailed("restore", out, limit, uname, filepath.Join(sess.dir, "restore.log"), sess); res.err != nil {
+	res.Restore = time.Since(start)
+	if res.Err = stepFailed("restore", out, limit, uname, filepath.Join(sess.dir, "restore.log"), sess); res.Err != nil {
 		return res
 	}
 	restored = true
 	if !waitCounter(count, func(n int) bool { return n > atDump }) {
 		n, _ := lastCount(count)
-		res.err = fmt.Errorf("the restored test loop does not run (counter %d at the dump, %d now)", atDump, n)
+		res.Err = fmt.Errorf("the restored test loop does not run (counter %d at the dump, %d now)", atDump, n)
 	}
 	return res
 }

@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 import (
 	"bufio"
@@ -138,6 +138,16 @@ var criuHints = []criuHint{
 	{regexp.MustCompile(`Can't fork for (\d+): File exists`), func(m []string) string {
 		return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
 			"a restored process gets its old pid back", m[1])
+	}},
+	{regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`), func(m []string) string {
+		// CRIU names the file relative to the root
+		if !strings.HasPrefix(m[1], "/") {
+			m[1] = "/" + m[1]
+		}
+		return fmt.Sprintf("the process had %s open, and it is %s bytes long now, not %s as at the checkpoint "+
+			"(the process ran on after a --leave-running checkpoint and wrote to it, or something else did): CRIU restores an open file "+
+			"only as it was. Restore an image whose files have not changed since (a checkpoint without --leave-running), "+
+			"or put the file back as it was", m[1], m[2], m[3])
 	}},
 	{regexp.MustCompile(`No space left on device`), func([]string) string {
 		return "the image directory's file system is full"

@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 import (
 	"context"
@@ -105,10 +105,10 @@ func freeBytes(dir string) (uint64, error) {
 // treeClients is what the helper said, before CRIU runs, about the process
 // tree CRIU is to dump.
 type treeClients struct {
-	Tree      []int  // pid and its descendants
-	Clients   []int  // those that are the helper's clients (GPU processes)
-	Bytes     uint64 // their GPU memory
-	HelperErr error  // no helper answered: Clients is unknown (empty)
+	Tree      []int32 // pid and its descendants
+	Clients   []int32 // those that are the helper's clients (GPU processes)
+	Bytes     uint64  // their GPU memory
+	HelperErr error   // no helper answered: Clients is unknown (empty)
 }
 
 // helperStatusTimeout bounds the Status asked before and after a dump.
@@ -116,15 +116,15 @@ const helperStatusTimeout = 5 * time.Second
 
 // gpuClientsOf asks the helper at socket which processes of pid's tree are
 // its clients.
-func gpuClientsOf(socket string, pid int) treeClients {
-	tc := treeClients{Tree: processTree(pid)}
+func gpuClientsOf(socket string, pid int32) treeClients {
+	tc := treeClients{Tree: proc.Tree(pid)}
 	st, err := helperStatus(socket)
 	if err != nil {
 		tc.HelperErr = err
 		return tc
 	}
 	for _, cl := range st.Clients {
-		if p := int(cl.Pid); slices.Contains(tc.Tree, p) && !slices.Contains(tc.Clients, p) {
+		if p := int32(cl.Pid); slices.Contains(tc.Tree, p) && !slices.Contains(tc.Clients, p) {
 			tc.Clients = append(tc.Clients, p)
 			tc.Bytes += cl.Bytes
 		}
@@ -135,14 +135,7 @@ func gpuClientsOf(socket string, pid int) treeClients {
 
 // helperStatus is the helper's Status reply.
 func helperStatus(socket string) (*helperpb.StatusReply, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), helperStatusTimeout)
-	defer cancel()
-	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	return conn.Status(ctx)
+	return client.StatusOf(socket, helperStatusTimeout)
 }
 
 // imagePids lists the pids and thread ids a restore of dir gives back (CRIU's

@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 import (
 	"bufio"
@@ -21,7 +21,7 @@ import (
 // is created exclusively there, never in the image directory, where a
 // symlink or a FIFO planted under the same name would be followed or opened.
 // Run as root, the directory is made under a temporary directory that root
-// alone can change (privateTempDir).
+// alone can change (Environment.TempDir).
 type criuSession struct {
 	dir       string
 	config    string // "" without a plugin directory
@@ -31,32 +31,14 @@ type criuSession struct {
 // pluginLogEnv names the plugin's message file (criuplugin/README.md).
 const pluginLogEnv = "GPUCR_PLUGIN_LOG"
 
-// privateTempDir is where private directories are made: $TMPDIR (os.TempDir),
-// but as root only if root alone can change it, else /tmp. A user's TMPDIR
-// kept by `sudo -E` is the user's directory: they could rename root's private
-// directory away and put their own (with a CRIU configuration of theirs) in
-// its place.
-func privateTempDir() (string, error) {
-	t := os.TempDir()
-	if os.Geteuid() != 0 {
-		return t, nil
+// newSession makes the session's private directory under tempDir (/tmp
+// if empty) and, with a plugin directory or extra CRIU options, its CRIU
+// configuration: "libdir DIR" and one line per extra option.
+func newSession(tempDir, pluginDir string, extra []string) (*criuSession, error) {
+	if tempDir == "" {
+		tempDir = "/tmp"
 	}
-	if real, err := trusted.TempDir(t); err == nil {
-		return real, nil
-	}
-	real, err := trusted.TempDir("/tmp")
-	if err != nil {
-		return "", fmt.Errorf("no temporary directory that only root can change: %w", err)
-	}
-	return real, nil
-}
-
-func newCRIUSession(pluginDir string) (*criuSession, error) {
-	base, err := privateTempDir()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp(base, "gpucr-criu-")
+	dir, err := os.MkdirTemp(tempDir, "gpucr-criu-")
 	if err != nil {
 		return nil, fmt.Errorf("private directory for CRIU: %w", err)
 	}
@@ -65,6 +47,7 @@ func newCRIUSession(pluginDir string) (*criuSession, error) {
 		s.close()
 		return nil, err
 	}
+	var conf strings.Builder
 	if pluginDir != "" {
 		abs, err := filepath.Abs(pluginDir)
 		if err != nil {
@@ -75,8 +58,15 @@ func newCRIUSession(pluginDir string) (*criuSession, error) {
 			s.close()
 			return nil, fmt.Errorf("plugin directory %q: CRIU's configuration file cannot name a path with blanks, quotes or backslashes", abs)
 		}
+		conf.WriteString("libdir " + abs + "\n")
+	}
+	for _, l := range extra {
+		// CRIU's configuration file takes options without their dashes.
+		conf.WriteString(strings.TrimLeft(strings.TrimSpace(l), "-") + "\n")
+	}
+	if conf.Len() > 0 {
 		s.config = filepath.Join(dir, "criu.conf")
-		if err := createExcl(s.config, "libdir "+abs+"\n"); err != nil {
+		if err := createExcl(s.config, conf.String()); err != nil {
 			s.close()
 			return nil, err
 		}
@@ -121,21 +111,15 @@ func (s *criuSession) workDir() (*os.File, error) {
 }
 
 // criuEnv is the whole environment of a `criu swrk` of this session: nothing
-// else of this process's environment reaches CRIU and the plugin. PATH (for
-// what CRIU runs itself) is a system one for root; HOME is the private
-// directory, which holds no .criu/. extra are more NAME=VALUE settings for
-// the plugin; GPUCR_LOG and GPUCR_PLUGIN_TIMEOUT_S, which only tune what the
-// plugin says and how long it waits, pass through.
-func (s *criuSession) criuEnv(socket string, extra ...string) []string {
-	path := os.Getenv("PATH")
-	if os.Geteuid() == 0 || path == "" {
+// else reaches CRIU and the plugin. PATH (for what CRIU runs itself) is the
+// caller's choice; HOME is the private directory, which holds no .criu/.
+// extra are more NAME=VALUE settings for the plugin.
+func (s *criuSession) criuEnv(e Environment, extra ...string) []string {
+	path := e.Path
+	if path == "" {
 		path = strings.Join(trusted.SystemPath, ":")
 	}
-	env := []string{"PATH=" + path, "HOME=" + s.dir, "GPUCR_SOCKET=" + socket, pluginLogEnv + "=" + s.pluginLog}
-	for _, k := range []string{"GPUCR_LOG", "GPUCR_PLUGIN_TIMEOUT_S"} {
-		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
-		}
-	}
+	env := []string{"PATH=" + path, "HOME=" + s.dir, "GPUCR_SOCKET=" + e.Socket, pluginLogEnv + "=" + s.pluginLog}
+	env = append(env, e.PluginEnv...)
 	return append(env, extra...)
 }

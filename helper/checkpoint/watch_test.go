@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 import (
 	"strings"
@@ -17,12 +17,17 @@ func TestCombineTransfers(t *testing.T) {
 		c.Finished || len(c.Pids) != 2 || c.Error != "disk full" {
 		t.Fatalf("combined: %+v", c)
 	}
-	m, line := gpuSummary(c)
-	if m["bytes"] != uint64(150) || m["bytes_moved"] != uint64(42) || !strings.Contains(line, "42 B of it over PCIe") ||
+	g := gpuCopyOf(c)
+	if line := g.String(); g.Bytes != 150 || g.BytesMoved != 42 || !strings.Contains(line, "42 B of it over PCIe") ||
 		!strings.Contains(line, "failed: disk full") {
-		t.Errorf("summary %v / %q", m, line)
+		t.Errorf("summary %+v / %q", g, line)
 	}
-	if m, line := gpuSummary(nil); m != nil || line != "" {
-		t.Errorf("no copy: %v %q", m, line)
+	// Nothing is said of a parent image where none supplied a byte.
+	full := gpuCopyOf(&helperpb.Transfer{BytesDone: 100, BytesMoved: 100, Finished: true, Direction: helperpb.Transfer_DIRECTION_DUMP})
+	if strings.Contains(full.String(), "parent") {
+		t.Errorf("full copy: %q", full.String())
+	}
+	if g := gpuCopyOf(nil); g != nil || g.String() != "" {
+		t.Errorf("no copy: %+v %q", g, g.String())
 	}
 }

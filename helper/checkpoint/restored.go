@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 import (
 	"context"
@@ -10,16 +10,18 @@ import (
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// restoredWait bounds how long `gpucr restore` waits, after CRIU, for the
+// restoredWait bounds how long a restore waits, after CRIU, for the
 // restored processes to have their GPU memory back.
 const restoredWait = time.Minute
 
-// restoredProcess is what `gpucr restore` reports of one restored GPU process.
-type restoredProcess struct {
-	Pid      int64  `json:"pid"`
-	ImagePid int64  `json:"image_pid"`
-	State    string `json:"state"` // running, failed, pending
-	Reason   string `json:"reason,omitempty"`
+// GPUProcess is one GPU process of a checkpoint's or a restore's tree.
+type GPUProcess struct {
+	Pid      int32 `json:"pid"`
+	ImagePid int32 `json:"image_pid"` // its pid in the image (a checkpoint's: Pid)
+	// State: after a checkpoint "checkpointed"; after a restore "running",
+	// "failed" or "pending" (no GPU memory back within the wait).
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // waitGPURestored asks the helper what became of the GPU processes of the
@@ -28,7 +30,7 @@ type restoredProcess struct {
 // holds exactly the memory the process had, and aborts it otherwise). An
 // error lists those that failed, or have not got their memory back within
 // the wait.
-func waitGPURestored(socket, dir string, wait time.Duration) ([]restoredProcess, error) {
+func waitGPURestored(socket, dir string, wait time.Duration) ([]GPUProcess, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), wait+5*time.Second)
 	defer cancel()
 	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
@@ -40,10 +42,10 @@ func waitGPURestored(socket, dir string, wait time.Duration) ([]restoredProcess,
 	if err != nil {
 		return nil, fmt.Errorf("asking the helper whether the restored processes have their GPU memory back: %w", err)
 	}
-	var out []restoredProcess
+	var out []GPUProcess
 	var bad []string
 	for _, r := range rs {
-		p := restoredProcess{Pid: r.Pid, ImagePid: r.ImagePid, Reason: r.Reason}
+		p := GPUProcess{Pid: int32(r.Pid), ImagePid: int32(r.ImagePid), Reason: r.Reason}
 		switch r.State {
 		case helperpb.RestoreState_RESTORE_STATE_RUNNING:
 			p.State = "running"

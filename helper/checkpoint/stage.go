@@ -1,4 +1,4 @@
-package cli
+package checkpoint
 
 // CRIU runs as root, and opens its images and its log in the directory it
 // works in by name, following symlinks: run on an image directory someone

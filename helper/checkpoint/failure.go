@@ -1,34 +1,35 @@
-package cli
+package checkpoint
 
 import (
 	"fmt"
 	"strings"
 )
 
-// criuFailure is a failed or timed-out CRIU run, told with what CRIU's log
-// and gpucr's plugin said (and, after a timeout, what became of the GPU
-// processes), instead of the RPC's first log line.
-type criuFailure struct {
+// Failure is a failed, timed-out or cancelled CRIU run, told with what
+// CRIU's log and gpucr's plugin said (and, after a timeout, what became of
+// the GPU processes), instead of the RPC's first log line.
+type Failure struct {
 	Summary   string         // first line: what failed, where the log is
 	CRIU      []string       // CRIU's last error lines (criuLogErrors)
 	Plugin    []string       // the plugin's messages (GPUCR_PLUGIN_LOG)
 	Hints     []string       // what the messages mean for gpucr's flags
-	Processes []processAfter // after a timeout: each GPU process of the tree
+	Processes []ProcessAfter // after a timeout: each GPU process of the tree
 	Log       string         // CRIU's log file
 	TimedOut  bool
 	Cancelled bool     // interrupted (SIGINT, SIGTERM): CRIU was stopped on purpose
 	Cleanup   []string // what was done to the image directory afterwards
 	Err       error    // the RPC's error, shown when neither log nor plugin says anything
+	GPU       *GPUCopy // the GPU copy as far as it went (nil: none began)
 }
 
-// processAfter is a GPU process after its dump was killed.
-type processAfter struct {
-	PID     int    `json:"pid"`
+// ProcessAfter is a GPU process after its dump was killed.
+type ProcessAfter struct {
+	PID     int32  `json:"pid"`
 	Running bool   `json:"running"`
 	State   string `json:"state"` // the helper's: running, quiesced, detached, gone...
 }
 
-func (f *criuFailure) Error() string {
+func (f *Failure) Error() string {
 	var b strings.Builder
 	b.WriteString(f.Summary)
 	for _, l := range f.Plugin {
@@ -52,7 +53,7 @@ func (f *criuFailure) Error() string {
 	return b.String()
 }
 
-func (p processAfter) describe() string {
+func (p ProcessAfter) describe() string {
 	if p.Running {
 		return fmt.Sprintf("pid %d runs again: the helper gave it its GPU back", p.PID)
 	}
@@ -62,8 +63,9 @@ func (p processAfter) describe() string {
 	return fmt.Sprintf("pid %d has not got its GPU back yet (state %s): see `gpucr status`", p.PID, p.State)
 }
 
-// jsonFields is the failure for --json.
-func (f *criuFailure) jsonFields() map[string]any {
+// Fields are the failure's details for a JSON report (--json), beside its
+// "error" (the Summary).
+func (f *Failure) Fields() map[string]any {
 	m := map[string]any{
 		"criu_errors":     nonNil(f.CRIU),
 		"plugin_messages": nonNil(f.Plugin),
@@ -79,16 +81,12 @@ func (f *criuFailure) jsonFields() map[string]any {
 	if f.TimedOut || f.Cancelled {
 		ps := f.Processes
 		if ps == nil {
-			ps = []processAfter{}
+			ps = []ProcessAfter{}
 		}
 		m["processes"] = ps
 	}
-	return m
-}
-
-func nonNil(s []string) []string {
-	if s == nil {
-		return []string{}
+	if f.GPU != nil {
+		m["gpu"] = f.GPU
 	}
-	return s
+	return m
 }

@@ -1,0 +1,234 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/helper/internal/units"
+	"github.com/gpucr/gpucr/helper/proc"
+)
+
+// DumpOptions is a whole-process checkpoint of a tree.
+type DumpOptions struct {
+	Pid int32  // the root of the tree
+	Dir string // the image directory (absolute; made 0700 if missing)
+	// Parent is the parent image directory of an incremental GPU image
+	// (absolute); "" for a full one.
+	Parent string
+	// LeaveRunning: the tree runs on after the dump (with its GPU).
+	// LeaveStopped: the tree stays, stopped (SIGSTOP), with its GPU given
+	// back, so that it can either be killed or go on (SIGCONT): a
+	// migration's source. Neither: the tree is ended.
+	LeaveRunning, LeaveStopped bool
+	// Force replaces an image Dir already holds: it is put aside, removed
+	// once the new one is complete, and put back if the checkpoint fails.
+	Force  bool
+	CRIU   CRIU
+	Env    Environment
+	Events Events
+}
+
+// DumpResult is a checkpoint that succeeded.
+type DumpResult struct {
+	Pid          int32    `json:"pid"`
+	ImagesDir    string   `json:"images_dir"`
+	Parent       string   `json:"parent,omitempty"`
+	Seconds      float64  `json:"seconds"`
+	ImageBytes   int64    `json:"image_bytes"`
+	LeaveRunning bool     `json:"leave_running"`
+	LeaveStopped bool     `json:"leave_stopped,omitempty"`
+	GPU          *GPUCopy `json:"gpu"`
+	// GPUState says whether a GPU image was written; NoGPUState says why
+	// not.
+	GPUState       bool         `json:"gpu_state"`
+	NoGPUState     string       `json:"no_gpu_state,omitempty"`
+	GPUProcesses   []GPUProcess `json:"gpu_processes"`
+	PluginDir      string       `json:"plugin_dir"`
+	PluginMessages []string     `json:"plugin_messages"`
+	// After a dump that ends the tree: how long its pids took to be free,
+	// and, if some were still held, by whom.
+	PidsReleasedAfterSeconds *float64 `json:"pids_released_after_seconds,omitempty"`
+	PidsHeld                 string   `json:"pids_held,omitempty"`
+	// Tree is every pid of the dumped tree (the pids a restore needs).
+	Tree []int32 `json:"tree"`
+}
+
+// treeGoneWait bounds how long a checkpoint that ends its tree waits for
+// the tree's pids to be free (zombies reaped) before it returns.
+const treeGoneWait = 10 * time.Second
+
+// Dump checkpoints the tree of o.Pid into o.Dir: everything that can be
+// checked is checked before the application is paused (the pid, its
+// session, the directory, free space, the plugin), then CRIU dumps it with
+// gpucr's plugin. A failed dump leaves the tree running with its GPU and
+// the directory as it was. Without LeaveRunning or LeaveStopped, Dump
+// returns once the tree's pids are free, so that a restore right after can
+// have them.
+func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
+	ev := &emitter{out: o.Events, start: time.Now()}
+	if o.LeaveRunning && o.LeaveStopped {
+		return nil, errors.New("a checkpoint leaves the tree running or stopped, not both")
+	}
+	if !filepath.IsAbs(o.Dir) {
+		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
+	}
+	if err := o.CRIU.check(); err != nil {
+		return nil, err
+	}
+	pid := o.Pid
+	if !proc.Exists(pid) {
+		return nil, fmt.Errorf("no process %d", pid)
+	}
+	if err := sessionLeaderCheck(pid, o.CRIU.ShellJob); err != nil {
+		return nil, err
+	}
+	if err := checkpointDir(o.Dir); err != nil {
+		return nil, err
+	}
+	tc := gpuClientsOf(o.Env.Socket, pid)
+	if o.CRIU.PluginDir == "" && len(tc.Clients) > 0 {
+		return nil, fmt.Errorf("checkpoint %d refused: its tree holds GPU processes of the helper (%s), and %s",
+			pid, pidList(tc.Clients), o.CRIU.NoPlugin)
+	}
+	if free, err := freeBytes(o.Dir); err == nil && tc.Bytes > free {
+		// Refused before anything is paused: the copy would fail on a full
+		// disk only after the application had waited for it. With a parent
+		// image only the chunks it lacks are written, so that may fit.
+		if o.Parent == "" {
+			return nil, fmt.Errorf("checkpoint refused: %s has %s free, and the GPU memory of the tree alone is %s; free space there or choose another directory",
+				o.Dir, units.Bytes(free), units.Bytes(tc.Bytes))
+		}
+		ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("%s has %s free; the GPU memory of the tree alone is %s (the parent image may hold most of it)",
+			o.Dir, units.Bytes(free), units.Bytes(tc.Bytes))})
+	}
+	held, err := heldEntries(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var aside *asideDir
+	if len(held) > 0 {
+		if !o.Force {
+			return nil, fmt.Errorf("checkpoint refused: %s already holds %s, which a new image would mix with; choose a new directory, or --force to replace it",
+				o.Dir, describeHeld(held))
+		}
+		if aside, err = putAside(o.Dir, held); err != nil {
+			return nil, err
+		}
+	}
+	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
+	before, _ := os.Stat(manifest)
+	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: o.Parent, ev: ev,
+		what: fmt.Sprintf("criu dump of pid %d", pid),
+		fill: func(opts *rpc.CriuOpts) {
+			opts.Pid = proto.Int32(pid)
+			opts.LeaveRunning = proto.Bool(o.LeaveRunning)
+			if o.LeaveStopped {
+				opts.LeaveStopped = proto.Bool(true)
+			}
+		}})
+	if err != nil {
+		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"))
+	}
+	if aside != nil {
+		if derr := aside.discard(); derr != nil {
+			ev.emit(Event{Kind: Warning, Text: derr.Error()})
+		}
+	}
+	after, _ := os.Stat(manifest)
+	res := &DumpResult{Pid: pid, ImagesDir: o.Dir, Parent: o.Parent, LeaveRunning: o.LeaveRunning, LeaveStopped: o.LeaveStopped,
+		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
+		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
+		GPUProcesses: []GPUProcess{}}
+	for _, c := range tc.Clients {
+		res.GPUProcesses = append(res.GPUProcesses, GPUProcess{Pid: c, ImagePid: c, State: "checkpointed"})
+	}
+	res.Seconds = time.Since(ev.start).Seconds()
+	res.ImageBytes = dirBytes(o.Dir)
+	if !o.LeaveRunning && !o.LeaveStopped {
+		// Return once the tree's pids are free, so that a restore right
+		// after (a script's next line) can have them.
+		t0 := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, treeGoneWait)
+		held := proc.WaitReleased(wctx, tc.Tree)
+		cancel()
+		secs := time.Since(t0).Seconds()
+		res.PidsReleasedAfterSeconds = &secs
+		if len(held) > 0 {
+			res.PidsHeld = heldPidsReason(held, time.Since(t0).Round(100*time.Millisecond))
+			ev.emit(Event{Kind: Warning, Text: res.PidsHeld})
+		}
+	}
+	if !res.GPUState {
+		res.NoGPUState = noGPUStateReason(tc, o.CRIU)
+	}
+	return res, nil
+}
+
+// failedDump cleans up after a dump that failed: the GPU image the helper
+// began in DIR is removed where DIR held none before (a failed GPU image
+// only misleads), an interrupted run's log goes too, and an old image put
+// aside for Force comes back. What was done is added to the failure.
+func failedDump(dir string, err error, aside *asideDir, gpuNew bool) error {
+	var f *Failure
+	errors.As(err, &f)
+	note := func(s string) {
+		if f != nil {
+			f.Cleanup = append(f.Cleanup, s)
+		}
+	}
+	partial := filepath.Join(dir, "gpucr")
+	if _, serr := os.Lstat(partial); serr == nil && (gpuNew || aside != nil) {
+		if rerr := os.RemoveAll(partial); rerr != nil {
+			note(fmt.Sprintf("the partial GPU image %s could not be removed: %v", partial, rerr))
+		} else {
+			note("removed the partial GPU image " + partial)
+		}
+	}
+	if f != nil && f.Cancelled {
+		for _, name := range []string{"dump.log", "stats-dump"} {
+			_ = os.Remove(filepath.Join(dir, name))
+		}
+		f.Log = ""
+	}
+	if aside != nil {
+		if perr := aside.putBack(); perr != nil {
+			note(perr.Error())
+			if f == nil {
+				return fmt.Errorf("%w; %v", err, perr)
+			}
+		} else {
+			note("the image " + dir + " held before is back")
+		}
+	}
+	return err
+}
+
+// heldPidsReason says which processes still hold a dumped tree's pids, and
+// what that means for a restore.
+func heldPidsReason(held []proc.Holder, waited time.Duration) string {
+	text, _ := holdersText(held)
+	return fmt.Sprintf("%v after the dump, processes still hold the tree's pids: %s; a restore fails with \"File exists\" until they are gone",
+		waited, text)
+}
+
+// noGPUStateReason says why a successful dump wrote no GPU image.
+func noGPUStateReason(tc treeClients, c CRIU) string {
+	switch {
+	case tc.HelperErr != nil:
+		return tc.HelperErr.Error()
+	case len(tc.Clients) == 0:
+		return "no process of the tree is a gpucr client"
+	case c.PluginDir == "":
+		return c.NoPlugin
+	default:
+		return fmt.Sprintf("%s of the tree were gpucr clients, but no GPU image was written (see dump.log)", pidList(tc.Clients))
+	}
+}

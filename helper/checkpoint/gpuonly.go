@@ -1,0 +1,117 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// A GPU-only checkpoint goes through the helper alone, without CRIU: the
+// process's GPU state is saved and it either runs on (LeaveRunning) or waits
+// without its GPU memory until Resume gives it back.
+
+// GPUOptions is a GPU-only checkpoint of one process.
+type GPUOptions struct {
+	Pid    int32
+	Dir    string // the image directory (absolute); the GPU image goes to Dir/gpucr
+	Parent string // parent image directory of an incremental image, "" for a full one
+	// LeaveRunning gives the process its GPU back at once.
+	LeaveRunning bool
+	Compress     bool          // zstd-compress chunks
+	Quiesce      time.Duration // how long the process may take to reach a quiet point (0: 10 s)
+	Socket       string
+}
+
+// gpuCallTimeout bounds a GPU-only checkpoint or a resume.
+const gpuCallTimeout = 30 * time.Minute
+
+// DumpGPU checkpoints the GPU state of o.Pid into o.Dir/gpucr.
+func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, error) {
+	if !filepath.IsAbs(o.Dir) {
+		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
+	}
+	d, err := gpuImageDir(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	quiesce := o.Quiesce
+	if quiesce <= 0 {
+		quiesce = 10 * time.Second
+	}
+	req := &helperpb.Checkpoint{Pid: int64(o.Pid), ImageDir: o.Dir, LeaveRunning: o.LeaveRunning, Parent: o.Parent,
+		Compress: o.Compress, TimeoutMs: uint32(quiesce / time.Millisecond)}
+	return callCheckpoint(ctx, o.Socket, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}},
+		fmt.Sprintf("checkpoint %d", o.Pid), int(d.Fd()))
+}
+
+// Resume gives a process that a GPU-only checkpoint left waiting its GPU
+// back.
+func Resume(ctx context.Context, socket string, pid int32) (*helperpb.CheckpointReply, error) {
+	return callCheckpoint(ctx, socket, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
+		ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: int64(pid)}}}, fmt.Sprintf("resume %d", pid), -1)
+}
+
+// gpuImageDir prepares the image directory of a GPU-only checkpoint, as the
+// user who runs gpucr: DIR and DIR/gpucr are made (0700) if missing, so the
+// kernel checks that this user may write there, and DIR is opened. The
+// helper, which runs as root, writes only beneath the descriptor passed to
+// it, into DIR/gpucr, and gives what it writes to this user.
+func gpuImageDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	if err := unix.Mkdirat(fd, image.SubDir, 0o700); err != nil && err != unix.EEXIST {
+		d.Close()
+		return nil, fmt.Errorf("image directory %s: %w", filepath.Join(dir, image.SubDir), err)
+	}
+	return d, nil
+}
+
+// callCheckpoint sends a Checkpoint (with dirFD, the image directory, if not
+// -1) or a ResumeCheckpointed and returns the helper's reply.
+func callCheckpoint(ctx context.Context, socket string, req *helperpb.Request, what string, dirFD int) (*helperpb.CheckpointReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, gpuCallTimeout)
+	defer cancel()
+	conn, err := client.Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	var send []int
+	if dirFD >= 0 {
+		send = []int{dirFD}
+	}
+	resp, _, err := conn.CallFDs(ctx, req, send)
+	var he *client.Error
+	if errors.As(err, &he) && he.Code == helperpb.ErrorCode_ERROR_STATE && req.GetResumeCheckpointed() != nil {
+		return nil, fmt.Errorf("%s: nothing to resume: %s; only a process that `gpucr checkpoint --gpu-only` (without --leave-running) left checkpointed waits for its GPU",
+			what, he.Message)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	r := resp.GetCheckpoint()
+	if r == nil {
+		return nil, fmt.Errorf("%s: the helper answered without a checkpoint reply", what)
+	}
+	return r, nil
+}
+
+// StateName is a helper client state in words: "running", "quiesced",
+// "dropped", ...
+func StateName(s helperpb.ClientState) string { return stateName(s) }

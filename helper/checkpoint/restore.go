@@ -1,0 +1,85 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// RestoreOptions is a restore of a whole-process image.
+type RestoreOptions struct {
+	Dir    string // the image directory (absolute)
+	CRIU   CRIU
+	Env    Environment
+	Events Events
+}
+
+// RestoreResult is a restore that succeeded: every process runs, each GPU
+// process with its GPU memory back.
+type RestoreResult struct {
+	Pid            int32        `json:"pid"` // the root of the restored tree
+	ImagesDir      string       `json:"images_dir"`
+	Seconds        float64      `json:"seconds"`
+	GPU            *GPUCopy     `json:"gpu"`
+	GPUProcesses   []GPUProcess `json:"gpu_processes"`
+	PluginDir      string       `json:"plugin_dir"`
+	PluginMessages []string     `json:"plugin_messages"`
+}
+
+// Restore restores the tree imaged in o.Dir. Before CRIU starts it checks
+// the directory and that every pid of the image is free (waiting briefly for
+// zombies to be reaped); after CRIU, that each GPU process has its GPU
+// memory back. Cancelling ctx stops CRIU and kills what it had restored.
+func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
+	ev := &emitter{out: o.Events, start: time.Now()}
+	if !filepath.IsAbs(o.Dir) {
+		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
+	}
+	if err := o.CRIU.check(); err != nil {
+		return nil, err
+	}
+	dir := o.Dir
+	if err := restoreDir(dir); err != nil {
+		return nil, err
+	}
+	if err := restorePidsFree(ctx, dir); err != nil {
+		return nil, err
+	}
+	_, statErr := os.Stat(filepath.Join(dir, "gpucr"))
+	if statErr == nil && o.CRIU.PluginDir == "" {
+		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
+	}
+	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev,
+		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
+	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
+	gpuState := statErr == nil
+	if err != nil {
+		// CRIU also fails when a restored process that cannot get its GPU
+		// memory back is stopped while CRIU still detaches from it: the
+		// helper knows why.
+		if gpuState {
+			if _, werr := waitGPURestored(o.Env.Socket, dir, 3*time.Second); werr != nil && !strings.Contains(werr.Error(), "no restore from") {
+				return nil, fmt.Errorf("%w; %v", err, werr)
+			}
+		}
+		return nil, err
+	}
+	// CRIU is done; with GPU state, each process must also have its GPU
+	// memory back before the tree is said to run.
+	procs := []GPUProcess{}
+	if gpuState {
+		ev.emit(Event{Kind: Phase, Text: "waiting for the GPU memory of the restored processes"})
+		if procs, err = waitGPURestored(o.Env.Socket, dir, restoredWait); err != nil {
+			return nil, fmt.Errorf("restore from %s: CRIU restored the processes, but %w", dir, err)
+		}
+	}
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pid %d runs", r.pid), Pid: r.pid})
+	return &RestoreResult{Pid: r.pid, ImagesDir: dir, Seconds: time.Since(ev.start).Seconds(), GPU: gpuCopyOf(r.gpu),
+		GPUProcesses: nonNil(procs), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin)}, nil
+}

@@ -1,0 +1,262 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/helper/swrk"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// emitter hands events to the caller one at a time: CRIU's phases come
+// from the RPC's goroutine, the GPU copy's progress from the watcher's.
+type emitter struct {
+	mu    sync.Mutex
+	out   Events
+	start time.Time
+}
+
+func (e *emitter) emit(ev Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ev.Elapsed = time.Since(e.start)
+	e.out.send(ev)
+}
+
+// notifier turns CRIU's RPC notifications into events.
+type notifier struct {
+	criu.NoNotify
+	ev       *emitter
+	pid      int32
+	noPlugin bool // CRIU runs without gpucr's plugin
+}
+
+func (n *notifier) PreDump() error {
+	what := "dumping (the plugin saves the GPU state through the helper)"
+	if n.noPlugin {
+		what = "dumping (without gpucr's plugin)"
+	}
+	n.ev.emit(Event{Kind: Phase, Text: what})
+	return nil
+}
+func (n *notifier) PostDump() error { n.ev.emit(Event{Kind: Phase, Text: "dumped"}); return nil }
+func (n *notifier) PreRestore() error {
+	what := "restoring (the helper loads the GPU memory meanwhile)"
+	if n.noPlugin {
+		what = "restoring (without gpucr's plugin)"
+	}
+	n.ev.emit(Event{Kind: Phase, Text: what})
+	return nil
+}
+func (n *notifier) PostRestore(pid int32) error {
+	n.pid = pid
+	n.ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("CRIU restored pid %d", pid), Pid: pid})
+	return nil
+}
+
+// job is one CRIU dump or restore of the image directory dir.
+type job struct {
+	dir     string
+	dump    bool
+	criu    CRIU
+	env     Environment
+	what    string  // "criu dump of pid 42", for messages
+	clients []int32 // the GPU processes of a dump's tree (given back after a timeout)
+	parent  string  // a dump's parent GPU image (absolute), "" for a full one
+	fill    func(*rpc.CriuOpts)
+	ev      *emitter
+}
+
+// ran is what a CRIU run that succeeded leaves for the report.
+type ran struct {
+	pid    int32              // a restore's root
+	gpu    *helperpb.Transfer // the helper's copy of the GPU data, if it saw one
+	plugin []string           // what the plugin said
+}
+
+// run runs a CRIU job under its deadline, in a private world (stage.go,
+// session.go): CRIU reads no configuration but the session's, gets only the
+// environment the session gives it, and works in private directories; the
+// log and a dump's images are moved into the image directory afterwards.
+// Cancelling ctx stops CRIU as the deadline does (a dump's processes get
+// their GPU back). Its failure is a *Failure: what CRIU's log and the
+// plugin said.
+func run(ctx context.Context, j job) (*ran, error) {
+	if err := j.criu.check(); err != nil {
+		return nil, err
+	}
+	deadline := j.criu.timeout()
+	// O_DIRECTORY: what replaced the directory since it was checked (a
+	// FIFO) is refused, not waited on.
+	fd, err := unix.Open(j.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", j.dir, err)
+	}
+	d := os.NewFile(uintptr(fd), j.dir)
+	defer d.Close()
+	sess, err := newSession(j.env.TempDir, j.criu.PluginDir, j.criu.Extra)
+	if err != nil {
+		return nil, fmt.Errorf("CRIU configuration: %w", err)
+	}
+	defer sess.close()
+	work, err := sess.workDir()
+	if err != nil {
+		return nil, err
+	}
+	defer work.Close()
+	var cd *criuDir
+	if j.dump {
+		cd, err = stageDump(d, j.dir)
+	} else {
+		cd, err = stageRestore(d, j.dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer cd.remove()
+	log := "restore.log"
+	if j.dump {
+		log = "dump.log"
+	}
+	opts := &rpc.CriuOpts{
+		ImagesDirFd: proto.Int32(int32(cd.stage.Fd())),
+		WorkDirFd:   proto.Int32(int32(work.Fd())),
+		LogFile:     proto.String(log),
+		// CRIU's own limit on stopping the tree (alarm() around
+		// collect_pstree, 10 s by default), which is where the plugin's
+		// PAUSE_DEVICES copies all GPU memory: the deadline instead.
+		Timeout: proto.Uint32(uint32(math.Ceil(deadline.Seconds()))),
+	}
+	j.criu.fill(opts)
+	if sess.config != "" {
+		opts.ConfigFile = proto.String(sess.config)
+	}
+	j.fill(opts)
+	n := &notifier{ev: j.ev, noPlugin: j.criu.PluginDir == ""}
+	// The plugin, inside CRIU, reaches the helper the caller named, writes
+	// its messages where this package reads them, puts the GPU image into
+	// (or takes it from) the image directory itself, passed as descriptor
+	// 4, and asks for an incremental GPU image against the parent chosen.
+	extra := []string{"GPUCR_IMAGE_DIR_FD=4"}
+	if j.parent != "" {
+		extra = append(extra, "GPUCR_PARENT="+j.parent)
+	}
+	cmd := swrk.Cmd{CRIU: j.criu.Binary, Env: sess.criuEnv(j.env, extra...), Files: []*os.File{d}, Deadline: deadline,
+		KillNew: !j.dump, Cancel: ctx.Done()}
+	direction := helperpb.Transfer_DIRECTION_LOAD
+	if j.dump {
+		direction = helperpb.Transfer_DIRECTION_DUMP
+	}
+	watch := watchGPU(j.env.Socket, j.dir, direction, j.ev)
+	var out swrk.Outcome
+	if j.dump {
+		out = cmd.Dump(opts, n)
+	} else {
+		out = cmd.Restore(opts, n)
+	}
+	r := &ran{pid: n.pid, gpu: watch.stop()}
+	privateLog := filepath.Join(sess.dir, log)
+	logPath := filepath.Join(j.dir, log)
+	// CRIU writes its log and its statistics (stats-dump, stats-restore)
+	// into its work directory.
+	for _, name := range []string{log, "stats-dump", "stats-restore"} {
+		err := placeFile(d, j.dir, filepath.Join(sess.dir, name), name)
+		if err != nil && (name == log || !errors.Is(err, fs.ErrNotExist)) { // CRIU writes one of the two statistics
+			j.ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("CRIU's %s could not be placed in the image directory: %v", name, err)})
+		}
+	}
+	if out.Err == nil && !out.TimedOut {
+		if j.dump {
+			if err := cd.publish(); err != nil {
+				return r, err
+			}
+		} else {
+			cd.keepNew()
+		}
+		r.plugin = sess.pluginLines()
+		return r, nil
+	}
+	f := &Failure{Log: logPath, TimedOut: out.TimedOut, Cancelled: out.Cancelled, Err: out.Err,
+		Summary: fmt.Sprintf("%s failed; see %s", j.what, logPath), GPU: gpuCopyOf(r.gpu)}
+	if out.TimedOut {
+		f.Summary = timeoutSummary(j.what, deadline, out, logPath)
+	}
+	if out.Cancelled {
+		f.Summary = fmt.Sprintf("%s interrupted: stopped CRIU", j.what)
+		if len(out.Killed) > 0 {
+			f.Summary += fmt.Sprintf(" and the processes it was restoring (%v)", out.Killed)
+		}
+	}
+	f.CRIU, err = criuLogFile(privateLog, maxCRIUErrors)
+	if err != nil {
+		f.CRIU = []string{fmt.Sprintf("(CRIU's log cannot be read: %v)", err)}
+	}
+	f.Plugin = sess.pluginLines()
+	if out.Cancelled {
+		// what CRIU said after it was stopped is noise
+		f.CRIU, f.Plugin = nil, nil
+	}
+	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...))
+	if (out.TimedOut || out.Cancelled) && len(j.clients) > 0 {
+		f.Processes = waitGPUBack(j.env.Socket, j.clients, gpuBackWait)
+	}
+	return r, f
+}
+
+// timeoutSummary says that CRIU ran past its deadline and what was done.
+func timeoutSummary(what string, deadline time.Duration, out swrk.Outcome, logPath string) string {
+	s := fmt.Sprintf("%s did not finish within %v; killed it", what, deadline)
+	if len(out.Killed) > 0 {
+		s += fmt.Sprintf(" and the processes it was restoring (%v)", out.Killed)
+	}
+	if out.Hung {
+		s += fmt.Sprintf("; its RPC did not end within %v after that (a process CRIU started holds it)", swrk.ReturnGrace)
+	}
+	return s + "; see " + logPath
+}
+
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+func pidList(pids []int32) string {
+	if len(pids) == 1 {
+		return fmt.Sprintf("pid %d", pids[0])
+	}
+	return fmt.Sprintf("pids %v", pids)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// stateName: "running", "quiesced", "dropped" or "unknown".
+func stateName(s helperpb.ClientState) string {
+	if s == helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
+		return "unknown"
+	}
+	return strings.ToLower(strings.TrimPrefix(s.String(), "CLIENT_STATE_"))
+}

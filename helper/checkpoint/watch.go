@@ -1,0 +1,151 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/internal/units"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// gpuWatch follows the helper's GPU copy for one image directory while CRIU
+// runs (the plugin, inside CRIU, asks the helper for it): Progress events,
+// and the copy's final numbers for the report.
+type gpuWatch struct {
+	stopc chan struct{}
+	done  chan struct{}
+	last  *helperpb.Transfer
+}
+
+// watchPoll is how often the helper is asked.
+const watchPoll = 100 * time.Millisecond
+
+// watchGPU starts watching the copy of dir in the given direction that
+// starts after the emitter's start.
+func watchGPU(socket, dir string, direction helperpb.Transfer_Direction, ev *emitter) *gpuWatch {
+	w := &gpuWatch{stopc: make(chan struct{}), done: make(chan struct{})}
+	go w.run(socket, dir, direction, ev)
+	return w
+}
+
+func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction, ev *emitter) {
+	defer close(w.done)
+	ctx := context.Background()
+	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+	conn, err := client.Dial(dctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	dcancel()
+	if err != nil {
+		return // no helper: the plugin says what went wrong
+	}
+	defer conn.Close()
+	var sent uint64
+	poll := func() {
+		qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer qcancel()
+		list, err := conn.Transfers(qctx, dir)
+		if err != nil {
+			return
+		}
+		// A dump of a process tree makes one copy per process.
+		var mine []*helperpb.Transfer
+		for _, t := range list {
+			if t.Direction == direction && time.UnixMilli(t.StartedUnixMs).After(ev.start.Add(-time.Second)) {
+				mine = append(mine, t)
+			}
+		}
+		if len(mine) == 0 {
+			return
+		}
+		w.last = combine(mine)
+		if w.last.BytesDone != sent || w.last.Finished {
+			sent = w.last.BytesDone
+			ev.emit(Event{Kind: Progress, Transfer: w.last})
+		}
+	}
+	tick := time.NewTicker(watchPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.stopc:
+			poll() // the final numbers
+			return
+		case <-tick.C:
+			poll()
+		}
+	}
+}
+
+// combine sums copies into one: bytes, the span from the first start to the
+// last end, finished when all are, the errors joined.
+func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
+	out := &helperpb.Transfer{ImageDir: ts[0].ImageDir, Direction: ts[0].Direction, StartedUnixMs: ts[0].StartedUnixMs, Finished: true}
+	var end int64 // microseconds since the epoch
+	for _, t := range ts {
+		out.BytesDone += t.BytesDone
+		out.BytesTotal += t.BytesTotal
+		out.BytesMoved += t.BytesMoved
+		out.Pids = append(out.Pids, t.Pids...)
+		out.StartedUnixMs = min(out.StartedUnixMs, t.StartedUnixMs)
+		end = max(end, t.StartedUnixMs*1000+int64(t.ElapsedUs))
+		out.Finished = out.Finished && t.Finished
+		if t.Error != "" {
+			if out.Error != "" {
+				out.Error += "; "
+			}
+			out.Error += t.Error
+		}
+	}
+	out.ElapsedUs = uint64(max(0, end-out.StartedUnixMs*1000))
+	return out
+}
+
+// stop ends the watch and returns the copy it saw last (nil: none).
+func (w *gpuWatch) stop() *helperpb.Transfer {
+	close(w.stopc)
+	<-w.done
+	return w.last
+}
+
+// GPUCopy is the helper's copy of the GPU data in a checkpoint or a
+// restore, all processes together.
+type GPUCopy struct {
+	Bytes      uint64  `json:"bytes"`       // copied so far
+	TotalBytes uint64  `json:"total_bytes"` // all of it
+	BytesMoved uint64  `json:"bytes_moved"` // over PCIe (a dump with a parent moves only what the parent lacks)
+	Seconds    float64 `json:"seconds"`
+	GBPerS     float64 `json:"gb_per_s"`
+	Finished   bool    `json:"finished"`
+	Error      string  `json:"error,omitempty"`
+	dump       bool
+}
+
+func gpuCopyOf(t *helperpb.Transfer) *GPUCopy {
+	if t == nil {
+		return nil
+	}
+	c := &GPUCopy{Bytes: t.BytesDone, TotalBytes: t.BytesTotal, BytesMoved: t.BytesMoved, Seconds: float64(t.ElapsedUs) / 1e6,
+		Finished: t.Finished, Error: t.Error, dump: t.Direction == helperpb.Transfer_DIRECTION_DUMP}
+	if c.Seconds > 0 {
+		c.GBPerS = float64(t.BytesDone) / 1e9 / c.Seconds
+	}
+	return c
+}
+
+// String is the copy in one line, for people.
+func (c *GPUCopy) String() string {
+	if c == nil {
+		return ""
+	}
+	line := fmt.Sprintf("GPU data: %s in %.3f s (%.1f GB/s)", units.Bytes(c.Bytes), c.Seconds, c.GBPerS)
+	if c.dump && c.BytesMoved < c.Bytes {
+		line += fmt.Sprintf(", %s of it over PCIe (the rest the parent image had)", units.Bytes(c.BytesMoved))
+	}
+	if c.Error != "" {
+		line += ", failed: " + c.Error
+	} else if !c.Finished {
+		line += ", still running"
+	}
+	return line
+}

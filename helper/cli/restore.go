@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/gpucr/gpucr/helper/checkpoint"
+)
+
+// restoreCommand is `gpucr restore -D DIR` (checkpoint.Restore).
+func restoreCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "restore",
+		Usage: "restore a process tree from DIR (CRIU with gpucr's plugin)",
+		Flags: append([]ucli.Flag{
+			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory"},
+			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
+			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
+			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
+		Action: func(c *ucli.Context) error {
+			pos, err := flagsAnywhere(c)
+			if err != nil {
+				return helpOK(err)
+			}
+			if len(pos) > 0 {
+				return usageError{fmt.Errorf("restore: unexpected arguments %q (usage: gpucr restore -D DIR)", pos)}
+			}
+			dir := c.String("images-dir")
+			if dir == "" {
+				return usageError{errors.New("restore: -D DIR is required")}
+			}
+			if dir, err = filepath.Abs(dir); err != nil {
+				return err
+			}
+			criu, err := criuOptions(c)
+			if err != nil {
+				return err
+			}
+			env, err := criuEnvironment(c.String("socket"))
+			if err != nil {
+				return err
+			}
+			ctx, stop := interruptible(c.Context)
+			defer stop()
+			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))
+			res, err := checkpoint.Restore(ctx, checkpoint.RestoreOptions{Dir: dir, CRIU: criu, Env: env, Events: events.handle})
+			if err != nil {
+				return err
+			}
+			line := fmt.Sprintf("restore: pid %d running again after %.3f s", res.Pid, res.Seconds)
+			if g := res.GPU.String(); g != "" {
+				line = "  " + g + "\n" + line
+			}
+			return report(c, res, line, res.PluginMessages)
+		},
+	}
+}
