@@ -17,6 +17,9 @@
 #                                     made from busybox-static's /bin/busybox
 #       iproute2 procps util-linux psmisc
 #                                     ip, ps/pgrep/pkill, setsid/nsenter, fuser
+#       openssh-server openssh-client the migration test (tests/e2e/migrate_test.go):
+#                                     an sshd in a second network namespace
+#                                     is the target machine
 #       python3                       scripts/oci-bundle.sh edits config.json
 #       tar                           CRIU dumps tmpfs mounts (/dev/shm, /tmp)
 #       clang-format cppcheck         `make lint-c`: the C sources' format and
@@ -43,6 +46,7 @@ PKGS=(
 	runc
 	podman busybox-static
 	iproute2 procps util-linux psmisc
+	openssh-server openssh-client
 	python3 tar
 	clang-format cppcheck
 )

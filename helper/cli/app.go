@@ -123,6 +123,7 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			clientCommand(),
 			checkpointCommand(),
 			restoreCommand(),
+			migrateCommand(),
 			resumeCommand(),
 		},
 	}

@@ -51,6 +51,11 @@ type client struct {
 	// life is where it is in its lifecycle, and what goes with that; only
 	// lifecycle.go reads or changes it. Guarded by mu.
 	life life
+
+	// stoppedAfterDump: a dump left its process stopped (a migration's
+	// source); it gets its GPU back once it is continued (stopped.go).
+	// Guarded by the server's mu.
+	stoppedAfterDump bool
 }
 
 type alloc struct {

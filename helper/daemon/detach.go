@@ -56,6 +56,18 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		}
 		return okResp(id)
 	}
+	if cl.process().Stopped() {
+		// Left stopped (CRIU's --leave-stopped: a migration's source that
+		// is killed once its copy runs elsewhere, or continued if that
+		// fails). The driver cannot restore the state of a process none of
+		// whose threads can run: it is done once the process is continued
+		// (stopped.go), and its memory is released if it is killed.
+		s.mu.Lock()
+		cl.stoppedAfterDump = true
+		s.mu.Unlock()
+		cl.log.Info("the dump left the process stopped: its GPU comes back once it is continued, and goes if it is killed")
+		return okResp(id)
+	}
 	// The driver state first, while nothing in the process can touch the
 	// GPU, then wake it.
 	if err := cl.driverResumeRetry(); err != nil {

@@ -24,12 +24,16 @@ const reapInterval = time.Second
 func (s *Server) runReaper(stop <-chan struct{}) {
 	t := time.NewTicker(reapInterval)
 	defer t.Stop()
+	cont := time.NewTicker(continuedPoll)
+	defer cont.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 			s.reapGone()
+		case <-cont.C:
+			s.resumeContinued()
 		}
 	}
 }

@@ -84,6 +84,16 @@ func (p *Process) Running() bool {
 	return err == nil && st.Alive() && st.Start == p.start
 }
 
+// Stopped reports whether the process is alive and stopped (SIGSTOP, or
+// left stopped by a tracer: CRIU's --leave-stopped).
+func (p *Process) Stopped() bool {
+	if !p.Running() {
+		return false
+	}
+	st, err := ReadStat(p.pid)
+	return err == nil && st.Start == p.start && (st.State == 'T' || st.State == 't')
+}
+
 // Check is nil while the process runs, else a *GoneError.
 func (p *Process) Check() error {
 	if p == nil {

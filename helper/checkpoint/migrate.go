@@ -1,0 +1,184 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/proc"
+)
+
+// A live migration: the tree is dumped and left stopped, its image goes to
+// the target, the target restores it, and only then is the source killed.
+// Until the target runs, every failure continues the source where it
+// stopped, with its GPU.
+
+// Target is the machine a migration goes to.
+type Target interface {
+	// Name is the target, for messages ("root@10.0.0.2").
+	Name() string
+	// Check makes sure the target can restore (its gpucr answers), before
+	// anything is stopped.
+	Check(ctx context.Context) error
+	// Receive makes the image in localDir available at the target and
+	// returns its directory there, and how many bytes went over.
+	Receive(ctx context.Context, localDir string) (remoteDir string, sent int64, err error)
+	// Restore restores the image in remoteDir at the target.
+	Restore(ctx context.Context, remoteDir string) (*RestoreResult, error)
+	// Discard removes what Receive put at the target (a failed migration).
+	Discard(ctx context.Context, remoteDir string) error
+}
+
+// MigrateOptions is a live migration of the tree of Pid to Target.
+type MigrateOptions struct {
+	Pid int32
+	// Dir is the local image directory (absolute, new or empty).
+	Dir    string
+	Target Target
+	CRIU   CRIU
+	Env    Environment
+	Events Events
+}
+
+// MigrateResult is a migration that succeeded.
+type MigrateResult struct {
+	Pid    int32  `json:"pid"`    // the source's root
+	Target string `json:"target"` // where it runs now
+	// TargetPid is its root's pid there (in the target's pid namespace).
+	TargetPid int32  `json:"target_pid"`
+	ImagesDir string `json:"images_dir"`
+	RemoteDir string `json:"remote_dir"`
+	// Downtime is from the start of the dump (CRIU freezes the tree then)
+	// to the target's report that the tree runs there with its GPU memory.
+	DowntimeSeconds float64        `json:"downtime_seconds"`
+	DumpSeconds     float64        `json:"dump_seconds"`
+	TransferSeconds float64        `json:"transfer_seconds"`
+	RestoreSeconds  float64        `json:"restore_seconds"` // the target's restore, as this end waited for it
+	TransferBytes   int64          `json:"transfer_bytes"`
+	Dump            *DumpResult    `json:"dump"`
+	Restore         *RestoreResult `json:"restore"`
+}
+
+// MigrateError is a migration that failed after the source was stopped: the
+// source has been continued (or why it could not be), and the target's copy
+// discarded.
+type MigrateError struct {
+	Step          string // "transfer", "restore"
+	Err           error
+	SourceRunning bool     // the source runs on with its GPU
+	Notes         []string // what was done afterwards
+}
+
+func (e *MigrateError) Error() string {
+	s := fmt.Sprintf("migration failed in its %s: %v", e.Step, e.Err)
+	for _, n := range e.Notes {
+		s += "\n  " + n
+	}
+	return s
+}
+
+func (e *MigrateError) Unwrap() error { return e.Err }
+
+// sourceBackWait bounds how long a failed migration waits for the source's
+// GPU processes to have their GPU back.
+const sourceBackWait = 30 * time.Second
+
+// Migrate moves the tree of o.Pid to o.Target.
+func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
+	ev := &emitter{out: o.Events, start: time.Now()}
+	if o.Target == nil {
+		return nil, errors.New("migration without a target")
+	}
+	if c, ok := o.Target.(io.Closer); ok {
+		defer c.Close()
+	}
+	if err := o.Target.Check(ctx); err != nil {
+		return nil, fmt.Errorf("migration refused before anything was stopped: target %s: %w", o.Target.Name(), err)
+	}
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("target %s answers", o.Target.Name())})
+	t0 := time.Now()
+	// the dump's events, timed from the migration's start
+	dumpEvents := func(e Event) { e.Elapsed += t0.Sub(ev.start); ev.out.send(e) }
+	dump, err := Dump(ctx, DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, CRIU: o.CRIU, Env: o.Env, Events: dumpEvents})
+	if err != nil {
+		return nil, err // a failed dump leaves the tree running
+	}
+	res := &MigrateResult{Pid: o.Pid, Target: o.Target.Name(), ImagesDir: o.Dir, Dump: dump, DumpSeconds: time.Since(t0).Seconds()}
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("dumped in %.3f s; the source is stopped", res.DumpSeconds)})
+	// From here on the source is stopped: whatever fails continues it.
+	fail := func(step string, err error, remoteDir string) error {
+		me := &MigrateError{Step: step, Err: err}
+		if remoteDir != "" {
+			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if derr := o.Target.Discard(dctx, remoteDir); derr != nil {
+				me.Notes = append(me.Notes, fmt.Sprintf("the image at the target (%s) could not be removed: %v", remoteDir, derr))
+			}
+			cancel()
+		}
+		me.SourceRunning, me.Notes = continueSource(o.Env.Socket, dump, me.Notes)
+		me.Notes = append(me.Notes, "the image stays in "+o.Dir)
+		return me
+	}
+	t1 := time.Now()
+	remoteDir, sent, err := o.Target.Receive(ctx, o.Dir)
+	if err != nil {
+		return nil, fail("transfer", err, remoteDir)
+	}
+	res.RemoteDir, res.TransferBytes, res.TransferSeconds = remoteDir, sent, time.Since(t1).Seconds()
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("image at %s:%s (%d bytes sent in %.3f s)", o.Target.Name(), remoteDir, sent, res.TransferSeconds)})
+	t2 := time.Now()
+	restored, err := o.Target.Restore(ctx, remoteDir)
+	if err != nil {
+		return nil, fail("restore", err, remoteDir)
+	}
+	res.Restore, res.TargetPid, res.RestoreSeconds = restored, restored.Pid, time.Since(t2).Seconds()
+	res.DowntimeSeconds = time.Since(t0).Seconds()
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("runs at %s as pid %d", o.Target.Name(), restored.Pid)})
+	// The target runs: the source goes.
+	for _, p := range dump.Tree {
+		_ = syscall.Kill(int(p), syscall.SIGKILL)
+	}
+	wctx, cancel := context.WithTimeout(ctx, treeGoneWait)
+	defer cancel()
+	if held := proc.WaitReleased(wctx, dump.Tree); len(held) > 0 {
+		text, _ := holdersText(held)
+		ev.emit(Event{Kind: Warning, Text: "the source's processes, killed, still hold their pids: " + text})
+	}
+	return res, nil
+}
+
+// continueSource continues a stopped migration source (SIGCONT to every
+// process of its tree) and waits for its GPU processes to have their GPU
+// back; it says whether they do, with notes.
+func continueSource(socket string, dump *DumpResult, notes []string) (bool, []string) {
+	for _, p := range dump.Tree {
+		if err := syscall.Kill(int(p), syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
+			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p, err))
+		}
+	}
+	var pids []int32
+	for _, g := range dump.GPUProcesses {
+		pids = append(pids, g.Pid)
+	}
+	running := true
+	for _, p := range dump.Tree {
+		if !proc.Exists(p) && !slices.Contains(pids, p) {
+			running = false
+			notes = append(notes, fmt.Sprintf("pid %d of the source is gone", p))
+		}
+	}
+	for _, pa := range waitGPUBack(socket, pids, sourceBackWait) {
+		if !pa.Running {
+			running = false
+		}
+		notes = append(notes, "the source's "+pa.describe())
+	}
+	if running {
+		notes = append(notes, fmt.Sprintf("the source (pid %d) runs on", dump.Pid))
+	}
+	return running, notes
+}
