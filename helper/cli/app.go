@@ -153,10 +153,10 @@ func logger(c *ucli.Context) *zap.Logger {
 	return l
 }
 
+// writeJSON writes v as one line of JSON: every --json document, success
+// or failure, so that a script can take the last line of the output.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	return json.NewEncoder(w).Encode(v)
 }
 
 func versionCommand() *ucli.Command {

@@ -66,8 +66,8 @@ func TestHelp(t *testing.T) {
 	}
 }
 
-// With --json a failure is one JSON object on stdout, nothing on stderr, and
-// the exit code stays.
+// With --json a failure is one JSON object on stdout, on one line, as a
+// success is; nothing on stderr, and the exit code stays.
 func TestJSONErrors(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
@@ -97,7 +97,7 @@ func TestJSONErrors(t *testing.T) {
 	}
 	// A pid that does not exist (a free one: the largest possible).
 	code, out, _ := runCLI(t, "checkpoint", "4194304", "-D", dir, "--json")
-	if code != ExitFailure || !strings.Contains(out, `"error": "no process 4194304"`) {
+	if code != ExitFailure || out != `{"error":"no process 4194304","exit_code":1}`+"\n" {
 		t.Errorf("checkpoint of a missing pid: exit %d, %q", code, out)
 	}
 }

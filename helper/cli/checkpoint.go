@@ -137,7 +137,7 @@ func checkpointParent(c *ucli.Context, dir string, events *eventPrinter) (string
 	return latest, nil
 }
 
-// report prints a command's result: v with --json (indented, as a failure
+// report prints a command's result: v with --json (one line, as a failure
 // is), else line; the plugin's messages of a run that succeeded go to
 // stderr as warnings.
 func report(c *ucli.Context, v any, line string, plugin []string) error {
@@ -154,7 +154,7 @@ func report(c *ucli.Context, v any, line string, plugin []string) error {
 // reportGPU prints the helper's reply to a GPU-only checkpoint or a resume.
 func reportGPU(c *ucli.Context, r *helperpb.CheckpointReply, what string, pid int32, dir string) error {
 	if c.Bool("json") {
-		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true, Indent: "  "}.Marshal(r)
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(r)
 		if err != nil {
 			return err
 		}
