@@ -77,16 +77,34 @@ func (t *SSHTarget) remote(ctx context.Context, cmdline string, stdin io.Reader)
 		cmd.Stderr = io.MultiWriter(&errb, t.Stderr)
 	}
 	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(errb.String())
-		if len(msg) > 2000 {
-			msg = "..." + msg[len(msg)-2000:]
+		re := &RemoteError{Host: t.Host, Command: firstWord(cmdline), Exit: -1, Stderr: strings.TrimSpace(errb.String()), err: err}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			re.Exit = ee.ExitCode()
 		}
-		if msg != "" {
-			return out.Bytes(), fmt.Errorf("%s at %s: %w: %s", firstWord(cmdline), t.Host, err, msg)
-		}
-		return out.Bytes(), fmt.Errorf("%s at %s: %w", firstWord(cmdline), t.Host, err)
+		return out.Bytes(), re
 	}
 	return out.Bytes(), nil
+}
+
+// RemoteError is a command that failed at the target.
+type RemoteError struct {
+	Host, Command string
+	Exit          int // its exit status; -1 if it did not run
+	Stderr        string
+	err           error
+}
+
+func (e *RemoteError) Error() string {
+	msg := e.Stderr
+	if len(msg) > 2000 {
+		msg = "..." + msg[len(msg)-2000:]
+	}
+	s := fmt.Sprintf("%s at %s: %v", e.Command, e.Host, e.err)
+	if msg != "" {
+		s += ": " + msg
+	}
+	return s
 }
 
 func firstWord(s string) string {
@@ -193,8 +211,8 @@ func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64
 	if err == nil && werr != nil {
 		err = werr
 	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) && ee.ExitCode() == 3 {
+	var re *RemoteError
+	if errors.As(err, &re) && re.Exit == 3 {
 		return "", n, err // not ours to remove
 	}
 	return rdir, n, err

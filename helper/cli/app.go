@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os/exec"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
 
@@ -44,7 +45,10 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	code := ExitFailure
 	var ue usageError
 	var ec ucli.ExitCoder // urfave's own: `gpucr help NOSUCH`
-	if errors.As(err, &ue) || errors.As(err, &ec) {
+	// urfave's own exit codes (`gpucr help NOSUCH`), not a program's that
+	// failed underneath (*exec.ExitError has an ExitCode too)
+	var xe *exec.ExitError
+	if errors.As(err, &ue) || (errors.As(err, &ec) && !errors.As(err, &xe)) {
 		code = ExitUsage
 	}
 	if wantsJSON(args) {

@@ -62,10 +62,17 @@ trap 'exit 143' TERM INT
 note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
 start_helper "$GPUCR" "$SOCK" "$LOGS/source-helper.log" --log-level info || { bad "the source helper does not start"; exit 1; }
 # The target: its init (a python loop that reaps every child) starts the
-# target's helper on the same socket path, inside its namespaces.
-unshare --pid --fork --kill-child --mount --mount-proc $PY -c "
+# target's helper on the same socket path, inside its namespaces (a network
+# namespace too: abstract unix socket names, which DataLoader workers use,
+# are per network namespace, as they are per machine).
+unshare --pid --fork --kill-child --mount --mount-proc --net $PY -c "
 import os, subprocess, sys, time
 subprocess.check_call(['mount', '--bind', '$DST', '$SRC'])
+# lo up (CRIU probes TCP repair on it), by SIOCGIFFLAGS/SIOCSIFFLAGS: no ip(8) here
+import fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack('16sH', fcntl.ioctl(s, 0x8913, struct.pack('16sH', b'lo', 0)))[1]
+fcntl.ioctl(s, 0x8914, struct.pack('16sH', b'lo', flags | 1))
 subprocess.Popen(['$GPUCR', 'helper', '--socket', '$SOCK', '--log-level', 'info'], stdout=open('$LOGS/target-helper.log', 'a'), stderr=subprocess.STDOUT)
 while True:
     try:
@@ -77,12 +84,15 @@ UNSHARE=$!
 TPID=
 for _ in $(seq 100); do
 	TPID=$(pgrep -P "$UNSHARE" | head -1)
-	[ -n "$TPID" ] && nsenter -t "$TPID" -p -m -- "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break
+	# the target's own helper (its log says it listens), not the source's
+	[ -n "$TPID" ] && grep -q "helper listening" "$LOGS/target-helper.log" 2>/dev/null &&
+		nsenter -t "$TPID" -p -m -- "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break
 	sleep 0.1
 done
-nsenter -t "$TPID" -p -m -- "$GPUCR" status --socket "$SOCK" >"$LOGS/target-status.txt" 2>&1 || { bad "the target helper does not answer"; exit 1; }
+grep -q "helper listening" "$LOGS/target-helper.log" 2>/dev/null &&
+	nsenter -t "$TPID" -p -m -- "$GPUCR" status --socket "$SOCK" >"$LOGS/target-status.txt" 2>&1 || { bad "the target helper does not answer"; exit 1; }
 NSSSH=$LOGS/nsssh
-printf '#!/bin/sh\nshift\nexec nsenter -t %s -p -m -- /bin/sh -c "$1"\n' "$TPID" >"$NSSSH"
+printf '#!/bin/sh\nshift\nexec nsenter -t %s -p -m -n -- /bin/sh -c "$1"\n' "$TPID" >"$NSSSH"
 chmod 755 "$NSSSH"
 TGPUCR="env GPUCR_SOCKET=$SOCK GPUCR_CRIU=$GPUCR_CRIU $GPUCR"
 
@@ -132,14 +142,15 @@ for how in shared stream; do
 	n0=$(hbs "$L")
 	t0=$(now)
 	timeout 120 "$GPUCR" migrate "$P" --to target --ssh "$NSSSH" --target-gpucr "$TGPUCR" --socket "$SOCK" "${args[@]}" --json >"$LOGS/$how.json" 2>"$LOGS/$how.err" ||
-		bad "$how: gpucr migrate: $(tail -3 "$LOGS/$how.json" "$LOGS/$how.err")"
+		bad "$how: gpucr migrate: $(tail -n 3 "$LOGS/$how.json"; tail -n 3 "$LOGS/$how.err")"
 	t3=$(next_heartbeat "$L" "$n0")
 	adv=no
 	[ -n "$t3" ] && adv=$(checksum_advancing "$L")
 	[ "$adv" = yes ] || bad "$how: no advancing heartbeat after the migration"
 	kill -0 "$P" 2>/dev/null && [ "$(ps -o stat= -p "$P")" != Z ] && bad "$how: the source (pid $P) still runs"
-	f() { printf '%.3f s' "$(jf "$LOGS/$how.json" "$1" || echo 0)"; }
-	note "| gpucr migrate $([ $how = shared ] && echo --shared || echo '(streamed)') | $(f downtime_seconds) | $(f dump_seconds) | $(f transfer_seconds) ($(($(jf "$LOGS/$how.json" transfer_bytes || echo 0) / 1000000)) MB) | $(f restore_seconds) | $([ -n "$t3" ] && span "$t0" "$t3" || echo never) | $adv |"
+	f() { v=$(jf "$LOGS/$how.json" "$1"); printf '%.3f s' "${v:-0}"; }
+	mb=$(jf "$LOGS/$how.json" transfer_bytes)
+	note "| gpucr migrate $([ $how = shared ] && echo --shared || echo '(streamed)') | $(f downtime_seconds) | $(f dump_seconds) | $(f transfer_seconds) ($((${mb:-0} / 1000000)) MB) | $(f restore_seconds) | $([ -n "$t3" ] && span "$t0" "$t3" || echo never) | $adv |"
 	pkill -9 -f "$A/work.py"
 	sleep 1
 	rm -rf "$IMG/$how" "$IMG/$how-src" "$IMG/$how-dst"
@@ -154,16 +165,22 @@ if [ "$(left)" -gt 90 ]; then
 	$PY "$W" train_dataloader "$LOGS/train-plain.txt" "$STEPS" >"$LOGS/train-plain.out" 2>&1 &
 	PLAIN=$!
 	MATRIX_DELAY=0.04 setsid "$GPUCR" run --socket "$SOCK" -- $PY "$W" train_dataloader "$LOGS/train-migrated.txt" "$STEPS" </dev/null >"$LOGS/train-migrated.out" 2>&1 &
-	for _ in $(seq 900); do [ "$(grep -c '^step' "$LOGS/train-migrated.txt" 2>/dev/null)" -gt 50 ] && break; sleep 0.1; done
+	for _ in $(seq 900); do [ "$(grep -c '^step' "$LOGS/train-migrated.txt" 2>/dev/null || echo 0)" -gt 50 ] && break; sleep 0.1; done
 	TP=$(grep -o 'pid=[0-9]*' "$LOGS/train-migrated.txt" | head -1 | cut -d= -f2)
+	migrated=yes
 	timeout 120 "$GPUCR" migrate "$TP" --to target --ssh "$NSSSH" --target-gpucr "$TGPUCR" --socket "$SOCK" -D "$IMG/train-src" --target-dir "$IMG/train-dst" >"$LOGS/train-migrate.txt" 2>&1 ||
-		bad "train: gpucr migrate: $(tail -5 "$LOGS/train-migrate.txt")"
-	for _ in $(seq $(($(left) * 10))); do grep -q '^done' "$LOGS/train-migrated.txt" 2>/dev/null && break; sleep 0.1; done
+		{ migrated=no; bad "train: gpucr migrate: $(tail -n 5 "$LOGS/train-migrate.txt")"; }
+	# until it is done, or no process of it is left (bounded by the deadline)
+	for _ in $(seq $(($(left) * 10))); do
+		grep -q '^done' "$LOGS/train-migrated.txt" 2>/dev/null && break
+		pgrep -f "train_dataloader $LOGS/train-migrated.txt" >/dev/null || break
+		sleep 0.1
+	done
 	wait $PLAIN
 	if grep -q '^done' "$LOGS/train-migrated.txt" && diff <(grep -v '^ready' "$LOGS/train-plain.txt") <(grep -v '^ready' "$LOGS/train-migrated.txt") >"$LOGS/train-diff.txt"; then
-		note "train_dataloader, $STEPS steps, migrated at step $(grep '^step' "$LOGS/train-migrated.txt" | head -60 | tail -1 | cut -d' ' -f2)ish: every line equals the plain run's ($(tail -1 "$LOGS/train-migrate.txt"))"
+		note "train_dataloader, $STEPS steps, migrated ($migrated) at step $(grep '^step' "$LOGS/train-migrated.txt" | head -60 | tail -1 | cut -d' ' -f2)ish: every line equals the plain run's ($(tail -1 "$LOGS/train-migrate.txt"))"
 	else
-		bad "train_dataloader: the migrated run differs from the plain run or did not finish (see train-diff.txt): $(tail -2 "$LOGS/train-migrated.txt")"
+		bad "train_dataloader: the migrated run differs from the plain run or did not finish (see train-diff.txt): $(tail -n 2 "$LOGS/train-migrated.txt"); its stderr: $(tail -n 8 "$LOGS/train-migrated.out")"
 	fi
 else
 	bad "train: out of time"
@@ -186,7 +203,7 @@ if [ "$(left)" -gt 40 ] && GB=2 start_work fail; then
 	if [ $rc = 1 ] && grep -q "the source (pid $P) runs on" "$LOGS/fail.txt" && [ "$adv" = yes ]; then
 		note "exit 1 after $(span "$t0" "$t1"); the source ran on with its GPU, next heartbeat $(span "$t1" "$t3") after the command: $(grep -c . "$LOGS/fail.txt") lines, ending: $(tail -1 "$LOGS/fail.txt")"
 	else
-		bad "failed migration: exit $rc, checksum advancing $adv: $(tail -6 "$LOGS/fail.txt")"
+		bad "failed migration: exit $rc, checksum advancing $adv: $(tail -n 6 "$LOGS/fail.txt")"
 	fi
 fi
 [ -n "${OUT:-}" ] && cp -r "$LOGS" "$OUT/" 2>/dev/null
