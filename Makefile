@@ -44,7 +44,7 @@ INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install uninstall fmt-c lint-c fuzz
+.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install uninstall man fmt-c lint-c fuzz
 
 all: gpucr imagebench sim apps $(DRVTEST) intercept plugin
 
@@ -101,7 +101,19 @@ CRIU_PLUGIN_DIR  ?= /usr/lib/criu
 GPUCR_LIB_DIR    ?= /usr/lib/gpucr
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 DOC_DIR          ?= $(PREFIX)/share/doc/gpucr
-install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
+MAN_DIR          ?= $(PREFIX)/share/man/man1
+BASH_COMP_DIR    ?= $(PREFIX)/share/bash-completion/completions
+ZSH_COMP_DIR     ?= $(PREFIX)/share/zsh/site-functions
+
+# man: the manual pages (gpucr.1, gpucr-COMMAND.1) and the shell completion
+# scripts, made by gpucr itself from its command definitions.
+man: $(GPUCR)
+	rm -rf $(BUILD)/man && $(GPUCR) man $(BUILD)/man/man1
+	mkdir -p $(BUILD)/man/completion
+	$(GPUCR) completion bash > $(BUILD)/man/completion/gpucr
+	$(GPUCR) completion zsh > $(BUILD)/man/completion/_gpucr
+
+install: $(PLUGIN) $(GPUCR) $(INTERCEPT) man
 	install -D -m 0755 $(PLUGIN) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so
 	install -D -m 0755 $(GPUCR) $(DESTDIR)$(PREFIX)/bin/gpucr
 	install -D -m 0755 $(INTERCEPT) $(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so
@@ -111,13 +123,18 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT)
 		scripts/gpucr-helper.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
+	install -d -m 0755 $(DESTDIR)$(MAN_DIR)
+	install -m 0644 $(BUILD)/man/man1/*.1 $(DESTDIR)$(MAN_DIR)/
+	install -D -m 0644 $(BUILD)/man/completion/gpucr $(DESTDIR)$(BASH_COMP_DIR)/gpucr
+	install -D -m 0644 $(BUILD)/man/completion/_gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr
 
 # Removes what install put there (the same variables name the same places);
 # directories are removed only where they are left empty.
 uninstall:
 	rm -f $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
 		$(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service \
-		$(DESTDIR)$(DOC_DIR)/helper-protocol.md
+		$(DESTDIR)$(DOC_DIR)/helper-protocol.md $(DESTDIR)$(MAN_DIR)/gpucr.1 $(DESTDIR)$(MAN_DIR)/gpucr-*.1 \
+		$(DESTDIR)$(BASH_COMP_DIR)/gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr
 	-rmdir $(DESTDIR)$(GPUCR_LIB_DIR) $(DESTDIR)$(DOC_DIR) 2>/dev/null
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).

@@ -128,6 +128,8 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			checkpointCommand(),
 			restoreCommand(),
 			migrateCommand(),
+			completionCommand(),
+			manCommand(),
 			resumeCommand(),
 		},
 	}

@@ -53,10 +53,14 @@ func TestMakeInstall(t *testing.T) {
 				src  string
 				mode os.FileMode
 			}{
-				"/usr/lib/criu/gpucr_plugin.so":              {plugin, 0o755},
-				want + "/bin/gpucr":                          {gpucr, 0o755},
-				"/usr/lib/gpucr/libgpucr.so":                 {interposer, 0o755},
-				want + "/share/doc/gpucr/helper-protocol.md": {filepath.Join(root, "docs", "helper-protocol.md"), 0o644},
+				"/usr/lib/criu/gpucr_plugin.so":                   {plugin, 0o755},
+				want + "/bin/gpucr":                               {gpucr, 0o755},
+				"/usr/lib/gpucr/libgpucr.so":                      {interposer, 0o755},
+				want + "/share/doc/gpucr/helper-protocol.md":      {filepath.Join(root, "docs", "helper-protocol.md"), 0o644},
+				want + "/share/man/man1/gpucr-checkpoint.1":       {"", 0o644},
+				want + "/share/man/man1/gpucr.1":                  {"", 0o644},
+				want + "/share/bash-completion/completions/gpucr": {"", 0o644},
+				want + "/share/zsh/site-functions/_gpucr":         {"", 0o644},
 				unitPath: {"", 0o644},
 			} {
 				fi, err := os.Stat(destdir + path)

@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestPluginHarmlessForNonGPUDumps: `make install` puts the plugin where
+// every CRIU run on the host loads it. A process that is no GPU process is
+// dumped and restored with the plugin loaded exactly as without it: with no
+// helper on the host, and with a helper that does not know the process;
+// the restored process runs on, and no GPU image is written. The plugin's
+// cost per dump is logged (the median of three dumps with and without it).
+func TestPluginHarmlessForNonGPUDumps(t *testing.T) {
+	criu := needTool(t, "criu")
+	dir := t.TempDir()
+	libdir := pluginDir(t)
+	env := gpucrEnv(t)
+	marks := filepath.Join(dir, "marks")
+	// one process, no children: a shell's sleeps would linger as zombies
+	// holding its session after each dump
+	py := needTool(t, "python3")
+	loop := "import sys, time\ni = 0\nwhile True:\n    i += 1\n    open(sys.argv[1], 'a').write('%d\\n' % i)\n    time.sleep(0.02)\n"
+	last := func() int {
+		b, _ := os.ReadFile(marks)
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return 0
+		}
+		n, _ := strconv.Atoi(f[len(f)-1])
+		return n
+	}
+	waitPast := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for last() <= n {
+			if time.Now().After(deadline) {
+				t.Fatalf("the loop does not go past %d", n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// dumpRestore dumps the loop (with the plugin or not) under env, checks
+	// it stopped, restores it and checks it goes on; it returns the dump's
+	// time.
+	dumpRestore := func(t *testing.T, criuEnv []string, pid int, plugin bool) (int, time.Duration) {
+		t.Helper()
+		img := t.TempDir()
+		args := []string{"dump", "-t", strconv.Itoa(pid)}
+		if plugin {
+			args = append(args, "--libdir", libdir)
+		}
+		t0 := time.Now()
+		criuOK(t, criu, criuEnv, img, "dump.log", append(args, "-v4")...)
+		took := time.Since(t0)
+		waitPidFree(pid, 10*time.Second)
+		if _, err := os.Stat(filepath.Join(img, "gpucr")); err == nil {
+			t.Errorf("a GPU image was written for a process that has no GPU")
+		}
+		if plugin {
+			if b, _ := os.ReadFile(filepath.Join(img, "dump.log")); !strings.Contains(string(b), `Plugin "gpucr"`) {
+				t.Errorf("CRIU did not load the plugin:\n%s", tail(string(b), 10))
+			}
+		}
+		at := last()
+		rargs := []string{"restore", "-d", "--pidfile", filepath.Join(img, "pid")}
+		if plugin {
+			rargs = append(rargs, "--libdir", libdir)
+		}
+		criuOK(t, criu, criuEnv, img, "restore.log", rargs...)
+		waitPast(at + 3)
+		b, _ := os.ReadFile(filepath.Join(img, "pid"))
+		np, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return np, took
+	}
+	p := startSetsid(t, true, py, "-c", loop, marks)
+	go func() { _ = p.Wait() }()
+	waitPast(3)
+	pid := p.Process.Pid
+	plain := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+	t.Run("no helper", func(t *testing.T) { pid, _ = dumpRestore(t, plain, pid, true) })
+	h := startHelper(t, dir, env)
+	withHelper := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + h.socket}
+	t.Run("helper that does not know it", func(t *testing.T) { pid, _ = dumpRestore(t, withHelper, pid, true) })
+	var with, without []time.Duration
+	for i := 0; i < 3; i++ {
+		var d time.Duration
+		pid, d = dumpRestore(t, withHelper, pid, true)
+		with = append(with, d)
+		pid, d = dumpRestore(t, withHelper, pid, false)
+		without = append(without, d)
+	}
+	slices.Sort(with)
+	slices.Sort(without)
+	t.Logf("criu dump of a python loop: median of 3 %v with gpucr's plugin loaded (a helper running), %v without", with[1], without[1])
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
