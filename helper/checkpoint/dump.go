@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -97,6 +98,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if o.CRIU.PluginDir == "" && len(tc.Clients) > 0 {
 		return nil, fmt.Errorf("checkpoint %d refused: its tree holds GPU processes of the helper (%s), and %s",
 			pid, pidList(tc.Clients), o.CRIU.NoPlugin)
+	}
+	if err := unknownGPUProcesses(pid, tc, o.Env.Socket); err != nil {
+		return nil, err
 	}
 	if free, err := freeBytes(o.Dir); err == nil && tc.Bytes > free {
 		// Refused before anything is paused: the copy would fail on a full
@@ -231,4 +235,35 @@ func noGPUStateReason(tc treeClients, c CRIU) string {
 	default:
 		return fmt.Sprintf("%s of the tree were gpucr clients, but no GPU image was written (see dump.log)", pidList(tc.Clients))
 	}
+}
+
+// unknownGPUProcesses refuses, before anything is paused, a tree in which a
+// process uses the GPU (holds the driver's device files) without being a
+// client of the helper: CRIU would fail on its device file only after the
+// clients' GPU memory had been copied, with a message about file types.
+func unknownGPUProcesses(root int32, tc treeClients, socket string) error {
+	var bad []string
+	for _, p := range tc.Tree {
+		if slices.Contains(tc.Clients, p) {
+			continue
+		}
+		if files := proc.DeviceFiles(p); len(files) > 0 {
+			what := fmt.Sprintf("%d", p)
+			if c := proc.Comm(p); c != "" {
+				what += " (" + c + ")"
+			}
+			bad = append(bad, fmt.Sprintf("%s holds %s", what, strings.Join(files, ", ")))
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("checkpoint of %d refused: processes of its tree use the GPU without gpucr: %s; CRIU cannot dump the GPU driver's files",
+		root, strings.Join(bad, "; "))
+	if tc.HelperErr != nil {
+		return fmt.Errorf("%s, and no gpucr helper answers at %s (%v): start it (`gpucr helper`, or systemctl start gpucr-helper); a process started with `gpucr run` reconnects to it",
+			msg, socket, tc.HelperErr)
+	}
+	return fmt.Errorf("%s, and these processes are not gpucr clients: start the program with `gpucr run -- PROGRAM`, so that the helper holds its GPU memory "+
+		"(a worker forked after CUDA was initialised needs gpucr run's fork handling, which releases the driver's files in it)", msg)
 }

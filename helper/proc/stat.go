@@ -240,3 +240,36 @@ func SigkillPending(pid int32) bool {
 	}
 	return false
 }
+
+// deviceFilePrefixes are the files of a GPU driver that CRIU cannot dump:
+// the NVIDIA driver's device nodes, and the simulated driver's stand-in for
+// them (tests/sim/sim_devfile.c: a perf event, which CRIU refuses alike).
+var deviceFilePrefixes = []string{"/dev/nvidia", "anon_inode:[perf_event]"}
+
+// DeviceFiles lists the GPU driver's files pid has open or mapped (each
+// once): a process that holds one uses the GPU, and CRIU cannot dump it
+// unless its GPU state is checkpointed first.
+func DeviceFiles(pid int32) []string {
+	var out []string
+	add := func(name string) {
+		for _, p := range deviceFilePrefixes {
+			if strings.HasPrefix(name, p) && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil {
+			add(l)
+		}
+	}
+	if maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err == nil {
+		for _, line := range strings.Split(string(maps), "\n") {
+			if f := strings.Fields(line); len(f) >= 6 {
+				add(strings.Join(f[5:], " "))
+			}
+		}
+	}
+	return out
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -100,4 +101,55 @@ func TestPluginHarmlessForNonGPUDumps(t *testing.T) {
 	slices.Sort(without)
 	t.Logf("criu dump of a python loop: median of 3 %v with gpucr's plugin loaded (a helper running), %v without", with[1], without[1])
 	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// TestCheckpointRefusesUnknownGPUProcess: a GPU process gpucr does not know
+// (started without `gpucr run`), or any GPU process while no helper runs,
+// is refused before anything is paused, with what to do instead of CRIU's
+// word on file types; the process runs on.
+func TestCheckpointRefusesUnknownGPUProcess(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+
+	plain := exec.Command(binPath(t, "heartbeat"), "--mib", "8", "--interval-ms", "20")
+	plain.Env = env
+	plain.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	log, err := os.Create(filepath.Join(dir, "plain.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain.Stdout, plain.Stderr = log, log
+	if err := plain.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = plain.Process.Kill(); _ = plain.Wait() })
+	deadline := time.Now().Add(20 * time.Second)
+	for b, _ := os.ReadFile(log.Name()); !strings.Contains(string(b), "hb "); b, _ = os.ReadFile(log.Name()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("heartbeat on the simulated driver does not start:\n%s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(plain.Process.Pid), "-D", filepath.Join(dir, "img1"))
+	if err == nil || !strings.Contains(out, "use the GPU without gpucr") || !strings.Contains(out, "gpucr run -- PROGRAM") ||
+		strings.Contains(out, "of that type") {
+		t.Errorf("checkpoint of a GPU process not under gpucr run: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	if procState(plain.Process.Pid) == "" {
+		t.Fatal("the process did not survive the refusal")
+	}
+
+	// A client of a helper that has gone away.
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "8", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	h.stop()
+	out, err = cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img2"))
+	if err == nil || !strings.Contains(out, "no gpucr helper answers") || !strings.Contains(out, "start it") {
+		t.Errorf("checkpoint while the helper is down: %v\n%s", err, out)
+	}
+	at := a.lastIter()
+	a.waitIter(at+5, time.Minute)
 }

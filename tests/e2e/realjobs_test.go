@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,10 +126,10 @@ func TestForkedWorkersCheckpointRestore(t *testing.T) {
 // of CRIU exiting, its checksums going on exactly.
 func TestDumpFailureGivesBack(t *testing.T) {
 	needTool(t, "criu")
-	t.Run("criu refuses a forked child", func(t *testing.T) {
+	t.Run("a forked child keeps the driver's files", func(t *testing.T) {
 		// Without gpucr's fork handling, a forked worker keeps the driver's
-		// device file, which CRIU cannot dump: it fails on the child after
-		// the parent was paused.
+		// device file, which CRIU cannot dump: the checkpoint is refused
+		// before anything is paused, naming the worker and its file.
 		dir := t.TempDir()
 		env := gpucrEnv(t)
 		h := startHelper(t, dir, env)
@@ -136,14 +137,19 @@ func TestDumpFailureGivesBack(t *testing.T) {
 		a := startUnder(t, dir, h, append(append([]string{}, env...), "GPUCR_FORK_SCRUB=0"), "heartbeat",
 			append(append([]string{}, workerArgs...), "--interval-ms", "10", "--iters", "300")...)
 		a.waitIter(15, time.Minute)
+		workers := children(a.pid)
 		out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
 		exited := time.Now()
 		last := a.lastIter()
 		if err == nil {
 			t.Fatalf("a dump of a worker holding the driver's file succeeded:\n%s", out)
 		}
-		if b, _ := os.ReadFile(filepath.Join(img, "dump.log")); !strings.Contains(string(b), "perf_event") {
-			t.Errorf("dump.log does not name the worker's device file:\n%s", tail(string(b), 15))
+		if len(workers) == 0 || !strings.Contains(out, fmt.Sprintf("%d (heartbeat) holds anon_inode:[perf_event]", workers[0])) ||
+			!strings.Contains(out, "not gpucr clients") {
+			t.Errorf("the refusal does not name the worker (%v) and its device file:\n%s", workers, out)
+		}
+		if _, err := os.Stat(filepath.Join(img, "dump.log")); err == nil {
+			t.Errorf("CRIU ran although the tree could not be dumped")
 		}
 		runsAgainWithin(t, a, exited, last, time.Second)
 		if code := a.wait(time.Minute); code != 0 {
