@@ -12,6 +12,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -44,6 +45,11 @@ type clientJSON struct {
 	Checkpointable    bool     `json:"checkpointable"`
 	NotCheckpointable []string `json:"not_checkpointable"`
 	State             string   `json:"state"`
+	// Container is the container the process runs in ("": none seen), and
+	// NsPid its pid there (in its own pid namespace), as this command reads
+	// them from /proc.
+	Container string `json:"container"`
+	NsPid     int32  `json:"ns_pid"`
 }
 
 // stateName: "running", "quiesced", "dropped" or "unknown".
@@ -61,7 +67,7 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 			r = []string{}
 		}
 		out.Clients = append(out.Clients, clientJSON{c.Pid, c.Uid, c.Program, c.Allocations, c.Bytes,
-			c.ControlConnected, c.Checkpointable, r, stateName(c.State)})
+			c.ControlConnected, c.Checkpointable, r, stateName(c.State), proc.Container(int32(c.Pid)), proc.NsPid(int32(c.Pid))})
 	}
 	return out
 }
@@ -150,7 +156,7 @@ func printStatus(c *ucli.Context, j statusJSON) {
 	}
 	fmt.Fprintf(w, "clients: %d\n", len(j.Clients))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  PID\tUID\tPROGRAM\tALLOCS\tBYTES\tCONTROL\tCHECKPOINTABLE\tSTATE")
+	fmt.Fprintln(tw, "  PID\tUID\tPROGRAM\tCONTAINER\tALLOCS\tBYTES\tCONTROL\tCHECKPOINTABLE\tSTATE")
 	for _, cl := range j.Clients {
 		ck := yesNo(cl.Checkpointable)
 		if !cl.Checkpointable {
@@ -160,7 +166,14 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		if cl.ControlConnected {
 			ctl = "up"
 		}
-		fmt.Fprintf(tw, "  %d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", cl.PID, cl.UID, cl.Program, cl.Allocations,
+		ctr := "-"
+		if cl.Container != "" {
+			ctr = cl.Container
+			if cl.NsPid != 0 && int64(cl.NsPid) != cl.PID {
+				ctr += fmt.Sprintf(" (pid %d)", cl.NsPid)
+			}
+		}
+		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cl.PID, cl.UID, cl.Program, ctr, cl.Allocations,
 			humanBytes(cl.Bytes), ctl, ck, cl.State)
 	}
 	tw.Flush()

@@ -148,6 +148,21 @@ func TestRuncWithPlugin(t *testing.T) {
 	if _, _, ok := h.client(a.pid); !ok {
 		t.Fatalf("the containerized application (pid %d) is no client of the helper", a.pid)
 	}
+	// gpucr status names its container
+	var st struct {
+		Clients []struct {
+			Pid       int    `json:"pid"`
+			Container string `json:"container"`
+			NsPid     int    `json:"ns_pid"`
+		} `json:"clients"`
+	}
+	if err := json.Unmarshal([]byte(run(t, 10*time.Second, nil, binPath(t, "gpucr"), "status", "--json", "--socket", h.socket)), &st); err != nil ||
+		len(st.Clients) != 1 || st.Clients[0].Container != c.id || st.Clients[0].NsPid == a.pid || st.Clients[0].NsPid == 0 {
+		t.Errorf("gpucr status of the containerized client: %+v (%v), want container %s and its pid inside", st, err, c.id)
+	}
+	if out := run(t, 10*time.Second, nil, binPath(t, "gpucr"), "status", "--socket", h.socket); !strings.Contains(out, c.id+" (pid ") {
+		t.Errorf("gpucr status shows no container column:\n%s", out)
+	}
 	before := a.lastIter()
 	c.do(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", cwork, c.id)
 	waitDead(t, a.pid, 10*time.Second)
