@@ -21,10 +21,6 @@ import (
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// cudaBacked is a Device with a real (or simulated) driver device behind it:
-// only those can be copied by the engines and checkpointed.
-type cudaBacked interface{ CUDA() *cuda.Device }
-
 // defaultQuiesce bounds the quiesce of a Checkpoint whose timeout_ms is 0.
 const defaultQuiesce = 10 * time.Second
 
@@ -261,7 +257,7 @@ func (r *checkpointRun) openImage() *stepError {
 	origin.Host, _ = os.Hostname()
 	if len(r.regions) > 0 {
 		d := r.regions[0].Device
-		origin.GPUModel, origin.GPUUUID = d.Name, d.UUID
+		origin.GPUModel, origin.GPUUUID = d.Name(), d.UUID()
 	}
 	opts := image.Options{Parent: r.req.Parent}
 	if r.req.Compress {
@@ -462,14 +458,14 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 		if al == nil {
 			return nil, fmt.Errorf("the client lists allocation %d, which the helper does not know", a.AllocId)
 		}
-		cb, ok := al.dev.(cudaBacked)
-		if !ok {
+		gpu := al.dev.GPU()
+		if gpu == nil {
 			return nil, fmt.Errorf("allocation %d: its device has no driver behind it", a.AllocId)
 		}
 		if a.Address == 0 {
 			return nil, fmt.Errorf("allocation %d is not mapped", a.AllocId)
 		}
-		out = append(out, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(al.handle), Size: al.size,
+		out = append(out, engine.Region{Device: gpu, Handle: al.handle, Size: al.size,
 			Pid: int(cl.pid), NsPid: int(proc.NsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags})
 	}
 	return out, nil

@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"errors"
+
 	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -19,6 +21,9 @@ type Device interface {
 	Export(h uint64) (int, error)
 	// Release drops the helper's handle.
 	Release(h uint64) error
+	// GPU is the device as the copy engines, the checkpoint and the
+	// restore reach its memory; nil for a device they cannot copy.
+	GPU() engine.GPU
 }
 
 // OutOfMemory is implemented by errors that mean the device is full.
@@ -72,5 +77,5 @@ func (e oomError) Unwrap() error   { return e.error }
 // KernelsError is why gpucr's GPU kernels could not be loaded here.
 func (c cudaDevice) KernelsError() error { return c.d.KernelsError() }
 
-// CUDA is the driver device behind this one (the copy engines need it).
-func (c cudaDevice) CUDA() *cuda.Device { return c.d }
+// GPU is the driver device behind this one, for the copy engines.
+func (c cudaDevice) GPU() engine.GPU { return engine.CUDA(c.d) }

@@ -12,7 +12,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
@@ -179,8 +178,8 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) 
 		if dev == nil {
 			return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device)
 		}
-		cb, ok := dev.(cudaBacked)
-		if !ok {
+		gpu := dev.GPU()
+		if gpu == nil {
 			return fail(helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
 		}
 		h, err := s.create(dev, b.Size, b.Flags)
@@ -196,7 +195,7 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) 
 		cl := newClient(b.Pid, b.NsPid)
 		cl.allocs[al.id] = al
 		cl.bytes += al.size
-		p.regions = append(p.regions, engine.Region{Device: cb.CUDA(), Handle: cuda.Handle(h), Size: b.Size, Pid: b.Pid,
+		p.regions = append(p.regions, engine.Region{Device: gpu, Handle: h, Size: b.Size, Pid: b.Pid,
 			Address: b.Address, Kind: b.Kind, Flags: b.Flags})
 		p.bufs = append(p.bufs, i)
 	}

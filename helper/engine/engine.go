@@ -26,14 +26,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
 )
 
 // Region is one helper-owned allocation as the application sees it.
 type Region struct {
-	Device  *cuda.Device
-	Handle  cuda.Handle
+	Device  GPU
+	Handle  uint64
 	Size    uint64 // the allocation's size (a multiple of the granularity)
 	Pid     int
 	NsPid   int    // Pid in the process's own pid namespace (0: unknown)
@@ -89,8 +88,8 @@ type piece struct {
 	n     int
 }
 
-func pieces(regions []Region, chunk int) map[*cuda.Device][]piece {
-	byDev := map[*cuda.Device][]piece{}
+func pieces(regions []Region, chunk int) map[GPU][]piece {
+	byDev := map[GPU][]piece{}
 	// Chunk-major order: every region makes progress at once, as a restore
 	// that starts with any buffer wants.
 	for ci := 0; ; ci++ {
@@ -135,7 +134,7 @@ type steps struct {
 // load). Without that, each lane waited for its DMA before touching a file,
 // and the file system, the slower of the two, stood idle meanwhile.
 func run(regions []Region, chunk int, opts Options, st steps) error {
-	// The helper's views (cuda.Device.Map) stay until each allocation is
+	// The helper's views (GPU.Map) stay until each allocation is
 	// released: the next checkpoint of the same buffers maps nothing.
 	vas := make([]uint64, len(regions))
 	for i, r := range regions {
@@ -176,14 +175,14 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 			l, err := dev.AcquireLane(LaneStaging(chunk))
 			if err != nil {
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("device %s: %w", dev.UUID, err))
+				errs = append(errs, fmt.Errorf("device %s: %w", dev.UUID(), err))
 				mu.Unlock()
 				break
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				lane := &laneRun{l: l, bufs: [2][]byte{l.Staging[:chunk], l.Staging[chunk : 2*chunk]}, vas: vas,
+				lane := &laneRun{l: l, bufs: [2][]byte{l.Staging()[:chunk], l.Staging()[chunk : 2*chunk]}, vas: vas,
 					st: st, fail: failPiece, failed: failed, done: done}
 				lane.loop(work)
 				if lane.broken {
@@ -227,7 +226,7 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 // channel, two at a time in flight (one in its copy engine, one in its
 // thread's hands).
 type laneRun struct {
-	l      *cuda.Lane
+	l      Lane
 	bufs   [2][]byte
 	vas    []uint64
 	st     steps
@@ -241,7 +240,7 @@ type laneRun struct {
 
 // gpuErr reports a driver error of piece p.
 func (lr *laneRun) gpuErr(p piece, err error) {
-	if de := (*cuda.Error)(nil); errors.As(err, &de) {
+	if isDeviceError(err) {
 		lr.broken = true
 	}
 	lr.fail(p, err)
@@ -334,7 +333,7 @@ func (lr *laneRun) loop(work <-chan piece) {
 // hashAll hashes every region's chunks on its GPU (helper/cuda.HashRanges),
 // each device's regions in one go, the devices at once.
 func hashAll(regions []Region, vas []uint64, chunk int) ([][][16]byte, error) {
-	byDev := map[*cuda.Device][]int{}
+	byDev := map[GPU][]int{}
 	for i, r := range regions {
 		byDev[r.Device] = append(byDev[r.Device], i)
 	}
@@ -346,14 +345,14 @@ func hashAll(regions []Region, vas []uint64, chunk int) ([][][16]byte, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ranges := make([]cuda.Range, len(idx))
+			ranges := make([]Range, len(idx))
 			for k, i := range idx {
-				ranges[k] = cuda.Range{VA: vas[i], Size: regions[i].Size}
+				ranges[k] = Range{VA: vas[i], Size: regions[i].Size}
 			}
 			hs, err := dev.HashRanges(ranges, chunk)
 			if err != nil {
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("device %s: hash on the GPU: %w", dev.UUID, err))
+				errs = append(errs, fmt.Errorf("device %s: hash on the GPU: %w", dev.UUID(), err))
 				mu.Unlock()
 				return
 			}
@@ -382,7 +381,7 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 	var st DumpStats
 	bws := make([]*image.BufferWriter, len(regions))
 	for i, r := range regions {
-		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal, GPUUUID: r.Device.UUID,
+		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal(), GPUUUID: r.Device.UUID(),
 			Address: r.Address, Size: r.Size, Kind: r.Kind, Flags: r.Flags})
 		if err != nil {
 			return st, fmt.Errorf("region %d: %w", i, err)

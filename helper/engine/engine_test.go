@@ -66,7 +66,12 @@ func newRegion(t *testing.T, dev *cuda.Device, granules uint64, addr uint64) Reg
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dev.Release(h) })
-	return Region{Device: dev, Handle: h, Size: size, Pid: 77, Address: addr, Kind: image.AllocMemAlloc}
+	return Region{Device: CUDA(dev), Handle: uint64(h), Size: size, Pid: 77, Address: addr, Kind: image.AllocMemAlloc}
+}
+
+// cudaOf is the driver device of a region made by newRegion.
+func cudaOf(r Region) *cuda.Device {
+	return r.Device.(cudaGPU).d
 }
 
 // TestDumpLoadRoundTrip: regions on two devices, dumped into an image with
@@ -128,10 +133,10 @@ func TestDumpLoadRoundTrip(t *testing.T) {
 	fresh := make([]Region, len(regions))
 	bufs := make([]int, len(regions))
 	for i, r := range regions {
-		if infos[i].Address != r.Address || infos[i].Pid != r.Pid || infos[i].GPUUUID != r.Device.UUID {
-			t.Errorf("buffer %d: %+v, want address 0x%x pid %d on %s", i, infos[i], r.Address, r.Pid, r.Device.UUID)
+		if infos[i].Address != r.Address || infos[i].Pid != r.Pid || infos[i].GPUUUID != r.Device.UUID() {
+			t.Errorf("buffer %d: %+v, want address 0x%x pid %d on %s", i, infos[i], r.Address, r.Pid, r.Device.UUID())
 		}
-		fresh[i] = newRegion(t, r.Device, r.Size/r.Device.Granularity, r.Address)
+		fresh[i] = newRegion(t, cudaOf(r), r.Size/cudaOf(r).Granularity, r.Address)
 		bufs[i] = i
 	}
 	if err := Load(fresh, im, bufs, Options{Lanes: 4}); err != nil {
@@ -223,7 +228,7 @@ func loadInto(t *testing.T, dir string, regions []Region) ([][]byte, error) {
 	fresh := make([]Region, len(regions))
 	bufs := make([]int, len(regions))
 	for i, r := range regions {
-		fresh[i] = newRegion(t, r.Device, r.Size/r.Device.Granularity, r.Address)
+		fresh[i] = newRegion(t, cudaOf(r), r.Size/cudaOf(r).Granularity, r.Address)
 		bufs[i] = i
 	}
 	if err := Load(fresh, im, bufs, Options{Lanes: 2}); err != nil {

@@ -1,5 +1,8 @@
 // Package fakegpu is a memfd-backed daemon.Device for tests: allocations are
 // memfds of the rounded size, exports are dups, and it counts what is live.
+// It is also an in-process engine.GPU (gpu.go): its "device memory" is the
+// memfds, mapped into this process, so the copy engines, the chunk hash and
+// a whole checkpoint and restore run without a driver.
 package fakegpu
 
 import (
@@ -22,6 +25,7 @@ type Device struct {
 	live  map[uint64]int // handle -> memfd
 	used  uint64
 	sizes map[uint64]uint64
+	views map[uint64][]byte // handle -> its mapping into this process (gpu.go)
 }
 
 // New returns a device with total bytes and 2 MiB granularity.
@@ -29,7 +33,7 @@ func New(ordinal int, total uint64) *Device {
 	return &Device{
 		info: &helperpb.DeviceInfo{Uuid: fmt.Sprintf("GPU-00000000-0000-0000-0000-%012x", ordinal), Name: "fake GPU",
 			TotalMemory: total, Granularity: 2 << 20, Ordinal: int32(ordinal)},
-		live: map[uint64]int{}, sizes: map[uint64]uint64{},
+		live: map[uint64]int{}, sizes: map[uint64]uint64{}, views: map[uint64][]byte{},
 	}
 }
 
@@ -81,6 +85,10 @@ func (d *Device) Release(h uint64) error {
 	fd, ok := d.live[h]
 	if !ok {
 		return errors.New("cuMemRelease: CUDA_ERROR_INVALID_VALUE (1)")
+	}
+	if v := d.views[h]; v != nil {
+		_ = unix.Munmap(v)
+		delete(d.views, h)
 	}
 	unix.Close(fd)
 	delete(d.live, h)
