@@ -69,8 +69,8 @@ func (p *eventPrinter) progress(t *helperpb.Transfer) {
 	if t.ElapsedUs > 0 {
 		rate = fmt.Sprintf(" %.1f GB/s", float64(t.BytesDone)/1e3/float64(t.ElapsedUs))
 	}
-	p.bar.Describe(fmt.Sprintf("  %s %s/%s%s", what, units.Bytes(t.BytesDone), units.Bytes(t.BytesTotal), rate))
 	_ = p.bar.Set64(int64(t.BytesDone))
+	p.bar.Describe(fmt.Sprintf("  %s %s/%s%s", what, units.Bytes(t.BytesDone), units.Bytes(t.BytesTotal), rate))
 	if t.Finished {
 		p.clearBar()
 		p.done = true
