@@ -76,11 +76,7 @@ func checkpointCommand() *ucli.Command {
 				}
 				return reportGPU(c, r, fmt.Sprintf("checkpoint %d", pid), int32(pid), abs)
 			}
-			criu, err := criuOptions(c)
-			if err != nil {
-				return err
-			}
-			env, err := criuEnvironment(c.String("socket"))
+			criu, env, err := criuSetup(c)
 			if err != nil {
 				return err
 			}

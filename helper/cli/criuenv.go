@@ -41,6 +41,18 @@ func criuOptionFlags() []ucli.Flag {
 	}
 }
 
+// criuSetup is what a checkpoint, a restore or a migration gives package
+// checkpoint: CRIU's options (criuOptions) and its environment
+// (criuEnvironment).
+func criuSetup(c *ucli.Context) (checkpoint.CRIU, checkpoint.Environment, error) {
+	o, err := criuOptions(c)
+	if err != nil {
+		return o, checkpoint.Environment{}, err
+	}
+	env, err := criuEnvironment(c.String("socket"))
+	return o, env, err
+}
+
 // criuOptions builds the CRIU options of a checkpoint, a restore or a
 // migration from the command line: the CRIU binary and the plugin (searched
 // as findPlugin says), the deadline, --shell-job and CRIU's own options.

@@ -62,16 +62,12 @@ func migrateCommand() *ucli.Command {
 			if dir, err = filepath.Abs(dir); err != nil {
 				return err
 			}
-			criu, err := criuOptions(c)
-			if err != nil {
-				return err
-			}
-			env, err := criuEnvironment(c.String("socket"))
+			criu, env, err := criuSetup(c)
 			if err != nil {
 				return err
 			}
 			target := &checkpoint.SSHTarget{SSH: ssh, Host: c.String("to"), Gpucr: gpucr, Dir: c.String("target-dir"),
-				Shared: c.Bool("shared"), RestoreArgs: restoreArgsOf(c), Stderr: nil}
+				Shared: c.Bool("shared"), RestoreArgs: restoreArgsOf(c)}
 			ctx, stop := interruptible(c.Context)
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))

@@ -35,11 +35,7 @@ func restoreCommand() *ucli.Command {
 			if dir, err = filepath.Abs(dir); err != nil {
 				return err
 			}
-			criu, err := criuOptions(c)
-			if err != nil {
-				return err
-			}
-			env, err := criuEnvironment(c.String("socket"))
+			criu, env, err := criuSetup(c)
 			if err != nil {
 				return err
 			}
