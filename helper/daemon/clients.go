@@ -211,7 +211,7 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 	cl.bytes += size
 	cl.mu.Unlock()
 	s.mu.Lock()
-	s.owner[al.id] = cl
+	s.reg.own(al.id, cl)
 	s.mu.Unlock()
 	cl.log.Debug("alloc", zap.Uint64("alloc_id", al.id), zap.Uint64("size", size), zap.String("device", info.Uuid),
 		zap.Stringer("kind", a.Kind), zap.Bool("pooled", pooled), zap.Duration("create", tCreate), zap.Duration("export", tExport))
@@ -225,7 +225,7 @@ func (s *Server) ownAlloc(cl *client, reqID, id uint64) (*alloc, *helperpb.Respo
 		return al, nil
 	}
 	s.mu.Lock()
-	other := s.owner[id]
+	other := s.reg.ownerOf(id)
 	s.mu.Unlock()
 	if other != nil {
 		cl.log.Warn("client named another client's allocation", zap.Uint64("alloc_id", id), zap.Int32("owner_pid", other.pid))
@@ -275,7 +275,7 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 	cl.bytes -= al.size
 	cl.mu.Unlock()
 	s.mu.Lock()
-	delete(s.owner, al.id)
+	s.reg.disown(al.id)
 	s.mu.Unlock()
 	if err := al.dev.Release(al.handle); err != nil {
 		cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
@@ -390,7 +390,7 @@ func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
 	cl.mu.Unlock()
 	for _, al := range allocs {
 		s.mu.Lock()
-		delete(s.owner, al.id)
+		s.reg.disown(al.id)
 		s.mu.Unlock()
 		if err := al.dev.Release(al.handle); err != nil {
 			failed++

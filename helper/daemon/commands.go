@@ -94,7 +94,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 // permission is logged, with fields).
 func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fields ...zap.Field) (*client, *helperpb.Response) {
 	s.mu.Lock()
-	cl := s.byPID[int32(pid)]
+	cl := s.reg.connectedAs(int32(pid))
 	s.mu.Unlock()
 	if cl == nil || int64(cl.pid) != pid {
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", pid)

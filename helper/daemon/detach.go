@@ -28,7 +28,7 @@ const reattachTimeout = 60 * time.Second
 func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response {
 	pid := int32(req.Pid)
 	s.mu.Lock()
-	cl := s.waiting[pid]
+	cl := s.reg.waitingFor(pid)
 	if cl != nil && cl.lifeState() != lifeDetached {
 		cl = nil
 	}
@@ -100,7 +100,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 // GPU back as after --leave-running; gone, its memory is released.
 func (s *Server) recoverDetached(pid int32) {
 	s.mu.Lock()
-	cl := s.waiting[pid]
+	cl := s.reg.waitingFor(pid)
 	s.mu.Unlock()
 	if cl == nil || cl.lifeState() != lifeDetached {
 		return
@@ -138,7 +138,7 @@ func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for {
 		s.mu.Lock()
-		ok := s.waiting[cl.pid] == cl
+		ok := s.reg.waitingFor(cl.pid) == cl
 		s.mu.Unlock()
 		if ok || time.Now().After(deadline) {
 			return ok

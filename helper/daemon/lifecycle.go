@@ -6,9 +6,9 @@ package daemon
 // of them reads or writes client.life.
 //
 // Locking: s.mu before cl.mu, never the other way round. cl.life is guarded by
-// cl.mu; the registry maps a client moves between (s.byToken and s.byPID
-// while it is connected, s.waiting while it is parked) by s.mu, and a
-// transition that moves it holds both.
+// cl.mu; the registry a client moves through (registry.go: connected, by
+// token and pid; parked, by pid) by s.mu, and a transition that moves it
+// holds both.
 //
 // States, and the ClientState that Status shows for each:
 //
@@ -346,8 +346,7 @@ func (s *Server) register(p *proc.Process, uid uint32, program string) *client {
 		opSem: make(chan struct{}, 1), life: newLife(lifeRegistered)}
 	cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
 	s.mu.Lock()
-	s.byToken[cl.token] = cl
-	s.byPID[cl.pid] = cl
+	s.reg.connect(cl)
 	s.mu.Unlock()
 	cl.log.Info("client registered", zap.String("held_by", p.HeldBy()))
 	return cl
@@ -429,11 +428,7 @@ func (s *Server) callsClosed(cl *client) (parked bool) {
 	}
 	_ = cl.fireLocked(evParked) // legal: detaching
 	cl.mu.Unlock()
-	delete(s.byToken, cl.token)
-	if s.byPID[cl.pid] == cl {
-		delete(s.byPID, cl.pid)
-	}
-	s.waiting[cl.pid] = cl
+	s.reg.park(cl)
 	s.mu.Unlock()
 	cl.log.Info("client detached; its memory is kept until the dump ends")
 	return true
@@ -443,10 +438,7 @@ func (s *Server) callsClosed(cl *client) (parked bool) {
 func (s *Server) unregister(cl *client) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.byToken, cl.token)
-	if s.byPID[cl.pid] == cl {
-		delete(s.byPID, cl.pid)
-	}
+	s.reg.disconnect(cl)
 }
 
 // reattach finds the waiting client a calls Hello with a token comes from
@@ -460,7 +452,7 @@ func (s *Server) reattach(p *proc.Process, token uint64) *client {
 	pid := p.Pid()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cl := s.waiting[pid]
+	cl := s.reg.waitingFor(pid)
 	if cl == nil {
 		return nil
 	}
@@ -485,9 +477,8 @@ func (s *Server) reattach(p *proc.Process, token uint64) *client {
 	wakeAs := cl.life.wakeAs
 	cl.life.wakeAs, cl.life.nsPid, cl.life.load = 0, 0, nil
 	cl.mu.Unlock()
-	delete(s.waiting, pid)
-	s.byToken[cl.token] = cl
-	s.byPID[cl.pid] = cl
+	s.reg.forgetWaiting(pid)
+	s.reg.connect(cl)
 	s.removeWakeLocked(pid, pid)
 	if wakeAs != 0 && wakeAs != pid {
 		s.removeWakeLocked(wakeAs, pid)
@@ -500,11 +491,7 @@ func (s *Server) reattach(p *proc.Process, token uint64) *client {
 func (s *Server) unpark(cl *client) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.waiting[cl.pid] != cl {
-		return false
-	}
-	delete(s.waiting, cl.pid)
-	return true
+	return s.reg.unpark(cl)
 }
 
 // parkRestored makes a prepared client the restored process p (CRIU's, or
@@ -514,19 +501,19 @@ func (s *Server) unpark(cl *client) bool {
 func (s *Server) parkRestored(cl *client, p *proc.Process) error {
 	pid := p.Pid()
 	s.mu.Lock()
-	old := s.waiting[pid]
+	old := s.reg.waitingFor(pid)
 	if old != nil && old != cl {
 		if proc.Same(old.process(), p) {
 			s.mu.Unlock()
 			p.Close()
 			return fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, old.lifeState())
 		}
-		delete(s.waiting, pid) // its process is gone: that pid names another one now
+		s.reg.forgetWaiting(pid) // its process is gone: that pid names another one now
 	} else {
 		old = nil
 	}
 	var err error
-	if c := s.byPID[pid]; c != nil && proc.Same(c.process(), p) {
+	if c := s.reg.connectedAs(pid); c != nil && proc.Same(c.process(), p) {
 		err = fmt.Errorf("pid %d is already a connected client of this helper", pid)
 	} else {
 		cl.mu.Lock()
@@ -537,7 +524,7 @@ func (s *Server) parkRestored(cl *client, p *proc.Process) error {
 		}
 		cl.mu.Unlock()
 		if err == nil {
-			s.waiting[pid] = cl
+			s.reg.wait(pid, cl)
 		}
 	}
 	s.mu.Unlock()

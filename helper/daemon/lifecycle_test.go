@@ -189,8 +189,8 @@ func TestLifecycleRegistry(t *testing.T) {
 	}
 
 	cl := s.register(self(), uint32(os.Getuid()), "test")
-	if cl.lifeState() != lifeRegistered || s.byPID[pid] != cl || s.byToken[cl.token] != cl {
-		t.Fatalf("registered: %s, listed %v", cl.lifeState(), s.byPID[pid] == cl)
+	if cl.lifeState() != lifeRegistered || s.reg.byPID[pid] != cl || s.reg.byToken[cl.token] != cl {
+		t.Fatalf("registered: %s, listed %v", cl.lifeState(), s.reg.byPID[pid] == cl)
 	}
 	if err := cl.arm(func() {}); err == nil {
 		t.Error("a registered client was armed")
@@ -206,9 +206,9 @@ func TestLifecycleRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !s.callsClosed(cl) || cl.lifeState() != lifeDetached || s.waiting[pid] != cl || s.byPID[pid] != nil ||
-		s.byToken[cl.token] != nil {
-		t.Fatalf("a detaching client's calls closed: %s, parked %v", cl.lifeState(), s.waiting[pid] == cl)
+	if !s.callsClosed(cl) || cl.lifeState() != lifeDetached || s.reg.waiting[pid] != cl || s.reg.byPID[pid] != nil ||
+		s.reg.byToken[cl.token] != nil {
+		t.Fatalf("a detaching client's calls closed: %s, parked %v", cl.lifeState(), s.reg.waiting[pid] == cl)
 	}
 	if cl.process() == nil || !cl.process().Running() {
 		t.Error("parked without its process")
@@ -220,7 +220,7 @@ func TestLifecycleRegistry(t *testing.T) {
 		t.Fatal("a detached client came back with another token")
 	}
 	token := cl.token
-	if s.reattach(self(), token) != cl || cl.lifeState() != lifeDropped || s.byPID[pid] != cl || s.waiting[pid] != nil ||
+	if s.reattach(self(), token) != cl || cl.lifeState() != lifeDropped || s.reg.byPID[pid] != cl || s.reg.waiting[pid] != nil ||
 		cl.token != token {
 		t.Fatalf("reattached: %s", cl.lifeState())
 	}
@@ -238,7 +238,7 @@ func TestLifecycleRegistry(t *testing.T) {
 		t.Fatalf("a running client's calls closed: %s", cl.lifeState())
 	}
 	s.unregister(cl)
-	if s.byPID[pid] != nil || s.byToken[cl.token] != nil {
+	if s.reg.byPID[pid] != nil || s.reg.byToken[cl.token] != nil {
 		t.Error("a gone client is still listed")
 	}
 	if err := cl.controlUp(&control{}); err == nil {
@@ -252,14 +252,14 @@ func TestLifecycleRegistry(t *testing.T) {
 		rc.preparedFor(78, true, 0) || rc.wakesAs() != 77 || rc.outcomes() != out {
 		t.Fatalf("prepared client: %s", rc.lifeState())
 	}
-	if err := s.parkRestored(rc, self()); err != nil || rc.lifeState() != lifeRestored || s.waiting[pid] != rc || rc.pid != pid {
+	if err := s.parkRestored(rc, self()); err != nil || rc.lifeState() != lifeRestored || s.reg.waiting[pid] != rc || rc.pid != pid {
 		t.Fatalf("restored: %s, %v", rc.lifeState(), err)
 	}
 	if rc.preparedFor(pid, true, 0) {
 		t.Error("a restored client is still claimable")
 	}
 	old := rc.token
-	if s.reattach(self(), 12345) != rc || rc.lifeState() != lifeDropped || rc.token == old || s.byToken[rc.token] != rc {
+	if s.reattach(self(), 12345) != rc || rc.lifeState() != lifeDropped || rc.token == old || s.reg.byToken[rc.token] != rc {
 		t.Fatalf("restored client reattached: %s", rc.lifeState())
 	}
 	if rc.wakesAs() != 0 || rc.restoreLoad() != nil {

@@ -355,10 +355,10 @@ func (s *Server) reserveGPUFor(uid uint32, size uint64, what string) (release fu
 func (s *Server) gpuHeld(uid uint32) uint64 {
 	seen := map[*client]bool{}
 	s.mu.Lock()
-	for _, cl := range s.byToken {
+	for _, cl := range s.reg.byToken {
 		seen[cl] = true
 	}
-	for _, cl := range s.waiting {
+	for _, cl := range s.reg.waiting {
 		seen[cl] = true
 	}
 	for p := range s.plans {

@@ -40,7 +40,7 @@ func (s *Server) runReaper(stop <-chan struct{}) {
 
 // reapGone runs one pass of the reaper.
 func (s *Server) reapGone() {
-	for _, cl := range sortedClients(s, s.waiting) {
+	for _, cl := range s.waitingClients() {
 		pid, p, st := cl.parkedAs()
 		if p == nil {
 			continue // not known yet: the dump or restore that parked it decides

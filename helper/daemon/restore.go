@@ -212,7 +212,7 @@ func (s *Server) trackPlan(p *restorePlan) {
 	defer s.mu.Unlock()
 	for _, cl := range p.clients {
 		for aid := range cl.allocs {
-			s.owner[aid] = cl
+			s.reg.own(aid, cl)
 		}
 	}
 	s.plans[p] = true

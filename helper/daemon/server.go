@@ -87,10 +87,7 @@ type Server struct {
 	ln *net.UnixListener
 
 	mu        sync.Mutex
-	byToken   map[uint64]*client
-	byPID     map[int32]*client
-	owner     map[uint64]*client       // alloc id -> client
-	waiting   map[int32]*client        // detached or restored, by pid (lifecycle.go)
+	reg       registry                 // the clients (registry.go)
 	plans     map[*restorePlan]bool    // restores being prepared (restore.go)
 	recent    map[string]*outcomes     // what became of recent restores, by image directory (outcome.go)
 	open      map[deferKey]*deferImage // deferred-commit images by connection and directory (imagedir.go)
@@ -134,8 +131,7 @@ func New(cfg Config) *Server {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
-	return &Server{cfg: cfg, log: cfg.Log, byToken: map[uint64]*client{}, byPID: map[int32]*client{},
-		owner: map[uint64]*client{}, waiting: map[int32]*client{}, plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
+	return &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
 		open: map[deferKey]*deferImage{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),

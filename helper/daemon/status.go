@@ -4,25 +4,26 @@ package daemon
 // connected or waiting for its process.
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"maps"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// sortedClients copies the clients of m, one of s's maps, by pid.
-func sortedClients[K comparable](s *Server, m map[K]*client) []*client {
+// connectedClients and waitingClients copy the registry's lists, by pid.
+func (s *Server) connectedClients() []*client {
 	s.mu.Lock()
-	out := slices.Collect(maps.Values(m))
-	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b *client) int { return cmp.Compare(a.pid, b.pid) })
-	return out
+	defer s.mu.Unlock()
+	return s.reg.connectedClients()
+}
+
+func (s *Server) waitingClients() []*client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reg.waitingClients()
 }
 
 // statusShare coalesces Status requests. At most one reply is built at a
@@ -99,7 +100,7 @@ const quietFor = 5 * time.Second
 // connection are asked GetStats and Snapshot, each within StatusTimeout
 // (one that did not answer within quietFor is not asked).
 func (s *Server) status() *helperpb.StatusReply {
-	clients := sortedClients(s, s.byToken)
+	clients := s.connectedClients()
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
 		Driver: s.cfg.Driver}
 	for i, d := range s.cfg.Devices {
@@ -127,7 +128,7 @@ func (s *Server) status() *helperpb.StatusReply {
 	wg.Wait()
 	out.Clients = infos
 	// Processes the helper keeps memory for while they are not connected.
-	waiting := sortedClients(s, s.waiting)
+	waiting := s.waitingClients()
 	s.mu.Lock()
 	for p := range s.plans {
 		for _, cl := range p.clients {

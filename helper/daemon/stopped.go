@@ -23,7 +23,7 @@ const continuedPoll = 50 * time.Millisecond
 func (s *Server) resumeContinued() {
 	s.mu.Lock()
 	var cont []*client
-	for _, cl := range s.waiting {
+	for _, cl := range s.reg.waitingClients() {
 		if cl.stoppedAfterDump && cl.lifeState() == lifeDetached && cl.process().Running() && !cl.process().Stopped() {
 			cl.stoppedAfterDump = false
 			cont = append(cont, cl)

@@ -45,7 +45,7 @@ func (s *Server) wakeWith(pid int32, msg string) error {
 // other than the one now waiting as self still waits for it (two restores
 // of one image wait for the same file). Called with s.mu held.
 func (s *Server) removeWakeLocked(pid, self int32) {
-	for p, w := range s.waiting {
+	for p, w := range s.reg.waiting {
 		if p == self {
 			continue
 		}
