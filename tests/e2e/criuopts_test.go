@@ -23,7 +23,7 @@ func TestCLICRIUOptions(t *testing.T) {
 	marks := filepath.Join(dir, "marks")
 	prog := "import fcntl,sys,time\nf=open(sys.argv[1],'w')\nfcntl.flock(f,fcntl.LOCK_EX)\ni=0\nwhile True:\n" +
 		"    i+=1\n    open(sys.argv[2],'a').write('%d\\n'%i)\n    time.sleep(0.02)\n"
-	p := startSetsid(t, true, py, "-c", prog, lockFile, marks)
+	p := startReaped(t, py, "-c", prog, lockFile, marks)
 	waitMarks := func(min int) int {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
@@ -47,8 +47,6 @@ func TestCLICRIUOptions(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "--file-locks") {
 		t.Fatalf("checkpoint of a lock holder without --file-locks: exit %d, want 1 naming the option:\n%s", code, out)
 	}
-	// the dump ends the process: this test reaps it, so that its pid is free
-	go func() { _ = p.Wait() }()
 	for i, opt := range [][]string{{"--file-locks"}, {"--criu-opt", "file-locks"}} {
 		img := filepath.Join(dir, "img"+strconv.Itoa(i))
 		out, code := gpucrRun(t, env, append([]string{"checkpoint", pid, "-D", img}, opt...)...)

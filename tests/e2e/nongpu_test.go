@@ -80,8 +80,7 @@ func TestPluginHarmlessForNonGPUDumps(t *testing.T) {
 		np, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		return np, took
 	}
-	p := startSetsid(t, true, py, "-c", loop, marks)
-	go func() { _ = p.Wait() }()
+	p := startReaped(t, py, "-c", loop, marks)
 	waitPast(3)
 	pid := p.Process.Pid
 	plain := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
@@ -152,4 +151,19 @@ func TestCheckpointRefusesUnknownGPUProcess(t *testing.T) {
 	}
 	at := a.lastIter()
 	a.waitIter(at+5, time.Minute)
+}
+
+// startReaped starts argv in its own session, stdio on /dev/null, and reaps
+// it as soon as it exits (a dump ends it: its pid must be free for the
+// restore); it is killed when the test ends.
+func startReaped(t *testing.T, argv ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd
 }
