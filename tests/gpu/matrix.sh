@@ -260,6 +260,8 @@ for r in $ROWS; do
 		else
 			wait_steps "$log" $((n + 1)) 5 && back=$(span "$t1" "$(now)") || back="not within 5 s"
 			why=$(grep '^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | head -2 | tr '\n' ' ')
+			# refused before CRIU ran: gpucr's own one-line reason
+			[ -n "$why" ] || why=$(grep '^gpucr: ' "$LOGS/$r.cli" | head -1)
 			d="checkpoint failed as expected ($CLI_S): ${why:0:200}; running again $back after the CLI exited; "
 			case $back in not*) RESULT[$r]=FAIL ;; esac
 		fi
