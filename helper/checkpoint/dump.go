@@ -19,8 +19,8 @@ import (
 
 // DumpOptions is a whole-process checkpoint of a tree.
 type DumpOptions struct {
-	Pid int32  // the root of the tree
-	Dir string // the image directory (absolute; made 0700 if missing)
+	Pid proc.Pid // the root of the tree
+	Dir string   // the image directory (absolute; made 0700 if missing)
 	// Parent is the parent image directory of an incremental GPU image
 	// (absolute); "" for a full one.
 	Parent string
@@ -39,7 +39,7 @@ type DumpOptions struct {
 
 // DumpResult is a checkpoint that succeeded.
 type DumpResult struct {
-	Pid          int32    `json:"pid"`
+	Pid          proc.Pid `json:"pid"`
 	ImagesDir    string   `json:"images_dir"`
 	Parent       string   `json:"parent,omitempty"`
 	Seconds      float64  `json:"seconds"`
@@ -59,7 +59,7 @@ type DumpResult struct {
 	PidsReleasedAfterSeconds *float64 `json:"pids_released_after_seconds,omitempty"`
 	PidsHeld                 string   `json:"pids_held,omitempty"`
 	// Tree is every pid of the dumped tree (the pids a restore needs).
-	Tree []int32 `json:"tree"`
+	Tree []proc.Pid `json:"tree"`
 }
 
 // treeGoneWait bounds how long a checkpoint that ends its tree waits for
@@ -132,7 +132,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: o.Parent, ev: ev,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
-			opts.Pid = proto.Int32(pid)
+			opts.Pid = proto.Int32(int32(pid))
 			opts.LeaveRunning = proto.Bool(o.LeaveRunning)
 			if o.LeaveStopped {
 				opts.LeaveStopped = proto.Bool(true)
@@ -241,7 +241,7 @@ func noGPUStateReason(tc treeClients, c CRIU) string {
 // process uses the GPU (holds the driver's device files) without being a
 // client of the helper: CRIU would fail on its device file only after the
 // clients' GPU memory had been copied, with a message about file types.
-func unknownGPUProcesses(root int32, tc treeClients, socket string) error {
+func unknownGPUProcesses(root proc.Pid, tc treeClients, socket string) error {
 	var bad []string
 	for _, p := range tc.Tree {
 		if slices.Contains(tc.Clients, p) {

@@ -3,6 +3,8 @@ package checkpoint
 import (
 	"fmt"
 	"strings"
+
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // Failure is a failed, timed-out or cancelled CRIU run, told with what
@@ -24,9 +26,9 @@ type Failure struct {
 
 // ProcessAfter is a GPU process after its dump was killed.
 type ProcessAfter struct {
-	PID     int32  `json:"pid"`
-	Running bool   `json:"running"`
-	State   string `json:"state"` // the helper's: running, quiesced, detached, gone...
+	PID     proc.Pid `json:"pid"`
+	Running bool     `json:"running"`
+	State   string   `json:"state"` // the helper's: running, quiesced, detached, gone...
 }
 
 func (f *Failure) Error() string {

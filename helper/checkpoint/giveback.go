@@ -20,7 +20,7 @@ const gpuBackPoll = 100 * time.Millisecond
 
 // waitGPUBack asks the helper at socket until each of pids is a running
 // client again (or has exited), for up to wait, and says what each is then.
-func waitGPUBack(socket string, pids []int32, wait time.Duration) []ProcessAfter {
+func waitGPUBack(socket string, pids []proc.Pid, wait time.Duration) []ProcessAfter {
 	deadline := time.Now().Add(wait)
 	for {
 		out := make([]ProcessAfter, 0, len(pids))
@@ -34,7 +34,7 @@ func waitGPUBack(socket string, pids []int32, wait time.Duration) []ProcessAfter
 			case err == nil:
 				p.State = "not a client of the helper"
 				for _, cl := range st.Clients { // a pid may be listed twice while it reattaches
-					if int32(cl.Pid) != pid || p.Running {
+					if proc.Pid(cl.Pid) != pid || p.Running {
 						continue
 					}
 					p.State = stateName(cl.State)

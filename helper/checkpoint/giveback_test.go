@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/daemon"
 	"github.com/gpucr/gpucr/helper/internal/fakegpu"
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // startHelper serves a helper with one in-process fake device.
@@ -38,14 +39,14 @@ func TestWaitGPUBack(t *testing.T) {
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
 	}
-	got := waitGPUBack(sock, []int32{int32(os.Getpid()), int32(gone.Process.Pid)}, 200*time.Millisecond)
+	got := waitGPUBack(sock, []proc.Pid{proc.Pid(os.Getpid()), proc.Pid(gone.Process.Pid)}, 200*time.Millisecond)
 	if len(got) != 2 || got[0].Running || got[0].State != "not a client of the helper" || got[1].State != "gone" {
 		t.Fatalf("waitGPUBack = %+v", got)
 	}
 	if s := got[0].describe(); !strings.Contains(s, "has not got its GPU back") {
 		t.Errorf("describe: %q", s)
 	}
-	got = waitGPUBack(filepath.Join(t.TempDir(), "none.sock"), []int32{int32(os.Getpid())}, 0)
+	got = waitGPUBack(filepath.Join(t.TempDir(), "none.sock"), []proc.Pid{proc.Pid(os.Getpid())}, 0)
 	if len(got) != 1 || got[0].Running || !strings.Contains(got[0].State, "does not answer") {
 		t.Fatalf("waitGPUBack without a helper = %+v", got)
 	}

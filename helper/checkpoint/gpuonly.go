@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -21,7 +22,7 @@ import (
 
 // GPUOptions is a GPU-only checkpoint of one process.
 type GPUOptions struct {
-	Pid    int32
+	Pid    proc.Pid
 	Dir    string // the image directory (absolute); the GPU image goes to Dir/gpucr
 	Parent string // parent image directory of an incremental image, "" for a full one
 	// LeaveRunning gives the process its GPU back at once.
@@ -56,7 +57,7 @@ func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 
 // Resume gives a process that a GPU-only checkpoint left waiting its GPU
 // back.
-func Resume(ctx context.Context, socket string, pid int32) (*helperpb.CheckpointReply, error) {
+func Resume(ctx context.Context, socket string, pid proc.Pid) (*helperpb.CheckpointReply, error) {
 	return callCheckpoint(ctx, socket, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
 		ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: int64(pid)}}}, fmt.Sprintf("resume %d", pid), -1)
 }

@@ -35,7 +35,7 @@ type Target interface {
 
 // MigrateOptions is a live migration of the tree of Pid to Target.
 type MigrateOptions struct {
-	Pid int32
+	Pid proc.Pid
 	// Dir is the local image directory (absolute, new or empty).
 	Dir    string
 	Target Target
@@ -46,12 +46,12 @@ type MigrateOptions struct {
 
 // MigrateResult is a migration that succeeded.
 type MigrateResult struct {
-	Pid    int32  `json:"pid"`    // the source's root
-	Target string `json:"target"` // where it runs now
+	Pid    proc.Pid `json:"pid"`    // the source's root
+	Target string   `json:"target"` // where it runs now
 	// TargetPid is its root's pid there (in the target's pid namespace).
-	TargetPid int32  `json:"target_pid"`
-	ImagesDir string `json:"images_dir"`
-	RemoteDir string `json:"remote_dir"`
+	TargetPid proc.Pid `json:"target_pid"`
+	ImagesDir string   `json:"images_dir"`
+	RemoteDir string   `json:"remote_dir"`
 	// Downtime is from the start of the dump (CRIU freezes the tree then)
 	// to the target's report that the tree runs there with its GPU memory.
 	DowntimeSeconds float64        `json:"downtime_seconds"`
@@ -160,7 +160,7 @@ func continueSource(socket string, dump *DumpResult, notes []string) (bool, []st
 			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p, err))
 		}
 	}
-	var pids []int32
+	var pids []proc.Pid
 	for _, g := range dump.GPUProcesses {
 		pids = append(pids, g.Pid)
 	}

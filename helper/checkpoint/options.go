@@ -18,6 +18,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -168,7 +169,7 @@ type Event struct {
 	Elapsed time.Duration // since the operation began
 	Text    string
 	// Pid is the restored root's pid (Phase "restored").
-	Pid int32
+	Pid proc.Pid
 	// Transfer is the GPU copy so far (Progress), all processes together.
 	Transfer *helperpb.Transfer
 }

@@ -105,10 +105,10 @@ func freeBytes(dir string) (uint64, error) {
 // treeClients is what the helper said, before CRIU runs, about the process
 // tree CRIU is to dump.
 type treeClients struct {
-	Tree      []int32 // pid and its descendants
-	Clients   []int32 // those that are the helper's clients (GPU processes)
-	Bytes     uint64  // their GPU memory
-	HelperErr error   // no helper answered: Clients is unknown (empty)
+	Tree      []proc.Pid // pid and its descendants
+	Clients   []proc.Pid // those that are the helper's clients (GPU processes)
+	Bytes     uint64     // their GPU memory
+	HelperErr error      // no helper answered: Clients is unknown (empty)
 }
 
 // helperStatusTimeout bounds the Status asked before and after a dump.
@@ -116,7 +116,7 @@ const helperStatusTimeout = 5 * time.Second
 
 // gpuClientsOf asks the helper at socket which processes of pid's tree are
 // its clients.
-func gpuClientsOf(socket string, pid int32) treeClients {
+func gpuClientsOf(socket string, pid proc.Pid) treeClients {
 	tc := treeClients{Tree: proc.Tree(pid)}
 	st, err := helperStatus(socket)
 	if err != nil {
@@ -124,7 +124,7 @@ func gpuClientsOf(socket string, pid int32) treeClients {
 		return tc
 	}
 	for _, cl := range st.Clients {
-		if p := int32(cl.Pid); slices.Contains(tc.Tree, p) && !slices.Contains(tc.Clients, p) {
+		if p := proc.Pid(cl.Pid); slices.Contains(tc.Tree, p) && !slices.Contains(tc.Clients, p) {
 			tc.Clients = append(tc.Clients, p)
 			tc.Bytes += cl.Bytes
 		}
@@ -140,7 +140,7 @@ func helperStatus(socket string) (*helperpb.StatusReply, error) {
 
 // imagePids lists the pids and thread ids a restore of dir gives back (CRIU's
 // pstree.img): CRIU needs each of them free.
-func imagePids(dir string) ([]int32, error) {
+func imagePids(dir string) ([]proc.Pid, error) {
 	f, err := os.OpenFile(filepath.Join(dir, "pstree.img"), os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s: the process tree: %w", dir, err)
@@ -150,15 +150,15 @@ func imagePids(dir string) ([]int32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s: pstree.img: %w", dir, err)
 	}
-	var out []int32
+	var out []proc.Pid
 	for _, e := range img.Entries {
 		p, ok := e.Message.(*pstree.PstreeEntry)
 		if !ok {
 			continue
 		}
 		for _, id := range append([]uint32{p.GetPid()}, p.GetThreads()...) {
-			if id != 0 && !slices.Contains(out, int32(id)) {
-				out = append(out, int32(id))
+			if id != 0 && !slices.Contains(out, proc.Pid(id)) {
+				out = append(out, proc.Pid(id))
 			}
 		}
 	}
@@ -199,7 +199,7 @@ func restorePidsFree(ctx context.Context, dir string) error {
 // CRIU would refuse only after the plugin had copied all GPU memory: without
 // --shell-job, the root of the tree must lead its own session ("The root
 // process N is not a session leader").
-func sessionLeaderCheck(pid int32, shellJob bool) error {
+func sessionLeaderCheck(pid proc.Pid, shellJob bool) error {
 	if shellJob {
 		return nil
 	}

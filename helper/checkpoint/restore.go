@@ -10,6 +10,8 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // RestoreOptions is a restore of a whole-process image.
@@ -23,7 +25,7 @@ type RestoreOptions struct {
 // RestoreResult is a restore that succeeded: every process runs, each GPU
 // process with its GPU memory back.
 type RestoreResult struct {
-	Pid            int32        `json:"pid"` // the root of the restored tree
+	Pid            proc.Pid     `json:"pid"` // the root of the restored tree
 	ImagesDir      string       `json:"images_dir"`
 	Seconds        float64      `json:"seconds"`
 	GPU            *GPUCopy     `json:"gpu"`

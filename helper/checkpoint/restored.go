@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -16,8 +17,8 @@ const restoredWait = time.Minute
 
 // GPUProcess is one GPU process of a checkpoint's or a restore's tree.
 type GPUProcess struct {
-	Pid      int32 `json:"pid"`
-	ImagePid int32 `json:"image_pid"` // its pid in the image (a checkpoint's: Pid)
+	Pid      proc.Pid `json:"pid"`
+	ImagePid proc.Pid `json:"image_pid"` // its pid in the image (a checkpoint's: Pid)
 	// State: after a checkpoint "checkpointed"; after a restore "running",
 	// "failed" or "pending" (no GPU memory back within the wait).
 	State  string `json:"state"`
@@ -45,7 +46,7 @@ func waitGPURestored(socket, dir string, wait time.Duration) ([]GPUProcess, erro
 	var out []GPUProcess
 	var bad []string
 	for _, r := range rs {
-		p := GPUProcess{Pid: int32(r.Pid), ImagePid: int32(r.ImagePid), Reason: r.Reason}
+		p := GPUProcess{Pid: proc.Pid(r.Pid), ImagePid: proc.Pid(r.ImagePid), Reason: r.Reason}
 		switch r.State {
 		case helperpb.RestoreState_RESTORE_STATE_RUNNING:
 			p.State = "running"

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/swrk"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -40,7 +41,7 @@ func (e *emitter) emit(ev Event) {
 type notifier struct {
 	criu.NoNotify
 	ev       *emitter
-	pid      int32
+	pid      proc.Pid
 	noPlugin bool // CRIU runs without gpucr's plugin
 }
 
@@ -61,7 +62,8 @@ func (n *notifier) PreRestore() error {
 	n.ev.emit(Event{Kind: Phase, Text: what})
 	return nil
 }
-func (n *notifier) PostRestore(pid int32) error {
+func (n *notifier) PostRestore(criuPid int32) error {
+	pid := proc.Pid(criuPid)
 	n.pid = pid
 	n.ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("CRIU restored pid %d", pid), Pid: pid})
 	return nil
@@ -73,16 +75,16 @@ type job struct {
 	dump    bool
 	criu    CRIU
 	env     Environment
-	what    string  // "criu dump of pid 42", for messages
-	clients []int32 // the GPU processes of a dump's tree (given back after a timeout)
-	parent  string  // a dump's parent GPU image (absolute), "" for a full one
+	what    string     // "criu dump of pid 42", for messages
+	clients []proc.Pid // the GPU processes of a dump's tree (given back after a timeout)
+	parent  string     // a dump's parent GPU image (absolute), "" for a full one
 	fill    func(*rpc.CriuOpts)
 	ev      *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
 type ran struct {
-	pid    int32              // a restore's root
+	pid    proc.Pid           // a restore's root
 	gpu    *helperpb.Transfer // the helper's copy of the GPU data, if it saw one
 	plugin []string           // what the plugin said
 }
@@ -239,7 +241,7 @@ func dirBytes(dir string) int64 {
 	return n
 }
 
-func pidList(pids []int32) string {
+func pidList(pids []proc.Pid) string {
 	if len(pids) == 1 {
 		return fmt.Sprintf("pid %d", pids[0])
 	}

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -37,12 +38,8 @@ const selfTestLoop = `i=0; while :; do i=$((i+1)); echo $i >> "$1"; sleep 0.1; d
 // refuses to dump without --file-locks). The shell cannot do it itself
 // (dash's redirections take one-digit fds only).
 func closeOnExecAbove2() {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return
-	}
-	for _, e := range ents {
-		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+	for _, fd := range proc.OwnFDs() {
+		if fd > 2 {
 			unix.CloseOnExec(fd)
 		}
 	}
@@ -247,35 +244,10 @@ func reapWithin(cmd *exec.Cmd, wait time.Duration) error {
 	}
 }
 
-// waitSessionEmpty waits until no process is in session sid.
+// waitSessionEmpty waits until no process (a zombie included) holds sid as
+// its pid, process group or session.
 func waitSessionEmpty(sid int, wait time.Duration) bool {
-	deadline := time.Now().Add(wait)
-	for {
-		if len(sessionMembers(sid)) == 0 {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// sessionMembers are the processes (zombies included) of session sid.
-func sessionMembers(sid int) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if st, err := proc.ReadStat(int32(pid)); err == nil && int(st.Session) == sid {
-			out = append(out, pid)
-		}
-	}
-	return out
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	return len(proc.WaitReleased(ctx, []proc.Pid{proc.Pid(sid)})) == 0
 }

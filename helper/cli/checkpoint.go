@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -68,19 +69,19 @@ func checkpointCommand() *ucli.Command {
 				return err
 			}
 			if c.Bool("gpu-only") {
-				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: int32(pid), Dir: abs, Parent: parent,
+				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
 					LeaveRunning: c.Bool("leave-running"), Compress: c.Bool("compress"), Quiesce: c.Duration("timeout"),
 					Socket: client.SocketPath(c.String("socket"))})
 				if err != nil {
 					return err
 				}
-				return reportGPU(c, r, fmt.Sprintf("checkpoint %d", pid), int32(pid), abs)
+				return reportGPU(c, r, fmt.Sprintf("checkpoint %d", pid), pid, abs)
 			}
 			criu, env, err := criuSetup(c)
 			if err != nil {
 				return err
 			}
-			res, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: int32(pid), Dir: abs, Parent: parent,
+			res, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: pid, Dir: abs, Parent: parent,
 				LeaveRunning: c.Bool("leave-running"), Force: c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
 				return err
@@ -148,7 +149,7 @@ func report(c *ucli.Context, v any, line string, plugin []string) error {
 }
 
 // reportGPU prints the helper's reply to a GPU-only checkpoint or a resume.
-func reportGPU(c *ucli.Context, r *helperpb.CheckpointReply, what string, pid int32, dir string) error {
+func reportGPU(c *ucli.Context, r *helperpb.CheckpointReply, what string, pid proc.Pid, dir string) error {
 	if c.Bool("json") {
 		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(r)
 		if err != nil {
@@ -194,11 +195,11 @@ func resumeCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			r, err := checkpoint.Resume(c.Context, client.SocketPath(c.String("socket")), int32(pid))
+			r, err := checkpoint.Resume(c.Context, client.SocketPath(c.String("socket")), pid)
 			if err != nil {
 				return err
 			}
-			return reportGPU(c, r, fmt.Sprintf("resume %d", pid), int32(pid), "")
+			return reportGPU(c, r, fmt.Sprintf("resume %d", pid), pid, "")
 		},
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -63,7 +64,7 @@ func clientCommand() *ucli.Command {
 				return err
 			}
 			defer conn.Close()
-			r, err := conn.ClientOp(ctx, pid, op, timeout)
+			r, err := conn.ClientOp(ctx, int64(pid), op, timeout)
 			if err != nil {
 				return fmt.Errorf("client %d %s: %w", pid, pos[1], err)
 			}
@@ -147,10 +148,10 @@ func flagsAnywhere(c *ucli.Context) ([]string, error) {
 }
 
 // parsePid reads a process id argument of command cmd.
-func parsePid(cmd, arg string) (int64, error) {
+func parsePid(cmd, arg string) (proc.Pid, error) {
 	pid, err := strconv.ParseInt(arg, 10, 32)
 	if err != nil || pid <= 0 {
 		return 0, usageError{fmt.Errorf("%s: %q is not a pid", cmd, arg)}
 	}
-	return pid, nil
+	return proc.Pid(pid), nil
 }

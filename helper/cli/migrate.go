@@ -54,7 +54,7 @@ func migrateCommand() *ucli.Command {
 				if c.Bool("shared") {
 					return usageError{fmt.Errorf("migrate: --shared needs -D DIR on the shared file system")}
 				}
-				if dir, err = os.MkdirTemp("/var/tmp", "gpucr-migrate-"+strconv.FormatInt(pid, 10)+"-"); err != nil {
+				if dir, err = os.MkdirTemp("/var/tmp", "gpucr-migrate-"+pid.String()+"-"); err != nil {
 					return fmt.Errorf("a local image directory: %w", err)
 				}
 				made = true
@@ -71,7 +71,7 @@ func migrateCommand() *ucli.Command {
 			ctx, stop := interruptible(c.Context)
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))
-			res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{Pid: int32(pid), Dir: dir, Target: target,
+			res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{Pid: pid, Dir: dir, Target: target,
 				CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
 				if made && !isMigrateError(err) {

@@ -48,8 +48,8 @@ type clientJSON struct {
 	// Container is the container the process runs in ("": none seen), and
 	// NsPid its pid there (in its own pid namespace), as this command reads
 	// them from /proc.
-	Container string `json:"container"`
-	NsPid     int32  `json:"ns_pid"`
+	Container string   `json:"container"`
+	NsPid     proc.Pid `json:"ns_pid"`
 }
 
 // stateName: "running", "quiesced", "dropped" or "unknown".
@@ -67,7 +67,7 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 			r = []string{}
 		}
 		out.Clients = append(out.Clients, clientJSON{c.Pid, c.Uid, c.Program, c.Allocations, c.Bytes,
-			c.ControlConnected, c.Checkpointable, r, stateName(c.State), proc.Container(int32(c.Pid)), proc.NsPid(int32(c.Pid))})
+			c.ControlConnected, c.Checkpointable, r, stateName(c.State), proc.Container(proc.Pid(c.Pid)), proc.NsPid(proc.Pid(c.Pid))})
 	}
 	return out
 }

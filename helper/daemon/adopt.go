@@ -47,9 +47,9 @@ const aliveInterval = time.Second
 
 // detachState is a detached process's state file.
 type detachState struct {
-	Pid       int32  `json:"pid"`
-	StartTime uint64 `json:"start_time"` // /proc/PID/stat field 22: tells a reused pid apart
-	NsPid     int32  `json:"ns_pid,omitempty"`
+	Pid       proc.Pid `json:"pid"`
+	StartTime uint64   `json:"start_time"` // /proc/PID/stat field 22: tells a reused pid apart
+	NsPid     proc.Pid `json:"ns_pid,omitempty"`
 	// UID is the process's (the client's) uid: a process of another uid
 	// is not it. Its adopted memory counts against that uid's limit.
 	UID uint32 `json:"uid"`
@@ -63,7 +63,7 @@ type detachState struct {
 func (s *Server) sockDir() string   { return filepath.Dir(s.cfg.Socket) }
 func (s *Server) alivePath() string { return filepath.Join(s.sockDir(), "helper.alive") }
 func (s *Server) stateDir() string  { return filepath.Join(s.sockDir(), "detached") }
-func (s *Server) statePath(pid int32) string {
+func (s *Server) statePath(pid proc.Pid) string {
 	return filepath.Join(s.stateDir(), strconv.Itoa(int(pid))+".json")
 }
 
@@ -92,7 +92,7 @@ func (s *Server) saveDetachState(cl *client, owner uint32, dir string, id []byte
 	return os.Rename(tmp, s.statePath(pid))
 }
 
-func (s *Server) dropDetachState(pid int32) { _ = os.Remove(s.statePath(pid)) }
+func (s *Server) dropDetachState(pid proc.Pid) { _ = os.Remove(s.statePath(pid)) }
 
 // keepAlive touches helper.alive until stop is closed, then removes it.
 func (s *Server) keepAlive(stop <-chan struct{}) {
@@ -133,7 +133,7 @@ func (s *Server) adoptOrphans() {
 			_ = os.Remove(f)
 			continue
 		}
-		log := s.log.With(zap.Int32("pid", st.Pid), zap.String("image", st.ImageDir))
+		log := s.log.With(pidField("pid", st.Pid), zap.String("image", st.ImageDir))
 		p, err := proc.OpenStarted(st.Pid, st.StartTime)
 		if err != nil {
 			_ = os.Remove(f) // that process is gone

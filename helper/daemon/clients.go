@@ -24,7 +24,7 @@ import (
 // client is one application process: its calls connection, allocations and
 // control connection, and where it is in its lifecycle.
 type client struct {
-	pid int32
+	pid proc.Pid
 	// proc is its process, held (nil for a prepared client, which has
 	// none yet): every action on the process checks it first (livePid),
 	// and a connected client whose process exits is dropped at once
@@ -228,7 +228,7 @@ func (s *Server) ownAlloc(cl *client, reqID, id uint64) (*alloc, *helperpb.Respo
 	other := s.reg.ownerOf(id)
 	s.mu.Unlock()
 	if other != nil {
-		cl.log.Warn("client named another client's allocation", zap.Uint64("alloc_id", id), zap.Int32("owner_pid", other.pid))
+		cl.log.Warn("client named another client's allocation", zap.Uint64("alloc_id", id), pidField("owner_pid", other.pid))
 		return nil, errResp(reqID, helperpb.ErrorCode_ERROR_PERMISSION, "allocation %d is not yours", id)
 	}
 	return nil, errResp(reqID, helperpb.ErrorCode_ERROR_NOT_FOUND, "no allocation %d", id)

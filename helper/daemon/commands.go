@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -27,7 +28,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	detached := map[int64]bool{}
 	defer func() {
 		for pid := range detached {
-			s.recoverDetached(int32(pid))
+			s.recoverDetached(proc.Pid(pid))
 		}
 	}()
 	images := map[string]bool{} // deferred-commit images this connection writes
@@ -94,7 +95,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 // permission is logged, with fields).
 func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fields ...zap.Field) (*client, *helperpb.Response) {
 	s.mu.Lock()
-	cl := s.reg.connectedAs(int32(pid))
+	cl := s.reg.connectedAs(proc.Pid(pid))
 	s.mu.Unlock()
 	if cl == nil || int64(cl.pid) != pid {
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", pid)

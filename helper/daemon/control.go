@@ -59,7 +59,7 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 	cl := s.reg.withToken(h.ClientToken)
 	s.mu.Unlock()
 	// The client's own process, not one that took its pid since.
-	if cl == nil || cl.pid != c.cred.Pid || !proc.Same(cl.process(), c.peer) {
+	if cl == nil || cl.pid != proc.Pid(c.cred.Pid) || !proc.Same(cl.process(), c.peer) {
 		c.log.Warn("control connection with an unknown token or from another process")
 		_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_PERMISSION, "unknown client token for pid %d", c.cred.Pid), nil)
 		return

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -26,7 +27,7 @@ const reattachTimeout = 60 * time.Second
 // Every failure on that way is logged here, because the process waits for
 // nothing else.
 func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response {
-	pid := int32(req.Pid)
+	pid := proc.Pid(req.Pid)
 	s.mu.Lock()
 	cl := s.reg.waitingFor(pid)
 	if cl != nil && cl.lifeState() != lifeDetached {
@@ -37,7 +38,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		if !req.Alive {
 			return okResp(id) // released already (the reaper saw it die first)
 		}
-		s.log.Warn("a dump ended for a process that is not detached", zap.Int32("pid", pid))
+		s.log.Warn("a dump ended for a process that is not detached", pidField("pid", pid))
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no detached client with pid %d", req.Pid)
 	}
 	alive := req.Alive
@@ -98,7 +99,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 // recoverDetached handles a detached client whose dump never reported its
 // end (CRIU died, or the plugin could not send DumpDone): alive, it gets its
 // GPU back as after --leave-running; gone, its memory is released.
-func (s *Server) recoverDetached(pid int32) {
+func (s *Server) recoverDetached(pid proc.Pid) {
 	s.mu.Lock()
 	cl := s.reg.waitingFor(pid)
 	s.mu.Unlock()

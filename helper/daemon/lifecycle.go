@@ -191,8 +191,8 @@ type life struct {
 	// onAttach is what to do once it is back (armed), run when its control
 	// connection is up.
 	onAttach func()
-	nsPid    int32        // prepared/restored: the pid inside its namespace, from the image
-	wakeAs   int32        // prepared/restored: the pid its wake file is named after (the one it detached as)
+	nsPid    proc.Pid     // prepared/restored: the pid inside its namespace, from the image
+	wakeAs   proc.Pid     // prepared/restored: the pid its wake file is named after (the one it detached as)
 	load     *restoreLoad // prepared/restored: the background load that fills its memory
 	out      *outcomes    // prepared/restored, until it runs or fails: where its restore's result goes
 }
@@ -202,7 +202,7 @@ func newLife(st lifeState) life { return life{st: st, shown: shownState(st)} }
 // illegalTransition is the error of an event that the client's state does
 // not allow; the state is left as it was.
 type illegalTransition struct {
-	pid  int32
+	pid  proc.Pid
 	from lifeState
 	ev   lifeEvent
 }
@@ -274,7 +274,7 @@ func (cl *client) process() *proc.Process {
 
 // parkedAs is what the reaper checks of a parked client: its pid, its
 // process and its state.
-func (cl *client) parkedAs() (pid int32, p *proc.Process, st lifeState) {
+func (cl *client) parkedAs() (pid proc.Pid, p *proc.Process, st lifeState) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	return cl.pid, cl.proc, cl.life.st
@@ -283,7 +283,7 @@ func (cl *client) parkedAs() (pid int32, p *proc.Process, st lifeState) {
 // preparedFor reports whether cl is a prepared client for the restored
 // process pid: by pid when CRIU restored it into the helper's own pid
 // namespace (sameNS), else by ns, its pid inside its own (0: unknown).
-func (cl *client) preparedFor(pid int32, sameNS bool, ns int32) bool {
+func (cl *client) preparedFor(pid proc.Pid, sameNS bool, ns proc.Pid) bool {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	return cl.life.st == lifePrepared && ((sameNS && cl.pid == pid) || (!sameNS && ns != 0 && cl.life.nsPid == ns))
@@ -315,7 +315,7 @@ func (cl *client) takeOutcomes() *outcomes {
 
 // wakesAs is the pid cl's wake file is named after: the one it detached as
 // (0: its own pid).
-func (cl *client) wakesAs() int32 {
+func (cl *client) wakesAs() proc.Pid {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	return cl.life.wakeAs
@@ -324,7 +324,7 @@ func (cl *client) wakesAs() int32 {
 // waitsForWakeLocked reports whether w, parked as p, waits for the wake
 // file named after pid as a restored process (two restores of one image
 // wait for the same file); w.mu held.
-func (w *client) waitsForWakeLocked(p, pid int32) bool {
+func (w *client) waitsForWakeLocked(p, pid proc.Pid) bool {
 	return w.life.st == lifeRestored && (w.life.wakeAs == pid || (w.life.wakeAs == 0 && p == pid))
 }
 
@@ -344,7 +344,7 @@ func (cl *client) takeOnAttach() func() {
 func (s *Server) register(p *proc.Process, uid uint32, program string) *client {
 	cl := &client{pid: p.Pid(), proc: p, uid: uid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
 		opSem: make(chan struct{}, 1), life: newLife(lifeRegistered)}
-	cl.log = s.log.With(zap.Int32("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
+	cl.log = s.log.With(pidField("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
 	s.mu.Lock()
 	s.reg.connect(cl)
 	s.mu.Unlock()
@@ -356,7 +356,7 @@ func (s *Server) register(p *proc.Process, uid uint32, program string) *client {
 // inside its namespace) that a restore plan makes memory for: prepared, its
 // memory uid's (the image's owner) until the process is back, filled by
 // load, its result going to out.
-func newPreparedClient(log *zap.Logger, pid, ns int32, uid uint32, load *restoreLoad, out *outcomes) *client {
+func newPreparedClient(log *zap.Logger, pid, ns proc.Pid, uid uint32, load *restoreLoad, out *outcomes) *client {
 	cl := &client{pid: pid, uid: uid, allocs: map[uint64]*alloc{}, opSem: make(chan struct{}, 1), log: log,
 		life: newLife(lifePrepared)}
 	cl.life.nsPid, cl.life.wakeAs, cl.life.load, cl.life.out = ns, pid, load, out
@@ -520,7 +520,7 @@ func (s *Server) parkRestored(cl *client, p *proc.Process) error {
 		if err = cl.fireLocked(evRestored); err == nil {
 			cl.pid = pid
 			cl.proc = p
-			cl.log = cl.log.With(zap.Int32("restored_pid", pid))
+			cl.log = cl.log.With(pidField("restored_pid", pid))
 		}
 		cl.mu.Unlock()
 		if err == nil {

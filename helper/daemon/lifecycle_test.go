@@ -178,7 +178,7 @@ func TestLifecycleReported(t *testing.T) {
 func TestLifecycleRegistry(t *testing.T) {
 	dir := t.TempDir()
 	s := New(Config{Socket: filepath.Join(dir, "helper.sock"), Log: zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))})
-	pid := int32(os.Getpid())
+	pid := proc.Pid(os.Getpid())
 	ctl := &control{}
 	self := func() *proc.Process {
 		p, err := proc.Open(pid)

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -39,7 +40,7 @@ func (o *outcomes) add(cl *client) {
 }
 
 // set records what became of cl; a final state (running, failed) is kept.
-func (o *outcomes) set(cl *client, pid int32, state helperpb.RestoreState, reason string) {
+func (o *outcomes) set(cl *client, pid proc.Pid, state helperpb.RestoreState, reason string) {
 	if o == nil {
 		return
 	}

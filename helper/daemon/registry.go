@@ -3,6 +3,10 @@ package daemon
 import (
 	"cmp"
 	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // registry is where the helper finds its clients: connected ones by token
@@ -12,13 +16,13 @@ import (
 // the server's mu: every method expects it held.
 type registry struct {
 	byToken map[uint64]*client
-	byPID   map[int32]*client
-	waiting map[int32]*client
+	byPID   map[proc.Pid]*client
+	waiting map[proc.Pid]*client
 	owner   map[uint64]*client // allocation id -> its client
 }
 
 func newRegistry() registry {
-	return registry{byToken: map[uint64]*client{}, byPID: map[int32]*client{}, waiting: map[int32]*client{},
+	return registry{byToken: map[uint64]*client{}, byPID: map[proc.Pid]*client{}, waiting: map[proc.Pid]*client{},
 		owner: map[uint64]*client{}}
 }
 
@@ -44,7 +48,7 @@ func (r *registry) park(cl *client) {
 }
 
 // wait puts cl into the waiting list under pid (a restored process).
-func (r *registry) wait(pid int32, cl *client) { r.waiting[pid] = cl }
+func (r *registry) wait(pid proc.Pid, cl *client) { r.waiting[pid] = cl }
 
 // unpark takes cl out of the waiting list; false if it is not there (a
 // reattach, the reaper took it first).
@@ -57,11 +61,11 @@ func (r *registry) unpark(cl *client) bool {
 }
 
 // forgetWaiting drops whatever waits under pid.
-func (r *registry) forgetWaiting(pid int32) { delete(r.waiting, pid) }
+func (r *registry) forgetWaiting(pid proc.Pid) { delete(r.waiting, pid) }
 
-func (r *registry) waitingFor(pid int32) *client  { return r.waiting[pid] }
-func (r *registry) connectedAs(pid int32) *client { return r.byPID[pid] }
-func (r *registry) withToken(t uint64) *client    { return r.byToken[t] }
+func (r *registry) waitingFor(pid proc.Pid) *client  { return r.waiting[pid] }
+func (r *registry) connectedAs(pid proc.Pid) *client { return r.byPID[pid] }
+func (r *registry) withToken(t uint64) *client       { return r.byToken[t] }
 
 // own records that allocation id is cl's; ownerOf and disown read and undo it.
 func (r *registry) own(id uint64, cl *client) { r.owner[id] = cl }
@@ -80,3 +84,6 @@ func byPid[K comparable](m map[K]*client) []*client {
 	slices.SortFunc(out, func(a, b *client) int { return cmp.Compare(a.pid, b.pid) })
 	return out
 }
+
+// pidField logs a pid as a number.
+func pidField(key string, p proc.Pid) zap.Field { return zap.Int32(key, int32(p)) }

@@ -157,8 +157,8 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) 
 	newClient := func(pid, ns int) *client {
 		cl := byPid[pid]
 		if cl == nil {
-			cl = newPreparedClient(s.log.With(zap.Int32("image_pid", int32(pid)), zap.String("restored_from", dir)),
-				int32(pid), int32(ns), uid, p.load, p.out)
+			cl = newPreparedClient(s.log.With(pidField("image_pid", proc.Pid(pid)), zap.String("restored_from", dir)),
+				proc.Pid(pid), proc.Pid(ns), uid, p.load, p.out)
 			byPid[pid] = cl
 			p.clients = append(p.clients, cl)
 		}
@@ -246,7 +246,7 @@ func (s *Server) runLoad(p *restorePlan) {
 // under its old pid when it restores into the helper's own pid namespace;
 // into a new one (a container), the pid inside is the old one, recorded in
 // the image, and the host pid is new.
-func claimPrepared(plans []*restorePlan, pid int32) *client {
+func claimPrepared(plans []*restorePlan, pid proc.Pid) *client {
 	sameNS := proc.SamePidNS(pid)
 	ns := proc.NsPid(pid)
 	for _, p := range plans {
@@ -275,7 +275,7 @@ func claimPrepared(plans []*restorePlan, pid int32) *client {
 // Measured on the GPU machine: the driver restore of the residual on the
 // running, gated process works and takes 0.2-0.5 s.
 func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePlan) *helperpb.Response {
-	pid := int32(req.Pid)
+	pid := proc.Pid(req.Pid)
 	cl := claimPrepared(plans, pid)
 	if cl == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU memory prepared for pid %d by this restore", req.Pid)
@@ -297,7 +297,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 		if errors.Is(err, image.ErrCorrupt) {
 			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
 		}
-		cl.log.Warn("restore failed: its GPU image did not load", zap.Int32("pid", pid), zap.Error(err))
+		cl.log.Warn("restore failed: its GPU image did not load", pidField("pid", pid), zap.Error(err))
 		return errResp(id, code, "pid %d: loading its GPU image: %v", req.Pid, err)
 	}
 	// CRIU holds the restored process stopped: the pid is that process's

@@ -230,7 +230,7 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
-	pid := int32(sleeper.Process.Pid)
+	pid := proc.Pid(sleeper.Process.Pid)
 	st, err := proc.ReadStat(pid)
 	if err != nil {
 		t.Fatal(err)

@@ -10,26 +10,28 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // wakePath is the file whose existence tells a detached client of pid to
 // reconnect: next to the socket, so a container that can reach the socket can
 // reach it too.
-func (s *Server) wakePath(pid int32) string {
+func (s *Server) wakePath(pid proc.Pid) string {
 	return filepath.Join(filepath.Dir(s.cfg.Socket), s.wakeName(pid))
 }
 
 // wakeName is wakePath relative to the socket's directory (what Detach sends).
-func (s *Server) wakeName(pid int32) string {
+func (s *Server) wakeName(pid proc.Pid) string {
 	return filepath.Join("wake", strconv.Itoa(int(pid)))
 }
 
-func (s *Server) wake(pid int32) error { return s.wakeWith(pid, "") }
+func (s *Server) wake(pid proc.Pid) error { return s.wakeWith(pid, "") }
 
 // wakeWith creates pid's wake file with content msg: empty means "come
 // back", "lost: why" that its GPU state is gone (adopt.go). Written under
 // another name and renamed: the client reads it as soon as it exists.
-func (s *Server) wakeWith(pid int32, msg string) error {
+func (s *Server) wakeWith(pid proc.Pid, msg string) error {
 	p := s.wakePath(pid)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return err
@@ -44,7 +46,7 @@ func (s *Server) wakeWith(pid int32, msg string) error {
 // removeWakeLocked removes the wake file named after pid unless a client
 // other than the one now waiting as self still waits for it (two restores
 // of one image wait for the same file). Called with s.mu held.
-func (s *Server) removeWakeLocked(pid, self int32) {
+func (s *Server) removeWakeLocked(pid, self proc.Pid) {
 	for p, w := range s.reg.waiting {
 		if p == self {
 			continue

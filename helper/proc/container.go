@@ -15,7 +15,7 @@ var containerID64 = regexp.MustCompile(`[0-9a-f]{64}`)
 // its cgroup path (12 digits of a 64-digit one, or runc's own name), or, in
 // another pid namespace than this process with a cgroup path that names
 // none, "pidns:INODE".
-func Container(pid int32) string {
+func Container(pid Pid) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
 		return ""

@@ -26,7 +26,7 @@ func TestContainerOf(t *testing.T) {
 			t.Errorf("containerOf(%q, %v) = %q, want %q", tc.cgroup, tc.ownNS, got, tc.want)
 		}
 	}
-	if c := Container(int32(os.Getpid())); c != "" && c[:6] != "pidns:" && len(c) > 64 {
+	if c := Container(Pid(os.Getpid())); c != "" && c[:6] != "pidns:" && len(c) > 64 {
 		t.Errorf("Container(self) = %q", c)
 	}
 }

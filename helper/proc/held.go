@@ -11,9 +11,9 @@ import (
 
 // Holder is a process that keeps a pid in use.
 type Holder struct {
-	Pid   int32
+	Pid   Pid
 	State byte  // 'Z': a zombie its parent has not reaped
-	PPid  int32 // who would reap it
+	PPid  Pid // who would reap it
 }
 
 // Holders lists the processes, zombies included, that keep any of pids in
@@ -23,7 +23,7 @@ type Holder struct {
 // must get its pids back, fails ("Can't fork for PID: File exists") while a
 // holder is left; a dumped tree's forked children linger as zombies holding
 // the root's pid as their session until whoever inherited them reaps them.
-func Holders(pids []int32) []Holder {
+func Holders(pids []Pid) []Holder {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -34,7 +34,7 @@ func Holders(pids []int32) []Holder {
 		if err != nil {
 			continue
 		}
-		pid := int32(n)
+		pid := Pid(n)
 		st, err := ReadStat(pid)
 		if err != nil {
 			continue // gone meanwhile
@@ -56,7 +56,7 @@ func Holders(pids []int32) []Holder {
 }
 
 // Comm is pid's command name (/proc/PID/comm), "" if unknown.
-func Comm(pid int32) string {
+func Comm(pid Pid) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/comm")
 	if err != nil {
 		return ""
@@ -69,7 +69,7 @@ const releasePoll = 10 * time.Millisecond
 
 // WaitReleased waits until no process holds any of pids (Holders) or ctx
 // ends, and returns the holders left then (none: all released).
-func WaitReleased(ctx context.Context, pids []int32) []Holder {
+func WaitReleased(ctx context.Context, pids []Pid) []Holder {
 	t := time.NewTicker(releasePoll)
 	defer t.Stop()
 	for {

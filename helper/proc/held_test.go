@@ -38,19 +38,19 @@ func TestHoldersZombieOfASession(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the leader's child: %q", buf[:n])
 	}
-	lpid := int32(leader.Process.Pid)
+	lpid := Pid(leader.Process.Pid)
 	_ = leader.Process.Kill()
 	_ = leader.Wait()
 	// the leader is reaped; its child (ours now, as the subreaper) holds its pid as session
-	h := Holders([]int32{lpid})
-	if len(h) != 1 || h[0].Pid != int32(child) || h[0].State == 'Z' {
+	h := Holders([]Pid{lpid})
+	if len(h) != 1 || h[0].Pid != Pid(child) || h[0].State == 'Z' {
 		t.Fatalf("holders of %d after the leader exited: %+v, want its running child %d", lpid, h, child)
 	}
 	_ = syscall.Kill(child, syscall.SIGKILL)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	h = WaitReleased(ctx, []int32{lpid})
-	if len(h) != 1 || h[0].State != 'Z' || h[0].PPid != int32(os.Getpid()) {
+	h = WaitReleased(ctx, []Pid{lpid})
+	if len(h) != 1 || h[0].State != 'Z' || h[0].PPid != Pid(os.Getpid()) {
 		t.Fatalf("holders while the killed child is not reaped: %+v, want it as a zombie of this process", h)
 	}
 	var ws unix.WaitStatus
@@ -59,25 +59,25 @@ func TestHoldersZombieOfASession(t *testing.T) {
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel2()
-	if h := WaitReleased(ctx2, []int32{lpid}); h != nil {
+	if h := WaitReleased(ctx2, []Pid{lpid}); h != nil {
 		t.Fatalf("holders after the zombie was reaped: %+v", h)
 	}
 }
 
 // A thread's id is held while the thread runs, though /proc does not list it.
 func TestHoldersThread(t *testing.T) {
-	tids := make(chan int32)
+	tids := make(chan Pid)
 	done := make(chan struct{})
 	go func() {
 		runtime.LockOSThread() // the thread ends with the goroutine, so its id is released
-		tids <- int32(unix.Gettid())
+		tids <- Pid(unix.Gettid())
 		<-done
 	}()
 	tid := <-tids
-	if tid == int32(os.Getpid()) {
+	if tid == Pid(os.Getpid()) {
 		t.Skip("the goroutine runs on the main thread")
 	}
-	h := Holders([]int32{tid})
+	h := Holders([]Pid{tid})
 	close(done)
 	if len(h) != 1 || h[0].Pid != tid {
 		t.Fatalf("holders of thread id %d: %+v", tid, h)

@@ -22,7 +22,7 @@ var ErrGone = errors.New("process is gone")
 
 // GoneError names the process that is gone.
 type GoneError struct {
-	Pid int32
+	Pid Pid
 	Why string // "" or what showed it
 }
 
@@ -40,7 +40,7 @@ func (e *GoneError) Unwrap() error { return ErrGone }
 // pid apart as long as the process is looked at. Its pid, start time and uid
 // are read once, while it was known to be that process.
 type Process struct {
-	pid   int32
+	pid   Pid
 	start uint64
 	uid   uint32
 	f     *os.File // the pidfd, non-blocking; nil without one
@@ -53,7 +53,7 @@ type Process struct {
 }
 
 // Pid is the process's pid (in this process's pid namespace).
-func (p *Process) Pid() int32 { return p.pid }
+func (p *Process) Pid() Pid { return p.pid }
 
 // Start is its start time in clock ticks after boot (/proc/PID/stat).
 func (p *Process) Start() uint64 { return p.start }
@@ -209,7 +209,7 @@ func Same(a, b *Process) bool {
 // peer, as the kernel recorded it), its uid are read, then the pidfd must
 // still show it running, so that what was read is its and not a
 // successor's.
-func newProcess(pidfd int, pid int32, uid *uint32) (*Process, error) {
+func newProcess(pidfd int, pid Pid, uid *uint32) (*Process, error) {
 	p := &Process{pid: pid, closed: make(chan struct{}), how: "pid and start time"}
 	if pidfd >= 0 {
 		p.how = "pidfd_open"
@@ -247,7 +247,7 @@ func newProcess(pidfd int, pid int32, uid *uint32) (*Process, error) {
 }
 
 // pidfdOpen is pidfd_open(2); -1 and no error where the kernel has none.
-func pidfdOpen(pid int32) (int, error) {
+func pidfdOpen(pid Pid) (int, error) {
 	fd, err := unix.PidfdOpen(int(pid), unix.PIDFD_NONBLOCK)
 	switch {
 	case err == nil:
@@ -262,7 +262,7 @@ func pidfdOpen(pid int32) (int, error) {
 }
 
 // Open holds the process that has pid now.
-func Open(pid int32) (*Process, error) {
+func Open(pid Pid) (*Process, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("no process %d", pid)
 	}
@@ -275,7 +275,7 @@ func Open(pid int32) (*Process, error) {
 
 // OpenStarted holds the process that has pid now, if it is the one that
 // started at start ticks after boot; else a *GoneError.
-func OpenStarted(pid int32, start uint64) (*Process, error) {
+func OpenStarted(pid Pid, start uint64) (*Process, error) {
 	p, err := Open(pid)
 	if err != nil {
 		return nil, err
@@ -305,24 +305,24 @@ func Peer(rc syscall.RawConn, cred *unix.Ucred) (*Process, error) {
 	case gerr == nil:
 		unix.CloseOnExec(fd)
 		// Its uid at connect time, as the kernel recorded it.
-		p, err := newProcess(fd, cred.Pid, &cred.Uid)
+		p, err := newProcess(fd, Pid(cred.Pid), &cred.Uid)
 		if err != nil {
 			return nil, err
 		}
 		p.how = "SO_PEERPIDFD"
 		return p, nil
 	case gerr == unix.EINVAL || gerr == unix.ESRCH:
-		return nil, &GoneError{Pid: cred.Pid, Why: "it exited before the helper saw its connection"}
+		return nil, &GoneError{Pid: Pid(cred.Pid), Why: "it exited before the helper saw its connection"}
 	case gerr != unix.ENOPROTOOPT:
 		return nil, fmt.Errorf("SO_PEERPIDFD: %w", gerr)
 	}
-	p, err := Open(cred.Pid)
+	p, err := Open(Pid(cred.Pid))
 	if err != nil {
 		return nil, err
 	}
 	if p.uid != cred.Uid {
 		p.Close()
-		return nil, &GoneError{Pid: cred.Pid, Why: fmt.Sprintf("the pid names a process of uid %d now, not the connecting uid %d", p.uid, cred.Uid)}
+		return nil, &GoneError{Pid: Pid(cred.Pid), Why: fmt.Sprintf("the pid names a process of uid %d now, not the connecting uid %d", p.uid, cred.Uid)}
 	}
 	return p, nil
 }

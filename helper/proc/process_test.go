@@ -59,7 +59,7 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 // at the exit, and Check names the pid.
 func TestProcessExit(t *testing.T) {
 	cmd := sleeper(t)
-	pid := int32(cmd.Process.Pid)
+	pid := Pid(cmd.Process.Pid)
 	p, err := Open(pid)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestProcessExit(t *testing.T) {
 // run any more.
 func TestProcessClose(t *testing.T) {
 	cmd := sleeper(t)
-	p, err := Open(int32(cmd.Process.Pid))
+	p, err := Open(Pid(cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestProcessClose(t *testing.T) {
 
 // forcePid makes the next process forked get pid (root: the pid namespace's
 // ns_last_pid); it returns false where that cannot be done.
-func forcePid(pid int32) bool {
+func forcePid(pid Pid) bool {
 	return os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(int(pid-1))), 0) == nil
 }
 
@@ -134,7 +134,7 @@ func forcePid(pid int32) bool {
 // time refuses the new one.
 func TestPidReuse(t *testing.T) {
 	first := sleeper(t)
-	pid := int32(first.Process.Pid)
+	pid := Pid(first.Process.Pid)
 	p, err := Open(pid)
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestPidReuse(t *testing.T) {
 			t.Skip("cannot choose the next pid (not root?)")
 		}
 		c := sleeper(t)
-		if int32(c.Process.Pid) == pid {
+		if Pid(c.Process.Pid) == pid {
 			second = c
 		}
 	}
@@ -240,10 +240,10 @@ func TestPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if p.Pid() != int32(os.Getpid()) || !p.Running() || p.UID() != uint32(os.Geteuid()) {
+	if p.Pid() != Pid(os.Getpid()) || !p.Running() || p.UID() != uint32(os.Geteuid()) {
 		t.Errorf("peer = %v running %v uid %d, want this process", p, p.Running(), p.UID())
 	}
-	self, err := Open(int32(os.Getpid()))
+	self, err := Open(Pid(os.Getpid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,8 +281,8 @@ func TestTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
-	pid := int32(cmd.Process.Pid)
-	var tree []int32
+	pid := Pid(cmd.Process.Pid)
+	var tree []Pid
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if tree = Tree(pid); len(tree) == 3 {
 			break

@@ -17,9 +17,9 @@ import (
 // Stat is what the helper reads of /proc/PID/stat.
 type Stat struct {
 	State   byte   // field 3: R, S, D, Z, X...
-	PPid    int32  // field 4
-	PGrp    int32  // field 5: process group
-	Session int32  // field 6
+	PPid    Pid  // field 4
+	PGrp    Pid  // field 5: process group
+	Session Pid  // field 6
 	Flags   uint64 // field 9: the kernel's PF_* task flags
 	Start   uint64 // field 22: start time in clock ticks after boot; tells a reused pid apart
 }
@@ -28,7 +28,7 @@ type Stat struct {
 func (s Stat) Alive() bool { return s.State != 'Z' && s.State != 'X' }
 
 // ReadStat reads /proc/PID/stat.
-func ReadStat(pid int32) (Stat, error) {
+func ReadStat(pid Pid) (Stat, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return Stat{}, err
@@ -39,7 +39,7 @@ func ReadStat(pid int32) (Stat, error) {
 // parseStat parses the text of /proc/PID/stat. The command name (field 2)
 // may hold blanks and parentheses: the fields after it start after its last
 // ')'.
-func parseStat(pid int32, b []byte) (Stat, error) {
+func parseStat(pid Pid, b []byte) (Stat, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return Stat{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
@@ -75,13 +75,13 @@ func parseStat(pid int32, b []byte) (Stat, error) {
 	if st.Start, err = num(22, 64); err != nil {
 		return Stat{}, err
 	}
-	st.PPid, st.PGrp, st.Session = int32(ppid), int32(pgrp), int32(sid)
+	st.PPid, st.PGrp, st.Session = Pid(ppid), Pid(pgrp), Pid(sid)
 	return st, nil
 }
 
 // statusField is the value of the line "name:" of /proc/PID/status, split
 // into its blank-separated words; nil if there is none.
-func statusField(pid int32, name string) ([]string, error) {
+func statusField(pid Pid, name string) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return nil, err
@@ -95,18 +95,18 @@ func statusField(pid int32, name string) ([]string, error) {
 }
 
 // NsPid is pid's pid in its own (innermost) pid namespace; 0 if unknown.
-func NsPid(pid int32) int32 {
+func NsPid(pid Pid) Pid {
 	f, _ := statusField(pid, "NSpid")
 	if len(f) == 0 {
 		return 0
 	}
 	n, _ := strconv.ParseInt(f[len(f)-1], 10, 32)
-	return int32(n)
+	return Pid(n)
 }
 
 // EffectiveUID is the effective uid of pid (the second of /proc/PID/status's
 // Uid: line).
-func EffectiveUID(pid int32) (uint32, error) {
+func EffectiveUID(pid Pid) (uint32, error) {
 	f, err := statusField(pid, "Uid")
 	if err != nil {
 		return 0, err
@@ -124,7 +124,7 @@ func EffectiveUID(pid int32) (uint32, error) {
 // SamePidNS reports whether pid lives in this process's own pid namespace
 // (then its pid there is the one this process sees). Unknown counts as the
 // same: the pid is all there is to go by.
-func SamePidNS(pid int32) bool {
+func SamePidNS(pid Pid) bool {
 	mine, err := os.Readlink("/proc/self/ns/pid")
 	if err != nil {
 		return true
@@ -140,7 +140,7 @@ func SamePidNS(pid int32) bool {
 // over its threads (a child belongs to the thread that forked it); on a
 // kernel without those files (CONFIG_PROC_CHILDREN), the processes whose
 // parent is pid.
-func Children(pid int32) ([]int32, error) {
+func Children(pid Pid) ([]Pid, error) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
 		return nil, fmt.Errorf("no process %d", pid)
 	}
@@ -151,15 +151,15 @@ func Children(pid int32) ([]int32, error) {
 	if len(tasks) == 0 {
 		return childrenByParent(pid)
 	}
-	var out []int32
+	var out []Pid
 	for _, p := range tasks {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			continue // the thread has exited
 		}
 		for _, f := range strings.Fields(string(b)) {
-			if c, err := strconv.ParseInt(f, 10, 32); err == nil && !slices.Contains(out, int32(c)) {
-				out = append(out, int32(c))
+			if c, err := strconv.ParseInt(f, 10, 32); err == nil && !slices.Contains(out, Pid(c)) {
+				out = append(out, Pid(c))
 			}
 		}
 	}
@@ -168,19 +168,19 @@ func Children(pid int32) ([]int32, error) {
 }
 
 // childrenByParent scans /proc for the processes whose parent is pid.
-func childrenByParent(pid int32) ([]int32, error) {
+func childrenByParent(pid Pid) ([]Pid, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
-	var out []int32
+	var out []Pid
 	for _, e := range ents {
 		p, err := strconv.ParseInt(e.Name(), 10, 32)
 		if err != nil {
 			continue
 		}
-		if st, err := ReadStat(int32(p)); err == nil && st.PPid == pid {
-			out = append(out, int32(p))
+		if st, err := ReadStat(Pid(p)); err == nil && st.PPid == pid {
+			out = append(out, Pid(p))
 		}
 	}
 	slices.Sort(out)
@@ -189,8 +189,8 @@ func childrenByParent(pid int32) ([]int32, error) {
 
 // Tree is pid and all its descendants (children recursively): the tree CRIU
 // dumps for pid.
-func Tree(pid int32) []int32 {
-	tree := []int32{pid}
+func Tree(pid Pid) []Pid {
+	tree := []Pid{pid}
 	for i := 0; i < len(tree); i++ {
 		kids, err := Children(tree[i])
 		if err != nil {
@@ -206,7 +206,7 @@ func Tree(pid int32) []int32 {
 }
 
 // Exists says whether pid is a process (a zombie is not).
-func Exists(pid int32) bool {
+func Exists(pid Pid) bool {
 	st, err := ReadStat(pid)
 	return err == nil && st.Alive()
 }
@@ -218,7 +218,7 @@ const pfExiting = 0x4
 // after boot (0: any) and will run on: not a zombie, not exiting, no
 // SIGKILL pending (CRIU kills a dumped tree just before it exits, so a
 // process it killed may still look alive for a moment).
-func RunsOn(pid int32, start uint64) bool {
+func RunsOn(pid Pid, start uint64) bool {
 	st, err := ReadStat(pid)
 	if err != nil || !st.Alive() || (start != 0 && st.Start != start) || st.Flags&pfExiting != 0 {
 		return false
@@ -228,7 +228,7 @@ func RunsOn(pid int32, start uint64) bool {
 
 // SigkillPending says SIGKILL is queued for pid's thread or its whole
 // process.
-func SigkillPending(pid int32) bool {
+func SigkillPending(pid Pid) bool {
 	for _, name := range []string{"SigPnd", "ShdPnd"} {
 		f, _ := statusField(pid, name)
 		if len(f) != 1 {
@@ -249,7 +249,7 @@ var deviceFilePrefixes = []string{"/dev/nvidia", "anon_inode:[perf_event]"}
 // DeviceFiles lists the GPU driver's files pid has open or mapped (each
 // once): a process that holds one uses the GPU, and CRIU cannot dump it
 // unless its GPU state is checkpointed first.
-func DeviceFiles(pid int32) []string {
+func DeviceFiles(pid Pid) []string {
 	var out []string
 	add := func(name string) {
 		for _, p := range deviceFilePrefixes {
@@ -269,6 +269,18 @@ func DeviceFiles(pid int32) []string {
 			if f := strings.Fields(line); len(f) >= 6 {
 				add(strings.Join(f[5:], " "))
 			}
+		}
+	}
+	return out
+}
+
+// OwnFDs lists this process's open file descriptors.
+func OwnFDs() []int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	var out []int
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, fd)
 		}
 	}
 	return out

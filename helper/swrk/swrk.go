@@ -104,8 +104,8 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
 	// A restore's half-made tree, killed at the deadline, is what appears
 	// among this process's children while CRIU runs.
-	self := int32(os.Getpid())
-	var before []int32
+	self := proc.Pid(os.Getpid())
+	var before []proc.Pid
 	if c.KillNew {
 		before, _ = proc.Children(self)
 	}

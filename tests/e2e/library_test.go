@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // eventLog collects a checkpoint's or a restore's events.
@@ -82,7 +83,7 @@ func TestLibraryDumpRestore(t *testing.T) {
 	a.waitIter(10, time.Minute)
 	img := filepath.Join(dir, "img")
 	var dumpEvents eventLog
-	res, err := checkpoint.Dump(context.Background(), checkpoint.DumpOptions{Pid: int32(a.pid), Dir: img, CRIU: criu, Env: cenv,
+	res, err := checkpoint.Dump(context.Background(), checkpoint.DumpOptions{Pid: proc.Pid(a.pid), Dir: img, CRIU: criu, Env: cenv,
 		Events: dumpEvents.add})
 	if err != nil {
 		t.Fatalf("Dump: %v", err)
@@ -93,8 +94,8 @@ func TestLibraryDumpRestore(t *testing.T) {
 	if p := dumpEvents.lastProgress(); p == nil || !p.Transfer.Finished || p.Transfer.BytesDone < 16<<20 {
 		t.Errorf("dump progress: last %+v, want a finished copy of at least 16 MiB", p)
 	}
-	if !res.GPUState || len(res.GPUProcesses) != 1 || res.GPUProcesses[0].Pid != int32(a.pid) || res.GPU == nil ||
-		res.GPU.Bytes < 16<<20 || !slices.Contains(res.Tree, int32(a.pid)) || res.PidsReleasedAfterSeconds == nil {
+	if !res.GPUState || len(res.GPUProcesses) != 1 || res.GPUProcesses[0].Pid != proc.Pid(a.pid) || res.GPU == nil ||
+		res.GPU.Bytes < 16<<20 || !slices.Contains(res.Tree, proc.Pid(a.pid)) || res.PidsReleasedAfterSeconds == nil {
 		t.Errorf("dump result %+v", res)
 	}
 	a.reap(30 * time.Second)
@@ -133,7 +134,7 @@ func TestLibraryDumpCancelled(t *testing.T) {
 			cancel()
 		}
 	}}
-	_, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: int32(a.pid), Dir: img, CRIU: criu, Env: cenv, Events: events.add})
+	_, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: proc.Pid(a.pid), Dir: img, CRIU: criu, Env: cenv, Events: events.add})
 	ended := time.Now()
 	var f *checkpoint.Failure
 	if !errors.As(err, &f) || !f.Cancelled || !strings.Contains(f.Summary, "interrupted") {
