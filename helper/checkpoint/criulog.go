@@ -149,7 +149,7 @@ var criuHints = []criuHint{
 			"only as it was. Restore an image whose files have not changed since (a checkpoint without --leave-running), "+
 			"or put the file back as it was", m[1], m[2], m[3])
 	}},
-	{regexp.MustCompile(`No space left on device`), func([]string) string {
+	{regexp.MustCompile(`(?i)no space left on device`), func([]string) string {
 		return "the image directory's file system is full"
 	}},
 	{regexp.MustCompile(`Read-only file system`), func([]string) string {

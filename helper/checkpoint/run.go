@@ -8,6 +8,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -207,6 +209,9 @@ func run(ctx context.Context, j job) (*ran, error) {
 		f.CRIU = []string{fmt.Sprintf("(CRIU's log cannot be read: %v)", err)}
 	}
 	f.Plugin = sess.pluginLines()
+	if len(f.Plugin) > 0 {
+		f.CRIU = withoutDetachNoise(f.CRIU)
+	}
 	if out.Cancelled {
 		// what CRIU said after it was stopped is noise
 		f.CRIU, f.Plugin = nil, nil
@@ -261,4 +266,23 @@ func stateName(s helperpb.ClientState) string {
 		return "unknown"
 	}
 	return strings.ToLower(strings.TrimPrefix(s.String(), "CLIENT_STATE_"))
+}
+
+// criuDetachFailed is CRIU's word after a plugin refused a dump: it could
+// not detach from a task. For a process that runs on it is not so, and
+// only hides the plugin's reason.
+var criuDetachFailed = regexp.MustCompile(`^Unable to detach from (\d+): No such process$`)
+
+// withoutDetachNoise drops those lines for processes that exist.
+func withoutDetachNoise(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		if m := criuDetachFailed.FindStringSubmatch(l); m != nil {
+			if n, err := strconv.Atoi(m[1]); err == nil && proc.Exists(proc.Pid(n)) {
+				continue
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -290,7 +291,7 @@ func (r *checkpointRun) copyToImage() *stepError {
 	r.s.log.Info("GPU memory into the image", zap.Int64("pid", int64(r.cl.pid)), zap.Int("chunks", st.Chunks),
 		zap.Int("copied", st.Copied), zap.Uint64("bytes_copied", st.BytesCopied), zap.Duration("gpu_hash", st.Hash))
 	if err != nil {
-		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
+		return copyFailed(err, r.w.Dir())
 	}
 	r.ph.doneSplit("gpu-hash", st.Hash, "copy")
 	if err := r.w.SealProcess(int(r.cl.pid)); err != nil {
@@ -499,4 +500,20 @@ func protoKind(k image.AllocKind) helperpb.AllocKind {
 		}
 	}
 	return helperpb.AllocKind_ALLOC_KIND_SLAB
+}
+
+// copyFailed says why the copy into the image failed: a full or read-only
+// file system in one plain sentence (the chunk's long path adds nothing),
+// the driver's error as one, anything else as the image's.
+func copyFailed(err error, dir string) *stepError {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE,
+			"the image directory %s is full: no space left on device for the GPU memory", dir)
+	case errors.Is(err, syscall.EROFS):
+		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "the image directory %s is on a read-only file system", dir)
+	case engine.IsDeviceError(err):
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "copy to the image: %v", err)
+	}
+	return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "writing the image: %v", err)
 }

@@ -50,6 +50,10 @@ type Lane interface {
 // unusable afterwards), as opposed to one of the image.
 type DeviceError interface{ DeviceError() bool }
 
+// IsDeviceError says whether err is the device's (the driver's), not the
+// image's.
+func IsDeviceError(err error) bool { return isDeviceError(err) }
+
 func isDeviceError(err error) bool {
 	if de := (*cuda.Error)(nil); errors.As(err, &de) {
 		return true
