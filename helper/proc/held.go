@@ -12,8 +12,8 @@ import (
 // Holder is a process that keeps a pid in use.
 type Holder struct {
 	Pid   Pid
-	State byte  // 'Z': a zombie its parent has not reaped
-	PPid  Pid // who would reap it
+	State byte // 'Z': a zombie its parent has not reaped
+	PPid  Pid  // who would reap it
 }
 
 // Holders lists the processes, zombies included, that keep any of pids in

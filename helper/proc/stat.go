@@ -17,9 +17,9 @@ import (
 // Stat is what the helper reads of /proc/PID/stat.
 type Stat struct {
 	State   byte   // field 3: R, S, D, Z, X...
-	PPid    Pid  // field 4
-	PGrp    Pid  // field 5: process group
-	Session Pid  // field 6
+	PPid    Pid    // field 4
+	PGrp    Pid    // field 5: process group
+	Session Pid    // field 6
 	Flags   uint64 // field 9: the kernel's PF_* task flags
 	Start   uint64 // field 22: start time in clock ticks after boot; tells a reused pid apart
 }
