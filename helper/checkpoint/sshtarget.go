@@ -192,9 +192,10 @@ func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64
 		return rdir, 0, nil
 	}
 	// One command: the directory is made, refused unless empty (exit 3: a
-	// failed transfer removes only what it made), and filled.
+	// failed transfer removes only what it made), and filled (tar reading
+	// 1 MiB records: its default 10 KiB ones took half the speed here).
 	q := shellQuote(rdir)
-	script := fmt.Sprintf(`mkdir -p -m 0700 -- %[1]s || exit 2; if [ -n "$(ls -A -- %[1]s)" ]; then echo %[2]s >&2; exit 3; fi; exec tar -C %[1]s -xf -`,
+	script := fmt.Sprintf(`mkdir -p -m 0700 -- %[1]s || exit 2; if [ -n "$(ls -A -- %[1]s)" ]; then echo %[2]s >&2; exit 3; fi; exec tar -C %[1]s -b 2048 -xf -`,
 		q, shellQuote(rdir+" is not empty"))
 	pr, pw := io.Pipe()
 	sent := make(chan int64, 1)
@@ -222,6 +223,7 @@ func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64
 // the logs; not gpucr's private directories) as a tar archive.
 func writeTar(w io.Writer, dir string) (int64, error) {
 	tw := tar.NewWriter(w)
+	buf := make([]byte, 1<<20)
 	var n int64
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -261,7 +263,7 @@ func writeTar(w io.Writer, dir string) (int64, error) {
 			return err
 		}
 		defer f.Close()
-		c, err := io.Copy(tw, f)
+		c, err := io.CopyBuffer(tw, f, buf)
 		n += c
 		return err
 	})
