@@ -83,6 +83,10 @@ func (e *MigrateError) Error() string {
 
 func (e *MigrateError) Unwrap() error { return e.Err }
 
+// restoreMargin is what a migration waits for the target's restore beyond
+// CRIU's own deadline there (the GPU memory's wait after CRIU).
+const restoreMargin = 2 * time.Minute
+
 // sourceBackWait bounds how long a failed migration waits for the source's
 // GPU processes to have their GPU back.
 const sourceBackWait = 30 * time.Second
@@ -131,7 +135,17 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	res.RemoteDir, res.TransferBytes, res.TransferSeconds = remoteDir, sent, time.Since(t1).Seconds()
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("image at %s:%s (%d bytes sent in %.3f s)", o.Target.Name(), remoteDir, sent, res.TransferSeconds)})
 	t2 := time.Now()
-	restored, err := o.Target.Restore(ctx, remoteDir)
+	// Not cancelled midway: a restore cut off at the target could leave the
+	// tree running there while the source goes on here. An interrupt
+	// waits for its outcome (bounded by CRIU's deadline there), which
+	// decides which copy runs on.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.CRIU.timeout()+restoreMargin)
+	stopNote := context.AfterFunc(ctx, func() {
+		ev.emit(Event{Kind: Warning, Text: "interrupted while the target restores: waiting for its outcome, so that one copy runs on"})
+	})
+	restored, err := o.Target.Restore(rctx, remoteDir)
+	stopNote()
+	rcancel()
 	if err != nil {
 		return nil, fail("restore", err, remoteDir)
 	}
