@@ -36,8 +36,10 @@ type Target interface {
 // MigrateOptions is a live migration of the tree of Pid to Target.
 type MigrateOptions struct {
 	Pid proc.Pid
-	// Dir is the local image directory (absolute, new or empty).
+	// Dir is the local image directory (absolute, new or empty; with Force
+	// an image it holds is replaced, as a checkpoint's Force does).
 	Dir    string
+	Force  bool
 	Target Target
 	CRIU   CRIU
 	Env    Environment
@@ -107,7 +109,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	t0 := time.Now()
 	// the dump's events, timed from the migration's start
 	dumpEvents := func(e Event) { e.Elapsed += t0.Sub(ev.start); ev.out.send(e) }
-	dump, err := Dump(ctx, DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, CRIU: o.CRIU, Env: o.Env, Events: dumpEvents})
+	dump, err := Dump(ctx, DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, Force: o.Force, CRIU: o.CRIU, Env: o.Env, Events: dumpEvents})
 	if err != nil {
 		return nil, err // a failed dump leaves the tree running
 	}

@@ -30,6 +30,7 @@ func migrateCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "ssh", Value: "ssh", Usage: "the command that runs a command line on the target, split at blanks (ssh -p 2222 -i KEY)"},
 			&ucli.StringFlag{Name: "target-gpucr", Value: "gpucr", Usage: "gpucr at the target, split at blanks (env GPUCR_SOCKET=/run/x.sock /opt/gpucr/bin/gpucr)"},
 			&ucli.BoolFlag{Name: "keep-image", Usage: "keep the local image after a migration that succeeded"},
+			&ucli.BoolFlag{Name: "force", Usage: "replace an image the local directory -D already holds"},
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
@@ -71,7 +72,7 @@ func migrateCommand() *ucli.Command {
 			ctx, stop := interruptible(c.Context)
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))
-			res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{Pid: pid, Dir: dir, Target: target,
+			res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{Pid: pid, Dir: dir, Force: c.Bool("force"), Target: target,
 				CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
 				if made && !isMigrateError(err) {

@@ -259,6 +259,14 @@ func TestMigrateFailureContinuesSource(t *testing.T) {
 	if st := procState(a.pid); st == "T" || st == "" {
 		t.Errorf("the source is in state %q", st)
 	}
+	// The image the failed migration kept is not mixed with a new one:
+	// refused before anything stops, unless --force.
+	out, err = cli(t, h, env, "migrate", strconv.Itoa(a.pid), "--to", "elsewhere", "--ssh", fakeSSH, "--target-gpucr", fakeGpucr,
+		"-D", img, "--target-dir", remote)
+	if err == nil || !strings.Contains(out, "already holds") || !strings.Contains(out, "--force") || strings.Contains(out, "dumping") {
+		t.Errorf("a migration into the kept image's directory: %v\n%s", err, out)
+	}
+	a.waitIter(a.lastIter()+5, time.Minute)
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
