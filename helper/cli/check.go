@@ -118,6 +118,9 @@ func runCheck(o checkOptions) checkReport {
 	}
 	plugin, perr := findPlugin(o.pluginDir)
 	checkCRIUWithPlugin(&r, o, criuOK, plugin, perr)
+	if criuOK {
+		checkCRIUFeatures(&r, o.criu, o.timeout)
+	}
 	checkInterposer(&r)
 	st := checkHelper(&r, o.socket)
 	if o.imagesDir != "" {

@@ -102,6 +102,40 @@ func checkCRIUVersion(r *checkReport, criu string, limit time.Duration) bool {
 	return true
 }
 
+// criuFeatures are CRIU's kernel features that make checkpoints cheaper:
+// neither is needed, so their absence warns.
+var criuFeatures = []struct{ feature, item, gives string }{
+	{"mem_dirty_track", "criu memory tracking", "pre-dumps that copy only the memory written since the last one (criu pre-dump --track-mem)"},
+	{"uffd-noncoop", "criu lazy pages", "restores that run the process before all its memory is in (criu lazy-pages)"},
+}
+
+// checkCRIUFeatures asks CRIU (`criu check --feature F`) for each of
+// criuFeatures.
+func checkCRIUFeatures(r *checkReport, criu string, limit time.Duration) {
+	for _, f := range criuFeatures {
+		ctx, cancel := context.WithTimeout(context.Background(), limit)
+		cmd := exec.CommandContext(ctx, criu, "--no-default-config", "check", "--feature", f.feature)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		cmd.WaitDelay = time.Second
+		err := cmd.Run()
+		cancel()
+		info := map[string]any{"feature": f.feature}
+		if err == nil {
+			r.add(f.item, checkOK, fmt.Sprintf("this kernel allows %s", f.gives), info)
+			continue
+		}
+		why := strings.TrimSpace(out.String())
+		if i := strings.LastIndex(why, "): "); i >= 0 {
+			why = why[i+3:] // CRIU's "Warn  (criu/cr-check.c:824): " prefix
+		}
+		if why == "" {
+			why = err.Error()
+		}
+		r.add(f.item, checkWarn, fmt.Sprintf("CRIU says no (%s): no %s", why, f.gives), info)
+	}
+}
+
 // checkCRIUWithPlugin dumps and restores a test process with gpucr's plugin
 // loaded the way `gpucr checkpoint` loads it, and reports the self-test and
 // the plugin: found, and loaded by CRIU.

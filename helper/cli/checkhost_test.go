@@ -236,3 +236,22 @@ func TestCheckKernelsNotLoaded(t *testing.T) {
 		t.Fatalf("with the kernels loaded: %s %q", status, reason)
 	}
 }
+
+// CRIU's optional kernel features are reported, each ok or a warning with
+// CRIU's own reason, and never fail the check.
+func TestCheckCRIUFeatures(t *testing.T) {
+	criu := fakeCRIU(t, `case "$*" in
+*mem_dirty_track*) echo "Warn  (criu/cr-check.c:824): Dirty tracking is OFF. Memory snapshot will not work." >&2; exit 1 ;;
+*uffd-noncoop*) echo "uffd-noncoop is supported"; exit 0 ;;
+esac
+exit 2`)
+	var r checkReport
+	checkCRIUFeatures(&r, criu, 5*time.Second)
+	if it := item(t, r, "criu memory tracking"); it.Status != checkWarn || !strings.Contains(it.Reason, "Dirty tracking is OFF") ||
+		strings.Contains(it.Reason, "cr-check.c") {
+		t.Errorf("memory tracking: %+v", it)
+	}
+	if it := item(t, r, "criu lazy pages"); it.Status != checkOK || !strings.Contains(it.Reason, "lazy-pages") {
+		t.Errorf("lazy pages: %+v", it)
+	}
+}
