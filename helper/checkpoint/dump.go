@@ -60,6 +60,11 @@ type DumpResult struct {
 	PidsHeld                 string   `json:"pids_held,omitempty"`
 	// Tree is every pid of the dumped tree (the pids a restore needs).
 	Tree []proc.Pid `json:"tree"`
+	// Phases are the checkpoint's steps: "checks" (before CRIU), CRIU's
+	// (criu-start, criu-dump: the tree stopped, criu-finish) and
+	// "pids-released". Each GPU process's own steps in the helper are in
+	// GPUProcesses.
+	Phases []Step `json:"phases"`
 }
 
 // treeGoneWait bounds how long a checkpoint that ends its tree waits for
@@ -129,6 +134,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
+	checked := time.Now()
 	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: o.Parent, ev: ev,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
@@ -152,8 +158,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
 		GPUProcesses: []GPUProcess{}}
 	for _, c := range tc.Clients {
-		res.GPUProcesses = append(res.GPUProcesses, GPUProcess{Pid: c, ImagePid: c, State: "checkpointed"})
+		res.GPUProcesses = append(res.GPUProcesses, GPUProcess{Pid: c, ImagePid: c, State: "checkpointed", Phases: helperPhases(r.each, c)})
 	}
+	res.Phases = append([]Step{{"checks", checked.Sub(ev.start).Seconds()}}, r.phases...)
 	res.Seconds = time.Since(ev.start).Seconds()
 	res.ImageBytes = dirBytes(o.Dir)
 	if !o.LeaveRunning && !o.LeaveStopped {
@@ -165,6 +172,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		cancel()
 		secs := time.Since(t0).Seconds()
 		res.PidsReleasedAfterSeconds = &secs
+		res.Phases = append(res.Phases, Step{"pids-released", secs})
 		if len(held) > 0 {
 			res.PidsHeld = heldPidsReason(held, time.Since(t0).Round(100*time.Millisecond))
 			ev.emit(Event{Kind: Warning, Text: res.PidsHeld})

@@ -32,6 +32,9 @@ type RestoreResult struct {
 	GPUProcesses   []GPUProcess `json:"gpu_processes"`
 	PluginDir      string       `json:"plugin_dir"`
 	PluginMessages []string     `json:"plugin_messages"`
+	// Phases: "checks" (before CRIU), CRIU's (criu-start, criu-restore)
+	// and "gpu-wait" (until every GPU process has its memory back).
+	Phases []Step `json:"phases"`
 }
 
 // Restore restores the tree imaged in o.Dir. Before CRIU starts it checks
@@ -57,6 +60,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if statErr == nil && o.CRIU.PluginDir == "" {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
+	checked := time.Now()
 	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev,
 		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
 	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
@@ -75,6 +79,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// CRIU is done; with GPU state, each process must also have its GPU
 	// memory back before the tree is said to run.
 	procs := []GPUProcess{}
+	waited := time.Now()
 	if gpuState {
 		ev.emit(Event{Kind: Phase, Text: "waiting for the GPU memory of the restored processes"})
 		if procs, err = waitGPURestored(o.Env.Socket, dir, restoredWait); err != nil {
@@ -82,6 +87,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		}
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pid %d runs", r.pid), Pid: r.pid})
+	phases := append(append([]Step{{"checks", checked.Sub(ev.start).Seconds()}}, r.phases...), Step{"gpu-wait", time.Since(waited).Seconds()})
 	return &RestoreResult{Pid: r.pid, ImagesDir: dir, Seconds: time.Since(ev.start).Seconds(), GPU: gpuCopyOf(r.gpu),
-		GPUProcesses: nonNil(procs), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin)}, nil
+		GPUProcesses: nonNil(procs), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Phases: phases}, nil
 }

@@ -23,6 +23,9 @@ type GPUProcess struct {
 	// "failed" or "pending" (no GPU memory back within the wait).
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
+	// Phases are the helper's steps of a checkpoint of it (quiesce,
+	// gpu-hash, copy, drop, driver-checkpoint...).
+	Phases []Step `json:"phases,omitempty"`
 }
 
 // waitGPURestored asks the helper what became of the GPU processes of the

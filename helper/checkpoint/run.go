@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,10 +45,13 @@ type notifier struct {
 	criu.NoNotify
 	ev       *emitter
 	pid      proc.Pid
-	noPlugin bool // CRIU runs without gpucr's plugin
+	noPlugin bool      // CRIU runs without gpucr's plugin
+	pre      time.Time // CRIU's pre-dump or pre-restore notice
+	post     time.Time // its post-dump notice: the tree is dumped
 }
 
 func (n *notifier) PreDump() error {
+	n.pre = time.Now()
 	what := "dumping (the plugin saves the GPU state through the helper)"
 	if n.noPlugin {
 		what = "dumping (without gpucr's plugin)"
@@ -55,8 +59,13 @@ func (n *notifier) PreDump() error {
 	n.ev.emit(Event{Kind: Phase, Text: what})
 	return nil
 }
-func (n *notifier) PostDump() error { n.ev.emit(Event{Kind: Phase, Text: "dumped"}); return nil }
+func (n *notifier) PostDump() error {
+	n.post = time.Now()
+	n.ev.emit(Event{Kind: Phase, Text: "dumped"})
+	return nil
+}
 func (n *notifier) PreRestore() error {
+	n.pre = time.Now()
 	what := "restoring (the helper loads the GPU memory meanwhile)"
 	if n.noPlugin {
 		what = "restoring (without gpucr's plugin)"
@@ -86,9 +95,11 @@ type job struct {
 
 // ran is what a CRIU run that succeeded leaves for the report.
 type ran struct {
-	pid    proc.Pid           // a restore's root
-	gpu    *helperpb.Transfer // the helper's copy of the GPU data, if it saw one
-	plugin []string           // what the plugin said
+	pid    proc.Pid             // a restore's root
+	gpu    *helperpb.Transfer   // the helper's copy of the GPU data, if it saw one
+	each   []*helperpb.Transfer // the same, one per process
+	plugin []string             // what the plugin said
+	phases []Step               // CRIU's, as its notices mark them
 }
 
 // run runs a CRIU job under its deadline, in a private world (stage.go,
@@ -158,6 +169,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 	if j.parent != "" {
 		extra = append(extra, "GPUCR_PARENT="+j.parent)
 	}
+	runStart := time.Now()
 	cmd := swrk.Cmd{CRIU: j.criu.Binary, Env: sess.criuEnv(j.env, extra...), Files: []*os.File{d}, Deadline: deadline,
 		KillNew: !j.dump, Cancel: ctx.Done()}
 	direction := helperpb.Transfer_DIRECTION_LOAD
@@ -171,7 +183,10 @@ func run(ctx context.Context, j job) (*ran, error) {
 	} else {
 		out = cmd.Restore(opts, n)
 	}
-	r := &ran{pid: n.pid, gpu: watch.stop()}
+	end := time.Now()
+	r := &ran{pid: n.pid}
+	r.gpu, r.each = watch.stop()
+	r.phases = criuPhases(j.dump, runStart, n.pre, n.post, end)
 	privateLog := filepath.Join(sess.dir, log)
 	logPath := filepath.Join(j.dir, log)
 	// CRIU writes its log and its statistics (stats-dump, stats-restore)
@@ -285,4 +300,44 @@ func withoutDetachNoise(lines []string) []string {
 		out = append(out, l)
 	}
 	return out
+}
+
+// Step is one step of a checkpoint or a restore and how long it took.
+type Step struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+}
+
+// criuPhases are CRIU's steps as its notices mark them: its start (up to
+// the pre-dump notice), the dump itself (the tree stopped: the plugin's
+// GPU checkpoint of each process is inside it), and the end (a dump's tree
+// killed or resumed, CRIU gone). A restore has no post notice from go-criu
+// before its end: its start and the restore.
+func criuPhases(dump bool, start, pre, post, end time.Time) []Step {
+	if pre.IsZero() {
+		return []Step{{"criu", end.Sub(start).Seconds()}}
+	}
+	if !dump {
+		return []Step{{"criu-start", pre.Sub(start).Seconds()}, {"criu-restore", end.Sub(pre).Seconds()}}
+	}
+	if post.IsZero() {
+		return []Step{{"criu-start", pre.Sub(start).Seconds()}, {"criu-dump", end.Sub(pre).Seconds()}}
+	}
+	return []Step{{"criu-start", pre.Sub(start).Seconds()}, {"criu-dump", post.Sub(pre).Seconds()},
+		{"criu-finish", end.Sub(post).Seconds()}}
+}
+
+// helperPhases are the helper's steps of the checkpoint of pid, from the
+// copies seen.
+func helperPhases(each []*helperpb.Transfer, pid proc.Pid) []Step {
+	for _, t := range each {
+		if slices.Contains(t.Pids, int64(pid)) {
+			var out []Step
+			for _, p := range t.Phases {
+				out = append(out, Step{p.Name, p.Seconds})
+			}
+			return out
+		}
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ type gpuWatch struct {
 	stopc chan struct{}
 	done  chan struct{}
 	last  *helperpb.Transfer
+	each  []*helperpb.Transfer // the copies last seen, one per process
 }
 
 // watchPoll is how often the helper is asked.
@@ -58,7 +59,7 @@ func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction
 		if len(mine) == 0 {
 			return
 		}
-		w.last = combine(mine)
+		w.last, w.each = combine(mine), mine
 		if w.last.BytesDone != sent || w.last.Finished {
 			sent = w.last.BytesDone
 			ev.emit(Event{Kind: Progress, Transfer: w.last})
@@ -101,11 +102,12 @@ func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
 	return out
 }
 
-// stop ends the watch and returns the copy it saw last (nil: none).
-func (w *gpuWatch) stop() *helperpb.Transfer {
+// stop ends the watch and returns the copy it saw last (nil: none), all
+// processes together and each.
+func (w *gpuWatch) stop() (*helperpb.Transfer, []*helperpb.Transfer) {
 	close(w.stopc)
 	<-w.done
-	return w.last
+	return w.last, w.each
 }
 
 // GPUCopy is the helper's copy of the GPU data in a checkpoint or a

@@ -87,6 +87,12 @@ func checkpointCommand() *ucli.Command {
 				return err
 			}
 			line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, res.Seconds, humanBytes(uint64(res.ImageBytes)), abs)
+			line += "\n  steps: " + stepsText(res.Phases)
+			for _, g := range res.GPUProcesses {
+				if len(g.Phases) > 0 {
+					line += fmt.Sprintf("\n  pid %d in the helper: %s", g.Pid, stepsText(g.Phases))
+				}
+			}
 			if g := res.GPU.String(); g != "" {
 				line = "  " + g + "\n" + line
 			}
@@ -173,4 +179,13 @@ func reportGPU(c *ucli.Context, r *helperpb.CheckpointReply, what string, pid pr
 			pid, pid, dir, dir)
 	}
 	return err
+}
+
+// stepsText is "quiesce 0.001 s, copy 0.812 s, ...".
+func stepsText(steps []checkpoint.Step) string {
+	parts := make([]string, len(steps))
+	for i, s := range steps {
+		parts[i] = fmt.Sprintf("%s %.3f s", s.Name, s.Seconds)
+	}
+	return strings.Join(parts, ", ")
 }

@@ -47,6 +47,7 @@ func restoreCommand() *ucli.Command {
 				return err
 			}
 			line := fmt.Sprintf("restore: pid %d running again after %.3f s", res.Pid, res.Seconds)
+			line += "\n  steps: " + stepsText(res.Phases)
 			if g := res.GPU.String(); g != "" {
 				line = "  " + g + "\n" + line
 			}

@@ -123,6 +123,7 @@ type checkpointRun struct {
 
 	regions []engine.Region
 	bytes   uint64        // of regions
+	tr      *transfer     // the copy, once begun: its progress, and the steps in the end
 	w       *image.Writer // the image, once open
 	keep    bool          // the image is (being) committed: a failure no longer aborts it
 	wake    string        // the wake file the drop and the detach name
@@ -159,10 +160,16 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	for _, step := range []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
 		r.driverCheckpoint, r.commit, r.leaveRunning} {
 		if e := step(); e != nil {
+			if r.tr != nil {
+				r.tr.setPhases(r.ph.list)
+			}
 			return nil, r.fail(e)
 		}
 	}
 	r.reply.Phases = r.ph.list
+	if r.tr != nil {
+		r.tr.setPhases(r.ph.list) // what a display of the copy (gpucr checkpoint) shows of the stall
+	}
 	r.reply.TotalSeconds = time.Since(r.ph.start).Seconds()
 	r.log.Info("checkpoint done", zap.Uint64("bytes", r.reply.Bytes), zap.Uint64("stored", r.reply.StoredBytes),
 		zap.Float64("seconds", r.reply.TotalSeconds))
@@ -285,6 +292,7 @@ func (r *checkpointRun) openImage() *stepError {
 // later: for a dump, once the whole tree is dumped).
 func (r *checkpointRun) copyToImage() *stepError {
 	tr := r.s.transfers.beginFor(r.requester.cred.Uid, r.w.Dir(), true, r.bytes, []int64{int64(r.cl.pid)})
+	r.tr = tr
 	st, err := engine.Dump(r.regions, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress, Copied: tr.copied})
 	r.reply.BytesMoved = st.BytesCopied
 	tr.finish(err)

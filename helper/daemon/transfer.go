@@ -29,6 +29,14 @@ type transfer struct {
 	finished bool
 	took     time.Duration
 	err      string
+	phases   []*helperpb.Phase // a dump's checkpoint steps, once it has ended
+}
+
+// setPhases records the steps of the checkpoint this copy was part of.
+func (t *transfer) setPhases(ph []*helperpb.Phase) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.phases = ph
 }
 
 // progress is the engines' Options.Progress: bytes moved so far, reported
@@ -68,7 +76,7 @@ func (t *transfer) proto() *helperpb.Transfer {
 	}
 	return &helperpb.Transfer{ImageDir: t.dir, Direction: t.direction, BytesDone: t.done.Load(), BytesTotal: t.total,
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
-		Error: t.err, Pids: t.pids, BytesMoved: moved}
+		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: t.phases}
 }
 
 // transferLog holds the running transfers and the last finished ones.

@@ -5377,7 +5377,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[10] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[11] =
 {
   {
     "image_dir",
@@ -5499,6 +5499,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "phases",
+    11,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Transfer, n_phases),
+    offsetof(Gpucr__Helper__V1__Transfer, phases),
+    &gpucr__helper__v1__phase__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   2,   /* field[2] = bytes_done */
@@ -5509,13 +5521,14 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   7,   /* field[7] = error */
   6,   /* field[6] = finished */
   0,   /* field[0] = image_dir */
+  10,   /* field[10] = phases */
   8,   /* field[8] = pids */
   4,   /* field[4] = started_unix_ms */
 };
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 10 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -5525,7 +5538,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  10,
+  11,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,

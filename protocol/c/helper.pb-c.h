@@ -1186,10 +1186,17 @@ struct  Gpucr__Helper__V1__Transfer
    * load moves every byte.
    */
   uint64_t bytes_moved;
+  /*
+   * A dump's: the steps of its process's checkpoint in the helper
+   * (quiesce, gpu-hash, copy, drop, detach, driver-checkpoint...), set when
+   * the checkpoint ends. Only for a copy of one process.
+   */
+  size_t n_phases;
+  Gpucr__Helper__V1__Phase **phases;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL }
 
 
 /* Gpucr__Helper__V1__Request methods */

@@ -3901,7 +3901,11 @@ type Transfer struct {
 	// Bytes that crossed PCIe so far: a dump copies only the chunks its image
 	// lacks (bytes_done counts every chunk, recorded by hash or copied); a
 	// load moves every byte.
-	BytesMoved    uint64 `protobuf:"varint,10,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
+	BytesMoved uint64 `protobuf:"varint,10,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
+	// A dump's: the steps of its process's checkpoint in the helper
+	// (quiesce, gpu-hash, copy, drop, detach, driver-checkpoint...), set when
+	// the checkpoint ends. Only for a copy of one process.
+	Phases        []*Phase `protobuf:"bytes,11,rep,name=phases,proto3" json:"phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4004,6 +4008,13 @@ func (x *Transfer) GetBytesMoved() uint64 {
 		return x.BytesMoved
 	}
 	return 0
+}
+
+func (x *Transfer) GetPhases() []*Phase {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
 }
 
 var File_protocol_helper_proto protoreflect.FileDescriptor
@@ -4261,7 +4272,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xa8\x03\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xd8\x03\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -4277,7 +4288,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04pids\x18\t \x03(\x03R\x04pids\x12\x1f\n" +
 	"\vbytes_moved\x18\n" +
 	" \x01(\x04R\n" +
-	"bytesMoved\"N\n" +
+	"bytesMoved\x12.\n" +
+	"\x06phases\x18\v \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
@@ -4449,11 +4461,12 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	5,  // 55: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
 	53, // 56: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
 	7,  // 57: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	58, // [58:58] is the sub-list for method output_type
-	58, // [58:58] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	41, // 58: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	59, // [59:59] is the sub-list for method output_type
+	59, // [59:59] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }

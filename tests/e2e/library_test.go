@@ -98,6 +98,13 @@ func TestLibraryDumpRestore(t *testing.T) {
 		res.GPU.Bytes < 16<<20 || !slices.Contains(res.Tree, proc.Pid(a.pid)) || res.PidsReleasedAfterSeconds == nil {
 		t.Errorf("dump result %+v", res)
 	}
+	// the steps: CRIU's, and the helper's of the GPU process (its stall)
+	if names := stepNames(res.Phases); !slices.Equal(names, []string{"checks", "criu-start", "criu-dump", "criu-finish", "pids-released"}) {
+		t.Errorf("dump steps %q", names)
+	}
+	if g := stepNames(res.GPUProcesses[0].Phases); !slices.Contains(g, "quiesce") || !slices.Contains(g, "copy") || !slices.Contains(g, "drop") {
+		t.Errorf("the helper's steps of pid %d: %q", a.pid, g)
+	}
 	a.reap(30 * time.Second)
 	before := a.lastIter()
 	var restoreEvents eventLog
@@ -108,6 +115,9 @@ func TestLibraryDumpRestore(t *testing.T) {
 	a.pid = int(rres.Pid)
 	if ph := restoreEvents.phases(); len(ph) < 3 || !strings.HasPrefix(ph[0], "restoring") || ph[len(ph)-1] != "pid "+strconv.Itoa(a.pid)+" runs" {
 		t.Errorf("restore phases %q", ph)
+	}
+	if names := stepNames(rres.Phases); !slices.Equal(names, []string{"checks", "criu-start", "criu-restore", "gpu-wait"}) {
+		t.Errorf("restore steps %q", names)
 	}
 	if len(rres.GPUProcesses) != 1 || rres.GPUProcesses[0].State != "running" || rres.GPUProcesses[0].ImagePid != res.Pid {
 		t.Errorf("restore result %+v", rres)
@@ -150,4 +160,12 @@ func TestLibraryDumpCancelled(t *testing.T) {
 	if err := syscall.Kill(a.pid, 0); err != nil {
 		t.Errorf("pid %d: %v", a.pid, err)
 	}
+}
+
+func stepNames(steps []checkpoint.Step) []string {
+	var out []string
+	for _, s := range steps {
+		out = append(out, s.Name)
+	}
+	return out
 }
