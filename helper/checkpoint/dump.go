@@ -145,7 +145,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 			}
 		}})
 	if err != nil {
-		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"))
+		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"), waitingForGPU(o.Env.Socket, tc.Clients, err))
 	}
 	if aside != nil {
 		if derr := aside.discard(); derr != nil {
@@ -187,8 +187,11 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 // failedDump cleans up after a dump that failed: the GPU image the helper
 // began in DIR is removed where DIR held none before (a failed GPU image
 // only misleads), an interrupted run's log goes too, and an old image put
-// aside for Force comes back. What was done is added to the failure.
-func failedDump(dir string, err error, aside *asideDir, gpuNew bool) error {
+// aside for Force comes back. What was done is added to the failure. But
+// where processes of the tree still wait for their GPU memory (waiting:
+// their helper died after they gave it up), the partial image is what a new
+// helper gives it back from: it stays, and so does the old image, aside.
+func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []proc.Pid) error {
 	var f *Failure
 	errors.As(err, &f)
 	note := func(s string) {
@@ -197,6 +200,15 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool) error {
 		}
 	}
 	partial := filepath.Join(dir, "gpucr")
+	if len(waiting) > 0 {
+		note(fmt.Sprintf("kept the partial GPU image %s: %s of the tree wait for their GPU memory, which the next gpucr helper gives back from it",
+			partial, pidList(waiting)))
+		if aside != nil {
+			note(fmt.Sprintf("the image %s held before stays in %s", dir, filepath.Join(dir, aside.name)))
+			aside.dir.Close()
+		}
+		return err
+	}
 	if _, serr := os.Lstat(partial); serr == nil && (gpuNew || aside != nil) {
 		if rerr := os.RemoveAll(partial); rerr != nil {
 			note(fmt.Sprintf("the partial GPU image %s could not be removed: %v", partial, rerr))
@@ -274,4 +286,28 @@ func unknownGPUProcesses(root proc.Pid, tc treeClients, socket string) error {
 	}
 	return fmt.Errorf("%s, and these processes are not gpucr clients: start the program with `gpucr run -- PROGRAM`, so that the helper holds its GPU memory "+
 		"(a worker forked after CUDA was initialised needs gpucr run's fork handling, which releases the driver's files in it)", msg)
+}
+
+// waitingForGPU lists the GPU processes of a failed dump that have not got
+// their GPU memory back (the helper does not answer, or says they wait),
+// once the helper has had a moment to give it back. A failure reported
+// with the processes' fate (a timeout, an interrupt) is read from there.
+func waitingForGPU(socket string, clients []proc.Pid, err error) []proc.Pid {
+	if len(clients) == 0 {
+		return nil
+	}
+	var f *Failure
+	var after []ProcessAfter
+	if errors.As(err, &f) && f.Processes != nil {
+		after = f.Processes
+	} else {
+		after = waitGPUBack(socket, clients, gpuBackWait)
+	}
+	var out []proc.Pid
+	for _, p := range after {
+		if !p.Running && p.State != "gone" {
+			out = append(out, p.PID)
+		}
+	}
+	return out
 }

@@ -231,8 +231,11 @@ func (r *checkpointRun) quiesceDrain() *stepError {
 // helper, or CRIU, mid-dump: the process is quiesced and drained, its memory
 // still mapped. The stall ends early when the requester hangs up (CRIU
 // killed), as a long copy would end, and the checkpoint goes on.
-func (r *checkpointRun) stall() {
-	r.log.Warn("injected fault: stalling before the copy (GPUCR_FAULT=stall-copy)")
+func (r *checkpointRun) stall() { r.stallAt("before the copy (GPUCR_FAULT=stall-copy)") }
+
+// stallAt stalls as stall does, where says at which point.
+func (r *checkpointRun) stallAt(where string) {
+	r.log.Warn("injected fault: stalling " + where)
 	if r.requester.waitPeerClosed(time.Minute) {
 		r.log.Warn("injected fault: the requester closed its connection; the stall ends")
 	}
@@ -371,6 +374,9 @@ func (r *checkpointRun) detach() *stepError {
 // must still run (livePid), so that no call reaches a process that took its
 // pid since.
 func (r *checkpointRun) driverCheckpoint() *stepError {
+	if r.s.faultAt("stall-dropped", r.nth) {
+		r.stallAt("after the drop (GPUCR_FAULT=stall-dropped)")
+	}
 	if r.s.faultAt("driver-lock", r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
 	}

@@ -267,3 +267,47 @@ func TestHelperKilledAnywhereInCheckpoint(t *testing.T) {
 	}
 	t.Logf("%d of 10 applications were adopted by the next helper (their helper died after they gave their memory up); the others ran on by themselves", adopted)
 }
+
+// TestHelperKilledAfterDropKeepsImage: the helper dies during `gpucr
+// checkpoint` after the process gave up its GPU memory (its part of the
+// image sealed, the image not committed). The failed checkpoint keeps that
+// partial image, says why, and the next helper gives the process its
+// memory back from it: it computes on exactly.
+func TestHelperKilledAfterDropKeepsImage(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-dropped"))
+	args := []string{"--mib", "16", "--hb-every", "5"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--iters", "200", "--interval-ms", "5")...)
+	a.waitIter(20, time.Minute)
+	img := filepath.Join(dir, "img")
+	done := make(chan string, 1)
+	go func() {
+		out, _ := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+		done <- out
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(helperLog(h), "stalling after the drop") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the checkpoint never reached the drop:\n%s", tail(helperLog(h), 20))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	killHelper(h)
+	out := <-done
+	if !strings.Contains(out, "kept the partial GPU image") || !strings.Contains(out, fmt.Sprintf("pid %d of the tree wait", a.pid)) {
+		t.Errorf("the failed checkpoint does not keep the partial image for the waiting process:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(img, "gpucr")); err != nil {
+		t.Fatalf("the partial GPU image is gone: %v\n%s", err, out)
+	}
+	h2 := startHelper(t, dir, env)
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("the application ended with %d after its helper died after the drop:\n%s\nnext helper:\n%s", code, tail(a.output(), 10), tail(helperLog(h2), 10))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, 200))
+	if !strings.Contains(helperLog(h2), "adopted") {
+		t.Errorf("the next helper did not adopt the process:\n%s", tail(helperLog(h2), 15))
+	}
+}
