@@ -7,8 +7,11 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // What a failed CRIU run's log says. The RPC's error carries only the first
@@ -47,6 +50,25 @@ func criuNoiseLine(msg string) bool {
 		}
 	}
 	return false
+}
+
+// criuDetachFailed is CRIU's word after a plugin refused a dump: it could
+// not detach from a task. For a process that runs on it is not so, and
+// only hides the plugin's reason.
+var criuDetachFailed = regexp.MustCompile(`^Unable to detach from (\d+): No such process$`)
+
+// withoutDetachNoise drops those lines for processes that exist.
+func withoutDetachNoise(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		if m := criuDetachFailed.FindStringSubmatch(l); m != nil {
+			if n, err := strconv.Atoi(m[1]); err == nil && proc.Exists(proc.Pid(n)) {
+				continue
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }
 
 // criuLogErrors reads a CRIU log and returns the last (up to max) error

@@ -111,9 +111,6 @@ type treeClients struct {
 	HelperErr error      // no helper answered: Clients is unknown (empty)
 }
 
-// helperStatusTimeout bounds the Status asked before and after a dump.
-const helperStatusTimeout = 5 * time.Second
-
 // gpuClientsOf asks the helper at socket which processes of pid's tree are
 // its clients.
 func gpuClientsOf(socket string, pid proc.Pid) treeClients {
@@ -135,7 +132,7 @@ func gpuClientsOf(socket string, pid proc.Pid) treeClients {
 
 // helperStatus is the helper's Status reply.
 func helperStatus(socket string) (*helperpb.StatusReply, error) {
-	return client.StatusOf(socket, helperStatusTimeout)
+	return client.StatusOf(socket, client.StatusTimeout)
 }
 
 // imagePids lists the pids and thread ids a restore of dir gives back (CRIU's

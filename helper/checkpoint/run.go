@@ -8,9 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -281,25 +279,6 @@ func stateName(s helperpb.ClientState) string {
 		return "unknown"
 	}
 	return strings.ToLower(strings.TrimPrefix(s.String(), "CLIENT_STATE_"))
-}
-
-// criuDetachFailed is CRIU's word after a plugin refused a dump: it could
-// not detach from a task. For a process that runs on it is not so, and
-// only hides the plugin's reason.
-var criuDetachFailed = regexp.MustCompile(`^Unable to detach from (\d+): No such process$`)
-
-// withoutDetachNoise drops those lines for processes that exist.
-func withoutDetachNoise(lines []string) []string {
-	var out []string
-	for _, l := range lines {
-		if m := criuDetachFailed.FindStringSubmatch(l); m != nil {
-			if n, err := strconv.Atoi(m[1]); err == nil && proc.Exists(proc.Pid(n)) {
-				continue
-			}
-		}
-		out = append(out, l)
-	}
-	return out
 }
 
 // Step is one step of a checkpoint or a restore and how long it took.

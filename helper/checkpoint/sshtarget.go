@@ -37,6 +37,9 @@ type SSHTarget struct {
 	// Stderr receives what the remote commands write to stderr (nil: kept
 	// for error messages only).
 	Stderr io.Writer
+	// TempDir is where the shared connection's socket directory is made
+	// ("": /tmp), as Environment.TempDir.
+	TempDir string
 
 	// control is the directory of OpenSSH's shared connection: opened by
 	// Check, before the source stops, and used by every later command, so
@@ -158,7 +161,11 @@ func (t *SSHTarget) Check(ctx context.Context) error {
 		return errors.New("no gpucr command for the target")
 	}
 	if t.isOpenSSH() && t.control == "" {
-		dir, err := os.MkdirTemp("", "gpucr-ssh-")
+		base := t.TempDir
+		if base == "" {
+			base = "/tmp"
+		}
+		dir, err := os.MkdirTemp(base, "gpucr-ssh-")
 		if err != nil {
 			return err
 		}

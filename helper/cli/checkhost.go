@@ -203,7 +203,7 @@ func checkInterposer(r *checkReport) {
 // driver: the driver the helper loaded, in its environment. It returns the
 // Status (nil without a helper).
 func checkHelper(r *checkReport, socket string) *helperpb.StatusReply {
-	st, err := client.StatusOf(socket, helperStatusTimeout)
+	st, err := client.StatusOf(socket, client.StatusTimeout)
 	if err != nil {
 		r.add("helper", checkFail, fmt.Sprintf("%v (start it: `gpucr helper`, or systemctl start gpucr-helper)", err), map[string]any{"socket": socket})
 		r.add("driver", checkFail, "not known: no helper to ask", nil)
@@ -346,6 +346,3 @@ func existingAncestor(dir string) (string, error) {
 		}
 	}
 }
-
-// helperStatusTimeout bounds the Status a check asks.
-const helperStatusTimeout = 5 * time.Second

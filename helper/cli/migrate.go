@@ -68,7 +68,7 @@ func migrateCommand() *ucli.Command {
 				return err
 			}
 			target := &checkpoint.SSHTarget{SSH: ssh, Host: c.String("to"), Gpucr: gpucr, Dir: c.String("target-dir"),
-				Shared: c.Bool("shared"), RestoreArgs: restoreArgsOf(c)}
+				Shared: c.Bool("shared"), RestoreArgs: restoreArgsOf(c), TempDir: env.TempDir}
 			ctx, stop := interruptible(c.Context)
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))

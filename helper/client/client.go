@@ -166,6 +166,9 @@ func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) {
 	return st, nil
 }
 
+// StatusTimeout is what a command gives a one-off Status (StatusOf).
+const StatusTimeout = 5 * time.Second
+
 // StatusOf dials the helper at socket as the CLI and asks for its status,
 // all within timeout.
 func StatusOf(socket string, timeout time.Duration) (*helperpb.StatusReply, error) {

@@ -23,7 +23,9 @@ const continuedPoll = 50 * time.Millisecond
 func (s *Server) resumeContinued() {
 	s.mu.Lock()
 	var cont []*client
-	for _, cl := range s.reg.waitingClients() {
+	for _, cl := range s.reg.waiting {
+		// Stopped is false for a process that has exited too: the reaper
+		// releases that one
 		if cl.stoppedAfterDump && cl.lifeState() == lifeDetached && cl.process().Running() && !cl.process().Stopped() {
 			cl.stoppedAfterDump = false
 			cont = append(cont, cl)

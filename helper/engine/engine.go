@@ -240,7 +240,7 @@ type laneRun struct {
 
 // gpuErr reports a driver error of piece p.
 func (lr *laneRun) gpuErr(p piece, err error) {
-	if isDeviceError(err) {
+	if IsDeviceError(err) {
 		lr.broken = true
 	}
 	lr.fail(p, err)

@@ -52,9 +52,7 @@ type DeviceError interface{ DeviceError() bool }
 
 // IsDeviceError says whether err is the device's (the driver's), not the
 // image's.
-func IsDeviceError(err error) bool { return isDeviceError(err) }
-
-func isDeviceError(err error) bool {
+func IsDeviceError(err error) bool {
 	if de := (*cuda.Error)(nil); errors.As(err, &de) {
 		return true
 	}

@@ -20,8 +20,9 @@ func Container(pid Pid) string {
 	if err != nil {
 		return ""
 	}
-	id := containerOf(string(b), !SamePidNS(pid))
-	if id == "" && !SamePidNS(pid) {
+	own := !SamePidNS(pid)
+	id := containerOf(string(b), own)
+	if id == "" && own {
 		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); err == nil {
 			id = strings.TrimSuffix(strings.TrimPrefix(ns, "pid:["), "]")
 			id = "pidns:" + id
