@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestCheckpointFullDiskWithParent: an incremental checkpoint (a parent
@@ -28,13 +26,7 @@ func TestCheckpointFullDiskWithParent(t *testing.T) {
 	if err := os.Mkdir(small, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=8m"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("mount a small tmpfs: %v", err)
-		}
-		t.Skipf("cannot mount a small tmpfs here: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
+	mountTmpfsOn(t, small, "size=8m")
 	a.waitIter(a.lastIter()+20, time.Minute) // its buffers change
 	img := filepath.Join(small, "img")
 	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--parent", parent)

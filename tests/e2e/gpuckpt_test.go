@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 func gpucrCLI(t testing.TB, h *helperProc, args ...string) (string, error) {
@@ -107,13 +105,7 @@ func TestGPUCheckpointFailureKeepsRunning(t *testing.T) {
 	if err := os.Mkdir(img, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("tmpfs", img, "tmpfs", 0, "size=14m"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("mount a small tmpfs: %v", err)
-		}
-		t.Skipf("cannot mount a small tmpfs here: %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(img, unix.MNT_DETACH) })
+	mountTmpfsOn(t, img, "size=14m")
 	if out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running"); err != nil {
 		t.Fatalf("first checkpoint: %v\n%s", err, out)
 	}

@@ -189,13 +189,7 @@ func TestDumpFailureGivesBack(t *testing.T) {
 		if err := os.Mkdir(img, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := unix.Mount("tmpfs", img, "tmpfs", 0, "size=6m"); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("mount a small tmpfs: %v", err)
-			}
-			t.Skipf("cannot mount a small tmpfs here: %v", err)
-		}
-		t.Cleanup(func() { _ = unix.Unmount(img, unix.MNT_DETACH) })
+		mountTmpfsOn(t, img, "size=6m")
 		a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "10", "--iters", "300")
 		a.waitIter(15, time.Minute)
 		out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
