@@ -233,6 +233,15 @@ func (l *Lane) StartHtoD(dst uint64, src []byte) error {
 	return check("cuMemcpyHtoDAsync", C.gs_htod_async(C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)), l.stream))
 }
 
+// StartDtoD queues a copy of n bytes from device address src to device
+// address dst (both on the lane's device) without waiting.
+func (l *Lane) StartDtoD(dst, src, n uint64) error {
+	if n == 0 {
+		return nil
+	}
+	return check("cuMemcpyDtoDAsync", C.gs_dtod_async(C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), l.stream))
+}
+
 // Sync waits for every copy queued on the lane's stream; an error of a
 // queued copy shows here.
 func (l *Lane) Sync() error { return check("cuStreamSynchronize", C.gs_stream_sync(l.stream)) }

@@ -35,6 +35,7 @@
     X(cuStreamSynchronize, (CUstream))                                                                                 \
     X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))                                                   \
     X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))                                             \
+    X(cuMemcpyDtoDAsync_v2, (CUdeviceptr, CUdeviceptr, size_t, CUstream))                                              \
     X(cuCheckpointProcessGetRestoreThreadId, (int, int *))                                                             \
     X(cuCheckpointProcessGetState, (int, CUprocessState *))                                                            \
     X(cuCheckpointProcessLock, (int, CUcheckpointLockArgs *))                                                          \
@@ -164,6 +165,9 @@ CUresult gs_dtoh_async(void *dst, CUdeviceptr src, size_t n, CUstream s) {
 }
 CUresult gs_htod_async(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
     return p_cuMemcpyHtoDAsync_v2(dst, src, n, s);
+}
+CUresult gs_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return p_cuMemcpyDtoDAsync_v2(dst, src, n, s);
 }
 CUresult gs_stream_sync(CUstream s) { return p_cuStreamSynchronize(s); }
 

@@ -38,6 +38,7 @@ CUresult gs_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult gs_htod(CUdeviceptr dst, const void *src, size_t n, CUstream s);
 CUresult gs_dtoh_async(void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult gs_htod_async(CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult gs_dtod_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult gs_stream_sync(CUstream s);
 /* The driver's checkpoint API on another process. */
 CUresult gs_ckpt_state(int pid, int *state);

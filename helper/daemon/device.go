@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
@@ -27,13 +26,10 @@ type Device interface {
 }
 
 // OutOfMemory is implemented by errors that mean the device is full.
-type OutOfMemory interface{ OutOfMemory() bool }
+type OutOfMemory = engine.OutOfMemory
 
 // isOOM says whether err means the device is full.
-func isOOM(err error) bool {
-	var oom OutOfMemory
-	return errors.As(err, &oom) && oom.OutOfMemory()
-}
+func isOOM(err error) bool { return engine.IsOutOfMemory(err) }
 
 type cudaDevice struct{ d *cuda.Device }
 

@@ -27,6 +27,13 @@ type GPU interface {
 	// HashRanges hashes each range in chunks of chunk bytes
 	// (ptx.ChunkHash of each chunk's bytes).
 	HashRanges(ranges []Range, chunk int) ([][][16]byte, error)
+	// MemInfo is the device memory free now and in all.
+	MemInfo() (free, total uint64, err error)
+	// CreateScratch makes size bytes (a multiple of the granularity) of
+	// device memory only the helper uses (a snapshot); ReleaseScratch frees
+	// it, view and all.
+	CreateScratch(size uint64) (uint64, error)
+	ReleaseScratch(h uint64) error
 }
 
 // Range is one mapped range of device memory to hash.
@@ -42,6 +49,8 @@ type Lane interface {
 	// StartDtoH and StartHtoD queue a copy; Sync waits for the queued ones.
 	StartDtoH(dst []byte, src uint64) error
 	StartHtoD(dst uint64, src []byte) error
+	// StartDtoD queues a copy of n bytes between two device addresses.
+	StartDtoD(dst, src, n uint64) error
 	Sync() error
 	Close()
 }
@@ -77,7 +86,13 @@ func (g cudaGPU) AcquireLane(staging int) (Lane, error) {
 	}
 	return cudaLane{l}, nil
 }
-func (g cudaGPU) ReleaseLane(l Lane) { g.d.ReleaseLane(l.(cudaLane).l) }
+func (g cudaGPU) ReleaseLane(l Lane)                       { g.d.ReleaseLane(l.(cudaLane).l) }
+func (g cudaGPU) MemInfo() (free, total uint64, err error) { return g.d.MemInfo() }
+func (g cudaGPU) CreateScratch(size uint64) (uint64, error) {
+	h, err := g.d.Create(size, false)
+	return uint64(h), err
+}
+func (g cudaGPU) ReleaseScratch(h uint64) error { return g.d.Release(cuda.Handle(h)) }
 func (g cudaGPU) HashRanges(ranges []Range, chunk int) ([][][16]byte, error) {
 	rs := make([]cuda.Range, len(ranges))
 	for i, r := range ranges {
@@ -92,5 +107,6 @@ func (l cudaLane) Staging() []byte                        { return l.l.Staging }
 func (l cudaLane) Do(f func()) error                      { return l.l.Do(f) }
 func (l cudaLane) StartDtoH(dst []byte, src uint64) error { return l.l.StartDtoH(dst, src) }
 func (l cudaLane) StartHtoD(dst uint64, src []byte) error { return l.l.StartHtoD(dst, src) }
+func (l cudaLane) StartDtoD(dst, src, n uint64) error     { return l.l.StartDtoD(dst, src, n) }
 func (l cudaLane) Sync() error                            { return l.l.Sync() }
 func (l cudaLane) Close()                                 { l.l.Close() }

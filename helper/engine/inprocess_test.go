@@ -116,3 +116,72 @@ func TestInProcessDumpLoad(t *testing.T) {
 		t.Errorf("incremental dump: %+v, want the changed chunk alone", st)
 	}
 }
+
+// TestSnapshotThenDump: a snapshot taken before the application writes on is
+// what the image gets (dumped from the snapshot while the originals change);
+// a region beyond the budget is left for the caller, untouched; releasing
+// frees the scratch memory.
+func TestSnapshotThenDump(t *testing.T) {
+	d := fakegpu.New(0, 24<<20) // 12 granules
+	regions := []engine.Region{region(t, d, 2, 0x7f0000000000), region(t, d, 3, 0x7f0000800000), region(t, d, 4, 0x7f0001000000)}
+	want := make([][]byte, len(regions))
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i, r := range regions {
+		want[i] = make([]byte, r.Size)
+		for k := range want[i] {
+			want[i][k] = byte(rng.Uint32())
+		}
+		write(t, d, r, want[i])
+	}
+	usedBefore, _ := d.Used() // 9 granules: 3 free
+	// Room for 3 granules beyond a 0-byte reserve: the first region (2)
+	// fits, the second (3) no longer does, the third (4) neither.
+	s, err := engine.TakeSnapshot(regions, engine.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Copies) != 1 || len(s.Rest) != 2 || s.Bytes != regions[0].Size {
+		t.Fatalf("snapshot: %d copies, %d left, %d bytes; want the first region alone", len(s.Copies), len(s.Rest), s.Bytes)
+	}
+	if s.Copies[0].Address != regions[0].Address || s.Copies[0].Handle == regions[0].Handle {
+		t.Fatalf("the copy must keep the region's address and hold its own memory: %+v", s.Copies[0])
+	}
+	// the application writes on
+	write(t, d, regions[0], make([]byte, regions[0].Size))
+	dir := t.TempDir()
+	w, err := image.Create(dir, image.Origin{Host: "test", Pid: 7, Time: time.Now()}, image.Options{ChunkSize: chunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Dump(s.Copies, w, chunk, engine.Options{Lanes: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if used, _ := d.Used(); used != usedBefore {
+		t.Errorf("%d bytes in use after the release, %d before the snapshot", used, usedBefore)
+	}
+	im, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := []engine.Region{region(t, d, 2, regions[0].Address)}
+	if err := engine.Load(fresh, im, []int{0}, engine.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(read(t, d, fresh[0]), want[0]) {
+		t.Error("the image holds the region as it is now, not as it was at the snapshot")
+	}
+	// a reserve larger than the free memory: nothing is snapshotted
+	s, err = engine.TakeSnapshot(regions, engine.SnapshotOptions{Reserve: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Copies) != 0 || len(s.Rest) != 3 {
+		t.Errorf("with no room: %d copies, %d left; want none and all", len(s.Copies), len(s.Rest))
+	}
+}

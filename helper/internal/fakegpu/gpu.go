@@ -105,3 +105,26 @@ func (l *lane) StartHtoD(dst uint64, src []byte) error {
 	return nil
 }
 func (l *lane) Sync() error { return nil }
+
+func (l *lane) StartDtoD(dst, src, n uint64) error {
+	from, err := l.d.span(src, int(n))
+	if err != nil {
+		return err
+	}
+	to, err := l.d.span(dst, int(n))
+	if err != nil {
+		return err
+	}
+	copy(to, from)
+	return nil
+}
+
+// MemInfo is the device's size less what is allocated.
+func (d *Device) MemInfo() (free, total uint64, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.info.TotalMemory - d.used, d.info.TotalMemory, nil
+}
+
+func (d *Device) CreateScratch(size uint64) (uint64, error) { return d.Create(size, 0) }
+func (d *Device) ReleaseScratch(h uint64) error             { return d.Release(h) }
