@@ -9,7 +9,8 @@
  *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach} with CRIU's DIR fd; a pid the
  *                            helper does not know (or no helper) -> -ENOTSUP. With
  *                            $GPUCR_PARENT (an absolute image directory) the GPU image is
- *                            incremental against it
+ *                            incremental against it; with $GPUCR_CONCURRENT=1 the copy
+ *                            runs after the process does (a snapshot on the device)
  *   CHECKPOINT_DEVICES(pid)  0 for a pid checkpointed above, else -ENOTSUP
  *   exit(DUMP, ret)          DumpDone{pid, alive} for each checkpointed pid (see
  *                            dumpdone_monitor: CRIU calls exit before it kills
@@ -444,6 +445,11 @@ static int gpucr_pause_devices(int pid) {
         ck.parent = (char *)parent;
     ck.detach = true;
     ck.leave_running = false;
+    /* A concurrent checkpoint (gpucr checkpoint --leave-running sets
+     * GPUCR_CONCURRENT=1): the GPU memory is snapshotted on the device and
+     * written into the image after the process runs on. */
+    const char *conc = getenv("GPUCR_CONCURRENT");
+    ck.concurrent = conc && strcmp(conc, "1") == 0;
     /* Every GPU process of the dump goes into one image, committed when the
      * dump has succeeded (CommitImage in exit(DUMP)). */
     ck.defer_commit = true;

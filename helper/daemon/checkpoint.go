@@ -136,6 +136,14 @@ type stepError struct {
 	msg  string
 }
 
+// stepErr is a stepError as an error (a background copy's, kept until the
+// commit that reports it).
+type stepErr struct{ *stepError }
+
+func (e stepErr) Error() string { return e.msg }
+
+func (e *stepError) err() error { return stepErr{e} }
+
 func stepFailed(code helperpb.ErrorCode, format string, args ...any) *stepError {
 	return &stepError{code: code, msg: fmt.Sprintf(format, args...)}
 }
@@ -157,8 +165,15 @@ func stepFailed(code helperpb.ErrorCode, format string, args ...any) *stepError 
 //   - with LeaveRunning, give it its GPU back.
 func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*helperpb.CheckpointReply, *helperpb.Response) {
 	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}}
-	for _, step := range []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
-		r.driverCheckpoint, r.commit, r.leaveRunning} {
+	steps := []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
+		r.driverCheckpoint, r.commit, r.leaveRunning}
+	if o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit {
+		// The process runs again before the image is committed: the
+		// commit waits for the background copy, the process does not.
+		steps = []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
+			r.driverCheckpoint, r.leaveRunning, r.commit}
+	}
+	for _, step := range steps {
 		if e := step(); e != nil {
 			if r.tr != nil {
 				r.tr.setPhases(r.ph.list)
@@ -181,7 +196,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 // done so far, newest first; what cannot be undone is logged and told.
 func (r *checkpointRun) fail(e *stepError) *helperpb.Response {
 	if r.w != nil && !r.keep && !r.req.DeferCommit {
-		_ = r.w.Abort()
+		_ = r.s.settleImage(r.w, true)
 	}
 	msg := e.msg
 	for i := len(r.undos) - 1; i >= 0; i-- {
@@ -296,6 +311,9 @@ func (r *checkpointRun) openImage() *stepError {
 func (r *checkpointRun) copyToImage() *stepError {
 	tr := r.s.transfers.beginFor(r.requester.cred.Uid, r.w.Dir(), true, r.bytes, []int64{int64(r.cl.pid)})
 	r.tr = tr
+	if r.req.Concurrent {
+		return r.snapshotToImage()
+	}
 	st, err := engine.Dump(r.regions, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress, Copied: tr.copied})
 	r.reply.BytesMoved = st.BytesCopied
 	tr.finish(err)
@@ -308,6 +326,73 @@ func (r *checkpointRun) copyToImage() *stepError {
 	if err := r.w.SealProcess(int(r.cl.pid)); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
 	}
+	return nil
+}
+
+// snapshotToImage is copyToImage of a concurrent checkpoint: the buffers
+// are copied device-to-device into a snapshot (engine.TakeSnapshot), those
+// there was no room for go into the image now, the stop-the-world way, and
+// the snapshot is queued to be written into the image in the background
+// (background.go), after which the process's part is sealed. Until then a
+// helper that dies loses the process's memory (background.go says why).
+func (r *checkpointRun) snapshotToImage() *stepError {
+	tr := r.tr
+	snap, err := engine.TakeSnapshot(r.regions, engine.SnapshotOptions{Reserve: r.s.cfg.SnapshotReserve})
+	if err != nil {
+		tr.finish(err)
+		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "snapshot: %v", err)
+	}
+	r.reply.SnapshotBytes = snap.Bytes
+	r.ph.done("snapshot")
+	rest := engine.TotalSize(snap.Rest)
+	r.reply.StoppedBytes = rest
+	if len(snap.Rest) > 0 {
+		r.log.Info("no room to snapshot every buffer: the rest is copied before the process runs on",
+			zap.Uint64("snapshot_bytes", snap.Bytes), zap.Uint64("stopped_bytes", rest), zap.Uint64("reserve", r.s.cfg.SnapshotReserve))
+		st, err := engine.Dump(snap.Rest, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress, Copied: tr.copied})
+		r.reply.BytesMoved = st.BytesCopied
+		if err != nil {
+			_ = snap.Release()
+			tr.finish(err)
+			return copyFailed(err, r.w.Dir())
+		}
+		r.ph.doneSplit("gpu-hash", st.Hash, "copy")
+	}
+	pid := r.cl.pid
+	if len(snap.Copies) == 0 {
+		tr.finish(nil)
+		if err := r.w.SealProcess(int(pid)); err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
+		}
+		return nil
+	}
+	tr.background = true
+	w, nth, log := r.w, r.nth, r.log
+	r.s.backgroundOf(w).add(tr, func() error {
+		if r.s.faultAt("stall-background", nth) {
+			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
+			select {
+			case <-r.s.stopping:
+			case <-time.After(time.Minute):
+			}
+		}
+		t := time.Now()
+		progress := func(done int64) { tr.progress(int64(rest) + done) }
+		st, err := engine.Dump(snap.Copies, w, image.DefaultChunkSize, engine.Options{Progress: progress, Copied: tr.copied})
+		if rerr := snap.Release(); err == nil && rerr != nil {
+			err = rerr
+		}
+		if err != nil {
+			log.Error("the background copy of a concurrent checkpoint failed", zap.Error(err))
+			return copyFailed(err, w.Dir()).err()
+		}
+		if err := w.SealProcess(int(pid)); err != nil {
+			return err
+		}
+		log.Info("snapshot copied into the image", zap.Int("chunks", st.Chunks), zap.Int("copied", st.Copied),
+			zap.Uint64("bytes_copied", st.BytesCopied), zap.Duration("seconds", time.Since(t)))
+		return nil
+	})
 	return nil
 }
 
@@ -406,10 +491,20 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 func (r *checkpointRun) commit() *stepError {
 	if !r.req.DeferCommit {
 		r.keep = true
-		if err := r.w.Commit(); err != nil {
+		if r.s.hasBackground(r.w) {
+			// (the process may be running again: nothing to undo then)
+			if err := r.s.settleImage(r.w, false); err != nil {
+				if se := (stepErr{}); errors.As(err, &se) {
+					return se.stepError
+				}
+				return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "the image: %v", err)
+			}
+			r.ph.done("background-copy")
+		} else if err := r.w.Commit(); err != nil {
 			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
+		} else {
+			r.ph.done("commit")
 		}
-		r.ph.done("commit")
 	}
 	st := r.w.Stats()
 	r.reply.Buffers, r.reply.Bytes, r.reply.StoredBytes = uint64(len(r.regions)), r.bytes, uint64(st.BytesStored)
@@ -425,6 +520,7 @@ func (r *checkpointRun) leaveRunning() *stepError {
 	if err := r.s.thaw(r.cl, r.ctl, r.wait, r.ph); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
 	}
+	r.undos = nil // it runs with all its memory: a later failure costs the image alone
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/image"

@@ -208,10 +208,17 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 	}
 	w := d.w
 	if req.Abort {
-		if err := w.Abort(); err != nil {
+		if err := s.settleImage(w, true); err != nil {
 			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "drop the GPU image in %s: %v", w.Dir(), err)
 		}
 		s.log.Info("GPU image dropped (the dump failed)", zap.String("image", w.Dir()))
+		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+	}
+	if s.hasBackground(w) {
+		// Concurrent checkpoints still copy: the commit follows them, and
+		// their transfers tell the outcome (the CLI waits for it there).
+		s.commitLater(w)
+		s.log.Info("GPU image to be committed once its background copies end", zap.String("image", w.Dir()))
 		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
 	}
 	if err := w.Commit(); err != nil {
@@ -230,7 +237,7 @@ func (s *Server) abortImages(c *conn, dirs map[string]bool) {
 		delete(s.open, key)
 		s.mu.Unlock()
 		if d != nil {
-			_ = d.w.Abort()
+			_ = s.settleImage(d.w, true)
 			s.log.Warn("GPU image left uncommitted by its dump is dropped", zap.String("image", d.w.Dir()))
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/gpucr/gpucr/helper/fscred"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -74,6 +75,10 @@ type Config struct {
 	Limits Limits
 	// Pool sizes the allocations made ahead of time (pool.go).
 	Pool PoolConfig
+	// SnapshotReserve is the device memory a concurrent checkpoint's
+	// snapshot leaves free on each device, for the process that runs on
+	// while it is copied out (0: none).
+	SnapshotReserve uint64
 	// ExportKeeper holds one small exported allocation per device while
 	// the helper serves, which keeps the driver's later exports fast
 	// (keeper.go).
@@ -88,10 +93,11 @@ type Server struct {
 	ln *net.UnixListener
 
 	mu        sync.Mutex
-	reg       registry                 // the clients (registry.go)
-	plans     map[*restorePlan]bool    // restores being prepared (restore.go)
-	recent    map[string]*outcomes     // what became of recent restores, by image directory (outcome.go)
-	open      map[deferKey]*deferImage // deferred-commit images by connection and directory (imagedir.go)
+	reg       registry                      // the clients (registry.go)
+	plans     map[*restorePlan]bool         // restores being prepared (restore.go)
+	recent    map[string]*outcomes          // what became of recent restores, by image directory (outcome.go)
+	open      map[deferKey]*deferImage      // deferred-commit images by connection and directory (imagedir.go)
+	bg        map[*image.Writer]*background // concurrent checkpoints' copies still running, by image (background.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool

@@ -22,8 +22,11 @@ type transfer struct {
 	total     uint64
 	pids      []int64
 	start     time.Time
-	done      atomic.Uint64
-	moved     atomic.Uint64 // over PCIe (a dump's copied chunks)
+	// background: a concurrent checkpoint's copy, finished once its image
+	// is committed or dropped (background.go)
+	background bool
+	done       atomic.Uint64
+	moved      atomic.Uint64 // over PCIe (a dump's copied chunks)
 
 	mu       sync.Mutex
 	finished bool
@@ -56,6 +59,9 @@ func (t *transfer) copied(n int64) { t.moved.Add(uint64(n)) }
 func (t *transfer) finish(err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.finished {
+		return
+	}
 	t.finished = true
 	t.took = time.Since(t.start)
 	if err != nil {
@@ -76,7 +82,7 @@ func (t *transfer) proto() *helperpb.Transfer {
 	}
 	return &helperpb.Transfer{ImageDir: t.dir, Direction: t.direction, BytesDone: t.done.Load(), BytesTotal: t.total,
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
-		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: t.phases}
+		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: t.phases, Background: t.background}
 }
 
 // transferLog holds the running transfers and the last finished ones.

@@ -4517,7 +4517,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor 
   (ProtobufCMessageInit) gpucr__helper__v1__client_op_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[8] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[9] =
 {
   {
     "pid",
@@ -4615,9 +4615,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "concurrent",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, concurrent),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
   4,   /* field[4] = compress */
+  8,   /* field[8] = concurrent */
   7,   /* field[7] = defer_commit */
   6,   /* field[6] = detach */
   1,   /* field[1] = image_dir */
@@ -4629,7 +4642,7 @@ static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
 {
@@ -4639,7 +4652,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
   "Gpucr__Helper__V1__Checkpoint",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Checkpoint),
-  8,
+  9,
   gpucr__helper__v1__checkpoint__field_descriptors,
   gpucr__helper__v1__checkpoint__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint__number_ranges,
@@ -4697,7 +4710,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__commit_image__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__commit_image__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[7] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[9] =
 {
   {
     "buffers",
@@ -4783,20 +4796,46 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "snapshot_bytes",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, snapshot_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "stopped_bytes",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, stopped_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint_reply__field_indices_by_name[] = {
   0,   /* field[0] = buffers */
   1,   /* field[1] = bytes */
   6,   /* field[6] = bytes_moved */
   3,   /* field[3] = phases */
+  7,   /* field[7] = snapshot_bytes */
   5,   /* field[5] = state */
+  8,   /* field[8] = stopped_bytes */
   2,   /* field[2] = stored_bytes */
   4,   /* field[4] = total_seconds */
 };
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor =
 {
@@ -4806,7 +4845,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor
   "Gpucr__Helper__V1__CheckpointReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__CheckpointReply),
-  7,
+  9,
   gpucr__helper__v1__checkpoint_reply__field_descriptors,
   gpucr__helper__v1__checkpoint_reply__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint_reply__number_ranges,
@@ -5377,7 +5416,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[11] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[12] =
 {
   {
     "image_dir",
@@ -5511,8 +5550,21 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "background",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, background),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
+  11,   /* field[11] = background */
   2,   /* field[2] = bytes_done */
   9,   /* field[9] = bytes_moved */
   3,   /* field[3] = bytes_total */
@@ -5528,7 +5580,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 12 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -5538,7 +5590,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  11,
+  12,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,

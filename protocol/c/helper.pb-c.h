@@ -907,10 +907,22 @@ struct  Gpucr__Helper__V1__Checkpoint
    * CommitImage on this connection; no other connection can add to it.
    */
   protobuf_c_boolean defer_commit;
+  /*
+   * The process runs on while its GPU memory goes into the image: at the
+   * quiesce point the helper copies the buffers device-to-device into
+   * memory of its own (as many as fit, leaving the helper's snapshot
+   * reserve free; the rest are copied before the process runs on) and
+   * writes that snapshot into the image afterwards. The image is committed
+   * once that copy has ended: without defer_commit before the reply (the
+   * process already running), with it when CommitImage comes or the copy
+   * ends, whichever is later; Transfers reports the copy, finished once
+   * the image is committed or dropped.
+   */
+  protobuf_c_boolean concurrent;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint__descriptor) \
-    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0 }
+    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -953,10 +965,16 @@ struct  Gpucr__Helper__V1__CheckpointReply
    * GPU hashed every chunk; the rest are recorded by their hash).
    */
   uint64_t bytes_moved;
+  /*
+   * A concurrent checkpoint's: the device memory its snapshot held, and
+   * the GPU bytes copied while the process waited (no room to snapshot).
+   */
+  uint64_t snapshot_bytes;
+  uint64_t stopped_bytes;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint_reply__descriptor) \
-    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0 }
+    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__Phase
@@ -1193,10 +1211,15 @@ struct  Gpucr__Helper__V1__Transfer
    */
   size_t n_phases;
   Gpucr__Helper__V1__Phase **phases;
+  /*
+   * A concurrent checkpoint's copy: it runs on after the process resumed,
+   * and finishes once the image is committed (or dropped: error).
+   */
+  protobuf_c_boolean background;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */

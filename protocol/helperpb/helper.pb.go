@@ -3023,7 +3023,17 @@ type Checkpoint struct {
 	// image writer kept open for image_dir, shared by every Checkpoint of this
 	// connection with the same image_dir (and directory), and committed by
 	// CommitImage on this connection; no other connection can add to it.
-	DeferCommit   bool `protobuf:"varint,8,opt,name=defer_commit,json=deferCommit,proto3" json:"defer_commit,omitempty"`
+	DeferCommit bool `protobuf:"varint,8,opt,name=defer_commit,json=deferCommit,proto3" json:"defer_commit,omitempty"`
+	// The process runs on while its GPU memory goes into the image: at the
+	// quiesce point the helper copies the buffers device-to-device into
+	// memory of its own (as many as fit, leaving the helper's snapshot
+	// reserve free; the rest are copied before the process runs on) and
+	// writes that snapshot into the image afterwards. The image is committed
+	// once that copy has ended: without defer_commit before the reply (the
+	// process already running), with it when CommitImage comes or the copy
+	// ends, whichever is later; Transfers reports the copy, finished once
+	// the image is committed or dropped.
+	Concurrent    bool `protobuf:"varint,9,opt,name=concurrent,proto3" json:"concurrent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3114,6 +3124,13 @@ func (x *Checkpoint) GetDeferCommit() bool {
 	return false
 }
 
+func (x *Checkpoint) GetConcurrent() bool {
+	if x != nil {
+		return x.Concurrent
+	}
+	return false
+}
+
 // CommitImage (plugin, at the end of a successful dump; abort after a failed
 // one): commits (or drops) the GPU image that this connection's Checkpoints
 // with defer_commit wrote into image_dir. Only then is the image visible.
@@ -3179,7 +3196,11 @@ type CheckpointReply struct {
 	State        ClientState            `protobuf:"varint,6,opt,name=state,proto3,enum=gpucr.helper.v1.ClientState" json:"state,omitempty"` // the client's state after the checkpoint
 	// GPU bytes that crossed PCIe: only chunks the image did not have (the
 	// GPU hashed every chunk; the rest are recorded by their hash).
-	BytesMoved    uint64 `protobuf:"varint,7,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
+	BytesMoved uint64 `protobuf:"varint,7,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
+	// A concurrent checkpoint's: the device memory its snapshot held, and
+	// the GPU bytes copied while the process waited (no room to snapshot).
+	SnapshotBytes uint64 `protobuf:"varint,8,opt,name=snapshot_bytes,json=snapshotBytes,proto3" json:"snapshot_bytes,omitempty"`
+	StoppedBytes  uint64 `protobuf:"varint,9,opt,name=stopped_bytes,json=stoppedBytes,proto3" json:"stopped_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3259,6 +3280,20 @@ func (x *CheckpointReply) GetState() ClientState {
 func (x *CheckpointReply) GetBytesMoved() uint64 {
 	if x != nil {
 		return x.BytesMoved
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetSnapshotBytes() uint64 {
+	if x != nil {
+		return x.SnapshotBytes
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetStoppedBytes() uint64 {
+	if x != nil {
+		return x.StoppedBytes
 	}
 	return 0
 }
@@ -3905,7 +3940,10 @@ type Transfer struct {
 	// A dump's: the steps of its process's checkpoint in the helper
 	// (quiesce, gpu-hash, copy, drop, detach, driver-checkpoint...), set when
 	// the checkpoint ends. Only for a copy of one process.
-	Phases        []*Phase `protobuf:"bytes,11,rep,name=phases,proto3" json:"phases,omitempty"`
+	Phases []*Phase `protobuf:"bytes,11,rep,name=phases,proto3" json:"phases,omitempty"`
+	// A concurrent checkpoint's copy: it runs on after the process resumed,
+	// and finishes once the image is committed (or dropped: error).
+	Background    bool `protobuf:"varint,12,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4015,6 +4053,13 @@ func (x *Transfer) GetPhases() []*Phase {
 		return x.Phases
 	}
 	return nil
+}
+
+func (x *Transfer) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
 }
 
 var File_protocol_helper_proto protoreflect.FileDescriptor
@@ -4218,7 +4263,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bOP_STATS\x10\a\"w\n" +
 	"\rClientOpReply\x122\n" +
 	"\x05table\x18\x01 \x01(\v2\x1c.gpucr.helper.v1.BufferTableR\x05table\x122\n" +
-	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\xee\x01\n" +
+	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\x8e\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
@@ -4229,10 +4274,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x16\n" +
 	"\x06detach\x18\a \x01(\bR\x06detach\x12!\n" +
-	"\fdefer_commit\x18\b \x01(\bR\vdeferCommit\"@\n" +
+	"\fdefer_commit\x18\b \x01(\bR\vdeferCommit\x12\x1e\n" +
+	"\n" +
+	"concurrent\x18\t \x01(\bR\n" +
+	"concurrent\"@\n" +
 	"\vCommitImage\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
-	"\x05abort\x18\x02 \x01(\bR\x05abort\"\x8e\x02\n" +
+	"\x05abort\x18\x02 \x01(\bR\x05abort\"\xda\x02\n" +
 	"\x0fCheckpointReply\x12\x18\n" +
 	"\abuffers\x18\x01 \x01(\x04R\abuffers\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
@@ -4241,7 +4289,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\rtotal_seconds\x18\x05 \x01(\x01R\ftotalSeconds\x122\n" +
 	"\x05state\x18\x06 \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\x12\x1f\n" +
 	"\vbytes_moved\x18\a \x01(\x04R\n" +
-	"bytesMoved\"5\n" +
+	"bytesMoved\x12%\n" +
+	"\x0esnapshot_bytes\x18\b \x01(\x04R\rsnapshotBytes\x12#\n" +
+	"\rstopped_bytes\x18\t \x01(\x04R\fstoppedBytes\"5\n" +
 	"\x05Phase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aseconds\x18\x02 \x01(\x01R\aseconds\"&\n" +
@@ -4272,7 +4322,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xd8\x03\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xf8\x03\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -4289,7 +4339,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vbytes_moved\x18\n" +
 	" \x01(\x04R\n" +
 	"bytesMoved\x12.\n" +
-	"\x06phases\x18\v \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\"N\n" +
+	"\x06phases\x18\v \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\x12\x1e\n" +
+	"\n" +
+	"background\x18\f \x01(\bR\n" +
+	"background\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +

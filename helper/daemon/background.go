@@ -1,0 +1,161 @@
+package daemon
+
+// The background half of concurrent checkpoints: the copy of a snapshot
+// (engine.TakeSnapshot) into its image, which goes on after the process
+// runs again, and the commit that must wait for it.
+//
+// An image's copies run one at a time, in the order their checkpoints
+// queued them. Each seals its process's part of the image when it ends: a
+// chunk a later process recorded by reference to an equal chunk of an
+// earlier one is on disk by the time the later part is sealed.
+//
+// What a concurrent checkpoint gives up: between the process's drop and the
+// end of its background copy, its memory lives only in this helper (the
+// original, and the snapshot). Should the helper die then, its part of the
+// image is not sealed yet, and the next helper tells the process that its
+// GPU state is lost (adopt.go), where a stop-the-world checkpoint would give
+// it back. Once the process has its memory back (leave-running), a helper
+// that dies costs only the image being written; the previous image is not
+// touched.
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/image"
+)
+
+// background is the copies of one image still running.
+type background struct {
+	mu   sync.Mutex
+	tail chan struct{} // closed when the copy queued last has ended
+	err  error         // the copies' errors so far
+	trs  []*transfer   // their transfers: finished with the image's outcome
+}
+
+// backgroundOf returns w's background copies, made on first use.
+func (s *Server) backgroundOf(w *image.Writer) *background {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bg == nil {
+		s.bg = map[*image.Writer]*background{}
+	}
+	b := s.bg[w]
+	if b == nil {
+		b = &background{}
+		s.bg[w] = b
+	}
+	return b
+}
+
+// takeBackground removes and returns w's background copies (nil: none).
+func (s *Server) takeBackground(w *image.Writer) *background {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.bg[w]
+	delete(s.bg, w)
+	return b
+}
+
+// add queues job after the copies queued before it; tr is its transfer.
+func (b *background) add(tr *transfer, job func() error) {
+	b.mu.Lock()
+	prev := b.tail
+	done := make(chan struct{})
+	b.tail = done
+	b.trs = append(b.trs, tr)
+	b.mu.Unlock()
+	go func() {
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		err := job()
+		b.mu.Lock()
+		b.err = errors.Join(b.err, err)
+		b.mu.Unlock()
+	}()
+}
+
+// wait waits for every copy queued so far and returns their errors.
+func (b *background) wait() error {
+	b.mu.Lock()
+	tail := b.tail
+	b.mu.Unlock()
+	if tail != nil {
+		<-tail
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// finish ends the copies' transfers with the image's outcome.
+func (b *background) finish(err error) {
+	b.mu.Lock()
+	trs := b.trs
+	b.mu.Unlock()
+	for _, tr := range trs {
+		tr.finish(err)
+	}
+}
+
+// settleImage ends the writing of w once its background copies have ended:
+// commits it (an error of a copy aborts it instead), or, with abort, drops
+// it at once (the copies still running then fail fast and end). The
+// transfers of the copies finish with the outcome.
+func (s *Server) settleImage(w *image.Writer, abort bool) error {
+	b := s.takeBackground(w)
+	var err error
+	if abort {
+		err = w.Abort()
+	}
+	if b != nil {
+		if berr := b.wait(); !abort {
+			err = berr
+		}
+	}
+	if !abort {
+		if err == nil {
+			err = w.Commit()
+		} else {
+			_ = w.Abort()
+		}
+	}
+	if b != nil {
+		outcome := err
+		if abort {
+			outcome = errors.New("the checkpoint failed: its GPU image is dropped")
+		}
+		b.finish(outcome)
+	}
+	return err
+}
+
+// commitLater commits a deferred image whose copies still run once they
+// end (CommitImage replies at once: the plugin's reply holds up CRIU, and
+// CRIU the process).
+func (s *Server) commitLater(w *image.Writer) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.Now()
+		if err := s.settleImage(w, false); err != nil {
+			s.log.Error("the GPU image of a concurrent checkpoint could not be completed; it is dropped",
+				zap.String("image", w.Dir()), zap.Error(err))
+			return
+		}
+		s.log.Info("GPU image committed after its background copy", zap.String("image", w.Dir()),
+			zap.Duration("waited", time.Since(t)))
+	}()
+}
+
+// hasBackground says whether w has background copies.
+func (s *Server) hasBackground(w *image.Writer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bg[w] != nil
+}
