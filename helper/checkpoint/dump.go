@@ -29,6 +29,13 @@ type DumpOptions struct {
 	// back, so that it can either be killed or go on (SIGCONT): a
 	// migration's source. Neither: the tree is ended.
 	LeaveRunning, LeaveStopped bool
+	// Concurrent (with LeaveRunning): the tree runs on while its GPU memory
+	// is written. The helper copies it on the device into memory of its own
+	// when the tree stops (as much as fits beyond its snapshot reserve; the
+	// rest is copied while the tree waits) and writes that into the image
+	// after the tree runs again; Dump returns once the image is complete.
+	// The tree's stop no longer grows with its GPU memory.
+	Concurrent bool
 	// Force replaces an image Dir already holds: it is put aside, removed
 	// once the new one is complete, and put back if the checkpoint fails.
 	Force  bool
@@ -46,6 +53,7 @@ type DumpResult struct {
 	ImageBytes   int64    `json:"image_bytes"`
 	LeaveRunning bool     `json:"leave_running"`
 	LeaveStopped bool     `json:"leave_stopped,omitempty"`
+	Concurrent   bool     `json:"concurrent,omitempty"`
 	GPU          *GPUCopy `json:"gpu"`
 	// GPUState says whether a GPU image was written; NoGPUState says why
 	// not.
@@ -82,6 +90,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if o.LeaveRunning && o.LeaveStopped {
 		return nil, errors.New("a checkpoint leaves the tree running or stopped, not both")
+	}
+	if o.Concurrent && !o.LeaveRunning {
+		return nil, errors.New("a concurrent checkpoint leaves the tree running: it needs LeaveRunning")
 	}
 	if !filepath.IsAbs(o.Dir) {
 		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
@@ -136,7 +147,8 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	before, _ := os.Stat(manifest)
 	checked := time.Now()
 	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: o.Parent, ev: ev,
-		what: fmt.Sprintf("criu dump of pid %d", pid),
+		concurrent: o.Concurrent,
+		what:       fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
 			opts.Pid = proto.Int32(int32(pid))
 			opts.LeaveRunning = proto.Bool(o.LeaveRunning)
@@ -145,7 +157,11 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 			}
 		}})
 	if err != nil {
-		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"), waitingForGPU(o.Env.Socket, tc.Clients, err))
+		var waiting []proc.Pid
+		if f := (*Failure)(nil); !errors.As(err, &f) || !f.background {
+			waiting = waitingForGPU(o.Env.Socket, tc.Clients, err)
+		}
+		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"), waiting)
 	}
 	if aside != nil {
 		if derr := aside.discard(); derr != nil {
@@ -154,7 +170,8 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	after, _ := os.Stat(manifest)
 	res := &DumpResult{Pid: pid, ImagesDir: o.Dir, Parent: o.Parent, LeaveRunning: o.LeaveRunning, LeaveStopped: o.LeaveStopped,
-		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
+		Concurrent: o.Concurrent,
+		GPU:        gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
 		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
 		GPUProcesses: []GPUProcess{}}
 	for _, c := range tc.Clients {

@@ -22,6 +22,10 @@ type Failure struct {
 	Cleanup   []string // what was done to the image directory afterwards
 	Err       error    // the RPC's error, shown when neither log nor plugin says anything
 	GPU       *GPUCopy // the GPU copy as far as it went (nil: none began)
+	// background: CRIU's dump succeeded and the tree ran on; the GPU
+	// image, written after that, failed (a concurrent checkpoint). No
+	// process waits for its memory from the partial image.
+	background bool
 }
 
 // ProcessAfter is a GPU process after its dump was killed.

@@ -27,9 +27,12 @@ type GPUOptions struct {
 	Parent string // parent image directory of an incremental image, "" for a full one
 	// LeaveRunning gives the process its GPU back at once.
 	LeaveRunning bool
-	Compress     bool          // zstd-compress chunks
-	Quiesce      time.Duration // how long the process may take to reach a quiet point (0: 10 s)
-	Socket       string
+	// Concurrent (with LeaveRunning): the GPU memory is snapshotted on the
+	// device and written while the process runs on (DumpOptions.Concurrent).
+	Concurrent bool
+	Compress   bool          // zstd-compress chunks
+	Quiesce    time.Duration // how long the process may take to reach a quiet point (0: 10 s)
+	Socket     string
 }
 
 // gpuCallTimeout bounds a GPU-only checkpoint or a resume.
@@ -50,7 +53,7 @@ func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 		quiesce = 10 * time.Second
 	}
 	req := &helperpb.Checkpoint{Pid: int64(o.Pid), ImageDir: o.Dir, LeaveRunning: o.LeaveRunning, Parent: o.Parent,
-		Compress: o.Compress, TimeoutMs: uint32(quiesce / time.Millisecond)}
+		Compress: o.Compress, TimeoutMs: uint32(quiesce / time.Millisecond), Concurrent: o.Concurrent && o.LeaveRunning}
 	return callCheckpoint(ctx, o.Socket, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}},
 		fmt.Sprintf("checkpoint %d", o.Pid), int(d.Fd()))
 }

@@ -87,8 +87,12 @@ type job struct {
 	what    string     // "criu dump of pid 42", for messages
 	clients []proc.Pid // the GPU processes of a dump's tree (given back after a timeout)
 	parent  string     // a dump's parent GPU image (absolute), "" for a full one
-	fill    func(*rpc.CriuOpts)
-	ev      *emitter
+	// concurrent: a dump whose GPU memory is written after the tree runs
+	// on (DumpOptions.Concurrent); CRIU's images are published only once
+	// the GPU image is committed
+	concurrent bool
+	fill       func(*rpc.CriuOpts)
+	ev         *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
@@ -167,6 +171,9 @@ func run(ctx context.Context, j job) (*ran, error) {
 	if j.parent != "" {
 		extra = append(extra, "GPUCR_PARENT="+j.parent)
 	}
+	if j.concurrent {
+		extra = append(extra, "GPUCR_CONCURRENT=1")
+	}
 	runStart := time.Now()
 	cmd := swrk.Cmd{CRIU: j.criu.Binary, Env: sess.criuEnv(j.env, extra...), Files: []*os.File{d}, Deadline: deadline,
 		KillNew: !j.dump, Cancel: ctx.Done()}
@@ -182,9 +189,18 @@ func run(ctx context.Context, j job) (*ran, error) {
 		out = cmd.Restore(opts, n)
 	}
 	end := time.Now()
+	var bgErr error
+	if j.concurrent && out.Err == nil && !out.TimedOut {
+		// The tree runs on; its GPU memory is still being written.
+		j.ev.emit(Event{Kind: Phase, Text: "the tree runs on; writing its GPU memory into the image"})
+		bgErr = awaitBackground(ctx, j.env.Socket, j.dir, runStart)
+	}
 	r := &ran{pid: n.pid}
 	r.gpu, r.each = watch.stop()
 	r.phases = criuPhases(j.dump, runStart, n.pre, n.post, end)
+	if j.concurrent && out.Err == nil && !out.TimedOut {
+		r.phases = append(r.phases, Step{"gpu-background", time.Since(end).Seconds()})
+	}
 	privateLog := filepath.Join(sess.dir, log)
 	logPath := filepath.Join(j.dir, log)
 	// CRIU writes its log and its statistics (stats-dump, stats-restore)
@@ -194,6 +210,14 @@ func run(ctx context.Context, j job) (*ran, error) {
 		if err != nil && (name == log || !errors.Is(err, fs.ErrNotExist)) { // CRIU writes one of the two statistics
 			j.ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("CRIU's %s could not be placed in the image directory: %v", name, err)})
 		}
+	}
+	if bgErr != nil {
+		// CRIU's images stay unpublished: the directory gets no image
+		// whose GPU part is missing.
+		f := &Failure{Log: logPath, GPU: gpuCopyOf(r.gpu), Plugin: sess.pluginLines(), background: true,
+			Summary: fmt.Sprintf("%s: the tree runs on, but its GPU memory could not be written into the image: %v", j.what, bgErr)}
+		f.Hints = criuHintsFor(append(append([]string{}, f.Plugin...), bgErr.Error()))
+		return r, f
 	}
 	if out.Err == nil && !out.TimedOut {
 		if j.dump {

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -150,4 +151,62 @@ func (c *GPUCopy) String() string {
 		line += ", still running"
 	}
 	return line
+}
+
+// backgroundStall is how long the background copy of a concurrent
+// checkpoint may go without progress before the checkpoint gives up on it.
+const backgroundStall = 2 * time.Minute
+
+// awaitBackground waits until the helper's background copies of dir (those
+// of concurrent checkpoints begun after since) have finished, which they do
+// once the GPU image is committed or dropped: nil if committed, else why
+// not. A copy that makes no progress for backgroundStall, or a helper that
+// stops answering, is a failure: the image is not complete.
+func awaitBackground(ctx context.Context, socket, dir string, since time.Time) error {
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	conn, err := client.Dial(dctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	dcancel()
+	if err != nil {
+		return fmt.Errorf("the GPU image was still being written, and the helper no longer answers: %w", err)
+	}
+	defer conn.Close()
+	var lastDone uint64
+	lastMove := time.Now()
+	tick := time.NewTicker(watchPoll)
+	defer tick.Stop()
+	for {
+		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
+		list, err := conn.Transfers(qctx, dir)
+		qcancel()
+		if err != nil {
+			return fmt.Errorf("the GPU image was still being written, and the helper no longer answers: %w", err)
+		}
+		var mine []*helperpb.Transfer
+		for _, t := range list {
+			if t.Background && t.Direction == helperpb.Transfer_DIRECTION_DUMP && time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
+				mine = append(mine, t)
+			}
+		}
+		if len(mine) == 0 {
+			return nil // nothing went to the background: committed with the dump
+		}
+		all := combine(mine)
+		if all.Finished {
+			if all.Error != "" {
+				return errors.New(all.Error)
+			}
+			return nil
+		}
+		if all.BytesDone != lastDone {
+			lastDone, lastMove = all.BytesDone, time.Now()
+		} else if time.Since(lastMove) > backgroundStall {
+			return fmt.Errorf("the background copy of the GPU memory made no progress for %v (%s of %s done)",
+				backgroundStall, units.Bytes(all.BytesDone), units.Bytes(all.BytesTotal))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
 }

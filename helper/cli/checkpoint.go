@@ -35,6 +35,7 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
+			&ucli.BoolFlag{Name: "concurrent", Value: true, Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on (--concurrent=false: while it waits)"},
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
 			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
@@ -70,7 +71,8 @@ func checkpointCommand() *ucli.Command {
 			}
 			if c.Bool("gpu-only") {
 				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
-					LeaveRunning: c.Bool("leave-running"), Compress: c.Bool("compress"), Quiesce: c.Duration("timeout"),
+					LeaveRunning: c.Bool("leave-running"), Concurrent: c.Bool("leave-running") && c.Bool("concurrent"),
+					Compress: c.Bool("compress"), Quiesce: c.Duration("timeout"),
 					Socket: client.SocketPath(c.String("socket"))})
 				if err != nil {
 					return err
@@ -82,7 +84,8 @@ func checkpointCommand() *ucli.Command {
 				return err
 			}
 			res, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: pid, Dir: abs, Parent: parent,
-				LeaveRunning: c.Bool("leave-running"), Force: c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
+				LeaveRunning: c.Bool("leave-running"), Concurrent: c.Bool("leave-running") && c.Bool("concurrent"),
+				Force: c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
 				return err
 			}

@@ -55,6 +55,8 @@ func helperCommand() *ucli.Command {
 			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
 			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
 				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
+			&ucli.StringFlag{Name: "snapshot-reserve", Value: "2G",
+				Usage: "GPU memory per device a concurrent checkpoint leaves free for the process running on (its snapshot takes what is free beyond; buffers that do not fit are copied while the process waits)"},
 			// Benchmarks turn it off to measure what it saves.
 			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,
 				Usage: "hold one small exported allocation per device, which keeps the driver's exports fast"},
@@ -132,14 +134,19 @@ func runHelper(c *ucli.Context) error {
 	if err != nil {
 		return usageError{fmt.Errorf("--alloc-pool: %v", err)}
 	}
+	reserve, err := parseSize(c.String("snapshot-reserve"))
+	if err != nil || strings.EqualFold(strings.TrimSpace(c.String("snapshot-reserve")), "unlimited") {
+		return usageError{fmt.Errorf("--snapshot-reserve: %q is not a size (like 512M or 2G)", c.String("snapshot-reserve"))}
+	}
 	cfg := daemon.Config{
-		Pool:         daemon.PoolConfig{Budget: poolBytes},
-		ExportKeeper: c.Bool("export-keeper"),
-		Socket:       client.SocketPath(c.String("socket")),
-		SocketMode:   os.FileMode(mode),
-		SocketGroup:  c.String("socket-group"),
-		Log:          log,
-		Version:      Version,
+		SnapshotReserve: reserve,
+		Pool:            daemon.PoolConfig{Budget: poolBytes},
+		ExportKeeper:    c.Bool("export-keeper"),
+		Socket:          client.SocketPath(c.String("socket")),
+		SocketMode:      os.FileMode(mode),
+		SocketGroup:     c.String("socket-group"),
+		Log:             log,
+		Version:         Version,
 		// Fault injection for failure tests: GPUCR_FAULT=STEP makes that
 		// checkpoint step fail (see daemon.Config.Fault).
 		Fault:  os.Getenv("GPUCR_FAULT"),

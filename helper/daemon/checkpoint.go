@@ -25,6 +25,11 @@ import (
 // defaultQuiesce bounds the quiesce of a Checkpoint whose timeout_ms is 0.
 const defaultQuiesce = 10 * time.Second
 
+// backgroundStall is how long the injected fault "stall-background" holds
+// a background copy back: long enough for a test to watch the process run
+// on meanwhile, or to kill the helper then.
+const backgroundStall = 5 * time.Second
+
 // driverLockTimeoutMs bounds cuCheckpointProcessLock: the process is
 // quiesced and drained by then, so the lock has nothing to wait for.
 const driverLockTimeoutMs = 10000
@@ -373,7 +378,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
 			select {
 			case <-r.s.stopping:
-			case <-time.After(time.Minute):
+			case <-time.After(backgroundStall):
 			}
 		}
 		t := time.Now()
@@ -500,6 +505,7 @@ func (r *checkpointRun) commit() *stepError {
 				return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "the image: %v", err)
 			}
 			r.ph.done("background-copy")
+			r.reply.BytesMoved = r.tr.moved.Load()
 		} else if err := r.w.Commit(); err != nil {
 			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "commit the image: %v", err)
 		} else {
@@ -508,7 +514,9 @@ func (r *checkpointRun) commit() *stepError {
 	}
 	st := r.w.Stats()
 	r.reply.Buffers, r.reply.Bytes, r.reply.StoredBytes = uint64(len(r.regions)), r.bytes, uint64(st.BytesStored)
-	r.reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
+	if r.reply.State == helperpb.ClientState_CLIENT_STATE_UNSPECIFIED {
+		r.reply.State = helperpb.ClientState_CLIENT_STATE_DROPPED
+	}
 	return nil
 }
 

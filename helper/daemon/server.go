@@ -65,7 +65,9 @@ type Config struct {
 	// undone), or "stall-copy": a checkpoint waits a minute before its copy,
 	// or until its requester closes the connection (tests kill the helper,
 	// or CRIU, there); "stall-dropped" the same after the process dropped
-	// its memory (its image part sealed, the image not committed). "STEP@N": only in the helper's N-th checkpoint (the
+	// its memory (its image part sealed, the image not committed);
+	// "stall-background" holds a concurrent checkpoint's background copy
+	// back 5 s (the process runs on meanwhile). "STEP@N": only in the helper's N-th checkpoint (the
 	// second process of a dumped tree, say). "stall-reattach": the reply to
 	// a reattaching process waits until it closes its connection (tests
 	// kill it there).

@@ -1,0 +1,208 @@
+package e2e
+
+// Concurrent checkpoints (gpucr checkpoint --leave-running, the default
+// there): the GPU memory is snapshotted on the device when the tree stops
+// and written into the image while it runs on. The image must hold the
+// memory as it was at the stop, not as the process left it later.
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/checkpoint"
+)
+
+// dumpJSON is what these tests read of `gpucr checkpoint --json`.
+type dumpJSON struct {
+	Concurrent   bool              `json:"concurrent"`
+	Phases       []checkpoint.Step `json:"phases"`
+	GPUProcesses []struct {
+		Phases []checkpoint.Step `json:"phases"`
+	} `json:"gpu_processes"`
+}
+
+func parseDump(t *testing.T, out string) dumpJSON {
+	t.Helper()
+	var d dumpJSON
+	i := strings.LastIndex(out, "\n{")
+	if err := json.Unmarshal([]byte(out[i+1:]), &d); err != nil {
+		t.Fatalf("checkpoint --json: %v\n%s", err, out)
+	}
+	return d
+}
+
+// restoredFrom kills a, restores img and returns the first iteration the
+// restored process reports (the image's point), once it has reported
+// through iteration upTo.
+func restoredFrom(t *testing.T, a *app, h *helperProc, env []string, img string, upTo int) int {
+	t.Helper()
+	a.kill()
+	waitPidFree(a.pid, 10*time.Second)
+	mark := len(a.heartbeats())
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitFor(time.Minute, "heartbeats after the restore", func(_ string, hbs []heartbeat) bool {
+		return len(hbs) > mark && hbs[len(hbs)-1].Iter >= upTo
+	})
+	return a.heartbeats()[mark].Iter
+}
+
+// TestConcurrentCheckpointExact: the process takes many steps (every one
+// rewrites all its buffers, on two streams) while its background copy is
+// held back; the image is the process at the stop all the same: restored,
+// it starts there and computes exactly what an uninterrupted run does.
+func TestConcurrentCheckpointExact(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"))
+	args := []string{"--mib", "16", "--buffers", "4", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	img := filepath.Join(dir, "img")
+	before := a.lastIter()
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--json")
+	after := a.lastIter()
+	d := parseDump(t, out)
+	if !d.Concurrent {
+		t.Errorf("--leave-running is not concurrent by default:\n%s", out)
+	}
+	if names := stepNames(d.Phases); !slices.Contains(names, "gpu-background") {
+		t.Errorf("no gpu-background step: %v", names)
+	}
+	if len(d.GPUProcesses) != 1 || !slices.Contains(stepNames(d.GPUProcesses[0].Phases), "snapshot") {
+		t.Errorf("the helper's steps have no snapshot: %+v", d.GPUProcesses)
+	}
+	if after-before < 20 {
+		t.Fatalf("the process took %d steps during a checkpoint whose copy was held back 5 s: it did not run on", after-before)
+	}
+	_, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb"))
+	if err != nil {
+		t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
+	}
+	first := restoredFrom(t, a, h, env, img, after+3)
+	if first > before+5 {
+		t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (iteration %d to %d)",
+			first, before, before+5)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
+}
+
+// TestConcurrentCheckpointNoRoom: with a snapshot reserve larger than the
+// device, nothing is snapshotted: the buffers are copied while the process
+// waits, as before, and the image is exact.
+func TestConcurrentCheckpointNoRoom(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--snapshot-reserve", "1T")
+	args := []string{"--mib", "8", "--buffers", "3", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	img := filepath.Join(dir, "img")
+	before := a.lastIter()
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	if !strings.Contains(h.logText(), "no room to snapshot every buffer") {
+		t.Errorf("the helper does not say that it copied while the process waited:\n%s", tail(h.logText(), 20))
+	}
+	a.waitIter(a.lastIter()+10, time.Minute)
+	first := restoredFrom(t, a, h, env, img, a.lastIter()+3)
+	if first > before+5 {
+		t.Errorf("the restored process starts at iteration %d, the checkpoint began at %d", first, before)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
+}
+
+// TestConcurrentCheckpointHelperDies: the helper dies while the background
+// copy of a concurrent checkpoint is held back, the process already running
+// on: the process runs on, the checkpoint fails saying that the helper went
+// away, its directory holds no image (neither CRIU's nor a GPU image), and
+// the previous checkpoint's image restores exactly.
+func TestConcurrentCheckpointHelperDies(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background@2"))
+	args := []string{"--mib", "16", "--buffers", "4", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	prev := filepath.Join(dir, "prev")
+	before := a.lastIter()
+	cliOK(t, h, env, prev, "checkpoint", strconv.Itoa(a.pid), "-D", prev, "--leave-running")
+
+	img := filepath.Join(dir, "img")
+	var out strings.Builder
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(h.logText(), "stalling the background copy") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the background copy never stalled:\n%s", tail(h.logText(), 20))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.waitIter(a.lastIter()+3, 10*time.Second) // it runs on
+	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.cmd.Wait()
+	err := waitCmd(cmd, time.Minute)
+	t.Logf("%s", out.String())
+	if err == nil {
+		t.Fatalf("the checkpoint succeeded although its helper died before the GPU image was complete")
+	}
+	if !strings.Contains(out.String(), "no longer answers") {
+		t.Errorf("the failure does not say that the helper went away:\n%s", out.String())
+	}
+	for _, name := range []string{"inventory.img", filepath.Join("gpucr", "manifest.pb")} {
+		if _, err := os.Stat(filepath.Join(img, name)); err == nil {
+			t.Errorf("%s holds %s after a checkpoint that failed", img, name)
+		}
+	}
+	at := a.lastIter()
+	a.waitIter(at+10, 10*time.Second) // it still runs, without a helper
+
+	h2 := startHelper(t, dir, env)
+	first := restoredFrom(t, a, h2, env, prev, at+3)
+	if first > before+5 {
+		t.Errorf("the previous image restores from iteration %d, its checkpoint began at %d", first, before)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
+}
+
+// waitCmd waits for cmd, killing it after timeout.
+func waitCmd(cmd *exec.Cmd, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		_ = cmd.Process.Kill()
+		return <-done
+	}
+}
+
+// maxIter is the highest iteration reported (a restored process repeats
+// those after its image's point).
+func maxIter(hbs []heartbeat) int {
+	n := 0
+	for _, h := range hbs {
+		n = max(n, h.Iter)
+	}
+	return n
+}
