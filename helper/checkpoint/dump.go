@@ -36,6 +36,11 @@ type DumpOptions struct {
 	// after the tree runs again; Dump returns once the image is complete.
 	// The tree's stop no longer grows with its GPU memory.
 	Concurrent bool
+	// PreCopy copies the GPU memory while the tree runs, in rounds, before
+	// the dump stops it (precopy.go); the dump copies only what changed
+	// since the last round. The rounds stay in Dir (PreCopyDir): the GPU
+	// image refers to their chunks.
+	PreCopy PreCopy
 	// Force replaces an image Dir already holds: it is put aside, removed
 	// once the new one is complete, and put back if the checkpoint fails.
 	Force  bool
@@ -54,7 +59,11 @@ type DumpResult struct {
 	LeaveRunning bool     `json:"leave_running"`
 	LeaveStopped bool     `json:"leave_stopped,omitempty"`
 	Concurrent   bool     `json:"concurrent,omitempty"`
-	GPU          *GPUCopy `json:"gpu"`
+	// PreCopy are the rounds before the dump (PreCopySeconds in all); the
+	// tree's stop began after them.
+	PreCopy        []PreCopyRound `json:"pre_copy,omitempty"`
+	PreCopySeconds float64        `json:"pre_copy_seconds,omitempty"`
+	GPU            *GPUCopy       `json:"gpu"`
 	// GPUState says whether a GPU image was written; NoGPUState says why
 	// not.
 	GPUState       bool         `json:"gpu_state"`
@@ -143,11 +152,20 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 			return nil, err
 		}
 	}
+	checked := time.Now()
+	pc, err := preCopy(ctx, o.PreCopy, o.Dir, o.Parent, tc.Clients, tc.Bytes, o.Env, ev)
+	if err != nil {
+		if aside != nil {
+			if perr := aside.putBack(); perr != nil {
+				err = fmt.Errorf("%w; %v", err, perr)
+			}
+		}
+		return nil, err
+	}
 	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
-	checked := time.Now()
-	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: o.Parent, ev: ev,
-		concurrent: o.Concurrent,
+	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev,
+		concurrent: o.Concurrent && len(tc.Clients) > 0,
 		what:       fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
 			opts.Pid = proto.Int32(int32(pid))
@@ -161,6 +179,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		if f := (*Failure)(nil); !errors.As(err, &f) || !f.background {
 			waiting = waitingForGPU(o.Env.Socket, tc.Clients, err)
 		}
+		if len(pc.rounds) > 0 && len(waiting) == 0 {
+			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
+		}
 		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"), waiting)
 	}
 	if aside != nil {
@@ -170,14 +191,18 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	after, _ := os.Stat(manifest)
 	res := &DumpResult{Pid: pid, ImagesDir: o.Dir, Parent: o.Parent, LeaveRunning: o.LeaveRunning, LeaveStopped: o.LeaveStopped,
-		Concurrent: o.Concurrent,
-		GPU:        gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
+		Concurrent: o.Concurrent, PreCopy: pc.rounds, PreCopySeconds: pc.seconds,
+		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
 		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
 		GPUProcesses: []GPUProcess{}}
 	for _, c := range tc.Clients {
 		res.GPUProcesses = append(res.GPUProcesses, GPUProcess{Pid: c, ImagePid: c, State: "checkpointed", Phases: helperPhases(r.each, c)})
 	}
-	res.Phases = append([]Step{{"checks", checked.Sub(ev.start).Seconds()}}, r.phases...)
+	res.Phases = []Step{{"checks", checked.Sub(ev.start).Seconds()}}
+	if len(pc.rounds) > 0 {
+		res.Phases = append(res.Phases, Step{"pre-copy", pc.seconds})
+	}
+	res.Phases = append(res.Phases, r.phases...)
 	res.Seconds = time.Since(ev.start).Seconds()
 	res.ImageBytes = dirBytes(o.Dir)
 	if !o.LeaveRunning && !o.LeaveStopped {

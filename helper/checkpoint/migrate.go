@@ -41,9 +41,15 @@ type MigrateOptions struct {
 	Dir    string
 	Force  bool
 	Target Target
-	CRIU   CRIU
-	Env    Environment
-	Events Events
+	// PreCopy copies the GPU memory while the tree still runs here, before
+	// the stop (DumpOptions.PreCopy): the downtime pays only for what
+	// changed since the last round. It pays where the target reads Dir
+	// itself (a shared file system); a streamed image carries the rounds
+	// too.
+	PreCopy PreCopy
+	CRIU    CRIU
+	Env     Environment
+	Events  Events
 }
 
 // MigrateResult is a migration that succeeded.
@@ -109,10 +115,12 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	t0 := time.Now()
 	// the dump's events, timed from the migration's start
 	dumpEvents := func(e Event) { e.Elapsed += t0.Sub(ev.start); ev.out.send(e) }
-	dump, err := Dump(ctx, DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, Force: o.Force, CRIU: o.CRIU, Env: o.Env, Events: dumpEvents})
+	dump, err := Dump(ctx, DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, Force: o.Force, PreCopy: o.PreCopy,
+		CRIU: o.CRIU, Env: o.Env, Events: dumpEvents})
 	if err != nil {
 		return nil, err // a failed dump leaves the tree running
 	}
+	t0 = t0.Add(time.Duration(dump.PreCopySeconds * float64(time.Second))) // the tree ran during the rounds
 	res := &MigrateResult{Pid: o.Pid, Target: o.Target.Name(), ImagesDir: o.Dir, Dump: dump, DumpSeconds: time.Since(t0).Seconds()}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("dumped in %.3f s; the source is stopped", res.DumpSeconds)})
 	// From here on the source is stopped: whatever fails continues it.

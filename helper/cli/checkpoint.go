@@ -35,7 +35,8 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
-			&ucli.BoolFlag{Name: "concurrent", Value: true, Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on (--concurrent=false: while it waits)"},
+			&ucli.BoolFlag{Name: "concurrent", Value: true, Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on (--concurrent=false: while it waits, so that a helper that dies during the stop never costs the process its memory)"},
+			preCopyFlag(),
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
 			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
@@ -85,11 +86,13 @@ func checkpointCommand() *ucli.Command {
 			}
 			res, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: pid, Dir: abs, Parent: parent,
 				LeaveRunning: c.Bool("leave-running"), Concurrent: c.Bool("leave-running") && c.Bool("concurrent"),
-				Force: c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
+				PreCopy: checkpoint.PreCopy{Rounds: c.Int("pre-copy")},
+				Force:   c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
 				return err
 			}
 			line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, res.Seconds, humanBytes(uint64(res.ImageBytes)), abs)
+			line += preCopyText(res.PreCopy)
 			line += "\n  steps: " + stepsText(res.Phases)
 			for _, g := range res.GPUProcesses {
 				if len(g.Phases) > 0 {
@@ -105,6 +108,21 @@ func checkpointCommand() *ucli.Command {
 			return report(c, res, line, res.PluginMessages)
 		},
 	}
+}
+
+// preCopyFlag is --pre-copy N of checkpoint and migrate.
+func preCopyFlag() ucli.Flag {
+	return &ucli.IntFlag{Name: "pre-copy", Value: 0, Usage: "copy the GPU memory while the process runs, in up to N rounds (each copies what changed since the one before; they stop once that no longer shrinks), then stop it and copy only what changed since (0: no pre-copy)"}
+}
+
+// preCopyText is the rounds of a pre-copy, one line each.
+func preCopyText(rounds []checkpoint.PreCopyRound) string {
+	var s string
+	for _, r := range rounds {
+		s += fmt.Sprintf("\n  pre-copy round %d: %s copied of %s in %.3f s (stopped %.3f s)", r.Round,
+			humanBytes(r.CopiedBytes), humanBytes(r.Bytes), r.Seconds, r.StallSeconds)
+	}
+	return s
 }
 
 // interruptible is ctx, cancelled by Ctrl-C or a SIGTERM: a checkpoint or a

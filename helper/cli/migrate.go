@@ -29,6 +29,7 @@ func migrateCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "shared", Usage: "the image directory is on a file system the target sees at the same path: nothing is sent"},
 			&ucli.StringFlag{Name: "ssh", Value: "ssh", Usage: "the command that runs a command line on the target, split at blanks (ssh -p 2222 -i KEY)"},
 			&ucli.StringFlag{Name: "target-gpucr", Value: "gpucr", Usage: "gpucr at the target, split at blanks (env GPUCR_SOCKET=/run/x.sock /opt/gpucr/bin/gpucr)"},
+			preCopyFlag(),
 			&ucli.BoolFlag{Name: "keep-image", Usage: "keep the local image after a migration that succeeded"},
 			&ucli.BoolFlag{Name: "force", Usage: "replace an image the local directory -D already holds"},
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
@@ -73,7 +74,7 @@ func migrateCommand() *ucli.Command {
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))
 			res, err := checkpoint.Migrate(ctx, checkpoint.MigrateOptions{Pid: pid, Dir: dir, Force: c.Bool("force"), Target: target,
-				CRIU: criu, Env: env, Events: events.handle})
+				PreCopy: checkpoint.PreCopy{Rounds: c.Int("pre-copy")}, CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
 				if made && !isMigrateError(err) {
 					_ = os.RemoveAll(dir) // nothing was dumped into it
@@ -88,6 +89,7 @@ func migrateCommand() *ucli.Command {
 			line := fmt.Sprintf("migrate %d: runs at %s as pid %d; downtime %.3f s (dump %.3f s, transfer %.3f s of %s, restore %.3f s)",
 				pid, res.Target, res.TargetPid, res.DowntimeSeconds, res.DumpSeconds, res.TransferSeconds,
 				humanBytes(uint64(res.TransferBytes)), res.RestoreSeconds)
+			line += preCopyText(res.Dump.PreCopy)
 			return report(c, res, line, nil)
 		},
 	}

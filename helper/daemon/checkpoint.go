@@ -172,7 +172,14 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}}
 	steps := []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
 		r.driverCheckpoint, r.commit, r.leaveRunning}
-	if o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit {
+	switch {
+	case o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit && !o.req.Detach:
+		// A GPU-only image of a process that runs on: it resumes right
+		// after the snapshot. It never gives its memory up, and nothing
+		// of its driver state goes into the image, so the driver's
+		// checkpoint would only stop it longer.
+		steps = []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.resumeEarly, r.commit}
+	case o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit:
 		// The process runs again before the image is committed: the
 		// commit waits for the background copy, the process does not.
 		steps = []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
@@ -529,6 +536,21 @@ func (r *checkpointRun) leaveRunning() *stepError {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
 	}
 	r.undos = nil // it runs with all its memory: a later failure costs the image alone
+	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
+	return nil
+}
+
+// resumeEarly (a GPU-only concurrent checkpoint that leaves the process
+// running) resumes the process as soon as its snapshot is taken.
+func (r *checkpointRun) resumeEarly() *stepError {
+	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "resume: %v", err)
+	}
+	if err := r.cl.fire(evResumed); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "resume: %v", err)
+	}
+	r.undos = nil // it runs with all its memory: a later failure costs the image alone
+	r.ph.done("resume")
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }

@@ -206,3 +206,56 @@ func maxIter(hbs []heartbeat) int {
 	}
 	return n
 }
+
+// TestPreCopyCheckpoint: `gpucr checkpoint --pre-copy N` copies the GPU
+// memory in rounds while the process runs (each an image against the one
+// before), then dumps it with the last round as the parent; the rounds are
+// reported, the process takes steps in between, and the restore computes
+// exactly.
+func TestPreCopyCheckpoint(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	args := []string{"--mib", "16", "--buffers", "4", "--hb-every", "1"}
+	// a step every 1.5 s: most rounds see the memory hold still
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "1500")...)
+	a.waitIter(2, time.Minute)
+	img := filepath.Join(dir, "img")
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--pre-copy", "3", "--json")
+	var d struct {
+		PreCopy []checkpoint.PreCopyRound `json:"pre_copy"`
+		Parent  string                    `json:"parent"`
+		Phases  []checkpoint.Step         `json:"phases"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &d); err != nil {
+		t.Fatalf("checkpoint --json: %v\n%s", err, out)
+	}
+	if len(d.PreCopy) == 0 || d.PreCopy[0].CopiedBytes < 16<<20 || d.PreCopy[0].CopiedBytes != d.PreCopy[0].Bytes {
+		t.Fatalf("pre-copy rounds: %+v; want a first round that copies all the GPU memory", d.PreCopy)
+	}
+	for _, r := range d.PreCopy[1:] {
+		if r.CopiedBytes > d.PreCopy[0].CopiedBytes {
+			t.Errorf("round %d copied more than the first: %+v", r.Round, d.PreCopy)
+		}
+	}
+	if !slices.Contains(stepNames(d.Phases), "pre-copy") {
+		t.Errorf("no pre-copy step: %v", stepNames(d.Phases))
+	}
+	rounds, _ := filepath.Glob(filepath.Join(img, ".gpucr-pre-copy", "*", "gpucr", "manifest.pb"))
+	if len(rounds) != len(d.PreCopy) {
+		t.Errorf("%d round images for %d rounds", len(rounds), len(d.PreCopy))
+	}
+	if insp := inspect(t, h, env, img); insp.Totals.Chunks.Parent == 0 && a.lastIter() > 0 {
+		t.Logf("the final image refers to no chunk of the rounds: %+v (a step changed every buffer after the last round)", insp.Totals.Chunks)
+	}
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+2, time.Minute)
+	a.kill()
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
+	checkContinuous(t, hbs, before)
+}

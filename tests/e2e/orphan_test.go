@@ -284,7 +284,10 @@ func TestHelperKilledAfterDropKeepsImage(t *testing.T) {
 	img := filepath.Join(dir, "img")
 	done := make(chan string, 1)
 	go func() {
-		out, _ := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+		// Copied while the process waits: a concurrent checkpoint seals
+		// the part after its background copy, and a helper that dies
+		// before leaves the process lost (docs/architecture.md).
+		out, _ := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent=false")
 		done <- out
 	}()
 	deadline := time.Now().Add(time.Minute)

@@ -1,0 +1,107 @@
+"""A GPU job whose every step is timed, for seeing a checkpoint's stall as the
+application sees it (tests/gpu/bench-concurrent.sh).
+
+    python3 stall_job.py GB LOG [--train]
+
+Holds GB of random float32 tensors in 256 MB buffers. Each step rewrites one
+buffer (the next in turn: every chunk changes within GB * 4 steps), adds a
+little of it to a float64 accumulator and synchronizes, then sleeps 2 ms.
+LOG gets "ready pid=N", then "st I T" for every step (T: time.time() at its
+end) and "hb I T ACC" every 20 steps; ACC is deterministic, so a restored
+process must print, for each iteration, the ACC the original printed.
+
+--train instead trains a transformer language model (12 layers, hidden 1536,
+AdamW, bf16 autocast, batch 8 x 256, about 11 GB with its optimizer state) on
+synthetic tokens from a DataLoader with 2 worker processes; ACC is then the
+running sum of the losses. Seeded, and deterministic on one GPU, so a
+restored process must repeat the losses.
+"""
+import os
+import sys
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, before CUDA starts
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+
+def buffers_job(gb, log):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(1)
+    n = max(1, int(gb * 4))
+    bufs = [torch.rand(64 << 20, device="cuda", generator=g) for _ in range(n)]
+    acc = torch.zeros(1, device="cuda", dtype=torch.float64)
+    torch.cuda.synchronize()
+    log.write(f"ready pid={os.getpid()} bufs={n}\n")
+    i = 0
+    while True:
+        k = i % n
+        bufs[k].mul_(0.5).add_(0.25)
+        acc += bufs[k][:4096].double().sum()
+        torch.cuda.synchronize()
+        t = time.time()
+        log.write(f"st {i} {t:.4f}\n")
+        if i % 20 == 0:
+            log.write(f"hb {i} {t:.4f} {acc.item():.6f}\n")
+        i += 1
+        time.sleep(0.002)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1 << 30
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return torch.randint(0, 32000, (257,), generator=g)
+
+
+class LM(nn.Module):
+    def __init__(self, vocab=32000, d=1536, layers=12, heads=12):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        self.body = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x):
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        return self.head(self.body(self.emb(x), mask=mask, is_causal=True))
+
+
+def train_job(log):
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    model = LM().cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loader = torch.utils.data.DataLoader(Tokens(), batch_size=8, num_workers=2, shuffle=False)
+    acc = 0.0
+    log.write(f"ready pid={os.getpid()} params={sum(p.numel() for p in model.parameters())}\n")
+    for i, batch in enumerate(loader):
+        batch = batch.cuda(non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(batch[:, :-1])
+            loss = nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        acc += loss.item()  # synchronizes
+        t = time.time()
+        log.write(f"st {i} {t:.4f}\n")
+        if i % 5 == 0:
+            log.write(f"hb {i} {t:.4f} {acc:.6f}\n")
+
+
+def main():
+    gb = float(sys.argv[1])
+    log = open(sys.argv[2], "a", buffering=1)
+    if "--train" in sys.argv[3:]:
+        train_job(log)
+    else:
+        buffers_job(gb, log)
+
+
+if __name__ == "__main__":
+    main()

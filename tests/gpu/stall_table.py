@@ -1,0 +1,120 @@
+"""The table and the picture of tests/gpu/bench-concurrent.sh.
+
+    python3 stall_table.py EVENTS PNG
+
+EVENTS has one line per checkpoint: "SIZE LINE START END REPORT STEPLOG"
+(LINE: anchor, base, stop-copy or concurrent; START and END: time.time()
+around the checkpoint command; REPORT: its --json output, "-" for the
+anchor's; STEPLOG: the job's log, "st I T" per step). For each checkpoint
+the application's stall is its longest gap between two steps from START to
+END plus a second; the normal step is the median gap over the 3 s before
+START; for a concurrent one, the step while its image is written is the
+median gap over the background copy (its report's gpu-background step, at
+the end of the command). The picture draws each line's step gaps over time
+around its first checkpoint of each size, side by side.
+"""
+import json
+import statistics
+import sys
+
+
+def steps(path):
+    out = []
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) >= 3 and p[0] == "st":
+                out.append((int(p[1]), float(p[2])))
+    return out
+
+
+def gaps(st, lo, hi):
+    """(time, gap) of each step ending in [lo, hi], after a step of the same run."""
+    res = []
+    for (i0, t0), (i1, t1) in zip(st, st[1:]):
+        if i1 == i0 + 1 and lo <= t1 <= hi:
+            res.append((t1, t1 - t0))
+    return res
+
+
+def phases(report):
+    if report == "-":
+        return {}, {}
+    try:
+        r = json.loads(open(report).read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return {}, {}
+    top = {p["name"]: p["seconds"] for p in r.get("phases") or []}
+    g = (r.get("gpu_processes") or [{}])[0].get("phases") or []
+    return top, {p["name"]: p["seconds"] for p in g}
+
+
+def main():
+    events = [line.split() for line in open(sys.argv[1]) if line.strip()]
+    rows = []
+    first = {}
+    cache = {}
+    for size, line, start, end, report, steplog in events:
+        start, end = float(start), float(end)
+        st = cache.get(steplog) or steps(steplog)
+        cache[steplog] = st
+        normal = [g for _, g in gaps(st, start - 3, start)]
+        window = gaps(st, start, end + 1)
+        stall = max((g for _, g in window), default=float("nan"))
+        top, helper = phases(report)
+        bg = top.get("gpu-background", 0.0)
+        during = [g for t, g in gaps(st, end - bg, end)] if bg > 0.2 else []
+        med = statistics.median(normal) if normal else float("nan")
+        rows.append({
+            "size": size, "line": line, "stall": stall, "command": end - start, "normal_ms": med * 1e3,
+            "background": bg, "window_ratio": (statistics.median(during) / med) if during and normal else None,
+            "helper": helper,
+        })
+        first.setdefault((size, line), (start, st))
+    print("| size | line | stall (app's longest step gap) | checkpoint command | image written after the stall | step while written / normal step | helper steps in the stall |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        h = r["helper"]
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in h.items() if v >= 0.005 and k != "background-copy")
+        ratio = f"{r['window_ratio']:.2f}x (normal {r['normal_ms']:.1f} ms)" if r["window_ratio"] else f"- (normal {r['normal_ms']:.1f} ms)"
+        bg = f"{r['background']:.2f} s" if r["background"] else "-"
+        print(f"| {r['size']} | {r['line']} | {r['stall']:.3f} s | {r['command']:.2f} s | {bg} | {ratio} | {shown or '-'} |")
+    if len(sys.argv) > 2:
+        draw(first, sys.argv[2])
+
+
+def draw(first, png):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no matplotlib: no picture)")
+        return
+    sizes = sorted({s for s, _ in first}, key=lambda s: (not s[0].isdigit(), float(s) if s[0].isdigit() else 0, s))
+    order = ["anchor", "base", "stop-copy", "concurrent"]
+    names = {"anchor": "anchor: driver checkpoint API + CRIU", "base": "gpucr before (stop-the-world copy)",
+             "stop-copy": "gpucr --concurrent=false", "concurrent": "gpucr concurrent"}
+    colors = {"anchor": "tab:red", "base": "tab:orange", "stop-copy": "tab:gray", "concurrent": "tab:green"}
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.2), squeeze=False, sharey=True)
+    for ax, size in zip(axes[0], sizes):
+        for line in order:
+            if (size, line) not in first:
+                continue
+            start, st = first[(size, line)]
+            g = gaps(st, start - 4, start + 12)
+            ax.plot([t - start for t, _ in g], [x * 1e3 for _, x in g], ".-", ms=2, lw=0.8, color=colors[line], label=names[line])
+        ax.set_yscale("log")
+        ax.set_xlabel("seconds from the checkpoint command")
+        ax.set_title(f"{size} GB" if size[0].isdigit() else size)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("time between two steps of the application (ms)")
+    axes[0][-1].legend(loc="upper right", fontsize=8)
+    fig.suptitle("A leave-running checkpoint as the application sees it")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"picture: {png}")
+
+
+if __name__ == "__main__":
+    main()
