@@ -30,11 +30,16 @@ import (
 
 // background is the copies of one image still running.
 type background struct {
-	mu   sync.Mutex
-	tail chan struct{} // closed when the copy queued last has ended
-	err  error         // the copies' errors so far
-	trs  []*transfer   // their transfers: finished with the image's outcome
+	mu       sync.Mutex
+	tail     chan struct{} // closed when the copy queued last has ended
+	err      error         // the copies' errors so far
+	trs      []*transfer   // their transfers: finished with the image's outcome
+	settling chan struct{} // closed when the image is to be committed or dropped: copies wait no longer
+	once     sync.Once
 }
+
+// settle tells the copies that the image is being committed or dropped.
+func (b *background) settle() { b.once.Do(func() { close(b.settling) }) }
 
 // backgroundOf returns w's background copies, made on first use.
 func (s *Server) backgroundOf(w *image.Writer) *background {
@@ -45,7 +50,7 @@ func (s *Server) backgroundOf(w *image.Writer) *background {
 	}
 	b := s.bg[w]
 	if b == nil {
-		b = &background{}
+		b = &background{settling: make(chan struct{})}
 		s.bg[w] = b
 	}
 	return b
@@ -114,6 +119,9 @@ func (s *Server) settleImage(w *image.Writer, abort bool) error {
 		err = w.Abort()
 	}
 	if b != nil {
+		b.settle()
+	}
+	if b != nil {
 		if berr := b.wait(); !abort {
 			err = berr
 		}
@@ -151,6 +159,38 @@ func (s *Server) commitLater(w *image.Writer) {
 		s.log.Info("GPU image committed after its background copy", zap.String("image", w.Dir()),
 			zap.Duration("waited", time.Since(t)))
 	}()
+}
+
+// resumeWaitLimit bounds how long a background copy waits for its process
+// to run again before it starts all the same.
+const resumeWaitLimit = time.Minute
+
+// untilRunning returns once cl runs again (or is gone), the image is being
+// settled, the helper stops, or resumeWaitLimit has passed: a background
+// copy starts then, so that it does not compete for PCIe, host memory and
+// CPU with the driver's checkpoint and CRIU's dump, which the process waits
+// for. (Its memory is no safer for an earlier start: it lives in the helper
+// until it runs again either way.)
+func (s *Server) untilRunning(cl *client, settling <-chan struct{}) time.Duration {
+	t := time.Now()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	limit := time.After(resumeWaitLimit)
+	for {
+		switch cl.lifeState() {
+		case lifeRegistered, lifeUp, lifeGone:
+			return time.Since(t)
+		}
+		select {
+		case <-settling:
+			return time.Since(t)
+		case <-s.stopping:
+			return time.Since(t)
+		case <-limit:
+			return time.Since(t)
+		case <-tick.C:
+		}
+	}
 }
 
 // hasBackground says whether w has background copies.

@@ -379,8 +379,9 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		return nil
 	}
 	tr.background = true
-	w, nth, log := r.w, r.nth, r.log
-	r.s.backgroundOf(w).add(tr, func() error {
+	w, nth, log, cl := r.w, r.nth, r.log, r.cl
+	bg := r.s.backgroundOf(w)
+	bg.add(tr, func() error {
 		if r.s.faultAt("stall-background", nth) {
 			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
 			select {
@@ -388,6 +389,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			case <-time.After(backgroundStall):
 			}
 		}
+		waited := r.s.untilRunning(cl, bg.settling)
 		t := time.Now()
 		progress := func(done int64) { tr.progress(int64(rest) + done) }
 		st, err := engine.Dump(snap.Copies, w, image.DefaultChunkSize, engine.Options{Progress: progress, Copied: tr.copied})
@@ -402,7 +404,8 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			return err
 		}
 		log.Info("snapshot copied into the image", zap.Int("chunks", st.Chunks), zap.Int("copied", st.Copied),
-			zap.Uint64("bytes_copied", st.BytesCopied), zap.Duration("seconds", time.Since(t)))
+			zap.Uint64("bytes_copied", st.BytesCopied), zap.Duration("seconds", time.Since(t)),
+			zap.Duration("waited_for_the_process", waited))
 		return nil
 	})
 	return nil

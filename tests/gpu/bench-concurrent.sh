@@ -168,5 +168,8 @@ PYEOF
 done
 grep -q "exact: NO" "$LOGS/summary.txt" && fail=1
 $PY tests/gpu/stall_table.py "$EV" "$LOGS/stall.png" | tee -a "$LOGS/summary.txt"
-[ -n "${OUT:-}" ] && cp -r "$LOGS" "$OUT/" 2>/dev/null
+if [ -n "${OUT:-}" ]; then
+	cp "$LOGS/summary.txt" "$LOGS/stall.png" "$OUT/" 2>/dev/null
+	tar czf "$OUT/concurrent-logs.tgz" -C "$(dirname "$LOGS")" --exclude drvckpt "$(basename "$LOGS")"
+fi
 exit $fail

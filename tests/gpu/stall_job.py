@@ -3,9 +3,12 @@ application sees it (tests/gpu/bench-concurrent.sh).
 
     python3 stall_job.py GB LOG [--train]
 
-Holds GB of random float32 tensors in 256 MB buffers. Each step rewrites one
-buffer (the next in turn: every chunk changes within GB * 4 steps), adds a
-little of it to a float64 accumulator and synchronizes, then sleeps 2 ms.
+Holds GB of random int32 tensors in 256 MB buffers. Each step rewrites one
+buffer (the next in turn: every chunk changes within GB * 4 steps) with a
+linear congruential step per element (x = x * 1664525 + 1013904223, wrapping:
+the contents never settle and no two chunks become equal, unlike an update
+that converges), adds a little of it to a float64 accumulator and
+synchronizes, then sleeps 2 ms.
 LOG gets "ready pid=N", then "st I T" for every step (T: time.time() at its
 end) and "hb I T ACC" every 20 steps; ACC is deterministic, so a restored
 process must print, for each iteration, the ACC the original printed.
@@ -30,14 +33,15 @@ def buffers_job(gb, log):
     g = torch.Generator(device="cuda")
     g.manual_seed(1)
     n = max(1, int(gb * 4))
-    bufs = [torch.rand(64 << 20, device="cuda", generator=g) for _ in range(n)]
+    bufs = [torch.randint(-(1 << 31), (1 << 31) - 1, (64 << 20,), device="cuda", generator=g, dtype=torch.int32)
+            for _ in range(n)]
     acc = torch.zeros(1, device="cuda", dtype=torch.float64)
     torch.cuda.synchronize()
     log.write(f"ready pid={os.getpid()} bufs={n}\n")
     i = 0
     while True:
         k = i % n
-        bufs[k].mul_(0.5).add_(0.25)
+        bufs[k].mul_(1664525).add_(1013904223)
         acc += bufs[k][:4096].double().sum()
         torch.cuda.synchronize()
         t = time.time()
