@@ -10,8 +10,9 @@ the application's stall is its longest gap between two steps from START to
 END plus a second; the normal step is the median gap over the 3 s before
 START; for a concurrent one, the step while its image is written is the
 median gap over the background copy (its report's gpu-background step, at
-the end of the command). The picture draws each line's step gaps over time
-around its first checkpoint of each size, side by side.
+the end of the command). The picture draws, for each size, the anchor, the
+build before and the concurrent checkpoint side by side: the job's step
+gaps over time around that line's first checkpoint.
 """
 import json
 import statistics
@@ -92,25 +93,37 @@ def draw(first, png):
         print("(no matplotlib: no picture)")
         return
     sizes = sorted({s for s, _ in first}, key=lambda s: (not s[0].isdigit(), float(s) if s[0].isdigit() else 0, s))
-    order = ["anchor", "base", "stop-copy", "concurrent"]
-    names = {"anchor": "anchor: driver checkpoint API + CRIU", "base": "gpucr before (stop-the-world copy)",
-             "stop-copy": "gpucr --concurrent=false", "concurrent": "gpucr concurrent"}
-    colors = {"anchor": "tab:red", "base": "tab:orange", "stop-copy": "tab:gray", "concurrent": "tab:green"}
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.2), squeeze=False, sharey=True)
-    for ax, size in zip(axes[0], sizes):
-        for line in order:
+    order = [l for l in ("anchor", "base", "concurrent") if any((s, l) in first for s in sizes)]
+    names = {"anchor": "anchor: driver checkpoint API + CRIU", "base": "gpucr before (copy while stopped)",
+             "concurrent": "gpucr concurrent"}
+    colors = {"anchor": "tab:red", "base": "tab:orange", "concurrent": "tab:green"}
+    fig, axes = plt.subplots(len(sizes), len(order), figsize=(5.2 * len(order), 3.3 * len(sizes)), squeeze=False, sharey=True)
+    for row, size in enumerate(sizes):
+        for col, line in enumerate(order):
+            ax = axes[row][col]
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
             if (size, line) not in first:
+                ax.set_visible(False)
                 continue
             start, st = first[(size, line)]
-            g = gaps(st, start - 4, start + 12)
-            ax.plot([t - start for t, _ in g], [x * 1e3 for _, x in g], ".-", ms=2, lw=0.8, color=colors[line], label=names[line])
-        ax.set_yscale("log")
-        ax.set_xlabel("seconds from the checkpoint command")
-        ax.set_title(f"{size} GB" if size[0].isdigit() else size)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("time between two steps of the application (ms)")
-    axes[0][-1].legend(loc="upper right", fontsize=8)
-    fig.suptitle("A leave-running checkpoint as the application sees it")
+            g = gaps(st, start - 2, start + 120)
+            stall = max((x for t, x in g if t < start + 100), default=0)
+            g = [(t, x) for t, x in g if t - start <= stall + 3]
+            ts = [t - start for t, _ in g]
+            ax.plot(ts, [x * 1e3 for _, x in g], ".", ms=2, color=colors[line])
+            for t, x in g:  # a long gap as the span it lasted
+                if x > 0.05:
+                    ax.hlines(x * 1e3, t - start - x, t - start, color=colors[line], lw=2)
+            ax.annotate(f"stall {stall:.2f} s", xy=(0.97, 0.55), xycoords="axes fraction", ha="right", fontsize=10,
+                        color=colors[line], weight="bold")
+            ax.set_xlim(-2, stall + 3)
+            ax.set_title(f"{names[line]}, {size} GB" if size[0].isdigit() else f"{names[line]}, {size}", fontsize=9)
+            if row == len(sizes) - 1:
+                ax.set_xlabel("seconds from the checkpoint command")
+            if col == 0:
+                ax.set_ylabel("ms between two steps")
+    fig.suptitle("A leave-running checkpoint as the application sees it (each dot: one step of the job)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     print(f"picture: {png}")
