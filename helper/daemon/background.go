@@ -34,11 +34,11 @@ type background struct {
 	tail     chan struct{} // closed when the copy queued last has ended
 	err      error         // the copies' errors so far
 	trs      []*transfer   // their transfers: finished with the image's outcome
-	settling chan struct{} // closed when the image is to be committed or dropped: copies wait no longer
+	settling chan struct{} // closed when the image is dropped: copies wait no longer
 	once     sync.Once
 }
 
-// settle tells the copies that the image is being committed or dropped.
+// settle tells the copies that the image is being dropped.
 func (b *background) settle() { b.once.Do(func() { close(b.settling) }) }
 
 // backgroundOf returns w's background copies, made on first use.
@@ -117,9 +117,9 @@ func (s *Server) settleImage(w *image.Writer, abort bool) error {
 	var err error
 	if abort {
 		err = w.Abort()
-	}
-	if b != nil {
-		b.settle()
+		if b != nil {
+			b.settle() // copies still waiting for their process need not
+		}
 	}
 	if b != nil {
 		if berr := b.wait(); !abort {
@@ -165,8 +165,8 @@ func (s *Server) commitLater(w *image.Writer) {
 // to run again before it starts all the same.
 const resumeWaitLimit = time.Minute
 
-// untilRunning returns once cl runs again (or is gone), the image is being
-// settled, the helper stops, or resumeWaitLimit has passed: a background
+// untilRunning returns once cl runs again (or is gone), the image is
+// dropped, the helper stops, or resumeWaitLimit has passed: a background
 // copy starts then, so that it does not compete for PCIe, host memory and
 // CPU with the driver's checkpoint and CRIU's dump, which the process waits
 // for. (Its memory is no safer for an earlier start: it lives in the helper

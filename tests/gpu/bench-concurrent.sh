@@ -15,7 +15,8 @@
 #               gpucr checkpoint --leave-running
 #   stop-copy   under this build, --leave-running --concurrent=false
 #   concurrent  under this build, --leave-running
-# each NCK (default 2) times, GAP seconds apart (default 4). Then the last
+# each NCK (default 2; the anchor ANCHOR_NCK) times, GAP seconds apart
+# (default 4); LINES (default "base stop-copy concurrent") picks gpucr's. Then the last
 # concurrent image is restored after the job is killed, and every heartbeat
 # of the restored process must equal the original's for the same step
 # ("exact"). stall_table.py prints the table (the stall is the job's longest
@@ -94,7 +95,7 @@ for size in $SIZES; do
 	# anchor
 	L=$LOGS/anchor-$size.log
 	if start_job "" "$size" "$L"; then
-		for n in $(seq "$NCK"); do
+		for n in $(seq "${ANCHOR_NCK:-$NCK}"); do
 			D=$IMG/anchor && rm -rf "$D" && mkdir -p "$D"
 			t0=$(now)
 			"$LOGS/drvckpt" lock checkpoint "$P" >"$LOGS/anchor-$size-$n.txt" 2>&1 &&
@@ -109,7 +110,7 @@ for size in $SIZES; do
 		stop_job
 	fi
 	# gpucr: the build before, then this one
-	for line in base stop-copy concurrent; do
+	for line in ${LINES:-base stop-copy concurrent}; do
 		g=$NEW/bin/gpucr flags=()
 		case $line in
 		base)
