@@ -356,6 +356,8 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	}
 	r.reply.SnapshotBytes = snap.Bytes
 	r.ph.done("snapshot")
+	r.log.Info("snapshot taken", zap.Uint64("bytes", snap.Bytes), zap.Int("buffers", len(snap.Copies)),
+		zap.Duration("alloc", snap.Alloc), zap.Duration("copy", snap.Copy))
 	rest := engine.TotalSize(snap.Rest)
 	r.reply.StoppedBytes = rest
 	if len(snap.Rest) > 0 {

@@ -12,7 +12,9 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
+	"time"
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
@@ -36,7 +38,14 @@ type Snapshot struct {
 	Rest []Region
 	// Bytes is the scratch memory the copies hold.
 	Bytes uint64
+	// Alloc is the time spent making the scratch memory and its views,
+	// Copy the device-to-device copies (the slowest device's).
+	Alloc, Copy time.Duration
 }
+
+// snapshotStreams is how many streams (copy lanes) of a device share its
+// snapshot's copies: one stream leaves a device's copy bandwidth unused.
+const snapshotStreams = 4
 
 // TakeSnapshot copies as many regions as fit (each device's free memory
 // less opts.Reserve, regions in order) into new scratch memory of their
@@ -55,15 +64,19 @@ func TakeSnapshot(regions []Region, opts SnapshotOptions) (*Snapshot, error) {
 	snapped := make([]uint64, len(regions)) // scratch handle + 1; 0: not snapshotted
 	var wg sync.WaitGroup
 	errs := make([]error, len(devs))
+	times := make([][2]time.Duration, len(devs))
 	for k, dev := range devs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[k] = snapshotDevice(dev, regions, byDev[dev], opts.Reserve, snapped)
+			times[k], errs[k] = snapshotDevice(dev, regions, byDev[dev], opts.Reserve, snapped)
 		}()
 	}
 	wg.Wait()
 	s := &Snapshot{}
+	for _, t := range times {
+		s.Alloc, s.Copy = max(s.Alloc, t[0]), max(s.Copy, t[1])
+	}
 	for i, r := range regions {
 		if snapped[i] == 0 {
 			s.Rest = append(s.Rest, r)
@@ -82,11 +95,14 @@ func TakeSnapshot(regions []Region, opts SnapshotOptions) (*Snapshot, error) {
 }
 
 // snapshotDevice snapshots the regions idx of one device (all on dev),
-// recording each scratch handle (+1) in snapped[i].
-func snapshotDevice(dev GPU, regions []Region, idx []int, reserve uint64, snapped []uint64) error {
+// recording each scratch handle (+1) in snapped[i]; it returns the time its
+// allocations and its copies took.
+func snapshotDevice(dev GPU, regions []Region, idx []int, reserve uint64, snapped []uint64) ([2]time.Duration, error) {
+	var took [2]time.Duration
+	t0 := time.Now()
 	free, _, err := dev.MemInfo()
 	if err != nil {
-		return fmt.Errorf("device %s: free memory: %w", dev.UUID(), err)
+		return took, fmt.Errorf("device %s: free memory: %w", dev.UUID(), err)
 	}
 	budget := uint64(0)
 	if free > reserve {
@@ -106,45 +122,82 @@ func snapshotDevice(dev GPU, regions []Region, idx []int, reserve uint64, snappe
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", dev.UUID(), r.Size, err)
+			return took, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", dev.UUID(), r.Size, err)
 		}
 		snapped[i] = h + 1
 		budget -= r.Size
 		src, err := dev.Map(r.Handle, r.Size)
 		if err != nil {
-			return fmt.Errorf("region 0x%x (pid %d): %w", r.Address, r.Pid, err)
+			return took, fmt.Errorf("region 0x%x (pid %d): %w", r.Address, r.Pid, err)
 		}
 		dst, err := dev.Map(h, r.Size)
 		if err != nil {
-			return fmt.Errorf("device %s: snapshot view: %w", dev.UUID(), err)
+			return took, fmt.Errorf("device %s: snapshot view: %w", dev.UUID(), err)
 		}
 		copies = append(copies, pair{src, dst})
 		sizes = append(sizes, r.Size)
 	}
+	took[0] = time.Since(t0)
 	if len(copies) == 0 {
-		return nil
+		return took, nil
 	}
-	l, err := dev.AcquireLane(LaneStaging(image.DefaultChunkSize))
-	if err != nil {
-		return fmt.Errorf("device %s: %w", dev.UUID(), err)
+	t1 := time.Now()
+	// The copies go to a few streams at once, each its share by bytes
+	// (largest first, to the least loaded stream).
+	n := min(snapshotStreams, len(copies))
+	share := make([][]int, n)
+	load := make([]uint64, n)
+	order := make([]int, len(copies))
+	for k := range order {
+		order[k] = k
 	}
-	var copyErr error
-	if err := l.Do(func() {
-		for k, c := range copies {
-			if copyErr = l.StartDtoD(c.dst, c.src, sizes[k]); copyErr != nil {
-				return
+	sort.Slice(order, func(a, b int) bool { return sizes[order[a]] > sizes[order[b]] })
+	for _, k := range order {
+		j := 0
+		for x := 1; x < n; x++ {
+			if load[x] < load[j] {
+				j = x
 			}
 		}
-		copyErr = l.Sync()
-	}); err != nil {
-		copyErr = err
+		share[j] = append(share[j], k)
+		load[j] += sizes[k]
 	}
-	if copyErr != nil {
-		l.Close()
-		return fmt.Errorf("device %s: snapshot copy: %w", dev.UUID(), copyErr)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for j := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := dev.AcquireLane(LaneStaging(image.DefaultChunkSize))
+			if err != nil {
+				errs[j] = err
+				return
+			}
+			var copyErr error
+			if err := l.Do(func() {
+				for _, k := range share[j] {
+					if copyErr = l.StartDtoD(copies[k].dst, copies[k].src, sizes[k]); copyErr != nil {
+						return
+					}
+				}
+				copyErr = l.Sync()
+			}); err != nil {
+				copyErr = err
+			}
+			if copyErr != nil {
+				l.Close()
+				errs[j] = copyErr
+				return
+			}
+			dev.ReleaseLane(l)
+		}()
 	}
-	dev.ReleaseLane(l)
-	return nil
+	wg.Wait()
+	took[1] = time.Since(t1)
+	if err := errors.Join(errs...); err != nil {
+		return took, fmt.Errorf("device %s: snapshot copy: %w", dev.UUID(), err)
+	}
+	return took, nil
 }
 
 // Release frees the scratch memory; the first error is returned, every copy

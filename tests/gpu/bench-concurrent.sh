@@ -85,8 +85,8 @@ stop_job() {
 	JOBPID=
 	sleep 1
 }
-# mark SIZE LINE T0 REPORT STEPLOG: one line of the table.
-mark() { echo "$1 $2 $3 $(now) $4 $5" >>"$EV"; }
+# mark SIZE LINE T0 REPORT STEPLOG [failed]: one line of the table.
+mark() { echo "$1 $2 $3 $(now) $4 $5 ${6:-}" >>"$EV"; }
 
 for size in $SIZES; do
 	[ "$(date +%s)" -lt "$DEADLINE" ] || { note "$size: not run (DEADLINE)"; continue; }
@@ -94,7 +94,7 @@ for size in $SIZES; do
 	note "## $size"
 	# anchor
 	L=$LOGS/anchor-$size.log
-	if start_job "" "$size" "$L"; then
+	if [ "${ANCHOR_NCK:-$NCK}" -gt 0 ] && start_job "" "$size" "$L"; then
 		for n in $(seq "${ANCHOR_NCK:-$NCK}"); do
 			D=$IMG/anchor && rm -rf "$D" && mkdir -p "$D"
 			t0=$(now)
@@ -102,7 +102,7 @@ for size in $SIZES; do
 				"$GPUCR_CRIU" dump -t "$P" -D "$D" --leave-running --manage-cgroups=ignore >>"$LOGS/anchor-$size-$n.txt" 2>&1
 			rc=$?
 			"$LOGS/drvckpt" restore unlock "$P" >>"$LOGS/anchor-$size-$n.txt" 2>&1 || rc=1
-			mark "$size" anchor "$t0" - "$L"
+			mark "$size" anchor "$t0" - "$L" "$([ $rc = 0 ] || echo failed)"
 			[ $rc = 0 ] || bad "anchor $size #$n: $(tail -n 3 "$LOGS/anchor-$size-$n.txt")"
 			rm -rf "$D"
 			sleep "$GAP"
@@ -129,9 +129,10 @@ for size in $SIZES; do
 		for n in $(seq "$NCK"); do
 			D=$IMG/$line-$n && rm -rf "$D"
 			t0=$(now)
-			"$g" checkpoint "$P" -D "$D" --leave-running "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$line-$size-$n.json" 2>&1 ||
-				bad "$line $size #$n: $(tail -n 3 "$LOGS/$line-$size-$n.json")"
-			mark "$size" "$line" "$t0" "$LOGS/$line-$size-$n.json" "$L"
+			rc=0
+			"$g" checkpoint "$P" -D "$D" --leave-running "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$line-$size-$n.json" 2>&1 || rc=1
+			mark "$size" "$line" "$t0" "$LOGS/$line-$size-$n.json" "$L" "$([ $rc = 0 ] || echo failed)"
+			[ $rc = 0 ] || bad "$line $size #$n: $(tail -n 3 "$LOGS/$line-$size-$n.json")"
 			[ "$line" = concurrent ] && [ "$n" = "$NCK" ] || rm -rf "$D"
 			sleep "$GAP"
 		done

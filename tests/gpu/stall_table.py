@@ -2,7 +2,7 @@
 
     python3 stall_table.py EVENTS PNG
 
-EVENTS has one line per checkpoint: "SIZE LINE START END REPORT STEPLOG"
+EVENTS has one line per checkpoint: "SIZE LINE START END REPORT STEPLOG [failed]"
 (LINE: anchor, base, stop-copy or concurrent; START and END: time.time()
 around the checkpoint command; REPORT: its --json output, "-" for the
 anchor's; STEPLOG: the job's log, "st I T" per step). For each checkpoint
@@ -55,8 +55,12 @@ def main():
     rows = []
     first = {}
     cache = {}
-    for size, line, start, end, report, steplog in events:
+    for size, line, start, end, report, steplog, *rest in events:
         start, end = float(start), float(end)
+        if rest and rest[0] == "failed":
+            rows.append({"size": size, "line": line, "failed": True})
+            first.setdefault((size, line), None)
+            continue
         st = cache.get(steplog) or steps(steplog)
         cache[steplog] = st
         normal = [g for _, g in gaps(st, start - 3, start)]
@@ -75,6 +79,9 @@ def main():
     print("| size | line | stall (app's longest step gap) | checkpoint command | image written after the stall | step while written / normal step | helper steps in the stall |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
+        if r.get("failed"):
+            print(f"| {r['size']} | {r['line']} | failed | | | | |")
+            continue
         h = r["helper"]
         shown = ", ".join(f"{k} {v:.3f}" for k, v in h.items() if v >= 0.005 and k != "background-copy")
         ratio = f"{r['window_ratio']:.2f}x (normal {r['normal_ms']:.1f} ms)" if r["window_ratio"] else f"- (normal {r['normal_ms']:.1f} ms)"
@@ -105,6 +112,10 @@ def draw(first, png):
             ax.grid(True, which="both", alpha=0.3)
             if (size, line) not in first:
                 ax.set_visible(False)
+                continue
+            if first[(size, line)] is None:
+                ax.set_title(f"{names[line]}, {size}", fontsize=9)
+                ax.annotate("the checkpoint failed in this run", xy=(0.5, 0.5), xycoords="axes fraction", ha="center")
                 continue
             start, st = first[(size, line)]
             g = gaps(st, start - 2, start + 120)
