@@ -54,46 +54,51 @@ func restoredFrom(t *testing.T, a *app, h *helperProc, env []string, img string,
 	return a.heartbeats()[mark].Iter
 }
 
-// TestConcurrentCheckpointExact: the process takes many steps (every one
-// rewrites all its buffers, on two streams) while its background copy is
-// held back; the image is the process at the stop all the same: restored,
-// it starts there and computes exactly what an uninterrupted run does.
+// TestConcurrentCheckpointExact: each test application (two streams with
+// events between them; a kernel writing through pointers it loads from
+// device memory; VMM allocations) takes many steps, every one rewriting its
+// buffers, while its background copy is held back; the image is the process
+// at the stop all the same: restored, it starts there and computes exactly
+// what an uninterrupted run does.
 func TestConcurrentCheckpointExact(t *testing.T) {
 	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"))
-	args := []string{"--mib", "16", "--buffers", "4", "--hb-every", "1"}
-	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
-	a.waitIter(5, time.Minute)
-	img := filepath.Join(dir, "img")
-	before := a.lastIter()
-	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--json")
-	after := a.lastIter()
-	d := parseDump(t, out)
-	if !d.Concurrent {
-		t.Errorf("--leave-running is not concurrent by default:\n%s", out)
+	for _, tc := range appCases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"))
+			args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
+			a := startUnder(t, dir, h, env, tc.name, append(slices.Clone(args), "--interval-ms", "20")...)
+			a.waitIter(5, time.Minute)
+			img := filepath.Join(dir, "img")
+			before := a.lastIter()
+			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--json")
+			after := a.lastIter()
+			d := parseDump(t, out)
+			if !d.Concurrent {
+				t.Errorf("--leave-running is not concurrent by default:\n%s", out)
+			}
+			if names := stepNames(d.Phases); !slices.Contains(names, "gpu-background") {
+				t.Errorf("no gpu-background step: %v", names)
+			}
+			if len(d.GPUProcesses) != 1 || !slices.Contains(stepNames(d.GPUProcesses[0].Phases), "snapshot") {
+				t.Errorf("the helper's steps have no snapshot: %+v", d.GPUProcesses)
+			}
+			if after-before < 20 {
+				t.Fatalf("the process took %d steps during a checkpoint whose copy was held back 5 s: it did not run on", after-before)
+			}
+			if _, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb")); err != nil {
+				t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
+			}
+			first := restoredFrom(t, a, h, env, img, after+3)
+			if first > before+5 {
+				t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (iteration %d to %d)",
+					first, before, before+5)
+			}
+			hbs := a.heartbeats()
+			compareWithReference(t, hbs, reference(t, env, tc.name, args, maxIter(hbs)))
+		})
 	}
-	if names := stepNames(d.Phases); !slices.Contains(names, "gpu-background") {
-		t.Errorf("no gpu-background step: %v", names)
-	}
-	if len(d.GPUProcesses) != 1 || !slices.Contains(stepNames(d.GPUProcesses[0].Phases), "snapshot") {
-		t.Errorf("the helper's steps have no snapshot: %+v", d.GPUProcesses)
-	}
-	if after-before < 20 {
-		t.Fatalf("the process took %d steps during a checkpoint whose copy was held back 5 s: it did not run on", after-before)
-	}
-	_, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb"))
-	if err != nil {
-		t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
-	}
-	first := restoredFrom(t, a, h, env, img, after+3)
-	if first > before+5 {
-		t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (iteration %d to %d)",
-			first, before, before+5)
-	}
-	hbs := a.heartbeats()
-	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 }
 
 // TestConcurrentCheckpointNoRoom: with a snapshot reserve larger than the
