@@ -13,6 +13,9 @@ LOG gets "ready pid=N", then "st I T" for every step (T: time.time() at its
 end) and "hb I T ACC" every 20 steps; ACC is deterministic, so a restored
 process must print, for each iteration, the ACC the original printed.
 
+--hot=N: only the first N buffers are rewritten, the rest hold still (an
+inference server's weights beside its cache, say).
+
 --train instead trains a transformer language model (12 layers, hidden 1536,
 AdamW, bf16 autocast, batch 8 x 256, about 11 GB with its optimizer state) on
 synthetic tokens from a DataLoader with 2 worker processes; ACC is then the
@@ -30,7 +33,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 
-def buffers_job(gb, log):
+def buffers_job(gb, log, hot=0):
     g = torch.Generator(device="cuda")
     g.manual_seed(1)
     n = max(1, int(gb * 4))
@@ -41,7 +44,7 @@ def buffers_job(gb, log):
     log.write(f"ready pid={os.getpid()} bufs={n}\n")
     i = 0
     while True:
-        k = i % n
+        k = i % (hot or n)
         bufs[k].mul_(1664525).add_(1013904223)
         acc += bufs[k][:4096].double().sum()
         torch.cuda.synchronize()
@@ -107,7 +110,8 @@ def main():
     elif "--train-small" in sys.argv[3:]:
         train_job(log, small=True)
     else:
-        buffers_job(gb, log)
+        hot = [int(a.split("=", 1)[1]) for a in sys.argv[3:] if a.startswith("--hot=")]
+        buffers_job(gb, log, hot[0] if hot else 0)
 
 
 if __name__ == "__main__":
