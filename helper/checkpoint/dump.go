@@ -59,6 +59,9 @@ type DumpResult struct {
 	LeaveRunning bool     `json:"leave_running"`
 	LeaveStopped bool     `json:"leave_stopped,omitempty"`
 	Concurrent   bool     `json:"concurrent,omitempty"`
+	// StallSeconds (LeaveRunning): the longest a GPU process of the tree
+	// was stopped, from its quiesce to its resume (0: not known).
+	StallSeconds float64 `json:"stall_seconds,omitempty"`
 	// PreCopy are the rounds before the dump (PreCopySeconds in all); the
 	// tree's stop began after them.
 	PreCopy        []PreCopyRound `json:"pre_copy,omitempty"`
@@ -165,8 +168,8 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
 	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev,
-		concurrent: o.Concurrent && len(tc.Clients) > 0,
-		what:       fmt.Sprintf("criu dump of pid %d", pid),
+		concurrent: o.Concurrent && len(tc.Clients) > 0, leaveRunning: o.LeaveRunning && len(tc.Clients) > 0,
+		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
 			opts.Pid = proto.Int32(int32(pid))
 			opts.LeaveRunning = proto.Bool(o.LeaveRunning)
@@ -196,7 +199,12 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
 		GPUProcesses: []GPUProcess{}}
 	for _, c := range tc.Clients {
-		res.GPUProcesses = append(res.GPUProcesses, GPUProcess{Pid: c, ImagePid: c, State: "checkpointed", Phases: helperPhases(r.each, c)})
+		g := GPUProcess{Pid: c, ImagePid: c, State: "checkpointed", Phases: helperPhases(r.each, c)}
+		if o.LeaveRunning {
+			g.StoppedSeconds = stoppedSeconds(r.each, c)
+			res.StallSeconds = max(res.StallSeconds, g.StoppedSeconds)
+		}
+		res.GPUProcesses = append(res.GPUProcesses, g)
 	}
 	res.Phases = []Step{{"checks", checked.Sub(ev.start).Seconds()}}
 	if len(pc.rounds) > 0 {

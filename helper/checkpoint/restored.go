@@ -26,6 +26,9 @@ type GPUProcess struct {
 	// Phases are the helper's steps of a checkpoint of it (quiesce,
 	// gpu-hash, copy, drop, driver-checkpoint...).
 	Phases []Step `json:"phases,omitempty"`
+	// StoppedSeconds (a checkpoint that left it running): from its quiesce
+	// to its resume.
+	StoppedSeconds float64 `json:"stopped_seconds,omitempty"`
 }
 
 // waitGPURestored asks the helper what became of the GPU processes of the

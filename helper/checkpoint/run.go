@@ -91,8 +91,11 @@ type job struct {
 	// on (DumpOptions.Concurrent); CRIU's images are published only once
 	// the GPU image is committed
 	concurrent bool
-	fill       func(*rpc.CriuOpts)
-	ev         *emitter
+	// leaveRunning: a dump whose GPU processes run on; it waits until they
+	// do (or resumeWait), for the report of their stop
+	leaveRunning bool
+	fill         func(*rpc.CriuOpts)
+	ev           *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
@@ -190,16 +193,28 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	end := time.Now()
 	var bgErr error
-	if j.concurrent && out.Err == nil && !out.TimedOut {
-		// The tree runs on; its GPU memory is still being written.
-		j.ev.emit(Event{Kind: Phase, Text: "the tree runs on; writing its GPU memory into the image"})
-		bgErr = awaitBackground(ctx, j.env.Socket, j.dir, runStart)
+	if (j.concurrent || j.leaveRunning) && out.Err == nil && !out.TimedOut {
+		if j.concurrent {
+			// The tree runs on; its GPU memory is still being written.
+			j.ev.emit(Event{Kind: Phase, Text: "the tree runs on; writing its GPU memory into the image"})
+		}
+		err := awaitBackground(ctx, j.env.Socket, j.dir, runStart, j.leaveRunning)
+		switch {
+		case j.concurrent:
+			bgErr = err
+		case err != nil: // the image is committed: only the report of the stop is missing
+			j.ev.emit(Event{Kind: Warning, Text: "how long the GPU processes were stopped is not known: " + err.Error()})
+		}
 	}
 	r := &ran{pid: n.pid}
 	r.gpu, r.each = watch.stop()
 	r.phases = criuPhases(j.dump, runStart, n.pre, n.post, end)
-	if j.concurrent && out.Err == nil && !out.TimedOut {
-		r.phases = append(r.phases, Step{"gpu-background", time.Since(end).Seconds()})
+	if (j.concurrent || j.leaveRunning) && out.Err == nil && !out.TimedOut {
+		name := "gpu-resume" // the GPU processes' return, after CRIU
+		if j.concurrent {
+			name = "gpu-background"
+		}
+		r.phases = append(r.phases, Step{name, time.Since(end).Seconds()})
 	}
 	privateLog := filepath.Join(sess.dir, log)
 	logPath := filepath.Join(j.dir, log)
@@ -332,6 +347,16 @@ func criuPhases(dump bool, start, pre, post, end time.Time) []Step {
 
 // helperPhases are the helper's steps of the checkpoint of pid, from the
 // copies seen.
+// stoppedSeconds is how long the checkpoint of pid stopped it (0: not known).
+func stoppedSeconds(each []*helperpb.Transfer, pid proc.Pid) float64 {
+	for _, t := range each {
+		if slices.Contains(t.Pids, int64(pid)) {
+			return t.StoppedSeconds
+		}
+	}
+	return 0
+}
+
 func helperPhases(each []*helperpb.Transfer, pid proc.Pid) []Step {
 	for _, t := range each {
 		if slices.Contains(t.Pids, int64(pid)) {

@@ -157,12 +157,19 @@ func (c *GPUCopy) String() string {
 // checkpoint may go without progress before the checkpoint gives up on it.
 const backgroundStall = 2 * time.Minute
 
+// resumeWait bounds how long a leave-running dump waits, after CRIU, for
+// its GPU processes to run again, to report how long they were stopped.
+const resumeWait = 15 * time.Second
+
 // awaitBackground waits until the helper's background copies of dir (those
 // of concurrent checkpoints begun after since) have finished, which they do
 // once the GPU image is committed or dropped: nil if committed, else why
 // not. A copy that makes no progress for backgroundStall, or a helper that
-// stops answering, is a failure: the image is not complete.
-func awaitBackground(ctx context.Context, socket, dir string, since time.Time) error {
+// stops answering, is a failure: the image is not complete. With resumed,
+// it also waits (up to resumeWait, without failing) until every GPU
+// process of the dump runs again, so that the report says how long each
+// was stopped.
+func awaitBackground(ctx context.Context, socket, dir string, since time.Time, resumed bool) error {
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 	conn, err := client.Dial(dctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
 	dcancel()
@@ -172,6 +179,7 @@ func awaitBackground(ctx context.Context, socket, dir string, since time.Time) e
 	defer conn.Close()
 	var lastDone uint64
 	lastMove := time.Now()
+	resumeBy := time.Now().Add(resumeWait)
 	tick := time.NewTicker(watchPoll)
 	defer tick.Stop()
 	for {
@@ -182,24 +190,33 @@ func awaitBackground(ctx context.Context, socket, dir string, since time.Time) e
 			return fmt.Errorf("the GPU image was still being written, and the helper no longer answers: %w", err)
 		}
 		var mine []*helperpb.Transfer
+		waiting := false // for a process to run again
 		for _, t := range list {
-			if t.Background && t.Direction == helperpb.Transfer_DIRECTION_DUMP && time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
+			if t.Direction != helperpb.Transfer_DIRECTION_DUMP || !time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
+				continue
+			}
+			if t.Background {
 				mine = append(mine, t)
 			}
+			if resumed && t.StoppedSeconds == 0 && t.Error == "" && time.Now().Before(resumeBy) {
+				waiting = true
+			}
 		}
-		if len(mine) == 0 {
-			return nil // nothing went to the background: committed with the dump
-		}
-		all := combine(mine)
-		if all.Finished {
-			if all.Error != "" {
+		var all *helperpb.Transfer
+		if len(mine) > 0 {
+			all = combine(mine)
+			if all.Finished && all.Error != "" {
 				return errors.New(all.Error)
 			}
-			return nil
 		}
-		if all.BytesDone != lastDone {
+		switch {
+		case (all == nil || all.Finished) && !waiting:
+			return nil // committed (with the dump, or after it), and every process runs again
+		case all == nil || all.Finished:
+			// only a process's return is awaited
+		case all.BytesDone != lastDone:
 			lastDone, lastMove = all.BytesDone, time.Now()
-		} else if time.Since(lastMove) > backgroundStall {
+		case time.Since(lastMove) > backgroundStall:
 			return fmt.Errorf("the background copy of the GPU memory made no progress for %v (%s of %s done)",
 				backgroundStall, units.Bytes(all.BytesDone), units.Bytes(all.BytesTotal))
 		}

@@ -93,6 +93,9 @@ func checkpointCommand() *ucli.Command {
 			}
 			line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, res.Seconds, humanBytes(uint64(res.ImageBytes)), abs)
 			line += preCopyText(res.PreCopy)
+			if res.StallSeconds > 0 {
+				line += fmt.Sprintf("\n  stopped %.3f s (the longest of its GPU processes, from the quiesce to the resume)", res.StallSeconds)
+			}
 			line += "\n  steps: " + stepsText(res.Phases)
 			for _, g := range res.GPUProcesses {
 				if len(g.Phases) > 0 {

@@ -238,7 +238,7 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 		s.release(cl)
 		return err
 	}
-	if err := cl.arm(func() { s.giveBack(cl, true, nil) }); err != nil {
+	if err := cl.arm(func() { s.giveBack(cl, true, nil, nil) }); err != nil {
 		return err
 	}
 	return s.wake(st.Pid)

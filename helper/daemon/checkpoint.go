@@ -210,6 +210,7 @@ func (r *checkpointRun) fail(e *stepError) *helperpb.Response {
 	if r.w != nil && !r.keep && !r.req.DeferCommit {
 		_ = r.s.settleImage(r.w, true)
 	}
+	r.cl.takeStopReport() // a failed checkpoint reports no stop
 	msg := e.msg
 	for i := len(r.undos) - 1; i >= 0; i-- {
 		if err := r.undos[i].fn(); err != nil {
@@ -323,6 +324,8 @@ func (r *checkpointRun) openImage() *stepError {
 func (r *checkpointRun) copyToImage() *stepError {
 	tr := r.s.transfers.beginFor(r.requester.cred.Uid, r.w.Dir(), true, r.bytes, []int64{int64(r.cl.pid)})
 	r.tr = tr
+	tr.stopped = r.ph.start
+	r.cl.setStopReport(tr)
 	if r.req.Concurrent {
 		return r.snapshotToImage()
 	}
@@ -537,8 +540,12 @@ func (r *checkpointRun) leaveRunning() *stepError {
 	if !r.req.LeaveRunning {
 		return nil
 	}
+	tr := r.cl.takeStopReport() // its steps are this checkpoint's own
 	if err := r.s.thaw(r.cl, r.ctl, r.wait, r.ph); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
+	}
+	if tr != nil {
+		tr.resumed(nil)
 	}
 	r.undos = nil // it runs with all its memory: a later failure costs the image alone
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
@@ -556,6 +563,9 @@ func (r *checkpointRun) resumeEarly() *stepError {
 	}
 	r.undos = nil // it runs with all its memory: a later failure costs the image alone
 	r.ph.done("resume")
+	if tr := r.cl.takeStopReport(); tr != nil {
+		tr.resumed(nil)
+	}
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }

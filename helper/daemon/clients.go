@@ -56,6 +56,26 @@ type client struct {
 	// source); it gets its GPU back once it is continued (stopped.go).
 	// Guarded by the server's mu.
 	stoppedAfterDump bool
+
+	// stopReport is the copy record of the checkpoint that stopped it
+	// last, told when it runs again (transfer.resumed). Guarded by mu.
+	stopReport *transfer
+}
+
+// setStopReport records tr as the checkpoint that stops cl now.
+func (cl *client) setStopReport(tr *transfer) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	cl.stopReport = tr
+}
+
+// takeStopReport returns and forgets cl's stop report (nil: none).
+func (cl *client) takeStopReport() *transfer {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	tr := cl.stopReport
+	cl.stopReport = nil
+	return tr
 }
 
 type alloc struct {

@@ -23,10 +23,15 @@ import (
 // driver restore of its residual context, then its memory, then the gate
 // opened. A restored process whose memory cannot be given back is aborted
 // with the reason: it must neither run without its memory nor sit frozen.
-func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error) {
+// ph, if set, times the steps (a dumped process that runs on: its
+// checkpoint's report goes on with them).
+func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error, ph *phases) {
 	err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
 		if !driverRestore {
-			return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
+			if ph != nil {
+				ph.done("wake") // until it was back
+			}
+			return s.reimportResume(cl, ctl, s.cfg.OpTimeout, ph)
 		}
 		err := s.checkRestored(cl, ctl)
 		if err == nil {
@@ -82,8 +87,13 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 		return fmt.Errorf("resume: %w", err)
 	}
 	s.dropDetachState(cl.pid) // its memory is its own again
+	var steps []*helperpb.Phase
 	if ph != nil {
 		ph.done("resume")
+		steps = ph.list
+	}
+	if tr := cl.takeStopReport(); tr != nil {
+		tr.resumed(steps)
 	}
 	return nil
 }

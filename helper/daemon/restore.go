@@ -314,7 +314,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 		cl.log.Warn("restore failed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err)
 	}
-	if err := cl.arm(func() { s.giveBack(cl, true, nil) }); err != nil {
+	if err := cl.arm(func() { s.giveBack(cl, true, nil, nil) }); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err) // reaped meanwhile
 	}
 	// Named after the pid it detached as: that is what it waits for.

@@ -25,6 +25,9 @@ type transfer struct {
 	// background: a concurrent checkpoint's copy, finished once its image
 	// is committed or dropped (background.go)
 	background bool
+	stopped    time.Time         // a checkpoint's: its process's quiesce
+	stall      time.Duration     // from then to its resume (0: not resumed)
+	after      []*helperpb.Phase // the resume's steps, when it came after the checkpoint
 	done       atomic.Uint64
 	moved      atomic.Uint64 // over PCIe (a dump's copied chunks)
 
@@ -40,6 +43,19 @@ func (t *transfer) setPhases(ph []*helperpb.Phase) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.phases = ph
+}
+
+// resumed records that the checkpoint's process runs again, after the steps
+// ph of its resume (shown after the checkpoint's; nil where the checkpoint's
+// own steps hold them).
+func (t *transfer) resumed(ph []*helperpb.Phase) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped.IsZero() || t.stall > 0 {
+		return
+	}
+	t.stall = time.Since(t.stopped)
+	t.after = ph
 }
 
 // progress is the engines' Options.Progress: bytes moved so far, reported
@@ -82,7 +98,9 @@ func (t *transfer) proto() *helperpb.Transfer {
 	}
 	return &helperpb.Transfer{ImageDir: t.dir, Direction: t.direction, BytesDone: t.done.Load(), BytesTotal: t.total,
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
-		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: t.phases, Background: t.background}
+		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: append(append([]*helperpb.Phase(nil), t.phases...), t.after...),
+		Background:     t.background,
+		StoppedSeconds: t.stall.Seconds()}
 }
 
 // transferLog holds the running transfers and the last finished ones.

@@ -5416,7 +5416,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[12] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[13] =
 {
   {
     "image_dir",
@@ -5562,6 +5562,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "stopped_seconds",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_DOUBLE,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, stopped_seconds),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   11,   /* field[11] = background */
@@ -5576,11 +5588,12 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   10,   /* field[10] = phases */
   8,   /* field[8] = pids */
   4,   /* field[4] = started_unix_ms */
+  12,   /* field[12] = stopped_seconds */
 };
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 12 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -5590,7 +5603,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  12,
+  13,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,

@@ -1216,10 +1216,17 @@ struct  Gpucr__Helper__V1__Transfer
    * and finishes once the image is committed (or dropped: error).
    */
   protobuf_c_boolean background;
+  /*
+   * A checkpoint's whose process runs on: how long it was stopped, from its
+   * quiesce to its resume (0: it has not resumed yet, or it did not run on).
+   * Its phases then go on with the resume's steps (driver-restore,
+   * reimport, resume).
+   */
+  double stopped_seconds;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */

@@ -3943,9 +3943,14 @@ type Transfer struct {
 	Phases []*Phase `protobuf:"bytes,11,rep,name=phases,proto3" json:"phases,omitempty"`
 	// A concurrent checkpoint's copy: it runs on after the process resumed,
 	// and finishes once the image is committed (or dropped: error).
-	Background    bool `protobuf:"varint,12,opt,name=background,proto3" json:"background,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Background bool `protobuf:"varint,12,opt,name=background,proto3" json:"background,omitempty"`
+	// A checkpoint's whose process runs on: how long it was stopped, from its
+	// quiesce to its resume (0: it has not resumed yet, or it did not run on).
+	// Its phases then go on with the resume's steps (driver-restore,
+	// reimport, resume).
+	StoppedSeconds float64 `protobuf:"fixed64,13,opt,name=stopped_seconds,json=stoppedSeconds,proto3" json:"stopped_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Transfer) Reset() {
@@ -4060,6 +4065,13 @@ func (x *Transfer) GetBackground() bool {
 		return x.Background
 	}
 	return false
+}
+
+func (x *Transfer) GetStoppedSeconds() float64 {
+	if x != nil {
+		return x.StoppedSeconds
+	}
+	return 0
 }
 
 var File_protocol_helper_proto protoreflect.FileDescriptor
@@ -4322,7 +4334,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xf8\x03\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xa1\x04\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -4342,7 +4354,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06phases\x18\v \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\x12\x1e\n" +
 	"\n" +
 	"background\x18\f \x01(\bR\n" +
-	"background\"N\n" +
+	"background\x12'\n" +
+	"\x0fstopped_seconds\x18\r \x01(\x01R\x0estoppedSeconds\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +

@@ -23,6 +23,8 @@ import (
 // dumpJSON is what these tests read of `gpucr checkpoint --json`.
 type dumpJSON struct {
 	Concurrent   bool              `json:"concurrent"`
+	Seconds      float64           `json:"seconds"`
+	StallSeconds float64           `json:"stall_seconds"`
 	Phases       []checkpoint.Step `json:"phases"`
 	GPUProcesses []struct {
 		Phases []checkpoint.Step `json:"phases"`
@@ -83,6 +85,14 @@ func TestConcurrentCheckpointExact(t *testing.T) {
 			}
 			if len(d.GPUProcesses) != 1 || !slices.Contains(stepNames(d.GPUProcesses[0].Phases), "snapshot") {
 				t.Errorf("the helper's steps have no snapshot: %+v", d.GPUProcesses)
+			}
+			// The background copy waits 5 s (the fault) after the process
+			// runs again: its stop ends long before the command.
+			if d.StallSeconds <= 0 || d.StallSeconds > d.Seconds-4 {
+				t.Errorf("stopped %.3f s in a checkpoint of %.3f s whose copy was held back 5 s after the resume", d.StallSeconds, d.Seconds)
+			}
+			if names := stepNames(d.GPUProcesses[0].Phases); !slices.Contains(names, "resume") {
+				t.Errorf("the helper's steps do not go on to the resume: %v", names)
 			}
 			if after-before < 20 {
 				t.Fatalf("the process took %d steps during a checkpoint whose copy was held back 5 s: it did not run on", after-before)
