@@ -274,3 +274,53 @@ func TestPreCopyCheckpoint(t *testing.T) {
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 	checkContinuous(t, hbs, before)
 }
+
+// TestConcurrentCheckpointTree: a tree with two GPU processes (heartbeat and
+// ptrchase under one shell) checkpointed concurrently into one image, the
+// first process's background copy held back 5 s (the second's queues
+// behind it): both run on meanwhile, the image holds both, and the tree
+// restored from it continues exactly from the stop.
+func TestConcurrentCheckpointTree(t *testing.T) {
+	rig := newCriuRig(t, "GPUCR_FAULT=stall-background@1")
+	dir, env, h := rig.dir, rig.env, rig.h
+	root, hb, pc := startTree(t, dir, h, env, "--interval-ms 20 --hb-every 1")
+	img := filepath.Join(dir, "tree")
+	befores := map[*app]int{hb: hb.lastIter(), pc: pc.lastIter()}
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", img, "--leave-running", "--json")
+	d := parseDump(t, out)
+	if len(d.GPUProcesses) != 2 || d.StallSeconds <= 0 || d.StallSeconds > d.Seconds-4 {
+		t.Errorf("two GPU processes, stopped well before the end of a checkpoint whose copy waited 5 s: %+v", d)
+	}
+	afters := map[*app]int{hb: hb.lastIter(), pc: pc.lastIter()}
+	for _, a := range []*app{hb, pc} {
+		if afters[a]-befores[a] < 20 {
+			t.Errorf("%s took %d steps during the checkpoint: it did not run on", a.name, afters[a]-befores[a])
+		}
+	}
+	insp := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "inspect", img)
+	for _, a := range []*app{hb, pc} {
+		if !strings.Contains(insp, "process "+strconv.Itoa(a.pid)) {
+			t.Fatalf("the GPU image lacks process %d (%s):\n%s", a.pid, a.name, insp)
+		}
+	}
+	for _, p := range []int{hb.pid, pc.pid, root.Process.Pid} {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	_, _ = root.Process.Wait()
+	for _, p := range []int{hb.pid, pc.pid, root.Process.Pid} {
+		waitPidFree(p, 10*time.Second)
+	}
+	marks := map[*app]int{hb: len(hb.heartbeats()), pc: len(pc.heartbeats())}
+	cliOK(t, h, env, img, "restore", "-D", img)
+	for _, a := range []*app{hb, pc} {
+		a.waitFor(time.Minute, "heartbeats after the restore", func(_ string, hbs []heartbeat) bool {
+			return len(hbs) > marks[a] && hbs[len(hbs)-1].Iter >= afters[a]+3
+		})
+		if first := a.heartbeats()[marks[a]].Iter; first > befores[a]+5 {
+			t.Errorf("%s restored at iteration %d; the checkpoint began at %d", a.name, first, befores[a])
+		}
+		_ = syscall.Kill(a.pid, syscall.SIGKILL)
+		hbs := a.heartbeats()
+		compareWithReference(t, hbs, reference(t, env, a.name, []string{"--mib", "8", "--hb-every", "1"}, maxIter(hbs)))
+	}
+}
