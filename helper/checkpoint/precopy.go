@@ -11,7 +11,7 @@ package checkpoint
 // on the device (milliseconds), and the snapshot is written afterwards, so
 // every chunk of a round is exactly what the buffer held at that moment,
 // stored under the hash of those bytes. A round is an incremental image
-// against the round before it (DIR/.gpucr-pre-copy/R-PID), so it copies
+// against the round before it (DIR/gpucr-pre-copy/R-PID), so it copies
 // only what changed since; rounds go on while that shrinks. The dump's GPU
 // image has the last round as its parent: at the final stop every chunk is
 // hashed on the GPU, and only one whose hash no round stored is copied. The
@@ -30,8 +30,9 @@ import (
 )
 
 // PreCopyDir is where a pre-copy's rounds go, inside the image directory:
-// the final image refers to their chunks.
-const PreCopyDir = ".gpucr-pre-copy"
+// the final image refers to their chunks, so they are part of the image
+// (a migration sends them along; --force puts them aside with the rest).
+const PreCopyDir = "gpucr-pre-copy"
 
 // PreCopy configures the rounds before a dump.
 type PreCopy struct {

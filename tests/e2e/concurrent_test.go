@@ -257,7 +257,7 @@ func TestPreCopyCheckpoint(t *testing.T) {
 	if !slices.Contains(stepNames(d.Phases), "pre-copy") {
 		t.Errorf("no pre-copy step: %v", stepNames(d.Phases))
 	}
-	rounds, _ := filepath.Glob(filepath.Join(img, ".gpucr-pre-copy", "*", "gpucr", "manifest.pb"))
+	rounds, _ := filepath.Glob(filepath.Join(img, "gpucr-pre-copy", "*", "gpucr", "manifest.pb"))
 	if len(rounds) != len(d.PreCopy) {
 		t.Errorf("%d round images for %d rounds", len(rounds), len(d.PreCopy))
 	}

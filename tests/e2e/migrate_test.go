@@ -152,8 +152,13 @@ type migrateReport struct {
 	RestoreSecs   float64 `json:"restore_seconds"`
 	TransferBytes int64   `json:"transfer_bytes"`
 	RemoteDir     string  `json:"remote_dir"`
-	ImagesDir     string  `json:"images_dir"`
-	Restore       struct {
+	DumpReport    struct {
+		PreCopy []struct {
+			CopiedBytes int64 `json:"copied_bytes"`
+		} `json:"pre_copy"`
+	} `json:"dump"`
+	ImagesDir string `json:"images_dir"`
+	Restore   struct {
 		GPUProcesses []struct {
 			Pid   int    `json:"pid"`
 			State string `json:"state"`
@@ -162,10 +167,11 @@ type migrateReport struct {
 }
 
 // TestMigrate: `gpucr migrate PID --to HOST` moves a GPU process to another
-// machine (namespaces with an sshd, here) over ssh: the image is streamed
-// there, the target's gpucr restores it through the target's helper, and
-// only then is the source killed. The process computes on there exactly as
-// an uninterrupted run.
+// machine (namespaces with an sshd, here) over ssh: the GPU memory is
+// pre-copied in rounds while it runs (--pre-copy), the image, rounds and
+// all, is streamed there, the target's gpucr restores it through the
+// target's helper, and only then is the source killed. The process computes
+// on there exactly as an uninterrupted run.
 func TestMigrate(t *testing.T) {
 	dir := t.TempDir()
 	env := gpucrEnv(t)
@@ -180,7 +186,7 @@ func TestMigrate(t *testing.T) {
 	a.waitIter(15, time.Minute)
 	pid := a.pid
 	out, err := cli(t, h, env, "migrate", strconv.Itoa(pid), "--to", "root@"+m.addr, "--ssh", m.ssh, "--target-gpucr", m.gpucr,
-		"--target-dir", filepath.Join(dir, "remote-img"), "--json")
+		"--target-dir", filepath.Join(dir, "remote-img"), "--pre-copy", "2", "--json")
 	if err != nil {
 		hl, _ := os.ReadFile(m.helper)
 		t.Fatalf("gpucr migrate: %v\n%s\ntarget helper:\n%s", err, out, tail(string(hl), 20))
@@ -193,6 +199,9 @@ func TestMigrate(t *testing.T) {
 	}
 	if _, err := os.Stat(r.ImagesDir); err == nil {
 		t.Errorf("the local image %s stayed after a migration that succeeded", r.ImagesDir)
+	}
+	if len(r.DumpReport.PreCopy) == 0 || r.DumpReport.PreCopy[0].CopiedBytes < 24<<20 {
+		t.Errorf("no pre-copy round that copied the GPU memory: %+v", r.DumpReport.PreCopy)
 	}
 	t.Logf("migrated pid %d: downtime %.3f s (dump %.3f s, transfer %.3f s, restore %.3f s), %d bytes sent",
 		pid, r.Downtime, r.Dump, r.Transfer, r.RestoreSecs, r.TransferBytes)
