@@ -25,6 +25,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/image"
 )
 
@@ -198,4 +199,72 @@ func (s *Server) hasBackground(w *image.Writer) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.bg[w] != nil
+}
+
+// snapshotOOMWait bounds how long an allocation that finds its device full
+// waits for concurrent checkpoints' snapshots on it to be written and freed.
+const snapshotOOMWait = time.Minute
+
+// snapshotHolds is the device memory concurrent checkpoints' snapshots hold,
+// by device, so that an allocation that finds its device full waits for
+// them (a snapshot lives until its background copy ends) instead of failing
+// the application.
+type snapshotHolds struct {
+	mu      sync.Mutex
+	bytes   map[engine.GPU]uint64
+	changed chan struct{} // closed (and replaced) whenever a hold ends
+}
+
+// hold records the snapshot s; the returned function ends the hold.
+func (h *snapshotHolds) hold(s *engine.Snapshot) func() {
+	held := map[engine.GPU]uint64{}
+	for _, c := range s.Copies {
+		held[c.Device] += c.Size
+	}
+	h.mu.Lock()
+	if h.bytes == nil {
+		h.bytes = map[engine.GPU]uint64{}
+	}
+	for g, n := range held {
+		h.bytes[g] += n
+	}
+	h.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			for g, n := range held {
+				if h.bytes[g] -= n; h.bytes[g] == 0 {
+					delete(h.bytes, g)
+				}
+			}
+			if h.changed != nil {
+				close(h.changed)
+				h.changed = nil
+			}
+		})
+	}
+}
+
+// waitRelease waits (up to limit, or until stop) until a snapshot on g ends
+// its hold: true if one did, false if none is held there or none ended.
+func (h *snapshotHolds) waitRelease(g engine.GPU, limit time.Duration, stop <-chan struct{}) bool {
+	h.mu.Lock()
+	if g == nil || h.bytes[g] == 0 {
+		h.mu.Unlock()
+		return false
+	}
+	if h.changed == nil {
+		h.changed = make(chan struct{})
+	}
+	ch := h.changed
+	h.mu.Unlock()
+	select {
+	case <-ch:
+		return true
+	case <-time.After(limit):
+	case <-stop:
+	}
+	return false
 }

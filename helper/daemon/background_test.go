@@ -11,12 +11,15 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/internal/fakegpu"
 	"github.com/gpucr/gpucr/image"
 )
 
 // bgServer is a Server with what the background copies use.
 func bgServer(t *testing.T) *Server {
-	s := &Server{log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), stopping: make(chan struct{})}
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	s := &Server{log: log, stopping: make(chan struct{}), pool: newPool(PoolConfig{}, log)}
 	t.Cleanup(func() { close(s.stopping); s.wg.Wait() })
 	return s
 }
@@ -156,4 +159,47 @@ func TestBackgroundCopiesRunInOrder(t *testing.T) {
 		t.Errorf("order %v, want [1 2]", order)
 	}
 	_ = s.settleImage(w, true)
+}
+
+// An allocation that finds the device full while a concurrent checkpoint's
+// snapshot holds memory there waits for the snapshot to be freed, and then
+// succeeds, instead of failing the application.
+func TestAllocationWaitsForSnapshot(t *testing.T) {
+	s := bgServer(t)
+	dev := fakegpu.New(0, 64<<20)
+	h, err := dev.Create(32<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := engine.TakeSnapshot([]engine.Region{{Device: dev.GPU(), Handle: h, Size: 32 << 20, Pid: 4242, Address: 0x7f0000000000}},
+		engine.SnapshotOptions{})
+	if err != nil || snap.Bytes != 32<<20 {
+		t.Fatalf("snapshot: %v, %+v", err, snap)
+	}
+	unhold := s.snaps.hold(snap)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = snap.Release()
+		unhold()
+	}()
+	t0 := time.Now()
+	h2, err := s.create(dev, 16<<20, 0) // 32 MiB used, 32 MiB by the snapshot: full
+	if err != nil {
+		t.Fatalf("allocation while the snapshot was held: %v", err)
+	}
+	if time.Since(t0) < 50*time.Millisecond {
+		t.Error("the allocation did not wait for the snapshot")
+	}
+	_ = dev.Release(h2)
+	// With no snapshot held, a full device fails at once.
+	big, err := dev.Create(32<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Release(big)
+	t0 = time.Now()
+	if _, err := s.create(dev, 16<<20, 0); !isOOM(err) || time.Since(t0) > time.Second {
+		t.Errorf("a full device without snapshots: %v after %v", err, time.Since(t0))
+	}
+	_ = dev.Release(h)
 }

@@ -357,6 +357,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		tr.finish(err)
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "snapshot: %v", err)
 	}
+	unhold := r.s.snaps.hold(snap)
 	r.reply.SnapshotBytes = snap.Bytes
 	r.ph.done("snapshot")
 	r.log.Info("snapshot taken", zap.Uint64("bytes", snap.Bytes), zap.Int("buffers", len(snap.Copies)),
@@ -370,6 +371,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		r.reply.BytesMoved = st.BytesCopied
 		if err != nil {
 			_ = snap.Release()
+			unhold()
 			tr.finish(err)
 			return copyFailed(err, r.w.Dir())
 		}
@@ -377,6 +379,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	}
 	pid := r.cl.pid
 	if len(snap.Copies) == 0 {
+		unhold()
 		tr.finish(nil)
 		if err := r.w.SealProcess(int(pid)); err != nil {
 			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
@@ -401,6 +404,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		if rerr := snap.Release(); err == nil && rerr != nil {
 			err = rerr
 		}
+		unhold()
 		if err != nil {
 			log.Error("the background copy of a concurrent checkpoint failed", zap.Error(err))
 			return copyFailed(err, w.Dir()).err()

@@ -100,6 +100,7 @@ type Server struct {
 	recent    map[string]*outcomes          // what became of recent restores, by image directory (outcome.go)
 	open      map[deferKey]*deferImage      // deferred-commit images by connection and directory (imagedir.go)
 	bg        map[*image.Writer]*background // concurrent checkpoints' copies still running, by image (background.go)
+	snaps     snapshotHolds                 // the device memory their snapshots hold (background.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
