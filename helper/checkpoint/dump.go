@@ -41,6 +41,9 @@ type DumpOptions struct {
 	// since the last round. The rounds stay in Dir (PreCopyDir): the GPU
 	// image refers to their chunks.
 	PreCopy PreCopy
+	// preCopied: the rounds were done already (a migration sent them to
+	// its target before the stop); Dir holds them, and the dump uses them.
+	preCopied *preCopyResult
 	// Force replaces an image Dir already holds: it is put aside, removed
 	// once the new one is complete, and put back if the checkpoint fails.
 	Force  bool
@@ -145,6 +148,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.preCopied != nil {
+		held = slices.DeleteFunc(held, func(n string) bool { return n == PreCopyDir })
+	}
 	var aside *asideDir
 	if len(held) > 0 {
 		if !o.Force {
@@ -156,7 +162,10 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}
 	}
 	checked := time.Now()
-	pc, err := preCopy(ctx, o.PreCopy, o.Dir, o.Parent, tc.Clients, tc.Bytes, o.Env, ev)
+	pc, err := o.preCopied, error(nil)
+	if pc == nil {
+		pc, err = preCopy(ctx, o.PreCopy, o.Dir, o.Parent, tc.Clients, tc.Bytes, o.Env, ev)
+	}
 	if err != nil {
 		if aside != nil {
 			if perr := aside.putBack(); perr != nil {

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,9 +46,8 @@ type MigrateOptions struct {
 	Target Target
 	// PreCopy copies the GPU memory while the tree still runs here, before
 	// the stop (DumpOptions.PreCopy): the downtime pays only for what
-	// changed since the last round. It pays where the target reads Dir
-	// itself (a shared file system); a streamed image carries the rounds
-	// too.
+	// changed since the last round. A streamed image's rounds are sent to
+	// the target before the stop too, and the stop sends only the rest.
 	PreCopy PreCopy
 	CRIU    CRIU
 	Env     Environment
@@ -62,13 +64,16 @@ type MigrateResult struct {
 	RemoteDir string   `json:"remote_dir"`
 	// Downtime is from the start of the dump (CRIU freezes the tree then)
 	// to the target's report that the tree runs there with its GPU memory.
-	DowntimeSeconds float64        `json:"downtime_seconds"`
-	DumpSeconds     float64        `json:"dump_seconds"`
-	TransferSeconds float64        `json:"transfer_seconds"`
-	RestoreSeconds  float64        `json:"restore_seconds"` // the target's restore, as this end waited for it
-	TransferBytes   int64          `json:"transfer_bytes"`
-	Dump            *DumpResult    `json:"dump"`
-	Restore         *RestoreResult `json:"restore"`
+	DowntimeSeconds float64 `json:"downtime_seconds"`
+	DumpSeconds     float64 `json:"dump_seconds"`
+	TransferSeconds float64 `json:"transfer_seconds"`
+	RestoreSeconds  float64 `json:"restore_seconds"` // the target's restore, as this end waited for it
+	TransferBytes   int64   `json:"transfer_bytes"`
+	// PreCopyBytesSent: a streamed image's pre-copy rounds, sent to the
+	// target before the stop (TransferBytes is what went during it).
+	PreCopyBytesSent int64          `json:"pre_copy_bytes_sent,omitempty"`
+	Dump             *DumpResult    `json:"dump"`
+	Restore          *RestoreResult `json:"restore"`
 }
 
 // MigrateError is a migration that failed after the source was stopped: the
@@ -112,16 +117,41 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return nil, fmt.Errorf("migration refused before anything was stopped: target %s: %w", o.Target.Name(), err)
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("target %s answers", o.Target.Name())})
+	// A streamed image's pre-copy rounds go to the target while the tree
+	// runs: the stop then sends only the rest.
+	var early *preCopyResult
+	var earlyDir string
+	var earlySent int64
+	st, streamed := o.Target.(*SSHTarget)
+	if streamed && o.PreCopy.Rounds > 0 && !st.Shared {
+		var err error
+		if early, earlyDir, earlySent, err = preCopyAhead(ctx, o, st, ev); err != nil {
+			return nil, err
+		}
+	}
 	t0 := time.Now()
 	// the dump's events, timed from the migration's start
 	dumpEvents := func(e Event) { e.Elapsed += t0.Sub(ev.start); ev.out.send(e) }
-	dump, err := Dump(ctx, DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, Force: o.Force, PreCopy: o.PreCopy,
-		CRIU: o.CRIU, Env: o.Env, Events: dumpEvents})
+	dopts := DumpOptions{Pid: o.Pid, Dir: o.Dir, LeaveStopped: true, Force: o.Force, PreCopy: o.PreCopy,
+		CRIU: o.CRIU, Env: o.Env, Events: dumpEvents}
+	if early != nil {
+		dopts.preCopied, dopts.Parent, dopts.PreCopy = early, early.last, PreCopy{}
+	}
+	dump, err := Dump(ctx, dopts)
 	if err != nil {
+		if earlyDir != "" {
+			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_ = o.Target.Discard(dctx, earlyDir)
+			cancel()
+			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
+		}
 		return nil, err // a failed dump leaves the tree running
 	}
-	t0 = t0.Add(time.Duration(dump.PreCopySeconds * float64(time.Second))) // the tree ran during the rounds
-	res := &MigrateResult{Pid: o.Pid, Target: o.Target.Name(), ImagesDir: o.Dir, Dump: dump, DumpSeconds: time.Since(t0).Seconds()}
+	if early == nil {
+		t0 = t0.Add(time.Duration(dump.PreCopySeconds * float64(time.Second))) // the tree ran during the rounds
+	}
+	res := &MigrateResult{Pid: o.Pid, Target: o.Target.Name(), ImagesDir: o.Dir, Dump: dump, DumpSeconds: time.Since(t0).Seconds(),
+		PreCopyBytesSent: earlySent}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("dumped in %.3f s; the source is stopped", res.DumpSeconds)})
 	// From here on the source is stopped: whatever fails continues it.
 	fail := func(step string, err error, remoteDir string) error {
@@ -138,7 +168,17 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return me
 	}
 	t1 := time.Now()
-	remoteDir, sent, err := o.Target.Receive(ctx, o.Dir)
+	var remoteDir string
+	var sent int64
+	if earlyDir != "" {
+		// the rest: all but the rounds, into the directory they went to
+		remoteDir, sent, err = st.receivePart(ctx, o.Dir, false, func(rel string) bool { return !inPreCopy(rel) })
+		if remoteDir == "" {
+			remoteDir = earlyDir
+		}
+	} else {
+		remoteDir, sent, err = o.Target.Receive(ctx, o.Dir)
+	}
 	if err != nil {
 		return nil, fail("transfer", err, remoteDir)
 	}
@@ -174,6 +214,42 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	}
 	return res, nil
 }
+
+// preCopyAhead runs a migration's pre-copy rounds (while the tree runs) and
+// sends them to the streamed target at once: the rounds, the target's
+// directory they went to, and the bytes sent. On error nothing is left at
+// the target, and the tree runs on.
+func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emitter) (*preCopyResult, string, int64, error) {
+	tc := gpuClientsOf(o.Env.Socket, o.Pid)
+	if err := checkpointDir(o.Dir); err != nil {
+		return nil, "", 0, err
+	}
+	pc, err := preCopy(ctx, o.PreCopy, o.Dir, "", tc.Clients, tc.Bytes, o.Env, ev)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	if len(pc.rounds) == 0 {
+		return nil, "", 0, nil
+	}
+	t := time.Now()
+	rdir, n, err := st.receivePart(ctx, o.Dir, true, inPreCopy)
+	if err != nil {
+		if rdir != "" {
+			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_ = st.Discard(dctx, rdir)
+			cancel()
+		}
+		_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
+		return nil, "", 0, fmt.Errorf("migration refused before anything was stopped: sending the pre-copy rounds to %s: %w", st.Name(), err)
+	}
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pre-copy rounds at %s:%s (%d bytes sent in %.3f s); stopping the tree",
+		st.Name(), rdir, n, time.Since(t).Seconds())})
+	return pc, rdir, n, nil
+}
+
+// inPreCopy says whether rel (slash-separated, in an image directory) is a
+// pre-copy round's.
+func inPreCopy(rel string) bool { return rel == PreCopyDir || strings.HasPrefix(rel, PreCopyDir+"/") }
 
 // continueSource continues a stopped migration source (SIGCONT to every
 // process of its tree) and waits for its GPU processes to have their GPU

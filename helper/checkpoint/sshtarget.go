@@ -194,6 +194,14 @@ func (t *SSHTarget) dir(local string) string {
 // Receive streams localDir to the target's image directory, which must not
 // exist or be empty (its contents are never replaced).
 func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64, error) {
+	return t.receivePart(ctx, localDir, true, nil)
+}
+
+// receivePart is Receive of the entries of localDir that only accepts (nil:
+// all; rel is slash-separated, relative to localDir), into a new or empty
+// directory if first, else into the one an earlier part made (a
+// pre-copy's rounds go before the stop, the rest after it).
+func (t *SSHTarget) receivePart(ctx context.Context, localDir string, first bool, only func(rel string) bool) (string, int64, error) {
 	rdir := t.dir(localDir)
 	if t.Shared {
 		return rdir, 0, nil
@@ -201,14 +209,19 @@ func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64
 	// One command: the directory is made, refused unless empty (exit 3: a
 	// failed transfer removes only what it made), and filled (tar reading
 	// 1 MiB records: its default 10 KiB ones took half the speed here).
+	// A later part goes into the directory the first one made.
 	q := shellQuote(rdir)
 	script := fmt.Sprintf(`mkdir -p -m 0700 -- %[1]s || exit 2; if [ -n "$(ls -A -- %[1]s)" ]; then echo %[2]s >&2; exit 3; fi; exec tar -C %[1]s -b 2048 -xf -`,
 		q, shellQuote(rdir+" is not empty"))
+	if !first {
+		script = fmt.Sprintf(`[ -d %[1]s ] || { echo %[2]s >&2; exit 2; }; exec tar -C %[1]s -b 2048 -xf -`,
+			q, shellQuote(rdir+" is missing"))
+	}
 	pr, pw := io.Pipe()
 	sent := make(chan int64, 1)
 	var werr error
 	go func() {
-		n, err := writeTar(pw, localDir)
+		n, err := writeTar(pw, localDir, only)
 		werr = err
 		pw.CloseWithError(err)
 		sent <- n
@@ -227,8 +240,9 @@ func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64
 }
 
 // writeTar writes the image directory dir (CRIU's images, the GPU image,
-// the logs; not gpucr's private directories) as a tar archive.
-func writeTar(w io.Writer, dir string) (int64, error) {
+// the logs; not gpucr's private directories) as a tar archive; with only,
+// just the entries it accepts (a directory it refuses is skipped whole).
+func writeTar(w io.Writer, dir string, only func(rel string) bool) (int64, error) {
 	tw := tar.NewWriter(w)
 	buf := make([]byte, 1<<20)
 	var n int64
@@ -241,6 +255,12 @@ func writeTar(w io.Writer, dir string) (int64, error) {
 			return err
 		}
 		if strings.HasPrefix(d.Name(), ".gpucr-") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if only != nil && !only(filepath.ToSlash(rel)) {
 			if d.IsDir() {
 				return filepath.SkipDir
 			}

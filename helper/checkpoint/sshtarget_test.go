@@ -39,7 +39,7 @@ func TestWriteTar(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	n, err := writeTar(&b, dir)
+	n, err := writeTar(&b, dir, nil)
 	if err != nil || n != int64(len("inv")+len("m")+len("chunk")) {
 		t.Fatalf("writeTar: %d bytes, %v", n, err)
 	}

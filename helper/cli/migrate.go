@@ -90,6 +90,9 @@ func migrateCommand() *ucli.Command {
 				pid, res.Target, res.TargetPid, res.DowntimeSeconds, res.DumpSeconds, res.TransferSeconds,
 				humanBytes(uint64(res.TransferBytes)), res.RestoreSeconds)
 			line += preCopyText(res.Dump.PreCopy)
+			if res.PreCopyBytesSent > 0 {
+				line += fmt.Sprintf("\n  the pre-copy rounds went to the target before the stop (%s)", humanBytes(uint64(res.PreCopyBytesSent)))
+			}
 			return report(c, res, line, nil)
 		},
 	}

@@ -151,6 +151,7 @@ type migrateReport struct {
 	Transfer      float64 `json:"transfer_seconds"`
 	RestoreSecs   float64 `json:"restore_seconds"`
 	TransferBytes int64   `json:"transfer_bytes"`
+	PreCopySent   int64   `json:"pre_copy_bytes_sent"`
 	RemoteDir     string  `json:"remote_dir"`
 	DumpReport    struct {
 		PreCopy []struct {
@@ -168,8 +169,8 @@ type migrateReport struct {
 
 // TestMigrate: `gpucr migrate PID --to HOST` moves a GPU process to another
 // machine (namespaces with an sshd, here) over ssh: the GPU memory is
-// pre-copied in rounds while it runs (--pre-copy), the image, rounds and
-// all, is streamed there, the target's gpucr restores it through the
+// pre-copied in rounds while it runs (--pre-copy) and the rounds are
+// streamed there before the stop, the rest of the image after it; the target's gpucr restores it through the
 // target's helper, and only then is the source killed. The process computes
 // on there exactly as an uninterrupted run.
 func TestMigrate(t *testing.T) {
@@ -193,15 +194,16 @@ func TestMigrate(t *testing.T) {
 	}
 	var r migrateReport
 	lastJSON(t, out, &r)
-	if r.Pid != pid || r.TargetPid != pid || r.Downtime <= 0 || r.TransferBytes < 24<<20 ||
+	if r.Pid != pid || r.TargetPid != pid || r.Downtime <= 0 || r.Dump <= 0 || r.TransferBytes < 24<<20 ||
 		len(r.Restore.GPUProcesses) != 1 || r.Restore.GPUProcesses[0].State != "running" {
 		t.Errorf("migrate report %+v:\n%s", r, out)
 	}
 	if _, err := os.Stat(r.ImagesDir); err == nil {
 		t.Errorf("the local image %s stayed after a migration that succeeded", r.ImagesDir)
 	}
-	if len(r.DumpReport.PreCopy) == 0 || r.DumpReport.PreCopy[0].CopiedBytes < 24<<20 {
-		t.Errorf("no pre-copy round that copied the GPU memory: %+v", r.DumpReport.PreCopy)
+	if len(r.DumpReport.PreCopy) == 0 || r.DumpReport.PreCopy[0].CopiedBytes < 24<<20 || r.PreCopySent < 24<<20 {
+		t.Errorf("no pre-copy round that copied the GPU memory and went to the target before the stop: %+v, %d bytes sent",
+			r.DumpReport.PreCopy, r.PreCopySent)
 	}
 	t.Logf("migrated pid %d: downtime %.3f s (dump %.3f s, transfer %.3f s, restore %.3f s), %d bytes sent",
 		pid, r.Downtime, r.Dump, r.Transfer, r.RestoreSecs, r.TransferBytes)
