@@ -33,6 +33,9 @@ type deviceJSON struct {
 	FreeMemory  uint64 `json:"free_memory"`
 	Granularity uint64 `json:"granularity"`
 	PoolMemory  uint64 `json:"pool_memory"`
+	// SnapshotMemory: held by concurrent checkpoints' snapshots until
+	// their images are written.
+	SnapshotMemory uint64 `json:"snapshot_memory"`
 }
 
 type clientJSON struct {
@@ -59,7 +62,8 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
 		Devices: []deviceJSON{}, Clients: []clientJSON{}}
 	for _, d := range st.Devices {
-		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity, d.PoolMemory})
+		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity, d.PoolMemory,
+			d.SnapshotMemory})
 	}
 	for _, c := range st.Clients {
 		r := c.NotCheckpointable
@@ -147,6 +151,9 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		pool := ""
 		if d.PoolMemory > 0 {
 			pool = fmt.Sprintf(", %s ready in the allocation pool", humanBytes(d.PoolMemory))
+		}
+		if d.SnapshotMemory > 0 {
+			pool += fmt.Sprintf(", %s held by checkpoint snapshots until their images are written", humanBytes(d.SnapshotMemory))
 		}
 		fmt.Fprintf(w, "  %d  %s  %s  %s (%s free%s)\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory), humanBytes(d.FreeMemory), pool)
 	}

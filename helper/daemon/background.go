@@ -247,6 +247,13 @@ func (h *snapshotHolds) hold(s *engine.Snapshot) func() {
 	}
 }
 
+// held is the memory snapshots hold on g.
+func (h *snapshotHolds) held(g engine.GPU) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.bytes[g]
+}
+
 // waitRelease waits (up to limit, or until stop) until a snapshot on g ends
 // its hold: true if one did, false if none is held there or none ended.
 func (h *snapshotHolds) waitRelease(g engine.GPU, limit time.Duration, stop <-chan struct{}) bool {

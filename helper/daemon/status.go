@@ -110,6 +110,7 @@ func (s *Server) status() *helperpb.StatusReply {
 			}
 		}
 		out.Devices[i].PoolMemory = s.pool.readyBytes(d)
+		out.Devices[i].SnapshotMemory = s.snaps.held(d.GPU())
 		if kd, ok := d.(interface{ KernelsError() error }); ok {
 			if err := kd.KernelsError(); err != nil {
 				out.Devices[i].KernelsError = err.Error()

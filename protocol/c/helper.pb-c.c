@@ -2833,7 +2833,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__hello_reply__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__hello_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[8] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[9] =
 {
   {
     "uuid",
@@ -2931,6 +2931,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "snapshot_memory",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DeviceInfo, snapshot_memory),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = {
   5,   /* field[5] = free_memory */
@@ -2939,13 +2951,14 @@ static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = 
   1,   /* field[1] = name */
   4,   /* field[4] = ordinal */
   7,   /* field[7] = pool_memory */
+  8,   /* field[8] = snapshot_memory */
   2,   /* field[2] = total_memory */
   0,   /* field[0] = uuid */
 };
 static const ProtobufCIntRange gpucr__helper__v1__device_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
 {
@@ -2955,7 +2968,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   "Gpucr__Helper__V1__DeviceInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__DeviceInfo),
-  8,
+  9,
   gpucr__helper__v1__device_info__field_descriptors,
   gpucr__helper__v1__device_info__field_indices_by_name,
   1,  gpucr__helper__v1__device_info__number_ranges,

@@ -427,10 +427,15 @@ struct  Gpucr__Helper__V1__DeviceInfo
    * Counted in no process's memory; given back when the device is full.
    */
   uint64_t pool_memory;
+  /*
+   * GPU memory concurrent checkpoints' snapshots hold here until their
+   * background copies end (Status only).
+   */
+  uint64_t snapshot_memory;
 };
 #define GPUCR__HELPER__V1__DEVICE_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__device_info__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0, 0 }
 
 
 /*

@@ -1415,9 +1415,12 @@ type DeviceInfo struct {
 	// GPU memory the helper holds here in allocations made ahead of time for
 	// sizes processes keep asking for (the allocation pool; Status only).
 	// Counted in no process's memory; given back when the device is full.
-	PoolMemory    uint64 `protobuf:"varint,8,opt,name=pool_memory,json=poolMemory,proto3" json:"pool_memory,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PoolMemory uint64 `protobuf:"varint,8,opt,name=pool_memory,json=poolMemory,proto3" json:"pool_memory,omitempty"`
+	// GPU memory concurrent checkpoints' snapshots hold here until their
+	// background copies end (Status only).
+	SnapshotMemory uint64 `protobuf:"varint,9,opt,name=snapshot_memory,json=snapshotMemory,proto3" json:"snapshot_memory,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *DeviceInfo) Reset() {
@@ -1502,6 +1505,13 @@ func (x *DeviceInfo) GetKernelsError() string {
 func (x *DeviceInfo) GetPoolMemory() uint64 {
 	if x != nil {
 		return x.PoolMemory
+	}
+	return 0
+}
+
+func (x *DeviceInfo) GetSnapshotMemory() uint64 {
+	if x != nil {
+		return x.SnapshotMemory
 	}
 	return 0
 }
@@ -4141,7 +4151,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
 	"\fclient_token\x18\x02 \x01(\x04R\vclientToken\x12%\n" +
 	"\x0ehelper_version\x18\x03 \x01(\tR\rhelperVersion\x125\n" +
-	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xfa\x01\n" +
+	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xa3\x02\n" +
 	"\n" +
 	"DeviceInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
@@ -4153,7 +4163,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"freeMemory\x12#\n" +
 	"\rkernels_error\x18\a \x01(\tR\fkernelsError\x12\x1f\n" +
 	"\vpool_memory\x18\b \x01(\x04R\n" +
-	"poolMemory\"\xae\x01\n" +
+	"poolMemory\x12'\n" +
+	"\x0fsnapshot_memory\x18\t \x01(\x04R\x0esnapshotMemory\"\xae\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,6 +171,11 @@ func TestConcurrentCheckpointHelperDies(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	a.waitIter(a.lastIter()+3, 10*time.Second) // it runs on
+	// gpucr status shows the memory the snapshot holds meanwhile
+	st := cliOK(t, h, env, img, "status", "--json")
+	if m := regexp.MustCompile(`"snapshot_memory":(\d+)`).FindStringSubmatch(st); m == nil || m[1] == "0" {
+		t.Errorf("status shows no snapshot memory while the background copy waits:\n%s", st)
+	}
 	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
