@@ -35,7 +35,7 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
-			&ucli.BoolFlag{Name: "concurrent", Value: true, Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on (--concurrent=false: while it waits, so that a helper that dies during the stop never costs the process its memory)"},
+			&ucli.BoolFlag{Name: "concurrent", Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on, so that the stop does not grow with it; a helper that dies during a CRIU dump's stop then costs the process its GPU memory (default with --gpu-only, where the process never gives its memory up)"},
 			preCopyFlag(),
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
@@ -72,7 +72,7 @@ func checkpointCommand() *ucli.Command {
 			}
 			if c.Bool("gpu-only") {
 				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
-					LeaveRunning: c.Bool("leave-running"), Concurrent: c.Bool("leave-running") && c.Bool("concurrent"),
+					LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
 					Compress: c.Bool("compress"), Quiesce: c.Duration("timeout"),
 					Socket: client.SocketPath(c.String("socket"))})
 				if err != nil {
@@ -85,7 +85,7 @@ func checkpointCommand() *ucli.Command {
 				return err
 			}
 			res, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: pid, Dir: abs, Parent: parent,
-				LeaveRunning: c.Bool("leave-running"), Concurrent: c.Bool("leave-running") && c.Bool("concurrent"),
+				LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
 				PreCopy: checkpoint.PreCopy{Rounds: c.Int("pre-copy")},
 				Force:   c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {
@@ -111,6 +111,20 @@ func checkpointCommand() *ucli.Command {
 			return report(c, res, line, res.PluginMessages)
 		},
 	}
+}
+
+// concurrent says whether a checkpoint is concurrent: only one that leaves
+// the process running; as --concurrent says, else for a GPU-only one (its
+// process never gives its memory up, so nothing is at stake) but not for a
+// CRIU dump (the helper holds the memory alone during the stop).
+func concurrent(c *ucli.Context) bool {
+	if !c.Bool("leave-running") {
+		return false
+	}
+	if c.IsSet("concurrent") {
+		return c.Bool("concurrent")
+	}
+	return c.Bool("gpu-only")
 }
 
 // preCopyFlag is --pre-copy N of checkpoint and migrate.

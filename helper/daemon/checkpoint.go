@@ -127,11 +127,12 @@ type checkpointRun struct {
 	reply *helperpb.CheckpointReply
 
 	regions []engine.Region
-	bytes   uint64        // of regions
-	tr      *transfer     // the copy, once begun: its progress, and the steps in the end
-	w       *image.Writer // the image, once open
-	keep    bool          // the image is (being) committed: a failure no longer aborts it
-	wake    string        // the wake file the drop and the detach name
+	bytes   uint64          // of regions
+	tr      *transfer       // the copy, once begun: its progress, and the steps in the end
+	w       *image.Writer   // the image, once open
+	keep    bool            // the image is (being) committed: a failure no longer aborts it
+	wake    string          // the wake file the drop and the detach name
+	scratch *engine.Scratch // a concurrent checkpoint's snapshot memory, made before the stop
 }
 
 // stepError is a failed checkpoint step: the response's error code and
@@ -169,7 +170,16 @@ func stepFailed(code helperpb.ErrorCode, format string, args ...any) *stepError 
 //   - commit the image (unless the commit is deferred);
 //   - with LeaveRunning, give it its GPU back.
 func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*helperpb.CheckpointReply, *helperpb.Response) {
-	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}}
+	var scratch *engine.Scratch
+	if o.req.Concurrent {
+		// The snapshot's memory is made while the process still runs.
+		var err error
+		if scratch, err = engine.PrepareScratch(s.allocRegions(cl), engine.SnapshotOptions{Reserve: s.cfg.SnapshotReserve}); err != nil {
+			o.log.Warn("snapshot memory could not be made ahead of the stop; it is made during it", zap.Error(err))
+		}
+		defer scratch.Release() // what the snapshot did not take
+	}
+	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}, scratch: scratch}
 	steps := []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
 		r.driverCheckpoint, r.commit, r.leaveRunning}
 	switch {
@@ -352,7 +362,8 @@ func (r *checkpointRun) copyToImage() *stepError {
 // helper that dies loses the process's memory (background.go says why).
 func (r *checkpointRun) snapshotToImage() *stepError {
 	tr := r.tr
-	snap, err := engine.TakeSnapshot(r.regions, engine.SnapshotOptions{Reserve: r.s.cfg.SnapshotReserve})
+	snap, err := engine.TakeSnapshot(r.regions, engine.SnapshotOptions{Reserve: r.s.cfg.SnapshotReserve, Scratch: r.scratch})
+	r.scratch.Release() // what it did not take
 	if err != nil {
 		tr.finish(err)
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "snapshot: %v", err)
@@ -604,6 +615,21 @@ func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeChec
 	}
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: &helperpb.CheckpointReply{
 		Phases: ph.list, TotalSeconds: time.Since(ph.start).Seconds(), State: helperpb.ClientState_CLIENT_STATE_RUNNING}}}
+}
+
+// allocRegions are cl's allocations as the engine's regions (device,
+// handle and size only): what a snapshot's memory is made for ahead of the
+// stop.
+func (s *Server) allocRegions(cl *client) []engine.Region {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	var out []engine.Region
+	for _, al := range cl.allocs {
+		if g := al.dev.GPU(); g != nil {
+			out = append(out, engine.Region{Device: g, Handle: al.handle, Size: al.size, Pid: int(cl.pid), Address: al.address})
+		}
+	}
+	return out
 }
 
 // regions turns a client's buffer table into what the engine copies: every

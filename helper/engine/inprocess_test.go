@@ -185,3 +185,41 @@ func TestSnapshotThenDump(t *testing.T) {
 		t.Errorf("with no room: %d copies, %d left; want none and all", len(s.Copies), len(s.Rest))
 	}
 }
+
+// TestSnapshotPreparedScratch: scratch made ahead of the stop is what the
+// snapshot of the same allocations takes, even where the device has no
+// room left at the stop; an allocation made since finds none (here no room
+// either: it is left to the caller), and what no region took is freed; the
+// copies hold the data.
+func TestSnapshotPreparedScratch(t *testing.T) {
+	d := fakegpu.New(0, 64<<20)
+	regions := []engine.Region{region(t, d, 1, 0x7f0000000000), region(t, d, 2, 0x7f0000800000), region(t, d, 1, 0x7f0001000000)}
+	for i, r := range regions {
+		write(t, d, r, bytes.Repeat([]byte{byte(i + 1)}, int(r.Size)))
+	}
+	sc, err := engine.PrepareScratch(regions, engine.SnapshotOptions{})
+	if err != nil || sc.Bytes != 4*d.Info().Granularity {
+		t.Fatalf("prepare: %v, %d bytes", err, sc.Bytes)
+	}
+	// by the stop, the last allocation was replaced by another
+	late := region(t, d, 1, 0x7f0002000000)
+	now := []engine.Region{regions[0], regions[1], late}
+	noRoom := engine.SnapshotOptions{Scratch: sc, Reserve: 1 << 40}
+	s, err := engine.TakeSnapshot(now, noRoom)
+	if err != nil || len(s.Copies) != 2 || len(s.Rest) != 1 || s.Rest[0].Address != late.Address {
+		t.Fatalf("snapshot: %v, %d copies, rest %+v; want the two prepared ones copied and the late one left", err, len(s.Copies), s.Rest)
+	}
+	_, live := d.Used()
+	sc.Release() // the third piece, for the allocation that went
+	if _, after := d.Used(); after != live-1 || sc.Bytes != 0 {
+		t.Errorf("releasing the unused scratch: %d handles live, was %d; %d bytes left", after, live, sc.Bytes)
+	}
+	for i, c := range s.Copies {
+		if got := read(t, d, c); got[0] != byte(i+1) || got[len(got)-1] != byte(i+1) {
+			t.Errorf("copy %d holds %d, want %d", i, got[0], i+1)
+		}
+	}
+	if err := s.Release(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -25,6 +25,103 @@ type SnapshotOptions struct {
 	// Reserve is the device memory a snapshot leaves free on each device:
 	// the application runs on while the snapshot exists and may allocate.
 	Reserve uint64
+	// Scratch, if set, is memory made for the snapshot ahead of the stop
+	// (PrepareScratch): a region finds its own there, and only the rest is
+	// made at the stop. What the snapshot takes is no longer Scratch's.
+	Scratch *Scratch
+}
+
+// Scratch is snapshot memory made while the application still runs, so
+// that the stop does not pay for making it (about 0.2 ms per buffer on an
+// H200, 25-30 ms for 32 GB in 129 buffers), keyed by the allocation each
+// piece is for.
+type Scratch struct {
+	mu    sync.Mutex
+	by    map[scratchKey]uint64 // scratch handle
+	Bytes uint64
+}
+
+type scratchKey struct {
+	dev    GPU
+	handle uint64
+	size   uint64
+}
+
+// PrepareScratch makes scratch memory for as many of regions (only Device,
+// Handle and Size matter) as fit beyond opts.Reserve, with the helper's
+// views of both; Release frees what a snapshot did not take. A region
+// that cannot have scratch now is left to TakeSnapshot.
+func PrepareScratch(regions []Region, opts SnapshotOptions) (*Scratch, error) {
+	s := &Scratch{by: map[scratchKey]uint64{}}
+	budget := map[GPU]uint64{}
+	for _, r := range regions {
+		b, ok := budget[r.Device]
+		if !ok {
+			free, _, err := r.Device.MemInfo()
+			if err != nil {
+				s.Release()
+				return nil, fmt.Errorf("device %s: free memory: %w", r.Device.UUID(), err)
+			}
+			if free > opts.Reserve {
+				b = free - opts.Reserve
+			}
+		}
+		if r.Size > b {
+			budget[r.Device] = b
+			continue
+		}
+		h, err := r.Device.CreateScratch(r.Size)
+		if IsOutOfMemory(err) {
+			budget[r.Device] = 0
+			continue
+		}
+		if err != nil {
+			s.Release()
+			return nil, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", r.Device.UUID(), r.Size, err)
+		}
+		s.by[scratchKey{r.Device, r.Handle, r.Size}] = h
+		s.Bytes += r.Size
+		budget[r.Device] = b - r.Size
+		// both views now: the stop maps nothing
+		if _, err := r.Device.Map(h, r.Size); err != nil {
+			s.Release()
+			return nil, fmt.Errorf("device %s: snapshot view: %w", r.Device.UUID(), err)
+		}
+		if _, err := r.Device.Map(r.Handle, r.Size); err != nil {
+			s.Release()
+			return nil, fmt.Errorf("region 0x%x (pid %d): %w", r.Address, r.Pid, err)
+		}
+	}
+	return s, nil
+}
+
+// take hands the scratch made for r over to a snapshot (0, false: none).
+func (s *Scratch) take(r Region) (uint64, bool) {
+	if s == nil {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := scratchKey{r.Device, r.Handle, r.Size}
+	h, ok := s.by[k]
+	if ok {
+		delete(s.by, k)
+		s.Bytes -= r.Size
+	}
+	return h, ok
+}
+
+// Release frees the scratch no snapshot took.
+func (s *Scratch) Release() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, h := range s.by {
+		_ = k.dev.ReleaseScratch(h)
+	}
+	s.by, s.Bytes = map[scratchKey]uint64{}, 0
 }
 
 // Snapshot is a copy of regions made device-to-device at one moment.
@@ -69,7 +166,7 @@ func TakeSnapshot(regions []Region, opts SnapshotOptions) (*Snapshot, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			times[k], errs[k] = snapshotDevice(dev, regions, byDev[dev], opts.Reserve, snapped)
+			times[k], errs[k] = snapshotDevice(dev, regions, byDev[dev], opts, snapped)
 		}()
 	}
 	wg.Wait()
@@ -97,35 +194,43 @@ func TakeSnapshot(regions []Region, opts SnapshotOptions) (*Snapshot, error) {
 // snapshotDevice snapshots the regions idx of one device (all on dev),
 // recording each scratch handle (+1) in snapped[i]; it returns the time its
 // allocations and its copies took.
-func snapshotDevice(dev GPU, regions []Region, idx []int, reserve uint64, snapped []uint64) ([2]time.Duration, error) {
+func snapshotDevice(dev GPU, regions []Region, idx []int, opts SnapshotOptions, snapped []uint64) ([2]time.Duration, error) {
 	var took [2]time.Duration
 	t0 := time.Now()
-	free, _, err := dev.MemInfo()
-	if err != nil {
-		return took, fmt.Errorf("device %s: free memory: %w", dev.UUID(), err)
-	}
 	budget := uint64(0)
-	if free > reserve {
-		budget = free - reserve
-	}
+	known := false // the free memory, asked once a region needs new scratch
 	type pair struct{ src, dst uint64 }
 	var copies []pair
 	var sizes []uint64
 	for _, i := range idx {
 		r := regions[i]
-		if r.Size > budget {
-			continue
-		}
-		h, err := dev.CreateScratch(r.Size)
-		if IsOutOfMemory(err) {
-			budget = 0 // the driver knows better than MemInfo did
-			continue
-		}
-		if err != nil {
-			return took, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", dev.UUID(), r.Size, err)
+		h, ok := opts.Scratch.take(r)
+		if !ok {
+			if !known {
+				free, _, err := dev.MemInfo()
+				if err != nil {
+					return took, fmt.Errorf("device %s: free memory: %w", dev.UUID(), err)
+				}
+				if free > opts.Reserve {
+					budget = free - opts.Reserve
+				}
+				known = true
+			}
+			if r.Size > budget {
+				continue
+			}
+			var err error
+			h, err = dev.CreateScratch(r.Size)
+			if IsOutOfMemory(err) {
+				budget = 0 // the driver knows better than MemInfo did
+				continue
+			}
+			if err != nil {
+				return took, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", dev.UUID(), r.Size, err)
+			}
+			budget -= r.Size
 		}
 		snapped[i] = h + 1
-		budget -= r.Size
 		src, err := dev.Map(r.Handle, r.Size)
 		if err != nil {
 			return took, fmt.Errorf("region 0x%x (pid %d): %w", r.Address, r.Pid, err)

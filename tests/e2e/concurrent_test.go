@@ -1,8 +1,8 @@
 package e2e
 
-// Concurrent checkpoints (gpucr checkpoint --leave-running, the default
-// there): the GPU memory is snapshotted on the device when the tree stops
-// and written into the image while it runs on. The image must hold the
+// Concurrent checkpoints (gpucr checkpoint --leave-running --concurrent):
+// the GPU memory is snapshotted on the device when the tree stops and
+// written into the image while it runs on. The image must hold the
 // memory as it was at the stop, not as the process left it later.
 
 import (
@@ -75,11 +75,11 @@ func TestConcurrentCheckpointExact(t *testing.T) {
 			a.waitIter(5, time.Minute)
 			img := filepath.Join(dir, "img")
 			before := a.lastIter()
-			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--json")
+			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
 			after := a.lastIter()
 			d := parseDump(t, out)
 			if !d.Concurrent {
-				t.Errorf("--leave-running is not concurrent by default:\n%s", out)
+				t.Errorf("--concurrent did not make a concurrent checkpoint:\n%s", out)
 			}
 			if names := stepNames(d.Phases); !slices.Contains(names, "gpu-background") {
 				t.Errorf("no gpu-background step: %v", names)
@@ -125,7 +125,7 @@ func TestConcurrentCheckpointNoRoom(t *testing.T) {
 	a.waitIter(5, time.Minute)
 	img := filepath.Join(dir, "img")
 	before := a.lastIter()
-	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent")
 	if !strings.Contains(h.logText(), "no room to snapshot every buffer") {
 		t.Errorf("the helper does not say that it copied while the process waited:\n%s", tail(h.logText(), 20))
 	}
@@ -153,11 +153,11 @@ func TestConcurrentCheckpointHelperDies(t *testing.T) {
 	a.waitIter(5, time.Minute)
 	prev := filepath.Join(dir, "prev")
 	before := a.lastIter()
-	cliOK(t, h, env, prev, "checkpoint", strconv.Itoa(a.pid), "-D", prev, "--leave-running")
+	cliOK(t, h, env, prev, "checkpoint", strconv.Itoa(a.pid), "-D", prev, "--leave-running", "--concurrent")
 
 	img := filepath.Join(dir, "img")
 	var out strings.Builder
-	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent")
 	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -292,7 +292,7 @@ func TestConcurrentCheckpointTree(t *testing.T) {
 	root, hb, pc := startTree(t, dir, h, env, "--interval-ms 20 --hb-every 1")
 	img := filepath.Join(dir, "tree")
 	befores := map[*app]int{hb: hb.lastIter(), pc: pc.lastIter()}
-	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", img, "--leave-running", "--json")
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", img, "--leave-running", "--concurrent", "--json")
 	d := parseDump(t, out)
 	if len(d.GPUProcesses) != 2 || d.StallSeconds <= 0 || d.StallSeconds > d.Seconds-4 {
 		t.Errorf("two GPU processes, stopped well before the end of a checkpoint whose copy waited 5 s: %+v", d)

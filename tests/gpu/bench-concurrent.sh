@@ -14,7 +14,7 @@
 #   base        under BASE_PREFIX's gpucr (the build before; "-" skips it),
 #               gpucr checkpoint --leave-running
 #   stop-copy   under this build, --leave-running --concurrent=false
-#   concurrent  under this build, --leave-running
+#   concurrent  under this build, --leave-running --concurrent
 # each NCK (default 2; the anchor ANCHOR_NCK) times, GAP seconds apart
 # (default 4); LINES (default "base stop-copy concurrent") picks gpucr's. Then the last
 # concurrent image is restored after the job is killed, and every heartbeat
@@ -118,6 +118,7 @@ for size in $SIZES; do
 			g=$BASE/bin/gpucr
 			;;
 		stop-copy) flags=(--concurrent=false) ;;
+		concurrent) flags=(--concurrent) ;;
 		esac
 		[ "$line" = concurrent ] && [ -n "${HELPER:-}" ] && [ "$g" = "$NEW/bin/gpucr" ] && [ -n "$P" ] && kill -0 "$P" 2>/dev/null && reuse=1 || reuse=
 		if [ -z "$reuse" ]; then

@@ -6,7 +6,7 @@
 #
 # tests/gpu/stall_job.py --train-small (a transformer LM, AdamW, a
 # DataLoader with 2 workers, deterministic) runs under gpucr; it is
-# checkpointed with `gpucr checkpoint --leave-running` (concurrent) N times
+# checkpointed with `gpucr checkpoint --leave-running --concurrent` N times
 # (default 20) at random moments (0.3 to 2.5 s apart) while it trains on.
 # Then it is killed and each image restored in turn: every restored run must
 # report, for each step, the running loss sum the original run reported for
@@ -40,7 +40,7 @@ note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader |
 for k in $(seq "$N"); do
 	sleep "$($PY -c "import random; print(round(random.uniform(0.3, 2.5), 2))")"
 	at=$(grep '^st' "$L" | tail -1 | awk '{print $2}')
-	"$GPUCR" checkpoint "$P" -D "$IMG/$k" --leave-running --socket "$SOCK" --json >"$LOGS/ckpt-$k.json" 2>&1 ||
+	"$GPUCR" checkpoint "$P" -D "$IMG/$k" --leave-running --concurrent --socket "$SOCK" --json >"$LOGS/ckpt-$k.json" 2>&1 ||
 		bad "checkpoint $k: $(tail -n 3 "$LOGS/ckpt-$k.json")"
 	echo "$k $at" >>"$LOGS/points.txt"
 done
