@@ -101,10 +101,13 @@ func TestConcurrentCheckpointExact(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb")); err != nil {
 				t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
 			}
+			// The stop came within the command's first second (the
+			// background copy then waited 5 s): an image of the process
+			// at the stop starts well before the command's end.
 			first := restoredFrom(t, a, h, env, img, after+3)
-			if first > before+5 {
-				t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (iteration %d to %d)",
-					first, before, before+5)
+			if first > before+(after-before)/4 {
+				t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (the command ran from iteration %d to %d)",
+					first, before, after)
 			}
 			hbs := a.heartbeats()
 			compareWithReference(t, hbs, reference(t, env, tc.name, args, maxIter(hbs)))
@@ -129,10 +132,11 @@ func TestConcurrentCheckpointNoRoom(t *testing.T) {
 	if !strings.Contains(h.logText(), "no room to snapshot every buffer") {
 		t.Errorf("the helper does not say that it copied while the process waited:\n%s", tail(h.logText(), 20))
 	}
-	a.waitIter(a.lastIter()+10, time.Minute)
+	after := a.lastIter()
+	a.waitIter(after+10, time.Minute)
 	first := restoredFrom(t, a, h, env, img, a.lastIter()+3)
-	if first > before+5 {
-		t.Errorf("the restored process starts at iteration %d, the checkpoint began at %d", first, before)
+	if first < before || first > after {
+		t.Errorf("the restored process starts at iteration %d; the checkpoint ran from %d to %d", first, before, after)
 	}
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
@@ -154,6 +158,7 @@ func TestConcurrentCheckpointHelperDies(t *testing.T) {
 	prev := filepath.Join(dir, "prev")
 	before := a.lastIter()
 	cliOK(t, h, env, prev, "checkpoint", strconv.Itoa(a.pid), "-D", prev, "--leave-running", "--concurrent")
+	prevAfter := a.lastIter()
 
 	img := filepath.Join(dir, "img")
 	var out strings.Builder
@@ -198,8 +203,8 @@ func TestConcurrentCheckpointHelperDies(t *testing.T) {
 
 	h2 := startHelper(t, dir, env)
 	first := restoredFrom(t, a, h2, env, prev, at+3)
-	if first > before+5 {
-		t.Errorf("the previous image restores from iteration %d, its checkpoint began at %d", first, before)
+	if first < before || first > prevAfter {
+		t.Errorf("the previous image restores from iteration %d; its checkpoint ran from %d to %d", first, before, prevAfter)
 	}
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
@@ -322,7 +327,7 @@ func TestConcurrentCheckpointTree(t *testing.T) {
 		a.waitFor(time.Minute, "heartbeats after the restore", func(_ string, hbs []heartbeat) bool {
 			return len(hbs) > marks[a] && hbs[len(hbs)-1].Iter >= afters[a]+3
 		})
-		if first := a.heartbeats()[marks[a]].Iter; first > befores[a]+5 {
+		if first := a.heartbeats()[marks[a]].Iter; first > befores[a]+(afters[a]-befores[a])/4 {
 			t.Errorf("%s restored at iteration %d; the checkpoint began at %d", a.name, first, befores[a])
 		}
 		_ = syscall.Kill(a.pid, syscall.SIGKILL)
