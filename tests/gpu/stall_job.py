@@ -32,6 +32,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuB
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from bench_steps import LM, Tokens  # noqa: E402  (this directory: the same model as the step benchmark's)
+
 
 def buffers_job(gb, log, hot=0):
     g = torch.Generator(device="cuda")
@@ -54,28 +56,6 @@ def buffers_job(gb, log, hot=0):
             log.write(f"hb {i} {t:.4f} {acc.item():.6f}\n")
         i += 1
         time.sleep(0.002)
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __len__(self):
-        return 1 << 30
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        return torch.randint(0, 32000, (257,), generator=g)
-
-
-class LM(nn.Module):
-    def __init__(self, vocab=32000, d=1536, layers=12, heads=12):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
-        self.body = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, x):
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
-        return self.head(self.body(self.emb(x), mask=mask, is_causal=True))
 
 
 def train_job(log, small=False):
