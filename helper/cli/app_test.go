@@ -77,6 +77,7 @@ func TestJSONErrors(t *testing.T) {
 	}{
 		{[]string{"checkpoint", "x12", "-D", dir, "--json"}, ExitUsage, "is not a pid"},
 		{[]string{"checkpoint", "--json", "-D", dir}, ExitUsage, "usage"},
+		{[]string{"checkpoint", "1", "-D", dir, "--gpu-only", "--pre-copy", "2", "--json"}, ExitUsage, "--pre-copy is for a CRIU dump"},
 		{[]string{"restore", "-D", filepath.Join(dir, "none"), "--json"}, ExitFailure, "does not exist"},
 		{[]string{"status", "--socket", filepath.Join(dir, "none.sock"), "--json"}, ExitFailure, "no helper answers"},
 		{[]string{"nosuch", "--json"}, ExitUsage, "unknown command"},

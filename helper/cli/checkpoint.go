@@ -70,6 +70,9 @@ func checkpointCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
+			if c.Bool("gpu-only") && c.Int("pre-copy") > 0 {
+				return usageError{fmt.Errorf("checkpoint: --pre-copy is for a CRIU dump (a GPU-only checkpoint with --leave-running --concurrent stops the process only for its snapshot already)")}
+			}
 			if c.Bool("gpu-only") {
 				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
 					LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
