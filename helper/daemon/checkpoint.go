@@ -409,6 +409,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			}
 		}
 		waited := r.s.untilRunning(cl, bg.settling)
+		tr.waited(waited)
 		t := time.Now()
 		progress := func(done int64) { tr.progress(int64(rest) + done) }
 		st, err := engine.Dump(snap.Copies, w, image.DefaultChunkSize, engine.Options{Progress: progress, Copied: tr.copied})

@@ -28,6 +28,7 @@ type transfer struct {
 	stopped    time.Time         // a checkpoint's: its process's quiesce
 	stall      time.Duration     // from then to its resume (0: not resumed)
 	after      []*helperpb.Phase // the resume's steps, when it came after the checkpoint
+	idle       time.Duration     // a background copy's wait for its process: not copy time
 	done       atomic.Uint64
 	moved      atomic.Uint64 // over PCIe (a dump's copied chunks)
 
@@ -56,6 +57,14 @@ func (t *transfer) resumed(ph []*helperpb.Phase) {
 	}
 	t.stall = time.Since(t.stopped)
 	t.after = ph
+}
+
+// waited records that a background copy waited d for its process before
+// it began: its elapsed time leaves that out.
+func (t *transfer) waited(d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.idle += d
 }
 
 // progress is the engines' Options.Progress: bytes moved so far, reported
@@ -92,6 +101,7 @@ func (t *transfer) proto() *helperpb.Transfer {
 	if !t.finished {
 		took = time.Since(t.start)
 	}
+	took -= min(t.idle, took)
 	moved := t.moved.Load()
 	if t.direction == helperpb.Transfer_DIRECTION_LOAD {
 		moved = t.done.Load() // a load moves every byte it has done
