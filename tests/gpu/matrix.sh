@@ -29,7 +29,8 @@
 #  4. On a machine with 2 GPUs: tests/gpu/ddp.sh, a 2-rank DDP job plain and
 #     under gpucr run, with the same losses.
 # Images in /dev/shm. Logs in build/gpu/matrix (and $OUT): summary.txt holds
-# the table.
+# the table. LEAVE_RUNNING_FLAGS (say --concurrent) go to every --leave-running
+# checkpoint of the "again" rows.
 #
 # SIM=1: on the simulated driver (no GPU; the C programs only), to try the
 # script itself: SIM=1 bash tests/gpu/matrix.sh build /opt/gpucr/criu
@@ -227,7 +228,7 @@ for r in $ROWS; do
 			img=$IMG/$r.$round
 			n=$(steps "$log")
 			if [ "$op" = leave ]; then
-				cli "$r" checkpoint "$pid" -D "$img" --leave-running
+				cli "$r" checkpoint "$pid" -D "$img" --leave-running ${LEAVE_RUNNING_FLAGS:-}
 				[ $CLI_RC = 0 ] || { RESULT[$r]=FAIL; d+="checkpoint --leave-running failed: $(grep '^gpucr:\|^  criu:\|^  gpucr_plugin:' "$LOGS/$r.cli" | tail -3 | tr '\n' ' '); "; break; }
 				d+="leave-running $CLI_S; "
 				wait_steps "$log" $((n + 10)) 60 || { RESULT[$r]=FAIL; d+="no step after --leave-running; "; break; }
