@@ -392,6 +392,14 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	if len(snap.Copies) == 0 {
 		unhold()
 		tr.finish(nil)
+		if r.s.hasBackground(r.w) {
+			// An earlier process's copy into this image still runs, and a
+			// chunk recorded here may refer to one of its chunks: the part
+			// is sealed after it, in the same queue.
+			w := r.w
+			r.s.backgroundOf(w).add(tr, func() error { return w.SealProcess(int(pid)) })
+			return nil
+		}
 		if err := r.w.SealProcess(int(pid)); err != nil {
 			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "image: %v", err)
 		}
