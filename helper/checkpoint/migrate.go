@@ -140,9 +140,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	dump, err := Dump(ctx, dopts)
 	if err != nil {
 		if earlyDir != "" {
-			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_ = o.Target.Discard(dctx, earlyDir)
-			cancel()
+			_ = discard(o.Target, earlyDir)
 			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
 		}
 		return nil, err // a failed dump leaves the tree running
@@ -157,11 +155,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	fail := func(step string, err error, remoteDir string) error {
 		me := &MigrateError{Step: step, Err: err}
 		if remoteDir != "" {
-			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			if derr := o.Target.Discard(dctx, remoteDir); derr != nil {
+			if derr := discard(o.Target, remoteDir); derr != nil {
 				me.Notes = append(me.Notes, fmt.Sprintf("the image at the target (%s) could not be removed: %v", remoteDir, derr))
 			}
-			cancel()
 		}
 		me.SourceRunning, me.Notes = continueSource(o.Env.Socket, dump, me.Notes)
 		me.Notes = append(me.Notes, "the image stays in "+o.Dir)
@@ -235,9 +231,7 @@ func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emit
 	rdir, n, err := st.receivePart(ctx, o.Dir, true, inPreCopy)
 	if err != nil {
 		if rdir != "" {
-			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_ = st.Discard(dctx, rdir)
-			cancel()
+			_ = discard(st, rdir)
 		}
 		_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
 		return nil, "", 0, fmt.Errorf("migration refused before anything was stopped: sending the pre-copy rounds to %s: %w", st.Name(), err)
@@ -245,6 +239,14 @@ func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emit
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pre-copy rounds at %s:%s (%d bytes sent in %.3f s); stopping the tree",
 		st.Name(), rdir, n, time.Since(t).Seconds())})
 	return pc, rdir, n, nil
+}
+
+// discard removes what a failed migration put at the target, within 30 s
+// and whether or not the migration's own context was cancelled.
+func discard(t Target, remoteDir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return t.Discard(ctx, remoteDir)
 }
 
 // inPreCopy says whether rel (slash-separated, in an image directory) is a

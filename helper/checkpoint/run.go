@@ -193,7 +193,10 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	end := time.Now()
 	var bgErr error
-	if (j.concurrent || j.leaveRunning) && out.Err == nil && !out.TimedOut {
+	// After a dump that succeeded: the background copy of a concurrent
+	// one, and the return of GPU processes that run on.
+	awaited := (j.concurrent || j.leaveRunning) && out.Err == nil && !out.TimedOut
+	if awaited {
 		if j.concurrent {
 			// The tree runs on; its GPU memory is still being written.
 			j.ev.emit(Event{Kind: Phase, Text: "the tree runs on; writing its GPU memory into the image"})
@@ -209,7 +212,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 	r := &ran{pid: n.pid}
 	r.gpu, r.each = watch.stop()
 	r.phases = criuPhases(j.dump, runStart, n.pre, n.post, end)
-	if (j.concurrent || j.leaveRunning) && out.Err == nil && !out.TimedOut {
+	if awaited {
 		name := "gpu-resume" // the GPU processes' return, after CRIU
 		if j.concurrent {
 			name = "gpu-background"

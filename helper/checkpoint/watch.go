@@ -53,7 +53,7 @@ func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction
 		// A dump of a process tree makes one copy per process.
 		var mine []*helperpb.Transfer
 		for _, t := range list {
-			if t.Direction == direction && time.UnixMilli(t.StartedUnixMs).After(ev.start.Add(-time.Second)) {
+			if ofThisRun(t, direction, ev.start) {
 				mine = append(mine, t)
 			}
 		}
@@ -77,6 +77,12 @@ func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction
 			poll()
 		}
 	}
+}
+
+// ofThisRun says whether t is a copy in direction of the CRIU run begun at
+// start (a copy begun up to a second before, clocks rounded, counts).
+func ofThisRun(t *helperpb.Transfer, direction helperpb.Transfer_Direction, start time.Time) bool {
+	return t.Direction == direction && time.UnixMilli(t.StartedUnixMs).After(start.Add(-time.Second))
 }
 
 // combine sums copies into one: bytes, the span from the first start to the
@@ -192,7 +198,7 @@ func awaitBackground(ctx context.Context, socket, dir string, since time.Time, r
 		var mine []*helperpb.Transfer
 		waiting := false // for a process to run again
 		for _, t := range list {
-			if t.Direction != helperpb.Transfer_DIRECTION_DUMP || !time.UnixMilli(t.StartedUnixMs).After(since.Add(-time.Second)) {
+			if !ofThisRun(t, helperpb.Transfer_DIRECTION_DUMP, since) {
 				continue
 			}
 			if t.Background {

@@ -115,31 +115,26 @@ func (b *background) finish(err error) {
 // transfers of the copies finish with the outcome.
 func (s *Server) settleImage(w *image.Writer, abort bool) error {
 	b := s.takeBackground(w)
-	var err error
 	if abort {
-		err = w.Abort()
+		err := w.Abort()
 		if b != nil {
 			b.settle() // copies still waiting for their process need not
+			_ = b.wait()
+			b.finish(errors.New("the checkpoint failed: its GPU image is dropped"))
 		}
+		return err
+	}
+	var err error
+	if b != nil {
+		err = b.wait()
+	}
+	if err == nil {
+		err = w.Commit()
+	} else {
+		_ = w.Abort()
 	}
 	if b != nil {
-		if berr := b.wait(); !abort {
-			err = berr
-		}
-	}
-	if !abort {
-		if err == nil {
-			err = w.Commit()
-		} else {
-			_ = w.Abort()
-		}
-	}
-	if b != nil {
-		outcome := err
-		if abort {
-			outcome = errors.New("the checkpoint failed: its GPU image is dropped")
-		}
-		b.finish(outcome)
+		b.finish(err)
 	}
 	return err
 }

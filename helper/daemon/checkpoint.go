@@ -180,20 +180,20 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 		defer scratch.Release() // what the snapshot did not take
 	}
 	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}, scratch: scratch}
-	steps := []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
-		r.driverCheckpoint, r.commit, r.leaveRunning}
+	steps := []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage}
 	switch {
 	case o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit && !o.req.Detach:
 		// A GPU-only image of a process that runs on: it resumes right
 		// after the snapshot. It never gives its memory up, and nothing
 		// of its driver state goes into the image, so the driver's
 		// checkpoint would only stop it longer.
-		steps = []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.resumeEarly, r.commit}
+		steps = append(steps, r.resumeEarly, r.commit)
 	case o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit:
 		// The process runs again before the image is committed: the
 		// commit waits for the background copy, the process does not.
-		steps = []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage, r.drop, r.detach,
-			r.driverCheckpoint, r.leaveRunning, r.commit}
+		steps = append(steps, r.drop, r.detach, r.driverCheckpoint, r.leaveRunning, r.commit)
+	default:
+		steps = append(steps, r.drop, r.detach, r.driverCheckpoint, r.commit, r.leaveRunning)
 	}
 	for _, step := range steps {
 		if e := step(); e != nil {
@@ -243,13 +243,7 @@ func (r *checkpointRun) quiesceDrain() *stepError {
 		TimeoutMs: uint32(r.quiesce / time.Millisecond)}}}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_TIMEOUT, "quiesce: %v", err)
 	}
-	r.undos = append(r.undos, undo{"resume", func() error {
-		_, err := r.call(&helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}})
-		if err == nil {
-			err = r.cl.fire(evResumed)
-		}
-		return err
-	}})
+	r.undos = append(r.undos, undo{"resume", r.resume})
 	if err := r.cl.fire(evQuiesced); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "quiesce: %v", err)
 	}
@@ -564,32 +558,33 @@ func (r *checkpointRun) leaveRunning() *stepError {
 	if !r.req.LeaveRunning {
 		return nil
 	}
-	tr := r.cl.takeStopReport() // its steps are this checkpoint's own
+	tr := r.cl.takeStopReport() // taken first: the thaw's steps are this checkpoint's own
 	if err := r.s.thaw(r.cl, r.ctl, r.wait, r.ph); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "leave running: %v", err)
 	}
-	if tr != nil {
-		tr.resumed(nil)
-	}
+	tr.resumed(nil)
 	r.undos = nil // it runs with all its memory: a later failure costs the image alone
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }
 
+// resume opens the quiesced client's gate again (the quiesce's undo).
+func (r *checkpointRun) resume() error {
+	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}); err != nil {
+		return err
+	}
+	return r.cl.fire(evResumed)
+}
+
 // resumeEarly (a GPU-only concurrent checkpoint that leaves the process
 // running) resumes the process as soon as its snapshot is taken.
 func (r *checkpointRun) resumeEarly() *stepError {
-	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}); err != nil {
+	if err := r.resume(); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "resume: %v", err)
-	}
-	if err := r.cl.fire(evResumed); err != nil {
-		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "resume: %v", err)
 	}
 	r.undos = nil // it runs with all its memory: a later failure costs the image alone
 	r.ph.done("resume")
-	if tr := r.cl.takeStopReport(); tr != nil {
-		tr.resumed(nil)
-	}
+	r.cl.takeStopReport().resumed(nil)
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }

@@ -92,9 +92,7 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 		ph.done("resume")
 		steps = ph.list
 	}
-	if tr := cl.takeStopReport(); tr != nil {
-		tr.resumed(steps)
-	}
+	cl.takeStopReport().resumed(steps)
 	return nil
 }
 

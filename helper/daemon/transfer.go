@@ -48,8 +48,12 @@ func (t *transfer) setPhases(ph []*helperpb.Phase) {
 
 // resumed records that the checkpoint's process runs again, after the steps
 // ph of its resume (shown after the checkpoint's; nil where the checkpoint's
-// own steps hold them).
+// own steps hold them). A nil t (no checkpoint stopped the process) records
+// nothing.
 func (t *transfer) resumed(ph []*helperpb.Phase) {
+	if t == nil {
+		return
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.stopped.IsZero() || t.stall > 0 {

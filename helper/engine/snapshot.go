@@ -53,35 +53,23 @@ type scratchKey struct {
 // that cannot have scratch now is left to TakeSnapshot.
 func PrepareScratch(regions []Region, opts SnapshotOptions) (*Scratch, error) {
 	s := &Scratch{by: map[scratchKey]uint64{}}
-	budget := map[GPU]uint64{}
+	rooms := map[GPU]*room{}
 	for _, r := range regions {
-		b, ok := budget[r.Device]
-		if !ok {
-			free, _, err := r.Device.MemInfo()
-			if err != nil {
-				s.Release()
-				return nil, fmt.Errorf("device %s: free memory: %w", r.Device.UUID(), err)
-			}
-			if free > opts.Reserve {
-				b = free - opts.Reserve
-			}
+		rm := rooms[r.Device]
+		if rm == nil {
+			rm = &room{dev: r.Device, reserve: opts.Reserve}
+			rooms[r.Device] = rm
 		}
-		if r.Size > b {
-			budget[r.Device] = b
-			continue
-		}
-		h, err := r.Device.CreateScratch(r.Size)
-		if IsOutOfMemory(err) {
-			budget[r.Device] = 0
-			continue
-		}
+		h, ok, err := rm.make(r.Size)
 		if err != nil {
 			s.Release()
-			return nil, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", r.Device.UUID(), r.Size, err)
+			return nil, err
+		}
+		if !ok {
+			continue
 		}
 		s.by[scratchKey{r.Device, r.Handle, r.Size}] = h
 		s.Bytes += r.Size
-		budget[r.Device] = b - r.Size
 		// both views now: the stop maps nothing
 		if _, err := r.Device.Map(h, r.Size); err != nil {
 			s.Release()
@@ -93,6 +81,44 @@ func PrepareScratch(regions []Region, opts SnapshotOptions) (*Scratch, error) {
 		}
 	}
 	return s, nil
+}
+
+// room makes scratch memory on one device within what was free there,
+// less a reserve, when it was first asked.
+type room struct {
+	dev     GPU
+	reserve uint64
+	left    uint64
+	known   bool // left is set
+}
+
+// make returns new scratch memory of size bytes, or false where there is no
+// room for it (after the driver once finds the device full, for nothing
+// more).
+func (m *room) make(size uint64) (uint64, bool, error) {
+	if !m.known {
+		free, _, err := m.dev.MemInfo()
+		if err != nil {
+			return 0, false, fmt.Errorf("device %s: free memory: %w", m.dev.UUID(), err)
+		}
+		if free > m.reserve {
+			m.left = free - m.reserve
+		}
+		m.known = true
+	}
+	if size > m.left {
+		return 0, false, nil
+	}
+	h, err := m.dev.CreateScratch(size)
+	if IsOutOfMemory(err) {
+		m.left = 0 // the driver knows better than MemInfo did
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", m.dev.UUID(), size, err)
+	}
+	m.left -= size
+	return h, true, nil
 }
 
 // take hands the scratch made for r over to a snapshot (0, false: none).
@@ -197,8 +223,7 @@ func TakeSnapshot(regions []Region, opts SnapshotOptions) (*Snapshot, error) {
 func snapshotDevice(dev GPU, regions []Region, idx []int, opts SnapshotOptions, snapped []uint64) ([2]time.Duration, error) {
 	var took [2]time.Duration
 	t0 := time.Now()
-	budget := uint64(0)
-	known := false // the free memory, asked once a region needs new scratch
+	rm := &room{dev: dev, reserve: opts.Reserve} // for regions without scratch made ahead
 	type pair struct{ src, dst uint64 }
 	var copies []pair
 	var sizes []uint64
@@ -206,29 +231,13 @@ func snapshotDevice(dev GPU, regions []Region, idx []int, opts SnapshotOptions, 
 		r := regions[i]
 		h, ok := opts.Scratch.take(r)
 		if !ok {
-			if !known {
-				free, _, err := dev.MemInfo()
-				if err != nil {
-					return took, fmt.Errorf("device %s: free memory: %w", dev.UUID(), err)
-				}
-				if free > opts.Reserve {
-					budget = free - opts.Reserve
-				}
-				known = true
-			}
-			if r.Size > budget {
-				continue
-			}
 			var err error
-			h, err = dev.CreateScratch(r.Size)
-			if IsOutOfMemory(err) {
-				budget = 0 // the driver knows better than MemInfo did
+			if h, ok, err = rm.make(r.Size); err != nil {
+				return took, err
+			}
+			if !ok {
 				continue
 			}
-			if err != nil {
-				return took, fmt.Errorf("device %s: scratch memory for a snapshot (%d bytes): %w", dev.UUID(), r.Size, err)
-			}
-			budget -= r.Size
 		}
 		snapped[i] = h + 1
 		src, err := dev.Map(r.Handle, r.Size)
