@@ -1,0 +1,516 @@
+package engine
+
+// Copy-on-write windows: the other way a concurrent checkpoint lets the
+// application run on while its memory is saved, for the buffers a snapshot
+// has no room for. At the quiesce point every chunk is hashed on its GPU;
+// the chunks the image already has (zero, met earlier, in the parent chain)
+// are recorded at once, and the rest are "pending". The application then
+// runs, and its interposer, before each call that may write into a pending
+// chunk (its write set: the buffers a launch's parameters point into, a
+// copy's or memset's destination), asks the helper to save those chunks
+// first (Guard.Save) and waits. Meanwhile Guard.Run saves every other
+// pending chunk, in the background.
+//
+// A write the interposer cannot see (a kernel storing through a pointer it
+// loaded from memory) would put later bytes into the image. So every chunk
+// is saved through device staging: copied device-to-device, hashed there,
+// compared with its hash from the quiesce point, and only then copied to
+// the host from that staging. The bytes written are the bytes hashed; a
+// chunk whose hash changed fails the window (ChangedError) and the image
+// with it: it is exact or it is not made, never silently wrong.
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gpucr/gpucr/image"
+)
+
+// ChangedError is a chunk of a guarded region that no longer holds what it
+// held at the quiesce point, though no call the interposer saw wrote it:
+// something wrote it behind the window's back.
+type ChangedError struct {
+	Pid     int
+	Address uint64 // the region's, as the application sees it
+	Chunk   int
+	Offset  uint64
+}
+
+func (e *ChangedError) Error() string {
+	return fmt.Sprintf("pid %d: chunk %d (offset %d) of the buffer at 0x%x changed while it was saved, by a write "+
+		"the interposer did not see (a kernel storing through a pointer it read from memory?)", e.Pid, e.Chunk,
+		e.Offset, e.Address)
+}
+
+// ErrGuardClosed is Save's answer once the window has ended (all saved, or
+// failed): the caller may write.
+var ErrGuardClosed = errors.New("the copy-on-write window is closed")
+
+// guardLanes is how many chunks of one device a guard saves at once: each
+// lane needs a chunk of device staging.
+const guardLanes = 4
+
+// stagingGranule rounds a staging's size: device memory is made in
+// multiples of the device's granularity, 2 MiB on every GPU gpucr supports
+// and on the simulated driver.
+const stagingGranule = 2 << 20
+
+const (
+	chunkPending = iota
+	chunkSaving
+	chunkDone
+)
+
+// Guard is one copy-on-write window over regions whose memory stays where
+// it is, in use by the application.
+type Guard struct {
+	regions []Region
+	chunk   int
+	vas     []uint64
+	hashes  [][][16]byte
+	bws     []*image.BufferWriter
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	state   [][]uint8
+	pending int   // chunks not done
+	err     error // the first failure; the window is over
+	closed  bool  // every chunk saved, or failed
+
+	// Hash is the time hashing took at the quiesce point; Pending the
+	// bytes left to save when the window opened.
+	Hash    time.Duration
+	Pending uint64
+
+	saved                atomic.Int64 // chunks saved through Save, ahead of the background
+	copied, copiedBytes  atomic.Int64
+	done                 atomic.Int64 // bytes recorded or saved, for progress
+	progress, copiedHook func(int64)
+
+	stMu     sync.Mutex
+	stagings map[GPU]chan *staging // idle ones
+	made     map[GPU]int
+	all      []*staging
+}
+
+// GuardStats says what a window did.
+type GuardStats struct {
+	Chunks      int    // chunks of all regions
+	Copied      int    // chunks copied to the host
+	BytesCopied uint64 // their bytes
+	Asked       int    // of those, the chunks saved ahead of the background because a call was about to write them
+}
+
+// OpenGuard adds every region to w as a buffer (in order), hashes every
+// chunk on its GPU and records those w needs no bytes for. The regions must
+// not change meanwhile: the application is quiesced and drained. Run saves
+// the rest; Save saves some first.
+func OpenGuard(regions []Region, w *image.Writer, chunk int, opts Options) (*Guard, error) {
+	g := &Guard{regions: regions, chunk: chunk, vas: make([]uint64, len(regions)),
+		bws: make([]*image.BufferWriter, len(regions)), state: make([][]uint8, len(regions)),
+		progress: opts.Progress, copiedHook: opts.Copied}
+	g.cond = sync.NewCond(&g.mu)
+	for i, r := range regions {
+		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal(), GPUUUID: r.Device.UUID(),
+			Address: r.Address, Size: r.Size, Kind: r.Kind, Flags: r.Flags})
+		if err != nil {
+			return nil, fmt.Errorf("region %d: %w", i, err)
+		}
+		g.bws[i] = bw
+		if g.vas[i], err = r.Device.Map(r.Handle, r.Size); err != nil {
+			return nil, fmt.Errorf("region 0x%x (pid %d): %w", r.Address, r.Pid, err)
+		}
+	}
+	t := time.Now()
+	hashes, err := hashAll(regions, g.vas, chunk)
+	g.Hash = time.Since(t)
+	if err != nil {
+		return nil, err
+	}
+	g.hashes = hashes
+	var done int64
+	for i, r := range regions {
+		g.state[i] = make([]uint8, len(hashes[i]))
+		for ci, h := range hashes[i] {
+			known, err := g.bws[i].RecordChunk(ci, h)
+			if err != nil {
+				return nil, fmt.Errorf("region 0x%x: %w", r.Address, err)
+			}
+			if known {
+				g.state[i][ci] = chunkDone
+				done += int64(g.chunkLen(i, ci))
+				continue
+			}
+			g.pending++
+			g.Pending += uint64(g.chunkLen(i, ci))
+		}
+	}
+	g.done.Store(done)
+	if g.progress != nil {
+		g.progress(done)
+	}
+	g.stagings, g.made = map[GPU]chan *staging{}, map[GPU]int{}
+	return g, nil
+}
+
+func (g *Guard) chunkLen(r, ci int) int {
+	off := uint64(ci) * uint64(g.chunk)
+	return int(min(uint64(g.chunk), g.regions[r].Size-off))
+}
+
+// PendingChunks is, for each region, one flag per chunk: true while the
+// chunk still has to be saved (what the interposer must guard).
+func (g *Guard) PendingChunks() [][]bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([][]bool, len(g.state))
+	for i, st := range g.state {
+		out[i] = make([]bool, len(st))
+		for ci, s := range st {
+			out[i][ci] = s != chunkDone
+		}
+	}
+	return out
+}
+
+// Regions are the guarded regions, in the order of PendingChunks.
+func (g *Guard) Regions() []Region { return g.regions }
+
+// ChunkSize is the chunk the window tracks.
+func (g *Guard) ChunkSize() int { return g.chunk }
+
+// AddrRange is a range of the application's addresses.
+type AddrRange struct{ Addr, Size uint64 }
+
+// Save saves the pending chunks of pid's regions that overlap ranges (the
+// application's addresses) before it returns, waiting for those already
+// being saved. It returns nil once they are in the image, or
+// ErrGuardClosed, or the window's failure: either way the caller's write
+// may go ahead (a failed window's image is not committed).
+func (g *Guard) Save(pid int, ranges []AddrRange) error {
+	type job struct{ r, ci int }
+	var mine []job
+	g.mu.Lock()
+	for _, ar := range ranges {
+		if ar.Size == 0 {
+			continue
+		}
+		for i, r := range g.regions {
+			if r.Pid != pid || ar.Addr >= r.Address+r.Size || ar.Addr+ar.Size <= r.Address {
+				continue
+			}
+			lo := max(ar.Addr, r.Address) - r.Address
+			hi := min(ar.Addr+ar.Size, r.Address+r.Size) - r.Address
+			for ci := int(lo / uint64(g.chunk)); uint64(ci)*uint64(g.chunk) < hi; ci++ {
+				if g.state[i][ci] == chunkPending {
+					g.state[i][ci] = chunkSaving
+					mine = append(mine, job{i, ci})
+				}
+			}
+		}
+	}
+	g.mu.Unlock()
+	// Ours, in order, each on a lane of its device.
+	var first error
+	for _, j := range mine {
+		err := g.saveOne(j.r, j.ci)
+		g.finishOne(j.r, j.ci, err)
+		if err == nil {
+			g.saved.Add(1)
+		} else if first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return first
+	}
+	// Then wait for the others being saved (by Run or another Save).
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for {
+		if g.err != nil {
+			return g.err
+		}
+		busy := false
+		for _, ar := range ranges {
+			for i, r := range g.regions {
+				if r.Pid != pid || ar.Size == 0 || ar.Addr >= r.Address+r.Size || ar.Addr+ar.Size <= r.Address {
+					continue
+				}
+				lo := max(ar.Addr, r.Address) - r.Address
+				hi := min(ar.Addr+ar.Size, r.Address+r.Size) - r.Address
+				for ci := int(lo / uint64(g.chunk)); uint64(ci)*uint64(g.chunk) < hi; ci++ {
+					if g.state[i][ci] != chunkDone {
+						busy = true
+					}
+				}
+			}
+		}
+		if !busy {
+			if g.closed {
+				return ErrGuardClosed
+			}
+			return nil
+		}
+		g.cond.Wait()
+	}
+}
+
+// finishOne marks chunk ci of region r saved, or the window failed.
+func (g *Guard) finishOne(r, ci int, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err != nil {
+		if g.err == nil {
+			g.err = err
+		}
+		g.closed = true
+		// Chunks no one will save: nobody waits for them any longer.
+		g.cond.Broadcast()
+		return
+	}
+	g.state[r][ci] = chunkDone
+	g.pending--
+	if g.pending == 0 {
+		g.closed = true
+	}
+	g.cond.Broadcast()
+}
+
+// staging is one lane and one chunk of device memory of its device.
+type staging struct {
+	dev  GPU
+	lane Lane
+	h    uint64 // scratch handle
+	va   uint64
+}
+
+// saveOne saves chunk ci of region r through a staging of its device:
+// device-to-device, hashed there, compared, then to the host and the image.
+func (g *Guard) saveOne(r, ci int) error {
+	reg := g.regions[r]
+	st, err := g.takeStaging(reg.Device)
+	if err != nil {
+		return err
+	}
+	n := g.chunkLen(r, ci)
+	off := uint64(ci) * uint64(g.chunk)
+	var copyErr error
+	if err := st.lane.Do(func() {
+		if copyErr = st.lane.StartDtoD(st.va, g.vas[r]+off, uint64(n)); copyErr == nil {
+			copyErr = st.lane.Sync()
+		}
+	}); err != nil {
+		copyErr = err
+	}
+	if copyErr != nil {
+		g.dropStaging(st)
+		return fmt.Errorf("device %s: region 0x%x chunk %d: copy to staging: %w", reg.Device.UUID(), reg.Address, ci, copyErr)
+	}
+	hs, err := reg.Device.HashRanges([]Range{{VA: st.va, Size: uint64(n)}}, g.chunk)
+	if err != nil {
+		g.dropStaging(st)
+		return fmt.Errorf("device %s: hash on the GPU: %w", reg.Device.UUID(), err)
+	}
+	if hs[0][0] != g.hashes[r][ci] {
+		g.giveStaging(st)
+		return &ChangedError{Pid: reg.Pid, Address: reg.Address, Chunk: ci, Offset: off}
+	}
+	buf := st.lane.Staging()[:n]
+	if err := st.lane.Do(func() {
+		if copyErr = st.lane.StartDtoH(buf, st.va); copyErr == nil {
+			copyErr = st.lane.Sync()
+		}
+	}); err != nil {
+		copyErr = err
+	}
+	if copyErr != nil {
+		g.dropStaging(st)
+		return fmt.Errorf("device %s: region 0x%x chunk %d: copy to the host: %w", reg.Device.UUID(), reg.Address, ci, copyErr)
+	}
+	werr := g.bws[r].WriteChunkHashed(ci, buf, g.hashes[r][ci])
+	g.giveStaging(st)
+	if werr != nil {
+		return werr
+	}
+	g.copied.Add(1)
+	g.copiedBytes.Add(int64(n))
+	if g.copiedHook != nil {
+		g.copiedHook(int64(n))
+	}
+	if done := g.done.Add(int64(n)); g.progress != nil {
+		g.progress(done)
+	}
+	return nil
+}
+
+// takeStaging returns an idle staging of dev, making one while dev has
+// fewer than guardLanes, else waiting for one.
+func (g *Guard) takeStaging(dev GPU) (*staging, error) {
+	g.stMu.Lock()
+	ch := g.stagings[dev]
+	if ch == nil {
+		ch = make(chan *staging, guardLanes)
+		g.stagings[dev] = ch
+	}
+	select {
+	case st := <-ch:
+		g.stMu.Unlock()
+		return st, nil
+	default:
+	}
+	if g.made[dev] >= guardLanes {
+		g.stMu.Unlock()
+		return <-ch, nil
+	}
+	g.made[dev]++
+	g.stMu.Unlock()
+	st, err := newStaging(dev, g.chunk)
+	if err != nil {
+		g.stMu.Lock()
+		g.made[dev]--
+		g.stMu.Unlock()
+		return nil, err
+	}
+	g.stMu.Lock()
+	g.all = append(g.all, st)
+	g.stMu.Unlock()
+	return st, nil
+}
+
+func newStaging(dev GPU, chunk int) (*staging, error) {
+	l, err := dev.AcquireLane(LaneStaging(chunk))
+	if err != nil {
+		return nil, err
+	}
+	// Device memory comes in granules (2 MiB on the GPUs gpucr runs on).
+	size := (uint64(chunk) + stagingGranule - 1) / stagingGranule * stagingGranule
+	h, err := dev.CreateScratch(size)
+	if err != nil {
+		dev.ReleaseLane(l)
+		return nil, fmt.Errorf("device %s: staging for a copy-on-write window: %w", dev.UUID(), err)
+	}
+	va, err := dev.Map(h, size)
+	if err != nil {
+		_ = dev.ReleaseScratch(h)
+		dev.ReleaseLane(l)
+		return nil, fmt.Errorf("device %s: staging view: %w", dev.UUID(), err)
+	}
+	return &staging{dev: dev, lane: l, h: h, va: va}, nil
+}
+
+func (g *Guard) giveStaging(st *staging) { g.stagings[st.dev] <- st }
+
+// dropStaging gives back a staging whose lane failed: its lane is closed,
+// and a new one is made in its place next time.
+func (g *Guard) dropStaging(st *staging) {
+	st.lane.Close()
+	st.lane = nil
+	g.stMu.Lock()
+	g.made[st.dev]--
+	g.stMu.Unlock()
+}
+
+// Run saves every pending chunk (a few at once per device), then closes
+// the buffers; it returns the window's first failure. Save calls made
+// meanwhile are served too. Release afterwards.
+func (g *Guard) Run() (GuardStats, error) {
+	type job struct{ r, ci int }
+	byDev := map[GPU][]job{}
+	g.mu.Lock()
+	for i, r := range g.regions {
+		for ci := range g.state[i] {
+			if g.state[i][ci] == chunkPending {
+				byDev[r.Device] = append(byDev[r.Device], job{i, ci})
+			}
+		}
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, jobs := range byDev {
+		var next atomic.Int64
+		for range guardLanes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					k := int(next.Add(1)) - 1
+					if k >= len(jobs) {
+						return
+					}
+					j := jobs[k]
+					g.mu.Lock()
+					if g.err != nil {
+						g.mu.Unlock()
+						return
+					}
+					mine := g.state[j.r][j.ci] == chunkPending
+					if mine {
+						g.state[j.r][j.ci] = chunkSaving
+					}
+					g.mu.Unlock()
+					if mine {
+						g.finishOne(j.r, j.ci, g.saveOne(j.r, j.ci))
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	// Chunks a Save claimed may still be in flight.
+	g.mu.Lock()
+	for g.err == nil && g.pending > 0 {
+		g.cond.Wait()
+	}
+	err := g.err
+	g.closed = true
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	st := g.stats()
+	if err != nil {
+		return st, err
+	}
+	for i, bw := range g.bws {
+		if err := bw.Close(); err != nil {
+			return st, fmt.Errorf("region %d: %w", i, err)
+		}
+	}
+	return st, nil
+}
+
+// Fail ends the window with err (the checkpoint was given up): Save calls
+// return at once and Run stops.
+func (g *Guard) Fail(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err == nil {
+		g.err = err
+	}
+	g.closed = true
+	g.cond.Broadcast()
+}
+
+func (g *Guard) stats() GuardStats {
+	st := GuardStats{Copied: int(g.copied.Load()), BytesCopied: uint64(g.copiedBytes.Load()), Asked: int(g.saved.Load())}
+	for _, hs := range g.hashes {
+		st.Chunks += len(hs)
+	}
+	return st
+}
+
+// Release frees the window's device staging and lanes (after Run).
+func (g *Guard) Release() {
+	g.stMu.Lock()
+	all := g.all
+	g.all = nil
+	g.stMu.Unlock()
+	for _, st := range all {
+		if st.lane != nil {
+			st.dev.ReleaseLane(st.lane)
+		}
+		_ = st.dev.ReleaseScratch(st.h)
+	}
+}
