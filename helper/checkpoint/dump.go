@@ -62,6 +62,9 @@ type DumpResult struct {
 	LeaveRunning bool     `json:"leave_running"`
 	LeaveStopped bool     `json:"leave_stopped,omitempty"`
 	Concurrent   bool     `json:"concurrent,omitempty"`
+	// Redone: the concurrent checkpoint found memory changed behind its
+	// copy-on-write window and was taken again stop-the-world; why.
+	Redone string `json:"redone,omitempty"`
 	// StallSeconds (LeaveRunning): the longest a GPU process of the tree
 	// was stopped, from its quiesce to its resume (0: not known).
 	StallSeconds float64 `json:"stall_seconds,omitempty"`
@@ -102,6 +105,22 @@ const treeGoneWait = 10 * time.Second
 // returns once the tree's pids are free, so that a restore right after can
 // have them.
 func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
+	res, err := dump(ctx, o)
+	if err == nil || !o.Concurrent || !IsChanged(err) {
+		return res, err
+	}
+	// The tree runs on and DIR is as it was: take it again, exact by
+	// construction (the tree waits while its memory is copied).
+	(&emitter{out: o.Events, start: time.Now()}).emit(Event{Kind: Warning, Text: redoReason(err)})
+	o.Concurrent = false
+	res, err2 := dump(ctx, o)
+	if res != nil {
+		res.Redone = redoReason(err)
+	}
+	return res, err2
+}
+
+func dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if o.LeaveRunning && o.LeaveStopped {
 		return nil, errors.New("a checkpoint leaves the tree running or stopped, not both")

@@ -26,7 +26,12 @@ type Failure struct {
 	// image, written after that, failed (a concurrent checkpoint). No
 	// process waits for its memory from the partial image.
 	background bool
+	cause      error // what failed the background copy (Unwrap)
 }
+
+// Unwrap is what failed a concurrent checkpoint's background copy, if that
+// is what failed.
+func (f *Failure) Unwrap() error { return f.cause }
 
 // ProcessAfter is a GPU process after its dump was killed.
 type ProcessAfter struct {

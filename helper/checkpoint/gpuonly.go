@@ -54,8 +54,18 @@ func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 	}
 	req := &helperpb.Checkpoint{Pid: int64(o.Pid), ImageDir: o.Dir, LeaveRunning: o.LeaveRunning, Parent: o.Parent,
 		Compress: o.Compress, TimeoutMs: uint32(quiesce / time.Millisecond), Concurrent: o.Concurrent && o.LeaveRunning}
-	return callCheckpoint(ctx, o.Socket, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}},
-		fmt.Sprintf("checkpoint %d", o.Pid), int(d.Fd()))
+	what := fmt.Sprintf("checkpoint %d", o.Pid)
+	r, err := callCheckpoint(ctx, o.Socket, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}}, what, int(d.Fd()))
+	if err != nil && req.Concurrent && IsChanged(err) {
+		// Exact by construction: the process waits while it is copied.
+		first := err
+		req.Concurrent = false
+		r, err = callCheckpoint(ctx, o.Socket, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: req}}, what, int(d.Fd()))
+		if r != nil {
+			r.Redone = redoReason(first)
+		}
+	}
+	return r, err
 }
 
 // Resume gives a process that a GPU-only checkpoint left waiting its GPU

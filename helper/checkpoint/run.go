@@ -232,7 +232,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 	if bgErr != nil {
 		// CRIU's images stay unpublished: the directory gets no image
 		// whose GPU part is missing.
-		f := &Failure{Log: logPath, GPU: gpuCopyOf(r.gpu), Plugin: sess.pluginLines(), background: true,
+		f := &Failure{Log: logPath, GPU: gpuCopyOf(r.gpu), Plugin: sess.pluginLines(), background: true, cause: bgErr,
 			Summary: fmt.Sprintf("%s: the tree runs on, but its GPU memory could not be written into the image: %v", j.what, bgErr)}
 		f.Hints = criuHintsFor(append(append([]string{}, f.Plugin...), bgErr.Error()))
 		return r, f

@@ -212,6 +212,11 @@ func awaitBackground(ctx context.Context, socket, dir string, since time.Time, r
 		if len(mine) > 0 {
 			all = combine(mine)
 			if all.Finished && all.Error != "" {
+				for _, t := range mine {
+					if t.Changed {
+						return changedErr{all.Error}
+					}
+				}
 				return errors.New(all.Error)
 			}
 		}

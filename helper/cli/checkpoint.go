@@ -96,6 +96,9 @@ func checkpointCommand() *ucli.Command {
 			}
 			line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, res.Seconds, humanBytes(uint64(res.ImageBytes)), abs)
 			line += preCopyText(res.PreCopy)
+			if res.Redone != "" {
+				line += "\n  redone: " + res.Redone
+			}
 			if res.StallSeconds > 0 {
 				line += fmt.Sprintf("\n  stopped %.3f s (the longest of its GPU processes, from the quiesce to the resume)", res.StallSeconds)
 			}
@@ -213,6 +216,12 @@ func reportGPU(c *ucli.Context, r *helperpb.CheckpointReply, what string, pid pr
 	if r.Bytes > 0 {
 		line += fmt.Sprintf(", %d buffers, %s of GPU memory (%s over PCIe, %s stored)", r.Buffers, humanBytes(r.Bytes),
 			humanBytes(r.BytesMoved), humanBytes(r.StoredBytes))
+	}
+	if r.GuardedBytes > 0 {
+		line += fmt.Sprintf("; %s saved behind a copy-on-write window while it ran on", humanBytes(r.GuardedBytes))
+	}
+	if r.Redone != "" {
+		line += "\n  redone: " + r.Redone
 	}
 	_, err := fmt.Fprintf(c.App.Writer, "%s; state %s\n  %s\n", line, checkpoint.StateName(r.State), strings.Join(parts, ", "))
 	if err == nil && r.State == helperpb.ClientState_CLIENT_STATE_DROPPED && dir != "" {

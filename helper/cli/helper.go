@@ -56,7 +56,9 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
 				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
 			&ucli.StringFlag{Name: "snapshot-reserve", Value: "2G",
-				Usage: "GPU memory per device a concurrent checkpoint leaves free for the process running on (its snapshot takes what is free beyond; buffers that do not fit are copied while the process waits)"},
+				Usage: "GPU memory per device a concurrent checkpoint leaves free for the process running on (its snapshot takes what is free beyond; buffers that do not fit go to a copy-on-write window, or are copied while the process waits with --concurrent-mode snapshot)"},
+			&ucli.StringFlag{Name: "concurrent-mode", Value: "auto",
+				Usage: "how a concurrent checkpoint keeps each buffer while the process runs on: auto (a snapshot in spare GPU memory where it fits, a copy-on-write window for the rest), snapshot (the rest is copied while the process waits), copy-on-write (every buffer in the window, no snapshot memory)"},
 			// Benchmarks turn it off to measure what it saves.
 			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,
 				Usage: "hold one small exported allocation per device, which keeps the driver's exports fast"},
@@ -138,8 +140,13 @@ func runHelper(c *ucli.Context) error {
 	if err != nil || strings.EqualFold(strings.TrimSpace(c.String("snapshot-reserve")), "unlimited") {
 		return usageError{fmt.Errorf("--snapshot-reserve: %q is not a size (like 512M or 2G)", c.String("snapshot-reserve"))}
 	}
+	cmode, err := daemon.ParseConcurrentMode(c.String("concurrent-mode"))
+	if err != nil {
+		return usageError{fmt.Errorf("--concurrent-mode: %v", err)}
+	}
 	cfg := daemon.Config{
 		SnapshotReserve: reserve,
+		Concurrent:      cmode,
 		Pool:            daemon.PoolConfig{Budget: poolBytes},
 		ExportKeeper:    c.Bool("export-keeper"),
 		Socket:          client.SocketPath(c.String("socket")),

@@ -133,6 +133,7 @@ type checkpointRun struct {
 	keep    bool            // the image is (being) committed: a failure no longer aborts it
 	wake    string          // the wake file the drop and the detach name
 	scratch *engine.Scratch // a concurrent checkpoint's snapshot memory, made before the stop
+	guard   *engine.Guard   // a concurrent checkpoint's copy-on-write window, armed
 }
 
 // stepError is a failed checkpoint step: the response's error code and
@@ -170,8 +171,11 @@ func stepFailed(code helperpb.ErrorCode, format string, args ...any) *stepError 
 //   - commit the image (unless the commit is deferred);
 //   - with LeaveRunning, give it its GPU back.
 func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*helperpb.CheckpointReply, *helperpb.Response) {
+	if !cl.waitGuard(guardWaitLimit) {
+		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: the copy-on-write window of its previous checkpoint is still open after %v", cl.pid, guardWaitLimit)
+	}
 	var scratch *engine.Scratch
-	if o.req.Concurrent {
+	if o.req.Concurrent && s.cfg.Concurrent != ConcurrentCopyOnWrite {
 		// The snapshot's memory is made while the process still runs.
 		var err error
 		if scratch, err = engine.PrepareScratch(s.allocRegions(cl), engine.SnapshotOptions{Reserve: s.cfg.SnapshotReserve}); err != nil {
@@ -217,6 +221,13 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 // CommitImage{abort}, or when its connection closes) and undoes every step
 // done so far, newest first; what cannot be undone is logged and told.
 func (r *checkpointRun) fail(e *stepError) *helperpb.Response {
+	if r.guard != nil {
+		// The window must not open with the undo's resume.
+		r.guard.Fail(errors.New("the checkpoint failed"))
+		if r.cl.clearGuard(r.guard) {
+			r.guard.Release()
+		}
+	}
 	if r.w != nil && !r.keep && !r.req.DeferCommit {
 		_ = r.s.settleImage(r.w, true)
 	}
@@ -356,20 +367,44 @@ func (r *checkpointRun) copyToImage() *stepError {
 // helper that dies loses the process's memory (background.go says why).
 func (r *checkpointRun) snapshotToImage() *stepError {
 	tr := r.tr
-	snap, err := engine.TakeSnapshot(r.regions, engine.SnapshotOptions{Reserve: r.s.cfg.SnapshotReserve, Scratch: r.scratch})
-	r.scratch.Release() // what it did not take
-	if err != nil {
-		tr.finish(err)
-		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "snapshot: %v", err)
+	snap := &engine.Snapshot{Rest: r.regions}
+	unhold := func() {}
+	if r.s.cfg.Concurrent != ConcurrentCopyOnWrite {
+		var err error
+		snap, err = engine.TakeSnapshot(r.regions, engine.SnapshotOptions{Reserve: r.s.cfg.SnapshotReserve, Scratch: r.scratch})
+		r.scratch.Release() // what it did not take
+		if err != nil {
+			tr.finish(err)
+			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "snapshot: %v", err)
+		}
+		unhold = r.s.snaps.hold(snap)
+		r.reply.SnapshotBytes = snap.Bytes
+		r.ph.done("snapshot")
+		r.log.Info("snapshot taken", zap.Uint64("bytes", snap.Bytes), zap.Int("buffers", len(snap.Copies)),
+			zap.Duration("alloc", snap.Alloc), zap.Duration("copy", snap.Copy))
 	}
-	unhold := r.s.snaps.hold(snap)
-	r.reply.SnapshotBytes = snap.Bytes
-	r.ph.done("snapshot")
-	r.log.Info("snapshot taken", zap.Uint64("bytes", snap.Bytes), zap.Int("buffers", len(snap.Copies)),
-		zap.Duration("alloc", snap.Alloc), zap.Duration("copy", snap.Copy))
 	rest := engine.TotalSize(snap.Rest)
-	r.reply.StoppedBytes = rest
-	if len(snap.Rest) > 0 {
+	// The rest stays where it is, in a copy-on-write window, when the
+	// process runs on after the checkpoint (or after CRIU's dump, unless
+	// CRIU kills it: then its memory is saved before it is released,
+	// freeAllocs); a GPU-only checkpoint that leaves it dropped copies it
+	// now.
+	if len(snap.Rest) > 0 && (r.req.LeaveRunning || r.req.Detach) && r.s.cfg.Concurrent != ConcurrentSnapshot {
+		g, err := engine.OpenGuard(snap.Rest, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress, Copied: tr.copied})
+		if err != nil {
+			_ = snap.Release()
+			unhold()
+			tr.finish(err)
+			return copyFailed(err, r.w.Dir())
+		}
+		r.guard = g
+		r.cl.setGuard(g) // opens with the process's resume
+		r.reply.GuardedBytes = g.Pending
+		r.ph.done("gpu-hash")
+		r.log.Info("copy-on-write window armed", zap.Int("buffers", len(snap.Rest)), zap.Uint64("bytes", rest),
+			zap.Uint64("pending_bytes", g.Pending), zap.Duration("gpu_hash", g.Hash))
+	} else if len(snap.Rest) > 0 {
+		r.reply.StoppedBytes = rest
 		r.log.Info("no room to snapshot every buffer: the rest is copied before the process runs on",
 			zap.Uint64("snapshot_bytes", snap.Bytes), zap.Uint64("stopped_bytes", rest), zap.Uint64("reserve", r.s.cfg.SnapshotReserve))
 		st, err := engine.Dump(snap.Rest, r.w, image.DefaultChunkSize, engine.Options{Progress: tr.progress, Copied: tr.copied})
@@ -383,7 +418,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		r.ph.doneSplit("gpu-hash", st.Hash, "copy")
 	}
 	pid := r.cl.pid
-	if len(snap.Copies) == 0 {
+	if len(snap.Copies) == 0 && r.guard == nil {
 		unhold()
 		tr.finish(nil)
 		if r.s.hasBackground(r.w) {
@@ -400,7 +435,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		return nil
 	}
 	tr.background = true
-	w, nth, log, cl := r.w, r.nth, r.log, r.cl
+	w, nth, log, cl, g := r.w, r.nth, r.log, r.cl, r.guard
 	bg := r.s.backgroundOf(w)
 	bg.add(tr, func() error {
 		if r.s.faultAt("stall-background", nth) {
@@ -412,6 +447,27 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		}
 		waited := r.s.untilRunning(cl, bg.settling)
 		tr.waited(waited)
+		if g != nil {
+			// The window first: the process's writes into it wait for it.
+			// Its chunks are saved from the memory the process runs on,
+			// each checked against the quiesce point; a write held back
+			// meanwhile has its chunks saved first (SaveFirst).
+			t := time.Now()
+			gst, err := g.Run()
+			r.s.endGuard(cl, g)
+			if err != nil {
+				_ = snap.Release()
+				unhold()
+				log.Error("the copy-on-write window of a concurrent checkpoint failed", zap.Error(err))
+				return guardFailed(err, w.Dir()).err()
+			}
+			log.Info("copy-on-write window saved", zap.Int("chunks", gst.Chunks), zap.Int("copied", gst.Copied),
+				zap.Int("saved_first", gst.Asked), zap.Uint64("bytes_copied", gst.BytesCopied),
+				zap.Duration("seconds", time.Since(t)), zap.Duration("waited_for_the_process", waited))
+			if len(snap.Copies) == 0 {
+				return w.SealProcess(int(pid))
+			}
+		}
 		t := time.Now()
 		progress := func(done int64) { tr.progress(int64(rest) + done) }
 		st, err := engine.Dump(snap.Copies, w, image.DefaultChunkSize, engine.Options{Progress: progress, Copied: tr.copied})
@@ -568,9 +624,11 @@ func (r *checkpointRun) leaveRunning() *stepError {
 	return nil
 }
 
-// resume opens the quiesced client's gate again (the quiesce's undo).
+// resume opens the quiesced client's gate again (the quiesce's undo; a
+// window armed by then opens with it, unless the checkpoint failed: fail
+// ends the window first).
 func (r *checkpointRun) resume() error {
-	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}); err != nil {
+	if _, err := r.call(r.cl.resumeRequest()); err != nil {
 		return err
 	}
 	return r.cl.fire(evResumed)

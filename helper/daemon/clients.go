@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/image"
@@ -60,6 +61,12 @@ type client struct {
 	// stopReport is the copy record of the checkpoint that stopped it
 	// last, told when it runs again (transfer.resumed). Guarded by mu.
 	stopReport *transfer
+
+	// guard is the copy-on-write window of a concurrent checkpoint (armed
+	// until a Resume opens it; guard.go); guardOver closes when it ends.
+	// Guarded by mu.
+	guard     *engine.Guard
+	guardOver chan struct{}
 }
 
 // setStopReport records tr as the checkpoint that stops cl now.
@@ -153,6 +160,8 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.free(cl, req.Id, b.Free)
 		case *helperpb.Request_Export:
 			resp, fd = s.export(cl, req.Id, b.Export)
+		case *helperpb.Request_SaveFirst:
+			resp = s.saveFirst(cl, req.Id, b.SaveFirst)
 		default:
 			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
 			return
@@ -293,7 +302,12 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 	}
 	delete(cl.allocs, al.id)
 	cl.bytes -= al.size
+	g := cl.guard
 	cl.mu.Unlock()
+	if g != nil && al.address != 0 {
+		// A free is a write: a copy-on-write window saves the memory first.
+		_ = g.Save(int(cl.pid), []engine.AddrRange{{Addr: al.address, Size: al.size}})
+	}
 	s.mu.Lock()
 	s.reg.disown(al.id)
 	s.mu.Unlock()
@@ -407,7 +421,14 @@ func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
 	cl.allocs = map[uint64]*alloc{}
 	bytes = cl.bytes
 	cl.bytes = 0
+	g := cl.guard
 	cl.mu.Unlock()
+	if g != nil {
+		// A process that goes (killed after a dump, or exited) while a
+		// copy-on-write window holds its memory: the window saves it
+		// first.
+		_ = g.Save(int(cl.pid), []engine.AddrRange{{Addr: 0, Size: ^uint64(0)}})
+	}
 	for _, al := range allocs {
 		s.mu.Lock()
 		s.reg.disown(al.id)

@@ -80,7 +80,8 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 	if ph != nil {
 		ph.done("reimport")
 	}
-	if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Resume{Resume: &helperpb.Resume{}}}, wait); err != nil {
+	// (with a concurrent checkpoint's copy-on-write window, if one is armed)
+	if _, err := controlCall(ctl, cl.resumeRequest(), wait); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
 	if err := cl.fire(evResumed); err != nil {

@@ -81,6 +81,9 @@ type Config struct {
 	// snapshot leaves free on each device, for the process that runs on
 	// while it is copied out (0: none).
 	SnapshotReserve uint64
+	// Concurrent is how a concurrent checkpoint keeps each buffer while
+	// the process runs on.
+	Concurrent ConcurrentMode
 	// ExportKeeper holds one small exported allocation per device while
 	// the helper serves, which keeps the driver's later exports fast
 	// (keeper.go).

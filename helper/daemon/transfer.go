@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,7 @@ type transfer struct {
 	finished bool
 	took     time.Duration
 	err      string
+	changed  bool              // err is a copy-on-write window's ChangedError
 	phases   []*helperpb.Phase // a dump's checkpoint steps, once it has ended
 }
 
@@ -95,6 +97,8 @@ func (t *transfer) finish(err error) {
 	t.took = time.Since(t.start)
 	if err != nil {
 		t.err = err.Error()
+		se := stepErr{}
+		t.changed = errors.As(err, &se) && se.code == helperpb.ErrorCode_ERROR_CHANGED
 	}
 }
 
@@ -114,7 +118,7 @@ func (t *transfer) proto() *helperpb.Transfer {
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
 		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: append(append([]*helperpb.Phase(nil), t.phases...), t.after...),
 		Background:     t.background,
-		StoppedSeconds: t.stall.Seconds()}
+		StoppedSeconds: t.stall.Seconds(), Changed: t.changed}
 }
 
 // transferLog holds the running transfers and the last finished ones.

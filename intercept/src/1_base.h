@@ -9,6 +9,7 @@
  *   1_syms.c     the symbol table: the driver's entry points (GPUCR_LIBCUDA), the dlsym and
  *                cuGetProcAddress hooks that hand out the wrappers
  *   1_gate.c     the gate the wrappers pass and a checkpoint closes
+ *   1_guard.c    a copy-on-write window's guarded regions and their pending chunks
  *   1_reasons.c  what makes this process not checkpointable
  *   1_table.c    buffer table (immutable sorted snapshots, swapped atomically) and the
  *                slab bitmap allocator; no driver calls, unit-tested by tests/intercept/c/unit.c
@@ -46,7 +47,9 @@ GC_HIDDEN void gc_resolve(void);
 
 /* ---- 1_gate.c: the gate ---- */
 GC_HIDDEN void gc_gate_init(void); /* from the constructor */
-GC_HIDDEN void gc_gate_enter(void);
+/* 0; 1 while a copy-on-write window is open (the caller must check what it may write: 7_cow.h). */
+GC_HIDDEN int gc_gate_enter(void);
+GC_HIDDEN void gc_gate_window(bool open); /* opened while the gate is closed */
 GC_HIDDEN void gc_gate_leave(void);
 GC_HIDDEN int gc_gate_close(unsigned timeout_ms); /* 0 or -ETIMEDOUT (gate reopened) */
 GC_HIDDEN void gc_gate_open(void);
@@ -68,6 +71,26 @@ GC_HIDDEN void gc_note_reason(int reason);
 /* The noted reasons in words into out (room for 6); returns their count. */
 GC_HIDDEN int gc_reason_names(const char **out);
 GC_HIDDEN void gc_reasons_reset(void); /* fork child */
+
+/* ---- 1_guard.c: a copy-on-write window's regions and the chunks still to be saved ---- */
+typedef struct {
+    uint64_t addr, size;
+    const uint8_t *bits; /* bit c of byte c/8: chunk c is pending */
+    size_t nbits;        /* bytes of bits */
+    bool vmm;            /* the application's own VMM mapping (back-to-back ones are one span to a kernel) */
+} gc_guard_region;
+typedef struct {
+    uint64_t addr, size;
+} gc_range;
+/* The control thread, gate closed: a new table (the old one is freed); 0 or -1 (no memory). */
+GC_HIDDEN int gc_guard_build(const gc_guard_region *regs, size_t n, uint64_t chunk);
+GC_HIDDEN void gc_guard_drop(void); /* the window is over (freed at the next build) */
+/* Lock-free, any thread: */
+GC_HIDDEN bool gc_guard_region_of(uint64_t addr, uint64_t *base, uint64_t *size);
+/* The pending chunks overlapping [lo, hi), merged into at most max ranges; max + 1 if there are more. */
+GC_HIDDEN size_t gc_guard_pending(uint64_t lo, uint64_t hi, gc_range *out, size_t max);
+GC_HIDDEN void gc_guard_saved(uint64_t lo, uint64_t hi);
+GC_HIDDEN bool gc_guard_any(uint64_t *lo, uint64_t *hi); /* the span of every guarded region */
 
 /* ---- 1_table.c: the buffer table ---- */
 
@@ -188,6 +211,10 @@ static inline bool gc_scan_due(void) {
 }
 /* A sampled scan: scans the launch and sets the thread's interval to the next one. */
 GC_HIDDEN unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams, void **extra);
+/* Calls fn with every 8-byte word of a launch's parameters (a copy-on-write window: every launch); false if
+ * the parameters could not be read (no layout from the driver). */
+typedef void (*gc_word_fn)(uint64_t w, void *arg);
+GC_HIDDEN bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
 

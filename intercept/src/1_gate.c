@@ -38,6 +38,9 @@ static pthread_once_t slot_key_once = PTHREAD_ONCE_INIT;
 static int slot_key_ok;
 /* For threads whose slot could not be allocated: shared, so counted with atomic read-modify-writes. */
 static gate_slot overflow_slot;
+/* GATE_CLOSED: a checkpoint holds the process; GATE_WINDOW: a copy-on-write window is open (the wrappers check
+ * their writes). 0, the steady state, is all a call reads. */
+enum { GATE_CLOSED = 1, GATE_WINDOW = 2 };
 static _Atomic int gate_closed;
 /* no membarrier: every call fences. Read by every call, set by the closer: atomic, relaxed (a plain load on x86). */
 static _Atomic int fence_each_call;
@@ -107,7 +110,7 @@ static inline void count_out(gate_slot *s) {
 
 void gc_gate_leave(void) { count_out(my_slot); }
 
-void gc_gate_enter(void) {
+int gc_gate_enter(void) {
     gate_slot *s = slot();
     for (;;) {
         count_in(s);
@@ -115,15 +118,28 @@ void gc_gate_enter(void) {
             atomic_thread_fence(memory_order_seq_cst);
         else
             atomic_signal_fence(memory_order_seq_cst); /* the closer's membarrier orders it for the CPU */
-        if (__builtin_expect(!atomic_load_explicit(&gate_closed, memory_order_relaxed), 1) || gc_in_control)
-            return;
+        int g = atomic_load_explicit(&gate_closed, memory_order_relaxed);
+        if (__builtin_expect(g == 0, 1) || gc_in_control)
+            return 0;
+        if (!(g & GATE_CLOSED))
+            return 1; /* a window: the caller checks what it writes */
         count_out(s);
         gc_stat_add(STAT_GATE_WAITS, 1);
         pthread_mutex_lock(&gate_mu);
-        while (atomic_load(&gate_closed))
+        while (atomic_load(&gate_closed) & GATE_CLOSED)
             pthread_cond_wait(&gate_cv, &gate_mu);
         pthread_mutex_unlock(&gate_mu);
     }
+}
+
+/* A window opens only while the gate is closed (Resume) and is read after a call counted itself in: a call
+ * that passed the gate before it opened finished before the gate closed. Closing it needs no barrier: a call
+ * that still sees it only asks the helper about chunks it has saved already. */
+void gc_gate_window(bool open) {
+    if (open)
+        atomic_fetch_or(&gate_closed, GATE_WINDOW);
+    else
+        atomic_fetch_and(&gate_closed, ~GATE_WINDOW);
 }
 
 static long busy_calls(void) {
@@ -141,7 +157,7 @@ static uint64_t now_ns(void) {
 
 int gc_gate_close(unsigned timeout_ms) {
     uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    atomic_store(&gate_closed, 1);
+    atomic_fetch_or(&gate_closed, GATE_CLOSED);
     if (atomic_load(&fence_each_call) || membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
         /* every call fences (or registration was lost, e.g. across fork): a fence here pairs with theirs */
         atomic_store(&fence_each_call, 1);
@@ -164,7 +180,7 @@ int gc_gate_close(unsigned timeout_ms) {
 
 void gc_gate_open(void) {
     pthread_mutex_lock(&gate_mu);
-    atomic_store(&gate_closed, 0);
+    atomic_fetch_and(&gate_closed, ~GATE_CLOSED);
     pthread_cond_broadcast(&gate_cv);
     pthread_mutex_unlock(&gate_mu);
 }

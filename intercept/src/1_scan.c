@@ -281,6 +281,44 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
     return hits;
 }
 
+static void each_word(const void *p, size_t len, gc_word_fn fn, void *arg) {
+    if (!p)
+        return;
+    const unsigned char *b = p;
+    for (size_t off = 0; off + 8 <= len; off += 8) {
+        uint64_t w;
+        memcpy(&w, b + off, 8);
+        fn(w, arg);
+    }
+}
+
+bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
+    if (kernelParams) {
+        bool owned;
+        const gc_layout *l = gc_layout_get(f, &owned);
+        bool ok = l && l->ok;
+        if (ok)
+            for (uint32_t i = 0; i < l->n; i++)
+                each_word(kernelParams[i], l->size[i], fn, arg);
+        if (owned)
+            free((void *)l);
+        return ok;
+    }
+    if (extra) {
+        void *buf = NULL;
+        size_t size = 0;
+        for (size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                buf = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+                memcpy(&size, extra[i + 1], sizeof size);
+        }
+        each_word(buf, size, fn, arg);
+        return buf != NULL || size == 0;
+    }
+    return true; /* no parameters */
+}
+
 /* ---- sampling ---- */
 
 __thread uint32_t gc_scan_wait __attribute__((tls_model("initial-exec")));

@@ -266,6 +266,34 @@ CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direc
     return CUDA_SUCCESS;
 }
 
+int gc_link_save_first(const gc_range *ranges, size_t n) {
+    Gpucr__Helper__V1__AddressRange rs[GC_SAVE_FIRST_MAX];
+    Gpucr__Helper__V1__AddressRange *ps[GC_SAVE_FIRST_MAX];
+    if (n > GC_SAVE_FIRST_MAX)
+        n = GC_SAVE_FIRST_MAX;
+    for (size_t i = 0; i < n; i++) {
+        gpucr__helper__v1__address_range__init(&rs[i]);
+        rs[i].address = ranges[i].addr;
+        rs[i].size = ranges[i].size;
+        ps[i] = &rs[i];
+    }
+    Gpucr__Helper__V1__SaveFirst sf = GPUCR__HELPER__V1__SAVE_FIRST__INIT;
+    sf.n_ranges = n;
+    sf.ranges = ps;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_SAVE_FIRST;
+    req.save_first = &sf;
+    Resp *resp = NULL;
+    int nfds = 0;
+    if (call_helper(&req, &resp, NULL, 0, &nfds) < 0)
+        return -1;
+    int rc = resp->error ? -1 : 0;
+    if (resp->error)
+        gc_warn("helper: SaveFirst: %s", resp->error->message ? resp->error->message : "refused");
+    gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
 CUresult gc_link_export(uint64_t id, int *fd) {
     Gpucr__Helper__V1__Export e = GPUCR__HELPER__V1__EXPORT__INIT;
     e.alloc_id = id;

@@ -44,6 +44,10 @@ GC_HIDDEN void gc_link_mapped(uint64_t id, uint64_t addr);
 /* Export: a new fd of allocation id (the caller's to close), or the CUresult for the application. */
 GC_HIDDEN CUresult gc_link_export(uint64_t id, int *fd);
 GC_HIDDEN void gc_link_free(uint64_t id);
+/* SaveFirst: the helper saves these ranges' pending chunks of a copy-on-write window (at most GC_SAVE_FIRST_MAX
+ * ranges) and answers; 0, or -1 (no helper: the window is over). */
+#define GC_SAVE_FIRST_MAX 32
+GC_HIDDEN int gc_link_save_first(const gc_range *ranges, size_t n);
 
 /* The helper socket's path, our client token. */
 GC_HIDDEN const char *gc_link_socket(void);

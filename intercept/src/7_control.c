@@ -22,6 +22,7 @@
 #include "5_vmm.h"
 #include "6_modules.h"
 #include "7_control.h"
+#include "7_cow.h"
 #include "wire.h"
 
 typedef Gpucr__Helper__V1__Request Req;
@@ -194,7 +195,28 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
         set_ok(resp);
 }
 
-static void do_resume(Resp *resp) {
+/* A Resume's copy-on-write window, opened while the gate is still closed. */
+static int open_window(const Gpucr__Helper__V1__Resume *r) {
+    if (!r || r->n_guard == 0)
+        return 0;
+    gc_guard_region *regs = calloc(r->n_guard, sizeof *regs);
+    if (!regs)
+        return -1;
+    for (size_t i = 0; i < r->n_guard; i++) {
+        regs[i].addr = r->guard[i]->address;
+        regs[i].size = r->guard[i]->size;
+        regs[i].bits = r->guard[i]->pending.data;
+        regs[i].nbits = r->guard[i]->pending.len;
+        regs[i].vmm = r->guard[i]->vmm;
+    }
+    int rc = gc_cow_open(regs, r->n_guard, r->guard_chunk);
+    free(regs);
+    if (rc == 0)
+        gc_debug("copy-on-write window open: %zu regions", r->n_guard);
+    return rc;
+}
+
+static void do_resume(const Req *req, Resp *resp) {
     int st = atomic_load(&G.state);
     if (st == CLIENT_DROPPED) {
         gc_alloc_lock();
@@ -205,6 +227,10 @@ static void do_resume(Resp *resp) {
             set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Resume: allocations not reimported");
             return;
         }
+    }
+    if (open_window(req->resume) != 0) {
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_OUT_OF_MEMORY, "Resume: no memory for the window");
+        return;
     }
     atomic_store(&G.state, CLIENT_RUNNING);
     G.wake_path[0] = 0; /* the memory is back: nothing to wait for */
@@ -496,7 +522,12 @@ serve:
             case GPUCR__HELPER__V1__REQUEST__BODY_DRAIN: do_drain(&resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_DROP: do_drop(req, &resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_REIMPORT: do_reimport(req, &resp, fds, nfds); break;
-            case GPUCR__HELPER__V1__REQUEST__BODY_RESUME: do_resume(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_RESUME: do_resume(req, &resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_UNGUARD:
+                gc_cow_close();
+                gc_debug("copy-on-write window closed");
+                set_ok(&resp);
+                break;
             case GPUCR__HELPER__V1__REQUEST__BODY_SNAPSHOT:
                 do_snapshot(&resp, &sm);
                 snapped = true;
@@ -548,6 +579,7 @@ serve:
         goto serve;
     }
     gc_note_reason(GC_REASON_CONTROL);
+    gc_cow_close(); /* no helper to save anything any more */
     if (atomic_load(&G.state) == CLIENT_QUIESCED) {
         atomic_store(&G.state, CLIENT_RUNNING);
         gc_gate_open();

@@ -7,106 +7,119 @@
  * launches, copies or memsets they are.
  */
 #include "1_base.h"
+#include "7_cow.h"
 
-#define GATED(name, stat, PARAMS, ARGS)                                                                                \
+/* WRITE: what the call may write, saved first while a copy-on-write window is open (7_cow.h). */
+#define GATED(name, stat, PARAMS, ARGS, WRITE)                                                                         \
     GC_EXPORT CUresult name PARAMS {                                                                                   \
         __typeof__(&name) real_ = GC_REAL(name);                                                                       \
         if (!real_)                                                                                                    \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        gc_gate_enter();                                                                                               \
+        if (gc_gate_enter()) {                                                                                         \
+            WRITE;                                                                                                     \
+        }                                                                                                              \
         gc_stat_add(stat, 1);                                                                                          \
         CUresult r = real_ ARGS;                                                                                       \
         gc_gate_leave();                                                                                               \
         return r;                                                                                                      \
     }
 
-GATED(cuGraphLaunch, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))
-GATED(cuGraphLaunch_ptsz, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))
-GATED(cuLaunchHostFunc, STAT_LAUNCHES, (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData))
-GATED(cuLaunchHostFunc_ptsz, STAT_LAUNCHES, (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData))
-GATED(cuMemcpy2D_v2, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy))
-GATED(cuMemcpy2D_v2_ptds, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy))
-GATED(cuMemcpy2DUnaligned_v2, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy))
-GATED(cuMemcpy2DUnaligned_v2_ptds, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy))
-GATED(cuMemcpy2DAsync_v2, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy, CUstream hStream), (pCopy, hStream))
-GATED(cuMemcpy2DAsync_v2_ptsz, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy, CUstream hStream), (pCopy, hStream))
-GATED(cuMemcpy3D_v2, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy), (pCopy))
-GATED(cuMemcpy3D_v2_ptds, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy), (pCopy))
-GATED(cuMemcpy3DAsync_v2, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy, CUstream hStream), (pCopy, hStream))
-GATED(cuMemcpy3DAsync_v2_ptsz, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy, CUstream hStream), (pCopy, hStream))
-GATED(cuMemcpy3DPeer, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy), (pCopy))
-GATED(cuMemcpy3DPeer_ptds, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy), (pCopy))
-GATED(cuMemcpy3DPeerAsync, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy, CUstream hStream), (pCopy, hStream))
-GATED(cuMemcpy3DPeerAsync_ptsz, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy, CUstream hStream), (pCopy, hStream))
+GATED(cuGraphLaunch, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream), gc_cow_all())
+GATED(cuGraphLaunch_ptsz, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream),
+      gc_cow_all())
+GATED(cuLaunchHostFunc, STAT_LAUNCHES, (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData),
+      (void)0)
+GATED(cuLaunchHostFunc_ptsz, STAT_LAUNCHES, (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData),
+      (void)0)
+GATED(cuMemcpy2D_v2, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy2D_v2_ptds, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy2DUnaligned_v2, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy2DUnaligned_v2_ptds, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy2DAsync_v2, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy, CUstream hStream), (pCopy, hStream), gc_cow_all())
+GATED(cuMemcpy2DAsync_v2_ptsz, STAT_COPIES, (const CUDA_MEMCPY2D *pCopy, CUstream hStream), (pCopy, hStream),
+      gc_cow_all())
+GATED(cuMemcpy3D_v2, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy3D_v2_ptds, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy3DAsync_v2, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy, CUstream hStream), (pCopy, hStream), gc_cow_all())
+GATED(cuMemcpy3DAsync_v2_ptsz, STAT_COPIES, (const CUDA_MEMCPY3D *pCopy, CUstream hStream), (pCopy, hStream),
+      gc_cow_all())
+GATED(cuMemcpy3DPeer, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy3DPeer_ptds, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy), (pCopy), gc_cow_all())
+GATED(cuMemcpy3DPeerAsync, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy, CUstream hStream), (pCopy, hStream),
+      gc_cow_all())
+GATED(cuMemcpy3DPeerAsync_ptsz, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy, CUstream hStream), (pCopy, hStream),
+      gc_cow_all())
 GATED(cuMemcpyPeer, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount), gc_cow_write(dstDevice, ByteCount))
 GATED(cuMemcpyPeer_ptds, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount), gc_cow_write(dstDevice, ByteCount))
 GATED(cuMemcpyPeerAsync, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
        CUstream hStream),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream), gc_cow_write(dstDevice, ByteCount))
 GATED(cuMemcpyPeerAsync_ptsz, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
        CUstream hStream),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream), gc_cow_write(dstDevice, ByteCount))
 GATED(cuMemsetD2D8_v2, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height),
-      (dstDevice, dstPitch, uc, Width, Height))
+      (dstDevice, dstPitch, uc, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D8_v2_ptds, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height),
-      (dstDevice, dstPitch, uc, Width, Height))
+      (dstDevice, dstPitch, uc, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D16_v2, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height),
-      (dstDevice, dstPitch, us, Width, Height))
+      (dstDevice, dstPitch, us, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D16_v2_ptds, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height),
-      (dstDevice, dstPitch, us, Width, Height))
+      (dstDevice, dstPitch, us, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D32_v2, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height),
-      (dstDevice, dstPitch, ui, Width, Height))
+      (dstDevice, dstPitch, ui, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D32_v2_ptds, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height),
-      (dstDevice, dstPitch, ui, Width, Height))
+      (dstDevice, dstPitch, ui, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D8Async, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream),
-      (dstDevice, dstPitch, uc, Width, Height, hStream))
+      (dstDevice, dstPitch, uc, Width, Height, hStream), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D8Async_ptsz, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream),
-      (dstDevice, dstPitch, uc, Width, Height, hStream))
+      (dstDevice, dstPitch, uc, Width, Height, hStream), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D16Async, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream),
-      (dstDevice, dstPitch, us, Width, Height, hStream))
+      (dstDevice, dstPitch, us, Width, Height, hStream), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D16Async_ptsz, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream),
-      (dstDevice, dstPitch, us, Width, Height, hStream))
+      (dstDevice, dstPitch, us, Width, Height, hStream), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D32Async, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream),
-      (dstDevice, dstPitch, ui, Width, Height, hStream))
+      (dstDevice, dstPitch, ui, Width, Height, hStream), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuMemsetD2D32Async_ptsz, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream),
-      (dstDevice, dstPitch, ui, Width, Height, hStream))
+      (dstDevice, dstPitch, ui, Width, Height, hStream), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
 GATED(cuStreamWriteValue32_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
-      (stream, addr, value, flags))
+      (stream, addr, value, flags), gc_cow_write(addr, 4))
 GATED(cuStreamWriteValue32_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags))
+      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags),
+      gc_cow_write(addr, 4))
 GATED(cuStreamWriteValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
-      (stream, addr, value, flags))
+      (stream, addr, value, flags), gc_cow_write(addr, 8))
 GATED(cuStreamWriteValue64_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags))
+      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags),
+      gc_cow_write(addr, 8))
 GATED(cuStreamWaitValue32_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
-      (stream, addr, value, flags))
+      (stream, addr, value, flags), (void)0)
 GATED(cuStreamWaitValue32_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags))
+      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), (void)0)
 GATED(cuStreamWaitValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
-      (stream, addr, value, flags))
+      (stream, addr, value, flags), (void)0)
 GATED(cuStreamWaitValue64_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags))
+      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), (void)0)
 GATED(cuStreamBatchMemOp_v2, STAT_LAUNCHES,
       (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags),
-      (stream, count, paramArray, flags))
+      (stream, count, paramArray, flags), gc_cow_all())
 GATED(cuStreamBatchMemOp_v2_ptsz, STAT_LAUNCHES,
       (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags),
-      (stream, count, paramArray, flags))
+      (stream, count, paramArray, flags), gc_cow_all())

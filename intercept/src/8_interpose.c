@@ -13,6 +13,7 @@
 #include "5_vmm.h"
 #include "6_modules.h"
 #include "7_control.h"
+#include "7_cow.h"
 
 /* ---- init ---- */
 
@@ -44,13 +45,15 @@ __attribute__((constructor)) static void gc_init(void) {
 
 /* ---- wrappers ---- */
 
-/* Counted pass-through. */
-#define WRAP_COUNT(name, stat, PARAMS, ARGS)                                                                           \
+/* Counted pass-through; WRITE runs first while a copy-on-write window is open (7_cow.h). */
+#define WRAP_COUNT(name, stat, PARAMS, ARGS, WRITE)                                                                    \
     GC_EXPORT CUresult name PARAMS {                                                                                   \
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        gc_gate_enter();                                                                                               \
+        if (gc_gate_enter()) {                                                                                         \
+            WRITE;                                                                                                     \
+        }                                                                                                              \
         gc_stat_add(stat, 1);                                                                                          \
         CUresult r = fn ARGS;                                                                                          \
         gc_gate_leave();                                                                                               \
@@ -287,7 +290,8 @@ static inline void scan(void *f, void **kernelParams, void **extra) {
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        gc_gate_enter();                                                                                               \
+        if (gc_gate_enter())                                                                                           \
+            gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
                         kernelParams, extra);                                                                          \
@@ -304,7 +308,8 @@ LAUNCH(cuLaunchKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        gc_gate_enter();                                                                                               \
+        if (gc_gate_enter())                                                                                           \
+            gc_cow_launch(f, kernelParams, NULL);                                                                      \
         scan(f, kernelParams, NULL);                                                                                   \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
                         kernelParams);                                                                                 \
@@ -319,7 +324,8 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        gc_gate_enter();                                                                                               \
+        if (gc_gate_enter())                                                                                           \
+            gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(config, f, kernelParams, extra);                                                               \
         gc_gate_leave();                                                                                               \
@@ -330,27 +336,34 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
 /* ---- copies and memsets ---- */
 
-#define CP_SYNC(name, D, S) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n), (dst, src, n))
-#define CP_ASYNC(name, D, S) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s))
-CP_SYNC(cuMemcpyHtoD_v2, CUdeviceptr, const void *)
-CP_SYNC(cuMemcpyDtoH_v2, void *, CUdeviceptr)
-CP_SYNC(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr)
-CP_SYNC(cuMemcpy, CUdeviceptr, CUdeviceptr)
-CP_SYNC(cuMemcpyHtoD_v2_ptds, CUdeviceptr, const void *)
-CP_SYNC(cuMemcpyDtoH_v2_ptds, void *, CUdeviceptr)
-CP_SYNC(cuMemcpyDtoD_v2_ptds, CUdeviceptr, CUdeviceptr)
-CP_SYNC(cuMemcpy_ptds, CUdeviceptr, CUdeviceptr)
-CP_ASYNC(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *)
-CP_ASYNC(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr)
-CP_ASYNC(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr)
-CP_ASYNC(cuMemcpyAsync, CUdeviceptr, CUdeviceptr)
-CP_ASYNC(cuMemcpyHtoDAsync_v2_ptsz, CUdeviceptr, const void *)
-CP_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, void *, CUdeviceptr)
-CP_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, CUdeviceptr, CUdeviceptr)
-CP_ASYNC(cuMemcpyAsync_ptsz, CUdeviceptr, CUdeviceptr)
+/* A copy writes its destination (none for device-to-host; a host destination is never guarded). */
+#define NO_WRITE (void)0
+#define CP_SYNC(name, D, S, W) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n), (dst, src, n), W)
+#define CP_ASYNC(name, D, S, W) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s), W)
+#define TO_DEV gc_cow_write((uint64_t)dst, n)
+CP_SYNC(cuMemcpyHtoD_v2, CUdeviceptr, const void *, TO_DEV)
+CP_SYNC(cuMemcpyDtoH_v2, void *, CUdeviceptr, NO_WRITE)
+CP_SYNC(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_SYNC(cuMemcpy, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_SYNC(cuMemcpyHtoD_v2_ptds, CUdeviceptr, const void *, TO_DEV)
+CP_SYNC(cuMemcpyDtoH_v2_ptds, void *, CUdeviceptr, NO_WRITE)
+CP_SYNC(cuMemcpyDtoD_v2_ptds, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_SYNC(cuMemcpy_ptds, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_ASYNC(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, TO_DEV)
+CP_ASYNC(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, NO_WRITE)
+CP_ASYNC(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_ASYNC(cuMemcpyAsync, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_ASYNC(cuMemcpyHtoDAsync_v2_ptsz, CUdeviceptr, const void *, TO_DEV)
+CP_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, void *, CUdeviceptr, NO_WRITE)
+CP_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_ASYNC(cuMemcpyAsync_ptsz, CUdeviceptr, CUdeviceptr, TO_DEV)
 
-#define MS_SYNC(name, T) WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n), (d, v, n))
-#define MS_ASYNC(name, T) WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s))
+/* A memset writes n elements of sizeof(T) from d. */
+#define MS_SYNC(name, T)                                                                                               \
+    WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n), (d, v, n), gc_cow_write(d, (uint64_t)n * sizeof(T)))
+#define MS_ASYNC(name, T)                                                                                              \
+    WRAP_COUNT(name, STAT_MEMSETS, (CUdeviceptr d, T v, size_t n, CUstream s), (d, v, n, s),                           \
+               gc_cow_write(d, (uint64_t)n * sizeof(T)))
 MS_SYNC(cuMemsetD8_v2, unsigned char)
 MS_SYNC(cuMemsetD16_v2, unsigned short)
 MS_SYNC(cuMemsetD32_v2, unsigned int)

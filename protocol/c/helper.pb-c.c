@@ -817,6 +817,186 @@ void   gpucr__helper__v1__resume__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__resume__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__guard_region__init
+                     (Gpucr__Helper__V1__GuardRegion         *message)
+{
+  static const Gpucr__Helper__V1__GuardRegion init_value = GPUCR__HELPER__V1__GUARD_REGION__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__guard_region__get_packed_size
+                     (const Gpucr__Helper__V1__GuardRegion *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__guard_region__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__guard_region__pack
+                     (const Gpucr__Helper__V1__GuardRegion *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__guard_region__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__guard_region__pack_to_buffer
+                     (const Gpucr__Helper__V1__GuardRegion *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__guard_region__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__GuardRegion *
+       gpucr__helper__v1__guard_region__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__GuardRegion *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__guard_region__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__guard_region__free_unpacked
+                     (Gpucr__Helper__V1__GuardRegion *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__guard_region__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__save_first__init
+                     (Gpucr__Helper__V1__SaveFirst         *message)
+{
+  static const Gpucr__Helper__V1__SaveFirst init_value = GPUCR__HELPER__V1__SAVE_FIRST__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__save_first__get_packed_size
+                     (const Gpucr__Helper__V1__SaveFirst *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__save_first__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__save_first__pack
+                     (const Gpucr__Helper__V1__SaveFirst *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__save_first__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__save_first__pack_to_buffer
+                     (const Gpucr__Helper__V1__SaveFirst *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__save_first__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__SaveFirst *
+       gpucr__helper__v1__save_first__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__SaveFirst *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__save_first__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__save_first__free_unpacked
+                     (Gpucr__Helper__V1__SaveFirst *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__save_first__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__address_range__init
+                     (Gpucr__Helper__V1__AddressRange         *message)
+{
+  static const Gpucr__Helper__V1__AddressRange init_value = GPUCR__HELPER__V1__ADDRESS_RANGE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__address_range__get_packed_size
+                     (const Gpucr__Helper__V1__AddressRange *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__address_range__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__address_range__pack
+                     (const Gpucr__Helper__V1__AddressRange *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__address_range__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__address_range__pack_to_buffer
+                     (const Gpucr__Helper__V1__AddressRange *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__address_range__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__AddressRange *
+       gpucr__helper__v1__address_range__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__AddressRange *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__address_range__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__address_range__free_unpacked
+                     (Gpucr__Helper__V1__AddressRange *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__address_range__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__unguard__init
+                     (Gpucr__Helper__V1__Unguard         *message)
+{
+  static const Gpucr__Helper__V1__Unguard init_value = GPUCR__HELPER__V1__UNGUARD__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__unguard__get_packed_size
+                     (const Gpucr__Helper__V1__Unguard *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__unguard__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__unguard__pack
+                     (const Gpucr__Helper__V1__Unguard *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__unguard__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__unguard__pack_to_buffer
+                     (const Gpucr__Helper__V1__Unguard *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__unguard__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Unguard *
+       gpucr__helper__v1__unguard__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Unguard *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__unguard__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__unguard__free_unpacked
+                     (Gpucr__Helper__V1__Unguard *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__unguard__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__snapshot__init
                      (Gpucr__Helper__V1__Snapshot         *message)
 {
@@ -2077,7 +2257,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[25] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[27] =
 {
   {
     "id",
@@ -2147,6 +2327,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     offsetof(Gpucr__Helper__V1__Request, body_case),
     offsetof(Gpucr__Helper__V1__Request, export),
     &gpucr__helper__v1__export__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "save_first",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, save_first),
+    &gpucr__helper__v1__save_first__descriptor,
     NULL,
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
@@ -2255,6 +2447,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     offsetof(Gpucr__Helper__V1__Request, body_case),
     offsetof(Gpucr__Helper__V1__Request, abort),
     &gpucr__helper__v1__abort__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "unguard",
+    19,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, unguard),
+    &gpucr__helper__v1__unguard__descriptor,
     NULL,
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
@@ -2381,38 +2585,39 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
   },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
-  14,   /* field[14] = abort */
+  15,   /* field[15] = abort */
   2,   /* field[2] = alloc */
-  17,   /* field[17] = checkpoint */
-  16,   /* field[16] = client_op */
-  22,   /* field[22] = commit_image */
-  13,   /* field[13] = detach */
-  7,   /* field[7] = drain */
-  8,   /* field[8] = drop */
-  19,   /* field[19] = dump_done */
+  19,   /* field[19] = checkpoint */
+  18,   /* field[18] = client_op */
+  24,   /* field[24] = commit_image */
+  14,   /* field[14] = detach */
+  8,   /* field[8] = drain */
+  9,   /* field[9] = drop */
+  21,   /* field[21] = dump_done */
   5,   /* field[5] = export */
   4,   /* field[4] = free */
-  12,   /* field[12] = get_stats */
+  13,   /* field[13] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
   3,   /* field[3] = mapped */
-  20,   /* field[20] = prepare_restore */
-  6,   /* field[6] = quiesce */
-  9,   /* field[9] = reimport */
-  21,   /* field[21] = restored */
-  10,   /* field[10] = resume */
-  18,   /* field[18] = resume_checkpointed */
-  11,   /* field[11] = snapshot */
-  15,   /* field[15] = status */
-  23,   /* field[23] = transfers */
-  24,   /* field[24] = wait_restored */
+  22,   /* field[22] = prepare_restore */
+  7,   /* field[7] = quiesce */
+  10,   /* field[10] = reimport */
+  23,   /* field[23] = restored */
+  11,   /* field[11] = resume */
+  20,   /* field[20] = resume_checkpointed */
+  6,   /* field[6] = save_first */
+  12,   /* field[12] = snapshot */
+  17,   /* field[17] = status */
+  25,   /* field[25] = transfers */
+  16,   /* field[16] = unguard */
+  26,   /* field[26] = wait_restored */
 };
-static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[3 + 1] =
+static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 10, 6 },
-  { 20, 15 },
-  { 0, 25 }
+  { 10, 7 },
+  { 0, 27 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2422,10 +2627,10 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  25,
+  27,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
-  3,  gpucr__helper__v1__request__number_ranges,
+  2,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
@@ -3439,9 +3644,42 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__reimport_entry__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__reimport_entry__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-#define gpucr__helper__v1__resume__field_descriptors NULL
-#define gpucr__helper__v1__resume__field_indices_by_name NULL
-#define gpucr__helper__v1__resume__number_ranges NULL
+static const ProtobufCFieldDescriptor gpucr__helper__v1__resume__field_descriptors[2] =
+{
+  {
+    "guard",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Resume, n_guard),
+    offsetof(Gpucr__Helper__V1__Resume, guard),
+    &gpucr__helper__v1__guard_region__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "guard_chunk",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Resume, guard_chunk),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__resume__field_indices_by_name[] = {
+  0,   /* field[0] = guard */
+  1,   /* field[1] = guard_chunk */
+};
+static const ProtobufCIntRange gpucr__helper__v1__resume__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
 const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor =
 {
   PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
@@ -3450,11 +3688,195 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor =
   "Gpucr__Helper__V1__Resume",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Resume),
-  0,
+  2,
   gpucr__helper__v1__resume__field_descriptors,
   gpucr__helper__v1__resume__field_indices_by_name,
-  0,  gpucr__helper__v1__resume__number_ranges,
+  1,  gpucr__helper__v1__resume__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__resume__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__guard_region__field_descriptors[4] =
+{
+  {
+    "address",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__GuardRegion, address),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "size",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__GuardRegion, size),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "pending",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__GuardRegion, pending),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "vmm",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__GuardRegion, vmm),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__guard_region__field_indices_by_name[] = {
+  0,   /* field[0] = address */
+  2,   /* field[2] = pending */
+  1,   /* field[1] = size */
+  3,   /* field[3] = vmm */
+};
+static const ProtobufCIntRange gpucr__helper__v1__guard_region__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__guard_region__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.GuardRegion",
+  "GuardRegion",
+  "Gpucr__Helper__V1__GuardRegion",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__GuardRegion),
+  4,
+  gpucr__helper__v1__guard_region__field_descriptors,
+  gpucr__helper__v1__guard_region__field_indices_by_name,
+  1,  gpucr__helper__v1__guard_region__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__guard_region__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__save_first__field_descriptors[1] =
+{
+  {
+    "ranges",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__SaveFirst, n_ranges),
+    offsetof(Gpucr__Helper__V1__SaveFirst, ranges),
+    &gpucr__helper__v1__address_range__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__save_first__field_indices_by_name[] = {
+  0,   /* field[0] = ranges */
+};
+static const ProtobufCIntRange gpucr__helper__v1__save_first__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__save_first__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.SaveFirst",
+  "SaveFirst",
+  "Gpucr__Helper__V1__SaveFirst",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__SaveFirst),
+  1,
+  gpucr__helper__v1__save_first__field_descriptors,
+  gpucr__helper__v1__save_first__field_indices_by_name,
+  1,  gpucr__helper__v1__save_first__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__save_first__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__address_range__field_descriptors[2] =
+{
+  {
+    "address",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AddressRange, address),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "size",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AddressRange, size),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__address_range__field_indices_by_name[] = {
+  0,   /* field[0] = address */
+  1,   /* field[1] = size */
+};
+static const ProtobufCIntRange gpucr__helper__v1__address_range__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__address_range__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.AddressRange",
+  "AddressRange",
+  "Gpucr__Helper__V1__AddressRange",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__AddressRange),
+  2,
+  gpucr__helper__v1__address_range__field_descriptors,
+  gpucr__helper__v1__address_range__field_indices_by_name,
+  1,  gpucr__helper__v1__address_range__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__address_range__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define gpucr__helper__v1__unguard__field_descriptors NULL
+#define gpucr__helper__v1__unguard__field_indices_by_name NULL
+#define gpucr__helper__v1__unguard__number_ranges NULL
+const ProtobufCMessageDescriptor gpucr__helper__v1__unguard__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Unguard",
+  "Unguard",
+  "Gpucr__Helper__V1__Unguard",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Unguard),
+  0,
+  gpucr__helper__v1__unguard__field_descriptors,
+  gpucr__helper__v1__unguard__field_indices_by_name,
+  0,  gpucr__helper__v1__unguard__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__unguard__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 #define gpucr__helper__v1__snapshot__field_descriptors NULL
@@ -4723,7 +5145,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__commit_image__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__commit_image__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[9] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field_descriptors[11] =
 {
   {
     "buffers",
@@ -4833,12 +5255,38 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint_reply__field
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "guarded_bytes",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, guarded_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "redone",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__CheckpointReply, redone),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint_reply__field_indices_by_name[] = {
   0,   /* field[0] = buffers */
   1,   /* field[1] = bytes */
   6,   /* field[6] = bytes_moved */
+  9,   /* field[9] = guarded_bytes */
   3,   /* field[3] = phases */
+  10,   /* field[10] = redone */
   7,   /* field[7] = snapshot_bytes */
   5,   /* field[5] = state */
   8,   /* field[8] = stopped_bytes */
@@ -4848,7 +5296,7 @@ static const unsigned gpucr__helper__v1__checkpoint_reply__field_indices_by_name
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor =
 {
@@ -4858,7 +5306,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint_reply__descriptor
   "Gpucr__Helper__V1__CheckpointReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__CheckpointReply),
-  9,
+  11,
   gpucr__helper__v1__checkpoint_reply__field_descriptors,
   gpucr__helper__v1__checkpoint_reply__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint_reply__number_ranges,
@@ -5429,7 +5877,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[13] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[14] =
 {
   {
     "image_dir",
@@ -5587,12 +6035,25 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "changed",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, changed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   11,   /* field[11] = background */
   2,   /* field[2] = bytes_done */
   9,   /* field[9] = bytes_moved */
   3,   /* field[3] = bytes_total */
+  13,   /* field[13] = changed */
   1,   /* field[1] = direction */
   5,   /* field[5] = elapsed_us */
   7,   /* field[7] = error */
@@ -5606,7 +6067,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 13 }
+  { 0, 14 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -5616,7 +6077,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  13,
+  14,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,
@@ -5721,7 +6182,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__alloc_kind__descriptor =
   gpucr__helper__v1__alloc_kind__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCEnumValue gpucr__helper__v1__error_code__enum_values_by_number[10] =
+static const ProtobufCEnumValue gpucr__helper__v1__error_code__enum_values_by_number[11] =
 {
   { "ERROR_UNSPECIFIED", "GPUCR__HELPER__V1__ERROR_CODE__ERROR_UNSPECIFIED", 0 },
   { "ERROR_VERSION_MISMATCH", "GPUCR__HELPER__V1__ERROR_CODE__ERROR_VERSION_MISMATCH", 1 },
@@ -5733,13 +6194,15 @@ static const ProtobufCEnumValue gpucr__helper__v1__error_code__enum_values_by_nu
   { "ERROR_STATE", "GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE", 7 },
   { "ERROR_UNAVAILABLE", "GPUCR__HELPER__V1__ERROR_CODE__ERROR_UNAVAILABLE", 8 },
   { "ERROR_TIMEOUT", "GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT", 9 },
+  { "ERROR_CHANGED", "GPUCR__HELPER__V1__ERROR_CODE__ERROR_CHANGED", 10 },
 };
 static const ProtobufCIntRange gpucr__helper__v1__error_code__value_ranges[] = {
-{0, 0},{0, 10}
+{0, 0},{0, 11}
 };
-static const ProtobufCEnumValueIndex gpucr__helper__v1__error_code__enum_values_by_name[10] =
+static const ProtobufCEnumValueIndex gpucr__helper__v1__error_code__enum_values_by_name[11] =
 {
   { "ERROR_BAD_REQUEST", 2 },
+  { "ERROR_CHANGED", 10 },
   { "ERROR_DRIVER", 6 },
   { "ERROR_NOT_FOUND", 3 },
   { "ERROR_OUT_OF_MEMORY", 5 },
@@ -5757,9 +6220,9 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__error_code__descriptor =
   "ErrorCode",
   "Gpucr__Helper__V1__ErrorCode",
   "gpucr.helper.v1",
-  10,
+  11,
   gpucr__helper__v1__error_code__enum_values_by_number,
-  10,
+  11,
   gpucr__helper__v1__error_code__enum_values_by_name,
   1,
   gpucr__helper__v1__error_code__value_ranges,

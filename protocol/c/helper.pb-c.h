@@ -33,6 +33,10 @@ typedef struct Gpucr__Helper__V1__Drop Gpucr__Helper__V1__Drop;
 typedef struct Gpucr__Helper__V1__Reimport Gpucr__Helper__V1__Reimport;
 typedef struct Gpucr__Helper__V1__ReimportEntry Gpucr__Helper__V1__ReimportEntry;
 typedef struct Gpucr__Helper__V1__Resume Gpucr__Helper__V1__Resume;
+typedef struct Gpucr__Helper__V1__GuardRegion Gpucr__Helper__V1__GuardRegion;
+typedef struct Gpucr__Helper__V1__SaveFirst Gpucr__Helper__V1__SaveFirst;
+typedef struct Gpucr__Helper__V1__AddressRange Gpucr__Helper__V1__AddressRange;
+typedef struct Gpucr__Helper__V1__Unguard Gpucr__Helper__V1__Unguard;
 typedef struct Gpucr__Helper__V1__Snapshot Gpucr__Helper__V1__Snapshot;
 typedef struct Gpucr__Helper__V1__GetStats Gpucr__Helper__V1__GetStats;
 typedef struct Gpucr__Helper__V1__BufferTable Gpucr__Helper__V1__BufferTable;
@@ -174,7 +178,13 @@ typedef enum _Gpucr__Helper__V1__ErrorCode {
    * the client's control connection is gone
    */
   GPUCR__HELPER__V1__ERROR_CODE__ERROR_UNAVAILABLE = 8,
-  GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT = 9
+  GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT = 9,
+  /*
+   * A concurrent checkpoint's copy-on-write window found a chunk changed by
+   * a write the interposer did not see; the image is not made (a
+   * stop-the-world checkpoint is exact).
+   */
+  GPUCR__HELPER__V1__ERROR_CODE__ERROR_CHANGED = 10
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__ERROR_CODE)
 } Gpucr__Helper__V1__ErrorCode;
 typedef enum _Gpucr__Helper__V1__ClientState {
@@ -216,6 +226,7 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_MAPPED = 4,
   GPUCR__HELPER__V1__REQUEST__BODY_FREE = 5,
   GPUCR__HELPER__V1__REQUEST__BODY_EXPORT = 6,
+  GPUCR__HELPER__V1__REQUEST__BODY_SAVE_FIRST = 7,
   GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE = 10,
   GPUCR__HELPER__V1__REQUEST__BODY_DRAIN = 11,
   GPUCR__HELPER__V1__REQUEST__BODY_DROP = 12,
@@ -225,6 +236,7 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS = 16,
   GPUCR__HELPER__V1__REQUEST__BODY_DETACH = 17,
   GPUCR__HELPER__V1__REQUEST__BODY_ABORT = 18,
+  GPUCR__HELPER__V1__REQUEST__BODY_UNGUARD = 19,
   GPUCR__HELPER__V1__REQUEST__BODY_STATUS = 20,
   GPUCR__HELPER__V1__REQUEST__BODY_CLIENT_OP = 21,
   GPUCR__HELPER__V1__REQUEST__BODY_CHECKPOINT = 22,
@@ -255,6 +267,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__Mapped *mapped;
     Gpucr__Helper__V1__Free *free;
     Gpucr__Helper__V1__Export *export;
+    Gpucr__Helper__V1__SaveFirst *save_first;
     /*
      * ROLE_CLIENT_CONTROL, helper -> interposer
      */
@@ -267,6 +280,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__GetStats *get_stats;
     Gpucr__Helper__V1__Detach *detach;
     Gpucr__Helper__V1__Abort *abort;
+    Gpucr__Helper__V1__Unguard *unguard;
     /*
      * ROLE_CLI / ROLE_PLUGIN -> helper
      */
@@ -596,14 +610,87 @@ struct  Gpucr__Helper__V1__ReimportEntry
 
 
 /*
- * Resume: open the gate.
+ * Resume: open the gate. With guard set, a copy-on-write window opens with
+ * it (a concurrent checkpoint saves those chunks while the process runs):
+ * before a call that may write device memory (a launch: every buffer its
+ * parameters point into; a copy or memset: its destination; a CUDA graph,
+ * a 2D/3D copy, a batch of memory operations, a free or unmap: every guarded
+ * chunk), the interposer sends SaveFirst for the pending chunks the call may
+ * write and waits for its answer. Every launch is scanned while the window
+ * is open. Unguard (or the control connection's end) closes it.
  */
 struct  Gpucr__Helper__V1__Resume
 {
   ProtobufCMessage base;
+  size_t n_guard;
+  Gpucr__Helper__V1__GuardRegion **guard;
+  /*
+   * bytes per chunk of the guarded regions
+   */
+  uint64_t guard_chunk;
 };
 #define GPUCR__HELPER__V1__RESUME__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__resume__descriptor) \
+    , 0,NULL, 0 }
+
+
+/*
+ * GuardRegion: one guarded range of the application's addresses, and which
+ * of its chunks (bit i of byte i/8: chunk i) are still to be saved.
+ */
+struct  Gpucr__Helper__V1__GuardRegion
+{
+  ProtobufCMessage base;
+  uint64_t address;
+  uint64_t size;
+  ProtobufCBinaryData pending;
+  /*
+   * The application's own VMM mapping: regions of this kind mapped back to
+   * back are one array to a kernel (a pointer into one may reach all).
+   */
+  protobuf_c_boolean vmm;
+};
+#define GPUCR__HELPER__V1__GUARD_REGION__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__guard_region__descriptor) \
+    , 0, 0, {0,NULL}, 0 }
+
+
+/*
+ * SaveFirst (interposer -> helper, calls connection): save these ranges'
+ * pending chunks now; answered with Ok once they are saved or the window is
+ * over (either way the caller's write may go ahead).
+ */
+struct  Gpucr__Helper__V1__SaveFirst
+{
+  ProtobufCMessage base;
+  size_t n_ranges;
+  Gpucr__Helper__V1__AddressRange **ranges;
+};
+#define GPUCR__HELPER__V1__SAVE_FIRST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__save_first__descriptor) \
+    , 0,NULL }
+
+
+struct  Gpucr__Helper__V1__AddressRange
+{
+  ProtobufCMessage base;
+  uint64_t address;
+  uint64_t size;
+};
+#define GPUCR__HELPER__V1__ADDRESS_RANGE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__address_range__descriptor) \
+    , 0, 0 }
+
+
+/*
+ * Unguard (helper -> interposer, control): the copy-on-write window is over.
+ */
+struct  Gpucr__Helper__V1__Unguard
+{
+  ProtobufCMessage base;
+};
+#define GPUCR__HELPER__V1__UNGUARD__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__unguard__descriptor) \
      }
 
 
@@ -976,10 +1063,21 @@ struct  Gpucr__Helper__V1__CheckpointReply
    */
   uint64_t snapshot_bytes;
   uint64_t stopped_bytes;
+  /*
+   * A concurrent checkpoint: the bytes its copy-on-write window had to save
+   * while the process ran on (chunks the image lacked at the quiesce point).
+   */
+  uint64_t guarded_bytes;
+  /*
+   * Set by gpucr's library, not the helper: a concurrent checkpoint found
+   * a chunk changed behind its copy-on-write window and was taken again
+   * stop-the-world; why.
+   */
+  char *redone;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint_reply__descriptor) \
-    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0, 0 }
+    , 0, 0, 0, 0,NULL, 0, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0, 0, 0, (char *)protobuf_c_empty_string }
 
 
 struct  Gpucr__Helper__V1__Phase
@@ -1228,10 +1326,15 @@ struct  Gpucr__Helper__V1__Transfer
    * reimport, resume).
    */
   double stopped_seconds;
+  /*
+   * A concurrent checkpoint's copy-on-write window found a chunk changed
+   * behind its back (ERROR_CHANGED): the image is not made.
+   */
+  protobuf_c_boolean changed;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */
@@ -1575,6 +1678,82 @@ Gpucr__Helper__V1__Resume *
                       const uint8_t       *data);
 void   gpucr__helper__v1__resume__free_unpacked
                      (Gpucr__Helper__V1__Resume *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__GuardRegion methods */
+void   gpucr__helper__v1__guard_region__init
+                     (Gpucr__Helper__V1__GuardRegion         *message);
+size_t gpucr__helper__v1__guard_region__get_packed_size
+                     (const Gpucr__Helper__V1__GuardRegion   *message);
+size_t gpucr__helper__v1__guard_region__pack
+                     (const Gpucr__Helper__V1__GuardRegion   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__guard_region__pack_to_buffer
+                     (const Gpucr__Helper__V1__GuardRegion   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__GuardRegion *
+       gpucr__helper__v1__guard_region__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__guard_region__free_unpacked
+                     (Gpucr__Helper__V1__GuardRegion *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__SaveFirst methods */
+void   gpucr__helper__v1__save_first__init
+                     (Gpucr__Helper__V1__SaveFirst         *message);
+size_t gpucr__helper__v1__save_first__get_packed_size
+                     (const Gpucr__Helper__V1__SaveFirst   *message);
+size_t gpucr__helper__v1__save_first__pack
+                     (const Gpucr__Helper__V1__SaveFirst   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__save_first__pack_to_buffer
+                     (const Gpucr__Helper__V1__SaveFirst   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__SaveFirst *
+       gpucr__helper__v1__save_first__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__save_first__free_unpacked
+                     (Gpucr__Helper__V1__SaveFirst *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__AddressRange methods */
+void   gpucr__helper__v1__address_range__init
+                     (Gpucr__Helper__V1__AddressRange         *message);
+size_t gpucr__helper__v1__address_range__get_packed_size
+                     (const Gpucr__Helper__V1__AddressRange   *message);
+size_t gpucr__helper__v1__address_range__pack
+                     (const Gpucr__Helper__V1__AddressRange   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__address_range__pack_to_buffer
+                     (const Gpucr__Helper__V1__AddressRange   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__AddressRange *
+       gpucr__helper__v1__address_range__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__address_range__free_unpacked
+                     (Gpucr__Helper__V1__AddressRange *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Unguard methods */
+void   gpucr__helper__v1__unguard__init
+                     (Gpucr__Helper__V1__Unguard         *message);
+size_t gpucr__helper__v1__unguard__get_packed_size
+                     (const Gpucr__Helper__V1__Unguard   *message);
+size_t gpucr__helper__v1__unguard__pack
+                     (const Gpucr__Helper__V1__Unguard   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__unguard__pack_to_buffer
+                     (const Gpucr__Helper__V1__Unguard   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Unguard *
+       gpucr__helper__v1__unguard__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__unguard__free_unpacked
+                     (Gpucr__Helper__V1__Unguard *message,
                       ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__Snapshot methods */
 void   gpucr__helper__v1__snapshot__init
@@ -2164,6 +2343,18 @@ typedef void (*Gpucr__Helper__V1__ReimportEntry_Closure)
 typedef void (*Gpucr__Helper__V1__Resume_Closure)
                  (const Gpucr__Helper__V1__Resume *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__GuardRegion_Closure)
+                 (const Gpucr__Helper__V1__GuardRegion *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__SaveFirst_Closure)
+                 (const Gpucr__Helper__V1__SaveFirst *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__AddressRange_Closure)
+                 (const Gpucr__Helper__V1__AddressRange *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__Unguard_Closure)
+                 (const Gpucr__Helper__V1__Unguard *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__Snapshot_Closure)
                  (const Gpucr__Helper__V1__Snapshot *message,
                   void *closure_data);
@@ -2278,6 +2469,10 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__drop__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__reimport__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__reimport_entry__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__guard_region__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__save_first__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__address_range__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__unguard__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__snapshot__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__get_stats__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__buffer_table__descriptor;

@@ -216,21 +216,26 @@ const (
 	ErrorCode_ERROR_STATE            ErrorCode = 7 // not possible in the client's current state
 	ErrorCode_ERROR_UNAVAILABLE      ErrorCode = 8 // the client's control connection is gone
 	ErrorCode_ERROR_TIMEOUT          ErrorCode = 9
+	// A concurrent checkpoint's copy-on-write window found a chunk changed by
+	// a write the interposer did not see; the image is not made (a
+	// stop-the-world checkpoint is exact).
+	ErrorCode_ERROR_CHANGED ErrorCode = 10
 )
 
 // Enum value maps for ErrorCode.
 var (
 	ErrorCode_name = map[int32]string{
-		0: "ERROR_UNSPECIFIED",
-		1: "ERROR_VERSION_MISMATCH",
-		2: "ERROR_BAD_REQUEST",
-		3: "ERROR_NOT_FOUND",
-		4: "ERROR_PERMISSION",
-		5: "ERROR_OUT_OF_MEMORY",
-		6: "ERROR_DRIVER",
-		7: "ERROR_STATE",
-		8: "ERROR_UNAVAILABLE",
-		9: "ERROR_TIMEOUT",
+		0:  "ERROR_UNSPECIFIED",
+		1:  "ERROR_VERSION_MISMATCH",
+		2:  "ERROR_BAD_REQUEST",
+		3:  "ERROR_NOT_FOUND",
+		4:  "ERROR_PERMISSION",
+		5:  "ERROR_OUT_OF_MEMORY",
+		6:  "ERROR_DRIVER",
+		7:  "ERROR_STATE",
+		8:  "ERROR_UNAVAILABLE",
+		9:  "ERROR_TIMEOUT",
+		10: "ERROR_CHANGED",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_UNSPECIFIED":      0,
@@ -243,6 +248,7 @@ var (
 		"ERROR_STATE":            7,
 		"ERROR_UNAVAILABLE":      8,
 		"ERROR_TIMEOUT":          9,
+		"ERROR_CHANGED":          10,
 	}
 )
 
@@ -441,7 +447,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32, 0}
 }
 
 type Transfer_Direction int32
@@ -490,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49, 0}
 }
 
 type Request struct {
@@ -504,6 +510,7 @@ type Request struct {
 	//	*Request_Mapped
 	//	*Request_Free
 	//	*Request_Export
+	//	*Request_SaveFirst
 	//	*Request_Quiesce
 	//	*Request_Drain
 	//	*Request_Drop
@@ -513,6 +520,7 @@ type Request struct {
 	//	*Request_GetStats
 	//	*Request_Detach
 	//	*Request_Abort
+	//	*Request_Unguard
 	//	*Request_Status
 	//	*Request_ClientOp
 	//	*Request_Checkpoint
@@ -617,6 +625,15 @@ func (x *Request) GetExport() *Export {
 	return nil
 }
 
+func (x *Request) GetSaveFirst() *SaveFirst {
+	if x != nil {
+		if x, ok := x.Body.(*Request_SaveFirst); ok {
+			return x.SaveFirst
+		}
+	}
+	return nil
+}
+
 func (x *Request) GetQuiesce() *Quiesce {
 	if x != nil {
 		if x, ok := x.Body.(*Request_Quiesce); ok {
@@ -693,6 +710,15 @@ func (x *Request) GetAbort() *Abort {
 	if x != nil {
 		if x, ok := x.Body.(*Request_Abort); ok {
 			return x.Abort
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetUnguard() *Unguard {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Unguard); ok {
+			return x.Unguard
 		}
 	}
 	return nil
@@ -813,6 +839,10 @@ type Request_Export struct {
 	Export *Export `protobuf:"bytes,6,opt,name=export,proto3,oneof"`
 }
 
+type Request_SaveFirst struct {
+	SaveFirst *SaveFirst `protobuf:"bytes,7,opt,name=save_first,json=saveFirst,proto3,oneof"`
+}
+
 type Request_Quiesce struct {
 	// ROLE_CLIENT_CONTROL, helper -> interposer
 	Quiesce *Quiesce `protobuf:"bytes,10,opt,name=quiesce,proto3,oneof"`
@@ -848,6 +878,10 @@ type Request_Detach struct {
 
 type Request_Abort struct {
 	Abort *Abort `protobuf:"bytes,18,opt,name=abort,proto3,oneof"`
+}
+
+type Request_Unguard struct {
+	Unguard *Unguard `protobuf:"bytes,19,opt,name=unguard,proto3,oneof"`
 }
 
 type Request_Status struct {
@@ -904,6 +938,8 @@ func (*Request_Free) isRequest_Body() {}
 
 func (*Request_Export) isRequest_Body() {}
 
+func (*Request_SaveFirst) isRequest_Body() {}
+
 func (*Request_Quiesce) isRequest_Body() {}
 
 func (*Request_Drain) isRequest_Body() {}
@@ -921,6 +957,8 @@ func (*Request_GetStats) isRequest_Body() {}
 func (*Request_Detach) isRequest_Body() {}
 
 func (*Request_Abort) isRequest_Body() {}
+
+func (*Request_Unguard) isRequest_Body() {}
 
 func (*Request_Status) isRequest_Body() {}
 
@@ -2039,9 +2077,18 @@ func (x *ReimportEntry) GetSize() uint64 {
 	return 0
 }
 
-// Resume: open the gate.
+// Resume: open the gate. With guard set, a copy-on-write window opens with
+// it (a concurrent checkpoint saves those chunks while the process runs):
+// before a call that may write device memory (a launch: every buffer its
+// parameters point into; a copy or memset: its destination; a CUDA graph,
+// a 2D/3D copy, a batch of memory operations, a free or unmap: every guarded
+// chunk), the interposer sends SaveFirst for the pending chunks the call may
+// write and waits for its answer. Every launch is scanned while the window
+// is open. Unguard (or the control connection's end) closes it.
 type Resume struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Guard         []*GuardRegion         `protobuf:"bytes,1,rep,name=guard,proto3" json:"guard,omitempty"`
+	GuardChunk    uint64                 `protobuf:"varint,2,opt,name=guard_chunk,json=guardChunk,proto3" json:"guard_chunk,omitempty"` // bytes per chunk of the guarded regions
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2076,6 +2123,228 @@ func (*Resume) Descriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{17}
 }
 
+func (x *Resume) GetGuard() []*GuardRegion {
+	if x != nil {
+		return x.Guard
+	}
+	return nil
+}
+
+func (x *Resume) GetGuardChunk() uint64 {
+	if x != nil {
+		return x.GuardChunk
+	}
+	return 0
+}
+
+// GuardRegion: one guarded range of the application's addresses, and which
+// of its chunks (bit i of byte i/8: chunk i) are still to be saved.
+type GuardRegion struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Address uint64                 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
+	Size    uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Pending []byte                 `protobuf:"bytes,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	// The application's own VMM mapping: regions of this kind mapped back to
+	// back are one array to a kernel (a pointer into one may reach all).
+	Vmm           bool `protobuf:"varint,4,opt,name=vmm,proto3" json:"vmm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GuardRegion) Reset() {
+	*x = GuardRegion{}
+	mi := &file_protocol_helper_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GuardRegion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GuardRegion) ProtoMessage() {}
+
+func (x *GuardRegion) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GuardRegion.ProtoReflect.Descriptor instead.
+func (*GuardRegion) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GuardRegion) GetAddress() uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return 0
+}
+
+func (x *GuardRegion) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *GuardRegion) GetPending() []byte {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+func (x *GuardRegion) GetVmm() bool {
+	if x != nil {
+		return x.Vmm
+	}
+	return false
+}
+
+// SaveFirst (interposer -> helper, calls connection): save these ranges'
+// pending chunks now; answered with Ok once they are saved or the window is
+// over (either way the caller's write may go ahead).
+type SaveFirst struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranges        []*AddressRange        `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveFirst) Reset() {
+	*x = SaveFirst{}
+	mi := &file_protocol_helper_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveFirst) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveFirst) ProtoMessage() {}
+
+func (x *SaveFirst) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveFirst.ProtoReflect.Descriptor instead.
+func (*SaveFirst) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SaveFirst) GetRanges() []*AddressRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+type AddressRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       uint64                 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressRange) Reset() {
+	*x = AddressRange{}
+	mi := &file_protocol_helper_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressRange) ProtoMessage() {}
+
+func (x *AddressRange) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressRange.ProtoReflect.Descriptor instead.
+func (*AddressRange) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AddressRange) GetAddress() uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return 0
+}
+
+func (x *AddressRange) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// Unguard (helper -> interposer, control): the copy-on-write window is over.
+type Unguard struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Unguard) Reset() {
+	*x = Unguard{}
+	mi := &file_protocol_helper_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Unguard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Unguard) ProtoMessage() {}
+
+func (x *Unguard) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Unguard.ProtoReflect.Descriptor instead.
+func (*Unguard) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+}
+
 type Snapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2084,7 +2353,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_protocol_helper_proto_msgTypes[18]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2365,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[18]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2378,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{18}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
 }
 
 type GetStats struct {
@@ -2120,7 +2389,7 @@ type GetStats struct {
 
 func (x *GetStats) Reset() {
 	*x = GetStats{}
-	mi := &file_protocol_helper_proto_msgTypes[19]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2132,7 +2401,7 @@ func (x *GetStats) String() string {
 func (*GetStats) ProtoMessage() {}
 
 func (x *GetStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[19]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2145,7 +2414,7 @@ func (x *GetStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStats.ProtoReflect.Descriptor instead.
 func (*GetStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{19}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
 }
 
 // BufferTable: what the interposer tracks. allocations: helper-owned memory
@@ -2164,7 +2433,7 @@ type BufferTable struct {
 
 func (x *BufferTable) Reset() {
 	*x = BufferTable{}
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2445,7 @@ func (x *BufferTable) String() string {
 func (*BufferTable) ProtoMessage() {}
 
 func (x *BufferTable) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2458,7 @@ func (x *BufferTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BufferTable.ProtoReflect.Descriptor instead.
 func (*BufferTable) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BufferTable) GetAllocations() []*Allocation {
@@ -2233,7 +2502,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2514,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2527,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Allocation) GetAllocId() uint64 {
@@ -2310,7 +2579,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2591,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2604,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Buffer) GetAddress() uint64 {
@@ -2405,7 +2674,7 @@ type ClientStats struct {
 
 func (x *ClientStats) Reset() {
 	*x = ClientStats{}
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2686,7 @@ func (x *ClientStats) String() string {
 func (*ClientStats) ProtoMessage() {}
 
 func (x *ClientStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2699,7 @@ func (x *ClientStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientStats.ProtoReflect.Descriptor instead.
 func (*ClientStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClientStats) GetAllocs() uint64 {
@@ -2574,7 +2843,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2855,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2868,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
 }
 
 type StatusReply struct {
@@ -2618,7 +2887,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2899,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2912,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatusReply) GetHelperVersion() string {
@@ -2704,7 +2973,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2716,7 +2985,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2729,7 +2998,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -2791,7 +3060,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +3072,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +3085,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -2896,7 +3165,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2908,7 +3177,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2921,7 +3190,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -2955,7 +3224,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3236,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3249,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -3050,7 +3319,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3062,7 +3331,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3075,7 +3344,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -3154,7 +3423,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3435,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3448,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -3211,13 +3480,20 @@ type CheckpointReply struct {
 	// the GPU bytes copied while the process waited (no room to snapshot).
 	SnapshotBytes uint64 `protobuf:"varint,8,opt,name=snapshot_bytes,json=snapshotBytes,proto3" json:"snapshot_bytes,omitempty"`
 	StoppedBytes  uint64 `protobuf:"varint,9,opt,name=stopped_bytes,json=stoppedBytes,proto3" json:"stopped_bytes,omitempty"`
+	// A concurrent checkpoint: the bytes its copy-on-write window had to save
+	// while the process ran on (chunks the image lacked at the quiesce point).
+	GuardedBytes uint64 `protobuf:"varint,10,opt,name=guarded_bytes,json=guardedBytes,proto3" json:"guarded_bytes,omitempty"`
+	// Set by gpucr's library, not the helper: a concurrent checkpoint found
+	// a chunk changed behind its copy-on-write window and was taken again
+	// stop-the-world; why.
+	Redone        string `protobuf:"bytes,11,opt,name=redone,proto3" json:"redone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3505,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3518,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -3308,6 +3584,20 @@ func (x *CheckpointReply) GetStoppedBytes() uint64 {
 	return 0
 }
 
+func (x *CheckpointReply) GetGuardedBytes() uint64 {
+	if x != nil {
+		return x.GuardedBytes
+	}
+	return 0
+}
+
+func (x *CheckpointReply) GetRedone() string {
+	if x != nil {
+		return x.Redone
+	}
+	return ""
+}
+
 type Phase struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -3318,7 +3608,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3620,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3633,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Phase) GetName() string {
@@ -3371,7 +3661,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3383,7 +3673,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3396,7 +3686,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -3426,7 +3716,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3438,7 +3728,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3451,7 +3741,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Abort) GetReason() string {
@@ -3475,7 +3765,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +3777,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +3790,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -3526,7 +3816,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3538,7 +3828,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3551,7 +3841,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -3575,7 +3865,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3877,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3890,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -3643,7 +3933,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3945,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3958,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -3693,7 +3983,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3705,7 +3995,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3718,7 +4008,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -3750,7 +4040,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +4052,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +4065,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -3798,7 +4088,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3810,7 +4100,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3823,7 +4113,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -3848,7 +4138,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3860,7 +4150,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3873,7 +4163,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -3893,7 +4183,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3905,7 +4195,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3918,7 +4208,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -3959,13 +4249,16 @@ type Transfer struct {
 	// Its phases then go on with the resume's steps (driver-restore,
 	// reimport, resume).
 	StoppedSeconds float64 `protobuf:"fixed64,13,opt,name=stopped_seconds,json=stoppedSeconds,proto3" json:"stopped_seconds,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A concurrent checkpoint's copy-on-write window found a chunk changed
+	// behind its back (ERROR_CHANGED): the image is not made.
+	Changed       bool `protobuf:"varint,14,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3977,7 +4270,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3990,7 +4283,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -4084,19 +4377,27 @@ func (x *Transfer) GetStoppedSeconds() float64 {
 	return 0
 }
 
+func (x *Transfer) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
 var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xf1\n" +
-	"\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xe4\v\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
 	"\x05alloc\x18\x03 \x01(\v2\x16.gpucr.helper.v1.AllocH\x00R\x05alloc\x121\n" +
 	"\x06mapped\x18\x04 \x01(\v2\x17.gpucr.helper.v1.MappedH\x00R\x06mapped\x12+\n" +
 	"\x04free\x18\x05 \x01(\v2\x15.gpucr.helper.v1.FreeH\x00R\x04free\x121\n" +
-	"\x06export\x18\x06 \x01(\v2\x17.gpucr.helper.v1.ExportH\x00R\x06export\x124\n" +
+	"\x06export\x18\x06 \x01(\v2\x17.gpucr.helper.v1.ExportH\x00R\x06export\x12;\n" +
+	"\n" +
+	"save_first\x18\a \x01(\v2\x1a.gpucr.helper.v1.SaveFirstH\x00R\tsaveFirst\x124\n" +
 	"\aquiesce\x18\n" +
 	" \x01(\v2\x18.gpucr.helper.v1.QuiesceH\x00R\aquiesce\x12.\n" +
 	"\x05drain\x18\v \x01(\v2\x16.gpucr.helper.v1.DrainH\x00R\x05drain\x12+\n" +
@@ -4106,7 +4407,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\bsnapshot\x18\x0f \x01(\v2\x19.gpucr.helper.v1.SnapshotH\x00R\bsnapshot\x128\n" +
 	"\tget_stats\x18\x10 \x01(\v2\x19.gpucr.helper.v1.GetStatsH\x00R\bgetStats\x121\n" +
 	"\x06detach\x18\x11 \x01(\v2\x17.gpucr.helper.v1.DetachH\x00R\x06detach\x12.\n" +
-	"\x05abort\x18\x12 \x01(\v2\x16.gpucr.helper.v1.AbortH\x00R\x05abort\x121\n" +
+	"\x05abort\x18\x12 \x01(\v2\x16.gpucr.helper.v1.AbortH\x00R\x05abort\x124\n" +
+	"\aunguard\x18\x13 \x01(\v2\x18.gpucr.helper.v1.UnguardH\x00R\aunguard\x121\n" +
 	"\x06status\x18\x14 \x01(\v2\x17.gpucr.helper.v1.StatusH\x00R\x06status\x128\n" +
 	"\tclient_op\x18\x15 \x01(\v2\x19.gpucr.helper.v1.ClientOpH\x00R\bclientOp\x12=\n" +
 	"\n" +
@@ -4194,8 +4496,22 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\rReimportEntry\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\x04R\aaddress\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x04R\x04size\"\b\n" +
-	"\x06Resume\"\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\"]\n" +
+	"\x06Resume\x122\n" +
+	"\x05guard\x18\x01 \x03(\v2\x1c.gpucr.helper.v1.GuardRegionR\x05guard\x12\x1f\n" +
+	"\vguard_chunk\x18\x02 \x01(\x04R\n" +
+	"guardChunk\"g\n" +
+	"\vGuardRegion\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
+	"\apending\x18\x03 \x01(\fR\apending\x12\x10\n" +
+	"\x03vmm\x18\x04 \x01(\bR\x03vmm\"B\n" +
+	"\tSaveFirst\x125\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.AddressRangeR\x06ranges\"<\n" +
+	"\fAddressRange\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"\t\n" +
+	"\aUnguard\"\n" +
 	"\n" +
 	"\bSnapshot\"\n" +
 	"\n" +
@@ -4303,7 +4619,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"concurrent\"@\n" +
 	"\vCommitImage\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
-	"\x05abort\x18\x02 \x01(\bR\x05abort\"\xda\x02\n" +
+	"\x05abort\x18\x02 \x01(\bR\x05abort\"\x97\x03\n" +
 	"\x0fCheckpointReply\x12\x18\n" +
 	"\abuffers\x18\x01 \x01(\x04R\abuffers\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12!\n" +
@@ -4314,7 +4630,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vbytes_moved\x18\a \x01(\x04R\n" +
 	"bytesMoved\x12%\n" +
 	"\x0esnapshot_bytes\x18\b \x01(\x04R\rsnapshotBytes\x12#\n" +
-	"\rstopped_bytes\x18\t \x01(\x04R\fstoppedBytes\"5\n" +
+	"\rstopped_bytes\x18\t \x01(\x04R\fstoppedBytes\x12#\n" +
+	"\rguarded_bytes\x18\n" +
+	" \x01(\x04R\fguardedBytes\x12\x16\n" +
+	"\x06redone\x18\v \x01(\tR\x06redone\"5\n" +
 	"\x05Phase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aseconds\x18\x02 \x01(\x01R\aseconds\"&\n" +
@@ -4345,7 +4664,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xa1\x04\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xbb\x04\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -4366,7 +4685,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"background\x18\f \x01(\bR\n" +
 	"background\x12'\n" +
-	"\x0fstopped_seconds\x18\r \x01(\x01R\x0estoppedSeconds\"N\n" +
+	"\x0fstopped_seconds\x18\r \x01(\x01R\x0estoppedSeconds\x12\x18\n" +
+	"\achanged\x18\x0e \x01(\bR\achanged\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
@@ -4386,7 +4706,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10ALLOC_KIND_PITCH\x10\x02\x12\x14\n" +
 	"\x10ALLOC_KIND_ASYNC\x10\x03\x12\x12\n" +
 	"\x0eALLOC_KIND_VMM\x10\x04\x12\x13\n" +
-	"\x0fALLOC_KIND_SLAB\x10\x05*\xe6\x01\n" +
+	"\x0fALLOC_KIND_SLAB\x10\x05*\xf9\x01\n" +
 	"\tErrorCode\x12\x15\n" +
 	"\x11ERROR_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_VERSION_MISMATCH\x10\x01\x12\x15\n" +
@@ -4397,7 +4717,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\fERROR_DRIVER\x10\x06\x12\x0f\n" +
 	"\vERROR_STATE\x10\a\x12\x15\n" +
 	"\x11ERROR_UNAVAILABLE\x10\b\x12\x11\n" +
-	"\rERROR_TIMEOUT\x10\t*z\n" +
+	"\rERROR_TIMEOUT\x10\t\x12\x11\n" +
+	"\rERROR_CHANGED\x10\n" +
+	"*z\n" +
 	"\vClientState\x12\x1c\n" +
 	"\x18CLIENT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CLIENT_STATE_RUNNING\x10\x01\x12\x19\n" +
@@ -4422,7 +4744,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -4450,34 +4772,38 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*Reimport)(nil),           // 23: gpucr.helper.v1.Reimport
 	(*ReimportEntry)(nil),      // 24: gpucr.helper.v1.ReimportEntry
 	(*Resume)(nil),             // 25: gpucr.helper.v1.Resume
-	(*Snapshot)(nil),           // 26: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 27: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 28: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 29: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 30: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 31: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 32: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 33: gpucr.helper.v1.StatusReply
-	(*DriverInfo)(nil),         // 34: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 35: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 36: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 37: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 38: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 39: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 40: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 41: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 42: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 43: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 44: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 45: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 46: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 47: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 48: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 49: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 50: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 51: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 52: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 53: gpucr.helper.v1.Transfer
+	(*GuardRegion)(nil),        // 26: gpucr.helper.v1.GuardRegion
+	(*SaveFirst)(nil),          // 27: gpucr.helper.v1.SaveFirst
+	(*AddressRange)(nil),       // 28: gpucr.helper.v1.AddressRange
+	(*Unguard)(nil),            // 29: gpucr.helper.v1.Unguard
+	(*Snapshot)(nil),           // 30: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 31: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 32: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 33: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 34: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 35: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 36: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 37: gpucr.helper.v1.StatusReply
+	(*DriverInfo)(nil),         // 38: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 39: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 40: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 41: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 42: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 43: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 44: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 45: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 46: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 47: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 48: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 49: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 50: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 51: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 52: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 53: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 54: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 55: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 56: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 57: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -4485,65 +4811,69 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	17, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
 	18, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
 	19, // 4: gpucr.helper.v1.Request.export:type_name -> gpucr.helper.v1.Export
-	20, // 5: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	21, // 6: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	22, // 7: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	23, // 8: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	25, // 9: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	26, // 10: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	27, // 11: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	47, // 12: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	43, // 13: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
-	32, // 14: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	36, // 15: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	38, // 16: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	42, // 17: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	48, // 18: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	49, // 19: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	50, // 20: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	39, // 21: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	51, // 22: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	44, // 23: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	10, // 24: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 25: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 26: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 27: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	28, // 28: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	31, // 29: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	33, // 30: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	37, // 31: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	40, // 32: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	52, // 33: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	45, // 34: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	3,  // 35: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 36: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 37: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 38: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	24, // 39: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	29, // 40: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	30, // 41: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 42: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 43: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 44: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 45: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	35, // 46: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	34, // 47: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	4,  // 48: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 49: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	28, // 50: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	31, // 51: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	41, // 52: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 53: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	46, // 54: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 55: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	53, // 56: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 57: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	41, // 58: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	59, // [59:59] is the sub-list for method output_type
-	59, // [59:59] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	27, // 5: gpucr.helper.v1.Request.save_first:type_name -> gpucr.helper.v1.SaveFirst
+	20, // 6: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	21, // 7: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	22, // 8: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	23, // 9: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	25, // 10: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	30, // 11: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	31, // 12: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	51, // 13: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	47, // 14: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	29, // 15: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
+	36, // 16: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	40, // 17: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	42, // 18: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	46, // 19: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	52, // 20: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	53, // 21: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	54, // 22: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	43, // 23: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	55, // 24: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	48, // 25: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	10, // 26: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 27: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 28: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 29: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	32, // 30: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	35, // 31: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	37, // 32: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	41, // 33: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	44, // 34: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	56, // 35: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	49, // 36: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	3,  // 37: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 38: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 39: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 40: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	24, // 41: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 42: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	28, // 43: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	33, // 44: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	34, // 45: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 46: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 47: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 48: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 49: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	39, // 50: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	38, // 51: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	4,  // 52: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 53: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	32, // 54: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	35, // 55: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	45, // 56: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 57: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	50, // 58: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 59: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	57, // 60: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 61: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	45, // 62: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	63, // [63:63] is the sub-list for method output_type
+	63, // [63:63] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -4557,6 +4887,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_Mapped)(nil),
 		(*Request_Free)(nil),
 		(*Request_Export)(nil),
+		(*Request_SaveFirst)(nil),
 		(*Request_Quiesce)(nil),
 		(*Request_Drain)(nil),
 		(*Request_Drop)(nil),
@@ -4566,6 +4897,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_GetStats)(nil),
 		(*Request_Detach)(nil),
 		(*Request_Abort)(nil),
+		(*Request_Unguard)(nil),
 		(*Request_Status)(nil),
 		(*Request_ClientOp)(nil),
 		(*Request_Checkpoint)(nil),
@@ -4595,7 +4927,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   46,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -24,6 +24,7 @@ import (
 // dumpJSON is what these tests read of `gpucr checkpoint --json`.
 type dumpJSON struct {
 	Concurrent   bool              `json:"concurrent"`
+	Redone       string            `json:"redone"`
 	Seconds      float64           `json:"seconds"`
 	StallSeconds float64           `json:"stall_seconds"`
 	Phases       []checkpoint.Step `json:"phases"`
@@ -116,13 +117,14 @@ func TestConcurrentCheckpointExact(t *testing.T) {
 }
 
 // TestConcurrentCheckpointNoRoom: with a snapshot reserve larger than the
-// device, nothing is snapshotted: the buffers are copied while the process
-// waits, as before, and the image is exact.
+// device and no copy-on-write window (--concurrent-mode snapshot), nothing
+// is snapshotted: the buffers are copied while the process waits, as
+// before, and the image is exact.
 func TestConcurrentCheckpointNoRoom(t *testing.T) {
 	needTool(t, "criu")
 	dir := t.TempDir()
 	env := gpucrEnv(t)
-	h := startHelper(t, dir, env, "--snapshot-reserve", "1T")
+	h := startHelper(t, dir, env, "--snapshot-reserve", "1T", "--concurrent-mode", "snapshot")
 	args := []string{"--mib", "8", "--buffers", "3", "--hb-every", "1"}
 	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
 	a.waitIter(5, time.Minute)

@@ -1,0 +1,122 @@
+package e2e
+
+// Copy-on-write windows (gpucr helper --concurrent-mode): a concurrent
+// checkpoint that keeps the buffers where they are, hashed at the stop,
+// and saves them while the process runs on; a call about to write a chunk
+// not saved yet waits until the helper has saved it. A write the
+// interposer cannot see (ptrchase) must be caught by the hash check, never
+// end up in an image.
+
+import (
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// savedFirst is what the helper's log says the last window saved ahead of
+// the background (SaveFirst), or -1.
+func savedFirst(log string) int {
+	m := regexp.MustCompile(`copy-on-write window saved.*"saved_first":\s*(\d+)`).FindAllStringSubmatch(log, -1)
+	if len(m) == 0 {
+		return -1
+	}
+	n, _ := strconv.Atoi(m[len(m)-1][1])
+	return n
+}
+
+// TestCopyOnWriteCheckpointExact: with no snapshot memory at all, each test
+// application (two streams with events between them; VMM allocations) runs
+// on while its window is open and its background copy is held back 5 s: its
+// writes wait only for the chunks they touch, which the helper saves first.
+// The image is the process at the stop: restored, it continues exactly.
+func TestCopyOnWriteCheckpointExact(t *testing.T) {
+	needTool(t, "criu")
+	for _, tc := range appCases {
+		if tc.name == "ptrchase" {
+			continue // TestCopyOnWriteCatchesHiddenWrites
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"),
+				"--concurrent-mode", "copy-on-write")
+			args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
+			a := startUnder(t, dir, h, env, tc.name, append(slices.Clone(args), "--interval-ms", "20")...)
+			a.waitIter(5, time.Minute)
+			img := filepath.Join(dir, "img")
+			before := a.lastIter()
+			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
+			after := a.lastIter()
+			d := parseDump(t, out)
+			if len(d.GPUProcesses) != 1 {
+				t.Fatalf("GPU processes: %+v", d.GPUProcesses)
+			}
+			names := stepNames(d.GPUProcesses[0].Phases)
+			if slices.Contains(names, "snapshot") || !slices.Contains(names, "gpu-hash") {
+				t.Errorf("the helper's steps: %v, want the window's gpu-hash and no snapshot", names)
+			}
+			if d.Redone != "" {
+				t.Errorf("redone: %s", d.Redone)
+			}
+			if after-before < 20 {
+				t.Fatalf("the process took %d steps during a checkpoint whose background copy was held back 5 s: its writes were not saved first", after-before)
+			}
+			if n := savedFirst(h.logText()); n <= 0 {
+				t.Errorf("the window saved %d chunks ahead of the background, want some (the process writes every buffer each step):\n%s", n, tail(h.logText(), 20))
+			}
+			first := restoredFrom(t, a, h, env, img, after+3)
+			if first > before+(after-before)/4 {
+				t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (the command ran from iteration %d to %d)",
+					first, before, after)
+			}
+			hbs := a.heartbeats()
+			compareWithReference(t, hbs, reference(t, env, tc.name, args, maxIter(hbs)))
+		})
+	}
+}
+
+// TestCopyOnWriteCatchesHiddenWrites: ptrchase's kernels write data buffers
+// through pointers they load from a table; no launch parameter names them,
+// so the window lets those writes through. The hash check of each saved
+// chunk catches them: the concurrent checkpoint makes no image and is taken
+// again with the process stopped (the result says why), and that image is
+// exact. Both for a CRIU dump and for a GPU-only checkpoint.
+func TestCopyOnWriteCatchesHiddenWrites(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"),
+		"--concurrent-mode", "copy-on-write")
+	args := []string{"--mib", "8", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "ptrchase", append(slices.Clone(args), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+
+	gpuImg := filepath.Join(dir, "gpu")
+	out := cliOK(t, h, env, gpuImg, "checkpoint", strconv.Itoa(a.pid), "-D", gpuImg, "--gpu-only", "--leave-running", "--json")
+	if !strings.Contains(out, `"redone"`) || !strings.Contains(out, "changed") {
+		t.Errorf("the GPU-only checkpoint does not say it was redone:\n%s", out)
+	}
+
+	img := filepath.Join(dir, "img")
+	before := a.lastIter()
+	out = cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
+	after := a.lastIter()
+	d := parseDump(t, out)
+	if !strings.Contains(d.Redone, "changed behind") {
+		t.Fatalf("the concurrent checkpoint of ptrchase was not redone (redone %q):\n%s\n%s", d.Redone, out, tail(h.logText(), 30))
+	}
+	if !strings.Contains(h.logText(), "changed while it was saved") {
+		t.Errorf("the helper's log does not name the changed chunk:\n%s", tail(h.logText(), 30))
+	}
+	// The redo's image: the process at the redo's stop, exact.
+	first := restoredFrom(t, a, h, env, img, after+3)
+	if first < before || first > after+1 {
+		t.Errorf("the restored process starts at iteration %d; the checkpoint ran from %d to %d", first, before, after)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "ptrchase", args, maxIter(hbs)))
+}
