@@ -5,8 +5,9 @@
 #
 #   bash tests/gpu/bench-concurrent.sh NEW_PREFIX BASE_PREFIX CRIU_BUNDLE ANCHOR_DIR [SIZE...]
 #
-# SIZE: GB of GPU memory held by tests/gpu/stall_job.py (default 8 32), or
-# "train": its transformer training job (about 11 GB). For each size the job
+# SIZE: GB of GPU memory held by tests/gpu/stall_job.py (default 8 32), GB:hotN
+# (only N of its 256 MB buffers rewritten, the rest held still: weights
+# beside a cache), or "train": its transformer training job (about 11 GB). For each size the job
 # runs four times, once per line:
 #   anchor      plain, checkpointed by NVIDIA's driver API and CRIU
 #               (drvckpt lock checkpoint; criu dump --leave-running;
@@ -15,9 +16,12 @@
 #               gpucr checkpoint --leave-running
 #   stop-copy   under this build, --leave-running --concurrent=false
 #   concurrent  under this build, --leave-running --concurrent
+#   cow         under this build with gpucr helper --concurrent-mode
+#               copy-on-write: --leave-running --concurrent with no snapshot
+#               memory (every buffer saved behind a copy-on-write window)
 # each NCK (default 2; the anchor ANCHOR_NCK) times, GAP seconds apart
 # (default 4); LINES (default "base stop-copy concurrent") picks gpucr's. Then the last
-# concurrent image is restored after the job is killed, and every heartbeat
+# concurrent (and cow) image is restored after the job is killed, and every heartbeat
 # of the restored process must equal the original's for the same step
 # ("exact"). stall_table.py prints the table (the stall is the job's longest
 # gap between two steps) and draws stall.png. Images in /dev/shm; logs in
@@ -65,7 +69,11 @@ note "host: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=c
 start_job() {
 	local g=$1 size=$2 log=$3 args
 	rm -f "$log"
-	if [ "$size" = train ]; then args=(0 "$log" --train); else args=("$size" "$log"); fi
+	case $size in
+	train) args=(0 "$log" --train) ;;
+	*:hot*) args=("${size%%:*}" "$log" "--hot=${size##*:hot}") ;; # GB:hotN: only N buffers rewritten
+	*) args=("$size" "$log") ;;
+	esac
 	if [ -n "$g" ]; then
 		setsid "$g" run --socket "$SOCK" -- $PY "$JOB" "${args[@]}" </dev/null >"$log.out" 2>&1 &
 	else
@@ -111,7 +119,7 @@ for size in $SIZES; do
 	fi
 	# gpucr: the build before, then this one
 	for line in ${LINES:-base stop-copy concurrent}; do
-		g=$NEW/bin/gpucr flags=()
+		g=$NEW/bin/gpucr flags=() hflags=()
 		case $line in
 		base)
 			[ "$BASE" = - ] && continue
@@ -119,11 +127,12 @@ for size in $SIZES; do
 			;;
 		stop-copy) flags=(--concurrent=false) ;;
 		concurrent) flags=(--concurrent) ;;
+		cow) flags=(--concurrent) hflags=(--concurrent-mode copy-on-write) ;;
 		esac
 		[ "$line" = concurrent ] && [ -n "${HELPER:-}" ] && [ "$g" = "$NEW/bin/gpucr" ] && [ -n "$P" ] && kill -0 "$P" 2>/dev/null && reuse=1 || reuse=
 		if [ -z "$reuse" ]; then
 			[ -n "${HELPER:-}" ] && { kill "$HELPER"; wait "$HELPER" 2>/dev/null; HELPER=; }
-			start_helper "$g" "$SOCK" "$LOGS/helper-$line.log" || { bad "$line: helper"; continue; }
+			start_helper "$g" "$SOCK" "$LOGS/helper-$line.log" "${hflags[@]}" || { bad "$line: helper"; continue; }
 			L=$LOGS/$line-$size.log
 			start_job "$g" "$size" "$L" || continue
 		fi
@@ -134,21 +143,21 @@ for size in $SIZES; do
 			"$g" checkpoint "$P" -D "$D" --leave-running "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$line-$size-$n.json" 2>&1 || rc=1
 			mark "$size" "$line" "$t0" "$LOGS/$line-$size-$n.json" "$L" "$([ $rc = 0 ] || echo failed)"
 			[ $rc = 0 ] || bad "$line $size #$n: $(tail -n 3 "$LOGS/$line-$size-$n.json")"
-			[ "$line" = concurrent ] && [ "$n" = "$NCK" ] || rm -rf "$D"
+			case $line in concurrent | cow) [ "$n" = "$NCK" ] || rm -rf "$D" ;; *) rm -rf "$D" ;; esac
 			sleep "$GAP"
 		done
 		[ "$line" = stop-copy ] && continue # the concurrent line runs on in the same job
-		if [ "$line" = concurrent ]; then
+		if [ "$line" = concurrent ] || [ "$line" = cow ]; then
 			# exactness: the last image, restored after the job is killed
 			before=$(grep -c '^hb' "$L")
 			stop_job
 			sleep 2
 			t0=$(now)
-			if "$g" restore -D "$IMG/concurrent-$NCK" --socket "$SOCK" --json >"$LOGS/restore-$size.json" 2>&1; then
+			if "$g" restore -D "$IMG/$line-$NCK" --socket "$SOCK" --json >"$LOGS/restore-$line-$size.json" 2>&1; then
 				for _ in $(seq 600); do [ "$(grep -c '^hb' "$L")" -gt $((before + 5)) ] && break; sleep 0.05; done
-				note "restore of the last concurrent image: $(span "$t0" "$(now)") to its 6th heartbeat"
+				note "$line $size: restore of the last image: $(span "$t0" "$(now)") to its 6th heartbeat"
 				pkill -9 -f "$JOB" 2>/dev/null
-				$PY - "$L" "$before" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+				$PY - "$L" "$before" "$line $size" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import sys
 hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
 n = int(sys.argv[2])
@@ -156,11 +165,11 @@ orig = {int(h[1]): h[3] for h in hb[:n]}
 after = hb[n:]
 same = [h for h in after if int(h[1]) in orig and orig[int(h[1])] == h[3]]
 diff = [h for h in after if int(h[1]) in orig and orig[int(h[1])] != h[3]]
-print(f"exact: {'yes' if after and not diff and same else 'NO'} (restored at step {after[0][1] if after else '-'}; "
+print(f"{sys.argv[3]}: exact: {'yes' if after and not diff and same else 'NO'} (restored at step {after[0][1] if after else '-'}; "
       f"{len(same)} heartbeats equal to the original's, {len(diff)} differ)")
 PYEOF
 			else
-				bad "restore $size: $(tail -n 3 "$LOGS/restore-$size.json")"
+				bad "restore $line $size: $(tail -n 3 "$LOGS/restore-$line-$size.json")"
 			fi
 			rm -rf "$IMG"
 		else

@@ -10,7 +10,9 @@
 # (default 20) at random moments (0.3 to 2.5 s apart) while it trains on.
 # Then it is killed and each image restored in turn: every restored run must
 # report, for each step, the running loss sum the original run reported for
-# that step. Images in /dev/shm; logs in build/gpu/exact (and $OUT).
+# that step. HELPER_FLAGS go to the helper (--concurrent-mode copy-on-write:
+# every buffer behind a copy-on-write window). Images in /dev/shm; logs in
+# build/gpu/exact (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
 G=$(cd "${1:?usage: exact-concurrent.sh GPUCR_PREFIX CRIU_BUNDLE [N]}" && pwd)
@@ -30,7 +32,9 @@ IMG=/dev/shm/gpucr-exact
 SOCK=/run/gpucr-exact/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
 rm -rf "$IMG" && mkdir -p "$IMG"
-start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" || { bad "helper"; exit 1; }
+# HELPER_FLAGS: say --concurrent-mode copy-on-write, to check the windows.
+# shellcheck disable=SC2086
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" ${HELPER_FLAGS:-} || { bad "helper"; exit 1; }
 L=$LOGS/train.log
 setsid "$GPUCR" run --socket "$SOCK" -- $PY "$JOB" 0 "$L" --train-small </dev/null >"$LOGS/train.out" 2>&1 &
 for _ in $(seq 1200); do grep -q '^hb 10 ' "$L" 2>/dev/null && break; sleep 0.1; done

@@ -3,7 +3,7 @@
     python3 stall_table.py EVENTS PNG
 
 EVENTS has one line per checkpoint: "SIZE LINE START END REPORT STEPLOG [failed]"
-(LINE: anchor, base, stop-copy or concurrent; START and END: time.time()
+(LINE: anchor, base, stop-copy, concurrent or cow; START and END: time.time()
 around the checkpoint command; REPORT: its --json output, "-" for the
 anchor's; STEPLOG: the job's log, "st I T" per step). For each checkpoint
 the application's stall is its longest gap between two steps from START to
@@ -100,10 +100,10 @@ def draw(first, png):
         print("(no matplotlib: no picture)")
         return
     sizes = sorted({s for s, _ in first}, key=lambda s: (not s[0].isdigit(), float(s) if s[0].isdigit() else 0, s))
-    order = [l for l in ("anchor", "base", "concurrent") if any((s, l) in first for s in sizes)]
+    order = [l for l in ("anchor", "base", "concurrent", "cow") if any((s, l) in first for s in sizes)]
     names = {"anchor": "anchor: driver checkpoint API + CRIU", "base": "gpucr before (copy while stopped)",
-             "concurrent": "gpucr concurrent"}
-    colors = {"anchor": "tab:red", "base": "tab:orange", "concurrent": "tab:green"}
+             "concurrent": "gpucr concurrent", "cow": "gpucr copy-on-write"}
+    colors = {"anchor": "tab:red", "base": "tab:orange", "concurrent": "tab:green", "cow": "tab:blue"}
     fig, axes = plt.subplots(len(sizes), len(order), figsize=(5.2 * len(order), 3.3 * len(sizes)), squeeze=False, sharey=True)
     for row, size in enumerate(sizes):
         for col, line in enumerate(order):
