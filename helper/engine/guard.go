@@ -50,8 +50,8 @@ func (e *ChangedError) Error() string {
 var ErrGuardClosed = errors.New("the copy-on-write window is closed")
 
 // guardLanes is how many chunks of one device a guard saves at once: each
-// lane needs a chunk of device staging.
-const guardLanes = 4
+// lane needs a chunk of device staging and two of pinned host memory.
+const guardLanes = 8
 
 // stagingGranule rounds a staging's size: device memory is made in
 // multiples of the device's granularity, 2 MiB on every GPU gpucr supports
@@ -213,19 +213,35 @@ func (g *Guard) Save(pid int, ranges []AddrRange) error {
 		}
 	}
 	g.mu.Unlock()
-	// Ours, in order, each on a lane of its device.
-	var first error
-	for _, j := range mine {
-		err := g.saveOne(j.r, j.ci)
-		g.finishOne(j.r, j.ci, err)
-		if err == nil {
-			g.saved.Add(1)
-		} else if first == nil {
-			first = err
-		}
+	// Ours, a few at once (each takes a staging of its device; one at a
+	// time left the copy engines idle while each chunk was hashed and
+	// written: about 0.5 GB/s for a 256 MB tensor on an H200).
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, min(len(mine), guardLanes))
+	for w := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := int(next.Add(1)) - 1
+				if k >= len(mine) {
+					return
+				}
+				j := mine[k]
+				err := g.saveOne(j.r, j.ci)
+				g.finishOne(j.r, j.ci, err)
+				if err == nil {
+					g.saved.Add(1)
+				} else if errs[w] == nil {
+					errs[w] = err
+				}
+			}
+		}()
 	}
-	if first != nil {
-		return first
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	// Then wait for the others being saved (by Run or another Save).
 	g.mu.Lock()

@@ -99,7 +99,7 @@ def draw(first, png):
     except ImportError:
         print("(no matplotlib: no picture)")
         return
-    sizes = sorted({s for s, _ in first}, key=lambda s: (not s[0].isdigit(), float(s) if s[0].isdigit() else 0, s))
+    sizes = sorted({s for s, _ in first}, key=lambda s: (not s[0].isdigit(), float(s.split(":")[0]) if s[0].isdigit() else 0, s))
     order = [l for l in ("anchor", "base", "concurrent", "cow") if any((s, l) in first for s in sizes)]
     names = {"anchor": "anchor: driver checkpoint API + CRIU", "base": "gpucr before (copy while stopped)",
              "concurrent": "gpucr concurrent", "cow": "gpucr copy-on-write"}
