@@ -64,12 +64,10 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
  * that window faults on memory not mapped yet). Their structures are only
  * passed through, so they stay incomplete here.
  */
-typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;
 typedef struct CUDA_MEMCPY3D_PEER_st CUDA_MEMCPY3D_PEER;
 typedef union CUstreamBatchMemOpParams_union CUstreamBatchMemOpParams;
-CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData);
 CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy);

@@ -14,6 +14,11 @@
  *   s0     app_hb_mix: buffer 0 ^= words of buffer 1 (stream 1's)  (cuLaunchKernelEx)
  *   s0     records ev_mix
  *
+ * --graph: at the start of every iteration, s0 also replays a CUDA graph
+ * captured once (on a stream of its own): app_hb_step on every buffer with a
+ * fixed iteration (GRAPH_ITER) and salt; s1 waits for it (ev_graph). As a
+ * training step's graph, it rewrites every buffer each time.
+ *
  * A heartbeat synchronizes both streams and checksums all buffers in order.
  * All arithmetic is on 32-bit unsigned integers, so the simulated driver and a
  * GPU compute the same bits.
@@ -201,6 +206,8 @@ typedef struct hb_state {
     CUdeviceptr *buf;
     CUstream s[2];
     CUevent ev_s1, ev_mix;
+    CUgraphExec graph; /* --graph; NULL without */
+    CUevent ev_graph;
     CUmodule mod;
     CUfunction f_init, f_step, f_mix;
     uint32_t *pattern; /* pageable host memory */
@@ -270,6 +277,27 @@ static void stop_workers(hb_state *st) {
 
 static uint32_t salt_of(unsigned i) { return (i + 1) * 0x27D4EB2Fu; }
 
+#define GRAPH_ITER 0xC0FFEEu
+
+/* --graph: app_hb_step on every buffer, captured once on a stream of its own. */
+static void capture_graph(hb_state *st) {
+    CUstream cs;
+    CUgraph g;
+    CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    for (unsigned i = 0; i < st->k; i++) {
+        CUdeviceptr b = st->buf[i];
+        uint32_t n = (uint32_t)(st->sizes[i] / 4), it = GRAPH_ITER, salt = ~salt_of(i);
+        void *args[] = {&b, &n, &it, &salt};
+        CHECK(cuLaunchKernel(st->f_step, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, 0, cs, args, NULL));
+    }
+    CHECK(cuStreamEndCapture(cs, &g));
+    CHECK(cuGraphInstantiateWithFlags(&st->graph, g, 0));
+    CHECK(cuGraphDestroy(g));
+    CHECK(cuStreamDestroy(cs));
+    CHECK(cuEventCreate(&st->ev_graph, CU_EVENT_DISABLE_TIMING));
+}
+
 static void step(void *p, uint32_t iter) {
     hb_state *st = p;
     CUstream s0 = st->s[0], s1 = st->s[1];
@@ -288,6 +316,11 @@ static void step(void *p, uint32_t iter) {
 
     /* Buffer 1 was read by the previous mix on s0: s1 must not write it before. */
     CHECK(cuStreamWaitEvent(s1, st->ev_mix, 0));
+    if (st->graph) {
+        CHECK(cuGraphLaunch(st->graph, s0));
+        CHECK(cuEventRecord(st->ev_graph, s0));
+        CHECK(cuStreamWaitEvent(s1, st->ev_graph, 0));
+    }
 
     for (unsigned i = 0; i < st->k; i++) {
         CUdeviceptr b = st->buf[i];
@@ -335,7 +368,8 @@ static uint64_t checksum(void *p) {
 int main(int argc, char **argv) {
     gpuapp app;
     hb_state st;
-    gpuapp_parse(&app, "heartbeat", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS, 64, 8, argc, argv);
+    gpuapp_parse(&app, "heartbeat", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS | GPUAPP_OPT_GRAPH, 64, 8,
+                 argc, argv);
     memset(&st, 0, sizeof(st));
     st.app = &app;
     st.k = app.buffers;
@@ -367,6 +401,8 @@ int main(int argc, char **argv) {
     }
     CHECK(cuEventRecord(st.ev_mix, st.s[0]));
     CHECK(cuCtxSynchronize());
+    if (app.graph)
+        capture_graph(&st);
     st.nworkers = app.workers;
     start_workers(&st, app.seed);
 
@@ -377,6 +413,10 @@ int main(int argc, char **argv) {
     CHECK(cuCtxSynchronize());
     for (unsigned i = 0; i < st.k; i++)
         CHECK(cuMemFree(st.buf[i]));
+    if (st.graph) {
+        CHECK(cuGraphExecDestroy(st.graph));
+        CHECK(cuEventDestroy(st.ev_graph));
+    }
     CHECK(cuEventDestroy(st.ev_s1));
     CHECK(cuEventDestroy(st.ev_mix));
     CHECK(cuStreamDestroy(st.s[0]));

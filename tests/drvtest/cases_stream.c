@@ -189,6 +189,42 @@ static void ctx_synchronize(void) {
     EXPECT(read_u32(p) == 21 && read_u32(q) == 22, "results after cuCtxSynchronize");
 }
 
+/* Stream capture and graph replay: captured work does not run at capture, the graph replays it with the
+ * parameters of the capture, as often as launched, in stream order; what a capture refuses. */
+static void graph_capture(void) {
+    kit k = setup();
+    CUfunction add = dt_function(k.m, "dt_add");
+    enum { N = 1024 };
+    CUdeviceptr p = dt_alloc(N * 4);
+    OK(cuMemsetD32(p, 5, N));
+    CUstream cs, s;
+    OK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    EXPECT_RC(cuStreamBeginCapture_v2(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CUgraph g;
+    EXPECT_RC(cuStreamEndCapture(cs, &g), CUDA_ERROR_ILLEGAL_STATE);
+    OK(cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    EXPECT_RC(cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
+    uint32_t n = N, a = 3;
+    void *args[] = {&p, &n, &a};
+    OK(cuLaunchKernel(add, N / 256, 1, 1, 256, 1, 1, 0, cs, args, NULL));
+    a = 1000; /* the graph keeps the value of the capture */
+    OK(cuMemsetD32Async(p + 4 * (N - 1), 77, 1, cs));
+    OK(cuStreamEndCapture(cs, &g));
+    OK(cuStreamSynchronize(cs));
+    EXPECT(read_u32(p) == 5, "captured work ran at capture (p[0] = %u)", read_u32(p));
+    CUgraphExec x;
+    OK(cuGraphInstantiateWithFlags(&x, g, 0));
+    OK(cuGraphDestroy(g)); /* the executable graph stands alone */
+    for (int i = 0; i < 3; i++)
+        OK(cuGraphLaunch(x, s));
+    OK(cuStreamSynchronize(s));
+    EXPECT(read_u32(p) == 5 + 3 * 3, "after 3 replays p[0] = %u, want 14", read_u32(p));
+    EXPECT(read_u32(p + 4 * (N - 1)) == 77, "the captured memset did not replay (p[N-1] = %u)",
+           read_u32(p + 4 * (N - 1)));
+    OK(cuGraphExecDestroy(x));
+}
+
 const dt_case dt_cases_stream[] = {
     {"stream_basic", stream_basic, 0},
     {"legacy_stream_order", legacy_stream_order, 0},
@@ -197,5 +233,6 @@ const dt_case dt_cases_stream[] = {
     {"events", events, 0},
     {"stream_wait_event", stream_wait_event, 0},
     {"ctx_synchronize", ctx_synchronize, 0},
+    {"graph_capture", graph_capture, 0},
     {NULL, NULL, 0},
 };

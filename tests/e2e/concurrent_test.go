@@ -59,20 +59,23 @@ func restoredFrom(t *testing.T, a *app, h *helperProc, env []string, img string,
 }
 
 // TestConcurrentCheckpointExact: each test application (two streams with
-// events between them; a kernel writing through pointers it loads from
-// device memory; VMM allocations) takes many steps, every one rewriting its
+// events between them, with and without a CUDA graph; a kernel writing
+// through pointers it loads from device memory; VMM allocations) takes many steps, every one rewriting its
 // buffers, while its background copy is held back; the image is the process
 // at the stop all the same: restored, it starts there and computes exactly
 // what an uninterrupted run does.
 func TestConcurrentCheckpointExact(t *testing.T) {
 	needTool(t, "criu")
-	for _, tc := range appCases {
+	// heartbeat also with a CUDA graph replayed every iteration.
+	cases := append([]appCase{{"heartbeat-graph", append([]string{"--graph"}, appCases[0].args...)}}, appCases...)
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			bin := strings.TrimSuffix(tc.name, "-graph")
 			dir := t.TempDir()
 			env := gpucrEnv(t)
 			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"))
 			args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
-			a := startUnder(t, dir, h, env, tc.name, append(slices.Clone(args), "--interval-ms", "20")...)
+			a := startUnder(t, dir, h, env, bin, append(slices.Clone(args), "--interval-ms", "20")...)
 			a.waitIter(5, time.Minute)
 			img := filepath.Join(dir, "img")
 			before := a.lastIter()
@@ -111,7 +114,7 @@ func TestConcurrentCheckpointExact(t *testing.T) {
 					first, before, after)
 			}
 			hbs := a.heartbeats()
-			compareWithReference(t, hbs, reference(t, env, tc.name, args, maxIter(hbs)))
+			compareWithReference(t, hbs, reference(t, env, bin, args, maxIter(hbs)))
 		})
 	}
 }

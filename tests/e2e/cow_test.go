@@ -33,19 +33,27 @@ func savedFirst(log string) int {
 // on while its window is open and its background copy is held back 5 s: its
 // writes wait only for the chunks they touch, which the helper saves first.
 // The image is the process at the stop: restored, it continues exactly.
+//
+// heartbeat also runs with --graph: a CUDA graph replayed every iteration
+// rewrites every buffer, and a graph launch in a window counts as writing
+// everything.
 func TestCopyOnWriteCheckpointExact(t *testing.T) {
 	needTool(t, "criu")
+	cases := []appCase{{"heartbeat-graph", append([]string{"--graph"}, appCases[0].args...)}}
 	for _, tc := range appCases {
-		if tc.name == "ptrchase" {
-			continue // TestCopyOnWriteCatchesHiddenWrites
+		if tc.name != "ptrchase" { // TestCopyOnWriteCatchesHiddenWrites
+			cases = append(cases, tc)
 		}
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			bin := strings.TrimSuffix(tc.name, "-graph")
 			dir := t.TempDir()
 			env := gpucrEnv(t)
 			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"),
 				"--concurrent-mode", "copy-on-write")
 			args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
-			a := startUnder(t, dir, h, env, tc.name, append(slices.Clone(args), "--interval-ms", "20")...)
+			a := startUnder(t, dir, h, env, bin, append(slices.Clone(args), "--interval-ms", "20")...)
 			a.waitIter(5, time.Minute)
 			img := filepath.Join(dir, "img")
 			before := a.lastIter()
@@ -74,7 +82,7 @@ func TestCopyOnWriteCheckpointExact(t *testing.T) {
 					first, before, after)
 			}
 			hbs := a.heartbeats()
-			compareWithReference(t, hbs, reference(t, env, tc.name, args, maxIter(hbs)))
+			compareWithReference(t, hbs, reference(t, env, bin, args, maxIter(hbs)))
 		})
 	}
 }

@@ -41,6 +41,7 @@ CASES=(
 	"heartbeat 30 --mib 24 --buffers 7"
 	"heartbeat 20 --mib 64 --buffers 8"
 	"heartbeat 50 --mib 3 --buffers 2 --seed 7"
+	"heartbeat 30 --mib 24 --buffers 7 --graph"
 	"ptrchase 0 --mib 8"
 	"ptrchase 1 --mib 8"
 	"ptrchase 30 --mib 8"

@@ -113,6 +113,8 @@ typedef enum sim_htype {
     SIM_H_FUNC,
     SIM_H_LIBRARY,
     SIM_H_KERNEL,
+    SIM_H_GRAPH,
+    SIM_H_GRAPH_EXEC,
 } sim_htype;
 
 int sim_handle_add(const void *p, sim_htype t); /* 0 or -1 (no memory); caller holds sim.mu */
@@ -275,12 +277,19 @@ struct sim_stream {
     sim_op *head, *tail; /* pending, in order */
     sim_op *last;        /* last op queued (a reference), for dependencies and queries */
     int dying;
-    sim_stream *next; /* in ctx->streams */
+    struct sim_graph *capture; /* being captured into (cuStreamBeginCapture): ops are recorded, not run */
+    sim_stream *next;          /* in ctx->streams */
 };
+
+/* sim_graph.c: an op submitted to a capturing stream is recorded into its graph; mu held. */
+void sim_graph_record_locked(struct sim_graph *g, sim_op *op);
+/* A context with a stream capturing in global mode refuses the legacy stream; mu held. */
+bool sim_ctx_capturing_locked(sim_ctx *ctx);
 #define SIM_STREAM_MAGIC 0x5354524du
 
 sim_op *sim_op_new(size_t payload, sim_op_fn run);
 void sim_op_put(sim_op *op); /* drop a reference; takes mu */
+void sim_op_put_locked(sim_op *op);
 /*
  * Queue op on stream h of ctx (NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the
  * legacy stream) after the implicit legacy-stream dependencies. The caller keeps its own

@@ -659,10 +659,11 @@ SIM_API void *simk_dev(const simk_launch *L, CUdeviceptr p, size_t bytes) {
 }
 
 static CUresult run_kernel(sim_op *op) {
-    kpay *k = op->arg;
-    k->L.priv = op;
+    const kpay *k = op->arg;
+    simk_launch L = k->L; /* a graph's replays share the payload: the op is this run's own */
+    L.priv = op;
     pthread_rwlock_rdlock(&sim.memlock);
-    CUresult e = k->fn(&k->L);
+    CUresult e = k->fn(&L);
     pthread_rwlock_unlock(&sim.memlock);
     if (e != CUDA_SUCCESS) {
         char what[300];

@@ -36,11 +36,11 @@ sim_op *sim_op_new(size_t payload, sim_op_fn run) {
     return op;
 }
 
-static void op_put_locked(sim_op *op) {
+void sim_op_put_locked(sim_op *op) {
     if (--op->refs > 0)
         return;
     for (int i = 0; i < op->ndeps; i++)
-        op_put_locked(op->deps[i]);
+        sim_op_put_locked(op->deps[i]);
     free(op->deps);
     if (op->fini)
         op->fini(op);
@@ -51,7 +51,7 @@ void sim_op_put(sim_op *op) {
     if (!op)
         return;
     pthread_mutex_lock(&sim.mu);
-    op_put_locked(op);
+    sim_op_put_locked(op);
     pthread_mutex_unlock(&sim.mu);
 }
 
@@ -91,7 +91,7 @@ static void *worker(void *arg) {
         while (!deps_done(op))
             pthread_cond_wait(&sim.cv, &sim.mu);
         for (int i = 0; i < op->ndeps; i++)
-            op_put_locked(op->deps[i]);
+            sim_op_put_locked(op->deps[i]);
         free(op->deps);
         op->deps = NULL;
         op->ndeps = 0;
@@ -111,7 +111,7 @@ static void *worker(void *arg) {
         s->head = op->next;
         if (!s->head)
             s->tail = NULL;
-        op_put_locked(op);
+        sim_op_put_locked(op);
         pthread_cond_broadcast(&sim.cv);
     }
     sim_ctx *ctx = s->ctx;
@@ -123,7 +123,7 @@ static void *worker(void *arg) {
     }
     ctx->nstreams--;
     if (s->last)
-        op_put_locked(s->last);
+        sim_op_put_locked(s->last);
     pthread_cond_broadcast(&sim.cv);
     pthread_mutex_unlock(&sim.mu);
     free(s);
@@ -172,6 +172,15 @@ static CUresult resolve_locked(sim_ctx *ctx, CUstream h, sim_stream **out) {
     return CUDA_SUCCESS;
 }
 
+/* resolve_locked for calls the simulator does not record into a capture (synchronizing, events): the driver
+ * records events as graph dependencies across streams; this simulator captures one stream's work only. */
+static CUresult resolve_uncaptured_locked(sim_ctx *ctx, CUstream h, sim_stream **out) {
+    CUresult r = resolve_locked(ctx, h, out);
+    if (r == CUDA_SUCCESS && (*out)->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return r;
+}
+
 static int dep_add(sim_op *op, int *cap, sim_op *d) {
     if (!d || d->done)
         return 0;
@@ -216,7 +225,7 @@ static CUresult enqueue_locked(sim_stream *s, sim_op *op, sim_op *extra_dep) {
         s->head = op;
     s->tail = op;
     if (s->last)
-        op_put_locked(s->last);
+        sim_op_put_locked(s->last);
     s->last = op;
     pthread_cond_broadcast(&sim.cv);
     return CUDA_SUCCESS;
@@ -226,7 +235,11 @@ CUresult sim_submit(sim_ctx *ctx, CUstream h, sim_op *op) {
     sim_stream *s;
     pthread_mutex_lock(&sim.mu);
     CUresult r = resolve_locked(ctx, h, &s);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS && s->legacy && sim_ctx_capturing_locked(ctx))
+        r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* the driver: the legacy stream would join the capture */
+    else if (r == CUDA_SUCCESS && s->capture)
+        sim_graph_record_locked(s->capture, op);
+    else if (r == CUDA_SUCCESS)
         r = enqueue_locked(s, op, NULL);
     pthread_mutex_unlock(&sim.mu);
     return r;
@@ -249,7 +262,7 @@ static CUresult wait_last(sim_ctx *ctx, sim_stream *only) {
                     sim_op *o = v[--n];
                     while (!o->done)
                         pthread_cond_wait(&sim.cv, &sim.mu);
-                    op_put_locked(o);
+                    sim_op_put_locked(o);
                 }
                 continue;
             }
@@ -265,7 +278,7 @@ static CUresult wait_last(sim_ctx *ctx, sim_stream *only) {
     for (size_t i = 0; i < n; i++) {
         while (!v[i]->done)
             pthread_cond_wait(&sim.cv, &sim.mu);
-        op_put_locked(v[i]);
+        sim_op_put_locked(v[i]);
     }
     pthread_mutex_unlock(&sim.mu);
     if (v != snap)
@@ -291,7 +304,7 @@ void sim_ctx_streams_stop(sim_ctx *ctx) {
         ctx->events = e->next;
         sim_handle_del(e);
         if (e->rec)
-            op_put_locked(e->rec);
+            sim_op_put_locked(e->rec);
         free(e);
     }
 }
@@ -364,7 +377,7 @@ SIM_API CUresult cuStreamSynchronize(CUstream hStream) {
     sim_stream *s;
     sim_op *last = NULL;
     pthread_mutex_lock(&sim.mu);
-    r = resolve_locked(c.ctx, hStream, &s);
+    r = resolve_uncaptured_locked(c.ctx, hStream, &s);
     if (r == CUDA_SUCCESS && s->last) {
         last = s->last;
         last->refs++;
@@ -438,11 +451,11 @@ SIM_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned in
     if (!sim_handle_is(e, SIM_H_EVENT))
         r = CUDA_ERROR_INVALID_HANDLE;
     else
-        r = resolve_locked(c.ctx, hStream, &s);
+        r = resolve_uncaptured_locked(c.ctx, hStream, &s);
     /* waiting for an event that was never recorded is a no-op on the driver */
     if (r == CUDA_SUCCESS && e->rec && !e->rec->done)
         r = enqueue_locked(s, op, e->rec);
-    op_put_locked(op);
+    sim_op_put_locked(op);
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
 }
@@ -497,15 +510,15 @@ SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     pthread_mutex_lock(&sim.mu);
     r = event_check_locked(hEvent, &e);
     if (r == CUDA_SUCCESS)
-        r = resolve_locked(c.ctx, hStream, &s);
+        r = resolve_uncaptured_locked(c.ctx, hStream, &s);
     if (r == CUDA_SUCCESS)
         r = enqueue_locked(s, op, NULL);
     if (r == CUDA_SUCCESS) {
         if (e->rec)
-            op_put_locked(e->rec);
+            sim_op_put_locked(e->rec);
         e->rec = op; /* takes over the caller's reference */
     } else {
-        op_put_locked(op);
+        sim_op_put_locked(op);
     }
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
@@ -538,7 +551,7 @@ SIM_API CUresult cuEventSynchronize(CUevent hEvent) {
         op->refs++;
         while (!op->done)
             pthread_cond_wait(&sim.cv, &sim.mu);
-        op_put_locked(op);
+        sim_op_put_locked(op);
     }
     pthread_mutex_unlock(&sim.mu);
     if (r == CUDA_SUCCESS)
@@ -599,7 +612,7 @@ SIM_API CUresult cuEventDestroy_v2(CUevent hEvent) {
             }
         }
         if (e->rec)
-            op_put_locked(e->rec);
+            sim_op_put_locked(e->rec);
         free(e);
     }
     pthread_mutex_unlock(&sim.mu);

@@ -59,6 +59,8 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f, "  --buffers K      number of device buffers (default %u)\n", a->buffers);
     if (accepted & GPUAPP_OPT_WORKERS)
         fprintf(f, "  --workers W      fork W CPU worker processes after CUDA is initialised (default 0)\n");
+    if (accepted & GPUAPP_OPT_GRAPH)
+        fprintf(f, "  --graph          also replay a captured CUDA graph every iteration\n");
     fprintf(f,
             "  --iters M        stop after iteration M with a done line (default: run forever)\n"
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
@@ -83,11 +85,12 @@ static unsigned long long parse_num(const gpuapp *a, unsigned accepted, const ch
 
 void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
                   char **argv) {
-    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
+    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_GRAPH, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"mib", required_argument, NULL, O_MIB},
         {"buffers", required_argument, NULL, O_BUFFERS},
         {"workers", required_argument, NULL, O_WORKERS},
+        {"graph", no_argument, NULL, O_GRAPH},
         {"iters", required_argument, NULL, O_ITERS},
         {"interval-ms", required_argument, NULL, O_INTERVAL},
         {"hb-every", required_argument, NULL, O_HB},
@@ -125,6 +128,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             if (!(accepted & GPUAPP_OPT_WORKERS))
                 goto bad;
             a->workers = (unsigned)parse_num(a, accepted, "workers", optarg, 0, 16);
+            break;
+        case O_GRAPH:
+            if (!(accepted & GPUAPP_OPT_GRAPH))
+                goto bad;
+            a->graph = 1;
             break;
         case O_ITERS:
             /* Kernels take the iteration as a 32-bit number. */

@@ -45,6 +45,7 @@ const char *gpuapp_err_string(CUresult r);
 #define GPUAPP_OPT_MIB 0x1u     /* --mib N: device memory to hold, MiB */
 #define GPUAPP_OPT_BUFFERS 0x2u /* --buffers K: number of buffers */
 #define GPUAPP_OPT_WORKERS 0x4u /* --workers W: forked CPU worker processes */
+#define GPUAPP_OPT_GRAPH 0x8u   /* --graph: part of each iteration replayed from a captured CUDA graph */
 
 typedef struct gpuapp {
     const char *name;     /* app=NAME in the ready line */
@@ -54,6 +55,7 @@ typedef struct gpuapp {
     unsigned mib;         /* --mib N */
     unsigned buffers;     /* --buffers K */
     unsigned workers;     /* --workers W (default 0) */
+    int graph;            /* --graph */
     uint32_t seed;        /* --seed S: initial contents (default 1) */
     int ordinal;          /* --device D: device ordinal (default 0) */
     CUdevice dev;         /* set by gpuapp_context() */

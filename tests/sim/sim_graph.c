@@ -1,0 +1,248 @@
+/*
+ * CUDA graphs made by stream capture (cuStreamBeginCapture_v2 ..
+ * cuStreamEndCapture, cuGraphInstantiateWithFlags, cuGraphLaunch): the
+ * subset programs use to replay a step's work with one call.
+ *
+ * While a stream captures, every operation submitted to it (launches,
+ * copies, memsets) is recorded into the graph instead of being queued, and
+ * counts as done for anyone who waits on it. A graph launch queues, on the
+ * launching stream and in capture order, a fresh op per recorded one that
+ * runs with the recorded op's arguments: parameters as they were at capture,
+ * as the driver's kernel nodes keep them. What this simulator does not do:
+ * events recorded or waited for on a capturing stream (the driver turns them
+ * into dependencies between streams; here they are refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), synchronizing a capturing stream
+ * (the same), and graphs built node by node.
+ */
+#include <stdlib.h>
+
+#include "sim.h"
+
+typedef struct sim_graph {
+    uint32_t magic;
+    sim_ctx *ctx;
+    CUstreamCaptureMode mode;
+    sim_op **ops; /* references, in capture order */
+    size_t n, cap;
+    int oom; /* a record failed: EndCapture says so */
+} sim_graph;
+
+typedef struct sim_gexec {
+    uint32_t magic;
+    sim_ctx *ctx;
+    sim_op **ops;
+    size_t n;
+} sim_gexec;
+
+void sim_graph_record_locked(sim_graph *g, sim_op *op) {
+    if (g->n == g->cap) {
+        size_t c = g->cap ? g->cap * 2 : 16;
+        sim_op **v = realloc(g->ops, c * sizeof *v);
+        if (!v) {
+            g->oom = 1;
+            op->done = 1;
+            return;
+        }
+        g->ops = v;
+        g->cap = c;
+    }
+    op->refs++;
+    op->done = 1; /* recorded, never run itself: nobody may wait for it forever */
+    g->ops[g->n++] = op;
+    pthread_cond_broadcast(&sim.cv);
+}
+
+bool sim_ctx_capturing_locked(sim_ctx *ctx) {
+    for (sim_stream *s = ctx->streams; s; s = s->next)
+        if (s->capture && s->capture->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+            return true;
+    return false;
+}
+
+static void put_ops_locked(sim_op **ops, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        sim_op_put_locked(ops[i]);
+    free(ops);
+}
+
+/* A capturing stream of the caller's context (not the legacy one), or an error. */
+static CUresult capture_stream_locked(sim_ctx *ctx, CUstream h, sim_stream **out) {
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    sim_stream *s = (sim_stream *)h;
+    if (!sim_handle_is(s, SIM_H_STREAM) || s->dying || s->ctx != ctx)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuStreamBeginCapture_v2", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_stream *s;
+    pthread_mutex_lock(&sim.mu);
+    r = capture_stream_locked(c.ctx, hStream, &s);
+    if (r == CUDA_SUCCESS && s->capture)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    if (r == CUDA_SUCCESS) {
+        /* the stream holds it until cuStreamEndCapture hands it out */
+        s->capture = calloc(1, sizeof *s->capture);
+        if (!s->capture) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            s->capture->magic = 0x47524150u;
+            s->capture->ctx = c.ctx;
+            s->capture->mode = mode;
+        }
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuStreamEndCapture", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!phGraph)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_stream *s;
+    pthread_mutex_lock(&sim.mu);
+    r = capture_stream_locked(c.ctx, hStream, &s);
+    if (r == CUDA_SUCCESS && !s->capture)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    if (r == CUDA_SUCCESS) {
+        sim_graph *g = s->capture;
+        s->capture = NULL;
+        if (g->oom || sim_handle_add(g, SIM_H_GRAPH) < 0) {
+            put_ops_locked(g->ops, g->n);
+            free(g);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *phGraph = (CUgraph)g;
+        }
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuGraphInstantiateWithFlags", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!phGraphExec || flags != 0) /* auto-free-on-launch, upload, device launch: not simulated */
+        return sim_leave(&c, !phGraphExec ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED);
+    sim_graph *g = (sim_graph *)hGraph;
+    pthread_mutex_lock(&sim.mu);
+    sim_gexec *x = NULL;
+    if (!sim_handle_is(g, SIM_H_GRAPH))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!(x = calloc(1, sizeof *x)) || (g->n && !(x->ops = malloc(g->n * sizeof *x->ops))))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        x->magic = 0x47455843u;
+        x->ctx = g->ctx;
+        for (size_t i = 0; i < g->n; i++) {
+            g->ops[i]->refs++;
+            x->ops[x->n++] = g->ops[i];
+        }
+        if (sim_handle_add(x, SIM_H_GRAPH_EXEC) < 0) {
+            put_ops_locked(x->ops, x->n);
+            x->ops = NULL;
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *phGraphExec = (CUgraphExec)x;
+            x = NULL;
+        }
+    }
+    if (x) {
+        free(x->ops);
+        free(x);
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+/* A replay of a recorded op: its run and arguments; the payload holds the recorded op, kept while this runs. */
+static void fini_replay(sim_op *op) { sim_op_put_locked(*(sim_op **)(void *)op->payload); }
+
+SIM_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuGraphLaunch", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    sim_gexec *x = (sim_gexec *)hGraphExec;
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(x, SIM_H_GRAPH_EXEC) || x->ctx != c.ctx)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    size_t n = r == CUDA_SUCCESS ? x->n : 0;
+    sim_op **rec = n ? malloc(n * sizeof *rec) : NULL;
+    if (n && !rec)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < n && rec; i++) {
+        rec[i] = x->ops[i];
+        rec[i]->refs++; /* kept through the submissions below (the exec may be destroyed meanwhile) */
+    }
+    pthread_mutex_unlock(&sim.mu);
+    for (size_t i = 0; rec && i < n; i++) {
+        if (r == CUDA_SUCCESS && rec[i]->run) {
+            sim_op *op = sim_op_new(sizeof(sim_op *), rec[i]->run);
+            if (!op) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                *(sim_op **)(void *)op->payload = rec[i];
+                op->arg = rec[i]->arg;
+                pthread_mutex_lock(&sim.mu);
+                rec[i]->refs++; /* the replay's, dropped by fini_replay */
+                pthread_mutex_unlock(&sim.mu);
+                op->fini = fini_replay;
+                r = sim_submit(c.ctx, hStream, op);
+                sim_op_put(op);
+            }
+        }
+        sim_op_put(rec[i]);
+    }
+    free(rec);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuGraphExecDestroy", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    sim_gexec *x = (sim_gexec *)hGraphExec;
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(x, SIM_H_GRAPH_EXEC)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        sim_handle_del(x);
+        put_ops_locked(x->ops, x->n); /* queued replays hold their own references */
+        free(x);
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuGraphDestroy(CUgraph hGraph) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuGraphDestroy", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    sim_graph *g = (sim_graph *)hGraph;
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(g, SIM_H_GRAPH)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        sim_handle_del(g);
+        put_ops_locked(g->ops, g->n);
+        free(g);
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
