@@ -186,7 +186,9 @@ finish() {
 }
 trap finish EXIT
 trap 'note "TERMINATED after $(($(date +%s) - T_START)) s"; exit 1' TERM INT
-start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
+# HELPER_FLAGS: say --concurrent-mode copy-on-write, with LEAVE_RUNNING_FLAGS=--concurrent.
+# shellcheck disable=SC2086
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info ${HELPER_FLAGS:-} || bad "the helper did not answer"
 
 note ""
 note "## gpucr check"
