@@ -86,8 +86,16 @@ workers_c|dump||app:heartbeat --mib $C_MIB --workers 2 --hb-every 5
 workers_c_failed_dump|fail|GPUCR_FORK_SCRUB=0|app:heartbeat --mib 64 --workers 2 --hb-every 5
 compile|dump||compile
 ipc|refuse||ipc
+cuda_graph_window|again||cuda_graph
+streams_window|again||streams
+compile_window|again||compile
+expandable_window|again|PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True|train_dataloader
+graph_c_window|again||app:heartbeat --mib $C_MIB --graph --hb-every 5
 "
-ROWS=${ROWS:-$(printf '%s\n' "$ALL_ROWS" | cut -d'|' -f1 | xargs)}
+# The *_window rows (leave-running checkpoints of CUDA graphs, streams,
+# torch.compile, expandable segments, for LEAVE_RUNNING_FLAGS=--concurrent)
+# run only when ROWS names them.
+ROWS=${ROWS:-$(printf '%s\n' "$ALL_ROWS" | cut -d'|' -f1 | grep -v '_window$' | xargs)}
 row() { printf '%s\n' "$ALL_ROWS" | awk -F'|' -v n="$1" '$1 == n'; }
 field() { row "$1" | cut -d'|' -f"$2"; }
 
