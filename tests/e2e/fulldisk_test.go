@@ -14,14 +14,20 @@ import (
 // fills up during the copy: the failure says so once, plainly, with the
 // full-disk hint, and the process runs on. Both while the process waits for
 // the copy (--concurrent=false) and while it runs on (the concurrent
-// checkpoint's background copy).
+// checkpoint's background copy, of a snapshot or behind a copy-on-write
+// window).
 func TestCheckpointFullDiskWithParent(t *testing.T) {
 	needTool(t, "criu")
-	for _, mode := range []string{"--concurrent=true", "--concurrent=false"} {
-		t.Run(mode[2:], func(t *testing.T) {
+	for _, mode := range []string{"--concurrent=true", "--concurrent=false", "copy-on-write"} {
+		t.Run(strings.TrimPrefix(mode, "--"), func(t *testing.T) {
 			dir := t.TempDir()
 			env := gpucrEnv(t)
-			h := startHelper(t, dir, env)
+			var hflags []string
+			if mode == "copy-on-write" {
+				// every buffer behind a window, which the full disk fails
+				hflags, mode = []string{"--concurrent-mode", "copy-on-write"}, "--concurrent=true"
+			}
+			h := startHelper(t, dir, env, hflags...)
 			a := startUnder(t, dir, h, env, "heartbeat", "--mib", "24", "--interval-ms", "10")
 			a.waitIter(10, time.Minute)
 			parent := filepath.Join(dir, "parent")
