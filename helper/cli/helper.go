@@ -59,6 +59,9 @@ func helperCommand() *ucli.Command {
 				Usage: "GPU memory per device a concurrent checkpoint leaves free for the process running on (its snapshot takes what is free beyond; buffers that do not fit go to a copy-on-write window, or are copied while the process waits with --concurrent-mode snapshot)"},
 			&ucli.StringFlag{Name: "concurrent-mode", Value: "auto",
 				Usage: "how a concurrent checkpoint keeps each buffer while the process runs on: auto (a snapshot in spare GPU memory where it fits, a copy-on-write window for the rest), snapshot (the rest is copied while the process waits), copy-on-write (every buffer in the window, no snapshot memory)"},
+			// Benchmarks set it to compare.
+			&ucli.IntFlag{Name: "background-lanes", Value: 0, Hidden: true,
+				Usage: "lanes per device of a concurrent checkpoint's background copy (0: a quarter of the CPUs, at least 2)"},
 			// Benchmarks turn it off to measure what it saves.
 			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,
 				Usage: "hold one small exported allocation per device, which keeps the driver's exports fast"},
@@ -147,6 +150,7 @@ func runHelper(c *ucli.Context) error {
 	cfg := daemon.Config{
 		SnapshotReserve: reserve,
 		Concurrent:      cmode,
+		BackgroundLanes: c.Int("background-lanes"),
 		Pool:            daemon.PoolConfig{Budget: poolBytes},
 		ExportKeeper:    c.Bool("export-keeper"),
 		Socket:          client.SocketPath(c.String("socket")),

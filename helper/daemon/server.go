@@ -84,6 +84,9 @@ type Config struct {
 	// Concurrent is how a concurrent checkpoint keeps each buffer while
 	// the process runs on.
 	Concurrent ConcurrentMode
+	// BackgroundLanes is the lanes per device of a snapshot's background
+	// copy (0: a quarter of the CPUs, at least 2).
+	BackgroundLanes int
 	// ExportKeeper holds one small exported allocation per device while
 	// the helper serves, which keeps the driver's later exports fast
 	// (keeper.go).

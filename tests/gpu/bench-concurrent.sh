@@ -132,6 +132,9 @@ for size in $SIZES; do
 		[ "$line" = concurrent ] && [ -n "${HELPER:-}" ] && [ "$g" = "$NEW/bin/gpucr" ] && [ -n "$P" ] && kill -0 "$P" 2>/dev/null && reuse=1 || reuse=
 		if [ -z "$reuse" ]; then
 			[ -n "${HELPER:-}" ] && { kill "$HELPER"; wait "$HELPER" 2>/dev/null; HELPER=; }
+			# HELPER_FLAGS: more flags for this build's helper (not the build before's)
+			# shellcheck disable=SC2206
+			[ "$g" = "$NEW/bin/gpucr" ] && hflags+=(${HELPER_FLAGS:-})
 			start_helper "$g" "$SOCK" "$LOGS/helper-$line.log" "${hflags[@]}" || { bad "$line: helper"; continue; }
 			L=$LOGS/$line-$size.log
 			start_job "$g" "$size" "$L" || continue
