@@ -66,57 +66,72 @@ func restoredFrom(t *testing.T, a *app, h *helperProc, env []string, img string,
 // what an uninterrupted run does.
 func TestConcurrentCheckpointExact(t *testing.T) {
 	needTool(t, "criu")
-	// heartbeat also with a CUDA graph replayed every iteration.
-	cases := append([]appCase{{"heartbeat-graph", append([]string{"--graph"}, appCases[0].args...)}}, appCases...)
-	for _, tc := range cases {
+	for _, tc := range append([]appCase{graphCase}, appCases...) {
 		t.Run(tc.name, func(t *testing.T) {
-			bin := strings.TrimSuffix(tc.name, "-graph")
-			dir := t.TempDir()
-			env := gpucrEnv(t)
-			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"))
-			args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
-			a := startUnder(t, dir, h, env, bin, append(slices.Clone(args), "--interval-ms", "20")...)
-			a.waitIter(5, time.Minute)
-			img := filepath.Join(dir, "img")
-			before := a.lastIter()
-			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
-			after := a.lastIter()
-			d := parseDump(t, out)
-			if !d.Concurrent {
-				t.Errorf("--concurrent did not make a concurrent checkpoint:\n%s", out)
-			}
-			if names := stepNames(d.Phases); !slices.Contains(names, "gpu-background") {
-				t.Errorf("no gpu-background step: %v", names)
-			}
-			if len(d.GPUProcesses) != 1 || !slices.Contains(stepNames(d.GPUProcesses[0].Phases), "snapshot") {
-				t.Errorf("the helper's steps have no snapshot: %+v", d.GPUProcesses)
-			}
-			// The background copy waits 5 s (the fault) after the process
-			// runs again: its stop ends long before the command.
-			if d.StallSeconds <= 0 || d.StallSeconds > d.Seconds-4 {
-				t.Errorf("stopped %.3f s in a checkpoint of %.3f s whose copy was held back 5 s after the resume", d.StallSeconds, d.Seconds)
-			}
-			if names := stepNames(d.GPUProcesses[0].Phases); !slices.Contains(names, "resume") {
-				t.Errorf("the helper's steps do not go on to the resume: %v", names)
-			}
-			if after-before < 20 {
-				t.Fatalf("the process took %d steps during a checkpoint whose copy was held back 5 s: it did not run on", after-before)
-			}
-			if _, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb")); err != nil {
-				t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
-			}
-			// The stop came within the command's first second (the
-			// background copy then waited 5 s): an image of the process
-			// at the stop starts well before the command's end.
-			first := restoredFrom(t, a, h, env, img, after+3)
-			if first > before+(after-before)/4 {
-				t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (the command ran from iteration %d to %d)",
-					first, before, after)
-			}
-			hbs := a.heartbeats()
-			compareWithReference(t, hbs, reference(t, env, bin, args, maxIter(hbs)))
+			concurrentExact(t, tc, nil, func(d dumpJSON, out string, _ *helperProc) {
+				if !d.Concurrent {
+					t.Errorf("--concurrent did not make a concurrent checkpoint:\n%s", out)
+				}
+				if names := stepNames(d.Phases); !slices.Contains(names, "gpu-background") {
+					t.Errorf("no gpu-background step: %v", names)
+				}
+				names := stepNames(d.GPUProcesses[0].Phases)
+				if !slices.Contains(names, "snapshot") || !slices.Contains(names, "resume") {
+					t.Errorf("the helper's steps have no snapshot, or do not go on to the resume: %v", names)
+				}
+				// The background copy waits 5 s (the fault) after the
+				// process runs again: its stop ends long before the command.
+				if d.StallSeconds <= 0 || d.StallSeconds > d.Seconds-4 {
+					t.Errorf("stopped %.3f s in a checkpoint of %.3f s whose copy was held back 5 s after the resume", d.StallSeconds, d.Seconds)
+				}
+			})
 		})
 	}
+}
+
+// graphCase is heartbeat with a CUDA graph replayed every iteration, which
+// rewrites every buffer.
+var graphCase = appCase{"heartbeat-graph", append([]string{"--graph"}, appCases[0].args...)}
+
+// concurrentExact runs tc (bin: its name up to "-graph") under a helper with
+// hflags whose background copies wait 5 s, takes a concurrent leave-running
+// checkpoint of it and checks, besides what check checks of the report:
+// the process ran on meanwhile, the GPU image was committed when the command
+// returned, and, restored, the image starts at the stop and continues
+// exactly as an uninterrupted run.
+func concurrentExact(t *testing.T, tc appCase, hflags []string, check func(d dumpJSON, out string, h *helperProc)) {
+	bin := strings.TrimSuffix(tc.name, "-graph")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"), hflags...)
+	args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
+	a := startUnder(t, dir, h, env, bin, append(slices.Clone(args), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	img := filepath.Join(dir, "img")
+	before := a.lastIter()
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
+	after := a.lastIter()
+	d := parseDump(t, out)
+	if len(d.GPUProcesses) != 1 {
+		t.Fatalf("GPU processes: %+v", d.GPUProcesses)
+	}
+	check(d, out, h)
+	if after-before < 20 {
+		t.Fatalf("the process took %d steps during a checkpoint whose background copy was held back 5 s: it did not run on", after-before)
+	}
+	if _, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb")); err != nil {
+		t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
+	}
+	// The stop came within the command's first second (the background copy
+	// then waited 5 s): an image of the process at the stop starts well
+	// before the command's end.
+	first := restoredFrom(t, a, h, env, img, after+3)
+	if first > before+(after-before)/4 {
+		t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (the command ran from iteration %d to %d)",
+			first, before, after)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, bin, args, maxIter(hbs)))
 }
 
 // TestConcurrentCheckpointNoRoom: with a snapshot reserve larger than the

@@ -39,50 +39,28 @@ func savedFirst(log string) int {
 // everything.
 func TestCopyOnWriteCheckpointExact(t *testing.T) {
 	needTool(t, "criu")
-	cases := []appCase{{"heartbeat-graph", append([]string{"--graph"}, appCases[0].args...)}}
+	cases := []appCase{graphCase}
 	for _, tc := range appCases {
-		if tc.name != "ptrchase" { // TestCopyOnWriteCatchesHiddenWrites
+		if tc.name != "ptrchase" { // see TestCopyOnWriteCatchesHiddenWrites
 			cases = append(cases, tc)
 		}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			bin := strings.TrimSuffix(tc.name, "-graph")
-			dir := t.TempDir()
-			env := gpucrEnv(t)
-			h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"),
-				"--concurrent-mode", "copy-on-write")
-			args := append(slices.Clone(tc.args[:len(tc.args)-4]), "--hb-every", "1")
-			a := startUnder(t, dir, h, env, bin, append(slices.Clone(args), "--interval-ms", "20")...)
-			a.waitIter(5, time.Minute)
-			img := filepath.Join(dir, "img")
-			before := a.lastIter()
-			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
-			after := a.lastIter()
-			d := parseDump(t, out)
-			if len(d.GPUProcesses) != 1 {
-				t.Fatalf("GPU processes: %+v", d.GPUProcesses)
-			}
-			names := stepNames(d.GPUProcesses[0].Phases)
-			if slices.Contains(names, "snapshot") || !slices.Contains(names, "gpu-hash") {
-				t.Errorf("the helper's steps: %v, want the window's gpu-hash and no snapshot", names)
-			}
-			if d.Redone != "" {
-				t.Errorf("redone: %s", d.Redone)
-			}
-			if after-before < 20 {
-				t.Fatalf("the process took %d steps during a checkpoint whose background copy was held back 5 s: its writes were not saved first", after-before)
-			}
-			if n := savedFirst(h.logText()); n <= 0 {
-				t.Errorf("the window saved %d chunks ahead of the background, want some (the process writes every buffer each step):\n%s", n, tail(h.logText(), 20))
-			}
-			first := restoredFrom(t, a, h, env, img, after+3)
-			if first > before+(after-before)/4 {
-				t.Errorf("the restored process starts at iteration %d: the image is not the process at the stop (the command ran from iteration %d to %d)",
-					first, before, after)
-			}
-			hbs := a.heartbeats()
-			compareWithReference(t, hbs, reference(t, env, bin, args, maxIter(hbs)))
+			concurrentExact(t, tc, []string{"--concurrent-mode", "copy-on-write"}, func(d dumpJSON, _ string, h *helperProc) {
+				names := stepNames(d.GPUProcesses[0].Phases)
+				if slices.Contains(names, "snapshot") || !slices.Contains(names, "gpu-hash") {
+					t.Errorf("the helper's steps: %v, want the window's gpu-hash and no snapshot", names)
+				}
+				if d.Redone != "" {
+					t.Errorf("redone: %s", d.Redone)
+				}
+				// The process writes every buffer each step, and its steps
+				// go on while the background copy waits.
+				if n := savedFirst(h.logText()); n <= 0 {
+					t.Errorf("the window saved %d chunks ahead of the background, want some:\n%s", n, tail(h.logText(), 20))
+				}
+			})
 		})
 	}
 }
