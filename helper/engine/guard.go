@@ -338,18 +338,10 @@ func (g *Guard) saveBatch(js []gjob) error {
 	if err != nil {
 		return err
 	}
-	var copyErr error
-	if err := st.lane.Do(func() {
-		for k, j := range js {
-			off := uint64(j.ci) * uint64(g.chunk)
-			if copyErr = st.lane.StartDtoD(st.va+uint64(k)*uint64(g.chunk), g.vas[j.r]+off, uint64(g.chunkLen(j.r, j.ci))); copyErr != nil {
-				return
-			}
-		}
-		copyErr = st.lane.Sync()
-	}); err != nil {
-		copyErr = err
-	}
+	copyErr := st.each(js, func(k int, j gjob) error {
+		off := uint64(j.ci) * uint64(g.chunk)
+		return st.lane.StartDtoD(st.va+uint64(k)*uint64(g.chunk), g.vas[j.r]+off, uint64(g.chunkLen(j.r, j.ci)))
+	})
 	if copyErr != nil {
 		g.dropStaging(st)
 		return fmt.Errorf("device %s: copy to staging: %w", dev.UUID(), copyErr)
@@ -371,17 +363,9 @@ func (g *Guard) saveBatch(js []gjob) error {
 		}
 	}
 	buf := st.lane.Staging()
-	if err := st.lane.Do(func() {
-		for k, j := range js {
-			n := g.chunkLen(j.r, j.ci)
-			if copyErr = st.lane.StartDtoH(buf[k*g.chunk:k*g.chunk+n], st.va+uint64(k)*uint64(g.chunk)); copyErr != nil {
-				return
-			}
-		}
-		copyErr = st.lane.Sync()
-	}); err != nil {
-		copyErr = err
-	}
+	copyErr = st.each(js, func(k int, j gjob) error {
+		return st.lane.StartDtoH(buf[k*g.chunk:k*g.chunk+g.chunkLen(j.r, j.ci)], st.va+uint64(k)*uint64(g.chunk))
+	})
 	if copyErr != nil {
 		g.dropStaging(st)
 		return fmt.Errorf("device %s: copy to the host: %w", dev.UUID(), copyErr)
@@ -403,6 +387,23 @@ func (g *Guard) saveBatch(js []gjob) error {
 	}
 	g.giveStaging(st)
 	return werr
+}
+
+// each queues start(k, js[k]) for every chunk of a batch on the staging's
+// lane, then waits for them all.
+func (st *staging) each(js []gjob, start func(k int, j gjob) error) error {
+	var err error
+	if derr := st.lane.Do(func() {
+		for k, j := range js {
+			if err = start(k, j); err != nil {
+				return
+			}
+		}
+		err = st.lane.Sync()
+	}); derr != nil {
+		return derr
+	}
+	return err
 }
 
 // takeStaging returns an idle staging of dev, making one while dev has

@@ -213,6 +213,16 @@ void gc_layout_reset(void) {
 
 /* ---- scanning ---- */
 
+/* The packed parameter buffer of a launch's `extra` and its size (NULL, 0 if none). */
+static void extra_buffer(void **extra, void **buf, size_t *size) {
+    for (size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            *buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+            memcpy(size, extra[i + 1], sizeof *size);
+    }
+}
+
 unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len) {
     unsigned hits = 0;
     if (!p || s->n == 0)
@@ -261,12 +271,7 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
     } else if (extra) {
         void *buf = NULL;
         size_t size = 0;
-        for (size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-                buf = extra[i + 1];
-            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
-                memcpy(&size, extra[i + 1], sizeof size);
-        }
+        extra_buffer(extra, &buf, &size);
         if (buf) {
             hits += gc_scan_words(s, buf, size);
             bytes += size;
@@ -307,12 +312,7 @@ bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, voi
     if (extra) {
         void *buf = NULL;
         size_t size = 0;
-        for (size_t i = 0; i < 64 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-                buf = extra[i + 1];
-            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
-                memcpy(&size, extra[i + 1], sizeof size);
-        }
+        extra_buffer(extra, &buf, &size);
         each_word(buf, size, fn, arg);
         return buf != NULL || size == 0;
     }
