@@ -53,6 +53,10 @@ type clientJSON struct {
 	// them from /proc.
 	Container string   `json:"container"`
 	NsPid     proc.Pid `json:"ns_pid"`
+	// WindowOpen: a concurrent checkpoint's copy-on-write window holds its
+	// writes into memory not saved yet (WindowPendingBytes of it).
+	WindowOpen         bool   `json:"window_open"`
+	WindowPendingBytes uint64 `json:"window_pending_bytes"`
 }
 
 // stateName: "running", "quiesced", "dropped" or "unknown".
@@ -71,7 +75,8 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 			r = []string{}
 		}
 		out.Clients = append(out.Clients, clientJSON{c.Pid, c.Uid, c.Program, c.Allocations, c.Bytes,
-			c.ControlConnected, c.Checkpointable, r, stateName(c.State), proc.Container(proc.Pid(c.Pid)), proc.NsPid(proc.Pid(c.Pid))})
+			c.ControlConnected, c.Checkpointable, r, stateName(c.State), proc.Container(proc.Pid(c.Pid)), proc.NsPid(proc.Pid(c.Pid)),
+			c.WindowOpen, c.WindowPendingBytes})
 	}
 	return out
 }
@@ -180,8 +185,12 @@ func printStatus(c *ucli.Context, j statusJSON) {
 				ctr += fmt.Sprintf(" (pid %d)", cl.NsPid)
 			}
 		}
+		state := cl.State
+		if cl.WindowOpen {
+			state += fmt.Sprintf(", copy-on-write window (%s to save)", humanBytes(cl.WindowPendingBytes))
+		}
 		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cl.PID, cl.UID, cl.Program, ctr, cl.Allocations,
-			humanBytes(cl.Bytes), ctl, ck, cl.State)
+			humanBytes(cl.Bytes), ctl, ck, state)
 	}
 	tw.Flush()
 }

@@ -154,7 +154,11 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
 		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
 	quiet := time.Now().Before(cl.quietUntil)
+	g := cl.guard
 	cl.mu.Unlock()
+	if g != nil {
+		ci.WindowOpen, ci.WindowPendingBytes = true, g.PendingBytes()
+	}
 	var reasons []string
 	switch {
 	case !ci.ControlConnected:

@@ -183,6 +183,21 @@ func (g *Guard) PendingChunks() [][]bool {
 	return out
 }
 
+// PendingBytes is what the window still has to save.
+func (g *Guard) PendingBytes() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var n uint64
+	for i, st := range g.state {
+		for ci, c := range st {
+			if c != chunkDone {
+				n += uint64(g.chunkLen(i, ci))
+			}
+		}
+	}
+	return n
+}
+
 // Regions are the guarded regions, in the order of PendingChunks.
 func (g *Guard) Regions() []Region { return g.regions }
 

@@ -4655,7 +4655,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__driver_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[9] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[11] =
 {
   {
     "pid",
@@ -4765,6 +4765,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "window_open",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientInfo, window_open),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "window_pending_bytes",
+    11,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientInfo, window_pending_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = {
   3,   /* field[3] = allocations */
@@ -4776,11 +4800,13 @@ static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = 
   2,   /* field[2] = program */
   8,   /* field[8] = state */
   1,   /* field[1] = uid */
+  9,   /* field[9] = window_open */
+  10,   /* field[10] = window_pending_bytes */
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 11 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor =
 {
@@ -4790,7 +4816,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor =
   "Gpucr__Helper__V1__ClientInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientInfo),
-  9,
+  11,
   gpucr__helper__v1__client_info__field_descriptors,
   gpucr__helper__v1__client_info__field_indices_by_name,
   1,  gpucr__helper__v1__client_info__number_ranges,

@@ -912,10 +912,17 @@ struct  Gpucr__Helper__V1__ClientInfo
   size_t n_not_checkpointable;
   char **not_checkpointable;
   Gpucr__Helper__V1__ClientState state;
+  /*
+   * A concurrent checkpoint's copy-on-write window is open on it (its
+   * writes into chunks not saved yet wait for them), with this many bytes
+   * still to save.
+   */
+  protobuf_c_boolean window_open;
+  uint64_t window_pending_bytes;
 };
 #define GPUCR__HELPER__V1__CLIENT_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_info__descriptor) \
-    , 0, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED }
+    , 0, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0 }
 
 
 /*

@@ -3054,8 +3054,13 @@ type ClientInfo struct {
 	Checkpointable    bool                   `protobuf:"varint,7,opt,name=checkpointable,proto3" json:"checkpointable,omitempty"`
 	NotCheckpointable []string               `protobuf:"bytes,8,rep,name=not_checkpointable,json=notCheckpointable,proto3" json:"not_checkpointable,omitempty"`
 	State             ClientState            `protobuf:"varint,9,opt,name=state,proto3,enum=gpucr.helper.v1.ClientState" json:"state,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// A concurrent checkpoint's copy-on-write window is open on it (its
+	// writes into chunks not saved yet wait for them), with this many bytes
+	// still to save.
+	WindowOpen         bool   `protobuf:"varint,10,opt,name=window_open,json=windowOpen,proto3" json:"window_open,omitempty"`
+	WindowPendingBytes uint64 `protobuf:"varint,11,opt,name=window_pending_bytes,json=windowPendingBytes,proto3" json:"window_pending_bytes,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClientInfo) Reset() {
@@ -3149,6 +3154,20 @@ func (x *ClientInfo) GetState() ClientState {
 		return x.State
 	}
 	return ClientState_CLIENT_STATE_UNSPECIFIED
+}
+
+func (x *ClientInfo) GetWindowOpen() bool {
+	if x != nil {
+		return x.WindowOpen
+	}
+	return false
+}
+
+func (x *ClientInfo) GetWindowPendingBytes() uint64 {
+	if x != nil {
+		return x.WindowPendingBytes
+	}
+	return 0
 }
 
 // ClientOp: the CLI or plugin asks the helper to run one control command on
@@ -4573,7 +4592,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aversion\x18\x03 \x01(\x05R\aversion\x12%\n" +
 	"\x0echeckpoint_api\x18\x04 \x01(\bR\rcheckpointApi\x124\n" +
 	"\x16checkpoint_api_missing\x18\x05 \x03(\tR\x14checkpointApiMissing\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xba\x02\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x8d\x03\n" +
 	"\n" +
 	"ClientInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x10\n" +
@@ -4584,7 +4603,11 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x11control_connected\x18\x06 \x01(\bR\x10controlConnected\x12&\n" +
 	"\x0echeckpointable\x18\a \x01(\bR\x0echeckpointable\x12-\n" +
 	"\x12not_checkpointable\x18\b \x03(\tR\x11notCheckpointable\x122\n" +
-	"\x05state\x18\t \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\"\xee\x01\n" +
+	"\x05state\x18\t \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\x12\x1f\n" +
+	"\vwindow_open\x18\n" +
+	" \x01(\bR\n" +
+	"windowOpen\x120\n" +
+	"\x14window_pending_bytes\x18\v \x01(\x04R\x12windowPendingBytes\"\xee\x01\n" +
 	"\bClientOp\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12,\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x1c.gpucr.helper.v1.ClientOp.OpR\x02op\x12\x1d\n" +

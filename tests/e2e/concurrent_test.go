@@ -211,6 +211,9 @@ func concurrentHelperDies(t *testing.T, mode string) {
 	if m := regexp.MustCompile(`"snapshot_memory":(\d+)`).FindStringSubmatch(st); mode == "auto" && (m == nil || m[1] == "0") {
 		t.Errorf("status shows no snapshot memory while the background copy waits:\n%s", st)
 	}
+	if open := strings.Contains(st, `"window_open":true`); open != (mode == "copy-on-write") {
+		t.Errorf("status shows a copy-on-write window open: %v, in mode %s:\n%s", open, mode, st)
+	}
 	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
