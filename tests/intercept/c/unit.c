@@ -1,6 +1,7 @@
 /*
  * Unit tests of libgpucr.so's driver-free parts: the buffer table, the slab
- * bitmap, the parameter layout cache, launch parameter scanning and the gate.
+ * bitmap, the parameter layout cache, launch parameter scanning, the gate and
+ * a copy-on-write window's table.
  * Built by make as build/bin/intercept-unit; exits 1 on any failure.
  *
  * intercept-unit --bench prints what the hot path's parts cost on this CPU
@@ -376,6 +377,46 @@ static void bench(void) {
     gt_destroy(&t);
 }
 
+/* A copy-on-write window's table: pending chunks found and merged by range, marked saved; a pointer into one
+ * of the application's VMM mappings placed back to back reaches the whole span, one into a plain allocation
+ * only that allocation; the gate's window bit. */
+static void test_guard(void) {
+    const uint64_t C = 1 << 20; /* chunk */
+    uint8_t all[1] = {0x0f};    /* 4 chunks pending */
+    uint8_t some[1] = {0x05};   /* chunks 0 and 2 */
+    gc_guard_region regs[] = {
+        {.addr = 0x100000000, .size = 4 * C, .bits = all, .nbits = 1},              /* plain */
+        {.addr = 0x100400000, .size = 4 * C, .bits = some, .nbits = 1},             /* plain, adjacent */
+        {.addr = 0x200000000, .size = 2 * C, .bits = all, .nbits = 1, .vmm = true}, /* VMM, back to back */
+        {.addr = 0x200200000, .size = 2 * C, .bits = all, .nbits = 1, .vmm = true},
+    };
+    CHECK(gc_guard_build(regs, 4, C) == 0);
+    gc_range r[8];
+    CHECK(gc_guard_pending(0x100000000 + 10, 0x100000000 + 2 * C, r, 8) == 1);
+    CHECK(r[0].addr == 0x100000000 && r[0].size == 2 * C); /* chunks 0 and 1, merged */
+    size_t n = gc_guard_pending(0x100400000, 0x100800000, r, 8);
+    CHECK(n == 2 && r[0].addr == 0x100400000 && r[0].size == C && r[1].addr == 0x100400000 + 2 * C);
+    CHECK(gc_guard_pending(0x100000000, 0x100800000, r, 1) == 2); /* more than max */
+    gc_guard_saved(0x100000000, 0x100000000 + C);
+    CHECK(gc_guard_pending(0x100000000, 0x100000000 + 4 * C, r, 8) == 1 && r[0].addr == 0x100000000 + C);
+    uint64_t base, size;
+    CHECK(gc_guard_region_of(0x100400000 + 5, &base, &size) && base == 0x100400000 && size == 4 * C);
+    CHECK(gc_guard_region_of(0x200300000, &base, &size) && base == 0x200000000 && size == 4 * C);
+    CHECK(!gc_guard_region_of(0x300000000, &base, &size));
+    uint64_t lo, hi;
+    CHECK(gc_guard_any(&lo, &hi) && lo == 0x100000000 && hi == 0x200400000);
+    /* the gate: a window makes gc_gate_enter say so, and no call waits */
+    gc_gate_window(true);
+    CHECK(gc_gate_enter() == 1);
+    gc_gate_leave();
+    gc_gate_window(false);
+    CHECK(gc_gate_enter() == 0);
+    gc_gate_leave();
+    gc_guard_drop();
+    CHECK(!gc_guard_any(&lo, &hi));
+    CHECK(gc_guard_pending(0x100000000, 0x100800000, r, 8) == 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench();
@@ -385,6 +426,7 @@ int main(int argc, char **argv) {
     test_table();
     test_slab();
     test_scan();
+    test_guard();
     if (failures) {
         fprintf(stderr, "intercept-unit: %d failures\n", failures);
         return 1;
