@@ -122,6 +122,10 @@ func concurrentExact(t *testing.T, tc appCase, hflags []string, check func(d dum
 	if _, err := os.Stat(filepath.Join(img, "gpucr", "manifest.pb")); err != nil {
 		t.Fatalf("no committed GPU image once the checkpoint returned: %v", err)
 	}
+	// Its image committed, no copy-on-write window holds the process back.
+	if st := cliOK(t, h, env, img, "status", "--json"); strings.Contains(st, `"window_open":true`) {
+		t.Errorf("a copy-on-write window is still open after the checkpoint returned:\n%s", st)
+	}
 	// The stop came within the command's first second (the background copy
 	// then waited 5 s): an image of the process at the stop starts well
 	// before the command's end.
