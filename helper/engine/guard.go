@@ -80,12 +80,13 @@ type Guard struct {
 	hashes  [][][16]byte
 	bws     []*image.BufferWriter
 
-	mu      sync.Mutex
-	cond    *sync.Cond
-	state   [][]uint8
-	pending int   // chunks not done
-	err     error // the first failure; the window is over
-	closed  bool  // every chunk saved, or failed
+	mu       sync.Mutex
+	cond     *sync.Cond
+	state    [][]uint8
+	pending  int   // chunks not done
+	err      error // the first failure; the window is over
+	closed   bool  // every chunk saved, or failed
+	inflight int   // batches being saved
 
 	// Hash is the time hashing took at the quiesce point; Pending the
 	// bytes left to save when the window opened.
@@ -98,6 +99,7 @@ type Guard struct {
 	progress, copiedHook func(int64)
 
 	stMu     sync.Mutex
+	released bool                  // Release ran: no staging is handed out any more
 	stagings map[GPU]chan *staging // idle ones
 	made     map[GPU]int
 	all      []*staging
@@ -348,6 +350,17 @@ type staging struct {
 // staging of that device: device-to-device, hashed there in one launch,
 // compared with their hashes from the stop, then to the host and the image.
 func (g *Guard) saveBatch(js []gjob) error {
+	// Counted in flight: Run returns, and Release frees the stagings, only
+	// once none is (a failed window ends while others still copy).
+	g.mu.Lock()
+	g.inflight++
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.inflight--
+		g.cond.Broadcast()
+		g.mu.Unlock()
+	}()
 	dev := g.regions[js[0].r].Device
 	st, err := g.takeStaging(dev)
 	if err != nil {
@@ -425,20 +438,30 @@ func (st *staging) each(js []gjob, start func(k int, j gjob) error) error {
 // fewer than guardLanes, else waiting for one.
 func (g *Guard) takeStaging(dev GPU) (*staging, error) {
 	g.stMu.Lock()
+	if g.released {
+		g.stMu.Unlock()
+		return nil, ErrGuardClosed
+	}
 	ch := g.stagings[dev]
 	if ch == nil {
-		ch = make(chan *staging, guardLanes)
+		// Room for every staging and for the nils dropStaging sends.
+		ch = make(chan *staging, 4*guardLanes)
 		g.stagings[dev] = ch
 	}
 	select {
 	case st := <-ch:
-		g.stMu.Unlock()
-		return st, nil
+		if st != nil {
+			g.stMu.Unlock()
+			return st, nil
+		}
 	default:
 	}
 	if g.made[dev] >= guardLanes {
 		g.stMu.Unlock()
-		return <-ch, nil
+		if st := <-ch; st != nil {
+			return st, nil
+		}
+		return g.takeStaging(dev) // one was dropped: make its successor
 	}
 	g.made[dev]++
 	g.stMu.Unlock()
@@ -485,7 +508,14 @@ func (g *Guard) dropStaging(st *staging) {
 	st.lane = nil
 	g.stMu.Lock()
 	g.made[st.dev]--
+	ch := g.stagings[st.dev]
 	g.stMu.Unlock()
+	// A caller waiting for an idle staging would wait for this one forever:
+	// it is told to make a new one (unless some other is idle for it).
+	select {
+	case ch <- nil:
+	default:
+	}
 }
 
 // Run saves every pending chunk (a few at once per device), then closes
@@ -537,7 +567,7 @@ func (g *Guard) Run() (GuardStats, error) {
 	wg.Wait()
 	// Chunks a Save claimed may still be in flight.
 	g.mu.Lock()
-	for g.err == nil && g.pending > 0 {
+	for (g.err == nil && g.pending > 0) || g.inflight > 0 {
 		g.cond.Wait()
 	}
 	err := g.err
@@ -578,7 +608,13 @@ func (g *Guard) stats() GuardStats {
 
 // Release frees the window's device staging and lanes (after Run).
 func (g *Guard) Release() {
+	g.mu.Lock()
+	for g.inflight > 0 {
+		g.cond.Wait() // a Save's batch that began before the window failed
+	}
+	g.mu.Unlock()
 	g.stMu.Lock()
+	g.released = true
 	all := g.all
 	g.all = nil
 	g.stMu.Unlock()

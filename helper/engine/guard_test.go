@@ -120,3 +120,45 @@ func TestGuardCatchesWritesBehindItsBack(t *testing.T) {
 	}
 	_ = w.Abort()
 }
+
+// TestGuardFailsWithSavesInFlight: writes held back on every region while
+// the background finds a changed chunk: every Save returns, Run reports the
+// change, and Release (which frees the stagings) waits for the batches still
+// copying instead of freeing memory under them.
+func TestGuardFailsWithSavesInFlight(t *testing.T) {
+	d, regions, want, w, _ := guardFixture(t)
+	g, err := engine.OpenGuard(regions, w, chunk, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := append([]byte(nil), want[1]...)
+	changed[5*chunk+1] ^= 1
+	write(t, d, regions[1], changed)
+	done := make(chan error, 8)
+	for i := range 8 {
+		go func() {
+			r := regions[i%2]
+			done <- g.Save(7, []engine.AddrRange{{Addr: r.Address, Size: r.Size}})
+		}()
+	}
+	_, err = g.Run()
+	var ce *engine.ChangedError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Run: %v, want a ChangedError", err)
+	}
+	for range 8 {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a Save did not return after the window failed")
+		}
+	}
+	released := make(chan struct{})
+	go func() { g.Release(); close(released) }()
+	select {
+	case <-released:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Release did not return")
+	}
+	_ = w.Abort()
+}
