@@ -215,19 +215,19 @@ type AddrRange struct{ Addr, Size uint64 }
 // ErrGuardClosed, or the window's failure: either way the caller's write
 // may go ahead (a failed window's image is not committed).
 func (g *Guard) Save(pid int, ranges []AddrRange) error {
-	var mine []gjob
+	// The chunks the ranges overlap: those pending are ours to save, the
+	// rest may be on their way (Run, another Save) and are waited for.
+	var mine, touched []gjob
 	g.mu.Lock()
 	for _, ar := range ranges {
-		if ar.Size == 0 {
-			continue
-		}
 		for i, r := range g.regions {
-			if r.Pid != pid || ar.Addr >= r.Address+r.Size || ar.Addr+ar.Size <= r.Address {
+			if r.Pid != pid || ar.Size == 0 || ar.Addr >= r.Address+r.Size || ar.Addr+ar.Size <= r.Address {
 				continue
 			}
 			lo := max(ar.Addr, r.Address) - r.Address
 			hi := min(ar.Addr+ar.Size, r.Address+r.Size) - r.Address
 			for ci := int(lo / uint64(g.chunk)); uint64(ci)*uint64(g.chunk) < hi; ci++ {
+				touched = append(touched, gjob{i, ci})
 				if g.state[i][ci] == chunkPending {
 					g.state[i][ci] = chunkSaving
 					mine = append(mine, gjob{i, ci})
@@ -278,36 +278,23 @@ func (g *Guard) Save(pid int, ranges []AddrRange) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	// Then wait for the others being saved (by Run or another Save).
+	// Then wait for the others being saved.
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for {
-		if g.err != nil {
+	for k := 0; k < len(touched); {
+		switch {
+		case g.err != nil:
 			return g.err
+		case g.state[touched[k].r][touched[k].ci] == chunkDone:
+			k++
+		default:
+			g.cond.Wait()
 		}
-		busy := false
-		for _, ar := range ranges {
-			for i, r := range g.regions {
-				if r.Pid != pid || ar.Size == 0 || ar.Addr >= r.Address+r.Size || ar.Addr+ar.Size <= r.Address {
-					continue
-				}
-				lo := max(ar.Addr, r.Address) - r.Address
-				hi := min(ar.Addr+ar.Size, r.Address+r.Size) - r.Address
-				for ci := int(lo / uint64(g.chunk)); uint64(ci)*uint64(g.chunk) < hi; ci++ {
-					if g.state[i][ci] != chunkDone {
-						busy = true
-					}
-				}
-			}
-		}
-		if !busy {
-			if g.closed {
-				return ErrGuardClosed
-			}
-			return nil
-		}
-		g.cond.Wait()
 	}
+	if g.closed {
+		return ErrGuardClosed
+	}
+	return nil
 }
 
 // finishBatch marks each chunk of js saved, or the window failed.
@@ -322,12 +309,7 @@ func (g *Guard) finishOne(r, ci int, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if err != nil {
-		if g.err == nil {
-			g.err = err
-		}
-		g.closed = true
-		// Chunks no one will save: nobody waits for them any longer.
-		g.cond.Broadcast()
+		g.failLocked(err) // chunks no one will save: nobody waits for them any longer
 		return
 	}
 	g.state[r][ci] = chunkDone
@@ -591,6 +573,10 @@ func (g *Guard) Run() (GuardStats, error) {
 func (g *Guard) Fail(err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.failLocked(err)
+}
+
+func (g *Guard) failLocked(err error) {
 	if g.err == nil {
 		g.err = err
 	}
