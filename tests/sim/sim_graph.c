@@ -18,6 +18,7 @@
 
 #include "sim.h"
 
+/* A captured graph (SIM_H_GRAPH), and an executable one (SIM_H_GRAPH_EXEC): its own references to the same ops. */
 typedef struct sim_graph {
     uint32_t magic;
     sim_ctx *ctx;
@@ -26,13 +27,6 @@ typedef struct sim_graph {
     size_t n, cap;
     int oom; /* a record failed: EndCapture says so */
 } sim_graph;
-
-typedef struct sim_gexec {
-    uint32_t magic;
-    sim_ctx *ctx;
-    sim_op **ops;
-    size_t n;
-} sim_gexec;
 
 void sim_graph_record_locked(sim_graph *g, sim_op *op) {
     if (g->n == g->cap) {
@@ -139,7 +133,7 @@ SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph h
         return sim_leave(&c, !phGraphExec ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_SUPPORTED);
     sim_graph *g = (sim_graph *)hGraph;
     pthread_mutex_lock(&sim.mu);
-    sim_gexec *x = NULL;
+    sim_graph *x = NULL;
     if (!sim_handle_is(g, SIM_H_GRAPH))
         r = CUDA_ERROR_INVALID_HANDLE;
     else if (!(x = calloc(1, sizeof *x)) || (g->n && !(x->ops = malloc(g->n * sizeof *x->ops))))
@@ -151,6 +145,7 @@ SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph h
             g->ops[i]->refs++;
             x->ops[x->n++] = g->ops[i];
         }
+        x->cap = x->n;
         if (sim_handle_add(x, SIM_H_GRAPH_EXEC) < 0) {
             put_ops_locked(x->ops, x->n);
             x->ops = NULL;
@@ -176,7 +171,7 @@ SIM_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     CUresult r = sim_enter(&c, "cuGraphLaunch", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    sim_gexec *x = (sim_gexec *)hGraphExec;
+    sim_graph *x = (sim_graph *)hGraphExec;
     pthread_mutex_lock(&sim.mu);
     if (!sim_handle_is(x, SIM_H_GRAPH_EXEC) || x->ctx != c.ctx)
         r = CUDA_ERROR_INVALID_HANDLE;
@@ -211,32 +206,16 @@ SIM_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
     return sim_leave(&c, r);
 }
 
-SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+/* cuGraphExecDestroy and cuGraphDestroy: h, a handle of type t, and its references go (queued replays hold their
+ * own). */
+static CUresult destroy(const char *name, void *h, sim_htype t) {
     sim_call c;
-    CUresult r = sim_enter(&c, "cuGraphExecDestroy", SIM_NEED_CTX);
+    CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    sim_gexec *x = (sim_gexec *)hGraphExec;
+    sim_graph *g = h;
     pthread_mutex_lock(&sim.mu);
-    if (!sim_handle_is(x, SIM_H_GRAPH_EXEC)) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        sim_handle_del(x);
-        put_ops_locked(x->ops, x->n); /* queued replays hold their own references */
-        free(x);
-    }
-    pthread_mutex_unlock(&sim.mu);
-    return sim_leave(&c, r);
-}
-
-SIM_API CUresult cuGraphDestroy(CUgraph hGraph) {
-    sim_call c;
-    CUresult r = sim_enter(&c, "cuGraphDestroy", SIM_NEED_CTX);
-    if (r != CUDA_SUCCESS)
-        return sim_leave(&c, r);
-    sim_graph *g = (sim_graph *)hGraph;
-    pthread_mutex_lock(&sim.mu);
-    if (!sim_handle_is(g, SIM_H_GRAPH)) {
+    if (!sim_handle_is(g, t)) {
         r = CUDA_ERROR_INVALID_HANDLE;
     } else {
         sim_handle_del(g);
@@ -246,3 +225,9 @@ SIM_API CUresult cuGraphDestroy(CUgraph hGraph) {
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
 }
+
+SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    return destroy("cuGraphExecDestroy", hGraphExec, SIM_H_GRAPH_EXEC);
+}
+
+SIM_API CUresult cuGraphDestroy(CUgraph hGraph) { return destroy("cuGraphDestroy", hGraph, SIM_H_GRAPH); }
