@@ -3,7 +3,6 @@ package engine_test
 import (
 	"bytes"
 	"errors"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -18,15 +17,7 @@ func guardFixture(t *testing.T) (*fakegpu.Device, []engine.Region, [][]byte, *im
 	t.Helper()
 	d := fakegpu.New(0, 64<<20)
 	regions := []engine.Region{region(t, d, 2, 0x7f0000000000), region(t, d, 3, 0x7f0000800000)}
-	want := make([][]byte, len(regions))
-	rng := rand.New(rand.NewPCG(9, 10))
-	for i, r := range regions {
-		want[i] = make([]byte, r.Size)
-		for k := range want[i] {
-			want[i][k] = byte(rng.Uint32())
-		}
-		write(t, d, r, want[i])
-	}
+	want := fillRandom(t, []*fakegpu.Device{d}, regions, 9)
 	clear(want[0][:chunk])
 	write(t, d, regions[0], want[0])
 	dir := t.TempDir()

@@ -28,6 +28,22 @@ func region(t *testing.T, d *fakegpu.Device, granules uint64, addr uint64) engin
 	return engine.Region{Device: d.GPU(), Handle: h, Size: size, Pid: 7, Address: addr, Kind: image.AllocMemAlloc}
 }
 
+// fillRandom writes seeded random bytes into each region (devs[i]: region
+// i's device; one device: all of them) and returns them.
+func fillRandom(t *testing.T, devs []*fakegpu.Device, regions []engine.Region, seed uint64) [][]byte {
+	t.Helper()
+	want := make([][]byte, len(regions))
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	for i, r := range regions {
+		want[i] = make([]byte, r.Size)
+		for k := range want[i] {
+			want[i][k] = byte(rng.Uint32())
+		}
+		write(t, devs[min(i, len(devs)-1)], r, want[i])
+	}
+	return want
+}
+
 // write puts data into r's memory, as an application would.
 func write(t *testing.T, d *fakegpu.Device, r engine.Region, data []byte) {
 	t.Helper()
@@ -62,13 +78,8 @@ func read(t *testing.T, d *fakegpu.Device, r engine.Region) []byte {
 func TestInProcessDumpLoad(t *testing.T) {
 	devs := []*fakegpu.Device{fakegpu.New(0, 64<<20), fakegpu.New(1, 64<<20)}
 	regions := []engine.Region{region(t, devs[0], 2, 0x7f0000000000), region(t, devs[1], 3, 0x7f0000800000)}
-	want := make([][]byte, len(regions))
-	rng := rand.New(rand.NewPCG(5, 6))
+	want := fillRandom(t, devs, regions, 5)
 	for i, r := range regions {
-		want[i] = make([]byte, r.Size)
-		for k := range want[i] {
-			want[i][k] = byte(rng.Uint32())
-		}
 		clear(want[i][:chunk]) // a zero chunk
 		write(t, devs[i], r, want[i])
 	}
@@ -124,15 +135,7 @@ func TestInProcessDumpLoad(t *testing.T) {
 func TestSnapshotThenDump(t *testing.T) {
 	d := fakegpu.New(0, 24<<20) // 12 granules
 	regions := []engine.Region{region(t, d, 2, 0x7f0000000000), region(t, d, 3, 0x7f0000800000), region(t, d, 4, 0x7f0001000000)}
-	want := make([][]byte, len(regions))
-	rng := rand.New(rand.NewPCG(7, 8))
-	for i, r := range regions {
-		want[i] = make([]byte, r.Size)
-		for k := range want[i] {
-			want[i][k] = byte(rng.Uint32())
-		}
-		write(t, d, r, want[i])
-	}
+	want := fillRandom(t, []*fakegpu.Device{d}, regions, 7)
 	usedBefore, _ := d.Used() // 9 granules: 3 free
 	// Room for 3 granules beyond a 0-byte reserve: the first region (2)
 	// fits, the second (3) no longer does, the third (4) neither.
