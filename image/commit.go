@@ -56,6 +56,9 @@ func (w *Writer) Commit() error {
 	// even if the last directory fsync failed (then said in err). The
 	// processes' parts are superseded by it.
 	w.removeParts()
+	// Salvaged files the image did not use (the chunks changed since) are
+	// no image's: gc would find them otherwise.
+	_ = w.store.removeUnusedSalvage()
 	w.mu.Lock()
 	w.state = stateCommitted
 	w.mu.Unlock()

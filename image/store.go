@@ -58,10 +58,13 @@ type chunkStore struct {
 	own    *Owner                       // nil: the process's own
 	old    map[chunkHash]*imagepb.Chunk // LOCAL chunks of the manifest DIR held at Create
 	parent map[chunkHash]storedChunk    // chunks of the parent chain, ancestor as seen from here
-	enc    *zstd.Encoder                // nil: no compression
-	stored atomic.Int64                 // bytes written to new files
-	seq    atomic.Uint64                // temporary names
-	tmpTag string                       // this write's, in its temporary names: a dead writer's leftovers never clash
+	// salvage: the chunk files a dropped write into DIR left (salvage.go),
+	// reused like old's; set before any chunk, read-only afterwards.
+	salvage map[chunkHash]storedChunk
+	enc     *zstd.Encoder // nil: no compression
+	stored  atomic.Int64  // bytes written to new files
+	seq     atomic.Uint64 // temporary names
+	tmpTag  string        // this write's, in its temporary names: a dead writer's leftovers never clash
 
 	mu      sync.Mutex
 	local   map[chunkHash]*localChunk
@@ -105,6 +108,8 @@ func (s *chunkStore) claimKnown(h chunkHash) (lc *localChunk, owner, ok bool) {
 	if oc, found := s.old[h]; found && s.reusable(h, int64(oc.GetStoredSize())) {
 		meta = storedChunk{loc: imagepb.Location_LOCATION_LOCAL, crc: oc.GetCrc32C(), comp: oc.GetCompression(),
 			storedSize: oc.GetStoredSize()}
+	} else if sc, found := s.salvage[h]; found {
+		meta = sc
 	} else if pc, found := s.parent[h]; found {
 		meta = pc
 	} else {
@@ -134,6 +139,10 @@ func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[
 				comp: oc.GetCompression(), storedSize: oc.GetStoredSize()}
 			return final, nil
 		}
+	}
+	if sc, ok := s.salvage[h]; ok {
+		lc.meta = sc
+		return final, nil
 	}
 	if pc, ok := s.parent[h]; ok {
 		lc.meta = pc

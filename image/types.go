@@ -115,6 +115,10 @@ type Options struct {
 	// they could not reach fails as it would for them, telling them
 	// nothing of what lies there. nil: this process's own permissions.
 	Lookup func(open func() error) error
+	// Salvage, if set, is the chunk files a dropped write into the same
+	// DIR left (Writer.AbortSalvage): reused where a chunk hashes the
+	// same. Create takes it over (one of another DIR is discarded).
+	Salvage *Salvage
 }
 
 // Origin says who made the image.

@@ -126,6 +126,10 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 	_, _ = rand.Read(w.id)
 	defer func() {
 		if err != nil {
+			if w.store != nil {
+				_ = w.store.removeCreated() // salvaged files it adopted
+			}
+			_ = opts.Salvage.Discard() // not adopted yet: nobody else will take it
 			w.release()
 		}
 	}()
@@ -163,6 +167,9 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 			return nil, err
 		}
 	}
+	// A salvage only saves copying: one that cannot be used (its
+	// directory replaced, a file system error) is dropped, not the write.
+	_ = w.store.adopt(opts.Salvage)
 	if opts.Compression == CompressionZstd {
 		// EncodeAll only: no goroutines. The zstd frame checksum is off:
 		// our CRC32C and xxh3 already cover every chunk.

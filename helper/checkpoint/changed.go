@@ -5,7 +5,9 @@ package checkpoint
 // memory, which no launch parameter names) makes no image: the helper
 // refuses to write bytes other than those of the stop. The checkpoint is
 // then taken again the stop-the-world way, which is exact by construction,
-// and the result says so (Redone).
+// and the result says so (Redone). The helper keeps the chunks the window
+// did save in the image directory, so the second stop copies only the
+// chunks that changed (or were not saved yet).
 
 import (
 	"errors"
@@ -33,5 +35,5 @@ func IsChanged(err error) bool {
 // redoReason is what a redone checkpoint's result says.
 func redoReason(err error) string {
 	return "the concurrent checkpoint's copy-on-write window found GPU memory changed behind its back, so it was " +
-		"taken again with the process stopped while its memory was copied: " + err.Error()
+		"taken again with the process stopped while the changed chunks were copied: " + err.Error()
 }

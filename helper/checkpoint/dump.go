@@ -103,24 +103,9 @@ const treeGoneWait = 10 * time.Second
 // gpucr's plugin. A failed dump leaves the tree running with its GPU and
 // the directory as it was. Without LeaveRunning or LeaveStopped, Dump
 // returns once the tree's pids are free, so that a restore right after can
-// have them.
+// have them. A concurrent dump whose copy-on-write window found memory
+// changed behind its back is taken again stop-the-world (Redone says why).
 func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
-	res, err := dump(ctx, o)
-	if err == nil || !o.Concurrent || !IsChanged(err) {
-		return res, err
-	}
-	// The tree runs on and DIR is as it was: take it again, exact by
-	// construction (the tree waits while its memory is copied).
-	(&emitter{out: o.Events, start: time.Now()}).emit(Event{Kind: Warning, Text: redoReason(err)})
-	o.Concurrent = false
-	res, err2 := dump(ctx, o)
-	if res != nil {
-		res.Redone = redoReason(err)
-	}
-	return res, err2
-}
-
-func dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if o.LeaveRunning && o.LeaveStopped {
 		return nil, errors.New("a checkpoint leaves the tree running or stopped, not both")
@@ -195,7 +180,7 @@ func dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
-	r, err := run(ctx, job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev,
+	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev,
 		concurrent: o.Concurrent && len(tc.Clients) > 0, leaveRunning: o.LeaveRunning && len(tc.Clients) > 0,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
@@ -204,7 +189,19 @@ func dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 			if o.LeaveStopped {
 				opts.LeaveStopped = proto.Bool(true)
 			}
-		}})
+		}}
+	r, err := run(ctx, j)
+	redone := ""
+	if err != nil && j.concurrent && IsChanged(err) {
+		// The tree runs on and DIR got no image: take it again, exact by
+		// construction (the tree waits while its memory is copied). The
+		// helper kept the chunks the window saved in DIR, so this copies
+		// only those that changed since the first stop.
+		redone = redoReason(err)
+		ev.emit(Event{Kind: Warning, Text: redone})
+		j.concurrent = false
+		r, err = run(ctx, j)
+	}
 	if err != nil {
 		var waiting []proc.Pid
 		if f := (*Failure)(nil); !errors.As(err, &f) || !f.background {
@@ -222,7 +219,7 @@ func dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	after, _ := os.Stat(manifest)
 	res := &DumpResult{Pid: pid, ImagesDir: o.Dir, Parent: o.Parent, LeaveRunning: o.LeaveRunning, LeaveStopped: o.LeaveStopped,
-		Concurrent: o.Concurrent, PreCopy: pc.rounds, PreCopySeconds: pc.seconds,
+		Concurrent: o.Concurrent, Redone: redone, PreCopy: pc.rounds, PreCopySeconds: pc.seconds,
 		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
 		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
 		GPUProcesses: []GPUProcess{}}

@@ -184,7 +184,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 	if j.dump {
 		direction = helperpb.Transfer_DIRECTION_DUMP
 	}
-	watch := watchGPU(j.env.Socket, j.dir, direction, j.ev)
+	watch := watchGPU(j.env.Socket, j.dir, direction, runStart, j.ev)
 	var out swrk.Outcome
 	if j.dump {
 		out = cmd.Dump(opts, n)

@@ -24,15 +24,15 @@ type gpuWatch struct {
 // watchPoll is how often the helper is asked.
 const watchPoll = 100 * time.Millisecond
 
-// watchGPU starts watching the copy of dir in the given direction that
-// starts after the emitter's start.
-func watchGPU(socket, dir string, direction helperpb.Transfer_Direction, ev *emitter) *gpuWatch {
+// watchGPU starts watching the copy of dir in the given direction of the
+// CRIU run begun at since.
+func watchGPU(socket, dir string, direction helperpb.Transfer_Direction, since time.Time, ev *emitter) *gpuWatch {
 	w := &gpuWatch{stopc: make(chan struct{}), done: make(chan struct{})}
-	go w.run(socket, dir, direction, ev)
+	go w.run(socket, dir, direction, since, ev)
 	return w
 }
 
-func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction, ev *emitter) {
+func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction, since time.Time, ev *emitter) {
 	defer close(w.done)
 	ctx := context.Background()
 	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
@@ -53,7 +53,7 @@ func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction
 		// A dump of a process tree makes one copy per process.
 		var mine []*helperpb.Transfer
 		for _, t := range list {
-			if ofThisRun(t, direction, ev.start) {
+			if ofThisRun(t, direction, since) {
 				mine = append(mine, t)
 			}
 		}
@@ -80,9 +80,12 @@ func (w *gpuWatch) run(socket, dir string, direction helperpb.Transfer_Direction
 }
 
 // ofThisRun says whether t is a copy in direction of the CRIU run begun at
-// start (a copy begun up to a second before, clocks rounded, counts).
+// start (a copy begun up to a second before, clocks rounded, counts), but
+// not one that had ended by then (the run before it, into the same
+// directory: a concurrent dump taken again).
 func ofThisRun(t *helperpb.Transfer, direction helperpb.Transfer_Direction, start time.Time) bool {
-	return t.Direction == direction && time.UnixMilli(t.StartedUnixMs).After(start.Add(-time.Second))
+	return t.Direction == direction && time.UnixMilli(t.StartedUnixMs).After(start.Add(-time.Second)) &&
+		!(t.Finished && t.FinishedUnixUs != 0 && time.UnixMicro(t.FinishedUnixUs).Before(start))
 }
 
 // combine sums copies into one: bytes, the span from the first start to the

@@ -128,9 +128,12 @@ func (s *Server) settleImage(w *image.Writer, abort bool) error {
 	if b != nil {
 		err = b.wait()
 	}
-	if err == nil {
+	switch {
+	case err == nil:
 		err = w.Commit()
-	} else {
+	case isChangedWindow(err):
+		s.salvageImage(w) // for the checkpoint taken again
+	default:
 		_ = w.Abort()
 	}
 	if b != nil {

@@ -166,12 +166,13 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 		}
 		opts.Lookup = func(open func() error) error { return fscred.Do(cred, open) }
 	}
-	if !req.DeferCommit {
-		return image.CreateAt(dir, origin, opts)
-	}
 	dev, ino, err := dirID(dir)
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s: %w", req.ImageDir, err)
+	}
+	if !req.DeferCommit {
+		opts.Salvage = s.takeSalvage(dev, ino)
+		return image.CreateAt(dir, origin, opts)
 	}
 	key := deferKey{c, req.ImageDir}
 	s.mu.Lock()
@@ -185,6 +186,7 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 	}
 	// Requests of one connection are served one at a time: nothing else
 	// makes this key's writer meanwhile.
+	opts.Salvage = s.takeSalvage(dev, ino)
 	w, err := image.CreateAt(dir, origin, opts)
 	if err != nil {
 		return nil, err

@@ -107,6 +107,7 @@ type Server struct {
 	open      map[deferKey]*deferImage      // deferred-commit images by connection and directory (imagedir.go)
 	bg        map[*image.Writer]*background // concurrent checkpoints' copies still running, by image (background.go)
 	snaps     snapshotHolds                 // the device memory their snapshots hold (background.go)
+	salvage   map[salvageKey]salvageEntry   // chunks of dropped concurrent checkpoints, by directory (salvage.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
@@ -361,6 +362,7 @@ func (s *Server) Shutdown() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	s.dropAllSalvage()
 	s.pool.close()
 	if s.ln != nil {
 		s.ln.Close()

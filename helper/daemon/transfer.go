@@ -33,12 +33,13 @@ type transfer struct {
 	done       atomic.Uint64
 	moved      atomic.Uint64 // over PCIe (a dump's copied chunks)
 
-	mu       sync.Mutex
-	finished bool
-	took     time.Duration
-	err      string
-	changed  bool              // err is a copy-on-write window's ChangedError
-	phases   []*helperpb.Phase // a dump's checkpoint steps, once it has ended
+	mu         sync.Mutex
+	finished   bool
+	finishedAt time.Time
+	took       time.Duration
+	err        string
+	changed    bool              // err is a copy-on-write window's ChangedError
+	phases     []*helperpb.Phase // a dump's checkpoint steps, once it has ended
 }
 
 // setPhases records the steps of the checkpoint this copy was part of.
@@ -94,7 +95,8 @@ func (t *transfer) finish(err error) {
 		return
 	}
 	t.finished = true
-	t.took = time.Since(t.start)
+	t.finishedAt = time.Now()
+	t.took = t.finishedAt.Sub(t.start)
 	if err != nil {
 		t.err = err.Error()
 		se := stepErr{}
@@ -118,7 +120,14 @@ func (t *transfer) proto() *helperpb.Transfer {
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
 		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: append(append([]*helperpb.Phase(nil), t.phases...), t.after...),
 		Background:     t.background,
-		StoppedSeconds: t.stall.Seconds(), Changed: t.changed}
+		StoppedSeconds: t.stall.Seconds(), Changed: t.changed, FinishedUnixUs: unixMicroOrZero(t.finishedAt)}
+}
+
+func unixMicroOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
 }
 
 // transferLog holds the running transfers and the last finished ones.

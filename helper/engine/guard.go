@@ -16,12 +16,16 @@ package engine
 // is saved through device staging: copied device-to-device, hashed there,
 // compared with its hash from the quiesce point, and only then copied to
 // the host from that staging. The bytes written are the bytes hashed; a
-// chunk whose hash changed fails the window (ChangedError) and the image
-// with it: it is exact or it is not made, never silently wrong.
+// chunk whose hash changed is not written, and the window ends with a
+// ChangedError once every other chunk is saved: the image is exact or it
+// is not made, never silently wrong. What was saved is kept for the
+// checkpoint taken again (image.Writer.AbortSalvage): it copies only the
+// chunks that changed.
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,20 +33,28 @@ import (
 	"github.com/gpucr/gpucr/image"
 )
 
-// ChangedError is a chunk of a guarded region that no longer holds what it
-// held at the quiesce point, though no call the interposer saw wrote it:
-// something wrote it behind the window's back.
+// ChangedError is a window's chunks that no longer held what they held at
+// the quiesce point when they were saved, though no call the interposer saw
+// wrote them: something wrote them behind the window's back. Pid, Address,
+// Chunk and Offset name the first one found.
 type ChangedError struct {
 	Pid     int
 	Address uint64 // the region's, as the application sees it
 	Chunk   int
 	Offset  uint64
+	// Chunks and Bytes are all the window's changed chunks.
+	Chunks int
+	Bytes  uint64
 }
 
 func (e *ChangedError) Error() string {
-	return fmt.Sprintf("pid %d: chunk %d (offset %d) of the buffer at 0x%x changed while it was saved, by a write "+
+	all := ""
+	if e.Chunks > 1 {
+		all = fmt.Sprintf(" (%d chunks, %d bytes, in all)", e.Chunks, e.Bytes)
+	}
+	return fmt.Sprintf("pid %d: chunk %d (offset %d) of the buffer at 0x%x changed while it was saved%s, by a write "+
 		"the interposer did not see (a kernel storing through a pointer it read from memory?)", e.Pid, e.Chunk,
-		e.Offset, e.Address)
+		e.Offset, e.Address, all)
 }
 
 // ErrGuardClosed is Save's answer once the window has ended (all saved, or
@@ -83,10 +95,11 @@ type Guard struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	state    [][]uint8
-	pending  int   // chunks not done
-	err      error // the first failure; the window is over
-	closed   bool  // every chunk saved, or failed
-	inflight int   // batches being saved
+	pending  int           // chunks not done
+	changed  *ChangedError // chunks found changed (done, not written), nil: none
+	err      error         // the first failure; the window is over
+	closed   bool          // every chunk saved, or failed
+	inflight int           // batches being saved
 
 	// Hash is the time hashing took at the quiesce point; Pending the
 	// bytes left to save when the window opened.
@@ -111,6 +124,7 @@ type GuardStats struct {
 	Copied      int    // chunks copied to the host
 	BytesCopied uint64 // their bytes
 	Asked       int    // of those, the chunks saved ahead of the background because a call was about to write them
+	Changed     int    // chunks not written: changed behind the window's back
 }
 
 // OpenGuard adds every region to w as a buffer (in order), hashes every
@@ -264,10 +278,10 @@ func (g *Guard) Save(pid int, ranges []AddrRange) error {
 				if k >= len(batches) {
 					return
 				}
-				err := g.saveBatch(batches[k])
-				g.finishBatch(batches[k], err)
+				changed, err := g.saveBatch(batches[k])
+				g.finishBatch(batches[k], changed, err)
 				if err == nil {
-					g.saved.Add(int64(len(batches[k])))
+					g.saved.Add(int64(len(batches[k]) - len(changed)))
 				} else if errs[w] == nil {
 					errs[w] = err
 				}
@@ -297,23 +311,28 @@ func (g *Guard) Save(pid int, ranges []AddrRange) error {
 	return nil
 }
 
-// finishBatch marks each chunk of js saved, or the window failed.
-func (g *Guard) finishBatch(js []gjob, err error) {
-	for _, j := range js {
-		g.finishOne(j.r, j.ci, err)
-	}
-}
-
-// finishOne marks chunk ci of region r saved, or the window failed.
-func (g *Guard) finishOne(r, ci int, err error) {
+// finishBatch marks each chunk of js done (saved, or changed: js[k] for
+// each k of changed), or the window failed.
+func (g *Guard) finishBatch(js []gjob, changed []int, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if err != nil {
 		g.failLocked(err) // chunks no one will save: nobody waits for them any longer
 		return
 	}
-	g.state[r][ci] = chunkDone
-	g.pending--
+	for _, k := range changed {
+		j := js[k]
+		reg := g.regions[j.r]
+		if g.changed == nil {
+			g.changed = &ChangedError{Pid: reg.Pid, Address: reg.Address, Chunk: j.ci, Offset: uint64(j.ci) * uint64(g.chunk)}
+		}
+		g.changed.Chunks++
+		g.changed.Bytes += uint64(g.chunkLen(j.r, j.ci))
+	}
+	for _, j := range js {
+		g.state[j.r][j.ci] = chunkDone
+		g.pending--
+	}
 	if g.pending == 0 {
 		g.closed = true
 	}
@@ -331,7 +350,9 @@ type staging struct {
 // saveBatch saves chunks of one device (at most guardBatch) through a
 // staging of that device: device-to-device, hashed there in one launch,
 // compared with their hashes from the stop, then to the host and the image.
-func (g *Guard) saveBatch(js []gjob) error {
+// changed are the chunks (indices into js) not written because their hash
+// is no longer the stop's.
+func (g *Guard) saveBatch(js []gjob) (changed []int, err error) {
 	// Counted in flight: Run returns, and Release frees the stagings, only
 	// once none is (a failed window ends while others still copy).
 	g.mu.Lock()
@@ -346,7 +367,7 @@ func (g *Guard) saveBatch(js []gjob) error {
 	dev := g.regions[js[0].r].Device
 	st, err := g.takeStaging(dev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	copyErr := st.each(js, func(k int, j gjob) error {
 		off := uint64(j.ci) * uint64(g.chunk)
@@ -354,7 +375,7 @@ func (g *Guard) saveBatch(js []gjob) error {
 	})
 	if copyErr != nil {
 		g.dropStaging(st)
-		return fmt.Errorf("device %s: copy to staging: %w", dev.UUID(), copyErr)
+		return nil, fmt.Errorf("device %s: copy to staging: %w", dev.UUID(), copyErr)
 	}
 	ranges := make([]Range, len(js))
 	for k, j := range js {
@@ -363,14 +384,16 @@ func (g *Guard) saveBatch(js []gjob) error {
 	hs, err := dev.HashRanges(ranges, g.chunk)
 	if err != nil {
 		g.dropStaging(st)
-		return fmt.Errorf("device %s: hash on the GPU: %w", dev.UUID(), err)
+		return nil, fmt.Errorf("device %s: hash on the GPU: %w", dev.UUID(), err)
 	}
 	for k, j := range js {
 		if hs[k][0] != g.hashes[j.r][j.ci] {
-			g.giveStaging(st)
-			reg := g.regions[j.r]
-			return &ChangedError{Pid: reg.Pid, Address: reg.Address, Chunk: j.ci, Offset: uint64(j.ci) * uint64(g.chunk)}
+			changed = append(changed, k)
 		}
+	}
+	if len(changed) == len(js) {
+		g.giveStaging(st)
+		return changed, nil
 	}
 	buf := st.lane.Staging()
 	copyErr = st.each(js, func(k int, j gjob) error {
@@ -378,10 +401,13 @@ func (g *Guard) saveBatch(js []gjob) error {
 	})
 	if copyErr != nil {
 		g.dropStaging(st)
-		return fmt.Errorf("device %s: copy to the host: %w", dev.UUID(), copyErr)
+		return nil, fmt.Errorf("device %s: copy to the host: %w", dev.UUID(), copyErr)
 	}
 	var werr error
 	for k, j := range js {
+		if slices.Contains(changed, k) {
+			continue
+		}
 		n := g.chunkLen(j.r, j.ci)
 		if werr = g.bws[j.r].WriteChunkHashed(j.ci, buf[k*g.chunk:k*g.chunk+n], g.hashes[j.r][j.ci]); werr != nil {
 			break
@@ -396,7 +422,7 @@ func (g *Guard) saveBatch(js []gjob) error {
 		}
 	}
 	g.giveStaging(st)
-	return werr
+	return changed, werr
 }
 
 // each queues start(k, js[k]) for every chunk of a batch on the staging's
@@ -541,7 +567,8 @@ func (g *Guard) Run() (GuardStats, error) {
 					if len(batch) == 0 {
 						return
 					}
-					g.finishBatch(batch, g.saveBatch(batch))
+					changed, err := g.saveBatch(batch)
+					g.finishBatch(batch, changed, err)
 				}
 			}()
 		}
@@ -553,6 +580,9 @@ func (g *Guard) Run() (GuardStats, error) {
 		g.cond.Wait()
 	}
 	err := g.err
+	if err == nil && g.changed != nil {
+		err = g.changed
+	}
 	g.closed = true
 	g.cond.Broadcast()
 	g.mu.Unlock()
@@ -586,6 +616,11 @@ func (g *Guard) failLocked(err error) {
 
 func (g *Guard) stats() GuardStats {
 	st := GuardStats{Copied: int(g.copied.Load()), BytesCopied: uint64(g.copiedBytes.Load()), Asked: int(g.saved.Load())}
+	g.mu.Lock()
+	if g.changed != nil {
+		st.Changed = g.changed.Chunks
+	}
+	g.mu.Unlock()
 	for _, hs := range g.hashes {
 		st.Chunks += len(hs)
 	}

@@ -90,9 +90,11 @@ func TestGuardSavesBeforeWrites(t *testing.T) {
 
 // TestGuardCatchesWritesBehindItsBack: a chunk written without a Save (as a
 // kernel storing through a pointer it loaded would) fails the window with
-// a ChangedError naming it; the image is then not committed.
+// a ChangedError naming it, once every other chunk is saved; the image is
+// then not committed. Its chunk files are salvaged, and the stop-the-world
+// checkpoint taken again copies only the changed chunk.
 func TestGuardCatchesWritesBehindItsBack(t *testing.T) {
-	d, regions, want, w, _ := guardFixture(t)
+	d, regions, want, w, dir := guardFixture(t)
 	g, err := engine.OpenGuard(regions, w, chunk, engine.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -101,15 +103,50 @@ func TestGuardCatchesWritesBehindItsBack(t *testing.T) {
 	changed := append([]byte(nil), want[1]...)
 	changed[2*chunk+5] ^= 1
 	write(t, d, regions[1], changed)
-	_, err = g.Run()
+	st, err := g.Run()
 	var ce *engine.ChangedError
-	if !errors.As(err, &ce) || ce.Address != regions[1].Address || ce.Chunk != 2 {
-		t.Fatalf("Run: %v, want a ChangedError for chunk 2 of region 1", err)
+	if !errors.As(err, &ce) || ce.Address != regions[1].Address || ce.Chunk != 2 || ce.Chunks != 1 || ce.Bytes != chunk {
+		t.Fatalf("Run: %v, want a ChangedError for chunk 2 of region 1 alone", err)
+	}
+	if st.Changed != 1 || st.Copied != 8 {
+		t.Errorf("stats %+v, want 1 changed and the 8 other pending chunks copied", st)
 	}
 	if err := g.Save(7, []engine.AddrRange{{Addr: regions[1].Address, Size: 1}}); err == nil {
 		t.Error("Save after a failed window: nil, want its failure")
 	}
-	_ = w.Abort()
+	sv, err := w.AbortSalvage()
+	if err != nil || sv == nil || sv.Chunks() != 8 {
+		t.Fatalf("AbortSalvage: %d chunks, %v; want the 8 saved", sv.Chunks(), err)
+	}
+
+	// Taken again, stop-the-world, into the same directory.
+	w2, err := image.Create(dir, image.Origin{Host: "test", Pid: 7, Time: time.Now()}, image.Options{ChunkSize: chunk, Salvage: sv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := engine.Dump(regions, w2, chunk, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dst.Copied != 1 {
+		t.Errorf("the checkpoint taken again copied %d chunks, want 1 (the changed one)", dst.Copied)
+	}
+	if err := w2.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	im, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := []engine.Region{region(t, d, 2, regions[0].Address), region(t, d, 3, regions[1].Address)}
+	if err := engine.Load(fresh, im, []int{0, 1}, engine.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range fresh {
+		if w := [][]byte{want[0], changed}[i]; !bytes.Equal(read(t, d, r), w) {
+			t.Errorf("region %d: the image taken again does not hold the memory at its stop", i)
+		}
+	}
 }
 
 // TestGuardFailsWithSavesInFlight: writes held back on every region while

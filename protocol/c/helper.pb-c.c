@@ -5903,7 +5903,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[14] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[15] =
 {
   {
     "image_dir",
@@ -6073,6 +6073,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "finished_unix_us",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, finished_unix_us),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   11,   /* field[11] = background */
@@ -6084,6 +6096,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   5,   /* field[5] = elapsed_us */
   7,   /* field[7] = error */
   6,   /* field[6] = finished */
+  14,   /* field[14] = finished_unix_us */
   0,   /* field[0] = image_dir */
   10,   /* field[10] = phases */
   8,   /* field[8] = pids */
@@ -6093,7 +6106,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 14 }
+  { 0, 15 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -6103,7 +6116,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  14,
+  15,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,

@@ -1338,10 +1338,15 @@ struct  Gpucr__Helper__V1__Transfer
    * behind its back (ERROR_CHANGED): the image is not made.
    */
   protobuf_c_boolean changed;
+  /*
+   * When it finished (finished set), in microseconds since the epoch: a
+   * copy that ended before a CRIU run began is not that run's.
+   */
+  int64_t finished_unix_us;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0, 0, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */

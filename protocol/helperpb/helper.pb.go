@@ -4270,9 +4270,12 @@ type Transfer struct {
 	StoppedSeconds float64 `protobuf:"fixed64,13,opt,name=stopped_seconds,json=stoppedSeconds,proto3" json:"stopped_seconds,omitempty"`
 	// A concurrent checkpoint's copy-on-write window found a chunk changed
 	// behind its back (ERROR_CHANGED): the image is not made.
-	Changed       bool `protobuf:"varint,14,opt,name=changed,proto3" json:"changed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Changed bool `protobuf:"varint,14,opt,name=changed,proto3" json:"changed,omitempty"`
+	// When it finished (finished set), in microseconds since the epoch: a
+	// copy that ended before a CRIU run began is not that run's.
+	FinishedUnixUs int64 `protobuf:"varint,15,opt,name=finished_unix_us,json=finishedUnixUs,proto3" json:"finished_unix_us,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Transfer) Reset() {
@@ -4401,6 +4404,13 @@ func (x *Transfer) GetChanged() bool {
 		return x.Changed
 	}
 	return false
+}
+
+func (x *Transfer) GetFinishedUnixUs() int64 {
+	if x != nil {
+		return x.FinishedUnixUs
+	}
+	return 0
 }
 
 var File_protocol_helper_proto protoreflect.FileDescriptor
@@ -4687,7 +4697,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xbb\x04\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xe5\x04\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -4709,7 +4719,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"background\x18\f \x01(\bR\n" +
 	"background\x12'\n" +
 	"\x0fstopped_seconds\x18\r \x01(\x01R\x0estoppedSeconds\x12\x18\n" +
-	"\achanged\x18\x0e \x01(\bR\achanged\"N\n" +
+	"\achanged\x18\x0e \x01(\bR\achanged\x12(\n" +
+	"\x10finished_unix_us\x18\x0f \x01(\x03R\x0efinishedUnixUs\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +

@@ -186,6 +186,8 @@ typedef struct pc_state {
     CUmodule mod;
     CUfunction f_init, f_step;
     unsigned grid_x;
+    CUdeviceptr still; /* --still-mib: written once, never again (0: none) */
+    size_t still_size;
 } pc_state;
 
 static void step(void *p, uint32_t iter) {
@@ -202,13 +204,15 @@ static uint64_t checksum(void *p) {
     uint64_t h = GPUAPP_SUM_BASIS;
     for (unsigned i = 0; i < st->k; i++)
         h = gpuapp_sum_device(h, i, st->buf[i], st->sizes[i]);
+    if (st->still)
+        h = gpuapp_sum_device(h, st->k, st->still, st->still_size);
     return h;
 }
 
 int main(int argc, char **argv) {
     gpuapp app;
     pc_state st;
-    gpuapp_parse(&app, "ptrchase", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS, 16, 6, argc, argv);
+    gpuapp_parse(&app, "ptrchase", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_STILL, 16, 6, argc, argv);
     memset(&st, 0, sizeof(st));
     st.k = app.buffers;
     st.sizes = calloc(st.k, sizeof(*st.sizes));
@@ -241,6 +245,20 @@ int main(int argc, char **argv) {
     for (unsigned i = 1; i < st.k; i += 2)
         CHECK(cuMemsetD32Async(st.buf[i], 0, INTERIOR_WORDS, st.s));
 
+    if (app.still_mib) {
+        /* Memory the kernels never write (as weights beside training
+         * state): a checkpoint finds it unchanged, whatever they do. */
+        st.still_size = (size_t)app.still_mib << 20;
+        uint32_t *host = malloc(st.still_size);
+        if (!host)
+            gpuapp_die("out of host memory");
+        for (size_t j = 0; j < st.still_size / 4; j++)
+            host[j] = gpuapp_mix32((uint32_t)j * 0x9E3779B1u + app.seed);
+        CHECK(cuMemAlloc(&st.still, st.still_size));
+        CHECK(cuMemcpyHtoD(st.still, host, st.still_size));
+        free(host);
+    }
+
     /* Grid: x covers the largest buffer (capped), y one row per entry. */
     st.grid_x = gpuapp_grid(maxn);
     CUdeviceptr t = st.table;
@@ -249,13 +267,15 @@ int main(int argc, char **argv) {
     CHECK(cuLaunchKernel(st.f_init, st.grid_x, st.k, 1, GPUAPP_BLOCK, 1, 1, 0, st.s, args, NULL));
     CHECK(cuStreamSynchronize(st.s));
 
-    gpuapp_ready(&app, app.mib, st.k);
+    gpuapp_ready(&app, app.mib + app.still_mib, st.k);
     gpuapp_loop(&app, &st, step, checksum);
 
     CHECK(cuStreamSynchronize(st.s));
     for (unsigned i = 0; i < st.k; i++)
         CHECK(cuMemFree(st.buf[i]));
     CHECK(cuMemFree(st.table));
+    if (st.still)
+        CHECK(cuMemFree(st.still));
     CHECK(cuStreamDestroy(st.s));
     CHECK(cuModuleUnload(st.mod));
     gpuapp_context_release(&app);

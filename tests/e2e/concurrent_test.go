@@ -23,11 +23,12 @@ import (
 
 // dumpJSON is what these tests read of `gpucr checkpoint --json`.
 type dumpJSON struct {
-	Concurrent   bool              `json:"concurrent"`
-	Redone       string            `json:"redone"`
-	Seconds      float64           `json:"seconds"`
-	StallSeconds float64           `json:"stall_seconds"`
-	Phases       []checkpoint.Step `json:"phases"`
+	Concurrent   bool                `json:"concurrent"`
+	Redone       string              `json:"redone"`
+	Seconds      float64             `json:"seconds"`
+	StallSeconds float64             `json:"stall_seconds"`
+	Phases       []checkpoint.Step   `json:"phases"`
+	GPU          *checkpoint.GPUCopy `json:"gpu"`
 	GPUProcesses []struct {
 		Phases []checkpoint.Step `json:"phases"`
 	} `json:"gpu_processes"`

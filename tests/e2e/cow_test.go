@@ -8,6 +8,7 @@ package e2e
 // end up in an image.
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -77,7 +78,10 @@ func TestCopyOnWriteCatchesHiddenWrites(t *testing.T) {
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"),
 		"--concurrent-mode", "copy-on-write")
-	args := []string{"--mib", "8", "--hb-every", "1"}
+	// 16 MiB the kernels never write beside the 8 they write behind the
+	// window's back: the checkpoint taken again copies only the latter.
+	const still = 16 << 20
+	args := []string{"--mib", "8", "--still-mib", "16", "--hb-every", "1"}
 	a := startUnder(t, dir, h, env, "ptrchase", append(slices.Clone(args), "--interval-ms", "20")...)
 	a.waitIter(5, time.Minute)
 
@@ -85,6 +89,17 @@ func TestCopyOnWriteCatchesHiddenWrites(t *testing.T) {
 	out := cliOK(t, h, env, gpuImg, "checkpoint", strconv.Itoa(a.pid), "-D", gpuImg, "--gpu-only", "--leave-running", "--json")
 	if !strings.Contains(out, `"redone"`) || !strings.Contains(out, "changed") {
 		t.Errorf("the GPU-only checkpoint does not say it was redone:\n%s", out)
+	}
+	var gr struct {
+		Bytes      uint64 `json:"bytes,string"` // protojson: 64-bit numbers are strings
+		BytesMoved uint64 `json:"bytes_moved,string"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &gr); err != nil {
+		t.Fatalf("checkpoint --gpu-only --json: %v\n%s", err, out)
+	}
+	if gr.Bytes < still || gr.BytesMoved >= still {
+		t.Errorf("the GPU-only checkpoint taken again moved %d of %d bytes; the %d bytes never written were saved by the window and must not be copied again\n%s",
+			gr.BytesMoved, gr.Bytes, still, out)
 	}
 
 	img := filepath.Join(dir, "img")
@@ -97,6 +112,9 @@ func TestCopyOnWriteCatchesHiddenWrites(t *testing.T) {
 	}
 	if !strings.Contains(h.logText(), "changed while it was saved") {
 		t.Errorf("the helper's log does not name the changed chunk:\n%s", tail(h.logText(), 30))
+	}
+	if d.GPU == nil || d.GPU.TotalBytes < still || d.GPU.BytesMoved >= still {
+		t.Errorf("the dump taken again copied %+v; the %d bytes never written were saved by the window and must not be copied again", d.GPU, still)
 	}
 	// The redo's image: the process at the redo's stop, exact.
 	first := restoredFrom(t, a, h, env, img, after+3)

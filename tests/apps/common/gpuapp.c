@@ -61,6 +61,8 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f, "  --workers W      fork W CPU worker processes after CUDA is initialised (default 0)\n");
     if (accepted & GPUAPP_OPT_GRAPH)
         fprintf(f, "  --graph          also replay a captured CUDA graph every iteration\n");
+    if (accepted & GPUAPP_OPT_STILL)
+        fprintf(f, "  --still-mib N    also hold N MiB written once and only read afterwards (default 0)\n");
     fprintf(f,
             "  --iters M        stop after iteration M with a done line (default: run forever)\n"
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
@@ -85,12 +87,13 @@ static unsigned long long parse_num(const gpuapp *a, unsigned accepted, const ch
 
 void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
                   char **argv) {
-    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_GRAPH, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
+    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_GRAPH, O_STILL, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
     static const struct option longopts[] = {
         {"mib", required_argument, NULL, O_MIB},
         {"buffers", required_argument, NULL, O_BUFFERS},
         {"workers", required_argument, NULL, O_WORKERS},
         {"graph", no_argument, NULL, O_GRAPH},
+        {"still-mib", required_argument, NULL, O_STILL},
         {"iters", required_argument, NULL, O_ITERS},
         {"interval-ms", required_argument, NULL, O_INTERVAL},
         {"hb-every", required_argument, NULL, O_HB},
@@ -133,6 +136,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             if (!(accepted & GPUAPP_OPT_GRAPH))
                 goto bad;
             a->graph = 1;
+            break;
+        case O_STILL:
+            if (!(accepted & GPUAPP_OPT_STILL))
+                goto bad;
+            a->still_mib = (unsigned)parse_num(a, accepted, "still-mib", optarg, 0, 1u << 20);
             break;
         case O_ITERS:
             /* Kernels take the iteration as a 32-bit number. */
