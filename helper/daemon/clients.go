@@ -162,6 +162,8 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp, fd = s.export(cl, req.Id, b.Export)
 		case *helperpb.Request_SaveFirst:
 			resp = s.saveFirst(cl, req.Id, b.SaveFirst)
+		case *helperpb.Request_AnalyzeModule:
+			resp = s.analyzeModule(cl, req.Id, b.AnalyzeModule)
 		default:
 			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
 			return

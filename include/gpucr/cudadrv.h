@@ -434,6 +434,10 @@ CUresult cuLibraryUnload(CUlibrary library);
 CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
 CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset, size_t *paramSize);
 CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset, size_t *paramSize);
+CUresult cuFuncGetName(const char **name, CUfunction hfunc);
+CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc);
+CUresult cuKernelGetName(const char **name, CUkernel hfunc);
+CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel);
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                         unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                         unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);

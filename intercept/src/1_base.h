@@ -15,6 +15,8 @@
  *                slab bitmap allocator; no driver calls, unit-tested by tests/intercept/c/unit.c
  *   1_scan.c     per-handle parameter layout cache (lock-free), launch parameter scanning,
  *                per-thread counters; driver calls only through function pointers
+ *   1_writes.c   the parameters each kernel of a loaded module may write through (the
+ *                helper's analysis of its PTX), by module or library handle
  *
  * docs/helper-protocol.md is the contract with the helper.
  */
@@ -172,11 +174,35 @@ typedef CUresult (*gc_paraminfo_fn)(void *h, size_t idx, size_t *off, size_t *si
 /* cuFuncGetParamInfo and cuKernelGetParamInfo (either may be NULL). */
 GC_HIDDEN void gc_scan_set_query(gc_paraminfo_fn func, gc_paraminfo_fn kern);
 
+/* A kernel's name and the module or library handle it belongs to (cuFuncGetModule and cuFuncGetName, or
+ * cuKernelGetLibrary and cuKernelGetName). */
+typedef CUresult (*gc_owner_fn)(void *h, void **owner, const char **name);
+GC_HIDDEN void gc_scan_set_owner(gc_owner_fn func, gc_owner_fn kern);
+
+/* ---- 1_writes.c ---- */
+
+/* One kernel the helper's analysis decided: bit i of written, it may write global memory through parameter i;
+ * through no other. */
+typedef struct {
+    char *name;
+    uint64_t written;
+} gc_kwrite;
+GC_HIDDEN void gc_writes_add(void *owner, gc_kwrite *k, size_t n); /* takes k and its names over */
+GC_HIDDEN void gc_writes_drop(void *owner);                        /* its module or library is unloaded */
+GC_HIDDEN bool gc_writes_find(void *owner, const char *name, uint64_t *written);
+GC_HIDDEN void gc_writes_reset(void);
+
+typedef struct {
+    uint32_t off, size;
+} gc_param;
+
 typedef struct gc_layout {
     uint64_t gen;
     uint32_t n;
-    int ok; /* 0: the driver gave no layout for this handle */
-    uint32_t size[];
+    int ok;         /* 0: the driver gave no layout for this handle */
+    int wknown;     /* wmask is known (the kernel's module was analysed and it was decided) */
+    uint64_t wmask; /* bit i: the kernel may write through parameter i */
+    gc_param p[];
 } gc_layout;
 
 GC_HIDDEN const gc_layout *gc_layout_get(void *handle, bool *owned);
@@ -215,6 +241,8 @@ GC_HIDDEN unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams
  * the parameters could not be read (no layout from the driver). */
 typedef void (*gc_word_fn)(uint64_t w, void *arg);
 GC_HIDDEN bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
+/* gc_scan_each of only the parameters the kernel may write through, where its module's analysis says which. */
+GC_HIDDEN bool gc_scan_each_written(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
 

@@ -82,22 +82,38 @@ static _Atomic uint64_t lgen = 1;
 static _Atomic uint64_t lcount;
 static _Atomic(lretired *) lretired_head;
 static gc_paraminfo_fn q_func, q_kern;
+static gc_owner_fn o_func, o_kern;
 
 void gc_scan_set_query(gc_paraminfo_fn func, gc_paraminfo_fn kern) {
     q_func = func;
     q_kern = kern;
 }
 
+void gc_scan_set_owner(gc_owner_fn func, gc_owner_fn kern) {
+    o_func = func;
+    o_kern = kern;
+}
+
+/* The parameters the kernel h may write through, if its module's analysis decided it. */
+static void layout_writes(gc_layout *l, void *h, gc_owner_fn owner_of) {
+    void *owner = NULL;
+    const char *name = NULL;
+    if (owner_of && owner_of(h, &owner, &name) == CUDA_SUCCESS && gc_writes_find(owner, name, &l->wmask))
+        l->wknown = 1;
+}
+
 static gc_layout *query_layout(void *h, uint64_t gen) {
     /* cppcheck 2.10 takes this array of two function pointers for uninitialized. */
     // cppcheck-suppress uninitvar
     gc_paraminfo_fn fns[2] = {q_func, q_kern};
+    // cppcheck-suppress uninitvar
+    gc_owner_fn owners[2] = {o_func, o_kern};
     for (int k = 0; k < 2; k++) {
         gc_paraminfo_fn fn = fns[k];
         if (!fn)
             continue;
         size_t cap = 16, n = 0;
-        gc_layout *l = malloc(sizeof *l + cap * sizeof(uint32_t));
+        gc_layout *l = malloc(sizeof *l + cap * sizeof(gc_param));
         if (!l)
             return NULL;
         CUresult r = CUDA_SUCCESS;
@@ -108,20 +124,24 @@ static gc_layout *query_layout(void *h, uint64_t gen) {
                 break;
             if (n == cap) {
                 cap *= 2;
-                gc_layout *nl = realloc(l, sizeof *l + cap * sizeof(uint32_t));
+                gc_layout *nl = realloc(l, sizeof *l + cap * sizeof(gc_param));
                 if (!nl) {
                     free(l);
                     return NULL;
                 }
                 l = nl;
             }
-            l->size[n++] = (uint32_t)sz;
+            l->p[n].off = (uint32_t)off;
+            l->p[n++].size = (uint32_t)sz;
         }
         /* past the last parameter (or none): INVALID_VALUE; a CUkernel given to cuFuncGetParamInfo: INVALID_HANDLE */
         if (r == CUDA_ERROR_INVALID_VALUE) {
             l->gen = gen;
             l->n = (uint32_t)n;
             l->ok = 1;
+            l->wknown = 0;
+            l->wmask = 0;
+            layout_writes(l, h, owners[k]);
             return l;
         }
         free(l);
@@ -262,8 +282,8 @@ unsigned gc_scan_launch(const gc_btab *s, void *f, void **kernelParams, void **e
             gc_stat_add(STAT_NO_LAYOUT, 1);
         } else {
             for (uint32_t i = 0; i < l->n; i++) {
-                hits += gc_scan_words(s, kernelParams[i], l->size[i]);
-                bytes += l->size[i];
+                hits += gc_scan_words(s, kernelParams[i], l->p[i].size);
+                bytes += l->p[i].size;
             }
         }
         if (owned)
@@ -297,14 +317,23 @@ static void each_word(const void *p, size_t len, gc_word_fn fn, void *arg) {
     }
 }
 
-bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
+/* Whether parameter i of a launch with layout l is to be scanned: with written, only one the kernel may write
+ * through (a layout without that knowledge: all). */
+static bool param_wanted(const gc_layout *l, uint32_t i, bool written) {
+    if (!written || !l->wknown)
+        return true;
+    return i >= 64 || (l->wmask >> i) & 1u;
+}
+
+static bool scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg, bool written) {
     if (kernelParams) {
         bool owned;
         const gc_layout *l = gc_layout_get(f, &owned);
         bool ok = l && l->ok;
         if (ok)
             for (uint32_t i = 0; i < l->n; i++)
-                each_word(kernelParams[i], l->size[i], fn, arg);
+                if (param_wanted(l, i, written))
+                    each_word(kernelParams[i], l->p[i].size, fn, arg);
         if (owned)
             free((void *)l);
         return ok;
@@ -313,10 +342,32 @@ bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, voi
         void *buf = NULL;
         size_t size = 0;
         extra_buffer(extra, &buf, &size);
+        if (buf && written) {
+            /* The packed buffer lays the parameters out as the layout says: only those written through. */
+            bool owned;
+            const gc_layout *l = gc_layout_get(f, &owned);
+            bool narrow = l && l->ok && l->wknown;
+            if (narrow)
+                for (uint32_t i = 0; i < l->n; i++)
+                    if (param_wanted(l, i, true) && (size_t)l->p[i].off + l->p[i].size <= size)
+                        each_word((const char *)buf + l->p[i].off, l->p[i].size, fn, arg);
+            if (owned)
+                free((void *)l);
+            if (narrow)
+                return true;
+        }
         each_word(buf, size, fn, arg);
         return buf != NULL || size == 0;
     }
     return true; /* no parameters */
+}
+
+bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
+    return scan_each(f, kernelParams, extra, fn, arg, false);
+}
+
+bool gc_scan_each_written(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
+    return scan_each(f, kernelParams, extra, fn, arg, true);
 }
 
 /* ---- sampling ---- */

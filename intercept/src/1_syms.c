@@ -41,6 +41,25 @@ static dlsym_fn get_real_dlsym(void) {
     return real_dlsym;
 }
 
+/* A kernel's owner and name, for its write set (1_writes.c): a CUfunction's module, a CUkernel's library. */
+static CUresult func_owner(void *h, void **owner, const char **name) {
+    __typeof__(&cuFuncGetModule) mod = (__typeof__(&cuFuncGetModule))syms[SYM_cuFuncGetModule].real;
+    __typeof__(&cuFuncGetName) nm = (__typeof__(&cuFuncGetName))syms[SYM_cuFuncGetName].real;
+    if (!mod || !nm)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = mod((CUmodule *)owner, (CUfunction)h);
+    return r == CUDA_SUCCESS ? nm(name, (CUfunction)h) : r;
+}
+
+static CUresult kern_owner(void *h, void **owner, const char **name) {
+    __typeof__(&cuKernelGetLibrary) lib = (__typeof__(&cuKernelGetLibrary))syms[SYM_cuKernelGetLibrary].real;
+    __typeof__(&cuKernelGetName) nm = (__typeof__(&cuKernelGetName))syms[SYM_cuKernelGetName].real;
+    if (!lib || !nm)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = lib((CUlibrary *)owner, (CUkernel)h);
+    return r == CUDA_SUCCESS ? nm(name, (CUkernel)h) : r;
+}
+
 static void do_resolve(void) {
     dlsym_fn rd = get_real_dlsym();
     const char *path = getenv("GPUCR_LIBCUDA");
@@ -55,6 +74,7 @@ static void do_resolve(void) {
     }
     gc_scan_set_query((gc_paraminfo_fn)syms[SYM_cuFuncGetParamInfo].real,
                       (gc_paraminfo_fn)syms[SYM_cuKernelGetParamInfo].real);
+    gc_scan_set_owner(func_owner, kern_owner);
     atomic_store(&resolved, 1);
 }
 

@@ -253,7 +253,11 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
     X(cuEventDestroy_v2)                                                                                               \
     X(cuStreamSynchronize)                                                                                             \
     X(cuFuncGetParamInfo)                                                                                              \
-    X(cuKernelGetParamInfo)
+    X(cuKernelGetParamInfo)                                                                                            \
+    X(cuFuncGetName)                                                                                                   \
+    X(cuFuncGetModule)                                                                                                 \
+    X(cuKernelGetName)                                                                                                 \
+    X(cuKernelGetLibrary)
 
 #define GC_SYM_ENUM(n) SYM_##n,
 enum {

@@ -294,6 +294,42 @@ int gc_link_save_first(const gc_range *ranges, size_t n) {
     return rc;
 }
 
+int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n) {
+    Gpucr__Helper__V1__AnalyzeModule am = GPUCR__HELPER__V1__ANALYZE_MODULE__INIT;
+    am.address = (uint64_t)(uintptr_t)image;
+    am.size = len;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_ANALYZE_MODULE;
+    req.analyze_module = &am;
+    Resp *resp = NULL;
+    int nfds = 0;
+    if (call_helper(&req, &resp, NULL, 0, &nfds) < 0)
+        return -1;
+    int rc = -1;
+    if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS) {
+        gc_debug("helper: AnalyzeModule: %s", resp->error && resp->error->message ? resp->error->message : "no answer");
+    } else {
+        const Gpucr__Helper__V1__ModuleKernels *mk = resp->module_kernels;
+        gc_kwrite *k = calloc(mk->n_kernels ? mk->n_kernels : 1, sizeof *k);
+        size_t m = 0;
+        for (size_t i = 0; k && i < mk->n_kernels; i++) {
+            if (!mk->kernels[i]->decided || !mk->kernels[i]->name)
+                continue;
+            k[m].name = strdup(mk->kernels[i]->name);
+            if (!k[m].name)
+                break;
+            k[m++].written = mk->kernels[i]->written;
+        }
+        if (k) {
+            *out = k;
+            *n = m;
+            rc = 0;
+        }
+    }
+    gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
 CUresult gc_link_export(uint64_t id, int *fd) {
     Gpucr__Helper__V1__Export e = GPUCR__HELPER__V1__EXPORT__INIT;
     e.alloc_id = id;

@@ -49,6 +49,10 @@ GC_HIDDEN void gc_link_free(uint64_t id);
 #define GC_SAVE_FIRST_MAX 32
 GC_HIDDEN int gc_link_save_first(const gc_range *ranges, size_t n);
 
+/* AnalyzeModule: the helper reads the module image at image (len bytes) in this process and answers which
+ * parameters each kernel it decided may write through: 0 (*out, *n: the caller's, for gc_writes_add), or -1. */
+GC_HIDDEN int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n);
+
 /* The helper socket's path, our client token. */
 GC_HIDDEN const char *gc_link_socket(void);
 GC_HIDDEN uint64_t gc_link_token(void);

@@ -17,7 +17,7 @@
 #include "1_base.h"
 #include "6_modules.h"
 
-static size_t image_size(const void *image) {
+size_t gc_module_image_size(const void *image) {
     const unsigned char *p = image;
     if (!p)
         return 0;
@@ -43,6 +43,49 @@ static size_t image_size(const void *image) {
         return (size_t)hs + (size_t)fs;
     }
     return strlen(image) + 1; /* PTX text */
+}
+
+bool gc_module_has_ptx(const void *image, size_t len) {
+    const unsigned char *p = image;
+    if (!p || len < 4)
+        return false;
+    uint32_t magic;
+    memcpy(&magic, p, 4);
+    if (magic != 0xBA55ED50u) { /* PTX text starts with a directive or a comment */
+        size_t i = 0;
+        while (i < len && (p[i] == ' ' || p[i] == '\t' || p[i] == '\n' || p[i] == '\r'))
+            i++;
+        return i < len && (p[i] == '.' || p[i] == '/');
+    }
+    /* Fat binary containers (magic, version 2 bytes, header size 2, entries' size 8), each a run of entries
+     * (kind 2 bytes, 2 more, header size 4, padded payload size 4 ...): 1 is PTX. */
+    size_t off = 0;
+    while (off + 16 <= len) {
+        memcpy(&magic, p + off, 4);
+        if (magic != 0xBA55ED50u)
+            break;
+        uint16_t hs;
+        uint64_t fs;
+        memcpy(&hs, p + off + 6, 2);
+        memcpy(&fs, p + off + 8, 8);
+        if (hs < 16 || fs > len - off - hs)
+            break;
+        size_t e = off + hs, end = off + hs + (size_t)fs;
+        while (e + 64 <= end) {
+            uint16_t kind;
+            uint32_t ehs, padded;
+            memcpy(&kind, p + e, 2);
+            memcpy(&ehs, p + e + 4, 4);
+            memcpy(&padded, p + e + 8, 4);
+            if (kind == 1)
+                return true;
+            if (ehs < 64 || (uint64_t)ehs + padded > end - e)
+                break;
+            e += (size_t)ehs + padded;
+        }
+        off = end;
+    }
+    return false;
 }
 
 static uint64_t fnv1a(const void *d, size_t n) {
@@ -73,7 +116,7 @@ void gc_note_module(const void *image, size_t len) {
     if (!image || !noting())
         return;
     if (len == 0)
-        len = image_size(image);
+        len = gc_module_image_size(image);
     uint64_t h = fnv1a(image, len);
     gc_debug("module image: %zu bytes, hash %016llx", len, (unsigned long long)h);
     const char *dir = record_dir();

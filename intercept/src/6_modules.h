@@ -15,4 +15,10 @@
 GC_HIDDEN void gc_note_module(const void *image, size_t len);
 GC_HIDDEN void gc_note_module_file(const char *path);
 
+/* The size of a module image in memory (ELF, fatbin, or PTX text), from its header. */
+GC_HIDDEN size_t gc_module_image_size(const void *image);
+/* Whether the image carries PTX: PTX text, or a fat binary with a PTX entry (SASS says nothing of what a kernel
+ * writes). */
+GC_HIDDEN bool gc_module_has_ptx(const void *image, size_t len);
+
 #endif

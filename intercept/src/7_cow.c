@@ -11,6 +11,7 @@
  */
 #include "7_cow.h"
 #include "2_link.h"
+#include "6_modules.h"
 
 /* The helper did not answer: the window is over for this process (its checkpoint fails without it). */
 static void give_up(void) {
@@ -78,13 +79,30 @@ static void note_word(uint64_t w, void *arg) {
 
 void gc_cow_launch(void *f, void **kernelParams, void **extra) {
     hits h = {.n = 0};
-    if (!gc_scan_each(f, kernelParams, extra, note_word, &h) || h.overflow) {
+    if (!gc_scan_each_written(f, kernelParams, extra, note_word, &h) || h.overflow) {
         gc_cow_all(); /* parameters it cannot read, or too many regions: everything it may reach */
         return;
     }
     for (int i = 0; i < h.n; i++)
         save_span(h.base[i], h.base[i] + h.size[i]);
 }
+
+/* The images the helper reads at most (as it does): a larger one's kernels count as writing everything. */
+#define MODULE_MAX (64u << 20)
+
+void gc_cow_module(void *owner, const void *image) {
+    if (!owner || !image || gc_link_state() != CONN_UP)
+        return;
+    size_t len = gc_module_image_size(image);
+    if (len == 0 || len > MODULE_MAX || !gc_module_has_ptx(image, len))
+        return;
+    gc_kwrite *k = NULL;
+    size_t n = 0;
+    if (gc_link_analyze(image, len, &k, &n) == 0)
+        gc_writes_add(owner, k, n);
+}
+
+void gc_cow_module_gone(void *owner) { gc_writes_drop(owner); }
 
 int gc_cow_open(const gc_guard_region *regs, size_t n, uint64_t chunk) {
     if (gc_guard_build(regs, n, chunk) != 0)

@@ -11,10 +11,17 @@
 
 /* A copy's or memset's destination: [dst, dst + n). */
 GC_HIDDEN void gc_cow_write(uint64_t dst, uint64_t n);
-/* A launch: every guarded region its parameters point into (all of them if its parameters cannot be read). */
+/* A launch: every guarded region its parameters point into (all of them if its parameters cannot be read); of
+ * a kernel whose module's PTX was analysed, only the parameters it may write through. */
 GC_HIDDEN void gc_cow_launch(void *f, void **kernelParams, void **extra);
 /* A call whose writes are not known (a CUDA graph, a 2D/3D copy, a batch of memory operations): everything. */
 GC_HIDDEN void gc_cow_all(void);
+/* A module or library loaded from image (owner: the handle the load returned): if it carries PTX, the helper
+ * analyses which parameters each kernel may write through (1_writes.c). Not under the gate: it waits for the
+ * helper. */
+GC_HIDDEN void gc_cow_module(void *owner, const void *image);
+/* Its unload. */
+GC_HIDDEN void gc_cow_module_gone(void *owner);
 /* The control thread: Resume with a window, Unguard. */
 GC_HIDDEN int gc_cow_open(const gc_guard_region *regs, size_t n, uint64_t chunk); /* gate closed; 0 or -1 */
 GC_HIDDEN void gc_cow_close(void);

@@ -379,7 +379,8 @@ MS_ASYNC(cuMemsetD32Async_ptsz, unsigned int)
 
 /* ---- modules, libraries ---- */
 
-#define LOAD_BODY(name, NOTE, ...)                                                                                     \
+/* AFTER runs once the gate is left: it may wait for the helper (gc_cow_module). */
+#define LOAD_BODY(name, NOTE, AFTER, ...)                                                                              \
     __typeof__(&name) fn = GC_REAL(name);                                                                              \
     if (!fn)                                                                                                           \
         return CUDA_ERROR_NOT_SUPPORTED;                                                                               \
@@ -390,25 +391,31 @@ MS_ASYNC(cuMemsetD32Async_ptsz, unsigned int)
         NOTE;                                                                                                          \
     }                                                                                                                  \
     gc_gate_leave();                                                                                                   \
+    if (r == CUDA_SUCCESS) {                                                                                           \
+        AFTER;                                                                                                         \
+    }                                                                                                                  \
     return r;
 
 GC_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname){
-    LOAD_BODY(cuModuleLoad, gc_note_module_file(fname), module, fname)} GC_EXPORT CUresult
-    cuModuleLoadData(CUmodule *module, const void *image){
-        LOAD_BODY(cuModuleLoadData, gc_note_module(image, 0), module, image)} GC_EXPORT CUresult
+    LOAD_BODY(cuModuleLoad, gc_note_module_file(fname), (void)0, module, fname)} GC_EXPORT CUresult
+    cuModuleLoadData(CUmodule *module,
+                     const void *image){LOAD_BODY(cuModuleLoadData, gc_note_module(image, 0),
+                                                  gc_cow_module(*module, image), module, image)} GC_EXPORT CUresult
     cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
-                       void **optionValues){LOAD_BODY(cuModuleLoadDataEx, gc_note_module(image, 0), module, image,
-                                                      numOptions, options, optionValues)} GC_EXPORT CUresult
+                       void **optionValues){LOAD_BODY(cuModuleLoadDataEx, gc_note_module(image, 0),
+                                                      gc_cow_module(*module, image), module, image, numOptions, options,
+                                                      optionValues)} GC_EXPORT CUresult
     cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions, void **jitOptionsValues,
                       unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
                       unsigned int numLibraryOptions){
-        LOAD_BODY(cuLibraryLoadData, gc_note_module(code, 0), library, code, jitOptions, jitOptionsValues,
-                  numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions)} GC_EXPORT CUresult
+        LOAD_BODY(cuLibraryLoadData, gc_note_module(code, 0), gc_cow_module(*library, code), library, code, jitOptions,
+                  jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues,
+                  numLibraryOptions)} GC_EXPORT CUresult
     cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_option *jitOptions, void **jitOptionsValues,
                           unsigned int numJitOptions, CUlibraryOption *libraryOptions, void **libraryOptionValues,
                           unsigned int numLibraryOptions){
-        LOAD_BODY(cuLibraryLoadFromFile, gc_note_module_file(fileName), library, fileName, jitOptions, jitOptionsValues,
-                  numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions)}
+        LOAD_BODY(cuLibraryLoadFromFile, gc_note_module_file(fileName), (void)0, library, fileName, jitOptions,
+                  jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions)}
 
 /* Unloads free function handles the driver may hand out again: cached layouts become stale. */
 GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
@@ -418,6 +425,8 @@ GC_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     gc_gate_enter();
     CUresult r = fn(hmod);
     gc_layout_invalidate();
+    if (r == CUDA_SUCCESS)
+        gc_cow_module_gone(hmod);
     gc_gate_leave();
     return r;
 }
@@ -428,6 +437,8 @@ GC_EXPORT CUresult cuLibraryUnload(CUlibrary library) {
     gc_gate_enter();
     CUresult r = fn(library);
     gc_layout_invalidate();
+    if (r == CUDA_SUCCESS)
+        gc_cow_module_gone(library);
     gc_gate_leave();
     return r;
 }

@@ -952,6 +952,141 @@ void   gpucr__helper__v1__address_range__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__address_range__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__analyze_module__init
+                     (Gpucr__Helper__V1__AnalyzeModule         *message)
+{
+  static const Gpucr__Helper__V1__AnalyzeModule init_value = GPUCR__HELPER__V1__ANALYZE_MODULE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__analyze_module__get_packed_size
+                     (const Gpucr__Helper__V1__AnalyzeModule *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__analyze_module__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__analyze_module__pack
+                     (const Gpucr__Helper__V1__AnalyzeModule *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__analyze_module__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__analyze_module__pack_to_buffer
+                     (const Gpucr__Helper__V1__AnalyzeModule *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__analyze_module__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__AnalyzeModule *
+       gpucr__helper__v1__analyze_module__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__AnalyzeModule *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__analyze_module__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__analyze_module__free_unpacked
+                     (Gpucr__Helper__V1__AnalyzeModule *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__analyze_module__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__module_kernels__init
+                     (Gpucr__Helper__V1__ModuleKernels         *message)
+{
+  static const Gpucr__Helper__V1__ModuleKernels init_value = GPUCR__HELPER__V1__MODULE_KERNELS__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__module_kernels__get_packed_size
+                     (const Gpucr__Helper__V1__ModuleKernels *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__module_kernels__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__module_kernels__pack
+                     (const Gpucr__Helper__V1__ModuleKernels *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__module_kernels__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__module_kernels__pack_to_buffer
+                     (const Gpucr__Helper__V1__ModuleKernels *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__module_kernels__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ModuleKernels *
+       gpucr__helper__v1__module_kernels__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ModuleKernels *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__module_kernels__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__module_kernels__free_unpacked
+                     (Gpucr__Helper__V1__ModuleKernels *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__module_kernels__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__kernel_writes__init
+                     (Gpucr__Helper__V1__KernelWrites         *message)
+{
+  static const Gpucr__Helper__V1__KernelWrites init_value = GPUCR__HELPER__V1__KERNEL_WRITES__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__kernel_writes__get_packed_size
+                     (const Gpucr__Helper__V1__KernelWrites *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__kernel_writes__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__kernel_writes__pack
+                     (const Gpucr__Helper__V1__KernelWrites *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__kernel_writes__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__kernel_writes__pack_to_buffer
+                     (const Gpucr__Helper__V1__KernelWrites *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__kernel_writes__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__KernelWrites *
+       gpucr__helper__v1__kernel_writes__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__KernelWrites *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__kernel_writes__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__kernel_writes__free_unpacked
+                     (Gpucr__Helper__V1__KernelWrites *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__kernel_writes__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__unguard__init
                      (Gpucr__Helper__V1__Unguard         *message)
 {
@@ -2257,7 +2392,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[27] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[28] =
 {
   {
     "id",
@@ -2339,6 +2474,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     offsetof(Gpucr__Helper__V1__Request, body_case),
     offsetof(Gpucr__Helper__V1__Request, save_first),
     &gpucr__helper__v1__save_first__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "analyze_module",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, analyze_module),
+    &gpucr__helper__v1__analyze_module__descriptor,
     NULL,
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
@@ -2585,39 +2732,40 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
   },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
-  15,   /* field[15] = abort */
+  16,   /* field[16] = abort */
   2,   /* field[2] = alloc */
-  19,   /* field[19] = checkpoint */
-  18,   /* field[18] = client_op */
-  24,   /* field[24] = commit_image */
-  14,   /* field[14] = detach */
-  8,   /* field[8] = drain */
-  9,   /* field[9] = drop */
-  21,   /* field[21] = dump_done */
+  7,   /* field[7] = analyze_module */
+  20,   /* field[20] = checkpoint */
+  19,   /* field[19] = client_op */
+  25,   /* field[25] = commit_image */
+  15,   /* field[15] = detach */
+  9,   /* field[9] = drain */
+  10,   /* field[10] = drop */
+  22,   /* field[22] = dump_done */
   5,   /* field[5] = export */
   4,   /* field[4] = free */
-  13,   /* field[13] = get_stats */
+  14,   /* field[14] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
   3,   /* field[3] = mapped */
-  22,   /* field[22] = prepare_restore */
-  7,   /* field[7] = quiesce */
-  10,   /* field[10] = reimport */
-  23,   /* field[23] = restored */
-  11,   /* field[11] = resume */
-  20,   /* field[20] = resume_checkpointed */
+  23,   /* field[23] = prepare_restore */
+  8,   /* field[8] = quiesce */
+  11,   /* field[11] = reimport */
+  24,   /* field[24] = restored */
+  12,   /* field[12] = resume */
+  21,   /* field[21] = resume_checkpointed */
   6,   /* field[6] = save_first */
-  12,   /* field[12] = snapshot */
-  17,   /* field[17] = status */
-  25,   /* field[25] = transfers */
-  16,   /* field[16] = unguard */
-  26,   /* field[26] = wait_restored */
+  13,   /* field[13] = snapshot */
+  18,   /* field[18] = status */
+  26,   /* field[26] = transfers */
+  17,   /* field[17] = unguard */
+  27,   /* field[27] = wait_restored */
 };
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[2 + 1] =
 {
   { 1, 0 },
-  { 10, 7 },
-  { 0, 27 }
+  { 10, 8 },
+  { 0, 28 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2627,14 +2775,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  27,
+  28,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   2,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[12] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[13] =
 {
   {
     "id",
@@ -2780,6 +2928,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "module_kernels",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, module_kernels),
+    &gpucr__helper__v1__module_kernels__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   3,   /* field[3] = alloc */
@@ -2788,6 +2948,7 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   1,   /* field[1] = error */
   2,   /* field[2] = hello */
   0,   /* field[0] = id */
+  12,   /* field[12] = module_kernels */
   4,   /* field[4] = ok */
   11,   /* field[11] = restore_results */
   6,   /* field[6] = stats */
@@ -2798,7 +2959,7 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 12 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
 {
@@ -2808,7 +2969,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
   "Gpucr__Helper__V1__Response",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Response),
-  12,
+  13,
   gpucr__helper__v1__response__field_descriptors,
   gpucr__helper__v1__response__field_indices_by_name,
   1,  gpucr__helper__v1__response__number_ranges,
@@ -3859,6 +4020,159 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__address_range__descriptor =
   gpucr__helper__v1__address_range__field_indices_by_name,
   1,  gpucr__helper__v1__address_range__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__address_range__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__analyze_module__field_descriptors[2] =
+{
+  {
+    "address",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AnalyzeModule, address),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "size",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AnalyzeModule, size),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__analyze_module__field_indices_by_name[] = {
+  0,   /* field[0] = address */
+  1,   /* field[1] = size */
+};
+static const ProtobufCIntRange gpucr__helper__v1__analyze_module__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__analyze_module__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.AnalyzeModule",
+  "AnalyzeModule",
+  "Gpucr__Helper__V1__AnalyzeModule",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__AnalyzeModule),
+  2,
+  gpucr__helper__v1__analyze_module__field_descriptors,
+  gpucr__helper__v1__analyze_module__field_indices_by_name,
+  1,  gpucr__helper__v1__analyze_module__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__analyze_module__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__module_kernels__field_descriptors[1] =
+{
+  {
+    "kernels",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__ModuleKernels, n_kernels),
+    offsetof(Gpucr__Helper__V1__ModuleKernels, kernels),
+    &gpucr__helper__v1__kernel_writes__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__module_kernels__field_indices_by_name[] = {
+  0,   /* field[0] = kernels */
+};
+static const ProtobufCIntRange gpucr__helper__v1__module_kernels__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__module_kernels__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ModuleKernels",
+  "ModuleKernels",
+  "Gpucr__Helper__V1__ModuleKernels",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ModuleKernels),
+  1,
+  gpucr__helper__v1__module_kernels__field_descriptors,
+  gpucr__helper__v1__module_kernels__field_indices_by_name,
+  1,  gpucr__helper__v1__module_kernels__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__module_kernels__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__kernel_writes__field_descriptors[3] =
+{
+  {
+    "name",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__KernelWrites, name),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "written",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__KernelWrites, written),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "decided",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__KernelWrites, decided),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__kernel_writes__field_indices_by_name[] = {
+  2,   /* field[2] = decided */
+  0,   /* field[0] = name */
+  1,   /* field[1] = written */
+};
+static const ProtobufCIntRange gpucr__helper__v1__kernel_writes__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__kernel_writes__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.KernelWrites",
+  "KernelWrites",
+  "Gpucr__Helper__V1__KernelWrites",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__KernelWrites),
+  3,
+  gpucr__helper__v1__kernel_writes__field_descriptors,
+  gpucr__helper__v1__kernel_writes__field_indices_by_name,
+  1,  gpucr__helper__v1__kernel_writes__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__kernel_writes__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 #define gpucr__helper__v1__unguard__field_descriptors NULL

@@ -36,6 +36,9 @@ typedef struct Gpucr__Helper__V1__Resume Gpucr__Helper__V1__Resume;
 typedef struct Gpucr__Helper__V1__GuardRegion Gpucr__Helper__V1__GuardRegion;
 typedef struct Gpucr__Helper__V1__SaveFirst Gpucr__Helper__V1__SaveFirst;
 typedef struct Gpucr__Helper__V1__AddressRange Gpucr__Helper__V1__AddressRange;
+typedef struct Gpucr__Helper__V1__AnalyzeModule Gpucr__Helper__V1__AnalyzeModule;
+typedef struct Gpucr__Helper__V1__ModuleKernels Gpucr__Helper__V1__ModuleKernels;
+typedef struct Gpucr__Helper__V1__KernelWrites Gpucr__Helper__V1__KernelWrites;
 typedef struct Gpucr__Helper__V1__Unguard Gpucr__Helper__V1__Unguard;
 typedef struct Gpucr__Helper__V1__Snapshot Gpucr__Helper__V1__Snapshot;
 typedef struct Gpucr__Helper__V1__GetStats Gpucr__Helper__V1__GetStats;
@@ -227,6 +230,7 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_FREE = 5,
   GPUCR__HELPER__V1__REQUEST__BODY_EXPORT = 6,
   GPUCR__HELPER__V1__REQUEST__BODY_SAVE_FIRST = 7,
+  GPUCR__HELPER__V1__REQUEST__BODY_ANALYZE_MODULE = 8,
   GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE = 10,
   GPUCR__HELPER__V1__REQUEST__BODY_DRAIN = 11,
   GPUCR__HELPER__V1__REQUEST__BODY_DROP = 12,
@@ -268,6 +272,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__Free *free;
     Gpucr__Helper__V1__Export *export;
     Gpucr__Helper__V1__SaveFirst *save_first;
+    Gpucr__Helper__V1__AnalyzeModule *analyze_module;
     /*
      * ROLE_CLIENT_CONTROL, helper -> interposer
      */
@@ -321,7 +326,8 @@ typedef enum {
   GPUCR__HELPER__V1__RESPONSE__BODY_CLIENT_OP = 9,
   GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT = 10,
   GPUCR__HELPER__V1__RESPONSE__BODY_TRANSFERS = 11,
-  GPUCR__HELPER__V1__RESPONSE__BODY_RESTORE_RESULTS = 12
+  GPUCR__HELPER__V1__RESPONSE__BODY_RESTORE_RESULTS = 12,
+  GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS = 13
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESPONSE__BODY__CASE)
 } Gpucr__Helper__V1__Response__BodyCase;
 
@@ -345,6 +351,7 @@ struct  Gpucr__Helper__V1__Response
     Gpucr__Helper__V1__CheckpointReply *checkpoint;
     Gpucr__Helper__V1__TransfersReply *transfers;
     Gpucr__Helper__V1__RestoreResults *restore_results;
+    Gpucr__Helper__V1__ModuleKernels *module_kernels;
   };
 };
 #define GPUCR__HELPER__V1__RESPONSE__INIT \
@@ -680,6 +687,54 @@ struct  Gpucr__Helper__V1__AddressRange
 #define GPUCR__HELPER__V1__ADDRESS_RANGE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__address_range__descriptor) \
     , 0, 0 }
+
+
+/*
+ * AnalyzeModule (interposer -> helper, calls connection): the module image
+ * the process just loaded (PTX text or a fat binary with PTX entries), at
+ * address in its own memory, size bytes. The helper reads it there and
+ * answers ModuleKernels: which parameters each kernel may write through,
+ * what narrows a launch's write set in a copy-on-write window.
+ */
+struct  Gpucr__Helper__V1__AnalyzeModule
+{
+  ProtobufCMessage base;
+  uint64_t address;
+  uint64_t size;
+};
+#define GPUCR__HELPER__V1__ANALYZE_MODULE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__analyze_module__descriptor) \
+    , 0, 0 }
+
+
+struct  Gpucr__Helper__V1__ModuleKernels
+{
+  ProtobufCMessage base;
+  size_t n_kernels;
+  Gpucr__Helper__V1__KernelWrites **kernels;
+};
+#define GPUCR__HELPER__V1__MODULE_KERNELS__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__module_kernels__descriptor) \
+    , 0,NULL }
+
+
+struct  Gpucr__Helper__V1__KernelWrites
+{
+  ProtobufCMessage base;
+  char *name;
+  /*
+   * Bit i: the kernel may write global memory through parameter i.
+   */
+  uint64_t written;
+  /*
+   * The kernel writes only through those parameters; false: it may write
+   * anything it can reach (absent kernels likewise).
+   */
+  protobuf_c_boolean decided;
+};
+#define GPUCR__HELPER__V1__KERNEL_WRITES__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__kernel_writes__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0 }
 
 
 /*
@@ -1748,6 +1803,63 @@ Gpucr__Helper__V1__AddressRange *
 void   gpucr__helper__v1__address_range__free_unpacked
                      (Gpucr__Helper__V1__AddressRange *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__AnalyzeModule methods */
+void   gpucr__helper__v1__analyze_module__init
+                     (Gpucr__Helper__V1__AnalyzeModule         *message);
+size_t gpucr__helper__v1__analyze_module__get_packed_size
+                     (const Gpucr__Helper__V1__AnalyzeModule   *message);
+size_t gpucr__helper__v1__analyze_module__pack
+                     (const Gpucr__Helper__V1__AnalyzeModule   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__analyze_module__pack_to_buffer
+                     (const Gpucr__Helper__V1__AnalyzeModule   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__AnalyzeModule *
+       gpucr__helper__v1__analyze_module__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__analyze_module__free_unpacked
+                     (Gpucr__Helper__V1__AnalyzeModule *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ModuleKernels methods */
+void   gpucr__helper__v1__module_kernels__init
+                     (Gpucr__Helper__V1__ModuleKernels         *message);
+size_t gpucr__helper__v1__module_kernels__get_packed_size
+                     (const Gpucr__Helper__V1__ModuleKernels   *message);
+size_t gpucr__helper__v1__module_kernels__pack
+                     (const Gpucr__Helper__V1__ModuleKernels   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__module_kernels__pack_to_buffer
+                     (const Gpucr__Helper__V1__ModuleKernels   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ModuleKernels *
+       gpucr__helper__v1__module_kernels__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__module_kernels__free_unpacked
+                     (Gpucr__Helper__V1__ModuleKernels *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__KernelWrites methods */
+void   gpucr__helper__v1__kernel_writes__init
+                     (Gpucr__Helper__V1__KernelWrites         *message);
+size_t gpucr__helper__v1__kernel_writes__get_packed_size
+                     (const Gpucr__Helper__V1__KernelWrites   *message);
+size_t gpucr__helper__v1__kernel_writes__pack
+                     (const Gpucr__Helper__V1__KernelWrites   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__kernel_writes__pack_to_buffer
+                     (const Gpucr__Helper__V1__KernelWrites   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__KernelWrites *
+       gpucr__helper__v1__kernel_writes__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__kernel_writes__free_unpacked
+                     (Gpucr__Helper__V1__KernelWrites *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__Unguard methods */
 void   gpucr__helper__v1__unguard__init
                      (Gpucr__Helper__V1__Unguard         *message);
@@ -2364,6 +2476,15 @@ typedef void (*Gpucr__Helper__V1__SaveFirst_Closure)
 typedef void (*Gpucr__Helper__V1__AddressRange_Closure)
                  (const Gpucr__Helper__V1__AddressRange *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__AnalyzeModule_Closure)
+                 (const Gpucr__Helper__V1__AnalyzeModule *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ModuleKernels_Closure)
+                 (const Gpucr__Helper__V1__ModuleKernels *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__KernelWrites_Closure)
+                 (const Gpucr__Helper__V1__KernelWrites *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__Unguard_Closure)
                  (const Gpucr__Helper__V1__Unguard *message,
                   void *closure_data);
@@ -2484,6 +2605,9 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__guard_region__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__save_first__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__address_range__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__analyze_module__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__module_kernels__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__kernel_writes__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__unguard__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__snapshot__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__get_stats__descriptor;

@@ -447,7 +447,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35, 0}
 }
 
 type Transfer_Direction int32
@@ -496,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52, 0}
 }
 
 type Request struct {
@@ -511,6 +511,7 @@ type Request struct {
 	//	*Request_Free
 	//	*Request_Export
 	//	*Request_SaveFirst
+	//	*Request_AnalyzeModule
 	//	*Request_Quiesce
 	//	*Request_Drain
 	//	*Request_Drop
@@ -629,6 +630,15 @@ func (x *Request) GetSaveFirst() *SaveFirst {
 	if x != nil {
 		if x, ok := x.Body.(*Request_SaveFirst); ok {
 			return x.SaveFirst
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetAnalyzeModule() *AnalyzeModule {
+	if x != nil {
+		if x, ok := x.Body.(*Request_AnalyzeModule); ok {
+			return x.AnalyzeModule
 		}
 	}
 	return nil
@@ -843,6 +853,10 @@ type Request_SaveFirst struct {
 	SaveFirst *SaveFirst `protobuf:"bytes,7,opt,name=save_first,json=saveFirst,proto3,oneof"`
 }
 
+type Request_AnalyzeModule struct {
+	AnalyzeModule *AnalyzeModule `protobuf:"bytes,8,opt,name=analyze_module,json=analyzeModule,proto3,oneof"`
+}
+
 type Request_Quiesce struct {
 	// ROLE_CLIENT_CONTROL, helper -> interposer
 	Quiesce *Quiesce `protobuf:"bytes,10,opt,name=quiesce,proto3,oneof"`
@@ -940,6 +954,8 @@ func (*Request_Export) isRequest_Body() {}
 
 func (*Request_SaveFirst) isRequest_Body() {}
 
+func (*Request_AnalyzeModule) isRequest_Body() {}
+
 func (*Request_Quiesce) isRequest_Body() {}
 
 func (*Request_Drain) isRequest_Body() {}
@@ -997,6 +1013,7 @@ type Response struct {
 	//	*Response_Checkpoint
 	//	*Response_Transfers
 	//	*Response_RestoreResults
+	//	*Response_ModuleKernels
 	Body          isResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1143,6 +1160,15 @@ func (x *Response) GetRestoreResults() *RestoreResults {
 	return nil
 }
 
+func (x *Response) GetModuleKernels() *ModuleKernels {
+	if x != nil {
+		if x, ok := x.Body.(*Response_ModuleKernels); ok {
+			return x.ModuleKernels
+		}
+	}
+	return nil
+}
+
 type isResponse_Body interface {
 	isResponse_Body()
 }
@@ -1187,6 +1213,10 @@ type Response_RestoreResults struct {
 	RestoreResults *RestoreResults `protobuf:"bytes,12,opt,name=restore_results,json=restoreResults,proto3,oneof"`
 }
 
+type Response_ModuleKernels struct {
+	ModuleKernels *ModuleKernels `protobuf:"bytes,13,opt,name=module_kernels,json=moduleKernels,proto3,oneof"`
+}
+
 func (*Response_Hello) isResponse_Body() {}
 
 func (*Response_Alloc) isResponse_Body() {}
@@ -1206,6 +1236,8 @@ func (*Response_Checkpoint) isResponse_Body() {}
 func (*Response_Transfers) isResponse_Body() {}
 
 func (*Response_RestoreResults) isResponse_Body() {}
+
+func (*Response_ModuleKernels) isResponse_Body() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2308,6 +2340,170 @@ func (x *AddressRange) GetSize() uint64 {
 	return 0
 }
 
+// AnalyzeModule (interposer -> helper, calls connection): the module image
+// the process just loaded (PTX text or a fat binary with PTX entries), at
+// address in its own memory, size bytes. The helper reads it there and
+// answers ModuleKernels: which parameters each kernel may write through,
+// what narrows a launch's write set in a copy-on-write window.
+type AnalyzeModule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       uint64                 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnalyzeModule) Reset() {
+	*x = AnalyzeModule{}
+	mi := &file_protocol_helper_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnalyzeModule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnalyzeModule) ProtoMessage() {}
+
+func (x *AnalyzeModule) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnalyzeModule.ProtoReflect.Descriptor instead.
+func (*AnalyzeModule) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AnalyzeModule) GetAddress() uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return 0
+}
+
+func (x *AnalyzeModule) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+type ModuleKernels struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kernels       []*KernelWrites        `protobuf:"bytes,1,rep,name=kernels,proto3" json:"kernels,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModuleKernels) Reset() {
+	*x = ModuleKernels{}
+	mi := &file_protocol_helper_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModuleKernels) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModuleKernels) ProtoMessage() {}
+
+func (x *ModuleKernels) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModuleKernels.ProtoReflect.Descriptor instead.
+func (*ModuleKernels) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ModuleKernels) GetKernels() []*KernelWrites {
+	if x != nil {
+		return x.Kernels
+	}
+	return nil
+}
+
+type KernelWrites struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Bit i: the kernel may write global memory through parameter i.
+	Written uint64 `protobuf:"varint,2,opt,name=written,proto3" json:"written,omitempty"`
+	// The kernel writes only through those parameters; false: it may write
+	// anything it can reach (absent kernels likewise).
+	Decided       bool `protobuf:"varint,3,opt,name=decided,proto3" json:"decided,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KernelWrites) Reset() {
+	*x = KernelWrites{}
+	mi := &file_protocol_helper_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KernelWrites) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KernelWrites) ProtoMessage() {}
+
+func (x *KernelWrites) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KernelWrites.ProtoReflect.Descriptor instead.
+func (*KernelWrites) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *KernelWrites) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *KernelWrites) GetWritten() uint64 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
+func (x *KernelWrites) GetDecided() bool {
+	if x != nil {
+		return x.Decided
+	}
+	return false
+}
+
 // Unguard (helper -> interposer, control): the copy-on-write window is over.
 type Unguard struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2317,7 +2513,7 @@ type Unguard struct {
 
 func (x *Unguard) Reset() {
 	*x = Unguard{}
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2329,7 +2525,7 @@ func (x *Unguard) String() string {
 func (*Unguard) ProtoMessage() {}
 
 func (x *Unguard) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2342,7 +2538,7 @@ func (x *Unguard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unguard.ProtoReflect.Descriptor instead.
 func (*Unguard) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
 }
 
 type Snapshot struct {
@@ -2353,7 +2549,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2561,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2574,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
 }
 
 type GetStats struct {
@@ -2389,7 +2585,7 @@ type GetStats struct {
 
 func (x *GetStats) Reset() {
 	*x = GetStats{}
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2401,7 +2597,7 @@ func (x *GetStats) String() string {
 func (*GetStats) ProtoMessage() {}
 
 func (x *GetStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2414,7 +2610,7 @@ func (x *GetStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStats.ProtoReflect.Descriptor instead.
 func (*GetStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
 }
 
 // BufferTable: what the interposer tracks. allocations: helper-owned memory
@@ -2433,7 +2629,7 @@ type BufferTable struct {
 
 func (x *BufferTable) Reset() {
 	*x = BufferTable{}
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2641,7 @@ func (x *BufferTable) String() string {
 func (*BufferTable) ProtoMessage() {}
 
 func (x *BufferTable) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2654,7 @@ func (x *BufferTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BufferTable.ProtoReflect.Descriptor instead.
 func (*BufferTable) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BufferTable) GetAllocations() []*Allocation {
@@ -2502,7 +2698,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2514,7 +2710,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2527,7 +2723,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Allocation) GetAllocId() uint64 {
@@ -2579,7 +2775,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2787,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2800,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Buffer) GetAddress() uint64 {
@@ -2674,7 +2870,7 @@ type ClientStats struct {
 
 func (x *ClientStats) Reset() {
 	*x = ClientStats{}
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2882,7 @@ func (x *ClientStats) String() string {
 func (*ClientStats) ProtoMessage() {}
 
 func (x *ClientStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2895,7 @@ func (x *ClientStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientStats.ProtoReflect.Descriptor instead.
 func (*ClientStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ClientStats) GetAllocs() uint64 {
@@ -2843,7 +3039,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +3051,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3064,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 type StatusReply struct {
@@ -2887,7 +3083,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3095,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3108,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusReply) GetHelperVersion() string {
@@ -2973,7 +3169,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3181,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3194,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -3065,7 +3261,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3077,7 +3273,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3090,7 +3286,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -3184,7 +3380,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +3392,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +3405,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -3243,7 +3439,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3451,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3464,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -3338,7 +3534,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3350,7 +3546,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3363,7 +3559,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -3442,7 +3638,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3454,7 +3650,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3467,7 +3663,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -3512,7 +3708,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3720,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3733,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -3627,7 +3823,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3639,7 +3835,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3652,7 +3848,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Phase) GetName() string {
@@ -3680,7 +3876,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3692,7 +3888,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3705,7 +3901,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -3735,7 +3931,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3747,7 +3943,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3760,7 +3956,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Abort) GetReason() string {
@@ -3784,7 +3980,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3796,7 +3992,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3809,7 +4005,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -3835,7 +4031,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3847,7 +4043,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3860,7 +4056,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -3884,7 +4080,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4092,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4105,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -3952,7 +4148,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3964,7 +4160,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3977,7 +4173,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -4002,7 +4198,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4014,7 +4210,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4027,7 +4223,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -4059,7 +4255,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4071,7 +4267,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4084,7 +4280,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -4107,7 +4303,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4119,7 +4315,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4132,7 +4328,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -4157,7 +4353,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4169,7 +4365,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4182,7 +4378,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -4202,7 +4398,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4214,7 +4410,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4227,7 +4423,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -4280,7 +4476,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4292,7 +4488,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4305,7 +4501,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -4417,7 +4613,7 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xe4\v\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xad\f\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -4426,7 +4622,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04free\x18\x05 \x01(\v2\x15.gpucr.helper.v1.FreeH\x00R\x04free\x121\n" +
 	"\x06export\x18\x06 \x01(\v2\x17.gpucr.helper.v1.ExportH\x00R\x06export\x12;\n" +
 	"\n" +
-	"save_first\x18\a \x01(\v2\x1a.gpucr.helper.v1.SaveFirstH\x00R\tsaveFirst\x124\n" +
+	"save_first\x18\a \x01(\v2\x1a.gpucr.helper.v1.SaveFirstH\x00R\tsaveFirst\x12G\n" +
+	"\x0eanalyze_module\x18\b \x01(\v2\x1e.gpucr.helper.v1.AnalyzeModuleH\x00R\ranalyzeModule\x124\n" +
 	"\aquiesce\x18\n" +
 	" \x01(\v2\x18.gpucr.helper.v1.QuiesceH\x00R\aquiesce\x12.\n" +
 	"\x05drain\x18\v \x01(\v2\x16.gpucr.helper.v1.DrainH\x00R\x05drain\x12+\n" +
@@ -4450,7 +4647,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\fcommit_image\x18\x1b \x01(\v2\x1c.gpucr.helper.v1.CommitImageH\x00R\vcommitImage\x12:\n" +
 	"\ttransfers\x18\x1c \x01(\v2\x1a.gpucr.helper.v1.TransfersH\x00R\ttransfers\x12D\n" +
 	"\rwait_restored\x18\x1d \x01(\v2\x1d.gpucr.helper.v1.WaitRestoredH\x00R\fwaitRestoredB\x06\n" +
-	"\x04body\"\x95\x05\n" +
+	"\x04body\"\xde\x05\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
 	"\x05error\x18\x02 \x01(\v2\x16.gpucr.helper.v1.ErrorR\x05error\x123\n" +
@@ -4466,7 +4663,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	" \x01(\v2 .gpucr.helper.v1.CheckpointReplyH\x00R\n" +
 	"checkpoint\x12?\n" +
 	"\ttransfers\x18\v \x01(\v2\x1f.gpucr.helper.v1.TransfersReplyH\x00R\ttransfers\x12J\n" +
-	"\x0frestore_results\x18\f \x01(\v2\x1f.gpucr.helper.v1.RestoreResultsH\x00R\x0erestoreResultsB\x06\n" +
+	"\x0frestore_results\x18\f \x01(\v2\x1f.gpucr.helper.v1.RestoreResultsH\x00R\x0erestoreResults\x12G\n" +
+	"\x0emodule_kernels\x18\r \x01(\v2\x1e.gpucr.helper.v1.ModuleKernelsH\x00R\rmoduleKernelsB\x06\n" +
 	"\x04body\"Q\n" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
@@ -4539,7 +4737,16 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06ranges\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.AddressRangeR\x06ranges\"<\n" +
 	"\fAddressRange\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"\t\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"=\n" +
+	"\rAnalyzeModule\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"H\n" +
+	"\rModuleKernels\x127\n" +
+	"\akernels\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.KernelWritesR\akernels\"V\n" +
+	"\fKernelWrites\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\awritten\x18\x02 \x01(\x04R\awritten\x12\x18\n" +
+	"\adecided\x18\x03 \x01(\bR\adecided\"\t\n" +
 	"\aUnguard\"\n" +
 	"\n" +
 	"\bSnapshot\"\n" +
@@ -4778,7 +4985,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -4809,35 +5016,38 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*GuardRegion)(nil),        // 26: gpucr.helper.v1.GuardRegion
 	(*SaveFirst)(nil),          // 27: gpucr.helper.v1.SaveFirst
 	(*AddressRange)(nil),       // 28: gpucr.helper.v1.AddressRange
-	(*Unguard)(nil),            // 29: gpucr.helper.v1.Unguard
-	(*Snapshot)(nil),           // 30: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 31: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 32: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 33: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 34: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 35: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 36: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 37: gpucr.helper.v1.StatusReply
-	(*DriverInfo)(nil),         // 38: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 39: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 40: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 41: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 42: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 43: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 44: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 45: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 46: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 47: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 48: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 49: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 50: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 51: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 52: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 53: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 54: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 55: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 56: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 57: gpucr.helper.v1.Transfer
+	(*AnalyzeModule)(nil),      // 29: gpucr.helper.v1.AnalyzeModule
+	(*ModuleKernels)(nil),      // 30: gpucr.helper.v1.ModuleKernels
+	(*KernelWrites)(nil),       // 31: gpucr.helper.v1.KernelWrites
+	(*Unguard)(nil),            // 32: gpucr.helper.v1.Unguard
+	(*Snapshot)(nil),           // 33: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 34: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 35: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 36: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 37: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 38: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 39: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 40: gpucr.helper.v1.StatusReply
+	(*DriverInfo)(nil),         // 41: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 42: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 43: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 44: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 45: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 46: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 47: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 48: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 49: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 50: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 51: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 52: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 53: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 54: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 55: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 56: gpucr.helper.v1.PrepareRestore
+	(*Restored)(nil),           // 57: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 58: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 59: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 60: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -4846,68 +5056,71 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	18, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
 	19, // 4: gpucr.helper.v1.Request.export:type_name -> gpucr.helper.v1.Export
 	27, // 5: gpucr.helper.v1.Request.save_first:type_name -> gpucr.helper.v1.SaveFirst
-	20, // 6: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	21, // 7: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	22, // 8: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	23, // 9: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	25, // 10: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	30, // 11: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	31, // 12: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	51, // 13: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	47, // 14: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
-	29, // 15: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
-	36, // 16: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	40, // 17: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	42, // 18: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	46, // 19: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	52, // 20: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	53, // 21: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	54, // 22: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	43, // 23: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	55, // 24: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	48, // 25: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	10, // 26: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 27: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 28: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 29: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	32, // 30: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	35, // 31: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	37, // 32: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	41, // 33: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	44, // 34: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	56, // 35: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	49, // 36: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	3,  // 37: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 38: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 39: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 40: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	24, // 41: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 42: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
-	28, // 43: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	33, // 44: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	34, // 45: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 46: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 47: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 48: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 49: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	39, // 50: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	38, // 51: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	4,  // 52: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 53: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	32, // 54: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	35, // 55: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	45, // 56: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 57: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	50, // 58: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 59: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	57, // 60: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 61: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	45, // 62: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	63, // [63:63] is the sub-list for method output_type
-	63, // [63:63] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	29, // 6: gpucr.helper.v1.Request.analyze_module:type_name -> gpucr.helper.v1.AnalyzeModule
+	20, // 7: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	21, // 8: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	22, // 9: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	23, // 10: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	25, // 11: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	33, // 12: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	34, // 13: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	54, // 14: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	50, // 15: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	32, // 16: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
+	39, // 17: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	43, // 18: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	45, // 19: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	49, // 20: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	55, // 21: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	56, // 22: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	57, // 23: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	46, // 24: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	58, // 25: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	51, // 26: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	10, // 27: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 28: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 29: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 30: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	35, // 31: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	38, // 32: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	40, // 33: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	44, // 34: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	47, // 35: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	59, // 36: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	52, // 37: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	30, // 38: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
+	3,  // 39: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 40: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 41: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 42: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	24, // 43: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 44: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	28, // 45: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	31, // 46: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
+	36, // 47: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	37, // 48: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 49: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 50: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 51: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 52: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	42, // 53: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	41, // 54: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	4,  // 55: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 56: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	35, // 57: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	38, // 58: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	48, // 59: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 60: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	53, // 61: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 62: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	60, // 63: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 64: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	48, // 65: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	66, // [66:66] is the sub-list for method output_type
+	66, // [66:66] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -4922,6 +5135,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_Free)(nil),
 		(*Request_Export)(nil),
 		(*Request_SaveFirst)(nil),
+		(*Request_AnalyzeModule)(nil),
 		(*Request_Quiesce)(nil),
 		(*Request_Drain)(nil),
 		(*Request_Drop)(nil),
@@ -4954,6 +5168,7 @@ func file_protocol_helper_proto_init() {
 		(*Response_Checkpoint)(nil),
 		(*Response_Transfers)(nil),
 		(*Response_RestoreResults)(nil),
+		(*Response_ModuleKernels)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -4961,7 +5176,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   50,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -14,6 +14,11 @@
  *   s0     app_hb_mix: buffer 0 ^= words of buffer 1 (stream 1's)  (cuLaunchKernelEx)
  *   s0     records ev_mix
  *
+ * --still-mib N: N MiB more, written once at the start and only read afterwards
+ * (as weights are): every iteration, s0 also runs app_hb_mix with buffer 0 as
+ * dst and that memory as src, after the mix above. A concurrent checkpoint's
+ * window need not save it ahead of that launch: the kernel reads it.
+ *
  * --graph: at the start of every iteration, s0 also replays a CUDA graph
  * captured once (on a stream of its own): app_hb_step on every buffer with a
  * fixed iteration (GRAPH_ITER) and salt; s1 waits for it (ev_graph). As a
@@ -206,6 +211,8 @@ typedef struct hb_state {
     CUdeviceptr *buf;
     CUstream s[2];
     CUevent ev_s1, ev_mix;
+    CUdeviceptr still; /* --still-mib; 0 without */
+    uint64_t still_size;
     CUgraphExec graph; /* --graph; NULL without */
     CUevent ev_graph;
     CUmodule mod;
@@ -352,6 +359,12 @@ static void step(void *p, uint32_t iter) {
     cfg.attrs = NULL;
     cfg.numAttrs = 0;
     CHECK(cuLaunchKernelEx(&cfg, st->f_mix, args, NULL));
+    if (st->still) {
+        CUdeviceptr still = st->still;
+        uint32_t nstill = (uint32_t)(st->still_size / 4);
+        void *sargs[] = {&dst, &still, &count, &nstill, &it};
+        CHECK(cuLaunchKernel(st->f_mix, gpuapp_grid(count), 1, 1, GPUAPP_BLOCK, 1, 1, 0, s0, sargs, NULL));
+    }
     CHECK(cuEventRecord(st->ev_mix, s0));
 }
 
@@ -362,13 +375,16 @@ static uint64_t checksum(void *p) {
     uint64_t h = GPUAPP_SUM_BASIS;
     for (unsigned i = 0; i < st->k; i++)
         h = gpuapp_sum_device(h, i, st->buf[i], st->sizes[i]);
+    if (st->still)
+        h = gpuapp_sum_device(h, st->k, st->still, st->still_size);
     return h;
 }
 
 int main(int argc, char **argv) {
     gpuapp app;
     hb_state st;
-    gpuapp_parse(&app, "heartbeat", GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS | GPUAPP_OPT_GRAPH, 64, 8,
+    gpuapp_parse(&app, "heartbeat",
+                 GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS | GPUAPP_OPT_GRAPH | GPUAPP_OPT_STILL, 64, 8,
                  argc, argv);
     memset(&st, 0, sizeof(st));
     st.app = &app;
@@ -399,6 +415,14 @@ int main(int argc, char **argv) {
         void *args[] = {&b, &n, &seed};
         CHECK(cuLaunchKernel(st.f_init, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, 0, st.s[i % 2], args, NULL));
     }
+    if (app.still_mib) {
+        st.still_size = (uint64_t)app.still_mib << 20;
+        CHECK(cuMemAlloc(&st.still, st.still_size));
+        CUdeviceptr b = st.still;
+        uint32_t n = (uint32_t)(st.still_size / 4), seed = ~app.seed;
+        void *args[] = {&b, &n, &seed};
+        CHECK(cuLaunchKernel(st.f_init, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, 0, st.s[0], args, NULL));
+    }
     CHECK(cuEventRecord(st.ev_mix, st.s[0]));
     CHECK(cuCtxSynchronize());
     if (app.graph)
@@ -406,13 +430,15 @@ int main(int argc, char **argv) {
     st.nworkers = app.workers;
     start_workers(&st, app.seed);
 
-    gpuapp_ready(&app, app.mib, st.k);
+    gpuapp_ready(&app, app.mib + app.still_mib, st.k);
     gpuapp_loop(&app, &st, step, checksum);
     stop_workers(&st);
 
     CHECK(cuCtxSynchronize());
     for (unsigned i = 0; i < st.k; i++)
         CHECK(cuMemFree(st.buf[i]));
+    if (st.still)
+        CHECK(cuMemFree(st.still));
     if (st.graph) {
         CHECK(cuGraphExecDestroy(st.graph));
         CHECK(cuEventDestroy(st.ev_graph));

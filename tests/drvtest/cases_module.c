@@ -68,6 +68,41 @@ static void library_load(void) {
     OK(cuLibraryUnload(l));
 }
 
+/* A kernel's name and owner, which the interposer asks to find a kernel's write set. */
+static void kernel_names(void) {
+    dt_init_ctx();
+    CUmodule m;
+    OK(cuModuleLoadData(&m, dt_ptx));
+    CUfunction f;
+    OK(cuModuleGetFunction(&f, m, "dt_echo"));
+    const char *name = NULL;
+    if (EXPECT_RC(cuFuncGetName(&name, f), CUDA_SUCCESS))
+        EXPECT(name && strcmp(name, "dt_echo") == 0, "cuFuncGetName: %s", name ? name : "(null)");
+    EXPECT_RC(cuFuncGetName(NULL, f), CUDA_ERROR_INVALID_VALUE);
+    CUmodule owner = NULL;
+    if (EXPECT_RC(cuFuncGetModule(&owner, f), CUDA_SUCCESS))
+        EXPECT(owner == m, "cuFuncGetModule: %p, want %p", (void *)owner, (void *)m);
+    CUlibrary l;
+    OK(cuLibraryLoadData(&l, dt_ptx, NULL, NULL, 0, NULL, NULL, 0));
+    CUkernel k;
+    OK(cuLibraryGetKernel(&k, l, "dt_fill"));
+    name = NULL;
+    if (EXPECT_RC(cuKernelGetName(&name, k), CUDA_SUCCESS))
+        EXPECT(name && strcmp(name, "dt_fill") == 0, "cuKernelGetName: %s", name ? name : "(null)");
+    CUlibrary lib = NULL;
+    if (EXPECT_RC(cuKernelGetLibrary(&lib, k), CUDA_SUCCESS))
+        EXPECT(lib == l, "cuKernelGetLibrary: %p, want %p", (void *)lib, (void *)l);
+    EXPECT_RC(cuKernelGetLibrary(NULL, k), CUDA_ERROR_INVALID_VALUE);
+    CUfunction kf;
+    OK(cuKernelGetFunction(&kf, k));
+    name = NULL;
+    if (EXPECT_RC(cuFuncGetName(&name, kf), CUDA_SUCCESS))
+        EXPECT(name && strcmp(name, "dt_fill") == 0, "cuFuncGetName of a kernel's function: %s",
+               name ? name : "(null)");
+    OK(cuLibraryUnload(l));
+    OK(cuModuleUnload(m));
+}
+
 static void param_info(void) {
     dt_init_ctx();
     CUmodule m = dt_module();
@@ -279,6 +314,7 @@ const dt_case dt_cases_module[] = {
     {"module_load", module_load, 0},
     {"library_load", library_load, 0},
     {"param_info", param_info, 0},
+    {"kernel_names", kernel_names, 0},
     {"launch_params", launch_params, 0},
     {"launch_extra", launch_extra, 0},
     {"launch_kernel_handle", launch_kernel_handle, 0},

@@ -9,6 +9,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -123,4 +124,63 @@ func TestCopyOnWriteCatchesHiddenWrites(t *testing.T) {
 	}
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "ptrchase", args, maxIter(hbs)))
+}
+
+// TestCopyOnWriteNarrowsWriteSets: heartbeat's kernels come as PTX, which
+// the helper analyses when the process loads them: app_hb_mix writes
+// through its first parameter and only reads its second. With --still-mib,
+// every step runs it over 16 MiB that nothing writes, and the window does
+// not save that memory ahead of those launches: it stays pending, for the
+// background, while the process runs on. The image is exact all the same:
+// not redone, and restored it continues as an uninterrupted run.
+func TestCopyOnWriteNarrowsWriteSets(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-background"),
+		"--concurrent-mode", "copy-on-write")
+	const still = 16 << 20
+	args := []string{"--mib", "8", "--buffers", "4", "--still-mib", "16", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(slices.Clone(args), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+
+	img := filepath.Join(dir, "img")
+	var out strings.Builder
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
+	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	before := a.lastIter()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(h.logText(), "stalling the background copy") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the background copy never stalled:\n%s", tail(h.logText(), 20))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.waitIter(a.lastIter()+5, 10*time.Second) // steps in the window, each reading the still memory
+	st := cliOK(t, h, env, img, "status", "--json")
+	m := regexp.MustCompile(`"window_pending_bytes":(\d+)`).FindStringSubmatch(st)
+	if m == nil {
+		t.Fatalf("status shows no window while the background copy waits:\n%s", st)
+	}
+	if pending, _ := strconv.ParseUint(m[1], 10, 64); pending < still {
+		t.Errorf("the window has %d bytes left to save while the process runs on; the %d bytes its kernels only read "+
+			"must not be saved ahead of them (the module's analysis narrows the launches' write sets)\n%s", pending, still, st)
+	}
+	if err := waitCmd(cmd, 2*time.Minute); err != nil {
+		t.Fatalf("checkpoint: %v\n%s", err, out.String())
+	}
+	after := a.lastIter()
+	if d := parseDump(t, out.String()); d.Redone != "" {
+		t.Errorf("redone: %s", d.Redone)
+	}
+	first := restoredFrom(t, a, h, env, img, after+3)
+	if first < before || first > after {
+		t.Errorf("the restored process starts at iteration %d; the checkpoint ran from %d to %d", first, before, after)
+	}
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 }

@@ -351,9 +351,12 @@ static CUresult image_load(const void *image, sim_image *img) {
 
 /* ---- modules ---- */
 
+struct sim_module;
+
 typedef struct sim_func {
     uint32_t magic;
     const sim_entry *entry;
+    struct sim_module *mod; /* cuFuncGetModule; NULL for a library kernel's function (see there) */
 } sim_func;
 
 typedef struct sim_module {
@@ -364,10 +367,13 @@ typedef struct sim_module {
     struct sim_module *next;
 } sim_module;
 
+struct sim_library;
+
 typedef struct sim_kernel {
     uint32_t magic;
     const sim_entry *entry;
-    sim_func func; /* what cuKernelGetFunction hands out */
+    struct sim_library *lib; /* cuKernelGetLibrary */
+    sim_func func;           /* what cuKernelGetFunction hands out */
 } sim_kernel;
 
 typedef struct sim_library {
@@ -427,6 +433,7 @@ SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     for (unsigned i = 0; ok && i < m->img.n; i++) {
         m->funcs[i].magic = 0x46554e43u;
         m->funcs[i].entry = &m->img.e[i];
+        m->funcs[i].mod = m;
         ok = sim_handle_add(&m->funcs[i], SIM_H_FUNC) == 0;
     }
     m->next = modules;
@@ -531,6 +538,7 @@ SIM_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_o
         sim_kernel *k = &l->kernels[i];
         k->magic = 0x4b45524eu;
         k->entry = &l->img.e[i];
+        k->lib = l;
         k->func.magic = 0x46554e43u;
         k->func.entry = k->entry;
         ok = sim_handle_add(k, SIM_H_KERNEL) == 0 && sim_handle_add(&k->func, SIM_H_FUNC) == 0;
@@ -598,6 +606,74 @@ SIM_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
         r = CUDA_ERROR_INVALID_HANDLE;
     else
         *pFunc = (CUfunction) & ((sim_kernel *)kernel)->func;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuFuncGetName", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!name || !hfunc)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(hfunc, SIM_H_FUNC))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        *name = ((sim_func *)hfunc)->entry->name;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuFuncGetModule", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!hmod)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(hfunc, SIM_H_FUNC))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!((sim_func *)hfunc)->mod)
+        /* The driver answers with the context's module of the library (cuLibraryGetModule), which the simulator
+         * does not model: it says so instead of making one up. */
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    else
+        *hmod = (CUmodule)((sim_func *)hfunc)->mod;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuKernelGetName", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!name || !hfunc)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(hfunc, SIM_H_KERNEL))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        *name = ((sim_kernel *)hfunc)->entry->name;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuKernelGetLibrary", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!pLib)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(kernel, SIM_H_KERNEL))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        *pLib = (CUlibrary)((sim_kernel *)kernel)->lib;
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
 }

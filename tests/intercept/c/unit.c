@@ -417,6 +417,84 @@ static void test_guard(void) {
     CHECK(gc_guard_pending(0x100000000, 0x100800000, r, 8) == 0);
 }
 
+/* ---- write sets ---- */
+
+/* Handle 0x100 (fake_func's three parameters) is kernel "k3" of module 0xa0; 0x200 (fake_kern's two) is
+ * "k2" of library 0xb0. */
+static CUresult fake_func_owner(void *h, void **owner, const char **name) {
+    if ((uintptr_t)h != 0x100)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *owner = (void *)0xa0;
+    *name = "k3";
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_kern_owner(void *h, void **owner, const char **name) {
+    if ((uintptr_t)h != 0x200)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *owner = (void *)0xb0;
+    *name = "k2";
+    return CUDA_SUCCESS;
+}
+
+static void count_word(uint64_t w, void *arg) {
+    if (w >= 0x500000000000ULL)
+        (*(int *)arg)++;
+}
+
+static gc_kwrite *kwrites(const char *name, uint64_t written) {
+    gc_kwrite *k = calloc(1, sizeof *k);
+    k->name = strdup(name);
+    k->written = written;
+    return k;
+}
+
+static void test_writes(void) {
+    gc_scan_set_query(fake_func, fake_kern);
+    gc_scan_set_owner(fake_func_owner, fake_kern_owner);
+    gc_layout_invalidate();
+    uint64_t p0 = 0x500000000000ULL;
+    uint32_t p1 = 42;
+    uint64_t p2[2] = {0x500000200000ULL, 0x500000300000ULL};
+    void *params[] = {&p0, &p1, p2};
+    int words = 0;
+    /* not analysed: every pointer word */
+    CHECK(gc_scan_each_written((void *)0x100, params, NULL, count_word, &words) && words == 3);
+    /* module 0xa0's k3 writes through parameter 2 only; once its layout is asked again */
+    gc_writes_add((void *)0xa0, kwrites("k3", 1u << 2), 1);
+    uint64_t w = 0;
+    CHECK(gc_writes_find((void *)0xa0, "k3", &w) && w == 4);
+    CHECK(!gc_writes_find((void *)0xa0, "k4", &w) && !gc_writes_find((void *)0xb0, "k3", &w));
+    gc_layout_invalidate();
+    words = 0;
+    CHECK(gc_scan_each_written((void *)0x100, params, NULL, count_word, &words) && words == 2);
+    words = 0;
+    CHECK(gc_scan_each((void *)0x100, params, NULL, count_word, &words) && words == 3); /* not narrowed */
+    /* the packed form: the parameters at their offsets */
+    uint64_t packed[4] = {p0, p1, p2[0], p2[1]};
+    size_t psize = sizeof packed;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
+    words = 0;
+    CHECK(gc_scan_each_written((void *)0x100, NULL, extra, count_word, &words) && words == 2);
+    /* a CUkernel of library 0xb0 that writes through nothing it is given */
+    gc_writes_add((void *)0xb0, kwrites("k2", 0), 1);
+    uint32_t k0 = 1;
+    uint64_t k1 = 0x500000000000ULL;
+    void *kparams[] = {&k0, &k1};
+    words = 0;
+    CHECK(gc_scan_each_written((void *)0x200, kparams, NULL, count_word, &words) && words == 0);
+    /* unloaded: the layouts are asked again, and write everything again */
+    gc_writes_drop((void *)0xa0);
+    gc_layout_invalidate();
+    words = 0;
+    CHECK(gc_scan_each_written((void *)0x100, params, NULL, count_word, &words) && words == 3);
+    gc_writes_reset();
+    CHECK(!gc_writes_find((void *)0xb0, "k2", &w));
+    gc_scan_set_owner(NULL, NULL);
+    gc_layout_invalidate();
+    gc_layout_reclaim();
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
         bench();
@@ -427,6 +505,7 @@ int main(int argc, char **argv) {
     test_slab();
     test_scan();
     test_guard();
+    test_writes();
     if (failures) {
         fprintf(stderr, "intercept-unit: %d failures\n", failures);
         return 1;
