@@ -92,6 +92,9 @@ PYEOF
 done
 n=$(grep -c ': exact:' "$LOGS/summary.txt")
 note "$n of $N images restored exactly"
+# How often a window's speculation failed (a write it did not see): each
+# such checkpoint was taken again, stop-the-world.
+note "$(grep -l '"redone"' "$LOGS"/ckpt-*.json 2>/dev/null | wc -l) of $N checkpoints taken again (a window found memory changed behind its back)"
 [ "$n" = "$N" ] || fail=1
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/exact.txt" && cp "$LOGS"/ckpt-1.json "$OUT/" 2>/dev/null
 exit $fail

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A concurrent checkpoint taken again, on the GPU machine:
+#
+#   bash tests/gpu/redo.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]
+#
+# ptrchase writes DATA_MIB (default 1024) through pointers it loads from a
+# table, which no launch names, beside STILL_MIB (default 6144) that it
+# never writes. Under a helper with --concurrent-mode copy-on-write, each
+# `gpucr checkpoint --leave-running --concurrent` finds its window's
+# speculation wrong (the hash check) and is taken again stop-the-world; the
+# summary gives, for each of 3 checkpoints, what the second stop copied and
+# how long the process stood still. With BASE_PREFIX (an earlier build) the
+# same runs again with it. The last image of each build is restored after
+# the process is killed: every heartbeat after the restore must equal the
+# original run's. Images in /dev/shm; logs in build/gpu/redo (and $OUT).
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: redo.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
+C=${2:?usage}
+BASE=${3:-}
+[ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
+DATA=${DATA_MIB:-1024}
+STILL=${STILL_MIB:-6144}
+PY=${PYTHON:-python3}
+LOGS=${LOGS:-build/gpu/redo}
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+: >"$LOGS/summary.txt"
+. tests/gpu/lib.sh
+C=$(root_bundle "$C") || exit 1
+export GPUCR_CRIU=$C/bin/criu
+APP=$(pwd)/build/gpu/bin/ptrchase
+[ -x "$APP" ] || make -k gpu-apps >"$LOGS/build.log" 2>&1
+[ -x "$APP" ] || { bad "no $APP (see $LOGS/build.log)"; exit 1; }
+IMG=/dev/shm/gpucr-redo
+SOCK=/run/gpucr-redo/helper.sock
+trap 'pkill -9 -f "$APP" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); ptrchase --mib $DATA --still-mib $STILL"
+
+# run NAME PREFIX: the three checkpoints and the restore with build PREFIX.
+run() {
+	local name=$1 g=$2/bin/gpucr
+	rm -rf "$IMG" && mkdir -p "$IMG"
+	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" --concurrent-mode copy-on-write || { bad "$name: helper"; return; }
+	local L=$LOGS/$name-app.log
+	setsid "$g" run --socket "$SOCK" -- "$APP" --mib "$DATA" --still-mib "$STILL" --buffers 8 --hb-every 1 --interval-ms 20 \
+		</dev/null >>"$L" 2>"$LOGS/$name-app.err" &
+	for _ in $(seq 600); do grep -q '^hb 3 ' "$L" 2>/dev/null && break; sleep 0.1; done
+	local P
+	P=$(grep -o 'pid=[0-9]*' "$L" 2>/dev/null | head -1 | cut -d= -f2)
+	[ -n "$P" ] || { bad "$name: ptrchase did not start: $(tail -n 3 "$LOGS/$name-app.err")"; kill $HELPER; return; }
+	for k in 1 2 3; do
+		sleep 1
+		"$g" checkpoint "$P" -D "$IMG/$k" --leave-running --concurrent --socket "$SOCK" --json >"$LOGS/$name-ckpt-$k.json" 2>&1 ||
+			bad "$name checkpoint $k: $(tail -n 3 "$LOGS/$name-ckpt-$k.json")"
+		$PY - "$LOGS/$name-ckpt-$k.json" "$name" "$k" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import json, sys
+text, name, k = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
+r = json.loads(text[text.rindex("\n{") + 1:] if "\n{" in text else text)
+g = r.get("gpu") or {}
+print(f"{name} checkpoint {k}: {'taken again' if r.get('redone') else 'NOT taken again'}; the second stop copied "
+      f"{g.get('bytes_moved', 0) / 2**20:.0f} of {g.get('total_bytes', 0) / 2**20:.0f} MiB; the process stood still "
+      f"{r.get('stall_seconds', 0):.3f} s; the command took {r.get('seconds', 0):.2f} s")
+PYEOF
+	done
+	sleep 1
+	pkill -9 -f "$APP"
+	for _ in $(seq 200); do [ -e "/proc/$P" ] || break; sleep 0.05; done
+	local mark
+	mark=$(grep -c '^hb' "$L")
+	if "$g" restore -D "$IMG/3" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
+		for _ in $(seq 600); do [ "$(grep -c '^hb' "$L")" -ge $((mark + 5)) ] && break; sleep 0.05; done
+	else
+		bad "$name restore: $(tail -n 3 "$LOGS/$name-restore.json")"
+	fi
+	pkill -9 -f "$APP"
+	$PY - "$L" "$mark" "$name" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import sys
+hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
+mark, name = int(sys.argv[2]), sys.argv[3]
+ref = {}
+for h in hb[:mark]:
+    ref.setdefault(h[1], h[2])
+after = hb[mark:]
+same = sum(1 for h in after if ref.get(h[1]) == h[2])
+ok = bool(after) and same == len(after)
+print(f"{name}: the last image restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {after[0][1] if after else '-'}, "
+      f"{same} of {len(after)} heartbeats equal to the original run's")
+PYEOF
+	grep -q "$name: the last image restored exactly" "$LOGS/summary.txt" || fail=1
+	kill $HELPER 2>/dev/null
+	wait $HELPER 2>/dev/null
+}
+
+run new "$G"
+[ -n "$BASE" ] && run base "$BASE"
+[ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/redo.txt"
+exit $fail
