@@ -163,6 +163,7 @@ enum gc_stat {
     STAT_GATE_WAITS,
     STAT_SCANNED,
     STAT_HELPER_CALLS,
+    STAT_MODULES_ANALYSED,
     STAT_N
 };
 

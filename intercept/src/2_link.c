@@ -87,20 +87,25 @@ static void mark_dead(int err) {
     }
 }
 
-/* A request on the calls connection. 0 (*out set) or -errno. */
-static int call_helper(Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
+/* A request on the calls connection, counted in stat. 0 (*out set) or -errno. */
+static int call_helper_as(enum gc_stat stat, Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
     pthread_mutex_lock(&G.calls_mu);
     if (atomic_load(&G.conn) != CONN_UP) {
         pthread_mutex_unlock(&G.calls_mu);
         return -ENOTCONN;
     }
     req->id = ++G.next_id;
-    gc_stat_add(STAT_HELPER_CALLS, 1);
+    gc_stat_add(stat, 1);
     int rc = roundtrip(G.calls_fd, req, out, fds, maxfds, nfds);
     if (rc < 0)
         mark_dead(-rc);
     pthread_mutex_unlock(&G.calls_mu);
     return rc;
+}
+
+/* The requests of allocations and windows: STAT_HELPER_CALLS. */
+static int call_helper(Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
+    return call_helper_as(STAT_HELPER_CALLS, req, out, fds, maxfds, nfds);
 }
 
 static int hello(int fd, int role, uint64_t token, Resp **out) {
@@ -303,7 +308,7 @@ int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n) {
     req.analyze_module = &am;
     Resp *resp = NULL;
     int nfds = 0;
-    if (call_helper(&req, &resp, NULL, 0, &nfds) < 0)
+    if (call_helper_as(STAT_MODULES_ANALYSED, &req, &resp, NULL, 0, &nfds) < 0)
         return -1;
     int rc = -1;
     if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS) {

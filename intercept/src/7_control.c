@@ -324,6 +324,7 @@ static void do_stats(Resp *resp) {
     *s = (Gpucr__Helper__V1__ClientStats)GPUCR__HELPER__V1__CLIENT_STATS__INIT;
     s->allocs = c[STAT_ALLOCS];
     s->helper_calls = c[STAT_HELPER_CALLS];
+    s->modules_analysed = c[STAT_MODULES_ANALYSED];
     s->frees = c[STAT_FREES];
     gc_alloc_live(&s->live_buffers, &s->live_bytes, &s->helper_bytes);
     s->local_allocs = c[STAT_LOCAL_ALLOCS];

@@ -4486,7 +4486,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__buffer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[19] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[20] =
 {
   {
     "allocs",
@@ -4716,6 +4716,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "modules_analysed",
+    20,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, modules_analysed),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] = {
   0,   /* field[0] = allocs */
@@ -4733,6 +4745,7 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
   3,   /* field[3] = live_bytes */
   5,   /* field[5] = local_allocs */
   12,   /* field[12] = memsets */
+  19,   /* field[19] = modules_analysed */
   13,   /* field[13] = modules_loaded */
   9,   /* field[9] = param_layouts */
   8,   /* field[8] = pointer_words */
@@ -4741,7 +4754,7 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
 static const ProtobufCIntRange gpucr__helper__v1__client_stats__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 19 }
+  { 0, 20 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
 {
@@ -4751,7 +4764,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
   "Gpucr__Helper__V1__ClientStats",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientStats),
-  19,
+  20,
   gpucr__helper__v1__client_stats__field_descriptors,
   gpucr__helper__v1__client_stats__field_indices_by_name,
   1,  gpucr__helper__v1__client_stats__number_ranges,

@@ -874,13 +874,18 @@ struct  Gpucr__Helper__V1__ClientStats
   uint64_t launches_scanned;
   /*
    * Requests the interposer sent the helper on its calls connection (Alloc,
-   * Mapped, Free, Export): the round trips its allocations cost.
+   * Mapped, Free, Export; SaveFirst in a copy-on-write window): the round
+   * trips its allocations cost.
    */
   uint64_t helper_calls;
+  /*
+   * Module images with PTX the helper analysed for it (AnalyzeModule).
+   */
+  uint64_t modules_analysed;
 };
 #define GPUCR__HELPER__V1__CLIENT_STATS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_stats__descriptor) \
-    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__Status

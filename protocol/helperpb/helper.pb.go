@@ -2862,10 +2862,13 @@ type ClientStats struct {
 	// sample by default (see intercept/README.md).
 	LaunchesScanned uint64 `protobuf:"varint,18,opt,name=launches_scanned,json=launchesScanned,proto3" json:"launches_scanned,omitempty"`
 	// Requests the interposer sent the helper on its calls connection (Alloc,
-	// Mapped, Free, Export): the round trips its allocations cost.
-	HelperCalls   uint64 `protobuf:"varint,19,opt,name=helper_calls,json=helperCalls,proto3" json:"helper_calls,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Mapped, Free, Export; SaveFirst in a copy-on-write window): the round
+	// trips its allocations cost.
+	HelperCalls uint64 `protobuf:"varint,19,opt,name=helper_calls,json=helperCalls,proto3" json:"helper_calls,omitempty"`
+	// Module images with PTX the helper analysed for it (AnalyzeModule).
+	ModulesAnalysed uint64 `protobuf:"varint,20,opt,name=modules_analysed,json=modulesAnalysed,proto3" json:"modules_analysed,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ClientStats) Reset() {
@@ -3027,6 +3030,13 @@ func (x *ClientStats) GetLaunchesScanned() uint64 {
 func (x *ClientStats) GetHelperCalls() uint64 {
 	if x != nil {
 		return x.HelperCalls
+	}
+	return 0
+}
+
+func (x *ClientStats) GetModulesAnalysed() uint64 {
+	if x != nil {
+		return x.ModulesAnalysed
 	}
 	return 0
 }
@@ -4771,7 +4781,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12\x19\n" +
 	"\balloc_id\x18\x04 \x01(\x04R\aallocId\x12\x1f\n" +
 	"\vdevice_uuid\x18\x05 \x01(\tR\n" +
-	"deviceUuid\"\x9b\x05\n" +
+	"deviceUuid\"\xc6\x05\n" +
 	"\vClientStats\x12\x16\n" +
 	"\x06allocs\x18\x01 \x01(\x04R\x06allocs\x12\x14\n" +
 	"\x05frees\x18\x02 \x01(\x04R\x05frees\x12!\n" +
@@ -4794,7 +4804,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\x12)\n" +
 	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\x12!\n" +
-	"\fhelper_calls\x18\x13 \x01(\x04R\vhelperCalls\"\b\n" +
+	"\fhelper_calls\x18\x13 \x01(\x04R\vhelperCalls\x12)\n" +
+	"\x10modules_analysed\x18\x14 \x01(\x04R\x0fmodulesAnalysed\"\b\n" +
 	"\x06Status\"\xf9\x01\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +

@@ -107,6 +107,11 @@ func TestOneRoundTripPerAllocation(t *testing.T) {
 	if !ok || allocs < 4 || calls != allocs {
 		t.Fatalf("%d requests to the helper for %d helper allocations (client found: %v); want one each", calls, allocs, ok)
 	}
+	// Its one PTX module was analysed once, at its load (for copy-on-write
+	// windows), in a request of its own.
+	if n, _ := strconv.ParseInt(fmt.Sprint(raw["modules_analysed"]), 10, 64); n != 1 {
+		t.Errorf("%d module analyses for heartbeat's one PTX module, want 1", n)
+	}
 	// a quiesce/drop/reimport cycle finds every buffer at its address
 	for _, op := range []string{"quiesce", "drain", "drop", "reimport", "resume"} {
 		h.op(a.pid, op)
