@@ -15,8 +15,12 @@
  *   exit(DUMP, ret)          DumpDone{pid, alive} for each checkpointed pid (see
  *                            dumpdone_monitor: CRIU calls exit before it kills
  *                            or resumes the tree)
- *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid} (waits for the
- *                            load); failure kills pid (kill_restored)
+ *   POST_FORKING             after a PrepareRestore: AwaitLoad, once CRIU has forked the
+ *                            tasks (they restore their memory meanwhile): a GPU image that
+ *                            does not load (a damaged chunk) fails the restore there, and
+ *                            CRIU kills the tasks before any of them runs
+ *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid}; failure kills pid
+ *                            (kill_restored)
  *
  * Messages go to stderr, prefixed "gpucr_plugin: ", and are appended to the
  * file $GPUCR_PLUGIN_LOG names, if set; GPUCR_LOG=debug adds debug lines.
@@ -517,6 +521,25 @@ static int gpucr_resume_devices_late(int pid) {
     return 0;
 }
 
+/* The last point where a failure stops CRIU's restore cleanly (cr-restore.c kills the forked tasks on it, before
+ * any runs): every GPU image this restore prepared must have loaded. */
+static int gpucr_post_forking(void) {
+    if (!P.prepared || P.sock < 0)
+        return -ENOTSUP;
+    Gpucr__Helper__V1__AwaitLoad al = GPUCR__HELPER__V1__AWAIT_LOAD__INIT;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_AWAIT_LOAD;
+    req.await_load = &al;
+    char why[1024];
+    int rc = call(&req, NULL, why, sizeof why);
+    if (rc != 0) {
+        perr("the GPU image did not load: %s; the restore stops before the restored processes run", why);
+        return -1;
+    }
+    pdebug("GPU image loaded (POST_FORKING)");
+    return 0;
+}
+
 static int prepare_restore(void) {
     char dir[PATH_MAX];
     int dirfd = image_dir(dir, sizeof dir);
@@ -711,4 +734,5 @@ static void gpucr_fini(int stage, int ret) {
 CR_PLUGIN_REGISTER("gpucr", gpucr_init, gpucr_fini)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__PAUSE_DEVICES, gpucr_pause_devices)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__CHECKPOINT_DEVICES, gpucr_checkpoint_devices)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__POST_FORKING, gpucr_post_forking)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__RESUME_DEVICES_LATE, gpucr_resume_devices_late)

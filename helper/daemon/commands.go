@@ -77,6 +77,8 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 				}
 				return r
 			})
+		case *helperpb.Request_AwaitLoad:
+			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.awaitLoad(req.Id, plans) })
 		case *helperpb.Request_Restored:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored, plans) })
 		default:

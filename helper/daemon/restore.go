@@ -325,6 +325,33 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
 }
 
+// awaitLoad runs an AwaitLoad of a plugin connection that made plans: it
+// answers once every plan's load has ended, with the first failure. CRIU
+// asks at POST_FORKING, the last point where its failure stops the restore
+// cleanly: the tasks exist and restore their own memory meanwhile, but none
+// has run, and CRIU kills them all. (A failure found later, in Restored,
+// relies on the plugin killing the task and CRIU failing to detach from it.)
+// The memory of a failed plan is given back when the connection closes
+// (dropUnrestored).
+func (s *Server) awaitLoad(id uint64, plans []*restorePlan) *helperpb.Response {
+	for _, p := range plans {
+		err := p.load.waitFor(loadTimeout)
+		if err == nil {
+			continue
+		}
+		for _, cl := range p.clients {
+			cl.outcomes().set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
+		}
+		code := helperpb.ErrorCode_ERROR_DRIVER
+		if errors.Is(err, image.ErrCorrupt) {
+			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
+		}
+		s.log.Warn("restore failed before its processes ran: the GPU image did not load", zap.String("image", p.dir), zap.Error(err))
+		return errResp(id, code, "loading the GPU image %s: %v", p.dir, err)
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
 // dropUnrestored gives back the memory of a closing plugin connection's
 // plans that no restored process claimed (the restore failed, or CRIU died).
 func (s *Server) dropUnrestored(plans []*restorePlan) {

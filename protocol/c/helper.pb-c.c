@@ -2212,6 +2212,51 @@ void   gpucr__helper__v1__prepare_restore__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__prepare_restore__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__await_load__init
+                     (Gpucr__Helper__V1__AwaitLoad         *message)
+{
+  static const Gpucr__Helper__V1__AwaitLoad init_value = GPUCR__HELPER__V1__AWAIT_LOAD__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__await_load__get_packed_size
+                     (const Gpucr__Helper__V1__AwaitLoad *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__await_load__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__await_load__pack
+                     (const Gpucr__Helper__V1__AwaitLoad *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__await_load__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__await_load__pack_to_buffer
+                     (const Gpucr__Helper__V1__AwaitLoad *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__await_load__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__AwaitLoad *
+       gpucr__helper__v1__await_load__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__AwaitLoad *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__await_load__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__await_load__free_unpacked
+                     (Gpucr__Helper__V1__AwaitLoad *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__await_load__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__restored__init
                      (Gpucr__Helper__V1__Restored         *message)
 {
@@ -2392,7 +2437,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[28] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[29] =
 {
   {
     "id",
@@ -2730,11 +2775,24 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "await_load",
+    30,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, await_load),
+    &gpucr__helper__v1__await_load__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   16,   /* field[16] = abort */
   2,   /* field[2] = alloc */
   7,   /* field[7] = analyze_module */
+  28,   /* field[28] = await_load */
   20,   /* field[20] = checkpoint */
   19,   /* field[19] = client_op */
   25,   /* field[25] = commit_image */
@@ -2765,7 +2823,7 @@ static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[2 + 1] 
 {
   { 1, 0 },
   { 10, 8 },
-  { 0, 28 }
+  { 0, 29 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2775,7 +2833,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  28,
+  29,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   2,  gpucr__helper__v1__request__number_ranges,
@@ -6084,6 +6142,24 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor 
   gpucr__helper__v1__prepare_restore__field_indices_by_name,
   1,  gpucr__helper__v1__prepare_restore__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__prepare_restore__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define gpucr__helper__v1__await_load__field_descriptors NULL
+#define gpucr__helper__v1__await_load__field_indices_by_name NULL
+#define gpucr__helper__v1__await_load__number_ranges NULL
+const ProtobufCMessageDescriptor gpucr__helper__v1__await_load__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.AwaitLoad",
+  "AwaitLoad",
+  "Gpucr__Helper__V1__AwaitLoad",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__AwaitLoad),
+  0,
+  gpucr__helper__v1__await_load__field_descriptors,
+  gpucr__helper__v1__await_load__field_indices_by_name,
+  0,  gpucr__helper__v1__await_load__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__await_load__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__restored__field_descriptors[1] =

@@ -64,6 +64,7 @@ typedef struct Gpucr__Helper__V1__RestoreResult Gpucr__Helper__V1__RestoreResult
 typedef struct Gpucr__Helper__V1__Detach Gpucr__Helper__V1__Detach;
 typedef struct Gpucr__Helper__V1__DumpDone Gpucr__Helper__V1__DumpDone;
 typedef struct Gpucr__Helper__V1__PrepareRestore Gpucr__Helper__V1__PrepareRestore;
+typedef struct Gpucr__Helper__V1__AwaitLoad Gpucr__Helper__V1__AwaitLoad;
 typedef struct Gpucr__Helper__V1__Restored Gpucr__Helper__V1__Restored;
 typedef struct Gpucr__Helper__V1__Transfers Gpucr__Helper__V1__Transfers;
 typedef struct Gpucr__Helper__V1__TransfersReply Gpucr__Helper__V1__TransfersReply;
@@ -250,7 +251,8 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_RESTORED = 26,
   GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE = 27,
   GPUCR__HELPER__V1__REQUEST__BODY_TRANSFERS = 28,
-  GPUCR__HELPER__V1__REQUEST__BODY_WAIT_RESTORED = 29
+  GPUCR__HELPER__V1__REQUEST__BODY_WAIT_RESTORED = 29,
+  GPUCR__HELPER__V1__REQUEST__BODY_AWAIT_LOAD = 30
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -308,6 +310,10 @@ struct  Gpucr__Helper__V1__Request
      * ROLE_CLI -> helper
      */
     Gpucr__Helper__V1__WaitRestored *wait_restored;
+    /*
+     * ROLE_PLUGIN -> helper (the CRIU plugin)
+     */
+    Gpucr__Helper__V1__AwaitLoad *await_load;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -1291,6 +1297,22 @@ struct  Gpucr__Helper__V1__PrepareRestore
 #define GPUCR__HELPER__V1__PREPARE_RESTORE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__prepare_restore__descriptor) \
     , (char *)protobuf_c_empty_string }
+
+
+/*
+ * AwaitLoad (plugin, POST_FORKING): answered once the GPU images this
+ * connection's PrepareRestore requests began loading are loaded: Ok, or the
+ * error that failed one. CRIU has forked the restored tasks and they restore
+ * their own memory meanwhile; a failure here makes CRIU kill them before
+ * any of them runs.
+ */
+struct  Gpucr__Helper__V1__AwaitLoad
+{
+  ProtobufCMessage base;
+};
+#define GPUCR__HELPER__V1__AWAIT_LOAD__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__await_load__descriptor) \
+     }
 
 
 /*
@@ -2340,6 +2362,25 @@ Gpucr__Helper__V1__PrepareRestore *
 void   gpucr__helper__v1__prepare_restore__free_unpacked
                      (Gpucr__Helper__V1__PrepareRestore *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__AwaitLoad methods */
+void   gpucr__helper__v1__await_load__init
+                     (Gpucr__Helper__V1__AwaitLoad         *message);
+size_t gpucr__helper__v1__await_load__get_packed_size
+                     (const Gpucr__Helper__V1__AwaitLoad   *message);
+size_t gpucr__helper__v1__await_load__pack
+                     (const Gpucr__Helper__V1__AwaitLoad   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__await_load__pack_to_buffer
+                     (const Gpucr__Helper__V1__AwaitLoad   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__AwaitLoad *
+       gpucr__helper__v1__await_load__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__await_load__free_unpacked
+                     (Gpucr__Helper__V1__AwaitLoad *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__Restored methods */
 void   gpucr__helper__v1__restored__init
                      (Gpucr__Helper__V1__Restored         *message);
@@ -2565,6 +2606,9 @@ typedef void (*Gpucr__Helper__V1__DumpDone_Closure)
 typedef void (*Gpucr__Helper__V1__PrepareRestore_Closure)
                  (const Gpucr__Helper__V1__PrepareRestore *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__AwaitLoad_Closure)
+                 (const Gpucr__Helper__V1__AwaitLoad *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__Restored_Closure)
                  (const Gpucr__Helper__V1__Restored *message,
                   void *closure_data);
@@ -2639,6 +2683,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__restore_result__descr
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__await_load__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__restored__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfers__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfers_reply__descriptor;

@@ -496,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53, 0}
 }
 
 type Request struct {
@@ -532,6 +532,7 @@ type Request struct {
 	//	*Request_CommitImage
 	//	*Request_Transfers
 	//	*Request_WaitRestored
+	//	*Request_AwaitLoad
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -824,6 +825,15 @@ func (x *Request) GetWaitRestored() *WaitRestored {
 	return nil
 }
 
+func (x *Request) GetAwaitLoad() *AwaitLoad {
+	if x != nil {
+		if x, ok := x.Body.(*Request_AwaitLoad); ok {
+			return x.AwaitLoad
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -942,6 +952,11 @@ type Request_WaitRestored struct {
 	WaitRestored *WaitRestored `protobuf:"bytes,29,opt,name=wait_restored,json=waitRestored,proto3,oneof"`
 }
 
+type Request_AwaitLoad struct {
+	// ROLE_PLUGIN -> helper (the CRIU plugin)
+	AwaitLoad *AwaitLoad `protobuf:"bytes,30,opt,name=await_load,json=awaitLoad,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -995,6 +1010,8 @@ func (*Request_CommitImage) isRequest_Body() {}
 func (*Request_Transfers) isRequest_Body() {}
 
 func (*Request_WaitRestored) isRequest_Body() {}
+
+func (*Request_AwaitLoad) isRequest_Body() {}
 
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4300,6 +4317,47 @@ func (x *PrepareRestore) GetImageDir() string {
 	return ""
 }
 
+// AwaitLoad (plugin, POST_FORKING): answered once the GPU images this
+// connection's PrepareRestore requests began loading are loaded: Ok, or the
+// error that failed one. CRIU has forked the restored tasks and they restore
+// their own memory meanwhile; a failure here makes CRIU kill them before
+// any of them runs.
+type AwaitLoad struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AwaitLoad) Reset() {
+	*x = AwaitLoad{}
+	mi := &file_protocol_helper_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AwaitLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AwaitLoad) ProtoMessage() {}
+
+func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
+func (*AwaitLoad) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+}
+
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
 // creates its wake file. When the process runs and reattaches, the helper
 // does the driver restore + unlock of its residual context, sends it its
@@ -4313,7 +4371,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4325,7 +4383,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4338,7 +4396,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -4363,7 +4421,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4433,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4446,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -4408,7 +4466,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4420,7 +4478,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4433,7 +4491,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -4486,7 +4544,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4498,7 +4556,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4511,7 +4569,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -4623,7 +4681,7 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xad\f\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xea\f\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -4656,7 +4714,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\brestored\x18\x1a \x01(\v2\x19.gpucr.helper.v1.RestoredH\x00R\brestored\x12A\n" +
 	"\fcommit_image\x18\x1b \x01(\v2\x1c.gpucr.helper.v1.CommitImageH\x00R\vcommitImage\x12:\n" +
 	"\ttransfers\x18\x1c \x01(\v2\x1a.gpucr.helper.v1.TransfersH\x00R\ttransfers\x12D\n" +
-	"\rwait_restored\x18\x1d \x01(\v2\x1d.gpucr.helper.v1.WaitRestoredH\x00R\fwaitRestoredB\x06\n" +
+	"\rwait_restored\x18\x1d \x01(\v2\x1d.gpucr.helper.v1.WaitRestoredH\x00R\fwaitRestored\x12;\n" +
+	"\n" +
+	"await_load\x18\x1e \x01(\v2\x1a.gpucr.helper.v1.AwaitLoadH\x00R\tawaitLoadB\x06\n" +
 	"\x04body\"\xde\x05\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
@@ -4909,7 +4969,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x14\n" +
 	"\x05alive\x18\x02 \x01(\bR\x05alive\"-\n" +
 	"\x0ePrepareRestore\x12\x1b\n" +
-	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\x1c\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\v\n" +
+	"\tAwaitLoad\"\x1c\n" +
 	"\bRestored\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\"(\n" +
 	"\tTransfers\x12\x1b\n" +
@@ -4996,7 +5057,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -5055,10 +5116,11 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*Detach)(nil),             // 54: gpucr.helper.v1.Detach
 	(*DumpDone)(nil),           // 55: gpucr.helper.v1.DumpDone
 	(*PrepareRestore)(nil),     // 56: gpucr.helper.v1.PrepareRestore
-	(*Restored)(nil),           // 57: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 58: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 59: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 60: gpucr.helper.v1.Transfer
+	(*AwaitLoad)(nil),          // 57: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 58: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 59: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 60: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 61: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -5084,54 +5146,55 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	49, // 20: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
 	55, // 21: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
 	56, // 22: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	57, // 23: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	58, // 23: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
 	46, // 24: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	58, // 25: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	59, // 25: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
 	51, // 26: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	10, // 27: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 28: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 29: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 30: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	35, // 31: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	38, // 32: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	40, // 33: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	44, // 34: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	47, // 35: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	59, // 36: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	52, // 37: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	30, // 38: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
-	3,  // 39: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 40: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 41: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 42: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	24, // 43: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 44: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
-	28, // 45: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	31, // 46: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
-	36, // 47: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	37, // 48: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 49: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 50: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 51: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 52: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	42, // 53: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	41, // 54: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	4,  // 55: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 56: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	35, // 57: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	38, // 58: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	48, // 59: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 60: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	53, // 61: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 62: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	60, // 63: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 64: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	48, // 65: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	66, // [66:66] is the sub-list for method output_type
-	66, // [66:66] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	57, // 27: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	10, // 28: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 29: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 30: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 31: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	35, // 32: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	38, // 33: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	40, // 34: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	44, // 35: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	47, // 36: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	60, // 37: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	52, // 38: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	30, // 39: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
+	3,  // 40: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 41: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 42: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 43: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	24, // 44: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 45: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	28, // 46: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	31, // 47: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
+	36, // 48: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	37, // 49: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 50: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 51: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 52: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 53: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	42, // 54: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	41, // 55: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	4,  // 56: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 57: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	35, // 58: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	38, // 59: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	48, // 60: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 61: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	53, // 62: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 63: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	61, // 64: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 65: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	48, // 66: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	67, // [67:67] is the sub-list for method output_type
+	67, // [67:67] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -5167,6 +5230,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_CommitImage)(nil),
 		(*Request_Transfers)(nil),
 		(*Request_WaitRestored)(nil),
+		(*Request_AwaitLoad)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -5187,7 +5251,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   53,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

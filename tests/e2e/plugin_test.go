@@ -172,8 +172,9 @@ func TestCLICheckpointRestore(t *testing.T) {
 // TestPluginTwoRestoresAndDamage: one image restores twice (the first
 // restored process is killed in between); a damaged GPU chunk, found while
 // the image loads alongside CRIU's restore, makes the restore fail naming
-// the damage, and no restored process survives; a truncated chunk file is
-// refused before CRIU restores anything.
+// the damage at POST_FORKING, before any restored task runs, and no
+// restored process survives; a truncated chunk file is refused before CRIU
+// restores anything.
 func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	rig := newCriuRig(t)
 	criu, dir, env, h, criuEnv, libdir, img := rig.criu, rig.dir, rig.env, rig.h, rig.criuEnv, rig.libdir, rig.img
@@ -215,6 +216,12 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	}
 	if all := string(log) + out; !strings.Contains(all, "gpucr_plugin") || !strings.Contains(all, "corrupt") {
 		t.Errorf("the restore failure does not name the damage:\n%s\n%s", out, tail(string(log), 20))
+	}
+	// The damage stops the restore at POST_FORKING, while CRIU can still
+	// kill the tasks it forked before any of them runs: it never reaches
+	// the late hook, which comes once the tasks are restored.
+	if strings.Contains(string(log), "Run late stage hook") || !strings.Contains(string(log)+out, "before the restored processes run") {
+		t.Errorf("the damaged GPU image did not stop the restore at POST_FORKING:\n%s\n%s", out, tail(string(log), 30))
 	}
 	waitPidFree(a.pid, 10*time.Second)
 	if st := procState(a.pid); st != "" {
