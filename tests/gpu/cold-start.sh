@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The cold start of a warmed-up inference server from a gpucr image, on the
+# GPU machine, and where its seconds go:
+#
+#   bash tests/gpu/cold-start.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]
+#
+# tests/gpu/bench_start.py serves GIB (default 8.6) GiB of bf16 weights from
+# a safetensors file in /dev/shm. Once plain, without gpucr: the seconds from
+# its start to its first answer. Then, with each build: the server started
+# under `gpucr run` and warmed up is dumped (`gpucr checkpoint PID -D DIR`:
+# it ends), and restored ROUNDS (default 3) times (`gpucr restore -D DIR`,
+# the restored server killed in between): the seconds from the restore
+# command's start to the first answer of `GET /run`, which runs the whole
+# model on the GPU again (its answer must equal the plain server's), and
+# where they went: CRIU's log (until it forks the tasks, until its late hook
+# once they are restored, until it ends) and the command's own phases (the
+# wait for the GPU processes to have their memory back). BASE_PREFIX: an
+# earlier build, in the same call. Logs in build/gpu/cold-start (and $OUT).
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: cold-start.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
+C=${2:?usage}
+BASE=${3:-}
+[ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
+GIB=${GIB:-8.6}
+ROUNDS=${ROUNDS:-3}
+WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
+LOGS=${LOGS:-build/gpu/cold-start}
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+: >"$LOGS/summary.txt"
+. tests/gpu/lib.sh
+C=$(root_bundle "$C") || exit 1
+export GPUCR_CRIU=$C/bin/criu
+IMG=/dev/shm/gpucr-cold-start
+SOCK=/run/gpucr-cold-start/helper.sock
+SERVER=$(pwd)/tests/gpu/bench_start.py
+trap 'pkill -9 -f "$SERVER serve" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
+[ -s "$WEIGHTS" ] || python3 tests/gpu/bench_start.py make "$WEIGHTS" --gib "$GIB" >"$LOGS/make.txt" 2>&1 || {
+	bad "writing the weights: $(tail -2 "$LOGS/make.txt")"
+	exit 1
+}
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(du -h "$WEIGHTS" | cut -f1) of weights in $WEIGHTS"
+ask() { python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode().strip())' "$1" 2>/dev/null; }
+# first_answer PORT PID T0 OUT: polls /run until it answers; the seconds since T0 to OUT, the answer to OUT.answer.
+first_answer() {
+	local ans=
+	for _ in $(seq 6000); do
+		ans=$(ask "http://127.0.0.1:$1/run") && break
+		kill -0 "$2" 2>/dev/null || break
+		sleep 0.01
+	done
+	python3 -c "print(f'{$(now) - $3:.3f}')" >"$4"
+	echo "$ans" >"$4.answer"
+}
+gone() { for _ in $(seq 400); do [ -e "/proc/$1" ] || return 0; sleep 0.05; done; return 1; }
+
+# Plain.
+port=$((18000 + RANDOM % 1000))
+t0=$(now)
+setsid python3 "$SERVER" serve "$WEIGHTS" "$port" >"$LOGS/plain.out" 2>&1 &
+pid=$!
+first_answer "$port" "$pid" "$t0" "$LOGS/plain.seconds"
+kill -- -"$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+PLAIN_ANSWER=$(cat "$LOGS/plain.seconds.answer")
+note "plain start to the first answer: $(cat "$LOGS/plain.seconds") s (answer $PLAIN_ANSWER)"
+
+run() {
+	local name=$1 g=$2/bin/gpucr
+	rm -rf "$IMG" && mkdir -p "$IMG"
+	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" || { bad "$name: helper"; return; }
+	local port=$((19000 + RANDOM % 1000)) t0 pid P
+	t0=$(now)
+	setsid "$g" run --socket "$SOCK" -- python3 "$SERVER" serve "$WEIGHTS" "$port" >"$LOGS/$name-server.out" 2>&1 &
+	pid=$!
+	first_answer "$port" "$pid" "$t0" "$LOGS/$name-start.seconds"
+	P=$(pgrep -f "^python3 $SERVER serve" | head -1)
+	[ -n "$P" ] || { bad "$name: the server did not start: $(tail -n 3 "$LOGS/$name-server.out")"; kill $HELPER; return; }
+	"$g" checkpoint "$P" -D "$IMG/d" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1 || { bad "$name dump: $(tail -n 3 "$LOGS/$name-dump.json")"; kill $HELPER; return; }
+	gone "$P"
+	for r in $(seq "$ROUNDS"); do
+		t0=$(now)
+		"$g" restore -D "$IMG/d" --socket "$SOCK" --json >"$LOGS/$name-restore-$r.json" 2>&1 &
+		local rp=$!
+		first_answer "$port" "$rp" "$t0" "$LOGS/$name-restore-$r.seconds"
+		wait $rp || bad "$name restore $r: $(tail -n 3 "$LOGS/$name-restore-$r.json")"
+		cp "$IMG/d/restore.log" "$LOGS/$name-restore-$r.log" 2>/dev/null
+		python3 - "$LOGS/$name-restore-$r" "$name" "$r" "$PLAIN_ANSWER" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import json, re, sys
+base, name, r, plain = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+took = float(open(base + ".seconds").read())
+ans = open(base + ".seconds.answer").read().strip()
+text = open(base + ".json").read()
+rep = json.loads(text[text.rindex("\n{") + 1:] if "\n{" in text else text)
+ph = {p["name"]: p["seconds"] for p in rep.get("phases") or []}
+marks = {}
+try:
+    for line in open(base + ".log"):
+        m = re.match(r"\((\d+\.\d+)\)", line)
+        if not m:
+            continue
+        t = float(m.group(1))
+        for key, pat in (("fork", "Forking task"), ("late", "Run late stage hook"), ("end", "Restore finished successfully")):
+            if pat in line and key not in marks:
+                marks[key] = t
+        marks["last"] = t
+except OSError:
+    pass
+crit = f"CRIU: forking at {marks.get('fork', float('nan')):.2f} s, late hook at {marks.get('late', float('nan')):.2f} s, " \
+       f"end at {marks.get('end', marks.get('last', float('nan'))):.2f} s"
+print(f"{name} restore {r}: first answer after {took:.2f} s ({'same answer' if ans == plain else 'ANSWER DIFFERS: ' + ans}); {crit}; "
+      f"command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
+PYEOF
+		pkill -9 -f "$SERVER serve"
+		gone "$P"
+	done
+	note "$name: start under gpucr run to the first answer $(cat "$LOGS/$name-start.seconds") s"
+	kill $HELPER 2>/dev/null
+	wait $HELPER 2>/dev/null
+}
+
+run new "$G"
+[ -n "$BASE" ] && run base "$BASE"
+grep -q "ANSWER DIFFERS" "$LOGS/summary.txt" && fail=1
+[ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/cold-start.txt"
+exit $fail
