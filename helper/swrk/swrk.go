@@ -53,6 +53,7 @@ type Outcome struct {
 	Cancelled bool  // Cancel was closed and CRIU was killed
 	Pid       int   // criu swrk's pid (0: it did not start)
 	Killed    []int // after a timeout: processes killed besides criu (a restore's half-made tree)
+	Reaped    []int // with KillNew, after a failure: the new children (a failed restore's tree) reaped
 	Hung      bool  // after the kill, the RPC still did not end (a child of CRIU holds its socket)
 }
 
@@ -141,6 +142,14 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 	select {
 	case o.Err = <-done:
 		finish()
+		if c.KillNew && o.Err != nil {
+			// A failed restore: CRIU killed the tree it made, whose root
+			// is this process's child (RstSibling). Reaped here, its pids
+			// are free when the caller hears of the failure (not once the
+			// init process gets round to the zombies after this process
+			// has gone).
+			o.Reaped = endNew(self, before, o.Pid)
+		}
 		return o
 	case <-timer.C:
 	case <-c.Cancel:
@@ -174,7 +183,49 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 		o.Err = errors.New("CRIU's RPC did not end after CRIU was killed")
 	}
 	finish()
+	if c.KillNew {
+		o.Reaped = endNew(self, before, o.Pid)
+	}
 	return o
+}
+
+// reapWait bounds how long endNew waits for killed children to become
+// zombies it can reap (a task in the driver may take a moment to die).
+const reapWait = 5 * time.Second
+
+// endNew kills the children of self that are not in before (nor criu) and
+// reaps them; it returns the pids reaped.
+func endNew(self proc.Pid, before []proc.Pid, criuPid int) []int {
+	now, _ := proc.Children(self)
+	var mine []int
+	for _, p := range now {
+		if int(p) != criuPid && !slices.Contains(before, p) {
+			_ = syscall.Kill(int(p), syscall.SIGKILL) // a zombie already: nothing happens
+			mine = append(mine, int(p))
+		}
+	}
+	var reaped []int
+	deadline := time.Now().Add(reapWait)
+	for len(mine) > 0 {
+		left := mine[:0]
+		for _, p := range mine {
+			var ws unix.WaitStatus
+			got, err := unix.Wait4(p, &ws, unix.WNOHANG, nil)
+			switch {
+			case got == p:
+				reaped = append(reaped, p)
+			case err != nil: // not our child (any more)
+			default:
+				left = append(left, p)
+			}
+		}
+		mine = left
+		if len(mine) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return reaped
 }
 
 // errNoAnswer: CRIU went (exited, was killed) before it answered.

@@ -169,6 +169,44 @@ func TestCLICheckpointRestore(t *testing.T) {
 	checkContinuous(t, hbs, before)
 }
 
+// TestCLIRestoreDamagedLeavesNoProcess: gpucr restore of an image with a
+// damaged GPU chunk fails naming the damage, and once the command has
+// returned the process's pid is free: CRIU killed the tree it had forked
+// (before it ran), and gpucr, the tree's parent, reaped it instead of
+// leaving a zombie to the init process, which may reap it late.
+func TestCLIRestoreDamagedLeavesNoProcess(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	files, _ := filepath.Glob(filepath.Join(img, "gpucr", "chunks", "*", "*"))
+	if len(files) == 0 {
+		t.Fatal("no chunk files in the GPU image")
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x10
+	if err := os.WriteFile(files[0], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cli(t, h, env, "restore", "-D", img)
+	if err == nil || !strings.Contains(out, "corrupt") || !strings.Contains(out, "before the restored processes run") {
+		t.Fatalf("gpucr restore of a damaged image: %v\n%s", err, out)
+	}
+	if st := procState(a.pid); st != "" {
+		t.Errorf("pid %d exists (state %s) when the failed restore has returned", a.pid, st)
+	}
+	waitNoClients(t, h, 10*time.Second)
+}
+
 // TestPluginTwoRestoresAndDamage: one image restores twice (the first
 // restored process is killed in between); a damaged GPU chunk, found while
 // the image loads alongside CRIU's restore, makes the restore fail naming
