@@ -86,6 +86,9 @@ type DumpResult struct {
 	PidsHeld                 string   `json:"pids_held,omitempty"`
 	// Tree is every pid of the dumped tree (the pids a restore needs).
 	Tree []proc.Pid `json:"tree"`
+	// CRIU is CRIU's own account of its dump (nil: none written): how
+	// long it froze the tree, and its memory.
+	CRIU *CRIUDumpStats `json:"criu,omitempty"`
 	// Phases are the checkpoint's steps: "checks" (before CRIU), CRIU's
 	// (criu-start, criu-dump: the tree stopped, criu-finish) and
 	// "pids-released". Each GPU process's own steps in the helper are in
@@ -238,6 +241,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	res.Phases = append(res.Phases, r.phases...)
 	res.Seconds = time.Since(ev.start).Seconds()
 	res.ImageBytes = dirBytes(o.Dir)
+	res.CRIU = dumpStats(o.Dir, checked.Add(-time.Second))
 	if !o.LeaveRunning && !o.LeaveStopped {
 		// Return once the tree's pids are free, so that a restore right
 		// after (a script's next line) can have them.

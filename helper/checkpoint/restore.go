@@ -35,6 +35,21 @@ type RestoreResult struct {
 	// Phases: "checks" (before CRIU), CRIU's (criu-start, criu-restore)
 	// and "gpu-wait" (until every GPU process has its memory back).
 	Phases []Step `json:"phases"`
+	// Ready says when, since the command began, the restored tree could do
+	// what; CRIU is CRIU's own account of its part (nil: none written).
+	Ready RestoreReady      `json:"ready"`
+	CRIU  *CRIURestoreStats `json:"criu,omitempty"`
+}
+
+// RestoreReady is when (seconds since the restore command began) the
+// restored tree could run its first instruction (CRIU let it go), launch
+// on the GPU (every GPU process has its memory back and its gate open),
+// and had all its GPU data resident (the image's load ended; 0: no GPU
+// data). A process whose threads use only the CPU runs from the first.
+type RestoreReady struct {
+	FirstInstruction float64 `json:"first_instruction_seconds"`
+	GPULaunch        float64 `json:"gpu_launch_seconds"`
+	GPUResident      float64 `json:"gpu_resident_seconds"`
 }
 
 // Restore restores the tree imaged in o.Dir. Before CRIU starts it checks
@@ -80,6 +95,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	// memory back before the tree is said to run.
 	procs := []GPUProcess{}
 	waited := time.Now()
+	ready := RestoreReady{FirstInstruction: waited.Sub(ev.start).Seconds()}
 	if gpuState {
 		ev.emit(Event{Kind: Phase, Text: "waiting for the GPU memory of the restored processes"})
 		if procs, err = waitGPURestored(o.Env.Socket, dir, restoredWait); err != nil {
@@ -87,7 +103,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		}
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pid %d runs", r.pid), Pid: r.pid})
+	ready.GPULaunch = time.Since(ev.start).Seconds()
+	if t := r.gpu; t != nil && t.Finished && t.FinishedUnixUs != 0 {
+		ready.GPUResident = max(0, time.UnixMicro(t.FinishedUnixUs).Sub(ev.start).Seconds())
+	}
 	phases := append(append([]Step{{"checks", checked.Sub(ev.start).Seconds()}}, r.phases...), Step{"gpu-wait", time.Since(waited).Seconds()})
 	return &RestoreResult{Pid: r.pid, ImagesDir: dir, Seconds: time.Since(ev.start).Seconds(), GPU: gpuCopyOf(r.gpu),
-		GPUProcesses: nonNil(procs), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Phases: phases}, nil
+		GPUProcesses: nonNil(procs), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Phases: phases,
+		Ready: ready, CRIU: restoreStats(dir, checked.Add(-time.Second))}, nil
 }

@@ -101,6 +101,7 @@ func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
 		out.StartedUnixMs = min(out.StartedUnixMs, t.StartedUnixMs)
 		end = max(end, t.StartedUnixMs*1000+int64(t.ElapsedUs))
 		out.Finished = out.Finished && t.Finished
+		out.FinishedUnixUs = max(out.FinishedUnixUs, t.FinishedUnixUs)
 		if t.Error != "" {
 			if out.Error != "" {
 				out.Error += "; "
@@ -109,6 +110,9 @@ func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
 		}
 	}
 	out.ElapsedUs = uint64(max(0, end-out.StartedUnixMs*1000))
+	if !out.Finished {
+		out.FinishedUnixUs = 0
+	}
 	return out
 }
 

@@ -103,6 +103,10 @@ func checkpointCommand() *ucli.Command {
 				line += fmt.Sprintf("\n  stopped %.3f s (the longest of its GPU processes, from the quiesce to the resume)", res.StallSeconds)
 			}
 			line += "\n  steps: " + stepsText(res.Phases)
+			if s := res.CRIU; s != nil {
+				line += fmt.Sprintf("\n  CRIU: the tree frozen %.3f s (freezing it %.3f s), its memory collected in %.3f s and written in %.3f s (%d pages)",
+					s.FrozenSeconds, s.FreezingSeconds, s.MemdumpSeconds, s.MemwriteSeconds, s.PagesWritten)
+			}
 			for _, g := range res.GPUProcesses {
 				if len(g.Phases) > 0 {
 					line += fmt.Sprintf("\n  pid %d in the helper: %s", g.Pid, stepsText(g.Phases))

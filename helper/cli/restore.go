@@ -48,6 +48,14 @@ func restoreCommand() *ucli.Command {
 			}
 			line := fmt.Sprintf("restore: pid %d running again after %.3f s", res.Pid, res.Seconds)
 			line += "\n  steps: " + stepsText(res.Phases)
+			if res.Ready.GPUResident > 0 {
+				line += fmt.Sprintf("\n  ready: first instruction %.3f s, GPU launches %.3f s, all GPU data resident %.3f s",
+					res.Ready.FirstInstruction, res.Ready.GPULaunch, res.Ready.GPUResident)
+			}
+			if s := res.CRIU; s != nil {
+				line += fmt.Sprintf("\n  CRIU: forking %.3f s, restoring the tasks %.3f s, %d pages restored",
+					s.ForkingSeconds, s.RestoreSeconds, s.PagesRestored)
+			}
 			if g := res.GPU.String(); g != "" {
 				line = "  " + g + "\n" + line
 			}

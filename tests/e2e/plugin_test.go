@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/helper/checkpoint"
 )
 
 // pluginDir is a directory holding only gpucr's CRIU plugin (CRIU loads
@@ -142,6 +144,7 @@ func TestCLICheckpointRestore(t *testing.T) {
 			Pid   int    `json:"pid"`
 			State string `json:"state"`
 		} `json:"gpu_processes"`
+		CRIU *checkpoint.CRIUDumpStats `json:"criu"`
 	}
 	if i := strings.LastIndex(out, "\n{"); i >= 0 {
 		out = out[i+1:]
@@ -153,6 +156,10 @@ func TestCLICheckpointRestore(t *testing.T) {
 	if !rep.GPUState || len(rep.GPUProcesses) != 1 || rep.GPUProcesses[0].Pid != a.pid || rep.GPUProcesses[0].State != "checkpointed" {
 		t.Errorf("gpucr checkpoint --json: gpu_state %v, gpu_processes %v; want true, [%d]", rep.GPUState, rep.GPUProcesses, a.pid)
 	}
+	// CRIU's own account: the tree was frozen, its memory written.
+	if c := rep.CRIU; c == nil || c.FrozenSeconds <= 0 || c.PagesWritten == 0 || c.MemwriteSeconds > c.FrozenSeconds {
+		t.Errorf("gpucr checkpoint --json: CRIU's statistics %+v", rep.CRIU)
+	}
 	a.reap(30 * time.Second)
 	before := a.lastIter()
 	out, err = runErr(2*time.Minute, cliEnv, binPath(t, "gpucr"), "restore", "-D", img)
@@ -161,6 +168,9 @@ func TestCLICheckpointRestore(t *testing.T) {
 	}
 	if !regexp.MustCompile(`GPU data: [0-9.]+ MiB in [0-9.]+ s \([0-9.]+ GB/s\)\n`).MatchString(out) {
 		t.Errorf("gpucr restore does not report the GPU load:\n%s", out)
+	}
+	if !regexp.MustCompile(`ready: first instruction [0-9.]+ s, GPU launches [0-9.]+ s, all GPU data resident [0-9.]+ s\n  CRIU: forking [0-9.]+ s, restoring the tasks [0-9.]+ s, [1-9][0-9]* pages restored`).MatchString(out) {
+		t.Errorf("gpucr restore does not say when the tree could run, launch and had its data, or CRIU's part:\n%s", out)
 	}
 	a.waitIter(before+20, time.Minute)
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
