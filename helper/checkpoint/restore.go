@@ -20,6 +20,11 @@ type RestoreOptions struct {
 	CRIU   CRIU
 	Env    Environment
 	Events Events
+	// LazyPages: the tree runs before its host memory is read back; CRIU's
+	// lazy-pages daemon serves each page when the tree touches it, and the
+	// rest in the background (lazypages.go). Restore returns once every
+	// page is in.
+	LazyPages bool
 }
 
 // RestoreResult is a restore that succeeded: every process runs, each GPU
@@ -50,6 +55,8 @@ type RestoreReady struct {
 	FirstInstruction float64 `json:"first_instruction_seconds"`
 	GPULaunch        float64 `json:"gpu_launch_seconds"`
 	GPUResident      float64 `json:"gpu_resident_seconds"`
+	// HostResident (a lazy restore): when every page of host memory was in.
+	HostResident float64 `json:"host_resident_seconds,omitempty"`
 }
 
 // Restore restores the tree imaged in o.Dir. Before CRIU starts it checks
@@ -76,7 +83,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
 	checked := time.Now()
-	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev,
+	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages,
 		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
 	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
 	gpuState := statErr == nil
@@ -91,11 +98,19 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		}
 		return nil, err
 	}
+	if r.lazyErr != nil {
+		// The tree runs, but part of its memory never came: it would fault
+		// on it forever.
+		return nil, fmt.Errorf("restore from %s: the tree runs, but its host memory did not all come in: %w", dir, r.lazyErr)
+	}
 	// CRIU is done; with GPU state, each process must also have its GPU
 	// memory back before the tree is said to run.
 	procs := []GPUProcess{}
 	waited := time.Now()
-	ready := RestoreReady{FirstInstruction: waited.Sub(ev.start).Seconds()}
+	ready := RestoreReady{FirstInstruction: r.end.Sub(ev.start).Seconds()}
+	if !r.lazyDone.IsZero() {
+		ready.HostResident = r.lazyDone.Sub(ev.start).Seconds()
+	}
 	if gpuState {
 		ev.emit(Event{Kind: Phase, Text: "waiting for the GPU memory of the restored processes"})
 		if procs, err = waitGPURestored(o.Env.Socket, dir, restoredWait); err != nil {

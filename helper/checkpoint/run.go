@@ -94,8 +94,11 @@ type job struct {
 	// leaveRunning: a dump whose GPU processes run on; it waits until they
 	// do (or resumeWait), for the report of their stop
 	leaveRunning bool
-	fill         func(*rpc.CriuOpts)
-	ev           *emitter
+	// lazy: a restore whose host memory CRIU's lazy-pages daemon serves
+	// on demand (RestoreOptions.LazyPages)
+	lazy bool
+	fill func(*rpc.CriuOpts)
+	ev   *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
@@ -105,6 +108,11 @@ type ran struct {
 	each   []*helperpb.Transfer // the same, one per process
 	plugin []string             // what the plugin said
 	phases []Step               // CRIU's, as its notices mark them
+	// lazyDone: a lazy restore's daemon had put every page in (zero: not
+	// lazy); lazyErr: why not.
+	lazyDone time.Time
+	lazyErr  error
+	end      time.Time // when CRIU answered (a restore: the tree runs from then)
 }
 
 // run runs a CRIU job under its deadline, in a private world (stage.go,
@@ -165,6 +173,15 @@ func run(ctx context.Context, j job) (*ran, error) {
 		opts.ConfigFile = proto.String(sess.config)
 	}
 	j.fill(opts)
+	var lazy *lazyPages
+	if j.lazy && !j.dump {
+		lazy, err = startLazyPages(j.criu.Binary, sess, sess.criuEnv(j.env), cd.stage, work)
+		if err != nil {
+			return nil, err
+		}
+		defer lazy.stop() // a restore that failed
+		opts.LazyPages = proto.Bool(true)
+	}
 	n := &notifier{ev: j.ev, noPlugin: j.criu.PluginDir == ""}
 	// The plugin, inside CRIU, reaches the helper the caller named, writes
 	// its messages where this package reads them, puts the GPU image into
@@ -192,6 +209,16 @@ func run(ctx context.Context, j job) (*ran, error) {
 		out = cmd.Restore(opts, n)
 	}
 	end := time.Now()
+	var lazyDone time.Time
+	var lazyErr error
+	if lazy != nil && out.Err == nil && !out.TimedOut {
+		// The tree runs; the daemon reads the rest of its memory from the
+		// staged images, which stay until it has.
+		j.ev.emit(Event{Kind: Phase, Text: "the tree runs; its host memory is still coming in (lazy pages)"})
+		if lazyErr = lazy.wait(lazyDoneWait); lazyErr == nil {
+			lazyDone = time.Now()
+		}
+	}
 	var bgErr error
 	// After a dump that succeeded: the background copy of a concurrent
 	// one, and the return of GPU processes that run on.
@@ -209,7 +236,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 			j.ev.emit(Event{Kind: Warning, Text: "how long the GPU processes were stopped is not known: " + err.Error()})
 		}
 	}
-	r := &ran{pid: n.pid}
+	r := &ran{pid: n.pid, lazyDone: lazyDone, lazyErr: lazyErr, end: end}
 	r.gpu, r.each = watch.stop()
 	r.phases = criuPhases(j.dump, runStart, n.pre, n.post, end)
 	if awaited {
@@ -223,7 +250,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 	logPath := filepath.Join(j.dir, log)
 	// CRIU writes its log and its statistics (stats-dump, stats-restore)
 	// into its work directory.
-	for _, name := range []string{log, "stats-dump", "stats-restore"} {
+	for _, name := range []string{log, "stats-dump", "stats-restore", "lazy-pages.log"} {
 		err := placeFile(d, j.dir, filepath.Join(sess.dir, name), name)
 		if err != nil && (name == log || !errors.Is(err, fs.ErrNotExist)) { // CRIU writes one of the two statistics
 			j.ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("CRIU's %s could not be placed in the image directory: %v", name, err)})

@@ -19,6 +19,7 @@ func restoreCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory"},
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
+			&ucli.BoolFlag{Name: "lazy-pages", Usage: "run the restored tree before its host memory is read back: CRIU's lazy-pages daemon serves the pages it touches first, the rest in the background (the kernel's userfaultfd; `gpucr check` says whether it has it)"},
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
 		Action: func(c *ucli.Context) error {
 			pos, err := flagsAnywhere(c)
@@ -42,7 +43,8 @@ func restoreCommand() *ucli.Command {
 			ctx, stop := interruptible(c.Context)
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))
-			res, err := checkpoint.Restore(ctx, checkpoint.RestoreOptions{Dir: dir, CRIU: criu, Env: env, Events: events.handle})
+			res, err := checkpoint.Restore(ctx, checkpoint.RestoreOptions{Dir: dir, CRIU: criu, Env: env, Events: events.handle,
+				LazyPages: c.Bool("lazy-pages")})
 			if err != nil {
 				return err
 			}
@@ -51,6 +53,10 @@ func restoreCommand() *ucli.Command {
 			if res.Ready.GPUResident > 0 {
 				line += fmt.Sprintf("\n  ready: first instruction %.3f s, GPU launches %.3f s, all GPU data resident %.3f s",
 					res.Ready.FirstInstruction, res.Ready.GPULaunch, res.Ready.GPUResident)
+			}
+			if res.Ready.HostResident > 0 {
+				line += fmt.Sprintf("\n  lazy pages: the tree ran after %.3f s, all its host memory was in after %.3f s",
+					res.Ready.FirstInstruction, res.Ready.HostResident)
 			}
 			if s := res.CRIU; s != nil {
 				line += fmt.Sprintf("\n  CRIU: forking %.3f s, restoring the tasks %.3f s, %d pages restored",

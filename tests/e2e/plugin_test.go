@@ -179,6 +179,47 @@ func TestCLICheckpointRestore(t *testing.T) {
 	checkContinuous(t, hbs, before)
 }
 
+// TestCLILazyRestore: gpucr restore --lazy-pages runs the restored tree
+// before its host memory is read back (CRIU's lazy-pages daemon, through
+// userfaultfd); the command returns once every page is in, says when, and
+// the process computes on exactly as an uninterrupted run, GPU memory
+// included.
+func TestCLILazyRestore(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	args := []string{"--mib", "16", "--workers", "2"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(15, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+	out := cliOK(t, h, env, img, "restore", "-D", img, "--lazy-pages", "--json")
+	var rep struct {
+		Pid   int                     `json:"pid"`
+		Ready checkpoint.RestoreReady `json:"ready"`
+	}
+	if i := strings.LastIndex(out, "\n{"); i >= 0 {
+		out = out[i+1:]
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Pid != a.pid {
+		t.Fatalf("gpucr restore --lazy-pages --json: %v\n%s", err, out)
+	}
+	if r := rep.Ready; r.FirstInstruction <= 0 || r.HostResident < r.FirstInstruction || r.GPUResident <= 0 {
+		t.Errorf("gpucr restore --lazy-pages: ready %+v; want the host memory in after the first instruction", r)
+	}
+	if b, err := os.ReadFile(filepath.Join(img, "lazy-pages.log")); err != nil || !strings.Contains(string(b), "UFFD transferred pages") {
+		t.Errorf("the lazy-pages daemon's log does not say it transferred the pages (%v):\n%s", err, tail(string(b), 10))
+	}
+	a.waitIter(before+20, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
+	checkContinuous(t, hbs, before)
+}
+
 // TestCLIRestoreDamagedLeavesNoProcess: gpucr restore of an image with a
 // damaged GPU chunk fails naming the damage, and once the command has
 // returned the process's pid is free: CRIU killed the tree it had forked
