@@ -15,7 +15,10 @@
 # where they went: CRIU's log (until it forks the tasks, until its late hook
 # once they are restored, until it ends) and the command's own phases (the
 # wait for the GPU processes to have their memory back). BASE_PREFIX: an
-# earlier build, in the same call. Logs in build/gpu/cold-start (and $OUT).
+# earlier build, in the same call. With LAZY=1 the new build's rounds are
+# taken twice, plain and with `gpucr restore --lazy-pages` (the tree runs
+# before its host memory is read back), interleaved. Logs in
+# build/gpu/cold-start (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
 G=$(cd "${1:?usage: cold-start.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
@@ -67,7 +70,7 @@ PLAIN_ANSWER=$(cat "$LOGS/plain.seconds.answer")
 note "plain start to the first answer: $(cat "$LOGS/plain.seconds") s (answer $PLAIN_ANSWER)"
 
 run() {
-	local name=$1 g=$2/bin/gpucr
+	local name=$1 g=$2/bin/gpucr modes=${3:-plain}
 	rm -rf "$IMG" && mkdir -p "$IMG"
 	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" || { bad "$name: helper"; return; }
 	local port=$((19000 + RANDOM % 1000)) t0 pid P
@@ -80,13 +83,16 @@ run() {
 	"$g" checkpoint "$P" -D "$IMG/d" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1 || { bad "$name dump: $(tail -n 3 "$LOGS/$name-dump.json")"; kill $HELPER; return; }
 	gone "$P"
 	for r in $(seq "$ROUNDS"); do
+	for mode in $modes; do
+		local flags=() tag=$name-$mode-$r
+		[ "$mode" = lazy ] && flags=(--lazy-pages)
 		t0=$(now)
-		"$g" restore -D "$IMG/d" --socket "$SOCK" --json >"$LOGS/$name-restore-$r.json" 2>&1 &
+		"$g" restore -D "$IMG/d" --socket "$SOCK" --json "${flags[@]}" >"$LOGS/$tag.json" 2>&1 &
 		local rp=$!
-		first_answer "$port" "$rp" "$t0" "$LOGS/$name-restore-$r.seconds"
-		wait $rp || bad "$name restore $r: $(tail -n 3 "$LOGS/$name-restore-$r.json")"
-		cp "$IMG/d/restore.log" "$LOGS/$name-restore-$r.log" 2>/dev/null
-		python3 - "$LOGS/$name-restore-$r" "$name" "$r" "$PLAIN_ANSWER" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+		first_answer "$port" "$rp" "$t0" "$LOGS/$tag.seconds"
+		wait $rp || bad "$tag: $(tail -n 3 "$LOGS/$tag.json")"
+		cp "$IMG/d/restore.log" "$LOGS/$tag.log" 2>/dev/null
+		python3 - "$LOGS/$tag" "$name $mode" "$r" "$PLAIN_ANSWER" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import json, re, sys
 base, name, r, plain = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 took = float(open(base + ".seconds").read())
@@ -109,18 +115,23 @@ except OSError:
     pass
 crit = f"CRIU: forking at {marks.get('fork', float('nan')):.2f} s, late hook at {marks.get('late', float('nan')):.2f} s, " \
        f"end at {marks.get('end', marks.get('last', float('nan'))):.2f} s"
+c = rep.get("criu") or {}
+rd = rep.get("ready") or {}
 print(f"{name} restore {r}: first answer after {took:.2f} s ({'same answer' if ans == plain else 'ANSWER DIFFERS: ' + ans}); {crit}; "
-      f"command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
+      f"CRIU's stats: forking {c.get('forking_seconds', 0):.2f} s, restoring {c.get('restore_seconds', 0):.2f} s, "
+      f"{c.get('pages_restored', 0) * 4096 / 2**20:.0f} MiB of pages; ready: " + ", ".join(f"{k} {v:.2f}" for k, v in rd.items()) +
+      "; command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
 PYEOF
 		pkill -9 -f "$SERVER serve"
 		gone "$P"
+	done
 	done
 	note "$name: start under gpucr run to the first answer $(cat "$LOGS/$name-start.seconds") s"
 	kill $HELPER 2>/dev/null
 	wait $HELPER 2>/dev/null
 }
 
-run new "$G"
+run new "$G" "$([ "${LAZY:-0}" = 1 ] && echo "plain lazy" || echo plain)"
 [ -n "$BASE" ] && run base "$BASE"
 grep -q "ANSWER DIFFERS" "$LOGS/summary.txt" && fail=1
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/cold-start.txt"
