@@ -106,7 +106,7 @@ func checkCRIUVersion(r *checkReport, criu string, limit time.Duration) bool {
 // neither is needed, so their absence warns.
 var criuFeatures = []struct{ feature, item, gives string }{
 	{"mem_dirty_track", "criu memory tracking", "pre-dumps that copy only the memory written since the last one (criu pre-dump --track-mem)"},
-	{"uffd-noncoop", "criu lazy pages", "restores that run the process before all its memory is in (criu lazy-pages)"},
+	{"uffd-noncoop", "criu lazy pages", "restores that run the process before all its memory is in (gpucr restore --lazy-pages)"},
 }
 
 // checkCRIUFeatures asks CRIU (`criu check --feature F`) for each of
