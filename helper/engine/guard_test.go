@@ -73,17 +73,25 @@ func TestGuardSavesBeforeWrites(t *testing.T) {
 	if err := g.Save(7, []engine.AddrRange{target}); !errors.Is(err, engine.ErrGuardClosed) {
 		t.Errorf("Save after the window: %v, want ErrGuardClosed", err)
 	}
+	checkImage(t, d, dir, regions, want, "the quiesce point's bytes")
+}
+
+// checkImage loads the image in dir into fresh regions at the addresses of
+// regions (guardFixture's) and compares them with want.
+func checkImage(t *testing.T, d *fakegpu.Device, dir string, regions []engine.Region, want [][]byte, what string) {
+	t.Helper()
 	im, err := image.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer im.Close()
 	fresh := []engine.Region{region(t, d, 2, regions[0].Address), region(t, d, 3, regions[1].Address)}
 	if err := engine.Load(fresh, im, []int{0, 1}, engine.Options{}); err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range fresh {
 		if !bytes.Equal(read(t, d, r), want[i]) {
-			t.Errorf("region %d: the image does not hold the quiesce point's bytes", i)
+			t.Errorf("region %d: the image does not hold %s", i, what)
 		}
 	}
 }
@@ -134,19 +142,7 @@ func TestGuardCatchesWritesBehindItsBack(t *testing.T) {
 	if err := w2.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	im, err := image.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh := []engine.Region{region(t, d, 2, regions[0].Address), region(t, d, 3, regions[1].Address)}
-	if err := engine.Load(fresh, im, []int{0, 1}, engine.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range fresh {
-		if w := [][]byte{want[0], changed}[i]; !bytes.Equal(read(t, d, r), w) {
-			t.Errorf("region %d: the image taken again does not hold the memory at its stop", i)
-		}
-	}
+	checkImage(t, d, dir, regions, [][]byte{want[0], changed}, "the memory at the stop of the checkpoint taken again")
 }
 
 // TestGuardFailsWithSavesInFlight: writes held back on every region while

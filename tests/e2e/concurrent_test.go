@@ -167,6 +167,31 @@ func TestConcurrentCheckpointNoRoom(t *testing.T) {
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 }
 
+// startStalledCheckpoint starts `gpucr checkpoint ARGS` against h, whose
+// helper has the fault stall-background, and returns once the helper holds
+// the background copy back (the process runs on meanwhile): the command,
+// and what it prints.
+func startStalledCheckpoint(t *testing.T, h *helperProc, env []string, args ...string) (*exec.Cmd, *strings.Builder) {
+	t.Helper()
+	out := &strings.Builder{}
+	cmd := exec.Command(binPath(t, "gpucr"), append([]string{"checkpoint"}, args...)...)
+	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(h.logText(), "stalling the background copy") {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("the background copy never stalled:\n%s", tail(h.logText(), 20))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return cmd, out
+}
+
 // TestConcurrentCheckpointHelperDies: the helper dies while the background
 // copy of a concurrent checkpoint is held back, the process already running
 // on: the process runs on, the checkpoint fails saying that the helper went
@@ -196,20 +221,7 @@ func concurrentHelperDies(t *testing.T, mode string) {
 	prevAfter := a.lastIter()
 
 	img := filepath.Join(dir, "img")
-	var out strings.Builder
-	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent")
-	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(h.logText(), "stalling the background copy") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the background copy never stalled:\n%s", tail(h.logText(), 20))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	cmd, out := startStalledCheckpoint(t, h, env, strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent")
 	a.waitIter(a.lastIter()+3, 10*time.Second) // it runs on
 	// gpucr status shows the memory the snapshot holds meanwhile
 	st := cliOK(t, h, env, img, "status", "--json")

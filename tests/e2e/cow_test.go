@@ -9,7 +9,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -145,21 +144,8 @@ func TestCopyOnWriteNarrowsWriteSets(t *testing.T) {
 	a.waitIter(5, time.Minute)
 
 	img := filepath.Join(dir, "img")
-	var out strings.Builder
-	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
-	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
-	cmd.Stdout, cmd.Stderr = &out, &out
 	before := a.lastIter()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(h.logText(), "stalling the background copy") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the background copy never stalled:\n%s", tail(h.logText(), 20))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	cmd, out := startStalledCheckpoint(t, h, env, strconv.Itoa(a.pid), "-D", img, "--leave-running", "--concurrent", "--json")
 	a.waitIter(a.lastIter()+5, 10*time.Second) // steps in the window, each reading the still memory
 	st := cliOK(t, h, env, img, "status", "--json")
 	m := regexp.MustCompile(`"window_pending_bytes":(\d+)`).FindStringSubmatch(st)

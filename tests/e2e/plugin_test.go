@@ -220,6 +220,25 @@ func TestCLILazyRestore(t *testing.T) {
 	checkContinuous(t, hbs, before)
 }
 
+// damageChunk flips one bit in the middle of a chunk file of the GPU image
+// in img; it returns the file and its damaged bytes.
+func damageChunk(t *testing.T, img string) (string, []byte) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(img, "gpucr", "chunks", "*", "*"))
+	if len(files) == 0 {
+		t.Fatal("no chunk files in the GPU image")
+	}
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x10
+	if err := os.WriteFile(files[0], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return files[0], b
+}
+
 // TestCLIRestoreDamagedLeavesNoProcess: gpucr restore of an image with a
 // damaged GPU chunk fails naming the damage, and once the command has
 // returned the process's pid is free: CRIU killed the tree it had forked
@@ -236,18 +255,7 @@ func TestCLIRestoreDamagedLeavesNoProcess(t *testing.T) {
 	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
 	a.reap(30 * time.Second)
 	waitPidFree(a.pid, 10*time.Second)
-	files, _ := filepath.Glob(filepath.Join(img, "gpucr", "chunks", "*", "*"))
-	if len(files) == 0 {
-		t.Fatal("no chunk files in the GPU image")
-	}
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[len(b)/2] ^= 0x10
-	if err := os.WriteFile(files[0], b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	damageChunk(t, img)
 	out, err := cli(t, h, env, "restore", "-D", img)
 	if err == nil || !strings.Contains(out, "corrupt") || !strings.Contains(out, "before the restored processes run") {
 		t.Fatalf("gpucr restore of a damaged image: %v\n%s", err, out)
@@ -283,18 +291,7 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	compareWithReference(t, a.heartbeats(), ref)
 
 	// Damage one chunk file of the GPU image.
-	files, _ := filepath.Glob(filepath.Join(img, "gpucr", "chunks", "*", "*"))
-	if len(files) == 0 {
-		t.Fatal("no chunk files in the GPU image")
-	}
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	b[len(b)/2] ^= 0x10
-	if err := os.WriteFile(files[0], b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file, b := damageChunk(t, img)
 	out, err := runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log", "-v4")
 	if err == nil {
 		t.Fatalf("criu restore of a damaged image succeeded:\n%s", out)
@@ -319,7 +316,7 @@ func TestPluginTwoRestoresAndDamage(t *testing.T) {
 	waitNoClients(t, h, 10*time.Second)
 
 	// Truncated: refused by the helper's check before CRIU forks anything.
-	if err := os.WriteFile(files[0], b[:len(b)-1], 0o644); err != nil {
+	if err := os.WriteFile(file, b[:len(b)-1], 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, err = runErr(2*time.Minute, criuEnv, criu, "restore", "-D", img, "-d", "--libdir", libdir, "-o", "restore.log", "-v4")

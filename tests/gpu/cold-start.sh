@@ -56,7 +56,6 @@ first_answer() {
 	python3 -c "print(f'{$(now) - $3:.3f}')" >"$4"
 	echo "$ans" >"$4.answer"
 }
-gone() { for _ in $(seq 400); do [ -e "/proc/$1" ] || return 0; sleep 0.05; done; return 1; }
 
 # Plain.
 port=$((18000 + RANDOM % 1000))
@@ -81,7 +80,7 @@ run() {
 	P=$(pgrep -f "^python3 $SERVER serve" | head -1)
 	[ -n "$P" ] || { bad "$name: the server did not start: $(tail -n 3 "$LOGS/$name-server.out")"; kill $HELPER; return; }
 	"$g" checkpoint "$P" -D "$IMG/d" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1 || { bad "$name dump: $(tail -n 3 "$LOGS/$name-dump.json")"; kill $HELPER; return; }
-	gone "$P"
+	pid_gone "$P"
 	for r in $(seq "$ROUNDS"); do
 	for mode in $modes; do
 		local flags=() tag=$name-$mode-$r
@@ -123,7 +122,7 @@ print(f"{name} restore {r}: first answer after {took:.2f} s ({'same answer' if a
       "; command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
 PYEOF
 		pkill -9 -f "$SERVER serve"
-		gone "$P"
+		pid_gone "$P"
 	done
 	done
 	note "$name: start under gpucr run to the first answer $(cat "$LOGS/$name-start.seconds") s"

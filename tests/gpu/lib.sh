@@ -73,3 +73,48 @@ start_helper() {
 	done
 	return 1
 }
+# pid_gone PID: waits up to 20 s until PID is free (its zombie reaped); 1 if
+# it is not.
+pid_gone() {
+	for _ in $(seq 400); do
+		[ -e "/proc/$1" ] || return 0
+		sleep 0.05
+	done
+	return 1
+}
+# restore_after_kill GPUCR SOCK DIR LOG PID PATTERN NAME: the original run
+# (PID, heartbeats in LOG) goes on for 3 more heartbeats, past the image in
+# DIR; every process matching PATTERN is killed; DIR is restored, runs 4
+# heartbeats and is killed; then one line "NAME: restored exactly|NOT
+# EXACTLY ..." goes to the summary: every heartbeat of the restored run that
+# the original also reached (at least 2) must be the original's (the test
+# applications' "hb ITER SUM TIME"). fail=1 if not.
+restore_after_kill() {
+	local g=$1 sock=$2 dir=$3 log=$4 pid=$5 pattern=$6 name=$7 h1 mark
+	h1=$(hbs "$log")
+	for _ in $(seq 600); do [ "$(hbs "$log")" -ge $((h1 + 3)) ] && break; sleep 0.05; done
+	pkill -9 -f "$pattern"
+	pid_gone "$pid"
+	mark=$(hbs "$log")
+	if "$g" restore -D "$dir" --socket "$sock" --json >"$LOGS/$name-restore.json" 2>&1; then
+		for _ in $(seq 600); do [ "$(hbs "$log")" -ge $((mark + 4)) ] && break; sleep 0.05; done
+	else
+		bad "$name restore: $(tail -n 3 "$LOGS/$name-restore.json")"
+	fi
+	pkill -9 -f "$pattern"
+	python3 - "$log" "$mark" "$name" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import sys
+hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
+mark, name = int(sys.argv[2]), sys.argv[3]
+ref = {}
+for h in hb[:mark]:
+    ref.setdefault(h[1], h[2])
+after = hb[mark:]
+both = [h for h in after if h[1] in ref]
+same = sum(1 for h in both if ref[h[1]] == h[2])
+ok = len(both) >= 2 and same == len(both)
+print(f"{name}: restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {after[0][1] if after else '-'}, "
+      f"{same} of the {len(both)} heartbeats the original run also reached are equal to its")
+PYEOF
+	grep -q "^$name: restored exactly" "$LOGS/summary.txt" || fail=1
+}

@@ -65,36 +65,7 @@ print(f"{name} checkpoint {k}: {'taken again' if r.get('redone') else 'NOT taken
       f"{r.get('stall_seconds', 0):.3f} s; the command took {r.get('seconds', 0):.2f} s")
 PYEOF
 	done
-	# The original runs on past the image for a few heartbeats: what the
-	# restored run must repeat.
-	local h1
-	h1=$(grep -c '^hb' "$L")
-	for _ in $(seq 600); do [ "$(grep -c '^hb' "$L")" -ge $((h1 + 3)) ] && break; sleep 0.05; done
-	pkill -9 -f "$APP"
-	for _ in $(seq 200); do [ -e "/proc/$P" ] || break; sleep 0.05; done
-	local mark
-	mark=$(grep -c '^hb' "$L")
-	if "$g" restore -D "$IMG/3" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
-		for _ in $(seq 600); do [ "$(grep -c '^hb' "$L")" -ge $((mark + 4)) ] && break; sleep 0.05; done
-	else
-		bad "$name restore: $(tail -n 3 "$LOGS/$name-restore.json")"
-	fi
-	pkill -9 -f "$APP"
-	$PY - "$L" "$mark" "$name" <<'PYEOF' | tee -a "$LOGS/summary.txt"
-import sys
-hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
-mark, name = int(sys.argv[2]), sys.argv[3]
-ref = {}
-for h in hb[:mark]:
-    ref.setdefault(h[1], h[2])
-after = hb[mark:]
-both = [h for h in after if h[1] in ref]
-same = sum(1 for h in both if ref[h[1]] == h[2])
-ok = len(both) >= 2 and same == len(both)
-print(f"{name}: the last image restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {after[0][1] if after else '-'}, "
-      f"{same} of the {len(both)} heartbeats the original run also reached are equal to its")
-PYEOF
-	grep -q "$name: the last image restored exactly" "$LOGS/summary.txt" || fail=1
+	restore_after_kill "$g" "$SOCK" "$IMG/3" "$L" "$P" "$APP" "$name"
 	kill $HELPER 2>/dev/null
 	wait $HELPER 2>/dev/null
 }

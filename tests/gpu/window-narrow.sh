@@ -58,41 +58,12 @@ import json, re, sys
 text, name, h0, h1 = open(sys.argv[1]).read(), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 m = re.search(r'"window_pending_bytes":\s*"?(\d+)', text)
 pending = int(m.group(1)) if m else -1
-print(f"{name}: 2 s into the window ({h1 - h0} steps ran meanwhile), {pending / 2**20:.0f} MiB still to save "
+print(f"{name}: 2 s into the window ({h1 - h0} heartbeats, 25 steps each, meanwhile), {pending / 2**20:.0f} MiB still to save "
       f"({'the 2048 MiB only read are not saved ahead of the launches' if pending >= 2048 << 20 else 'the memory only read was saved ahead'})")
 PYEOF
 	wait $ck || bad "$name checkpoint: $(tail -n 3 "$LOGS/$name-ckpt.json")"
 	grep -q '"redone"' "$LOGS/$name-ckpt.json" && bad "$name: the checkpoint was taken again"
-	# The original runs on past the image for a few heartbeats: what the
-	# restored run must repeat.
-	local h1
-	h1=$(grep -c '^hb' "$L")
-	for _ in $(seq 600); do [ "$(grep -c '^hb' "$L")" -ge $((h1 + 3)) ] && break; sleep 0.05; done
-	pkill -9 -f "$APP"
-	for _ in $(seq 200); do [ -e "/proc/$P" ] || break; sleep 0.05; done
-	local mark
-	mark=$(grep -c '^hb' "$L")
-	if "$g" restore -D "$IMG/1" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
-		for _ in $(seq 600); do [ "$(grep -c '^hb' "$L")" -ge $((mark + 4)) ] && break; sleep 0.05; done
-	else
-		bad "$name restore: $(tail -n 3 "$LOGS/$name-restore.json")"
-	fi
-	pkill -9 -f "$APP"
-	$PY - "$L" "$mark" "$name" <<'PYEOF' | tee -a "$LOGS/summary.txt"
-import sys
-hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
-mark, name = int(sys.argv[2]), sys.argv[3]
-ref = {}
-for h in hb[:mark]:
-    ref.setdefault(h[1], h[2])
-after = hb[mark:]
-both = [h for h in after if h[1] in ref]
-same = sum(1 for h in both if ref[h[1]] == h[2])
-ok = len(both) >= 2 and same == len(both)
-print(f"{name}: restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {after[0][1] if after else '-'}, "
-      f"{same} of the {len(both)} heartbeats the original run also reached are equal to its")
-PYEOF
-	grep -q "$name: restored exactly" "$LOGS/summary.txt" || fail=1
+	restore_after_kill "$g" "$SOCK" "$IMG/1" "$L" "$P" "$APP" "$name"
 	kill $HELPER 2>/dev/null
 	wait $HELPER 2>/dev/null
 }
