@@ -24,7 +24,8 @@ type GPUProcess struct {
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
 	// Phases are the helper's steps of a checkpoint of it (quiesce,
-	// gpu-hash, copy, drop, driver-checkpoint...).
+	// gpu-hash, copy, drop, driver-checkpoint...), or of its return after
+	// a restore (restore-check, driver-restore, reimport, resume).
 	Phases []Step `json:"phases,omitempty"`
 	// StoppedSeconds (a checkpoint that left it running): from its quiesce
 	// to its resume.
@@ -53,6 +54,9 @@ func waitGPURestored(socket, dir string, wait time.Duration) ([]GPUProcess, erro
 	var bad []string
 	for _, r := range rs {
 		p := GPUProcess{Pid: proc.Pid(r.Pid), ImagePid: proc.Pid(r.ImagePid), Reason: r.Reason}
+		for _, ph := range r.Phases {
+			p.Phases = append(p.Phases, Step{ph.GetName(), ph.GetSeconds()})
+		}
 		switch r.State {
 		case helperpb.RestoreState_RESTORE_STATE_RUNNING:
 			p.State = "running"

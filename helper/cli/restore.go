@@ -62,6 +62,11 @@ func restoreCommand() *ucli.Command {
 				line += fmt.Sprintf("\n  CRIU: forking %.3f s, restoring the tasks %.3f s, %d pages restored",
 					s.ForkingSeconds, s.RestoreSeconds, s.PagesRestored)
 			}
+			for _, g := range res.GPUProcesses {
+				if len(g.Phases) > 0 {
+					line += fmt.Sprintf("\n  pid %d in the helper: %s", g.Pid, stepsText(g.Phases))
+				}
+			}
 			if g := res.GPU.String(); g != "" {
 				line = "  " + g + "\n" + line
 			}

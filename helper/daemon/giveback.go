@@ -26,6 +26,7 @@ import (
 // ph, if set, times the steps (a dumped process that runs on: its
 // checkpoint's report goes on with them).
 func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error, ph *phases) {
+	var steps *phases // a restored process's, for its restore's report
 	err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
 		if !driverRestore {
 			if ph != nil {
@@ -33,9 +34,11 @@ func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error, ph 
 			}
 			return s.reimportResume(cl, ctl, s.cfg.OpTimeout, ph)
 		}
+		steps = newPhases()
 		err := s.checkRestored(cl, ctl)
 		if err == nil {
-			err = s.thaw(cl, ctl, s.cfg.OpTimeout, newPhases())
+			steps.done("restore-check")
+			err = s.thaw(cl, ctl, s.cfg.OpTimeout, steps)
 		}
 		if err != nil {
 			reason := "its GPU memory could not be restored: " + err.Error()
@@ -54,7 +57,12 @@ func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error, ph 
 		cl.log.Error("giving a reattached client its GPU back failed", zap.Error(err))
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
 	} else {
-		cl.log.Info("reattached client runs again")
+		if steps != nil {
+			out.setPhases(cl, steps.list)
+			cl.log.Info("reattached client runs again", zap.Any("steps", steps.list))
+		} else {
+			cl.log.Info("reattached client runs again")
+		}
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_RUNNING, "")
 	}
 	if done != nil {

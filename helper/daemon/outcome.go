@@ -39,6 +39,18 @@ func (o *outcomes) add(cl *client) {
 	o.byCl[cl] = &helperpb.RestoreResult{ImagePid: int64(cl.pid), State: helperpb.RestoreState_RESTORE_STATE_PENDING}
 }
 
+// setPhases records the steps of cl's give-back (before its final state).
+func (o *outcomes) setPhases(cl *client, steps []*helperpb.Phase) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if r := o.byCl[cl]; r != nil {
+		r.Phases = steps
+	}
+}
+
 // set records what became of cl; a final state (running, failed) is kept.
 func (o *outcomes) set(cl *client, pid proc.Pid, state helperpb.RestoreState, reason string) {
 	if o == nil {

@@ -5940,7 +5940,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__restore_results__descriptor 
   (ProtobufCMessageInit) gpucr__helper__v1__restore_results__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__restore_result__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__restore_result__field_descriptors[5] =
 {
   {
     "pid",
@@ -5990,9 +5990,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__restore_result__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "phases",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__RestoreResult, n_phases),
+    offsetof(Gpucr__Helper__V1__RestoreResult, phases),
+    &gpucr__helper__v1__phase__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__restore_result__field_indices_by_name[] = {
   1,   /* field[1] = image_pid */
+  4,   /* field[4] = phases */
   0,   /* field[0] = pid */
   3,   /* field[3] = reason */
   2,   /* field[2] = state */
@@ -6000,7 +6013,7 @@ static const unsigned gpucr__helper__v1__restore_result__field_indices_by_name[]
 static const ProtobufCIntRange gpucr__helper__v1__restore_result__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__restore_result__descriptor =
 {
@@ -6010,7 +6023,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__restore_result__descriptor =
   "Gpucr__Helper__V1__RestoreResult",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__RestoreResult),
-  4,
+  5,
   gpucr__helper__v1__restore_result__field_descriptors,
   gpucr__helper__v1__restore_result__field_indices_by_name,
   1,  gpucr__helper__v1__restore_result__number_ranges,

@@ -1242,10 +1242,16 @@ struct  Gpucr__Helper__V1__RestoreResult
   int64_t image_pid;
   Gpucr__Helper__V1__RestoreState state;
   char *reason;
+  /*
+   * Running: the helper's steps of its give-back once it reattached
+   * (restore-check, driver-restore, reimport, resume).
+   */
+  size_t n_phases;
+  Gpucr__Helper__V1__Phase **phases;
 };
 #define GPUCR__HELPER__V1__RESTORE_RESULT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__restore_result__descriptor) \
-    , 0, 0, GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_UNSPECIFIED, (char *)protobuf_c_empty_string }
+    , 0, 0, GPUCR__HELPER__V1__RESTORE_STATE__RESTORE_STATE_UNSPECIFIED, (char *)protobuf_c_empty_string, 0,NULL }
 
 
 struct  Gpucr__Helper__V1__Detach

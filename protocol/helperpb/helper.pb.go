@@ -4098,9 +4098,12 @@ type RestoreResult struct {
 	// The restored process (the host pid), 0 if no process claimed its memory.
 	Pid int64 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	// Its pid in the image.
-	ImagePid      int64        `protobuf:"varint,2,opt,name=image_pid,json=imagePid,proto3" json:"image_pid,omitempty"`
-	State         RestoreState `protobuf:"varint,3,opt,name=state,proto3,enum=gpucr.helper.v1.RestoreState" json:"state,omitempty"`
-	Reason        string       `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	ImagePid int64        `protobuf:"varint,2,opt,name=image_pid,json=imagePid,proto3" json:"image_pid,omitempty"`
+	State    RestoreState `protobuf:"varint,3,opt,name=state,proto3,enum=gpucr.helper.v1.RestoreState" json:"state,omitempty"`
+	Reason   string       `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Running: the helper's steps of its give-back once it reattached
+	// (restore-check, driver-restore, reimport, resume).
+	Phases        []*Phase `protobuf:"bytes,5,rep,name=phases,proto3" json:"phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4161,6 +4164,13 @@ func (x *RestoreResult) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *RestoreResult) GetPhases() []*Phase {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
 }
 
 type Detach struct {
@@ -4957,12 +4967,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"J\n" +
 	"\x0eRestoreResults\x128\n" +
-	"\aresults\x18\x01 \x03(\v2\x1e.gpucr.helper.v1.RestoreResultR\aresults\"\x8b\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.gpucr.helper.v1.RestoreResultR\aresults\"\xbb\x01\n" +
 	"\rRestoreResult\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
 	"\timage_pid\x18\x02 \x01(\x03R\bimagePid\x123\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1d.gpucr.helper.v1.RestoreStateR\x05state\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"%\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12.\n" +
+	"\x06phases\x18\x05 \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\"%\n" +
 	"\x06Detach\x12\x1b\n" +
 	"\twake_path\x18\x01 \x01(\tR\bwakePath\"2\n" +
 	"\bDumpDone\x12\x10\n" +
@@ -5187,14 +5198,15 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	4,  // 61: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
 	53, // 62: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
 	5,  // 63: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	61, // 64: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 65: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	48, // 66: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	67, // [67:67] is the sub-list for method output_type
-	67, // [67:67] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	48, // 64: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	61, // 65: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 66: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	48, // 67: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	68, // [68:68] is the sub-list for method output_type
+	68, // [68:68] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }

@@ -169,8 +169,8 @@ func TestCLICheckpointRestore(t *testing.T) {
 	if !regexp.MustCompile(`GPU data: [0-9.]+ MiB in [0-9.]+ s \([0-9.]+ GB/s\)\n`).MatchString(out) {
 		t.Errorf("gpucr restore does not report the GPU load:\n%s", out)
 	}
-	if !regexp.MustCompile(`ready: first instruction [0-9.]+ s, GPU launches [0-9.]+ s, all GPU data resident [0-9.]+ s\n  CRIU: forking [0-9.]+ s, restoring the tasks [0-9.]+ s, [1-9][0-9]* pages restored`).MatchString(out) {
-		t.Errorf("gpucr restore does not say when the tree could run, launch and had its data, or CRIU's part:\n%s", out)
+	if !regexp.MustCompile(`ready: first instruction [0-9.]+ s, GPU launches [0-9.]+ s, all GPU data resident [0-9.]+ s\n  CRIU: forking [0-9.]+ s, restoring the tasks [0-9.]+ s, [1-9][0-9]* pages restored\n  pid [0-9]+ in the helper: restore-check [0-9.]+ s, driver-restore [0-9.]+ s, reimport [0-9.]+ s, resume [0-9.]+ s`).MatchString(out) {
+		t.Errorf("gpucr restore does not say when the tree could run, launch and had its data, CRIU's part, or the helper's:\n%s", out)
 	}
 	a.waitIter(before+20, time.Minute)
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
