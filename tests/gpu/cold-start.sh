@@ -116,10 +116,11 @@ crit = f"CRIU: forking at {marks.get('fork', float('nan')):.2f} s, late hook at 
        f"end at {marks.get('end', marks.get('last', float('nan'))):.2f} s"
 c = rep.get("criu") or {}
 rd = rep.get("ready") or {}
+helper = ", ".join(f"{p['name']} {p['seconds']:.2f}" for g in rep.get("gpu_processes") or [] for p in g.get("phases") or [])
 print(f"{name} restore {r}: first answer after {took:.2f} s ({'same answer' if ans == plain else 'ANSWER DIFFERS: ' + ans}); {crit}; "
       f"CRIU's stats: forking {c.get('forking_seconds', 0):.2f} s, restoring {c.get('restore_seconds', 0):.2f} s, "
       f"{c.get('pages_restored', 0) * 4096 / 2**20:.0f} MiB of pages; ready: " + ", ".join(f"{k} {v:.2f}" for k, v in rd.items()) +
-      "; command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()))
+      "; command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()) + (f"; in the helper: {helper}" if helper else ""))
 PYEOF
 		pkill -9 -f "$SERVER serve"
 		pid_gone "$P"
