@@ -185,7 +185,12 @@ func TestCLICheckpointRestore(t *testing.T) {
 // the process computes on exactly as an uninterrupted run, GPU memory
 // included.
 func TestCLILazyRestore(t *testing.T) {
-	needTool(t, "criu")
+	criu := needTool(t, "criu")
+	// The kernel must let CRIU handle the tree's page faults (userfaultfd);
+	// a kernel that does not is a skip, saying so, as gpucr check warns.
+	if out, err := runErr(time.Minute, nil, criu, "--no-default-config", "check", "--feature", "uffd-noncoop"); err != nil {
+		t.Skipf("this kernel does not let CRIU restore lazily (criu check --feature uffd-noncoop: %v):\n%s", err, out)
+	}
 	dir := t.TempDir()
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, env)
