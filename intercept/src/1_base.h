@@ -191,6 +191,7 @@ typedef struct {
 GC_HIDDEN void gc_writes_add(void *owner, gc_kwrite *k, size_t n); /* takes k and its names over */
 GC_HIDDEN void gc_writes_drop(void *owner);                        /* its module or library is unloaded */
 GC_HIDDEN bool gc_writes_find(void *owner, const char *name, uint64_t *written);
+GC_HIDDEN bool gc_writes_any(void); /* some module's analysis is kept (one atomic load) */
 GC_HIDDEN void gc_writes_reset(void);
 
 typedef struct {
@@ -238,12 +239,11 @@ static inline bool gc_scan_due(void) {
 }
 /* A sampled scan: scans the launch and sets the thread's interval to the next one. */
 GC_HIDDEN unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams, void **extra);
-/* Calls fn with every 8-byte word of a launch's parameters (a copy-on-write window: every launch); false if
- * the parameters could not be read (no layout from the driver). */
+/* Calls fn with every 8-byte word of a launch's parameters (a copy-on-write window: every launch), of only the
+ * parameters the kernel may write through where its module's analysis says which; false if the parameters could
+ * not be read (no layout from the driver). */
 typedef void (*gc_word_fn)(uint64_t w, void *arg);
 GC_HIDDEN bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
-/* gc_scan_each of only the parameters the kernel may write through, where its module's analysis says which. */
-GC_HIDDEN bool gc_scan_each_written(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
 

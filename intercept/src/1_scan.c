@@ -94,11 +94,13 @@ void gc_scan_set_owner(gc_owner_fn func, gc_owner_fn kern) {
     o_kern = kern;
 }
 
-/* The parameters the kernel h may write through, if its module's analysis decided it. */
+/* The parameters the kernel h may write through, if its module's analysis decided it. A process that loaded no
+ * PTX (PyTorch's kernels are all SASS) asks the driver nothing more than its layout. */
 static void layout_writes(gc_layout *l, void *h, gc_owner_fn owner_of) {
     void *owner = NULL;
     const char *name = NULL;
-    if (owner_of && owner_of(h, &owner, &name) == CUDA_SUCCESS && gc_writes_find(owner, name, &l->wmask))
+    if (owner_of && gc_writes_any() && owner_of(h, &owner, &name) == CUDA_SUCCESS &&
+        gc_writes_find(owner, name, &l->wmask))
         l->wknown = 1;
 }
 
@@ -317,22 +319,18 @@ static void each_word(const void *p, size_t len, gc_word_fn fn, void *arg) {
     }
 }
 
-/* Whether parameter i of a launch with layout l is to be scanned: with written, only one the kernel may write
- * through (a layout without that knowledge: all). */
-static bool param_wanted(const gc_layout *l, uint32_t i, bool written) {
-    if (!written || !l->wknown)
-        return true;
-    return i >= 64 || (l->wmask >> i) & 1u;
-}
+/* Whether parameter i of a launch with layout l is to be scanned: only one the kernel may write through, where
+ * that is known (otherwise all). */
+static bool param_wanted(const gc_layout *l, uint32_t i) { return !l->wknown || i >= 64 || (l->wmask >> i) & 1u; }
 
-static bool scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg, bool written) {
+bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
     if (kernelParams) {
         bool owned;
         const gc_layout *l = gc_layout_get(f, &owned);
         bool ok = l && l->ok;
         if (ok)
             for (uint32_t i = 0; i < l->n; i++)
-                if (param_wanted(l, i, written))
+                if (param_wanted(l, i))
                     each_word(kernelParams[i], l->p[i].size, fn, arg);
         if (owned)
             free((void *)l);
@@ -342,14 +340,14 @@ static bool scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn,
         void *buf = NULL;
         size_t size = 0;
         extra_buffer(extra, &buf, &size);
-        if (buf && written) {
+        if (buf) {
             /* The packed buffer lays the parameters out as the layout says: only those written through. */
             bool owned;
             const gc_layout *l = gc_layout_get(f, &owned);
             bool narrow = l && l->ok && l->wknown;
             if (narrow)
                 for (uint32_t i = 0; i < l->n; i++)
-                    if (param_wanted(l, i, true) && (size_t)l->p[i].off + l->p[i].size <= size)
+                    if (param_wanted(l, i) && (size_t)l->p[i].off + l->p[i].size <= size)
                         each_word((const char *)buf + l->p[i].off, l->p[i].size, fn, arg);
             if (owned)
                 free((void *)l);
@@ -360,14 +358,6 @@ static bool scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn,
         return buf != NULL || size == 0;
     }
     return true; /* no parameters */
-}
-
-bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
-    return scan_each(f, kernelParams, extra, fn, arg, false);
-}
-
-bool gc_scan_each_written(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
-    return scan_each(f, kernelParams, extra, fn, arg, true);
 }
 
 /* ---- sampling ---- */

@@ -20,6 +20,7 @@ typedef struct owner_writes {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static owner_writes *all;
+static _Atomic size_t owners; /* entries of all: read without mu by gc_writes_any */
 
 static int by_name(const void *a, const void *b) {
     return strcmp(((const gc_kwrite *)a)->name, ((const gc_kwrite *)b)->name);
@@ -60,6 +61,8 @@ void gc_writes_add(void *owner, gc_kwrite *k, size_t n) {
     owner_writes *old = unlink_owner(owner); /* a handle the driver handed out again */
     w->next = all;
     all = w;
+    if (!old)
+        atomic_fetch_add(&owners, 1);
     pthread_mutex_unlock(&mu);
     if (old)
         free_writes(old);
@@ -68,10 +71,14 @@ void gc_writes_add(void *owner, gc_kwrite *k, size_t n) {
 void gc_writes_drop(void *owner) {
     pthread_mutex_lock(&mu);
     owner_writes *w = unlink_owner(owner);
+    if (w)
+        atomic_fetch_sub(&owners, 1);
     pthread_mutex_unlock(&mu);
     if (w)
         free_writes(w);
 }
+
+bool gc_writes_any(void) { return atomic_load_explicit(&owners, memory_order_acquire) != 0; }
 
 bool gc_writes_find(void *owner, const char *name, uint64_t *written) {
     if (!owner || !name)
@@ -97,6 +104,7 @@ void gc_writes_reset(void) {
     pthread_mutex_lock(&mu);
     owner_writes *w = all;
     all = NULL;
+    atomic_store(&owners, 0);
     pthread_mutex_unlock(&mu);
     while (w) {
         owner_writes *next = w->next;

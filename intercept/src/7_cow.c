@@ -79,7 +79,7 @@ static void note_word(uint64_t w, void *arg) {
 
 void gc_cow_launch(void *f, void **kernelParams, void **extra) {
     hits h = {.n = 0};
-    if (!gc_scan_each_written(f, kernelParams, extra, note_word, &h) || h.overflow) {
+    if (!gc_scan_each(f, kernelParams, extra, note_word, &h) || h.overflow) {
         gc_cow_all(); /* parameters it cannot read, or too many regions: everything it may reach */
         return;
     }
