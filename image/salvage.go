@@ -111,43 +111,24 @@ func (w *Writer) AbortSalvage() (*Salvage, error) {
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("image %s: keep the chunks written: %w", w.dir, err), w.cleanup())
 	}
+	// A file this write created is kept if it is indexed (a local chunk)
+	// and still the very file made.
 	s := w.store
 	s.mu.Lock()
-	ids := map[string]fileID{}
 	for _, c := range s.created {
-		ids[c.name] = c.id
-	}
-	for h, lc := range s.local {
-		id, ok := ids[h.String()]
-		if ok && lc.meta.loc == imagepb.Location_LOCATION_LOCAL {
-			sv.files[h] = salvaged{meta: lc.meta, id: id}
-			sv.bytes += int64(lc.meta.storedSize)
+		h, ok := parseHashName(c.name)
+		lc := s.local[h]
+		st, err := c.dir.lstat(c.name)
+		if !ok || lc == nil || lc.meta.loc != imagepb.Location_LOCATION_LOCAL || err != nil ||
+			(fileID{uint64(st.Dev), st.Ino}) != c.id {
+			_ = c.dir.removeOwn(c.name, c.id) // not indexed (none should be), or gone already
+			continue
 		}
+		sv.files[h] = salvaged{meta: lc.meta, id: c.id, ctime: st.Ctim}
+		sv.bytes += int64(lc.meta.storedSize)
 	}
-	kept := s.created
 	s.created = nil
 	s.mu.Unlock()
-	for _, c := range kept {
-		h, ok := parseHashName(c.name)
-		f, indexed := sv.files[h]
-		if !ok || !indexed || f.id != c.id {
-			continue
-		}
-		st, err := c.dir.lstat(c.name)
-		if err != nil || (fileID{uint64(st.Dev), st.Ino}) != c.id {
-			delete(sv.files, h) // gone already
-			sv.bytes -= int64(f.meta.storedSize)
-			continue
-		}
-		f.ctime = st.Ctim
-		sv.files[h] = f
-	}
-	// A file created but not indexed (none should be) is not kept.
-	for _, c := range kept {
-		if h, ok := parseHashName(c.name); !ok || sv.files[h].id != c.id {
-			_ = c.dir.removeOwn(c.name, c.id)
-		}
-	}
 	w.removeParts()
 	return sv, nil
 }

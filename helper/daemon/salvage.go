@@ -65,15 +65,11 @@ func (s *Server) salvageImage(w *image.Writer) {
 // kept (nil: none).
 func (s *Server) takeSalvage(dev, ino uint64) *image.Salvage {
 	s.mu.Lock()
-	e, ok := s.salvage[salvageKey{dev, ino}]
-	delete(s.salvage, salvageKey{dev, ino})
 	expired := s.expiredSalvageLocked()
+	e := s.salvage[salvageKey{dev, ino}]
+	delete(s.salvage, salvageKey{dev, ino})
 	s.mu.Unlock()
 	s.discardSalvage(expired...)
-	if !ok || time.Since(e.kept) > salvageKeep {
-		s.discardSalvage(e.sv)
-		return nil
-	}
 	return e.sv
 }
 

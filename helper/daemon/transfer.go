@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -36,7 +35,6 @@ type transfer struct {
 	mu         sync.Mutex
 	finished   bool
 	finishedAt time.Time
-	took       time.Duration
 	err        string
 	changed    bool              // err is a copy-on-write window's ChangedError
 	phases     []*helperpb.Phase // a dump's checkpoint steps, once it has ended
@@ -96,21 +94,20 @@ func (t *transfer) finish(err error) {
 	}
 	t.finished = true
 	t.finishedAt = time.Now()
-	t.took = t.finishedAt.Sub(t.start)
 	if err != nil {
 		t.err = err.Error()
-		se := stepErr{}
-		t.changed = errors.As(err, &se) && se.code == helperpb.ErrorCode_ERROR_CHANGED
+		t.changed = isChangedWindow(err)
 	}
 }
 
 func (t *transfer) proto() *helperpb.Transfer {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	took := t.took
-	if !t.finished {
-		took = time.Since(t.start)
+	end := time.Now()
+	if t.finished {
+		end = t.finishedAt
 	}
+	took := end.Sub(t.start)
 	took -= min(t.idle, took)
 	moved := t.moved.Load()
 	if t.direction == helperpb.Transfer_DIRECTION_LOAD {
