@@ -610,20 +610,26 @@ SIM_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     return sim_leave(&c, r);
 }
 
-SIM_API CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+/* The name of a function's or a kernel's entry (kind: SIM_H_FUNC or SIM_H_KERNEL), for cuFuncGetName and
+ * cuKernelGetName. */
+static CUresult entry_name(const char *api, const char **name, void *h, sim_htype kind) {
     sim_call c;
-    CUresult r = sim_enter(&c, "cuFuncGetName", SIM_CTX_OPTIONAL);
+    CUresult r = sim_enter(&c, api, SIM_CTX_OPTIONAL);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    if (!name || !hfunc)
+    if (!name || !h)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
-    if (!sim_handle_is(hfunc, SIM_H_FUNC))
+    if (!sim_handle_is(h, kind))
         r = CUDA_ERROR_INVALID_HANDLE;
     else
-        *name = ((sim_func *)hfunc)->entry->name;
+        *name = (kind == SIM_H_FUNC ? ((sim_func *)h)->entry : ((sim_kernel *)h)->entry)->name;
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuFuncGetName(const char **name, CUfunction hfunc) {
+    return entry_name("cuFuncGetName", name, hfunc, SIM_H_FUNC);
 }
 
 SIM_API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
@@ -647,19 +653,7 @@ SIM_API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc) {
 }
 
 SIM_API CUresult cuKernelGetName(const char **name, CUkernel hfunc) {
-    sim_call c;
-    CUresult r = sim_enter(&c, "cuKernelGetName", SIM_CTX_OPTIONAL);
-    if (r != CUDA_SUCCESS)
-        return sim_leave(&c, r);
-    if (!name || !hfunc)
-        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
-    pthread_mutex_lock(&sim.mu);
-    if (!sim_handle_is(hfunc, SIM_H_KERNEL))
-        r = CUDA_ERROR_INVALID_HANDLE;
-    else
-        *name = ((sim_kernel *)hfunc)->entry->name;
-    pthread_mutex_unlock(&sim.mu);
-    return sim_leave(&c, r);
+    return entry_name("cuKernelGetName", name, hfunc, SIM_H_KERNEL);
 }
 
 SIM_API CUresult cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel) {
