@@ -293,10 +293,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 			// released once the load has ended, when the plugin's
 			// connection closes (dropUnrestored).
 		}
-		code := helperpb.ErrorCode_ERROR_DRIVER
-		if errors.Is(err, image.ErrCorrupt) {
-			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
-		}
+		code := loadErrCode(err)
 		cl.log.Warn("restore failed: its GPU image did not load", pidField("pid", pid), zap.Error(err))
 		return errResp(id, code, "pid %d: loading its GPU image: %v", req.Pid, err)
 	}
@@ -342,14 +339,20 @@ func (s *Server) awaitLoad(id uint64, plans []*restorePlan) *helperpb.Response {
 		for _, cl := range p.clients {
 			cl.outcomes().set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		}
-		code := helperpb.ErrorCode_ERROR_DRIVER
-		if errors.Is(err, image.ErrCorrupt) {
-			code = helperpb.ErrorCode_ERROR_BAD_REQUEST
-		}
+		code := loadErrCode(err)
 		s.log.Warn("restore failed before its processes ran: the GPU image did not load", zap.String("image", p.dir), zap.Error(err))
 		return errResp(id, code, "loading the GPU image %s: %v", p.dir, err)
 	}
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+}
+
+// loadErrCode is the code of a failed load: a damaged image is a bad
+// request, anything else the driver's.
+func loadErrCode(err error) helperpb.ErrorCode {
+	if errors.Is(err, image.ErrCorrupt) {
+		return helperpb.ErrorCode_ERROR_BAD_REQUEST
+	}
+	return helperpb.ErrorCode_ERROR_DRIVER
 }
 
 // dropUnrestored gives back the memory of a closing plugin connection's
