@@ -28,13 +28,9 @@ BASE=${3:-}
 GIB=${GIB:-8.6}
 ROUNDS=${ROUNDS:-3}
 WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
-LOGS=${LOGS:-build/gpu/cold-start}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+fresh_logs build/gpu/cold-start
+use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-cold-start
 SOCK=/run/gpucr-cold-start/helper.sock
 SERVER=$(pwd)/tests/gpu/bench_start.py

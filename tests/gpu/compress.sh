@@ -16,11 +16,8 @@ G=$(cd "${1:?usage: compress.sh GPUCR_PREFIX}" && pwd)
 GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-LOGS=${LOGS:-build/gpu/compress}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
+fresh_logs build/gpu/compress
 IMG=/dev/shm/gpucr-compress
 SOCK=/run/gpucr-compress/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT

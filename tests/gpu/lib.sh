@@ -1,6 +1,6 @@
-# Shell functions the GPU scripts share; sourced after LOGS is set (their
-# table goes to $LOGS/summary.txt). `bad` sets fail=1, the scripts' exit
-# status.
+# Shell functions the GPU scripts share; their table goes to
+# $LOGS/summary.txt (fresh_logs sets LOGS up, or the script before it sources
+# this). `bad` sets fail=1, the scripts' exit status.
 fail=0
 note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
 bad() { note "FAIL: $*"; fail=1; }
@@ -117,4 +117,19 @@ print(f"{name}: restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {a
       f"{same} of the {len(both)} heartbeats the original run also reached are equal to its")
 PYEOF
 	grep -q "^$name: restored exactly" "$LOGS/summary.txt" || fail=1
+}
+# fresh_logs DIR: LOGS is $LOGS if set, else DIR; made empty and absolute,
+# with an empty summary.txt.
+fresh_logs() {
+	LOGS=${LOGS:-$1}
+	rm -rf "$LOGS" && mkdir -p "$LOGS"
+	LOGS=$(cd "$LOGS" && pwd)
+	: >"$LOGS/summary.txt"
+}
+# use_criu BUNDLE: the carried CRIU bundle, copied where root alone can
+# change it (root_bundle), is the CRIU gpucr runs (GPUCR_CRIU); 1 if not.
+use_criu() {
+	local c
+	c=$(root_bundle "$1") || return 1
+	export GPUCR_CRIU=$c/bin/criu
 }

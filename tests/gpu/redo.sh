@@ -24,13 +24,9 @@ STILL=${STILL_MIB:-2048}
 # A heartbeat checksums all the memory on the CPU (about 1.5 GB/s): rarely.
 HB=${HB_EVERY:-25}
 PY=${PYTHON:-python3}
-LOGS=${LOGS:-build/gpu/redo}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+fresh_logs build/gpu/redo
+use_criu "$C" || exit 1
 APP=$(pwd)/build/gpu/bin/ptrchase
 [ -x "$APP" ] || make -k gpu-apps >"$LOGS/build.log" 2>&1
 [ -x "$APP" ] || { bad "no $APP (see $LOGS/build.log)"; exit 1; }

@@ -23,13 +23,9 @@ BASE=${3:-}
 GB=${4:-8}
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-LOGS=${LOGS:-build/gpu/restore-damage}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+fresh_logs build/gpu/restore-damage
+use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-restore-damage
 SOCK=/run/gpucr-restore-damage/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT

@@ -19,13 +19,9 @@ C=${2:?usage}
 BASE=${3:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 PY=${PYTHON:-python3}
-LOGS=${LOGS:-build/gpu/narrow}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+fresh_logs build/gpu/narrow
+use_criu "$C" || exit 1
 APP=$(pwd)/build/gpu/bin/heartbeat
 [ -x "$APP" ] || make -k gpu-apps >"$LOGS/build.log" 2>&1
 [ -x "$APP" ] || { bad "no $APP (see $LOGS/build.log)"; exit 1; }
