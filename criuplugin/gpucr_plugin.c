@@ -5,7 +5,8 @@
  *   init(RESTORE)            DIR/gpucr exists -> PrepareRestore{DIR} with CRIU's DIR fd:
  *                            the helper checks the image and makes the memory,
  *                            then loads it while CRIU restores; failure fails
- *                            the restore before anything changed
+ *                            the restore before anything changed. $GPUCR_DEVICE_MAP
+ *                            (OLD=NEW,...) puts the image's GPUs onto others
  *   PAUSE_DEVICES(pid)       (dump only) Checkpoint{pid, DIR, detach} with CRIU's DIR fd; a pid the
  *                            helper does not know (or no helper) -> -ENOTSUP. With
  *                            $GPUCR_PARENT (an absolute image directory) the GPU image is
@@ -576,6 +577,10 @@ static int prepare_restore(void) {
     }
     Gpucr__Helper__V1__PrepareRestore pr = GPUCR__HELPER__V1__PREPARE_RESTORE__INIT;
     pr.image_dir = dir;
+    /* onto other GPUs: the helper reads and checks the map (GPUCR_DEVICE_MAP) */
+    const char *map = getenv("GPUCR_DEVICE_MAP");
+    if (map && *map)
+        pr.device_map = (char *)map;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE;
     req.prepare_restore = &pr;

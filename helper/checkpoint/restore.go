@@ -25,6 +25,12 @@ type RestoreOptions struct {
 	// rest in the background (lazypages.go). Restore returns once every
 	// page is in.
 	LazyPages bool
+	// DeviceMap puts the image's GPUs onto other GPUs of this machine:
+	// "OLD=NEW[,OLD=NEW...]", each side a GPU UUID (or a unique start of
+	// one) or an ordinal (OLD the image's, NEW the helper's). GPUs it does
+	// not name go to the same GPU where it is here and has room, else to a
+	// free GPU of the same model. The helper checks it.
+	DeviceMap string
 }
 
 // RestoreResult is a restore that succeeded: every process runs, each GPU
@@ -83,7 +89,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
 	checked := time.Now()
-	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages,
+	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap,
 		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
 	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
 	gpuState := statErr == nil

@@ -97,7 +97,10 @@ type job struct {
 	// lazy: a restore whose host memory CRIU's lazy-pages daemon serves
 	// on demand (RestoreOptions.LazyPages)
 	lazy bool
-	fill func(*rpc.CriuOpts)
+	// deviceMap: a restore's GPUs onto others, "OLD=NEW,..." (the plugin
+	// hands it to the helper, which checks it; RestoreOptions.DeviceMap)
+	deviceMap string
+	fill      func(*rpc.CriuOpts)
 	ev   *emitter
 }
 
@@ -193,6 +196,9 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	if j.concurrent {
 		extra = append(extra, "GPUCR_CONCURRENT=1")
+	}
+	if j.deviceMap != "" && !j.dump {
+		extra = append(extra, "GPUCR_DEVICE_MAP="+j.deviceMap)
 	}
 	runStart := time.Now()
 	cmd := swrk.Cmd{CRIU: j.criu.Binary, Env: sess.criuEnv(j.env, extra...), Files: []*os.File{d}, Deadline: deadline,

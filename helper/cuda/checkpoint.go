@@ -11,7 +11,12 @@ package cuda
 */
 import "C"
 
-import "fmt"
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"unsafe"
+)
 
 // CheckpointAPI are the driver checkpoint API's entry points that the helper
 // requires: Load fails on a driver that lacks one (shim.c resolves them all),
@@ -74,9 +79,50 @@ func CheckpointCheckpoint(pid int) error {
 	return check("cuCheckpointProcessCheckpoint", C.gs_ckpt_checkpoint(C.int(pid)))
 }
 
-// CheckpointRestore is cuCheckpointProcessRestore: checkpointed -> locked.
-func CheckpointRestore(pid int) error {
-	return check("cuCheckpointProcessRestore", C.gs_ckpt_restore(C.int(pid)))
+// CheckpointRestore is cuCheckpointProcessRestore: checkpointed -> locked,
+// on the GPUs the process had.
+func CheckpointRestore(pid int) error { return CheckpointRestoreOnto(pid, nil) }
+
+// GPUPair is a GPU a process was checkpointed on and the GPU its restore
+// puts it on (cuCheckpointProcessRestore's gpuPairs), by UUID as UUIDString
+// writes them.
+type GPUPair struct{ Old, New string }
+
+// CheckpointRestoreOnto is cuCheckpointProcessRestore onto other GPUs: the
+// driver wants every GPU the process was checkpointed on paired (none: the
+// same GPUs).
+func CheckpointRestoreOnto(pid int, pairs []GPUPair) error {
+	if len(pairs) > C.GS_MAX_GPU_PAIRS {
+		return fmt.Errorf("cuCheckpointProcessRestore: %d GPU pairs, at most %d", len(pairs), C.GS_MAX_GPU_PAIRS)
+	}
+	raw := make([]byte, 32*len(pairs)+1) // +1: a valid pointer even without pairs
+	for i, p := range pairs {
+		o, err := ParseUUID(p.Old)
+		if err != nil {
+			return fmt.Errorf("cuCheckpointProcessRestore: GPU pair %d: %w", i, err)
+		}
+		n, err := ParseUUID(p.New)
+		if err != nil {
+			return fmt.Errorf("cuCheckpointProcessRestore: GPU pair %d: %w", i, err)
+		}
+		copy(raw[32*i:], o[:])
+		copy(raw[32*i+16:], n[:])
+	}
+	return check("cuCheckpointProcessRestore",
+		C.gs_ckpt_restore(C.int(pid), (*C.uchar)(unsafe.Pointer(&raw[0])), C.unsigned(len(pairs))))
+}
+
+// ParseUUID reads a GPU UUID as the driver's tools write it
+// ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"; the prefix may be left out).
+func ParseUUID(s string) ([16]byte, error) {
+	var u [16]byte
+	h := strings.ReplaceAll(strings.TrimPrefix(s, "GPU-"), "-", "")
+	b, err := hex.DecodeString(h)
+	if err != nil || len(b) != 16 {
+		return u, fmt.Errorf("%q is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", s)
+	}
+	copy(u[:], b)
+	return u, nil
 }
 
 // CheckpointUnlock is cuCheckpointProcessUnlock: locked -> running.

@@ -3,6 +3,7 @@ package cuda
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -59,6 +60,20 @@ func TestFormatUUID(t *testing.T) {
 	b := [16]byte{0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8, 0x09}
 	if got, want := FormatUUID(b), "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809"; got != want {
 		t.Fatalf("FormatUUID = %q, want %q", got, want)
+	}
+}
+
+func TestParseUUID(t *testing.T) {
+	b := [16]byte{0x1a, 0x2b, 0x3c, 0x4d, 0x5e, 0x6f, 0x70, 0x81, 0x92, 0xa3, 0xb4, 0xc5, 0xd6, 0xe7, 0xf8, 0x09}
+	for _, s := range []string{FormatUUID(b), strings.TrimPrefix(FormatUUID(b), "GPU-")} {
+		if got, err := ParseUUID(s); err != nil || got != b {
+			t.Errorf("ParseUUID(%q) = %x, %v; want %x", s, got, err, b)
+		}
+	}
+	for _, s := range []string{"", "GPU-", "0", "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f8", "GPU-1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f80z"} {
+		if _, err := ParseUUID(s); err == nil {
+			t.Errorf("ParseUUID(%q) took it", s)
+		}
 	}
 }
 

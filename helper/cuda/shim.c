@@ -188,9 +188,20 @@ CUresult gs_ckpt_checkpoint(int pid) {
     memset(&a, 0, sizeof a);
     return p_cuCheckpointProcessCheckpoint(pid, &a);
 }
-CUresult gs_ckpt_restore(int pid) {
+CUresult gs_ckpt_restore(int pid, const unsigned char *pairs, unsigned npairs) {
     CUcheckpointRestoreArgs a;
     memset(&a, 0, sizeof a);
+    CUcheckpointGpuPair gp[GS_MAX_GPU_PAIRS];
+    if (npairs > GS_MAX_GPU_PAIRS)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < npairs; i++) {
+        memcpy(gp[i].oldUuid.bytes, pairs + 32 * i, 16);
+        memcpy(gp[i].newUuid.bytes, pairs + 32 * i + 16, 16);
+    }
+    if (npairs) {
+        a.gpuPairs = gp;
+        a.gpuPairsCount = npairs;
+    }
     return p_cuCheckpointProcessRestore(pid, &a);
 }
 CUresult gs_ckpt_unlock(int pid) {

@@ -44,7 +44,9 @@ CUresult gs_stream_sync(CUstream s);
 CUresult gs_ckpt_state(int pid, int *state);
 CUresult gs_ckpt_lock(int pid, unsigned timeout_ms);
 CUresult gs_ckpt_checkpoint(int pid);
-CUresult gs_ckpt_restore(int pid);
+/* pairs: npairs entries of 16 bytes of old GPU UUID then 16 of new (none: the same GPUs) */
+#define GS_MAX_GPU_PAIRS 64
+CUresult gs_ckpt_restore(int pid, const unsigned char *pairs, unsigned npairs);
 CUresult gs_ckpt_unlock(int pid);
 /* gpucr's own kernels (ptx/kernels.ptx), in the current context. */
 CUresult gs_module_load(CUmodule *m, const char *ptx);

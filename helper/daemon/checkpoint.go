@@ -455,6 +455,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
 			select {
 			case <-r.s.stopping:
+			case <-bg.settling: // the image is dropped: nothing to hold back
 			case <-time.After(backgroundStall):
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
@@ -67,6 +68,21 @@ type client struct {
 	// Guarded by mu.
 	guard     *engine.Guard
 	guardOver chan struct{}
+
+	// gpuPairs: a restored process whose GPUs moved (devicemap.go): its
+	// driver restore puts its context onto the GPUs its memory was loaded
+	// into. Set with its restore plan, before anything else sees it, and
+	// taken by that restore. Guarded by mu.
+	gpuPairs []cuda.GPUPair
+}
+
+// takeGPUPairs returns and forgets the GPU pairs of cl's driver restore.
+func (cl *client) takeGPUPairs() []cuda.GPUPair {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	p := cl.gpuPairs
+	cl.gpuPairs = nil
+	return p
 }
 
 // setStopReport records tr as the checkpoint that stops cl now.

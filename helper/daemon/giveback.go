@@ -8,6 +8,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -143,7 +144,8 @@ func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helper
 // thaw gives a checkpointed client its GPU back: driver restore + unlock,
 // reimport, resume.
 func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
-	if err := cl.onLive(driverResume); err != nil {
+	pairs := cl.takeGPUPairs() // once: its later checkpoints stay on the GPUs it has then
+	if err := cl.onLive(func(pid int) error { return driverResumeOnto(pid, pairs) }); err != nil {
 		return err
 	}
 	ph.done("driver-restore")
@@ -152,13 +154,20 @@ func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) 
 
 // driverResume brings pid's driver state back to running from wherever a
 // checkpoint left it: restore if checkpointed, then unlock if locked.
-func driverResume(pid int) error {
+func driverResume(pid int) error { return driverResumeOnto(pid, nil) }
+
+// driverResumeOnto is driverResume whose restore puts the process's context
+// onto the GPUs pairs name (none: the same GPUs).
+func driverResumeOnto(pid int, pairs []cuda.GPUPair) error {
 	st, err := cuda.CheckpointState(pid)
 	if err != nil {
 		return fmt.Errorf("driver state: %w", err)
 	}
 	if st == cuda.StateCheckpointed {
-		if err := cuda.CheckpointRestore(pid); err != nil {
+		if err := cuda.CheckpointRestoreOnto(pid, pairs); err != nil {
+			if len(pairs) > 0 {
+				return fmt.Errorf("driver restore onto other GPUs (%s): %w", pairsText(pairs), err)
+			}
 			return fmt.Errorf("driver restore: %w", err)
 		}
 		st = cuda.StateLocked
@@ -183,4 +192,13 @@ func (cl *client) driverResumeRetry() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return err
+}
+
+// pairsText writes GPU pairs as OLD->NEW, ...
+func pairsText(pairs []cuda.GPUPair) string {
+	var s []string
+	for _, p := range pairs {
+		s = append(s, p.Old+"->"+p.New)
+	}
+	return strings.Join(s, ", ")
 }

@@ -119,7 +119,17 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), nil
 	}
 	defer release() // once trackPlan counts it
-	plan, e := s.planRestore(im, im.Dir(), 0, owner)
+	spec, err := parseDeviceMap(req.DeviceMap)
+	var place placement
+	if err == nil {
+		place, err = placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), spec, s.restoreRoom)
+	}
+	if err != nil {
+		_ = im.Close()
+		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err), nil
+	}
+	plan, e := s.planRestore(im, im.Dir(), 0, owner, place)
 	if e != nil {
 		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
@@ -144,10 +154,11 @@ func imageBytes(im *image.Image, only int) uint64 {
 }
 
 // planRestore makes new helper memory for every buffer of im (only those of
-// pid only, if not 0), each on the same GPU if it is here, else the same
-// ordinal; nothing is kept if any of it fails. The memory is uid's (for the
-// limits) until each process is back.
-func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) (*restorePlan, *helperpb.Error) {
+// pid only, if not 0), each on the GPU place gives its GPU; nothing is kept
+// if any of it fails. The memory is uid's (for the limits) until each
+// process is back. A process whose GPUs move has its driver restore told
+// so.
+func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, place placement) (*restorePlan, *helperpb.Error) {
 	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{})}, out: newOutcomes()}
 	byPid := map[int]*client{}
 	fail := func(code helperpb.ErrorCode, format string, a ...any) (*restorePlan, *helperpb.Error) {
@@ -174,7 +185,7 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) 
 		if only != 0 && b.Pid != only {
 			continue
 		}
-		dev := s.deviceFor(b)
+		dev := place.deviceOf(b)
 		if dev == nil {
 			return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (pid %d, 0x%x): no GPU %s (ordinal %d) here", i, b.Pid, b.Address, b.GPUUUID, b.Device)
 		}
@@ -201,6 +212,18 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32) 
 	}
 	if only != 0 && len(p.clients) == 0 {
 		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
+	}
+	bufsOf := map[int][]image.BufferInfo{}
+	for _, b := range im.Buffers() {
+		bufsOf[b.Pid] = append(bufsOf[b.Pid], b)
+	}
+	for pid, cl := range byPid {
+		cl.gpuPairs = place.pairs(bufsOf[pid])
+		for _, pr := range cl.gpuPairs {
+			if pr.Old != pr.New {
+				cl.log.Info("restored onto another GPU", zap.String("image_gpu", pr.Old), zap.String("gpu", pr.New))
+			}
+		}
 	}
 	return p, nil
 }
@@ -374,18 +397,21 @@ func (s *Server) dropUnrestored(plans []*restorePlan) {
 	}
 }
 
-// deviceFor finds the device an image buffer goes to: the same GPU (UUID)
-// if it is here, else the same ordinal.
-func (s *Server) deviceFor(b image.BufferInfo) Device {
-	for _, d := range s.cfg.Devices {
-		if d.Info().Uuid == b.GPUUUID {
-			return d
+// samePlace puts each GPU of an image on the same GPU (UUID) if it is here,
+// else the same ordinal: for a process that never left this machine.
+func (s *Server) samePlace(im *image.Image, only int) placement {
+	p := placement{dev: map[string]Device{}}
+	for _, g := range imageGPUs(im, only) {
+		if d := deviceByUUID(s.cfg.Devices, g.uuid); d != nil {
+			p.dev[g.key()] = d
+			continue
+		}
+		for _, d := range s.cfg.Devices {
+			if int(d.Info().Ordinal) == g.ordinal {
+				p.dev[g.key()] = d
+				break
+			}
 		}
 	}
-	for _, d := range s.cfg.Devices {
-		if int(d.Info().Ordinal) == b.Device {
-			return d
-		}
-	}
-	return nil
+	return p
 }

@@ -96,6 +96,12 @@ int gc_contexts(CUcontext *out) {
 void gc_dev_atfork_prepare(void) { pthread_mutex_lock(&G.mu); }
 void gc_dev_atfork_parent(void) { pthread_mutex_unlock(&G.mu); }
 
+void gc_dev_forget_uuids(void) {
+    pthread_mutex_lock(&G.mu);
+    memset(G.have_uuid, 0, sizeof G.have_uuid);
+    pthread_mutex_unlock(&G.mu);
+}
+
 /* The child's devices are asked again; its contexts are none. */
 void gc_dev_atfork_child(void) {
     pthread_mutex_init(&G.mu, NULL);

@@ -27,5 +27,7 @@ GC_HIDDEN int gc_contexts(CUcontext *out);
 GC_HIDDEN void gc_dev_atfork_prepare(void);
 GC_HIDDEN void gc_dev_atfork_parent(void);
 GC_HIDDEN void gc_dev_atfork_child(void);
+/* The GPUs behind the ordinals may have changed (a restore onto other GPUs): their UUIDs are asked again. */
+GC_HIDDEN void gc_dev_forget_uuids(void);
 
 #endif

@@ -168,6 +168,8 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, errbuf);
         return;
     }
+    /* after a restore, an ordinal may stand for another GPU (the helper names GPUs by UUID) */
+    gc_dev_forget_uuids();
     gc_alloc_lock();
     bool relabel = false;
     for (size_t i = 0; i < ri->n_entries; i++) {

@@ -6119,7 +6119,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__dump_done__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_descriptors[1] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_descriptors[2] =
 {
   {
     "image_dir",
@@ -6133,14 +6133,27 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "device_map",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__PrepareRestore, device_map),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__prepare_restore__field_indices_by_name[] = {
+  1,   /* field[1] = device_map */
   0,   /* field[0] = image_dir */
 };
 static const ProtobufCIntRange gpucr__helper__v1__prepare_restore__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 2 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor =
 {
@@ -6150,7 +6163,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor 
   "Gpucr__Helper__V1__PrepareRestore",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__PrepareRestore),
-  1,
+  2,
   gpucr__helper__v1__prepare_restore__field_descriptors,
   gpucr__helper__v1__prepare_restore__field_indices_by_name,
   1,  gpucr__helper__v1__prepare_restore__number_ranges,

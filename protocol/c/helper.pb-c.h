@@ -1299,10 +1299,19 @@ struct  Gpucr__Helper__V1__PrepareRestore
 {
   ProtobufCMessage base;
   char *image_dir;
+  /*
+   * Which GPU of this machine each GPU of the image goes to, as the user
+   * wrote it (GPUCR_DEVICE_MAP, `gpucr restore --device-map`):
+   * "OLD=NEW[,OLD=NEW...]", OLD a GPU UUID of the image (or a unique prefix)
+   * or the ordinal the image records, NEW a UUID of this machine (or a
+   * unique prefix) or the helper's ordinal. GPUs not named go to the same
+   * GPU where it is here and has room, else to a free GPU of the same model.
+   */
+  char *device_map;
 };
 #define GPUCR__HELPER__V1__PREPARE_RESTORE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__prepare_restore__descriptor) \
-    , (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
 
 
 /*

@@ -4284,8 +4284,15 @@ func (x *DumpDone) GetAlive() bool {
 // The plugin passes CRIU's image directory as a descriptor (SCM_RIGHTS);
 // the helper then reads beneath it.
 type PrepareRestore struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	// Which GPU of this machine each GPU of the image goes to, as the user
+	// wrote it (GPUCR_DEVICE_MAP, `gpucr restore --device-map`):
+	// "OLD=NEW[,OLD=NEW...]", OLD a GPU UUID of the image (or a unique prefix)
+	// or the ordinal the image records, NEW a UUID of this machine (or a
+	// unique prefix) or the helper's ordinal. GPUs not named go to the same
+	// GPU where it is here and has room, else to a free GPU of the same model.
+	DeviceMap     string `protobuf:"bytes,2,opt,name=device_map,json=deviceMap,proto3" json:"device_map,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4323,6 +4330,13 @@ func (*PrepareRestore) Descriptor() ([]byte, []int) {
 func (x *PrepareRestore) GetImageDir() string {
 	if x != nil {
 		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *PrepareRestore) GetDeviceMap() string {
+	if x != nil {
+		return x.DeviceMap
 	}
 	return ""
 }
@@ -4978,9 +4992,11 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\twake_path\x18\x01 \x01(\tR\bwakePath\"2\n" +
 	"\bDumpDone\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x14\n" +
-	"\x05alive\x18\x02 \x01(\bR\x05alive\"-\n" +
+	"\x05alive\x18\x02 \x01(\bR\x05alive\"L\n" +
 	"\x0ePrepareRestore\x12\x1b\n" +
-	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\v\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x1d\n" +
+	"\n" +
+	"device_map\x18\x02 \x01(\tR\tdeviceMap\"\v\n" +
 	"\tAwaitLoad\"\x1c\n" +
 	"\bRestored\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\"(\n" +

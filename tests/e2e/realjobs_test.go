@@ -38,7 +38,9 @@ func cliOK(t testing.TB, h *helperProc, env []string, img string, args ...string
 			}
 		}
 		hl, _ := os.ReadFile(h.log)
-		t.Fatalf("gpucr %s: %v\n%s%s\nhelper log:\n%s", strings.Join(args, " "), err, out, logs, tail(string(hl), 20))
+		// The helper's log first, what failed last: CI shows a failure's
+		// last lines.
+		t.Fatalf("helper log:\n%s\ngpucr %s: %v\n%s%s", tail(string(hl), 20), strings.Join(args, " "), err, out, logs)
 	}
 	return out
 }

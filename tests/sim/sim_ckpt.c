@@ -54,7 +54,8 @@ static const char *const ck_dirs[] = {"/dev/shm/gpucr-sim", "/tmp/gpucr-sim"};
 enum { CK_GET_STATE = 1, CK_LOCK, CK_CHECKPOINT, CK_RESTORE, CK_UNLOCK };
 
 typedef struct {
-    uint32_t magic, op, timeout_ms, pad;
+    uint32_t magic, op, timeout_ms, npairs;
+    CUcheckpointGpuPair pairs[SIM_MAX_DEVICES]; /* CK_RESTORE: cuCheckpointProcessRestore's gpuPairs */
 } ck_req;
 
 typedef struct {
@@ -96,9 +97,81 @@ static CUresult do_checkpoint(void) {
     return e ? (e == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM) : CUDA_SUCCESS;
 }
 
-static CUresult do_restore(int *state) {
+/*
+ * Restore onto other GPUs: each pair names a GPU of the process (its UUID at
+ * checkpoint) and the GPU to put it on. As the API reference says, the pairs
+ * must name every GPU the process checkpointed, and a new GPU must be one of
+ * this machine's, of the same kind (all simulated GPUs are), and named once.
+ * Pairs for GPUs the process did not use are ignored (GUESS: to be measured;
+ * drvtest ckpt_restore_gpu_pairs). The ordinal the process knows a GPU by
+ * stays; the GPU behind it changes, and an ordinal whose GPU another one took
+ * gets the one given up: the ordinals stay a permutation of the GPUs.
+ */
+static CUresult remap_gpus(const ck_req *q) {
+    if (q->npairs == 0)
+        return CUDA_SUCCESS;
+    int target[SIM_MAX_DEVICES];
+    bool taken[SIM_MAX_DEVICES] = {false};
+    for (int i = 0; i < sim.ndev; i++)
+        target[i] = -1;
+    for (uint32_t k = 0; k < q->npairs; k++) {
+        int old = -1, neu = -1;
+        for (int i = 0; i < sim.ndev; i++) {
+            CUuuid u;
+            sim_phys_uuid(sim.dev[i].phys, &u);
+            if (memcmp(u.bytes, q->pairs[k].oldUuid.bytes, sizeof u.bytes) == 0)
+                old = i;
+            sim_phys_uuid(i, &u);
+            if (memcmp(u.bytes, q->pairs[k].newUuid.bytes, sizeof u.bytes) == 0)
+                neu = i;
+        }
+        if (neu < 0) {
+            sim_warn("restore: gpuPairs[%u] names a new GPU this machine does not have", k);
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
+        if (old < 0 || !sim_device_in_use(old))
+            continue;
+        if (taken[neu] || target[old] >= 0) {
+            sim_warn("restore: gpuPairs[%u] names a GPU twice", k);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        target[old] = neu;
+        taken[neu] = true;
+    }
+    for (int i = 0; i < sim.ndev; i++) {
+        if (sim_device_in_use(i) && target[i] < 0) {
+            sim_warn("restore: gpuPairs lacks GPU %d of the process (every checkpointed GPU must be paired)", i);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    /* the ordinals not paired keep their GPU where it is free, else take one given up */
+    for (int i = 0; i < sim.ndev; i++)
+        if (target[i] < 0 && !taken[sim.dev[i].phys]) {
+            target[i] = sim.dev[i].phys;
+            taken[target[i]] = true;
+        }
+    for (int i = 0; i < sim.ndev; i++)
+        for (int g = 0; target[i] < 0 && g < sim.ndev; g++)
+            if (!taken[g]) {
+                target[i] = g;
+                taken[g] = true;
+            }
+    for (int i = 0; i < sim.ndev; i++) {
+        if (target[i] != sim.dev[i].phys)
+            sim_log("restore: ordinal %d moves from GPU %d to GPU %d", i, sim.dev[i].phys, target[i]);
+        sim.dev[i].phys = target[i];
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult do_restore(const ck_req *q, int *state) {
     if (restore_failed) /* measured: once a restore failed, every later one fails so */
         return CUDA_ERROR_OPERATING_SYSTEM;
+    if (q->npairs > (uint32_t)SIM_MAX_DEVICES)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr = remap_gpus(q);
+    if (rr != CUDA_SUCCESS)
+        return rr; /* still checkpointed; a restore with valid pairs may follow */
     pthread_rwlock_wrlock(&sim.memlock);
     if (sim_vmm_has_imported()) {
         /*
@@ -147,7 +220,7 @@ static CUresult handle(const ck_req *q, int *state_out) {
         if (st != SIM_CK_CHECKPOINTED)
             r = CUDA_ERROR_ILLEGAL_STATE;
         else
-            r = do_restore(&st);
+            r = do_restore(q, &st);
         break;
     case CK_UNLOCK:
         if (st != SIM_CK_LOCKED) {
@@ -457,15 +530,16 @@ static CUresult ck_connect(int pid, int *fdout) {
     return r;
 }
 
-static CUresult ck_call(int pid, uint32_t op, uint32_t timeout_ms, ck_rep *rep) {
+static CUresult ck_call(int pid, ck_req *q, ck_rep *rep) {
     if (pid <= 0)
         return CUDA_ERROR_INVALID_VALUE;
+    uint32_t op = q->op;
     int fd;
     CUresult r = ck_connect(pid, &fd);
     if (r != CUDA_SUCCESS)
         return r;
-    ck_req q = {.magic = CK_MAGIC, .op = op, .timeout_ms = timeout_ms};
-    if (send(fd, &q, sizeof q, MSG_NOSIGNAL) != (ssize_t)sizeof q) {
+    q->magic = CK_MAGIC;
+    if (send(fd, q, sizeof *q, MSG_NOSIGNAL) != (ssize_t)sizeof *q) {
         close(fd);
         return CK_ERR_TARGET_GONE;
     }
@@ -550,38 +624,51 @@ SIM_API CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state) {
     if (!state)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     ck_rep rep;
-    r = ck_call(pid, CK_GET_STATE, 0, &rep);
+    ck_req q = {.op = CK_GET_STATE};
+    r = ck_call(pid, &q, &rep);
     if (r == CUDA_SUCCESS)
         *state = (CUprocessState)rep.state;
     return sim_leave(&c, r);
 }
 
 /* Lock, Checkpoint, Restore and Unlock: one request to the target each. */
-static CUresult controller_op(const char *name, int pid, uint32_t op, uint32_t timeout_ms) {
+static CUresult controller_op(const char *name, int pid, ck_req *q) {
     sim_call c;
     CUresult r = controller_enter(&c, name);
     if (r == CUDA_SUCCESS) {
         ck_rep rep;
-        r = ck_call(pid, op, timeout_ms, &rep);
+        r = ck_call(pid, q, &rep);
     }
     return sim_leave(&c, r);
 }
 
 SIM_API CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
-    return controller_op("cuCheckpointProcessLock", pid, CK_LOCK, args ? args->timeoutMs : 0);
+    ck_req q = {.op = CK_LOCK, .timeout_ms = args ? args->timeoutMs : 0};
+    return controller_op("cuCheckpointProcessLock", pid, &q);
 }
 
 SIM_API CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
     (void)args;
-    return controller_op("cuCheckpointProcessCheckpoint", pid, CK_CHECKPOINT, 0);
+    ck_req q = {.op = CK_CHECKPOINT};
+    return controller_op("cuCheckpointProcessCheckpoint", pid, &q);
 }
 
 SIM_API CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
-    (void)args;
-    return controller_op("cuCheckpointProcessRestore", pid, CK_RESTORE, 0);
+    ck_req q = {.op = CK_RESTORE};
+    if (args && args->gpuPairsCount) {
+        if (!args->gpuPairs || args->gpuPairsCount > SIM_MAX_DEVICES) {
+            sim_call c;
+            CUresult r = controller_enter(&c, "cuCheckpointProcessRestore");
+            return sim_leave(&c, r == CUDA_SUCCESS ? CUDA_ERROR_INVALID_VALUE : r);
+        }
+        q.npairs = args->gpuPairsCount;
+        memcpy(q.pairs, args->gpuPairs, sizeof(CUcheckpointGpuPair) * args->gpuPairsCount);
+    }
+    return controller_op("cuCheckpointProcessRestore", pid, &q);
 }
 
 SIM_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args) {
     (void)args;
-    return controller_op("cuCheckpointProcessUnlock", pid, CK_UNLOCK, 0);
+    ck_req q = {.op = CK_UNLOCK};
+    return controller_op("cuCheckpointProcessUnlock", pid, &q);
 }

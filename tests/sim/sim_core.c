@@ -181,6 +181,7 @@ SIM_API CUresult cuInit(unsigned int flags) {
     }
     for (int i = 0; i < sim.ndev; i++) {
         sim.dev[i].ordinal = i;
+        sim.dev[i].phys = i;
         sim.dev[i].total = sim_align_up((uint64_t)mib << 20, SIM_GRANULARITY);
     }
     r = sim_mem_init();

@@ -42,7 +42,7 @@ static int attr_value(int a, int dev) {
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x18 + dev;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x18 + sim.dev[dev].phys;
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 52428800;
@@ -147,23 +147,35 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+/* Deterministic, so that tests can tell GPUs and seeds apart reproducibly. */
+void sim_phys_uuid(int phys, CUuuid *uuid) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const char *seed = getenv("GPUCR_SIM_UUID_SEED");
+    for (const char *p = seed ? seed : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
+    uint64_t s = h ^ ((uint64_t)phys * 0x9e3779b97f4a7c15ULL);
+    uint64_t a = splitmix64(&s), b = splitmix64(&s);
+    memcpy(uuid->bytes, &a, 8);
+    memcpy(uuid->bytes + 8, &b, 8);
+}
+
+int sim_ordinal_of_phys(int phys) {
+    for (int i = 0; i < sim.ndev; i++)
+        if (sim.dev[i].phys == phys)
+            return i;
+    return -1;
+}
+
+bool sim_device_in_use(int dev) { return dev >= 0 && dev < sim.ndev && atomic_load(&ctxs[dev].alive); }
+
 static CUresult get_uuid(const char *name, CUuuid *uuid, CUdevice dev) {
     sim_call c;
     CUresult r = sim_enter(&c, name, SIM_NEED_INIT);
     if (r == CUDA_SUCCESS && (r = sim_device_check(dev)) == CUDA_SUCCESS) {
-        if (!uuid) {
+        if (!uuid)
             r = CUDA_ERROR_INVALID_VALUE;
-        } else {
-            /* deterministic, so that tests can tell devices and seeds apart reproducibly */
-            uint64_t h = 0xcbf29ce484222325ULL;
-            const char *seed = getenv("GPUCR_SIM_UUID_SEED");
-            for (const char *p = seed ? seed : ""; *p; p++)
-                h = (h ^ (unsigned char)*p) * 0x100000001b3ULL;
-            uint64_t s = h ^ ((uint64_t)dev * 0x9e3779b97f4a7c15ULL);
-            uint64_t a = splitmix64(&s), b = splitmix64(&s);
-            memcpy(uuid->bytes, &a, 8);
-            memcpy(uuid->bytes + 8, &b, 8);
-        }
+        else
+            sim_phys_uuid(sim.dev[dev].phys, uuid);
     }
     return sim_leave(&c, r);
 }

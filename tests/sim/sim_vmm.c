@@ -126,7 +126,7 @@ SIM_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         if (host)
             snprintf(name, sizeof name, VMM_HOST_NAME);
         else
-            snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", dev);
+            snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", sim.dev[dev].phys);
         int fd = sim_memfd(name, size);
         if (fd < 0) {
             sim_warn("cuMemCreate: memfd of %zu bytes: %s", size, strerror(-fd));
@@ -475,8 +475,11 @@ SIM_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     /* an fd that is not exported memory: the driver says UNKNOWN (measured with /dev/null) */
     if (dev == -1 || st.st_size <= 0 || (uint64_t)st.st_size % SIM_GRANULARITY)
         return sim_leave(&c, CUDA_ERROR_UNKNOWN);
-    if (dev >= sim.ndev)
-        dev = 0; /* exported by a process that sees more devices */
+    if (dev >= 0) {
+        /* the name says which GPU; this process may see it behind another ordinal */
+        int o = sim_ordinal_of_phys(dev);
+        dev = o >= 0 ? o : 0; /* exported by a process that sees more devices */
+    }
     sim_phys *p = calloc(1, sizeof *p);
     if (!p)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
@@ -604,7 +607,7 @@ int sim_vmm_unpark_all(void) {
         if (p->host)
             snprintf(name, sizeof name, VMM_HOST_NAME);
         else
-            snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", p->dev);
+            snprintf(name, sizeof name, VMM_NAME_PREFIX "%d", sim.dev[p->dev].phys);
         int e = sim_unpark_fd(&p->parked, p->size, name, &p->fd);
         if (e) {
             sim_warn("restore: recreating a VMM allocation: %s", strerror(-e));

@@ -68,7 +68,8 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
             "  --hb-every E     heartbeat every E iterations (default 10)\n"
             "  --seed S         seed of the initial contents (default 1)\n"
-            "  --device D       device ordinal (default 0)\n");
+            "  --device D       device ordinal (default 0)\n"
+            "  --show-device    end each heartbeat with gpu=UUID, the GPU behind the ordinal now\n");
     exit(status);
 }
 
@@ -87,7 +88,7 @@ static unsigned long long parse_num(const gpuapp *a, unsigned accepted, const ch
 
 void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
                   char **argv) {
-    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_GRAPH, O_STILL, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_HELP };
+    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_GRAPH, O_STILL, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_SHOWDEV, O_HELP };
     static const struct option longopts[] = {
         {"mib", required_argument, NULL, O_MIB},
         {"buffers", required_argument, NULL, O_BUFFERS},
@@ -99,6 +100,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         {"hb-every", required_argument, NULL, O_HB},
         {"seed", required_argument, NULL, O_SEED},
         {"device", required_argument, NULL, O_DEVICE},
+        {"show-device", no_argument, NULL, O_SHOWDEV},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -150,6 +152,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         case O_HB: a->hb_every = (unsigned)parse_num(a, accepted, "hb-every", optarg, 1, UINT32_MAX); break;
         case O_SEED: a->seed = (uint32_t)parse_num(a, accepted, "seed", optarg, 0, UINT32_MAX); break;
         case O_DEVICE: a->ordinal = (int)parse_num(a, accepted, "device", optarg, 0, 1024); break;
+        case O_SHOWDEV: a->show_device = 1; break;
         case O_HELP: usage(a, accepted, 0); break;
         default:
             fprintf(stderr, "%s: unknown or incomplete option '%s'\n", name, argv[optind - 1]);
@@ -384,8 +387,17 @@ void gpuapp_loop(const gpuapp *a, void *state, gpuapp_step_fn step, gpuapp_check
             if (hb) {
                 struct timespec now;
                 clock_gettime(CLOCK_REALTIME, &now);
-                printf("hb %llu %016llx %lld.%03ld\n", (unsigned long long)it, (unsigned long long)h,
+                printf("hb %llu %016llx %lld.%03ld", (unsigned long long)it, (unsigned long long)h,
                        (long long)now.tv_sec, now.tv_nsec / 1000000L);
+                if (a->show_device) {
+                    /* asked every time: a restore may have put the ordinal onto another GPU */
+                    CUuuid u;
+                    CHECK(cuDeviceGetUuid_v2(&u, a->dev));
+                    const unsigned char *b = (const unsigned char *)u.bytes;
+                    printf(" gpu=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+                }
+                printf("\n");
             }
             if (last)
                 printf("done %llu %016llx\n", (unsigned long long)it, (unsigned long long)h);

@@ -60,6 +60,7 @@ typedef struct gpuapp {
     unsigned still_mib;   /* --still-mib N (default 0) */
     uint32_t seed;        /* --seed S: initial contents (default 1) */
     int ordinal;          /* --device D: device ordinal (default 0) */
+    int show_device;      /* --show-device: each heartbeat names the GPU behind the ordinal (gpu=UUID) */
     CUdevice dev;         /* set by gpuapp_context() */
     CUcontext ctx;
 } gpuapp;

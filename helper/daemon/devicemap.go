@@ -1,0 +1,362 @@
+package daemon
+
+// Restore onto other GPUs: which GPU of this machine each GPU of an image
+// goes to. The helper loads a GPU's buffers into the device chosen, and the
+// driver's restore of each process's residual context is told the same
+// pairs (cuCheckpointProcessRestore's gpuPairs), so that the process finds
+// its memory and its context on one GPU. The ordinals the process knows its
+// GPUs by stay; the GPUs behind them change.
+//
+// The user's map ("OLD=NEW,...", `gpucr restore --device-map`) comes first.
+// A GPU it does not name goes to the same GPU where that is here, is not
+// taken and has room for it; else to a GPU of the same model that is not
+// taken and has room, the same ordinal first, then the one with the most
+// room. The driver restores only onto a GPU of the same kind, one GPU onto
+// one GPU.
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gpucr/gpucr/helper/cuda"
+	"github.com/gpucr/gpucr/image"
+)
+
+// imageGPU is a GPU that an image's buffers were on.
+type imageGPU struct {
+	uuid    string
+	ordinal int    // the ordinal its processes knew it by (the first buffer's)
+	bytes   uint64 // its buffers' memory
+}
+
+// imageGPUs lists the GPUs of im's buffers (only those of pid only, if not
+// 0), in the order their first buffers come.
+func imageGPUs(im *image.Image, only int) []imageGPU {
+	var out []imageGPU
+	at := map[string]int{}
+	for _, b := range im.Buffers() {
+		if only != 0 && b.Pid != only {
+			continue
+		}
+		key := gpuKey(b)
+		i, ok := at[key]
+		if !ok {
+			i = len(out)
+			at[key] = i
+			out = append(out, imageGPU{uuid: b.GPUUUID, ordinal: b.Device})
+		}
+		out[i].bytes += b.Size
+	}
+	return out
+}
+
+// gpuKey names the GPU of an image buffer: its UUID, or its ordinal in
+// images without one.
+func gpuKey(b image.BufferInfo) string {
+	if b.GPUUUID != "" {
+		return b.GPUUUID
+	}
+	return "#" + strconv.Itoa(b.Device)
+}
+
+func (g imageGPU) key() string {
+	if g.uuid != "" {
+		return g.uuid
+	}
+	return "#" + strconv.Itoa(g.ordinal)
+}
+
+func (g imageGPU) String() string {
+	if g.uuid == "" {
+		return fmt.Sprintf("GPU %d", g.ordinal)
+	}
+	return fmt.Sprintf("GPU %s (ordinal %d)", g.uuid, g.ordinal)
+}
+
+// deviceMapEntry is one OLD=NEW of a device map, as written.
+type deviceMapEntry struct{ old, new string }
+
+// parseDeviceMap reads "OLD=NEW[,OLD=NEW...]" (spaces around the parts are
+// ignored; "" is no map).
+func parseDeviceMap(s string) ([]deviceMapEntry, error) {
+	var out []deviceMapEntry
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		o, n, ok := strings.Cut(part, "=")
+		o, n = strings.TrimSpace(o), strings.TrimSpace(n)
+		if !ok || o == "" || n == "" || strings.Contains(n, "=") {
+			return nil, fmt.Errorf("device map %q: %q is not OLD=NEW (a GPU UUID, a unique part of one, or an ordinal on each side)", s, strings.TrimSpace(part))
+		}
+		out = append(out, deviceMapEntry{o, n})
+	}
+	return out, nil
+}
+
+// matchUUID says whether token names uuid: the whole UUID, or its start
+// (with or without "GPU-"), case-insensitively.
+func matchUUID(token, uuid string) bool {
+	if uuid == "" {
+		return false
+	}
+	t, u := strings.ToLower(token), strings.ToLower(uuid)
+	return t == u || strings.HasPrefix(u, t) || strings.HasPrefix(strings.TrimPrefix(u, "gpu-"), t)
+}
+
+// findImageGPU resolves the OLD of a map entry among the image's GPUs.
+func findImageGPU(token string, gpus []imageGPU) (int, error) {
+	var hits []int
+	if n, err := strconv.Atoi(token); err == nil {
+		for i, g := range gpus {
+			if g.ordinal == n {
+				hits = append(hits, i)
+			}
+		}
+	} else {
+		for i, g := range gpus {
+			if strings.EqualFold(token, g.uuid) {
+				return i, nil
+			}
+			if matchUUID(token, g.uuid) {
+				hits = append(hits, i)
+			}
+		}
+	}
+	switch len(hits) {
+	case 1:
+		return hits[0], nil
+	case 0:
+		return 0, fmt.Errorf("the image has no GPU %q (it has %s)", token, listImageGPUs(gpus))
+	default:
+		return 0, fmt.Errorf("%q names more than one GPU of the image (%s): give more of the UUID", token, listImageGPUs(gpus))
+	}
+}
+
+// findDevice resolves the NEW of a map entry among this helper's devices.
+func findDevice(token string, devs []Device) (Device, error) {
+	var hits []Device
+	if n, err := strconv.Atoi(token); err == nil {
+		for _, d := range devs {
+			if int(d.Info().Ordinal) == n {
+				hits = append(hits, d)
+			}
+		}
+	} else {
+		for _, d := range devs {
+			if strings.EqualFold(token, d.Info().Uuid) {
+				return d, nil
+			}
+			if matchUUID(token, d.Info().Uuid) {
+				hits = append(hits, d)
+			}
+		}
+	}
+	switch len(hits) {
+	case 1:
+		return hits[0], nil
+	case 0:
+		return nil, fmt.Errorf("this machine has no GPU %q (it has %s)", token, listDevices(devs))
+	default:
+		return nil, fmt.Errorf("%q names more than one GPU here (%s): give more of the UUID", token, listDevices(devs))
+	}
+}
+
+func listImageGPUs(gpus []imageGPU) string {
+	var s []string
+	for _, g := range gpus {
+		s = append(s, g.String())
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+func listDevices(devs []Device) string {
+	var s []string
+	for _, d := range devs {
+		s = append(s, fmt.Sprintf("%d %s", d.Info().Ordinal, d.Info().Uuid))
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+// placement is where an image's GPUs go.
+type placement struct {
+	dev map[string]Device // by imageGPU.key()
+}
+
+// deviceOf is the device an image buffer goes to.
+func (p placement) deviceOf(b image.BufferInfo) Device { return p.dev[gpuKey(b)] }
+
+// pairs are the driver's gpuPairs for a process whose buffers are bufs:
+// none when each of its GPUs stays where it was.
+func (p placement) pairs(bufs []image.BufferInfo) []cuda.GPUPair {
+	var out []cuda.GPUPair
+	moved := false
+	seen := map[string]bool{}
+	for _, b := range bufs {
+		d := p.deviceOf(b)
+		if d == nil || b.GPUUUID == "" || seen[b.GPUUUID] {
+			continue
+		}
+		seen[b.GPUUUID] = true
+		out = append(out, cuda.GPUPair{Old: b.GPUUUID, New: d.Info().Uuid})
+		moved = moved || b.GPUUUID != d.Info().Uuid
+	}
+	if !moved {
+		return nil
+	}
+	return out
+}
+
+// roomFunc says how much device memory a restore may take on d now; false:
+// unknown (treated as enough).
+type roomFunc func(d Device) (uint64, bool)
+
+// placeGPUs decides, for each GPU of an image, the device it goes to: the
+// map's entries first, then the defaults (see the top of this file). model
+// is the image's GPU model ("" unknown); a device of another model is
+// refused.
+func placeGPUs(gpus []imageGPU, devs []Device, model string, spec []deviceMapEntry, room roomFunc) (placement, error) {
+	p := placement{dev: map[string]Device{}}
+	taken := map[Device]string{} // device -> the image GPU put there
+	fits := func(d Device, g imageGPU) bool {
+		r, known := room(d)
+		return !known || r >= g.bytes
+	}
+	put := func(g imageGPU, d Device) error {
+		if model != "" && d.Info().Name != "" && d.Info().Name != model {
+			return fmt.Errorf("%s of the image cannot go onto GPU %d %s: it is a %s, the image's GPU a %s (the driver restores onto the same kind of GPU only)",
+				g, d.Info().Ordinal, d.Info().Uuid, d.Info().Name, model)
+		}
+		if other, ok := taken[d]; ok {
+			return fmt.Errorf("%s and %s of the image cannot both go onto GPU %d %s (one GPU restores onto one GPU)",
+				other, g, d.Info().Ordinal, d.Info().Uuid)
+		}
+		taken[d] = g.String()
+		p.dev[g.key()] = d
+		return nil
+	}
+	named := map[int]bool{}
+	for _, e := range spec {
+		i, err := findImageGPU(e.old, gpus)
+		if err != nil {
+			return p, fmt.Errorf("device map %s=%s: %w", e.old, e.new, err)
+		}
+		if named[i] {
+			return p, fmt.Errorf("device map: %s is named twice", gpus[i])
+		}
+		named[i] = true
+		d, err := findDevice(e.new, devs)
+		if err != nil {
+			return p, fmt.Errorf("device map %s=%s: %w", e.old, e.new, err)
+		}
+		if err := put(gpus[i], d); err != nil {
+			return p, fmt.Errorf("device map %s=%s: %w", e.old, e.new, err)
+		}
+	}
+	// The GPUs the map leaves out: their own GPU where it can take them.
+	var rest []imageGPU
+	for i, g := range gpus {
+		if named[i] {
+			continue
+		}
+		if d := deviceByUUID(devs, g.uuid); d != nil && taken[d] == "" && fits(d, g) {
+			if err := put(g, d); err != nil {
+				return p, err
+			}
+			continue
+		}
+		rest = append(rest, g)
+	}
+	for _, g := range rest {
+		var cands []Device
+		for _, d := range devs {
+			if _, ok := taken[d]; ok || (model != "" && d.Info().Name != "" && d.Info().Name != model) {
+				continue
+			}
+			cands = append(cands, d)
+		}
+		roomOf := func(d Device) uint64 {
+			r, known := room(d)
+			if !known {
+				return ^uint64(0)
+			}
+			return r
+		}
+		sort.SliceStable(cands, func(a, b int) bool {
+			sa, sb := int(cands[a].Info().Ordinal) == g.ordinal, int(cands[b].Info().Ordinal) == g.ordinal
+			if sa != sb {
+				return sa
+			}
+			return roomOf(cands[a]) > roomOf(cands[b])
+		})
+		var pick Device
+		for _, d := range cands {
+			if fits(d, g) {
+				pick = d
+				break
+			}
+		}
+		if pick == nil {
+			// Nothing has room by the driver's count: its own GPU, else
+			// the same ordinal, and the allocation says whether it fits
+			// (the helper's pool gives memory back when full).
+			if d := deviceByUUID(devs, g.uuid); d != nil && taken[d] == "" {
+				pick = d
+			} else if len(cands) > 0 && int(cands[0].Info().Ordinal) == g.ordinal {
+				pick = cands[0]
+			} else if len(cands) > 0 {
+				return p, fmt.Errorf("%s of the image needs %s: no GPU here has that much free (%s); name one with --device-map",
+					g, sizeStr(g.bytes), listDevices(devs))
+			} else {
+				return p, fmt.Errorf("no GPU here for %s of the image (this machine has %s%s)", g, listDevices(devs),
+					modelNote(model))
+			}
+		}
+		if err := put(g, pick); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+func modelNote(model string) string {
+	if model == "" {
+		return ""
+	}
+	return "; the image's GPUs are " + model + " and each needs a GPU of its own"
+}
+
+func deviceByUUID(devs []Device, uuid string) Device {
+	if uuid == "" {
+		return nil
+	}
+	for _, d := range devs {
+		if d.Info().Uuid == uuid {
+			return d
+		}
+	}
+	return nil
+}
+
+// restoreRoom is the device memory a restore may take on d: the driver's
+// free memory and what the helper's pool holds ready there (it gives that
+// back when the device is full).
+func (s *Server) restoreRoom(d Device) (uint64, bool) {
+	fm, ok := d.(interface{ FreeMemory() (uint64, error) })
+	if !ok {
+		return 0, false
+	}
+	free, err := fm.FreeMemory()
+	if err != nil {
+		return 0, false
+	}
+	return free + s.pool.readyBytes(d), true
+}
