@@ -55,6 +55,14 @@ static void *call_thread(void *arg) {
  * of VMM memory with known contents; with "import", also maps memory whose fd
  * arrives on fd 4. Says "ready", then obeys: verify, call, exit.
  */
+static const char *uuid_text(const CUuuid *u) {
+    static char s[48];
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(s, sizeof s, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return s;
+}
+
 static int helper_ckpt_target(int argc, char **argv) {
     bool import = argc > 0 && strcmp(argv[0], "import") == 0;
     CUdevice dev;
@@ -133,6 +141,12 @@ static int helper_ckpt_target(int argc, char **argv) {
             size_t f, t;
             r = cuMemGetInfo(&f, &t);
             dt_say("queried %d", (int)r);
+        } else if (strcmp(line, "uuid") == 0) {
+            /* the GPU behind ordinal 0 now (a restore may have moved it) */
+            CUuuid u;
+            if ((r = cuDeviceGetUuid_v2(&u, dev)))
+                T_FAIL("uuid: %s", dt_err(r));
+            dt_say("uuid %s", uuid_text(&u));
         } else if (strcmp(line, "exit") == 0) {
             break;
         }
@@ -216,6 +230,107 @@ static void expect_no_memfd(int pid) {
         while (fgets(line, sizeof line, f))
             EXPECT(!strstr(line, "/memfd:"), "checkpointed target still maps %s", line);
         fclose(f);
+    }
+}
+
+/* Locks and checkpoints a new target; its pid. */
+static int checkpointed_target(dt_child *c) {
+    start_target(c, NULL);
+    wait_ready(c);
+    REQUIRE_RC(cuCheckpointProcessLock(c->pid, NULL), CUDA_SUCCESS);
+    REQUIRE_RC(cuCheckpointProcessCheckpoint(c->pid, NULL), CUDA_SUCCESS);
+    return c->pid;
+}
+
+/* The GPU the target's ordinal 0 stands for now. */
+static void expect_target_uuid(dt_child *c, const char *want) {
+    char line[256] = "";
+    dt_send_line(c->to, "uuid");
+    bool got = dt_read_line(c->from, line, sizeof line, 60000);
+    EXPECT(got && strncmp(line, "uuid ", 5) == 0 && strcmp(line + 5, want) == 0,
+           "target's device 0 after the restore: %s, want %s", got ? line : "no answer", want);
+}
+
+static CUresult restore_pairs(int pid, const CUuuid *olds, const CUuuid *news, unsigned n) {
+    CUcheckpointGpuPair p[4];
+    CUcheckpointRestoreArgs a;
+    memset(&a, 0, sizeof a);
+    memset(p, 0, sizeof p);
+    for (unsigned i = 0; i < n && i < 4; i++) {
+        p[i].oldUuid = olds[i];
+        p[i].newUuid = news[i];
+    }
+    a.gpuPairs = p;
+    a.gpuPairsCount = n;
+    return cuCheckpointProcessRestore(pid, &a);
+}
+
+/*
+ * Restore onto another GPU (gpuPairs, driver 580 and newer): a target that
+ * used device 0 restores onto device 1, finds its memory there and device
+ * 0 now standing for the other GPU. What the driver does with pairs that
+ * leave a GPU of the process out, or name one it did not use, is printed
+ * (and, on the simulator, checked as it is built to answer).
+ */
+static void ckpt_restore_gpu_pairs(void) {
+    OK(cuInit(0));
+    int n = 0;
+    OK(cuDeviceGetCount(&n));
+    if (n < 2)
+        dt_skip("one device");
+    bool sim = dt_is_sim();
+    CUuuid u[2], bogus;
+    OK(cuDeviceGetUuid_v2(&u[0], 0));
+    OK(cuDeviceGetUuid_v2(&u[1], 1));
+    memset(&bogus, 0x5a, sizeof bogus);
+    char u1[48];
+    snprintf(u1, sizeof u1, "%s", uuid_text(&u[1]));
+
+    /* onto device 1 */
+    dt_child c;
+    int pid = checkpointed_target(&c);
+    EXPECT_RC(restore_pairs(pid, &u[0], &u[1], 1), CUDA_SUCCESS);
+    STATE_IS(pid, CU_PROCESS_STATE_LOCKED);
+    EXPECT_RC(cuCheckpointProcessUnlock(pid, NULL), CUDA_SUCCESS);
+    verify_target(&c);
+    expect_target_uuid(&c, u1);
+    finish(&c);
+
+    /* a new GPU that is not there */
+    pid = checkpointed_target(&c);
+    CUresult r = restore_pairs(pid, &u[0], &bogus, 1);
+    fprintf(stderr, "# gpuPairs naming a GPU that is not there: %s\n", dt_err(r));
+    EXPECT(r != CUDA_SUCCESS, "a restore onto a GPU that is not there succeeded");
+    if (sim)
+        EXPECT_RC(r, CUDA_ERROR_INVALID_DEVICE);
+    CUprocessState st = (CUprocessState)-1;
+    (void)cuCheckpointProcessGetState(pid, &st);
+    r = cuCheckpointProcessRestore(pid, NULL);
+    fprintf(stderr, "# then: state %d; a restore without pairs: %s\n", (int)st, dt_err(r));
+    dt_kill(&c);
+
+    /* pairs leaving the process's GPU out (only the GPU it did not use) */
+    pid = checkpointed_target(&c);
+    r = restore_pairs(pid, &u[1], &u[0], 1);
+    fprintf(stderr, "# gpuPairs without the process's GPU: %s\n", dt_err(r));
+    if (sim)
+        EXPECT_RC(r, CUDA_ERROR_INVALID_VALUE);
+    dt_kill(&c);
+
+    /* pairs for both GPUs, the one it did not use included: a swap */
+    pid = checkpointed_target(&c);
+    CUuuid olds[2] = {u[0], u[1]}, news[2] = {u[1], u[0]};
+    r = restore_pairs(pid, olds, news, 2);
+    fprintf(stderr, "# gpuPairs swapping both GPUs (one unused): %s\n", dt_err(r));
+    if (sim)
+        EXPECT_RC(r, CUDA_SUCCESS);
+    if (r == CUDA_SUCCESS) {
+        EXPECT_RC(cuCheckpointProcessUnlock(pid, NULL), CUDA_SUCCESS);
+        verify_target(&c);
+        expect_target_uuid(&c, u1);
+        finish(&c);
+    } else {
+        dt_kill(&c);
     }
 }
 
@@ -442,6 +557,7 @@ const dt_case dt_cases_ckpt[] = {
     {"ckpt_restore_tid", ckpt_restore_tid, 0},
     {"ckpt_imported", ckpt_imported, 0},
     {"ckpt_restore_stopped", ckpt_restore_stopped, DT_SIM_ONLY},
+    {"ckpt_restore_gpu_pairs", ckpt_restore_gpu_pairs, 0},
     {NULL, NULL, 0},
 };
 

@@ -38,9 +38,11 @@ func TestDriverConformance(t *testing.T) {
 	}
 	// with one device the peer case skips itself; the GPU machine's two
 	// cards run it, and two simulated ones here
-	out, err = runErr(time.Minute, simEnv(t, "GPUCR_SIM_DEVICES=2"), binPath(t, "drvtest"), "share_peer_access")
-	if err != nil || !strings.Contains(out, "ok share_peer_access\n") {
-		t.Errorf("drvtest share_peer_access on two devices: %v\n%s", err, tail(out, 20))
+	for _, c := range []string{"share_peer_access", "ckpt_restore_gpu_pairs"} {
+		out, err = runErr(time.Minute, simEnv(t, "GPUCR_SIM_DEVICES=2"), binPath(t, "drvtest"), c)
+		if err != nil || !strings.Contains(out, "ok "+c+"\n") {
+			t.Errorf("drvtest %s on two devices: %v\n%s", c, err, tail(out, 20))
+		}
 	}
 }
 
