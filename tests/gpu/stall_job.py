@@ -22,6 +22,12 @@ synthetic tokens from a DataLoader with 2 worker processes; ACC is then the
 running sum of the losses. --train-small: the same with 6 layers of hidden
 768 (about 1.5 GB). Seeded, and deterministic on one GPU, so a
 restored process must repeat the losses.
+
+--show-device appends to every hb line what the process finds of its device
+0 at that moment: torch's cached properties (uuid), and the driver and NVML
+asked afresh (driver UUID and PCI bus id of the ordinal; the UUID NVML
+gives for that bus id): after a restore onto another GPU they tell which
+answers follow the move.
 """
 import os
 import sys
@@ -33,6 +39,50 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from bench_steps import LM, Tokens  # noqa: E402  (this directory: the same model as the step benchmark's)
+
+
+class DeviceProbe:
+    """Asks the driver and NVML directly (ctypes): torch caches what it read once."""
+
+    def __init__(self):
+        import ctypes
+        self.c = ctypes
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        try:
+            self.nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            self.nvml_ok = self.nvml.nvmlInit_v2() == 0
+        except OSError:
+            self.nvml_ok = False
+
+    @staticmethod
+    def fmt(b):
+        h = bytes(b).hex()
+        return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    def report(self):
+        c = self.c
+        u = (c.c_ubyte * 16)()
+        drv = self.fmt(u) if self.cu.cuDeviceGetUuid_v2(u, 0) == 0 else "?"
+        bus = c.create_string_buffer(64)
+        bus_id = bus.value.decode() if self.cu.cuDeviceGetPCIBusId(bus, 64, 0) == 0 else "?"
+        nv = "?"
+        if self.nvml_ok and bus_id != "?":
+            h = c.c_void_p()
+            if self.nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.value, c.byref(h)) == 0:
+                s = c.create_string_buffer(96)
+                if self.nvml.nvmlDeviceGetUUID(h, s, 96) == 0:
+                    nv = s.value.decode()
+        tu = str(getattr(torch.cuda.get_device_properties(0), "uuid", "?"))
+        if tu != "?" and not tu.startswith("GPU-"):
+            tu = "GPU-" + tu
+        return f" torch_uuid={tu} drv_uuid={drv} drv_bus={bus_id} nvml_uuid_of_bus={nv}"
+
+
+PROBE = None
+
+
+def show():
+    return PROBE.report() if PROBE else ""
 
 
 def buffers_job(gb, log, hot=0):
@@ -53,7 +103,7 @@ def buffers_job(gb, log, hot=0):
         t = time.time()
         log.write(f"st {i} {t:.4f}\n")
         if i % 20 == 0:
-            log.write(f"hb {i} {t:.4f} {acc.item():.6f}\n")
+            log.write(f"hb {i} {t:.4f} {acc.item():.6f}{show()}\n")
         i += 1
         time.sleep(0.002)
 
@@ -79,12 +129,16 @@ def train_job(log, small=False):
         t = time.time()
         log.write(f"st {i} {t:.4f}\n")
         if i % 5 == 0:
-            log.write(f"hb {i} {t:.4f} {acc:.6f}\n")
+            log.write(f"hb {i} {t:.4f} {acc:.6f}{show()}\n")
 
 
 def main():
     gb = float(sys.argv[1])
     log = open(sys.argv[2], "a", buffering=1)
+    if "--show-device" in sys.argv[3:]:
+        global PROBE
+        torch.cuda.init()
+        PROBE = DeviceProbe()
     if "--train" in sys.argv[3:]:
         train_job(log)
     elif "--train-small" in sys.argv[3:]:
