@@ -136,15 +136,16 @@ func (w *Writer) manifest() *imagepb.Manifest {
 	}
 	procs := maps.Clone(w.procs)
 	if procs == nil {
-		procs = map[int]int{}
+		procs = map[int]procRec{}
 	}
 	for _, b := range w.buffers {
-		if b.info.Pid > 0 && procs[b.info.Pid] == 0 { // pid 0: unknown (tests, tools)
-			procs[b.info.Pid] = b.info.NsPid
+		if r := procs[b.info.Pid]; b.info.Pid > 0 && r.ns == 0 { // pid 0: unknown (tests, tools)
+			r.ns = b.info.NsPid
+			procs[b.info.Pid] = r
 		}
 	}
 	for _, pid := range slices.Sorted(maps.Keys(procs)) {
-		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid])})
+		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid].ns), Gpus: procs[pid].gpus})
 	}
 	m.Stats = statsToPB(st)
 	return m

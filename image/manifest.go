@@ -178,9 +178,16 @@ func validateManifest(m *imagepb.Manifest) error {
 			return corruptf("process list: pid %d (ns pid %d) after %d (pids must be positive, unique and sorted)", p.GetPid(), p.GetNsPid(), last)
 		}
 		last = p.GetPid()
+		if len(p.GetGpus()) > maxProcessGPUs {
+			return corruptf("process %d: %d GPUs (at most %d)", p.GetPid(), len(p.GetGpus()), maxProcessGPUs)
+		}
 	}
 	return checkOverlaps(m.GetBuffers())
 }
+
+// maxProcessGPUs bounds a process's GPU list (the driver's device count
+// stays far below it).
+const maxProcessGPUs = 64
 
 func validateBuffer(m *imagepb.Manifest, b *imagepb.Buffer) error {
 	cs := m.GetChunkSize()

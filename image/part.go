@@ -63,12 +63,13 @@ func (w *Writer) SealProcess(pid int) error {
 		m.Buffers = append(m.Buffers, w.bufferPB(b, &st))
 		st.Buffers++
 	}
-	ns, listed := w.procs[pid]
+	rec, listed := w.procs[pid]
 	w.mu.RUnlock()
+	ns := rec.ns
 	if !listed && len(m.Buffers) > 0 {
 		ns = int(m.Buffers[0].GetNsPid())
 	}
-	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns)}}
+	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns), Gpus: rec.gpus}}
 	m.Stats = statsToPB(st)
 	data, err := encodeManifest(m)
 	if err != nil {

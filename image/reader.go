@@ -247,18 +247,19 @@ func (im *Image) Buffers() []BufferInfo {
 // Processes lists the processes the image was taken of, by pid: those the
 // manifest records, and the owner of every buffer.
 func (im *Image) Processes() []ProcessInfo {
-	procs := map[int]int{}
+	procs := map[int]ProcessInfo{}
 	for _, p := range im.m.GetProcesses() {
-		procs[int(p.GetPid())] = int(p.GetNsPid())
+		procs[int(p.GetPid())] = ProcessInfo{Pid: int(p.GetPid()), NsPid: int(p.GetNsPid()), GPUs: p.GetGpus()}
 	}
 	for _, b := range im.m.GetBuffers() {
-		if b.GetPid() > 0 && procs[int(b.GetPid())] == 0 {
-			procs[int(b.GetPid())] = int(b.GetNsPid())
+		if p := procs[int(b.GetPid())]; b.GetPid() > 0 && p.NsPid == 0 {
+			p.Pid, p.NsPid = int(b.GetPid()), int(b.GetNsPid())
+			procs[int(b.GetPid())] = p
 		}
 	}
 	out := make([]ProcessInfo, 0, len(procs))
 	for _, pid := range slices.Sorted(maps.Keys(procs)) {
-		out = append(out, ProcessInfo{Pid: pid, NsPid: procs[pid]})
+		out = append(out, procs[pid])
 	}
 	return out
 }

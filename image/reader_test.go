@@ -9,7 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -471,6 +471,10 @@ func TestProcesses(t *testing.T) {
 	if err := w.AddProcess(0, 0); err == nil {
 		t.Error("AddProcess(0) accepted")
 	}
+	gpus := []string{"GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"}
+	if err := w.AddProcessInfo(ProcessInfo{Pid: 10, GPUs: gpus}); err != nil {
+		t.Fatal(err)
+	}
 	bw, err := w.AddBuffer(BufferInfo{Pid: 20, NsPid: 2, Address: 0x1000, Size: 4096})
 	if err != nil {
 		t.Fatal(err)
@@ -491,8 +495,8 @@ func TestProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []ProcessInfo{{10, 0}, {20, 2}, {30, 3}}
-	if got := im.Processes(); !slices.Equal(got, want) {
+	want := []ProcessInfo{{10, 0, gpus}, {20, 2, nil}, {30, 3, nil}}
+	if got := im.Processes(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Processes() = %v, want %v", got, want)
 	}
 
@@ -506,7 +510,7 @@ func TestProcesses(t *testing.T) {
 	if im, err = Open(dir); err != nil {
 		t.Fatal(err)
 	}
-	if got := im.Processes(); !slices.Equal(got, []ProcessInfo{{20, 2}}) {
+	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil}}) {
 		t.Errorf("without a process list: %v", got)
 	}
 

@@ -151,6 +151,9 @@ const AllocFlagGPUDirectRDMA = AllocFlags(imagepb.AllocFlag_ALLOC_FLAG_GPU_DIREC
 type ProcessInfo struct {
 	Pid   int
 	NsPid int // 0: unknown
+	// GPUs are the GPUs the process could see (UUIDs, by its device
+	// ordinal); nil: unknown.
+	GPUs []string
 }
 
 // WriteStats counts what a Writer did. A chunk is exactly one of new (a file

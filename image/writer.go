@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -48,8 +49,8 @@ type Writer struct {
 	state   writerState
 	err     error // first failure
 	buffers []*BufferWriter
-	spans   map[int][]span // per pid, sorted by address: overlap check in AddBuffer
-	procs   map[int]int    // AddProcess: pid -> ns pid
+	spans   map[int][]span  // per pid, sorted by address: overlap check in AddBuffer
+	procs   map[int]procRec // AddProcess: by pid
 	bytesIn atomic.Int64
 
 	partsMu sync.Mutex // guards parts; never held with mu
@@ -317,8 +318,19 @@ func parentChunks(dir, parent string, own *Owner) (*imagepb.Parent, map[chunkHas
 // has buffers (AddBuffer records its own process too). nsPid is its pid in
 // its pid namespace, 0 if unknown.
 func (w *Writer) AddProcess(pid, nsPid int) error {
-	if pid <= 0 || nsPid < 0 {
-		return fmt.Errorf("process %d (ns pid %d): invalid pid", pid, nsPid)
+	return w.AddProcessInfo(ProcessInfo{Pid: pid, NsPid: nsPid})
+}
+
+// procRec is what the image records of a process besides its buffers.
+type procRec struct {
+	ns   int
+	gpus []string
+}
+
+// AddProcessInfo is AddProcess with the GPUs the process could see.
+func (w *Writer) AddProcessInfo(p ProcessInfo) error {
+	if p.Pid <= 0 || p.NsPid < 0 {
+		return fmt.Errorf("process %d (ns pid %d): invalid pid", p.Pid, p.NsPid)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -326,11 +338,16 @@ func (w *Writer) AddProcess(pid, nsPid int) error {
 		return w.stateErrLocked()
 	}
 	if w.procs == nil {
-		w.procs = map[int]int{}
+		w.procs = map[int]procRec{}
 	}
-	if nsPid != 0 || w.procs[pid] == 0 {
-		w.procs[pid] = nsPid
+	r := w.procs[p.Pid]
+	if p.NsPid != 0 || r.ns == 0 {
+		r.ns = p.NsPid
 	}
+	if p.GPUs != nil {
+		r.gpus = slices.Clone(p.GPUs)
+	}
+	w.procs[p.Pid] = r
 	return nil
 }
 

@@ -101,7 +101,7 @@ type job struct {
 	// hands it to the helper, which checks it; RestoreOptions.DeviceMap)
 	deviceMap string
 	fill      func(*rpc.CriuOpts)
-	ev   *emitter
+	ev        *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.

@@ -140,6 +140,7 @@ type checkpointRun struct {
 	reply *helperpb.CheckpointReply
 
 	regions []engine.Region
+	gpus    []string        // the GPUs the process sees (its buffer table), for the image
 	bytes   uint64          // of regions
 	tr      *transfer       // the copy, once begun: its progress, and the steps in the end
 	w       *image.Writer   // the image, once open
@@ -311,6 +312,7 @@ func (r *checkpointRun) bufferTable() *stepError {
 	if r.regions, err = r.s.regions(r.cl, table); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "%v", err)
 	}
+	r.gpus = table.GetGpus()
 	r.bytes = engine.TotalSize(r.regions)
 	return nil
 }
@@ -335,7 +337,7 @@ func (r *checkpointRun) openImage() *stepError {
 		return stepFailed(imageErrCode(err), "image: %v", err)
 	}
 	r.w = w
-	if err := w.AddProcess(int(r.cl.pid), int(proc.NsPid(r.cl.pid))); err != nil {
+	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	return nil

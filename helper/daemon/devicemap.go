@@ -16,6 +16,7 @@ package daemon
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -194,25 +195,72 @@ type placement struct {
 // deviceOf is the device an image buffer goes to.
 func (p placement) deviceOf(b image.BufferInfo) Device { return p.dev[gpuKey(b)] }
 
-// pairs are the driver's gpuPairs for a process whose buffers are bufs:
-// none when each of its GPUs stays where it was.
-func (p placement) pairs(bufs []image.BufferInfo) []cuda.GPUPair {
-	var out []cuda.GPUPair
+// pairs are the driver's gpuPairs for a process whose buffers are bufs and
+// that could see the GPUs visible (its ordinals' UUIDs; nil: unknown), on a
+// machine with devs: none when each of its GPUs stays where it was.
+//
+// Measured on driver 580 (2 H200s, drvtest ckpt_restore_gpu_pairs): the
+// driver wants every GPU the process sees paired, not only those it used,
+// one onto one (pairs leaving one out fail with CUDA_ERROR_INVALID_VALUE).
+// A visible GPU without buffers stays where it is if it can, else takes a
+// GPU given up. Without the list (older images), the GPUs the buffers were
+// on stand for it, and a GPU of this machine that one moves onto is paired
+// back onto a GPU given up: a process that saw both GPUs of a machine and
+// used one swaps them.
+func (p placement) pairs(bufs []image.BufferInfo, visible []string, devs []Device) ([]cuda.GPUPair, error) {
+	target := map[string]string{} // old UUID -> new
+	taken := map[string]bool{}
+	var order []string
 	moved := false
-	seen := map[string]bool{}
 	for _, b := range bufs {
 		d := p.deviceOf(b)
-		if d == nil || b.GPUUUID == "" || seen[b.GPUUUID] {
+		if d == nil || b.GPUUUID == "" || target[b.GPUUUID] != "" {
 			continue
 		}
-		seen[b.GPUUUID] = true
-		out = append(out, cuda.GPUPair{Old: b.GPUUUID, New: d.Info().Uuid})
+		target[b.GPUUUID] = d.Info().Uuid
+		taken[d.Info().Uuid] = true
+		order = append(order, b.GPUUUID)
 		moved = moved || b.GPUUUID != d.Info().Uuid
 	}
 	if !moved {
-		return nil
+		return nil, nil
 	}
-	return out
+	if visible == nil {
+		// Unknown: close the moves into a permutation of this machine's GPUs.
+		for _, d := range devs {
+			if u := d.Info().Uuid; taken[u] && target[u] == "" {
+				visible = append(visible, u)
+			}
+		}
+		visible = append(slices.Clone(order), visible...)
+	}
+	var out []cuda.GPUPair
+	for _, v := range visible {
+		if target[v] == "" {
+			if d := deviceByUUID(devs, v); d != nil && !taken[v] {
+				target[v] = v
+			} else {
+				for _, d := range devs {
+					if u := d.Info().Uuid; !taken[u] {
+						target[v] = u
+						break
+					}
+				}
+			}
+			if target[v] == "" {
+				return nil, fmt.Errorf("the process saw %d GPUs (%s); this machine has no GPU left for %s (it has %s)",
+					len(visible), strings.Join(visible, ", "), v, listDevices(devs))
+			}
+			taken[target[v]] = true
+		}
+		out = append(out, cuda.GPUPair{Old: v, New: target[v]})
+	}
+	for _, o := range order { // a buffer's GPU the list lacked (it cannot: the list is the process's)
+		if !slices.Contains(visible, o) {
+			out = append(out, cuda.GPUPair{Old: o, New: target[o]})
+		}
+	}
+	return out, nil
 }
 
 // roomFunc says how much device memory a restore may take on d now; false:

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -114,18 +115,43 @@ func TestParseDeviceMap(t *testing.T) {
 }
 
 // A process's driver restore is told its GPUs only when one moves, and
-// then all of them (the driver wants every GPU of the process paired).
+// then every GPU it saw, one onto one (what the driver accepts, measured).
 func TestPlacementPairs(t *testing.T) {
 	d := devs(0, 0)
-	p := placement{dev: map[string]Device{uuidA: d[0], uuidB: d[1]}}
-	bufs := []image.BufferInfo{{GPUUUID: uuidA}, {GPUUUID: uuidB}, {GPUUUID: uuidA}}
-	if got := p.pairs(bufs); got != nil {
-		t.Errorf("nothing moved, pairs %v", got)
-	}
-	p.dev[uuidA], p.dev[uuidB] = d[1], d[0]
-	want := []cuda.GPUPair{{Old: uuidA, New: uuidB}, {Old: uuidB, New: uuidA}}
-	got := p.pairs(bufs)
-	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
-		t.Errorf("pairs %v, want %v", got, want)
+	onA := []image.BufferInfo{{GPUUUID: uuidA}, {GPUUUID: uuidA}}
+	onAB := []image.BufferInfo{{GPUUUID: uuidA}, {GPUUUID: uuidB}, {GPUUUID: uuidA}}
+	stay := placement{dev: map[string]Device{uuidA: d[0], uuidB: d[1]}}
+	swap := placement{dev: map[string]Device{uuidA: d[1], uuidB: d[0]}}
+	toB := placement{dev: map[string]Device{uuidA: d[1]}}
+	ab, ba := cuda.GPUPair{Old: uuidA, New: uuidB}, cuda.GPUPair{Old: uuidB, New: uuidA}
+	for _, tc := range []struct {
+		name    string
+		p       placement
+		bufs    []image.BufferInfo
+		visible []string
+		devs    []Device
+		want    []cuda.GPUPair
+		err     string
+	}{
+		{name: "nothing moved", p: stay, bufs: onAB, visible: []string{uuidA, uuidB}, devs: d},
+		{name: "both used, swapped", p: swap, bufs: onAB, visible: []string{uuidA, uuidB}, devs: d, want: []cuda.GPUPair{ab, ba}},
+		{name: "one used of two seen", p: toB, bufs: onA, visible: []string{uuidA, uuidB}, devs: d, want: []cuda.GPUPair{ab, ba}},
+		{name: "one seen", p: toB, bufs: onA, visible: []string{uuidA}, devs: d, want: []cuda.GPUPair{ab}},
+		{name: "unknown: the move closed on this machine", p: toB, bufs: onA, devs: d, want: []cuda.GPUPair{ab, ba}},
+		{name: "more seen than here", p: toB, bufs: onA, visible: []string{uuidA, uuidB, uuidC}, devs: d,
+			err: "no GPU left for " + uuidC},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.p.pairs(tc.bufs, tc.visible, tc.devs)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("pairs %v (%v), want %v", got, err, tc.want)
+			}
+		})
 	}
 }

@@ -217,11 +217,19 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, 
 	for _, b := range im.Buffers() {
 		bufsOf[b.Pid] = append(bufsOf[b.Pid], b)
 	}
-	for pid, cl := range byPid {
-		cl.gpuPairs = place.pairs(bufsOf[pid])
-		for _, pr := range cl.gpuPairs {
-			if pr.Old != pr.New {
-				cl.log.Info("restored onto another GPU", zap.String("image_gpu", pr.Old), zap.String("gpu", pr.New))
+	for _, pr := range im.Processes() {
+		cl := byPid[pr.Pid]
+		if cl == nil {
+			continue
+		}
+		pairs, err := place.pairs(bufsOf[pr.Pid], pr.GPUs, s.cfg.Devices)
+		if err != nil {
+			return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "process %d of the image: %v", pr.Pid, err)
+		}
+		cl.gpuPairs = pairs
+		for _, gp := range pairs {
+			if gp.Old != gp.New {
+				cl.log.Info("restored onto another GPU", zap.String("image_gpu", gp.Old), zap.String("gpu", gp.New))
 			}
 		}
 	}

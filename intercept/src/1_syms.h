@@ -244,6 +244,7 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
     X(cuCtxSetCurrent)                                                                                                 \
     X(cuCtxSynchronize)                                                                                                \
     X(cuDeviceGetUuid_v2)                                                                                              \
+    X(cuDeviceGetCount)                                                                                                \
     X(cuMemGetAllocationGranularity)                                                                                   \
     X(cuMemAddressReserve)                                                                                             \
     X(cuMemAddressFree)                                                                                                \

@@ -4287,7 +4287,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__get_stats__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__get_stats__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__buffer_table__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__buffer_table__field_descriptors[5] =
 {
   {
     "allocations",
@@ -4337,17 +4337,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__buffer_table__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "gpus",
+    5,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_STRING,
+    offsetof(Gpucr__Helper__V1__BufferTable, n_gpus),
+    offsetof(Gpucr__Helper__V1__BufferTable, gpus),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__buffer_table__field_indices_by_name[] = {
   0,   /* field[0] = allocations */
   1,   /* field[1] = buffers */
+  4,   /* field[4] = gpus */
   3,   /* field[3] = not_checkpointable */
   2,   /* field[2] = state */
 };
 static const ProtobufCIntRange gpucr__helper__v1__buffer_table__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__buffer_table__descriptor =
 {
@@ -4357,7 +4370,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer_table__descriptor =
   "Gpucr__Helper__V1__BufferTable",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__BufferTable),
-  4,
+  5,
   gpucr__helper__v1__buffer_table__field_descriptors,
   gpucr__helper__v1__buffer_table__field_indices_by_name,
   1,  gpucr__helper__v1__buffer_table__number_ranges,

@@ -791,10 +791,17 @@ struct  Gpucr__Helper__V1__BufferTable
    */
   size_t n_not_checkpointable;
   char **not_checkpointable;
+  /*
+   * The GPUs the process can see (UUIDs, by its device ordinal): a restore
+   * onto other GPUs must pair every one of them (the driver refuses pairs
+   * that leave one out).
+   */
+  size_t n_gpus;
+  char **gpus;
 };
 #define GPUCR__HELPER__V1__BUFFER_TABLE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__buffer_table__descriptor) \
-    , 0,NULL, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0,NULL }
+    , 0,NULL, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0,NULL, 0,NULL }
 
 
 struct  Gpucr__Helper__V1__Allocation

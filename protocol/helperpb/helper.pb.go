@@ -2640,8 +2640,12 @@ type BufferTable struct {
 	State       ClientState            `protobuf:"varint,3,opt,name=state,proto3,enum=gpucr.helper.v1.ClientState" json:"state,omitempty"`
 	// Reasons the process cannot be checkpointed (empty: it can).
 	NotCheckpointable []string `protobuf:"bytes,4,rep,name=not_checkpointable,json=notCheckpointable,proto3" json:"not_checkpointable,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The GPUs the process can see (UUIDs, by its device ordinal): a restore
+	// onto other GPUs must pair every one of them (the driver refuses pairs
+	// that leave one out).
+	Gpus          []string `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BufferTable) Reset() {
@@ -2698,6 +2702,13 @@ func (x *BufferTable) GetState() ClientState {
 func (x *BufferTable) GetNotCheckpointable() []string {
 	if x != nil {
 		return x.NotCheckpointable
+	}
+	return nil
+}
+
+func (x *BufferTable) GetGpus() []string {
+	if x != nil {
+		return x.Gpus
 	}
 	return nil
 }
@@ -4845,12 +4856,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"\bSnapshot\"\n" +
 	"\n" +
-	"\bGetStats\"\xe2\x01\n" +
+	"\bGetStats\"\xf6\x01\n" +
 	"\vBufferTable\x12=\n" +
 	"\vallocations\x18\x01 \x03(\v2\x1b.gpucr.helper.v1.AllocationR\vallocations\x121\n" +
 	"\abuffers\x18\x02 \x03(\v2\x17.gpucr.helper.v1.BufferR\abuffers\x122\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\x12-\n" +
-	"\x12not_checkpointable\x18\x04 \x03(\tR\x11notCheckpointable\"\xa6\x01\n" +
+	"\x12not_checkpointable\x18\x04 \x03(\tR\x11notCheckpointable\x12\x12\n" +
+	"\x04gpus\x18\x05 \x03(\tR\x04gpus\"\xa6\x01\n" +
 	"\n" +
 	"Allocation\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x18\n" +

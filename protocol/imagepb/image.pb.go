@@ -438,7 +438,11 @@ type Process struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Pid   int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	// Its pid in its own pid namespace; 0: unknown.
-	NsPid         int64 `protobuf:"varint,2,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
+	NsPid int64 `protobuf:"varint,2,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
+	// The GPUs the process could see when it was checkpointed (UUIDs, by its
+	// device ordinal): a restore onto other GPUs pairs every one of them, as
+	// the driver's restore requires. Empty: unknown (older images).
+	Gpus          []string `protobuf:"bytes,3,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -485,6 +489,13 @@ func (x *Process) GetNsPid() int64 {
 		return x.NsPid
 	}
 	return 0
+}
+
+func (x *Process) GetGpus() []string {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
 }
 
 type Origin struct {
@@ -955,10 +966,11 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06pruned\x18\b \x01(\bR\x06pruned\x12+\n" +
 	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\x125\n" +
 	"\tprocesses\x18\n" +
-	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"2\n" +
+	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"F\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x15\n" +
-	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\"\xb3\x01\n" +
+	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\x12\x12\n" +
+	"\x04gpus\x18\x03 \x03(\tR\x04gpus\"\xb3\x01\n" +
 	"\x06Origin\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x1b\n" +
 	"\tgpu_model\x18\x02 \x01(\tR\bgpuModel\x12\x19\n" +

@@ -224,10 +224,10 @@ struct sim_ctx {
 #define SIM_CTX_MAGIC 0x43545831u
 
 CUresult sim_device_check(CUdevice dev);
-void sim_phys_uuid(int phys, CUuuid *uuid);  /* the UUID of GPU phys (not an ordinal) */
-int sim_ordinal_of_phys(int phys);           /* the ordinal GPU phys is behind; -1: none */
-bool sim_device_in_use(int dev);             /* its primary context is alive: checkpointed with the process */
-bool sim_ctx_valid(sim_ctx *ctx); /* one of ours, not necessarily alive */
+void sim_phys_uuid(int phys, CUuuid *uuid); /* the UUID of GPU phys (not an ordinal) */
+int sim_ordinal_of_phys(int phys);          /* the ordinal GPU phys is behind; -1: none */
+bool sim_device_in_use(int dev);            /* its primary context is alive: checkpointed with the process */
+bool sim_ctx_valid(sim_ctx *ctx);           /* one of ours, not necessarily alive */
 
 /* ---- sim_mem.c ---- */
 

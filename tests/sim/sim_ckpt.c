@@ -99,13 +99,16 @@ static CUresult do_checkpoint(void) {
 
 /*
  * Restore onto other GPUs: each pair names a GPU of the process (its UUID at
- * checkpoint) and the GPU to put it on. As the API reference says, the pairs
- * must name every GPU the process checkpointed, and a new GPU must be one of
- * this machine's, of the same kind (all simulated GPUs are), and named once.
- * Pairs for GPUs the process did not use are ignored (GUESS: to be measured;
- * drvtest ckpt_restore_gpu_pairs). The ordinal the process knows a GPU by
- * stays; the GPU behind it changes, and an ordinal whose GPU another one took
- * gets the one given up: the ordinals stay a permutation of the GPUs.
+ * checkpoint) and the GPU to put it on. Measured on driver 580 with two
+ * H200s (drvtest ckpt_restore_gpu_pairs): the pairs must name every GPU the
+ * process sees, used or not, else CUDA_ERROR_INVALID_VALUE; a new GPU that
+ * is not there is CUDA_ERROR_INVALID_VALUE too; either way the process
+ * stays checkpointed, and a restore with good pairs (or none) still works.
+ * A swap of both GPUs of a process that used one works, and its ordinal 0
+ * then stands for the other GPU. GUESSES, not measured: an old UUID that is
+ * none of the process's GPUs, and two GPUs onto one, are
+ * CUDA_ERROR_INVALID_VALUE. The ordinal the process knows a GPU by stays;
+ * the GPU behind it changes.
  */
 static CUresult remap_gpus(const ck_req *q) {
     if (q->npairs == 0)
@@ -125,12 +128,11 @@ static CUresult remap_gpus(const ck_req *q) {
             if (memcmp(u.bytes, q->pairs[k].newUuid.bytes, sizeof u.bytes) == 0)
                 neu = i;
         }
-        if (neu < 0) {
-            sim_warn("restore: gpuPairs[%u] names a new GPU this machine does not have", k);
-            return CUDA_ERROR_INVALID_DEVICE;
+        if (neu < 0 || old < 0) {
+            sim_warn("restore: gpuPairs[%u] names a GPU that is %s", k,
+                     neu < 0 ? "not on this machine" : "none of the process's");
+            return CUDA_ERROR_INVALID_VALUE;
         }
-        if (old < 0 || !sim_device_in_use(old))
-            continue;
         if (taken[neu] || target[old] >= 0) {
             sim_warn("restore: gpuPairs[%u] names a GPU twice", k);
             return CUDA_ERROR_INVALID_VALUE;
@@ -139,23 +141,11 @@ static CUresult remap_gpus(const ck_req *q) {
         taken[neu] = true;
     }
     for (int i = 0; i < sim.ndev; i++) {
-        if (sim_device_in_use(i) && target[i] < 0) {
-            sim_warn("restore: gpuPairs lacks GPU %d of the process (every checkpointed GPU must be paired)", i);
+        if (target[i] < 0) {
+            sim_warn("restore: gpuPairs lacks the process's GPU %d (every GPU it sees must be paired)", i);
             return CUDA_ERROR_INVALID_VALUE;
         }
     }
-    /* the ordinals not paired keep their GPU where it is free, else take one given up */
-    for (int i = 0; i < sim.ndev; i++)
-        if (target[i] < 0 && !taken[sim.dev[i].phys]) {
-            target[i] = sim.dev[i].phys;
-            taken[target[i]] = true;
-        }
-    for (int i = 0; i < sim.ndev; i++)
-        for (int g = 0; target[i] < 0 && g < sim.ndev; g++)
-            if (!taken[g]) {
-                target[i] = g;
-                taken[g] = true;
-            }
     for (int i = 0; i < sim.ndev; i++) {
         if (target[i] != sim.dev[i].phys)
             sim_log("restore: ordinal %d moves from GPU %d to GPU %d", i, sim.dev[i].phys, target[i]);

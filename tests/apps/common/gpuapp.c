@@ -88,7 +88,20 @@ static unsigned long long parse_num(const gpuapp *a, unsigned accepted, const ch
 
 void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_mib, unsigned def_buffers, int argc,
                   char **argv) {
-    enum { O_MIB = 1, O_BUFFERS, O_WORKERS, O_GRAPH, O_STILL, O_ITERS, O_INTERVAL, O_HB, O_SEED, O_DEVICE, O_SHOWDEV, O_HELP };
+    enum {
+        O_MIB = 1,
+        O_BUFFERS,
+        O_WORKERS,
+        O_GRAPH,
+        O_STILL,
+        O_ITERS,
+        O_INTERVAL,
+        O_HB,
+        O_SEED,
+        O_DEVICE,
+        O_SHOWDEV,
+        O_HELP
+    };
     static const struct option longopts[] = {
         {"mib", required_argument, NULL, O_MIB},
         {"buffers", required_argument, NULL, O_BUFFERS},
