@@ -8,7 +8,11 @@ now() { date +%s.%N; }
 # span T0 T1: the seconds from T0 to T1 ("1.234 s").
 span() { python3 -c "print(f'{$2-$1:.3f} s')"; }
 # hbs LOG: the heartbeat lines in LOG so far.
-hbs() { grep -c '^hb' "$1" 2>/dev/null || echo 0; }
+hbs() {
+	local n
+	n=$(grep -c '^hb' "$1" 2>/dev/null)
+	echo "${n:-0}"
+}
 # next_heartbeat LOG N: the time LOG first holds more than N heartbeats
 # (polled every 10 ms for up to 30 s); nothing if it never does.
 next_heartbeat() {

@@ -120,6 +120,9 @@ restore_torch() { # NAME GPUCR DIR MAP...
 	local L=$LOGS/torch.log mark n t0 t1
 	pkill -9 -f "$JOB"
 	jobs_gone
+	# CRIU restores an open file only as it was at the dump
+	cp "$LOGS/torch.log.at-dump" "$L"
+	cp "$LOGS/torch.out.at-dump" "$LOGS/torch.out"
 	mark=$(hbs "$L")
 	n=$(grep -c '^st' "$L")
 	t0=$(now)
@@ -142,6 +145,7 @@ print(f"torch {name}: restore to the next step {took}; losses {'EQUAL' if ok els
       f"heartbeats after the restore equal to an uninterrupted run's; device then: {dev}")
 PYEOF
 		grep -q "^torch $name: .*losses EQUAL" "$LOGS/summary.txt" || fail=1
+		cp "$L" "$LOGS/torch-$name.log"
 	else
 		bad "torch $name restore: $(tail -n 3 "$LOGS/torch-$name-restore.json")"
 	fi
@@ -159,6 +163,8 @@ if [ -z "$P" ] || ! "$G/bin/gpucr" checkpoint "$P" -D "$IMG/t" --socket "$SOCK" 
 else
 	pid_gone "$P"
 	jobs_gone
+	cp "$L" "$LOGS/torch.log.at-dump"
+	cp "$LOGS/torch.out" "$LOGS/torch.out.at-dump"
 	cp -a "$IMG/t" "$IMG/t-other"
 	[ -n "$BASE" ] && cp -a "$IMG/t" "$IMG/t-base"
 	restore_torch same-gpu "$G/bin/gpucr" "$IMG/t"
