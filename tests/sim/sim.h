@@ -135,8 +135,8 @@ typedef struct sim_pool {
 
 typedef struct sim_device {
     int ordinal;
-    int phys;       /* the GPU behind the ordinal (UUID, bus id, exported memory): the ordinal until a
-                     * restore onto other GPUs (gpuPairs) moves it */
+    int phys;       /* the GPU behind the ordinal (its UUID, its exported memory): the ordinal until a
+                     * restore onto other GPUs (gpuPairs) moves it; the bus id stays the first GPU's */
     uint64_t total; /* bytes */
     uint64_t used;  /* bytes charged to this process (memlock) */
     sim_pool pool;
@@ -226,7 +226,6 @@ struct sim_ctx {
 CUresult sim_device_check(CUdevice dev);
 void sim_phys_uuid(int phys, CUuuid *uuid); /* the UUID of GPU phys (not an ordinal) */
 int sim_ordinal_of_phys(int phys);          /* the ordinal GPU phys is behind; -1: none */
-bool sim_device_in_use(int dev);            /* its primary context is alive: checkpointed with the process */
 bool sim_ctx_valid(sim_ctx *ctx);           /* one of ours, not necessarily alive */
 
 /* ---- sim_mem.c ---- */

@@ -42,7 +42,9 @@ static int attr_value(int a, int dev) {
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x18 + sim.dev[dev].phys;
+    /* the ordinal's first GPU's, even after a restore moved the ordinal onto another GPU: measured on
+     * driver 580 (2 H200s, tests/gpu/other-gpu.sh), cuDeviceGetPCIBusId then still names the old GPU */
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x18 + dev;
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 52428800;
@@ -165,8 +167,6 @@ int sim_ordinal_of_phys(int phys) {
             return i;
     return -1;
 }
-
-bool sim_device_in_use(int dev) { return dev >= 0 && dev < sim.ndev && atomic_load(&ctxs[dev].alive); }
 
 static CUresult get_uuid(const char *name, CUuuid *uuid, CUdevice dev) {
     sim_call c;
