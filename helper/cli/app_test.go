@@ -79,6 +79,8 @@ func TestJSONErrors(t *testing.T) {
 		{[]string{"checkpoint", "--json", "-D", dir}, ExitUsage, "usage"},
 		{[]string{"checkpoint", "1", "-D", dir, "--gpu-only", "--pre-copy", "2", "--json"}, ExitUsage, "--pre-copy is for a CRIU dump"},
 		{[]string{"restore", "-D", filepath.Join(dir, "none"), "--json"}, ExitFailure, "does not exist"},
+		{[]string{"restore", "-D", dir, "--device-map", "0=1,1", "--json"}, ExitUsage, `"1" is not OLD=NEW`},
+		{[]string{"migrate", "1", "--to", "h", "--device-map", "=1", "--json"}, ExitUsage, `"=1" is not OLD=NEW`},
 		{[]string{"status", "--socket", filepath.Join(dir, "none.sock"), "--json"}, ExitFailure, "no helper answers"},
 		{[]string{"nosuch", "--json"}, ExitUsage, "unknown command"},
 	} {

@@ -21,7 +21,7 @@ func restoreCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
 			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "lazy-pages", Usage: "run the restored tree before its host memory is read back: CRIU's lazy-pages daemon serves the pages it touches first, the rest in the background (the kernel's userfaultfd; `gpucr check` says whether it has it)"},
-			&ucli.StringSliceFlag{Name: "device-map", Usage: "put the image's GPUs onto other GPUs here: OLD=NEW[,OLD=NEW...], each a GPU UUID (or a unique start of one) or an ordinal (OLD as `gpucr image inspect` shows the image's, NEW as `gpucr status` shows this machine's); GPUs not named go to their own GPU where it has room, else to a free GPU of the same model"},
+			deviceMapFlag(),
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
 		Action: func(c *ucli.Context) error {
 			pos, err := flagsAnywhere(c)
@@ -38,7 +38,7 @@ func restoreCommand() *ucli.Command {
 			if dir, err = filepath.Abs(dir); err != nil {
 				return err
 			}
-			devMap, err := deviceMapFlag(c.StringSlice("device-map"))
+			devMap, err := joinDeviceMap(c.StringSlice("device-map"))
 			if err != nil {
 				return usageError{err}
 			}
@@ -81,15 +81,21 @@ func restoreCommand() *ucli.Command {
 	}
 }
 
-// deviceMapFlag joins the --device-map flags into one map for the helper,
+// deviceMapFlag is --device-map, of restore and of migrate (for the
+// target's restore).
+func deviceMapFlag() *ucli.StringSliceFlag {
+	return &ucli.StringSliceFlag{Name: "device-map", Usage: "put the image's GPUs onto other GPUs here: OLD=NEW[,OLD=NEW...], each a GPU UUID (or a unique start of one) or an ordinal (OLD as `gpucr image inspect` shows the image's, NEW as `gpucr status` shows this machine's); GPUs not named go to their own GPU where it has room, else to a free GPU of the same model"}
+}
+
+// joinDeviceMap joins the --device-map flags into one map for the helper,
 // refusing what is not OLD=NEW (the helper resolves the names).
-func deviceMapFlag(vals []string) (string, error) {
+func joinDeviceMap(vals []string) (string, error) {
 	var parts []string
 	for _, v := range vals {
 		for _, p := range strings.Split(v, ",") {
 			o, n, ok := strings.Cut(p, "=")
 			if !ok || strings.TrimSpace(o) == "" || strings.TrimSpace(n) == "" || strings.Contains(n, "=") {
-				return "", fmt.Errorf("restore: --device-map %q: %q is not OLD=NEW (a GPU UUID, a unique start of one, or an ordinal on each side)", v, p)
+				return "", fmt.Errorf("--device-map %q: %q is not OLD=NEW (a GPU UUID, a unique start of one, or an ordinal on each side)", v, p)
 			}
 			parts = append(parts, strings.TrimSpace(o)+"="+strings.TrimSpace(n))
 		}
