@@ -82,6 +82,7 @@ type Device struct {
 	UUID        string // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
 	TotalMemory uint64
 	Granularity uint64 // minimum, pinned device memory, POSIX-fd handles
+	PCIBusID    string // "0000:00:06.0", as the driver writes it
 
 	work chan func()
 	done chan struct{}
@@ -211,6 +212,12 @@ func (dev *Device) worker(ready chan<- error) {
 		return
 	}
 	dev.Name = C.GoString(&name[0])
+	var bus [64]C.char
+	if err := check("cuDeviceGetPCIBusId", C.gs_cuDeviceGetPCIBusId(&bus[0], C.int(len(bus)), cd)); err != nil {
+		ready <- err
+		return
+	}
+	dev.PCIBusID = C.GoString(&bus[0])
 	var u C.CUuuid
 	if err := check("cuDeviceGetUuid_v2", C.gs_cuDeviceGetUuid_v2(&u, cd)); err != nil {
 		ready <- err

@@ -10,6 +10,7 @@
     X(cuDeviceGetCount, (int *))                                                                                       \
     X(cuDeviceGet, (CUdevice *, int))                                                                                  \
     X(cuDeviceGetName, (char *, int, CUdevice))                                                                        \
+    X(cuDeviceGetPCIBusId, (char *, int, CUdevice))                                                                    \
     X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                                        \
     X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                                       \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                               \
@@ -75,6 +76,7 @@ CUresult gs_cuDriverGetVersion(int *v) { return p_cuDriverGetVersion(v); }
 CUresult gs_cuDeviceGetCount(int *n) { return p_cuDeviceGetCount(n); }
 CUresult gs_cuDeviceGet(CUdevice *d, int ordinal) { return p_cuDeviceGet(d, ordinal); }
 CUresult gs_cuDeviceGetName(char *name, int len, CUdevice d) { return p_cuDeviceGetName(name, len, d); }
+CUresult gs_cuDeviceGetPCIBusId(char *bus, int len, CUdevice d) { return p_cuDeviceGetPCIBusId(bus, len, d); }
 CUresult gs_cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return p_cuDeviceGetUuid_v2(u, d); }
 CUresult gs_cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { return p_cuDeviceTotalMem_v2(bytes, d); }
 CUresult gs_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d) { return p_cuDevicePrimaryCtxRetain(ctx, d); }

@@ -13,6 +13,7 @@ CUresult gs_cuDriverGetVersion(int *v);
 CUresult gs_cuDeviceGetCount(int *n);
 CUresult gs_cuDeviceGet(CUdevice *d, int ordinal);
 CUresult gs_cuDeviceGetName(char *name, int len, CUdevice d);
+CUresult gs_cuDeviceGetPCIBusId(char *bus, int len, CUdevice d);
 CUresult gs_cuDeviceGetUuid_v2(CUuuid *u, CUdevice d);
 CUresult gs_cuDeviceTotalMem_v2(size_t *bytes, CUdevice d);
 CUresult gs_cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d);

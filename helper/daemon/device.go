@@ -43,7 +43,7 @@ func CUDADevices(drv *cuda.Driver) []Device {
 
 func (c cudaDevice) Info() *helperpb.DeviceInfo {
 	return &helperpb.DeviceInfo{Uuid: c.d.UUID, Name: c.d.Name, TotalMemory: c.d.TotalMemory,
-		Granularity: c.d.Granularity, Ordinal: int32(c.d.Ordinal)}
+		Granularity: c.d.Granularity, Ordinal: int32(c.d.Ordinal), PciBusId: c.d.PCIBusID}
 }
 
 // FreeMemory is the driver's free memory now: for Status only (cuMemGetInfo

@@ -168,6 +168,8 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
 
 #define GC_SYMS(X)                                                                                                     \
     X(cuInit)                                                                                                          \
+    X(cuDeviceGetPCIBusId)                                                                                             \
+    X(cuDeviceGetAttribute)                                                                                            \
     X(cuGetProcAddress)                                                                                                \
     X(cuGetProcAddress_v2)                                                                                             \
     X(cuMemAlloc_v2)                                                                                                   \

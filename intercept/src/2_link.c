@@ -29,6 +29,7 @@ static struct {
     uint64_t token, next_id;
     struct {
         char uuid[48];
+        char bus[32]; /* its PCI bus id, "" if the helper did not say */
         uint64_t gran;
     } hdev[GC_MAX_DEV]; /* the helper's devices (HelloReply) */
     int nhdev;
@@ -126,9 +127,19 @@ static void set_devices(const Gpucr__Helper__V1__HelloReply *h) {
     for (size_t i = 0; i < h->n_devices && G.nhdev < GC_MAX_DEV; i++) {
         Gpucr__Helper__V1__DeviceInfo *d = h->devices[i];
         snprintf(G.hdev[G.nhdev].uuid, sizeof G.hdev[0].uuid, "%s", d->uuid ? d->uuid : "");
+        snprintf(G.hdev[G.nhdev].bus, sizeof G.hdev[0].bus, "%s", d->pci_bus_id ? d->pci_bus_id : "");
         G.hdev[G.nhdev].gran = d->granularity;
         G.nhdev++;
     }
+}
+
+bool gc_link_bus_id(const char *uuid, char *out, size_t n) {
+    for (int i = 0; i < G.nhdev; i++)
+        if (strcmp(G.hdev[i].uuid, uuid) == 0 && G.hdev[i].bus[0] && strlen(G.hdev[i].bus) < n) {
+            memcpy(out, G.hdev[i].bus, strlen(G.hdev[i].bus) + 1);
+            return true;
+        }
+    return false;
 }
 
 uint64_t gc_link_granularity(const char *uuid) {

@@ -35,6 +35,8 @@ GC_HIDDEN void gc_link_control_failed(int fd); /* no thread to serve it: closed 
 
 /* The granularity the helper announced for the device uuid; 0: none. */
 GC_HIDDEN uint64_t gc_link_granularity(const char *uuid);
+/* The PCI bus id the helper gave for GPU uuid, into out (n bytes); false if it gave none. */
+GC_HIDDEN bool gc_link_bus_id(const char *uuid, char *out, size_t n);
 
 /* Requests on the calls connection. Alloc: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app;
  * addr: where it will be mapped (0: not known yet; Mapped will say). */

@@ -14,6 +14,9 @@ static struct {
     pthread_mutex_t mu; /* everything below; taken after any other lock, never before one */
     char uuid[GC_MAX_DEV][48];
     bool have_uuid[GC_MAX_DEV];
+    char first[GC_MAX_DEV][48]; /* the GPU each ordinal stood for when first asked (never forgotten) */
+    bool have_first[GC_MAX_DEV];
+    atomic_bool moved; /* a restore put an ordinal onto another GPU */
     CUcontext ctxs[GC_MAX_CTX];
     int nctx;
 } G = {
@@ -42,6 +45,10 @@ const char *gc_dev_uuid(int dev) {
     pthread_mutex_lock(&G.mu);
     memcpy(G.uuid[dev], s, sizeof s);
     G.have_uuid[dev] = true;
+    if (!G.have_first[dev]) {
+        memcpy(G.first[dev], s, sizeof s);
+        G.have_first[dev] = true;
+    }
     pthread_mutex_unlock(&G.mu);
     return G.uuid[dev];
 }
@@ -100,6 +107,27 @@ void gc_dev_forget_uuids(void) {
     pthread_mutex_lock(&G.mu);
     memset(G.have_uuid, 0, sizeof G.have_uuid);
     pthread_mutex_unlock(&G.mu);
+    /* asked again now (the driver has restored the context): did an ordinal move? */
+    for (int d = 0; d < GC_MAX_DEV; d++) {
+        pthread_mutex_lock(&G.mu);
+        bool had = G.have_first[d];
+        pthread_mutex_unlock(&G.mu);
+        const char *u = had ? gc_dev_uuid(d) : NULL;
+        if (u && strcmp(u, G.first[d]) != 0) {
+            gc_debug("device %d is now %s (was %s)", d, u, G.first[d]);
+            atomic_store(&G.moved, true);
+        }
+    }
+}
+
+bool gc_dev_moved_bus_id(int dev, char *out, size_t n) {
+    if (!atomic_load_explicit(&G.moved, memory_order_relaxed) || dev < 0 || dev >= GC_MAX_DEV)
+        return false;
+    const char *u = gc_dev_uuid(dev);
+    pthread_mutex_lock(&G.mu);
+    bool same = !u || !G.have_first[dev] || strcmp(u, G.first[dev]) == 0;
+    pthread_mutex_unlock(&G.mu);
+    return !same && gc_link_bus_id(u, out, n);
 }
 
 /* The child's devices are asked again; its contexts are none. */

@@ -29,5 +29,11 @@ GC_HIDDEN void gc_dev_atfork_parent(void);
 GC_HIDDEN void gc_dev_atfork_child(void);
 /* The GPUs behind the ordinals may have changed (a restore onto other GPUs): their UUIDs are asked again. */
 GC_HIDDEN void gc_dev_forget_uuids(void);
+/*
+ * After a restore put ordinal dev onto another GPU: that GPU's PCI bus id (from the helper) into out, and true.
+ * The driver (580) still answers the bus id of the GPU the ordinal first stood for; NCCL and NVML users look a
+ * GPU up by it. False when the ordinal has not moved.
+ */
+GC_HIDDEN bool gc_dev_moved_bus_id(int dev, char *out, size_t n);
 
 #endif

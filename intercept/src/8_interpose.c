@@ -4,11 +4,13 @@
  * needs it, counting, and calling on the layers below; the constructor.
  * 8_gated.c has those that need nothing but the gate.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "1_base.h"
 #include "2_link.h"
+#include "3_devices.h"
 #include "4_alloc.h"
 #include "5_vmm.h"
 #include "6_modules.h"
@@ -157,6 +159,41 @@ GC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr){FREE_BODY(cuMemFree_v2, false,
                    CUstream hStream){FREE_BODY(cuMemFreeAsync, true, hStream, dptr, hStream)} GC_EXPORT CUresult
     cuMemFreeAsync_ptsz(CUdeviceptr dptr,
                         CUstream hStream){FREE_BODY(cuMemFreeAsync_ptsz, true, hStream, dptr, hStream)}
+
+/*
+ * A process restored onto another GPU: the driver still answers the old GPU's PCI bus id for the ordinal (measured,
+ * driver 580), while its UUID is the new GPU's; the helper's bus id of the new GPU makes the two agree (NCCL and
+ * NVML users find a GPU by its bus id). Until a restore moves an ordinal, both pass straight through.
+ */
+GC_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
+    __typeof__(&cuDeviceGetPCIBusId) fn = GC_REAL(cuDeviceGetPCIBusId);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    char bus[32];
+    if (pciBusId && len > 0 && gc_dev_moved_bus_id(dev, bus, sizeof bus) && strlen(bus) < (size_t)len) {
+        memcpy(pciBusId, bus, strlen(bus) + 1);
+        return CUDA_SUCCESS;
+    }
+    return fn(pciBusId, len, dev);
+}
+
+GC_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+    __typeof__(&cuDeviceGetAttribute) fn = GC_REAL(cuDeviceGetAttribute);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = fn(pi, attrib, dev);
+    if (r != CUDA_SUCCESS || !pi ||
+        (attrib != CU_DEVICE_ATTRIBUTE_PCI_BUS_ID && attrib != CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID &&
+         attrib != CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID))
+        return r;
+    char bus[32];
+    unsigned dom, b, d, f;
+    if (gc_dev_moved_bus_id(dev, bus, sizeof bus) && sscanf(bus, "%x:%x:%x.%x", &dom, &b, &d, &f) == 4)
+        *pi = (int)(attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID      ? b
+                    : attrib == CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID ? d
+                                                                  : dom);
+    return r;
+}
 
 GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
     __typeof__(&cuMemGetAddressRange_v2) fn = GC_REAL(cuMemGetAddressRange_v2);

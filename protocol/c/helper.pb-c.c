@@ -3257,7 +3257,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__hello_reply__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__hello_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[9] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_descriptors[10] =
 {
   {
     "uuid",
@@ -3367,6 +3367,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__device_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "pci_bus_id",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__DeviceInfo, pci_bus_id),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = {
   5,   /* field[5] = free_memory */
@@ -3374,6 +3386,7 @@ static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = 
   6,   /* field[6] = kernels_error */
   1,   /* field[1] = name */
   4,   /* field[4] = ordinal */
+  9,   /* field[9] = pci_bus_id */
   7,   /* field[7] = pool_memory */
   8,   /* field[8] = snapshot_memory */
   2,   /* field[2] = total_memory */
@@ -3382,7 +3395,7 @@ static const unsigned gpucr__helper__v1__device_info__field_indices_by_name[] = 
 static const ProtobufCIntRange gpucr__helper__v1__device_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
 {
@@ -3392,7 +3405,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   "Gpucr__Helper__V1__DeviceInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__DeviceInfo),
-  9,
+  10,
   gpucr__helper__v1__device_info__field_descriptors,
   gpucr__helper__v1__device_info__field_indices_by_name,
   1,  gpucr__helper__v1__device_info__number_ranges,

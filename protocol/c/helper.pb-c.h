@@ -459,10 +459,16 @@ struct  Gpucr__Helper__V1__DeviceInfo
    * background copies end (Status only).
    */
   uint64_t snapshot_memory;
+  /*
+   * The GPU's PCI bus id, as the driver writes it ("0000:00:06.0"): a
+   * process restored onto this GPU from another is told it (the driver
+   * still answers the old GPU's).
+   */
+  char *pci_bus_id;
 };
 #define GPUCR__HELPER__V1__DEVICE_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__device_info__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0, 0 }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0, 0, (char *)protobuf_c_empty_string }
 
 
 /*

@@ -1506,8 +1506,12 @@ type DeviceInfo struct {
 	// GPU memory concurrent checkpoints' snapshots hold here until their
 	// background copies end (Status only).
 	SnapshotMemory uint64 `protobuf:"varint,9,opt,name=snapshot_memory,json=snapshotMemory,proto3" json:"snapshot_memory,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The GPU's PCI bus id, as the driver writes it ("0000:00:06.0"): a
+	// process restored onto this GPU from another is told it (the driver
+	// still answers the old GPU's).
+	PciBusId      string `protobuf:"bytes,10,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeviceInfo) Reset() {
@@ -1601,6 +1605,13 @@ func (x *DeviceInfo) GetSnapshotMemory() uint64 {
 		return x.SnapshotMemory
 	}
 	return 0
+}
+
+func (x *DeviceInfo) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
 }
 
 // Alloc: the helper creates size bytes (rounded up to the granularity) on the
@@ -4785,7 +4796,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
 	"\fclient_token\x18\x02 \x01(\x04R\vclientToken\x12%\n" +
 	"\x0ehelper_version\x18\x03 \x01(\tR\rhelperVersion\x125\n" +
-	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xa3\x02\n" +
+	"\adevices\x18\x04 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\"\xc1\x02\n" +
 	"\n" +
 	"DeviceInfo\x12\x12\n" +
 	"\x04uuid\x18\x01 \x01(\tR\x04uuid\x12\x12\n" +
@@ -4798,7 +4809,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\rkernels_error\x18\a \x01(\tR\fkernelsError\x12\x1f\n" +
 	"\vpool_memory\x18\b \x01(\x04R\n" +
 	"poolMemory\x12'\n" +
-	"\x0fsnapshot_memory\x18\t \x01(\x04R\x0esnapshotMemory\"\xae\x01\n" +
+	"\x0fsnapshot_memory\x18\t \x01(\x04R\x0esnapshotMemory\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\n" +
+	" \x01(\tR\bpciBusId\"\xae\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +

@@ -144,9 +144,10 @@ static int helper_ckpt_target(int argc, char **argv) {
         } else if (strcmp(line, "uuid") == 0) {
             /* the GPU behind ordinal 0 now (a restore may have moved it) */
             CUuuid u;
-            if ((r = cuDeviceGetUuid_v2(&u, dev)))
+            char bus[64];
+            if ((r = cuDeviceGetUuid_v2(&u, dev)) || (r = cuDeviceGetPCIBusId(bus, (int)sizeof bus, dev)))
                 T_FAIL("uuid: %s", dt_err(r));
-            dt_say("uuid %s", uuid_text(&u));
+            dt_say("uuid %s bus %s", uuid_text(&u), bus);
         } else if (strcmp(line, "exit") == 0) {
             break;
         }
@@ -242,13 +243,14 @@ static int checkpointed_target(dt_child *c) {
     return c->pid;
 }
 
-/* The GPU the target's ordinal 0 stands for now. */
-static void expect_target_uuid(dt_child *c, const char *want) {
-    char line[256] = "";
+/* The GPU the target's ordinal 0 stands for now, and the bus id the driver gives for it. */
+static void expect_target_uuid(dt_child *c, const char *want, const char *want_bus) {
+    char line[256] = "", w[160];
+    snprintf(w, sizeof w, "uuid %s bus %s", want, want_bus);
     dt_send_line(c->to, "uuid");
     bool got = dt_read_line(c->from, line, sizeof line, 60000);
-    EXPECT(got && strncmp(line, "uuid ", 5) == 0 && strcmp(line + 5, want) == 0,
-           "target's device 0 after the restore: %s, want %s", got ? line : "no answer", want);
+    EXPECT(got && strcmp(line, w) == 0, "target's device 0 after the restore: %s, want %s", got ? line : "no answer",
+           w);
 }
 
 static CUresult restore_pairs(int pid, const CUuuid *olds, const CUuuid *news, unsigned n) {
@@ -272,7 +274,8 @@ static CUresult restore_pairs(int pid, const CUuuid *olds, const CUuuid *news, u
  * CUDA_ERROR_INVALID_VALUE and leave the process checkpointed, and a restore
  * with good pairs (or none) still works after them. A target that used
  * device 0, restored with both GPUs swapped, finds its memory and its
- * device 0 standing for the other GPU.
+ * device 0 standing for the other GPU, whose UUID the driver gives; the
+ * driver's PCI bus id for device 0 stays the old GPU's.
  */
 static void ckpt_restore_gpu_pairs(void) {
     OK(cuInit(0));
@@ -284,8 +287,9 @@ static void ckpt_restore_gpu_pairs(void) {
     OK(cuDeviceGetUuid_v2(&u[0], 0));
     OK(cuDeviceGetUuid_v2(&u[1], 1));
     memset(&bogus, 0x5a, sizeof bogus);
-    char u1[48];
+    char u1[48], bus0[64];
     snprintf(u1, sizeof u1, "%s", uuid_text(&u[1]));
+    OK(cuDeviceGetPCIBusId(bus0, (int)sizeof bus0, 0));
     CUuuid olds[2] = {u[0], u[1]}, swapped[2] = {u[1], u[0]};
 
     /* only the GPU it used: refused; then both, swapped */
@@ -297,7 +301,8 @@ static void ckpt_restore_gpu_pairs(void) {
     STATE_IS(pid, CU_PROCESS_STATE_LOCKED);
     EXPECT_RC(cuCheckpointProcessUnlock(pid, NULL), CUDA_SUCCESS);
     verify_target(&c);
-    expect_target_uuid(&c, u1);
+    /* measured: the driver's bus id for the ordinal stays the old GPU's (the interposer answers the new one's) */
+    expect_target_uuid(&c, u1, bus0);
     finish(&c);
 
     /* a new GPU that is not there: refused; then the same GPUs */

@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-// gpuOfLastHeartbeat is the GPU (gpu=UUID, --show-device) that the
-// application's last heartbeat names.
+// gpuOfLastHeartbeat is the GPU (gpu=UUID bus=BUS, --show-device) that the
+// application's last heartbeat names, as "UUID BUS".
 func gpuOfLastHeartbeat(a *app) string {
-	m := regexp.MustCompile(`(?m)^hb \d+ \S+ \S+ gpu=(\S+)$`).FindAllStringSubmatch(a.output(), -1)
+	m := regexp.MustCompile(`(?m)^hb \d+ \S+ \S+ gpu=(\S+) bus=(\S+)$`).FindAllStringSubmatch(a.output(), -1)
 	if len(m) == 0 {
 		return ""
 	}
-	return m[len(m)-1][1]
+	return m[len(m)-1][1] + " " + m[len(m)-1][2]
 }
 
 // heldOn is the device memory the helper holds on each of its GPUs, by UUID.
@@ -54,7 +54,10 @@ func TestRestoreOntoAnotherGPU(t *testing.T) {
 	if len(st.Devices) != 2 {
 		t.Fatalf("the helper sees %d GPUs, want 2", len(st.Devices))
 	}
-	gpu0, gpu1 := st.Devices[0].UUID, st.Devices[1].UUID
+	// What the application asks of its device follows the move: the UUID
+	// (the driver's own answer) and the PCI bus id (the driver still says
+	// the old GPU's, as NVIDIA's does; the interposer answers the new one's).
+	gpu0, gpu1 := st.Devices[0].UUID+" 0000:18:00.0", st.Devices[1].UUID+" 0000:19:00.0"
 	if g := gpuOfLastHeartbeat(a); g != gpu0 {
 		t.Fatalf("heartbeat runs on %q, want the first GPU %s", g, gpu0)
 	}
@@ -73,9 +76,10 @@ func TestRestoreOntoAnotherGPU(t *testing.T) {
 	if g := gpuOfLastHeartbeat(a); g != gpu1 {
 		t.Errorf("after --device-map 0=1 heartbeat runs on %q, want the second GPU %s", g, gpu1)
 	}
-	if held := heldOn(t, r.h); held[gpu0] > base[gpu0]+4<<20 || held[gpu1] < base[gpu1]+32<<20 {
+	u0, u1 := st.Devices[0].UUID, st.Devices[1].UUID
+	if held := heldOn(t, r.h); held[u0] > base[u0]+4<<20 || held[u1] < base[u1]+32<<20 {
 		t.Errorf("after --device-map 0=1 the helper holds %v (%v of its own, its scratch for hashing besides); want the process's 32 MiB on %s alone",
-			held, base, gpu1)
+			held, base, u1)
 	}
 
 	// Checkpointed on the second GPU, which then fills up: the restore goes

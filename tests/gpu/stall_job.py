@@ -25,9 +25,10 @@ restored process must repeat the losses.
 
 --show-device appends to every hb line what the process finds of its device
 0 at that moment: torch's cached properties (uuid), and the driver and NVML
-asked afresh (driver UUID and PCI bus id of the ordinal; the UUID NVML
-gives for that bus id): after a restore onto another GPU they tell which
-answers follow the move.
+asked afresh (libcuda's UUID and PCI bus id of the ordinal; the bus id as
+an application calling the driver API gets it, through gpucr's interposer
+under gpucr run; the UUID NVML gives for that bus id): after a restore onto
+another GPU they tell which answers follow the move.
 """
 import os
 import sys
@@ -48,6 +49,10 @@ class DeviceProbe:
         import ctypes
         self.c = ctypes
         self.cu = ctypes.CDLL("libcuda.so.1")
+        # As an application calling the driver API finds it (the interposer's
+        # entry points under gpucr run), next to libcuda's own.
+        glob = ctypes.CDLL(None)
+        self.app = glob if hasattr(glob, "cuDeviceGetPCIBusId") else self.cu
         try:
             self.nvml = ctypes.CDLL("libnvidia-ml.so.1")
             self.nvml_ok = self.nvml.nvmlInit_v2() == 0
@@ -64,7 +69,9 @@ class DeviceProbe:
         u = (c.c_ubyte * 16)()
         drv = self.fmt(u) if self.cu.cuDeviceGetUuid_v2(u, 0) == 0 else "?"
         bus = c.create_string_buffer(64)
-        bus_id = bus.value.decode() if self.cu.cuDeviceGetPCIBusId(bus, 64, 0) == 0 else "?"
+        drv_bus = bus.value.decode() if self.cu.cuDeviceGetPCIBusId(bus, 64, 0) == 0 else "?"
+        bus = c.create_string_buffer(64)
+        bus_id = bus.value.decode() if self.app.cuDeviceGetPCIBusId(bus, 64, 0) == 0 else "?"
         nv = "?"
         if self.nvml_ok and bus_id != "?":
             h = c.c_void_p()
@@ -75,7 +82,7 @@ class DeviceProbe:
         tu = str(getattr(torch.cuda.get_device_properties(0), "uuid", "?"))
         if tu != "?" and not tu.startswith("GPU-"):
             tu = "GPU-" + tu
-        return f" torch_uuid={tu} drv_uuid={drv} drv_bus={bus_id} nvml_uuid_of_bus={nv}"
+        return f" torch_uuid={tu} drv_uuid={drv} drv_bus={drv_bus} app_bus={bus_id} nvml_uuid_of_app_bus={nv}"
 
 
 PROBE = None

@@ -1,4 +1,5 @@
 /* Devices (H100-like), their attributes and UUIDs, and primary contexts. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,6 +127,21 @@ SIM_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
             r = CUDA_ERROR_INVALID_VALUE;
         else if ((r = sim_device_check(dev)) == CUDA_SUCCESS)
             *pi = attr_value((int)attrib, dev);
+    }
+    return sim_leave(&c, r);
+}
+
+/* "0000:BB:00.0", the bus the attribute says (which stays the ordinal's first GPU's, as measured) */
+SIM_API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuDeviceGetPCIBusId", SIM_NEED_INIT);
+    if (r == CUDA_SUCCESS && (r = sim_device_check(dev)) == CUDA_SUCCESS) {
+        char s[16];
+        int n = snprintf(s, sizeof s, "0000:%02x:00.0", attr_value(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev));
+        if (!pciBusId || len <= n)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else
+            memcpy(pciBusId, s, (size_t)n + 1);
     }
     return sim_leave(&c, r);
 }

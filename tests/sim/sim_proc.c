@@ -33,6 +33,7 @@ static const proc_ent procs[] = {
     P("cuDeviceGet", cuDeviceGet, 2000),
     P("cuDeviceGetName", cuDeviceGetName, 2000),
     P("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000),
+    P("cuDeviceGetPCIBusId", cuDeviceGetPCIBusId, 4010),
     P("cuDeviceCanAccessPeer", cuDeviceCanAccessPeer, 4000),
     P("cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020),
     P("cuDeviceGetUuid", cuDeviceGetUuid, 9020),

@@ -69,7 +69,7 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
             "  --hb-every E     heartbeat every E iterations (default 10)\n"
             "  --seed S         seed of the initial contents (default 1)\n"
             "  --device D       device ordinal (default 0)\n"
-            "  --show-device    end each heartbeat with gpu=UUID, the GPU behind the ordinal now\n");
+            "  --show-device    end each heartbeat with gpu=UUID bus=PCI-BUS-ID, the GPU behind the ordinal now\n");
     exit(status);
 }
 
@@ -409,6 +409,9 @@ void gpuapp_loop(const gpuapp *a, void *state, gpuapp_step_fn step, gpuapp_check
                     const unsigned char *b = (const unsigned char *)u.bytes;
                     printf(" gpu=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
                            b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+                    char bus[64];
+                    CHECK(cuDeviceGetPCIBusId(bus, (int)sizeof bus, a->dev));
+                    printf(" bus=%s", bus);
                 }
                 printf("\n");
             }
