@@ -20,7 +20,9 @@
 #      finds of its device (torch's cached uuid, the driver's UUID and bus id
 #      for ordinal 0, NVML's UUID for that bus id).
 #
-# Images in /dev/shm; logs in build/gpu/other-gpu (and $OUT).
+# PARTS (default "driver heartbeat torch") picks the sections; "torch-other"
+# runs only the PyTorch restore onto the other GPU. Images in /dev/shm; logs
+# in build/gpu/other-gpu (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
 G=$(cd "${1:?usage: other-gpu.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
@@ -42,13 +44,19 @@ UUID0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
 UUID1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
 make -s gpu-apps >"$LOGS/gpu-apps.txt" 2>&1 || { bad "make gpu-apps: $(tail -n 3 "$LOGS/gpu-apps.txt")"; exit 1; }
 
+PARTS=${PARTS:-driver heartbeat torch}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+
 # 1. the driver
+if part driver; then
 timeout 300 build/gpu/bin/drvtest ckpt_restore_gpu_pairs >"$LOGS/drvtest.txt" 2>&1
 note "drvtest: $(grep -E '^(ok|FAIL)' "$LOGS/drvtest.txt" | head -1)"
 grep '^#' "$LOGS/drvtest.txt" | while read -r l; do note "  driver $l"; done
 grep -q '^ok ckpt_restore_gpu_pairs' "$LOGS/drvtest.txt" || { bad "drvtest ckpt_restore_gpu_pairs"; cat "$LOGS/drvtest.txt" | tail -n 8 >>"$LOGS/summary.txt"; }
+fi
 
 # 2. heartbeat
+if part heartbeat; then
 rm -rf "$IMG" && mkdir -p "$IMG"
 start_helper "$G/bin/gpucr" "$SOCK" "$LOGS/helper.log" || { bad "helper"; exit 1; }
 HBL=$LOGS/heartbeat.log
@@ -75,15 +83,17 @@ else
 		after=$(grep '^hb' "$HBL" | tail -n +$((mark + 1)) | head -1 | awk '{print $2}')
 		n=$(grep '^hb' "$HBL" | tail -1 | awk '{print $2}')
 		build/gpu/bin/heartbeat --mib 256 --hb-every 1 --interval-ms 0 --iters "$n" >"$LOGS/heartbeat-ref.log" 2>&1
-		$PY - "$HBL" "$LOGS/heartbeat-ref.log" "$mark" "$UUID1" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+		$PY - "$HBL" "$LOGS/heartbeat-ref.log" "$mark" "$UUID1" "$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 1)" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import sys
 hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
 ref = {l.split()[1]: l.split()[2] for l in open(sys.argv[2]) if l.startswith("hb ")}
-mark, want = int(sys.argv[3]), sys.argv[4]
+mark, want, bus = int(sys.argv[3]), sys.argv[4], sys.argv[5].lower()
 after = hb[mark:]
 same = sum(1 for h in hb if ref.get(h[1]) == h[2])
-gpus = sorted({h[4] for h in after if len(h) > 4})
-ok = len(after) >= 2 and same == len(hb) and gpus == ["gpu=" + want]
+gpus = sorted({" ".join(h[4:6]) for h in after if len(h) > 5})
+# the bus ids' domains are written with 8 digits by nvidia-smi, 4 by the driver
+ok = (len(after) >= 2 and same == len(hb) and len(gpus) == 1 and gpus[0].startswith("gpu=" + want + " bus=")
+      and gpus[0].lower().endswith(bus[-7:]))
 print(f"heartbeat onto GPU 1: {'OK' if ok else 'WRONG'}: {same} of {len(hb)} heartbeats equal to an uninterrupted run's "
       f"({len(after)} after the restore, from iteration {after[0][1] if after else '-'}); GPU after the restore: {gpus}")
 PYEOF
@@ -95,8 +105,10 @@ PYEOF
 fi
 kill $HELPER 2>/dev/null
 wait $HELPER 2>/dev/null
+fi
 
 # 3. PyTorch
+if part torch || part torch-other; then
 REF=$LOGS/torch-ref.log
 setsid $PY "$JOB" 0 "$REF" --train-small </dev/null >"$LOGS/torch-ref.out" 2>&1 &
 RP=$!
@@ -167,16 +179,19 @@ else
 	cp "$LOGS/torch.out" "$LOGS/torch.out.at-dump"
 	cp -a "$IMG/t" "$IMG/t-other"
 	[ -n "$BASE" ] && cp -a "$IMG/t" "$IMG/t-base"
-	restore_torch same-gpu "$G/bin/gpucr" "$IMG/t"
-	pid_gone "$P"
+	if part torch; then
+		restore_torch same-gpu "$G/bin/gpucr" "$IMG/t"
+		pid_gone "$P"
+	fi
 	restore_torch other-gpu "$G/bin/gpucr" "$IMG/t-other" --device-map 0=1
 	pid_gone "$P"
-	if [ -n "$BASE" ]; then
+	if [ -n "$BASE" ] && part torch; then
 		kill $HELPER 2>/dev/null
 		wait $HELPER 2>/dev/null
 		start_helper "$BASE/bin/gpucr" "$SOCK" "$LOGS/base-helper.log" || bad "base helper"
 		restore_torch base-same-gpu "$BASE/bin/gpucr" "$IMG/t-base"
 	fi
 fi
-note "nvidia-smi: GPU 0 $UUID0, GPU 1 $UUID1"
+fi
+note "nvidia-smi: GPU 0 $UUID0 $(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 0), GPU 1 $UUID1 $(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i 1)"
 exit $fail
