@@ -89,9 +89,11 @@ func ofThisRun(t *helperpb.Transfer, direction helperpb.Transfer_Direction, star
 }
 
 // combine sums copies into one: bytes, the span from the first start to the
-// last end, finished when all are, the errors joined.
+// last end, finished when all are, the errors joined; from a resident copy
+// when all were.
 func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
-	out := &helperpb.Transfer{ImageDir: ts[0].ImageDir, Direction: ts[0].Direction, StartedUnixMs: ts[0].StartedUnixMs, Finished: true}
+	out := &helperpb.Transfer{ImageDir: ts[0].ImageDir, Direction: ts[0].Direction, StartedUnixMs: ts[0].StartedUnixMs, Finished: true,
+		FromResident: true}
 	var end int64 // microseconds since the epoch
 	for _, t := range ts {
 		out.BytesDone += t.BytesDone
@@ -101,6 +103,7 @@ func combine(ts []*helperpb.Transfer) *helperpb.Transfer {
 		out.StartedUnixMs = min(out.StartedUnixMs, t.StartedUnixMs)
 		end = max(end, t.StartedUnixMs*1000+int64(t.ElapsedUs))
 		out.Finished = out.Finished && t.Finished
+		out.FromResident = out.FromResident && t.FromResident
 		out.FinishedUnixUs = max(out.FinishedUnixUs, t.FinishedUnixUs)
 		if t.Error != "" {
 			if out.Error != "" {
@@ -134,7 +137,10 @@ type GPUCopy struct {
 	GBPerS     float64 `json:"gb_per_s"`
 	Finished   bool    `json:"finished"`
 	Error      string  `json:"error,omitempty"`
-	dump       bool
+	// FromResident: a load copied on the GPU from the image's resident
+	// copy (gpucr image load); nothing crossed PCIe.
+	FromResident bool `json:"from_resident,omitempty"`
+	dump         bool
 }
 
 func gpuCopyOf(t *helperpb.Transfer) *GPUCopy {
@@ -142,7 +148,7 @@ func gpuCopyOf(t *helperpb.Transfer) *GPUCopy {
 		return nil
 	}
 	c := &GPUCopy{Bytes: t.BytesDone, TotalBytes: t.BytesTotal, BytesMoved: t.BytesMoved, Seconds: float64(t.ElapsedUs) / 1e6,
-		Finished: t.Finished, Error: t.Error, dump: t.Direction == helperpb.Transfer_DIRECTION_DUMP}
+		Finished: t.Finished, Error: t.Error, FromResident: t.FromResident, dump: t.Direction == helperpb.Transfer_DIRECTION_DUMP}
 	if c.Seconds > 0 {
 		c.GBPerS = float64(t.BytesDone) / 1e9 / c.Seconds
 	}
@@ -157,6 +163,9 @@ func (c *GPUCopy) String() string {
 	line := fmt.Sprintf("GPU data: %s in %.3f s (%.1f GB/s)", units.Bytes(c.Bytes), c.Seconds, c.GBPerS)
 	if c.dump && c.BytesMoved < c.Bytes {
 		line += fmt.Sprintf(", %s of it over PCIe (the rest the parent image had)", units.Bytes(c.BytesMoved))
+	}
+	if c.FromResident {
+		line += ", copied on the GPU from the image's resident copy"
 	}
 	if c.Error != "" {
 		line += ", failed: " + c.Error

@@ -57,6 +57,8 @@ func helperCommand() *ucli.Command {
 				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
 			&ucli.StringFlag{Name: "snapshot-reserve", Value: "2G",
 				Usage: "GPU memory per device a concurrent checkpoint leaves free for the process running on (its snapshot takes what is free beyond; buffers that do not fit go to a copy-on-write window, or are copied while the process waits with --concurrent-mode snapshot)"},
+			&ucli.StringFlag{Name: "resident-memory", Value: "0",
+				Usage: "GPU memory the helper may hold in all for resident images (`gpucr image load DIR`: an image's GPU data kept on the device, so that its restores copy it there instead of reading storage; given up when a process needs the memory). 0: none"},
 			&ucli.StringFlag{Name: "concurrent-mode", Value: "auto",
 				Usage: "how a concurrent checkpoint keeps each buffer while the process runs on: auto (a snapshot in spare GPU memory where it fits, a copy-on-write window for the rest), snapshot (the rest is copied while the process waits), copy-on-write (every buffer in the window, no snapshot memory)"},
 			// Benchmarks set it to compare.
@@ -143,11 +145,16 @@ func runHelper(c *ucli.Context) error {
 	if err != nil || strings.EqualFold(strings.TrimSpace(c.String("snapshot-reserve")), "unlimited") {
 		return usageError{fmt.Errorf("--snapshot-reserve: %q is not a size (like 512M or 2G)", c.String("snapshot-reserve"))}
 	}
+	resident, err := parseSize(c.String("resident-memory"))
+	if err != nil || strings.EqualFold(strings.TrimSpace(c.String("resident-memory")), "unlimited") {
+		return usageError{fmt.Errorf("--resident-memory: %q is not a size (like 16G, or 0 for none)", c.String("resident-memory"))}
+	}
 	cmode, err := daemon.ParseConcurrentMode(c.String("concurrent-mode"))
 	if err != nil {
 		return usageError{fmt.Errorf("--concurrent-mode: %v", err)}
 	}
 	cfg := daemon.Config{
+		ResidentMemory:  resident,
 		SnapshotReserve: reserve,
 		Concurrent:      cmode,
 		BackgroundLanes: c.Int("background-lanes"),

@@ -28,7 +28,7 @@ func imageCommand() *ucli.Command {
 	usage := func(_ *ucli.Context, err error, _ bool) error { return usageError{err} }
 	cmd := &ucli.Command{
 		Name:  "image",
-		Usage: "inspect, verify, compare and garbage-collect GPU images",
+		Usage: "inspect, verify, compare and garbage-collect GPU images; keep one's GPU data resident",
 		// `gpucr help image` lists the subcommands too, as `gpucr image --help`
 		// does (urfave's template for it finds none before the command runs)
 		CustomHelpTemplate: imageHelpTemplate,
@@ -62,6 +62,8 @@ func imageCommand() *ucli.Command {
 					&ucli.BoolFlag{Name: "dry-run", Usage: "only print what would be removed"}},
 				Action: imageGC,
 			},
+			imageLoadCommand(jsonFlag),
+			imageUnloadCommand(jsonFlag),
 		},
 		// Reached only without a known subcommand.
 		Action: func(c *ucli.Context) error {
@@ -69,7 +71,7 @@ func imageCommand() *ucli.Command {
 			if c.Args().Present() {
 				return usageError{fmt.Errorf("image: unknown subcommand %q", c.Args().First())}
 			}
-			return usageError{errors.New("image: missing subcommand (inspect, verify, diff or gc)")}
+			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, load or unload)")}
 		},
 		OnUsageError: usage,
 	}

@@ -23,6 +23,19 @@ type statusJSON struct {
 	Unavailable   string       `json:"unavailable,omitempty"`
 	Devices       []deviceJSON `json:"devices"`
 	Clients       []clientJSON `json:"clients"`
+	// Resident: images whose GPU data the helper keeps on the device
+	// (gpucr image load), within ResidentBudget bytes in all.
+	Resident       []residentJSON `json:"resident_images"`
+	ResidentBudget uint64         `json:"resident_budget"`
+}
+
+type residentJSON struct {
+	ImagesDir string `json:"images_dir"`
+	Bytes     uint64 `json:"bytes"`
+	Buffers   uint32 `json:"buffers"`
+	OwnerUID  uint32 `json:"owner_uid"`
+	LoadedMs  int64  `json:"loaded_unix_ms"`
+	Restores  uint64 `json:"restores"`
 }
 
 type deviceJSON struct {
@@ -64,7 +77,10 @@ func stateName(s helperpb.ClientState) string { return checkpoint.StateName(s) }
 
 func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
-		Devices: []deviceJSON{}, Clients: []clientJSON{}}
+		Devices: []deviceJSON{}, Clients: []clientJSON{}, Resident: []residentJSON{}, ResidentBudget: st.ResidentBudget}
+	for _, r := range st.ResidentImages {
+		out.Resident = append(out.Resident, residentJSON{r.ImageDir, r.Bytes, r.Buffers, r.OwnerUid, r.LoadedUnixMs, r.Restores})
+	}
 	for _, d := range st.Devices {
 		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity, d.PoolMemory,
 			d.SnapshotMemory})
@@ -161,6 +177,17 @@ func printStatus(c *ucli.Context, j statusJSON) {
 			pool += fmt.Sprintf(", %s held by checkpoint snapshots until their images are written", humanBytes(d.SnapshotMemory))
 		}
 		fmt.Fprintf(w, "  %d  %s  %s  %s (%s free%s)\n", d.Ordinal, d.UUID, d.Name, humanBytes(d.TotalMemory), humanBytes(d.FreeMemory), pool)
+	}
+	if j.ResidentBudget > 0 || len(j.Resident) > 0 {
+		var held uint64
+		for _, r := range j.Resident {
+			held += r.Bytes
+		}
+		fmt.Fprintf(w, "resident images: %d, %s of %s\n", len(j.Resident), humanBytes(held), humanBytes(j.ResidentBudget))
+		for _, r := range j.Resident {
+			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served\n", r.ImagesDir, humanBytes(r.Bytes), r.Buffers,
+				r.OwnerUID, r.Restores)
+		}
 	}
 	if len(j.Clients) == 0 {
 		fmt.Fprintln(w, "clients: none")

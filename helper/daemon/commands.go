@@ -77,6 +77,10 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 				}
 				return r
 			})
+		case *helperpb.Request_LoadResident:
+			resp = s.loadResident(c, req.Id, b.LoadResident, c.takeFD())
+		case *helperpb.Request_UnloadResident:
+			resp = s.unloadResident(c, req.Id, b.UnloadResident, c.takeFD())
 		case *helperpb.Request_AwaitLoad:
 			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.awaitLoad(req.Id, plans) })
 		case *helperpb.Request_Restored:

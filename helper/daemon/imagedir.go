@@ -37,7 +37,8 @@ import (
 // a Checkpoint or a PrepareRestore.
 func takesFD(req *helperpb.Request) bool {
 	switch req.Body.(type) {
-	case *helperpb.Request_Checkpoint, *helperpb.Request_PrepareRestore:
+	case *helperpb.Request_Checkpoint, *helperpb.Request_PrepareRestore, *helperpb.Request_LoadResident,
+		*helperpb.Request_UnloadResident:
 		return true
 	}
 	return false

@@ -211,6 +211,9 @@ func (s *Server) create(dev Device, size uint64, flags image.AllocFlags) (uint64
 	if err != nil && isOOM(err) && s.pool.drain(dev) > 0 {
 		h, err = dev.Create(size, flags)
 	}
+	for err != nil && isOOM(err) && s.evictResident(dev) { // resident copies go before a process fails
+		h, err = dev.Create(size, flags)
+	}
 	if err != nil && isOOM(err) {
 		deadline := time.Now().Add(snapshotOOMWait)
 		for err != nil && isOOM(err) && time.Now().Before(deadline) {

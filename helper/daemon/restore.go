@@ -57,14 +57,15 @@ func (l *restoreLoad) waitFor(d time.Duration) error {
 // load and claimed by the restored processes. Only the plugin connection that
 // made it (or the adoption of an orphan) claims its clients.
 type restorePlan struct {
-	im      *image.Image
-	dir     string
-	clients []*client // one per process of the image, in image order; prepared until claimed
-	regions []engine.Region
-	bufs    []int // image buffer of each region
-	made    []*alloc
-	load    *restoreLoad
-	out     *outcomes
+	im       *image.Image
+	dir      string
+	resident *resident // the image's resident copy it copies from (held until then), or nil
+	clients  []*client // one per process of the image, in image order; prepared until claimed
+	regions  []engine.Region
+	bufs     []int // image buffer of each region
+	made     []*alloc
+	load     *restoreLoad
+	out      *outcomes
 }
 
 func (p *restorePlan) undo() {
@@ -134,6 +135,9 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
 		return &helperpb.Response{Id: id, Error: e}, nil
+	}
+	if dir != nil {
+		plan.resident = s.residentFor(dir, im, place)
 	}
 	s.trackPlan(plan)
 	s.rememberRestore(req.ImageDir, plan.out)
@@ -258,7 +262,12 @@ func (s *Server) runLoad(p *restorePlan) {
 		pids = append(pids, int64(cl.pid))
 	}
 	tr := s.transfers.begin(p.dir, false, bytes, pids)
-	p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress})
+	if p.resident != nil {
+		tr.fromResident.Store(true)
+		p.load.err = p.resident.copyFrom(p.regions, p.bufs, engine.Options{Progress: tr.progress})
+	} else {
+		p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress})
+	}
 	_ = p.im.Close() // its chunks are read; its manifest stays
 	tr.finish(p.load.err)
 	took := time.Since(start)
@@ -266,6 +275,7 @@ func (s *Server) runLoad(p *restorePlan) {
 		s.log.Error("loading the GPU image for a restore failed", zap.String("image", p.dir), zap.Error(p.load.err))
 	} else {
 		s.log.Info("GPU image loaded for restore", zap.String("image", p.dir), zap.Int("buffers", len(p.regions)),
+			zap.Bool("from_resident", p.resident != nil),
 			zap.Uint64("bytes", bytes), zap.Duration("took", took),
 			zap.Float64("gb_per_s", float64(bytes)/1e9/max(took.Seconds(), 1e-9)))
 	}

@@ -91,6 +91,9 @@ type Config struct {
 	// the helper serves, which keeps the driver's later exports fast
 	// (keeper.go).
 	ExportKeeper bool
+	// ResidentMemory is the device memory resident images may take in all
+	// (resident.go; 0: none are kept).
+	ResidentMemory uint64
 }
 
 // Server is the helper daemon.
@@ -108,6 +111,7 @@ type Server struct {
 	bg        map[*image.Writer]*background // concurrent checkpoints' copies still running, by image (background.go)
 	snaps     snapshotHolds                 // the device memory their snapshots hold (background.go)
 	salvage   map[salvageKey]salvageEntry   // chunks of dropped concurrent checkpoints, by directory (salvage.go)
+	residents residentSet                   // images kept in device memory (resident.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
@@ -149,7 +153,8 @@ func New(cfg Config) *Server {
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
 	return &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
-		open: map[deferKey]*deferImage{}, conns: map[*net.UnixConn]struct{}{},
+		residents: residentSet{byKey: map[residentKey]*resident{}},
+		open:      map[deferKey]*deferImage{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
@@ -501,7 +506,7 @@ func (c *conn) next() *helperpb.Request {
 	c.fds = nil
 	if len(fds) > 0 && (len(fds) > 1 || !takesFD(req)) {
 		wire.CloseFDs(fds)
-		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint and PrepareRestore take one (the image directory)", len(fds))
+		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory)", len(fds))
 		return nil
 	}
 	c.fds = fds

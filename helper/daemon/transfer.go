@@ -31,6 +31,9 @@ type transfer struct {
 	idle       time.Duration     // a background copy's wait for its process: not copy time
 	done       atomic.Uint64
 	moved      atomic.Uint64 // over PCIe (a dump's copied chunks)
+	// fromResident: a load copied on the device from a resident image
+	// (nothing over PCIe); set before its first progress
+	fromResident atomic.Bool
 
 	mu         sync.Mutex
 	finished   bool
@@ -112,12 +115,16 @@ func (t *transfer) proto() *helperpb.Transfer {
 	moved := t.moved.Load()
 	if t.direction == helperpb.Transfer_DIRECTION_LOAD {
 		moved = t.done.Load() // a load moves every byte it has done
+		if t.fromResident.Load() {
+			moved = 0
+		}
 	}
 	return &helperpb.Transfer{ImageDir: t.dir, Direction: t.direction, BytesDone: t.done.Load(), BytesTotal: t.total,
 		StartedUnixMs: t.start.UnixMilli(), ElapsedUs: uint64(took.Microseconds()), Finished: t.finished,
 		Error: t.err, Pids: t.pids, BytesMoved: moved, Phases: append(append([]*helperpb.Phase(nil), t.phases...), t.after...),
 		Background:     t.background,
-		StoppedSeconds: t.stall.Seconds(), Changed: t.changed, FinishedUnixUs: unixMicroOrZero(t.finishedAt)}
+		StoppedSeconds: t.stall.Seconds(), Changed: t.changed, FinishedUnixUs: unixMicroOrZero(t.finishedAt),
+		FromResident: t.fromResident.Load()}
 }
 
 func unixMicroOrZero(t time.Time) int64 {

@@ -1492,6 +1492,141 @@ void   gpucr__helper__v1__status_reply__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__status_reply__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__load_resident__init
+                     (Gpucr__Helper__V1__LoadResident         *message)
+{
+  static const Gpucr__Helper__V1__LoadResident init_value = GPUCR__HELPER__V1__LOAD_RESIDENT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__load_resident__get_packed_size
+                     (const Gpucr__Helper__V1__LoadResident *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__load_resident__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__load_resident__pack
+                     (const Gpucr__Helper__V1__LoadResident *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__load_resident__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__load_resident__pack_to_buffer
+                     (const Gpucr__Helper__V1__LoadResident *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__load_resident__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__LoadResident *
+       gpucr__helper__v1__load_resident__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__LoadResident *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__load_resident__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__load_resident__free_unpacked
+                     (Gpucr__Helper__V1__LoadResident *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__load_resident__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__unload_resident__init
+                     (Gpucr__Helper__V1__UnloadResident         *message)
+{
+  static const Gpucr__Helper__V1__UnloadResident init_value = GPUCR__HELPER__V1__UNLOAD_RESIDENT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__unload_resident__get_packed_size
+                     (const Gpucr__Helper__V1__UnloadResident *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__unload_resident__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__unload_resident__pack
+                     (const Gpucr__Helper__V1__UnloadResident *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__unload_resident__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__unload_resident__pack_to_buffer
+                     (const Gpucr__Helper__V1__UnloadResident *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__unload_resident__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__UnloadResident *
+       gpucr__helper__v1__unload_resident__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__UnloadResident *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__unload_resident__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__unload_resident__free_unpacked
+                     (Gpucr__Helper__V1__UnloadResident *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__unload_resident__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__resident_image__init
+                     (Gpucr__Helper__V1__ResidentImage         *message)
+{
+  static const Gpucr__Helper__V1__ResidentImage init_value = GPUCR__HELPER__V1__RESIDENT_IMAGE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__resident_image__get_packed_size
+                     (const Gpucr__Helper__V1__ResidentImage *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__resident_image__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__resident_image__pack
+                     (const Gpucr__Helper__V1__ResidentImage *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__resident_image__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__resident_image__pack_to_buffer
+                     (const Gpucr__Helper__V1__ResidentImage *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__resident_image__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ResidentImage *
+       gpucr__helper__v1__resident_image__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ResidentImage *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__resident_image__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__resident_image__free_unpacked
+                     (Gpucr__Helper__V1__ResidentImage *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__resident_image__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__driver_info__init
                      (Gpucr__Helper__V1__DriverInfo         *message)
 {
@@ -2437,7 +2572,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[29] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[31] =
 {
   {
     "id",
@@ -2787,6 +2922,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "load_resident",
+    31,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, load_resident),
+    &gpucr__helper__v1__load_resident__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "unload_resident",
+    32,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, unload_resident),
+    &gpucr__helper__v1__unload_resident__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   16,   /* field[16] = abort */
@@ -2805,6 +2964,7 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   14,   /* field[14] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
+  29,   /* field[29] = load_resident */
   3,   /* field[3] = mapped */
   23,   /* field[23] = prepare_restore */
   8,   /* field[8] = quiesce */
@@ -2817,13 +2977,14 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   18,   /* field[18] = status */
   26,   /* field[26] = transfers */
   17,   /* field[17] = unguard */
+  30,   /* field[30] = unload_resident */
   27,   /* field[27] = wait_restored */
 };
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[2 + 1] =
 {
   { 1, 0 },
   { 10, 8 },
-  { 0, 29 }
+  { 0, 31 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2833,7 +2994,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  29,
+  31,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   2,  gpucr__helper__v1__request__number_ranges,
@@ -4873,7 +5034,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__status__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[5] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[7] =
 {
   {
     "helper_version",
@@ -4935,18 +5096,44 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "resident_images",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__StatusReply, n_resident_images),
+    offsetof(Gpucr__Helper__V1__StatusReply, resident_images),
+    &gpucr__helper__v1__resident_image__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "resident_budget",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__StatusReply, resident_budget),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__status_reply__field_indices_by_name[] = {
   2,   /* field[2] = clients */
   1,   /* field[1] = devices */
   4,   /* field[4] = driver */
   0,   /* field[0] = helper_version */
+  6,   /* field[6] = resident_budget */
+  5,   /* field[5] = resident_images */
   3,   /* field[3] = unavailable */
 };
 static const ProtobufCIntRange gpucr__helper__v1__status_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
 {
@@ -4956,11 +5143,190 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
   "Gpucr__Helper__V1__StatusReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__StatusReply),
-  5,
+  7,
   gpucr__helper__v1__status_reply__field_descriptors,
   gpucr__helper__v1__status_reply__field_indices_by_name,
   1,  gpucr__helper__v1__status_reply__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__status_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__load_resident__field_descriptors[1] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__LoadResident, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__load_resident__field_indices_by_name[] = {
+  0,   /* field[0] = image_dir */
+};
+static const ProtobufCIntRange gpucr__helper__v1__load_resident__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__load_resident__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.LoadResident",
+  "LoadResident",
+  "Gpucr__Helper__V1__LoadResident",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__LoadResident),
+  1,
+  gpucr__helper__v1__load_resident__field_descriptors,
+  gpucr__helper__v1__load_resident__field_indices_by_name,
+  1,  gpucr__helper__v1__load_resident__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__load_resident__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__unload_resident__field_descriptors[1] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__UnloadResident, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__unload_resident__field_indices_by_name[] = {
+  0,   /* field[0] = image_dir */
+};
+static const ProtobufCIntRange gpucr__helper__v1__unload_resident__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__unload_resident__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.UnloadResident",
+  "UnloadResident",
+  "Gpucr__Helper__V1__UnloadResident",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__UnloadResident),
+  1,
+  gpucr__helper__v1__unload_resident__field_descriptors,
+  gpucr__helper__v1__unload_resident__field_indices_by_name,
+  1,  gpucr__helper__v1__unload_resident__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__unload_resident__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__resident_image__field_descriptors[6] =
+{
+  {
+    "image_dir",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bytes",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "buffers",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, buffers),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "owner_uid",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, owner_uid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "loaded_unix_ms",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, loaded_unix_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "restores",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, restores),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__resident_image__field_indices_by_name[] = {
+  2,   /* field[2] = buffers */
+  1,   /* field[1] = bytes */
+  0,   /* field[0] = image_dir */
+  4,   /* field[4] = loaded_unix_ms */
+  3,   /* field[3] = owner_uid */
+  5,   /* field[5] = restores */
+};
+static const ProtobufCIntRange gpucr__helper__v1__resident_image__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 6 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__resident_image__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ResidentImage",
+  "ResidentImage",
+  "Gpucr__Helper__V1__ResidentImage",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ResidentImage),
+  6,
+  gpucr__helper__v1__resident_image__field_descriptors,
+  gpucr__helper__v1__resident_image__field_indices_by_name,
+  1,  gpucr__helper__v1__resident_image__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__resident_image__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__driver_info__field_descriptors[6] =
@@ -6358,7 +6724,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__transfer__direction__descriptor
   gpucr__helper__v1__transfer__direction__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[15] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descriptors[16] =
 {
   {
     "image_dir",
@@ -6540,6 +6906,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__transfer__field_descrip
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "from_resident",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Transfer, from_resident),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   11,   /* field[11] = background */
@@ -6552,6 +6930,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
   7,   /* field[7] = error */
   6,   /* field[6] = finished */
   14,   /* field[14] = finished_unix_us */
+  15,   /* field[15] = from_resident */
   0,   /* field[0] = image_dir */
   10,   /* field[10] = phases */
   8,   /* field[8] = pids */
@@ -6561,7 +6940,7 @@ static const unsigned gpucr__helper__v1__transfer__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__transfer__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 15 }
+  { 0, 16 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
 {
@@ -6571,7 +6950,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   "Gpucr__Helper__V1__Transfer",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Transfer),
-  15,
+  16,
   gpucr__helper__v1__transfer__field_descriptors,
   gpucr__helper__v1__transfer__field_indices_by_name,
   1,  gpucr__helper__v1__transfer__number_ranges,

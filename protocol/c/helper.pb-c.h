@@ -48,6 +48,9 @@ typedef struct Gpucr__Helper__V1__Buffer Gpucr__Helper__V1__Buffer;
 typedef struct Gpucr__Helper__V1__ClientStats Gpucr__Helper__V1__ClientStats;
 typedef struct Gpucr__Helper__V1__Status Gpucr__Helper__V1__Status;
 typedef struct Gpucr__Helper__V1__StatusReply Gpucr__Helper__V1__StatusReply;
+typedef struct Gpucr__Helper__V1__LoadResident Gpucr__Helper__V1__LoadResident;
+typedef struct Gpucr__Helper__V1__UnloadResident Gpucr__Helper__V1__UnloadResident;
+typedef struct Gpucr__Helper__V1__ResidentImage Gpucr__Helper__V1__ResidentImage;
 typedef struct Gpucr__Helper__V1__DriverInfo Gpucr__Helper__V1__DriverInfo;
 typedef struct Gpucr__Helper__V1__ClientInfo Gpucr__Helper__V1__ClientInfo;
 typedef struct Gpucr__Helper__V1__ClientOp Gpucr__Helper__V1__ClientOp;
@@ -252,7 +255,9 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_COMMIT_IMAGE = 27,
   GPUCR__HELPER__V1__REQUEST__BODY_TRANSFERS = 28,
   GPUCR__HELPER__V1__REQUEST__BODY_WAIT_RESTORED = 29,
-  GPUCR__HELPER__V1__REQUEST__BODY_AWAIT_LOAD = 30
+  GPUCR__HELPER__V1__REQUEST__BODY_AWAIT_LOAD = 30,
+  GPUCR__HELPER__V1__REQUEST__BODY_LOAD_RESIDENT = 31,
+  GPUCR__HELPER__V1__REQUEST__BODY_UNLOAD_RESIDENT = 32
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -314,6 +319,11 @@ struct  Gpucr__Helper__V1__Request
      * ROLE_PLUGIN -> helper (the CRIU plugin)
      */
     Gpucr__Helper__V1__AwaitLoad *await_load;
+    /*
+     * ROLE_CLI -> helper
+     */
+    Gpucr__Helper__V1__LoadResident *load_resident;
+    Gpucr__Helper__V1__UnloadResident *unload_resident;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -933,10 +943,75 @@ struct  Gpucr__Helper__V1__StatusReply
    * caller's); unset from a helper that does not say.
    */
   Gpucr__Helper__V1__DriverInfo *driver;
+  /*
+   * Images whose GPU data the helper keeps in device memory (LoadResident).
+   */
+  size_t n_resident_images;
+  Gpucr__Helper__V1__ResidentImage **resident_images;
+  /*
+   * The device memory resident images may take in all (gpucr helper
+   * --resident-memory; 0: none).
+   */
+  uint64_t resident_budget;
 };
 #define GPUCR__HELPER__V1__STATUS_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status_reply__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0 }
+
+
+/*
+ * LoadResident (CLI, `gpucr image load DIR`): keep the GPU data of the image
+ * in image_dir in device memory the helper holds, loaded and checked now, so
+ * that restores of that image copy it on the device instead of reading it
+ * from storage. The caller passes the directory as a descriptor (SCM_RIGHTS),
+ * as with Checkpoint; only the image's owner (or root) may. Refused beyond
+ * the helper's budget (StatusReply.resident_budget). The memory is given up
+ * when a device runs out of it for a process, when unloaded, and when the
+ * helper stops.
+ */
+struct  Gpucr__Helper__V1__LoadResident
+{
+  ProtobufCMessage base;
+  char *image_dir;
+};
+#define GPUCR__HELPER__V1__LOAD_RESIDENT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__load_resident__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+/*
+ * UnloadResident (CLI, `gpucr image unload DIR`): give up the resident copy
+ * of the image in image_dir (passed as a descriptor too).
+ */
+struct  Gpucr__Helper__V1__UnloadResident
+{
+  ProtobufCMessage base;
+  char *image_dir;
+};
+#define GPUCR__HELPER__V1__UNLOAD_RESIDENT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__unload_resident__descriptor) \
+    , (char *)protobuf_c_empty_string }
+
+
+struct  Gpucr__Helper__V1__ResidentImage
+{
+  ProtobufCMessage base;
+  /*
+   * As the loader named it.
+   */
+  char *image_dir;
+  uint64_t bytes;
+  uint32_t buffers;
+  uint32_t owner_uid;
+  int64_t loaded_unix_ms;
+  /*
+   * Restores served from it so far.
+   */
+  uint64_t restores;
+};
+#define GPUCR__HELPER__V1__RESIDENT_IMAGE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__resident_image__descriptor) \
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -1453,10 +1528,15 @@ struct  Gpucr__Helper__V1__Transfer
    * copy that ended before a CRIU run began is not that run's.
    */
   int64_t finished_unix_us;
+  /*
+   * A load copied on the device from the image's resident copy
+   * (LoadResident): nothing crossed PCIe.
+   */
+  protobuf_c_boolean from_resident;
 };
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
-    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0, 0, 0, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */
@@ -2086,6 +2166,63 @@ Gpucr__Helper__V1__StatusReply *
 void   gpucr__helper__v1__status_reply__free_unpacked
                      (Gpucr__Helper__V1__StatusReply *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__LoadResident methods */
+void   gpucr__helper__v1__load_resident__init
+                     (Gpucr__Helper__V1__LoadResident         *message);
+size_t gpucr__helper__v1__load_resident__get_packed_size
+                     (const Gpucr__Helper__V1__LoadResident   *message);
+size_t gpucr__helper__v1__load_resident__pack
+                     (const Gpucr__Helper__V1__LoadResident   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__load_resident__pack_to_buffer
+                     (const Gpucr__Helper__V1__LoadResident   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__LoadResident *
+       gpucr__helper__v1__load_resident__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__load_resident__free_unpacked
+                     (Gpucr__Helper__V1__LoadResident *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__UnloadResident methods */
+void   gpucr__helper__v1__unload_resident__init
+                     (Gpucr__Helper__V1__UnloadResident         *message);
+size_t gpucr__helper__v1__unload_resident__get_packed_size
+                     (const Gpucr__Helper__V1__UnloadResident   *message);
+size_t gpucr__helper__v1__unload_resident__pack
+                     (const Gpucr__Helper__V1__UnloadResident   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__unload_resident__pack_to_buffer
+                     (const Gpucr__Helper__V1__UnloadResident   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__UnloadResident *
+       gpucr__helper__v1__unload_resident__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__unload_resident__free_unpacked
+                     (Gpucr__Helper__V1__UnloadResident *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ResidentImage methods */
+void   gpucr__helper__v1__resident_image__init
+                     (Gpucr__Helper__V1__ResidentImage         *message);
+size_t gpucr__helper__v1__resident_image__get_packed_size
+                     (const Gpucr__Helper__V1__ResidentImage   *message);
+size_t gpucr__helper__v1__resident_image__pack
+                     (const Gpucr__Helper__V1__ResidentImage   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__resident_image__pack_to_buffer
+                     (const Gpucr__Helper__V1__ResidentImage   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ResidentImage *
+       gpucr__helper__v1__resident_image__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__resident_image__free_unpacked
+                     (Gpucr__Helper__V1__ResidentImage *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__DriverInfo methods */
 void   gpucr__helper__v1__driver_info__init
                      (Gpucr__Helper__V1__DriverInfo         *message);
@@ -2586,6 +2723,15 @@ typedef void (*Gpucr__Helper__V1__Status_Closure)
 typedef void (*Gpucr__Helper__V1__StatusReply_Closure)
                  (const Gpucr__Helper__V1__StatusReply *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__LoadResident_Closure)
+                 (const Gpucr__Helper__V1__LoadResident *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__UnloadResident_Closure)
+                 (const Gpucr__Helper__V1__UnloadResident *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ResidentImage_Closure)
+                 (const Gpucr__Helper__V1__ResidentImage *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__DriverInfo_Closure)
                  (const Gpucr__Helper__V1__DriverInfo *message,
                   void *closure_data);
@@ -2694,6 +2840,9 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__load_resident__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__unload_resident__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__resident_image__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor;

@@ -447,7 +447,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38, 0}
 }
 
 type Transfer_Direction int32
@@ -496,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56, 0}
 }
 
 type Request struct {
@@ -533,6 +533,8 @@ type Request struct {
 	//	*Request_Transfers
 	//	*Request_WaitRestored
 	//	*Request_AwaitLoad
+	//	*Request_LoadResident
+	//	*Request_UnloadResident
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -834,6 +836,24 @@ func (x *Request) GetAwaitLoad() *AwaitLoad {
 	return nil
 }
 
+func (x *Request) GetLoadResident() *LoadResident {
+	if x != nil {
+		if x, ok := x.Body.(*Request_LoadResident); ok {
+			return x.LoadResident
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetUnloadResident() *UnloadResident {
+	if x != nil {
+		if x, ok := x.Body.(*Request_UnloadResident); ok {
+			return x.UnloadResident
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -957,6 +977,15 @@ type Request_AwaitLoad struct {
 	AwaitLoad *AwaitLoad `protobuf:"bytes,30,opt,name=await_load,json=awaitLoad,proto3,oneof"`
 }
 
+type Request_LoadResident struct {
+	// ROLE_CLI -> helper
+	LoadResident *LoadResident `protobuf:"bytes,31,opt,name=load_resident,json=loadResident,proto3,oneof"`
+}
+
+type Request_UnloadResident struct {
+	UnloadResident *UnloadResident `protobuf:"bytes,32,opt,name=unload_resident,json=unloadResident,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -1012,6 +1041,10 @@ func (*Request_Transfers) isRequest_Body() {}
 func (*Request_WaitRestored) isRequest_Body() {}
 
 func (*Request_AwaitLoad) isRequest_Body() {}
+
+func (*Request_LoadResident) isRequest_Body() {}
+
+func (*Request_UnloadResident) isRequest_Body() {}
 
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3125,9 +3158,14 @@ type StatusReply struct {
 	Unavailable string `protobuf:"bytes,4,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
 	// The CUDA driver as the helper loaded it (its environment, not the
 	// caller's); unset from a helper that does not say.
-	Driver        *DriverInfo `protobuf:"bytes,5,opt,name=driver,proto3" json:"driver,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Driver *DriverInfo `protobuf:"bytes,5,opt,name=driver,proto3" json:"driver,omitempty"`
+	// Images whose GPU data the helper keeps in device memory (LoadResident).
+	ResidentImages []*ResidentImage `protobuf:"bytes,6,rep,name=resident_images,json=residentImages,proto3" json:"resident_images,omitempty"`
+	// The device memory resident images may take in all (gpucr helper
+	// --resident-memory; 0: none).
+	ResidentBudget uint64 `protobuf:"varint,7,opt,name=resident_budget,json=residentBudget,proto3" json:"resident_budget,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StatusReply) Reset() {
@@ -3195,6 +3233,204 @@ func (x *StatusReply) GetDriver() *DriverInfo {
 	return nil
 }
 
+func (x *StatusReply) GetResidentImages() []*ResidentImage {
+	if x != nil {
+		return x.ResidentImages
+	}
+	return nil
+}
+
+func (x *StatusReply) GetResidentBudget() uint64 {
+	if x != nil {
+		return x.ResidentBudget
+	}
+	return 0
+}
+
+// LoadResident (CLI, `gpucr image load DIR`): keep the GPU data of the image
+// in image_dir in device memory the helper holds, loaded and checked now, so
+// that restores of that image copy it on the device instead of reading it
+// from storage. The caller passes the directory as a descriptor (SCM_RIGHTS),
+// as with Checkpoint; only the image's owner (or root) may. Refused beyond
+// the helper's budget (StatusReply.resident_budget). The memory is given up
+// when a device runs out of it for a process, when unloaded, and when the
+// helper stops.
+type LoadResident struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadResident) Reset() {
+	*x = LoadResident{}
+	mi := &file_protocol_helper_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadResident) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadResident) ProtoMessage() {}
+
+func (x *LoadResident) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadResident.ProtoReflect.Descriptor instead.
+func (*LoadResident) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *LoadResident) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+// UnloadResident (CLI, `gpucr image unload DIR`): give up the resident copy
+// of the image in image_dir (passed as a descriptor too).
+type UnloadResident struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnloadResident) Reset() {
+	*x = UnloadResident{}
+	mi := &file_protocol_helper_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnloadResident) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnloadResident) ProtoMessage() {}
+
+func (x *UnloadResident) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnloadResident.ProtoReflect.Descriptor instead.
+func (*UnloadResident) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *UnloadResident) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+type ResidentImage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As the loader named it.
+	ImageDir     string `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	Bytes        uint64 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Buffers      uint32 `protobuf:"varint,3,opt,name=buffers,proto3" json:"buffers,omitempty"`
+	OwnerUid     uint32 `protobuf:"varint,4,opt,name=owner_uid,json=ownerUid,proto3" json:"owner_uid,omitempty"`
+	LoadedUnixMs int64  `protobuf:"varint,5,opt,name=loaded_unix_ms,json=loadedUnixMs,proto3" json:"loaded_unix_ms,omitempty"`
+	// Restores served from it so far.
+	Restores      uint64 `protobuf:"varint,6,opt,name=restores,proto3" json:"restores,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResidentImage) Reset() {
+	*x = ResidentImage{}
+	mi := &file_protocol_helper_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResidentImage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResidentImage) ProtoMessage() {}
+
+func (x *ResidentImage) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResidentImage.ProtoReflect.Descriptor instead.
+func (*ResidentImage) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ResidentImage) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *ResidentImage) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ResidentImage) GetBuffers() uint32 {
+	if x != nil {
+		return x.Buffers
+	}
+	return 0
+}
+
+func (x *ResidentImage) GetOwnerUid() uint32 {
+	if x != nil {
+		return x.OwnerUid
+	}
+	return 0
+}
+
+func (x *ResidentImage) GetLoadedUnixMs() int64 {
+	if x != nil {
+		return x.LoadedUnixMs
+	}
+	return 0
+}
+
+func (x *ResidentImage) GetRestores() uint64 {
+	if x != nil {
+		return x.Restores
+	}
+	return 0
+}
+
 // DriverInfo: the driver library the helper runs on (`gpucr check`).
 type DriverInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3218,7 +3454,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3230,7 +3466,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3479,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -3310,7 +3546,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3558,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3571,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -3429,7 +3665,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3441,7 +3677,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3454,7 +3690,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -3488,7 +3724,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3500,7 +3736,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3513,7 +3749,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -3583,7 +3819,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +3831,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +3844,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -3687,7 +3923,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3699,7 +3935,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3712,7 +3948,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -3757,7 +3993,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3769,7 +4005,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3782,7 +4018,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -3872,7 +4108,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3884,7 +4120,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3897,7 +4133,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Phase) GetName() string {
@@ -3925,7 +4161,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3937,7 +4173,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3950,7 +4186,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -3980,7 +4216,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3992,7 +4228,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4005,7 +4241,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Abort) GetReason() string {
@@ -4029,7 +4265,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4041,7 +4277,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4054,7 +4290,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -4080,7 +4316,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4092,7 +4328,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4105,7 +4341,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -4132,7 +4368,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4144,7 +4380,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4157,7 +4393,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -4207,7 +4443,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4219,7 +4455,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4232,7 +4468,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -4257,7 +4493,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4269,7 +4505,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4282,7 +4518,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -4321,7 +4557,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4333,7 +4569,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4346,7 +4582,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -4376,7 +4612,7 @@ type AwaitLoad struct {
 
 func (x *AwaitLoad) Reset() {
 	*x = AwaitLoad{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4388,7 +4624,7 @@ func (x *AwaitLoad) String() string {
 func (*AwaitLoad) ProtoMessage() {}
 
 func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4401,7 +4637,7 @@ func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
 func (*AwaitLoad) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
@@ -4417,7 +4653,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4429,7 +4665,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4442,7 +4678,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -4467,7 +4703,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4715,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4728,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -4512,7 +4748,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4524,7 +4760,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4537,7 +4773,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -4584,13 +4820,16 @@ type Transfer struct {
 	// When it finished (finished set), in microseconds since the epoch: a
 	// copy that ended before a CRIU run began is not that run's.
 	FinishedUnixUs int64 `protobuf:"varint,15,opt,name=finished_unix_us,json=finishedUnixUs,proto3" json:"finished_unix_us,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A load copied on the device from the image's resident copy
+	// (LoadResident): nothing crossed PCIe.
+	FromResident  bool `protobuf:"varint,16,opt,name=from_resident,json=fromResident,proto3" json:"from_resident,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4602,7 +4841,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4615,7 +4854,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -4723,11 +4962,18 @@ func (x *Transfer) GetFinishedUnixUs() int64 {
 	return 0
 }
 
+func (x *Transfer) GetFromResident() bool {
+	if x != nil {
+		return x.FromResident
+	}
+	return false
+}
+
 var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xea\f\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xfc\r\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -4762,7 +5008,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\ttransfers\x18\x1c \x01(\v2\x1a.gpucr.helper.v1.TransfersH\x00R\ttransfers\x12D\n" +
 	"\rwait_restored\x18\x1d \x01(\v2\x1d.gpucr.helper.v1.WaitRestoredH\x00R\fwaitRestored\x12;\n" +
 	"\n" +
-	"await_load\x18\x1e \x01(\v2\x1a.gpucr.helper.v1.AwaitLoadH\x00R\tawaitLoadB\x06\n" +
+	"await_load\x18\x1e \x01(\v2\x1a.gpucr.helper.v1.AwaitLoadH\x00R\tawaitLoad\x12D\n" +
+	"\rload_resident\x18\x1f \x01(\v2\x1d.gpucr.helper.v1.LoadResidentH\x00R\floadResident\x12J\n" +
+	"\x0funload_resident\x18  \x01(\v2\x1f.gpucr.helper.v1.UnloadResidentH\x00R\x0eunloadResidentB\x06\n" +
 	"\x04body\"\xde\x05\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
@@ -4916,13 +5164,26 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\x12!\n" +
 	"\fhelper_calls\x18\x13 \x01(\x04R\vhelperCalls\x12)\n" +
 	"\x10modules_analysed\x18\x14 \x01(\x04R\x0fmodulesAnalysed\"\b\n" +
-	"\x06Status\"\xf9\x01\n" +
+	"\x06Status\"\xeb\x02\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +
 	"\adevices\x18\x02 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\x125\n" +
 	"\aclients\x18\x03 \x03(\v2\x1b.gpucr.helper.v1.ClientInfoR\aclients\x12 \n" +
 	"\vunavailable\x18\x04 \x01(\tR\vunavailable\x123\n" +
-	"\x06driver\x18\x05 \x01(\v2\x1b.gpucr.helper.v1.DriverInfoR\x06driver\"\xc7\x01\n" +
+	"\x06driver\x18\x05 \x01(\v2\x1b.gpucr.helper.v1.DriverInfoR\x06driver\x12G\n" +
+	"\x0fresident_images\x18\x06 \x03(\v2\x1e.gpucr.helper.v1.ResidentImageR\x0eresidentImages\x12'\n" +
+	"\x0fresident_budget\x18\a \x01(\x04R\x0eresidentBudget\"+\n" +
+	"\fLoadResident\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"-\n" +
+	"\x0eUnloadResident\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\xbb\x01\n" +
+	"\rResidentImage\x12\x1b\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x18\n" +
+	"\abuffers\x18\x03 \x01(\rR\abuffers\x12\x1b\n" +
+	"\towner_uid\x18\x04 \x01(\rR\bownerUid\x12$\n" +
+	"\x0eloaded_unix_ms\x18\x05 \x01(\x03R\floadedUnixMs\x12\x1a\n" +
+	"\brestores\x18\x06 \x01(\x04R\brestores\"\xc7\x01\n" +
 	"\n" +
 	"DriverInfo\x12\x18\n" +
 	"\alibrary\x18\x01 \x01(\tR\alibrary\x12\x12\n" +
@@ -5029,7 +5290,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tTransfers\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"I\n" +
 	"\x0eTransfersReply\x127\n" +
-	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\xe5\x04\n" +
+	"\ttransfers\x18\x01 \x03(\v2\x19.gpucr.helper.v1.TransferR\ttransfers\"\x8a\x05\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12A\n" +
 	"\tdirection\x18\x02 \x01(\x0e2#.gpucr.helper.v1.Transfer.DirectionR\tdirection\x12\x1d\n" +
@@ -5052,7 +5313,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"background\x12'\n" +
 	"\x0fstopped_seconds\x18\r \x01(\x01R\x0estoppedSeconds\x12\x18\n" +
 	"\achanged\x18\x0e \x01(\bR\achanged\x12(\n" +
-	"\x10finished_unix_us\x18\x0f \x01(\x03R\x0efinishedUnixUs\"N\n" +
+	"\x10finished_unix_us\x18\x0f \x01(\x03R\x0efinishedUnixUs\x12#\n" +
+	"\rfrom_resident\x18\x10 \x01(\bR\ffromResident\"N\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
@@ -5110,7 +5372,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -5153,27 +5415,30 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*ClientStats)(nil),        // 38: gpucr.helper.v1.ClientStats
 	(*Status)(nil),             // 39: gpucr.helper.v1.Status
 	(*StatusReply)(nil),        // 40: gpucr.helper.v1.StatusReply
-	(*DriverInfo)(nil),         // 41: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 42: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 43: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 44: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 45: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 46: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 47: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 48: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 49: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 50: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 51: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 52: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 53: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 54: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 55: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 56: gpucr.helper.v1.PrepareRestore
-	(*AwaitLoad)(nil),          // 57: gpucr.helper.v1.AwaitLoad
-	(*Restored)(nil),           // 58: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 59: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 60: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 61: gpucr.helper.v1.Transfer
+	(*LoadResident)(nil),       // 41: gpucr.helper.v1.LoadResident
+	(*UnloadResident)(nil),     // 42: gpucr.helper.v1.UnloadResident
+	(*ResidentImage)(nil),      // 43: gpucr.helper.v1.ResidentImage
+	(*DriverInfo)(nil),         // 44: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 45: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 46: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 47: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 48: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 49: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 50: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 51: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 52: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 53: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 54: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 55: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 56: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 57: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 58: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 59: gpucr.helper.v1.PrepareRestore
+	(*AwaitLoad)(nil),          // 60: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 61: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 62: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 63: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 64: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -5190,65 +5455,68 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	25, // 11: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	33, // 12: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	34, // 13: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	54, // 14: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	50, // 15: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	57, // 14: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	53, // 15: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
 	32, // 16: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
 	39, // 17: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	43, // 18: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	45, // 19: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	49, // 20: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	55, // 21: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	56, // 22: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	58, // 23: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	46, // 24: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	59, // 25: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	51, // 26: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	57, // 27: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
-	10, // 28: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 29: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 30: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 31: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	35, // 32: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	38, // 33: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	40, // 34: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	44, // 35: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	47, // 36: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	60, // 37: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	52, // 38: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	30, // 39: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
-	3,  // 40: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 41: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 42: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 43: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	24, // 44: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 45: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
-	28, // 46: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	31, // 47: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
-	36, // 48: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	37, // 49: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 50: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 51: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 52: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 53: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	42, // 54: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	41, // 55: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	4,  // 56: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 57: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	35, // 58: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	38, // 59: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	48, // 60: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 61: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	53, // 62: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 63: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	48, // 64: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
-	61, // 65: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 66: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	48, // 67: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	68, // [68:68] is the sub-list for method output_type
-	68, // [68:68] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	46, // 18: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	48, // 19: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	52, // 20: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	58, // 21: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	59, // 22: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	61, // 23: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	49, // 24: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	62, // 25: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	54, // 26: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	60, // 27: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	41, // 28: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
+	42, // 29: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
+	10, // 30: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 31: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 32: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 33: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	35, // 34: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	38, // 35: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	40, // 36: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	47, // 37: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	50, // 38: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	63, // 39: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	55, // 40: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	30, // 41: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
+	3,  // 42: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 43: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 44: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 45: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	24, // 46: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 47: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	28, // 48: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	31, // 49: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
+	36, // 50: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	37, // 51: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 52: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 53: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 54: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 55: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	45, // 56: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	44, // 57: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	43, // 58: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
+	4,  // 59: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 60: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	35, // 61: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	38, // 62: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	51, // 63: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 64: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	56, // 65: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 66: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	51, // 67: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	64, // 68: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 69: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	51, // 70: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	71, // [71:71] is the sub-list for method output_type
+	71, // [71:71] is the sub-list for method input_type
+	71, // [71:71] is the sub-list for extension type_name
+	71, // [71:71] is the sub-list for extension extendee
+	0,  // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -5285,6 +5553,8 @@ func file_protocol_helper_proto_init() {
 		(*Request_Transfers)(nil),
 		(*Request_WaitRestored)(nil),
 		(*Request_AwaitLoad)(nil),
+		(*Request_LoadResident)(nil),
+		(*Request_UnloadResident)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -5305,7 +5575,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   54,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

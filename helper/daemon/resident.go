@@ -1,0 +1,324 @@
+package daemon
+
+// Resident images: an image's GPU data kept in device memory the helper
+// holds (`gpucr image load DIR`), loaded from storage and checked against
+// its hashes once. A restore of that image then copies each buffer on the
+// device into the process's new memory instead of reading it from storage
+// and moving it over PCIe, and the resident copy stays for the next restore
+// (replicas of a warmed-up server). The copies take memory beyond what the
+// restored processes hold; the helper bounds them all by its budget
+// (--resident-memory) and gives them up when a device runs out of memory
+// for a process (create), so that they never make a job's allocation fail.
+//
+// A resident copy is of one image directory (device and inode) and one
+// image in it (the manifest's image id): a checkpoint written into the
+// directory since, or another directory, is read from storage as before.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// residentKey names an image directory: its device and inode.
+type residentKey struct{ dev, ino uint64 }
+
+func residentKeyOf(f *os.File) (residentKey, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return residentKey{}, err
+	}
+	return residentKey{uint64(st.Dev), st.Ino}, nil
+}
+
+// resident is one image's GPU data in helper memory.
+type resident struct {
+	key      residentKey
+	dir      string
+	id       []byte // the manifest's image id
+	owner    uint32
+	regions  []engine.Region // one per image buffer, in image order
+	made     []*alloc
+	bytes    uint64
+	loaded   time.Time
+	restores atomic.Uint64
+
+	// mu: restores copying from it hold it shared; giving it up takes it
+	// whole, so the memory goes only once no copy reads it.
+	mu   sync.RWMutex
+	gone bool // given up (under mu)
+}
+
+// residentSet is the server's resident images (guarded by Server.mu).
+type residentSet struct {
+	byKey   map[residentKey]*resident
+	pending uint64 // bytes of loads under way
+}
+
+func (s *Server) residentBytesLocked() uint64 {
+	n := s.residents.pending
+	for _, r := range s.residents.byKey {
+		n += r.bytes
+	}
+	return n
+}
+
+// loadResident runs a LoadResident request: dir is the image directory the
+// caller passed (nil: the path, root only).
+func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, dir *os.File) *helperpb.Response {
+	if dir == nil {
+		if c.cred.Uid != 0 {
+			return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d: the image directory %s must come with the request as a descriptor the caller opened", c.cred.Uid, req.ImageDir)
+		}
+		fd, err := unix.Open(req.ImageDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
+		}
+		dir = os.NewFile(uintptr(fd), req.ImageDir)
+	}
+	defer dir.Close()
+	if s.cfg.ResidentMemory == 0 {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "this helper keeps no resident images: start it with --resident-memory SIZE (the device memory they may take)")
+	}
+	key, err := residentKeyOf(dir)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
+	}
+	im, err := image.OpenAt(dir, image.ReadOptions{HashCheckedByCaller: true})
+	if err == nil {
+		if err = im.CheckRestorable(); err == nil {
+			err = im.CheckFiles()
+		}
+		if err != nil {
+			_ = im.Close()
+		}
+	}
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image in %s: %v", req.ImageDir, err)
+	}
+	defer im.Close()
+	owner, err := im.OwnerUID()
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image in %s: %v", req.ImageDir, err)
+	}
+	if c.cred.Uid != 0 && owner != c.cred.Uid {
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not load the GPU image in %s (uid %d's)", c.cred.Uid, req.ImageDir, owner)
+	}
+	imgID := im.Manifest().GetImageId()
+	size := imageBytes(im, 0)
+	s.mu.Lock()
+	if old := s.residents.byKey[key]; old != nil && bytes.Equal(old.id, imgID) {
+		s.mu.Unlock()
+		return okResp(id) // already resident
+	}
+	held := s.residentBytesLocked()
+	if held+size > s.cfg.ResidentMemory {
+		s.mu.Unlock()
+		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY,
+			"the GPU image in %s needs %s: resident images may take %s (--resident-memory), and take %s already (gpucr image unload DIR gives one up)",
+			req.ImageDir, sizeStr(size), sizeStr(s.cfg.ResidentMemory), sizeStr(held))
+	}
+	s.residents.pending += size
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.residents.pending -= size
+		s.mu.Unlock()
+	}()
+
+	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.restoreRoom)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err)
+	}
+	r := &resident{key: key, dir: req.ImageDir, id: imgID, owner: owner, bytes: size, loaded: time.Now()}
+	var bufs []int
+	for i, b := range im.Buffers() {
+		dev := place.deviceOf(b)
+		if dev == nil || dev.GPU() == nil {
+			r.release()
+			return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "buffer %d (0x%x): no GPU %s here", i, b.Address, b.GPUUUID)
+		}
+		// Its own creation: a resident load pushes nothing out.
+		h, err := dev.Create(b.Size, b.Flags)
+		if err != nil {
+			r.release()
+			code := helperpb.ErrorCode_ERROR_DRIVER
+			if isOOM(err) {
+				code = helperpb.ErrorCode_ERROR_OUT_OF_MEMORY
+			}
+			return errResp(id, code, "buffer %d (%d bytes): %v", i, b.Size, err)
+		}
+		r.made = append(r.made, &alloc{handle: h, size: b.Size, address: b.Address, dev: dev, flags: b.Flags})
+		r.regions = append(r.regions, engine.Region{Device: dev.GPU(), Handle: h, Size: b.Size, Pid: b.Pid,
+			Address: b.Address, Kind: b.Kind, Flags: b.Flags})
+		bufs = append(bufs, i)
+	}
+	tr := s.transfers.beginFor(c.cred.Uid, im.Dir(), false, size, nil)
+	err = engine.Load(r.regions, im, bufs, engine.Options{Progress: tr.progress})
+	tr.finish(err)
+	if err != nil {
+		r.release()
+		s.log.Warn("an image could not be made resident", zap.String("image", req.ImageDir), zap.Error(err))
+		return errResp(id, loadErrCode(err), "loading the GPU image in %s: %v", req.ImageDir, err)
+	}
+	s.mu.Lock()
+	old := s.residents.byKey[key] // another image written into the directory since
+	s.residents.byKey[key] = r
+	s.mu.Unlock()
+	if old != nil {
+		old.giveUp()
+	}
+	s.log.Info("image resident", zap.String("image", req.ImageDir), zap.Uint64("bytes", size),
+		zap.Int("buffers", len(r.regions)), zap.Duration("took", time.Since(r.loaded)))
+	return okResp(id)
+}
+
+// unloadResident runs an UnloadResident request.
+func (s *Server) unloadResident(c *conn, id uint64, req *helperpb.UnloadResident, dir *os.File) *helperpb.Response {
+	var key residentKey
+	var err error
+	if dir != nil {
+		key, err = residentKeyOf(dir)
+		dir.Close()
+	} else {
+		var st unix.Stat_t
+		if err = unix.Stat(req.ImageDir, &st); err == nil {
+			key = residentKey{uint64(st.Dev), st.Ino}
+		}
+	}
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
+	}
+	s.mu.Lock()
+	r := s.residents.byKey[key]
+	if r != nil && c.cred.Uid != 0 && r.owner != c.cred.Uid {
+		s.mu.Unlock()
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not unload the GPU image in %s (uid %d's)", c.cred.Uid, req.ImageDir, r.owner)
+	}
+	delete(s.residents.byKey, key)
+	s.mu.Unlock()
+	if r == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s is not resident", req.ImageDir)
+	}
+	r.giveUp()
+	s.log.Info("resident image given up", zap.String("image", r.dir), zap.Uint64("bytes", r.bytes))
+	return okResp(id)
+}
+
+// giveUp releases r's memory once no restore copies from it.
+func (r *resident) giveUp() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.gone {
+		r.gone = true
+		r.release()
+	}
+}
+
+// release frees r's memory (its slices stay as they were: nothing reads
+// them once it is gone).
+func (r *resident) release() {
+	for _, al := range r.made {
+		_ = al.dev.Release(al.handle)
+	}
+}
+
+// residentFor is the resident copy of the image im read from the directory
+// dir, held for a restore's copy (the caller calls done after it), or nil.
+// It serves only a restore whose memory is on the GPUs it is on.
+func (s *Server) residentFor(dir *os.File, im *image.Image, place placement) *resident {
+	key, err := residentKeyOf(dir)
+	if err != nil {
+		return nil
+	}
+	s.mu.Lock()
+	r := s.residents.byKey[key]
+	s.mu.Unlock()
+	if r == nil || !bytes.Equal(r.id, im.Manifest().GetImageId()) {
+		return nil
+	}
+	r.mu.RLock()
+	if r.gone {
+		r.mu.RUnlock()
+		return nil
+	}
+	for i, b := range im.Buffers() {
+		if d := place.deviceOf(b); d == nil || i >= len(r.made) || r.made[i].dev != d {
+			r.mu.RUnlock()
+			s.log.Info("a restore reads its image from storage: its GPUs are not those of the image's resident copy",
+				zap.String("image", r.dir))
+			return nil
+		}
+	}
+	return r
+}
+
+// copyFrom fills regions (of image buffers bufs) from r on the device, and
+// lets r go.
+func (r *resident) copyFrom(regions []engine.Region, bufs []int, opts engine.Options) error {
+	defer r.mu.RUnlock()
+	src := make([]engine.Region, len(bufs))
+	for i, bi := range bufs {
+		if bi >= len(r.regions) {
+			return errors.New("the resident copy lacks a buffer")
+		}
+		src[i] = r.regions[bi]
+	}
+	if err := engine.CopyOnDevice(regions, src, opts); err != nil {
+		return fmt.Errorf("from the resident copy: %w", err)
+	}
+	r.restores.Add(1)
+	return nil
+}
+
+// evictResident gives up the oldest resident image holding memory on dev;
+// false if none does.
+func (s *Server) evictResident(dev Device) bool {
+	s.mu.Lock()
+	var on []*resident
+	for _, r := range s.residents.byKey {
+		for _, al := range r.made {
+			if al.dev == dev {
+				on = append(on, r)
+				break
+			}
+		}
+	}
+	sort.Slice(on, func(i, j int) bool { return on[i].loaded.Before(on[j].loaded) })
+	if len(on) == 0 {
+		s.mu.Unlock()
+		return false
+	}
+	r := on[0]
+	delete(s.residents.byKey, r.key)
+	s.mu.Unlock()
+	r.giveUp()
+	s.log.Warn("resident image given up: a process needs its device memory", zap.String("image", r.dir),
+		zap.Uint64("bytes", r.bytes), zap.Int("device", int(dev.Info().Ordinal)))
+	return true
+}
+
+// residentStatus lists the resident images for Status.
+func (s *Server) residentStatus() []*helperpb.ResidentImage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*helperpb.ResidentImage
+	for _, r := range s.residents.byKey {
+		out = append(out, &helperpb.ResidentImage{ImageDir: r.dir, Bytes: r.bytes, Buffers: uint32(len(r.made)),
+			OwnerUid: r.owner, LoadedUnixMs: r.loaded.UnixMilli(), Restores: r.restores.Load()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ImageDir < out[j].ImageDir })
+	return out
+}

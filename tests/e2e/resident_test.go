@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type residentStatus struct {
+	Resident []struct {
+		ImagesDir string `json:"images_dir"`
+		Bytes     uint64 `json:"bytes"`
+		Restores  uint64 `json:"restores"`
+	} `json:"resident_images"`
+	Budget uint64 `json:"resident_budget"`
+}
+
+func residents(t *testing.T, h *helperProc, env []string) residentStatus {
+	t.Helper()
+	out := cliOK(t, h, env, "", "status", "--json")
+	var st residentStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("gpucr status --json: %v\n%s", err, out)
+	}
+	return st
+}
+
+// fromResident says whether a restore's --json report says its GPU data
+// was copied on the GPU from the image's resident copy.
+func fromResident(t *testing.T, out string) bool {
+	t.Helper()
+	var rep struct {
+		GPU struct {
+			FromResident bool   `json:"from_resident"`
+			Bytes        uint64 `json:"bytes"`
+			Moved        uint64 `json:"bytes_moved"`
+		} `json:"gpu"`
+	}
+	if i := strings.LastIndex(out, "\n{"); i >= 0 {
+		out = out[i+1:]
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("restore --json: %v\n%s", err, out)
+	}
+	return rep.GPU.FromResident && rep.GPU.Bytes > 0 && rep.GPU.Moved == 0
+}
+
+// TestResidentImage: an image made resident (gpucr image load) serves two
+// restores in turn from device memory, each continuing exactly from the
+// checkpoint; status lists it with the restores it served; a second image
+// beyond the helper's budget is refused naming the budget; unload gives the
+// copy up, and the next restore reads storage again; and a resident copy is
+// given up for a process that needs the memory.
+func TestResidentImage(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	// 64 MiB GPUs: resident copies and a process must compete for them.
+	env := gpucrEnv(t, "GPUCR_SIM_MEM_MIB=64")
+	h := startHelper(t, dir, env, "--resident-memory", "40M")
+	img := filepath.Join(dir, "img")
+	args := []string{"--mib", "16", "--interval-ms", "20", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", args...)
+	a.waitIter(10, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+
+	if out, err := cli(t, h, env, "image", "load", img); err != nil || !strings.Contains(out, "GPU data resident, ") {
+		t.Fatalf("gpucr image load: %v\n%s", err, out)
+	}
+	// 16 MiB in 8 buffers, each rounded up to the 2 MiB granularity
+	if st := residents(t, h, env); len(st.Resident) != 1 || st.Resident[0].ImagesDir != img || st.Resident[0].Bytes < 16<<20 ||
+		st.Resident[0].Bytes > 24<<20 || st.Budget != 40<<20 {
+		t.Fatalf("status after the load: %+v", st)
+	}
+	for n := 1; n <= 2; n++ {
+		before := a.lastIter()
+		out := cliOK(t, h, env, img, "restore", "-D", img, "--json")
+		if !fromResident(t, out) {
+			t.Errorf("restore %d: the report does not say its GPU data came from the resident copy:\n%s", n, out)
+		}
+		a.waitIter(before+5, time.Minute)
+		_ = syscall.Kill(a.pid, syscall.SIGKILL)
+		waitDead(t, a.pid, 10*time.Second)
+		waitPidFree(a.pid, 10*time.Second)
+	}
+	if st := residents(t, h, env); len(st.Resident) != 1 || st.Resident[0].Restores != 2 {
+		t.Errorf("status after two restores: %+v", st)
+	}
+
+	// A second image does not fit the budget beside the first.
+	img2 := filepath.Join(dir, "img2")
+	b := startUnder(t, t.TempDir(), h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	b.waitIter(3, time.Minute)
+	cliOK(t, h, env, img2, "checkpoint", strconv.Itoa(b.pid), "-D", img2, "--leave-running")
+	if out, err := cli(t, h, env, "image", "load", img2); err == nil || !strings.Contains(out, "--resident-memory") {
+		t.Errorf("a load beyond the budget: %v, want a refusal naming --resident-memory:\n%s", err, out)
+	}
+	// That process needs more memory than the device has beside the
+	// resident copy: it is given up for it.
+	b.kill()
+	c := startUnder(t, t.TempDir(), h, env, "heartbeat", "--mib", "40", "--interval-ms", "20")
+	c.waitIter(3, time.Minute)
+	if st := residents(t, h, env); len(st.Resident) != 0 {
+		t.Errorf("a process needed the memory of the resident copy, but it is still resident: %+v", st)
+	}
+	c.kill()
+
+	// Loaded again, unloaded: the next restore reads storage.
+	cliOK(t, h, env, img, "image", "load", img)
+	if out, err := cli(t, h, env, "image", "unload", img); err != nil || !strings.Contains(out, "given up") {
+		t.Errorf("gpucr image unload: %v\n%s", err, out)
+	}
+	if out, err := cli(t, h, env, "image", "unload", img); err == nil || !strings.Contains(out, "is not resident") {
+		t.Errorf("unload of an image not resident: %v\n%s", err, out)
+	}
+	before := a.lastIter()
+	out := cliOK(t, h, env, img, "restore", "-D", img, "--json")
+	if fromResident(t, out) {
+		t.Errorf("a restore after the unload says it came from the resident copy:\n%s", out)
+	}
+	a.waitIter(before+5, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
+}
