@@ -226,3 +226,30 @@ func TestSnapshotPreparedScratch(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCopyOnDevice: regions on two devices are copied into others on the
+// same devices, every byte, the progress reaching the total; a pair on two
+// devices or of two sizes is refused before anything is copied.
+func TestCopyOnDevice(t *testing.T) {
+	devs := []*fakegpu.Device{fakegpu.New(0, 64<<20), fakegpu.New(1, 64<<20)}
+	src := []engine.Region{region(t, devs[0], 2, 0x100000), region(t, devs[1], 3, 0x200000)}
+	dst := []engine.Region{region(t, devs[0], 2, 0x100000), region(t, devs[1], 3, 0x200000)}
+	want := fillRandom(t, devs, src, 11)
+	var last int64
+	if err := engine.CopyOnDevice(dst, src, engine.Options{Progress: func(n int64) { last = n }}); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range dst {
+		if !bytes.Equal(read(t, devs[i], r), want[i]) {
+			t.Errorf("region %d differs after the copy", i)
+		}
+	}
+	if last != int64(engine.TotalSize(src)) {
+		t.Errorf("progress ended at %d of %d bytes", last, engine.TotalSize(src))
+	}
+	for _, bad := range [][]engine.Region{{dst[1], dst[0]}, {dst[0]}} {
+		if err := engine.CopyOnDevice(bad, src, engine.Options{}); err == nil {
+			t.Errorf("a copy into %d mismatched regions was accepted", len(bad))
+		}
+	}
+}
