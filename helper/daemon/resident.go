@@ -96,7 +96,14 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
 	}
-	im, err := image.OpenAt(dir, image.ReadOptions{HashCheckedByCaller: true})
+	opts := image.ReadOptions{HashCheckedByCaller: true} // on the GPU, by engine.Load
+	if c.cred.Uid != 0 {
+		// Every image of the chain the caller's: a parent of another
+		// user's would put that user's data into memory the caller
+		// restores from.
+		opts.Owner = &image.Owner{UID: int(c.cred.Uid)}
+	}
+	im, err := image.OpenAt(dir, opts)
 	if err == nil {
 		if err = im.CheckRestorable(); err == nil {
 			err = im.CheckFiles()
@@ -105,8 +112,11 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 			_ = im.Close()
 		}
 	}
+	if errors.Is(err, image.ErrOwner) {
+		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may make only its own images resident: %v", c.cred.Uid, err)
+	}
 	if err != nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image in %s: %v", req.ImageDir, err)
+		return errResp(id, imageErrCode(err), "GPU image in %s: %v", req.ImageDir, err)
 	}
 	defer im.Close()
 	owner, err := im.OwnerUID()

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -125,4 +126,30 @@ func TestResidentImage(t *testing.T) {
 	a.waitIter(before+5, time.Minute)
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
+}
+
+// TestResidentImageIsTheOwners: another user may not make root's image
+// resident (whose data a restore would then copy from device memory), even
+// with a descriptor of its directory in hand.
+func TestResidentImageIsTheOwners(t *testing.T) {
+	u := secondUser(t)
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelperWith(t, dir, env, "--socket-mode", "0666", "--resident-memory", "64M")
+	openUp(t, dir)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "4", "--interval-ms", "20")
+	a.waitIter(3, time.Minute)
+	img := filepath.Join(dir, "roots")
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running")
+	if err := os.Chmod(img, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := asOther(t, u, time.Minute, env, binPath(t, "gpucr"), "image", "load", img, "--socket", h.socket)
+	if err == nil || !strings.Contains(out, "may make only its own images resident") {
+		t.Errorf("user %s loading root's image: %v, want a refusal:\n%s", u.Name, err, out)
+	}
+	if st := residents(t, h, env); len(st.Resident) != 0 {
+		t.Errorf("root's image became resident for another user: %+v", st)
+	}
+	a.kill()
 }
