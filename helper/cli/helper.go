@@ -58,7 +58,7 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "snapshot-reserve", Value: "2G",
 				Usage: "GPU memory per device a concurrent checkpoint leaves free for the process running on (its snapshot takes what is free beyond; buffers that do not fit go to a copy-on-write window, or are copied while the process waits with --concurrent-mode snapshot)"},
 			&ucli.StringFlag{Name: "resident-memory", Value: "0",
-				Usage: "GPU memory the helper may hold in all for resident images (`gpucr image load DIR`: an image's GPU data kept on the device, so that its restores copy it there instead of reading storage; given up when a process needs the memory). 0: none"},
+				Usage: "GPU memory (a `SIZE` like 16G) the helper may hold in all for resident images (gpucr image load DIR: an image's GPU data kept on the device, so that its restores copy it there instead of reading storage; given up when a process needs the memory); 0: none"},
 			&ucli.StringFlag{Name: "concurrent-mode", Value: "auto",
 				Usage: "how a concurrent checkpoint keeps each buffer while the process runs on: auto (a snapshot in spare GPU memory where it fits, a copy-on-write window for the rest), snapshot (the rest is copied while the process waits), copy-on-write (every buffer in the window, no snapshot memory)"},
 			// Benchmarks set it to compare.

@@ -84,7 +84,7 @@ func restoreCommand() *ucli.Command {
 // deviceMapFlag is --device-map, of restore and of migrate (for the
 // target's restore).
 func deviceMapFlag() *ucli.StringSliceFlag {
-	return &ucli.StringSliceFlag{Name: "device-map", Usage: "put the image's GPUs onto other GPUs here: OLD=NEW[,OLD=NEW...], each a GPU UUID (or a unique start of one) or an ordinal (OLD as `gpucr image inspect` shows the image's, NEW as `gpucr status` shows this machine's); GPUs not named go to their own GPU where it has room, else to a free GPU of the same model"}
+	return &ucli.StringSliceFlag{Name: "device-map", Usage: "put the image's GPUs onto other GPUs here, `OLD=NEW`[,OLD=NEW...]: each side a GPU UUID (or a unique start of one) or an ordinal (OLD as gpucr image inspect shows the image's, NEW as gpucr status shows this machine's); GPUs not named go to their own GPU where it has room, else to a free GPU of the same model"}
 }
 
 // joinDeviceMap joins the --device-map flags into one map for the helper,
