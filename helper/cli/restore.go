@@ -9,6 +9,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/helper/daemon"
 )
 
 // restoreCommand is `gpucr restore -D DIR` (checkpoint.Restore).
@@ -90,15 +91,9 @@ func deviceMapFlag() *ucli.StringSliceFlag {
 // joinDeviceMap joins the --device-map flags into one map for the helper,
 // refusing what is not OLD=NEW (the helper resolves the names).
 func joinDeviceMap(vals []string) (string, error) {
-	var parts []string
-	for _, v := range vals {
-		for _, p := range strings.Split(v, ",") {
-			o, n, ok := strings.Cut(p, "=")
-			if !ok || strings.TrimSpace(o) == "" || strings.TrimSpace(n) == "" || strings.Contains(n, "=") {
-				return "", fmt.Errorf("--device-map %q: %q is not OLD=NEW (a GPU UUID, a unique start of one, or an ordinal on each side)", v, p)
-			}
-			parts = append(parts, strings.TrimSpace(o)+"="+strings.TrimSpace(n))
-		}
+	m := strings.Join(vals, ",")
+	if _, err := daemon.ParseDeviceMap(m); err != nil {
+		return "", fmt.Errorf("--%v", err)
 	}
-	return strings.Join(parts, ","), nil
+	return m, nil
 }

@@ -79,9 +79,10 @@ func (g imageGPU) String() string {
 // deviceMapEntry is one OLD=NEW of a device map, as written.
 type deviceMapEntry struct{ old, new string }
 
-// parseDeviceMap reads "OLD=NEW[,OLD=NEW...]" (spaces around the parts are
-// ignored; "" is no map).
-func parseDeviceMap(s string) ([]deviceMapEntry, error) {
+// ParseDeviceMap reads "OLD=NEW[,OLD=NEW...]" (spaces around the parts are
+// ignored; "" is no map): the syntax alone, which the CLI checks too; the
+// helper resolves the names (placeGPUs).
+func ParseDeviceMap(s string) ([]deviceMapEntry, error) {
 	var out []deviceMapEntry
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
@@ -90,7 +91,7 @@ func parseDeviceMap(s string) ([]deviceMapEntry, error) {
 		o, n, ok := strings.Cut(part, "=")
 		o, n = strings.TrimSpace(o), strings.TrimSpace(n)
 		if !ok || o == "" || n == "" || strings.Contains(n, "=") {
-			return nil, fmt.Errorf("device map %q: %q is not OLD=NEW (a GPU UUID, a unique part of one, or an ordinal on each side)", s, strings.TrimSpace(part))
+			return nil, fmt.Errorf("device-map %q: %q is not OLD=NEW (a GPU UUID, a unique start of one, or an ordinal on each side)", s, strings.TrimSpace(part))
 		}
 		out = append(out, deviceMapEntry{o, n})
 	}

@@ -78,7 +78,7 @@ func TestPlaceGPUs(t *testing.T) {
 		{name: "ambiguous new", gpus: one, devs: devs(0, 0), spec: "0=GPU-", err: "more than one GPU here"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec, err := parseDeviceMap(tc.spec)
+			spec, err := ParseDeviceMap(tc.spec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,13 +103,13 @@ func TestPlaceGPUs(t *testing.T) {
 }
 
 func TestParseDeviceMap(t *testing.T) {
-	got, err := parseDeviceMap(" 0 = 1 ,GPU-aa=GPU-bb")
+	got, err := ParseDeviceMap(" 0 = 1 ,GPU-aa=GPU-bb")
 	if err != nil || len(got) != 2 || got[0] != (deviceMapEntry{"0", "1"}) || got[1] != (deviceMapEntry{"GPU-aa", "GPU-bb"}) {
-		t.Fatalf("parseDeviceMap = %v, %v", got, err)
+		t.Fatalf("ParseDeviceMap = %v, %v", got, err)
 	}
 	for _, bad := range []string{"0", "0=", "=1", "0=1=2", "0=1,"} {
-		if _, err := parseDeviceMap(bad); err == nil || !strings.Contains(err.Error(), "is not OLD=NEW") {
-			t.Errorf("parseDeviceMap(%q) = %v", bad, err)
+		if _, err := ParseDeviceMap(bad); err == nil || !strings.Contains(err.Error(), "is not OLD=NEW") {
+			t.Errorf("ParseDeviceMap(%q) = %v", bad, err)
 		}
 	}
 }

@@ -120,7 +120,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), nil
 	}
 	defer release() // once trackPlan counts it
-	spec, err := parseDeviceMap(req.DeviceMap)
+	spec, err := ParseDeviceMap(req.DeviceMap)
 	var place placement
 	if err == nil {
 		place, err = placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), spec, s.restoreRoom)
