@@ -217,6 +217,15 @@ type inspectDoc struct {
 	Compression   string          `json:"compression"`
 	Buffers       []inspectBuffer `json:"buffers"`
 	Totals        inspectTotals   `json:"totals"`
+	// Processes: each process of the image and the GPUs it could see (by
+	// its ordinal; what a restore onto other GPUs pairs).
+	Processes []inspectProcess `json:"processes"`
+}
+
+type inspectProcess struct {
+	Pid   int64    `json:"pid"`
+	NsPid int64    `json:"ns_pid,omitempty"`
+	GPUs  []string `json:"gpus"`
 }
 
 type originDoc struct {
@@ -306,6 +315,10 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 		ChunkSize:   m.GetChunkSize(),
 		Compression: image.Compression(m.GetCompression()).String(),
 		Buffers:     []inspectBuffer{},
+		Processes:   []inspectProcess{},
+	}
+	for _, p := range m.GetProcesses() {
+		doc.Processes = append(doc.Processes, inspectProcess{Pid: p.GetPid(), NsPid: p.GetNsPid(), GPUs: append([]string{}, p.GetGpus()...)})
 	}
 	if ns := o.GetTimeUnixNano(); ns != 0 {
 		doc.Origin.Time = time.Unix(0, ns).UTC().Format(time.RFC3339)
@@ -389,6 +402,16 @@ func printInspect(w io.Writer, d inspectDoc) {
 		}
 		ch := b.Chunks
 		fmt.Fprintf(w, "  %-16s %10s  %-8s %6d %6d %6d %6d %6d\n", b.Address, humanBytes(b.Size), b.Kind, ch.Total, ch.Here, ch.Parent, ch.Zero, ch.Dedup)
+	}
+	for i, p := range d.Processes {
+		if i == 0 {
+			fmt.Fprintln(w)
+		}
+		gpus := "not recorded"
+		if len(p.GPUs) > 0 {
+			gpus = strings.Join(p.GPUs, ", ")
+		}
+		fmt.Fprintf(w, "process %d saw the GPUs: %s\n", p.Pid, gpus)
 	}
 	t := d.Totals
 	fmt.Fprintf(w, "\ntotal:       %d buffers, %s, %s stored in this image\n", t.Buffers, humanBytes(t.LogicalBytes), humanBytes(t.StoredBytes))

@@ -103,6 +103,32 @@ int gc_contexts(CUcontext *out) {
 void gc_dev_atfork_prepare(void) { pthread_mutex_lock(&G.mu); }
 void gc_dev_atfork_parent(void) { pthread_mutex_unlock(&G.mu); }
 
+void gc_dev_learn_all(void) {
+    int n = 0;
+    __typeof__(&cuDeviceGetCount) fn = GC_REAL(cuDeviceGetCount);
+    if (fn && fn(&n) == CUDA_SUCCESS)
+        for (int d = 0; d < n && d < GC_MAX_DEV; d++)
+            (void)gc_dev_uuid(d);
+}
+
+size_t gc_dev_visible(char **out) {
+    int n = 0;
+    __typeof__(&cuDeviceGetCount) fn = GC_REAL(cuDeviceGetCount);
+    if (!fn || fn(&n) != CUDA_SUCCESS || n <= 0)
+        return 0;
+    size_t k = 0;
+    pthread_mutex_lock(&G.mu);
+    for (int d = 0; d < n && d < GC_MAX_DEV; d++) {
+        if (!G.have_uuid[d]) {
+            k = 0; /* all or nothing: a restore onto other GPUs needs them all */
+            break;
+        }
+        out[k++] = G.uuid[d];
+    }
+    pthread_mutex_unlock(&G.mu);
+    return k;
+}
+
 void gc_dev_forget_uuids(void) {
     pthread_mutex_lock(&G.mu);
     memset(G.have_uuid, 0, sizeof G.have_uuid);

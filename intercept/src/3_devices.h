@@ -29,6 +29,11 @@ GC_HIDDEN void gc_dev_atfork_parent(void);
 GC_HIDDEN void gc_dev_atfork_child(void);
 /* The GPUs behind the ordinals may have changed (a restore onto other GPUs): their UUIDs are asked again. */
 GC_HIDDEN void gc_dev_forget_uuids(void);
+/* After cuInit: every GPU the process sees, asked once now (a checkpointed process's driver answers no query). */
+GC_HIDDEN void gc_dev_learn_all(void);
+/* The UUIDs of the GPUs the process sees, by ordinal, into out (GC_MAX_DEV); their count, 0 if one is not known.
+ * Asks the driver only for the count, which it answers even while the process is checkpointed. */
+GC_HIDDEN size_t gc_dev_visible(char **out);
 /*
  * After a restore put ordinal dev onto another GPU: that GPU's PCI bus id (from the helper) into out, and true.
  * The driver (580) still answers the bus id of the GPU the ordinal first stood for; NCCL and NVML users look a

@@ -256,22 +256,6 @@ typedef struct {
     char *gpus[GC_MAX_DEV];
 } snap_mem;
 
-/* The UUIDs of the GPUs the process sees, by ordinal, into gpus; their count. */
-static size_t visible_gpus(char **gpus) {
-    int n = 0;
-    __typeof__(&cuDeviceGetCount) fn = GC_REAL(cuDeviceGetCount);
-    if (!fn || fn(&n) != CUDA_SUCCESS || n <= 0)
-        return 0;
-    size_t k = 0;
-    for (int i = 0; i < n && i < GC_MAX_DEV; i++) {
-        const char *u = gc_dev_uuid(i);
-        if (!u)
-            return 0; /* all or nothing: a restore onto other GPUs needs them all */
-        gpus[k++] = (char *)u;
-    }
-    return k;
-}
-
 static void do_snapshot(Resp *resp, snap_mem *m) {
     memset(m, 0, sizeof *m);
     m->t = (Gpucr__Helper__V1__BufferTable)GPUCR__HELPER__V1__BUFFER_TABLE__INIT;
@@ -323,7 +307,7 @@ static void do_snapshot(Resp *resp, snap_mem *m) {
     m->t.state = atomic_load(&G.state);
     m->t.n_not_checkpointable = (size_t)n_reasons(m->reasons);
     m->t.not_checkpointable = (char **)m->reasons;
-    m->t.n_gpus = visible_gpus(m->gpus);
+    m->t.n_gpus = gc_dev_visible(m->gpus);
     m->t.gpus = m->gpus;
     resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_TABLE;
     resp->table = &m->t;

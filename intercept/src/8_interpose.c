@@ -71,8 +71,10 @@ GC_EXPORT CUresult cuInit(unsigned int flags) {
     CUresult r = fn(flags);
     gc_gate_leave();
     gc_forkscrub_after_init(r == CUDA_SUCCESS);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        gc_dev_learn_all();
         gc_client_ensure();
+    }
     return r;
 }
 

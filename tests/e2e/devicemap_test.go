@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,6 +68,19 @@ func TestRestoreOntoAnotherGPU(t *testing.T) {
 	img := r.img
 	cliOK(t, r.h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
 	a.reap(30 * time.Second)
+	// The image records the GPUs the process saw: the driver's restore
+	// wants every one of them paired.
+	var insp struct {
+		Processes []struct {
+			Pid  int      `json:"pid"`
+			GPUs []string `json:"gpus"`
+		} `json:"processes"`
+	}
+	out := run(t, time.Minute, nil, binPath(t, "gpucr"), "image", "inspect", img, "--json")
+	if err := json.Unmarshal([]byte(out), &insp); err != nil || len(insp.Processes) != 1 ||
+		!slices.Equal(insp.Processes[0].GPUs, []string{st.Devices[0].UUID, st.Devices[1].UUID}) {
+		t.Errorf("the image's process and the GPUs it saw: %+v (%v), want both GPUs\n%s", insp.Processes, err, out)
+	}
 	before := a.lastIter()
 	if out, err := cli(t, r.h, env, "restore", "-D", img, "--device-map", "0=9"); err == nil ||
 		!strings.Contains(out, `this machine has no GPU "9"`) {
@@ -91,7 +106,7 @@ func TestRestoreOntoAnotherGPU(t *testing.T) {
 	filler := startUnder(t, t.TempDir(), r.h, env, "heartbeat", "--mib", "40", "--device", "1", "--interval-ms", "50")
 	filler.waitIter(10, time.Minute)
 	before = a.lastIter()
-	out := cliOK(t, r.h, env, img2, "restore", "-D", img2)
+	out = cliOK(t, r.h, env, img2, "restore", "-D", img2)
 	a.waitFor(time.Minute, "heartbeats after the second restore", func(_ string, hbs []heartbeat) bool {
 		return len(hbs) > 0 && hbs[len(hbs)-1].Iter >= before+10
 	})
