@@ -122,6 +122,14 @@ print(f"{name}: restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {a
 PYEOF
 	grep -q "^$name: restored exactly" "$LOGS/summary.txt" || fail=1
 }
+# gpu_apps: the test applications and drvtest built against the real driver
+# (build/gpu/bin; make rebuilds only what changed); 1, and a FAIL line, if
+# the build fails.
+gpu_apps() {
+	make -s gpu-apps >"$LOGS/gpu-apps.txt" 2>&1 && return 0
+	bad "make gpu-apps: $(tail -n 3 "$LOGS/gpu-apps.txt")"
+	return 1
+}
 # fresh_logs DIR: LOGS is $LOGS if set, else DIR; made empty and absolute,
 # with an empty summary.txt.
 fresh_logs() {

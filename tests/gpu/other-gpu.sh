@@ -42,7 +42,7 @@ note "host: $(nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version -
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { bad "this machine has fewer than two GPUs"; exit 1; }
 UUID0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
 UUID1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
-make -s gpu-apps >"$LOGS/gpu-apps.txt" 2>&1 || { bad "make gpu-apps: $(tail -n 3 "$LOGS/gpu-apps.txt")"; exit 1; }
+gpu_apps || exit 1
 
 PARTS=${PARTS:-driver heartbeat torch}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }

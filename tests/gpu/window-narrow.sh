@@ -23,8 +23,7 @@ PY=${PYTHON:-python3}
 fresh_logs build/gpu/narrow
 use_criu "$C" || exit 1
 APP=$(pwd)/build/gpu/bin/heartbeat
-[ -x "$APP" ] || make -k gpu-apps >"$LOGS/build.log" 2>&1
-[ -x "$APP" ] || { bad "no $APP (see $LOGS/build.log)"; exit 1; }
+gpu_apps || exit 1
 IMG=/dev/shm/gpucr-narrow
 SOCK=/run/gpucr-narrow/helper.sock
 trap 'pkill -9 -f "$APP" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
