@@ -18,25 +18,23 @@ import (
 const residentTimeout = 30 * time.Minute
 
 // imageLoadCommand is `gpucr image load DIR`: the image's GPU data kept in
-// the helper's device memory (LoadResident).
+// the helper's device memory (LoadResident); imageUnloadCommand gives it up.
 func imageLoadCommand(jsonFlag ucli.Flag) *ucli.Command {
-	return &ucli.Command{
-		Name:      "load",
-		Usage:     "keep an image's GPU data in the helper's device memory: its restores copy it on the GPU instead of reading storage",
-		ArgsUsage: "DIR",
-		Flags:     []ucli.Flag{jsonFlag, socketFlag()},
-		Action:    func(c *ucli.Context) error { return residentCall(c, true) },
-	}
+	return residentCommand("load", "keep an image's GPU data in the helper's device memory: its restores copy it on the GPU instead of reading storage",
+		jsonFlag, true)
 }
 
-// imageUnloadCommand is `gpucr image unload DIR`.
 func imageUnloadCommand(jsonFlag ucli.Flag) *ucli.Command {
+	return residentCommand("unload", "give up an image's resident GPU data (gpucr image load)", jsonFlag, false)
+}
+
+func residentCommand(name, usage string, jsonFlag ucli.Flag, load bool) *ucli.Command {
 	return &ucli.Command{
-		Name:      "unload",
-		Usage:     "give up an image's resident GPU data (gpucr image load)",
+		Name:      name,
+		Usage:     usage,
 		ArgsUsage: "DIR",
 		Flags:     []ucli.Flag{jsonFlag, socketFlag()},
-		Action:    func(c *ucli.Context) error { return residentCall(c, false) },
+		Action:    func(c *ucli.Context) error { return residentCall(c, load) },
 	}
 }
 

@@ -108,25 +108,30 @@ func matchUUID(token, uuid string) bool {
 	return t == u || strings.HasPrefix(u, t) || strings.HasPrefix(strings.TrimPrefix(u, "gpu-"), t)
 }
 
-// findImageGPU resolves the OLD of a map entry among the image's GPUs.
-func findImageGPU(token string, gpus []imageGPU) (int, error) {
+// nameMatches lists the indexes of the GPUs (by ordinal and UUID) that
+// token names: an ordinal names those of that ordinal; else the GPU whose
+// whole UUID it is, or those whose UUID starts with it (matchUUID).
+func nameMatches(token string, n int, ordinal func(int) int, uuid func(int) string) []int {
 	var hits []int
-	if n, err := strconv.Atoi(token); err == nil {
-		for i, g := range gpus {
-			if g.ordinal == n {
+	o, err := strconv.Atoi(token)
+	for i := 0; i < n; i++ {
+		switch {
+		case err == nil:
+			if ordinal(i) == o {
 				hits = append(hits, i)
 			}
-		}
-	} else {
-		for i, g := range gpus {
-			if strings.EqualFold(token, g.uuid) {
-				return i, nil
-			}
-			if matchUUID(token, g.uuid) {
-				hits = append(hits, i)
-			}
+		case strings.EqualFold(token, uuid(i)):
+			return []int{i}
+		case matchUUID(token, uuid(i)):
+			hits = append(hits, i)
 		}
 	}
+	return hits
+}
+
+// findImageGPU resolves the OLD of a map entry among the image's GPUs.
+func findImageGPU(token string, gpus []imageGPU) (int, error) {
+	hits := nameMatches(token, len(gpus), func(i int) int { return gpus[i].ordinal }, func(i int) string { return gpus[i].uuid })
 	switch len(hits) {
 	case 1:
 		return hits[0], nil
@@ -139,26 +144,11 @@ func findImageGPU(token string, gpus []imageGPU) (int, error) {
 
 // findDevice resolves the NEW of a map entry among this helper's devices.
 func findDevice(token string, devs []Device) (Device, error) {
-	var hits []Device
-	if n, err := strconv.Atoi(token); err == nil {
-		for _, d := range devs {
-			if int(d.Info().Ordinal) == n {
-				hits = append(hits, d)
-			}
-		}
-	} else {
-		for _, d := range devs {
-			if strings.EqualFold(token, d.Info().Uuid) {
-				return d, nil
-			}
-			if matchUUID(token, d.Info().Uuid) {
-				hits = append(hits, d)
-			}
-		}
-	}
+	hits := nameMatches(token, len(devs), func(i int) int { return int(devs[i].Info().Ordinal) },
+		func(i int) string { return devs[i].Info().Uuid })
 	switch len(hits) {
 	case 1:
-		return hits[0], nil
+		return devs[hits[0]], nil
 	case 0:
 		return nil, fmt.Errorf("this machine has no GPU %q (it has %s)", token, listDevices(devs))
 	default:
@@ -279,8 +269,9 @@ func placeGPUs(gpus []imageGPU, devs []Device, model string, spec []deviceMapEnt
 		r, known := room(d)
 		return !known || r >= g.bytes
 	}
+	sameModel := func(d Device) bool { return model == "" || d.Info().Name == "" || d.Info().Name == model }
 	put := func(g imageGPU, d Device) error {
-		if model != "" && d.Info().Name != "" && d.Info().Name != model {
+		if !sameModel(d) {
 			return fmt.Errorf("%s of the image cannot go onto GPU %d %s: it is a %s, the image's GPU a %s (the driver restores onto the same kind of GPU only)",
 				g, d.Info().Ordinal, d.Info().Uuid, d.Info().Name, model)
 		}
@@ -327,7 +318,7 @@ func placeGPUs(gpus []imageGPU, devs []Device, model string, spec []deviceMapEnt
 	for _, g := range rest {
 		var cands []Device
 		for _, d := range devs {
-			if _, ok := taken[d]; ok || (model != "" && d.Info().Name != "" && d.Info().Name != model) {
+			if _, ok := taken[d]; ok || !sameModel(d) {
 				continue
 			}
 			cands = append(cands, d)

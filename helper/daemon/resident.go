@@ -103,15 +103,7 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 		// restores from.
 		opts.Owner = &image.Owner{UID: int(c.cred.Uid)}
 	}
-	im, err := image.OpenAt(dir, opts)
-	if err == nil {
-		if err = im.CheckRestorable(); err == nil {
-			err = im.CheckFiles()
-		}
-		if err != nil {
-			_ = im.Close()
-		}
-	}
+	im, owner, err := openRestorable(dir, "", opts)
 	if errors.Is(err, image.ErrOwner) {
 		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may make only its own images resident: %v", c.cred.Uid, err)
 	}
@@ -119,13 +111,6 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 		return errResp(id, imageErrCode(err), "GPU image in %s: %v", req.ImageDir, err)
 	}
 	defer im.Close()
-	owner, err := im.OwnerUID()
-	if err != nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image in %s: %v", req.ImageDir, err)
-	}
-	if c.cred.Uid != 0 && owner != c.cred.Uid {
-		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not load the GPU image in %s (uid %d's)", c.cred.Uid, req.ImageDir, owner)
-	}
 	imgID := im.Manifest().GetImageId()
 	size := imageBytes(im, 0)
 	s.mu.Lock()

@@ -85,29 +85,10 @@ func (p *restorePlan) undo() {
 // dir is the image directory CRIU restores from (the plugin passes CRIU's
 // descriptor), nil for req.ImageDir by path.
 func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os.File) (*helperpb.Response, *restorePlan) {
-	var im *image.Image
-	var err error
 	if dir != nil {
 		defer dir.Close()
-		im, err = image.OpenAt(dir, image.ReadOptions{HashCheckedByCaller: true}) // on the GPU, by engine.Load
-	} else {
-		im, err = image.OpenWith(req.ImageDir, image.ReadOptions{HashCheckedByCaller: true})
 	}
-	if err == nil {
-		err = im.CheckRestorable()
-		if err == nil {
-			err = im.CheckFiles()
-		}
-		if err != nil {
-			_ = im.Close()
-		}
-	}
-	var owner uint32
-	if err == nil {
-		if owner, err = im.OwnerUID(); err != nil {
-			_ = im.Close()
-		}
-	}
+	im, owner, err := openRestorable(dir, req.ImageDir, image.ReadOptions{HashCheckedByCaller: true}) // on the GPU, by engine.Load
 	if err != nil {
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
@@ -143,6 +124,36 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	s.rememberRestore(req.ImageDir, plan.out)
 	go s.runLoad(plan)
 	return okResp(id), plan
+}
+
+// openRestorable opens the image beneath dir (nil: at path) and checks,
+// before anything is changed, what loading it needs: a restorable image,
+// every chunk file there with its size. It returns the image and its
+// owner; on an error nothing stays open.
+func openRestorable(dir *os.File, path string, opts image.ReadOptions) (*image.Image, uint32, error) {
+	var im *image.Image
+	var err error
+	if dir != nil {
+		im, err = image.OpenAt(dir, opts)
+	} else {
+		im, err = image.OpenWith(path, opts)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	err = im.CheckRestorable()
+	if err == nil {
+		err = im.CheckFiles()
+	}
+	var owner uint32
+	if err == nil {
+		owner, err = im.OwnerUID()
+	}
+	if err != nil {
+		_ = im.Close()
+		return nil, 0, err
+	}
+	return im, owner, nil
 }
 
 // imageBytes is the GPU memory im's buffers take (only those of pid only,
