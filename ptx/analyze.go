@@ -19,6 +19,14 @@ type Entry struct {
 	// pointer it loaded from memory, a call, a surface store, ...). Empty:
 	// every global write goes through a parameter with Writes set.
 	Undecided []string
+	// ReadsUndecided lists why the analysis cannot say that the kernel
+	// reads global memory only through its parameters (a load through a
+	// pointer it loaded from memory, a texture or surface read, a call).
+	// Empty, with Undecided empty too: every global access, read or write,
+	// goes through a parameter with Reads or Writes set, which is what a
+	// restore that loads memory on demand needs to hold a launch only for
+	// the buffers its parameters point into.
+	ReadsUndecided []string
 }
 
 // Param is one kernel parameter.
@@ -349,6 +357,7 @@ func analyzeBody(e *Entry, body []string) {
 		return p
 	}
 	undecided := map[string]bool{}
+	readsUndecided := map[string]bool{}
 	written := make([]bool, len(e.Params))
 	read := make([]bool, len(e.Params))
 	mark := func(p provenance, w bool, what string) {
@@ -365,6 +374,9 @@ func analyzeBody(e *Entry, body []string) {
 		}
 		if w && p.memory {
 			undecided[what] = true
+		}
+		if !w && p.memory {
+			readsUndecided[what] = true
 		}
 	}
 	for changed := true; changed; {
@@ -393,7 +405,9 @@ func analyzeBody(e *Entry, body []string) {
 					}
 					continue
 				}
-				mark(of(in.args[1:]), false, "")
+				if sp := space(in.op); sp != ".shared" && sp != ".local" && sp != ".const" {
+					mark(of(in.args[1:]), false, "a "+base+" through a pointer the kernel loaded from memory")
+				}
 				set(in.args[0], provenance{memory: true})
 			case base == "st" || base == "atom" || base == "red":
 				sp := space(in.op)
@@ -409,6 +423,12 @@ func analyzeBody(e *Entry, body []string) {
 					set(in.args[0], provenance{memory: true})
 				}
 				mark(of([]string{addr}), true, "a "+base+" through a pointer the kernel loaded from memory")
+			case (base == "cp" || base == "wmma") && readsGlobal(in.op):
+				// cp.async...shared.global, cp.async.bulk...shared.global
+				// (source second), wmma.load...global (source second).
+				if len(in.args) > 1 {
+					mark(of(in.args[1:2]), false, "a "+base+" from a global address loaded from memory")
+				}
 			case (base == "cp" || base == "wmma" || base == "multimem") && writesGlobal(in.op):
 				// cp[.reduce].async.bulk...global.shared (destination first),
 				// wmma.store...global, multimem.st / .red: the first
@@ -418,7 +438,9 @@ func analyzeBody(e *Entry, body []string) {
 				undecided["a surface store ("+in.op+"): the surface is not followed"] = true
 			case base == "call":
 				undecided["a call ("+strings.Join(in.args, ", ")+"): the callee is not followed"] = true
+				readsUndecided["a call ("+strings.Join(in.args, ", ")+"): the callee is not followed"] = true
 			case base == "tex" || base == "tld4" || base == "suld":
+				readsUndecided["a texture or surface read ("+in.op+"): the memory behind it is not followed"] = true
 				set(in.args[0], provenance{memory: true})
 			case scales[base]:
 				// A product, shift or quotient scales an index: a pointer
@@ -437,17 +459,35 @@ func analyzeBody(e *Entry, body []string) {
 	}
 	if len(e.Params) > 64 {
 		undecided["more than 64 parameters: those past the 64th are not followed"] = true
+		readsUndecided["more than 64 parameters: those past the 64th are not followed"] = true
 	}
 	for u := range undecided {
 		e.Undecided = append(e.Undecided, u)
 	}
 	sort.Strings(e.Undecided)
+	for u := range readsUndecided {
+		e.ReadsUndecided = append(e.ReadsUndecided, u)
+	}
+	sort.Strings(e.ReadsUndecided)
 }
 
 // scales are the instructions whose result is no pointer even if an operand
 // was one.
 var scales = map[string]bool{"mul": true, "mul24": true, "shl": true, "shr": true, "div": true, "rem": true,
 	"setp": true, "set": true, "popc": true, "clz": true, "bfind": true, "brev": true}
+
+// readsGlobal says whether a copy or wmma instruction reads global (or
+// generic) memory through its second operand.
+func readsGlobal(op string) bool {
+	switch {
+	case strings.HasPrefix(op, "cp."):
+		return strings.Contains(op, ".shared.global") || strings.Contains(op, ".shared::cta.global") ||
+			strings.Contains(op, ".shared::cluster.global")
+	case strings.HasPrefix(op, "wmma."):
+		return strings.Contains(op, ".load") && space(op) != ".shared" && space(op) != ".local"
+	}
+	return false
+}
 
 // writesGlobal says whether a copy, wmma or multimem instruction writes
 // global (or generic) memory through its first operand.

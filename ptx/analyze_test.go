@@ -126,6 +126,11 @@ func TestAnalyzeTestApplications(t *testing.T) {
 		if got := writes(e); got != tc.want || (len(e.Undecided) > 0) != tc.undecided {
 			t.Errorf("%s %s: %s undecided %q, want %s (undecided %v)", tc.app, tc.entry, got, e.Undecided, tc.want, tc.undecided)
 		}
+		// ptrchase also reads through the pointers it loads: an on-demand
+		// restore must hold its launches for everything.
+		if (len(e.ReadsUndecided) > 0) != (tc.app == "ptrchase" && tc.entry == "app_pc_step") {
+			t.Errorf("%s %s: reads undecided %q", tc.app, tc.entry, e.ReadsUndecided)
+		}
 	}
 }
 
@@ -209,6 +214,54 @@ $L:
 			t.Errorf("%s: undecided %q", tc.name, e.Undecided)
 		case tc.undecided != "" && (len(e.Undecided) != 1 || !strings.Contains(e.Undecided[0], tc.undecided)):
 			t.Errorf("%s: undecided %q, want one about %q", tc.name, e.Undecided, tc.undecided)
+		}
+	}
+	// Reads: what a restore that loads on demand needs of a kernel.
+	for _, tc := range []struct {
+		name, body, params string
+		readsUndecided     string // a part of the one reason expected; "" for none
+	}{
+		{"reads through parameters only", `
+	ld.param.u64 %rd1, [a];
+	ld.param.u64 %rd2, [b];
+	ld.global.u32 %r1, [%rd2];
+	st.global.u32 [%rd1], %r1;`, ".param .u64 a, .param .u64 b", ""},
+		{"a read through a pointer loaded from memory", `
+	ld.param.u64 %rd1, [tab];
+	ld.param.u64 %rd3, [out];
+	ld.global.u64 %rd2, [%rd1];
+	ld.global.u32 %r1, [%rd2];
+	st.global.u32 [%rd3], %r1;`, ".param .u64 tab, .param .u64 out", "loaded from memory"},
+		{"shared and const loads are not global", `
+	.shared .align 8 .b64 s[4];
+	ld.param.u64 %rd1, [a];
+	ld.global.u64 %rd2, [%rd1];
+	mov.u64 %rd4, s;
+	st.shared.u64 [%rd4], %rd2;
+	ld.shared.u64 %rd3, [%rd4];
+	ld.shared.u32 %r1, [%rd3];`, ".param .u64 a", ""},
+		{"an async copy from a loaded global address", `
+	ld.param.u64 %rd1, [tab];
+	ld.global.u64 %rd2, [%rd1];
+	cp.async.ca.shared.global [%rd3], [%rd2], 16;`, ".param .u64 tab", "cp from a global address"},
+		{"a texture read", `
+	ld.param.u64 %rd1, [t];
+	tex.1d.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r1}];`, ".param .u64 t", "texture"},
+		{"a call", `
+	ld.param.u64 %rd1, [a];
+	call.uni f, (%rd1);`, ".param .u64 a", "call"},
+	} {
+		text := head + ".visible .entry k(" + tc.params + ")\n{\n" + tc.body + "\n\tret;\n}\n"
+		m, err := Analyze(text)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		e := m.Entries[0]
+		switch {
+		case tc.readsUndecided == "" && len(e.ReadsUndecided) > 0:
+			t.Errorf("%s: reads undecided %q", tc.name, e.ReadsUndecided)
+		case tc.readsUndecided != "" && (len(e.ReadsUndecided) != 1 || !strings.Contains(e.ReadsUndecided[0], tc.readsUndecided)):
+			t.Errorf("%s: reads undecided %q, want one about %q", tc.name, e.ReadsUndecided, tc.readsUndecided)
 		}
 	}
 	if _, err := Analyze("not ptx at all"); err == nil {

@@ -18,6 +18,11 @@ type WriteSet struct {
 	// parameters) or where two PTX entries of the image with the kernel's
 	// name disagree: it may write anything it can reach.
 	Decided bool
+	// ReadsDecided: the kernel also reads global memory only through its
+	// parameters (the analysis found no load through a pointer it loaded
+	// from memory, no texture or surface read, no call). With Decided, the
+	// buffers its parameters point into are all it may touch.
+	ReadsDecided bool
 }
 
 // WriteSets analyses a module image as cuModuleLoadData and
@@ -64,7 +69,7 @@ func isPTXText(image []byte) bool {
 
 func addWriteSets(out map[string]WriteSet, seen map[string]bool, m *Module) {
 	for _, e := range m.Entries {
-		ws := WriteSet{Decided: len(e.Undecided) == 0 && len(e.Params) <= 64}
+		ws := WriteSet{Decided: len(e.Undecided) == 0 && len(e.Params) <= 64, ReadsDecided: len(e.ReadsUndecided) == 0}
 		for i, p := range e.Params {
 			if p.Writes && i < 64 {
 				ws.Written |= 1 << i
@@ -74,6 +79,7 @@ func addWriteSets(out map[string]WriteSet, seen map[string]bool, m *Module) {
 			prev := out[e.Name]
 			ws.Written |= prev.Written
 			ws.Decided = ws.Decided && prev.Decided
+			ws.ReadsDecided = ws.ReadsDecided && prev.ReadsDecided
 		}
 		seen[e.Name] = true
 		out[e.Name] = ws
