@@ -120,6 +120,14 @@ type steps struct {
 	fromGPU func(p piece, buf []byte) error
 	toGPU   func(p piece, buf []byte) error
 	after   func(vas []uint64) error // once every piece is done, the regions still mapped
+	// next, if set, hands out each device's pieces in the order it decides
+	// at the time (an on-demand load moves what a process waits for to the
+	// front); false once it has none left. Without it, pieces go in
+	// chunk-major order.
+	next func(dev GPU) (piece, bool)
+	// doneHook, if set, is told of each piece once it is done (on a lane's
+	// thread: keep it cheap).
+	doneHook func(p piece)
 }
 
 // run maps every region (the helper's own view), runs st.before with the
@@ -168,6 +176,9 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 		if opts.Progress != nil {
 			opts.Progress(moved.Add(int64(p.n)))
 		}
+		if st.doneHook != nil {
+			st.doneHook(p)
+		}
 	}
 	for dev, ps := range pieces(regions, chunk) {
 		work := make(chan piece)
@@ -196,6 +207,15 @@ func run(regions []Region, chunk int, opts Options, st steps) error {
 		go func() {
 			defer wg.Done()
 			defer close(work)
+			if st.next != nil {
+				for p, ok := st.next(dev); ok; p, ok = st.next(dev) {
+					if failed() {
+						return
+					}
+					work <- p
+				}
+				return
+			}
 			for _, p := range ps {
 				if failed() {
 					return

@@ -907,6 +907,51 @@ void   gpucr__helper__v1__save_first__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__save_first__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__load_first__init
+                     (Gpucr__Helper__V1__LoadFirst         *message)
+{
+  static const Gpucr__Helper__V1__LoadFirst init_value = GPUCR__HELPER__V1__LOAD_FIRST__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__load_first__get_packed_size
+                     (const Gpucr__Helper__V1__LoadFirst *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__load_first__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__load_first__pack
+                     (const Gpucr__Helper__V1__LoadFirst *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__load_first__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__load_first__pack_to_buffer
+                     (const Gpucr__Helper__V1__LoadFirst *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__load_first__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__LoadFirst *
+       gpucr__helper__v1__load_first__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__LoadFirst *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__load_first__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__load_first__free_unpacked
+                     (Gpucr__Helper__V1__LoadFirst *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__load_first__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__address_range__init
                      (Gpucr__Helper__V1__AddressRange         *message)
 {
@@ -2572,7 +2617,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[31] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[32] =
 {
   {
     "id",
@@ -2666,6 +2711,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     offsetof(Gpucr__Helper__V1__Request, body_case),
     offsetof(Gpucr__Helper__V1__Request, analyze_module),
     &gpucr__helper__v1__analyze_module__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "load_first",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, load_first),
+    &gpucr__helper__v1__load_first__descriptor,
     NULL,
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
@@ -2948,43 +3005,43 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
   },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
-  16,   /* field[16] = abort */
+  17,   /* field[17] = abort */
   2,   /* field[2] = alloc */
   7,   /* field[7] = analyze_module */
-  28,   /* field[28] = await_load */
-  20,   /* field[20] = checkpoint */
-  19,   /* field[19] = client_op */
-  25,   /* field[25] = commit_image */
-  15,   /* field[15] = detach */
-  9,   /* field[9] = drain */
-  10,   /* field[10] = drop */
-  22,   /* field[22] = dump_done */
+  29,   /* field[29] = await_load */
+  21,   /* field[21] = checkpoint */
+  20,   /* field[20] = client_op */
+  26,   /* field[26] = commit_image */
+  16,   /* field[16] = detach */
+  10,   /* field[10] = drain */
+  11,   /* field[11] = drop */
+  23,   /* field[23] = dump_done */
   5,   /* field[5] = export */
   4,   /* field[4] = free */
-  14,   /* field[14] = get_stats */
+  15,   /* field[15] = get_stats */
   1,   /* field[1] = hello */
   0,   /* field[0] = id */
-  29,   /* field[29] = load_resident */
+  8,   /* field[8] = load_first */
+  30,   /* field[30] = load_resident */
   3,   /* field[3] = mapped */
-  23,   /* field[23] = prepare_restore */
-  8,   /* field[8] = quiesce */
-  11,   /* field[11] = reimport */
-  24,   /* field[24] = restored */
-  12,   /* field[12] = resume */
-  21,   /* field[21] = resume_checkpointed */
+  24,   /* field[24] = prepare_restore */
+  9,   /* field[9] = quiesce */
+  12,   /* field[12] = reimport */
+  25,   /* field[25] = restored */
+  13,   /* field[13] = resume */
+  22,   /* field[22] = resume_checkpointed */
   6,   /* field[6] = save_first */
-  13,   /* field[13] = snapshot */
-  18,   /* field[18] = status */
-  26,   /* field[26] = transfers */
-  17,   /* field[17] = unguard */
-  30,   /* field[30] = unload_resident */
-  27,   /* field[27] = wait_restored */
+  14,   /* field[14] = snapshot */
+  19,   /* field[19] = status */
+  27,   /* field[27] = transfers */
+  18,   /* field[18] = unguard */
+  31,   /* field[31] = unload_resident */
+  28,   /* field[28] = wait_restored */
 };
-static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[2 + 1] =
+static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 10, 8 },
-  { 0, 31 }
+  { 0, 32 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -2994,10 +3051,10 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  31,
+  32,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
-  2,  gpucr__helper__v1__request__number_ranges,
+  1,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
@@ -4037,7 +4094,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__reimport_entry__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__reimport_entry__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__resume__field_descriptors[2] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__resume__field_descriptors[3] =
 {
   {
     "guard",
@@ -4063,15 +4120,28 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__resume__field_descripto
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "loading",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Resume, loading),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__resume__field_indices_by_name[] = {
   0,   /* field[0] = guard */
   1,   /* field[1] = guard_chunk */
+  2,   /* field[2] = loading */
 };
 static const ProtobufCIntRange gpucr__helper__v1__resume__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor =
 {
@@ -4081,7 +4151,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor =
   "Gpucr__Helper__V1__Resume",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Resume),
-  2,
+  3,
   gpucr__helper__v1__resume__field_descriptors,
   gpucr__helper__v1__resume__field_indices_by_name,
   1,  gpucr__helper__v1__resume__number_ranges,
@@ -4201,6 +4271,57 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__save_first__descriptor =
   gpucr__helper__v1__save_first__field_indices_by_name,
   1,  gpucr__helper__v1__save_first__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__save_first__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__load_first__field_descriptors[2] =
+{
+  {
+    "ranges",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__LoadFirst, n_ranges),
+    offsetof(Gpucr__Helper__V1__LoadFirst, ranges),
+    &gpucr__helper__v1__address_range__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "all",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__LoadFirst, all),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__load_first__field_indices_by_name[] = {
+  1,   /* field[1] = all */
+  0,   /* field[0] = ranges */
+};
+static const ProtobufCIntRange gpucr__helper__v1__load_first__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__load_first__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.LoadFirst",
+  "LoadFirst",
+  "Gpucr__Helper__V1__LoadFirst",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__LoadFirst),
+  2,
+  gpucr__helper__v1__load_first__field_descriptors,
+  gpucr__helper__v1__load_first__field_indices_by_name,
+  1,  gpucr__helper__v1__load_first__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__load_first__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__address_range__field_descriptors[2] =
@@ -4343,7 +4464,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__module_kernels__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__module_kernels__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__kernel_writes__field_descriptors[3] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__kernel_writes__field_descriptors[4] =
 {
   {
     "name",
@@ -4381,16 +4502,29 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__kernel_writes__field_de
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "reads_decided",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__KernelWrites, reads_decided),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__kernel_writes__field_indices_by_name[] = {
   2,   /* field[2] = decided */
   0,   /* field[0] = name */
+  3,   /* field[3] = reads_decided */
   1,   /* field[1] = written */
 };
 static const ProtobufCIntRange gpucr__helper__v1__kernel_writes__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__kernel_writes__descriptor =
 {
@@ -4400,7 +4534,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__kernel_writes__descriptor =
   "Gpucr__Helper__V1__KernelWrites",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__KernelWrites),
-  3,
+  4,
   gpucr__helper__v1__kernel_writes__field_descriptors,
   gpucr__helper__v1__kernel_writes__field_indices_by_name,
   1,  gpucr__helper__v1__kernel_writes__number_ranges,
@@ -4461,7 +4595,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__get_stats__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__get_stats__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__buffer_table__field_descriptors[5] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__buffer_table__field_descriptors[6] =
 {
   {
     "allocations",
@@ -4523,6 +4657,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__buffer_table__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "touch_order",
+    6,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT64,
+    offsetof(Gpucr__Helper__V1__BufferTable, n_touch_order),
+    offsetof(Gpucr__Helper__V1__BufferTable, touch_order),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__buffer_table__field_indices_by_name[] = {
   0,   /* field[0] = allocations */
@@ -4530,11 +4676,12 @@ static const unsigned gpucr__helper__v1__buffer_table__field_indices_by_name[] =
   4,   /* field[4] = gpus */
   3,   /* field[3] = not_checkpointable */
   2,   /* field[2] = state */
+  5,   /* field[5] = touch_order */
 };
 static const ProtobufCIntRange gpucr__helper__v1__buffer_table__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__buffer_table__descriptor =
 {
@@ -4544,7 +4691,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer_table__descriptor =
   "Gpucr__Helper__V1__BufferTable",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__BufferTable),
-  5,
+  6,
   gpucr__helper__v1__buffer_table__field_descriptors,
   gpucr__helper__v1__buffer_table__field_indices_by_name,
   1,  gpucr__helper__v1__buffer_table__number_ranges,
@@ -6511,7 +6658,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__dump_done__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__dump_done__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_descriptors[2] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_descriptors[3] =
 {
   {
     "image_dir",
@@ -6537,15 +6684,28 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__prepare_restore__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "on_demand",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__PrepareRestore, on_demand),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__prepare_restore__field_indices_by_name[] = {
   1,   /* field[1] = device_map */
   0,   /* field[0] = image_dir */
+  2,   /* field[2] = on_demand */
 };
 static const ProtobufCIntRange gpucr__helper__v1__prepare_restore__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor =
 {
@@ -6555,7 +6715,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__prepare_restore__descriptor 
   "Gpucr__Helper__V1__PrepareRestore",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__PrepareRestore),
-  2,
+  3,
   gpucr__helper__v1__prepare_restore__field_descriptors,
   gpucr__helper__v1__prepare_restore__field_indices_by_name,
   1,  gpucr__helper__v1__prepare_restore__number_ranges,

@@ -35,6 +35,7 @@ typedef struct Gpucr__Helper__V1__ReimportEntry Gpucr__Helper__V1__ReimportEntry
 typedef struct Gpucr__Helper__V1__Resume Gpucr__Helper__V1__Resume;
 typedef struct Gpucr__Helper__V1__GuardRegion Gpucr__Helper__V1__GuardRegion;
 typedef struct Gpucr__Helper__V1__SaveFirst Gpucr__Helper__V1__SaveFirst;
+typedef struct Gpucr__Helper__V1__LoadFirst Gpucr__Helper__V1__LoadFirst;
 typedef struct Gpucr__Helper__V1__AddressRange Gpucr__Helper__V1__AddressRange;
 typedef struct Gpucr__Helper__V1__AnalyzeModule Gpucr__Helper__V1__AnalyzeModule;
 typedef struct Gpucr__Helper__V1__ModuleKernels Gpucr__Helper__V1__ModuleKernels;
@@ -235,6 +236,7 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_EXPORT = 6,
   GPUCR__HELPER__V1__REQUEST__BODY_SAVE_FIRST = 7,
   GPUCR__HELPER__V1__REQUEST__BODY_ANALYZE_MODULE = 8,
+  GPUCR__HELPER__V1__REQUEST__BODY_LOAD_FIRST = 9,
   GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE = 10,
   GPUCR__HELPER__V1__REQUEST__BODY_DRAIN = 11,
   GPUCR__HELPER__V1__REQUEST__BODY_DROP = 12,
@@ -280,6 +282,7 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__Export *export;
     Gpucr__Helper__V1__SaveFirst *save_first;
     Gpucr__Helper__V1__AnalyzeModule *analyze_module;
+    Gpucr__Helper__V1__LoadFirst *load_first;
     /*
      * ROLE_CLIENT_CONTROL, helper -> interposer
      */
@@ -657,10 +660,17 @@ struct  Gpucr__Helper__V1__Resume
    * bytes per chunk of the guarded regions
    */
   uint64_t guard_chunk;
+  /*
+   * The guarded regions are a restore's memory still loading (on demand),
+   * not a copy-on-write window's: a pending chunk is one not loaded yet,
+   * and every call that may read or write it first asks LoadFirst. The
+   * window ends with Unguard once everything is loaded.
+   */
+  protobuf_c_boolean loading;
 };
 #define GPUCR__HELPER__V1__RESUME__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__resume__descriptor) \
-    , 0,NULL, 0 }
+    , 0,NULL, 0, 0 }
 
 
 /*
@@ -698,6 +708,24 @@ struct  Gpucr__Helper__V1__SaveFirst
 #define GPUCR__HELPER__V1__SAVE_FIRST__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__save_first__descriptor) \
     , 0,NULL }
+
+
+/*
+ * LoadFirst (interposer -> helper, calls connection), while a restore loads
+ * on demand: load these ranges' chunks (everything, if all) before the rest;
+ * answered Ok once they are on the GPU and checked, or with the error that
+ * failed the load (the process must not run on: it ends).
+ */
+struct  Gpucr__Helper__V1__LoadFirst
+{
+  ProtobufCMessage base;
+  size_t n_ranges;
+  Gpucr__Helper__V1__AddressRange **ranges;
+  protobuf_c_boolean all;
+};
+#define GPUCR__HELPER__V1__LOAD_FIRST__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__load_first__descriptor) \
+    , 0,NULL, 0 }
 
 
 struct  Gpucr__Helper__V1__AddressRange
@@ -753,10 +781,16 @@ struct  Gpucr__Helper__V1__KernelWrites
    * anything it can reach (absent kernels likewise).
    */
   protobuf_c_boolean decided;
+  /*
+   * The kernel also reads global memory only through its parameters;
+   * false: it may read anything it can reach (a pointer it loaded from
+   * memory). A restore loading on demand holds its launches for all memory.
+   */
+  protobuf_c_boolean reads_decided;
 };
 #define GPUCR__HELPER__V1__KERNEL_WRITES__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__kernel_writes__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, 0 }
+    , (char *)protobuf_c_empty_string, 0, 0, 0 }
 
 
 /*
@@ -814,10 +848,17 @@ struct  Gpucr__Helper__V1__BufferTable
    */
   size_t n_gpus;
   char **gpus;
+  /*
+   * Addresses of the buffers in the order the process first touched them
+   * while its last restore loaded on demand (the image keeps it for the
+   * next restore's load order).
+   */
+  size_t n_touch_order;
+  uint64_t *touch_order;
 };
 #define GPUCR__HELPER__V1__BUFFER_TABLE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__buffer_table__descriptor) \
-    , 0,NULL, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0,NULL, 0,NULL }
+    , 0,NULL, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0,NULL, 0,NULL, 0,NULL }
 
 
 struct  Gpucr__Helper__V1__Allocation
@@ -1396,10 +1437,16 @@ struct  Gpucr__Helper__V1__PrepareRestore
    * GPU where it is here and has room, else to a free GPU of the same model.
    */
   char *device_map;
+  /*
+   * Let the processes run before all their GPU data is loaded: a call
+   * that may touch memory not loaded yet waits for it (GPUCR_ON_DEMAND,
+   * `gpucr restore --on-demand`).
+   */
+  protobuf_c_boolean on_demand;
 };
 #define GPUCR__HELPER__V1__PREPARE_RESTORE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__prepare_restore__descriptor) \
-    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, (char *)protobuf_c_empty_string, 0 }
 
 
 /*
@@ -1918,6 +1965,25 @@ Gpucr__Helper__V1__SaveFirst *
                       const uint8_t       *data);
 void   gpucr__helper__v1__save_first__free_unpacked
                      (Gpucr__Helper__V1__SaveFirst *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__LoadFirst methods */
+void   gpucr__helper__v1__load_first__init
+                     (Gpucr__Helper__V1__LoadFirst         *message);
+size_t gpucr__helper__v1__load_first__get_packed_size
+                     (const Gpucr__Helper__V1__LoadFirst   *message);
+size_t gpucr__helper__v1__load_first__pack
+                     (const Gpucr__Helper__V1__LoadFirst   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__load_first__pack_to_buffer
+                     (const Gpucr__Helper__V1__LoadFirst   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__LoadFirst *
+       gpucr__helper__v1__load_first__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__load_first__free_unpacked
+                     (Gpucr__Helper__V1__LoadFirst *message,
                       ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__AddressRange methods */
 void   gpucr__helper__v1__address_range__init
@@ -2684,6 +2750,9 @@ typedef void (*Gpucr__Helper__V1__GuardRegion_Closure)
 typedef void (*Gpucr__Helper__V1__SaveFirst_Closure)
                  (const Gpucr__Helper__V1__SaveFirst *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__LoadFirst_Closure)
+                 (const Gpucr__Helper__V1__LoadFirst *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__AddressRange_Closure)
                  (const Gpucr__Helper__V1__AddressRange *message,
                   void *closure_data);
@@ -2827,6 +2896,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__reimport_entry__descr
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resume__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__guard_region__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__save_first__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__load_first__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__address_range__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__analyze_module__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__module_kernels__descriptor;

@@ -447,7 +447,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39, 0}
 }
 
 type Transfer_Direction int32
@@ -496,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{56, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{57, 0}
 }
 
 type Request struct {
@@ -512,6 +512,7 @@ type Request struct {
 	//	*Request_Export
 	//	*Request_SaveFirst
 	//	*Request_AnalyzeModule
+	//	*Request_LoadFirst
 	//	*Request_Quiesce
 	//	*Request_Drain
 	//	*Request_Drop
@@ -642,6 +643,15 @@ func (x *Request) GetAnalyzeModule() *AnalyzeModule {
 	if x != nil {
 		if x, ok := x.Body.(*Request_AnalyzeModule); ok {
 			return x.AnalyzeModule
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetLoadFirst() *LoadFirst {
+	if x != nil {
+		if x, ok := x.Body.(*Request_LoadFirst); ok {
+			return x.LoadFirst
 		}
 	}
 	return nil
@@ -887,6 +897,10 @@ type Request_AnalyzeModule struct {
 	AnalyzeModule *AnalyzeModule `protobuf:"bytes,8,opt,name=analyze_module,json=analyzeModule,proto3,oneof"`
 }
 
+type Request_LoadFirst struct {
+	LoadFirst *LoadFirst `protobuf:"bytes,9,opt,name=load_first,json=loadFirst,proto3,oneof"`
+}
+
 type Request_Quiesce struct {
 	// ROLE_CLIENT_CONTROL, helper -> interposer
 	Quiesce *Quiesce `protobuf:"bytes,10,opt,name=quiesce,proto3,oneof"`
@@ -999,6 +1013,8 @@ func (*Request_Export) isRequest_Body() {}
 func (*Request_SaveFirst) isRequest_Body() {}
 
 func (*Request_AnalyzeModule) isRequest_Body() {}
+
+func (*Request_LoadFirst) isRequest_Body() {}
 
 func (*Request_Quiesce) isRequest_Body() {}
 
@@ -2179,9 +2195,14 @@ func (x *ReimportEntry) GetSize() uint64 {
 // write and waits for its answer. Every launch is scanned while the window
 // is open. Unguard (or the control connection's end) closes it.
 type Resume struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Guard         []*GuardRegion         `protobuf:"bytes,1,rep,name=guard,proto3" json:"guard,omitempty"`
-	GuardChunk    uint64                 `protobuf:"varint,2,opt,name=guard_chunk,json=guardChunk,proto3" json:"guard_chunk,omitempty"` // bytes per chunk of the guarded regions
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Guard      []*GuardRegion         `protobuf:"bytes,1,rep,name=guard,proto3" json:"guard,omitempty"`
+	GuardChunk uint64                 `protobuf:"varint,2,opt,name=guard_chunk,json=guardChunk,proto3" json:"guard_chunk,omitempty"` // bytes per chunk of the guarded regions
+	// The guarded regions are a restore's memory still loading (on demand),
+	// not a copy-on-write window's: a pending chunk is one not loaded yet,
+	// and every call that may read or write it first asks LoadFirst. The
+	// window ends with Unguard once everything is loaded.
+	Loading       bool `protobuf:"varint,3,opt,name=loading,proto3" json:"loading,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2228,6 +2249,13 @@ func (x *Resume) GetGuardChunk() uint64 {
 		return x.GuardChunk
 	}
 	return 0
+}
+
+func (x *Resume) GetLoading() bool {
+	if x != nil {
+		return x.Loading
+	}
+	return false
 }
 
 // GuardRegion: one guarded range of the application's addresses, and which
@@ -2349,6 +2377,62 @@ func (x *SaveFirst) GetRanges() []*AddressRange {
 	return nil
 }
 
+// LoadFirst (interposer -> helper, calls connection), while a restore loads
+// on demand: load these ranges' chunks (everything, if all) before the rest;
+// answered Ok once they are on the GPU and checked, or with the error that
+// failed the load (the process must not run on: it ends).
+type LoadFirst struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ranges        []*AddressRange        `protobuf:"bytes,1,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	All           bool                   `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadFirst) Reset() {
+	*x = LoadFirst{}
+	mi := &file_protocol_helper_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadFirst) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadFirst) ProtoMessage() {}
+
+func (x *LoadFirst) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadFirst.ProtoReflect.Descriptor instead.
+func (*LoadFirst) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *LoadFirst) GetRanges() []*AddressRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *LoadFirst) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
 type AddressRange struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Address       uint64                 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
@@ -2359,7 +2443,7 @@ type AddressRange struct {
 
 func (x *AddressRange) Reset() {
 	*x = AddressRange{}
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2371,7 +2455,7 @@ func (x *AddressRange) String() string {
 func (*AddressRange) ProtoMessage() {}
 
 func (x *AddressRange) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2384,7 +2468,7 @@ func (x *AddressRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressRange.ProtoReflect.Descriptor instead.
 func (*AddressRange) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AddressRange) GetAddress() uint64 {
@@ -2416,7 +2500,7 @@ type AnalyzeModule struct {
 
 func (x *AnalyzeModule) Reset() {
 	*x = AnalyzeModule{}
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2512,7 @@ func (x *AnalyzeModule) String() string {
 func (*AnalyzeModule) ProtoMessage() {}
 
 func (x *AnalyzeModule) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2525,7 @@ func (x *AnalyzeModule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnalyzeModule.ProtoReflect.Descriptor instead.
 func (*AnalyzeModule) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AnalyzeModule) GetAddress() uint64 {
@@ -2467,7 +2551,7 @@ type ModuleKernels struct {
 
 func (x *ModuleKernels) Reset() {
 	*x = ModuleKernels{}
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2563,7 @@ func (x *ModuleKernels) String() string {
 func (*ModuleKernels) ProtoMessage() {}
 
 func (x *ModuleKernels) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2576,7 @@ func (x *ModuleKernels) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModuleKernels.ProtoReflect.Descriptor instead.
 func (*ModuleKernels) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ModuleKernels) GetKernels() []*KernelWrites {
@@ -2509,14 +2593,18 @@ type KernelWrites struct {
 	Written uint64 `protobuf:"varint,2,opt,name=written,proto3" json:"written,omitempty"`
 	// The kernel writes only through those parameters; false: it may write
 	// anything it can reach (absent kernels likewise).
-	Decided       bool `protobuf:"varint,3,opt,name=decided,proto3" json:"decided,omitempty"`
+	Decided bool `protobuf:"varint,3,opt,name=decided,proto3" json:"decided,omitempty"`
+	// The kernel also reads global memory only through its parameters;
+	// false: it may read anything it can reach (a pointer it loaded from
+	// memory). A restore loading on demand holds its launches for all memory.
+	ReadsDecided  bool `protobuf:"varint,4,opt,name=reads_decided,json=readsDecided,proto3" json:"reads_decided,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KernelWrites) Reset() {
 	*x = KernelWrites{}
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2616,7 @@ func (x *KernelWrites) String() string {
 func (*KernelWrites) ProtoMessage() {}
 
 func (x *KernelWrites) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2629,7 @@ func (x *KernelWrites) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelWrites.ProtoReflect.Descriptor instead.
 func (*KernelWrites) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *KernelWrites) GetName() string {
@@ -2565,6 +2653,13 @@ func (x *KernelWrites) GetDecided() bool {
 	return false
 }
 
+func (x *KernelWrites) GetReadsDecided() bool {
+	if x != nil {
+		return x.ReadsDecided
+	}
+	return false
+}
+
 // Unguard (helper -> interposer, control): the copy-on-write window is over.
 type Unguard struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2574,7 +2669,7 @@ type Unguard struct {
 
 func (x *Unguard) Reset() {
 	*x = Unguard{}
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2681,7 @@ func (x *Unguard) String() string {
 func (*Unguard) ProtoMessage() {}
 
 func (x *Unguard) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2694,7 @@ func (x *Unguard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unguard.ProtoReflect.Descriptor instead.
 func (*Unguard) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
 }
 
 type Snapshot struct {
@@ -2610,7 +2705,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2622,7 +2717,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2635,7 +2730,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
 }
 
 type GetStats struct {
@@ -2646,7 +2741,7 @@ type GetStats struct {
 
 func (x *GetStats) Reset() {
 	*x = GetStats{}
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2753,7 @@ func (x *GetStats) String() string {
 func (*GetStats) ProtoMessage() {}
 
 func (x *GetStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2766,7 @@ func (x *GetStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStats.ProtoReflect.Descriptor instead.
 func (*GetStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
 // BufferTable: what the interposer tracks. allocations: helper-owned memory
@@ -2687,14 +2782,18 @@ type BufferTable struct {
 	// The GPUs the process can see (UUIDs, by its device ordinal): a restore
 	// onto other GPUs must pair every one of them (the driver refuses pairs
 	// that leave one out).
-	Gpus          []string `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	Gpus []string `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	// Addresses of the buffers in the order the process first touched them
+	// while its last restore loaded on demand (the image keeps it for the
+	// next restore's load order).
+	TouchOrder    []uint64 `protobuf:"varint,6,rep,packed,name=touch_order,json=touchOrder,proto3" json:"touch_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BufferTable) Reset() {
 	*x = BufferTable{}
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2805,7 @@ func (x *BufferTable) String() string {
 func (*BufferTable) ProtoMessage() {}
 
 func (x *BufferTable) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2818,7 @@ func (x *BufferTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BufferTable.ProtoReflect.Descriptor instead.
 func (*BufferTable) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *BufferTable) GetAllocations() []*Allocation {
@@ -2757,6 +2856,13 @@ func (x *BufferTable) GetGpus() []string {
 	return nil
 }
 
+func (x *BufferTable) GetTouchOrder() []uint64 {
+	if x != nil {
+		return x.TouchOrder
+	}
+	return nil
+}
+
 type Allocation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	AllocId       uint64                 `protobuf:"varint,1,opt,name=alloc_id,json=allocId,proto3" json:"alloc_id,omitempty"`
@@ -2770,7 +2876,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2888,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +2901,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Allocation) GetAllocId() uint64 {
@@ -2847,7 +2953,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2859,7 +2965,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2872,7 +2978,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Buffer) GetAddress() uint64 {
@@ -2945,7 +3051,7 @@ type ClientStats struct {
 
 func (x *ClientStats) Reset() {
 	*x = ClientStats{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2957,7 +3063,7 @@ func (x *ClientStats) String() string {
 func (*ClientStats) ProtoMessage() {}
 
 func (x *ClientStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2970,7 +3076,7 @@ func (x *ClientStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientStats.ProtoReflect.Descriptor instead.
 func (*ClientStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ClientStats) GetAllocs() uint64 {
@@ -3121,7 +3227,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3239,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3252,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 type StatusReply struct {
@@ -3170,7 +3276,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3182,7 +3288,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3195,7 +3301,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusReply) GetHelperVersion() string {
@@ -3264,7 +3370,7 @@ type LoadResident struct {
 
 func (x *LoadResident) Reset() {
 	*x = LoadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3276,7 +3382,7 @@ func (x *LoadResident) String() string {
 func (*LoadResident) ProtoMessage() {}
 
 func (x *LoadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3289,7 +3395,7 @@ func (x *LoadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResident.ProtoReflect.Descriptor instead.
 func (*LoadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LoadResident) GetImageDir() string {
@@ -3310,7 +3416,7 @@ type UnloadResident struct {
 
 func (x *UnloadResident) Reset() {
 	*x = UnloadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3428,7 @@ func (x *UnloadResident) String() string {
 func (*UnloadResident) ProtoMessage() {}
 
 func (x *UnloadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3441,7 @@ func (x *UnloadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadResident.ProtoReflect.Descriptor instead.
 func (*UnloadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UnloadResident) GetImageDir() string {
@@ -3361,7 +3467,7 @@ type ResidentImage struct {
 
 func (x *ResidentImage) Reset() {
 	*x = ResidentImage{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3373,7 +3479,7 @@ func (x *ResidentImage) String() string {
 func (*ResidentImage) ProtoMessage() {}
 
 func (x *ResidentImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3386,7 +3492,7 @@ func (x *ResidentImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidentImage.ProtoReflect.Descriptor instead.
 func (*ResidentImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResidentImage) GetImageDir() string {
@@ -3454,7 +3560,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3572,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3585,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -3546,7 +3652,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3558,7 +3664,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3571,7 +3677,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -3665,7 +3771,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3783,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3796,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -3724,7 +3830,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3736,7 +3842,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3749,7 +3855,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -3819,7 +3925,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +3937,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +3950,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -3923,7 +4029,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3935,7 +4041,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3948,7 +4054,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -3993,7 +4099,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4005,7 +4111,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4018,7 +4124,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -4108,7 +4214,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4120,7 +4226,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4133,7 +4239,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Phase) GetName() string {
@@ -4161,7 +4267,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4173,7 +4279,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4186,7 +4292,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -4216,7 +4322,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4334,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4347,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Abort) GetReason() string {
@@ -4265,7 +4371,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4277,7 +4383,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4290,7 +4396,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -4316,7 +4422,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4328,7 +4434,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4341,7 +4447,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -4368,7 +4474,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4380,7 +4486,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4393,7 +4499,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -4443,7 +4549,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4455,7 +4561,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4468,7 +4574,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -4493,7 +4599,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +4611,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +4624,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -4550,14 +4656,18 @@ type PrepareRestore struct {
 	// or the ordinal the image records, NEW a UUID of this machine (or a
 	// unique prefix) or the helper's ordinal. GPUs not named go to the same
 	// GPU where it is here and has room, else to a free GPU of the same model.
-	DeviceMap     string `protobuf:"bytes,2,opt,name=device_map,json=deviceMap,proto3" json:"device_map,omitempty"`
+	DeviceMap string `protobuf:"bytes,2,opt,name=device_map,json=deviceMap,proto3" json:"device_map,omitempty"`
+	// Let the processes run before all their GPU data is loaded: a call
+	// that may touch memory not loaded yet waits for it (GPUCR_ON_DEMAND,
+	// `gpucr restore --on-demand`).
+	OnDemand      bool `protobuf:"varint,3,opt,name=on_demand,json=onDemand,proto3" json:"on_demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4569,7 +4679,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4582,7 +4692,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -4599,6 +4709,13 @@ func (x *PrepareRestore) GetDeviceMap() string {
 	return ""
 }
 
+func (x *PrepareRestore) GetOnDemand() bool {
+	if x != nil {
+		return x.OnDemand
+	}
+	return false
+}
+
 // AwaitLoad (plugin, POST_FORKING): answered once the GPU images this
 // connection's PrepareRestore requests began loading are loaded: Ok, or the
 // error that failed one. CRIU has forked the restored tasks and they restore
@@ -4612,7 +4729,7 @@ type AwaitLoad struct {
 
 func (x *AwaitLoad) Reset() {
 	*x = AwaitLoad{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4624,7 +4741,7 @@ func (x *AwaitLoad) String() string {
 func (*AwaitLoad) ProtoMessage() {}
 
 func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4637,7 +4754,7 @@ func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
 func (*AwaitLoad) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
@@ -4653,7 +4770,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4665,7 +4782,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4678,7 +4795,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -4703,7 +4820,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +4832,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +4845,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -4748,7 +4865,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4760,7 +4877,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4773,7 +4890,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -4829,7 +4946,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4841,7 +4958,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4854,7 +4971,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -4973,7 +5090,7 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xfc\r\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xb9\x0e\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -4983,7 +5100,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06export\x18\x06 \x01(\v2\x17.gpucr.helper.v1.ExportH\x00R\x06export\x12;\n" +
 	"\n" +
 	"save_first\x18\a \x01(\v2\x1a.gpucr.helper.v1.SaveFirstH\x00R\tsaveFirst\x12G\n" +
-	"\x0eanalyze_module\x18\b \x01(\v2\x1e.gpucr.helper.v1.AnalyzeModuleH\x00R\ranalyzeModule\x124\n" +
+	"\x0eanalyze_module\x18\b \x01(\v2\x1e.gpucr.helper.v1.AnalyzeModuleH\x00R\ranalyzeModule\x12;\n" +
+	"\n" +
+	"load_first\x18\t \x01(\v2\x1a.gpucr.helper.v1.LoadFirstH\x00R\tloadFirst\x124\n" +
 	"\aquiesce\x18\n" +
 	" \x01(\v2\x18.gpucr.helper.v1.QuiesceH\x00R\aquiesce\x12.\n" +
 	"\x05drain\x18\v \x01(\v2\x16.gpucr.helper.v1.DrainH\x00R\x05drain\x12+\n" +
@@ -5090,18 +5209,22 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\rReimportEntry\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\x04R\aaddress\x12\x12\n" +
-	"\x04size\x18\x03 \x01(\x04R\x04size\"]\n" +
+	"\x04size\x18\x03 \x01(\x04R\x04size\"w\n" +
 	"\x06Resume\x122\n" +
 	"\x05guard\x18\x01 \x03(\v2\x1c.gpucr.helper.v1.GuardRegionR\x05guard\x12\x1f\n" +
 	"\vguard_chunk\x18\x02 \x01(\x04R\n" +
-	"guardChunk\"g\n" +
+	"guardChunk\x12\x18\n" +
+	"\aloading\x18\x03 \x01(\bR\aloading\"g\n" +
 	"\vGuardRegion\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
 	"\apending\x18\x03 \x01(\fR\apending\x12\x10\n" +
 	"\x03vmm\x18\x04 \x01(\bR\x03vmm\"B\n" +
 	"\tSaveFirst\x125\n" +
-	"\x06ranges\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.AddressRangeR\x06ranges\"<\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.AddressRangeR\x06ranges\"T\n" +
+	"\tLoadFirst\x125\n" +
+	"\x06ranges\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.AddressRangeR\x06ranges\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\"<\n" +
 	"\fAddressRange\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"=\n" +
@@ -5109,22 +5232,25 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"H\n" +
 	"\rModuleKernels\x127\n" +
-	"\akernels\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.KernelWritesR\akernels\"V\n" +
+	"\akernels\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.KernelWritesR\akernels\"{\n" +
 	"\fKernelWrites\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\awritten\x18\x02 \x01(\x04R\awritten\x12\x18\n" +
-	"\adecided\x18\x03 \x01(\bR\adecided\"\t\n" +
+	"\adecided\x18\x03 \x01(\bR\adecided\x12#\n" +
+	"\rreads_decided\x18\x04 \x01(\bR\freadsDecided\"\t\n" +
 	"\aUnguard\"\n" +
 	"\n" +
 	"\bSnapshot\"\n" +
 	"\n" +
-	"\bGetStats\"\xf6\x01\n" +
+	"\bGetStats\"\x97\x02\n" +
 	"\vBufferTable\x12=\n" +
 	"\vallocations\x18\x01 \x03(\v2\x1b.gpucr.helper.v1.AllocationR\vallocations\x121\n" +
 	"\abuffers\x18\x02 \x03(\v2\x17.gpucr.helper.v1.BufferR\abuffers\x122\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1c.gpucr.helper.v1.ClientStateR\x05state\x12-\n" +
 	"\x12not_checkpointable\x18\x04 \x03(\tR\x11notCheckpointable\x12\x12\n" +
-	"\x04gpus\x18\x05 \x03(\tR\x04gpus\"\xa6\x01\n" +
+	"\x04gpus\x18\x05 \x03(\tR\x04gpus\x12\x1f\n" +
+	"\vtouch_order\x18\x06 \x03(\x04R\n" +
+	"touchOrder\"\xa6\x01\n" +
 	"\n" +
 	"Allocation\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x18\n" +
@@ -5279,11 +5405,12 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\twake_path\x18\x01 \x01(\tR\bwakePath\"2\n" +
 	"\bDumpDone\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x14\n" +
-	"\x05alive\x18\x02 \x01(\bR\x05alive\"L\n" +
+	"\x05alive\x18\x02 \x01(\bR\x05alive\"i\n" +
 	"\x0ePrepareRestore\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x1d\n" +
 	"\n" +
-	"device_map\x18\x02 \x01(\tR\tdeviceMap\"\v\n" +
+	"device_map\x18\x02 \x01(\tR\tdeviceMap\x12\x1b\n" +
+	"\ton_demand\x18\x03 \x01(\bR\bonDemand\"\v\n" +
 	"\tAwaitLoad\"\x1c\n" +
 	"\bRestored\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\"(\n" +
@@ -5372,7 +5499,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -5402,43 +5529,44 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*Resume)(nil),             // 25: gpucr.helper.v1.Resume
 	(*GuardRegion)(nil),        // 26: gpucr.helper.v1.GuardRegion
 	(*SaveFirst)(nil),          // 27: gpucr.helper.v1.SaveFirst
-	(*AddressRange)(nil),       // 28: gpucr.helper.v1.AddressRange
-	(*AnalyzeModule)(nil),      // 29: gpucr.helper.v1.AnalyzeModule
-	(*ModuleKernels)(nil),      // 30: gpucr.helper.v1.ModuleKernels
-	(*KernelWrites)(nil),       // 31: gpucr.helper.v1.KernelWrites
-	(*Unguard)(nil),            // 32: gpucr.helper.v1.Unguard
-	(*Snapshot)(nil),           // 33: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 34: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 35: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 36: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 37: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 38: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 39: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 40: gpucr.helper.v1.StatusReply
-	(*LoadResident)(nil),       // 41: gpucr.helper.v1.LoadResident
-	(*UnloadResident)(nil),     // 42: gpucr.helper.v1.UnloadResident
-	(*ResidentImage)(nil),      // 43: gpucr.helper.v1.ResidentImage
-	(*DriverInfo)(nil),         // 44: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 45: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 46: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 47: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 48: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 49: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 50: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 51: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 52: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 53: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 54: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 55: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 56: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 57: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 58: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 59: gpucr.helper.v1.PrepareRestore
-	(*AwaitLoad)(nil),          // 60: gpucr.helper.v1.AwaitLoad
-	(*Restored)(nil),           // 61: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 62: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 63: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 64: gpucr.helper.v1.Transfer
+	(*LoadFirst)(nil),          // 28: gpucr.helper.v1.LoadFirst
+	(*AddressRange)(nil),       // 29: gpucr.helper.v1.AddressRange
+	(*AnalyzeModule)(nil),      // 30: gpucr.helper.v1.AnalyzeModule
+	(*ModuleKernels)(nil),      // 31: gpucr.helper.v1.ModuleKernels
+	(*KernelWrites)(nil),       // 32: gpucr.helper.v1.KernelWrites
+	(*Unguard)(nil),            // 33: gpucr.helper.v1.Unguard
+	(*Snapshot)(nil),           // 34: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 35: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 36: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 37: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 38: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 39: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 40: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 41: gpucr.helper.v1.StatusReply
+	(*LoadResident)(nil),       // 42: gpucr.helper.v1.LoadResident
+	(*UnloadResident)(nil),     // 43: gpucr.helper.v1.UnloadResident
+	(*ResidentImage)(nil),      // 44: gpucr.helper.v1.ResidentImage
+	(*DriverInfo)(nil),         // 45: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 46: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 47: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 48: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 49: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 50: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 51: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 52: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 53: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 54: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 55: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 56: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 57: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 58: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 59: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 60: gpucr.helper.v1.PrepareRestore
+	(*AwaitLoad)(nil),          // 61: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 62: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 63: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 64: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 65: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -5447,76 +5575,78 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	18, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
 	19, // 4: gpucr.helper.v1.Request.export:type_name -> gpucr.helper.v1.Export
 	27, // 5: gpucr.helper.v1.Request.save_first:type_name -> gpucr.helper.v1.SaveFirst
-	29, // 6: gpucr.helper.v1.Request.analyze_module:type_name -> gpucr.helper.v1.AnalyzeModule
-	20, // 7: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	21, // 8: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	22, // 9: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	23, // 10: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	25, // 11: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	33, // 12: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	34, // 13: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	57, // 14: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	53, // 15: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
-	32, // 16: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
-	39, // 17: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	46, // 18: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	48, // 19: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	52, // 20: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	58, // 21: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	59, // 22: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	61, // 23: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	49, // 24: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	62, // 25: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	54, // 26: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	60, // 27: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
-	41, // 28: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
-	42, // 29: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
-	10, // 30: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 31: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 32: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 33: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	35, // 34: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	38, // 35: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	40, // 36: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	47, // 37: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	50, // 38: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	63, // 39: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	55, // 40: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	30, // 41: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
-	3,  // 42: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 43: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 44: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 45: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	24, // 46: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 47: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
-	28, // 48: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	31, // 49: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
-	36, // 50: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	37, // 51: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 52: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 53: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 54: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 55: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	45, // 56: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	44, // 57: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	43, // 58: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
-	4,  // 59: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 60: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	35, // 61: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	38, // 62: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	51, // 63: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 64: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	56, // 65: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 66: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	51, // 67: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
-	64, // 68: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 69: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	51, // 70: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	71, // [71:71] is the sub-list for method output_type
-	71, // [71:71] is the sub-list for method input_type
-	71, // [71:71] is the sub-list for extension type_name
-	71, // [71:71] is the sub-list for extension extendee
-	0,  // [0:71] is the sub-list for field type_name
+	30, // 6: gpucr.helper.v1.Request.analyze_module:type_name -> gpucr.helper.v1.AnalyzeModule
+	28, // 7: gpucr.helper.v1.Request.load_first:type_name -> gpucr.helper.v1.LoadFirst
+	20, // 8: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	21, // 9: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	22, // 10: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	23, // 11: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	25, // 12: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	34, // 13: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	35, // 14: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	58, // 15: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	54, // 16: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	33, // 17: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
+	40, // 18: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	47, // 19: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	49, // 20: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	53, // 21: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	59, // 22: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	60, // 23: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	62, // 24: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	50, // 25: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	63, // 26: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	55, // 27: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	61, // 28: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	42, // 29: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
+	43, // 30: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
+	10, // 31: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 32: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 33: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 34: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	36, // 35: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	39, // 36: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	41, // 37: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	48, // 38: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	51, // 39: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	64, // 40: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	56, // 41: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	31, // 42: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
+	3,  // 43: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 44: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 45: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 46: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	24, // 47: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	26, // 48: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	29, // 49: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	29, // 50: gpucr.helper.v1.LoadFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	32, // 51: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
+	37, // 52: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	38, // 53: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 54: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 55: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 56: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 57: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	46, // 58: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	45, // 59: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	44, // 60: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
+	4,  // 61: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 62: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	36, // 63: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	39, // 64: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	52, // 65: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 66: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	57, // 67: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 68: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	52, // 69: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	65, // 70: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 71: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	52, // 72: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	73, // [73:73] is the sub-list for method output_type
+	73, // [73:73] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -5532,6 +5662,7 @@ func file_protocol_helper_proto_init() {
 		(*Request_Export)(nil),
 		(*Request_SaveFirst)(nil),
 		(*Request_AnalyzeModule)(nil),
+		(*Request_LoadFirst)(nil),
 		(*Request_Quiesce)(nil),
 		(*Request_Drain)(nil),
 		(*Request_Drop)(nil),
@@ -5575,7 +5706,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

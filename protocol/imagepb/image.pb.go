@@ -658,7 +658,12 @@ type Buffer struct {
 	NsPid int64 `protobuf:"varint,8,opt,name=ns_pid,json=nsPid,proto3" json:"ns_pid,omitempty"`
 	// Properties the memory was created with, which a restore creates it
 	// with again: a bit set of AllocFlag.
-	AllocFlags    uint32 `protobuf:"varint,9,opt,name=alloc_flags,json=allocFlags,proto3" json:"alloc_flags,omitempty"`
+	AllocFlags uint32 `protobuf:"varint,9,opt,name=alloc_flags,json=allocFlags,proto3" json:"alloc_flags,omitempty"`
+	// Where the buffer came in the order its process first touched its
+	// buffers after its previous restore (1: first; 0: not touched then, or
+	// never restored): a restore that loads on demand loads in this order,
+	// then the rest by size.
+	TouchRank     uint32 `protobuf:"varint,10,opt,name=touch_rank,json=touchRank,proto3" json:"touch_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -752,6 +757,13 @@ func (x *Buffer) GetNsPid() int64 {
 func (x *Buffer) GetAllocFlags() uint32 {
 	if x != nil {
 		return x.AllocFlags
+	}
+	return 0
+}
+
+func (x *Buffer) GetTouchRank() uint32 {
+	if x != nil {
+		return x.TouchRank
 	}
 	return 0
 }
@@ -980,7 +992,7 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x0etime_unix_nano\x18\x06 \x01(\x03R\ftimeUnixNano\"7\n" +
 	"\x06Parent\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x19\n" +
-	"\bimage_id\x18\x02 \x01(\fR\aimageId\"\x91\x02\n" +
+	"\bimage_id\x18\x02 \x01(\fR\aimageId\"\xb0\x02\n" +
 	"\x06Buffer\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\x05R\x06device\x12\x19\n" +
@@ -991,7 +1003,10 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06chunks\x18\a \x03(\v2\x15.gpucr.image.v1.ChunkR\x06chunks\x12\x15\n" +
 	"\x06ns_pid\x18\b \x01(\x03R\x05nsPid\x12\x1f\n" +
 	"\valloc_flags\x18\t \x01(\rR\n" +
-	"allocFlags\"\xf9\x01\n" +
+	"allocFlags\x12\x1d\n" +
+	"\n" +
+	"touch_rank\x18\n" +
+	" \x01(\rR\ttouchRank\"\xf9\x01\n" +
 	"\x05Chunk\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\rR\x04size\x124\n" +
 	"\blocation\x18\x02 \x01(\x0e2\x18.gpucr.image.v1.LocationR\blocation\x12\x1a\n" +
