@@ -19,7 +19,9 @@
  *   POST_FORKING             after a PrepareRestore: AwaitLoad, once CRIU has forked the
  *                            tasks (they restore their memory meanwhile): a GPU image that
  *                            does not load (a damaged chunk) fails the restore there, and
- *                            CRIU kills the tasks before any of them runs
+ *                            CRIU kills the tasks before any of them runs (with
+ *                            GPUCR_ON_DEMAND=1 the helper answers once the load runs:
+ *                            the processes run while it loads)
  *   RESUME_DEVICES_LATE(pid) after a PrepareRestore: Restored{pid}; failure kills pid
  *                            (kill_restored)
  *
@@ -581,6 +583,9 @@ static int prepare_restore(void) {
     const char *map = getenv("GPUCR_DEVICE_MAP");
     if (map && *map)
         pr.device_map = (char *)map;
+    /* run before all GPU data is loaded (calls that touch what is not in yet wait for it) */
+    const char *od = getenv("GPUCR_ON_DEMAND");
+    pr.on_demand = od && *od && strcmp(od, "0") != 0;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_PREPARE_RESTORE;
     req.prepare_restore = &pr;

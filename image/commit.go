@@ -116,7 +116,8 @@ func (w *Writer) header() *imagepb.Manifest {
 func (w *Writer) bufferPB(b *BufferWriter, st *WriteStats) *imagepb.Buffer {
 	pb := &imagepb.Buffer{Pid: int64(b.info.Pid), NsPid: int64(b.info.NsPid), Device: int32(b.info.Device), GpuUuid: b.info.GPUUUID,
 		Address: b.info.Address, Size: b.info.Size, Kind: imagepb.AllocKind(b.info.Kind), AllocFlags: uint32(b.info.Flags),
-		Chunks: make([]*imagepb.Chunk, len(b.chunks))}
+		TouchRank: b.info.TouchRank,
+		Chunks:    make([]*imagepb.Chunk, len(b.chunks))}
 	for i := range b.chunks {
 		pb.Chunks[i] = chunkPB(&b.chunks[i], chunkLen(b.info.Size, uint32(w.opts.ChunkSize), i))
 		countChunk(st, &b.chunks[i])

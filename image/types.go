@@ -138,6 +138,10 @@ type BufferInfo struct {
 	Size    uint64
 	Kind    AllocKind
 	Flags   AllocFlags // properties the memory was created with
+	// TouchRank is where the buffer came in the order its process first
+	// touched its buffers after its previous restore (1: first; 0: not
+	// touched then, or never restored); a restore on demand loads in it.
+	TouchRank uint32
 }
 
 // AllocFlags are properties a buffer's memory was created with, which a
@@ -192,7 +196,8 @@ func OriginOf(m *imagepb.Manifest) Origin {
 
 func bufferInfoOf(b *imagepb.Buffer) BufferInfo {
 	return BufferInfo{Pid: int(b.GetPid()), NsPid: int(b.GetNsPid()), Device: int(b.GetDevice()), GPUUUID: b.GetGpuUuid(),
-		Address: b.GetAddress(), Size: b.GetSize(), Kind: AllocKind(b.GetKind()), Flags: AllocFlags(b.GetAllocFlags())}
+		Address: b.GetAddress(), Size: b.GetSize(), Kind: AllocKind(b.GetKind()), Flags: AllocFlags(b.GetAllocFlags()),
+		TouchRank: b.GetTouchRank()}
 }
 
 func statsToPB(s WriteStats) *imagepb.Stats {

@@ -31,6 +31,12 @@ type RestoreOptions struct {
 	// not name go to the same GPU where it is here and has room, else to a
 	// free GPU of the same model. The helper checks it.
 	DeviceMap string
+	// OnDemand lets the restored processes run before their GPU data is
+	// all loaded: the interposer holds each call that may touch memory not
+	// loaded yet until it is, and the rest loads behind. The restore
+	// returns once it is all in (a load that fails then ends the processes
+	// and fails the restore).
+	OnDemand bool
 }
 
 // RestoreResult is a restore that succeeded: every process runs, each GPU
@@ -89,7 +95,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
 	checked := time.Now()
-	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap,
+	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap, onDemand: o.OnDemand,
 		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
 	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
 	gpuState := statErr == nil
@@ -125,6 +131,16 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pid %d runs", r.pid), Pid: r.pid})
 	ready.GPULaunch = time.Since(ev.start).Seconds()
+	if o.OnDemand && gpuState {
+		// The processes run; their data is still coming in.
+		t, err := awaitLoaded(ctx, o.Env.Socket, dir, checked, loadedWait)
+		if err != nil {
+			return nil, fmt.Errorf("restore from %s: the processes ran before their GPU data was all loaded, and %w", dir, err)
+		}
+		if t != nil {
+			r.gpu = t
+		}
+	}
 	if t := r.gpu; t != nil && t.Finished && t.FinishedUnixUs != 0 {
 		ready.GPUResident = max(0, time.UnixMicro(t.FinishedUnixUs).Sub(ev.start).Seconds())
 	}

@@ -100,7 +100,10 @@ type job struct {
 	// deviceMap: a restore's GPUs onto others, "OLD=NEW,..." (the plugin
 	// hands it to the helper, which checks it; RestoreOptions.DeviceMap)
 	deviceMap string
-	fill      func(*rpc.CriuOpts)
+	// onDemand: a restore whose processes run before their GPU data is
+	// all loaded (RestoreOptions.OnDemand)
+	onDemand bool
+	fill     func(*rpc.CriuOpts)
 	ev        *emitter
 }
 
@@ -199,6 +202,9 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	if j.deviceMap != "" && !j.dump {
 		extra = append(extra, "GPUCR_DEVICE_MAP="+j.deviceMap)
+	}
+	if j.onDemand && !j.dump {
+		extra = append(extra, "GPUCR_ON_DEMAND=1")
 	}
 	runStart := time.Now()
 	cmd := swrk.Cmd{CRIU: j.criu.Binary, Env: sess.criuEnv(j.env, extra...), Files: []*os.File{d}, Deadline: deadline,

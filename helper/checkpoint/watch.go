@@ -254,3 +254,56 @@ func awaitBackground(ctx context.Context, socket, dir string, since time.Time, r
 		}
 	}
 }
+
+// loadedWait bounds how long a restore on demand waits for the rest of its
+// GPU data once its processes run (storage that hangs must not hold the
+// command forever).
+const loadedWait = 10 * time.Minute
+
+// awaitLoaded waits until the helper's load of dir for the restore begun at
+// since has ended, and returns it (nil: the helper showed none); a load
+// that failed is the error.
+func awaitLoaded(ctx context.Context, socket, dir string, since time.Time, wait time.Duration) (*helperpb.Transfer, error) {
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+	conn, err := client.Dial(dctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
+	dcancel()
+	if err != nil {
+		return nil, fmt.Errorf("the helper no longer answers: %w", err)
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(watchPoll / 4)
+	defer tick.Stop()
+	for {
+		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
+		list, err := conn.Transfers(qctx, dir)
+		qcancel()
+		if err != nil {
+			return nil, fmt.Errorf("the helper no longer answers: %w", err)
+		}
+		var mine []*helperpb.Transfer
+		for _, t := range list {
+			if ofThisRun(t, helperpb.Transfer_DIRECTION_LOAD, since) {
+				mine = append(mine, t)
+			}
+		}
+		if len(mine) == 0 {
+			return nil, nil
+		}
+		all := combine(mine)
+		if all.Finished {
+			if all.Error != "" {
+				return all, fmt.Errorf("their GPU data failed to load (the processes were ended): %s", all.Error)
+			}
+			return all, nil
+		}
+		if time.Now().After(deadline) {
+			return all, fmt.Errorf("their GPU data was still loading after %v", wait)
+		}
+		select {
+		case <-ctx.Done():
+			return all, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

@@ -188,6 +188,9 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	if !cl.waitGuard(guardWaitLimit) {
 		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: the copy-on-write window of its previous checkpoint is still open after %v", cl.pid, guardWaitLimit)
 	}
+	if err := s.waitDemand(cl, ctl, loadTimeout); err != nil {
+		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: %v", cl.pid, err)
+	}
 	var scratch *engine.Scratch
 	if o.req.Concurrent && s.cfg.Concurrent != ConcurrentCopyOnWrite {
 		// The snapshot's memory is made while the process still runs.
@@ -718,6 +721,12 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	var out []engine.Region
+	rank := map[uint64]uint32{}
+	for i, a := range table.GetTouchOrder() {
+		if _, seen := rank[a]; !seen && i < 1<<31 {
+			rank[a] = uint32(i) + 1
+		}
+	}
 	for _, a := range table.GetAllocations() {
 		al := cl.allocs[a.AllocId]
 		if al == nil {
@@ -731,7 +740,8 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 			return nil, fmt.Errorf("allocation %d is not mapped", a.AllocId)
 		}
 		out = append(out, engine.Region{Device: gpu, Handle: al.handle, Size: al.size,
-			Pid: int(cl.pid), NsPid: int(proc.NsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags})
+			Pid: int(cl.pid), NsPid: int(proc.NsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags,
+			TouchRank: rank[a.Address]})
 	}
 	return out, nil
 }

@@ -74,6 +74,13 @@ type client struct {
 	// into. Set with its restore plan, before anything else sees it, and
 	// taken by that restore. Guarded by mu.
 	gpuPairs []cuda.GPUPair
+
+	// demand is its restore's load while it runs on demand (ondemand.go),
+	// from its claim until the load ended and its window was closed (kept
+	// after a failure: its calls get the error). restoreIdx: its regions
+	// of its restore plan, set with the plan. Guarded by mu.
+	demand     *demandLoad
+	restoreIdx []int
 }
 
 // takeGPUPairs returns and forgets the GPU pairs of cl's driver restore.
@@ -178,6 +185,8 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp, fd = s.export(cl, req.Id, b.Export)
 		case *helperpb.Request_SaveFirst:
 			resp = s.saveFirst(cl, req.Id, b.SaveFirst)
+		case *helperpb.Request_LoadFirst:
+			resp = s.loadFirst(cl, req.Id, b.LoadFirst)
 		case *helperpb.Request_AnalyzeModule:
 			resp = s.analyzeModule(cl, req.Id, b.AnalyzeModule)
 		default:
@@ -440,7 +449,12 @@ func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
 	bytes = cl.bytes
 	cl.bytes = 0
 	g := cl.guard
+	d := cl.demand
 	cl.mu.Unlock()
+	if d != nil {
+		// Its on-demand load may still write into this memory.
+		<-d.l.Done()
+	}
 	if g != nil {
 		// A process that goes (killed after a dump, or exited) while a
 		// copy-on-write window holds its memory: the window saves it

@@ -96,6 +96,9 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 	if err := cl.fire(evResumed); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
+	if d := cl.demandNow(); d != nil {
+		go s.watchDemand(cl, d)
+	}
 	s.dropDetachState(cl.pid) // its memory is its own again
 	var steps []*helperpb.Phase
 	if ph != nil {

@@ -103,6 +103,10 @@ func (cl *client) waitGuard(limit time.Duration) bool {
 // chunks, if it has one.
 func (cl *client) resumeRequest() *helperpb.Request {
 	res := &helperpb.Resume{}
+	if d := cl.demandNow(); d != nil {
+		d.window(res)
+		return &helperpb.Request{Body: &helperpb.Request_Resume{Resume: res}}
+	}
 	if g := cl.guardNow(); g != nil {
 		res.GuardChunk = uint64(g.ChunkSize())
 		pend := g.PendingChunks()

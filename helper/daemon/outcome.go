@@ -72,6 +72,23 @@ func (o *outcomes) set(cl *client, pid proc.Pid, state helperpb.RestoreState, re
 	o.changed = make(chan struct{})
 }
 
+// fail records that cl, which ran, failed after all (its on-demand load
+// did): the one change of a final state.
+func (o *outcomes) fail(cl *client, reason string) {
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	r := o.byCl[cl]
+	if r == nil || r.State == helperpb.RestoreState_RESTORE_STATE_FAILED {
+		return
+	}
+	r.State, r.Reason = helperpb.RestoreState_RESTORE_STATE_FAILED, reason
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
 // snapshot copies the results in image pid order; done: none is pending.
 func (o *outcomes) snapshot() (rs []*helperpb.RestoreResult, done bool, changed <-chan struct{}) {
 	o.mu.Lock()

@@ -23,6 +23,39 @@ import (
 type restoreLoad struct {
 	done chan struct{} // closed when the load has ended
 	err  error         // its result; read only after done
+
+	// onDemand: the processes run before it has ended (set before the
+	// PrepareRestore is answered). started is closed once live (the
+	// running load, nil if it could not start: err then) is set.
+	onDemand bool
+	started  chan struct{}
+	live     *engine.Loading
+	regions  []engine.Region
+	chunk    uint64
+}
+
+// startedFor waits (at most d) until an on-demand load is running, and
+// returns it (nil and its error if it failed to start or has failed).
+func (l *restoreLoad) startedFor(d time.Duration) (*engine.Loading, error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-l.started:
+	case <-t.C:
+		return nil, fmt.Errorf("the GPU image did not begin to load within %v", d)
+	}
+	if l.live == nil {
+		<-l.done
+		return nil, l.err
+	}
+	select {
+	case <-l.done:
+		if l.err != nil {
+			return nil, l.err
+		}
+	default:
+	}
+	return l.live, nil
 }
 
 // wait blocks until the load has ended and returns its error.
@@ -112,6 +145,9 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err), nil
 	}
 	plan, e := s.planRestore(im, im.Dir(), 0, owner, place)
+	if e == nil && req.OnDemand && plan.resident == nil {
+		plan.load.onDemand = true
+	}
 	if e != nil {
 		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
@@ -119,6 +155,9 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	}
 	if dir != nil {
 		plan.resident = s.residentFor(dir, im, place)
+	}
+	if plan.resident != nil {
+		plan.load.onDemand = false // a copy on the GPU: faster than any process could wait for it
 	}
 	s.trackPlan(plan)
 	s.rememberRestore(req.ImageDir, plan.out)
@@ -174,7 +213,7 @@ func imageBytes(im *image.Image, only int) uint64 {
 // process is back. A process whose GPUs move has its driver restore told
 // so.
 func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, place placement) (*restorePlan, *helperpb.Error) {
-	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{})}, out: newOutcomes()}
+	p := &restorePlan{im: im, dir: dir, load: &restoreLoad{done: make(chan struct{}), started: make(chan struct{})}, out: newOutcomes()}
 	byPid := map[int]*client{}
 	fail := func(code helperpb.ErrorCode, format string, a ...any) (*restorePlan, *helperpb.Error) {
 		p.undo()
@@ -221,6 +260,7 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, 
 		cl := newClient(b.Pid, b.NsPid)
 		cl.allocs[al.id] = al
 		cl.bytes += al.size
+		cl.restoreIdx = append(cl.restoreIdx, len(p.regions))
 		p.regions = append(p.regions, engine.Region{Device: gpu, Handle: h, Size: b.Size, Pid: b.Pid,
 			Address: b.Address, Kind: b.Kind, Flags: b.Flags})
 		p.bufs = append(p.bufs, i)
@@ -273,11 +313,32 @@ func (s *Server) runLoad(p *restorePlan) {
 		pids = append(pids, int64(cl.pid))
 	}
 	tr := s.transfers.begin(p.dir, false, bytes, pids)
-	if p.resident != nil {
+	slow := time.Duration(0)
+	if s.cfg.Fault == "slow-load" {
+		slow = 50 * time.Millisecond
+	}
+	switch {
+	case p.resident != nil:
+		close(p.load.started)
 		tr.fromResident.Store(true)
 		p.load.err = p.resident.copyFrom(p.regions, p.bufs, engine.Options{Progress: tr.progress})
-	} else {
-		p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress})
+	case p.load.onDemand:
+		ranks := make([]uint32, len(p.bufs))
+		for i, bi := range p.bufs {
+			ranks[i] = p.im.Buffers()[bi].TouchRank
+		}
+		p.load.regions, p.load.chunk = p.regions, uint64(p.im.Manifest().GetChunkSize())
+		l, err := engine.StartLoad(p.regions, p.im, p.bufs, engine.LoadOrder(p.regions, ranks),
+			engine.Options{Progress: tr.progress, PieceDelay: slow})
+		p.load.live = l
+		close(p.load.started)
+		if err == nil {
+			err = l.Err()
+		}
+		p.load.err = err
+	default:
+		close(p.load.started)
+		p.load.err = engine.Load(p.regions, p.im, p.bufs, engine.Options{Progress: tr.progress, PieceDelay: slow})
 	}
 	_ = p.im.Close() // its chunks are read; its manifest stays
 	tr.finish(p.load.err)
@@ -334,8 +395,16 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	}
 	load, out := cl.restoreLoad(), cl.outcomes()
 	out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_PENDING, "")
-	// The process may run only with all of its memory in place.
-	if err := load.waitFor(loadTimeout); err != nil {
+	// The process may run only with all of its memory in place, or, on
+	// demand, with the load running that its calls wait for.
+	var live *engine.Loading
+	var err error
+	if load != nil && load.onDemand {
+		live, err = load.startedFor(loadTimeout)
+	} else {
+		err = load.waitFor(loadTimeout)
+	}
+	if err != nil {
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		select {
 		case <-load.done:
@@ -363,6 +432,13 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 		cl.log.Warn("restore failed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err)
 	}
+	if live != nil {
+		cl.mu.Lock()
+		if len(cl.restoreIdx) > 0 {
+			cl.demand = &demandLoad{l: live, regions: load.regions, mine: cl.restoreIdx, chunk: load.chunk, out: out}
+		}
+		cl.mu.Unlock()
+	}
 	if err := cl.arm(func() { s.giveBack(cl, true, nil, nil) }); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err) // reaped meanwhile
 	}
@@ -384,7 +460,14 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 // (dropUnrestored).
 func (s *Server) awaitLoad(id uint64, plans []*restorePlan) *helperpb.Response {
 	for _, p := range plans {
-		err := p.load.waitFor(loadTimeout)
+		var err error
+		if p.load.onDemand {
+			// The processes run before it ends: only a load that could not
+			// start, or has failed already, stops them here.
+			_, err = p.load.startedFor(loadTimeout)
+		} else {
+			err = p.load.waitFor(loadTimeout)
+		}
 		if err == nil {
 			continue
 		}

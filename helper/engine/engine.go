@@ -39,6 +39,9 @@ type Region struct {
 	Address uint64 // where the application maps it
 	Kind    image.AllocKind
 	Flags   image.AllocFlags // how the memory was created
+	// TouchRank: the order its process first touched it in after its
+	// last restore (image.BufferInfo.TouchRank).
+	TouchRank uint32
 }
 
 // TotalSize is the bytes of all regions.
@@ -61,6 +64,12 @@ type Options struct {
 	// Copied, if set, is called with the bytes of each chunk a dump copies
 	// over PCIe (those its image lacks); from several goroutines.
 	Copied func(n int64)
+
+	// PieceDelay holds each chunk of a load back this long before it goes
+	// to the GPU: a slow disk on purpose (the helper's fault
+	// GPUCR_FAULT=slow-load), so that tests see a restore that loads on
+	// demand run before its data is all in.
+	PieceDelay time.Duration
 
 	// stagingFault, in tests, damages a chunk in host memory between the
 	// image and the GPU (region index, chunk index, its staged bytes).
@@ -402,7 +411,7 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 	bws := make([]*image.BufferWriter, len(regions))
 	for i, r := range regions {
 		bw, err := w.AddBuffer(image.BufferInfo{Pid: r.Pid, NsPid: r.NsPid, Device: r.Device.Ordinal(), GPUUUID: r.Device.UUID(),
-			Address: r.Address, Size: r.Size, Kind: r.Kind, Flags: r.Flags})
+			Address: r.Address, Size: r.Size, Kind: r.Kind, Flags: r.Flags, TouchRank: r.TouchRank})
 		if err != nil {
 			return st, fmt.Errorf("region %d: %w", i, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpucr/gpucr/image"
 )
@@ -134,6 +135,9 @@ func StartLoad(regions []Region, im *image.Image, bufs []int, order []int, opts 
 			}
 			if opts.stagingFault != nil {
 				opts.stagingFault(p.r, p.index, buf)
+			}
+			if opts.PieceDelay > 0 {
+				time.Sleep(opts.PieceDelay)
 			}
 			return nil
 		},

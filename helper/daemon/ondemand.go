@@ -1,0 +1,157 @@
+package daemon
+
+// Restores that load on demand: the restored processes run while their GPU
+// data loads. Each gets a loading window with its Resume (the interposer
+// holds every call that may touch memory not loaded yet and asks LoadFirst
+// for it); the window ends with Unguard once everything is in. A load that
+// fails ends the processes still waiting on it: none may run on with
+// memory that never came.
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// demandLoad is an on-demand load as one restored process sees it.
+type demandLoad struct {
+	l       *engine.Loading
+	regions []engine.Region // the whole load's
+	mine    []int           // this process's regions (indices into regions)
+	chunk   uint64
+	out     *outcomes // where its restore's result went
+}
+
+// overlapping is the process's regions that the ranges touch (all of them,
+// for all).
+func (d *demandLoad) overlapping(ranges []*helperpb.AddressRange, all bool) []int {
+	if all {
+		return d.mine
+	}
+	var idx []int
+	for _, i := range d.mine {
+		r := d.regions[i]
+		for _, a := range ranges {
+			if a.Size > 0 && a.Address < r.Address+r.Size && r.Address < a.Address+a.Size {
+				idx = append(idx, i)
+				break
+			}
+		}
+	}
+	return idx
+}
+
+// window is the Resume's loading window: every region of the process not
+// loaded yet, all its chunks pending.
+func (d *demandLoad) window(res *helperpb.Resume) {
+	res.GuardChunk = d.chunk
+	res.Loading = true
+	for _, i := range d.mine {
+		if d.l.Loaded(i) {
+			continue
+		}
+		r := d.regions[i]
+		n := (r.Size + d.chunk - 1) / d.chunk
+		bits := make([]byte, (n+7)/8)
+		for c := range n {
+			bits[c/8] |= 1 << (c % 8)
+		}
+		res.Guard = append(res.Guard, &helperpb.GuardRegion{Address: r.Address, Size: r.Size, Pending: bits, Vmm: r.Kind == image.AllocVMM})
+	}
+}
+
+// demandNow is cl's on-demand load, if one is still open.
+func (cl *client) demandNow() *demandLoad {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.demand
+}
+
+// loadFirst serves a LoadFirst: the ranges' regions are loaded first, and
+// the answer comes once they are in, or with the load's error.
+func (s *Server) loadFirst(cl *client, id uint64, req *helperpb.LoadFirst) *helperpb.Response {
+	d := cl.demandNow()
+	if d == nil {
+		return okResp(id) // all in: the window is closing
+	}
+	if err := d.l.Need(d.overlapping(req.Ranges, req.All)); err != nil {
+		return errResp(id, loadErrCode(err), "loading its GPU image: %v", err)
+	}
+	return okResp(id)
+}
+
+// watchDemand waits for cl's on-demand load to end: the window is closed
+// if it loaded, and the process ended if it failed.
+func (s *Server) watchDemand(cl *client, d *demandLoad) {
+	<-d.l.Done()
+	if err := d.l.Err(); err != nil {
+		s.demandFailed(cl, d, err)
+		return
+	}
+	if err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error { return s.closeDemand(cl, d, ctl) }); err != nil &&
+		!errors.Is(err, errNoControl) {
+		cl.log.Warn("the loading window could not be closed (calls still ask the helper first, and it answers at once)", zap.Error(err))
+	}
+}
+
+// closeDemand ends cl's loading window (once): everything is in.
+func (s *Server) closeDemand(cl *client, d *demandLoad, ctl *control) error {
+	cl.mu.Lock()
+	if cl.demand != d {
+		cl.mu.Unlock()
+		return nil
+	}
+	cl.demand = nil
+	cl.mu.Unlock()
+	_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Unguard{Unguard: &helperpb.Unguard{}}}, s.cfg.OpTimeout)
+	if err == nil {
+		cl.log.Info("restored process has all its GPU data; loading window closed")
+	}
+	return err
+}
+
+// demandFailed ends a process whose on-demand load failed: some of its
+// memory never came, and it must not run on with what is there instead.
+// Its calls that wait for that memory get the error too (and end it).
+func (s *Server) demandFailed(cl *client, d *demandLoad, err error) {
+	reason := "its GPU image failed to load after it began to run: " + err.Error()
+	cl.log.Error("on-demand load failed; ending the restored process", zap.Error(err))
+	d.out.fail(cl, reason)
+	cerr := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
+		_, aerr := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Abort{Abort: &helperpb.Abort{Reason: reason}}}, 5*time.Second)
+		return aerr
+	})
+	if cerr != nil {
+		// No control connection: kill it (the interposer would otherwise
+		// end it only at its next call that touches the missing memory).
+		if perr := cl.onLive(func(pid int) error { return unix.Kill(pid, unix.SIGKILL) }); perr != nil {
+			cl.log.Warn("cannot end the process whose GPU image failed to load", zap.Error(fmt.Errorf("%w; %w", cerr, perr)))
+		}
+	}
+}
+
+// waitDemand waits (at most limit) for cl's on-demand load and closes its
+// window, before a checkpoint: an image of a process whose memory is still
+// loading would not hold what it computes with. ctl is held by the caller.
+func (s *Server) waitDemand(cl *client, ctl *control, limit time.Duration) error {
+	d := cl.demandNow()
+	if d == nil {
+		return nil
+	}
+	select {
+	case <-d.l.Done():
+	case <-time.After(limit):
+		return fmt.Errorf("its GPU image is still loading after %v (a restore on demand)", limit)
+	}
+	if err := d.l.Err(); err != nil {
+		return fmt.Errorf("its GPU image failed to load: %w", err)
+	}
+	return s.closeDemand(cl, d, ctl)
+}
