@@ -44,19 +44,26 @@ func (s *Server) analyzeModule(cl *client, id uint64, req *helperpb.AnalyzeModul
 	if err != nil {
 		cl.log.Debug("module image not analysed", zap.Error(err))
 	}
+	// Every kernel it read, decided or not: a restore loading on demand
+	// holds an undecided kernel's launches for all memory, and one absent
+	// (no PTX) only for what its parameters point into.
 	names := make([]string, 0, len(sets))
+	decided := 0
 	for name, ws := range sets {
+		names = append(names, name)
 		if ws.Decided {
-			names = append(names, name)
+			decided++
 		}
 	}
 	slices.Sort(names)
 	out := &helperpb.ModuleKernels{}
 	for _, name := range names[:min(len(names), maxModuleKernels)] {
-		out.Kernels = append(out.Kernels, &helperpb.KernelWrites{Name: name, Written: sets[name].Written, Decided: true})
+		ws := sets[name]
+		out.Kernels = append(out.Kernels, &helperpb.KernelWrites{Name: name, Written: ws.Written, Decided: ws.Decided,
+			ReadsDecided: ws.ReadsDecided})
 	}
 	cl.log.Debug("module image analysed", zap.Uint64("bytes", req.Size), zap.Int("kernels", len(sets)),
-		zap.Int("decided", len(names)))
+		zap.Int("decided", decided))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_ModuleKernels{ModuleKernels: out}}
 }
 

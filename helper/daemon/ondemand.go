@@ -48,20 +48,21 @@ func (d *demandLoad) overlapping(ranges []*helperpb.AddressRange, all bool) []in
 	return idx
 }
 
-// window is the Resume's loading window: every region of the process not
-// loaded yet, all its chunks pending.
+// window is the Resume's loading window: every region of the process, all
+// chunks pending of those not loaded yet (the loaded ones are there too:
+// the interposer records the order the process first touches each region
+// in, for the next restore's load order).
 func (d *demandLoad) window(res *helperpb.Resume) {
 	res.GuardChunk = d.chunk
 	res.Loading = true
 	for _, i := range d.mine {
-		if d.l.Loaded(i) {
-			continue
-		}
 		r := d.regions[i]
 		n := (r.Size + d.chunk - 1) / d.chunk
 		bits := make([]byte, (n+7)/8)
-		for c := range n {
-			bits[c/8] |= 1 << (c % 8)
+		if !d.l.Loaded(i) {
+			for c := range n {
+				bits[c/8] |= 1 << (c % 8)
+			}
 		}
 		res.Guard = append(res.Guard, &helperpb.GuardRegion{Address: r.Address, Size: r.Size, Pending: bits, Vmm: r.Kind == image.AllocVMM})
 	}

@@ -67,7 +67,9 @@ type Config struct {
 	// or CRIU, there); "stall-dropped" the same after the process dropped
 	// its memory (its image part sealed, the image not committed);
 	// "stall-background" holds a concurrent checkpoint's background copy
-	// back 5 s (the process runs on meanwhile). "STEP@N": only in the helper's N-th checkpoint (the
+	// back 5 s (the process runs on meanwhile); "slow-load" holds each
+	// chunk of a restore's load back 100 ms (a restore on demand runs
+	// long before its data is in). "STEP@N": only in the helper's N-th checkpoint (the
 	// second process of a dumped tree, say). "stall-reattach": the reply to
 	// a reattaching process waits until it closes its connection (tests
 	// kill it there).

@@ -93,6 +93,12 @@ GC_HIDDEN bool gc_guard_region_of(uint64_t addr, uint64_t *base, uint64_t *size)
 GC_HIDDEN size_t gc_guard_pending(uint64_t lo, uint64_t hi, gc_range *out, size_t max);
 GC_HIDDEN void gc_guard_saved(uint64_t lo, uint64_t hi);
 GC_HIDDEN bool gc_guard_any(uint64_t *lo, uint64_t *hi); /* the span of every guarded region */
+/* The region holding addr was touched: the first touch of each region is recorded, in order (a restore loading on
+ * demand records the order for the next one). */
+GC_HIDDEN void gc_guard_touch(uint64_t addr);
+GC_HIDDEN void gc_guard_touch_reset(void); /* a new record (the gate is closed) */
+/* The record: the touched regions' addresses in order into out (at most max); returns their count. */
+GC_HIDDEN size_t gc_guard_touch_order(uint64_t *out, size_t max);
 
 /* ---- 1_table.c: the buffer table ---- */
 
@@ -182,15 +188,17 @@ GC_HIDDEN void gc_scan_set_owner(gc_owner_fn func, gc_owner_fn kern);
 
 /* ---- 1_writes.c ---- */
 
-/* One kernel the helper's analysis decided: bit i of written, it may write global memory through parameter i;
- * through no other. */
+/* One kernel the helper's analysis looked at: bit i of written, it may write global memory through parameter i;
+ * through no other if decided. reads_decided: it also reads global memory only through its parameters. */
 typedef struct {
     char *name;
     uint64_t written;
+    bool decided, reads_decided;
 } gc_kwrite;
 GC_HIDDEN void gc_writes_add(void *owner, gc_kwrite *k, size_t n); /* takes k and its names over */
 GC_HIDDEN void gc_writes_drop(void *owner);                        /* its module or library is unloaded */
-GC_HIDDEN bool gc_writes_find(void *owner, const char *name, uint64_t *written);
+/* The kernel's entry, copied into *k (its name not): false if its module was not analysed or it is absent. */
+GC_HIDDEN bool gc_writes_find(void *owner, const char *name, gc_kwrite *k);
 GC_HIDDEN bool gc_writes_any(void); /* some module's analysis is kept (one atomic load) */
 GC_HIDDEN void gc_writes_reset(void);
 
@@ -203,6 +211,7 @@ typedef struct gc_layout {
     uint32_t n;
     int ok;         /* 0: the driver gave no layout for this handle */
     int wknown;     /* wmask is known (the kernel's module was analysed and it was decided) */
+    int indirect;   /* the analysis found it may touch memory not reached through its parameters */
     uint64_t wmask; /* bit i: the kernel may write through parameter i */
     gc_param p[];
 } gc_layout;
@@ -244,6 +253,9 @@ GC_HIDDEN unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams
  * not be read (no layout from the driver). */
 typedef void (*gc_word_fn)(uint64_t w, void *arg);
 GC_HIDDEN bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
+/* The same for every parameter whatever the kernel writes (a restore loading on demand: what it reads counts too);
+ * *indirect: the analysis found that the kernel may touch memory its parameters do not point into. */
+GC_HIDDEN bool gc_scan_all(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg, bool *indirect);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
 

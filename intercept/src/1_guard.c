@@ -14,6 +14,7 @@ typedef struct {
     uint64_t addr, size;
     uint32_t nchunks;
     bool vmm;
+    _Atomic bool touched;
     _Atomic uint8_t *pending; /* 1: not saved yet */
 } guard_region;
 
@@ -182,4 +183,40 @@ bool gc_guard_any(uint64_t *lo, uint64_t *hi) {
     *lo = t->r[0].addr;
     *hi = t->r[t->n - 1].addr + t->r[t->n - 1].size;
     return true;
+}
+
+/* The first touch of each region, in order: appended once per region (the flag's exchange), under a mutex. */
+#define TOUCH_MAX 65536
+static pthread_mutex_t touch_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *touch;
+static size_t ntouch;
+
+void gc_guard_touch(uint64_t addr) {
+    guard_table *t = atomic_load_explicit(&cur, memory_order_acquire);
+    if (!t)
+        return;
+    guard_region *g = (guard_region *)find(t, addr);
+    if (!g || atomic_load_explicit(&g->touched, memory_order_relaxed) || atomic_exchange(&g->touched, true))
+        return;
+    pthread_mutex_lock(&touch_mu);
+    if (!touch)
+        touch = calloc(TOUCH_MAX, sizeof *touch);
+    if (touch && ntouch < TOUCH_MAX)
+        touch[ntouch++] = g->addr;
+    pthread_mutex_unlock(&touch_mu);
+}
+
+void gc_guard_touch_reset(void) {
+    pthread_mutex_lock(&touch_mu);
+    ntouch = 0;
+    pthread_mutex_unlock(&touch_mu);
+}
+
+size_t gc_guard_touch_order(uint64_t *out, size_t max) {
+    pthread_mutex_lock(&touch_mu);
+    size_t n = ntouch < max ? ntouch : max;
+    if (out && n)
+        memcpy(out, touch, n * sizeof *out);
+    pthread_mutex_unlock(&touch_mu);
+    return n;
 }

@@ -99,9 +99,12 @@ void gc_scan_set_owner(gc_owner_fn func, gc_owner_fn kern) {
 static void layout_writes(gc_layout *l, void *h, gc_owner_fn owner_of) {
     void *owner = NULL;
     const char *name = NULL;
-    if (owner_of && gc_writes_any() && owner_of(h, &owner, &name) == CUDA_SUCCESS &&
-        gc_writes_find(owner, name, &l->wmask))
-        l->wknown = 1;
+    gc_kwrite k;
+    if (owner_of && gc_writes_any() && owner_of(h, &owner, &name) == CUDA_SUCCESS && gc_writes_find(owner, name, &k)) {
+        l->wknown = k.decided;
+        l->wmask = k.written;
+        l->indirect = !k.decided || !k.reads_decided;
+    }
 }
 
 static gc_layout *query_layout(void *h, uint64_t gen) {
@@ -142,6 +145,7 @@ static gc_layout *query_layout(void *h, uint64_t gen) {
             l->n = (uint32_t)n;
             l->ok = 1;
             l->wknown = 0;
+            l->indirect = 0;
             l->wmask = 0;
             layout_writes(l, h, owners[k]);
             return l;
@@ -322,6 +326,28 @@ static void each_word(const void *p, size_t len, gc_word_fn fn, void *arg) {
 /* Whether parameter i of a launch with layout l is to be scanned: only one the kernel may write through, where
  * that is known (otherwise all). */
 static bool param_wanted(const gc_layout *l, uint32_t i) { return !l->wknown || i >= 64 || (l->wmask >> i) & 1u; }
+
+bool gc_scan_all(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg, bool *indirect) {
+    bool owned;
+    const gc_layout *l = gc_layout_get(f, &owned);
+    bool ok = l && l->ok;
+    *indirect = ok && l->indirect;
+    if (kernelParams && ok)
+        for (uint32_t i = 0; i < l->n; i++)
+            each_word(kernelParams[i], l->p[i].size, fn, arg);
+    if (owned)
+        free((void *)l);
+    if (kernelParams)
+        return ok;
+    if (extra) {
+        void *buf = NULL;
+        size_t size = 0;
+        extra_buffer(extra, &buf, &size);
+        each_word(buf, size, fn, arg);
+        return buf != NULL || size == 0;
+    }
+    return true; /* no parameters */
+}
 
 bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
     if (kernelParams) {

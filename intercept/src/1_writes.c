@@ -80,7 +80,7 @@ void gc_writes_drop(void *owner) {
 
 bool gc_writes_any(void) { return atomic_load_explicit(&owners, memory_order_acquire) != 0; }
 
-bool gc_writes_find(void *owner, const char *name, uint64_t *written) {
+bool gc_writes_find(void *owner, const char *name, gc_kwrite *out) {
     if (!owner || !name)
         return false;
     bool found = false;
@@ -91,7 +91,8 @@ bool gc_writes_find(void *owner, const char *name, uint64_t *written) {
         gc_kwrite key = {.name = (char *)name};
         const gc_kwrite *k = bsearch(&key, w->k, w->n, sizeof key, by_name);
         if (k) {
-            *written = k->written;
+            *out = *k;
+            out->name = NULL;
             found = true;
         }
         break;

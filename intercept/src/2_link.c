@@ -310,6 +310,37 @@ int gc_link_save_first(const gc_range *ranges, size_t n) {
     return rc;
 }
 
+int gc_link_load_first(const gc_range *ranges, size_t n, bool all, char *why, size_t whylen) {
+    Gpucr__Helper__V1__AddressRange rs[GC_SAVE_FIRST_MAX];
+    Gpucr__Helper__V1__AddressRange *ps[GC_SAVE_FIRST_MAX];
+    if (n > GC_SAVE_FIRST_MAX)
+        n = GC_SAVE_FIRST_MAX;
+    for (size_t i = 0; i < n; i++) {
+        gpucr__helper__v1__address_range__init(&rs[i]);
+        rs[i].address = ranges[i].addr;
+        rs[i].size = ranges[i].size;
+        ps[i] = &rs[i];
+    }
+    Gpucr__Helper__V1__LoadFirst lf = GPUCR__HELPER__V1__LOAD_FIRST__INIT;
+    lf.n_ranges = n;
+    lf.ranges = ps;
+    lf.all = all;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_LOAD_FIRST;
+    req.load_first = &lf;
+    Resp *resp = NULL;
+    int nfds = 0;
+    if (call_helper(&req, &resp, NULL, 0, &nfds) < 0) {
+        snprintf(why, whylen, "the gpucr helper did not answer while its GPU memory was still loading");
+        return -1;
+    }
+    int rc = resp->error ? -1 : 0;
+    if (resp->error)
+        snprintf(why, whylen, "%s", resp->error->message ? resp->error->message : "its GPU memory did not load");
+    gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return rc;
+}
+
 int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n) {
     Gpucr__Helper__V1__AnalyzeModule am = GPUCR__HELPER__V1__ANALYZE_MODULE__INIT;
     am.address = (uint64_t)(uintptr_t)image;
@@ -329,11 +360,13 @@ int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n) {
         gc_kwrite *k = calloc(mk->n_kernels ? mk->n_kernels : 1, sizeof *k);
         size_t m = 0;
         for (size_t i = 0; k && i < mk->n_kernels; i++) {
-            if (!mk->kernels[i]->decided || !mk->kernels[i]->name)
+            if (!mk->kernels[i]->name)
                 continue;
             k[m].name = strdup(mk->kernels[i]->name);
             if (!k[m].name)
                 break;
+            k[m].decided = mk->kernels[i]->decided;
+            k[m].reads_decided = mk->kernels[i]->reads_decided;
             k[m++].written = mk->kernels[i]->written;
         }
         if (k) {

@@ -50,6 +50,9 @@ GC_HIDDEN void gc_link_free(uint64_t id);
  * ranges) and answers; 0, or -1 (no helper: the window is over). */
 #define GC_SAVE_FIRST_MAX 32
 GC_HIDDEN int gc_link_save_first(const gc_range *ranges, size_t n);
+/* LoadFirst (a restore loading on demand): the helper loads these ranges' memory (all of it, if all) first and
+ * answers once it is in: 0, or -1 with the reason in why (the memory never comes: the caller ends the process). */
+GC_HIDDEN int gc_link_load_first(const gc_range *ranges, size_t n, bool all, char *why, size_t whylen);
 
 /* AnalyzeModule: the helper reads the module image at image (len bytes) in this process and answers which
  * parameters each kernel it decided may write through: 0 (*out, *n: the caller's, for gc_writes_add), or -1. */

@@ -199,6 +199,7 @@ static void do_reimport(Req *req, Resp *resp, int *fds, int nfds) {
 
 /* A Resume's copy-on-write window, opened while the gate is still closed. */
 static int open_window(const Gpucr__Helper__V1__Resume *r) {
+    gc_cow_close(); /* a window still open (a loading one whose Unguard had not come yet) ends with the stop */
     if (!r || r->n_guard == 0)
         return 0;
     gc_guard_region *regs = calloc(r->n_guard, sizeof *regs);
@@ -211,10 +212,10 @@ static int open_window(const Gpucr__Helper__V1__Resume *r) {
         regs[i].nbits = r->guard[i]->pending.len;
         regs[i].vmm = r->guard[i]->vmm;
     }
-    int rc = gc_cow_open(regs, r->n_guard, r->guard_chunk);
+    int rc = gc_cow_open(regs, r->n_guard, r->guard_chunk, r->loading);
     free(regs);
     if (rc == 0)
-        gc_debug("copy-on-write window open: %zu regions", r->n_guard);
+        gc_debug("%s window open: %zu regions", r->loading ? "loading" : "copy-on-write", r->n_guard);
     return rc;
 }
 
@@ -254,6 +255,7 @@ typedef struct {
     Gpucr__Helper__V1__Buffer *bufs, **pbufs;
     const char *reasons[8];
     char *gpus[GC_MAX_DEV];
+    uint64_t *touch;
 } snap_mem;
 
 static void do_snapshot(Resp *resp, snap_mem *m) {
@@ -309,11 +311,18 @@ static void do_snapshot(Resp *resp, snap_mem *m) {
     m->t.not_checkpointable = (char **)m->reasons;
     m->t.n_gpus = gc_dev_visible(m->gpus);
     m->t.gpus = m->gpus;
+    size_t nt = gc_guard_touch_order(NULL, SIZE_MAX);
+    m->touch = nt ? calloc(nt, sizeof *m->touch) : NULL;
+    if (m->touch) {
+        m->t.n_touch_order = gc_guard_touch_order(m->touch, nt);
+        m->t.touch_order = m->touch;
+    }
     resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_TABLE;
     resp->table = &m->t;
 }
 
 static void snap_free(snap_mem *m) {
+    free(m->touch);
     free(m->allocs);
     free(m->pallocs);
     free(m->bufs);
@@ -385,6 +394,8 @@ static void gpu_state_lost(const char *why) {
     fprintf(stderr, "gpucr: this process's GPU state is lost: %s; aborting\n", why);
     abort();
 }
+
+void gc_client_lost(const char *why) { gpu_state_lost(why); }
 
 /* Watches the helper while detached: it touches helper.alive in the socket
  * directory every second (helper/daemon/adopt.go). Stale or missing for

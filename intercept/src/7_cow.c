@@ -1,5 +1,6 @@
 /*
- * Copy-on-write windows (7_cow.h). While one is open, a call that may write
+ * Windows (7_cow.h): copy-on-write, and a restore's loading. While a
+ * copy-on-write window is open, a call that may write
  * device memory first has the helper save the chunks of its write set that
  * are still pending (SaveFirst on the calls connection), then goes ahead:
  * the image gets every chunk as it was at the quiesce point. The write set
@@ -8,10 +9,24 @@
  * writes through a pointer it loaded from memory escapes this, and the
  * helper's hash check of each saved chunk catches it (the window fails,
  * and with it the checkpoint, never the application).
+ *
+ * A loading window (a restore that loads on demand) guards the other way
+ * round: a call that may read or write memory not loaded yet first has the
+ * helper load it (LoadFirst), and waits. A launch's set is then every
+ * region its parameters point into, whatever it writes; a kernel whose PTX
+ * analysis found it may reach memory in other ways (a pointer it loaded
+ * from memory, a call) waits for everything. A kernel without PTX (SASS
+ * only) counts as touching what its parameters point into. The first touch
+ * of each region is recorded, for the next restore's load order.
  */
+#include <stdio.h>
+
 #include "7_cow.h"
 #include "2_link.h"
 #include "6_modules.h"
+
+/* The window open is a restore's loading (set while the gate is closed, read by calls in the window). */
+static _Atomic bool loading;
 
 /* The helper did not answer: the window is over for this process (its checkpoint fails without it). */
 static void give_up(void) {
@@ -21,7 +36,15 @@ static void give_up(void) {
     gc_gate_window(false);
 }
 
-/* Saves the pending chunks of [lo, hi), in one request (the whole span if they are too many ranges). */
+/* The helper could not load what a call waits for: that memory never comes, and the process must not run on. */
+static void load_failed(const char *why) {
+    char msg[1200];
+    snprintf(msg, sizeof msg, "its GPU memory did not load after a restore on demand: %s", why);
+    gc_client_lost(msg);
+}
+
+/* Saves (or, loading, loads) the pending chunks of [lo, hi), in one request (the whole span if they are too many
+ * ranges). */
 static void save_span(uint64_t lo, uint64_t hi) {
     gc_range rs[GC_SAVE_FIRST_MAX];
     size_t n = gc_guard_pending(lo, hi, rs, GC_SAVE_FIRST_MAX);
@@ -32,7 +55,11 @@ static void save_span(uint64_t lo, uint64_t hi) {
         rs[0].size = hi - lo;
         n = 1;
     }
-    if (gc_link_save_first(rs, n) < 0) {
+    if (atomic_load_explicit(&loading, memory_order_relaxed)) {
+        char why[1024];
+        if (gc_link_load_first(rs, n, false, why, sizeof why) < 0)
+            load_failed(why);
+    } else if (gc_link_save_first(rs, n) < 0) {
         give_up();
         return;
     }
@@ -43,13 +70,33 @@ static void save_span(uint64_t lo, uint64_t hi) {
 void gc_cow_write(uint64_t dst, uint64_t n) {
     if (n == 0 || dst + n < dst)
         return;
+    if (atomic_load_explicit(&loading, memory_order_relaxed))
+        gc_guard_touch(dst);
     save_span(dst, dst + n);
+}
+
+void gc_cow_read(uint64_t src, uint64_t n) {
+    if (n == 0 || src + n < src || !atomic_load_explicit(&loading, memory_order_relaxed))
+        return;
+    gc_guard_touch(src);
+    save_span(src, src + n);
 }
 
 void gc_cow_all(void) {
     uint64_t lo, hi;
-    if (gc_guard_any(&lo, &hi))
-        save_span(lo, hi);
+    if (!gc_guard_any(&lo, &hi))
+        return;
+    if (atomic_load_explicit(&loading, memory_order_relaxed)) {
+        gc_range none;
+        if (gc_guard_pending(lo, hi, &none, 0) == 0)
+            return; /* all in */
+        char why[1024];
+        if (gc_link_load_first(NULL, 0, true, why, sizeof why) < 0)
+            load_failed(why);
+        gc_guard_saved(lo, hi);
+        return;
+    }
+    save_span(lo, hi);
 }
 
 #define LAUNCH_REGIONS 16
@@ -65,6 +112,8 @@ static void note_word(uint64_t w, void *arg) {
     uint64_t base, size;
     if (!gc_guard_region_of(w, &base, &size))
         return;
+    if (atomic_load_explicit(&loading, memory_order_relaxed))
+        gc_guard_touch(w);
     for (int i = 0; i < h->n; i++)
         if (h->base[i] == base)
             return;
@@ -79,6 +128,16 @@ static void note_word(uint64_t w, void *arg) {
 
 void gc_cow_launch(void *f, void **kernelParams, void **extra) {
     hits h = {.n = 0};
+    if (atomic_load_explicit(&loading, memory_order_relaxed)) {
+        bool indirect = false;
+        if (!gc_scan_all(f, kernelParams, extra, note_word, &h, &indirect) || indirect || h.overflow) {
+            gc_cow_all(); /* it may reach memory its parameters do not point into, or too many regions */
+            return;
+        }
+        for (int i = 0; i < h.n; i++)
+            save_span(h.base[i], h.base[i] + h.size[i]);
+        return;
+    }
     if (!gc_scan_each(f, kernelParams, extra, note_word, &h) || h.overflow) {
         gc_cow_all(); /* parameters it cannot read, or too many regions: everything it may reach */
         return;
@@ -104,9 +163,12 @@ void gc_cow_module(void *owner, const void *image) {
 
 void gc_cow_module_gone(void *owner) { gc_writes_drop(owner); }
 
-int gc_cow_open(const gc_guard_region *regs, size_t n, uint64_t chunk) {
+int gc_cow_open(const gc_guard_region *regs, size_t n, uint64_t chunk, bool load) {
     if (gc_guard_build(regs, n, chunk) != 0)
         return -1;
+    atomic_store(&loading, load);
+    if (load)
+        gc_guard_touch_reset();
     gc_gate_window(n > 0);
     return 0;
 }

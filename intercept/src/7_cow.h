@@ -9,8 +9,13 @@
 
 #include "1_base.h"
 
+/* Ends the process: its GPU memory is lost (7_control.c). */
+GC_HIDDEN void gc_client_lost(const char *why) __attribute__((noreturn));
+
 /* A copy's or memset's destination: [dst, dst + n). */
 GC_HIDDEN void gc_cow_write(uint64_t dst, uint64_t n);
+/* A copy's source: [src, src + n) (only a loading window holds reads). */
+GC_HIDDEN void gc_cow_read(uint64_t src, uint64_t n);
 /* A launch: every guarded region its parameters point into (all of them if its parameters cannot be read); of
  * a kernel whose module's PTX was analysed, only the parameters it may write through. */
 GC_HIDDEN void gc_cow_launch(void *f, void **kernelParams, void **extra);
@@ -22,8 +27,8 @@ GC_HIDDEN void gc_cow_all(void);
 GC_HIDDEN void gc_cow_module(void *owner, const void *image);
 /* Its unload. */
 GC_HIDDEN void gc_cow_module_gone(void *owner);
-/* The control thread: Resume with a window, Unguard. */
-GC_HIDDEN int gc_cow_open(const gc_guard_region *regs, size_t n, uint64_t chunk); /* gate closed; 0 or -1 */
+/* The control thread: Resume with a window (load: a restore's loading window), Unguard. */
+GC_HIDDEN int gc_cow_open(const gc_guard_region *regs, size_t n, uint64_t chunk, bool load); /* gate closed; 0, -1 */
 GC_HIDDEN void gc_cow_close(void);
 
 #endif

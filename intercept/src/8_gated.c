@@ -9,7 +9,8 @@
 #include "1_base.h"
 #include "7_cow.h"
 
-/* WRITE: what the call may write, saved first while a copy-on-write window is open (7_cow.h). */
+/* WRITE: what the call may write, saved first while a copy-on-write window is open, and what it may touch,
+ * loaded first while a restore's loading window is (7_cow.h). */
 #define GATED(name, stat, PARAMS, ARGS, WRITE)                                                                         \
     GC_EXPORT CUresult name PARAMS {                                                                                   \
         __typeof__(&name) real_ = GC_REAL(name);                                                                       \
@@ -51,18 +52,22 @@ GATED(cuMemcpy3DPeerAsync_ptsz, STAT_COPIES, (const CUDA_MEMCPY3D_PEER *pCopy, C
       gc_cow_all())
 GATED(cuMemcpyPeer, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount), gc_cow_write(dstDevice, ByteCount))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount),
+      (gc_cow_read(srcDevice, ByteCount), gc_cow_write(dstDevice, ByteCount)))
 GATED(cuMemcpyPeer_ptds, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount), gc_cow_write(dstDevice, ByteCount))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount),
+      (gc_cow_read(srcDevice, ByteCount), gc_cow_write(dstDevice, ByteCount)))
 GATED(cuMemcpyPeerAsync, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
        CUstream hStream),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream), gc_cow_write(dstDevice, ByteCount))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream),
+      (gc_cow_read(srcDevice, ByteCount), gc_cow_write(dstDevice, ByteCount)))
 GATED(cuMemcpyPeerAsync_ptsz, STAT_COPIES,
       (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount,
        CUstream hStream),
-      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream), gc_cow_write(dstDevice, ByteCount))
+      (dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream),
+      (gc_cow_read(srcDevice, ByteCount), gc_cow_write(dstDevice, ByteCount)))
 GATED(cuMemsetD2D8_v2, STAT_MEMSETS,
       (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height),
       (dstDevice, dstPitch, uc, Width, Height), gc_cow_write(dstDevice, (uint64_t)dstPitch *Height))
@@ -110,13 +115,15 @@ GATED(cuStreamWriteValue64_v2_ptsz, STAT_LAUNCHES,
       (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags),
       gc_cow_write(addr, 8))
 GATED(cuStreamWaitValue32_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
-      (stream, addr, value, flags), (void)0)
+      (stream, addr, value, flags), gc_cow_read(addr, 4))
 GATED(cuStreamWaitValue32_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags), (void)0)
+      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags),
+      gc_cow_read(addr, 4))
 GATED(cuStreamWaitValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
-      (stream, addr, value, flags), (void)0)
+      (stream, addr, value, flags), gc_cow_read(addr, 8))
 GATED(cuStreamWaitValue64_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags), (void)0)
+      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags),
+      gc_cow_read(addr, 8))
 GATED(cuStreamBatchMemOp_v2, STAT_LAUNCHES,
       (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags),
       (stream, count, paramArray, flags), gc_cow_all())

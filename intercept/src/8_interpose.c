@@ -375,27 +375,29 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 
 /* ---- copies and memsets ---- */
 
-/* A copy writes its destination (none for device-to-host; a host destination is never guarded). */
-#define NO_WRITE (void)0
+/* A copy writes its destination (a host destination is never guarded) and reads its source (only a restore's
+ * loading window holds reads). */
 #define CP_SYNC(name, D, S, W) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n), (dst, src, n), W)
 #define CP_ASYNC(name, D, S, W) WRAP_COUNT(name, STAT_COPIES, (D dst, S src, size_t n, CUstream s), (dst, src, n, s), W)
 #define TO_DEV gc_cow_write((uint64_t)dst, n)
+#define FROM_DEV gc_cow_read((uint64_t)src, n)
+#define DEV_DEV (gc_cow_read((uint64_t)src, n), gc_cow_write((uint64_t)dst, n))
 CP_SYNC(cuMemcpyHtoD_v2, CUdeviceptr, const void *, TO_DEV)
-CP_SYNC(cuMemcpyDtoH_v2, void *, CUdeviceptr, NO_WRITE)
-CP_SYNC(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, TO_DEV)
-CP_SYNC(cuMemcpy, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_SYNC(cuMemcpyDtoH_v2, void *, CUdeviceptr, FROM_DEV)
+CP_SYNC(cuMemcpyDtoD_v2, CUdeviceptr, CUdeviceptr, DEV_DEV)
+CP_SYNC(cuMemcpy, CUdeviceptr, CUdeviceptr, DEV_DEV)
 CP_SYNC(cuMemcpyHtoD_v2_ptds, CUdeviceptr, const void *, TO_DEV)
-CP_SYNC(cuMemcpyDtoH_v2_ptds, void *, CUdeviceptr, NO_WRITE)
-CP_SYNC(cuMemcpyDtoD_v2_ptds, CUdeviceptr, CUdeviceptr, TO_DEV)
-CP_SYNC(cuMemcpy_ptds, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_SYNC(cuMemcpyDtoH_v2_ptds, void *, CUdeviceptr, FROM_DEV)
+CP_SYNC(cuMemcpyDtoD_v2_ptds, CUdeviceptr, CUdeviceptr, DEV_DEV)
+CP_SYNC(cuMemcpy_ptds, CUdeviceptr, CUdeviceptr, DEV_DEV)
 CP_ASYNC(cuMemcpyHtoDAsync_v2, CUdeviceptr, const void *, TO_DEV)
-CP_ASYNC(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, NO_WRITE)
-CP_ASYNC(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, TO_DEV)
-CP_ASYNC(cuMemcpyAsync, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_ASYNC(cuMemcpyDtoHAsync_v2, void *, CUdeviceptr, FROM_DEV)
+CP_ASYNC(cuMemcpyDtoDAsync_v2, CUdeviceptr, CUdeviceptr, DEV_DEV)
+CP_ASYNC(cuMemcpyAsync, CUdeviceptr, CUdeviceptr, DEV_DEV)
 CP_ASYNC(cuMemcpyHtoDAsync_v2_ptsz, CUdeviceptr, const void *, TO_DEV)
-CP_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, void *, CUdeviceptr, NO_WRITE)
-CP_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, CUdeviceptr, CUdeviceptr, TO_DEV)
-CP_ASYNC(cuMemcpyAsync_ptsz, CUdeviceptr, CUdeviceptr, TO_DEV)
+CP_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, void *, CUdeviceptr, FROM_DEV)
+CP_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, CUdeviceptr, CUdeviceptr, DEV_DEV)
+CP_ASYNC(cuMemcpyAsync_ptsz, CUdeviceptr, CUdeviceptr, DEV_DEV)
 
 /* A memset writes n elements of sizeof(T) from d. */
 #define MS_SYNC(name, T)                                                                                               \

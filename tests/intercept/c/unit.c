@@ -446,6 +446,8 @@ static gc_kwrite *kwrites(const char *name, uint64_t written) {
     gc_kwrite *k = calloc(1, sizeof *k);
     k->name = strdup(name);
     k->written = written;
+    k->decided = true;
+    k->reads_decided = true;
     return k;
 }
 
@@ -464,8 +466,8 @@ static void test_writes(void) {
     CHECK(!gc_writes_any());
     gc_writes_add((void *)0xa0, kwrites("k3", 1u << 2), 1);
     CHECK(gc_writes_any());
-    uint64_t w = 0;
-    CHECK(gc_writes_find((void *)0xa0, "k3", &w) && w == 4);
+    gc_kwrite w = {0};
+    CHECK(gc_writes_find((void *)0xa0, "k3", &w) && w.written == 4 && w.decided);
     CHECK(!gc_writes_find((void *)0xa0, "k4", &w) && !gc_writes_find((void *)0xb0, "k3", &w));
     gc_layout_invalidate();
     words = 0;

@@ -1,0 +1,155 @@
+package e2e
+
+// Restores that load on demand (gpucr restore --on-demand): the processes
+// run while their GPU data loads, and no call sees memory not loaded yet.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/image"
+)
+
+// readyTimes is the restore report's account of when the tree could do what.
+type readyTimes struct {
+	Ready struct {
+		GPULaunch   float64 `json:"gpu_launch_seconds"`
+		GPUResident float64 `json:"gpu_resident_seconds"`
+	} `json:"ready"`
+}
+
+func restoreReady(t *testing.T, out string) readyTimes {
+	t.Helper()
+	var rep readyTimes
+	if i := strings.LastIndex(out, "\n{"); i >= 0 {
+		out = out[i+1:]
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("restore --json: %v\n%s", err, out)
+	}
+	return rep
+}
+
+// TestRestoreOnDemand: with every chunk of the load slowed down (a slow
+// disk), heartbeat and ptrchase restored on demand are let run well before
+// their data is all in, and compute exactly what an uninterrupted run
+// does: heartbeat's launches, copies and memsets wait for the buffers they
+// touch, and ptrchase's kernels, which follow pointers they read from
+// device memory (its PTX says so), wait for everything. The next image of
+// the restored heartbeat records the order it touched its buffers in.
+func TestRestoreOnDemand(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=slow-load"))
+	for _, tc := range []struct {
+		app  string
+		args []string
+	}{
+		{"heartbeat", []string{"--mib", "24", "--still-mib", "40", "--hb-every", "1"}},
+		{"ptrchase", []string{"--mib", "24", "--still-mib", "40"}},
+	} {
+		t.Run(tc.app, func(t *testing.T) {
+			img := filepath.Join(dir, tc.app)
+			a := startUnder(t, dir, h, env, tc.app, append(append([]string{}, tc.args...), "--interval-ms", "20")...)
+			a.waitIter(5, time.Minute)
+			cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+			a.reap(30 * time.Second)
+			before := a.lastIter()
+			rep := restoreReady(t, cliOK(t, h, env, img, "restore", "-D", img, "--on-demand", "--json"))
+			// 64 MiB in 4 MiB chunks at 100 ms each: the load takes about a
+			// second on the two lanes; the process ran long before.
+			if rep.Ready.GPUResident-rep.Ready.GPULaunch < 0.3 {
+				t.Errorf("the process ran %.3f s into the restore, its data was all in at %.3f s: it did not run on demand",
+					rep.Ready.GPULaunch, rep.Ready.GPUResident)
+			}
+			a.waitIter(before+5, time.Minute)
+			if tc.app == "heartbeat" {
+				// The restored process's next image keeps the order it
+				// touched its buffers in while they loaded.
+				img2 := filepath.Join(dir, tc.app+"-again")
+				cliOK(t, h, env, img2, "checkpoint", strconv.Itoa(a.pid), "-D", img2, "--leave-running")
+				im, err := image.Open(img2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ranks []int
+				for _, b := range im.Buffers() {
+					if b.TouchRank > 0 {
+						ranks = append(ranks, int(b.TouchRank))
+					}
+				}
+				im.Close()
+				sort.Ints(ranks)
+				if len(ranks) != len(im.Buffers()) || ranks[0] != 1 || ranks[len(ranks)-1] != len(ranks) {
+					t.Errorf("touch ranks of the next image: %v of %d buffers, want each of 1..%d once", ranks, len(im.Buffers()), len(im.Buffers()))
+				}
+			}
+			_ = syscall.Kill(a.pid, syscall.SIGKILL)
+			waitDead(t, a.pid, 10*time.Second)
+			hbs := a.heartbeats()
+			compareWithReference(t, hbs, reference(t, env, tc.app, tc.args, maxIter(hbs)))
+			waitPidFree(a.pid, 10*time.Second)
+		})
+	}
+}
+
+// TestRestoreOnDemandDamagedChunk: a chunk found damaged while a restored
+// process already runs on demand ends that process (it must not compute
+// with memory that never came), and gpucr restore fails naming the damage.
+// Nothing it printed after the restore differs from an uninterrupted run.
+func TestRestoreOnDemandDamagedChunk(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=slow-load"))
+	img := filepath.Join(dir, "img")
+	args := []string{"--mib", "24", "--still-mib", "40", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	// The last chunk of the largest buffer (the still memory): the load
+	// takes the small buffers first, so the process runs before this one
+	// is read.
+	im, err := image.Open(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := 0
+	for i, b := range im.Buffers() {
+		if b.Size > im.Buffers()[big].Size {
+			big = i
+		}
+	}
+	chunks := int((im.Buffers()[big].Size + uint64(im.Manifest().GetChunkSize()) - 1) / uint64(im.Manifest().GetChunkSize()))
+	f := im.ChunkFile(big, chunks-1)
+	im.Close()
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/3] ^= 0x04
+	if err := os.WriteFile(f, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := a.lastIter()
+	out, err := cli(t, h, env, "restore", "-D", img, "--on-demand")
+	if err == nil || !strings.Contains(out, "corrupt") {
+		t.Fatalf("restore of an image with a damaged chunk: %v, want a failure naming the damage:\n%s\n%s", err, out, tail(h.logText(), 20))
+	}
+	waitDead(t, a.pid, 20*time.Second)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
+	if got := a.lastIter(); got > before {
+		t.Logf("the restored process printed heartbeats up to %d before it was ended (all equal to an uninterrupted run's)", got)
+	}
+	waitPidFree(a.pid, 10*time.Second)
+}
