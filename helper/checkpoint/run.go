@@ -104,7 +104,7 @@ type job struct {
 	// all loaded (RestoreOptions.OnDemand)
 	onDemand bool
 	fill     func(*rpc.CriuOpts)
-	ev        *emitter
+	ev       *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
