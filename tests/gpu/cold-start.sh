@@ -17,7 +17,10 @@
 # wait for the GPU processes to have their memory back). BASE_PREFIX: an
 # earlier build, in the same call. With LAZY=1 the new build's rounds are
 # taken twice, plain and with `gpucr restore --lazy-pages` (the tree runs
-# before its host memory is read back), interleaved. Logs in
+# before its host memory is read back), interleaved; MODES="plain ondemand
+# resident" takes them with `gpucr restore --on-demand` (the server runs
+# while its GPU data loads) and from a resident image (`gpucr image load`
+# before the round) too. Logs in
 # build/gpu/cold-start (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
@@ -67,7 +70,7 @@ note "plain start to the first answer: $(cat "$LOGS/plain.seconds") s (answer $P
 run() {
 	local name=$1 g=$2/bin/gpucr modes=${3:-plain}
 	rm -rf "$IMG" && mkdir -p "$IMG"
-	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" || { bad "$name: helper"; return; }
+	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" --resident-memory 40G || { bad "$name: helper"; return; }
 	local port=$((19000 + RANDOM % 1000)) t0 pid P
 	t0=$(now)
 	setsid "$g" run --socket "$SOCK" -- python3 "$SERVER" serve "$WEIGHTS" "$port" >"$LOGS/$name-server.out" 2>&1 &
@@ -80,7 +83,11 @@ run() {
 	for r in $(seq "$ROUNDS"); do
 	for mode in $modes; do
 		local flags=() tag=$name-$mode-$r
-		[ "$mode" = lazy ] && flags=(--lazy-pages)
+		case $mode in
+		lazy) flags=(--lazy-pages) ;;
+		ondemand) flags=(--on-demand) ;;
+		resident) "$g" image load "$IMG/d" --socket "$SOCK" >"$LOGS/$tag-load.txt" 2>&1 || bad "$tag: image load: $(tail -n 2 "$LOGS/$tag-load.txt")" ;;
+		esac
 		t0=$(now)
 		"$g" restore -D "$IMG/d" --socket "$SOCK" --json "${flags[@]}" >"$LOGS/$tag.json" 2>&1 &
 		local rp=$!
@@ -119,6 +126,7 @@ print(f"{name} restore {r}: first answer after {took:.2f} s ({'same answer' if a
       "; command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()) + (f"; in the helper: {helper}" if helper else ""))
 PYEOF
 		pkill -9 -f "$SERVER serve"
+		[ "$mode" = resident ] && "$g" image unload "$IMG/d" --socket "$SOCK" >/dev/null 2>&1
 		pid_gone "$P"
 	done
 	done
@@ -127,7 +135,7 @@ PYEOF
 	wait $HELPER 2>/dev/null
 }
 
-run new "$G" "$([ "${LAZY:-0}" = 1 ] && echo "plain lazy" || echo plain)"
+run new "$G" "${MODES:-$([ "${LAZY:-0}" = 1 ] && echo "plain lazy" || echo plain)}"
 [ -n "$BASE" ] && run base "$BASE"
 grep -q "ANSWER DIFFERS" "$LOGS/summary.txt" && fail=1
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/cold-start.txt"
