@@ -86,6 +86,7 @@ run() {
 		case $mode in
 		lazy) flags=(--lazy-pages) ;;
 		ondemand) flags=(--on-demand) ;;
+		ondemand-lazy) flags=(--on-demand --lazy-pages) ;;
 		resident) "$g" image load "$IMG/d" --socket "$SOCK" >"$LOGS/$tag-load.txt" 2>&1 || bad "$tag: image load: $(tail -n 2 "$LOGS/$tag-load.txt")" ;;
 		esac
 		t0=$(now)

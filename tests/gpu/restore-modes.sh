@@ -16,7 +16,10 @@
 #           restore command's start to the next heartbeat, the restore's own
 #           report (ready: first instruction, GPU launches, all data resident),
 #           and whether the heartbeats after it equal the plain restore's
-#           (work.py's checksum depends only on its iteration).
+#           (work.py's checksum depends only on its iteration). WORK_MODES
+#           (default "plain ondemand resident lazy"; also "ondemand-lazy")
+#           picks the new build's modes; lazy is `--lazy-pages` (CRIU's
+#           lazy-pages daemon serves host memory as it is touched).
 #   torch   tests/gpu/stall_job.py --train-small (a transformer with AdamW and
 #           DataLoader workers) dumped once and restored plain and on demand:
 #           the time to its next step, and whether its losses after the
@@ -88,6 +91,8 @@ work_build() {
 			mark=$(hbs "$L")
 			case $mode in
 			ondemand) flags=(--on-demand) ;;
+			lazy) flags=(--lazy-pages) ;;
+			ondemand-lazy) flags=(--on-demand --lazy-pages) ;;
 			resident) "$g" image load "$IMG/w$gb" --socket "$SOCK" >"$LOGS/$tag-load.txt" 2>&1 || bad "$tag: image load: $(tail -n 2 "$LOGS/$tag-load.txt")" ;;
 			esac
 			t0=$(now)
@@ -128,8 +133,8 @@ PYEOF
 }
 
 if part work; then
-	work_build new "$G" plain ondemand resident
-	[ -n "$BASE" ] && work_build base "$BASE" plain
+	work_build new "$G/bin/gpucr" ${WORK_MODES:-plain ondemand resident lazy}
+	[ -n "$BASE" ] && work_build base "$BASE/bin/gpucr" plain
 	grep -q "DIFFERENT checksums" "$LOGS/summary.txt" && fail=1
 fi
 
@@ -156,8 +161,12 @@ if part torch; then
 		for mode in plain ondemand; do
 			flags=()
 			[ "$mode" = ondemand ] && flags=(--on-demand)
+			kids=$(pgrep -f "$JOB" | tr '\n' ' ')
 			pkill -9 -f "$JOB"
 			jobs_gone
+			# CRIU needs every pid of the tree back, its DataLoader workers'
+			# too: their zombies must be gone first (outside the timing).
+			for k in $kids; do pid_gone "$k"; done
 			cp "$L.at-dump" "$L"
 			mark=$(hbs "$L")
 			n=$(grep -c '^st' "$L")
