@@ -21,7 +21,8 @@
 #      for ordinal 0, NVML's UUID for that bus id).
 #
 # PARTS (default "driver heartbeat torch") picks the sections; "torch-other"
-# runs only the PyTorch restore onto the other GPU. Images in /dev/shm; logs
+# runs only the PyTorch restore onto the other GPU. OTHER_FLAGS adds flags
+# to the restores onto GPU 1 (OTHER_FLAGS=--on-demand). Images in /dev/shm; logs
 # in build/gpu/other-gpu (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
@@ -45,6 +46,8 @@ UUID1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
 gpu_apps || exit 1
 
 PARTS=${PARTS:-driver heartbeat torch}
+# OTHER_FLAGS: more flags for the restores onto GPU 1 (say --on-demand)
+OTHER_FLAGS=${OTHER_FLAGS:-}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # 1. the driver
@@ -71,10 +74,10 @@ else
 		pid_gone "$P"
 		mark=$(hbs "$HBL")
 		t0=$(now)
-		if "$G/bin/gpucr" restore -D "$IMG/hb" --socket "$SOCK" --device-map 0=1 --json >"$LOGS/hb-restore.json" 2>&1; then
+		if "$G/bin/gpucr" restore -D "$IMG/hb" --socket "$SOCK" --device-map 0=1 $OTHER_FLAGS --json >"$LOGS/hb-restore.json" 2>&1; then
 			t1=$(next_heartbeat "$HBL" "$mark")
 			for _ in $(seq 600); do [ "$(hbs "$HBL")" -ge $((mark + 20)) ] && break; sleep 0.05; done
-			note "heartbeat 256 MiB: restore with --device-map 0=1 to its next heartbeat $(span "$t0" "${t1:-$t0}")"
+			note "heartbeat 256 MiB: restore with --device-map 0=1 $OTHER_FLAGS to its next heartbeat $(span "$t0" "${t1:-$t0}")"
 		else
 			bad "heartbeat restore --device-map 0=1: $(tail -n 3 "$LOGS/hb-restore.json")"
 		fi
@@ -183,7 +186,7 @@ else
 		restore_torch same-gpu "$G/bin/gpucr" "$IMG/t"
 		pid_gone "$P"
 	fi
-	restore_torch other-gpu "$G/bin/gpucr" "$IMG/t-other" --device-map 0=1
+	restore_torch other-gpu "$G/bin/gpucr" "$IMG/t-other" --device-map 0=1 $OTHER_FLAGS
 	pid_gone "$P"
 	if [ -n "$BASE" ] && part torch; then
 		kill $HELPER 2>/dev/null
