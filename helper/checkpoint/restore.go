@@ -140,6 +140,10 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		if t != nil {
 			r.gpu = t
 		}
+		// A process may also have ended while its data loaded.
+		if procs, err = waitGPURestored(o.Env.Socket, dir, restoredWait); err != nil {
+			return nil, fmt.Errorf("restore from %s: the processes ran before their GPU data was all loaded, and %w", dir, err)
+		}
 	}
 	if t := r.gpu; t != nil && t.Finished && t.FinishedUnixUs != 0 {
 		ready.GPUResident = max(0, time.UnixMicro(t.FinishedUnixUs).Sub(ev.start).Seconds())

@@ -452,8 +452,14 @@ func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
 	d := cl.demand
 	cl.mu.Unlock()
 	if d != nil {
-		// Its on-demand load may still write into this memory.
-		<-d.l.Done()
+		// Its on-demand load may still write into this memory: its part
+		// is stopped and waited for (the chunks on their way).
+		select {
+		case <-d.l.Done():
+		default:
+			d.out.fail(cl, "it ended before its GPU data was all loaded")
+		}
+		d.l.Abandon(d.mine)
 	}
 	if g != nil {
 		// A process that goes (killed after a dump, or exited) while a

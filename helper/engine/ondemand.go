@@ -31,6 +31,9 @@ type Loading struct {
 	left   []int           // per region, chunks not done yet
 	ready  []chan struct{} // per region, closed once it is loaded
 	loaded int             // regions loaded
+	handed []int           // per region, chunks handed to a lane
+	total  []int           // per region, its chunks
+	gone   []bool          // per region, abandoned: nothing more of it is handed out
 }
 
 // LoadOrder is the order an on-demand load takes the regions in: those
@@ -87,11 +90,13 @@ func StartLoad(regions []Region, im *image.Image, bufs []int, order []int, opts 
 	}
 	chunk := int(im.Manifest().GetChunkSize())
 	l := &Loading{regions: regions, done: make(chan struct{}), queue: map[GPU][]int{}, next: map[GPU]int{},
-		left: make([]int, len(regions)), ready: make([]chan struct{}, len(regions))}
+		left: make([]int, len(regions)), ready: make([]chan struct{}, len(regions)), handed: make([]int, len(regions)),
+		total: make([]int, len(regions)), gone: make([]bool, len(regions))}
 	for _, i := range order {
 		r := regions[i]
 		l.queue[r.Device] = append(l.queue[r.Device], i)
 		l.left[i] = int((r.Size + uint64(chunk) - 1) / uint64(chunk))
+		l.total[i] = l.left[i]
 		l.ready[i] = make(chan struct{})
 	}
 	// Regions with nothing to load (size 0) are loaded now.
@@ -189,8 +194,9 @@ func (l *Loading) nextPiece(chunk int) func(dev GPU) (piece, bool) {
 			ri := l.queue[dev][0]
 			ci := l.next[dev]
 			off := uint64(ci) * uint64(chunk)
-			if off < l.regions[ri].Size {
+			if off < l.regions[ri].Size && !l.gone[ri] {
 				l.next[dev] = ci + 1
+				l.handed[ri]++
 				return piece{r: ri, index: ci, off: off, n: int(min(uint64(chunk), l.regions[ri].Size-off))}, true
 			}
 			l.queue[dev] = l.queue[dev][1:]
@@ -250,6 +256,43 @@ func (l *Loading) Loaded(i int) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// Abandon stops loading the regions idx (their process is gone) and
+// returns once nothing of the load touches their memory any more: no chunk
+// of theirs on its way to the GPU, none being checked. The other regions
+// load on (a process tree's other processes).
+func (l *Loading) Abandon(idx []int) {
+	l.mu.Lock()
+	for _, i := range idx {
+		if i >= 0 && i < len(l.regions) {
+			l.gone[i] = true
+		}
+	}
+	l.mu.Unlock()
+	for {
+		busy := false
+		l.mu.Lock()
+		for _, i := range idx {
+			if i < 0 || i >= len(l.regions) || l.handed[i] == 0 {
+				continue
+			}
+			done := l.total[i] - l.left[i]
+			// chunks still on their way, or all in and the check to come
+			if done < l.handed[i] || (done == l.total[i] && !l.Loaded(i)) {
+				busy = true
+			}
+		}
+		l.mu.Unlock()
+		if !busy {
+			return
+		}
+		select {
+		case <-l.done:
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
 )
 
@@ -144,5 +145,42 @@ func TestLoadOrder(t *testing.T) {
 	want := []int{4, 2, 3, 1, 0}
 	if !slices.Equal(got, want) {
 		t.Errorf("LoadOrder = %v, want %v", got, want)
+	}
+}
+
+// Abandon stops a region's load (its process is gone) once nothing of it
+// is on its way: its memory can be released while the others load on, and
+// the load still ends well.
+func TestOnDemandLoadAbandon(t *testing.T) {
+	regions, data, dir := onDemandImage(t, 4, 4)
+	im, err := image.OpenWith(dir, image.ReadOptions{HashCheckedByCaller: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	fresh := freshLike(t, regions)
+	slow := func(r, chunk int, buf []byte) { time.Sleep(20 * time.Millisecond) }
+	l, err := StartLoad(fresh, im, []int{0, 1, 2, 3}, []int{0, 1, 2, 3}, Options{Lanes: 1, stagingFault: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond) // region 0 is on its way
+	l.Abandon([]int{0, 2})
+	// Released now: nothing of the load may write there any more.
+	for _, i := range []int{0, 2} {
+		if err := cudaOf(fresh[i]).Release(cuda.Handle(fresh[i].Handle)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("the load of the others: %v", err)
+	}
+	if l.Loaded(0) || l.Loaded(2) {
+		t.Error("an abandoned region counts as loaded")
+	}
+	for _, i := range []int{1, 3} {
+		if !l.Loaded(i) || !bytes.Equal(readBack(t, fresh[i]), data[i]) {
+			t.Errorf("region %d: loaded %v, or differs from the image", i, l.Loaded(i))
+		}
 	}
 }

@@ -4,8 +4,10 @@ package e2e
 // run while their GPU data loads, and no call sees memory not loaded yet.
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -151,5 +153,89 @@ func TestRestoreOnDemandDamagedChunk(t *testing.T) {
 	if got := a.lastIter(); got > before {
 		t.Logf("the restored process printed heartbeats up to %d before it was ended (all equal to an uninterrupted run's)", got)
 	}
+	waitPidFree(a.pid, 10*time.Second)
+}
+
+// restoreInBackground starts gpucr restore --on-demand of img and returns
+// once the restored process has reattached (its calls now wait for what
+// they touch); the command's end is waited for by the returned function.
+func restoreInBackground(t *testing.T, h *helperProc, env []string, img string) func() (string, error) {
+	t.Helper()
+	const back = "reattached client runs again"
+	seen := strings.Count(h.logText(), back)
+	cmd := exec.Command(binPath(t, "gpucr"), "restore", "-D", img, "--on-demand")
+	cmd.Env = append(append(os.Environ(), env...), "GPUCR_SOCKET="+h.socket)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for strings.Count(h.logText(), back) == seen {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("the restored process did not come back:\n%s\n%s", out.String(), tail(h.logText(), 20))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return func() (string, error) {
+		err := cmd.Wait()
+		return out.String(), err
+	}
+}
+
+// TestRestoreOnDemandInterrupted: what else may happen to a process while
+// its GPU data still loads. A checkpoint of it waits for the load (an
+// image of memory not loaded yet would not be the process's), and its
+// image restores exactly. A process killed then gives its memory back
+// without harm to the helper: the load of its part stops, and the image
+// restores again, exactly.
+func TestRestoreOnDemandInterrupted(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=slow-load"))
+	img := filepath.Join(dir, "img")
+	args := []string{"--mib", "24", "--still-mib", "40", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+
+	// A checkpoint while it loads.
+	done := restoreInBackground(t, h, env, img)
+	img2 := filepath.Join(dir, "img2")
+	cliOK(t, h, env, img2, "checkpoint", strconv.Itoa(a.pid), "-D", img2)
+	if out, err := done(); err != nil {
+		t.Logf("the restore on demand, checkpointed before it ended: %v\n%s", err, out)
+	}
+	waitDead(t, a.pid, 20*time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	if !strings.Contains(h.logText(), "restored process has all its GPU data") {
+		t.Errorf("the checkpoint did not wait for the load:\n%s", tail(h.logText(), 30))
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, img2, "restore", "-D", img2)
+	a.waitIter(before+5, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	waitDead(t, a.pid, 10*time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+
+	// Killed while it loads.
+	done = restoreInBackground(t, h, env, img)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	if out, err := done(); err == nil || !strings.Contains(out, "ended before its GPU data was all loaded") {
+		t.Errorf("the restore of a process killed while it loaded: %v, want a failure saying so:\n%s", err, out)
+	}
+	waitDead(t, a.pid, 20*time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	before = a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img, "--on-demand")
+	a.waitIter(before+5, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	waitDead(t, a.pid, 10*time.Second)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 	waitPidFree(a.pid, 10*time.Second)
 }
