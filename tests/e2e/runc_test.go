@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,5 +205,105 @@ func annotate(t testing.TB, path, key, value string) {
 	}
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRuncReplicasFromResidentImage: one container checkpointed, its image
+// made resident (`gpucr image load`), then restored three times at once
+// into three containers (runc restore of the one image path, each container
+// with its own pid namespace and its own /work): the way a server is
+// scaled out from one warmed-up image. Each replica's GPU data is copied on
+// the device from the one resident copy, and each computes exactly what an
+// uninterrupted run does.
+func TestRuncReplicasFromResidentImage(t *testing.T) {
+	needTool(t, "criu")
+	runc := needTool(t, "runc")
+	dir := t.TempDir()
+	img, hdir := filepath.Join(dir, "img"), filepath.Join(dir, "helper")
+	for _, d := range []string{img, hdir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := gpucrEnv(t)
+	h := startHelper(t, hdir, env, "--resident-memory", "64M")
+	t.Setenv("GPUCR_SOCKET", h.socket) // runc -> criu -> the plugin
+	conf := filepath.Join(dir, "criu.conf")
+	if err := os.WriteFile(conf, []byte("libdir "+pluginDir(t)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := appCases[0]
+	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " --interval-ms 20 >>/work/app.log 2>&1"
+	// newContainer makes container name with its own runc root, bundle and
+	// /work (the host directory work).
+	newContainer := func(name string) *container {
+		c := &container{t: t, runc: runc, id: fmt.Sprintf("gpucr-e2e-%s-%d", name, os.Getpid())}
+		c.root, c.bundle, c.work = filepath.Join(dir, name, "runc"), filepath.Join(dir, name, "bundle"), filepath.Join(dir, name, "work")
+		for _, d := range []string{c.root, c.work} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run(t, time.Minute, nil, "bash", filepath.Join(testroot.Dir(t), "scripts", "oci-bundle.sh"),
+			"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work", "-w", hdir+":/run/gpucr",
+			"-e", "LD_LIBRARY_PATH=/gpucr/sim", "-e", "GPUCR_LIBCUDA=/gpucr/sim/libcuda.so.1",
+			"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",
+			c.bundle, "--", "/bin/sh", "-c", appCmd)
+		annotate(t, filepath.Join(c.bundle, "config.json"), "org.criu.config", conf)
+		t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
+		return c
+	}
+	orig := newContainer("orig")
+	pidFile := filepath.Join(dir, "orig", "pid")
+	orig.do(time.Minute, "run", "-d", "--pid-file", pidFile, "-b", orig.bundle, orig.id)
+	a := &app{t: t, name: tc.name, log: filepath.Join(orig.work, "app.log"), pid: orig.pid(pidFile)}
+	a.waitIter(15, time.Minute)
+	before := a.lastIter()
+	orig.do(2*time.Minute, "checkpoint", "--image-path", img, "--work-path", filepath.Join(dir, "orig"), orig.id)
+	waitDead(t, a.pid, 10*time.Second)
+	atDump, err := os.ReadFile(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cli(t, h, env, "image", "load", img); err != nil {
+		t.Fatalf("gpucr image load: %v\n%s", err, out)
+	}
+
+	const n = 3
+	reps := make([]*container, n)
+	for i := range reps {
+		reps[i] = newContainer(fmt.Sprintf("replica%d", i))
+		// CRIU reopens the log as it was at the dump, in each replica's /work.
+		if err := os.WriteFile(filepath.Join(reps[i].work, "app.log"), atDump, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i, c := range reps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.do(2*time.Minute, "restore", "-d", "--image-path", img, "--work-path", filepath.Join(dir, fmt.Sprintf("replica%d", i)),
+				"--pid-file", filepath.Join(dir, fmt.Sprintf("replica%d", i), "pid"), "-b", c.bundle, c.id)
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	ref := reference(t, env, tc.name, tc.args, before+40)
+	for i, c := range reps {
+		r := &app{t: t, name: tc.name, log: filepath.Join(c.work, "app.log"), pid: c.pid(filepath.Join(dir, fmt.Sprintf("replica%d", i), "pid"))}
+		r.waitIter(before+20, time.Minute)
+		c.do(30*time.Second, "kill", c.id, "KILL")
+		hbs := r.heartbeats()
+		compareWithReference(t, hbs, ref)
+		checkContinuous(t, hbs, before)
+	}
+	if got := strings.Count(h.logText(), `"from_resident":true`); got != n {
+		t.Errorf("%d of the %d replicas' GPU data came from the resident copy", got, n)
+	}
+	if st := residents(t, h, env); len(st.Resident) != 1 || st.Resident[0].Restores != n {
+		t.Errorf("status after %d replicas: %+v", n, st)
 	}
 }

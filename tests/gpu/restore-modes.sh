@@ -165,8 +165,14 @@ if part torch; then
 			pkill -9 -f "$JOB"
 			jobs_gone
 			# CRIU needs every pid of the tree back, its DataLoader workers'
-			# too: their zombies must be gone first (outside the timing).
+			# too, and the job's pid also as the session id that its workers'
+			# zombies hold until the init process reaps them: all gone
+			# first, outside the timing.
 			for k in $kids; do pid_gone "$k"; done
+			for _ in $(seq 400); do
+				[ -z "$(ps -eo sid=,pid= | awk -v s="$P" '$1 == s')" ] && break
+				sleep 0.05
+			done
 			cp "$L.at-dump" "$L"
 			mark=$(hbs "$L")
 			n=$(grep -c '^st' "$L")
