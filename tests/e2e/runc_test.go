@@ -211,7 +211,7 @@ func annotate(t testing.TB, path, key, value string) {
 // TestRuncReplicasFromResidentImage: one container checkpointed, its image
 // made resident (`gpucr image load`), then restored three times at once
 // into three containers (runc restore of the one image path, each container
-// with its own pid namespace and its own /work): the way a server is
+// with its own pid and network namespaces and its own /work): the way a server is
 // scaled out from one warmed-up image. Each replica's GPU data is copied on
 // the device from the one resident copy, and each computes exactly what an
 // uninterrupted run does.
@@ -250,6 +250,7 @@ func TestRuncReplicasFromResidentImage(t *testing.T) {
 			"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",
 			c.bundle, "--", "/bin/sh", "-c", appCmd)
 		annotate(t, filepath.Join(c.bundle, "config.json"), "org.criu.config", conf)
+		privateNetwork(t, filepath.Join(c.bundle, "config.json"))
 		t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
 		return c
 	}
@@ -305,5 +306,33 @@ func TestRuncReplicasFromResidentImage(t *testing.T) {
 	}
 	if st := residents(t, h, env); len(st.Resident) != 1 || st.Resident[0].Restores != n {
 		t.Errorf("status after %d replicas: %+v", n, st)
+	}
+}
+
+// privateNetwork gives the container of an OCI config.json a network
+// namespace of its own: replicas of one image restore the same abstract
+// Unix sockets (a name space per network namespace), which would collide
+// in the host's.
+func privateNetwork(t testing.TB, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	linux, _ := cfg["linux"].(map[string]any)
+	if linux == nil {
+		t.Fatalf("%s: no linux section", path)
+	}
+	nss, _ := linux["namespaces"].([]any)
+	linux["namespaces"] = append(nss, map[string]any{"type": "network"})
+	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

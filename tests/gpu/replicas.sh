@@ -60,14 +60,20 @@ import json, sys
 p = sys.argv[1]
 c = json.load(open(p))
 c.setdefault("annotations", {})["org.criu.config"] = sys.argv[2]
+# A network namespace of its own: the replicas restore the same abstract
+# Unix sockets (the server has some), one name space per network namespace.
+c["linux"]["namespaces"].append({"type": "network"})
 json.dump(c, open(p, "w"), indent=2)
 PYEOF
 }
-# first_answer NAME T0: polls NAME's socket until it answers (up to 120 s); "SECONDS ANSWER".
+# first_answer NAME T0 [FAILED]: polls NAME's socket until it answers (for up to 60 s,
+# or until the file FAILED, if given, exists: its restore failed); "SECONDS ANSWER".
 first_answer() {
-	local ans
-	for _ in $(seq 12000); do
-		ans=$(python3 "$BENCH/bench_start.py" ask "$LOGS/$1/sock" 2>/dev/null) && break
+	local ans end=$(($(date +%s) + 60))
+	while [ "$(date +%s)" -lt $end ]; do
+		ans=$(timeout 10 python3 "$BENCH/bench_start.py" ask "$LOGS/$1/sock" 2>/dev/null) && break
+		ans=
+		[ -n "${3:-}" ] && [ -e "$3" ] && break
 		sleep 0.01
 	done
 	echo "$(python3 -c "print(f'{$(now) - $2:.3f}')") ${ans:-none}"
@@ -97,11 +103,11 @@ for r in $(seq "$N"); do
 done
 t0=$(now)
 for r in $(seq "$N"); do
-	runc --root "$ROOT" restore -d --image-path "$IMG" --work-path "$LOGS/r$r-cw" --pid-file "$LOGS/r$r.pid" \
-		-b "$LOGS/r$r-bundle" "gpucr-r$r" </dev/null >"$LOGS/r$r-restore.txt" 2>&1 &
+	{ timeout 120 runc --root "$ROOT" restore -d --image-path "$IMG" --work-path "$LOGS/r$r-cw" --pid-file "$LOGS/r$r.pid" \
+		-b "$LOGS/r$r-bundle" "gpucr-r$r" </dev/null >"$LOGS/r$r-restore.txt" 2>&1 || touch "$LOGS/r$r.failed"; } &
 done
 for r in $(seq "$N"); do
-	first_answer "r$r" "$t0" >"$LOGS/r$r.answer" &
+	first_answer "r$r" "$t0" "$LOGS/r$r.failed" >"$LOGS/r$r.answer" &
 done
 wait
 last=0
