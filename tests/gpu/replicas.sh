@@ -31,6 +31,18 @@ ROOT=$LOGS/runc-root
 SOCK=/run/gpucr/helper.sock
 BENCH=$(pwd)/tests/gpu
 mkdir -p "$WDIR" "$ROOT" /run/gpucr
+# CRIU saves and restores the netfilter tables of a container's own network
+# namespace with iptables-save/-restore, which the GPU machine lacks: empty
+# stand-ins there (the containers' tables are empty).
+if ! command -v iptables-save >/dev/null; then
+	mkdir -p "$LOGS/nf"
+	for t in iptables ip6tables; do
+		printf '#!/bin/sh\nexit 0\n' >"$LOGS/nf/$t-save"
+		printf '#!/bin/sh\ncat >/dev/null\n' >"$LOGS/nf/$t-restore"
+	done
+	chmod +x "$LOGS/nf"/*
+	export PATH="$LOGS/nf:$PATH"
+fi
 rm -rf "$IMG" && mkdir -p "$IMG"
 [ -s "$WDIR/w.safetensors" ] || python3 "$BENCH/bench_start.py" make "$WDIR/w.safetensors" --gib "$GIB" >"$LOGS/make.txt" 2>&1 ||
 	{ bad "weights: $(tail -n 2 "$LOGS/make.txt")"; exit 1; }
