@@ -114,14 +114,17 @@ for r in $(seq "$N"); do
 	ids+=("gpucr-r$r")
 done
 t0=$(now)
+jobs_=()
 for r in $(seq "$N"); do
 	{ timeout 120 runc --root "$ROOT" restore -d --image-path "$IMG" --work-path "$LOGS/r$r-cw" --pid-file "$LOGS/r$r.pid" \
 		-b "$LOGS/r$r-bundle" "gpucr-r$r" </dev/null >"$LOGS/r$r-restore.txt" 2>&1 || touch "$LOGS/r$r.failed"; } &
+	jobs_+=($!)
 done
 for r in $(seq "$N"); do
 	first_answer "r$r" "$t0" "$LOGS/r$r.failed" >"$LOGS/r$r.answer" &
+	jobs_+=($!)
 done
-wait
+wait "${jobs_[@]}" # not the helper, also a child of this shell
 last=0
 for r in $(seq "$N"); do
 	read -r took ans <"$LOGS/r$r.answer"
