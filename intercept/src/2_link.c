@@ -282,20 +282,29 @@ CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direc
     return CUDA_SUCCESS;
 }
 
-int gc_link_save_first(const gc_range *ranges, size_t n) {
-    Gpucr__Helper__V1__AddressRange rs[GC_SAVE_FIRST_MAX];
-    Gpucr__Helper__V1__AddressRange *ps[GC_SAVE_FIRST_MAX];
+/* A request's ranges (at most GC_SAVE_FIRST_MAX) in the caller's arrays; returns how many. */
+typedef struct {
+    Gpucr__Helper__V1__AddressRange r[GC_SAVE_FIRST_MAX];
+    Gpucr__Helper__V1__AddressRange *p[GC_SAVE_FIRST_MAX];
+} wire_ranges;
+
+static size_t pack_ranges(wire_ranges *w, const gc_range *ranges, size_t n) {
     if (n > GC_SAVE_FIRST_MAX)
         n = GC_SAVE_FIRST_MAX;
     for (size_t i = 0; i < n; i++) {
-        gpucr__helper__v1__address_range__init(&rs[i]);
-        rs[i].address = ranges[i].addr;
-        rs[i].size = ranges[i].size;
-        ps[i] = &rs[i];
+        gpucr__helper__v1__address_range__init(&w->r[i]);
+        w->r[i].address = ranges[i].addr;
+        w->r[i].size = ranges[i].size;
+        w->p[i] = &w->r[i];
     }
+    return n;
+}
+
+int gc_link_save_first(const gc_range *ranges, size_t n) {
+    wire_ranges w;
     Gpucr__Helper__V1__SaveFirst sf = GPUCR__HELPER__V1__SAVE_FIRST__INIT;
-    sf.n_ranges = n;
-    sf.ranges = ps;
+    sf.n_ranges = pack_ranges(&w, ranges, n);
+    sf.ranges = w.p;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_SAVE_FIRST;
     req.save_first = &sf;
@@ -311,19 +320,10 @@ int gc_link_save_first(const gc_range *ranges, size_t n) {
 }
 
 int gc_link_load_first(const gc_range *ranges, size_t n, bool all, char *why, size_t whylen) {
-    Gpucr__Helper__V1__AddressRange rs[GC_SAVE_FIRST_MAX];
-    Gpucr__Helper__V1__AddressRange *ps[GC_SAVE_FIRST_MAX];
-    if (n > GC_SAVE_FIRST_MAX)
-        n = GC_SAVE_FIRST_MAX;
-    for (size_t i = 0; i < n; i++) {
-        gpucr__helper__v1__address_range__init(&rs[i]);
-        rs[i].address = ranges[i].addr;
-        rs[i].size = ranges[i].size;
-        ps[i] = &rs[i];
-    }
+    wire_ranges w;
     Gpucr__Helper__V1__LoadFirst lf = GPUCR__HELPER__V1__LOAD_FIRST__INIT;
-    lf.n_ranges = n;
-    lf.ranges = ps;
+    lf.n_ranges = pack_ranges(&w, ranges, n);
+    lf.ranges = w.p;
     lf.all = all;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_LOAD_FIRST;

@@ -1,8 +1,11 @@
 /*
- * Layer 7, copy-on-write windows (7_cow.c): what a call may write while a
- * concurrent checkpoint saves the process's memory behind it. The wrappers
- * call these when gc_gate_enter says a window is open; each returns once
- * the helper has saved the pending chunks the call may write (SaveFirst).
+ * Layer 7, windows (7_cow.c): what a call may touch while the helper works
+ * on the process's memory behind it. In a copy-on-write window (a concurrent
+ * checkpoint) the wrappers call these when gc_gate_enter says a window is
+ * open, and each returns once the helper has saved the pending chunks the
+ * call may write (SaveFirst). In a loading window (a restore on demand) the
+ * same calls return once the helper has loaded the chunks the call may read
+ * or write (LoadFirst), or end the process if that memory never comes.
  */
 #ifndef GPUCR_INTERCEPT_COW_H
 #define GPUCR_INTERCEPT_COW_H

@@ -108,16 +108,8 @@ func TestRestoreOnDemand(t *testing.T) {
 // with memory that never came), and gpucr restore fails naming the damage.
 // Nothing it printed after the restore differs from an uninterrupted run.
 func TestRestoreOnDemandDamagedChunk(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=slow-load"))
-	img := filepath.Join(dir, "img")
-	args := []string{"--mib", "24", "--still-mib", "40", "--hb-every", "1"}
-	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
-	a.waitIter(5, time.Minute)
-	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
-	a.reap(30 * time.Second)
+	o := dumpSlowLoad(t)
+	h, env, img, args, a := o.h, o.env, o.img, o.args, o.a
 	// The last chunk of the largest buffer (the still memory): the load
 	// takes the small buffers first, so the process runs before this one
 	// is read.
@@ -192,16 +184,8 @@ func restoreInBackground(t *testing.T, h *helperProc, env []string, img string) 
 // without harm to the helper: the load of its part stops, and the image
 // restores again, exactly.
 func TestRestoreOnDemandInterrupted(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=slow-load"))
-	img := filepath.Join(dir, "img")
-	args := []string{"--mib", "24", "--still-mib", "40", "--hb-every", "1"}
-	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
-	a.waitIter(5, time.Minute)
-	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
-	a.reap(30 * time.Second)
+	o := dumpSlowLoad(t)
+	h, env, dir, img, args, a := o.h, o.env, o.dir, o.img, o.args, o.a
 
 	// A checkpoint while it loads.
 	done := restoreInBackground(t, h, env, img)
@@ -238,4 +222,27 @@ func TestRestoreOnDemandInterrupted(t *testing.T) {
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 	waitPidFree(a.pid, 10*time.Second)
+}
+
+// slowLoad is heartbeat dumped under a helper whose loads are slowed down
+// (GPUCR_FAULT=slow-load): 64 MiB in 4 MiB chunks at 100 ms each.
+type slowLoad struct {
+	h        *helperProc
+	env      []string
+	dir, img string
+	args     []string // heartbeat's, without the interval
+	a        *app     // the dumped process (gone)
+}
+
+func dumpSlowLoad(t *testing.T) slowLoad {
+	t.Helper()
+	needTool(t, "criu")
+	o := slowLoad{dir: t.TempDir(), env: gpucrEnv(t), args: []string{"--mib", "24", "--still-mib", "40", "--hb-every", "1"}}
+	o.h = startHelper(t, o.dir, append(append([]string{}, o.env...), "GPUCR_FAULT=slow-load"))
+	o.img = filepath.Join(o.dir, "img")
+	o.a = startUnder(t, o.dir, o.h, o.env, "heartbeat", append(append([]string{}, o.args...), "--interval-ms", "20")...)
+	o.a.waitIter(5, time.Minute)
+	cliOK(t, o.h, o.env, o.img, "checkpoint", strconv.Itoa(o.a.pid), "-D", o.img)
+	o.a.reap(30 * time.Second)
+	return o
 }

@@ -116,11 +116,9 @@ func TestRuncCheckpointRestore(t *testing.T) {
 // inside the container, which the image records.
 func TestRuncWithPlugin(t *testing.T) {
 	needTool(t, "criu")
-	c := &container{t: t, runc: needTool(t, "runc"), id: fmt.Sprintf("gpucr-e2e-plugin-%d", os.Getpid())}
 	dir := t.TempDir()
-	c.root, c.bundle, c.work = filepath.Join(dir, "runc"), filepath.Join(dir, "bundle"), filepath.Join(dir, "work")
 	img, cwork, hdir := filepath.Join(dir, "img"), filepath.Join(dir, "criu-work"), filepath.Join(dir, "helper")
-	for _, d := range []string{c.root, c.work, img, cwork, hdir} {
+	for _, d := range []string{img, cwork, hdir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -128,22 +126,10 @@ func TestRuncWithPlugin(t *testing.T) {
 	env := gpucrEnv(t)
 	h := startHelper(t, hdir, env)
 	t.Setenv("GPUCR_SOCKET", h.socket) // runc -> criu -> the plugin
-	conf := filepath.Join(dir, "criu.conf")
-	if err := os.WriteFile(conf, []byte("libdir "+pluginDir(t)+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	tc := appCases[0]
-	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " --interval-ms 20 >>/work/app.log 2>&1"
-	run(t, time.Minute, nil, "bash", filepath.Join(testroot.Dir(t), "scripts", "oci-bundle.sh"),
-		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work", "-w", hdir+":/run/gpucr",
-		"-e", "LD_LIBRARY_PATH=/gpucr/sim", "-e", "GPUCR_LIBCUDA=/gpucr/sim/libcuda.so.1",
-		"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",
-		c.bundle, "--", "/bin/sh", "-c", appCmd)
-	annotate(t, filepath.Join(c.bundle, "config.json"), "org.criu.config", conf)
-
+	c := pluginContainer(t, dir, "plugin", hdir, tc, false)
 	pidFile := filepath.Join(dir, "pid1")
 	c.do(time.Minute, "run", "-d", "--pid-file", pidFile, "-b", c.bundle, c.id)
-	t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
 	a := &app{t: t, name: tc.name, log: filepath.Join(c.work, "app.log"), pid: c.pid(pidFile)}
 	a.waitIter(15, time.Minute)
 	if _, _, ok := h.client(a.pid); !ok {
@@ -217,7 +203,7 @@ func annotate(t testing.TB, path, key, value string) {
 // uninterrupted run does.
 func TestRuncReplicasFromResidentImage(t *testing.T) {
 	needTool(t, "criu")
-	runc := needTool(t, "runc")
+	needTool(t, "runc")
 	dir := t.TempDir()
 	img, hdir := filepath.Join(dir, "img"), filepath.Join(dir, "helper")
 	for _, d := range []string{img, hdir} {
@@ -228,31 +214,9 @@ func TestRuncReplicasFromResidentImage(t *testing.T) {
 	env := gpucrEnv(t)
 	h := startHelper(t, hdir, env, "--resident-memory", "64M")
 	t.Setenv("GPUCR_SOCKET", h.socket) // runc -> criu -> the plugin
-	conf := filepath.Join(dir, "criu.conf")
-	if err := os.WriteFile(conf, []byte("libdir "+pluginDir(t)+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	tc := appCases[0]
-	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " --interval-ms 20 >>/work/app.log 2>&1"
-	// newContainer makes container name with its own runc root, bundle and
-	// /work (the host directory work).
 	newContainer := func(name string) *container {
-		c := &container{t: t, runc: runc, id: fmt.Sprintf("gpucr-e2e-%s-%d", name, os.Getpid())}
-		c.root, c.bundle, c.work = filepath.Join(dir, name, "runc"), filepath.Join(dir, name, "bundle"), filepath.Join(dir, name, "work")
-		for _, d := range []string{c.root, c.work} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		run(t, time.Minute, nil, "bash", filepath.Join(testroot.Dir(t), "scripts", "oci-bundle.sh"),
-			"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work", "-w", hdir+":/run/gpucr",
-			"-e", "LD_LIBRARY_PATH=/gpucr/sim", "-e", "GPUCR_LIBCUDA=/gpucr/sim/libcuda.so.1",
-			"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",
-			c.bundle, "--", "/bin/sh", "-c", appCmd)
-		annotate(t, filepath.Join(c.bundle, "config.json"), "org.criu.config", conf)
-		privateNetwork(t, filepath.Join(c.bundle, "config.json"))
-		t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
-		return c
+		return pluginContainer(t, filepath.Join(dir, name), name, hdir, tc, true)
 	}
 	orig := newContainer("orig")
 	pidFile := filepath.Join(dir, "orig", "pid")
@@ -335,4 +299,36 @@ func privateNetwork(t testing.TB, path string) {
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// pluginContainer makes a runc container below dir (its runc root, bundle
+// and /work) that runs the test application tc under the interposer, with
+// the helper's socket directory hdir bound in and gpucr's plugin named to
+// CRIU by the org.criu.config annotation; deleted when the test ends. With
+// privateNet it gets a network namespace of its own.
+func pluginContainer(t *testing.T, dir, name, hdir string, tc appCase, privateNet bool) *container {
+	t.Helper()
+	c := &container{t: t, runc: needTool(t, "runc"), id: fmt.Sprintf("gpucr-e2e-%s-%d", name, os.Getpid())}
+	c.root, c.bundle, c.work = filepath.Join(dir, "runc"), filepath.Join(dir, "bundle"), filepath.Join(dir, "work")
+	for _, d := range []string{c.root, c.work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := filepath.Join(dir, "criu.conf")
+	if err := os.WriteFile(conf, []byte("libdir "+pluginDir(t)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	appCmd := "exec /gpucr/bin/" + tc.name + " " + strings.Join(tc.args, " ") + " --interval-ms 20 >>/work/app.log 2>&1"
+	run(t, time.Minute, nil, "bash", filepath.Join(testroot.Dir(t), "scripts", "oci-bundle.sh"),
+		"-w", buildDir(t)+":/gpucr", "-w", c.work+":/work", "-w", hdir+":/run/gpucr",
+		"-e", "LD_LIBRARY_PATH=/gpucr/sim", "-e", "GPUCR_LIBCUDA=/gpucr/sim/libcuda.so.1",
+		"-e", "LD_PRELOAD=/gpucr/lib/libgpucr.so", "-e", "GPUCR_SOCKET=/run/gpucr/helper.sock",
+		c.bundle, "--", "/bin/sh", "-c", appCmd)
+	annotate(t, filepath.Join(c.bundle, "config.json"), "org.criu.config", conf)
+	if privateNet {
+		privateNetwork(t, filepath.Join(c.bundle, "config.json"))
+	}
+	t.Cleanup(func() { _, _ = runErr(30*time.Second, nil, c.runc, "--root", c.root, "delete", "-f", c.id) })
+	return c
 }

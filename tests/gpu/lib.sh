@@ -145,3 +145,17 @@ use_criu() {
 	c=$(root_bundle "$1") || return 1
 	export GPUCR_CRIU=$c/bin/criu
 }
+# torch_container_flags: into the array extra, the scripts/oci-bundle.sh flags
+# a container running PyTorch on the GPU needs beyond the host's /usr: binds
+# of Python and torch where they live outside /usr (a venv, conda), and the
+# NVIDIA device nodes.
+torch_container_flags() {
+	local p d
+	extra=()
+	for p in $(python3 -c 'import sys, os, torch; print(sys.prefix); print(sys.base_prefix); print(os.path.dirname(os.path.dirname(torch.__file__)))'); do
+		case $p in /usr | /usr/*) ;; *) extra+=(-w "$p:$p") ;; esac
+	done
+	for d in /dev/nvidia*; do
+		[ -c "$d" ] && extra+=(-d "$d")
+	done
+}

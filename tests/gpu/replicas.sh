@@ -52,13 +52,7 @@ ids=()
 trap 'for i in "${ids[@]}"; do runc --root "$ROOT" delete -f "$i" >/dev/null 2>&1; done; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
 
 PY=$(command -v python3)
-extra=()
-for p in $(python3 -c 'import sys, os, torch; print(sys.prefix); print(sys.base_prefix); print(os.path.dirname(os.path.dirname(torch.__file__)))'); do
-	case $p in /usr | /usr/*) ;; *) extra+=(-w "$p:$p") ;; esac
-done
-for d in /dev/nvidia*; do
-	[ -c "$d" ] && extra+=(-d "$d")
-done
+torch_container_flags
 echo "libdir $G/lib/criu" >"$LOGS/criu.conf"
 # bundle NAME: container NAME's bundle, its /work the host's $LOGS/NAME.
 bundle() {

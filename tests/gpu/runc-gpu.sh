@@ -38,15 +38,8 @@ HELPER=$!
 trap 'runc --root "$ROOT" delete -f $ID >/dev/null 2>&1; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
 for _ in $(seq 100); do "$G/bin/gpucr" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 
-# Python and torch may live outside /usr (a venv, conda): bind those too.
 PY=$(command -v python3)
-extra=()
-for p in $(python3 -c 'import sys, os, torch; print(sys.prefix); print(sys.base_prefix); print(os.path.dirname(os.path.dirname(torch.__file__)))'); do
-	case $p in /usr | /usr/*) ;; *) extra+=(-w "$p:$p") ;; esac
-done
-for d in /dev/nvidia*; do
-	[ -c "$d" ] && extra+=(-d "$d")
-done
+torch_container_flags
 bash scripts/oci-bundle.sh -w "$G:/gpucr" -w "$W:/work" -w /run/gpucr:/run/gpucr -w "$A:/anchor" "${extra[@]}" \
 	-e LD_PRELOAD=/gpucr/lib/libgpucr.so -e GPUCR_SOCKET=/run/gpucr/helper.sock \
 	"$LOGS/bundle" -- /bin/sh -c "exec $PY /anchor/work.py $GB /work/w.log >>/work/out.log 2>&1" >"$LOGS/bundle.txt" 2>&1 ||
