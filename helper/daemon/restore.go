@@ -321,7 +321,7 @@ func (s *Server) runLoad(p *restorePlan) {
 	tr := s.transfers.begin(p.dir, false, bytes, pids)
 	slow := time.Duration(0)
 	if s.cfg.Fault == "slow-load" {
-		slow = 100 * time.Millisecond
+		slow = 200 * time.Millisecond
 	}
 	switch {
 	case p.resident != nil:

@@ -68,7 +68,7 @@ type Config struct {
 	// its memory (its image part sealed, the image not committed);
 	// "stall-background" holds a concurrent checkpoint's background copy
 	// back 5 s (the process runs on meanwhile); "slow-load" holds each
-	// chunk of a restore's load back 100 ms (a restore on demand runs
+	// chunk of a restore's load back 200 ms (a restore on demand runs
 	// long before its data is in). "STEP@N": only in the helper's N-th checkpoint (the
 	// second process of a dumped tree, say). "stall-reattach": the reply to
 	// a reattaching process waits until it closes its connection (tests

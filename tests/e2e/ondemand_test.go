@@ -45,7 +45,8 @@ func restoreReady(t *testing.T, out string) readyTimes {
 // does: heartbeat's launches, copies and memsets wait for the buffers they
 // touch, and ptrchase's kernels, which follow pointers they read from
 // device memory (its PTX says so), wait for everything. The next image of
-// the restored heartbeat records the order it touched its buffers in.
+// the restored heartbeat records the order it touched its buffers in while
+// they loaded.
 func TestRestoreOnDemand(t *testing.T) {
 	needTool(t, "criu")
 	dir := t.TempDir()
@@ -66,8 +67,8 @@ func TestRestoreOnDemand(t *testing.T) {
 			a.reap(30 * time.Second)
 			before := a.lastIter()
 			rep := restoreReady(t, cliOK(t, h, env, img, "restore", "-D", img, "--on-demand", "--json"))
-			// 64 MiB in 4 MiB chunks at 100 ms each: the load takes about a
-			// second on the two lanes; the process ran long before.
+			// 64 MiB in 4 MiB chunks at 200 ms each: the load takes about two
+			// seconds on the two lanes; the process ran long before.
 			if rep.Ready.GPUResident-rep.Ready.GPULaunch < 0.3 {
 				t.Errorf("the process ran %.3f s into the restore, its data was all in at %.3f s: it did not run on demand",
 					rep.Ready.GPULaunch, rep.Ready.GPUResident)
@@ -89,9 +90,17 @@ func TestRestoreOnDemand(t *testing.T) {
 					}
 				}
 				im.Close()
+				// Touches are recorded while the load runs: the buffers the
+				// process touched by then rank 1..k, each once (its first
+				// step touches them all, but a slow machine may end the load
+				// before that step does).
 				sort.Ints(ranks)
-				if len(ranks) != len(im.Buffers()) || ranks[0] != 1 || ranks[len(ranks)-1] != len(ranks) {
-					t.Errorf("touch ranks of the next image: %v of %d buffers, want each of 1..%d once", ranks, len(im.Buffers()), len(im.Buffers()))
+				ok := len(ranks) > 0
+				for i, r := range ranks {
+					ok = ok && r == i+1
+				}
+				if !ok {
+					t.Errorf("touch ranks of the next image: %v of %d buffers, want 1..k, each once", ranks, len(im.Buffers()))
 				}
 			}
 			_ = syscall.Kill(a.pid, syscall.SIGKILL)
@@ -225,7 +234,7 @@ func TestRestoreOnDemandInterrupted(t *testing.T) {
 }
 
 // slowLoad is heartbeat dumped under a helper whose loads are slowed down
-// (GPUCR_FAULT=slow-load): 64 MiB in 4 MiB chunks at 100 ms each.
+// (GPUCR_FAULT=slow-load): 64 MiB in 4 MiB chunks at 200 ms each.
 type slowLoad struct {
 	h        *helperProc
 	env      []string

@@ -256,12 +256,18 @@ func TestRuncReplicasFromResidentImage(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	ref := reference(t, env, tc.name, tc.args, before+40)
+	var runs [][]heartbeat
+	last := 0
 	for i, c := range reps {
 		r := &app{t: t, name: tc.name, log: filepath.Join(c.work, "app.log"), pid: c.pid(filepath.Join(dir, fmt.Sprintf("replica%d", i), "pid"))}
 		r.waitIter(before+20, time.Minute)
 		c.do(30*time.Second, "kill", c.id, "KILL")
-		hbs := r.heartbeats()
+		waitDead(t, r.pid, 10*time.Second)
+		runs = append(runs, r.heartbeats())
+		last = max(last, maxIter(runs[i]))
+	}
+	ref := reference(t, env, tc.name, tc.args, last)
+	for _, hbs := range runs {
 		compareWithReference(t, hbs, ref)
 		checkContinuous(t, hbs, before)
 	}
