@@ -59,3 +59,27 @@ func TestPeerRanksUnderGpucr(t *testing.T) {
 		t.Errorf("%d heartbeats, want 30", len(hbs))
 	}
 }
+
+// TestPeerRanksDumpRefusedClearly: a CRIU dump (gpucr checkpoint without
+// --gpu-only) of the two ranks, which share memory gpucr cannot carry yet,
+// fails before anything is frozen for long and says why in the command's
+// own output (the process that is not checkpointable and the reasons), not
+// only in the helper's log; the ranks run on to their end exactly.
+func TestPeerRanksDumpRefusedClearly(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t, "GPUCR_SIM_DEVICES=2")
+	h := startHelper(t, dir, env)
+	args := []string{"--hb-every", "10", "--mib", "4"}
+	a := startUnder(t, dir, h, env, "peerapp", append(args, "--iters", "300", "--interval-ms", "5")...)
+	a.waitIter(20, time.Minute)
+	img := filepath.Join(dir, "img")
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	if err == nil || !strings.Contains(out, "not checkpointable") || !strings.Contains(out, "imported foreign memory") {
+		t.Errorf("CRIU dump of the ranks: %v, want a refusal naming what is not checkpointable:\n%s", err, out)
+	}
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("peerapp after the refused dump: exit %d:\n%s", code, tail(a.output(), 15))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "peerapp", args, 300))
+}
