@@ -63,7 +63,8 @@ type MigrateResult struct {
 	ImagesDir string   `json:"images_dir"`
 	RemoteDir string   `json:"remote_dir"`
 	// Downtime is from the start of the dump (CRIU freezes the tree then)
-	// to the target's report that the tree runs there with its GPU memory.
+	// to the target's report that the tree runs there with its GPU memory
+	// (restored on demand: that it runs there, its GPU data still coming).
 	DowntimeSeconds float64 `json:"downtime_seconds"`
 	DumpSeconds     float64 `json:"dump_seconds"`
 	TransferSeconds float64 `json:"transfer_seconds"`
@@ -197,6 +198,11 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	}
 	res.Restore, res.TargetPid, res.RestoreSeconds = restored, restored.Pid, time.Since(t2).Seconds()
 	res.DowntimeSeconds = time.Since(t0).Seconds()
+	if rd := restored.Ready; rd.GPUResident > rd.GPULaunch && rd.GPULaunch > 0 && restored.Seconds > rd.GPULaunch {
+		// On demand: the tree ran before the target's command ended, which
+		// waited for the rest of its GPU data.
+		res.DowntimeSeconds -= restored.Seconds - rd.GPULaunch
+	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("runs at %s as pid %d", o.Target.Name(), restored.Pid)})
 	// The target runs: the source goes.
 	for _, p := range dump.Tree {

@@ -23,7 +23,7 @@ func restoreCommand() *ucli.Command {
 			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "lazy-pages", Usage: "run the restored tree before its host memory is read back: CRIU's lazy-pages daemon serves the pages it touches first, the rest in the background (the kernel's userfaultfd; `gpucr check` says whether it has it)"},
 			deviceMapFlag(),
-			&ucli.BoolFlag{Name: "on-demand", Usage: "let the restored processes run before their GPU data is all loaded: a GPU call that may touch memory not loaded yet waits until it is (kernels whose PTX shows that they follow pointers read from memory wait for everything), what they wait for loads first, the rest behind; the command returns once all of it is in"},
+			onDemandFlag(),
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
 		Action: func(c *ucli.Context) error {
 			pos, err := flagsAnywhere(c)
@@ -81,6 +81,12 @@ func restoreCommand() *ucli.Command {
 			return report(c, res, line, res.PluginMessages)
 		},
 	}
+}
+
+// onDemandFlag is --on-demand, of restore and of migrate (for the target's
+// restore).
+func onDemandFlag() *ucli.BoolFlag {
+	return &ucli.BoolFlag{Name: "on-demand", Usage: "let the restored processes run before their GPU data is all loaded: a GPU call that may touch memory not loaded yet waits until it is (kernels whose PTX shows that they follow pointers read from memory wait for everything), what they wait for loads first, the rest behind; the command returns once all of it is in"}
 }
 
 // deviceMapFlag is --device-map, of restore and of migrate (for the

@@ -171,7 +171,8 @@ type migrateReport struct {
 // machine (namespaces with an sshd, here) over ssh: the GPU memory is
 // pre-copied in rounds while it runs (--pre-copy) and the rounds are
 // streamed there before the stop, the rest of the image after it; the target's gpucr restores it through the
-// target's helper, and only then is the source killed. The process computes
+// target's helper (on demand: --on-demand goes to the target's restore), and
+// only then is the source killed. The process computes
 // on there exactly as an uninterrupted run.
 func TestMigrate(t *testing.T) {
 	dir := t.TempDir()
@@ -187,7 +188,7 @@ func TestMigrate(t *testing.T) {
 	a.waitIter(15, time.Minute)
 	pid := a.pid
 	out, err := cli(t, h, env, "migrate", strconv.Itoa(pid), "--to", "root@"+m.addr, "--ssh", m.ssh, "--target-gpucr", m.gpucr,
-		"--target-dir", filepath.Join(dir, "remote-img"), "--pre-copy", "2", "--json")
+		"--target-dir", filepath.Join(dir, "remote-img"), "--pre-copy", "2", "--on-demand", "--json")
 	if err != nil {
 		hl, _ := os.ReadFile(m.helper)
 		t.Fatalf("gpucr migrate: %v\n%s\ntarget helper:\n%s", err, out, tail(string(hl), 20))
@@ -218,8 +219,8 @@ func TestMigrate(t *testing.T) {
 	}
 	before := a.lastIter()
 	a.waitIter(before+20, time.Minute) // it computes on at the target
-	if hl, _ := os.ReadFile(m.helper); !strings.Contains(string(hl), "restored") {
-		t.Errorf("the target's helper did not restore it:\n%s", tail(string(hl), 20))
+	if hl, _ := os.ReadFile(m.helper); !strings.Contains(string(hl), "restored") || !strings.Contains(string(hl), `"on_demand":true`) {
+		t.Errorf("the target's helper did not restore it on demand:\n%s", tail(string(hl), 20))
 	}
 	m.stop() // the target machine goes, and the process with it
 	hbs := a.heartbeats()
