@@ -16,17 +16,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/engine"
-	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // demandLoad is an on-demand load as one restored process sees it.
 type demandLoad struct {
-	l       *engine.Loading
-	regions []engine.Region // the whole load's
-	mine    []int           // this process's regions (indices into regions)
-	chunk   uint64
-	out     *outcomes // where its restore's result went
+	l    *engine.Loading
+	mine []int     // this process's regions of the load
+	out  *outcomes // where its restore's result went
 }
 
 // overlapping is the process's regions that the ranges touch (all of them,
@@ -37,7 +34,7 @@ func (d *demandLoad) overlapping(ranges []*helperpb.AddressRange, all bool) []in
 	}
 	var idx []int
 	for _, i := range d.mine {
-		r := d.regions[i]
+		r := d.l.Region(i)
 		for _, a := range ranges {
 			if a.Size > 0 && a.Address < r.Address+r.Size && r.Address < a.Address+a.Size {
 				idx = append(idx, i)
@@ -53,18 +50,13 @@ func (d *demandLoad) overlapping(ranges []*helperpb.AddressRange, all bool) []in
 // the interposer records the order the process first touches each region
 // in, for the next restore's load order).
 func (d *demandLoad) window(res *helperpb.Resume) {
-	res.GuardChunk = d.chunk
+	chunk := d.l.ChunkSize()
+	res.GuardChunk = chunk
 	res.Loading = true
 	for _, i := range d.mine {
-		r := d.regions[i]
-		n := (r.Size + d.chunk - 1) / d.chunk
-		bits := make([]byte, (n+7)/8)
-		if !d.l.Loaded(i) {
-			for c := range n {
-				bits[c/8] |= 1 << (c % 8)
-			}
-		}
-		res.Guard = append(res.Guard, &helperpb.GuardRegion{Address: r.Address, Size: r.Size, Pending: bits, Vmm: r.Kind == image.AllocVMM})
+		r := d.l.Region(i)
+		pending := !d.l.Loaded(i)
+		res.Guard = append(res.Guard, guardRegion(r, int((r.Size+chunk-1)/chunk), func(int) bool { return pending }))
 	}
 }
 

@@ -30,8 +30,6 @@ type restoreLoad struct {
 	onDemand bool
 	started  chan struct{}
 	live     *engine.Loading
-	regions  []engine.Region
-	chunk    uint64
 }
 
 // startedFor waits (at most d) until an on-demand load is running, and
@@ -146,25 +144,20 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	}
 	made := time.Now()
 	plan, e := s.planRestore(im, im.Dir(), 0, owner, place)
-	if e == nil {
-		// What a pool of memory made ahead would save a restore.
-		s.log.Info("restore memory made", zap.String("image", req.ImageDir), zap.Int("allocations", len(plan.made)),
-			zap.Duration("took", time.Since(made)), zap.Bool("on_demand", req.OnDemand))
-	}
-	if e == nil && req.OnDemand && plan.resident == nil {
-		plan.load.onDemand = true
-	}
 	if e != nil {
 		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.String("error", e.Message))
 		return &helperpb.Response{Id: id, Error: e}, nil
 	}
+	// What a pool of memory made ahead would save a restore.
+	s.log.Info("restore memory made", zap.String("image", req.ImageDir), zap.Int("allocations", len(plan.made)),
+		zap.Duration("took", time.Since(made)), zap.Bool("on_demand", req.OnDemand))
 	if dir != nil {
 		plan.resident = s.residentFor(dir, im, place)
 	}
-	if plan.resident != nil {
-		plan.load.onDemand = false // a copy on the GPU: faster than any process could wait for it
-	}
+	// A copy from a resident image is on the GPU: faster than any process
+	// could wait for it.
+	plan.load.onDemand = req.OnDemand && plan.resident == nil
 	s.trackPlan(plan)
 	s.rememberRestore(req.ImageDir, plan.out)
 	go s.runLoad(plan)
@@ -333,7 +326,6 @@ func (s *Server) runLoad(p *restorePlan) {
 		for i, bi := range p.bufs {
 			ranks[i] = p.im.Buffers()[bi].TouchRank
 		}
-		p.load.regions, p.load.chunk = p.regions, uint64(p.im.Manifest().GetChunkSize())
 		l, err := engine.StartLoad(p.regions, p.im, p.bufs, engine.LoadOrder(p.regions, ranks),
 			engine.Options{Progress: tr.progress, PieceDelay: slow})
 		p.load.live = l
@@ -441,7 +433,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	if live != nil {
 		cl.mu.Lock()
 		if len(cl.restoreIdx) > 0 {
-			cl.demand = &demandLoad{l: live, regions: load.regions, mine: cl.restoreIdx, chunk: load.chunk, out: out}
+			cl.demand = &demandLoad{l: live, mine: cl.restoreIdx, out: out}
 		}
 		cl.mu.Unlock()
 	}

@@ -458,22 +458,11 @@ func Dump(regions []Region, w *image.Writer, chunk int, opts Options) (DumpStats
 // the check to its caller (image.Image.HashCheckedByCaller), else by the
 // image reader before it reaches the GPU.
 func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
-	if len(bufs) != len(regions) {
-		return fmt.Errorf("%d regions but %d image buffers", len(regions), len(bufs))
+	readers, closeAll, err := openReaders(regions, im, bufs)
+	if err != nil {
+		return err
 	}
-	readers := make([]*image.BufferReader, len(regions))
-	for i, bi := range bufs {
-		br, err := im.OpenBuffer(bi)
-		if err != nil {
-			return err
-		}
-		defer br.Close()
-		if uint64(br.Size()) != regions[i].Size {
-			return fmt.Errorf("region %d (0x%x): %d bytes, image buffer %d has %d", i, regions[i].Address,
-				regions[i].Size, bi, br.Size())
-		}
-		readers[i] = br
-	}
+	defer closeAll()
 	chunk := int(im.Manifest().GetChunkSize())
 	var check func(vas []uint64) error
 	if im.HashCheckedByCaller() {
@@ -485,25 +474,73 @@ func Load(regions []Region, im *image.Image, bufs []int, opts Options) error {
 				return err
 			}
 			for i, r := range regions {
-				want := readers[i].ChunkHashes()
-				for ci, h := range hashes[i] {
-					if h != want[ci] {
-						return &image.ChunkError{Image: im.Dir(), Buffer: bufs[i], Address: r.Address, Chunk: ci,
-							File: im.ChunkFile(bufs[i], ci), Err: fmt.Errorf("%w: the chunk hashes to %x on the GPU after loading, the image says %x",
-								image.ErrCorrupt, h, want[ci])}
-					}
+				if err := compareHashes(r, hashes[i], readers[i], im, bufs[i]); err != nil {
+					return err
 				}
 			}
 			return nil
 		}
 	}
-	return run(regions, chunk, opts, steps{after: check, toGPU: func(p piece, buf []byte) error {
+	return run(regions, chunk, opts, steps{after: check, toGPU: fromImage(readers, opts)})
+}
+
+// openReaders opens the image buffer bufs[i] of im for each region i, of
+// its size; closeAll closes them. On an error nothing stays open.
+func openReaders(regions []Region, im *image.Image, bufs []int) (readers []*image.BufferReader, closeAll func(), err error) {
+	if len(bufs) != len(regions) {
+		return nil, nil, fmt.Errorf("%d regions but %d image buffers", len(regions), len(bufs))
+	}
+	readers = make([]*image.BufferReader, len(regions))
+	closeAll = func() {
+		for _, br := range readers {
+			if br != nil {
+				br.Close()
+			}
+		}
+	}
+	for i, bi := range bufs {
+		br, err := im.OpenBuffer(bi)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		readers[i] = br
+		if uint64(br.Size()) != regions[i].Size {
+			closeAll()
+			return nil, nil, fmt.Errorf("region %d (0x%x): %d bytes, image buffer %d has %d", i, regions[i].Address,
+				regions[i].Size, bi, br.Size())
+		}
+	}
+	return readers, closeAll, nil
+}
+
+// fromImage is a load's toGPU step: each piece's bytes from its region's
+// image buffer (with the injected faults of opts).
+func fromImage(readers []*image.BufferReader, opts Options) func(p piece, buf []byte) error {
+	return func(p piece, buf []byte) error {
 		if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
 			return err
 		}
 		if opts.stagingFault != nil {
 			opts.stagingFault(p.r, p.index, buf)
 		}
+		if opts.PieceDelay > 0 {
+			time.Sleep(opts.PieceDelay)
+		}
 		return nil
-	}})
+	}
+}
+
+// compareHashes compares region r's chunk hashes, as the GPU computed them
+// after loading, with those of its image buffer buf: the first that differs
+// is an image.ChunkError wrapping image.ErrCorrupt.
+func compareHashes(r Region, got [][16]byte, br *image.BufferReader, im *image.Image, buf int) error {
+	want := br.ChunkHashes()
+	for ci, h := range got {
+		if h != want[ci] {
+			return &image.ChunkError{Image: im.Dir(), Buffer: buf, Address: r.Address, Chunk: ci, File: im.ChunkFile(buf, ci),
+				Err: fmt.Errorf("%w: the chunk hashes to %x on the GPU after loading, the image says %x", image.ErrCorrupt, h, want[ci])}
+		}
+	}
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 // into a region may read any of it.
 type Loading struct {
 	regions []Region
+	chunk   uint64        // the image's chunk size
 	done    chan struct{} // closed when the load has ended
 	err     error         // its result; read after done
 
@@ -30,7 +31,6 @@ type Loading struct {
 	next   map[GPU]int     // per device, the next chunk of its queue's head
 	left   []int           // per region, chunks not done yet
 	ready  []chan struct{} // per region, closed once it is loaded
-	loaded int             // regions loaded
 	handed []int           // per region, chunks handed to a lane
 	total  []int           // per region, its chunks
 	gone   []bool          // per region, abandoned: nothing more of it is handed out
@@ -61,35 +61,15 @@ func LoadOrder(regions []Region, rank []uint32) []int {
 // in the background, in order (region indices; LoadOrder), each region
 // checked once all of it is on the GPU. im stays open until Done.
 func StartLoad(regions []Region, im *image.Image, bufs []int, order []int, opts Options) (*Loading, error) {
-	if len(bufs) != len(regions) {
-		return nil, fmt.Errorf("%d regions but %d image buffers", len(regions), len(bufs))
-	}
 	if len(order) != len(regions) {
 		return nil, fmt.Errorf("%d regions but an order of %d", len(regions), len(order))
 	}
-	readers := make([]*image.BufferReader, len(regions))
-	closeAll := func() {
-		for _, br := range readers {
-			if br != nil {
-				br.Close()
-			}
-		}
-	}
-	for i, bi := range bufs {
-		br, err := im.OpenBuffer(bi)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		readers[i] = br
-		if uint64(br.Size()) != regions[i].Size {
-			closeAll()
-			return nil, fmt.Errorf("region %d (0x%x): %d bytes, image buffer %d has %d", i, regions[i].Address,
-				regions[i].Size, bi, br.Size())
-		}
+	readers, closeAll, err := openReaders(regions, im, bufs)
+	if err != nil {
+		return nil, err
 	}
 	chunk := int(im.Manifest().GetChunkSize())
-	l := &Loading{regions: regions, done: make(chan struct{}), queue: map[GPU][]int{}, next: map[GPU]int{},
+	l := &Loading{regions: regions, chunk: uint64(chunk), done: make(chan struct{}), queue: map[GPU][]int{}, next: map[GPU]int{},
 		left: make([]int, len(regions)), ready: make([]chan struct{}, len(regions)), handed: make([]int, len(regions)),
 		total: make([]int, len(regions)), gone: make([]bool, len(regions))}
 	for _, i := range order {
@@ -103,7 +83,6 @@ func StartLoad(regions []Region, im *image.Image, bufs []int, order []int, opts 
 	for i := range regions {
 		if l.left[i] == 0 {
 			close(l.ready[i])
-			l.loaded++
 		}
 	}
 	var vas []uint64
@@ -125,27 +104,13 @@ func StartLoad(regions []Region, im *image.Image, bufs []int, order []int, opts 
 					continue
 				}
 			}
-			l.mu.Lock()
-			l.loaded++
-			l.mu.Unlock()
 			close(l.ready[i])
 		}
 	}()
 	st := steps{
 		before: func(v []uint64) error { vas = v; return nil },
 		next:   l.nextPiece(chunk),
-		toGPU: func(p piece, buf []byte) error {
-			if _, err := readers[p.r].ReadAt(buf, int64(p.off)); err != nil {
-				return err
-			}
-			if opts.stagingFault != nil {
-				opts.stagingFault(p.r, p.index, buf)
-			}
-			if opts.PieceDelay > 0 {
-				time.Sleep(opts.PieceDelay)
-			}
-			return nil
-		},
+		toGPU:  fromImage(readers, opts),
 		doneHook: func(p piece) {
 			l.mu.Lock()
 			l.left[p.r]--
@@ -174,14 +139,7 @@ func checkRegion(r Region, va uint64, br *image.BufferReader, im *image.Image, b
 	if err != nil {
 		return fmt.Errorf("region %d (0x%x): hash on the GPU: %w", i, r.Address, err)
 	}
-	want := br.ChunkHashes()
-	for ci, h := range hs[0] {
-		if h != want[ci] {
-			return &image.ChunkError{Image: im.Dir(), Buffer: buf, Address: r.Address, Chunk: ci, File: im.ChunkFile(buf, ci),
-				Err: fmt.Errorf("%w: the chunk hashes to %x on the GPU after loading, the image says %x", image.ErrCorrupt, h, want[ci])}
-		}
-	}
-	return nil
+	return compareHashes(r, hs[0], br, im, buf)
 }
 
 // nextPiece hands out dev's pieces: the chunks of the region at the head
@@ -248,6 +206,11 @@ func (l *Loading) Need(idx []int) error {
 	}
 	return nil
 }
+
+// Region is region i of the load; ChunkSize the image's chunk size (what
+// a process's loading window counts its pending chunks in).
+func (l *Loading) Region(i int) Region { return l.regions[i] }
+func (l *Loading) ChunkSize() uint64   { return l.chunk }
 
 // Loaded says whether region i is loaded.
 func (l *Loading) Loaded(i int) bool {
