@@ -9,6 +9,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,21 +112,23 @@ func (cl *client) resumeRequest() *helperpb.Request {
 		res.GuardChunk = uint64(g.ChunkSize())
 		pend := g.PendingChunks()
 		for i, r := range g.Regions() {
-			bits := make([]byte, (len(pend[i])+7)/8)
-			any := false
-			for ci, p := range pend[i] {
-				if p {
-					bits[ci/8] |= 1 << (ci % 8)
-					any = true
-				}
-			}
-			if any {
-				res.Guard = append(res.Guard, &helperpb.GuardRegion{Address: r.Address, Size: r.Size, Pending: bits,
-					Vmm: r.Kind == image.AllocVMM})
+			if slices.Contains(pend[i], true) {
+				res.Guard = append(res.Guard, guardRegion(r, len(pend[i]), func(c int) bool { return pend[i][c] }))
 			}
 		}
 	}
 	return &helperpb.Request{Body: &helperpb.Request_Resume{Resume: res}}
+}
+
+// guardRegion is r in a Resume's window, of n chunks, those pending set.
+func guardRegion(r engine.Region, n int, pending func(c int) bool) *helperpb.GuardRegion {
+	bits := make([]byte, (n+7)/8)
+	for c := range n {
+		if pending(c) {
+			bits[c/8] |= 1 << (c % 8)
+		}
+	}
+	return &helperpb.GuardRegion{Address: r.Address, Size: r.Size, Pending: bits, Vmm: r.Kind == image.AllocVMM}
 }
 
 // saveFirst serves a SaveFirst: the ranges' pending chunks are saved before
