@@ -192,60 +192,74 @@ const resumeWait = 15 * time.Second
 // process of the dump runs again, so that the report says how long each
 // was stopped.
 func awaitBackground(ctx context.Context, socket, dir string, since time.Time, resumed bool) error {
+	var lastDone uint64
+	lastMove := time.Now()
+	resumeBy := time.Now().Add(resumeWait)
+	return pollTransfers(ctx, socket, dir, watchPoll, "the GPU image was still being written, and the helper no longer answers",
+		func(list []*helperpb.Transfer) (bool, error) {
+			var mine []*helperpb.Transfer
+			waiting := false // for a process to run again
+			for _, t := range list {
+				if !ofThisRun(t, helperpb.Transfer_DIRECTION_DUMP, since) {
+					continue
+				}
+				if t.Background {
+					mine = append(mine, t)
+				}
+				if resumed && t.StoppedSeconds == 0 && t.Error == "" && time.Now().Before(resumeBy) {
+					waiting = true
+				}
+			}
+			var all *helperpb.Transfer
+			if len(mine) > 0 {
+				all = combine(mine)
+				if all.Finished && all.Error != "" {
+					for _, t := range mine {
+						if t.Changed {
+							return false, changedErr{all.Error}
+						}
+					}
+					return false, errors.New(all.Error)
+				}
+			}
+			switch {
+			case (all == nil || all.Finished) && !waiting:
+				return true, nil // committed (with the dump, or after it), and every process runs again
+			case all == nil || all.Finished:
+				// only a process's return is awaited
+			case all.BytesDone != lastDone:
+				lastDone, lastMove = all.BytesDone, time.Now()
+			case time.Since(lastMove) > backgroundStall:
+				return false, fmt.Errorf("the background copy of the GPU memory made no progress for %v (%s of %s done)",
+					backgroundStall, units.Bytes(all.BytesDone), units.Bytes(all.BytesTotal))
+			}
+			return false, nil
+		})
+}
+
+// pollTransfers asks the helper for dir's copies every period until step
+// says they are done or fails; lost begins the error of a helper that no
+// longer answers.
+func pollTransfers(ctx context.Context, socket, dir string, period time.Duration, lost string,
+	step func([]*helperpb.Transfer) (bool, error)) error {
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 	conn, err := client.Dial(dctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
 	dcancel()
 	if err != nil {
-		return fmt.Errorf("the GPU image was still being written, and the helper no longer answers: %w", err)
+		return fmt.Errorf("%s: %w", lost, err)
 	}
 	defer conn.Close()
-	var lastDone uint64
-	lastMove := time.Now()
-	resumeBy := time.Now().Add(resumeWait)
-	tick := time.NewTicker(watchPoll)
+	tick := time.NewTicker(period)
 	defer tick.Stop()
 	for {
 		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
 		list, err := conn.Transfers(qctx, dir)
 		qcancel()
 		if err != nil {
-			return fmt.Errorf("the GPU image was still being written, and the helper no longer answers: %w", err)
+			return fmt.Errorf("%s: %w", lost, err)
 		}
-		var mine []*helperpb.Transfer
-		waiting := false // for a process to run again
-		for _, t := range list {
-			if !ofThisRun(t, helperpb.Transfer_DIRECTION_DUMP, since) {
-				continue
-			}
-			if t.Background {
-				mine = append(mine, t)
-			}
-			if resumed && t.StoppedSeconds == 0 && t.Error == "" && time.Now().Before(resumeBy) {
-				waiting = true
-			}
-		}
-		var all *helperpb.Transfer
-		if len(mine) > 0 {
-			all = combine(mine)
-			if all.Finished && all.Error != "" {
-				for _, t := range mine {
-					if t.Changed {
-						return changedErr{all.Error}
-					}
-				}
-				return errors.New(all.Error)
-			}
-		}
-		switch {
-		case (all == nil || all.Finished) && !waiting:
-			return nil // committed (with the dump, or after it), and every process runs again
-		case all == nil || all.Finished:
-			// only a process's return is awaited
-		case all.BytesDone != lastDone:
-			lastDone, lastMove = all.BytesDone, time.Now()
-		case time.Since(lastMove) > backgroundStall:
-			return fmt.Errorf("the background copy of the GPU memory made no progress for %v (%s of %s done)",
-				backgroundStall, units.Bytes(all.BytesDone), units.Bytes(all.BytesTotal))
+		if done, err := step(list); done || err != nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -264,23 +278,9 @@ const loadedWait = 10 * time.Minute
 // since has ended, and returns it (nil: the helper showed none); a load
 // that failed is the error.
 func awaitLoaded(ctx context.Context, socket, dir string, since time.Time, wait time.Duration) (*helperpb.Transfer, error) {
-	dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
-	conn, err := client.Dial(dctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
-	dcancel()
-	if err != nil {
-		return nil, fmt.Errorf("the helper no longer answers: %w", err)
-	}
-	defer conn.Close()
 	deadline := time.Now().Add(wait)
-	tick := time.NewTicker(watchPoll / 4)
-	defer tick.Stop()
-	for {
-		qctx, qcancel := context.WithTimeout(ctx, 5*time.Second)
-		list, err := conn.Transfers(qctx, dir)
-		qcancel()
-		if err != nil {
-			return nil, fmt.Errorf("the helper no longer answers: %w", err)
-		}
+	var all *helperpb.Transfer
+	err := pollTransfers(ctx, socket, dir, watchPoll/4, "the helper no longer answers", func(list []*helperpb.Transfer) (bool, error) {
 		var mine []*helperpb.Transfer
 		for _, t := range list {
 			if ofThisRun(t, helperpb.Transfer_DIRECTION_LOAD, since) {
@@ -288,22 +288,18 @@ func awaitLoaded(ctx context.Context, socket, dir string, since time.Time, wait 
 			}
 		}
 		if len(mine) == 0 {
-			return nil, nil
+			return true, nil
 		}
-		all := combine(mine)
-		if all.Finished {
-			if all.Error != "" {
-				return all, fmt.Errorf("their GPU data failed to load (the processes were ended): %s", all.Error)
-			}
-			return all, nil
+		all = combine(mine)
+		switch {
+		case all.Finished && all.Error != "":
+			return false, fmt.Errorf("their GPU data failed to load (the processes were ended): %s", all.Error)
+		case all.Finished:
+			return true, nil
+		case time.Now().After(deadline):
+			return false, fmt.Errorf("their GPU data was still loading after %v", wait)
 		}
-		if time.Now().After(deadline) {
-			return all, fmt.Errorf("their GPU data was still loading after %v", wait)
-		}
-		select {
-		case <-ctx.Done():
-			return all, ctx.Err()
-		case <-tick.C:
-		}
-	}
+		return false, nil
+	})
+	return all, err
 }
