@@ -248,14 +248,13 @@ static inline bool gc_scan_due(void) {
 }
 /* A sampled scan: scans the launch and sets the thread's interval to the next one. */
 GC_HIDDEN unsigned gc_scan_sample(const gc_btab *s, void *f, void **kernelParams, void **extra);
-/* Calls fn with every 8-byte word of a launch's parameters (a copy-on-write window: every launch), of only the
- * parameters the kernel may write through where its module's analysis says which; false if the parameters could
- * not be read (no layout from the driver). */
+/* Calls fn with every 8-byte word of a launch's parameters (a window: every launch); with writes_only (a
+ * copy-on-write window) of only the parameters the kernel may write through, where its module's analysis says
+ * which. False if the parameters could not be read (no layout from the driver). *indirect (if not NULL): the
+ * analysis found that the kernel may touch memory its parameters do not point into. */
 typedef void (*gc_word_fn)(uint64_t w, void *arg);
-GC_HIDDEN bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg);
-/* The same for every parameter whatever the kernel writes (a restore loading on demand: what it reads counts too);
- * *indirect: the analysis found that the kernel may touch memory its parameters do not point into. */
-GC_HIDDEN bool gc_scan_all(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg, bool *indirect);
+GC_HIDDEN bool gc_scan_each(void *f, void **kernelParams, void **extra, bool writes_only, gc_word_fn fn, void *arg,
+                            bool *indirect);
 /* Scans a byte range word by word (8-byte aligned words). */
 GC_HIDDEN unsigned gc_scan_words(const gc_btab *s, const void *p, size_t len);
 

@@ -327,63 +327,38 @@ static void each_word(const void *p, size_t len, gc_word_fn fn, void *arg) {
  * that is known (otherwise all). */
 static bool param_wanted(const gc_layout *l, uint32_t i) { return !l->wknown || i >= 64 || (l->wmask >> i) & 1u; }
 
-bool gc_scan_all(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg, bool *indirect) {
+bool gc_scan_each(void *f, void **kernelParams, void **extra, bool writes_only, gc_word_fn fn, void *arg,
+                  bool *indirect) {
     bool owned;
     const gc_layout *l = gc_layout_get(f, &owned);
     bool ok = l && l->ok;
-    *indirect = ok && l->indirect;
-    if (kernelParams && ok)
-        for (uint32_t i = 0; i < l->n; i++)
-            each_word(kernelParams[i], l->p[i].size, fn, arg);
-    if (owned)
-        free((void *)l);
-    if (kernelParams)
-        return ok;
-    if (extra) {
-        void *buf = NULL;
-        size_t size = 0;
-        extra_buffer(extra, &buf, &size);
-        each_word(buf, size, fn, arg);
-        return buf != NULL || size == 0;
-    }
-    return true; /* no parameters */
-}
-
-bool gc_scan_each(void *f, void **kernelParams, void **extra, gc_word_fn fn, void *arg) {
+    if (indirect)
+        *indirect = ok && l->indirect;
+    bool narrow = writes_only && ok && l->wknown;
+    bool read = true; /* no parameters */
     if (kernelParams) {
-        bool owned;
-        const gc_layout *l = gc_layout_get(f, &owned);
-        bool ok = l && l->ok;
         if (ok)
             for (uint32_t i = 0; i < l->n; i++)
-                if (param_wanted(l, i))
+                if (!writes_only || param_wanted(l, i))
                     each_word(kernelParams[i], l->p[i].size, fn, arg);
-        if (owned)
-            free((void *)l);
-        return ok;
-    }
-    if (extra) {
+        read = ok;
+    } else if (extra) {
         void *buf = NULL;
         size_t size = 0;
         extra_buffer(extra, &buf, &size);
-        if (buf) {
+        if (buf && narrow) {
             /* The packed buffer lays the parameters out as the layout says: only those written through. */
-            bool owned;
-            const gc_layout *l = gc_layout_get(f, &owned);
-            bool narrow = l && l->ok && l->wknown;
-            if (narrow)
-                for (uint32_t i = 0; i < l->n; i++)
-                    if (param_wanted(l, i) && (size_t)l->p[i].off + l->p[i].size <= size)
-                        each_word((const char *)buf + l->p[i].off, l->p[i].size, fn, arg);
-            if (owned)
-                free((void *)l);
-            if (narrow)
-                return true;
+            for (uint32_t i = 0; i < l->n; i++)
+                if (param_wanted(l, i) && (size_t)l->p[i].off + l->p[i].size <= size)
+                    each_word((const char *)buf + l->p[i].off, l->p[i].size, fn, arg);
+        } else {
+            each_word(buf, size, fn, arg);
         }
-        each_word(buf, size, fn, arg);
-        return buf != NULL || size == 0;
+        read = buf != NULL || size == 0;
     }
-    return true; /* no parameters */
+    if (owned)
+        free((void *)l);
+    return read;
 }
 
 /* ---- sampling ---- */

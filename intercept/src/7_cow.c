@@ -128,17 +128,12 @@ static void note_word(uint64_t w, void *arg) {
 
 void gc_cow_launch(void *f, void **kernelParams, void **extra) {
     hits h = {.n = 0};
-    if (atomic_load_explicit(&loading, memory_order_relaxed)) {
-        bool indirect = false;
-        if (!gc_scan_all(f, kernelParams, extra, note_word, &h, &indirect) || indirect || h.overflow) {
-            gc_cow_all(); /* it may reach memory its parameters do not point into, or too many regions */
-            return;
-        }
-        for (int i = 0; i < h.n; i++)
-            save_span(h.base[i], h.base[i] + h.size[i]);
-        return;
-    }
-    if (!gc_scan_each(f, kernelParams, extra, note_word, &h) || h.overflow) {
+    /* Loading, a launch waits for what it reads too, and for everything if it may reach memory its parameters do
+     * not point into; a copy-on-write window counts only what it may write through (the hash check catches the
+     * rest). */
+    bool load = atomic_load_explicit(&loading, memory_order_relaxed), indirect = false;
+    if (!gc_scan_each(f, kernelParams, extra, !load, note_word, &h, load ? &indirect : NULL) || indirect ||
+        h.overflow) {
         gc_cow_all(); /* parameters it cannot read, or too many regions: everything it may reach */
         return;
     }

@@ -461,7 +461,7 @@ static void test_writes(void) {
     void *params[] = {&p0, &p1, p2};
     int words = 0;
     /* not analysed: every pointer word */
-    CHECK(gc_scan_each((void *)0x100, params, NULL, count_word, &words) && words == 3);
+    CHECK(gc_scan_each((void *)0x100, params, NULL, true, count_word, &words, NULL) && words == 3);
     /* module 0xa0's k3 writes through parameter 2 only; once its layout is asked again */
     CHECK(!gc_writes_any());
     gc_writes_add((void *)0xa0, kwrites("k3", 1u << 2), 1);
@@ -471,25 +471,25 @@ static void test_writes(void) {
     CHECK(!gc_writes_find((void *)0xa0, "k4", &w) && !gc_writes_find((void *)0xb0, "k3", &w));
     gc_layout_invalidate();
     words = 0;
-    CHECK(gc_scan_each((void *)0x100, params, NULL, count_word, &words) && words == 2);
+    CHECK(gc_scan_each((void *)0x100, params, NULL, true, count_word, &words, NULL) && words == 2);
     /* the packed form: the parameters at their offsets */
     uint64_t packed[4] = {p0, p1, p2[0], p2[1]};
     size_t psize = sizeof packed;
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, packed, CU_LAUNCH_PARAM_BUFFER_SIZE, &psize, CU_LAUNCH_PARAM_END};
     words = 0;
-    CHECK(gc_scan_each((void *)0x100, NULL, extra, count_word, &words) && words == 2);
+    CHECK(gc_scan_each((void *)0x100, NULL, extra, true, count_word, &words, NULL) && words == 2);
     /* a CUkernel of library 0xb0 that writes through nothing it is given */
     gc_writes_add((void *)0xb0, kwrites("k2", 0), 1);
     uint32_t k0 = 1;
     uint64_t k1 = 0x500000000000ULL;
     void *kparams[] = {&k0, &k1};
     words = 0;
-    CHECK(gc_scan_each((void *)0x200, kparams, NULL, count_word, &words) && words == 0);
+    CHECK(gc_scan_each((void *)0x200, kparams, NULL, true, count_word, &words, NULL) && words == 0);
     /* unloaded: the layouts are asked again, and write everything again */
     gc_writes_drop((void *)0xa0);
     gc_layout_invalidate();
     words = 0;
-    CHECK(gc_scan_each((void *)0x100, params, NULL, count_word, &words) && words == 3);
+    CHECK(gc_scan_each((void *)0x100, params, NULL, true, count_word, &words, NULL) && words == 3);
     gc_writes_reset();
     CHECK(!gc_writes_find((void *)0xb0, "k2", &w) && !gc_writes_any());
     gc_scan_set_owner(NULL, NULL);
