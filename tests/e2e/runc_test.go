@@ -172,6 +172,19 @@ func TestRuncWithPlugin(t *testing.T) {
 // annotate sets one annotation in an OCI config.json.
 func annotate(t testing.TB, path, key, value string) {
 	t.Helper()
+	editConfig(t, path, func(cfg map[string]any) {
+		ann, _ := cfg["annotations"].(map[string]any)
+		if ann == nil {
+			ann = map[string]any{}
+		}
+		ann[key] = value
+		cfg["annotations"] = ann
+	})
+}
+
+// editConfig rewrites the OCI config.json at path as edit changes it.
+func editConfig(t testing.TB, path string, edit func(cfg map[string]any)) {
+	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -180,12 +193,7 @@ func annotate(t testing.TB, path, key, value string) {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	ann, _ := cfg["annotations"].(map[string]any)
-	if ann == nil {
-		ann = map[string]any{}
-	}
-	ann[key] = value
-	cfg["annotations"] = ann
+	edit(cfg)
 	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
 		t.Fatal(err)
 	}
@@ -285,26 +293,14 @@ func TestRuncReplicasFromResidentImage(t *testing.T) {
 // in the host's.
 func privateNetwork(t testing.TB, path string) {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	linux, _ := cfg["linux"].(map[string]any)
-	if linux == nil {
-		t.Fatalf("%s: no linux section", path)
-	}
-	nss, _ := linux["namespaces"].([]any)
-	linux["namespaces"] = append(nss, map[string]any{"type": "network"})
-	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	editConfig(t, path, func(cfg map[string]any) {
+		linux, _ := cfg["linux"].(map[string]any)
+		if linux == nil {
+			t.Fatalf("%s: no linux section", path)
+		}
+		nss, _ := linux["namespaces"].([]any)
+		linux["namespaces"] = append(nss, map[string]any{"type": "network"})
+	})
 }
 
 // pluginContainer makes a runc container below dir (its runc root, bundle
