@@ -146,7 +146,8 @@ func (w *Writer) manifest() *imagepb.Manifest {
 		}
 	}
 	for _, pid := range slices.Sorted(maps.Keys(procs)) {
-		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid].ns), Gpus: procs[pid].gpus})
+		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid].ns), Gpus: procs[pid].gpus,
+			Imports: importsPB(procs[pid].imports)})
 	}
 	m.Stats = statsToPB(st)
 	return m

@@ -181,6 +181,11 @@ func validateManifest(m *imagepb.Manifest) error {
 		if len(p.GetGpus()) > maxProcessGPUs {
 			return corruptf("process %d: %d GPUs (at most %d)", p.GetPid(), len(p.GetGpus()), maxProcessGPUs)
 		}
+		for _, im := range p.GetImports() {
+			if im.GetSize() == 0 || im.GetAddress() == 0 || im.GetOwnerPid() <= 0 || im.GetAddress()+im.GetSize() < im.GetAddress() {
+				return corruptf("process %d: import at 0x%x (%d bytes of pid %d): invalid", p.GetPid(), im.GetAddress(), im.GetSize(), im.GetOwnerPid())
+			}
+		}
 	}
 	return checkOverlaps(m.GetBuffers())
 }

@@ -472,7 +472,8 @@ func TestProcesses(t *testing.T) {
 		t.Error("AddProcess(0) accepted")
 	}
 	gpus := []string{"GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"}
-	if err := w.AddProcessInfo(ProcessInfo{Pid: 10, GPUs: gpus}); err != nil {
+	imports := []ImportInfo{{Address: 0x7000, Size: 4096, OwnerPid: 20, OwnerAddress: 0x1000}}
+	if err := w.AddProcessInfo(ProcessInfo{Pid: 10, GPUs: gpus, Imports: imports}); err != nil {
 		t.Fatal(err)
 	}
 	bw, err := w.AddBuffer(BufferInfo{Pid: 20, NsPid: 2, Address: 0x1000, Size: 4096})
@@ -495,7 +496,7 @@ func TestProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []ProcessInfo{{10, 0, gpus}, {20, 2, nil}, {30, 3, nil}}
+	want := []ProcessInfo{{10, 0, gpus, imports}, {20, 2, nil, nil}, {30, 3, nil, nil}}
 	if got := im.Processes(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Processes() = %v, want %v", got, want)
 	}
@@ -510,7 +511,7 @@ func TestProcesses(t *testing.T) {
 	if im, err = Open(dir); err != nil {
 		t.Fatal(err)
 	}
-	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil}}) {
+	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil, nil}}) {
 		t.Errorf("without a process list: %v", got)
 	}
 

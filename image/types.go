@@ -151,6 +151,10 @@ type AllocFlags uint32
 // AllocFlagGPUDirectRDMA: created GPUDirect RDMA capable.
 const AllocFlagGPUDirectRDMA = AllocFlags(imagepb.AllocFlag_ALLOC_FLAG_GPU_DIRECT_RDMA)
 
+// AllocFlagHostNUMA: pinned host memory (location HOST_NUMA) on the host
+// NUMA node of the buffer's device, not device memory.
+const AllocFlagHostNUMA = AllocFlags(imagepb.AllocFlag_ALLOC_FLAG_HOST_NUMA)
+
 // ProcessInfo is one process an image was taken of.
 type ProcessInfo struct {
 	Pid   int
@@ -158,6 +162,33 @@ type ProcessInfo struct {
 	// GPUs are the GPUs the process could see (UUIDs, by its device
 	// ordinal); nil: unknown.
 	GPUs []string
+	// Imports are the buffers of other processes of the image that this
+	// one maps (an NCCL rank's imports of its peers' memory).
+	Imports []ImportInfo
+}
+
+// ImportInfo is one buffer of another process that a process maps: at
+// Address in it, the buffer of OwnerPid at OwnerAddress there.
+type ImportInfo struct {
+	Address, Size uint64
+	OwnerPid      int
+	OwnerAddress  uint64
+}
+
+func importsPB(in []ImportInfo) []*imagepb.Import {
+	var out []*imagepb.Import
+	for _, i := range in {
+		out = append(out, &imagepb.Import{Address: i.Address, Size: i.Size, OwnerPid: int64(i.OwnerPid), OwnerAddress: i.OwnerAddress})
+	}
+	return out
+}
+
+func importsOf(in []*imagepb.Import) []ImportInfo {
+	var out []ImportInfo
+	for _, i := range in {
+		out = append(out, ImportInfo{Address: i.GetAddress(), Size: i.GetSize(), OwnerPid: int(i.GetOwnerPid()), OwnerAddress: i.GetOwnerAddress()})
+	}
+	return out
 }
 
 // WriteStats counts what a Writer did. A chunk is exactly one of new (a file

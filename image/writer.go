@@ -323,8 +323,9 @@ func (w *Writer) AddProcess(pid, nsPid int) error {
 
 // procRec is what the image records of a process besides its buffers.
 type procRec struct {
-	ns   int
-	gpus []string
+	ns      int
+	gpus    []string
+	imports []ImportInfo
 }
 
 // AddProcessInfo is AddProcess with the GPUs the process could see.
@@ -346,6 +347,9 @@ func (w *Writer) AddProcessInfo(p ProcessInfo) error {
 	}
 	if p.GPUs != nil {
 		r.gpus = slices.Clone(p.GPUs)
+	}
+	if p.Imports != nil {
+		r.imports = slices.Clone(p.Imports)
 	}
 	w.procs[p.Pid] = r
 	return nil

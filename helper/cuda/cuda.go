@@ -300,13 +300,29 @@ func (dev *Device) close() {
 // that can be exported as a POSIX fd; gpuDirectRDMA asks for memory a NIC may
 // reach (allocFlags.gpuDirectRDMACapable).
 func (dev *Device) Create(size uint64, gpuDirectRDMA bool) (Handle, error) {
+	return dev.create(size, gpuDirectRDMA, false)
+}
+
+// CreateHost makes size bytes of pinned host memory (location HOST_NUMA)
+// on the device's host NUMA node, exportable as a POSIX fd; the device
+// reaches it, and Map maps it for the device.
+func (dev *Device) CreateHost(size uint64) (Handle, error) {
+	return dev.create(size, false, true)
+}
+
+func (dev *Device) create(size uint64, gpuDirectRDMA, host bool) (Handle, error) {
 	var h C.CUmemGenericAllocationHandle
 	var err error
-	gdr := C.int(0)
+	gdr, hst := C.int(0), C.int(0)
 	if gpuDirectRDMA {
 		gdr = 1
 	}
-	if e := dev.do(func() { err = check("cuMemCreate", C.gs_create(&h, C.size_t(size), C.int(dev.Ordinal), gdr)) }); e != nil {
+	if host {
+		hst = 1
+	}
+	if e := dev.do(func() {
+		err = check("cuMemCreate", C.gs_create(&h, C.size_t(size), C.int(dev.Ordinal), gdr, hst))
+	}); e != nil {
 		return 0, e
 	}
 	return Handle(h), err

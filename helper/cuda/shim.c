@@ -13,6 +13,7 @@
     X(cuDeviceGetPCIBusId, (char *, int, CUdevice))                                                                    \
     X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                                        \
     X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                                       \
+    X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                                     \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                               \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                                        \
     X(cuDevicePrimaryCtxSetFlags_v2, (CUdevice, unsigned int))                                                         \
@@ -101,9 +102,18 @@ CUresult gs_granularity(size_t *g, int dev) {
     return p_cuMemGetAllocationGranularity(g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 }
 
-CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev, int gpu_direct_rdma) {
+CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev, int gpu_direct_rdma, int host) {
     CUmemAllocationProp p = prop_for(dev);
     p.allocFlags.gpuDirectRDMACapable = gpu_direct_rdma ? 1 : 0;
+    if (host) {
+        /* pinned host memory on the device's own host NUMA node (as NCCL asks for its host buffers) */
+        int node = 0;
+        CUresult r = p_cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev);
+        if (r != CUDA_SUCCESS)
+            return r;
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        p.location.id = node < 0 ? 0 : node;
+    }
     return p_cuMemCreate(h, size, &p, 0);
 }
 

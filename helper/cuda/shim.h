@@ -23,7 +23,7 @@ CUresult gs_cuCtxSetCurrent(CUcontext ctx);
 CUresult gs_cuMemGetInfo_v2(size_t *free_, size_t *total);
 /* With a pinned device-memory property for dev, POSIX-fd handles. */
 CUresult gs_granularity(size_t *g, int dev);
-CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev, int gpu_direct_rdma);
+CUresult gs_create(CUmemGenericAllocationHandle *h, size_t size, int dev, int gpu_direct_rdma, int host);
 CUresult gs_export_fd(int *fd, CUmemGenericAllocationHandle h);
 CUresult gs_cuMemRelease(CUmemGenericAllocationHandle h);
 /* The helper's own mapping of h: reserve (align), map, read/write for dev. */

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
@@ -191,6 +192,13 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	if err := s.waitDemand(cl, ctl, loadTimeout); err != nil {
 		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: %v", cl.pid, err)
 	}
+	if o.req.Concurrent && len(s.peerGroup(cl)) > 1 {
+		// Its peers write into memory it shares with them once they run
+		// again, which no window of its own sees: it is copied before.
+		o.req = proto.Clone(o.req).(*helperpb.Checkpoint)
+		o.req.Concurrent = false
+		o.log.Info("a process sharing GPU memory with others is copied before it runs on, not concurrently")
+	}
 	var scratch *engine.Scratch
 	if o.req.Concurrent && s.cfg.Concurrent != ConcurrentCopyOnWrite {
 		// The snapshot's memory is made while the process still runs.
@@ -201,7 +209,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 		defer scratch.Release() // what the snapshot did not take
 	}
 	r := &checkpointRun{checkpointOpts: o, s: s, cl: cl, ctl: ctl, ph: newPhases(), reply: &helperpb.CheckpointReply{}, scratch: scratch}
-	steps := []func() *stepError{r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage}
+	steps := []func() *stepError{r.quiesceGroup, r.quiesceDrain, r.bufferTable, r.openImage, r.copyToImage}
 	switch {
 	case o.req.Concurrent && o.req.LeaveRunning && !o.req.DeferCommit && !o.req.Detach:
 		// A GPU-only image of a process that runs on: it resumes right
@@ -227,6 +235,9 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	r.reply.Phases = r.ph.list
 	if r.tr != nil {
 		r.tr.setPhases(r.ph.list) // what a display of the copy (gpucr checkpoint) shows of the stall
+	}
+	if o.req.DeferCommit {
+		s.groupDone(deferKey{o.requester, o.req.ImageDir}, cl)
 	}
 	r.reply.TotalSeconds = time.Since(r.ph.start).Seconds()
 	r.log.Info("checkpoint done", zap.Uint64("bytes", r.reply.Bytes), zap.Uint64("stored", r.reply.StoredBytes),
@@ -340,7 +351,8 @@ func (r *checkpointRun) openImage() *stepError {
 		return stepFailed(imageErrCode(err), "image: %v", err)
 	}
 	r.w = w
-	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus}); err != nil {
+	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus,
+		Imports: r.s.importInfos(r.cl)}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	return nil
@@ -718,6 +730,12 @@ func (s *Server) allocRegions(cl *client) []engine.Region {
 // allocation must be one the helper made for this client, mapped, on a
 // device the engines can reach.
 func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Region, error) {
+	imported := map[uint64]bool{}
+	s.mu.Lock()
+	for aid := range s.reg.sh.importsOf(cl) {
+		imported[aid] = true
+	}
+	s.mu.Unlock()
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	var out []engine.Region
@@ -727,8 +745,12 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 			rank[a] = uint32(i) + 1
 		}
 	}
+	listed := map[uint64]bool{}
 	for _, a := range table.GetAllocations() {
 		al := cl.allocs[a.AllocId]
+		if al == nil && imported[a.AllocId] {
+			continue // a peer's memory: its owner's image holds it
+		}
 		if al == nil {
 			return nil, fmt.Errorf("the client lists allocation %d, which the helper does not know", a.AllocId)
 		}
@@ -742,6 +764,16 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 		out = append(out, engine.Region{Device: gpu, Handle: al.handle, Size: al.size,
 			Pid: int(cl.pid), NsPid: int(proc.NsPid(cl.pid)), Address: a.Address, Kind: imageKind(a.Kind), Flags: al.flags,
 			TouchRank: rank[a.Address]})
+		listed[a.AllocId] = true
+	}
+	// A peer's memory it inherited: its interposer lists it as an import.
+	for _, al := range cl.allocs {
+		if al.inherited && !listed[al.id] && al.address != 0 {
+			if gpu := al.dev.GPU(); gpu != nil {
+				out = append(out, engine.Region{Device: gpu, Handle: al.handle, Size: al.size, Pid: int(cl.pid),
+					NsPid: int(proc.NsPid(cl.pid)), Address: al.address, Kind: image.AllocVMM, Flags: al.flags})
+			}
+		}
 	}
 	return out, nil
 }

@@ -113,6 +113,10 @@ type alloc struct {
 	dev                       Device
 	kind                      helperpb.AllocKind
 	flags                     image.AllocFlags // properties the memory was created with
+	// inherited: another client's allocation this one imported, handed
+	// over when its owner let go of it (sharing.go); its interposer lists it
+	// as a peer's, not among its own allocations.
+	inherited bool
 }
 
 func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
@@ -183,6 +187,8 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = s.free(cl, req.Id, b.Free)
 		case *helperpb.Request_Export:
 			resp, fd = s.export(cl, req.Id, b.Export)
+		case *helperpb.Request_ImportPeer:
+			resp = s.importPeer(c, cl, req.Id)
 		case *helperpb.Request_SaveFirst:
 			resp = s.saveFirst(cl, req.Id, b.SaveFirst)
 		case *helperpb.Request_LoadFirst:
@@ -234,6 +240,9 @@ func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Resp
 	var flags image.AllocFlags
 	if a.GpuDirectRdma {
 		flags |= image.AllocFlagGPUDirectRDMA
+	}
+	if a.HostNuma {
+		flags = image.AllocFlagHostNUMA // pinned host memory, on the device's host node
 	}
 	t0 := time.Now()
 	key := poolKey{dev: dev, size: size, flags: flags}
@@ -291,6 +300,9 @@ func (s *Server) ownAlloc(cl *client, reqID, id uint64) (*alloc, *helperpb.Respo
 }
 
 func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Response {
+	if s.mappedImport(cl, m.AllocId, m.Address) {
+		return okResp(id)
+	}
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	al, er := s.ownAlloc(cl, id, m.AllocId)
@@ -306,13 +318,26 @@ func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Res
 // its peer ranks this way), and the driver refuses to export what the
 // application holds, an import.
 func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Response, int) {
-	cl.mu.Lock()
-	al, er := s.ownAlloc(cl, id, e.AllocId)
-	cl.mu.Unlock()
-	if er != nil {
-		return er, -1
+	al, _ := s.importedBy(cl, e.AllocId) // a peer's memory it imports exports too
+	if al == nil {
+		var er *helperpb.Response
+		cl.mu.Lock()
+		al, er = s.ownAlloc(cl, id, e.AllocId)
+		cl.mu.Unlock()
+		if er != nil {
+			return er, -1
+		}
 	}
 	fd, err := al.dev.Export(al.handle)
+	if err == nil {
+		// Kept, to know the fd again when a peer imports it.
+		s.mu.Lock()
+		err = s.reg.sh.keep(al.id, fd)
+		s.mu.Unlock()
+		if err != nil {
+			unix.Close(fd)
+		}
+	}
 	if err != nil {
 		cl.log.Warn("export failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
@@ -321,6 +346,9 @@ func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Re
 }
 
 func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Response {
+	if s.endImport(cl, f.AllocId) {
+		return okResp(id)
+	}
 	cl.mu.Lock()
 	al, er := s.ownAlloc(cl, id, f.AllocId)
 	if er != nil {
@@ -334,6 +362,9 @@ func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Respons
 	if g != nil && al.address != 0 {
 		// A free is a write: a copy-on-write window saves the memory first.
 		_ = g.Save(int(cl.pid), []engine.AddrRange{{Addr: al.address, Size: al.size}})
+	}
+	if s.handOver(cl, al) {
+		return okResp(id)
 	}
 	s.mu.Lock()
 	s.reg.disown(al.id)
@@ -467,7 +498,13 @@ func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
 		// first.
 		_ = g.Save(int(cl.pid), []engine.AddrRange{{Addr: 0, Size: ^uint64(0)}})
 	}
+	s.mu.Lock()
+	s.reg.sh.dropImporter(cl)
+	s.mu.Unlock()
 	for _, al := range allocs {
+		if s.handOver(cl, al) {
+			continue
+		}
 		s.mu.Lock()
 		s.reg.disown(al.id)
 		s.mu.Unlock()
@@ -498,7 +535,7 @@ func (cl *client) hangUp() {
 
 // reimportEntries: the client's mapped allocations in id order, with a new
 // fd each (the caller closes them). Allocations never mapped are skipped.
-func (cl *client) reimportEntries() ([]*helperpb.ReimportEntry, []int, error) {
+func (s *Server) reimportEntries(cl *client) ([]*helperpb.ReimportEntry, []int, error) {
 	cl.mu.Lock()
 	var list []*alloc
 	for _, al := range cl.allocs {
@@ -510,14 +547,26 @@ func (cl *client) reimportEntries() ([]*helperpb.ReimportEntry, []int, error) {
 	sort.Slice(list, func(i, j int) bool { return list[i].id < list[j].id })
 	var ents []*helperpb.ReimportEntry
 	var fds []int
-	for _, al := range list {
+	add := func(al *alloc, addr uint64) error {
 		fd, err := al.dev.Export(al.handle)
 		if err != nil {
 			wire.CloseFDs(fds)
-			return nil, nil, fmt.Errorf("allocation %d: %w", al.id, err)
+			return fmt.Errorf("allocation %d: %w", al.id, err)
 		}
-		ents = append(ents, &helperpb.ReimportEntry{AllocId: al.id, Address: al.address, Size: al.size})
+		ents = append(ents, &helperpb.ReimportEntry{AllocId: al.id, Address: addr, Size: al.size})
 		fds = append(fds, fd)
+		return nil
+	}
+	for _, al := range list {
+		if err := add(al, al.address); err != nil {
+			return nil, nil, err
+		}
+	}
+	// Then its peers' memory it maps (an NCCL rank's imports).
+	for _, e := range s.importEntries(cl) {
+		if err := add(e.al, e.address); err != nil {
+			return nil, nil, err
+		}
 	}
 	return ents, fds, nil
 }

@@ -54,6 +54,10 @@ func (c cudaDevice) FreeMemory() (uint64, error) {
 }
 
 func (c cudaDevice) Create(size uint64, flags image.AllocFlags) (uint64, error) {
+	if flags&image.AllocFlagHostNUMA != 0 {
+		h, err := c.d.CreateHost(size)
+		return uint64(h), err
+	}
 	h, err := c.d.Create(size, flags&image.AllocFlagGPUDirectRDMA != 0)
 	if cuda.IsOutOfMemory(err) {
 		return 0, oomError{err}

@@ -124,7 +124,7 @@ func (s *Server) giveBackLocked(cl *client) error {
 // reimport sends every mapped allocation of cl, with a new fd each, in
 // Reimport frames of at most wire.MaxFDs entries, waiting for each Ok.
 func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helperpb.Error, error) {
-	ents, fds, err := cl.reimportEntries()
+	ents, fds, err := s.reimportEntries(cl)
 	if err != nil {
 		return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_DRIVER, Message: err.Error()}, nil
 	}

@@ -38,7 +38,7 @@ import (
 func takesFD(req *helperpb.Request) bool {
 	switch req.Body.(type) {
 	case *helperpb.Request_Checkpoint, *helperpb.Request_PrepareRestore, *helperpb.Request_LoadResident,
-		*helperpb.Request_UnloadResident:
+		*helperpb.Request_UnloadResident, *helperpb.Request_ImportPeer:
 		return true
 	}
 	return false
@@ -211,12 +211,28 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 	}
 	w := d.w
 	if req.Abort {
+		defer s.endGroups(key, true)
 		if err := s.settleImage(w, true); err != nil {
 			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "drop the GPU image in %s: %v", w.Dir(), err)
 		}
 		s.log.Info("GPU image dropped (the dump failed)", zap.String("image", w.Dir()))
 		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
 	}
+	groups := s.takeGroups(key)
+	if msg := missingMembers(groups); msg != "" {
+		_ = s.settleImage(w, true)
+		for _, g := range groups {
+			s.endGroup(g, true, nil, nil)
+		}
+		s.log.Warn("GPU image dropped: a process sharing GPU memory was not checkpointed", zap.String("image", w.Dir()),
+			zap.String("why", msg))
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "the GPU image in %s is not committed: %s", w.Dir(), msg)
+	}
+	defer func() {
+		for _, g := range groups {
+			s.endGroup(g, false, nil, nil)
+		}
+	}()
 	if s.hasBackground(w) {
 		// Concurrent checkpoints still copy: the commit follows them, and
 		// their transfers tell the outcome (the CLI waits for it there).
@@ -243,5 +259,6 @@ func (s *Server) abortImages(c *conn, dirs map[string]bool) {
 			_ = s.settleImage(d.w, true)
 			s.log.Warn("GPU image left uncommitted by its dump is dropped", zap.String("image", d.w.Dir()))
 		}
+		s.endGroups(key, true)
 	}
 }

@@ -19,11 +19,12 @@ type registry struct {
 	byPID   map[proc.Pid]*client
 	waiting map[proc.Pid]*client
 	owner   map[uint64]*client // allocation id -> its client
+	sh      shares             // memory shared between clients (sharing.go)
 }
 
 func newRegistry() registry {
 	return registry{byToken: map[uint64]*client{}, byPID: map[proc.Pid]*client{}, waiting: map[proc.Pid]*client{},
-		owner: map[uint64]*client{}}
+		owner: map[uint64]*client{}, sh: newShares()}
 }
 
 // connect makes cl findable by its token and its pid.

@@ -267,6 +267,9 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, 
 	if only != 0 && len(p.clients) == 0 {
 		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
 	}
+	if err := s.planImports(p, byPid); err != nil {
+		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "%v", err)
+	}
 	bufsOf := map[int][]image.BufferInfo{}
 	for _, b := range im.Buffers() {
 		bufsOf[b.Pid] = append(bufsOf[b.Pid], b)

@@ -110,6 +110,7 @@ type Server struct {
 	plans     map[*restorePlan]bool         // restores being prepared (restore.go)
 	recent    map[string]*outcomes          // what became of recent restores, by image directory (outcome.go)
 	open      map[deferKey]*deferImage      // deferred-commit images by connection and directory (imagedir.go)
+	groups    map[deferKey][]*groupRun      // their checkpoints of processes sharing GPU memory (group.go)
 	bg        map[*image.Writer]*background // concurrent checkpoints' copies still running, by image (background.go)
 	snaps     snapshotHolds                 // the device memory their snapshots hold (background.go)
 	salvage   map[salvageKey]salvageEntry   // chunks of dropped concurrent checkpoints, by directory (salvage.go)
@@ -156,7 +157,7 @@ func New(cfg Config) *Server {
 	stopping := make(chan struct{})
 	return &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
 		residents: residentSet{byKey: map[residentKey]*resident{}},
-		open:      map[deferKey]*deferImage{}, conns: map[*net.UnixConn]struct{}{},
+		open:      map[deferKey]*deferImage{}, groups: map[deferKey][]*groupRun{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
@@ -508,7 +509,7 @@ func (c *conn) next() *helperpb.Request {
 	c.fds = nil
 	if len(fds) > 0 && (len(fds) > 1 || !takesFD(req)) {
 		wire.CloseFDs(fds)
-		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory)", len(fds))
+		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory), and ImportPeer (the fd imported)", len(fds))
 		return nil
 	}
 	c.fds = fds

@@ -60,14 +60,31 @@ GC_HIDDEN size_t gc_gate_slots(void); /* threads' slots made so far (tests: exit
 /* Set in the control thread: the gate lets it through, and it never connects to the helper. */
 GC_HIDDEN extern __thread int gc_in_control __attribute__((tls_model("initial-exec")));
 
+/* ---- 1_sync.c: peer synchronization (processes that share memory, as NCCL's ranks) ---- */
+/* The process shares memory with another (it exported or imported a helper allocation): its peer sync operations
+ * are counted from then on. */
+GC_HIDDEN extern _Atomic bool gc_sharing;
+/* gc_gate_enter for a call that is a peer sync operation if op: it waits (outside the gate) while a hold keeps
+ * such operations back, and counts itself once inside. */
+GC_HIDDEN int gc_sync_enter(bool op);
+/* HoldSync: no operation beyond the count reached passes; returns that count. */
+GC_HIDDEN uint64_t gc_sync_hold(void);
+/* ReachSync: let operations pass until the count is target, then hold; 0 once there, -ETIMEDOUT, or -ERANGE (past
+ * target already). */
+GC_HIDDEN int gc_sync_reach(uint64_t target, unsigned timeout_ms);
+GC_HIDDEN void gc_sync_release(void);
+GC_HIDDEN uint64_t gc_sync_count(void);
+GC_HIDDEN void gc_sync_reset(void); /* fork child: nothing shared, nothing held */
+/* Whether a kernel named so is one of NCCL's (each launch a step of a collective all its ranks take). */
+GC_HIDDEN bool gc_sync_kernel_name(const char *name);
+
 /* ---- 1_reasons.c: why this process is not checkpointable ---- */
 enum {
     GC_REASON_MANAGED = 1,
     GC_REASON_APP_VMM = 2, /* cuMemCreate passed through (unsupported prop, or no helper) */
     GC_REASON_LOCAL = 4,
     GC_REASON_CONTROL = 8,
-    GC_REASON_FOREIGN = 16, /* the application imported a shareable handle */
-    GC_REASON_EXPORT = 32,  /* the application exported helper-backed VMM memory */
+    GC_REASON_FOREIGN = 16, /* the application imported a shareable handle the helper does not know */
 };
 GC_HIDDEN void gc_note_reason(int reason);
 /* The noted reasons in words into out (room for 6); returns their count. */
@@ -212,11 +229,14 @@ typedef struct gc_layout {
     int ok;         /* 0: the driver gave no layout for this handle */
     int wknown;     /* wmask is known (the kernel's module was analysed and it was decided) */
     int indirect;   /* the analysis found it may touch memory not reached through its parameters */
+    int sync;       /* a peer sync operation (one of NCCL's kernels: gc_sync_kernel_name) */
     uint64_t wmask; /* bit i: the kernel may write through parameter i */
     gc_param p[];
 } gc_layout;
 
 GC_HIDDEN const gc_layout *gc_layout_get(void *handle, bool *owned);
+/* Whether a launch of f is a peer sync operation: the process shares memory and f is one of NCCL's kernels. */
+GC_HIDDEN bool gc_launch_sync(void *f);
 GC_HIDDEN void gc_layout_invalidate(void); /* module/library unloaded: handles may be reused */
 GC_HIDDEN void gc_layout_reclaim(void);    /* no launch in progress */
 GC_HIDDEN uint64_t gc_layout_count(void);

@@ -20,8 +20,6 @@ int gc_reason_names(const char **out) {
         out[n++] = "application VMM allocations";
     if (r & GC_REASON_FOREIGN)
         out[n++] = "imported foreign memory";
-    if (r & GC_REASON_EXPORT)
-        out[n++] = "application VMM memory exported to a shareable handle";
     return n;
 }
 

@@ -107,6 +107,19 @@ static void layout_writes(gc_layout *l, void *h, gc_owner_fn owner_of) {
     }
 }
 
+/* Whether kernel h is a peer sync operation (one of NCCL's), by its name. */
+static int layout_sync(void *h) {
+    // cppcheck-suppress uninitvar
+    gc_owner_fn owners[2] = {o_func, o_kern};
+    for (int k = 0; k < 2; k++) {
+        void *owner = NULL;
+        const char *name = NULL;
+        if (owners[k] && owners[k](h, &owner, &name) == CUDA_SUCCESS)
+            return gc_sync_kernel_name(name);
+    }
+    return 0;
+}
+
 static gc_layout *query_layout(void *h, uint64_t gen) {
     /* cppcheck 2.10 takes this array of two function pointers for uninitialized. */
     // cppcheck-suppress uninitvar
@@ -147,14 +160,17 @@ static gc_layout *query_layout(void *h, uint64_t gen) {
             l->wknown = 0;
             l->indirect = 0;
             l->wmask = 0;
+            l->sync = layout_sync(h);
             layout_writes(l, h, owners[k]);
             return l;
         }
         free(l);
     }
     gc_layout *l = calloc(1, sizeof *l);
-    if (l)
+    if (l) {
         l->gen = gen; /* no layout: cached as such, so the driver is asked once */
+        l->sync = layout_sync(h);
+    }
     return l;
 }
 
@@ -213,6 +229,17 @@ const gc_layout *gc_layout_get(void *handle, bool *owned) {
 }
 
 void gc_layout_invalidate(void) { atomic_fetch_add(&lgen, 1); }
+
+bool gc_launch_sync(void *f) {
+    if (!atomic_load_explicit(&gc_sharing, memory_order_relaxed))
+        return false;
+    bool owned;
+    const gc_layout *l = gc_layout_get(f, &owned);
+    bool s = l && l->sync;
+    if (owned)
+        free((void *)l);
+    return s;
+}
 
 void gc_layout_reclaim(void) {
     lretired *r = atomic_exchange(&lretired_head, NULL);

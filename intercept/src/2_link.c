@@ -239,14 +239,15 @@ static void send_free(uint64_t id) {
 
 void gc_link_free(uint64_t id) { send_free(id); }
 
-CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t addr, uint64_t *id,
+CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, unsigned flags, uint64_t addr, uint64_t *id,
                        uint64_t *rsize, int *fd) {
     Gpucr__Helper__V1__Alloc al = GPUCR__HELPER__V1__ALLOC__INIT;
     al.device_uuid = (char *)uuid;
     al.size = size;
     al.address = addr;
     al.kind = kind;
-    al.gpu_direct_rdma = gpu_direct_rdma;
+    al.gpu_direct_rdma = (flags & GC_ALLOC_GPU_DIRECT_RDMA) != 0;
+    al.host_numa = (flags & GC_ALLOC_HOST_NUMA) != 0;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_ALLOC;
     req.alloc = &al;
@@ -405,6 +406,37 @@ CUresult gc_link_export(uint64_t id, int *fd) {
     }
     gpucr__helper__v1__response__free_unpacked(resp, NULL);
     return r;
+}
+
+int gc_link_import_peer(int fd, uint64_t *id, uint64_t *size) {
+    Gpucr__Helper__V1__ImportPeer ip = GPUCR__HELPER__V1__IMPORT_PEER__INIT;
+    Req req = GPUCR__HELPER__V1__REQUEST__INIT;
+    req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_IMPORT_PEER;
+    req.import_peer = &ip;
+    Resp *resp = NULL;
+    pthread_mutex_lock(&G.calls_mu);
+    if (atomic_load(&G.conn) != CONN_UP) {
+        pthread_mutex_unlock(&G.calls_mu);
+        return -1;
+    }
+    req.id = ++G.next_id;
+    gc_stat_add(STAT_HELPER_CALLS, 1);
+    int rc = wire_roundtrip(G.calls_fd, &req, &fd, 1, &resp, NULL, 0, NULL, true);
+    if (rc < 0)
+        mark_dead(-rc);
+    pthread_mutex_unlock(&G.calls_mu);
+    if (rc < 0)
+        return -1;
+    int ret = -1;
+    if (!resp->error && resp->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_ALLOC) {
+        *id = resp->alloc->alloc_id;
+        *size = resp->alloc->size;
+        ret = 0;
+    } else if (resp->error && resp->error->code != GPUCR__HELPER__V1__ERROR_CODE__ERROR_NOT_FOUND) {
+        gc_warn("helper: ImportPeer: %s", resp->error->message ? resp->error->message : "no message");
+    }
+    gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return ret;
 }
 
 void gc_link_mapped(uint64_t id, uint64_t addr) {

@@ -40,8 +40,12 @@ GC_HIDDEN bool gc_link_bus_id(const char *uuid, char *out, size_t n);
 
 /* Requests on the calls connection. Alloc: CUDA_SUCCESS (*fd to close), GC_FALLBACK, or an error for the app;
  * addr: where it will be mapped (0: not known yet; Mapped will say). */
-GC_HIDDEN CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, bool gpu_direct_rdma, uint64_t addr,
-                                 uint64_t *id, uint64_t *rsize, int *fd);
+enum { GC_ALLOC_GPU_DIRECT_RDMA = 1, GC_ALLOC_HOST_NUMA = 2 }; /* flags of gc_link_alloc */
+GC_HIDDEN CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, unsigned flags, uint64_t addr, uint64_t *id,
+                                 uint64_t *rsize, int *fd);
+/* ImportPeer: whether fd (which the application imports) is an export of memory the helper serves, another
+ * client's: 0 with its allocation's id and size (the import is ours to keep from then on), or -1. */
+GC_HIDDEN int gc_link_import_peer(int fd, uint64_t *id, uint64_t *size);
 GC_HIDDEN void gc_link_mapped(uint64_t id, uint64_t addr);
 /* Export: a new fd of allocation id (the caller's to close), or the CUresult for the application. */
 GC_HIDDEN CUresult gc_link_export(uint64_t id, int *fd);

@@ -126,7 +126,7 @@ static rec *helper_import(int dev, const char *uuid, uint64_t size, int kind, CU
     uint64_t id = 0, rsize = 0;
     int fds[1] = {-1};
     double t1 = mono_us();
-    *err = gc_link_alloc(uuid, size, kind, false, addr, &id, &rsize, &fds[0]);
+    *err = gc_link_alloc(uuid, size, kind, 0, addr, &id, &rsize, &fds[0]);
     double t2 = mono_us();
     if (*err != CUDA_SUCCESS) {
         GC_REAL(cuMemAddressFree)(addr, want);

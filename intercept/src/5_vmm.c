@@ -34,14 +34,22 @@
  *   its descriptors (merged per location for the same range), re-applied in
  *   order after re-import. Unmapping part of a mapping keeps the rest (and the
  *   rest of its access).
+ * - Pinned host memory (location HOST_NUMA: NCCL's host buffers) is served
+ *   the same way: the helper creates it on the host node of the device whose
+ *   context is current, and copies it through that device.
  * - Exported handles (cuMemExportToShareableHandle): the application gets an
  *   fd of the helper's physical memory, the same pages it sees, which the
  *   helper exports (Export): the driver refuses to export an allocation the
  *   process imported (measured: CUDA_ERROR_INVALID_VALUE), and NCCL exports
  *   its buffers for its peer ranks. The fd stays valid across Drop/Reimport
- *   (the helper holds the memory throughout), but a restore into a new
- *   process would give new memory, so exporting makes the process not
- *   checkpointable ("... exported to a shareable handle").
+ *   (the helper holds the memory throughout).
+ * - Imports (cuMemImportFromShareableHandle of a POSIX fd): the helper is
+ *   shown the fd (ImportPeer); one it exported (a peer rank's memory) becomes
+ *   a record like our own allocations, marked peer, with the driver's import
+ *   of the application's fd as its real handle: dropped and reimported with
+ *   ours, restored at the same address, its data in its owner's image. An fd
+ *   the helper does not know stays the driver's, and the process is then not
+ *   checkpointable ("imported foreign memory").
  * - cuMemMapArrayAsync (sparse arrays) is not wrapped: cudadrv.h has no
  *   CUarrayMapInfo; an application mapping helper-backed memory into a sparse
  *   array would hand the driver a virtual handle. No test application does.
@@ -90,6 +98,8 @@ struct vrec {
     int dev, refs, nmaps;
     bool real_released; /* our import reference released (the application released its last) */
     bool imported;      /* false between Drop and Reimport */
+    bool peer;          /* another client's memory this process imports (ImportPeer); its bytes are not ours */
+    bool exported;      /* exported to a shareable handle (a peer may map it) */
     CUmemAllocationProp prop;
     vrec *next;
 };
@@ -133,7 +143,8 @@ static uint64_t rec_forget(vrec *v) {
             break;
         }
     uint64_t id = v->id;
-    gc_helper_bytes_add(-(int64_t)v->hsize);
+    if (!v->peer)
+        gc_helper_bytes_add(-(int64_t)v->hsize);
     free(v);
     return id;
 }
@@ -275,8 +286,8 @@ const char *gc_vmm_unservable(size_t size, const CUmemAllocationProp *p, unsigne
         return "size 0";
     if (p->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return "allocation type other than pinned";
-    if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return "location other than a device";
+    if (p->location.type != CU_MEM_LOCATION_TYPE_DEVICE && p->location.type != CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return "location other than a device or a host NUMA node";
     if (p->requestedHandleTypes & ~(unsigned)CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         return "requested handle types other than POSIX fd";
     if (p->allocFlags.compressionType)
@@ -301,7 +312,16 @@ static void warn_unserved(size_t size, const CUmemAllocationProp *p, unsigned lo
 }
 
 CUresult gc_vmm_create(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop) {
+    bool host = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
     int dev = prop->location.id;
+    if (host) {
+        /* host memory: the helper reaches it through the device whose context is current */
+        CUdevice cur = 0;
+        __typeof__(&cuCtxGetDevice) cfn = GC_REAL(cuCtxGetDevice);
+        if (!cfn || cfn(&cur) != CUDA_SUCCESS)
+            return GC_FALLBACK;
+        dev = (int)cur;
+    }
     const char *uuid = gc_dev_uuid(dev);
     if (!uuid)
         return GC_FALLBACK;
@@ -315,7 +335,8 @@ CUresult gc_vmm_create(CUmemGenericAllocationHandle *handle, size_t size, const 
     int fd = -1;
     /* GPUDirect RDMA capable (PyTorch's expandable segments ask for it where
      * the device supports it): the helper creates it so, and a restore too */
-    r = gc_link_alloc(uuid, size, GC_KIND_VMM, prop->allocFlags.gpuDirectRDMACapable != 0, 0, &id, &hsize, &fd);
+    unsigned flags = host ? GC_ALLOC_HOST_NUMA : prop->allocFlags.gpuDirectRDMACapable ? GC_ALLOC_GPU_DIRECT_RDMA : 0;
+    r = gc_link_alloc(uuid, size, GC_KIND_VMM, flags, 0, &id, &hsize, &fd);
     if (r != CUDA_SUCCESS)
         return r;
     vrec *v = NULL;
@@ -514,8 +535,9 @@ CUresult gc_vmm_export(__typeof__(&cuMemExportToShareableHandle) fn, void *share
         gc_alloc_unlock();
         return is_virtual(handle) ? CUDA_ERROR_INVALID_VALUE : fn(shareableHandle, handle, handleType, flags);
     }
-    /* only the types requested at creation export, as with the driver; the helper serves POSIX fds only */
-    bool ok = shareableHandle && flags == 0 && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+    /* only the types requested at creation export, as with the driver; the helper serves POSIX fds only; an
+     * import is not exported again (the driver's answer: INVALID_VALUE) */
+    bool ok = !v->peer && shareableHandle && flags == 0 && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
               (v->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     uint64_t id = v->id;
     gc_alloc_unlock();
@@ -527,21 +549,64 @@ CUresult gc_vmm_export(__typeof__(&cuMemExportToShareableHandle) fn, void *share
     CUresult r = gc_link_export(id, &fd);
     if (r != CUDA_SUCCESS)
         return r;
+    gc_alloc_lock();
+    if ((v = find_vh(handle)) != NULL)
+        v->exported = true;
+    gc_alloc_unlock();
+    atomic_store(&gc_sharing, true);
     *(int *)shareableHandle = fd;
-    gc_note_reason(GC_REASON_EXPORT);
     return CUDA_SUCCESS;
 }
 
-/* Foreign memory (another process's export): passed through, not checkpointable. */
+/*
+ * An import: the driver imports the application's fd; if the helper knows the fd (another client's memory it
+ * exported), the import becomes a peer record with a virtual handle. Else it is foreign memory: the driver's
+ * handle, not checkpointable.
+ */
 CUresult gc_vmm_import(__typeof__(&cuMemImportFromShareableHandle) fn, CUmemGenericAllocationHandle *handle,
                        void *osHandle, CUmemAllocationHandleType shHandleType) {
     CUresult r = fn(handle, osHandle, shHandleType);
-    if (r == CUDA_SUCCESS) {
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint64_t id = 0, size = 0;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    __typeof__(&cuMemGetAllocationPropertiesFromHandle) pfn = GC_REAL(cuMemGetAllocationPropertiesFromHandle);
+    vrec *v = NULL;
+    if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+        gc_link_import_peer((int)(intptr_t)osHandle, &id, &size) == 0) {
+        if (!pfn || pfn(&prop, *handle) != CUDA_SUCCESS)
+            gc_warn("peer import %llu: no properties from the driver", (unsigned long long)id);
+        else if (!(v = calloc(1, sizeof *v)))
+            gc_warn("peer import %llu: out of memory", (unsigned long long)id);
+        if (!v)
+            gc_link_free(id);
+    }
+    if (!v) {
         gc_note_reason(GC_REASON_FOREIGN);
         if (is_virtual(*handle))
             gc_warn("the driver's allocation handle 0x%llx looks like one of gpucr's", (unsigned long long)*handle);
+        return CUDA_SUCCESS;
     }
-    return r;
+    v->real = *handle;
+    v->id = id;
+    v->size = size;
+    v->hsize = size;
+    v->dev = prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop.location.id : -1;
+    v->prop = prop;
+    v->refs = 1;
+    v->imported = true;
+    v->peer = true;
+    gc_alloc_lock();
+    v->vh = VH_TAG | (++V.counter & ~VH_MASK);
+    v->next = V.recs;
+    V.recs = v;
+    gc_alloc_unlock();
+    atomic_store(&gc_sharing, true);
+    gc_debug("peer import: helper allocation %llu, %llu bytes, handle 0x%llx", (unsigned long long)id,
+             (unsigned long long)size, (unsigned long long)v->vh);
+    *handle = v->vh;
+    return CUDA_SUCCESS;
 }
 
 /* ---- the control thread's part (the bookkeeping lock held) ---- */
@@ -661,6 +726,14 @@ uint64_t gc_vmm_id_at(uint64_t addr) {
     return m ? m->r->id : 0;
 }
 
+bool gc_vmm_shared(uint64_t addr) {
+    gc_alloc_lock();
+    vmap *m = map_at(addr);
+    bool shared = m && (m->r->peer || m->r->exported);
+    gc_alloc_unlock();
+    return shared;
+}
+
 bool gc_vmm_all_imported(void) {
     for (vrec *v = V.recs; v; v = v->next)
         if (!v->imported)
@@ -670,10 +743,14 @@ bool gc_vmm_all_imported(void) {
 
 size_t gc_vmm_list(gc_alloc_info *out, size_t max) {
     size_t n = 0;
-    for (vrec *v = V.recs; v; v = v->next, n++)
+    for (vrec *v = V.recs; v; v = v->next) {
+        if (v->peer)
+            continue; /* a peer's memory: its owner lists it */
         if (out && n < max)
             out[n] = (gc_alloc_info){
                 .id = v->id, .addr = v->announced, .size = v->hsize, .dev = v->dev, .kind = GC_KIND_VMM};
+        n++;
+    }
     return out && n > max ? max : n;
 }
 

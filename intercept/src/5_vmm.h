@@ -50,6 +50,8 @@ GC_HIDDEN int gc_vmm_reimport(uint64_t id, uint64_t addr, uint64_t size, int fd,
 /* The alloc_id of the VMM allocation mapped at addr (0: none). */
 GC_HIDDEN uint64_t gc_vmm_id_at(uint64_t addr);
 GC_HIDDEN bool gc_vmm_all_imported(void);
+/* Whether addr lies in memory shared with another process (exported, or a peer's import); takes the lock. */
+GC_HIDDEN bool gc_vmm_shared(uint64_t addr);
 GC_HIDDEN size_t gc_vmm_list(gc_alloc_info *out, size_t max); /* returns the count; fills up to max */
 GC_HIDDEN void gc_vmm_atfork_child(void);
 

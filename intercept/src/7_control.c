@@ -493,6 +493,32 @@ static int detached(int ctl_fd) {
     return gc_link_reattach();
 }
 
+/* HoldSync: peer sync operations stop at the count reached, which the reply says. */
+static void do_hold_sync(Resp *resp) {
+    static Gpucr__Helper__V1__SyncCount sc;
+    gpucr__helper__v1__sync_count__init(&sc);
+    sc.count = gc_sync_hold();
+    resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_SYNC_COUNT;
+    resp->sync_count = &sc;
+}
+
+/* ReachSync: run on until the count is the target, then hold there. */
+static void do_reach_sync(Req *req, Resp *resp) {
+    unsigned t = req->reach_sync->timeout_ms ? req->reach_sync->timeout_ms : 10000;
+    uint64_t target = req->reach_sync->target;
+    int rc = gc_sync_reach(target, t);
+    if (rc == 0) {
+        set_ok(resp);
+        return;
+    }
+    static char msg[160]; /* sent after this returns */
+    snprintf(msg, sizeof msg, "ReachSync: at %llu of %llu peer sync operations %s", (unsigned long long)gc_sync_count(),
+             (unsigned long long)target, rc == -ERANGE ? "(past it already)" : "at the timeout");
+    set_error(resp,
+              rc == -ERANGE ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE : GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT,
+              msg);
+}
+
 static void *control_main(void *arg) {
     int fd = (int)(intptr_t)arg;
     gc_in_control = 1;
@@ -536,6 +562,12 @@ serve:
                 }
                 break;
             }
+            case GPUCR__HELPER__V1__REQUEST__BODY_HOLD_SYNC: do_hold_sync(&resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_REACH_SYNC: do_reach_sync(req, &resp); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_RELEASE_SYNC:
+                gc_sync_release();
+                set_ok(&resp);
+                break;
             case GPUCR__HELPER__V1__REQUEST__BODY_DRAIN: do_drain(&resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_DROP: do_drop(req, &resp); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_REIMPORT: do_reimport(req, &resp, fds, nfds); break;
@@ -583,8 +615,10 @@ serve:
             gc_warn("control connection: send: %s", strerror(-rc));
             break;
         }
-        if (detach)
+        if (detach) {
             fd = detached(fd);
+            gc_sync_release(); /* back after a dump or a restore: the group's checkpoint is over */
+        }
     }
     if (atomic_load(&G.state) == CLIENT_DROPPED && G.wake_path[0]) {
         /* A checkpoint recorded us for the next helper (helper/daemon/adopt.go). */
@@ -596,7 +630,8 @@ serve:
         goto serve;
     }
     gc_note_reason(GC_REASON_CONTROL);
-    gc_cow_close(); /* no helper to save anything any more */
+    gc_cow_close();    /* no helper to save anything any more */
+    gc_sync_release(); /* nor to end a hold */
     if (atomic_load(&G.state) == CLIENT_QUIESCED) {
         atomic_store(&G.state, CLIENT_RUNNING);
         gc_gate_open();
@@ -633,6 +668,7 @@ static void atfork_child(void) {
     gc_alloc_atfork_child();
     gc_dev_atfork_child();
     gc_reasons_reset();
+    gc_sync_reset();
     atomic_store(&G.state, CLIENT_RUNNING);
     G.wake_path[0] = 0;
     gc_vmm_atfork_child();

@@ -7,6 +7,7 @@
  * launches, copies or memsets they are.
  */
 #include "1_base.h"
+#include "5_vmm.h"
 #include "7_cow.h"
 
 /* WRITE: what the call may write, saved first while a copy-on-write window is open, and what it may touch,
@@ -20,6 +21,20 @@
             WRITE;                                                                                                     \
         }                                                                                                              \
         gc_stat_add(stat, 1);                                                                                          \
+        CUresult r = real_ ARGS;                                                                                       \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
+    }
+
+/* A stream wait on memory shared with another process is a peer sync operation (1_sync.c). */
+#define GATED_WAIT(name, PARAMS, ARGS, bytes)                                                                          \
+    GC_EXPORT CUresult name PARAMS {                                                                                   \
+        __typeof__(&name) real_ = GC_REAL(name);                                                                       \
+        if (!real_)                                                                                                    \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        if (gc_sync_enter(atomic_load_explicit(&gc_sharing, memory_order_relaxed) && gc_vmm_shared(addr)))             \
+            gc_cow_read(addr, bytes);                                                                                  \
+        gc_stat_add(STAT_LAUNCHES, 1);                                                                                 \
         CUresult r = real_ ARGS;                                                                                       \
         gc_gate_leave();                                                                                               \
         return r;                                                                                                      \
@@ -114,16 +129,14 @@ GATED(cuStreamWriteValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr
 GATED(cuStreamWriteValue64_v2_ptsz, STAT_LAUNCHES,
       (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags),
       gc_cow_write(addr, 8))
-GATED(cuStreamWaitValue32_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
-      (stream, addr, value, flags), gc_cow_read(addr, 4))
-GATED(cuStreamWaitValue32_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags), (stream, addr, value, flags),
-      gc_cow_read(addr, 4))
-GATED(cuStreamWaitValue64_v2, STAT_LAUNCHES, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
-      (stream, addr, value, flags), gc_cow_read(addr, 8))
-GATED(cuStreamWaitValue64_v2_ptsz, STAT_LAUNCHES,
-      (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags), (stream, addr, value, flags),
-      gc_cow_read(addr, 8))
+GATED_WAIT(cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
+           (stream, addr, value, flags), 4)
+GATED_WAIT(cuStreamWaitValue32_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),
+           (stream, addr, value, flags), 4)
+GATED_WAIT(cuStreamWaitValue64_v2, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
+           (stream, addr, value, flags), 8)
+GATED_WAIT(cuStreamWaitValue64_v2_ptsz, (CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags),
+           (stream, addr, value, flags), 8)
 GATED(cuStreamBatchMemOp_v2, STAT_LAUNCHES,
       (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags),
       (stream, count, paramArray, flags), gc_cow_all())

@@ -329,7 +329,7 @@ static inline void scan(void *f, void **kernelParams, void **extra) {
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_gate_enter())                                                                                           \
+        if (gc_sync_enter(gc_launch_sync(f)))                                                                          \
             gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
@@ -347,7 +347,7 @@ LAUNCH(cuLaunchKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_gate_enter())                                                                                           \
+        if (gc_sync_enter(gc_launch_sync(f)))                                                                          \
             gc_cow_launch(f, kernelParams, NULL);                                                                      \
         scan(f, kernelParams, NULL);                                                                                   \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
@@ -363,7 +363,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_gate_enter())                                                                                           \
+        if (gc_sync_enter(gc_launch_sync(f)))                                                                          \
             gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(config, f, kernelParams, extra);                                                               \

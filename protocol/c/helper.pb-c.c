@@ -547,6 +547,231 @@ void   gpucr__helper__v1__export__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__export__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__import_peer__init
+                     (Gpucr__Helper__V1__ImportPeer         *message)
+{
+  static const Gpucr__Helper__V1__ImportPeer init_value = GPUCR__HELPER__V1__IMPORT_PEER__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__import_peer__get_packed_size
+                     (const Gpucr__Helper__V1__ImportPeer *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__import_peer__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__import_peer__pack
+                     (const Gpucr__Helper__V1__ImportPeer *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__import_peer__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__import_peer__pack_to_buffer
+                     (const Gpucr__Helper__V1__ImportPeer *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__import_peer__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ImportPeer *
+       gpucr__helper__v1__import_peer__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ImportPeer *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__import_peer__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__import_peer__free_unpacked
+                     (Gpucr__Helper__V1__ImportPeer *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__import_peer__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__hold_sync__init
+                     (Gpucr__Helper__V1__HoldSync         *message)
+{
+  static const Gpucr__Helper__V1__HoldSync init_value = GPUCR__HELPER__V1__HOLD_SYNC__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__hold_sync__get_packed_size
+                     (const Gpucr__Helper__V1__HoldSync *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__hold_sync__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__hold_sync__pack
+                     (const Gpucr__Helper__V1__HoldSync *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__hold_sync__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__hold_sync__pack_to_buffer
+                     (const Gpucr__Helper__V1__HoldSync *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__hold_sync__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__HoldSync *
+       gpucr__helper__v1__hold_sync__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__HoldSync *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__hold_sync__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__hold_sync__free_unpacked
+                     (Gpucr__Helper__V1__HoldSync *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__hold_sync__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__reach_sync__init
+                     (Gpucr__Helper__V1__ReachSync         *message)
+{
+  static const Gpucr__Helper__V1__ReachSync init_value = GPUCR__HELPER__V1__REACH_SYNC__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__reach_sync__get_packed_size
+                     (const Gpucr__Helper__V1__ReachSync *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__reach_sync__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__reach_sync__pack
+                     (const Gpucr__Helper__V1__ReachSync *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__reach_sync__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__reach_sync__pack_to_buffer
+                     (const Gpucr__Helper__V1__ReachSync *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__reach_sync__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ReachSync *
+       gpucr__helper__v1__reach_sync__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ReachSync *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__reach_sync__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__reach_sync__free_unpacked
+                     (Gpucr__Helper__V1__ReachSync *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__reach_sync__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__release_sync__init
+                     (Gpucr__Helper__V1__ReleaseSync         *message)
+{
+  static const Gpucr__Helper__V1__ReleaseSync init_value = GPUCR__HELPER__V1__RELEASE_SYNC__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__release_sync__get_packed_size
+                     (const Gpucr__Helper__V1__ReleaseSync *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__release_sync__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__release_sync__pack
+                     (const Gpucr__Helper__V1__ReleaseSync *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__release_sync__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__release_sync__pack_to_buffer
+                     (const Gpucr__Helper__V1__ReleaseSync *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__release_sync__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ReleaseSync *
+       gpucr__helper__v1__release_sync__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ReleaseSync *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__release_sync__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__release_sync__free_unpacked
+                     (Gpucr__Helper__V1__ReleaseSync *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__release_sync__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__sync_count__init
+                     (Gpucr__Helper__V1__SyncCount         *message)
+{
+  static const Gpucr__Helper__V1__SyncCount init_value = GPUCR__HELPER__V1__SYNC_COUNT__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__sync_count__get_packed_size
+                     (const Gpucr__Helper__V1__SyncCount *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__sync_count__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__sync_count__pack
+                     (const Gpucr__Helper__V1__SyncCount *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__sync_count__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__sync_count__pack_to_buffer
+                     (const Gpucr__Helper__V1__SyncCount *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__sync_count__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__SyncCount *
+       gpucr__helper__v1__sync_count__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__SyncCount *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__sync_count__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__sync_count__free_unpacked
+                     (Gpucr__Helper__V1__SyncCount *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__sync_count__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__quiesce__init
                      (Gpucr__Helper__V1__Quiesce         *message)
 {
@@ -2617,7 +2842,7 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[32] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[36] =
 {
   {
     "id",
@@ -3003,6 +3228,54 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "import_peer",
+    33,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, import_peer),
+    &gpucr__helper__v1__import_peer__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "hold_sync",
+    34,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, hold_sync),
+    &gpucr__helper__v1__hold_sync__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "reach_sync",
+    35,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, reach_sync),
+    &gpucr__helper__v1__reach_sync__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "release_sync",
+    36,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, release_sync),
+    &gpucr__helper__v1__release_sync__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   17,   /* field[17] = abort */
@@ -3020,13 +3293,17 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   4,   /* field[4] = free */
   15,   /* field[15] = get_stats */
   1,   /* field[1] = hello */
+  33,   /* field[33] = hold_sync */
   0,   /* field[0] = id */
+  32,   /* field[32] = import_peer */
   8,   /* field[8] = load_first */
   30,   /* field[30] = load_resident */
   3,   /* field[3] = mapped */
   24,   /* field[24] = prepare_restore */
   9,   /* field[9] = quiesce */
+  34,   /* field[34] = reach_sync */
   12,   /* field[12] = reimport */
+  35,   /* field[35] = release_sync */
   25,   /* field[25] = restored */
   13,   /* field[13] = resume */
   22,   /* field[22] = resume_checkpointed */
@@ -3041,7 +3318,7 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 32 }
+  { 0, 36 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -3051,14 +3328,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  32,
+  36,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   1,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[13] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[14] =
 {
   {
     "id",
@@ -3216,6 +3493,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sync_count",
+    14,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, sync_count),
+    &gpucr__helper__v1__sync_count__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   3,   /* field[3] = alloc */
@@ -3229,13 +3518,14 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   11,   /* field[11] = restore_results */
   6,   /* field[6] = stats */
   7,   /* field[7] = status */
+  13,   /* field[13] = sync_count */
   5,   /* field[5] = table */
   10,   /* field[10] = transfers */
 };
 static const ProtobufCIntRange gpucr__helper__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 13 }
+  { 0, 14 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
 {
@@ -3245,7 +3535,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
   "Gpucr__Helper__V1__Response",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Response),
-  13,
+  14,
   gpucr__helper__v1__response__field_descriptors,
   gpucr__helper__v1__response__field_indices_by_name,
   1,  gpucr__helper__v1__response__number_ranges,
@@ -3630,7 +3920,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__device_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__device_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptors[5] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptors[6] =
 {
   {
     "device_uuid",
@@ -3692,18 +3982,31 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__alloc__field_descriptor
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "host_numa",
+    6,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Alloc, host_numa),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__alloc__field_indices_by_name[] = {
   4,   /* field[4] = address */
   0,   /* field[0] = device_uuid */
   3,   /* field[3] = gpu_direct_rdma */
+  5,   /* field[5] = host_numa */
   2,   /* field[2] = kind */
   1,   /* field[1] = size */
 };
 static const ProtobufCIntRange gpucr__helper__v1__alloc__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 5 }
+  { 0, 6 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor =
 {
@@ -3713,7 +4016,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__alloc__descriptor =
   "Gpucr__Helper__V1__Alloc",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Alloc),
-  5,
+  6,
   gpucr__helper__v1__alloc__field_descriptors,
   gpucr__helper__v1__alloc__field_indices_by_name,
   1,  gpucr__helper__v1__alloc__number_ranges,
@@ -3896,6 +4199,149 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__export__descriptor =
   gpucr__helper__v1__export__field_indices_by_name,
   1,  gpucr__helper__v1__export__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__export__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define gpucr__helper__v1__import_peer__field_descriptors NULL
+#define gpucr__helper__v1__import_peer__field_indices_by_name NULL
+#define gpucr__helper__v1__import_peer__number_ranges NULL
+const ProtobufCMessageDescriptor gpucr__helper__v1__import_peer__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ImportPeer",
+  "ImportPeer",
+  "Gpucr__Helper__V1__ImportPeer",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ImportPeer),
+  0,
+  gpucr__helper__v1__import_peer__field_descriptors,
+  gpucr__helper__v1__import_peer__field_indices_by_name,
+  0,  gpucr__helper__v1__import_peer__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__import_peer__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define gpucr__helper__v1__hold_sync__field_descriptors NULL
+#define gpucr__helper__v1__hold_sync__field_indices_by_name NULL
+#define gpucr__helper__v1__hold_sync__number_ranges NULL
+const ProtobufCMessageDescriptor gpucr__helper__v1__hold_sync__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.HoldSync",
+  "HoldSync",
+  "Gpucr__Helper__V1__HoldSync",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__HoldSync),
+  0,
+  gpucr__helper__v1__hold_sync__field_descriptors,
+  gpucr__helper__v1__hold_sync__field_indices_by_name,
+  0,  gpucr__helper__v1__hold_sync__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__hold_sync__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__reach_sync__field_descriptors[2] =
+{
+  {
+    "target",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ReachSync, target),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "timeout_ms",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ReachSync, timeout_ms),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__reach_sync__field_indices_by_name[] = {
+  0,   /* field[0] = target */
+  1,   /* field[1] = timeout_ms */
+};
+static const ProtobufCIntRange gpucr__helper__v1__reach_sync__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 2 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__reach_sync__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ReachSync",
+  "ReachSync",
+  "Gpucr__Helper__V1__ReachSync",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ReachSync),
+  2,
+  gpucr__helper__v1__reach_sync__field_descriptors,
+  gpucr__helper__v1__reach_sync__field_indices_by_name,
+  1,  gpucr__helper__v1__reach_sync__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__reach_sync__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+#define gpucr__helper__v1__release_sync__field_descriptors NULL
+#define gpucr__helper__v1__release_sync__field_indices_by_name NULL
+#define gpucr__helper__v1__release_sync__number_ranges NULL
+const ProtobufCMessageDescriptor gpucr__helper__v1__release_sync__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ReleaseSync",
+  "ReleaseSync",
+  "Gpucr__Helper__V1__ReleaseSync",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ReleaseSync),
+  0,
+  gpucr__helper__v1__release_sync__field_descriptors,
+  gpucr__helper__v1__release_sync__field_indices_by_name,
+  0,  gpucr__helper__v1__release_sync__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__release_sync__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__sync_count__field_descriptors[1] =
+{
+  {
+    "count",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__SyncCount, count),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__sync_count__field_indices_by_name[] = {
+  0,   /* field[0] = count */
+};
+static const ProtobufCIntRange gpucr__helper__v1__sync_count__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__sync_count__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.SyncCount",
+  "SyncCount",
+  "Gpucr__Helper__V1__SyncCount",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__SyncCount),
+  1,
+  gpucr__helper__v1__sync_count__field_descriptors,
+  gpucr__helper__v1__sync_count__field_indices_by_name,
+  1,  gpucr__helper__v1__sync_count__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__sync_count__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__quiesce__field_descriptors[1] =

@@ -27,6 +27,11 @@ typedef struct Gpucr__Helper__V1__AllocReply Gpucr__Helper__V1__AllocReply;
 typedef struct Gpucr__Helper__V1__Mapped Gpucr__Helper__V1__Mapped;
 typedef struct Gpucr__Helper__V1__Free Gpucr__Helper__V1__Free;
 typedef struct Gpucr__Helper__V1__Export Gpucr__Helper__V1__Export;
+typedef struct Gpucr__Helper__V1__ImportPeer Gpucr__Helper__V1__ImportPeer;
+typedef struct Gpucr__Helper__V1__HoldSync Gpucr__Helper__V1__HoldSync;
+typedef struct Gpucr__Helper__V1__ReachSync Gpucr__Helper__V1__ReachSync;
+typedef struct Gpucr__Helper__V1__ReleaseSync Gpucr__Helper__V1__ReleaseSync;
+typedef struct Gpucr__Helper__V1__SyncCount Gpucr__Helper__V1__SyncCount;
 typedef struct Gpucr__Helper__V1__Quiesce Gpucr__Helper__V1__Quiesce;
 typedef struct Gpucr__Helper__V1__Drain Gpucr__Helper__V1__Drain;
 typedef struct Gpucr__Helper__V1__Drop Gpucr__Helper__V1__Drop;
@@ -237,6 +242,10 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_SAVE_FIRST = 7,
   GPUCR__HELPER__V1__REQUEST__BODY_ANALYZE_MODULE = 8,
   GPUCR__HELPER__V1__REQUEST__BODY_LOAD_FIRST = 9,
+  GPUCR__HELPER__V1__REQUEST__BODY_IMPORT_PEER = 33,
+  GPUCR__HELPER__V1__REQUEST__BODY_HOLD_SYNC = 34,
+  GPUCR__HELPER__V1__REQUEST__BODY_REACH_SYNC = 35,
+  GPUCR__HELPER__V1__REQUEST__BODY_RELEASE_SYNC = 36,
   GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE = 10,
   GPUCR__HELPER__V1__REQUEST__BODY_DRAIN = 11,
   GPUCR__HELPER__V1__REQUEST__BODY_DROP = 12,
@@ -283,9 +292,13 @@ struct  Gpucr__Helper__V1__Request
     Gpucr__Helper__V1__SaveFirst *save_first;
     Gpucr__Helper__V1__AnalyzeModule *analyze_module;
     Gpucr__Helper__V1__LoadFirst *load_first;
+    Gpucr__Helper__V1__ImportPeer *import_peer;
     /*
      * ROLE_CLIENT_CONTROL, helper -> interposer
      */
+    Gpucr__Helper__V1__HoldSync *hold_sync;
+    Gpucr__Helper__V1__ReachSync *reach_sync;
+    Gpucr__Helper__V1__ReleaseSync *release_sync;
     Gpucr__Helper__V1__Quiesce *quiesce;
     Gpucr__Helper__V1__Drain *drain;
     Gpucr__Helper__V1__Drop *drop;
@@ -346,7 +359,8 @@ typedef enum {
   GPUCR__HELPER__V1__RESPONSE__BODY_CHECKPOINT = 10,
   GPUCR__HELPER__V1__RESPONSE__BODY_TRANSFERS = 11,
   GPUCR__HELPER__V1__RESPONSE__BODY_RESTORE_RESULTS = 12,
-  GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS = 13
+  GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS = 13,
+  GPUCR__HELPER__V1__RESPONSE__BODY_SYNC_COUNT = 14
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESPONSE__BODY__CASE)
 } Gpucr__Helper__V1__Response__BodyCase;
 
@@ -371,6 +385,7 @@ struct  Gpucr__Helper__V1__Response
     Gpucr__Helper__V1__TransfersReply *transfers;
     Gpucr__Helper__V1__RestoreResults *restore_results;
     Gpucr__Helper__V1__ModuleKernels *module_kernels;
+    Gpucr__Helper__V1__SyncCount *sync_count;
   };
 };
 #define GPUCR__HELPER__V1__RESPONSE__INIT \
@@ -505,10 +520,16 @@ struct  Gpucr__Helper__V1__Alloc
    * VMM allocations), Mapped will say.
    */
   uint64_t address;
+  /*
+   * Pinned host memory (location HOST_NUMA, as NCCL's host buffers are),
+   * not device memory: the helper creates it on device_uuid's host NUMA
+   * node, and reaches it through that device.
+   */
+  protobuf_c_boolean host_numa;
 };
 #define GPUCR__HELPER__V1__ALLOC__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__alloc__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_UNSPECIFIED, 0, 0 }
+    , (char *)protobuf_c_empty_string, 0, GPUCR__HELPER__V1__ALLOC_KIND__ALLOC_KIND_UNSPECIFIED, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__AllocReply
@@ -562,6 +583,75 @@ struct  Gpucr__Helper__V1__Export
 };
 #define GPUCR__HELPER__V1__EXPORT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__export__descriptor) \
+    , 0 }
+
+
+/*
+ * ImportPeer (interposer -> helper, calls connection), with the fd the
+ * application imports (one SCM_RIGHTS fd): if it is an export of another
+ * client's allocation (Export), the helper answers with that allocation's id
+ * and size (AllocReply), and the client holds it as its import from then on:
+ * Mapped names where it maps it, Free ends the import, and its Reimport
+ * brings it back after a drop or a restore. ERROR_NOT_FOUND: not memory the
+ * helper serves (the import stays the driver's: not checkpointable).
+ */
+struct  Gpucr__Helper__V1__ImportPeer
+{
+  ProtobufCMessage base;
+};
+#define GPUCR__HELPER__V1__IMPORT_PEER__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__import_peer__descriptor) \
+     }
+
+
+/*
+ * Peer synchronization (processes that share memory, as the ranks of an
+ * NCCL job do): each client counts the operations that may wait for a peer
+ * (launches of NCCL's kernels, stream waits on shared memory). A checkpoint
+ * of such a group first brings every member to the same count, so that no
+ * member waits for one that is held: HoldSync stops every such operation
+ * beyond the count reached and answers it (SyncCount); ReachSync lets the
+ * client run until its count is target, then holds it there (answered once
+ * there, or ERROR_TIMEOUT after timeout_ms); ReleaseSync lets them all go.
+ * The hold outlives Resume; it ends with ReleaseSync, with a new control
+ * connection, or when the control connection closes.
+ */
+struct  Gpucr__Helper__V1__HoldSync
+{
+  ProtobufCMessage base;
+};
+#define GPUCR__HELPER__V1__HOLD_SYNC__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__hold_sync__descriptor) \
+     }
+
+
+struct  Gpucr__Helper__V1__ReachSync
+{
+  ProtobufCMessage base;
+  uint64_t target;
+  uint32_t timeout_ms;
+};
+#define GPUCR__HELPER__V1__REACH_SYNC__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__reach_sync__descriptor) \
+    , 0, 0 }
+
+
+struct  Gpucr__Helper__V1__ReleaseSync
+{
+  ProtobufCMessage base;
+};
+#define GPUCR__HELPER__V1__RELEASE_SYNC__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__release_sync__descriptor) \
+     }
+
+
+struct  Gpucr__Helper__V1__SyncCount
+{
+  ProtobufCMessage base;
+  uint64_t count;
+};
+#define GPUCR__HELPER__V1__SYNC_COUNT__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__sync_count__descriptor) \
     , 0 }
 
 
@@ -1814,6 +1904,101 @@ Gpucr__Helper__V1__Export *
 void   gpucr__helper__v1__export__free_unpacked
                      (Gpucr__Helper__V1__Export *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ImportPeer methods */
+void   gpucr__helper__v1__import_peer__init
+                     (Gpucr__Helper__V1__ImportPeer         *message);
+size_t gpucr__helper__v1__import_peer__get_packed_size
+                     (const Gpucr__Helper__V1__ImportPeer   *message);
+size_t gpucr__helper__v1__import_peer__pack
+                     (const Gpucr__Helper__V1__ImportPeer   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__import_peer__pack_to_buffer
+                     (const Gpucr__Helper__V1__ImportPeer   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ImportPeer *
+       gpucr__helper__v1__import_peer__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__import_peer__free_unpacked
+                     (Gpucr__Helper__V1__ImportPeer *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__HoldSync methods */
+void   gpucr__helper__v1__hold_sync__init
+                     (Gpucr__Helper__V1__HoldSync         *message);
+size_t gpucr__helper__v1__hold_sync__get_packed_size
+                     (const Gpucr__Helper__V1__HoldSync   *message);
+size_t gpucr__helper__v1__hold_sync__pack
+                     (const Gpucr__Helper__V1__HoldSync   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__hold_sync__pack_to_buffer
+                     (const Gpucr__Helper__V1__HoldSync   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__HoldSync *
+       gpucr__helper__v1__hold_sync__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__hold_sync__free_unpacked
+                     (Gpucr__Helper__V1__HoldSync *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ReachSync methods */
+void   gpucr__helper__v1__reach_sync__init
+                     (Gpucr__Helper__V1__ReachSync         *message);
+size_t gpucr__helper__v1__reach_sync__get_packed_size
+                     (const Gpucr__Helper__V1__ReachSync   *message);
+size_t gpucr__helper__v1__reach_sync__pack
+                     (const Gpucr__Helper__V1__ReachSync   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__reach_sync__pack_to_buffer
+                     (const Gpucr__Helper__V1__ReachSync   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ReachSync *
+       gpucr__helper__v1__reach_sync__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__reach_sync__free_unpacked
+                     (Gpucr__Helper__V1__ReachSync *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ReleaseSync methods */
+void   gpucr__helper__v1__release_sync__init
+                     (Gpucr__Helper__V1__ReleaseSync         *message);
+size_t gpucr__helper__v1__release_sync__get_packed_size
+                     (const Gpucr__Helper__V1__ReleaseSync   *message);
+size_t gpucr__helper__v1__release_sync__pack
+                     (const Gpucr__Helper__V1__ReleaseSync   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__release_sync__pack_to_buffer
+                     (const Gpucr__Helper__V1__ReleaseSync   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ReleaseSync *
+       gpucr__helper__v1__release_sync__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__release_sync__free_unpacked
+                     (Gpucr__Helper__V1__ReleaseSync *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__SyncCount methods */
+void   gpucr__helper__v1__sync_count__init
+                     (Gpucr__Helper__V1__SyncCount         *message);
+size_t gpucr__helper__v1__sync_count__get_packed_size
+                     (const Gpucr__Helper__V1__SyncCount   *message);
+size_t gpucr__helper__v1__sync_count__pack
+                     (const Gpucr__Helper__V1__SyncCount   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__sync_count__pack_to_buffer
+                     (const Gpucr__Helper__V1__SyncCount   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__SyncCount *
+       gpucr__helper__v1__sync_count__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__sync_count__free_unpacked
+                     (Gpucr__Helper__V1__SyncCount *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__Quiesce methods */
 void   gpucr__helper__v1__quiesce__init
                      (Gpucr__Helper__V1__Quiesce         *message);
@@ -2726,6 +2911,21 @@ typedef void (*Gpucr__Helper__V1__Free_Closure)
 typedef void (*Gpucr__Helper__V1__Export_Closure)
                  (const Gpucr__Helper__V1__Export *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__ImportPeer_Closure)
+                 (const Gpucr__Helper__V1__ImportPeer *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__HoldSync_Closure)
+                 (const Gpucr__Helper__V1__HoldSync *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ReachSync_Closure)
+                 (const Gpucr__Helper__V1__ReachSync *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ReleaseSync_Closure)
+                 (const Gpucr__Helper__V1__ReleaseSync *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__SyncCount_Closure)
+                 (const Gpucr__Helper__V1__SyncCount *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__Quiesce_Closure)
                  (const Gpucr__Helper__V1__Quiesce *message,
                   void *closure_data);
@@ -2888,6 +3088,11 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__alloc_reply__descript
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__mapped__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__free__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__export__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__import_peer__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__hold_sync__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__reach_sync__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__release_sync__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__sync_count__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__quiesce__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__drain__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__drop__descriptor;

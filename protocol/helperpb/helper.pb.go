@@ -447,7 +447,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44, 0}
 }
 
 type Transfer_Direction int32
@@ -496,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{57, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{62, 0}
 }
 
 type Request struct {
@@ -513,6 +513,10 @@ type Request struct {
 	//	*Request_SaveFirst
 	//	*Request_AnalyzeModule
 	//	*Request_LoadFirst
+	//	*Request_ImportPeer
+	//	*Request_HoldSync
+	//	*Request_ReachSync
+	//	*Request_ReleaseSync
 	//	*Request_Quiesce
 	//	*Request_Drain
 	//	*Request_Drop
@@ -652,6 +656,42 @@ func (x *Request) GetLoadFirst() *LoadFirst {
 	if x != nil {
 		if x, ok := x.Body.(*Request_LoadFirst); ok {
 			return x.LoadFirst
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetImportPeer() *ImportPeer {
+	if x != nil {
+		if x, ok := x.Body.(*Request_ImportPeer); ok {
+			return x.ImportPeer
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetHoldSync() *HoldSync {
+	if x != nil {
+		if x, ok := x.Body.(*Request_HoldSync); ok {
+			return x.HoldSync
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetReachSync() *ReachSync {
+	if x != nil {
+		if x, ok := x.Body.(*Request_ReachSync); ok {
+			return x.ReachSync
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetReleaseSync() *ReleaseSync {
+	if x != nil {
+		if x, ok := x.Body.(*Request_ReleaseSync); ok {
+			return x.ReleaseSync
 		}
 	}
 	return nil
@@ -901,8 +941,24 @@ type Request_LoadFirst struct {
 	LoadFirst *LoadFirst `protobuf:"bytes,9,opt,name=load_first,json=loadFirst,proto3,oneof"`
 }
 
-type Request_Quiesce struct {
+type Request_ImportPeer struct {
+	ImportPeer *ImportPeer `protobuf:"bytes,33,opt,name=import_peer,json=importPeer,proto3,oneof"`
+}
+
+type Request_HoldSync struct {
 	// ROLE_CLIENT_CONTROL, helper -> interposer
+	HoldSync *HoldSync `protobuf:"bytes,34,opt,name=hold_sync,json=holdSync,proto3,oneof"`
+}
+
+type Request_ReachSync struct {
+	ReachSync *ReachSync `protobuf:"bytes,35,opt,name=reach_sync,json=reachSync,proto3,oneof"`
+}
+
+type Request_ReleaseSync struct {
+	ReleaseSync *ReleaseSync `protobuf:"bytes,36,opt,name=release_sync,json=releaseSync,proto3,oneof"`
+}
+
+type Request_Quiesce struct {
 	Quiesce *Quiesce `protobuf:"bytes,10,opt,name=quiesce,proto3,oneof"`
 }
 
@@ -1016,6 +1072,14 @@ func (*Request_AnalyzeModule) isRequest_Body() {}
 
 func (*Request_LoadFirst) isRequest_Body() {}
 
+func (*Request_ImportPeer) isRequest_Body() {}
+
+func (*Request_HoldSync) isRequest_Body() {}
+
+func (*Request_ReachSync) isRequest_Body() {}
+
+func (*Request_ReleaseSync) isRequest_Body() {}
+
 func (*Request_Quiesce) isRequest_Body() {}
 
 func (*Request_Drain) isRequest_Body() {}
@@ -1080,6 +1144,7 @@ type Response struct {
 	//	*Response_Transfers
 	//	*Response_RestoreResults
 	//	*Response_ModuleKernels
+	//	*Response_SyncCount
 	Body          isResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1235,6 +1300,15 @@ func (x *Response) GetModuleKernels() *ModuleKernels {
 	return nil
 }
 
+func (x *Response) GetSyncCount() *SyncCount {
+	if x != nil {
+		if x, ok := x.Body.(*Response_SyncCount); ok {
+			return x.SyncCount
+		}
+	}
+	return nil
+}
+
 type isResponse_Body interface {
 	isResponse_Body()
 }
@@ -1283,6 +1357,10 @@ type Response_ModuleKernels struct {
 	ModuleKernels *ModuleKernels `protobuf:"bytes,13,opt,name=module_kernels,json=moduleKernels,proto3,oneof"`
 }
 
+type Response_SyncCount struct {
+	SyncCount *SyncCount `protobuf:"bytes,14,opt,name=sync_count,json=syncCount,proto3,oneof"`
+}
+
 func (*Response_Hello) isResponse_Body() {}
 
 func (*Response_Alloc) isResponse_Body() {}
@@ -1304,6 +1382,8 @@ func (*Response_Transfers) isResponse_Body() {}
 func (*Response_RestoreResults) isResponse_Body() {}
 
 func (*Response_ModuleKernels) isResponse_Body() {}
+
+func (*Response_SyncCount) isResponse_Body() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1676,7 +1756,11 @@ type Alloc struct {
 	// Where the client will map it (it reserved the range before asking), so
 	// that no Mapped needs to follow; 0: not known yet (the application's own
 	// VMM allocations), Mapped will say.
-	Address       uint64 `protobuf:"varint,5,opt,name=address,proto3" json:"address,omitempty"`
+	Address uint64 `protobuf:"varint,5,opt,name=address,proto3" json:"address,omitempty"`
+	// Pinned host memory (location HOST_NUMA, as NCCL's host buffers are),
+	// not device memory: the helper creates it on device_uuid's host NUMA
+	// node, and reaches it through that device.
+	HostNuma      bool `protobuf:"varint,6,opt,name=host_numa,json=hostNuma,proto3" json:"host_numa,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1744,6 +1828,13 @@ func (x *Alloc) GetAddress() uint64 {
 		return x.Address
 	}
 	return 0
+}
+
+func (x *Alloc) GetHostNuma() bool {
+	if x != nil {
+		return x.HostNuma
+	}
+	return false
 }
 
 type AllocReply struct {
@@ -1944,6 +2035,227 @@ func (x *Export) GetAllocId() uint64 {
 	return 0
 }
 
+// ImportPeer (interposer -> helper, calls connection), with the fd the
+// application imports (one SCM_RIGHTS fd): if it is an export of another
+// client's allocation (Export), the helper answers with that allocation's id
+// and size (AllocReply), and the client holds it as its import from then on:
+// Mapped names where it maps it, Free ends the import, and its Reimport
+// brings it back after a drop or a restore. ERROR_NOT_FOUND: not memory the
+// helper serves (the import stays the driver's: not checkpointable).
+type ImportPeer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportPeer) Reset() {
+	*x = ImportPeer{}
+	mi := &file_protocol_helper_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportPeer) ProtoMessage() {}
+
+func (x *ImportPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportPeer.ProtoReflect.Descriptor instead.
+func (*ImportPeer) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{12}
+}
+
+// Peer synchronization (processes that share memory, as the ranks of an
+// NCCL job do): each client counts the operations that may wait for a peer
+// (launches of NCCL's kernels, stream waits on shared memory). A checkpoint
+// of such a group first brings every member to the same count, so that no
+// member waits for one that is held: HoldSync stops every such operation
+// beyond the count reached and answers it (SyncCount); ReachSync lets the
+// client run until its count is target, then holds it there (answered once
+// there, or ERROR_TIMEOUT after timeout_ms); ReleaseSync lets them all go.
+// The hold outlives Resume; it ends with ReleaseSync, with a new control
+// connection, or when the control connection closes.
+type HoldSync struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldSync) Reset() {
+	*x = HoldSync{}
+	mi := &file_protocol_helper_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldSync) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldSync) ProtoMessage() {}
+
+func (x *HoldSync) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldSync.ProtoReflect.Descriptor instead.
+func (*HoldSync) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{13}
+}
+
+type ReachSync struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Target        uint64                 `protobuf:"varint,1,opt,name=target,proto3" json:"target,omitempty"`
+	TimeoutMs     uint32                 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReachSync) Reset() {
+	*x = ReachSync{}
+	mi := &file_protocol_helper_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReachSync) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReachSync) ProtoMessage() {}
+
+func (x *ReachSync) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReachSync.ProtoReflect.Descriptor instead.
+func (*ReachSync) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReachSync) GetTarget() uint64 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *ReachSync) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type ReleaseSync struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSync) Reset() {
+	*x = ReleaseSync{}
+	mi := &file_protocol_helper_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSync) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSync) ProtoMessage() {}
+
+func (x *ReleaseSync) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSync.ProtoReflect.Descriptor instead.
+func (*ReleaseSync) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{15}
+}
+
+type SyncCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         uint64                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncCount) Reset() {
+	*x = SyncCount{}
+	mi := &file_protocol_helper_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncCount) ProtoMessage() {}
+
+func (x *SyncCount) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncCount.ProtoReflect.Descriptor instead.
+func (*SyncCount) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SyncCount) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // Quiesce: close the gate (new interposed calls block), wait for the calls in
 // progress; timeout_ms 0 means the client's default (10 s).
 type Quiesce struct {
@@ -1955,7 +2267,7 @@ type Quiesce struct {
 
 func (x *Quiesce) Reset() {
 	*x = Quiesce{}
-	mi := &file_protocol_helper_proto_msgTypes[12]
+	mi := &file_protocol_helper_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2279,7 @@ func (x *Quiesce) String() string {
 func (*Quiesce) ProtoMessage() {}
 
 func (x *Quiesce) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[12]
+	mi := &file_protocol_helper_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2292,7 @@ func (x *Quiesce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quiesce.ProtoReflect.Descriptor instead.
 func (*Quiesce) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{12}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Quiesce) GetTimeoutMs() uint32 {
@@ -2000,7 +2312,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_protocol_helper_proto_msgTypes[13]
+	mi := &file_protocol_helper_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2324,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[13]
+	mi := &file_protocol_helper_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2337,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{13}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{18}
 }
 
 // Drop: unmap and release every imported allocation; address reservations
@@ -2043,7 +2355,7 @@ type Drop struct {
 
 func (x *Drop) Reset() {
 	*x = Drop{}
-	mi := &file_protocol_helper_proto_msgTypes[14]
+	mi := &file_protocol_helper_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +2367,7 @@ func (x *Drop) String() string {
 func (*Drop) ProtoMessage() {}
 
 func (x *Drop) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[14]
+	mi := &file_protocol_helper_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +2380,7 @@ func (x *Drop) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drop.ProtoReflect.Descriptor instead.
 func (*Drop) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{14}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Drop) GetWakePath() string {
@@ -2091,7 +2403,7 @@ type Reimport struct {
 
 func (x *Reimport) Reset() {
 	*x = Reimport{}
-	mi := &file_protocol_helper_proto_msgTypes[15]
+	mi := &file_protocol_helper_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2415,7 @@ func (x *Reimport) String() string {
 func (*Reimport) ProtoMessage() {}
 
 func (x *Reimport) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[15]
+	mi := &file_protocol_helper_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2428,7 @@ func (x *Reimport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reimport.ProtoReflect.Descriptor instead.
 func (*Reimport) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{15}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Reimport) GetEntries() []*ReimportEntry {
@@ -2137,7 +2449,7 @@ type ReimportEntry struct {
 
 func (x *ReimportEntry) Reset() {
 	*x = ReimportEntry{}
-	mi := &file_protocol_helper_proto_msgTypes[16]
+	mi := &file_protocol_helper_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2461,7 @@ func (x *ReimportEntry) String() string {
 func (*ReimportEntry) ProtoMessage() {}
 
 func (x *ReimportEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[16]
+	mi := &file_protocol_helper_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2474,7 @@ func (x *ReimportEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReimportEntry.ProtoReflect.Descriptor instead.
 func (*ReimportEntry) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{16}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReimportEntry) GetAllocId() uint64 {
@@ -2209,7 +2521,7 @@ type Resume struct {
 
 func (x *Resume) Reset() {
 	*x = Resume{}
-	mi := &file_protocol_helper_proto_msgTypes[17]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2533,7 @@ func (x *Resume) String() string {
 func (*Resume) ProtoMessage() {}
 
 func (x *Resume) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[17]
+	mi := &file_protocol_helper_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2546,7 @@ func (x *Resume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resume.ProtoReflect.Descriptor instead.
 func (*Resume) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{17}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Resume) GetGuard() []*GuardRegion {
@@ -2274,7 +2586,7 @@ type GuardRegion struct {
 
 func (x *GuardRegion) Reset() {
 	*x = GuardRegion{}
-	mi := &file_protocol_helper_proto_msgTypes[18]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2598,7 @@ func (x *GuardRegion) String() string {
 func (*GuardRegion) ProtoMessage() {}
 
 func (x *GuardRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[18]
+	mi := &file_protocol_helper_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2611,7 @@ func (x *GuardRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GuardRegion.ProtoReflect.Descriptor instead.
 func (*GuardRegion) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{18}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GuardRegion) GetAddress() uint64 {
@@ -2342,7 +2654,7 @@ type SaveFirst struct {
 
 func (x *SaveFirst) Reset() {
 	*x = SaveFirst{}
-	mi := &file_protocol_helper_proto_msgTypes[19]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2666,7 @@ func (x *SaveFirst) String() string {
 func (*SaveFirst) ProtoMessage() {}
 
 func (x *SaveFirst) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[19]
+	mi := &file_protocol_helper_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2679,7 @@ func (x *SaveFirst) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveFirst.ProtoReflect.Descriptor instead.
 func (*SaveFirst) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{19}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SaveFirst) GetRanges() []*AddressRange {
@@ -2391,7 +2703,7 @@ type LoadFirst struct {
 
 func (x *LoadFirst) Reset() {
 	*x = LoadFirst{}
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2715,7 @@ func (x *LoadFirst) String() string {
 func (*LoadFirst) ProtoMessage() {}
 
 func (x *LoadFirst) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[20]
+	mi := &file_protocol_helper_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2728,7 @@ func (x *LoadFirst) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadFirst.ProtoReflect.Descriptor instead.
 func (*LoadFirst) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{20}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LoadFirst) GetRanges() []*AddressRange {
@@ -2443,7 +2755,7 @@ type AddressRange struct {
 
 func (x *AddressRange) Reset() {
 	*x = AddressRange{}
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2455,7 +2767,7 @@ func (x *AddressRange) String() string {
 func (*AddressRange) ProtoMessage() {}
 
 func (x *AddressRange) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[21]
+	mi := &file_protocol_helper_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2468,7 +2780,7 @@ func (x *AddressRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressRange.ProtoReflect.Descriptor instead.
 func (*AddressRange) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{21}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AddressRange) GetAddress() uint64 {
@@ -2500,7 +2812,7 @@ type AnalyzeModule struct {
 
 func (x *AnalyzeModule) Reset() {
 	*x = AnalyzeModule{}
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2824,7 @@ func (x *AnalyzeModule) String() string {
 func (*AnalyzeModule) ProtoMessage() {}
 
 func (x *AnalyzeModule) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[22]
+	mi := &file_protocol_helper_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2837,7 @@ func (x *AnalyzeModule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnalyzeModule.ProtoReflect.Descriptor instead.
 func (*AnalyzeModule) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{22}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AnalyzeModule) GetAddress() uint64 {
@@ -2551,7 +2863,7 @@ type ModuleKernels struct {
 
 func (x *ModuleKernels) Reset() {
 	*x = ModuleKernels{}
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2875,7 @@ func (x *ModuleKernels) String() string {
 func (*ModuleKernels) ProtoMessage() {}
 
 func (x *ModuleKernels) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[23]
+	mi := &file_protocol_helper_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2888,7 @@ func (x *ModuleKernels) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModuleKernels.ProtoReflect.Descriptor instead.
 func (*ModuleKernels) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{23}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ModuleKernels) GetKernels() []*KernelWrites {
@@ -2604,7 +2916,7 @@ type KernelWrites struct {
 
 func (x *KernelWrites) Reset() {
 	*x = KernelWrites{}
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2928,7 @@ func (x *KernelWrites) String() string {
 func (*KernelWrites) ProtoMessage() {}
 
 func (x *KernelWrites) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[24]
+	mi := &file_protocol_helper_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2941,7 @@ func (x *KernelWrites) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelWrites.ProtoReflect.Descriptor instead.
 func (*KernelWrites) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{24}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *KernelWrites) GetName() string {
@@ -2669,7 +2981,7 @@ type Unguard struct {
 
 func (x *Unguard) Reset() {
 	*x = Unguard{}
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2681,7 +2993,7 @@ func (x *Unguard) String() string {
 func (*Unguard) ProtoMessage() {}
 
 func (x *Unguard) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[25]
+	mi := &file_protocol_helper_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2694,7 +3006,7 @@ func (x *Unguard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Unguard.ProtoReflect.Descriptor instead.
 func (*Unguard) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{25}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
 }
 
 type Snapshot struct {
@@ -2705,7 +3017,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2717,7 +3029,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[26]
+	mi := &file_protocol_helper_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2730,7 +3042,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{26}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
 }
 
 type GetStats struct {
@@ -2741,7 +3053,7 @@ type GetStats struct {
 
 func (x *GetStats) Reset() {
 	*x = GetStats{}
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +3065,7 @@ func (x *GetStats) String() string {
 func (*GetStats) ProtoMessage() {}
 
 func (x *GetStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[27]
+	mi := &file_protocol_helper_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +3078,7 @@ func (x *GetStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStats.ProtoReflect.Descriptor instead.
 func (*GetStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
 }
 
 // BufferTable: what the interposer tracks. allocations: helper-owned memory
@@ -2793,7 +3105,7 @@ type BufferTable struct {
 
 func (x *BufferTable) Reset() {
 	*x = BufferTable{}
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2805,7 +3117,7 @@ func (x *BufferTable) String() string {
 func (*BufferTable) ProtoMessage() {}
 
 func (x *BufferTable) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[28]
+	mi := &file_protocol_helper_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2818,7 +3130,7 @@ func (x *BufferTable) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BufferTable.ProtoReflect.Descriptor instead.
 func (*BufferTable) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{28}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BufferTable) GetAllocations() []*Allocation {
@@ -2876,7 +3188,7 @@ type Allocation struct {
 
 func (x *Allocation) Reset() {
 	*x = Allocation{}
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +3200,7 @@ func (x *Allocation) String() string {
 func (*Allocation) ProtoMessage() {}
 
 func (x *Allocation) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[29]
+	mi := &file_protocol_helper_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3213,7 @@ func (x *Allocation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocation.ProtoReflect.Descriptor instead.
 func (*Allocation) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{29}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Allocation) GetAllocId() uint64 {
@@ -2953,7 +3265,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3277,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[30]
+	mi := &file_protocol_helper_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3290,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{30}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Buffer) GetAddress() uint64 {
@@ -3051,7 +3363,7 @@ type ClientStats struct {
 
 func (x *ClientStats) Reset() {
 	*x = ClientStats{}
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3375,7 @@ func (x *ClientStats) String() string {
 func (*ClientStats) ProtoMessage() {}
 
 func (x *ClientStats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[31]
+	mi := &file_protocol_helper_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3388,7 @@ func (x *ClientStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientStats.ProtoReflect.Descriptor instead.
 func (*ClientStats) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{31}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ClientStats) GetAllocs() uint64 {
@@ -3227,7 +3539,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3551,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[32]
+	mi := &file_protocol_helper_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3564,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{32}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
 type StatusReply struct {
@@ -3276,7 +3588,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3288,7 +3600,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[33]
+	mi := &file_protocol_helper_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3301,7 +3613,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{33}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatusReply) GetHelperVersion() string {
@@ -3370,7 +3682,7 @@ type LoadResident struct {
 
 func (x *LoadResident) Reset() {
 	*x = LoadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3694,7 @@ func (x *LoadResident) String() string {
 func (*LoadResident) ProtoMessage() {}
 
 func (x *LoadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[34]
+	mi := &file_protocol_helper_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3707,7 @@ func (x *LoadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResident.ProtoReflect.Descriptor instead.
 func (*LoadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{34}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LoadResident) GetImageDir() string {
@@ -3416,7 +3728,7 @@ type UnloadResident struct {
 
 func (x *UnloadResident) Reset() {
 	*x = UnloadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3428,7 +3740,7 @@ func (x *UnloadResident) String() string {
 func (*UnloadResident) ProtoMessage() {}
 
 func (x *UnloadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[35]
+	mi := &file_protocol_helper_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3441,7 +3753,7 @@ func (x *UnloadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadResident.ProtoReflect.Descriptor instead.
 func (*UnloadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{35}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UnloadResident) GetImageDir() string {
@@ -3467,7 +3779,7 @@ type ResidentImage struct {
 
 func (x *ResidentImage) Reset() {
 	*x = ResidentImage{}
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3479,7 +3791,7 @@ func (x *ResidentImage) String() string {
 func (*ResidentImage) ProtoMessage() {}
 
 func (x *ResidentImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[36]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3492,7 +3804,7 @@ func (x *ResidentImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidentImage.ProtoReflect.Descriptor instead.
 func (*ResidentImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{36}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ResidentImage) GetImageDir() string {
@@ -3560,7 +3872,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3572,7 +3884,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[37]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3585,7 +3897,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -3652,7 +3964,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3976,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[38]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3989,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{38}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -3771,7 +4083,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3783,7 +4095,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3796,7 +4108,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -3830,7 +4142,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3842,7 +4154,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3855,7 +4167,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -3925,7 +4237,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3937,7 +4249,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3950,7 +4262,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -4029,7 +4341,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4041,7 +4353,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4054,7 +4366,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -4099,7 +4411,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4111,7 +4423,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4124,7 +4436,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -4214,7 +4526,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4226,7 +4538,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4239,7 +4551,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Phase) GetName() string {
@@ -4267,7 +4579,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4279,7 +4591,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4292,7 +4604,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -4322,7 +4634,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4334,7 +4646,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4347,7 +4659,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Abort) GetReason() string {
@@ -4371,7 +4683,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4383,7 +4695,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4396,7 +4708,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -4422,7 +4734,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4434,7 +4746,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4447,7 +4759,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -4474,7 +4786,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4486,7 +4798,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4499,7 +4811,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -4549,7 +4861,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4561,7 +4873,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4574,7 +4886,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -4599,7 +4911,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4611,7 +4923,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4624,7 +4936,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -4667,7 +4979,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4679,7 +4991,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4692,7 +5004,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -4729,7 +5041,7 @@ type AwaitLoad struct {
 
 func (x *AwaitLoad) Reset() {
 	*x = AwaitLoad{}
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4741,7 +5053,7 @@ func (x *AwaitLoad) String() string {
 func (*AwaitLoad) ProtoMessage() {}
 
 func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4754,7 +5066,7 @@ func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
 func (*AwaitLoad) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
 }
 
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
@@ -4770,7 +5082,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4782,7 +5094,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4795,7 +5107,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -4820,7 +5132,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4832,7 +5144,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4845,7 +5157,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -4865,7 +5177,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4877,7 +5189,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4890,7 +5202,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -4946,7 +5258,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4958,7 +5270,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4971,7 +5283,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -5090,7 +5402,7 @@ var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xb9\x0e\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xb3\x10\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -5102,7 +5414,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"save_first\x18\a \x01(\v2\x1a.gpucr.helper.v1.SaveFirstH\x00R\tsaveFirst\x12G\n" +
 	"\x0eanalyze_module\x18\b \x01(\v2\x1e.gpucr.helper.v1.AnalyzeModuleH\x00R\ranalyzeModule\x12;\n" +
 	"\n" +
-	"load_first\x18\t \x01(\v2\x1a.gpucr.helper.v1.LoadFirstH\x00R\tloadFirst\x124\n" +
+	"load_first\x18\t \x01(\v2\x1a.gpucr.helper.v1.LoadFirstH\x00R\tloadFirst\x12>\n" +
+	"\vimport_peer\x18! \x01(\v2\x1b.gpucr.helper.v1.ImportPeerH\x00R\n" +
+	"importPeer\x128\n" +
+	"\thold_sync\x18\" \x01(\v2\x19.gpucr.helper.v1.HoldSyncH\x00R\bholdSync\x12;\n" +
+	"\n" +
+	"reach_sync\x18# \x01(\v2\x1a.gpucr.helper.v1.ReachSyncH\x00R\treachSync\x12A\n" +
+	"\frelease_sync\x18$ \x01(\v2\x1c.gpucr.helper.v1.ReleaseSyncH\x00R\vreleaseSync\x124\n" +
 	"\aquiesce\x18\n" +
 	" \x01(\v2\x18.gpucr.helper.v1.QuiesceH\x00R\aquiesce\x12.\n" +
 	"\x05drain\x18\v \x01(\v2\x16.gpucr.helper.v1.DrainH\x00R\x05drain\x12+\n" +
@@ -5130,7 +5448,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"await_load\x18\x1e \x01(\v2\x1a.gpucr.helper.v1.AwaitLoadH\x00R\tawaitLoad\x12D\n" +
 	"\rload_resident\x18\x1f \x01(\v2\x1d.gpucr.helper.v1.LoadResidentH\x00R\floadResident\x12J\n" +
 	"\x0funload_resident\x18  \x01(\v2\x1f.gpucr.helper.v1.UnloadResidentH\x00R\x0eunloadResidentB\x06\n" +
-	"\x04body\"\xde\x05\n" +
+	"\x04body\"\x9b\x06\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
 	"\x05error\x18\x02 \x01(\v2\x16.gpucr.helper.v1.ErrorR\x05error\x123\n" +
@@ -5147,7 +5465,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"checkpoint\x12?\n" +
 	"\ttransfers\x18\v \x01(\v2\x1f.gpucr.helper.v1.TransfersReplyH\x00R\ttransfers\x12J\n" +
 	"\x0frestore_results\x18\f \x01(\v2\x1f.gpucr.helper.v1.RestoreResultsH\x00R\x0erestoreResults\x12G\n" +
-	"\x0emodule_kernels\x18\r \x01(\v2\x1e.gpucr.helper.v1.ModuleKernelsH\x00R\rmoduleKernelsB\x06\n" +
+	"\x0emodule_kernels\x18\r \x01(\v2\x1e.gpucr.helper.v1.ModuleKernelsH\x00R\rmoduleKernels\x12;\n" +
+	"\n" +
+	"sync_count\x18\x0e \x01(\v2\x1a.gpucr.helper.v1.SyncCountH\x00R\tsyncCountB\x06\n" +
 	"\x04body\"Q\n" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
@@ -5179,14 +5499,15 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0fsnapshot_memory\x18\t \x01(\x04R\x0esnapshotMemory\x12\x1c\n" +
 	"\n" +
 	"pci_bus_id\x18\n" +
-	" \x01(\tR\bpciBusId\"\xae\x01\n" +
+	" \x01(\tR\bpciBusId\"\xcb\x01\n" +
 	"\x05Alloc\x12\x1f\n" +
 	"\vdevice_uuid\x18\x01 \x01(\tR\n" +
 	"deviceUuid\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12.\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12&\n" +
 	"\x0fgpu_direct_rdma\x18\x04 \x01(\bR\rgpuDirectRdma\x12\x18\n" +
-	"\aaddress\x18\x05 \x01(\x04R\aaddress\";\n" +
+	"\aaddress\x18\x05 \x01(\x04R\aaddress\x12\x1b\n" +
+	"\thost_numa\x18\x06 \x01(\bR\bhostNuma\";\n" +
 	"\n" +
 	"AllocReply\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\x12\x12\n" +
@@ -5197,7 +5518,18 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04Free\x12\x19\n" +
 	"\balloc_id\x18\x01 \x01(\x04R\aallocId\"#\n" +
 	"\x06Export\x12\x19\n" +
-	"\balloc_id\x18\x01 \x01(\x04R\aallocId\"(\n" +
+	"\balloc_id\x18\x01 \x01(\x04R\aallocId\"\f\n" +
+	"\n" +
+	"ImportPeer\"\n" +
+	"\n" +
+	"\bHoldSync\"B\n" +
+	"\tReachSync\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\x04R\x06target\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\rR\ttimeoutMs\"\r\n" +
+	"\vReleaseSync\"!\n" +
+	"\tSyncCount\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x04R\x05count\"(\n" +
 	"\aQuiesce\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x01 \x01(\rR\ttimeoutMs\"\a\n" +
@@ -5499,7 +5831,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -5521,52 +5853,57 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*Mapped)(nil),             // 17: gpucr.helper.v1.Mapped
 	(*Free)(nil),               // 18: gpucr.helper.v1.Free
 	(*Export)(nil),             // 19: gpucr.helper.v1.Export
-	(*Quiesce)(nil),            // 20: gpucr.helper.v1.Quiesce
-	(*Drain)(nil),              // 21: gpucr.helper.v1.Drain
-	(*Drop)(nil),               // 22: gpucr.helper.v1.Drop
-	(*Reimport)(nil),           // 23: gpucr.helper.v1.Reimport
-	(*ReimportEntry)(nil),      // 24: gpucr.helper.v1.ReimportEntry
-	(*Resume)(nil),             // 25: gpucr.helper.v1.Resume
-	(*GuardRegion)(nil),        // 26: gpucr.helper.v1.GuardRegion
-	(*SaveFirst)(nil),          // 27: gpucr.helper.v1.SaveFirst
-	(*LoadFirst)(nil),          // 28: gpucr.helper.v1.LoadFirst
-	(*AddressRange)(nil),       // 29: gpucr.helper.v1.AddressRange
-	(*AnalyzeModule)(nil),      // 30: gpucr.helper.v1.AnalyzeModule
-	(*ModuleKernels)(nil),      // 31: gpucr.helper.v1.ModuleKernels
-	(*KernelWrites)(nil),       // 32: gpucr.helper.v1.KernelWrites
-	(*Unguard)(nil),            // 33: gpucr.helper.v1.Unguard
-	(*Snapshot)(nil),           // 34: gpucr.helper.v1.Snapshot
-	(*GetStats)(nil),           // 35: gpucr.helper.v1.GetStats
-	(*BufferTable)(nil),        // 36: gpucr.helper.v1.BufferTable
-	(*Allocation)(nil),         // 37: gpucr.helper.v1.Allocation
-	(*Buffer)(nil),             // 38: gpucr.helper.v1.Buffer
-	(*ClientStats)(nil),        // 39: gpucr.helper.v1.ClientStats
-	(*Status)(nil),             // 40: gpucr.helper.v1.Status
-	(*StatusReply)(nil),        // 41: gpucr.helper.v1.StatusReply
-	(*LoadResident)(nil),       // 42: gpucr.helper.v1.LoadResident
-	(*UnloadResident)(nil),     // 43: gpucr.helper.v1.UnloadResident
-	(*ResidentImage)(nil),      // 44: gpucr.helper.v1.ResidentImage
-	(*DriverInfo)(nil),         // 45: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 46: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 47: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 48: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 49: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 50: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 51: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 52: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 53: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 54: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 55: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 56: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 57: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 58: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 59: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 60: gpucr.helper.v1.PrepareRestore
-	(*AwaitLoad)(nil),          // 61: gpucr.helper.v1.AwaitLoad
-	(*Restored)(nil),           // 62: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 63: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 64: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 65: gpucr.helper.v1.Transfer
+	(*ImportPeer)(nil),         // 20: gpucr.helper.v1.ImportPeer
+	(*HoldSync)(nil),           // 21: gpucr.helper.v1.HoldSync
+	(*ReachSync)(nil),          // 22: gpucr.helper.v1.ReachSync
+	(*ReleaseSync)(nil),        // 23: gpucr.helper.v1.ReleaseSync
+	(*SyncCount)(nil),          // 24: gpucr.helper.v1.SyncCount
+	(*Quiesce)(nil),            // 25: gpucr.helper.v1.Quiesce
+	(*Drain)(nil),              // 26: gpucr.helper.v1.Drain
+	(*Drop)(nil),               // 27: gpucr.helper.v1.Drop
+	(*Reimport)(nil),           // 28: gpucr.helper.v1.Reimport
+	(*ReimportEntry)(nil),      // 29: gpucr.helper.v1.ReimportEntry
+	(*Resume)(nil),             // 30: gpucr.helper.v1.Resume
+	(*GuardRegion)(nil),        // 31: gpucr.helper.v1.GuardRegion
+	(*SaveFirst)(nil),          // 32: gpucr.helper.v1.SaveFirst
+	(*LoadFirst)(nil),          // 33: gpucr.helper.v1.LoadFirst
+	(*AddressRange)(nil),       // 34: gpucr.helper.v1.AddressRange
+	(*AnalyzeModule)(nil),      // 35: gpucr.helper.v1.AnalyzeModule
+	(*ModuleKernels)(nil),      // 36: gpucr.helper.v1.ModuleKernels
+	(*KernelWrites)(nil),       // 37: gpucr.helper.v1.KernelWrites
+	(*Unguard)(nil),            // 38: gpucr.helper.v1.Unguard
+	(*Snapshot)(nil),           // 39: gpucr.helper.v1.Snapshot
+	(*GetStats)(nil),           // 40: gpucr.helper.v1.GetStats
+	(*BufferTable)(nil),        // 41: gpucr.helper.v1.BufferTable
+	(*Allocation)(nil),         // 42: gpucr.helper.v1.Allocation
+	(*Buffer)(nil),             // 43: gpucr.helper.v1.Buffer
+	(*ClientStats)(nil),        // 44: gpucr.helper.v1.ClientStats
+	(*Status)(nil),             // 45: gpucr.helper.v1.Status
+	(*StatusReply)(nil),        // 46: gpucr.helper.v1.StatusReply
+	(*LoadResident)(nil),       // 47: gpucr.helper.v1.LoadResident
+	(*UnloadResident)(nil),     // 48: gpucr.helper.v1.UnloadResident
+	(*ResidentImage)(nil),      // 49: gpucr.helper.v1.ResidentImage
+	(*DriverInfo)(nil),         // 50: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 51: gpucr.helper.v1.ClientInfo
+	(*ClientOp)(nil),           // 52: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 53: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 54: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 55: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 56: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 57: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 58: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 59: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 60: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 61: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 62: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 63: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 64: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 65: gpucr.helper.v1.PrepareRestore
+	(*AwaitLoad)(nil),          // 66: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 67: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 68: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 69: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 70: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -5574,79 +5911,84 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	17, // 2: gpucr.helper.v1.Request.mapped:type_name -> gpucr.helper.v1.Mapped
 	18, // 3: gpucr.helper.v1.Request.free:type_name -> gpucr.helper.v1.Free
 	19, // 4: gpucr.helper.v1.Request.export:type_name -> gpucr.helper.v1.Export
-	27, // 5: gpucr.helper.v1.Request.save_first:type_name -> gpucr.helper.v1.SaveFirst
-	30, // 6: gpucr.helper.v1.Request.analyze_module:type_name -> gpucr.helper.v1.AnalyzeModule
-	28, // 7: gpucr.helper.v1.Request.load_first:type_name -> gpucr.helper.v1.LoadFirst
-	20, // 8: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
-	21, // 9: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
-	22, // 10: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
-	23, // 11: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
-	25, // 12: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
-	34, // 13: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
-	35, // 14: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	58, // 15: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	54, // 16: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
-	33, // 17: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
-	40, // 18: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	47, // 19: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	49, // 20: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	53, // 21: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	59, // 22: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	60, // 23: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	62, // 24: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	50, // 25: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	63, // 26: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	55, // 27: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	61, // 28: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
-	42, // 29: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
-	43, // 30: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
-	10, // 31: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 32: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 33: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 34: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	36, // 35: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	39, // 36: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	41, // 37: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	48, // 38: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	51, // 39: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	64, // 40: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	56, // 41: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	31, // 42: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
-	3,  // 43: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 44: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 45: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 46: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	24, // 47: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	26, // 48: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
-	29, // 49: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	29, // 50: gpucr.helper.v1.LoadFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	32, // 51: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
-	37, // 52: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	38, // 53: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 54: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 55: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 56: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 57: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	46, // 58: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	45, // 59: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	44, // 60: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
-	4,  // 61: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 62: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	36, // 63: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	39, // 64: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	52, // 65: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 66: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	57, // 67: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 68: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	52, // 69: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
-	65, // 70: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 71: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	52, // 72: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	73, // [73:73] is the sub-list for method output_type
-	73, // [73:73] is the sub-list for method input_type
-	73, // [73:73] is the sub-list for extension type_name
-	73, // [73:73] is the sub-list for extension extendee
-	0,  // [0:73] is the sub-list for field type_name
+	32, // 5: gpucr.helper.v1.Request.save_first:type_name -> gpucr.helper.v1.SaveFirst
+	35, // 6: gpucr.helper.v1.Request.analyze_module:type_name -> gpucr.helper.v1.AnalyzeModule
+	33, // 7: gpucr.helper.v1.Request.load_first:type_name -> gpucr.helper.v1.LoadFirst
+	20, // 8: gpucr.helper.v1.Request.import_peer:type_name -> gpucr.helper.v1.ImportPeer
+	21, // 9: gpucr.helper.v1.Request.hold_sync:type_name -> gpucr.helper.v1.HoldSync
+	22, // 10: gpucr.helper.v1.Request.reach_sync:type_name -> gpucr.helper.v1.ReachSync
+	23, // 11: gpucr.helper.v1.Request.release_sync:type_name -> gpucr.helper.v1.ReleaseSync
+	25, // 12: gpucr.helper.v1.Request.quiesce:type_name -> gpucr.helper.v1.Quiesce
+	26, // 13: gpucr.helper.v1.Request.drain:type_name -> gpucr.helper.v1.Drain
+	27, // 14: gpucr.helper.v1.Request.drop:type_name -> gpucr.helper.v1.Drop
+	28, // 15: gpucr.helper.v1.Request.reimport:type_name -> gpucr.helper.v1.Reimport
+	30, // 16: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
+	39, // 17: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
+	40, // 18: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
+	63, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	59, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	38, // 21: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
+	45, // 22: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
+	52, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	54, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	58, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	64, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	65, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	67, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	55, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	68, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	60, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	66, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	47, // 33: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
+	48, // 34: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
+	10, // 35: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 36: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 37: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 38: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	41, // 39: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	44, // 40: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	46, // 41: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	53, // 42: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	56, // 43: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	69, // 44: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	61, // 45: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	36, // 46: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
+	24, // 47: gpucr.helper.v1.Response.sync_count:type_name -> gpucr.helper.v1.SyncCount
+	3,  // 48: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 49: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 50: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 51: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	29, // 52: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	31, // 53: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	34, // 54: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	34, // 55: gpucr.helper.v1.LoadFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	37, // 56: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
+	42, // 57: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	43, // 58: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 59: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 60: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 61: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 62: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	51, // 63: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	50, // 64: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	49, // 65: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
+	4,  // 66: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	6,  // 67: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	41, // 68: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	44, // 69: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	57, // 70: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 71: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	62, // 72: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 73: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	57, // 74: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	70, // 75: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 76: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	57, // 77: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	78, // [78:78] is the sub-list for method output_type
+	78, // [78:78] is the sub-list for method input_type
+	78, // [78:78] is the sub-list for extension type_name
+	78, // [78:78] is the sub-list for extension extendee
+	0,  // [0:78] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -5663,6 +6005,10 @@ func file_protocol_helper_proto_init() {
 		(*Request_SaveFirst)(nil),
 		(*Request_AnalyzeModule)(nil),
 		(*Request_LoadFirst)(nil),
+		(*Request_ImportPeer)(nil),
+		(*Request_HoldSync)(nil),
+		(*Request_ReachSync)(nil),
+		(*Request_ReleaseSync)(nil),
 		(*Request_Quiesce)(nil),
 		(*Request_Drain)(nil),
 		(*Request_Drop)(nil),
@@ -5699,6 +6045,7 @@ func file_protocol_helper_proto_init() {
 		(*Response_Transfers)(nil),
 		(*Response_RestoreResults)(nil),
 		(*Response_ModuleKernels)(nil),
+		(*Response_SyncCount)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5706,7 +6053,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   58,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

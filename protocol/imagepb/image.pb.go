@@ -139,6 +139,10 @@ const (
 	// cuMemCreate with allocFlags.gpuDirectRDMACapable (PyTorch's expandable
 	// segments ask for it where the device supports it).
 	AllocFlag_ALLOC_FLAG_GPU_DIRECT_RDMA AllocFlag = 1
+	// Pinned host memory (cuMemCreate at location HOST_NUMA, as NCCL's host
+	// buffers are), on the host NUMA node of the buffer's device; the device
+	// reaches it (and copies it).
+	AllocFlag_ALLOC_FLAG_HOST_NUMA AllocFlag = 2
 )
 
 // Enum value maps for AllocFlag.
@@ -146,10 +150,12 @@ var (
 	AllocFlag_name = map[int32]string{
 		0: "ALLOC_FLAG_NONE",
 		1: "ALLOC_FLAG_GPU_DIRECT_RDMA",
+		2: "ALLOC_FLAG_HOST_NUMA",
 	}
 	AllocFlag_value = map[string]int32{
 		"ALLOC_FLAG_NONE":            0,
 		"ALLOC_FLAG_GPU_DIRECT_RDMA": 1,
+		"ALLOC_FLAG_HOST_NUMA":       2,
 	}
 )
 
@@ -442,7 +448,11 @@ type Process struct {
 	// The GPUs the process could see when it was checkpointed (UUIDs, by its
 	// device ordinal): a restore onto other GPUs pairs every one of them, as
 	// the driver's restore requires. Empty: unknown (older images).
-	Gpus          []string `protobuf:"bytes,3,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	Gpus []string `protobuf:"bytes,3,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	// Memory of other processes of the image that this one maps (an NCCL
+	// rank's imports of its peers' buffers): a restore maps the owner's
+	// restored buffer at the same address again.
+	Imports       []*Import `protobuf:"bytes,4,rep,name=imports,proto3" json:"imports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -498,6 +508,83 @@ func (x *Process) GetGpus() []string {
 	return nil
 }
 
+func (x *Process) GetImports() []*Import {
+	if x != nil {
+		return x.Imports
+	}
+	return nil
+}
+
+type Import struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where this process maps it.
+	Address uint64 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
+	Size    uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// The buffer it is: its owner's pid (Process.pid) and address there.
+	OwnerPid      int64  `protobuf:"varint,3,opt,name=owner_pid,json=ownerPid,proto3" json:"owner_pid,omitempty"`
+	OwnerAddress  uint64 `protobuf:"varint,4,opt,name=owner_address,json=ownerAddress,proto3" json:"owner_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Import) Reset() {
+	*x = Import{}
+	mi := &file_protocol_image_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Import) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Import) ProtoMessage() {}
+
+func (x *Import) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_image_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Import.ProtoReflect.Descriptor instead.
+func (*Import) Descriptor() ([]byte, []int) {
+	return file_protocol_image_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Import) GetAddress() uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return 0
+}
+
+func (x *Import) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Import) GetOwnerPid() int64 {
+	if x != nil {
+		return x.OwnerPid
+	}
+	return 0
+}
+
+func (x *Import) GetOwnerAddress() uint64 {
+	if x != nil {
+		return x.OwnerAddress
+	}
+	return 0
+}
+
 type Origin struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Host          string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
@@ -513,7 +600,7 @@ type Origin struct {
 
 func (x *Origin) Reset() {
 	*x = Origin{}
-	mi := &file_protocol_image_proto_msgTypes[3]
+	mi := &file_protocol_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +612,7 @@ func (x *Origin) String() string {
 func (*Origin) ProtoMessage() {}
 
 func (x *Origin) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[3]
+	mi := &file_protocol_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +625,7 @@ func (x *Origin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Origin.ProtoReflect.Descriptor instead.
 func (*Origin) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{3}
+	return file_protocol_image_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Origin) GetHost() string {
@@ -597,7 +684,7 @@ type Parent struct {
 
 func (x *Parent) Reset() {
 	*x = Parent{}
-	mi := &file_protocol_image_proto_msgTypes[4]
+	mi := &file_protocol_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +696,7 @@ func (x *Parent) String() string {
 func (*Parent) ProtoMessage() {}
 
 func (x *Parent) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[4]
+	mi := &file_protocol_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +709,7 @@ func (x *Parent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Parent.ProtoReflect.Descriptor instead.
 func (*Parent) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{4}
+	return file_protocol_image_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Parent) GetPath() string {
@@ -670,7 +757,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_image_proto_msgTypes[5]
+	mi := &file_protocol_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +769,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[5]
+	mi := &file_protocol_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +782,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{5}
+	return file_protocol_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Buffer) GetPid() int64 {
@@ -795,7 +882,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_protocol_image_proto_msgTypes[6]
+	mi := &file_protocol_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +894,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[6]
+	mi := &file_protocol_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +907,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{6}
+	return file_protocol_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Chunk) GetSize() uint32 {
@@ -887,7 +974,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_protocol_image_proto_msgTypes[7]
+	mi := &file_protocol_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +986,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[7]
+	mi := &file_protocol_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +999,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{7}
+	return file_protocol_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Stats) GetBytesIn() uint64 {
@@ -978,11 +1065,17 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06pruned\x18\b \x01(\bR\x06pruned\x12+\n" +
 	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\x125\n" +
 	"\tprocesses\x18\n" +
-	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"F\n" +
+	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"x\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x15\n" +
 	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\x12\x12\n" +
-	"\x04gpus\x18\x03 \x03(\tR\x04gpus\"\xb3\x01\n" +
+	"\x04gpus\x18\x03 \x03(\tR\x04gpus\x120\n" +
+	"\aimports\x18\x04 \x03(\v2\x16.gpucr.image.v1.ImportR\aimports\"x\n" +
+	"\x06Import\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
+	"\towner_pid\x18\x03 \x01(\x03R\bownerPid\x12#\n" +
+	"\rowner_address\x18\x04 \x01(\x04R\fownerAddress\"\xb3\x01\n" +
 	"\x06Origin\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x1b\n" +
 	"\tgpu_model\x18\x02 \x01(\tR\bgpuModel\x12\x19\n" +
@@ -1033,10 +1126,11 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x0eALLOC_KIND_VMM\x10\x01\x12\x14\n" +
 	"\x10ALLOC_KIND_ASYNC\x10\x02\x12\x14\n" +
 	"\x10ALLOC_KIND_PITCH\x10\x03\x12\x14\n" +
-	"\x10ALLOC_KIND_OTHER\x10\x04*@\n" +
+	"\x10ALLOC_KIND_OTHER\x10\x04*Z\n" +
 	"\tAllocFlag\x12\x13\n" +
 	"\x0fALLOC_FLAG_NONE\x10\x00\x12\x1e\n" +
-	"\x1aALLOC_FLAG_GPU_DIRECT_RDMA\x10\x01*`\n" +
+	"\x1aALLOC_FLAG_GPU_DIRECT_RDMA\x10\x01\x12\x18\n" +
+	"\x14ALLOC_FLAG_HOST_NUMA\x10\x02*`\n" +
 	"\bLocation\x12\x18\n" +
 	"\x14LOCATION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eLOCATION_LOCAL\x10\x01\x12\x13\n" +
@@ -1056,7 +1150,7 @@ func file_protocol_image_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_image_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_protocol_image_proto_goTypes = []any{
 	(Compression)(0),     // 0: gpucr.image.v1.Compression
 	(AllocKind)(0),       // 1: gpucr.image.v1.AllocKind
@@ -1065,28 +1159,30 @@ var file_protocol_image_proto_goTypes = []any{
 	(*ManifestFile)(nil), // 4: gpucr.image.v1.ManifestFile
 	(*Manifest)(nil),     // 5: gpucr.image.v1.Manifest
 	(*Process)(nil),      // 6: gpucr.image.v1.Process
-	(*Origin)(nil),       // 7: gpucr.image.v1.Origin
-	(*Parent)(nil),       // 8: gpucr.image.v1.Parent
-	(*Buffer)(nil),       // 9: gpucr.image.v1.Buffer
-	(*Chunk)(nil),        // 10: gpucr.image.v1.Chunk
-	(*Stats)(nil),        // 11: gpucr.image.v1.Stats
+	(*Import)(nil),       // 7: gpucr.image.v1.Import
+	(*Origin)(nil),       // 8: gpucr.image.v1.Origin
+	(*Parent)(nil),       // 9: gpucr.image.v1.Parent
+	(*Buffer)(nil),       // 10: gpucr.image.v1.Buffer
+	(*Chunk)(nil),        // 11: gpucr.image.v1.Chunk
+	(*Stats)(nil),        // 12: gpucr.image.v1.Stats
 }
 var file_protocol_image_proto_depIdxs = []int32{
-	7,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
+	8,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
 	0,  // 1: gpucr.image.v1.Manifest.compression:type_name -> gpucr.image.v1.Compression
-	8,  // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
-	9,  // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
-	11, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
+	9,  // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
+	10, // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
+	12, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
 	6,  // 5: gpucr.image.v1.Manifest.processes:type_name -> gpucr.image.v1.Process
-	1,  // 6: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
-	10, // 7: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
-	3,  // 8: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
-	0,  // 9: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	7,  // 6: gpucr.image.v1.Process.imports:type_name -> gpucr.image.v1.Import
+	1,  // 7: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
+	11, // 8: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
+	3,  // 9: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
+	0,  // 10: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_protocol_image_proto_init() }
@@ -1100,7 +1196,7 @@ func file_protocol_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_image_proto_rawDesc), len(file_protocol_image_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

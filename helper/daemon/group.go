@@ -1,0 +1,273 @@
+package daemon
+
+// The checkpoint of processes that share GPU memory (the ranks of an NCCL
+// job, sharing.go) as one: the dump checkpoints them one by one (CRIU's
+// plugin asks for each pid in turn), but none may be copied while another
+// can still write into its memory or wait for it. So the first member's
+// checkpoint quiesces the whole group first:
+//
+//   - HoldSync to every member: each stops its peer sync operations (NCCL's
+//     kernel launches, stream waits on shared memory) at the count it has
+//     reached, and says it;
+//   - ReachSync to every member, to the highest count: those behind run on
+//     until they have queued the same operations, then hold. Every
+//     operation a member's GPU waits for is queued now, on every member;
+//   - Quiesce and Drain of every other member: every gate closes and every
+//     GPU drains. The member asking is quiesced by its own checkpoint.
+//
+// Each member's own checkpoint then finds it quiesced and drained (its
+// Quiesce and Drain are no-ops) and copies, drops and detaches it. The group
+// ends with the image: at its commit every member must have been
+// checkpointed into it (else the commit is refused: a restore would lack a
+// peer); a dump that fails resumes the members it quiesced and did not
+// checkpoint. The holds end with ReleaseSync, or when a member comes back
+// after its dump or restore (a new control connection).
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// groupRun is one group's checkpoint into one deferred image.
+type groupRun struct {
+	members  []*client
+	quiesced map[*client]bool // quiesced by the group, not by their own checkpoint
+	done     map[*client]bool // checkpointed into the image
+}
+
+func (g *groupRun) has(cl *client) bool {
+	for _, m := range g.members {
+		if m == cl {
+			return true
+		}
+	}
+	return false
+}
+
+// groupsOf returns the group runs of an image being written (s.mu held).
+func (s *Server) groupRunFor(key deferKey, cl *client) *groupRun {
+	for _, g := range s.groups[key] {
+		if g.has(cl) {
+			return g
+		}
+	}
+	return nil
+}
+
+// pidList says pids as "1, 2 and 3".
+func pidList(cls []*client) string {
+	var p []string
+	for _, c := range cls {
+		p = append(p, fmt.Sprint(c.pid))
+	}
+	if len(p) < 2 {
+		return strings.Join(p, "")
+	}
+	return strings.Join(p[:len(p)-1], ", ") + " and " + p[len(p)-1]
+}
+
+// others is group without cl.
+func others(group []*client, cl *client) []*client {
+	var out []*client
+	for _, m := range group {
+		if m != cl {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// quiesceGroup quiesces the group cl shares memory with, for cl's
+// checkpoint (ctl: cl's control connection, held), unless an earlier
+// member's checkpoint into the same image did. Nothing to do for a client
+// that shares nothing.
+func (r *checkpointRun) quiesceGroup() *stepError {
+	s, cl := r.s, r.cl
+	group := s.peerGroup(cl)
+	if len(group) < 2 {
+		return nil
+	}
+	peers := pidList(others(group, cl))
+	if !r.req.DeferCommit {
+		return stepFailed(helperpb.ErrorCode_ERROR_STATE,
+			"it shares GPU memory with pid %s (the ranks of one job): they can only be checkpointed together, "+
+				"as one process tree (gpucr checkpoint of the job's root process, or a CRIU dump of its tree), "+
+				"not one alone", peers)
+	}
+	key := deferKey{r.requester, r.req.ImageDir}
+	s.mu.Lock()
+	g := s.groupRunFor(key, cl)
+	s.mu.Unlock()
+	if g != nil {
+		return nil // an earlier member's checkpoint quiesced it
+	}
+	g = &groupRun{members: group, quiesced: map[*client]bool{}, done: map[*client]bool{}}
+	t0 := time.Now()
+	if e := r.holdGroup(g); e != nil {
+		r.s.endGroup(g, true, r.cl, r.ctl)
+		return e
+	}
+	s.mu.Lock()
+	s.groups[key] = append(s.groups[key], g)
+	s.mu.Unlock()
+	r.log.Info("processes sharing GPU memory quiesced together", zap.String("pids", pidList(group)),
+		zap.Duration("took", time.Since(t0)))
+	return nil
+}
+
+// memberCall sends req to group member m: on r's own control connection
+// for r's client, else taking m's control exchange for the call.
+func (r *checkpointRun) memberCall(m *client, req *helperpb.Request, wait time.Duration) (*helperpb.Response, error) {
+	if m == r.cl {
+		return controlCall(r.ctl, req, wait)
+	}
+	var resp *helperpb.Response
+	err := m.withControl(wait, func(ctl *control) error {
+		var err error
+		resp, err = controlCall(ctl, req, wait)
+		return err
+	})
+	if errors.Is(err, errBusy) {
+		err = fmt.Errorf("another control operation is in progress")
+	}
+	return resp, err
+}
+
+// holdGroup brings every member of g to the same count of peer sync
+// operations and quiesces and drains every member but r's.
+func (r *checkpointRun) holdGroup(g *groupRun) *stepError {
+	counts := make([]uint64, len(g.members))
+	var target uint64
+	for i, m := range g.members {
+		resp, err := r.memberCall(m, &helperpb.Request{Body: &helperpb.Request_HoldSync{HoldSync: &helperpb.HoldSync{}}}, r.wait)
+		if err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "hold pid %d (which shares GPU memory with it): %v", m.pid, err)
+		}
+		counts[i] = resp.GetSyncCount().GetCount()
+		target = max(target, counts[i])
+	}
+	// Each member runs on by itself to the target: at once, so that one
+	// that is slow to get there holds no other back.
+	errs := make([]error, len(g.members))
+	var wg sync.WaitGroup
+	for i, m := range g.members {
+		if counts[i] == target {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = r.memberCall(m, &helperpb.Request{Body: &helperpb.Request_ReachSync{ReachSync: &helperpb.ReachSync{
+				Target: target, TimeoutMs: uint32(r.quiesce / time.Millisecond)}}}, r.wait)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_TIMEOUT,
+				"the processes sharing GPU memory did not reach a common point: pid %d was at %d of %d operations that wait for a peer (NCCL's kernels, stream waits on shared memory) and did not get there: %v",
+				g.members[i].pid, counts[i], target, err)
+		}
+	}
+	for _, m := range g.members {
+		if m == r.cl {
+			continue
+		}
+		if _, err := r.memberCall(m, &helperpb.Request{Body: &helperpb.Request_Quiesce{Quiesce: &helperpb.Quiesce{
+			TimeoutMs: uint32(r.quiesce / time.Millisecond)}}}, r.wait); err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_TIMEOUT, "quiesce pid %d (which shares GPU memory with it): %v", m.pid, err)
+		}
+		g.quiesced[m] = true
+		if err := m.fire(evQuiesced); err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_STATE, "quiesce pid %d: %v", m.pid, err)
+		}
+		if _, err := r.memberCall(m, &helperpb.Request{Body: &helperpb.Request_Drain{Drain: &helperpb.Drain{}}}, r.wait); err != nil {
+			return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "drain pid %d (which shares GPU memory with it): %v", m.pid, err)
+		}
+	}
+	return nil
+}
+
+// groupDone records that cl's checkpoint into the image of key succeeded.
+func (s *Server) groupDone(key deferKey, cl *client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.groupRunFor(key, cl); g != nil {
+		g.done[cl] = true
+		delete(g.quiesced, cl)
+	}
+}
+
+// takeGroups forgets the group runs of the image of key and returns them.
+func (s *Server) takeGroups(key deferKey) []*groupRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.groups[key]
+	delete(s.groups, key)
+	return g
+}
+
+// missingMembers says which members of the groups were not checkpointed
+// into their image ("" if none).
+func missingMembers(groups []*groupRun) string {
+	var msgs []string
+	for _, g := range groups {
+		var missing, done []*client
+		for _, m := range g.members {
+			if g.done[m] {
+				done = append(done, m)
+			} else {
+				missing = append(missing, m)
+			}
+		}
+		if len(missing) > 0 {
+			msgs = append(msgs, fmt.Sprintf("pid %s shares GPU memory with pid %s but was not checkpointed with it "+
+				"(it is not part of the dumped process tree?)", pidList(missing), pidList(done)))
+		}
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// endGroup ends a group's checkpoint: the members it quiesced and that
+// were not checkpointed run again, and every member still connected lets
+// its held operations go (a member that detached does when it comes back).
+// failed: the checkpoint failed (logged as such). self, if not nil, is a
+// member whose control exchange the caller holds, on ctl.
+func (s *Server) endGroup(g *groupRun, failed bool, self *client, selfCtl *control) {
+	for _, m := range g.members {
+		wait := s.cfg.OpTimeout
+		with := m.withControl
+		if m == self {
+			with = func(_ time.Duration, f func(*control) error) error { return f(selfCtl) }
+		}
+		err := with(wait, func(ctl *control) error {
+			if g.quiesced[m] && m.lifeState() == lifeQuiesced {
+				if _, err := controlCall(ctl, m.resumeRequest(), wait); err != nil {
+					return fmt.Errorf("resume: %w", err)
+				}
+				if err := m.fire(evResumed); err != nil {
+					return err
+				}
+			}
+			_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_ReleaseSync{ReleaseSync: &helperpb.ReleaseSync{}}}, wait)
+			return err
+		})
+		if err != nil && !errors.Is(err, errNoControl) {
+			m.log.Warn("ending the checkpoint of processes sharing GPU memory", zap.Bool("failed", failed), zap.Error(err))
+		}
+	}
+}
+
+// endGroups ends the group runs of the image of key.
+func (s *Server) endGroups(key deferKey, failed bool) {
+	for _, g := range s.takeGroups(key) {
+		s.endGroup(g, failed, nil, nil)
+	}
+}

@@ -1,0 +1,360 @@
+package daemon
+
+// Memory shared between clients, as the ranks of an NCCL job share it: one
+// rank's allocation, exported (Export) and imported by its peers
+// (ImportPeer). The helper keeps a duplicate of every fd it exports, and
+// knows an imported fd for one of them by kcmp(2): the very file, passed on
+// by SCM_RIGHTS or pidfd_getfd, whatever the fd's number in the importer.
+// An import is the importer's from then on: it maps it (Mapped), drops and
+// reimports it with its own memory around a checkpoint, and a restore maps
+// the owner's restored memory at the same address again. The owner's data
+// goes into the image once, with the owner.
+//
+// The relation is kept in the registry, under the server's mu: who imports
+// which allocation, and where it maps it.
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+// kcmpFile is KCMP_FILE of linux/kcmp.h.
+const kcmpFile = 0
+
+// sameFile reports whether fds a and b of this process are one open file.
+func sameFile(a, b int) bool {
+	pid := uintptr(unix.Getpid())
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, kcmpFile, uintptr(a), uintptr(b), 0)
+	return errno == 0 && r == 0
+}
+
+// shares is the sharing part of the registry.
+type shares struct {
+	// kept: duplicates of the fds exported of each allocation, to know
+	// them again when a peer imports one.
+	kept map[uint64][]int
+	// importers: for each allocation, the clients that import it and
+	// where each maps it (0: not mapped yet).
+	importers map[uint64]map[*client]uint64
+}
+
+func newShares() shares {
+	return shares{kept: map[uint64][]int{}, importers: map[uint64]map[*client]uint64{}}
+}
+
+// keep records a duplicate of fd, an export of allocation id.
+func (sh *shares) keep(id uint64, fd int) error {
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("keeping the exported fd: %w", err)
+	}
+	sh.kept[id] = append(sh.kept[id], d)
+	return nil
+}
+
+// exported finds the allocation fd is an export of (0: none).
+func (sh *shares) exported(fd int) uint64 {
+	for id, fds := range sh.kept {
+		for _, k := range fds {
+			if sameFile(fd, k) {
+				return id
+			}
+		}
+	}
+	return 0
+}
+
+// forget drops what is kept of allocation id (its memory is released).
+func (sh *shares) forget(id uint64) {
+	for _, fd := range sh.kept[id] {
+		unix.Close(fd)
+	}
+	delete(sh.kept, id)
+	delete(sh.importers, id)
+}
+
+// importsOf lists the allocations cl imports and where it maps them (0: not
+// mapped), by id.
+func (sh *shares) importsOf(cl *client) map[uint64]uint64 {
+	out := map[uint64]uint64{}
+	for id, m := range sh.importers {
+		if addr, ok := m[cl]; ok {
+			out[id] = addr
+		}
+	}
+	return out
+}
+
+// dropImporter forgets every import of cl (it is gone).
+func (sh *shares) dropImporter(cl *client) {
+	for id, m := range sh.importers {
+		delete(m, cl)
+		if len(m) == 0 {
+			delete(sh.importers, id)
+		}
+	}
+}
+
+// heir is the importer that takes over allocation id when its owner lets
+// it go while others still map it (nil: none maps it). The lowest pid, so
+// that the choice does not depend on map order.
+func (sh *shares) heir(id uint64) (*client, uint64) {
+	var best *client
+	var addr uint64
+	for cl, a := range sh.importers[id] {
+		if a != 0 && (best == nil || cl.pid < best.pid) {
+			best, addr = cl, a
+		}
+	}
+	return best, addr
+}
+
+// importPeer runs an ImportPeer: the fd that came with it is the one the
+// client's application imports.
+func (s *Server) importPeer(c *conn, cl *client, id uint64) *helperpb.Response {
+	f := c.takeFD()
+	if f == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "ImportPeer without the fd imported")
+	}
+	defer f.Close()
+	s.mu.Lock()
+	aid := s.reg.sh.exported(int(f.Fd()))
+	owner := s.reg.ownerOf(aid)
+	if aid == 0 || owner == nil {
+		s.mu.Unlock()
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "not an export of memory the helper serves")
+	}
+	owner.mu.Lock()
+	al := owner.allocs[aid]
+	owner.mu.Unlock()
+	if al == nil {
+		s.mu.Unlock()
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "allocation %d is gone", aid)
+	}
+	m := s.reg.sh.importers[aid]
+	if m == nil {
+		m = map[*client]uint64{}
+		s.reg.sh.importers[aid] = m
+	}
+	if _, ok := m[cl]; !ok {
+		m[cl] = 0
+	}
+	s.mu.Unlock()
+	cl.log.Debug("peer import", zap.Uint64("alloc_id", aid), pidField("owner_pid", owner.pid))
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: aid, Size: al.size}}}
+}
+
+// importedBy returns the allocation id that cl imports (and its owner's
+// record), or nil. s.mu is taken here.
+func (s *Server) importedBy(cl *client, aid uint64) (*alloc, *client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.reg.sh.importers[aid][cl]; !ok {
+		return nil, nil
+	}
+	owner := s.reg.ownerOf(aid)
+	if owner == nil {
+		return nil, nil
+	}
+	owner.mu.Lock()
+	defer owner.mu.Unlock()
+	return owner.allocs[aid], owner
+}
+
+// mappedImport records where cl maps its import aid; false if it imports
+// no such allocation.
+func (s *Server) mappedImport(cl *client, aid, addr uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.reg.sh.importers[aid]
+	if _, ok := m[cl]; !ok {
+		return false
+	}
+	m[cl] = addr
+	return true
+}
+
+// endImport ends cl's import of aid (its Free); false if it had none.
+func (s *Server) endImport(cl *client, aid uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.reg.sh.importers[aid]
+	if _, ok := m[cl]; !ok {
+		return false
+	}
+	delete(m, cl)
+	if len(m) == 0 {
+		delete(s.reg.sh.importers, aid)
+	}
+	return true
+}
+
+// handOver gives allocation al, which its owner lets go of, to an importer
+// that still maps it: the memory lives on there (the driver would keep it
+// for the importer's mapping too), and that process's image holds it from
+// then on. False if nobody imports it: the caller releases it.
+func (s *Server) handOver(from *client, al *alloc) bool {
+	s.mu.Lock()
+	heir, addr := s.reg.sh.heir(al.id)
+	if heir == nil {
+		s.reg.sh.forget(al.id)
+		s.mu.Unlock()
+		return false
+	}
+	delete(s.reg.sh.importers[al.id], heir)
+	s.reg.own(al.id, heir)
+	s.mu.Unlock()
+	heir.mu.Lock()
+	al.address = addr
+	al.inherited = true
+	heir.allocs[al.id] = al
+	heir.bytes += al.size
+	heir.mu.Unlock()
+	from.log.Info("shared allocation handed over to a process that still maps it", zap.Uint64("alloc_id", al.id),
+		pidField("to_pid", heir.pid))
+	return true
+}
+
+// peerGroup is cl and every client it shares memory with, directly or
+// through others, by pid; just cl when it shares nothing.
+func (s *Server) peerGroup(cl *client) []*client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The edges: owner - importer, for every imported allocation.
+	edges := map[*client][]*client{}
+	for aid, m := range s.reg.sh.importers {
+		owner := s.reg.ownerOf(aid)
+		if owner == nil {
+			continue
+		}
+		for imp := range m {
+			edges[owner] = append(edges[owner], imp)
+			edges[imp] = append(edges[imp], owner)
+		}
+	}
+	seen := map[*client]bool{cl: true}
+	group := []*client{cl}
+	for i := 0; i < len(group); i++ {
+		for _, o := range edges[group[i]] {
+			if !seen[o] {
+				seen[o] = true
+				group = append(group, o)
+			}
+		}
+	}
+	slices.SortFunc(group, func(a, b *client) int { return int(a.pid) - int(b.pid) })
+	return group
+}
+
+// importInfos are cl's mapped imports as the image records them.
+func (s *Server) importInfos(cl *client) []image.ImportInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []image.ImportInfo
+	for aid, addr := range s.reg.sh.importsOf(cl) {
+		owner := s.reg.ownerOf(aid)
+		if addr == 0 || owner == nil {
+			continue
+		}
+		owner.mu.Lock()
+		al := owner.allocs[aid]
+		owner.mu.Unlock()
+		if al == nil || al.address == 0 {
+			continue
+		}
+		out = append(out, image.ImportInfo{Address: addr, Size: al.size, OwnerPid: int(owner.pid), OwnerAddress: al.address})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
+	return out
+}
+
+// importEntries are cl's mapped imports for its Reimport, with their
+// owners' records.
+func (s *Server) importEntries(cl *client) []importEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []importEntry
+	for aid, addr := range s.reg.sh.importsOf(cl) {
+		owner := s.reg.ownerOf(aid)
+		if addr == 0 || owner == nil {
+			continue
+		}
+		owner.mu.Lock()
+		al := owner.allocs[aid]
+		owner.mu.Unlock()
+		if al != nil {
+			out = append(out, importEntry{al: al, address: addr})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].address < out[j].address })
+	return out
+}
+
+type importEntry struct {
+	al      *alloc
+	address uint64
+}
+
+// planImports gives each restored client of p the imports its process had:
+// the owner's restored allocation at the address the importer mapped it.
+func (s *Server) planImports(p *restorePlan, byPid map[int]*client) (err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() {
+		if err != nil {
+			for _, cl := range byPid {
+				s.reg.sh.dropImporter(cl)
+			}
+		}
+	}()
+	for _, pr := range p.im.Processes() {
+		cl := byPid[pr.Pid]
+		if cl == nil {
+			continue
+		}
+		for _, imp := range pr.Imports {
+			owner := byPid[imp.OwnerPid]
+			var al *alloc
+			if owner != nil {
+				for _, a := range owner.allocs {
+					if a.address == imp.OwnerAddress {
+						al = a
+						break
+					}
+				}
+			}
+			if al == nil {
+				return fmt.Errorf("process %d maps memory of process %d at 0x%x, which the image does not hold",
+					pr.Pid, imp.OwnerPid, imp.OwnerAddress)
+			}
+			if al.size != imp.Size {
+				return fmt.Errorf("process %d maps %d bytes of process %d's buffer at 0x%x, which has %d",
+					pr.Pid, imp.Size, imp.OwnerPid, imp.OwnerAddress, al.size)
+			}
+			m := s.reg.sh.importers[al.id]
+			if m == nil {
+				m = map[*client]uint64{}
+				s.reg.sh.importers[al.id] = m
+			}
+			m[cl] = imp.Address
+		}
+	}
+	return nil
+}
+
+// pidsOf lists the pids of clients.
+func pidsOf(cls []*client) []proc.Pid {
+	out := make([]proc.Pid, len(cls))
+	for i, c := range cls {
+		out[i] = c.pid
+	}
+	return out
+}

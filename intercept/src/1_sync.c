@@ -1,0 +1,122 @@
+/*
+ * Peer synchronization: processes that share memory (the ranks of an NCCL
+ * job) wait for each other on the GPU. A rank's collective kernel spins until
+ * its peers' kernels of the same collective have run; a checkpoint that
+ * closed one rank's gate before it launched its part, while its peer had
+ * launched, would wait forever for the peer's GPU to drain. So each process
+ * counts the operations that may wait for a peer (launches of NCCL's
+ * kernels, stream waits on shared memory), and a checkpoint of the group
+ * first brings every member to the same count (HoldSync, ReachSync): every
+ * operation any member waits for is then queued, and every gate can close
+ * and every GPU drain.
+ *
+ * An operation counts itself once it is inside the gate, so that a counted
+ * operation is queued before the gate can close. One that finds the hold's
+ * limit reached leaves the gate and waits outside it, where it keeps no
+ * gate from closing. Only such operations take the lock, and only in a
+ * process that shares memory.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "1_base.h"
+
+_Atomic bool gc_sharing;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv; /* the count or the limit changed */
+static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
+static uint64_t count, limit = UINT64_MAX;
+
+static void cv_setup(void) {
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static void lock(void) {
+    pthread_once(&cv_once, cv_setup);
+    pthread_mutex_lock(&mu);
+}
+
+int gc_sync_enter(bool op) {
+    if (!op)
+        return gc_gate_enter();
+    for (;;) {
+        lock();
+        while (count >= limit)
+            pthread_cond_wait(&cv, &mu);
+        pthread_mutex_unlock(&mu);
+        int w = gc_gate_enter();
+        lock();
+        if (count < limit) {
+            count++;
+            pthread_cond_broadcast(&cv);
+            pthread_mutex_unlock(&mu);
+            return w;
+        }
+        pthread_mutex_unlock(&mu);
+        gc_gate_leave(); /* held meanwhile: wait outside the gate */
+    }
+}
+
+uint64_t gc_sync_hold(void) {
+    lock();
+    limit = count;
+    uint64_t n = count;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+int gc_sync_reach(uint64_t target, unsigned timeout_ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    lock();
+    int rc = 0;
+    if (count > target) {
+        rc = -ERANGE;
+    } else {
+        limit = target;
+        pthread_cond_broadcast(&cv);
+        while (count < target && rc == 0)
+            if (pthread_cond_timedwait(&cv, &mu, &dl) == ETIMEDOUT)
+                rc = count < target ? -ETIMEDOUT : 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+void gc_sync_release(void) {
+    lock();
+    limit = UINT64_MAX;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+uint64_t gc_sync_count(void) {
+    lock();
+    uint64_t n = count;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+void gc_sync_reset(void) {
+    pthread_mutex_init(&mu, NULL);
+    count = 0;
+    limit = UINT64_MAX;
+    atomic_store(&gc_sharing, false);
+}
+
+/* NCCL's device kernels: ncclDevKernel_<coll>_<op>_<type>_<algo>_<proto> (NCCL 2.19 on), ncclKernel_... before. */
+bool gc_sync_kernel_name(const char *name) {
+    return name && (strncmp(name, "ncclDevKernel", 13) == 0 || strncmp(name, "ncclKernel", 10) == 0);
+}
