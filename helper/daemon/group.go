@@ -94,6 +94,10 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 	if len(group) < 2 {
 		return nil
 	}
+	if s.cfg.Fault == "no-group-hold" {
+		r.log.Warn("injected fault: processes sharing GPU memory are quiesced one by one (GPUCR_FAULT=no-group-hold)")
+		return nil
+	}
 	peers := pidList(others(group, cl))
 	if !r.req.DeferCommit {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE,

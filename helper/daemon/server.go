@@ -72,7 +72,10 @@ type Config struct {
 	// long before its data is in). "STEP@N": only in the helper's N-th checkpoint (the
 	// second process of a dumped tree, say). "stall-reattach": the reply to
 	// a reattaching process waits until it closes its connection (tests
-	// kill it there).
+	// kill it there). "no-group-hold": processes that share GPU memory are
+	// quiesced one by one, without first bringing them to a common point
+	// (tests check that the checkpoint then fails, bounded, and the
+	// processes run on).
 	Fault string
 	// Limits bound what the socket's users can make the helper hold
 	// (limits.go); zero fields take the defaults.

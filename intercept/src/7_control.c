@@ -105,7 +105,21 @@ static void set_ok(Resp *resp) {
 
 static char errbuf[512];
 
-static void do_drain(Resp *resp) {
+/*
+ * Drain: synchronize every context the application made current. The syncs run on a thread of their own, and
+ * Drain answers after at most the last Quiesce's timeout: work that never ends (a kernel waiting for a peer
+ * process that is held) must not keep this thread, which the Resume after the failed checkpoint needs, from
+ * answering. The syncs go on; the next Drain waits for them.
+ */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool running; /* a drain thread is syncing */
+    CUresult r;   /* the last drain's result */
+    unsigned timeout_ms;
+} D = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, CUDA_SUCCESS, 10000};
+
+static CUresult sync_contexts(void) {
     CUcontext ctxs[GC_MAX_CTX];
     int n = gc_contexts(ctxs);
     for (int i = 0; i < n; i++) {
@@ -114,11 +128,62 @@ static void do_drain(Resp *resp) {
             r = GC_REAL(cuCtxSynchronize)();
         if (r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_INVALID_HANDLE)
             continue; /* destroyed since */
-        if (r != CUDA_SUCCESS) {
-            snprintf(errbuf, sizeof errbuf, "cuCtxSynchronize: CUresult %d", (int)r);
-            set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER, errbuf);
-            return;
-        }
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+static void *drain_main(void *arg) {
+    (void)arg;
+    gc_in_control = 1;
+    CUresult r = sync_contexts();
+    pthread_mutex_lock(&D.mu);
+    D.r = r;
+    D.running = false;
+    pthread_cond_broadcast(&D.cv);
+    pthread_mutex_unlock(&D.mu);
+    return NULL;
+}
+
+static void do_drain(Resp *resp) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += D.timeout_ms / 1000;
+    dl.tv_nsec += (long)(D.timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&D.mu);
+    if (!D.running) {
+        pthread_t th;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        D.running = pthread_create(&th, &a, drain_main, NULL) == 0;
+        pthread_attr_destroy(&a);
+        if (!D.running)
+            D.r = sync_contexts(); /* no thread: here, unbounded */
+    }
+    int rc = 0;
+    while (D.running && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&D.cv, &D.mu, &dl);
+    bool timed_out = D.running;
+    CUresult r = D.r;
+    pthread_mutex_unlock(&D.mu);
+    if (timed_out) {
+        snprintf(errbuf, sizeof errbuf,
+                 "Drain: the GPU work queued did not finish within %u ms (a kernel waiting for another process that "
+                 "is held?)",
+                 D.timeout_ms);
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_TIMEOUT, errbuf);
+        return;
+    }
+    if (r != CUDA_SUCCESS) {
+        snprintf(errbuf, sizeof errbuf, "cuCtxSynchronize: CUresult %d", (int)r);
+        set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER, errbuf);
+        return;
     }
     gc_alloc_flush_frees();
     set_ok(resp);
@@ -549,6 +614,7 @@ serve:
             switch (req->body_case) {
             case GPUCR__HELPER__V1__REQUEST__BODY_QUIESCE: {
                 unsigned t = req->quiesce->timeout_ms ? req->quiesce->timeout_ms : 10000;
+                D.timeout_ms = t; /* the drain after it waits as long */
                 if (atomic_load(&G.state) != CLIENT_RUNNING) {
                     set_ok(&resp);
                 } else if (gc_gate_close(t) != 0) {
@@ -669,6 +735,9 @@ static void atfork_child(void) {
     gc_dev_atfork_child();
     gc_reasons_reset();
     gc_sync_reset();
+    pthread_mutex_init(&D.mu, NULL);
+    pthread_cond_init(&D.cv, NULL);
+    D.running = false; /* the parent's drain thread is not the child's */
     atomic_store(&G.state, CLIENT_RUNNING);
     G.wake_path[0] = 0;
     gc_vmm_atfork_child();

@@ -106,3 +106,31 @@ func TestPeerRanksCheckpointRestore(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerRanksUnalignedQuiesceBounded: with the helper made to quiesce the
+// two ranks one by one (GPUCR_FAULT=no-group-hold), rank 0's GPU waits for
+// a flag rank 1 never writes: its drain cannot end. The dump then fails
+// within its bounds, saying so, and both ranks run on to their end exactly:
+// a checkpoint that cannot drain never hangs the job.
+func TestPeerRanksUnalignedQuiesceBounded(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t, "GPUCR_SIM_DEVICES=2")
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=no-group-hold"))
+	args := []string{"--hb-every", "10", "--mib", "4"}
+	a := startUnder(t, dir, h, env, "peerapp", append(args, "--iters", "300", "--interval-ms", "5")...)
+	a.waitIter(30, time.Minute)
+	img := filepath.Join(dir, "img")
+	t0 := time.Now()
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	if err == nil || !strings.Contains(out, "did not finish") {
+		t.Errorf("dump of ranks quiesced one by one: %v, want a failed drain:\n%s", err, tail(out, 10))
+	}
+	if took := time.Since(t0); took > time.Minute {
+		t.Errorf("the failed dump took %v", took)
+	}
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("peerapp after the failed dump: exit %d:\n%s", code, tail(a.output(), 15))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "peerapp", args, 300))
+}
