@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Checkpoint and restore of jobs whose processes share GPU memory as NCCL's
+# ranks do, on a 2-GPU machine (nvidia-h100-x2 or nvidia-h200-x2):
+#
+#   bash tests/gpu/ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE
+#
+# PARTS (default "peer ddp size") picks the sections:
+#   peer  peerapp (two ranks on two GPUs exchanging exported cuMem fds, peer
+#         mappings, host-NUMA cuMem flags and stream waits on them) under
+#         `gpucr run`: dumped with --leave-running (it must run on to its end
+#         exactly), then its image restored after it ended (from the image's
+#         iteration to the end, exactly): checksums equal to a plain run's.
+#   ddp   tests/gpu/ddp.py (torchrun, 2 ranks, NCCL with its defaults: P2P
+#         over NVLink, cuMem buffers; 2 DataLoader workers per rank) plain for
+#         the reference, then under `gpucr run` twice: a dump of the whole
+#         job (torchrun and everything below it) with --leave-running, and
+#         one that stops it; each image restored once the job is gone. The
+#         losses and gradient norms of every step must equal the reference's,
+#         in the job that ran on and in each restored job.
+#   size  the stop-the-world dump and the restore (to the next heartbeat) of
+#         peerapp with SIZE_MIB per rank on each GPU against heartbeat with
+#         the same per-process size on one GPU (SIZE_MIB, default 8192: each
+#         rank holds 2x that).
+# NCCL_NVLS_ENABLE=0 and the other multicast switches are set throughout.
+# Logs in build/gpu/ddp-ckpt (and $OUT/ddp-ckpt-logs.tgz); summary.txt
+# holds the table.
+set -u
+cd "$(dirname "$0")/../.."
+G=$(cd "${1:?usage: ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
+C=${2:?usage: ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE}
+GPUCR=$G/bin/gpucr
+PY=${PYTHON:-python3}
+STEPS=${STEPS:-160}
+SIZE_MIB=${SIZE_MIB:-8192}
+PARTS=${PARTS:-peer ddp size}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+. tests/gpu/lib.sh
+fresh_logs build/gpu/ddp-ckpt
+use_criu "$C" || exit 1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
+IMG=/dev/shm/gpucr-ddp-ckpt
+SOCK=/run/gpucr-ddp-ckpt/helper.sock
+BIN=build/gpu/bin
+HELPER=
+finish() {
+	pkill -9 -f tests/gpu/ddp.py 2>/dev/null
+	pkill -9 -f "$BIN/peerapp" 2>/dev/null
+	pkill -9 -f "$BIN/heartbeat" 2>/dev/null
+	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null
+	rm -rf "$IMG"
+	[ -n "${OUT:-}" ] && tar -czf "$OUT/ddp-ckpt-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+}
+trap finish EXIT
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+note "## processes sharing GPU memory: checkpoint and restore as one"
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $ngpu; $("$GPUCR_CRIU" --version | head -1); $($PY -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
+if [ "$ngpu" -lt 2 ]; then
+	note "SKIP: $ngpu GPU (needs 2)"
+	exit 0
+fi
+gpu_apps || exit 1
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level debug || {
+	bad "the helper did not answer"
+	exit 1
+}
+
+# secs JSONFILE KEY...: a number from a --json report (the last JSON object in the file).
+secs() {
+	$PY -c '
+import json, sys
+t = open(sys.argv[1]).read()
+r = json.loads(t[t.rindex("\n{") + 1:] if "\n{" in t else t)
+for k in sys.argv[2:]:
+    r = r.get(k) or {}
+print(f"{r:.3f}" if isinstance(r, (int, float)) else "-")' "$@" 2>/dev/null || echo -
+}
+# hbsum LOG: "hb ITER SUM" lines.
+hbsum() { awk '$1 == "hb" {print $2, $3}' "$1"; }
+# same_hbs REF LOG FROMLINE NAME: the heartbeats of LOG from line FROMLINE on
+# must all be in REF with the same checksum (at least 2).
+same_hbs() {
+	$PY - "$1" "$2" "$3" "$4" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import sys
+ref = dict(l.split()[1:3] for l in open(sys.argv[1]) if l.startswith("hb "))
+hb = [l.split() for l in open(sys.argv[2]) if l.startswith("hb ")][int(sys.argv[3]):]
+same = sum(1 for h in hb if ref.get(h[1]) == h[2])
+ok = len(hb) >= 2 and same == len(hb)
+print(f"{sys.argv[4]}: {'EXACT' if ok else 'NOT EXACT'}: {same} of {len(hb)} heartbeats equal to the plain run's"
+      f" (iterations {hb[0][1] if hb else '-'}..{hb[-1][1] if hb else '-'})")
+PYEOF
+	tail -1 "$LOGS/summary.txt" | grep -q ': EXACT:' || fail=1
+}
+
+if part peer; then
+	note "### peerapp: two ranks, one per GPU, sharing memory as NCCL does"
+	ARGS=(--iters 4000 --hb-every 100 --interval-ms 2 --mib 256)
+	timeout 300 "$BIN/peerapp" "${ARGS[@]}" >"$LOGS/peer.plain" 2>&1 || bad "peerapp plain: $(tail -2 "$LOGS/peer.plain")"
+	rm -rf "$IMG" && mkdir -p "$IMG"
+	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" "${ARGS[@]}" </dev/null >"$LOGS/peer.gpucr" 2>&1 &
+	PP=$!
+	for _ in $(seq 600); do [ "$(hbs "$LOGS/peer.gpucr")" -ge 5 ] && break; sleep 0.1; done
+	"$GPUCR" status --socket "$SOCK" >"$LOGS/peer.status" 2>&1
+	sed 's/^/    /' "$LOGS/peer.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
+	timeout 300 "$GPUCR" checkpoint "$PP" -D "$IMG" --leave-running --socket "$SOCK" --json >"$LOGS/peer-dump.json" 2>&1 ||
+		bad "peerapp dump: $(grep -v '^ *(' "$LOGS/peer-dump.json" | tail -3 | tr '\n' ' ')"
+	note "peerapp dump (--leave-running): $(secs "$LOGS/peer-dump.json" seconds) s, stopped $(secs "$LOGS/peer-dump.json" stall_seconds) s"
+	for _ in $(seq 1200); do [ -e "/proc/$PP" ] || break; sleep 0.1; done
+	kill -9 "$PP" 2>/dev/null
+	same_hbs "$LOGS/peer.plain" "$LOGS/peer.gpucr" 0 "peerapp ran on after its dump"
+	pid_gone "$PP"
+	mark=$(hbs "$LOGS/peer.gpucr")
+	if timeout 300 "$GPUCR" restore -D "$IMG" --socket "$SOCK" --json >"$LOGS/peer-restore.json" 2>&1; then
+		for _ in $(seq 1200); do grep -q '^done' <(tail -n 2 "$LOGS/peer.gpucr") && [ "$(hbs "$LOGS/peer.gpucr")" -gt "$mark" ] && break; sleep 0.1; done
+		same_hbs "$LOGS/peer.plain" "$LOGS/peer.gpucr" "$mark" "peerapp restored"
+	else
+		bad "peerapp restore: $(grep -v '^ *(' "$LOGS/peer-restore.json" | tail -3 | tr '\n' ' ')"
+	fi
+	pkill -9 -f "$BIN/peerapp" 2>/dev/null
+fi
+
+# ddp_start NAME: the job under gpucr run, its steps to $LOGS/NAME.txt; its
+# torchrun pid in JOB once rank 0 has written 20 steps.
+ddp_start() {
+	rm -f "$LOGS/$1.txt"
+	setsid "$GPUCR" run --socket "$SOCK" -- torchrun --standalone --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/$1.txt" "$STEPS" \
+		</dev/null >"$LOGS/$1.out" 2>&1 &
+	JOB=$!
+	for _ in $(seq 1800); do [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ] && return 0; sleep 0.1; done
+	bad "$1: the job did not reach step 20: $(tail -3 "$LOGS/$1.out" | tr '\n' ' ')"
+	return 1
+}
+# same_steps NAME FROMLINE WHAT: the step lines of NAME.txt from line
+# FROMLINE on must be the reference's lines of the same steps (at least 5).
+same_steps() {
+	$PY - "$LOGS/ddp.plain.txt" "$LOGS/$1.txt" "$2" "$3" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import sys
+ref = {l.split()[1]: l for l in open(sys.argv[1]) if l.startswith("step ")}
+lines = open(sys.argv[2]).read().splitlines()[int(sys.argv[3]):]
+st = [l for l in lines if l.startswith("step ")]
+same = sum(1 for l in st if ref.get(l.split()[1]) == l)
+ok = len(st) >= 5 and same == len(st)
+print(f"{sys.argv[4]}: {'IDENTICAL' if ok else 'NOT IDENTICAL'}: {same} of {len(st)} steps' loss and gradient norm"
+      f" equal to the plain run's (steps {st[0].split()[1] if st else '-'}..{st[-1].split()[1] if st else '-'}"
+      f"{', done' if 'done' in lines else ''})")
+PYEOF
+	tail -1 "$LOGS/summary.txt" | grep -q ': IDENTICAL:' || fail=1
+}
+# wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
+wait_done() {
+	for _ in $(seq $(($3 * 10))); do
+		tail -n +"$(($2 + 1))" "$LOGS/$1.txt" 2>/dev/null | grep -q '^done' && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+if part ddp; then
+	note "### DDP, 2 ranks (torchrun, NCCL defaults, DataLoader workers), $STEPS steps"
+	export DDP_DELAY=0.05
+	timeout 300 torchrun --standalone --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/ddp.plain.txt" "$STEPS" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
+		bad "plain DDP: $(tail -3 "$LOGS/ddp.plain.out" | tr '\n' ' ')"
+	for mode in leave stop; do
+		name=ddp.$mode
+		rm -rf "$IMG" && mkdir -p "$IMG"
+		ddp_start "$name" || continue
+		"$GPUCR" status --socket "$SOCK" >"$LOGS/$name.status" 2>&1
+		[ $mode = leave ] && sed 's/^/    /' "$LOGS/$name.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
+		flags=(--tcp-established)
+		[ $mode = leave ] && flags+=(--leave-running)
+		if ! timeout 300 "$GPUCR" checkpoint "$JOB" -D "$IMG" "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
+			bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
+			pkill -9 -f tests/gpu/ddp.py
+			continue
+		fi
+		at=$(grep -c '^step' "$LOGS/$name.txt")
+		note "$name: dumped at about step $at in $(secs "$LOGS/$name-dump.json" seconds) s (stopped $(secs "$LOGS/$name-dump.json" stall_seconds) s)"
+		if [ $mode = leave ]; then
+			wait_done "$name" 0 240 || bad "$name: the job did not finish after its dump"
+			same_steps "$name" 0 "DDP after a --leave-running dump"
+		fi
+		pkill -9 -f tests/gpu/ddp.py
+		pid_gone "$JOB"
+		# the DataLoader workers' zombies hold the job's session id for a while
+		for _ in $(seq 200); do pgrep -f tests/gpu/ddp.py >/dev/null || break; sleep 0.1; done
+		mark=$(wc -l <"$LOGS/$name.txt")
+		t0=$(now)
+		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
+			for _ in $(seq 600); do [ "$(tail -n +"$((mark + 1))" "$LOGS/$name.txt" | grep -c '^step')" -ge 1 ] && break; sleep 0.05; done
+			note "$name: restored; next step after $(span "$t0" "$(now)") ($(secs "$LOGS/$name-restore.json" seconds) s the command)"
+			wait_done "$name" "$mark" 240 || bad "$name: the restored job did not finish"
+			same_steps "$name" "$mark" "DDP restored ($mode)"
+		else
+			bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
+		fi
+		pkill -9 -f tests/gpu/ddp.py
+		for _ in $(seq 200); do pgrep -f tests/gpu/ddp.py >/dev/null || break; sleep 0.1; done
+	done
+	note "NCCL warnings: $(cat "$LOGS"/ddp.*.out | grep -c 'NCCL WARN') $(cat "$LOGS"/ddp.*.out | grep 'NCCL WARN' | head -2 | tr '\n' ';')"
+	note "gpucr warnings: $(cat "$LOGS"/ddp.*.out | grep '^gpucr:' | cut -c1-160 | sort | uniq -c | sort -rn | head -4 | tr '\n' ';')"
+fi
+
+# size_case NAME PID LOG: a stop-the-world dump of PID, then its restore to the next heartbeat.
+size_case() {
+	local name=$1 pid=$2 log=$3 mark t0
+	rm -rf "$IMG" && mkdir -p "$IMG"
+	if ! timeout 300 "$GPUCR" checkpoint "$pid" -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
+		bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
+		return
+	fi
+	pid_gone "$pid"
+	mark=$(hbs "$log")
+	t0=$(now)
+	if timeout 300 "$GPUCR" restore -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
+		local t1
+		t1=$(next_heartbeat "$log" "$mark")
+		note "$name: dump $(secs "$LOGS/$name-dump.json" seconds) s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to the next heartbeat $([ -n "$t1" ] && span "$t0" "$t1" || echo never)"
+	else
+		bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
+	fi
+}
+
+if part size; then
+	note "### dump and restore: 2 ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB"
+	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/heartbeat" --mib $((SIZE_MIB * 2)) --iters 100000000 --hb-every 20 --interval-ms 5 \
+		</dev/null >"$LOGS/size-one.log" 2>&1 &
+	P=$!
+	for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-one.log")" -ge 3 ] && break; sleep 0.1; done
+	size_case "one process, one GPU" "$P" "$LOGS/size-one.log"
+	pkill -9 -f "$BIN/heartbeat"
+	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" --mib "$SIZE_MIB" --iters 100000000 --hb-every 20 --interval-ms 5 \
+		</dev/null >"$LOGS/size-two.log" 2>&1 &
+	P=$!
+	for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-two.log")" -ge 3 ] && break; sleep 0.1; done
+	size_case "two ranks, two GPUs" "$P" "$LOGS/size-two.log"
+	pkill -9 -f "$BIN/peerapp"
+fi
+grep -h '"level":"warn"\|"level":"error"' "$LOGS/helper.log" | cut -c1-300 | sort | uniq -c | sort -rn | head -8 >"$LOGS/helper-warnings.txt"
+note "helper warnings: $(wc -l <"$LOGS/helper-warnings.txt") kinds (helper-warnings.txt)"
+exit $fail
