@@ -169,7 +169,12 @@ var criuHints = []criuHint{
 		return fmt.Sprintf("the process had %s open, and it is %s bytes long now, not %s as at the checkpoint "+
 			"(the process ran on after a --leave-running checkpoint and wrote to it, or something else did): CRIU restores an open file "+
 			"only as it was. Restore an image whose files have not changed since (a checkpoint without --leave-running), "+
-			"or put the file back as it was", m[1], m[2], m[3])
+			"or put the file back as it was; a file the process opens to append to (>> in a shell) is restored whatever its size", m[1], m[2], m[3])
+	}},
+	{regexp.MustCompile(`anon_inode:\[io_uring\]`), func([]string) string {
+		return "a process holds an io_uring instance, which CRIU cannot checkpoint. PyTorch's TCPStore (torchrun's " +
+			"rendezvous store, torch.distributed's default store) runs on libuv, which uses io_uring on Linux: start the job " +
+			"with UV_USE_IO_URING=0 (libuv then does without) or USE_LIBUV=0 (the store does without libuv)"
 	}},
 	{regexp.MustCompile(`(?i)no space left on device`), func([]string) string {
 		return "the image directory's file system is full"

@@ -37,6 +37,11 @@ func TestCRIULogErrors(t *testing.T) {
 		// The plugin refused in PAUSE_DEVICES: CRIU logs no word of it (the
 		// plugin's own messages say why).
 		{"plugin-failure.log", []string{"Unable to detach from 26555: No such process"}, ""},
+		// torchrun's agent: PyTorch's TCPStore on libuv, which uses
+		// io_uring (the errors CRIU reported on the GPU machine).
+		{"io-uring.log", []string{"Unknown shit 600 (anon_inode:[io_uring])",
+			"Can't open 1579's mapfile link 7fc517cb0000: No such device or address",
+			"Collect mappings (pid: 1579) failed with -1"}, "UV_USE_IO_URING=0"},
 	} {
 		t.Run(tc.log, func(t *testing.T) {
 			got, err := criuLogFile(filepath.Join("testdata", "criulog", tc.log), maxCRIUErrors)

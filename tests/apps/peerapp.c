@@ -26,7 +26,8 @@
  *   wait   H_p[0] >= ITER        (p's data for this iteration)
  *   copy   D_p -> R_r            (cuMemcpyDtoDAsync, through the peer mapping)
  *   write  H_p[1] = ITER         (ack)
- * so the ranks run in lockstep and every byte is fixed by ITER. Rank 0 prints
+ * so the ranks run in lockstep and every byte is fixed by ITER. D starts with
+ * a tag (rank, offset) at every MiB, so that no two chunks are alike. Rank 0 prints
  * the heartbeats (tests/apps/common/gpuapp.h), the checksum over D_0 and R_0
  * (R_0 is rank 1's D); rank 1's standard output is discarded. Both run
  * --iters iterations; rank 0 exits with rank 1's failure if it failed.
@@ -182,6 +183,11 @@ static void setup(peer *P) {
         CHECK(cuMemSetAccess(P->dva, P->dsize, &acc, 1));
     }
     CHECK(cuMemsetD32(P->dva, 0, P->dsize / 4));
+    /* a tag (rank, offset) at every 1 MiB: no two chunks of an image alike, nor zero, as in real data */
+    for (size_t off = 0; off < P->dsize; off += 1u << 20) {
+        uint64_t tag[2] = {0x7065657261707000ull | (uint64_t)P->rank, off};
+        CHECK(cuMemcpyHtoD(P->dva + off, tag, sizeof tag));
+    }
 
     /* H: host memory for the flags, for our device and the CPU, one descriptor at a time as NCCL sets them */
     CUmemAllocationProp hp = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,

@@ -39,6 +39,9 @@ fresh_logs build/gpu/ddp-ckpt
 use_criu "$C" || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
+# torchrun's rendezvous store runs on libuv, which uses io_uring, which CRIU
+# cannot checkpoint (gpucr checkpoint says so): without it.
+export UV_USE_IO_URING=0 USE_LIBUV=0
 IMG=/dev/shm/gpucr-ddp-ckpt
 SOCK=/run/gpucr-ddp-ckpt/helper.sock
 BIN=build/gpu/bin
@@ -97,7 +100,8 @@ if part peer; then
 	ARGS=(--iters 4000 --hb-every 100 --interval-ms 2 --mib 256)
 	timeout 300 "$BIN/peerapp" "${ARGS[@]}" >"$LOGS/peer.plain" 2>&1 || bad "peerapp plain: $(tail -2 "$LOGS/peer.plain")"
 	rm -rf "$IMG" && mkdir -p "$IMG"
-	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" "${ARGS[@]}" </dev/null >"$LOGS/peer.gpucr" 2>&1 &
+	# every output appended to (>>): CRIU restores such a file whatever it has grown to
+	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" "${ARGS[@]}" </dev/null >>"$LOGS/peer.gpucr" 2>&1 &
 	PP=$!
 	for _ in $(seq 600); do [ "$(hbs "$LOGS/peer.gpucr")" -ge 5 ] && break; sleep 0.1; done
 	"$GPUCR" status --socket "$SOCK" >"$LOGS/peer.status" 2>&1
@@ -122,9 +126,9 @@ fi
 # ddp_start NAME: the job under gpucr run, its steps to $LOGS/NAME.txt; its
 # torchrun pid in JOB once rank 0 has written 20 steps.
 ddp_start() {
-	rm -f "$LOGS/$1.txt"
+	rm -f "$LOGS/$1.txt" "$LOGS/$1.out"
 	setsid "$GPUCR" run --socket "$SOCK" -- torchrun --standalone --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/$1.txt" "$STEPS" \
-		</dev/null >"$LOGS/$1.out" 2>&1 &
+		</dev/null >>"$LOGS/$1.out" 2>&1 &
 	JOB=$!
 	for _ in $(seq 1800); do [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ] && return 0; sleep 0.1; done
 	bad "$1: the job did not reach step 20: $(tail -3 "$LOGS/$1.out" | tr '\n' ' ')"
@@ -223,13 +227,13 @@ size_case() {
 if part size; then
 	note "### dump and restore: 2 ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB"
 	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/heartbeat" --mib $((SIZE_MIB * 2)) --iters 100000000 --hb-every 20 --interval-ms 5 \
-		</dev/null >"$LOGS/size-one.log" 2>&1 &
+		</dev/null >>"$LOGS/size-one.log" 2>&1 &
 	P=$!
 	for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-one.log")" -ge 3 ] && break; sleep 0.1; done
 	size_case "one process, one GPU" "$P" "$LOGS/size-one.log"
 	pkill -9 -f "$BIN/heartbeat"
 	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" --mib "$SIZE_MIB" --iters 100000000 --hb-every 20 --interval-ms 5 \
-		</dev/null >"$LOGS/size-two.log" 2>&1 &
+		</dev/null >>"$LOGS/size-two.log" 2>&1 &
 	P=$!
 	for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-two.log")" -ge 3 ] && break; sleep 0.1; done
 	size_case "two ranks, two GPUs" "$P" "$LOGS/size-two.log"
