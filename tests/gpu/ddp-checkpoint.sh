@@ -113,13 +113,24 @@ if part peer; then
 	kill -9 "$PP" 2>/dev/null
 	same_hbs "$LOGS/peer.plain" "$LOGS/peer.gpucr" 0 "peerapp ran on after its dump"
 	pid_gone "$PP"
-	mark=$(hbs "$LOGS/peer.gpucr")
-	if timeout 300 "$GPUCR" restore -D "$IMG" --socket "$SOCK" --json >"$LOGS/peer-restore.json" 2>&1; then
-		for _ in $(seq 1200); do grep -q '^done' <(tail -n 2 "$LOGS/peer.gpucr") && [ "$(hbs "$LOGS/peer.gpucr")" -gt "$mark" ] && break; sleep 0.1; done
-		same_hbs "$LOGS/peer.plain" "$LOGS/peer.gpucr" "$mark" "peerapp restored"
-	else
-		bad "peerapp restore: $(grep -v '^ *(' "$LOGS/peer-restore.json" | tail -3 | tr '\n' ' ')"
-	fi
+	# restored as it was, then with the GPUs swapped (rank 0 onto GPU 1, rank 1 onto GPU 0)
+	for how in same swapped; do
+		flags=()
+		[ $how = swapped ] && flags=(--device-map 0=1,1=0)
+		mark=$(hbs "$LOGS/peer.gpucr")
+		lines=$(wc -l <"$LOGS/peer.gpucr")
+		t0=$(now)
+		if timeout 300 "$GPUCR" restore -D "$IMG" "${flags[@]}" --socket "$SOCK" --json >"$LOGS/peer-restore-$how.json" 2>&1; then
+			for _ in $(seq 1200); do tail -n +"$((lines + 1))" "$LOGS/peer.gpucr" | grep -q '^done' && break; sleep 0.1; done
+			note "peerapp restore ($how GPUs): GPU launches after $(secs "$LOGS/peer-restore-$how.json" ready gpu_launch_seconds) s; ran to its end after $(span "$t0" "$(now)")"
+			same_hbs "$LOGS/peer.plain" "$LOGS/peer.gpucr" "$mark" "peerapp restored ($how GPUs)"
+			tail -n +"$((lines + 1))" "$LOGS/peer.gpucr" | grep -v '^hb\|^done' | head -3 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
+		else
+			bad "peerapp restore ($how GPUs): $(grep -v '^ *(' "$LOGS/peer-restore-$how.json" | tail -3 | tr '\n' ' ')"
+		fi
+		pkill -9 -f "$BIN/peerapp" 2>/dev/null
+		for _ in $(seq 100); do pgrep -f "$BIN/peerapp" >/dev/null || break; sleep 0.1; done
+	done
 	pkill -9 -f "$BIN/peerapp" 2>/dev/null
 fi
 
@@ -127,10 +138,21 @@ fi
 # torchrun pid in JOB once rank 0 has written 20 steps.
 ddp_start() {
 	rm -f "$LOGS/$1.txt" "$LOGS/$1.out"
-	setsid "$GPUCR" run --socket "$SOCK" -- torchrun --standalone --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/$1.txt" "$STEPS" \
+	setsid "$GPUCR" run --socket "$SOCK" -- torchrun --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/$1.txt" "$STEPS" \
 		</dev/null >>"$LOGS/$1.out" 2>&1 &
 	JOB=$!
-	for _ in $(seq 1800); do [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ] && return 0; sleep 0.1; done
+	for _ in $(seq 1800); do
+		if [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ]; then
+			local p u
+			u=
+			for p in $(pgrep -s "$(ps -o sid= -p "$JOB" | tr -d ' ')"); do
+				ls -l /proc/"$p"/fd 2>/dev/null | grep -q io_uring && u="$u $p($(tr '\0' ' ' </proc/"$p"/cmdline | cut -c1-60))"
+			done
+			[ -n "$u" ] && note "$1: io_uring held by:$u"
+			return 0
+		fi
+		sleep 0.1
+	done
 	bad "$1: the job did not reach step 20: $(tail -3 "$LOGS/$1.out" | tr '\n' ' ')"
 	return 1
 }
@@ -200,6 +222,19 @@ if part ddp; then
 		pkill -9 -f tests/gpu/ddp.py
 		for _ in $(seq 200); do pgrep -f tests/gpu/ddp.py >/dev/null || break; sleep 0.1; done
 	done
+	# the stopped job's image once more, with the GPUs swapped
+	name=ddp.stop
+	if [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
+		mark=$(wc -l <"$LOGS/$name.txt")
+		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --device-map 0=1,1=0 --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
+			wait_done "$name" "$mark" 240 || bad "$name: the job restored onto swapped GPUs did not finish: $(tail -3 "$LOGS/$name.out" | tr '\n' ' ')"
+			same_steps "$name" "$mark" "DDP restored onto swapped GPUs"
+		else
+			bad "$name restore onto swapped GPUs: $(grep -v '^ *(' "$LOGS/$name-swapped.json" | tail -3 | tr '\n' ' ')"
+		fi
+		grep -i 'nccl\|error' "$LOGS/$name.out" | tail -4 | cut -c1-200 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
+		pkill -9 -f tests/gpu/ddp.py
+	fi
 	note "NCCL warnings: $(cat "$LOGS"/ddp.*.out | grep -c 'NCCL WARN') $(cat "$LOGS"/ddp.*.out | grep 'NCCL WARN' | head -2 | tr '\n' ';')"
 	note "gpucr warnings: $(cat "$LOGS"/ddp.*.out | grep '^gpucr:' | cut -c1-160 | sort | uniq -c | sort -rn | head -4 | tr '\n' ';')"
 fi
