@@ -13,10 +13,15 @@
 #   ddp   tests/gpu/ddp.py (torchrun, 2 ranks, NCCL with its defaults: P2P
 #         over NVLink, cuMem buffers; 2 DataLoader workers per rank) plain for
 #         the reference, then under `gpucr run` twice: a dump of the whole
-#         job (torchrun and everything below it) with --leave-running, and
-#         one that stops it; each image restored once the job is gone. The
-#         losses and gradient norms of every step must equal the reference's,
-#         in the job that ran on and in each restored job.
+#         job (its launcher and everything below it) with --leave-running,
+#         and one that stops it; each image restored once the job is gone,
+#         the stopped job's a second time onto swapped GPUs. The losses and
+#         gradient norms of every step must equal the reference's, in the job
+#         that ran on and in each restored job. LAUNCH=spawn (default: the
+#         script spawns its ranks, rank 0 hosts the store) or torchrun
+#         (torchrun's agent holds an io_uring instance, which CRIU cannot
+#         dump: measured with torch 2.11, whatever USE_LIBUV,
+#         UV_USE_IO_URING or --rdzv-conf use_libuv=0 said).
 #   size  the stop-the-world dump and the restore (to the next heartbeat) of
 #         peerapp with SIZE_MIB per rank on each GPU against heartbeat with
 #         the same per-process size on one GPU (SIZE_MIB, default 8192: each
@@ -31,6 +36,7 @@ C=${2:?usage: ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE}
 GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-160}
+LAUNCH=${LAUNCH:-spawn}
 SIZE_MIB=${SIZE_MIB:-8192}
 PARTS=${PARTS:-peer ddp size}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -134,12 +140,20 @@ if part peer; then
 	pkill -9 -f "$BIN/peerapp" 2>/dev/null
 fi
 
+# ddp_cmd OUTFILE: the job's command line, into the array cmd.
+ddp_cmd() {
+	if [ "$LAUNCH" = torchrun ]; then
+		cmd=(torchrun --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 tests/gpu/ddp.py "$1" "$STEPS")
+	else
+		cmd=(env DDP_SPAWN=2 "$PY" tests/gpu/ddp.py "$1" "$STEPS")
+	fi
+}
 # ddp_start NAME: the job under gpucr run, its steps to $LOGS/NAME.txt; its
-# torchrun pid in JOB once rank 0 has written 20 steps.
+# launcher's pid in JOB once rank 0 has written 20 steps.
 ddp_start() {
 	rm -f "$LOGS/$1.txt" "$LOGS/$1.out"
-	setsid "$GPUCR" run --socket "$SOCK" -- torchrun --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/$1.txt" "$STEPS" \
-		</dev/null >>"$LOGS/$1.out" 2>&1 &
+	ddp_cmd "$LOGS/$1.txt"
+	setsid "$GPUCR" run --socket "$SOCK" -- "${cmd[@]}" </dev/null >>"$LOGS/$1.out" 2>&1 &
 	JOB=$!
 	for _ in $(seq 1800); do
 		if [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ]; then
@@ -182,9 +196,10 @@ wait_done() {
 }
 
 if part ddp; then
-	note "### DDP, 2 ranks (torchrun, NCCL defaults, DataLoader workers), $STEPS steps"
+	note "### DDP, 2 ranks ($LAUNCH, NCCL defaults, DataLoader workers), $STEPS steps"
 	export DDP_DELAY=0.05
-	timeout 300 torchrun --standalone --nproc-per-node 2 tests/gpu/ddp.py "$LOGS/ddp.plain.txt" "$STEPS" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
+	ddp_cmd "$LOGS/ddp.plain.txt"
+	timeout 300 "${cmd[@]}" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
 		bad "plain DDP: $(tail -3 "$LOGS/ddp.plain.out" | tr '\n' ' ')"
 	for mode in leave stop; do
 		name=ddp.$mode

@@ -2,6 +2,11 @@
 GPU, NCCL with its defaults, a DataLoader with worker processes.
 
     torchrun --nproc-per-node 2 tests/gpu/ddp.py OUTFILE STEPS
+    DDP_SPAWN=2 python3 tests/gpu/ddp.py OUTFILE STEPS
+
+With DDP_SPAWN=N the script starts its N ranks itself (torch.multiprocessing
+spawn, rank 0 hosting the TCPStore: env:// rendezvous on a free local port),
+as jobs launched without torchrun do.
 
 Rank 0 writes `ready pid=PID` once the process group is up, one line per step,
 `step I LOSS GRADNORM` (the loss averaged over the ranks with all_reduce, the
@@ -39,6 +44,16 @@ class Synthetic(Dataset):
 
 def main():
     dist.init_process_group("nccl")
+    run()
+
+
+def spawned(local, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local), LOCAL_RANK=str(local),
+                      WORLD_SIZE=str(world))
+    main()
+
+
+def run():
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -84,4 +99,15 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    n = int(os.environ.get("DDP_SPAWN", "0"))
+    if n:
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(spawned, args=(n, port), nprocs=n)
+    else:
+        main()
