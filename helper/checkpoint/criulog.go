@@ -171,6 +171,10 @@ var criuHints = []criuHint{
 			"only as it was. Restore an image whose files have not changed since (a checkpoint without --leave-running), "+
 			"or put the file back as it was; a file the process opens to append to (>> in a shell) is restored whatever its size", m[1], m[2], m[3])
 	}},
+	{regexp.MustCompile(`Can't create link remap for (\S+?)\.? Use link-remap option`), func(m []string) string {
+		return fmt.Sprintf("a process has %s open or mapped after it was unlinked (a POSIX semaphore of Python's "+
+			"multiprocessing, in PyTorch's DataLoader or torch.multiprocessing, say): checkpoint with --link-remap", m[1])
+	}},
 	{regexp.MustCompile(`anon_inode:\[io_uring\]`), func([]string) string {
 		return "a process holds an io_uring instance, which CRIU cannot checkpoint. PyTorch's TCPStore (torchrun's " +
 			"rendezvous store, torch.distributed's default store) runs on libuv, which uses io_uring on Linux: start the job " +

@@ -42,6 +42,10 @@ func TestCRIULogErrors(t *testing.T) {
 		{"io-uring.log", []string{"Unknown shit 600 (anon_inode:[io_uring])",
 			"Can't open 1579's mapfile link 7fc517cb0000: No such device or address",
 			"Collect mappings (pid: 1579) failed with -1"}, "UV_USE_IO_URING=0"},
+		// A job started with torch.multiprocessing: an unlinked semaphore
+		// mapped (the errors CRIU reported on the GPU machine).
+		{"link-remap.log", []string{"Can't create link remap for /dev/shm/sem.qTWoCU. Use link-remap option.",
+			"Collect mappings (pid: 1610) failed with -1"}, "--link-remap"},
 	} {
 		t.Run(tc.log, func(t *testing.T) {
 			got, err := criuLogFile(filepath.Join("testdata", "criulog", tc.log), maxCRIUErrors)

@@ -207,7 +207,7 @@ if part ddp; then
 		ddp_start "$name" || continue
 		"$GPUCR" status --socket "$SOCK" >"$LOGS/$name.status" 2>&1
 		[ $mode = leave ] && sed 's/^/    /' "$LOGS/$name.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
-		flags=(--tcp-established)
+		flags=(--tcp-established --link-remap)
 		[ $mode = leave ] && flags+=(--leave-running)
 		if ! timeout 300 "$GPUCR" checkpoint "$JOB" -D "$IMG" "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
 			bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
