@@ -175,6 +175,12 @@ var criuHints = []criuHint{
 		return fmt.Sprintf("a process has %s open or mapped after it was unlinked (a POSIX semaphore of Python's "+
 			"multiprocessing, in PyTorch's DataLoader or torch.multiprocessing, say): checkpoint with --link-remap", m[1])
 	}},
+	{regexp.MustCompile(`Iptables configuration failed|Nftables configuration failed`), func([]string) string {
+		return "CRIU locks the network of a process with open TCP connections (--tcp-established) with iptables " +
+			"(or nftables), and it is not installed or failed: install it, or, where both ends of every connection are in " +
+			"the checkpointed tree (a job's ranks and their store on one host), pass --criu-opt 'network-lock skip' to the " +
+			"checkpoint and to the restore"
+	}},
 	{regexp.MustCompile(`anon_inode:\[io_uring\]`), func([]string) string {
 		return "a process holds an io_uring instance, which CRIU cannot checkpoint. PyTorch's TCPStore (torchrun's " +
 			"rendezvous store, torch.distributed's default store) runs on libuv, which uses io_uring on Linux: start the job " +

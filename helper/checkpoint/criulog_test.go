@@ -46,6 +46,9 @@ func TestCRIULogErrors(t *testing.T) {
 		// mapped (the errors CRIU reported on the GPU machine).
 		{"link-remap.log", []string{"Can't create link remap for /dev/shm/sem.qTWoCU. Use link-remap option.",
 			"Collect mappings (pid: 1610) failed with -1"}, "--link-remap"},
+		// --tcp-established on a host without iptables (the GPU machine).
+		{"no-iptables.log", []string{"exited, status=127", "Iptables configuration failed",
+			"tcp: Failed to lock TCP connection 21b2e", "Dump files (pid: 4140) failed with -1"}, "network-lock skip"},
 	} {
 		t.Run(tc.log, func(t *testing.T) {
 			got, err := criuLogFile(filepath.Join("testdata", "criulog", tc.log), maxCRIUErrors)

@@ -207,7 +207,8 @@ if part ddp; then
 		ddp_start "$name" || continue
 		"$GPUCR" status --socket "$SOCK" >"$LOGS/$name.status" 2>&1
 		[ $mode = leave ] && sed 's/^/    /' "$LOGS/$name.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
-		flags=(--tcp-established --link-remap)
+		# the ranks' connections (the store, NCCL's bootstrap) are all inside the job; no iptables here
+		flags=(--tcp-established --link-remap --criu-opt 'network-lock skip')
 		[ $mode = leave ] && flags+=(--leave-running)
 		if ! timeout 300 "$GPUCR" checkpoint "$JOB" -D "$IMG" "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
 			bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
@@ -226,7 +227,7 @@ if part ddp; then
 		for _ in $(seq 200); do pgrep -f tests/gpu/ddp.py >/dev/null || break; sleep 0.1; done
 		mark=$(wc -l <"$LOGS/$name.txt")
 		t0=$(now)
-		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
+		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
 			for _ in $(seq 600); do [ "$(tail -n +"$((mark + 1))" "$LOGS/$name.txt" | grep -c '^step')" -ge 1 ] && break; sleep 0.05; done
 			note "$name: restored; next step after $(span "$t0" "$(now)") ($(secs "$LOGS/$name-restore.json" seconds) s the command)"
 			wait_done "$name" "$mark" 240 || bad "$name: the restored job did not finish"
@@ -241,7 +242,7 @@ if part ddp; then
 	name=ddp.stop
 	if [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
 		mark=$(wc -l <"$LOGS/$name.txt")
-		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --device-map 0=1,1=0 --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
+		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map 0=1,1=0 --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
 			wait_done "$name" "$mark" 240 || bad "$name: the job restored onto swapped GPUs did not finish: $(tail -3 "$LOGS/$name.out" | tr '\n' ' ')"
 			same_steps "$name" "$mark" "DDP restored onto swapped GPUs"
 		else
