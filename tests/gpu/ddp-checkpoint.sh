@@ -155,6 +155,7 @@ ddp_start() {
 	ddp_cmd "$LOGS/$1.txt"
 	setsid "$GPUCR" run --socket "$SOCK" -- "${cmd[@]}" </dev/null >>"$LOGS/$1.out" 2>&1 &
 	JOB=$!
+	SID=$JOB # setsid: the job's session
 	for _ in $(seq 1800); do
 		if [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ]; then
 			local p u
@@ -175,7 +176,7 @@ ddp_start() {
 same_steps() {
 	$PY - "$LOGS/ddp.plain.txt" "$LOGS/$1.txt" "$2" "$3" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import sys
-ref = {l.split()[1]: l for l in open(sys.argv[1]) if l.startswith("step ")}
+ref = {l.split()[1]: l for l in open(sys.argv[1]).read().splitlines() if l.startswith("step ")}
 lines = open(sys.argv[2]).read().splitlines()[int(sys.argv[3]):]
 st = [l for l in lines if l.startswith("step ")]
 same = sum(1 for l in st if ref.get(l.split()[1]) == l)
@@ -185,6 +186,15 @@ print(f"{sys.argv[4]}: {'IDENTICAL' if ok else 'NOT IDENTICAL'}: {same} of {len(
       f"{', done' if 'done' in lines else ''})")
 PYEOF
 	tail -1 "$LOGS/summary.txt" | grep -q ': IDENTICAL:' || fail=1
+}
+# session_gone: until no process (zombies included: pid 1 reaps slowly here)
+# is left of the job's session SID, whose ids a restore needs back.
+session_gone() {
+	for _ in $(seq 300); do
+		[ "$(ps -e -o sid= | awk -v s="$SID" '$1 == s' | wc -l)" = 0 ] && return 0
+		sleep 0.1
+	done
+	note "the job's session $SID still has processes: $(ps -e -o sid=,pid=,stat=,comm= | awk -v s="$SID" '$1 == s' | head -5 | tr '\n' ';')"
 }
 # wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
 wait_done() {
@@ -212,7 +222,9 @@ if part ddp; then
 		[ $mode = leave ] && flags+=(--leave-running)
 		if ! timeout 300 "$GPUCR" checkpoint "$JOB" -D "$IMG" "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
 			bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
+			cp "$IMG/dump.log" "$LOGS/$name-criu-dump.log" 2>/dev/null
 			pkill -9 -f tests/gpu/ddp.py
+			session_gone
 			continue
 		fi
 		at=$(grep -c '^step' "$LOGS/$name.txt")
@@ -222,9 +234,7 @@ if part ddp; then
 			same_steps "$name" 0 "DDP after a --leave-running dump"
 		fi
 		pkill -9 -f tests/gpu/ddp.py
-		pid_gone "$JOB"
-		# the DataLoader workers' zombies hold the job's session id for a while
-		for _ in $(seq 200); do pgrep -f tests/gpu/ddp.py >/dev/null || break; sleep 0.1; done
+		session_gone
 		mark=$(wc -l <"$LOGS/$name.txt")
 		t0=$(now)
 		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
@@ -234,9 +244,10 @@ if part ddp; then
 			same_steps "$name" "$mark" "DDP restored ($mode)"
 		else
 			bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
+			cp "$IMG/restore.log" "$LOGS/$name-criu-restore.log" 2>/dev/null
 		fi
 		pkill -9 -f tests/gpu/ddp.py
-		for _ in $(seq 200); do pgrep -f tests/gpu/ddp.py >/dev/null || break; sleep 0.1; done
+		session_gone
 	done
 	# the stopped job's image once more, with the GPUs swapped
 	name=ddp.stop
@@ -247,9 +258,11 @@ if part ddp; then
 			same_steps "$name" "$mark" "DDP restored onto swapped GPUs"
 		else
 			bad "$name restore onto swapped GPUs: $(grep -v '^ *(' "$LOGS/$name-swapped.json" | tail -3 | tr '\n' ' ')"
+			cp "$IMG/restore.log" "$LOGS/$name-swapped-criu-restore.log" 2>/dev/null
 		fi
 		grep -i 'nccl\|error' "$LOGS/$name.out" | tail -4 | cut -c1-200 | sed 's/^/    /' | tee -a "$LOGS/summary.txt" >/dev/null
 		pkill -9 -f tests/gpu/ddp.py
+		session_gone
 	fi
 	note "NCCL warnings: $(cat "$LOGS"/ddp.*.out | grep -c 'NCCL WARN') $(cat "$LOGS"/ddp.*.out | grep 'NCCL WARN' | head -2 | tr '\n' ';')"
 	note "gpucr warnings: $(cat "$LOGS"/ddp.*.out | grep '^gpucr:' | cut -c1-160 | sort | uniq -c | sort -rn | head -4 | tr '\n' ';')"
