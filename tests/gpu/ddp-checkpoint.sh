@@ -196,6 +196,20 @@ session_gone() {
 	done
 	note "the job's session $SID still has processes: $(ps -e -o sid=,pid=,stat=,comm= | awk -v s="$SID" '$1 == s' | head -5 | tr '\n' ';')"
 }
+# time_wait_gone: until no TCP connection of the host is in TIME_WAIT (at
+# most 70 s): the job's listening sockets (its store's, NCCL's bootstrap)
+# were not bound with SO_REUSEADDR, and CRIU cannot bind them again while a
+# connection closed on their port waits out its TIME_WAIT (measured: "Can't
+# bind inet socket: Address already in use"). Notes how long it waited.
+time_wait_gone() {
+	local t0
+	t0=$(now)
+	for _ in $(seq 700); do
+		[ "$(ss -Htan state time-wait 2>/dev/null | wc -l)" = 0 ] && break
+		sleep 0.1
+	done
+	note "$1: waited $(span "$t0" "$(now)") for the job's closed connections' TIME_WAIT ($(ss -Htan state time-wait 2>/dev/null | wc -l) left)"
+}
 # wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
 wait_done() {
 	for _ in $(seq $(($3 * 10))); do
@@ -235,6 +249,7 @@ if part ddp; then
 		fi
 		pkill -9 -f tests/gpu/ddp.py
 		session_gone
+		time_wait_gone "$name"
 		mark=$(wc -l <"$LOGS/$name.txt")
 		t0=$(now)
 		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
@@ -252,6 +267,7 @@ if part ddp; then
 	# the stopped job's image once more, with the GPUs swapped
 	name=ddp.stop
 	if [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
+		time_wait_gone "$name swapped"
 		mark=$(wc -l <"$LOGS/$name.txt")
 		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map 0=1,1=0 --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
 			wait_done "$name" "$mark" 240 || bad "$name: the job restored onto swapped GPUs did not finish: $(tail -3 "$LOGS/$name.out" | tr '\n' ' ')"
