@@ -37,6 +37,8 @@ GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-160}
 LAUNCH=${LAUNCH:-spawn}
+MODES=${MODES:-leave stop} # the DDP dumps to take: leave (--leave-running) and stop
+SWAP=${SWAP:-1}            # 0: no restore of the stopped job onto swapped GPUs
 SIZE_MIB=${SIZE_MIB:-8192}
 PARTS=${PARTS:-peer ddp size}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -204,12 +206,14 @@ session_gone() {
 time_wait_gone() {
 	local t0
 	t0=$(now)
-	for _ in $(seq 700); do
-		[ "$(ss -Htan state time-wait 2>/dev/null | wc -l)" = 0 ] && break
+	for _ in $(seq 650); do
+		[ "$(time_waits)" = 0 ] && break
 		sleep 0.1
 	done
-	note "$1: waited $(span "$t0" "$(now)") for the job's closed connections' TIME_WAIT ($(ss -Htan state time-wait 2>/dev/null | wc -l) left)"
+	note "$1: waited $(span "$t0" "$(now)") for closed connections' TIME_WAIT ($(time_waits) left)"
 }
+# time_waits: the host's TCP connections in TIME_WAIT (state 06 of /proc/net/tcp*).
+time_waits() { awk '$4 == "06"' /proc/net/tcp /proc/net/tcp6 2>/dev/null | wc -l; }
 # wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
 wait_done() {
 	for _ in $(seq $(($3 * 10))); do
@@ -225,7 +229,7 @@ if part ddp; then
 	ddp_cmd "$LOGS/ddp.plain.txt"
 	timeout 300 "${cmd[@]}" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
 		bad "plain DDP: $(tail -3 "$LOGS/ddp.plain.out" | tr '\n' ' ')"
-	for mode in leave stop; do
+	for mode in $MODES; do
 		name=ddp.$mode
 		rm -rf "$IMG" && mkdir -p "$IMG"
 		ddp_start "$name" || continue
@@ -266,7 +270,7 @@ if part ddp; then
 	done
 	# the stopped job's image once more, with the GPUs swapped
 	name=ddp.stop
-	if [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
+	if [ "$SWAP" = 1 ] && [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
 		time_wait_gone "$name swapped"
 		mark=$(wc -l <"$LOGS/$name.txt")
 		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map 0=1,1=0 --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
