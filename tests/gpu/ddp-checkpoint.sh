@@ -214,6 +214,30 @@ time_wait_gone() {
 }
 # time_waits: the host's TCP connections in TIME_WAIT (state 06 of /proc/net/tcp*).
 time_waits() { awk '$4 == "06"' /proc/net/tcp /proc/net/tcp6 2>/dev/null | wc -l; }
+# bind_conflicts CRIULOG: for each listening socket CRIU could not bind
+# again, what of the host holds its port now (/proc/net/tcp*: local
+# address, remote address, state in hex).
+bind_conflicts() {
+	$PY - "$1" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import re, sys
+last, ports = {}, []
+for l in open(sys.argv[1], errors="replace"):
+    m = re.search(r"\s(\d+): inet: \tRestore: .* port (\d+) state (\S+)", l)
+    if m:
+        last[m.group(1)] = (int(m.group(2)), m.group(3))
+    m = re.search(r"\s(\d+): Error .*Can't bind inet socket", l)
+    if m and m.group(1) in last:
+        ports.append(last[m.group(1)])
+for port, st in ports:
+    held = []
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in open(f).read().splitlines()[1:]:
+            c = row.split()
+            if int(c[1].split(":")[1], 16) == port:
+                held.append(f"{c[1]} {c[2]} st {c[3]}")
+    print(f"    port {port} ({st}) could not be bound again; now held by: {held or 'nothing'}")
+PYEOF
+}
 # wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
 wait_done() {
 	for _ in $(seq $(($3 * 10))); do
@@ -264,6 +288,7 @@ if part ddp; then
 		else
 			bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
 			cp "$IMG/restore.log" "$LOGS/$name-criu-restore.log" 2>/dev/null
+			bind_conflicts "$LOGS/$name-criu-restore.log"
 		fi
 		pkill -9 -f tests/gpu/ddp.py
 		session_gone
