@@ -1,7 +1,7 @@
 /*
  * Unit tests of libgpucr.so's driver-free parts: the buffer table, the slab
- * bitmap, the parameter layout cache, launch parameter scanning, the gate and
- * a copy-on-write window's table.
+ * bitmap, the parameter layout cache, launch parameter scanning, the gate, a
+ * copy-on-write window's table and the hold on peer sync operations.
  * Built by make as build/bin/intercept-unit; exits 1 on any failure.
  *
  * intercept-unit --bench prints what the hot path's parts cost on this CPU
@@ -294,6 +294,64 @@ static void test_gate(void) {
     CHECK(atomic_load(&entered) == 1);
 }
 
+/* ---- peer sync operations ---- */
+
+static _Atomic int sync_done;
+
+/* (intptr_t)arg peer sync operations, each through the gate */
+static void *sync_ops(void *arg) {
+    for (intptr_t i = 0; i < (intptr_t)arg; i++) {
+        gc_sync_enter(true);
+        gc_gate_leave();
+        atomic_fetch_add(&sync_done, 1);
+    }
+    return NULL;
+}
+
+static void wait_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static void test_sync(void) {
+    CHECK(gc_sync_kernel_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL"));
+    CHECK(gc_sync_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float"));
+    CHECK(!gc_sync_kernel_name("nccl"));
+    CHECK(!gc_sync_kernel_name("my_ncclDevKernel"));
+    CHECK(!gc_sync_kernel_name(NULL));
+    gc_sync_reset();
+    /* no hold: operations pass and are counted; other calls are not */
+    sync_ops((void *)3);
+    gc_sync_enter(false);
+    gc_gate_leave();
+    CHECK(gc_sync_count() == 3);
+    /* a hold stops the next operation, outside the gate: the gate closes meanwhile */
+    CHECK(gc_sync_hold() == 3);
+    atomic_store(&sync_done, 0);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, sync_ops, (void *)4) == 0);
+    wait_ms(50);
+    CHECK(atomic_load(&sync_done) == 0);
+    CHECK(gc_gate_close(200) == 0);
+    gc_gate_open();
+    /* reach: it runs on to the target and is held there */
+    CHECK(gc_sync_reach(5, 2000) == 0);
+    CHECK(gc_sync_count() == 5);
+    wait_ms(50);
+    CHECK(atomic_load(&sync_done) == 2);
+    CHECK(gc_sync_reach(4, 100) == -ERANGE);
+    /* a target it cannot reach times out */
+    CHECK(gc_sync_reach(8, 100) == -ETIMEDOUT);
+    CHECK(gc_sync_count() == 7);
+    /* release: the rest goes */
+    gc_sync_release();
+    pthread_join(t, NULL);
+    CHECK(atomic_load(&sync_done) == 4);
+    CHECK(gc_sync_count() == 7);
+    gc_sync_reset();
+    CHECK(gc_sync_count() == 0);
+}
+
 /* ---- --bench ---- */
 
 static double bench_now(void) {
@@ -508,6 +566,7 @@ int main(int argc, char **argv) {
     test_scan();
     test_guard();
     test_writes();
+    test_sync();
     if (failures) {
         fprintf(stderr, "intercept-unit: %d failures\n", failures);
         return 1;
