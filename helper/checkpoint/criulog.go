@@ -175,6 +175,11 @@ var criuHints = []criuHint{
 		return fmt.Sprintf("a process has %s open or mapped after it was unlinked (a POSIX semaphore of Python's "+
 			"multiprocessing, in PyTorch's DataLoader or torch.multiprocessing, say): checkpoint with --link-remap", m[1])
 	}},
+	{regexp.MustCompile(`Can't bind inet socket .*Address already in use`), func([]string) string {
+		return "a restored process listens on a TCP port that something of this host holds now (another process, or " +
+			"connections that still wait out their TIME_WAIT after gpucr's wait of a minute): stop what holds it, or restore " +
+			"where the port is free"
+	}},
 	{regexp.MustCompile(`Iptables configuration failed|Nftables configuration failed`), func([]string) string {
 		return "CRIU locks the network of a process with open TCP connections (--tcp-established) with iptables " +
 			"(or nftables), and it is not installed or failed: install it, or, where both ends of every connection are in " +

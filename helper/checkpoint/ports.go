@@ -1,0 +1,189 @@
+package checkpoint
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"golang.org/x/sys/unix"
+)
+
+// A restored process listens on its TCP ports again: CRIU binds each
+// listening socket to its old port. A socket bound without SO_REUSEADDR (a
+// job's store, NCCL's bootstrap) cannot be bound while another socket of
+// the host has that port, a connection the job closed and that waits out
+// its TIME_WAIT (60 s on Linux) included: CRIU then fails with "Can't bind
+// inet socket: Address already in use" (measured with a DDP job restored
+// right after it ended). So a restore first waits for such ports to be
+// free while only closing connections hold them, and refuses at once,
+// naming the port, when something holds it that will not go by itself.
+
+// tcpListenState is TCP_LISTEN, as CRIU's images and /proc/net/tcp give it.
+const tcpListenState = 10
+
+// portsFreeWait bounds the wait for closing connections (TIME_WAIT is 60 s).
+const portsFreeWait = 65 * time.Second
+
+// listenPort is a TCP port a process of the image listens on.
+type listenPort struct {
+	port      uint16
+	reuseAddr bool
+}
+
+// imageListenPorts lists the TCP ports the image's processes listen on in
+// the restore's network namespace (none when the image brings its own: a
+// container's).
+func imageListenPorts(dir string) ([]listenPort, error) {
+	if m, _ := filepath.Glob(filepath.Join(dir, "netns-*.img")); len(m) > 0 {
+		return nil, nil
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "files.img"), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, true).Decode(&fdinfo.FileEntry{})
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: files.img: %w", dir, err)
+	}
+	var out []listenPort
+	for _, e := range img.Entries {
+		fe, ok := e.Message.(*fdinfo.FileEntry)
+		if !ok || fe.GetIsk() == nil {
+			continue
+		}
+		sk := fe.GetIsk()
+		if sk.GetProto() != unix.IPPROTO_TCP || sk.GetState() != tcpListenState || sk.GetSrcPort() == 0 {
+			continue
+		}
+		lp := listenPort{port: uint16(sk.GetSrcPort()), reuseAddr: sk.GetOpts().GetReuseaddr()}
+		if !slices.Contains(out, lp) {
+			out = append(out, lp)
+		}
+	}
+	return out, nil
+}
+
+// portUse is what holds one TCP port on this host.
+type portUse struct {
+	listening bool // a socket listens on it: it does not go by itself
+	open      int  // connections using it as their local port, not closing
+	closing   int  // connections that closed and wait out TIME_WAIT and the like
+}
+
+// closingStates are the TCP states of a connection that was closed and
+// goes by itself: FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSE, LAST_ACK,
+// CLOSING.
+var closingStates = []int64{4, 5, 6, 7, 9, 11}
+
+// readPortUse adds what /proc/net/tcp-formatted text r says of port.
+func readPortUse(r io.Reader, port uint16, u *portUse) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || !strings.Contains(f[1], ":") {
+			continue // the header
+		}
+		local := f[1][strings.LastIndexByte(f[1], ':')+1:]
+		p, err1 := strconv.ParseUint(local, 16, 16)
+		st, err2 := strconv.ParseInt(f[3], 16, 16)
+		if err1 != nil || err2 != nil || uint16(p) != port {
+			continue
+		}
+		switch {
+		case st == tcpListenState:
+			u.listening = true
+		case slices.Contains(closingStates, st):
+			u.closing++
+		default:
+			u.open++
+		}
+	}
+}
+
+// hostPortUse is what holds port in this network namespace.
+func hostPortUse(port uint16) portUse {
+	var u portUse
+	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		if f, err := os.Open(name); err == nil {
+			readPortUse(f, port, &u)
+			f.Close()
+		}
+	}
+	return u
+}
+
+// blocks says whether u keeps a listening socket from binding port again,
+// and whether waiting helps.
+func (u portUse) blocks(lp listenPort) (blocked, passes bool) {
+	if u.listening {
+		return true, false
+	}
+	if lp.reuseAddr || u.open+u.closing == 0 {
+		return false, true
+	}
+	return true, u.open == 0
+}
+
+// restorePortsFree waits (at most portsFreeWait) until the TCP ports the
+// image's processes listen on can be bound again, and refuses a restore
+// whose port something holds that will not go by itself.
+func restorePortsFree(ctx context.Context, dir string, ev *emitter) error {
+	ports, err := imageListenPorts(dir)
+	if err != nil || len(ports) == 0 {
+		return err
+	}
+	deadline := time.Now().Add(portsFreeWait)
+	told := false
+	for {
+		var waiting []string
+		for _, lp := range ports {
+			u := hostPortUse(lp.port)
+			blocked, passes := u.blocks(lp)
+			if !blocked {
+				continue
+			}
+			if !passes {
+				what := "a process of this host listens on it"
+				if !u.listening {
+					what = fmt.Sprintf("%d open connection(s) of this host use it", u.open)
+				}
+				return fmt.Errorf("restore from %s refused: a process of the image listens on TCP port %d, and %s: "+
+					"stop what holds it, or restore where the port is free (another host, or a network namespace of its own)",
+					dir, lp.port, what)
+			}
+			waiting = append(waiting, strconv.Itoa(int(lp.port)))
+		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		if !told {
+			ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("waiting for TCP port %s: the image's processes listen on it "+
+				"(without SO_REUSEADDR), and connections closed on it wait out their TIME_WAIT (at most 60 s)",
+				strings.Join(waiting, ", "))})
+			told = true
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("restore from %s refused: TCP port %s, which a process of the image listens on, is still held by "+
+				"closing connections after %v", dir, strings.Join(waiting, ", "), portsFreeWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
