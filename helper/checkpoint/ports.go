@@ -47,6 +47,30 @@ func imageListenPorts(dir string) ([]listenPort, error) {
 	if m, _ := filepath.Glob(filepath.Join(dir, "netns-*.img")); len(m) > 0 {
 		return nil, nil
 	}
+	files, err := imageFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []listenPort
+	for _, fe := range files {
+		sk := fe.GetIsk()
+		if sk == nil {
+			continue
+		}
+		if sk.GetProto() != unix.IPPROTO_TCP || sk.GetState() != tcpListenState || sk.GetSrcPort() == 0 {
+			continue
+		}
+		lp := listenPort{port: uint16(sk.GetSrcPort()), reuseAddr: sk.GetOpts().GetReuseaddr()}
+		if !slices.Contains(out, lp) {
+			out = append(out, lp)
+		}
+	}
+	return out, nil
+}
+
+// imageFiles are the open files of the image's processes (CRIU's files.img;
+// none if the image has none).
+func imageFiles(dir string) ([]*fdinfo.FileEntry, error) {
 	f, err := os.OpenFile(filepath.Join(dir, "files.img"), os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -59,19 +83,10 @@ func imageListenPorts(dir string) ([]listenPort, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s: files.img: %w", dir, err)
 	}
-	var out []listenPort
+	var out []*fdinfo.FileEntry
 	for _, e := range img.Entries {
-		fe, ok := e.Message.(*fdinfo.FileEntry)
-		if !ok || fe.GetIsk() == nil {
-			continue
-		}
-		sk := fe.GetIsk()
-		if sk.GetProto() != unix.IPPROTO_TCP || sk.GetState() != tcpListenState || sk.GetSrcPort() == 0 {
-			continue
-		}
-		lp := listenPort{port: uint16(sk.GetSrcPort()), reuseAddr: sk.GetOpts().GetReuseaddr()}
-		if !slices.Contains(out, lp) {
-			out = append(out, lp)
+		if fe, ok := e.Message.(*fdinfo.FileEntry); ok {
+			out = append(out, fe)
 		}
 	}
 	return out, nil

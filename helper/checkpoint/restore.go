@@ -75,7 +75,8 @@ type RestoreReady struct {
 // the directory, that every pid of the image is free (waiting briefly for
 // zombies to be reaped) and that every TCP port the image listens on can be
 // bound again (waiting up to a minute for closed connections' TIME_WAIT:
-// ports.go); after CRIU, that each GPU process has its GPU
+// ports.go), and it makes the directories of the image's unix sockets that
+// were removed since (sockdirs.go); after CRIU, that each GPU process has its GPU
 // memory back. Cancelling ctx stops CRIU and kills what it had restored.
 func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
@@ -93,6 +94,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	if err := restorePortsFree(ctx, dir, ev); err != nil {
+		return nil, err
+	}
+	if err := remakeSocketDirs(dir, ev); err != nil {
 		return nil, err
 	}
 	_, statErr := os.Stat(filepath.Join(dir, "gpucr"))

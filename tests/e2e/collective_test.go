@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -166,4 +167,49 @@ func TestRestoreWaitsForClosedListenPort(t *testing.T) {
 		t.Errorf("the restored process began at iteration %d, want past 50", hbs[mark].Iter)
 	}
 	compareWithReference(t, a.heartbeats(), reference(t, env, "tcpserve", args, 1500))
+}
+
+// TestRestoreRemakesSocketDirectory: a process that serves on a unix socket
+// in a directory of its own, which it removes when it ends (as Python's
+// multiprocessing does with /tmp/pymp-*, in every DataLoader with workers),
+// is dumped with --leave-running and runs to its end; its image, restored
+// after that, binds the socket in that directory again: the restore makes
+// it again (CRIU does not: "No such file or directory", as a DDP job's
+// restore failed on the GPU machine), and the restored process serves on to
+// its end exactly, removing the directory once more.
+func TestRestoreRemakesSocketDirectory(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	sockDir := filepath.Join(dir, "pymp-test")
+	args := []string{"--hb-every", "10", "--interval-ms", "5", "--unix", sockDir}
+	a := startUnder(t, dir, h, env, "tcpserve", append(args, "--iters", "600")...)
+	a.waitIter(50, time.Minute)
+	img := filepath.Join(dir, "img")
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("tcpserve after its dump: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	if _, err := os.Stat(sockDir); !os.IsNotExist(err) {
+		t.Fatalf("the process left its socket's directory behind (%v): the test shows nothing", err)
+	}
+	waitPidFree(a.pid, 10*time.Second)
+	mark := len(a.heartbeats())
+	out := cliOK(t, h, env, img, "restore", "-D", img)
+	if !strings.Contains(out, "made "+sockDir+" again") {
+		t.Errorf("the restore did not say it made the socket's directory again:\n%s", tail(out, 10))
+	}
+	a.waitFor(time.Minute, "the restored process's end", func(s string, hbs []heartbeat) bool {
+		return len(hbs) > mark && hbs[len(hbs)-1].Iter >= 600
+	})
+	compareWithReference(t, a.heartbeats()[mark:], reference(t, env, "tcpserve", []string{"--hb-every", "10", "--interval-ms", "5",
+		"--unix", filepath.Join(dir, "pymp-ref")}, 600))
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(sockDir); os.IsNotExist(err) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Errorf("the restored process did not remove its socket's directory at its end")
 }
