@@ -36,7 +36,9 @@ func missingSocketDirs(dir string) ([]socketDir, error) {
 	var out []socketDir
 	for _, fe := range files {
 		sk := fe.GetUsk()
-		name := string(sk.GetName())
+		// CRIU keeps the name as the kernel gives it, its NUL included; an
+		// abstract name starts with one
+		name := strings.TrimRight(string(sk.GetName()), "\x00")
 		if sk == nil || sk.GetDeleted() || !strings.HasPrefix(name, "/") || strings.IndexByte(name, 0) >= 0 {
 			continue
 		}

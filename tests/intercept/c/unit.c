@@ -433,6 +433,27 @@ static void bench(void) {
     printf("scan, one 2 KiB parameter       %6.1f ns (sampled: %.1f ns a launch, 1 in %u)\n", big, sampled_big,
            gc_scan_interval(256));
     gt_destroy(&t);
+
+    /* a process that shares memory (an NCCL rank): every launch asks whether it is a peer sync operation (the
+     * layout cache), and one that is (NCCL's kernels) counts itself under the hold's mutex */
+    gc_sync_reset();
+    atomic_store(&gc_sharing, true);
+    gc_launch_sync((void *)0x100); /* the layout, once */
+    t0 = bench_now();
+    for (long i = 0; i < m; i++) {
+        gc_sync_enter(gc_launch_sync((void *)0x100));
+        gc_gate_leave();
+    }
+    double plain_launch = (bench_now() - t0) / (double)m;
+    t0 = bench_now();
+    for (long i = 0; i < m; i++) {
+        gc_sync_enter(true);
+        gc_gate_leave();
+    }
+    double sync_op = (bench_now() - t0) / (double)m;
+    printf("launch, sharing memory          %6.1f ns (the gate and the layout lookup); an NCCL kernel's: %.1f ns\n",
+           plain_launch, sync_op);
+    gc_sync_reset();
 }
 
 /* A copy-on-write window's table: pending chunks found and merged by range, marked saved; a pointer into one
