@@ -256,28 +256,18 @@ func (s *Server) peerGroup(cl *client) []*client {
 
 // importInfos are cl's mapped imports as the image records them.
 func (s *Server) importInfos(cl *client) []image.ImportInfo {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []image.ImportInfo
-	for aid, addr := range s.reg.sh.importsOf(cl) {
-		owner := s.reg.ownerOf(aid)
-		if addr == 0 || owner == nil {
-			continue
+	for _, e := range s.importEntries(cl) {
+		if e.ownerAddress != 0 {
+			out = append(out, image.ImportInfo{Address: e.address, Size: e.al.size, OwnerPid: int(e.owner.pid),
+				OwnerAddress: e.ownerAddress})
 		}
-		owner.mu.Lock()
-		al := owner.allocs[aid]
-		owner.mu.Unlock()
-		if al == nil || al.address == 0 {
-			continue
-		}
-		out = append(out, image.ImportInfo{Address: addr, Size: al.size, OwnerPid: int(owner.pid), OwnerAddress: al.address})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Address < out[j].Address })
 	return out
 }
 
-// importEntries are cl's mapped imports for its Reimport, with their
-// owners' records.
+// importEntries are cl's mapped imports, by address, with their owners'
+// records.
 func (s *Server) importEntries(cl *client) []importEntry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -289,18 +279,26 @@ func (s *Server) importEntries(cl *client) []importEntry {
 		}
 		owner.mu.Lock()
 		al := owner.allocs[aid]
+		var oaddr uint64
+		if al != nil {
+			oaddr = al.address
+		}
 		owner.mu.Unlock()
 		if al != nil {
-			out = append(out, importEntry{al: al, address: addr})
+			out = append(out, importEntry{al: al, owner: owner, address: addr, ownerAddress: oaddr})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].address < out[j].address })
 	return out
 }
 
+// importEntry is one import of a client: the owner's allocation, and where
+// the client maps it.
 type importEntry struct {
-	al      *alloc
-	address uint64
+	al           *alloc
+	owner        *client
+	address      uint64 // where the client maps it
+	ownerAddress uint64 // where its owner does
 }
 
 // planImports gives each restored client of p the imports its process had:

@@ -57,6 +57,9 @@ GC_HIDDEN int gc_gate_close(unsigned timeout_ms); /* 0 or -ETIMEDOUT (gate reope
 GC_HIDDEN void gc_gate_open(void);
 GC_HIDDEN void gc_gate_reset(void);   /* fork child */
 GC_HIDDEN size_t gc_gate_slots(void); /* threads' slots made so far (tests: exited threads' are reused) */
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC, and the deadline ms from now on that clock. */
+GC_HIDDEN void gc_cond_init_monotonic(pthread_cond_t *cv);
+GC_HIDDEN struct timespec gc_deadline_ms(unsigned ms);
 /* Set in the control thread: the gate lets it through, and it never connects to the helper. */
 GC_HIDDEN extern __thread int gc_in_control __attribute__((tls_model("initial-exec")));
 

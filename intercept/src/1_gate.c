@@ -50,12 +50,28 @@ __thread int gc_in_control __attribute__((tls_model("initial-exec")));
 
 static long membarrier(int cmd) { return syscall(SYS_membarrier, cmd, 0, 0); }
 
-static void gate_setup(void) {
+void gc_cond_init_monotonic(pthread_cond_t *cv) {
     pthread_condattr_t a;
     pthread_condattr_init(&a);
     pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&gate_cv, &a);
+    pthread_cond_init(cv, &a);
     pthread_condattr_destroy(&a);
+}
+
+struct timespec gc_deadline_ms(unsigned ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+static void gate_setup(void) {
+    gc_cond_init_monotonic(&gate_cv);
     atomic_store(&fence_each_call, membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) != 0);
     if (atomic_load(&fence_each_call))
         gc_debug("membarrier unavailable (%s): the gate fences every call", strerror(errno));

@@ -29,13 +29,7 @@ static pthread_cond_t cv; /* the count or the limit changed */
 static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
 static uint64_t count, limit = UINT64_MAX;
 
-static void cv_setup(void) {
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&cv, &a);
-    pthread_condattr_destroy(&a);
-}
+static void cv_setup(void) { gc_cond_init_monotonic(&cv); }
 
 static void lock(void) {
     pthread_once(&cv_once, cv_setup);
@@ -72,14 +66,7 @@ uint64_t gc_sync_hold(void) {
 }
 
 int gc_sync_reach(uint64_t target, unsigned timeout_ms) {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = gc_deadline_ms(timeout_ms);
     lock();
     int rc = 0;
     if (count > target) {

@@ -118,6 +118,8 @@ static struct {
     CUresult r;   /* the last drain's result */
     unsigned timeout_ms;
 } D = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, CUDA_SUCCESS, 10000};
+static pthread_once_t drain_once = PTHREAD_ONCE_INIT;
+static void drain_setup(void) { gc_cond_init_monotonic(&D.cv); }
 
 static CUresult sync_contexts(void) {
     CUcontext ctxs[GC_MAX_CTX];
@@ -147,14 +149,8 @@ static void *drain_main(void *arg) {
 }
 
 static void do_drain(Resp *resp) {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += D.timeout_ms / 1000;
-    dl.tv_nsec += (long)(D.timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    pthread_once(&drain_once, drain_setup);
+    struct timespec dl = gc_deadline_ms(D.timeout_ms);
     pthread_mutex_lock(&D.mu);
     if (!D.running) {
         pthread_t th;
@@ -736,7 +732,7 @@ static void atfork_child(void) {
     gc_reasons_reset();
     gc_sync_reset();
     pthread_mutex_init(&D.mu, NULL);
-    pthread_cond_init(&D.cv, NULL);
+    gc_cond_init_monotonic(&D.cv);
     D.running = false; /* the parent's drain thread is not the child's */
     atomic_store(&G.state, CLIENT_RUNNING);
     G.wake_path[0] = 0;
