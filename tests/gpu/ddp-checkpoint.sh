@@ -22,6 +22,7 @@
 #         (torchrun's agent holds an io_uring instance, which CRIU cannot
 #         dump: measured with torch 2.11, whatever USE_LIBUV,
 #         UV_USE_IO_URING or --rdzv-conf use_libuv=0 said).
+# NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
 #   size  the stop-the-world dump and the restore (to the next heartbeat) of
 #         peerapp with SIZE_MIB per rank on each GPU against heartbeat with
 #         the same per-process size on one GPU (SIZE_MIB, default 8192: each
@@ -37,6 +38,7 @@ GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-160}
 LAUNCH=${LAUNCH:-spawn}
+NPROC=${NPROC:-2} # DDP ranks, one per GPU (4 on a 4-GPU machine)
 MODES=${MODES:-leave stop} # the DDP dumps to take: leave (--leave-running) and stop
 SWAP=${SWAP:-1}            # 0: no restore of the stopped job onto swapped GPUs
 SIZE_MIB=${SIZE_MIB:-8192}
@@ -66,8 +68,8 @@ trap finish EXIT
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 note "## processes sharing GPU memory: checkpoint and restore as one"
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $ngpu; $("$GPUCR_CRIU" --version | head -1); $($PY -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
-if [ "$ngpu" -lt 2 ]; then
-	note "SKIP: $ngpu GPU (needs 2)"
+if [ "$ngpu" -lt 2 ] || [ "$ngpu" -lt "$NPROC" ]; then
+	note "SKIP: $ngpu GPU (needs 2, and NPROC=$NPROC)"
 	exit 0
 fi
 gpu_apps || exit 1
@@ -145,9 +147,9 @@ fi
 # ddp_cmd OUTFILE: the job's command line, into the array cmd.
 ddp_cmd() {
 	if [ "$LAUNCH" = torchrun ]; then
-		cmd=(torchrun --standalone --rdzv-conf use_libuv=0 --nproc-per-node 2 tests/gpu/ddp.py "$1" "$STEPS")
+		cmd=(torchrun --standalone --rdzv-conf use_libuv=0 --nproc-per-node "$NPROC" tests/gpu/ddp.py "$1" "$STEPS")
 	else
-		cmd=(env DDP_SPAWN=2 "$PY" tests/gpu/ddp.py "$1" "$STEPS")
+		cmd=(env DDP_SPAWN="$NPROC" "$PY" tests/gpu/ddp.py "$1" "$STEPS")
 	fi
 }
 # ddp_start NAME: the job under gpucr run, its steps to $LOGS/NAME.txt; its
@@ -248,7 +250,7 @@ wait_done() {
 }
 
 if part ddp; then
-	note "### DDP, 2 ranks ($LAUNCH, NCCL defaults, DataLoader workers), $STEPS steps"
+	note "### DDP, $NPROC ranks ($LAUNCH, NCCL defaults, DataLoader workers), $STEPS steps"
 	export DDP_DELAY=0.05
 	ddp_cmd "$LOGS/ddp.plain.txt"
 	timeout 300 "${cmd[@]}" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
@@ -293,12 +295,13 @@ if part ddp; then
 		pkill -9 -f tests/gpu/ddp.py
 		session_gone
 	done
-	# the stopped job's image once more, with the GPUs swapped
+	# the stopped job's image once more, with the GPUs swapped (reversed: rank r onto GPU NPROC-1-r)
 	name=ddp.stop
+	swap=$(seq 0 $((NPROC - 1)) | awk -v n="$NPROC" '{printf "%s%d=%d", (NR > 1 ? "," : ""), $1, n - 1 - $1}')
 	if [ "$SWAP" = 1 ] && [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
 		time_wait_gone "$name swapped"
 		mark=$(wc -l <"$LOGS/$name.txt")
-		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map 0=1,1=0 --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
+		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map "$swap" --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
 			wait_done "$name" "$mark" 240 || bad "$name: the job restored onto swapped GPUs did not finish: $(tail -3 "$LOGS/$name.out" | tr '\n' ' ')"
 			same_steps "$name" "$mark" "DDP restored onto swapped GPUs"
 		else
