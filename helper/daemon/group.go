@@ -105,6 +105,17 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 				"as one process tree (gpucr checkpoint of the job's root process, or a CRIU dump of its tree), "+
 				"not one alone", peers)
 	}
+	// Every member is held and quiesced for this request: its caller must
+	// be allowed to control each of them, as it would to checkpoint them.
+	for _, m := range group {
+		m.mu.Lock()
+		uid := m.uid
+		m.mu.Unlock()
+		if !mayControl(r.requester.cred.Uid, uid) {
+			return stepFailed(helperpb.ErrorCode_ERROR_PERMISSION,
+				"it shares GPU memory with pid %d (uid %d), which uid %d may not checkpoint", m.pid, uid, r.requester.cred.Uid)
+		}
+	}
 	key := deferKey{r.requester, r.req.ImageDir}
 	s.mu.Lock()
 	g := s.groupRunFor(key, cl)
