@@ -22,6 +22,10 @@
 #         (torchrun's agent holds an io_uring instance, which CRIU cannot
 #         dump: measured with torch 2.11, whatever USE_LIBUV,
 #         UV_USE_IO_URING or --rdzv-conf use_libuv=0 said).
+#   steps ROUNDS (default 3) interleaved pairs of DDP runs of TSTEPS (default
+#         300) steps without delay, plain and under `gpucr run`: each run's
+#         median step time (steps 50 on), the medians over the rounds and
+#         their ratio; the losses of each pair must be identical.
 # NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
 #   size  the stop-the-world dump and the restore (to the next heartbeat) of
 #         peerapp with SIZE_MIB per rank on each GPU against heartbeat with
@@ -42,7 +46,7 @@ NPROC=${NPROC:-2} # DDP ranks, one per GPU (4 on a 4-GPU machine)
 MODES=${MODES:-leave stop} # the DDP dumps to take: leave (--leave-running) and stop
 SWAP=${SWAP:-1}            # 0: no restore of the stopped job onto swapped GPUs
 SIZE_MIB=${SIZE_MIB:-8192}
-PARTS=${PARTS:-peer ddp size}
+PARTS=${PARTS:-peer ddp size}  # and steps
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 . tests/gpu/lib.sh
 fresh_logs build/gpu/ddp-ckpt
@@ -314,6 +318,43 @@ if part ddp; then
 	fi
 	note "NCCL warnings: $(cat "$LOGS"/ddp.*.out | grep -c 'NCCL WARN') $(cat "$LOGS"/ddp.*.out | grep 'NCCL WARN' | head -2 | tr '\n' ';')"
 	note "gpucr warnings: $(cat "$LOGS"/ddp.*.out | grep '^gpucr:' | cut -c1-160 | sort | uniq -c | sort -rn | head -4 | tr '\n' ';')"
+fi
+
+if part steps; then
+	ROUNDS=${ROUNDS:-3}
+	TSTEPS=${TSTEPS:-300}
+	note "### DDP step times, $NPROC ranks, $TSTEPS steps, $ROUNDS interleaved rounds (plain, gpucr run)"
+	for k in $(seq "$ROUNDS"); do
+		for how in plain gpucr; do
+			name=steps.$how.$k
+			rm -f "$LOGS/$name.txt" "$LOGS/$name.times"
+			pre=()
+			[ $how = gpucr ] && pre=("$GPUCR" run --socket "$SOCK" --)
+			STEPS=$TSTEPS ddp_cmd "$LOGS/$name.txt"
+			DDP_DELAY=0 DDP_TIMES=$LOGS/$name.times timeout 300 "${pre[@]}" "${cmd[@]}" </dev/null >"$LOGS/$name.out" 2>&1 ||
+				bad "$name: $(tail -2 "$LOGS/$name.out" | tr '\n' ' ')"
+			pkill -9 -f tests/gpu/ddp.py 2>/dev/null
+		done
+		cmp -s <(grep '^step' "$LOGS/steps.plain.$k.txt") <(grep '^step' "$LOGS/steps.gpucr.$k.txt") ||
+			bad "round $k: the run under gpucr printed other losses than the plain run"
+	done
+	$PY - "$LOGS" "$ROUNDS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import statistics, sys
+logs, rounds = sys.argv[1], int(sys.argv[2])
+med = {"plain": [], "gpucr": []}
+for k in range(1, rounds + 1):
+    for how in med:
+        try:
+            t = [float(l.split()[1]) for l in open(f"{logs}/steps.{how}.{k}.times") if int(l.split()[0]) >= 50]
+        except OSError:
+            t = []
+        if t:
+            med[how].append(statistics.median(t) * 1000)
+for how, v in med.items():
+    print(f"{how}: median step {statistics.median(v):.3f} ms (rounds: {', '.join(f'{x:.3f}' for x in v)})" if v else f"{how}: no times")
+if med["plain"] and med["gpucr"]:
+    print(f"gpucr run / plain: {statistics.median(med['gpucr']) / statistics.median(med['plain']):.3f}")
+PYEOF
 fi
 
 # size_case NAME PID LOG: a stop-the-world dump of PID, then its restore to the next heartbeat.

@@ -10,7 +10,9 @@ as jobs launched without torchrun do.
 
 Rank 0 writes `ready pid=PID` once the process group is up, one line per step,
 `step I LOSS GRADNORM` (the loss averaged over the ranks with all_reduce, the
-gradient norm after DDP's all_reduce; full precision), and `done`. Every value
+gradient norm after DDP's all_reduce; full precision), and `done`. With
+DDP_TIMES=FILE rank 0 also appends each step's wall time there ("I SECONDS"),
+for step-time tables. Every value
 depends only on the step, so runs with and without gpucr must print the same
 lines (tests/gpu/ddp.sh compares them). DDP_DELAY (seconds) sleeps between
 steps.
@@ -28,6 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 OUT, STEPS = sys.argv[1], int(sys.argv[2])
 DELAY = float(os.environ.get("DDP_DELAY", "0"))
+TIMES = os.environ.get("DDP_TIMES")
 
 
 class Synthetic(Dataset):
@@ -70,8 +73,10 @@ def run():
     log = open(OUT, "a", buffering=1) if rank == 0 else None
     if log:
         log.write(f"ready pid={os.getpid()} world={world}\n")
+    times = open(TIMES, "a", buffering=1) if rank == 0 and TIMES else None
     step = 0
     epoch = 0
+    last = time.perf_counter()
     while step < STEPS:
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -88,9 +93,13 @@ def run():
             avg /= world
             if log:
                 log.write(f"step {step} {avg.item()!r} {gnorm.item()!r}\n")
+            if times:
+                now = time.perf_counter()
+                times.write(f"{step} {now - last:.6f}\n")
             step += 1
             if DELAY:
                 time.sleep(DELAY)
+            last = time.perf_counter()
         epoch += 1
     if log:
         log.write("done\n")
