@@ -82,6 +82,13 @@ type undo struct {
 
 // checkpoint runs a Checkpoint request; see helper.proto.
 func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helperpb.Response {
+	if a := s.takeAhead(c, req); a != nil {
+		// the first of its group's checkpoints into this image ran it ahead
+		if f := c.takeFD(); f != nil {
+			f.Close()
+		}
+		return a.response(id)
+	}
 	cl, refused := s.controlledClient(c, id, req.Pid, "checkpoint")
 	if refused != nil {
 		return refused
@@ -149,6 +156,7 @@ type checkpointRun struct {
 	wake    string          // the wake file the drop and the detach name
 	scratch *engine.Scratch // a concurrent checkpoint's snapshot memory, made before the stop
 	guard   *engine.Guard   // a concurrent checkpoint's copy-on-write window, armed
+	ahead   *groupRun       // the group whose other members it checkpoints beside itself (group.go)
 }
 
 // stepError is a failed checkpoint step: the response's error code and
@@ -354,6 +362,9 @@ func (r *checkpointRun) openImage() *stepError {
 	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus,
 		Imports: r.s.importInfos(r.cl)}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
+	}
+	if r.ahead != nil {
+		r.checkpointAhead(r.ahead) // the image they go into is open now
 	}
 	return nil
 }

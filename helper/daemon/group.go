@@ -26,11 +26,14 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -40,6 +43,19 @@ type groupRun struct {
 	members  []*client
 	quiesced map[*client]bool // quiesced by the group, not by their own checkpoint
 	done     map[*client]bool // checkpointed into the image
+	// ahead: the members the first member's checkpoint checkpoints
+	// beside its own, in parallel (their copies on their GPUs, NVIDIA's
+	// checkpoints of their processes); each one's own request (the
+	// plugin's, for its pid) then takes the result.
+	ahead map[*client]*aheadRun
+}
+
+// aheadRun is one member's checkpoint run ahead of its request.
+type aheadRun struct {
+	done    chan struct{} // closed when it has ended
+	reply   *helperpb.CheckpointReply
+	failed  *helperpb.Response // its failure (every step undone), or nil
+	claimed bool               // its own request took it (under the server's mu)
 }
 
 func (g *groupRun) has(cl *client) bool {
@@ -123,7 +139,7 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 	if g != nil {
 		return nil // an earlier member's checkpoint quiesced it
 	}
-	g = &groupRun{members: group, quiesced: map[*client]bool{}, done: map[*client]bool{}}
+	g = &groupRun{members: group, quiesced: map[*client]bool{}, done: map[*client]bool{}, ahead: map[*client]*aheadRun{}}
 	t0 := time.Now()
 	if e := r.holdGroup(g); e != nil {
 		r.s.endGroup(g, true, r.cl, r.ctl)
@@ -134,7 +150,80 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 	s.mu.Unlock()
 	r.log.Info("processes sharing GPU memory quiesced together", zap.String("pids", pidList(group)),
 		zap.Duration("took", time.Since(t0)))
+	if r.req.Detach {
+		r.ahead = g // once this checkpoint's image is open (openImage)
+	}
 	return nil
+}
+
+// checkpointAhead starts the checkpoint of every other member of g, each in
+// parallel with this one: the dump asks for them one after the other, and
+// their GPU copies and NVIDIA's checkpoints would add up. Each takes the
+// member's control exchange for its whole run, as its own request would.
+// Called once this checkpoint has opened the image they all go into.
+func (r *checkpointRun) checkpointAhead(g *groupRun) {
+	for _, m := range g.members {
+		if m == r.cl {
+			continue
+		}
+		// its own handle on the image directory: this request's closes
+		// when this checkpoint returns
+		fd, err := unix.FcntlInt(r.dir.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			r.log.Warn("checkpointing a member ahead: no handle on the image directory; it is checkpointed when asked",
+				pidField("member", m.pid), zap.Error(err))
+			continue
+		}
+		a := &aheadRun{done: make(chan struct{})}
+		r.s.mu.Lock()
+		g.ahead[m] = a
+		r.s.mu.Unlock()
+		o := r.checkpointOpts
+		o.dir = os.NewFile(uintptr(fd), r.dir.Name())
+		o.req = proto.Clone(r.req).(*helperpb.Checkpoint)
+		o.req.Pid = int64(m.pid)
+		o.log = m.log.With(zap.String("image", o.req.ImageDir), zap.Bool("leave_running", o.req.LeaveRunning),
+			zap.Bool("ahead", true))
+		go func() {
+			defer close(a.done)
+			defer o.dir.Close()
+			err := m.withControl(o.wait, func(ctl *control) error {
+				a.reply, a.failed = r.s.checkpointLocked(m, ctl, o)
+				return nil
+			})
+			if err != nil && a.failed == nil {
+				a.failed = errResp(o.id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "checkpoint of pid %d: %v", m.pid, err)
+			}
+		}()
+	}
+}
+
+// takeAhead is the checkpoint of pid run ahead into the image that c's
+// request names, if there is one: its own request then waits for it and
+// takes its result.
+func (s *Server) takeAhead(c *conn, req *helperpb.Checkpoint) *aheadRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.groups[deferKey{c, req.ImageDir}] {
+		for m, a := range g.ahead {
+			if int64(m.pid) == req.Pid && !a.claimed {
+				a.claimed = true
+				return a
+			}
+		}
+	}
+	return nil
+}
+
+// response is the run's answer to the request id that takes it.
+func (a *aheadRun) response(id uint64) *helperpb.Response {
+	<-a.done
+	if a.failed != nil {
+		f := proto.Clone(a.failed).(*helperpb.Response)
+		f.Id = id
+		return f
+	}
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: a.reply}}
 }
 
 // memberCall sends req to group member m: on r's own control connection
@@ -236,7 +325,8 @@ func missingMembers(groups []*groupRun) string {
 	for _, g := range groups {
 		var missing, done []*client
 		for _, m := range g.members {
-			if g.done[m] {
+			// a member checkpointed ahead counts once the dump asked for it
+			if a := g.ahead[m]; g.done[m] && (a == nil || a.claimed) {
 				done = append(done, m)
 			} else {
 				missing = append(missing, m)
@@ -256,6 +346,19 @@ func missingMembers(groups []*groupRun) string {
 // failed: the checkpoint failed (logged as such). self, if not nil, is a
 // member whose control exchange the caller holds, on ctl.
 func (s *Server) endGroup(g *groupRun, failed bool, self *client, selfCtl *control) {
+	for m, a := range g.ahead {
+		<-a.done
+		s.mu.Lock()
+		claimed := a.claimed
+		s.mu.Unlock()
+		if !claimed && a.failed == nil {
+			// checkpointed and detached ahead, and the dump never asked for
+			// it (it failed first): it gets its GPU back, as a process whose
+			// dump ended without a report does
+			m.log.Warn("a process checkpointed ahead of its dump's request was not asked for: it gets its GPU back")
+			s.recoverDetached(m.pid)
+		}
+	}
 	for _, m := range g.members {
 		wait := s.cfg.OpTimeout
 		with := m.withControl

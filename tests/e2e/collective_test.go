@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -86,8 +87,13 @@ func TestPeerRanksCheckpointRestore(t *testing.T) {
 				ck = append(ck, "--leave-running")
 			}
 			cliOK(t, h, env, img, ck...)
-			if log := h.logText(); !strings.Contains(log, "processes sharing GPU memory quiesced together") {
+			log := h.logText()
+			if !strings.Contains(log, "processes sharing GPU memory quiesced together") {
 				t.Errorf("the helper did not quiesce the ranks as one group:\n%s", tail(log, 20))
+			}
+			// rank 1 was checkpointed beside rank 0, not after it
+			if !regexp.MustCompile(`checkpoint done.*"ahead":\s*true|"ahead":\s*true.*checkpoint done`).MatchString(log) {
+				t.Errorf("rank 1 was not checkpointed ahead of its request:\n%s", tail(log, 20))
 			}
 			want := reference(t, env, "peerapp", args, 300)
 			if leave {
@@ -212,4 +218,30 @@ func TestRestoreRemakesSocketDirectory(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Errorf("the restored process did not remove its socket's directory at its end")
+}
+
+// TestPeerRanksFailedDumpRunsOn: rank 0's checkpoint fails at NVIDIA's lock
+// (GPUCR_FAULT=driver-lock@1) after rank 1 was checkpointed beside it, and
+// detached, ahead of the dump's request for it, which never comes: the dump
+// fails, saying why, and both ranks get their GPU back and run on to their
+// end exactly.
+func TestPeerRanksFailedDumpRunsOn(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t, "GPUCR_SIM_DEVICES=2")
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=driver-lock@1"))
+	args := []string{"--hb-every", "10", "--mib", "4"}
+	a := startUnder(t, dir, h, env, "peerapp", append(args, "--iters", "300", "--interval-ms", "5")...)
+	a.waitIter(30, time.Minute)
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"))
+	if err == nil || !strings.Contains(out, "driver lock") {
+		t.Errorf("dump with rank 0's driver lock failing: %v, want a failure naming it:\n%s", err, tail(out, 10))
+	}
+	if log := h.logText(); !strings.Contains(log, `"ahead":true`) {
+		t.Errorf("rank 1 was not checkpointed ahead: the test shows nothing:\n%s", tail(log, 20))
+	}
+	if code := a.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("peerapp after the failed dump: exit %d:\n%s", code, tail(a.output(), 15))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "peerapp", args, 300))
 }
