@@ -40,16 +40,12 @@ type listenPort struct {
 	reuseAddr bool
 }
 
-// imageListenPorts lists the TCP ports the image's processes listen on in
-// the restore's network namespace (none when the image brings its own: a
-// container's).
-func imageListenPorts(dir string) ([]listenPort, error) {
+// imageListenPorts lists the TCP ports the image's processes (in dir, their
+// open files) listen on in the restore's network namespace (none when the
+// image brings its own: a container's).
+func imageListenPorts(dir string, files []*fdinfo.FileEntry) []listenPort {
 	if m, _ := filepath.Glob(filepath.Join(dir, "netns-*.img")); len(m) > 0 {
-		return nil, nil
-	}
-	files, err := imageFiles(dir)
-	if err != nil {
-		return nil, err
+		return nil
 	}
 	var out []listenPort
 	for _, fe := range files {
@@ -65,7 +61,7 @@ func imageListenPorts(dir string) ([]listenPort, error) {
 			out = append(out, lp)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // imageFiles are the open files of the image's processes (CRIU's files.img;
@@ -155,11 +151,12 @@ func (u portUse) blocks(lp listenPort) (blocked, passes bool) {
 
 // restorePortsFree waits (at most portsFreeWait) until the TCP ports the
 // image's processes listen on can be bound again, and refuses a restore
-// whose port something holds that will not go by itself.
-func restorePortsFree(ctx context.Context, dir string, ev *emitter) error {
-	ports, err := imageListenPorts(dir)
-	if err != nil || len(ports) == 0 {
-		return err
+// whose port something holds that will not go by itself. files are the
+// image's open files (imageFiles).
+func restorePortsFree(ctx context.Context, dir string, files []*fdinfo.FileEntry, ev *emitter) error {
+	ports := imageListenPorts(dir, files)
+	if len(ports) == 0 {
+		return nil
 	}
 	deadline := time.Now().Add(portsFreeWait)
 	told := false

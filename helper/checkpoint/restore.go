@@ -93,10 +93,14 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err := restorePidsFree(ctx, dir); err != nil {
 		return nil, err
 	}
-	if err := restorePortsFree(ctx, dir, ev); err != nil {
+	files, err := imageFiles(dir)
+	if err != nil {
 		return nil, err
 	}
-	if err := remakeSocketDirs(dir, ev); err != nil {
+	if err := restorePortsFree(ctx, dir, files, ev); err != nil {
+		return nil, err
+	}
+	if err := remakeSocketDirs(dir, files, ev); err != nil {
 		return nil, err
 	}
 	_, statErr := os.Stat(filepath.Join(dir, "gpucr"))

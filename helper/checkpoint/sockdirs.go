@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 )
 
 // A restored process's unix socket is bound at its old path again, and CRIU
@@ -26,13 +28,9 @@ type socketDir struct {
 	uid, gid int
 }
 
-// missingSocketDirs lists the directories the image's bound unix sockets
-// need that are missing, with a parent that is there.
-func missingSocketDirs(dir string) ([]socketDir, error) {
-	files, err := imageFiles(dir)
-	if err != nil {
-		return nil, err
-	}
+// missingSocketDirs lists the directories the bound unix sockets among the
+// image's open files need that are missing, with a parent that is there.
+func missingSocketDirs(files []*fdinfo.FileEntry) []socketDir {
 	var out []socketDir
 	for _, fe := range files {
 		sk := fe.GetUsk()
@@ -54,17 +52,13 @@ func missingSocketDirs(dir string) ([]socketDir, error) {
 			out = append(out, sd)
 		}
 	}
-	return out, nil
+	return out
 }
 
-// remakeSocketDirs makes the directories missingSocketDirs finds (0700, the
-// socket's owner's), and says so.
-func remakeSocketDirs(dir string, ev *emitter) error {
-	dirs, err := missingSocketDirs(dir)
-	if err != nil {
-		return err
-	}
-	for _, d := range dirs {
+// remakeSocketDirs makes the directories missingSocketDirs finds in the
+// image in dir (0700, the socket's owner's), and says so.
+func remakeSocketDirs(dir string, files []*fdinfo.FileEntry, ev *emitter) error {
+	for _, d := range missingSocketDirs(files) {
 		if err := os.Mkdir(d.path, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("restore from %s: the directory %s of a unix socket of the image is gone, and making it failed: %w",
 				dir, d.path, err)

@@ -318,15 +318,11 @@ func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Res
 // its peer ranks this way), and the driver refuses to export what the
 // application holds, an import.
 func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Response, int) {
-	al, _ := s.importedBy(cl, e.AllocId) // a peer's memory it imports exports too
-	if al == nil {
-		var er *helperpb.Response
-		cl.mu.Lock()
-		al, er = s.ownAlloc(cl, id, e.AllocId)
-		cl.mu.Unlock()
-		if er != nil {
-			return er, -1
-		}
+	cl.mu.Lock()
+	al, er := s.ownAlloc(cl, id, e.AllocId)
+	cl.mu.Unlock()
+	if er != nil {
+		return er, -1
 	}
 	fd, err := al.dev.Export(al.handle)
 	if err == nil {

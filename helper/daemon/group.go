@@ -229,11 +229,8 @@ func (a *aheadRun) response(id uint64) *helperpb.Response {
 // memberCall sends req to group member m: on r's own control connection
 // for r's client, else taking m's control exchange for the call.
 func (r *checkpointRun) memberCall(m *client, req *helperpb.Request, wait time.Duration) (*helperpb.Response, error) {
-	if m == r.cl {
-		return controlCall(r.ctl, req, wait)
-	}
 	var resp *helperpb.Response
-	err := m.withControl(wait, func(ctl *control) error {
+	err := withMember(m, r.cl, r.ctl, wait, func(ctl *control) error {
 		var err error
 		resp, err = controlCall(ctl, req, wait)
 		return err
@@ -242,6 +239,16 @@ func (r *checkpointRun) memberCall(m *client, req *helperpb.Request, wait time.D
 		err = fmt.Errorf("another control operation is in progress")
 	}
 	return resp, err
+}
+
+// withMember runs f on member m's control connection: self's, whose control
+// exchange the caller holds already (selfCtl), as it is; any other's with
+// its control exchange taken for f (withControl).
+func withMember(m, self *client, selfCtl *control, wait time.Duration, f func(*control) error) error {
+	if m == self {
+		return f(selfCtl)
+	}
+	return m.withControl(wait, f)
 }
 
 // holdGroup brings every member of g to the same count of peer sync
@@ -361,11 +368,7 @@ func (s *Server) endGroup(g *groupRun, failed bool, self *client, selfCtl *contr
 	}
 	for _, m := range g.members {
 		wait := s.cfg.OpTimeout
-		with := m.withControl
-		if m == self {
-			with = func(_ time.Duration, f func(*control) error) error { return f(selfCtl) }
-		}
-		err := with(wait, func(ctl *control) error {
+		err := withMember(m, self, selfCtl, wait, func(ctl *control) error {
 			if g.quiesced[m] && m.lifeState() == lifeQuiesced {
 				if _, err := controlCall(ctl, m.resumeRequest(), wait); err != nil {
 					return fmt.Errorf("resume: %w", err)

@@ -21,7 +21,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -93,6 +92,16 @@ func (sh *shares) importsOf(cl *client) map[uint64]uint64 {
 	return out
 }
 
+// importersOf is the importers of allocation id, made empty if it had none.
+func (sh *shares) importersOf(id uint64) map[*client]uint64 {
+	m := sh.importers[id]
+	if m == nil {
+		m = map[*client]uint64{}
+		sh.importers[id] = m
+	}
+	return m
+}
+
 // dropImporter forgets every import of cl (it is gone).
 func (sh *shares) dropImporter(cl *client) {
 	for id, m := range sh.importers {
@@ -139,34 +148,13 @@ func (s *Server) importPeer(c *conn, cl *client, id uint64) *helperpb.Response {
 		s.mu.Unlock()
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "allocation %d is gone", aid)
 	}
-	m := s.reg.sh.importers[aid]
-	if m == nil {
-		m = map[*client]uint64{}
-		s.reg.sh.importers[aid] = m
-	}
+	m := s.reg.sh.importersOf(aid)
 	if _, ok := m[cl]; !ok {
-		m[cl] = 0
+		m[cl] = 0 // where it maps it: Mapped says
 	}
 	s.mu.Unlock()
 	cl.log.Debug("peer import", zap.Uint64("alloc_id", aid), pidField("owner_pid", owner.pid))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: aid, Size: al.size}}}
-}
-
-// importedBy returns the allocation id that cl imports (and its owner's
-// record), or nil. s.mu is taken here.
-func (s *Server) importedBy(cl *client, aid uint64) (*alloc, *client) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.reg.sh.importers[aid][cl]; !ok {
-		return nil, nil
-	}
-	owner := s.reg.ownerOf(aid)
-	if owner == nil {
-		return nil, nil
-	}
-	owner.mu.Lock()
-	defer owner.mu.Unlock()
-	return owner.allocs[aid], owner
 }
 
 // mappedImport records where cl maps its import aid; false if it imports
@@ -337,22 +325,8 @@ func (s *Server) planImports(p *restorePlan, byPid map[int]*client) (err error) 
 				return fmt.Errorf("process %d maps %d bytes of process %d's buffer at 0x%x, which has %d",
 					pr.Pid, imp.Size, imp.OwnerPid, imp.OwnerAddress, al.size)
 			}
-			m := s.reg.sh.importers[al.id]
-			if m == nil {
-				m = map[*client]uint64{}
-				s.reg.sh.importers[al.id] = m
-			}
-			m[cl] = imp.Address
+			s.reg.sh.importersOf(al.id)[cl] = imp.Address
 		}
 	}
 	return nil
-}
-
-// pidsOf lists the pids of clients.
-func pidsOf(cls []*client) []proc.Pid {
-	out := make([]proc.Pid, len(cls))
-	for i, c := range cls {
-		out[i] = c.pid
-	}
-	return out
 }
