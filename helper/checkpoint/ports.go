@@ -25,8 +25,9 @@ import (
 // its TIME_WAIT (60 s on Linux) included: CRIU then fails with "Can't bind
 // inet socket: Address already in use" (measured with a DDP job restored
 // right after it ended). So a restore first waits for such ports to be
-// free while only closing connections hold them, and refuses at once,
-// naming the port, when something holds it that will not go by itself.
+// free while only closing connections hold them (ending those in
+// TIME_WAIT, the image's own: timewait.go), and refuses at once, naming
+// the port, when something holds it that will not go by itself.
 
 // tcpListenState is TCP_LISTEN, as CRIU's images and /proc/net/tcp give it.
 const tcpListenState = 10
@@ -149,17 +150,20 @@ func (u portUse) blocks(lp listenPort) (blocked, passes bool) {
 	return true, u.open == 0
 }
 
-// restorePortsFree waits (at most portsFreeWait) until the TCP ports the
-// image's processes listen on can be bound again, and refuses a restore
+// restorePortsFree makes the TCP ports the image's processes listen on free
+// to bind again: it ends the connections in TIME_WAIT that hold one (the
+// image's own closed connections: timewait.go) unless waitClosed, and waits
+// (at most portsFreeWait) for what closes by itself; it refuses a restore
 // whose port something holds that will not go by itself. files are the
 // image's open files (imageFiles).
-func restorePortsFree(ctx context.Context, dir string, files []*fdinfo.FileEntry, ev *emitter) error {
+func restorePortsFree(ctx context.Context, dir string, files []*fdinfo.FileEntry, waitClosed bool, ev *emitter) error {
 	ports := imageListenPorts(dir, files)
 	if len(ports) == 0 {
 		return nil
 	}
 	deadline := time.Now().Add(portsFreeWait)
 	told := false
+	var endErr error
 	for {
 		var waiting []string
 		for _, lp := range ports {
@@ -177,15 +181,30 @@ func restorePortsFree(ctx context.Context, dir string, files []*fdinfo.FileEntry
 					"stop what holds it, or restore where the port is free (another host, or a network namespace of its own)",
 					dir, lp.port, what)
 			}
+			if !waitClosed && endErr == nil {
+				n, err := endTimeWaits(hostTimeWaits(lp.port))
+				if n > 0 {
+					ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("ended %d closed connection(s) in TIME_WAIT on TCP port %d, "+
+						"which a process of the image listens on (without SO_REUSEADDR)", n, lp.port)})
+				}
+				endErr = err
+				if u = hostPortUse(lp.port); !holds(u, lp) {
+					continue
+				}
+			}
 			waiting = append(waiting, strconv.Itoa(int(lp.port)))
 		}
 		if len(waiting) == 0 {
 			return nil
 		}
 		if !told {
+			why := ""
+			if endErr != nil {
+				why = fmt.Sprintf(" (they could not be ended: %v)", endErr)
+			}
 			ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("waiting for TCP port %s: the image's processes listen on it "+
-				"(without SO_REUSEADDR), and connections closed on it wait out their TIME_WAIT (at most 60 s)",
-				strings.Join(waiting, ", "))})
+				"(without SO_REUSEADDR), and connections closed on it wait out their TIME_WAIT (at most 60 s)%s",
+				strings.Join(waiting, ", "), why)})
 			told = true
 		}
 		if time.Now().After(deadline) {
@@ -198,4 +217,10 @@ func restorePortsFree(ctx context.Context, dir string, files []*fdinfo.FileEntry
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// holds says whether u keeps a listening socket lp from binding.
+func holds(u portUse, lp listenPort) bool {
+	b, _ := u.blocks(lp)
+	return b
 }

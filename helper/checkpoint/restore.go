@@ -37,6 +37,10 @@ type RestoreOptions struct {
 	// returns once it is all in (a load that fails then ends the processes
 	// and fails the restore).
 	OnDemand bool
+	// WaitClosedPorts waits for the connections closed on the image's
+	// listening TCP ports to end their TIME_WAIT (up to a minute) instead
+	// of ending them.
+	WaitClosedPorts bool
 }
 
 // RestoreResult is a restore that succeeded: every process runs, each GPU
@@ -74,10 +78,10 @@ type RestoreReady struct {
 // Restore restores the tree imaged in o.Dir. Before CRIU starts it checks
 // the directory, that every pid of the image is free (waiting briefly for
 // zombies to be reaped) and that every TCP port the image listens on can be
-// bound again (waiting up to a minute for closed connections' TIME_WAIT:
-// ports.go), and it makes the directories of the image's unix sockets that
-// were removed since (sockdirs.go); after CRIU, that each GPU process has its GPU
-// memory back. Cancelling ctx stops CRIU and kills what it had restored.
+// bound again (ending the connections closed on them that wait out their
+// TIME_WAIT, or waiting up to a minute for them: ports.go), and it makes
+// the directories of the image's unix sockets that were removed since
+// (sockdirs.go); after CRIU, that each GPU process has its GPU memory back. Cancelling ctx stops CRIU and kills what it had restored.
 func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if !filepath.IsAbs(o.Dir) {
@@ -97,7 +101,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := restorePortsFree(ctx, dir, files, ev); err != nil {
+	if err := restorePortsFree(ctx, dir, files, o.WaitClosedPorts, ev); err != nil {
 		return nil, err
 	}
 	if err := remakeSocketDirs(dir, files, ev); err != nil {

@@ -24,6 +24,7 @@ func restoreCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "lazy-pages", Usage: "run the restored tree before its host memory is read back: CRIU's lazy-pages daemon serves the pages it touches first, the rest in the background (the kernel's userfaultfd; `gpucr check` says whether it has it)"},
 			deviceMapFlag(),
 			onDemandFlag(),
+			&ucli.BoolFlag{Name: "wait-time-wait", Usage: "wait (up to a minute) for the connections closed on the image's listening TCP ports to end their TIME_WAIT, instead of ending them (they keep CRIU from binding a listener without SO_REUSEADDR)"},
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
 		Action: func(c *ucli.Context) error {
 			pos, err := flagsAnywhere(c)
@@ -52,7 +53,8 @@ func restoreCommand() *ucli.Command {
 			defer stop()
 			events := newEventPrinter(c.App.Writer, c.App.ErrWriter, c.Bool("json"))
 			res, err := checkpoint.Restore(ctx, checkpoint.RestoreOptions{Dir: dir, CRIU: criu, Env: env, Events: events.handle,
-				LazyPages: c.Bool("lazy-pages"), DeviceMap: devMap, OnDemand: c.Bool("on-demand")})
+				LazyPages: c.Bool("lazy-pages"), DeviceMap: devMap, OnDemand: c.Bool("on-demand"),
+				WaitClosedPorts: c.Bool("wait-time-wait")})
 			if err != nil {
 				return err
 			}

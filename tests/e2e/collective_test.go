@@ -142,37 +142,52 @@ func TestPeerRanksUnalignedQuiesceBounded(t *testing.T) {
 	compareWithReference(t, a.heartbeats(), reference(t, env, "peerapp", args, 300))
 }
 
-// TestRestoreWaitsForClosedListenPort: a process that serves on a TCP port
+// TestRestoreFreesClosedListenPort: a process that serves on a TCP port
 // bound without SO_REUSEADDR (as a job's store and NCCL's bootstrap are),
 // closing the server's side of each connection first, is dumped and at once
 // restored: its listening port is held by connections waiting out their
 // TIME_WAIT, which CRIU could not bind past ("Address already in use", as a
-// DDP job's restore failed on the GPU machine). The restore waits for them,
-// says so, and the restored process serves on to its end, exactly.
-func TestRestoreWaitsForClosedListenPort(t *testing.T) {
+// DDP job's restore failed on the GPU machine). The restore ends those
+// connections (or, with --wait-time-wait, waits for them), says so, and the
+// restored process serves on to its end, exactly.
+func TestRestoreFreesClosedListenPort(t *testing.T) {
 	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	args := []string{"--hb-every", "10", "--interval-ms", "5"}
-	a := startUnder(t, dir, h, env, "tcpserve", append(args, "--iters", "1500")...)
-	a.waitIter(50, time.Minute)
-	img := filepath.Join(dir, "img")
-	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--tcp-established")
-	waitPidFree(a.pid, 10*time.Second)
-	mark := len(a.heartbeats())
-	t0 := time.Now()
-	out := cliOK(t, h, env, img, "restore", "-D", img, "--tcp-established")
-	if !strings.Contains(out, "waiting for TCP port") {
-		t.Errorf("the restore did not say it waited for the listening port (done in %v):\n%s", time.Since(t0), tail(out, 10))
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		says  string
+	}{
+		{"ended", nil, "closed connection(s) in TIME_WAIT on TCP port"},
+		{"waited", []string{"--wait-time-wait"}, "waiting for TCP port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := gpucrEnv(t)
+			h := startHelper(t, dir, env)
+			args := []string{"--hb-every", "10", "--interval-ms", "5"}
+			a := startUnder(t, dir, h, env, "tcpserve", append(args, "--iters", "1500")...)
+			a.waitIter(50, time.Minute)
+			img := filepath.Join(dir, "img")
+			cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--tcp-established")
+			waitPidFree(a.pid, 10*time.Second)
+			mark := len(a.heartbeats())
+			t0 := time.Now()
+			out := cliOK(t, h, env, img, append([]string{"restore", "-D", img, "--tcp-established"}, tc.flags...)...)
+			if !strings.Contains(out, tc.says) {
+				t.Errorf("the restore did not say %q (done in %v):\n%s", tc.says, time.Since(t0), tail(out, 10))
+			}
+			if tc.flags == nil && strings.Contains(out, "waiting for TCP port") {
+				t.Errorf("the restore waited for the port after ending its connections:\n%s", tail(out, 10))
+			}
+			a.waitFor(2*time.Minute, "the restored process's end", func(s string, hbs []heartbeat) bool {
+				return len(hbs) > mark && hbs[len(hbs)-1].Iter >= 1500
+			})
+			if hbs := a.heartbeats(); hbs[mark].Iter <= 50 {
+				t.Errorf("the restored process began at iteration %d, want past 50", hbs[mark].Iter)
+			}
+			compareWithReference(t, a.heartbeats(), reference(t, env, "tcpserve", args, 1500))
+		})
 	}
-	a.waitFor(2*time.Minute, "the restored process's end", func(s string, hbs []heartbeat) bool {
-		return len(hbs) > mark && hbs[len(hbs)-1].Iter >= 1500
-	})
-	if hbs := a.heartbeats(); hbs[mark].Iter <= 50 {
-		t.Errorf("the restored process began at iteration %d, want past 50", hbs[mark].Iter)
-	}
-	compareWithReference(t, a.heartbeats(), reference(t, env, "tcpserve", args, 1500))
 }
 
 // TestRestoreRemakesSocketDirectory: a process that serves on a unix socket

@@ -159,7 +159,7 @@ ddp_cmd() {
 # ddp_start NAME: the job under gpucr run, its steps to $LOGS/NAME.txt; its
 # launcher's pid in JOB once rank 0 has written 20 steps.
 ddp_start() {
-	rm -f "$LOGS/$1.txt" "$LOGS/$1.out"
+	rm -f "$LOGS/$1.txt" "$LOGS/$1.txt.where" "$LOGS/$1.out"
 	ddp_cmd "$LOGS/$1.txt"
 	setsid "$GPUCR" run --socket "$SOCK" -- "${cmd[@]}" </dev/null >>"$LOGS/$1.out" 2>&1 &
 	JOB=$!
@@ -204,20 +204,6 @@ session_gone() {
 	done
 	note "the job's session $SID still has processes: $(ps -e -o sid=,pid=,stat=,comm= | awk -v s="$SID" '$1 == s' | head -5 | tr '\n' ';')"
 }
-# time_wait_gone: until no TCP connection of the host is in TIME_WAIT (at
-# most 70 s): the job's listening sockets (its store's, NCCL's bootstrap)
-# were not bound with SO_REUSEADDR, and CRIU cannot bind them again while a
-# connection closed on their port waits out its TIME_WAIT (measured: "Can't
-# bind inet socket: Address already in use"). Notes how long it waited.
-time_wait_gone() {
-	local t0
-	t0=$(now)
-	for _ in $(seq 650); do
-		[ "$(time_waits)" = 0 ] && break
-		sleep 0.1
-	done
-	note "$1: waited $(span "$t0" "$(now)") for closed connections' TIME_WAIT ($(time_waits) left)"
-}
 # time_waits: the host's TCP connections in TIME_WAIT (state 06 of /proc/net/tcp*).
 time_waits() { awk '$4 == "06"' /proc/net/tcp /proc/net/tcp6 2>/dev/null | wc -l; }
 # bind_conflicts CRIULOG: for each listening socket CRIU could not bind
@@ -255,7 +241,9 @@ wait_done() {
 
 if part ddp; then
 	note "### DDP, $NPROC ranks ($LAUNCH, NCCL defaults, DataLoader workers), $STEPS steps"
-	export DDP_DELAY=0.05
+	# DDP_WHERE: each rank's view of its GPU (CUDA's bus id and UUID) every 40
+	# steps; NCCL's own view is its init lines
+	export DDP_DELAY=0.05 DDP_WHERE=40 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
 	ddp_cmd "$LOGS/ddp.plain.txt"
 	timeout 300 "${cmd[@]}" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
 		bad "plain DDP: $(tail -3 "$LOGS/ddp.plain.out" | tr '\n' ' ')"
@@ -283,12 +271,12 @@ if part ddp; then
 		fi
 		pkill -9 -f tests/gpu/ddp.py
 		session_gone
-		time_wait_gone "$name"
+		tw=$(time_waits)
 		mark=$(wc -l <"$LOGS/$name.txt")
 		t0=$(now)
 		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
 			for _ in $(seq 600); do [ "$(tail -n +"$((mark + 1))" "$LOGS/$name.txt" | grep -c '^step')" -ge 1 ] && break; sleep 0.05; done
-			note "$name: restored; next step after $(span "$t0" "$(now)") ($(secs "$LOGS/$name-restore.json" seconds) s the command)"
+			note "$name: restored right after the job ended ($tw connections of the host in TIME_WAIT then, $(time_waits) after); next step after $(span "$t0" "$(now)") ($(secs "$LOGS/$name-restore.json" seconds) s the command)"
 			wait_done "$name" "$mark" 240 || bad "$name: the restored job did not finish"
 			same_steps "$name" "$mark" "DDP restored ($mode)"
 		else
@@ -303,10 +291,16 @@ if part ddp; then
 	name=ddp.stop
 	swap=$(seq 0 $((NPROC - 1)) | awk -v n="$NPROC" '{printf "%s%d=%d", (NR > 1 ? "," : ""), $1, n - 1 - $1}')
 	if [ "$SWAP" = 1 ] && [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
-		time_wait_gone "$name swapped"
 		mark=$(wc -l <"$LOGS/$name.txt")
+		wmark=$(wc -l <"$LOGS/$name.txt.where")
 		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map "$swap" --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
+			sleep 3
+			nvidia-smi --query-compute-apps=pid,gpu_bus_id,gpu_uuid --format=csv,noheader >"$LOGS/$name-swapped.smi" 2>&1
 			wait_done "$name" "$mark" 240 || bad "$name: the job restored onto swapped GPUs did not finish: $(tail -3 "$LOGS/$name.out" | tr '\n' ' ')"
+			note "$name onto swapped GPUs ($swap): restored in $(secs "$LOGS/$name-swapped.json" seconds) s"
+			note "    each rank's CUDA view when it began (step rank pid bus uuid): $(head -"$NPROC" "$LOGS/$name.txt.where" | cut -d' ' -f2- | tr '\n' ';')"
+			note "    after the restore: $(tail -n +"$((wmark + 1))" "$LOGS/$name.txt.where" | head -"$NPROC" | cut -d' ' -f2- | tr '\n' ';')"
+			note "    nvidia-smi (pid, bus id, uuid) after the restore: $(grep -v '^$' "$LOGS/$name-swapped.smi" | tr '\n' ';')"
 			same_steps "$name" "$mark" "DDP restored onto swapped GPUs"
 		else
 			bad "$name restore onto swapped GPUs: $(grep -v '^ *(' "$LOGS/$name-swapped.json" | tail -3 | tr '\n' ' ')"
@@ -357,9 +351,10 @@ if med["plain"] and med["gpucr"]:
 PYEOF
 fi
 
-# size_case NAME PID LOG: a stop-the-world dump of PID, then its restore to the next heartbeat.
+# size_case NAME PID LOG: a stop-the-world dump of PID, then its restore to
+# the next heartbeat; "NAME<TAB>DUMP<TAB>RESTORE" (seconds) to size.tsv.
 size_case() {
-	local name=$1 pid=$2 log=$3 mark t0
+	local name=$1 pid=$2 log=$3 mark t0 t1 d r
 	rm -rf "$IMG" && mkdir -p "$IMG"
 	if ! timeout 300 "$GPUCR" checkpoint "$pid" -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
 		bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
@@ -369,28 +364,51 @@ size_case() {
 	mark=$(hbs "$log")
 	t0=$(now)
 	if timeout 300 "$GPUCR" restore -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
-		local t1
 		t1=$(next_heartbeat "$log" "$mark")
-		note "$name: dump $(secs "$LOGS/$name-dump.json" seconds) s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to the next heartbeat $([ -n "$t1" ] && span "$t0" "$t1" || echo never)"
+		d=$(secs "$LOGS/$name-dump.json" seconds)
+		r=$([ -n "$t1" ] && span "$t0" "$t1" | tr -d ' s' || echo -)
+		printf '%s\t%s\t%s\n' "${name% [0-9]*}" "$d" "$r" >>"$LOGS/size.tsv"
+		note "$name: dump $d s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to the next heartbeat ${r} s"
 	else
 		bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
 	fi
 }
 
 if part size; then
-	note "### dump and restore: 2 ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB"
-	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/heartbeat" --mib $((SIZE_MIB * 2)) --iters 100000000 --hb-every 20 --interval-ms 5 \
-		</dev/null >>"$LOGS/size-one.log" 2>&1 &
-	P=$!
-	for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-one.log")" -ge 3 ] && break; sleep 0.1; done
-	size_case "one process, one GPU" "$P" "$LOGS/size-one.log"
-	pkill -9 -f "$BIN/heartbeat"
-	setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" --mib "$SIZE_MIB" --iters 100000000 --hb-every 20 --interval-ms 5 \
-		</dev/null >>"$LOGS/size-two.log" 2>&1 &
-	P=$!
-	for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-two.log")" -ge 3 ] && break; sleep 0.1; done
-	size_case "two ranks, two GPUs" "$P" "$LOGS/size-two.log"
-	pkill -9 -f "$BIN/peerapp"
+	SIZE_ROUNDS=${SIZE_ROUNDS:-3}
+	note "### dump and restore: 2 ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB, $SIZE_ROUNDS interleaved rounds"
+	for k in $(seq "$SIZE_ROUNDS"); do
+		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/heartbeat" --mib $((SIZE_MIB * 2)) --iters 100000000 --hb-every 20 --interval-ms 5 \
+			</dev/null >>"$LOGS/size-one.log" 2>&1 &
+		P=$!
+		m=$(hbs "$LOGS/size-one.log")
+		for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-one.log")" -ge $((m + 3)) ] && break; sleep 0.1; done
+		size_case "one process, one GPU $k" "$P" "$LOGS/size-one.log"
+		pkill -9 -f "$BIN/heartbeat"
+		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" --mib "$SIZE_MIB" --iters 100000000 --hb-every 20 --interval-ms 5 \
+			</dev/null >>"$LOGS/size-two.log" 2>&1 &
+		P=$!
+		m=$(hbs "$LOGS/size-two.log")
+		for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-two.log")" -ge $((m + 3)) ] && break; sleep 0.1; done
+		size_case "two ranks, two GPUs $k" "$P" "$LOGS/size-two.log"
+		pkill -9 -f "$BIN/peerapp"
+		for _ in $(seq 100); do pgrep -f "$BIN/peerapp|$BIN/heartbeat" >/dev/null || break; sleep 0.1; done
+	done
+	$PY - "$LOGS/size.tsv" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import statistics, sys
+rows = {}
+for l in open(sys.argv[1]):
+    name, d, r = l.rstrip("\n").split("\t")
+    rows.setdefault(name, ([], []))
+    if d != "-": rows[name][0].append(float(d))
+    if r != "-": rows[name][1].append(float(r))
+med = {n: (statistics.median(d) if d else None, statistics.median(r) if r else None) for n, (d, r) in rows.items()}
+for n, (d, r) in med.items():
+    print(f"{n}: median dump {d:.3f} s, restore to the next heartbeat {r:.3f} s ({len(rows[n][0])} rounds)")
+one, two = med.get("one process, one GPU"), med.get("two ranks, two GPUs")
+if one and two and all(one) and all(two):
+    print(f"two ranks / one process: dump {two[0] / one[0]:.2f}x, restore {two[1] / one[1]:.2f}x")
+PYEOF
 fi
 grep -h '"level":"warn"\|"level":"error"' "$LOGS/helper.log" | cut -c1-300 | sort | uniq -c | sort -rn | head -8 >"$LOGS/helper-warnings.txt"
 note "helper warnings: $(wc -l <"$LOGS/helper-warnings.txt") kinds (helper-warnings.txt)"

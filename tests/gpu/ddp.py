@@ -12,7 +12,11 @@ Rank 0 writes `ready pid=PID` once the process group is up, one line per step,
 `step I LOSS GRADNORM` (the loss averaged over the ranks with all_reduce, the
 gradient norm after DDP's all_reduce; full precision), and `done`. With
 DDP_TIMES=FILE rank 0 also appends each step's wall time there ("I SECONDS"),
-for step-time tables. Every value
+for step-time tables. With DDP_WHERE=N every rank appends, every N steps,
+`where STEP RANK PID BUS UUID` to OUTFILE.where: the PCI bus id and UUID
+CUDA's driver API answers for its device (through the global symbol
+table, so gpucr's interposer answers where it stands in), to see which GPU
+a restored rank believes it is on. Every value
 depends only on the step, so runs with and without gpucr must print the same
 lines (tests/gpu/ddp.sh compares them). DDP_DELAY (seconds) sleeps between
 steps.
@@ -31,6 +35,30 @@ from torch.utils.data.distributed import DistributedSampler
 OUT, STEPS = sys.argv[1], int(sys.argv[2])
 DELAY = float(os.environ.get("DDP_DELAY", "0"))
 TIMES = os.environ.get("DDP_TIMES")
+WHERE = int(os.environ.get("DDP_WHERE", "0"))
+
+
+def where(dev):
+    """The PCI bus id and UUID the driver API answers for ordinal dev: the
+    process's own symbols first (gpucr's interposer, where it is preloaded,
+    as the application's calls find it), else libcuda's."""
+    import ctypes
+
+    def fn(name):
+        for lib in (None, "libcuda.so.1"):
+            try:
+                return getattr(ctypes.CDLL(lib), name)
+            except (AttributeError, OSError):
+                pass
+        return None
+
+    bus, u = ctypes.create_string_buffer(32), ctypes.create_string_buffer(16)
+    get_bus, get_uuid = fn("cuDeviceGetPCIBusId"), fn("cuDeviceGetUuid_v2")
+    b = bus.value.decode() if get_bus and get_bus(bus, 32, dev) == 0 else "?"
+    if not get_uuid or get_uuid(u, dev) != 0:
+        return f"{b} ?"
+    h = u.raw.hex()
+    return f"{b} GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class Synthetic(Dataset):
@@ -74,6 +102,7 @@ def run():
     if log:
         log.write(f"ready pid={os.getpid()} world={world}\n")
     times = open(TIMES, "a", buffering=1) if rank == 0 and TIMES else None
+    wlog = open(OUT + ".where", "a", buffering=1) if WHERE else None
     step = 0
     epoch = 0
     last = time.perf_counter()
@@ -93,6 +122,8 @@ def run():
             avg /= world
             if log:
                 log.write(f"step {step} {avg.item()!r} {gnorm.item()!r}\n")
+            if wlog and step % WHERE == 0:
+                wlog.write(f"where {step} {rank} {os.getpid()} {where(local)}\n")
             if times:
                 now = time.perf_counter()
                 times.write(f"{step} {now - last:.6f}\n")
