@@ -81,7 +81,10 @@ type RestoreReady struct {
 // bound again (ending the connections closed on them that wait out their
 // TIME_WAIT, or waiting up to a minute for them: ports.go), and it makes
 // the directories of the image's unix sockets that were removed since
-// (sockdirs.go); after CRIU, that each GPU process has its GPU memory back. Cancelling ctx stops CRIU and kills what it had restored.
+// (sockdirs.go) and CRIU's links to files the processes had unlinked,
+// from the image's copies (linkremap.go); after CRIU, that each GPU
+// process has its GPU memory back. Cancelling ctx stops CRIU and kills
+// what it had restored.
 func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if !filepath.IsAbs(o.Dir) {
@@ -105,6 +108,9 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	if err := remakeSocketDirs(dir, files, ev); err != nil {
+		return nil, err
+	}
+	if err := remakeLinkRemaps(dir, ev); err != nil {
 		return nil, err
 	}
 	_, statErr := os.Stat(filepath.Join(dir, "gpucr"))

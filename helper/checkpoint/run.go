@@ -46,6 +46,9 @@ type notifier struct {
 	noPlugin bool      // CRIU runs without gpucr's plugin
 	pre      time.Time // CRIU's pre-dump or pre-restore notice
 	post     time.Time // its post-dump notice: the tree is dumped
+	// postDump runs at the post-dump notice (its error fails the dump,
+	// and the tree runs on).
+	postDump func() error
 }
 
 func (n *notifier) PreDump() error {
@@ -60,6 +63,9 @@ func (n *notifier) PreDump() error {
 func (n *notifier) PostDump() error {
 	n.post = time.Now()
 	n.ev.emit(Event{Kind: Phase, Text: "dumped"})
+	if n.postDump != nil {
+		return n.postDump()
+	}
 	return nil
 }
 func (n *notifier) PreRestore() error {
@@ -189,6 +195,11 @@ func run(ctx context.Context, j job) (*ran, error) {
 		opts.LazyPages = proto.Bool(true)
 	}
 	n := &notifier{ev: j.ev, noPlugin: j.criu.PluginDir == ""}
+	if j.dump {
+		// CRIU's links to files the tree had unlinked go with the image
+		// (linkremap.go): the images are written, the links not yet removed.
+		n.postDump = func() error { return saveLinkRemaps(cd.stage) }
+	}
 	// The plugin, inside CRIU, reaches the helper the caller named, writes
 	// its messages where this package reads them, puts the GPU image into
 	// (or takes it from) the image directory itself, passed as descriptor
