@@ -4,7 +4,7 @@
 #
 #   bash tests/gpu/ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE
 #
-# PARTS (default "peer ddp size") picks the sections:
+# PARTS (default "peer ddp size") picks the sections (steps is extra):
 #   peer  peerapp (two ranks on two GPUs exchanging exported cuMem fds, peer
 #         mappings, host-NUMA cuMem flags and stream waits on them) under
 #         `gpucr run`: dumped with --leave-running (it must run on to its end
@@ -14,8 +14,10 @@
 #         over NVLink, cuMem buffers; 2 DataLoader workers per rank) plain for
 #         the reference, then under `gpucr run` twice: a dump of the whole
 #         job (its launcher and everything below it) with --leave-running,
-#         and one that stops it; each image restored once the job is gone,
-#         the stopped job's a second time onto swapped GPUs. The losses and
+#         and one that stops it; each image restored right after the job is
+#         gone (gpucr restore ends the closed connections' TIME_WAIT), the
+#         stopped job's a second time onto swapped GPUs, where each rank's
+#         view of its GPU (DDP_WHERE) and nvidia-smi's are noted. The losses and
 #         gradient norms of every step must equal the reference's, in the job
 #         that ran on and in each restored job. LAUNCH=spawn (default: the
 #         script spawns its ranks, rank 0 hosts the store) or torchrun
@@ -26,11 +28,12 @@
 #         300) steps without delay, plain and under `gpucr run`: each run's
 #         median step time (steps 50 on), the medians over the rounds and
 #         their ratio; the losses of each pair must be identical.
+#   size  SIZE_ROUNDS (default 3) interleaved rounds of the stop-the-world
+#         dump and the restore (to the next heartbeat) of peerapp with
+#         SIZE_MIB per rank on each GPU against heartbeat with the same
+#         per-process size on one GPU (SIZE_MIB, default 8192: each rank
+#         holds 2x that); the medians and their ratios.
 # NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
-#   size  the stop-the-world dump and the restore (to the next heartbeat) of
-#         peerapp with SIZE_MIB per rank on each GPU against heartbeat with
-#         the same per-process size on one GPU (SIZE_MIB, default 8192: each
-#         rank holds 2x that).
 # NCCL_NVLS_ENABLE=0 and the other multicast switches are set throughout.
 # Logs in build/gpu/ddp-ckpt (and $OUT/ddp-ckpt-logs.tgz); summary.txt
 # holds the table.
@@ -165,7 +168,8 @@ ddp_start() {
 	JOB=$!
 	SID=$JOB # setsid: the job's session
 	for _ in $(seq 1800); do
-		if [ "$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)" -ge 20 ]; then
+		n=$(grep -c '^step' "$LOGS/$1.txt" 2>/dev/null)
+		if [ "${n:-0}" -ge 20 ]; then
 			local p u
 			u=
 			for p in $(pgrep -s "$(ps -o sid= -p "$JOB" | tr -d ' ')"); do
