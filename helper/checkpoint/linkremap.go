@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
@@ -42,6 +43,10 @@ const (
 	linkRemapPrefix = "gpucr-link-remap-"
 )
 
+// linkRemapName is the name CRIU gives its links: link_remap.ID. A restore
+// makes no other file.
+var linkRemapName = regexp.MustCompile(`^link_remap\.[0-9]+$`)
+
 // linkRemapCopy is a copy of one link CRIU made at a dump.
 type linkRemapCopy struct {
 	Path string `json:"path"` // the link, absolute
@@ -64,6 +69,16 @@ func decodeImage(dfd int, name string, entry proto.Message) ([]proto.Message, er
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
+	// CRIU's images count only as the restoring user's (as stageRestore
+	// links them): whoever else may write DIR does not choose what a
+	// restore makes.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("%s: not a regular file of uid %d", name, os.Geteuid())
+	}
 	img, err := crit.New(f, nil, "", false, true).Decode(entry)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -213,6 +228,9 @@ func remakeLinkRemaps(dir string, ev *emitter) error {
 		}
 	}
 	for _, p := range needed {
+		if !linkRemapName.MatchString(filepath.Base(p)) || filepath.Clean(p) != p {
+			return fmt.Errorf("image directory %s: remap-fpath.img names %q, not a link CRIU makes", dir, p)
+		}
 		c, have := copies[p]
 		if have && (strings.Contains(c.File, "/") || !strings.HasPrefix(c.File, linkRemapPrefix) || !regularOf(dfd, c.File, uid)) {
 			return fmt.Errorf("image directory %s: %s names %q, not a copy of this image", dir, linkRemapIndex, c.File)

@@ -48,11 +48,22 @@ func semValue(i int) int {
 // beside it (--link-remap), and removes that link itself: at once after a
 // --leave-running dump, and in a restore. gpucr keeps a copy of it in the
 // image, so the image restores after the process ended, and again after
-// that, each time with the semaphore's value of the dump; an image whose
-// copy is gone is refused, naming the link.
+// that, each time with the semaphore's value of the dump (a dump that
+// stops the process leaves the link, which the first restore uses); an
+// image whose copy is gone is refused, naming the link.
 func TestLinkRemapImageRestoresAfterTheEnd(t *testing.T) {
 	needTool(t, "criu")
 	py := needTool(t, "python3")
+	for _, leave := range []bool{true, false} {
+		name := "stop"
+		if leave {
+			name = "leave-running"
+		}
+		t.Run(name, func(t *testing.T) { linkRemapRestores(t, py, leave) })
+	}
+}
+
+func linkRemapRestores(t *testing.T, py string, leave bool) {
 	dir := t.TempDir()
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, env)
@@ -64,7 +75,11 @@ func TestLinkRemapImageRestoresAfterTheEnd(t *testing.T) {
 	a := startUnderArgv(t, dir, h, env, "semloop", []string{py, script, strconv.Itoa(iters)})
 	a.waitIter(30, time.Minute)
 	img := filepath.Join(dir, "img")
-	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--link-remap")
+	args := []string{"checkpoint", strconv.Itoa(a.pid), "-D", img, "--link-remap"}
+	if leave {
+		args = append(args, "--leave-running")
+	}
+	cliOK(t, h, env, img, args...)
 	b, err := os.ReadFile(filepath.Join(img, "gpucr-link-remaps.json"))
 	if err != nil {
 		t.Fatalf("the image keeps no copy of CRIU's links: %v", err)
@@ -73,12 +88,15 @@ func TestLinkRemapImageRestoresAfterTheEnd(t *testing.T) {
 	if err := json.Unmarshal(b, &copies); err != nil || len(copies) == 0 {
 		t.Fatalf("the image's copies of CRIU's links: %v: %s", err, b)
 	}
-	if code := a.wait(time.Minute); code != 0 {
-		t.Fatalf("semloop after its dump: exit %d:\n%s", code, tail(a.output(), 10))
+	if leave {
+		if code := a.wait(time.Minute); code != 0 {
+			t.Fatalf("semloop after its dump: exit %d:\n%s", code, tail(a.output(), 10))
+		}
 	}
 	for _, c := range copies {
-		if _, err := os.Lstat(c.Path); !os.IsNotExist(err) {
-			t.Fatalf("CRIU's link %s is still there after the --leave-running dump (%v): the test shows nothing", c.Path, err)
+		_, err := os.Lstat(c.Path)
+		if leave != os.IsNotExist(err) {
+			t.Fatalf("CRIU's link %s after the dump (--leave-running %v): %v: the test shows nothing", c.Path, leave, err)
 		}
 	}
 	check := func(from int) {
@@ -97,8 +115,9 @@ func TestLinkRemapImageRestoresAfterTheEnd(t *testing.T) {
 		waitPidFree(a.pid, 10*time.Second)
 		mark := len(a.heartbeats())
 		out := cliOK(t, h, env, img, "restore", "-D", img)
-		if !strings.Contains(out, "made "+copies[0].Path+" again from the image") {
-			t.Errorf("restore %d did not say it made CRIU's link again:\n%s", round, tail(out, 10))
+		made := strings.Contains(out, "made "+copies[0].Path+" again from the image")
+		if want := leave || round == 2; made != want {
+			t.Errorf("restore %d: made CRIU's link again: %v, want %v:\n%s", round, made, want, tail(out, 10))
 		}
 		a.waitFor(time.Minute, "the restored process's end", func(s string, hbs []heartbeat) bool {
 			return len(hbs) > mark && hbs[len(hbs)-1].Iter >= iters
