@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"golang.org/x/sys/unix"
 )
@@ -68,21 +66,18 @@ func imageListenPorts(dir string, files []*fdinfo.FileEntry) []listenPort {
 // imageFiles are the open files of the image's processes (CRIU's files.img;
 // none if the image has none).
 func imageFiles(dir string) ([]*fdinfo.FileEntry, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "files.img"), os.O_RDONLY|unix.O_NOFOLLOW, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	d, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s: %w", dir, err)
 	}
-	defer f.Close()
-	img, err := crit.New(f, nil, "", false, true).Decode(&fdinfo.FileEntry{})
+	defer d.Close()
+	msgs, err := decodeImage(int(d.Fd()), "files.img", &fdinfo.FileEntry{})
 	if err != nil {
-		return nil, fmt.Errorf("image directory %s: files.img: %w", dir, err)
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
 	}
 	var out []*fdinfo.FileEntry
-	for _, e := range img.Entries {
-		if fe, ok := e.Message.(*fdinfo.FileEntry); ok {
+	for _, m := range msgs {
+		if fe, ok := m.(*fdinfo.FileEntry); ok {
 			out = append(out, fe)
 		}
 	}

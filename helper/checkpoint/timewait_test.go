@@ -29,6 +29,14 @@ func TestParseProcAddr(t *testing.T) {
 	}
 }
 
+// loopback is the loopback address of family, at port.
+func loopback(family, port int) unix.Sockaddr {
+	if family == unix.AF_INET6 {
+		return &unix.SockaddrInet6{Port: port, Addr: [16]byte{15: 1}}
+	}
+	return &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}
+}
+
 // listenNoReuse is a TCP socket of family listening on the loopback without
 // SO_REUSEADDR (port 0: any), and its port.
 func listenNoReuse(t *testing.T, family int, port int) (int, int) {
@@ -37,11 +45,7 @@ func listenNoReuse(t *testing.T, family int, port int) (int, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}
-	if family == unix.AF_INET6 {
-		sa = &unix.SockaddrInet6{Port: port, Addr: [16]byte{15: 1}}
-	}
-	if err := unix.Bind(fd, sa); err != nil {
+	if err := unix.Bind(fd, loopback(family, port)); err != nil {
 		unix.Close(fd)
 		return -1, 0
 	}
@@ -75,11 +79,7 @@ func TestEndTimeWaits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var sa unix.Sockaddr = &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}
-		if family == unix.AF_INET6 {
-			sa = &unix.SockaddrInet6{Port: port, Addr: [16]byte{15: 1}}
-		}
-		if err := unix.Connect(cfd, sa); err != nil {
+		if err := unix.Connect(cfd, loopback(family, port)); err != nil {
 			t.Fatal(err)
 		}
 		afd, _, err := unix.Accept(lfd)

@@ -381,22 +381,25 @@ size_case() {
 if part size; then
 	SIZE_ROUNDS=${SIZE_ROUNDS:-3}
 	note "### dump and restore: 2 ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB, $SIZE_ROUNDS interleaved rounds"
-	for k in $(seq "$SIZE_ROUNDS"); do
-		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/heartbeat" --mib $((SIZE_MIB * 2)) --iters 100000000 --hb-every 20 --interval-ms 5 \
-			</dev/null >>"$LOGS/size-one.log" 2>&1 &
+	# size_start LOG PROGRAM MIB: PROGRAM under gpucr run, its pid in P once
+	# it has written 3 more heartbeats to LOG
+	size_start() {
+		local m
+		m=$(hbs "$1")
+		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/$2" --mib "$3" --iters 100000000 --hb-every 20 --interval-ms 5 \
+			</dev/null >>"$1" 2>&1 &
 		P=$!
-		m=$(hbs "$LOGS/size-one.log")
-		for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-one.log")" -ge $((m + 3)) ] && break; sleep 0.1; done
+		for _ in $(seq 1200); do [ "$(hbs "$1")" -ge $((m + 3)) ] && break; sleep 0.1; done
+	}
+	for k in $(seq "$SIZE_ROUNDS"); do
+		size_start "$LOGS/size-one.log" heartbeat $((SIZE_MIB * 2))
 		size_case "one process, one GPU $k" "$P" "$LOGS/size-one.log"
 		pkill -9 -f "$BIN/heartbeat"
-		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/peerapp" --mib "$SIZE_MIB" --iters 100000000 --hb-every 20 --interval-ms 5 \
-			</dev/null >>"$LOGS/size-two.log" 2>&1 &
-		P=$!
-		m=$(hbs "$LOGS/size-two.log")
-		for _ in $(seq 1200); do [ "$(hbs "$LOGS/size-two.log")" -ge $((m + 3)) ] && break; sleep 0.1; done
+		for _ in $(seq 100); do pgrep -f "$BIN/heartbeat" >/dev/null || break; sleep 0.1; done
+		size_start "$LOGS/size-two.log" peerapp "$SIZE_MIB"
 		size_case "two ranks, two GPUs $k" "$P" "$LOGS/size-two.log"
 		pkill -9 -f "$BIN/peerapp"
-		for _ in $(seq 100); do pgrep -f "$BIN/peerapp|$BIN/heartbeat" >/dev/null || break; sleep 0.1; done
+		for _ in $(seq 100); do pgrep -f "$BIN/peerapp" >/dev/null || break; sleep 0.1; done
 	done
 	$PY - "$LOGS/size.tsv" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import statistics, sys
