@@ -1,38 +1,42 @@
 /*
- * peerapp: two processes (ranks) that share memory the way NCCL does between
- * the ranks of one host, driver API only.
+ * peerapp: processes (ranks, --ranks N, default 2) that share memory the way
+ * NCCL does between the ranks of one host, driver API only.
  *
- * Rank 0 is the process started; it starts rank 1 as a copy of itself
- * (fork + exec, environment inherited, so under `gpucr run` both are
- * interposed, as torchrun's ranks are), on the next device (device 0 again
- * where there is only one). Each rank owns
+ * Rank 0 is the process started; it starts ranks 1..N-1 as copies of itself
+ * (fork + exec, environment inherited, so under `gpucr run` all are
+ * interposed, as torchrun's ranks are), each on the next device in turn
+ * (device 0 again past the last). The ranks form a ring: rank r's next is
+ * rank (r+1) % N, its previous rank (r-1) % N; with 2 ranks each is the
+ * other's next and previous. Each rank owns
  *   D  its send buffer: cuMemCreate on its device, POSIX-fd shareable,
  *      GPUDirect RDMA capable where the device supports it (NCCL's
- *      ncclCuMemAlloc), access for its device and the peer's;
+ *      ncclCuMemAlloc), access for its device and its next's;
  *   H  a flag page: cuMemCreate of host memory (location HOST_NUMA, the
  *      device's host node), POSIX-fd shareable, access for its device and the
  *      CPU (NCCL's host buffers for its proxy and shared-memory transport);
  *   R  its receive buffer, cuMemAlloc.
- * At start each rank sends the other the values of its D and H handles; the
- * other asks the owner's proxy thread, over a unix socket, to export that
- * handle as a POSIX fd (SCM_RIGHTS), imports it, maps it and sets access for
- * its own device: NCCL's cuMem P2P path, whose handle values travel between
- * the processes and come back to the owner (proxyGetFd).
+ * At start each rank sends rank 0 the values of its D and H handles, and
+ * gets those of its next; it asks the next's proxy thread, over a unix
+ * socket, to export that handle as a POSIX fd (SCM_RIGHTS), imports it,
+ * maps it and sets access for its own device: NCCL's cuMem P2P path, whose
+ * handle values travel between the processes and come back to the owner
+ * (proxyGetFd).
  *
- * Iteration ITER, on one stream of each rank r (peer p):
- *   wait   H_r[1] >= ITER-1      (cuStreamWaitValue32: p copied the last one)
+ * Iteration ITER, on one stream of each rank r (next n):
+ *   wait   H_r[1] >= ITER-1      (cuStreamWaitValue32: r's previous copied the last one)
  *   memset 16 Ki words of D_r, at a slice that moves with ITER, to a value of (ITER, r)
  *   write  H_r[0] = ITER         (cuStreamWriteValue32: ready)
- *   wait   H_p[0] >= ITER        (p's data for this iteration)
- *   copy   D_p -> R_r            (cuMemcpyDtoDAsync, through the peer mapping)
- *   write  H_p[1] = ITER         (ack)
+ *   wait   H_n[0] >= ITER        (n's data for this iteration)
+ *   copy   D_n -> R_r            (cuMemcpyDtoDAsync, through the peer mapping)
+ *   write  H_n[1] = ITER         (ack)
  * so the ranks run in lockstep and every byte is fixed by ITER. D starts with
  * a tag (rank, offset) at every MiB, so that no two chunks are alike. Rank 0 prints
  * the heartbeats (tests/apps/common/gpuapp.h), the checksum over D_0 and R_0
- * (R_0 is rank 1's D); rank 1's standard output is discarded. Both run
- * --iters iterations; rank 0 exits with rank 1's failure if it failed.
+ * (R_0 is rank 1's D); the other ranks' standard output is discarded. All run
+ * --iters iterations; rank 0 exits with a rank's failure if one failed.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -46,20 +50,23 @@
 
 #include "gpuapp.h"
 
-/* Rank 1's ends of the sockets, fixed by rank 0 before the exec. */
+/* A started rank's ends of the sockets, fixed by rank 0 before the exec. */
 enum { FD_CTL = 3, FD_ASK = 4, FD_SERVE = 5 };
 #define WORDS_PER_ITER 16384u
+#define MAX_RANKS 8
 
 typedef struct {
     gpuapp a;
-    int rank, peer_dev, numa;
+    int rank, nranks, peer_dev, numa;
     size_t dsize, hsize;
-    CUmemGenericAllocationHandle d, h, pd, ph; /* ours, and our imports of the peer's */
+    CUmemGenericAllocationHandle d, h, pd, ph; /* ours, and our imports of the next rank's */
     CUdeviceptr dva, hva, pdva, phva, recv;
-    volatile uint32_t *flags, *pflags; /* H_r, H_p as the CPU sees them */
+    volatile uint32_t *flags, *pflags; /* H_r, H_n as the CPU sees them */
     CUstream s;
-    int ctl, ask, serve; /* main <-> main; our requests to the peer's proxy; the peer's requests to ours */
-    pid_t child;
+    /* ctl: rank 0's connection to rank k (ctl[k]), or a rank's to rank 0 (ctl[0]); ask: our requests to the
+     * next rank's proxy; serve: the previous rank's requests to ours */
+    int ctl[MAX_RANKS], ask, serve;
+    pid_t child[MAX_RANKS];
 } peer;
 
 static void send_fd(int sock, int fd, int32_t status) {
@@ -109,7 +116,7 @@ static void xread(int fd, void *p, size_t n) {
     }
 }
 
-/* The proxy thread: the peer names one of our handles by its value; we export it (NCCL's proxyGetFd). */
+/* The proxy thread: the previous rank names one of our handles by its value; we export it (NCCL's proxyGetFd). */
 static void *proxy(void *arg) {
     peer *P = arg;
     CUmemGenericAllocationHandle h;
@@ -128,14 +135,15 @@ static void *proxy(void *arg) {
     }
 }
 
-/* The peer's allocation named by handle value h: asked for as an fd, imported, mapped, accessible to our device. */
+/* The next rank's allocation named by handle value h: asked for as an fd, imported, mapped, accessible to our
+ * device. */
 static void import_peer(peer *P, CUmemGenericAllocationHandle h, size_t size, bool host,
                         CUmemGenericAllocationHandle *out, CUdeviceptr *va) {
     xwrite(P->ask, &h, sizeof h);
     int32_t status = 0;
     int fd = recv_fd(P->ask, &status);
     if (fd < 0)
-        gpuapp_die("rank %d: the peer could not export its allocation 0x%llx: %s", P->rank, (unsigned long long)h,
+        gpuapp_die("rank %d: the next rank could not export its allocation 0x%llx: %s", P->rank, (unsigned long long)h,
                    gpuapp_err_name((CUresult)status));
     CHECK(cuMemImportFromShareableHandle(out, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
     close(fd);
@@ -146,6 +154,37 @@ static void import_peer(peer *P, CUmemGenericAllocationHandle h, size_t size, bo
         {.location = {CU_MEM_LOCATION_TYPE_HOST_NUMA, P->numa}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
     };
     CHECK(cuMemSetAccess(*va, size, d, host ? 2 : 1));
+}
+
+/* Every rank reaches this point before any goes on: rank 0 hears from every other rank, then answers each. */
+static void barrier(peer *P) {
+    char ok = 1;
+    if (P->rank) {
+        xwrite(P->ctl[0], &ok, 1);
+        xread(P->ctl[0], &ok, 1);
+        return;
+    }
+    for (int k = 1; k < P->nranks; k++)
+        xread(P->ctl[k], &ok, 1);
+    for (int k = 1; k < P->nranks; k++)
+        xwrite(P->ctl[k], &ok, 1);
+}
+
+/* Our handle values and size to rank 0; back, the next rank's. Rank 0 gathers them all and hands each rank its
+ * next's. */
+static void exchange(peer *P, const uint64_t mine[3], uint64_t next[3]) {
+    if (P->rank) {
+        xwrite(P->ctl[0], mine, 3 * sizeof *mine);
+        xread(P->ctl[0], next, 3 * sizeof *next);
+        return;
+    }
+    uint64_t all[MAX_RANKS][3];
+    memcpy(all[0], mine, sizeof all[0]);
+    for (int k = 1; k < P->nranks; k++)
+        xread(P->ctl[k], all[k], sizeof all[k]);
+    for (int k = 1; k < P->nranks; k++)
+        xwrite(P->ctl[k], all[(k + 1) % P->nranks], sizeof all[k]);
+    memcpy(next, all[1], sizeof all[1]);
 }
 
 static void setup(peer *P) {
@@ -215,19 +254,16 @@ static void setup(peer *P) {
         gpuapp_die("pthread_create");
     pthread_detach(t);
 
-    /* handle values and sizes both ways, then the peer's memory through its proxy */
+    /* handle values and sizes through rank 0, then the next rank's memory through its proxy */
     uint64_t mine[3] = {P->d, P->h, P->dsize}, theirs[3];
-    xwrite(P->ctl, mine, sizeof mine);
-    xread(P->ctl, theirs, sizeof theirs);
+    exchange(P, mine, theirs);
     if (theirs[2] != P->dsize)
-        gpuapp_die("rank %d: the peer's buffer has %llu bytes, ours %zu", P->rank, (unsigned long long)theirs[2],
+        gpuapp_die("rank %d: the next rank's buffer has %llu bytes, ours %zu", P->rank, (unsigned long long)theirs[2],
                    P->dsize);
     import_peer(P, theirs[0], P->dsize, false, &P->pd, &P->pdva);
     import_peer(P, theirs[1], P->hsize, true, &P->ph, &P->phva);
     P->pflags = (volatile uint32_t *)(uintptr_t)P->phva;
-    char ok = 1;
-    xwrite(P->ctl, &ok, 1); /* both have mapped everything before either starts */
-    xread(P->ctl, &ok, 1);
+    barrier(P); /* all have mapped everything before any starts */
 }
 
 static void step(void *state, uint32_t it) {
@@ -250,10 +286,8 @@ static uint64_t checksum(void *state) {
 }
 
 static void teardown(peer *P) {
-    char ok = 1;
     CHECK(cuStreamSynchronize(P->s));
-    xwrite(P->ctl, &ok, 1); /* neither unmaps before the other is done with its memory */
-    xread(P->ctl, &ok, 1);
+    barrier(P); /* none unmaps before every other is done with its memory */
     CHECK(cuMemUnmap(P->pdva, P->dsize));
     CHECK(cuMemRelease(P->pd));
     CHECK(cuMemAddressFree(P->pdva, P->dsize));
@@ -270,62 +304,92 @@ static void teardown(peer *P) {
     CHECK(cuStreamDestroy(P->s));
 }
 
-/* Rank 0 starts rank 1: three socket pairs, rank 1's ends at fds 3, 4, 5; its stdout to /dev/null. */
-static void start_rank1(peer *P, char **argv) {
-    int ctl[2], a01[2], a10[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) ||
-        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a01) ||
-        socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a10))
-        gpuapp_die("socketpair: %s", strerror(errno));
-    fflush(stdout);
-    P->child = fork();
-    if (P->child < 0)
-        gpuapp_die("fork: %s", strerror(errno));
-    if (P->child == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        /* rank 1 asks on a10 (served by rank 0's proxy) and serves a01 */
-        if (dup2(ctl[1], FD_CTL) < 0 || dup2(a10[0], FD_ASK) < 0 || dup2(a01[1], FD_SERVE) < 0)
-            _exit(127);
-        FILE *null = freopen("/dev/null", "w", stdout);
-        (void)null;
-        setenv("PEERAPP_RANK", "1", 1);
-        execv("/proc/self/exe", argv);
+/* In a started rank, before its fds are set: fd moved out of the way of 3, 4 and 5 (a dup2 onto one of those
+ * could close a source still needed). */
+static int lift(int fd) {
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 64);
+    if (high < 0)
         _exit(127);
+    return high;
+}
+
+/* Rank 0 starts ranks 1..N-1: a control socket pair with each, and one pair for each edge of the ring (rank e
+ * asks on edge e, its next serves it); rank k's ends at fds 3, 4, 5; its stdout to /dev/null. */
+static void start_ranks(peer *P, char **argv) {
+    int n = P->nranks, ctl[MAX_RANKS][2], edge[MAX_RANKS][2];
+    for (int k = 0; k < n; k++)
+        if ((k && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl[k])) ||
+            socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, edge[k]))
+            gpuapp_die("socketpair: %s", strerror(errno));
+    fflush(stdout);
+    for (int k = 1; k < n; k++) {
+        P->child[k] = fork();
+        if (P->child[k] < 0)
+            gpuapp_die("fork: %s", strerror(errno));
+        if (P->child[k] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            int c = lift(ctl[k][1]), ask = lift(edge[k][0]), serve = lift(edge[k - 1][1]);
+            if (dup2(c, FD_CTL) < 0 || dup2(ask, FD_ASK) < 0 || dup2(serve, FD_SERVE) < 0)
+                _exit(127);
+            FILE *null = freopen("/dev/null", "w", stdout);
+            (void)null;
+            char r[16];
+            snprintf(r, sizeof r, "%d", k);
+            setenv("PEERAPP_RANK", r, 1);
+            execv("/proc/self/exe", argv);
+            _exit(127);
+        }
     }
-    close(ctl[1]);
-    close(a10[0]);
-    close(a01[1]);
-    P->ctl = ctl[0];
-    P->ask = a01[0];
-    P->serve = a10[1];
+    for (int k = 0; k < n; k++) {
+        if (k) {
+            close(ctl[k][1]);
+            P->ctl[k] = ctl[k][0];
+        }
+        if (k != 0)
+            close(edge[k][0]); /* rank k asks on it */
+        if (k != n - 1)
+            close(edge[k][1]); /* rank k+1 serves it */
+    }
+    P->ask = edge[0][0];
+    P->serve = edge[n - 1][1];
 }
 
 int main(int argc, char **argv) {
     static peer P;
-    gpuapp_parse(&P.a, "peerapp", GPUAPP_OPT_MIB, 4, 1, argc, argv);
+    gpuapp_parse(&P.a, "peerapp", GPUAPP_OPT_MIB | GPUAPP_OPT_RANKS, 4, 1, argc, argv);
+    P.nranks = (int)P.a.ranks;
     const char *r = getenv("PEERAPP_RANK");
-    P.rank = r && strcmp(r, "1") == 0;
+    P.rank = r ? atoi(r) : 0;
+    if (P.rank < 0 || P.rank >= P.nranks)
+        gpuapp_die("PEERAPP_RANK=%s, but --ranks %d", r, P.nranks);
     if (P.rank) {
-        P.ctl = FD_CTL;
+        P.ctl[0] = FD_CTL;
         P.ask = FD_ASK;
         P.serve = FD_SERVE;
     } else {
-        start_rank1(&P, argv);
+        start_ranks(&P, argv);
     }
     setup(&P);
-    gpuapp_ready(&P.a, P.dsize >> 20, 2);
+    gpuapp_ready(&P.a, P.dsize >> 20, (unsigned)P.nranks);
     gpuapp_loop(&P.a, &P, step, checksum);
     teardown(&P);
     gpuapp_context_release(&P.a);
     if (P.rank)
         return 0;
-    int st = 0;
-    close(P.ctl);
     close(P.ask);
-    if (waitpid(P.child, &st, 0) < 0)
-        gpuapp_die("waitpid: %s", strerror(errno));
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        gpuapp_die("rank 1 failed: %s %d", WIFEXITED(st) ? "exit status" : "signal",
-                   WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    int failed = 0;
+    for (int k = 1; k < P.nranks; k++) {
+        int st = 0;
+        close(P.ctl[k]);
+        if (waitpid(P.child[k], &st, 0) < 0)
+            gpuapp_die("waitpid: %s", strerror(errno));
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "peerapp: rank %d failed: %s %d\n", k, WIFEXITED(st) ? "exit status" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            failed = 1;
+        }
+    }
+    if (failed)
+        gpuapp_die("a rank failed");
     return 0;
 }

@@ -5,7 +5,7 @@
 #   bash tests/gpu/ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE
 #
 # PARTS (default "peer ddp size") picks the sections (steps is extra):
-#   peer  peerapp (two ranks on two GPUs exchanging exported cuMem fds, peer
+#   peer  peerapp (NPROC ranks on as many GPUs exchanging exported cuMem fds, peer
 #         mappings, host-NUMA cuMem flags and stream waits on them) under
 #         `gpucr run`: dumped with --leave-running (it must run on to its end
 #         exactly), then its image restored after it ended (from the image's
@@ -80,6 +80,8 @@ if [ "$ngpu" -lt 2 ] || [ "$ngpu" -lt "$NPROC" ]; then
 	exit 0
 fi
 gpu_apps || exit 1
+# the GPUs reversed, for the restores onto swapped GPUs: rank r onto GPU NPROC-1-r
+swap=$(seq 0 $((NPROC - 1)) | awk -v n="$NPROC" '{printf "%s%d=%d", (NR > 1 ? "," : ""), $1, n - 1 - $1}')
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level debug || {
 	bad "the helper did not answer"
 	exit 1
@@ -113,8 +115,8 @@ PYEOF
 }
 
 if part peer; then
-	note "### peerapp: two ranks, one per GPU, sharing memory as NCCL does"
-	ARGS=(--iters 4000 --hb-every 100 --interval-ms 2 --mib 256)
+	note "### peerapp: $NPROC ranks, one per GPU, sharing memory as NCCL does"
+	ARGS=(--iters 4000 --hb-every 100 --interval-ms 2 --mib 256 --ranks "$NPROC")
 	timeout 300 "$BIN/peerapp" "${ARGS[@]}" >"$LOGS/peer.plain" 2>&1 || bad "peerapp plain: $(tail -2 "$LOGS/peer.plain")"
 	rm -rf "$IMG" && mkdir -p "$IMG"
 	# every output appended to (>>): CRIU restores such a file whatever it has grown to
@@ -133,7 +135,7 @@ if part peer; then
 	# restored as it was, then with the GPUs swapped (rank 0 onto GPU 1, rank 1 onto GPU 0)
 	for how in same swapped; do
 		flags=()
-		[ $how = swapped ] && flags=(--device-map 0=1,1=0)
+		[ $how = swapped ] && flags=(--device-map "$swap")
 		mark=$(hbs "$LOGS/peer.gpucr")
 		lines=$(wc -l <"$LOGS/peer.gpucr")
 		t0=$(now)
@@ -293,7 +295,6 @@ if part ddp; then
 	done
 	# the stopped job's image once more, with the GPUs swapped (reversed: rank r onto GPU NPROC-1-r)
 	name=ddp.stop
-	swap=$(seq 0 $((NPROC - 1)) | awk -v n="$NPROC" '{printf "%s%d=%d", (NR > 1 ? "," : ""), $1, n - 1 - $1}')
 	if [ "$SWAP" = 1 ] && [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
 		mark=$(wc -l <"$LOGS/$name.txt")
 		wmark=$(wc -l <"$LOGS/$name.txt.where")
@@ -356,9 +357,11 @@ PYEOF
 fi
 
 # size_case NAME PID LOG: a stop-the-world dump of PID, then its restore to
-# the next heartbeat; "NAME<TAB>DUMP<TAB>RESTORE" (seconds) to size.tsv.
+# the next heartbeat; "NAME<TAB>DUMP<TAB>RESTORE<TAB>GPU-LAUNCH" (seconds:
+# the restore to the next heartbeat, which sums all the GPU memory on the
+# host, and to when GPU launches could begin) to size.tsv.
 size_case() {
-	local name=$1 pid=$2 log=$3 mark t0 t1 d r
+	local name=$1 pid=$2 log=$3 mark t0 t1 d r l
 	rm -rf "$IMG" && mkdir -p "$IMG"
 	if ! timeout 300 "$GPUCR" checkpoint "$pid" -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
 		bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
@@ -371,8 +374,9 @@ size_case() {
 		t1=$(next_heartbeat "$log" "$mark")
 		d=$(secs "$LOGS/$name-dump.json" seconds)
 		r=$([ -n "$t1" ] && span "$t0" "$t1" | tr -d ' s' || echo -)
-		printf '%s\t%s\t%s\n' "${name% [0-9]*}" "$d" "$r" >>"$LOGS/size.tsv"
-		note "$name: dump $d s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to the next heartbeat ${r} s"
+		l=$(secs "$LOGS/$name-restore.json" ready gpu_launch_seconds)
+		printf '%s\t%s\t%s\t%s\n' "${name% [0-9]*}" "$d" "$r" "$l" >>"$LOGS/size.tsv"
+		note "$name: dump $d s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to GPU launches $l s, to the next heartbeat ${r} s"
 	else
 		bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
 	fi
@@ -380,41 +384,46 @@ size_case() {
 
 if part size; then
 	SIZE_ROUNDS=${SIZE_ROUNDS:-3}
-	note "### dump and restore: 2 ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB, $SIZE_ROUNDS interleaved rounds"
-	# size_start LOG PROGRAM MIB: PROGRAM under gpucr run, its pid in P once
-	# it has written 3 more heartbeats to LOG
+	note "### dump and restore: $NPROC ranks x $((SIZE_MIB * 2)) MiB (one per GPU) against one process of $((SIZE_MIB * 2)) MiB, $SIZE_ROUNDS interleaved rounds"
+	# size_start LOG PROGRAM MIB [ARG...]: PROGRAM under gpucr run, its pid
+	# in P once it has written 3 more heartbeats to LOG
 	size_start() {
-		local m
-		m=$(hbs "$1")
-		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/$2" --mib "$3" --iters 100000000 --hb-every 20 --interval-ms 5 \
-			</dev/null >>"$1" 2>&1 &
+		local m log=$1 prog=$2 mib=$3
+		shift 3
+		m=$(hbs "$log")
+		setsid "$GPUCR" run --socket "$SOCK" -- "$BIN/$prog" --mib "$mib" --iters 100000000 --hb-every 20 --interval-ms 5 "$@" \
+			</dev/null >>"$log" 2>&1 &
 		P=$!
-		for _ in $(seq 1200); do [ "$(hbs "$1")" -ge $((m + 3)) ] && break; sleep 0.1; done
+		for _ in $(seq 1200); do [ "$(hbs "$log")" -ge $((m + 3)) ] && break; sleep 0.1; done
 	}
 	for k in $(seq "$SIZE_ROUNDS"); do
 		size_start "$LOGS/size-one.log" heartbeat $((SIZE_MIB * 2))
 		size_case "one process, one GPU $k" "$P" "$LOGS/size-one.log"
 		pkill -9 -f "$BIN/heartbeat"
 		for _ in $(seq 100); do pgrep -f "$BIN/heartbeat" >/dev/null || break; sleep 0.1; done
-		size_start "$LOGS/size-two.log" peerapp "$SIZE_MIB"
-		size_case "two ranks, two GPUs $k" "$P" "$LOGS/size-two.log"
+		size_start "$LOGS/size-two.log" peerapp "$SIZE_MIB" --ranks "$NPROC"
+		size_case "$NPROC ranks, $NPROC GPUs $k" "$P" "$LOGS/size-two.log"
 		pkill -9 -f "$BIN/peerapp"
 		for _ in $(seq 100); do pgrep -f "$BIN/peerapp" >/dev/null || break; sleep 0.1; done
 	done
 	$PY - "$LOGS/size.tsv" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import statistics, sys
 rows = {}
-for l in open(sys.argv[1]):
-    name, d, r = l.rstrip("\n").split("\t")
-    rows.setdefault(name, ([], []))
-    if d != "-": rows[name][0].append(float(d))
-    if r != "-": rows[name][1].append(float(r))
-med = {n: (statistics.median(d) if d else None, statistics.median(r) if r else None) for n, (d, r) in rows.items()}
-for n, (d, r) in med.items():
-    print(f"{n}: median dump {d:.3f} s, restore to the next heartbeat {r:.3f} s ({len(rows[n][0])} rounds)")
-one, two = med.get("one process, one GPU"), med.get("two ranks, two GPUs")
-if one and two and all(one) and all(two):
-    print(f"two ranks / one process: dump {two[0] / one[0]:.2f}x, restore {two[1] / one[1]:.2f}x")
+for line in open(sys.argv[1]):
+    name, *vals = line.rstrip("\n").split("\t")
+    cols = rows.setdefault(name, ([], [], []))
+    for c, v in zip(cols, vals):
+        if v != "-":
+            c.append(float(v))
+med = {n: [statistics.median(c) if c else None for c in cols] for n, cols in rows.items()}
+for n, (d, r, l) in med.items():
+    print(f"{n}: median dump {d or 0:.3f} s, restore to GPU launches {l or 0:.3f} s, to the next heartbeat {r or 0:.3f} s"
+          f" ({len(rows[n][0])} rounds)")
+one = med.pop("one process, one GPU", None)
+name, many = next(iter(med.items()), (None, None))
+if one and many and all(one) and all(many):
+    print(f"{name} / one process: dump {many[0] / one[0]:.2f}x, restore to GPU launches {many[2] / one[2]:.2f}x,"
+          f" to the next heartbeat {many[1] / one[1]:.2f}x")
 PYEOF
 fi
 grep -h '"level":"warn"\|"level":"error"' "$LOGS/helper.log" | cut -c1-300 | sort | uniq -c | sort -rn | head -8 >"$LOGS/helper-warnings.txt"

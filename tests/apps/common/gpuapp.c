@@ -63,6 +63,8 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f, "  --graph          also replay a captured CUDA graph every iteration\n");
     if (accepted & GPUAPP_OPT_STILL)
         fprintf(f, "  --still-mib N    also hold N MiB written once and only read afterwards (default 0)\n");
+    if (accepted & GPUAPP_OPT_RANKS)
+        fprintf(f, "  --ranks N        processes, one per device in turn (default %u)\n", a->ranks);
     fprintf(f,
             "  --iters M        stop after iteration M with a done line (default: run forever)\n"
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
@@ -94,6 +96,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         O_WORKERS,
         O_GRAPH,
         O_STILL,
+        O_RANKS,
         O_ITERS,
         O_INTERVAL,
         O_HB,
@@ -108,6 +111,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         {"workers", required_argument, NULL, O_WORKERS},
         {"graph", no_argument, NULL, O_GRAPH},
         {"still-mib", required_argument, NULL, O_STILL},
+        {"ranks", required_argument, NULL, O_RANKS},
         {"iters", required_argument, NULL, O_ITERS},
         {"interval-ms", required_argument, NULL, O_INTERVAL},
         {"hb-every", required_argument, NULL, O_HB},
@@ -127,6 +131,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
     a->buffers = def_buffers;
     a->seed = 1;
     a->ordinal = 0;
+    a->ranks = 2;
 
     int c, li = -1;
     opterr = 0;
@@ -156,6 +161,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             if (!(accepted & GPUAPP_OPT_STILL))
                 goto bad;
             a->still_mib = (unsigned)parse_num(a, accepted, "still-mib", optarg, 0, 1u << 20);
+            break;
+        case O_RANKS:
+            if (!(accepted & GPUAPP_OPT_RANKS))
+                goto bad;
+            a->ranks = (unsigned)parse_num(a, accepted, "ranks", optarg, 2, 8);
             break;
         case O_ITERS:
             /* Kernels take the iteration as a 32-bit number. */
