@@ -90,15 +90,15 @@ func decodeImage(dfd int, name string, entry proto.Message) ([]proto.Message, er
 	return out, nil
 }
 
-// imageLinkRemaps lists the links CRIU made for the images in the directory
-// open as dfd (absolute paths; none where the image has its own mount
-// namespace: a container's paths are its root's, not this host's).
-func imageLinkRemaps(dfd int) ([]string, error) {
+// linkedRemaps are the ids (in files.img) of the links CRIU made for the
+// images in the directory open as dfd; none where the image has its own
+// mount namespace (a container's paths are its root's, not this host's).
+func linkedRemaps(dfd int) (map[uint32]bool, error) {
 	if m, _ := filepath.Glob(fmt.Sprintf("/proc/self/fd/%d/mountpoints-*.img", dfd)); len(m) > 0 {
 		return nil, nil
 	}
 	remaps, err := decodeImage(dfd, "remap-fpath.img", &remap.RemapFilePathEntry{})
-	if err != nil || len(remaps) == 0 {
+	if err != nil {
 		return nil, err
 	}
 	linked := map[uint32]bool{}
@@ -107,22 +107,19 @@ func imageLinkRemaps(dfd int) ([]string, error) {
 			linked[r.GetRemapId()] = true
 		}
 	}
-	if len(linked) == 0 {
-		return nil, nil
-	}
-	files, err := decodeImage(dfd, "files.img", &fdinfo.FileEntry{})
-	if err != nil {
-		return nil, err
-	}
+	return linked, nil
+}
+
+// linkRemapPaths are the links among the image's open files files whose
+// ids linked names (absolute paths).
+func linkRemapPaths(linked map[uint32]bool, files []*fdinfo.FileEntry) []string {
 	var out []string
-	for _, m := range files {
-		fe, ok := m.(*fdinfo.FileEntry)
-		if !ok || fe.GetType() != fdinfo.FdTypes_REG || !linked[fe.GetReg().GetId()] {
-			continue
+	for _, fe := range files {
+		if fe.GetType() == fdinfo.FdTypes_REG && linked[fe.GetReg().GetId()] {
+			out = append(out, "/"+strings.TrimPrefix(fe.GetReg().GetName(), "/"))
 		}
-		out = append(out, "/"+strings.TrimPrefix(fe.GetReg().GetName(), "/"))
 	}
-	return out, nil
+	return out
 }
 
 // saveLinkRemaps copies each link CRIU made for the dump whose images are
@@ -130,13 +127,15 @@ func imageLinkRemaps(dfd int) ([]string, error) {
 // the images.
 func saveLinkRemaps(stage *os.File) error {
 	sfd := int(stage.Fd())
-	paths, err := imageLinkRemaps(sfd)
+	linked, err := linkedRemaps(sfd)
+	if err != nil || len(linked) == 0 {
+		return linkRemapsErr(err)
+	}
+	files, err := filesIn(sfd)
 	if err != nil {
-		return fmt.Errorf("the links CRIU made for open files that were unlinked (--link-remap): %w", err)
+		return linkRemapsErr(err)
 	}
-	if len(paths) == 0 {
-		return nil
-	}
+	paths := linkRemapPaths(linked, files)
 	var copies []linkRemapCopy
 	for i, p := range paths {
 		c, err := copyLinkRemap(sfd, p, fmt.Sprintf("%s%d", linkRemapPrefix, i))
@@ -150,6 +149,14 @@ func saveLinkRemaps(stage *os.File) error {
 		return err
 	}
 	return writeNew(sfd, linkRemapIndex, b)
+}
+
+// linkRemapsErr says that err came reading which links CRIU made (nil: nil).
+func linkRemapsErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("the links CRIU made for open files that were unlinked (--link-remap): %w", err)
 }
 
 // copyLinkRemap copies the file at path into the directory open as dfd, as
@@ -197,8 +204,9 @@ func writeNew(dfd int, name string, b []byte) error {
 // remakeLinkRemaps makes each link the image's restore needs that is gone
 // from its copy in dir (a link still there, CRIU uses; one whose content
 // is not the copy's is refused: it is another image's, or was written
-// since). Only the copies belonging to the restoring user are used.
-func remakeLinkRemaps(dir string, ev *emitter) error {
+// since). files are the image's open files (imageFiles). Only the copies
+// belonging to the restoring user are used.
+func remakeLinkRemaps(dir string, files []*fdinfo.FileEntry, ev *emitter) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("image directory %s: %w", dir, err)
@@ -206,10 +214,11 @@ func remakeLinkRemaps(dir string, ev *emitter) error {
 	defer d.Close()
 	dfd := int(d.Fd())
 	uid := uint32(os.Geteuid())
-	needed, err := imageLinkRemaps(dfd)
+	linked, err := linkedRemaps(dfd)
 	if err != nil {
 		return fmt.Errorf("image directory %s: %w", dir, err)
 	}
+	needed := linkRemapPaths(linked, files)
 	if len(needed) == 0 {
 		return nil
 	}

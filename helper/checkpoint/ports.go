@@ -71,9 +71,18 @@ func imageFiles(dir string) ([]*fdinfo.FileEntry, error) {
 		return nil, fmt.Errorf("image directory %s: %w", dir, err)
 	}
 	defer d.Close()
-	msgs, err := decodeImage(int(d.Fd()), "files.img", &fdinfo.FileEntry{})
+	files, err := filesIn(int(d.Fd()))
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	return files, nil
+}
+
+// filesIn are the open files of the images in the directory open as dfd.
+func filesIn(dfd int) ([]*fdinfo.FileEntry, error) {
+	msgs, err := decodeImage(dfd, "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
 	}
 	var out []*fdinfo.FileEntry
 	for _, m := range msgs {
@@ -89,6 +98,9 @@ type portUse struct {
 	listening bool // a socket listens on it: it does not go by itself
 	open      int  // connections using it as their local port, not closing
 	closing   int  // connections that closed and wait out TIME_WAIT and the like
+	// timeWaits are those of the closing connections in TIME_WAIT, which
+	// a restore may end (timewait.go).
+	timeWaits []tcpConn
 }
 
 // closingStates are the TCP states of a connection that was closed and
@@ -96,8 +108,9 @@ type portUse struct {
 // CLOSING.
 var closingStates = []int64{4, 5, 6, 7, 9, 11}
 
-// readPortUse adds what /proc/net/tcp-formatted text r says of port.
-func readPortUse(r io.Reader, port uint16, u *portUse) {
+// readPortUse adds what /proc/net/tcp-formatted text r, of family
+// (unix.AF_INET or unix.AF_INET6), says of port.
+func readPortUse(r io.Reader, family uint8, port uint16, u *portUse) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -115,6 +128,9 @@ func readPortUse(r io.Reader, port uint16, u *portUse) {
 			u.listening = true
 		case slices.Contains(closingStates, st):
 			u.closing++
+			if c, ok := parseConn(family, f[1], f[2]); ok && st == tcpTimeWaitState {
+				u.timeWaits = append(u.timeWaits, c)
+			}
 		default:
 			u.open++
 		}
@@ -124,9 +140,12 @@ func readPortUse(r io.Reader, port uint16, u *portUse) {
 // hostPortUse is what holds port in this network namespace.
 func hostPortUse(port uint16) portUse {
 	var u portUse
-	for _, name := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		if f, err := os.Open(name); err == nil {
-			readPortUse(f, port, &u)
+	for _, src := range []struct {
+		name   string
+		family uint8
+	}{{"/proc/net/tcp", unix.AF_INET}, {"/proc/net/tcp6", unix.AF_INET6}} {
+		if f, err := os.Open(src.name); err == nil {
+			readPortUse(f, src.family, port, &u)
 			f.Close()
 		}
 	}
@@ -177,7 +196,7 @@ func restorePortsFree(ctx context.Context, dir string, files []*fdinfo.FileEntry
 					dir, lp.port, what)
 			}
 			if !waitClosed && endErr == nil {
-				n, err := endTimeWaits(hostTimeWaits(lp.port))
+				n, err := endTimeWaits(u.timeWaits)
 				if n > 0 {
 					ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("ended %d closed connection(s) in TIME_WAIT on TCP port %d, "+
 						"which a process of the image listens on (without SO_REUSEADDR)", n, lp.port)})

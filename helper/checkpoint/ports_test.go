@@ -3,6 +3,8 @@ package checkpoint
 import (
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Lines in /proc/net/tcp's format, made up after what the GPU machine had
@@ -18,7 +20,7 @@ const procNetTCP = `  sl  local_address rem_address   st tx_queue rx_queue tr tm
 func TestPortUse(t *testing.T) {
 	use := func(port uint16) portUse {
 		var u portUse
-		readPortUse(strings.NewReader(procNetTCP), port, &u)
+		readPortUse(strings.NewReader(procNetTCP), unix.AF_INET, port, &u)
 		return u
 	}
 	for _, tc := range []struct {

@@ -110,7 +110,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err := remakeSocketDirs(dir, files, ev); err != nil {
 		return nil, err
 	}
-	if err := remakeLinkRemaps(dir, ev); err != nil {
+	if err := remakeLinkRemaps(dir, files, ev); err != nil {
 		return nil, err
 	}
 	_, statErr := os.Stat(filepath.Join(dir, "gpucr"))

@@ -1,13 +1,10 @@
 package checkpoint
 
 import (
-	"bufio"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strconv"
 	"strings"
 
@@ -29,36 +26,21 @@ const tcpTimeWaitState = 6
 
 // tcpConn is one TCP connection of this host, as /proc/net/tcp lists it.
 type tcpConn struct {
-	family         uint8    // unix.AF_INET or unix.AF_INET6
-	local, remote  [16]byte // addresses in network byte order (IPv4: the first 4 bytes)
-	lport, rport   uint16
-	localText      string // for messages: address:port
-	remoteTextPort string
+	family        uint8    // unix.AF_INET or unix.AF_INET6
+	local, remote [16]byte // addresses in network byte order (IPv4: the first 4 bytes)
+	lport, rport  uint16
+	localText     string // for messages: /proc/net/tcp's address:port
+	remoteText    string
 }
 
-// readTimeWaits lists the connections in TIME_WAIT whose local port is port
-// in /proc/net/tcp-formatted text r of family.
-func readTimeWaits(r io.Reader, family uint8, port uint16) []tcpConn {
-	var out []tcpConn
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 4 || !strings.Contains(f[1], ":") {
-			continue // the header
-		}
-		st, err := strconv.ParseInt(f[3], 16, 16)
-		if err != nil || st != tcpTimeWaitState {
-			continue
-		}
-		c := tcpConn{family: family, localText: f[1], remoteTextPort: f[2]}
-		var ok1, ok2 bool
-		c.local, c.lport, ok1 = parseProcAddr(f[1])
-		c.remote, c.rport, ok2 = parseProcAddr(f[2])
-		if ok1 && ok2 && c.lport == port {
-			out = append(out, c)
-		}
-	}
-	return out
+// parseConn reads a connection of family from /proc/net/tcp's local and
+// remote address columns.
+func parseConn(family uint8, local, remote string) (tcpConn, bool) {
+	c := tcpConn{family: family, localText: local, remoteText: remote}
+	var ok1, ok2 bool
+	c.local, c.lport, ok1 = parseProcAddr(local)
+	c.remote, c.rport, ok2 = parseProcAddr(remote)
+	return c, ok1 && ok2
 }
 
 // parseProcAddr reads /proc/net/tcp's "ADDR:PORT": ADDR is the address's
@@ -81,22 +63,6 @@ func parseProcAddr(s string) (addr [16]byte, port uint16, ok bool) {
 		binary.NativeEndian.PutUint32(addr[i:], binary.BigEndian.Uint32(raw[i:]))
 	}
 	return addr, uint16(pv), true
-}
-
-// hostTimeWaits lists this network namespace's TIME_WAIT connections on
-// local port port.
-func hostTimeWaits(port uint16) []tcpConn {
-	var out []tcpConn
-	for _, src := range []struct {
-		name   string
-		family uint8
-	}{{"/proc/net/tcp", unix.AF_INET}, {"/proc/net/tcp6", unix.AF_INET6}} {
-		if f, err := os.Open(src.name); err == nil {
-			out = append(out, readTimeWaits(f, src.family, port)...)
-			f.Close()
-		}
-	}
-	return out
 }
 
 // inetDiagReqV2Size is sizeof(struct inet_diag_req_v2) of linux/inet_diag.h.
@@ -144,7 +110,7 @@ func endTimeWaits(conns []tcpConn) (int, error) {
 	ended := 0
 	for i, c := range conns {
 		if err := sockDiagCall(fd, destroyRequest(c, uint32(i+1))); err != nil && !errors.Is(err, unix.ENOENT) {
-			return ended, fmt.Errorf("ending TCP connection %s -> %s: %w", c.localText, c.remoteTextPort, err)
+			return ended, fmt.Errorf("ending TCP connection %s -> %s: %w", c.localText, c.remoteText, err)
 		}
 		ended++
 	}

@@ -10,7 +10,9 @@ import (
 
 // /proc/net/tcp's addresses are read into network byte order.
 func TestParseProcAddr(t *testing.T) {
-	conns := readTimeWaits(strings.NewReader(procNetTCP), unix.AF_INET, 43593)
+	var u portUse
+	readPortUse(strings.NewReader(procNetTCP), unix.AF_INET, 43593, &u)
+	conns := u.timeWaits
 	if len(conns) != 1 {
 		t.Fatalf("TIME_WAIT connections on port 43593: %d, want 1 (%+v)", len(conns), conns)
 	}
@@ -95,7 +97,7 @@ func TestEndTimeWaits(t *testing.T) {
 		unix.Close(cfd)
 		var conns []tcpConn
 		for i := 0; i < 100 && len(conns) == 0; i++ {
-			if conns = hostTimeWaits(uint16(port)); len(conns) == 0 {
+			if conns = hostPortUse(uint16(port)).timeWaits; len(conns) == 0 {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
@@ -110,8 +112,8 @@ func TestEndTimeWaits(t *testing.T) {
 		if err != nil {
 			t.Fatalf("family %d: %v", family, err)
 		}
-		if n != len(conns) || len(hostTimeWaits(uint16(port))) != 0 {
-			t.Errorf("family %d: ended %d of %d; left %+v", family, n, len(conns), hostTimeWaits(uint16(port)))
+		if n != len(conns) || len(hostPortUse(uint16(port)).timeWaits) != 0 {
+			t.Errorf("family %d: ended %d of %d; left %+v", family, n, len(conns), hostPortUse(uint16(port)).timeWaits)
 		}
 		fd, _ := listenNoReuse(t, family, port)
 		if fd < 0 {
