@@ -174,11 +174,10 @@ func copyLinkRemap(dfd int, path, name string) (linkRemapCopy, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return linkRemapCopy{}, fmt.Errorf("not a regular file")
 	}
-	ofd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	out, err := createNew(dfd, name)
 	if err != nil {
 		return linkRemapCopy{}, err
 	}
-	out := os.NewFile(uintptr(ofd), name)
 	defer out.Close()
 	n, err := io.Copy(out, in)
 	if err != nil {
@@ -187,13 +186,21 @@ func copyLinkRemap(dfd int, path, name string) (linkRemapCopy, error) {
 	return linkRemapCopy{Path: path, Mode: st.Mode & 0o7777, UID: st.Uid, GID: st.Gid, Size: n, File: name}, out.Sync()
 }
 
+// createNew creates name, a new file (0600), in the directory open as dfd.
+func createNew(dfd int, name string) (*os.File, error) {
+	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
 // writeNew writes b as a new file name (0600) in the directory open as dfd.
 func writeNew(dfd int, name string, b []byte) error {
-	fd, err := unix.Openat(dfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	f, err := createNew(dfd, name)
 	if err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	if _, err := f.Write(b); err != nil {
 		return err
@@ -224,7 +231,7 @@ func remakeLinkRemaps(dir string, files []*fdinfo.FileEntry, ev *emitter) error 
 	}
 	copies := map[string]linkRemapCopy{}
 	if regularOf(dfd, linkRemapIndex, uid) {
-		b, err := os.ReadFile(filepath.Join(dir, linkRemapIndex))
+		b, err := readAt(dfd, linkRemapIndex)
 		if err != nil {
 			return fmt.Errorf("image directory %s: %w", dir, err)
 		}
@@ -248,7 +255,7 @@ func remakeLinkRemaps(dir string, files []*fdinfo.FileEntry, ev *emitter) error 
 		err := unix.Lstat(p, &st)
 		switch {
 		case err == nil && have:
-			if same, serr := sameContent(p, filepath.Join(dir, c.File)); serr != nil || !same {
+			if same, serr := sameContent(p, dfd, c.File); serr != nil || !same {
 				return fmt.Errorf("restore from %s refused: %s, the link CRIU made at the dump for a file the processes had "+
 					"unlinked, is not the image's (another image's link of that name, or written since): remove it, and "+
 					"the restore makes it again from the image's copy", dir, p)
@@ -311,14 +318,25 @@ func openAt(dfd int, name string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), name), nil
 }
 
-// sameContent says whether the files at a and b hold the same bytes.
-func sameContent(a, b string) (bool, error) {
-	fa, err := os.Open(a)
+// readAt reads name in the directory open as dfd, not following a symlink.
+func readAt(dfd int, name string) ([]byte, error) {
+	f, err := openAt(dfd, name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// sameContent says whether the file at path and name, in the directory
+// open as dfd, hold the same bytes.
+func sameContent(path string, dfd int, name string) (bool, error) {
+	fa, err := os.Open(path)
 	if err != nil {
 		return false, err
 	}
 	defer fa.Close()
-	fb, err := os.Open(b)
+	fb, err := openAt(dfd, name)
 	if err != nil {
 		return false, err
 	}
@@ -331,7 +349,12 @@ func sameContent(a, b string) (bool, error) {
 			return false, nil
 		}
 		if ea != nil || eb != nil {
-			return errors.Is(ea, io.EOF) || errors.Is(ea, io.ErrUnexpectedEOF), nil
+			for _, e := range []error{ea, eb} {
+				if e != nil && !errors.Is(e, io.EOF) && !errors.Is(e, io.ErrUnexpectedEOF) {
+					return false, e
+				}
+			}
+			return ea != nil && eb != nil, nil
 		}
 	}
 }
