@@ -59,7 +59,9 @@ export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 # torchrun's rendezvous store runs on libuv, which uses io_uring, which CRIU
 # cannot checkpoint (gpucr checkpoint says so): without it.
 export UV_USE_IO_URING=0 USE_LIBUV=0
-IMG=/dev/shm/gpucr-ddp-ckpt
+# IMG_DIR: where the images go (a tmpfs mounted huge=always takes new chunk
+# files about twice as fast as /dev/shm's 4 KiB pages: tests/gpu/README.md)
+IMG=${IMG_DIR:-/dev/shm}/gpucr-ddp-ckpt
 SOCK=/run/gpucr-ddp-ckpt/helper.sock
 BIN=build/gpu/bin
 HELPER=
@@ -377,9 +379,29 @@ size_case() {
 		l=$(secs "$LOGS/$name-restore.json" ready gpu_launch_seconds)
 		printf '%s\t%s\t%s\t%s\n' "${name% [0-9]*}" "$d" "$r" "$l" >>"$LOGS/size.tsv"
 		note "$name: dump $d s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to GPU launches $l s, to the next heartbeat ${r} s"
+		note "    $(size_parts "$LOGS/$name-dump.json" "$LOGS/$name-restore.json")"
 	else
 		bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
 	fi
+}
+
+# size_parts DUMP_JSON RESTORE_JSON: where a dump's and a restore's time
+# went (the slowest process's step where the processes run side by side;
+# CRIU's handling of host memory, process after process, in all)
+size_parts() {
+	$PY - "$1" "$2" <<'PYEOF'
+import json, sys
+d, r = (json.load(open(f)) for f in sys.argv[1:3])
+def slowest(rep, step):
+    return max((ph["seconds"] for p in rep.get("gpu_processes", []) for ph in p["phases"] if ph["name"] == step), default=0)
+def phase(rep, step):
+    return sum(ph["seconds"] for ph in rep.get("phases", []) if ph["name"] == step)
+g, c, rc = d["gpu"], d.get("criu", {}), r.get("criu", {})
+print(f"dump: GPU copy {slowest(d, 'copy'):.3f} s ({g.get('bytes_moved', 0) / 1e9:.1f} of {g['bytes'] / 1e9:.1f} GB crossed PCIe),"
+      f" driver checkpoint {slowest(d, 'driver-checkpoint'):.3f} s, CRIU memdump {c.get('memdump_seconds', 0):.3f} s"
+      f" ({c.get('pages_written', 0)} pages); restore: CRIU {phase(r, 'criu-restore'):.3f} s ({rc.get('pages_restored', 0)} pages),"
+      f" then GPU wait {phase(r, 'gpu-wait'):.3f} s, GPU load {r['gpu']['seconds']:.3f} s")
+PYEOF
 }
 
 if part size; then
