@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoint and restore of jobs whose processes share GPU memory as NCCL's
-# ranks do, on a 2-GPU machine (nvidia-h100-x2 or nvidia-h200-x2):
+# ranks do, on a 2-GPU machine (nvidia-h100-x2 or nvidia-h200-x2), or with
+# NPROC=4 on a 4-GPU one:
 #
 #   bash tests/gpu/ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE
 #
@@ -10,7 +11,7 @@
 #         `gpucr run`: dumped with --leave-running (it must run on to its end
 #         exactly), then its image restored after it ended (from the image's
 #         iteration to the end, exactly): checksums equal to a plain run's.
-#   ddp   tests/gpu/ddp.py (torchrun, 2 ranks, NCCL with its defaults: P2P
+#   ddp   tests/gpu/ddp.py (NPROC ranks, NCCL with its defaults: P2P
 #         over NVLink, cuMem buffers; 2 DataLoader workers per rank) plain for
 #         the reference, then under `gpucr run` twice: a dump of the whole
 #         job (its launcher and everything below it) with --leave-running,
@@ -35,7 +36,8 @@
 #         holds 2x that); the medians and their ratios.
 # NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
 # NCCL_NVLS_ENABLE=0 and the other multicast switches are set throughout.
-# Logs in build/gpu/ddp-ckpt (and $OUT/ddp-ckpt-logs.tgz); summary.txt
+# Logs in build/gpu/ddp-ckpt, or LOGS (and $OUT/NAME-logs.tgz, NAME the
+# logs' directory); summary.txt
 # holds the table.
 set -u
 cd "$(dirname "$0")/../.."
@@ -71,7 +73,7 @@ finish() {
 	pkill -9 -f "$BIN/heartbeat" 2>/dev/null
 	[ -n "$HELPER" ] && kill "$HELPER" 2>/dev/null
 	rm -rf "$IMG"
-	[ -n "${OUT:-}" ] && tar -czf "$OUT/ddp-ckpt-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+	[ -n "${OUT:-}" ] && tar -czf "$OUT/$(basename "$LOGS")-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
 }
 trap finish EXIT
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -363,25 +365,26 @@ fi
 # the restore to the next heartbeat, which sums all the GPU memory on the
 # host, and to when GPU launches could begin) to size.tsv.
 size_case() {
-	local name=$1 pid=$2 log=$3 mark t0 t1 d r l
+	local name=$1 pid=$2 log=$3 mark t0 t1 d r l f
+	f=$LOGS/size-$(printf '%s' "$name" | tr -cs 'A-Za-z0-9' '-') # a plain file name
 	rm -rf "$IMG" && mkdir -p "$IMG"
-	if ! timeout 300 "$GPUCR" checkpoint "$pid" -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
-		bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
+	if ! timeout 300 "$GPUCR" checkpoint "$pid" -D "$IMG" --socket "$SOCK" --json >"$f-dump.json" 2>&1; then
+		bad "$name dump: $(grep -v '^ *(' "$f-dump.json" | tail -3 | tr '\n' ' ')"
 		return
 	fi
 	pid_gone "$pid"
 	mark=$(hbs "$log")
 	t0=$(now)
-	if timeout 300 "$GPUCR" restore -D "$IMG" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
+	if timeout 300 "$GPUCR" restore -D "$IMG" --socket "$SOCK" --json >"$f-restore.json" 2>&1; then
 		t1=$(next_heartbeat "$log" "$mark")
-		d=$(secs "$LOGS/$name-dump.json" seconds)
+		d=$(secs "$f-dump.json" seconds)
 		r=$([ -n "$t1" ] && span "$t0" "$t1" | tr -d ' s' || echo -)
-		l=$(secs "$LOGS/$name-restore.json" ready gpu_launch_seconds)
+		l=$(secs "$f-restore.json" ready gpu_launch_seconds)
 		printf '%s\t%s\t%s\t%s\n' "${name% [0-9]*}" "$d" "$r" "$l" >>"$LOGS/size.tsv"
-		note "$name: dump $d s (GPU $(secs "$LOGS/$name-dump.json" gpu seconds) s), restore to GPU launches $l s, to the next heartbeat ${r} s"
-		note "    $(size_parts "$LOGS/$name-dump.json" "$LOGS/$name-restore.json")"
+		note "$name: dump $d s (GPU $(secs "$f-dump.json" gpu seconds) s), restore to GPU launches $l s, to the next heartbeat ${r} s"
+		note "    $(size_parts "$f-dump.json" "$f-restore.json")"
 	else
-		bad "$name restore: $(grep -v '^ *(' "$LOGS/$name-restore.json" | tail -3 | tr '\n' ' ')"
+		bad "$name restore: $(grep -v '^ *(' "$f-restore.json" | tail -3 | tr '\n' ' ')"
 	fi
 }
 
