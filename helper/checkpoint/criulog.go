@@ -139,29 +139,41 @@ func criuPluginLoaded(log, name string) bool {
 type criuHint struct {
 	re   *regexp.Regexp
 	hint func(m []string) string
+	// namesTask: the hint begins "a process", which criuHintsFor replaces
+	// with the process whose step failed (criuTaskFailed), named by its
+	// command line, where the messages say which: in a job of many
+	// processes, the one to start differently.
+	namesTask bool
 }
 
+// criuTaskFailed is CRIU's line for a step of one task that failed
+// ("Collect mappings (pid: 1579) failed with -1").
+var criuTaskFailed = regexp.MustCompile(`\(pid: (\d+)\) failed`)
+
+// maxHintCommand bounds a command line quoted in a hint.
+const maxHintCommand = 120
+
 var criuHints = []criuHint{
-	{regexp.MustCompile(`Consider using --shell-job|without correspond master peer`), func([]string) string {
+	{re: regexp.MustCompile(`Consider using --shell-job|without correspond master peer`), hint: func([]string) string {
 		return "the process was started from a terminal, or is not the leader of its own session: " +
 			"start it with setsid and stdin from /dev/null, or checkpoint and restore it with --shell-job"
 	}},
-	{regexp.MustCompile(`A session leader of \d+\(\d+\) is outside of its pid namespace`), func([]string) string {
+	{re: regexp.MustCompile(`A session leader of \d+\(\d+\) is outside of its pid namespace`), hint: func([]string) string {
 		return "the process is not the leader of its own session, and that session's leader is outside the process's pid namespace " +
 			"(as in a container): start it with setsid, so that it leads a session of its own"
 	}},
-	{regexp.MustCompile(`Don't have tty to inherit session from`), func([]string) string {
+	{re: regexp.MustCompile(`Don't have tty to inherit session from`), hint: func([]string) string {
 		return "the process had a terminal; restored with --shell-job it takes the terminal gpucr runs on, and gpucr runs on none"
 	}},
-	{regexp.MustCompile(`External socket is used`), func([]string) string {
+	{re: regexp.MustCompile(`External socket is used`), hint: func([]string) string {
 		return "a unix socket of the process is connected to a process outside the checkpointed tree " +
 			"(gpucr does not pass CRIU's --ext-unix-sk): checkpoint the tree that holds both ends"
 	}},
-	{regexp.MustCompile(`Can't fork for (\d+): File exists`), func(m []string) string {
+	{re: regexp.MustCompile(`Can't fork for (\d+): File exists`), hint: func(m []string) string {
 		return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
 			"a restored process gets its old pid back", m[1])
 	}},
-	{regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`), func(m []string) string {
+	{re: regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`), hint: func(m []string) string {
 		// CRIU names the file relative to the root
 		if !strings.HasPrefix(m[1], "/") {
 			m[1] = "/" + m[1]
@@ -171,33 +183,38 @@ var criuHints = []criuHint{
 			"only as it was. Restore an image whose files have not changed since (a checkpoint without --leave-running), "+
 			"or put the file back as it was; a file the process opens to append to (>> in a shell) is restored whatever its size", m[1], m[2], m[3])
 	}},
-	{regexp.MustCompile(`Can't create link remap for (\S+?)\.? Use link-remap option`), func(m []string) string {
+	{re: regexp.MustCompile(`Can't create link remap for (\S+?)\.? Use link-remap option`), hint: func(m []string) string {
 		return fmt.Sprintf("a process has %s open or mapped after it was unlinked (a POSIX semaphore of Python's "+
 			"multiprocessing, in PyTorch's DataLoader or torch.multiprocessing, say): checkpoint with --link-remap", m[1])
-	}},
-	{regexp.MustCompile(`Can't bind inet socket .*Address already in use`), func([]string) string {
+	}, namesTask: true},
+	{re: regexp.MustCompile(`Can't bind inet socket .*Address already in use`), hint: func([]string) string {
 		return "a restored process listens on a TCP port that something of this host holds now (another process, or " +
 			"connections that still wait out their TIME_WAIT after gpucr's wait of a minute): stop what holds it, or restore " +
 			"where the port is free"
 	}},
-	{regexp.MustCompile(`Iptables configuration failed|Nftables configuration failed`), func([]string) string {
+	{re: regexp.MustCompile(`Iptables configuration failed|Nftables configuration failed`), hint: func([]string) string {
 		return "CRIU locks the network of a process with open TCP connections (--tcp-established) with iptables " +
 			"(or nftables), and it is not installed or failed: install it, or, where both ends of every connection are in " +
 			"the checkpointed tree (a job's ranks and their store on one host), pass --criu-opt 'network-lock skip' to the " +
 			"checkpoint and to the restore"
 	}},
-	{regexp.MustCompile(`anon_inode:\[io_uring\]`), func([]string) string {
-		return "a process holds an io_uring instance, which CRIU cannot checkpoint. PyTorch's TCPStore (torchrun's " +
-			"rendezvous store, torch.distributed's default store) runs on libuv, which uses io_uring on Linux: start the job " +
-			"with UV_USE_IO_URING=0 (libuv then does without) or USE_LIBUV=0 (the store does without libuv)"
-	}},
-	{regexp.MustCompile(`(?i)no space left on device`), func([]string) string {
+	{re: regexp.MustCompile(`anon_inode:\[io_uring\]`), hint: func([]string) string {
+		// Measured with PyTorch 2.11: torchrun's agent held one whatever
+		// USE_LIBUV, UV_USE_IO_URING or --rdzv-conf use_libuv=0 said; ranks
+		// started by torch.multiprocessing, rank 0 hosting the store, with
+		// USE_LIBUV=0 UV_USE_IO_URING=0 held none.
+		return "a process holds an io_uring instance, which CRIU cannot checkpoint. torchrun's agent holds one " +
+			"(PyTorch 2.11, whatever USE_LIBUV or UV_USE_IO_URING say): start the ranks with torch.multiprocessing " +
+			"instead, rank 0 hosting the store (init_process_group with env://), and USE_LIBUV=0 UV_USE_IO_URING=0 " +
+			"set, so that PyTorch's TCPStore does without libuv and io_uring"
+	}, namesTask: true},
+	{re: regexp.MustCompile(`(?i)no space left on device`), hint: func([]string) string {
 		return "the image directory's file system is full"
 	}},
-	{regexp.MustCompile(`Read-only file system`), func([]string) string {
+	{re: regexp.MustCompile(`Read-only file system`), hint: func([]string) string {
 		return "the image directory's file system is read-only"
 	}},
-	{regexp.MustCompile(`Unable to interrupt task: (\d+) \(No such process\)`), func(m []string) string {
+	{re: regexp.MustCompile(`Unable to interrupt task: (\d+) \(No such process\)`), hint: func(m []string) string {
 		return fmt.Sprintf("process %s exited before CRIU could stop it", m[1])
 	}},
 }
@@ -209,7 +226,11 @@ func criuHintsFor(msgs []string) []string {
 	for _, h := range criuHints {
 		for _, msg := range msgs {
 			if m := h.re.FindStringSubmatch(msg); m != nil {
-				if s := h.hint(m); !seen[s] {
+				s := h.hint(m)
+				if h.namesTask {
+					s = namingTask(s, msgs)
+				}
+				if !seen[s] {
 					seen[s] = true
 					out = append(out, s)
 				}
@@ -218,4 +239,32 @@ func criuHintsFor(msgs []string) []string {
 		}
 	}
 	return out
+}
+
+// namingTask puts the process whose step failed, as msgs name it, in place
+// of a hint's leading "a process": "process 1579 (python3 /usr/bin/torchrun
+// ...)", or "process 1579" where it is gone. The pid is the one CRIU saw: a
+// process of the tree gpucr checkpointed, which a failed dump leaves
+// running.
+func namingTask(hint string, msgs []string) string {
+	const lead = "a process "
+	if !strings.HasPrefix(hint, lead) {
+		return hint
+	}
+	for _, msg := range msgs {
+		m := criuTaskFailed.FindStringSubmatch(msg)
+		if m == nil {
+			continue
+		}
+		n, err := strconv.Atoi(m[1])
+		if err != nil || n <= 0 {
+			continue
+		}
+		who := "process " + m[1]
+		if cmd := proc.CommandLine(proc.Pid(n), maxHintCommand); cmd != "" {
+			who += " (" + cmd + ")"
+		}
+		return who + " " + strings.TrimPrefix(hint, lead)
+	}
+	return hint
 }

@@ -2,8 +2,10 @@ package checkpoint
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -151,5 +153,47 @@ func TestCRIULogFileRefusesFIFOAndSymlink(t *testing.T) {
 	}
 	if lines, err := criuLogFile(link, 5); err == nil {
 		t.Errorf("a symlink followed to CRIU's log: %q", lines)
+	}
+}
+
+// A hint about what one process of the tree holds names that process, by
+// the pid of CRIU's failed step and its command line; others stay general.
+func TestCRIUHintNamesTheFailedProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := strconv.Itoa(cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if b, _ := os.ReadFile("/proc/" + pid + "/cmdline"); len(b) > len("sleep\x00") {
+			break // exec has filled in the arguments
+		}
+	}
+	ioUring := func(pid string) []string {
+		return []string{"Unknown shit 600 (anon_inode:[io_uring])",
+			"Can't open " + pid + "'s mapfile link 7fc517cb0000: No such device or address",
+			"Collect mappings (pid: " + pid + ") failed with -1"}
+	}
+	for _, tc := range []struct {
+		name string
+		msgs []string
+		want string // the hint's beginning
+	}{
+		{"running", ioUring(pid), "process " + pid + " (sleep 30) holds an io_uring instance"},
+		{"gone", ioUring("4194305"), "process 4194305 holds an io_uring instance"}, // beyond any pid_max
+		{"unlinked file", []string{"Can't create link remap for /dev/shm/sem.qTWoCU. Use link-remap option.",
+			"Collect mappings (pid: " + pid + ") failed with -1"}, "process " + pid + " (sleep 30) has /dev/shm/sem.qTWoCU open"},
+		{"no failed step", ioUring(pid)[:1], "a process holds an io_uring instance"},
+		// A hint about the host, not a process, is not given a name.
+		{"host", []string{"Iptables configuration failed", "Dump files (pid: " + pid + ") failed with -1"},
+			"CRIU locks the network"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hints := criuHintsFor(tc.msgs)
+			if len(hints) != 1 || !strings.HasPrefix(hints[0], tc.want) {
+				t.Errorf("hints %q, want one beginning %q", hints, tc.want)
+			}
+		})
 	}
 }
