@@ -144,6 +144,12 @@ type criuHint struct {
 	// command line, where the messages say which: in a job of many
 	// processes, the one to start differently.
 	namesTask bool
+	// holds, if set, also gives the hint where the process whose step
+	// failed has a descriptor or mapping of this name (/proc/PID/fd,
+	// /proc/PID/maps): CRIU's own words can be generic, as for an io_uring
+	// descriptor, which the kernel does not let its parasite send ("Can't
+	// retrieve FDs from socket").
+	holds string
 }
 
 // criuTaskFailed is CRIU's line for a step of one task that failed
@@ -151,7 +157,7 @@ type criuHint struct {
 var criuTaskFailed = regexp.MustCompile(`\(pid: (\d+)\) failed`)
 
 // maxHintCommand bounds a command line quoted in a hint.
-const maxHintCommand = 120
+const maxHintCommand = 160
 
 var criuHints = []criuHint{
 	{re: regexp.MustCompile(`Consider using --shell-job|without correspond master peer`), hint: func([]string) string {
@@ -207,7 +213,7 @@ var criuHints = []criuHint{
 			"(PyTorch 2.11, whatever USE_LIBUV or UV_USE_IO_URING say): start the ranks with torch.multiprocessing " +
 			"instead, rank 0 hosting the store (init_process_group with env://), and USE_LIBUV=0 UV_USE_IO_URING=0 " +
 			"set, so that PyTorch's TCPStore does without libuv and io_uring"
-	}, namesTask: true},
+	}, namesTask: true, holds: "anon_inode:[io_uring]"},
 	{re: regexp.MustCompile(`(?i)no space left on device`), hint: func([]string) string {
 		return "the image directory's file system is full"
 	}},
@@ -223,48 +229,96 @@ var criuHints = []criuHint{
 func criuHintsFor(msgs []string) []string {
 	var out []string
 	seen := map[string]bool{}
+	task, taskOK := failedTask(msgs)
+	add := func(h criuHint, m []string) {
+		s := h.hint(m)
+		if h.namesTask && taskOK {
+			s = namingTask(s, task)
+		}
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
 	for _, h := range criuHints {
+		matched := false
 		for _, msg := range msgs {
 			if m := h.re.FindStringSubmatch(msg); m != nil {
-				s := h.hint(m)
-				if h.namesTask {
-					s = namingTask(s, msgs)
-				}
-				if !seen[s] {
-					seen[s] = true
-					out = append(out, s)
-				}
+				add(h, m)
+				matched = true
 				break
 			}
+		}
+		if !matched && h.holds != "" && taskOK && taskHolds(task, h.holds) {
+			add(h, nil)
 		}
 	}
 	return out
 }
 
-// namingTask puts the process whose step failed, as msgs name it, in place
-// of a hint's leading "a process": "process 1579 (python3 /usr/bin/torchrun
-// ...)", or "process 1579" where it is gone. The pid is the one CRIU saw: a
-// process of the tree gpucr checkpointed, which a failed dump leaves
-// running.
-func namingTask(hint string, msgs []string) string {
+// failedTask is the process whose step CRIU says failed
+// ("Dump files (pid: 4140) failed with -1"), as CRIU saw it: a process of
+// the tree gpucr checkpointed, which a failed dump leaves running.
+func failedTask(msgs []string) (proc.Pid, bool) {
+	for _, msg := range msgs {
+		if m := criuTaskFailed.FindStringSubmatch(msg); m != nil {
+			if n, err := strconv.Atoi(m[1]); err == nil && n > 0 {
+				return proc.Pid(n), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// namingTask puts pid in place of a hint's leading "a process": "process
+// 1579 (python3 /usr/bin/torchrun ...)", or "process 1579" where it is gone.
+func namingTask(hint string, pid proc.Pid) string {
 	const lead = "a process "
 	if !strings.HasPrefix(hint, lead) {
 		return hint
 	}
-	for _, msg := range msgs {
-		m := criuTaskFailed.FindStringSubmatch(msg)
-		if m == nil {
-			continue
-		}
-		n, err := strconv.Atoi(m[1])
-		if err != nil || n <= 0 {
-			continue
-		}
-		who := "process " + m[1]
-		if cmd := proc.CommandLine(proc.Pid(n), maxHintCommand); cmd != "" {
-			who += " (" + cmd + ")"
-		}
-		return who + " " + strings.TrimPrefix(hint, lead)
+	who := "process " + pid.String()
+	if cmd := proc.CommandLine(pid, 0); cmd != "" {
+		who += " (" + shortCommand(cmd, maxHintCommand) + ")"
 	}
-	return hint
+	return who + " " + strings.TrimPrefix(hint, lead)
+}
+
+// shortCommand is a command line with its program by its base name
+// ("python3 /usr/local/bin/torchrun ..."), cut to max bytes with "...": the
+// arguments, not the interpreter's path, say which process it is.
+func shortCommand(cmd string, max int) string {
+	prog, args, _ := strings.Cut(cmd, " ")
+	if i := strings.LastIndexByte(prog, '/'); i >= 0 && i < len(prog)-1 {
+		prog = prog[i+1:]
+	}
+	s := strings.TrimSpace(prog + " " + args)
+	if len(s) > max {
+		s = strings.ToValidUTF8(s[:max-3], "") + "..."
+	}
+	return s
+}
+
+// taskHolds says whether pid has a descriptor open on, or a mapping of,
+// name (an anonymous inode's, "anon_inode:[io_uring]"); false where /proc
+// does not say (the process is gone, or not the caller's to look at).
+func taskHolds(pid proc.Pid, name string) bool {
+	dir := "/proc/" + pid.String()
+	if ents, err := os.ReadDir(dir + "/fd"); err == nil {
+		for _, e := range ents {
+			if target, err := os.Readlink(dir + "/fd/" + e.Name()); err == nil && target == name {
+				return true
+			}
+		}
+	}
+	maps, err := os.ReadFile(dir + "/maps")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(maps)) {
+		if strings.HasSuffix(strings.TrimRight(line, "\n"), " "+name) {
+			return true
+		}
+	}
+	return false
 }

@@ -10,6 +10,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/proc"
 )
 
 // The logs in testdata/criulog are excerpts of real CRIU 4.2.1 logs (-v4) of
@@ -170,6 +175,9 @@ func TestCRIUHintNamesTheFailedProcess(t *testing.T) {
 			break // exec has filled in the arguments
 		}
 	}
+	own := strconv.Itoa(os.Getpid())
+	closeRing := ownIOURing(t)
+	defer closeRing()
 	ioUring := func(pid string) []string {
 		return []string{"Unknown shit 600 (anon_inode:[io_uring])",
 			"Can't open " + pid + "'s mapfile link 7fc517cb0000: No such device or address",
@@ -178,22 +186,66 @@ func TestCRIUHintNamesTheFailedProcess(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		msgs []string
-		want string // the hint's beginning
+		want string // the hint's beginning; "" for none
 	}{
 		{"running", ioUring(pid), "process " + pid + " (sleep 30) holds an io_uring instance"},
 		{"gone", ioUring("4194305"), "process 4194305 holds an io_uring instance"}, // beyond any pid_max
 		{"unlinked file", []string{"Can't create link remap for /dev/shm/sem.qTWoCU. Use link-remap option.",
 			"Collect mappings (pid: " + pid + ") failed with -1"}, "process " + pid + " (sleep 30) has /dev/shm/sem.qTWoCU open"},
 		{"no failed step", ioUring(pid)[:1], "a process holds an io_uring instance"},
+		// CRIU's words for a descriptor its parasite could not send: only
+		// what the process holds says why.
+		{"generic words", []string{"Can't retrieve FDs from socket", "Dump files (pid: " + own + ") failed with -1"},
+			"process " + own + " (" + filepath.Base(os.Args[0])},
+		{"generic words, nothing held", []string{"Can't retrieve FDs from socket", "Dump files (pid: " + pid + ") failed with -1"}, ""},
 		// A hint about the host, not a process, is not given a name.
 		{"host", []string{"Iptables configuration failed", "Dump files (pid: " + pid + ") failed with -1"},
 			"CRIU locks the network"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hints := criuHintsFor(tc.msgs)
+			if tc.want == "" {
+				if len(hints) > 0 {
+					t.Errorf("unexpected hints %q", hints)
+				}
+				return
+			}
 			if len(hints) != 1 || !strings.HasPrefix(hints[0], tc.want) {
 				t.Errorf("hints %q, want one beginning %q", hints, tc.want)
 			}
 		})
+	}
+}
+
+// ownIOURing makes an io_uring instance in the test's own process (skipping
+// the test where the kernel makes none) and returns its close.
+func ownIOURing(t *testing.T) func() {
+	t.Helper()
+	var params [120]byte // struct io_uring_params
+	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, 4, uintptr(unsafe.Pointer(&params[0])), 0)
+	if errno != 0 {
+		t.Skipf("this kernel makes no io_uring instance: %v", errno)
+	}
+	return func() { unix.Close(int(fd)) }
+}
+
+// taskHolds finds an io_uring descriptor (or mapping) where a process has
+// one, and nowhere else.
+func TestTaskHolds(t *testing.T) {
+	const ring = "anon_inode:[io_uring]"
+	self := proc.Pid(os.Getpid())
+	if taskHolds(self, ring) {
+		t.Fatal("the test process holds an io_uring before it made one")
+	}
+	closeRing := ownIOURing(t)
+	if !taskHolds(self, ring) {
+		t.Error("an io_uring descriptor of the test process is not found")
+	}
+	closeRing()
+	if taskHolds(self, ring) {
+		t.Error("a closed io_uring descriptor is still found")
+	}
+	if taskHolds(proc.Pid(1<<22+1), ring) {
+		t.Error("a pid beyond any pid_max holds an io_uring")
 	}
 }
