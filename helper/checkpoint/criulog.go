@@ -195,7 +195,7 @@ var criuHints = []criuHint{
 	}, namesTask: true},
 	{re: regexp.MustCompile(`Can't bind inet socket .*Address already in use`), hint: func([]string) string {
 		return "a restored process listens on a TCP port that something of this host holds now (another process, or " +
-			"connections that still wait out their TIME_WAIT after gpucr's wait of a minute): stop what holds it, or restore " +
+			"connections in TIME_WAIT that gpucr did not end and that outlasted its wait of a minute): stop what holds it, or restore " +
 			"where the port is free"
 	}},
 	{re: regexp.MustCompile(`Iptables configuration failed|Nftables configuration failed`), hint: func([]string) string {
