@@ -225,11 +225,16 @@ var criuHints = []criuHint{
 	}},
 }
 
-// criuHintsFor returns the hints for a failure's messages, each once.
-func criuHintsFor(msgs []string) []string {
+// criuHintsFor returns the hints for a failure's messages, each once. For
+// a dump (live), the pids CRIU names are the tree's processes, which a
+// failed dump leaves running: a hint may name one, and look at what it
+// holds. A restore's pids are of processes that are gone, or of others
+// that have them now: none is looked at.
+func criuHintsFor(msgs []string, live bool) []string {
 	var out []string
 	seen := map[string]bool{}
 	task, taskOK := failedTask(msgs)
+	taskOK = taskOK && live
 	add := func(h criuHint, m []string) {
 		s := h.hint(m)
 		if h.namesTask && taskOK {

@@ -65,7 +65,7 @@ func TestCRIULogErrors(t *testing.T) {
 			if !slices.Equal(got, tc.errors) {
 				t.Errorf("errors %q, want %q", got, tc.errors)
 			}
-			hints := criuHintsFor(got)
+			hints := criuHintsFor(got, !strings.HasPrefix(tc.log, "restore"))
 			switch {
 			case tc.hint == "" && len(hints) > 0:
 				t.Errorf("unexpected hints %q", hints)
@@ -90,7 +90,7 @@ func TestCRIULogWarningsWhenNoErrors(t *testing.T) {
 	if want := []string{"Unable to interrupt task: 4242 (No such process)"}; !slices.Equal(got, want) {
 		t.Fatalf("errors %q, want %q", got, want)
 	}
-	if h := criuHintsFor(got); len(h) != 1 || !strings.Contains(h[0], "4242 exited") {
+	if h := criuHintsFor(got, true); len(h) != 1 || !strings.Contains(h[0], "4242 exited") {
 		t.Errorf("hints %q", h)
 	}
 }
@@ -187,23 +187,29 @@ func TestCRIUHintNamesTheFailedProcess(t *testing.T) {
 		name string
 		msgs []string
 		want string // the hint's beginning; "" for none
+		// restore: the messages are a restore's, whose pids are not the
+		// tree's (a pid CRIU names may be another process's by now)
+		restore bool
 	}{
-		{"running", ioUring(pid), "process " + pid + " (sleep 30) holds an io_uring instance"},
-		{"gone", ioUring("4194305"), "process 4194305 holds an io_uring instance"}, // beyond any pid_max
+		{"running", ioUring(pid), "process " + pid + " (sleep 30) holds an io_uring instance", false},
+		{"gone", ioUring("4194305"), "process 4194305 holds an io_uring instance", false}, // beyond any pid_max
 		{"unlinked file", []string{"Can't create link remap for /dev/shm/sem.qTWoCU. Use link-remap option.",
-			"Collect mappings (pid: " + pid + ") failed with -1"}, "process " + pid + " (sleep 30) has /dev/shm/sem.qTWoCU open"},
-		{"no failed step", ioUring(pid)[:1], "a process holds an io_uring instance"},
+			"Collect mappings (pid: " + pid + ") failed with -1"}, "process " + pid + " (sleep 30) has /dev/shm/sem.qTWoCU open", false},
+		{"no failed step", ioUring(pid)[:1], "a process holds an io_uring instance", false},
 		// CRIU's words for a descriptor its parasite could not send: only
 		// what the process holds says why.
 		{"generic words", []string{"Can't retrieve FDs from socket", "Dump files (pid: " + own + ") failed with -1"},
-			"process " + own + " (" + filepath.Base(os.Args[0])},
-		{"generic words, nothing held", []string{"Can't retrieve FDs from socket", "Dump files (pid: " + pid + ") failed with -1"}, ""},
+			"process " + own + " (" + filepath.Base(os.Args[0]), false},
+		{"generic words, nothing held", []string{"Can't retrieve FDs from socket", "Dump files (pid: " + pid + ") failed with -1"}, "", false},
+		{"a restore's pid", []string{"Can't retrieve FDs from socket", "Restore files (pid: " + own + ") failed with -1"}, "", true},
+		{"a restore's pid in a hint", []string{"Can't create link remap for /dev/shm/sem.qTWoCU. Use link-remap option.",
+			"Collect mappings (pid: " + pid + ") failed with -1"}, "a process has /dev/shm/sem.qTWoCU open", true},
 		// A hint about the host, not a process, is not given a name.
 		{"host", []string{"Iptables configuration failed", "Dump files (pid: " + pid + ") failed with -1"},
-			"CRIU locks the network"},
+			"CRIU locks the network", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hints := criuHintsFor(tc.msgs)
+			hints := criuHintsFor(tc.msgs, !tc.restore)
 			if tc.want == "" {
 				if len(hints) > 0 {
 					t.Errorf("unexpected hints %q", hints)

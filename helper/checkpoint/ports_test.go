@@ -48,7 +48,7 @@ func TestPortUse(t *testing.T) {
 
 // CRIU's failure to bind a listening socket again is explained.
 func TestBindHint(t *testing.T) {
-	h := criuHintsFor([]string{"pid 25327: inet: Can't bind inet socket (id 9): Address already in use"})
+	h := criuHintsFor([]string{"pid 25327: inet: Can't bind inet socket (id 9): Address already in use"}, false)
 	if len(h) != 1 || !strings.Contains(h[0], "TCP port") {
 		t.Errorf("hints %q", h)
 	}

@@ -284,7 +284,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 		// whose GPU part is missing.
 		f := &Failure{Log: logPath, GPU: gpuCopyOf(r.gpu), Plugin: sess.pluginLines(), background: true, cause: bgErr,
 			Summary: fmt.Sprintf("%s: the tree runs on, but its GPU memory could not be written into the image: %v", j.what, bgErr)}
-		f.Hints = criuHintsFor(append(append([]string{}, f.Plugin...), bgErr.Error()))
+		f.Hints = criuHintsFor(append(append([]string{}, f.Plugin...), bgErr.Error()), j.dump)
 		return r, f
 	}
 	if out.Err == nil && !out.TimedOut {
@@ -321,7 +321,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 		// what CRIU said after it was stopped is noise
 		f.CRIU, f.Plugin = nil, nil
 	}
-	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...))
+	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...), j.dump)
 	if (out.TimedOut || out.Cancelled) && len(j.clients) > 0 {
 		f.Processes = waitGPUBack(j.env.Socket, j.clients, gpuBackWait)
 	}
