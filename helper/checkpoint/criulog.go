@@ -283,7 +283,7 @@ func namingTask(hint string, pid proc.Pid) string {
 		return hint
 	}
 	who := "process " + pid.String()
-	if cmd := proc.CommandLine(pid, 0); cmd != "" {
+	if cmd := proc.CommandLine(pid); cmd != "" {
 		who += " (" + shortCommand(cmd, maxHintCommand) + ")"
 	}
 	return who + " " + strings.TrimPrefix(hint, lead)
@@ -308,22 +308,5 @@ func shortCommand(cmd string, max int) string {
 // name (an anonymous inode's, "anon_inode:[io_uring]"); false where /proc
 // does not say (the process is gone, or not the caller's to look at).
 func taskHolds(pid proc.Pid, name string) bool {
-	dir := "/proc/" + pid.String()
-	if ents, err := os.ReadDir(dir + "/fd"); err == nil {
-		for _, e := range ents {
-			if target, err := os.Readlink(dir + "/fd/" + e.Name()); err == nil && target == name {
-				return true
-			}
-		}
-	}
-	maps, err := os.ReadFile(dir + "/maps")
-	if err != nil {
-		return false
-	}
-	for line := range strings.Lines(string(maps)) {
-		if strings.HasSuffix(strings.TrimRight(line, "\n"), " "+name) {
-			return true
-		}
-	}
-	return false
+	return len(proc.FilesOf(pid, func(f string) bool { return f == name })) > 0
 }

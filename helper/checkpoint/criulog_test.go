@@ -255,3 +255,22 @@ func TestTaskHolds(t *testing.T) {
 		t.Error("a pid beyond any pid_max holds an io_uring")
 	}
 }
+
+// A hint quotes a command line by its program's base name, cut short.
+func TestShortCommand(t *testing.T) {
+	for _, tc := range []struct {
+		cmd  string
+		max  int
+		want string
+	}{
+		{"/usr/bin/python3 /usr/local/bin/torchrun --nproc-per-node 2 train.py", 100, "python3 /usr/local/bin/torchrun --nproc-per-node 2 train.py"},
+		{"sleep 30", 100, "sleep 30"},
+		{"sleep 30", 8, "sleep 30"},
+		{"sleep 30", 7, "slee..."},
+		{"/bin/", 100, "/bin/"}, // no base name to take
+	} {
+		if got := shortCommand(tc.cmd, tc.max); got != tc.want {
+			t.Errorf("shortCommand(%q, %d) = %q, want %q", tc.cmd, tc.max, got, tc.want)
+		}
+	}
+}

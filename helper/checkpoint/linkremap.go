@@ -60,20 +60,19 @@ type linkRemapCopy struct {
 // decodeImage reads CRIU's image name in the directory open as dfd, whose
 // entries are of entry's type; none if the image has no such file.
 func decodeImage(dfd int, name string, entry proto.Message) ([]proto.Message, error) {
-	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := openAt(dfd, name)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	// CRIU's images count only as the restoring user's (as stageRestore
 	// links them): whoever else may write DIR does not choose what a
 	// restore makes.
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() {

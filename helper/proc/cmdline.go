@@ -7,10 +7,9 @@ import (
 )
 
 // CommandLine is pid's command line (/proc/PID/cmdline, its arguments
-// joined by spaces), cut to max bytes with "..." where longer; its command
-// name (Comm) where the command line is empty (a kernel thread, a zombie);
-// "" if the process is unknown.
-func CommandLine(pid Pid, max int) string {
+// joined by spaces); its command name (Comm) where the command line is
+// empty (a kernel thread, a zombie); "" if the process is unknown.
+func CommandLine(pid Pid) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/cmdline")
 	if err != nil {
 		return ""
@@ -18,9 +17,6 @@ func CommandLine(pid Pid, max int) string {
 	s := strings.TrimSpace(strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
 	if s == "" {
 		return Comm(pid)
-	}
-	if max > 3 && len(s) > max {
-		s = strings.ToValidUTF8(s[:max-3], "") + "..."
 	}
 	return s
 }

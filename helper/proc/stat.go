@@ -250,12 +250,20 @@ var deviceFilePrefixes = []string{"/dev/nvidia", "anon_inode:[perf_event]"}
 // once): a process that holds one uses the GPU, and CRIU cannot dump it
 // unless its GPU state is checkpointed first.
 func DeviceFiles(pid Pid) []string {
+	return FilesOf(pid, func(name string) bool {
+		return slices.ContainsFunc(deviceFilePrefixes, func(p string) bool { return strings.HasPrefix(name, p) })
+	})
+}
+
+// FilesOf lists the files pid has open or mapped, by the names /proc gives
+// them (a path, "anon_inode:[io_uring]"), each once, those keep accepts;
+// none where /proc does not say (the process is gone, or not the caller's
+// to look at).
+func FilesOf(pid Pid, keep func(name string) bool) []string {
 	var out []string
 	add := func(name string) {
-		for _, p := range deviceFilePrefixes {
-			if strings.HasPrefix(name, p) && !slices.Contains(out, name) {
-				out = append(out, name)
-			}
+		if keep(name) && !slices.Contains(out, name) {
+			out = append(out, name)
 		}
 	}
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
