@@ -350,11 +350,13 @@ func (s *Server) reserveGPUFor(uid uint32, size uint64, what string) (release fu
 	}, nil
 }
 
-// gpuHeld is the GPU memory the helper holds for uid's processes: connected,
-// detached, restored, or being restored.
+// gpuHeld is the GPU memory the helper holds for uid: its processes'
+// (connected, detached, restored, or being restored) and the resident
+// copies it loaded.
 func (s *Server) gpuHeld(uid uint32) uint64 {
 	seen := map[*client]bool{}
 	s.mu.Lock()
+	resident := s.residentBytesOfLocked(uid)
 	for _, cl := range s.reg.byToken {
 		seen[cl] = true
 	}
@@ -367,7 +369,7 @@ func (s *Server) gpuHeld(uid uint32) uint64 {
 		}
 	}
 	s.mu.Unlock()
-	var held uint64
+	held := resident
 	for cl := range seen {
 		cl.mu.Lock()
 		if cl.uid == uid {

@@ -13,6 +13,12 @@ package daemon
 // A resident copy is of one image directory (device and inode) and one
 // image in it (the manifest's image id): a checkpoint written into the
 // directory since, or another directory, is read from storage as before.
+//
+// A resident copy is its loader's GPU memory: it counts against the
+// loader's limit (--max-gpu-memory-per-uid) like the loader's processes'
+// memory, only the loader (or root) may give it up, and only the loader
+// (and root) sees it in Status. It serves only restores of an image of the
+// owner whose image it was loaded from.
 
 import (
 	"bytes"
@@ -45,15 +51,18 @@ func residentKeyOf(f *os.File) (residentKey, error) {
 
 // resident is one image's GPU data in helper memory.
 type resident struct {
-	key      residentKey
-	dir      string
-	id       []byte // the manifest's image id
-	owner    uint32
-	regions  []engine.Region // one per image buffer, in image order
-	made     []*alloc
-	bytes    uint64
-	loaded   time.Time
-	restores atomic.Uint64
+	key   residentKey
+	dir   string
+	id    []byte // the manifest's image id
+	owner uint32 // who loaded it: its memory is this uid's
+	// imageOwner owns the image it was loaded from (the loader itself,
+	// unless root loaded another user's image).
+	imageOwner uint32
+	regions    []engine.Region // one per image buffer, in image order
+	made       []*alloc
+	bytes      uint64
+	loaded     time.Time
+	restores   atomic.Uint64
 
 	// mu: restores copying from it hold it shared; giving it up takes it
 	// whole, so the memory goes only once no copy reads it.
@@ -75,12 +84,31 @@ func (s *Server) residentBytesLocked() uint64 {
 	return n
 }
 
+// residentBytesOfLocked is the device memory uid's resident copies hold.
+func (s *Server) residentBytesOfLocked(uid uint32) uint64 {
+	var n uint64
+	for _, r := range s.residents.byKey {
+		if r.owner == uid {
+			n += r.bytes
+		}
+	}
+	return n
+}
+
+// errNeedDirFD: a caller other than root names an image directory by path.
+// The helper opens no path for it: that would tell whether a directory the
+// caller cannot read holds a resident image, or exists at all.
+func errNeedDirFD(id uint64, uid uint32, dir string) *helperpb.Response {
+	return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION,
+		"uid %d: the image directory %s must come with the request as a descriptor the caller opened", uid, dir)
+}
+
 // loadResident runs a LoadResident request: dir is the image directory the
 // caller passed (nil: the path, root only).
 func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, dir *os.File) *helperpb.Response {
 	if dir == nil {
 		if c.cred.Uid != 0 {
-			return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d: the image directory %s must come with the request as a descriptor the caller opened", c.cred.Uid, req.ImageDir)
+			return errNeedDirFD(id, c.cred.Uid, req.ImageDir)
 		}
 		fd, err := unix.Open(req.ImageDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -113,6 +141,13 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	defer im.Close()
 	imgID := im.Manifest().GetImageId()
 	size := imageBytes(im, 0)
+	// The copy is the loader's memory, within its limit like an allocation
+	// of its processes (held from here until it is counted as resident).
+	releaseGPU, err := s.reserveGPUFor(c.cred.Uid, size, "the resident copy of the GPU image in "+req.ImageDir)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err)
+	}
+	defer releaseGPU()
 	s.mu.Lock()
 	if old := s.residents.byKey[key]; old != nil && bytes.Equal(old.id, imgID) {
 		s.mu.Unlock()
@@ -137,7 +172,7 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err)
 	}
-	r := &resident{key: key, dir: req.ImageDir, id: imgID, owner: owner, bytes: size, loaded: time.Now()}
+	r := &resident{key: key, dir: req.ImageDir, id: imgID, owner: c.cred.Uid, imageOwner: owner, bytes: size, loaded: time.Now()}
 	var bufs []int
 	for i, b := range im.Buffers() {
 		dev := place.deviceOf(b)
@@ -187,6 +222,8 @@ func (s *Server) unloadResident(c *conn, id uint64, req *helperpb.UnloadResident
 	if dir != nil {
 		key, err = residentKeyOf(dir)
 		dir.Close()
+	} else if c.cred.Uid != 0 {
+		return errNeedDirFD(id, c.cred.Uid, req.ImageDir)
 	} else {
 		var st unix.Stat_t
 		if err = unix.Stat(req.ImageDir, &st); err == nil {
@@ -230,10 +267,12 @@ func (r *resident) release() {
 	}
 }
 
-// residentFor is the resident copy of the image im read from the directory
-// dir, held for a restore's copy (the caller calls done after it), or nil.
-// It serves only a restore whose memory is on the GPUs it is on.
-func (s *Server) residentFor(dir *os.File, im *image.Image, place placement) *resident {
+// residentFor is the resident copy of the image im of owner read from the
+// directory dir, held for a restore's copy (the caller calls done after it),
+// or nil. It serves only a restore whose memory is on the GPUs it is on, of
+// an image of the owner whose image it was loaded from (an image id is no
+// secret: another user's manifest may carry it).
+func (s *Server) residentFor(dir *os.File, im *image.Image, owner uint32, place placement) *resident {
 	key, err := residentKeyOf(dir)
 	if err != nil {
 		return nil
@@ -242,6 +281,11 @@ func (s *Server) residentFor(dir *os.File, im *image.Image, place placement) *re
 	r := s.residents.byKey[key]
 	s.mu.Unlock()
 	if r == nil || !bytes.Equal(r.id, im.Manifest().GetImageId()) {
+		return nil
+	}
+	if r.imageOwner != owner {
+		s.log.Warn("a restore reads its image from storage: the resident copy of its directory is of another owner's image",
+			zap.String("image", r.dir), zap.Uint32("resident_owner", r.imageOwner), zap.Uint32("image_owner", owner))
 		return nil
 	}
 	r.mu.RLock()
@@ -305,7 +349,8 @@ func (s *Server) evictResident(dev Device) bool {
 	return true
 }
 
-// residentStatus lists the resident images for Status.
+// residentStatus lists every resident image for Status (residentsSeenBy
+// picks a caller's).
 func (s *Server) residentStatus() []*helperpb.ResidentImage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -316,4 +361,20 @@ func (s *Server) residentStatus() []*helperpb.ResidentImage {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ImageDir < out[j].ImageDir })
 	return out
+}
+
+// residentsSeenBy is what of the resident images all a caller of uid sees:
+// root all of them, another uid its own (their directories are paths of the
+// owner's, which the others need not know).
+func residentsSeenBy(all []*helperpb.ResidentImage, uid uint32) []*helperpb.ResidentImage {
+	if uid == 0 {
+		return all
+	}
+	var own []*helperpb.ResidentImage
+	for _, r := range all {
+		if r.OwnerUid == uid {
+			own = append(own, r)
+		}
+	}
+	return own
 }

@@ -264,3 +264,54 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 		s.Shutdown()
 	}
 }
+
+// A resident copy serves only restores of an image of the owner whose image
+// it was loaded from: a directory the owner can write may get another
+// user's image under the same id (an id is no secret), and that restore
+// must read its own data from storage, not the resident copy's.
+func TestSimResidentServesOnlyItsImagesOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: an image of another uid is written")
+	}
+	drv := loadSim(t)
+	dir := filepath.Join(t.TempDir(), "img")
+	id := writeImage(t, dir, 42, drv.Devices[0].UUID, &image.Owner{UID: 61001, GID: 61001})
+	s, _ := startServer(t, CUDADevices(drv)...)
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	im, owner, err := openRestorable(d, "", image.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.restoreRoom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := residentKeyOf(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A copy of that directory's image id, loaded from an image of root's.
+	r := &resident{key: key, dir: dir, id: id, owner: 0, imageOwner: 0,
+		made: []*alloc{{dev: place.deviceOf(im.Buffers()[0])}}}
+	s.mu.Lock()
+	s.residents.byKey[key] = r
+	s.mu.Unlock()
+	if got := s.residentFor(d, im, owner, place); got != nil {
+		got.mu.RUnlock()
+		t.Errorf("a restore of uid %d's image was served by the resident copy of root's image", owner)
+	}
+	r.imageOwner = owner
+	if got := s.residentFor(d, im, owner, place); got == nil {
+		t.Errorf("a restore of uid %d's image was not served by the resident copy of its own image", owner)
+	} else {
+		got.mu.RUnlock()
+	}
+	s.mu.Lock()
+	delete(s.residents.byKey, key) // nothing of it to release
+	s.mu.Unlock()
+}

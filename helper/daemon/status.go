@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -84,6 +86,23 @@ func (s *Server) buildStatuses(b *statusBuild) {
 	if builds >= floodBuilds {
 		debug.FreeOSMemory()
 	}
+}
+
+// statusSeenBy is the shared reply st as a caller of uid sees it. The
+// reply is shared by every caller, so what differs goes into a shallow copy
+// (the fields' values are shared, not copied: nobody changes them).
+func statusSeenBy(st *helperpb.StatusReply, uid uint32) *helperpb.StatusReply {
+	if uid == 0 {
+		return st
+	}
+	own := &helperpb.StatusReply{}
+	dst := own.ProtoReflect()
+	st.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	own.ResidentImages = residentsSeenBy(st.ResidentImages, uid)
+	return own
 }
 
 // floodBuilds is the number of Status builds back to back after which the

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 type residentStatus struct {
@@ -152,4 +155,107 @@ func TestResidentImageIsTheOwners(t *testing.T) {
 		t.Errorf("root's image became resident for another user: %+v", st)
 	}
 	a.kill()
+}
+
+// TestResidentImagesWithinTheOwnersLimit: a user's resident copies are its
+// GPU memory (a user at its limit cannot park more on the device through
+// `gpucr image load`); `gpucr status` shows a user its own resident images
+// only (root sees all); and an unload naming a path, with no descriptor of
+// the directory, is refused the same way whatever the path names, so that it
+// tells nothing of directories the user cannot read.
+func TestResidentImagesWithinTheOwnersLimit(t *testing.T) {
+	needTool(t, "criu")
+	u := secondUser(t)
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelperWith(t, dir, env, "--socket-mode", "0666", "--resident-memory", "256M",
+		"--max-gpu-memory-per-uid", "40M")
+	openUp(t, dir)
+	udir := filepath.Join(dir, "user")
+	if err := os.Mkdir(udir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(udir, int(u.UID), int(u.GID)); err != nil {
+		t.Fatal(err)
+	}
+	gpucr := binPath(t, "gpucr")
+	asU := func(args ...string) (string, error) {
+		return asOther(t, u, time.Minute, env, gpucr, append(args, "--socket", h.socket)...)
+	}
+
+	// The user's process holds 16 MiB of its 40; two GPU-only images of it.
+	a := startUnderAs(t, dir, h, env, u, "heartbeat", "--mib", "16", "--buffers", "2", "--interval-ms", "20")
+	a.waitIter(3, time.Minute)
+	imgs := []string{filepath.Join(udir, "a"), filepath.Join(udir, "b")}
+	for _, img := range imgs {
+		if out, err := asU("checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running"); err != nil {
+			t.Fatalf("the user's GPU-only checkpoint into %s: %v\n%s", img, err, out)
+		}
+	}
+	// 16 + 16 fits the 40 MiB; a third 16 does not.
+	if out, err := asU("image", "load", imgs[0]); err != nil {
+		t.Fatalf("the user's first resident image: %v\n%s", err, out)
+	}
+	out, err := asU("image", "load", imgs[1])
+	if want := fmt.Sprintf("GPU memory limit of uid %d reached", u.UID); err == nil || !strings.Contains(out, want) {
+		t.Errorf("a resident image past the user's GPU memory limit: %v, want a refusal naming the limit (%q):\n%s", err, want, out)
+	}
+	// Nor may a new allocation of the user's take what the copy holds.
+	if out, code := runUnderAs(t, h, env, &u, binPath(t, "heartbeat"), "--mib", "16", "--buffers", "2", "--iters", "3", "--interval-ms", "0"); code == 0 ||
+		!strings.Contains(out, "CUDA_ERROR_OUT_OF_MEMORY") {
+		t.Errorf("an allocation past the limit that the resident copy takes up: exit %d, want CUDA_ERROR_OUT_OF_MEMORY:\n%s", code, tail(out, 10))
+	}
+
+	// Root's own resident image: root sees both, the user only its own.
+	r := startUnder(t, dir, h, env, "heartbeat", "--mib", "4", "--interval-ms", "20")
+	r.waitIter(3, time.Minute)
+	rootImg := filepath.Join(dir, "roots")
+	cliOK(t, h, env, rootImg, "checkpoint", strconv.Itoa(r.pid), "-D", rootImg, "--gpu-only", "--leave-running")
+	cliOK(t, h, env, rootImg, "image", "load", rootImg)
+	if st := residents(t, h, env); len(st.Resident) != 2 {
+		t.Errorf("root's status: %d resident images, want 2: %+v", len(st.Resident), st)
+	}
+	out, err = asU("status", "--json")
+	if err != nil {
+		t.Fatalf("the user's status: %v\n%s", err, out)
+	}
+	var ust residentStatus
+	if err := json.Unmarshal([]byte(out), &ust); err != nil {
+		t.Fatalf("the user's status --json: %v\n%s", err, out)
+	}
+	if len(ust.Resident) != 1 || ust.Resident[0].ImagesDir != imgs[0] {
+		t.Errorf("the user's status lists resident images %+v, want only its own %s", ust.Resident, imgs[0])
+	}
+
+	// Unload by path, without a descriptor: one answer whether the path is
+	// a resident image, a directory the user cannot read, or nothing.
+	secret := filepath.Join(dir, "secret")
+	if err := os.Mkdir(secret, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	for i, p := range []string{rootImg, secret, filepath.Join(secret, "nothing"), "/nonexistent/at/all"} {
+		rep := rawAs(t, u, h, &helperpb.Request{Body: &helperpb.Request_UnloadResident{UnloadResident: &helperpb.UnloadResident{ImageDir: p}}}, "")
+		if rep.Code != helperpb.ErrorCode_ERROR_PERMISSION.String() || !strings.Contains(rep.Message, "descriptor") {
+			t.Errorf("the user's unload of %s by path: %v, want a permission error asking for a descriptor", p, rep)
+		}
+		msg := strings.ReplaceAll(rep.Message, p, "PATH")
+		if i == 0 {
+			first = msg
+		} else if msg != first {
+			t.Errorf("the unload by path answers %q for %s but %q for %s: it tells the paths apart", msg, p, first, rootImg)
+		}
+	}
+	if st := residents(t, h, env); len(st.Resident) != 2 {
+		t.Errorf("after the user's unloads by path: %d resident images, want 2", len(st.Resident))
+	}
+	// Its own, through the CLI (a descriptor): given up, and its memory with it.
+	if out, err := asU("image", "unload", imgs[0]); err != nil {
+		t.Errorf("the user's unload of its own image: %v\n%s", err, out)
+	}
+	if out, err := asU("image", "load", imgs[1]); err != nil {
+		t.Errorf("a resident image within the limit again, after the unload: %v\n%s", err, out)
+	}
+	a.kill()
+	r.kill()
 }
