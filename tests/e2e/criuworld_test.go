@@ -6,6 +6,7 @@ package e2e
 // CRIU, plugin or helper that the environment names and a user could change.
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -238,4 +239,115 @@ func listenMain(path string) int {
 		}
 		held = append(held, c)
 	}
+}
+
+// TestCRIUImagesArePrivate: root's checkpoint into a directory others may
+// enter (0755) leaves nothing there that another user can read: CRIU's
+// images (the process's memory, in pages-*.img), its log and statistics are
+// 0600 like the GPU image, every directory 0700; the second user reads no
+// page image. The restore from them works, and the process carries on.
+func TestCRIUImagesArePrivate(t *testing.T) {
+	needTool(t, "criu")
+	u := secondUser(t)
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	openUp(t, dir)
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--mib", "4", "--interval-ms", "20", "--hb-every", "1"}
+	a := startUnder(t, dir, h, env, "heartbeat", args...)
+	a.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	var pages []string
+	err := filepath.Walk(img, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || p == img {
+			return err
+		}
+		switch {
+		case fi.IsDir() && fi.Mode().Perm() != 0o700:
+			t.Errorf("%s: mode %v, want 0700", p, fi.Mode())
+		case fi.Mode().IsRegular() && fi.Mode().Perm() != 0o600:
+			t.Errorf("%s: mode %v, want 0600", p, fi.Mode())
+		}
+		if strings.HasPrefix(fi.Name(), "pages-") {
+			pages = append(pages, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) == 0 {
+		t.Fatalf("no pages-*.img in %s", img)
+	}
+	for _, p := range pages {
+		if out, err := asOther(t, u, time.Minute, nil, "head", "-c", "64", p); err == nil {
+			t.Errorf("user %s read %s (%d bytes): root's process memory", u.Name, p, len(out))
+		}
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+5, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
+}
+
+// TestKilledCheckpointsDirectoryRemoved: a `gpucr checkpoint` killed while
+// CRIU runs (SIGKILL: no cleanup of its own) leaves its private directory
+// (CRIU's log and configuration, root's) in /tmp; the next checkpoint
+// removes it, and only it.
+func TestKilledCheckpointsDirectoryRemoved(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "256", "--interval-ms", "20")
+	a.waitIter(3, time.Minute)
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(dir, "img"), "--socket", h.socket)
+	cmd.Env = env
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Its private directory: the one it holds open for CRIU.
+	var private string
+	waitForCond(t, 30*time.Second, func() bool {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
+		for _, fd := range fds {
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", cmd.Process.Pid, fd.Name()))
+			if strings.HasPrefix(l, "/tmp/gpucr-criu-") {
+				private = l
+				return true
+			}
+		}
+		return false
+	}, func() string { return "gpucr checkpoint holds no private directory in /tmp open" })
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if _, err := os.Lstat(private); err != nil {
+		t.Fatalf("the killed checkpoint's directory %s: %v (nothing left to test)", private, err)
+	}
+	a.kill()
+	other := setsidSleep(t)
+	cliOK(t, h, env, filepath.Join(dir, "img2"), "checkpoint", strconv.Itoa(other), "-D", filepath.Join(dir, "img2"))
+	if _, err := os.Lstat(private); err == nil {
+		t.Errorf("the killed checkpoint's private directory %s is still there after the next checkpoint", private)
+	}
+}
+
+// setsidSleep starts a plain process that leads its own session (what a
+// checkpoint without --shell-job needs) and returns its pid.
+func setsidSleep(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	go func() { _ = cmd.Wait() }()
+	return cmd.Process.Pid
 }
