@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/trusted"
 )
 
@@ -31,14 +33,82 @@ type criuSession struct {
 // pluginLogEnv names the plugin's message file (criuplugin/README.md).
 const pluginLogEnv = "GPUCR_PLUGIN_LOG"
 
+// sessionPrefix starts the name of a session's private directory. The name
+// goes on with its maker's identity (sessionOwner), so that the directory
+// of a session whose gpucr was killed (SIGKILL runs no cleanup) is known
+// for what it is and removed by the next session.
+const sessionPrefix = "gpucr-criu-"
+
+// sessionOwner names this process in a session directory's name: its pid
+// namespace, pid and start time, "NS-PID-START-" ("" if it cannot be read:
+// such a directory is then never taken for a dead one's).
+func sessionOwner() string {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return ""
+	}
+	ns = strings.TrimSuffix(strings.TrimPrefix(ns, "pid:["), "]")
+	pid := proc.Pid(os.Getpid())
+	st, err := proc.ReadStat(pid)
+	if err != nil || ns == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s-%d-%d-", ns, pid, st.Start)
+}
+
+// removeDeadSessions removes, under tempDir, the private directories of
+// sessions whose gpucr no longer runs: those of this pid namespace (a pid
+// of another means nothing here) and of this user, named by a process
+// that is gone. It acts beneath tempDir's descriptor and follows no link
+// (os.Root); a directory another user made under such a name is left alone.
+func removeDeadSessions(tempDir, self string) {
+	ns, _, _ := strings.Cut(self, "-")
+	if ns == "" {
+		return
+	}
+	root, err := os.OpenRoot(tempDir)
+	if err != nil {
+		return
+	}
+	defer root.Close()
+	d, err := root.Open(".")
+	if err != nil {
+		return
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, name := range names {
+		rest, ok := strings.CutPrefix(name, sessionPrefix+ns+"-")
+		if !ok {
+			continue
+		}
+		var pid proc.Pid
+		var start uint64
+		if n, _ := fmt.Sscanf(strings.ReplaceAll(rest, "-", " "), "%d %d", &pid, &start); n != 2 || proc.RunsOn(pid, start) {
+			continue
+		}
+		fi, err := root.Lstat(name)
+		if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+			continue
+		}
+		_ = root.RemoveAll(name)
+	}
+}
+
 // newSession makes the session's private directory under tempDir (/tmp
 // if empty) and, with a plugin directory or extra CRIU options, its CRIU
-// configuration: "libdir DIR" and one line per extra option.
+// configuration: "libdir DIR" and one line per extra option. It removes
+// what sessions of killed gpucr processes left there first.
 func newSession(tempDir, pluginDir string, extra []string) (*criuSession, error) {
 	if tempDir == "" {
 		tempDir = "/tmp"
 	}
-	dir, err := os.MkdirTemp(tempDir, "gpucr-criu-")
+	self := sessionOwner()
+	removeDeadSessions(tempDir, self)
+	dir, err := os.MkdirTemp(tempDir, sessionPrefix+self)
 	if err != nil {
 		return nil, fmt.Errorf("private directory for CRIU: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -108,5 +109,74 @@ func TestCRIUOptionsCheck(t *testing.T) {
 	good.ManageCgroups = "soft"
 	if err := good.check(); err != nil {
 		t.Errorf("%+v refused: %v", good, err)
+	}
+}
+
+// A new session removes the directories of sessions whose gpucr is gone
+// (of this pid namespace and this user), and nothing else: a live
+// session's, a gone one's of another pid namespace, a symlink or a file
+// under such a name, a directory of another mode or of another user.
+func TestRemoveDeadSessions(t *testing.T) {
+	base := t.TempDir()
+	self := sessionOwner()
+	if self == "" {
+		t.Skip("this process's pid namespace or start time cannot be read")
+	}
+	ns, _, _ := strings.Cut(self, "-")
+	dead := sessionPrefix + ns + "-999999999-1-123"
+	kept := map[string]bool{
+		sessionPrefix + self + "456":                 true, // this process: runs
+		sessionPrefix + "4026531999-999999999-1-789": true, // another pid namespace
+		sessionPrefix + ns + "-999999999-1-link":     true, // a symlink
+		sessionPrefix + ns + "-999999999-1-file":     true, // a file
+		sessionPrefix + ns + "-999999999-1-open":     true, // 0755
+		sessionPrefix + ns + "-999999999-1-theirs":   true, // another user's
+		"gpucr-check-" + ns + "-999999999-1-x":       true, // not a session's
+		"target-stays":                               true, // the symlink's target
+	}
+	for name := range kept {
+		p := filepath.Join(base, name)
+		switch {
+		case strings.HasSuffix(name, "-link"):
+			if err := os.Symlink(filepath.Join(base, "target-stays"), p); err != nil {
+				t.Fatal(err)
+			}
+		case strings.HasSuffix(name, "-file"):
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		case strings.HasSuffix(name, "-open"):
+			if err := os.Mkdir(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			if err := os.Mkdir(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	theirs := filepath.Join(base, sessionPrefix+ns+"-999999999-1-theirs")
+	if os.Geteuid() == 0 {
+		if err := os.Chown(theirs, 61002, 61002); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		delete(kept, sessionPrefix+ns+"-999999999-1-theirs")
+		_ = os.Remove(theirs)
+	}
+	if err := os.MkdirAll(filepath.Join(base, dead, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, dead, "sub", "dump.log"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	removeDeadSessions(base, self)
+	if _, err := os.Lstat(filepath.Join(base, dead)); !os.IsNotExist(err) {
+		t.Errorf("a dead session's directory is still there: %v", err)
+	}
+	for name := range kept {
+		if _, err := os.Lstat(filepath.Join(base, name)); err != nil {
+			t.Errorf("%s was removed: %v", name, err)
+		}
 	}
 }

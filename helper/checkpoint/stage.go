@@ -176,6 +176,10 @@ func (cd *criuDir) publish() error {
 	}
 	var errs []error
 	for _, e := range ents {
+		if err := makePrivate(cd.stage, e.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+			continue
+		}
 		if err := unix.Renameat(int(cd.stage.Fd()), e.Name(), int(cd.dir.Fd()), e.Name()); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
 		}
@@ -192,10 +196,40 @@ func (cd *criuDir) publish() error {
 func (cd *criuDir) keepNew() {
 	ents, _ := entries(cd.stage)
 	for _, e := range ents {
-		if !cd.linked[e.Name()] {
+		if !cd.linked[e.Name()] && makePrivate(cd.stage, e.Name()) == nil {
 			_ = unix.Renameat(int(cd.stage.Fd()), e.Name(), int(cd.dir.Fd()), e.Name())
 		}
 	}
+}
+
+// makePrivate gives name, a file or directory CRIU made in the stage, the
+// GPU image's modes (files 0600, directories 0700) before it goes into DIR:
+// CRIU creates its images 0644, and DIR may be a directory others can
+// enter, where pages-*.img would show them the process's memory. It is
+// changed through a descriptor of what was opened, not followed: anything
+// but a file or a directory is refused (CRIU makes nothing else).
+func makePrivate(stage *os.File, name string) error {
+	fd, err := unix.Openat(int(stage.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("making it private: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("making it private: %w", err)
+	}
+	mode := uint32(0o600)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		mode = 0o700
+	default:
+		return fmt.Errorf("not a file or a directory (mode %o)", st.Mode)
+	}
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fmt.Errorf("making it private: %w", err)
+	}
+	return nil
 }
 
 // keep leaves the stage in place (remove does nothing then).
