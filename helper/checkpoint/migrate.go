@@ -118,6 +118,15 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return nil, fmt.Errorf("migration refused before anything was stopped: target %s: %w", o.Target.Name(), err)
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("target %s answers", o.Target.Name())})
+	// The source is signalled at the end (SIGKILL once the target runs,
+	// SIGCONT if the migration fails): its processes are held from now on,
+	// each by a pidfd, so that a signal never reaches a process that took
+	// the pid of one that died meanwhile.
+	held, err := proc.HoldTree(o.Pid)
+	if err != nil {
+		return nil, fmt.Errorf("migration of %d refused before anything was stopped: %w", o.Pid, err)
+	}
+	defer func() { proc.CloseAll(held) }()
 	// A streamed image's pre-copy rounds go to the target while the tree
 	// runs: the stop then sends only the rest.
 	var early *preCopyResult
@@ -125,7 +134,6 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	var earlySent int64
 	st, streamed := o.Target.(*SSHTarget)
 	if streamed && o.PreCopy.Rounds > 0 && !st.Shared {
-		var err error
 		if early, earlyDir, earlySent, err = preCopyAhead(ctx, o, st, ev); err != nil {
 			return nil, err
 		}
@@ -149,6 +157,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	if early == nil {
 		t0 = t0.Add(time.Duration(dump.PreCopySeconds * float64(time.Second))) // the tree ran during the rounds
 	}
+	// A process forked after the tree was held was dumped too: it is
+	// found through its parent, which (stopped now) forks no other.
+	held = proc.AddDescendants(held)
 	res := &MigrateResult{Pid: o.Pid, Target: o.Target.Name(), ImagesDir: o.Dir, Dump: dump, DumpSeconds: time.Since(t0).Seconds(),
 		PreCopyBytesSent: earlySent}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("dumped in %.3f s; the source is stopped", res.DumpSeconds)})
@@ -160,7 +171,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 				me.Notes = append(me.Notes, fmt.Sprintf("the image at the target (%s) could not be removed: %v", remoteDir, derr))
 			}
 		}
-		me.SourceRunning, me.Notes = continueSource(o.Env.Socket, dump, me.Notes)
+		me.SourceRunning, me.Notes = continueSource(o.Env.Socket, dump, held, me.Notes)
 		me.Notes = append(me.Notes, "the image stays in "+o.Dir)
 		return me
 	}
@@ -204,17 +215,30 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		res.DowntimeSeconds -= restored.Seconds - rd.GPULaunch
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("runs at %s as pid %d", o.Target.Name(), restored.Pid)})
-	// The target runs: the source goes.
-	for _, p := range dump.Tree {
-		_ = syscall.Kill(int(p), syscall.SIGKILL)
+	// The target runs: the source goes (a process of it that died
+	// meanwhile is simply gone).
+	for _, p := range held {
+		_ = p.Signal(syscall.SIGKILL)
 	}
 	wctx, cancel := context.WithTimeout(ctx, treeGoneWait)
 	defer cancel()
-	if held := proc.WaitReleased(wctx, dump.Tree); len(held) > 0 {
-		text, _ := holdersText(held)
+	if left := proc.WaitGone(wctx, held); len(left) > 0 {
+		text, _ := holdersText(holdersOf(left))
 		ev.emit(Event{Kind: Warning, Text: "the source's processes, killed, still hold their pids: " + text})
 	}
 	return res, nil
+}
+
+// holdersOf describes held processes that are still there (running, or
+// zombies), as proc.Holders does.
+func holdersOf(procs []*proc.Process) []proc.Holder {
+	var out []proc.Holder
+	for _, p := range procs {
+		if st, err := proc.ReadStat(p.Pid()); err == nil && st.Start == p.Start() {
+			out = append(out, proc.Holder{Pid: p.Pid(), State: st.State, PPid: st.PPid})
+		}
+	}
+	return out
 }
 
 // preCopyAhead runs a migration's pre-copy rounds (while the tree runs) and
@@ -260,12 +284,13 @@ func discard(t Target, remoteDir string) error {
 func inPreCopy(rel string) bool { return rel == PreCopyDir || strings.HasPrefix(rel, PreCopyDir+"/") }
 
 // continueSource continues a stopped migration source (SIGCONT to every
-// process of its tree) and waits for its GPU processes to have their GPU
-// back; it says whether they do, with notes.
-func continueSource(socket string, dump *DumpResult, notes []string) (bool, []string) {
-	for _, p := range dump.Tree {
-		if err := syscall.Kill(int(p), syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
-			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p, err))
+// process of its tree, held: one that died is not replaced by whoever has
+// its pid now) and waits for its GPU processes to have their GPU back; it
+// says whether they do, with notes.
+func continueSource(socket string, dump *DumpResult, held []*proc.Process, notes []string) (bool, []string) {
+	for _, p := range held {
+		if err := p.Signal(syscall.SIGCONT); err != nil && !errors.Is(err, proc.ErrGone) {
+			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p.Pid(), err))
 		}
 	}
 	var pids []proc.Pid
@@ -273,10 +298,10 @@ func continueSource(socket string, dump *DumpResult, notes []string) (bool, []st
 		pids = append(pids, g.Pid)
 	}
 	running := true
-	for _, p := range dump.Tree {
-		if !proc.Exists(p) && !slices.Contains(pids, p) {
+	for _, p := range held {
+		if !p.Running() && !slices.Contains(pids, p.Pid()) {
 			running = false
-			notes = append(notes, fmt.Sprintf("pid %d of the source is gone", p))
+			notes = append(notes, fmt.Sprintf("pid %d of the source is gone", p.Pid()))
 		}
 	}
 	for _, pa := range waitGPUBack(socket, pids, sourceBackWait) {
