@@ -28,12 +28,22 @@ type Target interface {
 	// anything is stopped.
 	Check(ctx context.Context) error
 	// Receive makes the image in localDir available at the target and
-	// returns its directory there, and how many bytes went over.
-	Receive(ctx context.Context, localDir string) (remoteDir string, sent int64, err error)
+	// says where, and what went over. On error, Received.Dir is what
+	// Discard is to remove ("": nothing there is this migration's).
+	Receive(ctx context.Context, localDir string) (Received, error)
 	// Restore restores the image in remoteDir at the target.
 	Restore(ctx context.Context, remoteDir string) (*RestoreResult, error)
 	// Discard removes what Receive put at the target (a failed migration).
 	Discard(ctx context.Context, remoteDir string) error
+}
+
+// Received is an image a Target received.
+type Received struct {
+	Dir   string // its directory at the target
+	Bytes int64  // the files' bytes that went over
+	// NotSent are entries of the local directory that did not go: another
+	// user's, or neither a directory nor a regular file (image.Send).
+	NotSent []string
 }
 
 // MigrateOptions is a live migration of the tree of Pid to Target.
@@ -176,17 +186,16 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return me
 	}
 	t1 := time.Now()
-	var remoteDir string
-	var sent int64
+	var rcv Received
 	if earlyDir != "" {
 		// the rest: all but the rounds, into the directory they went to
-		remoteDir, sent, err = st.receivePart(ctx, o.Dir, false, func(rel string) bool { return !inPreCopy(rel) })
-		if remoteDir == "" {
-			remoteDir = earlyDir
-		}
+		rcv, err = st.receivePart(ctx, o.Dir, false, func(rel string) bool { return !inPreCopy(rel) })
+		rcv.Dir = earlyDir
 	} else {
-		remoteDir, sent, err = o.Target.Receive(ctx, o.Dir)
+		rcv, err = o.Target.Receive(ctx, o.Dir)
 	}
+	warnNotSent(ev, o.Dir, rcv.NotSent)
+	remoteDir, sent := rcv.Dir, rcv.Bytes
 	if err != nil {
 		return nil, fail("transfer", err, remoteDir)
 	}
@@ -258,7 +267,9 @@ func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emit
 		return nil, "", 0, nil
 	}
 	t := time.Now()
-	rdir, n, err := st.receivePart(ctx, o.Dir, true, inPreCopy)
+	rcv, err := st.receivePart(ctx, o.Dir, true, inPreCopy)
+	warnNotSent(ev, o.Dir, rcv.NotSent)
+	rdir, n := rcv.Dir, rcv.Bytes
 	if err != nil {
 		if rdir != "" {
 			_ = discard(st, rdir)
@@ -269,6 +280,21 @@ func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emit
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pre-copy rounds at %s:%s (%d bytes sent in %.3f s); stopping the tree",
 		st.Name(), rdir, n, time.Since(t).Seconds())})
 	return pc, rdir, n, nil
+}
+
+// warnNotSent tells what of the image directory did not go to the target
+// (someone else's files, symlinks): a restore there would not have read
+// them either.
+func warnNotSent(ev *emitter, dir string, notSent []string) {
+	if len(notSent) == 0 {
+		return
+	}
+	const shown = 5
+	text := strings.Join(notSent[:min(len(notSent), shown)], "; ")
+	if len(notSent) > shown {
+		text += fmt.Sprintf("; and %d more", len(notSent)-shown)
+	}
+	ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("not sent to the target from %s (only this user's directories and regular files go): %s", dir, text)})
 }
 
 // discard removes what a failed migration put at the target, within 30 s
