@@ -133,6 +133,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	// each by a pidfd, so that a signal never reaches a process that took
 	// the pid of one that died meanwhile.
 	held, err := proc.HoldTree(o.Pid)
+	if errors.Is(err, proc.ErrGone) {
+		return nil, fmt.Errorf("no process %d", o.Pid) // as a checkpoint says it
+	}
 	if err != nil {
 		return nil, fmt.Errorf("migration of %d refused before anything was stopped: %w", o.Pid, err)
 	}

@@ -95,7 +95,6 @@ func TestMigrateSignalsOnlyItsTree(t *testing.T) {
 	}{{"restored", restoreOK}, {"failed", func(int) string { return restoreFails }}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			openUp(t, dir)
 			env := gpucrEnv(t)
 			h := startHelper(t, dir, env)
 			kidFile := filepath.Join(dir, "kid")
