@@ -237,6 +237,7 @@ func fxHostile(t testing.TB) map[string]struct {
 	add("dotdot", `".." in the name`, reg("../x", "escaped"))
 	add("dotdot-inside", `".." in the name`, dir("a"), reg("a/../../x", "escaped"))
 	add("absolute", "an absolute name", reg("/tmp/gpucr-received-absolute", "escaped"))
+	add("absolute-etc", "an absolute name", reg("/etc/gpucr-received-absolute", "escaped"))
 	add("dot", `"." component`, reg("./x", "x"))
 	add("double-slash", "empty or", dir("a"), reg("a//x", "x"))
 	add("symlink", "is a symlink", fxEntry{name: "l", typ: tar.TypeSymlink, link: "/etc"}, reg("l/x", "through"))
@@ -298,8 +299,10 @@ func TestReceiveHostile(t *testing.T) {
 			fxOnlyBeneath(t, dir, "img")
 		})
 	}
-	if _, err := os.Lstat("/tmp/gpucr-received-absolute"); err == nil {
-		t.Error("an absolute name was written")
+	for _, p := range []string{"/tmp/gpucr-received-absolute", "/etc/gpucr-received-absolute"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("the absolute name %s was written", p)
+		}
 	}
 	// A directory twice is no harm (a later part finds its directories).
 	dir := t.TempDir()
