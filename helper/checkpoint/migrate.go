@@ -28,12 +28,22 @@ type Target interface {
 	// anything is stopped.
 	Check(ctx context.Context) error
 	// Receive makes the image in localDir available at the target and
-	// returns its directory there, and how many bytes went over.
-	Receive(ctx context.Context, localDir string) (remoteDir string, sent int64, err error)
+	// says where, and what went over. On error, Received.Dir is what
+	// Discard is to remove ("": nothing there is this migration's).
+	Receive(ctx context.Context, localDir string) (Received, error)
 	// Restore restores the image in remoteDir at the target.
 	Restore(ctx context.Context, remoteDir string) (*RestoreResult, error)
 	// Discard removes what Receive put at the target (a failed migration).
 	Discard(ctx context.Context, remoteDir string) error
+}
+
+// Received is an image a Target received.
+type Received struct {
+	Dir   string // its directory at the target
+	Bytes int64  // the files' bytes that went over
+	// NotSent are entries of the local directory that did not go: another
+	// user's, or neither a directory nor a regular file (image.Send).
+	NotSent []string
 }
 
 // MigrateOptions is a live migration of the tree of Pid to Target.
@@ -118,6 +128,18 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return nil, fmt.Errorf("migration refused before anything was stopped: target %s: %w", o.Target.Name(), err)
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("target %s answers", o.Target.Name())})
+	// The source is signalled at the end (SIGKILL once the target runs,
+	// SIGCONT if the migration fails): its processes are held from now on,
+	// each by a pidfd, so that a signal never reaches a process that took
+	// the pid of one that died meanwhile.
+	held, err := proc.HoldTree(o.Pid)
+	if errors.Is(err, proc.ErrGone) {
+		return nil, fmt.Errorf("no process %d", o.Pid) // as a checkpoint says it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("migration of %d refused before anything was stopped: %w", o.Pid, err)
+	}
+	defer func() { proc.CloseAll(held) }()
 	// A streamed image's pre-copy rounds go to the target while the tree
 	// runs: the stop then sends only the rest.
 	var early *preCopyResult
@@ -125,7 +147,6 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	var earlySent int64
 	st, streamed := o.Target.(*SSHTarget)
 	if streamed && o.PreCopy.Rounds > 0 && !st.Shared {
-		var err error
 		if early, earlyDir, earlySent, err = preCopyAhead(ctx, o, st, ev); err != nil {
 			return nil, err
 		}
@@ -149,6 +170,9 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	if early == nil {
 		t0 = t0.Add(time.Duration(dump.PreCopySeconds * float64(time.Second))) // the tree ran during the rounds
 	}
+	// A process forked after the tree was held was dumped too: it is
+	// found through its parent, which (stopped now) forks no other.
+	held = proc.AddDescendants(held)
 	res := &MigrateResult{Pid: o.Pid, Target: o.Target.Name(), ImagesDir: o.Dir, Dump: dump, DumpSeconds: time.Since(t0).Seconds(),
 		PreCopyBytesSent: earlySent}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("dumped in %.3f s; the source is stopped", res.DumpSeconds)})
@@ -160,22 +184,21 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 				me.Notes = append(me.Notes, fmt.Sprintf("the image at the target (%s) could not be removed: %v", remoteDir, derr))
 			}
 		}
-		me.SourceRunning, me.Notes = continueSource(o.Env.Socket, dump, me.Notes)
+		me.SourceRunning, me.Notes = continueSource(o.Env.Socket, dump, held, me.Notes)
 		me.Notes = append(me.Notes, "the image stays in "+o.Dir)
 		return me
 	}
 	t1 := time.Now()
-	var remoteDir string
-	var sent int64
+	var rcv Received
 	if earlyDir != "" {
 		// the rest: all but the rounds, into the directory they went to
-		remoteDir, sent, err = st.receivePart(ctx, o.Dir, false, func(rel string) bool { return !inPreCopy(rel) })
-		if remoteDir == "" {
-			remoteDir = earlyDir
-		}
+		rcv, err = st.receivePart(ctx, o.Dir, false, func(rel string) bool { return !inPreCopy(rel) })
+		rcv.Dir = earlyDir
 	} else {
-		remoteDir, sent, err = o.Target.Receive(ctx, o.Dir)
+		rcv, err = o.Target.Receive(ctx, o.Dir)
 	}
+	warnNotSent(ev, o.Dir, rcv.NotSent)
+	remoteDir, sent := rcv.Dir, rcv.Bytes
 	if err != nil {
 		return nil, fail("transfer", err, remoteDir)
 	}
@@ -204,17 +227,30 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		res.DowntimeSeconds -= restored.Seconds - rd.GPULaunch
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("runs at %s as pid %d", o.Target.Name(), restored.Pid)})
-	// The target runs: the source goes.
-	for _, p := range dump.Tree {
-		_ = syscall.Kill(int(p), syscall.SIGKILL)
+	// The target runs: the source goes (a process of it that died
+	// meanwhile is simply gone).
+	for _, p := range held {
+		_ = p.Signal(syscall.SIGKILL)
 	}
 	wctx, cancel := context.WithTimeout(ctx, treeGoneWait)
 	defer cancel()
-	if held := proc.WaitReleased(wctx, dump.Tree); len(held) > 0 {
-		text, _ := holdersText(held)
+	if left := proc.WaitGone(wctx, held); len(left) > 0 {
+		text, _ := holdersText(holdersOf(left))
 		ev.emit(Event{Kind: Warning, Text: "the source's processes, killed, still hold their pids: " + text})
 	}
 	return res, nil
+}
+
+// holdersOf describes held processes that are still there (running, or
+// zombies), as proc.Holders does.
+func holdersOf(procs []*proc.Process) []proc.Holder {
+	var out []proc.Holder
+	for _, p := range procs {
+		if st, err := proc.ReadStat(p.Pid()); err == nil && st.Start == p.Start() {
+			out = append(out, proc.Holder{Pid: p.Pid(), State: st.State, PPid: st.PPid})
+		}
+	}
+	return out
 }
 
 // preCopyAhead runs a migration's pre-copy rounds (while the tree runs) and
@@ -234,7 +270,9 @@ func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emit
 		return nil, "", 0, nil
 	}
 	t := time.Now()
-	rdir, n, err := st.receivePart(ctx, o.Dir, true, inPreCopy)
+	rcv, err := st.receivePart(ctx, o.Dir, true, inPreCopy)
+	warnNotSent(ev, o.Dir, rcv.NotSent)
+	rdir, n := rcv.Dir, rcv.Bytes
 	if err != nil {
 		if rdir != "" {
 			_ = discard(st, rdir)
@@ -245,6 +283,21 @@ func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emit
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("pre-copy rounds at %s:%s (%d bytes sent in %.3f s); stopping the tree",
 		st.Name(), rdir, n, time.Since(t).Seconds())})
 	return pc, rdir, n, nil
+}
+
+// warnNotSent tells what of the image directory did not go to the target
+// (someone else's files, symlinks): a restore there would not have read
+// them either.
+func warnNotSent(ev *emitter, dir string, notSent []string) {
+	if len(notSent) == 0 {
+		return
+	}
+	const shown = 5
+	text := strings.Join(notSent[:min(len(notSent), shown)], "; ")
+	if len(notSent) > shown {
+		text += fmt.Sprintf("; and %d more", len(notSent)-shown)
+	}
+	ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("not sent to the target from %s (only this user's directories and regular files go): %s", dir, text)})
 }
 
 // discard removes what a failed migration put at the target, within 30 s
@@ -260,12 +313,13 @@ func discard(t Target, remoteDir string) error {
 func inPreCopy(rel string) bool { return rel == PreCopyDir || strings.HasPrefix(rel, PreCopyDir+"/") }
 
 // continueSource continues a stopped migration source (SIGCONT to every
-// process of its tree) and waits for its GPU processes to have their GPU
-// back; it says whether they do, with notes.
-func continueSource(socket string, dump *DumpResult, notes []string) (bool, []string) {
-	for _, p := range dump.Tree {
-		if err := syscall.Kill(int(p), syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
-			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p, err))
+// process of its tree, held: one that died is not replaced by whoever has
+// its pid now) and waits for its GPU processes to have their GPU back; it
+// says whether they do, with notes.
+func continueSource(socket string, dump *DumpResult, held []*proc.Process, notes []string) (bool, []string) {
+	for _, p := range held {
+		if err := p.Signal(syscall.SIGCONT); err != nil && !errors.Is(err, proc.ErrGone) {
+			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p.Pid(), err))
 		}
 	}
 	var pids []proc.Pid
@@ -273,10 +327,10 @@ func continueSource(socket string, dump *DumpResult, notes []string) (bool, []st
 		pids = append(pids, g.Pid)
 	}
 	running := true
-	for _, p := range dump.Tree {
-		if !proc.Exists(p) && !slices.Contains(pids, p) {
+	for _, p := range held {
+		if !p.Running() && !slices.Contains(pids, p.Pid()) {
 			running = false
-			notes = append(notes, fmt.Sprintf("pid %d of the source is gone", p))
+			notes = append(notes, fmt.Sprintf("pid %d of the source is gone", p.Pid()))
 		}
 	}
 	for _, pa := range waitGPUBack(socket, pids, sourceBackWait) {

@@ -1,25 +1,31 @@
 package checkpoint
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/image"
 )
 
 // SSHTarget is a migration target reached with ssh, or with any command
 // that runs a command line on a host the way ssh does (SSH HOST CMDLINE):
-// the image is streamed to it as a tar archive on the command's stdin
-// (or, with Shared, read there from the same path), and the target's own
-// gpucr restores it, through the target's helper.
+// the image is streamed to it as a tar archive on the command's stdin, to
+// the target's `gpucr image receive` (or, with Shared, read there from the
+// same path), and the target's own gpucr restores it, through the
+// target's helper.
 type SSHTarget struct {
 	SSH  []string // the ssh command and its options: ["ssh", "-p", "2222"]
 	Host string   // [user@]host
@@ -45,6 +51,8 @@ type SSHTarget struct {
 	// Check, before the source stops, and used by every later command, so
 	// that the downtime pays for no handshake. Ended by Close.
 	control string
+	// received are the directories Receive made at the target, by path.
+	received map[string]receivedDir
 }
 
 func (t *SSHTarget) Name() string { return t.Host }
@@ -67,8 +75,14 @@ func shellLine(words ...string) string {
 }
 
 // remote runs cmdline at the target with stdin; it returns stdout, and on
-// failure an error with the remote stderr's last lines.
+// failure an error with the remote stderr's last lines. An *os.File stdin
+// (a pipe's reading end) is the command's own: it is closed here once the
+// command has it, so that its writer learns (EPIPE) when the command ends.
 func (t *SSHTarget) remote(ctx context.Context, cmdline string, stdin io.Reader) ([]byte, error) {
+	f, owned := stdin.(*os.File)
+	if owned {
+		defer f.Close()
+	}
 	if len(t.SSH) == 0 {
 		return nil, errors.New("no ssh command")
 	}
@@ -79,7 +93,14 @@ func (t *SSHTarget) remote(ctx context.Context, cmdline string, stdin io.Reader)
 	if t.Stderr != nil {
 		cmd.Stderr = io.MultiWriter(&errb, t.Stderr)
 	}
-	if err := cmd.Run(); err != nil {
+	err := cmd.Start()
+	if owned {
+		f.Close()
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		re := &RemoteError{Host: t.Host, Command: firstWord(cmdline), Exit: -1, Stderr: strings.TrimSpace(errb.String()), err: err}
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -176,10 +197,15 @@ func (t *SSHTarget) Check(ctx context.Context) error {
 		return err
 	}
 	var v struct {
-		Version string `json:"version"`
+		Version  string `json:"version"`
+		Features string `json:"features"` // comma-separated
 	}
 	if err := json.Unmarshal(out, &v); err != nil || v.Version == "" {
 		return fmt.Errorf("its gpucr does not answer `gpucr version --json` (%q)", strings.TrimSpace(string(out)))
+	}
+	if !t.Shared && !slices.Contains(strings.Split(v.Features, ","), FeatureReceive) {
+		return fmt.Errorf("its gpucr (version %s) has no `gpucr image receive`, which receives a streamed image there: install this gpucr there (or use --shared)",
+			v.Version)
 	}
 	return nil
 }
@@ -191,113 +217,114 @@ func (t *SSHTarget) dir(local string) string {
 	return local
 }
 
-// Receive streams localDir to the target's image directory, which must not
-// exist or be empty (its contents are never replaced).
-func (t *SSHTarget) Receive(ctx context.Context, localDir string) (string, int64, error) {
+// Receive streams localDir to the target's image directory, which must
+// not exist or be empty (its contents are never replaced).
+func (t *SSHTarget) Receive(ctx context.Context, localDir string) (Received, error) {
 	return t.receivePart(ctx, localDir, true, nil)
 }
 
+// FeatureReceive is what `gpucr version --json` lists where gpucr has
+// `gpucr image receive` and `gpucr image discard`, which a streamed
+// migration runs at its target.
+const FeatureReceive = "image-receive"
+
+// receivedDir is a directory `gpucr image receive` made at the target: its
+// identity, by which later commands refer to it and to no other directory
+// its path may lead to by then.
+type receivedDir struct {
+	ID   string `json:"id"` // DEV:INO
+	Made bool   `json:"made"`
+}
+
 // receivePart is Receive of the entries of localDir that only accepts (nil:
-// all; rel is slash-separated, relative to localDir), into a new or empty
-// directory if first, else into the one an earlier part made (a
-// pre-copy's rounds go before the stop, the rest after it).
-func (t *SSHTarget) receivePart(ctx context.Context, localDir string, first bool, only func(rel string) bool) (string, int64, error) {
+// all; rel is slash-separated, relative to localDir), into a directory the
+// target's gpucr makes if first, else into the one an earlier part made
+// (a pre-copy's rounds go before the stop, the rest after it). The
+// target's `gpucr image receive` names the directory it made before it
+// reads anything (a failed transfer removes only that), and refuses a
+// directory that is not empty.
+func (t *SSHTarget) receivePart(ctx context.Context, localDir string, first bool, only func(rel string) bool) (Received, error) {
 	rdir := t.dir(localDir)
 	if t.Shared {
-		return rdir, 0, nil
+		return Received{Dir: rdir}, nil
 	}
-	// One command: the directory is made, refused unless empty (exit 3: a
-	// failed transfer removes only what it made), and filled (tar reading
-	// 1 MiB records: its default 10 KiB ones took half the speed here).
-	// A later part goes into the directory the first one made.
-	q := shellQuote(rdir)
-	script := fmt.Sprintf(`mkdir -p -m 0700 -- %[1]s || exit 2; if [ -n "$(ls -A -- %[1]s)" ]; then echo %[2]s >&2; exit 3; fi; exec tar -C %[1]s -b 2048 -xf -`,
-		q, shellQuote(rdir+" is not empty"))
+	args := []string{"image", "receive"}
 	if !first {
-		script = fmt.Sprintf(`[ -d %[1]s ] || { echo %[2]s >&2; exit 2; }; exec tar -C %[1]s -b 2048 -xf -`,
-			q, shellQuote(rdir+" is missing"))
+		r, ok := t.received[rdir]
+		if !ok {
+			return Received{}, fmt.Errorf("no earlier part of the image went to %s:%s", t.Host, rdir)
+		}
+		args = append(args, "--into", r.ID)
 	}
-	pr, pw := io.Pipe()
-	sent := make(chan int64, 1)
+	args = append(args, "--", rdir)
+	// The stream goes through a pipe that ssh reads itself (no copy in
+	// this process between the archive and ssh), 1 MiB deep where the
+	// kernel allows.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return Received{}, fmt.Errorf("a pipe for the image: %w", err)
+	}
+	if rc, err := pw.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, 1<<20) })
+	}
+	sent := make(chan image.SendResult, 1)
 	var werr error
 	go func() {
-		n, err := writeTar(pw, localDir, only)
+		res, err := writeTar(pw, localDir, only)
 		werr = err
-		pw.CloseWithError(err)
-		sent <- n
+		pw.Close()
+		sent <- res
 	}()
-	_, err := t.remote(ctx, script, pr)
-	pr.Close() // a writer the remote end stopped reading gives up
-	n := <-sent
-	if err == nil && werr != nil {
+	out, err := t.remote(ctx, t.gpucr(args...), pr) // closes pr: a writer the remote end stopped reading gives up
+	res := <-sent
+	switch {
+	case werr == nil:
+	case err == nil:
 		err = werr
+	case !errors.Is(werr, syscall.EPIPE):
+		// The sending failed first, and the target saw the stream end.
+		err = fmt.Errorf("%w; at the target: %v", werr, err)
 	}
-	var re *RemoteError
-	if errors.As(err, &re) && re.Exit == 3 {
-		return "", n, err // not ours to remove
+	got := Received{Bytes: res.Bytes, NotSent: res.NotSent}
+	if !first {
+		got.Dir = rdir
+	} else if r, ok := receivedOf(out); ok {
+		if t.received == nil {
+			t.received = map[string]receivedDir{}
+		}
+		t.received[rdir] = r
+		got.Dir = rdir
 	}
-	return rdir, n, err
+	return got, err
+}
+
+// receivedOf finds the line of `gpucr image receive` that names the
+// directory it made.
+func receivedOf(out []byte) (receivedDir, bool) {
+	for _, line := range strings.Split(string(out), "\n") {
+		var r receivedDir
+		if json.Unmarshal([]byte(line), &r) == nil && r.ID != "" {
+			return r, true
+		}
+	}
+	return receivedDir{}, false
 }
 
 // writeTar writes the image directory dir (CRIU's images, the GPU image,
 // the logs; not gpucr's private directories) as a tar archive; with only,
 // just the entries it accepts (a directory it refuses is skipped whole).
-func writeTar(w io.Writer, dir string, only func(rel string) bool) (int64, error) {
-	tw := tar.NewWriter(w)
-	buf := make([]byte, 1<<20)
-	var n int64
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		if strings.HasPrefix(d.Name(), ".gpucr-") {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if only != nil && !only(filepath.ToSlash(rel)) {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !fi.IsDir() && !fi.Mode().IsRegular() {
-			return nil // an image holds directories and files only
-		}
-		h, err := tar.FileInfoHeader(fi, "")
-		if err != nil {
-			return err
-		}
-		h.Name = filepath.ToSlash(rel)
-		h.Uname, h.Gname = "", ""
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		c, err := io.CopyBuffer(tw, f, buf)
-		n += c
-		return err
+// Only this user's directories and regular files go, each opened beneath
+// its directory without following a link (image.Send): a restore at the
+// target reads only the restoring user's files, and whoever else may
+// write dir (the job's owner, in its own -D) would only have root send
+// what it swaps in.
+func writeTar(w io.Writer, dir string, only func(rel string) bool) (image.SendResult, error) {
+	return image.Send(w, dir, image.SendOptions{
+		Only: func(rel string) bool {
+			return !strings.HasPrefix(path.Base(rel), ".gpucr-") && (only == nil || only(rel))
+		},
+		Owner: &image.Owner{UID: os.Geteuid(), GID: os.Getegid()},
 	})
-	if err != nil {
-		return n, fmt.Errorf("sending %s: %w", dir, err)
-	}
-	return n, tw.Close()
 }
 
 // Restore runs `gpucr restore -D DIR --json` at the target.
@@ -334,11 +361,25 @@ func (t *SSHTarget) Restore(ctx context.Context, remoteDir string) (*RestoreResu
 	return &r, nil
 }
 
-// Discard removes the image that Receive sent (never a shared one).
+// Discard removes the image that Receive sent (never a shared one): the
+// target's gpucr removes the directory it made, by its identity, and what
+// it holds, without following a link; a directory the path leads to that
+// is not that one is left alone.
 func (t *SSHTarget) Discard(ctx context.Context, remoteDir string) error {
 	if t.Shared || remoteDir == "" {
 		return nil
 	}
-	_, err := t.remote(ctx, "rm -rf -- "+shellQuote(remoteDir), nil)
-	return err
+	r, ok := t.received[remoteDir]
+	if !ok {
+		return nil // nothing there is this migration's
+	}
+	args := []string{"image", "discard", "--id", r.ID}
+	if !r.Made {
+		args = append(args, "--keep-dir") // an empty directory that was there: it stays, empty
+	}
+	if _, err := t.remote(ctx, t.gpucr(append(args, "--", remoteDir)...), nil); err != nil {
+		return err
+	}
+	delete(t.received, remoteDir)
+	return nil
 }

@@ -172,7 +172,10 @@ func versionCommand() *ucli.Command {
 		Flags: []ucli.Flag{&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}},
 		Action: func(c *ucli.Context) error {
 			if c.Bool("json") {
-				return writeJSON(c.App.Writer, map[string]string{"version": Version})
+				// features (comma-separated, so that every value stays a
+				// string): what a migration's source asks of its target
+				// before it stops anything
+				return writeJSON(c.App.Writer, map[string]string{"version": Version, "features": checkpoint.FeatureReceive})
 			}
 			_, err := fmt.Fprintf(c.App.Writer, "gpucr %s\n", Version)
 			return err

@@ -64,6 +64,8 @@ func imageCommand() *ucli.Command {
 			},
 			imageLoadCommand(jsonFlag),
 			imageUnloadCommand(jsonFlag),
+			imageReceiveCommand(),
+			imageDiscardCommand(),
 		},
 		// Reached only without a known subcommand.
 		Action: func(c *ucli.Context) error {
@@ -71,7 +73,7 @@ func imageCommand() *ucli.Command {
 			if c.Args().Present() {
 				return usageError{fmt.Errorf("image: unknown subcommand %q", c.Args().First())}
 			}
-			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, load or unload)")}
+			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, load, unload, receive or discard)")}
 		},
 		OnUsageError: usage,
 	}

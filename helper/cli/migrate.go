@@ -19,13 +19,15 @@ func migrateCommand() *ucli.Command {
 		Name:      "migrate",
 		Usage:     "move a running process tree to another machine (live migration over ssh)",
 		ArgsUsage: "PID",
-		Description: "The tree is dumped (CRIU with gpucr's plugin) and left stopped; the image goes to HOST over ssh (or, with\n" +
-			"--shared, is read there from the same path); gpucr restore runs there, through that machine's helper; then the\n" +
-			"source is killed. If anything fails before the target runs, the source is continued with its GPU.",
+		Description: "The tree is dumped (CRIU with gpucr's plugin) and left stopped; the image goes to HOST over ssh, to its\n" +
+			"`gpucr image receive` (or, with --shared, is read there from the same path); gpucr restore runs there, through that\n" +
+			"machine's helper; then the source is killed. If anything fails before the target runs, the source is continued with\n" +
+			"its GPU, and the target's copy is removed (`gpucr image discard`). Only this user's directories and regular files of\n" +
+			"the image directory are sent. The target's gpucr must have `gpucr image receive` (`gpucr version --json`).",
 		Flags: append([]ucli.Flag{socketFlag(),
 			&ucli.StringFlag{Name: "to", Usage: "the target, [user@]host as ssh takes it"},
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "local image directory (new or empty; default a new one under /var/tmp, removed once the target runs)"},
-			&ucli.StringFlag{Name: "target-dir", Usage: "image directory at the target (default: the local path)"},
+			&ucli.StringFlag{Name: "target-dir", Usage: "image directory at the target, missing or empty, never a symlink: made there anew, 0700 (default: the local path)"},
 			&ucli.BoolFlag{Name: "shared", Usage: "the image directory is on a file system the target sees at the same path: nothing is sent"},
 			&ucli.StringFlag{Name: "ssh", Value: "ssh", Usage: "the command that runs a command line on the target, split at blanks (ssh -p 2222 -i KEY)"},
 			&ucli.StringFlag{Name: "target-gpucr", Value: "gpucr", Usage: "gpucr at the target, split at blanks (env GPUCR_SOCKET=/run/x.sock /opt/gpucr/bin/gpucr)"},

@@ -31,7 +31,9 @@ import (
 // TestMain runs the test binary as the raw client when GPUCR_E2E_CLIENT is
 // set (see rawAs), as a stale client (GPUCR_E2E_STALE, identity_test.go) or
 // its child, as another user's listener (GPUCR_E2E_LISTEN,
-// criuworld_test.go), else the tests.
+// criuworld_test.go), as a job's owner attacking its migration
+// (GPUCR_E2E_PLANT_LINK, GPUCR_E2E_SWAP_FILES, migrateattack_test.go), else
+// the tests.
 func TestMain(m *testing.M) {
 	if socket := os.Getenv("GPUCR_E2E_CLIENT"); socket != "" {
 		os.Exit(rawClientMain(socket))
@@ -44,6 +46,12 @@ func TestMain(m *testing.M) {
 	}
 	if path := os.Getenv("GPUCR_E2E_LISTEN"); path != "" {
 		os.Exit(listenMain(path))
+	}
+	if args := os.Getenv("GPUCR_E2E_PLANT_LINK"); args != "" {
+		os.Exit(plantLinkMain(args))
+	}
+	if args := os.Getenv("GPUCR_E2E_SWAP_FILES"); args != "" {
+		os.Exit(swapFilesMain(args))
 	}
 	code := m.Run()
 	if binCopyDir != "" {

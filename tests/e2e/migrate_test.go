@@ -238,11 +238,12 @@ func TestMigrateFailureContinuesSource(t *testing.T) {
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, env)
 	// A "target" on this machine: the ssh stand-in runs the command line
-	// here; its gpucr answers `version` and fails every restore.
+	// here; its gpucr answers `version`, receives and discards the image
+	// (`gpucr image receive|discard`), and fails every restore.
 	fakeSSH := filepath.Join(dir, "fake-ssh")
 	copyText(t, fakeSSH, "#!/bin/sh\nshift\nexec /bin/sh -c \"$1\"\n")
 	fakeGpucr := filepath.Join(dir, "fake-gpucr")
-	copyText(t, fakeGpucr, fmt.Sprintf("#!/bin/sh\n[ \"$1\" = version ] && exec %s \"$@\"\n"+
+	copyText(t, fakeGpucr, fmt.Sprintf("#!/bin/sh\ncase \"$1\" in version|image) exec %[1]s \"$@\";; esac\n"+
 		"echo '{\"error\": \"restore refused by the test\", \"hints\": [\"none\"]}'\nexit 1\n", binPath(t, "gpucr")))
 	for _, f := range []string{fakeSSH, fakeGpucr} {
 		if err := os.Chmod(f, 0o755); err != nil {

@@ -14,7 +14,8 @@
 #     checkpoint` then `gpucr restore` on this machine: the downtime of a
 #     stop-the-world move without a second machine;
 #  2. `gpucr migrate --shared` (the target reads the same image directory)
-#     and `gpucr migrate` streaming the image (tar through the stand-in):
+#     and `gpucr migrate` streaming the image (tar through the stand-in to
+#     the target's `gpucr image receive`):
 #     the downtime gpucr reports, and the time from the start to the first
 #     heartbeat at the target;
 #  3. a training script with DataLoader workers (matrix_workloads.py
@@ -189,7 +190,9 @@ fi
 note ""
 note "## a migration whose restore fails at the target"
 FAILG=$LOGS/failing-gpucr
-printf '#!/bin/sh\n[ "$1" = version ] && exec %s "$@"\necho "{\\"error\\": \\"restore refused on purpose\\"}"\nexit 1\n' "$GPUCR" >"$FAILG"
+# it answers version, receives and discards the image (gpucr image), and
+# fails every restore
+printf '#!/bin/sh\ncase "$1" in version|image) exec %s "$@";; esac\necho "{\\"error\\": \\"restore refused on purpose\\"}"\nexit 1\n' "$GPUCR" >"$FAILG"
 chmod 755 "$FAILG"
 if [ "$(left)" -gt 40 ] && GB=2 start_work fail; then
 	n0=$(hbs "$L")
