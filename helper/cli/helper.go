@@ -53,6 +53,8 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "max-gpu-memory-per-uid", Value: "unlimited",
 				Usage: "GPU memory the helper holds for one uid's processes (root: no limit), e.g. 40G; allocations beyond it fail with out of memory"},
 			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
+			&ucli.IntFlag{Name: "max-exports-per-uid", Value: daemon.DefaultExportsPerUID,
+				Usage: "allocations of one uid the helper keeps an export of (a descriptor each; root: no limit); 0: no limit"},
 			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
 				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
 			&ucli.StringFlag{Name: "snapshot-reserve", Value: "2G",
@@ -233,6 +235,9 @@ func helperLimits(c *ucli.Context) (daemon.Limits, error) {
 		return l, err
 	}
 	if l.MaxPending, err = count("max-pending-connections"); err != nil {
+		return l, err
+	}
+	if l.ExportsPerUID, err = count("max-exports-per-uid"); err != nil {
 		return l, err
 	}
 	if l.GPUMemoryPerUID, err = parseSize(c.String("max-gpu-memory-per-uid")); err != nil {

@@ -6,6 +6,7 @@ package daemon
 // lifecycle.go.
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -313,28 +314,25 @@ func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Res
 	return okResp(id)
 }
 
-// export hands the client a new fd of one of its allocations: the
+// export hands the client an fd of one of its allocations: the
 // application exports memory the helper serves (NCCL shares its buffers with
 // its peer ranks this way), and the driver refuses to export what the
-// application holds, an import.
+// application holds, an import. Every Export of an allocation hands out the
+// same open file, which the helper keeps (exports.go).
 func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Response, int) {
 	cl.mu.Lock()
 	al, er := s.ownAlloc(cl, id, e.AllocId)
+	uid := cl.uid
 	cl.mu.Unlock()
 	if er != nil {
 		return er, -1
 	}
-	fd, err := al.dev.Export(al.handle)
-	if err == nil {
-		// Kept, to know the fd again when a peer imports it.
-		s.mu.Lock()
-		err = s.reg.sh.keep(al.id, fd)
-		s.mu.Unlock()
-		if err != nil {
-			unix.Close(fd)
-		}
-	}
-	if err != nil {
+	fd, err := s.exports.fdOf(al.id, uid, s.cfg.Limits.exportLimit(uid), func() (int, error) { return al.dev.Export(al.handle) })
+	switch {
+	case errors.Is(err, errExportLimit):
+		cl.log.Info("export refused: exported allocations limit", zap.Uint64("alloc_id", al.id), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "%v", err), -1
+	case err != nil:
 		cl.log.Warn("export failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
 	}

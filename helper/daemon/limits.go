@@ -13,7 +13,10 @@ package daemon
 //     size cap (maxRequest*), and the bodies being read at once hold at
 //     most InFlightBytes (InFlightBytesPerUID per uid);
 //   - GPU memory: an Alloc that would take a uid's helper-held memory past
-//     its limit is answered ERROR_OUT_OF_MEMORY naming the limit.
+//     its limit is answered ERROR_OUT_OF_MEMORY naming the limit;
+//   - exported allocations: a uid keeps at most ExportsPerUID (one
+//     descriptor each, exports.go); an Export past it is answered
+//     ERROR_UNAVAILABLE naming the limit.
 //
 // Root is exempt from all of these but an explicit GPU memory limit for
 // uid 0: root can stop the helper anyway, and root's CLI and CRIU plugin
@@ -49,6 +52,11 @@ const (
 	// connection may send (a control connection's answer): a uid must
 	// always be able to send one.
 	DefaultInFlightBytesPerUID = wire.MaxFrame
+	// DefaultExportsPerUID: a job's ranks export each of their shared
+	// buffers once (NCCL: tens per rank); 4096 per uid keeps even many
+	// users far from the helper's descriptor limit (LimitNOFILE in the
+	// systemd unit).
+	DefaultExportsPerUID = 4096
 )
 
 // Caps on one frame's body, by what the connection is. Requests are small;
@@ -98,6 +106,9 @@ type Limits struct {
 	// (root too); a value of 0 there means no limit.
 	GPUMemoryPerUID uint64
 	GPUMemoryByUID  map[uint32]uint64
+	// ExportsPerUID: allocations of one uid the helper keeps an export of
+	// (a descriptor each; root: no limit). Negative: no limit.
+	ExportsPerUID int
 
 	// limitRoot: root is limited like any uid (tests, which run as root).
 	limitRoot bool
@@ -119,6 +130,9 @@ func (l Limits) withDefaults() Limits {
 	if l.InFlightBytes <= 0 {
 		l.InFlightBytes = DefaultInFlightBytes
 	}
+	if l.ExportsPerUID == 0 {
+		l.ExportsPerUID = DefaultExportsPerUID
+	}
 	if l.InFlightBytesPerUID <= 0 {
 		l.InFlightBytesPerUID = min(DefaultInFlightBytesPerUID, l.InFlightBytes)
 	}
@@ -127,6 +141,14 @@ func (l Limits) withDefaults() Limits {
 
 // limited says whether uid is subject to the connection and frame limits.
 func (l *Limits) limited(uid uint32) bool { return uid != 0 || l.limitRoot }
+
+// exportLimit is how many exported allocations uid may keep; 0: no limit.
+func (l *Limits) exportLimit(uid uint32) int {
+	if !l.limited(uid) || l.ExportsPerUID < 0 {
+		return 0
+	}
+	return l.ExportsPerUID
+}
 
 // gpuLimit is uid's GPU memory limit; 0: none.
 func (l *Limits) gpuLimit(uid uint32) uint64 {

@@ -136,6 +136,7 @@ type Server struct {
 	rejectedLog burstLog          // connections closed for a bad request
 
 	statusShare statusShare // Status requests share their replies (status.go)
+	exports     *exportSet  // the one kept export of each exported allocation (exports.go)
 	pool        *pool       // allocations made ahead of time (pool.go)
 }
 
@@ -164,7 +165,7 @@ func New(cfg Config) *Server {
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
-		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log)}
+		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
