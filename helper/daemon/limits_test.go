@@ -319,6 +319,43 @@ func TestBudget(t *testing.T) {
 	}
 }
 
+// take, the module analyses' use of a budget: past a uid's share it
+// refuses at once; past the total it waits a while for bytes to come back,
+// then refuses.
+func TestBudgetTake(t *testing.T) {
+	b := newBudget(150, 100, make(chan struct{}))
+	r1, err := b.take(1, 80, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := b.take(1, 30, time.Second); !errors.Is(err, errOverUID) || time.Since(start) > 500*time.Millisecond {
+		t.Fatalf("past uid 1's share: %v after %v; want errOverUID at once", err, time.Since(start))
+	}
+	r2, err := b.take(2, 60, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if _, err := b.take(3, 20, 50*time.Millisecond); !errors.Is(err, errOverTotal) || time.Since(start) < 40*time.Millisecond {
+		t.Fatalf("past the total: %v after %v; want errOverTotal after the wait", err, time.Since(start))
+	}
+	go func() { time.Sleep(20 * time.Millisecond); r2() }()
+	r3, err := b.take(3, 20, 5*time.Second)
+	if err != nil {
+		t.Fatalf("a wait ended by a release: %v", err)
+	}
+	if _, err := b.take(4, 101, time.Second); !errors.Is(err, errOverUID) {
+		t.Fatalf("more than a uid's share at once: %v", err)
+	}
+	r1()
+	r1()
+	r3()
+	if b.inFlight() != 0 {
+		t.Fatalf("%d taken after every release", b.inFlight())
+	}
+}
+
 func TestGPUMemoryLimit(t *testing.T) {
 	dev := newFake()
 	uuid := dev.Info().Uuid

@@ -9,8 +9,10 @@ package daemon
 // (the request names it), where it is while the load call that asks runs.
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -35,12 +37,26 @@ func (s *Server) analyzeModule(cl *client, id uint64, req *helperpb.AnalyzeModul
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "module image of %s: not analysed (at most %s)",
 			units.Bytes(req.Size), units.Bytes(maxModuleImage))
 	}
+	cl.mu.Lock()
+	uid := cl.uid
+	cl.mu.Unlock()
+	a, err := s.analyses.begin(uid, req.Size)
+	if err != nil {
+		cl.log.Info("module analysis refused", zap.Uint64("bytes", req.Size), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "module image of %s not analysed: %v", units.Bytes(req.Size), err)
+	}
+	defer a.end()
 	image, err := readProcessMemory(int(cl.pid), req.Address, int(req.Size))
 	if err != nil {
 		cl.log.Debug("module image not analysed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "module image at 0x%x: %v", req.Address, err)
 	}
-	sets, err := ptx.WriteSets(image)
+	sets, err := ptx.WriteSetsWithin(image, a.more)
+	if errors.Is(err, ptx.ErrNoRoom) {
+		cl.log.Info("module analysis refused", zap.Uint64("bytes", req.Size), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "module image of %s not analysed: %v (%v)",
+			units.Bytes(req.Size), a.noRoom(), err)
+	}
 	if err != nil {
 		cl.log.Debug("module image not analysed", zap.Error(err))
 	}
@@ -65,6 +81,110 @@ func (s *Server) analyzeModule(cl *client, id uint64, req *helperpb.AnalyzeModul
 	cl.log.Debug("module image analysed", zap.Uint64("bytes", req.Size), zap.Int("kernels", len(sets)),
 		zap.Int("decided", decided))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_ModuleKernels{ModuleKernels: out}}
+}
+
+// ---- the memory analyses may hold ----
+
+// maxModuleText bounds what one analysis may decompress where no budget
+// does (root's): four images' worth.
+const maxModuleText = 4 * maxModuleImage
+
+// analysisWait is how long an analysis waits for room in the helper's
+// total budget (the uid's own share is never waited for): the module's
+// load waits for the answer.
+const analysisWait = time.Second
+
+// trimAfter: an analysis of this many bytes or more has the helper give
+// its free memory back to the system afterwards.
+const trimAfter = 16 << 20
+
+// analysisBudget bounds the bytes being analysed at once: the module
+// images read and the PTX their compressed entries hold. A small request
+// (an address and a size) would otherwise make the helper hold 64 MiB, any
+// number of times at once (24 clients took it from 98 MiB to 2.9 GiB).
+type analysisBudget struct {
+	b       *budget
+	lim     *Limits
+	trimmer *memTrimmer
+}
+
+func newAnalysisBudget(lim *Limits, done <-chan struct{}) *analysisBudget {
+	return &analysisBudget{b: newBudget(lim.AnalysisBytes, lim.AnalysisBytesPerUID, done), lim: lim,
+		trimmer: &memTrimmer{interval: time.Second}}
+}
+
+// analysis is the room one analysis holds.
+type analysis struct {
+	ab       *analysisBudget
+	uid      uint32
+	limited  bool
+	bytes    uint64 // taken in all
+	releases []func()
+	refused  error // why more was refused, for the message
+}
+
+// begin takes size bytes for an analysis of uid's (root: not counted):
+// past uid's share refused at once, past the total after a short wait.
+func (ab *analysisBudget) begin(uid uint32, size uint64) (*analysis, error) {
+	a := &analysis{ab: ab, uid: uid, limited: ab.lim.limited(uid)}
+	if err := a.take(size, analysisWait); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// take takes n more bytes, waiting up to wait for the total.
+func (a *analysis) take(n uint64, wait time.Duration) error {
+	if !a.limited {
+		if a.bytes+n > maxModuleText {
+			return fmt.Errorf("%s to analyse at once, more than %s", units.Bytes(a.bytes+n), units.Bytes(maxModuleText))
+		}
+		a.bytes += n
+		return nil
+	}
+	release, err := a.ab.b.take(a.uid, int64(n), wait)
+	switch {
+	case errors.Is(err, errOverUID):
+		return fmt.Errorf("uid %d has as many bytes of module images being analysed as it may (%s, --module-analysis-memory-per-uid); "+
+			"this module's kernels count as writing everything they point into", a.uid, sizeStr(uint64(a.ab.lim.AnalysisBytesPerUID)))
+	case errors.Is(err, errOverTotal):
+		return fmt.Errorf("the helper's memory for module analyses (%s, --module-analysis-memory) stayed taken; "+
+			"this module's kernels count as writing everything they point into", sizeStr(uint64(a.ab.lim.AnalysisBytes)))
+	case err != nil:
+		return err
+	}
+	a.bytes += n
+	a.releases = append(a.releases, release)
+	return nil
+}
+
+// more is asked before compressed PTX is decompressed (ptx.WriteSetsWithin):
+// never waits.
+func (a *analysis) more(n uint64) bool {
+	if err := a.take(n, 0); err != nil {
+		a.refused = err
+		return false
+	}
+	return true
+}
+
+// noRoom says why more was refused.
+func (a *analysis) noRoom() error {
+	if a.refused == nil {
+		return errors.New("no room")
+	}
+	return a.refused
+}
+
+// end gives the room back; after a large analysis the helper gives its free
+// memory back to the system too.
+func (a *analysis) end() {
+	for _, r := range a.releases {
+		r()
+	}
+	if a.bytes >= trimAfter {
+		a.ab.trimmer.request()
+	}
 }
 
 // readProcessMemory reads n bytes at addr of process pid.

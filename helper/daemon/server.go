@@ -135,9 +135,10 @@ type Server struct {
 	stalledLog  burstLog          // connections closed for a frame that stalled
 	rejectedLog burstLog          // connections closed for a bad request
 
-	statusShare statusShare // Status requests share their replies (status.go)
-	exports     *exportSet  // the one kept export of each exported allocation (exports.go)
-	pool        *pool       // allocations made ahead of time (pool.go)
+	statusShare statusShare     // Status requests share their replies (status.go)
+	exports     *exportSet      // the one kept export of each exported allocation (exports.go)
+	analyses    *analysisBudget // bytes of module images being analysed (modules.go)
+	pool        *pool           // allocations made ahead of time (pool.go)
 }
 
 // New returns a server; Listen and Serve start it.
@@ -159,13 +160,15 @@ func New(cfg Config) *Server {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
-	return &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
+	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
 		residents: residentSet{byKey: map[residentKey]*resident{}},
 		open:      map[deferKey]*deferImage{}, groups: map[deferKey][]*groupRun{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
+	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
+	return s
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
