@@ -33,11 +33,13 @@ type client struct {
 	// and a connected client whose process exits is dropped at once
 	// (watchProcess). Set when the client is made or parked as a restored
 	// process, under mu; closed when it is gone.
-	proc    *proc.Process
-	uid     uint32
-	program string
-	token   uint64
-	log     *zap.Logger
+	proc *proc.Process
+	// uid and gid: what its process connected as (a prepared client's
+	// uid: its image's owner's until its process is back).
+	uid, gid uint32
+	program  string
+	token    uint64
+	log      *zap.Logger
 
 	mu     sync.Mutex
 	allocs map[uint64]*alloc
@@ -144,14 +146,14 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			return
 		}
 		cl.mu.Lock()
-		cl.uid, cl.program = c.cred.Uid, h.Program
+		cl.uid, cl.gid, cl.program = c.cred.Uid, c.cred.Gid, h.Program
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
 		if s.cfg.Fault == "stall-reattach" {
 			stallReattach(c, cl)
 		}
 	} else {
-		cl = s.register(p, c.cred.Uid, h.Program)
+		cl = s.register(p, c.cred.Uid, c.cred.Gid, h.Program)
 	}
 	c.log = cl.log
 	cl.mu.Lock()
@@ -195,7 +197,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_LoadFirst:
 			resp = s.loadFirst(cl, req.Id, b.LoadFirst)
 		case *helperpb.Request_AnalyzeModule:
-			resp = s.analyzeModule(cl, req.Id, b.AnalyzeModule)
+			resp = s.analyzeModule(c, cl, req.Id, b.AnalyzeModule)
 		default:
 			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
 			return
@@ -405,6 +407,31 @@ func (cl *client) livePid() (int, error) {
 		return 0, err
 	}
 	return int(p.Pid()), nil
+}
+
+// identityErr says why cl's process is no longer its registered user's
+// alone (nil: it is): it exec'd a set-user-ID or set-group-ID program (its
+// pidfd names the process still), or made itself undumpable. Its user may
+// then neither read its memory nor act on it (ptrace's rule: every uid and
+// gid its, and dumpable), and so may not through the helper either. Root's
+// clients are not looked at: only root may act on them, and root on any
+// process.
+func (cl *client) identityErr() error {
+	cl.mu.Lock()
+	uid, gid := cl.uid, cl.gid
+	cl.mu.Unlock()
+	if uid == 0 {
+		return nil
+	}
+	c, err := cl.process().Creds()
+	if err != nil {
+		return fmt.Errorf("what process %d runs as: %w", cl.pid, err)
+	}
+	if !c.RunsOnlyAs(uid, gid) {
+		return fmt.Errorf("process %d no longer runs as uid %d (gid %d) alone, which it registered as, nor may its user read its memory (%v): "+
+			"it exec'd a set-user-ID or set-group-ID program, or made itself undumpable; only root may act on it", cl.pid, uid, gid, c)
+	}
+	return nil
 }
 
 // onLive runs f (a driver call) on the pid of cl's process, if that process

@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -112,11 +113,27 @@ func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fi
 		cl.hangUp()
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (the client's process has exited)", pid)
 	}
-	if !mayControl(c.cred.Uid, cl.uid) {
-		c.log.Warn("client operation refused", append([]zap.Field{zap.Int64("pid", pid), zap.String("action", verb)}, fields...)...)
-		return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not %s pid %d (uid %d)", c.cred.Uid, verb, cl.pid, cl.uid)
+	if err := mayAct(c.cred.Uid, cl); err != nil {
+		c.log.Warn("client operation refused", append([]zap.Field{zap.Int64("pid", pid), zap.String("action", verb), zap.Error(err)}, fields...)...)
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not %s pid %d: %v", c.cred.Uid, verb, cl.pid, err)
 	}
 	return cl, nil
+}
+
+// mayAct says why caller may not act on cl (nil: it may): root may; the
+// uid that owns the client may while its process runs as that uid alone
+// (identityErr).
+func mayAct(caller uint32, cl *client) error {
+	cl.mu.Lock()
+	owner := cl.uid
+	cl.mu.Unlock()
+	if !mayControl(caller, owner) {
+		return fmt.Errorf("it is uid %d's", owner)
+	}
+	if caller == 0 {
+		return nil
+	}
+	return cl.identityErr()
 }
 
 // clientOp forwards one control command to a client; only root or the

@@ -5,12 +5,17 @@ package daemon
 // entries) asks which parameters each kernel may write through
 // (ptx.WriteSets), so that its interposer saves, before a launch in a
 // window, only the buffers the kernel may write, not every buffer a
-// parameter points into. The image is read from the process's own memory
-// (the request names it), where it is while the load call that asks runs.
+// parameter points into. The image comes as a sealed memfd the interposer
+// wrote it into: the helper reads that file, never the process's memory
+// (which it could read as root where the process's own user could not: a
+// set-user-ID program the client exec'd), and the seals keep its bytes and
+// size from changing while they are read. What analyses hold at once is
+// bounded (analysisBudget).
 
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -31,31 +36,41 @@ const maxModuleImage = 64 << 20
 // well under wire.MaxFrame); the ones left out count as undecided.
 const maxModuleKernels = 20000
 
-// analyzeModule serves an AnalyzeModule of client cl.
-func (s *Server) analyzeModule(cl *client, id uint64, req *helperpb.AnalyzeModule) *helperpb.Response {
-	if req.Size == 0 || req.Size > maxModuleImage {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "module image of %s: not analysed (at most %s)",
-			units.Bytes(req.Size), units.Bytes(maxModuleImage))
+// analyzeModule serves an AnalyzeModule of client cl; the image's memfd
+// came with it on c.
+func (s *Server) analyzeModule(c *conn, cl *client, id uint64, req *helperpb.AnalyzeModule) *helperpb.Response {
+	f := c.takeFD()
+	if f == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST,
+			"AnalyzeModule without the module image as a sealed memfd: the helper reads no process's memory (an interposer older than the helper?)")
+	}
+	defer f.Close()
+	size, err := sealedImageSize(f)
+	if err == nil && req.Size != size {
+		err = fmt.Errorf("the request says %d bytes, its memfd holds %d", req.Size, size)
+	}
+	if err != nil {
+		cl.log.Info("module image refused", zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "module image: %v", err)
 	}
 	cl.mu.Lock()
 	uid := cl.uid
 	cl.mu.Unlock()
-	a, err := s.analyses.begin(uid, req.Size)
+	a, err := s.analyses.begin(uid, size)
 	if err != nil {
-		cl.log.Info("module analysis refused", zap.Uint64("bytes", req.Size), zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "module image of %s not analysed: %v", units.Bytes(req.Size), err)
+		cl.log.Info("module analysis refused", zap.Uint64("bytes", size), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "module image of %s not analysed: %v", units.Bytes(size), err)
 	}
 	defer a.end()
-	image, err := readProcessMemory(int(cl.pid), req.Address, int(req.Size))
-	if err != nil {
-		cl.log.Debug("module image not analysed", zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "module image at 0x%x: %v", req.Address, err)
+	image := make([]byte, size)
+	if _, err := f.ReadAt(image, 0); err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "module image: reading its memfd: %v", err)
 	}
 	sets, err := ptx.WriteSetsWithin(image, a.more)
 	if errors.Is(err, ptx.ErrNoRoom) {
-		cl.log.Info("module analysis refused", zap.Uint64("bytes", req.Size), zap.Error(err))
+		cl.log.Info("module analysis refused", zap.Uint64("bytes", size), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "module image of %s not analysed: %v (%v)",
-			units.Bytes(req.Size), a.noRoom(), err)
+			units.Bytes(size), a.noRoom(), err)
 	}
 	if err != nil {
 		cl.log.Debug("module image not analysed", zap.Error(err))
@@ -78,7 +93,7 @@ func (s *Server) analyzeModule(cl *client, id uint64, req *helperpb.AnalyzeModul
 		out.Kernels = append(out.Kernels, &helperpb.KernelWrites{Name: name, Written: ws.Written, Decided: ws.Decided,
 			ReadsDecided: ws.ReadsDecided})
 	}
-	cl.log.Debug("module image analysed", zap.Uint64("bytes", req.Size), zap.Int("kernels", len(sets)),
+	cl.log.Debug("module image analysed", zap.Uint64("bytes", size), zap.Int("kernels", len(sets)),
 		zap.Int("decided", decided))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_ModuleKernels{ModuleKernels: out}}
 }
@@ -187,19 +202,40 @@ func (a *analysis) end() {
 	}
 }
 
-// readProcessMemory reads n bytes at addr of process pid.
-func readProcessMemory(pid int, addr uint64, n int) ([]byte, error) {
-	buf := make([]byte, n)
-	for off := 0; off < n; {
-		got, err := unix.ProcessVMReadv(pid, []unix.Iovec{{Base: &buf[off], Len: uint64(n - off)}},
-			[]unix.RemoteIovec{{Base: uintptr(addr) + uintptr(off), Len: n - off}}, 0)
-		if err != nil {
-			return nil, fmt.Errorf("read %d bytes of process %d's memory: %w", n, pid, err)
-		}
-		if got == 0 {
-			return nil, fmt.Errorf("read %d bytes of process %d's memory: short read at %d", n, pid, off)
-		}
-		off += got
+// imageSeals are the seals a module image's memfd must have: neither its
+// bytes, nor its size, nor its seals can change any more.
+const imageSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// sealedImageSize checks that f is a module image as AnalyzeModule takes
+// it, a memfd with imageSeals (only a memfd has seals to add: any other
+// file is refused), a regular file of 1 to maxModuleImage bytes, and says
+// its size. Nothing is read before: a FIFO or a socket is refused without
+// a wait.
+func sealedImageSize(f *os.File) (uint64, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
 	}
-	return buf, nil
+	var seals int
+	var st unix.Stat_t
+	var serr, ferr error
+	if err := rc.Control(func(fd uintptr) {
+		seals, serr = unix.FcntlInt(fd, unix.F_GET_SEALS, 0)
+		ferr = unix.Fstat(int(fd), &st)
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case serr != nil:
+		return 0, fmt.Errorf("not a sealed memfd (F_GET_SEALS: %w)", serr)
+	case seals&imageSeals != imageSeals:
+		return 0, fmt.Errorf("a memfd without the seals it needs (0x%x of 0x%x: write, shrink, grow, seal)", seals&imageSeals, imageSeals)
+	case ferr != nil:
+		return 0, fmt.Errorf("fstat: %w", ferr)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return 0, fmt.Errorf("not a regular file (mode 0%o)", st.Mode)
+	case st.Size <= 0 || uint64(st.Size) > maxModuleImage:
+		return 0, fmt.Errorf("%s: not analysed (at most %s)", units.Bytes(uint64(max(st.Size, 0))), units.Bytes(maxModuleImage))
+	}
+	return uint64(st.Size), nil
 }

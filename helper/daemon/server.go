@@ -516,7 +516,7 @@ func (c *conn) next() *helperpb.Request {
 	c.fds = nil
 	if len(fds) > 0 && (len(fds) > 1 || !takesFD(req)) {
 		wire.CloseFDs(fds)
-		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory), and ImportPeer (the fd imported)", len(fds))
+		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory), ImportPeer (the fd imported) and AnalyzeModule (the image's sealed memfd)", len(fds))
 		return nil
 	}
 	c.fds = fds

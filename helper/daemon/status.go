@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -160,6 +161,10 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		ci.WindowOpen, ci.WindowPendingBytes = true, g.PendingBytes()
 	}
 	var reasons []string
+	if err := cl.identityErr(); err != nil && !errors.Is(err, proc.ErrGone) {
+		// Its user may not act on it (mayAct): not checkpointable for them.
+		reasons = append(reasons, err.Error())
+	}
 	switch {
 	case !ci.ControlConnected:
 		reasons = append(reasons, "control connection down")

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -325,4 +326,77 @@ func Peer(rc syscall.RawConn, cred *unix.Ucred) (*Process, error) {
 		return nil, &GoneError{Pid: Pid(cred.Pid), Why: fmt.Sprintf("the pid names a process of uid %d now, not the connecting uid %d", p.uid, cred.Uid)}
 	}
 	return p, nil
+}
+
+// Creds is what a process runs as: its uids and gids (real, effective,
+// saved, file system, as /proc/PID/status lists them) and the owner of that
+// file, which the kernel makes root while the process is not dumpable (it
+// exec'd a set-user-ID or set-group-ID program, or made itself so): its
+// memory is then no longer its user's to read. (Not /proc/PID itself: that
+// directory shows the effective uid whatever, for procps.)
+type Creds struct {
+	UIDs, GIDs [4]uint32
+	ProcOwner  uint32
+}
+
+// RunsOnlyAs says whether the process runs as uid and gid alone, and its
+// user may reach its memory (ptrace's rule: every uid and gid the same,
+// and dumpable).
+func (c Creds) RunsOnlyAs(uid, gid uint32) bool {
+	for i := range c.UIDs {
+		if c.UIDs[i] != uid || c.GIDs[i] != gid {
+			return false
+		}
+	}
+	return c.ProcOwner == uid
+}
+
+func (c Creds) String() string {
+	return fmt.Sprintf("uids %d/%d/%d/%d, gids %d/%d/%d/%d, /proc/PID/status owned by uid %d", c.UIDs[0], c.UIDs[1], c.UIDs[2], c.UIDs[3],
+		c.GIDs[0], c.GIDs[1], c.GIDs[2], c.GIDs[3], c.ProcOwner)
+}
+
+// Creds reads what the process runs as now; a *GoneError once it has
+// exited (what was read may be its successor's then).
+func (p *Process) Creds() (Creds, error) {
+	var c Creds
+	if err := p.Check(); err != nil {
+		return c, err
+	}
+	for _, f := range []struct {
+		name string
+		ids  *[4]uint32
+	}{{"Uid", &c.UIDs}, {"Gid", &c.GIDs}} {
+		words, err := statusField(p.pid, f.name)
+		if err == nil && len(words) != 4 {
+			err = fmt.Errorf("/proc/%d/status: %s: %q", p.pid, f.name, words)
+		}
+		for i := 0; err == nil && i < 4; i++ {
+			var v uint64
+			if v, err = strconv.ParseUint(words[i], 10, 32); err == nil {
+				f.ids[i] = uint32(v)
+			}
+		}
+		if err != nil {
+			return c, p.goneOr(err)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/status", p.pid), &st); err != nil {
+		return c, p.goneOr(err)
+	}
+	c.ProcOwner = st.Uid
+	// Still this process: what was read is its, not a successor's.
+	if err := p.Check(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// goneOr is a *GoneError if the process has exited, else err.
+func (p *Process) goneOr(err error) error {
+	if gerr := p.Check(); gerr != nil {
+		return gerr
+	}
+	return err
 }

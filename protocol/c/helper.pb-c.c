@@ -4832,7 +4832,7 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__analyze_module__field_d
     offsetof(Gpucr__Helper__V1__AnalyzeModule, address),
     NULL,
     NULL,
-    0,             /* flags */
+    0 | PROTOBUF_C_FIELD_FLAG_DEPRECATED,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {

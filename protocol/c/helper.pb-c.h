@@ -831,15 +831,27 @@ struct  Gpucr__Helper__V1__AddressRange
 
 /*
  * AnalyzeModule (interposer -> helper, calls connection): the module image
- * the process just loaded (PTX text or a fat binary with PTX entries), at
- * address in its own memory, size bytes. The helper reads it there and
- * answers ModuleKernels: which parameters each kernel may write through,
- * what narrows a launch's write set in a copy-on-write window.
+ * the process just loaded (PTX text or a fat binary with PTX entries), size
+ * bytes, as one SCM_RIGHTS fd: a memfd holding a copy of the image, sealed
+ * (memfd_create with MFD_ALLOW_SEALING, the image written, then F_ADD_SEALS
+ * of F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL). The helper
+ * reads that file, never the process's memory: it reads only what the
+ * client could, as unchanging bytes. It answers ModuleKernels: which
+ * parameters each kernel may write through, what narrows a launch's write
+ * set in a copy-on-write window. A request without such an fd, or over the
+ * helper's budget for analyses, is refused; the interposer then treats the
+ * module's kernels as writing everything their parameters point into.
  */
 struct  Gpucr__Helper__V1__AnalyzeModule
 {
   ProtobufCMessage base;
-  uint64_t address;
+  /*
+   * Deprecated and ignored: where the image was in the process's memory.
+   */
+  uint64_t address PROTOBUF_C__DEPRECATED;
+  /*
+   * The image's bytes: the memfd's size.
+   */
   uint64_t size;
 };
 #define GPUCR__HELPER__V1__ANALYZE_MODULE__INIT \

@@ -2798,14 +2798,24 @@ func (x *AddressRange) GetSize() uint64 {
 }
 
 // AnalyzeModule (interposer -> helper, calls connection): the module image
-// the process just loaded (PTX text or a fat binary with PTX entries), at
-// address in its own memory, size bytes. The helper reads it there and
-// answers ModuleKernels: which parameters each kernel may write through,
-// what narrows a launch's write set in a copy-on-write window.
+// the process just loaded (PTX text or a fat binary with PTX entries), size
+// bytes, as one SCM_RIGHTS fd: a memfd holding a copy of the image, sealed
+// (memfd_create with MFD_ALLOW_SEALING, the image written, then F_ADD_SEALS
+// of F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL). The helper
+// reads that file, never the process's memory: it reads only what the
+// client could, as unchanging bytes. It answers ModuleKernels: which
+// parameters each kernel may write through, what narrows a launch's write
+// set in a copy-on-write window. A request without such an fd, or over the
+// helper's budget for analyses, is refused; the interposer then treats the
+// module's kernels as writing everything their parameters point into.
 type AnalyzeModule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Address       uint64                 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated and ignored: where the image was in the process's memory.
+	//
+	// Deprecated: Marked as deprecated in protocol/helper.proto.
+	Address uint64 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
+	// The image's bytes: the memfd's size.
+	Size          uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2840,6 +2850,7 @@ func (*AnalyzeModule) Descriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
+// Deprecated: Marked as deprecated in protocol/helper.proto.
 func (x *AnalyzeModule) GetAddress() uint64 {
 	if x != nil {
 		return x.Address
@@ -5559,9 +5570,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x03all\x18\x02 \x01(\bR\x03all\"<\n" +
 	"\fAddressRange\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"=\n" +
-	"\rAnalyzeModule\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"A\n" +
+	"\rAnalyzeModule\x12\x1c\n" +
+	"\aaddress\x18\x01 \x01(\x04B\x02\x18\x01R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"H\n" +
 	"\rModuleKernels\x127\n" +
 	"\akernels\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.KernelWritesR\akernels\"{\n" +

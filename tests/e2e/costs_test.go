@@ -7,14 +7,17 @@ package e2e
 // Status reply. None of it may reach another user's jobs or root's.
 
 import (
+	"bufio"
 	"fmt"
 	"net"
-	"runtime"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -162,7 +165,9 @@ func TestExportFloodAsAnotherUser(t *testing.T) {
 
 	conns[0].Close()
 	waitForCond(t, 10*time.Second, func() bool { return fdCount(t, pid) <= fd0+2 },
-		func() string { return fmt.Sprintf("the helper has %d descriptors once the user has gone, %d before", fdCount(t, pid), fd0) })
+		func() string {
+			return fmt.Sprintf("the helper has %d descriptors once the user has gone, %d before", fdCount(t, pid), fd0)
+		})
 }
 
 // sameOpenFile reports whether fds a and b of this process are one open
@@ -173,15 +178,32 @@ func sameOpenFile(a, b int) bool {
 	return errno == 0 && r == 0
 }
 
-// analyzeReq is an AnalyzeModule of image, as the interposer sends it.
-func analyzeReq(t testing.TB, image []byte) (*helperpb.Request, []int) {
+// sealedImage is a sealed memfd holding image, as the interposer passes a
+// module image to the helper (closed when the test ends).
+func sealedImage(t testing.TB, image []byte) int {
 	t.Helper()
-	return &helperpb.Request{Body: &helperpb.Request_AnalyzeModule{AnalyzeModule: &helperpb.AnalyzeModule{
-		Address: uint64(uintptr(unsafe.Pointer(&image[0]))), Size: uint64(len(image))}}}, nil
+	fd, err := unix.MemfdCreate("gpucr-module", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	for b := image; len(b) > 0; {
+		n, err := unix.Write(fd, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = b[n:]
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS,
+		unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		t.Fatal(err)
+	}
+	return fd
 }
 
 // TestModuleAnalysisMemoryBounded: 24 clients of another user ask at once
-// for analyses of 64 MiB module images. The helper analyses at most its
+// for analyses of 64 MiB module images (when it named them by address, the
+// helper read each out of the client's memory). The helper analyses at most its
 // per-uid budget of bytes at once and refuses the rest at once, saying
 // why; its peak resident memory grows by a bounded amount, it gives the
 // memory back afterwards, and root's status is answered quickly
@@ -199,6 +221,7 @@ func TestModuleAnalysisMemoryBounded(t *testing.T) {
 	for i := range image {
 		image[i] = byte(i)
 	}
+	memfd := sealedImage(t, image) // one file for every request: SCM_RIGHTS passes it each time
 	var cs []*callsClient
 	for _, c := range dialAs(t, h.socket, &u, clients, nil) {
 		cs = append(cs, registerCalls(t, c))
@@ -210,12 +233,10 @@ func TestModuleAnalysisMemoryBounded(t *testing.T) {
 	results := make(chan result, clients)
 	for _, c := range cs {
 		go func() {
-			req, fds := analyzeReq(t, image)
 			c.id++
-			req.Id = c.id
+			req := &helperpb.Request{Id: c.id, Body: &helperpb.Request_AnalyzeModule{AnalyzeModule: &helperpb.AnalyzeModule{Size: size}}}
 			_ = c.w.UnixConn().SetDeadline(time.Now().Add(time.Minute))
-			err := c.w.Write(req, fds)
-			wire.CloseFDs(fds)
+			err := c.w.Write(req, []int{memfd})
 			var r *helperpb.Response
 			if err == nil {
 				r, _, err = c.w.ReadResponse()
@@ -271,5 +292,209 @@ func TestModuleAnalysisMemoryBounded(t *testing.T) {
 	if slowest > 2*time.Second {
 		t.Errorf("root's status took %v", slowest)
 	}
-	runtime.KeepAlive(image)
+}
+
+// setuidChildMain (GPUCR_E2E_SUID_CHILD=SOCKET) connects fds 3 (calls) and
+// 4 (control) to the helper as an interposer does, prints its client token,
+// and execs $GPUCR_E2E_SUID_EXEC (a set-user-ID program) with the
+// connections still open: the client is the process, which after the exec
+// runs with the program's privileges.
+func setuidChildMain(socket string) int {
+	token, err := connectHello(3, socket, helperpb.Role_ROLE_CLIENT_CALLS, 0)
+	if err == nil {
+		_, err = connectHello(4, socket, helperpb.Role_ROLE_CLIENT_CONTROL, token)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setuid child:", err)
+		return 1
+	}
+	fmt.Println(token)
+	prog := os.Getenv("GPUCR_E2E_SUID_EXEC")
+	err = syscall.Exec(prog, []string{prog, "600"}, []string{})
+	fmt.Fprintln(os.Stderr, "setuid child: exec:", err)
+	return 1
+}
+
+// connectHello connects fd to socket and says Hello with role and token on
+// it; the client token of the answer.
+func connectHello(fd int, socket string, role helperpb.Role, token uint64) (uint64, error) {
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: socket}); err != nil {
+		return 0, err
+	}
+	w, err := wireOf(os.NewFile(uintptr(fd), "helper"))
+	if err != nil {
+		return 0, err
+	}
+	defer w.Close()
+	if err := w.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
+		ProtocolVersion: wire.Version, Role: role, ClientToken: token, Program: "setuid-child"}}}, nil); err != nil {
+		return 0, err
+	}
+	resp, _, err := w.ReadResponse()
+	if err != nil {
+		return 0, err
+	}
+	if resp.Error != nil {
+		return 0, fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
+	}
+	return resp.GetHello().GetClientToken(), nil
+}
+
+// answerControl answers every request on a control connection as a
+// well-behaved interposer does, until it closes.
+func answerControl(ctl *wire.Conn) {
+	state := helperpb.ClientState_CLIENT_STATE_RUNNING
+	for {
+		req, fds, err := ctl.ReadRequest()
+		if err != nil {
+			return
+		}
+		wire.CloseFDs(fds)
+		resp := &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
+		switch req.Body.(type) {
+		case *helperpb.Request_Quiesce:
+			state = helperpb.ClientState_CLIENT_STATE_QUIESCED
+		case *helperpb.Request_Resume:
+			state = helperpb.ClientState_CLIENT_STATE_RUNNING
+		case *helperpb.Request_Snapshot:
+			resp.Body = &helperpb.Response_Table{Table: &helperpb.BufferTable{State: state}}
+		case *helperpb.Request_GetStats:
+			resp.Body = &helperpb.Response_Stats{Stats: &helperpb.ClientStats{}}
+		}
+		if ctl.Write(resp, nil) != nil {
+			return
+		}
+	}
+}
+
+// firstMapping is the start address of pid's first mapping (root reads
+// any process's maps).
+func firstMapping(t testing.TB, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, _, _ := strings.Cut(string(b), "-")
+	a, err := strconv.ParseUint(start, 16, 64)
+	if err != nil {
+		t.Fatalf("/proc/%d/maps: %q", pid, tail(string(b), 3))
+	}
+	return a
+}
+
+// TestSetuidClientNotReadNorControlled: another user's process registers
+// with the helper and execs a set-user-ID root program, keeping its
+// connections. The user alone may not read that program's memory
+// (process_vm_readv: EPERM) nor act on it; through the helper neither: an
+// AnalyzeModule naming its memory is refused (the helper read it, and
+// found the user's data placed there), the user's client operation on it
+// is refused, and Status does not call it checkpointable (it did, and
+// listed it as the user's).
+func TestSetuidClientNotReadNorControlled(t *testing.T) {
+	u := secondUser(t)
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := sharedHelper(t, dir, env)
+	suid := filepath.Join(dir, "suid-sleep")
+	if err := copyExec("/bin/sleep", suid, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(suid, 0o755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	var socks []*os.File
+	for _, name := range []string{"calls", "control"} {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(fd), name)
+		t.Cleanup(func() { f.Close() })
+		socks = append(socks, f)
+	}
+	child := asUser(exec.Command(testBinary(t)), u)
+	child.Env = []string{"GPUCR_E2E_SUID_CHILD=" + h.socket, "GPUCR_E2E_SUID_EXEC=" + suid}
+	child.ExtraFiles = socks
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the child said nothing: %v", err)
+	}
+	if _, err := strconv.ParseUint(strings.TrimSpace(line), 10, 64); err != nil {
+		t.Fatalf("the child said %q", line)
+	}
+	pid := child.Process.Pid
+	waitForCond(t, 10*time.Second, func() bool { p, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); return p == suid },
+		func() string { return "the child did not exec the set-user-ID program" })
+	ctl, err := wireOf(socks[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	go answerControl(ctl)
+	calls, err := wireOf(socks[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Its memory, named on its calls connection (by address: the form the
+	// helper read from the process, as root).
+	addr := firstMapping(t, pid)
+	_ = calls.UnixConn().SetDeadline(time.Now().Add(30 * time.Second))
+	if err := calls.Write(&helperpb.Request{Id: 2, Body: &helperpb.Request_AnalyzeModule{AnalyzeModule: &helperpb.AnalyzeModule{
+		Address: addr, Size: 4096}}}, nil); err != nil { // the deprecated field alone
+		t.Fatal(err)
+	}
+	r, _, err := calls.ReadResponse()
+	if err != nil {
+		t.Fatalf("AnalyzeModule: %v", err)
+	}
+	if r.Error == nil {
+		t.Errorf("an analysis of 4 KiB at 0x%x of the set-user-ID program was answered %v: the helper read its memory", addr, r)
+	}
+
+	// Its status, for the user.
+	var listed bool
+	for _, c := range h.status().Clients {
+		if p, _ := c.Pid.Int64(); int(p) != pid {
+			continue
+		}
+		listed = true
+		if c.Checkpointable || !strings.Contains(strings.Join(c.NotCheckpointable, "; "), "set-user-ID") {
+			t.Errorf("status of the set-user-ID program: checkpointable %v, %q", c.Checkpointable, c.NotCheckpointable)
+		}
+	}
+	if !listed {
+		t.Logf("(the set-user-ID program is not listed)")
+	}
+
+	// The user's operations on it.
+	for _, op := range []helperpb.ClientOp_Op{helperpb.ClientOp_OP_QUIESCE, helperpb.ClientOp_OP_SNAPSHOT} {
+		got := rawAs(t, u, h, &helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: &helperpb.ClientOp{Pid: int64(pid), Op: op,
+			TimeoutMs: 2000}}}, "")
+		if got.Code != helperpb.ErrorCode_ERROR_PERMISSION.String() {
+			t.Errorf("uid %d's %v of pid %d, running a set-user-ID root program: %v; want ERROR_PERMISSION", u.UID, op, pid, got)
+		}
+	}
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(img, int(u.UID), int(u.GID)); err != nil {
+		t.Fatal(err)
+	}
+	mustAsOther(t, u, "mkdir", filepath.Join(img, "gpucr"))
+	got := rawAs(t, u, h, &helperpb.Request{Body: &helperpb.Request_Checkpoint{Checkpoint: &helperpb.Checkpoint{Pid: int64(pid),
+		ImageDir: img, LeaveRunning: true, TimeoutMs: 2000}}}, img)
+	if got.Code != helperpb.ErrorCode_ERROR_PERMISSION.String() {
+		t.Errorf("uid %d's checkpoint of pid %d, running a set-user-ID root program: %v; want ERROR_PERMISSION", u.UID, pid, got)
+	}
 }
