@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/image"
@@ -111,6 +112,10 @@ func (cl *client) takeStopReport() *transfer {
 	return tr
 }
 
+// maxProgram bounds the program name the helper keeps of a client (its
+// argv[0], up to 128 KiB): Status lists it to every caller.
+const maxProgram = 4 << 10
+
 type alloc struct {
 	id, handle, size, address uint64
 	dev                       Device
@@ -136,6 +141,9 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			c.cred.Pid, err), nil)
 		return
 	}
+	// The client's own words, shown to every user by Status: bounded, and
+	// with nothing a terminal acts on.
+	program := printable.Bounded(h.Program, maxProgram)
 	var cl *client
 	if h.ClientToken != 0 {
 		// A detached or restored process coming back.
@@ -146,14 +154,14 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			return
 		}
 		cl.mu.Lock()
-		cl.uid, cl.gid, cl.program = c.cred.Uid, c.cred.Gid, h.Program
+		cl.uid, cl.gid, cl.program = c.cred.Uid, c.cred.Gid, program
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
 		if s.cfg.Fault == "stall-reattach" {
 			stallReattach(c, cl)
 		}
 	} else {
-		cl = s.register(p, c.cred.Uid, c.cred.Gid, h.Program)
+		cl = s.register(p, c.cred.Uid, c.cred.Gid, program)
 	}
 	c.log = cl.log
 	cl.mu.Lock()

@@ -135,10 +135,11 @@ type Server struct {
 	stalledLog  burstLog          // connections closed for a frame that stalled
 	rejectedLog burstLog          // connections closed for a bad request
 
-	statusShare statusShare     // Status requests share their replies (status.go)
-	exports     *exportSet      // the one kept export of each exported allocation (exports.go)
-	analyses    *analysisBudget // bytes of module images being analysed (modules.go)
-	pool        *pool           // allocations made ahead of time (pool.go)
+	statusShare  statusShare     // Status requests share their replies (status.go)
+	statusBudget int             // bytes of a Status reply (status.go; tests lower it)
+	exports      *exportSet      // the one kept export of each exported allocation (exports.go)
+	analyses     *analysisBudget // bytes of module images being analysed (modules.go)
+	pool         *pool           // allocations made ahead of time (pool.go)
 }
 
 // New returns a server; Listen and Serve start it.
@@ -168,6 +169,7 @@ func New(cfg Config) *Server {
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
 	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
+	s.statusBudget = DefaultStatusBudget
 	return s
 }
 

@@ -10,6 +10,12 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/helper/internal/printable"
+	"github.com/gpucr/gpucr/helper/wire"
+
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -43,10 +49,13 @@ type statusShare struct {
 type statusBuild struct {
 	done  chan struct{}
 	reply *helperpb.StatusReply
+	// sizes: each client's bytes in the encoded reply (statusFor).
+	sizes []int
 }
 
-// sharedStatus is the reply to a Status request (see statusShare).
-func (s *Server) sharedStatus() *helperpb.StatusReply {
+// sharedStatus is the reply to a Status request, built for every caller
+// (see statusShare); statusFor makes each caller's of it.
+func (s *Server) sharedStatus() *statusBuild {
 	sh := &s.statusShare
 	sh.mu.Lock()
 	if sh.next == nil {
@@ -60,7 +69,7 @@ func (s *Server) sharedStatus() *helperpb.StatusReply {
 	}
 	sh.mu.Unlock()
 	<-b.done
-	return b.reply
+	return b
 }
 
 // buildStatuses builds b, then every build requested meanwhile, one after
@@ -70,6 +79,10 @@ func (s *Server) buildStatuses(b *statusBuild) {
 	builds := 0
 	for b != nil {
 		b.reply = s.status()
+		b.sizes = make([]int, len(b.reply.Clients))
+		for i, ci := range b.reply.Clients {
+			b.sizes[i] = fieldSize(proto.Size(ci))
+		}
 		builds++
 		close(b.done)
 		sh.mu.Lock()
@@ -85,6 +98,72 @@ func (s *Server) buildStatuses(b *statusBuild) {
 	if builds >= floodBuilds {
 		debug.FreeOSMemory()
 	}
+}
+
+// DefaultStatusBudget bounds a Status reply's encoded bytes: half a frame
+// (wire.MaxFrame), whatever clients register.
+const DefaultStatusBudget = wire.MaxFrame / 2
+
+// fieldSize is what a message of n bytes takes as a field of another.
+func fieldSize(n int) int { return protowire.SizeTag(3) + protowire.SizeBytes(n) }
+
+// statusFor is the reply to caller's Status req, made of the shared build
+// b (shared between callers: nothing of it is changed): the clients req
+// asks for (its pids; none: all), the caller's own first, then the others
+// by pid, as many as fit in s.statusBudget bytes; how many did not fit is
+// said. So no number or size of other users' clients keeps a caller from
+// its answer, nor a checkpoint from learning its tree's clients (it asks
+// for their pids).
+func (s *Server) statusFor(b *statusBuild, caller uint32, req *helperpb.Status) *helperpb.StatusReply {
+	r := b.reply
+	out := &helperpb.StatusReply{HelperVersion: r.HelperVersion, Devices: r.Devices, Unavailable: r.Unavailable, Driver: r.Driver,
+		ResidentImages: r.ResidentImages, ResidentBudget: r.ResidentBudget}
+	left := s.statusBudget - proto.Size(out) - 16 // and clients_left_out
+	var wanted map[int64]bool
+	if len(req.GetPids()) > 0 {
+		wanted = make(map[int64]bool, len(req.Pids))
+		for _, p := range req.Pids {
+			wanted[p] = true
+		}
+	}
+	var omitted uint32
+	for _, mine := range []bool{true, false} {
+		for i, ci := range r.Clients {
+			if (ci.Uid == caller) != mine || (wanted != nil && !wanted[ci.Pid]) {
+				continue
+			}
+			if b.sizes[i] > left {
+				omitted++
+				continue
+			}
+			left -= b.sizes[i]
+			out.Clients = append(out.Clients, ci)
+		}
+	}
+	out.ClientsLeftOut = omitted
+	return out
+}
+
+// Bounds on what a client says of itself that Status shows to every
+// caller: the reasons it gives for not being checkpointable (its own
+// words, from its BufferTable).
+const (
+	maxReasons = 16
+	maxReason  = 512
+)
+
+// clientReasons is what Status shows of the reasons a client gave: at most
+// maxReasons, each cut to maxReason bytes, nothing a terminal acts on.
+func clientReasons(rs []string) []string {
+	out := make([]string, 0, min(len(rs), maxReasons+1))
+	for i, r := range rs {
+		if i == maxReasons {
+			out = append(out, fmt.Sprintf("and %d more", len(rs)-i))
+			break
+		}
+		out = append(out, printable.Bounded(r, maxReason))
+	}
+	return out
 }
 
 // floodBuilds is the number of Status builds back to back after which the
@@ -185,7 +264,7 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 				return err
 			}
 			if t := r.GetTable(); t != nil {
-				reasons = append(reasons, t.NotCheckpointable...)
+				reasons = append(reasons, clientReasons(t.NotCheckpointable)...)
 				// What the client says it is, recorded while the
 				// exchange is held (an illegal transition is logged).
 				_ = cl.reported(t.State)

@@ -1060,13 +1060,25 @@ struct  Gpucr__Helper__V1__ClientStats
     , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
+/*
+ * Status (CLI, plugin): the helper and its clients. The reply stays within
+ * a frame whatever clients register: it lists the caller's own clients
+ * first, then the others by pid, as many as fit its budget, and says how
+ * many it left out (StatusReply.clients_left_out).
+ */
 struct  Gpucr__Helper__V1__Status
 {
   ProtobufCMessage base;
+  /*
+   * Only the clients with these pids (a checkpoint asks for its process
+   * tree's); none: every client.
+   */
+  size_t n_pids;
+  int64_t *pids;
 };
 #define GPUCR__HELPER__V1__STATUS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status__descriptor) \
-     }
+    , 0,NULL }
 
 
 struct  Gpucr__Helper__V1__StatusReply
@@ -1096,10 +1108,15 @@ struct  Gpucr__Helper__V1__StatusReply
    * --resident-memory; 0: none).
    */
   uint64_t resident_budget;
+  /*
+   * Clients asked for but not listed: the reply would have outgrown its
+   * budget (the caller's own clients come first).
+   */
+  uint32_t clients_left_out;
 };
 #define GPUCR__HELPER__V1__STATUS_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status_reply__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0, 0 }
 
 
 /*

@@ -498,3 +498,77 @@ func TestSetuidClientNotReadNorControlled(t *testing.T) {
 		t.Errorf("uid %d's checkpoint of pid %d, running a set-user-ID root program: %v; want ERROR_PERMISSION", u.UID, pid, got)
 	}
 }
+
+// helloProgram says Hello as an interposer's calls connection on c, naming
+// its program program.
+func helloProgram(c *net.UnixConn, program string) error {
+	w, err := wire.New(c)
+	if err != nil {
+		return err
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if err := w.Write(&helperpb.Request{Id: 1, Body: &helperpb.Request_Hello{Hello: &helperpb.Hello{
+		ProtocolVersion: wire.Version, Role: helperpb.Role_ROLE_CLIENT_CALLS, Program: program}}}, nil); err != nil {
+		return err
+	}
+	r, _, err := w.ReadResponse()
+	if err != nil {
+		return err
+	}
+	if r.GetHello() == nil {
+		return fmt.Errorf("Hello answered %v", r)
+	}
+	return nil
+}
+
+// TestProgramNamesDenyNothing: another user registers 80 clients whose
+// program names are 256,000 bytes long, and one whose name holds a newline
+// and terminal escapes. Every user's `gpucr status` is answered (the reply
+// outgrew the 16 MiB frame: every status got EOF), shows the names cut
+// and escaped (a newline forged a line of the listing), and root's
+// checkpoint of a GPU job, which asks the helper for its tree's clients,
+// goes through (it was refused: "no gpucr helper answers").
+func TestProgramNamesDenyNothing(t *testing.T) {
+	needTool(t, "criu")
+	u := secondUser(t)
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := sharedHelper(t, dir, env)
+	long := strings.Repeat("\n\x1b[2J", 100) + strings.Repeat("p", 256000-500)
+	dialAs(t, h.socket, &u, 80, func(c *net.UnixConn) error { return helloProgram(c, long) })
+	const forged = "  4242  0  forged-root-job  -  1  1.0 GiB  up  yes  running"
+	dialAs(t, h.socket, &u, 1, func(c *net.UnixConn) error { return helloProgram(c, "evil\n"+forged+"\x1b]0;title\x07") })
+
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "8", "--buffers", "2", "--interval-ms", "20")
+	a.waitIter(3, 30*time.Second)
+	out, err := gpucrCLI(t, h, "status")
+	if err != nil {
+		t.Fatalf("root's status: %v\n%s", err, tail(out, 5))
+	}
+	if !strings.Contains(out, fmt.Sprintf("  %d  ", a.pid)) {
+		t.Errorf("root's status does not list root's job %d:\n%s", a.pid, tail(out, 5))
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "4242") || strings.ContainsAny(l, "\x1b\x07\r") {
+			t.Errorf("a program name forged output: %q", l)
+		}
+	}
+	if !strings.Contains(out, `evil\n`) {
+		t.Errorf("the newline of a program name is not shown escaped")
+	}
+	st := h.status()
+	if len(st.Clients) < 82 {
+		t.Errorf("status --json lists %d clients, want all 82", len(st.Clients))
+	}
+	js, _ := gpucrCLI(t, h, "status", "--json")
+	if len(js) > 2<<20 {
+		t.Errorf("status --json is %d bytes: program names are not cut", len(js))
+	}
+	if out, err := asOther(t, u, time.Minute, nil, binPath(t, "gpucr"), "status", "--socket", h.socket); err != nil {
+		t.Errorf("uid %d's status: %v\n%s", u.UID, err, tail(out, 5))
+	}
+	img := filepath.Join(dir, "img")
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+	a.waitIter(a.lastIter()+3, 30*time.Second)
+}
