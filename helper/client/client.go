@@ -156,7 +156,9 @@ func ctxErr(ctx context.Context, err error) error {
 // Status asks the helper for its status: its clients, as many as its reply
 // holds (StatusReply.ClientsLeftOut says how many it left out; the
 // caller's own come first).
-func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) { return c.StatusOfPids(ctx, nil) }
+func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) {
+	return c.StatusOfPids(ctx, nil)
+}
 
 // StatusOfPids asks the helper for its status, with only the clients of
 // pids (nil: all): a checkpoint learns its tree's clients so, whatever

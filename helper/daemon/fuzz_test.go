@@ -268,8 +268,8 @@ func FuzzServeFrameFD(f *testing.F) {
 		f.Add(cat(calls, analyze), uint16(len(calls)), kind)
 		f.Add(cat(calls, alloc, req(3, &helperpb.ImportPeer{})), uint16(len(calls)+len(alloc)), kind)
 	}
-	f.Add(cat(calls, alloc), uint16(len(calls)), uint8(1))           // an fd on Alloc
-	f.Add(cat(calls, analyze), uint16(len(calls)+3), uint8(1))       // in the middle of a frame
+	f.Add(cat(calls, alloc), uint16(len(calls)), uint8(1))     // an fd on Alloc
+	f.Add(cat(calls, analyze), uint16(len(calls)+3), uint8(1)) // in the middle of a frame
 	f.Add(cat(cli, req(2, &helperpb.LoadResident{ImageDir: "x"})), uint16(len(cli)), uint8(6))
 	f.Add(cat(cli, req(2, &helperpb.UnloadResident{ImageDir: "x"})), uint16(len(cli)), uint8(6))
 	f.Add(cat(cli, req(2, &helperpb.Status{})), uint16(len(cli)), uint8(4))
