@@ -53,6 +53,11 @@ type client struct {
 	// quietUntil: its control connection did not answer a Status; Status
 	// does not ask it again before then (status.go). Guarded by mu.
 	quietUntil time.Time
+	// identityAt, identitySeen: when Status last looked at what its
+	// process runs as, and whether it was another identity than its own
+	// (identityShown). Guarded by mu.
+	identityAt   time.Time
+	identitySeen bool
 
 	// life is where it is in its lifecycle, and what goes with that; only
 	// lifecycle.go reads or changes it. Guarded by mu.
@@ -440,6 +445,33 @@ func (cl *client) identityErr() error {
 			"it exec'd a set-user-ID or set-group-ID program, or made itself undumpable; only root may act on it", cl.pid, uid, gid, c)
 	}
 	return nil
+}
+
+// identityFor is how long Status shows what it last saw of what a
+// client's process runs as: its look costs some tens of microseconds a
+// client, and a flood of Status builds them back to back.
+const identityFor = time.Second
+
+// notOwnReason is why Status shows a client whose process is not its
+// user's alone as not checkpointable (identityErr gives the details to the
+// user it refuses).
+const notOwnReason = "runs as another user now (a set-user-ID program?): only root may act on it"
+
+// identityShown says, for Status, whether cl's process runs as another
+// identity than its own (identityErr), as seen within identityFor.
+func (cl *client) identityShown() bool {
+	cl.mu.Lock()
+	if time.Since(cl.identityAt) < identityFor {
+		defer cl.mu.Unlock()
+		return cl.identitySeen
+	}
+	cl.mu.Unlock()
+	err := cl.identityErr()
+	other := err != nil && !errors.Is(err, proc.ErrGone)
+	cl.mu.Lock()
+	cl.identityAt, cl.identitySeen = time.Now(), other
+	cl.mu.Unlock()
+	return other
 }
 
 // onLive runs f (a driver call) on the pid of cl's process, if that process

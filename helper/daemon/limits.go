@@ -534,9 +534,11 @@ func (m *memTrimmer) request() {
 	m.pending = true
 	wait := max(trimDelay, time.Until(m.last.Add(m.interval)))
 	time.AfterFunc(wait, func() {
-		debug.FreeOSMemory()
+		// A request from now on is served by the next trim: this one
+		// may not see what that work leaves.
 		m.mu.Lock()
 		m.last, m.pending = time.Now(), false
 		m.mu.Unlock()
+		debug.FreeOSMemory()
 	})
 }

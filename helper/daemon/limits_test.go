@@ -182,7 +182,7 @@ func TestFrameCaps(t *testing.T) {
 
 func TestControlAnswerCap(t *testing.T) {
 	dev := newFake()
-	_, sock := startServer(t, dev)
+	s, sock := startServer(t, dev)
 	calls := dial(t, sock)
 	token := calls.register()
 	ctl := startControl(t, sock, token)
@@ -206,10 +206,20 @@ func TestControlAnswerCap(t *testing.T) {
 	const n = maxUnaskedAnswer + 1
 	sendPart(t, ctl.c, n, padded(t, &helperpb.Response{Id: 1 << 40, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}, n), n)
 	ctl.mu.Unlock()
+	// Nothing asks the client meanwhile (a Status would, and the frame
+	// would then be read as its answer): the helper's own record says when
+	// the control connection is gone.
 	waitFor(t, func() bool {
-		st := status(t, sock)
-		return len(st.Clients) == 1 && !st.Clients[0].ControlConnected
+		s.mu.Lock()
+		cl := s.reg.withToken(token)
+		s.mu.Unlock()
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		return cl.ctrl == nil
 	})
+	if st := status(t, sock); len(st.Clients) != 1 || st.Clients[0].ControlConnected {
+		t.Errorf("status once the control connection is closed: %v", st.Clients)
+	}
 }
 
 func TestFrameTimeout(t *testing.T) {

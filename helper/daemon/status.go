@@ -16,7 +16,6 @@ import (
 	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/wire"
 
-	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -240,9 +239,9 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		ci.WindowOpen, ci.WindowPendingBytes = true, g.PendingBytes()
 	}
 	var reasons []string
-	if err := cl.identityErr(); err != nil && !errors.Is(err, proc.ErrGone) {
+	if cl.identityShown() {
 		// Its user may not act on it (mayAct): not checkpointable for them.
-		reasons = append(reasons, err.Error())
+		reasons = append(reasons, notOwnReason)
 	}
 	switch {
 	case !ci.ControlConnected:
