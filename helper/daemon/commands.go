@@ -46,7 +46,15 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		var resp *helperpb.Response
 		switch b := req.Body.(type) {
 		case *helperpb.Request_Status:
-			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Status{Status: s.statusFor(s.sharedStatus(), c.cred.Uid, b.Status)}}
+			body, err := s.statusResponse(s.sharedStatus(), req.Id, c.cred.Uid, b.Status)
+			if err == nil {
+				err = c.sendEncoded(body)
+			}
+			if err != nil {
+				c.log.Debug("status reply", zap.Error(err))
+				return
+			}
+			continue
 		case *helperpb.Request_WaitRestored:
 			resp = s.waitRestored(c, req.Id, b.WaitRestored)
 		case *helperpb.Request_Transfers:

@@ -422,6 +422,17 @@ func (c *conn) send(m *helperpb.Response, fds []int) error {
 	return c.Write(m, fds)
 }
 
+// sendEncoded is send of a Response encoded already (a Status reply shared
+// by many requests, encoded once).
+func (c *conn) sendEncoded(body []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.writeTimeout > 0 {
+		_ = c.UnixConn().SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
+	return c.WriteFrame(body, nil)
+}
+
 // holdPeer takes hold of the process that connected (c.peer, or c.peerErr
 // says why there is none).
 func (c *conn) holdPeer() {

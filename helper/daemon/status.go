@@ -15,7 +15,6 @@ import (
 
 	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/wire"
-
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -50,6 +49,12 @@ type statusBuild struct {
 	reply *helperpb.StatusReply
 	// sizes: each client's bytes in the encoded reply (statusFor).
 	sizes []int
+
+	// encoded: the reply to each caller uid's Status of every client,
+	// encoded once (statusEncoded): a flood of Status from one user costs
+	// one encoding a build, not one a request.
+	mu      sync.Mutex
+	encoded map[uint32][]byte
 }
 
 // sharedStatus is the reply to a Status request, built for every caller
@@ -141,6 +146,43 @@ func (s *Server) statusFor(b *statusBuild, caller uint32, req *helperpb.Status) 
 	}
 	out.ClientsLeftOut = omitted
 	return out
+}
+
+// statusResponse is the encoded Response of id to caller's Status req,
+// made of the shared build b (statusFor), encoded once per caller uid and
+// build where req names no pids.
+func (s *Server) statusResponse(b *statusBuild, id uint64, caller uint32, req *helperpb.Status) ([]byte, error) {
+	var reply []byte
+	if len(req.GetPids()) > 0 {
+		r, err := proto.Marshal(s.statusFor(b, caller, req))
+		if err != nil {
+			return nil, err
+		}
+		reply = r
+	} else {
+		b.mu.Lock()
+		reply = b.encoded[caller]
+		if reply == nil {
+			r, err := proto.Marshal(s.statusFor(b, caller, req))
+			if err != nil {
+				b.mu.Unlock()
+				return nil, err
+			}
+			if b.encoded == nil {
+				b.encoded = map[uint32][]byte{}
+			}
+			b.encoded[caller], reply = r, r
+		}
+		b.mu.Unlock()
+	}
+	// Response{id: 1, status: 8}, as proto.Marshal writes it.
+	out := make([]byte, 0, len(reply)+24)
+	if id != 0 {
+		out = protowire.AppendTag(out, 1, protowire.VarintType)
+		out = protowire.AppendVarint(out, id)
+	}
+	out = protowire.AppendTag(out, 8, protowire.BytesType)
+	return protowire.AppendBytes(out, reply), nil
 }
 
 // Bounds on what a client says of itself that Status shows to every

@@ -147,3 +147,33 @@ func TestStatusForCaller(t *testing.T) {
 		t.Errorf("the shared build changed: %d clients, %d left out", len(b.reply.Clients), b.reply.ClientsLeftOut)
 	}
 }
+
+// The encoded reply is the reply statusFor makes, in a Response of the
+// request's id; one caller's is encoded once a build.
+func TestStatusResponseEncoded(t *testing.T) {
+	s := New(Config{Devices: []Device{newFake()}})
+	b := &statusBuild{reply: &helperpb.StatusReply{HelperVersion: "test", Clients: []*helperpb.ClientInfo{
+		{Pid: 1, Uid: 5, Program: "a"}, {Pid: 2, Uid: 6, Program: "b"}}}}
+	for _, ci := range b.reply.Clients {
+		b.sizes = append(b.sizes, fieldSize(proto.Size(ci)))
+	}
+	for _, req := range []*helperpb.Status{{}, {Pids: []int64{2}}} {
+		for _, id := range []uint64{0, 7, 1 << 40} {
+			body, err := s.statusResponse(b, id, 6, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got helperpb.Response
+			if err := proto.Unmarshal(body, &got); err != nil {
+				t.Fatal(err)
+			}
+			want := &helperpb.Response{Id: id, Body: &helperpb.Response_Status{Status: s.statusFor(b, 6, req)}}
+			if !proto.Equal(&got, want) {
+				t.Errorf("id %d, %v: %v, want %v", id, req, &got, want)
+			}
+		}
+	}
+	if len(b.encoded) != 1 || b.encoded[6] == nil {
+		t.Errorf("encoded once for uid 6: %v", b.encoded)
+	}
+}
