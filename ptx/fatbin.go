@@ -58,7 +58,17 @@ const (
 // ParseFatbin reads every container of a fat binary in b and analyses its
 // PTX entries. A library holds many containers one after another; parsing
 // stops at the first bytes that are not a container.
-func ParseFatbin(b []byte) ([]FatbinEntry, error) {
+func ParseFatbin(b []byte) ([]FatbinEntry, error) { return parseFatbin(b, nil) }
+
+// ErrNoRoom: an analysis needed more memory than it was given
+// (WriteSetsWithin).
+var ErrNoRoom = errors.New("no room to decompress")
+
+// parseFatbin is ParseFatbin; take, if set, is asked for the bytes of each
+// compressed PTX entry before it is decompressed, and a refusal (or an
+// entry that does not say its size) ends the parse with an error wrapping
+// ErrNoRoom.
+func parseFatbin(b []byte, take func(n uint64) bool) ([]FatbinEntry, error) {
 	var out []FatbinEntry
 	le := binary.LittleEndian
 	containers := 0
@@ -86,13 +96,14 @@ func ParseFatbin(b []byte) ([]FatbinEntry, error) {
 					containers, ehlen, payload, padded)
 			}
 			e := FatbinEntry{Kind: kind, Arch: arch}
-			data, err := fatbinPayload(body[ehlen:ehlen+payload], flags, raw)
-			switch {
-			case kind != FatbinPTX:
+			if kind != FatbinPTX {
+				// Not even decompressed: nothing reads it.
 				e.NotAnalysed = fmt.Sprintf("SASS for sm_%d (kind %d): machine code whose encoding is not public", arch, kind)
-			case err != nil:
+			} else if data, err := fatbinPayload(body[ehlen:ehlen+payload], flags, raw, take); errors.Is(err, ErrNoRoom) {
+				return out, fmt.Errorf("fatbin container %d, PTX for sm_%d: %w", containers, arch, err)
+			} else if err != nil {
 				e.NotAnalysed = err.Error()
-			default:
+			} else {
 				text := string(bytes.TrimRight(data, "\x00"))
 				if e.Module, err = Analyze(text); err != nil {
 					e.NotAnalysed = err.Error()
@@ -110,10 +121,26 @@ func ParseFatbin(b []byte) ([]FatbinEntry, error) {
 	return out, nil
 }
 
-// fatbinPayload is an entry's payload, decompressed if it is zstd.
-func fatbinPayload(p []byte, flags, rawSize uint64) ([]byte, error) {
+// maxDecompressed bounds one decompressed entry where no take bounds it.
+const maxDecompressed = 1 << 30
+
+// fatbinPayload is an entry's payload, decompressed if it is zstd; take,
+// if set, must grant the size the entry says it has (rawSize) first, and
+// the decompression stops past it: a few compressed bytes may claim
+// gigabytes.
+func fatbinPayload(p []byte, flags, rawSize uint64, take func(n uint64) bool) ([]byte, error) {
 	if len(p) >= 4 && binary.LittleEndian.Uint32(p) == zstdMagic {
-		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(1<<30))
+		limit := uint64(maxDecompressed)
+		if take != nil {
+			switch {
+			case rawSize == 0:
+				return nil, fmt.Errorf("%w: a compressed entry that does not say its size", ErrNoRoom)
+			case !take(rawSize):
+				return nil, fmt.Errorf("%w: %d bytes decompressed", ErrNoRoom, rawSize)
+			}
+			limit = rawSize
+		}
+		d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(limit))
 		if err != nil {
 			return nil, err
 		}

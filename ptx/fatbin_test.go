@@ -2,6 +2,7 @@ package ptx
 
 import (
 	"encoding/binary"
+	"errors"
 	"strings"
 	"testing"
 
@@ -89,5 +90,55 @@ func TestParseFatbin(t *testing.T) {
 		if _, err := ParseFatbin(bad); err == nil {
 			t.Errorf("damaged fat binary of %d bytes parsed", len(bad))
 		}
+	}
+}
+
+// A few compressed bytes may claim gigabytes: WriteSetsWithin asks for the
+// size an entry says before decompressing it, decompresses no more than
+// that, and a refusal ends the analysis with no kernels at all (a kernel
+// is not decided on the entries that fit alone).
+func TestWriteSetsWithinBoundsDecompression(t *testing.T) {
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptxText := []byte(Kernels + "\x00")
+	small := enc.EncodeAll(ptxText, nil)
+	bomb := enc.EncodeAll(make([]byte, 64<<20), nil) // zeros: 64 MiB in a few KiB
+	if len(bomb) > 64<<10 {
+		t.Fatalf("the bomb is %d bytes", len(bomb))
+	}
+	fb := fatbinContainer(
+		fatbinEntry(FatbinPTX, 90, small, 0x8000, uint64(len(ptxText)), 64),
+		fatbinEntry(FatbinPTX, 120, bomb, 0x8000, 64<<20, 64),
+	)
+	var asked []uint64
+	take := func(room uint64) func(n uint64) bool {
+		return func(n uint64) bool {
+			asked = append(asked, n)
+			if n > room {
+				return false
+			}
+			room -= n
+			return true
+		}
+	}
+	sets, err := WriteSetsWithin(fb, take(1<<20))
+	if !errors.Is(err, ErrNoRoom) || len(sets) != 0 {
+		t.Fatalf("a 64 MiB entry within 1 MiB: %d kernels, %v; want none and ErrNoRoom", len(sets), err)
+	}
+	if len(asked) != 2 || asked[0] != uint64(len(ptxText)) || asked[1] != 64<<20 {
+		t.Errorf("asked for %v", asked)
+	}
+	// An entry that says less than it holds stops at what it said.
+	liar := fatbinContainer(fatbinEntry(FatbinPTX, 120, bomb, 0x8000, 4096, 64))
+	entries, err := parseFatbin(liar, take(1<<30))
+	if err != nil || len(entries) != 1 || entries[0].Module != nil || entries[0].NotAnalysed == "" {
+		t.Fatalf("an entry past its stated size: %+v, %v", entries, err)
+	}
+	// With room, the kernels are there.
+	if sets, err := WriteSetsWithin(fatbinContainer(fatbinEntry(FatbinPTX, 90, small, 0x8000, uint64(len(ptxText)), 64)),
+		take(1<<20)); err != nil || len(sets) == 0 {
+		t.Fatalf("a small compressed entry with room: %d kernels, %v", len(sets), err)
 	}
 }

@@ -3,6 +3,7 @@ package ptx
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -31,11 +32,22 @@ type WriteSet struct {
 // several PTX entries (one per architecture) may write what any of them
 // writes, and is decided only if every one is. An ELF cubin, or anything
 // else, has no PTX: an empty map and no error.
-func WriteSets(image []byte) (map[string]WriteSet, error) {
+func WriteSets(image []byte) (map[string]WriteSet, error) { return WriteSetsWithin(image, nil) }
+
+// WriteSetsWithin is WriteSets that asks take, if set, for the bytes of
+// every compressed PTX entry before decompressing it (the size the entry's
+// header says, which it must then have): what an analysis holds is the
+// image and what take granted. A refusal ends the analysis with an error
+// wrapping ErrNoRoom and no kernels: a kernel is not decided on the entries
+// that fit alone.
+func WriteSetsWithin(image []byte, take func(n uint64) bool) (map[string]WriteSet, error) {
 	out := map[string]WriteSet{}
 	switch {
 	case len(image) >= 4 && binary.LittleEndian.Uint32(image) == FatbinMagic:
-		entries, err := ParseFatbin(image)
+		entries, err := parseFatbin(image, take)
+		if errors.Is(err, ErrNoRoom) {
+			return map[string]WriteSet{}, err
+		}
 		if err != nil && len(entries) == 0 {
 			return out, err
 		}

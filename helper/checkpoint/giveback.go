@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"time"
 
+	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -25,7 +26,7 @@ func waitGPUBack(socket string, pids []proc.Pid, wait time.Duration) []ProcessAf
 	for {
 		out := make([]ProcessAfter, 0, len(pids))
 		settled := true
-		st, err := helperStatus(socket)
+		st, err := helperStatus(socket, pids)
 		for _, pid := range pids {
 			p := ProcessAfter{PID: pid, State: "unknown (the helper does not answer)"}
 			switch {
@@ -39,7 +40,7 @@ func waitGPUBack(socket string, pids []proc.Pid, wait time.Duration) []ProcessAf
 					}
 					p.State = stateName(cl.State)
 					if cl.State == helperpb.ClientState_CLIENT_STATE_DROPPED && len(cl.NotCheckpointable) > 0 {
-						p.State += " (" + cl.NotCheckpointable[0] + ")"
+						p.State += " (" + printable.String(cl.NotCheckpointable[0]) + ")"
 					}
 					p.Running = cl.ControlConnected && cl.State == helperpb.ClientState_CLIENT_STATE_RUNNING
 				}

@@ -115,7 +115,10 @@ type treeClients struct {
 // its clients.
 func gpuClientsOf(socket string, pid proc.Pid) treeClients {
 	tc := treeClients{Tree: proc.Tree(pid)}
-	st, err := helperStatus(socket)
+	st, err := helperStatus(socket, tc.Tree)
+	if err == nil && st.ClientsLeftOut > 0 {
+		err = fmt.Errorf("the helper left %d of the tree's clients out of its answer (too many to list)", st.ClientsLeftOut)
+	}
 	if err != nil {
 		tc.HelperErr = err
 		return tc
@@ -130,9 +133,15 @@ func gpuClientsOf(socket string, pid proc.Pid) treeClients {
 	return tc
 }
 
-// helperStatus is the helper's Status reply.
-func helperStatus(socket string) (*helperpb.StatusReply, error) {
-	return client.StatusOf(socket, client.StatusTimeout)
+// helperStatus is the helper's Status reply with the clients of pids
+// alone: however many other clients the helper serves, the reply holds
+// these.
+func helperStatus(socket string, pids []proc.Pid) (*helperpb.StatusReply, error) {
+	ps := make([]int64, len(pids))
+	for i, p := range pids {
+		ps[i] = int64(p)
+	}
+	return client.StatusOfPidsAt(socket, client.StatusTimeout, ps)
 }
 
 // imagePids lists the pids and thread ids a restore of dir gives back (CRIU's

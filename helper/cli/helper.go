@@ -53,6 +53,12 @@ func helperCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "max-gpu-memory-per-uid", Value: "unlimited",
 				Usage: "GPU memory the helper holds for one uid's processes (root: no limit), e.g. 40G; allocations beyond it fail with out of memory"},
 			&ucli.StringSliceFlag{Name: "max-gpu-memory-for", Usage: "USER=SIZE (user name or uid; SIZE or unlimited): that uid's limit instead, root too (repeatable)"},
+			&ucli.IntFlag{Name: "max-exports-per-uid", Value: daemon.DefaultExportsPerUID,
+				Usage: "allocations of one uid the helper keeps an export of (a descriptor each; root: no limit); 0: no limit"},
+			&ucli.StringFlag{Name: "module-analysis-memory", Value: "256M",
+				Usage: "bytes of module images (and the PTX they hold compressed) the helper analyses at once, for all users but root; an analysis waits a moment for room, then is refused (its kernels count as writing everything they point into)"},
+			&ucli.StringFlag{Name: "module-analysis-memory-per-uid", Value: "128M",
+				Usage: "the same for one uid: an analysis past it is refused at once"},
 			&ucli.StringFlag{Name: "alloc-pool", Value: "0",
 				Usage: "GPU memory per device the helper may hold in allocations made ahead of time for sizes processes keep asking for (0: none)"},
 			&ucli.StringFlag{Name: "snapshot-reserve", Value: "2G",
@@ -234,6 +240,19 @@ func helperLimits(c *ucli.Context) (daemon.Limits, error) {
 	}
 	if l.MaxPending, err = count("max-pending-connections"); err != nil {
 		return l, err
+	}
+	if l.ExportsPerUID, err = count("max-exports-per-uid"); err != nil {
+		return l, err
+	}
+	for _, f := range []struct {
+		name string
+		v    *int64
+	}{{"module-analysis-memory", &l.AnalysisBytes}, {"module-analysis-memory-per-uid", &l.AnalysisBytesPerUID}} {
+		n, err := parseSize(c.String(f.name))
+		if err != nil || n == 0 || n > 1<<40 {
+			return l, usageError{fmt.Errorf("--%s: %q is not a size (like 128M)", f.name, c.String(f.name))}
+		}
+		*f.v = int64(n)
 	}
 	if l.GPUMemoryPerUID, err = parseSize(c.String("max-gpu-memory-per-uid")); err != nil {
 		return l, usageError{fmt.Errorf("--max-gpu-memory-per-uid: %v", err)}

@@ -43,12 +43,16 @@ func helperLimitsOf(t *testing.T, args ...string) (daemon.Limits, error) {
 func TestHelperLimitFlags(t *testing.T) {
 	l, err := helperLimitsOf(t)
 	if err != nil || l.FrameTimeout != daemon.DefaultFrameTimeout || l.MaxConnsPerUID != daemon.DefaultMaxConnsPerUID ||
-		l.MaxPending != daemon.DefaultMaxPending || l.GPUMemoryPerUID != 0 || len(l.GPUMemoryByUID) != 0 {
+		l.MaxPending != daemon.DefaultMaxPending || l.GPUMemoryPerUID != 0 || len(l.GPUMemoryByUID) != 0 ||
+		l.ExportsPerUID != daemon.DefaultExportsPerUID || l.AnalysisBytes != daemon.DefaultAnalysisBytes ||
+		l.AnalysisBytesPerUID != daemon.DefaultAnalysisBytesPerUID {
 		t.Fatalf("defaults: %+v, %v", l, err)
 	}
 	l, err = helperLimitsOf(t, "--frame-timeout", "3s", "--max-connections-per-uid", "0", "--max-pending-connections", "32",
-		"--max-gpu-memory-per-uid", "40G", "--max-gpu-memory-for", "root=8G", "--max-gpu-memory-for", "1234=unlimited")
-	if err != nil || l.FrameTimeout != 3*time.Second || l.MaxConnsPerUID >= 0 || l.MaxPending != 32 ||
+		"--max-gpu-memory-per-uid", "40G", "--max-gpu-memory-for", "root=8G", "--max-gpu-memory-for", "1234=unlimited",
+		"--max-exports-per-uid", "64", "--module-analysis-memory", "1G", "--module-analysis-memory-per-uid", "200M")
+	if err != nil || l.FrameTimeout != 3*time.Second || l.MaxConnsPerUID >= 0 || l.MaxPending != 32 || l.ExportsPerUID != 64 ||
+		l.AnalysisBytes != 1<<30 || l.AnalysisBytesPerUID != 200<<20 ||
 		l.GPUMemoryPerUID != 40<<30 || len(l.GPUMemoryByUID) != 2 || l.GPUMemoryByUID[0] != 8<<30 {
 		t.Fatalf("set: %+v, %v", l, err)
 	}
@@ -61,6 +65,9 @@ func TestHelperLimitFlags(t *testing.T) {
 		{"--max-gpu-memory-for", "no-such-user-here=1G"},
 		{"--max-gpu-memory-for", "root=1Q"},
 		{"--max-connections-per-uid", "-1"},
+		{"--max-exports-per-uid", "-1"},
+		{"--module-analysis-memory", "0"},
+		{"--module-analysis-memory-per-uid", "unlimited"},
 		{"--frame-timeout", "0s"},
 	} {
 		if _, err := helperLimitsOf(t, args...); err == nil {

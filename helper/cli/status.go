@@ -12,6 +12,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -27,6 +28,9 @@ type statusJSON struct {
 	// (gpucr image load), within ResidentBudget bytes in all.
 	Resident       []residentJSON `json:"resident_images"`
 	ResidentBudget uint64         `json:"resident_budget"`
+	// ClientsLeftOut: clients the helper did not list, its reply being
+	// full (the caller's own come first).
+	ClientsLeftOut uint32 `json:"clients_left_out"`
 }
 
 type residentJSON struct {
@@ -77,7 +81,8 @@ func stateName(s helperpb.ClientState) string { return checkpoint.StateName(s) }
 
 func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
-		Devices: []deviceJSON{}, Clients: []clientJSON{}, Resident: []residentJSON{}, ResidentBudget: st.ResidentBudget}
+		Devices: []deviceJSON{}, Clients: []clientJSON{}, Resident: []residentJSON{}, ResidentBudget: st.ResidentBudget,
+		ClientsLeftOut: st.ClientsLeftOut}
 	for _, r := range st.ResidentImages {
 		out.Resident = append(out.Resident, residentJSON{r.ImageDir, r.Bytes, r.Buffers, r.OwnerUid, r.LoadedUnixMs, r.Restores})
 	}
@@ -128,7 +133,11 @@ func statusCommand() *ucli.Command {
 				return fmt.Errorf("%v (is `gpucr helper` running? systemctl start gpucr-helper)", err)
 			}
 			defer conn.Close()
-			st, err := conn.Status(ctx)
+			var pids []int64
+			if only != 0 {
+				pids = []int64{only}
+			}
+			st, err := conn.StatusOfPids(ctx, pids)
 			if err != nil {
 				return fmt.Errorf("status from the helper on %s: %w", socket, err)
 			}
@@ -161,6 +170,10 @@ func yesNo(b bool) string {
 	return "no"
 }
 
+// printStatus writes j for a terminal. What other users chose (program
+// names, the reasons their interposers give, image directories) is shown
+// escaped (printable.String): a newline in a program name must not forge a
+// line, nor an escape sequence act on the terminal.
 func printStatus(c *ucli.Context, j statusJSON) {
 	w := c.App.Writer
 	fmt.Fprintf(w, "helper %s on %s\n", j.HelperVersion, j.Socket)
@@ -185,21 +198,25 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		}
 		fmt.Fprintf(w, "resident images: %d, %s of %s\n", len(j.Resident), humanBytes(held), humanBytes(j.ResidentBudget))
 		for _, r := range j.Resident {
-			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served\n", r.ImagesDir, humanBytes(r.Bytes), r.Buffers,
+			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served\n", printable.String(r.ImagesDir), humanBytes(r.Bytes), r.Buffers,
 				r.OwnerUID, r.Restores)
 		}
 	}
+	leftOut := ""
+	if j.ClientsLeftOut > 0 {
+		leftOut = fmt.Sprintf(" (and %d more the helper did not list: its answer was full; `gpucr status PID` shows one)", j.ClientsLeftOut)
+	}
 	if len(j.Clients) == 0 {
-		fmt.Fprintln(w, "clients: none")
+		fmt.Fprintf(w, "clients: none%s\n", leftOut)
 		return
 	}
-	fmt.Fprintf(w, "clients: %d\n", len(j.Clients))
+	fmt.Fprintf(w, "clients: %d%s\n", len(j.Clients), leftOut)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PID\tUID\tPROGRAM\tCONTAINER\tALLOCS\tBYTES\tCONTROL\tCHECKPOINTABLE\tSTATE")
 	for _, cl := range j.Clients {
 		ck := yesNo(cl.Checkpointable)
 		if !cl.Checkpointable {
-			ck = "no: " + strings.Join(cl.NotCheckpointable, "; ")
+			ck = "no: " + printable.String(strings.Join(cl.NotCheckpointable, "; "))
 		}
 		ctl := "down"
 		if cl.ControlConnected {
@@ -207,7 +224,7 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		}
 		ctr := "-"
 		if cl.Container != "" {
-			ctr = cl.Container
+			ctr = printable.String(cl.Container)
 			if cl.NsPid != 0 && int64(cl.NsPid) != cl.PID {
 				ctr += fmt.Sprintf(" (pid %d)", cl.NsPid)
 			}
@@ -216,7 +233,7 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		if cl.WindowOpen {
 			state += fmt.Sprintf(", copy-on-write window (%s to save)", humanBytes(cl.WindowPendingBytes))
 		}
-		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cl.PID, cl.UID, cl.Program, ctr, cl.Allocations,
+		fmt.Fprintf(tw, "  %d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", cl.PID, cl.UID, printable.String(cl.Program), ctr, cl.Allocations,
 			humanBytes(cl.Bytes), ctl, ck, state)
 	}
 	tw.Flush()

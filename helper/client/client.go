@@ -153,9 +153,19 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
-// Status asks the helper for its status.
+// Status asks the helper for its status: its clients, as many as its reply
+// holds (StatusReply.ClientsLeftOut says how many it left out; the
+// caller's own come first).
 func (c *Conn) Status(ctx context.Context) (*helperpb.StatusReply, error) {
-	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Status{Status: &helperpb.Status{}}})
+	return c.StatusOfPids(ctx, nil)
+}
+
+// StatusOfPids asks the helper for its status, with only the clients of
+// pids (nil: all): a checkpoint learns its tree's clients so, whatever
+// other clients the helper serves. An older helper ignores pids and lists
+// every client: the caller picks its own from what it gets.
+func (c *Conn) StatusOfPids(ctx context.Context, pids []int64) (*helperpb.StatusReply, error) {
+	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_Status{Status: &helperpb.Status{Pids: pids}}})
 	if err != nil {
 		return nil, err
 	}
@@ -172,6 +182,11 @@ const StatusTimeout = 5 * time.Second
 // StatusOf dials the helper at socket as the CLI and asks for its status,
 // all within timeout.
 func StatusOf(socket string, timeout time.Duration) (*helperpb.StatusReply, error) {
+	return StatusOfPidsAt(socket, timeout, nil)
+}
+
+// StatusOfPidsAt is StatusOf with only the clients of pids (nil: all).
+func StatusOfPidsAt(socket string, timeout time.Duration, pids []int64) (*helperpb.StatusReply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	conn, err := Dial(ctx, socket, helperpb.Role_ROLE_CLI, "gpucr")
@@ -179,7 +194,7 @@ func StatusOf(socket string, timeout time.Duration) (*helperpb.StatusReply, erro
 		return nil, err
 	}
 	defer conn.Close()
-	return conn.Status(ctx)
+	return conn.StatusOfPids(ctx, pids)
 }
 
 // Transfers lists the helper's GPU copies of image directory dir ("" for

@@ -606,6 +606,11 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 	if err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_NOT_FOUND, "driver lock: %v", err)
 	}
+	// Its process may have exec'd a set-user-ID program since the request
+	// was let in: the user's checkpoint does not reach it.
+	if err := mayAct(r.requester.cred.Uid, r.cl); err != nil {
+		return stepFailed(helperpb.ErrorCode_ERROR_PERMISSION, "driver lock: %v", err)
+	}
 	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
 	}

@@ -6,6 +6,7 @@ package daemon
 // lifecycle.go.
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/image"
@@ -32,11 +34,13 @@ type client struct {
 	// and a connected client whose process exits is dropped at once
 	// (watchProcess). Set when the client is made or parked as a restored
 	// process, under mu; closed when it is gone.
-	proc    *proc.Process
-	uid     uint32
-	program string
-	token   uint64
-	log     *zap.Logger
+	proc *proc.Process
+	// uid and gid: what its process connected as (a prepared client's
+	// uid: its image's owner's until its process is back).
+	uid, gid uint32
+	program  string
+	token    uint64
+	log      *zap.Logger
 
 	mu     sync.Mutex
 	allocs map[uint64]*alloc
@@ -49,6 +53,11 @@ type client struct {
 	// quietUntil: its control connection did not answer a Status; Status
 	// does not ask it again before then (status.go). Guarded by mu.
 	quietUntil time.Time
+	// identityAt, identitySeen: when Status last looked at what its
+	// process runs as, and whether it was another identity than its own
+	// (identityShown). Guarded by mu.
+	identityAt   time.Time
+	identitySeen bool
 
 	// life is where it is in its lifecycle, and what goes with that; only
 	// lifecycle.go reads or changes it. Guarded by mu.
@@ -108,6 +117,10 @@ func (cl *client) takeStopReport() *transfer {
 	return tr
 }
 
+// maxProgram bounds the program name the helper keeps of a client (its
+// argv[0], up to 128 KiB): Status lists it to every caller.
+const maxProgram = 4 << 10
+
 type alloc struct {
 	id, handle, size, address uint64
 	dev                       Device
@@ -133,6 +146,9 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			c.cred.Pid, err), nil)
 		return
 	}
+	// The client's own words, shown to every user by Status: bounded, and
+	// with nothing a terminal acts on.
+	program := printable.Bounded(h.Program, maxProgram)
 	var cl *client
 	if h.ClientToken != 0 {
 		// A detached or restored process coming back.
@@ -143,14 +159,14 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			return
 		}
 		cl.mu.Lock()
-		cl.uid, cl.program = c.cred.Uid, h.Program
+		cl.uid, cl.gid, cl.program = c.cred.Uid, c.cred.Gid, program
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
 		if s.cfg.Fault == "stall-reattach" {
 			stallReattach(c, cl)
 		}
 	} else {
-		cl = s.register(p, c.cred.Uid, h.Program)
+		cl = s.register(p, c.cred.Uid, c.cred.Gid, program)
 	}
 	c.log = cl.log
 	cl.mu.Lock()
@@ -194,7 +210,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_LoadFirst:
 			resp = s.loadFirst(cl, req.Id, b.LoadFirst)
 		case *helperpb.Request_AnalyzeModule:
-			resp = s.analyzeModule(cl, req.Id, b.AnalyzeModule)
+			resp = s.analyzeModule(c, cl, req.Id, b.AnalyzeModule)
 		default:
 			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
 			return
@@ -313,28 +329,25 @@ func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Res
 	return okResp(id)
 }
 
-// export hands the client a new fd of one of its allocations: the
+// export hands the client an fd of one of its allocations: the
 // application exports memory the helper serves (NCCL shares its buffers with
 // its peer ranks this way), and the driver refuses to export what the
-// application holds, an import.
+// application holds, an import. Every Export of an allocation hands out the
+// same open file, which the helper keeps (exports.go).
 func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Response, int) {
 	cl.mu.Lock()
 	al, er := s.ownAlloc(cl, id, e.AllocId)
+	uid := cl.uid
 	cl.mu.Unlock()
 	if er != nil {
 		return er, -1
 	}
-	fd, err := al.dev.Export(al.handle)
-	if err == nil {
-		// Kept, to know the fd again when a peer imports it.
-		s.mu.Lock()
-		err = s.reg.sh.keep(al.id, fd)
-		s.mu.Unlock()
-		if err != nil {
-			unix.Close(fd)
-		}
-	}
-	if err != nil {
+	fd, err := s.exports.fdOf(al.id, uid, s.cfg.Limits.exportLimit(uid), func() (int, error) { return al.dev.Export(al.handle) })
+	switch {
+	case errors.Is(err, errExportLimit):
+		cl.log.Info("export refused: exported allocations limit", zap.Uint64("alloc_id", al.id), zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "%v", err), -1
+	case err != nil:
 		cl.log.Warn("export failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
 	}
@@ -407,6 +420,58 @@ func (cl *client) livePid() (int, error) {
 		return 0, err
 	}
 	return int(p.Pid()), nil
+}
+
+// identityErr says why cl's process is no longer its registered user's
+// alone (nil: it is): it exec'd a set-user-ID or set-group-ID program (its
+// pidfd names the process still), or made itself undumpable. Its user may
+// then neither read its memory nor act on it (ptrace's rule: every uid and
+// gid its, and dumpable), and so may not through the helper either. Root's
+// clients are not looked at: only root may act on them, and root on any
+// process.
+func (cl *client) identityErr() error {
+	cl.mu.Lock()
+	uid, gid := cl.uid, cl.gid
+	cl.mu.Unlock()
+	if uid == 0 {
+		return nil
+	}
+	c, err := cl.process().Creds()
+	if err != nil {
+		return fmt.Errorf("what process %d runs as: %w", cl.pid, err)
+	}
+	if !c.RunsOnlyAs(uid, gid) {
+		return fmt.Errorf("process %d no longer runs as uid %d (gid %d) alone, which it registered as, nor may its user read its memory (%v): "+
+			"it exec'd a set-user-ID or set-group-ID program, or made itself undumpable; only root may act on it", cl.pid, uid, gid, c)
+	}
+	return nil
+}
+
+// identityFor is how long Status shows what it last saw of what a
+// client's process runs as: its look costs some tens of microseconds a
+// client, and a flood of Status builds them back to back.
+const identityFor = time.Second
+
+// notOwnReason is why Status shows a client whose process is not its
+// user's alone as not checkpointable (identityErr gives the details to the
+// user it refuses).
+const notOwnReason = "runs as another user now (a set-user-ID program?): only root may act on it"
+
+// identityShown says, for Status, whether cl's process runs as another
+// identity than its own (identityErr), as seen within identityFor.
+func (cl *client) identityShown() bool {
+	cl.mu.Lock()
+	if time.Since(cl.identityAt) < identityFor {
+		defer cl.mu.Unlock()
+		return cl.identitySeen
+	}
+	cl.mu.Unlock()
+	err := cl.identityErr()
+	other := err != nil && !errors.Is(err, proc.ErrGone)
+	cl.mu.Lock()
+	cl.identityAt, cl.identitySeen = time.Now(), other
+	cl.mu.Unlock()
+	return other
 }
 
 // onLive runs f (a driver call) on the pid of cl's process, if that process

@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,7 +46,15 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		var resp *helperpb.Response
 		switch b := req.Body.(type) {
 		case *helperpb.Request_Status:
-			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Status{Status: statusSeenBy(s.sharedStatus(), c.cred.Uid)}}
+			body, err := s.statusResponse(s.sharedStatus(), req.Id, c.cred.Uid, b.Status)
+			if err == nil {
+				err = c.sendEncoded(body)
+			}
+			if err != nil {
+				c.log.Debug("status reply", zap.Error(err))
+				return
+			}
+			continue
 		case *helperpb.Request_WaitRestored:
 			resp = s.waitRestored(c, req.Id, b.WaitRestored)
 		case *helperpb.Request_Transfers:
@@ -112,11 +121,27 @@ func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fi
 		cl.hangUp()
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (the client's process has exited)", pid)
 	}
-	if !mayControl(c.cred.Uid, cl.uid) {
-		c.log.Warn("client operation refused", append([]zap.Field{zap.Int64("pid", pid), zap.String("action", verb)}, fields...)...)
-		return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not %s pid %d (uid %d)", c.cred.Uid, verb, cl.pid, cl.uid)
+	if err := mayAct(c.cred.Uid, cl); err != nil {
+		c.log.Warn("client operation refused", append([]zap.Field{zap.Int64("pid", pid), zap.String("action", verb), zap.Error(err)}, fields...)...)
+		return nil, errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not %s pid %d: %v", c.cred.Uid, verb, cl.pid, err)
 	}
 	return cl, nil
+}
+
+// mayAct says why caller may not act on cl (nil: it may): root may; the
+// uid that owns the client may while its process runs as that uid alone
+// (identityErr).
+func mayAct(caller uint32, cl *client) error {
+	cl.mu.Lock()
+	owner := cl.uid
+	cl.mu.Unlock()
+	if !mayControl(caller, owner) {
+		return fmt.Errorf("it is uid %d's", owner)
+	}
+	if caller == 0 {
+		return nil
+	}
+	return cl.identityErr()
 }
 
 // clientOp forwards one control command to a client; only root or the

@@ -124,12 +124,9 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 	// Every member is held and quiesced for this request: its caller must
 	// be allowed to control each of them, as it would to checkpoint them.
 	for _, m := range group {
-		m.mu.Lock()
-		uid := m.uid
-		m.mu.Unlock()
-		if !mayControl(r.requester.cred.Uid, uid) {
+		if err := mayAct(r.requester.cred.Uid, m); err != nil {
 			return stepFailed(helperpb.ErrorCode_ERROR_PERMISSION,
-				"it shares GPU memory with pid %d (uid %d), which uid %d may not checkpoint", m.pid, uid, r.requester.cred.Uid)
+				"it shares GPU memory with pid %d, which uid %d may not checkpoint: %v", m.pid, r.requester.cred.Uid, err)
 		}
 	}
 	key := deferKey{r.requester, r.req.ImageDir}

@@ -34,11 +34,12 @@ import (
 )
 
 // takesFD says whether req may carry a descriptor: the image directory of
-// a Checkpoint or a PrepareRestore.
+// a Checkpoint, PrepareRestore, LoadResident or UnloadResident, the fd an
+// ImportPeer imports, the sealed memfd of an AnalyzeModule's image.
 func takesFD(req *helperpb.Request) bool {
 	switch req.Body.(type) {
 	case *helperpb.Request_Checkpoint, *helperpb.Request_PrepareRestore, *helperpb.Request_LoadResident,
-		*helperpb.Request_UnloadResident, *helperpb.Request_ImportPeer:
+		*helperpb.Request_UnloadResident, *helperpb.Request_ImportPeer, *helperpb.Request_AnalyzeModule:
 		return true
 	}
 	return false
@@ -50,7 +51,7 @@ func (c *conn) takeFD() *os.File {
 	if len(c.fds) == 0 {
 		return nil
 	}
-	f := os.NewFile(uintptr(c.fds[0]), "image directory")
+	f := os.NewFile(uintptr(c.fds[0]), "the request's descriptor")
 	c.fds = nil
 	return f
 }

@@ -341,8 +341,8 @@ func (cl *client) takeOnAttach() func() {
 
 // register makes a new client of the process whose calls connection said
 // Hello without a token: registered, findable by token and pid.
-func (s *Server) register(p *proc.Process, uid uint32, program string) *client {
-	cl := &client{pid: p.Pid(), proc: p, uid: uid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
+func (s *Server) register(p *proc.Process, uid, gid uint32, program string) *client {
+	cl := &client{pid: p.Pid(), proc: p, uid: uid, gid: gid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
 		opSem: make(chan struct{}, 1), life: newLife(lifeRegistered)}
 	cl.log = s.log.With(pidField("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
 	s.mu.Lock()

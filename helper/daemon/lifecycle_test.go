@@ -188,7 +188,7 @@ func TestLifecycleRegistry(t *testing.T) {
 		return p
 	}
 
-	cl := s.register(self(), uint32(os.Getuid()), "test")
+	cl := s.register(self(), uint32(os.Getuid()), uint32(os.Getgid()), "test")
 	if cl.lifeState() != lifeRegistered || s.reg.byPID[pid] != cl || s.reg.byToken[cl.token] != cl {
 		t.Fatalf("registered: %s, listed %v", cl.lifeState(), s.reg.byPID[pid] == cl)
 	}

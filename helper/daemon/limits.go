@@ -13,7 +13,15 @@ package daemon
 //     size cap (maxRequest*), and the bodies being read at once hold at
 //     most InFlightBytes (InFlightBytesPerUID per uid);
 //   - GPU memory: an Alloc that would take a uid's helper-held memory past
-//     its limit is answered ERROR_OUT_OF_MEMORY naming the limit.
+//     its limit is answered ERROR_OUT_OF_MEMORY naming the limit;
+//   - exported allocations: a uid keeps at most ExportsPerUID (one
+//     descriptor each, exports.go); an Export past it is answered
+//     ERROR_UNAVAILABLE naming the limit;
+//   - module analyses: the bytes being analysed at once are at most
+//     AnalysisBytes, AnalysisBytesPerUID per uid (modules.go); past the
+//     uid's share an AnalyzeModule is refused at once, past the total it
+//     waits a moment, then is refused (its kernels then count as writing
+//     everything they point into).
 //
 // Root is exempt from all of these but an explicit GPU memory limit for
 // uid 0: root can stop the helper anyway, and root's CLI and CRIU plugin
@@ -23,8 +31,10 @@ package daemon
 // from then on; either is refused if it would take that uid past its limit.
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -49,6 +59,15 @@ const (
 	// connection may send (a control connection's answer): a uid must
 	// always be able to send one.
 	DefaultInFlightBytesPerUID = wire.MaxFrame
+	// DefaultExportsPerUID: a job's ranks export each of their shared
+	// buffers once (NCCL: tens per rank); 4096 per uid keeps even many
+	// users far from the helper's descriptor limit (LimitNOFILE in the
+	// systemd unit).
+	DefaultExportsPerUID = 4096
+	// Module analyses: a module image is at most 64 MiB (maxModuleImage);
+	// a uid may have two such analysed at once, all uids four.
+	DefaultAnalysisBytes       = 256 << 20
+	DefaultAnalysisBytesPerUID = 128 << 20
 )
 
 // Caps on one frame's body, by what the connection is. Requests are small;
@@ -98,6 +117,14 @@ type Limits struct {
 	// (root too); a value of 0 there means no limit.
 	GPUMemoryPerUID uint64
 	GPUMemoryByUID  map[uint32]uint64
+	// ExportsPerUID: allocations of one uid the helper keeps an export of
+	// (a descriptor each; root: no limit). Negative: no limit.
+	ExportsPerUID int
+	// AnalysisBytes: bytes of module images (and what their compressed
+	// PTX holds) being analysed at once, of all uids but root;
+	// AnalysisBytesPerUID: of one uid.
+	AnalysisBytes       int64
+	AnalysisBytesPerUID int64
 
 	// limitRoot: root is limited like any uid (tests, which run as root).
 	limitRoot bool
@@ -119,6 +146,15 @@ func (l Limits) withDefaults() Limits {
 	if l.InFlightBytes <= 0 {
 		l.InFlightBytes = DefaultInFlightBytes
 	}
+	if l.ExportsPerUID == 0 {
+		l.ExportsPerUID = DefaultExportsPerUID
+	}
+	if l.AnalysisBytes <= 0 {
+		l.AnalysisBytes = DefaultAnalysisBytes
+	}
+	if l.AnalysisBytesPerUID <= 0 {
+		l.AnalysisBytesPerUID = min(DefaultAnalysisBytesPerUID, l.AnalysisBytes)
+	}
 	if l.InFlightBytesPerUID <= 0 {
 		l.InFlightBytesPerUID = min(DefaultInFlightBytesPerUID, l.InFlightBytes)
 	}
@@ -127,6 +163,14 @@ func (l Limits) withDefaults() Limits {
 
 // limited says whether uid is subject to the connection and frame limits.
 func (l *Limits) limited(uid uint32) bool { return uid != 0 || l.limitRoot }
+
+// exportLimit is how many exported allocations uid may keep; 0: no limit.
+func (l *Limits) exportLimit(uid uint32) int {
+	if !l.limited(uid) || l.ExportsPerUID < 0 {
+		return 0
+	}
+	return l.ExportsPerUID
+}
 
 // gpuLimit is uid's GPU memory limit; 0: none.
 func (l *Limits) gpuLimit(uid uint32) uint64 {
@@ -260,11 +304,7 @@ func (b *budget) reserve(uid uint32, n int64, deadline time.Time) (func(), error
 	for {
 		b.mu.Lock()
 		if b.used+n <= b.total && b.byUID[uid]+n <= b.perUID {
-			b.used += n
-			b.byUID[uid] += n
-			b.mu.Unlock()
-			var once sync.Once
-			return func() { once.Do(func() { b.give(uid, n) }) }, nil
+			return b.grantLocked(uid, n), nil
 		}
 		freed := b.freed
 		b.mu.Unlock()
@@ -274,6 +314,57 @@ func (b *budget) reserve(uid uint32, n int64, deadline time.Time) (func(), error
 			return nil, errNoBudget
 		case <-b.done:
 			return nil, errNoBudget
+		}
+	}
+}
+
+// grantLocked takes n bytes for uid, which fit, and unlocks b; the release
+// gives them back (once, however often it is called).
+func (b *budget) grantLocked(uid uint32, n int64) func() {
+	b.used += n
+	b.byUID[uid] += n
+	b.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { b.give(uid, n) }) }
+}
+
+// Why take refused.
+var (
+	errOverUID   = errors.New("past the uid's share")
+	errOverTotal = errors.New("past the total")
+)
+
+// take takes n bytes for uid if they fit: past uid's share (with what it
+// holds already) it refuses at once (errOverUID): a uid that asks for more
+// waits for nobody; past the total it waits up to wait for bytes to come
+// back, then refuses (errOverTotal).
+func (b *budget) take(uid uint32, n int64, wait time.Duration) (func(), error) {
+	var timeout <-chan time.Time
+	for {
+		b.mu.Lock()
+		switch {
+		case n > b.perUID || b.byUID[uid]+n > b.perUID:
+			b.mu.Unlock()
+			return nil, errOverUID
+		case b.used+n <= b.total:
+			return b.grantLocked(uid, n), nil
+		}
+		freed := b.freed
+		b.mu.Unlock()
+		if n > b.total || wait <= 0 {
+			return nil, errOverTotal
+		}
+		if timeout == nil {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-freed:
+		case <-timeout:
+			return nil, errOverTotal
+		case <-b.done:
+			return nil, errOverTotal
 		}
 	}
 }
@@ -416,4 +507,40 @@ func (b *burstLog) allow() (bool, int) {
 	}
 	b.skipped++
 	return false, 0
+}
+
+// ---- memory given back ----
+
+// memTrimmer gives the helper's free memory back to the system after work
+// that took much of it (a flood of Status, large module analyses), rather
+// than when the runtime gets round to it: at most once per interval, a
+// request within it being served at its end. Each is a collection, some
+// milliseconds: never on a request's own path.
+type memTrimmer struct {
+	interval time.Duration
+	mu       sync.Mutex
+	last     time.Time
+	pending  bool
+}
+
+// trimDelay lets the work that asked for a trim drop what it held first.
+const trimDelay = 100 * time.Millisecond
+
+// request asks for a trim soon.
+func (m *memTrimmer) request() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending {
+		return
+	}
+	m.pending = true
+	wait := max(trimDelay, time.Until(m.last.Add(m.interval)))
+	time.AfterFunc(wait, func() {
+		// A request from now on is served by the next trim: this one
+		// may not see what that work leaves.
+		m.mu.Lock()
+		m.last, m.pending = time.Now(), false
+		m.mu.Unlock()
+		debug.FreeOSMemory()
+	})
 }

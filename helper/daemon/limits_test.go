@@ -182,7 +182,7 @@ func TestFrameCaps(t *testing.T) {
 
 func TestControlAnswerCap(t *testing.T) {
 	dev := newFake()
-	_, sock := startServer(t, dev)
+	s, sock := startServer(t, dev)
 	calls := dial(t, sock)
 	token := calls.register()
 	ctl := startControl(t, sock, token)
@@ -193,19 +193,33 @@ func TestControlAnswerCap(t *testing.T) {
 		ctl.reasons = append(ctl.reasons, strings.Repeat("r", 48))
 	}
 	ctl.mu.Unlock()
+	// (Status shows the first 16 of them, and how many more.)
 	st := status(t, sock)
-	if len(st.Clients) != 1 || len(st.Clients[0].NotCheckpointable) != 20000 {
-		t.Fatalf("status with a 1 MiB snapshot: %d clients, reasons %d", len(st.Clients), len(st.Clients[0].NotCheckpointable))
+	if len(st.Clients) != 1 {
+		t.Fatalf("status with a 1 MiB snapshot: %d clients", len(st.Clients))
+	}
+	if rs := st.Clients[0].NotCheckpointable; len(rs) != maxReasons+1 || rs[maxReasons] != "and 19984 more" {
+		t.Fatalf("status with a 1 MiB snapshot: %d reasons", len(rs))
 	}
 	// One nobody asked for may not: the control connection is closed.
 	ctl.mu.Lock() // the fake answers nothing meanwhile
 	const n = maxUnaskedAnswer + 1
 	sendPart(t, ctl.c, n, padded(t, &helperpb.Response{Id: 1 << 40, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}, n), n)
 	ctl.mu.Unlock()
+	// Nothing asks the client meanwhile (a Status would, and the frame
+	// would then be read as its answer): the helper's own record says when
+	// the control connection is gone.
 	waitFor(t, func() bool {
-		st := status(t, sock)
-		return len(st.Clients) == 1 && !st.Clients[0].ControlConnected
+		s.mu.Lock()
+		cl := s.reg.withToken(token)
+		s.mu.Unlock()
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		return cl.ctrl == nil
 	})
+	if st := status(t, sock); len(st.Clients) != 1 || st.Clients[0].ControlConnected {
+		t.Errorf("status once the control connection is closed: %v", st.Clients)
+	}
 }
 
 func TestFrameTimeout(t *testing.T) {
@@ -316,6 +330,43 @@ func TestBudget(t *testing.T) {
 	close(done)
 	if err := <-got; !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("a wait when the server stops: %v", err)
+	}
+}
+
+// take, the module analyses' use of a budget: past a uid's share it
+// refuses at once; past the total it waits a while for bytes to come back,
+// then refuses.
+func TestBudgetTake(t *testing.T) {
+	b := newBudget(150, 100, make(chan struct{}))
+	r1, err := b.take(1, 80, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := b.take(1, 30, time.Second); !errors.Is(err, errOverUID) || time.Since(start) > 500*time.Millisecond {
+		t.Fatalf("past uid 1's share: %v after %v; want errOverUID at once", err, time.Since(start))
+	}
+	r2, err := b.take(2, 60, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	if _, err := b.take(3, 20, 50*time.Millisecond); !errors.Is(err, errOverTotal) || time.Since(start) < 40*time.Millisecond {
+		t.Fatalf("past the total: %v after %v; want errOverTotal after the wait", err, time.Since(start))
+	}
+	go func() { time.Sleep(20 * time.Millisecond); r2() }()
+	r3, err := b.take(3, 20, 5*time.Second)
+	if err != nil {
+		t.Fatalf("a wait ended by a release: %v", err)
+	}
+	if _, err := b.take(4, 101, time.Second); !errors.Is(err, errOverUID) {
+		t.Fatalf("more than a uid's share at once: %v", err)
+	}
+	r1()
+	r1()
+	r3()
+	if b.inFlight() != 0 {
+		t.Fatalf("%d taken after every release", b.inFlight())
 	}
 }
 

@@ -135,8 +135,11 @@ type Server struct {
 	stalledLog  burstLog          // connections closed for a frame that stalled
 	rejectedLog burstLog          // connections closed for a bad request
 
-	statusShare statusShare // Status requests share their replies (status.go)
-	pool        *pool       // allocations made ahead of time (pool.go)
+	statusShare  statusShare     // Status requests share their replies (status.go)
+	statusBudget int             // bytes of a Status reply (status.go; tests lower it)
+	exports      *exportSet      // the one kept export of each exported allocation (exports.go)
+	analyses     *analysisBudget // bytes of module images being analysed (modules.go)
+	pool         *pool           // allocations made ahead of time (pool.go)
 }
 
 // New returns a server; Listen and Serve start it.
@@ -158,13 +161,16 @@ func New(cfg Config) *Server {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
-	return &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
+	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
 		residents: residentSet{byKey: map[residentKey]*resident{}},
 		open:      map[deferKey]*deferImage{}, groups: map[deferKey][]*groupRun{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
-		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log)}
+		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
+	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
+	s.statusBudget = DefaultStatusBudget
+	return s
 }
 
 // Listen creates the socket: its directory (0755) if missing, a stale socket
@@ -416,6 +422,17 @@ func (c *conn) send(m *helperpb.Response, fds []int) error {
 	return c.Write(m, fds)
 }
 
+// sendEncoded is send of a Response encoded already (a Status reply shared
+// by many requests, encoded once).
+func (c *conn) sendEncoded(body []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.writeTimeout > 0 {
+		_ = c.UnixConn().SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
+	return c.WriteFrame(body, nil)
+}
+
 // holdPeer takes hold of the process that connected (c.peer, or c.peerErr
 // says why there is none).
 func (c *conn) holdPeer() {
@@ -512,7 +529,7 @@ func (c *conn) next() *helperpb.Request {
 	c.fds = nil
 	if len(fds) > 0 && (len(fds) > 1 || !takesFD(req)) {
 		wire.CloseFDs(fds)
-		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory), and ImportPeer (the fd imported)", len(fds))
+		c.reject(req.Id, "%d file descriptors attached to a request; only Checkpoint, PrepareRestore, LoadResident and UnloadResident take one (the image directory), ImportPeer (the fd imported) and AnalyzeModule (the image's sealed memfd)", len(fds))
 		return nil
 	}
 	c.fds = fds

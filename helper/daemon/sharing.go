@@ -2,9 +2,10 @@ package daemon
 
 // Memory shared between clients, as the ranks of an NCCL job share it: one
 // rank's allocation, exported (Export) and imported by its peers
-// (ImportPeer). The helper keeps a duplicate of every fd it exports, and
-// knows an imported fd for one of them by kcmp(2): the very file, passed on
-// by SCM_RIGHTS or pidfd_getfd, whatever the fd's number in the importer.
+// (ImportPeer). The helper keeps the one fd it exports of an allocation,
+// and knows an imported fd for it by kcmp(2): the very file, passed on by
+// SCM_RIGHTS or pidfd_getfd, whatever the fd's number in the importer
+// (exports.go).
 // An import is the importer's from then on: it maps it (Mapped), drops and
 // reimports it with its own memory around a checkpoint, and a restore maps
 // the owner's restored memory at the same address again. The owner's data
@@ -19,66 +20,24 @@ import (
 	"sort"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// kcmpFile is KCMP_FILE of linux/kcmp.h.
-const kcmpFile = 0
-
-// sameFile reports whether fds a and b of this process are one open file.
-func sameFile(a, b int) bool {
-	pid := uintptr(unix.Getpid())
-	r, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, kcmpFile, uintptr(a), uintptr(b), 0)
-	return errno == 0 && r == 0
-}
-
 // shares is the sharing part of the registry.
 type shares struct {
-	// kept: duplicates of the fds exported of each allocation, to know
-	// them again when a peer imports one.
-	kept map[uint64][]int
 	// importers: for each allocation, the clients that import it and
 	// where each maps it (0: not mapped yet).
 	importers map[uint64]map[*client]uint64
 }
 
 func newShares() shares {
-	return shares{kept: map[uint64][]int{}, importers: map[uint64]map[*client]uint64{}}
+	return shares{importers: map[uint64]map[*client]uint64{}}
 }
 
-// keep records a duplicate of fd, an export of allocation id.
-func (sh *shares) keep(id uint64, fd int) error {
-	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("keeping the exported fd: %w", err)
-	}
-	sh.kept[id] = append(sh.kept[id], d)
-	return nil
-}
-
-// exported finds the allocation fd is an export of (0: none).
-func (sh *shares) exported(fd int) uint64 {
-	for id, fds := range sh.kept {
-		for _, k := range fds {
-			if sameFile(fd, k) {
-				return id
-			}
-		}
-	}
-	return 0
-}
-
-// forget drops what is kept of allocation id (its memory is released).
-func (sh *shares) forget(id uint64) {
-	for _, fd := range sh.kept[id] {
-		unix.Close(fd)
-	}
-	delete(sh.kept, id)
-	delete(sh.importers, id)
-}
+// forget drops the imports of allocation id (its memory is released).
+func (sh *shares) forget(id uint64) { delete(sh.importers, id) }
 
 // importsOf lists the allocations cl imports and where it maps them (0: not
 // mapped), by id.
@@ -134,8 +93,12 @@ func (s *Server) importPeer(c *conn, cl *client, id uint64) *helperpb.Response {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "ImportPeer without the fd imported")
 	}
 	defer f.Close()
+	aid, err := s.exports.find(int(f.Fd()))
+	if err != nil {
+		cl.log.Warn("peer import not looked up", zap.Error(err))
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "not known for an export of memory the helper serves: %v", err)
+	}
 	s.mu.Lock()
-	aid := s.reg.sh.exported(int(f.Fd()))
 	owner := s.reg.ownerOf(aid)
 	if aid == 0 || owner == nil {
 		s.mu.Unlock()
@@ -195,6 +158,7 @@ func (s *Server) handOver(from *client, al *alloc) bool {
 	if heir == nil {
 		s.reg.sh.forget(al.id)
 		s.mu.Unlock()
+		s.exports.forget(al.id)
 		return false
 	}
 	delete(s.reg.sh.importers[al.id], heir)
@@ -205,7 +169,9 @@ func (s *Server) handOver(from *client, al *alloc) bool {
 	al.inherited = true
 	heir.allocs[al.id] = al
 	heir.bytes += al.size
+	uid := heir.uid
 	heir.mu.Unlock()
+	s.exports.moveTo(al.id, uid)
 	from.log.Info("shared allocation handed over to a process that still maps it", zap.Uint64("alloc_id", al.id),
 		pidField("to_pid", heir.pid))
 	return true

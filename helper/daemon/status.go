@@ -10,8 +10,11 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/internal/printable"
+	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -44,10 +47,19 @@ type statusShare struct {
 type statusBuild struct {
 	done  chan struct{}
 	reply *helperpb.StatusReply
+	// sizes: each client's bytes in the encoded reply (statusFor).
+	sizes []int
+
+	// encoded: the reply to each caller uid's Status of every client,
+	// encoded once (statusEncoded): a flood of Status from one user costs
+	// one encoding a build, not one a request.
+	mu      sync.Mutex
+	encoded map[uint32][]byte
 }
 
-// sharedStatus is the reply to a Status request (see statusShare).
-func (s *Server) sharedStatus() *helperpb.StatusReply {
+// sharedStatus is the reply to a Status request, built for every caller
+// (see statusShare); statusFor makes each caller's of it.
+func (s *Server) sharedStatus() *statusBuild {
 	sh := &s.statusShare
 	sh.mu.Lock()
 	if sh.next == nil {
@@ -61,7 +73,7 @@ func (s *Server) sharedStatus() *helperpb.StatusReply {
 	}
 	sh.mu.Unlock()
 	<-b.done
-	return b.reply
+	return b
 }
 
 // buildStatuses builds b, then every build requested meanwhile, one after
@@ -71,6 +83,10 @@ func (s *Server) buildStatuses(b *statusBuild) {
 	builds := 0
 	for b != nil {
 		b.reply = s.status()
+		b.sizes = make([]int, len(b.reply.Clients))
+		for i, ci := range b.reply.Clients {
+			b.sizes[i] = fieldSize(proto.Size(ci))
+		}
 		builds++
 		close(b.done)
 		sh.mu.Lock()
@@ -88,21 +104,107 @@ func (s *Server) buildStatuses(b *statusBuild) {
 	}
 }
 
-// statusSeenBy is the shared reply st as a caller of uid sees it. The
-// reply is shared by every caller, so what differs goes into a shallow copy
-// (the fields' values are shared, not copied: nobody changes them).
-func statusSeenBy(st *helperpb.StatusReply, uid uint32) *helperpb.StatusReply {
-	if uid == 0 {
-		return st
+// DefaultStatusBudget bounds a Status reply's encoded bytes: half a frame
+// (wire.MaxFrame), whatever clients register.
+const DefaultStatusBudget = wire.MaxFrame / 2
+
+// fieldSize is what a message of n bytes takes as a field of another.
+func fieldSize(n int) int { return protowire.SizeTag(3) + protowire.SizeBytes(n) }
+
+// statusFor is the reply to caller's Status req, made of the shared build
+// b (shared between callers: nothing of it is changed): the clients req
+// asks for (its pids; none: all), the caller's own first, then the others
+// by pid, as many as fit in s.statusBudget bytes; how many did not fit is
+// said. So no number or size of other users' clients keeps a caller from
+// its answer, nor a checkpoint from learning its tree's clients (it asks
+// for their pids).
+func (s *Server) statusFor(b *statusBuild, caller uint32, req *helperpb.Status) *helperpb.StatusReply {
+	r := b.reply
+	out := &helperpb.StatusReply{HelperVersion: r.HelperVersion, Devices: r.Devices, Unavailable: r.Unavailable, Driver: r.Driver,
+		ResidentImages: residentsSeenBy(r.ResidentImages, caller), ResidentBudget: r.ResidentBudget}
+	left := s.statusBudget - proto.Size(out) - 16 // and clients_left_out
+	var wanted map[int64]bool
+	if len(req.GetPids()) > 0 {
+		wanted = make(map[int64]bool, len(req.Pids))
+		for _, p := range req.Pids {
+			wanted[p] = true
+		}
 	}
-	own := &helperpb.StatusReply{}
-	dst := own.ProtoReflect()
-	st.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		dst.Set(fd, v)
-		return true
-	})
-	own.ResidentImages = residentsSeenBy(st.ResidentImages, uid)
-	return own
+	var omitted uint32
+	for _, mine := range []bool{true, false} {
+		for i, ci := range r.Clients {
+			if (ci.Uid == caller) != mine || (wanted != nil && !wanted[ci.Pid]) {
+				continue
+			}
+			if b.sizes[i] > left {
+				omitted++
+				continue
+			}
+			left -= b.sizes[i]
+			out.Clients = append(out.Clients, ci)
+		}
+	}
+	out.ClientsLeftOut = omitted
+	return out
+}
+
+// statusResponse is the encoded Response of id to caller's Status req,
+// made of the shared build b (statusFor), encoded once per caller uid and
+// build where req names no pids.
+func (s *Server) statusResponse(b *statusBuild, id uint64, caller uint32, req *helperpb.Status) ([]byte, error) {
+	var reply []byte
+	if len(req.GetPids()) > 0 {
+		r, err := proto.Marshal(s.statusFor(b, caller, req))
+		if err != nil {
+			return nil, err
+		}
+		reply = r
+	} else {
+		b.mu.Lock()
+		reply = b.encoded[caller]
+		if reply == nil {
+			r, err := proto.Marshal(s.statusFor(b, caller, req))
+			if err != nil {
+				b.mu.Unlock()
+				return nil, err
+			}
+			if b.encoded == nil {
+				b.encoded = map[uint32][]byte{}
+			}
+			b.encoded[caller], reply = r, r
+		}
+		b.mu.Unlock()
+	}
+	// Response{id: 1, status: 8}, as proto.Marshal writes it.
+	out := make([]byte, 0, len(reply)+24)
+	if id != 0 {
+		out = protowire.AppendTag(out, 1, protowire.VarintType)
+		out = protowire.AppendVarint(out, id)
+	}
+	out = protowire.AppendTag(out, 8, protowire.BytesType)
+	return protowire.AppendBytes(out, reply), nil
+}
+
+// Bounds on what a client says of itself that Status shows to every
+// caller: the reasons it gives for not being checkpointable (its own
+// words, from its BufferTable).
+const (
+	maxReasons = 16
+	maxReason  = 512
+)
+
+// clientReasons is what Status shows of the reasons a client gave: at most
+// maxReasons, each cut to maxReason bytes, nothing a terminal acts on.
+func clientReasons(rs []string) []string {
+	out := make([]string, 0, min(len(rs), maxReasons+1))
+	for i, r := range rs {
+		if i == maxReasons {
+			out = append(out, fmt.Sprintf("and %d more", len(rs)-i))
+			break
+		}
+		out = append(out, printable.Bounded(r, maxReason))
+	}
+	return out
 }
 
 // floodBuilds is the number of Status builds back to back after which the
@@ -179,6 +281,10 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		ci.WindowOpen, ci.WindowPendingBytes = true, g.PendingBytes()
 	}
 	var reasons []string
+	if cl.identityShown() {
+		// Its user may not act on it (mayAct): not checkpointable for them.
+		reasons = append(reasons, notOwnReason)
+	}
 	switch {
 	case !ci.ControlConnected:
 		reasons = append(reasons, "control connection down")
@@ -199,7 +305,7 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 				return err
 			}
 			if t := r.GetTable(); t != nil {
-				reasons = append(reasons, t.NotCheckpointable...)
+				reasons = append(reasons, clientReasons(t.NotCheckpointable)...)
 				// What the client says it is, recorded while the
 				// exchange is held (an illegal transition is logged).
 				_ = cl.reported(t.State)

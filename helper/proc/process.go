@@ -7,9 +7,11 @@ package proc
 // process itself, by a pidfd, and says whether that one still runs.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -325,4 +327,117 @@ func Peer(rc syscall.RawConn, cred *unix.Ucred) (*Process, error) {
 		return nil, &GoneError{Pid: Pid(cred.Pid), Why: fmt.Sprintf("the pid names a process of uid %d now, not the connecting uid %d", p.uid, cred.Uid)}
 	}
 	return p, nil
+}
+
+// Creds is what a process runs as: its uids and gids (real, effective,
+// saved, file system, as /proc/PID/status lists them) and the owner of that
+// file, which the kernel makes root while the process is not dumpable (it
+// exec'd a set-user-ID or set-group-ID program, or made itself so): its
+// memory is then no longer its user's to read. (Not /proc/PID itself: that
+// directory shows the effective uid whatever, for procps.)
+type Creds struct {
+	UIDs, GIDs [4]uint32
+	ProcOwner  uint32
+}
+
+// RunsOnlyAs says whether the process runs as uid and gid alone, and its
+// user may reach its memory (ptrace's rule: every uid and gid the same,
+// and dumpable).
+func (c Creds) RunsOnlyAs(uid, gid uint32) bool {
+	for i := range c.UIDs {
+		if c.UIDs[i] != uid || c.GIDs[i] != gid {
+			return false
+		}
+	}
+	return c.ProcOwner == uid
+}
+
+func (c Creds) String() string {
+	return fmt.Sprintf("uids %d/%d/%d/%d, gids %d/%d/%d/%d, /proc/PID/status owned by uid %d", c.UIDs[0], c.UIDs[1], c.UIDs[2], c.UIDs[3],
+		c.GIDs[0], c.GIDs[1], c.GIDs[2], c.GIDs[3], c.ProcOwner)
+}
+
+// Creds reads what the process runs as now; a *GoneError once it has
+// exited (what was read may be its successor's then). One read of
+// /proc/PID/status and one stat of it: some 20 us (Status asks it of every
+// client).
+func (p *Process) Creds() (Creds, error) {
+	var c Creds
+	if p == nil {
+		return c, &GoneError{Why: "never identified"}
+	}
+	path := fmt.Sprintf("/proc/%d/status", p.pid)
+	var buf [4096]byte
+	n, err := readSome(path, buf[:])
+	if err != nil {
+		return c, p.goneOr(err)
+	}
+	text := buf[:n]
+	for _, f := range []struct {
+		name string
+		ids  *[4]uint32
+	}{{"\nUid:", &c.UIDs}, {"\nGid:", &c.GIDs}} {
+		i := bytes.Index(text, []byte(f.name))
+		if i < 0 {
+			return c, p.goneOr(fmt.Errorf("%s: no %s line", path, f.name[1:]))
+		}
+		line := text[i+len(f.name):]
+		if e := bytes.IndexByte(line, '\n'); e >= 0 {
+			line = line[:e]
+		}
+		words := bytes.Fields(line)
+		if len(words) != 4 {
+			return c, p.goneOr(fmt.Errorf("%s: %s %q", path, f.name[1:], line))
+		}
+		for k, w := range words {
+			v, err := strconv.ParseUint(string(w), 10, 32)
+			if err != nil {
+				return c, p.goneOr(fmt.Errorf("%s: %s %q", path, f.name[1:], line))
+			}
+			f.ids[k] = uint32(v)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return c, p.goneOr(err)
+	}
+	c.ProcOwner = st.Uid
+	// Still this process: what was read is its, not a successor's.
+	if err := p.Check(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// readSome reads up to len(buf) bytes of path (a /proc file, read whole
+// in one go if it fits).
+func readSome(path string, buf []byte) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	return n, nil
+}
+
+// goneOr is a *GoneError if the process has exited, else err.
+func (p *Process) goneOr(err error) error {
+	if gerr := p.Check(); gerr != nil {
+		return gerr
+	}
+	return err
 }

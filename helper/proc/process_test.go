@@ -29,6 +29,12 @@ func TestMain(m *testing.M) {
 		os.Exit(0) // the connection closes with the process; the test keeps its end
 	}
 	if os.Getenv("GPUCR_PROC_TEST_SLEEP") != "" {
+		if os.Getenv("GPUCR_PROC_TEST_UNDUMPABLE") != "" {
+			if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+				os.Exit(4)
+			}
+			fmt.Println("undumpable")
+		}
 		time.Sleep(time.Hour)
 		os.Exit(0)
 	}
@@ -303,5 +309,79 @@ func TestTree(t *testing.T) {
 	}
 	if !Exists(pid) || Exists(4194304) {
 		t.Error("Exists")
+	}
+}
+
+// Creds says what a process runs as: this one runs as its own ids alone; a
+// process of another user that made itself not dumpable (as a set-user-ID
+// program is made) does not run only as that user: its /proc directory is
+// root's.
+func TestCreds(t *testing.T) {
+	self, err := Open(Pid(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	c, err := self.Creds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid, gid := uint32(os.Geteuid()), uint32(os.Getegid()); !c.RunsOnlyAs(uid, gid) || c.RunsOnlyAs(uid+1, gid) || c.RunsOnlyAs(uid, gid+1) {
+		t.Errorf("this process: %v", c)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("not root: no process of another user to look at")
+	}
+	const nobody = 65534
+	// A copy of this test binary that nobody may run (go test builds it in
+	// a directory only its builder may enter).
+	dir, err := os.MkdirTemp("", "gpucr-proc-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "proc.test")
+	if b, err := os.ReadFile(os.Args[0]); err != nil || os.WriteFile(bin, b, 0o755) != nil || os.Chmod(dir, 0o755) != nil {
+		t.Fatalf("a copy of the test binary: %v", err)
+	}
+	for _, undumpable := range []bool{false, true} {
+		cmd := exec.Command(bin)
+		cmd.Env = append(os.Environ(), "GPUCR_PROC_TEST_SLEEP=1")
+		if undumpable {
+			cmd.Env = append(cmd.Env, "GPUCR_PROC_TEST_UNDUMPABLE=1")
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+		if undumpable {
+			if _, err := out.Read(make([]byte, 16)); err != nil {
+				t.Fatalf("the child did not make itself undumpable: %v", err)
+			}
+		}
+		p, err := Open(Pid(cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		c, err := p.Creds()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.RunsOnlyAs(nobody, nobody); got == undumpable {
+			t.Errorf("a process of uid %d, undumpable %v: runs only as it: %v (%v)", nobody, undumpable, got, c)
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = cmd.Process.Wait()
+		if _, err := p.Creds(); !errors.Is(err, ErrGone) {
+			t.Errorf("Creds of a process that exited: %v; want ErrGone", err)
+		}
 	}
 }

@@ -1,14 +1,15 @@
 /*
  * The helper link (2_link.h): the calls connection (Hello, Alloc, Mapped,
- * Free: one request at a time), the control connection's Hello, what the
- * helper said of its devices, detach and reattach. docs/helper-protocol.md is
- * the contract.
+ * Free, Export, ImportPeer, AnalyzeModule: one request at a time), the
+ * control connection's Hello, what the helper said of its devices, detach and
+ * reattach. docs/helper-protocol.md is the contract.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -88,8 +89,8 @@ static void mark_dead(int err) {
     }
 }
 
-/* A request on the calls connection, counted in stat. 0 (*out set) or -errno. */
-static int call_helper_as(enum gc_stat stat, Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
+/* A request on the calls connection with sfd (-1: none) attached, counted in stat. 0 (*out set) or -errno. */
+static int call_helper_fd(enum gc_stat stat, Req *req, int sfd, Resp **out, int *fds, int maxfds, int *nfds) {
     pthread_mutex_lock(&G.calls_mu);
     if (atomic_load(&G.conn) != CONN_UP) {
         pthread_mutex_unlock(&G.calls_mu);
@@ -97,11 +98,16 @@ static int call_helper_as(enum gc_stat stat, Req *req, Resp **out, int *fds, int
     }
     req->id = ++G.next_id;
     gc_stat_add(stat, 1);
-    int rc = roundtrip(G.calls_fd, req, out, fds, maxfds, nfds);
+    int rc = wire_roundtrip(G.calls_fd, req, sfd >= 0 ? &sfd : NULL, sfd >= 0 ? 1 : 0, out, fds, maxfds, nfds, true);
     if (rc < 0)
         mark_dead(-rc);
     pthread_mutex_unlock(&G.calls_mu);
     return rc;
+}
+
+/* A request on the calls connection, counted in stat. 0 (*out set) or -errno. */
+static int call_helper_as(enum gc_stat stat, Req *req, Resp **out, int *fds, int maxfds, int *nfds) {
+    return call_helper_fd(stat, req, -1, out, fds, maxfds, nfds);
 }
 
 /* The requests of allocations and windows: STAT_HELPER_CALLS. */
@@ -342,18 +348,60 @@ int gc_link_load_first(const gc_range *ranges, size_t n, bool all, char *why, si
     return rc;
 }
 
+/* The seals the helper requires of a module image's memfd: its bytes, size and seals can no longer change. */
+#define IMAGE_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/*
+ * A sealed memfd holding a copy of image (len bytes), for the helper to read: it reads no process's memory. -1 and
+ * errno on failure (the memfd closed).
+ */
+static int sealed_copy(const void *image, size_t len) {
+    int fd = memfd_create("gpucr-module", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    const char *p = image;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            if (w == 0)
+                errno = EIO;
+            break;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (left == 0 && fcntl(fd, F_ADD_SEALS, IMAGE_SEALS) == 0)
+        return fd;
+    int e = errno;
+    if (close(fd) != 0)
+        gc_debug("closing a module image's memfd: %s", strerror(errno));
+    errno = e;
+    return -1;
+}
+
 int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n) {
+    int mfd = sealed_copy(image, len);
+    if (mfd < 0) {
+        gc_debug("module image not analysed: its copy for the helper: %s", strerror(errno));
+        return -1;
+    }
     Gpucr__Helper__V1__AnalyzeModule am = GPUCR__HELPER__V1__ANALYZE_MODULE__INIT;
-    am.address = (uint64_t)(uintptr_t)image;
     am.size = len;
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_ANALYZE_MODULE;
     req.analyze_module = &am;
     Resp *resp = NULL;
     int nfds = 0;
-    if (call_helper_as(STAT_MODULES_ANALYSED, &req, &resp, NULL, 0, &nfds) < 0)
+    int rc = call_helper_fd(STAT_MODULES_ANALYSED, &req, mfd, &resp, NULL, 0, &nfds);
+    /* The helper holds its own reference once the request is sent. */
+    if (close(mfd) != 0)
+        gc_debug("closing a module image's memfd: %s", strerror(errno));
+    if (rc < 0)
         return -1;
-    int rc = -1;
+    rc = -1;
     if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS) {
         gc_debug("helper: AnalyzeModule: %s", resp->error && resp->error->message ? resp->error->message : "no answer");
     } else {
@@ -414,18 +462,7 @@ int gc_link_import_peer(int fd, uint64_t *id, uint64_t *size) {
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_IMPORT_PEER;
     req.import_peer = &ip;
     Resp *resp = NULL;
-    pthread_mutex_lock(&G.calls_mu);
-    if (atomic_load(&G.conn) != CONN_UP) {
-        pthread_mutex_unlock(&G.calls_mu);
-        return -1;
-    }
-    req.id = ++G.next_id;
-    gc_stat_add(STAT_HELPER_CALLS, 1);
-    int rc = wire_roundtrip(G.calls_fd, &req, &fd, 1, &resp, NULL, 0, NULL, true);
-    if (rc < 0)
-        mark_dead(-rc);
-    pthread_mutex_unlock(&G.calls_mu);
-    if (rc < 0)
+    if (call_helper_fd(STAT_HELPER_CALLS, &req, fd, &resp, NULL, 0, NULL) < 0)
         return -1;
     int ret = -1;
     if (!resp->error && resp->body_case == GPUCR__HELPER__V1__RESPONSE__BODY_ALLOC) {

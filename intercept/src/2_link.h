@@ -58,8 +58,10 @@ GC_HIDDEN int gc_link_save_first(const gc_range *ranges, size_t n);
  * answers once it is in: 0, or -1 with the reason in why (the memory never comes: the caller ends the process). */
 GC_HIDDEN int gc_link_load_first(const gc_range *ranges, size_t n, bool all, char *why, size_t whylen);
 
-/* AnalyzeModule: the helper reads the module image at image (len bytes) in this process and answers which
- * parameters each kernel it decided may write through: 0 (*out, *n: the caller's, for gc_writes_add), or -1. */
+/* AnalyzeModule: the module image at image (len bytes) is copied into a sealed memfd, which the helper reads (it
+ * reads no process's memory), and the helper answers which parameters each kernel it decided may write through: 0
+ * (*out, *n: the caller's, for gc_writes_add), or -1 (not analysed: its kernels count as writing everything their
+ * parameters point into). Costs a copy of the image, once per module load with PTX. */
 GC_HIDDEN int gc_link_analyze(const void *image, size_t len, gc_kwrite **out, size_t *n);
 
 /* The helper socket's path, our client token. */

@@ -141,7 +141,7 @@ void gc_cow_launch(void *f, void **kernelParams, void **extra) {
         save_span(h.base[i], h.base[i] + h.size[i]);
 }
 
-/* The images the helper reads at most (as it does): a larger one's kernels count as writing everything. */
+/* The images the helper analyses at most (as it does): a larger one's kernels count as writing everything. */
 #define MODULE_MAX (64u << 20)
 
 void gc_cow_module(void *owner, const void *image) {

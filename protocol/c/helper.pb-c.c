@@ -4832,7 +4832,7 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__analyze_module__field_d
     offsetof(Gpucr__Helper__V1__AnalyzeModule, address),
     NULL,
     NULL,
-    0,             /* flags */
+    0 | PROTOBUF_C_FIELD_FLAG_DEPRECATED,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
   {
@@ -5609,9 +5609,29 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__client_stats__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-#define gpucr__helper__v1__status__field_descriptors NULL
-#define gpucr__helper__v1__status__field_indices_by_name NULL
-#define gpucr__helper__v1__status__number_ranges NULL
+static const ProtobufCFieldDescriptor gpucr__helper__v1__status__field_descriptors[1] =
+{
+  {
+    "pids",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_INT64,
+    offsetof(Gpucr__Helper__V1__Status, n_pids),
+    offsetof(Gpucr__Helper__V1__Status, pids),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__status__field_indices_by_name[] = {
+  0,   /* field[0] = pids */
+};
+static const ProtobufCIntRange gpucr__helper__v1__status__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
 const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor =
 {
   PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
@@ -5620,14 +5640,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor =
   "Gpucr__Helper__V1__Status",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Status),
-  0,
+  1,
   gpucr__helper__v1__status__field_descriptors,
   gpucr__helper__v1__status__field_indices_by_name,
-  0,  gpucr__helper__v1__status__number_ranges,
+  1,  gpucr__helper__v1__status__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__status__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[7] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[8] =
 {
   {
     "helper_version",
@@ -5713,9 +5733,22 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "clients_left_out",
+    8,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__StatusReply, clients_left_out),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__status_reply__field_indices_by_name[] = {
   2,   /* field[2] = clients */
+  7,   /* field[7] = clients_left_out */
   1,   /* field[1] = devices */
   4,   /* field[4] = driver */
   0,   /* field[0] = helper_version */
@@ -5726,7 +5759,7 @@ static const unsigned gpucr__helper__v1__status_reply__field_indices_by_name[] =
 static const ProtobufCIntRange gpucr__helper__v1__status_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 7 }
+  { 0, 8 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
 {
@@ -5736,7 +5769,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
   "Gpucr__Helper__V1__StatusReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__StatusReply),
-  7,
+  8,
   gpucr__helper__v1__status_reply__field_descriptors,
   gpucr__helper__v1__status_reply__field_indices_by_name,
   1,  gpucr__helper__v1__status_reply__number_ranges,

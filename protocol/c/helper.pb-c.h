@@ -831,15 +831,27 @@ struct  Gpucr__Helper__V1__AddressRange
 
 /*
  * AnalyzeModule (interposer -> helper, calls connection): the module image
- * the process just loaded (PTX text or a fat binary with PTX entries), at
- * address in its own memory, size bytes. The helper reads it there and
- * answers ModuleKernels: which parameters each kernel may write through,
- * what narrows a launch's write set in a copy-on-write window.
+ * the process just loaded (PTX text or a fat binary with PTX entries), size
+ * bytes, as one SCM_RIGHTS fd: a memfd holding a copy of the image, sealed
+ * (memfd_create with MFD_ALLOW_SEALING, the image written, then F_ADD_SEALS
+ * of F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL). The helper
+ * reads that file, never the process's memory: it reads only what the
+ * client could, as unchanging bytes. It answers ModuleKernels: which
+ * parameters each kernel may write through, what narrows a launch's write
+ * set in a copy-on-write window. A request without such an fd, or over the
+ * helper's budget for analyses, is refused; the interposer then treats the
+ * module's kernels as writing everything their parameters point into.
  */
 struct  Gpucr__Helper__V1__AnalyzeModule
 {
   ProtobufCMessage base;
-  uint64_t address;
+  /*
+   * Deprecated and ignored: where the image was in the process's memory.
+   */
+  uint64_t address PROTOBUF_C__DEPRECATED;
+  /*
+   * The image's bytes: the memfd's size.
+   */
   uint64_t size;
 };
 #define GPUCR__HELPER__V1__ANALYZE_MODULE__INIT \
@@ -1048,13 +1060,25 @@ struct  Gpucr__Helper__V1__ClientStats
     , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
+/*
+ * Status (CLI, plugin): the helper and its clients. The reply stays within
+ * a frame whatever clients register: it lists the caller's own clients
+ * first, then the others by pid, as many as fit its budget, and says how
+ * many it left out (StatusReply.clients_left_out).
+ */
 struct  Gpucr__Helper__V1__Status
 {
   ProtobufCMessage base;
+  /*
+   * Only the clients with these pids (a checkpoint asks for its process
+   * tree's); none: every client.
+   */
+  size_t n_pids;
+  int64_t *pids;
 };
 #define GPUCR__HELPER__V1__STATUS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status__descriptor) \
-     }
+    , 0,NULL }
 
 
 struct  Gpucr__Helper__V1__StatusReply
@@ -1084,10 +1108,15 @@ struct  Gpucr__Helper__V1__StatusReply
    * --resident-memory; 0: none).
    */
   uint64_t resident_budget;
+  /*
+   * Clients asked for but not listed: the reply would have outgrown its
+   * budget (the caller's own clients come first).
+   */
+  uint32_t clients_left_out;
 };
 #define GPUCR__HELPER__V1__STATUS_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status_reply__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0 }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0, 0 }
 
 
 /*

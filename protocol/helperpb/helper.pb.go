@@ -2798,14 +2798,24 @@ func (x *AddressRange) GetSize() uint64 {
 }
 
 // AnalyzeModule (interposer -> helper, calls connection): the module image
-// the process just loaded (PTX text or a fat binary with PTX entries), at
-// address in its own memory, size bytes. The helper reads it there and
-// answers ModuleKernels: which parameters each kernel may write through,
-// what narrows a launch's write set in a copy-on-write window.
+// the process just loaded (PTX text or a fat binary with PTX entries), size
+// bytes, as one SCM_RIGHTS fd: a memfd holding a copy of the image, sealed
+// (memfd_create with MFD_ALLOW_SEALING, the image written, then F_ADD_SEALS
+// of F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL). The helper
+// reads that file, never the process's memory: it reads only what the
+// client could, as unchanging bytes. It answers ModuleKernels: which
+// parameters each kernel may write through, what narrows a launch's write
+// set in a copy-on-write window. A request without such an fd, or over the
+// helper's budget for analyses, is refused; the interposer then treats the
+// module's kernels as writing everything their parameters point into.
 type AnalyzeModule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Address       uint64                 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated and ignored: where the image was in the process's memory.
+	//
+	// Deprecated: Marked as deprecated in protocol/helper.proto.
+	Address uint64 `protobuf:"varint,1,opt,name=address,proto3" json:"address,omitempty"`
+	// The image's bytes: the memfd's size.
+	Size          uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2840,6 +2850,7 @@ func (*AnalyzeModule) Descriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{27}
 }
 
+// Deprecated: Marked as deprecated in protocol/helper.proto.
 func (x *AnalyzeModule) GetAddress() uint64 {
 	if x != nil {
 		return x.Address
@@ -3531,8 +3542,15 @@ func (x *ClientStats) GetModulesAnalysed() uint64 {
 	return 0
 }
 
+// Status (CLI, plugin): the helper and its clients. The reply stays within
+// a frame whatever clients register: it lists the caller's own clients
+// first, then the others by pid, as many as fit its budget, and says how
+// many it left out (StatusReply.clients_left_out).
 type Status struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the clients with these pids (a checkpoint asks for its process
+	// tree's); none: every client.
+	Pids          []int64 `protobuf:"varint,1,rep,packed,name=pids,proto3" json:"pids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3567,6 +3585,13 @@ func (*Status) Descriptor() ([]byte, []int) {
 	return file_protocol_helper_proto_rawDescGZIP(), []int{37}
 }
 
+func (x *Status) GetPids() []int64 {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
 type StatusReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	HelperVersion string                 `protobuf:"bytes,1,opt,name=helper_version,json=helperVersion,proto3" json:"helper_version,omitempty"`
@@ -3582,6 +3607,9 @@ type StatusReply struct {
 	// The device memory resident images may take in all (gpucr helper
 	// --resident-memory; 0: none).
 	ResidentBudget uint64 `protobuf:"varint,7,opt,name=resident_budget,json=residentBudget,proto3" json:"resident_budget,omitempty"`
+	// Clients asked for but not listed: the reply would have outgrown its
+	// budget (the caller's own clients come first).
+	ClientsLeftOut uint32 `protobuf:"varint,8,opt,name=clients_left_out,json=clientsLeftOut,proto3" json:"clients_left_out,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -3661,6 +3689,13 @@ func (x *StatusReply) GetResidentImages() []*ResidentImage {
 func (x *StatusReply) GetResidentBudget() uint64 {
 	if x != nil {
 		return x.ResidentBudget
+	}
+	return 0
+}
+
+func (x *StatusReply) GetClientsLeftOut() uint32 {
+	if x != nil {
+		return x.ClientsLeftOut
 	}
 	return 0
 }
@@ -5559,9 +5594,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x03all\x18\x02 \x01(\bR\x03all\"<\n" +
 	"\fAddressRange\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x04R\x04size\"=\n" +
-	"\rAnalyzeModule\x12\x18\n" +
-	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"A\n" +
+	"\rAnalyzeModule\x12\x1c\n" +
+	"\aaddress\x18\x01 \x01(\x04B\x02\x18\x01R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\"H\n" +
 	"\rModuleKernels\x127\n" +
 	"\akernels\x18\x01 \x03(\v2\x1d.gpucr.helper.v1.KernelWritesR\akernels\"{\n" +
@@ -5621,8 +5656,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\x12)\n" +
 	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\x12!\n" +
 	"\fhelper_calls\x18\x13 \x01(\x04R\vhelperCalls\x12)\n" +
-	"\x10modules_analysed\x18\x14 \x01(\x04R\x0fmodulesAnalysed\"\b\n" +
-	"\x06Status\"\xeb\x02\n" +
+	"\x10modules_analysed\x18\x14 \x01(\x04R\x0fmodulesAnalysed\"\x1c\n" +
+	"\x06Status\x12\x12\n" +
+	"\x04pids\x18\x01 \x03(\x03R\x04pids\"\x95\x03\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +
 	"\adevices\x18\x02 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\x125\n" +
@@ -5630,7 +5666,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vunavailable\x18\x04 \x01(\tR\vunavailable\x123\n" +
 	"\x06driver\x18\x05 \x01(\v2\x1b.gpucr.helper.v1.DriverInfoR\x06driver\x12G\n" +
 	"\x0fresident_images\x18\x06 \x03(\v2\x1e.gpucr.helper.v1.ResidentImageR\x0eresidentImages\x12'\n" +
-	"\x0fresident_budget\x18\a \x01(\x04R\x0eresidentBudget\"+\n" +
+	"\x0fresident_budget\x18\a \x01(\x04R\x0eresidentBudget\x12(\n" +
+	"\x10clients_left_out\x18\b \x01(\rR\x0eclientsLeftOut\"+\n" +
 	"\fLoadResident\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"-\n" +
 	"\x0eUnloadResident\x12\x1b\n" +

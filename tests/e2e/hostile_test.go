@@ -30,10 +30,11 @@ import (
 
 // TestMain runs the test binary as the raw client when GPUCR_E2E_CLIENT is
 // set (see rawAs), as a stale client (GPUCR_E2E_STALE, identity_test.go) or
-// its child, as another user's listener (GPUCR_E2E_LISTEN,
-// criuworld_test.go), as a job's owner attacking its migration
-// (GPUCR_E2E_PLANT_LINK, GPUCR_E2E_SWAP_FILES, migrateattack_test.go), else
-// the tests.
+// its child, as a client that execs a set-user-ID program
+// (GPUCR_E2E_SUID_CHILD, costs_test.go), as another user's listener
+// (GPUCR_E2E_LISTEN, criuworld_test.go), as a job's owner attacking its
+// migration (GPUCR_E2E_PLANT_LINK, GPUCR_E2E_SWAP_FILES,
+// migrateattack_test.go), else the tests.
 func TestMain(m *testing.M) {
 	if socket := os.Getenv("GPUCR_E2E_CLIENT"); socket != "" {
 		os.Exit(rawClientMain(socket))
@@ -43,6 +44,9 @@ func TestMain(m *testing.M) {
 	}
 	if socket := os.Getenv("GPUCR_E2E_STALE_CHILD"); socket != "" {
 		os.Exit(staleChildMain(socket))
+	}
+	if socket := os.Getenv("GPUCR_E2E_SUID_CHILD"); socket != "" {
+		os.Exit(setuidChildMain(socket))
 	}
 	if path := os.Getenv("GPUCR_E2E_LISTEN"); path != "" {
 		os.Exit(listenMain(path))
