@@ -1,7 +1,9 @@
-"""A kernel loaded as PTX, as a CuPy program compiles one for a virtual
-architecture (RawKernel, -arch=compute_XX): the driver JIT-compiles it at
-cuModuleLoadData, and under gpucr run the interposer sends the image to the
-helper for its analysis (AnalyzeModule).
+"""A kernel loaded as PTX text: compiled by NVRTC for a virtual architecture
+(-arch=compute_XX) and handed to cuModuleLoadData (CuPy's Module.load), as
+programs that ship PTX do. The driver JIT-compiles it, and under gpucr run
+the interposer sends the image to the helper for its analysis
+(AnalyzeModule). (CuPy's own RawModule links PTX into a cubin first, with
+cuLink*: the driver then loads SASS, which needs no analysis.)
 
     python3 tests/gpu/ptx_kernel.py STEPS
 
@@ -21,7 +23,13 @@ extern "C" __global__ void mix(double *out, const double *in, double k, int n) {
     if (i < n) out[i] = sin(in[i] * 1.0001 + k) * 0.5 + 0.5;
 }
 '''
-mod = cp.RawModule(code=src, options=(f"-arch=compute_{major}0",), backend="nvrtc")
+from cupy.cuda import function, nvrtc
+
+prog = nvrtc.createProgram(src, "mix.cu", [], [])
+nvrtc.compileProgram(prog, [f"-arch=compute_{major}0"])
+ptx = nvrtc.getPTX(prog)
+mod = function.Module()
+mod.load(ptx if isinstance(ptx, bytes) else ptx.encode())
 mix = mod.get_function("mix")
 n = 1 << 22
 a = cp.random.RandomState(0).random_sample(n, dtype=cp.float64)
