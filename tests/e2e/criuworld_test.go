@@ -347,7 +347,7 @@ func setsidSleep(t *testing.T) int {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	go func() { _ = cmd.Wait() }()
+	go func() { _ = cmd.Wait() }() // reaped when the checkpoint ends it
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	return cmd.Process.Pid
 }
