@@ -92,6 +92,9 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	}
 	for _, c := range st.Clients {
 		r := c.NotCheckpointable
+		if c.RunsAsAnother {
+			r = append([]string{notOwnReason}, r...)
+		}
 		if r == nil {
 			r = []string{}
 		}
@@ -101,6 +104,11 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	}
 	return out
 }
+
+// notOwnReason is why a client whose process no longer runs as its user
+// alone is not checkpointable (ClientInfo.runs_as_another; the helper's
+// refusal of that user's operations gives the details).
+const notOwnReason = "runs as another user now (a set-user-ID program?): only root may act on it"
 
 func statusCommand() *ucli.Command {
 	return &ucli.Command{

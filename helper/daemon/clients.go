@@ -452,11 +452,6 @@ func (cl *client) identityErr() error {
 // client, and a flood of Status builds them back to back.
 const identityFor = time.Second
 
-// notOwnReason is why Status shows a client whose process is not its
-// user's alone as not checkpointable (identityErr gives the details to the
-// user it refuses).
-const notOwnReason = "runs as another user now (a set-user-ID program?): only root may act on it"
-
 // identityShown says, for Status, whether cl's process runs as another
 // identity than its own (identityErr), as seen within identityFor.
 func (cl *client) identityShown() bool {

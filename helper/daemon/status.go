@@ -281,10 +281,8 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 		ci.WindowOpen, ci.WindowPendingBytes = true, g.PendingBytes()
 	}
 	var reasons []string
-	if cl.identityShown() {
-		// Its user may not act on it (mayAct): not checkpointable for them.
-		reasons = append(reasons, notOwnReason)
-	}
+	// Its user may not act on it (mayAct): not checkpointable for them.
+	ci.RunsAsAnother = cl.identityShown()
 	switch {
 	case !ci.ControlConnected:
 		reasons = append(reasons, "control connection down")
@@ -329,6 +327,6 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 	ci.State = cl.shownStateLocked()
 	cl.mu.Unlock()
 	ci.NotCheckpointable = reasons
-	ci.Checkpointable = len(reasons) == 0
+	ci.Checkpointable = len(reasons) == 0 && !ci.RunsAsAnother
 	return ci
 }

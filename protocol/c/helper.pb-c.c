@@ -6058,7 +6058,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__driver_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[11] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[12] =
 {
   {
     "pid",
@@ -6192,6 +6192,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "runs_as_another",
+    12,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientInfo, runs_as_another),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = {
   3,   /* field[3] = allocations */
@@ -6201,6 +6213,7 @@ static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = 
   7,   /* field[7] = not_checkpointable */
   0,   /* field[0] = pid */
   2,   /* field[2] = program */
+  11,   /* field[11] = runs_as_another */
   8,   /* field[8] = state */
   1,   /* field[1] = uid */
   9,   /* field[9] = window_open */
@@ -6209,7 +6222,7 @@ static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = 
 static const ProtobufCIntRange gpucr__helper__v1__client_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 11 }
+  { 0, 12 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor =
 {
@@ -6219,7 +6232,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor =
   "Gpucr__Helper__V1__ClientInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientInfo),
-  11,
+  12,
   gpucr__helper__v1__client_info__field_descriptors,
   gpucr__helper__v1__client_info__field_indices_by_name,
   1,  gpucr__helper__v1__client_info__number_ranges,

@@ -1233,10 +1233,18 @@ struct  Gpucr__Helper__V1__ClientInfo
    */
   protobuf_c_boolean window_open;
   uint64_t window_pending_bytes;
+  /*
+   * Its process no longer runs as its user alone (it exec'd a set-user-ID
+   * program, or made itself undumpable): only root may act on it, and it is
+   * not checkpointable for its user. A flag, not one more reason: a reply
+   * lists every client, and the CLI says it in words
+   * (checkpointable is false then).
+   */
+  protobuf_c_boolean runs_as_another;
 };
 #define GPUCR__HELPER__V1__CLIENT_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_info__descriptor) \
-    , 0, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0 }
+    , 0, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0, 0 }
 
 
 /*

@@ -3993,8 +3993,14 @@ type ClientInfo struct {
 	// still to save.
 	WindowOpen         bool   `protobuf:"varint,10,opt,name=window_open,json=windowOpen,proto3" json:"window_open,omitempty"`
 	WindowPendingBytes uint64 `protobuf:"varint,11,opt,name=window_pending_bytes,json=windowPendingBytes,proto3" json:"window_pending_bytes,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Its process no longer runs as its user alone (it exec'd a set-user-ID
+	// program, or made itself undumpable): only root may act on it, and it is
+	// not checkpointable for its user. A flag, not one more reason: a reply
+	// lists every client, and the CLI says it in words
+	// (checkpointable is false then).
+	RunsAsAnother bool `protobuf:"varint,12,opt,name=runs_as_another,json=runsAsAnother,proto3" json:"runs_as_another,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClientInfo) Reset() {
@@ -4102,6 +4108,13 @@ func (x *ClientInfo) GetWindowPendingBytes() uint64 {
 		return x.WindowPendingBytes
 	}
 	return 0
+}
+
+func (x *ClientInfo) GetRunsAsAnother() bool {
+	if x != nil {
+		return x.RunsAsAnother
+	}
+	return false
 }
 
 // ClientOp: the CLI or plugin asks the helper to run one control command on
@@ -5686,7 +5699,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aversion\x18\x03 \x01(\x05R\aversion\x12%\n" +
 	"\x0echeckpoint_api\x18\x04 \x01(\bR\rcheckpointApi\x124\n" +
 	"\x16checkpoint_api_missing\x18\x05 \x03(\tR\x14checkpointApiMissing\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\x8d\x03\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xb5\x03\n" +
 	"\n" +
 	"ClientInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x10\n" +
@@ -5701,7 +5714,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vwindow_open\x18\n" +
 	" \x01(\bR\n" +
 	"windowOpen\x120\n" +
-	"\x14window_pending_bytes\x18\v \x01(\x04R\x12windowPendingBytes\"\xee\x01\n" +
+	"\x14window_pending_bytes\x18\v \x01(\x04R\x12windowPendingBytes\x12&\n" +
+	"\x0fruns_as_another\x18\f \x01(\bR\rrunsAsAnother\"\xee\x01\n" +
 	"\bClientOp\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12,\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x1c.gpucr.helper.v1.ClientOp.OpR\x02op\x12\x1d\n" +
