@@ -342,6 +342,7 @@ func noGPUStateReason(tc treeClients, c CRIU) string {
 // clients' GPU memory had been copied, with a message about file types.
 func unknownGPUProcesses(root proc.Pid, tc treeClients, socket string) error {
 	var bad []string
+	interposed := 0
 	for _, p := range tc.Tree {
 		if slices.Contains(tc.Clients, p) {
 			continue
@@ -352,6 +353,9 @@ func unknownGPUProcesses(root proc.Pid, tc treeClients, socket string) error {
 				what += " (" + c + ")"
 			}
 			bad = append(bad, fmt.Sprintf("%s holds %s", what, strings.Join(files, ", ")))
+			if runsInterposed(p) {
+				interposed++
+			}
 		}
 	}
 	if len(bad) == 0 {
@@ -360,11 +364,26 @@ func unknownGPUProcesses(root proc.Pid, tc treeClients, socket string) error {
 	msg := fmt.Sprintf("checkpoint of %d refused: processes of its tree use the GPU without gpucr: %s; CRIU cannot dump the GPU driver's files",
 		root, strings.Join(bad, "; "))
 	if tc.HelperErr != nil {
-		return fmt.Errorf("%s, and no gpucr helper answers at %s (%v): start it (`gpucr helper`, or systemctl start gpucr-helper); a process started with `gpucr run` reconnects to it",
+		return fmt.Errorf("%s, and no gpucr helper answers at %s (%v): start it (`gpucr helper`, or systemctl start gpucr-helper); a process started with `gpucr run` rejoins it within a second or so, its GPU memory moved into the new helper's",
 			msg, socket, tc.HelperErr)
+	}
+	if interposed == len(bad) {
+		// Under gpucr run but not a client of this helper: a worker forked
+		// without gpucr's fork handling, or a process whose helper ended
+		// and that has not rejoined this one yet (it does on its own).
+		return fmt.Errorf("%s, and these processes are not gpucr clients, though they run under `gpucr run`: a worker forked after CUDA was "+
+			"initialised keeps the driver's files without gpucr run's fork handling (GPUCR_FORK_SCRUB=0?), and a process whose helper "+
+			"ended rejoins the helper at %s within a second or so of its start: then try again (`gpucr status` lists it once it has)",
+			msg, socket)
 	}
 	return fmt.Errorf("%s, and these processes are not gpucr clients: start the program with `gpucr run -- PROGRAM`, so that the helper holds its GPU memory "+
 		"(a worker forked after CUDA was initialised needs gpucr run's fork handling, which releases the driver's files in it)", msg)
+}
+
+// runsInterposed says whether pid has gpucr's interposer (libgpucr.so)
+// loaded: it was started with `gpucr run`.
+func runsInterposed(pid proc.Pid) bool {
+	return len(proc.FilesOf(pid, func(name string) bool { return filepath.Base(name) == "libgpucr.so" })) > 0
 }
 
 // waitingForGPU lists the GPU processes of a failed dump that have not got

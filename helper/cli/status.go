@@ -74,6 +74,28 @@ type clientJSON struct {
 	// writes into memory not saved yet (WindowPendingBytes of it).
 	WindowOpen         bool   `json:"window_open"`
 	WindowPendingBytes uint64 `json:"window_pending_bytes"`
+	// Rejoined: it reconnected to this helper after the one before ended,
+	// and moved the memory that one held into this one's (absent if never).
+	Rejoined *rejoinJSON `json:"rejoined,omitempty"`
+}
+
+// rejoinJSON is the last rejoin of a client: the allocations and bytes
+// moved (copied on the GPU into this helper's memory), those left where
+// they were (shared with other processes, or no room: not checkpointable),
+// and how long the process waited for it.
+type rejoinJSON struct {
+	Count       uint64  `json:"count"`
+	Allocations uint64  `json:"allocations"`
+	Bytes       uint64  `json:"bytes"`
+	Left        uint64  `json:"allocations_left"`
+	Seconds     float64 `json:"seconds"`
+}
+
+func rejoinOf(r *helperpb.RejoinInfo) *rejoinJSON {
+	if r == nil {
+		return nil
+	}
+	return &rejoinJSON{r.Count, r.Allocations, r.Bytes, r.AllocationsLeft, float64(r.Micros) / 1e6}
 }
 
 // stateName: "running", "quiesced", "dropped" or "unknown".
@@ -100,7 +122,7 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 		}
 		out.Clients = append(out.Clients, clientJSON{c.Pid, c.Uid, c.Program, c.Allocations, c.Bytes,
 			c.ControlConnected, c.Checkpointable, r, stateName(c.State), proc.Container(proc.Pid(c.Pid)), proc.NsPid(proc.Pid(c.Pid)),
-			c.WindowOpen, c.WindowPendingBytes})
+			c.WindowOpen, c.WindowPendingBytes, rejoinOf(c.Rejoined)})
 	}
 	return out
 }
@@ -245,4 +267,19 @@ func printStatus(c *ucli.Context, j statusJSON) {
 			humanBytes(cl.Bytes), ctl, ck, state)
 	}
 	tw.Flush()
+	for _, cl := range j.Clients {
+		if r := cl.Rejoined; r != nil {
+			fmt.Fprintf(w, "  pid %d rejoined this helper after the one before it ended: %s\n", cl.PID, rejoinText(r))
+		}
+	}
+}
+
+// rejoinText says what a client's last rejoin did with its memory.
+func rejoinText(r *rejoinJSON) string {
+	s := fmt.Sprintf("%d allocations (%s) copied into this helper's memory on the GPU, the process held %.3f s",
+		r.Allocations, humanBytes(r.Bytes), r.Seconds)
+	if r.Left > 0 {
+		s += fmt.Sprintf("; %d allocations of the helper that ended stay where they were (not checkpointable until it restarts)", r.Left)
+	}
+	return s
 }

@@ -298,6 +298,10 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 			if st := r.GetStats(); st != nil && st.LocalAllocs > 0 {
 				reasons = append(reasons, fmt.Sprintf("%d allocations fell back to local memory", st.LocalAllocs))
 			}
+			if st := r.GetStats(); st.GetRejoins() > 0 {
+				ci.Rejoined = &helperpb.RejoinInfo{Count: st.Rejoins, Allocations: st.RejoinAllocations, Bytes: st.RejoinBytes,
+					AllocationsLeft: st.RejoinLeft, Micros: st.RejoinUs}
+			}
 			r, err = ctl.call(&helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, nil, to)
 			if err != nil {
 				return err

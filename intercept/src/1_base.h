@@ -88,9 +88,11 @@ enum {
     GC_REASON_LOCAL = 4,
     GC_REASON_CONTROL = 8,
     GC_REASON_FOREIGN = 16, /* the application imported a shareable handle the helper does not know */
+    GC_REASON_ORPHAN = 32,  /* memory of a helper that ended, not moved into the next one's */
 };
 GC_HIDDEN void gc_note_reason(int reason);
-/* The noted reasons in words into out (room for 6); returns their count. */
+GC_HIDDEN void gc_clear_reason(int reason); /* it no longer holds (the control connection is up again) */
+/* The noted reasons in words into out (room for 7); returns their count. */
 GC_HIDDEN int gc_reason_names(const char **out);
 GC_HIDDEN void gc_reasons_reset(void); /* fork child */
 
@@ -190,6 +192,7 @@ enum gc_stat {
     STAT_SCANNED,
     STAT_HELPER_CALLS,
     STAT_MODULES_ANALYSED,
+    STAT_REJOINS, /* reconnections to a new helper after the one before ended */
     STAT_N
 };
 

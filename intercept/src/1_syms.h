@@ -245,6 +245,8 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
     X(cuCtxGetCurrent)                                                                                                 \
     X(cuCtxSetCurrent)                                                                                                 \
     X(cuCtxSynchronize)                                                                                                \
+    X(cuDevicePrimaryCtxRetain)                                                                                        \
+    X(cuDevicePrimaryCtxRelease_v2)                                                                                    \
     X(cuDeviceGetUuid_v2)                                                                                              \
     X(cuDeviceGetCount)                                                                                                \
     X(cuMemGetAllocationGranularity)                                                                                   \

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,8 +84,9 @@ static void mark_dead(int err) {
     if (!G.warned_dead) {
         G.warned_dead = true;
         gc_warn(
-            "lost the helper connection (%s): existing buffers keep working, new allocations use the driver's "
-            "allocator; this process is not checkpointable any more",
+            "lost the helper connection (%s): existing buffers keep working, and the process rejoins the next helper "
+            "that starts at the same socket, which takes them over; until then new allocations use the driver's "
+            "allocator, and such memory keeps this process from being checkpointed",
             strerror(err));
     }
 }
@@ -243,7 +245,10 @@ static void send_free(uint64_t id) {
     }
 }
 
-void gc_link_free(uint64_t id) { send_free(id); }
+void gc_link_free(uint64_t id) {
+    if (id != GC_ORPHAN_ID)
+        send_free(id);
+}
 
 CUresult gc_link_alloc(const char *uuid, uint64_t size, int kind, unsigned flags, uint64_t addr, uint64_t *id,
                        uint64_t *rsize, int *fd) {
@@ -621,6 +626,58 @@ int gc_link_reattach(void) {
         }
         sleep_ms(delay);
     }
+}
+
+/* ---- rejoining a new helper ---- */
+
+int gc_link_dial(void) { return G.sock_path[0] ? unix_connect(G.sock_path) : -1; }
+
+bool gc_link_calls_lost(unsigned wait_ms) {
+    pthread_mutex_lock(&G.calls_mu);
+    bool lost = atomic_load(&G.conn) == CONN_DEAD;
+    if (!lost && atomic_load(&G.conn) == CONN_UP && G.calls_fd >= 0) {
+        /* Between requests nothing may come: anything readable is the end of the stream (or garbage). A helper that
+         * ended closed its end of each connection in turn: this one may close a moment after the control one. */
+        struct pollfd p = {.fd = G.calls_fd, .events = POLLIN | POLLRDHUP};
+        int n;
+        while ((n = poll(&p, 1, (int)wait_ms)) < 0 && errno == EINTR)
+            ;
+        if (n == 1 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) {
+            mark_dead(EPIPE);
+            lost = true;
+        }
+    }
+    pthread_mutex_unlock(&G.calls_mu);
+    return lost;
+}
+
+int gc_link_rejoin(int fd, char *why, size_t whylen) {
+    Resp *resp = NULL;
+    int rc = hello(fd, GPUCR__HELPER__V1__ROLE__ROLE_CLIENT_CALLS, 0, &resp);
+    if (rc < 0) {
+        snprintf(why, whylen, "%s", strerror(-rc));
+    } else if (!hello_ok(resp, why, whylen)) {
+        rc = -1;
+    }
+    if (rc < 0) {
+        if (resp)
+            gpucr__helper__v1__response__free_unpacked(resp, NULL);
+        close(fd);
+        return -1;
+    }
+    pthread_mutex_lock(&G.calls_mu);
+    if (G.calls_fd >= 0)
+        close(G.calls_fd);
+    G.calls_fd = fd;
+    G.token = resp->hello->client_token;
+    G.next_id = 1;
+    set_devices(resp->hello);
+    G.warned_dead = false; /* a later loss is news again */
+    atomic_store(&G.conn, CONN_UP);
+    pthread_mutex_unlock(&G.calls_mu);
+    gc_debug("rejoined the helper at %s (token %llu)", G.sock_path, (unsigned long long)G.token);
+    gpucr__helper__v1__response__free_unpacked(resp, NULL);
+    return 0;
 }
 
 /* ---- fork ---- */

@@ -18,6 +18,10 @@ enum { CONN_NONE = 0, CONN_UP, CONN_OFF, CONN_DEAD, CONN_DETACHED };
 /* Devices: the most the helper's list and the UUID cache (3_devices.c) hold. */
 #define GC_MAX_DEV 64
 
+/* The alloc_id of memory no helper holds any more (a helper's that ended, not moved into the next one's): never
+ * named to a helper, whose ids it could collide with. */
+#define GC_ORPHAN_ID UINT64_MAX
+
 /* The helper did not serve (no helper, or it failed otherwise than out of memory): the driver's own call answers. */
 #define GC_FALLBACK ((CUresult)-1)
 
@@ -49,7 +53,7 @@ GC_HIDDEN int gc_link_import_peer(int fd, uint64_t *id, uint64_t *size);
 GC_HIDDEN void gc_link_mapped(uint64_t id, uint64_t addr);
 /* Export: a new fd of allocation id (the caller's to close), or the CUresult for the application. */
 GC_HIDDEN CUresult gc_link_export(uint64_t id, int *fd);
-GC_HIDDEN void gc_link_free(uint64_t id);
+GC_HIDDEN void gc_link_free(uint64_t id); /* nothing for GC_ORPHAN_ID */
 /* SaveFirst: the helper saves these ranges' pending chunks of a copy-on-write window (at most GC_SAVE_FIRST_MAX
  * ranges) and answers; 0, or -1 (no helper: the window is over). */
 #define GC_SAVE_FIRST_MAX 32
@@ -75,6 +79,18 @@ GC_HIDDEN int gc_link_sock_dir_file(char *out, size_t n, const char *name);
 GC_HIDDEN void gc_link_detach(int ctl_fd);
 /* Connects again with the old token until it works (CONN_UP); the new control connection. */
 GC_HIDDEN int gc_link_reattach(void);
+
+/*
+ * Rejoining after the helper ended (its connections closed while the process ran): gc_link_dial connects to the
+ * helper socket (a new helper listens there): the fd, or -1 (none yet; nothing warned). gc_link_rejoin says Hello
+ * on it as a new client (the new helper knows nothing of us): 0 with the calls connection up under a new token
+ * (the fd is the link's), or -1 (the fd closed; why says what the helper answered).
+ */
+GC_HIDDEN int gc_link_dial(void);
+/* Whether the calls connection is gone (its helper closed it: ended), waiting up to wait_ms for its end; marks it
+ * dead then. Holds the calls connection's lock meanwhile (the caller's gate is open: calls that need it wait). */
+GC_HIDDEN bool gc_link_calls_lost(unsigned wait_ms);
+GC_HIDDEN int gc_link_rejoin(int fd, char *why, size_t whylen);
 
 /* Fork: prepare takes the link's locks, parent releases them; the child forgets the parent's connections (its
  * copies of them become /dev/null). */

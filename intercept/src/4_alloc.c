@@ -627,6 +627,207 @@ void gc_alloc_live(uint64_t *buffers, uint64_t *bytes, uint64_t *helper_bytes) {
     pthread_mutex_unlock(&G.mu);
 }
 
+/* ---- moving memory into a new helper's ---- */
+
+/* A context on dev current on this thread: one the application made current there (gc_note_context), else the
+ * device's primary context (retained: *primary is set, for gc_move_ctx_release). */
+static CUresult move_ctx(int dev, bool *primary) {
+    CUcontext ctxs[GC_MAX_CTX];
+    int n = gc_contexts(ctxs);
+    *primary = false;
+    for (int i = 0; i < n; i++) {
+        CUdevice d = -1;
+        if (GC_REAL(cuCtxSetCurrent)(ctxs[i]) == CUDA_SUCCESS && GC_REAL(cuCtxGetDevice)(&d) == CUDA_SUCCESS &&
+            d == dev)
+            return CUDA_SUCCESS;
+    }
+    CUcontext c = NULL;
+    CUresult r = GC_REAL(cuDevicePrimaryCtxRetain)(&c, dev);
+    if (r == CUDA_SUCCESS)
+        r = GC_REAL(cuCtxSetCurrent)(c);
+    *primary = r == CUDA_SUCCESS;
+    return r;
+}
+
+int gc_move_new(int dev, int kind, unsigned flags, uint64_t hsize, uint64_t addr, gc_move *m, char *why,
+                size_t whylen) {
+    *m = (gc_move){.dev = dev, .hsize = hsize};
+    const char *uuid = gc_dev_uuid(dev);
+    if (!uuid) {
+        snprintf(why, whylen, "device %d has no UUID", dev);
+        return -1;
+    }
+    uint64_t rsize = 0;
+    int fd = -1;
+    CUresult r = gc_link_alloc(uuid, hsize, kind, flags, addr, &m->id, &rsize, &fd);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "the helper did not allocate %llu bytes (%s)", (unsigned long long)hsize,
+                 r == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "refused, or gone");
+        return -1;
+    }
+    if (rsize != hsize) {
+        snprintf(why, whylen, "the helper allocated %llu bytes for %llu", (unsigned long long)rsize,
+                 (unsigned long long)hsize);
+        close(fd);
+        gc_link_free(m->id);
+        return -1;
+    }
+    uint64_t gran = gc_dev_granularity(dev, uuid);
+    r = GC_REAL(cuMemImportFromShareableHandle)(&m->h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "cuMemImportFromShareableHandle: CUresult %d", (int)r);
+        gc_link_free(m->id);
+        return -1;
+    }
+    CUdeviceptr tmp = 0;
+    r = GC_REAL(cuMemAddressReserve)(&tmp, hsize, gran, 0, 0);
+    if (r == CUDA_SUCCESS) {
+        m->tmp = tmp;
+        r = GC_REAL(cuMemMap)(tmp, hsize, 0, m->h, 0);
+        if (r == CUDA_SUCCESS) {
+            CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            r = GC_REAL(cuMemSetAccess)(tmp, hsize, &d, 1);
+            if (r != CUDA_SUCCESS)
+                GC_REAL(cuMemUnmap)(tmp, hsize);
+        }
+        if (r != CUDA_SUCCESS) {
+            GC_REAL(cuMemAddressFree)(tmp, hsize);
+            m->tmp = 0;
+        }
+    }
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "mapping the new memory for its copy: CUresult %d", (int)r);
+        GC_REAL(cuMemRelease)(m->h);
+        gc_link_free(m->id);
+        return -1;
+    }
+    return 0;
+}
+
+int gc_move_copy(const gc_move *m, uint64_t va, uint64_t size, uint64_t off, char *why, size_t whylen) {
+    bool primary;
+    CUresult r = move_ctx(m->dev, &primary);
+    if (r == CUDA_SUCCESS)
+        r = GC_REAL(cuMemcpyDtoD_v2)(m->tmp + off, va, size);
+    if (primary)
+        GC_REAL(cuDevicePrimaryCtxRelease_v2)(m->dev);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "copying 0x%llx (%llu bytes) on device %d: CUresult %d", (unsigned long long)va,
+                 (unsigned long long)size, m->dev, (int)r);
+        return -1;
+    }
+    return 0;
+}
+
+int gc_move_sync(const gc_move *m, char *why, size_t whylen) {
+    bool primary;
+    CUresult r = move_ctx(m->dev, &primary);
+    if (r == CUDA_SUCCESS)
+        r = GC_REAL(cuCtxSynchronize)();
+    if (primary)
+        GC_REAL(cuDevicePrimaryCtxRelease_v2)(m->dev);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "waiting for the copy on device %d: CUresult %d", m->dev, (int)r);
+        return -1;
+    }
+    return 0;
+}
+
+void gc_move_done(gc_move *m) {
+    if (!m->tmp)
+        return;
+    CUresult r = GC_REAL(cuMemUnmap)(m->tmp, m->hsize);
+    if (r == CUDA_SUCCESS)
+        r = GC_REAL(cuMemAddressFree)(m->tmp, m->hsize);
+    if (r != CUDA_SUCCESS)
+        gc_warn("giving up the range of a copy (0x%llx): error %d", (unsigned long long)m->tmp, (int)r);
+    m->tmp = 0;
+}
+
+void gc_move_abandon(gc_move *m) {
+    gc_move_done(m);
+    CUresult r = GC_REAL(cuMemRelease)(m->h);
+    if (r != CUDA_SUCCESS)
+        gc_warn("releasing new memory not used: error %d", (int)r);
+    gc_link_free(m->id);
+}
+
+/* Moves a: new memory, the bytes copied, then the old mapping swapped for the new one at the same address. */
+static int move_rec(rec *a, char *why, size_t whylen) {
+    gc_move m;
+    if (gc_move_new(a->dev, a->kind, 0, a->size, a->addr, &m, why, whylen) != 0)
+        return -1;
+    if (gc_move_copy(&m, a->addr, a->size, 0, why, whylen) != 0 || gc_move_sync(&m, why, whylen) != 0) {
+        gc_move_abandon(&m);
+        return -1;
+    }
+    gc_move_done(&m);
+    CUresult r = GC_REAL(cuMemUnmap)(a->addr, a->size);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "cuMemUnmap(0x%llx): CUresult %d", (unsigned long long)a->addr, (int)r);
+        gc_move_abandon(&m);
+        return -1;
+    }
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, a->dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    r = GC_REAL(cuMemMap)(a->addr, a->size, 0, m.h, 0);
+    if (r == CUDA_SUCCESS && (r = GC_REAL(cuMemSetAccess)(a->addr, a->size, &d, 1)) != CUDA_SUCCESS)
+        GC_REAL(cuMemUnmap)(a->addr, a->size);
+    if (r != CUDA_SUCCESS) {
+        /* the old memory back where it was: the application must find its bytes */
+        snprintf(why, whylen, "cuMemMap of the new memory at 0x%llx: CUresult %d", (unsigned long long)a->addr, (int)r);
+        CUresult rb = GC_REAL(cuMemMap)(a->addr, a->size, 0, a->h, 0);
+        if (rb == CUDA_SUCCESS)
+            rb = GC_REAL(cuMemSetAccess)(a->addr, a->size, &d, 1);
+        if (rb != CUDA_SUCCESS) {
+            /* nothing mapped where the application's buffers are: its next access would fault, silently wrong */
+            fprintf(stderr,
+                    "gpucr: this process's GPU memory at 0x%llx is lost (mapping it again: CUresult %d); aborting\n",
+                    (unsigned long long)a->addr, (int)rb);
+            abort();
+        }
+        gc_move_abandon(&m);
+        return -1;
+    }
+    r = GC_REAL(cuMemRelease)(a->h);
+    if (r != CUDA_SUCCESS)
+        gc_warn("releasing the memory of the helper that ended (0x%llx): error %d", (unsigned long long)a->addr,
+                (int)r);
+    pthread_mutex_lock(&G.mu);
+    a->h = m.h;
+    a->id = m.id;
+    pthread_mutex_unlock(&G.mu);
+    return 0;
+}
+
+void gc_alloc_move_all(uint64_t *allocs, uint64_t *bytes, uint64_t *left, char *why, size_t whylen) {
+    char w[256];
+    for (rec *a = G.recs; a; a = a->next) {
+        if (!a->mapped)
+            continue;
+        if (move_rec(a, w, sizeof w) == 0) {
+            ++*allocs;
+            *bytes += a->size;
+        } else {
+            if (!*left)
+                snprintf(why, whylen, "%s", w);
+            ++*left;
+            pthread_mutex_lock(&G.mu);
+            a->id = GC_ORPHAN_ID;
+            pthread_mutex_unlock(&G.mu);
+        }
+    }
+}
+
+uint64_t gc_alloc_orphan_all(void) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&G.mu);
+    for (rec *a = G.recs; a; a = a->next, n++)
+        a->id = GC_ORPHAN_ID;
+    pthread_mutex_unlock(&G.mu);
+    return n;
+}
+
 /* ---- fork ---- */
 
 void gc_alloc_atfork_prepare(void) { pthread_mutex_lock(&G.mu); }

@@ -70,6 +70,37 @@ GC_HIDDEN bool gc_alloc_all_mapped(void);                       /* lock held */
 GC_HIDDEN size_t gc_alloc_list(gc_alloc_info *out, size_t max); /* lock held; the count; fills up to max */
 GC_HIDDEN void gc_alloc_live(uint64_t *buffers, uint64_t *bytes, uint64_t *helper_bytes);
 
+/*
+ * Moving memory into a new helper's (7_control.c rejoins a helper after the one before ended). The gate is closed
+ * and every context synchronized; no bookkeeping lock is held (these ask the helper).
+ *
+ * gc_move_new: new memory at the helper for an allocation of hsize bytes of kind on device dev (flags as
+ * gc_link_alloc's), which will be mapped at addr, imported (*h) and mapped at a range of its own (*tmp), readable
+ * and writable by the device. gc_move_copy: the bytes [va, va + size) copied into it at offset off, on the device.
+ * gc_move_done: its range given up (the caller maps *h where the old memory was); gc_move_abandon: the new memory
+ * given up altogether (released here, Free at the helper). 0, or -1 with why.
+ */
+typedef struct gc_move {
+    uint64_t id, hsize, tmp;
+    int dev;
+    CUmemGenericAllocationHandle h;
+} gc_move;
+GC_HIDDEN int gc_move_new(int dev, int kind, unsigned flags, uint64_t hsize, uint64_t addr, gc_move *m, char *why,
+                          size_t whylen);
+GC_HIDDEN int gc_move_copy(const gc_move *m, uint64_t va, uint64_t size, uint64_t off, char *why, size_t whylen);
+GC_HIDDEN int gc_move_sync(const gc_move *m, char *why, size_t whylen); /* the copies queued, done */
+GC_HIDDEN void gc_move_done(gc_move *m);
+GC_HIDDEN void gc_move_abandon(gc_move *m);
+
+/*
+ * The allocations of the helper that ended (every helper allocation recorded), each moved into the new helper's
+ * memory at the same address (gc_move_*), adopting the new id. What was moved is added to *allocs and *bytes,
+ * what could not be to *left (it stays where it is; a reason not to checkpoint), the first failure's words in why.
+ */
+GC_HIDDEN void gc_alloc_move_all(uint64_t *allocs, uint64_t *bytes, uint64_t *left, char *why, size_t whylen);
+/* Every helper allocation recorded is the helper's that ended, none moved: its id becomes GC_ORPHAN_ID; the count. */
+GC_HIDDEN uint64_t gc_alloc_orphan_all(void);
+
 GC_HIDDEN void gc_alloc_atfork_prepare(void);
 GC_HIDDEN void gc_alloc_atfork_parent(void);
 GC_HIDDEN void gc_alloc_atfork_child(void);

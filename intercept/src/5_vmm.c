@@ -754,6 +754,135 @@ size_t gc_vmm_list(gc_alloc_info *out, size_t max) {
     return out && n > max ? max : n;
 }
 
+/* ---- moving into a new helper's memory (the gate closed, the lock not held) ---- */
+
+/* Copies v's bytes into m: through each of its mappings, or, mapped nowhere, through a range of its own. */
+static int vmm_copy(const vrec *v, const gc_move *m, char *why, size_t whylen) {
+    bool any = false;
+    for (vmap *mp = V.maps; mp; mp = mp->next) {
+        if (mp->r != v)
+            continue;
+        any = true;
+        if (gc_move_copy(m, mp->ptr, mp->size, mp->off, why, whylen) != 0)
+            return -1;
+    }
+    if (any)
+        return gc_move_sync(m, why, whylen);
+    if (v->real_released)
+        return 0; /* neither mapped nor held: no byte of it can be read any more */
+    CUdeviceptr tmp = 0;
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, m->dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CUresult r = GC_REAL(cuMemAddressReserve)(&tmp, v->hsize, 0, 0, 0);
+    if (r == CUDA_SUCCESS && (r = GC_REAL(cuMemMap)(tmp, v->hsize, 0, v->real, 0)) == CUDA_SUCCESS) {
+        r = GC_REAL(cuMemSetAccess)(tmp, v->hsize, &d, 1);
+        int rc = r == CUDA_SUCCESS ? gc_move_copy(m, tmp, v->hsize, 0, why, whylen) : -1;
+        if (rc == 0)
+            rc = gc_move_sync(m, why, whylen);
+        GC_REAL(cuMemUnmap)(tmp, v->hsize);
+        GC_REAL(cuMemAddressFree)(tmp, v->hsize);
+        if (r == CUDA_SUCCESS)
+            return rc;
+    } else if (tmp) {
+        GC_REAL(cuMemAddressFree)(tmp, v->hsize);
+    }
+    snprintf(why, whylen, "mapping VMM allocation %llu for its copy: CUresult %d", (unsigned long long)v->id, (int)r);
+    return -1;
+}
+
+/* Maps each of v's mappings onto h with its access; the first error, the mappings done in *done. */
+static CUresult vmm_map_all(const vrec *v, CUmemGenericAllocationHandle h, size_t *done) {
+    CUresult r = CUDA_SUCCESS;
+    *done = 0;
+    for (vmap *mp = V.maps; mp && r == CUDA_SUCCESS; mp = mp->next) {
+        if (mp->r != v)
+            continue;
+        r = GC_REAL(cuMemMap)(mp->ptr, mp->size, mp->off, h, 0);
+        if (r != CUDA_SUCCESS)
+            break;
+        ++*done;
+        for (size_t i = 0; i < mp->nacc && r == CUDA_SUCCESS; i++)
+            r = GC_REAL(cuMemSetAccess)(mp->acc[i].ptr, mp->acc[i].size, mp->acc[i].d, mp->acc[i].n);
+    }
+    return r;
+}
+
+static int vmm_move(vrec *v, char *why, size_t whylen) {
+    bool host = v->prop.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    unsigned flags = host ? GC_ALLOC_HOST_NUMA : v->prop.allocFlags.gpuDirectRDMACapable ? GC_ALLOC_GPU_DIRECT_RDMA : 0;
+    gc_move m;
+    if (gc_move_new(v->dev, GC_KIND_VMM, flags, v->hsize, v->announced, &m, why, whylen) != 0)
+        return -1;
+    if (vmm_copy(v, &m, why, whylen) != 0) {
+        gc_move_abandon(&m);
+        return -1;
+    }
+    gc_move_done(&m);
+    /* every mapping onto the new memory, at its address, with its access */
+    for (vmap *mp = V.maps; mp; mp = mp->next)
+        if (mp->r == v && GC_REAL(cuMemUnmap)(mp->ptr, mp->size) != CUDA_SUCCESS)
+            gc_warn("moving VMM allocation %llu: cuMemUnmap(0x%llx) failed", (unsigned long long)v->id,
+                    (unsigned long long)mp->ptr);
+    size_t done = 0;
+    CUresult r = vmm_map_all(v, m.h, &done);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, whylen, "mapping VMM allocation %llu again: CUresult %d", (unsigned long long)v->id, (int)r);
+        unmap_first(v, done);
+        size_t back = 0;
+        CUresult rb = v->real_released ? CUDA_ERROR_INVALID_HANDLE : vmm_map_all(v, v->real, &back);
+        if (rb != CUDA_SUCCESS) {
+            /* nothing mapped where the application's memory is: its next access would fault */
+            fprintf(stderr,
+                    "gpucr: this process's VMM allocation %llu is lost (mapping it again: CUresult %d); aborting\n",
+                    (unsigned long long)v->id, (int)rb);
+            abort();
+        }
+        gc_move_abandon(&m);
+        return -1;
+    }
+    if (!v->real_released && GC_REAL(cuMemRelease)(v->real) != CUDA_SUCCESS)
+        gc_warn("releasing VMM allocation %llu of the helper that ended failed", (unsigned long long)v->id);
+    if (v->real_released && GC_REAL(cuMemRelease)(m.h) != CUDA_SUCCESS)
+        gc_warn("VMM allocation %llu: releasing the new import failed",
+                (unsigned long long)m.id); /* mappings hold it */
+    gc_alloc_lock();
+    v->real = m.h;
+    v->id = m.id;
+    gc_alloc_unlock();
+    return 0;
+}
+
+void gc_vmm_move_all(uint64_t *allocs, uint64_t *bytes, uint64_t *left, char *why, size_t whylen) {
+    char w[256];
+    for (vrec *v = V.recs; v; v = v->next) {
+        if (v->peer || !v->imported)
+            continue;
+        if (v->real_released && v->nmaps == 0)
+            continue; /* gone for the application: the helper that ended held its last reference */
+        if (vmm_move(v, w, sizeof w) == 0) {
+            ++*allocs;
+            *bytes += v->hsize;
+        } else {
+            if (!*left)
+                snprintf(why, whylen, "%s", w);
+            ++*left;
+            gc_alloc_lock();
+            v->id = GC_ORPHAN_ID;
+            gc_alloc_unlock();
+        }
+    }
+}
+
+uint64_t gc_vmm_orphan_all(void) {
+    uint64_t n = 0;
+    gc_alloc_lock();
+    for (vrec *v = V.recs; v; v = v->next) {
+        v->id = GC_ORPHAN_ID;
+        n += !v->peer;
+    }
+    gc_alloc_unlock();
+    return n;
+}
+
 /* The child forgets the parent's records (its handles mean nothing to the child's driver state). */
 void gc_vmm_atfork_child(void) {
     V.recs = NULL;

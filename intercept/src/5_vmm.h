@@ -53,6 +53,12 @@ GC_HIDDEN bool gc_vmm_all_imported(void);
 /* Whether addr lies in memory shared with another process (exported, or a peer's import); takes the lock. */
 GC_HIDDEN bool gc_vmm_shared(uint64_t addr);
 GC_HIDDEN size_t gc_vmm_list(gc_alloc_info *out, size_t max); /* returns the count; fills up to max */
+/* The application's VMM allocations of the helper that ended, each moved into the new helper's memory
+ * (gc_move_*) and mapped again where it was, with its access; counted as gc_alloc_move_all counts. The gate is
+ * closed, the lock not held. */
+GC_HIDDEN void gc_vmm_move_all(uint64_t *allocs, uint64_t *bytes, uint64_t *left, char *why, size_t whylen);
+/* As gc_alloc_orphan_all, for the VMM records (peers' memory too); the count of the process's own. */
+GC_HIDDEN uint64_t gc_vmm_orphan_all(void);
 GC_HIDDEN void gc_vmm_atfork_child(void);
 
 #endif

@@ -33,6 +33,8 @@ enum { CLIENT_RUNNING = 1, CLIENT_QUIESCED = 2, CLIENT_DROPPED = 3 }; /* the pro
 static struct {
     _Atomic int state;
     char wake_path[4096]; /* Detach's wake file */
+    /* The last rejoin's move of the memory (GetStats): allocations and bytes moved, allocations left, gate time. */
+    uint64_t rejoin_allocs, rejoin_bytes, rejoin_left, rejoin_us;
 } G = {
     .state = CLIENT_RUNNING,
 };
@@ -415,6 +417,11 @@ static void do_stats(Resp *resp) {
     s->streams_created = c[STAT_STREAMS];
     s->events_created = c[STAT_EVENTS];
     s->gate_waits = c[STAT_GATE_WAITS];
+    s->rejoins = c[STAT_REJOINS];
+    s->rejoin_allocations = G.rejoin_allocs;
+    s->rejoin_bytes = G.rejoin_bytes;
+    s->rejoin_left = G.rejoin_left;
+    s->rejoin_us = G.rejoin_us;
     resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_STATS;
     resp->stats = s;
 }
@@ -580,6 +587,98 @@ static void do_reach_sync(Req *req, Resp *resp) {
               msg);
 }
 
+/* ---- rejoining a new helper ---- */
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR)
+        ;
+}
+
+/*
+ * The helper ended while this process ran: its memory is still ours (our imports keep it), but no helper holds it,
+ * and no helper would checkpoint us. Waits for the next helper on the same socket (GPUCR_REJOIN_INTERVAL_MS, default
+ * 1000: a connect a second), registers with it as a new client with the gate closed and the device idle, moves every
+ * allocation of the helper that ended into the new helper's memory (copied on the device, mapped again at the same
+ * addresses: pointers stay valid), and opens the control connection. Memory shared with other processes stays where
+ * it is (their copies would part), and so does what cannot be moved: not checkpointable (GC_REASON_ORPHAN).
+ * Returns the new control connection, or -1 (the helper lives and closed only our control connection, or the new
+ * one refused a control connection).
+ */
+static int rejoin(void) {
+    /* The helper may have closed only our control connection (a frame it refused): then it lives, and keeps our
+     * calls connection open. */
+    if (!gc_link_calls_lost(2000))
+        return -1;
+    const char *e = getenv("GPUCR_REJOIN_INTERVAL_MS");
+    long every = e && atol(e) > 0 ? atol(e) : 1000;
+    gc_debug("the gpucr helper ended: rejoining the next one at %s", gc_link_socket()); /* mark_dead warned */
+    char why[256], last[256] = "";
+    for (;;) {
+        sleep_ms(every);
+        int fd = gc_link_dial();
+        if (fd < 0)
+            continue;
+        /* A helper listens. Nothing may reach it before the memory is its: the gate first. */
+        if (gc_gate_close(10000) != 0) {
+            close(fd);
+            continue;
+        }
+        double t0 = mono_s();
+        if (gc_link_rejoin(fd, why, sizeof why) != 0) {
+            gc_gate_open();
+            if (strcmp(why, last) != 0)
+                gc_warn("rejoining the helper at %s: %s; trying again", gc_link_socket(), why);
+            snprintf(last, sizeof last, "%s", why);
+            continue;
+        }
+        CUresult r = sync_contexts();
+        if (r != CUDA_SUCCESS)
+            gc_warn("rejoining: waiting for the GPU work queued: CUresult %d", (int)r);
+        gc_alloc_flush_frees();
+        uint64_t allocs = 0, bytes = 0, left = 0;
+        why[0] = 0;
+        if (atomic_load(&gc_sharing)) {
+            left = gc_alloc_orphan_all() + gc_vmm_orphan_all();
+            snprintf(why, sizeof why, "it shares GPU memory with other processes, whose copies would part");
+        } else {
+            gc_alloc_move_all(&allocs, &bytes, &left, why, sizeof why);
+            gc_vmm_move_all(&allocs, &bytes, &left, why, sizeof why);
+        }
+        gc_alloc_lock();
+        gc_alloc_relabel(gc_vmm_id_at);
+        gc_alloc_unlock();
+        if (left)
+            gc_note_reason(GC_REASON_ORPHAN);
+        else
+            gc_clear_reason(GC_REASON_ORPHAN);
+        int cfd = gc_link_connect_control();
+        if (cfd >= 0)
+            gc_clear_reason(GC_REASON_CONTROL);
+        G.rejoin_allocs = allocs;
+        G.rejoin_bytes = bytes;
+        G.rejoin_left = left;
+        G.rejoin_us = (uint64_t)((mono_s() - t0) * 1e6);
+        gc_stat_add(STAT_REJOINS, 1);
+        gc_gate_open();
+        if (left)
+            gc_warn(
+                "rejoined the helper at %s; %llu allocations of the helper that ended stay where they are (%s): "
+                "not checkpointable until the program restarts",
+                gc_link_socket(), (unsigned long long)left, why);
+        else
+            gc_warn("rejoined the helper at %s: %llu allocations (%llu bytes) moved into its memory in %.3f s",
+                    gc_link_socket(), (unsigned long long)allocs, (unsigned long long)bytes, (double)G.rejoin_us / 1e6);
+        return cfd;
+    }
+}
+
 static void *control_main(void *arg) {
     int fd = (int)(intptr_t)arg;
     gc_in_control = 1;
@@ -705,6 +804,8 @@ serve:
     }
     /* the fd is ours unless a fork happened meanwhile (the child never runs this thread) */
     close(fd);
+    if (atomic_load(&G.state) == CLIENT_RUNNING && (fd = rejoin()) >= 0)
+        goto serve;
     return NULL;
 }
 

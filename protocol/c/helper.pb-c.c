@@ -1987,6 +1987,51 @@ void   gpucr__helper__v1__client_info__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__client_info__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__rejoin_info__init
+                     (Gpucr__Helper__V1__RejoinInfo         *message)
+{
+  static const Gpucr__Helper__V1__RejoinInfo init_value = GPUCR__HELPER__V1__REJOIN_INFO__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__rejoin_info__get_packed_size
+                     (const Gpucr__Helper__V1__RejoinInfo *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__rejoin_info__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__rejoin_info__pack
+                     (const Gpucr__Helper__V1__RejoinInfo *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__rejoin_info__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__rejoin_info__pack_to_buffer
+                     (const Gpucr__Helper__V1__RejoinInfo *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__rejoin_info__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__RejoinInfo *
+       gpucr__helper__v1__rejoin_info__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__RejoinInfo *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__rejoin_info__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__rejoin_info__free_unpacked
+                     (Gpucr__Helper__V1__RejoinInfo *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__rejoin_info__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__client_op__init
                      (Gpucr__Helper__V1__ClientOp         *message)
 {
@@ -5324,7 +5369,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__buffer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[20] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[25] =
 {
   {
     "allocs",
@@ -5566,6 +5611,66 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "rejoins",
+    21,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, rejoins),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rejoin_allocations",
+    22,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, rejoin_allocations),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rejoin_bytes",
+    23,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, rejoin_bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rejoin_left",
+    24,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, rejoin_left),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "rejoin_us",
+    25,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, rejoin_us),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] = {
   0,   /* field[0] = allocs */
@@ -5587,12 +5692,17 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
   13,   /* field[13] = modules_loaded */
   9,   /* field[9] = param_layouts */
   8,   /* field[8] = pointer_words */
+  21,   /* field[21] = rejoin_allocations */
+  22,   /* field[22] = rejoin_bytes */
+  23,   /* field[23] = rejoin_left */
+  24,   /* field[24] = rejoin_us */
+  20,   /* field[20] = rejoins */
   14,   /* field[14] = streams_created */
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_stats__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 20 }
+  { 0, 25 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
 {
@@ -5602,7 +5712,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
   "Gpucr__Helper__V1__ClientStats",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientStats),
-  20,
+  25,
   gpucr__helper__v1__client_stats__field_descriptors,
   gpucr__helper__v1__client_stats__field_indices_by_name,
   1,  gpucr__helper__v1__client_stats__number_ranges,
@@ -6058,7 +6168,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__driver_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[12] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_descriptors[13] =
 {
   {
     "pid",
@@ -6204,6 +6314,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_info__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "rejoined",
+    13,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientInfo, rejoined),
+    &gpucr__helper__v1__rejoin_info__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = {
   3,   /* field[3] = allocations */
@@ -6213,6 +6335,7 @@ static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = 
   7,   /* field[7] = not_checkpointable */
   0,   /* field[0] = pid */
   2,   /* field[2] = program */
+  12,   /* field[12] = rejoined */
   11,   /* field[11] = runs_as_another */
   8,   /* field[8] = state */
   1,   /* field[1] = uid */
@@ -6222,7 +6345,7 @@ static const unsigned gpucr__helper__v1__client_info__field_indices_by_name[] = 
 static const ProtobufCIntRange gpucr__helper__v1__client_info__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 12 }
+  { 0, 13 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor =
 {
@@ -6232,11 +6355,101 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor =
   "Gpucr__Helper__V1__ClientInfo",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientInfo),
-  12,
+  13,
   gpucr__helper__v1__client_info__field_descriptors,
   gpucr__helper__v1__client_info__field_indices_by_name,
   1,  gpucr__helper__v1__client_info__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__client_info__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__rejoin_info__field_descriptors[5] =
+{
+  {
+    "count",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RejoinInfo, count),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "allocations",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RejoinInfo, allocations),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "bytes",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RejoinInfo, bytes),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "allocations_left",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RejoinInfo, allocations_left),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "micros",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__RejoinInfo, micros),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__rejoin_info__field_indices_by_name[] = {
+  1,   /* field[1] = allocations */
+  3,   /* field[3] = allocations_left */
+  2,   /* field[2] = bytes */
+  0,   /* field[0] = count */
+  4,   /* field[4] = micros */
+};
+static const ProtobufCIntRange gpucr__helper__v1__rejoin_info__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__rejoin_info__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.RejoinInfo",
+  "RejoinInfo",
+  "Gpucr__Helper__V1__RejoinInfo",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__RejoinInfo),
+  5,
+  gpucr__helper__v1__rejoin_info__field_descriptors,
+  gpucr__helper__v1__rejoin_info__field_indices_by_name,
+  1,  gpucr__helper__v1__rejoin_info__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__rejoin_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCEnumValue gpucr__helper__v1__client_op__op__enum_values_by_number[8] =

@@ -59,6 +59,7 @@ typedef struct Gpucr__Helper__V1__UnloadResident Gpucr__Helper__V1__UnloadReside
 typedef struct Gpucr__Helper__V1__ResidentImage Gpucr__Helper__V1__ResidentImage;
 typedef struct Gpucr__Helper__V1__DriverInfo Gpucr__Helper__V1__DriverInfo;
 typedef struct Gpucr__Helper__V1__ClientInfo Gpucr__Helper__V1__ClientInfo;
+typedef struct Gpucr__Helper__V1__RejoinInfo Gpucr__Helper__V1__RejoinInfo;
 typedef struct Gpucr__Helper__V1__ClientOp Gpucr__Helper__V1__ClientOp;
 typedef struct Gpucr__Helper__V1__ClientOpReply Gpucr__Helper__V1__ClientOpReply;
 typedef struct Gpucr__Helper__V1__Checkpoint Gpucr__Helper__V1__Checkpoint;
@@ -1054,10 +1055,23 @@ struct  Gpucr__Helper__V1__ClientStats
    * Module images with PTX the helper analysed for it (AnalyzeModule).
    */
   uint64_t modules_analysed;
+  /*
+   * The process's rejoins of a new helper after the one before ended (its
+   * connections closed while it ran), and the last one's move of the memory
+   * the helper that ended held: allocations and bytes copied, on the device,
+   * into the new helper's memory at the same addresses; allocations left
+   * where they were (shared with other processes, or no room for the copy:
+   * not checkpointable); microseconds the process waited at its gate.
+   */
+  uint64_t rejoins;
+  uint64_t rejoin_allocations;
+  uint64_t rejoin_bytes;
+  uint64_t rejoin_left;
+  uint64_t rejoin_us;
 };
 #define GPUCR__HELPER__V1__CLIENT_STATS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_stats__descriptor) \
-    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -1241,10 +1255,29 @@ struct  Gpucr__Helper__V1__ClientInfo
    * (checkpointable is false then).
    */
   protobuf_c_boolean runs_as_another;
+  /*
+   * It rejoined this helper after the one before ended (ClientStats'
+   * rejoin fields, as its interposer reports them); absent if it never did.
+   */
+  Gpucr__Helper__V1__RejoinInfo *rejoined;
 };
 #define GPUCR__HELPER__V1__CLIENT_INFO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_info__descriptor) \
-    , 0, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0, 0 }
+    , 0, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0,NULL, GPUCR__HELPER__V1__CLIENT_STATE__CLIENT_STATE_UNSPECIFIED, 0, 0, 0, NULL }
+
+
+struct  Gpucr__Helper__V1__RejoinInfo
+{
+  ProtobufCMessage base;
+  uint64_t count;
+  uint64_t allocations;
+  uint64_t bytes;
+  uint64_t allocations_left;
+  uint64_t micros;
+};
+#define GPUCR__HELPER__V1__REJOIN_INFO__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__rejoin_info__descriptor) \
+    , 0, 0, 0, 0, 0 }
 
 
 /*
@@ -2549,6 +2582,25 @@ Gpucr__Helper__V1__ClientInfo *
 void   gpucr__helper__v1__client_info__free_unpacked
                      (Gpucr__Helper__V1__ClientInfo *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__RejoinInfo methods */
+void   gpucr__helper__v1__rejoin_info__init
+                     (Gpucr__Helper__V1__RejoinInfo         *message);
+size_t gpucr__helper__v1__rejoin_info__get_packed_size
+                     (const Gpucr__Helper__V1__RejoinInfo   *message);
+size_t gpucr__helper__v1__rejoin_info__pack
+                     (const Gpucr__Helper__V1__RejoinInfo   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__rejoin_info__pack_to_buffer
+                     (const Gpucr__Helper__V1__RejoinInfo   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__RejoinInfo *
+       gpucr__helper__v1__rejoin_info__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__rejoin_info__free_unpacked
+                     (Gpucr__Helper__V1__RejoinInfo *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__ClientOp methods */
 void   gpucr__helper__v1__client_op__init
                      (Gpucr__Helper__V1__ClientOp         *message);
@@ -3044,6 +3096,9 @@ typedef void (*Gpucr__Helper__V1__DriverInfo_Closure)
 typedef void (*Gpucr__Helper__V1__ClientInfo_Closure)
                  (const Gpucr__Helper__V1__ClientInfo *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__RejoinInfo_Closure)
+                 (const Gpucr__Helper__V1__RejoinInfo *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__ClientOp_Closure)
                  (const Gpucr__Helper__V1__ClientOp *message,
                   void *closure_data);
@@ -3157,6 +3212,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__unload_resident__desc
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resident_image__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__driver_info__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_info__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__rejoin_info__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__client_op__op__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor;

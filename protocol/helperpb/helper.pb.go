@@ -447,7 +447,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45, 0}
 }
 
 type Transfer_Direction int32
@@ -496,7 +496,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{62, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{63, 0}
 }
 
 type Request struct {
@@ -3368,8 +3368,19 @@ type ClientStats struct {
 	HelperCalls uint64 `protobuf:"varint,19,opt,name=helper_calls,json=helperCalls,proto3" json:"helper_calls,omitempty"`
 	// Module images with PTX the helper analysed for it (AnalyzeModule).
 	ModulesAnalysed uint64 `protobuf:"varint,20,opt,name=modules_analysed,json=modulesAnalysed,proto3" json:"modules_analysed,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The process's rejoins of a new helper after the one before ended (its
+	// connections closed while it ran), and the last one's move of the memory
+	// the helper that ended held: allocations and bytes copied, on the device,
+	// into the new helper's memory at the same addresses; allocations left
+	// where they were (shared with other processes, or no room for the copy:
+	// not checkpointable); microseconds the process waited at its gate.
+	Rejoins           uint64 `protobuf:"varint,21,opt,name=rejoins,proto3" json:"rejoins,omitempty"`
+	RejoinAllocations uint64 `protobuf:"varint,22,opt,name=rejoin_allocations,json=rejoinAllocations,proto3" json:"rejoin_allocations,omitempty"`
+	RejoinBytes       uint64 `protobuf:"varint,23,opt,name=rejoin_bytes,json=rejoinBytes,proto3" json:"rejoin_bytes,omitempty"`
+	RejoinLeft        uint64 `protobuf:"varint,24,opt,name=rejoin_left,json=rejoinLeft,proto3" json:"rejoin_left,omitempty"`
+	RejoinUs          uint64 `protobuf:"varint,25,opt,name=rejoin_us,json=rejoinUs,proto3" json:"rejoin_us,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ClientStats) Reset() {
@@ -3538,6 +3549,41 @@ func (x *ClientStats) GetHelperCalls() uint64 {
 func (x *ClientStats) GetModulesAnalysed() uint64 {
 	if x != nil {
 		return x.ModulesAnalysed
+	}
+	return 0
+}
+
+func (x *ClientStats) GetRejoins() uint64 {
+	if x != nil {
+		return x.Rejoins
+	}
+	return 0
+}
+
+func (x *ClientStats) GetRejoinAllocations() uint64 {
+	if x != nil {
+		return x.RejoinAllocations
+	}
+	return 0
+}
+
+func (x *ClientStats) GetRejoinBytes() uint64 {
+	if x != nil {
+		return x.RejoinBytes
+	}
+	return 0
+}
+
+func (x *ClientStats) GetRejoinLeft() uint64 {
+	if x != nil {
+		return x.RejoinLeft
+	}
+	return 0
+}
+
+func (x *ClientStats) GetRejoinUs() uint64 {
+	if x != nil {
+		return x.RejoinUs
 	}
 	return 0
 }
@@ -3999,6 +4045,9 @@ type ClientInfo struct {
 	// lists every client, and the CLI says it in words
 	// (checkpointable is false then).
 	RunsAsAnother bool `protobuf:"varint,12,opt,name=runs_as_another,json=runsAsAnother,proto3" json:"runs_as_another,omitempty"`
+	// It rejoined this helper after the one before ended (ClientStats'
+	// rejoin fields, as its interposer reports them); absent if it never did.
+	Rejoined      *RejoinInfo `protobuf:"bytes,13,opt,name=rejoined,proto3" json:"rejoined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4117,6 +4166,89 @@ func (x *ClientInfo) GetRunsAsAnother() bool {
 	return false
 }
 
+func (x *ClientInfo) GetRejoined() *RejoinInfo {
+	if x != nil {
+		return x.Rejoined
+	}
+	return nil
+}
+
+type RejoinInfo struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Count           uint64                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	Allocations     uint64                 `protobuf:"varint,2,opt,name=allocations,proto3" json:"allocations,omitempty"`
+	Bytes           uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	AllocationsLeft uint64                 `protobuf:"varint,4,opt,name=allocations_left,json=allocationsLeft,proto3" json:"allocations_left,omitempty"`
+	Micros          uint64                 `protobuf:"varint,5,opt,name=micros,proto3" json:"micros,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RejoinInfo) Reset() {
+	*x = RejoinInfo{}
+	mi := &file_protocol_helper_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RejoinInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RejoinInfo) ProtoMessage() {}
+
+func (x *RejoinInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RejoinInfo.ProtoReflect.Descriptor instead.
+func (*RejoinInfo) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *RejoinInfo) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RejoinInfo) GetAllocations() uint64 {
+	if x != nil {
+		return x.Allocations
+	}
+	return 0
+}
+
+func (x *RejoinInfo) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *RejoinInfo) GetAllocationsLeft() uint64 {
+	if x != nil {
+		return x.AllocationsLeft
+	}
+	return 0
+}
+
+func (x *RejoinInfo) GetMicros() uint64 {
+	if x != nil {
+		return x.Micros
+	}
+	return 0
+}
+
 // ClientOp: the CLI or plugin asks the helper to run one control command on
 // the client process pid; the helper forwards it on that client's control
 // connection (Reimport: the helper builds the entries and fds itself).
@@ -4131,7 +4263,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4143,7 +4275,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4156,7 +4288,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -4190,7 +4322,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4202,7 +4334,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4215,7 +4347,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -4285,7 +4417,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4429,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4442,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -4389,7 +4521,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4533,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4546,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -4459,7 +4591,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4471,7 +4603,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4484,7 +4616,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -4574,7 +4706,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4586,7 +4718,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4599,7 +4731,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Phase) GetName() string {
@@ -4627,7 +4759,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4639,7 +4771,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4652,7 +4784,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -4682,7 +4814,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4694,7 +4826,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4707,7 +4839,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Abort) GetReason() string {
@@ -4731,7 +4863,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4743,7 +4875,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4756,7 +4888,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -4782,7 +4914,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4794,7 +4926,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4807,7 +4939,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -4834,7 +4966,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4846,7 +4978,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4859,7 +4991,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -4909,7 +5041,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4921,7 +5053,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4934,7 +5066,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -4959,7 +5091,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4971,7 +5103,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4984,7 +5116,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -5027,7 +5159,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5039,7 +5171,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5052,7 +5184,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -5089,7 +5221,7 @@ type AwaitLoad struct {
 
 func (x *AwaitLoad) Reset() {
 	*x = AwaitLoad{}
-	mi := &file_protocol_helper_proto_msgTypes[58]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5101,7 +5233,7 @@ func (x *AwaitLoad) String() string {
 func (*AwaitLoad) ProtoMessage() {}
 
 func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[58]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5114,7 +5246,7 @@ func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
 func (*AwaitLoad) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
 }
 
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
@@ -5130,7 +5262,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[59]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5142,7 +5274,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[59]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5155,7 +5287,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -5180,7 +5312,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[60]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5192,7 +5324,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[60]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5205,7 +5337,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -5225,7 +5357,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[61]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5237,7 +5369,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[61]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5250,7 +5382,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -5306,7 +5438,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[62]
+	mi := &file_protocol_helper_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5318,7 +5450,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[62]
+	mi := &file_protocol_helper_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5331,7 +5463,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -5645,7 +5777,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12\x19\n" +
 	"\balloc_id\x18\x04 \x01(\x04R\aallocId\x12\x1f\n" +
 	"\vdevice_uuid\x18\x05 \x01(\tR\n" +
-	"deviceUuid\"\xc6\x05\n" +
+	"deviceUuid\"\xf0\x06\n" +
 	"\vClientStats\x12\x16\n" +
 	"\x06allocs\x18\x01 \x01(\x04R\x06allocs\x12\x14\n" +
 	"\x05frees\x18\x02 \x01(\x04R\x05frees\x12!\n" +
@@ -5669,7 +5801,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"gate_waits\x18\x11 \x01(\x04R\tgateWaits\x12)\n" +
 	"\x10launches_scanned\x18\x12 \x01(\x04R\x0flaunchesScanned\x12!\n" +
 	"\fhelper_calls\x18\x13 \x01(\x04R\vhelperCalls\x12)\n" +
-	"\x10modules_analysed\x18\x14 \x01(\x04R\x0fmodulesAnalysed\"\x1c\n" +
+	"\x10modules_analysed\x18\x14 \x01(\x04R\x0fmodulesAnalysed\x12\x18\n" +
+	"\arejoins\x18\x15 \x01(\x04R\arejoins\x12-\n" +
+	"\x12rejoin_allocations\x18\x16 \x01(\x04R\x11rejoinAllocations\x12!\n" +
+	"\frejoin_bytes\x18\x17 \x01(\x04R\vrejoinBytes\x12\x1f\n" +
+	"\vrejoin_left\x18\x18 \x01(\x04R\n" +
+	"rejoinLeft\x12\x1b\n" +
+	"\trejoin_us\x18\x19 \x01(\x04R\brejoinUs\"\x1c\n" +
 	"\x06Status\x12\x12\n" +
 	"\x04pids\x18\x01 \x03(\x03R\x04pids\"\x95\x03\n" +
 	"\vStatusReply\x12%\n" +
@@ -5699,7 +5837,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\aversion\x18\x03 \x01(\x05R\aversion\x12%\n" +
 	"\x0echeckpoint_api\x18\x04 \x01(\bR\rcheckpointApi\x124\n" +
 	"\x16checkpoint_api_missing\x18\x05 \x03(\tR\x14checkpointApiMissing\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xb5\x03\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xee\x03\n" +
 	"\n" +
 	"ClientInfo\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x10\n" +
@@ -5715,7 +5853,15 @@ const file_protocol_helper_proto_rawDesc = "" +
 	" \x01(\bR\n" +
 	"windowOpen\x120\n" +
 	"\x14window_pending_bytes\x18\v \x01(\x04R\x12windowPendingBytes\x12&\n" +
-	"\x0fruns_as_another\x18\f \x01(\bR\rrunsAsAnother\"\xee\x01\n" +
+	"\x0fruns_as_another\x18\f \x01(\bR\rrunsAsAnother\x127\n" +
+	"\brejoined\x18\r \x01(\v2\x1b.gpucr.helper.v1.RejoinInfoR\brejoined\"\x9d\x01\n" +
+	"\n" +
+	"RejoinInfo\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x04R\x05count\x12 \n" +
+	"\vallocations\x18\x02 \x01(\x04R\vallocations\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12)\n" +
+	"\x10allocations_left\x18\x04 \x01(\x04R\x0fallocationsLeft\x12\x16\n" +
+	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\xee\x01\n" +
 	"\bClientOp\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12,\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x1c.gpucr.helper.v1.ClientOp.OpR\x02op\x12\x1d\n" +
@@ -5882,7 +6028,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -5936,25 +6082,26 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*ResidentImage)(nil),      // 49: gpucr.helper.v1.ResidentImage
 	(*DriverInfo)(nil),         // 50: gpucr.helper.v1.DriverInfo
 	(*ClientInfo)(nil),         // 51: gpucr.helper.v1.ClientInfo
-	(*ClientOp)(nil),           // 52: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 53: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 54: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 55: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 56: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 57: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 58: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 59: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 60: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 61: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 62: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 63: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 64: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 65: gpucr.helper.v1.PrepareRestore
-	(*AwaitLoad)(nil),          // 66: gpucr.helper.v1.AwaitLoad
-	(*Restored)(nil),           // 67: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 68: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 69: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 70: gpucr.helper.v1.Transfer
+	(*RejoinInfo)(nil),         // 52: gpucr.helper.v1.RejoinInfo
+	(*ClientOp)(nil),           // 53: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 54: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 55: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 56: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 57: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 58: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 59: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 60: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 61: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 62: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 63: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 64: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 65: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 66: gpucr.helper.v1.PrepareRestore
+	(*AwaitLoad)(nil),          // 67: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 68: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 69: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 70: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 71: gpucr.helper.v1.Transfer
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -5976,20 +6123,20 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	30, // 16: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	39, // 17: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	40, // 18: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	63, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	59, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	64, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	60, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
 	38, // 21: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
 	45, // 22: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	52, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	54, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	58, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	64, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	65, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	67, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	55, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	68, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	60, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	66, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	53, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	55, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	59, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	65, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	66, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	68, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	56, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	69, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	61, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	67, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
 	47, // 33: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
 	48, // 34: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
 	10, // 35: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
@@ -5999,10 +6146,10 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	41, // 39: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
 	44, // 40: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
 	46, // 41: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	53, // 42: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	56, // 43: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	69, // 44: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	61, // 45: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	54, // 42: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	57, // 43: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	70, // 44: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	62, // 45: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
 	36, // 46: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
 	24, // 47: gpucr.helper.v1.Response.sync_count:type_name -> gpucr.helper.v1.SyncCount
 	3,  // 48: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
@@ -6024,22 +6171,23 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	50, // 64: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
 	49, // 65: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
 	4,  // 66: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	6,  // 67: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	41, // 68: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	44, // 69: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	57, // 70: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 71: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	62, // 72: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 73: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	57, // 74: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
-	70, // 75: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 76: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	57, // 77: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	78, // [78:78] is the sub-list for method output_type
-	78, // [78:78] is the sub-list for method input_type
-	78, // [78:78] is the sub-list for extension type_name
-	78, // [78:78] is the sub-list for extension extendee
-	0,  // [0:78] is the sub-list for field type_name
+	52, // 67: gpucr.helper.v1.ClientInfo.rejoined:type_name -> gpucr.helper.v1.RejoinInfo
+	6,  // 68: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	41, // 69: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	44, // 70: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	58, // 71: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 72: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	63, // 73: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 74: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	58, // 75: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	71, // 76: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 77: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	58, // 78: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	79, // [79:79] is the sub-list for method output_type
+	79, // [79:79] is the sub-list for method input_type
+	79, // [79:79] is the sub-list for extension type_name
+	79, // [79:79] is the sub-list for extension extendee
+	0,  // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -6104,7 +6252,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   63,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
