@@ -13,9 +13,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpucr/gpucr/helper/internal/uffd"
 )
 
 // lazySocket is where CRIU's lazy-pages daemon listens: its work directory,
@@ -108,4 +111,56 @@ func (lp *lazyPages) tail() string {
 		return "its log (" + lp.log + ") says nothing"
 	}
 	return strings.Join(lines, "; ")
+}
+
+// A lazy restore of a GPU process pays a userfaultfd round trip for every
+// page of the driver state NVIDIA parked in it (about 620 MiB: 159k pages)
+// that its restore reads before CRIU's lazy-pages daemon has sent it. Where
+// that round trip is slow, the driver's restore waits seconds instead of a
+// plain restore's 0.3 s: on one H100 host 10.5 s (about 66 us a page, if
+// every page faulted); on another, whose round trip measured 14-17 us, the
+// daemon's background transfer kept ahead and the driver's restore took
+// 0.63-0.68 s (tests/gpu/README.md).
+
+// DefaultLazyFaultLimit is the round trip above which a lazy restore of GPU
+// processes is refused; GPUCR_LAZY_FAULT_LIMIT_US sets another.
+const DefaultLazyFaultLimit = 40 * time.Microsecond
+
+// lazyProbePages is how many faults the probe takes (about 30-40 ms).
+const lazyProbePages = 2000
+
+// parkedPages is the driver state NVIDIA's checkpoint parks in a GPU
+// process, in 4 KiB pages (DESIGN: about 620 MiB).
+const parkedPages = 620 << 20 >> 12
+
+// lazyFaultLimit is GPUCR_LAZY_FAULT_LIMIT_US, or the default.
+func lazyFaultLimit() time.Duration {
+	if v, err := strconv.ParseFloat(os.Getenv("GPUCR_LAZY_FAULT_LIMIT_US"), 64); err == nil && v > 0 {
+		return time.Duration(v * float64(time.Microsecond))
+	}
+	return DefaultLazyFaultLimit
+}
+
+// LazyFaultCost measures this host's userfaultfd round trip (about 30-40
+// ms), and says the limit above which a lazy restore of GPU processes is
+// refused.
+func LazyFaultCost() (cost, limit time.Duration, err error) {
+	cost, err = uffd.FaultCost(lazyProbePages)
+	return cost, lazyFaultLimit(), err
+}
+
+// lazyPagesPay refuses a lazy restore of GPU processes where this host's
+// userfaultfd round trip is over the limit: the restore would lose, not win.
+func lazyPagesPay() error {
+	cost, limit, err := LazyFaultCost()
+	if err != nil {
+		return fmt.Errorf("restore --lazy-pages refused: this host's userfaultfd could not be measured (%v): restore without --lazy-pages", err)
+	}
+	if cost <= limit {
+		return nil
+	}
+	return fmt.Errorf("restore --lazy-pages refused: a page fault served through userfaultfd takes %.1f us on this host (over %.0f us, "+
+		"GPUCR_LAZY_FAULT_LIMIT_US); NVIDIA's restore of each GPU process reads the driver state it parked (about 620 MiB) right after CRIU, "+
+		"and would wait up to %.1f s for its pages instead of about 0.3 s: restore without --lazy-pages",
+		float64(cost)/float64(time.Microsecond), float64(limit)/float64(time.Microsecond), (time.Duration(parkedPages) * cost).Seconds())
 }

@@ -117,6 +117,11 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if statErr == nil && o.CRIU.PluginDir == "" {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
+	if o.LazyPages && statErr == nil {
+		if err := lazyPagesPay(); err != nil {
+			return nil, err
+		}
+	}
 	checked := time.Now()
 	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap, onDemand: o.OnDemand,
 		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})

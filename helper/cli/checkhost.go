@@ -123,6 +123,9 @@ func checkCRIUFeatures(r *checkReport, criu string, limit time.Duration) {
 		info := map[string]any{"feature": f.feature}
 		if err == nil {
 			r.add(f.item, checkOK, fmt.Sprintf("this kernel allows %s", f.gives), info)
+			if f.feature == "uffd-noncoop" {
+				checkLazyFaults(r)
+			}
 			continue
 		}
 		why := strings.TrimSpace(out.String())
@@ -134,6 +137,28 @@ func checkCRIUFeatures(r *checkReport, criu string, limit time.Duration) {
 		}
 		r.add(f.item, checkWarn, fmt.Sprintf("CRIU says no (%s): no %s", why, f.gives), info)
 	}
+}
+
+// checkLazyFaults reports what a page fault served through userfaultfd
+// costs here: above the limit, lazy restores of GPU processes are refused
+// (NVIDIA's restore of the driver state would wait for its pages).
+func checkLazyFaults(r *checkReport) {
+	const item = "lazy pages for GPU processes"
+	cost, limit, err := checkpoint.LazyFaultCost()
+	if err != nil {
+		r.add(item, checkWarn, fmt.Sprintf("userfaultfd's round trip could not be measured (%v): gpucr restore --lazy-pages of GPU processes is refused", err), nil)
+		return
+	}
+	us := float64(cost) / float64(time.Microsecond)
+	info := map[string]any{"fault_us": us, "limit_us": float64(limit) / float64(time.Microsecond)}
+	if cost > limit {
+		r.add(item, checkWarn, fmt.Sprintf("a page fault served through userfaultfd takes %.1f us (over %.0f us, GPUCR_LAZY_FAULT_LIMIT_US): "+
+			"gpucr restore --lazy-pages of GPU processes is refused (NVIDIA's restore of the driver state would wait for its pages)",
+			us, float64(limit)/float64(time.Microsecond)), info)
+		return
+	}
+	r.add(item, checkOK, fmt.Sprintf("a page fault served through userfaultfd takes %.1f us (at most %.0f us for lazy restores of GPU processes)",
+		us, float64(limit)/float64(time.Microsecond)), info)
 }
 
 // checkCRIUWithPlugin dumps and restores a test process with gpucr's plugin

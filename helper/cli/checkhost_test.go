@@ -254,4 +254,16 @@ exit 2`)
 	if it := item(t, r, "criu lazy pages"); it.Status != checkOK || !strings.Contains(it.Reason, "lazy-pages") {
 		t.Errorf("lazy pages: %+v", it)
 	}
+	// With lazy pages allowed: what a fault served through userfaultfd
+	// costs here, against the limit for GPU processes.
+	it := item(t, r, "lazy pages for GPU processes")
+	if !strings.Contains(it.Reason, "userfaultfd") {
+		t.Errorf("lazy pages for GPU processes: %+v", it)
+	}
+	t.Setenv("GPUCR_LAZY_FAULT_LIMIT_US", "0.001")
+	var slow checkReport
+	checkLazyFaults(&slow)
+	if it := item(t, slow, "lazy pages for GPU processes"); it.Status != checkWarn || !strings.Contains(it.Reason, "is refused") {
+		t.Errorf("lazy pages for GPU processes over the limit: %+v", it)
+	}
 }

@@ -201,7 +201,10 @@ func TestCLILazyRestore(t *testing.T) {
 	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
 	a.reap(30 * time.Second)
 	before := a.lastIter()
-	out := cliOK(t, h, env, img, "restore", "-D", img, "--lazy-pages", "--json")
+	// Whatever this host's userfaultfd round trip (a loaded CI machine's
+	// may be slow), the lazy restore is what is tested here.
+	lazyEnv := append(append([]string{}, env...), "GPUCR_LAZY_FAULT_LIMIT_US=1000000")
+	out := cliOK(t, h, lazyEnv, img, "restore", "-D", img, "--lazy-pages", "--json")
 	var rep struct {
 		Pid   int                     `json:"pid"`
 		Ready checkpoint.RestoreReady `json:"ready"`
@@ -223,6 +226,40 @@ func TestCLILazyRestore(t *testing.T) {
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
 	checkContinuous(t, hbs, before)
+}
+
+// TestLazyRestoreRefusedWhereItLoses: where a page fault served through
+// userfaultfd is slower than GPUCR_LAZY_FAULT_LIMIT_US (the driver's
+// restore would wait seconds for its parked state), gpucr restore
+// --lazy-pages of a GPU process is refused before CRIU runs, naming the
+// cost it measured; the image stays, and restores without it.
+func TestLazyRestoreRefusedWhereItLoses(t *testing.T) {
+	criu := needTool(t, "criu")
+	if out, err := runErr(time.Minute, nil, criu, "--no-default-config", "check", "--feature", "uffd-noncoop"); err != nil {
+		t.Skipf("this kernel does not let CRIU restore lazily (criu check --feature uffd-noncoop: %v):\n%s", err, out)
+	}
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	args := []string{"--mib", "8"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "20")...)
+	a.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	out, err := cli(t, h, append(append([]string{}, env...), "GPUCR_LAZY_FAULT_LIMIT_US=0.001"), "restore", "-D", img, "--lazy-pages")
+	if err == nil || !regexp.MustCompile(`a page fault served through userfaultfd takes [0-9.]+ us on this host`).MatchString(out) ||
+		!strings.Contains(out, "restore without --lazy-pages") {
+		t.Fatalf("a lazy restore where faults are slow: %v, want a refusal naming the cost:\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(img, "restore.log")); err == nil {
+		t.Error("CRIU ran (restore.log is there)")
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+5, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
 }
 
 // damageChunk flips one bit in the middle of a chunk file of the GPU image

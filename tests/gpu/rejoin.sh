@@ -123,6 +123,7 @@ note "work.py after the rejoin: checkpoint $(printf '%.3f' "$(jf "$LOGS/work-ckp
 [ "$adv" = yes ] || bad "work.py: no advancing heartbeat after its restore"
 pkill -9 -f "$A/work.py"
 
+AT=$(grep -c '^step' "$LOGS/train.txt")
 "$GPUCR" checkpoint "$TP" -D "$IMG/train" --socket "$SOCK" >"$LOGS/train-ckpt.txt" 2>&1 || bad "train_dataloader checkpoint: $(tail -n 3 "$LOGS/train-ckpt.txt")"
 "$GPUCR" restore -D "$IMG/train" --socket "$SOCK" >"$LOGS/train-restore.txt" 2>&1 || bad "train_dataloader restore: $(tail -n 3 "$LOGS/train-restore.txt")"
 for _ in $(seq 1200); do
@@ -132,7 +133,7 @@ for _ in $(seq 1200); do
 done
 wait $PLAIN
 if grep -q '^done' "$LOGS/train.txt" && diff <(grep -v '^ready' "$LOGS/train-plain.txt") <(grep -v '^ready' "$LOGS/train.txt") >"$LOGS/train-diff.txt"; then
-	note "train_dataloader, $STEPS steps, through the helper's restart, then checkpointed and restored at step $(grep -c '^step' "$LOGS/train.txt" | head -1)ish: every line equals the plain run's"
+	note "train_dataloader, $STEPS steps, through the helper's restart, then checkpointed and restored at step ${AT}ish: every line equals the plain run's"
 else
 	bad "train_dataloader differs from the plain run or did not finish (train-diff.txt): $(tail -n 2 "$LOGS/train.txt"); $(tail -n 5 "$LOGS/train.out")"
 fi
