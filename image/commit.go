@@ -147,7 +147,7 @@ func (w *Writer) manifest() *imagepb.Manifest {
 	}
 	for _, pid := range slices.Sorted(maps.Keys(procs)) {
 		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid].ns), Gpus: procs[pid].gpus,
-			Imports: importsPB(procs[pid].imports)})
+			Imports: importsPB(procs[pid].imports), StartTime: procs[pid].start})
 	}
 	m.Stats = statsToPB(st)
 	return m
@@ -162,14 +162,14 @@ func chunkPB(r *chunkRecord, size uint32) *imagepb.Chunk {
 		mt.crc = 0 // format 2; a reused or parent file may come from a format 1 image
 	}
 	return &imagepb.Chunk{Size: size, Location: mt.loc, Ancestor: mt.ancestor, Hash: append([]byte(nil), r.hash[:]...),
-		Crc32C: mt.crc, Compression: mt.comp, StoredSize: mt.storedSize}
+		Crc32C: mt.crc, Compression: mt.comp, StoredSize: mt.storedSize, Linked: mt.linked}
 }
 
 func countChunk(s *WriteStats, r *chunkRecord) {
 	switch {
 	case r.zero:
 		s.ChunksZero++
-	case r.local.meta.loc == imagepb.Location_LOCATION_PARENT:
+	case r.local.meta.loc == imagepb.Location_LOCATION_PARENT || r.local.meta.linked:
 		s.ChunksParent++
 	case r.owner && r.local.written:
 		s.ChunksNew++

@@ -160,3 +160,32 @@ func TestGCLeavesReplacedFarAncestor(t *testing.T) {
 	fxCheck(t, a, other)
 	fxCheck(t, c, y)
 }
+
+// gc walks a kept image's chain only as far as its chunks reach; an
+// ancestor it sweeps that refers further up itself is still marked pruned
+// when it loses a chunk of its own.
+func TestGCPrunesAncestorThatReadsFurther(t *testing.T) {
+	root := t.TempDir()
+	a, b, c := filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c")
+	info := BufferInfo{Address: 0x10000, Size: 6 * 4096}
+	dataA := fxRand(1, 6*4096)
+	fxWrite(t, a, Options{ChunkSize: 4096}, []fxBuf{{info, dataA}})
+	dataB := append([]byte(nil), dataA...)
+	copy(dataB[2*4096:], fxRand(2, 2*4096)) // b's own chunks 2 and 3
+	fxWrite(t, b, Options{ChunkSize: 4096, Parent: a}, []fxBuf{{info, dataB}})
+	dataC := fxRand(3, 6*4096)
+	copy(dataC[2*4096:3*4096], dataB[2*4096:3*4096]) // c reads b's chunk 2 alone
+	fxWrite(t, c, Options{ChunkSize: 4096, Parent: b}, []fxBuf{{info, dataC}})
+	rep, err := GC([]string{c}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Dirs) != 2 || len(rep.Pruned) != 1 || rep.Pruned[0] != b {
+		t.Fatalf("report %+v: want b swept and marked pruned, a left alone", rep)
+	}
+	if _, err := Open(b); !errors.Is(err, ErrPruned) {
+		t.Errorf("b lost its chunk 3 but opens: %v", err)
+	}
+	fxCheck(t, a, []fxBuf{{info, dataA}})
+	fxCheck(t, c, []fxBuf{{info, dataC}})
+}

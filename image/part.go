@@ -69,7 +69,8 @@ func (w *Writer) SealProcess(pid int) error {
 	if !listed && len(m.Buffers) > 0 {
 		ns = int(m.Buffers[0].GetNsPid())
 	}
-	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns), Gpus: rec.gpus, Imports: importsPB(rec.imports)}}
+	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns), Gpus: rec.gpus, Imports: importsPB(rec.imports),
+		StartTime: rec.start}}
 	m.Stats = statsToPB(st)
 	data, err := encodeManifest(m)
 	if err != nil {

@@ -62,6 +62,14 @@ func imageCommand() *ucli.Command {
 					&ucli.BoolFlag{Name: "dry-run", Usage: "only print what would be removed"}},
 				Action: imageGC,
 			},
+			{
+				Name:      "rm",
+				Usage:     "remove images whole (the older checkpoints of a series): each DIR, unless it is being restored, written or read as a parent, or another image of its series still reads chunks from it",
+				ArgsUsage: "DIR...",
+				Flags: []ucli.Flag{jsonFlag,
+					&ucli.BoolFlag{Name: "dry-run", Usage: "only check and print what would be removed"}},
+				Action: imageRm,
+			},
 			imageLoadCommand(jsonFlag),
 			imageUnloadCommand(jsonFlag),
 			imageReceiveCommand(),
@@ -73,7 +81,7 @@ func imageCommand() *ucli.Command {
 			if c.Args().Present() {
 				return usageError{fmt.Errorf("image: unknown subcommand %q", c.Args().First())}
 			}
-			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, load, unload, receive or discard)")}
+			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, rm, load, unload, receive or discard)")}
 		},
 		OnUsageError: usage,
 	}
@@ -243,7 +251,7 @@ type originDoc struct {
 type chunkCounts struct {
 	Total  int `json:"total"`
 	Here   int `json:"here"`   // in a chunk file of this image, first reference to it
-	Parent int `json:"parent"` // in a chunk file of an ancestor image
+	Parent int `json:"parent"` // the parent chain's: its file there, or a hard link of it here (stored once for both)
 	Zero   int `json:"zero"`   // all zero: no file
 	Dedup  int `json:"dedup"`  // same bytes as an earlier chunk of this image: its file
 }
@@ -346,8 +354,12 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 		}
 		for _, ch := range b.GetChunks() {
 			ib.Chunks.Total++
-			switch ch.GetLocation() {
-			case imagepb.Location_LOCATION_LOCAL:
+			switch {
+			case ch.GetLinked():
+				// A hard link of the parent's file: the parent's bytes,
+				// stored once for both.
+				ib.Chunks.Parent++
+			case ch.GetLocation() == imagepb.Location_LOCATION_LOCAL:
 				h := string(ch.GetHash())
 				if seen[h] {
 					ib.Chunks.Dedup++
@@ -356,9 +368,9 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 				seen[h] = true
 				ib.Chunks.Here++
 				ib.StoredBytes += uint64(ch.GetStoredSize())
-			case imagepb.Location_LOCATION_PARENT:
+			case ch.GetLocation() == imagepb.Location_LOCATION_PARENT:
 				ib.Chunks.Parent++
-			case imagepb.Location_LOCATION_ZERO:
+			case ch.GetLocation() == imagepb.Location_LOCATION_ZERO:
 				ib.Chunks.Zero++
 			}
 		}
@@ -770,6 +782,113 @@ func printGC(w io.Writer, d gcDoc) {
 	}
 	fmt.Fprintf(w, "total: %s %d chunk files and %d unfinished writes; %s %s (%d bytes)\n",
 		removed, d.ChunksRemoved, temps, freed, humanBytes(uint64(d.BytesFreed)), d.BytesFreed)
+}
+
+// ---- rm ---------------------------------------------------------------------
+
+// rmDoc is `gpucr image rm --json`.
+type rmDoc struct {
+	DryRun  bool        `json:"dry_run"`
+	Removed []rmDirDoc  `json:"removed"`
+	Refused []rmRefusal `json:"refused"`
+	Freed   int64       `json:"bytes_freed"`
+	Shared  int64       `json:"bytes_shared"` // files other images still link: they stay
+}
+
+type rmDirDoc struct {
+	Dir         string `json:"dir"`
+	Files       int    `json:"files"`
+	BytesFreed  int64  `json:"bytes_freed"`
+	BytesShared int64  `json:"bytes_shared"`
+}
+
+type rmRefusal struct {
+	Dir   string `json:"dir"`
+	Error string `json:"error"`
+}
+
+// imageRm removes images (image.Remove, confined as gc is). An image that
+// another one named here still reads chunks from (written before images
+// were self-contained) is tried again once that one is gone, so that
+// `gpucr image rm base/1 base/2` removes an old series in any order.
+func imageRm(c *ucli.Context) error {
+	args, err := commandArgs(c, 1, -1)
+	if err != nil {
+		return helpOK(err)
+	}
+	opts := image.RemoveOptions{Confined: true, DryRun: c.Bool("dry-run")}
+	doc := rmDoc{DryRun: opts.DryRun, Removed: []rmDirDoc{}, Refused: []rmRefusal{}}
+	pending := slices.Clone(args)
+	for len(pending) > 0 {
+		var again []string
+		var refused []rmRefusal
+		for _, dir := range pending {
+			rep, err := image.Remove(dir, opts)
+			var de *image.DependentError
+			if errors.As(err, &de) && !opts.DryRun && slices.ContainsFunc(pending, func(p string) bool { return samePath(p, de.Dependent) }) {
+				again = append(again, dir)
+				continue
+			}
+			if err != nil {
+				refused = append(refused, rmRefusal{Dir: dir, Error: oneLine(err.Error())})
+				continue
+			}
+			doc.Removed = append(doc.Removed, rmDirDoc{Dir: dir, Files: rep.Files, BytesFreed: rep.BytesFreed, BytesShared: rep.BytesShared})
+			doc.Freed += rep.BytesFreed
+			doc.Shared += rep.BytesShared
+		}
+		doc.Refused = append(doc.Refused, refused...)
+		if len(again) == len(pending) { // no progress: they wait on each other
+			for _, dir := range again {
+				_, err := image.Remove(dir, opts)
+				doc.Refused = append(doc.Refused, rmRefusal{Dir: dir, Error: oneLine(fmt.Sprint(err))})
+			}
+			break
+		}
+		pending = again
+	}
+	if c.Bool("json") {
+		if err := writeJSON(c.App.Writer, doc); err != nil {
+			return err
+		}
+		if len(doc.Refused) > 0 {
+			return jsonDone{errors.New(doc.Refused[0].Error)}
+		}
+		return nil
+	}
+	verb := "removed"
+	if opts.DryRun {
+		verb = "would remove"
+	}
+	for _, r := range doc.Removed {
+		fmt.Fprintf(c.App.Writer, "%s %s: %d files, %s freed", verb, r.Dir, r.Files, humanBytes(uint64(r.BytesFreed)))
+		if r.BytesShared > 0 {
+			fmt.Fprintf(c.App.Writer, " (%s of chunks other images share stay with them)", humanBytes(uint64(r.BytesShared)))
+		}
+		fmt.Fprintln(c.App.Writer)
+	}
+	switch len(doc.Refused) {
+	case 0:
+		return nil
+	case 1:
+		return errors.New(doc.Refused[0].Error)
+	}
+	for _, r := range doc.Refused[1:] {
+		fmt.Fprintf(c.App.ErrWriter, "gpucr: %s\n", r.Error)
+	}
+	return fmt.Errorf("%d images not removed; %s", len(doc.Refused), doc.Refused[0].Error)
+}
+
+// samePath says whether a and b name one directory.
+func samePath(a, b string) bool {
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	if err1 != nil || err2 != nil {
+		return filepath.Clean(a) == filepath.Clean(b)
+	}
+	ra, _ = filepath.Abs(ra)
+	rb, _ = filepath.Abs(rb)
+	return ra == rb
 }
 
 const imageHelpTemplate = `NAME:
