@@ -310,3 +310,53 @@ func TestRemoveImage(t *testing.T) {
 		t.Errorf("the symlink's target went: %v", err)
 	}
 }
+
+// FoldParents makes an image read nothing from its ancestors: a pre-copy's
+// rounds inside its directory can then be removed, and so can the images
+// of an old series it read from. The parent it keeps is where the chain
+// leaves its directory.
+func TestFoldParents(t *testing.T) {
+	root := t.TempDir()
+	base := filepath.Join(root, "base")
+	dir := filepath.Join(root, "img")
+	r1, r2 := filepath.Join(dir, "gpucr-pre-copy", "1-9"), filepath.Join(dir, "gpucr-pre-copy", "2-9")
+	data := fxRand(11, 6*4096)
+	info := BufferInfo{Pid: 9, Address: 0x10000, Size: uint64(len(data))}
+	step := func(seed uint64, ci int) []fxBuf {
+		copy(data[ci*4096:], fxRand(seed, 4096))
+		return []fxBuf{{info, bytes.Clone(data)}}
+	}
+	fxWrite(t, base, Options{ChunkSize: 4096}, step(1, 0))
+	fxWrite(t, r1, Options{ChunkSize: 4096, Parent: base}, step(2, 1)) // refers to base, as images did before
+	fxWrite(t, r2, Options{ChunkSize: 4096, SelfContained: true, Parent: r1}, step(3, 2))
+	last := step(4, 3)
+	fxWrite(t, dir, Options{ChunkSize: 4096, SelfContained: true, Parent: r2}, last)
+	rep, err := FoldParents(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Linked != 5 || rep.Copied != 0 {
+		t.Errorf("fold report %+v, want the 5 chunks of the rounds (and base) linked", rep)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "gpucr-pre-copy")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(base); err != nil {
+		t.Fatal(err)
+	}
+	fxCheck(t, dir, last)
+	if err := verifyDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	m, err := loadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetParent().GetPath(); got != "../base" {
+		t.Errorf("parent after the fold: %q, want ../base", got)
+	}
+	// Again: nothing to do.
+	if rep, err := FoldParents(dir, nil); err != nil || rep.Linked+rep.Copied != 0 {
+		t.Errorf("second fold: %+v, %v", rep, err)
+	}
+}

@@ -38,11 +38,14 @@ type DumpOptions struct {
 	Concurrent bool
 	// PreCopy copies the GPU memory while the tree runs, in rounds, before
 	// the dump stops it (precopy.go); the dump copies only what changed
-	// since the last round. The rounds stay in Dir (PreCopyDir): the GPU
-	// image refers to their chunks.
+	// since the last round. The rounds go into Dir (PreCopyDir), and once
+	// the image is committed what it uses of them is folded into it and
+	// they are removed.
 	PreCopy PreCopy
 	// preCopied: the rounds were done already (a migration sent them to
 	// its target before the stop); Dir holds them, and the dump uses them.
+	// They stay: the target's image reads them there, and only the rest
+	// goes after the stop.
 	preCopied *preCopyResult
 	// Force replaces an image Dir already holds: it is put aside, removed
 	// once the new one is complete, and put back if the checkpoint fails.
@@ -221,6 +224,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}
 	}
 	after, _ := os.Stat(manifest)
+	if len(pc.rounds) > 0 && o.preCopied == nil {
+		foldPreCopy(o.Dir, ev)
+	}
 	res := &DumpResult{Pid: pid, ImagesDir: o.Dir, Parent: o.Parent, LeaveRunning: o.LeaveRunning, LeaveStopped: o.LeaveStopped,
 		Concurrent: o.Concurrent, Redone: redone, PreCopy: pc.rounds, PreCopySeconds: pc.seconds,
 		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,

@@ -1,0 +1,85 @@
+package e2e
+
+// What checkpoints leave on disk: no more than the image they made.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/helper/checkpoint"
+)
+
+// gpuBytes is the size of the files under dir/gpucr* (the GPU image and
+// any pre-copy rounds), each file once however many names it has.
+func gpuBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	seen := map[uint64]bool{}
+	var n int64
+	tops, _ := filepath.Glob(filepath.Join(dir, "gpucr*"))
+	for _, top := range tops {
+		_ = filepath.Walk(top, func(_ string, fi os.FileInfo, err error) error {
+			if err != nil || !fi.Mode().IsRegular() {
+				return nil
+			}
+			if ino := fi.Sys().(*syscall.Stat_t).Ino; !seen[ino] {
+				seen[ino] = true
+				n += fi.Size()
+			}
+			return nil
+		})
+	}
+	return n
+}
+
+// TestPreCopyRoundsFolded: a checkpoint with --pre-copy whose process
+// changes all its memory all the time copies it in every round; once the
+// image is committed, what it uses of the rounds is folded into it and the
+// rounds are removed: the directory holds the GPU memory once (it held it
+// once per round, three times, until gc). The image restores exactly.
+func TestPreCopyRoundsFolded(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	args := []string{"--mib", "16", "--buffers", "4", "--hb-every", "5"}
+	a := startUnder(t, dir, h, env, "heartbeat", append(append([]string{}, args...), "--interval-ms", "5")...)
+	a.waitIter(10, time.Minute)
+	img := filepath.Join(dir, "img")
+	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--pre-copy", "3", "--json")
+	var d struct {
+		PreCopy []checkpoint.PreCopyRound `json:"pre_copy"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &d); err != nil {
+		t.Fatalf("checkpoint --json: %v\n%s", err, out)
+	}
+	var copied uint64
+	for _, r := range d.PreCopy {
+		copied += r.CopiedBytes
+	}
+	mem := d.PreCopy[0].Bytes
+	if copied < 2*mem {
+		t.Fatalf("the rounds copied %d bytes: want the memory copied at least twice (it changes all the time): %+v", copied, d.PreCopy)
+	}
+	if _, err := os.Stat(filepath.Join(img, checkpoint.PreCopyDir)); err == nil {
+		t.Errorf("the pre-copy rounds stay in %s", img)
+	}
+	if n := gpuBytes(t, img); n > int64(mem)+1<<20 {
+		t.Errorf("the GPU image takes %d bytes on disk for %d bytes of GPU memory", n, mem)
+	}
+	cliOK(t, h, env, img, "image", "verify", img)
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+20, time.Minute)
+	a.kill()
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
+	checkContinuous(t, hbs, before)
+}
