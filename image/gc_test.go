@@ -9,7 +9,8 @@ import (
 )
 
 // fxChain writes a -> b -> c, each changing one chunk of the one before,
-// plus an overwritten earlier image in a (orphan chunks) and a leftover
+// plus the chunk files of a write into a that died (orphans: a write that
+// commits removes those of the image it replaces itself) and a leftover
 // temporary file in b. It returns the dirs and c's buffers.
 func fxChain(t *testing.T) (a, b, c string, bufsA, bufsC []fxBuf) {
 	root := t.TempDir()
@@ -21,9 +22,11 @@ func fxChain(t *testing.T) (a, b, c string, bufsA, bufsC []fxBuf) {
 		}
 		return []fxBuf{{BufferInfo{Pid: 9, Address: 0x4000000, Size: uint64(len(d))}, d}}
 	}
-	fxWrite(t, a, Options{ChunkSize: 4096}, mk(0, fxRand(70, 8*4096), -1)) // to be overwritten
+	dead := filepath.Join(root, "dead")
+	fxWrite(t, dead, Options{ChunkSize: 4096}, mk(0, fxRand(70, 8*4096), -1))
 	bufsA = mk(0, fxRand(71, 8*4096), -1)
 	fxWrite(t, a, Options{ChunkSize: 4096}, bufsA)
+	fxCopyTree(t, filepath.Join(dead, SubDir, chunksName), filepath.Join(a, SubDir, chunksName))
 	bufsB := mk(72, bufsA[0].data, 2)
 	fxWrite(t, b, Options{ChunkSize: 4096, Parent: a}, bufsB)
 	bufsC = mk(73, bufsB[0].data, 5)

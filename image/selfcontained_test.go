@@ -360,3 +360,26 @@ func TestFoldParents(t *testing.T) {
 		t.Errorf("second fold: %+v, %v", rep, err)
 	}
 }
+
+// An image written over another in the same directory reuses the files
+// they share and, once committed, removes the rest of the old one's (and
+// any a dead write left): DIR holds the new image alone.
+func TestReplaceLeavesNoOrphans(t *testing.T) {
+	root := t.TempDir()
+	dir, dead := filepath.Join(root, "img"), filepath.Join(root, "dead")
+	info := BufferInfo{Pid: 9, Address: 0x10000, Size: 4 * 4096}
+	old := fxRand(20, 4*4096)
+	fxWrite(t, dir, Options{ChunkSize: 4096}, []fxBuf{{info, old}})
+	fxWrite(t, dead, Options{ChunkSize: 4096}, []fxBuf{{info, fxRand(21, 4*4096)}})
+	fxCopyTree(t, filepath.Join(dead, SubDir, chunksName), filepath.Join(dir, SubDir, chunksName))
+	nu := bytes.Clone(old)
+	copy(nu[4096:], fxRand(22, 3*4096)) // chunk 0 stays
+	st := fxWrite(t, dir, Options{ChunkSize: 4096}, []fxBuf{{info, nu}})
+	if st.ChunksDedup != 1 || st.ChunksNew != 3 {
+		t.Errorf("stats %+v: want the old chunk 0 reused", st)
+	}
+	if n := fxChunkFiles(t, dir); n != 4 {
+		t.Errorf("%d chunk files after the replace, want the new image's 4", n)
+	}
+	fxCheck(t, dir, []fxBuf{{info, nu}})
+}

@@ -68,10 +68,14 @@ type chunkStore struct {
 	// salvage: the chunk files a dropped write into DIR left (salvage.go),
 	// reused like old's; set before any chunk, read-only afterwards.
 	salvage map[chunkHash]storedChunk
-	enc     *zstd.Encoder // nil: no compression
-	stored  atomic.Int64  // bytes written to new files
-	seq     atomic.Uint64 // temporary names
-	tmpTag  string        // this write's, in its temporary names: a dead writer's leftovers never clash
+	// replaces: chunks/ was there before this write (an image it
+	// replaces, a dropped write's files): once committed, the files the
+	// new image does not name are removed (sweepUnnamed).
+	replaces bool
+	enc      *zstd.Encoder // nil: no compression
+	stored   atomic.Int64  // bytes written to new files
+	seq      atomic.Uint64 // temporary names
+	tmpTag   string        // this write's, in its temporary names: a dead writer's leftovers never clash
 
 	mu      sync.Mutex
 	local   map[chunkHash]*localChunk

@@ -150,12 +150,12 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 	}
 	// Leftover temporary files of a writer that died stay: a Writer removes
 	// only what it created itself (gc removes the rest).
-	chunks, _, err := w.g.mkdir(chunksName, own)
+	chunks, made, err := w.g.mkdir(chunksName, own)
 	if err != nil {
 		return nil, fmt.Errorf("create image in %s: %w", w.dir, err)
 	}
 	w.store = &chunkStore{g: w.g, chunks: chunks, own: own, local: map[chunkHash]*localChunk{}, old: oldChunks(w.g, own),
-		tmpTag: hex.EncodeToString(w.id[:4])}
+		tmpTag: hex.EncodeToString(w.id[:4]), replaces: !made}
 	if opts.Parent != "" {
 		open := func() (err error) {
 			w.parent, w.store.parent, w.pim, w.shared, err = parentChunks(w.dir, opts.Parent, own)

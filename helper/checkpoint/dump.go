@@ -167,6 +167,12 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 			return nil, fmt.Errorf("checkpoint refused: %s already holds %s, which a new image would mix with; choose a new directory, or --force to replace it",
 				o.Dir, describeHeld(held))
 		}
+		// Not an image that is being restored from: the restore reads it.
+		lock, err := lockForReplace(o.Dir)
+		if err != nil {
+			return nil, err
+		}
+		defer lock.Close()
 		if aside, err = putAside(o.Dir, held); err != nil {
 			return nil, err
 		}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +35,13 @@ type GPUOptions struct {
 	Compress   bool          // zstd-compress chunks
 	Quiesce    time.Duration // how long the process may take to reach a quiet point (0: 10 s)
 	Socket     string
+	// Force replaces an image Dir already holds (else refused, as a
+	// whole-process checkpoint is): the GPU image in place (the old one's
+	// chunk files the new one does not reuse are removed once it is
+	// committed), anything else (a whole-process image's CRIU files) put
+	// aside, removed once the new image is committed, put back if the
+	// checkpoint fails.
+	Force bool
 }
 
 // gpuCallTimeout bounds a GPU-only checkpoint or a resume.
@@ -43,6 +52,80 @@ func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 	if !filepath.IsAbs(o.Dir) {
 		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
 	}
+	held, err := gpuHeld(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var aside *asideDir
+	if len(held) > 0 {
+		if !o.Force {
+			return nil, fmt.Errorf("checkpoint refused: %s already holds %s, which a new image would replace; choose a new directory, or --force to replace it",
+				o.Dir, describeHeld(held))
+		}
+		// Not an image that is being restored from: the restore reads it.
+		lock, err := lockForReplace(o.Dir)
+		if err != nil {
+			return nil, err
+		}
+		defer lock.Close()
+		if others := slices.DeleteFunc(slices.Clone(held), func(n string) bool { return n == image.SubDir }); len(others) > 0 {
+			if aside, err = putAside(o.Dir, others); err != nil {
+				return nil, err
+			}
+		}
+	}
+	r, err := dumpGPU(ctx, o)
+	if aside != nil {
+		if err != nil {
+			if perr := aside.putBack(); perr != nil {
+				err = fmt.Errorf("%w; %v", err, perr)
+			}
+		} else if derr := aside.discard(); derr != nil {
+			err = fmt.Errorf("the image is written, but the files it replaced stay: %w", derr)
+		}
+	}
+	return r, err
+}
+
+// gpuHeld is what Dir holds that a GPU-only image would replace: as for a
+// whole-process checkpoint (heldEntries), except that DIR/gpucr counts only
+// with an image in it, committed or not (an empty one, or a lock file, is
+// what an earlier attempt left).
+func gpuHeld(dir string) ([]string, error) {
+	held, err := heldEntries(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(held, image.SubDir) {
+		_, merr := os.Lstat(filepath.Join(dir, image.SubDir, "manifest.pb"))
+		_, perr := os.Lstat(filepath.Join(dir, image.SubDir, "parts"))
+		if merr != nil && perr != nil {
+			held = slices.DeleteFunc(held, func(n string) bool { return n == image.SubDir })
+		}
+	}
+	return held, nil
+}
+
+// lockForReplace takes Dir's image lock (image.LockImage) for a checkpoint
+// that replaces the image there: refused while it is restored from.
+func lockForReplace(dir string) (*os.File, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	if err := image.LockImage(d, dir); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("checkpoint refused: %w", err)
+	}
+	return d, nil
+}
+
+// dumpGPU is DumpGPU once Dir may take the image.
+func dumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, error) {
 	d, err := gpuImageDir(o.Dir)
 	if err != nil {
 		return nil, err

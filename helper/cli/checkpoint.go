@@ -77,7 +77,7 @@ func checkpointCommand() *ucli.Command {
 				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
 					LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
 					Compress: c.Bool("compress"), Quiesce: c.Duration("timeout"),
-					Socket: client.SocketPath(c.String("socket"))})
+					Socket: client.SocketPath(c.String("socket")), Force: c.Bool("force")})
 				if err != nil {
 					return err
 				}

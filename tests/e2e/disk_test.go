@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/protocol/imagepb"
 )
 
 // gpuBytes is the size of the files under dir/gpucr* (the GPU image and
@@ -82,4 +84,76 @@ func TestPreCopyRoundsFolded(t *testing.T) {
 	hbs := a.heartbeats()
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, maxIter(hbs)))
 	checkContinuous(t, hbs, before)
+}
+
+// chunkFilesOf counts the files under dir/gpucr/chunks and the chunk files
+// the image there names.
+func chunkFilesOf(t *testing.T, dir string) (files, named int) {
+	t.Helper()
+	_ = filepath.Walk(filepath.Join(dir, "gpucr", "chunks"), func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			files++
+		}
+		return nil
+	})
+	im, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	seen := map[string]bool{}
+	for _, b := range im.Manifest().GetBuffers() {
+		for _, c := range b.GetChunks() {
+			if c.GetLocation() == imagepb.Location_LOCATION_LOCAL && !seen[string(c.GetHash())] {
+				seen[string(c.GetHash())] = true
+				named++
+			}
+		}
+	}
+	return files, named
+}
+
+// TestGPUOnlyReplacesOnlyWithForce: a second --gpu-only checkpoint into a
+// directory that holds an image is refused, as a whole-process one is,
+// and the image stays; with --force it replaces the image and leaves no
+// chunk file of the old one behind (they stayed until gc: 264 MiB for a
+// user). A whole-process image replaced so goes whole, CRIU's files too.
+func TestGPUOnlyReplacesOnlyWithForce(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--buffers", "4", "--interval-ms", "5")
+	a.waitIter(10, time.Minute)
+	img := filepath.Join(dir, "img")
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running")
+	manifest := filepath.Join(img, "gpucr", "manifest.pb")
+	first, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.waitIter(a.lastIter()+5, time.Minute) // every buffer changes
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running")
+	if err == nil || !strings.Contains(out, "already holds") || !strings.Contains(out, "--force") {
+		t.Errorf("a second GPU-only checkpoint into %s: %v\n%s", img, err, out)
+	}
+	if now, _ := os.ReadFile(manifest); string(now) != string(first) {
+		t.Errorf("the refused checkpoint replaced the image")
+	}
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running", "--force")
+	if files, named := chunkFilesOf(t, img); files != named {
+		t.Errorf("after --force, %s holds %d chunk files for the %d its image names", img, files, named)
+	}
+	cliOK(t, h, env, img, "image", "verify", img)
+
+	// A whole-process image, replaced by a GPU-only one.
+	whole := filepath.Join(dir, "whole")
+	cliOK(t, h, env, whole, "checkpoint", strconv.Itoa(a.pid), "-D", whole, "--leave-running")
+	cliOK(t, h, env, whole, "checkpoint", strconv.Itoa(a.pid), "-D", whole, "--gpu-only", "--leave-running", "--force")
+	if _, err := os.Stat(filepath.Join(whole, "inventory.img")); err == nil {
+		t.Errorf("CRIU's images of the replaced image stay beside the new GPU-only one in %s", whole)
+	}
+	if files, named := chunkFilesOf(t, whole); files != named {
+		t.Errorf("%s holds %d chunk files for the %d its image names", whole, files, named)
+	}
 }
