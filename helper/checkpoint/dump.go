@@ -111,7 +111,20 @@ const treeGoneWait = 10 * time.Second
 // returns once the tree's pids are free, so that a restore right after can
 // have them. A concurrent dump whose copy-on-write window found memory
 // changed behind its back is taken again stop-the-world (Redone says why).
+//
+// The directories it makes for the image are removed if it fails and
+// nothing is left in them (its log stays where CRIU ran and failed).
 func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
+	made := &madeDirs{}
+	res, err := dump(ctx, o, made)
+	if err != nil {
+		made.removeEmpty()
+	}
+	return res, err
+}
+
+// dump is Dump, recording the directories it makes.
+func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if o.LeaveRunning && o.LeaveStopped {
 		return nil, errors.New("a checkpoint leaves the tree running or stopped, not both")
@@ -132,7 +145,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if err := sessionLeaderCheck(pid, o.CRIU.ShellJob); err != nil {
 		return nil, err
 	}
-	if err := checkpointDir(o.Dir); err != nil {
+	if err := checkpointDir(o.Dir, made); err != nil {
 		return nil, err
 	}
 	tc := gpuClientsOf(o.Env.Socket, pid)

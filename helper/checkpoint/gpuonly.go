@@ -47,8 +47,22 @@ type GPUOptions struct {
 // gpuCallTimeout bounds a GPU-only checkpoint or a resume.
 const gpuCallTimeout = 30 * time.Minute
 
-// DumpGPU checkpoints the GPU state of o.Pid into o.Dir/gpucr.
+// DumpGPU checkpoints the GPU state of o.Pid into o.Dir/gpucr. The
+// directories it makes for it are removed if it fails and they stay empty.
 func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, error) {
+	made := &madeDirs{}
+	r, err := dumpGPUInto(ctx, o, made)
+	if err != nil {
+		if g := filepath.Join(o.Dir, image.SubDir); made.made(g) {
+			removeWriteLeftovers(g)
+		}
+		made.removeEmpty()
+	}
+	return r, err
+}
+
+// dumpGPUInto is DumpGPU, recording the directories it makes.
+func dumpGPUInto(ctx context.Context, o GPUOptions, made *madeDirs) (*helperpb.CheckpointReply, error) {
 	if !filepath.IsAbs(o.Dir) {
 		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
 	}
@@ -74,7 +88,7 @@ func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 			}
 		}
 	}
-	r, err := dumpGPU(ctx, o)
+	r, err := dumpGPU(ctx, o, made)
 	if aside != nil {
 		if err != nil {
 			if perr := aside.putBack(); perr != nil {
@@ -125,8 +139,8 @@ func lockForReplace(dir string) (*os.File, error) {
 }
 
 // dumpGPU is DumpGPU once Dir may take the image.
-func dumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, error) {
-	d, err := gpuImageDir(o.Dir)
+func dumpGPU(ctx context.Context, o GPUOptions, made *madeDirs) (*helperpb.CheckpointReply, error) {
+	d, err := gpuImageDirMade(o.Dir, made)
 	if err != nil {
 		return nil, err
 	}
@@ -156,27 +170,6 @@ func dumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 func Resume(ctx context.Context, socket string, pid proc.Pid) (*helperpb.CheckpointReply, error) {
 	return callCheckpoint(ctx, socket, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
 		ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: int64(pid)}}}, fmt.Sprintf("resume %d", pid), -1)
-}
-
-// gpuImageDir prepares the image directory of a GPU-only checkpoint, as the
-// user who runs gpucr: DIR and DIR/gpucr are made (0700) if missing, so the
-// kernel checks that this user may write there, and DIR is opened. The
-// helper, which runs as root, writes only beneath the descriptor passed to
-// it, into DIR/gpucr, and gives what it writes to this user.
-func gpuImageDir(dir string) (*os.File, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("image directory %s: %w", dir, err)
-	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("image directory %s: %w", dir, err)
-	}
-	d := os.NewFile(uintptr(fd), dir)
-	if err := unix.Mkdirat(fd, image.SubDir, 0o700); err != nil && err != unix.EEXIST {
-		d.Close()
-		return nil, fmt.Errorf("image directory %s: %w", filepath.Join(dir, image.SubDir), err)
-	}
-	return d, nil
 }
 
 // callCheckpoint sends a Checkpoint (with dirFD, the image directory, if not

@@ -25,11 +25,11 @@ import (
 // plainly instead of surfacing as one of CRIU's log lines.
 
 // checkpointDir makes sure the image directory of a checkpoint exists (made
-// 0700 if missing), is a directory, and takes a new file: a probe file is
-// created and removed, which finds a read-only or full file system and
-// missing permissions alike.
-func checkpointDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// 0700 if missing, and recorded in made), is a directory, and takes a new
+// file: a probe file is created and removed, which finds a read-only or
+// full file system and missing permissions alike.
+func checkpointDir(dir string, made *madeDirs) error {
+	if err := made.mkdirAll(dir); err != nil {
 		return fmt.Errorf("image directory %s: %w", dir, err)
 	}
 	if err := isDir(dir); err != nil {

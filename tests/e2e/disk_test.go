@@ -5,6 +5,7 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -156,4 +157,75 @@ func TestGPUOnlyReplacesOnlyWithForce(t *testing.T) {
 	if files, named := chunkFilesOf(t, whole); files != named {
 		t.Errorf("%s holds %d chunk files for the %d its image names", whole, files, named)
 	}
+}
+
+// TestRefusedCheckpointLeavesNoDirectory: a checkpoint that is refused, or
+// interrupted, removes the image directory it made (and the directories
+// it made above it) when nothing is left in them: a GPU-only one the
+// helper refuses, a whole-process one refused for want of space, one
+// interrupted while the helper copies. A directory that was there before
+// stays.
+func TestRefusedCheckpointLeavesNoDirectory(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, append(append([]string{}, env...), "GPUCR_FAULT=stall-copy@1"))
+	a := startUnder(t, dir, h, env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(5, time.Minute)
+	gone := func(what, p string) {
+		t.Helper()
+		if _, err := os.Lstat(p); err == nil {
+			ents, _ := os.ReadDir(p)
+			t.Errorf("%s left %s (%d entries)", what, p, len(ents))
+		}
+	}
+
+	// Refused by the helper: no such client.
+	top := filepath.Join(dir, "new")
+	out, err := cli(t, h, env, "checkpoint", "1", "-D", filepath.Join(top, "img"), "--gpu-only")
+	if err == nil {
+		t.Fatalf("a GPU-only checkpoint of pid 1 succeeded:\n%s", out)
+	}
+	gone("a refused GPU-only checkpoint", top)
+
+	// Interrupted while the helper copies (stalled there): SIGINT.
+	img := filepath.Join(dir, "interrupted", "img")
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	cmd.Env = append(append([]string{}, env...), "GPUCR_SOCKET="+h.socket)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(helperLog(h), "stall-copy"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the checkpoint never reached the copy:\n%s", tail(helperLog(h), 20))
+		}
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	_ = cmd.Wait()
+	gone("an interrupted checkpoint", filepath.Dir(img))
+
+	// Refused for want of space, in a directory that was there before
+	// (it stays) and one made for it (it goes).
+	small := filepath.Join(dir, "small")
+	if err := os.Mkdir(small, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mountTmpfsOn(t, small, "size=1m")
+	img = filepath.Join(small, "img")
+	out, err = cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	if err == nil || !strings.Contains(out, "checkpoint refused") {
+		t.Fatalf("a checkpoint of 16 MiB into 1 MiB: %v\n%s", err, out)
+	}
+	gone("a checkpoint refused for want of space", img)
+	if err := os.Mkdir(img, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img); err == nil {
+		t.Fatal("a checkpoint of 16 MiB into 1 MiB succeeded")
+	}
+	if _, err := os.Stat(img); err != nil {
+		t.Errorf("the image directory that was there before is gone: %v", err)
+	}
+	a.waitIter(a.lastIter()+3, time.Minute) // it runs on
 }
