@@ -256,3 +256,88 @@ func removeTreeIn(d *fsDir, dev uint64, files map[fileID]*linkCount, dryRun bool
 	}
 	return nil
 }
+
+// ErrUnfinishedWaited: an unfinished image holds the part of a process that
+// may still wait for its GPU memory in it (RemoveUnfinished).
+var ErrUnfinishedWaited = errors.New("a process may still wait for its GPU memory in it")
+
+// RemoveUnfinished removes the unfinished GPU image in dir (DIR/gpucr with
+// no committed manifest: a write that died, or a dump whose helper died),
+// unless a process may still wait for its memory in it: waits is asked of
+// each process whose part the image holds (DIR/gpucr/parts: sealed before
+// a process gives its memory up, removed by the helper that gives it back
+// from it) and says whether that process may still wait (it runs, is the
+// process the part names, and has not got its memory back). A part that
+// cannot be read names nobody a helper could give anything back to. Not
+// while a writer holds the image (it may still commit), and confined as
+// Remove. Only DIR/gpucr goes; the rest of DIR stays.
+func RemoveUnfinished(dir string, opts RemoveOptions, waits func(ProcessInfo) bool) (*RemoveReport, error) {
+	real, own, err := removalTarget(dir, opts.Confined)
+	if err != nil {
+		return nil, err
+	}
+	top, err := openDirPath(real)
+	if err != nil {
+		return nil, err
+	}
+	defer top.close()
+	g, err := openSubDir(top, own) // gpucr/ must be own's: it is what goes
+
+	if err != nil {
+		return nil, err
+	}
+	defer g.close()
+	gid, err := idOf(g.f)
+	if err != nil {
+		return nil, err
+	}
+	lock, err := lockDir(g, own)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not removed: %w", g.path, err)
+	}
+	defer lock.Close()
+	if _, err := g.lstat(manifestName); err == nil {
+		return nil, fmt.Errorf("%s holds a committed image: not an unfinished one", g.path)
+	}
+	if pd, err := g.openDir(partsName, own); err == nil {
+		ents, err := readDir(pd)
+		if err != nil {
+			pd.close()
+			return nil, err
+		}
+		for _, e := range ents {
+			m, err := loadManifestFile(pd, e.Name(), own)
+			if err != nil || len(m.GetProcesses()) != 1 {
+				continue
+			}
+			p := m.GetProcesses()[0]
+			pi := ProcessInfo{Pid: int(p.GetPid()), NsPid: int(p.GetNsPid()), StartTime: p.GetStartTime()}
+			if waits(pi) {
+				pd.close()
+				return nil, fmt.Errorf("the unfinished image in %s is kept: pid %d may still wait for its GPU memory in it (its part is sealed there); the gpucr helper gives it back from it and then removes the part: start it if none runs: %w",
+					g.path, pi.Pid, ErrUnfinishedWaited)
+			}
+		}
+		pd.close()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	rep := &RemoveReport{Dir: g.path}
+	if err := removeTree(g, gid.dev, rep, opts.DryRun); err != nil {
+		return rep, fmt.Errorf("remove %s: %w", g.path, err)
+	}
+	if opts.DryRun {
+		return rep, nil
+	}
+	st, err := top.lstat(SubDir)
+	if err != nil {
+		return rep, err
+	}
+	if (fileID{uint64(st.Dev), st.Ino}) != gid {
+		return rep, fmt.Errorf("%s was replaced while it was removed: left as it is", g.path)
+	}
+	if err := unix.Unlinkat(top.fd(), SubDir, unix.AT_REMOVEDIR); err != nil && err != unix.ENOENT {
+		return rep, &fs.PathError{Op: "remove", Path: g.path, Err: err}
+	}
+	return rep, top.sync()
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/internal/units"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
 )
 
 // DumpOptions is a whole-process checkpoint of a tree.
@@ -292,9 +293,12 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 // began in DIR is removed where DIR held none before (a failed GPU image
 // only misleads), an interrupted run's log goes too, and an old image put
 // aside for Force comes back. What was done is added to the failure. But
-// where processes of the tree still wait for their GPU memory (waiting:
-// their helper died after they gave it up), the partial image is what a new
-// helper gives it back from: it stays, and so does the old image, aside.
+// where processes of the tree may still wait for their GPU memory in the
+// partial image (waiting: the helper does not say they run again, and
+// their part of the image is sealed, which a checkpoint does before a
+// process gives its memory up), it is what a new helper gives it back
+// from: it stays, and so does the old image, aside. A process without a
+// sealed part waits for nothing the partial image holds.
 func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []proc.Pid) error {
 	var f *Failure
 	errors.As(err, &f)
@@ -304,9 +308,10 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []p
 		}
 	}
 	partial := filepath.Join(dir, "gpucr")
+	waiting = slices.DeleteFunc(slices.Clone(waiting), func(p proc.Pid) bool { return !sealedPart(dir, p) })
 	if len(waiting) > 0 {
-		note(fmt.Sprintf("kept the partial GPU image %s: %s of the tree wait for their GPU memory, which the next gpucr helper gives back from it",
-			partial, pidList(waiting)))
+		note(fmt.Sprintf("kept the partial GPU image %s: %s of the tree may wait for their GPU memory in it (their part of it was sealed before the helper died, as a process's is before it gives its memory up); the next gpucr helper gives it back from there, after which `gpucr image gc %s` removes the partial image",
+			partial, pidList(waiting), dir))
 		if aside != nil {
 			note(fmt.Sprintf("the image %s held before stays in %s", dir, filepath.Join(dir, aside.name)))
 			aside.dir.Close()
@@ -337,6 +342,14 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []p
 		}
 	}
 	return err
+}
+
+// sealedPart says whether DIR's unfinished GPU image holds the sealed part
+// of process pid (image.Writer.SealProcess): what a new helper would give
+// that process its memory back from.
+func sealedPart(dir string, pid proc.Pid) bool {
+	fi, err := os.Lstat(filepath.Join(dir, image.SubDir, "parts", fmt.Sprintf("%d.pb", pid)))
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // heldPidsReason says which processes still hold a dumped tree's pids, and

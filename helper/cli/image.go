@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/internal/units"
 
 	ucli "github.com/urfave/cli/v2"
@@ -56,9 +58,9 @@ func imageCommand() *ucli.Command {
 			},
 			{
 				Name:      "gc",
-				Usage:     "remove the chunks no kept image refers to",
+				Usage:     "remove the chunks no kept image refers to; a KEEP that holds an unfinished image write (a failed checkpoint's) is removed, unless a process may still wait for its GPU memory in it",
 				ArgsUsage: "KEEP...",
-				Flags: []ucli.Flag{jsonFlag,
+				Flags: []ucli.Flag{jsonFlag, socketFlag(),
 					&ucli.BoolFlag{Name: "dry-run", Usage: "only print what would be removed"}},
 				Action: imageGC,
 			},
@@ -687,20 +689,41 @@ func imageGC(c *ucli.Context) error {
 	if err != nil {
 		return helpOK(err)
 	}
+	var keep []string
+	var unfinished []unfinishedDoc
 	for _, dir := range args {
+		if unfinishedWrite(dir) {
+			// What a failed checkpoint left: nothing to keep in it, and
+			// removed unless a process may still wait for its memory there.
+			rep, err := image.RemoveUnfinished(dir, image.RemoveOptions{DryRun: c.Bool("dry-run"), Confined: true},
+				checkpoint.MayWait(client.SocketPath(c.String("socket"))))
+			if err != nil {
+				return fmt.Errorf("gc: %s", oneLine(err.Error()))
+			}
+			unfinished = append(unfinished, unfinishedDoc{Dir: rep.Dir, Files: rep.Files, BytesFreed: rep.BytesFreed})
+			continue
+		}
 		// GC refuses a keep it cannot read too; this says why in plainer
 		// words. A pruned image may still be kept (its descendants need it),
 		// so image.Open, which refuses those, is not the test.
 		if err := checkImageDir(dir); err != nil {
 			return fmt.Errorf("gc: keep %w", err)
 		}
+		keep = append(keep, dir)
 	}
-	// Confined: as root, only the images of whoever owns each path named
-	// (a user's symlink to another user's image is refused).
-	rep, err := image.GCWith(args, image.GCOptions{DryRun: c.Bool("dry-run"), Confined: true})
+	rep, err := &image.GCReport{DryRun: c.Bool("dry-run")}, error(nil)
+	if len(keep) > 0 {
+		// Confined: as root, only the images of whoever owns each path
+		// named (a user's symlink to another user's image is refused).
+		rep, err = image.GCWith(keep, image.GCOptions{DryRun: c.Bool("dry-run"), Confined: true})
+	}
 	if rep != nil {
 		// GC reports what it did even when some removals failed.
 		doc := buildGC(rep)
+		doc.Unfinished = append(doc.Unfinished, unfinished...)
+		for _, u := range unfinished {
+			doc.BytesFreed += u.BytesFreed
+		}
 		if c.Bool("json") {
 			if jerr := writeJSON(c.App.Writer, doc); jerr != nil {
 				return jerr
@@ -725,6 +748,26 @@ type gcDoc struct {
 	ChunksRemoved int        `json:"chunks_removed"`
 	BytesFreed    int64      `json:"bytes_freed"`
 	Pruned        []string   `json:"pruned"` // ancestors marked not restorable by themselves
+	// Unfinished are the unfinished image writes removed (DIR/gpucr of a
+	// KEEP that held no committed image, and no process waits for).
+	Unfinished []unfinishedDoc `json:"unfinished_removed"`
+}
+
+type unfinishedDoc struct {
+	Dir        string `json:"dir"` // its gpucr/
+	Files      int    `json:"files"`
+	BytesFreed int64  `json:"bytes_freed"`
+}
+
+// unfinishedWrite says whether dir holds an unfinished image write: gpucr/
+// without a committed manifest.
+func unfinishedWrite(dir string) bool {
+	fi, err := os.Lstat(filepath.Join(dir, image.SubDir))
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	_, err = os.Lstat(filepath.Join(dir, image.SubDir, "manifest.pb"))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 type gcDirDoc struct {
@@ -740,7 +783,7 @@ type gcDirDoc struct {
 
 func buildGC(rep *image.GCReport) gcDoc {
 	doc := gcDoc{DryRun: rep.DryRun, Dirs: []gcDirDoc{}, ChunksRemoved: rep.ChunksDeleted,
-		BytesFreed: rep.BytesFreed, Pruned: append([]string{}, rep.Pruned...)}
+		BytesFreed: rep.BytesFreed, Pruned: append([]string{}, rep.Pruned...), Unfinished: []unfinishedDoc{}}
 	for _, d := range rep.Dirs {
 		doc.Dirs = append(doc.Dirs, gcDirDoc{Dir: d.Dir, Kept: d.Kept, ChunksKept: d.ChunksKept,
 			ChunksRemoved: d.ChunksDeleted, TempRemoved: append([]string{}, d.TempRemoved...),
@@ -775,6 +818,10 @@ func printGC(w io.Writer, d gcDoc) {
 			fmt.Fprint(w, "; pruned before")
 		}
 		fmt.Fprintln(w)
+	}
+	for _, u := range d.Unfinished {
+		fmt.Fprintf(w, "%s: unfinished image write (no process waits for it): %s %d files (%s)\n", u.Dir, removed, u.Files,
+			humanBytes(uint64(u.BytesFreed)))
 	}
 	freed := "freed"
 	if d.DryRun {
