@@ -1,10 +1,14 @@
 package image
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/protocol/imagepb"
 )
@@ -12,6 +16,8 @@ import (
 // Commit waits for every chunk, makes all files and directories durable and
 // renames the manifest into place, last. Only then is the image visible; a
 // crash at any earlier point leaves DIR showing the image it held before.
+// Once it is, the chunk files of the image it replaced (and of writes that
+// died) that the new one does not name are removed.
 // Every buffer must be closed. If Commit fails, the write is dropped as by
 // Abort and the previous image stays.
 func (w *Writer) Commit() error {
@@ -59,6 +65,13 @@ func (w *Writer) Commit() error {
 	// Salvaged files the image did not use (the chunks changed since) are
 	// no image's: gc would find them otherwise.
 	_ = w.store.removeUnusedSalvage()
+	if w.store.replaces && err == nil {
+		// The image DIR held before is gone with its manifest: the chunk
+		// files of it the new one does not use are nobody's (and so are
+		// those of writes that died). Only once the new manifest is known
+		// to be durable: until then, the old one may come back.
+		_ = w.store.sweepUnnamed(m)
+	}
 	w.mu.Lock()
 	w.state = stateCommitted
 	w.mu.Unlock()
@@ -147,7 +160,7 @@ func (w *Writer) manifest() *imagepb.Manifest {
 	}
 	for _, pid := range slices.Sorted(maps.Keys(procs)) {
 		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid].ns), Gpus: procs[pid].gpus,
-			Imports: importsPB(procs[pid].imports)})
+			Imports: importsPB(procs[pid].imports), StartTime: procs[pid].start})
 	}
 	m.Stats = statsToPB(st)
 	return m
@@ -162,18 +175,75 @@ func chunkPB(r *chunkRecord, size uint32) *imagepb.Chunk {
 		mt.crc = 0 // format 2; a reused or parent file may come from a format 1 image
 	}
 	return &imagepb.Chunk{Size: size, Location: mt.loc, Ancestor: mt.ancestor, Hash: append([]byte(nil), r.hash[:]...),
-		Crc32C: mt.crc, Compression: mt.comp, StoredSize: mt.storedSize}
+		Crc32C: mt.crc, Compression: mt.comp, StoredSize: mt.storedSize, Linked: mt.linked}
 }
 
 func countChunk(s *WriteStats, r *chunkRecord) {
 	switch {
 	case r.zero:
 		s.ChunksZero++
-	case r.local.meta.loc == imagepb.Location_LOCATION_PARENT:
+	case r.local.meta.loc == imagepb.Location_LOCATION_PARENT || r.local.meta.linked:
 		s.ChunksParent++
 	case r.owner && r.local.written:
 		s.ChunksNew++
 	default:
 		s.ChunksDedup++
 	}
+}
+
+// sweepUnnamed removes the chunk files in chunks/ that m (just committed)
+// does not name as its own: those of the image it replaced, and of writes
+// that died. Only names this package writes (chunks/HH/HASH) that are
+// regular files are candidates, reached beneath chunks/ without following
+// a symlink; the writer's exclusive lock keeps every other writer and gc
+// out meanwhile. Temporary files are left to gc (a writer removes only its
+// own). What cannot be removed is left for gc too.
+func (s *chunkStore) sweepUnnamed(m *imagepb.Manifest) error {
+	named := map[chunkHash]bool{}
+	for _, b := range m.GetBuffers() {
+		for _, c := range b.GetChunks() {
+			if c.GetLocation() == imagepb.Location_LOCATION_LOCAL {
+				h, _ := hashFromBytes(c.GetHash())
+				named[h] = true
+			}
+		}
+	}
+	subs, err := readDir(s.chunks)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, sub := range subs {
+		if !sub.IsDir() || len(sub.Name()) != 2 {
+			continue
+		}
+		d, err := s.chunks.openDir(sub.Name(), s.own)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ents, err := readDir(d)
+		removed := false
+		for _, e := range ents {
+			h, ok := parseHashName(e.Name())
+			if !ok || e.Name()[:2] != sub.Name() || !e.Type().IsRegular() || named[h] {
+				continue
+			}
+			if err := unix.Unlinkat(d.fd(), e.Name(), 0); err != nil && err != unix.ENOENT {
+				errs = append(errs, &fs.PathError{Op: "remove", Path: d.join(e.Name()), Err: err})
+				continue
+			}
+			removed = true
+		}
+		if removed {
+			if err := d.sync(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		d.close()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

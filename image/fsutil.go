@@ -37,18 +37,39 @@ func openLock(g *fsDir, own *Owner) (*os.File, error) {
 // The lock goes with the returned file.
 func lockDir(g *fsDir, own *Owner) (*os.File, error) {
 	path := g.join(lockName)
-	f, err := openLock(g, own)
-	if err != nil {
-		return nil, lockError(path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%s: %w (another writer or gc holds %s)", g.path, ErrBusy, path)
+	for tries := 0; ; tries++ {
+		f, err := openLock(g, own)
+		if err != nil {
+			return nil, lockError(path, err)
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%s: %w (another writer or gc holds %s)", g.path, ErrBusy, path)
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if lockStillNamed(g, f) {
+			return f, nil
+		}
+		f.Close() // removed (or replaced) while it was locked: lock the one there now
+		if tries == 2 {
+			return nil, fmt.Errorf("%s: %w (%s is replaced again and again)", g.path, ErrBusy, path)
+		}
 	}
-	return f, nil
+}
+
+// lockStillNamed says whether the lock file f is still DIR/gpucr/.lock: a
+// lock taken on a file the name no longer leads to (removed by whoever held
+// it last, an unfinished write's leftovers being cleaned up) excludes
+// nobody who opens the name now.
+func lockStillNamed(g *fsDir, f *os.File) bool {
+	id, err := idOf(f)
+	if err != nil {
+		return false
+	}
+	st, err := g.lstat(lockName)
+	return err == nil && (fileID{uint64(st.Dev), st.Ino}) == id
 }
 
 // lockShared takes DIR/gpucr/.lock shared, without waiting: a Writer holds
@@ -57,6 +78,20 @@ func lockDir(g *fsDir, own *Owner) (*os.File, error) {
 // committed and names them. An ancestor on read-only storage without a lock
 // file cannot be gc'd either, and is not locked.
 func lockShared(g *fsDir, own *Owner) (*os.File, error) {
+	for tries := 0; ; tries++ {
+		f, err := lockSharedOnce(g, own)
+		if f == nil || err != nil || lockStillNamed(g, f) {
+			return f, err
+		}
+		f.Close() // removed (or replaced) while it was locked: lock the one there now
+		if tries == 2 {
+			return nil, fmt.Errorf("%s: %w (%s is replaced again and again)", g.path, ErrBusy, g.join(lockName))
+		}
+	}
+}
+
+// lockSharedOnce is lockShared's one attempt.
+func lockSharedOnce(g *fsDir, own *Owner) (*os.File, error) {
 	path := g.join(lockName)
 	f, err := openLock(g, own)
 	if err != nil {

@@ -49,12 +49,16 @@ type gcNode struct {
 }
 
 // GC keeps the images in keep and every chunk file they refer to, in their
-// own directories and along their parent chains. In each directory of those
-// chains it deletes the chunk files no kept image refers to and leftover
-// temporary files. An ancestor that is not in keep and loses chunks it needs
-// has its manifest marked pruned first (atomically), so that it is refused
-// with ErrPruned instead of failing later on a missing chunk; its kept
-// descendants stay restorable. With dryRun nothing is changed.
+// own directories and along their parent chains as far as their chunks
+// reach. In each directory of those chains it deletes the chunk files no
+// kept image refers to and leftover temporary files. An ancestor that is
+// not in keep and loses chunks it needs has its manifest marked pruned
+// first (atomically), so that it is refused with ErrPruned instead of
+// failing later on a missing chunk; its kept descendants stay restorable.
+// An image no kept image reads a chunk from is not touched: a
+// self-contained image (Options.SelfContained) needs none of its
+// ancestors, so gc of it leaves them whole. With dryRun nothing is
+// changed.
 //
 // GC refuses to run (and changes nothing) if a kept image cannot be opened
 // or an ancestor its chunks need is missing: what they need would be unknown.
@@ -118,7 +122,9 @@ func GCWith(keep []string, opts GCOptions) (*GCReport, error) {
 			continue
 		}
 		loses := false
-		_ = n.eachNeeded(func(at *gcNode, h chunkHash) {
+		// Chunks in ancestors beyond the walked chain are in directories
+		// gc does not sweep: they are not lost.
+		n.eachKnown(func(at *gcNode, h chunkHash) {
 			if !at.refs[h] {
 				loses = true
 			}
@@ -234,12 +240,12 @@ func gcGraph(keep []string, confined bool) (order []*gcNode, err error) {
 		n.kept = true
 		kept = append(kept, n)
 	}
-	// Walk each chain from its start; an ancestor reached from several kept
-	// images is loaded once.
+	// Walk each chain from its start as far as its chunks reach; an
+	// ancestor reached from several kept images is loaded once.
 	for i, start := range kept {
 		need := maxAncestor(start.m)
 		chain := []*gcNode{start}
-		for cur := start; cur.m.GetParent() != nil; {
+		for cur := start; cur.m.GetParent() != nil && len(chain) <= need; {
 			p := cur.m.GetParent()
 			next, err := resolve(filepath.Join(cur.dir, p.GetPath()), owners[i])
 			if errors.Is(err, ErrOwner) {
@@ -258,10 +264,7 @@ func gcGraph(keep []string, confined bool) (order []*gcNode, err error) {
 				err = fmt.Errorf("%w: %w", ErrMissingParent, err)
 			}
 			if err != nil {
-				if len(chain) <= need {
-					return order, fmt.Errorf("gc: %s needs ancestor %d: %w", start.dir, len(chain), err)
-				}
-				break // beyond what the kept image needs: leave it alone
+				return order, fmt.Errorf("gc: %s needs ancestor %d: %w", start.dir, len(chain), err)
 			}
 			if n == start || containsNode(chain, n) {
 				return order, fmt.Errorf("gc: %s: %w", start.dir, corruptf("parent chain loops at %s", n.dir))
@@ -309,6 +312,20 @@ func (n *gcNode) eachNeeded(f func(at *gcNode, h chunkHash)) error {
 		}
 	}
 	return nil
+}
+
+// eachKnown is eachNeeded of the chunks whose ancestor is in n's chain as
+// walked (the others are in directories gc leaves alone).
+func (n *gcNode) eachKnown(f func(at *gcNode, h chunkHash)) {
+	for _, b := range n.m.GetBuffers() {
+		for _, c := range b.GetChunks() {
+			if c.GetLocation() == imagepb.Location_LOCATION_ZERO || int(c.GetAncestor()) >= len(n.chain) {
+				continue
+			}
+			h, _ := hashFromBytes(c.GetHash())
+			f(n.chain[c.GetAncestor()], h)
+		}
+	}
 }
 
 // sweep deletes n's chunk files nobody kept refers to, and temporary files.

@@ -9,7 +9,8 @@ import (
 )
 
 // fxChain writes a -> b -> c, each changing one chunk of the one before,
-// plus an overwritten earlier image in a (orphan chunks) and a leftover
+// plus the chunk files of a write into a that died (orphans: a write that
+// commits removes those of the image it replaces itself) and a leftover
 // temporary file in b. It returns the dirs and c's buffers.
 func fxChain(t *testing.T) (a, b, c string, bufsA, bufsC []fxBuf) {
 	root := t.TempDir()
@@ -21,9 +22,11 @@ func fxChain(t *testing.T) (a, b, c string, bufsA, bufsC []fxBuf) {
 		}
 		return []fxBuf{{BufferInfo{Pid: 9, Address: 0x4000000, Size: uint64(len(d))}, d}}
 	}
-	fxWrite(t, a, Options{ChunkSize: 4096}, mk(0, fxRand(70, 8*4096), -1)) // to be overwritten
+	dead := filepath.Join(root, "dead")
+	fxWrite(t, dead, Options{ChunkSize: 4096}, mk(0, fxRand(70, 8*4096), -1))
 	bufsA = mk(0, fxRand(71, 8*4096), -1)
 	fxWrite(t, a, Options{ChunkSize: 4096}, bufsA)
+	fxCopyTree(t, filepath.Join(dead, SubDir, chunksName), filepath.Join(a, SubDir, chunksName))
 	bufsB := mk(72, bufsA[0].data, 2)
 	fxWrite(t, b, Options{ChunkSize: 4096, Parent: a}, bufsB)
 	bufsC = mk(73, bufsB[0].data, 5)
@@ -159,4 +162,33 @@ func TestGCLeavesReplacedFarAncestor(t *testing.T) {
 	}
 	fxCheck(t, a, other)
 	fxCheck(t, c, y)
+}
+
+// gc walks a kept image's chain only as far as its chunks reach; an
+// ancestor it sweeps that refers further up itself is still marked pruned
+// when it loses a chunk of its own.
+func TestGCPrunesAncestorThatReadsFurther(t *testing.T) {
+	root := t.TempDir()
+	a, b, c := filepath.Join(root, "a"), filepath.Join(root, "b"), filepath.Join(root, "c")
+	info := BufferInfo{Address: 0x10000, Size: 6 * 4096}
+	dataA := fxRand(1, 6*4096)
+	fxWrite(t, a, Options{ChunkSize: 4096}, []fxBuf{{info, dataA}})
+	dataB := append([]byte(nil), dataA...)
+	copy(dataB[2*4096:], fxRand(2, 2*4096)) // b's own chunks 2 and 3
+	fxWrite(t, b, Options{ChunkSize: 4096, Parent: a}, []fxBuf{{info, dataB}})
+	dataC := fxRand(3, 6*4096)
+	copy(dataC[2*4096:3*4096], dataB[2*4096:3*4096]) // c reads b's chunk 2 alone
+	fxWrite(t, c, Options{ChunkSize: 4096, Parent: b}, []fxBuf{{info, dataC}})
+	rep, err := GC([]string{c}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Dirs) != 2 || len(rep.Pruned) != 1 || rep.Pruned[0] != b {
+		t.Fatalf("report %+v: want b swept and marked pruned, a left alone", rep)
+	}
+	if _, err := Open(b); !errors.Is(err, ErrPruned) {
+		t.Errorf("b lost its chunk 3 but opens: %v", err)
+	}
+	fxCheck(t, a, []fxBuf{{info, dataA}})
+	fxCheck(t, c, []fxBuf{{info, dataC}})
 }

@@ -219,7 +219,7 @@ func validateChunk(m *imagepb.Manifest, c *imagepb.Chunk, want uint32) error {
 	}
 	switch c.GetLocation() {
 	case imagepb.Location_LOCATION_ZERO:
-		if len(c.GetHash()) != 0 || c.GetAncestor() != 0 || c.GetCrc32C() != 0 ||
+		if len(c.GetHash()) != 0 || c.GetAncestor() != 0 || c.GetCrc32C() != 0 || c.GetLinked() ||
 			c.GetStoredSize() != 0 || c.GetCompression() != imagepb.Compression_COMPRESSION_NONE {
 			return corruptf("zero chunk with stored-chunk fields")
 		}
@@ -231,6 +231,9 @@ func validateChunk(m *imagepb.Manifest, c *imagepb.Chunk, want uint32) error {
 	case imagepb.Location_LOCATION_PARENT:
 		if m.GetParent() == nil {
 			return corruptf("parent chunk in an image without parent")
+		}
+		if c.GetLinked() {
+			return corruptf("parent chunk marked linked (only a local file is a link)")
 		}
 		if c.GetAncestor() == 0 || c.GetAncestor() > MaxChainDepth {
 			return corruptf("ancestor %d out of range 1..%d", c.GetAncestor(), MaxChainDepth)

@@ -69,7 +69,8 @@ func (w *Writer) SealProcess(pid int) error {
 	if !listed && len(m.Buffers) > 0 {
 		ns = int(m.Buffers[0].GetNsPid())
 	}
-	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns), Gpus: rec.gpus, Imports: importsPB(rec.imports)}}
+	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns), Gpus: rec.gpus, Imports: importsPB(rec.imports),
+		StartTime: rec.start}}
 	m.Stats = statsToPB(st)
 	data, err := encodeManifest(m)
 	if err != nil {
@@ -145,4 +146,55 @@ func OpenProcessPart(dir string, pid int, own *Owner) (*Image, error) {
 		return nil, &ManifestError{File: g.join(rel), Err: corruptf("a part of pid %d that is not that process's alone", pid)}
 	}
 	return imageFrom(real, g, dir, m, ReadOptions{Owner: own}, own)
+}
+
+// RemoveProcessPart removes the part of process pid that a write into dir
+// sealed, if it is still the part of the image id (another write's is
+// left), and parts/ with it if that leaves it empty. A new helper that gave
+// the process its memory back from it calls it: nobody waits for it any
+// more, and an unfinished image whose parts are gone is one gc removes.
+// Everything is reached beneath dir, no symlink followed; own, if set,
+// must own it.
+func RemoveProcessPart(dir string, pid int, id []byte, own *Owner) error {
+	real, err := realDir(dir)
+	if err != nil {
+		return err
+	}
+	top, err := openDirPath(real)
+	if err != nil {
+		return err
+	}
+	defer top.close()
+	g, err := openSubDir(top, own)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	pd, err := g.openDir(partsName, own)
+	if err != nil {
+		return err
+	}
+	defer pd.close()
+	name := partName(pid)
+	f, err := pd.openFile(name, unix.O_RDONLY, own)
+	if err != nil {
+		return err
+	}
+	fid, err := idOf(f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	m, err := loadManifestFile(pd, name, own)
+	if err != nil {
+		return err
+	}
+	if string(m.GetImageId()) != string(id) {
+		return fmt.Errorf("%s: the part of another image", pd.join(name))
+	}
+	if err := pd.removeOwn(name, fid); err != nil {
+		return err
+	}
+	_ = unix.Unlinkat(g.fd(), partsName, unix.AT_REMOVEDIR) // only if empty
+	return g.sync()
 }

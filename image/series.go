@@ -6,17 +6,22 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 )
 
-// Latest finds the newest committed image among the subdirectories of
+// Latest finds the newest restorable image among the subdirectories of
 // base, a series of checkpoints such as base/1, base/2, ... (the parent an
 // incremental checkpoint of the series takes: `gpucr checkpoint
 // --auto-parent`). skip names a directory not to take (the one the next
 // image goes into). An image counts if its manifest is committed and
-// valid and it is restorable by itself (not pruned by gc); the newest is
-// the one taken last (the manifest's origin time), ties broken by name.
-// It returns "" when base holds none or does not exist yet.
+// valid and it can be read by itself: not pruned by gc, every ancestor its
+// chunks are in still there (the image it was written against), every
+// chunk file there with its size. So an image that lost an ancestor (an
+// image written before images were self-contained, whose ancestor was
+// deleted) or chunk files is passed over for the newest one that has not.
+// The newest is the one taken last (the manifest's origin time), ties
+// broken by name. It returns "" when base holds none or does not exist yet.
 func Latest(base, skip string) (string, error) { return latest(base, skip, nil) }
 
 // LatestOwned is Latest among the images of one user: the caller (for root:
@@ -49,9 +54,13 @@ func latest(base, skip string, own *Owner) (string, error) {
 		return "", fmt.Errorf("image series %s: %w", base, err)
 	}
 	skipReal, _ := realDir(skip)
-	var best string
-	var bestTime time.Time
-	for _, e := range entries { // sorted by name
+	type candidate struct {
+		dir string
+		t   time.Time
+		i   int
+	}
+	var cands []candidate
+	for i, e := range entries { // sorted by name
 		if !e.IsDir() {
 			continue
 		}
@@ -59,12 +68,34 @@ func latest(base, skip string, own *Owner) (string, error) {
 		if real, err := realDir(dir); err != nil || real == skipReal {
 			continue
 		}
-		t, ok := committedAt(dir, own)
-		if ok && !t.Before(bestTime) {
-			best, bestTime = dir, t
+		if t, ok := committedAt(dir, own); ok {
+			cands = append(cands, candidate{dir, t, i})
 		}
 	}
-	return best, nil
+	// Newest first; only as many are opened as are found broken.
+	sort.Slice(cands, func(a, b int) bool {
+		if !cands[a].t.Equal(cands[b].t) {
+			return cands[a].t.After(cands[b].t)
+		}
+		return cands[a].i > cands[b].i
+	})
+	for _, c := range cands {
+		if readable(c.dir, own) {
+			return c.dir, nil
+		}
+	}
+	return "", nil
+}
+
+// readable says whether the image in dir opens (its ancestors resolve) and
+// has every chunk file it names.
+func readable(dir string, own *Owner) bool {
+	im, err := openImage(dir, ReadOptions{Owner: own}, false, own)
+	if err != nil {
+		return false
+	}
+	defer im.Close()
+	return im.CheckFiles() == nil
 }
 
 // committedAt is when the image in dir was taken, if it has a valid,

@@ -38,6 +38,7 @@ type storedChunk struct {
 	crc        uint32
 	comp       imagepb.Compression
 	storedSize uint32
+	linked     bool // LOCAL: a hard link of the parent chain's file (Options.SelfContained)
 }
 
 // localChunk is one content hash met by this write. The first worker to meet
@@ -58,13 +59,23 @@ type chunkStore struct {
 	own    *Owner                       // nil: the process's own
 	old    map[chunkHash]*imagepb.Chunk // LOCAL chunks of the manifest DIR held at Create
 	parent map[chunkHash]storedChunk    // chunks of the parent chain, ancestor as seen from here
+	// ancestors are the gpucr/ of the parent chain, open ([0]: the
+	// parent); linkFrom[i] says whether chunks of ancestors[i] are linked
+	// into DIR rather than referred to (Options.SelfContained: those
+	// outside DIR). nil: every parent chunk is referred to.
+	ancestors []*fsDir
+	linkFrom  []bool
 	// salvage: the chunk files a dropped write into DIR left (salvage.go),
 	// reused like old's; set before any chunk, read-only afterwards.
 	salvage map[chunkHash]storedChunk
-	enc     *zstd.Encoder // nil: no compression
-	stored  atomic.Int64  // bytes written to new files
-	seq     atomic.Uint64 // temporary names
-	tmpTag  string        // this write's, in its temporary names: a dead writer's leftovers never clash
+	// replaces: chunks/ was there before this write (an image it
+	// replaces, a dropped write's files): once committed, the files the
+	// new image does not name are removed (sweepUnnamed).
+	replaces bool
+	enc      *zstd.Encoder // nil: no compression
+	stored   atomic.Int64  // bytes written to new files
+	seq      atomic.Uint64 // temporary names
+	tmpTag   string        // this write's, in its temporary names: a dead writer's leftovers never clash
 
 	mu      sync.Mutex
 	local   map[chunkHash]*localChunk
@@ -111,7 +122,9 @@ func (s *chunkStore) claimKnown(h chunkHash) (lc *localChunk, owner, ok bool) {
 	} else if sc, found := s.salvage[h]; found {
 		meta = sc
 	} else if pc, found := s.parent[h]; found {
-		meta = pc
+		if meta, found = s.fromParent(h, pc); !found {
+			return nil, false, false // not linked: the bytes are stored again
+		}
 	} else {
 		return nil, false, false
 	}
@@ -145,8 +158,15 @@ func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[
 		return final, nil
 	}
 	if pc, ok := s.parent[h]; ok {
-		lc.meta = pc
-		return "", nil
+		if meta, ok := s.fromParent(h, pc); ok {
+			lc.meta = meta
+			if meta.linked {
+				return final, nil
+			}
+			return "", nil
+		}
+		// It could not be linked (another file system, the ancestor
+		// deleted since): written again, the image stays self-contained.
 	}
 	stored, comp := raw, imagepb.Compression_COMPRESSION_NONE
 	if s.enc != nil {
@@ -167,6 +187,78 @@ func (s *chunkStore) resolve(lc *localChunk, h chunkHash, raw []byte, scratch *[
 	lc.written = true
 	s.stored.Add(int64(len(stored)))
 	return final, nil
+}
+
+// fromParent is how the image gets chunk h, which the parent chain holds
+// (pc): a reference to the ancestor's file, or (linkFrom) a hard link of it
+// in DIR. ok is false if it was to be linked and could not be: its bytes
+// must be stored.
+func (s *chunkStore) fromParent(h chunkHash, pc storedChunk) (storedChunk, bool) {
+	i := int(pc.ancestor) - 1
+	if s.linkFrom == nil || i < 0 || i >= len(s.linkFrom) || !s.linkFrom[i] {
+		return pc, true
+	}
+	if !s.link(h, pc, s.ancestors[i]) {
+		return storedChunk{}, false
+	}
+	return storedChunk{loc: imagepb.Location_LOCATION_LOCAL, crc: pc.crc, comp: pc.comp, storedSize: pc.storedSize,
+		linked: true}, true
+}
+
+// link puts a hard link of the chunk file of h in the ancestor whose
+// gpucr/ is src at chunks/HH/HASH of DIR, through a temporary name (as
+// writeFile does): the same file, its bytes stored once. The file is
+// opened beneath src following no symlink and checked (a regular file of
+// the size the ancestor's manifest says, the owner's) before it is linked
+// through that descriptor: what is linked is what was checked. It says
+// whether the link was made; nothing is left behind when not.
+func (s *chunkStore) link(h chunkHash, pc storedChunk, src *fsDir) bool {
+	fd, err := openat2(src.fd(), chunkRel(h), unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != int64(pc.storedSize) ||
+		(s.own != nil && int(st.Uid) != s.own.UID) {
+		return false
+	}
+	sub, err := s.subdir(h)
+	if err != nil {
+		return false
+	}
+	tmp := fmt.Sprintf("%sl-%s-%s-%d", tmpPrefix, s.tmpTag, h, s.seq.Add(1))
+	if linkFD(fd, s.g.fd(), tmp) != nil {
+		return false
+	}
+	id := fileID{uint64(st.Dev), st.Ino}
+	name := h.String()
+	// Replaces, as writeFile does, only a file no committed manifest of
+	// DIR refers to with this content's metadata (those are reused first).
+	if err := s.g.rename(tmp, sub, name); err != nil {
+		_ = s.g.removeOwn(tmp, id)
+		return false
+	}
+	s.mu.Lock()
+	s.created = append(s.created, ownFile{dir: sub, name: name, id: id})
+	s.touched[h[0]] = true
+	s.mu.Unlock()
+	return true
+}
+
+// linkFD makes name in dirfd a hard link of the file fd is open on (an
+// O_PATH descriptor will do). linkat with AT_EMPTY_PATH needs
+// CAP_DAC_READ_SEARCH (the helper, as root, has it); without it the
+// descriptor's magic link in /proc links the same file.
+func linkFD(fd, dirfd int, name string) error {
+	err := unix.Linkat(fd, "", dirfd, name, unix.AT_EMPTY_PATH)
+	if err == nil || err == unix.EXDEV || err == unix.EEXIST {
+		return err
+	}
+	if perr := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), dirfd, name, unix.AT_SYMLINK_FOLLOW); perr != nil {
+		return err
+	}
+	return nil
 }
 
 // reusable says whether chunks/HH/HASH of h is a regular file of size bytes

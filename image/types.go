@@ -115,6 +115,17 @@ type Options struct {
 	// they could not reach fails as it would for them, telling them
 	// nothing of what lies there. nil: this process's own permissions.
 	Lookup func(open func() error) error
+	// SelfContained: a chunk the parent chain holds (Parent) is hard-linked
+	// into DIR (chunks/HH/HASH, the same file: stored once on disk for
+	// every image that links it) instead of being referred to in the
+	// ancestor's directory, so the image needs none of its ancestors:
+	// any of them may be deleted (rm -rf too) and this one still
+	// restores. Where a link cannot be made (another file system, the
+	// ancestor deleted meanwhile), the chunk's bytes are stored again
+	// (RecordChunk asks for them). An ancestor inside DIR (a pre-copy's
+	// rounds, DIR/gpucr-pre-copy/...) is referred to as without it: it
+	// goes wherever DIR goes. gpucr's helper writes every image so.
+	SelfContained bool
 	// Salvage, if set, is the chunk files a dropped write into the same
 	// DIR left (Writer.AbortSalvage): reused where a chunk hashes the
 	// same. Create takes it over (one of another DIR is discarded).
@@ -165,6 +176,10 @@ type ProcessInfo struct {
 	// Imports are the buffers of other processes of the image that this
 	// one maps (an NCCL rank's imports of its peers' memory).
 	Imports []ImportInfo
+	// StartTime is the process's start time (/proc/PID/stat field 22)
+	// when it was checkpointed, which tells it apart from a later process
+	// with its pid; 0: unknown.
+	StartTime uint64
 }
 
 // ImportInfo is one buffer of another process that a process maps: at

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +31,7 @@ type Writer struct {
 	parent  *imagepb.Parent
 	lock    *os.File   // exclusive, on DIR
 	shared  []*os.File // shared, on the ancestors chunks may refer to
+	pim     *Image     // the parent, open: its chain's gpucr/ are where links are made from
 	store   *chunkStore
 	budget  *budget
 	pool    sync.Pool // *[]byte of ChunkSize: chunk buffers reused across chunks
@@ -148,15 +150,15 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 	}
 	// Leftover temporary files of a writer that died stay: a Writer removes
 	// only what it created itself (gc removes the rest).
-	chunks, _, err := w.g.mkdir(chunksName, own)
+	chunks, made, err := w.g.mkdir(chunksName, own)
 	if err != nil {
 		return nil, fmt.Errorf("create image in %s: %w", w.dir, err)
 	}
 	w.store = &chunkStore{g: w.g, chunks: chunks, own: own, local: map[chunkHash]*localChunk{}, old: oldChunks(w.g, own),
-		tmpTag: hex.EncodeToString(w.id[:4])}
+		tmpTag: hex.EncodeToString(w.id[:4]), replaces: !made}
 	if opts.Parent != "" {
 		open := func() (err error) {
-			w.parent, w.store.parent, w.shared, err = parentChunks(w.dir, opts.Parent, own)
+			w.parent, w.store.parent, w.pim, w.shared, err = parentChunks(w.dir, opts.Parent, own)
 			return err
 		}
 		if opts.Lookup != nil {
@@ -166,6 +168,12 @@ func create(top *fsDir, origin Origin, opts Options) (_ *Writer, err error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+		if opts.SelfContained {
+			w.store.ancestors = w.pim.gdirs
+			for _, d := range w.pim.chain {
+				w.store.linkFrom = append(w.store.linkFrom, !within(d, w.dir))
+			}
 		}
 	}
 	// A salvage only saves copying: one that cannot be used (its
@@ -258,18 +266,24 @@ func oldChunks(g *fsDir, own *Owner) map[chunkHash]*imagepb.Chunk {
 // set every image of its chain must be own's: the new image will use their
 // chunk files), locks its chain against gc (shared) and indexes every
 // stored chunk reachable through it, as seen from the new image in dir.
-func parentChunks(dir, parent string, own *Owner) (*imagepb.Parent, map[chunkHash]storedChunk, []*os.File, error) {
+// The parent image it returns stays open (its chain's gpucr/ are where
+// links are made from): the Writer closes it.
+func parentChunks(dir, parent string, own *Owner) (_ *imagepb.Parent, _ map[chunkHash]storedChunk, _ *Image, _ []*os.File, err error) {
 	pim, err := openImage(parent, ReadOptions{}, false, own)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("parent image: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("parent image: %w", err)
 	}
-	defer pim.Close()
+	defer func() {
+		if err != nil {
+			pim.Close()
+		}
+	}()
 	rel, err := filepath.Rel(dir, pim.chain[0])
 	if err == nil {
 		err = checkParentPath(rel)
 	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("parent image %s as seen from %s: %w", parent, dir, err)
+		return nil, nil, nil, nil, fmt.Errorf("parent image %s as seen from %s: %w", parent, dir, err)
 	}
 	var locks []*os.File
 	for _, g := range pim.gdirs {
@@ -278,7 +292,7 @@ func parentChunks(dir, parent string, own *Owner) (*imagepb.Parent, map[chunkHas
 			for _, l := range locks {
 				l.Close()
 			}
-			return nil, nil, nil, fmt.Errorf("parent image: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("parent image: %w", err)
 		}
 		if l != nil {
 			locks = append(locks, l)
@@ -311,7 +325,14 @@ func parentChunks(dir, parent string, own *Owner) (*imagepb.Parent, map[chunkHas
 				crc: c.GetCrc32C(), comp: c.GetCompression(), storedSize: c.GetStoredSize()}
 		}
 	}
-	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, locks, nil
+	return &imagepb.Parent{Path: rel, ImageId: pim.m.GetImageId()}, idx, pim, locks, nil
+}
+
+// within says whether the directory d lies inside dir (both absolute,
+// symlinks resolved).
+func within(d, dir string) bool {
+	rel, err := filepath.Rel(dir, d)
+	return err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 // AddProcess records a process the image is taken of, whether or not it
@@ -326,6 +347,7 @@ type procRec struct {
 	ns      int
 	gpus    []string
 	imports []ImportInfo
+	start   uint64
 }
 
 // AddProcessInfo is AddProcess with the GPUs the process could see.
@@ -350,6 +372,9 @@ func (w *Writer) AddProcessInfo(p ProcessInfo) error {
 	}
 	if p.Imports != nil {
 		r.imports = slices.Clone(p.Imports)
+	}
+	if p.StartTime != 0 {
+		r.start = p.StartTime
 	}
 	w.procs[p.Pid] = r
 	return nil
@@ -534,6 +559,9 @@ func (w *Writer) release() {
 	}
 	for _, l := range w.shared {
 		l.Close()
+	}
+	if w.pim != nil {
+		w.pim.Close()
 	}
 	if w.lock != nil {
 		w.lock.Close()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/internal/units"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
 )
 
 // DumpOptions is a whole-process checkpoint of a tree.
@@ -38,11 +39,14 @@ type DumpOptions struct {
 	Concurrent bool
 	// PreCopy copies the GPU memory while the tree runs, in rounds, before
 	// the dump stops it (precopy.go); the dump copies only what changed
-	// since the last round. The rounds stay in Dir (PreCopyDir): the GPU
-	// image refers to their chunks.
+	// since the last round. The rounds go into Dir (PreCopyDir), and once
+	// the image is committed what it uses of them is folded into it and
+	// they are removed.
 	PreCopy PreCopy
 	// preCopied: the rounds were done already (a migration sent them to
 	// its target before the stop); Dir holds them, and the dump uses them.
+	// They stay: the target's image reads them there, and only the rest
+	// goes after the stop.
 	preCopied *preCopyResult
 	// Force replaces an image Dir already holds: it is put aside, removed
 	// once the new one is complete, and put back if the checkpoint fails.
@@ -108,7 +112,20 @@ const treeGoneWait = 10 * time.Second
 // returns once the tree's pids are free, so that a restore right after can
 // have them. A concurrent dump whose copy-on-write window found memory
 // changed behind its back is taken again stop-the-world (Redone says why).
+//
+// The directories it makes for the image are removed if it fails and
+// nothing is left in them (its log stays where CRIU ran and failed).
 func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
+	made := &madeDirs{}
+	res, err := dump(ctx, o, made)
+	if err != nil {
+		made.removeEmpty()
+	}
+	return res, err
+}
+
+// dump is Dump, recording the directories it makes.
+func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, error) {
 	ev := &emitter{out: o.Events, start: time.Now()}
 	if o.LeaveRunning && o.LeaveStopped {
 		return nil, errors.New("a checkpoint leaves the tree running or stopped, not both")
@@ -129,7 +146,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if err := sessionLeaderCheck(pid, o.CRIU.ShellJob); err != nil {
 		return nil, err
 	}
-	if err := checkpointDir(o.Dir); err != nil {
+	if err := checkpointDir(o.Dir, made); err != nil {
 		return nil, err
 	}
 	tc := gpuClientsOf(o.Env.Socket, pid)
@@ -164,6 +181,12 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 			return nil, fmt.Errorf("checkpoint refused: %s already holds %s, which a new image would mix with; choose a new directory, or --force to replace it",
 				o.Dir, describeHeld(held))
 		}
+		// Not an image that is being restored from: the restore reads it.
+		lock, err := lockForReplace(o.Dir)
+		if err != nil {
+			return nil, err
+		}
+		defer lock.Close()
 		if aside, err = putAside(o.Dir, held); err != nil {
 			return nil, err
 		}
@@ -221,6 +244,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		}
 	}
 	after, _ := os.Stat(manifest)
+	if len(pc.rounds) > 0 && o.preCopied == nil {
+		foldPreCopy(o.Dir, ev)
+	}
 	res := &DumpResult{Pid: pid, ImagesDir: o.Dir, Parent: o.Parent, LeaveRunning: o.LeaveRunning, LeaveStopped: o.LeaveStopped,
 		Concurrent: o.Concurrent, Redone: redone, PreCopy: pc.rounds, PreCopySeconds: pc.seconds,
 		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
@@ -267,9 +293,12 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 // began in DIR is removed where DIR held none before (a failed GPU image
 // only misleads), an interrupted run's log goes too, and an old image put
 // aside for Force comes back. What was done is added to the failure. But
-// where processes of the tree still wait for their GPU memory (waiting:
-// their helper died after they gave it up), the partial image is what a new
-// helper gives it back from: it stays, and so does the old image, aside.
+// where processes of the tree may still wait for their GPU memory in the
+// partial image (waiting: the helper does not say they run again, and
+// their part of the image is sealed, which a checkpoint does before a
+// process gives its memory up), it is what a new helper gives it back
+// from: it stays, and so does the old image, aside. A process without a
+// sealed part waits for nothing the partial image holds.
 func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []proc.Pid) error {
 	var f *Failure
 	errors.As(err, &f)
@@ -279,9 +308,10 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []p
 		}
 	}
 	partial := filepath.Join(dir, "gpucr")
+	waiting = slices.DeleteFunc(slices.Clone(waiting), func(p proc.Pid) bool { return !sealedPart(dir, p) })
 	if len(waiting) > 0 {
-		note(fmt.Sprintf("kept the partial GPU image %s: %s of the tree wait for their GPU memory, which the next gpucr helper gives back from it",
-			partial, pidList(waiting)))
+		note(fmt.Sprintf("kept the partial GPU image %s: %s of the tree may wait for their GPU memory in it (their part of it was sealed before the helper died, as a process's is before it gives its memory up); the next gpucr helper gives it back from there, after which `gpucr image gc %s` removes the partial image",
+			partial, pidList(waiting), dir))
 		if aside != nil {
 			note(fmt.Sprintf("the image %s held before stays in %s", dir, filepath.Join(dir, aside.name)))
 			aside.dir.Close()
@@ -312,6 +342,14 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []p
 		}
 	}
 	return err
+}
+
+// sealedPart says whether DIR's unfinished GPU image holds the sealed part
+// of process pid (image.Writer.SealProcess): what a new helper would give
+// that process its memory back from.
+func sealedPart(dir string, pid proc.Pid) bool {
+	fi, err := os.Lstat(filepath.Join(dir, image.SubDir, "parts", fmt.Sprintf("%d.pb", pid)))
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // heldPidsReason says which processes still hold a dumped tree's pids, and

@@ -5,6 +5,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -54,5 +55,35 @@ func waitGPUBack(socket string, pids []proc.Pid, wait time.Duration) []ProcessAf
 			return out
 		}
 		time.Sleep(gpuBackPoll)
+	}
+}
+
+// MayWait is what image.RemoveUnfinished asks of each process whose part
+// an unfinished image holds: whether it may still wait for its GPU memory
+// in it. Not if it is gone, or its pid is another process's now (the
+// part's start time), or the helper at socket says it runs again with its
+// memory (connected and running: adopted from the part, or it never gave
+// its memory up). Otherwise it may: no helper answers (one that starts
+// gives it back from the part), or the helper does not have it running.
+func MayWait(socket string) func(image.ProcessInfo) bool {
+	return func(p image.ProcessInfo) bool {
+		pid := proc.Pid(p.Pid)
+		st, err := proc.ReadStat(pid)
+		if err != nil || !st.Alive() {
+			return false
+		}
+		if p.StartTime != 0 && st.Start != p.StartTime {
+			return false
+		}
+		reply, err := helperStatus(socket, []proc.Pid{pid})
+		if err != nil {
+			return true
+		}
+		for _, cl := range reply.Clients {
+			if proc.Pid(cl.Pid) == pid && cl.ControlConnected && cl.State == helperpb.ClientState_CLIENT_STATE_RUNNING {
+				return false
+			}
+		}
+		return true
 	}
 }

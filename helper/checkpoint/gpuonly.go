@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,17 +35,112 @@ type GPUOptions struct {
 	Compress   bool          // zstd-compress chunks
 	Quiesce    time.Duration // how long the process may take to reach a quiet point (0: 10 s)
 	Socket     string
+	// Force replaces an image Dir already holds (else refused, as a
+	// whole-process checkpoint is): the GPU image in place (the old one's
+	// chunk files the new one does not reuse are removed once it is
+	// committed), anything else (a whole-process image's CRIU files) put
+	// aside, removed once the new image is committed, put back if the
+	// checkpoint fails.
+	Force bool
 }
 
 // gpuCallTimeout bounds a GPU-only checkpoint or a resume.
 const gpuCallTimeout = 30 * time.Minute
 
-// DumpGPU checkpoints the GPU state of o.Pid into o.Dir/gpucr.
+// DumpGPU checkpoints the GPU state of o.Pid into o.Dir/gpucr. The
+// directories it makes for it are removed if it fails and they stay empty.
 func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, error) {
+	made := &madeDirs{}
+	r, err := dumpGPUInto(ctx, o, made)
+	if err != nil {
+		if g := filepath.Join(o.Dir, image.SubDir); made.made(g) {
+			removeWriteLeftovers(g)
+		}
+		made.removeEmpty()
+	}
+	return r, err
+}
+
+// dumpGPUInto is DumpGPU, recording the directories it makes.
+func dumpGPUInto(ctx context.Context, o GPUOptions, made *madeDirs) (*helperpb.CheckpointReply, error) {
 	if !filepath.IsAbs(o.Dir) {
 		return nil, fmt.Errorf("image directory %q: must be absolute", o.Dir)
 	}
-	d, err := gpuImageDir(o.Dir)
+	held, err := gpuHeld(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var aside *asideDir
+	if len(held) > 0 {
+		if !o.Force {
+			return nil, fmt.Errorf("checkpoint refused: %s already holds %s, which a new image would replace; choose a new directory, or --force to replace it",
+				o.Dir, describeHeld(held))
+		}
+		// Not an image that is being restored from: the restore reads it.
+		lock, err := lockForReplace(o.Dir)
+		if err != nil {
+			return nil, err
+		}
+		defer lock.Close()
+		if others := slices.DeleteFunc(slices.Clone(held), func(n string) bool { return n == image.SubDir }); len(others) > 0 {
+			if aside, err = putAside(o.Dir, others); err != nil {
+				return nil, err
+			}
+		}
+	}
+	r, err := dumpGPU(ctx, o, made)
+	if aside != nil {
+		if err != nil {
+			if perr := aside.putBack(); perr != nil {
+				err = fmt.Errorf("%w; %v", err, perr)
+			}
+		} else if derr := aside.discard(); derr != nil {
+			err = fmt.Errorf("the image is written, but the files it replaced stay: %w", derr)
+		}
+	}
+	return r, err
+}
+
+// gpuHeld is what Dir holds that a GPU-only image would replace: as for a
+// whole-process checkpoint (heldEntries), except that DIR/gpucr counts only
+// with an image in it, committed or not (an empty one, or a lock file, is
+// what an earlier attempt left).
+func gpuHeld(dir string) ([]string, error) {
+	held, err := heldEntries(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(held, image.SubDir) {
+		_, merr := os.Lstat(filepath.Join(dir, image.SubDir, "manifest.pb"))
+		_, perr := os.Lstat(filepath.Join(dir, image.SubDir, "parts"))
+		if merr != nil && perr != nil {
+			held = slices.DeleteFunc(held, func(n string) bool { return n == image.SubDir })
+		}
+	}
+	return held, nil
+}
+
+// lockForReplace takes Dir's image lock (image.LockImage) for a checkpoint
+// that replaces the image there: refused while it is restored from.
+func lockForReplace(dir string) (*os.File, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	if err := image.LockImage(d, dir); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("checkpoint refused: %w", err)
+	}
+	return d, nil
+}
+
+// dumpGPU is DumpGPU once Dir may take the image.
+func dumpGPU(ctx context.Context, o GPUOptions, made *madeDirs) (*helperpb.CheckpointReply, error) {
+	d, err := gpuImageDirMade(o.Dir, made)
 	if err != nil {
 		return nil, err
 	}
@@ -73,27 +170,6 @@ func DumpGPU(ctx context.Context, o GPUOptions) (*helperpb.CheckpointReply, erro
 func Resume(ctx context.Context, socket string, pid proc.Pid) (*helperpb.CheckpointReply, error) {
 	return callCheckpoint(ctx, socket, &helperpb.Request{Body: &helperpb.Request_ResumeCheckpointed{
 		ResumeCheckpointed: &helperpb.ResumeCheckpointed{Pid: int64(pid)}}}, fmt.Sprintf("resume %d", pid), -1)
-}
-
-// gpuImageDir prepares the image directory of a GPU-only checkpoint, as the
-// user who runs gpucr: DIR and DIR/gpucr are made (0700) if missing, so the
-// kernel checks that this user may write there, and DIR is opened. The
-// helper, which runs as root, writes only beneath the descriptor passed to
-// it, into DIR/gpucr, and gives what it writes to this user.
-func gpuImageDir(dir string) (*os.File, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("image directory %s: %w", dir, err)
-	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("image directory %s: %w", dir, err)
-	}
-	d := os.NewFile(uintptr(fd), dir)
-	if err := unix.Mkdirat(fd, image.SubDir, 0o700); err != nil && err != unix.EEXIST {
-		d.Close()
-		return nil, fmt.Errorf("image directory %s: %w", filepath.Join(dir, image.SubDir), err)
-	}
-	return d, nil
 }
 
 // callCheckpoint sends a Checkpoint (with dirFD, the image directory, if not

@@ -145,9 +145,11 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	var early *preCopyResult
 	var earlyDir string
 	var earlySent int64
+	made := &madeDirs{} // the image directory, if the rounds made it: gone again if nothing is dumped
 	st, streamed := o.Target.(*SSHTarget)
 	if streamed && o.PreCopy.Rounds > 0 && !st.Shared {
-		if early, earlyDir, earlySent, err = preCopyAhead(ctx, o, st, ev); err != nil {
+		if early, earlyDir, earlySent, err = preCopyAhead(ctx, o, st, ev, made); err != nil {
+			made.removeEmpty()
 			return nil, err
 		}
 	}
@@ -165,6 +167,7 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 			_ = discard(o.Target, earlyDir)
 			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
 		}
+		made.removeEmpty()
 		return nil, err // a failed dump leaves the tree running
 	}
 	if early == nil {
@@ -257,9 +260,9 @@ func holdersOf(procs []*proc.Process) []proc.Holder {
 // sends them to the streamed target at once: the rounds, the target's
 // directory they went to, and the bytes sent. On error nothing is left at
 // the target, and the tree runs on.
-func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emitter) (*preCopyResult, string, int64, error) {
+func preCopyAhead(ctx context.Context, o MigrateOptions, st *SSHTarget, ev *emitter, made *madeDirs) (*preCopyResult, string, int64, error) {
 	tc := gpuClientsOf(o.Env.Socket, o.Pid)
-	if err := checkpointDir(o.Dir); err != nil {
+	if err := checkpointDir(o.Dir, made); err != nil {
 		return nil, "", 0, err
 	}
 	pc, err := preCopy(ctx, o.PreCopy, o.Dir, "", tc.Clients, tc.Bytes, o.Env, ev)

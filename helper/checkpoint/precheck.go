@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -24,11 +25,11 @@ import (
 // plainly instead of surfacing as one of CRIU's log lines.
 
 // checkpointDir makes sure the image directory of a checkpoint exists (made
-// 0700 if missing), is a directory, and takes a new file: a probe file is
-// created and removed, which finds a read-only or full file system and
-// missing permissions alike.
-func checkpointDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// 0700 if missing, and recorded in made), is a directory, and takes a new
+// file: a probe file is created and removed, which finds a read-only or
+// full file system and missing permissions alike.
+func checkpointDir(dir string, made *madeDirs) error {
+	if err := made.mkdirAll(dir); err != nil {
 		return fmt.Errorf("image directory %s: %w", dir, err)
 	}
 	if err := isDir(dir); err != nil {
@@ -242,4 +243,26 @@ func holdersText(held []proc.Holder) (text string, running bool) {
 		parts = append(parts, what)
 	}
 	return strings.Join(parts, ", "), running
+}
+
+// lockImageDir takes the lock of a restore's image directory
+// (image.LockImage), held while the returned descriptor stays open: the
+// restore closes it when it ends, and a crash releases it. It is taken
+// without waiting: a second restore of one image could only fail on the
+// pids the first takes back, so it says so at once.
+func lockImageDir(dir string) (*os.File, error) {
+	if err := isDir(dir); err != nil {
+		return nil, err
+	}
+	// O_CLOEXEC: CRIU and what it restores do not inherit the lock.
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s: %w", dir, err)
+	}
+	d := os.NewFile(uintptr(fd), dir)
+	if err := image.LockImage(d, dir); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("restore refused: %w", err)
+	}
+	return d, nil
 }

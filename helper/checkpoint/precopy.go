@@ -27,11 +27,15 @@ import (
 
 	"github.com/gpucr/gpucr/helper/internal/units"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
 )
 
 // PreCopyDir is where a pre-copy's rounds go, inside the image directory:
-// the final image refers to their chunks, so they are part of the image
-// (a migration sends them along; --force puts them aside with the rest).
+// the final image is written against them, so they are part of the image
+// until it is committed (a migration sends them along; --force puts them
+// aside with the rest). Then the checkpoint folds what the image reads
+// from them into it and removes them (foldPreCopy): the directory holds
+// the image once, not once per round.
 const PreCopyDir = "gpucr-pre-copy"
 
 // PreCopy configures the rounds before a dump.
@@ -61,6 +65,25 @@ type preCopyResult struct {
 	rounds  []PreCopyRound
 	last    string // the last image written (absolute), "" if none
 	seconds float64
+}
+
+// foldPreCopy makes the committed image in dir read nothing from its
+// pre-copy rounds (image.FoldParents: their chunk files it uses are linked
+// into it) and removes the rounds. Should the fold fail, the rounds stay
+// (the image reads them), and the caller is warned.
+func foldPreCopy(dir string, ev *emitter) {
+	base := filepath.Join(dir, PreCopyDir)
+	own := &image.Owner{UID: os.Geteuid(), GID: os.Getegid()}
+	if _, err := image.FoldParents(dir, own); err != nil {
+		ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("the image still reads chunks of its pre-copy rounds, which stay in %s: %v", base, err)})
+		return
+	}
+	// RemoveAll removes a symlink, it does not follow it.
+	if err := os.RemoveAll(base); err != nil {
+		ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("the pre-copy rounds in %s, which the image no longer reads, could not all be removed: %v", base, err)})
+		return
+	}
+	ev.emit(Event{Kind: Note, Text: "the pre-copy rounds are folded into the image and removed"})
 }
 
 // preCopy runs the rounds for the GPU processes pids of a tree whose image

@@ -94,6 +94,15 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 		return nil, err
 	}
 	dir := o.Dir
+	// The image's lock first, held until the restore ends: a second
+	// restore of the same image at the same time would load its GPU memory
+	// again and fail on the pids the first one takes back, and make the
+	// first one fail with it.
+	lock, err := lockImageDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
 	if err := restoreDir(dir); err != nil {
 		return nil, err
 	}

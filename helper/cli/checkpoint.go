@@ -77,7 +77,7 @@ func checkpointCommand() *ucli.Command {
 				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
 					LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
 					Compress: c.Bool("compress"), Quiesce: c.Duration("timeout"),
-					Socket: client.SocketPath(c.String("socket"))})
+					Socket: client.SocketPath(c.String("socket")), Force: c.Bool("force")})
 				if err != nil {
 					return err
 				}
@@ -169,7 +169,13 @@ func checkpointParent(c *ucli.Context, dir string, events *eventPrinter) (string
 	case parent != "" && c.Bool("auto-parent"):
 		return "", usageError{fmt.Errorf("checkpoint: --parent and --auto-parent exclude each other")}
 	case parent != "":
-		return filepath.Abs(parent)
+		abs, err := filepath.Abs(parent)
+		if err == nil && !c.Bool("json") {
+			if w := parentElsewhere(dir, abs); w != "" {
+				fmt.Fprintf(c.App.ErrWriter, "gpucr: warning: %s\n", w)
+			}
+		}
+		return abs, err
 	case !c.Bool("auto-parent"):
 		return "", nil
 	}
@@ -186,6 +192,33 @@ func checkpointParent(c *ucli.Context, dir string, events *eventPrinter) (string
 		}
 	}
 	return latest, nil
+}
+
+// parentElsewhere says, where the parent image lies on another file system
+// than the image to be written into dir, that its chunks will be stored
+// again: an image links the chunk files it shares with its parent, and
+// there are no hard links across file systems ("" otherwise).
+func parentElsewhere(dir, parent string) string {
+	pst, err := os.Stat(parent)
+	if err != nil {
+		return "" // the checkpoint says what is wrong with it
+	}
+	d := dir
+	for {
+		if st, err := os.Stat(d); err == nil {
+			a, b := st.Sys().(*syscall.Stat_t), pst.Sys().(*syscall.Stat_t)
+			if a != nil && b != nil && a.Dev != b.Dev {
+				return fmt.Sprintf("the parent image %s is on another file system than %s: the chunks they share cannot be hard-linked, so they are stored again (an image never reads another image's files)",
+					parent, dir)
+			}
+			return ""
+		}
+		up := filepath.Dir(d)
+		if up == d {
+			return ""
+		}
+		d = up
+	}
 }
 
 // report prints a command's result: v with --json (one line, as a failure

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/internal/units"
 
 	ucli "github.com/urfave/cli/v2"
@@ -56,11 +58,19 @@ func imageCommand() *ucli.Command {
 			},
 			{
 				Name:      "gc",
-				Usage:     "remove the chunks no kept image refers to",
+				Usage:     "remove the chunks no kept image refers to; a KEEP that holds an unfinished image write (a failed checkpoint's) is removed, unless a process may still wait for its GPU memory in it",
 				ArgsUsage: "KEEP...",
-				Flags: []ucli.Flag{jsonFlag,
+				Flags: []ucli.Flag{jsonFlag, socketFlag(),
 					&ucli.BoolFlag{Name: "dry-run", Usage: "only print what would be removed"}},
 				Action: imageGC,
+			},
+			{
+				Name:      "rm",
+				Usage:     "remove images whole (the older checkpoints of a series): each DIR, unless it is being restored, written or read as a parent, or another image of its series still reads chunks from it",
+				ArgsUsage: "DIR...",
+				Flags: []ucli.Flag{jsonFlag,
+					&ucli.BoolFlag{Name: "dry-run", Usage: "only check and print what would be removed"}},
+				Action: imageRm,
 			},
 			imageLoadCommand(jsonFlag),
 			imageUnloadCommand(jsonFlag),
@@ -73,7 +83,7 @@ func imageCommand() *ucli.Command {
 			if c.Args().Present() {
 				return usageError{fmt.Errorf("image: unknown subcommand %q", c.Args().First())}
 			}
-			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, load, unload, receive or discard)")}
+			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, rm, load, unload, receive or discard)")}
 		},
 		OnUsageError: usage,
 	}
@@ -243,7 +253,7 @@ type originDoc struct {
 type chunkCounts struct {
 	Total  int `json:"total"`
 	Here   int `json:"here"`   // in a chunk file of this image, first reference to it
-	Parent int `json:"parent"` // in a chunk file of an ancestor image
+	Parent int `json:"parent"` // the parent chain's: its file there, or a hard link of it here (stored once for both)
 	Zero   int `json:"zero"`   // all zero: no file
 	Dedup  int `json:"dedup"`  // same bytes as an earlier chunk of this image: its file
 }
@@ -346,8 +356,12 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 		}
 		for _, ch := range b.GetChunks() {
 			ib.Chunks.Total++
-			switch ch.GetLocation() {
-			case imagepb.Location_LOCATION_LOCAL:
+			switch {
+			case ch.GetLinked():
+				// A hard link of the parent's file: the parent's bytes,
+				// stored once for both.
+				ib.Chunks.Parent++
+			case ch.GetLocation() == imagepb.Location_LOCATION_LOCAL:
 				h := string(ch.GetHash())
 				if seen[h] {
 					ib.Chunks.Dedup++
@@ -356,9 +370,9 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 				seen[h] = true
 				ib.Chunks.Here++
 				ib.StoredBytes += uint64(ch.GetStoredSize())
-			case imagepb.Location_LOCATION_PARENT:
+			case ch.GetLocation() == imagepb.Location_LOCATION_PARENT:
 				ib.Chunks.Parent++
-			case imagepb.Location_LOCATION_ZERO:
+			case ch.GetLocation() == imagepb.Location_LOCATION_ZERO:
 				ib.Chunks.Zero++
 			}
 		}
@@ -675,20 +689,41 @@ func imageGC(c *ucli.Context) error {
 	if err != nil {
 		return helpOK(err)
 	}
+	var keep []string
+	var unfinished []unfinishedDoc
 	for _, dir := range args {
+		if unfinishedWrite(dir) {
+			// What a failed checkpoint left: nothing to keep in it, and
+			// removed unless a process may still wait for its memory there.
+			rep, err := image.RemoveUnfinished(dir, image.RemoveOptions{DryRun: c.Bool("dry-run"), Confined: true},
+				checkpoint.MayWait(client.SocketPath(c.String("socket"))))
+			if err != nil {
+				return fmt.Errorf("gc: %s", oneLine(err.Error()))
+			}
+			unfinished = append(unfinished, unfinishedDoc{Dir: rep.Dir, Files: rep.Files, BytesFreed: rep.BytesFreed})
+			continue
+		}
 		// GC refuses a keep it cannot read too; this says why in plainer
 		// words. A pruned image may still be kept (its descendants need it),
 		// so image.Open, which refuses those, is not the test.
 		if err := checkImageDir(dir); err != nil {
 			return fmt.Errorf("gc: keep %w", err)
 		}
+		keep = append(keep, dir)
 	}
-	// Confined: as root, only the images of whoever owns each path named
-	// (a user's symlink to another user's image is refused).
-	rep, err := image.GCWith(args, image.GCOptions{DryRun: c.Bool("dry-run"), Confined: true})
+	rep, err := &image.GCReport{DryRun: c.Bool("dry-run")}, error(nil)
+	if len(keep) > 0 {
+		// Confined: as root, only the images of whoever owns each path
+		// named (a user's symlink to another user's image is refused).
+		rep, err = image.GCWith(keep, image.GCOptions{DryRun: c.Bool("dry-run"), Confined: true})
+	}
 	if rep != nil {
 		// GC reports what it did even when some removals failed.
 		doc := buildGC(rep)
+		doc.Unfinished = append(doc.Unfinished, unfinished...)
+		for _, u := range unfinished {
+			doc.BytesFreed += u.BytesFreed
+		}
 		if c.Bool("json") {
 			if jerr := writeJSON(c.App.Writer, doc); jerr != nil {
 				return jerr
@@ -713,6 +748,26 @@ type gcDoc struct {
 	ChunksRemoved int        `json:"chunks_removed"`
 	BytesFreed    int64      `json:"bytes_freed"`
 	Pruned        []string   `json:"pruned"` // ancestors marked not restorable by themselves
+	// Unfinished are the unfinished image writes removed (DIR/gpucr of a
+	// KEEP that held no committed image, and no process waits for).
+	Unfinished []unfinishedDoc `json:"unfinished_removed"`
+}
+
+type unfinishedDoc struct {
+	Dir        string `json:"dir"` // its gpucr/
+	Files      int    `json:"files"`
+	BytesFreed int64  `json:"bytes_freed"`
+}
+
+// unfinishedWrite says whether dir holds an unfinished image write: gpucr/
+// without a committed manifest.
+func unfinishedWrite(dir string) bool {
+	fi, err := os.Lstat(filepath.Join(dir, image.SubDir))
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	_, err = os.Lstat(filepath.Join(dir, image.SubDir, "manifest.pb"))
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 type gcDirDoc struct {
@@ -728,7 +783,7 @@ type gcDirDoc struct {
 
 func buildGC(rep *image.GCReport) gcDoc {
 	doc := gcDoc{DryRun: rep.DryRun, Dirs: []gcDirDoc{}, ChunksRemoved: rep.ChunksDeleted,
-		BytesFreed: rep.BytesFreed, Pruned: append([]string{}, rep.Pruned...)}
+		BytesFreed: rep.BytesFreed, Pruned: append([]string{}, rep.Pruned...), Unfinished: []unfinishedDoc{}}
 	for _, d := range rep.Dirs {
 		doc.Dirs = append(doc.Dirs, gcDirDoc{Dir: d.Dir, Kept: d.Kept, ChunksKept: d.ChunksKept,
 			ChunksRemoved: d.ChunksDeleted, TempRemoved: append([]string{}, d.TempRemoved...),
@@ -764,12 +819,123 @@ func printGC(w io.Writer, d gcDoc) {
 		}
 		fmt.Fprintln(w)
 	}
+	for _, u := range d.Unfinished {
+		fmt.Fprintf(w, "%s: unfinished image write (no process waits for it): %s %d files (%s)\n", u.Dir, removed, u.Files,
+			humanBytes(uint64(u.BytesFreed)))
+	}
 	freed := "freed"
 	if d.DryRun {
 		freed = "would free"
 	}
 	fmt.Fprintf(w, "total: %s %d chunk files and %d unfinished writes; %s %s (%d bytes)\n",
 		removed, d.ChunksRemoved, temps, freed, humanBytes(uint64(d.BytesFreed)), d.BytesFreed)
+}
+
+// ---- rm ---------------------------------------------------------------------
+
+// rmDoc is `gpucr image rm --json`.
+type rmDoc struct {
+	DryRun  bool        `json:"dry_run"`
+	Removed []rmDirDoc  `json:"removed"`
+	Refused []rmRefusal `json:"refused"`
+	Freed   int64       `json:"bytes_freed"`
+	Shared  int64       `json:"bytes_shared"` // files other images still link: they stay
+}
+
+type rmDirDoc struct {
+	Dir         string `json:"dir"`
+	Files       int    `json:"files"`
+	BytesFreed  int64  `json:"bytes_freed"`
+	BytesShared int64  `json:"bytes_shared"`
+}
+
+type rmRefusal struct {
+	Dir   string `json:"dir"`
+	Error string `json:"error"`
+}
+
+// imageRm removes images (image.Remove, confined as gc is). An image that
+// another one named here still reads chunks from (written before images
+// were self-contained) is tried again once that one is gone, so that
+// `gpucr image rm base/1 base/2` removes an old series in any order.
+func imageRm(c *ucli.Context) error {
+	args, err := commandArgs(c, 1, -1)
+	if err != nil {
+		return helpOK(err)
+	}
+	opts := image.RemoveOptions{Confined: true, DryRun: c.Bool("dry-run")}
+	doc := rmDoc{DryRun: opts.DryRun, Removed: []rmDirDoc{}, Refused: []rmRefusal{}}
+	pending := slices.Clone(args)
+	for len(pending) > 0 {
+		var again []string
+		var refused []rmRefusal
+		for _, dir := range pending {
+			rep, err := image.Remove(dir, opts)
+			var de *image.DependentError
+			if errors.As(err, &de) && !opts.DryRun && slices.ContainsFunc(pending, func(p string) bool { return samePath(p, de.Dependent) }) {
+				again = append(again, dir)
+				continue
+			}
+			if err != nil {
+				refused = append(refused, rmRefusal{Dir: dir, Error: oneLine(err.Error())})
+				continue
+			}
+			doc.Removed = append(doc.Removed, rmDirDoc{Dir: dir, Files: rep.Files, BytesFreed: rep.BytesFreed, BytesShared: rep.BytesShared})
+			doc.Freed += rep.BytesFreed
+			doc.Shared += rep.BytesShared
+		}
+		doc.Refused = append(doc.Refused, refused...)
+		if len(again) == len(pending) { // no progress: they wait on each other
+			for _, dir := range again {
+				_, err := image.Remove(dir, opts)
+				doc.Refused = append(doc.Refused, rmRefusal{Dir: dir, Error: oneLine(fmt.Sprint(err))})
+			}
+			break
+		}
+		pending = again
+	}
+	if c.Bool("json") {
+		if err := writeJSON(c.App.Writer, doc); err != nil {
+			return err
+		}
+		if len(doc.Refused) > 0 {
+			return jsonDone{errors.New(doc.Refused[0].Error)}
+		}
+		return nil
+	}
+	verb := "removed"
+	if opts.DryRun {
+		verb = "would remove"
+	}
+	for _, r := range doc.Removed {
+		fmt.Fprintf(c.App.Writer, "%s %s: %d files, %s freed", verb, r.Dir, r.Files, humanBytes(uint64(r.BytesFreed)))
+		if r.BytesShared > 0 {
+			fmt.Fprintf(c.App.Writer, " (%s of chunks other images share stay with them)", humanBytes(uint64(r.BytesShared)))
+		}
+		fmt.Fprintln(c.App.Writer)
+	}
+	switch len(doc.Refused) {
+	case 0:
+		return nil
+	case 1:
+		return errors.New(doc.Refused[0].Error)
+	}
+	for _, r := range doc.Refused[1:] {
+		fmt.Fprintf(c.App.ErrWriter, "gpucr: %s\n", r.Error)
+	}
+	return fmt.Errorf("%d images not removed; %s", len(doc.Refused), doc.Refused[0].Error)
+}
+
+// samePath says whether a and b name one directory.
+func samePath(a, b string) bool {
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	if err1 != nil || err2 != nil {
+		return filepath.Clean(a) == filepath.Clean(b)
+	}
+	ra, _ = filepath.Abs(ra)
+	rb, _ = filepath.Abs(rb)
+	return ra == rb
 }
 
 const imageHelpTemplate = `NAME:

@@ -367,15 +367,34 @@ func TestImageDiff(t *testing.T) {
 	}
 }
 
-// Rewriting an image in the same directory leaves the chunks only the old
-// image had: gc --dry-run lists them, gc removes them, the image stays sound.
+// Rewriting an image in the same directory leaves none of the old image's
+// chunks (the write removes them once it is committed); those of a write
+// that died there stay: gc --dry-run lists them, gc removes them, the
+// image stays sound.
 func TestImageGC(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "ck")
-	writeImage(t, dir, "", testBuf{pid: 1, addr: 0x1000, data: chunks(1, "rrr")})
+	root := t.TempDir()
+	dir := filepath.Join(root, "ck")
+	writeImage(t, dir, "", testBuf{pid: 1, addr: 0x1000, data: chunks(3, "rrr")})
 	writeImage(t, dir, "", testBuf{pid: 1, addr: 0x1000, data: chunks(2, "rr")})
 	countChunks := func() int {
 		files, _ := filepath.Glob(filepath.Join(dir, image.SubDir, "chunks", "*", "*"))
 		return len(files)
+	}
+	if n := countChunks(); n != 2 {
+		t.Fatalf("%d chunk files after the rewrite, want the new image's 2", n)
+	}
+	dead := filepath.Join(root, "dead")
+	writeImage(t, dead, "", testBuf{pid: 1, addr: 0x1000, data: chunks(1, "rrr")})
+	files, _ := filepath.Glob(filepath.Join(dead, image.SubDir, "chunks", "*", "*"))
+	for _, f := range files {
+		rel, _ := filepath.Rel(dead, f)
+		to := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(to), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(f, to); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if n := countChunks(); n != 5 {
 		t.Fatalf("%d chunk files before gc, want 5", n)

@@ -172,8 +172,8 @@ func (s *Server) adoptOrphans() {
 // checkpoint committed, else (a dump that had not committed the whole image
 // yet) the process's part of it, sealed before the process gave its memory
 // up. An image of another checkpoint (an older one in the same directory) is
-// never taken for it.
-func adoptionImage(st detachState) (*image.Image, error) {
+// never taken for it. fromPart says it is the part.
+func adoptionImage(st detachState) (_ *image.Image, fromPart bool, _ error) {
 	own := &image.Owner{UID: int(st.ImageOwner)}
 	im, err := image.OpenWith(st.ImageDir, image.ReadOptions{Owner: own})
 	if err == nil && !bytes.Equal(im.Manifest().GetImageId(), st.ImageID) {
@@ -187,16 +187,16 @@ func adoptionImage(st detachState) (*image.Image, error) {
 			perr = fmt.Errorf("it is another checkpoint's")
 		}
 		if perr != nil {
-			return nil, fmt.Errorf("its checkpoint left neither a committed GPU image in %s (%w) nor its part of one (%w)",
+			return nil, false, fmt.Errorf("its checkpoint left neither a committed GPU image in %s (%w) nor its part of one (%w)",
 				st.ImageDir, err, perr)
 		}
-		im = part
+		im, fromPart = part, true
 	}
 	if err := im.CheckRestorable(); err != nil {
 		_ = im.Close()
-		return nil, fmt.Errorf("its GPU image cannot be used: %w", err)
+		return nil, false, fmt.Errorf("its GPU image cannot be used: %w", err)
 	}
-	return im, nil
+	return im, fromPart, nil
 }
 
 // adopt loads the buffers of p (the process st records) from the image its
@@ -210,7 +210,7 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 			p.Close()
 		}
 	}()
-	im, err := adoptionImage(st)
+	im, fromPart, err := adoptionImage(st)
 	if err != nil {
 		return err
 	}
@@ -241,5 +241,17 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 	if err := cl.arm(func() { s.giveBack(cl, true, nil, nil) }); err != nil {
 		return err
 	}
-	return s.wake(st.Pid)
+	if err := s.wake(st.Pid); err != nil {
+		return err
+	}
+	if fromPart {
+		// Its memory is loaded (the process gets it on waking): nobody
+		// waits for the part any more, and the unfinished image, whose
+		// commit never comes, is one `gpucr image gc` may remove.
+		if err := image.RemoveProcessPart(st.ImageDir, int(st.Pid), st.ImageID, &image.Owner{UID: int(st.ImageOwner)}); err != nil {
+			s.log.Warn("the part of the unfinished image the process was adopted from could not be removed", pidField("pid", st.Pid),
+				zap.String("image", st.ImageDir), zap.Error(err))
+		}
+	}
+	return nil
 }

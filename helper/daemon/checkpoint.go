@@ -359,8 +359,13 @@ func (r *checkpointRun) openImage() *stepError {
 		return stepFailed(imageErrCode(err), "image: %v", err)
 	}
 	r.w = w
+	// Its start time goes with it: a part of an unfinished image names the
+	// process that may wait for it, not a later one with its pid (gc).
+	r.cl.mu.Lock()
+	start := r.cl.proc.Start()
+	r.cl.mu.Unlock()
 	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus,
-		Imports: r.s.importInfos(r.cl)}); err != nil {
+		Imports: r.s.importInfos(r.cl), StartTime: start}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	if r.ahead != nil {

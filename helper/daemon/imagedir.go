@@ -158,6 +158,10 @@ func dirID(f *os.File) (dev, ino uint64, err error) {
 func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, origin image.Origin, opts image.Options) (*image.Writer, error) {
 	opts.Owner = &image.Owner{UID: int(c.cred.Uid), GID: int(c.cred.Gid)}
 	opts.SubDirMustExist = c.cred.Uid != 0
+	// An incremental image links its parent chain's chunk files instead of
+	// referring to them: any image of a series may be deleted (a user
+	// keeping the last N checkpoints) and the others still restore.
+	opts.SelfContained = true
 	if c.cred.Uid != 0 {
 		// The parent chain is found with the caller's permissions: what
 		// the caller could not reach fails as it would for them, and the

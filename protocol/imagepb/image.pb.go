@@ -452,7 +452,12 @@ type Process struct {
 	// Memory of other processes of the image that this one maps (an NCCL
 	// rank's imports of its peers' buffers): a restore maps the owner's
 	// restored buffer at the same address again.
-	Imports       []*Import `protobuf:"bytes,4,rep,name=imports,proto3" json:"imports,omitempty"`
+	Imports []*Import `protobuf:"bytes,4,rep,name=imports,proto3" json:"imports,omitempty"`
+	// Its start time (/proc/PID/stat field 22, clock ticks after boot) when
+	// it was checkpointed: tells it apart from a later process with its pid
+	// (whether a process still waits for an unfinished image's part of it).
+	// 0: unknown.
+	StartTime     uint64 `protobuf:"varint,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -513,6 +518,13 @@ func (x *Process) GetImports() []*Import {
 		return x.Imports
 	}
 	return nil
+}
+
+func (x *Process) GetStartTime() uint64 {
+	if x != nil {
+		return x.StartTime
+	}
+	return 0
 }
 
 type Import struct {
@@ -875,7 +887,14 @@ type Chunk struct {
 	// How the stored bytes are encoded.
 	Compression Compression `protobuf:"varint,6,opt,name=compression,proto3,enum=gpucr.image.v1.Compression" json:"compression,omitempty"`
 	// Size of the chunk file.
-	StoredSize    uint32 `protobuf:"varint,7,opt,name=stored_size,json=storedSize,proto3" json:"stored_size,omitempty"`
+	StoredSize uint32 `protobuf:"varint,7,opt,name=stored_size,json=storedSize,proto3" json:"stored_size,omitempty"`
+	// LOCATION_LOCAL only: the file is a hard link of the same chunk file of
+	// the parent chain (an incremental image's unchanged chunk). It is
+	// stored once on disk for all the images that link it, and this image
+	// reads it from its own directory: deleting an ancestor leaves it
+	// restorable. Readers need not know (the file is local); `gpucr image
+	// inspect` counts it as the parent's.
+	Linked        bool `protobuf:"varint,8,opt,name=linked,proto3" json:"linked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -957,6 +976,13 @@ func (x *Chunk) GetStoredSize() uint32 {
 		return x.StoredSize
 	}
 	return 0
+}
+
+func (x *Chunk) GetLinked() bool {
+	if x != nil {
+		return x.Linked
+	}
+	return false
 }
 
 // What the writer did, for `gpucr image inspect`.
@@ -1065,12 +1091,14 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06pruned\x18\b \x01(\bR\x06pruned\x12+\n" +
 	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\x125\n" +
 	"\tprocesses\x18\n" +
-	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"x\n" +
+	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"\x97\x01\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x15\n" +
 	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\x12\x12\n" +
 	"\x04gpus\x18\x03 \x03(\tR\x04gpus\x120\n" +
-	"\aimports\x18\x04 \x03(\v2\x16.gpucr.image.v1.ImportR\aimports\"x\n" +
+	"\aimports\x18\x04 \x03(\v2\x16.gpucr.image.v1.ImportR\aimports\x12\x1d\n" +
+	"\n" +
+	"start_time\x18\x05 \x01(\x04R\tstartTime\"x\n" +
 	"\x06Import\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
@@ -1099,7 +1127,7 @@ const file_protocol_image_proto_rawDesc = "" +
 	"allocFlags\x12\x1d\n" +
 	"\n" +
 	"touch_rank\x18\n" +
-	" \x01(\rR\ttouchRank\"\xf9\x01\n" +
+	" \x01(\rR\ttouchRank\"\x91\x02\n" +
 	"\x05Chunk\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\rR\x04size\x124\n" +
 	"\blocation\x18\x02 \x01(\x0e2\x18.gpucr.image.v1.LocationR\blocation\x12\x1a\n" +
@@ -1108,7 +1136,8 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06crc32c\x18\x05 \x01(\aR\x06crc32c\x12=\n" +
 	"\vcompression\x18\x06 \x01(\x0e2\x1b.gpucr.image.v1.CompressionR\vcompression\x12\x1f\n" +
 	"\vstored_size\x18\a \x01(\rR\n" +
-	"storedSize\"\xcd\x01\n" +
+	"storedSize\x12\x16\n" +
+	"\x06linked\x18\b \x01(\bR\x06linked\"\xcd\x01\n" +
 	"\x05Stats\x12\x19\n" +
 	"\bbytes_in\x18\x01 \x01(\x04R\abytesIn\x12!\n" +
 	"\fbytes_stored\x18\x02 \x01(\x04R\vbytesStored\x12\x1d\n" +

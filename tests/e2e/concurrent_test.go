@@ -318,12 +318,12 @@ func TestPreCopyCheckpoint(t *testing.T) {
 	if !slices.Contains(stepNames(d.Phases), "pre-copy") {
 		t.Errorf("no pre-copy step: %v", stepNames(d.Phases))
 	}
-	rounds, _ := filepath.Glob(filepath.Join(img, "gpucr-pre-copy", "*", "gpucr", "manifest.pb"))
-	if len(rounds) != len(d.PreCopy) {
-		t.Errorf("%d round images for %d rounds", len(rounds), len(d.PreCopy))
+	// The rounds are folded into the image once it is committed.
+	if _, err := os.Stat(filepath.Join(img, "gpucr-pre-copy")); err == nil {
+		t.Errorf("the pre-copy rounds stay in %s", img)
 	}
 	if insp := inspect(t, h, env, img); insp.Totals.Chunks.Parent == 0 && a.lastIter() > 0 {
-		t.Logf("the final image refers to no chunk of the rounds: %+v (a step changed every buffer after the last round)", insp.Totals.Chunks)
+		t.Logf("the final image has no chunk of the rounds: %+v (a step changed every buffer after the last round)", insp.Totals.Chunks)
 	}
 	a.reap(30 * time.Second)
 	waitPidFree(a.pid, 10*time.Second)

@@ -30,7 +30,8 @@ func TestGPUCheckpointLeaveRunning(t *testing.T) {
 	a.waitIter(20, 30*time.Second)
 	img := filepath.Join(dir, "img")
 	for i := 0; i < 3; i++ {
-		out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running")
+		// each replaces the one before (--force)
+		out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running", "--force")
 		if err != nil || !strings.Contains(out, "state running") {
 			t.Fatalf("checkpoint %d: %v\n%s", i, err, out)
 		}
@@ -114,7 +115,7 @@ func TestGPUCheckpointFailureKeepsRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.waitIter(a.lastIter()+5, 30*time.Second)
-	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running")
+	out, err := gpucrCLI(t, h, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--gpu-only", "--leave-running", "--force")
 	if err == nil || !strings.Contains(out, "no space left") {
 		t.Fatalf("a checkpoint onto a full file system: %v\n%s", err, out)
 	}

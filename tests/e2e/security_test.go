@@ -464,7 +464,9 @@ func TestUserImageIsTheUsers(t *testing.T) {
 	fromParent := 0
 	for _, b := range im.Manifest().GetBuffers() {
 		for _, c := range b.GetChunks() {
-			if c.GetLocation() == imagepb.Location_LOCATION_PARENT {
+			// the parent's chunk file, linked into the image (the user's
+			// own file: the user can delete either image)
+			if c.GetLinked() {
 				fromParent++
 			}
 		}
