@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"os/exec"
+	"strings"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
 
@@ -27,6 +28,35 @@ const (
 
 // usageError marks errors that come from a bad command line.
 type usageError struct{ error }
+
+func init() {
+	// urfave/cli's version flag is -v/--version. Users of CRIU and of most
+	// command lines read -v as "more verbose": `gpucr -v checkpoint PID`
+	// printed the version and exited 0 without checkpointing, and a script
+	// carried on as if it had. gpucr keeps --version alone and refuses -v
+	// (noVerboseFlag says what to use instead).
+	ucli.VersionFlag = &ucli.BoolFlag{Name: "version", Usage: "print the version"}
+}
+
+// noVerboseFlag explains a refused -v (-v4, -vv, --verbose) in err, a
+// usage error of urfave/cli or of flagsAnywhere: gpucr has no verbosity
+// flag, and -v is not its version either.
+func noVerboseFlag(err error) error {
+	if err == nil {
+		return nil
+	}
+	_, flag, ok := strings.Cut(err.Error(), "flag provided but not defined: ")
+	if !ok {
+		return err
+	}
+	flag = strings.TrimSpace(flag)
+	if flag != "--verbose" && flag != "-verbose" && !(strings.HasPrefix(flag, "-v") && !strings.HasPrefix(flag, "-ve")) {
+		return err
+	}
+	return fmt.Errorf("%w: gpucr has no %s, and no verbosity flag: `gpucr --version` prints its version; "+
+		"checkpoint and restore print each step, and --criu-log-level 0-4 sets CRIU's own log in the image directory "+
+		"(CRIU's -v); `gpucr helper --log-level debug` makes the helper say more", err, flag)
+}
 
 // jsonDone marks the failure of a command that has already written its
 // --json document, which tells the failure (image verify's problems): no
@@ -95,7 +125,7 @@ func errorJSON(err error, code int) map[string]any {
 
 func newApp(stdout, stderr io.Writer) *ucli.App {
 	onUsageError := func(_ *ucli.Context, err error, _ bool) error {
-		return usageError{err}
+		return usageError{noVerboseFlag(err)}
 	}
 	app := &ucli.App{
 		Name:      "gpucr",
@@ -105,6 +135,9 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 		ErrWriter: stderr,
 		Flags: []ucli.Flag{
 			&ucli.BoolFlag{Name: "debug", Usage: "log debug messages to stderr"},
+			// urfave adds its -h/--help only with its own help command,
+			// which helpCommand replaces.
+			ucli.HelpFlag,
 		},
 		OnUsageError: onUsageError,
 		// Errors come back to Run, which chooses the exit code (urfave's
@@ -131,6 +164,7 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			completionCommand(),
 			manCommand(),
 			resumeCommand(),
+			helpCommand(),
 		},
 	}
 	for _, c := range app.Commands {
@@ -163,6 +197,52 @@ func logger(c *ucli.Context) *zap.Logger {
 // or failure, so that a script can take the last line of the output.
 func writeJSON(w io.Writer, v any) error {
 	return json.NewEncoder(w).Encode(v)
+}
+
+// helpCommand is `gpucr help [COMMAND [SUBCOMMAND]]`. urfave's own reads
+// only the first word: `gpucr help image gc` printed image's help. This one
+// follows every word down the commands and shows what `COMMAND SUBCOMMAND
+// --help` shows.
+func helpCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:      "help",
+		Aliases:   []string{"h"},
+		Usage:     "show the commands, or one command's help (gpucr help image gc)",
+		ArgsUsage: "[COMMAND [SUBCOMMAND]]",
+		Action: func(c *ucli.Context) error {
+			args := c.Args().Slice()
+			if len(args) == 0 {
+				return ucli.ShowAppHelp(c)
+			}
+			path, err := commandPath(c.App.Commands, args)
+			if err != nil {
+				return err
+			}
+			return c.App.RunContext(c.Context, append(append([]string{c.App.Name}, path...), "--help"))
+		},
+	}
+}
+
+// commandPath resolves words (aliases included) to the names of a command
+// and its subcommands, or says which word names none.
+func commandPath(cmds []*ucli.Command, words []string) ([]string, error) {
+	var path []string
+	for _, w := range words {
+		var found *ucli.Command
+		for _, cmd := range cmds {
+			if cmd.HasName(w) {
+				found = cmd
+				break
+			}
+		}
+		if found == nil {
+			what := strings.Join(append(path, w), " ")
+			return nil, usageError{fmt.Errorf("help: no command %q (`gpucr help` lists them)", what)}
+		}
+		path = append(path, found.Name)
+		cmds = found.Subcommands
+	}
+	return path, nil
 }
 
 func versionCommand() *ucli.Command {
