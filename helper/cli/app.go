@@ -2,6 +2,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,12 +20,27 @@ import (
 // Version is set at build time with -ldflags "-X .../cli.Version=...".
 var Version = "0.1.0-dev"
 
-// Exit codes scripts can rely on.
+// Exit codes scripts can rely on. A checkpoint, a restore or a migration
+// interrupted by a signal exits 128 + the signal's number (130 for SIGINT,
+// 143 for SIGTERM), as a shell reports a program the signal killed; `gpucr
+// run` exits 126 or 127 where a shell would (ExitCannotRun, ExitNotFound).
 const (
-	ExitOK      = 0
-	ExitFailure = 1 // the operation ran and failed
-	ExitUsage   = 2 // bad command line
+	ExitOK        = 0
+	ExitFailure   = 1   // the operation ran and failed
+	ExitUsage     = 2   // bad command line
+	ExitCannotRun = 126 // gpucr run: the program is not executable
+	ExitNotFound  = 127 // gpucr run: no such program
 )
+
+// exitError is a failure with an exit code of its own (ExitCannotRun,
+// ExitNotFound).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
 
 // usageError marks errors that come from a bad command line.
 type usageError struct{ error }
@@ -68,7 +84,8 @@ type jsonDone struct{ error }
 // said, indented below it), or with --json one JSON object on stdout.
 func Run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(stdout, stderr)
-	err := app.Run(args)
+	caught := &caughtSignal{}
+	err := app.RunContext(context.WithValue(context.Background(), caughtKey{}, caught), args)
 	if err == nil {
 		return ExitOK
 	}
@@ -78,8 +95,16 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	// urfave's own exit codes (`gpucr help NOSUCH`), not a program's that
 	// failed underneath (*exec.ExitError has an ExitCode too)
 	var xe *exec.ExitError
-	if errors.As(err, &ue) || (errors.As(err, &ec) && !errors.As(err, &xe)) {
+	var own exitError
+	switch {
+	case errors.As(err, &own):
+		code = own.code
+	case errors.As(err, &ue) || (errors.As(err, &ec) && !errors.As(err, &xe)):
 		code = ExitUsage
+	}
+	if sig := caught.signal(); sig != 0 {
+		// It stopped because of the signal: say so as a shell would.
+		code = 128 + int(sig)
 	}
 	if wantsJSON(args) {
 		var done jsonDone

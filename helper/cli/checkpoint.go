@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -154,10 +155,41 @@ func preCopyText(rounds []checkpoint.PreCopyRound) string {
 
 // interruptible is ctx, cancelled by Ctrl-C or a SIGTERM: a checkpoint or a
 // restore then stops CRIU as its deadline does (the processes get their GPU
-// back), rather than being killed midway.
+// back), rather than being killed midway. The signal is noted where Run
+// finds it (ctx's caughtSignal), so that the command exits 130 or 143, as
+// one the signal had killed, not 1 as any failure.
 func interruptible(ctx context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(ctx)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-ch:
+			if c, ok := ctx.Value(caughtKey{}).(*caughtSignal); ok {
+				c.set(s)
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// Until stop, a second Ctrl-C is caught too: the command is already
+	// ending, giving the processes their GPU back.
+	return ctx, func() { signal.Stop(ch); cancel() }
 }
+
+// caughtSignal is the signal that interrupted a command (Run's context
+// holds it under caughtKey).
+type caughtSignal struct{ sig atomic.Int32 }
+
+type caughtKey struct{}
+
+func (c *caughtSignal) set(s os.Signal) {
+	if n, ok := s.(syscall.Signal); ok {
+		c.sig.Store(int32(n))
+	}
+}
+
+func (c *caughtSignal) signal() syscall.Signal { return syscall.Signal(c.sig.Load()) }
 
 // checkpointParent is the parent image of an incremental checkpoint into
 // dir: --parent, or with --auto-parent the newest committed image beside
