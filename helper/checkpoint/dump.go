@@ -54,14 +54,20 @@ type DumpOptions struct {
 
 // DumpResult is a checkpoint that succeeded.
 type DumpResult struct {
-	Pid          proc.Pid `json:"pid"`
-	ImagesDir    string   `json:"images_dir"`
-	Parent       string   `json:"parent,omitempty"`
-	Seconds      float64  `json:"seconds"`
-	ImageBytes   int64    `json:"image_bytes"`
-	LeaveRunning bool     `json:"leave_running"`
-	LeaveStopped bool     `json:"leave_stopped,omitempty"`
-	Concurrent   bool     `json:"concurrent,omitempty"`
+	Pid       proc.Pid `json:"pid"`
+	ImagesDir string   `json:"images_dir"`
+	Parent    string   `json:"parent,omitempty"`
+	// Seconds is the whole checkpoint, from the command's start to its
+	// return; DumpSeconds the part until the image was complete, and
+	// PidsReleasedAfterSeconds (a dump that ends the tree) the wait after
+	// it for the tree's pids to be free, which a slow reaper (pid 1) can
+	// make the longer part.
+	Seconds      float64 `json:"seconds"`
+	DumpSeconds  float64 `json:"dump_seconds"`
+	ImageBytes   int64   `json:"image_bytes"`
+	LeaveRunning bool    `json:"leave_running"`
+	LeaveStopped bool    `json:"leave_stopped,omitempty"`
+	Concurrent   bool    `json:"concurrent,omitempty"`
 	// Redone: the concurrent checkpoint found memory changed behind its
 	// copy-on-write window and was taken again stop-the-world; why.
 	Redone string `json:"redone,omitempty"`
@@ -239,7 +245,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		res.Phases = append(res.Phases, Step{"pre-copy", pc.seconds})
 	}
 	res.Phases = append(res.Phases, r.phases...)
-	res.Seconds = time.Since(ev.start).Seconds()
+	res.DumpSeconds = time.Since(ev.start).Seconds()
 	res.ImageBytes = dirBytes(o.Dir)
 	res.CRIU = dumpStats(o.Dir, checked.Add(-time.Second))
 	if !o.LeaveRunning && !o.LeaveStopped {
@@ -260,6 +266,7 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	if !res.GPUState {
 		res.NoGPUState = noGPUStateReason(tc, o.CRIU)
 	}
+	res.Seconds = time.Since(ev.start).Seconds()
 	return res, nil
 }
 

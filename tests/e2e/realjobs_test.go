@@ -323,6 +323,7 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 		}
 		reaped <- time.Now()
 	}()
+	started := time.Now()
 	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--json")
 	returned := time.Now()
 	var when time.Time
@@ -337,9 +338,18 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 	var res struct {
 		Released float64 `json:"pids_released_after_seconds"`
 		Held     string  `json:"pids_held"`
+		Seconds  float64 `json:"seconds"`
+		Dump     float64 `json:"dump_seconds"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Released < hold.Seconds()/2 || res.Held != "" {
 		t.Errorf("checkpoint's JSON: released after %.3f s, held %q (%v), want about %v and none:\n%s", res.Released, res.Held, err, hold, out)
+	}
+	// The time reported is the whole, the wait for the pids included
+	// (a second here), and its parts add up to it.
+	if took := returned.Sub(started).Seconds(); res.Seconds < res.Released || res.Dump <= 0 || res.Seconds > took ||
+		res.Seconds < took-0.5 || res.Dump+res.Released > res.Seconds+0.01 || res.Dump+res.Released < res.Seconds-0.1 {
+		t.Errorf("checkpoint's JSON: seconds %.3f (dump %.3f, pids released after %.3f) for a command that took %.3f s:\n%s",
+			res.Seconds, res.Dump, res.Released, took, out)
 	}
 	before := a.lastIter()
 	cliOK(t, h, env, img, "restore", "-D", img)
