@@ -193,7 +193,7 @@ func restorePidsFree(ctx context.Context, dir string) error {
 		return nil
 	}
 	text, running := holdersText(held)
-	msg := fmt.Sprintf("restore from %s refused: CRIU gives every process of the image its pid %v back, and these processes hold them: %s",
+	msg := fmt.Sprintf("restore from %s refused: CRIU gives every process and thread of the image its id back (%v), and these processes hold them: %s",
 		dir, pids, text)
 	if running {
 		msg += "; if the image was made with --leave-running, stop that process first"
@@ -238,6 +238,9 @@ func holdersText(held []proc.Holder) (text string, running bool) {
 		} else {
 			running = true
 			what += fmt.Sprintf(" (running, parent %d)", h.PPid)
+		}
+		if len(h.Threads) > 0 {
+			what += fmt.Sprintf(" with its threads %v", h.Threads)
 		}
 		parts = append(parts, what)
 	}

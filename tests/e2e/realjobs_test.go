@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -380,6 +381,11 @@ func TestRestoreRefusedWhilePidsHeld(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("the refusal does not say %q:\n%s", want, out)
 		}
+	}
+	// One process holds them: heartbeat, its threads (the simulated
+	// driver's streams) named as its threads, not as processes.
+	if !regexp.MustCompile(`hold them: ` + strconv.Itoa(a.pid) + ` heartbeat \(running, parent \d+\) with its threads \[\d+( \d+)*\]; `).MatchString(out) {
+		t.Errorf("the refusal does not name heartbeat alone, with its threads:\n%s", out)
 	}
 	if _, err := os.Stat(filepath.Join(img, "restore.log")); err == nil {
 		t.Errorf("CRIU ran (restore.log exists) although the pids were taken")
