@@ -220,6 +220,10 @@ var criuHints = []criuHint{
 	{re: regexp.MustCompile(`Read-only file system`), hint: func([]string) string {
 		return "the image directory's file system is read-only"
 	}},
+	{re: regexp.MustCompile(`another checkpoint of pid (\d+) is running`), hint: func(m []string) string {
+		return fmt.Sprintf("pid %s was being checkpointed already (another gpucr checkpoint, or a criu dump or container runtime "+
+			"with gpucr's plugin): this checkpoint left it to that one; run it again once that one has ended", m[1])
+	}},
 	{re: regexp.MustCompile(`Unable to interrupt task: (\d+) \(No such process\)`), hint: func(m []string) string {
 		return fmt.Sprintf("process %s exited before CRIU could stop it", m[1])
 	}},

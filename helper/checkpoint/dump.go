@@ -215,6 +215,9 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		var waiting []proc.Pid
 		if f := (*Failure)(nil); !errors.As(err, &f) || !f.background {
 			waiting = waitingForGPU(o.Env.Socket, tc.Clients, err)
+			// a process another checkpoint holds waits for that one, not
+			// for a GPU image of this one
+			waiting = slices.DeleteFunc(waiting, func(p proc.Pid) bool { return heldByAnother(f, p) })
 		}
 		if len(pc.rounds) > 0 && len(waiting) == 0 {
 			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
@@ -268,6 +271,16 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	res.Seconds = time.Since(ev.start).Seconds()
 	return res, nil
+}
+
+// heldByAnother says whether the helper refused f's dump of pid because
+// another checkpoint of it runs.
+func heldByAnother(f *Failure, pid proc.Pid) bool {
+	if f == nil {
+		return false
+	}
+	want := fmt.Sprintf("another checkpoint of pid %d is running", pid)
+	return slices.ContainsFunc(f.Plugin, func(l string) bool { return strings.Contains(l, want) })
 }
 
 // failedDump cleans up after a dump that failed: the GPU image the helper

@@ -546,3 +546,45 @@ func TestCLINoGPUState(t *testing.T) {
 		t.Errorf("--json: exit %d: %+v:\n%s", code, j, out)
 	}
 }
+
+// TestCLICheckpointWhileAnotherRuns: a second checkpoint of a pid whose
+// first one is still running is refused at once, saying so (it said
+// "control connection is not connected" once the first had detached the
+// process for its dump); the first goes on, and the process runs on.
+func TestCLICheckpointWhileAnotherRuns(t *testing.T) {
+	rig := newCriuRig(t, "GPUCR_FAULT=stall-copy")
+	a := startUnder(t, rig.dir, rig.h, rig.env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "500")
+	a.waitIter(15, time.Minute)
+	var b bytes.Buffer
+	first := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", rig.img, "--leave-running")
+	first.Env = rig.criuEnv
+	first.Stdout, first.Stderr = &b, &b
+	first.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Process.Kill(); _ = first.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(helperLog(rig.h), "stalling before the copy") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	out, code := gpucrRun(t, rig.criuEnv, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(rig.dir, "img2"), "--leave-running")
+	want := fmt.Sprintf("another checkpoint of pid %d is running", a.pid)
+	if code != 1 || !strings.Contains(out, want) || strings.Contains(out, "not connected") {
+		t.Errorf("the second checkpoint: exit %d, want 1 and %q:\n%s", code, want, out)
+	}
+	if took := time.Since(start); took > 8*time.Second {
+		t.Errorf("the second checkpoint took %v to be refused", took)
+	}
+	t.Logf("the second checkpoint:\n%s", out)
+	// the first ends (interrupted: its copy stalls a minute) and gives the
+	// process its GPU back
+	_ = syscall.Kill(-first.Process.Pid, syscall.SIGINT)
+	_ = first.Wait()
+	runsAgainWithin(t, a, time.Now(), a.lastIter(), time.Second)
+	if c := a.wait(2 * time.Minute); c != 0 {
+		t.Fatalf("heartbeat after the two checkpoints: exit %d:\n%s\nfirst checkpoint:\n%s", c, tail(a.output(), 10), b.String())
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, rig.env, "heartbeat", []string{"--mib", "16"}, 500))
+}
