@@ -127,6 +127,58 @@ func criuLogFile(path string, max int) ([]string, error) {
 	return criuLogErrors(f, max)
 }
 
+// criuStderr are the lines CRIU printed on its stderr, without the
+// "criu: " its messages there begin with (a failure shows each as
+// "criu: ..." already), and at most maxCRIUErrors of them.
+func criuStderr(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		out = append(out, strings.TrimPrefix(l, "criu: "))
+	}
+	if len(out) > maxCRIUErrors {
+		out = out[:maxCRIUErrors]
+	}
+	return out
+}
+
+// criuOptionComplaint is getopt's complaint about an option of CRIU's
+// configuration file, which CRIU prints on its stderr before it opens its
+// log: "unrecognized option '--bogus'", "option '--ghost-limit' requires an
+// argument", "option '--shell-job' doesn't allow an argument".
+var criuOptionComplaint = regexp.MustCompile(`^(unrecognized option|option) '-*([^'=]+)[^']*'(.*)$`)
+
+// criuOptionHints explains CRIU's complaints about its options, each
+// naming the --criu-opt that gave the option (extra: CriuOpts.Extra), if
+// one did.
+func criuOptionHints(said []string, extra []string) []string {
+	var out []string
+	for _, l := range said {
+		m := criuOptionComplaint.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		name, rest := m[2], strings.TrimSpace(m[3])
+		given := ""
+		for _, e := range extra {
+			if f := strings.Fields(strings.TrimLeft(strings.TrimSpace(e), "-")); len(f) > 0 && f[0] == name {
+				given = fmt.Sprintf(" (--criu-opt %q)", e)
+			}
+		}
+		var h string
+		switch {
+		case m[1] == "unrecognized option":
+			h = fmt.Sprintf("CRIU has no option %q%s: `criu --help` lists its options; --criu-opt takes one as CRIU's "+
+				"configuration file writes it, without dashes (--criu-opt 'ghost-limit 10M')", name, given)
+		case strings.Contains(rest, "requires an argument"):
+			h = fmt.Sprintf("CRIU's option %q needs a value%s: --criu-opt '%s VALUE'", name, given, name)
+		default:
+			h = fmt.Sprintf("CRIU refused its option %q%s: %s", name, given, rest)
+		}
+		out = append(out, h+"; CRIU stopped before it touched the process")
+	}
+	return out
+}
+
 // criuPluginLoaded says whether a CRIU log (-v4) shows that CRIU loaded the
 // plugin named name: CRIU 4.2 logs `Plugin "gpucr" (version 512 hooks 13)`
 // when it has loaded a plugin and registered its hooks.
