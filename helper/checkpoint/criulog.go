@@ -227,10 +227,7 @@ var criuHints = []criuHint{
 		return "a unix socket of the process is connected to a process outside the checkpointed tree " +
 			"(gpucr does not pass CRIU's --ext-unix-sk): checkpoint the tree that holds both ends"
 	}},
-	{re: regexp.MustCompile(`Can't fork for (\d+): File exists`), hint: func(m []string) string {
-		return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
-			"a restored process gets its old pid back", m[1])
-	}},
+	{re: criuForkTaken, hint: func(m []string) string { return forkTakenHint(m[1]) }},
 	{re: regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`), hint: func(m []string) string {
 		// CRIU names the file relative to the root
 		if !strings.HasPrefix(m[1], "/") {
@@ -279,6 +276,44 @@ var criuHints = []criuHint{
 	{re: regexp.MustCompile(`Unable to interrupt task: (\d+) \(No such process\)`), hint: func(m []string) string {
 		return fmt.Sprintf("process %s exited before CRIU could stop it", m[1])
 	}},
+}
+
+// criuForkTaken: CRIU could not give a restored task, or a session or
+// group leader it makes for them, its pid.
+var criuForkTaken = regexp.MustCompile(`Can't fork for (\d+): File exists`)
+
+// forkTakenHint is the hint for a pid of the image that is taken.
+func forkTakenHint(pid string) string {
+	return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
+		"a restored process gets its old pid back", pid)
+}
+
+// restoreForkHints puts right the hint of a restore's "Can't fork for N"
+// where N is no process or thread of the image (imagePids): it is the
+// session or process group the image's processes belonged to, whose leader
+// was outside the image (the shell of a process dumped with --shell-job),
+// and which CRIU makes a process to lead again unless restoring with
+// --shell-job. Whether N is taken is beside the point then.
+func restoreForkHints(hints, msgs []string, imagePids []proc.Pid, shellJob bool) []string {
+	if shellJob || len(imagePids) == 0 {
+		return hints
+	}
+	for _, msg := range msgs {
+		m := criuForkTaken.FindStringSubmatch(msg)
+		if m == nil {
+			continue
+		}
+		if n, err := strconv.Atoi(m[1]); err != nil || slices.Contains(imagePids, proc.Pid(n)) {
+			continue
+		}
+		generic := forkTakenHint(m[1])
+		hints = slices.DeleteFunc(hints, func(h string) bool { return h == generic })
+		hints = append(hints, fmt.Sprintf("pid %s is no process of the image: it is the session (or process group) its processes "+
+			"belonged to, led by a process outside the image (the shell it was started from); without --shell-job CRIU makes "+
+			"a process with pid %s to lead them again, and cannot. The image was dumped with --shell-job: restore it with "+
+			"--shell-job too", m[1], m[1]))
+	}
+	return hints
 }
 
 // criuHintsFor returns the hints for a failure's messages, each once. For

@@ -189,7 +189,8 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 	}
 	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
-	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev,
+	rec := dumpRecordOf(o.CRIU)
+	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev, record: &rec,
 		concurrent: o.Concurrent && len(tc.Clients) > 0, leaveRunning: o.LeaveRunning && len(tc.Clients) > 0,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {

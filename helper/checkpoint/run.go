@@ -109,8 +109,13 @@ type job struct {
 	// onDemand: a restore whose processes run before their GPU data is
 	// all loaded (RestoreOptions.OnDemand)
 	onDemand bool
-	fill     func(*rpc.CriuOpts)
-	ev       *emitter
+	// record: a dump's record of how it ran CRIU, published with its
+	// images (dumprecord.go)
+	record *DumpRecord
+	// imagePids: a restore's pids and thread ids, as its image has them
+	imagePids []proc.Pid
+	fill      func(*rpc.CriuOpts)
+	ev        *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
@@ -298,6 +303,11 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	if out.Err == nil && !out.TimedOut {
 		if j.dump {
+			if j.record != nil {
+				if err := writeDumpRecord(cd.stage, *j.record); err != nil {
+					return r, fmt.Errorf("%s: the record of its options: %w", j.what, err)
+				}
+			}
 			if err := cd.publish(); err != nil {
 				return r, err
 			}
@@ -342,6 +352,9 @@ func run(ctx context.Context, j job) (*ran, error) {
 		f.CRIU, f.Plugin = nil, nil
 	}
 	f.Hints = append(optHints, criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...), j.dump)...)
+	if !j.dump {
+		f.Hints = restoreForkHints(f.Hints, f.CRIU, j.imagePids, j.criu.ShellJob)
+	}
 	if (out.TimedOut || out.Cancelled) && len(j.clients) > 0 {
 		f.Processes = waitGPUBack(j.env.Socket, j.clients, gpuBackWait)
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -492,4 +493,55 @@ func TestCheckpointIntoUsedDirectory(t *testing.T) {
 	cliOK(t, h, env, img, "restore", "-D", img)
 	a.waitIter(before+10, time.Minute)
 	stopAndCompare(t, a, env, []string{"--mib", "16"}, before)
+}
+
+// TestRestoreRepeatsShellJob: a process started from a shell (not the
+// leader of its own session) is checkpointed with --shell-job; its image
+// records that (gpucr-dump.json, the caller's, 0600). A restore that cannot
+// read the record (it belongs to another user) fails on CRIU's "Can't fork"
+// for the shell's session, and says that the image wants --shell-job, not
+// that a process holds that pid. Once the record is the caller's, a restore
+// without the flag uses it, saying so, and the process computes on exactly.
+func TestRestoreRepeatsShellJob(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnderCmd(t, dir, h, env, "heartbeat", []string{binPath(t, "heartbeat"), "--mib", "16", "--interval-ms", "20"},
+		func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{} })
+	a.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--shell-job")
+	rec := filepath.Join(img, "gpucr-dump.json")
+	if fi, err := os.Lstat(rec); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the dump's record %s: %v %v, want a file 0600", rec, fi, err)
+	}
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+
+	if err := os.Chown(rec, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cli(t, h, env, "restore", "-D", img)
+	if err == nil || !strings.Contains(out, "gpucr-dump.json belongs to uid 65534") ||
+		!strings.Contains(out, "dumped with --shell-job: restore it with --shell-job too") || strings.Contains(out, "taken by another process") {
+		t.Fatalf("restore without the record and without --shell-job: %v, want a failure that names --shell-job:\n%s", err, out)
+	}
+	waitPidFree(a.pid, 10*time.Second)
+
+	if err := os.Chown(rec, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	out = cliOK(t, h, env, img, "restore", "-D", img, "--json")
+	var res struct {
+		DumpOptions []string `json:"dump_options"`
+	}
+	lastJSON(t, out, &res)
+	if !slices.Equal(res.DumpOptions, []string{"--shell-job"}) {
+		t.Errorf("restore --json: dump_options %q, want [--shell-job]:\n%s", res.DumpOptions, out)
+	}
+	a.waitIter(before+10, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
 }
