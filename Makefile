@@ -113,7 +113,18 @@ man: $(GPUCR)
 	$(GPUCR) completion bash > $(BUILD)/man/completion/gpucr
 	$(GPUCR) completion zsh > $(BUILD)/man/completion/_gpucr
 
+# The directories install puts files into. Those it has to make (with
+# their parents) are recorded in $(INSTALLED_DIRS), beside the interposer, so
+# that uninstall removes them again, once empty, and no directory that was
+# there before (or that holds another package's files) goes.
+INSTALL_DIRS   = $(CRIU_PLUGIN_DIR) $(PREFIX)/bin $(GPUCR_LIB_DIR) $(SYSTEMD_UNIT_DIR) $(DOC_DIR) $(MAN_DIR) \
+	$(BASH_COMP_DIR) $(ZSH_COMP_DIR)
+INSTALLED_DIRS = $(GPUCR_LIB_DIR)/installed-dirs
+
 install: $(PLUGIN) $(GPUCR) $(INTERCEPT) man
+	@for d in $(INSTALL_DIRS); do p="$(DESTDIR)$$d"; \
+		while [ ! -e "$$p" ]; do echo "$${p#"$(DESTDIR)"}"; p=$$(dirname "$$p"); done; \
+	done > $(BUILD)/installed-dirs.new
 	install -D -m 0755 $(PLUGIN) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so
 	install -D -m 0755 $(GPUCR) $(DESTDIR)$(PREFIX)/bin/gpucr
 	install -D -m 0755 $(INTERCEPT) $(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so
@@ -127,15 +138,24 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT) man
 	install -m 0644 $(BUILD)/man/man1/*.1 $(DESTDIR)$(MAN_DIR)/
 	install -D -m 0644 $(BUILD)/man/completion/gpucr $(DESTDIR)$(BASH_COMP_DIR)/gpucr
 	install -D -m 0644 $(BUILD)/man/completion/_gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr
+	@# an earlier install's record stays: those directories are gpucr's too
+	cat $(BUILD)/installed-dirs.new $(wildcard $(DESTDIR)$(INSTALLED_DIRS)) | sort -u > $(BUILD)/installed-dirs
+	install -m 0644 $(BUILD)/installed-dirs $(DESTDIR)$(INSTALLED_DIRS)
+	@rm -f $(BUILD)/installed-dirs.new $(BUILD)/installed-dirs
 
-# Removes what install put there (the same variables name the same places);
-# directories are removed only where they are left empty.
+# Removes what install put there (the same variables name the same places),
+# then the directories install made, deepest first, each only if it is
+# empty (rmdir); gpucr's own directories also where no record says so (an
+# install before the record).
 uninstall:
-	rm -f $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
+	@dirs=$$(cat $(DESTDIR)$(INSTALLED_DIRS) 2>/dev/null); \
+	rm -f $(DESTDIR)$(INSTALLED_DIRS) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
 		$(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service \
 		$(DESTDIR)$(DOC_DIR)/helper-protocol.md $(DESTDIR)$(MAN_DIR)/gpucr.1 $(DESTDIR)$(MAN_DIR)/gpucr-*.1 \
-		$(DESTDIR)$(BASH_COMP_DIR)/gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr
-	-rmdir $(DESTDIR)$(GPUCR_LIB_DIR) $(DESTDIR)$(DOC_DIR) 2>/dev/null
+		$(DESTDIR)$(BASH_COMP_DIR)/gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr; \
+	for d in $$(printf '%s\n' $$dirs $(GPUCR_LIB_DIR) $(DOC_DIR) | sort -r -u); do \
+		rmdir "$(DESTDIR)$$d" 2>/dev/null || true; \
+	done
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
 INTERCEPT_UNIT_LIB := intercept/src/1_table.c intercept/src/1_scan.c intercept/src/1_gate.c intercept/src/1_log.c \

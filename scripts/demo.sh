@@ -11,17 +11,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/sbin:/usr/local/bin:$PATH"
 BUILD=${BUILD:-build}
+case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
 APP_ARGS=(--mib 64 --buffers 8 --hb-every 5 --interval-ms 20)
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 	echo "GPU found: $(nvidia-smi -L | head -1)"
-	make -s gpu-apps
+	make -s gpu-apps BUILD="$BUILD"
 	BIN=$BUILD/gpu/bin
 	unset LD_LIBRARY_PATH
 else
 	echo "No GPU here: running on gpucr's simulated CUDA driver ($BUILD/sim/libcuda.so.1)."
 	BIN=$BUILD/bin
-	export LD_LIBRARY_PATH=$PWD/$BUILD/sim
+	export LD_LIBRARY_PATH=$BUILD/sim
 fi
 
 work=$(mktemp -d /tmp/gpucr-demo.XXXXXX)
@@ -30,14 +31,27 @@ img=$work/img
 sock=$work/helper.sock
 GPUCR=$BUILD/bin/gpucr
 if [ -n "${LD_LIBRARY_PATH:-}" ]; then
-	export GPUCR_LIBCUDA=$PWD/$BUILD/sim/libcuda.so.1 # helper and interposer: the simulated driver
+	export GPUCR_LIBCUDA=$BUILD/sim/libcuda.so.1 # helper and interposer: the simulated driver
 fi
 pid=
 helper=
+# cleanup ends the application and the helper, then removes the work
+# directory. The helper first, and waited for: until it exits it touches
+# helper.alive beside its socket every second, making the file again if it
+# is gone, and an rm -rf of the directory that spans such a tick fails
+# ("Directory not empty"). What is left to remove is no failure of the demo:
+# it keeps the exit status the demo had.
 cleanup() {
-	[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
-	[ -n "$helper" ] && kill "$helper" 2>/dev/null
-	true
+	local rc=$?
+	if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null || true; fi
+	if [ -n "$helper" ]; then
+		kill "$helper" 2>/dev/null || true
+		wait "$helper" 2>/dev/null || true
+	fi
+	if ! rm -rf "$work" 2>/dev/null && ! rm -rf "$work"; then
+		echo "demo: warning: could not remove $work; remove it by hand" >&2
+	fi
+	exit "$rc"
 }
 trap cleanup EXIT
 
@@ -90,4 +104,3 @@ if [ "$nbad" = 0 ]; then
 else
 	echo "   $nbad of $n heartbeats differ"; echo; echo "demo: FAILED"; exit 1
 fi
-rm -rf "$work"

@@ -127,6 +127,58 @@ func criuLogFile(path string, max int) ([]string, error) {
 	return criuLogErrors(f, max)
 }
 
+// criuStderr are the lines CRIU printed on its stderr, without the
+// "criu: " its messages there begin with (a failure shows each as
+// "criu: ..." already), and at most maxCRIUErrors of them.
+func criuStderr(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		out = append(out, strings.TrimPrefix(l, "criu: "))
+	}
+	if len(out) > maxCRIUErrors {
+		out = out[:maxCRIUErrors]
+	}
+	return out
+}
+
+// criuOptionComplaint is getopt's complaint about an option of CRIU's
+// configuration file, which CRIU prints on its stderr before it opens its
+// log: "unrecognized option '--bogus'", "option '--ghost-limit' requires an
+// argument", "option '--shell-job' doesn't allow an argument".
+var criuOptionComplaint = regexp.MustCompile(`^(unrecognized option|option) '-*([^'=]+)[^']*'(.*)$`)
+
+// criuOptionHints explains CRIU's complaints about its options, each
+// naming the --criu-opt that gave the option (extra: CriuOpts.Extra), if
+// one did.
+func criuOptionHints(said []string, extra []string) []string {
+	var out []string
+	for _, l := range said {
+		m := criuOptionComplaint.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		name, rest := m[2], strings.TrimSpace(m[3])
+		given := ""
+		for _, e := range extra {
+			if f := strings.Fields(strings.TrimLeft(strings.TrimSpace(e), "-")); len(f) > 0 && f[0] == name {
+				given = fmt.Sprintf(" (--criu-opt %q)", e)
+			}
+		}
+		var h string
+		switch {
+		case m[1] == "unrecognized option":
+			h = fmt.Sprintf("CRIU has no option %q%s: `criu --help` lists its options; --criu-opt takes one as CRIU's "+
+				"configuration file writes it, without dashes (--criu-opt 'ghost-limit 10M')", name, given)
+		case strings.Contains(rest, "requires an argument"):
+			h = fmt.Sprintf("CRIU's option %q needs a value%s: --criu-opt '%s VALUE'", name, given, name)
+		default:
+			h = fmt.Sprintf("CRIU refused its option %q%s: %s", name, given, rest)
+		}
+		out = append(out, h+"; CRIU stopped before it touched the process")
+	}
+	return out
+}
+
 // criuPluginLoaded says whether a CRIU log (-v4) shows that CRIU loaded the
 // plugin named name: CRIU 4.2 logs `Plugin "gpucr" (version 512 hooks 13)`
 // when it has loaded a plugin and registered its hooks.
@@ -175,10 +227,7 @@ var criuHints = []criuHint{
 		return "a unix socket of the process is connected to a process outside the checkpointed tree " +
 			"(gpucr does not pass CRIU's --ext-unix-sk): checkpoint the tree that holds both ends"
 	}},
-	{re: regexp.MustCompile(`Can't fork for (\d+): File exists`), hint: func(m []string) string {
-		return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
-			"a restored process gets its old pid back", m[1])
-	}},
+	{re: criuForkTaken, hint: func(m []string) string { return forkTakenHint(m[1]) }},
 	{re: regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`), hint: func(m []string) string {
 		// CRIU names the file relative to the root
 		if !strings.HasPrefix(m[1], "/") {
@@ -220,9 +269,51 @@ var criuHints = []criuHint{
 	{re: regexp.MustCompile(`Read-only file system`), hint: func([]string) string {
 		return "the image directory's file system is read-only"
 	}},
+	{re: regexp.MustCompile(`another checkpoint of pid (\d+) is running`), hint: func(m []string) string {
+		return fmt.Sprintf("pid %s was being checkpointed already (another gpucr checkpoint, or a criu dump or container runtime "+
+			"with gpucr's plugin): this checkpoint left it to that one; run it again once that one has ended", m[1])
+	}},
 	{re: regexp.MustCompile(`Unable to interrupt task: (\d+) \(No such process\)`), hint: func(m []string) string {
 		return fmt.Sprintf("process %s exited before CRIU could stop it", m[1])
 	}},
+}
+
+// criuForkTaken: CRIU could not give a restored task, or a session or
+// group leader it makes for them, its pid.
+var criuForkTaken = regexp.MustCompile(`Can't fork for (\d+): File exists`)
+
+// forkTakenHint is the hint for a pid of the image that is taken.
+func forkTakenHint(pid string) string {
+	return fmt.Sprintf("pid %s is taken by another process (the checkpointed process, still running or not yet reaped?): "+
+		"a restored process gets its old pid back", pid)
+}
+
+// restoreForkHints puts right the hint of a restore's "Can't fork for N"
+// where N is no process or thread of the image (imagePids): it is the
+// session or process group the image's processes belonged to, whose leader
+// was outside the image (the shell of a process dumped with --shell-job),
+// and which CRIU makes a process to lead again unless restoring with
+// --shell-job. Whether N is taken is beside the point then.
+func restoreForkHints(hints, msgs []string, imagePids []proc.Pid, shellJob bool) []string {
+	if shellJob || len(imagePids) == 0 {
+		return hints
+	}
+	for _, msg := range msgs {
+		m := criuForkTaken.FindStringSubmatch(msg)
+		if m == nil {
+			continue
+		}
+		if n, err := strconv.Atoi(m[1]); err != nil || slices.Contains(imagePids, proc.Pid(n)) {
+			continue
+		}
+		generic := forkTakenHint(m[1])
+		hints = slices.DeleteFunc(hints, func(h string) bool { return h == generic })
+		hints = append(hints, fmt.Sprintf("pid %s is no process of the image: it is the session (or process group) its processes "+
+			"belonged to, led by a process outside the image (the shell it was started from); without --shell-job CRIU makes "+
+			"a process with pid %s to lead them again, and cannot. The image was dumped with --shell-job: restore it with "+
+			"--shell-job too", m[1], m[1]))
+	}
+	return hints
 }
 
 // criuHintsFor returns the hints for a failure's messages, each once. For

@@ -58,14 +58,20 @@ type DumpOptions struct {
 
 // DumpResult is a checkpoint that succeeded.
 type DumpResult struct {
-	Pid          proc.Pid `json:"pid"`
-	ImagesDir    string   `json:"images_dir"`
-	Parent       string   `json:"parent,omitempty"`
-	Seconds      float64  `json:"seconds"`
-	ImageBytes   int64    `json:"image_bytes"`
-	LeaveRunning bool     `json:"leave_running"`
-	LeaveStopped bool     `json:"leave_stopped,omitempty"`
-	Concurrent   bool     `json:"concurrent,omitempty"`
+	Pid       proc.Pid `json:"pid"`
+	ImagesDir string   `json:"images_dir"`
+	Parent    string   `json:"parent,omitempty"`
+	// Seconds is the whole checkpoint, from the command's start to its
+	// return; DumpSeconds the part until the image was complete, and
+	// PidsReleasedAfterSeconds (a dump that ends the tree) the wait after
+	// it for the tree's pids to be free, which a slow reaper (pid 1) can
+	// make the longer part.
+	Seconds      float64 `json:"seconds"`
+	DumpSeconds  float64 `json:"dump_seconds"`
+	ImageBytes   int64   `json:"image_bytes"`
+	LeaveRunning bool    `json:"leave_running"`
+	LeaveStopped bool    `json:"leave_stopped,omitempty"`
+	Concurrent   bool    `json:"concurrent,omitempty"`
 	// Redone: the concurrent checkpoint found memory changed behind its
 	// copy-on-write window and was taken again stop-the-world; why.
 	Redone string `json:"redone,omitempty"`
@@ -206,7 +212,8 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	}
 	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
 	before, _ := os.Stat(manifest)
-	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev,
+	rec := dumpRecordOf(o.CRIU)
+	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev, record: &rec,
 		concurrent: o.Concurrent && len(tc.Clients) > 0, leaveRunning: o.LeaveRunning && len(tc.Clients) > 0,
 		what: fmt.Sprintf("criu dump of pid %d", pid),
 		fill: func(opts *rpc.CriuOpts) {
@@ -232,6 +239,9 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 		var waiting []proc.Pid
 		if f := (*Failure)(nil); !errors.As(err, &f) || !f.background {
 			waiting = waitingForGPU(o.Env.Socket, tc.Clients, err)
+			// a process another checkpoint holds waits for that one, not
+			// for a GPU image of this one
+			waiting = slices.DeleteFunc(waiting, func(p proc.Pid) bool { return heldByAnother(f, p) })
 		}
 		if len(pc.rounds) > 0 && len(waiting) == 0 {
 			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
@@ -265,7 +275,7 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 		res.Phases = append(res.Phases, Step{"pre-copy", pc.seconds})
 	}
 	res.Phases = append(res.Phases, r.phases...)
-	res.Seconds = time.Since(ev.start).Seconds()
+	res.DumpSeconds = time.Since(ev.start).Seconds()
 	res.ImageBytes = dirBytes(o.Dir)
 	res.CRIU = dumpStats(o.Dir, checked.Add(-time.Second))
 	if !o.LeaveRunning && !o.LeaveStopped {
@@ -286,7 +296,18 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	if !res.GPUState {
 		res.NoGPUState = noGPUStateReason(tc, o.CRIU)
 	}
+	res.Seconds = time.Since(ev.start).Seconds()
 	return res, nil
+}
+
+// heldByAnother says whether the helper refused f's dump of pid because
+// another checkpoint of it runs.
+func heldByAnother(f *Failure, pid proc.Pid) bool {
+	if f == nil {
+		return false
+	}
+	want := fmt.Sprintf("another checkpoint of pid %d is running", pid)
+	return slices.ContainsFunc(f.Plugin, func(l string) bool { return strings.Contains(l, want) })
 }
 
 // failedDump cleans up after a dump that failed: the GPU image the helper

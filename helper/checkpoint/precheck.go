@@ -182,24 +182,25 @@ const pidsFreeWait = 2 * time.Second
 // restorePidsFree refuses a restore whose pids are taken, before CRIU starts
 // and before any GPU memory is loaded: CRIU would fail on them only after
 // that ("Can't fork for PID: File exists").
-func restorePidsFree(ctx context.Context, dir string) error {
+// It returns the image's pids (thread ids among them).
+func restorePidsFree(ctx context.Context, dir string) ([]proc.Pid, error) {
 	pids, err := imagePids(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, pidsFreeWait)
 	defer cancel()
 	held := proc.WaitReleased(ctx, pids)
 	if len(held) == 0 {
-		return nil
+		return pids, nil
 	}
 	text, running := holdersText(held)
-	msg := fmt.Sprintf("restore from %s refused: CRIU gives every process of the image its pid %v back, and these processes hold them: %s",
+	msg := fmt.Sprintf("restore from %s refused: CRIU gives every process and thread of the image its id back (%v), and these processes hold them: %s",
 		dir, pids, text)
 	if running {
 		msg += "; if the image was made with --leave-running, stop that process first"
 	}
-	return errors.New(msg)
+	return nil, errors.New(msg)
 }
 
 // sessionLeaderCheck refuses, before anything is paused or copied, a dump
@@ -239,6 +240,9 @@ func holdersText(held []proc.Holder) (text string, running bool) {
 		} else {
 			running = true
 			what += fmt.Sprintf(" (running, parent %d)", h.PPid)
+		}
+		if len(h.Threads) > 0 {
+			what += fmt.Sprintf(" with its threads %v", h.Threads)
 		}
 		parts = append(parts, what)
 	}

@@ -56,6 +56,10 @@ type RestoreResult struct {
 	// Phases: "checks" (before CRIU), CRIU's (criu-start, criu-restore)
 	// and "gpu-wait" (until every GPU process has its memory back).
 	Phases []Step `json:"phases"`
+	// DumpOptions are the options of the dump (its record in the image
+	// directory) that the restore repeated ("--shell-job"), as CRIU
+	// needs them repeated.
+	DumpOptions []string `json:"dump_options,omitempty"`
 	// Ready says when, since the command began, the restored tree could do
 	// what; CRIU is CRIU's own account of its part (nil: none written).
 	Ready RestoreReady      `json:"ready"`
@@ -106,7 +110,12 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err := restoreDir(dir); err != nil {
 		return nil, err
 	}
-	if err := restorePidsFree(ctx, dir); err != nil {
+	applied, err := repeatDumpOptions(dir, &o.CRIU, ev)
+	if err != nil {
+		return nil, err
+	}
+	pids, err := restorePidsFree(ctx, dir)
+	if err != nil {
 		return nil, err
 	}
 	files, err := imageFiles(dir)
@@ -133,7 +142,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	checked := time.Now()
 	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap, onDemand: o.OnDemand,
-		fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
+		imagePids: pids, fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
 	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
 	gpuState := statErr == nil
 	if err != nil {
@@ -188,5 +197,30 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	phases := append(append([]Step{{"checks", checked.Sub(ev.start).Seconds()}}, r.phases...), Step{"gpu-wait", time.Since(waited).Seconds()})
 	return &RestoreResult{Pid: r.pid, ImagesDir: dir, Seconds: time.Since(ev.start).Seconds(), GPU: gpuCopyOf(r.gpu),
 		GPUProcesses: nonNil(procs), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Phases: phases,
-		Ready: ready, CRIU: restoreStats(dir, checked.Add(-time.Second))}, nil
+		Ready: ready, CRIU: restoreStats(dir, checked.Add(-time.Second)), DumpOptions: applied}, nil
+}
+
+// repeatDumpOptions turns on in c the options the image's dump ran CRIU
+// with that its restore must repeat (dumprecord.go), saying so, and warns
+// of a record it does not read and of what it does not repeat.
+func repeatDumpOptions(dir string, c *CRIU, ev *emitter) ([]string, error) {
+	rec, why, err := readDumpRecord(dir)
+	if err != nil {
+		return nil, err
+	}
+	if why != "" {
+		ev.emit(Event{Kind: Warning, Text: "the record of how the image was dumped is not used: " + why})
+		return nil, nil
+	}
+	if rec == nil {
+		return nil, nil
+	}
+	applied := rec.applyTo(c)
+	if len(applied) > 0 {
+		ev.emit(Event{Kind: Note, Text: fmt.Sprintf("the image was dumped with %s: restoring with it too", strings.Join(applied, " "))})
+	}
+	for _, n := range rec.notes(*c) {
+		ev.emit(Event{Kind: Warning, Text: n})
+	}
+	return applied, nil
 }

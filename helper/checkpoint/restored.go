@@ -50,8 +50,16 @@ func waitGPURestored(socket, dir string, wait time.Duration) ([]GPUProcess, erro
 	if err != nil {
 		return nil, fmt.Errorf("asking the helper whether the restored processes have their GPU memory back: %w", err)
 	}
-	var out []GPUProcess
-	var bad []string
+	out, bad := restoredProcesses(rs, wait)
+	if len(bad) > 0 {
+		return out, fmt.Errorf("the restored processes' GPU state: %s", strings.Join(bad, "; "))
+	}
+	return out, nil
+}
+
+// restoredProcesses turns the helper's answer into the report's processes,
+// and says which of them did not get their GPU memory back.
+func restoredProcesses(rs []*helperpb.RestoreResult, wait time.Duration) (out []GPUProcess, bad []string) {
 	for _, r := range rs {
 		p := GPUProcess{Pid: proc.Pid(r.Pid), ImagePid: proc.Pid(r.ImagePid), Reason: r.Reason}
 		for _, ph := range r.Phases {
@@ -62,15 +70,26 @@ func waitGPURestored(socket, dir string, wait time.Duration) ([]GPUProcess, erro
 			p.State = "running"
 		case helperpb.RestoreState_RESTORE_STATE_FAILED:
 			p.State = "failed"
-			bad = append(bad, fmt.Sprintf("pid %d (%d in the image): %s", r.Pid, r.ImagePid, r.Reason))
+			bad = append(bad, fmt.Sprintf("%s: %s", restoredName(p.Pid, p.ImagePid), r.Reason))
 		default:
 			p.State = "pending"
-			bad = append(bad, fmt.Sprintf("pid %d (%d in the image) has not got its GPU memory back within %v", r.Pid, r.ImagePid, wait))
+			bad = append(bad, fmt.Sprintf("%s has not got its GPU memory back within %v", restoredName(p.Pid, p.ImagePid), wait))
 		}
 		out = append(out, p)
 	}
-	if len(bad) > 0 {
-		return out, fmt.Errorf("the restored processes' GPU state: %s", strings.Join(bad, "; "))
+	return out, bad
+}
+
+// restoredName names a process of a restore: "pid 1234", with its pid in
+// the image where that differs ("pid 1240 (1234 in the image)"), or, where
+// the helper never saw it come back (no pid here: 0), by its image's pid
+// alone.
+func restoredName(pid, imagePid proc.Pid) string {
+	switch {
+	case pid == 0:
+		return fmt.Sprintf("the image's process %d (not restored)", imagePid)
+	case pid == imagePid || imagePid == 0:
+		return fmt.Sprintf("pid %d", pid)
 	}
-	return out, nil
+	return fmt.Sprintf("pid %d (%d in the image)", pid, imagePid)
 }

@@ -109,8 +109,13 @@ type job struct {
 	// onDemand: a restore whose processes run before their GPU data is
 	// all loaded (RestoreOptions.OnDemand)
 	onDemand bool
-	fill     func(*rpc.CriuOpts)
-	ev       *emitter
+	// record: a dump's record of how it ran CRIU, published with its
+	// images (dumprecord.go)
+	record *DumpRecord
+	// imagePids: a restore's pids and thread ids, as its image has them
+	imagePids []proc.Pid
+	fill      func(*rpc.CriuOpts)
+	ev        *emitter
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
@@ -217,9 +222,14 @@ func run(ctx context.Context, j job) (*ran, error) {
 	if j.onDemand && !j.dump {
 		extra = append(extra, "GPUCR_ON_DEMAND=1")
 	}
+	stderr, err := sess.openStderr()
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
 	runStart := time.Now()
 	cmd := swrk.Cmd{CRIU: j.criu.Binary, Env: sess.criuEnv(j.env, extra...), Files: []*os.File{d}, Deadline: deadline,
-		KillNew: !j.dump, Cancel: ctx.Done()}
+		KillNew: !j.dump, Cancel: ctx.Done(), Stderr: stderr}
 	direction := helperpb.Transfer_DIRECTION_LOAD
 	if j.dump {
 		direction = helperpb.Transfer_DIRECTION_DUMP
@@ -272,10 +282,14 @@ func run(ctx context.Context, j job) (*ran, error) {
 	privateLog := filepath.Join(sess.dir, log)
 	logPath := filepath.Join(j.dir, log)
 	// CRIU writes its log and its statistics (stats-dump, stats-restore)
-	// into its work directory.
+	// into its work directory. A CRIU that stopped at its options wrote no
+	// log: then no failure points to one.
 	for _, name := range []string{log, "stats-dump", "stats-restore", "lazy-pages.log"} {
 		err := placeFile(d, j.dir, filepath.Join(sess.dir, name), name)
-		if err != nil && (name == log || !errors.Is(err, fs.ErrNotExist)) { // CRIU writes one of the two statistics
+		if err != nil && name == log {
+			logPath = ""
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) { // CRIU writes one of the two statistics
 			j.ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("CRIU's %s could not be placed in the image directory: %v", name, err)})
 		}
 	}
@@ -289,6 +303,11 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	if out.Err == nil && !out.TimedOut {
 		if j.dump {
+			if j.record != nil {
+				if err := writeDumpRecord(cd.stage, *j.record); err != nil {
+					return r, fmt.Errorf("%s: the record of its options: %w", j.what, err)
+				}
+			}
 			if err := cd.publish(); err != nil {
 				return r, err
 			}
@@ -299,7 +318,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 		return r, nil
 	}
 	f := &Failure{Log: logPath, TimedOut: out.TimedOut, Cancelled: out.Cancelled, Err: out.Err,
-		Summary: fmt.Sprintf("%s failed; see %s", j.what, logPath), GPU: gpuCopyOf(r.gpu)}
+		Summary: j.what + " failed" + seeLog(logPath), GPU: gpuCopyOf(r.gpu)}
 	if out.TimedOut {
 		f.Summary = timeoutSummary(j.what, deadline, out, logPath)
 	}
@@ -310,8 +329,19 @@ func run(ctx context.Context, j job) (*ran, error) {
 		}
 	}
 	f.CRIU, err = criuLogFile(privateLog, maxCRIUErrors)
-	if err != nil {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		f.CRIU = []string{fmt.Sprintf("(CRIU's log cannot be read: %v)", err)}
+	}
+	// What CRIU said on its stderr: before it had its log (its options),
+	// or beside it.
+	said := criuStderr(sess.stderrLines())
+	f.CRIU = append(f.CRIU, said...)
+	optHints := criuOptionHints(said, j.criu.Extra)
+	if logPath == "" && !out.TimedOut && !out.Cancelled {
+		f.Summary = j.what + " failed before CRIU began its log"
+		if len(optHints) > 0 {
+			f.Summary = j.what + " failed: CRIU refused its options before it touched the process"
+		}
 	}
 	f.Plugin = sess.pluginLines()
 	if len(f.Plugin) > 0 {
@@ -321,7 +351,10 @@ func run(ctx context.Context, j job) (*ran, error) {
 		// what CRIU said after it was stopped is noise
 		f.CRIU, f.Plugin = nil, nil
 	}
-	f.Hints = criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...), j.dump)
+	f.Hints = append(optHints, criuHintsFor(append(append([]string{}, f.CRIU...), f.Plugin...), j.dump)...)
+	if !j.dump {
+		f.Hints = restoreForkHints(f.Hints, f.CRIU, j.imagePids, j.criu.ShellJob)
+	}
 	if (out.TimedOut || out.Cancelled) && len(j.clients) > 0 {
 		f.Processes = waitGPUBack(j.env.Socket, j.clients, gpuBackWait)
 	}
@@ -337,7 +370,15 @@ func timeoutSummary(what string, deadline time.Duration, out swrk.Outcome, logPa
 	if out.Hung {
 		s += fmt.Sprintf("; its RPC did not end within %v after that (a process CRIU started holds it)", swrk.ReturnGrace)
 	}
-	return s + "; see " + logPath
+	return s + seeLog(logPath)
+}
+
+// seeLog points to CRIU's log where it is ("": CRIU wrote none).
+func seeLog(logPath string) string {
+	if logPath == "" {
+		return ""
+	}
+	return "; see " + logPath
 }
 
 func dirBytes(dir string) int64 {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,9 @@ type criuSession struct {
 	dir       string
 	config    string // "" without a plugin directory
 	pluginLog string
+	// stderr is CRIU's stderr: CRIU says there what it cannot parse in
+	// its configuration file (an unknown --criu-opt), before it has a log.
+	stderr string
 }
 
 // pluginLogEnv names the plugin's message file (criuplugin/README.md).
@@ -112,10 +116,12 @@ func newSession(tempDir, pluginDir string, extra []string) (*criuSession, error)
 	if err != nil {
 		return nil, fmt.Errorf("private directory for CRIU: %w", err)
 	}
-	s := &criuSession{dir: dir, pluginLog: filepath.Join(dir, "plugin.log")}
-	if err := createExcl(s.pluginLog, ""); err != nil {
-		s.close()
-		return nil, err
+	s := &criuSession{dir: dir, pluginLog: filepath.Join(dir, "plugin.log"), stderr: filepath.Join(dir, "criu.stderr")}
+	for _, f := range []string{s.pluginLog, s.stderr} {
+		if err := createExcl(f, ""); err != nil {
+			s.close()
+			return nil, err
+		}
 	}
 	var conf strings.Builder
 	if pluginDir != "" {
@@ -174,6 +180,36 @@ func (s *criuSession) pluginLines() []string {
 }
 
 func (s *criuSession) close() { _ = os.RemoveAll(s.dir) }
+
+// openStderr opens the file CRIU's stderr goes to, for appending.
+func (s *criuSession) openStderr() (*os.File, error) {
+	f, err := os.OpenFile(s.stderr, os.O_WRONLY|os.O_APPEND|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("CRIU's stderr: %w", err)
+	}
+	return f, nil
+}
+
+// maxStderr bounds what of CRIU's stderr is read.
+const maxStderr = 16 << 10
+
+// stderrLines are the lines CRIU printed on its stderr (its first
+// maxStderr bytes), blank ones left out.
+func (s *criuSession) stderrLines() []string {
+	f, err := os.Open(s.stderr)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(io.LimitReader(f, maxStderr))
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
 
 // workDir opens the private directory, for CRIU's work_dir_fd.
 func (s *criuSession) workDir() (*os.File, error) {

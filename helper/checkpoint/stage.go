@@ -113,8 +113,8 @@ func stageRestore(dir *os.File, path string) (*criuDir, error) {
 	dfd, sfd := int(dir.Fd()), int(cd.stage.Fd())
 	for _, e := range ents {
 		n := e.Name()
-		if strings.HasPrefix(n, ".gpucr-") || n == image.SubDir {
-			continue // stages, gpucr's own files, the GPU image
+		if strings.HasPrefix(n, ".gpucr-") || n == image.SubDir || n == dumpRecordName {
+			continue // stages, gpucr's own files, the GPU image, the dump's record
 		}
 		if !regularOf(dfd, n, uid) {
 			continue

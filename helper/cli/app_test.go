@@ -143,3 +143,52 @@ func TestCRIUFailureJSON(t *testing.T) {
 		}
 	}
 }
+
+// -v is no version flag: `gpucr -v checkpoint PID -D DIR` printed the
+// version and exited 0 without checkpointing. It is refused (exit 2), saying
+// what to use, wherever it stands; --version still prints the version.
+func TestNoVersionShorthand(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"-v", "checkpoint", "4194304", "-D", dir},
+		{"-v4", "status"},
+		{"--verbose", "status"},
+		{"checkpoint", "-v", "4194304", "-D", dir},
+		{"checkpoint", "4194304", "-D", dir, "-v"},
+	} {
+		code, out, errOut := runCLI(t, args...)
+		if code != ExitUsage || strings.Contains(out, Version) || !strings.Contains(errOut, "`gpucr --version` prints its version") {
+			t.Errorf("gpucr %v: exit %d, stdout %q, stderr %q; want %d and what to use instead", args, code, out, errOut, ExitUsage)
+		}
+	}
+	if code, out, _ := runCLI(t, "--version"); code != ExitOK || out != "gpucr version "+Version+"\n" {
+		t.Errorf("gpucr --version: exit %d, %q", code, out)
+	}
+	if _, out, _ := runCLI(t, "--help"); strings.Contains(out, "-v ") || strings.Contains(out, ", -v") {
+		t.Errorf("gpucr --help still lists -v:\n%s", out)
+	}
+}
+
+// `gpucr help image gc` is gc's help (urfave's help command read only its
+// first word and showed image's), and a subcommand's usage line names its
+// command.
+func TestHelpOfSubcommand(t *testing.T) {
+	code, out, errOut := runCLI(t, "help", "image", "gc")
+	if code != ExitOK || !strings.Contains(out, "gpucr image gc - remove the chunks") || !strings.Contains(out, "--dry-run") ||
+		strings.Contains(out, "inspect") {
+		t.Errorf("gpucr help image gc: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if code, _, errOut := runCLI(t, "help", "image", "nosuch"); code != ExitUsage || !strings.Contains(errOut, `no command "image nosuch"`) {
+		t.Errorf("gpucr help image nosuch: exit %d, stderr %q", code, errOut)
+	}
+	for args, want := range map[string]string{
+		"image diff":              "usage: gpucr image diff [flags] A B",
+		"image inspect":           "usage: gpucr image inspect [flags] DIR",
+		"image diff a b --nosuch": "image diff: flag provided but not defined: --nosuch",
+	} {
+		code, _, errOut := runCLI(t, strings.Fields(args)...)
+		if code != ExitUsage || !strings.Contains(errOut, want) {
+			t.Errorf("gpucr %s: exit %d, stderr %q; want %q", args, code, errOut, want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -94,7 +95,7 @@ func checkpointCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			line := fmt.Sprintf("checkpoint %d: done in %.3f s, image %s in %s", pid, res.Seconds, humanBytes(uint64(res.ImageBytes)), abs)
+			line := fmt.Sprintf("checkpoint %d: done in %s, image %s in %s", pid, dumpTimes(res), humanBytes(uint64(res.ImageBytes)), abs)
 			line += preCopyText(res.PreCopy)
 			if res.Redone != "" {
 				line += "\n  redone: " + res.Redone
@@ -121,6 +122,17 @@ func checkpointCommand() *ucli.Command {
 			return report(c, res, line, res.PluginMessages)
 		},
 	}
+}
+
+// dumpTimes is how long a checkpoint took in all, and where a wait for the
+// tree's pids followed the dump, its two parts: "2.130 s (the image 0.498
+// s, then 1.632 s until the tree's pids were free)".
+func dumpTimes(res *checkpoint.DumpResult) string {
+	s := fmt.Sprintf("%.3f s", res.Seconds)
+	if w := res.PidsReleasedAfterSeconds; w != nil {
+		s += fmt.Sprintf(" (the image %.3f s, then %.3f s until the tree's pids were free)", res.DumpSeconds, *w)
+	}
+	return s
 }
 
 // concurrent says whether a checkpoint is concurrent: only one that leaves
@@ -154,10 +166,41 @@ func preCopyText(rounds []checkpoint.PreCopyRound) string {
 
 // interruptible is ctx, cancelled by Ctrl-C or a SIGTERM: a checkpoint or a
 // restore then stops CRIU as its deadline does (the processes get their GPU
-// back), rather than being killed midway.
+// back), rather than being killed midway. The signal is noted where Run
+// finds it (ctx's caughtSignal), so that the command exits 130 or 143, as
+// one the signal had killed, not 1 as any failure.
 func interruptible(ctx context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(ctx)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-ch:
+			if c, ok := ctx.Value(caughtKey{}).(*caughtSignal); ok {
+				c.set(s)
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// Until stop, a second Ctrl-C is caught too: the command is already
+	// ending, giving the processes their GPU back.
+	return ctx, func() { signal.Stop(ch); cancel() }
 }
+
+// caughtSignal is the signal that interrupted a command (Run's context
+// holds it under caughtKey).
+type caughtSignal struct{ sig atomic.Int32 }
+
+type caughtKey struct{}
+
+func (c *caughtSignal) set(s os.Signal) {
+	if n, ok := s.(syscall.Signal); ok {
+		c.sig.Store(int32(n))
+	}
+}
+
+func (c *caughtSignal) signal() syscall.Signal { return syscall.Signal(c.sig.Load()) }
 
 // checkpointParent is the parent image of an incremental checkpoint into
 // dir: --parent, or with --auto-parent the newest committed image beside

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -128,7 +129,7 @@ func flagsAnywhere(c *ucli.Context) ([]string, error) {
 			}
 		}
 		if !known {
-			return nil, usageError{fmt.Errorf("%s: flag provided but not defined: %s", c.Command.FullName(), a)}
+			return nil, usageError{noVerboseFlag(fmt.Errorf("%s: flag provided but not defined: %s", commandName(c), a))}
 		}
 		if !hasVal {
 			if isBoolFlag(c.Command, name) {
@@ -137,14 +138,30 @@ func flagsAnywhere(c *ucli.Context) ([]string, error) {
 				i++
 				val = args[i]
 			} else {
-				return nil, usageError{fmt.Errorf("%s: flag needs an argument: %s", c.Command.FullName(), a)}
+				return nil, usageError{fmt.Errorf("%s: flag needs an argument: %s", commandName(c), a)}
 			}
 		}
 		if err := c.Set(name, val); err != nil {
-			return nil, usageError{fmt.Errorf("%s: invalid value %q for flag %s", c.Command.FullName(), val, a)}
+			return nil, usageError{fmt.Errorf("%s: invalid value %q for flag %s", commandName(c), val, a)}
 		}
 	}
 	return pos, nil
+}
+
+// commandName is the command c runs as the user typed it, without
+// "gpucr": "image diff", not "diff" (Command.FullName knows no parent
+// command until urfave's help has run).
+func commandName(c *ucli.Context) string {
+	var names []string
+	for _, l := range c.Lineage() {
+		if l.Command != nil && l.Command.Name != "" && (l.App == nil || l.Command.Name != l.App.Name) {
+			names = append([]string{l.Command.Name}, names...)
+		}
+	}
+	if len(names) == 0 {
+		return c.Command.FullName()
+	}
+	return strings.Join(slices.Compact(names), " ")
 }
 
 // parsePid reads a process id argument of command cmd.

@@ -15,13 +15,12 @@ import (
 // command (the Makefile's `man` target), `gpucr completion bash|zsh` prints
 // a completion script (commands, their subcommands and flags).
 
-// manCommand is `gpucr man DIR` (hidden: for the build).
+// manCommand is `gpucr man DIR` (the Makefile's `man` target runs it).
 func manCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "man",
-		Usage:     "write gpucr's manual pages (gpucr.1, gpucr-COMMAND.1) into DIR",
+		Usage:     "write gpucr's manual pages (gpucr.1, gpucr-COMMAND.1) into DIR: man -l DIR/gpucr-checkpoint.1 reads one",
 		ArgsUsage: "DIR",
-		Hidden:    true,
 		Action: func(c *ucli.Context) error {
 			if c.NArg() != 1 {
 				return usageError{fmt.Errorf("usage: gpucr man DIR")}
@@ -31,35 +30,24 @@ func manCommand() *ucli.Command {
 	}
 }
 
-// writeManPages writes the app's page and one per visible command.
+// writeManPages writes the app's page and one per visible command
+// (manpage.go).
 func writeManPages(app *ucli.App, dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return fmt.Errorf("manual pages: %w", err)
 	}
-	page := func(a *ucli.App, name string) error {
-		s, err := a.ToManWithSection(1)
-		if err != nil {
+	write := func(name, markdown string) error {
+		if err := os.WriteFile(filepath.Join(dir, name), roff(markdown), 0o644); err != nil {
 			return fmt.Errorf("manual page %s: %w", name, err)
 		}
-		return os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644)
+		return nil
 	}
-	top := *app
-	top.Commands = visible(app.Commands)
-	if err := page(&top, "gpucr.1"); err != nil {
+	cmds := visible(app.Commands)
+	if err := write("gpucr.1", topPage(app, cmds)); err != nil {
 		return err
 	}
-	for _, cmd := range top.Commands {
-		sub := &ucli.App{
-			Name:        "gpucr-" + cmd.Name,
-			Usage:       cmd.Usage,
-			UsageText:   strings.TrimSpace("gpucr " + cmd.Name + " [options] " + cmd.ArgsUsage),
-			Description: cmd.Description,
-			Flags:       cmd.Flags,
-			Commands:    visible(cmd.Subcommands),
-			HideVersion: true,
-			Version:     app.Version,
-		}
-		if err := page(sub, "gpucr-"+cmd.Name+".1"); err != nil {
+	for _, cmd := range cmds {
+		if err := write("gpucr-"+cmd.Name+".1", commandPage(cmd, app.Version)); err != nil {
 			return err
 		}
 	}

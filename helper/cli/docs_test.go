@@ -33,8 +33,39 @@ func TestManPages(t *testing.T) {
 			}
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "gpucr-man.1")); err == nil {
-		t.Error("the hidden man command has a page")
+	// A command's options are its OPTIONS, not GLOBAL OPTIONS; every page
+	// has EXAMPLES and EXIT STATUS.
+	pages, _ := filepath.Glob(filepath.Join(dir, "*.1"))
+	if len(pages) < 13 {
+		t.Errorf("only %d pages: %v", len(pages), pages)
+	}
+	for _, p := range pages {
+		b, _ := os.ReadFile(p)
+		page := string(b)
+		for _, sec := range []string{".SH EXAMPLES", ".SH EXIT STATUS"} {
+			if !strings.Contains(page, sec) {
+				t.Errorf("%s has no %s section", filepath.Base(p), sec)
+			}
+		}
+		if filepath.Base(p) != "gpucr.1" && strings.Contains(page, "GLOBAL OPTIONS") {
+			t.Errorf("%s puts the command's options under GLOBAL OPTIONS", filepath.Base(p))
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "gpucr-checkpoint.1"))
+	if opts := strings.Index(string(b), ".SH OPTIONS"); opts < 0 || strings.Index(string(b), "leave-running") < opts {
+		t.Errorf("gpucr-checkpoint.1 does not list --leave-running under OPTIONS")
+	}
+	for page, want := range map[string]string{"gpucr.1": "130", "gpucr-checkpoint.1": "143", "gpucr-run.1": "127"} {
+		if b, _ := os.ReadFile(filepath.Join(dir, page)); !strings.Contains(string(b), want) {
+			t.Errorf("%s's EXIT STATUS lacks %s", page, want)
+		}
+	}
+	// man is a command like the others: listed by --help, with a page.
+	if _, out, _ := runCLI(t, "--help"); !strings.Contains(out, "   man ") {
+		t.Errorf("gpucr --help does not list man:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "gpucr-man.1")); err != nil {
+		t.Errorf("man has no page: %v", err)
 	}
 	if man, err := exec.LookPath("man"); err == nil {
 		out, err := exec.Command(man, "-l", "-P", "cat", filepath.Join(dir, "gpucr-restore.1")).CombinedOutput()

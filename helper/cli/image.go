@@ -110,7 +110,7 @@ func commandArgs(c *ucli.Context, minArgs, maxArgs int) ([]string, error) {
 		return nil, err
 	}
 	if len(pos) < minArgs || (maxArgs >= 0 && len(pos) > maxArgs) {
-		return nil, usageError{fmt.Errorf("usage: gpucr %s [flags] %s", c.Command.FullName(), c.Command.ArgsUsage)}
+		return nil, usageError{fmt.Errorf("usage: gpucr %s [flags] %s", commandName(c), c.Command.ArgsUsage)}
 	}
 	return pos, nil
 }

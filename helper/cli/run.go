@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,9 +37,33 @@ func runCommand() *ucli.Command {
 				return err
 			}
 			err = syscall.Exec(path, args, env)
-			return fmt.Errorf("run %s: %w", path, err)
+			return execFailed(path, err)
 		},
 	}
+}
+
+// notRunnable is a program gpucr run cannot start, with the exit code a
+// shell gives it: 127 where there is no such program, 126 where it is no
+// file that can be run (a directory, no execute permission).
+func notRunnable(cmd string, err error) error {
+	if errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EISDIR) {
+		return exitError{ExitCannotRun, fmt.Errorf("run: %s: cannot run it (not an executable file)", cmd)}
+	}
+	if strings.Contains(cmd, "/") {
+		return exitError{ExitNotFound, fmt.Errorf("run: %s: no such file", cmd)}
+	}
+	return exitError{ExitNotFound, fmt.Errorf("run: %s: command not found (not on PATH)", cmd)}
+}
+
+// execFailed is an exec of path that failed: ENOENT (a script whose
+// interpreter is missing) 127, anything else (no exec format, permission)
+// 126, as a shell says.
+func execFailed(path string, err error) error {
+	if errors.Is(err, syscall.ENOENT) {
+		// path was found: what is missing is its interpreter (#!) or loader
+		return exitError{ExitNotFound, fmt.Errorf("run: %s: %w (its interpreter or dynamic loader is missing)", path, err)}
+	}
+	return exitError{ExitCannotRun, fmt.Errorf("run: %s: %w", path, err)}
 }
 
 // findInterposer: $GPUCR_INTERPOSER, else <dir of gpucr>/../lib/libgpucr.so,
@@ -75,7 +100,7 @@ func prepareRun(cmd, socket string, environ []string) (string, []string, error) 
 	}
 	path, err := exec.LookPath(cmd)
 	if err != nil {
-		return "", nil, fmt.Errorf("run: %w", err)
+		return "", nil, notRunnable(cmd, err)
 	}
 	if abs, err := filepath.Abs(socket); err == nil {
 		socket = abs

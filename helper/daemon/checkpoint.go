@@ -91,8 +91,20 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	}
 	cl, refused := s.controlledClient(c, id, req.Pid, "checkpoint")
 	if refused != nil {
+		if s.dumpHolds(c, proc.Pid(req.Pid)) {
+			// not "no client with pid N": a plugin takes that for a
+			// process without GPU state, and dumps it as one
+			return anotherCheckpoint(id, proc.Pid(req.Pid))
+		}
 		return refused
 	}
+	// One checkpoint of a client at a time. A second one waited for the
+	// first's control exchange and then found the client detached for
+	// the first's dump: "control connection is not connected".
+	if !cl.checkpointing.CompareAndSwap(false, true) {
+		return anotherCheckpoint(id, cl.pid)
+	}
+	defer cl.checkpointing.Store(false)
 	if req.ImageDir == "" {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "no image directory")
 	}
@@ -114,6 +126,8 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 		return nil
 	})
 	switch {
+	case (errors.Is(err, errNoControl) || errors.Is(err, errBusy)) && detachedForDump(cl.lifeState()):
+		return anotherCheckpoint(id, cl.pid)
 	case errors.Is(err, errBusy):
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "client %d: another control operation is in progress", cl.pid)
 	case err != nil:
@@ -122,6 +136,28 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 		return failed
 	}
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Checkpoint{Checkpoint: reply}}
+}
+
+// anotherCheckpoint refuses a checkpoint of pid while another one runs.
+func anotherCheckpoint(id uint64, pid proc.Pid) *helperpb.Response {
+	return errResp(id, helperpb.ErrorCode_ERROR_STATE, "another checkpoint of pid %d is running; try again once it has ended", pid)
+}
+
+// detachedForDump says whether a client in state st is held by a CRIU
+// dump: a checkpoint detached it, and the dump has not ended.
+func detachedForDump(st lifeState) bool { return st == lifeDetaching || st == lifeDetached }
+
+// dumpHolds says whether pid is a client that a CRIU dump holds detached
+// (parked, so no longer found among the connected clients), and the
+// caller may act on it: then a checkpoint of it is running.
+func (s *Server) dumpHolds(c *conn, pid proc.Pid) bool {
+	s.mu.Lock()
+	cl := s.reg.waitingFor(pid)
+	s.mu.Unlock()
+	if cl == nil || !detachedForDump(cl.lifeState()) || cl.process().Check() != nil {
+		return false
+	}
+	return mayAct(c.cred.Uid, cl) == nil
 }
 
 // checkpointOpts is what a Checkpoint request asks, resolved.

@@ -11,6 +11,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -50,6 +51,9 @@ type client struct {
 
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
+	// checkpointing: a Checkpoint request of it is being served; another
+	// one is refused at once, saying so (checkpoint.go).
+	checkpointing atomic.Bool
 	// quietUntil: its control connection did not answer a Status; Status
 	// does not ask it again before then (status.go). Guarded by mu.
 	quietUntil time.Time

@@ -14,15 +14,18 @@ type Holder struct {
 	Pid   Pid
 	State byte // 'Z': a zombie its parent has not reaped
 	PPid  Pid  // who would reap it
+	// Threads are ids asked about that are threads of this process (its
+	// pid is not among them unless asked about too).
+	Threads []Pid
 }
 
 // Holders lists the processes, zombies included, that keep any of pids in
-// use: one whose pid, process group or session is one of them, or a thread
-// whose id is one of them (then Pid is that thread's id). The kernel
-// gives a held pid to no new process, so a restore of a dumped tree, which
-// must get its pids back, fails ("Can't fork for PID: File exists") while a
-// holder is left; a dumped tree's forked children linger as zombies holding
-// the root's pid as their session until whoever inherited them reaps them.
+// use: one whose pid, process group or session is one of them, or whose
+// thread has one of them as its id (Threads). The kernel gives a held pid
+// to no new process, so a restore of a dumped tree, which must get its pids
+// back, fails ("Can't fork for PID: File exists") while a holder is left; a
+// dumped tree's forked children linger as zombies holding the root's pid as
+// their session until whoever inherited them reaps them.
 func Holders(pids []Pid) []Holder {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -43,13 +46,30 @@ func Holders(pids []Pid) []Holder {
 			out = append(out, Holder{Pid: pid, State: st.State, PPid: st.PPid})
 		}
 	}
-	// threads are not listed in /proc, but /proc/TID answers for them
+	// Threads are not listed in /proc, but /proc/TID answers for them: each
+	// is told as a thread of its process, not as a process of its own.
 	for _, p := range pids {
-		if slices.ContainsFunc(out, func(h Holder) bool { return h.Pid == p }) {
+		if slices.ContainsFunc(out, func(h Holder) bool { return h.Pid == p || slices.Contains(h.Threads, p) }) {
 			continue
 		}
-		if st, err := ReadStat(p); err == nil {
-			out = append(out, Holder{Pid: p, State: st.State, PPid: st.PPid})
+		if _, err := ReadStat(p); err != nil {
+			continue
+		}
+		leader, err := ThreadGroup(p)
+		if err != nil || leader == p {
+			leader = p // a process /proc did not list a moment ago
+		}
+		i := slices.IndexFunc(out, func(h Holder) bool { return h.Pid == leader })
+		if i < 0 {
+			st, err := ReadStat(leader)
+			if err != nil {
+				continue // gone meanwhile
+			}
+			out = append(out, Holder{Pid: leader, State: st.State, PPid: st.PPid})
+			i = len(out) - 1
+		}
+		if leader != p {
+			out[i].Threads = append(out[i].Threads, p)
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,7 +65,8 @@ func TestHoldersZombieOfASession(t *testing.T) {
 	}
 }
 
-// A thread's id is held while the thread runs, though /proc does not list it.
+// A thread's id is held while the thread runs, though /proc does not list
+// it; its holder is its process.
 func TestHoldersThread(t *testing.T) {
 	// A goroutine that locks its thread may be given the main thread, whose
 	// id is the pid: then it is let go, and another one tried.
@@ -83,8 +85,10 @@ func TestHoldersThread(t *testing.T) {
 		}
 		h := Holders([]Pid{tid})
 		close(done)
-		if len(h) != 1 || h[0].Pid != tid {
-			t.Fatalf("holders of thread id %d: %+v", tid, h)
+		// the holder is this process, the id one of its threads: not a
+		// process of its own
+		if len(h) != 1 || h[0].Pid != Pid(os.Getpid()) || !slices.Equal(h[0].Threads, []Pid{tid}) {
+			t.Fatalf("holders of thread id %d: %+v, want process %d with that thread", tid, h, os.Getpid())
 		}
 		return
 	}

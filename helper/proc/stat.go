@@ -104,6 +104,23 @@ func NsPid(pid Pid) Pid {
 	return Pid(n)
 }
 
+// ThreadGroup is the process a task id belongs to (/proc/TID/status's
+// Tgid): tid itself for a process, its process's pid for a thread.
+func ThreadGroup(tid Pid) (Pid, error) {
+	f, err := statusField(tid, "Tgid")
+	if err != nil {
+		return 0, err
+	}
+	if len(f) == 0 {
+		return 0, fmt.Errorf("/proc/%d/status: no Tgid line", tid)
+	}
+	n, err := strconv.ParseInt(f[0], 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/status: Tgid: %w", tid, err)
+	}
+	return Pid(n), nil
+}
+
 // EffectiveUID is the effective uid of pid (the second of /proc/PID/status's
 // Uid: line).
 func EffectiveUID(pid Pid) (uint32, error) {

@@ -44,6 +44,10 @@ type Cmd struct {
 	// Cancel (nil: never) ends the request as the deadline does, when it
 	// is closed (the user interrupted the command).
 	Cancel <-chan struct{}
+	// Stderr (nil: discarded) gets what CRIU prints on its stderr: where it
+	// says what it cannot parse in its configuration file, before it has
+	// opened its log.
+	Stderr *os.File
 }
 
 // Outcome is how one request ended.
@@ -103,6 +107,9 @@ func (c Cmd) run(typ rpc.CriuReqType, opts *rpc.CriuOpts, nfy criu.Notify) (o Ou
 		// its own process group: a terminal's Ctrl-C reaches this process,
 		// which ends CRIU itself (Cancel), not CRIU in the middle of a dump
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+	if c.Stderr != nil {
+		cmd.Stderr = c.Stderr
+	}
 	// A restore's half-made tree, killed at the deadline, is what appears
 	// among this process's children while CRIU runs.
 	self := proc.Pid(os.Getpid())

@@ -263,11 +263,30 @@ func TestCLICRIUTimeout(t *testing.T) {
 // TestCLIInterrupt: Ctrl-C (SIGINT to gpucr checkpoint's process group, as
 // a terminal sends it) while the plugin's copy hangs stops CRIU at once,
 // says so, gives the process its GPU back and leaves the image directory as
-// it was: no log, no partial GPU image, no private directory.
+// it was: no log, no partial GPU image, no private directory. The command
+// exits 130, as a shell reports a program Ctrl-C ended; after a SIGTERM
+// (what systemd or kill sends), 143.
 func TestCLIInterrupt(t *testing.T) {
 	rig := newCriuRig(t, "GPUCR_FAULT=stall-copy")
 	a := startUnder(t, rig.dir, rig.h, rig.env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "500")
 	a.waitIter(15, time.Minute)
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGINT, 130}, {syscall.SIGTERM, 143}} {
+		interruptCheckpoint(t, rig, a, tc.sig, tc.code)
+	}
+	if c := a.wait(2 * time.Minute); c != 0 {
+		t.Fatalf("heartbeat after the interrupted dumps: exit %d:\n%s", c, tail(a.output(), 10))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, rig.env, "heartbeat", []string{"--mib", "16"}, 500))
+}
+
+// interruptCheckpoint sends sig to a gpucr checkpoint of a once the
+// helper stalls in its copy, and checks what TestCLIInterrupt says.
+func interruptCheckpoint(t *testing.T, rig *criuRig, a *app, sig syscall.Signal, wantCode int) {
+	t.Helper()
+	stalls := strings.Count(helperLog(rig.h), "stalling before the copy")
 	var b bytes.Buffer
 	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", rig.img)
 	cmd.Env = rig.criuEnv
@@ -278,11 +297,11 @@ func TestCLIInterrupt(t *testing.T) {
 	}
 	// once CRIU has reached the plugin (the helper stalls in the copy)
 	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(helperLog(rig.h), "stall-copy") && time.Now().Before(deadline) {
+	for strings.Count(helperLog(rig.h), "stalling before the copy") == stalls && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	start := time.Now()
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	_ = syscall.Kill(-cmd.Process.Pid, sig)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	var err error
@@ -290,14 +309,14 @@ func TestCLIInterrupt(t *testing.T) {
 	case err = <-done:
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
-		t.Fatalf("gpucr checkpoint still running 30 s after SIGINT:\n%s", b.String())
+		t.Fatalf("gpucr checkpoint still running 30 s after %v:\n%s", sig, b.String())
 	}
 	out := b.String()
-	if _, code := exitCode(out, err); code != 1 {
-		t.Errorf("exit %d after SIGINT, want 1:\n%s", code, out)
+	if _, code := exitCode(out, err); code != wantCode {
+		t.Errorf("exit %d after %v, want %d:\n%s", code, sig, wantCode, out)
 	}
 	if took := time.Since(start); took > 10*time.Second {
-		t.Errorf("gpucr checkpoint took %v to end after SIGINT", took)
+		t.Errorf("gpucr checkpoint took %v to end after %v", took, sig)
 	}
 	for _, want := range []string{
 		fmt.Sprintf("criu dump of pid %d interrupted: stopped CRIU", a.pid),
@@ -315,10 +334,6 @@ func TestCLIInterrupt(t *testing.T) {
 		}
 		t.Errorf("the interrupted checkpoint left %v in %s:\n%s", names, rig.img, out)
 	}
-	if c := a.wait(2 * time.Minute); c != 0 {
-		t.Fatalf("heartbeat after the interrupted dump: exit %d:\n%s", c, tail(a.output(), 10))
-	}
-	compareWithReference(t, a.heartbeats(), reference(t, rig.env, "heartbeat", []string{"--mib", "16"}, 500))
 }
 
 // TestCLIShowsCRIUFailures: real CRIU failures, each shown with its cause
@@ -530,4 +545,46 @@ func TestCLINoGPUState(t *testing.T) {
 	if code != 0 || j.GPUState == nil || *j.GPUState || j.NoGPUState != "no process of the tree is a gpucr client" || j.PluginDir != wantDir {
 		t.Errorf("--json: exit %d: %+v:\n%s", code, j, out)
 	}
+}
+
+// TestCLICheckpointWhileAnotherRuns: a second checkpoint of a pid whose
+// first one is still running is refused at once, saying so (it said
+// "control connection is not connected" once the first had detached the
+// process for its dump); the first goes on, and the process runs on.
+func TestCLICheckpointWhileAnotherRuns(t *testing.T) {
+	rig := newCriuRig(t, "GPUCR_FAULT=stall-copy")
+	a := startUnder(t, rig.dir, rig.h, rig.env, "heartbeat", "--mib", "16", "--interval-ms", "20", "--iters", "500")
+	a.waitIter(15, time.Minute)
+	var b bytes.Buffer
+	first := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", rig.img, "--leave-running")
+	first.Env = rig.criuEnv
+	first.Stdout, first.Stderr = &b, &b
+	first.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Process.Kill(); _ = first.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(helperLog(rig.h), "stalling before the copy") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	out, code := gpucrRun(t, rig.criuEnv, "checkpoint", strconv.Itoa(a.pid), "-D", filepath.Join(rig.dir, "img2"), "--leave-running")
+	want := fmt.Sprintf("another checkpoint of pid %d is running", a.pid)
+	if code != 1 || !strings.Contains(out, want) || strings.Contains(out, "not connected") {
+		t.Errorf("the second checkpoint: exit %d, want 1 and %q:\n%s", code, want, out)
+	}
+	if took := time.Since(start); took > 8*time.Second {
+		t.Errorf("the second checkpoint took %v to be refused", took)
+	}
+	t.Logf("the second checkpoint:\n%s", out)
+	// the first ends (interrupted: its copy stalls a minute) and gives the
+	// process its GPU back
+	_ = syscall.Kill(-first.Process.Pid, syscall.SIGINT)
+	_ = first.Wait()
+	runsAgainWithin(t, a, time.Now(), a.lastIter(), time.Second)
+	if c := a.wait(2 * time.Minute); c != 0 {
+		t.Fatalf("heartbeat after the two checkpoints: exit %d:\n%s\nfirst checkpoint:\n%s", c, tail(a.output(), 10), b.String())
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, rig.env, "heartbeat", []string{"--mib", "16"}, 500))
 }

@@ -107,3 +107,42 @@ func TestCLIFileChangedHint(t *testing.T) {
 		t.Fatalf("restore of an image whose log grew: exit %d, want 1 with the hint:\n%s", code, out)
 	}
 }
+
+// TestCLIUnknownCRIUOption: an option CRIU does not know (--criu-opt
+// 'bogus-option 1') fails the checkpoint with what CRIU said on its stderr
+// (its log does not exist yet) and a hint naming the --criu-opt; no failure
+// points to a log that is not there. The GPU process was never stopped: it
+// runs on, its GPU memory untouched, and is checkpointed right after.
+func TestCLIUnknownCRIUOption(t *testing.T) {
+	rig := newCriuRig(t)
+	a := startUnder(t, rig.dir, rig.h, rig.env, "heartbeat", "--mib", "16", "--interval-ms", "20")
+	a.waitIter(10, time.Minute)
+	pid := strconv.Itoa(a.pid)
+	for _, tc := range []struct{ opt, criu, hint string }{
+		{"bogus-option 1", "unrecognized option '--bogus-option'", `CRIU has no option "bogus-option" (--criu-opt "bogus-option 1")`},
+		{"ghost-limit", "option '--ghost-limit' requires an argument", `CRIU's option "ghost-limit" needs a value`},
+	} {
+		for _, json := range []bool{false, true} {
+			args := []string{"checkpoint", pid, "-D", rig.img, "--leave-running", "--criu-opt", tc.opt}
+			if json {
+				args = append(args, "--json")
+			}
+			out, code := gpucrRun(t, rig.criuEnv, args...)
+			out = strings.ReplaceAll(out, `\"`, `"`) // as JSON quotes it
+			if code != 1 || !strings.Contains(out, tc.criu) || !strings.Contains(out, tc.hint) ||
+				!strings.Contains(out, "before it touched the process") || strings.Contains(out, "dump.log") {
+				t.Errorf("checkpoint --criu-opt %q (json %v): exit %d, want 1 with CRIU's complaint, a hint, and no log named:\n%s",
+					tc.opt, json, code, out)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(rig.img, "dump.log")); err == nil {
+			t.Errorf("--criu-opt %q: a dump.log appeared", tc.opt)
+		}
+	}
+	if strings.Contains(helperLog(rig.h), "quiesce") {
+		t.Errorf("the helper quiesced the process for a dump CRIU refused:\n%s", tail(helperLog(rig.h), 20))
+	}
+	at := a.lastIter()
+	a.waitIter(at+5, 30*time.Second)
+	cliOK(t, rig.h, rig.env, rig.img, "checkpoint", pid, "-D", rig.img, "--leave-running")
+}

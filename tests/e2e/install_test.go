@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,13 +39,21 @@ func TestMakeInstall(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			destdir := t.TempDir()
+			// a directory that was there before install, empty: uninstall
+			// leaves it
+			want := "/usr/local"
+			if prefix != "" {
+				want = prefix
+			}
+			before := want + "/share/man"
+			if err := os.MkdirAll(destdir+before, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			// -o: install what `make` built, never rebuild it here.
 			args := []string{"-C", root, "--no-print-directory", "install", "BUILD=" + build, "DESTDIR=" + destdir,
 				"-o", plugin, "-o", gpucr, "-o", interposer}
-			want := "/usr/local"
 			if prefix != "" {
 				args = append(args, "PREFIX="+prefix)
-				want = prefix
 			}
 			run(t, 2*time.Minute, makeEnv(), mk, args...)
 
@@ -111,7 +120,9 @@ func TestMakeInstall(t *testing.T) {
 			checkUnitSandbox(t, string(unit))
 
 			// make uninstall removes every file install put there, and
-			// nothing else of DESTDIR (a file of another package stays)
+			// nothing else of DESTDIR (a file of another package stays);
+			// of the directories, those install made, once empty: not one
+			// that was there before, nor one holding another's file
 			other := destdir + "/usr/lib/criu/other_plugin.so"
 			if err := os.WriteFile(other, []byte("not ours"), 0o644); err != nil {
 				t.Fatal(err)
@@ -129,6 +140,22 @@ func TestMakeInstall(t *testing.T) {
 				})
 				if len(left) != 1 || left[0] != "/usr/lib/criu/other_plugin.so" {
 					t.Errorf("after make uninstall DESTDIR holds %v, want only the other package's plugin", left)
+				}
+				var dirs []string
+				_ = filepath.Walk(destdir, func(p string, fi os.FileInfo, err error) error {
+					if err == nil && fi.IsDir() && p != destdir {
+						dirs = append(dirs, strings.TrimPrefix(p, destdir))
+					}
+					return nil
+				})
+				wantDirs := []string{"/usr", "/usr/lib", "/usr/lib/criu"}
+				for d := before; d != "/"; d = filepath.Dir(d) {
+					wantDirs = append(wantDirs, d)
+				}
+				slices.Sort(wantDirs)
+				if wantDirs = slices.Compact(wantDirs); !slices.Equal(dirs, wantDirs) {
+					t.Errorf("after make uninstall DESTDIR has the directories %v, want %v (those before install, and the other package's)",
+						dirs, wantDirs)
 				}
 			}()
 

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -323,6 +325,7 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 		}
 		reaped <- time.Now()
 	}()
+	started := time.Now()
 	out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--json")
 	returned := time.Now()
 	var when time.Time
@@ -337,9 +340,18 @@ func TestCheckpointThenRestoreAtOnce(t *testing.T) {
 	var res struct {
 		Released float64 `json:"pids_released_after_seconds"`
 		Held     string  `json:"pids_held"`
+		Seconds  float64 `json:"seconds"`
+		Dump     float64 `json:"dump_seconds"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Released < hold.Seconds()/2 || res.Held != "" {
 		t.Errorf("checkpoint's JSON: released after %.3f s, held %q (%v), want about %v and none:\n%s", res.Released, res.Held, err, hold, out)
+	}
+	// The time reported is the whole, the wait for the pids included
+	// (a second here), and its parts add up to it.
+	if took := returned.Sub(started).Seconds(); res.Seconds < res.Released || res.Dump <= 0 || res.Seconds > took ||
+		res.Seconds < took-0.5 || res.Dump+res.Released > res.Seconds+0.01 || res.Dump+res.Released < res.Seconds-0.1 {
+		t.Errorf("checkpoint's JSON: seconds %.3f (dump %.3f, pids released after %.3f) for a command that took %.3f s:\n%s",
+			res.Seconds, res.Dump, res.Released, took, out)
 	}
 	before := a.lastIter()
 	cliOK(t, h, env, img, "restore", "-D", img)
@@ -370,6 +382,11 @@ func TestRestoreRefusedWhilePidsHeld(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("the refusal does not say %q:\n%s", want, out)
 		}
+	}
+	// One process holds them: heartbeat, its threads (the simulated
+	// driver's streams) named as its threads, not as processes.
+	if !regexp.MustCompile(`hold them: ` + strconv.Itoa(a.pid) + ` heartbeat \(running, parent \d+\) with its threads \[\d+( \d+)*\]; `).MatchString(out) {
+		t.Errorf("the refusal does not name heartbeat alone, with its threads:\n%s", out)
 	}
 	if _, err := os.Stat(filepath.Join(img, "restore.log")); err == nil {
 		t.Errorf("CRIU ran (restore.log exists) although the pids were taken")
@@ -476,4 +493,55 @@ func TestCheckpointIntoUsedDirectory(t *testing.T) {
 	cliOK(t, h, env, img, "restore", "-D", img)
 	a.waitIter(before+10, time.Minute)
 	stopAndCompare(t, a, env, []string{"--mib", "16"}, before)
+}
+
+// TestRestoreRepeatsShellJob: a process started from a shell (not the
+// leader of its own session) is checkpointed with --shell-job; its image
+// records that (gpucr-dump.json, the caller's, 0600). A restore that cannot
+// read the record (it belongs to another user) fails on CRIU's "Can't fork"
+// for the shell's session, and says that the image wants --shell-job, not
+// that a process holds that pid. Once the record is the caller's, a restore
+// without the flag uses it, saying so, and the process computes on exactly.
+func TestRestoreRepeatsShellJob(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	img := filepath.Join(dir, "img")
+	a := startUnderCmd(t, dir, h, env, "heartbeat", []string{binPath(t, "heartbeat"), "--mib", "16", "--interval-ms", "20"},
+		func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{} })
+	a.waitIter(5, time.Minute)
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--shell-job")
+	rec := filepath.Join(img, "gpucr-dump.json")
+	if fi, err := os.Lstat(rec); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the dump's record %s: %v %v, want a file 0600", rec, fi, err)
+	}
+	a.reap(30 * time.Second)
+	before := a.lastIter()
+
+	if err := os.Chown(rec, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cli(t, h, env, "restore", "-D", img)
+	if err == nil || !strings.Contains(out, "gpucr-dump.json belongs to uid 65534") ||
+		!strings.Contains(out, "dumped with --shell-job: restore it with --shell-job too") || strings.Contains(out, "taken by another process") {
+		t.Fatalf("restore without the record and without --shell-job: %v, want a failure that names --shell-job:\n%s", err, out)
+	}
+	waitPidFree(a.pid, 10*time.Second)
+
+	if err := os.Chown(rec, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	out = cliOK(t, h, env, img, "restore", "-D", img, "--json")
+	var res struct {
+		DumpOptions []string `json:"dump_options"`
+	}
+	lastJSON(t, out, &res)
+	if !slices.Equal(res.DumpOptions, []string{"--shell-job"}) {
+		t.Errorf("restore --json: dump_options %q, want [--shell-job]:\n%s", res.DumpOptions, out)
+	}
+	a.waitIter(before+10, time.Minute)
+	_ = syscall.Kill(a.pid, syscall.SIGKILL)
+	hbs := a.heartbeats()
+	compareWithReference(t, hbs, reference(t, env, "heartbeat", []string{"--mib", "16"}, hbs[len(hbs)-1].Iter))
 }
