@@ -166,7 +166,7 @@ if [ "$(left)" -gt 90 ]; then
 	$PY "$W" train_dataloader "$LOGS/train-plain.txt" "$STEPS" >"$LOGS/train-plain.out" 2>&1 &
 	PLAIN=$!
 	MATRIX_DELAY=0.04 setsid "$GPUCR" run --socket "$SOCK" -- $PY "$W" train_dataloader "$LOGS/train-migrated.txt" "$STEPS" </dev/null >"$LOGS/train-migrated.out" 2>&1 &
-	for _ in $(seq 900); do [ "$(grep -c '^step' "$LOGS/train-migrated.txt" 2>/dev/null || echo 0)" -gt 50 ] && break; sleep 0.1; done
+	for _ in $(seq 900); do [ "$(grep -c '^step' "$LOGS/train-migrated.txt" 2>/dev/null)" -gt 50 ] 2>/dev/null && break; sleep 0.1; done
 	TP=$(grep -o 'pid=[0-9]*' "$LOGS/train-migrated.txt" | head -1 | cut -d= -f2)
 	migrated=yes
 	timeout 120 "$GPUCR" migrate "$TP" --to target --ssh "$NSSSH" --target-gpucr "$TGPUCR" --socket "$SOCK" -D "$IMG/train-src" --target-dir "$IMG/train-dst" >"$LOGS/train-migrate.txt" 2>&1 ||

@@ -10,7 +10,8 @@
 # the restore command to the restored job's next step, their sum (the
 # downtime of a migration, whose target need not wait for the source's pids
 # to be free), the dump's GPU copy and the rounds' copies. Every restored
-# heartbeat must equal the original's. Images in /dev/shm; logs in
+# heartbeat must equal the original's, and the image directory must hold
+# the GPU memory once (the rounds folded into it). Images in /dev/shm; logs in
 # build/gpu/precopy (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
@@ -78,6 +79,9 @@ print(f"{mode}: downtime {stop + nxt - t1:.3f} s (the dump's stop {stop:.3f} s, 
       f"{gpu.get('bytes_moved', 0) / 2**30:.2f} GiB; pre-copy rounds {rounds} GiB in {r.get('pre_copy_seconds', 0):.2f} s; "
       f"exact: {'yes' if exact else 'NO'}")
 PYEOF
+	# The rounds' chunks are folded into the image once it is committed: the
+	# directory holds the GPU memory once (du counts a hard link once).
+	note "$mode: image on disk $(du -sm "$D" | cut -f1) MiB ($(du -sm "$D/gpucr" 2>/dev/null | cut -f1) MiB of it GPU image); pre-copy rounds left: $(ls -d "$D"/gpucr-pre-copy* 2>/dev/null | wc -l)"
 	P=$(pgrep -f "$JOB" | head -1)
 	rm -rf "$D"
 done

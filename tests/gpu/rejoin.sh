@@ -61,7 +61,7 @@ PLAIN=$!
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True MATRIX_DELAY=0.04 setsid "$GPUCR" run --socket "$SOCK" -- \
 	$PY "$W" train_dataloader "$LOGS/train.txt" "$STEPS" </dev/null >"$LOGS/train.out" 2>&1 &
 for _ in $(seq 900); do
-	grep -q '^ready' "$WL" 2>/dev/null && [ "$(grep -c '^step' "$LOGS/train.txt" 2>/dev/null || echo 0)" -gt 30 ] && break
+	grep -q '^ready' "$WL" 2>/dev/null && [ "$(grep -c '^step' "$LOGS/train.txt" 2>/dev/null)" -gt 30 ] 2>/dev/null && break
 	sleep 0.1
 done
 WP=$(grep -o 'pid=[0-9]*' "$WL" 2>/dev/null | head -1 | cut -d= -f2)
