@@ -165,6 +165,11 @@ func checkImageDir(dir string) error {
 		return fmt.Errorf("%s: not a directory", dir)
 	}
 	sub := filepath.Join(dir, image.SubDir)
+	if fi, err := os.Lstat(sub); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		// The image package follows no link in an image; nor is one
+		// described as what it points to.
+		return fmt.Errorf("%s: %s is a symlink, not a directory (symlinks in an image are not followed)", dir, image.SubDir)
+	}
 	if _, err := os.Stat(filepath.Join(sub, "manifest.pb")); errors.Is(err, fs.ErrNotExist) {
 		// A writer creates DIR/gpucr first and renames the manifest into
 		// place last: the directory without a manifest is a write that

@@ -185,3 +185,97 @@ func TestErrorsRevealNothing(t *testing.T) {
 	}
 	a.waitIter(a.lastIter()+5, 30*time.Second)
 }
+
+// TestImageRemovalAcrossUsers: `gpucr image rm` and `gpucr image gc` of an
+// unfinished image act only on the images of the user a path belongs to.
+// The second user cannot remove root's images (opened up to 0755 so that
+// only ownership stops it). Root's rm and gc refuse the second user's
+// paths that lead to root's images: a symlink to root's image, and a
+// directory of the user's whose gpucr/ is a symlink to root's GPU image.
+// Every root image stays whole.
+func TestImageRemovalAcrossUsers(t *testing.T) {
+	u := secondUser(t)
+	dir := t.TempDir()
+	openUp(t, dir)
+	a, b := writeChain(t, filepath.Join(dir, "root-series"))
+	// An unfinished image of root's: a write whose commit never came.
+	_, half := writeChain(t, filepath.Join(dir, "root-half"))
+	if err := os.Remove(filepath.Join(half, image.SubDir, "manifest.pb")); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Dir(a), a, b, filepath.Dir(half), half} {
+		if err := filepath.Walk(d, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.IsDir() {
+				err = os.Chmod(p, 0o755)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := chunkFiles(t, b) + chunkFiles(t, a)
+	halfChunks := chunkFiles(t, half)
+	gpucr := binPath(t, "gpucr")
+	intact := func(what string) {
+		t.Helper()
+		for _, d := range []string{a, b} {
+			if _, err := os.Stat(filepath.Join(d, image.SubDir)); err != nil {
+				t.Fatalf("after %s: root's image %s: %v", what, d, err)
+			}
+		}
+		if _, err := image.Open(b); err != nil {
+			t.Errorf("after %s: root's image %s does not open: %v", what, b, err)
+		}
+		if n := chunkFiles(t, b) + chunkFiles(t, a); n != before {
+			t.Errorf("after %s: root's series has %d chunk files, %d before", what, n, before)
+		}
+		if n := chunkFiles(t, half); n != halfChunks {
+			t.Errorf("after %s: root's unfinished image has %d chunk files, %d before", what, n, halfChunks)
+		}
+	}
+
+	// The second user names root's images.
+	for _, args := range [][]string{{"image", "rm", b}, {"image", "gc", half}} {
+		out, err := asOther(t, u, time.Minute, nil, gpucr, args...)
+		if err == nil {
+			t.Errorf("the second user's gpucr %s succeeded:\n%s", strings.Join(args, " "), out)
+		}
+		t.Logf("the second user's gpucr %s: %s", strings.Join(args, " "), strings.TrimSpace(out))
+	}
+	intact("the second user's rm and gc")
+
+	// Root names the second user's paths to root's images.
+	home := userDir(t, u, filepath.Join(dir, "home"))
+	link := filepath.Join(home, "img")
+	mustAsOther(t, u, "ln", "-s", b, link)
+	fake := filepath.Join(home, "fake")
+	mustAsOther(t, u, "mkdir", fake)
+	mustAsOther(t, u, "ln", "-s", filepath.Join(b, image.SubDir), filepath.Join(fake, image.SubDir))
+	halfLink := filepath.Join(home, "half")
+	mustAsOther(t, u, "mkdir", halfLink)
+	mustAsOther(t, u, "ln", "-s", filepath.Join(half, image.SubDir), filepath.Join(halfLink, image.SubDir))
+	for _, args := range [][]string{
+		{"image", "rm", link},
+		{"image", "rm", fake},
+		{"image", "gc", link},
+		{"image", "gc", halfLink},
+	} {
+		out, err := runErr(time.Minute, nil, gpucr, args...)
+		if err == nil || !strings.Contains(out, "belongs to uid") && !strings.Contains(out, "is a symlink") {
+			t.Errorf("root's gpucr %s: %v, not refused for the path's owner:\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("root's gpucr %s: %s", strings.Join(args, " "), strings.TrimSpace(out))
+		intact("root's gpucr " + strings.Join(args, " "))
+	}
+
+	// Root's own removal of its images still works.
+	if out, err := runErr(time.Minute, nil, gpucr, "image", "gc", half); err != nil || !strings.Contains(out, "unfinished") {
+		t.Errorf("root's gc of its own unfinished image: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(half, image.SubDir)); err == nil {
+		t.Errorf("root's gc left its unfinished image")
+	}
+	if out, err := runErr(time.Minute, nil, gpucr, "image", "rm", b, a); err != nil {
+		t.Errorf("root's image rm of its own series: %v\n%s", err, out)
+	}
+}
