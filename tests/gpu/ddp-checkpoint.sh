@@ -34,6 +34,8 @@
 #         SIZE_MIB per rank on each GPU against heartbeat with the same
 #         per-process size on one GPU (SIZE_MIB, default 8192: each rank
 #         holds 2x that); the medians and their ratios.
+# NOFLAGS=1: the ddp part's checkpoint and restore get no CRIU flags (the
+# build chooses them); each dump's stop is broken down either way.
 # NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
 # NCCL_NVLS_ENABLE=0 and the other multicast switches are set throughout.
 # Logs in build/gpu/ddp-ckpt, or LOGS (and $OUT/NAME-logs.tgz, NAME the
@@ -240,6 +242,28 @@ for port, st in ports:
     print(f"    port {port} ({st}) could not be bound again; now held by: {held or 'nothing'}")
 PYEOF
 }
+# The restore's flags (NOFLAGS=1: none; the image's record says).
+rflags=(--tcp-established --criu-opt 'network-lock skip')
+[ "${NOFLAGS:-}" = 1 ] && rflags=()
+# stop_breakdown DUMPJSON: where a dump's stop went: CRIU's account (freezing,
+# frozen, collecting and writing the tree's memory, pages) and each GPU
+# process's steps in the helper (the driver's checkpoint among them).
+stop_breakdown() {
+	$PY - "$1" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import json, sys
+t = open(sys.argv[1]).read()
+r = json.loads(t[t.rindex("\n{") + 1:] if "\n{" in t else t)
+c = r.get("criu") or {}
+ph = {p["name"]: p["seconds"] for p in r.get("phases") or []}
+print(f"    stop: criu-dump {ph.get('criu-dump', 0):.3f} s; CRIU: freezing {c.get('freezing_seconds', 0):.3f} s, frozen "
+      f"{c.get('frozen_seconds', 0):.3f} s, memory collected {c.get('memdump_seconds', 0):.3f} s and written "
+      f"{c.get('memwrite_seconds', 0):.3f} s, {c.get('pages_written', 0)} pages of {c.get('pages_scanned', 0)} scanned "
+      f"({c.get('pages_written', 0) * 4096 / 2**30:.2f} GiB); {len(r.get('tree') or [])} processes")
+for g in r.get("gpu_processes") or []:
+    steps = ", ".join(f"{p['name']} {p['seconds']:.3f}" for p in g.get("phases") or [])
+    print(f"    GPU process {g.get('pid')}: {steps}")
+PYEOF
+}
 # wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
 wait_done() {
 	for _ in $(seq $(($3 * 10))); do
@@ -263,8 +287,10 @@ if part ddp; then
 		ddp_start "$name" || continue
 		"$GPUCR" status --socket "$SOCK" >"$LOGS/$name.status" 2>&1
 		[ $mode = leave ] && sed 's/^/    /' "$LOGS/$name.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
-		# the ranks' connections (the store, NCCL's bootstrap) are all inside the job; no iptables here
+		# the ranks' connections (the store, NCCL's bootstrap) are all inside the job; no iptables here.
+		# NOFLAGS=1: none (a build that chooses CRIU's options for the tree itself).
 		flags=(--tcp-established --link-remap --criu-opt 'network-lock skip')
+		[ "${NOFLAGS:-}" = 1 ] && flags=()
 		[ $mode = leave ] && flags+=(--leave-running)
 		if ! timeout 300 "$GPUCR" checkpoint "$JOB" -D "$IMG" "${flags[@]}" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1; then
 			bad "$name dump: $(grep -v '^ *(' "$LOGS/$name-dump.json" | tail -3 | tr '\n' ' ')"
@@ -275,6 +301,7 @@ if part ddp; then
 		fi
 		at=$(grep -c '^step' "$LOGS/$name.txt")
 		note "$name: dumped at about step $at in $(secs "$LOGS/$name-dump.json" seconds) s (stopped $(secs "$LOGS/$name-dump.json" stall_seconds) s)"
+		stop_breakdown "$LOGS/$name-dump.json"
 		if [ $mode = leave ]; then
 			wait_done "$name" 0 240 || bad "$name: the job did not finish after its dump"
 			same_steps "$name" 0 "DDP after a --leave-running dump"
@@ -284,7 +311,7 @@ if part ddp; then
 		tw=$(time_waits)
 		mark=$(wc -l <"$LOGS/$name.txt")
 		t0=$(now)
-		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
+		if timeout 300 "$GPUCR" restore -D "$IMG" "${rflags[@]}" --socket "$SOCK" --json >"$LOGS/$name-restore.json" 2>&1; then
 			for _ in $(seq 600); do [ "$(tail -n +"$((mark + 1))" "$LOGS/$name.txt" | grep -c '^step')" -ge 1 ] && break; sleep 0.05; done
 			note "$name: restored right after the job ended ($tw connections of the host in TIME_WAIT then, $(time_waits) after); next step after $(span "$t0" "$(now)") ($(secs "$LOGS/$name-restore.json" seconds) s the command)"
 			wait_done "$name" "$mark" 240 || bad "$name: the restored job did not finish"
@@ -302,7 +329,7 @@ if part ddp; then
 	if [ "$SWAP" = 1 ] && [ -e "$IMG/gpucr" ] && grep -q '^done' "$LOGS/$name.txt"; then
 		mark=$(wc -l <"$LOGS/$name.txt")
 		wmark=$(wc -l <"$LOGS/$name.txt.where")
-		if timeout 300 "$GPUCR" restore -D "$IMG" --tcp-established --criu-opt 'network-lock skip' --device-map "$swap" --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
+		if timeout 300 "$GPUCR" restore -D "$IMG" "${rflags[@]}" --device-map "$swap" --socket "$SOCK" --json >"$LOGS/$name-swapped.json" 2>&1; then
 			sleep 3
 			nvidia-smi --query-compute-apps=pid,gpu_bus_id,gpu_uuid --format=csv,noheader >"$LOGS/$name-swapped.smi" 2>&1
 			wait_done "$name" "$mark" 240 || bad "$name: the job restored onto swapped GPUs did not finish: $(tail -3 "$LOGS/$name.out" | tr '\n' ' ')"
