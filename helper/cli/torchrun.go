@@ -47,7 +47,7 @@ func torchrunCommand() *ucli.Command {
 		Action: func(c *ucli.Context) error {
 			args := c.Args().Slice()
 			if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-				return ucli.ShowCommandHelp(c, "torchrun")
+				return ucli.ShowCommandHelp(c.Lineage()[1], "torchrun") // the app's context knows the command
 			}
 			socket, args, err := socketArg(args)
 			if err != nil {
