@@ -210,6 +210,68 @@ func TestTorchrunCheckpointRestore(t *testing.T) {
 	}
 }
 
+// torchrunAgent is a torchrun-shaped launcher: it holds an io_uring
+// instance, as torchrun's agent does through its TCPStore servers' libuv
+// loops, and starts two ranks of torchrunRank with torchrun's environment.
+// argv: RANK_SCRIPT ITERS PORT.
+const torchrunAgent = `import ctypes, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+params = (ctypes.c_char * 120)()
+if libc.syscall(425, 4, params) < 0:  # io_uring_setup
+    print("no io_uring: errno %d" % ctypes.get_errno(), flush=True)
+    sys.exit(0)
+ranks = []
+for r in range(2):
+    env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="localhost", MASTER_PORT=sys.argv[3])
+    ranks.append(subprocess.Popen([sys.executable, "-u", sys.argv[1], sys.argv[2]], env=env))
+print("ready pid=%d" % os.getpid(), flush=True)
+sys.exit(max(p.wait() for p in ranks))
+`
+
+// TestTorchrunShapedAgentRefused: the same two-rank job under a launcher
+// that holds io_uring, as torchrun's agent does, cannot be checkpointed:
+// gpucr checkpoint of the launcher fails, its hint names io_uring, and the
+// job runs on (what gpucr torchrun, above, is for).
+func TestTorchrunShapedAgentRefused(t *testing.T) {
+	needTool(t, "criu")
+	py := needTool(t, "python3")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	script, agent := filepath.Join(dir, "rank.py"), filepath.Join(dir, "agent.py")
+	for f, text := range map[string]string{script: torchrunRank, agent: torchrunAgent} {
+		if err := os.WriteFile(f, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := startUnderArgv(t, dir, h, env, "agent", []string{py, agent, script, "100000", "29517"})
+	a.waitFor(time.Minute, "iteration 20 of both ranks", func(out string, _ []heartbeat) bool {
+		hbs := rankHeartbeats(out)
+		return strings.Contains(out, "no io_uring") || len(hbs[0]) >= 20 && len(hbs[1]) >= 20
+	})
+	if out := a.output(); strings.Contains(out, "no io_uring") {
+		t.Skipf("this kernel makes no io_uring instance: %s", tail(out, 3))
+	}
+	ranks := children(a.pid)
+	t.Cleanup(func() {
+		for _, p := range ranks {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
+	img := filepath.Join(dir, "img")
+	out, err := cli(t, h, env, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--tcp-established")
+	if err == nil {
+		t.Fatalf("a torchrun-shaped tree holding io_uring was checkpointed:\n%s", tail(out, 10))
+	}
+	if !strings.Contains(out, fmt.Sprintf("hint: process %d (", a.pid)) || !strings.Contains(out, "holds an io_uring instance") {
+		t.Errorf("the failure does not name the launcher's io_uring:\n%s", tail(out, 12))
+	}
+	before := len(rankHeartbeats(a.output())[1])
+	a.waitFor(30*time.Second, "the ranks running on", func(out string, _ []heartbeat) bool {
+		return len(rankHeartbeats(out)[1]) > before+5
+	})
+}
+
 // TestTorchrunRankFailureStopsTheOthers: when one rank exits 1, gpucr
 // torchrun stops the other (SIGTERM) and exits 1, naming the failed rank.
 func TestTorchrunRankFailureStopsTheOthers(t *testing.T) {
