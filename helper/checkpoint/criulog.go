@@ -259,7 +259,8 @@ var criuHints = []criuHint{
 		// started by torch.multiprocessing, rank 0 hosting the store, with
 		// USE_LIBUV=0 UV_USE_IO_URING=0 held none.
 		return "a process holds an io_uring instance, which CRIU cannot checkpoint. torchrun's agent holds one " +
-			"(PyTorch 2.11, whatever USE_LIBUV or UV_USE_IO_URING say): start the ranks with torch.multiprocessing " +
+			"(PyTorch 2.11, whatever USE_LIBUV or UV_USE_IO_URING say): start the job with `gpucr torchrun` (torchrun's " +
+			"options, the script unchanged), or start the ranks with torch.multiprocessing " +
 			"instead, rank 0 hosting the store (init_process_group with env://), and USE_LIBUV=0 UV_USE_IO_URING=0 " +
 			"set, so that PyTorch's TCPStore does without libuv and io_uring"
 	}, namesTask: true, holds: "anon_inode:[io_uring]"},

@@ -182,6 +182,7 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			helperCommand(),
 			statusCommand(),
 			runCommand(),
+			torchrunCommand(),
 			clientCommand(),
 			checkpointCommand(),
 			restoreCommand(),

@@ -51,6 +51,11 @@ var manExamples = map[string][]example{
 		{"gpucr run -- python3 train.py", "run a program with the interposer, so that the helper holds its GPU memory"},
 		{"setsid gpucr run -- ./server </dev/null >server.log 2>&1 &", "in a session of its own, as gpucr checkpoint needs without --shell-job"},
 	},
+	"torchrun": {
+		{"setsid gpucr torchrun --standalone --nproc-per-node 2 train.py </dev/null >train.log 2>&1 &", "a two-rank job as torchrun would run it, in a tree gpucr can checkpoint"},
+		{"gpucr checkpoint LAUNCHER_PID -D /var/lib/gpucr/train --tcp-established", "checkpoint the launcher and its ranks, with the connections between them"},
+		{"gpucr torchrun --nnodes 2 --node-rank 1 --master-addr node0 --nproc-per-node gpu train.py", "the second node of a two-node job, one rank per GPU"},
+	},
 	"client": {{"gpucr client PID stats", "the interposer's counters of one application (debugging)"}},
 	"checkpoint": {
 		{"gpucr checkpoint PID -D /var/lib/gpucr/job", "dump the process tree of PID into the directory; the tree ends"},
@@ -89,6 +94,13 @@ func exitStatus(cmd string) string {
 			"**127**\n: the program was not found\n\n" +
 			"Otherwise gpucr run becomes the program (it execs it): its exit status is the program's.\n\n" +
 			"**1**\n: failed before the program started (no interposer found)\n\n**2**\n: bad command line\n")
+		return b.String()
+	}
+	if cmd == "torchrun" {
+		b.WriteString("Otherwise the first failing rank's exit status (128+N for a rank killed by signal N), " +
+			"or 128+N when gpucr torchrun was sent signal N and passed it on.\n\n" +
+			"**1**\n: a rank failed with 1, or the ranks could not start\n\n**2**\n: bad command line, or torchrun options gpucr torchrun does not support (an elastic --nnodes, --max-restarts, --redirects)\n\n" +
+			"**126**, **127**\n: python3 (or the --no-python program) cannot be run, or was not found\n")
 		return b.String()
 	}
 	b.WriteString("**1**\n: the operation ran and failed (the message says why; with --json, the JSON object's \"error\")\n\n" +

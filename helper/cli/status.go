@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -163,9 +164,15 @@ func statusCommand() *ucli.Command {
 				return fmt.Errorf("%v (is `gpucr helper` running? systemctl start gpucr-helper)", err)
 			}
 			defer conn.Close()
+			// PID's tree: the clients under a launcher that is none itself
+			// (gpucr torchrun, a shell), which `gpucr checkpoint PID` dumps
 			var pids []int64
+			var tree []proc.Pid
 			if only != 0 {
-				pids = []int64{only}
+				tree = proc.Tree(proc.Pid(only))
+				for _, p := range tree {
+					pids = append(pids, int64(p))
+				}
 			}
 			st, err := conn.StatusOfPids(ctx, pids)
 			if err != nil {
@@ -175,9 +182,20 @@ func statusCommand() *ucli.Command {
 			if only != 0 {
 				var mine []clientJSON
 				for _, cl := range j.Clients {
-					if cl.PID == only {
+					if slices.Contains(pids, cl.PID) {
 						mine = append(mine, cl)
 					}
+				}
+				if len(mine) == 0 && len(tree) > 1 && proc.Exists(proc.Pid(only)) {
+					// a tree's root with no client under it: what it is
+					// matters to a checkpoint, not an error
+					j.Clients = nil
+					if c.Bool("json") {
+						return writeJSON(c.App.Writer, j)
+					}
+					printStatus(c, j)
+					fmt.Fprintf(c.App.Writer, "pid %d and the %d processes under it: none is a client of the helper (none holds GPU memory through gpucr)\n", only, len(tree)-1)
+					return nil
 				}
 				if len(mine) == 0 {
 					return fmt.Errorf("status: pid %d is no client of the helper on %s (not started with `gpucr run`, or gone)", only, socket)
