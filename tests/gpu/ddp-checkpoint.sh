@@ -20,7 +20,9 @@
 #         stopped job's a second time onto swapped GPUs, where each rank's
 #         view of its GPU (DDP_WHERE) and nvidia-smi's are noted. The losses and
 #         gradient norms of every step must equal the reference's, in the job
-#         that ran on and in each restored job. LAUNCH=spawn (default: the
+#         that ran on and in each restored job. LAUNCH=gpucr-torchrun: the
+#         script started by `gpucr torchrun --standalone --nproc-per-node
+#         NPROC`, unchanged (the reference run: torchrun's). LAUNCH=spawn (default: the
 #         script spawns its ranks, rank 0 hosts the store) or torchrun
 #         (torchrun's agent holds an io_uring instance, which CRIU cannot
 #         dump: measured with torch 2.11, whatever USE_LIBUV,
@@ -161,7 +163,10 @@ fi
 
 # ddp_cmd OUTFILE: the job's command line, into the array cmd.
 ddp_cmd() {
-	if [ "$LAUNCH" = torchrun ]; then
+	if [ "$LAUNCH" = gpucr-torchrun ]; then
+		# the script as torchrun runs it, unchanged: gpucr torchrun puts each rank under gpucr itself
+		cmd=("$GPUCR" torchrun --socket "$SOCK" --standalone --nproc-per-node "$NPROC" tests/gpu/ddp.py "$1" "$STEPS")
+	elif [ "$LAUNCH" = torchrun ]; then
 		cmd=(torchrun --standalone --rdzv-conf use_libuv=0 --nproc-per-node "$NPROC" tests/gpu/ddp.py "$1" "$STEPS")
 	else
 		cmd=(env DDP_SPAWN="$NPROC" "$PY" tests/gpu/ddp.py "$1" "$STEPS")
@@ -172,7 +177,11 @@ ddp_cmd() {
 ddp_start() {
 	rm -f "$LOGS/$1.txt" "$LOGS/$1.txt.where" "$LOGS/$1.out"
 	ddp_cmd "$LOGS/$1.txt"
-	setsid "$GPUCR" run --socket "$SOCK" -- "${cmd[@]}" </dev/null >>"$LOGS/$1.out" 2>&1 &
+	if [ "$LAUNCH" = gpucr-torchrun ]; then
+		setsid "${cmd[@]}" </dev/null >>"$LOGS/$1.out" 2>&1 &
+	else
+		setsid "$GPUCR" run --socket "$SOCK" -- "${cmd[@]}" </dev/null >>"$LOGS/$1.out" 2>&1 &
+	fi
 	JOB=$!
 	SID=$JOB # setsid: the job's session
 	for _ in $(seq 1800); do
@@ -278,7 +287,8 @@ if part ddp; then
 	# DDP_WHERE: each rank's view of its GPU (CUDA's bus id and UUID) every 40
 	# steps; NCCL's own view is its init lines
 	export DDP_DELAY=0.05 DDP_WHERE=40 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
-	ddp_cmd "$LOGS/ddp.plain.txt"
+	# the reference: plainly, with torchrun itself where the job is gpucr torchrun's
+	if [ "$LAUNCH" = gpucr-torchrun ]; then LAUNCH=torchrun ddp_cmd "$LOGS/ddp.plain.txt"; else ddp_cmd "$LOGS/ddp.plain.txt"; fi
 	timeout 300 "${cmd[@]}" </dev/null >"$LOGS/ddp.plain.out" 2>&1 ||
 		bad "plain DDP: $(tail -3 "$LOGS/ddp.plain.out" | tr '\n' ' ')"
 	for mode in $MODES; do
