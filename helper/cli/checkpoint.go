@@ -103,6 +103,9 @@ func checkpointCommand() *ucli.Command {
 			if res.StallSeconds > 0 {
 				line += fmt.Sprintf("\n  stopped %.3f s (the longest of its GPU processes, from the quiesce to the resume)", res.StallSeconds)
 			}
+			if len(res.AutoOptions) > 0 {
+				line += "\n  CRIU options chosen by gpucr for what the tree holds: " + autoOptionsText(res.AutoOptions)
+			}
 			line += "\n  steps: " + stepsText(res.Phases)
 			if s := res.CRIU; s != nil {
 				line += fmt.Sprintf("\n  CRIU: the tree frozen %.3f s (freezing it %.3f s), its memory collected in %.3f s and written in %.3f s (%d pages)",
@@ -133,6 +136,16 @@ func dumpTimes(res *checkpoint.DumpResult) string {
 		s += fmt.Sprintf(" (the image %.3f s, then %.3f s until the tree's pids were free)", res.DumpSeconds, *w)
 	}
 	return s
+}
+
+// autoOptionsText is "--link-remap --tcp-established ...": the options a
+// checkpoint chose (why is in its notes and in --json's auto_options).
+func autoOptionsText(auto []checkpoint.AutoOption) string {
+	opts := make([]string, len(auto))
+	for i, a := range auto {
+		opts[i] = a.Option
+	}
+	return strings.Join(opts, " ")
 }
 
 // concurrent says whether a checkpoint is concurrent: only one that leaves
