@@ -30,6 +30,12 @@ func checkpointCommand() *ucli.Command {
 		Name:      "checkpoint",
 		Usage:     "checkpoint a process (CRIU with gpucr's plugin), or with --gpu-only its GPU state alone, into DIR",
 		ArgsUsage: "PID",
+		Description: "A CRIU dump needs no CRIU flags for a training job: before anything stops, the checkpoint reads the tree's\n" +
+			"/proc (open and mapped files, TCP connections) as the user who runs it and turns on --link-remap for files unlinked\n" +
+			"while another name links them (Python's multiprocessing semaphores), and --tcp-established with --network-lock skip\n" +
+			"where every TCP connection has both ends in the tree. It prints them, with why (auto_options in --json), and records\n" +
+			"them in DIR/gpucr-dump.json for the restore. A connection to a peer outside the tree is refused before anything stops,\n" +
+			"naming it: --tcp-close, --tcp-established or a tree that holds the peer. Options given explicitly always win.",
 		Flags: append([]ucli.Flag{socketFlag(),
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory (created if missing)"},
 			&ucli.BoolFlag{Name: "gpu-only", Usage: "only the GPU state, through the helper, without CRIU"},
