@@ -250,8 +250,8 @@ var criuHints = []criuHint{
 	{re: regexp.MustCompile(`Iptables configuration failed|Nftables configuration failed`), hint: func([]string) string {
 		return "CRIU locks the network of a process with open TCP connections (--tcp-established) with iptables " +
 			"(or nftables), and it is not installed or failed: install it, or, where both ends of every connection are in " +
-			"the checkpointed tree (a job's ranks and their store on one host), pass --criu-opt 'network-lock skip' to the " +
-			"checkpoint and to the restore"
+			"the checkpointed tree (a job's ranks and their store on one host), pass --network-lock skip to the " +
+			"checkpoint (gpucr does so by itself when it finds every connection inside the tree; the restore repeats it)"
 	}},
 	{re: regexp.MustCompile(`anon_inode:\[io_uring\]`), hint: func([]string) string {
 		// Measured with PyTorch 2.11: torchrun's agent held one whatever

@@ -104,6 +104,10 @@ type DumpResult struct {
 	// "pids-released". Each GPU process's own steps in the helper are in
 	// GPUProcesses.
 	Phases []Step `json:"phases"`
+	// AutoOptions are the CRIU options the checkpoint turned on by itself
+	// for what it found in the tree (autoopts.go), each with why; the
+	// image's dump record keeps them for its restore.
+	AutoOptions []AutoOption `json:"auto_options,omitempty"`
 }
 
 // treeGoneWait bounds how long a checkpoint that ends its tree waits for
@@ -151,6 +155,16 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	}
 	if err := sessionLeaderCheck(pid, o.CRIU.ShellJob); err != nil {
 		return nil, err
+	}
+	// Before anything is made or stopped: the options the tree needs, or
+	// a refusal of what CRIU could dump only at a peer's expense.
+	criu, auto, err := chooseCRIUOptions(pid, proc.Tree(pid), o.CRIU)
+	if err != nil {
+		return nil, err
+	}
+	o.CRIU = criu
+	for _, a := range auto {
+		ev.emit(Event{Kind: Note, Text: fmt.Sprintf("CRIU option %s, chosen by gpucr: %s", a.Option, a.Why)})
 	}
 	if err := checkpointDir(o.Dir, made); err != nil {
 		return nil, err
@@ -261,7 +275,7 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 		Concurrent: o.Concurrent, Redone: redone, PreCopy: pc.rounds, PreCopySeconds: pc.seconds,
 		GPU: gpuCopyOf(r.gpu), PluginDir: o.CRIU.PluginDir, PluginMessages: nonNil(r.plugin), Tree: tc.Tree,
 		GPUState:     after != nil && (before == nil || !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime())),
-		GPUProcesses: []GPUProcess{}}
+		GPUProcesses: []GPUProcess{}, AutoOptions: auto}
 	for _, c := range tc.Clients {
 		g := GPUProcess{Pid: c, ImagePid: c, State: "checkpointed", Phases: helperPhases(r.each, c)}
 		if o.LeaveRunning {

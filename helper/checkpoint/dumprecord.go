@@ -32,22 +32,27 @@ const maxDumpRecord = 64 << 10
 
 // DumpRecord is how a dump ran CRIU: the options that shape its images.
 type DumpRecord struct {
-	Format         int      `json:"format"`
-	ShellJob       bool     `json:"shell_job,omitempty"`
-	TCPEstablished bool     `json:"tcp_established,omitempty"`
-	ExtUnixSockets bool     `json:"ext_unix_sk,omitempty"`
-	FileLocks      bool     `json:"file_locks,omitempty"`
-	LinkRemap      bool     `json:"link_remap,omitempty"`
-	ManageCgroups  string   `json:"manage_cgroups,omitempty"`
-	External       []string `json:"external,omitempty"`
-	CRIUOpts       []string `json:"criu_opts,omitempty"`
+	Format         int    `json:"format"`
+	ShellJob       bool   `json:"shell_job,omitempty"`
+	TCPEstablished bool   `json:"tcp_established,omitempty"`
+	ExtUnixSockets bool   `json:"ext_unix_sk,omitempty"`
+	FileLocks      bool   `json:"file_locks,omitempty"`
+	LinkRemap      bool   `json:"link_remap,omitempty"`
+	ManageCgroups  string `json:"manage_cgroups,omitempty"`
+	// NetworkLock is the lock a dump of TCP connections used: a restore
+	// locks the network alike ("skip": the connections were all inside the
+	// tree, and the host may have no iptables).
+	NetworkLock string   `json:"network_lock,omitempty"`
+	External    []string `json:"external,omitempty"`
+	CRIUOpts    []string `json:"criu_opts,omitempty"`
 }
 
 // dumpRecordOf is the record of a dump run with c.
 func dumpRecordOf(c CRIU) DumpRecord {
 	return DumpRecord{Format: dumpRecordFormat, ShellJob: c.ShellJob, TCPEstablished: c.TCPEstablished,
 		ExtUnixSockets: c.ExtUnixSockets, FileLocks: c.FileLocks, LinkRemap: c.LinkRemap, ManageCgroups: c.ManageCgroups,
-		External: slices.Clone(c.External), CRIUOpts: slices.Clone(c.Extra)}
+		NetworkLock: c.NetworkLock,
+		External:    slices.Clone(c.External), CRIUOpts: slices.Clone(c.Extra)}
 }
 
 // writeDumpRecord writes rec into the private directory stage (a new
@@ -133,6 +138,10 @@ func (r DumpRecord) applyTo(c *CRIU) (applied []string) {
 	}
 	on(r.ExtUnixSockets, &c.ExtUnixSockets, "--ext-unix-sk")
 	on(r.FileLocks, &c.FileLocks, "--file-locks")
+	if r.NetworkLock != "" && c.NetworkLock == "" && !extraHas(c.Extra, "network-lock") {
+		c.NetworkLock = r.NetworkLock
+		applied = append(applied, "--network-lock "+r.NetworkLock)
+	}
 	if r.ManageCgroups != "" && c.ManageCgroups == "" {
 		c.ManageCgroups = r.ManageCgroups
 		applied = append(applied, "--manage-cgroups "+r.ManageCgroups)

@@ -140,6 +140,12 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 		return nil, fmt.Errorf("migration of %d refused before anything was stopped: %w", o.Pid, err)
 	}
 	defer func() { proc.CloseAll(held) }()
+	// A connection the dump would refuse (autoopts.go) is refused before
+	// the pre-copy rounds stop the tree's GPU processes even briefly; the
+	// dump looks again, and chooses its options, when it runs.
+	if _, _, err := chooseCRIUOptions(o.Pid, proc.Pids(held), o.CRIU); err != nil {
+		return nil, err
+	}
 	// A streamed image's pre-copy rounds go to the target while the tree
 	// runs: the stop then sends only the rest.
 	var early *preCopyResult

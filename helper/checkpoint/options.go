@@ -44,6 +44,7 @@ type CRIU struct {
 	LinkRemap       bool     // --link-remap: open files that were unlinked
 	External        []string // --external RES, each
 	ManageCgroups   string   // --manage-cgroups MODE: "", none, props, soft, full, strict, ignore
+	NetworkLock     string   // --network-lock METHOD: "" (CRIU's default, iptables), iptables, nftables, skip
 	LogLevel        int      // -v: 0 means 4 (everything gpucr needs to explain a failure)
 	// Extra are further CRIU options, each as a line of CRIU's configuration
 	// file ("tcp-established", "external mnt[]:m", "ghost-limit 10M"): CRIU
@@ -68,6 +69,13 @@ var manageCgroupsModes = map[string]rpc.CriuCgMode{
 	"soft": rpc.CriuCgMode_SOFT, "full": rpc.CriuCgMode_FULL, "strict": rpc.CriuCgMode_STRICT,
 }
 
+// networkLockMethods are CRIU's --network-lock methods
+// (rpc.CriuNetworkLockMethod).
+var networkLockMethods = map[string]rpc.CriuNetworkLockMethod{
+	"iptables": rpc.CriuNetworkLockMethod_IPTABLES, "nftables": rpc.CriuNetworkLockMethod_NFTABLES,
+	"skip": rpc.CriuNetworkLockMethod_SKIP,
+}
+
 // check says what is wrong with the options, before anything runs.
 func (c CRIU) check() error {
 	if c.Binary == "" {
@@ -83,6 +91,12 @@ func (c CRIU) check() error {
 		}
 		slices.Sort(modes)
 		return fmt.Errorf("--manage-cgroups %q: CRIU's modes are %s", c.ManageCgroups, strings.Join(modes, ", "))
+	}
+	if _, ok := networkLockMethods[c.NetworkLock]; c.NetworkLock != "" && !ok {
+		return fmt.Errorf("--network-lock %q: CRIU's methods are iptables, nftables, skip", c.NetworkLock)
+	}
+	if c.NetworkLock != "" && extraHas(c.Extra, "network-lock") {
+		return fmt.Errorf("--network-lock %s and --criu-opt network-lock: name the method once", c.NetworkLock)
 	}
 	if c.LogLevel < 0 || c.LogLevel > 4 {
 		return fmt.Errorf("CRIU log level %d: 0 to 4", c.LogLevel)
@@ -124,6 +138,9 @@ func (c CRIU) fill(o *rpc.CriuOpts) {
 	if m, ok := manageCgroupsModes[c.ManageCgroups]; ok {
 		o.ManageCgroups = proto.Bool(true)
 		o.ManageCgroupsMode = m.Enum()
+	}
+	if m, ok := networkLockMethods[c.NetworkLock]; ok {
+		o.NetworkLock = m.Enum()
 	}
 	level := int32(4)
 	if c.LogLevel > 0 {

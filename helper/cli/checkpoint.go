@@ -30,6 +30,12 @@ func checkpointCommand() *ucli.Command {
 		Name:      "checkpoint",
 		Usage:     "checkpoint a process (CRIU with gpucr's plugin), or with --gpu-only its GPU state alone, into DIR",
 		ArgsUsage: "PID",
+		Description: "A CRIU dump needs no CRIU flags for a training job: before anything stops, the checkpoint reads the tree's\n" +
+			"/proc (open and mapped files, TCP connections) as the user who runs it and turns on --link-remap for files unlinked\n" +
+			"while another name links them (Python's multiprocessing semaphores), and --tcp-established with --network-lock skip\n" +
+			"where every TCP connection has both ends in the tree. It prints them, with why (auto_options in --json), and records\n" +
+			"them in DIR/gpucr-dump.json for the restore. A connection to a peer outside the tree is refused before anything stops,\n" +
+			"naming it: --tcp-close, --tcp-established or a tree that holds the peer. Options given explicitly always win.",
 		Flags: append([]ucli.Flag{socketFlag(),
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory (created if missing)"},
 			&ucli.BoolFlag{Name: "gpu-only", Usage: "only the GPU state, through the helper, without CRIU"},
@@ -103,6 +109,9 @@ func checkpointCommand() *ucli.Command {
 			if res.StallSeconds > 0 {
 				line += fmt.Sprintf("\n  stopped %.3f s (the longest of its GPU processes, from the quiesce to the resume)", res.StallSeconds)
 			}
+			if len(res.AutoOptions) > 0 {
+				line += "\n  CRIU options chosen by gpucr for what the tree holds: " + autoOptionsText(res.AutoOptions)
+			}
 			line += "\n  steps: " + stepsText(res.Phases)
 			if s := res.CRIU; s != nil {
 				line += fmt.Sprintf("\n  CRIU: the tree frozen %.3f s (freezing it %.3f s), its memory collected in %.3f s and written in %.3f s (%d pages)",
@@ -133,6 +142,16 @@ func dumpTimes(res *checkpoint.DumpResult) string {
 		s += fmt.Sprintf(" (the image %.3f s, then %.3f s until the tree's pids were free)", res.DumpSeconds, *w)
 	}
 	return s
+}
+
+// autoOptionsText is "--link-remap --tcp-established ...": the options a
+// checkpoint chose (why is in its notes and in --json's auto_options).
+func autoOptionsText(auto []checkpoint.AutoOption) string {
+	opts := make([]string, len(auto))
+	for i, a := range auto {
+		opts[i] = a.Option
+	}
+	return strings.Join(opts, " ")
 }
 
 // concurrent says whether a checkpoint is concurrent: only one that leaves

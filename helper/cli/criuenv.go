@@ -28,12 +28,13 @@ func criuTimeoutFlag() ucli.Flag {
 // other.
 func criuOptionFlags() []ucli.Flag {
 	return []ucli.Flag{
-		&ucli.BoolFlag{Name: "tcp-established", Usage: "CRIU --tcp-established: checkpoint and restore open TCP connections (a server with clients)"},
+		&ucli.BoolFlag{Name: "tcp-established", Usage: "CRIU --tcp-established: checkpoint and restore open TCP connections (a checkpoint turns it on by itself where both ends of every connection are in the tree, and refuses a connection to a peer outside it unless this or --tcp-close is given)"},
 		&ucli.BoolFlag{Name: "tcp-close", Usage: "CRIU --tcp-close: restore open TCP connections closed"},
 		&ucli.BoolFlag{Name: "skip-in-flight", Usage: "CRIU --skip-in-flight: leave half-open TCP connections out"},
 		&ucli.BoolFlag{Name: "ext-unix-sk", Usage: "CRIU --ext-unix-sk: allow unix sockets connected outside the tree"},
 		&ucli.BoolFlag{Name: "file-locks", Usage: "CRIU --file-locks: checkpoint file locks"},
-		&ucli.BoolFlag{Name: "link-remap", Usage: "CRIU --link-remap: allow open files that were unlinked"},
+		&ucli.BoolFlag{Name: "link-remap", Usage: "CRIU --link-remap: allow open files that were unlinked (a checkpoint turns it on by itself for a file still linked under another name, as Python's multiprocessing semaphores are)"},
+		&ucli.StringFlag{Name: "network-lock", Usage: "CRIU --network-lock METHOD (iptables, nftables, skip) for TCP connections; a checkpoint whose connections all have both ends in the tree skips it by itself, and its restore repeats what the checkpoint used"},
 		&ucli.StringSliceFlag{Name: "external", Usage: "CRIU --external RES (repeatable)"},
 		&ucli.StringFlag{Name: "manage-cgroups", Usage: "CRIU --manage-cgroups MODE (none, props, soft, full, strict, ignore)"},
 		&ucli.IntFlag{Name: "criu-log-level", Value: 4, Usage: "CRIU's -v for its log in the image directory (0-4)"},
@@ -72,7 +73,7 @@ func criuOptions(c *ucli.Context) (checkpoint.CRIU, error) {
 	o = checkpoint.CRIU{Binary: bin, PluginDir: plugin.Dir, Timeout: c.Duration("criu-timeout"), ShellJob: c.Bool("shell-job"),
 		TCPEstablished: c.Bool("tcp-established"), TCPClose: c.Bool("tcp-close"), TCPSkipInFlight: c.Bool("skip-in-flight"),
 		ExtUnixSockets: c.Bool("ext-unix-sk"), FileLocks: c.Bool("file-locks"), LinkRemap: c.Bool("link-remap"),
-		External: c.StringSlice("external"), ManageCgroups: c.String("manage-cgroups"), LogLevel: c.Int("criu-log-level"),
+		External: c.StringSlice("external"), ManageCgroups: c.String("manage-cgroups"), NetworkLock: c.String("network-lock"), LogLevel: c.Int("criu-log-level"),
 		Extra: c.StringSlice("criu-opt")}
 	if plugin.Dir == "" {
 		o.NoPlugin = plugin.notFound()

@@ -95,6 +95,10 @@ func migrateCommand() *ucli.Command {
 				pid, res.Target, res.TargetPid, res.DowntimeSeconds, res.DumpSeconds, res.TransferSeconds,
 				humanBytes(uint64(res.TransferBytes)), res.RestoreSeconds)
 			line += preCopyText(res.Dump.PreCopy)
+			if len(res.Dump.AutoOptions) > 0 {
+				line += "\n  CRIU options chosen by gpucr for what the tree holds: " + autoOptionsText(res.Dump.AutoOptions) +
+					" (the target's restore repeats them from the image's dump record)"
+			}
 			if res.PreCopyBytesSent > 0 {
 				line += fmt.Sprintf("\n  the pre-copy rounds went to the target before the stop (%s)", humanBytes(uint64(res.PreCopyBytesSent)))
 			}
