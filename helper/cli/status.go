@@ -164,19 +164,28 @@ func statusCommand() *ucli.Command {
 				return fmt.Errorf("%v (is `gpucr helper` running? systemctl start gpucr-helper)", err)
 			}
 			defer conn.Close()
-			// PID's tree: the clients under a launcher that is none itself
-			// (gpucr torchrun, a shell), which `gpucr checkpoint PID` dumps
+			// A client PID is shown alone. Another PID's tree: the clients
+			// under a launcher that is none itself (gpucr torchrun, a
+			// shell), which `gpucr checkpoint PID` dumps; never pid 1's,
+			// which is every process of the system, not a job.
 			var pids []int64
 			var tree []proc.Pid
 			if only != 0 {
-				tree = proc.Tree(proc.Pid(only))
-				for _, p := range tree {
-					pids = append(pids, int64(p))
-				}
+				pids = []int64{only}
 			}
 			st, err := conn.StatusOfPids(ctx, pids)
 			if err != nil {
 				return fmt.Errorf("status from the helper on %s: %w", socket, err)
+			}
+			if only > 1 && !hasClient(st, only) {
+				tree = proc.Tree(proc.Pid(only))
+				pids = pids[:0]
+				for _, p := range tree {
+					pids = append(pids, int64(p))
+				}
+				if st, err = conn.StatusOfPids(ctx, pids); err != nil {
+					return fmt.Errorf("status from the helper on %s: %w", socket, err)
+				}
 			}
 			j := toStatusJSON(socket, st)
 			if only != 0 {
@@ -209,6 +218,16 @@ func statusCommand() *ucli.Command {
 			return nil
 		},
 	}
+}
+
+// hasClient says whether the helper's status lists pid among its clients.
+func hasClient(st *helperpb.StatusReply, pid int64) bool {
+	for _, cl := range st.GetClients() {
+		if cl.GetPid() == pid {
+			return true
+		}
+	}
+	return false
 }
 
 func yesNo(b bool) string {
