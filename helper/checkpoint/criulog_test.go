@@ -1,6 +1,8 @@
 package checkpoint
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -271,6 +273,31 @@ func TestShortCommand(t *testing.T) {
 	} {
 		if got := shortCommand(tc.cmd, tc.max); got != tc.want {
 			t.Errorf("shortCommand(%q, %d) = %q, want %q", tc.cmd, tc.max, got, tc.want)
+		}
+	}
+}
+
+// A dump CRIU refused for a connection in flight is one Dump takes again;
+// other failures, and one the user stopped or that timed out, are not.
+func TestInFlightFailure(t *testing.T) {
+	inflight := &Failure{Summary: "criu dump of pid 1 failed", CRIU: []string{
+		"inet: In-flight connection (l) for 5b41c9",
+		"inet: In-flight connections can be ignored with the --skip-in-flight option.",
+	}}
+	if !inFlight(inflight) {
+		t.Error("CRIU's in-flight refusal is not taken for one")
+	}
+	if !inFlight(fmt.Errorf("checkpoint: %w", inflight)) {
+		t.Error("a wrapped in-flight refusal is not taken for one")
+	}
+	for name, err := range map[string]error{
+		"other":     &Failure{CRIU: []string{"Can't dump ghost file"}},
+		"cancelled": &Failure{CRIU: inflight.CRIU, Cancelled: true},
+		"timed out": &Failure{CRIU: inflight.CRIU, TimedOut: true},
+		"plain":     errors.New("In-flight connection"),
+	} {
+		if inFlight(err) {
+			t.Errorf("%s: taken for an in-flight refusal", name)
 		}
 	}
 }

@@ -125,13 +125,52 @@ const treeGoneWait = 10 * time.Second
 //
 // The directories it makes for the image are removed if it fails and
 // nothing is left in them (its log stays where CRIU ran and failed).
+//
+// A dump that CRIU refused because a connection of the tree was in flight
+// (connected, not yet accepted: the tree froze between the two) is taken
+// again, up to inFlightRetries times: the failed one left the tree running
+// as it was, and the accept is a moment away.
 func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
-	made := &madeDirs{}
-	res, err := dump(ctx, o, made)
-	if err != nil {
-		made.removeEmpty()
+	for attempt := 1; ; attempt++ {
+		made := &madeDirs{}
+		res, err := dump(ctx, o, made)
+		if err != nil {
+			made.removeEmpty()
+		}
+		if err == nil || attempt > inFlightRetries || !inFlight(err) || ctx.Err() != nil || o.CRIU.TCPSkipInFlight {
+			return res, err
+		}
+		(&emitter{out: o.Events, start: time.Now()}).emit(Event{Kind: Warning,
+			Text: fmt.Sprintf("a TCP connection of the tree was in flight (connected, not yet accepted) when CRIU froze it; the tree runs on as it was: checkpointing again (%d of %d)", attempt, inFlightRetries)})
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(inFlightPause):
+		}
 	}
-	return res, err
+}
+
+// inFlightRetries and inFlightPause bound the dumps taken again after a
+// connection in flight.
+const (
+	inFlightRetries = 3
+	inFlightPause   = 100 * time.Millisecond
+)
+
+// inFlight says whether err is CRIU's refusal of a connection in flight
+// ("inet: In-flight connection (l) for ..."), which --skip-in-flight would
+// have left out.
+func inFlight(err error) bool {
+	var f *Failure
+	if !errors.As(err, &f) || f.Cancelled || f.TimedOut || f.background {
+		return false
+	}
+	for _, l := range f.CRIU {
+		if strings.Contains(l, "In-flight connection") {
+			return true
+		}
+	}
+	return false
 }
 
 // dump is Dump, recording the directories it makes.
