@@ -209,6 +209,10 @@ type linkCount struct {
 	nlink, seen uint64
 }
 
+// removeTreeIn empties d: each file unlinked and counted in files by
+// identity (how many of its links were seen), each directory (on device
+// dev: a mount is not crossed) emptied through its own descriptor and
+// removed; with dryRun nothing is removed.
 func removeTreeIn(d *fsDir, dev uint64, files map[fileID]*linkCount, dryRun bool) error {
 	names, err := d.f.Readdirnames(-1)
 	if err != nil {

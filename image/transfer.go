@@ -671,39 +671,8 @@ func RemoveReceived(path string, id DirID, keepDir bool) error {
 // removeBeneath removes everything d holds: files are unlinked, and
 // directories (on device dev: a mount is not crossed) emptied through
 // their own descriptors, then removed. Nobody else may write a received
-// directory, so what was read is all there is.
+// directory, so what was read is all there is. It is Remove's walk, its
+// count of what was freed left unread.
 func removeBeneath(d *fsDir, dev uint64) error {
-	names, err := d.f.Readdirnames(-1)
-	if err != nil {
-		return fmt.Errorf("read directory %s: %w", d.path, err)
-	}
-	for _, name := range names {
-		st, err := d.lstat(name)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		flag := 0
-		if statMode(st.Mode).IsDir() {
-			if uint64(st.Dev) != dev {
-				return fmt.Errorf("%s is on another file system (a mount): not removed", d.join(name))
-			}
-			sub, err := d.openDir(name, nil)
-			if err != nil {
-				return err
-			}
-			err = removeBeneath(sub, dev)
-			sub.close()
-			if err != nil {
-				return err
-			}
-			flag = unix.AT_REMOVEDIR
-		}
-		if err := unix.Unlinkat(d.fd(), name, flag); err != nil && err != unix.ENOENT {
-			return &fs.PathError{Op: "remove", Path: d.join(name), Err: err}
-		}
-	}
-	return nil
+	return removeTreeIn(d, dev, map[fileID]*linkCount{}, false)
 }
