@@ -86,15 +86,24 @@ pid_gone() {
 	done
 	return 1
 }
-# restore_after_kill GPUCR SOCK DIR LOG PID PATTERN NAME: the original run
+# jf FILE KEY...: a field of the last JSON line of FILE (a --json report);
+# nothing if it has none.
+jf() { ${PY:-python3} -c "
+import json,sys
+r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+for k in sys.argv[2:]:
+    r = r.get(k, {}) if isinstance(r, dict) else {}
+print(r if r != {} else '')" "$@" 2>/dev/null; }
+# restore_after_kill GPUCR SOCK DIR LOG PID PATTERN NAME [FIELD]: the original run
 # (PID, heartbeats in LOG) goes on for 3 more heartbeats, past the image in
 # DIR; every process matching PATTERN is killed; DIR is restored, runs 4
 # heartbeats and is killed; then one line "NAME: restored exactly|NOT
 # EXACTLY ..." goes to the summary: every heartbeat of the restored run that
 # the original also reached (at least 2) must be the original's (the test
-# applications' "hb ITER SUM TIME"). fail=1 if not.
+# applications' "hb ITER SUM TIME"; FIELD, default 2, is the field of the
+# sum: stall_job.py's "hb ITER TIME SUM" has it in 3). fail=1 if not.
 restore_after_kill() {
-	local g=$1 sock=$2 dir=$3 log=$4 pid=$5 pattern=$6 name=$7 h1 mark
+	local g=$1 sock=$2 dir=$3 log=$4 pid=$5 pattern=$6 name=$7 field=${8:-2} h1 mark
 	h1=$(hbs "$log")
 	for _ in $(seq 600); do [ "$(hbs "$log")" -ge $((h1 + 3)) ] && break; sleep 0.05; done
 	pkill -9 -f "$pattern"
@@ -106,16 +115,16 @@ restore_after_kill() {
 		bad "$name restore: $(tail -n 3 "$LOGS/$name-restore.json")"
 	fi
 	pkill -9 -f "$pattern"
-	python3 - "$log" "$mark" "$name" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+	python3 - "$log" "$mark" "$name" "$field" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import sys
 hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
-mark, name = int(sys.argv[2]), sys.argv[3]
+mark, name, f = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 ref = {}
 for h in hb[:mark]:
-    ref.setdefault(h[1], h[2])
+    ref.setdefault(h[1], h[f])
 after = hb[mark:]
 both = [h for h in after if h[1] in ref]
-same = sum(1 for h in both if ref[h[1]] == h[2])
+same = sum(1 for h in both if ref[h[1]] == h[f])
 ok = len(both) >= 2 and same == len(both)
 print(f"{name}: restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {after[0][1] if after else '-'}, "
       f"{same} of the {len(both)} heartbeats the original run also reached are equal to its")

@@ -98,12 +98,6 @@ chmod 755 "$NSSSH"
 TGPUCR="env GPUCR_SOCKET=$SOCK GPUCR_CRIU=$GPUCR_CRIU $GPUCR"
 
 # jf FILE KEY...: a value from the last line of FILE (a --json document).
-jf() { $PY -c "
-import json,sys
-r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-for k in sys.argv[2:]:
-    r = r.get(k, {}) if isinstance(r, dict) else {}
-print(r if r != {} else '')" "$@" 2>/dev/null; }
 
 # start_work NAME: work.py of GB under gpucr run; its pid in P, its log in L.
 start_work() {

@@ -43,12 +43,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
-jf() { $PY -c "
-import json,sys
-r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-for k in sys.argv[2:]:
-    r = r.get(k, {}) if isinstance(r, dict) else {}
-print(r if r != {} else '')" "$@" 2>/dev/null; }
 
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1); work.py $GB GB; train_dataloader $STEPS steps"
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper-1.log" --log-level info || { bad "the helper does not start"; exit 1; }

@@ -49,13 +49,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 rm -rf "$IMG" && mkdir -p "$S" "$T"
-# jf FILE KEY...: a field of the last JSON line of FILE.
-jf() { $PY -c "
-import json,sys
-r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-for k in sys.argv[2:]:
-    r = r.get(k, {}) if isinstance(r, dict) else {}
-print(r if r != {} else '')" "$@" 2>/dev/null; }
 
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1); stall_job $GB GB; train_dataloader $STEPS steps"
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || { bad "the helper does not start"; exit 1; }
@@ -82,30 +75,9 @@ rm -rf "$S/1" "$S/2"
 "$GPUCR" image rm "$S/3" >"$LOGS/image-rm.txt" 2>&1 || bad "gpucr image rm $S/3: $(tail -n 3 "$LOGS/image-rm.txt")"
 [ -e "$S/3" ] && bad "gpucr image rm left $S/3"
 note "after rm -rf 1 2 and gpucr image rm 3: $(du -sm "$S" | cut -f1) MiB on disk; $("$GPUCR" image verify "$S/5" 2>&1 | tail -1 | cut -c1-160)"
-# The original goes on past image 5, is killed, and 5 is restored.
-h1=$(hbs "$L")
-for _ in $(seq 600); do [ "$(hbs "$L")" -ge $((h1 + 3)) ] && break; sleep 0.05; done
-pkill -9 -f "$JOB"
-pid_gone "$P" || bad "pid $P not free"
-mark=$(hbs "$L")
-"$GPUCR" restore -D "$S/5" --socket "$SOCK" --json >"$LOGS/stall-restore.json" 2>&1 || bad "restore of 5: $(tail -n 3 "$LOGS/stall-restore.json")"
-for _ in $(seq 600); do [ "$(hbs "$L")" -ge $((mark + 4)) ] && break; sleep 0.05; done
-pkill -9 -f "$JOB"
-$PY - "$L" "$mark" <<'PYEOF' | tee -a "$LOGS/summary.txt"
-import sys
-hb = [l.split() for l in open(sys.argv[1]) if l.startswith("hb ")]
-mark = int(sys.argv[2])
-ref = {}
-for h in hb[:mark]:
-    ref.setdefault(h[1], h[3])
-after = hb[mark:]
-both = [h for h in after if h[1] in ref]
-same = sum(1 for h in both if ref[h[1]] == h[3])
-ok = len(both) >= 2 and same == len(both)
-print(f"stall_job from image 5: restored {'exactly' if ok else 'NOT EXACTLY'}: from iteration {after[0][1] if after else '-'}, "
-      f"{same} of the {len(both)} heartbeats the original run also reached equal to its")
-PYEOF
-grep -q "^stall_job from image 5: restored exactly" "$LOGS/summary.txt" || fail=1
+# The original goes on past image 5, is killed, and 5 is restored (the
+# sum is stall_job.py's fourth field).
+restore_after_kill "$GPUCR" "$SOCK" "$S/5" "$L" "$P" "$JOB" "stall_job from image 5" 3
 
 # 2. A training job: two kept, the third ends it; the first two deleted.
 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY "$W" train_dataloader "$LOGS/train-plain.txt" "$STEPS" >"$LOGS/train-plain.out" 2>&1 &
