@@ -40,9 +40,9 @@ func cliOK(t testing.TB, h *helperProc, env []string, img string, args ...string
 			}
 		}
 		hl, _ := os.ReadFile(h.log)
-		// The helper's log first, what failed last: CI shows a failure's
-		// last lines.
-		t.Fatalf("helper log:\n%s\ngpucr %s: %v\n%s%s", tail(string(hl), 20), strings.Join(args, " "), err, out, logs)
+		// The helper's log and CRIU's first, gpucr's own report (which
+		// names CRIU's errors) last: CI shows a failure's last lines.
+		t.Fatalf("helper log:\n%s%s\ngpucr %s: %v\n%s", tail(string(hl), 20), logs, strings.Join(args, " "), err, out)
 	}
 	return out
 }
