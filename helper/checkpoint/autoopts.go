@@ -34,7 +34,22 @@ const maxNamed = 4
 // descendants, tree) needs turned on, and says which; or an error that
 // refuses the checkpoint before anything is stopped.
 func chooseCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU) (CRIU, []AutoOption, error) {
+	return chooseJobCRIUOptions(root, tree, c, nil)
+}
+
+// chooseJobCRIUOptions is chooseCRIUOptions for a part of a job: a
+// connection among jobConns (its peer is another part of the job, which
+// the job's checkpoint stops at the same cut: jobdump.go) counts as one
+// inside the tree.
+func chooseJobCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU, jobConns []JobConn) (CRIU, []AutoOption, error) {
 	s := scanTree(tree)
+	jobbed := 0
+	for i := range s.conns {
+		if !s.conns[i].inside && slices.Contains(jobConns, s.conns[i].jobConn()) {
+			s.conns[i].inside, s.conns[i].job = true, true
+			jobbed++
+		}
+	}
 	var auto []AutoOption
 	if len(s.unlinked) > 0 && !c.LinkRemap && !extraHas(c.Extra, "link-remap") {
 		// CRIU dumps such a file as a link it makes beside it; gpucr keeps
@@ -70,8 +85,11 @@ func chooseCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU) (CRIU, []AutoOpti
 				root, namedList(outside))
 		}
 		c.TCPEstablished, established = true, true
-		auto = append(auto, AutoOption{Option: "--tcp-established",
-			Why: "TCP connections with both ends in the tree: " + namedList(inside)})
+		why := "TCP connections with both ends in the tree: " + namedList(inside)
+		if jobbed > 0 {
+			why = "TCP connections with both ends in the tree or in another part of the job, checkpointed at the same cut: " + namedList(inside)
+		}
+		auto = append(auto, AutoOption{Option: "--tcp-established", Why: why})
 	}
 	if established && !closed && len(outside) == 0 && c.NetworkLock == "" && !extraHas(c.Extra, "network-lock") {
 		// CRIU locks the network while it dumps and restores connections,
@@ -83,9 +101,16 @@ func chooseCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU) (CRIU, []AutoOpti
 		// at once, before it touches a socket, and a restore takes the
 		// sockets out of repair mode only at its end, once both ends exist
 		// again; so no lock is needed.
+		// A job's connection to another part is kept quiet by the job's own
+		// protocol instead (docs/job-checkpoint.md): every part is frozen,
+		// and the send queues of both ends are empty, before any part is
+		// dumped; every part's sockets exist before any leaves repair mode.
 		c.NetworkLock = "skip"
-		auto = append(auto, AutoOption{Option: "--network-lock skip",
-			Why: "every TCP connection has both ends in the tree, which CRIU stops and restores as a whole: nothing outside sends to them, so no iptables lock is needed"})
+		why := "every TCP connection has both ends in the tree, which CRIU stops and restores as a whole: nothing outside sends to them, so no iptables lock is needed"
+		if jobbed > 0 {
+			why = "every TCP connection has both ends in the tree or in another part of the job: the job's barriers (all parts frozen, send queues empty, before any dump) stand in for the lock"
+		}
+		auto = append(auto, AutoOption{Option: "--network-lock skip", Why: why})
 	}
 	return c, auto, nil
 }

@@ -54,6 +54,28 @@ type DumpOptions struct {
 	CRIU   CRIU
 	Env    Environment
 	Events Events
+	// Job: the tree is one part of a job checkpointed across hosts
+	// (jobdump.go): its connections to the other parts count as inside,
+	// and the dump waits at the job's barrier once CRIU has frozen it.
+	Job *JobPart
+}
+
+// JobPart is what a part of a job adds to its dump.
+type JobPart struct {
+	// Conns are the tree's TCP connections whose peers are other parts of
+	// the job (as the coordinator matched them).
+	Conns []JobConn
+	// Frozen runs once CRIU has frozen the tree and before it dumps any of
+	// it; the dump goes on when it returns, and fails (the tree running
+	// on) on its error.
+	Frozen func() error
+}
+
+func (p *JobPart) frozen() func() error {
+	if p == nil {
+		return nil
+	}
+	return p.Frozen
 }
 
 // DumpResult is a checkpoint that succeeded.
@@ -197,7 +219,11 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	}
 	// Before anything is made or stopped: the options the tree needs, or
 	// a refusal of what CRIU could dump only at a peer's expense.
-	criu, auto, err := chooseCRIUOptions(pid, proc.Tree(pid), o.CRIU)
+	var jobConns []JobConn
+	if o.Job != nil {
+		jobConns = o.Job.Conns
+	}
+	criu, auto, err := chooseJobCRIUOptions(pid, proc.Tree(pid), o.CRIU, jobConns)
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +294,7 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	rec := dumpRecordOf(o.CRIU)
 	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev, record: &rec,
 		concurrent: o.Concurrent && len(tc.Clients) > 0, leaveRunning: o.LeaveRunning && len(tc.Clients) > 0,
-		what: fmt.Sprintf("criu dump of pid %d", pid),
+		what: fmt.Sprintf("criu dump of pid %d", pid), frozen: o.Job.frozen(),
 		fill: func(opts *rpc.CriuOpts) {
 			opts.Pid = proto.Int32(int32(pid))
 			opts.LeaveRunning = proto.Bool(o.LeaveRunning)

@@ -41,6 +41,11 @@ type RestoreOptions struct {
 	// listening TCP ports to end their TIME_WAIT (up to a minute) instead
 	// of ending them.
 	WaitClosedPorts bool
+	// Restored (a part of a job) runs when CRIU has made every process and
+	// socket of the tree and before any socket leaves repair mode or any
+	// process runs: the job's barrier (jobrestore.go). The restore goes on
+	// when it returns; on its error CRIU kills what it restored.
+	Restored func() error
 }
 
 // RestoreResult is a restore that succeeded: every process runs, each GPU
@@ -142,7 +147,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	}
 	checked := time.Now()
 	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap, onDemand: o.OnDemand,
-		imagePids: pids, fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
+		imagePids: pids, postRestore: o.Restored, fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
 	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
 	gpuState := statErr == nil
 	if err != nil {

@@ -49,6 +49,21 @@ type notifier struct {
 	// postDump runs at the post-dump notice (its error fails the dump,
 	// and the tree runs on).
 	postDump func() error
+	// frozen runs at CRIU's query-ext-files notice of a dump: the tree is
+	// frozen and nothing of it dumped yet (a job's barrier; jobdump.go).
+	// Its error fails the dump, and the tree runs on.
+	frozen func() error
+	// postRestore runs at the post-restore notice: every process and
+	// socket is there, the sockets still in repair mode, nothing runs
+	// yet (a job's restore barrier). Its error makes CRIU kill the tree.
+	postRestore func() error
+}
+
+func (n *notifier) Frozen() error {
+	if n.frozen != nil {
+		return n.frozen()
+	}
+	return nil
 }
 
 func (n *notifier) PreDump() error {
@@ -81,6 +96,9 @@ func (n *notifier) PostRestore(criuPid int32) error {
 	pid := proc.Pid(criuPid)
 	n.pid = pid
 	n.ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("CRIU restored pid %d", pid), Pid: pid})
+	if n.postRestore != nil {
+		return n.postRestore()
+	}
 	return nil
 }
 
@@ -116,6 +134,9 @@ type job struct {
 	imagePids []proc.Pid
 	fill      func(*rpc.CriuOpts)
 	ev        *emitter
+	// frozen, postRestore: the notifier's hooks of a job's part (see
+	// notifier)
+	frozen, postRestore func() error
 }
 
 // ran is what a CRIU run that succeeded leaves for the report.
@@ -199,7 +220,7 @@ func run(ctx context.Context, j job) (*ran, error) {
 		defer lazy.stop() // a restore that failed
 		opts.LazyPages = proto.Bool(true)
 	}
-	n := &notifier{ev: j.ev, noPlugin: j.criu.PluginDir == ""}
+	n := &notifier{ev: j.ev, noPlugin: j.criu.PluginDir == "", frozen: j.frozen, postRestore: j.postRestore}
 	if j.dump {
 		// CRIU's links to files the tree had unlinked go with the image
 		// (linkremap.go): the images are written, the links not yet removed.

@@ -46,6 +46,9 @@ type SSHTarget struct {
 	// TempDir is where the shared connection's socket directory is made
 	// ("": /tmp), as Environment.TempDir.
 	TempDir string
+	// Features are what Check requires the target's gpucr to list besides
+	// (without Shared) FeatureReceive: FeatureJobAgent for a job's host.
+	Features []string
 
 	// control is the directory of OpenSSH's shared connection: opened by
 	// Check, before the source stops, and used by every later command, so
@@ -207,7 +210,39 @@ func (t *SSHTarget) Check(ctx context.Context) error {
 		return fmt.Errorf("its gpucr (version %s) has no `gpucr image receive`, which receives a streamed image there: install this gpucr there (or use --shared)",
 			v.Version)
 	}
+	for _, f := range t.Features {
+		if !slices.Contains(strings.Split(v.Features, ","), f) {
+			return fmt.Errorf("its gpucr (version %s) lacks %q (`gpucr version --json`): install this gpucr there", v.Version, f)
+		}
+	}
 	return nil
+}
+
+// start starts cmdline at the target, through the shared connection, with
+// pipes to its stdin and from its stdout; its stderr goes to stderr (and
+// t.Stderr). The session lasts until stdin is closed and the command ends,
+// or ctx ends.
+func (t *SSHTarget) start(ctx context.Context, cmdline string, stderr io.Writer) (*exec.Cmd, io.WriteCloser, io.ReadCloser, error) {
+	if len(t.SSH) == 0 {
+		return nil, nil, nil, errors.New("no ssh command")
+	}
+	cmd := exec.CommandContext(ctx, t.SSH[0], append(append(append(t.sshOptions(), t.SSH[1:]...), t.Host), cmdline)...)
+	cmd.Stderr = stderr
+	if t.Stderr != nil {
+		cmd.Stderr = io.MultiWriter(stderr, t.Stderr)
+	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, fmt.Errorf("ssh %s: %w", t.Host, err)
+	}
+	return cmd, in, out, nil
 }
 
 func (t *SSHTarget) dir(local string) string {

@@ -71,11 +71,12 @@ const inetDiagReqV2Size = 56
 // inetDiagNoCookie is INET_DIAG_NOCOOKIE: match the socket by its addresses.
 const inetDiagNoCookie = ^uint32(0)
 
-// destroyRequest is the netlink message that asks the kernel to end c:
+// destroyRequest is the netlink message that asks the kernel to end c, if
+// it is in one of states (a bit mask of /proc/net/tcp's states):
 // an nlmsghdr, then struct inet_diag_req_v2 (family, protocol, ext, pad,
 // states, then the socket id: source and destination ports big-endian,
 // the two addresses, the interface, the cookie).
-func destroyRequest(c tcpConn, seq uint32) []byte {
+func destroyRequest(c tcpConn, seq uint32, states uint32) []byte {
 	b := make([]byte, unix.NLMSG_HDRLEN+inetDiagReqV2Size)
 	ne := binary.NativeEndian
 	ne.PutUint32(b[0:], uint32(len(b)))
@@ -85,7 +86,7 @@ func destroyRequest(c tcpConn, seq uint32) []byte {
 	r := b[unix.NLMSG_HDRLEN:]
 	r[0] = c.family
 	r[1] = unix.IPPROTO_TCP
-	ne.PutUint32(r[4:], 1<<tcpTimeWaitState)
+	ne.PutUint32(r[4:], states)
 	binary.BigEndian.PutUint16(r[8:], c.lport)
 	binary.BigEndian.PutUint16(r[10:], c.rport)
 	copy(r[12:28], c.local[:])
@@ -109,7 +110,7 @@ func endTimeWaits(conns []tcpConn) (int, error) {
 	defer unix.Close(fd)
 	ended := 0
 	for i, c := range conns {
-		if err := sockDiagCall(fd, destroyRequest(c, uint32(i+1))); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := sockDiagCall(fd, destroyRequest(c, uint32(i+1), 1<<tcpTimeWaitState)); err != nil && !errors.Is(err, unix.ENOENT) {
 			return ended, fmt.Errorf("ending TCP connection %s -> %s: %w", c.localText, c.remoteText, err)
 		}
 		ended++

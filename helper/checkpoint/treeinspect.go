@@ -52,6 +52,15 @@ type treeConn struct {
 	conn   tcpConn
 	netns  string
 	inside bool // the other end is a socket of the tree, in the same netns
+	// job: the other end is another part of a job (inside is then true
+	// too): chooseJobCRIUOptions
+	job bool
+}
+
+// jobConn is the connection as a job's coordinator names it.
+func (c treeConn) jobConn() JobConn {
+	return JobConn{Local: endpointText(c.conn.family, c.conn.local, c.conn.lport),
+		Remote: endpointText(c.conn.family, c.conn.remote, c.conn.rport)}
 }
 
 // TCP states of /proc/net/tcp that hold no connection: a listener, and a

@@ -187,6 +187,8 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			checkpointCommand(),
 			restoreCommand(),
 			migrateCommand(),
+			jobCommand(),
+			jobAgentCommand(),
 			completionCommand(),
 			manCommand(),
 			resumeCommand(),
@@ -281,7 +283,7 @@ func versionCommand() *ucli.Command {
 				// features (comma-separated, so that every value stays a
 				// string): what a migration's source asks of its target
 				// before it stops anything
-				return writeJSON(c.App.Writer, map[string]string{"version": Version, "features": checkpoint.FeatureReceive})
+				return writeJSON(c.App.Writer, map[string]string{"version": Version, "features": checkpoint.FeatureReceive + "," + checkpoint.FeatureJobAgent})
 			}
 			_, err := fmt.Fprintf(c.App.Writer, "gpucr %s\n", Version)
 			return err

@@ -332,6 +332,22 @@ func notify(nfy criu.Notify, n *rpc.CriuNotify) error {
 		return nfy.PostSetupNamespaces()
 	case "post-resume":
 		return nfy.PostResume()
+	case "query-ext-files":
+		// CRIU asks this in swrk mode only, once it has seized the whole
+		// tree and before it dumps a file or a socket of it (cr-dump.c,
+		// after collect_pstree): the one moment a dump can be held with
+		// the tree frozen and nothing of it read yet. go-criu's Notify has
+		// no method for it; a Notify that wants it implements Frozen.
+		if f, ok := nfy.(Frozen); ok {
+			return f.Frozen()
+		}
 	}
 	return nil
+}
+
+// Frozen is a Notify that hears CRIU's query-ext-files notice of a dump:
+// the tree is frozen, none of its files or sockets dumped yet. An error
+// fails the dump, which then resumes the tree.
+type Frozen interface {
+	Frozen() error
 }
