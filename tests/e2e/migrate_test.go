@@ -22,6 +22,8 @@ import (
 // restored process reconnects to the path its helper had).
 type targetMachine struct {
 	addr   string    // its address
+	ns     string    // its network namespace (ip netns)
+	keys   string    // the directory of its sshd's keys (client, authorized_keys)
 	ssh    string    // --ssh for gpucr migrate
 	gpucr  string    // --target-gpucr
 	init   *exec.Cmd // unshare: its pid namespace dies with it
@@ -90,7 +92,7 @@ func startTargetMachine(t *testing.T, dir, srcHelperDir string, env []string) *t
 	if err := os.MkdirAll(tdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m := &targetMachine{addr: dst, helper: filepath.Join(dir, "target-helper.log")}
+	m := &targetMachine{addr: dst, ns: ns, keys: keys, helper: filepath.Join(dir, "target-helper.log")}
 	sock := filepath.Join(srcHelperDir, "helper.sock")
 	script := fmt.Sprintf(`set -e
 mount --bind %[1]s %[2]s

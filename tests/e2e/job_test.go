@@ -1,0 +1,393 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A job across two "hosts": two target machines (migrate_test.go), each a
+// network namespace with its own pid and mount namespaces, sshd and gpucr
+// helper, joined to each other by a veth pair of their own. On each runs a
+// part of the job under `gpucr run`: a Python process that talks to the
+// other part over TCP across that link, in lockstep, and a heartbeat GPU
+// application (the simulated driver) it started.
+
+// jobPart is the exchange each part runs: the server part listens (and
+// closes its listener once the client is in), the client connects; then
+// every 10 ms each sends (seq, state) and reads the other's, which must
+// carry the same seq, and both fold it into their state:
+// state = state*31 + peer_state + seq (mod 2^64). Every step is a line
+// "x SEQ STATE" in MARKS; a message out of order ends it with "ERR".
+const jobPart = `import os, socket, struct, subprocess, sys, time
+role, addr, port, marks, pidfile, hblog = sys.argv[1:7]
+hb = sys.argv[8:]
+with open(pidfile + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(pidfile + ".tmp", pidfile)
+out = open(hblog, "ab")
+subprocess.Popen(hb, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+if role == "server":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, int(port)))
+    l.listen(1)
+    s, _ = l.accept()
+    l.close()
+    state = 1
+else:
+    for i in range(300):
+        try:
+            s = socket.create_connection((addr, int(port)))
+            break
+        except OSError:
+            time.sleep(0.05)
+    state = 2
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+m = open(marks, "a", buffering=1)
+def recvall(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            m.write("ERR connection closed\n")
+            sys.exit(1)
+        b += c
+    return b
+seq = 0
+while True:
+    seq += 1
+    s.sendall(struct.pack("!QQ", seq, state))
+    pseq, pstate = struct.unpack("!QQ", recvall(16))
+    if pseq != seq:
+        m.write("ERR expected %d got %d\n" % (seq, pseq))
+        sys.exit(1)
+    state = (state * 31 + pstate + seq) & 0xFFFFFFFFFFFFFFFF
+    m.write("x %d %x\n" % (seq, state))
+    time.sleep(0.01)
+`
+
+// jobHost is one host of the job, and its part.
+type jobHost struct {
+	m      *targetMachine
+	linkIP string // its address on the link between the hosts
+	marks  string
+	pid    int
+	hb     *app
+}
+
+// startJobHosts starts two machines joined by a link of their own; the
+// first one's ssh key opens the second too (one --ssh for the job).
+func startJobHosts(t *testing.T, dir, helperDir string, env []string) (*jobHost, *jobHost) {
+	t.Helper()
+	ip := needTool(t, "ip")
+	var hs [2]*jobHost
+	for i := range hs {
+		d := filepath.Join(dir, fmt.Sprintf("host%d", i+1))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		hs[i] = &jobHost{m: startTargetMachine(t, d, helperDir, env)}
+	}
+	if strings.EqualFold(hs[0].m.addr, hs[1].m.addr) {
+		t.Skip("both machines drew the same subnet; run again")
+	}
+	id := randomHex(3)
+	n, _ := strconv.ParseUint(id[:2], 16, 8)
+	hs[0].linkIP, hs[1].linkIP = fmt.Sprintf("10.214.%d.1", n), fmt.Sprintf("10.214.%d.2", n)
+	a, b := "gja"+id, "gjb"+id
+	for _, args := range [][]string{
+		{"link", "add", a, "type", "veth", "peer", "name", b},
+		{"link", "set", a, "netns", hs[0].m.ns},
+		{"link", "set", b, "netns", hs[1].m.ns},
+		{"-n", hs[0].m.ns, "addr", "add", hs[0].linkIP + "/24", "dev", a},
+		{"-n", hs[1].m.ns, "addr", "add", hs[1].linkIP + "/24", "dev", b},
+		{"-n", hs[0].m.ns, "link", "set", a, "up"},
+		{"-n", hs[1].m.ns, "link", "set", b, "up"},
+	} {
+		if out, err := exec.Command(ip, args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	pub, err := os.ReadFile(filepath.Join(hs[0].m.keys, "client.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(hs[1].m.keys, "authorized_keys"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(pub); err != nil {
+		t.Fatal(err)
+	}
+	return hs[0], hs[1]
+}
+
+// startPart starts the part of host h under `gpucr run` there: role
+// "server" listens on its link address, "client" connects to peer's.
+func startPart(t *testing.T, dir string, h *jobHost, env []string, role, connectTo string, hbArgs []string) {
+	t.Helper()
+	py := needTool(t, "python3")
+	script := filepath.Join(dir, "jobpart.py")
+	if err := os.WriteFile(script, []byte(jobPart), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pfx := filepath.Join(dir, role)
+	h.marks = pfx + ".marks"
+	pidfile, hblog, log := pfx+".pid", pfx+"-heartbeat.log", pfx+".log"
+	var words []string
+	for _, e := range env {
+		words = append(words, shq(e))
+	}
+	sock := ""
+	for _, w := range strings.Fields(h.m.gpucr) {
+		if strings.HasPrefix(w, "GPUCR_SOCKET=") {
+			sock = strings.TrimPrefix(w, "GPUCR_SOCKET=")
+		}
+	}
+	argv := []string{binPath(t, "gpucr"), "run", "--socket", sock, "--", py, script, role, connectTo, "29500", h.marks, pidfile, hblog, "--",
+		binPath(t, "heartbeat")}
+	argv = append(argv, hbArgs...)
+	var q []string
+	for _, a := range argv {
+		q = append(q, shq(a))
+	}
+	line := fmt.Sprintf("cd %s && setsid env %s GPUCR_SOCKET=%s %s >%s 2>&1 </dev/null &", shq(dir), strings.Join(words, " "), shq(sock),
+		strings.Join(q, " "), shq(log))
+	if out, err := h.m.run(line); err != nil {
+		t.Fatalf("starting the %s part: %v: %s", role, err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for h.pid == 0 {
+		if b, err := os.ReadFile(pidfile); err == nil {
+			h.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(log)
+			t.Fatalf("the %s part does not start:\n%s", role, tail(string(b), 20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.hb = &app{t: t, name: "heartbeat", args: hbArgs, log: hblog}
+}
+
+// shq quotes a word for the remote shell.
+func shq(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// jobMark is one step of a part's exchange.
+type jobMark struct {
+	seq   int
+	state uint64
+}
+
+// readMarks reads a part's steps; a line "ERR ..." fails the test.
+func readMarks(t *testing.T, path string) []jobMark {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []jobMark
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fl := strings.Fields(sc.Text())
+		if len(fl) > 0 && fl[0] == "ERR" {
+			t.Fatalf("%s: %s", path, sc.Text())
+		}
+		if len(fl) != 3 || fl[0] != "x" {
+			continue
+		}
+		seq, err1 := strconv.Atoi(fl[1])
+		st, err2 := strconv.ParseUint(fl[2], 16, 64)
+		if err1 == nil && err2 == nil {
+			out = append(out, jobMark{seq, st})
+		}
+	}
+	return out
+}
+
+// waitMarks waits until the part at path has made step n.
+func waitMarks(t *testing.T, path string, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if ms := readMarks(t, path); len(ms) > 0 && ms[len(ms)-1].seq >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no step %d in %v", path, n, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkExchange checks both parts' steps against the exchange computed
+// here: every step once, in order, from 1, each state what the other
+// part's previous state makes it. A message lost, repeated or reordered
+// across the checkpoint shows.
+func checkExchange(t *testing.T, server, client []jobMark) {
+	t.Helper()
+	s, c := uint64(1), uint64(2)
+	n := min(len(server), len(client))
+	if n == 0 {
+		t.Fatal("no steps")
+	}
+	for i := 0; i < n; i++ {
+		seq := uint64(i + 1)
+		s, c = s*31+c+seq, c*31+s+seq
+		if server[i].seq != i+1 || client[i].seq != i+1 {
+			t.Fatalf("step %d: the server's is %d, the client's %d", i+1, server[i].seq, client[i].seq)
+		}
+		if server[i].state != s || client[i].state != c {
+			t.Fatalf("step %d: states %x and %x, the exchange computes %x and %x", i+1, server[i].state, client[i].state, s, c)
+		}
+	}
+}
+
+// jobFlags are the flags that reach both hosts.
+func jobFlags(h *jobHost) []string {
+	return []string{"--ssh", h.m.ssh, "--remote-gpucr", h.m.gpucr}
+}
+
+// TestJobCheckpointRestore: `gpucr job checkpoint` checkpoints both parts of
+// the job at one cut, their connection to each other included, without a
+// CRIU flag and without iptables; `gpucr job restore` restores both, and
+// the exchange goes on exactly: every message once, in order, with the
+// state it had, and both GPU applications compute on as uninterrupted
+// runs.
+func TestJobCheckpointRestore(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
+	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
+	waitMarks(t, h1.marks, 30, time.Minute)
+	h1.hb.waitIter(10, time.Minute)
+	h2.hb.waitIter(10, time.Minute)
+	// the image directory: the same path on both, each host's own (the
+	// helper's directory is each machine's own)
+	img := filepath.Join(helperDir, "job-img")
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
+		"-D", img, "--json"}, jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job checkpoint: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	var r struct {
+		ID    string  `json:"id"`
+		Froze float64 `json:"frozen_seconds"`
+		Parts []struct {
+			Host  string `json:"host"`
+			Conns []struct {
+				Local, Remote string
+			} `json:"conns"`
+		} `json:"parts"`
+	}
+	lastJSON(t, out, &r)
+	if r.ID == "" || len(r.Parts) != 2 || len(r.Parts[0].Conns) != 1 || len(r.Parts[1].Conns) != 1 {
+		t.Fatalf("job checkpoint report %+v:\n%s", r, out)
+	}
+	// both parts are gone, at the same step
+	time.Sleep(300 * time.Millisecond)
+	s1, c1 := readMarks(t, h1.marks), readMarks(t, h2.marks)
+	time.Sleep(300 * time.Millisecond)
+	if s2, c2 := readMarks(t, h1.marks), readMarks(t, h2.marks); len(s2) != len(s1) || len(c2) != len(c1) {
+		t.Fatalf("the parts ran on after the checkpoint (%d -> %d, %d -> %d steps)", len(s1), len(s2), len(c1), len(c2))
+	}
+	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
+		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img, "--json"}, jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job restore: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	waitMarks(t, h1.marks, len(s1)+50, time.Minute)
+	waitMarks(t, h2.marks, len(c1)+50, time.Minute)
+	h1.hb.waitIter(before1+10, time.Minute)
+	h2.hb.waitIter(before2+10, time.Minute)
+	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	for _, h := range []*jobHost{h1, h2} {
+		hbs := h.hb.heartbeats()
+		checkContinuous(t, hbs, 0)
+		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
+	}
+}
+
+// TestJobCheckpointFailureLeavesPartsRunning: a job checkpoint that fails on
+// one host (its image directory holds another image) gives every part back:
+// the other part, frozen at the barrier by then, runs on; the exchange
+// goes on exactly, and no image of the failed checkpoint is left.
+func TestJobCheckpointFailureLeavesPartsRunning(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
+	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
+	waitMarks(t, h1.marks, 30, time.Minute)
+	img := filepath.Join(helperDir, "job-img")
+	// host 2's directory is not empty: its dump refuses
+	if out, err := h2.m.run(fmt.Sprintf("mkdir -p %s && echo other >%s/other-file", img, img)); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
+		"-D", img}, jobFlags(h1)...)...)
+	if err == nil || !strings.Contains(out, "job checkpoint failed") || !strings.Contains(out, "already holds") ||
+		!strings.Contains(out, fmt.Sprintf("pid %d runs on", h1.pid)) || !strings.Contains(out, fmt.Sprintf("pid %d runs on", h2.pid)) {
+		jobLogs(t, h1, h2)
+		t.Fatalf("a job checkpoint that fails on host 2: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	at := len(readMarks(t, h1.marks))
+	waitMarks(t, h1.marks, at+50, time.Minute)
+	waitMarks(t, h2.marks, at+50, time.Minute)
+	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	// host 1's image of the aborted checkpoint is gone (host 2's
+	// directory keeps only what was there)
+	if out, _ := h1.m.run("ls -A " + img + " 2>/dev/null"); strings.TrimSpace(out) != "" {
+		t.Errorf("host 1 kept an image of the aborted checkpoint: %s", out)
+	}
+	if out, _ := h2.m.run("ls -A " + img); strings.TrimSpace(out) != "other-file" {
+		t.Errorf("host 2's directory holds %q after the aborted checkpoint", out)
+	}
+	for _, h := range []*jobHost{h1, h2} {
+		h.hb.waitIter(h.hb.lastIter()+10, time.Minute)
+		hbs := h.hb.heartbeats()
+		checkContinuous(t, hbs, 0)
+		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
+	}
+}
+
+// jobLogs logs the hosts' helper logs and the parts' output, for a failure.
+func jobLogs(t *testing.T, hs ...*jobHost) {
+	t.Helper()
+	for _, h := range hs {
+		b, _ := os.ReadFile(h.m.helper)
+		t.Logf("helper of %s:\n%s", h.m.addr, tail(string(b), 15))
+		b, _ = os.ReadFile(strings.TrimSuffix(h.marks, ".marks") + ".log")
+		t.Logf("part at %s:\n%s", h.m.addr, tail(string(b), 15))
+	}
+}
