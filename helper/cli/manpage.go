@@ -73,6 +73,11 @@ var manExamples = map[string][]example{
 		{"gpucr migrate PID --to gpu2", "move the tree to gpu2 over ssh; the source ends once it runs there"},
 		{"gpucr migrate PID --to gpu2 --shared -D /nfs/gpucr/job", "through a file system both machines see"},
 	},
+	"job": {
+		{"gpucr job checkpoint --part root@gpu1=PID1 --part root@gpu2=PID2 -D /var/lib/gpucr/job",
+			"checkpoint both hosts' parts of a job at one cut, their connections to each other included; they end"},
+		{"gpucr job restore --part root@gpu1 --part root@gpu2 -D /var/lib/gpucr/job", "restore every part, each on its host"},
+	},
 	"completion": {{"eval \"$(gpucr completion bash)\"", "complete gpucr's commands and flags in this bash"}},
 	"man":        {{"gpucr man /tmp/man && man -l /tmp/man/gpucr-checkpoint.1", "write the pages and read one"}},
 	"resume": {
