@@ -93,7 +93,7 @@ func startJobHosts(t *testing.T, dir, helperDir string, env []string) (*jobHost,
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		hs[i] = &jobHost{m: startTargetMachine(t, d, helperDir, env)}
+		hs[i] = &jobHost{m: startMachine(t, d, helperDir, env, true)}
 	}
 	if strings.EqualFold(hs[0].m.addr, hs[1].m.addr) {
 		t.Skip("both machines drew the same subnet; run again")
@@ -159,7 +159,10 @@ func startPart(t *testing.T, dir string, h *jobHost, env []string, role, connect
 	for _, a := range argv {
 		q = append(q, shq(a))
 	}
-	line := fmt.Sprintf("cd %s && setsid env %s GPUCR_SOCKET=%s %s >%s 2>&1 </dev/null &", shq(dir), strings.Join(words, " "), shq(sock),
+	// The background job is the one command, its output redirected: a
+	// list in the background would be a subshell that waits for it with
+	// the session's output open, and ssh would wait for that.
+	line := fmt.Sprintf("cd %s || exit 1; setsid env %s GPUCR_SOCKET=%s %s >%s 2>&1 </dev/null &", shq(dir), strings.Join(words, " "), shq(sock),
 		strings.Join(q, " "), shq(log))
 	if out, err := h.m.run(line); err != nil {
 		t.Fatalf("starting the %s part: %v: %s", role, err, out)

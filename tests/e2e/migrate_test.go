@@ -40,6 +40,15 @@ func randomHex(n int) string {
 // the source helper's socket, env the helper's environment.
 func startTargetMachine(t *testing.T, dir, srcHelperDir string, env []string) *targetMachine {
 	t.Helper()
+	return startMachine(t, dir, srcHelperDir, env, false)
+}
+
+// startMachine is startTargetMachine; with ownShm the machine has a
+// /dev/shm of its own, as a real one does: the simulated driver names each
+// process's checkpoint socket by its pid in /dev/shm, and two machines'
+// processes may have the same pid in their own pid namespaces.
+func startMachine(t *testing.T, dir, srcHelperDir string, env []string, ownShm bool) *targetMachine {
+	t.Helper()
 	sshd := needTool(t, "sshd")
 	sshKeygen := needTool(t, "ssh-keygen")
 	needTool(t, "ssh")
@@ -94,9 +103,13 @@ func startTargetMachine(t *testing.T, dir, srcHelperDir string, env []string) *t
 	}
 	m := &targetMachine{addr: dst, ns: ns, keys: keys, helper: filepath.Join(dir, "target-helper.log")}
 	sock := filepath.Join(srcHelperDir, "helper.sock")
+	shm := ""
+	if ownShm {
+		shm = "mount -t tmpfs -o mode=1777 tmpfs /dev/shm\n"
+	}
 	script := fmt.Sprintf(`set -e
 mount --bind %[1]s %[2]s
-%[3]s helper --socket %[4]s --log-level debug >%[5]s 2>&1 &
+`+shm+`%[3]s helper --socket %[4]s --log-level debug >%[5]s 2>&1 &
 exec %[6]s -D -e -f %[7]s`, tdir, srcHelperDir, binPath(t, "gpucr"), sock, m.helper, sshd, conf)
 	m.init = exec.Command(ip, "netns", "exec", ns, unshare, "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "/bin/sh", "-c", script)
 	m.init.Env = env
