@@ -166,7 +166,13 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 		return lost
 	}
 	if err != nil {
-		// a failed dump leaves the tree running
+		// A failed dump leaves the tree running. One the coordinator
+		// aborted got past the dump's checks, so its directory was new or
+		// empty: CRIU's log of the aborted run goes too, as the image of an
+		// aborted checkpoint does.
+		if a.aborted {
+			_ = removeImage(m.Dir, dirExisted)
+		}
 		return a.failed(err)
 	}
 	held = proc.AddDescendants(held)
