@@ -211,7 +211,7 @@ func jobAgentCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			return checkpoint.ServeJobAgent(c.Context, os.Stdin, os.Stdout, checkpoint.JobAgentOptions{CRIU: criu, Env: env,
+			return checkpoint.ServeJobAgent(c.Context, os.Stdin, os.Stdout, checkpoint.JobAgentOptions{CRIU: criu, Env: env, Fault: os.Getenv("GPUCR_FAULT"),
 				Events: func(ev checkpoint.Event) { fmt.Fprintf(os.Stderr, "gpucr job-agent: %s\n", ev.Text) }})
 		},
 	}

@@ -86,6 +86,13 @@ type jobHost struct {
 // first one's ssh key opens the second too (one --ssh for the job).
 func startJobHosts(t *testing.T, dir, helperDir string, env []string) (*jobHost, *jobHost) {
 	t.Helper()
+	return startJobHostsConf(t, dir, helperDir, env, "")
+}
+
+// startJobHostsConf is startJobHosts with more lines of the second host's
+// sshd configuration (SetEnv GPUCR_FAULT=...: its agent's environment).
+func startJobHostsConf(t *testing.T, dir, helperDir string, env []string, conf2 string) (*jobHost, *jobHost) {
+	t.Helper()
 	ip := needTool(t, "ip")
 	var hs [2]*jobHost
 	for i := range hs {
@@ -93,7 +100,11 @@ func startJobHosts(t *testing.T, dir, helperDir string, env []string) (*jobHost,
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		hs[i] = &jobHost{m: startMachine(t, d, helperDir, env, true)}
+		conf := ""
+		if i == 1 {
+			conf = conf2
+		}
+		hs[i] = &jobHost{m: startMachine(t, d, helperDir, env, true, conf)}
 	}
 	if strings.EqualFold(hs[0].m.addr, hs[1].m.addr) {
 		t.Skip("both machines drew the same subnet; run again")
@@ -162,7 +173,7 @@ func startPart(t *testing.T, dir string, h *jobHost, env []string, role, connect
 	// The background job is the one command, its output redirected: a
 	// list in the background would be a subshell that waits for it with
 	// the session's output open, and ssh would wait for that.
-	line := fmt.Sprintf("cd %s || exit 1; setsid env %s GPUCR_SOCKET=%s %s >%s 2>&1 </dev/null &", shq(dir), strings.Join(words, " "), shq(sock),
+	line := fmt.Sprintf("cd %s || exit 1; setsid env -u GPUCR_FAULT %s GPUCR_SOCKET=%s %s >%s 2>&1 </dev/null &", shq(dir), strings.Join(words, " "), shq(sock),
 		strings.Join(q, " "), shq(log))
 	if out, err := h.m.run(line); err != nil {
 		t.Fatalf("starting the %s part: %v: %s", role, err, out)
@@ -377,6 +388,50 @@ func TestJobCheckpointFailureLeavesPartsRunning(t *testing.T) {
 		t.Errorf("host 2's directory holds %q after the aborted checkpoint", out)
 	}
 	for _, h := range []*jobHost{h1, h2} {
+		h.hb.waitIter(h.hb.lastIter()+10, time.Minute)
+		hbs := h.hb.heartbeats()
+		checkContinuous(t, hbs, 0)
+		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
+	}
+}
+
+// TestJobCheckpointAbortAfterDump: a job checkpoint in which one part fails
+// after it was dumped (an injected fault: GPUCR_FAULT=job-after-dump in its
+// agent), while the other is dumped and stopped, waiting for the commit:
+// both are continued with their GPU, the exchange goes on exactly, and
+// neither host keeps an image.
+func TestJobCheckpointAbortAfterDump(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHostsConf(t, dir, helperDir, env, "SetEnv GPUCR_FAULT=job-after-dump\n")
+	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
+	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
+	waitMarks(t, h1.marks, 30, time.Minute)
+	img := filepath.Join(helperDir, "job-img")
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
+		"-D", img}, jobFlags(h1)...)...)
+	if err == nil || !strings.Contains(out, "job checkpoint failed in its dump") || !strings.Contains(out, "injected fault") ||
+		!strings.Contains(out, fmt.Sprintf("pid %d runs on", h1.pid)) || !strings.Contains(out, fmt.Sprintf("pid %d runs on", h2.pid)) ||
+		!strings.Contains(out, fmt.Sprintf("the source (pid %d) runs on", h1.pid)) {
+		jobLogs(t, h1, h2)
+		t.Fatalf("a job checkpoint whose second part fails once dumped: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	at := len(readMarks(t, h1.marks))
+	waitMarks(t, h1.marks, at+50, time.Minute)
+	waitMarks(t, h2.marks, at+50, time.Minute)
+	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	for _, h := range []*jobHost{h1, h2} {
+		if out, _ := h.m.run("ls -A " + img + " 2>/dev/null"); strings.TrimSpace(out) != "" {
+			t.Errorf("%s kept an image of the aborted checkpoint: %s", h.m.addr, out)
+		}
 		h.hb.waitIter(h.hb.lastIter()+10, time.Minute)
 		hbs := h.hb.heartbeats()
 		checkContinuous(t, hbs, 0)

@@ -40,14 +40,15 @@ func randomHex(n int) string {
 // the source helper's socket, env the helper's environment.
 func startTargetMachine(t *testing.T, dir, srcHelperDir string, env []string) *targetMachine {
 	t.Helper()
-	return startMachine(t, dir, srcHelperDir, env, false)
+	return startMachine(t, dir, srcHelperDir, env, false, "")
 }
 
 // startMachine is startTargetMachine; with ownShm the machine has a
 // /dev/shm of its own, as a real one does: the simulated driver names each
 // process's checkpoint socket by its pid in /dev/shm, and two machines'
-// processes may have the same pid in their own pid namespaces.
-func startMachine(t *testing.T, dir, srcHelperDir string, env []string, ownShm bool) *targetMachine {
+// processes may have the same pid in their own pid namespaces. sshdConf
+// are more lines of its sshd's configuration.
+func startMachine(t *testing.T, dir, srcHelperDir string, env []string, ownShm bool, sshdConf string) *targetMachine {
 	t.Helper()
 	sshd := needTool(t, "sshd")
 	sshKeygen := needTool(t, "ssh-keygen")
@@ -92,8 +93,8 @@ func startMachine(t *testing.T, dir, srcHelperDir string, env []string, ownShm b
 	copyFile(t, filepath.Join(keys, "client.pub"), filepath.Join(keys, "authorized_keys"))
 	conf := filepath.Join(keys, "sshd_config")
 	copyText(t, conf, fmt.Sprintf("ListenAddress %s\nHostKey %s\nAuthorizedKeysFile %s\nPermitRootLogin prohibit-password\n"+
-		"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n",
-		dst, filepath.Join(keys, "host"), filepath.Join(keys, "authorized_keys")))
+		"PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n%s",
+		dst, filepath.Join(keys, "host"), filepath.Join(keys, "authorized_keys"), sshdConf))
 	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
 		t.Fatal(err)
 	}
