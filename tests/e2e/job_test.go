@@ -273,7 +273,8 @@ func jobFlags(h *jobHost) []string {
 
 // TestJobCheckpointRestore: `gpucr job checkpoint` checkpoints both parts of
 // the job at one cut, their connection to each other included, without a
-// CRIU flag and without iptables; `gpucr job restore` restores both, and
+// CRIU flag and without iptables: once with --leave-running (the exchange
+// goes on at once), then ending them; `gpucr job restore` restores both, and
 // the exchange goes on exactly: every message once, in order, with the
 // state it had, and both GPU applications compute on as uninterrupted
 // runs.
@@ -295,7 +296,19 @@ func TestJobCheckpointRestore(t *testing.T) {
 	// the image directory: the same path on both, each host's own (the
 	// helper's directory is each machine's own)
 	img := filepath.Join(helperDir, "job-img")
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+	// First with --leave-running: both parts go on at once, their
+	// connection out of the repair mode CRIU left it in.
+	parts := []string{"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid)}
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append(append(append([]string{"job", "checkpoint"}, parts...),
+		"-D", filepath.Join(helperDir, "job-running"), "--leave-running"), jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job checkpoint --leave-running: %v\n%s", err, out)
+	}
+	at := len(readMarks(t, h1.marks))
+	waitMarks(t, h1.marks, at+30, time.Minute)
+	waitMarks(t, h2.marks, at+30, time.Minute)
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
 		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
 		"-D", img, "--json"}, jobFlags(h1)...)...)
 	if err != nil {
