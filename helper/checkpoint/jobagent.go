@@ -90,8 +90,11 @@ func (a *jobAgent) fail(err error) error {
 // that made it fail, or this part's own error.
 func (a *jobAgent) failed(err error) error {
 	if a.aborted {
+		// CRIU's failure is the abort's doing: its message (a log that is
+		// gone with the aborted dump's directory) says nothing more
 		a.aborted = false
-		return a.out.send(jobMsg{Event: evAborted, Running: runs(a.pid), Notes: []string{err.Error()}})
+		return a.out.send(jobMsg{Event: evAborted, Running: runs(a.pid),
+			Notes: []string{"stopped at the job's barrier and undone (CRIU resumed the tree)"}})
 	}
 	return a.fail(err)
 }
