@@ -159,7 +159,11 @@ func Dump(ctx context.Context, o DumpOptions) (*DumpResult, error) {
 		if err != nil {
 			made.removeEmpty()
 		}
-		if err == nil || attempt > inFlightRetries || !inFlight(err) || ctx.Err() != nil || o.CRIU.TCPSkipInFlight {
+		// A job's part is not taken again alone: the other parts passed the
+		// job's barriers with it, and a second freeze of this one would meet
+		// a coordinator past them. The job fails and every part runs on; it
+		// is the job that is checkpointed again.
+		if err == nil || attempt > inFlightRetries || !inFlight(err) || ctx.Err() != nil || o.CRIU.TCPSkipInFlight || o.Job != nil {
 			return res, err
 		}
 		(&emitter{out: o.Events, start: time.Now()}).emit(Event{Kind: Warning,
