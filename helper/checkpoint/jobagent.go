@@ -38,6 +38,7 @@ type jobAgent struct {
 	out *jobLine
 	in  chan jobMsg
 	pid proc.Pid // the part (prepare)
+	gpu *jobGPU  // its GPU processes held (hold), until the dump ends
 	// aborted: await consumed the coordinator's abort (the failure that
 	// follows is its answer, evAborted, not an error of this part)
 	aborted bool
@@ -53,6 +54,7 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 	a := &jobAgent{o: o, out: &jobLine{w: out}, in: make(chan jobMsg, 8)}
 	readErr := make(chan error, 1)
 	go func() { readErr <- readJobMsgs(in, a.in); close(a.in) }()
+	defer func() { a.gpu.close() }()
 	for {
 		m, ok := <-a.in
 		if !ok {
@@ -62,6 +64,10 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 		switch m.Op {
 		case opPrepare:
 			err = a.prepare(m)
+		case opHold:
+			err = a.hold(ctx)
+		case opQuiesce:
+			err = a.quiesce(ctx, m)
 		case opDump:
 			err = a.dump(ctx, m)
 		case opRestorePrepare:
@@ -69,7 +75,10 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 		case opRestore:
 			err = a.restore(ctx, m)
 		case opAbort:
-			// after this part failed on its own: it runs (or never stopped)
+			// before the dump, or after this part failed on its own: it
+			// runs (or never stopped) once its GPU processes are let go
+			a.gpu.close()
+			a.gpu = nil
 			err = a.out.send(jobMsg{Event: evAborted, Running: a.pid != 0 && runs(a.pid)})
 		default:
 			err = a.fail(fmt.Errorf("unknown request %q", m.Op))
@@ -128,6 +137,36 @@ func (a *jobAgent) prepare(m jobMsg) error {
 	return a.out.send(jobMsg{Event: evPrepared, Conns: OutsideConns(m.Pid)})
 }
 
+// hold holds the part's GPU processes where they are and says the highest
+// count of peer sync operations among them.
+func (a *jobAgent) hold(ctx context.Context) error {
+	if a.pid == 0 || a.gpu != nil {
+		return a.fail(errors.New("hold before prepare, or twice"))
+	}
+	g, top, err := holdGPU(ctx, a.o.Env.Socket, a.pid, defaultQuiesceTimeout)
+	if err != nil {
+		return a.fail(err)
+	}
+	a.gpu = g
+	return a.out.send(jobMsg{Event: evHeld, SyncCount: top, GPUProcesses: len(g.clients)})
+}
+
+// quiesce brings the part's GPU processes to the job's count of peer sync
+// operations, then quiesces and drains them.
+func (a *jobAgent) quiesce(ctx context.Context, m jobMsg) error {
+	if a.gpu == nil {
+		return a.fail(errors.New("quiesce before hold"))
+	}
+	timeout := time.Duration(m.QuiesceMillis) * time.Millisecond
+	if timeout <= 0 {
+		timeout = defaultQuiesceTimeout
+	}
+	if err := a.gpu.quiesce(ctx, m.SyncTarget, timeout); err != nil {
+		return a.fail(err)
+	}
+	return a.out.send(jobMsg{Event: evQuiesced})
+}
+
 // dump dumps the part at the job's cut and leaves it stopped, then commits
 // or gives it back as the coordinator says.
 func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
@@ -169,6 +208,10 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 		return a.await(ctx, opGo)
 	}}
 	res, err := Dump(ctx, DumpOptions{Pid: a.pid, Dir: m.Dir, LeaveStopped: true, CRIU: a.o.CRIU, Env: a.o.Env, Events: a.o.Events, Job: part})
+	// The dump checkpointed the GPU processes it held (or, failed, gave
+	// them back): the holds end.
+	a.gpu.close()
+	a.gpu = nil
 	if lost != nil {
 		return lost
 	}

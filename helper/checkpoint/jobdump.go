@@ -20,6 +20,9 @@ import (
 //	prepare  every agent lists its tree's connections to peers outside it;
 //	         each must be another part's (seen from its other end), or the
 //	         job is refused before anything stops
+//	quiesce  every part's GPU processes are brought to one count of peer
+//	         sync operations (NCCL's collectives), quiesced and drained,
+//	         before any part freezes (jobhold.go)
 //	frozen   every agent's CRIU has frozen its tree, none has dumped a file
 //	drained  with every tree frozen, every job connection has nothing in
 //	         flight (send queues empty at both ends)
@@ -43,6 +46,9 @@ type JobCheckpointOptions struct {
 	// DrainTimeout bounds the wait for the job's connections to have
 	// nothing in flight, every part frozen (0: 10 s).
 	DrainTimeout time.Duration
+	// QuiesceTimeout bounds the run of every GPU process to the job's
+	// count of peer sync operations, and its quiesce (0: 30 s).
+	QuiesceTimeout time.Duration
 	// AgentArgs are the flags of every agent's `gpucr job-agent` (CRIU's
 	// options, the helper's socket).
 	AgentArgs []string
@@ -59,7 +65,14 @@ type JobResult struct {
 	// FrozenSeconds is from the first part's freeze to the last part's
 	// dump: the longest any part was stopped before the commit.
 	FrozenSeconds float64 `json:"frozen_seconds"`
-	Seconds       float64 `json:"seconds"`
+	// QuiescedSeconds is the time every host's GPU processes took to
+	// reach one point and drain, before any part froze.
+	QuiescedSeconds float64 `json:"quiesced_seconds"`
+	// GPUProcesses were brought to SyncCount operations that wait for a
+	// peer (NCCL's collectives) each, on every host.
+	GPUProcesses int     `json:"gpu_processes"`
+	SyncCount    uint64  `json:"sync_count"`
+	Seconds      float64 `json:"seconds"`
 }
 
 // JobPartResult is what became of one part.
@@ -77,7 +90,7 @@ type JobPartResult struct {
 // JobError is a job checkpoint that failed; every part was asked to run
 // on, and Parts says which do.
 type JobError struct {
-	Step  string // "prepare", "freeze", "drain", "dump", "commit"
+	Step  string // "prepare", "hold", "quiesce", "freeze", "drain", "dump", "commit"
 	Err   error
 	Parts []JobPartResult
 }
@@ -214,6 +227,32 @@ func CheckpointJob(ctx context.Context, o JobCheckpointOptions) (*JobResult, err
 	if drain <= 0 {
 		drain = defaultDrainTimeout
 	}
+	// every host's GPU processes at one point before any host freezes
+	// (jobhold.go)
+	quiesce := o.QuiesceTimeout
+	if quiesce <= 0 {
+		quiesce = defaultQuiesceTimeout
+	}
+	t0 := time.Now()
+	held, err := j.all(func(int) jobMsg { return jobMsg{Op: opHold} }, evHeld)
+	if err != nil {
+		return nil, j.abort(res, "hold", err)
+	}
+	var target uint64
+	gpus := 0
+	for _, m := range held {
+		target = max(target, m.SyncCount)
+		gpus += m.GPUProcesses
+	}
+	if _, err := j.all(func(int) jobMsg {
+		return jobMsg{Op: opQuiesce, SyncTarget: target, QuiesceMillis: quiesce.Milliseconds()}
+	}, evQuiesced); err != nil {
+		return nil, j.abort(res, "quiesce", err)
+	}
+	res.QuiescedSeconds = time.Since(t0).Seconds()
+	res.GPUProcesses, res.SyncCount = gpus, target
+	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%d GPU processes at %d operations that wait for a peer, quiesced and drained in %.3f s",
+		gpus, target, res.QuiescedSeconds)})
 	// dump, held at the barriers
 	for i, a := range j.agents {
 		m := jobMsg{Op: opDump, Dir: o.Parts[i].Dir, Conns: conns[i], LeaveRunning: o.LeaveRunning, DrainMillis: drain.Milliseconds()}

@@ -23,6 +23,8 @@ const FeatureJobAgent = "job-agent"
 // Requests, coordinator to agent.
 const (
 	opPrepare        = "prepare"         // a checkpoint: look at the part (Pid, Dir)
+	opHold           = "hold"            // hold its GPU processes at their counts of peer sync operations
+	opQuiesce        = "quiesce"         // bring them to the job's count (SyncTarget), quiesce and drain them
 	opDump           = "dump"            // dump it (Conns, LeaveRunning)
 	opDrain          = "drain"           // every part is frozen: wait for the send queues
 	opGo             = "go"              // every part is drained (dump) or made (restore): go on
@@ -35,6 +37,8 @@ const (
 // Events, agent to coordinator.
 const (
 	evPrepared = "prepared" // Conns: the part's connections to peers outside its tree
+	evHeld     = "held"     // its GPU processes are held: SyncCount, the highest count
+	evQuiesced = "quiesced" // they are at the job's count, quiesced and drained
 	evFrozen   = "frozen"   // CRIU froze the tree; it waits for drain
 	evDrained  = "drained"  // the job's connections of this part have nothing in flight; it waits for go
 	evDumped   = "dumped"   // the dump is complete, the tree stopped; it waits for commit or abort
@@ -51,12 +55,18 @@ type jobMsg struct {
 	Op    string `json:"op,omitempty"`
 	Event string `json:"event,omitempty"`
 
-	Pid          proc.Pid   `json:"pid,omitempty"`
-	Dir          string     `json:"dir,omitempty"`
-	Conns        []JobConn  `json:"conns,omitempty"`
-	LeaveRunning bool       `json:"leave_running,omitempty"`
-	DrainMillis  int64      `json:"drain_ms,omitempty"`
-	Record       *JobRecord `json:"record,omitempty"`
+	Pid          proc.Pid  `json:"pid,omitempty"`
+	Dir          string    `json:"dir,omitempty"`
+	Conns        []JobConn `json:"conns,omitempty"`
+	LeaveRunning bool      `json:"leave_running,omitempty"`
+	DrainMillis  int64     `json:"drain_ms,omitempty"`
+	// SyncCount (held) and SyncTarget (quiesce): counts of peer sync
+	// operations; QuiesceMillis bounds the quiesce.
+	SyncCount     uint64     `json:"sync_count,omitempty"`
+	SyncTarget    uint64     `json:"sync_target,omitempty"`
+	QuiesceMillis int64      `json:"quiesce_ms,omitempty"`
+	GPUProcesses  int        `json:"gpu_processes,omitempty"`
+	Record        *JobRecord `json:"record,omitempty"`
 
 	Error   string   `json:"error,omitempty"`
 	Running bool     `json:"running,omitempty"`

@@ -84,7 +84,8 @@ func jobCheckpointCommand() *ucli.Command {
 		ArgsUsage: "--part HOST=PID --part HOST=PID ... -D DIR",
 		Flags: append(append(jobHostFlags(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "the parts run on after the checkpoint"},
-			&ucli.DurationFlag{Name: "drain-timeout", Value: 10 * time.Second, Usage: "how long the frozen parts wait for the job's connections to have nothing in flight"}),
+			&ucli.DurationFlag{Name: "drain-timeout", Value: 10 * time.Second, Usage: "how long the frozen parts wait for the job's connections to have nothing in flight"},
+			&ucli.DurationFlag{Name: "quiesce-timeout", Value: 30 * time.Second, Usage: "how long every GPU process has to reach the job's point (its count of NCCL collectives) and drain, before anything freezes"}),
 			jobAgentFlags()...),
 		Action: func(c *ucli.Context) error {
 			dir, err := jobDir(c)
@@ -108,7 +109,8 @@ func jobCheckpointCommand() *ucli.Command {
 				return err
 			}
 			o := checkpoint.JobCheckpointOptions{LeaveRunning: c.Bool("leave-running"), DrainTimeout: c.Duration("drain-timeout"),
-				AgentArgs: jobAgentArgs(c), StepTimeout: c.Duration("step-timeout")}
+				QuiesceTimeout: c.Duration("quiesce-timeout"),
+				AgentArgs:      jobAgentArgs(c), StepTimeout: c.Duration("step-timeout")}
 			for i, t := range targets {
 				pid, err := parsePid("job checkpoint", pids[i])
 				if err != nil {

@@ -213,8 +213,13 @@ func (c *Conn) Transfers(ctx context.Context, dir string) ([]*helperpb.Transfer,
 
 // ClientOp runs op on the client process pid through the helper.
 func (c *Conn) ClientOp(ctx context.Context, pid int64, op helperpb.ClientOp_Op, timeout time.Duration) (*helperpb.ClientOpReply, error) {
-	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: &helperpb.ClientOp{
-		Pid: pid, Op: op, TimeoutMs: uint32(timeout / time.Millisecond)}}})
+	return c.ClientOpMsg(ctx, &helperpb.ClientOp{Pid: pid, Op: op, TimeoutMs: uint32(timeout / time.Millisecond)})
+}
+
+// ClientOpMsg runs the client operation op names (ClientOp with its other
+// fields: a sync target).
+func (c *Conn) ClientOpMsg(ctx context.Context, op *helperpb.ClientOp) (*helperpb.ClientOpReply, error) {
+	resp, _, err := c.Call(ctx, &helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: op}})
 	if err != nil {
 		return nil, err
 	}

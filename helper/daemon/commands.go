@@ -34,6 +34,10 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	}()
 	images := map[string]bool{} // deferred-commit images this connection writes
 	defer func() { s.abortImages(c, images) }()
+	// Sync holds and gates this connection's ClientOps left: undone when
+	// it closes (holds.go).
+	holds := newConnHolds()
+	defer func() { s.undoHolds(holds) }()
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -61,7 +65,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Transfers{Transfers: &helperpb.TransfersReply{
 				Transfers: s.transfers.snapshot(b.Transfers.ImageDir, c.cred.Uid)}}}
 		case *helperpb.Request_ClientOp:
-			resp = s.clientOp(c, req.Id, b.ClientOp)
+			resp = s.clientOp(c, req.Id, b.ClientOp, holds)
 		case *helperpb.Request_Checkpoint:
 			resp = s.checkpoint(c, req.Id, b.Checkpoint)
 			if b.Checkpoint.Detach && resp.Error == nil {
@@ -146,7 +150,7 @@ func mayAct(caller uint32, cl *client) error {
 
 // clientOp forwards one control command to a client; only root or the
 // client's own uid may.
-func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.Response {
+func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp, holds *connHolds) *helperpb.Response {
 	cl, refused := s.controlledClient(c, id, op.Pid, "control", zap.Stringer("op", op.Op))
 	if refused != nil {
 		return refused
@@ -176,6 +180,13 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		req = &helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}
 	case helperpb.ClientOp_OP_REIMPORT:
 		ev, changes = evQuiesced, true
+	case helperpb.ClientOp_OP_HOLD_SYNC:
+		req = &helperpb.Request{Body: &helperpb.Request_HoldSync{HoldSync: &helperpb.HoldSync{}}}
+	case helperpb.ClientOp_OP_REACH_SYNC:
+		req = &helperpb.Request{Body: &helperpb.Request_ReachSync{ReachSync: &helperpb.ReachSync{
+			Target: op.SyncTarget, TimeoutMs: op.TimeoutMs}}}
+	case helperpb.ClientOp_OP_RELEASE_SYNC:
+		req = &helperpb.Request{Body: &helperpb.Request_ReleaseSync{ReleaseSync: &helperpb.ReleaseSync{}}}
 	default:
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "unknown client operation %d", op.Op)
 	}
@@ -203,6 +214,8 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp) *helperpb.R
 		}
 		reply.Table = r.GetTable()
 		reply.Stats = r.GetStats()
+		reply.SyncCount = r.GetSyncCount().GetCount()
+		holds.note(cl, op.Op)
 		switch {
 		case reply.Table != nil:
 			_ = cl.reported(reply.Table.State) // an illegal transition is logged

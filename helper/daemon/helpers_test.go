@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -223,6 +224,13 @@ func (f *fakeControl) serve() {
 		case *helperpb.Request_GetStats:
 			f.asked = append(f.asked, "stats")
 			resp.Body = &helperpb.Response_Stats{Stats: &helperpb.ClientStats{Allocs: 3, LocalAllocs: f.localAllocs}}
+		case *helperpb.Request_HoldSync:
+			f.asked = append(f.asked, "hold")
+			resp.Body = &helperpb.Response_SyncCount{SyncCount: &helperpb.SyncCount{Count: 7}}
+		case *helperpb.Request_ReachSync:
+			f.asked = append(f.asked, fmt.Sprintf("reach-%d", b.ReachSync.Target))
+		case *helperpb.Request_ReleaseSync:
+			f.asked = append(f.asked, "release")
 		}
 		f.mu.Unlock()
 		wire.CloseFDs(fds)

@@ -230,9 +230,10 @@ const gc_layout *gc_layout_get(void *handle, bool *owned) {
 
 void gc_layout_invalidate(void) { atomic_fetch_add(&lgen, 1); }
 
+/* Every process counts NCCL's launches, not only one that shares memory: the ranks of a job on different hosts
+ * share none and still wait for each other in their collectives (a job checkpoint holds them all at one count). A
+ * launch of a kernel seen before costs a lookup in the layout cache. */
 bool gc_launch_sync(void *f) {
-    if (!atomic_load_explicit(&gc_sharing, memory_order_relaxed))
-        return false;
     bool owned;
     const gc_layout *l = gc_layout_get(f, &owned);
     bool s = l && l->sync;

@@ -10,11 +10,15 @@
  * operation any member waits for is then queued, and every gate can close
  * and every GPU drain.
  *
+ * The ranks of a job on different hosts share no memory but wait for each
+ * other just the same (NCCL over the network): every process counts NCCL's
+ * kernel launches, and a job checkpoint holds every host's ranks at one
+ * count. Stream waits count only on shared memory.
+ *
  * An operation counts itself once it is inside the gate, so that a counted
  * operation is queued before the gate can close. One that finds the hold's
  * limit reached leaves the gate and waits outside it, where it keeps no
- * gate from closing. Only such operations take the lock, and only in a
- * process that shares memory.
+ * gate from closing. Only such operations take the lock.
  */
 #include <errno.h>
 #include <string.h>

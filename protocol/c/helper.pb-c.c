@@ -6452,7 +6452,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__rejoin_info__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__rejoin_info__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCEnumValue gpucr__helper__v1__client_op__op__enum_values_by_number[8] =
+static const ProtobufCEnumValue gpucr__helper__v1__client_op__op__enum_values_by_number[11] =
 {
   { "OP_UNSPECIFIED", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_UNSPECIFIED", 0 },
   { "OP_QUIESCE", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_QUIESCE", 1 },
@@ -6462,16 +6462,22 @@ static const ProtobufCEnumValue gpucr__helper__v1__client_op__op__enum_values_by
   { "OP_RESUME", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_RESUME", 5 },
   { "OP_SNAPSHOT", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_SNAPSHOT", 6 },
   { "OP_STATS", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_STATS", 7 },
+  { "OP_HOLD_SYNC", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_HOLD_SYNC", 8 },
+  { "OP_REACH_SYNC", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_REACH_SYNC", 9 },
+  { "OP_RELEASE_SYNC", "GPUCR__HELPER__V1__CLIENT_OP__OP__OP_RELEASE_SYNC", 10 },
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_op__op__value_ranges[] = {
-{0, 0},{0, 8}
+{0, 0},{0, 11}
 };
-static const ProtobufCEnumValueIndex gpucr__helper__v1__client_op__op__enum_values_by_name[8] =
+static const ProtobufCEnumValueIndex gpucr__helper__v1__client_op__op__enum_values_by_name[11] =
 {
   { "OP_DRAIN", 2 },
   { "OP_DROP", 3 },
+  { "OP_HOLD_SYNC", 8 },
   { "OP_QUIESCE", 1 },
+  { "OP_REACH_SYNC", 9 },
   { "OP_REIMPORT", 4 },
+  { "OP_RELEASE_SYNC", 10 },
   { "OP_RESUME", 5 },
   { "OP_SNAPSHOT", 6 },
   { "OP_STATS", 7 },
@@ -6484,15 +6490,15 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__client_op__op__descriptor =
   "Op",
   "Gpucr__Helper__V1__ClientOp__Op",
   "gpucr.helper.v1",
-  8,
+  11,
   gpucr__helper__v1__client_op__op__enum_values_by_number,
-  8,
+  11,
   gpucr__helper__v1__client_op__op__enum_values_by_name,
   1,
   gpucr__helper__v1__client_op__op__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op__field_descriptors[3] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op__field_descriptors[4] =
 {
   {
     "pid",
@@ -6530,16 +6536,29 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op__field_descri
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sync_target",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientOp, sync_target),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_op__field_indices_by_name[] = {
   1,   /* field[1] = op */
   0,   /* field[0] = pid */
+  3,   /* field[3] = sync_target */
   2,   /* field[2] = timeout_ms */
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_op__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor =
 {
@@ -6549,14 +6568,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor =
   "Gpucr__Helper__V1__ClientOp",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientOp),
-  3,
+  4,
   gpucr__helper__v1__client_op__field_descriptors,
   gpucr__helper__v1__client_op__field_indices_by_name,
   1,  gpucr__helper__v1__client_op__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__client_op__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op_reply__field_descriptors[2] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op_reply__field_descriptors[3] =
 {
   {
     "table",
@@ -6582,15 +6601,28 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op_reply__field_
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sync_count",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientOpReply, sync_count),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_op_reply__field_indices_by_name[] = {
   1,   /* field[1] = stats */
+  2,   /* field[2] = sync_count */
   0,   /* field[0] = table */
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_op_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor =
 {
@@ -6600,7 +6632,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor 
   "Gpucr__Helper__V1__ClientOpReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientOpReply),
-  2,
+  3,
   gpucr__helper__v1__client_op_reply__field_descriptors,
   gpucr__helper__v1__client_op_reply__field_indices_by_name,
   1,  gpucr__helper__v1__client_op_reply__number_ranges,

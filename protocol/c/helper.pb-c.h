@@ -91,7 +91,10 @@ typedef enum _Gpucr__Helper__V1__ClientOp__Op {
   GPUCR__HELPER__V1__CLIENT_OP__OP__OP_REIMPORT = 4,
   GPUCR__HELPER__V1__CLIENT_OP__OP__OP_RESUME = 5,
   GPUCR__HELPER__V1__CLIENT_OP__OP__OP_SNAPSHOT = 6,
-  GPUCR__HELPER__V1__CLIENT_OP__OP__OP_STATS = 7
+  GPUCR__HELPER__V1__CLIENT_OP__OP__OP_STATS = 7,
+  GPUCR__HELPER__V1__CLIENT_OP__OP__OP_HOLD_SYNC = 8,
+  GPUCR__HELPER__V1__CLIENT_OP__OP__OP_REACH_SYNC = 9,
+  GPUCR__HELPER__V1__CLIENT_OP__OP__OP_RELEASE_SYNC = 10
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__CLIENT_OP__OP)
 } Gpucr__Helper__V1__ClientOp__Op;
 typedef enum _Gpucr__Helper__V1__Transfer__Direction {
@@ -1284,6 +1287,13 @@ struct  Gpucr__Helper__V1__RejoinInfo
  * ClientOp: the CLI or plugin asks the helper to run one control command on
  * the client process pid; the helper forwards it on that client's control
  * connection (Reimport: the helper builds the entries and fds itself).
+ * OP_HOLD_SYNC, OP_REACH_SYNC (to sync_target) and OP_RELEASE_SYNC are
+ * HoldSync, ReachSync and ReleaseSync for a caller that brings the ranks of
+ * a job on several hosts to one count of peer sync operations (a job
+ * checkpoint) before any host's dump quiesces them. A hold, and a gate this
+ * connection closed (OP_QUIESCE), end with the connection that asked for
+ * them unless a checkpoint took the client on: a caller that dies leaves no
+ * rank held.
  */
 struct  Gpucr__Helper__V1__ClientOp
 {
@@ -1291,10 +1301,14 @@ struct  Gpucr__Helper__V1__ClientOp
   int64_t pid;
   Gpucr__Helper__V1__ClientOp__Op op;
   uint32_t timeout_ms;
+  /*
+   * OP_REACH_SYNC
+   */
+  uint64_t sync_target;
 };
 #define GPUCR__HELPER__V1__CLIENT_OP__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_op__descriptor) \
-    , 0, GPUCR__HELPER__V1__CLIENT_OP__OP__OP_UNSPECIFIED, 0 }
+    , 0, GPUCR__HELPER__V1__CLIENT_OP__OP__OP_UNSPECIFIED, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__ClientOpReply
@@ -1308,10 +1322,14 @@ struct  Gpucr__Helper__V1__ClientOpReply
    * OP_STATS
    */
   Gpucr__Helper__V1__ClientStats *stats;
+  /*
+   * OP_HOLD_SYNC: the count of peer sync operations it holds at.
+   */
+  uint64_t sync_count;
 };
 #define GPUCR__HELPER__V1__CLIENT_OP_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_op_reply__descriptor) \
-    , NULL, NULL }
+    , NULL, NULL, 0 }
 
 
 /*

@@ -389,37 +389,46 @@ func (RestoreState) EnumDescriptor() ([]byte, []int) {
 type ClientOp_Op int32
 
 const (
-	ClientOp_OP_UNSPECIFIED ClientOp_Op = 0
-	ClientOp_OP_QUIESCE     ClientOp_Op = 1
-	ClientOp_OP_DRAIN       ClientOp_Op = 2
-	ClientOp_OP_DROP        ClientOp_Op = 3
-	ClientOp_OP_REIMPORT    ClientOp_Op = 4
-	ClientOp_OP_RESUME      ClientOp_Op = 5
-	ClientOp_OP_SNAPSHOT    ClientOp_Op = 6
-	ClientOp_OP_STATS       ClientOp_Op = 7
+	ClientOp_OP_UNSPECIFIED  ClientOp_Op = 0
+	ClientOp_OP_QUIESCE      ClientOp_Op = 1
+	ClientOp_OP_DRAIN        ClientOp_Op = 2
+	ClientOp_OP_DROP         ClientOp_Op = 3
+	ClientOp_OP_REIMPORT     ClientOp_Op = 4
+	ClientOp_OP_RESUME       ClientOp_Op = 5
+	ClientOp_OP_SNAPSHOT     ClientOp_Op = 6
+	ClientOp_OP_STATS        ClientOp_Op = 7
+	ClientOp_OP_HOLD_SYNC    ClientOp_Op = 8
+	ClientOp_OP_REACH_SYNC   ClientOp_Op = 9
+	ClientOp_OP_RELEASE_SYNC ClientOp_Op = 10
 )
 
 // Enum value maps for ClientOp_Op.
 var (
 	ClientOp_Op_name = map[int32]string{
-		0: "OP_UNSPECIFIED",
-		1: "OP_QUIESCE",
-		2: "OP_DRAIN",
-		3: "OP_DROP",
-		4: "OP_REIMPORT",
-		5: "OP_RESUME",
-		6: "OP_SNAPSHOT",
-		7: "OP_STATS",
+		0:  "OP_UNSPECIFIED",
+		1:  "OP_QUIESCE",
+		2:  "OP_DRAIN",
+		3:  "OP_DROP",
+		4:  "OP_REIMPORT",
+		5:  "OP_RESUME",
+		6:  "OP_SNAPSHOT",
+		7:  "OP_STATS",
+		8:  "OP_HOLD_SYNC",
+		9:  "OP_REACH_SYNC",
+		10: "OP_RELEASE_SYNC",
 	}
 	ClientOp_Op_value = map[string]int32{
-		"OP_UNSPECIFIED": 0,
-		"OP_QUIESCE":     1,
-		"OP_DRAIN":       2,
-		"OP_DROP":        3,
-		"OP_REIMPORT":    4,
-		"OP_RESUME":      5,
-		"OP_SNAPSHOT":    6,
-		"OP_STATS":       7,
+		"OP_UNSPECIFIED":  0,
+		"OP_QUIESCE":      1,
+		"OP_DRAIN":        2,
+		"OP_DROP":         3,
+		"OP_REIMPORT":     4,
+		"OP_RESUME":       5,
+		"OP_SNAPSHOT":     6,
+		"OP_STATS":        7,
+		"OP_HOLD_SYNC":    8,
+		"OP_REACH_SYNC":   9,
+		"OP_RELEASE_SYNC": 10,
 	}
 )
 
@@ -4252,11 +4261,20 @@ func (x *RejoinInfo) GetMicros() uint64 {
 // ClientOp: the CLI or plugin asks the helper to run one control command on
 // the client process pid; the helper forwards it on that client's control
 // connection (Reimport: the helper builds the entries and fds itself).
+//
+// OP_HOLD_SYNC, OP_REACH_SYNC (to sync_target) and OP_RELEASE_SYNC are
+// HoldSync, ReachSync and ReleaseSync for a caller that brings the ranks of
+// a job on several hosts to one count of peer sync operations (a job
+// checkpoint) before any host's dump quiesces them. A hold, and a gate this
+// connection closed (OP_QUIESCE), end with the connection that asked for
+// them unless a checkpoint took the client on: a caller that dies leaves no
+// rank held.
 type ClientOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pid           int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	Op            ClientOp_Op            `protobuf:"varint,2,opt,name=op,proto3,enum=gpucr.helper.v1.ClientOp_Op" json:"op,omitempty"`
 	TimeoutMs     uint32                 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	SyncTarget    uint64                 `protobuf:"varint,4,opt,name=sync_target,json=syncTarget,proto3" json:"sync_target,omitempty"` // OP_REACH_SYNC
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4312,10 +4330,19 @@ func (x *ClientOp) GetTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *ClientOp) GetSyncTarget() uint64 {
+	if x != nil {
+		return x.SyncTarget
+	}
+	return 0
+}
+
 type ClientOpReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Table         *BufferTable           `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"` // OP_SNAPSHOT
-	Stats         *ClientStats           `protobuf:"bytes,2,opt,name=stats,proto3" json:"stats,omitempty"` // OP_STATS
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Table *BufferTable           `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"` // OP_SNAPSHOT
+	Stats *ClientStats           `protobuf:"bytes,2,opt,name=stats,proto3" json:"stats,omitempty"` // OP_STATS
+	// OP_HOLD_SYNC: the count of peer sync operations it holds at.
+	SyncCount     uint64 `protobuf:"varint,3,opt,name=sync_count,json=syncCount,proto3" json:"sync_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4362,6 +4389,13 @@ func (x *ClientOpReply) GetStats() *ClientStats {
 		return x.Stats
 	}
 	return nil
+}
+
+func (x *ClientOpReply) GetSyncCount() uint64 {
+	if x != nil {
+		return x.SyncCount
+	}
+	return 0
 }
 
 // Checkpoint (ROLE_CLI / ROLE_PLUGIN): the GPU side of a checkpoint of client
@@ -5861,12 +5895,14 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vallocations\x18\x02 \x01(\x04R\vallocations\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12)\n" +
 	"\x10allocations_left\x18\x04 \x01(\x04R\x0fallocationsLeft\x12\x16\n" +
-	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\xee\x01\n" +
+	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\xc9\x02\n" +
 	"\bClientOp\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12,\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x1c.gpucr.helper.v1.ClientOp.OpR\x02op\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\"\x82\x01\n" +
+	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\x12\x1f\n" +
+	"\vsync_target\x18\x04 \x01(\x04R\n" +
+	"syncTarget\"\xbc\x01\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -5876,10 +5912,16 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vOP_REIMPORT\x10\x04\x12\r\n" +
 	"\tOP_RESUME\x10\x05\x12\x0f\n" +
 	"\vOP_SNAPSHOT\x10\x06\x12\f\n" +
-	"\bOP_STATS\x10\a\"w\n" +
+	"\bOP_STATS\x10\a\x12\x10\n" +
+	"\fOP_HOLD_SYNC\x10\b\x12\x11\n" +
+	"\rOP_REACH_SYNC\x10\t\x12\x13\n" +
+	"\x0fOP_RELEASE_SYNC\x10\n" +
+	"\"\x96\x01\n" +
 	"\rClientOpReply\x122\n" +
 	"\x05table\x18\x01 \x01(\v2\x1c.gpucr.helper.v1.BufferTableR\x05table\x122\n" +
-	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\"\x8e\x02\n" +
+	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\x12\x1d\n" +
+	"\n" +
+	"sync_count\x18\x03 \x01(\x04R\tsyncCount\"\x8e\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +

@@ -11,6 +11,7 @@
  * launch fail with CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU fault would.
  */
 #include <stdint.h>
+#include <time.h>
 
 #include "../../apps/common/gpuapp.h" /* gpuapp_mix32: the finalizer the PTX spells out */
 #include "simk.h"
@@ -193,3 +194,33 @@ static CUresult app_gr_add(const simk_launch *L) {
     return CUDA_SUCCESS;
 }
 SIMK_REGISTER("gr_add", app_gr_add);
+
+/* ---- netrank ----------------------------------------------------------- */
+
+/* ncclDevKernel_netrank_SendRecv(u64 buf, u32 n, u32 iter, u64 out, u64 in, u32 x): out and in are host boxes (a
+ * u32 flag, 16 bytes, then x words) reached by their unified addresses, as NCCL's kernels reach its proxy's host
+ * memory. It spins, as NCCL's kernels do, until the proxy has brought the peer's words. */
+static CUresult app_nr_sendrecv(const simk_launch *L) {
+    CUdeviceptr a = SIMK_PARAM(L, 0, CUdeviceptr);
+    uint32_t n = SIMK_PARAM(L, 1, uint32_t), iter = SIMK_PARAM(L, 2, uint32_t);
+    unsigned char *out = (unsigned char *)(uintptr_t)SIMK_PARAM(L, 3, uint64_t);
+    unsigned char *in = (unsigned char *)(uintptr_t)SIMK_PARAM(L, 4, uint64_t);
+    uint32_t x = SIMK_PARAM(L, 5, uint32_t);
+    int bad = 0;
+    uint32_t *p = words(L, a, n, &bad);
+    if (bad || x > n || !out || !in)
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    fill_step(p, n, iter, 0);
+    uint32_t *od = (uint32_t *)(void *)(out + 16), *id = (uint32_t *)(void *)(in + 16);
+    for (uint32_t j = 0; j < x; j++)
+        od[j] = p[j];
+    __atomic_store_n((uint32_t *)(void *)out, iter, __ATOMIC_RELEASE);
+    while (__atomic_load_n((uint32_t *)(void *)in, __ATOMIC_ACQUIRE) < iter) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    for (uint32_t j = 0; j < x; j++)
+        p[j] ^= id[(j + iter) % x];
+    return CUDA_SUCCESS;
+}
+SIMK_REGISTER("ncclDevKernel_netrank_SendRecv", app_nr_sendrecv);
