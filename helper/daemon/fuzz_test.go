@@ -117,6 +117,10 @@ type fuzzServer struct {
 	s      *Server
 	dev    *fakegpu.Device
 	export int
+	// peer is the client that exported export, kept reachable: its
+	// connection, collected, would be closed by its finalizer, and the
+	// helper would forget the export (CI saw import-peer refused so).
+	peer *tclient
 }
 
 func newFuzzServer(t testing.TB, peer bool) *fuzzServer {
@@ -139,7 +143,7 @@ func newFuzzServer(t testing.TB, peer bool) *fuzzServer {
 	if r.Error != nil || len(efds) != 1 {
 		t.Fatalf("the peer's export: %v", r)
 	}
-	fs.export = efds[0]
+	fs.export, fs.peer = efds[0], c
 	return fs
 }
 
