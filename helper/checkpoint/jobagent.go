@@ -227,19 +227,19 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 	}
 	held = proc.AddDescendants(held)
 	if a.o.Fault == "job-after-dump" {
-		running, notes := a.giveBack(res, held, m.Conns, m.Dir, dirExisted)
+		running, notes := a.giveBack(res, held, m.Dir, dirExisted)
 		return a.out.send(jobMsg{Event: evError, Error: "injected fault (GPUCR_FAULT=job-after-dump): the part failed once dumped",
 			Running: running, Notes: notes})
 	}
 	result, _ := json.Marshal(res)
 	if err := a.out.send(jobMsg{Event: evDumped, Result: result}); err != nil {
-		a.giveBack(res, held, m.Conns, m.Dir, dirExisted)
+		a.giveBack(res, held, m.Dir, dirExisted)
 		return err
 	}
 	// stopped, dumped: the coordinator decides
 	next, ok := <-a.in
 	if !ok || next.Op != opCommit {
-		running, notes := a.giveBack(res, held, m.Conns, m.Dir, dirExisted)
+		running, notes := a.giveBack(res, held, m.Dir, dirExisted)
 		if !ok {
 			return errors.New("the job's coordinator is gone: the part was given back")
 		}
@@ -254,12 +254,8 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 
 // giveBack continues a stopped part (SIGCONT, its GPU back) and removes
 // the image it left, which no job's record names: says whether it runs.
-func (a *jobAgent) giveBack(res *DumpResult, held []*proc.Process, conns []JobConn, dir string, dirExisted bool) (bool, []string) {
-	var notes []string
-	if err := repairOff(held, conns); err != nil {
-		notes = append(notes, fmt.Sprintf("the job's connections could not be taken out of repair mode: %v", err))
-	}
-	running, notes := continueSource(a.o.Env.Socket, res, held, notes)
+func (a *jobAgent) giveBack(res *DumpResult, held []*proc.Process, dir string, dirExisted bool) (bool, []string) {
+	running, notes := continueSource(a.o.Env.Socket, res, held, nil)
 	if err := removeImage(dir, dirExisted); err != nil {
 		notes = append(notes, fmt.Sprintf("the image %s of the aborted checkpoint could not be removed: %v", dir, err))
 	} else {
@@ -297,9 +293,6 @@ func (a *jobAgent) commit(m jobMsg, res *DumpResult, held []*proc.Process, dm jo
 		return nil, err
 	}
 	if dm.LeaveRunning {
-		if err := repairOff(held, dm.Conns); err != nil {
-			notes = append(notes, fmt.Sprintf("the job's connections could not be taken out of repair mode: %v", err))
-		}
 		running, n := continueSource(a.o.Env.Socket, res, held, notes)
 		if !running {
 			return n, errors.New("the part, checkpointed, does not run on")

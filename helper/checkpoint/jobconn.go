@@ -185,68 +185,6 @@ func endJobConns(pid proc.Pid, conns []JobConn) error {
 // (its part was killed first, without a reset).
 const tcpCloseWaitState = 8
 
-// repairOff takes the job's connections of the held processes out of TCP
-// repair mode. CRIU leaves a dumped tree's sockets in repair mode unless
-// the tree runs on at once (cr_dump_finish calls network_unlock() only on
-// a failure or with --leave-running): a part dumped with --leave-stopped
-// and then continued (an abort, or a commit that leaves it running) would
-// get EPERM from every receive on them. Each socket is reached through a
-// copy of its descriptor (pidfd_getfd); turning repair off also sends the
-// peer a window probe, which its socket, running or stopped, answers.
-func repairOff(held []*proc.Process, conns []JobConn) error {
-	if len(conns) == 0 || len(held) == 0 {
-		return nil
-	}
-	inodes, err := connInodes(held[0].Pid(), conns)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	done := map[uint64]bool{}
-	for _, p := range held {
-		dir := fmt.Sprintf("/proc/%d/fd", p.Pid())
-		ents, _ := os.ReadDir(dir)
-		for _, e := range ents {
-			l, err := os.Readlink(dir + "/" + e.Name())
-			if err != nil || !strings.HasPrefix(l, "socket:[") {
-				continue
-			}
-			ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64)
-			if err != nil || !inodes[ino] || done[ino] {
-				continue
-			}
-			fd, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			if err := repairOffFd(p.Pid(), fd); err != nil {
-				errs = append(errs, fmt.Errorf("pid %d fd %d: %w", p.Pid(), fd, err))
-				continue
-			}
-			done[ino] = true
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// repairOffFd turns TCP repair mode off on descriptor fd of pid.
-func repairOffFd(pid proc.Pid, fd int) error {
-	pidfd, err := unix.PidfdOpen(int(pid), 0)
-	if err != nil {
-		return fmt.Errorf("pidfd_open: %w", err)
-	}
-	defer unix.Close(pidfd)
-	sk, err := unix.PidfdGetfd(pidfd, fd, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd_getfd: %w", err)
-	}
-	defer unix.Close(sk)
-	if err := unix.SetsockoptInt(sk, unix.SOL_TCP, unix.TCP_REPAIR, 0); err != nil {
-		return fmt.Errorf("TCP_REPAIR off: %w", err)
-	}
-	return nil
-}
-
 // connInodes are the socket inodes of conns in the network namespace of pid.
 func connInodes(pid proc.Pid, conns []JobConn) (map[uint64]bool, error) {
 	out := map[uint64]bool{}

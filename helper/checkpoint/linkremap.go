@@ -357,3 +357,51 @@ func sameContent(path string, dfd int, name string) (bool, error) {
 		}
 	}
 }
+
+// removeLinkRemaps removes the links CRIU made for the dump in dir (the
+// image keeps its copies) and says how many, as CRIU does itself when the
+// tree runs on after a dump. A --leave-stopped dump that succeeded keeps
+// them for the restore; a source continued instead (a migration that
+// failed after its dump, a job's part aborted after its dump or committed
+// --leave-running) would leave them behind, one more name of each file,
+// and the next dump of the tree would fail on them ("Can't link remap to
+// /dev/shm/sem.X: File exists", measured).
+func removeLinkRemaps(dir string) (int, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	linked, err := linkedRemaps(int(d.Fd()))
+	if err != nil || len(linked) == 0 {
+		return 0, err
+	}
+	files, err := filesIn(int(d.Fd()))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, p := range linkRemapPaths(linked, files) {
+		if !linkRemapName.MatchString(filepath.Base(p)) {
+			continue
+		}
+		// its directory without following a link on the way: the name
+		// removed is CRIU's, where CRIU made it
+		pd, err := unix.Openat2(unix.AT_FDCWD, filepath.Dir(p), &unix.OpenHow{
+			Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", filepath.Dir(p), err))
+			continue
+		}
+		err = unix.Unlinkat(pd, filepath.Base(p), 0)
+		unix.Close(pd)
+		switch {
+		case err == nil:
+			n++
+		case !errors.Is(err, unix.ENOENT):
+			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+		}
+	}
+	return n, errors.Join(errs...)
+}

@@ -326,6 +326,16 @@ func inPreCopy(rel string) bool { return rel == PreCopyDir || strings.HasPrefix(
 // its pid now) and waits for its GPU processes to have their GPU back; it
 // says whether they do, with notes.
 func continueSource(socket string, dump *DumpResult, held []*proc.Process, notes []string) (bool, []string) {
+	// its TCP connections out of the repair mode the dump left them in
+	// (repair.go), before it runs again
+	if _, err := repairOffTree(held); err != nil {
+		notes = append(notes, fmt.Sprintf("TCP connections of the source could not be taken out of repair mode (their reads fail with EPERM): %v", err))
+	}
+	// and the links CRIU made for the dump gone, as after a dump that let
+	// the tree run on (linkremap.go)
+	if _, err := removeLinkRemaps(dump.ImagesDir); err != nil {
+		notes = append(notes, fmt.Sprintf("the links CRIU made for the dump (link_remap.N) could not all be removed; the next dump of the source may fail on them: %v", err))
+	}
 	for _, p := range held {
 		if err := p.Signal(syscall.SIGCONT); err != nil && !errors.Is(err, proc.ErrGone) {
 			notes = append(notes, fmt.Sprintf("pid %d could not be continued: %v", p.Pid(), err))

@@ -149,3 +149,24 @@ func WaitGone(ctx context.Context, procs []*Process) []*Process {
 		}
 	}
 }
+
+// Fd is a copy of descriptor fd of the process (pidfd_getfd), which the
+// caller closes: through its pidfd, so never a descriptor of another
+// process that took the pid. Without a pidfd it is refused.
+func (p *Process) Fd(fd int) (int, error) {
+	if p == nil || p.f == nil {
+		return -1, errors.New("no pidfd to take a descriptor through")
+	}
+	rc, err := p.f.SyscallConn()
+	if err != nil {
+		return -1, &GoneError{Pid: p.pid, Why: "no longer held"}
+	}
+	out, gerr := -1, error(nil)
+	if cerr := rc.Control(func(pfd uintptr) { out, gerr = unix.PidfdGetfd(int(pfd), fd, 0) }); cerr != nil {
+		return -1, &GoneError{Pid: p.pid, Why: "no longer held"}
+	}
+	if gerr != nil {
+		return -1, fmt.Errorf("pidfd_getfd of pid %d's fd %d: %w", p.pid, fd, gerr)
+	}
+	return out, nil
+}

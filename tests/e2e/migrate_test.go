@@ -301,3 +301,54 @@ func TestMigrateFailureContinuesSource(t *testing.T) {
 	compareWithReference(t, hbs, reference(t, env, "heartbeat", args, hbs[len(hbs)-1].Iter))
 	checkContinuous(t, hbs, 0)
 }
+
+// TestMigrateFailureContinuesSourceConnections: a migration whose restore
+// fails at the target continues the source, and the source's TCP
+// connections (a parent and its child talking over one, dumped
+// established) carry on: CRIU leaves the sockets of a --leave-stopped dump
+// in repair mode, where every recv() fails with EPERM, and gpucr takes them
+// out of it before the source runs again; it removes the links CRIU made
+// for the dump (--link-remap), which would fail the next dump.
+func TestMigrateFailureContinuesSourceConnections(t *testing.T) {
+	needTool(t, "criu")
+	py := needTool(t, "python3")
+	dir := t.TempDir()
+	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+	fakeSSH := filepath.Join(dir, "fake-ssh")
+	copyText(t, fakeSSH, "#!/bin/sh\nshift\nexec /bin/sh -c \"$1\"\n")
+	fakeGpucr := filepath.Join(dir, "fake-gpucr")
+	copyText(t, fakeGpucr, fmt.Sprintf("#!/bin/sh\ncase \"$1\" in version|image) exec %[1]s \"$@\";; esac\n"+
+		"echo '{\"error\": \"restore refused by the test\", \"hints\": [\"none\"]}'\nexit 1\n", binPath(t, "gpucr")))
+	for _, f := range []string{fakeSSH, fakeGpucr} {
+		if err := os.Chmod(f, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := filepath.Join(dir, "ddp.py")
+	if err := os.WriteFile(script, []byte(ddpLike), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	marks, pidfile := filepath.Join(dir, "marks"), filepath.Join(dir, "pids")
+	p := startReaped(t, py, script, marks, pidfile)
+	root := p.Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(-root, syscall.SIGKILL) })
+	readPids(t, pidfile)
+	waitDDPMarks(t, marks, true, 20)
+	img, remote := filepath.Join(dir, "img"), filepath.Join(dir, "remote")
+	out, code := gpucrRun(t, env, "migrate", strconv.Itoa(root), "--to", "elsewhere", "--ssh", fakeSSH, "--target-gpucr", fakeGpucr,
+		"-D", img, "--target-dir", remote)
+	if code == 0 || !strings.Contains(out, "migration failed in its restore") || !strings.Contains(out, fmt.Sprintf("the source (pid %d) runs on", root)) {
+		t.Fatalf("gpucr migrate to a failing target: exit %d\n%s", code, out)
+	}
+	t.Logf("%s", out)
+	at := len(ddpMarks(t, marks, true))
+	waitDDPMarks(t, marks, true, at+30)
+	// The links CRIU made for the dump (--link-remap: the semaphore's) are
+	// gone with the continuation, as after a dump that lets the tree run
+	// on: the next checkpoint does not meet them ("File exists").
+	out, code = gpucrRun(t, env, "checkpoint", strconv.Itoa(root), "-D", filepath.Join(dir, "again"), "--leave-running")
+	if code != 0 {
+		t.Fatalf("a checkpoint of the continued source: exit %d\n%s", code, out)
+	}
+	waitDDPMarks(t, marks, true, len(ddpMarks(t, marks, true))+10)
+}
