@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/helper/proc"
 )
 
@@ -39,6 +41,10 @@ type jobAgent struct {
 	in  chan jobMsg
 	pid proc.Pid // the part (prepare)
 	gpu *jobGPU  // its GPU processes held (hold), until the dump ends
+	// restored: the tree a restore made, held from the restore's barrier
+	// on (by pidfds: an end never reaches a process that took a pid of
+	// one that died)
+	restored []*proc.Process
 	// aborted: await consumed the coordinator's abort (the failure that
 	// follows is its answer, evAborted, not an error of this part)
 	aborted bool
@@ -54,7 +60,7 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 	a := &jobAgent{o: o, out: &jobLine{w: out}, in: make(chan jobMsg, 8)}
 	readErr := make(chan error, 1)
 	go func() { readErr <- readJobMsgs(in, a.in); close(a.in) }()
-	defer func() { a.gpu.close() }()
+	defer func() { a.gpu.close(); proc.CloseAll(a.restored) }()
 	for {
 		m, ok := <-a.in
 		if !ok {
@@ -74,6 +80,8 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 			err = a.restorePrepare(m)
 		case opRestore:
 			err = a.restore(ctx, m)
+		case opEnd:
+			err = a.endRestored()
 		case opAbort:
 			// before the dump, or after this part failed on its own: it
 			// runs (or never stopped) once its GPU processes are let go
@@ -336,7 +344,16 @@ func (a *jobAgent) restorePrepare(m jobMsg) error {
 // made it (its sockets still in repair mode) until every part is made.
 func (a *jobAgent) restore(ctx context.Context, m jobMsg) error {
 	var lost error
+	root, err := imageRoot(m.Dir)
+	if err != nil {
+		return a.fail(err)
+	}
 	res, err := Restore(ctx, RestoreOptions{Dir: m.Dir, CRIU: a.o.CRIU, Env: a.o.Env, Events: a.o.Events, Restored: func() error {
+		// CRIU made the tree (the image's pids): held from here, so that
+		// a failure of any part after the go can end it
+		if held, err := proc.HoldTree(root); err == nil {
+			a.restored = held
+		}
 		if err := a.out.send(jobMsg{Event: evMade}); err != nil {
 			lost = err
 			return err
@@ -347,8 +364,50 @@ func (a *jobAgent) restore(ctx context.Context, m jobMsg) error {
 		return lost
 	}
 	if err != nil {
-		return a.failed(err) // CRIU killed what it had restored
+		return a.failed(err) // CRIU killed what it had restored, or the GPU memory did not come back
+	}
+	if a.o.Fault == "job-after-restore" {
+		return a.fail(errors.New("injected fault (GPUCR_FAULT=job-after-restore): the part failed once restored"))
 	}
 	result, _ := json.Marshal(res)
 	return a.out.send(jobMsg{Event: evRestored, Result: result})
+}
+
+// endRestored ends the tree this agent's restore made (another part failed
+// after the restore's go: a job with a part missing only waits for it)
+// and says whether anything of it still runs.
+func (a *jobAgent) endRestored() error {
+	held := proc.AddDescendants(a.restored)
+	for _, p := range held {
+		_ = p.Signal(syscall.SIGKILL)
+	}
+	// The restored root is this agent's child (CRIU restores it as a
+	// sibling of the one that asked): reaped here, not left a zombie.
+	for _, p := range held {
+		if st, err := proc.ReadStat(p.Pid()); err == nil && st.PPid == proc.Pid(os.Getpid()) {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(int(p.Pid()), &ws, 0, nil)
+		}
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), treeGoneWait)
+	defer cancel()
+	var notes []string
+	left := proc.WaitGone(wctx, held)
+	if len(left) > 0 {
+		text, _ := holdersText(holdersOf(left))
+		notes = append(notes, "killed, still there: "+text)
+	}
+	proc.CloseAll(held)
+	a.restored = nil
+	return a.out.send(jobMsg{Event: evEnded, Running: len(left) > 0, Notes: notes})
+}
+
+// imageRoot is the pid of the root of the tree an image restores (the
+// first process of pstree.img).
+func imageRoot(dir string) (proc.Pid, error) {
+	pids, err := imagePids(dir)
+	if err != nil {
+		return 0, err
+	}
+	return pids[0], nil
 }

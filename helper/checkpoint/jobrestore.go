@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -94,9 +95,11 @@ func RestoreJob(ctx context.Context, o JobRestoreOptions) (*JobRestoreResult, er
 		res.Parts = append(res.Parts, JobRestoredPart{Host: o.Parts[i].Target.Name(), Dir: o.Parts[i].Dir, Restore: m.Result})
 	}
 	if err != nil {
-		// Past the go a part's failure (its GPU memory not loaded) does not
-		// undo the others: say which run.
-		return nil, fmt.Errorf("job restore: every part left repair mode, and some failed after: %w", err)
+		// Past the go a part failed (its GPU memory did not come back):
+		// the others would wait for it for good. Every part is ended, so
+		// that no half of the job runs and the same restore can be run
+		// again (the images stay).
+		return nil, j.endRestored(err)
 	}
 	res.Seconds = time.Since(ev.start).Seconds()
 	return res, nil
@@ -173,4 +176,33 @@ func (e *jobRestoreError) Error() string {
 		}
 	}
 	return s
+}
+
+// endRestored asks every agent to end the tree its restore made, after a
+// part failed past the restore's go, and says what became of each.
+func (j *jobRun) endRestored(cause error) error {
+	msg := fmt.Sprintf("job restore failed after every part was made: %v", cause)
+	still := false
+	for _, a := range j.agents {
+		if err := a.send(jobMsg{Op: opEnd}); err != nil {
+			msg += fmt.Sprintf("\n  %s: %v", a.host, err)
+			still = true
+			continue
+		}
+		m, err := a.expect(evEnded, j.step)
+		switch {
+		case err != nil:
+			msg += fmt.Sprintf("\n  %s: not ended: %v", a.host, err)
+			still = true
+		case m.Running:
+			msg += fmt.Sprintf("\n  %s: not all ended: %s", a.host, strings.Join(m.Notes, "; "))
+			still = true
+		default:
+			msg += fmt.Sprintf("\n  %s: its part was ended", a.host)
+		}
+	}
+	if still {
+		return errors.New(msg + "\n  end what still runs of the job, then run the same restore again: every image stays")
+	}
+	return errors.New(msg + "\n  no part of the job runs, and every image stays: run the same restore again")
 }

@@ -32,6 +32,7 @@ const (
 	opAbort          = "abort"           // a part failed: give this one back, running
 	opRestorePrepare = "restore-prepare" // a restore: read the part's record (Dir)
 	opRestore        = "restore"         // restore it
+	opEnd            = "end"             // a part failed after the restore's go: end this one's restored tree
 )
 
 // Events, agent to coordinator.
@@ -47,6 +48,7 @@ const (
 	evReady    = "ready"    // restore-prepare done: Record
 	evMade     = "made"     // CRIU made the tree, sockets in repair mode; it waits for go
 	evRestored = "restored" // the restored part runs
+	evEnded    = "ended"    // end done: Running says whether anything of the part still runs
 	evError    = "error"    // the request failed (Error)
 )
 

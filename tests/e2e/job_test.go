@@ -462,3 +462,52 @@ func jobLogs(t *testing.T, hs ...*jobHost) {
 		t.Logf("part at %s:\n%s", h.m.addr, tail(string(b), 15))
 	}
 }
+
+// TestJobRestoreFailureEndsEveryPart: a job restore in which one part fails
+// after every part was made and let go (an injected fault in host 2's
+// agent: GPUCR_FAULT=job-after-restore) ends every part, host 1's too,
+// which would otherwise wait for its peer for good; both images stay for
+// another restore.
+func TestJobRestoreFailureEndsEveryPart(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHostsConf(t, dir, helperDir, env, "SetEnv GPUCR_FAULT=job-after-restore\n")
+	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
+	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
+	waitMarks(t, h1.marks, 30, time.Minute)
+	img := filepath.Join(helperDir, "job-img")
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
+		"-D", img}, jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job checkpoint: %v\n%s", err, out)
+	}
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
+		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img}, jobFlags(h1)...)...)
+	if err == nil || !strings.Contains(out, "injected fault") || !strings.Contains(out, "no part of the job runs, and every image stays") ||
+		strings.Count(out, "its part was ended") != 2 {
+		jobLogs(t, h1, h2)
+		t.Fatalf("a job restore whose second part fails once restored: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	for _, h := range []*jobHost{h1, h2} {
+		if out, _ := h.m.run(fmt.Sprintf("test -d /proc/%d && echo runs", h.pid)); strings.Contains(out, "runs") {
+			t.Errorf("%s: the restored part (pid %d) runs on", h.m.addr, h.pid)
+		}
+		if out, err := h.m.run("ls " + img); err != nil || !strings.Contains(out, "inventory.img") || !strings.Contains(out, "gpucr-job.json") {
+			t.Errorf("%s: the image is not whole after the failed restore: %v %s", h.m.addr, err, out)
+		}
+	}
+	n := len(readMarks(t, h1.marks))
+	time.Sleep(500 * time.Millisecond)
+	if m := len(readMarks(t, h1.marks)); m != n {
+		t.Errorf("host 1's part went on (%d -> %d steps) after the failed restore", n, m)
+	}
+}
