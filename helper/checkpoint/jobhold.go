@@ -73,7 +73,7 @@ func holdGPU(ctx context.Context, socket string, pid proc.Pid, timeout time.Dura
 		}
 		g.conns = append(g.conns, conn)
 		r, err := conn.ClientOpMsg(ctx, &helperpb.ClientOp{Pid: int64(c), Op: helperpb.ClientOp_OP_HOLD_SYNC,
-			TimeoutMs: uint32(timeout / time.Millisecond)})
+			TimeoutMs: uint32(timeout / time.Millisecond), Scoped: true})
 		if err != nil {
 			g.close()
 			return nil, 0, fmt.Errorf("hold pid %d at its count of peer sync operations: %w", c, err)
@@ -96,7 +96,7 @@ func (g *jobGPU) quiesce(ctx context.Context, target uint64, timeout time.Durati
 		}
 		wg.Go(func() {
 			if _, err := g.conns[i].ClientOpMsg(ctx, &helperpb.ClientOp{Pid: int64(c), Op: helperpb.ClientOp_OP_REACH_SYNC,
-				SyncTarget: target, TimeoutMs: ms}); err != nil {
+				SyncTarget: target, TimeoutMs: ms, Scoped: true}); err != nil {
 				errs[i] = fmt.Errorf("pid %d was at %d of the job's %d operations that wait for a peer (NCCL's kernels) and did not get there: %w",
 					c, g.counts[i], target, err)
 			}
@@ -108,7 +108,7 @@ func (g *jobGPU) quiesce(ctx context.Context, target uint64, timeout time.Durati
 	}
 	for i, c := range g.clients {
 		for _, op := range []helperpb.ClientOp_Op{helperpb.ClientOp_OP_QUIESCE, helperpb.ClientOp_OP_DRAIN} {
-			if _, err := g.conns[i].ClientOpMsg(ctx, &helperpb.ClientOp{Pid: int64(c), Op: op, TimeoutMs: ms}); err != nil {
+			if _, err := g.conns[i].ClientOpMsg(ctx, &helperpb.ClientOp{Pid: int64(c), Op: op, TimeoutMs: ms, Scoped: true}); err != nil {
 				return fmt.Errorf("pid %d: %s: %w", c, op, err)
 			}
 		}

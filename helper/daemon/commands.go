@@ -215,7 +215,9 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp, holds *conn
 		reply.Table = r.GetTable()
 		reply.Stats = r.GetStats()
 		reply.SyncCount = r.GetSyncCount().GetCount()
-		holds.note(cl, op.Op)
+		if op.Scoped {
+			holds.note(cl, op.Op)
+		}
 		switch {
 		case reply.Table != nil:
 			_ = cl.reported(reply.Table.State) // an illegal transition is logged

@@ -8,8 +8,8 @@ import (
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// connHolds is what one CLI connection's ClientOps left on clients: the
-// ones it holds at a count of peer sync operations (OP_HOLD_SYNC,
+// connHolds is what one CLI connection's scoped ClientOps left on clients:
+// the ones it holds at a count of peer sync operations (OP_HOLD_SYNC,
 // OP_REACH_SYNC) and the ones whose gate it closed (OP_QUIESCE). A job
 // checkpoint's agent holds its host's ranks this way until every host's
 // ranks are at one point; if the agent dies (its ssh session cut, a

@@ -13,8 +13,9 @@ import (
 // client's count, OP_REACH_SYNC passes its target on; when the CLI
 // connection that held the client and closed its gate goes away (a job
 // checkpoint's agent that died), the helper releases the hold and resumes
-// the client. A hold released on the same connection, and a gate opened
-// there, are not undone twice.
+// the client (scoped operations). A hold released on the same connection,
+// and a gate opened there, are not undone twice; an unscoped quiesce
+// outlives its connection.
 func TestClientOpSyncHoldsEndWithTheConnection(t *testing.T) {
 	dev := newFake()
 	_, sock := startServer(t, dev)
@@ -39,7 +40,7 @@ func TestClientOpSyncHoldsEndWithTheConnection(t *testing.T) {
 	cli.hello(helperpb.Role_ROLE_CLI, 0)
 	op := func(c *tclient, o helperpb.ClientOp_Op, target uint64) *helperpb.Response {
 		r, _ := c.mustCall(&helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: &helperpb.ClientOp{
-			Pid: int64(os.Getpid()), Op: o, TimeoutMs: 2000, SyncTarget: target}}})
+			Pid: int64(os.Getpid()), Op: o, TimeoutMs: 2000, SyncTarget: target, Scoped: true}}})
 		return r
 	}
 	if r := op(cli, helperpb.ClientOp_OP_HOLD_SYNC, 0); r.Error != nil || r.GetClientOp().GetSyncCount() != 7 {
@@ -80,5 +81,20 @@ func TestClientOpSyncHoldsEndWithTheConnection(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // an undo would have asked by now
 	if got := asked(); got != "hold,quiesce,release,resume" {
 		t.Fatalf("asked %s, want hold,quiesce,release,resume and nothing after the close", got)
+	}
+
+	// Not scoped (`gpucr client PID quiesce`, one command, then `drop`
+	// from the next): the gate stays closed after the connection.
+	cli = dial(t, sock)
+	cli.hello(helperpb.Role_ROLE_CLI, 0)
+	r, _ := cli.mustCall(&helperpb.Request{Body: &helperpb.Request_ClientOp{ClientOp: &helperpb.ClientOp{
+		Pid: int64(os.Getpid()), Op: helperpb.ClientOp_OP_QUIESCE, TimeoutMs: 2000}}})
+	if r.Error != nil {
+		t.Fatalf("quiesce: %v", r)
+	}
+	_ = cli.w.Close()
+	time.Sleep(300 * time.Millisecond)
+	if got := asked(); got != "quiesce" {
+		t.Fatalf("asked %s after an unscoped quiesce's connection closed, want quiesce alone", got)
 	}
 }

@@ -6498,7 +6498,7 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__client_op__op__descriptor =
   gpucr__helper__v1__client_op__op__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op__field_descriptors[5] =
 {
   {
     "pid",
@@ -6548,17 +6548,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_op__field_descri
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "scoped",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientOp, scoped),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_op__field_indices_by_name[] = {
   1,   /* field[1] = op */
   0,   /* field[0] = pid */
+  4,   /* field[4] = scoped */
   3,   /* field[3] = sync_target */
   2,   /* field[2] = timeout_ms */
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_op__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor =
 {
@@ -6568,7 +6581,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op__descriptor =
   "Gpucr__Helper__V1__ClientOp",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientOp),
-  4,
+  5,
   gpucr__helper__v1__client_op__field_descriptors,
   gpucr__helper__v1__client_op__field_indices_by_name,
   1,  gpucr__helper__v1__client_op__number_ranges,

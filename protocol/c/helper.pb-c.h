@@ -1290,10 +1290,11 @@ struct  Gpucr__Helper__V1__RejoinInfo
  * OP_HOLD_SYNC, OP_REACH_SYNC (to sync_target) and OP_RELEASE_SYNC are
  * HoldSync, ReachSync and ReleaseSync for a caller that brings the ranks of
  * a job on several hosts to one count of peer sync operations (a job
- * checkpoint) before any host's dump quiesces them. A hold, and a gate this
- * connection closed (OP_QUIESCE), end with the connection that asked for
- * them unless a checkpoint took the client on: a caller that dies leaves no
- * rank held.
+ * checkpoint) before any host's dump quiesces them. With scoped, a hold and
+ * a gate closed (OP_QUIESCE) end with the connection that asked for them,
+ * unless a checkpoint took the client on: a caller that dies leaves no rank
+ * held. Without, they stay until undone (`gpucr client PID quiesce`, then
+ * `... drop` from another command).
  */
 struct  Gpucr__Helper__V1__ClientOp
 {
@@ -1305,10 +1306,11 @@ struct  Gpucr__Helper__V1__ClientOp
    * OP_REACH_SYNC
    */
   uint64_t sync_target;
+  protobuf_c_boolean scoped;
 };
 #define GPUCR__HELPER__V1__CLIENT_OP__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_op__descriptor) \
-    , 0, GPUCR__HELPER__V1__CLIENT_OP__OP__OP_UNSPECIFIED, 0, 0 }
+    , 0, GPUCR__HELPER__V1__CLIENT_OP__OP__OP_UNSPECIFIED, 0, 0, 0 }
 
 
 struct  Gpucr__Helper__V1__ClientOpReply

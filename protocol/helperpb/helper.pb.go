@@ -4265,16 +4265,18 @@ func (x *RejoinInfo) GetMicros() uint64 {
 // OP_HOLD_SYNC, OP_REACH_SYNC (to sync_target) and OP_RELEASE_SYNC are
 // HoldSync, ReachSync and ReleaseSync for a caller that brings the ranks of
 // a job on several hosts to one count of peer sync operations (a job
-// checkpoint) before any host's dump quiesces them. A hold, and a gate this
-// connection closed (OP_QUIESCE), end with the connection that asked for
-// them unless a checkpoint took the client on: a caller that dies leaves no
-// rank held.
+// checkpoint) before any host's dump quiesces them. With scoped, a hold and
+// a gate closed (OP_QUIESCE) end with the connection that asked for them,
+// unless a checkpoint took the client on: a caller that dies leaves no rank
+// held. Without, they stay until undone (`gpucr client PID quiesce`, then
+// `... drop` from another command).
 type ClientOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pid           int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	Op            ClientOp_Op            `protobuf:"varint,2,opt,name=op,proto3,enum=gpucr.helper.v1.ClientOp_Op" json:"op,omitempty"`
 	TimeoutMs     uint32                 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	SyncTarget    uint64                 `protobuf:"varint,4,opt,name=sync_target,json=syncTarget,proto3" json:"sync_target,omitempty"` // OP_REACH_SYNC
+	Scoped        bool                   `protobuf:"varint,5,opt,name=scoped,proto3" json:"scoped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4335,6 +4337,13 @@ func (x *ClientOp) GetSyncTarget() uint64 {
 		return x.SyncTarget
 	}
 	return 0
+}
+
+func (x *ClientOp) GetScoped() bool {
+	if x != nil {
+		return x.Scoped
+	}
+	return false
 }
 
 type ClientOpReply struct {
@@ -5895,14 +5904,15 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\vallocations\x18\x02 \x01(\x04R\vallocations\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x12)\n" +
 	"\x10allocations_left\x18\x04 \x01(\x04R\x0fallocationsLeft\x12\x16\n" +
-	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\xc9\x02\n" +
+	"\x06micros\x18\x05 \x01(\x04R\x06micros\"\xe1\x02\n" +
 	"\bClientOp\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12,\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x1c.gpucr.helper.v1.ClientOp.OpR\x02op\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\x12\x1f\n" +
 	"\vsync_target\x18\x04 \x01(\x04R\n" +
-	"syncTarget\"\xbc\x01\n" +
+	"syncTarget\x12\x16\n" +
+	"\x06scoped\x18\x05 \x01(\bR\x06scoped\"\xbc\x01\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
