@@ -108,15 +108,23 @@ JOBFLAGS=(--ssh "$NSSSH" --remote-gpucr "env GPUCR_CRIU=$GPUCR_CRIU $GPUCR")
 
 # start_rank RANK PORT OUT [gpucr]: one rank of ddp.py on its host (rank 0
 # on A, GPU 0; rank 1 on B, GPU 1), in a session of its own; its pid (in
-# its host's pid namespace) in $LOGS/rankRANK.pid.
+# its host's pid namespace) in $LOGS/rankRANK.pid. Host B's rank is started
+# from inside B by Python, its standard descriptors opened there and every
+# other one closed: a descriptor of this shell's (opened in A's mount
+# namespace) would be one B's CRIU cannot dump ("Can't lookup mount").
 start_rank() {
-	local r=$1 port=$2 out=$3 under=${4:-} pre=()
+	local r=$1 port=$2 out=$3 under=${4:-} sock=$SA
+	[ "$r" = 1 ] && sock=$SB
+	local argv=($PY tests/gpu/ddp.py "$out" "$STEPS")
+	[ -n "$under" ] && argv=("$GPUCR" run --socket "$sock" -- "${argv[@]}")
+	local envs=(CUDA_VISIBLE_DEVICES="$r" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" RANK="$r" LOCAL_RANK=0 WORLD_SIZE=2)
+	local pre=()
 	[ "$r" = 1 ] && pre=(nsenter -t "$TPID" -p -m -u --)
-	local run=""
-	[ -n "$under" ] && run="$GPUCR run --socket $([ "$r" = 0 ] && echo "$SA" || echo "$SB") --"
-	"${pre[@]}" env CUDA_VISIBLE_DEVICES="$r" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" RANK="$r" LOCAL_RANK=0 WORLD_SIZE=2 \
-		setsid sh -c "echo \$\$ >$LOGS/rank$r.pid; exec $run $PY tests/gpu/ddp.py $out $STEPS" \
-		</dev/null >"$LOGS/rank$r-$(basename "$out").out" 2>&1 &
+	"${pre[@]}" env "${envs[@]}" $PY -c "
+import subprocess, sys
+p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=open(sys.argv[1], 'ab'), stderr=subprocess.STDOUT,
+                     start_new_session=True, close_fds=True)
+print(p.pid)" "$LOGS/rank$r-$(basename "$out").out" "${argv[@]}" >"$LOGS/rank$r.pid"
 }
 # steps FILE: the number of step lines in FILE
 steps() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
