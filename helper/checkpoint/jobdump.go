@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/helper/proc"
@@ -262,7 +263,7 @@ func CheckpointJob(ctx context.Context, o JobCheckpointOptions) (*JobResult, err
 	}
 	for _, a := range j.agents {
 		if _, err := a.expect(evFrozen, j.step); err != nil {
-			return nil, j.abort(res, "freeze", err)
+			return nil, j.abort(res, "freeze", sharedDirHint(o.Parts, err))
 		}
 	}
 	frozen := time.Now()
@@ -273,7 +274,7 @@ func CheckpointJob(ctx context.Context, o JobCheckpointOptions) (*JobResult, err
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("drained in %.3f s; every part dumps", time.Since(frozen).Seconds())})
 	dumped, err := j.all(func(int) jobMsg { return jobMsg{Op: opGo} }, evDumped)
 	if err != nil {
-		return nil, j.abort(res, "dump", err)
+		return nil, j.abort(res, "dump", sharedDirHint(o.Parts, err))
 	}
 	res.FrozenSeconds = time.Since(frozen).Seconds()
 	for i, m := range dumped {
@@ -370,4 +371,20 @@ func jobConnCount(conns [][]JobConn) int {
 		n += len(cs)
 	}
 	return n / 2
+}
+
+// sharedDirHint adds to a part's refusal of its image directory (it holds
+// an image already) that parts on a file system the hosts share need a
+// directory each: -D alone names one path for all of them.
+func sharedDirHint(parts []JobPartSpec, err error) error {
+	if len(parts) < 2 || !strings.Contains(err.Error(), "already holds") {
+		return err
+	}
+	for _, p := range parts[1:] {
+		if p.Dir != parts[0].Dir {
+			return err
+		}
+	}
+	return fmt.Errorf("%w (every part writes %s: where the hosts share its file system, give each part its own directory, --part HOST=PID:DIR)",
+		err, parts[0].Dir)
 }

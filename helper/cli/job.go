@@ -23,8 +23,8 @@ import (
 // target.
 func jobHostFlags() []ucli.Flag {
 	return []ucli.Flag{
-		&ucli.StringSliceFlag{Name: "part", Usage: "a part of the job: HOST=PID to checkpoint (HOST as ssh takes it, PID in that host's pid namespace), HOST to restore (repeatable, one a host)"},
-		&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "the image directory of every part, on its own host (absolute; new or empty for a checkpoint)"},
+		&ucli.StringSliceFlag{Name: "part", Usage: "a part of the job: HOST=PID[:DIR] to checkpoint (HOST as ssh takes it, PID in that host's pid namespace, DIR its own image directory), HOST[=DIR] to restore (repeatable, one a host; DIR: where the hosts share a file system, each part's own)"},
+		&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "the image directory of every part that names none, on its own host (absolute; new or empty for a checkpoint)"},
 		&ucli.StringFlag{Name: "ssh", Value: "ssh", Usage: "the command that runs a command line on a host, split at blanks (ssh -p 2222 -i KEY)"},
 		&ucli.StringFlag{Name: "remote-gpucr", Value: "gpucr", Usage: "gpucr on the hosts, split at blanks (env GPUCR_SOCKET=/run/x.sock /opt/gpucr/bin/gpucr)"},
 		&ucli.DurationFlag{Name: "step-timeout", Value: 10 * time.Minute, Usage: "how long the coordinator waits for a host at each step"},
@@ -71,17 +71,34 @@ func jobTargets(c *ucli.Context, hosts []string) ([]*checkpoint.SSHTarget, error
 // jobDir is -D, which must be absolute: it names a directory on other hosts.
 func jobDir(c *ucli.Context) (string, error) {
 	d := c.String("images-dir")
-	if d == "" || !filepath.IsAbs(d) {
-		return "", usageError{fmt.Errorf("job: -D DIR, absolute (the same path on every host), is needed")}
+	if d != "" && !filepath.IsAbs(d) {
+		return "", usageError{fmt.Errorf("job: -D %s: the image directory must be absolute", d)}
+	}
+	if d == "" {
+		return "", nil // each part names its own
 	}
 	return filepath.Clean(d), nil
+}
+
+// partDir is a part's image directory: its own (from --part, after the
+// part's host and pid), else -D's (dir); one of them is needed.
+func partDir(verb, part, own, dir string) (string, error) {
+	switch {
+	case own != "" && !filepath.IsAbs(own):
+		return "", usageError{fmt.Errorf("job %s: --part %q: the part's image directory must be absolute", verb, part)}
+	case own != "":
+		return filepath.Clean(own), nil
+	case dir == "":
+		return "", usageError{fmt.Errorf("job %s: --part %q names no image directory, and there is no -D DIR (the same path on every host)", verb, part)}
+	}
+	return dir, nil
 }
 
 func jobCheckpointCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "checkpoint",
 		Usage:     "checkpoint every part of a job at one cut",
-		ArgsUsage: "--part HOST=PID --part HOST=PID ... -D DIR",
+		ArgsUsage: "--part HOST=PID[:DIR] --part HOST=PID[:DIR] ... [-D DIR]",
 		Flags: append(append(jobHostFlags(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "the parts run on after the checkpoint"},
 			&ucli.DurationFlag{Name: "drain-timeout", Value: 10 * time.Second, Usage: "how long the frozen parts wait for the job's connections to have nothing in flight"},
@@ -92,14 +109,18 @@ func jobCheckpointCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			var hosts []string
-			var pids []string
+			var hosts, pids, dirs []string
 			for _, p := range c.StringSlice("part") {
-				h, pid, ok := strings.Cut(p, "=")
+				h, rest, ok := strings.Cut(p, "=")
 				if !ok || h == "" {
-					return usageError{fmt.Errorf("job checkpoint: --part %q: HOST=PID", p)}
+					return usageError{fmt.Errorf("job checkpoint: --part %q: HOST=PID or HOST=PID:DIR", p)}
 				}
-				hosts, pids = append(hosts, h), append(pids, pid)
+				pid, own, _ := strings.Cut(rest, ":")
+				d, err := partDir("checkpoint", p, own, dir)
+				if err != nil {
+					return err
+				}
+				hosts, pids, dirs = append(hosts, h), append(pids, pid), append(dirs, d)
 			}
 			if len(hosts) == 0 {
 				return usageError{fmt.Errorf("usage: gpucr job checkpoint --part HOST=PID [--part HOST=PID ...] -D DIR")}
@@ -116,7 +137,7 @@ func jobCheckpointCommand() *ucli.Command {
 				if err != nil {
 					return err
 				}
-				o.Parts = append(o.Parts, checkpoint.JobPartSpec{Target: t, Pid: pid, Dir: dir})
+				o.Parts = append(o.Parts, checkpoint.JobPartSpec{Target: t, Pid: pid, Dir: dirs[i]})
 			}
 			ctx, stop := interruptible(c.Context)
 			defer stop()
@@ -125,10 +146,10 @@ func jobCheckpointCommand() *ucli.Command {
 			if err != nil {
 				return err
 			}
-			line := fmt.Sprintf("job checkpoint %s: %d parts in %s on their hosts; every part was frozen %.3f s before the commit",
-				res.ID, len(res.Parts), dir, res.FrozenSeconds)
+			line := fmt.Sprintf("job checkpoint %s: %d parts, each in its image directory on its host; every part was frozen %.3f s before the commit",
+				res.ID, len(res.Parts), res.FrozenSeconds)
 			for _, p := range res.Parts {
-				line += fmt.Sprintf("\n  %s: pid %d, %d connections to other parts", p.Host, p.Pid, len(p.Conns))
+				line += fmt.Sprintf("\n  %s: pid %d in %s, %d connections to other parts", p.Host, p.Pid, p.Dir, len(p.Conns))
 				for _, n := range p.Notes {
 					line += "\n    " + n
 				}
@@ -142,24 +163,32 @@ func jobRestoreCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "restore",
 		Usage:     "restore every part of a job checkpoint together",
-		ArgsUsage: "--part HOST --part HOST ... -D DIR",
+		ArgsUsage: "--part HOST[=DIR] --part HOST[=DIR] ... [-D DIR]",
 		Flags:     append(jobHostFlags(), jobAgentFlags()...),
 		Action: func(c *ucli.Context) error {
 			dir, err := jobDir(c)
 			if err != nil {
 				return err
 			}
-			hosts := c.StringSlice("part")
+			var hosts, dirs []string
+			for _, p := range c.StringSlice("part") {
+				h, own, _ := strings.Cut(p, "=")
+				d, err := partDir("restore", p, own, dir)
+				if err != nil {
+					return err
+				}
+				hosts, dirs = append(hosts, h), append(dirs, d)
+			}
 			if len(hosts) == 0 {
-				return usageError{fmt.Errorf("usage: gpucr job restore --part HOST [--part HOST ...] -D DIR")}
+				return usageError{fmt.Errorf("usage: gpucr job restore --part HOST[=DIR] [--part HOST[=DIR] ...] [-D DIR]")}
 			}
 			targets, err := jobTargets(c, hosts)
 			if err != nil {
 				return err
 			}
 			o := checkpoint.JobRestoreOptions{AgentArgs: jobAgentArgs(c), StepTimeout: c.Duration("step-timeout")}
-			for _, t := range targets {
-				o.Parts = append(o.Parts, checkpoint.JobRestorePart{Target: t, Dir: dir})
+			for i, t := range targets {
+				o.Parts = append(o.Parts, checkpoint.JobRestorePart{Target: t, Dir: dirs[i]})
 			}
 			ctx, stop := interruptible(c.Context)
 			defer stop()

@@ -144,16 +144,21 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 	h1.hb.waitIter(h1.hb.lastIter()+10, time.Minute)
 	h2.hb.waitIter(h2.hb.lastIter()+10, time.Minute)
 
-	img := filepath.Join(helperDir, "job-img")
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append(append(append([]string{"job", "checkpoint"}, parts...),
-		"-D", img), jobFlags(h1)...)...)
+	// each part in a directory of its own (--part HOST=PID:DIR), no -D
+	img1, img2 := filepath.Join(helperDir, "job-img-1"), filepath.Join(helperDir, "job-img-2")
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid) + ":" + img1, "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid) + ":" + img2},
+		jobFlags(h1)...)...)
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint: %v\n%s", err, out)
 	}
+	if !strings.Contains(out, "in "+img1) || !strings.Contains(out, "in "+img2) {
+		t.Errorf("the job checkpoint does not name each part's directory:\n%s", out)
+	}
 	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
 	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
-		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img}, jobFlags(h1)...)...)
+		"--part", "root@" + h1.m.addr + "=" + img1, "--part", "root@" + h2.m.addr + "=" + img2}, jobFlags(h1)...)...)
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job restore: %v\n%s", err, out)
