@@ -36,11 +36,12 @@ type JobAgentOptions struct {
 
 // jobAgent is one agent's state.
 type jobAgent struct {
-	o   JobAgentOptions
-	out *jobLine
-	in  chan jobMsg
-	pid proc.Pid // the part (prepare)
-	gpu *jobGPU  // its GPU processes held (hold), until the dump ends
+	o    JobAgentOptions
+	out  *jobLine
+	in   chan jobMsg
+	pid  proc.Pid // the part (prepare)
+	gpu  *jobGPU  // its GPU processes held (hold), until the dump ends
+	mark string   // this part's mark beside its image directory (markDir)
 	// restored: the tree a restore made, held from the restore's barrier
 	// on (by pidfds: an end never reaches a process that took a pid of
 	// one that died)
@@ -60,7 +61,7 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 	a := &jobAgent{o: o, out: &jobLine{w: out}, in: make(chan jobMsg, 8)}
 	readErr := make(chan error, 1)
 	go func() { readErr <- readJobMsgs(in, a.in); close(a.in) }()
-	defer func() { a.gpu.close(); proc.CloseAll(a.restored) }()
+	defer func() { a.gpu.close(); proc.CloseAll(a.restored); a.removeMark() }()
 	for {
 		m, ok := <-a.in
 		if !ok {
@@ -70,6 +71,10 @@ func ServeJobAgent(ctx context.Context, in io.Reader, out io.Writer, o JobAgentO
 		switch m.Op {
 		case opPrepare:
 			err = a.prepare(m)
+		case opMarkDir:
+			err = a.markDir(m)
+		case opFindMarks:
+			err = a.findMarks()
 		case opHold:
 			err = a.hold(ctx)
 		case opQuiesce:

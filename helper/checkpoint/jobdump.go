@@ -224,6 +224,9 @@ func CheckpointJob(ctx context.Context, o JobCheckpointOptions) (*JobResult, err
 		res.Parts[i].Conns = conns[i]
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%d parts answer; %d connections between them", len(o.Parts), jobConnCount(conns))})
+	if err := j.sharedDirs(o.Parts, res.ID); err != nil {
+		return nil, fmt.Errorf("job checkpoint refused before anything was stopped: %w", err)
+	}
 	drain := o.DrainTimeout
 	if drain <= 0 {
 		drain = defaultDrainTimeout
@@ -387,4 +390,45 @@ func sharedDirHint(parts []JobPartSpec, err error) error {
 	}
 	return fmt.Errorf("%w (every part writes %s: where the hosts share its file system, give each part its own directory, --part HOST=PID:DIR)",
 		err, parts[0].Dir)
+}
+
+// sharedDirs refuses parts that name one image directory on a file system
+// their hosts share (jobmarks.go); nothing to do where every part names a
+// path of its own.
+func (j *jobRun) sharedDirs(parts []JobPartSpec, id string) error {
+	same := false
+	for i := range parts {
+		for k := range i {
+			same = same || parts[i].Dir == parts[k].Dir
+		}
+	}
+	if !same {
+		return nil
+	}
+	if _, err := j.all(func(i int) jobMsg { return jobMsg{Op: opMarkDir, Dir: parts[i].Dir, Token: id, Part: i} }, evMarked); err != nil {
+		_, _ = j.all(func(int) jobMsg { return jobMsg{Op: opFindMarks} }, evMarks) // removes the marks left
+		return err
+	}
+	found, err := j.all(func(int) jobMsg { return jobMsg{Op: opFindMarks} }, evMarks)
+	if err != nil {
+		return err
+	}
+	// Each agent removes its mark once it has looked: of two that share,
+	// the first to look sees the other's mark, the other may not.
+	var pairs []string
+	seen := map[[2]int]bool{}
+	for i, m := range found {
+		for _, k := range m.Shared {
+			key := [2]int{min(i, k), max(i, k)}
+			if k >= 0 && k < len(parts) && k != i && !seen[key] {
+				seen[key] = true
+				pairs = append(pairs, fmt.Sprintf("%s and %s", parts[key[0]].Target.Name(), parts[key[1]].Target.Name()))
+			}
+		}
+	}
+	if len(pairs) > 0 {
+		return fmt.Errorf("%s share the file system of %s, which every part names: their images would mix there; give each part its own directory (--part HOST=PID:DIR)",
+			namedList(pairs), parts[0].Dir)
+	}
+	return nil
 }

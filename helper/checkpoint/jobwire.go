@@ -23,6 +23,8 @@ const FeatureJobAgent = "job-agent"
 // Requests, coordinator to agent.
 const (
 	opPrepare        = "prepare"         // a checkpoint: look at the part (Pid, Dir)
+	opMarkDir        = "mark-dir"        // leave a mark of this part beside its image directory (Dir, Token, Part)
+	opFindMarks      = "find-marks"      // which other parts' marks are beside it; remove this part's
 	opHold           = "hold"            // hold its GPU processes at their counts of peer sync operations
 	opQuiesce        = "quiesce"         // bring them to the job's count (SyncTarget), quiesce and drain them
 	opDump           = "dump"            // dump it (Conns, LeaveRunning)
@@ -38,6 +40,8 @@ const (
 // Events, agent to coordinator.
 const (
 	evPrepared = "prepared" // Conns: the part's connections to peers outside its tree
+	evMarked   = "marked"   // mark-dir done
+	evMarks    = "marks"    // find-marks done: Shared, the other parts whose marks are there
 	evHeld     = "held"     // its GPU processes are held: SyncCount, the highest count
 	evQuiesced = "quiesced" // they are at the job's count, quiesced and drained
 	evFrozen   = "frozen"   // CRIU froze the tree; it waits for drain
@@ -64,11 +68,16 @@ type jobMsg struct {
 	DrainMillis  int64     `json:"drain_ms,omitempty"`
 	// SyncCount (held) and SyncTarget (quiesce): counts of peer sync
 	// operations; QuiesceMillis bounds the quiesce.
-	SyncCount     uint64     `json:"sync_count,omitempty"`
-	SyncTarget    uint64     `json:"sync_target,omitempty"`
-	QuiesceMillis int64      `json:"quiesce_ms,omitempty"`
-	GPUProcesses  int        `json:"gpu_processes,omitempty"`
-	Record        *JobRecord `json:"record,omitempty"`
+	SyncCount     uint64 `json:"sync_count,omitempty"`
+	SyncTarget    uint64 `json:"sync_target,omitempty"`
+	QuiesceMillis int64  `json:"quiesce_ms,omitempty"`
+	GPUProcesses  int    `json:"gpu_processes,omitempty"`
+	// Token and Part name a part's mark beside its image directory;
+	// Shared lists the other parts whose marks an agent found there.
+	Token  string     `json:"token,omitempty"`
+	Part   int        `json:"part,omitempty"`
+	Shared []int      `json:"shared,omitempty"`
+	Record *JobRecord `json:"record,omitempty"`
 
 	Error   string   `json:"error,omitempty"`
 	Running bool     `json:"running,omitempty"`

@@ -511,3 +511,52 @@ func TestJobRestoreFailureEndsEveryPart(t *testing.T) {
 		t.Errorf("host 1's part went on (%d -> %d steps) after the failed restore", n, m)
 	}
 }
+
+// TestJobCheckpointRefusesSharedDirectory: parts that name one image
+// directory (-D) on a file system their hosts share would write their
+// images into one directory; the job is refused before anything stops,
+// naming the way out, every part runs on, and neither the directory nor a
+// mark is left. A directory a part (--part HOST=PID:DIR) then checkpoints.
+func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
+	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
+	waitMarks(t, h1.marks, 30, time.Minute)
+	shared := filepath.Join(dir, "shared") // the test's directory: both hosts see it
+	if err := os.Mkdir(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(shared, "job-img")
+	p1, p2 := "root@"+h1.m.addr+"="+strconv.Itoa(h1.pid), "root@"+h2.m.addr+"="+strconv.Itoa(h2.pid)
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint", "--part", p1, "--part", p2, "-D", img},
+		jobFlags(h1)...)...)
+	if err == nil || !strings.Contains(out, "refused before anything was stopped") || !strings.Contains(out, "share the file system of "+img) ||
+		!strings.Contains(out, "--part HOST=PID:DIR") {
+		jobLogs(t, h1, h2)
+		t.Fatalf("a job checkpoint whose parts share their one directory: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	if ents, _ := os.ReadDir(shared); len(ents) != 0 {
+		t.Errorf("left beside the refused directory: %v", ents)
+	}
+	at := len(readMarks(t, h1.marks))
+	waitMarks(t, h1.marks, at+20, time.Minute)
+	waitMarks(t, h2.marks, at+20, time.Minute)
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint", "--leave-running",
+		"--part", p1 + ":" + filepath.Join(shared, "part1"), "--part", p2 + ":" + filepath.Join(shared, "part2")}, jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("the job checkpoint with a directory a part: %v\n%s", err, out)
+	}
+	at = len(readMarks(t, h1.marks))
+	waitMarks(t, h1.marks, at+20, time.Minute)
+	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+}
