@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -91,5 +92,31 @@ func TestJobMsgLines(t *testing.T) {
 	}
 	if len(got) != 2 || got[0].Pid != 42 || got[1].Conns[0].Remote != "b:2" || err == nil {
 		t.Errorf("read %+v, %v", got, err)
+	}
+}
+
+// A job checkpoint is taken again only when a part's dump met a connection
+// in flight and every part runs on: the agent's flag survives the
+// coordinator's wrapping (errAgents, JobError).
+func TestJobInFlight(t *testing.T) {
+	inflight := &agentFailure{host: "h2", msg: "criu dump failed: in-flight connection", inFlight: true}
+	other := &agentFailure{host: "h2", msg: "criu dump failed: something else"}
+	running := []JobPartResult{{Host: "h1", Running: true}, {Host: "h2", Running: true}}
+	stopped := []JobPartResult{{Host: "h1", Running: true}, {Host: "h2"}}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"in flight, every part runs", &JobError{Step: "dump", Err: errAgents([]error{inflight}), Parts: running}, true},
+		{"in flight, wrapped again", fmt.Errorf("x: %w", &JobError{Step: "dump", Err: errAgents([]error{other, inflight}), Parts: running}), true},
+		{"in flight, a part does not run", &JobError{Step: "dump", Err: inflight, Parts: stopped}, false},
+		{"another failure", &JobError{Step: "dump", Err: other, Parts: running}, false},
+		{"no parts said", &JobError{Step: "dump", Err: inflight}, false},
+		{"refused before anything stopped", fmt.Errorf("refused: %w", inflight), false},
+	} {
+		if got := jobInFlight(c.err); got != c.want {
+			t.Errorf("%s: jobInFlight = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -30,18 +30,22 @@ type JobAgentOptions struct {
 	Events Events // the dump's and the restore's, for this host's log
 	// Fault injects a failure for tests (GPUCR_FAULT): "job-after-dump"
 	// fails the part once it is dumped and stopped, as a dump that fails
-	// late would, after the other parts may have dumped too.
+	// late would, after the other parts may have dumped too;
+	// "job-in-flight-once" fails the agent's first dump as one that met a
+	// connection in flight; "job-after-restore" fails the part once
+	// restored.
 	Fault string
 }
 
 // jobAgent is one agent's state.
 type jobAgent struct {
-	o    JobAgentOptions
-	out  *jobLine
-	in   chan jobMsg
-	pid  proc.Pid // the part (prepare)
-	gpu  *jobGPU  // its GPU processes held (hold), until the dump ends
-	mark string   // this part's mark beside its image directory (markDir)
+	o       JobAgentOptions
+	out     *jobLine
+	in      chan jobMsg
+	pid     proc.Pid // the part (prepare)
+	gpu     *jobGPU  // its GPU processes held (hold), until the dump ends
+	mark    string   // this part's mark beside its image directory (markDir)
+	faulted bool     // the injected fault job-in-flight-once happened
 	// restored: the tree a restore made, held from the restore's barrier
 	// on (by pidfds: an end never reaches a process that took a pid of
 	// one that died)
@@ -188,6 +192,12 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 	}
 	// Held from now on by pidfds: a signal of the commit or the abort
 	// never reaches a process that took the pid of one that died.
+	if a.o.Fault == "job-in-flight-once" && !a.faulted {
+		// as a dump that met a connection in flight: this part runs on
+		a.faulted = true
+		return a.out.send(jobMsg{Event: evError, InFlight: true,
+			Error: "injected fault (GPUCR_FAULT=job-in-flight-once): CRIU refused an in-flight TCP connection"})
+	}
 	held, err := proc.HoldTree(a.pid)
 	if err != nil {
 		return a.fail(fmt.Errorf("holding the tree of %d: %w", a.pid, err))
@@ -235,6 +245,12 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 		// aborted checkpoint does.
 		if a.aborted {
 			_ = removeImage(m.Dir, dirExisted)
+		}
+		if !a.aborted && inFlight(err) {
+			// The coordinator takes the whole job again: into this
+			// directory too, as new or empty as it was.
+			_ = removeImage(m.Dir, dirExisted)
+			return a.out.send(jobMsg{Event: evError, Error: err.Error(), InFlight: true})
 		}
 		return a.failed(err)
 	}

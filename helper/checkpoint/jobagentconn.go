@@ -81,7 +81,7 @@ func (a *agentConn) next(timeout time.Duration) (jobMsg, error) {
 			return jobMsg{}, fmt.Errorf("%s: the agent is gone (%s)%s", a.host, why, a.stderrTail())
 		}
 		if m.Event == evError {
-			return m, fmt.Errorf("%s: %s", a.host, m.Error)
+			return m, &agentFailure{host: a.host, msg: m.Error, inFlight: m.InFlight}
 		}
 		return m, nil
 	case <-time.After(timeout):
@@ -126,3 +126,19 @@ func (a *agentConn) close() {
 
 // errAgents joins the errors of several agents.
 func errAgents(errs []error) error { return errors.Join(errs...) }
+
+// agentFailure is a request an agent answered with an error.
+type agentFailure struct {
+	host, msg string
+	// inFlight: its dump met a TCP connection in flight (the job is
+	// taken again)
+	inFlight bool
+}
+
+func (e *agentFailure) Error() string { return e.host + ": " + e.msg }
+
+// errPartInFlight is what an agentFailure of a dump that met a connection
+// in flight is (errors.Is finds it among the failures of several parts).
+var errPartInFlight = errors.New("a part's dump met a TCP connection in flight")
+
+func (e *agentFailure) Is(target error) bool { return target == errPartInFlight && e.inFlight }

@@ -204,6 +204,43 @@ func CheckpointJob(ctx context.Context, o JobCheckpointOptions) (*JobResult, err
 		return nil, fmt.Errorf("job checkpoint refused before anything was stopped: %w", err)
 	}
 	defer j.close(targets)
+	// A part whose dump met a TCP connection in flight (connected, not yet
+	// accepted when its tree froze) failed the job, every part running on
+	// as it was (a dump of one part alone is never taken again: the
+	// others are stopped at its cut): the whole job is taken again, as a
+	// single-host dump is (dump.go), the same agents from their prepare.
+	for attempt := 1; ; attempt++ {
+		res, err := j.checkpointOnce(ctx, o, ev)
+		if err == nil || attempt > inFlightRetries || !jobInFlight(err) || ctx.Err() != nil {
+			return res, err
+		}
+		ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("a part's TCP connection was in flight (connected, not yet accepted) when its tree froze; "+
+			"every part runs on as it was: checkpointing the job again (%d of %d)", attempt, inFlightRetries)})
+		select {
+		case <-time.After(inFlightPause):
+		case <-ctx.Done():
+			return nil, err
+		}
+	}
+}
+
+// jobInFlight says whether a job checkpoint failed for a part's connection
+// in flight alone, every part running on.
+func jobInFlight(err error) bool {
+	var je *JobError
+	if !errors.As(err, &je) || !errors.Is(err, errPartInFlight) {
+		return false
+	}
+	for _, p := range je.Parts {
+		if !p.Running {
+			return false
+		}
+	}
+	return len(je.Parts) > 0
+}
+
+// checkpointOnce is one attempt of CheckpointJob with the job's agents.
+func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev *emitter) (*JobResult, error) {
 	res := &JobResult{ID: newJobID(), Parts: make([]JobPartResult, len(o.Parts))}
 	for i, p := range o.Parts {
 		res.Parts[i] = JobPartResult{Host: p.Target.Name(), Pid: p.Pid, Dir: p.Dir, Running: true}

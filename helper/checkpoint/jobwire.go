@@ -79,9 +79,11 @@ type jobMsg struct {
 	Shared []int      `json:"shared,omitempty"`
 	Record *JobRecord `json:"record,omitempty"`
 
-	Error   string   `json:"error,omitempty"`
-	Running bool     `json:"running,omitempty"`
-	Notes   []string `json:"notes,omitempty"`
+	Error string `json:"error,omitempty"`
+	// InFlight: the error is a dump's that met a TCP connection in flight
+	InFlight bool     `json:"in_flight,omitempty"`
+	Running  bool     `json:"running,omitempty"`
+	Notes    []string `json:"notes,omitempty"`
 	// Result: the part's DumpResult or RestoreResult, as its gpucr
 	// reports it
 	Result json.RawMessage `json:"result,omitempty"`

@@ -560,3 +560,49 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 	waitMarks(t, h1.marks, at+20, time.Minute)
 	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
 }
+
+// TestJobCheckpointRetriedAfterInFlight: a part's dump that met a TCP
+// connection in flight (an injected fault in host 2's agent, once:
+// GPUCR_FAULT=job-in-flight-once) fails the attempt with every part running
+// on, and the job is checkpointed again, all of it, from its prepare; the
+// restore is exact.
+func TestJobCheckpointRetriedAfterInFlight(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHostsConf(t, dir, helperDir, env, "SetEnv GPUCR_FAULT=job-in-flight-once\n")
+	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
+	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
+	waitMarks(t, h1.marks, 30, time.Minute)
+	img := filepath.Join(helperDir, "job-img")
+	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
+		"-D", img}, jobFlags(h1)...)...)
+	if err != nil || !strings.Contains(out, "checkpointing the job again (1 of 3)") {
+		jobLogs(t, h1, h2)
+		t.Fatalf("a job checkpoint whose first attempt met a connection in flight: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+	s1 := len(readMarks(t, h1.marks))
+	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
+		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img}, jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job restore: %v\n%s", err, out)
+	}
+	waitMarks(t, h1.marks, s1+30, time.Minute)
+	h1.hb.waitIter(before1+10, time.Minute)
+	h2.hb.waitIter(before2+10, time.Minute)
+	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	for _, h := range []*jobHost{h1, h2} {
+		hbs := h.hb.heartbeats()
+		checkContinuous(t, hbs, 0)
+		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
+	}
+}
