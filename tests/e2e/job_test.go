@@ -107,7 +107,7 @@ func startJobHostsConf(t *testing.T, dir, helperDir string, env []string, conf2 
 		hs[i] = &jobHost{m: startMachine(t, d, helperDir, env, true, conf)}
 	}
 	if strings.EqualFold(hs[0].m.addr, hs[1].m.addr) {
-		t.Skip("both machines drew the same subnet; run again")
+		t.Fatalf("both machines are on one subnet (%s): startMachine picks one no machine has", hs[0].m.addr)
 	}
 	id := randomHex(3)
 	n, _ := strconv.ParseUint(id[:2], 16, 8)
@@ -266,6 +266,49 @@ func checkExchange(t *testing.T, server, client []jobMark) {
 	}
 }
 
+// jobRig is a job of two parts on two hosts as most job tests start it:
+// the exchange (jobPart), server on host 1 and client on host 2, each with
+// a heartbeat GPU application.
+type jobRig struct {
+	dir, helperDir string
+	env            []string
+	h1, h2         *jobHost
+	hbArgs         []string
+}
+
+// startJobRig starts the two hosts (conf2: more lines of the second one's
+// sshd configuration) and both parts, and waits for 30 steps of the
+// exchange.
+func startJobRig(t *testing.T, conf2 string) *jobRig {
+	t.Helper()
+	needTool(t, "criu")
+	r := &jobRig{dir: t.TempDir(), env: gpucrEnv(t), hbArgs: []string{"--mib", "8", "--interval-ms", "20"}}
+	r.helperDir = filepath.Join(r.dir, "helper")
+	if err := os.MkdirAll(r.helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r.h1, r.h2 = startJobHostsConf(t, r.dir, r.helperDir, r.env, conf2)
+	startPart(t, r.dir, r.h1, r.env, "server", r.h1.linkIP, r.hbArgs)
+	startPart(t, r.dir, r.h2, r.env, "client", r.h1.linkIP, r.hbArgs)
+	waitMarks(t, r.h1.marks, 30, time.Minute)
+	return r
+}
+
+// checkHeartbeats checks both GPU applications' heartbeats, once each has
+// made more beyond its last: continuous, and each equal to an
+// uninterrupted run's.
+func (r *jobRig) checkHeartbeats(t *testing.T, more int) {
+	t.Helper()
+	for _, h := range []*jobHost{r.h1, r.h2} {
+		if more > 0 {
+			h.hb.waitIter(h.hb.lastIter()+more, time.Minute)
+		}
+		hbs := h.hb.heartbeats()
+		checkContinuous(t, hbs, 0)
+		compareWithReference(t, hbs, reference(t, r.env, "heartbeat", r.hbArgs, hbs[len(hbs)-1].Iter))
+	}
+}
+
 // jobFlags are the flags that reach both hosts.
 func jobFlags(h *jobHost) []string {
 	return []string{"--ssh", h.m.ssh, "--remote-gpucr", h.m.gpucr}
@@ -279,18 +322,8 @@ func jobFlags(h *jobHost) []string {
 // state it had, and both GPU applications compute on as uninterrupted
 // runs.
 func TestJobCheckpointRestore(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHosts(t, dir, helperDir, env)
-	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
-	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
-	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
-	waitMarks(t, h1.marks, 30, time.Minute)
+	rig := startJobRig(t, "")
+	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	h1.hb.waitIter(10, time.Minute)
 	h2.hb.waitIter(10, time.Minute)
 	// the image directory: the same path on both, each host's own (the
@@ -350,11 +383,7 @@ func TestJobCheckpointRestore(t *testing.T) {
 	h1.hb.waitIter(before1+10, time.Minute)
 	h2.hb.waitIter(before2+10, time.Minute)
 	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
-	for _, h := range []*jobHost{h1, h2} {
-		hbs := h.hb.heartbeats()
-		checkContinuous(t, hbs, 0)
-		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
-	}
+	rig.checkHeartbeats(t, 0)
 }
 
 // TestJobCheckpointFailureLeavesPartsRunning: a job checkpoint that fails on
@@ -362,18 +391,8 @@ func TestJobCheckpointRestore(t *testing.T) {
 // the other part, frozen at the barrier by then, runs on; the exchange
 // goes on exactly, and no image of the failed checkpoint is left.
 func TestJobCheckpointFailureLeavesPartsRunning(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHosts(t, dir, helperDir, env)
-	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
-	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
-	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
-	waitMarks(t, h1.marks, 30, time.Minute)
+	rig := startJobRig(t, "")
+	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
 	// host 2's directory is not empty: its dump refuses
 	if out, err := h2.m.run(fmt.Sprintf("mkdir -p %s && echo other >%s/other-file", img, img)); err != nil {
@@ -400,12 +419,7 @@ func TestJobCheckpointFailureLeavesPartsRunning(t *testing.T) {
 	if out, _ := h2.m.run("ls -A " + img); strings.TrimSpace(out) != "other-file" {
 		t.Errorf("host 2's directory holds %q after the aborted checkpoint", out)
 	}
-	for _, h := range []*jobHost{h1, h2} {
-		h.hb.waitIter(h.hb.lastIter()+10, time.Minute)
-		hbs := h.hb.heartbeats()
-		checkContinuous(t, hbs, 0)
-		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
-	}
+	rig.checkHeartbeats(t, 10)
 }
 
 // TestJobCheckpointAbortAfterDump: a job checkpoint in which one part fails
@@ -414,18 +428,8 @@ func TestJobCheckpointFailureLeavesPartsRunning(t *testing.T) {
 // both are continued with their GPU, the exchange goes on exactly, and
 // neither host keeps an image.
 func TestJobCheckpointAbortAfterDump(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHostsConf(t, dir, helperDir, env, "SetEnv GPUCR_FAULT=job-after-dump\n")
-	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
-	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
-	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
-	waitMarks(t, h1.marks, 30, time.Minute)
+	rig := startJobRig(t, "SetEnv GPUCR_FAULT=job-after-dump\n")
+	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
 	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
 		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
@@ -445,11 +449,8 @@ func TestJobCheckpointAbortAfterDump(t *testing.T) {
 		if out, _ := h.m.run("ls -A " + img + " 2>/dev/null"); strings.TrimSpace(out) != "" {
 			t.Errorf("%s kept an image of the aborted checkpoint: %s", h.m.addr, out)
 		}
-		h.hb.waitIter(h.hb.lastIter()+10, time.Minute)
-		hbs := h.hb.heartbeats()
-		checkContinuous(t, hbs, 0)
-		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
 	}
+	rig.checkHeartbeats(t, 10)
 }
 
 // jobLogs logs the hosts' helper logs and the parts' output, for a failure.
@@ -469,18 +470,8 @@ func jobLogs(t *testing.T, hs ...*jobHost) {
 // which would otherwise wait for its peer for good; both images stay for
 // another restore.
 func TestJobRestoreFailureEndsEveryPart(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHostsConf(t, dir, helperDir, env, "SetEnv GPUCR_FAULT=job-after-restore\n")
-	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
-	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
-	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
-	waitMarks(t, h1.marks, 30, time.Minute)
+	rig := startJobRig(t, "SetEnv GPUCR_FAULT=job-after-restore\n")
+	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
 	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
 		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
@@ -518,18 +509,8 @@ func TestJobRestoreFailureEndsEveryPart(t *testing.T) {
 // naming the way out, every part runs on, and neither the directory nor a
 // mark is left. A directory a part (--part HOST=PID:DIR) then checkpoints.
 func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHosts(t, dir, helperDir, env)
-	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
-	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
-	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
-	waitMarks(t, h1.marks, 30, time.Minute)
+	rig := startJobRig(t, "")
+	dir, env, h1, h2 := rig.dir, rig.env, rig.h1, rig.h2
 	shared := filepath.Join(dir, "shared") // the test's directory: both hosts see it
 	if err := os.Mkdir(shared, 0o755); err != nil {
 		t.Fatal(err)
@@ -567,18 +548,8 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 // on, and the job is checkpointed again, all of it, from its prepare; the
 // restore is exact.
 func TestJobCheckpointRetriedAfterInFlight(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHostsConf(t, dir, helperDir, env, "SetEnv GPUCR_FAULT=job-in-flight-once\n")
-	hbArgs := []string{"--mib", "8", "--interval-ms", "20"}
-	startPart(t, dir, h1, env, "server", h1.linkIP, hbArgs)
-	startPart(t, dir, h2, env, "client", h1.linkIP, hbArgs)
-	waitMarks(t, h1.marks, 30, time.Minute)
+	rig := startJobRig(t, "SetEnv GPUCR_FAULT=job-in-flight-once\n")
+	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
 	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
 		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
@@ -600,9 +571,5 @@ func TestJobCheckpointRetriedAfterInFlight(t *testing.T) {
 	h1.hb.waitIter(before1+10, time.Minute)
 	h2.hb.waitIter(before2+10, time.Minute)
 	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
-	for _, h := range []*jobHost{h1, h2} {
-		hbs := h.hb.heartbeats()
-		checkContinuous(t, hbs, 0)
-		compareWithReference(t, hbs, reference(t, env, "heartbeat", hbArgs, hbs[len(hbs)-1].Iter))
-	}
+	rig.checkHeartbeats(t, 0)
 }

@@ -56,14 +56,25 @@ func startMachine(t *testing.T, dir, srcHelperDir string, env []string, ownShm b
 	ip := needTool(t, "ip")
 	unshare := needTool(t, "unshare")
 	criu := needTool(t, "criu")
-	id := randomHex(3)
+	// 10.213.N.0/24, N from the id, one no machine of this host has taken
+	// (this end of each machine's link is here): a second machine of one
+	// test, or of a test in a parallel package, on the same subnet would
+	// answer for the first (a job test once met the other's sshd)
+	used, _ := exec.Command(ip, "-4", "-o", "addr", "show").Output()
+	var id string
+	var n uint64
+	for range 64 {
+		id = randomHex(3)
+		n, _ = strconv.ParseUint(id[:2], 16, 8)
+		if !strings.Contains(string(used), fmt.Sprintf(" 10.213.%d.", n)) {
+			break
+		}
+	}
 	ns := "gpucr-mig-" + id
 	if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Skipf("cannot make a network namespace here: %v: %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command(ip, "netns", "del", ns).Run() })
-	// 10.213.N.0/24, N from the id: tests in parallel packages do not collide
-	n, _ := strconv.ParseUint(id[:2], 16, 8)
 	src, dst := fmt.Sprintf("10.213.%d.1", n), fmt.Sprintf("10.213.%d.2", n)
 	va, vb := "gma"+id, "gmb"+id
 	for _, args := range [][]string{
