@@ -255,18 +255,12 @@ func TestMigrate(t *testing.T) {
 	checkContinuous(t, hbs, before)
 }
 
-// TestMigrateFailureContinuesSource: a migration whose restore fails at the
-// target leaves the source as it was: it is continued where it stopped,
-// gets its GPU back, and computes on exactly; the target's copy of the
-// image is removed and the local one kept.
-func TestMigrateFailureContinuesSource(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	h := startHelper(t, dir, env)
-	// A "target" on this machine: the ssh stand-in runs the command line
-	// here; its gpucr answers `version`, receives and discards the image
-	// (`gpucr image receive|discard`), and fails every restore.
+// failingTarget makes, in dir, a "target" on this machine for gpucr
+// migrate: an ssh stand-in that runs the command line here, and a gpucr
+// that answers `version`, receives and discards the image (`gpucr image
+// receive|discard`), and fails every restore.
+func failingTarget(t *testing.T, dir string) (ssh, gpucr string) {
+	t.Helper()
 	fakeSSH := filepath.Join(dir, "fake-ssh")
 	copyText(t, fakeSSH, "#!/bin/sh\nshift\nexec /bin/sh -c \"$1\"\n")
 	fakeGpucr := filepath.Join(dir, "fake-gpucr")
@@ -277,6 +271,19 @@ func TestMigrateFailureContinuesSource(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return fakeSSH, fakeGpucr
+}
+
+// TestMigrateFailureContinuesSource: a migration whose restore fails at the
+// target leaves the source as it was: it is continued where it stopped,
+// gets its GPU back, and computes on exactly; the target's copy of the
+// image is removed and the local one kept.
+func TestMigrateFailureContinuesSource(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env)
+	fakeSSH, fakeGpucr := failingTarget(t, dir)
 	args := []string{"--mib", "24", "--interval-ms", "20"}
 	a := startUnder(t, dir, h, env, "heartbeat", args...)
 	a.waitIter(15, time.Minute)
@@ -325,16 +332,7 @@ func TestMigrateFailureContinuesSourceConnections(t *testing.T) {
 	py := needTool(t, "python3")
 	dir := t.TempDir()
 	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
-	fakeSSH := filepath.Join(dir, "fake-ssh")
-	copyText(t, fakeSSH, "#!/bin/sh\nshift\nexec /bin/sh -c \"$1\"\n")
-	fakeGpucr := filepath.Join(dir, "fake-gpucr")
-	copyText(t, fakeGpucr, fmt.Sprintf("#!/bin/sh\ncase \"$1\" in version|image) exec %[1]s \"$@\";; esac\n"+
-		"echo '{\"error\": \"restore refused by the test\", \"hints\": [\"none\"]}'\nexit 1\n", binPath(t, "gpucr")))
-	for _, f := range []string{fakeSSH, fakeGpucr} {
-		if err := os.Chmod(f, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fakeSSH, fakeGpucr := failingTarget(t, dir)
 	script := filepath.Join(dir, "ddp.py")
 	if err := os.WriteFile(script, []byte(ddpLike), 0o644); err != nil {
 		t.Fatal(err)
