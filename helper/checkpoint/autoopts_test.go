@@ -98,9 +98,23 @@ func TestOwnedConns(t *testing.T) {
    5: 00000000:0000 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 104 1 0000000000000000 20 4 30 10 -1
 `
 	owner := map[uint64]proc.Pid{100: 1, 101: 1, 102: 2, 103: 2, 104: 2, 0: 1}
-	got := ownedConns(strings.NewReader(text), 2, owner, func(proc.Pid) bool { return true })
+	got, listeners, queued := ownedConns(strings.NewReader(text), 2, owner, func(proc.Pid) bool { return true })
 	if len(got) != 3 {
 		t.Fatalf("%d connections, want 3: %+v", len(got), got)
+	}
+	if len(queued) != 0 { // the TIME_WAIT one (inode 0) is no queued end
+		t.Errorf("queued %+v", queued)
+	}
+	// the tree's listener on 127.0.0.1:8080 takes a connection to it: one
+	// in flight (its other end still in the listener's queue) is the tree's
+	if len(listeners) != 1 || !listensFor(listeners[0], got[1].conn) || listensFor(listeners[0], got[0].conn) ||
+		listensFor(listeners[0], got[2].conn) {
+		t.Errorf("listeners %+v for %+v", listeners, got)
+	}
+	anyAddr := listeners[0]
+	anyAddr.local = [16]byte{}
+	if !listensFor(anyAddr, got[1].conn) || listensFor(anyAddr, got[0].conn) {
+		t.Errorf("a listener on every address: %+v", anyAddr)
 	}
 	if !isPeer(got[0].conn, got[1].conn) || isPeer(got[0].conn, got[2].conn) {
 		t.Errorf("peers: %+v", got)
@@ -126,5 +140,29 @@ func TestDumpRecordNetworkLock(t *testing.T) {
 	}
 	if err := (CRIU{Binary: "criu", NetworkLock: "bogus"}).check(); err == nil {
 		t.Error("--network-lock bogus accepted")
+	}
+}
+
+// TestQueuedEnd: a connection to the tree's own listener that the tree has
+// not accepted yet has its other end in the listener's queue (inode 0,
+// established): ownedConns hands that end back apart, and it is the peer.
+func TestQueuedEnd(t *testing.T) {
+	text := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 100 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 105 1 0000000000000000 20 4 30 10 -1
+   2: 0100007F:1F90 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 0 1 0000000000000000 20 4 30 10 -1
+`
+	owner := map[uint64]proc.Pid{100: 1, 105: 1}
+	conns, listeners, queued := ownedConns(strings.NewReader(text), 2, owner, func(proc.Pid) bool { return true })
+	if len(conns) != 1 || len(listeners) != 1 || len(queued) != 1 {
+		t.Fatalf("conns %+v listeners %+v queued %+v", conns, listeners, queued)
+	}
+	if !isPeer(conns[0].conn, queued[0]) || !listensFor(listeners[0], conns[0].conn) {
+		t.Errorf("the queued end is not the connection's peer at the tree's listener: %+v %+v %+v", conns, listeners, queued)
+	}
+	c := conns[0]
+	c.pending = true
+	if s := c.String(); !strings.Contains(s, "not accepted yet") {
+		t.Errorf("named %q", s)
 	}
 }

@@ -52,6 +52,11 @@ type treeConn struct {
 	conn   tcpConn
 	netns  string
 	inside bool // the other end is a socket of the tree, in the same netns
+	// pending: the other end waits, not accepted yet, in the queue of a
+	// listener of the tree (inside is then true too): a connection in
+	// flight, which CRIU refuses and gpucr's dump takes again once the
+	// tree has accepted it (dump.go)
+	pending bool
 	// job: the other end is another part of a job (inside is then true
 	// too): chooseJobCRIUOptions
 	job bool
@@ -67,6 +72,9 @@ func (c treeConn) jobConn() JobConn {
 // socket not (or no longer) connected.
 const tcpCloseState = 7
 
+// tcpSynRecvState is TCP_SYN_RECV: a connection the kernel is accepting.
+const tcpSynRecvState = 3
+
 // String names the connection for a message: "pid 12 (python3):
 // 127.0.0.1:40100 -> 10.0.0.2:29500".
 func (c treeConn) String() string {
@@ -74,8 +82,12 @@ func (c treeConn) String() string {
 	if c.comm != "" {
 		who += " (" + c.comm + ")"
 	}
-	return fmt.Sprintf("%s: %s -> %s", who, endpointText(c.conn.family, c.conn.local, c.conn.lport),
+	s := fmt.Sprintf("%s: %s -> %s", who, endpointText(c.conn.family, c.conn.local, c.conn.lport),
 		endpointText(c.conn.family, c.conn.remote, c.conn.rport))
+	if c.pending {
+		s += " (not accepted yet by the tree's listener)"
+	}
+	return s
 }
 
 // endpointText is an address and port as people write them:
@@ -111,6 +123,7 @@ func scanTree(tree []proc.Pid) treeScan {
 	}
 	for ns, p := range nsPid {
 		var conns []treeConn
+		var listeners, queued []tcpConn
 		for _, src := range []struct {
 			name   string
 			family uint8
@@ -119,12 +132,17 @@ func scanTree(tree []proc.Pid) treeScan {
 			if err != nil {
 				continue // gone, or a kernel without IPv6
 			}
-			conns = append(conns, ownedConns(f, src.family, owner, func(q proc.Pid) bool { return netnsOf[q] == ns })...)
+			c, l, q := ownedConns(f, src.family, owner, func(q proc.Pid) bool { return netnsOf[q] == ns })
+			conns, listeners, queued = append(conns, c...), append(listeners, l...), append(queued, q...)
 			f.Close()
 		}
 		for i := range conns {
 			conns[i].netns = ns
 			conns[i].inside = slices.ContainsFunc(conns, func(o treeConn) bool { return isPeer(conns[i].conn, o.conn) })
+			if !conns[i].inside && slices.ContainsFunc(queued, func(q tcpConn) bool { return isPeer(conns[i].conn, q) }) &&
+				slices.ContainsFunc(listeners, func(l tcpConn) bool { return listensFor(l, conns[i].conn) }) {
+				conns[i].inside, conns[i].pending = true, true
+			}
 		}
 		s.conns = append(s.conns, conns...)
 	}
@@ -140,14 +158,23 @@ func isPeer(a, b tcpConn) bool {
 	return a.family == b.family && a.local == b.remote && a.remote == b.local && a.lport == b.rport && a.rport == b.lport
 }
 
+// listensFor says whether listener l (a listening socket's local end)
+// takes connection c's remote end: the same port, and the same address or
+// a listener on every address.
+func listensFor(l, c tcpConn) bool {
+	return l.family == c.family && l.lport == c.rport && (l.local == c.remote || l.local == [16]byte{})
+}
+
 // ownedConns reads /proc/net/tcp-formatted text r, of family, and returns
 // the connections whose socket inode a process of the tree holds (owner)
-// in the namespace the text is of (inNS). A listener and an unconnected
-// socket (CLOSE) are left out: CRIU dumps those without options. So is a
-// connection in TIME_WAIT: no process holds it (inode 0), and a restore
-// deals with it where it keeps a port (ports.go, timewait.go).
-func ownedConns(r io.Reader, family uint8, owner map[uint64]proc.Pid, inNS func(proc.Pid) bool) []treeConn {
-	var out []treeConn
+// in the namespace the text is of (inNS), and the tree's listeners there.
+// A listener and an unconnected socket (CLOSE) are no connection: CRIU
+// dumps those without options. Neither is a connection in TIME_WAIT: no
+// process holds it (inode 0), and a restore deals with it where it keeps a
+// port (ports.go, timewait.go). The ends no process holds yet (inode 0,
+// established or half so: accepted by the kernel, waiting in a listener's
+// queue) come back apart, queued.
+func ownedConns(r io.Reader, family uint8, owner map[uint64]proc.Pid, inNS func(proc.Pid) bool) (conns []treeConn, listeners, queued []tcpConn) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		// sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
@@ -157,7 +184,15 @@ func ownedConns(r io.Reader, family uint8, owner map[uint64]proc.Pid, inNS func(
 		}
 		st, err1 := strconv.ParseInt(f[3], 16, 16)
 		ino, err2 := strconv.ParseUint(f[9], 10, 64)
-		if err1 != nil || err2 != nil || ino == 0 || st == tcpListenState || st == tcpCloseState {
+		if err1 != nil || err2 != nil || st == tcpCloseState {
+			continue
+		}
+		if ino == 0 {
+			if st == tcpEstablishedState || st == tcpSynRecvState || st == tcpCloseWaitState {
+				if c, ok := parseConn(family, f[1], f[2]); ok {
+					queued = append(queued, c)
+				}
+			}
 			continue
 		}
 		p, ok := owner[ino]
@@ -168,9 +203,13 @@ func ownedConns(r io.Reader, family uint8, owner map[uint64]proc.Pid, inNS func(
 		if !ok {
 			continue
 		}
-		out = append(out, treeConn{pid: p, state: st, conn: c})
+		if st == tcpListenState {
+			listeners = append(listeners, c)
+			continue
+		}
+		conns = append(conns, treeConn{pid: p, state: st, conn: c})
 	}
-	return out
+	return conns, listeners, queued
 }
 
 // socketInodes lists the inodes of the sockets pid has open.
