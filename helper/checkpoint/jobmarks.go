@@ -17,10 +17,13 @@ import (
 // the directory is new or empty, but both may check before either wrote,
 // and the image is then a mix no restore takes. So before anything stops,
 // when two parts name the same path, each agent leaves a mark of its part
-// beside that directory (.gpucr-job-ID-PART in its parent), and once every
-// part has, each looks for the others' marks there: one found is a file
-// system the two hosts share, and the job is refused with the way out (a
-// directory a part). Every mark goes again at once.
+// (.gpucr-job-ID-PART) where its dump would write: in the directory if it
+// is there already (it may be a mount of each host's own under a parent
+// they share), else beside it, in the parent the dump would make it in.
+// Once every part has, each looks for the others' marks there: one found
+// is a file system the two hosts share, and the job is refused with the
+// way out (a directory a part). Every mark goes again at once, before any
+// dump looks at the directory.
 
 // markPrefix is the start of every mark of job id's parts.
 func markPrefix(id string) string { return ".gpucr-job-" + id + "-" }
@@ -30,23 +33,28 @@ func (a *jobAgent) markDir(m jobMsg) error {
 	if !filepath.IsAbs(m.Dir) || m.Token == "" || strings.ContainsAny(m.Token, "/.") || m.Part < 0 {
 		return a.fail(errors.New("mark-dir without an absolute directory, a token and a part"))
 	}
-	parent := filepath.Dir(filepath.Clean(m.Dir))
-	d, err := unix.Open(parent, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
+	where := filepath.Clean(m.Dir)
+	d, err := unix.Open(where, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		// not there yet: the dump makes it in its parent
+		where = filepath.Dir(where)
+		d, err = unix.Open(where, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if errors.Is(err, unix.ENOENT) {
-			// no parent yet: nothing to share, and the dump makes none
+			// no parent either: nothing to share, and the dump makes none
 			return a.out.send(jobMsg{Event: evMarked})
 		}
-		return a.fail(fmt.Errorf("the parent of %s: %w", m.Dir, err))
+	}
+	if err != nil {
+		return a.fail(fmt.Errorf("%s: %w", where, err))
 	}
 	defer unix.Close(d)
 	name := markPrefix(m.Token) + strconv.Itoa(m.Part)
 	fd, err := unix.Openat(d, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return a.fail(fmt.Errorf("a mark beside %s: %w", m.Dir, err))
+		return a.fail(fmt.Errorf("a mark in %s: %w", where, err))
 	}
 	unix.Close(fd)
-	a.mark = filepath.Join(parent, name)
+	a.mark = filepath.Join(where, name)
 	return a.out.send(jobMsg{Event: evMarked})
 }
 

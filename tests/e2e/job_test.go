@@ -507,7 +507,8 @@ func TestJobRestoreFailureEndsEveryPart(t *testing.T) {
 // directory (-D) on a file system their hosts share would write their
 // images into one directory; the job is refused before anything stops,
 // naming the way out, every part runs on, and neither the directory nor a
-// mark is left. A directory a part (--part HOST=PID:DIR) then checkpoints.
+// mark is left. A directory a part (--part HOST=PID:DIR) then checkpoints,
+// and so does one path that each host mounts its own directory at.
 func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 	rig := startJobRig(t, "")
 	dir, env, h1, h2 := rig.dir, rig.env, rig.h1, rig.h2
@@ -536,6 +537,29 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("the job checkpoint with a directory a part: %v\n%s", err, out)
+	}
+	at = len(readMarks(t, h1.marks))
+	waitMarks(t, h1.marks, at+20, time.Minute)
+	// One path that is each host's own directory (a mount of each host's
+	// under the parent they share) is no shared directory: it checkpoints,
+	// each part into its host's.
+	own := filepath.Join(shared, "own")
+	for i, h := range []*jobHost{h1, h2} {
+		mine := filepath.Join(shared, fmt.Sprintf("host%d", i+1))
+		if out, err := h.m.run(fmt.Sprintf("mkdir -p %s %s && mount --bind %s %s", own, mine, mine, own)); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint", "--leave-running",
+		"--part", p1, "--part", p2, "-D", own}, jobFlags(h1)...)...)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("the job checkpoint into a directory each host mounts its own at: %v\n%s", err, out)
+	}
+	for i := range 2 {
+		if _, err := os.Stat(filepath.Join(shared, fmt.Sprintf("host%d", i+1), "gpucr-job.json")); err != nil {
+			t.Errorf("host %d's part is not in its own directory: %v", i+1, err)
+		}
 	}
 	at = len(readMarks(t, h1.marks))
 	waitMarks(t, h1.marks, at+20, time.Minute)
