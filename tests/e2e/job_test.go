@@ -309,6 +309,43 @@ func (r *jobRig) checkHeartbeats(t *testing.T, more int) {
 	}
 }
 
+// gpucrJob runs `gpucr job VERB PARTS... ARGS...`, reaching the hosts as
+// h's key does (jobFlags).
+func gpucrJob(t *testing.T, env []string, h *jobHost, verb string, parts []string, args ...string) (string, error) {
+	t.Helper()
+	argv := append(append(append([]string{"job", verb}, parts...), args...), jobFlags(h)...)
+	return runErr(3*time.Minute, env, binPath(t, "gpucr"), argv...)
+}
+
+// checkpointParts are the --part flags of a checkpoint of the parts on
+// hosts hs: HOST=PID each.
+func checkpointParts(hs ...*jobHost) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, "--part", "root@"+h.m.addr+"="+strconv.Itoa(h.pid))
+	}
+	return out
+}
+
+// restoreParts are the --part flags of their restore: HOST each.
+func restoreParts(hs ...*jobHost) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, "--part", "root@"+h.m.addr)
+	}
+	return out
+}
+
+// exchangeGoesOn waits until both parts made n more steps of the
+// exchange, and checks every step so far.
+func (r *jobRig) exchangeGoesOn(t *testing.T, n int) {
+	t.Helper()
+	at := len(readMarks(t, r.h1.marks))
+	waitMarks(t, r.h1.marks, at+n, time.Minute)
+	waitMarks(t, r.h2.marks, at+n, time.Minute)
+	checkExchange(t, readMarks(t, r.h1.marks), readMarks(t, r.h2.marks))
+}
+
 // jobFlags are the flags that reach both hosts.
 func jobFlags(h *jobHost) []string {
 	return []string{"--ssh", h.m.ssh, "--remote-gpucr", h.m.gpucr}
@@ -331,19 +368,13 @@ func TestJobCheckpointRestore(t *testing.T) {
 	img := filepath.Join(helperDir, "job-img")
 	// First with --leave-running: both parts go on at once, their
 	// connection out of the repair mode CRIU left it in.
-	parts := []string{"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid)}
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append(append(append([]string{"job", "checkpoint"}, parts...),
-		"-D", filepath.Join(helperDir, "job-running"), "--leave-running"), jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", filepath.Join(helperDir, "job-running"), "--leave-running")
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint --leave-running: %v\n%s", err, out)
 	}
-	at := len(readMarks(t, h1.marks))
-	waitMarks(t, h1.marks, at+30, time.Minute)
-	waitMarks(t, h2.marks, at+30, time.Minute)
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
-		"-D", img, "--json"}, jobFlags(h1)...)...)
+	rig.exchangeGoesOn(t, 30)
+	out, err = gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", img, "--json")
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint: %v\n%s", err, out)
@@ -371,8 +402,7 @@ func TestJobCheckpointRestore(t *testing.T) {
 		t.Fatalf("the parts ran on after the checkpoint (%d -> %d, %d -> %d steps)", len(s1), len(s2), len(c1), len(c2))
 	}
 	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
-		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img, "--json"}, jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "restore", restoreParts(h1, h2), "-D", img, "--json")
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job restore: %v\n%s", err, out)
@@ -398,19 +428,14 @@ func TestJobCheckpointFailureLeavesPartsRunning(t *testing.T) {
 	if out, err := h2.m.run(fmt.Sprintf("mkdir -p %s && echo other >%s/other-file", img, img)); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
-		"-D", img}, jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", img)
 	if err == nil || !strings.Contains(out, "job checkpoint failed") || !strings.Contains(out, "already holds") ||
 		!strings.Contains(out, fmt.Sprintf("pid %d runs on", h1.pid)) || !strings.Contains(out, fmt.Sprintf("pid %d runs on", h2.pid)) {
 		jobLogs(t, h1, h2)
 		t.Fatalf("a job checkpoint that fails on host 2: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
-	at := len(readMarks(t, h1.marks))
-	waitMarks(t, h1.marks, at+50, time.Minute)
-	waitMarks(t, h2.marks, at+50, time.Minute)
-	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	rig.exchangeGoesOn(t, 50)
 	// host 1's image of the aborted checkpoint is gone (host 2's
 	// directory keeps only what was there)
 	if out, _ := h1.m.run("ls -A " + img + " 2>/dev/null"); strings.TrimSpace(out) != "" {
@@ -431,9 +456,7 @@ func TestJobCheckpointAbortAfterDump(t *testing.T) {
 	rig := startJobRig(t, "SetEnv GPUCR_FAULT=job-after-dump\n")
 	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
-		"-D", img}, jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", img)
 	if err == nil || !strings.Contains(out, "job checkpoint failed in its dump") || !strings.Contains(out, "injected fault") ||
 		!strings.Contains(out, fmt.Sprintf("pid %d runs on", h1.pid)) || !strings.Contains(out, fmt.Sprintf("pid %d runs on", h2.pid)) ||
 		!strings.Contains(out, fmt.Sprintf("the source (pid %d) runs on", h1.pid)) {
@@ -441,10 +464,7 @@ func TestJobCheckpointAbortAfterDump(t *testing.T) {
 		t.Fatalf("a job checkpoint whose second part fails once dumped: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
-	at := len(readMarks(t, h1.marks))
-	waitMarks(t, h1.marks, at+50, time.Minute)
-	waitMarks(t, h2.marks, at+50, time.Minute)
-	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	rig.exchangeGoesOn(t, 50)
 	for _, h := range []*jobHost{h1, h2} {
 		if out, _ := h.m.run("ls -A " + img + " 2>/dev/null"); strings.TrimSpace(out) != "" {
 			t.Errorf("%s kept an image of the aborted checkpoint: %s", h.m.addr, out)
@@ -473,15 +493,12 @@ func TestJobRestoreFailureEndsEveryPart(t *testing.T) {
 	rig := startJobRig(t, "SetEnv GPUCR_FAULT=job-after-restore\n")
 	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
-		"-D", img}, jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", img)
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint: %v\n%s", err, out)
 	}
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
-		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img}, jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "restore", restoreParts(h1, h2), "-D", img)
 	if err == nil || !strings.Contains(out, "injected fault") || !strings.Contains(out, "no part of the job runs, and every image stays") ||
 		strings.Count(out, "its part was ended") != 2 {
 		jobLogs(t, h1, h2)
@@ -518,8 +535,7 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 	}
 	img := filepath.Join(shared, "job-img")
 	p1, p2 := "root@"+h1.m.addr+"="+strconv.Itoa(h1.pid), "root@"+h2.m.addr+"="+strconv.Itoa(h2.pid)
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint", "--part", p1, "--part", p2, "-D", img},
-		jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", []string{"--part", p1, "--part", p2}, "-D", img)
 	if err == nil || !strings.Contains(out, "refused before anything was stopped") || !strings.Contains(out, "share the file system of "+img) ||
 		!strings.Contains(out, "--part HOST=PID:DIR") {
 		jobLogs(t, h1, h2)
@@ -529,17 +545,14 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 	if ents, _ := os.ReadDir(shared); len(ents) != 0 {
 		t.Errorf("left beside the refused directory: %v", ents)
 	}
-	at := len(readMarks(t, h1.marks))
-	waitMarks(t, h1.marks, at+20, time.Minute)
-	waitMarks(t, h2.marks, at+20, time.Minute)
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint", "--leave-running",
-		"--part", p1 + ":" + filepath.Join(shared, "part1"), "--part", p2 + ":" + filepath.Join(shared, "part2")}, jobFlags(h1)...)...)
+	rig.exchangeGoesOn(t, 20)
+	out, err = gpucrJob(t, env, h1, "checkpoint", []string{"--part", p1 + ":" + filepath.Join(shared, "part1"), "--part", p2 + ":" + filepath.Join(shared, "part2")},
+		"--leave-running")
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("the job checkpoint with a directory a part: %v\n%s", err, out)
 	}
-	at = len(readMarks(t, h1.marks))
-	waitMarks(t, h1.marks, at+20, time.Minute)
+	rig.exchangeGoesOn(t, 20)
 	// One path that is each host's own directory (a mount of each host's
 	// under the parent they share) is no shared directory: it checkpoints,
 	// each part into its host's.
@@ -550,8 +563,7 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 			t.Fatalf("%v: %s", err, out)
 		}
 	}
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint", "--leave-running",
-		"--part", p1, "--part", p2, "-D", own}, jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "checkpoint", []string{"--part", p1, "--part", p2}, "-D", own, "--leave-running")
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("the job checkpoint into a directory each host mounts its own at: %v\n%s", err, out)
@@ -561,9 +573,7 @@ func TestJobCheckpointRefusesSharedDirectory(t *testing.T) {
 			t.Errorf("host %d's part is not in its own directory: %v", i+1, err)
 		}
 	}
-	at = len(readMarks(t, h1.marks))
-	waitMarks(t, h1.marks, at+20, time.Minute)
-	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
+	rig.exchangeGoesOn(t, 20)
 }
 
 // TestJobCheckpointRetriedAfterInFlight: a part's dump that met a TCP
@@ -575,9 +585,7 @@ func TestJobCheckpointRetriedAfterInFlight(t *testing.T) {
 	rig := startJobRig(t, "SetEnv GPUCR_FAULT=job-in-flight-once\n")
 	env, helperDir, h1, h2 := rig.env, rig.helperDir, rig.h1, rig.h2
 	img := filepath.Join(helperDir, "job-img")
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid),
-		"-D", img}, jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", img)
 	if err != nil || !strings.Contains(out, "checkpointing the job again (1 of 3)") {
 		jobLogs(t, h1, h2)
 		t.Fatalf("a job checkpoint whose first attempt met a connection in flight: %v\n%s", err, out)
@@ -585,8 +593,7 @@ func TestJobCheckpointRetriedAfterInFlight(t *testing.T) {
 	t.Logf("%s", out)
 	s1 := len(readMarks(t, h1.marks))
 	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
-		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img}, jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "restore", restoreParts(h1, h2), "-D", img)
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job restore: %v\n%s", err, out)

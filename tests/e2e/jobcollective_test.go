@@ -125,9 +125,7 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 	waitNetRank(t, h2)
 	h1.hb.waitIter(10, time.Minute)
 	h2.hb.waitIter(10, time.Minute)
-	parts := []string{"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid)}
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append(append(append([]string{"job", "checkpoint"}, parts...),
-		"-D", filepath.Join(helperDir, "job-running"), "--leave-running", "--json"), jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", filepath.Join(helperDir, "job-running"), "--leave-running", "--json")
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint --leave-running: %v\n%s", err, out)
@@ -146,9 +144,8 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 
 	// each part in a directory of its own (--part HOST=PID:DIR), no -D
 	img1, img2 := filepath.Join(helperDir, "job-img-1"), filepath.Join(helperDir, "job-img-2")
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid) + ":" + img1, "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid) + ":" + img2},
-		jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "checkpoint", []string{
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(h1.pid) + ":" + img1, "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(h2.pid) + ":" + img2})
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint: %v\n%s", err, out)
@@ -157,8 +154,7 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 		t.Errorf("the job checkpoint does not name each part's directory:\n%s", out)
 	}
 	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
-		"--part", "root@" + h1.m.addr + "=" + img1, "--part", "root@" + h2.m.addr + "=" + img2}, jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "restore", []string{"--part", "root@" + h1.m.addr + "=" + img1, "--part", "root@" + h2.m.addr + "=" + img2})
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job restore: %v\n%s", err, out)

@@ -94,17 +94,15 @@ func TestJobTorchrunTwoNodes(t *testing.T) {
 	}
 	waitHB(40, "the job's start")
 	img := filepath.Join(helperDir, "job-img")
-	out, err := runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "checkpoint",
-		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(launchers[0]), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(launchers[1]),
-		"-D", img}, jobFlags(h1)...)...)
+	out, err := gpucrJob(t, env, h1, "checkpoint", []string{
+		"--part", "root@" + h1.m.addr + "=" + strconv.Itoa(launchers[0]), "--part", "root@" + h2.m.addr + "=" + strconv.Itoa(launchers[1])}, "-D", img)
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job checkpoint of the two launchers: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
 	before := hbs()
-	out, err = runErr(3*time.Minute, env, binPath(t, "gpucr"), append([]string{"job", "restore",
-		"--part", "root@" + h1.m.addr, "--part", "root@" + h2.m.addr, "-D", img}, jobFlags(h1)...)...)
+	out, err = gpucrJob(t, env, h1, "restore", restoreParts(h1, h2), "-D", img)
 	if err != nil {
 		jobLogs(t, h1, h2)
 		t.Fatalf("gpucr job restore: %v\n%s", err, out)
