@@ -8,10 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/proc"
 )
@@ -190,14 +187,14 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 	if a.pid == 0 || !filepath.IsAbs(m.Dir) {
 		return a.fail(errors.New("dump before prepare, or without an absolute image directory"))
 	}
-	// Held from now on by pidfds: a signal of the commit or the abort
-	// never reaches a process that took the pid of one that died.
 	if a.o.Fault == "job-in-flight-once" && !a.faulted {
 		// as a dump that met a connection in flight: this part runs on
 		a.faulted = true
 		return a.out.send(jobMsg{Event: evError, InFlight: true,
 			Error: "injected fault (GPUCR_FAULT=job-in-flight-once): CRIU refused an in-flight TCP connection"})
 	}
+	// Held from now on by pidfds: a signal of the commit or the abort
+	// never reaches a process that took the pid of one that died.
 	held, err := proc.HoldTree(a.pid)
 	if err != nil {
 		return a.fail(fmt.Errorf("holding the tree of %d: %w", a.pid, err))
@@ -243,13 +240,13 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 		// aborted got past the dump's checks, so its directory was new or
 		// empty: CRIU's log of the aborted run goes too, as the image of an
 		// aborted checkpoint does.
-		if a.aborted {
+		// A dump met by a connection in flight is taken again with the
+		// whole job, into this directory too, as new or empty as it was.
+		retried := !a.aborted && inFlight(err)
+		if a.aborted || retried {
 			_ = removeImage(m.Dir, dirExisted)
 		}
-		if !a.aborted && inFlight(err) {
-			// The coordinator takes the whole job again: into this
-			// directory too, as new or empty as it was.
-			_ = removeImage(m.Dir, dirExisted)
+		if retried {
 			return a.out.send(jobMsg{Event: evError, Error: err.Error(), InFlight: true})
 		}
 		return a.failed(err)
@@ -334,14 +331,8 @@ func (a *jobAgent) commit(m jobMsg, res *DumpResult, held []*proc.Process, dm jo
 	if err := endJobConns(a.pid, dm.Conns); err != nil {
 		notes = append(notes, fmt.Sprintf("%v: a restore within a minute may find their endpoints taken", err))
 	}
-	for _, p := range held {
-		_ = p.Signal(syscall.SIGKILL)
-	}
-	wctx, cancel := context.WithTimeout(context.Background(), treeGoneWait)
-	defer cancel()
-	if left := proc.WaitGone(wctx, held); len(left) > 0 {
-		text, _ := holdersText(holdersOf(left))
-		notes = append(notes, "the part's processes, killed, still hold their pids: "+text)
+	if left := killHeld(context.Background(), held); left != "" {
+		notes = append(notes, "the part's processes, killed, still hold their pids: "+left)
 	}
 	return notes, nil
 }
@@ -399,28 +390,14 @@ func (a *jobAgent) restore(ctx context.Context, m jobMsg) error {
 // and says whether anything of it still runs.
 func (a *jobAgent) endRestored() error {
 	held := proc.AddDescendants(a.restored)
-	for _, p := range held {
-		_ = p.Signal(syscall.SIGKILL)
-	}
-	// The restored root is this agent's child (CRIU restores it as a
-	// sibling of the one that asked): reaped here, not left a zombie.
-	for _, p := range held {
-		if st, err := proc.ReadStat(p.Pid()); err == nil && st.PPid == proc.Pid(os.Getpid()) {
-			var ws unix.WaitStatus
-			_, _ = unix.Wait4(int(p.Pid()), &ws, 0, nil)
-		}
-	}
-	wctx, cancel := context.WithTimeout(context.Background(), treeGoneWait)
-	defer cancel()
 	var notes []string
-	left := proc.WaitGone(wctx, held)
-	if len(left) > 0 {
-		text, _ := holdersText(holdersOf(left))
-		notes = append(notes, "killed, still there: "+text)
+	left := killHeld(context.Background(), held) // the restored root is this agent's child: reaped
+	if left != "" {
+		notes = append(notes, "killed, still there: "+left)
 	}
 	proc.CloseAll(held)
 	a.restored = nil
-	return a.out.send(jobMsg{Event: evEnded, Running: len(left) > 0, Notes: notes})
+	return a.out.send(jobMsg{Event: evEnded, Running: left != "", Notes: notes})
 }
 
 // imageRoot is the pid of the root of the tree an image restores (the

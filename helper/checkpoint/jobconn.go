@@ -77,11 +77,10 @@ func readConnQueues(r io.Reader, family uint8) map[JobConn]connQueue {
 		if !ok {
 			continue
 		}
-		jc := JobConn{Local: endpointText(family, c.local, c.lport), Remote: endpointText(family, c.remote, c.rport)}
 		if st == tcpTimeWaitState {
 			continue // a closed connection with the same endpoints is not this one
 		}
-		out[jc] = connQueue{conn: c, state: st, tx: tx}
+		out[c.jobConn()] = connQueue{conn: c, state: st, tx: tx}
 	}
 	return out
 }
@@ -184,38 +183,3 @@ func endJobConns(pid proc.Pid, conns []JobConn) error {
 // tcpCloseWaitState is TCP_CLOSE_WAIT in /proc/net/tcp: the peer closed
 // (its part was killed first, without a reset).
 const tcpCloseWaitState = 8
-
-// connInodes are the socket inodes of conns in the network namespace of pid.
-func connInodes(pid proc.Pid, conns []JobConn) (map[uint64]bool, error) {
-	out := map[uint64]bool{}
-	for _, src := range []struct {
-		name   string
-		family uint8
-	}{{"tcp", unix.AF_INET}, {"tcp6", unix.AF_INET6}} {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, src.name))
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fl := strings.Fields(sc.Text())
-			if len(fl) < 10 || !strings.Contains(fl[1], ":") {
-				continue
-			}
-			c, ok := parseConn(src.family, fl[1], fl[2])
-			ino, err := strconv.ParseUint(fl[9], 10, 64)
-			if !ok || err != nil || ino == 0 {
-				continue
-			}
-			jc := JobConn{Local: endpointText(src.family, c.local, c.lport), Remote: endpointText(src.family, c.remote, c.rport)}
-			if slices.Contains(conns, jc) {
-				out[ino] = true
-			}
-		}
-		f.Close()
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("none of the job's connections (%s) is there any more", conns[0])
-	}
-	return out, nil
-}

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/helper/proc"
@@ -295,16 +294,10 @@ func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev 
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%d GPU processes at %d operations that wait for a peer, quiesced and drained in %.3f s",
 		gpus, target, res.QuiescedSeconds)})
 	// dump, held at the barriers
-	for i, a := range j.agents {
-		m := jobMsg{Op: opDump, Dir: o.Parts[i].Dir, Conns: conns[i], LeaveRunning: o.LeaveRunning, DrainMillis: drain.Milliseconds()}
-		if err := a.send(m); err != nil {
-			return nil, j.abort(res, "freeze", err)
-		}
-	}
-	for _, a := range j.agents {
-		if _, err := a.expect(evFrozen, j.step); err != nil {
-			return nil, j.abort(res, "freeze", sharedDirHint(o.Parts, err))
-		}
+	if _, err := j.all(func(i int) jobMsg {
+		return jobMsg{Op: opDump, Dir: o.Parts[i].Dir, Conns: conns[i], LeaveRunning: o.LeaveRunning, DrainMillis: drain.Milliseconds()}
+	}, evFrozen); err != nil {
+		return nil, j.abort(res, "freeze", err)
 	}
 	frozen := time.Now()
 	ev.emit(Event{Kind: Phase, Text: "every part is frozen; waiting for the job's connections to drain"})
@@ -314,7 +307,7 @@ func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev 
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("drained in %.3f s; every part dumps", time.Since(frozen).Seconds())})
 	dumped, err := j.all(func(int) jobMsg { return jobMsg{Op: opGo} }, evDumped)
 	if err != nil {
-		return nil, j.abort(res, "dump", sharedDirHint(o.Parts, err))
+		return nil, j.abort(res, "dump", err)
 	}
 	res.FrozenSeconds = time.Since(frozen).Seconds()
 	for i, m := range dumped {
@@ -411,22 +404,6 @@ func jobConnCount(conns [][]JobConn) int {
 		n += len(cs)
 	}
 	return n / 2
-}
-
-// sharedDirHint adds to a part's refusal of its image directory (it holds
-// an image already) that parts on a file system the hosts share need a
-// directory each: -D alone names one path for all of them.
-func sharedDirHint(parts []JobPartSpec, err error) error {
-	if len(parts) < 2 || !strings.Contains(err.Error(), "already holds") {
-		return err
-	}
-	for _, p := range parts[1:] {
-		if p.Dir != parts[0].Dir {
-			return err
-		}
-	}
-	return fmt.Errorf("%w (every part writes %s: where the hosts share its file system, give each part its own directory, --part HOST=PID:DIR)",
-		err, parts[0].Dir)
 }
 
 // sharedDirs refuses parts that name one image directory on a file system

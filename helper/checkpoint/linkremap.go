@@ -359,28 +359,26 @@ func sameContent(path string, dfd int, name string) (bool, error) {
 }
 
 // removeLinkRemaps removes the links CRIU made for the dump in dir (the
-// image keeps its copies) and says how many, as CRIU does itself when the
-// tree runs on after a dump. A --leave-stopped dump that succeeded keeps
-// them for the restore; a source continued instead (a migration that
+// image keeps its copies), as CRIU does itself when the tree runs on after
+// a dump. A --leave-stopped dump that succeeded keeps them for the restore; a source continued instead (a migration that
 // failed after its dump, a job's part aborted after its dump or committed
 // --leave-running) would leave them behind, one more name of each file,
 // and the next dump of the tree would fail on them ("Can't link remap to
 // /dev/shm/sem.X: File exists", measured).
-func removeLinkRemaps(dir string) (int, error) {
+func removeLinkRemaps(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer d.Close()
 	linked, err := linkedRemaps(int(d.Fd()))
 	if err != nil || len(linked) == 0 {
-		return 0, err
+		return err
 	}
 	files, err := filesIn(int(d.Fd()))
 	if err != nil {
-		return 0, err
+		return err
 	}
-	n := 0
 	var errs []error
 	for _, p := range linkRemapPaths(linked, files) {
 		if !linkRemapName.MatchString(filepath.Base(p)) {
@@ -396,12 +394,9 @@ func removeLinkRemaps(dir string) (int, error) {
 		}
 		err = unix.Unlinkat(pd, filepath.Base(p), 0)
 		unix.Close(pd)
-		switch {
-		case err == nil:
-			n++
-		case !errors.Is(err, unix.ENOENT):
+		if err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
 		}
 	}
-	return n, errors.Join(errs...)
+	return errors.Join(errs...)
 }

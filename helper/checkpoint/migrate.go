@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/helper/proc"
 )
 
@@ -238,16 +240,33 @@ func Migrate(ctx context.Context, o MigrateOptions) (*MigrateResult, error) {
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("runs at %s as pid %d", o.Target.Name(), restored.Pid)})
 	// The target runs: the source goes (a process of it that died
 	// meanwhile is simply gone).
+	if left := killHeld(ctx, held); left != "" {
+		ev.emit(Event{Kind: Warning, Text: "the source's processes, killed, still hold their pids: " + left})
+	}
+	return res, nil
+}
+
+// killHeld kills the held processes, reaps those that are this process's
+// children (a job agent's restored tree: CRIU restores it as a sibling of
+// the one that asked), and waits, at most treeGoneWait, until every pid
+// is free; it names those still held ("": none).
+func killHeld(ctx context.Context, held []*proc.Process) string {
 	for _, p := range held {
 		_ = p.Signal(syscall.SIGKILL)
+	}
+	for _, p := range held {
+		if st, err := proc.ReadStat(p.Pid()); err == nil && st.PPid == proc.Pid(os.Getpid()) {
+			var ws unix.WaitStatus
+			_, _ = unix.Wait4(int(p.Pid()), &ws, 0, nil)
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, treeGoneWait)
 	defer cancel()
 	if left := proc.WaitGone(wctx, held); len(left) > 0 {
 		text, _ := holdersText(holdersOf(left))
-		ev.emit(Event{Kind: Warning, Text: "the source's processes, killed, still hold their pids: " + text})
+		return text
 	}
-	return res, nil
+	return ""
 }
 
 // holdersOf describes held processes that are still there (running, or
@@ -328,12 +347,12 @@ func inPreCopy(rel string) bool { return rel == PreCopyDir || strings.HasPrefix(
 func continueSource(socket string, dump *DumpResult, held []*proc.Process, notes []string) (bool, []string) {
 	// its TCP connections out of the repair mode the dump left them in
 	// (repair.go), before it runs again
-	if _, err := repairOffTree(held); err != nil {
+	if err := repairOffTree(held); err != nil {
 		notes = append(notes, fmt.Sprintf("TCP connections of the source could not be taken out of repair mode (their reads fail with EPERM): %v", err))
 	}
 	// and the links CRIU made for the dump gone, as after a dump that let
 	// the tree run on (linkremap.go)
-	if _, err := removeLinkRemaps(dump.ImagesDir); err != nil {
+	if err := removeLinkRemaps(dump.ImagesDir); err != nil {
 		notes = append(notes, fmt.Sprintf("the links CRIU made for the dump (link_remap.N) could not all be removed; the next dump of the source may fail on them: %v", err))
 	}
 	for _, p := range held {

@@ -63,9 +63,11 @@ type treeConn struct {
 }
 
 // jobConn is the connection as a job's coordinator names it.
-func (c treeConn) jobConn() JobConn {
-	return JobConn{Local: endpointText(c.conn.family, c.conn.local, c.conn.lport),
-		Remote: endpointText(c.conn.family, c.conn.remote, c.conn.rport)}
+func (c treeConn) jobConn() JobConn { return c.conn.jobConn() }
+
+// jobConn is the connection by its two endpoints as people write them.
+func (c tcpConn) jobConn() JobConn {
+	return JobConn{Local: endpointText(c.family, c.local, c.lport), Remote: endpointText(c.family, c.remote, c.rport)}
 }
 
 // TCP states of /proc/net/tcp that hold no connection: a listener, and a
@@ -215,15 +217,32 @@ func ownedConns(r io.Reader, family uint8, owner map[uint64]proc.Pid, inNS func(
 // socketInodes lists the inodes of the sockets pid has open.
 func socketInodes(pid proc.Pid) []uint64 {
 	var out []uint64
+	for _, ino := range socketFds(pid) {
+		if !slices.Contains(out, ino) {
+			out = append(out, ino)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// socketFds maps each descriptor of pid that is a socket to the socket's
+// inode.
+func socketFds(pid proc.Pid) map[int]uint64 {
+	out := map[int]uint64{}
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
 		l, err := os.Readlink(filepath.Join(dir, e.Name()))
 		if err != nil || !strings.HasPrefix(l, "socket:[") || !strings.HasSuffix(l, "]") {
 			continue
 		}
-		if ino, err := strconv.ParseUint(l[len("socket:["):len(l)-1], 10, 64); err == nil && !slices.Contains(out, ino) {
-			out = append(out, ino)
+		if ino, err := strconv.ParseUint(l[len("socket:["):len(l)-1], 10, 64); err == nil {
+			out[fd] = ino
 		}
 	}
 	return out
