@@ -206,16 +206,30 @@ func restorePidsFree(ctx context.Context, dir string) ([]proc.Pid, error) {
 // sessionLeaderCheck refuses, before anything is paused or copied, a dump
 // CRIU would refuse only after the plugin had copied all GPU memory: without
 // --shell-job, the root of the tree must lead its own session ("The root
-// process N is not a session leader").
+// process N is not a session leader"); with it or without, no process of the
+// tree may belong to a session whose leader is outside its pid namespace
+// (getsid gives CRIU 0 there: "A session leader of N is outside of its pid
+// namespace"), as a program started without setsid inside a container is.
 func sessionLeaderCheck(pid proc.Pid, shellJob bool) error {
-	if shellJob {
-		return nil
-	}
 	st, err := proc.ReadStat(pid)
 	if err != nil {
 		return fmt.Errorf("no process %d", pid)
 	}
-	if st.Session == pid {
+	for _, p := range proc.Tree(pid) {
+		if sid, ok := proc.NsSession(p); ok && sid == 0 {
+			which := "it"
+			if p != pid {
+				which = fmt.Sprintf("its descendant %d", p)
+				if c := proc.Comm(p); c != "" {
+					which += " (" + c + ")"
+				}
+			}
+			return fmt.Errorf("checkpoint of %d refused: %s belongs to a session whose leader is outside its pid namespace "+
+				"(as a program started without setsid inside a container does), which CRIU cannot dump, with --shell-job or without; "+
+				"start the program with setsid, so that it leads a session of its own", pid, which)
+		}
+	}
+	if shellJob || st.Session == pid {
 		return nil
 	}
 	leader := fmt.Sprintf("%d", st.Session)

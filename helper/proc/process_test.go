@@ -385,3 +385,28 @@ func TestCreds(t *testing.T) {
 		}
 	}
 }
+
+// TestNsSession: a process's session in its own pid namespace is what
+// getsid gives inside it: this process's own, and 0 for pid 1 of a new pid
+// namespace that stayed in this process's session (its leader is outside).
+func TestNsSession(t *testing.T) {
+	want, err := unix.Getsid(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sid, ok := NsSession(Pid(os.Getpid())); !ok || sid != Pid(want) {
+		t.Errorf("NsSession(self) = %d, %v; getsid says %d", sid, ok, want)
+	}
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no new pid namespace here: %v", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if sid, ok := NsSession(Pid(cmd.Process.Pid)); !ok || sid != 0 {
+		t.Errorf("NsSession of pid 1 of a new namespace in this session = %d, %v; want 0, true", sid, ok)
+	}
+	if _, ok := NsSession(Pid(1 << 30)); ok {
+		t.Errorf("NsSession of no process says it knows")
+	}
+}

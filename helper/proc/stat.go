@@ -104,6 +104,22 @@ func NsPid(pid Pid) Pid {
 	return Pid(n)
 }
 
+// NsSession is pid's session id in its own (innermost) pid namespace, as
+// getsid(0) inside it returns it: 0 when the session's leader lives outside
+// that namespace. ok is false when /proc does not say (no such process, or a
+// kernel without the NSsid line).
+func NsSession(pid Pid) (sid Pid, ok bool) {
+	f, err := statusField(pid, "NSsid")
+	if err != nil || len(f) == 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(f[len(f)-1], 10, 32)
+	if err != nil {
+		return 0, false
+	}
+	return Pid(n), true
+}
+
 // ThreadGroup is the process a task id belongs to (/proc/TID/status's
 // Tgid): tid itself for a process, its process's pid for a thread.
 func ThreadGroup(tid Pid) (Pid, error) {

@@ -390,6 +390,36 @@ func TestCLIShowsCRIUFailures(t *testing.T) {
 		}
 	})
 
+	t.Run("session led outside its pid namespace", func(t *testing.T) {
+		// pid 1 of a new pid namespace, in this test's session: getsid
+		// gives 0 inside, which CRIU refuses even with --shell-job
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		img := filepath.Join(t.TempDir(), "img")
+		out, code := gpucrRun(t, env, "checkpoint", strconv.Itoa(cmd.Process.Pid), "-D", img, "--shell-job")
+		if code != 1 {
+			t.Fatalf("gpucr checkpoint --shell-job: exit %d, want 1:\n%s", code, out)
+		}
+		for _, w := range []string{"session whose leader is outside its pid namespace", "with --shell-job or without", "start the program with setsid"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("output lacks %q:\n%s", w, out)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(img, "dump.log")); err == nil {
+			t.Errorf("CRIU ran although it cannot dump the process:\n%s", out)
+		}
+		if st := procState(cmd.Process.Pid); st == "" || st == "Z" {
+			t.Errorf("pid %d did not survive the refused dump", cmd.Process.Pid)
+		}
+	})
+
 	t.Run("full image directory", func(t *testing.T) {
 		dir := mountTmpfs(t, "size=64k")
 		p := startSetsid(t, true, "sleep", "60")

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/gpucr/gpucr/helper/client"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -57,11 +58,28 @@ func TestMain(m *testing.M) {
 	if args := os.Getenv("GPUCR_E2E_SWAP_FILES"); args != "" {
 		os.Exit(swapFilesMain(args))
 	}
+	leadSessionInsideNamespace()
 	code := m.Run()
 	if binCopyDir != "" {
 		os.RemoveAll(binCopyDir)
 	}
 	os.Exit(code)
+}
+
+// leadSessionInsideNamespace makes the tests stand where a shell stands:
+// a process they start without setsid is a shell's job, in a session led
+// inside its pid namespace. Where the tests run in a session whose leader
+// is outside their pid namespace (a CI job in a container started without
+// setsid), such a process is one CRIU cannot dump at all, --shell-job or
+// not; so the test binary then leads a session of its own, as the shell in
+// that container would. The tests that want that other case make it
+// themselves (a new pid namespace).
+func leadSessionInsideNamespace() {
+	if sid, ok := proc.NsSession(proc.Pid(os.Getpid())); ok && sid == 0 {
+		if _, err := syscall.Setsid(); err != nil {
+			fmt.Fprintf(os.Stderr, "the tests' session is led outside their pid namespace, and setsid failed: %v\n", err)
+		}
+	}
 }
 
 // rawReply is what the raw client prints: the helper's response, or why
