@@ -158,7 +158,7 @@ uninstall:
 	done
 
 # Unit tests of the interposer's driver-free parts (buffer table, slabs, scanning).
-INTERCEPT_UNIT_LIB := intercept/src/1_table.c intercept/src/1_scan.c intercept/src/1_gate.c intercept/src/1_log.c \
+INTERCEPT_UNIT_LIB := intercept/src/1_table.c intercept/src/1_scan.c intercept/src/1_stats.c intercept/src/1_gate.c intercept/src/1_log.c \
 	intercept/src/1_guard.c intercept/src/1_writes.c intercept/src/1_sync.c
 $(INTERCEPT_UNIT): $(INTERCEPT_UNIT_SRC) $(INTERCEPT_UNIT_LIB) $(INTERCEPT_HDR) Makefile
 	@mkdir -p $(@D)

@@ -38,6 +38,8 @@
 GC_HIDDEN void gc_log_init(void); /* GPUCR_LOG, from the constructor */
 GC_HIDDEN void gc_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 GC_HIDDEN void gc_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Ends the process: its GPU memory is lost (why says how). */
+GC_HIDDEN void gc_state_lost(const char *why) __attribute__((noreturn));
 GC_HIDDEN extern int gc_log_debug;
 
 /* ---- 1_syms.c ---- */

@@ -1,5 +1,6 @@
 /*
- * Logging: lines on stderr, prefixed "gpucr: "; debug lines with GPUCR_LOG=debug.
+ * Logging: lines on stderr, prefixed "gpucr: "; debug lines with GPUCR_LOG=debug;
+ * and the end of a process whose GPU state is lost.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -41,4 +42,12 @@ void gc_debug(const char *fmt, ...) {
 void gc_log_init(void) {
     const char *l = getenv("GPUCR_LOG");
     gc_log_debug = l && strcmp(l, "debug") == 0;
+}
+
+/* Every file that finds the process's GPU memory gone for good (a helper that
+ * died while it was detached, a restore whose memory never loads) ends it
+ * here: running on would compute on nothing or wait at the gate forever. */
+void gc_state_lost(const char *why) {
+    fprintf(stderr, "gpucr: this process's GPU state is lost: %s; aborting\n", why);
+    abort();
 }

@@ -1,66 +1,13 @@
 /*
- * Hot-path bookkeeping: per-thread counters, the per-handle parameter layout
- * cache and the scan of a launch's parameters against the buffer table.
- * Nothing here takes a lock or makes a system call on the hot path (a
- * thread's first counter registers its block once; a kernel's first launch
- * asks the driver for its layout once).
+ * Hot-path bookkeeping: the per-handle parameter layout cache and the scan
+ * of a launch's parameters against the buffer table. Nothing here takes a
+ * lock or makes a system call on the hot path (a kernel's first launch asks
+ * the driver for its layout once).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "1_base.h"
-
-/* ---- per-thread counters ---- */
-
-typedef struct tstats {
-    _Atomic uint64_t c[STAT_N];
-    struct tstats *next;
-} tstats;
-
-static _Atomic(tstats *) all_stats;
-static __thread tstats *my_stats __attribute__((tls_model("initial-exec")));
-static tstats overflow_stats; /* if a thread's block cannot be allocated */
-
-static tstats *stats_block(void) {
-    tstats *t = my_stats;
-    if (__builtin_expect(t != NULL, 1))
-        return t;
-    t = calloc(1, sizeof *t);
-    if (!t)
-        return &overflow_stats;
-    tstats *head = atomic_load(&all_stats);
-    do
-        t->next = head;
-    while (!atomic_compare_exchange_weak(&all_stats, &head, t));
-    my_stats = t;
-    return t;
-}
-
-void gc_stat_add(enum gc_stat s, uint64_t v) {
-    /* one writer per block: a relaxed add, no lock prefix contention */
-    tstats *t = stats_block();
-    if (t == &overflow_stats)
-        atomic_fetch_add_explicit(&t->c[s], v, memory_order_relaxed);
-    else
-        atomic_store_explicit(&t->c[s], atomic_load_explicit(&t->c[s], memory_order_relaxed) + v, memory_order_relaxed);
-}
-
-void gc_stats_sum(uint64_t out[STAT_N]) {
-    memset(out, 0, sizeof(uint64_t) * STAT_N);
-    for (tstats *t = atomic_load(&all_stats); t; t = t->next)
-        for (int i = 0; i < STAT_N; i++)
-            out[i] += atomic_load_explicit(&t->c[i], memory_order_relaxed);
-    for (int i = 0; i < STAT_N; i++)
-        out[i] += atomic_load_explicit(&overflow_stats.c[i], memory_order_relaxed);
-}
-
-void gc_stats_reset(void) {
-    for (tstats *t = atomic_load(&all_stats); t; t = t->next)
-        for (int i = 0; i < STAT_N; i++)
-            atomic_store(&t->c[i], 0);
-    for (int i = 0; i < STAT_N; i++)
-        atomic_store(&overflow_stats.c[i], 0);
-}
 
 /* ---- parameter layouts: open addressing, keys claimed by CAS, never removed ---- */
 

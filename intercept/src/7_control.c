@@ -455,16 +455,6 @@ static void do_detach(Req *req, Resp *resp, bool *detach) {
     }
 }
 
-/* Ends the process: its GPU memory is gone (held by a helper that died), and
- * running on would compute on nothing or hang at the gate forever. */
-static void gpu_state_lost(const char *why) __attribute__((noreturn));
-static void gpu_state_lost(const char *why) {
-    fprintf(stderr, "gpucr: this process's GPU state is lost: %s; aborting\n", why);
-    abort();
-}
-
-void gc_client_lost(const char *why) { gpu_state_lost(why); }
-
 /* Watches the helper while detached: it touches helper.alive in the socket
  * directory every second (helper/daemon/adopt.go). Stale or missing for
  * GPUCR_ORPHAN_TIMEOUT_S (default 60) seconds of this process's running time:
@@ -509,7 +499,7 @@ static void watch_check(helper_watch *w) {
                  "the gpucr helper that holds its GPU memory has been gone for %ld s while it was detached for a dump "
                  "(%s: %s)",
                  w->timeout_s, w->path, seen);
-        gpu_state_lost(why);
+        gc_state_lost(why);
     }
 }
 
@@ -530,7 +520,7 @@ static void check_wake_file(void) {
         char *nl = strchr(buf, '\n');
         if (nl)
             *nl = 0;
-        gpu_state_lost(buf + 5 + (buf[5] == ' '));
+        gc_state_lost(buf + 5 + (buf[5] == ' '));
     }
 }
 
@@ -767,7 +757,7 @@ serve:
         }
         free(out);
         if (abort_why[0])
-            gpu_state_lost(abort_why);
+            gc_state_lost(abort_why);
         if (snapped)
             snap_free(&sm);
         if (req)
@@ -798,7 +788,7 @@ serve:
         gc_gate_open();
         gc_warn("control connection closed while quiesced: resuming");
     } else if (atomic_load(&G.state) == CLIENT_DROPPED) {
-        gpu_state_lost(
+        gc_state_lost(
             "the gpucr helper closed the control connection while this process's device memory was dropped "
             "for a checkpoint (the helper died?)");
     }

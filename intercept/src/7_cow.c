@@ -40,7 +40,7 @@ static void give_up(void) {
 static void load_failed(const char *why) {
     char msg[1200];
     snprintf(msg, sizeof msg, "its GPU memory did not load after a restore on demand: %s", why);
-    gc_client_lost(msg);
+    gc_state_lost(msg);
 }
 
 /* Saves (or, loading, loads) the pending chunks of [lo, hi), in one request (the whole span if they are too many

@@ -12,9 +12,6 @@
 
 #include "1_base.h"
 
-/* Ends the process: its GPU memory is lost (7_control.c). */
-GC_HIDDEN void gc_client_lost(const char *why) __attribute__((noreturn));
-
 /* A copy's or memset's destination: [dst, dst + n). */
 GC_HIDDEN void gc_cow_write(uint64_t dst, uint64_t n);
 /* A copy's source: [src, src + n) (only a loading window holds reads). */
