@@ -100,6 +100,17 @@ func parseHashName(name string) (chunkHash, bool) {
 
 func manifestPath(dir string) string { return filepath.Join(dir, SubDir, manifestName) }
 
+// ManifestPath is DIR/gpucr/manifest.pb, the file a committed image has
+// (a write renames it into place last).
+func ManifestPath(dir string) string { return manifestPath(dir) }
+
+// PartsPath is DIR/gpucr/parts, where a process's sealed part waits for
+// its tree's commit.
+func PartsPath(dir string) string { return filepath.Join(dir, SubDir, partsName) }
+
+// PartPath is the sealed part of process pid in DIR.
+func PartPath(dir string, pid int) string { return filepath.Join(PartsPath(dir), partName(pid)) }
+
 // chunkPath is DIR/gpucr/chunks/HH/HASH.
 func chunkPath(dir string, h chunkHash) string {
 	s := h.String()

@@ -293,7 +293,7 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 		}
 		return nil, err
 	}
-	manifest := filepath.Join(o.Dir, "gpucr", "manifest.pb")
+	manifest := image.ManifestPath(o.Dir)
 	before, _ := os.Stat(manifest)
 	rec := dumpRecordOf(o.CRIU)
 	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev, record: &rec,
@@ -329,7 +329,7 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 		if len(pc.rounds) > 0 && len(waiting) == 0 {
 			_ = os.RemoveAll(filepath.Join(o.Dir, PreCopyDir))
 		}
-		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, "gpucr"), waiting)
+		return nil, failedDump(o.Dir, err, aside, !slices.Contains(held, image.SubDir), waiting)
 	}
 	if aside != nil {
 		if derr := aside.discard(); derr != nil {
@@ -411,7 +411,7 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []p
 			f.Cleanup = append(f.Cleanup, s)
 		}
 	}
-	partial := filepath.Join(dir, "gpucr")
+	partial := filepath.Join(dir, image.SubDir)
 	waiting = slices.DeleteFunc(slices.Clone(waiting), func(p proc.Pid) bool { return !sealedPart(dir, p) })
 	if len(waiting) > 0 {
 		note(fmt.Sprintf("kept the partial GPU image %s: %s of the tree may wait for their GPU memory in it (their part of it was sealed before the helper died, as a process's is before it gives its memory up); the next gpucr helper gives it back from there, after which `gpucr image gc %s` removes the partial image",
@@ -452,7 +452,7 @@ func failedDump(dir string, err error, aside *asideDir, gpuNew bool, waiting []p
 // of process pid (image.Writer.SealProcess): what a new helper would give
 // that process its memory back from.
 func sealedPart(dir string, pid proc.Pid) bool {
-	fi, err := os.Lstat(filepath.Join(dir, image.SubDir, "parts", fmt.Sprintf("%d.pb", pid)))
+	fi, err := os.Lstat(image.PartPath(dir, int(pid)))
 	return err == nil && fi.Mode().IsRegular()
 }
 

@@ -114,8 +114,8 @@ func gpuHeld(dir string) ([]string, error) {
 		return nil, err
 	}
 	if slices.Contains(held, image.SubDir) {
-		_, merr := os.Lstat(filepath.Join(dir, image.SubDir, "manifest.pb"))
-		_, perr := os.Lstat(filepath.Join(dir, image.SubDir, "parts"))
+		_, merr := os.Lstat(image.ManifestPath(dir))
+		_, perr := os.Lstat(image.PartsPath(dir))
 		if merr != nil && perr != nil {
 			held = slices.DeleteFunc(held, func(n string) bool { return n == image.SubDir })
 		}

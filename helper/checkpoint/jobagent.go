@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/proc"
 )
 
@@ -25,13 +26,9 @@ type JobAgentOptions struct {
 	CRIU   CRIU
 	Env    Environment
 	Events Events // the dump's and the restore's, for this host's log
-	// Fault injects a failure for tests (GPUCR_FAULT): "job-after-dump"
-	// fails the part once it is dumped and stopped, as a dump that fails
-	// late would, after the other parts may have dumped too;
-	// "job-in-flight-once" fails the agent's first dump as one that met a
-	// connection in flight; "job-after-restore" fails the part once
-	// restored.
-	Fault string
+	// Fault is the failure injected for tests (GPUCR_FAULT: one of
+	// fault.Job); none by default.
+	Fault fault.Injected
 }
 
 // jobAgent is one agent's state.
@@ -187,7 +184,7 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 	if a.pid == 0 || !filepath.IsAbs(m.Dir) {
 		return a.fail(errors.New("dump before prepare, or without an absolute image directory"))
 	}
-	if a.o.Fault == "job-in-flight-once" && !a.faulted {
+	if a.o.Fault.Is(fault.JobInFlightOnce) && !a.faulted {
 		// as a dump that met a connection in flight: this part runs on
 		a.faulted = true
 		return a.out.send(jobMsg{Event: evError, InFlight: true,
@@ -252,7 +249,7 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 		return a.failed(err)
 	}
 	held = proc.AddDescendants(held)
-	if a.o.Fault == "job-after-dump" {
+	if a.o.Fault.Is(fault.JobAfterDump) {
 		running, notes := a.giveBack(res, held, m.Dir, dirExisted)
 		return a.out.send(jobMsg{Event: evError, Error: "injected fault (GPUCR_FAULT=job-after-dump): the part failed once dumped",
 			Running: running, Notes: notes})
@@ -378,7 +375,7 @@ func (a *jobAgent) restore(ctx context.Context, m jobMsg) error {
 	if err != nil {
 		return a.failed(err) // CRIU killed what it had restored, or the GPU memory did not come back
 	}
-	if a.o.Fault == "job-after-restore" {
+	if a.o.Fault.Is(fault.JobAfterRestore) {
 		return a.fail(errors.New("injected fault (GPUCR_FAULT=job-after-restore): the part failed once restored"))
 	}
 	result, _ := json.Marshal(res)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image"
 )
 
 // RestoreOptions is a restore of a whole-process image.
@@ -136,7 +137,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if err := remakeLinkRemaps(dir, files, ev); err != nil {
 		return nil, err
 	}
-	_, statErr := os.Stat(filepath.Join(dir, "gpucr"))
+	_, statErr := os.Stat(filepath.Join(dir, image.SubDir))
 	if statErr == nil && o.CRIU.PluginDir == "" {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
@@ -148,7 +149,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	checked := time.Now()
 	r, err := run(ctx, job{dir: dir, criu: o.CRIU, env: o.Env, what: "criu restore from " + dir, ev: ev, lazy: o.LazyPages, deviceMap: o.DeviceMap, onDemand: o.OnDemand,
 		imagePids: pids, postRestore: o.Restored, fill: func(opts *rpc.CriuOpts) { opts.RstSibling = proto.Bool(true) }})
-	_, statErr = os.Stat(filepath.Join(dir, "gpucr", "manifest.pb"))
+	_, statErr = os.Stat(image.ManifestPath(dir))
 	gpuState := statErr == nil
 	if err != nil {
 		// CRIU also fails when a restored process that cannot get its GPU

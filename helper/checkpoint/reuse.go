@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/image"
 )
 
 // A checkpoint into a directory that already holds an image would leave the
@@ -50,7 +52,7 @@ func describeHeld(names []string) string {
 	if slices.Contains(names, "inventory.img") {
 		what = append(what, "a CRIU image")
 	}
-	if slices.Contains(names, "gpucr") {
+	if slices.Contains(names, image.SubDir) {
 		what = append(what, "a GPU image (gpucr/)")
 	}
 	s := fmt.Sprintf("%d entries", len(names))

@@ -14,7 +14,6 @@ import (
 	"github.com/gpucr/gpucr/helper/checkpoint"
 
 	ucli "github.com/urfave/cli/v2"
-	"go.uber.org/zap"
 )
 
 // Version is set at build time with -ldflags "-X .../cli.Version=...".
@@ -199,26 +198,6 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 		c.OnUsageError = onUsageError
 	}
 	return app
-}
-
-// logger returns the logger for a command: structured, to stderr, so stdout
-// stays clean for --json output.
-func logger(c *ucli.Context) *zap.Logger {
-	cfg := zap.NewProductionConfig()
-	cfg.OutputPaths = []string{"stderr"}
-	cfg.ErrorOutputPaths = []string{"stderr"}
-	cfg.Encoding = "console"
-	cfg.EncoderConfig = zap.NewDevelopmentEncoderConfig()
-	if c.Bool("debug") {
-		cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
-	} else {
-		cfg.Level = zap.NewAtomicLevelAt(zap.WarnLevel)
-	}
-	l, err := cfg.Build()
-	if err != nil {
-		return zap.NewNop()
-	}
-	return l
 }
 
 // writeJSON writes v as one line of JSON: every --json document, success

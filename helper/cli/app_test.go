@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -189,6 +190,32 @@ func TestHelpOfSubcommand(t *testing.T) {
 		code, _, errOut := runCLI(t, strings.Fields(args)...)
 		if code != ExitUsage || !strings.Contains(errOut, want) {
 			t.Errorf("gpucr %s: exit %d, stderr %q; want %q", args, code, errOut, want)
+		}
+	}
+}
+
+// A misspelt GPUCR_FAULT stops `gpucr helper` and a job agent before they
+// start, naming the faults there are, instead of running without the
+// failure a test asked for.
+func TestUnknownFaultRefused(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		fault string
+		args  []string
+		want  string
+	}{
+		{"stall-coppy", []string{"helper", "--socket", filepath.Join(dir, "h.sock")}, "GPUCR_FAULT=stall-coppy: no such fault here (these are: driver-lock,"},
+		{"job-after-dump", []string{"helper", "--socket", filepath.Join(dir, "h.sock")}, "no such fault here"},
+		{"slow-load@2", []string{"helper", "--socket", filepath.Join(dir, "h.sock")}, "limits only a checkpoint step"},
+		{"stall-copy", []string{"job-agent"}, "GPUCR_FAULT=stall-copy: no such fault here (these are: job-after-dump,"},
+	} {
+		t.Setenv("GPUCR_FAULT", c.fault)
+		code, _, errOut := runCLI(t, c.args...)
+		if code != ExitUsage || !strings.Contains(errOut, c.want) {
+			t.Errorf("GPUCR_FAULT=%s gpucr %v: exit %d, stderr %q; want %d and %q", c.fault, c.args, code, errOut, ExitUsage, c.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "h.sock")); err == nil {
+			t.Fatalf("GPUCR_FAULT=%s: the helper started", c.fault)
 		}
 	}
 }

@@ -39,7 +39,7 @@ func checkpointCommand() *ucli.Command {
 		Flags: append([]ucli.Flag{socketFlag(),
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory (created if missing)"},
 			&ucli.BoolFlag{Name: "gpu-only", Usage: "only the GPU state, through the helper, without CRIU"},
-			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
+			shellJobFlag(),
 			pluginDirFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
 			&ucli.BoolFlag{Name: "concurrent", Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on, so that the stop does not grow with it; a helper that dies during a CRIU dump's stop then costs the process its GPU memory (default with --gpu-only, where the process never gives its memory up)"},

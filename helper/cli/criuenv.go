@@ -18,6 +18,11 @@ import (
 // options, and the environment CRIU and the plugin get.
 
 // criuTimeoutFlag: the deadline of a CRIU run.
+// shellJobFlag is --shell-job, for every command that runs CRIU.
+func shellJobFlag() ucli.Flag {
+	return &ucli.BoolFlag{Name: "shell-job", Usage: "the process tree was started from a shell: it leads no session of its own (CRIU --shell-job)"}
+}
+
 func criuTimeoutFlag() ucli.Flag {
 	return &ucli.DurationFlag{Name: "criu-timeout", Value: checkpoint.DefaultTimeout,
 		Usage: "how long CRIU may run; then it is killed (the processes of a dump run on)"}

@@ -23,6 +23,7 @@ import (
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/daemon"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/inventory"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -134,6 +135,12 @@ func runHelper(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	// Fault injection for failure tests: GPUCR_FAULT=STEP makes that
+	// step fail (package fault).
+	injected, err := fault.Parse(os.Getenv("GPUCR_FAULT"), fault.Helper)
+	if err != nil {
+		return usageError{err}
+	}
 	log, err := helperLogger(c.String("log-level"), c.String("log-format"), c.String("log-file"))
 	if err != nil {
 		return err
@@ -171,11 +178,9 @@ func runHelper(c *ucli.Context) error {
 		SocketGroup:     c.String("socket-group"),
 		Log:             log,
 		Version:         Version,
-		// Fault injection for failure tests: GPUCR_FAULT=STEP makes that
-		// checkpoint step fail (see daemon.Config.Fault).
-		Fault:  os.Getenv("GPUCR_FAULT"),
-		Driver: driverInfo(lib, drv),
-		Limits: limits,
+		Fault:           injected,
+		Driver:          driverInfo(lib, drv),
+		Limits:          limits,
 	}
 	if loadErr != nil {
 		cfg.Unavailable = fmt.Sprintf("driver %s: %v", lib, loadErr)

@@ -170,7 +170,7 @@ func checkImageDir(dir string) error {
 		// described as what it points to.
 		return fmt.Errorf("%s: %s is a symlink, not a directory (symlinks in an image are not followed)", dir, image.SubDir)
 	}
-	if _, err := os.Stat(filepath.Join(sub, "manifest.pb")); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(image.ManifestPath(dir)); errors.Is(err, fs.ErrNotExist) {
 		// A writer creates DIR/gpucr first and renames the manifest into
 		// place last: the directory without a manifest is a write that
 		// never committed (or one still going on).
@@ -771,7 +771,7 @@ func unfinishedWrite(dir string) bool {
 	if err != nil || !fi.IsDir() {
 		return false
 	}
-	_, err = os.Lstat(filepath.Join(dir, image.SubDir, "manifest.pb"))
+	_, err = os.Lstat(image.ManifestPath(dir))
 	return errors.Is(err, fs.ErrNotExist)
 }
 

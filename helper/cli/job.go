@@ -12,6 +12,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
+	"github.com/gpucr/gpucr/helper/fault"
 )
 
 // `gpucr job checkpoint|restore`: every host's part of a distributed job,
@@ -34,7 +35,7 @@ func jobHostFlags() []ucli.Flag {
 
 // jobAgentFlags are the flags the coordinator hands on to every agent.
 func jobAgentFlags() []ucli.Flag {
-	return append([]ucli.Flag{&ucli.BoolFlag{Name: "shell-job", Usage: "the processes were started from a shell (CRIU --shell-job)"},
+	return append([]ucli.Flag{shellJobFlag(),
 		criuTimeoutFlag()}, criuOptionFlags()...)
 }
 
@@ -238,11 +239,15 @@ func jobAgentCommand() *ucli.Command {
 			// then fails (EPIPE), rather than killing this process while
 			// it holds a part stopped, which it then gives back.
 			signal.Ignore(syscall.SIGPIPE, syscall.SIGHUP)
+			injected, err := fault.Parse(os.Getenv("GPUCR_FAULT"), fault.Job)
+			if err != nil {
+				return usageError{err}
+			}
 			criu, env, err := criuSetup(c)
 			if err != nil {
 				return err
 			}
-			return checkpoint.ServeJobAgent(c.Context, os.Stdin, os.Stdout, checkpoint.JobAgentOptions{CRIU: criu, Env: env, Fault: os.Getenv("GPUCR_FAULT"),
+			return checkpoint.ServeJobAgent(c.Context, os.Stdin, os.Stdout, checkpoint.JobAgentOptions{CRIU: criu, Env: env, Fault: injected,
 				Events: func(ev checkpoint.Event) { fmt.Fprintf(os.Stderr, "gpucr job-agent: %s\n", ev.Text) }})
 		},
 	}

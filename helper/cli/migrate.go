@@ -34,7 +34,7 @@ func migrateCommand() *ucli.Command {
 			preCopyFlag(),
 			&ucli.BoolFlag{Name: "keep-image", Usage: "keep the local image after a migration that succeeded"},
 			&ucli.BoolFlag{Name: "force", Usage: "replace an image the local directory -D already holds"},
-			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
+			shellJobFlag(),
 			pluginDirFlag(), criuTimeoutFlag(), deviceMapFlag(), onDemandFlag(),
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
 		Action: func(c *ucli.Context) error {
@@ -116,7 +116,7 @@ func isMigrateError(err error) bool {
 // this command that a restore takes too, as they were given.
 func restoreArgsOf(c *ucli.Context) []string {
 	var out []string
-	for _, f := range append([]ucli.Flag{&ucli.BoolFlag{Name: "shell-job"}, criuTimeoutFlag(), deviceMapFlag(), onDemandFlag()}, criuOptionFlags()...) {
+	for _, f := range append([]ucli.Flag{shellJobFlag(), criuTimeoutFlag(), deviceMapFlag(), onDemandFlag()}, criuOptionFlags()...) {
 		name := f.Names()[0]
 		if !c.IsSet(name) {
 			continue

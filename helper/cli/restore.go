@@ -19,7 +19,7 @@ func restoreCommand() *ucli.Command {
 		Usage: "restore a process tree from DIR (CRIU with gpucr's plugin)",
 		Flags: append([]ucli.Flag{
 			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory"},
-			&ucli.BoolFlag{Name: "shell-job", Usage: "the process was started from a shell (CRIU --shell-job)"},
+			shellJobFlag(),
 			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "lazy-pages", Usage: "run the restored tree before its host memory is read back: CRIU's lazy-pages daemon serves the pages it touches first, the rest in the background (the kernel's userfaultfd; `gpucr check` says whether it has it)"},
 			deviceMapFlag(),

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -178,7 +179,7 @@ type checkpointRun struct {
 	s     *Server
 	cl    *client
 	ctl   *control
-	nth   uint64 // the helper's how-manyth checkpoint past the drain (Config.Fault "STEP@N")
+	nth   uint64 // the helper's how-manyth checkpoint past the drain (for a Config.Fault limited to one)
 	ph    *phases
 	undos []undo
 	reply *helperpb.CheckpointReply
@@ -336,7 +337,7 @@ func (r *checkpointRun) quiesceDrain() *stepError {
 	}
 	r.ph.done("drain")
 	r.nth = r.s.nCkpt.Add(1)
-	if r.s.faultAt("stall-copy", r.nth) {
+	if r.s.faultAt(fault.StallCopy, r.nth) {
 		r.stall()
 	}
 	return nil
@@ -520,7 +521,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	w, nth, log, cl, g := r.w, r.nth, r.log, r.cl, r.guard
 	bg := r.s.backgroundOf(w)
 	bg.add(tr, func() error {
-		if r.s.faultAt("stall-background", nth) {
+		if r.s.faultAt(fault.StallBackground, nth) {
 			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
 			select {
 			case <-r.s.stopping:
@@ -637,10 +638,10 @@ func (r *checkpointRun) detach() *stepError {
 // must still run (livePid), so that no call reaches a process that took its
 // pid since.
 func (r *checkpointRun) driverCheckpoint() *stepError {
-	if r.s.faultAt("stall-dropped", r.nth) {
+	if r.s.faultAt(fault.StallDropped, r.nth) {
 		r.stallAt("after the drop (GPUCR_FAULT=stall-dropped)")
 	}
-	if r.s.faultAt("driver-lock", r.nth) {
+	if r.s.faultAt(fault.DriverLock, r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
 	}
 	pid, err := r.cl.livePid()
@@ -657,7 +658,7 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 	}
 	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(cuda.CheckpointUnlock) }})
 	r.ph.done("driver-lock")
-	if r.s.faultAt("driver-checkpoint", r.nth) {
+	if r.s.faultAt(fault.DriverCheckpoint, r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
 	if err := r.cl.onLive(cuda.CheckpointCheckpoint); err != nil {
@@ -737,10 +738,7 @@ func (r *checkpointRun) resumeEarly() *stepError {
 }
 
 // faultAt reports whether Config.Fault injects step into the nth checkpoint.
-func (s *Server) faultAt(step string, nth uint64) bool {
-	f := s.cfg.Fault
-	return f == step || f == fmt.Sprintf("%s@%d", step, nth)
-}
+func (s *Server) faultAt(step fault.Name, nth uint64) bool { return s.cfg.Fault.At(step, nth) }
 
 // resumeCheckpointed runs a ResumeCheckpointed request.
 func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeCheckpointed) *helperpb.Response {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
@@ -166,7 +167,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.uid, cl.gid, cl.program = c.cred.Uid, c.cred.Gid, program
 		cl.mu.Unlock()
 		cl.log.Info("client reattached")
-		if s.cfg.Fault == "stall-reattach" {
+		if s.cfg.Fault.Is(fault.StallReattach) {
 			stallReattach(c, cl)
 		}
 	} else {

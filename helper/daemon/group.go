@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -110,7 +111,7 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 	if len(group) < 2 {
 		return nil
 	}
-	if s.cfg.Fault == "no-group-hold" {
+	if s.cfg.Fault.Is(fault.NoGroupHold) {
 		r.log.Warn("injected fault: processes sharing GPU memory are quiesced one by one (GPUCR_FAULT=no-group-hold)")
 		return nil
 	}

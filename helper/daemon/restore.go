@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -316,7 +317,7 @@ func (s *Server) runLoad(p *restorePlan) {
 	}
 	tr := s.transfers.begin(p.dir, false, bytes, pids)
 	slow := time.Duration(0)
-	if s.cfg.Fault == "slow-load" {
+	if s.cfg.Fault.Is(fault.SlowLoad) {
 		slow = 200 * time.Millisecond
 	}
 	switch {

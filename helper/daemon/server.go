@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/fscred"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
@@ -60,23 +61,9 @@ type Config struct {
 	StatusTimeout time.Duration
 	// OpTimeout bounds a forwarded ClientOp whose timeout_ms is 0.
 	OpTimeout time.Duration
-	// Fault names a checkpoint step that fails on purpose ("driver-lock",
-	// "driver-checkpoint": tests check that every step before it is
-	// undone), or "stall-copy": a checkpoint waits a minute before its copy,
-	// or until its requester closes the connection (tests kill the helper,
-	// or CRIU, there); "stall-dropped" the same after the process dropped
-	// its memory (its image part sealed, the image not committed);
-	// "stall-background" holds a concurrent checkpoint's background copy
-	// back 5 s (the process runs on meanwhile); "slow-load" holds each
-	// chunk of a restore's load back 200 ms (a restore on demand runs
-	// long before its data is in). "STEP@N": only in the helper's N-th checkpoint (the
-	// second process of a dumped tree, say). "stall-reattach": the reply to
-	// a reattaching process waits until it closes its connection (tests
-	// kill it there). "no-group-hold": processes that share GPU memory are
-	// quiesced one by one, without first bringing them to a common point
-	// (tests check that the checkpoint then fails, bounded, and the
-	// processes run on).
-	Fault string
+	// Fault is the failure injected for tests (GPUCR_FAULT; package fault
+	// says what each does); none by default.
+	Fault fault.Injected
 	// Limits bound what the socket's users can make the helper hold
 	// (limits.go); zero fields take the defaults.
 	Limits Limits
@@ -122,7 +109,7 @@ type Server struct {
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
 	closed    bool
 	nextAlloc atomic.Uint64
-	nCkpt     atomic.Uint64 // checkpoints begun, for Fault "STEP@N"
+	nCkpt     atomic.Uint64 // checkpoints begun, for a Fault limited to one (STEP@N)
 	wg        sync.WaitGroup
 
 	// Limits (limits.go).

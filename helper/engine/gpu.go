@@ -9,7 +9,7 @@ import (
 // GPU is a device as the engines use it: a view of the helper's
 // allocations, copy lanes, and the chunk hash computed where the memory
 // lies. The helper's is the driver's (CUDA); tests use an in-process one
-// (helper/internal/memgpu) that keeps device memory in host memory.
+// (helper/internal/fakegpu) that keeps device memory in host memory.
 type GPU interface {
 	// Ordinal, UUID and Name name the device in the image.
 	Ordinal() int
