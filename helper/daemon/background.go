@@ -132,7 +132,7 @@ func (s *Server) settleImage(w *image.Writer, abort bool) error {
 	case err == nil:
 		err = w.Commit()
 	case isChangedWindow(err):
-		s.salvageImage(w) // for the checkpoint taken again
+		s.salvage.keep(w) // for the checkpoint taken again
 	default:
 		_ = w.Abort()
 	}

@@ -177,7 +177,7 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 		return nil, fmt.Errorf("image directory %s: %w", req.ImageDir, err)
 	}
 	if !req.DeferCommit {
-		opts.Salvage = s.takeSalvage(dev, ino)
+		opts.Salvage = s.salvage.take(dev, ino)
 		return image.CreateAt(dir, origin, opts)
 	}
 	key := deferKey{c, req.ImageDir}
@@ -192,7 +192,7 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 	}
 	// Requests of one connection are served one at a time: nothing else
 	// makes this key's writer meanwhile.
-	opts.Salvage = s.takeSalvage(dev, ino)
+	opts.Salvage = s.salvage.take(dev, ino)
 	w, err := image.CreateAt(dir, origin, opts)
 	if err != nil {
 		return nil, err

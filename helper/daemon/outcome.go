@@ -102,23 +102,40 @@ func (o *outcomes) snapshot() (rs []*helperpb.RestoreResult, done bool, changed 
 	return rs, done, o.changed
 }
 
-// rememberRestore keeps a plan's outcomes findable by its image directory.
-func (s *Server) rememberRestore(dir string, o *outcomes) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for d, old := range s.recent {
+// recentOutcomes are the outcomes of the restores of the last
+// recentRestores, by image directory: what WaitRestored answers from. It
+// has its own lock: nothing else is read or written with it.
+type recentOutcomes struct {
+	mu    sync.Mutex
+	byDir map[string]*outcomes
+}
+
+func newRecentOutcomes() *recentOutcomes {
+	return &recentOutcomes{byDir: map[string]*outcomes{}}
+}
+
+// remember keeps a plan's outcomes findable by its image directory.
+func (r *recentOutcomes) remember(dir string, o *outcomes) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for d, old := range r.byDir {
 		if time.Since(old.at) > recentRestores {
-			delete(s.recent, d)
+			delete(r.byDir, d)
 		}
 	}
-	s.recent[resolvedDir(dir)] = o
+	r.byDir[resolvedDir(dir)] = o
+}
+
+// find is the outcomes of the latest restore from dir; nil if none is known.
+func (r *recentOutcomes) find(dir string) *outcomes {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byDir[resolvedDir(dir)]
 }
 
 // waitRestored runs a WaitRestored request.
 func (s *Server) waitRestored(c *conn, id uint64, req *helperpb.WaitRestored) *helperpb.Response {
-	s.mu.Lock()
-	o := s.recent[resolvedDir(req.ImageDir)]
-	s.mu.Unlock()
+	o := s.recent.find(req.ImageDir)
 	if o == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no restore from %s is known to this helper", req.ImageDir)
 	}

@@ -160,7 +160,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	// could wait for it.
 	plan.load.onDemand = req.OnDemand && plan.resident == nil
 	s.trackPlan(plan)
-	s.rememberRestore(req.ImageDir, plan.out)
+	s.recent.remember(req.ImageDir, plan.out)
 	go s.runLoad(plan)
 	return okResp(id), plan
 }

@@ -11,6 +11,7 @@ package daemon
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -37,70 +38,82 @@ func isChangedWindow(err error) bool {
 	return errors.As(err, &se) && se.code == helperpb.ErrorCode_ERROR_CHANGED
 }
 
-// salvageImage drops w, keeping its chunk files for the next image written
-// into its directory.
-func (s *Server) salvageImage(w *image.Writer) {
+// salvages are the chunk files of dropped concurrent checkpoints, kept by
+// the directory (device and inode) they were written into until the
+// checkpoint taken again there takes them, or salvageKeep passes. It has
+// its own lock: nothing else is read or written with it.
+type salvages struct {
+	log  *zap.Logger
+	mu   sync.Mutex
+	kept map[salvageKey]salvageEntry
+}
+
+func newSalvages(log *zap.Logger) *salvages {
+	return &salvages{log: log, kept: map[salvageKey]salvageEntry{}}
+}
+
+// keep drops w, keeping its chunk files for the next image written into
+// its directory.
+func (v *salvages) keep(w *image.Writer) {
 	sv, err := w.AbortSalvage()
 	if err != nil {
-		s.log.Warn("dropping the image of a window that found memory changed", zap.String("image", w.Dir()), zap.Error(err))
+		v.log.Warn("dropping the image of a window that found memory changed", zap.String("image", w.Dir()), zap.Error(err))
 	}
 	if sv == nil {
 		return
 	}
 	dev, ino := sv.Dir()
-	s.mu.Lock()
-	if s.salvage == nil {
-		s.salvage = map[salvageKey]salvageEntry{}
-	}
-	old := s.salvage[salvageKey{dev, ino}]
-	s.salvage[salvageKey{dev, ino}] = salvageEntry{sv, time.Now()}
-	expired := s.expiredSalvageLocked()
-	s.mu.Unlock()
-	s.discardSalvage(append(expired, old.sv)...)
-	s.log.Info("kept the chunks a dropped concurrent checkpoint saved, for the checkpoint taken again",
+	v.mu.Lock()
+	old := v.kept[salvageKey{dev, ino}]
+	v.kept[salvageKey{dev, ino}] = salvageEntry{sv, time.Now()}
+	expired := v.expiredLocked()
+	v.mu.Unlock()
+	v.discard(append(expired, old.sv)...)
+	v.log.Info("kept the chunks a dropped concurrent checkpoint saved, for the checkpoint taken again",
 		zap.String("image", w.Dir()), zap.Int("chunks", sv.Chunks()), zap.Int64("bytes", sv.Bytes()))
 }
 
-// takeSalvage hands the salvage of the directory dev/ino over, if one is
-// kept (nil: none).
-func (s *Server) takeSalvage(dev, ino uint64) *image.Salvage {
-	s.mu.Lock()
-	expired := s.expiredSalvageLocked()
-	e := s.salvage[salvageKey{dev, ino}]
-	delete(s.salvage, salvageKey{dev, ino})
-	s.mu.Unlock()
-	s.discardSalvage(expired...)
+// take hands the salvage of the directory dev/ino over, if one is kept
+// (nil: none).
+func (v *salvages) take(dev, ino uint64) *image.Salvage {
+	v.mu.Lock()
+	expired := v.expiredLocked()
+	e := v.kept[salvageKey{dev, ino}]
+	delete(v.kept, salvageKey{dev, ino})
+	v.mu.Unlock()
+	v.discard(expired...)
 	return e.sv
 }
 
-// expiredSalvageLocked removes and returns the salvages kept too long.
-func (s *Server) expiredSalvageLocked() []*image.Salvage {
+// expiredLocked removes and returns the salvages kept too long.
+func (v *salvages) expiredLocked() []*image.Salvage {
 	var out []*image.Salvage
-	for k, e := range s.salvage {
+	for k, e := range v.kept {
 		if time.Since(e.kept) > salvageKeep {
 			out = append(out, e.sv)
-			delete(s.salvage, k)
+			delete(v.kept, k)
 		}
 	}
 	return out
 }
 
-// dropAllSalvage removes every salvage kept (the helper stops).
-func (s *Server) dropAllSalvage() {
-	s.mu.Lock()
+// dropAll removes every salvage kept (the helper stops).
+func (v *salvages) dropAll() {
+	v.mu.Lock()
 	var all []*image.Salvage
-	for _, e := range s.salvage {
+	for _, e := range v.kept {
 		all = append(all, e.sv)
 	}
-	s.salvage = nil
-	s.mu.Unlock()
-	s.discardSalvage(all...)
+	v.kept = map[salvageKey]salvageEntry{}
+	v.mu.Unlock()
+	v.discard(all...)
 }
 
-func (s *Server) discardSalvage(svs ...*image.Salvage) {
+// discard removes the files of svs (nil ones are none).
+func (v *salvages) discard(svs ...*image.Salvage) {
 	for _, sv := range svs {
 		if err := sv.Discard(); err != nil {
-			s.log.Warn("salvaged chunk files could not all be removed (gpucr image gc removes them)", zap.Error(err))
+			v.log.Warn("salvaged chunk files could not all be removed (gpucr image gc removes them)", zap.Error(err))
 		}
 	}
 }

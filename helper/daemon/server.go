@@ -98,15 +98,15 @@ type Server struct {
 	mu        sync.Mutex
 	reg       registry                      // the clients (registry.go)
 	plans     map[*restorePlan]bool         // restores being prepared (restore.go)
-	recent    map[string]*outcomes          // what became of recent restores, by image directory (outcome.go)
+	recent    *recentOutcomes               // what became of recent restores, by image directory (outcome.go)
 	open      map[deferKey]*deferImage      // deferred-commit images by connection and directory (imagedir.go)
 	groups    map[deferKey][]*groupRun      // their checkpoints of processes sharing GPU memory (group.go)
 	bg        map[*image.Writer]*background // concurrent checkpoints' copies still running, by image (background.go)
 	snaps     snapshotHolds                 // the device memory their snapshots hold (background.go)
-	salvage   map[salvageKey]salvageEntry   // chunks of dropped concurrent checkpoints, by directory (salvage.go)
 	residents residentSet                   // images kept in device memory (resident.go)
 	conns     map[*net.UnixConn]struct{}
 	transfers transferLog // GPU copies, for progress displays (transfer.go)
+	salvage   *salvages   // chunks of dropped concurrent checkpoints, by directory (salvage.go)
 	closed    bool
 	nextAlloc atomic.Uint64
 	nCkpt     atomic.Uint64 // checkpoints begun, for a Fault limited to one (STEP@N)
@@ -148,7 +148,7 @@ func New(cfg Config) *Server {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
-	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: map[string]*outcomes{},
+	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: newRecentOutcomes(), salvage: newSalvages(cfg.Log),
 		residents: residentSet{byKey: map[residentKey]*resident{}},
 		open:      map[deferKey]*deferImage{}, groups: map[deferKey][]*groupRun{}, conns: map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
@@ -366,7 +366,7 @@ func (s *Server) Shutdown() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	s.dropAllSalvage()
+	s.salvage.dropAll()
 	s.pool.close()
 	if s.ln != nil {
 		s.ln.Close()
