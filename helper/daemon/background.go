@@ -42,28 +42,42 @@ type background struct {
 // settle tells the copies that the image is being dropped.
 func (b *background) settle() { b.once.Do(func() { close(b.settling) }) }
 
-// backgroundOf returns w's background copies, made on first use.
-func (s *Server) backgroundOf(w *image.Writer) *background {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.bg == nil {
-		s.bg = map[*image.Writer]*background{}
+// backgrounds are the concurrent checkpoints' copies still running, by
+// image. It has its own lock: nothing else is read or written with it.
+type backgrounds struct {
+	mu      sync.Mutex
+	byImage map[*image.Writer]*background
+}
+
+// of returns w's background copies, made on first use.
+func (bs *backgrounds) of(w *image.Writer) *background {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.byImage == nil {
+		bs.byImage = map[*image.Writer]*background{}
 	}
-	b := s.bg[w]
+	b := bs.byImage[w]
 	if b == nil {
 		b = &background{settling: make(chan struct{})}
-		s.bg[w] = b
+		bs.byImage[w] = b
 	}
 	return b
 }
 
-// takeBackground removes and returns w's background copies (nil: none).
-func (s *Server) takeBackground(w *image.Writer) *background {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.bg[w]
-	delete(s.bg, w)
+// take removes and returns w's background copies (nil: none).
+func (bs *backgrounds) take(w *image.Writer) *background {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	b := bs.byImage[w]
+	delete(bs.byImage, w)
 	return b
+}
+
+// has says whether w has background copies.
+func (bs *backgrounds) has(w *image.Writer) bool {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	return bs.byImage[w] != nil
 }
 
 // add queues job after the copies queued before it; tr is its transfer.
@@ -114,7 +128,7 @@ func (b *background) finish(err error) {
 // it at once (the copies still running then fail fast and end). The
 // transfers of the copies finish with the outcome.
 func (s *Server) settleImage(w *image.Writer, abort bool) error {
-	b := s.takeBackground(w)
+	b := s.bg.take(w)
 	if abort {
 		err := w.Abort()
 		if b != nil {
@@ -190,13 +204,6 @@ func (s *Server) untilRunning(cl *client, settling <-chan struct{}) time.Duratio
 		case <-tick.C:
 		}
 	}
-}
-
-// hasBackground says whether w has background copies.
-func (s *Server) hasBackground(w *image.Writer) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.bg[w] != nil
 }
 
 // snapshotOOMWait bounds how long an allocation that finds its device full

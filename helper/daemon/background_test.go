@@ -61,7 +61,7 @@ func TestBackgroundCommitFollowsTheResume(t *testing.T) {
 	cl := testClient(t, lifeDropped)
 	tr := s.transfers.begin(w.Dir(), true, 1<<20, []int64{4242})
 	tr.background = true
-	b := s.backgroundOf(w)
+	b := s.bg.of(w)
 	started := make(chan time.Time, 1)
 	b.add(tr, func() error {
 		s.untilRunning(cl, b.settling)
@@ -90,7 +90,7 @@ func TestBackgroundCommitFollowsTheResume(t *testing.T) {
 	if e := tr.proto().Error; e != "" || !committed(dir) {
 		t.Fatalf("after the copy: error %q, committed %v", e, committed(dir))
 	}
-	if s.hasBackground(w) {
+	if s.bg.has(w) {
 		t.Error("the image's background copies are still listed")
 	}
 }
@@ -103,7 +103,7 @@ func TestBackgroundAbortDoesNotWait(t *testing.T) {
 	w, dir := bgImage(t)
 	cl := testClient(t, lifeDetached)
 	tr := s.transfers.begin(w.Dir(), true, 1<<20, []int64{4242})
-	b := s.backgroundOf(w)
+	b := s.bg.of(w)
 	b.add(tr, func() error {
 		s.untilRunning(cl, b.settling)
 		return writeOne(w)
@@ -128,7 +128,7 @@ func TestBackgroundFailureDropsTheImage(t *testing.T) {
 	w, dir := bgImage(t)
 	tr := s.transfers.begin(w.Dir(), true, 1<<20, []int64{4242})
 	full := errors.New("the image directory is full")
-	s.backgroundOf(w).add(tr, func() error { return full })
+	s.bg.of(w).add(tr, func() error { return full })
 	if err := s.settleImage(w, false); !errors.Is(err, full) {
 		t.Fatalf("commit after a failed copy: %v", err)
 	}
@@ -142,7 +142,7 @@ func TestBackgroundFailureDropsTheImage(t *testing.T) {
 func TestBackgroundCopiesRunInOrder(t *testing.T) {
 	s := bgServer(t)
 	w, _ := bgImage(t)
-	b := s.backgroundOf(w)
+	b := s.bg.of(w)
 	var order []int
 	release := make(chan struct{})
 	b.add(s.transfers.begin(w.Dir(), true, 0, nil), func() error { <-release; order = append(order, 1); return nil })

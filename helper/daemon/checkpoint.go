@@ -504,12 +504,12 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	if len(snap.Copies) == 0 && r.guard == nil {
 		unhold()
 		tr.finish(nil)
-		if r.s.hasBackground(r.w) {
+		if r.s.bg.has(r.w) {
 			// An earlier process's copy into this image still runs, and a
 			// chunk recorded here may refer to one of its chunks: the part
 			// is sealed after it, in the same queue.
 			w := r.w
-			r.s.backgroundOf(w).add(tr, func() error { return w.SealProcess(int(pid)) })
+			r.s.bg.of(w).add(tr, func() error { return w.SealProcess(int(pid)) })
 			return nil
 		}
 		if err := r.w.SealProcess(int(pid)); err != nil {
@@ -519,7 +519,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	}
 	tr.background = true
 	w, nth, log, cl, g := r.w, r.nth, r.log, r.cl, r.guard
-	bg := r.s.backgroundOf(w)
+	bg := r.s.bg.of(w)
 	bg.add(tr, func() error {
 		if r.s.faultAt(fault.StallBackground, nth) {
 			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
@@ -675,7 +675,7 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 func (r *checkpointRun) commit() *stepError {
 	if !r.req.DeferCommit {
 		r.keep = true
-		if r.s.hasBackground(r.w) {
+		if r.s.bg.has(r.w) {
 			// (the process may be running again: nothing to undo then)
 			if err := r.s.settleImage(r.w, false); err != nil {
 				if se := (stepErr{}); errors.As(err, &se) {

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -143,6 +144,38 @@ type deferImage struct {
 	ino uint64
 }
 
+// openImages are the deferred-commit images being written, by the
+// connection that opened each and its image directory. It has its own
+// lock: nothing else is read or written with it.
+type openImages struct {
+	mu    sync.Mutex
+	byKey map[deferKey]*deferImage
+}
+
+func (o *openImages) get(key deferKey) *deferImage {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.byKey[key]
+}
+
+func (o *openImages) put(key deferKey, d *deferImage) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.byKey == nil {
+		o.byKey = map[deferKey]*deferImage{}
+	}
+	o.byKey[key] = d
+}
+
+// take removes and returns the image of key (nil: none).
+func (o *openImages) take(key deferKey) *deferImage {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	d := o.byKey[key]
+	delete(o.byKey, key)
+	return d
+}
+
 func dirID(f *os.File) (dev, ino uint64, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
@@ -181,9 +214,7 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 		return image.CreateAt(dir, origin, opts)
 	}
 	key := deferKey{c, req.ImageDir}
-	s.mu.Lock()
-	d := s.open[key]
-	s.mu.Unlock()
+	d := s.open.get(key)
 	if d != nil {
 		if d.dev != dev || d.ino != ino {
 			return nil, fmt.Errorf("%s: this dump writes its GPU image in %s, not in the directory passed now", req.ImageDir, d.w.Dir())
@@ -197,9 +228,7 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	s.open[key] = &deferImage{w: w, dev: dev, ino: ino}
-	s.mu.Unlock()
+	s.open.put(key, &deferImage{w: w, dev: dev, ino: ino})
 	return w, nil
 }
 
@@ -207,10 +236,7 @@ func (s *Server) imageWriter(c *conn, dir *os.File, req *helperpb.Checkpoint, or
 // c's own Checkpoints opened.
 func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *helperpb.Response {
 	key := deferKey{c, req.ImageDir}
-	s.mu.Lock()
-	d := s.open[key]
-	delete(s.open, key)
-	s.mu.Unlock()
+	d := s.open.take(key)
 	if d == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no GPU image being written in %s by this connection", req.ImageDir)
 	}
@@ -238,7 +264,7 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 			s.endGroup(g, false, nil, nil)
 		}
 	}()
-	if s.hasBackground(w) {
+	if s.bg.has(w) {
 		// Concurrent checkpoints still copy: the commit follows them, and
 		// their transfers tell the outcome (the CLI waits for it there).
 		s.commitLater(w)
@@ -256,10 +282,7 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 func (s *Server) abortImages(c *conn, dirs map[string]bool) {
 	for dir := range dirs {
 		key := deferKey{c, dir}
-		s.mu.Lock()
-		d := s.open[key]
-		delete(s.open, key)
-		s.mu.Unlock()
+		d := s.open.take(key)
 		if d != nil {
 			_ = s.settleImage(d.w, true)
 			s.log.Warn("GPU image left uncommitted by its dump is dropped", zap.String("image", d.w.Dir()))
