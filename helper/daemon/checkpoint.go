@@ -83,7 +83,7 @@ type undo struct {
 
 // checkpoint runs a Checkpoint request; see helper.proto.
 func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helperpb.Response {
-	if a := s.takeAhead(c, req); a != nil {
+	if a := s.groups.takeAhead(deferKey{c, req.ImageDir}, req.Pid); a != nil {
 		// the first of its group's checkpoints into this image ran it ahead
 		if f := c.takeFD(); f != nil {
 			f.Close()
@@ -282,7 +282,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 		r.tr.setPhases(r.ph.list) // what a display of the copy (gpucr checkpoint) shows of the stall
 	}
 	if o.req.DeferCommit {
-		s.groupDone(deferKey{o.requester, o.req.ImageDir}, cl)
+		s.groups.done(deferKey{o.requester, o.req.ImageDir}, cl)
 	}
 	r.reply.TotalSeconds = time.Since(r.ph.start).Seconds()
 	r.log.Info("checkpoint done", zap.Uint64("bytes", r.reply.Bytes), zap.Uint64("stored", r.reply.StoredBytes),

@@ -68,14 +68,90 @@ func (g *groupRun) has(cl *client) bool {
 	return false
 }
 
-// groupsOf returns the group runs of an image being written (s.mu held).
-func (s *Server) groupRunFor(key deferKey, cl *client) *groupRun {
-	for _, g := range s.groups[key] {
+// groupRuns are the checkpoints of processes that share GPU memory, by the
+// deferred-commit image they go into. Its lock guards them and, once a run
+// is among them, what the run records of its members (done, quiesced, the
+// checkpoints run ahead and whether their requests claimed them); nothing
+// else is read or written with it.
+type groupRuns struct {
+	mu    sync.Mutex
+	byKey map[deferKey][]*groupRun
+}
+
+// runForLocked is the run of the image of key that cl is a member of (nil:
+// none).
+func (gs *groupRuns) runForLocked(key deferKey, cl *client) *groupRun {
+	for _, g := range gs.byKey[key] {
 		if g.has(cl) {
 			return g
 		}
 	}
 	return nil
+}
+
+func (gs *groupRuns) runFor(key deferKey, cl *client) *groupRun {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	return gs.runForLocked(key, cl)
+}
+
+func (gs *groupRuns) add(key deferKey, g *groupRun) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if gs.byKey == nil {
+		gs.byKey = map[deferKey][]*groupRun{}
+	}
+	gs.byKey[key] = append(gs.byKey[key], g)
+}
+
+// runAhead records a, the checkpoint of member m of g run ahead.
+func (gs *groupRuns) runAhead(g *groupRun, m *client, a *aheadRun) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	g.ahead[m] = a
+}
+
+// takeAhead is the checkpoint of pid run ahead into the image of key, if
+// there is one not claimed yet: the request for pid then waits for it and
+// takes its result.
+func (gs *groupRuns) takeAhead(key deferKey, pid int64) *aheadRun {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	for _, g := range gs.byKey[key] {
+		for m, a := range g.ahead {
+			if int64(m.pid) == pid && !a.claimed {
+				a.claimed = true
+				return a
+			}
+		}
+	}
+	return nil
+}
+
+// claimed says whether a's request took it.
+func (gs *groupRuns) claimed(a *aheadRun) bool {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	return a.claimed
+}
+
+// done records that cl's checkpoint into the image of key succeeded.
+func (gs *groupRuns) done(key deferKey, cl *client) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if g := gs.runForLocked(key, cl); g != nil {
+		g.done[cl] = true
+		delete(g.quiesced, cl)
+	}
+}
+
+// take forgets the runs of the image of key and returns them.
+func (gs *groupRuns) take(key deferKey) []*groupRun {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	g := gs.byKey[key]
+	delete(gs.byKey, key)
+	return g
 }
 
 // pidList says pids as "1, 2 and 3".
@@ -131,9 +207,7 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 		}
 	}
 	key := deferKey{r.requester, r.req.ImageDir}
-	s.mu.Lock()
-	g := s.groupRunFor(key, cl)
-	s.mu.Unlock()
+	g := s.groups.runFor(key, cl)
 	if g != nil {
 		return nil // an earlier member's checkpoint quiesced it
 	}
@@ -143,9 +217,7 @@ func (r *checkpointRun) quiesceGroup() *stepError {
 		r.s.endGroup(g, true, r.cl, r.ctl)
 		return e
 	}
-	s.mu.Lock()
-	s.groups[key] = append(s.groups[key], g)
-	s.mu.Unlock()
+	s.groups.add(key, g)
 	r.log.Info("processes sharing GPU memory quiesced together", zap.String("pids", pidList(group)),
 		zap.Duration("took", time.Since(t0)))
 	if r.req.Detach {
@@ -173,9 +245,7 @@ func (r *checkpointRun) checkpointAhead(g *groupRun) {
 			continue
 		}
 		a := &aheadRun{done: make(chan struct{})}
-		r.s.mu.Lock()
-		g.ahead[m] = a
-		r.s.mu.Unlock()
+		r.s.groups.runAhead(g, m, a)
 		o := r.checkpointOpts
 		o.dir = os.NewFile(uintptr(fd), r.dir.Name())
 		o.req = proto.Clone(r.req).(*helperpb.Checkpoint)
@@ -194,23 +264,6 @@ func (r *checkpointRun) checkpointAhead(g *groupRun) {
 			}
 		}()
 	}
-}
-
-// takeAhead is the checkpoint of pid run ahead into the image that c's
-// request names, if there is one: its own request then waits for it and
-// takes its result.
-func (s *Server) takeAhead(c *conn, req *helperpb.Checkpoint) *aheadRun {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, g := range s.groups[deferKey{c, req.ImageDir}] {
-		for m, a := range g.ahead {
-			if int64(m.pid) == req.Pid && !a.claimed {
-				a.claimed = true
-				return a
-			}
-		}
-	}
-	return nil
 }
 
 // response is the run's answer to the request id that takes it.
@@ -304,25 +357,6 @@ func (r *checkpointRun) holdGroup(g *groupRun) *stepError {
 	return nil
 }
 
-// groupDone records that cl's checkpoint into the image of key succeeded.
-func (s *Server) groupDone(key deferKey, cl *client) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if g := s.groupRunFor(key, cl); g != nil {
-		g.done[cl] = true
-		delete(g.quiesced, cl)
-	}
-}
-
-// takeGroups forgets the group runs of the image of key and returns them.
-func (s *Server) takeGroups(key deferKey) []*groupRun {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	g := s.groups[key]
-	delete(s.groups, key)
-	return g
-}
-
 // missingMembers says which members of the groups were not checkpointed
 // into their image ("" if none).
 func missingMembers(groups []*groupRun) string {
@@ -353,10 +387,7 @@ func missingMembers(groups []*groupRun) string {
 func (s *Server) endGroup(g *groupRun, failed bool, self *client, selfCtl *control) {
 	for m, a := range g.ahead {
 		<-a.done
-		s.mu.Lock()
-		claimed := a.claimed
-		s.mu.Unlock()
-		if !claimed && a.failed == nil {
+		if !s.groups.claimed(a) && a.failed == nil {
 			// checkpointed and detached ahead, and the dump never asked for
 			// it (it failed first): it gets its GPU back, as a process whose
 			// dump ended without a report does
@@ -386,7 +417,7 @@ func (s *Server) endGroup(g *groupRun, failed bool, self *client, selfCtl *contr
 
 // endGroups ends the group runs of the image of key.
 func (s *Server) endGroups(key deferKey, failed bool) {
-	for _, g := range s.takeGroups(key) {
+	for _, g := range s.groups.take(key) {
 		s.endGroup(g, failed, nil, nil)
 	}
 }

@@ -249,7 +249,7 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 		s.log.Info("GPU image dropped (the dump failed)", zap.String("image", w.Dir()))
 		return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
 	}
-	groups := s.takeGroups(key)
+	groups := s.groups.take(key)
 	if msg := missingMembers(groups); msg != "" {
 		_ = s.settleImage(w, true)
 		for _, g := range groups {
