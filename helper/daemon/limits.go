@@ -446,8 +446,8 @@ func (s *Server) reserveGPUFor(uid uint32, size uint64, what string) (release fu
 // copies it loaded.
 func (s *Server) gpuHeld(uid uint32) uint64 {
 	seen := map[*client]bool{}
+	resident := s.residents.bytesOf(uid)
 	s.mu.Lock()
-	resident := s.residentBytesOfLocked(uid)
 	for _, cl := range s.reg.byToken {
 		seen[cl] = true
 	}

@@ -70,29 +70,120 @@ type resident struct {
 	gone bool // given up (under mu)
 }
 
-// residentSet is the server's resident images (guarded by Server.mu).
+// residentSet is the helper's resident images, by directory, and the bytes
+// of loads under way. It has its own lock, which it never holds while it
+// takes another.
 type residentSet struct {
+	mu      sync.Mutex
 	byKey   map[residentKey]*resident
-	pending uint64 // bytes of loads under way
+	pending uint64
 }
 
-func (s *Server) residentBytesLocked() uint64 {
-	n := s.residents.pending
-	for _, r := range s.residents.byKey {
-		n += r.bytes
+func (rs *residentSet) get(key residentKey) *resident {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.byKey[key]
+}
+
+// reserve counts size bytes of a load of the image id into key's place
+// against limit: false, with the bytes held now, when they do not fit;
+// already when that image is resident there. unreserve gives them back.
+func (rs *residentSet) reserve(key residentKey, id []byte, size, limit uint64) (ok, already bool, held uint64) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if old := rs.byKey[key]; old != nil && bytes.Equal(old.id, id) {
+		return false, true, 0
 	}
-	return n
+	held = rs.pending
+	for _, r := range rs.byKey {
+		held += r.bytes
+	}
+	if held+size > limit {
+		return false, false, held
+	}
+	rs.pending += size
+	return true, false, held
 }
 
-// residentBytesOfLocked is the device memory uid's resident copies hold.
-func (s *Server) residentBytesOfLocked(uid uint32) uint64 {
+func (rs *residentSet) unreserve(size uint64) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.pending -= size
+}
+
+// put makes r the resident image of its directory, returning the one it
+// replaces (nil: none).
+func (rs *residentSet) put(r *resident) (old *resident) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.byKey == nil {
+		rs.byKey = map[residentKey]*resident{}
+	}
+	old = rs.byKey[r.key]
+	rs.byKey[r.key] = r
+	return old
+}
+
+// take removes and returns key's resident image, if uid may unload it
+// (root, or the uid that loaded it); refused: it is another's, and stays.
+func (rs *residentSet) take(key residentKey, uid uint32) (r *resident, refused bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	r = rs.byKey[key]
+	if r != nil && uid != 0 && r.owner != uid {
+		return r, true
+	}
+	delete(rs.byKey, key)
+	return r, false
+}
+
+// bytesOf is the device memory uid's resident copies hold.
+func (rs *residentSet) bytesOf(uid uint32) uint64 {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
 	var n uint64
-	for _, r := range s.residents.byKey {
+	for _, r := range rs.byKey {
 		if r.owner == uid {
 			n += r.bytes
 		}
 	}
 	return n
+}
+
+// takeOldestOn removes and returns the oldest resident image holding memory
+// on dev (nil: none does).
+func (rs *residentSet) takeOldestOn(dev Device) *resident {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var oldest *resident
+	for _, r := range rs.byKey {
+		for _, al := range r.made {
+			if al.dev == dev {
+				if oldest == nil || r.loaded.Before(oldest.loaded) {
+					oldest = r
+				}
+				break
+			}
+		}
+	}
+	if oldest != nil {
+		delete(rs.byKey, oldest.key)
+	}
+	return oldest
+}
+
+// status lists every resident image for Status (residentsSeenBy picks a
+// caller's).
+func (rs *residentSet) status() []*helperpb.ResidentImage {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var out []*helperpb.ResidentImage
+	for _, r := range rs.byKey {
+		out = append(out, &helperpb.ResidentImage{ImageDir: r.dir, Bytes: r.bytes, Buffers: uint32(len(r.made)),
+			OwnerUid: r.owner, LoadedUnixMs: r.loaded.UnixMilli(), Restores: r.restores.Load()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ImageDir < out[j].ImageDir })
+	return out
 }
 
 // errNeedDirFD: a caller other than root names an image directory by path.
@@ -148,25 +239,16 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err)
 	}
 	defer releaseGPU()
-	s.mu.Lock()
-	if old := s.residents.byKey[key]; old != nil && bytes.Equal(old.id, imgID) {
-		s.mu.Unlock()
-		return okResp(id) // already resident
+	ok, already, held := s.residents.reserve(key, imgID, size, s.cfg.ResidentMemory)
+	if already {
+		return okResp(id)
 	}
-	held := s.residentBytesLocked()
-	if held+size > s.cfg.ResidentMemory {
-		s.mu.Unlock()
+	if !ok {
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY,
 			"the GPU image in %s needs %s: resident images may take %s (--resident-memory), and take %s already (gpucr image unload DIR gives one up)",
 			req.ImageDir, sizeStr(size), sizeStr(s.cfg.ResidentMemory), sizeStr(held))
 	}
-	s.residents.pending += size
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.residents.pending -= size
-		s.mu.Unlock()
-	}()
+	defer s.residents.unreserve(size)
 
 	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.restoreRoom)
 	if err != nil {
@@ -203,11 +285,7 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 		s.log.Warn("an image could not be made resident", zap.String("image", req.ImageDir), zap.Error(err))
 		return errResp(id, loadErrCode(err), "loading the GPU image in %s: %v", req.ImageDir, err)
 	}
-	s.mu.Lock()
-	old := s.residents.byKey[key] // another image written into the directory since
-	s.residents.byKey[key] = r
-	s.mu.Unlock()
-	if old != nil {
+	if old := s.residents.put(r); old != nil { // another image written into the directory since
 		old.giveUp()
 	}
 	s.log.Info("image resident", zap.String("image", req.ImageDir), zap.Uint64("bytes", size),
@@ -233,14 +311,10 @@ func (s *Server) unloadResident(c *conn, id uint64, req *helperpb.UnloadResident
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
 	}
-	s.mu.Lock()
-	r := s.residents.byKey[key]
-	if r != nil && c.cred.Uid != 0 && r.owner != c.cred.Uid {
-		s.mu.Unlock()
+	r, refused := s.residents.take(key, c.cred.Uid)
+	if refused {
 		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not unload the GPU image in %s (uid %d's)", c.cred.Uid, req.ImageDir, r.owner)
 	}
-	delete(s.residents.byKey, key)
-	s.mu.Unlock()
 	if r == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s is not resident", req.ImageDir)
 	}
@@ -277,9 +351,7 @@ func (s *Server) residentFor(dir *os.File, im *image.Image, owner uint32, place 
 	if err != nil {
 		return nil
 	}
-	s.mu.Lock()
-	r := s.residents.byKey[key]
-	s.mu.Unlock()
+	r := s.residents.get(key)
 	if r == nil || !bytes.Equal(r.id, im.Manifest().GetImageId()) {
 		return nil
 	}
@@ -325,42 +397,14 @@ func (r *resident) copyFrom(regions []engine.Region, bufs []int, opts engine.Opt
 // evictResident gives up the oldest resident image holding memory on dev;
 // false if none does.
 func (s *Server) evictResident(dev Device) bool {
-	s.mu.Lock()
-	var on []*resident
-	for _, r := range s.residents.byKey {
-		for _, al := range r.made {
-			if al.dev == dev {
-				on = append(on, r)
-				break
-			}
-		}
-	}
-	sort.Slice(on, func(i, j int) bool { return on[i].loaded.Before(on[j].loaded) })
-	if len(on) == 0 {
-		s.mu.Unlock()
+	r := s.residents.takeOldestOn(dev)
+	if r == nil {
 		return false
 	}
-	r := on[0]
-	delete(s.residents.byKey, r.key)
-	s.mu.Unlock()
 	r.giveUp()
 	s.log.Warn("resident image given up: a process needs its device memory", zap.String("image", r.dir),
 		zap.Uint64("bytes", r.bytes), zap.Int("device", int(dev.Info().Ordinal)))
 	return true
-}
-
-// residentStatus lists every resident image for Status (residentsSeenBy
-// picks a caller's).
-func (s *Server) residentStatus() []*helperpb.ResidentImage {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*helperpb.ResidentImage
-	for _, r := range s.residents.byKey {
-		out = append(out, &helperpb.ResidentImage{ImageDir: r.dir, Bytes: r.bytes, Buffers: uint32(len(r.made)),
-			OwnerUid: r.owner, LoadedUnixMs: r.loaded.UnixMilli(), Restores: r.restores.Load()})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ImageDir < out[j].ImageDir })
-	return out
 }
 
 // residentsSeenBy is what of the resident images all a caller of uid sees:

@@ -94,19 +94,25 @@ type Server struct {
 
 	ln *net.UnixListener
 
-	mu        sync.Mutex
-	reg       registry              // the clients (registry.go)
-	plans     map[*restorePlan]bool // restores being prepared (restore.go)
-	recent    *recentOutcomes       // what became of recent restores, by image directory (outcome.go)
-	open      openImages            // deferred-commit images by connection and directory (imagedir.go)
-	groups    groupRuns             // their checkpoints of processes sharing GPU memory (group.go)
-	bg        backgrounds           // concurrent checkpoints' copies still running, by image (background.go)
-	snaps     snapshotHolds         // the device memory their snapshots hold (background.go)
-	residents residentSet           // images kept in device memory (resident.go)
-	conns     map[*net.UnixConn]struct{}
-	transfers transferLog // GPU copies, for progress displays (transfer.go)
-	salvage   *salvages   // chunks of dropped concurrent checkpoints, by directory (salvage.go)
-	closed    bool
+	// mu guards what a request reads or changes together: the clients
+	// (reg, which a client's lifecycle, a restore plan and the limits
+	// read as one), the restore plans being prepared, the connections and
+	// their counts (counts), and closed. Every other part below has a lock
+	// of its own and takes no other while it holds it.
+	mu     sync.Mutex
+	reg    registry              // the clients (registry.go)
+	plans  map[*restorePlan]bool // restores being prepared (restore.go)
+	conns  map[*net.UnixConn]struct{}
+	closed bool
+
+	recent    *recentOutcomes // what became of recent restores, by image directory (outcome.go)
+	open      openImages      // deferred-commit images by connection and directory (imagedir.go)
+	groups    groupRuns       // their checkpoints of processes sharing GPU memory (group.go)
+	bg        backgrounds     // concurrent checkpoints' copies still running, by image (background.go)
+	snaps     snapshotHolds   // the device memory their snapshots hold (background.go)
+	residents residentSet     // images kept in device memory (resident.go)
+	transfers transferLog     // GPU copies, for progress displays (transfer.go)
+	salvage   *salvages       // chunks of dropped concurrent checkpoints, by directory (salvage.go)
 	nextAlloc atomic.Uint64
 	nCkpt     atomic.Uint64 // checkpoints begun, for a Fault limited to one (STEP@N)
 	wg        sync.WaitGroup
@@ -148,10 +154,9 @@ func New(cfg Config) *Server {
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
 	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: newRecentOutcomes(), salvage: newSalvages(cfg.Log),
-		residents: residentSet{byKey: map[residentKey]*resident{}},
-		conns:     map[*net.UnixConn]struct{}{},
-		counts:    connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
-		stopping:  stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
+		conns:    map[*net.UnixConn]struct{}{},
+		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
+		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
 	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)

@@ -298,9 +298,7 @@ func TestSimResidentServesOnlyItsImagesOwner(t *testing.T) {
 	// A copy of that directory's image id, loaded from an image of root's.
 	r := &resident{key: key, dir: dir, id: id, owner: 0, imageOwner: 0,
 		made: []*alloc{{dev: place.deviceOf(im.Buffers()[0])}}}
-	s.mu.Lock()
-	s.residents.byKey[key] = r
-	s.mu.Unlock()
+	s.residents.put(r)
 	if got := s.residentFor(d, im, owner, place); got != nil {
 		got.mu.RUnlock()
 		t.Errorf("a restore of uid %d's image was served by the resident copy of root's image", owner)
@@ -311,7 +309,5 @@ func TestSimResidentServesOnlyItsImagesOwner(t *testing.T) {
 	} else {
 		got.mu.RUnlock()
 	}
-	s.mu.Lock()
-	delete(s.residents.byKey, key) // nothing of it to release
-	s.mu.Unlock()
+	s.residents.take(key, 0) // nothing of it to release
 }

@@ -223,7 +223,7 @@ const quietFor = 5 * time.Second
 func (s *Server) status() *helperpb.StatusReply {
 	clients := s.connectedClients()
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
-		Driver: s.cfg.Driver, ResidentImages: s.residentStatus(), ResidentBudget: s.cfg.ResidentMemory}
+		Driver: s.cfg.Driver, ResidentImages: s.residents.status(), ResidentBudget: s.cfg.ResidentMemory}
 	for i, d := range s.cfg.Devices {
 		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
 			if free, err := fm.FreeMemory(); err == nil {
