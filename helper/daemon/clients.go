@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/internal/printable"
@@ -53,7 +52,7 @@ type client struct {
 	// opSem: one control exchange (or op sequence) at a time.
 	opSem chan struct{}
 	// checkpointing: a Checkpoint request of it is being served; another
-	// one is refused at once, saying so (checkpoint.go).
+	// one is refused at once, saying so (dumpgpu.go).
 	checkpointing atomic.Bool
 	// quietUntil: its control connection did not answer a Status; Status
 	// does not ask it again before then (status.go). Guarded by mu.
@@ -87,7 +86,7 @@ type client struct {
 	// driver restore puts its context onto the GPUs its memory was loaded
 	// into. Set with its restore plan, before anything else sees it, and
 	// taken by that restore. Guarded by mu.
-	gpuPairs []cuda.GPUPair
+	gpuPairs []GPUPair
 
 	// demand is its restore's load while it runs on demand (ondemand.go),
 	// from its claim until the load ended and its window was closed (kept
@@ -98,7 +97,7 @@ type client struct {
 }
 
 // takeGPUPairs returns and forgets the GPU pairs of cl's driver restore.
-func (cl *client) takeGPUPairs() []cuda.GPUPair {
+func (cl *client) takeGPUPairs() []GPUPair {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	p := cl.gpuPairs

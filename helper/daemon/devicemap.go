@@ -21,7 +21,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/image"
 )
 
@@ -198,7 +197,7 @@ func (p placement) deviceOf(b image.BufferInfo) Device { return p.dev[gpuKey(b)]
 // on stand for it, and a GPU of this machine that one moves onto is paired
 // back onto a GPU given up: a process that saw both GPUs of a machine and
 // used one swaps them.
-func (p placement) pairs(bufs []image.BufferInfo, visible []string, devs []Device) ([]cuda.GPUPair, error) {
+func (p placement) pairs(bufs []image.BufferInfo, visible []string, devs []Device) ([]GPUPair, error) {
 	target := map[string]string{} // old UUID -> new
 	taken := map[string]bool{}
 	var order []string
@@ -225,7 +224,7 @@ func (p placement) pairs(bufs []image.BufferInfo, visible []string, devs []Devic
 		}
 		visible = append(slices.Clone(order), visible...)
 	}
-	var out []cuda.GPUPair
+	var out []GPUPair
 	for _, v := range visible {
 		if target[v] == "" {
 			if d := deviceByUUID(devs, v); d != nil && !taken[v] {
@@ -244,11 +243,11 @@ func (p placement) pairs(bufs []image.BufferInfo, visible []string, devs []Devic
 			}
 			taken[target[v]] = true
 		}
-		out = append(out, cuda.GPUPair{Old: v, New: target[v]})
+		out = append(out, GPUPair{Old: v, New: target[v]})
 	}
 	for _, o := range order { // a buffer's GPU the list lacked (it cannot: the list is the process's)
 		if !slices.Contains(visible, o) {
-			out = append(out, cuda.GPUPair{Old: o, New: target[o]})
+			out = append(out, GPUPair{Old: o, New: target[o]})
 		}
 	}
 	return out, nil

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -123,21 +122,21 @@ func TestPlacementPairs(t *testing.T) {
 	stay := placement{dev: map[string]Device{uuidA: d[0], uuidB: d[1]}}
 	swap := placement{dev: map[string]Device{uuidA: d[1], uuidB: d[0]}}
 	toB := placement{dev: map[string]Device{uuidA: d[1]}}
-	ab, ba := cuda.GPUPair{Old: uuidA, New: uuidB}, cuda.GPUPair{Old: uuidB, New: uuidA}
+	ab, ba := GPUPair{Old: uuidA, New: uuidB}, GPUPair{Old: uuidB, New: uuidA}
 	for _, tc := range []struct {
 		name    string
 		p       placement
 		bufs    []image.BufferInfo
 		visible []string
 		devs    []Device
-		want    []cuda.GPUPair
+		want    []GPUPair
 		err     string
 	}{
 		{name: "nothing moved", p: stay, bufs: onAB, visible: []string{uuidA, uuidB}, devs: d},
-		{name: "both used, swapped", p: swap, bufs: onAB, visible: []string{uuidA, uuidB}, devs: d, want: []cuda.GPUPair{ab, ba}},
-		{name: "one used of two seen", p: toB, bufs: onA, visible: []string{uuidA, uuidB}, devs: d, want: []cuda.GPUPair{ab, ba}},
-		{name: "one seen", p: toB, bufs: onA, visible: []string{uuidA}, devs: d, want: []cuda.GPUPair{ab}},
-		{name: "unknown: the move closed on this machine", p: toB, bufs: onA, devs: d, want: []cuda.GPUPair{ab, ba}},
+		{name: "both used, swapped", p: swap, bufs: onAB, visible: []string{uuidA, uuidB}, devs: d, want: []GPUPair{ab, ba}},
+		{name: "one used of two seen", p: toB, bufs: onA, visible: []string{uuidA, uuidB}, devs: d, want: []GPUPair{ab, ba}},
+		{name: "one seen", p: toB, bufs: onA, visible: []string{uuidA}, devs: d, want: []GPUPair{ab}},
+		{name: "unknown: the move closed on this machine", p: toB, bufs: onA, devs: d, want: []GPUPair{ab, ba}},
 		{name: "more seen than here", p: toB, bufs: onA, visible: []string{uuidA, uuidB, uuidC}, devs: d,
 			err: "no GPU left for " + uuidC},
 	} {

@@ -8,12 +8,10 @@ package daemon
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -148,60 +146,24 @@ func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helper
 // reimport, resume.
 func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
 	pairs := cl.takeGPUPairs() // once: its later checkpoints stay on the GPUs it has then
-	if err := cl.onLive(func(pid int) error { return driverResumeOnto(pid, pairs) }); err != nil {
+	if err := cl.onLive(func(pid int) error { return resumeResidual(s.residuals, pid, pairs) }); err != nil {
 		return err
 	}
 	ph.done("driver-restore")
 	return s.reimportResume(cl, ctl, wait, ph)
 }
 
-// driverResume brings pid's driver state back to running from wherever a
-// checkpoint left it: restore if checkpointed, then unlock if locked.
-func driverResume(pid int) error { return driverResumeOnto(pid, nil) }
-
-// driverResumeOnto is driverResume whose restore puts the process's context
-// onto the GPUs pairs name (none: the same GPUs).
-func driverResumeOnto(pid int, pairs []cuda.GPUPair) error {
-	st, err := cuda.CheckpointState(pid)
-	if err != nil {
-		return fmt.Errorf("driver state: %w", err)
-	}
-	if st == cuda.StateCheckpointed {
-		if err := cuda.CheckpointRestoreOnto(pid, pairs); err != nil {
-			if len(pairs) > 0 {
-				return fmt.Errorf("driver restore onto other GPUs (%s): %w", pairsText(pairs), err)
-			}
-			return fmt.Errorf("driver restore: %w", err)
-		}
-		st = cuda.StateLocked
-	}
-	if st == cuda.StateLocked {
-		if err := cuda.CheckpointUnlock(pid); err != nil {
-			return fmt.Errorf("driver unlock: %w", err)
-		}
-	}
-	return nil
-}
-
-// driverResumeRetry is driverResume, tried again for up to a second: the
-// driver's restore needs the process's restore thread to run, which it does
-// only once CRIU has let the process go.
-func (cl *client) driverResumeRetry() error {
+// resumeResidualRetry is resumeResidual on cl's process (onto its own
+// GPUs), tried again for up to a second: the driver's restore needs the
+// process's restore thread to run, which it does only once CRIU has let
+// the process go.
+func (cl *client) resumeResidualRetry(rs Residuals) error {
 	var err error
 	for i := 0; i < 10; i++ {
-		if err = cl.onLive(driverResume); err == nil || errors.Is(err, proc.ErrGone) {
+		if err = cl.onLive(func(pid int) error { return resumeResidual(rs, pid, nil) }); err == nil || errors.Is(err, proc.ErrGone) {
 			return err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	return err
-}
-
-// pairsText writes GPU pairs as OLD->NEW, ...
-func pairsText(pairs []cuda.GPUPair) string {
-	var s []string
-	for _, p := range pairs {
-		s = append(s, p.Old+"->"+p.New)
-	}
-	return strings.Join(s, ", ")
 }

@@ -60,6 +60,9 @@ type Config struct {
 	StatusTimeout time.Duration
 	// OpTimeout bounds a forwarded ClientOp whose timeout_ms is 0.
 	OpTimeout time.Duration
+	// Residuals saves and brings back the processes' residual contexts
+	// (residual.go); nil: NVIDIA's driver checkpoint API.
+	Residuals Residuals
 	// Fault is the failure injected for tests (GPUCR_FAULT; package fault
 	// says what each does); none by default.
 	Fault fault.Injected
@@ -89,8 +92,9 @@ type Config struct {
 
 // Server is the helper daemon.
 type Server struct {
-	cfg Config
-	log *zap.Logger
+	cfg       Config
+	log       *zap.Logger
+	residuals Residuals // cfg.Residuals, or the driver's
 
 	ln *net.UnixListener
 
@@ -159,6 +163,10 @@ func New(cfg Config) *Server {
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
+	s.residuals = cfg.Residuals
+	if s.residuals == nil {
+		s.residuals = driverResiduals{}
+	}
 	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
 	s.statusBudget = DefaultStatusBudget
 	return s

@@ -17,7 +17,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/proc"
@@ -45,9 +44,9 @@ func (s *Server) backgroundLanes() int {
 	return max(2, runtime.GOMAXPROCS(0)/4)
 }
 
-// driverLockTimeoutMs bounds cuCheckpointProcessLock: the process is
+// driverLockTimeout bounds the residual context's lock: the process is
 // quiesced and drained by then, so the lock has nothing to wait for.
-const driverLockTimeoutMs = 10000
+const driverLockTimeout = 10 * time.Second
 
 // phases times the steps of a checkpoint or resume for the reply and log.
 type phases struct {
@@ -653,18 +652,20 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 	if err := mayAct(r.requester.cred.Uid, r.cl); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_PERMISSION, "driver lock: %v", err)
 	}
-	if err := cuda.CheckpointLock(pid, driverLockTimeoutMs); err != nil {
+	if err := r.s.residuals.Lock(pid, driverLockTimeout); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
 	}
-	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(cuda.CheckpointUnlock) }})
+	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(r.s.residuals.Unlock) }})
 	r.ph.done("driver-lock")
 	if r.s.faultAt(fault.DriverCheckpoint, r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
-	if err := r.cl.onLive(cuda.CheckpointCheckpoint); err != nil {
+	if err := r.cl.onLive(r.s.residuals.Save); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
 	}
-	r.undos = append(r.undos, undo{"driver restore", func() error { return r.cl.onLive(cuda.CheckpointRestore) }})
+	r.undos = append(r.undos, undo{"driver restore", func() error {
+		return r.cl.onLive(func(pid int) error { return r.s.residuals.Restore(pid, nil) })
+	}})
 	r.ph.done("driver-checkpoint")
 	return nil
 }
@@ -750,11 +751,11 @@ func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeChec
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "pid %d: %v", cl.pid, err)
 	}
-	state, err := cuda.CheckpointState(pid)
+	state, err := s.residuals.State(pid)
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", cl.pid, err)
 	}
-	if state != cuda.StateCheckpointed {
+	if state != ResidualSaved {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d is %s, not checkpointed", cl.pid, state)
 	}
 	ph := newPhases()
