@@ -158,7 +158,7 @@ func (s *Server) adoptOrphans() {
 		case err != nil:
 			log.Error("a process detached by a helper that died has lost its GPU state", zap.Error(err))
 			msg := fmt.Sprintf("lost: the gpucr helper that held this process's GPU memory died during a checkpoint, and %v\n", err)
-			if werr := s.wakeWith(st.Pid, msg); werr != nil {
+			if werr := s.wakes.create(st.Pid, msg); werr != nil {
 				log.Error("cannot tell the process", zap.Error(werr))
 			}
 		default:

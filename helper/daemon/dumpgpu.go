@@ -582,8 +582,8 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 // inside a container) is how it tells the process.
 func (r *checkpointRun) drop() *stepError {
 	pid := r.cl.pid
-	_ = os.Remove(r.s.wakePath(pid))
-	r.wake = r.s.wakeName(pid)
+	r.s.wakes.remove(pid)
+	r.wake = r.s.wakes.name(pid)
 	if err := r.s.saveDetachState(r.cl, r.requester.cred.Uid, r.w.Dir(), r.w.ID()); err != nil {
 		r.log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
 	}

@@ -95,6 +95,7 @@ type Server struct {
 	cfg       Config
 	log       *zap.Logger
 	residuals Residuals // cfg.Residuals, or the driver's
+	wakes     *wakeFiles
 
 	ln *net.UnixListener
 
@@ -163,6 +164,7 @@ func New(cfg Config) *Server {
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
+	s.wakes = &wakeFiles{sockDir: filepath.Dir(cfg.Socket)}
 	s.residuals = cfg.Residuals
 	if s.residuals == nil {
 		s.residuals = driverResiduals{}
@@ -379,6 +381,7 @@ func (s *Server) Shutdown() {
 	s.mu.Unlock()
 	s.wg.Wait()
 	s.salvage.dropAll()
+	s.wakes.close()
 	s.pool.close()
 	if s.ln != nil {
 		s.ln.Close()

@@ -252,7 +252,7 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.adoptOrphans()
-		wake, _ := os.ReadFile(s.wakePath(pid))
+		wake, _ := os.ReadFile(s.wakes.path(pid))
 		held := s.gpuHeld(uid)
 		if c.ok {
 			if len(wake) != 0 || held != 16<<20 {

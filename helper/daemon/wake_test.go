@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestWakeFiles: a wake file is made, read as written and removed in the
+// wake directory beside the socket.
+func TestWakeFiles(t *testing.T) {
+	dir := t.TempDir()
+	w := &wakeFiles{sockDir: dir}
+	defer w.close()
+	if err := w.create(42, "lost: gone"); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "wake", "42")); err != nil || string(b) != "lost: gone" {
+		t.Fatalf("wake file: %q, %v", b, err)
+	}
+	if w.name(42) != "wake/42" || w.path(42) != filepath.Join(dir, "wake", "42") {
+		t.Errorf("name %q, path %q", w.name(42), w.path(42))
+	}
+	if err := w.create(42, ""); err != nil {
+		t.Fatalf("made again: %v", err)
+	}
+	w.remove(42)
+	if _, err := os.Lstat(filepath.Join(dir, "wake", "42")); !os.IsNotExist(err) {
+		t.Errorf("removed wake file: %v", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "wake")); len(ents) != 0 {
+		t.Errorf("left in the wake directory: %v", ents)
+	}
+}
+
+// TestWakeDirectoryPlanted: another user who can write the socket's
+// directory plants the wake directory: as a link to a directory of root's,
+// as a directory of their own, or as one everyone can write. The helper
+// writes nothing through any of them, and says why.
+func TestWakeDirectoryPlanted(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		plant func(t *testing.T, wake, target string)
+		want  string
+	}{
+		{"a link", func(t *testing.T, wake, target string) {
+			if err := os.Symlink(target, wake); err != nil {
+				t.Fatal(err)
+			}
+		}, "is not followed"},
+		{"another user's directory", func(t *testing.T, wake, _ string) {
+			if os.Geteuid() != 0 {
+				t.Skip("not root: cannot give a directory to another user")
+			}
+			if err := os.Mkdir(wake, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(wake, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}, "belongs to uid 65534"},
+		{"a directory everyone can write", func(t *testing.T, wake, _ string) {
+			if err := os.Mkdir(wake, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(wake, 0o777); err != nil {
+				t.Fatal(err)
+			}
+		}, "mode 0777"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir, target := t.TempDir(), t.TempDir()
+			c.plant(t, filepath.Join(dir, "wake"), target)
+			w := &wakeFiles{sockDir: dir}
+			defer w.close()
+			err := w.create(42, "lost: x")
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("create: %v, want a refusal with %q", err, c.want)
+			}
+			w.remove(42)
+			if ents, _ := os.ReadDir(target); len(ents) != 0 {
+				t.Errorf("the helper wrote through the planted wake directory: %v", ents)
+			}
+			if fi, err := os.Lstat(filepath.Join(dir, "wake")); err != nil || fi.Name() != "wake" {
+				t.Errorf("the planted wake directory: %v", err)
+			}
+		})
+	}
+}
