@@ -174,7 +174,25 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// Listen creates the socket: its directory (0755) if missing, a stale socket
+// ownSocketDir refuses a socket directory that is not the helper's own or
+// that others can write: the helper, as root, makes and removes files there
+// (the socket, helper.alive, the wake and state directories), and a name
+// another user planted there would turn those writes elsewhere.
+func ownSocketDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("socket directory %s: %w", dir, err)
+	}
+	if int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return fmt.Errorf("socket directory %s belongs to uid %d with mode %04o: the helper makes and removes files there, "+
+			"so it must be the helper's own (uid %d) and writable by no one else; put the socket in a directory of its own (like /run/gpucr)",
+			dir, st.Uid, st.Mode&0o7777, os.Geteuid())
+	}
+	return nil
+}
+
+// Listen creates the socket: its directory (0755) if missing, which must be
+// the helper's own (ownSocketDir), a stale socket
 // removed (one another helper still answers on is an error), mode and group set.
 func (s *Server) Listen() error {
 	path := s.cfg.Socket
@@ -183,6 +201,9 @@ func (s *Server) Listen() error {
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
+	}
+	if err := ownSocketDir(filepath.Dir(path)); err != nil {
+		return err
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {

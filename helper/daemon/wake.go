@@ -7,12 +7,12 @@ package daemon
 // the process is to come back (or, "lost: why", to give up), and removes it
 // once the process has.
 //
-// The helper runs as root and the socket's directory is the administrator's
-// choice, which may be one other users can write: the wake directory is
-// opened once, without following a link, and must be the helper's own and
-// writable by no one else; every file in it is made and removed through
-// that descriptor, so that nothing planted under the socket's directory
-// turns the helper's writes elsewhere.
+// The helper runs as root. It listens only in a socket directory of its
+// own that no one else can write (ownSocketDir); the wake directory is
+// guarded all the same: opened once, without following a link, it must be
+// the helper's own and writable by no one else, and every file in it is
+// made and removed through that descriptor, so that nothing planted under
+// the socket's directory turns the helper's writes elsewhere.
 
 import (
 	"fmt"

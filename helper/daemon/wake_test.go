@@ -88,3 +88,56 @@ func TestWakeDirectoryPlanted(t *testing.T) {
 		})
 	}
 }
+
+// TestSocketDirectoryOthersCanWrite: the helper does not listen in a
+// directory other users can write, or one of another user's, where they
+// could plant what it then writes through; it says where to put the socket.
+func TestSocketDirectoryOthersCanWrite(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, dir string)
+		want  string
+	}{
+		{"everyone may write", func(t *testing.T, dir string) {
+			if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+				t.Fatal(err)
+			}
+		}, "with mode 1777"},
+		{"group may write", func(t *testing.T, dir string) {
+			if err := os.Chmod(dir, 0o775); err != nil {
+				t.Fatal(err)
+			}
+		}, "with mode 0775"},
+		{"another user's", func(t *testing.T, dir string) {
+			if os.Geteuid() != 0 {
+				t.Skip("not root: cannot give a directory to another user")
+			}
+			if err := os.Chown(dir, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}, "belongs to uid 65534"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c.setup(t, dir)
+			s := New(Config{Socket: filepath.Join(dir, "helper.sock")})
+			err := s.Listen()
+			if err == nil {
+				s.Shutdown()
+				t.Fatal("the helper listens there")
+			}
+			if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "a directory of its own") {
+				t.Errorf("Listen: %v, want %q and where to put the socket", err, c.want)
+			}
+			if _, err := os.Lstat(filepath.Join(dir, "helper.sock")); err == nil {
+				t.Errorf("the socket was made")
+			}
+		})
+	}
+	dir := filepath.Join(t.TempDir(), "made") // made by the helper: its own, 0755
+	s := New(Config{Socket: filepath.Join(dir, "helper.sock")})
+	if err := s.Listen(); err != nil {
+		t.Fatalf("a socket directory the helper makes: %v", err)
+	}
+	s.Shutdown()
+}
