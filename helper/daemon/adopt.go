@@ -32,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -60,16 +59,23 @@ type detachState struct {
 	ImageID    []byte `json:"image_id"` // the image its dump writes; an older one in ImageDir is not it
 }
 
-func (s *Server) sockDir() string   { return filepath.Dir(s.cfg.Socket) }
-func (s *Server) alivePath() string { return filepath.Join(s.sockDir(), "helper.alive") }
-func (s *Server) stateDir() string  { return filepath.Join(s.sockDir(), "detached") }
-func (s *Server) statePath(pid proc.Pid) string {
-	return filepath.Join(s.stateDir(), strconv.Itoa(int(pid))+".json")
+// maxStateFile bounds a state file read back (they are a few hundred bytes).
+const maxStateFile = 64 << 10
+
+// detachStates are the state files of processes that gave their memory up
+// to an image: detached/PID.json beside the socket, root's alone (an ownDir,
+// 0700; the files 0600).
+type detachStates struct{ d ownDir }
+
+func newDetachStates(sockDir string) *detachStates {
+	return &detachStates{d: ownDir{sockDir: sockDir, name: "detached", mode: 0o700}}
 }
 
-// saveDetachState records that cl's process is about to give its memory up
-// to the image id in dir, which owner (the checkpoint's requester) owns.
-func (s *Server) saveDetachState(cl *client, owner uint32, dir string, id []byte) error {
+func stateName(pid proc.Pid) string { return strconv.Itoa(int(pid)) + ".json" }
+
+// record records that cl's process is about to give its memory up to the
+// image id in dir, which owner (the checkpoint's requester) owns.
+func (ds *detachStates) record(cl *client, owner uint32, dir string, id []byte) error {
 	cl.mu.Lock()
 	p, uid := cl.proc, cl.uid
 	cl.mu.Unlock()
@@ -77,26 +83,24 @@ func (s *Server) saveDetachState(cl *client, owner uint32, dir string, id []byte
 		return err
 	}
 	pid := p.Pid()
-	b, err := json.Marshal(detachState{Pid: pid, StartTime: p.Start(), NsPid: proc.NsPid(pid), UID: uid, ImageOwner: owner,
+	return ds.save(detachState{Pid: pid, StartTime: p.Start(), NsPid: proc.NsPid(pid), UID: uid, ImageOwner: owner,
 		ImageDir: resolvedDir(dir), ImageID: id})
+}
+
+func (ds *detachStates) save(st detachState) error {
+	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(s.stateDir(), 0o700); err != nil {
-		return err
-	}
-	tmp := s.statePath(pid) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, s.statePath(pid))
+	return ds.d.write(stateName(st.Pid), b, 0o600)
 }
 
-func (s *Server) dropDetachState(pid proc.Pid) { _ = os.Remove(s.statePath(pid)) }
+// drop forgets pid's state file.
+func (ds *detachStates) drop(pid proc.Pid) { ds.d.remove(stateName(pid)) }
 
-// keepAlive touches helper.alive until stop is closed, then removes it.
-func (s *Server) keepAlive(stop <-chan struct{}) {
-	p := s.alivePath()
+// keepAlive touches path (helper.alive) until stop is closed, then removes
+// it. The socket's directory it is in is the helper's own (ownSocketDir).
+func keepAlive(p string, stop <-chan struct{}) {
 	touch := func() {
 		now := time.Now()
 		if err := os.Chtimes(p, now, now); err != nil {
@@ -121,22 +125,21 @@ func (s *Server) keepAlive(stop <-chan struct{}) {
 // detached gets its GPU memory back from its committed image, or is told
 // that it is lost.
 func (s *Server) adoptOrphans() {
-	files, _ := filepath.Glob(filepath.Join(s.stateDir(), "*.json"))
-	for _, f := range files {
+	for _, f := range s.states.d.names(".json") {
 		var st detachState
-		b, err := os.ReadFile(f)
+		b, err := s.states.d.read(f, maxStateFile)
 		if err == nil {
 			err = json.Unmarshal(b, &st)
 		}
 		if err != nil || st.Pid <= 0 {
 			s.log.Warn("unreadable detach state file removed", zap.String("file", f), zap.Error(err))
-			_ = os.Remove(f)
+			s.states.d.remove(f)
 			continue
 		}
 		log := s.log.With(pidField("pid", st.Pid), zap.String("image", st.ImageDir))
 		p, err := proc.OpenStarted(st.Pid, st.StartTime)
 		if err != nil {
-			_ = os.Remove(f) // that process is gone
+			s.states.d.remove(f) // that process is gone
 			continue
 		}
 		if p.UID() != st.UID || (st.ImageOwner != 0 && st.ImageOwner != st.UID) {
@@ -145,7 +148,7 @@ func (s *Server) adoptOrphans() {
 			log.Warn("a detach state file does not match the process with its pid; removed, the process left alone",
 				zap.Uint32("process_uid", p.UID()), zap.Uint32("recorded_uid", st.UID), zap.Uint32("image_owner", st.ImageOwner))
 			p.Close()
-			_ = os.Remove(f)
+			s.states.d.remove(f)
 			continue
 		}
 		err = s.adopt(st, p)
@@ -164,7 +167,7 @@ func (s *Server) adoptOrphans() {
 		default:
 			log.Info("adopted a process a dead helper held the GPU memory of: loaded from its image")
 		}
-		_ = os.Remove(f)
+		s.states.d.remove(f)
 	}
 }
 

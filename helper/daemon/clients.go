@@ -526,7 +526,7 @@ func (s *Server) release(cl *client) {
 	if cl.fire(evReleased) != nil {
 		return
 	}
-	s.dropDetachState(cl.pid)
+	s.states.drop(cl.pid)
 	s.freeAllocs(cl)
 	cl.closeProc()
 }

@@ -584,10 +584,10 @@ func (r *checkpointRun) drop() *stepError {
 	pid := r.cl.pid
 	r.s.wakes.remove(pid)
 	r.wake = r.s.wakes.name(pid)
-	if err := r.s.saveDetachState(r.cl, r.requester.cred.Uid, r.w.Dir(), r.w.ID()); err != nil {
+	if err := r.s.states.record(r.cl, r.requester.cred.Uid, r.w.Dir(), r.w.ID()); err != nil {
 		r.log.Warn("cannot record the dropped process; a helper restart would lose it", zap.Error(err))
 	}
-	r.undos = append(r.undos, undo{"forget the recorded process", func() error { r.s.dropDetachState(pid); return nil }})
+	r.undos = append(r.undos, undo{"forget the recorded process", func() error { r.s.states.drop(pid); return nil }})
 	// The driver's checkpoint must see no imported memory (it fails to
 	// restore a process that kept imported memory mapped: 801).
 	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: r.wake}}}); err != nil {

@@ -97,7 +97,7 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 	if d := cl.demandNow(); d != nil {
 		go s.watchDemand(cl, d)
 	}
-	s.dropDetachState(cl.pid) // its memory is its own again
+	s.states.drop(cl.pid) // its memory is its own again
 	var steps []*helperpb.Phase
 	if ph != nil {
 		ph.done("resume")

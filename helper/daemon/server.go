@@ -96,6 +96,7 @@ type Server struct {
 	log       *zap.Logger
 	residuals Residuals // cfg.Residuals, or the driver's
 	wakes     *wakeFiles
+	states    *detachStates
 
 	ln *net.UnixListener
 
@@ -164,7 +165,8 @@ func New(cfg Config) *Server {
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
-	s.wakes = &wakeFiles{sockDir: filepath.Dir(cfg.Socket)}
+	s.wakes = newWakeFiles(filepath.Dir(cfg.Socket))
+	s.states = newDetachStates(filepath.Dir(cfg.Socket))
 	s.residuals = cfg.Residuals
 	if s.residuals == nil {
 		s.residuals = driverResiduals{}
@@ -276,7 +278,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	aliveStop := make(chan struct{})
 	aliveDone := make(chan struct{})
 	reaperDone := make(chan struct{})
-	go func() { defer close(aliveDone); s.keepAlive(aliveStop) }()
+	go func() {
+		defer close(aliveDone)
+		keepAlive(filepath.Join(filepath.Dir(s.cfg.Socket), "helper.alive"), aliveStop)
+	}()
 	go func() { defer close(reaperDone); s.runReaper(aliveStop) }()
 	poolDone := make(chan struct{})
 	go func() { defer close(poolDone); s.pool.run(aliveStop) }()
@@ -403,6 +408,7 @@ func (s *Server) Shutdown() {
 	s.wg.Wait()
 	s.salvage.dropAll()
 	s.wakes.close()
+	s.states.d.close()
 	s.pool.close()
 	if s.ln != nil {
 		s.ln.Close()

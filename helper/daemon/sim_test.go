@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -244,11 +243,7 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 		sockDir := t.TempDir()
 		s := New(Config{Socket: filepath.Join(sockDir, "helper.sock"), Devices: CUDADevices(drv), Log: zap.NewNop(),
 			Limits: Limits{GPUMemoryByUID: map[uint32]uint64{uid: c.limit}}})
-		state, _ := json.Marshal(detachState{Pid: pid, StartTime: st.Start, UID: uid, ImageOwner: uid, ImageDir: dir, ImageID: id})
-		if err := os.MkdirAll(s.stateDir(), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(s.statePath(pid), state, 0o600); err != nil {
+		if err := s.states.save(detachState{Pid: pid, StartTime: st.Start, UID: uid, ImageOwner: uid, ImageDir: dir, ImageID: id}); err != nil {
 			t.Fatal(err)
 		}
 		s.adoptOrphans()

@@ -11,7 +11,7 @@ import (
 // wake directory beside the socket.
 func TestWakeFiles(t *testing.T) {
 	dir := t.TempDir()
-	w := &wakeFiles{sockDir: dir}
+	w := newWakeFiles(dir)
 	defer w.close()
 	if err := w.create(42, "lost: gone"); err != nil {
 		t.Fatal(err)
@@ -34,10 +34,11 @@ func TestWakeFiles(t *testing.T) {
 	}
 }
 
-// TestWakeDirectoryPlanted: another user who can write the socket's
-// directory plants the wake directory: as a link to a directory of root's,
-// as a directory of their own, or as one everyone can write. The helper
-// writes nothing through any of them, and says why.
+// TestWakeDirectoryPlanted: another user who could write the socket's
+// directory plants the wake or the state directory: as a link to a
+// directory of root's, as a directory of their own, or as one everyone can
+// write. The helper writes, reads and removes nothing through any of them,
+// and says why.
 func TestWakeDirectoryPlanted(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -69,23 +70,36 @@ func TestWakeDirectoryPlanted(t *testing.T) {
 			}
 		}, "mode 0777"},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			dir, target := t.TempDir(), t.TempDir()
-			c.plant(t, filepath.Join(dir, "wake"), target)
-			w := &wakeFiles{sockDir: dir}
-			defer w.close()
-			err := w.create(42, "lost: x")
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Errorf("create: %v, want a refusal with %q", err, c.want)
-			}
-			w.remove(42)
-			if ents, _ := os.ReadDir(target); len(ents) != 0 {
-				t.Errorf("the helper wrote through the planted wake directory: %v", ents)
-			}
-			if fi, err := os.Lstat(filepath.Join(dir, "wake")); err != nil || fi.Name() != "wake" {
-				t.Errorf("the planted wake directory: %v", err)
-			}
-		})
+		for _, which := range []string{"wake", "detached"} {
+			t.Run(c.name+"/"+which, func(t *testing.T) {
+				dir, target := t.TempDir(), t.TempDir()
+				if err := os.WriteFile(filepath.Join(target, "42.json"), []byte(`{"pid":42}`), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				c.plant(t, filepath.Join(dir, which), target)
+				var err error
+				if which == "wake" {
+					w := newWakeFiles(dir)
+					defer w.close()
+					err = w.create(42, "lost: x")
+					w.remove(42)
+				} else {
+					ds := newDetachStates(dir)
+					defer ds.d.close()
+					err = ds.save(detachState{Pid: 43})
+					ds.drop(42)
+					if names := ds.d.names(".json"); len(names) != 0 {
+						t.Errorf("state files read through the planted directory: %v", names)
+					}
+				}
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("a write: %v, want a refusal with %q", err, c.want)
+				}
+				if ents, _ := os.ReadDir(target); len(ents) != 1 || ents[0].Name() != "42.json" {
+					t.Errorf("the helper wrote or removed through the planted directory: %v", ents)
+				}
+			})
+		}
 	}
 }
 
