@@ -217,7 +217,7 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 	if err != nil {
 		return err
 	}
-	release, err := s.reserveGPUFor(st.UID, imageBytes(im, int(st.Pid)), "its GPU memory")
+	release, err := s.gpus.reserve(st.UID, imageBytes(im, int(st.Pid)), "its GPU memory")
 	if err != nil {
 		_ = im.Close()
 		return err

@@ -408,7 +408,7 @@ func (s *Server) reserveGPU(cl *client, id, size uint64) (release func(), refuse
 	cl.mu.Lock()
 	uid := cl.uid
 	cl.mu.Unlock()
-	release, err := s.reserveGPUFor(uid, size, "this allocation")
+	release, err := s.gpus.reserve(uid, size, "this allocation")
 	if err != nil {
 		cl.log.Info("allocation refused: GPU memory limit", zap.Uint64("size", size), zap.Error(err))
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err)
@@ -416,27 +416,45 @@ func (s *Server) reserveGPU(cl *client, id, size uint64) (release func(), refuse
 	return release, nil
 }
 
-// reserveGPUFor is reserveGPU for size bytes of uid's that what (for the
-// message) needs: an allocation, a restore's or an adoption's memory. The
+// gpuReservations are the GPU memory limit checks, one at a time, and the
+// bytes each uid's allocations, restores and adoptions being made hold until
+// they are counted where they belong (held reads that: the server's
+// clients, plans and resident images). Its lock is taken before any of the
+// locks held takes, never inside one.
+type gpuReservations struct {
+	limits  *Limits
+	held    func(uid uint32) uint64
+	mu      sync.Mutex
+	pending map[uint32]uint64
+}
+
+// reserve holds size bytes of uid's that what (for the message) needs: an
+// allocation, a restore's or an adoption's memory, until release. The
 // refusal names the limit.
-func (s *Server) reserveGPUFor(uid uint32, size uint64, what string) (release func(), err error) {
-	limit := s.cfg.Limits.gpuLimit(uid)
+func (g *gpuReservations) reserve(uid uint32, size uint64, what string) (release func(), err error) {
+	var limit uint64
+	if g.limits != nil {
+		limit = g.limits.gpuLimit(uid)
+	}
 	if limit == 0 {
 		return func() {}, nil
 	}
-	s.gpuMu.Lock()
-	defer s.gpuMu.Unlock()
-	held := s.gpuHeld(uid) + s.gpuPending[uid]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	held := g.held(uid) + g.pending[uid]
 	if held+size > limit || held+size < held {
 		return nil, fmt.Errorf("GPU memory limit of uid %d reached: it may hold %s through the helper (--max-gpu-memory-per-uid / --max-gpu-memory-for), holds %s, %s needs %s",
 			uid, sizeStr(limit), sizeStr(held), what, sizeStr(size))
 	}
-	s.gpuPending[uid] += size
+	if g.pending == nil {
+		g.pending = map[uint32]uint64{}
+	}
+	g.pending[uid] += size
 	return func() {
-		s.gpuMu.Lock()
-		defer s.gpuMu.Unlock()
-		if s.gpuPending[uid] -= size; s.gpuPending[uid] == 0 {
-			delete(s.gpuPending, uid)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.pending[uid] -= size; g.pending[uid] == 0 {
+			delete(g.pending, uid)
 		}
 	}, nil
 }

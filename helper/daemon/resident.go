@@ -234,7 +234,7 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	size := imageBytes(im, 0)
 	// The copy is the loader's memory, within its limit like an allocation
 	// of its processes (held from here until it is counted as resident).
-	releaseGPU, err := s.reserveGPUFor(c.cred.Uid, size, "the resident copy of the GPU image in "+req.ImageDir)
+	releaseGPU, err := s.gpus.reserve(c.cred.Uid, size, "the resident copy of the GPU image in "+req.ImageDir)
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err)
 	}

@@ -126,7 +126,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "GPU image: %v", err), nil
 	}
 	// Its memory is the image owner's until each process is back.
-	release, err := s.reserveGPUFor(owner, imageBytes(im, 0), "restoring the GPU image in "+im.Dir())
+	release, err := s.gpus.reserve(owner, imageBytes(im, 0), "restoring the GPU image in "+im.Dir())
 	if err != nil {
 		_ = im.Close()
 		s.log.Warn("restore refused", zap.String("image", req.ImageDir), zap.Error(err))

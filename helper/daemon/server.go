@@ -124,14 +124,13 @@ type Server struct {
 	wg        sync.WaitGroup
 
 	// Limits (limits.go).
-	counts      connCounts        // connections of limited uids, under mu
-	stopping    chan struct{}     // closed by Shutdown
-	frames      *budget           // bytes of frames being read
-	gpuMu       sync.Mutex        // GPU memory limit checks, one at a time
-	gpuPending  map[uint32]uint64 // uid -> bytes of allocations being made
-	refusedLog  burstLog          // connections refused for a limit
-	stalledLog  burstLog          // connections closed for a frame that stalled
-	rejectedLog burstLog          // connections closed for a bad request
+	counts      connCounts      // connections of limited uids, under mu
+	stopping    chan struct{}   // closed by Shutdown
+	frames      *budget         // bytes of frames being read
+	gpus        gpuReservations // GPU memory limit checks, and what checked allocations hold meanwhile
+	refusedLog  burstLog        // connections refused for a limit
+	stalledLog  burstLog        // connections closed for a frame that stalled
+	rejectedLog burstLog        // connections closed for a bad request
 
 	statusShare  statusShare     // Status requests share their replies (status.go)
 	statusBudget int             // bytes of a Status reply (status.go; tests lower it)
@@ -163,7 +162,7 @@ func New(cfg Config) *Server {
 		conns:    map[*net.UnixConn]struct{}{},
 		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
-		gpuPending: map[uint32]uint64{}, refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
+		refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
 	s.wakes = newWakeFiles(filepath.Dir(cfg.Socket))
 	s.states = newDetachStates(filepath.Dir(cfg.Socket))
@@ -171,6 +170,7 @@ func New(cfg Config) *Server {
 	if s.residuals == nil {
 		s.residuals = driverResiduals{}
 	}
+	s.gpus = gpuReservations{limits: &s.cfg.Limits, held: s.gpuHeld}
 	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
 	s.statusBudget = DefaultStatusBudget
 	return s
