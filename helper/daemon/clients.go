@@ -212,7 +212,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_SaveFirst:
 			resp = s.saveFirst(cl, req.Id, b.SaveFirst)
 		case *helperpb.Request_LoadFirst:
-			resp = s.loadFirst(cl, req.Id, b.LoadFirst)
+			resp = cl.loadFirst(req.Id, b.LoadFirst)
 		case *helperpb.Request_AnalyzeModule:
 			resp = s.analyzeModule(c, cl, req.Id, b.AnalyzeModule)
 		default:

@@ -233,7 +233,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	if !cl.waitGuard(guardWaitLimit) {
 		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: the copy-on-write window of its previous checkpoint is still open after %v", cl.pid, guardWaitLimit)
 	}
-	if err := s.waitDemand(cl, ctl, loadTimeout); err != nil {
+	if err := cl.waitDemand(ctl, loadTimeout, s.cfg.OpTimeout); err != nil {
 		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: %v", cl.pid, err)
 	}
 	if o.req.Concurrent && len(s.peerGroup(cl)) > 1 {

@@ -95,7 +95,7 @@ func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph
 		return fmt.Errorf("resume: %w", err)
 	}
 	if d := cl.demandNow(); d != nil {
-		go s.watchDemand(cl, d)
+		go d.watch(cl, s.cfg.OpTimeout)
 	}
 	s.states.drop(cl.pid) // its memory is its own again
 	var steps []*helperpb.Phase

@@ -67,9 +67,9 @@ func (cl *client) demandNow() *demandLoad {
 	return cl.demand
 }
 
-// loadFirst serves a LoadFirst: the ranges' regions are loaded first, and
-// the answer comes once they are in, or with the load's error.
-func (s *Server) loadFirst(cl *client, id uint64, req *helperpb.LoadFirst) *helperpb.Response {
+// loadFirst serves a LoadFirst of cl: the ranges' regions are loaded first,
+// and the answer comes once they are in, or with the load's error.
+func (cl *client) loadFirst(id uint64, req *helperpb.LoadFirst) *helperpb.Response {
 	d := cl.demandNow()
 	if d == nil {
 		return okResp(id) // all in: the window is closing
@@ -80,22 +80,22 @@ func (s *Server) loadFirst(cl *client, id uint64, req *helperpb.LoadFirst) *help
 	return okResp(id)
 }
 
-// watchDemand waits for cl's on-demand load to end: the window is closed
-// if it loaded, and the process ended if it failed.
-func (s *Server) watchDemand(cl *client, d *demandLoad) {
+// watch waits for cl's on-demand load d to end: the window is closed if it
+// loaded, and the process ended if it failed; wait bounds each control call.
+func (d *demandLoad) watch(cl *client, wait time.Duration) {
 	<-d.l.Done()
 	if err := d.l.Err(); err != nil {
-		s.demandFailed(cl, d, err)
+		d.failed(cl, err, wait)
 		return
 	}
-	if err := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error { return s.closeDemand(cl, d, ctl) }); err != nil &&
+	if err := cl.withControl(wait, func(ctl *control) error { return d.close(cl, ctl, wait) }); err != nil &&
 		!errors.Is(err, errNoControl) {
 		cl.log.Warn("the loading window could not be closed (calls still ask the helper first, and it answers at once)", zap.Error(err))
 	}
 }
 
-// closeDemand ends cl's loading window (once): everything is in.
-func (s *Server) closeDemand(cl *client, d *demandLoad, ctl *control) error {
+// close ends cl's loading window (once): everything is in.
+func (d *demandLoad) close(cl *client, ctl *control, wait time.Duration) error {
 	cl.mu.Lock()
 	if cl.demand != d {
 		cl.mu.Unlock()
@@ -103,21 +103,21 @@ func (s *Server) closeDemand(cl *client, d *demandLoad, ctl *control) error {
 	}
 	cl.demand = nil
 	cl.mu.Unlock()
-	_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Unguard{Unguard: &helperpb.Unguard{}}}, s.cfg.OpTimeout)
+	_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Unguard{Unguard: &helperpb.Unguard{}}}, wait)
 	if err == nil {
 		cl.log.Info("restored process has all its GPU data; loading window closed")
 	}
 	return err
 }
 
-// demandFailed ends a process whose on-demand load failed: some of its
-// memory never came, and it must not run on with what is there instead.
-// Its calls that wait for that memory get the error too (and end it).
-func (s *Server) demandFailed(cl *client, d *demandLoad, err error) {
+// failed ends cl, whose on-demand load d failed: some of its memory never
+// came, and it must not run on with what is there instead. Its calls that
+// wait for that memory get the error too (and end it).
+func (d *demandLoad) failed(cl *client, err error, wait time.Duration) {
 	reason := "its GPU image failed to load after it began to run: " + err.Error()
 	cl.log.Error("on-demand load failed; ending the restored process", zap.Error(err))
 	d.out.fail(cl, reason)
-	cerr := cl.withControl(s.cfg.OpTimeout, func(ctl *control) error {
+	cerr := cl.withControl(wait, func(ctl *control) error {
 		_, aerr := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Abort{Abort: &helperpb.Abort{Reason: reason}}}, 5*time.Second)
 		return aerr
 	})
@@ -132,8 +132,9 @@ func (s *Server) demandFailed(cl *client, d *demandLoad, err error) {
 
 // waitDemand waits (at most limit) for cl's on-demand load and closes its
 // window, before a checkpoint: an image of a process whose memory is still
-// loading would not hold what it computes with. ctl is held by the caller.
-func (s *Server) waitDemand(cl *client, ctl *control, limit time.Duration) error {
+// loading would not hold what it computes with. ctl is held by the caller;
+// wait bounds the control call.
+func (cl *client) waitDemand(ctl *control, limit, wait time.Duration) error {
 	d := cl.demandNow()
 	if d == nil {
 		return nil
@@ -146,5 +147,5 @@ func (s *Server) waitDemand(cl *client, ctl *control, limit time.Duration) error
 	if err := d.l.Err(); err != nil {
 		return fmt.Errorf("its GPU image failed to load: %w", err)
 	}
-	return s.closeDemand(cl, d, ctl)
+	return d.close(cl, ctl, wait)
 }
