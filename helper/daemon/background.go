@@ -184,7 +184,7 @@ const resumeWaitLimit = time.Minute
 // CPU with the driver's checkpoint and CRIU's dump, which the process waits
 // for. (Its memory is no safer for an earlier start: it lives in the helper
 // until it runs again either way.)
-func (s *Server) untilRunning(cl *client, settling <-chan struct{}) time.Duration {
+func (cl *client) untilRunning(settling, stopping <-chan struct{}) time.Duration {
 	t := time.Now()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -197,7 +197,7 @@ func (s *Server) untilRunning(cl *client, settling <-chan struct{}) time.Duratio
 		select {
 		case <-settling:
 			return time.Since(t)
-		case <-s.stopping:
+		case <-stopping:
 			return time.Since(t)
 		case <-limit:
 			return time.Since(t)

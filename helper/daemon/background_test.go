@@ -64,7 +64,7 @@ func TestBackgroundCommitFollowsTheResume(t *testing.T) {
 	b := s.bg.of(w)
 	started := make(chan time.Time, 1)
 	b.add(tr, func() error {
-		s.untilRunning(cl, b.settling)
+		cl.untilRunning(b.settling, s.stopping)
 		started <- time.Now()
 		return writeOne(w)
 	})
@@ -105,7 +105,7 @@ func TestBackgroundAbortDoesNotWait(t *testing.T) {
 	tr := s.transfers.begin(w.Dir(), true, 1<<20, []int64{4242})
 	b := s.bg.of(w)
 	b.add(tr, func() error {
-		s.untilRunning(cl, b.settling)
+		cl.untilRunning(b.settling, s.stopping)
 		return writeOne(w)
 	})
 	t0 := time.Now()

@@ -186,7 +186,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.mu.Unlock()
 	}()
 	defer s.dropClient(cl)
-	go s.watchProcess(cl, served)
+	go cl.watchProcess(served)
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
 		return
@@ -210,11 +210,11 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_ImportPeer:
 			resp = s.importPeer(c, cl, req.Id)
 		case *helperpb.Request_SaveFirst:
-			resp = s.saveFirst(cl, req.Id, b.SaveFirst)
+			resp = cl.saveFirst(req.Id, b.SaveFirst)
 		case *helperpb.Request_LoadFirst:
 			resp = cl.loadFirst(req.Id, b.LoadFirst)
 		case *helperpb.Request_AnalyzeModule:
-			resp = s.analyzeModule(c, cl, req.Id, b.AnalyzeModule)
+			resp = s.analyses.serve(c, cl, req.Id, b.AnalyzeModule)
 		default:
 			c.reject(req.Id, "%T is not allowed on a calls connection", req.Body)
 			return
@@ -405,7 +405,7 @@ func stallReattach(c *conn, cl *client) {
 // client) even where another process still holds that socket. Until then,
 // nothing done for the client can reach a process that reuses its pid. It
 // returns when served is closed (the calls connection's handler has ended).
-func (s *Server) watchProcess(cl *client, served <-chan struct{}) {
+func (cl *client) watchProcess(served <-chan struct{}) {
 	p := cl.process()
 	select {
 	case <-p.Exited():

@@ -60,7 +60,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			}
 			continue
 		case *helperpb.Request_WaitRestored:
-			resp = s.waitRestored(c, req.Id, b.WaitRestored)
+			resp = s.recent.wait(c, req.Id, b.WaitRestored)
 		case *helperpb.Request_Transfers:
 			resp = &helperpb.Response{Id: req.Id, Body: &helperpb.Response_Transfers{Transfers: &helperpb.TransfersReply{
 				Transfers: s.transfers.snapshot(b.Transfers.ImageDir, c.cred.Uid)}}}
@@ -76,14 +76,14 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 			}
 		case *helperpb.Request_CommitImage:
 			delete(images, b.CommitImage.ImageDir)
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.commitImage(c, req.Id, b.CommitImage) })
+			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return s.commitImage(c, req.Id, b.CommitImage) })
 		case *helperpb.Request_ResumeCheckpointed:
 			resp = s.resumeCheckpointed(c, req.Id, b.ResumeCheckpointed)
 		case *helperpb.Request_DumpDone:
 			delete(detached, b.DumpDone.Pid)
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
+			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return s.dumpDone(req.Id, b.DumpDone) })
 		case *helperpb.Request_PrepareRestore:
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response {
+			resp = pluginOnly(c, req.Id, func() *helperpb.Response {
 				r, plan := s.prepareRestore(req.Id, b.PrepareRestore, c.takeFD())
 				if plan != nil {
 					plans = append(plans, plan)
@@ -93,11 +93,11 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_LoadResident:
 			resp = s.loadResident(c, req.Id, b.LoadResident, c.takeFD())
 		case *helperpb.Request_UnloadResident:
-			resp = s.unloadResident(c, req.Id, b.UnloadResident, c.takeFD())
+			resp = s.residents.unload(s.log, c, req.Id, b.UnloadResident, c.takeFD())
 		case *helperpb.Request_AwaitLoad:
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.awaitLoad(req.Id, plans) })
+			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return s.awaitLoad(req.Id, plans) })
 		case *helperpb.Request_Restored:
-			resp = s.pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored, plans) })
+			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored, plans) })
 		default:
 			c.reject(req.Id, "%T is not allowed for %s", req.Body, h.Role)
 			return
@@ -247,7 +247,7 @@ func mayControl(caller, owner uint32) bool { return caller == 0 || caller == own
 
 // pluginOnly runs f for root callers only: these requests act on whatever
 // process CRIU is dumping or restoring, which only root may do.
-func (s *Server) pluginOnly(c *conn, id uint64, f func() *helperpb.Response) *helperpb.Response {
+func pluginOnly(c *conn, id uint64, f func() *helperpb.Response) *helperpb.Response {
 	if c.cred.Uid != 0 {
 		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "only root (CRIU) may send this")
 	}

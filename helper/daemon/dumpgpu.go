@@ -108,7 +108,7 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 	if req.ImageDir == "" {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "no image directory")
 	}
-	dir, refused := s.checkpointDir(c, id, req)
+	dir, refused := checkpointDir(c, id, req)
 	if refused != nil {
 		return refused
 	}
@@ -247,7 +247,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	if o.req.Concurrent && s.cfg.Concurrent != ConcurrentCopyOnWrite {
 		// The snapshot's memory is made while the process still runs.
 		var err error
-		if scratch, err = engine.PrepareScratch(s.allocRegions(cl), engine.SnapshotOptions{Reserve: s.cfg.SnapshotReserve}); err != nil {
+		if scratch, err = engine.PrepareScratch(cl.allocRegions(), engine.SnapshotOptions{Reserve: s.cfg.SnapshotReserve}); err != nil {
 			o.log.Warn("snapshot memory could not be made ahead of the stop; it is made during it", zap.Error(err))
 		}
 		defer scratch.Release() // what the snapshot did not take
@@ -528,7 +528,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			case <-time.After(backgroundStall):
 			}
 		}
-		waited := r.s.untilRunning(cl, bg.settling)
+		waited := cl.untilRunning(bg.settling, r.s.stopping)
 		tr.waited(waited)
 		if g != nil {
 			// The window first: the process's writes into it wait for it.
@@ -770,7 +770,7 @@ func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeChec
 // allocRegions are cl's allocations as the engine's regions (device,
 // handle and size only): what a snapshot's memory is made for ahead of the
 // stop.
-func (s *Server) allocRegions(cl *client) []engine.Region {
+func (cl *client) allocRegions() []engine.Region {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	var out []engine.Region

@@ -134,7 +134,7 @@ func guardRegion(r engine.Region, n int, pending func(c int) bool) *helperpb.Gua
 // saveFirst serves a SaveFirst: the ranges' pending chunks are saved before
 // the answer, which is Ok whatever happened (the window's failure fails its
 // checkpoint, not the application's call).
-func (s *Server) saveFirst(cl *client, id uint64, req *helperpb.SaveFirst) *helperpb.Response {
+func (cl *client) saveFirst(id uint64, req *helperpb.SaveFirst) *helperpb.Response {
 	if g := cl.guardNow(); g != nil {
 		ranges := make([]engine.AddrRange, 0, len(req.Ranges))
 		for _, r := range req.Ranges {

@@ -60,7 +60,7 @@ func (c *conn) takeFD() *os.File {
 // checkpointDir is the image directory a Checkpoint writes into, open: the
 // caller's descriptor, or (root only) the path, made 0700 if missing. Else
 // the answer refusing the request.
-func (s *Server) checkpointDir(c *conn, id uint64, req *helperpb.Checkpoint) (*os.File, *helperpb.Response) {
+func checkpointDir(c *conn, id uint64, req *helperpb.Checkpoint) (*os.File, *helperpb.Response) {
 	if f := c.takeFD(); f != nil {
 		fi, err := f.Stat()
 		if err == nil && !fi.IsDir() {

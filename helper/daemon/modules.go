@@ -36,9 +36,9 @@ const maxModuleImage = 64 << 20
 // well under wire.MaxFrame); the ones left out count as undecided.
 const maxModuleKernels = 20000
 
-// analyzeModule serves an AnalyzeModule of client cl; the image's memfd
-// came with it on c.
-func (s *Server) analyzeModule(c *conn, cl *client, id uint64, req *helperpb.AnalyzeModule) *helperpb.Response {
+// serve serves an AnalyzeModule of client cl within the budget; the
+// image's memfd came with it on c.
+func (b *analysisBudget) serve(c *conn, cl *client, id uint64, req *helperpb.AnalyzeModule) *helperpb.Response {
 	f := c.takeFD()
 	if f == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST,
@@ -56,7 +56,7 @@ func (s *Server) analyzeModule(c *conn, cl *client, id uint64, req *helperpb.Ana
 	cl.mu.Lock()
 	uid := cl.uid
 	cl.mu.Unlock()
-	a, err := s.analyses.begin(uid, size)
+	a, err := b.begin(uid, size)
 	if err != nil {
 		cl.log.Info("module analysis refused", zap.Uint64("bytes", size), zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "module image of %s not analysed: %v", units.Bytes(size), err)

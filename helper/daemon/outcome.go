@@ -133,9 +133,9 @@ func (r *recentOutcomes) find(dir string) *outcomes {
 	return r.byDir[resolvedDir(dir)]
 }
 
-// waitRestored runs a WaitRestored request.
-func (s *Server) waitRestored(c *conn, id uint64, req *helperpb.WaitRestored) *helperpb.Response {
-	o := s.recent.find(req.ImageDir)
+// wait runs a WaitRestored request.
+func (r *recentOutcomes) wait(c *conn, id uint64, req *helperpb.WaitRestored) *helperpb.Response {
+	o := r.find(req.ImageDir)
 	if o == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no restore from %s is known to this helper", req.ImageDir)
 	}

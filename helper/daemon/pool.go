@@ -211,7 +211,7 @@ func (s *Server) create(dev Device, size uint64, flags image.AllocFlags) (uint64
 	if err != nil && isOOM(err) && s.pool.drain(dev) > 0 {
 		h, err = dev.Create(size, flags)
 	}
-	for err != nil && isOOM(err) && s.evictResident(dev) { // resident copies go before a process fails
+	for err != nil && isOOM(err) && s.residents.evict(s.log, dev) { // resident copies go before a process fails
 		h, err = dev.Create(size, flags)
 	}
 	if err != nil && isOOM(err) {

@@ -293,8 +293,8 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	return okResp(id)
 }
 
-// unloadResident runs an UnloadResident request.
-func (s *Server) unloadResident(c *conn, id uint64, req *helperpb.UnloadResident, dir *os.File) *helperpb.Response {
+// unload runs an UnloadResident request.
+func (rs *residentSet) unload(log *zap.Logger, c *conn, id uint64, req *helperpb.UnloadResident, dir *os.File) *helperpb.Response {
 	var key residentKey
 	var err error
 	if dir != nil {
@@ -311,7 +311,7 @@ func (s *Server) unloadResident(c *conn, id uint64, req *helperpb.UnloadResident
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "image directory %s: %v", req.ImageDir, err)
 	}
-	r, refused := s.residents.take(key, c.cred.Uid)
+	r, refused := rs.take(key, c.cred.Uid)
 	if refused {
 		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not unload the GPU image in %s (uid %d's)", c.cred.Uid, req.ImageDir, r.owner)
 	}
@@ -319,7 +319,7 @@ func (s *Server) unloadResident(c *conn, id uint64, req *helperpb.UnloadResident
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s is not resident", req.ImageDir)
 	}
 	r.giveUp()
-	s.log.Info("resident image given up", zap.String("image", r.dir), zap.Uint64("bytes", r.bytes))
+	log.Info("resident image given up", zap.String("image", r.dir), zap.Uint64("bytes", r.bytes))
 	return okResp(id)
 }
 
@@ -341,22 +341,22 @@ func (r *resident) release() {
 	}
 }
 
-// residentFor is the resident copy of the image im of owner read from the
+// servingFor is the resident copy of the image im of owner read from the
 // directory dir, held for a restore's copy (the caller calls done after it),
 // or nil. It serves only a restore whose memory is on the GPUs it is on, of
 // an image of the owner whose image it was loaded from (an image id is no
 // secret: another user's manifest may carry it).
-func (s *Server) residentFor(dir *os.File, im *image.Image, owner uint32, place placement) *resident {
+func (rs *residentSet) servingFor(log *zap.Logger, dir *os.File, im *image.Image, owner uint32, place placement) *resident {
 	key, err := residentKeyOf(dir)
 	if err != nil {
 		return nil
 	}
-	r := s.residents.get(key)
+	r := rs.get(key)
 	if r == nil || !bytes.Equal(r.id, im.Manifest().GetImageId()) {
 		return nil
 	}
 	if r.imageOwner != owner {
-		s.log.Warn("a restore reads its image from storage: the resident copy of its directory is of another owner's image",
+		log.Warn("a restore reads its image from storage: the resident copy of its directory is of another owner's image",
 			zap.String("image", r.dir), zap.Uint32("resident_owner", r.imageOwner), zap.Uint32("image_owner", owner))
 		return nil
 	}
@@ -368,7 +368,7 @@ func (s *Server) residentFor(dir *os.File, im *image.Image, owner uint32, place 
 	for i, b := range im.Buffers() {
 		if d := place.deviceOf(b); d == nil || i >= len(r.made) || r.made[i].dev != d {
 			r.mu.RUnlock()
-			s.log.Info("a restore reads its image from storage: its GPUs are not those of the image's resident copy",
+			log.Info("a restore reads its image from storage: its GPUs are not those of the image's resident copy",
 				zap.String("image", r.dir))
 			return nil
 		}
@@ -394,15 +394,15 @@ func (r *resident) copyFrom(regions []engine.Region, bufs []int, opts engine.Opt
 	return nil
 }
 
-// evictResident gives up the oldest resident image holding memory on dev;
+// evict gives up the oldest resident image holding memory on dev;
 // false if none does.
-func (s *Server) evictResident(dev Device) bool {
-	r := s.residents.takeOldestOn(dev)
+func (rs *residentSet) evict(log *zap.Logger, dev Device) bool {
+	r := rs.takeOldestOn(dev)
 	if r == nil {
 		return false
 	}
 	r.giveUp()
-	s.log.Warn("resident image given up: a process needs its device memory", zap.String("image", r.dir),
+	log.Warn("resident image given up: a process needs its device memory", zap.String("image", r.dir),
 		zap.Uint64("bytes", r.bytes), zap.Int("device", int(dev.Info().Ordinal)))
 	return true
 }

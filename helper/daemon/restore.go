@@ -154,7 +154,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	s.log.Info("restore memory made", zap.String("image", req.ImageDir), zap.Int("allocations", len(plan.made)),
 		zap.Duration("took", time.Since(made)), zap.Bool("on_demand", req.OnDemand))
 	if dir != nil {
-		plan.resident = s.residentFor(dir, im, owner, place)
+		plan.resident = s.residents.servingFor(s.log, dir, im, owner, place)
 	}
 	// A copy from a resident image is on the GPU: faster than any process
 	// could wait for it.

@@ -294,12 +294,12 @@ func TestSimResidentServesOnlyItsImagesOwner(t *testing.T) {
 	r := &resident{key: key, dir: dir, id: id, owner: 0, imageOwner: 0,
 		made: []*alloc{{dev: place.deviceOf(im.Buffers()[0])}}}
 	s.residents.put(r)
-	if got := s.residentFor(d, im, owner, place); got != nil {
+	if got := s.residents.servingFor(s.log, d, im, owner, place); got != nil {
 		got.mu.RUnlock()
 		t.Errorf("a restore of uid %d's image was served by the resident copy of root's image", owner)
 	}
 	r.imageOwner = owner
-	if got := s.residentFor(d, im, owner, place); got == nil {
+	if got := s.residents.servingFor(s.log, d, im, owner, place); got == nil {
 		t.Errorf("a restore of uid %d's image was not served by the resident copy of its own image", owner)
 	} else {
 		got.mu.RUnlock()
