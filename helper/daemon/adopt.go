@@ -222,7 +222,7 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 		_ = im.Close()
 		return err
 	}
-	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid), st.UID, s.samePlace(im, int(st.Pid)))
+	plan, e := s.planRestore(im, st.ImageDir, int(st.Pid), st.UID, samePlace(s.cfg.Devices, im, int(st.Pid)))
 	if e != nil {
 		release()
 		_ = im.Close()

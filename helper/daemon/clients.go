@@ -188,7 +188,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 	defer s.dropClient(cl)
 	go cl.watchProcess(served)
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
-		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
+		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices)}}}, nil); err != nil {
 		return
 	}
 	for {
@@ -235,7 +235,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 }
 
 func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Response, int) {
-	dev := s.device(a.DeviceUuid)
+	dev := deviceByUUID(s.cfg.Devices, a.DeviceUuid)
 	if dev == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %q", a.DeviceUuid), -1
 	}

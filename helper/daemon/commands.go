@@ -37,9 +37,9 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 	// Sync holds and gates this connection's ClientOps left: undone when
 	// it closes (holds.go).
 	holds := newConnHolds()
-	defer func() { s.undoHolds(holds) }()
+	defer func() { holds.undo(s.cfg.OpTimeout) }()
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
-		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: s.devicesInfo()}}}, nil); err != nil {
+		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices)}}}, nil); err != nil {
 		return
 	}
 	for {

@@ -537,7 +537,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 			// meanwhile has its chunks saved first (SaveFirst).
 			t := time.Now()
 			gst, err := g.Run()
-			r.s.endGuard(cl, g)
+			cl.endGuard(g, r.s.cfg.OpTimeout)
 			if err != nil {
 				_ = snap.Release()
 				unhold()

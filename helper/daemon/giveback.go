@@ -34,7 +34,7 @@ func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error, ph 
 			return s.reimportResume(cl, ctl, s.cfg.OpTimeout, ph)
 		}
 		steps = newPhases()
-		err := s.checkRestored(cl, ctl)
+		err := cl.checkRestored(ctl, s.cfg.OpTimeout)
 		if err == nil {
 			steps.done("restore-check")
 			err = s.thaw(cl, ctl, s.cfg.OpTimeout, steps)

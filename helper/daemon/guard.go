@@ -150,7 +150,7 @@ func (cl *client) saveFirst(id uint64, req *helperpb.SaveFirst) *helperpb.Respon
 // endGuard closes cl's window g: the interposer stops holding calls back
 // (Unguard, sent beside whatever control exchange is under way: it is
 // answered at once), and the window's device memory is freed.
-func (s *Server) endGuard(cl *client, g *engine.Guard) {
+func (cl *client) endGuard(g *engine.Guard, wait time.Duration) {
 	if !cl.clearGuard(g) {
 		g.Release()
 		return
@@ -159,7 +159,7 @@ func (s *Server) endGuard(cl *client, g *engine.Guard) {
 	ctl := cl.ctrl
 	cl.mu.Unlock()
 	if ctl != nil {
-		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Unguard{Unguard: &helperpb.Unguard{}}}, s.cfg.OpTimeout); err != nil {
+		if _, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Unguard{Unguard: &helperpb.Unguard{}}}, wait); err != nil {
 			cl.log.Info("the process was not told that its copy-on-write window is over (it ends with its control connection)", zap.Error(err))
 		}
 	}

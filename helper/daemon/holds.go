@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -44,15 +45,14 @@ func (h *connHolds) note(cl *client, op helperpb.ClientOp_Op) {
 	}
 }
 
-// undoHolds releases what a closed connection's ClientOps left (h): every
+// undo releases what a closed connection's ClientOps left (h): every
 // hold, and every gate of a client still quiesced (a checkpoint that
 // dropped or detached it since owns it now).
-func (s *Server) undoHolds(h *connHolds) {
+func (h *connHolds) undo(wait time.Duration) {
 	h.mu.Lock()
 	synced, gated := h.synced, h.gated
 	h.synced, h.gated = map[*client]bool{}, map[*client]bool{}
 	h.mu.Unlock()
-	wait := s.cfg.OpTimeout
 	for cl := range synced {
 		err := cl.withControl(wait, func(ctl *control) error {
 			_, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_ReleaseSync{ReleaseSync: &helperpb.ReleaseSync{}}}, wait)

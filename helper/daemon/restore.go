@@ -513,14 +513,14 @@ func (s *Server) dropUnrestored(plans []*restorePlan) {
 
 // samePlace puts each GPU of an image on the same GPU (UUID) if it is here,
 // else the same ordinal: for a process that never left this machine.
-func (s *Server) samePlace(im *image.Image, only int) placement {
+func samePlace(devs []Device, im *image.Image, only int) placement {
 	p := placement{dev: map[string]Device{}}
 	for _, g := range imageGPUs(im, only) {
-		if d := deviceByUUID(s.cfg.Devices, g.uuid); d != nil {
+		if d := deviceByUUID(devs, g.uuid); d != nil {
 			p.dev[g.key()] = d
 			continue
 		}
-		for _, d := range s.cfg.Devices {
+		for _, d := range devs {
 			if int(d.Info().Ordinal) == g.ordinal {
 				p.dev[g.key()] = d
 				break

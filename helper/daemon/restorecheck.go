@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -20,8 +21,8 @@ import (
 // anyone could rewrite (a re-sealed manifest with a buffer moved, shrunk,
 // dropped, or given to another pid) is caught here, before the driver
 // restore and before the process may run.
-func (s *Server) checkRestored(cl *client, ctl *control) error {
-	r, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, s.cfg.OpTimeout)
+func (cl *client) checkRestored(ctl *control, wait time.Duration) error {
+	r, err := controlCall(ctl, &helperpb.Request{Body: &helperpb.Request_Snapshot{Snapshot: &helperpb.Snapshot{}}}, wait)
 	if err != nil {
 		return fmt.Errorf("its record of its memory: %w", err)
 	}

@@ -630,23 +630,14 @@ func (s *Server) serveConn(c *conn, adm *admission) {
 	}
 }
 
-func (s *Server) devicesInfo() []*helperpb.DeviceInfo {
-	out := make([]*helperpb.DeviceInfo, 0, len(s.cfg.Devices))
-	for _, d := range s.cfg.Devices {
+func devicesInfo(devs []Device) []*helperpb.DeviceInfo {
+	out := make([]*helperpb.DeviceInfo, 0, len(devs))
+	for _, d := range devs {
 		// a copy: Status fills in its fields, and a Device may hand out
 		// the same message every time
 		out = append(out, proto.Clone(d.Info()).(*helperpb.DeviceInfo))
 	}
 	return out
-}
-
-func (s *Server) device(uuid string) Device {
-	for _, d := range s.cfg.Devices {
-		if d.Info().Uuid == uuid {
-			return d
-		}
-	}
-	return nil
 }
 
 func newToken() uint64 {

@@ -222,7 +222,7 @@ const quietFor = 5 * time.Second
 // (one that did not answer within quietFor is not asked).
 func (s *Server) status() *helperpb.StatusReply {
 	clients := s.connectedClients()
-	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: s.devicesInfo(), Unavailable: s.cfg.Unavailable,
+	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices), Unavailable: s.cfg.Unavailable,
 		Driver: s.cfg.Driver, ResidentImages: s.residents.status(), ResidentBudget: s.cfg.ResidentMemory}
 	for i, d := range s.cfg.Devices {
 		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
