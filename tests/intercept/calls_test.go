@@ -153,41 +153,12 @@ func checkCalls(dir string, sources map[string]string, apiNames map[string]bool)
 			}
 		}
 	}
-	const (
-		unseen = iota
-		open
-		done
-	)
-	state := map[string]int{}
-	var stack []string
-	var visit func(n string)
-	visit = func(n string) {
-		state[n] = open
-		stack = append(stack, n)
-		for _, m := range edges[n] {
-			switch state[m] {
-			case open:
-				i := len(stack) - 1
-				for stack[i] != m {
-					i--
-				}
-				loop := append(append([]string{}, stack[i:]...), m)
-				var ties []string
-				for j := 0; j+1 < len(loop); j++ {
-					ties = append(ties, fmt.Sprintf("%s -> %s (%s)", loop[j], loop[j+1], strings.Join(uses[[2]string{loop[j], loop[j+1]}], ", ")))
-				}
-				bad = append(bad, fmt.Sprintf("call loop in %s: %s", dir, strings.Join(ties, "; ")))
-			case unseen:
-				visit(m)
-			}
+	for _, loop := range cycles(names, edges) {
+		var ties []string
+		for j := 0; j+1 < len(loop); j++ {
+			ties = append(ties, fmt.Sprintf("%s -> %s (%s)", loop[j], loop[j+1], strings.Join(uses[[2]string{loop[j], loop[j+1]}], ", ")))
 		}
-		stack = stack[:len(stack)-1]
-		state[n] = done
-	}
-	for _, name := range names {
-		if state[name] == unseen {
-			visit(name)
-		}
+		bad = append(bad, fmt.Sprintf("call loop in %s: %s", dir, strings.Join(ties, "; ")))
 	}
 	return bad
 }

@@ -175,11 +175,22 @@ func checkLayers(dir string, files map[string][]string, exists func(string) bool
 		}
 	}
 	// Include cycles (only possible within a layer once the layers hold).
+	for _, loop := range cycles(names, edges) {
+		bad = append(bad, fmt.Sprintf("include cycle in %s: %s", dir, strings.Join(loop, " -> ")))
+	}
+	return bad
+}
+
+// cycles returns every loop a depth-first walk of edges meets, starting
+// from names in order: each as the files in it, the first one again at its
+// end (a -> b -> a).
+func cycles(names []string, edges map[string][]string) [][]string {
 	const (
 		unseen = iota
 		open
 		done
 	)
+	var out [][]string
 	state := map[string]int{}
 	var stack []string
 	var visit func(n string)
@@ -193,7 +204,7 @@ func checkLayers(dir string, files map[string][]string, exists func(string) bool
 				for stack[i] != m {
 					i--
 				}
-				bad = append(bad, fmt.Sprintf("include cycle in %s: %s -> %s", dir, strings.Join(stack[i:], " -> "), m))
+				out = append(out, append(append([]string{}, stack[i:]...), m))
 			case unseen:
 				visit(m)
 			}
@@ -206,7 +217,7 @@ func checkLayers(dir string, files map[string][]string, exists func(string) bool
 			visit(name)
 		}
 	}
-	return bad
+	return out
 }
 
 // checkPlugin returns the includes of the plugin's files (dir: name ->
