@@ -99,9 +99,11 @@ func TestCLICheck(t *testing.T) {
 	items := map[string]int{}
 	for i, it := range r.Items {
 		items[it.Name] = i
-		// the image dir and CRIU's optional kernel features may warn here
+		// the image dir, CRIU's optional kernel features and the cost of
+		// a page fault served through userfaultfd (which a loaded machine
+		// raises past its limit) may warn here
 		if it.Status != "ok" && (it.Status != "warn" || (it.Name != "image dir" && !strings.HasPrefix(it.Name, "criu memory") &&
-			!strings.HasPrefix(it.Name, "criu lazy"))) {
+			!strings.HasPrefix(it.Name, "criu lazy") && it.Name != "lazy pages for GPU processes")) {
 			t.Errorf("%s: %s: %s", it.Name, it.Status, it.Reason)
 		}
 	}
