@@ -185,8 +185,12 @@ func (l *Limits) gpuLimit(uid uint32) uint64 {
 
 // ---- connections ----
 
-// connCounts are the connections of the limited uids (under Server.mu).
+// connCounts are the connections of the limited uids: all of them, and
+// those that have not sent their Hello yet. Its lock guards nothing else and
+// is taken inside Server.mu at most, never around another.
 type connCounts struct {
+	limits       *Limits
+	mu           sync.Mutex
 	byUID        map[uint32]int
 	pending      int
 	pendingByUID map[uint32]int
@@ -194,21 +198,24 @@ type connCounts struct {
 
 // admission is one accepted connection's place in the counts.
 type admission struct {
-	s       *Server
+	n       *connCounts
 	uid     uint32
 	counted bool
-	pending bool // not past Hello yet
+	pending bool // not past Hello yet (under n.mu)
 }
 
-// admitLocked counts a new connection of uid, or says why it is refused.
-// Called with s.mu held.
-func (s *Server) admitLocked(uid uint32) (*admission, string) {
-	l := &s.cfg.Limits
-	a := &admission{s: s, uid: uid}
-	if !l.limited(uid) {
+// admit counts a new connection of uid, or says why it is refused.
+func (n *connCounts) admit(uid uint32) (*admission, string) {
+	a := &admission{n: n, uid: uid}
+	l := n.limits
+	if l == nil || !l.limited(uid) {
 		return a, ""
 	}
-	n := &s.counts
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.byUID == nil {
+		n.byUID, n.pendingByUID = map[uint32]int{}, map[uint32]int{}
+	}
 	if l.MaxConnsPerUID > 0 && n.byUID[uid] >= l.MaxConnsPerUID {
 		return nil, fmt.Sprintf("uid %d has %d connections to the helper, the most it may have (--max-connections-per-uid)",
 			uid, n.byUID[uid])
@@ -236,8 +243,8 @@ func (a *admission) helloDone() {
 	if !a.counted {
 		return
 	}
-	a.s.mu.Lock()
-	defer a.s.mu.Unlock()
+	a.n.mu.Lock()
+	defer a.n.mu.Unlock()
 	a.helloDoneLocked()
 }
 
@@ -246,7 +253,7 @@ func (a *admission) helloDoneLocked() {
 		return
 	}
 	a.pending = false
-	n := &a.s.counts
+	n := a.n
 	n.pending--
 	if n.pendingByUID[a.uid]--; n.pendingByUID[a.uid] <= 0 {
 		delete(n.pendingByUID, a.uid)
@@ -258,11 +265,11 @@ func (a *admission) done() {
 	if !a.counted {
 		return
 	}
-	a.s.mu.Lock()
-	defer a.s.mu.Unlock()
+	a.n.mu.Lock()
+	defer a.n.mu.Unlock()
 	a.helloDoneLocked()
 	a.counted = false
-	n := &a.s.counts
+	n := a.n
 	if n.byUID[a.uid]--; n.byUID[a.uid] <= 0 {
 		delete(n.byUID, a.uid)
 	}

@@ -102,9 +102,9 @@ type Server struct {
 
 	// mu guards what a request reads or changes together: the clients
 	// (reg, which a client's lifecycle, a restore plan and the limits
-	// read as one), the restore plans being prepared, the connections and
-	// their counts (counts), and closed. Every other part below has a lock
-	// of its own and takes no other while it holds it.
+	// read as one), the restore plans being prepared, the open
+	// connections, and closed. Every other part below has a lock of its
+	// own and takes no other while it holds it.
 	mu     sync.Mutex
 	reg    registry              // the clients (registry.go)
 	plans  map[*restorePlan]bool // restores being prepared (restore.go)
@@ -124,7 +124,7 @@ type Server struct {
 	wg        sync.WaitGroup
 
 	// Limits (limits.go).
-	counts      connCounts      // connections of limited uids, under mu
+	counts      connCounts      // connections of limited uids
 	stopping    chan struct{}   // closed by Shutdown
 	frames      *budget         // bytes of frames being read
 	gpus        gpuReservations // GPU memory limit checks, and what checked allocations hold meanwhile
@@ -159,8 +159,8 @@ func New(cfg Config) *Server {
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
 	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: newRecentOutcomes(), salvage: newSalvages(cfg.Log),
-		conns:    map[*net.UnixConn]struct{}{},
-		counts:   connCounts{byUID: map[uint32]int{}, pendingByUID: map[uint32]int{}},
+		conns: map[*net.UnixConn]struct{}{},
+
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
@@ -171,6 +171,7 @@ func New(cfg Config) *Server {
 		s.residuals = driverResiduals{}
 	}
 	s.gpus = gpuReservations{limits: &s.cfg.Limits, held: s.gpuHeld}
+	s.counts.limits = &s.cfg.Limits
 	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
 	s.statusBudget = DefaultStatusBudget
 	return s
@@ -359,7 +360,7 @@ func (s *Server) Go(nc *net.UnixConn) {
 		nc.Close()
 		return
 	}
-	adm, why := s.admitLocked(c.cred.Uid)
+	adm, why := s.counts.admit(c.cred.Uid)
 	if adm == nil {
 		s.mu.Unlock()
 		s.refuse(c, why)
