@@ -50,7 +50,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		var resp *helperpb.Response
 		switch b := req.Body.(type) {
 		case *helperpb.Request_Status:
-			body, err := s.statusResponse(s.sharedStatus(), req.Id, c.cred.Uid, b.Status)
+			body, err := s.statusShare.get(s.status).response(req.Id, c.cred.Uid, b.Status, s.statusBudget)
 			if err == nil {
 				err = c.sendEncoded(body)
 			}

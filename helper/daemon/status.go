@@ -47,7 +47,7 @@ type statusShare struct {
 type statusBuild struct {
 	done  chan struct{}
 	reply *helperpb.StatusReply
-	// sizes: each client's bytes in the encoded reply (statusFor).
+	// sizes: each client's bytes in the encoded reply (replyFor).
 	sizes []int
 
 	// encoded: the reply to each caller uid's Status of every client,
@@ -57,10 +57,9 @@ type statusBuild struct {
 	encoded map[uint32][]byte
 }
 
-// sharedStatus is the reply to a Status request, built for every caller
-// (see statusShare); statusFor makes each caller's of it.
-func (s *Server) sharedStatus() *statusBuild {
-	sh := &s.statusShare
+// get is the reply to a Status request, built (by build) for every caller
+// (see statusShare); replyFor makes each caller's of it.
+func (sh *statusShare) get(build func() *helperpb.StatusReply) *statusBuild {
 	sh.mu.Lock()
 	if sh.next == nil {
 		sh.next = &statusBuild{done: make(chan struct{})}
@@ -69,20 +68,19 @@ func (s *Server) sharedStatus() *statusBuild {
 	if !sh.running {
 		sh.running = true
 		sh.next = nil
-		go s.buildStatuses(b)
+		go sh.run(b, build)
 	}
 	sh.mu.Unlock()
 	<-b.done
 	return b
 }
 
-// buildStatuses builds b, then every build requested meanwhile, one after
-// the other, until none is waiting.
-func (s *Server) buildStatuses(b *statusBuild) {
-	sh := &s.statusShare
+// run builds b, then every build requested meanwhile, one after the
+// other, until none is waiting.
+func (sh *statusShare) run(b *statusBuild, build func() *helperpb.StatusReply) {
 	builds := 0
 	for b != nil {
-		b.reply = s.status()
+		b.reply = build()
 		b.sizes = make([]int, len(b.reply.Clients))
 		for i, ci := range b.reply.Clients {
 			b.sizes[i] = fieldSize(proto.Size(ci))
@@ -111,18 +109,17 @@ const DefaultStatusBudget = wire.MaxFrame / 2
 // fieldSize is what a message of n bytes takes as a field of another.
 func fieldSize(n int) int { return protowire.SizeTag(3) + protowire.SizeBytes(n) }
 
-// statusFor is the reply to caller's Status req, made of the shared build
+// replyFor is the reply to caller's Status req, made of the shared build
 // b (shared between callers: nothing of it is changed): the clients req
 // asks for (its pids; none: all), the caller's own first, then the others
-// by pid, as many as fit in s.statusBudget bytes; how many did not fit is
-// said. So no number or size of other users' clients keeps a caller from
+// by pid, as many as fit in budget bytes; how many did not fit is said. So no number or size of other users' clients keeps a caller from
 // its answer, nor a checkpoint from learning its tree's clients (it asks
 // for their pids).
-func (s *Server) statusFor(b *statusBuild, caller uint32, req *helperpb.Status) *helperpb.StatusReply {
+func (b *statusBuild) replyFor(caller uint32, req *helperpb.Status, budget int) *helperpb.StatusReply {
 	r := b.reply
 	out := &helperpb.StatusReply{HelperVersion: r.HelperVersion, Devices: r.Devices, Unavailable: r.Unavailable, Driver: r.Driver,
 		ResidentImages: residentsSeenBy(r.ResidentImages, caller), ResidentBudget: r.ResidentBudget}
-	left := s.statusBudget - proto.Size(out) - 16 // and clients_left_out
+	left := budget - proto.Size(out) - 16 // and clients_left_out
 	var wanted map[int64]bool
 	if len(req.GetPids()) > 0 {
 		wanted = make(map[int64]bool, len(req.Pids))
@@ -148,13 +145,13 @@ func (s *Server) statusFor(b *statusBuild, caller uint32, req *helperpb.Status) 
 	return out
 }
 
-// statusResponse is the encoded Response of id to caller's Status req,
-// made of the shared build b (statusFor), encoded once per caller uid and
-// build where req names no pids.
-func (s *Server) statusResponse(b *statusBuild, id uint64, caller uint32, req *helperpb.Status) ([]byte, error) {
+// response is the encoded Response of id to caller's Status req, made of
+// the shared build b (replyFor), encoded once per caller uid and build
+// where req names no pids.
+func (b *statusBuild) response(id uint64, caller uint32, req *helperpb.Status, budget int) ([]byte, error) {
 	var reply []byte
 	if len(req.GetPids()) > 0 {
-		r, err := proto.Marshal(s.statusFor(b, caller, req))
+		r, err := proto.Marshal(b.replyFor(caller, req, budget))
 		if err != nil {
 			return nil, err
 		}
@@ -163,7 +160,7 @@ func (s *Server) statusResponse(b *statusBuild, id uint64, caller uint32, req *h
 		b.mu.Lock()
 		reply = b.encoded[caller]
 		if reply == nil {
-			r, err := proto.Marshal(s.statusFor(b, caller, req))
+			r, err := proto.Marshal(b.replyFor(caller, req, budget))
 			if err != nil {
 				b.mu.Unlock()
 				return nil, err

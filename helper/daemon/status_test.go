@@ -127,7 +127,7 @@ func TestStatusForCaller(t *testing.T) {
 		b.sizes = append(b.sizes, fieldSize(proto.Size(ci)))
 	}
 	s.statusBudget = 10 * 1010 // room for about 9 clients
-	r := s.statusFor(b, 1000, &helperpb.Status{})
+	r := b.replyFor(1000, &helperpb.Status{}, s.statusBudget)
 	if n := len(r.Clients); n < 5 || n > 10 || r.ClientsLeftOut != uint32(40-n) {
 		t.Fatalf("%d clients listed, %d left out, in a budget for about 9", n, r.ClientsLeftOut)
 	}
@@ -139,7 +139,7 @@ func TestStatusForCaller(t *testing.T) {
 	if n := proto.Size(r); n > s.statusBudget {
 		t.Errorf("the reply is %d bytes, over its budget of %d", n, s.statusBudget)
 	}
-	r = s.statusFor(b, 0, &helperpb.Status{Pids: []int64{33, 7, 99}})
+	r = b.replyFor(0, &helperpb.Status{Pids: []int64{33, 7, 99}}, s.statusBudget)
 	if len(r.Clients) != 2 || r.Clients[0].Pid != 7 || r.Clients[1].Pid != 33 || r.ClientsLeftOut != 0 {
 		t.Errorf("pids 33, 7, 99: %v, %d left out", r.Clients, r.ClientsLeftOut)
 	}
@@ -148,7 +148,7 @@ func TestStatusForCaller(t *testing.T) {
 	}
 }
 
-// The encoded reply is the reply statusFor makes, in a Response of the
+// The encoded reply is the reply replyFor makes, in a Response of the
 // request's id; one caller's is encoded once a build.
 func TestStatusResponseEncoded(t *testing.T) {
 	s := New(Config{Devices: []Device{newFake()}})
@@ -159,7 +159,7 @@ func TestStatusResponseEncoded(t *testing.T) {
 	}
 	for _, req := range []*helperpb.Status{{}, {Pids: []int64{2}}} {
 		for _, id := range []uint64{0, 7, 1 << 40} {
-			body, err := s.statusResponse(b, id, 6, req)
+			body, err := b.response(id, 6, req, s.statusBudget)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -167,7 +167,7 @@ func TestStatusResponseEncoded(t *testing.T) {
 			if err := proto.Unmarshal(body, &got); err != nil {
 				t.Fatal(err)
 			}
-			want := &helperpb.Response{Id: id, Body: &helperpb.Response_Status{Status: s.statusFor(b, 6, req)}}
+			want := &helperpb.Response{Id: id, Body: &helperpb.Response_Status{Status: b.replyFor(6, req, s.statusBudget)}}
 			if !proto.Equal(&got, want) {
 				t.Errorf("id %d, %v: %v, want %v", id, req, &got, want)
 			}
