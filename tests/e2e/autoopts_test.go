@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -140,17 +139,10 @@ func readPids(t *testing.T, path string) []int {
 // holds its value.
 func TestCheckpointNeedsNoCRIUFlags(t *testing.T) {
 	needTool(t, "criu")
-	py := needTool(t, "python3")
 	dir := t.TempDir()
-	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
-	script := filepath.Join(dir, "ddp.py")
-	if err := os.WriteFile(script, []byte(ddpLike), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	env := noHelperEnv(dir)
 	marks, pidfile := filepath.Join(dir, "marks"), filepath.Join(dir, "pids")
-	p := startReaped(t, py, script, marks, pidfile)
-	root := p.Process.Pid
-	t.Cleanup(func() { _ = syscall.Kill(-root, syscall.SIGKILL) })
+	root := startPyTree(t, dir, "ddp.py", ddpLike, marks, pidfile)
 	pids := readPids(t, pidfile)
 	waitDDPMarks(t, marks, true, 20)
 	img := filepath.Join(dir, "img")
@@ -232,18 +224,11 @@ func outsidePeer(t *testing.T) int {
 // option itself; --json lists what it chose.
 func TestCheckpointRefusesOutsideConnection(t *testing.T) {
 	needTool(t, "criu")
-	py := needTool(t, "python3")
 	dir := t.TempDir()
-	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
-	script := filepath.Join(dir, "ddp.py")
-	if err := os.WriteFile(script, []byte(ddpLike), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	env := noHelperEnv(dir)
 	port := outsidePeer(t)
 	marks, pidfile := filepath.Join(dir, "marks"), filepath.Join(dir, "pids")
-	p := startReaped(t, py, script, marks, pidfile, strconv.Itoa(port))
-	root := p.Process.Pid
-	t.Cleanup(func() { _ = syscall.Kill(-root, syscall.SIGKILL) })
+	root := startPyTree(t, dir, "ddp.py", ddpLike, marks, pidfile, strconv.Itoa(port))
 	readPids(t, pidfile)
 	waitDDPMarks(t, marks, false, 10)
 	img := filepath.Join(dir, "img")

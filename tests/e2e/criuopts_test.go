@@ -18,7 +18,7 @@ func TestCLICRIUOptions(t *testing.T) {
 	needTool(t, "criu")
 	py := needTool(t, "python3")
 	dir := t.TempDir()
-	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+	env := noHelperEnv(dir)
 	lockFile := filepath.Join(dir, "lock")
 	marks := filepath.Join(dir, "marks")
 	prog := "import fcntl,sys,time\nf=open(sys.argv[1],'w')\nfcntl.flock(f,fcntl.LOCK_EX)\ni=0\nwhile True:\n" +
@@ -83,7 +83,7 @@ func TestCLICRIUOptions(t *testing.T) {
 func TestCLIFileChangedHint(t *testing.T) {
 	needTool(t, "criu")
 	dir := t.TempDir()
-	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+	env := noHelperEnv(dir)
 	log := filepath.Join(dir, "app.log")
 	p := startSetsid(t, true, "/bin/sh", "-c", `exec 3>"$1"; while :; do echo tick >&3; sleep 0.05; done`, "sh", log)
 	deadline := time.Now().Add(10 * time.Second)

@@ -2,12 +2,12 @@ package e2e
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -48,27 +48,12 @@ while True:
 // the first attempt fail, so that the retry is always what is tested.
 func TestCheckpointRetriedAfterInFlight(t *testing.T) {
 	needTool(t, "criu")
-	py := needTool(t, "python3")
 	dir := t.TempDir()
-	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
-	script := filepath.Join(dir, "inflight.py")
-	if err := os.WriteFile(script, []byte(inFlightApp), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	env := noHelperEnv(dir)
 	marks, pending, release := filepath.Join(dir, "marks"), filepath.Join(dir, "pending"), filepath.Join(dir, "release")
-	p := startReaped(t, py, script, marks, pending, release)
-	root := p.Process.Pid
-	t.Cleanup(func() { _ = syscall.Kill(-root, syscall.SIGKILL) })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(pending); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the connection is not in flight")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	root := startPyTree(t, dir, "inflight.py", inFlightApp, marks, pending, release)
+	waitForCond(t, 30*time.Second, func() bool { _, err := os.Stat(pending); return err == nil },
+		func() string { return "the connection is not in flight" })
 	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(root), "-D", filepath.Join(dir, "img"), "--leave-running")
 	cmd.Env = env
 	r, w, err := os.Pipe()
@@ -98,15 +83,9 @@ func TestCheckpointRetriedAfterInFlight(t *testing.T) {
 	}
 	t.Logf("%s", out.String())
 	// the tree runs on, its connection accepted and carrying
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		b, _ := os.ReadFile(marks)
-		if n := strings.Count(string(b), "\n"); n >= 30 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the tree does not run on after the checkpoint: %q", tail(string(b), 3))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	marksMade := func() string { b, _ := os.ReadFile(marks); return string(b) }
+	waitForCond(t, 30*time.Second, func() bool { return strings.Count(marksMade(), "\n") >= 30 },
+		func() string {
+			return fmt.Sprintf("the tree does not run on after the checkpoint: %q", tail(marksMade(), 3))
+		})
 }

@@ -329,18 +329,11 @@ func TestMigrateFailureContinuesSource(t *testing.T) {
 // for the dump (--link-remap), which would fail the next dump.
 func TestMigrateFailureContinuesSourceConnections(t *testing.T) {
 	needTool(t, "criu")
-	py := needTool(t, "python3")
 	dir := t.TempDir()
-	env := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+	env := noHelperEnv(dir)
 	fakeSSH, fakeGpucr := failingTarget(t, dir)
-	script := filepath.Join(dir, "ddp.py")
-	if err := os.WriteFile(script, []byte(ddpLike), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	marks, pidfile := filepath.Join(dir, "marks"), filepath.Join(dir, "pids")
-	p := startReaped(t, py, script, marks, pidfile)
-	root := p.Process.Pid
-	t.Cleanup(func() { _ = syscall.Kill(-root, syscall.SIGKILL) })
+	root := startPyTree(t, dir, "ddp.py", ddpLike, marks, pidfile)
 	readPids(t, pidfile)
 	waitDDPMarks(t, marks, true, 20)
 	img, remote := filepath.Join(dir, "img"), filepath.Join(dir, "remote")

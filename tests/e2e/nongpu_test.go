@@ -83,7 +83,7 @@ func TestPluginHarmlessForNonGPUDumps(t *testing.T) {
 	p := startReaped(t, py, "-c", loop, marks)
 	waitPast(3)
 	pid := p.Process.Pid
-	plain := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+	plain := noHelperEnv(dir)
 	t.Run("no helper", func(t *testing.T) { pid, _ = dumpRestore(t, plain, pid, true) })
 	h := startHelper(t, dir, env)
 	withHelper := []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + h.socket}
@@ -151,6 +151,27 @@ func TestCheckpointRefusesUnknownGPUProcess(t *testing.T) {
 	}
 	at := a.lastIter()
 	a.waitIter(at+5, time.Minute)
+}
+
+// noHelperEnv is a plain environment whose helper socket (in dir) nothing
+// listens on: gpucr runs CRIU for a tree with no GPU client.
+func noHelperEnv(dir string) []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "GPUCR_SOCKET=" + filepath.Join(dir, "no-helper.sock")}
+}
+
+// startPyTree writes src into dir as name and starts it with python3 and
+// args (startReaped); its whole session is killed when the test ends. It
+// returns the root's pid.
+func startPyTree(t *testing.T, dir, name, src string, args ...string) int {
+	t.Helper()
+	py := needTool(t, "python3")
+	script := filepath.Join(dir, name)
+	if err := os.WriteFile(script, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := startReaped(t, append([]string{py, script}, args...)...).Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(-root, syscall.SIGKILL) })
+	return root
 }
 
 // startReaped starts argv in its own session, stdio on /dev/null, and reaps
