@@ -218,7 +218,8 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	if !proc.Exists(pid) {
 		return nil, fmt.Errorf("no process %d", pid)
 	}
-	if err := sessionLeaderCheck(pid, o.CRIU.ShellJob); err != nil {
+	tree := proc.Tree(pid)
+	if err := sessionLeaderCheck(pid, tree, o.CRIU.ShellJob); err != nil {
 		return nil, err
 	}
 	// Before anything is made or stopped: the options the tree needs, or
@@ -227,7 +228,7 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	if o.Job != nil {
 		jobConns = o.Job.Conns
 	}
-	criu, auto, err := chooseJobCRIUOptions(pid, proc.Tree(pid), o.CRIU, jobConns)
+	criu, auto, err := chooseJobCRIUOptions(pid, tree, o.CRIU, jobConns)
 	if err != nil {
 		return nil, err
 	}

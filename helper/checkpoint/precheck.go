@@ -210,12 +210,13 @@ func restorePidsFree(ctx context.Context, dir string) ([]proc.Pid, error) {
 // tree may belong to a session whose leader is outside its pid namespace
 // (getsid gives CRIU 0 there: "A session leader of N is outside of its pid
 // namespace"), as a program started without setsid inside a container is.
-func sessionLeaderCheck(pid proc.Pid, shellJob bool) error {
+// tree is pid's (proc.Tree).
+func sessionLeaderCheck(pid proc.Pid, tree []proc.Pid, shellJob bool) error {
 	st, err := proc.ReadStat(pid)
 	if err != nil {
 		return fmt.Errorf("no process %d", pid)
 	}
-	for _, p := range proc.Tree(pid) {
+	for _, p := range tree {
 		if sid, ok := proc.NsSession(p); ok && sid == 0 {
 			which := "it"
 			if p != pid {
