@@ -28,7 +28,7 @@ func fxWrapManifest(body []byte) []byte {
 func FuzzManifest(f *testing.F) {
 	dirs, _ := fxDamageImages(f, f.TempDir())
 	for _, d := range dirs {
-		data, err := os.ReadFile(manifestPath(d))
+		data, err := os.ReadFile(ManifestPath(d))
 		if err != nil {
 			f.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func FuzzReader(f *testing.F) {
 			bad = data
 		case 4:
 			bad = fxWrapManifest(data)
-			file = manifestPath(filepath.Join(root, filepath.Base(dirs[int(which)%len(dirs)])))
+			file = ManifestPath(filepath.Join(root, filepath.Base(dirs[int(which)%len(dirs)])))
 		}
 		if err := os.WriteFile(file, bad, 0o644); err != nil {
 			t.Fatal(err)
@@ -127,7 +127,7 @@ func FuzzReader(f *testing.F) {
 func loadManifest(dir string) (*imagepb.Manifest, error) {
 	d, err := openDirPath(dir)
 	if err != nil {
-		return nil, &ManifestError{File: manifestPath(dir), Err: err}
+		return nil, &ManifestError{File: ManifestPath(dir), Err: err}
 	}
 	defer d.close()
 	g, err := openSubDir(d, nil)
@@ -158,7 +158,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 	}
 	bytesLit := func(b []byte) string { return "[]byte(" + strconv.Quote(string(b)) + ")" }
 	for i, d := range dirs {
-		data, _ := os.ReadFile(manifestPath(d))
+		data, _ := os.ReadFile(ManifestPath(d))
 		write("FuzzManifest", fmt.Sprintf("image-%d", i), bytesLit(data))
 		m, _ := loadManifest(d)
 		body, _ := proto.Marshal(m)

@@ -169,7 +169,7 @@ func gcGraph(keep []string, confined bool) (order []*gcNode, err error) {
 		if !ok {
 			top, err := openDirPath(dir)
 			if err != nil {
-				return nil, &ManifestError{File: manifestPath(dir), Err: err}
+				return nil, &ManifestError{File: ManifestPath(dir), Err: err}
 			}
 			g, err := openSubDir(top, nil)
 			top.close()

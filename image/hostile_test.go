@@ -73,7 +73,7 @@ func TestFIFOManifest(t *testing.T) { testFIFOManifest(t) }
 
 func testFIFOManifest(t *testing.T) {
 	dir, bufs := fxImage(t)
-	mf := manifestPath(dir)
+	mf := ManifestPath(dir)
 	fxMkfifo(t, mf)
 	err := fxQuick(t, "Open", mf, func() error { _, err := Open(dir); return err })
 	fxWantType(t, "Open", err, mf, "FIFO")
@@ -133,9 +133,9 @@ func testSymlinksInImage(t *testing.T) {
 		// A symlink to another valid manifest is not followed.
 		a, _ := fxImage(t)
 		b, _ := fxImage(t)
-		mf := manifestPath(b)
+		mf := ManifestPath(b)
 		os.Remove(mf)
-		if err := os.Symlink(manifestPath(a), mf); err != nil {
+		if err := os.Symlink(ManifestPath(a), mf); err != nil {
 			t.Fatal(err)
 		}
 		_, err := Open(b)

@@ -98,11 +98,9 @@ func parseHashName(name string) (chunkHash, bool) {
 	return h, true
 }
 
-func manifestPath(dir string) string { return filepath.Join(dir, SubDir, manifestName) }
-
 // ManifestPath is DIR/gpucr/manifest.pb, the file a committed image has
 // (a write renames it into place last).
-func ManifestPath(dir string) string { return manifestPath(dir) }
+func ManifestPath(dir string) string { return filepath.Join(dir, SubDir, manifestName) }
 
 // PartsPath is DIR/gpucr/parts, where a process's sealed part waits for
 // its tree's commit.

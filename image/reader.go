@@ -70,7 +70,7 @@ func OpenWith(dir string, opts ReadOptions) (*Image, error) {
 func OpenAt(d *os.File, opts ReadOptions) (*Image, error) {
 	top, err := dirOf(d)
 	if err != nil {
-		return nil, &ManifestError{File: manifestPath(fdPath(d)), Err: err}
+		return nil, &ManifestError{File: ManifestPath(fdPath(d)), Err: err}
 	}
 	return openFrom(top, top.path, opts, false, opts.Owner)
 }
@@ -80,11 +80,11 @@ func OpenAt(d *os.File, opts ReadOptions) (*Image, error) {
 func openImage(dir string, opts ReadOptions, allowPruned bool, own *Owner) (*Image, error) {
 	real, err := realDir(dir)
 	if err != nil {
-		return nil, &ManifestError{File: manifestPath(dir), Err: err}
+		return nil, &ManifestError{File: ManifestPath(dir), Err: err}
 	}
 	top, err := openDirPath(real)
 	if err != nil {
-		return nil, &ManifestError{File: manifestPath(real), Err: err}
+		return nil, &ManifestError{File: ManifestPath(real), Err: err}
 	}
 	return openFrom(top, dir, opts, allowPruned, own)
 }
@@ -181,7 +181,7 @@ func resolveChain(real string, g *fsDir, m *imagepb.Manifest, need int, own *Own
 	}
 	cur, curM := real, m
 	for d := 1; d <= need; d++ {
-		mfile := manifestPath(cur)
+		mfile := ManifestPath(cur)
 		p := curM.GetParent()
 		if p == nil {
 			return nil, nil, &ManifestError{File: mfile, Err: fmt.Errorf("%w: chunks refer to ancestor %d, but the chain ends at %d",

@@ -31,7 +31,7 @@ func fxRewrite(t testing.TB, dir string, edit func(m *imagepb.Manifest)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(manifestPath(dir), data, 0o644); err != nil {
+	if err := os.WriteFile(ManifestPath(dir), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -190,12 +190,12 @@ func TestOpenRefuses(t *testing.T) {
 	}
 
 	reset()
-	data, _ := os.ReadFile(manifestPath(child))
+	data, _ := os.ReadFile(ManifestPath(child))
 	var file imagepb.ManifestFile
 	proto.Unmarshal(data, &file)
 	file.FormatVersion = FormatVersion + 1
 	data, _ = proto.Marshal(&file)
-	os.WriteFile(manifestPath(child), data, 0o644)
+	os.WriteFile(ManifestPath(child), data, 0o644)
 	if _, err := Open(child); !errors.Is(err, ErrVersion) {
 		t.Errorf("version 2: %v", err)
 	}
@@ -336,7 +336,7 @@ func asFormat1(t *testing.T, dir string, crcOf func(c *imagepb.Chunk, file strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(manifestPath(dir), data, 0o644); err != nil {
+	if err := os.WriteFile(ManifestPath(dir), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -531,7 +531,7 @@ func writeManifestForTest(t *testing.T, dir string, m *imagepb.Manifest) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(manifestPath(dir), data, 0o644); err != nil {
+	if err := os.WriteFile(ManifestPath(dir), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
