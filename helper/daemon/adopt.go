@@ -98,6 +98,24 @@ func (ds *detachStates) save(st detachState) error {
 // drop forgets pid's state file.
 func (ds *detachStates) drop(pid proc.Pid) { ds.d.remove(stateName(pid)) }
 
+// files lists the state files there are, by name; load reads one, forget
+// removes one.
+func (ds *detachStates) files() []string { return ds.d.names(".json") }
+
+func (ds *detachStates) load(name string) (detachState, error) {
+	var st detachState
+	b, err := ds.d.read(name, maxStateFile)
+	if err == nil {
+		err = json.Unmarshal(b, &st)
+	}
+	return st, err
+}
+
+func (ds *detachStates) forget(name string) { ds.d.remove(name) }
+
+// close lets the directory go (the helper stops).
+func (ds *detachStates) close() { ds.d.close() }
+
 // keepAlive touches path (helper.alive) until stop is closed, then removes
 // it. The socket's directory it is in is the helper's own (ownSocketDir).
 func keepAlive(p string, stop <-chan struct{}) {
@@ -125,21 +143,17 @@ func keepAlive(p string, stop <-chan struct{}) {
 // detached gets its GPU memory back from its committed image, or is told
 // that it is lost.
 func (s *Server) adoptOrphans() {
-	for _, f := range s.states.d.names(".json") {
-		var st detachState
-		b, err := s.states.d.read(f, maxStateFile)
-		if err == nil {
-			err = json.Unmarshal(b, &st)
-		}
+	for _, f := range s.states.files() {
+		st, err := s.states.load(f)
 		if err != nil || st.Pid <= 0 {
 			s.log.Warn("unreadable detach state file removed", zap.String("file", f), zap.Error(err))
-			s.states.d.remove(f)
+			s.states.forget(f)
 			continue
 		}
 		log := s.log.With(pidField("pid", st.Pid), zap.String("image", st.ImageDir))
 		p, err := proc.OpenStarted(st.Pid, st.StartTime)
 		if err != nil {
-			s.states.d.remove(f) // that process is gone
+			s.states.forget(f) // that process is gone
 			continue
 		}
 		if p.UID() != st.UID || (st.ImageOwner != 0 && st.ImageOwner != st.UID) {
@@ -148,7 +162,7 @@ func (s *Server) adoptOrphans() {
 			log.Warn("a detach state file does not match the process with its pid; removed, the process left alone",
 				zap.Uint32("process_uid", p.UID()), zap.Uint32("recorded_uid", st.UID), zap.Uint32("image_owner", st.ImageOwner))
 			p.Close()
-			s.states.d.remove(f)
+			s.states.forget(f)
 			continue
 		}
 		err = s.adopt(st, p)
@@ -167,7 +181,7 @@ func (s *Server) adoptOrphans() {
 		default:
 			log.Info("adopted a process a dead helper held the GPU memory of: loaded from its image")
 		}
-		s.states.d.remove(f)
+		s.states.forget(f)
 	}
 }
 

@@ -336,7 +336,7 @@ func (r *checkpointRun) quiesceDrain() *stepError {
 	}
 	r.ph.done("drain")
 	r.nth = r.s.nCkpt.Add(1)
-	if r.s.faultAt(fault.StallCopy, r.nth) {
+	if r.s.cfg.Fault.At(fault.StallCopy, r.nth) {
 		r.stall()
 	}
 	return nil
@@ -520,7 +520,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 	w, nth, log, cl, g := r.w, r.nth, r.log, r.cl, r.guard
 	bg := r.s.bg.of(w)
 	bg.add(tr, func() error {
-		if r.s.faultAt(fault.StallBackground, nth) {
+		if r.s.cfg.Fault.At(fault.StallBackground, nth) {
 			log.Warn("injected fault: stalling the background copy (GPUCR_FAULT=stall-background)")
 			select {
 			case <-r.s.stopping:
@@ -637,10 +637,10 @@ func (r *checkpointRun) detach() *stepError {
 // must still run (livePid), so that no call reaches a process that took its
 // pid since.
 func (r *checkpointRun) driverCheckpoint() *stepError {
-	if r.s.faultAt(fault.StallDropped, r.nth) {
+	if r.s.cfg.Fault.At(fault.StallDropped, r.nth) {
 		r.stallAt("after the drop (GPUCR_FAULT=stall-dropped)")
 	}
-	if r.s.faultAt(fault.DriverLock, r.nth) {
+	if r.s.cfg.Fault.At(fault.DriverLock, r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: injected fault (GPUCR_FAULT)")
 	}
 	pid, err := r.cl.livePid()
@@ -657,7 +657,7 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 	}
 	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(r.s.residuals.Unlock) }})
 	r.ph.done("driver-lock")
-	if r.s.faultAt(fault.DriverCheckpoint, r.nth) {
+	if r.s.cfg.Fault.At(fault.DriverCheckpoint, r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
 	if err := r.cl.onLive(r.s.residuals.Save); err != nil {
@@ -737,9 +737,6 @@ func (r *checkpointRun) resumeEarly() *stepError {
 	r.reply.State = helperpb.ClientState_CLIENT_STATE_RUNNING
 	return nil
 }
-
-// faultAt reports whether Config.Fault injects step into the nth checkpoint.
-func (s *Server) faultAt(step fault.Name, nth uint64) bool { return s.cfg.Fault.At(step, nth) }
 
 // resumeCheckpointed runs a ResumeCheckpointed request.
 func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeCheckpointed) *helperpb.Response {

@@ -20,6 +20,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// helperOwns says whether a directory is the helper's own: its owner is the
+// helper's uid, and no one else may write it.
+func helperOwns(st *unix.Stat_t) bool { return int(st.Uid) == os.Geteuid() && st.Mode&0o022 == 0 }
+
 // ownDir is one such directory: name in sockDir, made with mode.
 type ownDir struct {
 	sockDir string
@@ -63,7 +67,7 @@ func (d *ownDir) open() (*os.File, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s: %w", d.where(), err)
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+	if !helperOwns(&st) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s belongs to uid %d with mode %04o: the helper writes only in a directory of its own (uid %d) that no one else can write; remove it",
 			d.where(), st.Uid, st.Mode&0o7777, os.Geteuid())

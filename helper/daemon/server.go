@@ -104,7 +104,9 @@ type Server struct {
 	// (reg, which a client's lifecycle, a restore plan and the limits
 	// read as one), the restore plans being prepared, the open
 	// connections, and closed. Every other part below has a lock of its
-	// own and takes no other while it holds it.
+	// own, and takes no other while it holds it, but for two: counts is
+	// taken inside mu, and gpus holds its lock while it reads what the
+	// clients, plans and resident images hold (mu among them).
 	mu     sync.Mutex
 	reg    registry              // the clients (registry.go)
 	plans  map[*restorePlan]bool // restores being prepared (restore.go)
@@ -186,7 +188,7 @@ func ownSocketDir(dir string) error {
 	if err := unix.Stat(dir, &st); err != nil {
 		return fmt.Errorf("socket directory %s: %w", dir, err)
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+	if !helperOwns(&st) {
 		return fmt.Errorf("socket directory %s belongs to uid %d with mode %04o: the helper makes and removes files there, "+
 			"so it must be the helper's own (uid %d) and writable by no one else; put the socket in a directory of its own (like /run/gpucr)",
 			dir, st.Uid, st.Mode&0o7777, os.Geteuid())
@@ -409,7 +411,7 @@ func (s *Server) Shutdown() {
 	s.wg.Wait()
 	s.salvage.dropAll()
 	s.wakes.close()
-	s.states.d.close()
+	s.states.close()
 	s.pool.close()
 	if s.ln != nil {
 		s.ln.Close()

@@ -85,10 +85,10 @@ func TestWakeDirectoryPlanted(t *testing.T) {
 					w.remove(42)
 				} else {
 					ds := newDetachStates(dir)
-					defer ds.d.close()
+					defer ds.close()
 					err = ds.save(detachState{Pid: 43})
 					ds.drop(42)
-					if names := ds.d.names(".json"); len(names) != 0 {
+					if names := ds.files(); len(names) != 0 {
 						t.Errorf("state files read through the planted directory: %v", names)
 					}
 				}
