@@ -30,6 +30,16 @@ type AutoOption struct {
 // maxNamed bounds the files or connections a message names.
 const maxNamed = 4
 
+// criuGhostLimit is CRIU's own --ghost-limit: the largest file without a
+// name left whose contents a dump copies.
+const criuGhostLimit = 1 << 20
+
+// maxAutoGhost is the largest such file a checkpoint copies without being
+// told to: NCCL's shared buffers are tens of MiB a process; a file of
+// gigabytes that a process keeps after unlinking it is more likely scratch
+// space the user would rather not carry in every image.
+const maxAutoGhost = 1 << 30
+
 // chooseCRIUOptions returns c with the options the tree (root and its
 // descendants, tree) needs turned on, and says which; or an error that
 // refuses the checkpoint before anything is stopped.
@@ -62,6 +72,11 @@ func chooseJobCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU, jobConns []Job
 		c.LinkRemap = true
 		auto = append(auto, AutoOption{Option: "--link-remap",
 			Why: "files open or mapped after their name was unlinked, still linked under another (POSIX semaphores of Python's multiprocessing): " + namedList(names)})
+	}
+	if a, err := chooseGhostLimit(root, s.ghosts, &c); err != nil {
+		return c, nil, err
+	} else if a != nil {
+		auto = append(auto, *a)
 	}
 	if len(s.conns) == 0 {
 		return c, auto, nil
@@ -114,6 +129,41 @@ func chooseJobCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU, jobConns []Job
 	}
 	return c, auto, nil
 }
+
+// chooseGhostLimit raises c's ghost limit to the largest of ghosts (files
+// without a name left, which CRIU copies whole into the image), where one
+// is over CRIU's own limit and the user named none; one over maxAutoGhost
+// refuses the checkpoint before anything stops.
+func chooseGhostLimit(root proc.Pid, ghosts []ghostFile, c *CRIU) (*AutoOption, error) {
+	var big []ghostFile
+	var largest int64
+	for _, g := range ghosts {
+		if g.bytes > criuGhostLimit {
+			big = append(big, g)
+			largest = max(largest, g.bytes)
+		}
+	}
+	if len(big) == 0 || c.GhostLimit > 0 || extraHas(c.Extra, "ghost-limit") {
+		return nil, nil
+	}
+	names := make([]string, 0, len(big))
+	for _, g := range big {
+		names = append(names, fmt.Sprintf("pid %d (%s) has %s, %s", g.pid, g.comm, g.path, mib(g.bytes)))
+	}
+	if largest > maxAutoGhost {
+		return nil, fmt.Errorf("checkpoint of %d refused before anything was stopped: its tree holds files whose last name was unlinked, "+
+			"which CRIU copies whole into the image, and one is larger than the %s gpucr copies unasked: %s. Pass "+
+			"--criu-opt 'ghost-limit %dM' to copy them, or let the process close or unmap them before the checkpoint",
+			root, mib(maxAutoGhost), namedList(names), (largest+(1<<20)-1)>>20)
+	}
+	c.GhostLimit = uint32((largest + (1 << 20) - 1) &^ ((1 << 20) - 1))
+	return &AutoOption{Option: fmt.Sprintf("--ghost-limit %dM", c.GhostLimit>>20),
+		Why: "files open or mapped after their last name was unlinked (NCCL's shared buffers in /dev/shm, say), " +
+			"which CRIU copies into the image, larger than its own limit of 1 MiB: " + namedList(names)}, nil
+}
+
+// mib is a size for a message: "32.6 MiB".
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // namedList joins names for a message, at most maxNamed of them.
 func namedList(names []string) string {

@@ -12,7 +12,8 @@ import (
 
 // TestScanTreeSelf: this test process holds a file unlinked under one name
 // and linked under another, one with no name left, and a TCP connection to
-// itself: the scan finds the first file (not the second), and the
+// itself: the scan finds the first file among those --link-remap dumps,
+// the second among those CRIU copies whole (ghosts), and the
 // connection's two ends, each with its peer inside.
 func TestScanTreeSelf(t *testing.T) {
 	dir := t.TempDir()
@@ -54,6 +55,9 @@ func TestScanTreeSelf(t *testing.T) {
 	s := scanTree([]proc.Pid{self})
 	if len(s.unlinked) != 1 || s.unlinked[0].path != a {
 		t.Errorf("unlinked files: %+v, want only %s", s.unlinked, a)
+	}
+	if len(s.ghosts) != 1 || s.ghosts[0].path != ghost.Name() {
+		t.Errorf("files without a name left: %+v, want only %s", s.ghosts, ghost.Name())
 	}
 	var mine []treeConn
 	for _, tc := range s.conns {
@@ -164,5 +168,40 @@ func TestQueuedEnd(t *testing.T) {
 	c.pending = true
 	if s := c.String(); !strings.Contains(s, "not accepted yet") {
 		t.Errorf("named %q", s)
+	}
+}
+
+// TestChooseGhostLimit: files without a name left that are larger than
+// CRIU's own limit raise it to the largest, rounded up to a MiB, and are
+// named; one over what gpucr copies unasked refuses the checkpoint, naming
+// it and the option; a limit the user named is left alone.
+func TestChooseGhostLimit(t *testing.T) {
+	nccl := ghostFile{unlinkedFile{pid: 7, comm: "python3", path: "/dev/shm/nccl-AbCdEf"}, 34213888}
+	small := ghostFile{unlinkedFile{pid: 7, comm: "python3", path: "/tmp/small"}, 4096}
+	var c CRIU
+	a, err := chooseGhostLimit(7, []ghostFile{small, nccl}, &c)
+	if err != nil || a == nil || a.Option != "--ghost-limit 33M" || c.GhostLimit != 33<<20 ||
+		!strings.Contains(a.Why, "/dev/shm/nccl-AbCdEf, 32.6 MiB") || strings.Contains(a.Why, "/tmp/small") {
+		t.Errorf("NCCL's buffer: %+v, limit %d, %v", a, c.GhostLimit, err)
+	}
+	c = CRIU{}
+	if a, err := chooseGhostLimit(7, []ghostFile{small}, &c); a != nil || err != nil || c.GhostLimit != 0 {
+		t.Errorf("a file within CRIU's limit: %+v, limit %d, %v", a, c.GhostLimit, err)
+	}
+	huge := ghostFile{unlinkedFile{pid: 8, comm: "train", path: "/scratch/big"}, 3 << 30}
+	c = CRIU{}
+	_, err = chooseGhostLimit(8, []ghostFile{nccl, huge}, &c)
+	if err == nil || !strings.Contains(err.Error(), "before anything was stopped") || !strings.Contains(err.Error(), "/scratch/big, 3072.0 MiB") ||
+		!strings.Contains(err.Error(), "--criu-opt 'ghost-limit 3072M'") {
+		t.Errorf("a file of 3 GiB: %v", err)
+	}
+	for _, user := range []CRIU{{GhostLimit: 1 << 20}, {Extra: []string{"ghost-limit 2M"}}} {
+		c := user
+		if a, err := chooseGhostLimit(8, []ghostFile{nccl, huge}, &c); a != nil || err != nil || c.GhostLimit != user.GhostLimit {
+			t.Errorf("the user's limit %+v: %+v, %v", user, a, err)
+		}
+	}
+	if err := (CRIU{Binary: "criu", GhostLimit: 1 << 20, Extra: []string{"ghost-limit 2M"}}).check(); err == nil {
+		t.Errorf("a ghost limit named twice is not refused")
 	}
 }

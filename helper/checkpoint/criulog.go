@@ -238,6 +238,14 @@ var criuHints = []criuHint{
 			"only as it was. Restore an image whose files have not changed since (a checkpoint without --leave-running), "+
 			"or put the file back as it was; a file the process opens to append to (>> in a shell) is restored whatever its size", m[1], m[2], m[3])
 	}},
+	{re: regexp.MustCompile(`Can't dump ghost file (\S+) of (\d+) size`), hint: func(m []string) string {
+		if !strings.HasPrefix(m[1], "/") {
+			m[1] = "/" + m[1]
+		}
+		n, _ := strconv.ParseInt(m[2], 10, 64)
+		return fmt.Sprintf("a process has %s open or mapped after its last name was unlinked, and CRIU copies such a file "+
+			"into the image only up to its ghost limit; this one takes %s: pass --criu-opt 'ghost-limit %dM'", m[1], mib(n), (n+(1<<20)-1)>>20)
+	}, namesTask: true},
 	{re: regexp.MustCompile(`Can't create link remap for (\S+?)\.? Use link-remap option`), hint: func(m []string) string {
 		return fmt.Sprintf("a process has %s open or mapped after it was unlinked (a POSIX semaphore of Python's "+
 			"multiprocessing, in PyTorch's DataLoader or torch.multiprocessing, say): checkpoint with --link-remap", m[1])

@@ -109,7 +109,14 @@ func (g *jobGPU) quiesce(ctx context.Context, target uint64, timeout time.Durati
 	for i, c := range g.clients {
 		for _, op := range []helperpb.ClientOp_Op{helperpb.ClientOp_OP_QUIESCE, helperpb.ClientOp_OP_DRAIN} {
 			if _, err := g.conns[i].ClientOpMsg(ctx, &helperpb.ClientOp{Pid: int64(c), Op: op, TimeoutMs: ms, Scoped: true}); err != nil {
-				return fmt.Errorf("pid %d: %s: %w", c, op, err)
+				err = fmt.Errorf("pid %d, held at %d operations that wait for a peer, the job's count: %s: %w", c, target, op, err)
+				if target == 0 {
+					// a job whose ranks meet in collectives and counted none
+					// launches them in a way the interposer does not see
+					err = fmt.Errorf("%w (no rank of this host counted a launch of NCCL's kernels: its collectives may wait "+
+						"on peers that were not held)", err)
+				}
+				return err
 			}
 		}
 	}

@@ -42,6 +42,7 @@ type CRIU struct {
 	ExtUnixSockets  bool     // --ext-unix-sk: unix sockets connected outside the tree
 	FileLocks       bool     // --file-locks
 	LinkRemap       bool     // --link-remap: open files that were unlinked
+	GhostLimit      uint32   // --ghost-limit: the largest file without a name left that a dump copies (0: CRIU's, 1 MiB)
 	External        []string // --external RES, each
 	ManageCgroups   string   // --manage-cgroups MODE: "", none, props, soft, full, strict, ignore
 	NetworkLock     string   // --network-lock METHOD: "" (CRIU's default, iptables), iptables, nftables, skip
@@ -98,6 +99,9 @@ func (c CRIU) check() error {
 	if c.NetworkLock != "" && extraHas(c.Extra, "network-lock") {
 		return fmt.Errorf("--network-lock %s and --criu-opt network-lock: name the method once", c.NetworkLock)
 	}
+	if c.GhostLimit > 0 && extraHas(c.Extra, "ghost-limit") {
+		return fmt.Errorf("a ghost limit of %d bytes and --criu-opt ghost-limit: name the limit once", c.GhostLimit)
+	}
 	if c.LogLevel < 0 || c.LogLevel > 4 {
 		return fmt.Errorf("CRIU log level %d: 0 to 4", c.LogLevel)
 	}
@@ -130,6 +134,9 @@ func (c CRIU) fill(o *rpc.CriuOpts) {
 	}
 	if c.FileLocks {
 		o.FileLocks = proto.Bool(true)
+	}
+	if c.GhostLimit > 0 {
+		o.GhostLimit = proto.Uint32(c.GhostLimit)
 	}
 	if c.LinkRemap {
 		o.LinkRemap = proto.Bool(true)

@@ -29,9 +29,13 @@ import (
 type treeScan struct {
 	// unlinked are files a process of the tree has open or mapped under a
 	// name that was unlinked while the file keeps another (st_nlink > 0):
-	// what CRIU's --link-remap dumps. A file without any name left (nlink
-	// 0) is not here: CRIU dumps that one's contents as a ghost file.
+	// what CRIU's --link-remap dumps.
 	unlinked []unlinkedFile
+	// ghosts are files without any name left (st_nlink 0), whose
+	// contents CRIU copies into the image whole (NCCL's shared host
+	// buffers in /dev/shm, which it unlinks once every process mapped
+	// them): --ghost-limit bounds their size.
+	ghosts []ghostFile
 	// conns are the TCP connections sockets of the tree hold (neither
 	// listening nor closed), each with its peer where the tree holds that.
 	conns []treeConn
@@ -42,6 +46,12 @@ type unlinkedFile struct {
 	pid  proc.Pid
 	comm string
 	path string // the name it had, as /proc gives it (" (deleted)" cut off)
+}
+
+// ghostFile is one file a process holds after its last name was unlinked.
+type ghostFile struct {
+	unlinkedFile
+	bytes int64 // the blocks it takes (what CRIU weighs against --ghost-limit)
 }
 
 // treeConn is one TCP connection a process of the tree holds.
@@ -116,7 +126,8 @@ func scanTree(tree []proc.Pid) treeScan {
 		if _, ok := nsPid[ns]; !ok {
 			nsPid[ns] = p
 		}
-		s.unlinked = append(s.unlinked, unlinkedFiles(p)...)
+		linked, ghosts := unlinkedFiles(p)
+		s.unlinked, s.ghosts = append(s.unlinked, linked...), append(s.ghosts, ghosts...)
 		for _, ino := range socketInodes(p) {
 			if _, ok := owner[ino]; !ok {
 				owner[ino] = p
@@ -253,37 +264,58 @@ func socketFds(pid proc.Pid) map[int]uint64 {
 const deletedSuffix = " (deleted)"
 
 // unlinkedFiles lists the files pid has open (/proc/PID/fd) or mapped
-// (/proc/PID/map_files) whose name was unlinked while another links them:
-// stat through /proc reaches the file itself, and its st_nlink says
-// whether a name is left. Shared memory without a name (memfd, SysV,
-// shared anonymous maps) has none, and is no case for --link-remap.
-// map_files needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE: without, a
-// mapping is not looked at, and CRIU's own hint names --link-remap.
-func unlinkedFiles(pid proc.Pid) []unlinkedFile {
-	var out []unlinkedFile
+// (/proc/PID/map_files) whose name was unlinked: stat through /proc
+// reaches the file itself, and its st_nlink says whether a name is left.
+// Those another name still links come back as linked (what --link-remap
+// dumps), those without any name as ghosts (what CRIU copies whole).
+// Shared memory that never had a name (memfd, SysV, shared anonymous maps)
+// is neither: CRIU dumps it as memory. map_files needs CAP_SYS_ADMIN or
+// CAP_CHECKPOINT_RESTORE: without, a mapping is not looked at, and CRIU's
+// own message then names what it needs.
+func unlinkedFiles(pid proc.Pid) (linked []unlinkedFile, ghosts []ghostFile) {
 	comm := ""
+	type fileID struct{ dev, ino uint64 }
+	seen := map[fileID]bool{}
 	for _, sub := range []string{"fd", "map_files"} {
 		dir := fmt.Sprintf("/proc/%d/%s", pid, sub)
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			p := filepath.Join(dir, e.Name())
 			l, err := os.Readlink(p)
-			if err != nil || !strings.HasPrefix(l, "/") || !strings.HasSuffix(l, deletedSuffix) {
-				continue
-			}
-			name := strings.TrimSuffix(l, deletedSuffix)
-			if slices.ContainsFunc(out, func(u unlinkedFile) bool { return u.path == name }) {
+			if err != nil || !strings.HasPrefix(l, "/") || !strings.HasSuffix(l, deletedSuffix) || neverNamed(l) {
 				continue
 			}
 			var st unix.Stat_t
-			if err := unix.Stat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink == 0 {
+			if err := unix.Stat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 				continue
 			}
+			id := fileID{uint64(st.Dev), st.Ino}
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
 			if comm == "" {
 				comm = proc.Comm(pid)
 			}
-			out = append(out, unlinkedFile{pid: pid, comm: comm, path: name})
+			u := unlinkedFile{pid: pid, comm: comm, path: strings.TrimSuffix(l, deletedSuffix)}
+			if st.Nlink > 0 {
+				linked = append(linked, u)
+			} else {
+				ghosts = append(ghosts, ghostFile{unlinkedFile: u, bytes: st.Blocks * 512})
+			}
 		}
 	}
-	return out
+	return linked, ghosts
+}
+
+// neverNamed says whether /proc's name for a file is one of shared
+// memory's that never had a name in a file system: a memfd, a SysV
+// segment, a shared anonymous or huge-page map.
+func neverNamed(l string) bool {
+	for _, p := range []string{"/memfd:", "/SYSV", "/dev/zero ", "/anon_hugepage "} {
+		if strings.HasPrefix(l, p) {
+			return true
+		}
+	}
+	return false
 }

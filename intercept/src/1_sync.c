@@ -107,7 +107,22 @@ void gc_sync_reset(void) {
     atomic_store(&gc_sharing, false);
 }
 
-/* NCCL's device kernels: ncclDevKernel_<coll>_<op>_<type>_<algo>_<proto> (NCCL 2.19 on), ncclKernel_... before. */
+/* NCCL's device kernels, by the names the driver gives them (cuFuncGetName, cuKernelGetName): C++ names, mangled as
+ * the Itanium ABI does a function at namespace scope, "_Z" then the name's length then the name then the parameter
+ * types (_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL19ncclDevKernelArgs4K). The names: ncclDevKernel_<coll>_...
+ * (NCCL 2.19 on), ncclSymkDevKernel_... (its symmetric-memory kernels, 2.27 on), ncclKernel_... before 2.19. A name
+ * given unmangled (extern "C", or a driver that gave it so) counts too. */
 bool gc_sync_kernel_name(const char *name) {
-    return name && (strncmp(name, "ncclDevKernel", 13) == 0 || strncmp(name, "ncclKernel", 10) == 0);
+    if (!name)
+        return false;
+    if (name[0] == '_' && name[1] == 'Z' && name[2] >= '1' && name[2] <= '9') {
+        name += 2;
+        while (*name >= '0' && *name <= '9')
+            name++;
+    }
+    static const char *const prefixes[] = {"ncclDevKernel", "ncclSymkDevKernel", "ncclKernel"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+            return true;
+    return false;
 }

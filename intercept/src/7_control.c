@@ -420,6 +420,7 @@ static void do_stats(Resp *resp) {
     s->rejoins = c[STAT_REJOINS];
     s->rejoin_allocations = G.rejoin_allocs;
     s->rejoin_bytes = G.rejoin_bytes;
+    s->sync_ops = gc_sync_count();
     s->rejoin_left = G.rejoin_left;
     s->rejoin_us = G.rejoin_us;
     resp->body_case = GPUCR__HELPER__V1__RESPONSE__BODY_STATS;

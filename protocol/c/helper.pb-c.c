@@ -5369,7 +5369,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__buffer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[25] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_descriptors[26] =
 {
   {
     "allocs",
@@ -5671,6 +5671,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__client_stats__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "sync_ops",
+    26,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ClientStats, sync_ops),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] = {
   0,   /* field[0] = allocs */
@@ -5698,11 +5710,12 @@ static const unsigned gpucr__helper__v1__client_stats__field_indices_by_name[] =
   24,   /* field[24] = rejoin_us */
   20,   /* field[20] = rejoins */
   14,   /* field[14] = streams_created */
+  25,   /* field[25] = sync_ops */
 };
 static const ProtobufCIntRange gpucr__helper__v1__client_stats__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 25 }
+  { 0, 26 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
 {
@@ -5712,7 +5725,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor =
   "Gpucr__Helper__V1__ClientStats",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ClientStats),
-  25,
+  26,
   gpucr__helper__v1__client_stats__field_descriptors,
   gpucr__helper__v1__client_stats__field_indices_by_name,
   1,  gpucr__helper__v1__client_stats__number_ranges,

@@ -1071,10 +1071,18 @@ struct  Gpucr__Helper__V1__ClientStats
   uint64_t rejoin_bytes;
   uint64_t rejoin_left;
   uint64_t rejoin_us;
+  /*
+   * Operations that may wait for a peer process, counted so far: launches of
+   * NCCL's kernels, and stream waits on memory shared with another process. A
+   * group or job checkpoint first brings every member to one count
+   * (HoldSync, ReachSync); members of one job that show counts far apart
+   * while they run have launches gpucr does not see.
+   */
+  uint64_t sync_ops;
 };
 #define GPUCR__HELPER__V1__CLIENT_STATS__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__client_stats__descriptor) \
-    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    , 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 
 /*

@@ -3388,8 +3388,14 @@ type ClientStats struct {
 	RejoinBytes       uint64 `protobuf:"varint,23,opt,name=rejoin_bytes,json=rejoinBytes,proto3" json:"rejoin_bytes,omitempty"`
 	RejoinLeft        uint64 `protobuf:"varint,24,opt,name=rejoin_left,json=rejoinLeft,proto3" json:"rejoin_left,omitempty"`
 	RejoinUs          uint64 `protobuf:"varint,25,opt,name=rejoin_us,json=rejoinUs,proto3" json:"rejoin_us,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Operations that may wait for a peer process, counted so far: launches of
+	// NCCL's kernels, and stream waits on memory shared with another process. A
+	// group or job checkpoint first brings every member to one count
+	// (HoldSync, ReachSync); members of one job that show counts far apart
+	// while they run have launches gpucr does not see.
+	SyncOps       uint64 `protobuf:"varint,26,opt,name=sync_ops,json=syncOps,proto3" json:"sync_ops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClientStats) Reset() {
@@ -3593,6 +3599,13 @@ func (x *ClientStats) GetRejoinLeft() uint64 {
 func (x *ClientStats) GetRejoinUs() uint64 {
 	if x != nil {
 		return x.RejoinUs
+	}
+	return 0
+}
+
+func (x *ClientStats) GetSyncOps() uint64 {
+	if x != nil {
+		return x.SyncOps
 	}
 	return 0
 }
@@ -5820,7 +5833,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x04kind\x18\x03 \x01(\x0e2\x1a.gpucr.helper.v1.AllocKindR\x04kind\x12\x19\n" +
 	"\balloc_id\x18\x04 \x01(\x04R\aallocId\x12\x1f\n" +
 	"\vdevice_uuid\x18\x05 \x01(\tR\n" +
-	"deviceUuid\"\xf0\x06\n" +
+	"deviceUuid\"\x8b\a\n" +
 	"\vClientStats\x12\x16\n" +
 	"\x06allocs\x18\x01 \x01(\x04R\x06allocs\x12\x14\n" +
 	"\x05frees\x18\x02 \x01(\x04R\x05frees\x12!\n" +
@@ -5850,7 +5863,8 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\frejoin_bytes\x18\x17 \x01(\x04R\vrejoinBytes\x12\x1f\n" +
 	"\vrejoin_left\x18\x18 \x01(\x04R\n" +
 	"rejoinLeft\x12\x1b\n" +
-	"\trejoin_us\x18\x19 \x01(\x04R\brejoinUs\"\x1c\n" +
+	"\trejoin_us\x18\x19 \x01(\x04R\brejoinUs\x12\x19\n" +
+	"\bsync_ops\x18\x1a \x01(\x04R\asyncOps\"\x1c\n" +
 	"\x06Status\x12\x12\n" +
 	"\x04pids\x18\x01 \x03(\x03R\x04pids\"\x95\x03\n" +
 	"\vStatusReply\x12%\n" +

@@ -13,8 +13,10 @@
  * in: a u32 flag, then X words; cuMemHostAlloc, reached from the kernel by
  * its unified address) and a proxy thread. Iteration ITER:
  *
- *   kernel  ncclDevKernel_netrank_SendRecv (a name NCCL's kernels have, so
- *           that gpucr counts it as an operation that waits for a peer):
+ *   kernel  ncclDevKernel_netrank_SendRecv, a C++ name as NCCL's kernels
+ *           have, so mangled as the driver gives theirs
+ *           (_Z30ncclDevKernel_netrank_SendRecvyjjyyj): gpucr counts it as
+ *           an operation that waits for a peer:
  *           steps every word of buf (k = ITER * 0x9E3779B1;
  *           v = (buf[j] ^ k) * 0x01000193; v ^= v >> 13; buf[j] = v + ((j << 3) ^ k)),
  *           copies buf[0..X) to out, sets out's flag to ITER, spins until
@@ -51,7 +53,7 @@ static const char ptx[] =
     ".target sm_75\n"
     ".address_size 64\n"
     "\n"
-    ".visible .entry ncclDevKernel_netrank_SendRecv(\n"
+    ".visible .entry _Z30ncclDevKernel_netrank_SendRecvyjjyyj(\n"
     "\t.param .u64 nr_param_0,\n"
     "\t.param .u32 nr_param_1,\n"
     "\t.param .u32 nr_param_2,\n"
@@ -256,7 +258,7 @@ int main(int argc, char **argv) {
 
     gpuapp_context(&r.a);
     CUmodule mod = gpuapp_load_ptx(ptx);
-    r.fn = gpuapp_function(mod, "ncclDevKernel_netrank_SendRecv");
+    r.fn = gpuapp_function(mod, "_Z30ncclDevKernel_netrank_SendRecvyjjyyj");
     CHECK(cuStreamCreate(&r.s, CU_STREAM_NON_BLOCKING));
     CHECK(cuMemAlloc(&r.buf, (size_t)r.words * 4));
     CHECK(cuMemsetD32(r.buf, 0x5bd1e995u * (uint32_t)(rank + 1) + r.a.seed, r.words));

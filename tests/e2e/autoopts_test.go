@@ -23,11 +23,19 @@ import (
 // the sum of the squares so far: after a restore, the numbers go on from
 // where they were, over the same connection, both ways.
 //
+// The root and the worker also share 34 MiB of /dev/shm that the root
+// unlinked once both had it mapped, as NCCL does with its buffers between
+// processes (a file without a name left, which CRIU copies whole only up
+// to its --ghost-limit): the root writes each square at its end before
+// it answers, and the worker reads it back from there.
+//
 // With PORT, the root instead talks to a peer outside the tree: it
 // connects to 127.0.0.1:PORT, and the lines are the peer's answers.
-const ddpLike = `import multiprocessing as mp, os, socket, sys, time
+const ddpLike = `import mmap, multiprocessing as mp, os, socket, struct, sys, time
 marks, pidfile = sys.argv[1], sys.argv[2]
 s = mp.get_context("spawn").Semaphore(2)
+SHM = 34 << 20
+buf = None
 def worker(c):
     f = c.makefile("rb")
     i = total = 0
@@ -37,6 +45,8 @@ def worker(c):
         sq, v = map(int, f.readline().split())
         if sq != i * i:
             sys.exit("answer %d to %d" % (sq, i))
+        if buf is not None and struct.unpack_from("<q", buf, SHM - 8)[0] != sq:
+            sys.exit("shared memory holds %d, not %d" % (struct.unpack_from("<q", buf, SHM - 8)[0], sq))
         total += sq
         with open(marks, "a") as m:
             m.write("%d %d %d\n" % (i, total, v))
@@ -45,6 +55,12 @@ if len(sys.argv) > 3:
     c = socket.create_connection(("127.0.0.1", int(sys.argv[3])))
     open(pidfile, "w").write("%d\n" % os.getpid())
     worker(c)
+shm = "/dev/shm/gpucr-ghost-%d" % os.getpid()
+fd = os.open(shm, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+os.ftruncate(fd, SHM)
+buf = mmap.mmap(fd, SHM)
+os.close(fd)
+buf[:] = b"\x07" * SHM
 l = socket.socket()
 l.bind(("127.0.0.1", 0))
 l.listen(1)
@@ -54,6 +70,7 @@ if kid == 0:
     l.close()
     worker(socket.create_connection(addr))
 a, _ = l.accept()
+os.unlink(shm)
 open(pidfile, "w").write("%d %d\n" % (os.getpid(), kid))
 f = a.makefile("rb")
 while True:
@@ -65,6 +82,7 @@ while True:
         s.release()
     elif s.get_value() > 0:
         s.acquire()
+    struct.pack_into("<q", buf, SHM - 8, n * n)
     a.sendall(b"%d %d\n" % (n * n, s.get_value()))
 `
 
@@ -131,12 +149,13 @@ func readPids(t *testing.T, path string) []int {
 }
 
 // TestCheckpointNeedsNoCRIUFlags: a tree like a DDP job's host side (a
-// multiprocessing semaphore, a TCP connection between two of its
-// processes) is checkpointed and restored without a CRIU option: gpucr
-// turns on --link-remap, --tcp-established and --network-lock skip itself,
+// multiprocessing semaphore, shared memory unlinked as NCCL's, a TCP
+// connection between two of its processes) is checkpointed and restored
+// without a CRIU option: gpucr turns on --link-remap, --ghost-limit,
+// --tcp-established and --network-lock skip itself,
 // says so, records them, and the restore repeats them. After the restore
-// the connection carries the numbers on, both ways, and the semaphore
-// holds its value.
+// the connection carries the numbers on, both ways, the semaphore holds
+// its value, and the two processes still share their memory.
 func TestCheckpointNeedsNoCRIUFlags(t *testing.T) {
 	needTool(t, "criu")
 	dir := t.TempDir()
@@ -150,8 +169,8 @@ func TestCheckpointNeedsNoCRIUFlags(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("checkpoint without CRIU options: exit %d:\n%s", code, out)
 	}
-	for _, want := range []string{"CRIU options chosen by gpucr for what the tree holds: --link-remap --tcp-established --network-lock skip",
-		"TCP connections with both ends in the tree", "/dev/shm/sem."} {
+	for _, want := range []string{"CRIU options chosen by gpucr for what the tree holds: --link-remap --ghost-limit 34M --tcp-established --network-lock skip",
+		"TCP connections with both ends in the tree", "/dev/shm/sem.", "/dev/shm/gpucr-ghost-", "34.0 MiB"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("checkpoint output lacks %q:\n%s", want, out)
 		}

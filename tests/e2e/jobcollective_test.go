@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -125,6 +126,20 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 	waitNetRank(t, h2)
 	h1.hb.waitIter(10, time.Minute)
 	h2.hb.waitIter(10, time.Minute)
+	// each rank's stats count its launches of the collective's kernel,
+	// whose name reaches the interposer mangled, as NCCL's do
+	for _, h := range []*jobHost{h1, h2} {
+		out, err := h.m.run(fmt.Sprintf("%s client %d stats --json", h.m.gpucr, h.pid))
+		var st struct {
+			SyncOps string `json:"sync_ops"`
+		}
+		if err != nil || json.Unmarshal([]byte(out), &st) != nil {
+			t.Fatalf("gpucr client %d stats on %s: %v\n%s", h.pid, h.m.addr, err, out)
+		}
+		if n, _ := strconv.Atoi(st.SyncOps); n < 10 {
+			t.Errorf("rank pid %d on %s counted %q operations that wait for a peer after 10 iterations:\n%s", h.pid, h.m.addr, st.SyncOps, out)
+		}
+	}
 	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", filepath.Join(helperDir, "job-running"), "--leave-running", "--json")
 	if err != nil {
 		jobLogs(t, h1, h2)

@@ -115,7 +115,8 @@ JOBFLAGS=(--ssh "$NSSSH" --remote-gpucr "env GPUCR_CRIU=$GPUCR_CRIU $GPUCR")
 start_rank() {
 	local r=$1 port=$2 out=$3 under=${4:-} sock=$SA
 	[ "$r" = 1 ] && sock=$SB
-	local argv=($PY tests/gpu/ddp.py "$out" "$STEPS")
+	# absolute: nsenter starts host B's rank in B's root directory
+	local argv=($PY "$PWD/tests/gpu/ddp.py" "$out" "$STEPS")
 	[ -n "$under" ] && argv=("$GPUCR" run --socket "$sock" -- "${argv[@]}")
 	local envs=(CUDA_VISIBLE_DEVICES="$r" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" RANK="$r" LOCAL_RANK=0 WORLD_SIZE=2)
 	local pre=()
@@ -128,11 +129,29 @@ print(p.pid)" "$LOGS/rank$r-$(basename "$out").out" "${argv[@]}" >"$LOGS/rank$r.
 }
 # steps FILE: the number of step lines in FILE
 steps() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
+# ranks_alive: both ranks' launchers still run (a rank that died, e.g. one
+# that could not start, fails the wait at once instead of at its deadline)
+# (a zombie counts as dead: pid 1 here may be slow to reap it)
+ranks_alive() {
+	local st='s=$(cut -d" " -f3 /proc/$0/stat 2>/dev/null); [ -n "$s" ] && [ "$s" != Z ]'
+	sh -c "$st" "$(cat "$LOGS/rank0.pid")" && on_b sh -c "$st" "$(cat "$LOGS/rank1.pid")"
+}
 # wait_steps FILE N [S]: until FILE has N step lines (at most S seconds, default 120)
 wait_steps() {
 	local i
 	for i in $(seq $((${3:-120} * 10))); do
 		[ "$(steps "$1")" -ge "$2" ] && return 0
+		[ $((i % 10)) = 0 ] && ! ranks_alive && return 1
+		sleep 0.1
+	done
+	return 1
+}
+# wait_done FILE S: until FILE has its "done" line (at most S seconds)
+wait_done() {
+	local i
+	for i in $(seq $(($2 * 10))); do
+		grep -q '^done' "$1" 2>/dev/null && return 0
+		[ $((i % 10)) = 0 ] && ! ranks_alive && { grep -q '^done' "$1" 2>/dev/null; return; }
 		sleep 0.1
 	done
 	return 1
@@ -143,8 +162,7 @@ note "## the job plain, for the reference ($STEPS steps)"
 REF=$LOGS/ref.txt
 start_rank 0 29511 "$REF"
 start_rank 1 29511 "$REF.b"
-for _ in $(seq 1800); do grep -q '^done' "$REF" 2>/dev/null && break; sleep 0.1; done
-grep -q '^done' "$REF" || bad "the plain job did not end: $(tail -3 "$LOGS/rank0-ref.txt.out")"
+wait_done "$REF" 180 || bad "the plain job did not end: $(tail -3 "$LOGS/rank0-ref.txt.out" "$LOGS/rank1-ref.txt.b.out")"
 note "reference: $(steps "$REF") steps"
 pkill -9 -f "tests/gpu/ddp.py" 2>/dev/null
 sleep 2
@@ -156,7 +174,7 @@ note "|---|---|---|---|---|---|"
 J=$LOGS/job.txt
 start_rank 0 29512 "$J" gpucr
 start_rank 1 29512 "$J.b" gpucr
-wait_steps "$J" 40 180 || bad "the job under gpucr does not reach step 40: $(tail -3 "$LOGS/rank0-job.txt.out")"
+wait_steps "$J" 40 180 || bad "the job under gpucr does not reach step 40: $(tail -3 "$LOGS/rank0-job.txt.out" "$LOGS/rank1-job.txt.b.out")"
 PA=$(cat "$LOGS/rank0.pid")
 PB=$(cat "$LOGS/rank1.pid")
 note "ranks: host A pid $PA, host B pid $PB (in its namespace)"
@@ -184,8 +202,7 @@ if [ "$(left)" -gt 120 ]; then
 		pid_gone "$PA" || bad "host A's rank pid $PA is not free"
 		timeout 180 "$GPUCR" job restore --part root@host-a --part root@host-b -D "$IMG" --json "${JOBFLAGS[@]}" >"$LOGS/restore.json" 2>&1
 		report "restore" "$LOGS/restore.json" $?
-		for _ in $(seq $(($(left) * 10))); do grep -q '^done' "$J" 2>/dev/null && break; sleep 0.1; done
-		grep -q '^done' "$J" || bad "the restored job did not end"
+		wait_done "$J" "$(left)" || bad "the restored job did not end"
 		note "restored at step $n1; the job ended with $(steps "$J") step lines"
 	fi
 fi

@@ -318,6 +318,14 @@ static void test_sync(void) {
     CHECK(gc_sync_kernel_name("ncclKernel_AllReduce_RING_LL_Sum_float"));
     CHECK(!gc_sync_kernel_name("nccl"));
     CHECK(!gc_sync_kernel_name("my_ncclDevKernel"));
+    /* as the driver names NCCL's kernels: C++ names, mangled */
+    CHECK(gc_sync_kernel_name("_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL19ncclDevKernelArgs4K"));
+    CHECK(gc_sync_kernel_name("_Z21ncclDevKernel_Generic19ncclDevKernelArgs4K"));
+    CHECK(gc_sync_kernel_name("_Z43ncclSymkDevKernel_AllReduce_AGxLL_R_sum_f3220ncclSymkDevWorkArgs4K"));
+    CHECK(!gc_sync_kernel_name("_Z16my_ncclDevKernelv"));
+    CHECK(!gc_sync_kernel_name("_Z13oneRankReducePvS_mmii"));
+    CHECK(!gc_sync_kernel_name("_Z"));
+    CHECK(!gc_sync_kernel_name("_Z0ncclDevKernel"));
     CHECK(!gc_sync_kernel_name(NULL));
     gc_sync_reset();
     /* no hold: operations pass and are counted; other calls are not */

@@ -223,4 +223,4 @@ static CUresult app_nr_sendrecv(const simk_launch *L) {
         p[j] ^= id[(j + iter) % x];
     return CUDA_SUCCESS;
 }
-SIMK_REGISTER("ncclDevKernel_netrank_SendRecv", app_nr_sendrecv);
+SIMK_REGISTER("_Z30ncclDevKernel_netrank_SendRecvyjjyyj", app_nr_sendrecv);
