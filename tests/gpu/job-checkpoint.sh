@@ -128,7 +128,11 @@ p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=open(sys.arg
 print(p.pid)" "$LOGS/rank$r-$(basename "$out").out" "${argv[@]}" >"$LOGS/rank$r.pid"
 }
 # steps FILE: the number of step lines in FILE
-steps() { grep -c '^step ' "$1" 2>/dev/null || echo 0; }
+steps() {
+	local n
+	n=$(grep -c '^step ' "$1" 2>/dev/null)
+	echo "${n:-0}"
+}
 # ranks_alive: both ranks' launchers still run (a rank that died, e.g. one
 # that could not start, fails the wait at once instead of at its deadline)
 # (a zombie counts as dead: pid 1 here may be slow to reap it)
@@ -178,6 +182,10 @@ wait_steps "$J" 40 180 || bad "the job under gpucr does not reach step 40: $(tai
 PA=$(cat "$LOGS/rank0.pid")
 PB=$(cat "$LOGS/rank1.pid")
 note "ranks: host A pid $PA, host B pid $PB (in its namespace)"
+# NCCL's kernel launches each rank counted so far (those a job checkpoint
+# holds the ranks at): after as many steps, the two counts are close
+syncops() { sed -n 's/.*"sync_ops": *"\([0-9]*\)".*/\1/p'; }
+note "operations that wait for a peer, counted at step $(steps "$J"): host A $(GPUCR_SOCKET=$SA "$GPUCR" client "$PA" stats --json | syncops), host B $(on_b env GPUCR_SOCKET=$SB "$GPUCR" client "$PB" stats --json | syncops)"
 PARTS=(--part "root@host-a=$PA" --part "root@host-b=$PB")
 report() { # NAME FILE RC
 	local res=ok
