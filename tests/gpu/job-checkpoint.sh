@@ -166,7 +166,7 @@ note "## the job plain, for the reference ($STEPS steps)"
 REF=$LOGS/ref.txt
 start_rank 0 29511 "$REF"
 start_rank 1 29511 "$REF.b"
-wait_done "$REF" 180 || bad "the plain job did not end: $(tail -3 "$LOGS/rank0-ref.txt.out" "$LOGS/rank1-ref.txt.b.out")"
+wait_done "$REF" 180 || bad "the plain job did not end: $(tail -n 3 "$LOGS/rank0-ref.txt.out" "$LOGS/rank1-ref.txt.b.out")"
 note "reference: $(steps "$REF") steps"
 pkill -9 -f "tests/gpu/ddp.py" 2>/dev/null
 sleep 2
@@ -178,7 +178,7 @@ note "|---|---|---|---|---|---|"
 J=$LOGS/job.txt
 start_rank 0 29512 "$J" gpucr
 start_rank 1 29512 "$J.b" gpucr
-wait_steps "$J" 40 180 || bad "the job under gpucr does not reach step 40: $(tail -3 "$LOGS/rank0-job.txt.out" "$LOGS/rank1-job.txt.b.out")"
+wait_steps "$J" 40 180 || bad "the job under gpucr does not reach step 40: $(tail -n 3 "$LOGS/rank0-job.txt.out" "$LOGS/rank1-job.txt.b.out")"
 PA=$(cat "$LOGS/rank0.pid")
 PB=$(cat "$LOGS/rank1.pid")
 note "ranks: host A pid $PA, host B pid $PB (in its namespace)"
