@@ -273,6 +273,44 @@ for g in r.get("gpu_processes") or []:
     print(f"    GPU process {g.get('pid')}: {steps}")
 PYEOF
 }
+# tree_memory ROOT: the host memory of ROOT's tree a dump copies, a line a
+# process (its private anonymous pages, those a fork shares with its parent
+# included, since CRIU copies them for each process that has them; and
+# shared memory), before the dump: where its pages come from.
+tree_memory() {
+	$PY - "$1" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import os, sys
+def kids(p):
+    out = []
+    for t in os.listdir(f"/proc/{p}/task"):
+        try:
+            out += [int(c) for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+        except OSError:
+            pass
+    return out
+todo, tree = [int(sys.argv[1])], []
+while todo:
+    p = todo.pop(0)
+    tree.append(p)
+    todo += kids(p)
+tot = {}
+for p in tree:
+    m = {}
+    try:
+        for l in open(f"/proc/{p}/smaps_rollup"):
+            f = l.split()
+            if len(f) >= 2 and f[0].endswith(":") and f[1].isdigit():
+                m[f[0][:-1]] = int(f[1]) / 1024
+        comm = open(f"/proc/{p}/comm").read().strip()
+        args = open(f"/proc/{p}/cmdline").read().split("\0")[1:3]
+    except OSError:
+        continue
+    for k in ("Anonymous", "Shared_Dirty", "Rss"):
+        tot[k] = tot.get(k, 0) + m.get(k, 0)
+    print(f"    pid {p} ({comm} {' '.join(args)[:40]}): anonymous {m.get('Anonymous', 0):.0f} MiB, shared dirty {m.get('Shared_Dirty', 0):.0f} MiB, rss {m.get('Rss', 0):.0f} MiB")
+print(f"    the tree's {len(tree)} processes: anonymous {tot.get('Anonymous', 0) / 1024:.2f} GiB, shared dirty {tot.get('Shared_Dirty', 0) / 1024:.2f} GiB")
+PYEOF
+}
 # wait_done NAME FROMLINE SECS: until NAME.txt has "done" past FROMLINE.
 wait_done() {
 	for _ in $(seq $(($3 * 10))); do
@@ -297,6 +335,7 @@ if part ddp; then
 		ddp_start "$name" || continue
 		"$GPUCR" status --socket "$SOCK" >"$LOGS/$name.status" 2>&1
 		[ $mode = leave ] && sed 's/^/    /' "$LOGS/$name.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
+		[ $mode = stop ] && tree_memory "$JOB"
 		# the ranks' connections (the store, NCCL's bootstrap) are all inside the job; no iptables here.
 		# NOFLAGS=1: none (a build that chooses CRIU's options for the tree itself).
 		flags=(--tcp-established --link-remap --criu-opt 'network-lock skip')
