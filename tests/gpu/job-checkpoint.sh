@@ -24,6 +24,10 @@
 #     on at once), then `gpucr job checkpoint` (both ranks stopped), then
 #     `gpucr job restore`; the restored job runs to its end. Every step's
 #     line equals the reference's. The reports' times go to the summary.
+# LAUNCH=torchrun: each host is instead a node of the same script under
+# torchrun (--nnodes 2 --node-rank N --nproc-per-node 1), unchanged: torchrun
+# itself for the reference, `gpucr torchrun` under gpucr, whose launcher
+# is each host's part.
 # Images in /dev/shm. Logs in build/gpu/job (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
@@ -32,6 +36,7 @@ C=${2:?usage}
 GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-400}
+LAUNCH=${LAUNCH:-env} # env: each host starts its rank (env://); torchrun: each host a node of torchrun
 fail=0
 . tests/gpu/lib.sh
 fresh_logs build/gpu/job
@@ -117,8 +122,18 @@ start_rank() {
 	[ "$r" = 1 ] && sock=$SB
 	# absolute: nsenter starts host B's rank in B's root directory
 	local argv=($PY "$PWD/tests/gpu/ddp.py" "$out" "$STEPS")
-	[ -n "$under" ] && argv=("$GPUCR" run --socket "$sock" -- "${argv[@]}")
 	local envs=(CUDA_VISIBLE_DEVICES="$r" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" RANK="$r" LOCAL_RANK=0 WORLD_SIZE=2)
+	if [ "$LAUNCH" = torchrun ]; then
+		# the script unchanged, one node a host: torchrun itself for the
+		# reference, gpucr torchrun under gpucr
+		local tr=(--nnodes 2 --node-rank "$r" --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port"
+			"$PWD/tests/gpu/ddp.py" "$out" "$STEPS")
+		argv=(torchrun "${tr[@]}")
+		[ -n "$under" ] && argv=("$GPUCR" torchrun --socket "$sock" "${tr[@]}")
+		envs=(CUDA_VISIBLE_DEVICES="$r")
+	elif [ -n "$under" ]; then
+		argv=("$GPUCR" run --socket "$sock" -- "${argv[@]}")
+	fi
 	local pre=()
 	[ "$r" = 1 ] && pre=(nsenter -t "$TPID" -p -m -u --)
 	"${pre[@]}" env "${envs[@]}" $PY -c "
@@ -185,7 +200,12 @@ note "ranks: host A pid $PA, host B pid $PB (in its namespace)"
 # NCCL's kernel launches each rank counted so far (those a job checkpoint
 # holds the ranks at): after as many steps, the two counts are close
 syncops() { sed -n 's/.*"sync_ops": *"\([0-9]*\)".*/\1/p'; }
-note "operations that wait for a peer, counted at step $(steps "$J"): host A $(GPUCR_SOCKET=$SA "$GPUCR" client "$PA" stats --json | syncops), host B $(on_b env GPUCR_SOCKET=$SB "$GPUCR" client "$PB" stats --json | syncops)"
+GA=$PA GB=$PB
+if [ "$LAUNCH" = torchrun ]; then # the parts are the launchers; their ranks are their children
+	GA=$(pgrep -P "$PA" | head -1)
+	GB=$(on_b pgrep -P "$PB" | head -1)
+fi
+note "operations that wait for a peer, counted at step $(steps "$J"): host A $(GPUCR_SOCKET=$SA "$GPUCR" client "$GA" stats --json | syncops), host B $(on_b env GPUCR_SOCKET=$SB "$GPUCR" client "$GB" stats --json | syncops)"
 PARTS=(--part "root@host-a=$PA" --part "root@host-b=$PB")
 report() { # NAME FILE RC
 	local res=ok
