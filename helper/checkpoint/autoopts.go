@@ -123,7 +123,7 @@ func chooseJobCRIUOptions(root proc.Pid, tree []proc.Pid, c CRIU, jobConns []Job
 		c.NetworkLock = "skip"
 		why := "every TCP connection has both ends in the tree, which CRIU stops and restores as a whole: nothing outside sends to them, so no iptables lock is needed"
 		if jobbed > 0 {
-			why = "every TCP connection has both ends in the tree or in another part of the job: the job's barriers (all parts frozen, send queues empty, before any dump) stand in for the lock"
+			why = "every TCP connection has both ends in the tree or in another part of the job: the job's barriers (all parts frozen, nothing in flight, before any dump) stand in for the lock"
 		}
 		auto = append(auto, AutoOption{Option: "--network-lock skip", Why: why})
 	}

@@ -215,10 +215,11 @@ func (a *jobAgent) dump(ctx context.Context, m jobMsg) error {
 		if err := a.await(ctx, opDrain); err != nil {
 			return err
 		}
-		if err := waitDrained(ctx, a.pid, m.Conns, drain); err != nil {
+		full, err := waitDrained(ctx, a.pid, m.Conns, drain)
+		if err != nil {
 			return err
 		}
-		if err := a.out.send(jobMsg{Event: evDrained}); err != nil {
+		if err := a.out.send(jobMsg{Event: evDrained, Unsent: full}); err != nil {
 			lost = err
 			return err
 		}

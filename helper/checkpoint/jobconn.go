@@ -117,35 +117,61 @@ const drainPoll = 2 * time.Millisecond
 // namespace of pid) has nothing written that its peer has not
 // acknowledged: with every part of the job frozen (nothing new is written)
 // and this true at both ends of a connection, nothing of it is in flight,
-// and nothing will be (docs/job-checkpoint.md). A connection that is gone
-// or no longer established fails it: the job would not restore as it ran.
-func waitDrained(ctx context.Context, pid proc.Pid, conns []JobConn, timeout time.Duration) error {
+// and nothing will be (docs/job-checkpoint.md). A connection whose
+// receiver's buffer is full is as quiet: everything sent was acknowledged,
+// and the rest waits for a window its frozen peer will not open (the
+// kernel's window probes carry no data); sock_diag's tcp_info tells it from
+// one still sending. It returns those connections: their dumped send
+// queues hold bytes never sent, which CRIU's restore sends out of repair
+// mode (jobrestore.go restores their peers first). A connection that is
+// gone or no longer established fails it: the job would not restore as it
+// ran.
+func waitDrained(ctx context.Context, pid proc.Pid, conns []JobConn, timeout time.Duration) ([]JobConn, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	diag := -1
+	defer func() {
+		if diag >= 0 {
+			unix.Close(diag)
+		}
+	}()
 	for {
 		qs, err := connQueues(pid)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var busy []string
+		var full []JobConn
 		for _, c := range conns {
 			q, ok := qs[c]
 			switch {
 			case !ok:
-				return fmt.Errorf("the job's connection %s is gone", c)
+				return nil, fmt.Errorf("the job's connection %s is gone", c)
 			case q.state != tcpEstablishedState:
-				return fmt.Errorf("the job's connection %s is no longer established (state %d)", c, q.state)
+				return nil, fmt.Errorf("the job's connection %s is no longer established (state %d)", c, q.state)
 			case q.tx > 0:
+				if diag < 0 {
+					if diag, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG); err != nil {
+						diag = -1
+					}
+				}
+				if diag >= 0 {
+					if ti, err := tcpInfoOf(diag, q.conn); err == nil && ti.windowFull() {
+						full = append(full, c)
+						continue
+					}
+				}
 				busy = append(busy, fmt.Sprintf("%s (%d bytes)", c, q.tx))
 			}
 		}
 		if len(busy) == 0 {
-			return nil
+			return full, nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the job's connections still had unacknowledged data after %v, every part frozen: %s "+
-				"(a receiver's buffer is full, or its host does not answer); nothing was dumped", timeout, namedList(busy))
+			return nil, fmt.Errorf("the job's connections still had unacknowledged data after %v, every part frozen: %s "+
+				"(its host does not answer, or a kernel that cannot say whether the receiver's buffer is full); nothing was dumped",
+				timeout, namedList(busy))
 		case <-time.After(drainPoll):
 		}
 	}

@@ -25,7 +25,8 @@ import (
 //	         before any part freezes (jobhold.go)
 //	frozen   every agent's CRIU has frozen its tree, none has dumped a file
 //	drained  with every tree frozen, every job connection has nothing in
-//	         flight (send queues empty at both ends)
+//	         flight (send queues empty at both ends, or holding only bytes
+//	         a full receiver's closed window keeps: jobunsent.go)
 //	dumped   every part is dumped and left stopped
 //	commit   every part is ended (or continued) and its record written
 //
@@ -301,10 +302,30 @@ func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev 
 	}
 	frozen := time.Now()
 	ev.emit(Event{Kind: Phase, Text: "every part is frozen; waiting for the job's connections to drain"})
-	if _, err := j.all(func(int) jobMsg { return jobMsg{Op: opDrain} }, evDrained); err != nil {
+	drained, err := j.all(func(int) jobMsg { return jobMsg{Op: opDrain} }, evDrained)
+	if err != nil {
 		return nil, j.abort(res, "drain", err)
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("drained in %.3f s; every part dumps", time.Since(frozen).Seconds())})
+	// a connection whose receiver's buffer was full is dumped with its
+	// unsent bytes, which the restored sender sends on: said, per part
+	unsent := make([][]JobConn, len(drained))
+	fullNotes := make([][]string, len(drained))
+	for i, m := range drained {
+		unsent[i] = m.Unsent
+		for _, c := range m.Unsent {
+			n := fmt.Sprintf("%s, dumped with bytes never sent in its queue: its receiver's buffer was full, its window closed", c)
+			fullNotes[i] = append(fullNotes[i], n)
+			ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%s: the job's connection %s", res.Parts[i].Host, n)})
+		}
+	}
+	hosts := make([]string, len(res.Parts))
+	for i, p := range res.Parts {
+		hosts[i] = p.Host
+	}
+	if err := restorableOrder(hosts, conns, unsent); err != nil {
+		return nil, j.abort(res, "drain", err)
+	}
 	dumped, err := j.all(func(int) jobMsg { return jobMsg{Op: opGo} }, evDumped)
 	if err != nil {
 		return nil, j.abort(res, "dump", err)
@@ -320,13 +341,16 @@ func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev 
 	for _, p := range res.Parts {
 		rec.Parts = append(rec.Parts, JobRecordPart{Host: p.Host, Pid: p.Pid, Dir: p.Dir, Conns: p.Conns})
 	}
+	for i := range rec.Parts {
+		rec.Parts[i].Unsent = unsent[i]
+	}
 	done, err := j.all(func(i int) jobMsg {
 		r := rec
 		r.Part = i
 		return jobMsg{Op: opCommit, Record: &r}
 	}, evDone)
 	for i, m := range done {
-		res.Parts[i].Notes = m.Notes
+		res.Parts[i].Notes = append(fullNotes[i], m.Notes...)
 		res.Parts[i].Running = o.LeaveRunning
 	}
 	if err != nil {

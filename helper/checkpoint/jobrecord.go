@@ -31,6 +31,10 @@ type JobRecordPart struct {
 	Pid   proc.Pid  `json:"pid"`
 	Dir   string    `json:"dir"`
 	Conns []JobConn `json:"conns,omitempty"` // its connections to other parts
+	// Unsent are those of Conns dumped with bytes in their send queues
+	// that the peer's full buffer kept: their peers' parts are restored
+	// first (jobrestore.go)
+	Unsent []JobConn `json:"unsent,omitempty"`
 }
 
 // writeJobRecord writes r into the image directory dir: written whole to

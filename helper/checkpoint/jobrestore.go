@@ -74,18 +74,30 @@ func RestoreJob(ctx context.Context, o JobRestoreOptions) (*JobRestoreResult, er
 		return nil, fmt.Errorf("job restore refused: %w", err)
 	}
 	res := &JobRestoreResult{ID: ready[0].Record.ID}
-	for i, a := range j.agents {
-		if err := a.send(jobMsg{Op: opRestore, Dir: o.Parts[i].Dir}); err != nil {
-			return nil, j.abortRestore("restore", err)
-		}
+	records := make([]*JobRecord, len(ready))
+	for i, m := range ready {
+		records[i] = m.Record
 	}
+	// the parts that send bytes left unsent after every other is made
+	// (jobunsent.go)
 	var first time.Time
-	for _, a := range j.agents {
-		if _, err := a.expect(evMade, j.step); err != nil {
-			return nil, j.abortRestore("restore", err)
+	early, late := restorePhases(records)
+	for pi, phase := range [][]int{early, late} {
+		for _, i := range phase {
+			if err := j.agents[i].send(jobMsg{Op: opRestore, Dir: o.Parts[i].Dir}); err != nil {
+				return nil, j.abortRestore("restore", err)
+			}
 		}
-		if first.IsZero() {
-			first = time.Now()
+		for _, i := range phase {
+			if _, err := j.agents[i].expect(evMade, j.step); err != nil {
+				return nil, j.abortRestore("restore", err)
+			}
+			if first.IsZero() {
+				first = time.Now()
+			}
+		}
+		if pi == 0 && len(late) > 0 {
+			ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%d parts made first; now the %d whose connections hold bytes never sent", len(early), len(late))})
 		}
 	}
 	ev.emit(Event{Kind: Phase, Text: "every part is made, its sockets in repair mode; every part goes on"})

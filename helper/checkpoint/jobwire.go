@@ -78,6 +78,9 @@ type jobMsg struct {
 	Part   int        `json:"part,omitempty"`
 	Shared []int      `json:"shared,omitempty"`
 	Record *JobRecord `json:"record,omitempty"`
+	// Unsent (drained): the part's job connections whose send queues hold
+	// bytes their peers' full buffers keep (jobconn.go's waitDrained)
+	Unsent []JobConn `json:"unsent,omitempty"`
 
 	Error string `json:"error,omitempty"`
 	// InFlight: the error is a dump's that met a TCP connection in flight

@@ -25,7 +25,14 @@ import (
 // carry the same seq, and both fold it into their state:
 // state = state*31 + peer_state + seq (mod 2^64). Every step is a line
 // "x SEQ STATE" in MARKS; a message out of order ends it with "ERR".
-const jobPart = `import os, socket, struct, subprocess, sys, time
+//
+// The roles "stall" and "flood" instead listen and connect as the server
+// and the client, and stream: the flood part writes FLOOD bytes, the
+// 8-byte big-endian numbers 0, 1, 2..., as fast as the connection takes
+// them, with a line "w BYTES" after each 64 KiB, then "done BYTES"; the
+// stall part reads nothing until MARKS.go exists, then reads them all,
+// checking each number, and writes "done BYTES".
+const jobPart = `import array, os, socket, struct, subprocess, sys, time
 role, addr, port, marks, pidfile, hblog = sys.argv[1:7]
 hb = sys.argv[8:]
 with open(pidfile + ".tmp", "w") as f:
@@ -33,7 +40,8 @@ with open(pidfile + ".tmp", "w") as f:
 os.rename(pidfile + ".tmp", pidfile)
 out = open(hblog, "ab")
 subprocess.Popen(hb, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-if role == "server":
+FLOOD = 48 << 20
+if role in ("server", "stall"):
     l = socket.socket()
     l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     l.bind((addr, int(port)))
@@ -51,6 +59,38 @@ else:
     state = 2
 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 m = open(marks, "a", buffering=1)
+def numbers(first, n):
+    a = array.array("Q", range(first, first + n))
+    if sys.byteorder == "little":
+        a.byteswap()
+    return a.tobytes()
+if role == "flood":
+    sent = 0
+    while sent < FLOOD:
+        s.sendall(numbers(sent // 8, 8192))
+        sent += 65536
+        m.write("w %d\n" % sent)
+    m.write("done %d\n" % sent)
+    while True:
+        time.sleep(1)
+if role == "stall":
+    while not os.path.exists(marks + ".go"):
+        time.sleep(0.02)
+    got, pend = 0, b""
+    while got < FLOOD:
+        c = s.recv(1 << 20)
+        if not c:
+            m.write("ERR connection closed after %d bytes\n" % got)
+            sys.exit(1)
+        pend += c
+        k = len(pend) // 8 * 8
+        if pend[:k] != numbers(got // 8, k // 8):
+            m.write("ERR bytes %d..%d are not the stream's\n" % (got, got + k))
+            sys.exit(1)
+        got, pend = got + k, pend[k:]
+    m.write("done %d\n" % got)
+    while True:
+        time.sleep(1)
 def recvall(n):
     b = b""
     while len(b) < n:
@@ -603,4 +643,96 @@ func TestJobCheckpointRetriedAfterInFlight(t *testing.T) {
 	h2.hb.waitIter(before2+10, time.Minute)
 	checkExchange(t, readMarks(t, h1.marks), readMarks(t, h2.marks))
 	rig.checkHeartbeats(t, 0)
+}
+
+// floodMarks reads the flood or stall part's marks: the last byte count,
+// whether it said done, and an "ERR" line fails the test.
+func floodMarks(t *testing.T, path string) (bytes int, done bool) {
+	t.Helper()
+	b, _ := os.ReadFile(path)
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) > 0 && f[0] == "ERR":
+			t.Fatalf("%s: %s", path, l)
+		case len(f) == 2 && (f[0] == "w" || f[0] == "done"):
+			bytes, _ = strconv.Atoi(f[1])
+			done = f[0] == "done"
+		}
+	}
+	return bytes, done
+}
+
+// TestJobCheckpointFullReceiver: one part of the job streams to the other,
+// which reads nothing, across the hosts' link. Once both ends' buffers are
+// full, the sender's queue holds bytes that the receiver's closed window
+// keeps there, and /proc/net/tcp shows them as not acknowledged; nothing
+// is in flight though, and a checkpoint must not wait for bytes that will
+// never move while every part is frozen. `gpucr job checkpoint` dumps the
+// connection so, says which, and `gpucr job restore` brings both ends
+// back; the receiver then reads the whole stream, every byte once and in
+// order, the sender's queued bytes included.
+func TestJobCheckpointFullReceiver(t *testing.T) {
+	needTool(t, "criu")
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	helperDir := filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	hb := []string{"--mib", "8", "--interval-ms", "20"}
+	startPart(t, dir, h1, env, "stall", h1.linkIP, hb)
+	startPart(t, dir, h2, env, "flood", h1.linkIP, hb)
+	// the stream stops once the receiver's buffer and the sender's queue are full
+	sent, still := 0, 0
+	for deadline := time.Now().Add(time.Minute); still < 10; time.Sleep(50 * time.Millisecond) {
+		n, done := floodMarks(t, h2.marks)
+		if done {
+			t.Fatalf("the flood part sent all %d bytes: the stall part read them", n)
+		}
+		if n > 0 && n == sent {
+			still++
+		} else {
+			sent, still = n, 0
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the flood part does not stall: %d bytes", n)
+		}
+	}
+	h1.hb.waitIter(5, time.Minute)
+	h2.hb.waitIter(5, time.Minute)
+	img := filepath.Join(helperDir, "job-img")
+	out, err := gpucrJob(t, env, h1, "checkpoint", checkpointParts(h1, h2), "-D", img, "--json")
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job checkpoint of a connection whose receiver's buffer is full: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "dumped with bytes never sent in its queue: its receiver's buffer was full") {
+		t.Errorf("the job checkpoint does not say which connection it dumped with its receiver's buffer full:\n%s", out)
+	}
+	before1, before2 := h1.hb.lastIter(), h2.hb.lastIter()
+	out, err = gpucrJob(t, env, h1, "restore", restoreParts(h1, h2), "-D", img)
+	if err != nil {
+		jobLogs(t, h1, h2)
+		t.Fatalf("gpucr job restore: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(h1.marks+".go", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		got, done := floodMarks(t, h1.marks)
+		if done {
+			if sent, _ := floodMarks(t, h2.marks); got != 48<<20 || sent != got {
+				t.Errorf("the stall part read %d bytes, the flood part wrote %d; want %d", got, sent, 48<<20)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			jobLogs(t, h1, h2)
+			t.Fatalf("the restored stream did not arrive whole: the stall part read %d bytes", got)
+		}
+	}
+	h1.hb.waitIter(before1+10, time.Minute)
+	h2.hb.waitIter(before2+10, time.Minute)
 }
