@@ -72,6 +72,16 @@ GC_HIDDEN extern _Atomic bool gc_sharing;
 /* gc_gate_enter for a call that is a peer sync operation if op: it waits (outside the gate) while a hold keeps
  * such operations back, and counts itself once inside. */
 GC_HIDDEN int gc_sync_enter(bool op);
+/* gc_sync_enter for n operations at once (a launch of a CUDA graph with n of NCCL's kernels); n 0: gc_gate_enter. */
+GC_HIDDEN int gc_sync_enter_n(uint64_t n);
+/* A launch of NCCL's kernel was captured into graph: it counts when a graph made from it is launched. */
+GC_HIDDEN void gc_sync_captured(const void *graph);
+/* cuGraphInstantiate*: exec counts what its graph counted. */
+GC_HIDDEN void gc_sync_instantiated(const void *exec, const void *graph);
+/* The operations a launch of exec is: the NCCL launches captured into its graph. */
+GC_HIDDEN uint64_t gc_sync_graph_ops(const void *exec);
+/* cuGraphDestroy, cuGraphExecDestroy (exec): the handle is forgotten. */
+GC_HIDDEN void gc_sync_graph_gone(const void *h, bool exec);
 /* HoldSync: no operation beyond the count reached passes; returns that count. */
 GC_HIDDEN uint64_t gc_sync_hold(void);
 /* ReachSync: let operations pass until the count is target, then hold; 0 once there, -ETIMEDOUT, or -ERANGE (past

@@ -56,6 +56,15 @@ CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, CUjit_o
                                void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
                                void **libraryOptionValues, unsigned int numLibraryOptions);
 CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority);
+/* Capture: the graph a stream's work goes into (cuda.h 13 names _v3 cuStreamGetCaptureInfo; the driver keeps _v2). */
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   size_t *numDependencies_out);
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS;
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
 
 /*
  * Other calls that queue GPU work, passed through behind the gate only (so
@@ -121,8 +130,6 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
 
 /* Passed through behind the gate only (8_gated.c). */
 #define GC_GATED_SYMS(X)                                                                                               \
-    X(cuGraphLaunch)                                                                                                   \
-    X(cuGraphLaunch_ptsz)                                                                                              \
     X(cuLaunchHostFunc)                                                                                                \
     X(cuLaunchHostFunc_ptsz)                                                                                           \
     X(cuMemcpy2D_v2)                                                                                                   \
@@ -237,10 +244,18 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
     X(cuStreamCreate)                                                                                                  \
     X(cuStreamCreateWithPriority)                                                                                      \
     X(cuEventCreate)                                                                                                   \
+    X(cuGraphLaunch)                                                                                                   \
+    X(cuGraphLaunch_ptsz)                                                                                              \
+    X(cuGraphInstantiateWithFlags)                                                                                     \
+    X(cuGraphInstantiateWithParams)                                                                                    \
+    X(cuGraphInstantiateWithParams_ptsz)                                                                               \
+    X(cuGraphExecDestroy)                                                                                              \
+    X(cuGraphDestroy)                                                                                                  \
     GC_GATED_SYMS(X)
 
 /* Not wrapped: resolved for the interposer's own use. */
 #define GC_INTERNAL_SYMS(X)                                                                                            \
+    X(cuStreamGetCaptureInfo_v2)                                                                                       \
     X(cuCtxGetDevice)                                                                                                  \
     X(cuCtxGetCurrent)                                                                                                 \
     X(cuCtxSetCurrent)                                                                                                 \

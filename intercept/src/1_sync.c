@@ -21,6 +21,7 @@
  * gate from closing. Only such operations take the lock.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -40,18 +41,18 @@ static void lock(void) {
     pthread_mutex_lock(&mu);
 }
 
-int gc_sync_enter(bool op) {
-    if (!op)
+int gc_sync_enter_n(uint64_t n) {
+    if (!n)
         return gc_gate_enter();
     for (;;) {
         lock();
-        while (count >= limit)
+        while (count + n > limit)
             pthread_cond_wait(&cv, &mu);
         pthread_mutex_unlock(&mu);
         int w = gc_gate_enter();
         lock();
-        if (count < limit) {
-            count++;
+        if (count + n <= limit) {
+            count += n;
             pthread_cond_broadcast(&cv);
             pthread_mutex_unlock(&mu);
             return w;
@@ -60,6 +61,8 @@ int gc_sync_enter(bool op) {
         gc_gate_leave(); /* held meanwhile: wait outside the gate */
     }
 }
+
+int gc_sync_enter(bool op) { return gc_sync_enter_n(op ? 1 : 0); }
 
 uint64_t gc_sync_hold(void) {
     lock();
@@ -100,11 +103,113 @@ uint64_t gc_sync_count(void) {
     return n;
 }
 
+/* ---- CUDA graphs ----
+ *
+ * An NCCL kernel launched into a capturing stream runs only when a graph made
+ * from that capture is launched, as often as it is. So it counts then: each
+ * graph keeps the count of NCCL launches captured into it, each executable
+ * graph instantiated from it the same, and a launch of an executable graph is
+ * that many operations at once (a hold lets it pass whole or not at all). Only
+ * graphs with such launches are kept, forgotten when destroyed; graphs built
+ * node by node, cloned or nested are not seen. */
+
+typedef struct {
+    const void *h;
+    uint64_t ops;
+} gcount;
+
+typedef struct {
+    gcount *v;
+    size_t n, cap;
+} gtable;
+
+/* At most this many graphs, and as many executable graphs, with NCCL's launches: past it a graph is not counted,
+ * and a warning says so once. */
+#define GRAPHS_MAX 65536
+
+static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
+static gtable graphs, execs;
+static _Atomic size_t nexecs; /* execs.n, read without the lock: most processes have none */
+static bool gwarned;
+
+static gcount *gfind(gtable *t, const void *h) {
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].h == h)
+            return &t->v[i];
+    return NULL;
+}
+
+static void gadd(gtable *t, const void *h, uint64_t ops) {
+    gcount *e = gfind(t, h);
+    if (e) {
+        e->ops += ops;
+        return;
+    }
+    if (t->n == t->cap) {
+        size_t c = t->cap ? t->cap * 2 : 16;
+        gcount *v = c <= GRAPHS_MAX ? realloc(t->v, c * sizeof *v) : NULL;
+        if (!v) {
+            if (!gwarned)
+                gc_warn("more than %d CUDA graphs with NCCL's launches: the ones past it are not counted", GRAPHS_MAX);
+            gwarned = true;
+            return;
+        }
+        t->v = v;
+        t->cap = c;
+    }
+    t->v[t->n++] = (gcount){h, ops};
+}
+
+static void gdel(gtable *t, const void *h) {
+    gcount *e = gfind(t, h);
+    if (e)
+        *e = t->v[--t->n];
+}
+
+void gc_sync_captured(const void *graph) {
+    pthread_mutex_lock(&gmu);
+    gadd(&graphs, graph, 1);
+    pthread_mutex_unlock(&gmu);
+}
+
+void gc_sync_instantiated(const void *exec, const void *graph) {
+    pthread_mutex_lock(&gmu);
+    gcount *e = gfind(&graphs, graph);
+    if (e) {
+        gadd(&execs, exec, e->ops);
+        atomic_store(&nexecs, execs.n);
+    }
+    pthread_mutex_unlock(&gmu);
+}
+
+uint64_t gc_sync_graph_ops(const void *exec) {
+    if (!atomic_load_explicit(&nexecs, memory_order_relaxed))
+        return 0;
+    pthread_mutex_lock(&gmu);
+    gcount *e = gfind(&execs, exec);
+    uint64_t n = e ? e->ops : 0;
+    pthread_mutex_unlock(&gmu);
+    return n;
+}
+
+void gc_sync_graph_gone(const void *h, bool exec) {
+    pthread_mutex_lock(&gmu);
+    gdel(exec ? &execs : &graphs, h);
+    atomic_store(&nexecs, execs.n);
+    pthread_mutex_unlock(&gmu);
+}
+
 void gc_sync_reset(void) {
     pthread_mutex_init(&mu, NULL);
     count = 0;
     limit = UINT64_MAX;
     atomic_store(&gc_sharing, false);
+    /* the parent's graphs are not the child's */
+    pthread_mutex_init(&gmu, NULL);
+    free(graphs.v);
+    free(execs.v);
+    graphs = execs = (gtable){0};
+    atomic_store(&nexecs, 0);
 }
 
 /* NCCL's device kernels, by the names the driver gives them (cuFuncGetName, cuKernelGetName): C++ names, mangled as

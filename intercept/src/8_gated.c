@@ -40,9 +40,6 @@
         return r;                                                                                                      \
     }
 
-GATED(cuGraphLaunch, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream), gc_cow_all())
-GATED(cuGraphLaunch_ptsz, STAT_LAUNCHES, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream),
-      gc_cow_all())
 GATED(cuLaunchHostFunc, STAT_LAUNCHES, (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData),
       (void)0)
 GATED(cuLaunchHostFunc_ptsz, STAT_LAUNCHES, (CUstream hStream, CUhostFn fn, void *userData), (hStream, fn, userData),

@@ -322,6 +322,20 @@ static inline void scan(void *f, void **kernelParams, void **extra) {
     gc_stat_add(STAT_LAUNCHES, 1);
 }
 
+/* A launch of one of NCCL's kernels into stream while it captures: counted into the graph it captures (1_sync.c),
+ * and no operation now. A _ptsz launch on stream 0 (the thread's own stream) is taken for the legacy stream,
+ * which cannot capture: NCCL launches on streams of its own. */
+static bool captured(CUstream stream) {
+    __typeof__(&cuStreamGetCaptureInfo_v2) info = GC_REAL(cuStreamGetCaptureInfo_v2);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t id = 0;
+    CUgraph g = NULL;
+    if (!info || info(stream, &st, &id, &g, NULL, NULL) != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_ACTIVE || !g)
+        return false;
+    gc_sync_captured(g);
+    return true;
+}
+
 #define LAUNCH(name)                                                                                                   \
     GC_EXPORT CUresult name(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,         \
                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                    \
@@ -329,7 +343,7 @@ static inline void scan(void *f, void **kernelParams, void **extra) {
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_sync_enter(gc_launch_sync(f)))                                                                          \
+        if (gc_sync_enter(gc_launch_sync(f) && !captured(hStream)))                                            \
             gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
@@ -347,7 +361,7 @@ LAUNCH(cuLaunchKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_sync_enter(gc_launch_sync(f)))                                                                          \
+        if (gc_sync_enter(gc_launch_sync(f) && !captured(hStream)))                                            \
             gc_cow_launch(f, kernelParams, NULL);                                                                      \
         scan(f, kernelParams, NULL);                                                                                   \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
@@ -363,7 +377,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_sync_enter(gc_launch_sync(f)))                                                                          \
+        if (gc_sync_enter(gc_launch_sync(f) && !captured(config ? config->hStream : NULL)))                    \
             gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(config, f, kernelParams, extra);                                                               \
@@ -372,6 +386,64 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
     }
 LAUNCH_EX(cuLaunchKernelEx)
 LAUNCH_EX(cuLaunchKernelEx_ptsz)
+
+/* ---- CUDA graphs ----
+ * A graph's launch is as many peer sync operations as NCCL launches were captured into its graph (1_sync.c): the
+ * launches into a capturing stream above count there, not as they are made. */
+
+#define GRAPH_LAUNCH(name)                                                                                             \
+    GC_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream) {                                               \
+        __typeof__(&name) fn = GC_REAL(name);                                                                          \
+        if (!fn)                                                                                                       \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        if (gc_sync_enter_n(gc_sync_graph_ops(hGraphExec)))                                                            \
+            gc_cow_all();                                                                                              \
+        gc_stat_add(STAT_LAUNCHES, 1);                                                                                 \
+        CUresult r = fn(hGraphExec, hStream);                                                                          \
+        gc_gate_leave();                                                                                               \
+        return r;                                                                                                      \
+    }
+GRAPH_LAUNCH(cuGraphLaunch)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+
+GC_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
+    __typeof__(&cuGraphInstantiateWithFlags) fn = GC_REAL(cuGraphInstantiateWithFlags);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = fn(phGraphExec, hGraph, flags);
+    if (r == CUDA_SUCCESS && phGraphExec)
+        gc_sync_instantiated(*phGraphExec, hGraph);
+    return r;
+}
+
+#define INSTANTIATE_PARAMS(name)                                                                                       \
+    GC_EXPORT CUresult name(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {       \
+        __typeof__(&name) fn = GC_REAL(name);                                                                          \
+        if (!fn)                                                                                                       \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
+        CUresult r = fn(phGraphExec, hGraph, params);                                                                  \
+        if (r == CUDA_SUCCESS && phGraphExec)                                                                          \
+            gc_sync_instantiated(*phGraphExec, hGraph);                                                                \
+        return r;                                                                                                      \
+    }
+INSTANTIATE_PARAMS(cuGraphInstantiateWithParams)
+INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
+
+GC_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    __typeof__(&cuGraphExecDestroy) fn = GC_REAL(cuGraphExecDestroy);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_sync_graph_gone(hGraphExec, true); /* first: the driver may hand the handle out again at once */
+    return fn(hGraphExec);
+}
+
+GC_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
+    __typeof__(&cuGraphDestroy) fn = GC_REAL(cuGraphDestroy);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_sync_graph_gone(hGraph, false);
+    return fn(hGraph);
+}
 
 /* ---- copies and memsets ---- */
 

@@ -5,7 +5,7 @@
  * and spins on the GPU until the proxy has brought the peer's data back.
  * The two ranks share no memory; they wait for each other all the same.
  *
- *   netrank --rank R --addr A --port P [--lag-ms L] [--xwords X] [gpuapp options]
+ *   netrank --rank R --addr A --port P [--lag-ms L] [--xwords X] [--graph] [gpuapp options]
  *
  * Rank 0 listens on A:P (and closes its listener once rank 1 is in), rank 1
  * connects to it. Each holds --mib N MiB of device memory (buf, cuMemAlloc,
@@ -15,7 +15,7 @@
  *
  *   kernel  ncclDevKernel_netrank_SendRecv, a C++ name as NCCL's kernels
  *           have, so mangled as the driver gives theirs
- *           (_Z30ncclDevKernel_netrank_SendRecvyjjyyj): gpucr counts it as
+ *           (_Z30ncclDevKernel_netrank_SendRecvyjPjyyj): gpucr counts it as
  *           an operation that waits for a peer:
  *           steps every word of buf (k = ITER * 0x9E3779B1;
  *           v = (buf[j] ^ k) * 0x01000193; v ^= v >> 13; buf[j] = v + ((j << 3) ^ k)),
@@ -26,6 +26,10 @@
  *   host    cuStreamSynchronize (as a training loop reads its loss), then,
  *           with --lag-ms L, sleeps L ms: a rank that is slow to launch its
  *           next collective while its peer's waits on the GPU
+ *
+ * The kernel reads ITER from pinned host memory the host writes before each
+ * launch. With --graph, the launch is captured once into a CUDA graph, which
+ * each iteration launches: NCCL's launches as a framework replays them.
  *
  * so a rank's checksum after ITER depends on both ranks' whole history, and
  * a lost, repeated or reordered exchange shows in the heartbeats (gpuapp.h).
@@ -53,10 +57,10 @@ static const char ptx[] =
     ".target sm_75\n"
     ".address_size 64\n"
     "\n"
-    ".visible .entry _Z30ncclDevKernel_netrank_SendRecvyjjyyj(\n"
+    ".visible .entry _Z30ncclDevKernel_netrank_SendRecvyjPjyyj(\n"
     "\t.param .u64 nr_param_0,\n"
     "\t.param .u32 nr_param_1,\n"
-    "\t.param .u32 nr_param_2,\n"
+    "\t.param .u64 nr_param_2,\n"
     "\t.param .u64 nr_param_3,\n"
     "\t.param .u64 nr_param_4,\n"
     "\t.param .u32 nr_param_5\n"
@@ -68,7 +72,8 @@ static const char ptx[] =
     "\n"
     "\tld.param.u64 %rd1, [nr_param_0];\n"
     "\tld.param.u32 %r1, [nr_param_1];\n"
-    "\tld.param.u32 %r2, [nr_param_2];\n"
+    "\tld.param.u64 %rd11, [nr_param_2];\n"
+    "\tld.volatile.global.u32 %r2, [%rd11];\n"
     "\tld.param.u64 %rd2, [nr_param_3];\n"
     "\tld.param.u64 %rd3, [nr_param_4];\n"
     "\tld.param.u32 %r3, [nr_param_5];\n"
@@ -136,6 +141,9 @@ typedef struct {
     unsigned char *out, *in; /* the boxes */
     int fd;                  /* the connection to the peer */
     unsigned lag_ms;
+    int graph;         /* --graph: the step captured into a CUDA graph, launched each iteration */
+    CUgraphExec exec;  /* that graph */
+    uint32_t *iter;    /* pinned: the iteration, which the kernel reads */
 } netrank;
 
 static _Atomic uint32_t *flag(unsigned char *box) { return (_Atomic uint32_t *)(void *)box; }
@@ -175,10 +183,25 @@ static void *proxy(void *arg) {
 
 static void step(void *state, uint32_t iter) {
     netrank *r = state;
-    uint64_t out = (uint64_t)(uintptr_t)r->out, in = (uint64_t)(uintptr_t)r->in;
-    void *params[] = {&r->buf, &r->words, &iter, &out, &in, &r->xwords};
-    CHECK(cuLaunchKernel(r->fn, 1, 1, 1, 1, 1, 1, 0, r->s, params, NULL));
-    CHECK(cuStreamSynchronize(r->s));
+    uint64_t out = (uint64_t)(uintptr_t)r->out, in = (uint64_t)(uintptr_t)r->in, it = (uint64_t)(uintptr_t)r->iter;
+    void *params[] = {&r->buf, &r->words, &it, &out, &in, &r->xwords};
+    *r->iter = iter; /* the kernel reads it there: a graph replays the same parameters */
+    if (r->graph) {
+        /* captured once into a graph, which each iteration launches: as a framework replays NCCL's launches */
+        if (!r->exec) {
+            CUgraph g;
+            CHECK(cuStreamBeginCapture_v2(r->s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+            CHECK(cuLaunchKernel(r->fn, 1, 1, 1, 1, 1, 1, 0, r->s, params, NULL));
+            CHECK(cuStreamEndCapture(r->s, &g));
+            CHECK(cuGraphInstantiateWithFlags(&r->exec, g, 0));
+            CHECK(cuGraphDestroy(g));
+        }
+        CHECK(cuGraphLaunch(r->exec, r->s));
+        CHECK(cuStreamSynchronize(r->s));
+    } else {
+        CHECK(cuLaunchKernel(r->fn, 1, 1, 1, 1, 1, 1, 0, r->s, params, NULL));
+        CHECK(cuStreamSynchronize(r->s));
+    }
     if (r->lag_ms)
         sleep_us((long)r->lag_ms * 1000L);
 }
@@ -243,11 +266,13 @@ int main(int argc, char **argv) {
             r.lag_ms = (unsigned)strtoul(argv[++i], NULL, 10);
         else if (i + 1 < argc && strcmp(argv[i], "--xwords") == 0)
             r.xwords = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--graph") == 0)
+            r.graph = 1;
         else
             rest[nrest++] = argv[i];
     }
     if ((rank != 0 && rank != 1) || !addr || port <= 0 || r.xwords == 0) {
-        fprintf(stderr, "usage: netrank --rank 0|1 --addr A --port P [--lag-ms L] [--xwords X] [gpuapp options]\n");
+        fprintf(stderr, "usage: netrank --rank 0|1 --addr A --port P [--lag-ms L] [--xwords X] [--graph] [gpuapp options]\n");
         return 2;
     }
     gpuapp_parse(&r.a, "netrank", GPUAPP_OPT_MIB, 4, 1, nrest, rest);
@@ -258,7 +283,7 @@ int main(int argc, char **argv) {
 
     gpuapp_context(&r.a);
     CUmodule mod = gpuapp_load_ptx(ptx);
-    r.fn = gpuapp_function(mod, "_Z30ncclDevKernel_netrank_SendRecvyjjyyj");
+    r.fn = gpuapp_function(mod, "_Z30ncclDevKernel_netrank_SendRecvyjPjyyj");
     CHECK(cuStreamCreate(&r.s, CU_STREAM_NON_BLOCKING));
     CHECK(cuMemAlloc(&r.buf, (size_t)r.words * 4));
     CHECK(cuMemsetD32(r.buf, 0x5bd1e995u * (uint32_t)(rank + 1) + r.a.seed, r.words));
@@ -268,6 +293,9 @@ int main(int argc, char **argv) {
     CHECK(cuMemHostAlloc(&in, box, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
     memset(out, 0, box);
     memset(in, 0, box);
+    void *itbox;
+    CHECK(cuMemHostAlloc(&itbox, 64, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    r.iter = itbox;
     r.out = out;
     r.in = in;
     pthread_t t;

@@ -109,8 +109,19 @@ func netRankReference(t *testing.T, env []string, args []string, iters int) [2]m
 // drain; `gpucr job checkpoint` first brings both ranks to one count of
 // collectives on every host, then quiesces and drains them all, and only
 // then freezes anything. Checkpointed running on, then stopped and restored:
-// both ranks compute on exactly as an uninterrupted run of the pair.
+// both ranks compute on exactly as an uninterrupted run of the pair. The
+// same with every collective's launch captured into a CUDA graph, which
+// is launched (netrank --graph): the launch is counted when the graph runs.
 func TestJobCheckpointHoldsCollectives(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		extra []string
+	}{{"launches", nil}, {"graphs", []string{"--graph"}}} {
+		t.Run(c.name, func(t *testing.T) { testJobHoldsCollectives(t, c.extra) })
+	}
+}
+
+func testJobHoldsCollectives(t *testing.T, extra []string) {
 	needTool(t, "criu")
 	dir := t.TempDir()
 	env := gpucrEnv(t)
@@ -119,7 +130,7 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 		t.Fatal(err)
 	}
 	h1, h2 := startJobHosts(t, dir, helperDir, env)
-	args := []string{"--mib", "4", "--interval-ms", "2", "--hb-every", "5"}
+	args := append([]string{"--mib", "4", "--interval-ms", "2", "--hb-every", "5"}, extra...)
 	startNetRank(t, dir, h1, env, 0, h1.linkIP, args)
 	startNetRank(t, dir, h2, env, 1, h1.linkIP, append([]string{"--lag-ms", "150"}, args...))
 	waitNetRank(t, h1)

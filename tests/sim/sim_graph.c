@@ -12,7 +12,9 @@
  * events recorded or waited for on a capturing stream (the driver turns them
  * into dependencies between streams; here they are refused with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), synchronizing a capturing stream
- * (the same), and graphs built node by node.
+ * (the same), and graphs built node by node. cuStreamGetCaptureInfo_v2 says
+ * whether a stream captures, with the capture's id and the graph it makes (the
+ * one cuStreamEndCapture hands out); it lists no dependencies.
  */
 #include <stdlib.h>
 
@@ -25,8 +27,11 @@ typedef struct sim_graph {
     CUstreamCaptureMode mode;
     sim_op **ops; /* references, in capture order */
     size_t n, cap;
-    int oom; /* a record failed: EndCapture says so */
+    int oom;     /* a record failed: EndCapture says so */
+    uint64_t id; /* the capture's, from 1 */
 } sim_graph;
+
+static uint64_t capture_ids; /* under sim.mu */
 
 void sim_graph_record_locked(sim_graph *g, sim_op *op) {
     if (g->n == g->cap) {
@@ -91,7 +96,41 @@ SIM_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode m
             s->capture->magic = 0x47524150u;
             s->capture->ctx = c.ctx;
             s->capture->mode = mode;
+            s->capture->id = ++capture_ids;
         }
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out,
+                                           cuuint64_t *id_out, CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                           size_t *numDependencies_out) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuStreamGetCaptureInfo_v2", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!captureStatus_out)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    sim_graph *g = NULL;
+    if (hStream != NULL && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD) {
+        sim_stream *s = (sim_stream *)hStream;
+        if (!sim_handle_is(s, SIM_H_STREAM) || s->dying || s->ctx != c.ctx)
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else
+            g = s->capture;
+    }
+    if (r == CUDA_SUCCESS) {
+        *captureStatus_out = g ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+        if (g && id_out)
+            *id_out = g->id;
+        if (g && graph_out)
+            *graph_out = (CUgraph)g;
+        if (g && dependencies_out)
+            *dependencies_out = NULL;
+        if (g && numDependencies_out)
+            *numDependencies_out = 0;
     }
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);

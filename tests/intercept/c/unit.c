@@ -360,6 +360,50 @@ static void test_sync(void) {
     CHECK(gc_sync_count() == 0);
 }
 
+static void *graph_launch(void *arg) {
+    gc_sync_enter_n(gc_sync_graph_ops(arg));
+    gc_gate_leave();
+    atomic_fetch_add(&sync_done, 1);
+    return NULL;
+}
+
+/* NCCL launches captured into a graph count when an executable graph made from it is launched, all at once */
+static void test_sync_graphs(void) {
+    gc_sync_reset();
+    void *g = (void *)0x6000, *other = (void *)0x7000, *x = (void *)0x8000, *y = (void *)0x9000;
+    gc_sync_captured(g);
+    gc_sync_captured(g);
+    gc_sync_captured(g);
+    CHECK(gc_sync_count() == 0); /* captured, not run */
+    gc_sync_instantiated(x, g);
+    gc_sync_instantiated(y, other); /* a graph without NCCL's launches */
+    CHECK(gc_sync_graph_ops(x) == 3);
+    CHECK(gc_sync_graph_ops(y) == 0);
+    gc_sync_enter_n(gc_sync_graph_ops(x));
+    gc_gate_leave();
+    CHECK(gc_sync_count() == 3);
+    /* held at 4: a launch of 3 would pass it, so it waits whole; a reach to 6 lets it go */
+    sync_ops((void *)1);
+    CHECK(gc_sync_hold() == 4);
+    atomic_store(&sync_done, 0);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, graph_launch, x) == 0);
+    wait_ms(50);
+    CHECK(atomic_load(&sync_done) == 0);
+    CHECK(gc_sync_count() == 4);
+    CHECK(gc_sync_reach(7, 2000) == 0);
+    pthread_join(t, NULL);
+    CHECK(gc_sync_count() == 7);
+    gc_sync_release();
+    /* destroyed: the handle counts nothing any more (the driver may hand it out again) */
+    gc_sync_graph_gone(x, true);
+    CHECK(gc_sync_graph_ops(x) == 0);
+    gc_sync_graph_gone(g, false);
+    gc_sync_instantiated(x, g);
+    CHECK(gc_sync_graph_ops(x) == 0);
+    gc_sync_reset();
+}
+
 /* ---- --bench ---- */
 
 static double bench_now(void) {
@@ -596,6 +640,7 @@ int main(int argc, char **argv) {
     test_guard();
     test_writes();
     test_sync();
+    test_sync_graphs();
     if (failures) {
         fprintf(stderr, "intercept-unit: %d failures\n", failures);
         return 1;

@@ -197,19 +197,22 @@ SIMK_REGISTER("gr_add", app_gr_add);
 
 /* ---- netrank ----------------------------------------------------------- */
 
-/* ncclDevKernel_netrank_SendRecv(u64 buf, u32 n, u32 iter, u64 out, u64 in, u32 x): out and in are host boxes (a
- * u32 flag, 16 bytes, then x words) reached by their unified addresses, as NCCL's kernels reach its proxy's host
- * memory. It spins, as NCCL's kernels do, until the proxy has brought the peer's words. */
+/* ncclDevKernel_netrank_SendRecv(u64 buf, u32 n, u32 *iter, u64 out, u64 in, u32 x): iter, out and in are host
+ * memory reached by their unified addresses, as NCCL's kernels reach its proxy's: the iteration, and two boxes (a
+ * u32 flag, 16 bytes, then x words). It spins, as NCCL's kernels do, until the proxy has brought the peer's
+ * words. */
 static CUresult app_nr_sendrecv(const simk_launch *L) {
     CUdeviceptr a = SIMK_PARAM(L, 0, CUdeviceptr);
-    uint32_t n = SIMK_PARAM(L, 1, uint32_t), iter = SIMK_PARAM(L, 2, uint32_t);
+    uint32_t n = SIMK_PARAM(L, 1, uint32_t);
+    const uint32_t *iterp = (const uint32_t *)(uintptr_t)SIMK_PARAM(L, 2, uint64_t);
     unsigned char *out = (unsigned char *)(uintptr_t)SIMK_PARAM(L, 3, uint64_t);
     unsigned char *in = (unsigned char *)(uintptr_t)SIMK_PARAM(L, 4, uint64_t);
     uint32_t x = SIMK_PARAM(L, 5, uint32_t);
     int bad = 0;
     uint32_t *p = words(L, a, n, &bad);
-    if (bad || x > n || !out || !in)
+    if (bad || x > n || !out || !in || !iterp)
         return CUDA_ERROR_ILLEGAL_ADDRESS;
+    uint32_t iter = __atomic_load_n(iterp, __ATOMIC_ACQUIRE);
     fill_step(p, n, iter, 0);
     uint32_t *od = (uint32_t *)(void *)(out + 16), *id = (uint32_t *)(void *)(in + 16);
     for (uint32_t j = 0; j < x; j++)
@@ -223,4 +226,4 @@ static CUresult app_nr_sendrecv(const simk_launch *L) {
         p[j] ^= id[(j + iter) % x];
     return CUDA_SUCCESS;
 }
-SIMK_REGISTER("_Z30ncclDevKernel_netrank_SendRecvyjjyyj", app_nr_sendrecv);
+SIMK_REGISTER("_Z30ncclDevKernel_netrank_SendRecvyjPjyyj", app_nr_sendrecv);
