@@ -36,6 +36,8 @@
 #         SIZE_MIB per rank on each GPU against heartbeat with the same
 #         per-process size on one GPU (SIZE_MIB, default 8192: each rank
 #         holds 2x that); the medians and their ratios.
+# DDP_GRAPH=1 (ddp.py's): each step also replays an all_reduce captured in a
+# CUDA graph; each GPU process's count of peer sync operations is noted.
 # NOFLAGS=1: the ddp part's checkpoint and restore get no CRIU flags (the
 # build chooses them); each dump's stop is broken down either way.
 # NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
@@ -273,6 +275,28 @@ for g in r.get("gpu_processes") or []:
     print(f"    GPU process {g.get('pid')}: {steps}")
 PYEOF
 }
+# sync_counts: each GPU process's count of operations that wait for a peer
+# (NCCL's launches, and those a replayed CUDA graph holds), from its stats.
+sync_counts() {
+	"$GPUCR" status --socket "$SOCK" --json >"$LOGS/sync-status.json" 2>/dev/null
+	$PY - "$GPUCR" "$SOCK" "$LOGS/sync-status.json" <<'PYEOF' | tee -a "$LOGS/summary.txt"
+import json, subprocess, sys
+gpucr, sock, status = sys.argv[1:4]
+try:
+    clients = json.load(open(status)).get("clients") or []
+except ValueError:
+    clients = []
+counts = []
+for c in clients:
+    out = subprocess.run([gpucr, "client", str(c["pid"]), "stats", "--json", "--socket", sock],
+                         capture_output=True, text=True).stdout
+    try:
+        counts.append(f"pid {c['pid']} {json.loads(out).get('sync_ops', '0')}")
+    except ValueError:
+        counts.append(f"pid {c['pid']} ?")
+print("    operations that wait for a peer, counted: " + ", ".join(counts))
+PYEOF
+}
 # tree_memory ROOT: the host memory of ROOT's tree a dump copies, a line a
 # process (its private anonymous pages, those a fork shares with its parent
 # included, since CRIU copies them for each process that has them; and
@@ -336,6 +360,7 @@ if part ddp; then
 		"$GPUCR" status --socket "$SOCK" >"$LOGS/$name.status" 2>&1
 		[ $mode = leave ] && sed 's/^/    /' "$LOGS/$name.status" | head -12 | tee -a "$LOGS/summary.txt" >/dev/null
 		[ $mode = stop ] && tree_memory "$JOB"
+		sync_counts
 		# the ranks' connections (the store, NCCL's bootstrap) are all inside the job; no iptables here.
 		# NOFLAGS=1: none (a build that chooses CRIU's options for the tree itself).
 		flags=(--tcp-established --link-remap --criu-opt 'network-lock skip')

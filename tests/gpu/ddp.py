@@ -19,7 +19,9 @@ table, so gpucr's interposer answers where it stands in), to see which GPU
 a restored rank believes it is on. Every value
 depends only on the step, so runs with and without gpucr must print the same
 lines (tests/gpu/ddp.sh compares them). DDP_DELAY (seconds) sleeps between
-steps.
+steps. DDP_GRAPH=1 adds, each step, an all_reduce captured once into a CUDA
+graph and replayed (as frameworks replay NCCL's collectives in graphs): of the
+step's loss and gradient norm, each rank's own, whose sums end the step line.
 """
 import os
 import sys
@@ -36,6 +38,7 @@ OUT, STEPS = sys.argv[1], int(sys.argv[2])
 DELAY = float(os.environ.get("DDP_DELAY", "0"))
 TIMES = os.environ.get("DDP_TIMES")
 WHERE = int(os.environ.get("DDP_WHERE", "0"))
+GRAPH = os.environ.get("DDP_GRAPH") == "1"
 
 
 def where(dev):
@@ -103,6 +106,16 @@ def run():
         log.write(f"ready pid={os.getpid()} world={world}\n")
     times = open(TIMES, "a", buffering=1) if rank == 0 and TIMES else None
     wlog = open(OUT + ".where", "a", buffering=1) if WHERE else None
+    graph = None
+    if GRAPH:
+        # NCCL's communicator is up (DDP's broadcast); captured once, from a
+        # side stream, replayed each step
+        gsum = torch.zeros(2, device="cuda")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            dist.all_reduce(gsum)
+        torch.cuda.synchronize()
     step = 0
     epoch = 0
     last = time.perf_counter()
@@ -120,8 +133,13 @@ def run():
             avg = loss.detach().clone()
             dist.all_reduce(avg)
             avg /= world
+            gtxt = ""
+            if graph:
+                gsum.copy_(torch.stack([loss.detach() * (rank + 1), gnorm.detach() * (rank + 1)]))
+                graph.replay()
+                gtxt = " " + " ".join(repr(v) for v in gsum.tolist())
             if log:
-                log.write(f"step {step} {avg.item()!r} {gnorm.item()!r}\n")
+                log.write(f"step {step} {avg.item()!r} {gnorm.item()!r}{gtxt}\n")
             if wlog and step % WHERE == 0:
                 wlog.write(f"where {step} {rank} {os.getpid()} {where(local)}\n")
             if times:
