@@ -152,6 +152,12 @@ def run():
         epoch += 1
     if log:
         log.write("done\n")
+    if graph is not None:
+        # a graph that holds NCCL's work goes before the communicator does:
+        # left to the end, the ranks hung at their exit (2 x H200, torch 2.11)
+        torch.cuda.synchronize()
+        graph.reset()
+        graph = None
     dist.barrier()
     dist.destroy_process_group()
 
