@@ -9,7 +9,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
-	"github.com/gpucr/gpucr/helper/daemon"
+	"github.com/gpucr/gpucr/helper/devicemap"
 )
 
 // restoreCommand is `gpucr restore -D DIR` (checkpoint.Restore).
@@ -101,7 +101,7 @@ func deviceMapFlag() *ucli.StringSliceFlag {
 // refusing what is not OLD=NEW (the helper resolves the names).
 func joinDeviceMap(vals []string) (string, error) {
 	m := strings.Join(vals, ",")
-	if _, err := daemon.ParseDeviceMap(m); err != nil {
+	if _, err := devicemap.Parse(m); err != nil {
 		return "", fmt.Errorf("--%v", err)
 	}
 	return m, nil

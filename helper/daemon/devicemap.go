@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpucr/gpucr/helper/devicemap"
 	"github.com/gpucr/gpucr/image"
 )
 
@@ -73,28 +74,6 @@ func (g imageGPU) String() string {
 		return fmt.Sprintf("GPU %d", g.ordinal)
 	}
 	return fmt.Sprintf("GPU %s (ordinal %d)", g.uuid, g.ordinal)
-}
-
-// deviceMapEntry is one OLD=NEW of a device map, as written.
-type deviceMapEntry struct{ old, new string }
-
-// ParseDeviceMap reads "OLD=NEW[,OLD=NEW...]" (spaces around the parts are
-// ignored; "" is no map): the syntax alone, which the CLI checks too; the
-// helper resolves the names (placeGPUs).
-func ParseDeviceMap(s string) ([]deviceMapEntry, error) {
-	var out []deviceMapEntry
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	for _, part := range strings.Split(s, ",") {
-		o, n, ok := strings.Cut(part, "=")
-		o, n = strings.TrimSpace(o), strings.TrimSpace(n)
-		if !ok || o == "" || n == "" || strings.Contains(n, "=") {
-			return nil, fmt.Errorf("device-map %q: %q is not OLD=NEW (a GPU UUID, a unique start of one, or an ordinal on each side)", s, strings.TrimSpace(part))
-		}
-		out = append(out, deviceMapEntry{o, n})
-	}
-	return out, nil
 }
 
 // matchUUID says whether token names uuid: the whole UUID, or its start
@@ -261,7 +240,7 @@ type roomFunc func(d Device) (uint64, bool)
 // map's entries first, then the defaults (see the top of this file). model
 // is the image's GPU model ("" unknown); a device of another model is
 // refused.
-func placeGPUs(gpus []imageGPU, devs []Device, model string, spec []deviceMapEntry, room roomFunc) (placement, error) {
+func placeGPUs(gpus []imageGPU, devs []Device, model string, spec []devicemap.Entry, room roomFunc) (placement, error) {
 	p := placement{dev: map[string]Device{}}
 	taken := map[Device]string{} // device -> the image GPU put there
 	fits := func(d Device, g imageGPU) bool {
@@ -284,20 +263,20 @@ func placeGPUs(gpus []imageGPU, devs []Device, model string, spec []deviceMapEnt
 	}
 	named := map[int]bool{}
 	for _, e := range spec {
-		i, err := findImageGPU(e.old, gpus)
+		i, err := findImageGPU(e.Old, gpus)
 		if err != nil {
-			return p, fmt.Errorf("device map %s=%s: %w", e.old, e.new, err)
+			return p, fmt.Errorf("device map %s=%s: %w", e.Old, e.New, err)
 		}
 		if named[i] {
 			return p, fmt.Errorf("device map: %s is named twice", gpus[i])
 		}
 		named[i] = true
-		d, err := findDevice(e.new, devs)
+		d, err := findDevice(e.New, devs)
 		if err != nil {
-			return p, fmt.Errorf("device map %s=%s: %w", e.old, e.new, err)
+			return p, fmt.Errorf("device map %s=%s: %w", e.Old, e.New, err)
 		}
 		if err := put(gpus[i], d); err != nil {
-			return p, fmt.Errorf("device map %s=%s: %w", e.old, e.new, err)
+			return p, fmt.Errorf("device map %s=%s: %w", e.Old, e.New, err)
 		}
 	}
 	// The GPUs the map leaves out: their own GPU where it can take them.

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr/helper/devicemap"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -77,7 +78,7 @@ func TestPlaceGPUs(t *testing.T) {
 		{name: "ambiguous new", gpus: one, devs: devs(0, 0), spec: "0=GPU-", err: "more than one GPU here"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec, err := ParseDeviceMap(tc.spec)
+			spec, err := devicemap.Parse(tc.spec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,18 +99,6 @@ func TestPlaceGPUs(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestParseDeviceMap(t *testing.T) {
-	got, err := ParseDeviceMap(" 0 = 1 ,GPU-aa=GPU-bb")
-	if err != nil || len(got) != 2 || got[0] != (deviceMapEntry{"0", "1"}) || got[1] != (deviceMapEntry{"GPU-aa", "GPU-bb"}) {
-		t.Fatalf("ParseDeviceMap = %v, %v", got, err)
-	}
-	for _, bad := range []string{"0", "0=", "=1", "0=1=2", "0=1,"} {
-		if _, err := ParseDeviceMap(bad); err == nil || !strings.Contains(err.Error(), "is not OLD=NEW") {
-			t.Errorf("ParseDeviceMap(%q) = %v", bad, err)
-		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/gpucr/gpucr/helper/devicemap"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/proc"
@@ -133,7 +134,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), nil
 	}
 	defer release() // once trackPlan counts it
-	spec, err := ParseDeviceMap(req.DeviceMap)
+	spec, err := devicemap.Parse(req.DeviceMap)
 	var place placement
 	if err == nil {
 		place, err = placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), spec, s.restoreRoom)
