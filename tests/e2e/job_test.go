@@ -181,6 +181,21 @@ func startJobHostsConf(t *testing.T, dir, helperDir string, env []string, conf2 
 	return hs[0], hs[1]
 }
 
+// twoJobHosts starts two job hosts (startJobHosts) in a new test
+// directory, their helpers' sockets in its directory "helper".
+func twoJobHosts(t *testing.T) (dir, helperDir string, env []string, h1, h2 *jobHost) {
+	t.Helper()
+	needTool(t, "criu")
+	dir = t.TempDir()
+	env = gpucrEnv(t)
+	helperDir = filepath.Join(dir, "helper")
+	if err := os.MkdirAll(helperDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 = startJobHosts(t, dir, helperDir, env)
+	return dir, helperDir, env, h1, h2
+}
+
 // startPart starts the part of host h under `gpucr run` there: role
 // "server" listens on its link address, "client" connects to peer's.
 func startPart(t *testing.T, dir string, h *jobHost, env []string, role, connectTo string, hbArgs []string) {
@@ -673,14 +688,7 @@ func floodMarks(t *testing.T, path string) (bytes int, done bool) {
 // back; the receiver then reads the whole stream, every byte once and in
 // order, the sender's queued bytes included.
 func TestJobCheckpointFullReceiver(t *testing.T) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	dir, helperDir, env, h1, h2 := twoJobHosts(t)
 	hb := []string{"--mib", "8", "--interval-ms", "20"}
 	startPart(t, dir, h1, env, "stall", h1.linkIP, hb)
 	startPart(t, dir, h2, env, "flood", h1.linkIP, hb)

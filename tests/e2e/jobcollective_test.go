@@ -122,14 +122,7 @@ func TestJobCheckpointHoldsCollectives(t *testing.T) {
 }
 
 func testJobHoldsCollectives(t *testing.T, extra []string) {
-	needTool(t, "criu")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	dir, helperDir, env, h1, h2 := twoJobHosts(t)
 	args := append([]string{"--mib", "4", "--interval-ms", "2", "--hb-every", "5"}, extra...)
 	startNetRank(t, dir, h1, env, 0, h1.linkIP, args)
 	startNetRank(t, dir, h2, env, 1, h1.linkIP, append([]string{"--lag-ms", "150"}, args...))

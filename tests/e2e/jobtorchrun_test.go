@@ -17,15 +17,8 @@ import (
 // with `gpucr job restore`: both ranks go on exactly, every value once and
 // equal to an uninterrupted run's, to their end.
 func TestJobTorchrunTwoNodes(t *testing.T) {
-	needTool(t, "criu")
 	needTool(t, "python3")
-	dir := t.TempDir()
-	env := gpucrEnv(t)
-	helperDir := filepath.Join(dir, "helper")
-	if err := os.MkdirAll(helperDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	h1, h2 := startJobHosts(t, dir, helperDir, env)
+	dir, helperDir, env, h1, h2 := twoJobHosts(t)
 	script := filepath.Join(dir, "rank.py")
 	if err := os.WriteFile(script, []byte(torchrunRank), 0o644); err != nil {
 		t.Fatal(err)
