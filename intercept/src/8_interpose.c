@@ -343,7 +343,7 @@ static bool captured(CUstream stream) {
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_sync_enter(gc_launch_sync(f) && !captured(hStream)))                                            \
+        if (gc_sync_enter(gc_launch_sync(f) && !captured(hStream)))                                                    \
             gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
@@ -361,7 +361,7 @@ LAUNCH(cuLaunchKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_sync_enter(gc_launch_sync(f) && !captured(hStream)))                                            \
+        if (gc_sync_enter(gc_launch_sync(f) && !captured(hStream)))                                                    \
             gc_cow_launch(f, kernelParams, NULL);                                                                      \
         scan(f, kernelParams, NULL);                                                                                   \
         CUresult r = fn(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,     \
@@ -377,7 +377,7 @@ LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        if (gc_sync_enter(gc_launch_sync(f) && !captured(config ? config->hStream : NULL)))                    \
+        if (gc_sync_enter(gc_launch_sync(f) && !captured(config ? config->hStream : NULL)))                            \
             gc_cow_launch(f, kernelParams, extra);                                                                     \
         scan(f, kernelParams, extra);                                                                                  \
         CUresult r = fn(config, f, kernelParams, extra);                                                               \
@@ -392,7 +392,7 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
  * launches into a capturing stream above count there, not as they are made. */
 
 #define GRAPH_LAUNCH(name)                                                                                             \
-    GC_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream) {                                               \
+    GC_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream) {                                                \
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
@@ -417,7 +417,7 @@ GC_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph
 }
 
 #define INSTANTIATE_PARAMS(name)                                                                                       \
-    GC_EXPORT CUresult name(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {       \
+    GC_EXPORT CUresult name(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {         \
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \

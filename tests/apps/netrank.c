@@ -141,9 +141,9 @@ typedef struct {
     unsigned char *out, *in; /* the boxes */
     int fd;                  /* the connection to the peer */
     unsigned lag_ms;
-    int graph;         /* --graph: the step captured into a CUDA graph, launched each iteration */
-    CUgraphExec exec;  /* that graph */
-    uint32_t *iter;    /* pinned: the iteration, which the kernel reads */
+    int graph;        /* --graph: the step captured into a CUDA graph, launched each iteration */
+    CUgraphExec exec; /* that graph */
+    uint32_t *iter;   /* pinned: the iteration, which the kernel reads */
 } netrank;
 
 static _Atomic uint32_t *flag(unsigned char *box) { return (_Atomic uint32_t *)(void *)box; }
@@ -272,7 +272,8 @@ int main(int argc, char **argv) {
             rest[nrest++] = argv[i];
     }
     if ((rank != 0 && rank != 1) || !addr || port <= 0 || r.xwords == 0) {
-        fprintf(stderr, "usage: netrank --rank 0|1 --addr A --port P [--lag-ms L] [--xwords X] [--graph] [gpuapp options]\n");
+        fprintf(stderr,
+                "usage: netrank --rank 0|1 --addr A --port P [--lag-ms L] [--xwords X] [--graph] [gpuapp options]\n");
         return 2;
     }
     gpuapp_parse(&r.a, "netrank", GPUAPP_OPT_MIB, 4, 1, nrest, rest);
