@@ -154,9 +154,9 @@ func chooseGhostLimit(root proc.Pid, ghosts []ghostFile, c *CRIU) (*AutoOption, 
 		return nil, fmt.Errorf("checkpoint of %d refused before anything was stopped: its tree holds files whose last name was unlinked, "+
 			"which CRIU copies whole into the image, and one is larger than the %s gpucr copies unasked: %s. Pass "+
 			"--criu-opt 'ghost-limit %dM' to copy them, or let the process close or unmap them before the checkpoint",
-			root, mib(maxAutoGhost), namedList(names), (largest+(1<<20)-1)>>20)
+			root, mib(maxAutoGhost), namedList(names), wholeMiB(largest))
 	}
-	c.GhostLimit = uint32((largest + (1 << 20) - 1) &^ ((1 << 20) - 1))
+	c.GhostLimit = uint32(wholeMiB(largest) << 20)
 	return &AutoOption{Option: fmt.Sprintf("--ghost-limit %dM", c.GhostLimit>>20),
 		Why: "files open or mapped after their last name was unlinked (NCCL's shared buffers in /dev/shm, say), " +
 			"which CRIU copies into the image, larger than its own limit of 1 MiB: " + namedList(names)}, nil
@@ -164,6 +164,9 @@ func chooseGhostLimit(root proc.Pid, ghosts []ghostFile, c *CRIU) (*AutoOption, 
 
 // mib is a size for a message: "32.6 MiB".
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// wholeMiB is b in MiB, rounded up: a limit that holds b.
+func wholeMiB(b int64) int64 { return (b + (1 << 20) - 1) >> 20 }
 
 // namedList joins names for a message, at most maxNamed of them.
 func namedList(names []string) string {

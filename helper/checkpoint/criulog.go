@@ -244,7 +244,7 @@ var criuHints = []criuHint{
 		}
 		n, _ := strconv.ParseInt(m[2], 10, 64)
 		return fmt.Sprintf("a process has %s open or mapped after its last name was unlinked, and CRIU copies such a file "+
-			"into the image only up to its ghost limit; this one takes %s: pass --criu-opt 'ghost-limit %dM'", m[1], mib(n), (n+(1<<20)-1)>>20)
+			"into the image only up to its ghost limit; this one takes %s: pass --criu-opt 'ghost-limit %dM'", m[1], mib(n), wholeMiB(n))
 	}, namesTask: true},
 	{re: regexp.MustCompile(`Can't create link remap for (\S+?)\.? Use link-remap option`), hint: func(m []string) string {
 		return fmt.Sprintf("a process has %s open or mapped after it was unlinked (a POSIX semaphore of Python's "+

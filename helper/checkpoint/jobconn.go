@@ -151,9 +151,7 @@ func waitDrained(ctx context.Context, pid proc.Pid, conns []JobConn, timeout tim
 				return nil, fmt.Errorf("the job's connection %s is no longer established (state %d)", c, q.state)
 			case q.tx > 0:
 				if diag < 0 {
-					if diag, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG); err != nil {
-						diag = -1
-					}
+					diag, _ = sockDiagSocket() // none: the connection counts as in flight
 				}
 				if diag >= 0 {
 					if ti, err := tcpInfoOf(diag, q.conn); err == nil && ti.windowFull() {
@@ -187,9 +185,9 @@ func endJobConns(pid proc.Pid, conns []JobConn) error {
 	if err != nil {
 		return err
 	}
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	fd, err := sockDiagSocket()
 	if err != nil {
-		return fmt.Errorf("sock_diag netlink socket: %w", err)
+		return err
 	}
 	defer unix.Close(fd)
 	var errs []error

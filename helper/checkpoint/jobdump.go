@@ -307,23 +307,21 @@ func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev 
 		return nil, j.abort(res, "drain", err)
 	}
 	ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("drained in %.3f s; every part dumps", time.Since(frozen).Seconds())})
-	// a connection whose receiver's buffer was full is dumped with its
-	// unsent bytes, which the restored sender sends on: said, per part
-	unsent := make([][]JobConn, len(drained))
+	// the job's record, each part with its connections dumped with unsent
+	// bytes (a receiver's buffer was full), which the restored sender
+	// sends on: said, per part, and refused where no restore could order
+	// the parts (jobunsent.go)
+	rec := JobRecord{ID: res.ID}
 	fullNotes := make([][]string, len(drained))
-	for i, m := range drained {
-		unsent[i] = m.Unsent
-		for _, c := range m.Unsent {
+	for i, p := range res.Parts {
+		rec.Parts = append(rec.Parts, JobRecordPart{Host: p.Host, Pid: p.Pid, Dir: p.Dir, Conns: p.Conns, Unsent: drained[i].Unsent})
+		for _, c := range drained[i].Unsent {
 			n := fmt.Sprintf("%s, dumped with bytes never sent in its queue: its receiver's buffer was full, its window closed", c)
 			fullNotes[i] = append(fullNotes[i], n)
-			ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%s: the job's connection %s", res.Parts[i].Host, n)})
+			ev.emit(Event{Kind: Phase, Text: fmt.Sprintf("%s: the job's connection %s", p.Host, n)})
 		}
 	}
-	hosts := make([]string, len(res.Parts))
-	for i, p := range res.Parts {
-		hosts[i] = p.Host
-	}
-	if err := restorableOrder(hosts, conns, unsent); err != nil {
+	if err := restorableOrder(rec.Parts); err != nil {
 		return nil, j.abort(res, "drain", err)
 	}
 	dumped, err := j.all(func(int) jobMsg { return jobMsg{Op: opGo} }, evDumped)
@@ -337,13 +335,6 @@ func (j *jobRun) checkpointOnce(ctx context.Context, o JobCheckpointOptions, ev 
 	// commit: the images are complete everywhere; from here on no part
 	// goes back (a commit that fails on a host is reported, the images
 	// stand).
-	rec := JobRecord{ID: res.ID}
-	for _, p := range res.Parts {
-		rec.Parts = append(rec.Parts, JobRecordPart{Host: p.Host, Pid: p.Pid, Dir: p.Dir, Conns: p.Conns})
-	}
-	for i := range rec.Parts {
-		rec.Parts[i].Unsent = unsent[i]
-	}
 	done, err := j.all(func(i int) jobMsg {
 		r := rec
 		r.Part = i

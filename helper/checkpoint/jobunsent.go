@@ -13,22 +13,21 @@ import "fmt"
 // sends so too.
 
 // restorableOrder says whether a restore can make every receiver of an
-// unsent queue before its sender: conns are each part's job connections,
-// unsent those of them dumped with unsent bytes. hosts name the parts.
-func restorableOrder(hosts []string, conns, unsent [][]JobConn) error {
-	for i, us := range unsent {
-		for _, c := range us {
-			for k := range conns {
-				if k == i || len(unsent[k]) == 0 {
-					continue
-				}
-				for _, kc := range conns[k] {
-					if kc == c.Peer() {
-						return fmt.Errorf("%s's connection %s holds bytes never sent, which its receiver's full buffer keeps, and the receiver's part "+
-							"(%s) holds some too: a restore must make each such receiver before its sender, which no order does; nothing was "+
-							"dumped. Checkpoint when the stream pauses, or with the receivers reading", hosts[i], c, hosts[k])
-					}
-				}
+// unsent queue before its sender: parts are the job's, each with its
+// connections to other parts and those of them dumped with unsent bytes.
+func restorableOrder(parts []JobRecordPart) error {
+	holder := map[JobConn]int{} // a connection's end -> the part that holds it
+	for k, p := range parts {
+		for _, c := range p.Conns {
+			holder[c] = k
+		}
+	}
+	for i, p := range parts {
+		for _, c := range p.Unsent {
+			if k, ok := holder[c.Peer()]; ok && k != i && len(parts[k].Unsent) > 0 {
+				return fmt.Errorf("%s's connection %s holds bytes never sent, which its receiver's full buffer keeps, and the receiver's part "+
+					"(%s) holds some too: a restore must make each such receiver before its sender, which no order does; nothing was "+
+					"dumped. Checkpoint when the stream pauses, or with the receivers reading", p.Host, c, parts[k].Host)
 			}
 		}
 	}

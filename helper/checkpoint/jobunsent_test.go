@@ -14,19 +14,25 @@ import (
 func TestRestorableOrder(t *testing.T) {
 	ab := JobConn{Local: "10.0.0.1:29500", Remote: "10.0.0.2:40000"}
 	bc := JobConn{Local: "10.0.0.2:41000", Remote: "10.0.0.3:29600"}
-	hosts := []string{"a", "b", "c"}
-	conns := [][]JobConn{{ab}, {ab.Peer(), bc}, {bc.Peer()}}
-	if err := restorableOrder(hosts, conns, [][]JobConn{nil, {ab.Peer()}, nil}); err != nil {
+	// parts a, b, c; unsent lists each one's connections dumped with unsent bytes
+	parts := func(unsent ...[]JobConn) []JobRecordPart {
+		ps := []JobRecordPart{{Host: "a", Conns: []JobConn{ab}}, {Host: "b", Conns: []JobConn{ab.Peer(), bc}}, {Host: "c", Conns: []JobConn{bc.Peer()}}}
+		for i := range ps {
+			ps[i].Unsent = unsent[i]
+		}
+		return ps
+	}
+	if err := restorableOrder(parts(nil, []JobConn{ab.Peer()}, nil)); err != nil {
 		t.Errorf("b sends unsent bytes to a: %v", err)
 	}
-	err := restorableOrder(hosts, conns, [][]JobConn{{ab}, {ab.Peer()}, nil})
+	err := restorableOrder(parts([]JobConn{ab}, []JobConn{ab.Peer()}, nil))
 	if err == nil || !strings.Contains(err.Error(), "a's connection") || !strings.Contains(err.Error(), "(b)") {
 		t.Errorf("unsent both ways between a and b: %v", err)
 	}
-	if err := restorableOrder(hosts, conns, [][]JobConn{nil, {bc}, {bc.Peer()}}); err == nil {
+	if err := restorableOrder(parts(nil, []JobConn{bc}, []JobConn{bc.Peer()})); err == nil {
 		t.Errorf("unsent both ways between b and c: no error")
 	}
-	if err := restorableOrder(hosts, conns, [][]JobConn{{ab}, {bc}, nil}); err == nil {
+	if err := restorableOrder(parts([]JobConn{ab}, []JobConn{bc}, nil)); err == nil {
 		t.Errorf("a sends to b, which sends to c: no error")
 	}
 	rec := func(part int, unsent []JobConn) *JobRecord {

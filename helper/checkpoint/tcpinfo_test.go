@@ -43,7 +43,7 @@ func TestTCPInfoWindowFull(t *testing.T) {
 			}
 		}
 	}()
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	fd, err := sockDiagSocket()
 	if err != nil {
 		t.Fatal(err)
 	}

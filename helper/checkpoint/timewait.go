@@ -103,9 +103,9 @@ func endTimeWaits(conns []tcpConn) (int, error) {
 	if len(conns) == 0 {
 		return 0, nil
 	}
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	fd, err := sockDiagSocket()
 	if err != nil {
-		return 0, fmt.Errorf("sock_diag netlink socket: %w", err)
+		return 0, err
 	}
 	defer unix.Close(fd)
 	ended := 0
@@ -116,6 +116,16 @@ func endTimeWaits(conns []tcpConn) (int, error) {
 		ended++
 	}
 	return ended, nil
+}
+
+// sockDiagSocket opens a netlink socket to the kernel's sock_diag, in the
+// caller's network namespace.
+func sockDiagSocket() (int, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return -1, fmt.Errorf("sock_diag netlink socket: %w", err)
+	}
+	return fd, nil
 }
 
 // sockDiagCall sends req on the sock_diag socket fd and reads the kernel's

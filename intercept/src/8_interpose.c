@@ -406,28 +406,20 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 GRAPH_LAUNCH(cuGraphLaunch)
 GRAPH_LAUNCH(cuGraphLaunch_ptsz)
 
-GC_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
-    __typeof__(&cuGraphInstantiateWithFlags) fn = GC_REAL(cuGraphInstantiateWithFlags);
-    if (!fn)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult r = fn(phGraphExec, hGraph, flags);
-    if (r == CUDA_SUCCESS && phGraphExec)
-        gc_sync_instantiated(*phGraphExec, hGraph);
-    return r;
-}
-
-#define INSTANTIATE_PARAMS(name)                                                                                       \
-    GC_EXPORT CUresult name(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params) {         \
+/* An executable graph counts what its graph counted. */
+#define INSTANTIATE(name, T3, p3)                                                                                      \
+    GC_EXPORT CUresult name(CUgraphExec *phGraphExec, CUgraph hGraph, T3 p3) {                                         \
         __typeof__(&name) fn = GC_REAL(name);                                                                          \
         if (!fn)                                                                                                       \
             return CUDA_ERROR_NOT_SUPPORTED;                                                                           \
-        CUresult r = fn(phGraphExec, hGraph, params);                                                                  \
+        CUresult r = fn(phGraphExec, hGraph, p3);                                                                      \
         if (r == CUDA_SUCCESS && phGraphExec)                                                                          \
             gc_sync_instantiated(*phGraphExec, hGraph);                                                                \
         return r;                                                                                                      \
     }
-INSTANTIATE_PARAMS(cuGraphInstantiateWithParams)
-INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
+INSTANTIATE(cuGraphInstantiateWithFlags, unsigned long long, flags)
+INSTANTIATE(cuGraphInstantiateWithParams, CUDA_GRAPH_INSTANTIATE_PARAMS *, params)
+INSTANTIATE(cuGraphInstantiateWithParams_ptsz, CUDA_GRAPH_INSTANTIATE_PARAMS *, params)
 
 GC_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
     __typeof__(&cuGraphExecDestroy) fn = GC_REAL(cuGraphExecDestroy);

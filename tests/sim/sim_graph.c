@@ -113,14 +113,10 @@ SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStat
     if (!captureStatus_out)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
-    sim_graph *g = NULL;
-    if (hStream != NULL && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD) {
-        sim_stream *s = (sim_stream *)hStream;
-        if (!sim_handle_is(s, SIM_H_STREAM) || s->dying || s->ctx != c.ctx)
-            r = CUDA_ERROR_INVALID_HANDLE;
-        else
-            g = s->capture;
-    }
+    sim_stream *s = NULL; /* the legacy and per-thread streams never capture */
+    if (hStream != NULL && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD)
+        r = capture_stream_locked(c.ctx, hStream, &s);
+    sim_graph *g = s ? s->capture : NULL;
     if (r == CUDA_SUCCESS) {
         *captureStatus_out = g ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
         if (g && id_out)
