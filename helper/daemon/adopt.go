@@ -242,7 +242,7 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 		_ = im.Close()
 		return errors.New(e.Message)
 	}
-	s.trackPlan(plan)
+	s.reg.trackPlan(plan)
 	release()
 	defer s.dropUnrestored([]*restorePlan{plan})
 	s.runLoad(plan)
@@ -251,14 +251,18 @@ func (s *Server) adopt(st detachState, p *proc.Process) error {
 		return fmt.Errorf("loading its GPU image failed: %w", plan.load.err)
 	}
 	handed = true
-	if err := s.parkRestored(cl, p); err != nil {
-		s.release(cl)
+	stale, err := s.reg.parkRestored(cl, p)
+	if stale != nil {
+		s.reap(stale, "its pid names another process now")
+	}
+	if err != nil {
+		s.mem.release(cl)
 		return err
 	}
 	if err := cl.arm(func() { s.giveBack(cl, true, nil, nil) }); err != nil {
 		return err
 	}
-	if err := s.wake(st.Pid); err != nil {
+	if err := s.wakes.create(st.Pid, ""); err != nil {
 		return err
 	}
 	if fromPart {

@@ -123,12 +123,12 @@ func (b *background) finish(err error) {
 	}
 }
 
-// settleImage ends the writing of w once its background copies have ended:
+// settle ends the writing of w once its background copies have ended:
 // commits it (an error of a copy aborts it instead), or, with abort, drops
 // it at once (the copies still running then fail fast and end). The
 // transfers of the copies finish with the outcome.
-func (s *Server) settleImage(w *image.Writer, abort bool) error {
-	b := s.bg.take(w)
+func (bs *backgrounds) settle(w *image.Writer, abort bool, salvage *salvages) error {
+	b := bs.take(w)
 	if abort {
 		err := w.Abort()
 		if b != nil {
@@ -146,7 +146,7 @@ func (s *Server) settleImage(w *image.Writer, abort bool) error {
 	case err == nil:
 		err = w.Commit()
 	case isChangedWindow(err):
-		s.salvage.keep(w) // for the checkpoint taken again
+		salvage.keep(w) // for the checkpoint taken again
 	default:
 		_ = w.Abort()
 	}
@@ -164,7 +164,7 @@ func (s *Server) commitLater(w *image.Writer) {
 	go func() {
 		defer s.wg.Done()
 		t := time.Now()
-		if err := s.settleImage(w, false); err != nil {
+		if err := s.bg.settle(w, false, s.salvage); err != nil {
 			s.log.Error("the GPU image of a concurrent checkpoint could not be completed; it is dropped",
 				zap.String("image", w.Dir()), zap.Error(err))
 			return

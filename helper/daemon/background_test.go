@@ -20,6 +20,7 @@ import (
 func bgServer(t *testing.T) *Server {
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	s := &Server{log: log, stopping: make(chan struct{}), pool: newPool(PoolConfig{}, log)}
+	s.mem = &allocator{log: log, pool: s.pool, residents: &s.residents, snaps: &s.snaps, stopping: s.stopping}
 	t.Cleanup(func() { close(s.stopping); s.wg.Wait() })
 	return s
 }
@@ -109,7 +110,7 @@ func TestBackgroundAbortDoesNotWait(t *testing.T) {
 		return writeOne(w)
 	})
 	t0 := time.Now()
-	if err := s.settleImage(w, true); err != nil {
+	if err := s.bg.settle(w, true, s.salvage); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(t0); d > 2*time.Second {
@@ -129,7 +130,7 @@ func TestBackgroundFailureDropsTheImage(t *testing.T) {
 	tr := s.transfers.begin(w.Dir(), true, 1<<20, []int64{4242})
 	full := errors.New("the image directory is full")
 	s.bg.of(w).add(tr, func() error { return full })
-	if err := s.settleImage(w, false); !errors.Is(err, full) {
+	if err := s.bg.settle(w, false, s.salvage); !errors.Is(err, full) {
 		t.Fatalf("commit after a failed copy: %v", err)
 	}
 	if p := tr.proto(); !p.Finished || p.Error != full.Error() || committed(dir) {
@@ -158,7 +159,7 @@ func TestBackgroundCopiesRunInOrder(t *testing.T) {
 	if len(order) != 2 || order[0] != 1 || order[1] != 2 {
 		t.Errorf("order %v, want [1 2]", order)
 	}
-	_ = s.settleImage(w, true)
+	_ = s.bg.settle(w, true, s.salvage)
 }
 
 // An allocation that finds the device full while a concurrent checkpoint's
@@ -183,7 +184,7 @@ func TestAllocationWaitsForSnapshot(t *testing.T) {
 		unhold()
 	}()
 	t0 := time.Now()
-	h2, err := s.create(dev, 16<<20, 0) // 32 MiB used, 32 MiB by the snapshot: full
+	h2, err := s.mem.create(dev, 16<<20, 0) // 32 MiB used, 32 MiB by the snapshot: full
 	if err != nil {
 		t.Fatalf("allocation while the snapshot was held: %v", err)
 	}
@@ -198,7 +199,7 @@ func TestAllocationWaitsForSnapshot(t *testing.T) {
 	}
 	defer dev.Release(big)
 	t0 = time.Now()
-	if _, err := s.create(dev, 16<<20, 0); !isOOM(err) || time.Since(t0) > time.Second {
+	if _, err := s.mem.create(dev, 16<<20, 0); !isOOM(err) || time.Since(t0) > time.Second {
 		t.Errorf("a full device without snapshots: %v after %v", err, time.Since(t0))
 	}
 	_ = dev.Release(h)

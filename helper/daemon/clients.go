@@ -8,8 +8,6 @@ package daemon
 import (
 	"errors"
 	"fmt"
-	"math"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,7 +67,7 @@ type client struct {
 
 	// stoppedAfterDump: a dump left its process stopped (a migration's
 	// source); it gets its GPU back once it is continued (stopped.go).
-	// Guarded by the server's mu.
+	// Guarded by the registry's mu.
 	stoppedAfterDump bool
 
 	// stopReport is the copy record of the checkpoint that stopped it
@@ -156,7 +154,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 	var cl *client
 	if h.ClientToken != 0 {
 		// A detached or restored process coming back.
-		if cl = s.reattach(p, h.ClientToken); cl == nil {
+		if cl = s.reg.reattach(p, h.ClientToken); cl == nil {
 			p.Close()
 			_ = c.send(errResp(helloID, helperpb.ErrorCode_ERROR_NOT_FOUND,
 				"no detached or restored process with pid %d and this token", c.cred.Pid), nil)
@@ -170,7 +168,9 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			stallReattach(c, cl)
 		}
 	} else {
-		cl = s.register(p, c.cred.Uid, c.cred.Gid, program)
+		cl = newClient(s.log, p, c.cred.Uid, c.cred.Gid, program)
+		s.reg.connect(cl)
+		cl.log.Info("client registered", zap.String("held_by", p.HeldBy()))
 	}
 	c.log = cl.log
 	cl.mu.Lock()
@@ -185,7 +185,7 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		}
 		cl.mu.Unlock()
 	}()
-	defer s.dropClient(cl)
+	defer s.mem.dropClient(cl)
 	go cl.watchProcess(served)
 	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
 		ProtocolVersion: wire.Version, ClientToken: cl.token, HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices)}}}, nil); err != nil {
@@ -200,15 +200,15 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		var fd = -1
 		switch b := req.Body.(type) {
 		case *helperpb.Request_Alloc:
-			resp, fd = s.alloc(cl, req.Id, b.Alloc)
+			resp, fd = s.mem.alloc(cl, req.Id, b.Alloc)
 		case *helperpb.Request_Mapped:
-			resp = s.mapped(cl, req.Id, b.Mapped)
+			resp = s.mem.mapped(cl, req.Id, b.Mapped)
 		case *helperpb.Request_Free:
-			resp = s.free(cl, req.Id, b.Free)
+			resp = s.mem.free(cl, req.Id, b.Free)
 		case *helperpb.Request_Export:
-			resp, fd = s.export(cl, req.Id, b.Export)
+			resp, fd = s.mem.export(cl, req.Id, b.Export)
 		case *helperpb.Request_ImportPeer:
-			resp = s.importPeer(c, cl, req.Id)
+			resp = s.mem.importPeer(c, cl, req.Id)
 		case *helperpb.Request_SaveFirst:
 			resp = cl.saveFirst(req.Id, b.SaveFirst)
 		case *helperpb.Request_LoadFirst:
@@ -232,161 +232,6 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 			return
 		}
 	}
-}
-
-func (s *Server) alloc(cl *client, id uint64, a *helperpb.Alloc) (*helperpb.Response, int) {
-	dev := deviceByUUID(s.cfg.Devices, a.DeviceUuid)
-	if dev == nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %q", a.DeviceUuid), -1
-	}
-	info := dev.Info()
-	g := info.Granularity
-	if g == 0 {
-		g = 1
-	}
-	if a.Size == 0 || a.Size > math.MaxUint64-g {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "bad allocation size %d", a.Size), -1
-	}
-	size := (a.Size + g - 1) / g * g
-	if info.TotalMemory != 0 && size > info.TotalMemory {
-		return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%d bytes requested; device %s has %d",
-			size, info.Uuid, info.TotalMemory), -1
-	}
-	unreserve, refused := s.reserveGPU(cl, id, size)
-	if refused != nil {
-		return refused, -1
-	}
-	defer unreserve() // once cl.bytes counts it, or it failed
-	var flags image.AllocFlags
-	if a.GpuDirectRdma {
-		flags |= image.AllocFlagGPUDirectRDMA
-	}
-	if a.HostNuma {
-		flags = image.AllocFlagHostNUMA // pinned host memory, on the device's host node
-	}
-	t0 := time.Now()
-	key := poolKey{dev: dev, size: size, flags: flags}
-	h, fd, pooled := s.pool.take(key)
-	var tCreate, tExport time.Duration
-	if !pooled {
-		var err error
-		h, err = s.create(dev, size, flags)
-		tCreate = time.Since(t0)
-		if err != nil {
-			if isOOM(err) {
-				return errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err), -1
-			}
-			cl.log.Warn("allocation failed", zap.Uint64("size", size), zap.Error(err))
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
-		}
-		t1 := time.Now()
-		fd, err = dev.Export(h)
-		tExport = time.Since(t1)
-		if err != nil {
-			if rerr := dev.Release(h); rerr != nil {
-				cl.log.Warn("release after failed export", zap.Error(rerr))
-			}
-			cl.log.Warn("export failed", zap.Error(err))
-			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
-		}
-	}
-	al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: size, dev: dev, kind: a.Kind, flags: flags, address: a.Address}
-	cl.mu.Lock()
-	cl.allocs[al.id] = al
-	cl.bytes += size
-	cl.mu.Unlock()
-	s.mu.Lock()
-	s.reg.own(al.id, cl)
-	s.mu.Unlock()
-	cl.log.Debug("alloc", zap.Uint64("alloc_id", al.id), zap.Uint64("size", size), zap.String("device", info.Uuid),
-		zap.Stringer("kind", a.Kind), zap.Bool("pooled", pooled), zap.Duration("create", tCreate), zap.Duration("export", tExport))
-	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: al.id, Size: size}}}, fd
-}
-
-// ownAlloc finds id among cl's allocations; the error response says whether
-// it is someone else's or nobody's. Called with cl.mu held.
-func (s *Server) ownAlloc(cl *client, reqID, id uint64) (*alloc, *helperpb.Response) {
-	if al := cl.allocs[id]; al != nil {
-		return al, nil
-	}
-	s.mu.Lock()
-	other := s.reg.ownerOf(id)
-	s.mu.Unlock()
-	if other != nil {
-		cl.log.Warn("client named another client's allocation", zap.Uint64("alloc_id", id), pidField("owner_pid", other.pid))
-		return nil, errResp(reqID, helperpb.ErrorCode_ERROR_PERMISSION, "allocation %d is not yours", id)
-	}
-	return nil, errResp(reqID, helperpb.ErrorCode_ERROR_NOT_FOUND, "no allocation %d", id)
-}
-
-func (s *Server) mapped(cl *client, id uint64, m *helperpb.Mapped) *helperpb.Response {
-	if s.mappedImport(cl, m.AllocId, m.Address) {
-		return okResp(id)
-	}
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	al, er := s.ownAlloc(cl, id, m.AllocId)
-	if er != nil {
-		return er
-	}
-	al.address = m.Address
-	return okResp(id)
-}
-
-// export hands the client an fd of one of its allocations: the
-// application exports memory the helper serves (NCCL shares its buffers with
-// its peer ranks this way), and the driver refuses to export what the
-// application holds, an import. Every Export of an allocation hands out the
-// same open file, which the helper keeps (exports.go).
-func (s *Server) export(cl *client, id uint64, e *helperpb.Export) (*helperpb.Response, int) {
-	cl.mu.Lock()
-	al, er := s.ownAlloc(cl, id, e.AllocId)
-	uid := cl.uid
-	cl.mu.Unlock()
-	if er != nil {
-		return er, -1
-	}
-	fd, err := s.exports.fdOf(al.id, uid, s.cfg.Limits.exportLimit(uid), func() (int, error) { return al.dev.Export(al.handle) })
-	switch {
-	case errors.Is(err, errExportLimit):
-		cl.log.Info("export refused: exported allocations limit", zap.Uint64("alloc_id", al.id), zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "%v", err), -1
-	case err != nil:
-		cl.log.Warn("export failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err), -1
-	}
-	return okResp(id), fd
-}
-
-func (s *Server) free(cl *client, id uint64, f *helperpb.Free) *helperpb.Response {
-	if s.endImport(cl, f.AllocId) {
-		return okResp(id)
-	}
-	cl.mu.Lock()
-	al, er := s.ownAlloc(cl, id, f.AllocId)
-	if er != nil {
-		cl.mu.Unlock()
-		return er
-	}
-	delete(cl.allocs, al.id)
-	cl.bytes -= al.size
-	g := cl.guard
-	cl.mu.Unlock()
-	if g != nil && al.address != 0 {
-		// A free is a write: a copy-on-write window saves the memory first.
-		_ = g.Save(int(cl.pid), []engine.AddrRange{{Addr: al.address, Size: al.size}})
-	}
-	if s.handOver(cl, al) {
-		return okResp(id)
-	}
-	s.mu.Lock()
-	s.reg.disown(al.id)
-	s.mu.Unlock()
-	if err := al.dev.Release(al.handle); err != nil {
-		cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "%v", err)
-	}
-	return okResp(id)
 }
 
 // stallReattach is the injected fault "stall-reattach", for the tests of a
@@ -486,96 +331,6 @@ func (cl *client) onLive(f func(pid int) error) error {
 // closeProc lets a client's process go once the client is gone.
 func (cl *client) closeProc() { cl.process().Close() }
 
-// dropClient forgets a client whose calls connection closed and releases
-// every allocation it had; one detaching for a dump is parked instead.
-func (s *Server) dropClient(cl *client) {
-	if s.callsClosed(cl) {
-		return // the client closes its control connection itself
-	}
-	// The client leaves the status list only after its memory is released,
-	// so that whoever sees it gone also sees the memory back.
-	defer s.unregister(cl)
-	defer cl.closeProc()
-	cl.mu.Lock()
-	ctrl := cl.ctrl
-	cl.mu.Unlock()
-	if ctrl != nil {
-		ctrl.conn.Close()
-	}
-	n, bytes, failed := s.freeAllocs(cl)
-	cl.log.Info("client gone; its allocations released", zap.Int("allocations", n),
-		zap.Uint64("bytes", bytes), zap.Int("release_failures", failed))
-	// A restored process that goes before it has its GPU memory back (it
-	// crashed or was killed while reattaching) fails its restore now: the
-	// one waiting for the restore learns it at once, not at its deadline.
-	if out := cl.takeOutcomes(); out != nil {
-		cl.mu.Lock()
-		pid := cl.pid
-		cl.mu.Unlock()
-		cl.log.Error("restored process went before it got its GPU memory back")
-		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED,
-			"it exited or was killed before it got its GPU memory back (its connection to the helper closed); "+
-				"its own output and the kernel log (a crash) say why")
-	}
-}
-
-// release gives back every allocation of a client that waited for its
-// process (released): it is gone for good. A client its state does not let
-// go (a connected one) keeps its memory; the refusal is logged.
-func (s *Server) release(cl *client) {
-	if cl.fire(evReleased) != nil {
-		return
-	}
-	s.states.drop(cl.pid)
-	s.freeAllocs(cl)
-	cl.closeProc()
-}
-
-// freeAllocs releases every allocation of cl: n of them, of bytes in all,
-// failed of which the driver refused (logged).
-func (s *Server) freeAllocs(cl *client) (n int, bytes uint64, failed int) {
-	cl.mu.Lock()
-	allocs := cl.allocs
-	cl.allocs = map[uint64]*alloc{}
-	bytes = cl.bytes
-	cl.bytes = 0
-	g := cl.guard
-	d := cl.demand
-	cl.mu.Unlock()
-	if d != nil {
-		// Its on-demand load may still write into this memory: its part
-		// is stopped and waited for (the chunks on their way).
-		select {
-		case <-d.l.Done():
-		default:
-			d.out.fail(cl, "it ended before its GPU data was all loaded")
-		}
-		d.l.Abandon(d.mine)
-	}
-	if g != nil {
-		// A process that goes (killed after a dump, or exited) while a
-		// copy-on-write window holds its memory: the window saves it
-		// first.
-		_ = g.Save(int(cl.pid), []engine.AddrRange{{Addr: 0, Size: ^uint64(0)}})
-	}
-	s.mu.Lock()
-	s.reg.sh.dropImporter(cl)
-	s.mu.Unlock()
-	for _, al := range allocs {
-		if s.handOver(cl, al) {
-			continue
-		}
-		s.mu.Lock()
-		s.reg.disown(al.id)
-		s.mu.Unlock()
-		if err := al.dev.Release(al.handle); err != nil {
-			failed++
-			cl.log.Warn("release failed", zap.Uint64("alloc_id", al.id), zap.Error(err))
-		}
-	}
-	return len(allocs), bytes, failed
-}
-
 // hangUp closes the helper's side of a detached client's connections. The
 // client closes its own side when it detaches, but a process it forked may
 // still hold copies of those sockets (the interposer drops them in forked
@@ -591,42 +346,4 @@ func (cl *client) hangUp() {
 	if ctl != nil {
 		ctl.conn.UnixConn().Close()
 	}
-}
-
-// reimportEntries: the client's mapped allocations in id order, with a new
-// fd each (the caller closes them). Allocations never mapped are skipped.
-func (s *Server) reimportEntries(cl *client) ([]*helperpb.ReimportEntry, []int, error) {
-	cl.mu.Lock()
-	var list []*alloc
-	for _, al := range cl.allocs {
-		if al.address != 0 {
-			list = append(list, al)
-		}
-	}
-	cl.mu.Unlock()
-	sort.Slice(list, func(i, j int) bool { return list[i].id < list[j].id })
-	var ents []*helperpb.ReimportEntry
-	var fds []int
-	add := func(al *alloc, addr uint64) error {
-		fd, err := al.dev.Export(al.handle)
-		if err != nil {
-			wire.CloseFDs(fds)
-			return fmt.Errorf("allocation %d: %w", al.id, err)
-		}
-		ents = append(ents, &helperpb.ReimportEntry{AllocId: al.id, Address: addr, Size: al.size})
-		fds = append(fds, fd)
-		return nil
-	}
-	for _, al := range list {
-		if err := add(al, al.address); err != nil {
-			return nil, nil, err
-		}
-	}
-	// Then its peers' memory it maps (an NCCL rank's imports).
-	for _, e := range s.importEntries(cl) {
-		if err := add(e.al, e.address); err != nil {
-			return nil, nil, err
-		}
-	}
-	return ents, fds, nil
 }

@@ -95,7 +95,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_UnloadResident:
 			resp = s.residents.unload(s.log, c, req.Id, b.UnloadResident, c.takeFD())
 		case *helperpb.Request_AwaitLoad:
-			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return s.awaitLoad(req.Id, plans) })
+			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return awaitLoad(s.log, req.Id, plans) })
 		case *helperpb.Request_Restored:
 			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return s.restored(req.Id, b.Restored, plans) })
 		default:
@@ -112,10 +112,8 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 // what it would do) names, if the caller may control it: root, or the
 // client's own uid. Else the answer that refuses the request (a refusal for
 // permission is logged, with fields).
-func (s *Server) controlledClient(c *conn, id uint64, pid int64, verb string, fields ...zap.Field) (*client, *helperpb.Response) {
-	s.mu.Lock()
-	cl := s.reg.connectedAs(proc.Pid(pid))
-	s.mu.Unlock()
+func (r *registry) controlledClient(c *conn, id uint64, pid int64, verb string, fields ...zap.Field) (*client, *helperpb.Response) {
+	cl := r.connectedAs(proc.Pid(pid))
 	if cl == nil || int64(cl.pid) != pid {
 		return nil, errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no client with pid %d (not running under gpucr, or not using the GPU)", pid)
 	}
@@ -151,7 +149,7 @@ func mayAct(caller uint32, cl *client) error {
 // clientOp forwards one control command to a client; only root or the
 // client's own uid may.
 func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp, holds *connHolds) *helperpb.Response {
-	cl, refused := s.controlledClient(c, id, op.Pid, "control", zap.Stringer("op", op.Op))
+	cl, refused := s.reg.controlledClient(c, id, op.Pid, "control", zap.Stringer("op", op.Op))
 	if refused != nil {
 		return refused
 	}
@@ -199,7 +197,7 @@ func (s *Server) clientOp(c *conn, id uint64, op *helperpb.ClientOp, holds *conn
 	err := cl.withControl(wait, func(ctl *control) error {
 		if op.Op == helperpb.ClientOp_OP_REIMPORT {
 			var err error
-			if failed, err = s.reimport(cl, ctl, wait); err == nil && failed == nil {
+			if failed, err = s.mem.reimport(cl, ctl, wait); err == nil && failed == nil {
 				_ = cl.fire(ev) // an illegal transition is logged
 			}
 			return err

@@ -55,9 +55,7 @@ func (ctl *control) answered() {
 }
 
 func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
-	s.mu.Lock()
 	cl := s.reg.withToken(h.ClientToken)
-	s.mu.Unlock()
 	// The client's own process, not one that took its pid since.
 	if cl == nil || cl.pid != proc.Pid(c.cred.Pid) || !proc.Same(cl.process(), c.peer) {
 		c.log.Warn("control connection with an unknown token or from another process")

@@ -28,12 +28,7 @@ const reattachTimeout = 60 * time.Second
 // nothing else.
 func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response {
 	pid := proc.Pid(req.Pid)
-	s.mu.Lock()
-	cl := s.reg.waitingFor(pid)
-	if cl != nil && cl.lifeState() != lifeDetached {
-		cl = nil
-	}
-	s.mu.Unlock()
+	cl := s.reg.detachedAs(pid)
 	if cl == nil {
 		if !req.Alive {
 			return okResp(id) // released already (the reaper saw it die first)
@@ -48,11 +43,9 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		alive = true
 	}
 	if !alive {
-		if s.unpark(cl) {
-			s.release(cl)
-			s.mu.Lock()
-			s.removeWakeLocked(pid, pid)
-			s.mu.Unlock()
+		if s.reg.unpark(cl) {
+			s.mem.release(cl)
+			s.reg.removeWakes(pid, 0)
 			cl.log.Info("dumped process is gone; its memory is released")
 		}
 		return okResp(id)
@@ -63,9 +56,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 		// fails). The driver cannot restore the state of a process none of
 		// whose threads can run: it is done once the process is continued
 		// (stopped.go), and its memory is released if it is killed.
-		s.mu.Lock()
-		cl.stoppedAfterDump = true
-		s.mu.Unlock()
+		s.reg.leftStopped(cl)
 		cl.log.Info("the dump left the process stopped: its GPU comes back once it is continued, and goes if it is killed")
 		return okResp(id)
 	}
@@ -81,7 +72,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 	if err := cl.arm(func() { s.giveBack(cl, false, done, ph) }); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "pid %d: %v", pid, err) // its memory is gone (logged)
 	}
-	if err := s.wake(pid); err != nil {
+	if err := s.wakes.create(pid, ""); err != nil {
 		cl.log.Error("cannot wake a dumped process that runs on", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", pid, err)
 	}
@@ -102,10 +93,8 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 // end (CRIU died, or the plugin could not send DumpDone): alive, it gets its
 // GPU back as after --leave-running; gone, its memory is released.
 func (s *Server) recoverDetached(pid proc.Pid) {
-	s.mu.Lock()
-	cl := s.reg.waitingFor(pid)
-	s.mu.Unlock()
-	if cl == nil || cl.lifeState() != lifeDetached {
+	cl := s.reg.detachedAs(pid)
+	if cl == nil {
 		return
 	}
 	alive := cl.process().RunsOn()
@@ -120,12 +109,12 @@ func (s *Server) recoverDetached(pid proc.Pid) {
 // it waits for the reattach, then reimports and resumes it.
 func (s *Server) wakeAndGiveBack(cl *client) error {
 	// It may still look connected (its close not seen yet): wait a little.
-	s.parkedWithin(cl, 2*time.Second)
+	s.reg.parkedWithin(cl, 2*time.Second)
 	done := make(chan error, 1)
 	if err := cl.arm(func() { done <- s.giveBackLocked(cl) }); err != nil {
 		return err
 	}
-	if err := s.wake(cl.pid); err != nil {
+	if err := s.wakes.create(cl.pid, ""); err != nil {
 		return err
 	}
 	select {
@@ -133,19 +122,5 @@ func (s *Server) wakeAndGiveBack(cl *client) error {
 		return err
 	case <-time.After(reattachTimeout):
 		return fmt.Errorf("pid %d did not reattach within %v", cl.pid, reattachTimeout)
-	}
-}
-
-// parkedWithin reports whether cl is in the waiting list within d.
-func (s *Server) parkedWithin(cl *client, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		s.mu.Lock()
-		ok := s.reg.waitingFor(cl.pid) == cl
-		s.mu.Unlock()
-		if ok || time.Now().After(deadline) {
-			return ok
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -367,7 +367,7 @@ func deviceByUUID(devs []Device, uuid string) Device {
 // restoreRoom is the device memory a restore may take on d: the driver's
 // free memory and what the helper's pool holds ready there (it gives that
 // back when the device is full).
-func (s *Server) restoreRoom(d Device) (uint64, bool) {
+func (p *pool) restoreRoom(d Device) (uint64, bool) {
 	fm, ok := d.(interface{ FreeMemory() (uint64, error) })
 	if !ok {
 		return 0, false
@@ -376,5 +376,5 @@ func (s *Server) restoreRoom(d Device) (uint64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	return free + s.pool.readyBytes(d), true
+	return free + p.readyBytes(d), true
 }

@@ -37,9 +37,9 @@ const backgroundStall = 5 * time.Second
 // and each lane's thread spends its time writing the image: with one lane
 // per CPU, a training job's steps (its Python thread, its DataLoader
 // workers) took 1.25-1.48x their time on a 16-core H200 machine.
-func (s *Server) backgroundLanes() int {
-	if s.cfg.BackgroundLanes > 0 {
-		return s.cfg.BackgroundLanes
+func (c *Config) backgroundLanes() int {
+	if c.BackgroundLanes > 0 {
+		return c.BackgroundLanes
 	}
 	return max(2, runtime.GOMAXPROCS(0)/4)
 }
@@ -89,9 +89,9 @@ func (s *Server) checkpoint(c *conn, id uint64, req *helperpb.Checkpoint) *helpe
 		}
 		return a.response(id)
 	}
-	cl, refused := s.controlledClient(c, id, req.Pid, "checkpoint")
+	cl, refused := s.reg.controlledClient(c, id, req.Pid, "checkpoint")
 	if refused != nil {
-		if s.dumpHolds(c, proc.Pid(req.Pid)) {
+		if s.reg.dumpHolds(c, proc.Pid(req.Pid)) {
 			// not "no client with pid N": a plugin takes that for a
 			// process without GPU state, and dumps it as one
 			return anotherCheckpoint(id, proc.Pid(req.Pid))
@@ -150,10 +150,8 @@ func detachedForDump(st lifeState) bool { return st == lifeDetaching || st == li
 // dumpHolds says whether pid is a client that a CRIU dump holds detached
 // (parked, so no longer found among the connected clients), and the
 // caller may act on it: then a checkpoint of it is running.
-func (s *Server) dumpHolds(c *conn, pid proc.Pid) bool {
-	s.mu.Lock()
-	cl := s.reg.waitingFor(pid)
-	s.mu.Unlock()
+func (r *registry) dumpHolds(c *conn, pid proc.Pid) bool {
+	cl := r.waitingFor(pid)
 	if cl == nil || !detachedForDump(cl.lifeState()) || cl.process().Check() != nil {
 		return false
 	}
@@ -236,7 +234,7 @@ func (s *Server) checkpointLocked(cl *client, ctl *control, o checkpointOpts) (*
 	if err := cl.waitDemand(ctl, loadTimeout, s.cfg.OpTimeout); err != nil {
 		return nil, errResp(o.id, helperpb.ErrorCode_ERROR_STATE, "client %d: %v", cl.pid, err)
 	}
-	if o.req.Concurrent && len(s.peerGroup(cl)) > 1 {
+	if o.req.Concurrent && len(s.reg.peerGroup(cl)) > 1 {
 		// Its peers write into memory it shares with them once they run
 		// again, which no window of its own sees: it is copied before.
 		o.req = proto.Clone(o.req).(*helperpb.Checkpoint)
@@ -301,7 +299,7 @@ func (r *checkpointRun) fail(e *stepError) *helperpb.Response {
 		}
 	}
 	if r.w != nil && !r.keep && !r.req.DeferCommit {
-		_ = r.s.settleImage(r.w, true)
+		_ = r.s.bg.settle(r.w, true, r.s.salvage)
 	}
 	r.cl.takeStopReport() // a failed checkpoint reports no stop
 	msg := e.msg
@@ -367,7 +365,7 @@ func (r *checkpointRun) bufferTable() *stepError {
 	if len(table.GetNotCheckpointable()) > 0 {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "not checkpointable: %s", strings.Join(table.GetNotCheckpointable(), "; "))
 	}
-	if r.regions, err = r.s.regions(r.cl, table); err != nil {
+	if r.regions, err = r.cl.regions(table, r.s.reg.importsOf(r.cl)); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "%v", err)
 	}
 	r.gpus = table.GetGpus()
@@ -401,7 +399,7 @@ func (r *checkpointRun) openImage() *stepError {
 	start := r.cl.proc.Start()
 	r.cl.mu.Unlock()
 	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus,
-		Imports: r.s.importInfos(r.cl), StartTime: start}); err != nil {
+		Imports: r.s.reg.importInfos(r.cl), StartTime: start}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	if r.ahead != nil {
@@ -554,7 +552,7 @@ func (r *checkpointRun) snapshotToImage() *stepError {
 		t := time.Now()
 		progress := func(done int64) { tr.progress(int64(rest) + done) }
 		st, err := engine.Dump(snap.Copies, w, image.DefaultChunkSize, engine.Options{Progress: progress, Copied: tr.copied,
-			Lanes: r.s.backgroundLanes()})
+			Lanes: r.s.cfg.backgroundLanes()})
 		if rerr := snap.Release(); err == nil && rerr != nil {
 			err = rerr
 		}
@@ -593,7 +591,7 @@ func (r *checkpointRun) drop() *stepError {
 	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Drop{Drop: &helperpb.Drop{WakePath: r.wake}}}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "drop: %v", err)
 	}
-	r.undos = append(r.undos, undo{"reimport", func() error { return r.s.reimportErr(r.cl, r.ctl, r.wait) }})
+	r.undos = append(r.undos, undo{"reimport", func() error { return r.s.mem.reimportAll(r.cl, r.ctl, r.wait) }})
 	if err := r.cl.fire(evDropped); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_STATE, "drop: %v", err)
 	}
@@ -613,7 +611,7 @@ func (r *checkpointRun) detach() *stepError {
 		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 	}
 	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: r.wake}}}); err != nil {
-		if r.s.parkedWithin(r.cl, time.Second) {
+		if r.s.reg.parkedWithin(r.cl, time.Second) {
 			r.undos = wakeAndGiveBack // it detached all the same
 		} else {
 			_ = r.cl.fire(evDetachFailed) // an illegal transition is logged
@@ -622,7 +620,7 @@ func (r *checkpointRun) detach() *stepError {
 	}
 	r.undos = wakeAndGiveBack
 	r.cl.hangUp()
-	if !r.s.parkedWithin(r.cl, 2*time.Second) {
+	if !r.s.reg.parkedWithin(r.cl, 2*time.Second) {
 		r.log.Warn("a detached client did not leave its connections within 2 s")
 	}
 	r.ph.done("detach")
@@ -678,7 +676,7 @@ func (r *checkpointRun) commit() *stepError {
 		r.keep = true
 		if r.s.bg.has(r.w) {
 			// (the process may be running again: nothing to undo then)
-			if err := r.s.settleImage(r.w, false); err != nil {
+			if err := r.s.bg.settle(r.w, false, r.s.salvage); err != nil {
 				if se := (stepErr{}); errors.As(err, &se) {
 					return se.stepError
 				}
@@ -740,7 +738,7 @@ func (r *checkpointRun) resumeEarly() *stepError {
 
 // resumeCheckpointed runs a ResumeCheckpointed request.
 func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeCheckpointed) *helperpb.Response {
-	cl, refused := s.controlledClient(c, id, req.Pid, "resume")
+	cl, refused := s.reg.controlledClient(c, id, req.Pid, "resume")
 	if refused != nil {
 		return refused
 	}
@@ -782,13 +780,7 @@ func (cl *client) allocRegions() []engine.Region {
 // regions turns a client's buffer table into what the engine copies: every
 // allocation must be one the helper made for this client, mapped, on a
 // device the engines can reach.
-func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Region, error) {
-	imported := map[uint64]bool{}
-	s.mu.Lock()
-	for aid := range s.reg.sh.importsOf(cl) {
-		imported[aid] = true
-	}
-	s.mu.Unlock()
+func (cl *client) regions(table *helperpb.BufferTable, imports map[uint64]uint64) ([]engine.Region, error) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	var out []engine.Region
@@ -801,7 +793,7 @@ func (s *Server) regions(cl *client, table *helperpb.BufferTable) ([]engine.Regi
 	listed := map[uint64]bool{}
 	for _, a := range table.GetAllocations() {
 		al := cl.allocs[a.AllocId]
-		if al == nil && imported[a.AllocId] {
+		if _, imported := imports[a.AllocId]; al == nil && imported {
 			continue // a peer's memory: its owner's image holds it
 		}
 		if al == nil {

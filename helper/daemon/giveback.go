@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/gpucr/gpucr/helper/proc"
-	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -69,19 +68,10 @@ func (s *Server) giveBack(cl *client, driverRestore bool, done chan<- error, ph 
 	}
 }
 
-// reimportErr is reimport with the client's refusal turned into an error.
-func (s *Server) reimportErr(cl *client, ctl *control, wait time.Duration) error {
-	failed, err := s.reimport(cl, ctl, wait)
-	if err == nil && failed != nil {
-		err = fmt.Errorf("%s: %s", failed.Code, failed.Message)
-	}
-	return err
-}
-
 // reimportResume sends a client its memory and opens its gate; ph (if not
 // nil) times the two steps.
 func (s *Server) reimportResume(cl *client, ctl *control, wait time.Duration, ph *phases) error {
-	if err := s.reimportErr(cl, ctl, wait); err != nil {
+	if err := s.mem.reimportAll(cl, ctl, wait); err != nil {
 		return fmt.Errorf("reimport: %w", err)
 	}
 	if ph != nil {
@@ -117,29 +107,6 @@ func (s *Server) giveBackLocked(cl *client) error {
 		return errNoControl
 	}
 	return s.reimportResume(cl, ctl, s.cfg.OpTimeout, nil)
-}
-
-// reimport sends every mapped allocation of cl, with a new fd each, in
-// Reimport frames of at most wire.MaxFDs entries, waiting for each Ok.
-func (s *Server) reimport(cl *client, ctl *control, wait time.Duration) (*helperpb.Error, error) {
-	ents, fds, err := s.reimportEntries(cl)
-	if err != nil {
-		return &helperpb.Error{Code: helperpb.ErrorCode_ERROR_DRIVER, Message: err.Error()}, nil
-	}
-	defer wire.CloseFDs(fds)
-	for i := 0; i < len(ents); i += wire.MaxFDs {
-		j := min(i+wire.MaxFDs, len(ents))
-		req := &helperpb.Request{Body: &helperpb.Request_Reimport{Reimport: &helperpb.Reimport{Entries: ents[i:j]}}}
-		r, err := ctl.call(req, fds[i:j], wait)
-		if err != nil {
-			return nil, err
-		}
-		if r.Error != nil {
-			return r.Error, nil
-		}
-	}
-	cl.log.Info("reimport sent", zap.Int("allocations", len(ents)))
-	return nil, nil
 }
 
 // thaw gives a checkpointed client its GPU back: driver restore + unlock,

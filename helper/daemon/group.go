@@ -56,7 +56,7 @@ type aheadRun struct {
 	done    chan struct{} // closed when it has ended
 	reply   *helperpb.CheckpointReply
 	failed  *helperpb.Response // its failure (every step undone), or nil
-	claimed bool               // its own request took it (under the server's mu)
+	claimed bool               // its own request took it (under groupRuns' mu)
 }
 
 func (g *groupRun) has(cl *client) bool {
@@ -183,7 +183,7 @@ func others(group []*client, cl *client) []*client {
 // that shares nothing.
 func (r *checkpointRun) quiesceGroup() *stepError {
 	s, cl := r.s, r.cl
-	group := s.peerGroup(cl)
+	group := s.reg.peerGroup(cl)
 	if len(group) < 2 {
 		return nil
 	}

@@ -243,7 +243,7 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 	w := d.w
 	if req.Abort {
 		defer s.endGroups(key, true)
-		if err := s.settleImage(w, true); err != nil {
+		if err := s.bg.settle(w, true, s.salvage); err != nil {
 			return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "drop the GPU image in %s: %v", w.Dir(), err)
 		}
 		s.log.Info("GPU image dropped (the dump failed)", zap.String("image", w.Dir()))
@@ -251,7 +251,7 @@ func (s *Server) commitImage(c *conn, id uint64, req *helperpb.CommitImage) *hel
 	}
 	groups := s.groups.take(key)
 	if msg := missingMembers(groups); msg != "" {
-		_ = s.settleImage(w, true)
+		_ = s.bg.settle(w, true, s.salvage)
 		for _, g := range groups {
 			s.endGroup(g, true, nil, nil)
 		}
@@ -284,7 +284,7 @@ func (s *Server) abortImages(c *conn, dirs map[string]bool) {
 		key := deferKey{c, dir}
 		d := s.open.take(key)
 		if d != nil {
-			_ = s.settleImage(d.w, true)
+			_ = s.bg.settle(d.w, true, s.salvage)
 			s.log.Warn("GPU image left uncommitted by its dump is dropped", zap.String("image", d.w.Dir()))
 		}
 		s.endGroups(key, true)

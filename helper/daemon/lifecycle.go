@@ -5,10 +5,10 @@ package daemon
 // the transition functions of this file) or ask it (the queries below); none
 // of them reads or writes client.life.
 //
-// Locking: s.mu before cl.mu, never the other way round. cl.life is guarded by
-// cl.mu; the registry a client moves through (registry.go: connected, by
-// token and pid; parked, by pid) by s.mu, and a transition that moves it
-// holds both.
+// Locking: the registry's mu before cl.mu, never the other way round.
+// cl.life is guarded by cl.mu; the registry a client moves through
+// (registry.go: connected, by token and pid; parked, by pid) by its own mu,
+// and a transition that moves it holds both.
 //
 // States, and the ClientState that Status shows for each:
 //
@@ -339,16 +339,13 @@ func (cl *client) takeOnAttach() func() {
 
 // ---- transitions ----
 
-// register makes a new client of the process whose calls connection said
-// Hello without a token: registered, findable by token and pid.
-func (s *Server) register(p *proc.Process, uid, gid uint32, program string) *client {
+// newClient is a new client of the process whose calls connection said
+// Hello without a token: registered; the registry's connect makes it
+// findable by token and pid.
+func newClient(log *zap.Logger, p *proc.Process, uid, gid uint32, program string) *client {
 	cl := &client{pid: p.Pid(), proc: p, uid: uid, gid: gid, program: program, token: newToken(), allocs: map[uint64]*alloc{},
 		opSem: make(chan struct{}, 1), life: newLife(lifeRegistered)}
-	cl.log = s.log.With(pidField("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
-	s.mu.Lock()
-	s.reg.connect(cl)
-	s.mu.Unlock()
-	cl.log.Info("client registered", zap.String("held_by", p.HeldBy()))
+	cl.log = log.With(pidField("pid", cl.pid), zap.Uint32("uid", cl.uid), zap.String("program", cl.program))
 	return cl
 }
 
@@ -417,28 +414,22 @@ func (cl *client) arm(f func()) error {
 // for a dump is parked (true): it moves to the waiting list instead of
 // losing its memory. Any other is gone (false): the caller releases its
 // memory, then unregisters it.
-func (s *Server) callsClosed(cl *client) (parked bool) {
-	s.mu.Lock()
+func (r *registry) callsClosed(cl *client) (parked bool) {
+	r.mu.Lock()
 	cl.mu.Lock()
 	if cl.life.st != lifeDetaching {
 		_ = cl.fireLocked(evCallsClosed) // logged if illegal; its memory goes all the same
 		cl.mu.Unlock()
-		s.mu.Unlock()
+		r.mu.Unlock()
 		return false
 	}
 	_ = cl.fireLocked(evParked) // legal: detaching
 	cl.mu.Unlock()
-	s.reg.park(cl)
-	s.mu.Unlock()
+	r.disconnectLocked(cl)
+	r.waiting[cl.pid] = cl
+	r.mu.Unlock()
 	cl.log.Info("client detached; its memory is kept until the dump ends")
 	return true
-}
-
-// unregister forgets a client that is gone: it leaves the status list.
-func (s *Server) unregister(cl *client) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.reg.disconnect(cl)
 }
 
 // reattach finds the waiting client a calls Hello with a token comes from
@@ -448,11 +439,11 @@ func (s *Server) unregister(cl *client) {
 // restored one presents the token of the process it was restored from,
 // which another restore of the same image presents too, so it gets a new
 // one. p becomes the client's, or is left to the caller if nil is returned.
-func (s *Server) reattach(p *proc.Process, token uint64) *client {
+func (r *registry) reattach(p *proc.Process, token uint64) *client {
 	pid := p.Pid()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cl := s.reg.waitingFor(pid)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cl := r.waiting[pid]
 	if cl == nil {
 		return nil
 	}
@@ -477,43 +468,32 @@ func (s *Server) reattach(p *proc.Process, token uint64) *client {
 	wakeAs := cl.life.wakeAs
 	cl.life.wakeAs, cl.life.nsPid, cl.life.load = 0, 0, nil
 	cl.mu.Unlock()
-	s.reg.forgetWaiting(pid)
-	s.reg.connect(cl)
-	s.removeWakeLocked(pid, pid)
-	if wakeAs != 0 && wakeAs != pid {
-		s.removeWakeLocked(wakeAs, pid)
-	}
+	delete(r.waiting, pid)
+	r.connectLocked(cl)
+	r.removeWakesLocked(pid, wakeAs)
 	return cl
-}
-
-// unpark takes cl out of the waiting list if it is still there; false if
-// someone else (a reattach, the reaper) took it first.
-func (s *Server) unpark(cl *client) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reg.unpark(cl)
 }
 
 // parkRestored makes a prepared client the restored process p (CRIU's, or
 // an orphan's that a dead helper left): it waits in the list until that
 // process reattaches. A stale entry of a process that is gone under the same
-// pid is released first. p becomes the client's, or is closed on an error.
-func (s *Server) parkRestored(cl *client, p *proc.Process) error {
+// pid is taken out and returned, for the caller to reap. p becomes the
+// client's, or is closed on an error.
+func (r *registry) parkRestored(cl *client, p *proc.Process) (stale *client, err error) {
 	pid := p.Pid()
-	s.mu.Lock()
-	old := s.reg.waitingFor(pid)
+	r.mu.Lock()
+	old := r.waiting[pid]
 	if old != nil && old != cl {
 		if proc.Same(old.process(), p) {
-			s.mu.Unlock()
+			r.mu.Unlock()
 			p.Close()
-			return fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, old.lifeState())
+			return nil, fmt.Errorf("pid %d already waits for its GPU memory (%s)", pid, old.lifeState())
 		}
-		s.reg.forgetWaiting(pid) // its process is gone: that pid names another one now
+		delete(r.waiting, pid) // its process is gone: that pid names another one now
 	} else {
 		old = nil
 	}
-	var err error
-	if c := s.reg.connectedAs(pid); c != nil && proc.Same(c.process(), p) {
+	if c := r.byPID[pid]; c != nil && proc.Same(c.process(), p) {
 		err = fmt.Errorf("pid %d is already a connected client of this helper", pid)
 	} else {
 		cl.mu.Lock()
@@ -524,15 +504,12 @@ func (s *Server) parkRestored(cl *client, p *proc.Process) error {
 		}
 		cl.mu.Unlock()
 		if err == nil {
-			s.reg.wait(pid, cl)
+			r.waiting[pid] = cl
 		}
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if err != nil {
 		p.Close()
 	}
-	if old != nil {
-		s.reap(old, "its pid names another process now")
-	}
-	return err
+	return old, err
 }

@@ -188,7 +188,8 @@ func TestLifecycleRegistry(t *testing.T) {
 		return p
 	}
 
-	cl := s.register(self(), uint32(os.Getuid()), uint32(os.Getgid()), "test")
+	cl := newClient(s.log, self(), uint32(os.Getuid()), uint32(os.Getgid()), "test")
+	s.reg.connect(cl)
 	if cl.lifeState() != lifeRegistered || s.reg.byPID[pid] != cl || s.reg.byToken[cl.token] != cl {
 		t.Fatalf("registered: %s, listed %v", cl.lifeState(), s.reg.byPID[pid] == cl)
 	}
@@ -206,7 +207,7 @@ func TestLifecycleRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !s.callsClosed(cl) || cl.lifeState() != lifeDetached || s.reg.waiting[pid] != cl || s.reg.byPID[pid] != nil ||
+	if !s.reg.callsClosed(cl) || cl.lifeState() != lifeDetached || s.reg.waiting[pid] != cl || s.reg.byPID[pid] != nil ||
 		s.reg.byToken[cl.token] != nil {
 		t.Fatalf("a detaching client's calls closed: %s, parked %v", cl.lifeState(), s.reg.waiting[pid] == cl)
 	}
@@ -216,11 +217,11 @@ func TestLifecycleRegistry(t *testing.T) {
 	if err := cl.arm(func() {}); err != nil {
 		t.Errorf("arming a detached client: %v", err)
 	}
-	if s.reattach(self(), cl.token+1) != nil || cl.lifeState() != lifeDetached {
+	if s.reg.reattach(self(), cl.token+1) != nil || cl.lifeState() != lifeDetached {
 		t.Fatal("a detached client came back with another token")
 	}
 	token := cl.token
-	if s.reattach(self(), token) != cl || cl.lifeState() != lifeDropped || s.reg.byPID[pid] != cl || s.reg.waiting[pid] != nil ||
+	if s.reg.reattach(self(), token) != cl || cl.lifeState() != lifeDropped || s.reg.byPID[pid] != cl || s.reg.waiting[pid] != nil ||
 		cl.token != token {
 		t.Fatalf("reattached: %s", cl.lifeState())
 	}
@@ -234,10 +235,10 @@ func TestLifecycleRegistry(t *testing.T) {
 	if err := cl.fire(evResumed); err != nil || cl.lifeState() != lifeUp {
 		t.Fatalf("resumed: %s, %v", cl.lifeState(), err)
 	}
-	if s.callsClosed(cl) || cl.lifeState() != lifeGone {
+	if s.reg.callsClosed(cl) || cl.lifeState() != lifeGone {
 		t.Fatalf("a running client's calls closed: %s", cl.lifeState())
 	}
-	s.unregister(cl)
+	s.reg.disconnect(cl)
 	if s.reg.byPID[pid] != nil || s.reg.byToken[cl.token] != nil {
 		t.Error("a gone client is still listed")
 	}
@@ -252,14 +253,14 @@ func TestLifecycleRegistry(t *testing.T) {
 		rc.preparedFor(78, true, 0) || rc.wakesAs() != 77 || rc.outcomes() != out {
 		t.Fatalf("prepared client: %s", rc.lifeState())
 	}
-	if err := s.parkRestored(rc, self()); err != nil || rc.lifeState() != lifeRestored || s.reg.waiting[pid] != rc || rc.pid != pid {
+	if stale, err := s.reg.parkRestored(rc, self()); err != nil || stale != nil || rc.lifeState() != lifeRestored || s.reg.waiting[pid] != rc || rc.pid != pid {
 		t.Fatalf("restored: %s, %v", rc.lifeState(), err)
 	}
 	if rc.preparedFor(pid, true, 0) {
 		t.Error("a restored client is still claimable")
 	}
 	old := rc.token
-	if s.reattach(self(), 12345) != rc || rc.lifeState() != lifeDropped || rc.token == old || s.reg.byToken[rc.token] != rc {
+	if s.reg.reattach(self(), 12345) != rc || rc.lifeState() != lifeDropped || rc.token == old || s.reg.byToken[rc.token] != rc {
 		t.Fatalf("restored client reattached: %s", rc.lifeState())
 	}
 	if rc.wakesAs() != 0 || rc.restoreLoad() != nil {
@@ -269,12 +270,12 @@ func TestLifecycleRegistry(t *testing.T) {
 		t.Error("a restore's outcome is not given once")
 	}
 	// Released from a waiting state only: a connected client keeps its memory.
-	s.release(rc)
+	s.mem.release(rc)
 	if rc.lifeState() != lifeDropped {
 		t.Errorf("a connected client was released: %s", rc.lifeState())
 	}
 	pc := newPreparedClient(s.log, 78, 0, 0, nil, newOutcomes())
-	s.release(pc)
+	s.mem.release(pc)
 	if pc.lifeState() != lifeGone {
 		t.Errorf("a prepared client released: %s", pc.lifeState())
 	}
@@ -309,4 +310,81 @@ func TestLifecycleOwnedByLifecycleGo(t *testing.T) {
 			return true
 		})
 	}
+}
+
+// maxServerMethods bounds Server: it dispatches requests to the parts that
+// own what the helper holds (registry, allocator, groupRuns, ...), and a
+// new feature adds a part, not methods on Server.
+const maxServerMethods = 45
+
+// Server stays a dispatcher: a few dozen methods at most, its own lock
+// taken only in server.go (it guards the open connections alone), and no
+// code outside the registry's methods reaching into the registry's maps or
+// lock.
+func TestServerStaysADispatcher(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	regFields := map[string]bool{"mu": true, "byToken": true, "byPID": true, "waiting": true, "owner": true, "sh": true, "plans": true}
+	var methods []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range file.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			recvType, recvName := receiverOf(fd)
+			if recvType == "Server" {
+				methods = append(methods, f+": "+fd.Name.Name)
+			}
+			ast.Inspect(fd.Body, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				// s.mu of a Server method outside server.go.
+				if id, ok := sel.X.(*ast.Ident); ok && recvType == "Server" && id.Name == recvName && sel.Sel.Name == "mu" && f != "server.go" {
+					t.Errorf("%s: Server.mu taken outside server.go; it guards the open connections only", fset.Position(sel.Pos()))
+				}
+				// X.reg.<a field of the registry> outside the registry's methods.
+				if inner, ok := sel.X.(*ast.SelectorExpr); ok && inner.Sel.Name == "reg" && regFields[sel.Sel.Name] && recvType != "registry" {
+					t.Errorf("%s: the registry's %s used outside its methods", fset.Position(sel.Pos()), sel.Sel.Name)
+				}
+				return true
+			})
+		}
+	}
+	if len(methods) > maxServerMethods {
+		t.Errorf("Server has %d methods, more than %d: give what they own to a part of its own\n%s", len(methods), maxServerMethods,
+			strings.Join(methods, "\n"))
+	}
+}
+
+// receiverOf is fd's receiver type (without the pointer) and name; "" if
+// it is a function.
+func receiverOf(fd *ast.FuncDecl) (typ, name string) {
+	if fd.Recv == nil || len(fd.Recv.List) == 0 {
+		return "", ""
+	}
+	r := fd.Recv.List[0]
+	e := r.Type
+	if st, ok := e.(*ast.StarExpr); ok {
+		e = st.X
+	}
+	if id, ok := e.(*ast.Ident); ok {
+		typ = id.Name
+	}
+	if len(r.Names) > 0 {
+		name = r.Names[0].Name
+	}
+	return typ, name
 }

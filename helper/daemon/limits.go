@@ -38,10 +38,7 @@ import (
 	"sync"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/gpucr/gpucr/helper/wire"
-	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // Defaults for Limits.
@@ -187,7 +184,7 @@ func (l *Limits) gpuLimit(uid uint32) uint64 {
 
 // connCounts are the connections of the limited uids: all of them, and
 // those that have not sent their Hello yet. Its lock guards nothing else and
-// is taken inside Server.mu at most, never around another.
+// is taken inside Server.mu (Go's admission) at most, never around another.
 type connCounts struct {
 	limits       *Limits
 	mu           sync.Mutex
@@ -408,21 +405,6 @@ func capOf(n int) func() int { return func() int { return n } }
 
 // ---- GPU memory ----
 
-// reserveGPU checks that cl's uid may take size more bytes of GPU memory and
-// holds them until release (after they are counted in cl.bytes, or the
-// allocation failed). A refusal is the response to send.
-func (s *Server) reserveGPU(cl *client, id, size uint64) (release func(), refused *helperpb.Response) {
-	cl.mu.Lock()
-	uid := cl.uid
-	cl.mu.Unlock()
-	release, err := s.gpus.reserve(uid, size, "this allocation")
-	if err != nil {
-		cl.log.Info("allocation refused: GPU memory limit", zap.Uint64("size", size), zap.Error(err))
-		return nil, errResp(id, helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "%v", err)
-	}
-	return release, nil
-}
-
 // gpuReservations are the GPU memory limit checks, one at a time, and the
 // bytes each uid's allocations, restores and adoptions being made hold until
 // they are counted where they belong (held reads that: the server's
@@ -464,36 +446,6 @@ func (g *gpuReservations) reserve(uid uint32, size uint64, what string) (release
 			delete(g.pending, uid)
 		}
 	}, nil
-}
-
-// gpuHeld is the GPU memory the helper holds for uid: its processes'
-// (connected, detached, restored, or being restored) and the resident
-// copies it loaded.
-func (s *Server) gpuHeld(uid uint32) uint64 {
-	seen := map[*client]bool{}
-	resident := s.residents.bytesOf(uid)
-	s.mu.Lock()
-	for _, cl := range s.reg.byToken {
-		seen[cl] = true
-	}
-	for _, cl := range s.reg.waiting {
-		seen[cl] = true
-	}
-	for p := range s.plans {
-		for _, cl := range p.clients {
-			seen[cl] = true
-		}
-	}
-	s.mu.Unlock()
-	held := resident
-	for cl := range seen {
-		cl.mu.Lock()
-		if cl.uid == uid {
-			held += cl.bytes
-		}
-		cl.mu.Unlock()
-	}
-	return held
 }
 
 // sizeStr writes n in binary units, exactly.

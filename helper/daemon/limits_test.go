@@ -210,9 +210,7 @@ func TestControlAnswerCap(t *testing.T) {
 	// would then be read as its answer): the helper's own record says when
 	// the control connection is gone.
 	waitFor(t, func() bool {
-		s.mu.Lock()
 		cl := s.reg.withToken(token)
-		s.mu.Unlock()
 		cl.mu.Lock()
 		defer cl.mu.Unlock()
 		return cl.ctrl == nil

@@ -200,34 +200,6 @@ func (p *pool) sweep(now time.Time) {
 	p.dropAll(m)
 }
 
-// create makes memory on dev for an allocation or a restore: the pool's
-// ready allocations of dev are given back first if the device is full
-// without them, and then, while concurrent checkpoints' snapshots hold
-// memory there, it waits for them to be written and freed (the
-// application waits in its allocation, as for a slow one, rather than
-// failing for want of memory a checkpoint borrowed).
-func (s *Server) create(dev Device, size uint64, flags image.AllocFlags) (uint64, error) {
-	h, err := dev.Create(size, flags)
-	if err != nil && isOOM(err) && s.pool.drain(dev) > 0 {
-		h, err = dev.Create(size, flags)
-	}
-	for err != nil && isOOM(err) && s.residents.evict(s.log, dev) { // resident copies go before a process fails
-		h, err = dev.Create(size, flags)
-	}
-	if err != nil && isOOM(err) {
-		deadline := time.Now().Add(snapshotOOMWait)
-		for err != nil && isOOM(err) && time.Now().Before(deadline) {
-			s.log.Info("an allocation waits for a concurrent checkpoint's snapshot to be written and freed",
-				zap.Uint64("size", size), zap.Int("device", int(dev.Info().Ordinal)))
-			if !s.snaps.waitRelease(dev.GPU(), time.Until(deadline), s.stopping) {
-				break
-			}
-			h, err = dev.Create(size, flags)
-		}
-	}
-	return h, err
-}
-
 // run sweeps until stop is closed.
 func (p *pool) run(stop <-chan struct{}) {
 	t := time.NewTicker(p.cfg.Idle / 2)

@@ -40,20 +40,16 @@ func (s *Server) runReaper(stop <-chan struct{}) {
 
 // reapGone runs one pass of the reaper.
 func (s *Server) reapGone() {
-	for _, cl := range s.waitingClients() {
+	for _, cl := range s.reg.waitingClients() {
 		pid, p, st := cl.parkedAs()
 		if p == nil {
 			continue // not known yet: the dump or restore that parked it decides
 		}
 		if !p.Running() {
-			s.reapIfParked(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, st))
+			if s.reg.unpark(cl) {
+				s.reap(cl, fmt.Sprintf("its process (pid %d) is gone while %s", pid, st))
+			}
 		}
-	}
-}
-
-func (s *Server) reapIfParked(cl *client, why string) {
-	if s.unpark(cl) {
-		s.reap(cl, why)
 	}
 }
 
@@ -64,13 +60,8 @@ func (s *Server) reap(cl *client, why string) {
 	cl.mu.Unlock()
 	wakeAs := cl.wakesAs()
 	cl.outcomes().set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "the process is gone: "+why)
-	s.release(cl)
-	s.mu.Lock()
-	s.removeWakeLocked(pid, pid)
-	if wakeAs != 0 && wakeAs != pid {
-		s.removeWakeLocked(wakeAs, pid)
-	}
-	s.mu.Unlock()
+	s.mem.release(cl)
+	s.reg.removeWakes(pid, wakeAs)
 	cl.log.Info("released the GPU memory of a process that will not come back", zap.String("why", why),
 		zap.Uint64("bytes", bytes))
 }

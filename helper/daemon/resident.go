@@ -250,7 +250,7 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	}
 	defer s.residents.unreserve(size)
 
-	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.restoreRoom)
+	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.pool.restoreRoom)
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err)
 	}

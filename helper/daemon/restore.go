@@ -137,7 +137,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	spec, err := devicemap.Parse(req.DeviceMap)
 	var place placement
 	if err == nil {
-		place, err = placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), spec, s.restoreRoom)
+		place, err = placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), spec, s.pool.restoreRoom)
 	}
 	if err != nil {
 		_ = im.Close()
@@ -160,7 +160,7 @@ func (s *Server) prepareRestore(id uint64, req *helperpb.PrepareRestore, dir *os
 	// A copy from a resident image is on the GPU: faster than any process
 	// could wait for it.
 	plan.load.onDemand = req.OnDemand && plan.resident == nil
-	s.trackPlan(plan)
+	s.reg.trackPlan(plan)
 	s.recent.remember(req.ImageDir, plan.out)
 	go s.runLoad(plan)
 	return okResp(id), plan
@@ -248,14 +248,14 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, 
 		if gpu == nil {
 			return fail(helperpb.ErrorCode_ERROR_STATE, "buffer %d: device has no driver behind it", i)
 		}
-		h, err := s.create(dev, b.Size, b.Flags)
+		h, err := s.mem.create(dev, b.Size, b.Flags)
 		if err != nil {
 			if isOOM(err) {
 				return fail(helperpb.ErrorCode_ERROR_OUT_OF_MEMORY, "buffer %d (%d bytes): %v", i, b.Size, err)
 			}
 			return fail(helperpb.ErrorCode_ERROR_DRIVER, "buffer %d: %v", i, err)
 		}
-		al := &alloc{id: s.nextAlloc.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind),
+		al := &alloc{id: s.mem.nextID.Add(1), handle: h, size: b.Size, address: b.Address, dev: dev, kind: protoKind(b.Kind),
 			flags: b.Flags}
 		p.made = append(p.made, al)
 		cl := newClient(b.Pid, b.NsPid)
@@ -269,7 +269,7 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, 
 	if only != 0 && len(p.clients) == 0 {
 		return fail(helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s has no process %d", dir, only)
 	}
-	if err := s.planImports(p, byPid); err != nil {
+	if err := s.reg.planImports(p, byPid); err != nil {
 		return fail(helperpb.ErrorCode_ERROR_BAD_REQUEST, "%v", err)
 	}
 	bufsOf := map[int][]image.BufferInfo{}
@@ -293,19 +293,6 @@ func (s *Server) planRestore(im *image.Image, dir string, only int, uid uint32, 
 		}
 	}
 	return p, nil
-}
-
-// trackPlan makes the plan's memory its clients' (ownership checks) and
-// shows the plan in status until it is dropped.
-func (s *Server) trackPlan(p *restorePlan) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, cl := range p.clients {
-		for aid := range cl.allocs {
-			s.reg.own(aid, cl)
-		}
-	}
-	s.plans[p] = true
 }
 
 // runLoad fills the plan's memory from its image and ends its load.
@@ -411,7 +398,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		select {
 		case <-load.done:
-			s.release(cl)
+			s.mem.release(cl)
 		default:
 			// Still loading: the engines write into that memory; it is
 			// released once the load has ended, when the plugin's
@@ -426,12 +413,16 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 	p, err := proc.Open(pid)
 	if err != nil {
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
-		s.release(cl)
+		s.mem.release(cl)
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "restored pid %d: %v", req.Pid, err)
 	}
-	if err := s.parkRestored(cl, p); err != nil {
+	stale, err := s.reg.parkRestored(cl, p)
+	if stale != nil {
+		s.reap(stale, "its pid names another process now")
+	}
+	if err != nil {
 		out.set(cl, pid, helperpb.RestoreState_RESTORE_STATE_FAILED, err.Error())
-		s.release(cl)
+		s.mem.release(cl)
 		cl.log.Warn("restore failed", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err)
 	}
@@ -446,7 +437,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "restored pid %d: %v", req.Pid, err) // reaped meanwhile
 	}
 	// Named after the pid it detached as: that is what it waits for.
-	if err := s.wake(cl.wakesAs()); err != nil {
+	if err := s.wakes.create(cl.wakesAs(), ""); err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "pid %d: wake file: %v", req.Pid, err)
 	}
 	cl.log.Info("restored process handed its GPU memory; waiting for it to come back")
@@ -461,7 +452,7 @@ func (s *Server) restored(id uint64, req *helperpb.Restored, plans []*restorePla
 // relies on the plugin killing the task and CRIU failing to detach from it.)
 // The memory of a failed plan is given back when the connection closes
 // (dropUnrestored).
-func (s *Server) awaitLoad(id uint64, plans []*restorePlan) *helperpb.Response {
+func awaitLoad(log *zap.Logger, id uint64, plans []*restorePlan) *helperpb.Response {
 	for _, p := range plans {
 		var err error
 		if p.load.onDemand {
@@ -478,7 +469,7 @@ func (s *Server) awaitLoad(id uint64, plans []*restorePlan) *helperpb.Response {
 			cl.outcomes().set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED, "loading its GPU image: "+err.Error())
 		}
 		code := loadErrCode(err)
-		s.log.Warn("restore failed before its processes ran: the GPU image did not load", zap.String("image", p.dir), zap.Error(err))
+		log.Warn("restore failed before its processes ran: the GPU image did not load", zap.String("image", p.dir), zap.Error(err))
 		return errResp(id, code, "loading the GPU image %s: %v", p.dir, err)
 	}
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Ok{Ok: &helperpb.Ok{}}}
@@ -502,13 +493,11 @@ func (s *Server) dropUnrestored(plans []*restorePlan) {
 			if cl.lifeState() == lifePrepared {
 				cl.outcomes().set(cl, 0, helperpb.RestoreState_RESTORE_STATE_FAILED,
 					"CRIU did not restore this process (its restore failed or was stopped)")
-				s.release(cl)
+				s.mem.release(cl)
 				cl.log.Info("restore did not finish; the GPU memory prepared for it is released")
 			}
 		}
-		s.mu.Lock()
-		delete(s.plans, p)
-		s.mu.Unlock()
+		s.reg.dropPlan(p)
 	}
 }
 

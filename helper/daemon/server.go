@@ -100,19 +100,16 @@ type Server struct {
 
 	ln *net.UnixListener
 
-	// mu guards what a request reads or changes together: the clients
-	// (reg, which a client's lifecycle, a restore plan and the limits
-	// read as one), the restore plans being prepared, the open
-	// connections, and closed. Every other part below has a lock of its
-	// own, and takes no other while it holds it, but for two: counts is
-	// taken inside mu, and gpus holds its lock while it reads what the
-	// clients, plans and resident images hold (mu among them).
+	// mu guards the open connections and closed, and only them: Go
+	// admits a connection (counts, its own lock, taken inside) and adds its
+	// handler to wg under it, so that Shutdown, which closes them under it,
+	// waits for every handler. Every part below locks itself.
 	mu     sync.Mutex
-	reg    registry              // the clients (registry.go)
-	plans  map[*restorePlan]bool // restores being prepared (restore.go)
 	conns  map[*net.UnixConn]struct{}
 	closed bool
 
+	reg       *registry       // the clients, where each is, and who owns what (registry.go)
+	mem       *allocator      // the GPU memory made for them (allocator.go)
 	recent    *recentOutcomes // what became of recent restores, by image directory (outcome.go)
 	open      openImages      // deferred-commit images by connection and directory (imagedir.go)
 	groups    groupRuns       // their checkpoints of processes sharing GPU memory (group.go)
@@ -121,8 +118,7 @@ type Server struct {
 	residents residentSet     // images kept in device memory (resident.go)
 	transfers transferLog     // GPU copies, for progress displays (transfer.go)
 	salvage   *salvages       // chunks of dropped concurrent checkpoints, by directory (salvage.go)
-	nextAlloc atomic.Uint64
-	nCkpt     atomic.Uint64 // checkpoints begun, for a Fault limited to one (STEP@N)
+	nCkpt     atomic.Uint64   // checkpoints begun, for a Fault limited to one (STEP@N)
 	wg        sync.WaitGroup
 
 	// Limits (limits.go).
@@ -160,7 +156,7 @@ func New(cfg Config) *Server {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	stopping := make(chan struct{})
-	s := &Server{cfg: cfg, log: cfg.Log, reg: newRegistry(), plans: map[*restorePlan]bool{}, recent: newRecentOutcomes(), salvage: newSalvages(cfg.Log),
+	s := &Server{cfg: cfg, log: cfg.Log, recent: newRecentOutcomes(), salvage: newSalvages(cfg.Log),
 		conns: map[*net.UnixConn]struct{}{},
 
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
@@ -168,11 +164,18 @@ func New(cfg Config) *Server {
 		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
 	s.wakes = newWakeFiles(filepath.Dir(cfg.Socket))
 	s.states = newDetachStates(filepath.Dir(cfg.Socket))
+	s.reg = newRegistry(s.wakes)
 	s.residuals = cfg.Residuals
 	if s.residuals == nil {
 		s.residuals = driverResiduals{}
 	}
-	s.gpus = gpuReservations{limits: &s.cfg.Limits, held: s.gpuHeld}
+	s.gpus = gpuReservations{limits: &s.cfg.Limits, held: func(uid uint32) uint64 {
+		// Its processes' (connected, detached, restored, or being
+		// restored) and the resident copies it loaded.
+		return s.residents.bytesOf(uid) + s.reg.heldBy(uid)
+	}}
+	s.mem = &allocator{devices: cfg.Devices, limits: &s.cfg.Limits, log: cfg.Log, reg: s.reg, pool: s.pool, gpus: &s.gpus,
+		exports: s.exports, states: s.states, residents: &s.residents, snaps: &s.snaps, stopping: stopping}
 	s.counts.limits = &s.cfg.Limits
 	s.analyses = newAnalysisBudget(&s.cfg.Limits, stopping)
 	s.statusBudget = DefaultStatusBudget

@@ -11,18 +11,15 @@ package daemon
 // the owner's restored memory at the same address again. The owner's data
 // goes into the image once, with the owner.
 //
-// The relation is kept in the registry, under the server's mu: who imports
-// which allocation, and where it maps it.
+// The relation is kept in the registry, under its lock: who imports which
+// allocation, and where it maps it.
 
 import (
 	"fmt"
 	"slices"
 	"sort"
 
-	"go.uber.org/zap"
-
 	"github.com/gpucr/gpucr/image"
-	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
 // shares is the sharing part of the registry.
@@ -85,47 +82,34 @@ func (sh *shares) heir(id uint64) (*client, uint64) {
 	return best, addr
 }
 
-// importPeer runs an ImportPeer: the fd that came with it is the one the
-// client's application imports.
-func (s *Server) importPeer(c *conn, cl *client, id uint64) *helperpb.Response {
-	f := c.takeFD()
-	if f == nil {
-		return errResp(id, helperpb.ErrorCode_ERROR_BAD_REQUEST, "ImportPeer without the fd imported")
-	}
-	defer f.Close()
-	aid, err := s.exports.find(int(f.Fd()))
-	if err != nil {
-		cl.log.Warn("peer import not looked up", zap.Error(err))
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "not known for an export of memory the helper serves: %v", err)
-	}
-	s.mu.Lock()
-	owner := s.reg.ownerOf(aid)
+// addImport records that cl imports allocation aid (the fd of an
+// ImportPeer): the allocation and its owner, or why it is refused.
+func (r *registry) addImport(cl *client, aid uint64) (*alloc, *client, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	owner := r.owner[aid]
 	if aid == 0 || owner == nil {
-		s.mu.Unlock()
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "not an export of memory the helper serves")
+		return nil, nil, fmt.Errorf("not an export of memory the helper serves")
 	}
 	owner.mu.Lock()
 	al := owner.allocs[aid]
 	owner.mu.Unlock()
 	if al == nil {
-		s.mu.Unlock()
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "allocation %d is gone", aid)
+		return nil, nil, fmt.Errorf("allocation %d is gone", aid)
 	}
-	m := s.reg.sh.importersOf(aid)
+	m := r.sh.importersOf(aid)
 	if _, ok := m[cl]; !ok {
 		m[cl] = 0 // where it maps it: Mapped says
 	}
-	s.mu.Unlock()
-	cl.log.Debug("peer import", zap.Uint64("alloc_id", aid), pidField("owner_pid", owner.pid))
-	return &helperpb.Response{Id: id, Body: &helperpb.Response_Alloc{Alloc: &helperpb.AllocReply{AllocId: aid, Size: al.size}}}
+	return al, owner, nil
 }
 
 // mappedImport records where cl maps its import aid; false if it imports
 // no such allocation.
-func (s *Server) mappedImport(cl *client, aid, addr uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.reg.sh.importers[aid]
+func (r *registry) mappedImport(cl *client, aid, addr uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.sh.importers[aid]
 	if _, ok := m[cl]; !ok {
 		return false
 	}
@@ -134,16 +118,16 @@ func (s *Server) mappedImport(cl *client, aid, addr uint64) bool {
 }
 
 // endImport ends cl's import of aid (its Free); false if it had none.
-func (s *Server) endImport(cl *client, aid uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.reg.sh.importers[aid]
+func (r *registry) endImport(cl *client, aid uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.sh.importers[aid]
 	if _, ok := m[cl]; !ok {
 		return false
 	}
 	delete(m, cl)
 	if len(m) == 0 {
-		delete(s.reg.sh.importers, aid)
+		delete(r.sh.importers, aid)
 	}
 	return true
 }
@@ -151,41 +135,51 @@ func (s *Server) endImport(cl *client, aid uint64) bool {
 // handOver gives allocation al, which its owner lets go of, to an importer
 // that still maps it: the memory lives on there (the driver would keep it
 // for the importer's mapping too), and that process's image holds it from
-// then on. False if nobody imports it: the caller releases it.
-func (s *Server) handOver(from *client, al *alloc) bool {
-	s.mu.Lock()
-	heir, addr := s.reg.sh.heir(al.id)
+// then on. Nil if nobody imports it: the caller releases it.
+func (r *registry) handOver(al *alloc) (heir *client) {
+	r.mu.Lock()
+	heir, addr := r.sh.heir(al.id)
 	if heir == nil {
-		s.reg.sh.forget(al.id)
-		s.mu.Unlock()
-		s.exports.forget(al.id)
-		return false
+		r.sh.forget(al.id)
+		r.mu.Unlock()
+		return nil
 	}
-	delete(s.reg.sh.importers[al.id], heir)
-	s.reg.own(al.id, heir)
-	s.mu.Unlock()
+	delete(r.sh.importers[al.id], heir)
+	r.owner[al.id] = heir
+	r.mu.Unlock()
 	heir.mu.Lock()
 	al.address = addr
 	al.inherited = true
 	heir.allocs[al.id] = al
 	heir.bytes += al.size
-	uid := heir.uid
 	heir.mu.Unlock()
-	s.exports.moveTo(al.id, uid)
-	from.log.Info("shared allocation handed over to a process that still maps it", zap.Uint64("alloc_id", al.id),
-		pidField("to_pid", heir.pid))
-	return true
+	return heir
+}
+
+// importsOf lists the allocations cl imports and where it maps them (0: not
+// mapped), by id.
+func (r *registry) importsOf(cl *client) map[uint64]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sh.importsOf(cl)
+}
+
+// dropImporter forgets every import of cl (it is gone).
+func (r *registry) dropImporter(cl *client) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sh.dropImporter(cl)
 }
 
 // peerGroup is cl and every client it shares memory with, directly or
 // through others, by pid; just cl when it shares nothing.
-func (s *Server) peerGroup(cl *client) []*client {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (r *registry) peerGroup(cl *client) []*client {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	// The edges: owner - importer, for every imported allocation.
 	edges := map[*client][]*client{}
-	for aid, m := range s.reg.sh.importers {
-		owner := s.reg.ownerOf(aid)
+	for aid, m := range r.sh.importers {
+		owner := r.owner[aid]
 		if owner == nil {
 			continue
 		}
@@ -209,9 +203,9 @@ func (s *Server) peerGroup(cl *client) []*client {
 }
 
 // importInfos are cl's mapped imports as the image records them.
-func (s *Server) importInfos(cl *client) []image.ImportInfo {
+func (r *registry) importInfos(cl *client) []image.ImportInfo {
 	var out []image.ImportInfo
-	for _, e := range s.importEntries(cl) {
+	for _, e := range r.importEntries(cl) {
 		if e.ownerAddress != 0 {
 			out = append(out, image.ImportInfo{Address: e.address, Size: e.al.size, OwnerPid: int(e.owner.pid),
 				OwnerAddress: e.ownerAddress})
@@ -222,12 +216,12 @@ func (s *Server) importInfos(cl *client) []image.ImportInfo {
 
 // importEntries are cl's mapped imports, by address, with their owners'
 // records.
-func (s *Server) importEntries(cl *client) []importEntry {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (r *registry) importEntries(cl *client) []importEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	var out []importEntry
-	for aid, addr := range s.reg.sh.importsOf(cl) {
-		owner := s.reg.ownerOf(aid)
+	for aid, addr := range r.sh.importsOf(cl) {
+		owner := r.owner[aid]
 		if addr == 0 || owner == nil {
 			continue
 		}
@@ -257,13 +251,13 @@ type importEntry struct {
 
 // planImports gives each restored client of p the imports its process had:
 // the owner's restored allocation at the address the importer mapped it.
-func (s *Server) planImports(p *restorePlan, byPid map[int]*client) (err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (r *registry) planImports(p *restorePlan, byPid map[int]*client) (err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	defer func() {
 		if err != nil {
 			for _, cl := range byPid {
-				s.reg.sh.dropImporter(cl)
+				r.sh.dropImporter(cl)
 			}
 		}
 	}()
@@ -291,7 +285,7 @@ func (s *Server) planImports(p *restorePlan, byPid map[int]*client) (err error) 
 				return fmt.Errorf("process %d maps %d bytes of process %d's buffer at 0x%x, which has %d",
 					pr.Pid, imp.Size, imp.OwnerPid, imp.OwnerAddress, al.size)
 			}
-			s.reg.sh.importersOf(al.id)[cl] = imp.Address
+			r.sh.importersOf(al.id)[cl] = imp.Address
 		}
 	}
 	return nil

@@ -248,7 +248,7 @@ func TestSimAdoptionCountsForTheProcess(t *testing.T) {
 		}
 		s.adoptOrphans()
 		wake, _ := os.ReadFile(s.wakes.path(pid))
-		held := s.gpuHeld(uid)
+		held := s.gpus.held(uid)
 		if c.ok {
 			if len(wake) != 0 || held != 16<<20 {
 				t.Errorf("an adoption within a %d-byte limit: wake file %q, %d bytes held", c.limit, wake, held)
@@ -282,7 +282,7 @@ func TestSimResidentServesOnlyItsImagesOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer im.Close()
-	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.restoreRoom)
+	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.pool.restoreRoom)
 	if err != nil {
 		t.Fatal(err)
 	}

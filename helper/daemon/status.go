@@ -18,19 +18,6 @@ import (
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
-// connectedClients and waitingClients copy the registry's lists, by pid.
-func (s *Server) connectedClients() []*client {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reg.connectedClients()
-}
-
-func (s *Server) waitingClients() []*client {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.reg.waitingClients()
-}
-
 // statusShare coalesces Status requests. At most one reply is built at a
 // time; a request waits for the first build that starts after it came (so
 // it sees everything done before it asked), and the requests that wait for
@@ -218,7 +205,7 @@ const quietFor = 5 * time.Second
 // connection are asked GetStats and Snapshot, each within StatusTimeout
 // (one that did not answer within quietFor is not asked).
 func (s *Server) status() *helperpb.StatusReply {
-	clients := s.connectedClients()
+	clients := s.reg.connectedClients()
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices), Unavailable: s.cfg.Unavailable,
 		Driver: s.cfg.Driver, ResidentImages: s.residents.status(), ResidentBudget: s.cfg.ResidentMemory}
 	for i, d := range s.cfg.Devices {
@@ -241,22 +228,13 @@ func (s *Server) status() *helperpb.StatusReply {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			infos[i] = s.clientInfo(cl)
+			infos[i] = cl.info(s.cfg.StatusTimeout)
 		}()
 	}
 	wg.Wait()
 	out.Clients = infos
 	// Processes the helper keeps memory for while they are not connected.
-	waiting := s.waitingClients()
-	s.mu.Lock()
-	for p := range s.plans {
-		for _, cl := range p.clients {
-			if cl.lifeState() == lifePrepared {
-				waiting = append(waiting, cl)
-			}
-		}
-	}
-	s.mu.Unlock()
+	waiting := append(s.reg.waitingClients(), s.reg.preparedClients()...)
 	for _, cl := range waiting {
 		cl.mu.Lock()
 		out.Clients = append(out.Clients, &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
@@ -267,7 +245,7 @@ func (s *Server) status() *helperpb.StatusReply {
 	return out
 }
 
-func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
+func (cl *client) info(statusTimeout time.Duration) *helperpb.ClientInfo {
 	cl.mu.Lock()
 	ci := &helperpb.ClientInfo{Pid: int64(cl.pid), Uid: cl.uid, Program: cl.program,
 		Allocations: uint64(len(cl.allocs)), Bytes: cl.bytes, ControlConnected: cl.ctrl != nil}
@@ -286,7 +264,7 @@ func (s *Server) clientInfo(cl *client) *helperpb.ClientInfo {
 	case quiet:
 		reasons = append(reasons, "control connection does not answer")
 	default:
-		to := s.cfg.StatusTimeout
+		to := statusTimeout
 		err := cl.withControl(to, func(ctl *control) error {
 			r, err := ctl.call(&helperpb.Request{Body: &helperpb.Request_GetStats{GetStats: &helperpb.GetStats{}}}, nil, to)
 			if err != nil {

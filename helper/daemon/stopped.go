@@ -21,18 +21,7 @@ const continuedPoll = 50 * time.Millisecond
 // resumeContinued gives every client a dump left stopped, and that has been
 // continued since, its GPU back.
 func (s *Server) resumeContinued() {
-	s.mu.Lock()
-	var cont []*client
-	for _, cl := range s.reg.waiting {
-		// Stopped is false for a process that has exited too: the reaper
-		// releases that one
-		if cl.stoppedAfterDump && cl.lifeState() == lifeDetached && cl.process().Running() && !cl.process().Stopped() {
-			cl.stoppedAfterDump = false
-			cont = append(cont, cl)
-		}
-	}
-	s.mu.Unlock()
-	for _, cl := range cont {
+	for _, cl := range s.reg.takeContinued() {
 		cl.log.Info("the stopped process was continued: giving its GPU back")
 		go func() {
 			if r := s.dumpDone(0, &helperpb.DumpDone{Pid: int64(cl.pid), Alive: true}); r.Error != nil {

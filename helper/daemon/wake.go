@@ -49,23 +49,3 @@ func (w *wakeFiles) remove(pid proc.Pid) { w.d.remove(strconv.Itoa(int(pid))) }
 
 // close lets the directory go (the helper stops).
 func (w *wakeFiles) close() { w.d.close() }
-
-func (s *Server) wake(pid proc.Pid) error { return s.wakes.create(pid, "") }
-
-// removeWakeLocked removes the wake file named after pid unless a client
-// other than the one now waiting as self still waits for it (two restores
-// of one image wait for the same file). Called with s.mu held.
-func (s *Server) removeWakeLocked(pid, self proc.Pid) {
-	for p, w := range s.reg.waiting {
-		if p == self {
-			continue
-		}
-		w.mu.Lock()
-		shared := w.waitsForWakeLocked(p, pid)
-		w.mu.Unlock()
-		if shared {
-			return
-		}
-	}
-	s.wakes.remove(pid)
-}
