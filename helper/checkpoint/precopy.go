@@ -107,7 +107,7 @@ func preCopy(ctx context.Context, o PreCopy, dir, parent string, pids []proc.Pid
 		r := PreCopyRound{Round: round}
 		start := time.Now()
 		for _, pid := range pids {
-			into := filepath.Join(base, strconv.Itoa(round)+"-"+strconv.Itoa(int(pid)))
+			into := filepath.Join(base, strconv.Itoa(round)+"-"+pid.String())
 			reply, err := DumpGPU(ctx, GPUOptions{Pid: pid, Dir: into, Parent: res.last, LeaveRunning: true, Concurrent: true,
 				Socket: env.Socket})
 			if err != nil {

@@ -32,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -71,7 +70,7 @@ func newDetachStates(sockDir string) *detachStates {
 	return &detachStates{d: ownDir{sockDir: sockDir, name: "detached", mode: 0o700}}
 }
 
-func stateName(pid proc.Pid) string { return strconv.Itoa(int(pid)) + ".json" }
+func stateName(pid proc.Pid) string { return pid.String() + ".json" }
 
 // record records that cl's process is about to give its memory up to the
 // image id in dir, which owner (the checkpoint's requester) owns.

@@ -10,7 +10,6 @@ package daemon
 
 import (
 	"path/filepath"
-	"strconv"
 
 	"github.com/gpucr/gpucr/helper/proc"
 )
@@ -34,18 +33,18 @@ func (w *wakeFiles) path(pid proc.Pid) string { return filepath.Join(w.d.sockDir
 
 // name is path relative to the socket's directory (what Detach sends).
 func (w *wakeFiles) name(pid proc.Pid) string {
-	return filepath.Join(wakeDirName, strconv.Itoa(int(pid)))
+	return filepath.Join(wakeDirName, pid.String())
 }
 
 // create makes pid's wake file with content msg: empty means "come back",
 // "lost: why" that its GPU state is gone (adopt.go). The client reads it as
 // soon as it exists, whole.
 func (w *wakeFiles) create(pid proc.Pid, msg string) error {
-	return w.d.write(strconv.Itoa(int(pid)), []byte(msg), 0o644)
+	return w.d.write(pid.String(), []byte(msg), 0o644)
 }
 
 // remove removes pid's wake file, if there is one.
-func (w *wakeFiles) remove(pid proc.Pid) { w.d.remove(strconv.Itoa(int(pid))) }
+func (w *wakeFiles) remove(pid proc.Pid) { w.d.remove(pid.String()) }
 
 // close lets the directory go (the helper stops).
 func (w *wakeFiles) close() { w.d.close() }

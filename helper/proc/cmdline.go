@@ -2,7 +2,6 @@ package proc
 
 import (
 	"os"
-	"strconv"
 	"strings"
 )
 
@@ -10,7 +9,7 @@ import (
 // joined by spaces); its command name (Comm) where the command line is
 // empty (a kernel thread, a zombie); "" if the process is unknown.
 func CommandLine(pid Pid) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/cmdline")
+	b, err := os.ReadFile("/proc/" + pid.String() + "/cmdline")
 	if err != nil {
 		return ""
 	}

@@ -77,7 +77,7 @@ func Holders(pids []Pid) []Holder {
 
 // Comm is pid's command name (/proc/PID/comm), "" if unknown.
 func Comm(pid Pid) string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/comm")
+	b, err := os.ReadFile("/proc/" + pid.String() + "/comm")
 	if err != nil {
 		return ""
 	}
