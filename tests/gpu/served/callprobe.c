@@ -1,0 +1,174 @@
+/*
+ * callprobe: what a CUDA application asks of the driver library, by the
+ * library that asks. LD_PRELOAD it into a plain run (no gpucr):
+ *
+ *   LD_PRELOAD=callprobe.so CALLPROBE_OUT=FILE python3 app.py
+ *
+ * A served mode forwards the application's driver calls to a worker
+ * process; it must answer every entry point the application resolves, and
+ * every export table (cuGetExportTable: undocumented tables of internal
+ * driver functions that cudart fetches and checks) as well. This counts,
+ * for each caller library (the object that made the request, by dladdr of
+ * the return address):
+ *   - the driver symbols it resolved, through dlsym or cuGetProcAddress;
+ *   - the export tables it fetched, by UUID, and how many entries of each
+ *     it could reach (unknown: the table's first word is its size in
+ *     bytes for most of them, printed as found).
+ * At exit the report goes to CALLPROBE_OUT (default stderr).
+ *
+ * The driver is reached only through the real dlsym (RTLD_NEXT), and every
+ * request is passed through unchanged: the probe only watches.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpucr/cudadrv.h"
+
+typedef void *(*dlsym_fn)(void *, const char *);
+typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*gpa_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*export_fn)(const void **, const CUuuid *);
+
+static dlsym_fn real_dlsym;
+static gpa_v1_fn real_gpa_v1;
+static gpa_v2_fn real_gpa_v2;
+static export_fn real_export;
+
+#define MAX_ROWS 4096
+struct row {
+    char caller[160];
+    char what[96]; /* a symbol, or "export:UUID" */
+    unsigned long count;
+    unsigned long first_word; /* an export table's first word */
+};
+static struct row rows[MAX_ROWS];
+static int nrows;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void caller_of(const void *ret, char *out, size_t n) {
+    Dl_info di;
+    if (ret && dladdr(ret, &di) && di.dli_fname) {
+        const char *b = strrchr(di.dli_fname, '/');
+        snprintf(out, n, "%s", b ? b + 1 : di.dli_fname);
+    } else
+        snprintf(out, n, "?");
+}
+
+static void note(const void *ret, const char *what, unsigned long first_word) {
+    char caller[160];
+    caller_of(ret, caller, sizeof caller);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nrows; i++)
+        if (!strcmp(rows[i].caller, caller) && !strcmp(rows[i].what, what)) {
+            rows[i].count++;
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+    if (nrows < MAX_ROWS) {
+        struct row *r = &rows[nrows++];
+        snprintf(r->caller, sizeof r->caller, "%s", caller);
+        snprintf(r->what, sizeof r->what, "%s", what);
+        r->count = 1;
+        r->first_word = first_word;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static void find_real_dlsym(void) {
+    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!real_dlsym)
+        real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+}
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static CUresult probe_export(const void **table, const CUuuid *id) {
+    CUresult r = real_export ? real_export(table, id) : CUDA_ERROR_NOT_FOUND;
+    char what[96];
+    int k = snprintf(what, sizeof what, "export:");
+    for (int i = 0; i < 16 && id; i++)
+        k += snprintf(what + k, sizeof what - (size_t)k, "%02x", (unsigned char)id->bytes[i]);
+    unsigned long first = (r == CUDA_SUCCESS && table && *table) ? (unsigned long)*(const uint64_t *)*table : 0;
+    note(__builtin_return_address(0), what, first);
+    return r;
+}
+
+/* The entry points that hand out other entry points are watched too. */
+static void *swap_in(const char *name, void *real) {
+    if (!real)
+        return real;
+    if (!strcmp(name, "cuGetExportTable")) {
+        real_export = (export_fn)real;
+        return (void *)probe_export;
+    }
+    return real;
+}
+
+static CUresult probe_gpa_v1(const char *sym, void **pfn, int ver, cuuint64_t flags);
+static CUresult probe_gpa_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status);
+
+static void *swap_gpa(const char *name, void *real) {
+    if (!real)
+        return real;
+    if (!strcmp(name, "cuGetProcAddress")) {
+        real_gpa_v1 = (gpa_v1_fn)real;
+        return (void *)probe_gpa_v1;
+    }
+    if (!strcmp(name, "cuGetProcAddress_v2")) {
+        real_gpa_v2 = (gpa_v2_fn)real;
+        return (void *)probe_gpa_v2;
+    }
+    return swap_in(name, real);
+}
+
+static CUresult probe_gpa_v1(const char *sym, void **pfn, int ver, cuuint64_t flags) {
+    CUresult r = real_gpa_v1 ? real_gpa_v1(sym, pfn, ver, flags) : CUDA_ERROR_NOT_FOUND;
+    if (sym) {
+        note(__builtin_return_address(0), sym, 0);
+        if (r == CUDA_SUCCESS && pfn)
+            *pfn = swap_gpa(sym, *pfn);
+    }
+    return r;
+}
+
+static CUresult probe_gpa_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+    CUresult r = real_gpa_v2 ? real_gpa_v2(sym, pfn, ver, flags, status) : CUDA_ERROR_NOT_FOUND;
+    if (sym) {
+        note(__builtin_return_address(0), sym, 0);
+        if (r == CUDA_SUCCESS && pfn)
+            *pfn = swap_gpa(sym, *pfn);
+    }
+    return r;
+}
+
+void *dlsym(void *handle, const char *name) {
+    pthread_once(&once, find_real_dlsym);
+    if (!real_dlsym)
+        return NULL;
+    void *p = real_dlsym(handle, name);
+    if (name[0] == 'c' && name[1] == 'u' && p) {
+        note(__builtin_return_address(0), name, 0);
+        p = swap_gpa(name, p);
+    }
+    return p;
+}
+
+__attribute__((destructor)) static void report(void) {
+    const char *path = getenv("CALLPROBE_OUT");
+    FILE *f = path ? fopen(path, "w") : NULL;
+    if (!f)
+        f = stderr;
+    pthread_mutex_lock(&mu);
+    fprintf(f, "# caller\twhat\tcount\tfirst_word\n");
+    for (int i = 0; i < nrows; i++)
+        fprintf(f, "%s\t%s\t%lu\t%lu\n", rows[i].caller, rows[i].what, rows[i].count, rows[i].first_word);
+    pthread_mutex_unlock(&mu);
+    if (f != stderr)
+        fclose(f);
+}

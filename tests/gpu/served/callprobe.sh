@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# What a served mode would have to answer and what it would take out of the
+# process, measured on the GPU machine with a plain PyTorch job (no gpucr):
+#
+#   bash tests/gpu/served/callprobe.sh [ANCHOR_DIR]
+#
+# 1. callprobe.so (LD_PRELOAD) under probe_app.py (PyTorch, cuBLAS, cuDNN, a
+#    CUDA graph; COMPILE=1 adds torch.compile): for each library that asks,
+#    the driver entry points it resolves and the export tables it fetches
+#    (cuGetExportTable: the driver's undocumented tables that cudart reads
+#    directly). A served mode must answer all of them from another process.
+# 2. probe_app.py held: its memory by kind (smaps_by_kind.py: Rss/private
+#    dirty MiB) as it runs, then after NVIDIA's checkpoint (drvckpt from
+#    ANCHOR_DIR, default ../shared/device/anchor: lock + checkpoint) parks
+#    the driver's state in it, then after the driver's restore. The private
+#    dirty pages are what CRIU copies; the difference is what a process
+#    with no driver state would not carry.
+# Logs in build/gpu/served (and $OUT).
+set -u
+cd "$(dirname "$0")/../../.."
+ANCHOR=${1:-../shared/device/anchor}
+L=build/gpu/served
+mkdir -p "$L"
+S=$L/callprobe.txt
+: >"$S"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PY=${PYTHON:-python3}
+note() { printf '%s\n' "$*" | tee -a "$S"; }
+APP=$PWD/tests/gpu/served/probe_app.py
+HELD=
+finish() {
+	[ -n "$HELD" ] && kill -9 "$HELD" 2>/dev/null
+	[ -n "${OUT:-}" ] && cp "$L"/*.txt "$OUT"/ 2>/dev/null
+}
+trap finish EXIT
+
+note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $($PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)')"
+gcc -O2 -Wall -Wextra -fPIC -shared -Iinclude -o "$L/callprobe.so" tests/gpu/served/callprobe.c -ldl -pthread || exit 1
+
+for compile in 0 1; do
+	out=$L/calls-compile$compile.tsv
+	if ! COMPILE=$compile LD_PRELOAD=$PWD/$L/callprobe.so CALLPROBE_OUT=$out timeout 300 $PY "$APP" >"$L/app-compile$compile.log" 2>&1; then
+		note "FAIL: probe_app (COMPILE=$compile): $(tail -2 "$L/app-compile$compile.log")"
+		continue
+	fi
+	note ""
+	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log")"
+	note "caller: distinct driver entry points, export tables"
+	awk -F'\t' 'NR>1 { if ($2 ~ /^export:/) e[$1]++; else s[$1]++; c[$1]=1 }
+		END { for (k in c) printf "  %s: %d entry points, %d export tables\n", k, s[k], e[k] }' "$out" | sort | tee -a "$S"
+	note "export tables (caller, uuid, fetches, first word):"
+	awk -F'\t' 'NR>1 && $2 ~ /^export:/ { printf "  %s %s %s %s\n", $1, substr($2, 8), $3, $4 }' "$out" | sort | tee -a "$S"
+	note "distinct entry points in all: $(awk -F'\t' 'NR>1 && $2 !~ /^export:/ {print $2}' "$out" | sort -u | wc -l)"
+done
+
+note ""
+note "== memory of the held process (kind=Rss/private dirty MiB)"
+cc -O2 -I/usr/local/cuda/include -o "$L/drvckpt" "$ANCHOR/drvckpt.c" -L/usr/local/cuda/lib64/stubs -lcuda || {
+	note "FAIL: building drvckpt"
+	exit 1
+}
+R=$L/ready.txt
+rm -f "$R"
+setsid $PY "$APP" "$R" </dev/null >"$L/held.log" 2>&1 &
+for _ in $(seq 1200); do grep -q '^ready' "$R" 2>/dev/null && break; sleep 0.1; done
+HELD=$(sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$R" | head -1)
+[ -n "$HELD" ] || {
+	note "FAIL: the held app did not start: $(tail -2 "$L/held.log")"
+	exit 1
+}
+note "running:            $($PY tests/gpu/served/smaps_by_kind.py "$HELD")"
+timeout 60 "$L/drvckpt" lock checkpoint "$HELD" >>"$L/drvckpt.log" 2>&1 || note "FAIL: driver checkpoint: $(tail -1 "$L/drvckpt.log")"
+note "driver checkpointed: $($PY tests/gpu/served/smaps_by_kind.py "$HELD")"
+note "  ($(grep -h 'drvckpt checkpoint' "$L/drvckpt.log" | tail -1))"
+timeout 60 "$L/drvckpt" restore unlock "$HELD" >>"$L/drvckpt.log" 2>&1 || note "FAIL: driver restore: $(tail -1 "$L/drvckpt.log")"
+note "driver restored:    $($PY tests/gpu/served/smaps_by_kind.py "$HELD")"
