@@ -14,7 +14,10 @@
  *   - the export tables it fetched, by UUID, and how many entries of each
  *     it could reach (unknown: the table's first word is its size in
  *     bytes for most of them, printed as found).
- * At exit the report goes to CALLPROBE_OUT (default stderr).
+ * At exit each process that recorded anything writes its report to
+ * CALLPROBE_OUT.PID (default stderr): the application's children (compile
+ * workers, find_library's ldconfig) inherit the preload, and one file
+ * each keeps them from writing over one another.
  *
  * The driver is reached only through the real dlsym (RTLD_NEXT), and every
  * request is passed through unchanged: the probe only watches.
@@ -26,8 +29,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpucr/cudadrv.h"
+
+/* The header maps the name to its _v2; the probe answers both. */
+#undef cuGetProcAddress
 
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef CUresult (*gpa_v1_fn)(const char *, void **, int, cuuint64_t);
@@ -86,15 +93,19 @@ static void find_real_dlsym(void) {
 }
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
-static CUresult probe_export(const void **table, const CUuuid *id) {
+static CUresult export_from(const void *ret, const void **table, const CUuuid *id) {
     CUresult r = real_export ? real_export(table, id) : CUDA_ERROR_NOT_FOUND;
     char what[96];
     int k = snprintf(what, sizeof what, "export:");
     for (int i = 0; i < 16 && id; i++)
         k += snprintf(what + k, sizeof what - (size_t)k, "%02x", (unsigned char)id->bytes[i]);
     unsigned long first = (r == CUDA_SUCCESS && table && *table) ? (unsigned long)*(const uint64_t *)*table : 0;
-    note(__builtin_return_address(0), what, first);
+    note(ret, what, first);
     return r;
+}
+
+static CUresult probe_export(const void **table, const CUuuid *id) {
+    return export_from(__builtin_return_address(0), table, id);
 }
 
 /* The entry points that hand out other entry points are watched too. */
@@ -126,25 +137,62 @@ static void *swap_gpa(const char *name, void *real) {
     return swap_in(name, real);
 }
 
-static CUresult probe_gpa_v1(const char *sym, void **pfn, int ver, cuuint64_t flags) {
+static CUresult gpa_v1_from(const void *ret, const char *sym, void **pfn, int ver, cuuint64_t flags) {
     CUresult r = real_gpa_v1 ? real_gpa_v1(sym, pfn, ver, flags) : CUDA_ERROR_NOT_FOUND;
     if (sym) {
-        note(__builtin_return_address(0), sym, 0);
+        note(ret, sym, 0);
         if (r == CUDA_SUCCESS && pfn)
             *pfn = swap_gpa(sym, *pfn);
     }
     return r;
 }
 
-static CUresult probe_gpa_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
-                             CUdriverProcAddressQueryResult *status) {
+static CUresult gpa_v2_from(const void *ret, const char *sym, void **pfn, int ver, cuuint64_t flags,
+                            CUdriverProcAddressQueryResult *status) {
     CUresult r = real_gpa_v2 ? real_gpa_v2(sym, pfn, ver, flags, status) : CUDA_ERROR_NOT_FOUND;
     if (sym) {
-        note(__builtin_return_address(0), sym, 0);
+        note(ret, sym, 0);
         if (r == CUDA_SUCCESS && pfn)
             *pfn = swap_gpa(sym, *pfn);
     }
     return r;
+}
+
+static CUresult probe_gpa_v1(const char *sym, void **pfn, int ver, cuuint64_t flags) {
+    return gpa_v1_from(__builtin_return_address(0), sym, pfn, ver, flags);
+}
+
+static CUresult probe_gpa_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
+    return gpa_v2_from(__builtin_return_address(0), sym, pfn, ver, flags, status);
+}
+
+/* A library linked against libcuda.so.1 (not through dlopen) calls these
+ * by name: the preload's definitions come first. */
+static void *next_driver_sym(const char *name) {
+    pthread_once(&once, find_real_dlsym);
+    return real_dlsym ? real_dlsym(RTLD_NEXT, name) : NULL;
+}
+
+__attribute__((visibility("default"))) CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
+                                                                  cuuint64_t flags) {
+    if (!real_gpa_v1)
+        real_gpa_v1 = (gpa_v1_fn)next_driver_sym("cuGetProcAddress");
+    return gpa_v1_from(__builtin_return_address(0), sym, pfn, ver, flags);
+}
+
+__attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
+                                                                     cuuint64_t flags,
+                                                                     CUdriverProcAddressQueryResult *status) {
+    if (!real_gpa_v2)
+        real_gpa_v2 = (gpa_v2_fn)next_driver_sym("cuGetProcAddress_v2");
+    return gpa_v2_from(__builtin_return_address(0), sym, pfn, ver, flags, status);
+}
+
+__attribute__((visibility("default"))) CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    if (!real_export)
+        real_export = (export_fn)next_driver_sym("cuGetExportTable");
+    return export_from(__builtin_return_address(0), table, id);
 }
 
 void *dlsym(void *handle, const char *name) {
@@ -159,12 +207,24 @@ void *dlsym(void *handle, const char *name) {
     return p;
 }
 
-__attribute__((destructor)) static void report(void) {
+static void report(void) {
+    static _Atomic int done;
+    if (done++)
+        return;
+    pthread_mutex_lock(&mu);
+    if (nrows == 0) {
+        pthread_mutex_unlock(&mu);
+        return;
+    }
     const char *path = getenv("CALLPROBE_OUT");
-    FILE *f = path ? fopen(path, "w") : NULL;
+    char file[4096];
+    FILE *f = NULL;
+    if (path) {
+        snprintf(file, sizeof file, "%s.%d", path, (int)getpid());
+        f = fopen(file, "w");
+    }
     if (!f)
         f = stderr;
-    pthread_mutex_lock(&mu);
     fprintf(f, "# caller\twhat\tcount\tfirst_word\n");
     for (int i = 0; i < nrows; i++)
         fprintf(f, "%s\t%s\t%lu\t%lu\n", rows[i].caller, rows[i].what, rows[i].count, rows[i].first_word);
@@ -172,3 +232,8 @@ __attribute__((destructor)) static void report(void) {
     if (f != stderr)
         fclose(f);
 }
+
+/* Both: a process that ends through exit() runs the atexit handler before
+ * libraries are unloaded; the destructor covers a library unloaded first. */
+__attribute__((constructor)) static void arm(void) { atexit(report); }
+__attribute__((destructor)) static void disarm(void) { report(); }

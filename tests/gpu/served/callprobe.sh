@@ -30,7 +30,7 @@ APP=$PWD/tests/gpu/served/probe_app.py
 HELD=
 finish() {
 	[ -n "$HELD" ] && kill -9 "$HELD" 2>/dev/null
-	[ -n "${OUT:-}" ] && cp "$L"/*.txt "$OUT"/ 2>/dev/null
+	[ -n "${OUT:-}" ] && cp "$L"/*.txt "$L"/*.tsv "$OUT"/ 2>/dev/null
 }
 trap finish EXIT
 
@@ -39,12 +39,16 @@ gcc -O2 -Wall -Wextra -fPIC -shared -Iinclude -o "$L/callprobe.so" tests/gpu/ser
 
 for compile in 0 1; do
 	out=$L/calls-compile$compile.tsv
-	if ! COMPILE=$compile LD_PRELOAD=$PWD/$L/callprobe.so CALLPROBE_OUT=$out timeout 300 $PY "$APP" >"$L/app-compile$compile.log" 2>&1; then
+	rm -f "$out".*
+	if ! COMPILE=$compile LD_PRELOAD=$PWD/$L/callprobe.so CALLPROBE_OUT=$PWD/$out timeout 300 $PY "$APP" >"$L/app-compile$compile.log" 2>&1; then
 		note "FAIL: probe_app (COMPILE=$compile): $(tail -2 "$L/app-compile$compile.log")"
 		continue
 	fi
+	# Every process's report, one table (the header once).
+	echo "# caller	what	count	first_word" >"$out"
+	cat "$out".* 2>/dev/null | grep -v '^#' >>"$out"
 	note ""
-	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log")"
+	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log"); $(ls "$out".* 2>/dev/null | wc -l) processes reported"
 	note "caller: distinct driver entry points, export tables"
 	awk -F'\t' 'NR>1 { if ($2 ~ /^export:/) e[$1]++; else s[$1]++; c[$1]=1 }
 		END { for (k in c) printf "  %s: %d entry points, %d export tables\n", k, s[k], e[k] }' "$out" | sort | tee -a "$S"
