@@ -13,10 +13,10 @@
 # Logs in build/gpu/analysis (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: analysis-check.sh GPUCR_PREFIX [BASE_PREFIX]}" && pwd)
+. tests/gpu/lib.sh
+prefix_arg "usage: analysis-check.sh GPUCR_PREFIX [BASE_PREFIX]" "$@"
 BASE=${2:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
-. tests/gpu/lib.sh
 fresh_logs build/gpu/analysis
 fail=0
 SOCK=/run/gpucr-analysis/helper.sock
@@ -28,7 +28,7 @@ finish() {
 }
 trap finish EXIT
 note "## a module loaded as PTX, analysed by the helper"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+note_host
 start_helper "$G/bin/gpucr" "$SOCK" "$LOGS/helper.log" --log-level debug || bad "the helper did not answer"
 
 # 1. CuPy, PTX.

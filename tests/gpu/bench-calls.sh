@@ -22,17 +22,13 @@
 # lanes must not spin). Logs in build/gpu/calls (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: bench-calls.sh GPUCR_PREFIX [BASE_INTERPOSER]}" && pwd)
+. tests/gpu/lib.sh
+prefix_arg "usage: bench-calls.sh GPUCR_PREFIX [BASE_INTERPOSER]" "$@"
 BASE=${2:-}
-GPUCR=$G/bin/gpucr
 ROUNDS=${ROUNDS:-5}
 CALLS=${CALLS:-200000}
 REPS=${REPS:-20}
-LOGS=${LOGS:-build/gpu/calls}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/calls
 BIN=${BIN:-build/gpu/bin}
 [ -x "$BIN/callbench" ] || make -s gpu-apps >"$LOGS/make.txt" 2>&1 || { bad "make gpu-apps"; exit 1; }
 SOCK=/run/gpucr/calls-helper.sock
@@ -93,7 +89,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 note "## What gpucr run adds to each call"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); $ROUNDS rounds, $CALLS calls per case, $REPS allocations per size"
+note_host "$ROUNDS rounds, $CALLS calls per case, $REPS allocations per size"
 python3 - "$LOGS" "$ROUNDS" "$modes" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import statistics, sys
 logs, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()

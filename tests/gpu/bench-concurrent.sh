@@ -29,6 +29,7 @@
 # whole: no size starts after it.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/gpu/lib.sh
 usage="usage: bench-concurrent.sh NEW_PREFIX BASE_PREFIX CRIU_BUNDLE ANCHOR_DIR [SIZE...]"
 NEW=$(cd "${1:?$usage}" && pwd)
 BASE=${2:?$usage}
@@ -42,15 +43,10 @@ GAP=${GAP:-4}
 DEADLINE=$(($(date +%s) + ${DEADLINE:-540}))
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-LOGS=${LOGS:-build/gpu/concurrent}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
+fresh_logs build/gpu/concurrent
 EV=$LOGS/events.tsv
 : >"$EV"
-. tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+use_criu "$C" || exit 1
 gcc -O2 -I/usr/local/cuda/include -o "$LOGS/drvckpt" "$A/drvckpt.c" -L/usr/local/cuda/lib64/stubs -lcuda || exit 1
 IMG=/dev/shm/gpucr-conc
 SOCK=/run/gpucr-conc/helper.sock
@@ -62,7 +58,7 @@ cleanup() {
 	rm -rf "$IMG"
 }
 trap cleanup EXIT
-note "host: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
+note_host
 
 # start_job GPUCR|"" SIZE LOG: the job, under `GPUCR run` unless GPUCR is
 # empty; its pid in P (empty if it did not start within 3 minutes).

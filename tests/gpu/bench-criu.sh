@@ -24,23 +24,23 @@
 # restored as a whole, each process's heartbeat checked.
 set -u
 cd "$(dirname "$0")/../.."
-G=${1:?usage: bench-criu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB...]}
-C=${2:?usage}
-A=${3:?usage}
+. tests/gpu/lib.sh
+usage="usage: bench-criu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB...]"
+prefix_criu_args "$usage" "$@"
+A=${3:?$usage}
 shift 3
 SIZES=${*:-8}
-GPUCR=$G/bin/gpucr
 PLUGINS=$(cd "$G/lib/criu" && pwd)
 LOGS=${LOGS:-build/gpu/criu}
 IMG=${IMG:-/dev/shm/gpucr-criu-img}
 PY=${PYTHON:-python3}
+# Not fresh_logs: compare-builds.sh puts the anchor's log (anchor.txt) in
+# LOGS before it calls this with SKIP_ANCHOR, and it must stay.
 mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+use_criu "$C" || exit 1
 
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
+note_host
 note ""
 note "## anchor: CRIU + driver checkpoint API (shared/device/anchor/run-anchor.sh)"
 if [ -z "${SKIP_ANCHOR:-}" ]; then

@@ -20,17 +20,15 @@
 # Prints a table with the ratios; logs in build/gpu/ckpt (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-PREFIX=${1:?usage: bench-gpu-checkpoint.sh PREFIX ANCHOR_DIR [GB...]}
-ANCHOR=${2:?usage: bench-gpu-checkpoint.sh PREFIX ANCHOR_DIR [GB...]}
+. tests/gpu/lib.sh
+usage="usage: bench-gpu-checkpoint.sh PREFIX ANCHOR_DIR [GB...]"
+prefix_arg "$usage" "$@"
+ANCHOR=${2:?$usage}
 shift 2
 SIZES=${*:-8}
-GPUCR=$PREFIX/bin/gpucr
-LOGS=${LOGS:-build/gpu/ckpt}
 IMG=${IMG:-/dev/shm/gpucr-bench-img}
 PY=${PYTHON:-python3}
-mkdir -p "$LOGS"
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/ckpt
 
 gcc -O2 -I/usr/local/cuda/include -o "$LOGS/drvckpt" "$ANCHOR/drvckpt.c" -L/usr/local/cuda/lib64/stubs -lcuda || exit 1
 SOCK=$(mktemp -u /tmp/gpucr-ckpt.XXXXXX.sock)
@@ -39,7 +37,7 @@ HELPER=$!
 trap 'kill $HELPER 2>/dev/null; pkill -f "$ANCHOR/work.py" 2>/dev/null; rm -rf "$IMG"' EXIT
 for _ in $(seq 100); do "$GPUCR" status --socket "$SOCK" >/dev/null 2>&1 && break; sleep 0.1; done
 
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); image dir $IMG"
+note_host "image dir $IMG"
 # wait_ready LOG: the workload's pid once its ready line is there
 wait_ready() {
 	for _ in $(seq 600); do

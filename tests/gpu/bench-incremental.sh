@@ -22,7 +22,9 @@
 # Prints a table; logs in build/gpu/incremental (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-NEW=${1:?usage: bench-incremental.sh GPUCR_PREFIX [BASE_PREFIX] [GB...]}
+. tests/gpu/lib.sh
+prefix_arg "usage: bench-incremental.sh GPUCR_PREFIX [BASE_PREFIX] [GB...]" "$@"
+NEW=$G
 shift
 BASE=
 if [ $# -gt 0 ] && [ -x "$1/bin/gpucr" ]; then
@@ -30,11 +32,8 @@ if [ $# -gt 0 ] && [ -x "$1/bin/gpucr" ]; then
 	shift
 fi
 SIZES=${*:-8}
-LOGS=${LOGS:-build/gpu/incremental}
 PY=${PYTHON:-python3}
-mkdir -p "$LOGS"
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/incremental
 # A run cut short (timeout sends TERM) must not leave its helper and GPU
 # workload holding the GPU's memory for whatever the caller runs next.
 IMGS=()
@@ -48,7 +47,7 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 
 pcie_floor
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3); images in ${IMG_ROOT:-/dev/shm} ($(findmnt -no FSTYPE,OPTIONS -T "${IMG_ROOT:-/dev/shm}" 2>/dev/null))"
+note_host "PCIe floor device->host $DTOH GB/s (pinned 4 GiB, best of 3); images in ${IMG_ROOT:-/dev/shm} ($(findmnt -no FSTYPE,OPTIONS -T "${IMG_ROOT:-/dev/shm}" 2>/dev/null))"
 note ""
 note "| build | GB | checkpoint | stall (helper total) | GPU phase (hash + copy) | chunks copied | bytes over PCIe | GPU hash | changed bytes at the floor |"
 note "|---|---|---|---|---|---|---|---|---|"

@@ -26,23 +26,21 @@
 # Prints a table; logs in build/gpu/interposer (and $OUT if set).
 set -u
 cd "$(dirname "$0")/../.."
+. tests/gpu/lib.sh
 ROOT=$(pwd)
 PREFIX=${1:-build}
 GPUCR=$PREFIX/bin/gpucr
-LOGS=${LOGS:-build/gpu/interposer}
 STEPS=${STEPS:-40}
 ROUNDS=${ROUNDS:-3}
 # PARTS: which sections run (default all): apps torch cycle frameworks micro
 PARTS=${PARTS:-apps torch cycle frameworks micro}
 want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
-mkdir -p "$LOGS"
 SOCK=$(mktemp -u /tmp/gpucr-bench.XXXXXX.sock)
 PY=${PYTHON:-python3}
-. tests/gpu/lib.sh
 
 [ -x "$GPUCR" ] || { echo "bench-interposer.sh: $GPUCR missing" >&2; exit 2; }
-: >"$LOGS/summary.txt"
-note "host: $(hostname) $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+fresh_logs build/gpu/interposer
+note_host "$(hostname)"
 note "torch: $($PY -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1 | tail -1)"
 
 "$GPUCR" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &

@@ -15,17 +15,13 @@
 # Logs in build/gpu/start (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: bench-start.sh GPUCR_PREFIX}" && pwd)
-GPUCR=$G/bin/gpucr
+. tests/gpu/lib.sh
+prefix_arg "usage: bench-start.sh GPUCR_PREFIX" "$@"
 PAIRS=${PAIRS:-10}
 GIB=${GIB:-8.6}
 POOL=${POOL:-256M}
 WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
-LOGS=${LOGS:-build/gpu/start}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/start
 [ -s "$WEIGHTS" ] || python3 tests/gpu/bench_start.py make "$WEIGHTS" --gib "$GIB" >"$LOGS/make.txt" 2>&1 || {
 	bad "writing the weights: $(tail -2 "$LOGS/make.txt")"
 	exit 1
@@ -83,7 +79,7 @@ for r in $(seq "$PAIRS"); do
 done
 PAIRS=$done_rounds
 note "## Server start to first answer ($GIB GiB of weights from $WEIGHTS)"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $PAIRS interleaved rounds"
+note_host "$PAIRS interleaved rounds"
 python3 - "$LOGS" "$PAIRS" "$modes" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import statistics, sys
 logs, pairs, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()

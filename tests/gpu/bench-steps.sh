@@ -18,16 +18,12 @@
 # Logs in build/gpu/steps.
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: bench-steps.sh GPUCR_PREFIX}" && pwd)
-GPUCR=$G/bin/gpucr
+. tests/gpu/lib.sh
+prefix_arg "usage: bench-steps.sh GPUCR_PREFIX" "$@"
 PAIRS=${PAIRS:-10}
 STEPS=${STEPS:-100}
 WORKLOADS=${WORKLOADS:-lm_train resnet50 decode_b1 graph}
-LOGS=${LOGS:-build/gpu/steps}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/steps
 SOCK=/run/gpucr/steps-helper.sock
 HELPER=
 finish() {
@@ -65,6 +61,6 @@ for p in $(seq "$PAIRS"); do
 done
 
 note "## Step times, plain against gpucr run"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, --steps $STEPS"
+note_host "$(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, --steps $STEPS"
 python3 tests/gpu/steps_table.py "$LOGS" "$PAIRS" "$WORKLOADS" | tee -a "$LOGS/summary.txt"
 exit $fail

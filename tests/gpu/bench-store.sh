@@ -13,16 +13,14 @@
 # GB (default 8) is the data per run. Tables in build/gpu/store (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
+. tests/gpu/lib.sh
 TOOLS=${1:?usage: bench-store.sh TOOLS_DIR [DIR...]}
 shift
 DIRS=${*:-/dev/shm}
 GB=${GB:-8}
-LOGS=${LOGS:-build/gpu/store}
-mkdir -p "$LOGS"
-: >"$LOGS/summary.txt"
-note() { echo "$*" | tee -a "$LOGS/summary.txt"; }
+fresh_logs build/gpu/store
 
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+note_host
 for d in $DIRS; do
 	fs=$(stat -f -c %T "$d")
 	ways=files,falloc,big,bigfalloc,writev,mmap

@@ -24,14 +24,13 @@
 # build/gpu/cold-start (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: cold-start.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: cold-start.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]" "$@"
 BASE=${3:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 GIB=${GIB:-8.6}
 ROUNDS=${ROUNDS:-3}
 WEIGHTS=${WEIGHTS:-/dev/shm/gpucr-bench-weights.safetensors}
-. tests/gpu/lib.sh
 fresh_logs build/gpu/cold-start
 use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-cold-start
@@ -42,7 +41,7 @@ trap 'pkill -9 -f "$SERVER serve" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf 
 	bad "writing the weights: $(tail -2 "$LOGS/make.txt")"
 	exit 1
 }
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(du -h "$WEIGHTS" | cut -f1) of weights in $WEIGHTS"
+note_host "$(du -h "$WEIGHTS" | cut -f1) of weights in $WEIGHTS"
 ask() { python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode().strip())' "$1" 2>/dev/null; }
 # first_answer PORT PID T0 OUT: polls /run until it answers; the seconds since T0 to OUT, the answer to OUT.answer.
 first_answer() {

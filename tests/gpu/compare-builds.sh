@@ -15,6 +15,7 @@
 # (compare-logs.tgz) are copied there.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/gpu/lib.sh # NVLink multicast off
 NEW=${1:?usage: compare-builds.sh NEW BASE CRIU_BUNDLE ANCHOR_DIR [RUNS]}
 BASE=${2:?usage}
 CRIU=${3:?usage}

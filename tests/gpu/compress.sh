@@ -12,17 +12,16 @@
 # in build/gpu/compress (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: compress.sh GPUCR_PREFIX}" && pwd)
-GPUCR=$G/bin/gpucr
+. tests/gpu/lib.sh
+prefix_arg "usage: compress.sh GPUCR_PREFIX" "$@"
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-. tests/gpu/lib.sh
 fresh_logs build/gpu/compress
 IMG=/dev/shm/gpucr-compress
 SOCK=/run/gpucr-compress/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
 rm -rf "$IMG" && mkdir -p "$IMG"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(nproc) CPUs"
+note_host
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" || { bad "helper"; exit 1; }
 L=$LOGS/train.log
 setsid "$GPUCR" run --socket "$SOCK" -- $PY "$JOB" 0 "$L" --train </dev/null >"$LOGS/train.out" 2>&1 &

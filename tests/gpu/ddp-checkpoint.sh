@@ -41,15 +41,15 @@
 # NOFLAGS=1: the ddp part's checkpoint and restore get no CRIU flags (the
 # build chooses them); each dump's stop is broken down either way.
 # NPROC (default 2) sets the DDP job's ranks (4 on a 4-GPU machine).
-# NCCL_NVLS_ENABLE=0 and the other multicast switches are set throughout.
+# NCCL_NVLS_ENABLE=0 and the other multicast switches are set throughout
+# (lib.sh).
 # Logs in build/gpu/ddp-ckpt, or LOGS (and $OUT/NAME-logs.tgz, NAME the
 # logs' directory); summary.txt
 # holds the table.
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
-C=${2:?usage: ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE}
-GPUCR=$G/bin/gpucr
+. tests/gpu/lib.sh
+prefix_criu_args "usage: ddp-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE" "$@"
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-160}
 LAUNCH=${LAUNCH:-spawn}
@@ -59,10 +59,8 @@ SWAP=${SWAP:-1}            # 0: no restore of the stopped job onto swapped GPUs
 SIZE_MIB=${SIZE_MIB:-8192}
 PARTS=${PARTS:-peer ddp size}  # and steps
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
-. tests/gpu/lib.sh
 fresh_logs build/gpu/ddp-ckpt
 use_criu "$C" || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 # torchrun's rendezvous store runs on libuv, which uses io_uring, which CRIU
 # cannot checkpoint (gpucr checkpoint says so): without it.
@@ -84,7 +82,7 @@ finish() {
 trap finish EXIT
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 note "## processes sharing GPU memory: checkpoint and restore as one"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $ngpu; $("$GPUCR_CRIU" --version | head -1); $($PY -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
+note_host "$($PY -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
 if [ "$ngpu" -lt 2 ] || [ "$ngpu" -lt "$NPROC" ]; then
 	note "SKIP: $ngpu GPU (needs 2, and NPROC=$NPROC)"
 	exit 0

@@ -13,16 +13,11 @@
 # summary.txt holds the table.
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: ddp.sh GPUCR_PREFIX}" && pwd)
-GPUCR=$G/bin/gpucr
+. tests/gpu/lib.sh
+prefix_arg "usage: ddp.sh GPUCR_PREFIX" "$@"
 STEPS=${STEPS:-120}
 LIMIT=${LIMIT:-240}
-LOGS=${LOGS:-build/gpu/ddp}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+fresh_logs build/gpu/ddp
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 
 save() { [ -n "${OUT:-}" ] && tar -czf "$OUT/ddp-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null; }
@@ -36,7 +31,7 @@ trap finish EXIT
 
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 note "## DDP, 2 ranks: plain and under gpucr run"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $ngpu; $(python3 -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
+note_host "$(python3 -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null)"
 if [ "$ngpu" -lt 2 ]; then
 	note "SKIP: $ngpu GPU (needs 2)"
 	exit 0

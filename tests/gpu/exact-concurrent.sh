@@ -15,19 +15,13 @@
 # build/gpu/exact (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: exact-concurrent.sh GPUCR_PREFIX CRIU_BUNDLE [N]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: exact-concurrent.sh GPUCR_PREFIX CRIU_BUNDLE [N]" "$@"
 N=${3:-20}
-GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-LOGS=${LOGS:-build/gpu/exact}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+fresh_logs build/gpu/exact
+use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-exact
 SOCK=/run/gpucr-exact/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
@@ -40,7 +34,7 @@ setsid "$GPUCR" run --socket "$SOCK" -- $PY "$JOB" 0 "$L" --train-small </dev/nu
 for _ in $(seq 1200); do grep -q '^hb 10 ' "$L" 2>/dev/null && break; sleep 0.1; done
 P=$(grep -o 'pid=[0-9]*' "$L" 2>/dev/null | head -1 | cut -d= -f2)
 [ -n "$P" ] || { bad "the job did not start: $(tail -n 5 "$LOGS/train.out")"; exit 1; }
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); job pid $P"
+note_host "job pid $P"
 for k in $(seq "$N"); do
 	sleep "$($PY -c "import random; print(round(random.uniform(0.3, 2.5), 2))")"
 	at=$(grep '^st' "$L" | tail -1 | awk '{print $2}')

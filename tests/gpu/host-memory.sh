@@ -14,12 +14,13 @@
 # memory costs). Logs in build/gpu/host-memory (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: host-memory.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB]}" && pwd)
-C=${2:?usage}
-A=$(cd "${3:?usage}" && pwd)
+. tests/gpu/lib.sh
+usage="usage: host-memory.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB]"
+prefix_criu_args "$usage" "$@"
+A=${3:?$usage}
+A=$(cd "$A" && pwd)
 GB=${4:-8}
 PY=${PYTHON:-python3}
-. tests/gpu/lib.sh
 fresh_logs build/gpu/host-memory
 use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-host-memory

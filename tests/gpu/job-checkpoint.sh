@@ -31,17 +31,13 @@
 # Images in /dev/shm. Logs in build/gpu/job (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: job-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
-C=${2:?usage}
-GPUCR=$G/bin/gpucr
+. tests/gpu/lib.sh
+prefix_criu_args "usage: job-checkpoint.sh GPUCR_PREFIX CRIU_BUNDLE" "$@"
 PY=${PYTHON:-python3}
 STEPS=${STEPS:-400}
 LAUNCH=${LAUNCH:-env} # env: each host starts its rank (env://); torchrun: each host a node of torchrun
-fail=0
-. tests/gpu/lib.sh
 fresh_logs build/gpu/job
 use_criu "$C" || { bad "the CRIU bundle $C"; exit 1; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo USE_LIBUV=0
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1 DDP_DELAY=${DDP_DELAY:-0.03}
 DEADLINE=${DEADLINE:-480}
@@ -71,7 +67,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $(nvidia-smi -L | wc -l); $("$GPUCR_CRIU" --version | head -1); torch $($PY -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
+note_host "torch $($PY -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())')"
 start_helper "$GPUCR" "$SA" "$LOGS/helper-a.log" --log-level info || { bad "host A's helper does not start"; exit 1; }
 HA=$HELPER
 # Host B: its init (a python loop that reaps every child) names the host,

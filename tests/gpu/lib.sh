@@ -1,8 +1,33 @@
 # Shell functions the GPU scripts share; their table goes to
-# $LOGS/summary.txt (fresh_logs sets LOGS up, or the script before it sources
-# this). `bad` sets fail=1, the scripts' exit status.
+# $LOGS/summary.txt (fresh_logs sets LOGS up, or the script itself). `bad`
+# sets fail=1, the scripts' exit status.
+#
+# A script's preamble, in this order: cd to the repository root, source this
+# file, its arguments (prefix_criu_args or prefix_arg), fresh_logs, use_criu,
+# then note_host.
+
+# NVLink multicast stays off in NCCL, PyTorch and NVSHMEM on every GPU
+# machine: a program that uses it can put the host's GPUs, which others
+# share, out of service for a day or more. Exported as this file is sourced,
+# so that no script can leave it out; whatever a script starts with an
+# environment of its own must be given them again (torch_container_flags
+# does for a container).
+MULTICAST_OFF=(NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1)
+export "${MULTICAST_OFF[@]}"
 fail=0
 note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
+# note_host [EXTRA]: the summary's host line: the CPUs, the first GPU's name,
+# driver and memory times the number of GPUs, the CRIU that gpucr runs
+# (GPUCR_CRIU, which use_criu sets) where there is one, and EXTRA; "; "
+# between them.
+# shellcheck disable=SC2120 # EXTRA is optional
+note_host() {
+	local gpu criu=
+	gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+	[ -n "$gpu" ] && gpu="$gpu x $(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+	[ -n "${GPUCR_CRIU:-}" ] && criu="; $("$GPUCR_CRIU" --version 2>&1 | head -1)"
+	note "host: $(nproc) cores; ${gpu:-no GPU}$criu${1:+; $1}"
+}
 bad() { note "FAIL: $*"; fail=1; }
 now() { date +%s.%N; }
 # span T0 T1: the seconds from T0 to T1 ("1.234 s").
@@ -139,6 +164,31 @@ gpu_apps() {
 	bad "make gpu-apps: $(tail -n 3 "$LOGS/gpu-apps.txt")"
 	return 1
 }
+# prefix_criu_args USAGE ARG...: a script's arguments GPUCR_PREFIX
+# CRIU_BUNDLE (its first two; the rest are the script's own) into G (the
+# prefix made absolute, from where the script runs), GPUCR ($G/bin/gpucr) and
+# C (the bundle, as given: use_criu copies it). Called as a plain statement,
+# not in $(...), so that a missing or empty argument, or a prefix that is no
+# directory, ends the script itself: USAGE on stderr, status 2 (a call to
+# mend, apart from the 1 of a test that failed).
+# shellcheck disable=SC2034 # C is the calling script's
+prefix_criu_args() {
+	local usage=$1
+	shift
+	[ -n "${2:-}" ] || { echo "$usage" >&2; exit 2; }
+	prefix_arg "$usage" "$@"
+	C=$2
+}
+# prefix_arg USAGE ARG...: prefix_criu_args for a script with no CRIU
+# bundle: GPUCR_PREFIX, its first argument, into G and GPUCR alone.
+# shellcheck disable=SC2034 # GPUCR is the calling script's
+prefix_arg() {
+	local usage=$1
+	shift
+	[ -n "${1:-}" ] || { echo "$usage" >&2; exit 2; }
+	G=$(cd "$1" && pwd) || { echo "$usage" >&2; exit 2; }
+	GPUCR=$G/bin/gpucr
+}
 # fresh_logs DIR: LOGS is $LOGS if set, else DIR; made empty and absolute,
 # with an empty summary.txt.
 fresh_logs() {
@@ -156,11 +206,15 @@ use_criu() {
 }
 # torch_container_flags: into the array extra, the scripts/oci-bundle.sh flags
 # a container running PyTorch on the GPU needs beyond the host's /usr: binds
-# of Python and torch where they live outside /usr (a venv, conda), and the
-# NVIDIA device nodes.
+# of Python and torch where they live outside /usr (a venv, conda), the
+# NVIDIA device nodes, and NVLink multicast off (MULTICAST_OFF: the
+# container's environment is its spec's, not this shell's).
 torch_container_flags() {
-	local p d
+	local p d e
 	extra=()
+	for e in "${MULTICAST_OFF[@]}"; do
+		extra+=(-e "$e")
+	done
 	for p in $(python3 -c 'import sys, os, torch; print(sys.prefix); print(sys.base_prefix); print(os.path.dirname(os.path.dirname(torch.__file__)))'); do
 		case $p in /usr | /usr/*) ;; *) extra+=(-w "$p:$p") ;; esac
 	done

@@ -37,8 +37,9 @@
 # (GPUCR_PREFIX a build directory: bin/gpucr, lib/...).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
-C=$(cd "${2:?usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE}" && pwd)
+. tests/gpu/lib.sh
+prefix_criu_args "usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE" "$@"
+C=$(cd "$C" && pwd) || exit 2
 SIM=${SIM:-}
 BIN=build/gpu/bin
 if [ -n "$SIM" ]; then
@@ -46,12 +47,9 @@ if [ -n "$SIM" ]; then
 	export LD_LIBRARY_PATH=$PWD/build/sim GPUCR_LIBCUDA=$PWD/build/sim/libcuda.so.1
 	ROWS=${ROWS:-vmmapp workers_c workers_c_failed_dump}
 fi
-GPUCR=$G/bin/gpucr
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS="--xla_gpu_deterministic_ops=true --xla_gpu_autotune_level=0"
 export CUPY_ACCELERATORS=""
-LOGS=${LOGS:-build/gpu/matrix}
 C_MIB=${C_MIB:-256}
 # Every wait ends by DEADLINE seconds after the start (default 480): what is
 # unfinished then is reported so, and the logs still reach $OUT.
@@ -60,11 +58,10 @@ T_START=$(date +%s)
 left() { echo $((T_START + DEADLINE - $(date +%s))); }
 IMG=${IMG:-/dev/shm/gpucr-matrix}
 W=$PWD/tests/gpu/matrix_workloads.py
-rm -rf "$LOGS" "$IMG"
-mkdir -p "$LOGS" "$IMG"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/matrix
+rm -rf "$IMG" && mkdir -p "$IMG"
+# On PATH, not in GPUCR_CRIU (use_criu): the matrix keeps gpucr's own
+# lookup of CRIU on PATH.
 C=$(root_bundle "$C") || exit 1
 export PATH="$C/bin:$PATH"
 
@@ -168,7 +165,7 @@ pid_of() { sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$1" | tail -1; }
 if [ -n "$SIM" ]; then
 	note "host: simulated driver; $(criu --version | head -1)"
 else
-	note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(criu --version | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
+	note_host "$(criu --version | head -1); $(python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
 	make -s gpu-apps >"$LOGS/make.txt" 2>&1 || bad "make gpu-apps: $(tail -3 "$LOGS/make.txt")"
 fi
 

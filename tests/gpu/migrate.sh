@@ -26,20 +26,15 @@
 # Images in /dev/shm. Logs in build/gpu/migrate (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: migrate.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB]}" && pwd)
-C=${2:?usage}
-A=$(cd "${3:?usage}" && pwd)
-GB=${4:-8}
-GPUCR=$G/bin/gpucr
-PY=${PYTHON:-python3}
-LOGS=${LOGS:-build/gpu/migrate}
-mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+usage="usage: migrate.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB]"
+prefix_criu_args "$usage" "$@"
+A=${3:?$usage}
+A=$(cd "$A" && pwd)
+GB=${4:-8}
+PY=${PYTHON:-python3}
+fresh_logs build/gpu/migrate
+use_criu "$C" || exit 1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 DEADLINE=${DEADLINE:-400}
 T_START=$(date +%s)
@@ -60,7 +55,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-note "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
+note_host
 start_helper "$GPUCR" "$SOCK" "$LOGS/source-helper.log" --log-level info || { bad "the source helper does not start"; exit 1; }
 # The target: its init (a python loop that reaps every child) starts the
 # target's helper on the same socket path, inside its namespaces (a network

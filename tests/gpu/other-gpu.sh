@@ -26,19 +26,19 @@
 # in build/gpu/other-gpu (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: other-gpu.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: other-gpu.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]" "$@"
 BASE=${3:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-. tests/gpu/lib.sh
 fresh_logs build/gpu/other-gpu
 use_criu "$C" || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 IMG=/dev/shm/gpucr-other-gpu
 SOCK=/run/gpucr-other-gpu/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; pkill -9 -f "build/gpu/bin/heartbeat" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
+# Not note_host: the restore onto the other GPU is about which GPU is which,
+# so this host line names each one (index, UUID, bus id).
 note "host: $(nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version --format=csv,noheader | tr '\n' ';')"
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || { bad "this machine has fewer than two GPUs"; exit 1; }
 UUID0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)

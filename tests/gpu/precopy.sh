@@ -15,24 +15,18 @@
 # build/gpu/precopy (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: precopy.sh GPUCR_PREFIX CRIU_BUNDLE [GB]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: precopy.sh GPUCR_PREFIX CRIU_BUNDLE [GB]" "$@"
 GB=${3:-8}
-GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-LOGS=${LOGS:-build/gpu/precopy}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+fresh_logs build/gpu/precopy
+use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-precopy
 SOCK=/run/gpucr-precopy/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
 rm -rf "$IMG" && mkdir -p "$IMG"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+note_host
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" || { bad "helper"; exit 1; }
 L=$LOGS/job.log
 setsid "$GPUCR" run --socket "$SOCK" -- $PY "$JOB" "$GB" "$L" --hot=1 </dev/null >"$LOGS/job.out" 2>&1 &

@@ -15,8 +15,8 @@
 # original run's. Images in /dev/shm; logs in build/gpu/redo (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: redo.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: redo.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]" "$@"
 BASE=${3:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 DATA=${DATA_MIB:-256}
@@ -24,7 +24,6 @@ STILL=${STILL_MIB:-2048}
 # A heartbeat checksums all the memory on the CPU (about 1.5 GB/s): rarely.
 HB=${HB_EVERY:-25}
 PY=${PYTHON:-python3}
-. tests/gpu/lib.sh
 fresh_logs build/gpu/redo
 use_criu "$C" || exit 1
 APP=$(pwd)/build/gpu/bin/ptrchase
@@ -32,7 +31,7 @@ gpu_apps || exit 1
 IMG=/dev/shm/gpucr-redo
 SOCK=/run/gpucr-redo/helper.sock
 trap 'pkill -9 -f "$APP" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); ptrchase --mib $DATA --still-mib $STILL"
+note_host "ptrchase --mib $DATA --still-mib $STILL"
 
 # run NAME PREFIX: the three checkpoints and the restore with build PREFIX.
 run() {

@@ -15,18 +15,15 @@
 # Logs in build/gpu/rejoin (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: rejoin.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB]}" && pwd)
-C=${2:?usage}
-A=$(cd "${3:?usage}" && pwd)
-GB=${4:-8}
-GPUCR=$G/bin/gpucr
-PY=${PYTHON:-python3}
-fresh_logs_dir=build/gpu/rejoin
 . tests/gpu/lib.sh
-fresh_logs "$fresh_logs_dir"
-fail=0
+usage="usage: rejoin.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB]"
+prefix_criu_args "$usage" "$@"
+A=${3:?$usage}
+A=$(cd "$A" && pwd)
+GB=${4:-8}
+PY=${PYTHON:-python3}
+fresh_logs build/gpu/rejoin
 use_criu "$C" || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 IMG=/dev/shm/gpucr-rejoin
 SOCK=/run/gpucr-rejoin/helper.sock
@@ -44,7 +41,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1); work.py $GB GB; train_dataloader $STEPS steps"
+note_host "work.py $GB GB; train_dataloader $STEPS steps"
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper-1.log" --log-level info || { bad "the helper does not start"; exit 1; }
 
 # The jobs: work.py, and the training script (plain beside it for the reference).

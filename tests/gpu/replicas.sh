@@ -17,13 +17,15 @@
 # build/gpu/replicas (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: replicas.sh GPUCR_PREFIX CRIU_BUNDLE RUNC_DIR [N]}" && pwd)
-C=$(cd "${2:?usage}" && pwd)
-R=$(cd "${3:?usage}" && pwd)
+. tests/gpu/lib.sh
+usage="usage: replicas.sh GPUCR_PREFIX CRIU_BUNDLE RUNC_DIR [N]"
+prefix_criu_args "$usage" "$@"
+C=$(cd "$C" && pwd) || exit 2
+R=${3:?$usage}
+R=$(cd "$R" && pwd)
 N=${4:-4}
 GIB=${GIB:-8.6}
 export PATH="$R:$C/bin:$PATH" # runc, and the criu runc calls
-. tests/gpu/lib.sh
 fresh_logs build/gpu/replicas
 WDIR=/dev/shm/gpucr-replica-weights
 IMG=/dev/shm/gpucr-replicas-img
@@ -46,7 +48,7 @@ fi
 rm -rf "$IMG" && mkdir -p "$IMG"
 [ -s "$WDIR/w.safetensors" ] || python3 "$BENCH/bench_start.py" make "$WDIR/w.safetensors" --gib "$GIB" >"$LOGS/make.txt" 2>&1 ||
 	{ bad "weights: $(tail -n 2 "$LOGS/make.txt")"; exit 1; }
-note "host: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1); $(runc --version | head -1); $(criu --version | head -1); $(du -h "$WDIR/w.safetensors" | cut -f1) of weights"
+note_host "$(runc --version | head -1); $(criu --version | head -1); $(du -h "$WDIR/w.safetensors" | cut -f1) of weights"
 start_helper "$G/bin/gpucr" "$SOCK" "$LOGS/helper.log" --resident-memory 64G || { bad "helper"; exit 1; }
 ids=()
 trap 'for i in "${ids[@]}"; do runc --root "$ROOT" delete -f "$i" >/dev/null 2>&1; done; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT

@@ -13,6 +13,8 @@
 # lazy-pages would serve it lazily, and the driver's restore then waits for
 # it page by page; see tests/gpu/README.md, cold start).
 set -u
+cd "$(dirname "$0")/../.."
+. tests/gpu/lib.sh # NVLink multicast off
 mkdir -p /tmp/probe
 make -k gpu-apps >/dev/null 2>&1
 python3 -c '

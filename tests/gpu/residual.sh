@@ -10,16 +10,14 @@
 # (the driver's own, the caching allocator emptied) and each step's time.
 set -u
 cd "$(dirname "$0")/../.."
-A=$(cd "${1:?usage: residual.sh ANCHOR_DIR [MODE...]}" && pwd)
+. tests/gpu/lib.sh
+A=${1:?usage: residual.sh ANCHOR_DIR [MODE...]}
+A=$(cd "$A" && pwd)
 shift
 MODES=${*:-bare cublas ops streams stack}
 REPEAT=${REPEAT:-3}
 PY=${PYTHON:-python3}
-LOGS=${LOGS:-build/gpu/residual}
-mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
+fresh_logs build/gpu/residual
 gcc -O2 -I/usr/local/cuda/include -o "$LOGS/drvckpt" "$A/drvckpt.c" -L/usr/local/cuda/lib64/stubs -lcuda || exit 1
 note "| mode | device memory held | lock | checkpoint | restore | unlock |"
 note "|---|---|---|---|---|---|"

@@ -16,20 +16,19 @@
 # /dev/shm; logs in build/gpu/restore-damage (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: restore-damage.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX] [GB]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: restore-damage.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX] [GB]" "$@"
 BASE=${3:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 GB=${4:-8}
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-. tests/gpu/lib.sh
 fresh_logs build/gpu/restore-damage
 use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-restore-damage
 SOCK=/run/gpucr-restore-damage/helper.sock
 trap 'pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); stall_job.py $GB GB"
+note_host "stall_job.py $GB GB"
 
 run() {
 	local name=$1 g=$2/bin/gpucr

@@ -27,15 +27,16 @@
 # Images in /dev/shm; logs in build/gpu/restore-modes (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: restore-modes.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [BASE_PREFIX]}" && pwd)
-C=${2:?usage}
-A=$(cd "${3:?usage}" && pwd)
+. tests/gpu/lib.sh
+usage="usage: restore-modes.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [BASE_PREFIX]"
+prefix_criu_args "$usage" "$@"
+A=${3:?$usage}
+A=$(cd "$A" && pwd)
 BASE=${4:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 SIZES=${SIZES:-8 32}
 PY=${PYTHON:-python3}
 JOB=$(pwd)/tests/gpu/stall_job.py
-. tests/gpu/lib.sh
 fresh_logs build/gpu/restore-modes
 use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-restore-modes
@@ -43,7 +44,7 @@ SOCK=/run/gpucr-restore-modes/helper.sock
 trap 'pkill -9 -f "$A/work.py" 2>/dev/null; pkill -9 -f "$JOB" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
 PARTS=${PARTS:-anchor work torch}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
-note "host: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
+note_host
 
 if part anchor; then
 	bash "$A/run-anchor.sh" "$GPUCR_CRIU" $SIZES >"$LOGS/anchor.txt" 2>&1 || bad "the anchor's script failed"

@@ -20,18 +20,15 @@
 # Images in /dev/shm. Logs in build/gpu/rotate (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: rotate.sh GPUCR_PREFIX CRIU_BUNDLE [GB]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: rotate.sh GPUCR_PREFIX CRIU_BUNDLE [GB]" "$@"
 GB=${3:-8}
-GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
 JOB=$PWD/tests/gpu/stall_job.py
 W=$PWD/tests/gpu/matrix_workloads.py
 STEPS=${STEPS:-500}
-. tests/gpu/lib.sh
 fresh_logs build/gpu/rotate
 use_criu "$C" || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 IMG=/dev/shm/gpucr-rotate
 S=$IMG/stall
@@ -50,7 +47,7 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 rm -rf "$IMG" && mkdir -p "$S" "$T"
 
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1); stall_job $GB GB; train_dataloader $STEPS steps"
+note_host "stall_job $GB GB; train_dataloader $STEPS steps"
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || { bad "the helper does not start"; exit 1; }
 
 # 1. A series of five, the oldest three deleted, the newest restored.

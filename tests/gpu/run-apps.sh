@@ -20,6 +20,9 @@
 # the logs go there too. Exit status 0 only if every step passed.
 set -u
 cd "$(dirname "$0")/../.."
+# For NVLink multicast off; the summary below is this script's own (say,
+# fail), in build/gpu/logs whatever LOGS says.
+. tests/gpu/lib.sh
 ROOT=$(pwd)
 EXPECTED=tests/gpu/expected-checksums.txt
 MODE=gpu

@@ -16,21 +16,26 @@
 # and the heartbeat must go on advancing. Logs in build/gpu/runc (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: runc-gpu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR RUNC_DIR [GB]}" && pwd)
-C=$(cd "${2:?usage}" && pwd)
-A=$(cd "${3:?usage}" && pwd)
-R=$(cd "${4:?usage}" && pwd)
+. tests/gpu/lib.sh
+usage="usage: runc-gpu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR RUNC_DIR [GB]"
+prefix_criu_args "$usage" "$@"
+C=$(cd "$C" && pwd) || exit 2
+A=${3:?$usage}
+A=$(cd "$A" && pwd)
+R=${4:?$usage}
+R=$(cd "$R" && pwd)
 GB=${5:-2}
 export PATH="$R:$C/bin:$PATH" # runc, and the criu runc calls
+# Not fresh_logs: runc's state directory (ROOT) stays from run to run.
 LOGS=${LOGS:-build/gpu/runc}
 mkdir -p "$LOGS"
 LOGS=$(cd "$LOGS" && pwd)
 W=$LOGS/work CW=$LOGS/criu-work IMG=/dev/shm/gpucr-runc-img ROOT=$LOGS/runc-root ID=gpucr-gpu
 rm -rf "$W" "$CW" "$IMG" && mkdir -p "$W" "$CW" "$IMG" "$ROOT"
 : >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
 
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(runc --version | head -1); $(criu --version | head -1)"
+# runc calls the bundle's criu from PATH (GPUCR_CRIU is not set here).
+note_host "$(runc --version | head -1); $(criu --version | head -1)"
 SOCK=/run/gpucr/helper.sock
 mkdir -p /run/gpucr
 "$G/bin/gpucr" helper --socket "$SOCK" --log-level info >"$LOGS/helper.log" 2>&1 &

@@ -12,15 +12,10 @@
 # $OUT/share-logs.tgz); summary.txt holds the table.
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: share-check.sh GPUCR_PREFIX}" && pwd)
-GPUCR=$G/bin/gpucr
-LOGS=${LOGS:-build/gpu/share}
-rm -rf "$LOGS" && mkdir -p "$LOGS"
-LOGS=$(cd "$LOGS" && pwd)
-: >"$LOGS/summary.txt"
 . tests/gpu/lib.sh
+prefix_arg "usage: share-check.sh GPUCR_PREFIX" "$@"
+fresh_logs build/gpu/share
 BIN=build/gpu/bin
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 SOCK=/run/gpucr/share-helper.sock
 HELPER=
 finish() {
@@ -29,7 +24,7 @@ finish() {
 }
 trap finish EXIT
 note "## memory shared as NCCL shares it"
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) x $(nvidia-smi -L | grep -c '^GPU')"
+note_host
 make -s gpu-apps >"$LOGS/make.txt" 2>&1 || bad "make gpu-apps: $(tail -3 "$LOGS/make.txt")"
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
 

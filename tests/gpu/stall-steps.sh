@@ -10,24 +10,25 @@
 # reports' "phases". Images in /dev/shm; logs in build/gpu/steps (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: stall-steps.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB...]}" && pwd)
-C=${2:?usage}
-A=$(cd "${3:?usage}" && pwd)
+. tests/gpu/lib.sh
+usage="usage: stall-steps.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR [GB...]"
+prefix_criu_args "$usage" "$@"
+A=${3:?$usage}
+A=$(cd "$A" && pwd)
 shift 3
 SIZES=${*:-8}
-GPUCR=$G/bin/gpucr
 PY=${PYTHON:-python3}
+# Not fresh_logs: build/gpu/steps is bench-steps.sh's too, and what that
+# left there stays.
 LOGS=${LOGS:-build/gpu/steps}
 mkdir -p "$LOGS"
 LOGS=$(cd "$LOGS" && pwd)
 : >"$LOGS/summary.txt"
-. tests/gpu/lib.sh
-C=$(root_bundle "$C") || exit 1
-export GPUCR_CRIU=$C/bin/criu
+use_criu "$C" || exit 1
 IMG=/dev/shm/gpucr-steps
 SOCK=/run/gpucr-steps/helper.sock
 trap 'pkill -9 -f "$A/work.py" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $("$GPUCR_CRIU" --version | head -1)"
+note_host
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" || { bad "helper"; exit 1; }
 # steps FILE: "name s, ..." of a report's phases, then the GPU process's.
 steps() { $PY -c "

@@ -11,18 +11,17 @@
 # Output on stdout (and $OUT/torchrun-probe.txt).
 set -u
 cd "$(dirname "$0")/../.."
+. tests/gpu/lib.sh
 PY=${PYTHON:-python3}
 # CRIU_BUNDLE (optional, scripts/make-criu-bundle.sh output): also try a
 # criu dump of each tree.
 CRIU=
 if [ -n "${1:-}" ]; then
-	. tests/gpu/lib.sh
 	LOGS=$(mktemp -d)
 	C=$(root_bundle "$1") && CRIU=$C/bin/criu
 fi
 W=$(mktemp -d)
 trap 'pkill -9 -f "$W/" 2>/dev/null; rm -rf "$W"' EXIT
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cat >"$W/train.py" <<'PYEOF'
 import os, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -73,6 +72,7 @@ probe() { # LABEL TORCHRUN_ARGS... (-- ENV...)
 	sleep 1
 }
 {
+	# Not note_host: this probe writes to stdout (and $OUT), not a summary.
 	echo "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $($PY -c 'import torch; print("torch", torch.__version__)')"
 	echo "kernel: $(uname -r); io_uring_disabled=$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null)"
 	# ONLY_WHO=1 skips the launches below (the stores' makers only).

@@ -14,12 +14,11 @@
 # comparison. Logs in build/gpu/narrow (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
-G=$(cd "${1:?usage: window-narrow.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]}" && pwd)
-C=${2:?usage}
+. tests/gpu/lib.sh
+prefix_criu_args "usage: window-narrow.sh GPUCR_PREFIX CRIU_BUNDLE [BASE_PREFIX]" "$@"
 BASE=${3:-}
 [ -n "$BASE" ] && BASE=$(cd "$BASE" && pwd)
 PY=${PYTHON:-python3}
-. tests/gpu/lib.sh
 fresh_logs build/gpu/narrow
 use_criu "$C" || exit 1
 APP=$(pwd)/build/gpu/bin/heartbeat
@@ -27,7 +26,7 @@ gpu_apps || exit 1
 IMG=/dev/shm/gpucr-narrow
 SOCK=/run/gpucr-narrow/helper.sock
 trap 'pkill -9 -f "$APP" 2>/dev/null; kill $HELPER 2>/dev/null; rm -rf "$IMG"' EXIT
-note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); heartbeat --mib 256 --buffers 4 --still-mib 2048 --hb-every 25"
+note_host "heartbeat --mib 256 --buffers 4 --still-mib 2048 --hb-every 25"
 
 run() {
 	local name=$1 g=$2/bin/gpucr

@@ -18,12 +18,12 @@
 # Logs in build/gpu/served (and $OUT).
 set -u
 cd "$(dirname "$0")/../../.."
+. tests/gpu/lib.sh # NVLink multicast off
 ANCHOR=${1:-../shared/device/anchor}
 L=build/gpu/served
 mkdir -p "$L"
 S=$L/callprobe.txt
 : >"$S"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PY=${PYTHON:-python3}
 note() { printf '%s\n' "$*" | tee -a "$S"; }
 APP=$PWD/tests/gpu/served/probe_app.py
