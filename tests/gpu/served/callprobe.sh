@@ -9,7 +9,10 @@
 #    the driver entry points it resolves and the export tables it fetches
 #    (cuGetExportTable: the driver's undocumented tables that cudart reads
 #    directly). A served mode must answer all of them from another process.
-# 2. probe_app.py held: its memory by kind (smaps_by_kind.py: Rss/private
+# 2. libprobe.so (LD_AUDIT) under probe_app.py: the functions of cudart,
+#    cuBLAS, cuDNN and the other CUDA libraries it binds, and the calls
+#    counted.
+# 3. probe_app.py held: its memory by kind (smaps_by_kind.py: Rss/private
 #    dirty MiB) as it runs, then after NVIDIA's checkpoint (drvckpt from
 #    ANCHOR_DIR, default ../shared/device/anchor: lock + checkpoint) parks
 #    the driver's state in it, then after the driver's restore. The private
@@ -55,6 +58,27 @@ for compile in 0 1; do
 	note "export tables (caller, uuid, fetches, first word):"
 	awk -F'\t' 'NR>1 && $2 ~ /^export:/ { printf "  %s %s %s %s\n", $1, substr($2, 8), $3, $4 }' "$out" | sort | tee -a "$S"
 	note "distinct entry points in all: $(awk -F'\t' 'NR>1 && $2 !~ /^export:/ {print $2}' "$out" | sort -u | wc -l)"
+done
+
+# 2. The CUDA libraries' functions PyTorch binds and calls (libprobe.so by
+# LD_AUDIT): the surface a served mode answers if it forwards calls at those
+# libraries' boundary instead of the driver's.
+gcc -O2 -Wall -Wextra -fPIC -shared -o "$L/libprobe.so" tests/gpu/served/libprobe.c || exit 1
+for compile in 0 1; do
+	out=$L/libcalls-compile$compile.tsv
+	rm -f "$out".*
+	if ! COMPILE=$compile LD_AUDIT=$PWD/$L/libprobe.so LIBPROBE_OUT=$PWD/$out timeout 300 $PY "$APP" >"$L/libapp-compile$compile.log" 2>&1; then
+		note "FAIL: probe_app under libprobe (COMPILE=$compile): $(tail -2 "$L/libapp-compile$compile.log")"
+		continue
+	fi
+	echo "# library	function	calls	callers" >"$out"
+	cat "$out".* 2>/dev/null | grep -v '^#' >>"$out"
+	note ""
+	note "== library boundary, COMPILE=$compile ($(ls "$out".* 2>/dev/null | wc -l) processes): library: functions bound, called, calls"
+	awk -F'\t' 'NR>1 { b[$1]++; if ($3 > 0) { c[$1]++; n[$1] += $3 } }
+		END { for (k in b) printf "  %s: %d bound, %d called, %d calls\n", k, b[k], c[k], n[k] }' "$out" | sort | tee -a "$S"
+	note "  most called:"
+	awk -F'\t' 'NR>1 && $3 > 0 { printf "    %s %s %d\n", $1, $2, $3 }' "$out" | sort -k3 -n -r | head -25 | tee -a "$S"
 done
 
 note ""

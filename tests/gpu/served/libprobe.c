@@ -1,0 +1,138 @@
+/*
+ * libprobe: which functions of the CUDA libraries (cudart, cuBLAS, cuBLASLt,
+ * cuDNN, NCCL, NVRTC, cuFFT, cuRAND, cuSPARSE, cuSOLVER) an application
+ * binds and how often it calls each, through the dynamic linker's audit
+ * interface:
+ *
+ *   LD_AUDIT=libprobe.so LIBPROBE_OUT=FILE python3 app.py
+ *
+ * A served mode that forwards calls at these libraries' boundary (the
+ * worker loads the real libraries; the application only stubs) has to
+ * answer exactly this set. la_symbind64 sees every binding of a function
+ * the libraries define to a caller outside them; la_pltenter counts the
+ * calls that go through a PLT entry (a library linked with lazy binding;
+ * with BIND_NOW, or a pointer from dlsym, the count stays 0 while the
+ * binding is still listed).
+ * At exit each process that bound anything writes FILE.PID: the defining
+ * library, the function, the calls counted, and the callers' libraries.
+ */
+#define _GNU_SOURCE
+#include <link.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define NSLOTS 16384 /* a power of two */
+struct slot {
+    const char *name; /* the dynamic linker's string for the symbol: stable */
+    const char *lib;  /* the defining library's base name */
+    char callers[192];
+    _Atomic unsigned long calls;
+};
+static struct slot slots[NSLOTS];
+static _Atomic int nbound;
+
+static const char *base(const char *p) {
+    if (!p || !*p)
+        return "(program)";
+    const char *b = strrchr(p, '/');
+    return b ? b + 1 : p;
+}
+
+/* The libraries a served mode would stand in for. */
+static int served_lib(const char *b) {
+    static const char *const prefixes[] = {"libcudart.so", "libcublas.so", "libcublasLt.so", "libcudnn",
+                                           "libnccl.so", "libnvrtc.so", "libcufft.so", "libcurand.so",
+                                           "libcusparse.so", "libcusolver.so", "libnvJitLink.so", NULL};
+    for (int i = 0; prefixes[i]; i++)
+        if (!strncmp(b, prefixes[i], strlen(prefixes[i])))
+            return 1;
+    return 0;
+}
+
+static struct slot *slot_of(const char *name, int make) {
+    uintptr_t h = ((uintptr_t)name >> 3) * 0x9E3779B97F4A7C15ull;
+    for (unsigned i = 0; i < NSLOTS; i++) {
+        struct slot *s = &slots[(h + i) & (NSLOTS - 1)];
+        if (s->name == name)
+            return s;
+        if (!s->name) {
+            if (!make)
+                return NULL;
+            s->name = name;
+            atomic_fetch_add(&nbound, 1);
+            return s;
+        }
+    }
+    return NULL;
+}
+
+unsigned int la_version(unsigned int v) { return v < LAV_CURRENT ? v : LAV_CURRENT; }
+
+unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie) {
+    (void)lmid;
+    *cookie = (uintptr_t)map;
+    return LA_FLG_BINDTO | LA_FLG_BINDFROM;
+}
+
+uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *refcook, uintptr_t *defcook, unsigned int *flags,
+                       const char *symname) {
+    (void)ndx;
+    const char *def = base(((struct link_map *)*defcook)->l_name);
+    const char *ref = base(((struct link_map *)*refcook)->l_name);
+    if (!served_lib(def) || served_lib(ref)) {
+        *flags |= LA_SYMB_NOPLTENTER | LA_SYMB_NOPLTEXIT;
+        return sym->st_value;
+    }
+    /* Bindings happen under the loader's lock: one writer at a time. */
+    struct slot *s = slot_of(symname, 1);
+    if (s) {
+        s->lib = def;
+        if (!strstr(s->callers, ref) && strlen(s->callers) + strlen(ref) + 2 < sizeof s->callers) {
+            if (s->callers[0])
+                strcat(s->callers, ",");
+            strcat(s->callers, ref);
+        }
+    }
+    *flags |= LA_SYMB_NOPLTEXIT;
+    return sym->st_value;
+}
+
+Elf64_Addr la_x86_64_gnu_pltenter(Elf64_Sym *sym, unsigned int ndx, uintptr_t *refcook, uintptr_t *defcook,
+                                  La_x86_64_regs *regs, unsigned int *flags, const char *symname,
+                                  long int *framesizep) {
+    (void)ndx;
+    (void)refcook;
+    (void)defcook;
+    (void)regs;
+    (void)flags;
+    (void)framesizep;
+    struct slot *s = slot_of(symname, 0);
+    if (s)
+        atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
+    return sym->st_value;
+}
+
+__attribute__((destructor)) static void report(void) {
+    if (atomic_load(&nbound) == 0)
+        return;
+    const char *path = getenv("LIBPROBE_OUT");
+    char file[4096];
+    FILE *f = NULL;
+    if (path) {
+        snprintf(file, sizeof file, "%s.%d", path, (int)getpid());
+        f = fopen(file, "w");
+    }
+    if (!f)
+        f = stderr;
+    fprintf(f, "# library\tfunction\tcalls\tcallers\n");
+    for (int i = 0; i < NSLOTS; i++)
+        if (slots[i].name)
+            fprintf(f, "%s\t%s\t%lu\t%s\n", slots[i].lib ? slots[i].lib : "?", slots[i].name,
+                    atomic_load(&slots[i].calls), slots[i].callers);
+    if (f != stderr)
+        fclose(f);
+}
