@@ -13,7 +13,10 @@
  *   - the driver symbols it resolved, through dlsym or cuGetProcAddress;
  *   - the export tables it fetched, by UUID, and how many entries of each
  *     it could reach (unknown: the table's first word is its size in
- *     bytes for most of them, printed as found).
+ *     bytes for most of them, printed as found);
+ * and, for every entry point handed out, the calls made through it: the
+ * caller gets a counting thunk (thunk.h) in place of the driver's function
+ * (the export tables' entries are left alone: cudart checks them).
  * At exit each process that recorded anything writes its report to
  * CALLPROBE_OUT.PID (default stderr): the application's children (compile
  * workers, find_library's ldconfig) inherit the preload, and one file
@@ -32,6 +35,7 @@
 #include <unistd.h>
 
 #include "gpucr/cudadrv.h"
+#include "thunk.h"
 
 /* The header maps the name to its _v2; the probe answers both. */
 #undef cuGetProcAddress
@@ -56,6 +60,41 @@ struct row {
 static struct row rows[MAX_ROWS];
 static int nrows;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The entry points handed out through a thunk, by name (one thunk each). */
+#define MAX_COUNTED 4096
+struct counted {
+    char name[96];
+    void *real, *thunk;
+    struct thunk_data *d;
+};
+static struct counted counted[MAX_COUNTED];
+static int ncounted;
+static struct thunk_block thunks;
+
+static void *counting(const char *name, void *real) {
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < ncounted; i++)
+        if (counted[i].real == real && !strcmp(counted[i].name, name)) {
+            pthread_mutex_unlock(&mu);
+            return counted[i].thunk;
+        }
+    void *out = real;
+    if (ncounted < MAX_COUNTED) {
+        struct thunk_data *d;
+        void *th = thunk_make(&thunks, real, &d);
+        if (d) {
+            struct counted *c = &counted[ncounted++];
+            snprintf(c->name, sizeof c->name, "%s", name);
+            c->real = real;
+            c->thunk = th;
+            c->d = d;
+            out = th;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return out;
+}
 
 static void caller_of(const void *ret, char *out, size_t n) {
     Dl_info di;
@@ -116,7 +155,7 @@ static void *swap_in(const char *name, void *real) {
         real_export = (export_fn)real;
         return (void *)probe_export;
     }
-    return real;
+    return counting(name, real);
 }
 
 static CUresult probe_gpa_v1(const char *sym, void **pfn, int ver, cuuint64_t flags);
@@ -212,7 +251,7 @@ static void report(void) {
     if (done++)
         return;
     pthread_mutex_lock(&mu);
-    if (nrows == 0) {
+    if (nrows == 0 && ncounted == 0) {
         pthread_mutex_unlock(&mu);
         return;
     }
@@ -228,6 +267,8 @@ static void report(void) {
     fprintf(f, "# caller\twhat\tcount\tfirst_word\n");
     for (int i = 0; i < nrows; i++)
         fprintf(f, "%s\t%s\t%lu\t%lu\n", rows[i].caller, rows[i].what, rows[i].count, rows[i].first_word);
+    for (int i = 0; i < ncounted; i++)
+        fprintf(f, "(calls)\t%s\t%lu\t0\n", counted[i].name, (unsigned long)atomic_load(&counted[i].d->count));
     pthread_mutex_unlock(&mu);
     if (f != stderr)
         fclose(f);

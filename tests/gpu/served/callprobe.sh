@@ -38,11 +38,11 @@ finish() {
 trap finish EXIT
 
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $($PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)')"
-gcc -O2 -Wall -Wextra -fPIC -shared -Iinclude -o "$L/callprobe.so" tests/gpu/served/callprobe.c -ldl -pthread || exit 1
+gcc -O2 -Wall -Wextra -fPIC -shared -Iinclude -Itests/gpu/served -o "$L/callprobe.so" tests/gpu/served/callprobe.c -ldl -pthread || exit 1
 
 for compile in 0 1; do
 	out=$L/calls-compile$compile.tsv
-	rm -f "$out".*
+	rm -f "$out" "$out".*
 	if ! COMPILE=$compile LD_PRELOAD=$PWD/$L/callprobe.so CALLPROBE_OUT=$PWD/$out timeout 300 $PY "$APP" >"$L/app-compile$compile.log" 2>&1; then
 		note "FAIL: probe_app (COMPILE=$compile): $(tail -2 "$L/app-compile$compile.log")"
 		continue
@@ -53,17 +53,21 @@ for compile in 0 1; do
 	note ""
 	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log"); $(ls "$out".* 2>/dev/null | wc -l) processes reported"
 	note "caller: distinct driver entry points, export tables"
-	awk -F'\t' 'NR>1 { if ($2 ~ /^export:/) e[$1]++; else s[$1]++; c[$1]=1 }
+	awk -F'\t' 'NR>1 && $1 != "(calls)" { if ($2 ~ /^export:/) e[$1]++; else s[$1]++; c[$1]=1 }
 		END { for (k in c) printf "  %s: %d entry points, %d export tables\n", k, s[k], e[k] }' "$out" | sort | tee -a "$S"
 	note "export tables (caller, uuid, fetches, first word):"
 	awk -F'\t' 'NR>1 && $2 ~ /^export:/ { printf "  %s %s %s %s\n", $1, substr($2, 8), $3, $4 }' "$out" | sort | tee -a "$S"
-	note "distinct entry points in all: $(awk -F'\t' 'NR>1 && $2 !~ /^export:/ {print $2}' "$out" | sort -u | wc -l)"
+	note "distinct entry points in all: $(awk -F'\t' 'NR>1 && $1 != "(calls)" && $2 !~ /^export:/ {print $2}' "$out" | sort -u | wc -l)"
+	# The calls through each entry point (every process's, summed).
+	awk -F'\t' '$1 == "(calls)" { n[$2] += $3 } END { for (k in n) print k, n[k] }' "$out" | sort -k2 -n -r >"$out.calls"
+	note "entry points called: $(awk '$2 > 0' "$out.calls" | wc -l) of $(wc -l <"$out.calls") handed out; the most called:"
+	awk '$2 > 0' "$out.calls" | head -30 | sed 's/^/    /' | tee -a "$S"
 done
 
 # 2. The CUDA libraries' functions PyTorch binds and calls (libprobe.so by
 # LD_AUDIT): the surface a served mode answers if it forwards calls at those
 # libraries' boundary instead of the driver's.
-gcc -O2 -Wall -Wextra -fPIC -shared -o "$L/libprobe.so" tests/gpu/served/libprobe.c || exit 1
+gcc -O2 -Wall -Wextra -fPIC -shared -Itests/gpu/served -o "$L/libprobe.so" tests/gpu/served/libprobe.c || exit 1
 for compile in 0 1; do
 	out=$L/libcalls-compile$compile.tsv
 	rm -f "$out".*

@@ -9,10 +9,9 @@
  * A served mode that forwards calls at these libraries' boundary (the
  * worker loads the real libraries; the application only stubs) has to
  * answer exactly this set. la_symbind64 sees every binding of a function
- * the libraries define to a caller outside them; la_pltenter counts the
- * calls that go through a PLT entry (a library linked with lazy binding;
- * with BIND_NOW, or a pointer from dlsym, the count stays 0 while the
- * binding is still listed).
+ * the libraries define to a caller outside them, and binds the caller to a
+ * counting thunk (thunk.h) in its place: every call through that binding
+ * is counted, lazy or BIND_NOW. (A pointer taken with dlsym is not seen.)
  * At exit each process that bound anything writes FILE.PID: the defining
  * library, the function, the calls counted, and the callers' libraries.
  */
@@ -25,13 +24,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "thunk.h"
+
 #define NSLOTS 16384 /* a power of two */
 struct slot {
     const char *name; /* the dynamic linker's string for the symbol: stable */
     const char *lib;  /* the defining library's base name */
     char callers[192];
-    _Atomic unsigned long calls;
+    _Atomic unsigned long calls;    /* counted at the PLT (lazy binding) */
+    struct thunk_data *counted;     /* counted by the thunk bound in its place */
 };
+static struct thunk_block thunks;
 static struct slot slots[NSLOTS];
 static _Atomic int nbound;
 
@@ -98,6 +101,22 @@ uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *refcook, uin
         }
     }
     *flags |= LA_SYMB_NOPLTEXIT;
+    /* A function, not a variable: the caller is bound to a thunk that
+     * counts its calls (with BIND_NOW too, where the PLT hook never runs). */
+    if (s && ELF64_ST_TYPE(sym->st_info) == STT_FUNC) {
+        if (!s->counted) {
+            struct thunk_data *d;
+            void *t = thunk_make(&thunks, (void *)sym->st_value, &d);
+            if (d) {
+                s->counted = d;
+                *flags |= LA_SYMB_NOPLTENTER; /* the thunk counts it */
+                return (uintptr_t)t;
+            }
+        } else if (s->counted->target == (void *)sym->st_value) {
+            *flags |= LA_SYMB_NOPLTENTER;
+            return (uintptr_t)((uint8_t *)thunks.code + 16 * (s->counted - thunks.data));
+        }
+    }
     return sym->st_value;
 }
 
@@ -132,7 +151,8 @@ __attribute__((destructor)) static void report(void) {
     for (int i = 0; i < NSLOTS; i++)
         if (slots[i].name)
             fprintf(f, "%s\t%s\t%lu\t%s\n", slots[i].lib ? slots[i].lib : "?", slots[i].name,
-                    atomic_load(&slots[i].calls), slots[i].callers);
+                    atomic_load(&slots[i].calls) + (slots[i].counted ? atomic_load(&slots[i].counted->count) : 0),
+                    slots[i].callers);
     if (f != stderr)
         fclose(f);
 }
