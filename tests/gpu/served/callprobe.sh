@@ -82,11 +82,12 @@ for compile in 0 1; do
 	note ""
 	note "== library boundary, COMPILE=$compile ($(ls "$out".* 2>/dev/null | wc -l) processes): library: functions bound, called, calls"
 	# Summed over the processes (one row per function each).
-	awk -F'\t' 'NR>1 { f[$1 "\t" $2] += $3 }
+	awk -F'\t' 'NR>1 && $1 != "(fatbins)" { f[$1 "\t" $2] += $3 }
 		END { for (k in f) { split(k, p, "\t"); b[p[1]]++; if (f[k] > 0) { c[p[1]]++; n[p[1]] += f[k] } }
 			for (l in b) printf "  %s: %d bound, %d called, %d calls\n", l, b[l], c[l], n[l] }' "$out" | sort | tee -a "$S"
+	note "  fat binaries registered: $(awk -F'\t' '$1 == "(fatbins)" && $2 == "registered" { n += $3 } END { print n + 0 }' "$out"), $(awk -F'\t' '$1 == "(fatbins)" && $2 == "bytes" { n += $3 } END { printf "%.1f MiB", n / 1048576 }' "$out") (all processes)"
 	note "  most called:"
-	awk -F'\t' 'NR>1 && $3 > 0 { n[$1 " " $2] += $3 } END { for (k in n) printf "    %s %d\n", k, n[k] }' "$out" |
+	awk -F'\t' 'NR>1 && $1 != "(fatbins)" && $3 > 0 { n[$1 " " $2] += $3 } END { for (k in n) printf "    %s %d\n", k, n[k] }' "$out" |
 		sort -k3 -n -r | head -25 | tee -a "$S"
 done
 

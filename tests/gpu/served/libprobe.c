@@ -81,6 +81,37 @@ unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie) {
     return LA_FLG_BINDTO | LA_FLG_BINDFROM;
 }
 
+/* The fat binaries the application registers with cudart: what a worker
+ * would have to load too. The wrapper's and the fat binary's headers are
+ * CUDA's (fatbinary_section.h): a wrapper {magic 0x466243b1, version, data,
+ * ...} whose data starts {magic 0xba55ed50, u16 version, u16 header size,
+ * u64 size}. */
+typedef void **(*register_fatbin_fn)(void *);
+static register_fatbin_fn real_register_fatbin;
+static _Atomic unsigned long fatbins, fatbin_bytes;
+static struct slot *register_fatbin_slot;
+
+static void **probe_register_fatbin(void *wrapper) {
+    const struct {
+        int magic, version;
+        const uint8_t *data;
+    } *w = wrapper;
+    atomic_fetch_add(&fatbins, 1);
+    if (register_fatbin_slot)
+        atomic_fetch_add(&register_fatbin_slot->calls, 1);
+    if (w && w->magic == 0x466243b1 && w->data) {
+        uint32_t magic;
+        uint16_t hsize;
+        uint64_t size;
+        memcpy(&magic, w->data, 4);
+        memcpy(&hsize, w->data + 6, 2);
+        memcpy(&size, w->data + 8, 8);
+        if (magic == 0xba55ed50)
+            atomic_fetch_add(&fatbin_bytes, hsize + size);
+    }
+    return real_register_fatbin(wrapper);
+}
+
 uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *refcook, uintptr_t *defcook, unsigned int *flags,
                        const char *symname) {
     (void)ndx;
@@ -92,6 +123,14 @@ uintptr_t la_symbind64(Elf64_Sym *sym, unsigned int ndx, uintptr_t *refcook, uin
     }
     /* Bindings happen under the loader's lock: one writer at a time. */
     struct slot *s = slot_of(symname, 1);
+    if (!strcmp(symname, "__cudaRegisterFatBinary") && !strncmp(def, "libcudart.so", 12)) {
+        if (s && !s->lib)
+            s->lib = def;
+        register_fatbin_slot = s;
+        real_register_fatbin = (register_fatbin_fn)sym->st_value;
+        *flags |= LA_SYMB_NOPLTENTER | LA_SYMB_NOPLTEXIT;
+        return (uintptr_t)probe_register_fatbin;
+    }
     if (s) {
         s->lib = def;
         if (!strstr(s->callers, ref) && strlen(s->callers) + strlen(ref) + 2 < sizeof s->callers) {
@@ -153,6 +192,8 @@ __attribute__((destructor)) static void report(void) {
             fprintf(f, "%s\t%s\t%lu\t%s\n", slots[i].lib ? slots[i].lib : "?", slots[i].name,
                     atomic_load(&slots[i].calls) + (slots[i].counted ? atomic_load(&slots[i].counted->count) : 0),
                     slots[i].callers);
+    fprintf(f, "(fatbins)\tregistered\t%lu\t\n(fatbins)\tbytes\t%lu\t\n", atomic_load(&fatbins),
+            atomic_load(&fatbin_bytes));
     if (f != stderr)
         fclose(f);
 }
