@@ -52,6 +52,7 @@ for compile in 0 1; do
 	cat "$out".* 2>/dev/null | grep -v '^#' >>"$out"
 	note ""
 	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log"); $(ls "$out".* 2>/dev/null | wc -l) processes reported"
+	note "$(grep '^startup:' "$L/app-compile$compile.log")"
 	note "caller: distinct driver entry points, export tables"
 	awk -F'\t' 'NR>1 && $1 != "(calls)" { if ($2 ~ /^export:/) e[$1]++; else s[$1]++; c[$1]=1 }
 		END { for (k in c) printf "  %s: %d entry points, %d export tables\n", k, s[k], e[k] }' "$out" | sort | tee -a "$S"
