@@ -107,6 +107,7 @@ HELD=$(sed -n 's/^ready pid=\([0-9]*\).*/\1/p' "$R" | head -1)
 	note "FAIL: the held app did not start: $(tail -2 "$L/held.log")"
 	exit 1
 }
+note "start-up without a probe: $(grep '^startup:' "$L/held.log")"
 note "running:            $($PY tests/gpu/served/smaps_by_kind.py "$HELD")"
 timeout 60 "$L/drvckpt" lock checkpoint "$HELD" >>"$L/drvckpt.log" 2>&1 || note "FAIL: driver checkpoint: $(tail -1 "$L/drvckpt.log")"
 note "driver checkpointed: $($PY tests/gpu/served/smaps_by_kind.py "$HELD")"
