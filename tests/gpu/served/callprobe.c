@@ -214,15 +214,14 @@ static void *next_driver_sym(const char *name) {
 }
 
 __attribute__((visibility("default"))) CUresult cuGetProcAddress(const char *sym, void **pfn, int ver,
-                                                                  cuuint64_t flags) {
+                                                                 cuuint64_t flags) {
     if (!real_gpa_v1)
         real_gpa_v1 = (gpa_v1_fn)next_driver_sym("cuGetProcAddress");
     return gpa_v1_from(__builtin_return_address(0), sym, pfn, ver, flags);
 }
 
-__attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver,
-                                                                     cuuint64_t flags,
-                                                                     CUdriverProcAddressQueryResult *status) {
+__attribute__((visibility("default"))) CUresult
+cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status) {
     if (!real_gpa_v2)
         real_gpa_v2 = (gpa_v2_fn)next_driver_sym("cuGetProcAddress_v2");
     return gpa_v2_from(__builtin_return_address(0), sym, pfn, ver, flags, status);

@@ -31,8 +31,8 @@ struct slot {
     const char *name; /* the dynamic linker's string for the symbol: stable */
     const char *lib;  /* the defining library's base name */
     char callers[192];
-    _Atomic unsigned long calls;    /* counted at the PLT (lazy binding) */
-    struct thunk_data *counted;     /* counted by the thunk bound in its place */
+    _Atomic unsigned long calls; /* counted at the PLT (lazy binding) */
+    struct thunk_data *counted;  /* counted by the thunk bound in its place */
 };
 static struct thunk_block thunks;
 static struct slot slots[NSLOTS];
@@ -47,8 +47,8 @@ static const char *base(const char *p) {
 
 /* The libraries a served mode would stand in for. */
 static int served_lib(const char *b) {
-    static const char *const prefixes[] = {"libcudart.so", "libcublas.so", "libcublasLt.so", "libcudnn",
-                                           "libnccl.so", "libnvrtc.so", "libcufft.so", "libcurand.so",
+    static const char *const prefixes[] = {"libcudart.so",   "libcublas.so",   "libcublasLt.so",  "libcudnn",
+                                           "libnccl.so",     "libnvrtc.so",    "libcufft.so",     "libcurand.so",
                                            "libcusparse.so", "libcusolver.so", "libnvJitLink.so", NULL};
     for (int i = 0; prefixes[i]; i++)
         if (!strncmp(b, prefixes[i], strlen(prefixes[i])))

@@ -84,31 +84,32 @@
 #define CAP 4096u /* ring records; a power of two */
 #define MAX_PARAMS 8
 #define PARAM_BYTES 64
-#define SPIN_NS 50000LL             /* polling before a wait parks on a futex */
+#define SPIN_NS 50000LL              /* polling before a wait parks on a futex */
 #define WAIT_LIMIT_NS 100000000000LL /* any one wait for the other side */
 #define READY_LIMIT_NS 60000000000LL /* the worker's CUDA start */
-#define WARM 1000                   /* launches before the timed loop */
+#define WARM 1000                    /* launches before the timed loop */
 #define GRAPH_WARM 16
 #define GRAPH_K 64 /* launches per graph */
 
-static const char ptx[] = ".version 8.0\n"
-                          ".target sm_90\n"
-                          ".address_size 64\n"
-                          "\n"
-                          ".visible .entry ringbench_store(\n"
-                          "\t.param .u64 ringbench_store_p,\n"
-                          "\t.param .u32 ringbench_store_v\n"
-                          ")\n"
-                          "{\n"
-                          "\t.reg .b32 %r<2>;\n"
-                          "\t.reg .b64 %rd<3>;\n"
-                          "\n"
-                          "\tld.param.u64 %rd1, [ringbench_store_p];\n"
-                          "\tld.param.u32 %r1, [ringbench_store_v];\n"
-                          "\tcvta.to.global.u64 %rd2, %rd1;\n"
-                          "\tst.global.u32 [%rd2], %r1;\n"
-                          "\tret;\n"
-                          "}\n";
+static const char ptx[] =
+    ".version 8.0\n"
+    ".target sm_90\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry ringbench_store(\n"
+    "\t.param .u64 ringbench_store_p,\n"
+    "\t.param .u32 ringbench_store_v\n"
+    ")\n"
+    "{\n"
+    "\t.reg .b32 %r<2>;\n"
+    "\t.reg .b64 %rd<3>;\n"
+    "\n"
+    "\tld.param.u64 %rd1, [ringbench_store_p];\n"
+    "\tld.param.u32 %r1, [ringbench_store_v];\n"
+    "\tcvta.to.global.u64 %rd2, %rd1;\n"
+    "\tst.global.u32 [%rd2], %r1;\n"
+    "\tret;\n"
+    "}\n";
 
 /* ---- the driver, resolved by name ---- */
 
@@ -172,8 +173,8 @@ enum { ST_STARTING = 0, ST_READY = 1, ST_FAILED = 2 };
  * record, because each side reads the other's flag on its hot path.
  */
 struct shared {
-    _Alignas(64) _Atomic uint64_t head; /* records published (producer) */
-    _Alignas(64) _Atomic uint64_t tail; /* records consumed (worker) */
+    _Alignas(64) _Atomic uint64_t head;   /* records published (producer) */
+    _Alignas(64) _Atomic uint64_t tail;   /* records consumed (worker) */
     _Alignas(64) _Atomic uint32_t wsleep; /* the worker is parked, or about to */
     _Atomic uint32_t wseq;                /* its futex word */
     _Alignas(64) _Atomic uint32_t done;   /* completions posted (worker) */
@@ -203,9 +204,7 @@ static long futex_wait(_Atomic uint32_t *a, uint32_t val, long long timeout_ns) 
     return syscall(SYS_futex, (uint32_t *)a, FUTEX_WAIT, val, &ts, NULL, 0);
 }
 
-static void futex_wake(_Atomic uint32_t *a) {
-    syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
+static void futex_wake(_Atomic uint32_t *a) { syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -425,8 +424,8 @@ static int worker_main(int fd, int kind) {
                 void *kp[MAX_PARAMS];
                 uint32_t v;
                 if (r->fn != 0 || r->stream != 0 || r->nparams != 2)
-                    fail("record %" PRIu64 ": function %u, stream %u, %u parameters: not this benchmark's", tail,
-                         r->fn, r->stream, r->nparams);
+                    fail("record %" PRIu64 ": function %u, stream %u, %u parameters: not this benchmark's", tail, r->fn,
+                         r->stream, r->nparams);
                 for (uint32_t i = 0; i < r->nparams; i++)
                     kp[i] = r->params + r->off[i];
                 memcpy(&v, r->params + r->off[1], sizeof v);
@@ -437,8 +436,8 @@ static int worker_main(int fd, int kind) {
                 /* the ring slot stays ours until tail moves past it: the
                  * driver copies the parameters during the call */
                 if (gpu)
-                    CU(cuLaunchKernel, g.fn, r->grid[0], r->grid[1], r->grid[2], r->block[0], r->block[1],
-                       r->block[2], r->shmem, g.stream, kp, NULL);
+                    CU(cuLaunchKernel, g.fn, r->grid[0], r->grid[1], r->grid[2], r->block[0], r->block[1], r->block[2],
+                       r->shmem, g.stream, kp, NULL);
                 break;
             }
             case REC_GRAPH:
@@ -461,8 +460,7 @@ static int worker_main(int fd, int kind) {
                 sh->result = gpu ? gpu_result(&g) : last;
                 exiting = 1;
                 break;
-            default:
-                fail("record %" PRIu64 ": unknown kind %#x", tail, k);
+            default: fail("record %" PRIu64 ": unknown kind %#x", tail, k);
             }
             tail++;
             atomic_store_explicit(&sh->tail, tail, memory_order_release);
@@ -690,8 +688,8 @@ static int report(const struct result *r) {
     printf("mode=%s n=%" PRIu64 " enqueue_ns=%.1f total_ns=%.1f", r->mode, r->n, (double)r->loop_ns / (double)r->n,
            (double)r->total_ns / (double)r->n);
     if (r->worker)
-        printf(" worker_cpu_ns=%.1f parks=%" PRIu64 " wakes=%" PRIu64 " ring_full=%" PRIu64
-               " order_errors=%" PRIu64 " worker_cpu_all_ms=%.1f",
+        printf(" worker_cpu_ns=%.1f parks=%" PRIu64 " wakes=%" PRIu64 " ring_full=%" PRIu64 " order_errors=%" PRIu64
+               " worker_cpu_all_ms=%.1f",
                (double)r->worker_cpu_ns / (double)r->n, r->parks, r->wakes, r->full, r->order_errors,
                r->worker_cpu_all_ms);
     else
@@ -799,9 +797,10 @@ static int run_ring(const char *self, const char *mode, uint64_t n, int rtt, int
 }
 
 static void __attribute__((noreturn)) usage(void) {
-    fprintf(stderr, "usage: ringbench direct|ring|ring-rtt|ring-nogpu|ring-rtt-nogpu|graph-direct|graph-ring [N]\n"
-                    "  N launches (default 200000; the graph modes make N/%d graph launches of %d kernels)\n"
-                    "  RINGBENCH_CPUS=P,W pins the producer to CPU P and the worker to CPU W\n",
+    fprintf(stderr,
+            "usage: ringbench direct|ring|ring-rtt|ring-nogpu|ring-rtt-nogpu|graph-direct|graph-ring [N]\n"
+            "  N launches (default 200000; the graph modes make N/%d graph launches of %d kernels)\n"
+            "  RINGBENCH_CPUS=P,W pins the producer to CPU P and the worker to CPU W\n",
             GRAPH_K, GRAPH_K);
     exit(2);
 }

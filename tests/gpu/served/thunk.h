@@ -29,8 +29,8 @@ struct thunk_data {
 };
 
 struct thunk_block {
-    uint8_t *code;            /* THUNKS_PER_BLOCK * 16 bytes, r-x once written */
-    struct thunk_data *data;  /* right after the code, rw- */
+    uint8_t *code;           /* THUNKS_PER_BLOCK * 16 bytes, r-x once written */
+    struct thunk_data *data; /* right after the code, rw- */
     int used;
 };
 
