@@ -12,6 +12,9 @@
 # 2. libprobe.so (LD_AUDIT) under probe_app.py: the functions of cudart,
 #    cuBLAS, cuDNN and the other CUDA libraries it binds, and the calls
 #    counted.
+#    Then the workload matrix's programs (WORKLOADS, default
+#    "train_dataloader kv_cache cuda_graph jax cupy", WL_STEPS steps) under
+#    both probes: what each calls.
 # 3. probe_app.py held: its memory by kind (smaps_by_kind.py: Rss/private
 #    dirty MiB) as it runs, then after NVIDIA's checkpoint (drvckpt from
 #    ANCHOR_DIR, default ../shared/device/anchor: lock + checkpoint) parks
@@ -91,6 +94,28 @@ for compile in 0 1; do
 	awk -F'\t' 'NR>1 && $1 != "(fatbins)" && $3 > 0 { n[$1 " " $2] += $3 } END { for (k in n) printf "    %s %d\n", k, n[k] }' "$out" |
 		sort -k3 -n -r | head -25 | tee -a "$S"
 done
+
+# 2b. The matrix's workloads (WORKLOADS, WL_STEPS steps each) under both
+# probes at once: what other jobs call beyond probe_app's.
+for w in ${WORKLOADS:-train_dataloader kv_cache cuda_graph jax cupy}; do
+	o=$L/wl-$w
+	rm -f "$o".*
+	if ! CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONHASHSEED=0 LD_PRELOAD=$PWD/$L/callprobe.so CALLPROBE_OUT=$PWD/$o.drv \
+		LD_AUDIT=$PWD/$L/libprobe.so LIBPROBE_OUT=$PWD/$o.lib timeout 300 $PY tests/gpu/matrix_workloads.py "$w" "$o.log" \
+		"${WL_STEPS:-50}" >"$o.out" 2>&1; then
+		note "FAIL: workload $w under the probes: $(tail -2 "$o.out")"
+		continue
+	fi
+	cat "$o".drv.* 2>/dev/null | awk -F'\t' '$1 == "(calls)" && $3 > 0 && $2 ~ /^cu[A-Z]/ { print $2 }' | sort -u >"$o.driver-called"
+	cat "$o".lib.* 2>/dev/null | awk -F'\t' '$1 != "(fatbins)" && $1 !~ /^#/ && $3 > 0 { print $1 "\t" $2 }' | sort -u >"$o.lib-called"
+	note "  $w ($(grep -c '^step' "$o.log") steps): $(wc -l <"$o.driver-called") driver entry points called;" \
+		"library functions called: $(cut -f1 "$o.lib-called" | sed 's/\.so.*//' | sort | uniq -c | awk '{printf "%s %s, ", $2, $1}')" \
+		"export tables fetched: $(cat "$o".drv.* 2>/dev/null | awk -F'\t' '$2 ~ /^export:/ { print $2 }' | sort -u | wc -l);" \
+		"fat binaries: $(cat "$o".lib.* 2>/dev/null | awk -F'\t' '$1 == "(fatbins)" && $2 == "bytes" { n += $3 } END { printf "%.0f MiB", n / 1048576 }')"
+done
+cat "$L"/wl-*.driver-called 2>/dev/null | sort -u >"$L/all-driver-called.txt"
+cat "$L"/wl-*.lib-called 2>/dev/null | sort -u >"$L/all-lib-called.txt"
+note "  all workloads together: $(wc -l <"$L/all-driver-called.txt") driver entry points and $(wc -l <"$L/all-lib-called.txt") library functions called (all-*-called.txt)"
 
 note ""
 note "== memory of the held process (kind=Rss/private dirty MiB)"
