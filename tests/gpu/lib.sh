@@ -183,11 +183,20 @@ prefix_criu_args() {
 # bundle: GPUCR_PREFIX, its first argument, into G and GPUCR alone.
 # shellcheck disable=SC2034 # GPUCR is the calling script's
 prefix_arg() {
-	local usage=$1
-	shift
-	[ -n "${1:-}" ] || { echo "$usage" >&2; exit 2; }
-	G=$(cd "$1" && pwd) || { echo "$usage" >&2; exit 2; }
+	G=${2:-}
+	abs_dir "$1" G
 	GPUCR=$G/bin/gpucr
+}
+# abs_dir USAGE VAR: the directory VAR names, made absolute (from where the
+# script runs), into VAR. As prefix_arg, a plain statement: empty, or no
+# directory, ends the script with USAGE on stderr, status 2.
+abs_dir() {
+	local d
+	if [ -z "${!2:-}" ] || ! d=$(cd "${!2}" && pwd); then
+		echo "$1" >&2
+		exit 2
+	fi
+	printf -v "$2" %s "$d"
 }
 # fresh_logs DIR: LOGS is $LOGS if set, else DIR; made empty and absolute,
 # with an empty summary.txt.

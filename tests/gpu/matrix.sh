@@ -38,8 +38,9 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
-prefix_criu_args "usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE" "$@"
-C=$(cd "$C" && pwd) || exit 2
+usage="usage: matrix.sh GPUCR_PREFIX CRIU_BUNDLE"
+prefix_criu_args "$usage" "$@"
+abs_dir "$usage" C
 SIM=${SIM:-}
 BIN=build/gpu/bin
 if [ -n "$SIM" ]; then

@@ -20,9 +20,9 @@ cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
 usage="usage: replicas.sh GPUCR_PREFIX CRIU_BUNDLE RUNC_DIR [N]"
 prefix_criu_args "$usage" "$@"
-C=$(cd "$C" && pwd) || exit 2
-R=${3:?$usage}
-R=$(cd "$R" && pwd)
+R=${3:-}
+abs_dir "$usage" C
+abs_dir "$usage" R
 N=${4:-4}
 GIB=${GIB:-8.6}
 export PATH="$R:$C/bin:$PATH" # runc, and the criu runc calls

@@ -19,11 +19,11 @@ cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
 usage="usage: runc-gpu.sh GPUCR_PREFIX CRIU_BUNDLE ANCHOR_DIR RUNC_DIR [GB]"
 prefix_criu_args "$usage" "$@"
-C=$(cd "$C" && pwd) || exit 2
-A=${3:?$usage}
-A=$(cd "$A" && pwd)
-R=${4:?$usage}
-R=$(cd "$R" && pwd)
+A=${3:-}
+R=${4:-}
+abs_dir "$usage" C
+abs_dir "$usage" A
+abs_dir "$usage" R
 GB=${5:-2}
 export PATH="$R:$C/bin:$PATH" # runc, and the criu runc calls
 # Not fresh_logs: runc's state directory (ROOT) stays from run to run.
