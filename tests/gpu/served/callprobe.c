@@ -32,9 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "gpucr/cudadrv.h"
+#include "report.h"
 #include "thunk.h"
 
 /* The header maps the name to its _v2; the probe answers both. */
@@ -254,23 +254,14 @@ static void report(void) {
         pthread_mutex_unlock(&mu);
         return;
     }
-    const char *path = getenv("CALLPROBE_OUT");
-    char file[4096];
-    FILE *f = NULL;
-    if (path) {
-        snprintf(file, sizeof file, "%s.%d", path, (int)getpid());
-        f = fopen(file, "w");
-    }
-    if (!f)
-        f = stderr;
+    FILE *f = report_open("CALLPROBE_OUT");
     fprintf(f, "# caller\twhat\tcount\tfirst_word\n");
     for (int i = 0; i < nrows; i++)
         fprintf(f, "%s\t%s\t%lu\t%lu\n", rows[i].caller, rows[i].what, rows[i].count, rows[i].first_word);
     for (int i = 0; i < ncounted; i++)
         fprintf(f, "(calls)\t%s\t%lu\t0\n", counted[i].name, (unsigned long)atomic_load(&counted[i].d->count));
     pthread_mutex_unlock(&mu);
-    if (f != stderr)
-        fclose(f);
+    report_close(f);
 }
 
 /* Both: a process that ends through exit() runs the atexit handler before

@@ -39,22 +39,28 @@ finish() {
 	[ -n "${OUT:-}" ] && cp "$L"/*.txt "$L"/*.tsv "$OUT"/ 2>/dev/null
 }
 trap finish EXIT
+# merge_reports TABLE HEADER: every process's report (TABLE.PID: a probe
+# writes one per process) into TABLE, under HEADER once; reports TABLE: how
+# many there were.
+merge_reports() {
+	printf '%s\n' "$2" >"$1"
+	cat "$1".[0-9]* 2>/dev/null | grep -v '^#' >>"$1"
+}
+reports() { find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").[0-9]*" | wc -l; }
 
 note "host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $($PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)')"
 gcc -O2 -Wall -Wextra -fPIC -shared -Iinclude -Itests/gpu/served -o "$L/callprobe.so" tests/gpu/served/callprobe.c -ldl -pthread || exit 1
 
 for compile in 0 1; do
 	out=$L/calls-compile$compile.tsv
-	rm -f "$out" "$out".*
+	rm -f "$out" "$out".[0-9]*
 	if ! COMPILE=$compile LD_PRELOAD=$PWD/$L/callprobe.so CALLPROBE_OUT=$PWD/$out timeout 300 $PY "$APP" >"$L/app-compile$compile.log" 2>&1; then
 		note "FAIL: probe_app (COMPILE=$compile): $(tail -2 "$L/app-compile$compile.log")"
 		continue
 	fi
-	# Every process's report, one table (the header once).
-	echo "# caller	what	count	first_word" >"$out"
-	cat "$out".* 2>/dev/null | grep -v '^#' >>"$out"
+	merge_reports "$out" "# caller	what	count	first_word"
 	note ""
-	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log"); $(ls "$out".* 2>/dev/null | wc -l) processes reported"
+	note "== COMPILE=$compile: $(tail -1 "$L/app-compile$compile.log"); $(reports "$out") processes reported"
 	note "$(grep '^startup:' "$L/app-compile$compile.log")"
 	note "caller: distinct driver entry points, export tables"
 	awk -F'\t' 'NR>1 && $1 != "(calls)" { if ($2 ~ /^export:/) e[$1]++; else s[$1]++; c[$1]=1 }
@@ -76,15 +82,14 @@ done
 gcc -O2 -Wall -Wextra -fPIC -shared -Itests/gpu/served -o "$L/libprobe.so" tests/gpu/served/libprobe.c || exit 1
 for compile in 0 1; do
 	out=$L/libcalls-compile$compile.tsv
-	rm -f "$out".*
+	rm -f "$out" "$out".[0-9]*
 	if ! COMPILE=$compile LD_AUDIT=$PWD/$L/libprobe.so LIBPROBE_OUT=$PWD/$out timeout 300 $PY "$APP" >"$L/libapp-compile$compile.log" 2>&1; then
 		note "FAIL: probe_app under libprobe (COMPILE=$compile): $(tail -2 "$L/libapp-compile$compile.log")"
 		continue
 	fi
-	echo "# library	function	calls	callers" >"$out"
-	cat "$out".* 2>/dev/null | grep -v '^#' >>"$out"
+	merge_reports "$out" "# library	function	calls	callers"
 	note ""
-	note "== library boundary, COMPILE=$compile ($(ls "$out".* 2>/dev/null | wc -l) processes): library: functions bound, called, calls"
+	note "== library boundary, COMPILE=$compile ($(reports "$out") processes): library: functions bound, called, calls"
 	# Summed over the processes (one row per function each).
 	awk -F'\t' 'NR>1 && $1 != "(fatbins)" { f[$1 "\t" $2] += $3 }
 		END { for (k in f) { split(k, p, "\t"); b[p[1]]++; if (f[k] > 0) { c[p[1]]++; n[p[1]] += f[k] } }
@@ -106,12 +111,14 @@ for w in ${WORKLOADS:-train_dataloader kv_cache cuda_graph jax cupy}; do
 		note "FAIL: workload $w under the probes: $(tail -2 "$o.out")"
 		continue
 	fi
-	cat "$o".drv.* 2>/dev/null | awk -F'\t' '$1 == "(calls)" && $3 > 0 && $2 ~ /^cu[A-Z]/ { print $2 }' | sort -u >"$o.driver-called"
-	cat "$o".lib.* 2>/dev/null | awk -F'\t' '$1 != "(fatbins)" && $1 !~ /^#/ && $3 > 0 { print $1 "\t" $2 }' | sort -u >"$o.lib-called"
+	merge_reports "$o.drv" "# caller	what	count	first_word"
+	merge_reports "$o.lib" "# library	function	calls	callers"
+	awk -F'\t' '$1 == "(calls)" && $3 > 0 && $2 ~ /^cu[A-Z]/ { print $2 }' "$o.drv" | sort -u >"$o.driver-called"
+	awk -F'\t' 'NR>1 && $1 != "(fatbins)" && $3 > 0 { print $1 "\t" $2 }' "$o.lib" | sort -u >"$o.lib-called"
 	note "  $w ($(grep -c '^step' "$o.log") steps): $(wc -l <"$o.driver-called") driver entry points called;" \
 		"library functions called: $(cut -f1 "$o.lib-called" | sed 's/\.so.*//' | sort | uniq -c | awk '{printf "%s %s, ", $2, $1}')" \
-		"export tables fetched: $(cat "$o".drv.* 2>/dev/null | awk -F'\t' '$2 ~ /^export:/ { print $2 }' | sort -u | wc -l);" \
-		"fat binaries: $(cat "$o".lib.* 2>/dev/null | awk -F'\t' '$1 == "(fatbins)" && $2 == "bytes" { n += $3 } END { printf "%.0f MiB", n / 1048576 }')"
+		"export tables fetched: $(awk -F'\t' '$2 ~ /^export:/ { print $2 }' "$o.drv" | sort -u | wc -l);" \
+		"fat binaries: $(awk -F'\t' '$1 == "(fatbins)" && $2 == "bytes" { n += $3 } END { printf "%.0f MiB", n / 1048576 }' "$o.lib")"
 done
 cat "$L"/wl-*.driver-called 2>/dev/null | sort -u >"$L/all-driver-called.txt"
 cat "$L"/wl-*.lib-called 2>/dev/null | sort -u >"$L/all-lib-called.txt"

@@ -20,10 +20,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "report.h"
 #include "thunk.h"
 
 #define NSLOTS 16384 /* a power of two */
@@ -177,15 +176,7 @@ Elf64_Addr la_x86_64_gnu_pltenter(Elf64_Sym *sym, unsigned int ndx, uintptr_t *r
 __attribute__((destructor)) static void report(void) {
     if (atomic_load(&nbound) == 0)
         return;
-    const char *path = getenv("LIBPROBE_OUT");
-    char file[4096];
-    FILE *f = NULL;
-    if (path) {
-        snprintf(file, sizeof file, "%s.%d", path, (int)getpid());
-        f = fopen(file, "w");
-    }
-    if (!f)
-        f = stderr;
+    FILE *f = report_open("LIBPROBE_OUT");
     fprintf(f, "# library\tfunction\tcalls\tcallers\n");
     for (int i = 0; i < NSLOTS; i++)
         if (slots[i].name)
@@ -194,6 +185,5 @@ __attribute__((destructor)) static void report(void) {
                     slots[i].callers);
     fprintf(f, "(fatbins)\tregistered\t%lu\t\n(fatbins)\tbytes\t%lu\t\n", atomic_load(&fatbins),
             atomic_load(&fatbin_bytes));
-    if (f != stderr)
-        fclose(f);
+    report_close(f);
 }
