@@ -65,14 +65,11 @@ func (a *allocator) importPeer(c *conn, cl *client, id uint64) *helperpb.Respons
 // it (registry.handOver), and its kept export with it; false if nobody
 // imports it: the caller releases it, and its export is forgotten.
 func (a *allocator) handOver(from *client, al *alloc) bool {
-	heir := a.reg.handOver(al)
+	heir, uid := a.reg.handOver(al)
 	if heir == nil {
 		a.exports.forget(al.id)
 		return false
 	}
-	heir.mu.Lock()
-	uid := heir.uid
-	heir.mu.Unlock()
 	a.exports.moveTo(al.id, uid)
 	from.log.Info("shared allocation handed over to a process that still maps it", zap.Uint64("alloc_id", al.id),
 		pidField("to_pid", heir.pid))

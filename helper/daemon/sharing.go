@@ -135,14 +135,15 @@ func (r *registry) endImport(cl *client, aid uint64) bool {
 // handOver gives allocation al, which its owner lets go of, to an importer
 // that still maps it: the memory lives on there (the driver would keep it
 // for the importer's mapping too), and that process's image holds it from
-// then on. Nil if nobody imports it: the caller releases it.
-func (r *registry) handOver(al *alloc) (heir *client) {
+// then on. Nil if nobody imports it: the caller releases it. heirUID is
+// whom the memory counts against from then on.
+func (r *registry) handOver(al *alloc) (heir *client, heirUID uint32) {
 	r.mu.Lock()
 	heir, addr := r.sh.heir(al.id)
 	if heir == nil {
 		r.sh.forget(al.id)
 		r.mu.Unlock()
-		return nil
+		return nil, 0
 	}
 	delete(r.sh.importers[al.id], heir)
 	r.owner[al.id] = heir
@@ -152,8 +153,9 @@ func (r *registry) handOver(al *alloc) (heir *client) {
 	al.inherited = true
 	heir.allocs[al.id] = al
 	heir.bytes += al.size
+	heirUID = heir.uid
 	heir.mu.Unlock()
-	return heir
+	return heir, heirUID
 }
 
 // importsOf lists the allocations cl imports and where it maps them (0: not
