@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -86,4 +87,56 @@ func TestImportPeerKnowsExports(t *testing.T) {
 	if e := peer.simple(freeReq(id)); e != nil {
 		t.Errorf("the importer's Free of what it took over: %v", e)
 	}
+}
+
+// An owner that lets go of memory its peers still map hands it to the
+// importer of the lowest pid that maps it, with its size and the uid it
+// counts against; memory nobody maps is handed to no one and forgotten.
+func TestRegistryHandOver(t *testing.T) {
+	r := newRegistry(nil)
+	mk := func(pid proc.Pid, uid uint32) *client {
+		return &client{pid: pid, uid: uid, allocs: map[uint64]*alloc{}, token: uint64(pid)}
+	}
+	owner, late, early, unmapped := mk(10, 1000), mk(30, 1002), mk(20, 1001), mk(15, 1003)
+	shared := &alloc{id: 7, size: 2 << 20, address: 0x1000}
+	alone := &alloc{id: 8, size: 4 << 20, address: 0x9000}
+	owner.allocs[shared.id], owner.allocs[alone.id] = shared, alone
+	r.own(shared.id, owner)
+	r.own(alone.id, owner)
+	for _, imp := range []*client{late, early, unmapped} {
+		if _, _, err := r.addImport(imp, shared.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.mappedImport(late, shared.id, 0x7000)
+	r.mappedImport(early, shared.id, 0x5000)
+
+	heir, uid := r.handOver(shared)
+	if heir != early || uid != early.uid {
+		t.Fatalf("handed to %v (uid %d), want the lowest pid that maps it, 20 (uid 1001), not 15, which does not map it",
+			pidOf(heir), uid)
+	}
+	if early.allocs[shared.id] != shared || early.bytes != shared.size || shared.address != 0x5000 || !shared.inherited {
+		t.Errorf("the heir's record: %v, %d bytes, at 0x%x, inherited %v", early.allocs[shared.id] != nil, early.bytes,
+			shared.address, shared.inherited)
+	}
+	if r.ownerOf(shared.id) != early {
+		t.Error("the heir does not own what it was handed")
+	}
+	if m := r.importsOf(early); len(m) != 0 {
+		t.Errorf("the heir still imports what it owns: %v", m)
+	}
+	if m := r.importsOf(late); m[shared.id] != 0x7000 {
+		t.Errorf("the other importer's mapping is lost: %v", m)
+	}
+	if heir, uid := r.handOver(alone); heir != nil || uid != 0 {
+		t.Errorf("memory nobody imports was handed to %v", pidOf(heir))
+	}
+}
+
+func pidOf(cl *client) any {
+	if cl == nil {
+		return "nobody"
+	}
+	return cl.pid
 }
