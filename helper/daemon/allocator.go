@@ -159,7 +159,7 @@ func (a *allocator) reserveGPU(cl *client, id, size uint64) (release func(), ref
 }
 
 // ownAlloc finds id among cl's allocations; the error response says whether
-// it is someone else's or nobody'a. Called with cl.mu held.
+// it is someone else's or nobody's. Called with cl.mu held.
 func (a *allocator) ownAlloc(cl *client, reqID, id uint64) (*alloc, *helperpb.Response) {
 	if al := cl.allocs[id]; al != nil {
 		return al, nil
