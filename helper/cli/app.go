@@ -188,6 +188,7 @@ func newApp(stdout, stderr io.Writer) *ucli.App {
 			migrateCommand(),
 			jobCommand(),
 			jobAgentCommand(),
+			servedWorkerCommand(),
 			completionCommand(),
 			manCommand(),
 			resumeCommand(),

@@ -22,6 +22,7 @@ import (
 	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/cuda"
 	"github.com/gpucr/gpucr/helper/daemon"
+	"github.com/gpucr/gpucr/helper/served"
 	"github.com/gpucr/gpucr/helper/engine"
 	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/inventory"
@@ -72,6 +73,10 @@ func helperCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "background-lanes", Value: 0, Hidden: true,
 				Usage: "lanes per device of a concurrent checkpoint's background copy (0: a quarter of the CPUs, at least 2)"},
 			// Benchmarks turn it off to measure what it saves.
+			&ucli.IntFlag{Name: "served-pool", Value: 0,
+				Usage: "served mode: keep N workers per device ready, each with its context made (0: served mode off)"},
+			&ucli.IntFlag{Name: "served-max-per-uid", Value: served.DefaultMaxPerUID,
+				Usage: "served mode: the most workers one uid's processes may have at a time"},
 			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,
 				Usage: "hold one small exported allocation per device, which keeps the driver's exports fast"},
 		},
@@ -212,6 +217,14 @@ func runHelper(c *ucli.Context) error {
 	log.Info("inventory", zap.String("driver_version", inv.DriverVersion), zap.String("source", inv.Source),
 		zap.Strings("notes", inv.Notes))
 
+	if n := c.Int("served-pool"); n < 0 {
+		return usageError{fmt.Errorf("--served-pool: %d is negative", n)}
+	} else if n > 0 && loadErr == nil {
+		cfg.Served = served.NewPool(served.PoolConfig{Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
+			MaxPerUID: c.Int("served-max-per-uid"), Log: log})
+	} else if n > 0 {
+		log.Warn("served mode: no driver, so no workers", zap.Error(loadErr))
+	}
 	srv := daemon.New(cfg)
 	if err := srv.Listen(); err != nil {
 		return fmt.Errorf("helper: %w", err)

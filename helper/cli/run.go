@@ -15,24 +15,42 @@ import (
 	"github.com/gpucr/gpucr/helper/client"
 )
 
-// systemInterposer is where packages install the interposer.
-const systemInterposer = "/usr/lib/gpucr/libgpucr.so"
+// systemInterposer is where packages install the interposer, and
+// systemServed the served-mode library.
+const (
+	systemInterposer = "/usr/lib/gpucr/libgpucr.so"
+	systemServed     = "/usr/lib/gpucr/served/libcuda.so.1"
+)
 
 func runCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:      "run",
 		Usage:     "run a CUDA program with the gpucr interposer, so that the helper can checkpoint it",
 		ArgsUsage: "-- CMD [ARGS...]",
-		Flags:     []ucli.Flag{socketFlag()},
+		Description: "With --served, the program loads gpucr's served-mode driver library instead of NVIDIA's: a worker\n" +
+			"process that the helper keeps ready (gpucr helper --served-pool N) runs its GPU calls, and the program\n" +
+			"itself holds no driver state (docs/served-mode.md says what served mode supports).",
+		Flags: []ucli.Flag{socketFlag(),
+			&ucli.BoolFlag{Name: "served", Usage: "run the program in served mode: its GPU calls run in a worker of the helper's"},
+			&ucli.UintFlag{Name: "device", Usage: "served mode: the device (the helper's ordinal) the worker runs on"}},
 		Action: func(c *ucli.Context) error {
 			args := c.Args().Slice()
 			if len(args) > 0 && args[0] == "--" {
 				args = args[1:]
 			}
 			if len(args) == 0 {
-				return usageError{errors.New("usage: gpucr run [--socket PATH] -- CMD [ARGS...]")}
+				return usageError{errors.New("usage: gpucr run [--socket PATH] [--served [--device N]] -- CMD [ARGS...]")}
 			}
-			path, env, err := prepareRun(args[0], client.SocketPath(c.String("socket")), os.Environ())
+			if c.IsSet("device") && !c.Bool("served") {
+				return usageError{errors.New("run: --device is for served mode (--served)")}
+			}
+			prepare := prepareRun
+			if c.Bool("served") {
+				prepare = func(cmd, socket string, environ []string) (string, []string, error) {
+					return prepareServed(cmd, socket, c.Uint("device"), environ)
+				}
+			}
+			path, env, err := prepare(args[0], client.SocketPath(c.String("socket")), os.Environ())
 			if err != nil {
 				return err
 			}
@@ -122,5 +140,76 @@ func prepareRun(cmd, socket string, environ []string) (string, []string, error) 
 		}
 	}
 	env = append(env, "LD_PRELOAD="+preload, "GPUCR_SOCKET="+socket)
+	return path, env, nil
+}
+
+// findServed is the served-mode library, found as findInterposer finds the
+// interposer: $GPUCR_SERVED_LIB, else <dir of gpucr>/../lib/served/libcuda.so.1,
+// else /usr/lib/gpucr/served/libcuda.so.1.
+func findServed() (string, error) {
+	if p := os.Getenv("GPUCR_SERVED_LIB"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("GPUCR_SERVED_LIB=%s: %w", p, err)
+		}
+		return filepath.Abs(p)
+	}
+	var tried []string
+	if exe, err := realExecutable(); err == nil {
+		tried = append(tried, filepath.Join(filepath.Dir(exe), "..", "lib", "served", "libcuda.so.1"))
+	}
+	tried = append(tried, systemServed)
+	for _, p := range tried {
+		if _, err := os.Stat(p); err == nil {
+			return filepath.Clean(p), nil
+		}
+	}
+	return "", fmt.Errorf("served-mode library not found (looked at %s; set GPUCR_SERVED_LIB or build it with make)",
+		strings.Join(tried, ", "))
+}
+
+// prepareServed is prepareRun for served mode: the served library's
+// directory first in LD_LIBRARY_PATH, so that the program's libcuda.so.1 is
+// gpucr's; the interposer taken out of LD_PRELOAD (there is no driver in
+// the process for it to watch); GPUCR_SOCKET and GPUCR_SERVED_DEVICE set.
+func prepareServed(cmd, socket string, device uint, environ []string) (string, []string, error) {
+	lib, err := findServed()
+	if err != nil {
+		return "", nil, err
+	}
+	path, err := exec.LookPath(cmd)
+	if err != nil {
+		return "", nil, notRunnable(cmd, err)
+	}
+	if abs, err := filepath.Abs(socket); err == nil {
+		socket = abs
+	}
+	dir := filepath.Dir(lib)
+	libPath := dir
+	var env []string
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "LD_LIBRARY_PATH":
+			for _, p := range strings.Split(v, ":") {
+				if p != "" && p != dir {
+					libPath += ":" + p
+				}
+			}
+		case "LD_PRELOAD":
+			var keep []string
+			for _, p := range strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ' ' }) {
+				if filepath.Base(p) != "libgpucr.so" {
+					keep = append(keep, p)
+				}
+			}
+			if len(keep) > 0 {
+				env = append(env, "LD_PRELOAD="+strings.Join(keep, ":"))
+			}
+		case "GPUCR_SOCKET", "GPUCR_SERVED_DEVICE":
+		default:
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "LD_LIBRARY_PATH="+libPath, "GPUCR_SOCKET="+socket, fmt.Sprintf("GPUCR_SERVED_DEVICE=%d", device))
 	return path, env, nil
 }

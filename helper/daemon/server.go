@@ -27,6 +27,7 @@ import (
 	"github.com/gpucr/gpucr/helper/fault"
 	"github.com/gpucr/gpucr/helper/fscred"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/helper/served"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -88,6 +89,9 @@ type Config struct {
 	// ResidentMemory is the device memory resident images may take in all
 	// (resident.go; 0: none are kept).
 	ResidentMemory uint64
+	// Served is served mode's pool of workers (served.go); nil: served
+	// mode is off. The server closes it when it stops.
+	Served *served.Pool
 }
 
 // Server is the helper daemon.
@@ -135,6 +139,7 @@ type Server struct {
 	exports      *exportSet      // the one kept export of each exported allocation (exports.go)
 	analyses     *analysisBudget // bytes of module images being analysed (modules.go)
 	pool         *pool           // allocations made ahead of time (pool.go)
+	served       *served.Pool    // served mode's workers (served.go); nil: off
 }
 
 // New returns a server; Listen and Serve start it.
@@ -161,7 +166,8 @@ func New(cfg Config) *Server {
 
 		stopping: stopping, frames: newBudget(cfg.Limits.InFlightBytes, cfg.Limits.InFlightBytesPerUID, stopping),
 		refusedLog: burstLog{interval: 10 * time.Second}, stalledLog: burstLog{interval: 10 * time.Second},
-		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet()}
+		rejectedLog: burstLog{interval: 10 * time.Second}, pool: newPool(cfg.Pool, cfg.Log), exports: newExportSet(),
+		served: cfg.Served}
 	s.wakes = newWakeFiles(filepath.Dir(cfg.Socket))
 	s.states = newDetachStates(filepath.Dir(cfg.Socket))
 	s.reg = newRegistry(s.wakes)
@@ -416,6 +422,9 @@ func (s *Server) Shutdown() {
 	s.wakes.close()
 	s.states.close()
 	s.pool.close()
+	if s.served != nil {
+		s.served.Close(10 * time.Second)
+	}
 	if s.ln != nil {
 		s.ln.Close()
 	}
@@ -631,6 +640,9 @@ func (s *Server) serveConn(c *conn, adm *admission) {
 	case helperpb.Role_ROLE_CLI, helperpb.Role_ROLE_PLUGIN:
 		c.SetReadLimits(s.readLimits(c, capOf(maxCLIRequest), time.Time{}))
 		s.serveCLI(c, req.Id, h)
+	case helperpb.Role_ROLE_SERVED:
+		c.SetReadLimits(s.readLimits(c, capOf(maxCLIRequest), time.Time{}))
+		s.serveServed(c, req.Id)
 	default:
 		c.reject(req.Id, "unknown role %d", h.Role)
 	}

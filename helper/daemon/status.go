@@ -105,7 +105,8 @@ func fieldSize(n int) int { return protowire.SizeTag(3) + protowire.SizeBytes(n)
 func (b *statusBuild) replyFor(caller uint32, req *helperpb.Status, budget int) *helperpb.StatusReply {
 	r := b.reply
 	out := &helperpb.StatusReply{HelperVersion: r.HelperVersion, Devices: r.Devices, Unavailable: r.Unavailable, Driver: r.Driver,
-		ResidentImages: residentsSeenBy(r.ResidentImages, caller), ResidentBudget: r.ResidentBudget}
+		ResidentImages: residentsSeenBy(r.ResidentImages, caller), ResidentBudget: r.ResidentBudget,
+		Served: servedSeenBy(r.Served, caller)}
 	left := budget - proto.Size(out) - 16 // and clients_left_out
 	var wanted map[int64]bool
 	if len(req.GetPids()) > 0 {
@@ -207,7 +208,8 @@ const quietFor = 5 * time.Second
 func (s *Server) status() *helperpb.StatusReply {
 	clients := s.reg.connectedClients()
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices), Unavailable: s.cfg.Unavailable,
-		Driver: s.cfg.Driver, ResidentImages: s.residents.status(), ResidentBudget: s.cfg.ResidentMemory}
+		Driver: s.cfg.Driver, ResidentImages: s.residents.status(), ResidentBudget: s.cfg.ResidentMemory,
+		Served: s.servedStatus()}
 	for i, d := range s.cfg.Devices {
 		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {
 			if free, err := fm.FreeMemory(); err == nil {

@@ -1762,6 +1762,96 @@ void   gpucr__helper__v1__status_reply__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__status_reply__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__served_pool__init
+                     (Gpucr__Helper__V1__ServedPool         *message)
+{
+  static const Gpucr__Helper__V1__ServedPool init_value = GPUCR__HELPER__V1__SERVED_POOL__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__served_pool__get_packed_size
+                     (const Gpucr__Helper__V1__ServedPool *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_pool__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__served_pool__pack
+                     (const Gpucr__Helper__V1__ServedPool *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_pool__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__served_pool__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServedPool *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_pool__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ServedPool *
+       gpucr__helper__v1__served_pool__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ServedPool *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__served_pool__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__served_pool__free_unpacked
+                     (Gpucr__Helper__V1__ServedPool *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__served_pool__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__served_worker__init
+                     (Gpucr__Helper__V1__ServedWorker         *message)
+{
+  static const Gpucr__Helper__V1__ServedWorker init_value = GPUCR__HELPER__V1__SERVED_WORKER__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__served_worker__get_packed_size
+                     (const Gpucr__Helper__V1__ServedWorker *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_worker__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__served_worker__pack
+                     (const Gpucr__Helper__V1__ServedWorker *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_worker__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__served_worker__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServedWorker *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_worker__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ServedWorker *
+       gpucr__helper__v1__served_worker__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ServedWorker *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__served_worker__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__served_worker__free_unpacked
+                     (Gpucr__Helper__V1__ServedWorker *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__served_worker__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__load_resident__init
                      (Gpucr__Helper__V1__LoadResident         *message)
 {
@@ -2887,7 +2977,187 @@ void   gpucr__helper__v1__transfer__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__transfer__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
-static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[36] =
+void   gpucr__helper__v1__serve__init
+                     (Gpucr__Helper__V1__Serve         *message)
+{
+  static const Gpucr__Helper__V1__Serve init_value = GPUCR__HELPER__V1__SERVE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__serve__get_packed_size
+                     (const Gpucr__Helper__V1__Serve *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__serve__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__serve__pack
+                     (const Gpucr__Helper__V1__Serve *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__serve__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__serve__pack_to_buffer
+                     (const Gpucr__Helper__V1__Serve *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__serve__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__Serve *
+       gpucr__helper__v1__serve__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__Serve *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__serve__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__serve__free_unpacked
+                     (Gpucr__Helper__V1__Serve *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__serve__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__serve_reply__init
+                     (Gpucr__Helper__V1__ServeReply         *message)
+{
+  static const Gpucr__Helper__V1__ServeReply init_value = GPUCR__HELPER__V1__SERVE_REPLY__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__serve_reply__get_packed_size
+                     (const Gpucr__Helper__V1__ServeReply *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__serve_reply__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__serve_reply__pack
+                     (const Gpucr__Helper__V1__ServeReply *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__serve_reply__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__serve_reply__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServeReply *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__serve_reply__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ServeReply *
+       gpucr__helper__v1__serve_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ServeReply *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__serve_reply__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__serve_reply__free_unpacked
+                     (Gpucr__Helper__V1__ServeReply *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__serve_reply__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__assign_worker__init
+                     (Gpucr__Helper__V1__AssignWorker         *message)
+{
+  static const Gpucr__Helper__V1__AssignWorker init_value = GPUCR__HELPER__V1__ASSIGN_WORKER__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__assign_worker__get_packed_size
+                     (const Gpucr__Helper__V1__AssignWorker *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__assign_worker__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__assign_worker__pack
+                     (const Gpucr__Helper__V1__AssignWorker *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__assign_worker__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__assign_worker__pack_to_buffer
+                     (const Gpucr__Helper__V1__AssignWorker *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__assign_worker__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__AssignWorker *
+       gpucr__helper__v1__assign_worker__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__AssignWorker *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__assign_worker__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__assign_worker__free_unpacked
+                     (Gpucr__Helper__V1__AssignWorker *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__assign_worker__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+void   gpucr__helper__v1__worker_ready__init
+                     (Gpucr__Helper__V1__WorkerReady         *message)
+{
+  static const Gpucr__Helper__V1__WorkerReady init_value = GPUCR__HELPER__V1__WORKER_READY__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__worker_ready__get_packed_size
+                     (const Gpucr__Helper__V1__WorkerReady *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__worker_ready__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__worker_ready__pack
+                     (const Gpucr__Helper__V1__WorkerReady *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__worker_ready__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__worker_ready__pack_to_buffer
+                     (const Gpucr__Helper__V1__WorkerReady *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__worker_ready__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__WorkerReady *
+       gpucr__helper__v1__worker_ready__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__WorkerReady *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__worker_ready__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__worker_ready__free_unpacked
+                     (Gpucr__Helper__V1__WorkerReady *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__worker_ready__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
+static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descriptors[38] =
 {
   {
     "id",
@@ -3321,11 +3591,36 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__request__field_descript
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "serve",
+    37,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, serve),
+    &gpucr__helper__v1__serve__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "assign_worker",
+    38,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Request, body_case),
+    offsetof(Gpucr__Helper__V1__Request, assign_worker),
+    &gpucr__helper__v1__assign_worker__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   17,   /* field[17] = abort */
   2,   /* field[2] = alloc */
   7,   /* field[7] = analyze_module */
+  37,   /* field[37] = assign_worker */
   29,   /* field[29] = await_load */
   21,   /* field[21] = checkpoint */
   20,   /* field[20] = client_op */
@@ -3353,6 +3648,7 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
   13,   /* field[13] = resume */
   22,   /* field[22] = resume_checkpointed */
   6,   /* field[6] = save_first */
+  36,   /* field[36] = serve */
   14,   /* field[14] = snapshot */
   19,   /* field[19] = status */
   27,   /* field[27] = transfers */
@@ -3363,7 +3659,7 @@ static const unsigned gpucr__helper__v1__request__field_indices_by_name[] = {
 static const ProtobufCIntRange gpucr__helper__v1__request__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 36 }
+  { 0, 38 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
 {
@@ -3373,14 +3669,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__request__descriptor =
   "Gpucr__Helper__V1__Request",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Request),
-  36,
+  38,
   gpucr__helper__v1__request__field_descriptors,
   gpucr__helper__v1__request__field_indices_by_name,
   1,  gpucr__helper__v1__request__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__request__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[14] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descriptors[16] =
 {
   {
     "id",
@@ -3550,6 +3846,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__response__field_descrip
     0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "serve",
+    15,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, serve),
+    &gpucr__helper__v1__serve_reply__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "worker_ready",
+    16,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__Response, body_case),
+    offsetof(Gpucr__Helper__V1__Response, worker_ready),
+    &gpucr__helper__v1__worker_ready__descriptor,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_ONEOF,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   3,   /* field[3] = alloc */
@@ -3561,16 +3881,18 @@ static const unsigned gpucr__helper__v1__response__field_indices_by_name[] = {
   12,   /* field[12] = module_kernels */
   4,   /* field[4] = ok */
   11,   /* field[11] = restore_results */
+  14,   /* field[14] = serve */
   6,   /* field[6] = stats */
   7,   /* field[7] = status */
   13,   /* field[13] = sync_count */
   5,   /* field[5] = table */
   10,   /* field[10] = transfers */
+  15,   /* field[15] = worker_ready */
 };
 static const ProtobufCIntRange gpucr__helper__v1__response__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 14 }
+  { 0, 16 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
 {
@@ -3580,7 +3902,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__response__descriptor =
   "Gpucr__Helper__V1__Response",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Response),
-  14,
+  16,
   gpucr__helper__v1__response__field_descriptors,
   gpucr__helper__v1__response__field_indices_by_name,
   1,  gpucr__helper__v1__response__number_ranges,
@@ -5770,7 +6092,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__status__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[8] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_descriptors[9] =
 {
   {
     "helper_version",
@@ -5868,6 +6190,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__status_reply__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "served",
+    9,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_MESSAGE,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__StatusReply, served),
+    &gpucr__helper__v1__served_pool__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__status_reply__field_indices_by_name[] = {
   2,   /* field[2] = clients */
@@ -5877,12 +6211,13 @@ static const unsigned gpucr__helper__v1__status_reply__field_indices_by_name[] =
   0,   /* field[0] = helper_version */
   6,   /* field[6] = resident_budget */
   5,   /* field[5] = resident_images */
+  8,   /* field[8] = served */
   3,   /* field[3] = unavailable */
 };
 static const ProtobufCIntRange gpucr__helper__v1__status_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 8 }
+  { 0, 9 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
 {
@@ -5892,11 +6227,165 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
   "Gpucr__Helper__V1__StatusReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__StatusReply),
-  8,
+  9,
   gpucr__helper__v1__status_reply__field_descriptors,
   gpucr__helper__v1__status_reply__field_indices_by_name,
   1,  gpucr__helper__v1__status_reply__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__status_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__served_pool__field_descriptors[3] =
+{
+  {
+    "idle",
+    1,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Gpucr__Helper__V1__ServedPool, n_idle),
+    offsetof(Gpucr__Helper__V1__ServedPool, idle),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "assigned",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedPool, assigned),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "workers",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__ServedPool, n_workers),
+    offsetof(Gpucr__Helper__V1__ServedPool, workers),
+    &gpucr__helper__v1__served_worker__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__served_pool__field_indices_by_name[] = {
+  1,   /* field[1] = assigned */
+  0,   /* field[0] = idle */
+  2,   /* field[2] = workers */
+};
+static const ProtobufCIntRange gpucr__helper__v1__served_pool__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__served_pool__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ServedPool",
+  "ServedPool",
+  "Gpucr__Helper__V1__ServedPool",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ServedPool),
+  3,
+  gpucr__helper__v1__served_pool__field_descriptors,
+  gpucr__helper__v1__served_pool__field_indices_by_name,
+  1,  gpucr__helper__v1__served_pool__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__served_pool__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__served_worker__field_descriptors[5] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedWorker, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "device",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedWorker, device),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "uid",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedWorker, uid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "client_pid",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedWorker, client_pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "warm_ns",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedWorker, warm_ns),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__served_worker__field_indices_by_name[] = {
+  3,   /* field[3] = client_pid */
+  1,   /* field[1] = device */
+  0,   /* field[0] = pid */
+  2,   /* field[2] = uid */
+  4,   /* field[4] = warm_ns */
+};
+static const ProtobufCIntRange gpucr__helper__v1__served_worker__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__served_worker__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ServedWorker",
+  "ServedWorker",
+  "Gpucr__Helper__V1__ServedWorker",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ServedWorker),
+  5,
+  gpucr__helper__v1__served_worker__field_descriptors,
+  gpucr__helper__v1__served_worker__field_indices_by_name,
+  1,  gpucr__helper__v1__served_worker__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__served_worker__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__load_resident__field_descriptors[1] =
@@ -7880,6 +8369,249 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__transfer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
+static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptors[1] =
+{
+  {
+    "device",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Serve, device),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__serve__field_indices_by_name[] = {
+  0,   /* field[0] = device */
+};
+static const ProtobufCIntRange gpucr__helper__v1__serve__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 1 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__serve__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.Serve",
+  "Serve",
+  "Gpucr__Helper__V1__Serve",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__Serve),
+  1,
+  gpucr__helper__v1__serve__field_descriptors,
+  gpucr__helper__v1__serve__field_indices_by_name,
+  1,  gpucr__helper__v1__serve__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__serve__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__serve_reply__field_descriptors[3] =
+{
+  {
+    "worker_pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServeReply, worker_pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "device",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServeReply, device),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "uuid",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServeReply, uuid),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__serve_reply__field_indices_by_name[] = {
+  1,   /* field[1] = device */
+  2,   /* field[2] = uuid */
+  0,   /* field[0] = worker_pid */
+};
+static const ProtobufCIntRange gpucr__helper__v1__serve_reply__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__serve_reply__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ServeReply",
+  "ServeReply",
+  "Gpucr__Helper__V1__ServeReply",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ServeReply),
+  3,
+  gpucr__helper__v1__serve_reply__field_descriptors,
+  gpucr__helper__v1__serve_reply__field_indices_by_name,
+  1,  gpucr__helper__v1__serve_reply__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__serve_reply__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__assign_worker__field_descriptors[4] =
+{
+  {
+    "uid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AssignWorker, uid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "gid",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AssignWorker, gid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "groups",
+    3,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_UINT32,
+    offsetof(Gpucr__Helper__V1__AssignWorker, n_groups),
+    offsetof(Gpucr__Helper__V1__AssignWorker, groups),
+    NULL,
+    NULL,
+    0 | PROTOBUF_C_FIELD_FLAG_PACKED,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "client_pid",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AssignWorker, client_pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__assign_worker__field_indices_by_name[] = {
+  3,   /* field[3] = client_pid */
+  1,   /* field[1] = gid */
+  2,   /* field[2] = groups */
+  0,   /* field[0] = uid */
+};
+static const ProtobufCIntRange gpucr__helper__v1__assign_worker__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 4 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__assign_worker__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.AssignWorker",
+  "AssignWorker",
+  "Gpucr__Helper__V1__AssignWorker",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__AssignWorker),
+  4,
+  gpucr__helper__v1__assign_worker__field_descriptors,
+  gpucr__helper__v1__assign_worker__field_indices_by_name,
+  1,  gpucr__helper__v1__assign_worker__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__assign_worker__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__worker_ready__field_descriptors[3] =
+{
+  {
+    "pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__WorkerReady, pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "device",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__WorkerReady, device),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "warm_ns",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__WorkerReady, warm_ns),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__worker_ready__field_indices_by_name[] = {
+  1,   /* field[1] = device */
+  0,   /* field[0] = pid */
+  2,   /* field[2] = warm_ns */
+};
+static const ProtobufCIntRange gpucr__helper__v1__worker_ready__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 3 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__worker_ready__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.WorkerReady",
+  "WorkerReady",
+  "Gpucr__Helper__V1__WorkerReady",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__WorkerReady),
+  3,
+  gpucr__helper__v1__worker_ready__field_descriptors,
+  gpucr__helper__v1__worker_ready__field_indices_by_name,
+  1,  gpucr__helper__v1__worker_ready__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__worker_ready__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
 static const ProtobufCEnumValue gpucr__helper__v1__version__enum_values_by_number[2] =
 {
   { "VERSION_UNSPECIFIED", "GPUCR__HELPER__V1__VERSION__VERSION_UNSPECIFIED", 0 },
@@ -7908,23 +8640,25 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__version__descriptor =
   gpucr__helper__v1__version__value_ranges,
   NULL,NULL,NULL,NULL   /* reserved[1234] */
 };
-static const ProtobufCEnumValue gpucr__helper__v1__role__enum_values_by_number[5] =
+static const ProtobufCEnumValue gpucr__helper__v1__role__enum_values_by_number[6] =
 {
   { "ROLE_UNSPECIFIED", "GPUCR__HELPER__V1__ROLE__ROLE_UNSPECIFIED", 0 },
   { "ROLE_CLIENT_CALLS", "GPUCR__HELPER__V1__ROLE__ROLE_CLIENT_CALLS", 1 },
   { "ROLE_CLIENT_CONTROL", "GPUCR__HELPER__V1__ROLE__ROLE_CLIENT_CONTROL", 2 },
   { "ROLE_CLI", "GPUCR__HELPER__V1__ROLE__ROLE_CLI", 3 },
   { "ROLE_PLUGIN", "GPUCR__HELPER__V1__ROLE__ROLE_PLUGIN", 4 },
+  { "ROLE_SERVED", "GPUCR__HELPER__V1__ROLE__ROLE_SERVED", 5 },
 };
 static const ProtobufCIntRange gpucr__helper__v1__role__value_ranges[] = {
-{0, 0},{0, 5}
+{0, 0},{0, 6}
 };
-static const ProtobufCEnumValueIndex gpucr__helper__v1__role__enum_values_by_name[5] =
+static const ProtobufCEnumValueIndex gpucr__helper__v1__role__enum_values_by_name[6] =
 {
   { "ROLE_CLI", 3 },
   { "ROLE_CLIENT_CALLS", 1 },
   { "ROLE_CLIENT_CONTROL", 2 },
   { "ROLE_PLUGIN", 4 },
+  { "ROLE_SERVED", 5 },
   { "ROLE_UNSPECIFIED", 0 },
 };
 const ProtobufCEnumDescriptor gpucr__helper__v1__role__descriptor =
@@ -7934,9 +8668,9 @@ const ProtobufCEnumDescriptor gpucr__helper__v1__role__descriptor =
   "Role",
   "Gpucr__Helper__V1__Role",
   "gpucr.helper.v1",
-  5,
+  6,
   gpucr__helper__v1__role__enum_values_by_number,
-  5,
+  6,
   gpucr__helper__v1__role__enum_values_by_name,
   1,
   gpucr__helper__v1__role__value_ranges,

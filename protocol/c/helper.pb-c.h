@@ -54,6 +54,8 @@ typedef struct Gpucr__Helper__V1__Buffer Gpucr__Helper__V1__Buffer;
 typedef struct Gpucr__Helper__V1__ClientStats Gpucr__Helper__V1__ClientStats;
 typedef struct Gpucr__Helper__V1__Status Gpucr__Helper__V1__Status;
 typedef struct Gpucr__Helper__V1__StatusReply Gpucr__Helper__V1__StatusReply;
+typedef struct Gpucr__Helper__V1__ServedPool Gpucr__Helper__V1__ServedPool;
+typedef struct Gpucr__Helper__V1__ServedWorker Gpucr__Helper__V1__ServedWorker;
 typedef struct Gpucr__Helper__V1__LoadResident Gpucr__Helper__V1__LoadResident;
 typedef struct Gpucr__Helper__V1__UnloadResident Gpucr__Helper__V1__UnloadResident;
 typedef struct Gpucr__Helper__V1__ResidentImage Gpucr__Helper__V1__ResidentImage;
@@ -79,6 +81,10 @@ typedef struct Gpucr__Helper__V1__Restored Gpucr__Helper__V1__Restored;
 typedef struct Gpucr__Helper__V1__Transfers Gpucr__Helper__V1__Transfers;
 typedef struct Gpucr__Helper__V1__TransfersReply Gpucr__Helper__V1__TransfersReply;
 typedef struct Gpucr__Helper__V1__Transfer Gpucr__Helper__V1__Transfer;
+typedef struct Gpucr__Helper__V1__Serve Gpucr__Helper__V1__Serve;
+typedef struct Gpucr__Helper__V1__ServeReply Gpucr__Helper__V1__ServeReply;
+typedef struct Gpucr__Helper__V1__AssignWorker Gpucr__Helper__V1__AssignWorker;
+typedef struct Gpucr__Helper__V1__WorkerReady Gpucr__Helper__V1__WorkerReady;
 
 
 /* --- enums --- */
@@ -137,7 +143,12 @@ typedef enum _Gpucr__Helper__V1__Role {
   /*
    * The CRIU plugin.
    */
-  GPUCR__HELPER__V1__ROLE__ROLE_PLUGIN = 4
+  GPUCR__HELPER__V1__ROLE__ROLE_PLUGIN = 4,
+  /*
+   * A process in served mode (libcuda.so.1 of intercept/served): it asks for
+   * a worker (Serve) and then talks to that worker alone.
+   */
+  GPUCR__HELPER__V1__ROLE__ROLE_SERVED = 5
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__ROLE)
 } Gpucr__Helper__V1__Role;
 typedef enum _Gpucr__Helper__V1__AllocKind {
@@ -272,7 +283,9 @@ typedef enum {
   GPUCR__HELPER__V1__REQUEST__BODY_WAIT_RESTORED = 29,
   GPUCR__HELPER__V1__REQUEST__BODY_AWAIT_LOAD = 30,
   GPUCR__HELPER__V1__REQUEST__BODY_LOAD_RESIDENT = 31,
-  GPUCR__HELPER__V1__REQUEST__BODY_UNLOAD_RESIDENT = 32
+  GPUCR__HELPER__V1__REQUEST__BODY_UNLOAD_RESIDENT = 32,
+  GPUCR__HELPER__V1__REQUEST__BODY_SERVE = 37,
+  GPUCR__HELPER__V1__REQUEST__BODY_ASSIGN_WORKER = 38
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__REQUEST__BODY__CASE)
 } Gpucr__Helper__V1__Request__BodyCase;
 
@@ -344,6 +357,14 @@ struct  Gpucr__Helper__V1__Request
      */
     Gpucr__Helper__V1__LoadResident *load_resident;
     Gpucr__Helper__V1__UnloadResident *unload_resident;
+    /*
+     * ROLE_SERVED -> helper
+     */
+    Gpucr__Helper__V1__Serve *serve;
+    /*
+     * helper -> a served-mode worker, on the socket it was started with
+     */
+    Gpucr__Helper__V1__AssignWorker *assign_worker;
   };
 };
 #define GPUCR__HELPER__V1__REQUEST__INIT \
@@ -364,7 +385,9 @@ typedef enum {
   GPUCR__HELPER__V1__RESPONSE__BODY_TRANSFERS = 11,
   GPUCR__HELPER__V1__RESPONSE__BODY_RESTORE_RESULTS = 12,
   GPUCR__HELPER__V1__RESPONSE__BODY_MODULE_KERNELS = 13,
-  GPUCR__HELPER__V1__RESPONSE__BODY_SYNC_COUNT = 14
+  GPUCR__HELPER__V1__RESPONSE__BODY_SYNC_COUNT = 14,
+  GPUCR__HELPER__V1__RESPONSE__BODY_SERVE = 15,
+  GPUCR__HELPER__V1__RESPONSE__BODY_WORKER_READY = 16
     PROTOBUF_C__FORCE_ENUM_TO_BE_INT_SIZE(GPUCR__HELPER__V1__RESPONSE__BODY__CASE)
 } Gpucr__Helper__V1__Response__BodyCase;
 
@@ -390,6 +413,8 @@ struct  Gpucr__Helper__V1__Response
     Gpucr__Helper__V1__RestoreResults *restore_results;
     Gpucr__Helper__V1__ModuleKernels *module_kernels;
     Gpucr__Helper__V1__SyncCount *sync_count;
+    Gpucr__Helper__V1__ServeReply *serve;
+    Gpucr__Helper__V1__WorkerReady *worker_ready;
   };
 };
 #define GPUCR__HELPER__V1__RESPONSE__INIT \
@@ -1138,10 +1163,50 @@ struct  Gpucr__Helper__V1__StatusReply
    * budget (the caller's own clients come first).
    */
   uint32_t clients_left_out;
+  /*
+   * Served mode (gpucr helper --served-pool N; unset: off): the idle,
+   * pre-warmed workers of each device, how many workers serve processes,
+   * and those that serve the caller's own (root: every one).
+   */
+  Gpucr__Helper__V1__ServedPool *served;
 };
 #define GPUCR__HELPER__V1__STATUS_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__status_reply__descriptor) \
-    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0, 0 }
+    , (char *)protobuf_c_empty_string, 0,NULL, 0,NULL, (char *)protobuf_c_empty_string, NULL, 0,NULL, 0, 0, NULL }
+
+
+struct  Gpucr__Helper__V1__ServedPool
+{
+  ProtobufCMessage base;
+  size_t n_idle;
+  uint32_t *idle;
+  uint32_t assigned;
+  size_t n_workers;
+  Gpucr__Helper__V1__ServedWorker **workers;
+};
+#define GPUCR__HELPER__V1__SERVED_POOL__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__served_pool__descriptor) \
+    , 0,NULL, 0, 0,NULL }
+
+
+struct  Gpucr__Helper__V1__ServedWorker
+{
+  ProtobufCMessage base;
+  int64_t pid;
+  uint32_t device;
+  uint32_t uid;
+  /*
+   * The process it serves.
+   */
+  int64_t client_pid;
+  /*
+   * How long its context took to make, before it was assigned.
+   */
+  uint64_t warm_ns;
+};
+#define GPUCR__HELPER__V1__SERVED_WORKER__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__served_worker__descriptor) \
+    , 0, 0, 0, 0, 0 }
 
 
 /*
@@ -1772,6 +1837,81 @@ struct  Gpucr__Helper__V1__Transfer
 #define GPUCR__HELPER__V1__TRANSFER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__transfer__descriptor) \
     , (char *)protobuf_c_empty_string, GPUCR__HELPER__V1__TRANSFER__DIRECTION__DIRECTION_UNSPECIFIED, 0, 0, 0, 0, 0, (char *)protobuf_c_empty_string, 0,NULL, 0, 0,NULL, 0, 0, 0, 0, 0 }
+
+
+/*
+ * Served mode: a process that holds no driver state asks for a worker that
+ * runs its GPU calls. The helper takes a worker from the pool of the device
+ * (pre-warmed: its context made), makes it take the caller's uid and gids
+ * (AssignWorker), and answers with one end of a socket pair whose other end
+ * the worker got (attached to the response as a descriptor).
+ */
+struct  Gpucr__Helper__V1__Serve
+{
+  ProtobufCMessage base;
+  /*
+   * The device, by the helper's ordinal (0 when unset).
+   */
+  uint32_t device;
+};
+#define GPUCR__HELPER__V1__SERVE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__serve__descriptor) \
+    , 0 }
+
+
+struct  Gpucr__Helper__V1__ServeReply
+{
+  ProtobufCMessage base;
+  int64_t worker_pid;
+  uint32_t device;
+  /*
+   * The device's UUID, "GPU-...", as nvidia-smi prints it.
+   */
+  char *uuid;
+};
+#define GPUCR__HELPER__V1__SERVE_REPLY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__serve_reply__descriptor) \
+    , 0, 0, (char *)protobuf_c_empty_string }
+
+
+/*
+ * helper -> worker, with the socket of the process it serves attached: take
+ * this user, then serve that socket until it closes.
+ */
+struct  Gpucr__Helper__V1__AssignWorker
+{
+  ProtobufCMessage base;
+  uint32_t uid;
+  uint32_t gid;
+  size_t n_groups;
+  uint32_t *groups;
+  /*
+   * The served process, for the worker's log lines.
+   */
+  int64_t client_pid;
+};
+#define GPUCR__HELPER__V1__ASSIGN_WORKER__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__assign_worker__descriptor) \
+    , 0, 0, 0,NULL, 0 }
+
+
+/*
+ * worker -> helper: the answer to the worker's start (context made, or why
+ * not) and to AssignWorker (the user taken). Request id 0 is the start.
+ */
+struct  Gpucr__Helper__V1__WorkerReady
+{
+  ProtobufCMessage base;
+  int64_t pid;
+  uint32_t device;
+  /*
+   * How long making the context took.
+   */
+  uint64_t warm_ns;
+};
+#define GPUCR__HELPER__V1__WORKER_READY__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__worker_ready__descriptor) \
+    , 0, 0, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */
@@ -2515,6 +2655,44 @@ Gpucr__Helper__V1__StatusReply *
 void   gpucr__helper__v1__status_reply__free_unpacked
                      (Gpucr__Helper__V1__StatusReply *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ServedPool methods */
+void   gpucr__helper__v1__served_pool__init
+                     (Gpucr__Helper__V1__ServedPool         *message);
+size_t gpucr__helper__v1__served_pool__get_packed_size
+                     (const Gpucr__Helper__V1__ServedPool   *message);
+size_t gpucr__helper__v1__served_pool__pack
+                     (const Gpucr__Helper__V1__ServedPool   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__served_pool__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServedPool   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ServedPool *
+       gpucr__helper__v1__served_pool__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__served_pool__free_unpacked
+                     (Gpucr__Helper__V1__ServedPool *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ServedWorker methods */
+void   gpucr__helper__v1__served_worker__init
+                     (Gpucr__Helper__V1__ServedWorker         *message);
+size_t gpucr__helper__v1__served_worker__get_packed_size
+                     (const Gpucr__Helper__V1__ServedWorker   *message);
+size_t gpucr__helper__v1__served_worker__pack
+                     (const Gpucr__Helper__V1__ServedWorker   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__served_worker__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServedWorker   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ServedWorker *
+       gpucr__helper__v1__served_worker__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__served_worker__free_unpacked
+                     (Gpucr__Helper__V1__ServedWorker *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__LoadResident methods */
 void   gpucr__helper__v1__load_resident__init
                      (Gpucr__Helper__V1__LoadResident         *message);
@@ -2990,6 +3168,82 @@ Gpucr__Helper__V1__Transfer *
 void   gpucr__helper__v1__transfer__free_unpacked
                      (Gpucr__Helper__V1__Transfer *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__Serve methods */
+void   gpucr__helper__v1__serve__init
+                     (Gpucr__Helper__V1__Serve         *message);
+size_t gpucr__helper__v1__serve__get_packed_size
+                     (const Gpucr__Helper__V1__Serve   *message);
+size_t gpucr__helper__v1__serve__pack
+                     (const Gpucr__Helper__V1__Serve   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__serve__pack_to_buffer
+                     (const Gpucr__Helper__V1__Serve   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__Serve *
+       gpucr__helper__v1__serve__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__serve__free_unpacked
+                     (Gpucr__Helper__V1__Serve *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ServeReply methods */
+void   gpucr__helper__v1__serve_reply__init
+                     (Gpucr__Helper__V1__ServeReply         *message);
+size_t gpucr__helper__v1__serve_reply__get_packed_size
+                     (const Gpucr__Helper__V1__ServeReply   *message);
+size_t gpucr__helper__v1__serve_reply__pack
+                     (const Gpucr__Helper__V1__ServeReply   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__serve_reply__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServeReply   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ServeReply *
+       gpucr__helper__v1__serve_reply__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__serve_reply__free_unpacked
+                     (Gpucr__Helper__V1__ServeReply *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__AssignWorker methods */
+void   gpucr__helper__v1__assign_worker__init
+                     (Gpucr__Helper__V1__AssignWorker         *message);
+size_t gpucr__helper__v1__assign_worker__get_packed_size
+                     (const Gpucr__Helper__V1__AssignWorker   *message);
+size_t gpucr__helper__v1__assign_worker__pack
+                     (const Gpucr__Helper__V1__AssignWorker   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__assign_worker__pack_to_buffer
+                     (const Gpucr__Helper__V1__AssignWorker   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__AssignWorker *
+       gpucr__helper__v1__assign_worker__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__assign_worker__free_unpacked
+                     (Gpucr__Helper__V1__AssignWorker *message,
+                      ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__WorkerReady methods */
+void   gpucr__helper__v1__worker_ready__init
+                     (Gpucr__Helper__V1__WorkerReady         *message);
+size_t gpucr__helper__v1__worker_ready__get_packed_size
+                     (const Gpucr__Helper__V1__WorkerReady   *message);
+size_t gpucr__helper__v1__worker_ready__pack
+                     (const Gpucr__Helper__V1__WorkerReady   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__worker_ready__pack_to_buffer
+                     (const Gpucr__Helper__V1__WorkerReady   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__WorkerReady *
+       gpucr__helper__v1__worker_ready__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__worker_ready__free_unpacked
+                     (Gpucr__Helper__V1__WorkerReady *message,
+                      ProtobufCAllocator *allocator);
 /* --- per-message closures --- */
 
 typedef void (*Gpucr__Helper__V1__Request_Closure)
@@ -3109,6 +3363,12 @@ typedef void (*Gpucr__Helper__V1__Status_Closure)
 typedef void (*Gpucr__Helper__V1__StatusReply_Closure)
                  (const Gpucr__Helper__V1__StatusReply *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__ServedPool_Closure)
+                 (const Gpucr__Helper__V1__ServedPool *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ServedWorker_Closure)
+                 (const Gpucr__Helper__V1__ServedWorker *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__LoadResident_Closure)
                  (const Gpucr__Helper__V1__LoadResident *message,
                   void *closure_data);
@@ -3184,6 +3444,18 @@ typedef void (*Gpucr__Helper__V1__TransfersReply_Closure)
 typedef void (*Gpucr__Helper__V1__Transfer_Closure)
                  (const Gpucr__Helper__V1__Transfer *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__Serve_Closure)
+                 (const Gpucr__Helper__V1__Serve *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__ServeReply_Closure)
+                 (const Gpucr__Helper__V1__ServeReply *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__AssignWorker_Closure)
+                 (const Gpucr__Helper__V1__AssignWorker *message,
+                  void *closure_data);
+typedef void (*Gpucr__Helper__V1__WorkerReady_Closure)
+                 (const Gpucr__Helper__V1__WorkerReady *message,
+                  void *closure_data);
 
 /* --- services --- */
 
@@ -3235,6 +3507,8 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__buffer__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__served_pool__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__served_worker__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__load_resident__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__unload_resident__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__resident_image__descriptor;
@@ -3262,6 +3536,10 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfers__descriptor
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfers_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor;
 extern const ProtobufCEnumDescriptor    gpucr__helper__v1__transfer__direction__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__serve__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__serve_reply__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__assign_worker__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__worker_ready__descriptor;
 
 PROTOBUF_C__END_DECLS
 

@@ -98,6 +98,9 @@ const (
 	Role_ROLE_CLI Role = 3
 	// The CRIU plugin.
 	Role_ROLE_PLUGIN Role = 4
+	// A process in served mode (libcuda.so.1 of intercept/served): it asks for
+	// a worker (Serve) and then talks to that worker alone.
+	Role_ROLE_SERVED Role = 5
 )
 
 // Enum value maps for Role.
@@ -108,6 +111,7 @@ var (
 		2: "ROLE_CLIENT_CONTROL",
 		3: "ROLE_CLI",
 		4: "ROLE_PLUGIN",
+		5: "ROLE_SERVED",
 	}
 	Role_value = map[string]int32{
 		"ROLE_UNSPECIFIED":    0,
@@ -115,6 +119,7 @@ var (
 		"ROLE_CLIENT_CONTROL": 2,
 		"ROLE_CLI":            3,
 		"ROLE_PLUGIN":         4,
+		"ROLE_SERVED":         5,
 	}
 )
 
@@ -456,7 +461,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47, 0}
 }
 
 type Transfer_Direction int32
@@ -505,7 +510,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{63, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{65, 0}
 }
 
 type Request struct {
@@ -549,6 +554,8 @@ type Request struct {
 	//	*Request_AwaitLoad
 	//	*Request_LoadResident
 	//	*Request_UnloadResident
+	//	*Request_Serve
+	//	*Request_AssignWorker
 	Body          isRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -913,6 +920,24 @@ func (x *Request) GetUnloadResident() *UnloadResident {
 	return nil
 }
 
+func (x *Request) GetServe() *Serve {
+	if x != nil {
+		if x, ok := x.Body.(*Request_Serve); ok {
+			return x.Serve
+		}
+	}
+	return nil
+}
+
+func (x *Request) GetAssignWorker() *AssignWorker {
+	if x != nil {
+		if x, ok := x.Body.(*Request_AssignWorker); ok {
+			return x.AssignWorker
+		}
+	}
+	return nil
+}
+
 type isRequest_Body interface {
 	isRequest_Body()
 }
@@ -1065,6 +1090,16 @@ type Request_UnloadResident struct {
 	UnloadResident *UnloadResident `protobuf:"bytes,32,opt,name=unload_resident,json=unloadResident,proto3,oneof"`
 }
 
+type Request_Serve struct {
+	// ROLE_SERVED -> helper
+	Serve *Serve `protobuf:"bytes,37,opt,name=serve,proto3,oneof"`
+}
+
+type Request_AssignWorker struct {
+	// helper -> a served-mode worker, on the socket it was started with
+	AssignWorker *AssignWorker `protobuf:"bytes,38,opt,name=assign_worker,json=assignWorker,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Body() {}
 
 func (*Request_Alloc) isRequest_Body() {}
@@ -1135,6 +1170,10 @@ func (*Request_LoadResident) isRequest_Body() {}
 
 func (*Request_UnloadResident) isRequest_Body() {}
 
+func (*Request_Serve) isRequest_Body() {}
+
+func (*Request_AssignWorker) isRequest_Body() {}
+
 type Response struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1154,6 +1193,8 @@ type Response struct {
 	//	*Response_RestoreResults
 	//	*Response_ModuleKernels
 	//	*Response_SyncCount
+	//	*Response_Serve
+	//	*Response_WorkerReady
 	Body          isResponse_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1318,6 +1359,24 @@ func (x *Response) GetSyncCount() *SyncCount {
 	return nil
 }
 
+func (x *Response) GetServe() *ServeReply {
+	if x != nil {
+		if x, ok := x.Body.(*Response_Serve); ok {
+			return x.Serve
+		}
+	}
+	return nil
+}
+
+func (x *Response) GetWorkerReady() *WorkerReady {
+	if x != nil {
+		if x, ok := x.Body.(*Response_WorkerReady); ok {
+			return x.WorkerReady
+		}
+	}
+	return nil
+}
+
 type isResponse_Body interface {
 	isResponse_Body()
 }
@@ -1370,6 +1429,14 @@ type Response_SyncCount struct {
 	SyncCount *SyncCount `protobuf:"bytes,14,opt,name=sync_count,json=syncCount,proto3,oneof"`
 }
 
+type Response_Serve struct {
+	Serve *ServeReply `protobuf:"bytes,15,opt,name=serve,proto3,oneof"`
+}
+
+type Response_WorkerReady struct {
+	WorkerReady *WorkerReady `protobuf:"bytes,16,opt,name=worker_ready,json=workerReady,proto3,oneof"`
+}
+
 func (*Response_Hello) isResponse_Body() {}
 
 func (*Response_Alloc) isResponse_Body() {}
@@ -1393,6 +1460,10 @@ func (*Response_RestoreResults) isResponse_Body() {}
 func (*Response_ModuleKernels) isResponse_Body() {}
 
 func (*Response_SyncCount) isResponse_Body() {}
+
+func (*Response_Serve) isResponse_Body() {}
+
+func (*Response_WorkerReady) isResponse_Body() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3678,8 +3749,12 @@ type StatusReply struct {
 	// Clients asked for but not listed: the reply would have outgrown its
 	// budget (the caller's own clients come first).
 	ClientsLeftOut uint32 `protobuf:"varint,8,opt,name=clients_left_out,json=clientsLeftOut,proto3" json:"clients_left_out,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Served mode (gpucr helper --served-pool N; unset: off): the idle,
+	// pre-warmed workers of each device, how many workers serve processes,
+	// and those that serve the caller's own (root: every one).
+	Served        *ServedPool `protobuf:"bytes,9,opt,name=served,proto3" json:"served,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusReply) Reset() {
@@ -3768,6 +3843,151 @@ func (x *StatusReply) GetClientsLeftOut() uint32 {
 	return 0
 }
 
+func (x *StatusReply) GetServed() *ServedPool {
+	if x != nil {
+		return x.Served
+	}
+	return nil
+}
+
+type ServedPool struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Idle          []uint32               `protobuf:"varint,1,rep,packed,name=idle,proto3" json:"idle,omitempty"`
+	Assigned      uint32                 `protobuf:"varint,2,opt,name=assigned,proto3" json:"assigned,omitempty"`
+	Workers       []*ServedWorker        `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServedPool) Reset() {
+	*x = ServedPool{}
+	mi := &file_protocol_helper_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServedPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServedPool) ProtoMessage() {}
+
+func (x *ServedPool) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServedPool.ProtoReflect.Descriptor instead.
+func (*ServedPool) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ServedPool) GetIdle() []uint32 {
+	if x != nil {
+		return x.Idle
+	}
+	return nil
+}
+
+func (x *ServedPool) GetAssigned() uint32 {
+	if x != nil {
+		return x.Assigned
+	}
+	return 0
+}
+
+func (x *ServedPool) GetWorkers() []*ServedWorker {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+type ServedWorker struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Pid    int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Device uint32                 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
+	Uid    uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	// The process it serves.
+	ClientPid int64 `protobuf:"varint,4,opt,name=client_pid,json=clientPid,proto3" json:"client_pid,omitempty"`
+	// How long its context took to make, before it was assigned.
+	WarmNs        uint64 `protobuf:"varint,5,opt,name=warm_ns,json=warmNs,proto3" json:"warm_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServedWorker) Reset() {
+	*x = ServedWorker{}
+	mi := &file_protocol_helper_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServedWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServedWorker) ProtoMessage() {}
+
+func (x *ServedWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServedWorker.ProtoReflect.Descriptor instead.
+func (*ServedWorker) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ServedWorker) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ServedWorker) GetDevice() uint32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *ServedWorker) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ServedWorker) GetClientPid() int64 {
+	if x != nil {
+		return x.ClientPid
+	}
+	return 0
+}
+
+func (x *ServedWorker) GetWarmNs() uint64 {
+	if x != nil {
+		return x.WarmNs
+	}
+	return 0
+}
+
 // LoadResident (CLI, `gpucr image load DIR`): keep the GPU data of the image
 // in image_dir in device memory the helper holds, loaded and checked now, so
 // that restores of that image copy it on the device instead of reading it
@@ -3785,7 +4005,7 @@ type LoadResident struct {
 
 func (x *LoadResident) Reset() {
 	*x = LoadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3797,7 +4017,7 @@ func (x *LoadResident) String() string {
 func (*LoadResident) ProtoMessage() {}
 
 func (x *LoadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[39]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3810,7 +4030,7 @@ func (x *LoadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResident.ProtoReflect.Descriptor instead.
 func (*LoadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{39}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LoadResident) GetImageDir() string {
@@ -3831,7 +4051,7 @@ type UnloadResident struct {
 
 func (x *UnloadResident) Reset() {
 	*x = UnloadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3843,7 +4063,7 @@ func (x *UnloadResident) String() string {
 func (*UnloadResident) ProtoMessage() {}
 
 func (x *UnloadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3856,7 +4076,7 @@ func (x *UnloadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadResident.ProtoReflect.Descriptor instead.
 func (*UnloadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UnloadResident) GetImageDir() string {
@@ -3882,7 +4102,7 @@ type ResidentImage struct {
 
 func (x *ResidentImage) Reset() {
 	*x = ResidentImage{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +4114,7 @@ func (x *ResidentImage) String() string {
 func (*ResidentImage) ProtoMessage() {}
 
 func (x *ResidentImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4127,7 @@ func (x *ResidentImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidentImage.ProtoReflect.Descriptor instead.
 func (*ResidentImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ResidentImage) GetImageDir() string {
@@ -3975,7 +4195,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3987,7 +4207,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4000,7 +4220,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -4076,7 +4296,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4308,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4321,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -4208,7 +4428,7 @@ type RejoinInfo struct {
 
 func (x *RejoinInfo) Reset() {
 	*x = RejoinInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4440,7 @@ func (x *RejoinInfo) String() string {
 func (*RejoinInfo) ProtoMessage() {}
 
 func (x *RejoinInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4453,7 @@ func (x *RejoinInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejoinInfo.ProtoReflect.Descriptor instead.
 func (*RejoinInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RejoinInfo) GetCount() uint64 {
@@ -4296,7 +4516,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4308,7 +4528,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4321,7 +4541,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -4371,7 +4591,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4383,7 +4603,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4396,7 +4616,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -4473,7 +4693,7 @@ type Checkpoint struct {
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4485,7 +4705,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4498,7 +4718,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -4577,7 +4797,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4589,7 +4809,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4602,7 +4822,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -4647,7 +4867,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4659,7 +4879,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4672,7 +4892,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -4762,7 +4982,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4774,7 +4994,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4787,7 +5007,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Phase) GetName() string {
@@ -4815,7 +5035,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4827,7 +5047,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4840,7 +5060,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -4870,7 +5090,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4882,7 +5102,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4895,7 +5115,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Abort) GetReason() string {
@@ -4919,7 +5139,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4931,7 +5151,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4944,7 +5164,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -4970,7 +5190,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5202,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5215,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -5022,7 +5242,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5034,7 +5254,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5047,7 +5267,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -5097,7 +5317,7 @@ type Detach struct {
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5109,7 +5329,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5122,7 +5342,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -5147,7 +5367,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5159,7 +5379,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5172,7 +5392,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -5215,7 +5435,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[58]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5227,7 +5447,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[58]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5240,7 +5460,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -5277,7 +5497,7 @@ type AwaitLoad struct {
 
 func (x *AwaitLoad) Reset() {
 	*x = AwaitLoad{}
-	mi := &file_protocol_helper_proto_msgTypes[59]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5289,7 +5509,7 @@ func (x *AwaitLoad) String() string {
 func (*AwaitLoad) ProtoMessage() {}
 
 func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[59]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5302,7 +5522,7 @@ func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
 func (*AwaitLoad) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
 }
 
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
@@ -5318,7 +5538,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[60]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5330,7 +5550,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[60]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5343,7 +5563,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -5368,7 +5588,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[61]
+	mi := &file_protocol_helper_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5380,7 +5600,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[61]
+	mi := &file_protocol_helper_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5393,7 +5613,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -5413,7 +5633,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[62]
+	mi := &file_protocol_helper_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5425,7 +5645,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[62]
+	mi := &file_protocol_helper_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5438,7 +5658,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -5494,7 +5714,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[63]
+	mi := &file_protocol_helper_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5506,7 +5726,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[63]
+	mi := &file_protocol_helper_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5519,7 +5739,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{63}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -5634,11 +5854,256 @@ func (x *Transfer) GetFromResident() bool {
 	return false
 }
 
+// Served mode: a process that holds no driver state asks for a worker that
+// runs its GPU calls. The helper takes a worker from the pool of the device
+// (pre-warmed: its context made), makes it take the caller's uid and gids
+// (AssignWorker), and answers with one end of a socket pair whose other end
+// the worker got (attached to the response as a descriptor).
+type Serve struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The device, by the helper's ordinal (0 when unset).
+	Device        uint32 `protobuf:"varint,1,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Serve) Reset() {
+	*x = Serve{}
+	mi := &file_protocol_helper_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Serve) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Serve) ProtoMessage() {}
+
+func (x *Serve) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Serve.ProtoReflect.Descriptor instead.
+func (*Serve) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *Serve) GetDevice() uint32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+type ServeReply struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	WorkerPid int64                  `protobuf:"varint,1,opt,name=worker_pid,json=workerPid,proto3" json:"worker_pid,omitempty"`
+	Device    uint32                 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
+	// The device's UUID, "GPU-...", as nvidia-smi prints it.
+	Uuid          string `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServeReply) Reset() {
+	*x = ServeReply{}
+	mi := &file_protocol_helper_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServeReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServeReply) ProtoMessage() {}
+
+func (x *ServeReply) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServeReply.ProtoReflect.Descriptor instead.
+func (*ServeReply) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ServeReply) GetWorkerPid() int64 {
+	if x != nil {
+		return x.WorkerPid
+	}
+	return 0
+}
+
+func (x *ServeReply) GetDevice() uint32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *ServeReply) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+// helper -> worker, with the socket of the process it serves attached: take
+// this user, then serve that socket until it closes.
+type AssignWorker struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Uid    uint32                 `protobuf:"varint,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid    uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	Groups []uint32               `protobuf:"varint,3,rep,packed,name=groups,proto3" json:"groups,omitempty"`
+	// The served process, for the worker's log lines.
+	ClientPid     int64 `protobuf:"varint,4,opt,name=client_pid,json=clientPid,proto3" json:"client_pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AssignWorker) Reset() {
+	*x = AssignWorker{}
+	mi := &file_protocol_helper_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignWorker) ProtoMessage() {}
+
+func (x *AssignWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignWorker.ProtoReflect.Descriptor instead.
+func (*AssignWorker) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *AssignWorker) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *AssignWorker) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *AssignWorker) GetGroups() []uint32 {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *AssignWorker) GetClientPid() int64 {
+	if x != nil {
+		return x.ClientPid
+	}
+	return 0
+}
+
+// worker -> helper: the answer to the worker's start (context made, or why
+// not) and to AssignWorker (the user taken). Request id 0 is the start.
+type WorkerReady struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Pid    int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	Device uint32                 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
+	// How long making the context took.
+	WarmNs        uint64 `protobuf:"varint,3,opt,name=warm_ns,json=warmNs,proto3" json:"warm_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerReady) Reset() {
+	*x = WorkerReady{}
+	mi := &file_protocol_helper_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerReady) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerReady) ProtoMessage() {}
+
+func (x *WorkerReady) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerReady.ProtoReflect.Descriptor instead.
+func (*WorkerReady) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *WorkerReady) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *WorkerReady) GetDevice() uint32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *WorkerReady) GetWarmNs() uint64 {
+	if x != nil {
+		return x.WarmNs
+	}
+	return 0
+}
+
 var File_protocol_helper_proto protoreflect.FileDescriptor
 
 const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
-	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xb3\x10\n" +
+	"\x15protocol/helper.proto\x12\x0fgpucr.helper.v1\"\xa9\x11\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.gpucr.helper.v1.HelloH\x00R\x05hello\x12.\n" +
@@ -5683,8 +6148,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\n" +
 	"await_load\x18\x1e \x01(\v2\x1a.gpucr.helper.v1.AwaitLoadH\x00R\tawaitLoad\x12D\n" +
 	"\rload_resident\x18\x1f \x01(\v2\x1d.gpucr.helper.v1.LoadResidentH\x00R\floadResident\x12J\n" +
-	"\x0funload_resident\x18  \x01(\v2\x1f.gpucr.helper.v1.UnloadResidentH\x00R\x0eunloadResidentB\x06\n" +
-	"\x04body\"\x9b\x06\n" +
+	"\x0funload_resident\x18  \x01(\v2\x1f.gpucr.helper.v1.UnloadResidentH\x00R\x0eunloadResident\x12.\n" +
+	"\x05serve\x18% \x01(\v2\x16.gpucr.helper.v1.ServeH\x00R\x05serve\x12D\n" +
+	"\rassign_worker\x18& \x01(\v2\x1d.gpucr.helper.v1.AssignWorkerH\x00R\fassignWorkerB\x06\n" +
+	"\x04body\"\x93\a\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12,\n" +
 	"\x05error\x18\x02 \x01(\v2\x16.gpucr.helper.v1.ErrorR\x05error\x123\n" +
@@ -5703,7 +6170,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0frestore_results\x18\f \x01(\v2\x1f.gpucr.helper.v1.RestoreResultsH\x00R\x0erestoreResults\x12G\n" +
 	"\x0emodule_kernels\x18\r \x01(\v2\x1e.gpucr.helper.v1.ModuleKernelsH\x00R\rmoduleKernels\x12;\n" +
 	"\n" +
-	"sync_count\x18\x0e \x01(\v2\x1a.gpucr.helper.v1.SyncCountH\x00R\tsyncCountB\x06\n" +
+	"sync_count\x18\x0e \x01(\v2\x1a.gpucr.helper.v1.SyncCountH\x00R\tsyncCount\x123\n" +
+	"\x05serve\x18\x0f \x01(\v2\x1b.gpucr.helper.v1.ServeReplyH\x00R\x05serve\x12A\n" +
+	"\fworker_ready\x18\x10 \x01(\v2\x1c.gpucr.helper.v1.WorkerReadyH\x00R\vworkerReadyB\x06\n" +
 	"\x04body\"Q\n" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
@@ -5866,7 +6335,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\trejoin_us\x18\x19 \x01(\x04R\brejoinUs\x12\x19\n" +
 	"\bsync_ops\x18\x1a \x01(\x04R\asyncOps\"\x1c\n" +
 	"\x06Status\x12\x12\n" +
-	"\x04pids\x18\x01 \x03(\x03R\x04pids\"\x95\x03\n" +
+	"\x04pids\x18\x01 \x03(\x03R\x04pids\"\xca\x03\n" +
 	"\vStatusReply\x12%\n" +
 	"\x0ehelper_version\x18\x01 \x01(\tR\rhelperVersion\x125\n" +
 	"\adevices\x18\x02 \x03(\v2\x1b.gpucr.helper.v1.DeviceInfoR\adevices\x125\n" +
@@ -5875,7 +6344,20 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x06driver\x18\x05 \x01(\v2\x1b.gpucr.helper.v1.DriverInfoR\x06driver\x12G\n" +
 	"\x0fresident_images\x18\x06 \x03(\v2\x1e.gpucr.helper.v1.ResidentImageR\x0eresidentImages\x12'\n" +
 	"\x0fresident_budget\x18\a \x01(\x04R\x0eresidentBudget\x12(\n" +
-	"\x10clients_left_out\x18\b \x01(\rR\x0eclientsLeftOut\"+\n" +
+	"\x10clients_left_out\x18\b \x01(\rR\x0eclientsLeftOut\x123\n" +
+	"\x06served\x18\t \x01(\v2\x1b.gpucr.helper.v1.ServedPoolR\x06served\"u\n" +
+	"\n" +
+	"ServedPool\x12\x12\n" +
+	"\x04idle\x18\x01 \x03(\rR\x04idle\x12\x1a\n" +
+	"\bassigned\x18\x02 \x01(\rR\bassigned\x127\n" +
+	"\aworkers\x18\x03 \x03(\v2\x1d.gpucr.helper.v1.ServedWorkerR\aworkers\"\x82\x01\n" +
+	"\fServedWorker\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\rR\x06device\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x1d\n" +
+	"\n" +
+	"client_pid\x18\x04 \x01(\x03R\tclientPid\x12\x17\n" +
+	"\awarm_ns\x18\x05 \x01(\x04R\x06warmNs\"+\n" +
 	"\fLoadResident\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"-\n" +
 	"\x0eUnloadResident\x12\x1b\n" +
@@ -6040,16 +6522,35 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
-	"\x0eDIRECTION_LOAD\x10\x02*8\n" +
+	"\x0eDIRECTION_LOAD\x10\x02\"\x1f\n" +
+	"\x05Serve\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\rR\x06device\"W\n" +
+	"\n" +
+	"ServeReply\x12\x1d\n" +
+	"\n" +
+	"worker_pid\x18\x01 \x01(\x03R\tworkerPid\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\rR\x06device\x12\x12\n" +
+	"\x04uuid\x18\x03 \x01(\tR\x04uuid\"i\n" +
+	"\fAssignWorker\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
+	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x1d\n" +
+	"\n" +
+	"client_pid\x18\x04 \x01(\x03R\tclientPid\"P\n" +
+	"\vWorkerReady\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\rR\x06device\x12\x17\n" +
+	"\awarm_ns\x18\x03 \x01(\x04R\x06warmNs*8\n" +
 	"\aVersion\x12\x17\n" +
 	"\x13VERSION_UNSPECIFIED\x10\x00\x12\x14\n" +
-	"\x10PROTOCOL_VERSION\x10\x01*k\n" +
+	"\x10PROTOCOL_VERSION\x10\x01*|\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11ROLE_CLIENT_CALLS\x10\x01\x12\x17\n" +
 	"\x13ROLE_CLIENT_CONTROL\x10\x02\x12\f\n" +
 	"\bROLE_CLI\x10\x03\x12\x0f\n" +
-	"\vROLE_PLUGIN\x10\x04*\x96\x01\n" +
+	"\vROLE_PLUGIN\x10\x04\x12\x0f\n" +
+	"\vROLE_SERVED\x10\x05*\x96\x01\n" +
 	"\tAllocKind\x12\x1a\n" +
 	"\x16ALLOC_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ALLOC_KIND_MEM_ALLOC\x10\x01\x12\x14\n" +
@@ -6094,7 +6595,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -6143,31 +6644,37 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*ClientStats)(nil),        // 44: gpucr.helper.v1.ClientStats
 	(*Status)(nil),             // 45: gpucr.helper.v1.Status
 	(*StatusReply)(nil),        // 46: gpucr.helper.v1.StatusReply
-	(*LoadResident)(nil),       // 47: gpucr.helper.v1.LoadResident
-	(*UnloadResident)(nil),     // 48: gpucr.helper.v1.UnloadResident
-	(*ResidentImage)(nil),      // 49: gpucr.helper.v1.ResidentImage
-	(*DriverInfo)(nil),         // 50: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 51: gpucr.helper.v1.ClientInfo
-	(*RejoinInfo)(nil),         // 52: gpucr.helper.v1.RejoinInfo
-	(*ClientOp)(nil),           // 53: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 54: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 55: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 56: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 57: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 58: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 59: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 60: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 61: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 62: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 63: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 64: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 65: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 66: gpucr.helper.v1.PrepareRestore
-	(*AwaitLoad)(nil),          // 67: gpucr.helper.v1.AwaitLoad
-	(*Restored)(nil),           // 68: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 69: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 70: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 71: gpucr.helper.v1.Transfer
+	(*ServedPool)(nil),         // 47: gpucr.helper.v1.ServedPool
+	(*ServedWorker)(nil),       // 48: gpucr.helper.v1.ServedWorker
+	(*LoadResident)(nil),       // 49: gpucr.helper.v1.LoadResident
+	(*UnloadResident)(nil),     // 50: gpucr.helper.v1.UnloadResident
+	(*ResidentImage)(nil),      // 51: gpucr.helper.v1.ResidentImage
+	(*DriverInfo)(nil),         // 52: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 53: gpucr.helper.v1.ClientInfo
+	(*RejoinInfo)(nil),         // 54: gpucr.helper.v1.RejoinInfo
+	(*ClientOp)(nil),           // 55: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 56: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 57: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 58: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 59: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 60: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 61: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 62: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 63: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 64: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 65: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 66: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 67: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 68: gpucr.helper.v1.PrepareRestore
+	(*AwaitLoad)(nil),          // 69: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 70: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 71: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 72: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 73: gpucr.helper.v1.Transfer
+	(*Serve)(nil),              // 74: gpucr.helper.v1.Serve
+	(*ServeReply)(nil),         // 75: gpucr.helper.v1.ServeReply
+	(*AssignWorker)(nil),       // 76: gpucr.helper.v1.AssignWorker
+	(*WorkerReady)(nil),        // 77: gpucr.helper.v1.WorkerReady
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -6189,71 +6696,77 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	30, // 16: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	39, // 17: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	40, // 18: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	64, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	60, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	66, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	62, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
 	38, // 21: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
 	45, // 22: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	53, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	55, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	59, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	65, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	66, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	68, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	56, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	69, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	61, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	67, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
-	47, // 33: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
-	48, // 34: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
-	10, // 35: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
-	13, // 36: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
-	16, // 37: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
-	11, // 38: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
-	41, // 39: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
-	44, // 40: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
-	46, // 41: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	54, // 42: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	57, // 43: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	70, // 44: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	62, // 45: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
-	36, // 46: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
-	24, // 47: gpucr.helper.v1.Response.sync_count:type_name -> gpucr.helper.v1.SyncCount
-	3,  // 48: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
-	1,  // 49: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
-	14, // 50: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	2,  // 51: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
-	29, // 52: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
-	31, // 53: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
-	34, // 54: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	34, // 55: gpucr.helper.v1.LoadFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
-	37, // 56: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
-	42, // 57: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
-	43, // 58: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
-	4,  // 59: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
-	2,  // 60: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
-	2,  // 61: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
-	14, // 62: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	51, // 63: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	50, // 64: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	49, // 65: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
-	4,  // 66: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	52, // 67: gpucr.helper.v1.ClientInfo.rejoined:type_name -> gpucr.helper.v1.RejoinInfo
-	6,  // 68: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	41, // 69: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	44, // 70: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	58, // 71: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 72: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	63, // 73: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 74: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	58, // 75: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
-	71, // 76: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 77: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	58, // 78: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	79, // [79:79] is the sub-list for method output_type
-	79, // [79:79] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	55, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	57, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	61, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	67, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	68, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	70, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	58, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	71, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	63, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	69, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	49, // 33: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
+	50, // 34: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
+	74, // 35: gpucr.helper.v1.Request.serve:type_name -> gpucr.helper.v1.Serve
+	76, // 36: gpucr.helper.v1.Request.assign_worker:type_name -> gpucr.helper.v1.AssignWorker
+	10, // 37: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
+	13, // 38: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
+	16, // 39: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
+	11, // 40: gpucr.helper.v1.Response.ok:type_name -> gpucr.helper.v1.Ok
+	41, // 41: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
+	44, // 42: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
+	46, // 43: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
+	56, // 44: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	59, // 45: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	72, // 46: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	64, // 47: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	36, // 48: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
+	24, // 49: gpucr.helper.v1.Response.sync_count:type_name -> gpucr.helper.v1.SyncCount
+	75, // 50: gpucr.helper.v1.Response.serve:type_name -> gpucr.helper.v1.ServeReply
+	77, // 51: gpucr.helper.v1.Response.worker_ready:type_name -> gpucr.helper.v1.WorkerReady
+	3,  // 52: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
+	1,  // 53: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
+	14, // 54: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	2,  // 55: gpucr.helper.v1.Alloc.kind:type_name -> gpucr.helper.v1.AllocKind
+	29, // 56: gpucr.helper.v1.Reimport.entries:type_name -> gpucr.helper.v1.ReimportEntry
+	31, // 57: gpucr.helper.v1.Resume.guard:type_name -> gpucr.helper.v1.GuardRegion
+	34, // 58: gpucr.helper.v1.SaveFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	34, // 59: gpucr.helper.v1.LoadFirst.ranges:type_name -> gpucr.helper.v1.AddressRange
+	37, // 60: gpucr.helper.v1.ModuleKernels.kernels:type_name -> gpucr.helper.v1.KernelWrites
+	42, // 61: gpucr.helper.v1.BufferTable.allocations:type_name -> gpucr.helper.v1.Allocation
+	43, // 62: gpucr.helper.v1.BufferTable.buffers:type_name -> gpucr.helper.v1.Buffer
+	4,  // 63: gpucr.helper.v1.BufferTable.state:type_name -> gpucr.helper.v1.ClientState
+	2,  // 64: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
+	2,  // 65: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
+	14, // 66: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
+	53, // 67: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	52, // 68: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	51, // 69: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
+	47, // 70: gpucr.helper.v1.StatusReply.served:type_name -> gpucr.helper.v1.ServedPool
+	48, // 71: gpucr.helper.v1.ServedPool.workers:type_name -> gpucr.helper.v1.ServedWorker
+	4,  // 72: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	54, // 73: gpucr.helper.v1.ClientInfo.rejoined:type_name -> gpucr.helper.v1.RejoinInfo
+	6,  // 74: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	41, // 75: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	44, // 76: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	60, // 77: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 78: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	65, // 79: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 80: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	60, // 81: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	73, // 82: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 83: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	60, // 84: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	85, // [85:85] is the sub-list for method output_type
+	85, // [85:85] is the sub-list for method input_type
+	85, // [85:85] is the sub-list for extension type_name
+	85, // [85:85] is the sub-list for extension extendee
+	0,  // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -6297,6 +6810,8 @@ func file_protocol_helper_proto_init() {
 		(*Request_AwaitLoad)(nil),
 		(*Request_LoadResident)(nil),
 		(*Request_UnloadResident)(nil),
+		(*Request_Serve)(nil),
+		(*Request_AssignWorker)(nil),
 	}
 	file_protocol_helper_proto_msgTypes[1].OneofWrappers = []any{
 		(*Response_Hello)(nil),
@@ -6311,6 +6826,8 @@ func file_protocol_helper_proto_init() {
 		(*Response_RestoreResults)(nil),
 		(*Response_ModuleKernels)(nil),
 		(*Response_SyncCount)(nil),
+		(*Response_Serve)(nil),
+		(*Response_WorkerReady)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -6318,7 +6835,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   64,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

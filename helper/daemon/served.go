@@ -1,0 +1,114 @@
+package daemon
+
+// Served mode's connections (ROLE_SERVED): a process that holds no driver
+// state asks for a worker (Serve), and the helper's pool of workers
+// (helper/served) assigns one that runs as the caller's user. The helper
+// then has nothing more to do with that process: the two talk to each
+// other over the socket pair made here.
+
+import (
+	"errors"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/helper/served"
+	"github.com/gpucr/gpucr/helper/wire"
+	"github.com/gpucr/gpucr/protocol/helperpb"
+)
+
+func (s *Server) serveServed(c *conn, helloID uint64) {
+	if err := c.send(&helperpb.Response{Id: helloID, Body: &helperpb.Response_Hello{Hello: &helperpb.HelloReply{
+		ProtocolVersion: wire.Version, HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices)}}}, nil); err != nil {
+		return
+	}
+	req := c.next()
+	if req == nil {
+		return
+	}
+	b, ok := req.Body.(*helperpb.Request_Serve)
+	if !ok {
+		c.reject(req.Id, "%T is not allowed for %s", req.Body, helperpb.Role_ROLE_SERVED)
+		return
+	}
+	resp, fd := s.assignWorker(c, req.Id, b.Serve)
+	var fds []int
+	if fd >= 0 {
+		fds = []int{fd}
+		defer unix.Close(fd)
+	}
+	_ = c.send(resp, fds)
+}
+
+// assignWorker answers Serve: a worker of the device asked for, assigned to
+// the caller, and the caller's end of their socket pair (-1 with a refusal).
+func (s *Server) assignWorker(c *conn, id uint64, req *helperpb.Serve) (*helperpb.Response, int) {
+	if s.served == nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE,
+			"served mode is off in this helper (start it with --served-pool N)"), -1
+	}
+	if s.cfg.Unavailable != "" {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "the helper has no GPU: %s", s.cfg.Unavailable), -1
+	}
+	if int(req.Device) >= len(s.cfg.Devices) {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %d (the helper has %d)", req.Device, len(s.cfg.Devices)), -1
+	}
+	groups, err := c.PeerGroups()
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "the caller's groups: %v", err), -1
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "socketpair: %v", err), -1
+	}
+	w, err := s.served.Serve(int(req.Device), c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1])
+	unix.Close(pair[1])
+	if err != nil {
+		unix.Close(pair[0])
+		code := helperpb.ErrorCode_ERROR_DRIVER
+		if errors.Is(err, served.ErrPerUID) {
+			code = helperpb.ErrorCode_ERROR_PERMISSION
+		}
+		c.log.Warn("served mode: no worker", zap.Uint32("device", req.Device), zap.Error(err))
+		return errResp(id, code, "served mode: %v", err), -1
+	}
+	c.log.Info("served mode: worker assigned", zap.Int("worker_pid", w.Pid()), zap.Uint32("device", req.Device))
+	return &helperpb.Response{Id: id, Body: &helperpb.Response_Serve{Serve: &helperpb.ServeReply{
+		WorkerPid: int64(w.Pid()), Device: req.Device, Uuid: s.cfg.Devices[req.Device].Info().GetUuid()}}}, pair[0]
+}
+
+// servedStatus is the pool as Status shows it (nil: served mode is off):
+// every worker, which replyFor narrows to the caller's.
+func (s *Server) servedStatus() *helperpb.ServedPool {
+	if s.served == nil {
+		return nil
+	}
+	out := &helperpb.ServedPool{Idle: make([]uint32, len(s.cfg.Devices))}
+	for _, w := range s.served.Workers() {
+		if !w.Assigned {
+			if w.Device < len(out.Idle) {
+				out.Idle[w.Device]++
+			}
+			continue
+		}
+		out.Assigned++
+		out.Workers = append(out.Workers, &helperpb.ServedWorker{Pid: int64(w.Pid), Device: uint32(w.Device), Uid: w.UID,
+			ClientPid: w.ClientPid, WarmNs: uint64(w.Warm)})
+	}
+	return out
+}
+
+// servedSeenBy is p with only the workers that serve caller's processes
+// (root: all of them).
+func servedSeenBy(p *helperpb.ServedPool, caller uint32) *helperpb.ServedPool {
+	if p == nil || caller == 0 {
+		return p
+	}
+	out := &helperpb.ServedPool{Idle: p.Idle, Assigned: p.Assigned}
+	for _, w := range p.Workers {
+		if w.Uid == caller {
+			out.Workers = append(out.Workers, w)
+		}
+	}
+	return out
+}
