@@ -32,6 +32,25 @@ type statusJSON struct {
 	// ClientsLeftOut: clients the helper did not list, its reply being
 	// full (the caller's own come first).
 	ClientsLeftOut uint32 `json:"clients_left_out"`
+	// Served: served mode's workers (gpucr helper --served-pool); absent
+	// where served mode is off.
+	Served *servedJSON `json:"served,omitempty"`
+}
+
+// servedJSON is the pool: idle workers per device, how many serve
+// processes, and those serving the caller's (root: all).
+type servedJSON struct {
+	Idle     []uint32           `json:"idle"`
+	Assigned uint32             `json:"assigned"`
+	Workers  []servedWorkerJSON `json:"workers"`
+}
+
+type servedWorkerJSON struct {
+	Pid       int64   `json:"pid"`
+	Device    uint32  `json:"device"`
+	UID       uint32  `json:"uid"`
+	ClientPid int64   `json:"client_pid"`
+	WarmSec   float64 `json:"warm_seconds"`
 }
 
 type residentJSON struct {
@@ -106,6 +125,15 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 	out := statusJSON{Socket: socket, HelperVersion: st.HelperVersion, Unavailable: st.Unavailable,
 		Devices: []deviceJSON{}, Clients: []clientJSON{}, Resident: []residentJSON{}, ResidentBudget: st.ResidentBudget,
 		ClientsLeftOut: st.ClientsLeftOut}
+	if p := st.Served; p != nil {
+		out.Served = &servedJSON{Idle: p.Idle, Assigned: p.Assigned, Workers: []servedWorkerJSON{}}
+		if out.Served.Idle == nil {
+			out.Served.Idle = []uint32{}
+		}
+		for _, w := range p.Workers {
+			out.Served.Workers = append(out.Served.Workers, servedWorkerJSON{w.Pid, w.Device, w.Uid, w.ClientPid, float64(w.WarmNs) / 1e9})
+		}
+	}
 	for _, r := range st.ResidentImages {
 		out.Resident = append(out.Resident, residentJSON{r.ImageDir, r.Bytes, r.Buffers, r.OwnerUid, r.LoadedUnixMs, r.Restores})
 	}
@@ -267,6 +295,13 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		for _, r := range j.Resident {
 			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served\n", printable.String(r.ImagesDir), humanBytes(r.Bytes), r.Buffers,
 				r.OwnerUID, r.Restores)
+		}
+	}
+	if p := j.Served; p != nil {
+		fmt.Fprintf(w, "served mode: idle workers per device %v, %d serving processes\n", p.Idle, p.Assigned)
+		for _, sw := range p.Workers {
+			fmt.Fprintf(w, "  worker %d on device %d serves pid %d (uid %d); its context took %.3f s\n", sw.Pid, sw.Device, sw.ClientPid,
+				sw.UID, sw.WarmSec)
 		}
 	}
 	leftOut := ""

@@ -153,6 +153,12 @@ func startUnderArgv(t testing.TB, dir string, h *helperProc, env []string, name 
 // before it starts (asUser, say).
 func startUnderCmd(t testing.TB, dir string, h *helperProc, env []string, name string, argv []string, mod func(*exec.Cmd)) *app {
 	t.Helper()
+	return startUnderRun(t, dir, h, env, name, nil, argv, mod)
+}
+
+// startUnderRun is startUnderCmd with flags for `gpucr run` (--served, say).
+func startUnderRun(t testing.TB, dir string, h *helperProc, env []string, name string, runFlags, argv []string, mod func(*exec.Cmd)) *app {
+	t.Helper()
 	socket := filepath.Join(dir, "no-helper.sock")
 	if h != nil {
 		socket = h.socket
@@ -163,7 +169,7 @@ func startUnderCmd(t testing.TB, dir string, h *helperProc, env []string, name s
 		t.Fatal(err)
 	}
 	defer f.Close()
-	full := append([]string{"run", "--socket", socket, "--"}, argv...)
+	full := append(append(append([]string{"run", "--socket", socket}, runFlags...), "--"), argv...)
 	a.cmd = exec.Command(binPath(t, "gpucr"), full...)
 	a.cmd.Env = env
 	a.cmd.Stdout, a.cmd.Stderr = f, f
