@@ -31,7 +31,7 @@ func (s *Server) serveServed(c *conn, helloID uint64) {
 		c.reject(req.Id, "%T is not allowed for %s", req.Body, helperpb.Role_ROLE_SERVED)
 		return
 	}
-	resp, fd := s.assignWorker(c, req.Id, b.Serve)
+	resp, fd := assignWorker(s.served, s.cfg, c, req.Id, b.Serve)
 	var fds []int
 	if fd >= 0 {
 		fds = []int{fd}
@@ -40,18 +40,18 @@ func (s *Server) serveServed(c *conn, helloID uint64) {
 	_ = c.send(resp, fds)
 }
 
-// assignWorker answers Serve: a worker of the device asked for, assigned to
+// assignWorker answers Serve for pool: a worker of the device asked for, assigned to
 // the caller, and the caller's end of their socket pair (-1 with a refusal).
-func (s *Server) assignWorker(c *conn, id uint64, req *helperpb.Serve) (*helperpb.Response, int) {
-	if s.served == nil {
+func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helperpb.Serve) (*helperpb.Response, int) {
+	if pool == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE,
 			"served mode is off in this helper (start it with --served-pool N)"), -1
 	}
-	if s.cfg.Unavailable != "" {
-		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "the helper has no GPU: %s", s.cfg.Unavailable), -1
+	if cfg.Unavailable != "" {
+		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "the helper has no GPU: %s", cfg.Unavailable), -1
 	}
-	if int(req.Device) >= len(s.cfg.Devices) {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %d (the helper has %d)", req.Device, len(s.cfg.Devices)), -1
+	if int(req.Device) >= len(cfg.Devices) {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %d (the helper has %d)", req.Device, len(cfg.Devices)), -1
 	}
 	groups, err := c.PeerGroups()
 	if err != nil {
@@ -61,7 +61,7 @@ func (s *Server) assignWorker(c *conn, id uint64, req *helperpb.Serve) (*helperp
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "socketpair: %v", err), -1
 	}
-	w, err := s.served.Serve(int(req.Device), c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1])
+	w, err := pool.Serve(int(req.Device), c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1])
 	unix.Close(pair[1])
 	if err != nil {
 		unix.Close(pair[0])
@@ -74,17 +74,17 @@ func (s *Server) assignWorker(c *conn, id uint64, req *helperpb.Serve) (*helperp
 	}
 	c.log.Info("served mode: worker assigned", zap.Int("worker_pid", w.Pid()), zap.Uint32("device", req.Device))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Serve{Serve: &helperpb.ServeReply{
-		WorkerPid: int64(w.Pid()), Device: req.Device, Uuid: s.cfg.Devices[req.Device].Info().GetUuid()}}}, pair[0]
+		WorkerPid: int64(w.Pid()), Device: req.Device, Uuid: cfg.Devices[req.Device].Info().GetUuid()}}}, pair[0]
 }
 
-// servedStatus is the pool as Status shows it (nil: served mode is off):
+// servedStatus is pool as Status shows it (nil: served mode is off):
 // every worker, which replyFor narrows to the caller's.
-func (s *Server) servedStatus() *helperpb.ServedPool {
-	if s.served == nil {
+func servedStatus(pool *served.Pool, devices int) *helperpb.ServedPool {
+	if pool == nil {
 		return nil
 	}
-	out := &helperpb.ServedPool{Idle: make([]uint32, len(s.cfg.Devices))}
-	for _, w := range s.served.Workers() {
+	out := &helperpb.ServedPool{Idle: make([]uint32, devices)}
+	for _, w := range pool.Workers() {
 		if !w.Assigned {
 			if w.Device < len(out.Idle) {
 				out.Idle[w.Device]++
