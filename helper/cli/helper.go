@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"os/signal"
 	"os/user"
 	"runtime"
@@ -220,7 +221,8 @@ func runHelper(c *ucli.Context) error {
 	if n := c.Int("served-pool"); n < 0 {
 		return usageError{fmt.Errorf("--served-pool: %d is negative", n)}
 	} else if n > 0 && loadErr == nil {
-		cfg.Served = served.NewPool(served.PoolConfig{Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
+		exe, args := workerCommand()
+		cfg.Served = served.NewPool(served.PoolConfig{Exe: exe, Args: args, Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
 			MaxPerUID: c.Int("served-max-per-uid"), Log: log})
 	} else if n > 0 {
 		log.Warn("served mode: no driver, so no workers", zap.Error(loadErr))
@@ -353,4 +355,20 @@ func driverInfo(lib string, drv *cuda.Driver) *helperpb.DriverInfo {
 		d.Version = int32(drv.Version)
 	}
 	return d
+}
+
+// workerCommand is how the helper starts its served-mode workers: its own
+// binary, or, where a dynamic loader runs gpucr (the GPU bundle's launcher,
+// scripts/make-gpucr-bundle.sh), that loader with its directory as the
+// library path and gpucr's file.
+func workerCommand() (string, []string) {
+	exe, err := os.Executable()
+	if err != nil || !dynamicLoader.MatchString(filepath.Base(exe)) {
+		return "/proc/self/exe", nil
+	}
+	real, err := realExecutable()
+	if err != nil || real == exe {
+		return "/proc/self/exe", nil
+	}
+	return exe, []string{"--library-path", filepath.Dir(exe), real}
 }

@@ -27,8 +27,11 @@ const (
 // PoolConfig is how the helper keeps its workers.
 type PoolConfig struct {
 	// Exe is the gpucr binary the workers run ("": /proc/self/exe, the
-	// helper's own, even if the file was replaced since it started).
-	Exe string
+	// helper's own, even if the file was replaced since it started), and
+	// Args what comes before the worker's own arguments (a dynamic loader
+	// that runs gpucr takes its library path and gpucr's file there).
+	Exe  string
+	Args []string
 	// Size is how many idle, pre-warmed workers each device keeps.
 	Size int
 	// Devices is how many devices there are (ordinals 0..Devices-1).
@@ -144,7 +147,7 @@ func (p *Pool) start(d int) (*Worker, error) {
 	}
 	mine, theirs := os.NewFile(uintptr(fds[0]), "served-control"), os.NewFile(uintptr(fds[1]), "served-control-worker")
 	defer theirs.Close()
-	args := []string{WorkerCommand, "--device", fmt.Sprint(d)}
+	args := append(append([]string{}, p.cfg.Args...), WorkerCommand, "--device", fmt.Sprint(d))
 	if p.cfg.LibCUDA != "" {
 		args = append(args, "--libcuda", p.cfg.LibCUDA)
 	}
