@@ -16,6 +16,8 @@
 #                             own loader and glibc; it finds libprotobuf-c.so.1
 #                             next to it (RPATH $ORIGIN)
 #   OUTDIR/lib/libprotobuf-c.so.1
+#   OUTDIR/lib/served/libcuda.so.1  the served-mode library (gpucr run --served),
+#                             with its own libprotobuf-c.so.1 beside it
 #   OUTDIR/lib/criu/gpucr_plugin.so  the CRIU plugin (gpucr checkpoint finds it;
 #                             for criu itself: --libdir or a config "libdir")
 #   OUTDIR/bin/*              the test applications built against the simulated
@@ -26,14 +28,16 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/.carry/gpucr}
 prefix=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
 cd "$root"
-make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so
+make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so build/lib/served/libcuda.so.1
 [ -x "$prefix/lib/ld-linux-x86-64.so.2" ] || bash scripts/install-criu.sh
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib/criu"
+mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib/criu" "$out/lib/served"
 cp build/bin/gpucr "$out/libexec/gpucr"
 cp build/lib/libgpucr.so "$out/lib/"
 cp build/lib/criu/gpucr_plugin.so "$out/lib/criu/"
 cp -L "$(ldconfig -p | awk '/libprotobuf-c.so.1 .*x86-64/{print $NF; exit}')" "$out/lib/libprotobuf-c.so.1"
+cp build/lib/served/libcuda.so.1 "$out/lib/served/"
+cp "$out/lib/libprotobuf-c.so.1" "$out/lib/served/"
 cp -L "$prefix/lib/ld-linux-x86-64.so.2" "$out/libexec/lib/"
 # Every library the loader resolves for gpucr, from the prefix.
 "$prefix/lib/ld-linux-x86-64.so.2" --library-path "$prefix/lib" --list build/bin/gpucr |
@@ -45,7 +49,8 @@ cat >"$out/bin/gpucr" <<'EOF'
 # gpucr launcher (scripts/make-gpucr-bundle.sh): the bundle's own glibc.
 here=$(cd "$(dirname "$0")/.." && pwd)
 : "${GPUCR_INTERPOSER:=$here/lib/libgpucr.so}"
-export GPUCR_INTERPOSER
+: "${GPUCR_SERVED_LIB:=$here/lib/served/libcuda.so.1}"
+export GPUCR_INTERPOSER GPUCR_SERVED_LIB
 exec "$here/libexec/lib/ld-linux-x86-64.so.2" --library-path "$here/libexec/lib" "$here/libexec/gpucr" "$@"
 EOF
 chmod +x "$out/bin/gpucr"
