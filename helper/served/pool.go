@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -38,7 +39,8 @@ type PoolConfig struct {
 	Devices int
 	// LibCUDA is the driver the workers load ("": libcuda.so.1).
 	LibCUDA string
-	// Env is the workers' environment (nil: the helper's).
+	// Env is the workers' environment (nil: the helper's, narrowed by
+	// WorkerEnv).
 	Env []string
 	// StartTimeout bounds a worker's start, its context included.
 	StartTimeout time.Duration
@@ -101,6 +103,9 @@ func NewPool(cfg PoolConfig) *Pool {
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
+	}
+	if cfg.Env == nil {
+		cfg.Env = WorkerEnv(os.Environ())
 	}
 	p := &Pool{cfg: cfg, idle: map[int][]*Worker{}, starting: map[int]int{}, assigned: map[*Worker]struct{}{},
 		perUID: map[uint32]int{}, failing: map[int]error{}}
@@ -233,6 +238,25 @@ func (w *Worker) kill() {
 		w.ctl.Close()
 	}
 	<-w.exited
+}
+
+// WorkerEnv is what of the helper's environment a worker gets: what finds
+// and sets up the driver (PATH, LD_LIBRARY_PATH, CUDA_*, NVIDIA_*, GPUCR_*,
+// the NVLink multicast switches of NCCL and NVSHMEM) and nothing else. A
+// worker runs as its user with the helper's environment in its memory, so
+// the rest (credentials a unit file sets, say) stays with the helper.
+func WorkerEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "PATH", k == "LD_LIBRARY_PATH", k == "TMPDIR",
+			strings.HasPrefix(k, "CUDA_"), strings.HasPrefix(k, "NVIDIA_"), strings.HasPrefix(k, "GPUCR_"),
+			strings.HasPrefix(k, "NCCL_"), strings.HasPrefix(k, "NVSHMEM_"):
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // ErrPerUID is the refusal of a worker past PoolConfig.MaxPerUID.
