@@ -52,6 +52,11 @@ type client struct {
 	// checkpointing: a Checkpoint request of it is being served; another
 	// one is refused at once, saying so (dumpgpu.go).
 	checkpointing atomic.Bool
+	// served: its driver is served mode's library (Hello.served, said
+	// again at each reattach), and servedResidual where its residual
+	// context is (residual.go: servedResidual).
+	served         atomic.Bool
+	servedResidual atomic.Int32
 	// quietUntil: its control connection did not answer a Status; Status
 	// does not ask it again before then (status.go). Guarded by mu.
 	quietUntil time.Time
@@ -163,12 +168,14 @@ func (s *Server) serveCalls(c *conn, helloID uint64, h *helperpb.Hello) {
 		cl.mu.Lock()
 		cl.uid, cl.gid, cl.program = c.cred.Uid, c.cred.Gid, program
 		cl.mu.Unlock()
+		cl.served.Store(h.Served)
 		cl.log.Info("client reattached")
 		if s.cfg.Fault.Is(fault.StallReattach) {
 			stallReattach(c, cl)
 		}
 	} else {
 		cl = newClient(s.log, p, c.cred.Uid, c.cred.Gid, program)
+		cl.served.Store(h.Served)
 		s.reg.connect(cl)
 		cl.log.Info("client registered", zap.String("held_by", p.HeldBy()))
 	}

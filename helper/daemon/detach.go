@@ -63,7 +63,7 @@ func (s *Server) dumpDone(id uint64, req *helperpb.DumpDone) *helperpb.Response 
 	// The driver state first, while nothing in the process can touch the
 	// GPU, then wake it.
 	ph := newPhases() // the resume's steps, for the checkpoint's report
-	if err := cl.resumeResidualRetry(s.residuals); err != nil {
+	if err := cl.resumeResidualRetry(cl.residuals(s.residuals)); err != nil {
 		cl.log.Error("a dumped process that runs on cannot get its GPU back: the driver refuses to restore it", zap.Error(err))
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", pid, err)
 	}

@@ -650,19 +650,20 @@ func (r *checkpointRun) driverCheckpoint() *stepError {
 	if err := mayAct(r.requester.cred.Uid, r.cl); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_PERMISSION, "driver lock: %v", err)
 	}
-	if err := r.s.residuals.Lock(pid, driverLockTimeout); err != nil {
+	rs := r.cl.residuals(r.s.residuals)
+	if err := rs.Lock(pid, driverLockTimeout); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver lock: %v", err)
 	}
-	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(r.s.residuals.Unlock) }})
+	r.undos = append(r.undos, undo{"driver unlock", func() error { return r.cl.onLive(rs.Unlock) }})
 	r.ph.done("driver-lock")
 	if r.s.cfg.Fault.At(fault.DriverCheckpoint, r.nth) {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: injected fault (GPUCR_FAULT)")
 	}
-	if err := r.cl.onLive(r.s.residuals.Save); err != nil {
+	if err := r.cl.onLive(rs.Save); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_DRIVER, "driver checkpoint: %v", err)
 	}
 	r.undos = append(r.undos, undo{"driver restore", func() error {
-		return r.cl.onLive(func(pid int) error { return r.s.residuals.Restore(pid, nil) })
+		return r.cl.onLive(func(pid int) error { return rs.Restore(pid, nil) })
 	}})
 	r.ph.done("driver-checkpoint")
 	return nil
@@ -746,7 +747,7 @@ func (s *Server) resumeCheckpointed(c *conn, id uint64, req *helperpb.ResumeChec
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "pid %d: %v", cl.pid, err)
 	}
-	state, err := s.residuals.State(pid)
+	state, err := cl.residuals(s.residuals).State(pid)
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_DRIVER, "pid %d: %v", cl.pid, err)
 	}

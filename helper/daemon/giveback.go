@@ -113,7 +113,7 @@ func (s *Server) giveBackLocked(cl *client) error {
 // reimport, resume.
 func (s *Server) thaw(cl *client, ctl *control, wait time.Duration, ph *phases) error {
 	pairs := cl.takeGPUPairs() // once: its later checkpoints stay on the GPUs it has then
-	if err := cl.onLive(func(pid int) error { return resumeResidual(s.residuals, pid, pairs) }); err != nil {
+	if err := cl.onLive(func(pid int) error { return resumeResidual(cl.residuals(s.residuals), pid, pairs) }); err != nil {
 		return err
 	}
 	ph.done("driver-restore")

@@ -138,3 +138,33 @@ func pairsText(pairs []GPUPair) string {
 	}
 	return strings.Join(s, ", ")
 }
+
+// servedResidual is a served client's residual context (Hello.served): its
+// worker holds it, and the served library makes it again in the next worker
+// it is given. Nothing is asked of the driver (which does not know the
+// process); the steps move the state that the checkpoint and the resume
+// read, kept in the client.
+type servedResidual struct{ cl *client }
+
+func (r servedResidual) State(int) (ResidualState, error) {
+	return ResidualState(r.cl.servedResidual.Load()), nil
+}
+
+func (r servedResidual) set(st ResidualState) error {
+	r.cl.servedResidual.Store(int32(st))
+	return nil
+}
+
+func (r servedResidual) Lock(int, time.Duration) error { return r.set(ResidualLocked) }
+func (r servedResidual) Save(int) error                { return r.set(ResidualSaved) }
+func (r servedResidual) Restore(int, []GPUPair) error  { return r.set(ResidualLocked) }
+func (r servedResidual) Unlock(int) error              { return r.set(ResidualRunning) }
+
+// residuals is what keeps cl's residual context: rs (the server's, the
+// driver's by default), or, for a served client, servedResidual.
+func (cl *client) residuals(rs Residuals) Residuals {
+	if cl.served.Load() {
+		return servedResidual{cl}
+	}
+	return rs
+}

@@ -26,6 +26,8 @@ static sym_ent syms[SYM_NALL] = {GC_SYMS(GC_SYM_WRAPPED) GC_INTERNAL_SYMS(GC_SYM
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym;
 static void *libcuda;
+/* Served mode's library's own entry point, where the driver is that library (NULL: a driver). */
+static int (*served_detach)(void);
 static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
 static _Atomic int resolved;
@@ -71,6 +73,7 @@ static void do_resolve(void) {
     } else {
         for (int i = 0; i < SYM_NALL; i++)
             syms[i].real = rd(libcuda, syms[i].name);
+        served_detach = (int (*)(void))rd(libcuda, GC_SERVED_DETACH);
     }
     gc_scan_set_query((gc_paraminfo_fn)syms[SYM_cuFuncGetParamInfo].real,
                       (gc_paraminfo_fn)syms[SYM_cuKernelGetParamInfo].real);
@@ -81,6 +84,16 @@ static void do_resolve(void) {
 void gc_resolve(void) {
     if (__builtin_expect(!atomic_load_explicit(&resolved, memory_order_acquire), 0))
         pthread_once(&resolve_once, do_resolve);
+}
+
+bool gc_driver_served(void) {
+    gc_resolve();
+    return served_detach != NULL;
+}
+
+int gc_driver_served_detach(void) {
+    gc_resolve();
+    return served_detach ? served_detach() : 0;
 }
 
 void *gc_real(int idx) {

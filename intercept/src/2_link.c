@@ -123,6 +123,7 @@ static int hello(int fd, int role, uint64_t token, Resp **out) {
     h.role = role;
     h.client_token = token;
     h.program = program_invocation_name ? program_invocation_name : (char *)"";
+    h.served = gc_driver_served();
     Req req = GPUCR__HELPER__V1__REQUEST__INIT;
     req.id = 1;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_HELLO;

@@ -534,6 +534,10 @@ static void check_wake_file(void) {
  */
 static int detached(int ctl_fd) {
     gc_debug("detached: waiting for %s", G.wake_path);
+    /* Served mode: the worker's socket and ring go before the helper's connections, whose end tells the helper
+     * that CRIU may dump the process; a process that keeps them cannot be dumped. */
+    if (gc_driver_served_detach() != 0)
+        gc_warn("served mode: the worker was not let go before the dump; the dump will refuse its socket");
     gc_link_detach(ctl_fd);
 
     static const struct timespec tick = {0, 2000000};

@@ -3978,7 +3978,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__ok__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__ok__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__hello__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__hello__field_descriptors[5] =
 {
   {
     "protocol_version",
@@ -4028,17 +4028,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__hello__field_descriptor
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "served",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Hello, served),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__hello__field_indices_by_name[] = {
   2,   /* field[2] = client_token */
   3,   /* field[3] = program */
   0,   /* field[0] = protocol_version */
   1,   /* field[1] = role */
+  4,   /* field[4] = served */
 };
 static const ProtobufCIntRange gpucr__helper__v1__hello__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__hello__descriptor =
 {
@@ -4048,7 +4061,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__hello__descriptor =
   "Gpucr__Helper__V1__Hello",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Hello),
-  4,
+  5,
   gpucr__helper__v1__hello__field_descriptors,
   gpucr__helper__v1__hello__field_indices_by_name,
   1,  gpucr__helper__v1__hello__number_ranges,
@@ -8369,7 +8382,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__transfer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptors[1] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptors[2] =
 {
   {
     "device",
@@ -8383,14 +8396,27 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptor
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "uuid",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Serve, uuid),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__serve__field_indices_by_name[] = {
   0,   /* field[0] = device */
+  1,   /* field[1] = uuid */
 };
 static const ProtobufCIntRange gpucr__helper__v1__serve__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 2 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__serve__descriptor =
 {
@@ -8400,7 +8426,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__serve__descriptor =
   "Gpucr__Helper__V1__Serve",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Serve),
-  1,
+  2,
   gpucr__helper__v1__serve__field_descriptors,
   gpucr__helper__v1__serve__field_indices_by_name,
   1,  gpucr__helper__v1__serve__number_ranges,

@@ -455,10 +455,18 @@ struct  Gpucr__Helper__V1__Hello
    * Informational: argv[0] of the client, "gpucr" for the CLI.
    */
   char *program;
+  /*
+   * ROLE_CLIENT_CALLS: the driver under the interposer is served mode's
+   * library (intercept/served): the process holds no driver state, its
+   * context is a worker's, and the library makes it again in another
+   * worker when it next needs one. A checkpoint neither locks nor saves it
+   * in the driver, and a restore does not restore it there.
+   */
+  protobuf_c_boolean served;
 };
 #define GPUCR__HELPER__V1__HELLO__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__hello__descriptor) \
-    , 0, GPUCR__HELPER__V1__ROLE__ROLE_UNSPECIFIED, 0, (char *)protobuf_c_empty_string }
+    , 0, GPUCR__HELPER__V1__ROLE__ROLE_UNSPECIFIED, 0, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Gpucr__Helper__V1__HelloReply
@@ -1853,10 +1861,16 @@ struct  Gpucr__Helper__V1__Serve
    * The device, by the helper's ordinal (0 when unset).
    */
   uint32_t device;
+  /*
+   * The device by UUID instead, when set: the one the process was served
+   * on before a checkpoint, which a restore onto other GPUs (its device
+   * map) puts on the GPU it names.
+   */
+  char *uuid;
 };
 #define GPUCR__HELPER__V1__SERVE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__serve__descriptor) \
-    , 0 }
+    , 0, (char *)protobuf_c_empty_string }
 
 
 struct  Gpucr__Helper__V1__ServeReply

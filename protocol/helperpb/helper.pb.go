@@ -1560,7 +1560,13 @@ type Hello struct {
 	// ROLE_CLIENT_CONTROL: the token of the calls connection (HelloReply).
 	ClientToken uint64 `protobuf:"varint,3,opt,name=client_token,json=clientToken,proto3" json:"client_token,omitempty"`
 	// Informational: argv[0] of the client, "gpucr" for the CLI.
-	Program       string `protobuf:"bytes,4,opt,name=program,proto3" json:"program,omitempty"`
+	Program string `protobuf:"bytes,4,opt,name=program,proto3" json:"program,omitempty"`
+	// ROLE_CLIENT_CALLS: the driver under the interposer is served mode's
+	// library (intercept/served): the process holds no driver state, its
+	// context is a worker's, and the library makes it again in another
+	// worker when it next needs one. A checkpoint neither locks nor saves it
+	// in the driver, and a restore does not restore it there.
+	Served        bool `protobuf:"varint,5,opt,name=served,proto3" json:"served,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1621,6 +1627,13 @@ func (x *Hello) GetProgram() string {
 		return x.Program
 	}
 	return ""
+}
+
+func (x *Hello) GetServed() bool {
+	if x != nil {
+		return x.Served
+	}
+	return false
 }
 
 type HelloReply struct {
@@ -5862,7 +5875,11 @@ func (x *Transfer) GetFromResident() bool {
 type Serve struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The device, by the helper's ordinal (0 when unset).
-	Device        uint32 `protobuf:"varint,1,opt,name=device,proto3" json:"device,omitempty"`
+	Device uint32 `protobuf:"varint,1,opt,name=device,proto3" json:"device,omitempty"`
+	// The device by UUID instead, when set: the one the process was served
+	// on before a checkpoint, which a restore onto other GPUs (its device
+	// map) puts on the GPU it names.
+	Uuid          string `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5902,6 +5919,13 @@ func (x *Serve) GetDevice() uint32 {
 		return x.Device
 	}
 	return 0
+}
+
+func (x *Serve) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
 }
 
 type ServeReply struct {
@@ -6177,12 +6201,13 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x05Error\x12.\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1a.gpucr.helper.v1.ErrorCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\x04\n" +
-	"\x02Ok\"\x9a\x01\n" +
+	"\x02Ok\"\xb2\x01\n" +
 	"\x05Hello\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12)\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x15.gpucr.helper.v1.RoleR\x04role\x12!\n" +
 	"\fclient_token\x18\x03 \x01(\x04R\vclientToken\x12\x18\n" +
-	"\aprogram\x18\x04 \x01(\tR\aprogram\"\xb8\x01\n" +
+	"\aprogram\x18\x04 \x01(\tR\aprogram\x12\x16\n" +
+	"\x06served\x18\x05 \x01(\bR\x06served\"\xb8\x01\n" +
 	"\n" +
 	"HelloReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
@@ -6522,9 +6547,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
-	"\x0eDIRECTION_LOAD\x10\x02\"\x1f\n" +
+	"\x0eDIRECTION_LOAD\x10\x02\"3\n" +
 	"\x05Serve\x12\x16\n" +
-	"\x06device\x18\x01 \x01(\rR\x06device\"W\n" +
+	"\x06device\x18\x01 \x01(\rR\x06device\x12\x12\n" +
+	"\x04uuid\x18\x02 \x01(\tR\x04uuid\"W\n" +
 	"\n" +
 	"ServeReply\x12\x1d\n" +
 	"\n" +
