@@ -8,10 +8,12 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/helper/served"
 	"github.com/gpucr/gpucr/helper/wire"
 	"github.com/gpucr/gpucr/protocol/helperpb"
@@ -31,7 +33,7 @@ func (s *Server) serveServed(c *conn, helloID uint64) {
 		c.reject(req.Id, "%T is not allowed for %s", req.Body, helperpb.Role_ROLE_SERVED)
 		return
 	}
-	resp, fd := assignWorker(s.served, s.cfg, c, req.Id, b.Serve)
+	resp, fd := assignWorker(s.served, s.cfg, c, req.Id, b.Serve, s.reg.connectedAs(proc.Pid(c.cred.Pid)))
 	var fds []int
 	if fd >= 0 {
 		fds = []int{fd}
@@ -42,7 +44,8 @@ func (s *Server) serveServed(c *conn, helloID uint64) {
 
 // assignWorker answers Serve for pool: a worker of the device asked for, assigned to
 // the caller, and the caller's end of their socket pair (-1 with a refusal).
-func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helperpb.Serve) (*helperpb.Response, int) {
+// self is the caller as the helper's client (its interposer's), if it is one.
+func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helperpb.Serve, self *client) (*helperpb.Response, int) {
 	if pool == nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE,
 			"served mode is off in this helper (start it with --served-pool N)"), -1
@@ -50,8 +53,9 @@ func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helper
 	if cfg.Unavailable != "" {
 		return errResp(id, helperpb.ErrorCode_ERROR_UNAVAILABLE, "the helper has no GPU: %s", cfg.Unavailable), -1
 	}
-	if int(req.Device) >= len(cfg.Devices) {
-		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "no device %d (the helper has %d)", req.Device, len(cfg.Devices)), -1
+	dev, err := servedDevice(cfg.Devices, req, self)
+	if err != nil {
+		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err), -1
 	}
 	groups, err := c.PeerGroups()
 	if err != nil {
@@ -61,7 +65,7 @@ func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helper
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "socketpair: %v", err), -1
 	}
-	w, err := pool.Serve(int(req.Device), c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1])
+	w, err := pool.Serve(dev, c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1])
 	unix.Close(pair[1])
 	if err != nil {
 		unix.Close(pair[0])
@@ -69,12 +73,50 @@ func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helper
 		if errors.Is(err, served.ErrPerUID) {
 			code = helperpb.ErrorCode_ERROR_PERMISSION
 		}
-		c.log.Warn("served mode: no worker", zap.Uint32("device", req.Device), zap.Error(err))
+		c.log.Warn("served mode: no worker", zap.Int("device", dev), zap.Error(err))
 		return errResp(id, code, "served mode: %v", err), -1
 	}
-	c.log.Info("served mode: worker assigned", zap.Int("worker_pid", w.Pid()), zap.Uint32("device", req.Device))
+	c.log.Info("served mode: worker assigned", zap.Int("worker_pid", w.Pid()), zap.Int("device", dev))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Serve{Serve: &helperpb.ServeReply{
-		WorkerPid: int64(w.Pid()), Device: req.Device, Uuid: cfg.Devices[req.Device].Info().GetUuid()}}}, pair[0]
+		WorkerPid: int64(w.Pid()), Device: uint32(dev), Uuid: cfg.Devices[dev].Info().GetUuid()}}}, pair[0]
+}
+
+// servedDevice is the device a Serve gets a worker on: where the caller's
+// memory is, if it is a client of the helper's whose memory is all on one
+// device (a restored process: its restore put it there, onto another GPU
+// too); else the device of req.Uuid, if set; else that of req.Device.
+func servedDevice(devices []Device, req *helperpb.Serve, self *client) (int, error) {
+	if self != nil {
+		at := -1
+		self.mu.Lock()
+		for _, al := range self.allocs {
+			for i, d := range devices {
+				if d == al.dev {
+					if at >= 0 && at != i {
+						at = -2 // on several devices: served mode serves one
+					} else if at != -2 {
+						at = i
+					}
+				}
+			}
+		}
+		self.mu.Unlock()
+		if at >= 0 {
+			return at, nil
+		}
+	}
+	if req.Uuid != "" {
+		for i, d := range devices {
+			if d.Info().GetUuid() == req.Uuid {
+				return i, nil
+			}
+		}
+		return 0, fmt.Errorf("no device %s in this helper", req.Uuid)
+	}
+	if int(req.Device) >= len(devices) {
+		return 0, fmt.Errorf("no device %d (the helper has %d)", req.Device, len(devices))
+	}
+	return int(req.Device), nil
 }
 
 // servedStatus is pool as Status shows it (nil: served mode is off):
