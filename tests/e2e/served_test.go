@@ -24,6 +24,7 @@ type servedStatus struct {
 		Assigned json.Number   `json:"assigned"`
 		Workers  []struct {
 			Pid       json.Number `json:"pid"`
+			Device    json.Number `json:"device"`
 			UID       json.Number `json:"uid"`
 			ClientPid json.Number `json:"client_pid"`
 		} `json:"workers"`

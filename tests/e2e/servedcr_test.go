@@ -1,0 +1,136 @@
+package e2e
+
+// Checkpoint and restore of served-mode processes: CRIU dumps the process
+// alone (it holds no driver state), and the restore gives it a worker from
+// the pool, in which the served library makes its context again.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestServedCheckpointRestore: a served process checkpointed (stopped)
+// lets its worker go; restored, it gets another one and continues exactly
+// from its stop, for plain buffers on two streams, a CUDA graph replayed
+// every iteration, and device pointers stored in device memory. A
+// leave-running checkpoint of it continues at once (in a new worker), and
+// its image restores exactly too.
+func TestServedCheckpointRestore(t *testing.T) {
+	needTool(t, "criu")
+	env := gpucrEnv(t)
+	for i, c := range []appCase{
+		{"heartbeat", []string{"--mib", "16", "--buffers", "5"}},
+		{"heartbeat", []string{"--graph", "--mib", "8", "--buffers", "3"}},
+		{"ptrchase", []string{"--mib", "8"}},
+	} {
+		t.Run(fmt.Sprintf("%s-%d", c.name, i), func(t *testing.T) {
+			dir := t.TempDir()
+			h := startHelper(t, dir, env, "--served-pool", "1")
+			waitIdle(t, h, 1)
+			args := append(append([]string{}, c.args...), "--interval-ms", "20", "--hb-every", "1")
+			a := startServed(t, dir, h, env, c.name, nil, args...)
+			a.waitIter(10, time.Minute)
+			w := workerOf(t, h, a.pid)
+
+			img := dir + "/img"
+			out := cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running")
+			before := a.lastIter()
+			a.waitIter(before+10, time.Minute)
+			if w2 := workerOf(t, h, a.pid); w2 == w {
+				t.Errorf("after a leave-running checkpoint pid %d is served by the same worker %d", a.pid, w)
+			}
+			waitDead(t, w, 10*time.Second)
+			if strings.Contains(a.output(), "gpucr: ") {
+				t.Errorf("warnings after a leave-running checkpoint:\n%s\n%s", a.output(), out)
+			}
+
+			img2 := dir + "/img2"
+			cliOK(t, h, env, img2, "checkpoint", strconv.Itoa(a.pid), "-D", img2)
+			w = workerOfGone(t, h, a.pid)
+			a.reap(30 * time.Second)
+			waitPidFree(a.pid, 10*time.Second)
+			before = a.lastIter()
+			cliOK(t, h, env, img2, "restore", "-D", img2)
+			a.waitIter(before+10, time.Minute)
+			if w2 := workerOf(t, h, a.pid); w2 == w {
+				t.Errorf("the restored pid %d is served by worker %d, which served it before", a.pid, w)
+			}
+			cliOK(t, h, env, img, "image", "inspect", img)
+			a.kill()
+			compareWithReference(t, a.heartbeats(), reference(t, env, c.name, args, maxIter(a.heartbeats())))
+			if t.Failed() {
+				t.Logf("%s:\n%s", c.name, tail(a.output(), 30))
+				t.Logf("helper:\n%s", tail(h.logText(), 40))
+			}
+		})
+	}
+}
+
+// workerOfGone is the worker that served pid before a checkpoint that
+// stopped it, once status lists none for it (it was let go).
+func workerOfGone(t testing.TB, h *helperProc, pid int) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := servedStatusAs(t, h, nil)
+		found := 0
+		if st.Served != nil {
+			for _, w := range st.Served.Workers {
+				if c, _ := w.ClientPid.Int64(); int(c) == pid {
+					p, _ := w.Pid.Int64()
+					found = int(p)
+				}
+			}
+		}
+		if found == 0 {
+			return -1
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker %d still serves pid %d after a checkpoint that stopped it", found, pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestServedRestoreOntoAnotherGPU: a served process checkpointed on one
+// simulated GPU restores onto the other (--device-map 0=1): its new worker
+// runs there, and it continues exactly.
+func TestServedRestoreOntoAnotherGPU(t *testing.T) {
+	needTool(t, "criu")
+	env := append(gpucrEnv(t), "GPUCR_SIM_DEVICES=2")
+	dir := t.TempDir()
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	args := []string{"--mib", "16", "--interval-ms", "20", "--hb-every", "1"}
+	a := startServed(t, dir, h, env, "heartbeat", nil, append(args, "--show-device")...)
+	a.waitIter(10, time.Minute)
+	st := h.status()
+	if len(st.Devices) != 2 {
+		t.Fatalf("the helper sees %d GPUs, want 2", len(st.Devices))
+	}
+	img := dir + "/img"
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img, "--device-map", "0=1")
+	a.waitIter(before+10, time.Minute)
+	ss := servedStatusAs(t, h, nil)
+	onDevice := -1
+	for _, w := range ss.Served.Workers {
+		if c, _ := w.ClientPid.Int64(); int(c) == a.pid {
+			d, _ := w.Device.Int64()
+			onDevice = int(d)
+		}
+	}
+	if onDevice != 1 {
+		t.Errorf("after --device-map 0=1 the restored process's worker is on device %d, want 1", onDevice)
+	}
+	if g := gpuOfLastHeartbeat(a); !strings.HasPrefix(g, st.Devices[1].UUID) {
+		t.Errorf("after --device-map 0=1 heartbeat runs on %q, want %s", g, st.Devices[1].UUID)
+	}
+	a.kill()
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
+}
