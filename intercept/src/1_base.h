@@ -47,14 +47,19 @@ GC_HIDDEN void *gc_real(int idx);
 GC_HIDDEN void gc_resolve(void);
 /*
  * Whether the driver is served mode's library (intercept/served), which
- * exports GC_SERVED_DETACH: the process then holds no driver state, and its
- * context is a worker's. gc_driver_served_detach lets the worker go before a
- * dump (the library takes another when next called); 0, or -1 where it
- * could not (it said why), and 0 with a driver.
+ * exports GC_SERVED_DETACH and GC_SERVED_ATTACH: the process then holds no
+ * driver state, and its context is a worker's. gc_driver_served_detach lets
+ * the worker go before a dump (the library's calls then wait);
+ * gc_driver_served_attach, once the process runs again (restored, or the
+ * dump over), has the library take a worker and make its context there
+ * again. Each: 0, or -1 where it could not (the library said why); 0 with a
+ * driver.
  */
 #define GC_SERVED_DETACH "gpucrServedDetach"
+#define GC_SERVED_ATTACH "gpucrServedAttach"
 GC_HIDDEN bool gc_driver_served(void);
 GC_HIDDEN int gc_driver_served_detach(void);
+GC_HIDDEN int gc_driver_served_attach(void);
 
 /* The driver's entry point, by name (resolved on first use). */
 #define GC_REAL(name) ((__typeof__(&name))gc_real(SYM_##name))

@@ -28,6 +28,7 @@ static dlsym_fn real_dlsym;
 static void *libcuda;
 /* Served mode's library's own entry point, where the driver is that library (NULL: a driver). */
 static int (*served_detach)(void);
+static int (*served_attach)(void);
 static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
 static _Atomic int resolved;
@@ -74,6 +75,7 @@ static void do_resolve(void) {
         for (int i = 0; i < SYM_NALL; i++)
             syms[i].real = rd(libcuda, syms[i].name);
         served_detach = (int (*)(void))rd(libcuda, GC_SERVED_DETACH);
+        served_attach = (int (*)(void))rd(libcuda, GC_SERVED_ATTACH);
     }
     gc_scan_set_query((gc_paraminfo_fn)syms[SYM_cuFuncGetParamInfo].real,
                       (gc_paraminfo_fn)syms[SYM_cuKernelGetParamInfo].real);
@@ -94,6 +96,11 @@ bool gc_driver_served(void) {
 int gc_driver_served_detach(void) {
     gc_resolve();
     return served_detach ? served_detach() : 0;
+}
+
+int gc_driver_served_attach(void) {
+    gc_resolve();
+    return served_attach ? served_attach() : 0;
 }
 
 void *gc_real(int idx) {

@@ -550,6 +550,9 @@ static int detached(int ctl_fd) {
             watch_check(&watch);
     }
     check_wake_file();
+    /* Served mode: a worker, with the context made again, before the helper gives the memory back into it. */
+    if (gc_driver_served_attach() != 0)
+        gc_warn("served mode: no worker after the dump; the GPU memory cannot come back");
 
     gc_debug("woken by %s: reattaching to the helper at %s (token %llu)", G.wake_path, gc_link_socket(),
              (unsigned long long)gc_link_token());
