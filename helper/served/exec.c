@@ -1,17 +1,1258 @@
-/* The served-mode worker's executor (exec.h). */
+/*
+ * The served-mode worker's executor (exec.h): runs the served process's
+ * driver calls from the shared ring (protocol/c/served.h) on the one thread
+ * whose context sv_prepare made current.
+ *
+ * The client is another process, running as another user's program: every
+ * record is copied out of the shared memory before its fields are checked,
+ * every id, slot, offset and length is bounds-checked, and a record that
+ * breaks the ring's framing ends the service with an error (the client then
+ * sees its worker gone). A well-framed record with bad arguments fails with
+ * the CUresult the driver would give.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "exec.h"
+#include "gpucr/cudadrv.h"
+#include "served.h"
+
+/* ---- the driver, by name ---- */
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* Every entry point the executor calls; STR() expands cudadrv.h's aliases, so cuMemAlloc is cuMemAlloc_v2. */
+#define DRV(X)                                                                                                         \
+    X(cuInit)                                                                                                          \
+    X(cuDriverGetVersion)                                                                                              \
+    X(cuGetErrorName)                                                                                                  \
+    X(cuDeviceGet)                                                                                                     \
+    X(cuDeviceGetCount)                                                                                                \
+    X(cuDeviceGetName)                                                                                                 \
+    X(cuDeviceGetAttribute)                                                                                            \
+    X(cuDeviceGetPCIBusId)                                                                                             \
+    X(cuDeviceTotalMem)                                                                                                \
+    X(cuDeviceGetUuid_v2)                                                                                              \
+    X(cuDevicePrimaryCtxRetain)                                                                                        \
+    X(cuDevicePrimaryCtxGetState)                                                                                      \
+    X(cuDevicePrimaryCtxSetFlags)                                                                                      \
+    X(cuCtxSetCurrent)                                                                                                 \
+    X(cuCtxSynchronize)                                                                                                \
+    X(cuMemAlloc)                                                                                                      \
+    X(cuMemAllocPitch)                                                                                                 \
+    X(cuMemFree)                                                                                                       \
+    X(cuMemGetInfo)                                                                                                    \
+    X(cuMemGetAddressRange)                                                                                            \
+    X(cuMemAllocAsync)                                                                                                 \
+    X(cuMemFreeAsync)                                                                                                  \
+    X(cuMemcpyHtoD)                                                                                                    \
+    X(cuMemcpyDtoH)                                                                                                    \
+    X(cuMemcpyDtoD)                                                                                                    \
+    X(cuMemcpyHtoDAsync)                                                                                               \
+    X(cuMemcpyDtoHAsync)                                                                                               \
+    X(cuMemcpyDtoDAsync)                                                                                               \
+    X(cuMemsetD8)                                                                                                      \
+    X(cuMemsetD16)                                                                                                     \
+    X(cuMemsetD32)                                                                                                     \
+    X(cuMemsetD8Async)                                                                                                 \
+    X(cuMemsetD16Async)                                                                                                \
+    X(cuMemsetD32Async)                                                                                                \
+    X(cuStreamCreate)                                                                                                  \
+    X(cuStreamDestroy)                                                                                                 \
+    X(cuStreamSynchronize)                                                                                             \
+    X(cuStreamQuery)                                                                                                   \
+    X(cuStreamWaitEvent)                                                                                               \
+    X(cuStreamBeginCapture_v2)                                                                                         \
+    X(cuStreamEndCapture)                                                                                              \
+    X(cuStreamWriteValue32)                                                                                            \
+    X(cuStreamWriteValue64)                                                                                            \
+    X(cuStreamWaitValue32)                                                                                             \
+    X(cuStreamWaitValue64)                                                                                             \
+    X(cuEventCreate)                                                                                                   \
+    X(cuEventDestroy)                                                                                                  \
+    X(cuEventRecord)                                                                                                   \
+    X(cuEventQuery)                                                                                                    \
+    X(cuEventSynchronize)                                                                                              \
+    X(cuEventElapsedTime)                                                                                              \
+    X(cuModuleLoadData)                                                                                                \
+    X(cuModuleUnload)                                                                                                  \
+    X(cuModuleGetFunction)                                                                                             \
+    X(cuLibraryLoadData)                                                                                               \
+    X(cuLibraryUnload)                                                                                                 \
+    X(cuLibraryGetKernel)                                                                                              \
+    X(cuKernelGetFunction)                                                                                             \
+    X(cuFuncGetParamInfo)                                                                                              \
+    X(cuKernelGetParamInfo)                                                                                            \
+    X(cuLaunchKernel)                                                                                                  \
+    X(cuLaunchKernelEx)                                                                                                \
+    X(cuGraphInstantiateWithFlags)                                                                                     \
+    X(cuGraphLaunch)                                                                                                   \
+    X(cuGraphExecDestroy)                                                                                              \
+    X(cuGraphDestroy)                                                                                                  \
+    X(cuMemGetAllocationGranularity)                                                                                   \
+    X(cuMemAddressReserve)                                                                                             \
+    X(cuMemAddressFree)                                                                                                \
+    X(cuMemCreate)                                                                                                     \
+    X(cuMemRelease)                                                                                                    \
+    X(cuMemMap)                                                                                                        \
+    X(cuMemUnmap)                                                                                                      \
+    X(cuMemSetAccess)
+
+#define DRV_DECL(f) static __typeof__(&f) p_##f;
+DRV(DRV_DECL)
+
+static struct {
+    bool prepared;
+    int ordinal;
+    CUdevice dev;
+    CUcontext ctx;
+} W;
+
+static const char *errname(CUresult r) {
+    const char *s = NULL;
+    if (!p_cuGetErrorName || p_cuGetErrorName(r, &s) != CUDA_SUCCESS || !s)
+        return "an unknown CUresult";
+    return s;
+}
 
 int sv_prepare(const char *libpath, int ordinal, char *err, size_t errlen) {
-    (void)libpath;
-    (void)ordinal;
-    snprintf(err, errlen, "served mode: not built yet");
+    const char *path = libpath && *libpath ? libpath : "libcuda.so.1";
+    if (W.prepared) {
+        snprintf(err, errlen, "served worker: sv_prepare called twice");
+        return -1;
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
+        return -1;
+    }
+#define DRV_RESOLVE(f)                                                                                                 \
+    p_##f = (__typeof__(p_##f))dlsym(h, STR(f));                                                                       \
+    if (!p_##f) {                                                                                                      \
+        snprintf(err, errlen, "%s exports no %s", path, STR(f));                                                       \
+        return -1;                                                                                                     \
+    }
+    DRV(DRV_RESOLVE)
+#undef DRV_RESOLVE
+    CUresult r;
+    int count = 0;
+#define STEP(call, what)                                                                                               \
+    if ((r = (call)) != CUDA_SUCCESS) {                                                                                \
+        snprintf(err, errlen, "%s: %s (%d)", what, errname(r), (int)r);                                                \
+        return -1;                                                                                                     \
+    }
+    STEP(p_cuInit(0), "cuInit");
+    STEP(p_cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (ordinal < 0 || ordinal >= count) {
+        snprintf(err, errlen, "no device %d (the driver has %d)", ordinal, count);
+        return -1;
+    }
+    STEP(p_cuDeviceGet(&W.dev, ordinal), "cuDeviceGet");
+    STEP(p_cuDevicePrimaryCtxRetain(&W.ctx, W.dev), "cuDevicePrimaryCtxRetain");
+    STEP(p_cuCtxSetCurrent(W.ctx), "cuCtxSetCurrent");
+    /* The context's lazy parts (the device's memory state) are made now, not at the served process's first call. */
+    size_t fr = 0, tot = 0;
+    STEP(p_cuMemGetInfo(&fr, &tot), "cuMemGetInfo");
+#undef STEP
+    W.ordinal = ordinal;
+    W.prepared = true;
+    return 0;
+}
+
+/* ---- futexes, shared with the client process ---- */
+
+static long futex_wait(_Atomic uint32_t *a, uint32_t val, long timeout_ns) {
+    struct timespec ts = {timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+    return syscall(SYS_futex, (uint32_t *)a, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *a) { syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---- the service ---- */
+
+struct wlayout {
+    uint32_t n, bytes;
+    uint32_t *off, *size;
+};
+
+struct wfunc {
+    CUfunction f;
+    struct wlayout l;
+};
+
+struct wkern {
+    CUkernel k;
+    struct wlayout l;
+};
+
+typedef struct {
+    int sock;
+    struct sv_shared *sh;
+    void **tab[SV_K_COUNT]; /* real handles by virtual id; SV_K_FUNC and SV_K_KERNEL hold struct wfunc/wkern */
+    uint64_t tail;
+    uint8_t *image; /* a module or library image being sent, SV_OP_IMAGE_CHUNK */
+    uint64_t image_len, image_cap;
+    CUresult group_err; /* the first failure among a synchronous copy's chunks */
+    char *err;
+    size_t errlen;
+} svc;
+
+static int fail(svc *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(svc *s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err, s->errlen, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
+/* Whether the client's end of the socket is gone (closed, or its process dead). */
+static bool hung_up(int sock) {
+    struct pollfd p = {.fd = sock, .events = POLLRDHUP};
+    int n = poll(&p, 1, 0);
+    return n > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL));
+}
+
+/* The client's records up to head, once there are some; 0 when the client hung up. */
+static int wait_work(svc *s, uint64_t *head) {
+    struct sv_header *h = &s->sh->h;
+    long long t0 = 0;
+    for (unsigned i = 1;; i++) {
+        *head = atomic_load_explicit(&h->head, memory_order_acquire);
+        if (*head != s->tail)
+            return 1;
+        cpu_relax();
+        if ((i & 63) == 0) {
+            long long t = now_ns();
+            if (!t0)
+                t0 = t;
+            else if (t - t0 > 50000) /* spin 50 us, then park */
+                break;
+        }
+    }
+    for (;;) {
+        /* Dekker with the client: it publishes head, fences, reads wsleep; we store wsleep, fence, read head. */
+        uint32_t seq = atomic_load_explicit(&h->wseq, memory_order_relaxed);
+        atomic_store_explicit(&h->wsleep, 1, memory_order_relaxed);
+        atomic_thread_fence(memory_order_seq_cst);
+        *head = atomic_load_explicit(&h->head, memory_order_acquire);
+        if (*head != s->tail) {
+            atomic_store_explicit(&h->wsleep, 0, memory_order_relaxed);
+            return 1;
+        }
+        futex_wait(&h->wseq, seq, 100000000L); /* 100 ms: the hang-up is looked for between waits */
+        atomic_store_explicit(&h->wsleep, 0, memory_order_relaxed);
+        *head = atomic_load_explicit(&h->head, memory_order_acquire);
+        if (*head != s->tail)
+            return 1;
+        if (hung_up(s->sock))
+            return 0;
+    }
+}
+
+static void reply_done(svc *s, uint32_t reply, CUresult r, const void *data, uint32_t len) {
+    struct sv_reply *rp = &s->sh->reply[reply - 1]; /* checked by the caller */
+    if (len > SV_REPLY_DATA)
+        len = SV_REPLY_DATA;
+    if (len)
+        memcpy(rp->data, data, len);
+    rp->len = len;
+    rp->result = (int32_t)r;
+    atomic_store_explicit(&rp->state, SV_DONE, memory_order_seq_cst);
+    if (atomic_load_explicit(&rp->waiting, memory_order_seq_cst))
+        futex_wake(&rp->state);
+}
+
+static void stage_free(svc *s, uint32_t slot) {
+    struct sv_header *h = &s->sh->h;
+    atomic_store_explicit(&s->sh->stagehdr[slot].state, SV_FREE, memory_order_seq_cst);
+    if (atomic_load_explicit(&h->stage_wait, memory_order_seq_cst) && atomic_exchange(&h->stage_wait, 0)) {
+        atomic_fetch_add(&h->stage_seq, 1);
+        futex_wake(&h->stage_seq);
+    }
+}
+
+static void stage_done(svc *s, uint32_t slot, CUresult r, uint32_t len) {
+    struct sv_stagehdr *sh = &s->sh->stagehdr[slot];
+    sh->result = (int32_t)r;
+    sh->len = len;
+    atomic_store_explicit(&sh->state, SV_DONE, memory_order_seq_cst);
+    if (atomic_load_explicit(&sh->waiting, memory_order_seq_cst))
+        futex_wake(&sh->state);
+}
+
+/* ---- handles ---- */
+
+static void *get(svc *s, unsigned kind, uint32_t id) {
+    return id < sv_cap(kind) ? s->tab[kind][id] : NULL;
+}
+
+/* A creation's id: in range and free. */
+static bool id_free(svc *s, unsigned kind, uint32_t id) {
+    return id > 0 && id < sv_cap(kind) && s->tab[kind][id] == NULL;
+}
+
+static CUresult stream_of(svc *s, uint32_t v, CUstream *out) {
+    switch (v) {
+    case SV_STREAM_NULL: *out = NULL; return CUDA_SUCCESS;
+    case SV_STREAM_LEGACY: *out = CU_STREAM_LEGACY; return CUDA_SUCCESS;
+    case SV_STREAM_PER_THREAD: *out = CU_STREAM_PER_THREAD; return CUDA_SUCCESS;
+    default: *out = get(s, SV_K_STREAM, v); return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    }
+}
+
+static void layout_free(struct wlayout *l) {
+    free(l->off);
+    free(l->size);
+    memset(l, 0, sizeof *l);
+}
+
+/* A function's or kernel's parameters as the driver reports them. */
+static CUresult layout_query(struct wlayout *l, CUfunction f, CUkernel k) {
+    uint32_t cap = 16;
+    memset(l, 0, sizeof *l);
+    l->off = malloc(cap * sizeof *l->off);
+    l->size = malloc(cap * sizeof *l->size);
+    if (!l->off || !l->size) {
+        layout_free(l);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0;; i++) {
+        size_t off = 0, size = 0;
+        CUresult r = f ? p_cuFuncGetParamInfo(f, i, &off, &size) : p_cuKernelGetParamInfo(k, i, &off, &size);
+        if (r == CUDA_ERROR_INVALID_VALUE)
+            break; /* past the last parameter */
+        if (r != CUDA_SUCCESS) {
+            layout_free(l);
+            return r;
+        }
+        if (i >= SV_MAX_PARAMS || off + size > SV_MAX_PARAM_BYTES) {
+            layout_free(l);
+            return CUDA_ERROR_NOT_SUPPORTED; /* more than a layout reply holds */
+        }
+        if (l->n == cap) {
+            cap *= 2;
+            uint32_t *o = realloc(l->off, cap * sizeof *o);
+            if (o)
+                l->off = o;
+            uint32_t *z = realloc(l->size, cap * sizeof *z);
+            if (z)
+                l->size = z;
+            if (!o || !z) {
+                layout_free(l);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+        }
+        l->off[l->n] = (uint32_t)off;
+        l->size[l->n] = (uint32_t)size;
+        l->n++;
+        if (off + size > l->bytes)
+            l->bytes = (uint32_t)(off + size);
+    }
+    return CUDA_SUCCESS;
+}
+
+static uint32_t layout_reply(const struct wlayout *l, struct sv_layout *out) {
+    out->n = l->n;
+    out->bytes = l->bytes;
+    for (uint32_t i = 0; i < l->n; i++) {
+        out->p[i].off = l->off[i];
+        out->p[i].size = l->size[i];
+    }
+    return (uint32_t)(offsetof(struct sv_layout, p) + l->n * sizeof out->p[0]);
+}
+
+/* ---- records ---- */
+
+/* The payload of a record, copied: NULL when the record is too short for it. */
+#define PAYLOAD(type, var)                                                                                             \
+    type var;                                                                                                          \
+    if (plen < sizeof var)                                                                                             \
+        return fail(s, "record %s at %llu: %u bytes, too short", #type, (unsigned long long)s->tail,                  \
+                    (unsigned)plen);                                                                                   \
+    memcpy(&var, pl, sizeof var)
+
+/* A name that follows a payload of hdr bytes: NUL-terminated within the record, else NULL. */
+static const char *name_after(const uint8_t *pl, uint32_t plen, size_t hdr, char *buf, size_t cap) {
+    if (plen <= hdr)
+        return NULL;
+    size_t n = plen - hdr < cap ? plen - hdr : cap;
+    memcpy(buf, pl + hdr, n);
+    const char *z = memchr(buf, 0, n);
+    return z ? buf : NULL;
+}
+
+static CUresult run_query(svc *s, const struct sv_query_rec *q, uint8_t *out, uint32_t *len) {
+    (void)s;
+    CUresult r;
+    switch (q->what) {
+    case SV_Q_NAME:
+        r = p_cuDeviceGetName((char *)out, 256, W.dev);
+        *len = r == CUDA_SUCCESS ? (uint32_t)strnlen((char *)out, 255) + 1 : 0;
+        return r;
+    case SV_Q_ATTR: {
+        int v = 0;
+        r = p_cuDeviceGetAttribute(&v, (CUdevice_attribute)q->arg, W.dev);
+        memcpy(out, &v, sizeof v);
+        *len = sizeof v;
+        return r;
+    }
+    case SV_Q_BUSID:
+        r = p_cuDeviceGetPCIBusId((char *)out, 64, W.dev);
+        *len = r == CUDA_SUCCESS ? (uint32_t)strnlen((char *)out, 63) + 1 : 0;
+        return r;
+    case SV_Q_TOTALMEM: {
+        size_t b = 0;
+        r = p_cuDeviceTotalMem(&b, W.dev);
+        uint64_t v = b;
+        memcpy(out, &v, sizeof v);
+        *len = sizeof v;
+        return r;
+    }
+    case SV_Q_UUID: {
+        CUuuid u;
+        r = p_cuDeviceGetUuid_v2(&u, W.dev);
+        memcpy(out, &u, sizeof u);
+        *len = sizeof u;
+        return r;
+    }
+    case SV_Q_DRIVER_VERSION: {
+        int v = 0;
+        r = p_cuDriverGetVersion(&v);
+        memcpy(out, &v, sizeof v);
+        *len = sizeof v;
+        return r;
+    }
+    case SV_Q_MEMINFO: {
+        size_t f = 0, t = 0;
+        r = p_cuMemGetInfo(&f, &t);
+        uint64_t v[2] = {f, t};
+        memcpy(out, v, sizeof v);
+        *len = sizeof v;
+        return r;
+    }
+    case SV_Q_PRIMARY_STATE: {
+        unsigned flags = 0;
+        int active = 0;
+        r = p_cuDevicePrimaryCtxGetState(W.dev, &flags, &active);
+        uint32_t v[2] = {flags, (uint32_t)active};
+        memcpy(out, v, sizeof v);
+        *len = sizeof v;
+        return r;
+    }
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* A module or library image sent ahead of its load, exactly size bytes, NUL-terminated past them (PTX). */
+static CUresult take_image(svc *s, uint64_t size) {
+    if (size == 0 || size != s->image_len)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+static void drop_image(svc *s) {
+    free(s->image);
+    s->image = NULL;
+    s->image_len = s->image_cap = 0;
+}
+
+static CUresult run_launch(svc *s, const uint8_t *pl, uint32_t plen) {
+    struct sv_launch_rec L;
+    memcpy(&L, pl, sizeof L); /* the caller checked plen */
+    if (L.nbytes > SV_MAX_PARAM_BYTES || L.nbytes > plen - sizeof L)
+        return CUDA_ERROR_INVALID_VALUE;
+    const uint8_t *args = pl + sizeof L;
+    CUfunction f;
+    const struct wlayout *l;
+    if (L.kernel) {
+        struct wkern *k = get(s, SV_K_KERNEL, L.func);
+        if (!k)
+            return CUDA_ERROR_INVALID_HANDLE;
+        f = (CUfunction)k->k;
+        l = &k->l;
+    } else {
+        struct wfunc *fn = get(s, SV_K_FUNC, L.func);
+        if (!fn)
+            return CUDA_ERROR_INVALID_HANDLE;
+        f = fn->f;
+        l = &fn->l;
+    }
+    CUstream st;
+    CUresult r = stream_of(s, L.stream, &st);
+    if (r != CUDA_SUCCESS)
+        return r;
+    void *kp[SV_MAX_PARAMS + 1];
+    size_t nb = L.nbytes;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, (void *)args, CU_LAUNCH_PARAM_BUFFER_SIZE, &nb,
+                     CU_LAUNCH_PARAM_END};
+    void **kpp = NULL, **ex = NULL;
+    if (L.extra) {
+        ex = extra;
+    } else {
+        if (L.nbytes < l->bytes)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (uint32_t i = 0; i < l->n; i++)
+            kp[i] = (void *)(args + l->off[i]); /* off + size <= bytes <= nbytes: inside the record */
+        kpp = kp;
+    }
+    if (L.cooperative) {
+        CUlaunchAttribute attr;
+        memset(&attr, 0, sizeof attr);
+        attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attr.value.cooperative = 1;
+        CUlaunchConfig cfg = {L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1], L.block[2],
+                              L.shmem,   st,        &attr,     1};
+        return p_cuLaunchKernelEx(&cfg, f, kpp, ex);
+    }
+    return p_cuLaunchKernel(f, L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1], L.block[2], L.shmem, st, kpp,
+                            ex);
+}
+
+/* JIT options whose value the driver writes back, and the log buffers, which the worker provides. */
+enum { JIT_WALL_TIME = 2, JIT_INFO_LOG = 3, JIT_INFO_LOG_SIZE = 4, JIT_ERROR_LOG = 5, JIT_ERROR_LOG_SIZE = 6 };
+#define JIT_LOG_BYTES 1024u
+
+/* cuLibraryLoadData: reply data is the option values after the call, then the error log and the info log. */
+static CUresult run_library_load(svc *s, const struct sv_load_rec *L, uint8_t *out, uint32_t *outlen) {
+    if (L->njit > SV_MAX_JIT)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = take_image(s, L->size);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!id_free(s, SV_K_LIBRARY, L->id))
+        return CUDA_ERROR_INVALID_HANDLE;
+    char elog[JIT_LOG_BYTES], ilog[JIT_LOG_BYTES];
+    elog[0] = ilog[0] = 0;
+    CUjit_option opt[SV_MAX_JIT];
+    void *val[SV_MAX_JIT];
+    for (uint32_t i = 0; i < L->njit; i++) {
+        opt[i] = (CUjit_option)L->jit_opt[i];
+        switch (L->jit_opt[i]) {
+        case JIT_INFO_LOG: val[i] = ilog; break;
+        case JIT_ERROR_LOG: val[i] = elog; break;
+        case JIT_INFO_LOG_SIZE:
+        case JIT_ERROR_LOG_SIZE: val[i] = (void *)(uintptr_t)JIT_LOG_BYTES; break;
+        default: val[i] = (void *)(uintptr_t)L->jit_val[i]; break; /* by value */
+        }
+    }
+    CUlibrary lib = NULL;
+    r = p_cuLibraryLoadData(&lib, s->image, L->njit ? opt : NULL, L->njit ? val : NULL, L->njit, NULL, NULL, 0);
+    drop_image(s);
+    if (r == CUDA_SUCCESS)
+        s->tab[SV_K_LIBRARY][L->id] = lib;
+    uint64_t vals[SV_MAX_JIT];
+    for (uint32_t i = 0; i < L->njit; i++)
+        vals[i] = (uint64_t)(uintptr_t)val[i];
+    size_t n = L->njit * sizeof vals[0];
+    memcpy(out, vals, n);
+    elog[JIT_LOG_BYTES - 1] = ilog[JIT_LOG_BYTES - 1] = 0;
+    size_t el = strlen(elog) + 1, il = strlen(ilog) + 1;
+    memcpy(out + n, elog, el);
+    memcpy(out + n + el, ilog, il);
+    *outlen = (uint32_t)(n + el + il);
+    return r;
+}
+
+static CUresult run_vmm(svc *s, unsigned op, const struct sv_vmm_rec *v, uint8_t *out, uint32_t *len) {
+    (void)s;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = (CUmemLocationType)v->loc_type;
+    prop.location.id = v->loc_id;
+    prop.requestedHandleTypes = (CUmemAllocationHandleType)v->handle_types;
+    /* Memory on the worker's device only: the application sees that one device, as 0. */
+    if ((op == SV_OP_VMM_GRANULARITY || op == SV_OP_VMM_CREATE) &&
+        (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != 0))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    prop.location.id = W.dev;
+    CUresult r;
+    switch (op) {
+    case SV_OP_VMM_GRANULARITY: {
+        size_t g = 0;
+        r = p_cuMemGetAllocationGranularity(&g, &prop, (CUmemAllocationGranularity_flags)v->option);
+        uint64_t g64 = g;
+        memcpy(out, &g64, sizeof g64);
+        *len = sizeof g64;
+        return r;
+    }
+    case SV_OP_VMM_RESERVE: {
+        CUdeviceptr p = 0;
+        r = p_cuMemAddressReserve(&p, v->a, v->b, v->c, v->d);
+        uint64_t p64 = p;
+        memcpy(out, &p64, sizeof p64);
+        *len = sizeof p64;
+        return r;
+    }
+    case SV_OP_VMM_ADDR_FREE: return p_cuMemAddressFree(v->a, v->b);
+    case SV_OP_VMM_CREATE: {
+        CUmemGenericAllocationHandle h = 0;
+        r = p_cuMemCreate(&h, v->a, &prop, v->b);
+        uint64_t h64 = h;
+        memcpy(out, &h64, sizeof h64);
+        *len = sizeof h64;
+        return r;
+    }
+    case SV_OP_VMM_RELEASE: return p_cuMemRelease(v->a);
+    case SV_OP_VMM_MAP: return p_cuMemMap(v->a, v->b, v->c, v->d, v->e);
+    case SV_OP_VMM_UNMAP: return p_cuMemUnmap(v->a, v->b);
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* One record: 0, or -1 when the ring is broken (err filled). */
+static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint32_t plen) {
+    uint8_t out[SV_REPLY_DATA];
+    uint32_t olen = 0;
+    CUresult r = CUDA_SUCCESS;
+    bool answered = false; /* the reply was posted (or none is due) */
+    CUstream st = NULL;
+    if (rec->reply > SV_NREPLY)
+        return fail(s, "record at %llu: reply slot %u of %u", (unsigned long long)s->tail, rec->reply, SV_NREPLY);
+
+    switch (rec->op) {
+    case SV_OP_PAD: return 0;
+    case SV_OP_QUERY: {
+        PAYLOAD(struct sv_query_rec, q);
+        r = run_query(s, &q, out, &olen);
+        break;
+    }
+    case SV_OP_PRIMARY_SET_FLAGS: {
+        PAYLOAD(struct sv_id_rec, q);
+        r = p_cuDevicePrimaryCtxSetFlags(W.dev, q.flags);
+        break;
+    }
+    case SV_OP_CTX_SYNC: r = p_cuCtxSynchronize(); break;
+    case SV_OP_MEM_ALLOC: {
+        PAYLOAD(struct sv_u64_rec, q);
+        CUdeviceptr p = 0;
+        r = p_cuMemAlloc(&p, q.v);
+        uint64_t v = p;
+        memcpy(out, &v, 8);
+        olen = 8;
+        break;
+    }
+    case SV_OP_MEM_ALLOC_PITCH: {
+        PAYLOAD(struct sv_pitch_rec, q);
+        CUdeviceptr p = 0;
+        size_t pitch = 0;
+        r = p_cuMemAllocPitch(&p, &pitch, q.width, q.height, q.elem);
+        uint64_t v[2] = {p, pitch};
+        memcpy(out, v, sizeof v);
+        olen = sizeof v;
+        break;
+    }
+    case SV_OP_MEM_FREE: {
+        PAYLOAD(struct sv_u64_rec, q);
+        r = p_cuMemFree(q.v);
+        break;
+    }
+    case SV_OP_MEM_RANGE: {
+        PAYLOAD(struct sv_u64_rec, q);
+        CUdeviceptr b = 0;
+        size_t sz = 0;
+        r = p_cuMemGetAddressRange(&b, &sz, q.v);
+        uint64_t v[2] = {b, sz};
+        memcpy(out, v, sizeof v);
+        olen = sizeof v;
+        break;
+    }
+    case SV_OP_MEM_ALLOC_ASYNC: {
+        PAYLOAD(struct sv_mem_async_rec, q);
+        CUdeviceptr p = 0;
+        if ((r = stream_of(s, q.stream, &st)) == CUDA_SUCCESS)
+            r = p_cuMemAllocAsync(&p, q.v, st);
+        uint64_t v = p;
+        memcpy(out, &v, 8);
+        olen = 8;
+        break;
+    }
+    case SV_OP_MEM_FREE_ASYNC: {
+        PAYLOAD(struct sv_mem_async_rec, q);
+        if ((r = stream_of(s, q.stream, &st)) == CUDA_SUCCESS)
+            r = p_cuMemFreeAsync(q.v, st);
+        break;
+    }
+    case SV_OP_HTOD: {
+        PAYLOAD(struct sv_copy_rec, q);
+        if (q.stage >= SV_NSTAGE || q.len > SV_STAGE_BYTES)
+            return fail(s, "HtoD chunk at %llu: staging slot %u, %u bytes", (unsigned long long)s->tail, q.stage,
+                        q.len);
+        const void *src = s->sh->stage[q.stage];
+        /* From pageable memory (the staging area is, to the driver), the async copy returns once the driver
+         * took the source: the slot is free again when the call returns, on the simulator and on CUDA. */
+        if (q.async) {
+            if ((r = stream_of(s, q.stream, &st)) == CUDA_SUCCESS)
+                r = p_cuMemcpyHtoDAsync(q.dev, src, q.len, st);
+        } else {
+            r = p_cuMemcpyHtoD(q.dev, src, q.len);
+        }
+        stage_free(s, q.stage);
+        break;
+    }
+    case SV_OP_DTOH: {
+        PAYLOAD(struct sv_copy_rec, q);
+        if (q.stage >= SV_NSTAGE || q.len > SV_STAGE_BYTES)
+            return fail(s, "DtoH chunk at %llu: staging slot %u, %u bytes", (unsigned long long)s->tail, q.stage,
+                        q.len);
+        void *dst = s->sh->stage[q.stage];
+        /* Into pageable memory the async copy returns when it is done: the data is there for the client. */
+        if (q.async) {
+            if ((r = stream_of(s, q.stream, &st)) == CUDA_SUCCESS)
+                r = p_cuMemcpyDtoHAsync(dst, q.dev, q.len, st);
+        } else {
+            r = p_cuMemcpyDtoH(dst, q.dev, q.len);
+        }
+        stage_done(s, q.stage, r, q.len);
+        answered = true;
+        break;
+    }
+    case SV_OP_DTOD: {
+        PAYLOAD(struct sv_dtod_rec, q);
+        if (q.async) {
+            if ((r = stream_of(s, q.stream, &st)) == CUDA_SUCCESS)
+                r = p_cuMemcpyDtoDAsync(q.dst, q.src, q.len, st);
+        } else {
+            r = p_cuMemcpyDtoD(q.dst, q.src, q.len);
+        }
+        break;
+    }
+    case SV_OP_MEMSET: {
+        PAYLOAD(struct sv_memset_rec, q);
+        if (q.async && (r = stream_of(s, q.stream, &st)) != CUDA_SUCCESS)
+            break;
+        switch (q.elem * 2 + (q.async ? 1 : 0)) {
+        case 2: r = p_cuMemsetD8(q.dst, (unsigned char)q.val, q.n); break;
+        case 3: r = p_cuMemsetD8Async(q.dst, (unsigned char)q.val, q.n, st); break;
+        case 4: r = p_cuMemsetD16(q.dst, (unsigned short)q.val, q.n); break;
+        case 5: r = p_cuMemsetD16Async(q.dst, (unsigned short)q.val, q.n, st); break;
+        case 8: r = p_cuMemsetD32(q.dst, q.val, q.n); break;
+        case 9: r = p_cuMemsetD32Async(q.dst, q.val, q.n, st); break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+        }
+        break;
+    }
+    case SV_OP_STREAM_CREATE: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUstream h = NULL;
+        if (q.id < SV_STREAM_FIRST_ID || !id_free(s, SV_K_STREAM, q.id))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = p_cuStreamCreate(&h, q.flags)) == CUDA_SUCCESS)
+            s->tab[SV_K_STREAM][q.id] = h;
+        break;
+    }
+    case SV_OP_STREAM_DESTROY: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUstream h = q.id >= SV_STREAM_FIRST_ID ? get(s, SV_K_STREAM, q.id) : NULL;
+        if (!h) {
+            r = CUDA_ERROR_INVALID_HANDLE;
+        } else {
+            r = p_cuStreamDestroy(h);
+            s->tab[SV_K_STREAM][q.id] = NULL; /* gone either way: the client dropped the id */
+        }
+        break;
+    }
+    case SV_OP_STREAM_SYNC:
+    case SV_OP_STREAM_QUERY: {
+        PAYLOAD(struct sv_id_rec, q);
+        if ((r = stream_of(s, q.id, &st)) == CUDA_SUCCESS)
+            r = rec->op == SV_OP_STREAM_SYNC ? p_cuStreamSynchronize(st) : p_cuStreamQuery(st);
+        break;
+    }
+    case SV_OP_STREAM_WAIT_EVENT: {
+        PAYLOAD(struct sv_pair_rec, q);
+        CUevent e = get(s, SV_K_EVENT, q.b);
+        if (!e)
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = stream_of(s, q.a, &st)) == CUDA_SUCCESS)
+            r = p_cuStreamWaitEvent(st, e, q.flags);
+        break;
+    }
+    case SV_OP_STREAM_BEGIN_CAPTURE: {
+        PAYLOAD(struct sv_pair_rec, q);
+        if ((r = stream_of(s, q.a, &st)) == CUDA_SUCCESS)
+            r = p_cuStreamBeginCapture_v2(st, (CUstreamCaptureMode)q.flags);
+        break;
+    }
+    case SV_OP_STREAM_END_CAPTURE: {
+        PAYLOAD(struct sv_pair_rec, q); /* a: the stream, b: the graph's id */
+        CUgraph g = NULL;
+        if (!id_free(s, SV_K_GRAPH, q.b))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = stream_of(s, q.a, &st)) == CUDA_SUCCESS && (r = p_cuStreamEndCapture(st, &g)) == CUDA_SUCCESS)
+            s->tab[SV_K_GRAPH][q.b] = g;
+        break;
+    }
+    case SV_OP_STREAM_MEMOP: {
+        PAYLOAD(struct sv_memop_rec, q);
+        if ((r = stream_of(s, q.stream, &st)) != CUDA_SUCCESS)
+            break;
+        switch (q.kind) {
+        case 0: r = p_cuStreamWriteValue32(st, q.addr, (cuuint32_t)q.value, q.flags); break;
+        case 1: r = p_cuStreamWriteValue64(st, q.addr, q.value, q.flags); break;
+        case 2: r = p_cuStreamWaitValue32(st, q.addr, (cuuint32_t)q.value, q.flags); break;
+        case 3: r = p_cuStreamWaitValue64(st, q.addr, q.value, q.flags); break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+        }
+        break;
+    }
+    case SV_OP_EVENT_CREATE: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUevent e = NULL;
+        if (!id_free(s, SV_K_EVENT, q.id))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = p_cuEventCreate(&e, q.flags)) == CUDA_SUCCESS)
+            s->tab[SV_K_EVENT][q.id] = e;
+        break;
+    }
+    case SV_OP_EVENT_DESTROY: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUevent e = get(s, SV_K_EVENT, q.id);
+        if (!e) {
+            r = CUDA_ERROR_INVALID_HANDLE;
+        } else {
+            r = p_cuEventDestroy(e);
+            s->tab[SV_K_EVENT][q.id] = NULL;
+        }
+        break;
+    }
+    case SV_OP_EVENT_RECORD: {
+        PAYLOAD(struct sv_pair_rec, q); /* a: the event, b: the stream */
+        CUevent e = get(s, SV_K_EVENT, q.a);
+        if (!e)
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = stream_of(s, q.b, &st)) == CUDA_SUCCESS)
+            r = p_cuEventRecord(e, st);
+        break;
+    }
+    case SV_OP_EVENT_QUERY:
+    case SV_OP_EVENT_SYNC: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUevent e = get(s, SV_K_EVENT, q.id);
+        if (!e)
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else
+            r = rec->op == SV_OP_EVENT_SYNC ? p_cuEventSynchronize(e) : p_cuEventQuery(e);
+        break;
+    }
+    case SV_OP_EVENT_ELAPSED: {
+        PAYLOAD(struct sv_pair_rec, q);
+        CUevent a = get(s, SV_K_EVENT, q.a), b = get(s, SV_K_EVENT, q.b);
+        float ms = 0;
+        r = a && b ? p_cuEventElapsedTime(&ms, a, b) : CUDA_ERROR_INVALID_HANDLE;
+        memcpy(out, &ms, sizeof ms);
+        olen = sizeof ms;
+        break;
+    }
+    case SV_OP_IMAGE_CHUNK: {
+        PAYLOAD(struct sv_image_rec, q);
+        if (q.stage >= SV_NSTAGE || q.len > SV_STAGE_BYTES)
+            return fail(s, "image chunk at %llu: staging slot %u, %u bytes", (unsigned long long)s->tail, q.stage,
+                        q.len);
+        if (q.off == 0) { /* a new image */
+            drop_image(s);
+            if (q.total == 0 || q.total > SV_MAX_IMAGE)
+                r = CUDA_ERROR_INVALID_VALUE;
+            else if (!(s->image = malloc(q.total + 1)))
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            else
+                s->image_cap = q.total + 1;
+        }
+        if (r == CUDA_SUCCESS && (!s->image || s->image_cap != q.total + 1 || q.off != s->image_len ||
+                                  q.len > q.total - q.off))
+            r = CUDA_ERROR_INVALID_VALUE; /* out of sequence */
+        if (r == CUDA_SUCCESS) {
+            memcpy(s->image + q.off, s->sh->stage[q.stage], q.len);
+            s->image_len += q.len;
+            s->image[s->image_len] = 0; /* PTX is text: the driver reads up to a NUL */
+        } else {
+            drop_image(s);
+        }
+        stage_free(s, q.stage);
+        break;
+    }
+    case SV_OP_MODULE_LOAD: {
+        PAYLOAD(struct sv_load_rec, q);
+        CUmodule m = NULL;
+        if (!id_free(s, SV_K_MODULE, q.id))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = take_image(s, q.size)) == CUDA_SUCCESS && (r = p_cuModuleLoadData(&m, s->image)) == CUDA_SUCCESS)
+            s->tab[SV_K_MODULE][q.id] = m;
+        drop_image(s);
+        break;
+    }
+    case SV_OP_MODULE_UNLOAD:
+    case SV_OP_LIBRARY_UNLOAD: {
+        PAYLOAD(struct sv_id_rec, q);
+        unsigned k = rec->op == SV_OP_MODULE_UNLOAD ? SV_K_MODULE : SV_K_LIBRARY;
+        void *h = get(s, k, q.id);
+        if (!h) {
+            r = CUDA_ERROR_INVALID_HANDLE;
+        } else {
+            r = k == SV_K_MODULE ? p_cuModuleUnload(h) : p_cuLibraryUnload(h);
+            s->tab[k][q.id] = NULL;
+        }
+        break;
+    }
+    case SV_OP_LIBRARY_LOAD: {
+        PAYLOAD(struct sv_load_rec, q);
+        r = run_library_load(s, &q, out, &olen);
+        break;
+    }
+    case SV_OP_MODULE_GET_FUNCTION:
+    case SV_OP_LIBRARY_GET_KERNEL:
+    case SV_OP_KERNEL_GET_FUNCTION: {
+        PAYLOAD(struct sv_get_rec, q);
+        char name[SV_MAX_NAME];
+        const char *nm = NULL;
+        if (rec->op != SV_OP_KERNEL_GET_FUNCTION && !(nm = name_after(pl, plen, sizeof q, name, sizeof name))) {
+            r = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        unsigned k = rec->op == SV_OP_LIBRARY_GET_KERNEL ? SV_K_KERNEL : SV_K_FUNC;
+        if (!id_free(s, k, q.id)) {
+            r = CUDA_ERROR_INVALID_HANDLE;
+            break;
+        }
+        struct wlayout l;
+        if (rec->op == SV_OP_LIBRARY_GET_KERNEL) {
+            CUlibrary lib = get(s, SV_K_LIBRARY, q.owner);
+            CUkernel kern = NULL;
+            if (!lib) {
+                r = CUDA_ERROR_INVALID_HANDLE;
+                break;
+            }
+            if ((r = p_cuLibraryGetKernel(&kern, lib, nm)) != CUDA_SUCCESS ||
+                (r = layout_query(&l, NULL, kern)) != CUDA_SUCCESS)
+                break;
+            struct wkern *w = malloc(sizeof *w);
+            if (!w) {
+                layout_free(&l);
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            w->k = kern;
+            w->l = l;
+            s->tab[SV_K_KERNEL][q.id] = w;
+        } else {
+            CUfunction f = NULL;
+            if (rec->op == SV_OP_MODULE_GET_FUNCTION) {
+                CUmodule m = get(s, SV_K_MODULE, q.owner);
+                r = m ? p_cuModuleGetFunction(&f, m, nm) : CUDA_ERROR_INVALID_HANDLE;
+            } else {
+                struct wkern *kk = get(s, SV_K_KERNEL, q.owner);
+                r = kk ? p_cuKernelGetFunction(&f, kk->k) : CUDA_ERROR_INVALID_HANDLE;
+            }
+            if (r != CUDA_SUCCESS || (r = layout_query(&l, f, NULL)) != CUDA_SUCCESS)
+                break;
+            struct wfunc *w = malloc(sizeof *w);
+            if (!w) {
+                layout_free(&l);
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            w->f = f;
+            w->l = l;
+            s->tab[SV_K_FUNC][q.id] = w;
+        }
+        olen = layout_reply(&l, (struct sv_layout *)(void *)out);
+        break;
+    }
+    case SV_OP_LAUNCH:
+        if (plen < sizeof(struct sv_launch_rec))
+            return fail(s, "launch record at %llu: %u bytes, too short", (unsigned long long)s->tail, (unsigned)plen);
+        r = run_launch(s, pl, plen);
+        break;
+    case SV_OP_GRAPH_INSTANTIATE: {
+        PAYLOAD(struct sv_graph_rec, q);
+        CUgraph g = get(s, SV_K_GRAPH, q.graph);
+        CUgraphExec e = NULL;
+        if (!g || !id_free(s, SV_K_EXEC, q.exec))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = p_cuGraphInstantiateWithFlags(&e, g, q.flags)) == CUDA_SUCCESS)
+            s->tab[SV_K_EXEC][q.exec] = e;
+        break;
+    }
+    case SV_OP_GRAPH_LAUNCH: {
+        PAYLOAD(struct sv_graph_rec, q);
+        CUgraphExec e = get(s, SV_K_EXEC, q.exec);
+        if (!e)
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = stream_of(s, q.graph, &st)) == CUDA_SUCCESS) /* graph: the stream */
+            r = p_cuGraphLaunch(e, st);
+        break;
+    }
+    case SV_OP_GRAPH_EXEC_DESTROY:
+    case SV_OP_GRAPH_DESTROY: {
+        PAYLOAD(struct sv_id_rec, q);
+        unsigned k = rec->op == SV_OP_GRAPH_DESTROY ? SV_K_GRAPH : SV_K_EXEC;
+        void *h = get(s, k, q.id);
+        if (!h) {
+            r = CUDA_ERROR_INVALID_HANDLE;
+        } else {
+            r = k == SV_K_GRAPH ? p_cuGraphDestroy(h) : p_cuGraphExecDestroy(h);
+            s->tab[k][q.id] = NULL;
+        }
+        break;
+    }
+    case SV_OP_VMM_GRANULARITY:
+    case SV_OP_VMM_RESERVE:
+    case SV_OP_VMM_ADDR_FREE:
+    case SV_OP_VMM_CREATE:
+    case SV_OP_VMM_RELEASE:
+    case SV_OP_VMM_MAP:
+    case SV_OP_VMM_UNMAP: {
+        PAYLOAD(struct sv_vmm_rec, q);
+        r = run_vmm(s, rec->op, &q, out, &olen);
+        break;
+    }
+    case SV_OP_VMM_SET_ACCESS: {
+        PAYLOAD(struct sv_access_rec, q);
+        if (q.count == 0 || q.count > SV_MAX_ACCESS) {
+            r = CUDA_ERROR_INVALID_VALUE;
+            break;
+        }
+        CUmemAccessDesc d[SV_MAX_ACCESS];
+        for (uint32_t i = 0; i < q.count; i++) {
+            if (q.d[i].loc_type != CU_MEM_LOCATION_TYPE_DEVICE || q.d[i].loc_id != 0) {
+                r = CUDA_ERROR_NOT_SUPPORTED; /* the one device the application sees */
+                break;
+            }
+            d[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            d[i].location.id = W.dev;
+            d[i].flags = (CUmemAccess_flags)q.d[i].flags;
+        }
+        if (r == CUDA_SUCCESS)
+            r = p_cuMemSetAccess(q.ptr, q.size, d, q.count);
+        break;
+    }
+    default: return fail(s, "record at %llu: unknown op %u", (unsigned long long)s->tail, rec->op);
+    }
+
+    if (answered)
+        return 0;
+    if (rec->flags & SV_F_GROUP) {
+        if (r != CUDA_SUCCESS && s->group_err == CUDA_SUCCESS)
+            s->group_err = r;
+        if (!rec->reply)
+            return 0;
+        r = s->group_err;
+        s->group_err = CUDA_SUCCESS;
+    }
+    if (rec->reply) {
+        reply_done(s, rec->reply, r, out, olen);
+    } else if (r != CUDA_SUCCESS) {
+        /* An asynchronous call failed: the next synchronizing call says so (served.h). */
+        int32_t zero = 0;
+        if (atomic_compare_exchange_strong(&s->sh->h.deferred, &zero, (int32_t)r))
+            atomic_store(&s->sh->h.deferred_op, rec->op);
+    }
+    return 0;
+}
+
+/* ---- the handshake ---- */
+
+static int recv_hello(svc *s, struct sv_hello *hello, int *memfd) {
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    size_t got = 0;
+    *memfd = -1;
+    while (got < sizeof *hello) {
+        struct iovec iov = {(char *)hello + got, sizeof *hello - got};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+        ssize_t n = recvmsg(s->sock, &m, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return fail(s, "reading the client's hello: %s", strerror(errno));
+        if (n == 0)
+            return got == 0 ? 1 : fail(s, "the client closed its socket in the middle of its hello");
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < nfd; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                if (*memfd < 0)
+                    *memfd = fd;
+                else
+                    close(fd);
+            }
+        }
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+static void send_welcome(int sock, CUresult r, const char *msg) {
+    struct sv_welcome w;
+    memset(&w, 0, sizeof w);
+    w.magic = SV_MAGIC;
+    w.version = SV_VERSION;
+    w.result = (int32_t)r;
+    w.worker_pid = (int32_t)getpid();
+    snprintf(w.err, sizeof w.err, "%s", msg ? msg : "");
+    const char *p = (const char *)&w;
+    size_t left = sizeof w;
+    while (left) {
+        ssize_t n = send(sock, p, left, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return; /* the client is gone: the service ends at its first wait */
+        p += n;
+        left -= (size_t)n;
+    }
+}
+
+/* Maps the client's shared memory: 0, 1 when the client hung up before its hello, or -1. */
+static int handshake(svc *s) {
+    struct sv_hello hello;
+    int fd = -1;
+    int rc = recv_hello(s, &hello, &fd);
+    if (rc != 0) {
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    char why[200] = "";
+    struct stat st;
+    int seals;
+    if (hello.magic != SV_MAGIC || hello.version != SV_VERSION || hello.total != sizeof(struct sv_shared))
+        snprintf(why, sizeof why,
+                 "served-mode versions differ: the client speaks %#x version %u with %llu bytes of shared memory, the "
+                 "worker version %u with %zu (update both to one gpucr)",
+                 hello.magic, hello.version, (unsigned long long)hello.total, SV_VERSION, sizeof(struct sv_shared));
+    else if (fd < 0)
+        snprintf(why, sizeof why, "the client's hello came without its shared memory");
+    else if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < sizeof(struct sv_shared))
+        snprintf(why, sizeof why, "the client's shared memory holds %lld bytes, not %zu", (long long)st.st_size,
+                 sizeof(struct sv_shared));
+    else if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK))
+        snprintf(why, sizeof why, "the client's shared memory is not sealed against shrinking");
+    if (!why[0]) {
+        void *p = mmap(NULL, sizeof(struct sv_shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            snprintf(why, sizeof why, "mapping the client's shared memory: %s", strerror(errno));
+        else
+            s->sh = p;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why[0]) {
+        send_welcome(s->sock, CUDA_ERROR_INVALID_VALUE, why);
+        return fail(s, "%s", why);
+    }
+    s->tail = atomic_load(&s->sh->h.tail);
+    if (s->tail != 0 || atomic_load(&s->sh->h.head) != 0) {
+        send_welcome(s->sock, CUDA_ERROR_INVALID_VALUE, "the ring is not new");
+        return fail(s, "the client's ring is not new (head %llu, tail %llu)",
+                    (unsigned long long)atomic_load(&s->sh->h.head), (unsigned long long)s->tail);
+    }
+    send_welcome(s->sock, CUDA_SUCCESS, NULL);
+    return 0;
+}
+
+/* ---- the loop ---- */
+
+static int serve_loop(svc *s) {
+    struct sv_header *h = &s->sh->h;
+    for (;;) {
+        uint64_t head;
+        if (!wait_work(s, &head))
+            return 0;
+        if (head - s->tail > SV_RING_BYTES || (head - s->tail) % SV_REC_ALIGN)
+            return fail(s, "ring head %llu is not a record boundary past tail %llu", (unsigned long long)head,
+                        (unsigned long long)s->tail);
+        while (s->tail != head) {
+            uint32_t off = (uint32_t)(s->tail % SV_RING_BYTES);
+            struct sv_rec rec;
+            memcpy(&rec, s->sh->ring + off, sizeof rec);
+            uint64_t avail = head - s->tail;
+            if (rec.len < sizeof rec || rec.len % SV_REC_ALIGN || rec.len > SV_RING_BYTES - off || rec.len > avail)
+                return fail(s, "record at %llu: length %u (at ring offset %u, %llu bytes published)",
+                            (unsigned long long)s->tail, rec.len, off, (unsigned long long)avail);
+            /* The payload stays in the ring (the slot is ours until tail moves): launches' parameters are read there. */
+            if (run_record(s, &rec, s->sh->ring + off + sizeof rec, rec.len - (uint32_t)sizeof rec) != 0)
+                return -1;
+            s->tail += rec.len;
+            atomic_store_explicit(&h->tail, s->tail, memory_order_seq_cst);
+            if (atomic_load_explicit(&h->room_wait, memory_order_seq_cst) && atomic_exchange(&h->room_wait, 0)) {
+                atomic_fetch_add(&h->room_seq, 1);
+                futex_wake(&h->room_seq);
+            }
+        }
+    }
+}
+
 int sv_serve(int sock, char *err, size_t errlen) {
-    (void)sock;
-    snprintf(err, errlen, "served mode: not built yet");
-    return -1;
+    svc s;
+    memset(&s, 0, sizeof s);
+    s.sock = sock;
+    s.err = err;
+    s.errlen = errlen;
+    if (!W.prepared)
+        return fail(&s, "sv_serve before sv_prepare");
+    for (unsigned k = 0; k < SV_K_COUNT; k++)
+        if (!(s.tab[k] = calloc(sv_cap(k), sizeof(void *)))) {
+            for (unsigned j = 0; j < k; j++)
+                free(s.tab[j]);
+            return fail(&s, "out of memory for the handle tables");
+        }
+    int rc = handshake(&s);
+    if (rc == 1)
+        rc = 0; /* the client left before it said anything */
+    else if (rc == 0)
+        rc = serve_loop(&s);
+    /* The worker ends with its client: the driver frees the context's objects at the exit. */
+    if (s.sh)
+        munmap(s.sh, sizeof(struct sv_shared));
+    drop_image(&s);
+    for (unsigned k = 0; k < SV_K_COUNT; k++) {
+        if (k == SV_K_FUNC || k == SV_K_KERNEL)
+            for (uint32_t i = 0; i < sv_cap(k); i++)
+                if (s.tab[k][i]) {
+                    struct wfunc *f = s.tab[k][i]; /* wkern has the same shape after its handle */
+                    layout_free(k == SV_K_FUNC ? &f->l : &((struct wkern *)s.tab[k][i])->l);
+                    free(s.tab[k][i]);
+                }
+        free(s.tab[k]);
+    }
+    return rc;
 }

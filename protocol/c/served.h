@@ -1,0 +1,324 @@
+/*
+ * Served mode's shared memory (docs/served-mode.md): the layout that the
+ * served-mode client library (intercept/served, the application's
+ * libcuda.so.1) and the worker's executor (helper/served/exec.c) both map.
+ *
+ * The client makes one memfd of sizeof(struct sv_shared), sealed against
+ * shrinking, and sends it over the socket the helper gave it (SCM_RIGHTS,
+ * with struct sv_hello); the worker checks its size, seals and version,
+ * maps it and answers struct sv_welcome. From then on:
+ *
+ * - ring: a byte ring of variable-length records (struct sv_rec, then the
+ *   op's payload), each a multiple of SV_REC_ALIGN bytes and never wrapping
+ *   (a SV_OP_PAD record fills the end). Application threads take turns as
+ *   producers (a lock in the client); head counts the bytes published
+ *   (client), tail those consumed (worker). One worker thread runs the
+ *   records in order, so calls keep the order the application made them in.
+ * - replies: a synchronous call claims a reply slot, names it in its record
+ *   (reply = slot + 1), and waits for state to become SV_DONE.
+ * - stage: copy data, in chunks of at most SV_STAGE_BYTES, one slot each.
+ *
+ * Waiting on either side: spin briefly, then announce the wait in a flag,
+ * fence, look again, and futex-wait (with a timeout, to notice the other
+ * side's death on the socket). The other side stores, fences and wakes only
+ * if the flag is set, so an enqueue is a syscall only when the worker parked.
+ *
+ * Nothing the worker reads here is trusted: every offset, length, id, count
+ * and slot number is checked before it is used, after it was copied out of
+ * the shared memory (the client may change it at any time).
+ */
+#ifndef GPUCR_PROTOCOL_SERVED_H
+#define GPUCR_PROTOCOL_SERVED_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SV_MAGIC 0x31565347u /* "GSV1" */
+#define SV_VERSION 1u
+
+#define SV_RING_BYTES (4u << 20)  /* the record ring */
+#define SV_NREPLY 64u             /* reply slots: synchronous calls in flight at once */
+#define SV_REPLY_DATA 4096u       /* the most a reply carries */
+#define SV_NSTAGE 16u             /* staging slots */
+#define SV_STAGE_BYTES (1u << 20) /* one staging slot: a copy's chunk */
+#define SV_REC_ALIGN 16u
+#define SV_MAX_PARAM_BYTES 32768u /* kernel parameters (CUDA allows 32764) */
+#define SV_MAX_PARAMS 511u        /* what a layout reply holds */
+#define SV_MAX_IMAGE (1ull << 31) /* a module or library image */
+#define SV_MAX_NAME 4096u         /* a kernel's (mangled) name, NUL included */
+#define SV_MAX_JIT 16u            /* JIT options of cuLibraryLoadData */
+#define SV_MAX_ACCESS 8u          /* access descriptors of cuMemSetAccess */
+
+/* Virtual handles: the kinds, and how many of each a process may hold at once. */
+enum sv_kind {
+    SV_K_MODULE = 0,
+    SV_K_FUNC,
+    SV_K_LIBRARY,
+    SV_K_KERNEL,
+    SV_K_STREAM,
+    SV_K_EVENT,
+    SV_K_GRAPH,
+    SV_K_EXEC,
+    SV_K_COUNT
+};
+#define SV_CAP_MODULE (1u << 14)
+#define SV_CAP_FUNC (1u << 16)
+#define SV_CAP_LIBRARY (1u << 14)
+#define SV_CAP_KERNEL (1u << 16)
+#define SV_CAP_STREAM (1u << 14)
+#define SV_CAP_EVENT (1u << 16)
+#define SV_CAP_GRAPH (1u << 12)
+#define SV_CAP_EXEC (1u << 12)
+static inline uint32_t sv_cap(unsigned kind) {
+    static const uint32_t caps[SV_K_COUNT] = {SV_CAP_MODULE, SV_CAP_FUNC,  SV_CAP_LIBRARY, SV_CAP_KERNEL,
+                                              SV_CAP_STREAM, SV_CAP_EVENT, SV_CAP_GRAPH,   SV_CAP_EXEC};
+    return kind < SV_K_COUNT ? caps[kind] : 0;
+}
+/* A stream in a record: the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, else a stream id (>= 3). */
+#define SV_STREAM_NULL 0u
+#define SV_STREAM_LEGACY 1u
+#define SV_STREAM_PER_THREAD 2u
+#define SV_STREAM_FIRST_ID 3u
+
+/* Reply and staging slot states (futex words). */
+enum { SV_FREE = 0, SV_PENDING = 1, SV_DONE = 2 };
+
+struct sv_header {
+    uint32_t magic, version;
+    uint64_t total; /* sizeof(struct sv_shared) */
+    int32_t client_pid;
+    uint32_t pad0;
+    _Alignas(64) _Atomic uint64_t head; /* bytes published (client) */
+    _Alignas(64) _Atomic uint64_t tail; /* bytes consumed (worker) */
+    _Alignas(64) _Atomic uint32_t wsleep; /* the worker parked, or is about to */
+    _Atomic uint32_t wseq;                /* its futex word */
+    _Alignas(64) _Atomic uint32_t room_wait; /* a producer waits for room in the ring */
+    _Atomic uint32_t room_seq;
+    _Alignas(64) _Atomic uint32_t stage_wait; /* a thread waits for a free staging slot */
+    _Atomic uint32_t stage_seq;
+    /* The first failure of an asynchronous call (CUresult, 0: none) and its op: the next synchronizing call
+     * returns it (the worker sets it, the client takes it). */
+    _Alignas(64) _Atomic int32_t deferred;
+    _Atomic uint32_t deferred_op;
+};
+
+struct sv_reply {
+    _Alignas(64) _Atomic uint32_t state; /* SV_PENDING (client) -> SV_DONE (worker) */
+    _Atomic uint32_t waiting;            /* the client sleeps on state */
+    int32_t result;                      /* CUresult */
+    uint32_t len;                        /* bytes of data */
+    uint8_t data[SV_REPLY_DATA];
+};
+
+struct sv_stagehdr {
+    /* SV_FREE; SV_PENDING: the client's (filling it, or waiting for data); SV_DONE: data for the client */
+    _Alignas(64) _Atomic uint32_t state;
+    _Atomic uint32_t waiting;
+    int32_t result;
+    uint32_t len;
+};
+
+struct sv_shared {
+    struct sv_header h;
+    struct sv_reply reply[SV_NREPLY];
+    struct sv_stagehdr stagehdr[SV_NSTAGE];
+    _Alignas(4096) uint8_t ring[SV_RING_BYTES];
+    _Alignas(4096) uint8_t stage[SV_NSTAGE][SV_STAGE_BYTES];
+};
+
+/* The socket handshake: the client's hello (the memfd attached), the worker's answer. */
+struct sv_hello {
+    uint32_t magic, version;
+    uint64_t total;
+    int32_t client_pid;
+    uint32_t pad;
+};
+struct sv_welcome {
+    uint32_t magic, version;
+    int32_t result; /* CUresult: 0, or why the worker refuses (then err says it) */
+    int32_t worker_pid;
+    char err[240];
+};
+
+/* ---- records ---- */
+
+struct sv_rec {
+    uint16_t op;
+    uint16_t flags;
+    uint32_t len;   /* the whole record, header included: a multiple of SV_REC_ALIGN */
+    uint32_t reply; /* reply slot + 1; 0: none (an asynchronous call) */
+    uint32_t pad;
+};
+#define SV_F_GROUP 0x1u /* a chunk of a multi-chunk synchronous copy: its failure goes to the group's reply */
+
+enum sv_op {
+    SV_OP_PAD = 0,
+    SV_OP_QUERY,
+    SV_OP_PRIMARY_SET_FLAGS,
+    SV_OP_CTX_SYNC,
+    SV_OP_MEM_ALLOC,
+    SV_OP_MEM_ALLOC_PITCH,
+    SV_OP_MEM_FREE,
+    SV_OP_MEM_RANGE,
+    SV_OP_MEM_ALLOC_ASYNC,
+    SV_OP_MEM_FREE_ASYNC,
+    SV_OP_HTOD,
+    SV_OP_DTOH,
+    SV_OP_DTOD,
+    SV_OP_MEMSET,
+    SV_OP_STREAM_CREATE,
+    SV_OP_STREAM_DESTROY,
+    SV_OP_STREAM_SYNC,
+    SV_OP_STREAM_QUERY,
+    SV_OP_STREAM_WAIT_EVENT,
+    SV_OP_STREAM_BEGIN_CAPTURE,
+    SV_OP_STREAM_END_CAPTURE,
+    SV_OP_STREAM_MEMOP,
+    SV_OP_EVENT_CREATE,
+    SV_OP_EVENT_DESTROY,
+    SV_OP_EVENT_RECORD,
+    SV_OP_EVENT_QUERY,
+    SV_OP_EVENT_SYNC,
+    SV_OP_EVENT_ELAPSED,
+    SV_OP_IMAGE_CHUNK,
+    SV_OP_MODULE_LOAD,
+    SV_OP_MODULE_UNLOAD,
+    SV_OP_MODULE_GET_FUNCTION,
+    SV_OP_LIBRARY_LOAD,
+    SV_OP_LIBRARY_UNLOAD,
+    SV_OP_LIBRARY_GET_KERNEL,
+    SV_OP_KERNEL_GET_FUNCTION,
+    SV_OP_LAUNCH,
+    SV_OP_GRAPH_INSTANTIATE,
+    SV_OP_GRAPH_LAUNCH,
+    SV_OP_GRAPH_EXEC_DESTROY,
+    SV_OP_GRAPH_DESTROY,
+    SV_OP_VMM_GRANULARITY,
+    SV_OP_VMM_RESERVE,
+    SV_OP_VMM_ADDR_FREE,
+    SV_OP_VMM_CREATE,
+    SV_OP_VMM_RELEASE,
+    SV_OP_VMM_MAP,
+    SV_OP_VMM_UNMAP,
+    SV_OP_VMM_SET_ACCESS,
+    SV_OP_COUNT
+};
+
+/* SV_OP_QUERY: what, and its reply's data. */
+enum sv_query {
+    SV_Q_NAME = 1,       /* string */
+    SV_Q_ATTR,           /* arg: the attribute; int32 */
+    SV_Q_BUSID,          /* string */
+    SV_Q_TOTALMEM,       /* uint64 */
+    SV_Q_UUID,           /* 16 bytes */
+    SV_Q_DRIVER_VERSION, /* int32 */
+    SV_Q_MEMINFO,        /* uint64 free, total */
+    SV_Q_PRIMARY_STATE   /* uint32 flags, int32 active */
+};
+struct sv_query_rec {
+    uint32_t what;
+    int32_t arg;
+};
+struct sv_u64_rec {
+    uint64_t v;
+};
+struct sv_pitch_rec {
+    uint64_t width, height;
+    uint32_t elem, pad;
+};
+struct sv_mem_async_rec {
+    uint64_t v; /* size (alloc) or pointer (free) */
+    uint32_t stream, pad;
+};
+/* SV_OP_HTOD / SV_OP_DTOH: one chunk through staging slot stage. */
+struct sv_copy_rec {
+    uint64_t dev;
+    uint32_t stream, stage, len, async;
+};
+struct sv_dtod_rec {
+    uint64_t dst, src, len;
+    uint32_t stream, async;
+};
+struct sv_memset_rec {
+    uint64_t dst, n;
+    uint32_t val, elem, stream, async;
+};
+struct sv_id_rec {
+    uint32_t id, flags; /* flags: of a creation */
+};
+struct sv_pair_rec {
+    uint32_t a, b; /* stream and event, event and stream, ... as each op says */
+    uint32_t flags, pad;
+};
+struct sv_memop_rec {
+    uint64_t addr, value;
+    uint32_t stream, kind, flags, pad; /* kind: 0 write32, 1 write64, 2 wait32, 3 wait64 */
+};
+struct sv_image_rec {
+    uint64_t off, total;
+    uint32_t stage, len;
+};
+struct sv_load_rec {
+    uint64_t size;
+    uint32_t id, njit;
+    uint32_t jit_opt[SV_MAX_JIT];
+    uint64_t jit_val[SV_MAX_JIT];
+};
+/* SV_OP_MODULE_GET_FUNCTION (id: the function, owner: the module), SV_OP_LIBRARY_GET_KERNEL (id: the kernel,
+ * owner: the library), SV_OP_KERNEL_GET_FUNCTION (id: the function, owner: the kernel; no name). The name,
+ * NUL-terminated, follows. The reply: struct sv_layout. */
+struct sv_get_rec {
+    uint32_t id, owner;
+};
+struct sv_layout {
+    uint32_t n, bytes;
+    struct {
+        uint32_t off, size;
+    } p[SV_MAX_PARAMS];
+};
+/* SV_OP_LAUNCH: nbytes of parameters follow, laid out as the function's layout says (extra == 0), or the
+ * buffer of CU_LAUNCH_PARAM_BUFFER_POINTER as the application gave it (extra == 1). */
+struct sv_launch_rec {
+    uint32_t func, kernel; /* kernel: func names a kernel (a CUkernel launched as a function) */
+    uint32_t grid[3], block[3];
+    uint32_t shmem, stream, extra, cooperative, nbytes, pad;
+};
+struct sv_graph_rec {
+    uint32_t exec, graph;
+    uint64_t flags;
+};
+struct sv_vmm_rec {
+    uint64_t a, b, c, d, e; /* as each op says: ptr, size, alignment or offset, address or handle, flags */
+    uint32_t loc_type, handle_types;
+    int32_t loc_id;
+    uint32_t option;
+};
+struct sv_access_rec {
+    uint64_t ptr, size;
+    uint32_t count, pad;
+    struct {
+        uint32_t loc_type;
+        int32_t loc_id;
+        uint32_t flags;
+    } d[SV_MAX_ACCESS];
+};
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2, "shared atomics must be lock-free");
+_Static_assert(sizeof(struct sv_rec) == 16, "record header");
+_Static_assert(SV_REC_ALIGN % _Alignof(uint64_t) == 0, "records keep their 8-byte fields aligned");
+_Static_assert(sizeof(struct sv_header) == 7 * 64, "the header's cache lines");
+_Static_assert(sizeof(struct sv_reply) == 64 + SV_REPLY_DATA, "a reply slot");
+_Static_assert(sizeof(struct sv_stagehdr) == 64, "a staging slot's header");
+_Static_assert(sizeof(struct sv_layout) <= SV_REPLY_DATA, "a layout fits a reply");
+_Static_assert(offsetof(struct sv_shared, ring) % 4096 == 0 && offsetof(struct sv_shared, stage) % 4096 == 0,
+               "page-aligned ring and staging");
+_Static_assert(sizeof(struct sv_shared) ==
+                   offsetof(struct sv_shared, stage) + (size_t)SV_NSTAGE * SV_STAGE_BYTES,
+               "the shared memory's size");
+_Static_assert(sizeof(struct sv_hello) == 24 && sizeof(struct sv_welcome) == 256, "handshake messages");
+_Static_assert(SV_RING_BYTES % SV_REC_ALIGN == 0 && (SV_RING_BYTES & (SV_RING_BYTES - 1)) == 0, "ring size");
+_Static_assert(sizeof(struct sv_rec) + sizeof(struct sv_launch_rec) + SV_MAX_PARAM_BYTES < SV_RING_BYTES / 4,
+               "a launch fits the ring many times over");
+
+#endif
