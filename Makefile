@@ -39,14 +39,20 @@ INTERCEPT_SRC := $(wildcard intercept/src/*.c)
 INTERCEPT_HDR := $(wildcard intercept/src/*.h) include/gpucr/cudadrv.h $(PROTO_C_HDR)
 INTERCEPT     := $(BUILD)/lib/libgpucr.so
 INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
+# Served mode's client library: the application's libcuda.so.1 when a worker
+# runs its GPU calls (docs/served-mode.md); its own directory, since
+# intercept/src's layering tests cover that one.
+SERVED_SRC := $(wildcard intercept/served/*.c)
+SERVED_HDR := $(wildcard intercept/served/*.h) protocol/c/served.h include/gpucr/cudadrv.h $(PROTO_C_HDR)
+SERVED     := $(BUILD)/lib/served/libcuda.so.1
 # C sources in a directory of their own: the Go test beside them (tests/intercept)
 # would otherwise make the go tool take the directory for a cgo package.
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
 GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.*' 2>/dev/null) go.mod go.sum
 
-.PHONY: all sim apps gpucr imagebench tools intercept clean demo test deps gpu-apps fmt vet proto plugin install uninstall man fmt-c lint-c fuzz
+.PHONY: all sim apps gpucr imagebench tools intercept served clean demo test deps gpu-apps fmt vet proto plugin install uninstall man fmt-c lint-c fuzz
 
-all: gpucr imagebench sim apps $(DRVTEST) intercept plugin
+all: gpucr imagebench sim apps $(DRVTEST) intercept served plugin
 
 sim: $(SIM_LIB)
 apps: $(APPS)
@@ -54,6 +60,7 @@ gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
 tools: $(TOOLS)
 intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
+served: $(SERVED)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
 # linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
@@ -71,6 +78,14 @@ $(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) $(PROTO_C_SRC) Makefile
 	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
 		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) $(PROTO_C_SRC) \
 		-lprotobuf-c -ldl -lpthread
+
+# Served mode's libcuda.so.1: only driver entry points are exported
+# (-fvisibility=hidden, SV_API); protobuf-c is found beside it too ($$ORIGIN).
+$(SERVED): $(SERVED_SRC) $(SERVED_HDR) $(PROTO_C_SRC) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..' -o $@ \
+		$(SERVED_SRC) $(PROTO_C_SRC) -lprotobuf-c -lpthread
 
 # The CRIU plugin. Built against CRIU's public criu-plugin.h only (-isystem:
 # its inline dummies have unused parameters); only CR_PLUGIN_DESC is exported.
@@ -183,7 +198,8 @@ gpu-apps:
 # cgo: the helper dlopen()s the driver (helper/cuda) and NVML (go-nvml), so
 # gpucr is linked dynamically against glibc. go-nvml's header declares many
 # deprecated functions; their warnings are noise here.
-HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h) include/gpucr/cudadrv.h
+HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h helper/served/*.c helper/served/*.h) include/gpucr/cudadrv.h \
+	protocol/c/served.h
 $(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 	@mkdir -p $(@D)
 	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) build -trimpath -o $@ ./helper/cmd/gpucr

@@ -227,7 +227,6 @@ typedef struct {
     uint64_t tail;
     uint8_t *image; /* a module or library image being sent, SV_OP_IMAGE_CHUNK */
     uint64_t image_len, image_cap;
-    CUresult group_err; /* the first failure among a synchronous copy's chunks */
     char *err;
     size_t errlen;
 } svc;
@@ -1067,16 +1066,15 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
 
     if (answered)
         return 0;
-    if (rec->flags & SV_F_GROUP) {
-        if (r != CUDA_SUCCESS && s->group_err == CUDA_SUCCESS)
-            s->group_err = r;
-        if (!rec->reply)
-            return 0;
-        r = s->group_err;
-        s->group_err = CUDA_SUCCESS;
-    }
     if (rec->reply) {
-        reply_done(s, rec->reply, r, out, olen);
+        struct sv_reply *rp = &s->sh->reply[rec->reply - 1];
+        int32_t prev = rp->result; /* the first failure of the group's earlier records (the client zeroes it) */
+        if (rec->flags & SV_F_GROUP) {
+            if (r != CUDA_SUCCESS && prev == 0)
+                rp->result = (int32_t)r;
+            return 0; /* the group's last record answers */
+        }
+        reply_done(s, rec->reply, prev ? (CUresult)prev : r, out, olen);
     } else if (r != CUDA_SUCCESS) {
         /* An asynchronous call failed: the next synchronizing call says so (served.h). */
         int32_t zero = 0;

@@ -150,7 +150,9 @@ struct sv_rec {
     uint32_t reply; /* reply slot + 1; 0: none (an asynchronous call) */
     uint32_t pad;
 };
-#define SV_F_GROUP 0x1u /* a chunk of a multi-chunk synchronous copy: its failure goes to the group's reply */
+/* A record of a group that one reply answers (a synchronous copy's chunks, an image's chunks before its load):
+ * its failure is kept in the reply slot, and the group's last record (without the flag) answers. */
+#define SV_F_GROUP 0x1u
 
 enum sv_op {
     SV_OP_PAD = 0,

@@ -1,0 +1,1337 @@
+/*
+ * The forwarded entry points (client.h). The application sees one device
+ * (ordinal 0: the worker's) and its primary context; every other object is
+ * a virtual handle (handles.c). Asynchronous calls are enqueued and return;
+ * their failures come back at the next synchronizing call (the
+ * synchronizations, queries and synchronous copies and memsets), as a
+ * launch's would on the driver.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+/* The primary context, as the application sees it; which thread has it current; its retains. */
+#define SV_CTX ((CUcontext)sv_handle(0xcc, 1))
+static _Thread_local bool cur;
+static _Atomic int retained;
+
+static inline CUresult need_ctx(void) {
+    if (__builtin_expect(atomic_load_explicit(&sv_up, memory_order_relaxed) == 1 && cur, 1))
+        return CUDA_SUCCESS;
+    CUresult r = sv_ready();
+    return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+#define NEED_CTX()                                                                                                     \
+    do {                                                                                                               \
+        CUresult r_ = need_ctx();                                                                                      \
+        if (r_ != CUDA_SUCCESS)                                                                                        \
+            return r_;                                                                                                 \
+    } while (0)
+#define NEED_INIT()                                                                                                    \
+    do {                                                                                                               \
+        CUresult r_ = sv_ready();                                                                                      \
+        if (r_ != CUDA_SUCCESS)                                                                                        \
+            return r_;                                                                                                 \
+    } while (0)
+#define NEED_DEV(dev)                                                                                                  \
+    do {                                                                                                               \
+        NEED_INIT();                                                                                                   \
+        if ((dev) != 0)                                                                                                \
+            return CUDA_ERROR_INVALID_DEVICE;                                                                          \
+    } while (0)
+
+static CUresult stream_arg(CUstream h, uint32_t *out) {
+    if (h == NULL)
+        *out = SV_STREAM_NULL;
+    else if (h == CU_STREAM_LEGACY)
+        *out = SV_STREAM_LEGACY;
+    else if (h == CU_STREAM_PER_THREAD)
+        *out = SV_STREAM_PER_THREAD;
+    else if (!(*out = sv_id(SV_K_STREAM, h)))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_SUCCESS;
+}
+
+static CUresult query(unsigned what, int arg, void *out, uint32_t cap, uint32_t *len) {
+    struct sv_query_rec q = {what, arg};
+    return sv_sync(SV_OP_QUERY, &q, sizeof q, out, cap, len, false);
+}
+
+/* ---- initialization, devices ---- */
+
+SV_API CUresult cuInit(unsigned int flags) {
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return sv_connect();
+}
+
+SV_API CUresult cuDriverGetVersion(int *v) {
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (sv_ready() != CUDA_SUCCESS) {
+        *v = GPUCR_CUDA_API_VERSION; /* before cuInit: the version this library implements */
+        return CUDA_SUCCESS;
+    }
+    int32_t x = 0;
+    CUresult r = query(SV_Q_DRIVER_VERSION, 0, &x, sizeof x, NULL);
+    if (r == CUDA_SUCCESS)
+        *v = x;
+    return r;
+}
+
+SV_API CUresult cuDeviceGetCount(int *count) {
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    *count = 1; /* the worker's device */
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(ordinal);
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult string_query(unsigned what, char *out, int len, CUdevice dev) {
+    if (!out || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    char buf[256];
+    uint32_t n = 0;
+    CUresult r = query(what, 0, buf, sizeof buf - 1, &n);
+    if (r != CUDA_SUCCESS)
+        return r;
+    buf[n < sizeof buf ? n : sizeof buf - 1] = 0;
+    snprintf(out, (size_t)len, "%s", buf);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) { return string_query(SV_Q_NAME, name, len, dev); }
+SV_API CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev) {
+    return string_query(SV_Q_BUSID, bus, len, dev);
+}
+
+SV_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    int32_t v = 0;
+    CUresult r = query(SV_Q_ATTR, (int)attrib, &v, sizeof v, NULL);
+    if (r == CUDA_SUCCESS)
+        *pi = v;
+    return r;
+}
+
+SV_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    uint64_t v = 0;
+    CUresult r = query(SV_Q_TOTALMEM, 0, &v, sizeof v, NULL);
+    if (r == CUDA_SUCCESS)
+        *bytes = (size_t)v;
+    return r;
+}
+
+SV_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    return query(SV_Q_UUID, 0, uuid, sizeof *uuid, NULL);
+}
+
+SV_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+SV_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+SV_API CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+    if (!can)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    (void)peer;
+    return CUDA_ERROR_INVALID_DEVICE; /* one device: no peer (peer access is not served) */
+}
+
+/* ---- contexts: the primary one only ---- */
+
+SV_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    atomic_fetch_add(&retained, 1);
+    *pctx = SV_CTX;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    NEED_DEV(dev);
+    int n = atomic_load(&retained);
+    do {
+        if (n <= 0)
+            return CUDA_ERROR_INVALID_CONTEXT;
+    } while (!atomic_compare_exchange_weak(&retained, &n, n - 1));
+    /* The worker keeps its context: the process's objects live on, as they would until the driver reset it. */
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_DEV(dev);
+    uint32_t v[2] = {0, 0};
+    CUresult r = query(SV_Q_PRIMARY_STATE, 0, v, sizeof v, NULL);
+    if (r == CUDA_SUCCESS) {
+        *flags = v[0];
+        *active = atomic_load(&retained) > 0;
+    }
+    return r;
+}
+
+SV_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+    NEED_DEV(dev);
+    struct sv_id_rec q = {0, flags};
+    return sv_sync(SV_OP_PRIMARY_SET_FLAGS, &q, sizeof q, NULL, 0, NULL, false);
+}
+
+SV_API CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    *pctx = cur ? SV_CTX : NULL;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+    NEED_INIT();
+    if (ctx != NULL && ctx != SV_CTX)
+        return CUDA_ERROR_INVALID_CONTEXT; /* no context but the primary one is served */
+    cur = ctx != NULL;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuCtxGetDevice(CUdevice *device) {
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    *device = 0;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuCtxSynchronize(void) {
+    NEED_CTX();
+    return sv_sync(SV_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, true);
+}
+
+/* ---- memory ---- */
+
+static CUresult alloc_reply(unsigned op, const void *q, uint32_t qlen, CUdeviceptr *dptr, uint64_t size) {
+    uint64_t p = 0;
+    CUresult r = sv_sync(op, q, qlen, &p, sizeof p, NULL, false);
+    if (r == CUDA_SUCCESS) {
+        *dptr = p;
+        sv_range_add(p, size);
+    }
+    return r;
+}
+
+SV_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_u64_rec q = {bytesize};
+    return alloc_reply(SV_OP_MEM_ALLOC, &q, sizeof q, dptr, bytesize);
+}
+
+SV_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+    if (!dptr || !pitch)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_pitch_rec q = {width, height, elem, 0};
+    uint64_t v[2];
+    CUresult r = sv_sync(SV_OP_MEM_ALLOC_PITCH, &q, sizeof q, v, sizeof v, NULL, false);
+    if (r == CUDA_SUCCESS) {
+        *dptr = v[0];
+        *pitch = (size_t)v[1];
+        sv_range_add(v[0], v[1] * height);
+    }
+    return r;
+}
+
+SV_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    NEED_CTX();
+    struct sv_u64_rec q = {dptr};
+    CUresult r = sv_sync(SV_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, false);
+    if (r == CUDA_SUCCESS)
+        sv_range_del(dptr);
+    return r;
+}
+
+SV_API CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
+    if (!free_ || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    uint64_t v[2];
+    CUresult r = query(SV_Q_MEMINFO, 0, v, sizeof v, NULL);
+    if (r == CUDA_SUCCESS) {
+        *free_ = (size_t)v[0];
+        *total = (size_t)v[1];
+    }
+    return r;
+}
+
+SV_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+    NEED_CTX();
+    struct sv_u64_rec q = {dptr};
+    uint64_t v[2];
+    CUresult r = sv_sync(SV_OP_MEM_RANGE, &q, sizeof q, v, sizeof v, NULL, false);
+    if (r == CUDA_SUCCESS) {
+        if (pbase)
+            *pbase = v[0];
+        if (psize)
+            *psize = (size_t)v[1];
+    }
+    return r;
+}
+
+SV_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h) {
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_mem_async_rec q = {bytesize, 0, 0};
+    CUresult r = stream_arg(h, &q.stream);
+    return r != CUDA_SUCCESS ? r : alloc_reply(SV_OP_MEM_ALLOC_ASYNC, &q, sizeof q, dptr, bytesize);
+}
+
+SV_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
+    NEED_CTX();
+    struct sv_mem_async_rec q = {dptr, 0, 0};
+    CUresult r = stream_arg(h, &q.stream);
+    if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_MEM_FREE_ASYNC, &q, sizeof q)) != CUDA_SUCCESS)
+        return r;
+    sv_range_del(dptr);
+    return CUDA_SUCCESS;
+}
+
+#define HOST_MEM_WHY                                                                                                   \
+    "pinned host memory would have to be shared memory that the worker maps too; served mode does not have it yet"
+SV_API CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+    (void)pp;
+    (void)bytesize;
+    SV_REFUSE(HOST_MEM_WHY);
+}
+SV_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
+    (void)pp;
+    (void)bytesize;
+    (void)flags;
+    SV_REFUSE(HOST_MEM_WHY);
+}
+SV_API CUresult cuMemFreeHost(void *p) {
+    (void)p;
+    SV_REFUSE(HOST_MEM_WHY);
+}
+SV_API CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags) {
+    (void)p;
+    (void)bytesize;
+    (void)flags;
+    SV_REFUSE(HOST_MEM_WHY);
+}
+SV_API CUresult cuMemHostUnregister(void *p) {
+    (void)p;
+    SV_REFUSE(HOST_MEM_WHY);
+}
+
+/* ---- copies, through the staging slots ---- */
+
+/* Host to device: each chunk is copied into a staging slot here. Async: returns once all are staged. */
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint32_t stream, bool async) {
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!src)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint32_t reply = 0;
+    CUresult r;
+    if (!async && (r = sv_reply_claim(&reply)) != CUDA_SUCCESS)
+        return r;
+    r = CUDA_SUCCESS;
+    for (size_t off = 0; off < n && r == CUDA_SUCCESS;) {
+        size_t len = n - off < SV_STAGE_BYTES ? n - off : SV_STAGE_BYTES;
+        uint32_t slot;
+        if ((r = sv_stage_claim(&slot)) != CUDA_SUCCESS)
+            break;
+        memcpy(sv_sh->stage[slot], (const char *)src + off, len);
+        bool last = off + len == n;
+        sv_slot s;
+        r = sv_begin(&s, SV_OP_HTOD, sizeof(struct sv_rec) + sizeof(struct sv_copy_rec), async ? 0 : reply + 1,
+                     async || last ? 0 : SV_F_GROUP);
+        if (r != CUDA_SUCCESS)
+            break;
+        struct sv_copy_rec q = {dst + off, stream, slot, (uint32_t)len, async};
+        memcpy(s.payload, &q, sizeof q);
+        sv_commit(&s);
+        off += len;
+    }
+    if (!async) {
+        if (r == CUDA_SUCCESS)
+            r = sv_reply_wait(reply, NULL, 0, NULL);
+        sv_reply_release(reply);
+        r = sv_take_deferred(r);
+    }
+    return r;
+}
+
+#define DTOH_INFLIGHT 4u
+
+/* Device to host (pageable: done when it returns), a few chunks in flight. */
+static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct {
+        uint32_t slot;
+        size_t off, len;
+    } q[DTOH_INFLIGHT];
+    unsigned qh = 0, qn = 0;
+    size_t off = 0;
+    CUresult r = CUDA_SUCCESS;
+    while ((off < n && r == CUDA_SUCCESS) || qn) {
+        uint32_t slot;
+        /* A thread that holds filled slots empties one before it waits for another: no two wait on each other. */
+        if (off < n && r == CUDA_SUCCESS && qn < DTOH_INFLIGHT &&
+            (sv_stage_try(&slot) || (qn == 0 && (r = sv_stage_claim(&slot)) == CUDA_SUCCESS))) {
+            size_t len = n - off < SV_STAGE_BYTES ? n - off : SV_STAGE_BYTES;
+            sv_slot s;
+            r = sv_begin(&s, SV_OP_DTOH, sizeof(struct sv_rec) + sizeof(struct sv_copy_rec), 0, 0);
+            if (r != CUDA_SUCCESS) {
+                sv_stage_release(slot);
+                continue;
+            }
+            struct sv_copy_rec c = {src + off, stream, slot, (uint32_t)len, async};
+            memcpy(s.payload, &c, sizeof c);
+            sv_commit(&s);
+            unsigned at = (qh + qn) % DTOH_INFLIGHT;
+            q[at].slot = slot;
+            q[at].off = off;
+            q[at].len = len;
+            qn++;
+            off += len;
+            continue;
+        }
+        if (!qn)
+            break;
+        CUresult rr = sv_stage_wait(q[qh].slot);
+        if (rr == SV_GONE)
+            return rr;
+        if (rr == CUDA_SUCCESS && r == CUDA_SUCCESS)
+            memcpy((char *)dst + q[qh].off, sv_sh->stage[q[qh].slot], q[qh].len);
+        else if (r == CUDA_SUCCESS)
+            r = rr;
+        sv_stage_release(q[qh].slot);
+        qh = (qh + 1) % DTOH_INFLIGHT;
+        qn--;
+    }
+    return sv_take_deferred(r);
+}
+
+static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
+    struct sv_dtod_rec q = {dst, src, n, stream, async};
+    return async ? sv_async(SV_OP_DTOD, &q, sizeof q) : sv_sync(SV_OP_DTOD, &q, sizeof q, NULL, 0, NULL, true);
+}
+
+SV_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    NEED_CTX();
+    return htod(dst, src, n, SV_STREAM_NULL, false);
+}
+
+SV_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    NEED_CTX();
+    return dtoh(dst, src, n, SV_STREAM_NULL, false);
+}
+
+SV_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    NEED_CTX();
+    return dtod(dst, src, n, SV_STREAM_NULL, false);
+}
+
+SV_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+    NEED_CTX();
+    uint32_t st;
+    CUresult r = stream_arg(h, &st);
+    return r != CUDA_SUCCESS ? r : htod(dst, src, n, st, true);
+}
+
+SV_API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
+    NEED_CTX();
+    uint32_t st;
+    CUresult r = stream_arg(h, &st);
+    return r != CUDA_SUCCESS ? r : dtoh(dst, src, n, st, true);
+}
+
+SV_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+    NEED_CTX();
+    uint32_t st;
+    CUresult r = stream_arg(h, &st);
+    return r != CUDA_SUCCESS ? r : dtod(dst, src, n, st, true);
+}
+
+/* Unified addressing: the side of each pointer is known from the device memory this process has. */
+static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, uint32_t st, bool async) {
+    bool dd = sv_range_has(dst), sd = sv_range_has(src);
+    if (dd && sd)
+        return dtod(dst, src, n, st, async);
+    if (dd)
+        return htod(dst, (const void *)(uintptr_t)src, n, st, async);
+    if (sd)
+        return dtoh((void *)(uintptr_t)dst, src, n, st, async);
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Host to host: in order with the stream's work, as the driver would run it. */
+    struct sv_id_rec q = {st, 0};
+    CUresult r = sv_sync(SV_OP_STREAM_SYNC, &q, sizeof q, NULL, 0, NULL, true);
+    if (r == CUDA_SUCCESS)
+        memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return r;
+}
+
+SV_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    NEED_CTX();
+    return copy_any(dst, src, n, SV_STREAM_NULL, false);
+}
+
+SV_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+    NEED_CTX();
+    uint32_t st;
+    CUresult r = stream_arg(h, &st);
+    return r != CUDA_SUCCESS ? r : copy_any(dst, src, n, st, true);
+}
+
+static CUresult memset_any(CUdeviceptr dst, uint32_t val, size_t n, unsigned elem, CUstream h, bool async) {
+    NEED_CTX();
+    struct sv_memset_rec q = {dst, n, val, elem, 0, async};
+    CUresult r = async ? stream_arg(h, &q.stream) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return r;
+    return async ? sv_async(SV_OP_MEMSET, &q, sizeof q) : sv_sync(SV_OP_MEMSET, &q, sizeof q, NULL, 0, NULL, true);
+}
+
+SV_API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return memset_any(d, v, n, 1, NULL, false); }
+SV_API CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) {
+    return memset_any(d, v, n, 2, NULL, false);
+}
+SV_API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return memset_any(d, v, n, 4, NULL, false); }
+SV_API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream h) {
+    return memset_any(d, v, n, 1, h, true);
+}
+SV_API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream h) {
+    return memset_any(d, v, n, 2, h, true);
+}
+SV_API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream h) {
+    return memset_any(d, v, n, 4, h, true);
+}
+
+/* ---- streams and events ---- */
+
+/* A creation with a client-chosen id: asynchronous, the worker fails it later only where the driver would. */
+static CUresult create(unsigned kind, unsigned op, unsigned flags, void **out) {
+    uint32_t id = sv_id_new(kind);
+    if (!id)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* the worker's table for this kind is full */
+    sv_flags *d = malloc(sizeof *d);
+    if (!d) {
+        sv_id_drop(kind, id);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    d->flags = flags;
+    struct sv_id_rec q = {id, flags};
+    CUresult r = sv_async(op, &q, sizeof q);
+    if (r != CUDA_SUCCESS) {
+        free(d);
+        sv_id_drop(kind, id);
+        return r;
+    }
+    sv_id_set(kind, id, d);
+    *out = sv_handle(kind, id);
+    return CUDA_SUCCESS;
+}
+
+static CUresult destroy(unsigned kind, unsigned op, const void *h) {
+    NEED_CTX();
+    uint32_t id = sv_id(kind, h);
+    if (!id)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct sv_id_rec q = {id, 0};
+    CUresult r = sv_async(op, &q, sizeof q);
+    if (r == CUDA_SUCCESS)
+        sv_id_drop(kind, id); /* its next user comes after this destroy in the ring */
+    return r;
+}
+
+SV_API CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    return create(SV_K_STREAM, SV_OP_STREAM_CREATE, flags, (void **)ph);
+}
+
+SV_API CUresult cuStreamDestroy_v2(CUstream h) { return destroy(SV_K_STREAM, SV_OP_STREAM_DESTROY, h); }
+
+static CUresult stream_sync_op(unsigned op, CUstream h) {
+    NEED_CTX();
+    struct sv_id_rec q = {0, 0};
+    CUresult r = stream_arg(h, &q.id);
+    return r != CUDA_SUCCESS ? r : sv_sync(op, &q, sizeof q, NULL, 0, NULL, true);
+}
+
+SV_API CUresult cuStreamSynchronize(CUstream h) { return stream_sync_op(SV_OP_STREAM_SYNC, h); }
+SV_API CUresult cuStreamQuery(CUstream h) { return stream_sync_op(SV_OP_STREAM_QUERY, h); }
+
+SV_API CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
+    NEED_CTX();
+    struct sv_pair_rec q = {0, sv_id(SV_K_EVENT, e), flags, 0};
+    CUresult r = stream_arg(h, &q.a);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return q.b ? sv_async(SV_OP_STREAM_WAIT_EVENT, &q, sizeof q) : CUDA_ERROR_INVALID_HANDLE;
+}
+
+SV_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
+    NEED_CTX();
+    struct sv_pair_rec q = {0, 0, (uint32_t)mode, 0};
+    CUresult r = stream_arg(h, &q.a);
+    return r != CUDA_SUCCESS ? r : sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false);
+}
+
+SV_API CUresult cuStreamEndCapture(CUstream h, CUgraph *pg) {
+    if (!pg)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_pair_rec q = {0, 0, 0, 0};
+    CUresult r = stream_arg(h, &q.a);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!(q.b = sv_id_new(SV_K_GRAPH)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = sv_sync(SV_OP_STREAM_END_CAPTURE, &q, sizeof q, NULL, 0, NULL, false);
+    if (r != CUDA_SUCCESS) {
+        sv_id_drop(SV_K_GRAPH, q.b);
+        return r;
+    }
+    /* A captured graph cannot be made again from a record: a replay would have to capture it again. */
+    sv_id_set(SV_K_GRAPH, q.b, NULL);
+    *pg = sv_handle(SV_K_GRAPH, q.b);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned long long flags) {
+    if (!pe)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_graph_rec q = {0, sv_id(SV_K_GRAPH, g), flags};
+    if (!q.graph)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!(q.exec = sv_id_new(SV_K_EXEC)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = sv_sync(SV_OP_GRAPH_INSTANTIATE, &q, sizeof q, NULL, 0, NULL, false);
+    if (r != CUDA_SUCCESS) {
+        sv_id_drop(SV_K_EXEC, q.exec);
+        return r;
+    }
+    sv_id_set(SV_K_EXEC, q.exec, NULL);
+    *pe = sv_handle(SV_K_EXEC, q.exec);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuGraphLaunch(CUgraphExec e, CUstream h) {
+    NEED_CTX();
+    struct sv_graph_rec q = {sv_id(SV_K_EXEC, e), 0, 0};
+    if (!q.exec)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = stream_arg(h, &q.graph); /* graph: the stream, in a launch */
+    return r != CUDA_SUCCESS ? r : sv_async(SV_OP_GRAPH_LAUNCH, &q, sizeof q);
+}
+
+SV_API CUresult cuGraphExecDestroy(CUgraphExec e) { return destroy(SV_K_EXEC, SV_OP_GRAPH_EXEC_DESTROY, e); }
+SV_API CUresult cuGraphDestroy(CUgraph g) { return destroy(SV_K_GRAPH, SV_OP_GRAPH_DESTROY, g); }
+
+SV_API CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data) {
+    (void)h;
+    (void)fn;
+    (void)data;
+    SV_REFUSE("a host function runs in the application's process, where no stream runs in served mode");
+}
+
+static CUresult memop(CUstream h, CUdeviceptr addr, uint64_t value, unsigned kind, unsigned flags) {
+    NEED_CTX();
+    struct sv_memop_rec q = {addr, value, 0, kind, flags, 0};
+    CUresult r = stream_arg(h, &q.stream);
+    return r != CUDA_SUCCESS ? r : sv_async(SV_OP_STREAM_MEMOP, &q, sizeof q);
+}
+
+SV_API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return memop(s, a, v, 0, f);
+}
+SV_API CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return memop(s, a, v, 1, f);
+}
+SV_API CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return memop(s, a, v, 2, f);
+}
+SV_API CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return memop(s, a, v, 3, f);
+}
+
+SV_API CUresult cuEventCreate(CUevent *ph, unsigned int flags) {
+    if (!ph || (flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (flags & CU_EVENT_INTERPROCESS)
+        SV_REFUSE("interprocess events (IPC handles) are not served");
+    NEED_CTX();
+    return create(SV_K_EVENT, SV_OP_EVENT_CREATE, flags, (void **)ph);
+}
+
+SV_API CUresult cuEventDestroy_v2(CUevent e) { return destroy(SV_K_EVENT, SV_OP_EVENT_DESTROY, e); }
+
+SV_API CUresult cuEventRecord(CUevent e, CUstream h) {
+    NEED_CTX();
+    struct sv_pair_rec q = {sv_id(SV_K_EVENT, e), 0, 0, 0};
+    if (!q.a)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = stream_arg(h, &q.b);
+    return r != CUDA_SUCCESS ? r : sv_async(SV_OP_EVENT_RECORD, &q, sizeof q);
+}
+
+static CUresult event_sync_op(unsigned op, CUevent e) {
+    NEED_CTX();
+    struct sv_id_rec q = {sv_id(SV_K_EVENT, e), 0};
+    if (!q.id)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return sv_sync(op, &q, sizeof q, NULL, 0, NULL, true);
+}
+
+SV_API CUresult cuEventQuery(CUevent e) { return event_sync_op(SV_OP_EVENT_QUERY, e); }
+SV_API CUresult cuEventSynchronize(CUevent e) { return event_sync_op(SV_OP_EVENT_SYNC, e); }
+
+SV_API CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_pair_rec q = {sv_id(SV_K_EVENT, a), sv_id(SV_K_EVENT, b), 0, 0};
+    if (!q.a || !q.b)
+        return CUDA_ERROR_INVALID_HANDLE;
+    float v = 0;
+    CUresult r = sv_sync(SV_OP_EVENT_ELAPSED, &q, sizeof q, &v, sizeof v, NULL, false);
+    if (r == CUDA_SUCCESS)
+        *ms = v;
+    return r;
+}
+
+#undef cuEventElapsedTime
+SV_API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b);
+SV_API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }
+
+/* ---- modules, libraries, kernels ---- */
+
+/* An image's size from its header: an ELF's section and program headers' end, a fat binary's, or PTX text. */
+static uint64_t image_size(const void *image) {
+    const unsigned char *p = image;
+    if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {
+        uint64_t shoff, phoff;
+        uint16_t shentsize, shnum, phentsize, phnum;
+        memcpy(&phoff, p + 0x20, 8);
+        memcpy(&shoff, p + 0x28, 8);
+        memcpy(&phentsize, p + 0x36, 2);
+        memcpy(&phnum, p + 0x38, 2);
+        memcpy(&shentsize, p + 0x3a, 2);
+        memcpy(&shnum, p + 0x3c, 2);
+        uint64_t a = shoff + (uint64_t)shentsize * shnum, b = phoff + (uint64_t)phentsize * phnum;
+        return a > b ? a : b;
+    }
+    uint32_t magic;
+    memcpy(&magic, p, 4);
+    if (magic == 0xBA55ED50u) { /* fat binary: magic, version (2), header size (2), payload size (8) */
+        uint16_t hs;
+        uint64_t fs;
+        memcpy(&hs, p + 6, 2);
+        memcpy(&fs, p + 8, 8);
+        return (uint64_t)hs + fs;
+    }
+    return strlen(image) + 1; /* PTX text */
+}
+
+/*
+ * An image through staging (chunks that the reply slot's group collects), then its load record from rec
+ * (op, payload of plen bytes), answered in reply; one image sequence at a time. The image is kept for a replay.
+ */
+static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t plen, void *out, uint32_t cap,
+                           uint32_t *outlen, sv_image **keep) {
+    uint64_t size = image_size(image);
+    if (size == 0 || size > SV_MAX_IMAGE)
+        return CUDA_ERROR_INVALID_IMAGE;
+    sv_image *im = malloc(sizeof *im);
+    if (!im || !(im->image = malloc(size))) {
+        free(im);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(im->image, image, size);
+    im->size = size;
+    memcpy(rec, &size, sizeof size); /* every load record starts with the size */
+    uint32_t reply;
+    CUresult r = sv_reply_claim(&reply);
+    if (r != CUDA_SUCCESS) {
+        free(im->image);
+        free(im);
+        return r;
+    }
+    sv_image_lock();
+    for (uint64_t off = 0; off < size && r == CUDA_SUCCESS;) {
+        uint32_t len = size - off < SV_STAGE_BYTES ? (uint32_t)(size - off) : SV_STAGE_BYTES, slot;
+        if ((r = sv_stage_claim(&slot)) != CUDA_SUCCESS)
+            break;
+        memcpy(sv_sh->stage[slot], im->image + off, len);
+        sv_slot s;
+        if ((r = sv_begin(&s, SV_OP_IMAGE_CHUNK, sizeof(struct sv_rec) + sizeof(struct sv_image_rec), reply + 1,
+                          SV_F_GROUP)) != CUDA_SUCCESS)
+            break;
+        struct sv_image_rec q = {off, size, slot, len};
+        memcpy(s.payload, &q, sizeof q);
+        sv_commit(&s);
+        off += len;
+    }
+    if (r == CUDA_SUCCESS) {
+        sv_slot s;
+        if ((r = sv_begin(&s, op, (uint32_t)sizeof(struct sv_rec) + plen, reply + 1, 0)) == CUDA_SUCCESS) {
+            memcpy(s.payload, rec, plen);
+            sv_commit(&s);
+        }
+    }
+    sv_image_unlock();
+    if (r == CUDA_SUCCESS)
+        r = sv_reply_wait(reply, out, cap, outlen);
+    sv_reply_release(reply);
+    if (r != CUDA_SUCCESS) {
+        free(im->image);
+        free(im);
+        return r;
+    }
+    *keep = im;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_load_rec q;
+    memset(&q, 0, sizeof q);
+    if (!(q.id = sv_id_new(SV_K_MODULE)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    sv_image *im = NULL;
+    CUresult r = load_image(image, SV_OP_MODULE_LOAD, &q, sizeof q, NULL, 0, NULL, &im);
+    if (r != CUDA_SUCCESS) {
+        sv_id_drop(SV_K_MODULE, q.id);
+        return r;
+    }
+    sv_id_set(SV_K_MODULE, q.id, im);
+    *module = sv_handle(SV_K_MODULE, q.id);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuModuleUnload(CUmodule m) { return destroy(SV_K_MODULE, SV_OP_MODULE_UNLOAD, m); }
+SV_API CUresult cuLibraryUnload(CUlibrary l) { return destroy(SV_K_LIBRARY, SV_OP_LIBRARY_UNLOAD, l); }
+
+/* JIT options as cuda.h numbers them: those whose value the driver writes back, and the log buffers. */
+enum { JIT_WALL_TIME = 2, JIT_INFO_LOG = 3, JIT_INFO_LOG_SIZE = 4, JIT_ERROR_LOG = 5, JIT_ERROR_LOG_SIZE = 6 };
+
+SV_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                  void **jitOptionsValues, unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                  void **libraryOptionValues, unsigned int numLibraryOptions) {
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    if (!library || !code || (numJitOptions && (!jitOptions || !jitOptionsValues)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (numLibraryOptions)
+        SV_REFUSE("library options are not forwarded to the worker");
+    if (numJitOptions > SV_MAX_JIT)
+        SV_REFUSE("more than 16 JIT options");
+    NEED_CTX();
+    struct sv_load_rec q;
+    memset(&q, 0, sizeof q);
+    q.njit = numJitOptions;
+    for (unsigned i = 0; i < numJitOptions; i++) {
+        q.jit_opt[i] = (uint32_t)jitOptions[i];
+        /* the log buffers are the worker's own; every other option is a value */
+        q.jit_val[i] = jitOptions[i] == (CUjit_option)JIT_INFO_LOG || jitOptions[i] == (CUjit_option)JIT_ERROR_LOG
+                           ? 0
+                           : (uint64_t)(uintptr_t)jitOptionsValues[i];
+    }
+    if (!(q.id = sv_id_new(SV_K_LIBRARY)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint8_t out[SV_REPLY_DATA];
+    uint32_t olen = 0;
+    sv_image *im = NULL;
+    CUresult r = load_image(code, SV_OP_LIBRARY_LOAD, &q, sizeof q, out, sizeof out, &olen, &im);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_PTX || r == CUDA_ERROR_INVALID_IMAGE ||
+        r == CUDA_ERROR_NO_BINARY_FOR_GPU) {
+        /* the option values the driver wrote, then the error log and the info log */
+        size_t nv = numJitOptions * sizeof(uint64_t);
+        if (olen >= nv) {
+            const char *elog = (const char *)out + nv;
+            const char *end = (const char *)out + olen;
+            const char *ez = memchr(elog, 0, (size_t)(end - elog));
+            const char *ilog = ez ? ez + 1 : end;
+            const char *iz = ilog < end ? memchr(ilog, 0, (size_t)(end - ilog)) : NULL;
+            for (unsigned i = 0; i < numJitOptions; i++) {
+                uint64_t v;
+                memcpy(&v, out + i * sizeof v, sizeof v);
+                unsigned o = (unsigned)jitOptions[i];
+                const char *log = o == JIT_ERROR_LOG ? (ez ? elog : NULL) : o == JIT_INFO_LOG ? (iz ? ilog : NULL) : NULL;
+                if (o == JIT_WALL_TIME || o == JIT_INFO_LOG_SIZE || o == JIT_ERROR_LOG_SIZE) {
+                    jitOptionsValues[i] = (void *)(uintptr_t)v;
+                } else if (log && jitOptionsValues[i]) {
+                    /* the application's buffer, of the size it gave with the matching size option */
+                    size_t cap = 0;
+                    unsigned want = o == JIT_ERROR_LOG ? JIT_ERROR_LOG_SIZE : JIT_INFO_LOG_SIZE;
+                    for (unsigned j = 0; j < numJitOptions; j++)
+                        if ((unsigned)jitOptions[j] == want)
+                            cap = (size_t)(uintptr_t)jitOptionsValues[j];
+                    if (cap)
+                        snprintf(jitOptionsValues[i], cap, "%s", log);
+                }
+            }
+        }
+    }
+    if (r != CUDA_SUCCESS) {
+        sv_id_drop(SV_K_LIBRARY, q.id);
+        return r;
+    }
+    sv_id_set(SV_K_LIBRARY, q.id, im);
+    *library = sv_handle(SV_K_LIBRARY, q.id);
+    return CUDA_SUCCESS;
+}
+
+/* A function's or kernel's id with its layout from the worker's reply. */
+static CUresult get_function(unsigned op, unsigned kind, uint32_t owner, unsigned okind, const char *name,
+                             void **out) {
+    struct sv_get_rec q = {sv_id_new(kind), owner};
+    if (!q.id)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct sv_layout l;
+    uint32_t len = 0;
+    CUresult r = name ? sv_sync_named(op, &q, sizeof q, name, &l, sizeof l, &len)
+                      : sv_sync(op, &q, sizeof q, &l, sizeof l, &len, false);
+    sv_func *f = NULL;
+    if (r == CUDA_SUCCESS &&
+        (len < offsetof(struct sv_layout, p) || l.n > SV_MAX_PARAMS ||
+         len < offsetof(struct sv_layout, p) + l.n * sizeof l.p[0] || l.bytes > SV_MAX_PARAM_BYTES))
+        r = CUDA_ERROR_UNKNOWN; /* the worker's answer is not a layout */
+    if (r == CUDA_SUCCESS && (!(f = calloc(1, sizeof *f)) || !(f->off = calloc(l.n + 1, sizeof *f->off)) ||
+                              !(f->size = calloc(l.n + 1, sizeof *f->size)) || (name && !(f->name = strdup(name)))))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r != CUDA_SUCCESS) {
+        if (f) {
+            free(f->off);
+            free(f->size);
+            free(f->name);
+            free(f);
+        }
+        sv_id_drop(kind, q.id); /* the worker made nothing, or the process cannot use what it made */
+        return r;
+    }
+    f->owner = owner;
+    f->okind = okind;
+    f->n = l.n;
+    f->bytes = l.bytes;
+    for (uint32_t i = 0; i < l.n; i++) {
+        if (l.p[i].off > SV_MAX_PARAM_BYTES || l.p[i].size > SV_MAX_PARAM_BYTES - l.p[i].off) {
+            f->n = i; /* never packs past the record */
+            break;
+        }
+        f->off[i] = l.p[i].off;
+        f->size[i] = l.p[i].size;
+    }
+    sv_id_set(kind, q.id, f);
+    *out = sv_handle(kind, q.id);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    uint32_t m = sv_id(SV_K_MODULE, hmod);
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return get_function(SV_OP_MODULE_GET_FUNCTION, SV_K_FUNC, m, SV_K_MODULE, name, (void **)hfunc);
+}
+
+SV_API CUresult cuLibraryGetKernel(CUkernel *pk, CUlibrary lib, const char *name) {
+    if (!pk || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    uint32_t l = sv_id(SV_K_LIBRARY, lib);
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return get_function(SV_OP_LIBRARY_GET_KERNEL, SV_K_KERNEL, l, SV_K_LIBRARY, name, (void **)pk);
+}
+
+SV_API CUresult cuKernelGetFunction(CUfunction *pf, CUkernel k) {
+    if (!pf)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    uint32_t id = sv_id(SV_K_KERNEL, k);
+    if (!id)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return get_function(SV_OP_KERNEL_GET_FUNCTION, SV_K_FUNC, id, SV_K_KERNEL, NULL, (void **)pf);
+}
+
+/* A function (or a kernel launched as one) by its handle: its record, and whether it is a kernel. */
+static sv_func *func_of(const void *h, uint32_t *id, bool *kernel) {
+    if ((*id = sv_id(SV_K_FUNC, h))) {
+        *kernel = false;
+        return sv_id_data(SV_K_FUNC, *id);
+    }
+    if ((*id = sv_id(SV_K_KERNEL, h))) {
+        *kernel = true;
+        return sv_id_data(SV_K_KERNEL, *id);
+    }
+    return NULL;
+}
+
+static CUresult param_info(const void *h, size_t i, size_t *off, size_t *size) {
+    uint32_t id;
+    bool k;
+    sv_func *f = func_of(h, &id, &k);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (i >= f->n || (!off && !size))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (off)
+        *off = f->off[i];
+    if (size)
+        *size = f->size[i];
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuFuncGetParamInfo(CUfunction f, size_t i, size_t *off, size_t *size) {
+    NEED_INIT();
+    return param_info(f, i, off, size);
+}
+SV_API CUresult cuKernelGetParamInfo(CUkernel k, size_t i, size_t *off, size_t *size) {
+    NEED_INIT();
+    return param_info(k, i, off, size);
+}
+
+/* A function's name: its own, or its kernel's. */
+static const char *name_of(const sv_func *f) {
+    if (f->name || f->okind != SV_K_KERNEL)
+        return f->name;
+    const sv_func *k = sv_id_data(SV_K_KERNEL, f->owner);
+    return k ? k->name : NULL;
+}
+
+SV_API CUresult cuFuncGetName(const char **name, CUfunction h) {
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    uint32_t id;
+    bool k;
+    sv_func *f = func_of(h, &id, &k);
+    if (!f || !name_of(f))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = name_of(f);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuKernelGetName(const char **name, CUkernel h) {
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    uint32_t id = sv_id(SV_K_KERNEL, h);
+    sv_func *f = id ? sv_id_data(SV_K_KERNEL, id) : NULL;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuFuncGetModule(CUmodule *hmod, CUfunction h) {
+    if (!hmod)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    uint32_t id = sv_id(SV_K_FUNC, h);
+    sv_func *f = id ? sv_id_data(SV_K_FUNC, id) : NULL;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (f->okind != SV_K_MODULE)
+        return CUDA_ERROR_NOT_FOUND; /* a library's function belongs to no module */
+    *hmod = sv_handle(SV_K_MODULE, f->owner);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuKernelGetLibrary(CUlibrary *plib, CUkernel h) {
+    if (!plib)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    uint32_t id = sv_id(SV_K_KERNEL, h);
+    sv_func *f = id ? sv_id_data(SV_K_KERNEL, id) : NULL;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *plib = sv_handle(SV_K_LIBRARY, f->owner);
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches: the hot path ---- */
+
+static CUresult launch(const void *fh, const unsigned grid[3], const unsigned block[3], unsigned shmem, CUstream h,
+                       void **kp, void **extra, bool coop) {
+    NEED_CTX();
+    uint32_t fid;
+    bool isk;
+    sv_func *f = func_of(fh, &fid, &isk);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint32_t st;
+    CUresult r = stream_arg(h, &st);
+    if (r != CUDA_SUCCESS)
+        return r;
+    const void *buf = NULL;
+    size_t nbytes = 0;
+    if (kp) {
+        nbytes = f->bytes;
+    } else if (extra) {
+        const size_t *psize = NULL;
+        for (unsigned i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                buf = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+                psize = extra[i + 1];
+            else
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (!buf || !psize)
+            return CUDA_ERROR_INVALID_VALUE;
+        nbytes = *psize;
+        if (nbytes > SV_MAX_PARAM_BYTES)
+            return CUDA_ERROR_INVALID_VALUE;
+    } else if (f->n) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sv_slot s;
+    r = sv_begin(&s, SV_OP_LAUNCH, (uint32_t)(sizeof(struct sv_rec) + sizeof(struct sv_launch_rec) + nbytes), 0, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct sv_launch_rec *L = (struct sv_launch_rec *)(void *)s.payload;
+    L->func = fid;
+    L->kernel = isk;
+    L->grid[0] = grid[0];
+    L->grid[1] = grid[1];
+    L->grid[2] = grid[2];
+    L->block[0] = block[0];
+    L->block[1] = block[1];
+    L->block[2] = block[2];
+    L->shmem = shmem;
+    L->stream = st;
+    L->extra = !kp && extra;
+    L->cooperative = coop;
+    L->nbytes = (uint32_t)nbytes;
+    L->pad = 0;
+    uint8_t *args = s.payload + sizeof *L;
+    if (kp) {
+        for (uint32_t i = 0; i < f->n; i++)
+            memcpy(args + f->off[i], kp[i], f->size[i]);
+    } else if (buf) {
+        memcpy(args, buf, nbytes);
+    }
+    sv_commit(&s);
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                               unsigned int by, unsigned int bz, unsigned int shmem, CUstream h, void **kp,
+                               void **extra) {
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    return launch(f, grid, block, shmem, h, kp, extra, false);
+}
+
+SV_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kp, void **extra) {
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    bool coop = false;
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        if (!config->attrs)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_IGNORE)
+            continue;
+        if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE) {
+            coop = config->attrs[i].value.cooperative != 0;
+            continue;
+        }
+        static _Atomic int once;
+        if (!atomic_exchange(&once, 1))
+            sv_warn("served mode: cuLaunchKernelEx: launch attribute %d is not forwarded (only cooperative is); "
+                    "such launches fail with CUDA_ERROR_NOT_SUPPORTED",
+                    (int)config->attrs[i].id);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    const unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+    const unsigned block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+    return launch(f, grid, block, config->sharedMemBytes, config->hStream, kp, extra, coop);
+}
+
+/* ---- virtual memory management: device memory of the one device ---- */
+
+static CUresult prop_rec(const CUmemAllocationProp *prop, struct sv_vmm_rec *q) {
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        static _Atomic int once;
+        return sv_refuse(&once, "cuMemCreate",
+                         "VMM memory on the host (pinned host memory) is not served; device memory is");
+    }
+    if (prop->location.id != 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    q->loc_type = (uint32_t)prop->location.type;
+    q->loc_id = prop->location.id;
+    q->handle_types = (uint32_t)prop->requestedHandleTypes;
+    return CUDA_SUCCESS;
+}
+
+static CUresult vmm(unsigned op, struct sv_vmm_rec *q, uint64_t *out) {
+    NEED_CTX();
+    return sv_sync(op, q, sizeof *q, out, out ? sizeof *out : 0, NULL, false);
+}
+
+SV_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option) {
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sv_vmm_rec q;
+    memset(&q, 0, sizeof q);
+    CUresult r = prop_rec(prop, &q);
+    if (r != CUDA_SUCCESS)
+        return r;
+    q.option = (uint32_t)option;
+    uint64_t v = 0;
+    if ((r = vmm(SV_OP_VMM_GRANULARITY, &q, &v)) == CUDA_SUCCESS)
+        *g = (size_t)v;
+    return r;
+}
+
+SV_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    if (!ptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sv_vmm_rec q = {.a = size, .b = alignment, .c = addr, .d = flags};
+    uint64_t v = 0;
+    CUresult r = vmm(SV_OP_VMM_RESERVE, &q, &v);
+    if (r == CUDA_SUCCESS) {
+        *ptr = v;
+        sv_range_add(v, size); /* device addresses, mapped or not: cuMemcpy asks */
+    }
+    return r;
+}
+
+SV_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    struct sv_vmm_rec q = {.a = ptr, .b = size};
+    CUresult r = vmm(SV_OP_VMM_ADDR_FREE, &q, NULL);
+    if (r == CUDA_SUCCESS)
+        sv_range_del(ptr);
+    return r;
+}
+
+SV_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sv_vmm_rec q = {.a = size, .b = flags};
+    CUresult r = prop_rec(prop, &q);
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint64_t v = 0;
+    if ((r = vmm(SV_OP_VMM_CREATE, &q, &v)) == CUDA_SUCCESS)
+        *handle = v; /* the driver's own: the worker keeps no table of them */
+    return r;
+}
+
+SV_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    struct sv_vmm_rec q = {.a = handle};
+    return vmm(SV_OP_VMM_RELEASE, &q, NULL);
+}
+
+SV_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+    struct sv_vmm_rec q = {.a = ptr, .b = size, .c = offset, .d = handle, .e = flags};
+    return vmm(SV_OP_VMM_MAP, &q, NULL);
+}
+
+SV_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    struct sv_vmm_rec q = {.a = ptr, .b = size};
+    return vmm(SV_OP_VMM_UNMAP, &q, NULL);
+}
+
+SV_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    if (!desc || count == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (count > SV_MAX_ACCESS)
+        SV_REFUSE("more than 8 access descriptors");
+    NEED_CTX();
+    struct sv_access_rec q;
+    memset(&q, 0, sizeof q);
+    q.ptr = ptr;
+    q.size = size;
+    q.count = (uint32_t)count;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+            SV_REFUSE("access from the host to VMM memory is not served");
+        if (desc[i].location.id != 0)
+            return CUDA_ERROR_INVALID_DEVICE;
+        q.d[i].loc_type = (uint32_t)desc[i].location.type;
+        q.d[i].loc_id = desc[i].location.id;
+        q.d[i].flags = (uint32_t)desc[i].flags;
+    }
+    return sv_sync(SV_OP_VMM_SET_ACCESS, &q, sizeof q, NULL, 0, NULL, false);
+}
+
+#define VMM_SHARE_WHY "VMM handles that cross processes (export, import, retain) are not served yet"
+SV_API CUresult cuMemExportToShareableHandle(void *sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
+                                             unsigned long long flags) {
+    (void)sh;
+    (void)h;
+    (void)t;
+    (void)flags;
+    SV_REFUSE(VMM_SHARE_WHY);
+}
+SV_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
+                                               CUmemAllocationHandleType t) {
+    (void)h;
+    (void)os;
+    (void)t;
+    SV_REFUSE(VMM_SHARE_WHY);
+}
+SV_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+    (void)h;
+    (void)addr;
+    SV_REFUSE(VMM_SHARE_WHY);
+}
+SV_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    (void)prop;
+    (void)h;
+    SV_REFUSE(VMM_SHARE_WHY);
+}
+
+/* ---- a forked child: no context current, none retained (ring.c drops the rest) ---- */
+
+static void api_fork_child(void) {
+    cur = false;
+    atomic_store(&retained, 0);
+}
+
+__attribute__((constructor)) static void api_init(void) { pthread_atfork(NULL, NULL, api_fork_child); }
