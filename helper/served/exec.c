@@ -317,9 +317,7 @@ static void stage_done(svc *s, uint32_t slot, CUresult r, uint32_t len) {
 
 /* ---- handles ---- */
 
-static void *get(svc *s, unsigned kind, uint32_t id) {
-    return id < sv_cap(kind) ? s->tab[kind][id] : NULL;
-}
+static void *get(svc *s, unsigned kind, uint32_t id) { return id < sv_cap(kind) ? s->tab[kind][id] : NULL; }
 
 /* A creation's id: in range and free. */
 static bool id_free(svc *s, unsigned kind, uint32_t id) {
@@ -402,8 +400,7 @@ static uint32_t layout_reply(const struct wlayout *l, struct sv_layout *out) {
 #define PAYLOAD(type, var)                                                                                             \
     type var;                                                                                                          \
     if (plen < sizeof var)                                                                                             \
-        return fail(s, "record %s at %llu: %u bytes, too short", #type, (unsigned long long)s->tail,                  \
-                    (unsigned)plen);                                                                                   \
+        return fail(s, "record %s at %llu: %u bytes, too short", #type, (unsigned long long)s->tail, (unsigned)plen);  \
     memcpy(&var, pl, sizeof var)
 
 /* A name that follows a payload of hdr bytes: NUL-terminated within the record, else NULL. */
@@ -535,8 +532,8 @@ static CUresult run_launch(svc *s, const uint8_t *pl, uint32_t plen) {
         memset(&attr, 0, sizeof attr);
         attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
         attr.value.cooperative = 1;
-        CUlaunchConfig cfg = {L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1], L.block[2],
-                              L.shmem,   st,        &attr,     1};
+        CUlaunchConfig cfg = {L.grid[0],  L.grid[1], L.grid[2], L.block[0], L.block[1],
+                              L.block[2], L.shmem,   st,        &attr,      1};
         return p_cuLaunchKernelEx(&cfg, f, kpp, ex);
     }
     return p_cuLaunchKernel(f, L.grid[0], L.grid[1], L.grid[2], L.block[0], L.block[1], L.block[2], L.shmem, st, kpp,
@@ -575,7 +572,7 @@ static CUresult run_library_load(svc *s, const struct sv_load_rec *L, uint8_t *o
     drop_image(s);
     if (r == CUDA_SUCCESS)
         s->tab[SV_K_LIBRARY][L->id] = lib;
-    uint64_t vals[SV_MAX_JIT];
+    uint64_t vals[SV_MAX_JIT] = {0};
     for (uint32_t i = 0; i < L->njit; i++)
         vals[i] = (uint64_t)(uintptr_t)val[i];
     size_t n = L->njit * sizeof vals[0];
@@ -893,8 +890,8 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
             else
                 s->image_cap = q.total + 1;
         }
-        if (r == CUDA_SUCCESS && (!s->image || s->image_cap != q.total + 1 || q.off != s->image_len ||
-                                  q.len > q.total - q.off))
+        if (r == CUDA_SUCCESS &&
+            (!s->image || s->image_cap != q.total + 1 || q.off != s->image_len || q.len > q.total - q.off))
             r = CUDA_ERROR_INVALID_VALUE; /* out of sequence */
         if (r == CUDA_SUCCESS) {
             memcpy(s->image + q.off, s->sh->stage[q.stage], q.len);

@@ -795,7 +795,7 @@ static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t p
         uint32_t len = size - off < SV_STAGE_BYTES ? (uint32_t)(size - off) : SV_STAGE_BYTES, slot;
         if ((r = sv_stage_claim(&slot)) != CUDA_SUCCESS)
             break;
-        memcpy(sv_sh->stage[slot], im->image + off, len);
+        memcpy(sv_sh->stage[slot], (const char *)im->image + off, len);
         sv_slot s;
         if ((r = sv_begin(&s, SV_OP_IMAGE_CHUNK, sizeof(struct sv_rec) + sizeof(struct sv_image_rec), reply + 1,
                           SV_F_GROUP)) != CUDA_SUCCESS)
@@ -892,7 +892,9 @@ SV_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
                 uint64_t v;
                 memcpy(&v, out + i * sizeof v, sizeof v);
                 unsigned o = (unsigned)jitOptions[i];
-                const char *log = o == JIT_ERROR_LOG ? (ez ? elog : NULL) : o == JIT_INFO_LOG ? (iz ? ilog : NULL) : NULL;
+                const char *log = o == JIT_ERROR_LOG  ? (ez ? elog : NULL)
+                                  : o == JIT_INFO_LOG ? (iz ? ilog : NULL)
+                                                      : NULL;
                 if (o == JIT_WALL_TIME || o == JIT_INFO_LOG_SIZE || o == JIT_ERROR_LOG_SIZE) {
                     jitOptionsValues[i] = (void *)(uintptr_t)v;
                 } else if (log && jitOptionsValues[i]) {
@@ -918,8 +920,7 @@ SV_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_op
 }
 
 /* A function's or kernel's id with its layout from the worker's reply. */
-static CUresult get_function(unsigned op, unsigned kind, uint32_t owner, unsigned okind, const char *name,
-                             void **out) {
+static CUresult get_function(unsigned op, unsigned kind, uint32_t owner, unsigned okind, const char *name, void **out) {
     struct sv_get_rec q = {sv_id_new(kind), owner};
     if (!q.id)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1176,9 +1177,10 @@ SV_API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, voi
         }
         static _Atomic int once;
         if (!atomic_exchange(&once, 1))
-            sv_warn("served mode: cuLaunchKernelEx: launch attribute %d is not forwarded (only cooperative is); "
-                    "such launches fail with CUDA_ERROR_NOT_SUPPORTED",
-                    (int)config->attrs[i].id);
+            sv_warn(
+                "served mode: cuLaunchKernelEx: launch attribute %d is not forwarded (only cooperative is); "
+                "such launches fail with CUDA_ERROR_NOT_SUPPORTED",
+                (int)config->attrs[i].id);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     const unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
@@ -1309,8 +1311,7 @@ SV_API CUresult cuMemExportToShareableHandle(void *sh, CUmemGenericAllocationHan
     (void)flags;
     SV_REFUSE(VMM_SHARE_WHY);
 }
-SV_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
-                                               CUmemAllocationHandleType t) {
+SV_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t) {
     (void)h;
     (void)os;
     (void)t;

@@ -57,8 +57,8 @@ SV_HIDDEN CUresult sv_async(unsigned op, const void *payload, uint32_t plen);
  * *outlen (may be NULL) its length. A syncpoint also returns the first failure of an earlier asynchronous call,
  * if there was one and this call succeeded (served.h: deferred).
  */
-SV_HIDDEN CUresult sv_sync(unsigned op, const void *payload, uint32_t plen, void *out, uint32_t cap,
-                           uint32_t *outlen, bool syncpoint);
+SV_HIDDEN CUresult sv_sync(unsigned op, const void *payload, uint32_t plen, void *out, uint32_t cap, uint32_t *outlen,
+                           bool syncpoint);
 SV_HIDDEN CUresult sv_sync_named(unsigned op, const void *payload, uint32_t plen, const char *name, void *out,
                                  uint32_t cap, uint32_t *outlen);
 
@@ -97,9 +97,9 @@ SV_HIDDEN void sv_handles_reset(void);
 
 /* A function's or kernel's record: what a launch packs by, and what a replay would look it up by. */
 typedef struct {
-    uint32_t owner;   /* the module (function of a module), library (kernel) or kernel (function of a kernel) */
-    unsigned okind;   /* SV_K_MODULE, SV_K_LIBRARY or SV_K_KERNEL */
-    char *name;       /* NULL for a kernel's function: the kernel's */
+    uint32_t owner; /* the module (function of a module), library (kernel) or kernel (function of a kernel) */
+    unsigned okind; /* SV_K_MODULE, SV_K_LIBRARY or SV_K_KERNEL */
+    char *name;     /* NULL for a kernel's function: the kernel's */
     uint32_t n, bytes;
     uint32_t *off, *size;
 } sv_func;

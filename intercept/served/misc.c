@@ -69,7 +69,8 @@ static const err_ent errs[] = {
     E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
     E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
     E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing"),
-    E(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "operation would make the legacy stream depend on a capturing blocking stream"),
+    E(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+      "operation would make the legacy stream depend on a capturing blocking stream"),
     E(CUDA_ERROR_TIMEOUT, "the operation timed out"),
     E(CUDA_ERROR_UNKNOWN, "unknown error"),
 };
@@ -103,8 +104,9 @@ SV_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExpo
     if (!ppExportTable || !pExportTableId)
         return CUDA_ERROR_INVALID_VALUE;
     *ppExportTable = NULL;
-    SV_REFUSE("the driver's private export tables (the CUDA runtime's) are not forwarded; served mode forwards the "
-              "documented driver API");
+    SV_REFUSE(
+        "the driver's private export tables (the CUDA runtime's) are not forwarded; served mode forwards the "
+        "documented driver API");
 }
 
 #define CKPT_WHY "the process holds no driver state in served mode: gpucr checkpoints it (gpucr checkpoint)"

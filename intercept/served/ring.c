@@ -75,9 +75,9 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-#define SPIN_NS 20000L          /* a wait polls this long before it parks */
-#define PARK_NS 50000000L       /* a parked wait looks at the worker's socket this often */
-#define WELCOME_MS 60000        /* the worker's answer to the hello */
+#define SPIN_NS 20000L    /* a wait polls this long before it parks */
+#define PARK_NS 50000000L /* a parked wait looks at the worker's socket this often */
+#define WELCOME_MS 60000  /* the worker's answer to the hello */
 
 /* ---- a dead worker ---- */
 
@@ -210,7 +210,7 @@ static int serve_from_helper(const char *path, unsigned device) {
     if (resp->error || resp->body_case != GPUCR__HELPER__V1__RESPONSE__BODY_SERVE || nfds != 1) {
         fprintf(stderr, "gpucr: served mode: the helper at %s gives this process no worker: %s\n", path,
                 resp->error && resp->error->message ? resp->error->message
-                                                     : "its answer came without the worker's socket");
+                                                    : "its answer came without the worker's socket");
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
         gpucr__helper__v1__response__free_unpacked(resp, NULL);
@@ -269,6 +269,7 @@ static CUresult handshake(int sock) {
     }
 
     struct sv_welcome w;
+    memset(&w, 0, sizeof w);
     size_t got = 0;
     while (got < sizeof w) {
         struct pollfd p = {.fd = sock, .events = POLLIN};

@@ -89,10 +89,10 @@ struct sv_header {
     uint64_t total; /* sizeof(struct sv_shared) */
     int32_t client_pid;
     uint32_t pad0;
-    _Alignas(64) _Atomic uint64_t head; /* bytes published (client) */
-    _Alignas(64) _Atomic uint64_t tail; /* bytes consumed (worker) */
-    _Alignas(64) _Atomic uint32_t wsleep; /* the worker parked, or is about to */
-    _Atomic uint32_t wseq;                /* its futex word */
+    _Alignas(64) _Atomic uint64_t head;      /* bytes published (client) */
+    _Alignas(64) _Atomic uint64_t tail;      /* bytes consumed (worker) */
+    _Alignas(64) _Atomic uint32_t wsleep;    /* the worker parked, or is about to */
+    _Atomic uint32_t wseq;                   /* its futex word */
     _Alignas(64) _Atomic uint32_t room_wait; /* a producer waits for room in the ring */
     _Atomic uint32_t room_seq;
     _Alignas(64) _Atomic uint32_t stage_wait; /* a thread waits for a free staging slot */
@@ -315,8 +315,7 @@ _Static_assert(sizeof(struct sv_stagehdr) == 64, "a staging slot's header");
 _Static_assert(sizeof(struct sv_layout) <= SV_REPLY_DATA, "a layout fits a reply");
 _Static_assert(offsetof(struct sv_shared, ring) % 4096 == 0 && offsetof(struct sv_shared, stage) % 4096 == 0,
                "page-aligned ring and staging");
-_Static_assert(sizeof(struct sv_shared) ==
-                   offsetof(struct sv_shared, stage) + (size_t)SV_NSTAGE * SV_STAGE_BYTES,
+_Static_assert(sizeof(struct sv_shared) == offsetof(struct sv_shared, stage) + (size_t)SV_NSTAGE * SV_STAGE_BYTES,
                "the shared memory's size");
 _Static_assert(sizeof(struct sv_hello) == 24 && sizeof(struct sv_welcome) == 256, "handshake messages");
 _Static_assert(SV_RING_BYTES % SV_REC_ALIGN == 0 && (SV_RING_BYTES & (SV_RING_BYTES - 1)) == 0, "ring size");
