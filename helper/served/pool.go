@@ -44,9 +44,9 @@ type PoolConfig struct {
 	Env []string
 	// StartTimeout bounds a worker's start, its context included.
 	StartTimeout time.Duration
-	// MaxPerUID bounds the workers assigned to one uid at a time: each
-	// holds a context on a device, which the helper made on the user's
-	// behalf.
+	// MaxPerUID bounds the workers assigned to one uid at a time (root's
+	// are not bounded): each holds a context on a device, which the helper
+	// made on the user's behalf.
 	MaxPerUID int
 	Log       *zap.Logger
 }
@@ -275,7 +275,7 @@ func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock in
 		p.mu.Unlock()
 		return nil, errors.New("the helper is stopping")
 	}
-	if p.perUID[uid] >= p.cfg.MaxPerUID {
+	if uid != 0 && p.perUID[uid] >= p.cfg.MaxPerUID { // root is not limited
 		p.mu.Unlock()
 		return nil, fmt.Errorf("%w: uid %d has %d (the helper's --served-max-per-uid)", ErrPerUID, uid, p.cfg.MaxPerUID)
 	}

@@ -43,8 +43,8 @@ const WorkerCommand = "served-worker"
 // (the driver at libcuda, "" for libcuda.so.1), say so on the control
 // socket, wait to be assigned, take the user, and serve the socket that
 // came with the assignment until its process closes it. The control socket
-// closing (the helper gone) ends the worker wherever it is: an application
-// whose helper is gone loses its GPU state (docs/served-mode.md).
+// closing before the assignment (the helper gone, or letting it go) ends
+// it; after, the helper is out of the way.
 func RunWorker(ordinal int, libcuda string, ctl *os.File) error {
 	// The context is current on one thread: the executor runs there.
 	runtime.LockOSThread()
@@ -96,13 +96,9 @@ func RunWorker(ordinal int, libcuda string, ctl *os.File) error {
 	if err := w.Write(&helperpb.Response{Id: req.Id, Body: &helperpb.Response_WorkerReady{WorkerReady: ready}}, nil); err != nil {
 		return fmt.Errorf("served worker: answering the assignment: %w", err)
 	}
-	// The helper says nothing more; its end closing means it is gone.
-	go func() {
-		_, _, _ = w.ReadRequest()
-		fmt.Fprintf(os.Stderr, "gpucr served worker %d: the helper is gone; the process it served (pid %d) loses its GPU state\n",
-			os.Getpid(), a.ClientPid)
-		os.Exit(3)
-	}()
+	// The helper says nothing more, and closes its end: the worker is the
+	// served process's now, and serves on whether the helper runs or not.
+	w.Close()
 	return serve(sock, a.ClientPid)
 }
 
