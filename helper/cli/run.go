@@ -27,9 +27,9 @@ func runCommand() *ucli.Command {
 		Name:      "run",
 		Usage:     "run a CUDA program with the gpucr interposer, so that the helper can checkpoint it",
 		ArgsUsage: "-- CMD [ARGS...]",
-		Description: "With --served, the program loads gpucr's served-mode driver library instead of NVIDIA's: a worker\n" +
-			"process that the helper keeps ready (gpucr helper --served-pool N) runs its GPU calls, and the program\n" +
-			"itself holds no driver state (docs/served-mode.md says what served mode supports).",
+		Description: "With --served, the program loads gpucr's served-mode library under the interposer instead of NVIDIA's\n" +
+			"driver: a worker process that the helper keeps ready (gpucr helper --served-pool N) runs its GPU calls, and\n" +
+			"the program itself holds no driver state (docs/served-mode.md says what served mode supports).",
 		Flags: []ucli.Flag{socketFlag(),
 			&ucli.BoolFlag{Name: "served", Usage: "run the program in served mode: its GPU calls run in a worker of the helper's"},
 			&ucli.UintFlag{Name: "device", Usage: "served mode: the device (the helper's ordinal) the worker runs on"}},
@@ -167,26 +167,24 @@ func findServed() (string, error) {
 		strings.Join(tried, ", "))
 }
 
-// prepareServed is prepareRun for served mode: the served library's
-// directory first in LD_LIBRARY_PATH, so that the program's libcuda.so.1 is
-// gpucr's; the interposer taken out of LD_PRELOAD (there is no driver in
-// the process for it to watch); GPUCR_SOCKET and GPUCR_SERVED_DEVICE set.
+// prepareServed is prepareRun for served mode: the interposer preloaded as
+// in-process mode has it (the helper owns the memory, and checkpoints go
+// through it), with served mode's library as the driver under it
+// (GPUCR_LIBCUDA), whose directory comes first in LD_LIBRARY_PATH so that the
+// program's own libcuda.so.1 is that library too; GPUCR_SERVED_DEVICE set.
 func prepareServed(cmd, socket string, device uint, environ []string) (string, []string, error) {
 	lib, err := findServed()
 	if err != nil {
 		return "", nil, err
 	}
-	path, err := exec.LookPath(cmd)
+	path, env, err := prepareRun(cmd, socket, environ)
 	if err != nil {
-		return "", nil, notRunnable(cmd, err)
-	}
-	if abs, err := filepath.Abs(socket); err == nil {
-		socket = abs
+		return "", nil, err
 	}
 	dir := filepath.Dir(lib)
 	libPath := dir
-	var env []string
-	for _, kv := range environ {
+	out := env[:0]
+	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
 		case "LD_LIBRARY_PATH":
@@ -195,21 +193,11 @@ func prepareServed(cmd, socket string, device uint, environ []string) (string, [
 					libPath += ":" + p
 				}
 			}
-		case "LD_PRELOAD":
-			var keep []string
-			for _, p := range strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ' ' }) {
-				if filepath.Base(p) != "libgpucr.so" {
-					keep = append(keep, p)
-				}
-			}
-			if len(keep) > 0 {
-				env = append(env, "LD_PRELOAD="+strings.Join(keep, ":"))
-			}
-		case "GPUCR_SOCKET", "GPUCR_SERVED_DEVICE":
+		case "GPUCR_LIBCUDA", "GPUCR_SERVED_DEVICE":
 		default:
-			env = append(env, kv)
+			out = append(out, kv)
 		}
 	}
-	env = append(env, "LD_LIBRARY_PATH="+libPath, "GPUCR_SOCKET="+socket, fmt.Sprintf("GPUCR_SERVED_DEVICE=%d", device))
-	return path, env, nil
+	out = append(out, "LD_LIBRARY_PATH="+libPath, "GPUCR_LIBCUDA="+lib, fmt.Sprintf("GPUCR_SERVED_DEVICE=%d", device))
+	return path, out, nil
 }
