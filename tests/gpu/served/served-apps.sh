@@ -10,13 +10,17 @@
 #    checksum served as plain;
 # 2. start: the time from exec to a process's "ready" line (its context made,
 #    its buffers allocated and filled), plain, under `gpucr run` and served
-#    from the pool's pre-warmed workers; ROUNDS rounds in alternating order;
+#    from the pool's pre-warmed workers (with the interposer over the served
+#    library, as gpucr run --served has it, and the library alone:
+#    servedlib); ROUNDS rounds in alternating order;
 # 3. steady cost: callbench (tests/apps/callbench.c) plain, under `gpucr run`
 #    and served, ROUNDS rounds in alternating order: the median ns per call
 #    and the added time against plain;
 # 4. memory: a running heartbeat's Rss and private dirty memory, plain,
 #    under `gpucr run` and served (what a CRIU dump of it would copy).
-# ROUNDS (default 8), CALLS (callbench, default 200000). Logs in
+# ROUNDS (default 8), CALLS (callbench, default 200000), MODES (default
+# "plain gpucr served servedlib"), EXACT (the modes the exactness part runs
+# served, default "served servedlib"). Logs in
 # build/gpu/served (and $OUT).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -47,6 +51,9 @@ pre() {
 	plain) ;;
 	gpucr) echo "$GPUCR run --socket $SOCK --" ;;
 	served) echo "$GPUCR run --served --socket $SOCK --" ;;
+	# the served library alone, without the interposer over it (no
+	# checkpoints): what forwarding itself costs
+	servedlib) echo "env LD_LIBRARY_PATH=$G/lib/served GPUCR_SOCKET=$SOCK" ;;
 	esac
 }
 
@@ -65,13 +72,15 @@ for c in "${cases[@]}"; do
 	extra=(--iters 40 --interval-ms 0)
 	[ "$name" = stormapp ] && extra=()
 	p=$(timeout 300 "$BIN/$name" "${argv[@]:1}" "${extra[@]}" 2>&1 | tee "$LOGS/exact.$name.plain" | grep -E '^done|errors=' | tail -1)
-	# shellcheck disable=SC2046 # pre is a list of words
-	s=$(timeout 300 $(pre served) "$BIN/$name" "${argv[@]:1}" "${extra[@]}" 2>&1 | tee "$LOGS/exact.$name.served" | grep -E '^done|errors=' | tail -1)
-	if [ -n "$p" ] && [ "$p" = "$s" ]; then
-		note "  $c: same ($p)"
-	else
-		bad "  $c: plain '$p', served '$s' ($(grep -m2 'gpucr' "$LOGS/exact.$name.served" | tr '\n' ' '))"
-	fi
+	for m in ${EXACT:-served servedlib}; do
+		# shellcheck disable=SC2046 # pre is a list of words
+		s=$(timeout 300 $(pre "$m") "$BIN/$name" "${argv[@]:1}" "${extra[@]}" 2>&1 | tee "$LOGS/exact.$name.$m" | grep -E '^done|errors=' | tail -1)
+		if [ -n "$p" ] && [ "$p" = "$s" ]; then
+			note "  $c ($m): same ($p)"
+		else
+			bad "  $c ($m): plain '$p', served '$s' ($(grep -m2 'gpucr' "$LOGS/exact.$name.$m" | tr '\n' ' '))"
+		fi
+	done
 done
 
 # ---- 2. start ----
@@ -92,7 +101,7 @@ start_s() {
 	python3 -c "print(f'{$t1-$t0:.4f}')"
 }
 # ---- 3. steady cost ----
-modes="plain gpucr served"
+modes=${MODES:-plain gpucr served servedlib}
 for r in $(seq "$ROUNDS"); do
 	order=$modes
 	[ $((r % 2)) = 0 ] && order=$(echo "$modes" | tr ' ' '\n' | tac | xargs)
@@ -106,7 +115,7 @@ done
 python3 - "$LOGS" "$ROUNDS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
 import statistics, sys
 logs, rounds = sys.argv[1], int(sys.argv[2])
-modes = ["plain", "gpucr", "served"]
+modes = [m for m in ["plain", "gpucr", "served", "servedlib"] if any(l.startswith(m + " ") for l in open(f"{logs}/start.txt"))]
 st = {m: [] for m in modes}
 for line in open(f"{logs}/start.txt"):
     m, s = line.split()
