@@ -6,8 +6,10 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -133,4 +135,69 @@ func TestServedRestoreOntoAnotherGPU(t *testing.T) {
 	}
 	a.kill()
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
+}
+
+// TestServedTreeCheckpointRestore: a shell running two served programs,
+// each with a worker of its own, is checkpointed as one tree and restored:
+// each program gets a new worker and continues exactly.
+func TestServedTreeCheckpointRestore(t *testing.T) {
+	needTool(t, "criu")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	h := startHelper(t, dir, env, "--served-pool", "2")
+	waitIdle(t, h, 2)
+	args := [][]string{{"--mib", "8", "--interval-ms", "20", "--hb-every", "1", "--seed", "3"},
+		{"--mib", "4", "--buffers", "3", "--interval-ms", "20", "--hb-every", "1", "--seed", "9"}}
+	apps := make([]*app, len(args))
+	script := ""
+	for i, a := range args {
+		apps[i] = &app{t: t, name: "heartbeat", log: fmt.Sprintf("%s/hb%d.log", dir, i)}
+		script += binPath(t, "heartbeat") + " " + strings.Join(a, " ") + " >>" + apps[i].log + " 2>&1 & "
+	}
+	root := exec.Command(binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--", "/bin/sh", "-c", script+"wait")
+	root.Env = env
+	root.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := root.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-root.Process.Pid, syscall.SIGKILL)
+		for _, a := range apps {
+			if a.pid > 0 {
+				_ = syscall.Kill(a.pid, syscall.SIGKILL)
+			}
+		}
+		_, _ = root.Process.Wait()
+	})
+	workers := map[int]bool{}
+	for _, a := range apps {
+		a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
+			a.pid, _ = parseHeartbeats(out)
+			return a.pid > 0
+		})
+		a.waitIter(10, time.Minute)
+		workers[workerOf(t, h, a.pid)] = true
+	}
+	if len(workers) != 2 {
+		t.Fatalf("two served programs share a worker: %v", workers)
+	}
+	img := dir + "/img"
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", img)
+	_, _ = root.Process.Wait()
+	befores := make([]int, len(apps))
+	for i, a := range apps {
+		waitDead(t, a.pid, 30*time.Second)
+		befores[i] = a.lastIter()
+	}
+	cliOK(t, h, env, img, "restore", "-D", img)
+	for i, a := range apps {
+		a.waitIter(befores[i]+10, time.Minute)
+		if w := workerOf(t, h, a.pid); workers[w] {
+			t.Errorf("restored pid %d is served by worker %d, which served a program before the checkpoint", a.pid, w)
+		}
+	}
+	for i, a := range apps {
+		_ = syscall.Kill(a.pid, syscall.SIGKILL)
+		compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args[i], maxIter(a.heartbeats())))
+	}
 }
