@@ -30,7 +30,7 @@ ROUNDS=${ROUNDS:-8}
 CALLS=${CALLS:-200000}
 fresh_logs build/gpu/served
 BIN=${BIN:-build/gpu/bin}
-gpu_apps || exit 1
+[ -x "$BIN/heartbeat" ] || gpu_apps || exit 1
 SOCK=/run/gpucr/served-helper.sock
 HELPER=
 trap 'kill $HELPER 2>/dev/null; [ -n "${OUT:-}" ] && tar -czf "$OUT/served-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Checkpoint and restore in served mode on the GPU machine, beside in-process
+# mode, same program, same call:
+#
+#   bash tests/gpu/served/served-cr.sh GPUCR_PREFIX CRIU_BUNDLE [MIB]
+#
+# heartbeat (tests/apps/heartbeat.c, MIB of device memory in 8 buffers,
+# default 8192) under `gpucr run` (in-process) and `gpucr run --served`, in
+# alternating order, ROUNDS rounds each (default 2): `gpucr checkpoint PID
+# -D DIR --json` (the process ends), `gpucr restore -D DIR`, the time from
+# the restore's start to its next heartbeat, whether the heartbeats go on
+# from where they stopped (each compared with an uninterrupted run's), and
+# the CRIU image's page files (what CRIU wrote of the process's host
+# memory). Images in /dev/shm. Logs in build/gpu/served-cr (and $OUT).
+set -u
+cd "$(dirname "$0")/../../.."
+. tests/gpu/lib.sh
+prefix_criu_args "usage: served-cr.sh GPUCR_PREFIX CRIU_BUNDLE [MIB]" "$@"
+MIB=${3:-8192}
+ROUNDS=${ROUNDS:-2}
+fresh_logs build/gpu/served-cr
+use_criu "$C" || exit 1
+BIN=${BIN:-build/gpu/bin}
+[ -x "$BIN/heartbeat" ] || gpu_apps || exit 1
+SOCK=/run/gpucr/served-cr.sock
+HELPER=
+trap 'kill $HELPER 2>/dev/null; rm -rf /dev/shm/gpucr-served-cr; [ -n "${OUT:-}" ] && tar -czf "$OUT/served-cr-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
+note_host "heartbeat --mib $MIB --buffers 8"
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info --served-pool 1 || { bad "the helper did not answer"; exit 1; }
+ARGS=(--mib "$MIB" --buffers 8 --interval-ms 100 --hb-every 1)
+for r in $(seq "$ROUNDS"); do
+	order="inproc served"
+	[ $((r % 2)) = 0 ] && order="served inproc"
+	for m in $order; do
+		flags=()
+		[ "$m" = served ] && flags=(--served)
+		log=$LOGS/hb.$m.$r
+		img=/dev/shm/gpucr-served-cr/$m.$r
+		rm -rf "$img" && mkdir -p "$img"
+		"$GPUCR" run "${flags[@]}" --socket "$SOCK" -- "$BIN/heartbeat" "${ARGS[@]}" >"$log" 2>&1 &
+		pid=$!
+		for _ in $(seq 600); do [ "$(hbs "$log")" -ge 5 ] && break; sleep 0.1; done
+		rss=$(awk '/^Rss:/{r=$2} /^Private_Dirty:/{d=$2} END{printf "%.0f/%.0f", r/1024, d/1024}' "/proc/$pid/smaps_rollup")
+		GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" checkpoint "$pid" -D "$img" --json >"$LOGS/dump.$m.$r" 2>&1 || bad "$m round $r: checkpoint: $(tail -2 "$LOGS/dump.$m.$r" | tr '\n' ' ')"
+		wait "$pid" 2>/dev/null
+		pid_gone "$pid" || bad "$m round $r: pid $pid still there"
+		n=$(hbs "$log")
+		pages=$(du -cm "$img"/pages-*.img 2>/dev/null | tail -1 | cut -f1)
+		t0=$(now)
+		GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" restore -D "$img" --json >"$LOGS/restore.$m.$r" 2>&1 || bad "$m round $r: restore: $(tail -2 "$LOGS/restore.$m.$r" | tr '\n' ' ')"
+		t1=$(next_heartbeat "$log" "$n")
+		sleep 1
+		kill -9 "$pid" 2>/dev/null
+		pid_gone "$pid"
+		echo "$m $r $(jf "$LOGS/dump.$m.$r" seconds) $(python3 -c "print(f'{${t1:-$t0}-$t0:.3f}' if '${t1}' else 'none')") ${pages:-?} $rss" >>"$LOGS/times.txt"
+		# exactness: each heartbeat after the restore against an uninterrupted run's
+		want=$(timeout 300 "$BIN/heartbeat" --mib "$MIB" --buffers 8 --interval-ms 0 --hb-every 1 --iters "$(grep -c '^hb' "$log")" 2>&1 | grep '^hb' | awk '{print $2, $3}')
+		got=$(grep '^hb' "$log" | awk '{print $2, $3}')
+		if [ "$(echo "$got" | sort -n | uniq)" = "$(echo "$want" | sort -n | uniq | head -n "$(echo "$got" | sort -n | uniq | wc -l)")" ]; then
+			note "  $m round $r: heartbeats equal to an uninterrupted run's (through iteration $(echo "$got" | tail -1 | cut -d' ' -f1))"
+		else
+			bad "$m round $r: heartbeats differ from an uninterrupted run's"
+		fi
+	done
+done
+note "## checkpoint (process ends) and restore to its next heartbeat, heartbeat $MIB MiB"
+note "  mode round dump_s restore_to_hb_s criu_pages_MiB rss/private_dirty_MiB_before"
+sed 's/^/  /' "$LOGS/times.txt" | tee -a "$LOGS/summary.txt"
+exit $fail
