@@ -115,7 +115,11 @@
     X(cuMemRelease)                                                                                                    \
     X(cuMemMap)                                                                                                        \
     X(cuMemUnmap)                                                                                                      \
-    X(cuMemSetAccess)
+    X(cuMemSetAccess)                                                                                                  \
+    X(cuMemImportFromShareableHandle)                                                                                  \
+    X(cuMemExportToShareableHandle)                                                                                    \
+    X(cuMemRetainAllocationHandle)                                                                                     \
+    X(cuMemGetAllocationPropertiesFromHandle)
 
 #define DRV_DECL(f) static __typeof__(&f) p_##f;
 DRV(DRV_DECL)
@@ -227,6 +231,12 @@ typedef struct {
     uint64_t tail;
     uint8_t *image; /* a module or library image being sent, SV_OP_IMAGE_CHUNK */
     uint64_t image_len, image_cap;
+    /* The VMM handles this worker holds for its process (made, imported, retained) with their references: what
+     * a release may name, and the bound on what the process may make the worker hold (SV_MAX_VMM_HANDLES). An
+     * open-addressing table of twice that many slots; key 0 is empty. */
+    uint64_t *hkey;
+    uint32_t *hrefs;
+    uint32_t hcount;
     char *err;
     size_t errlen;
 } svc;
@@ -322,6 +332,60 @@ static void *get(svc *s, unsigned kind, uint32_t id) { return id < sv_cap(kind) 
 /* A creation's id: in range and free. */
 static bool id_free(svc *s, unsigned kind, uint32_t id) {
     return id > 0 && id < sv_cap(kind) && s->tab[kind][id] == NULL;
+}
+
+/* ---- VMM handles ---- */
+
+#define HSLOTS (2u * SV_MAX_VMM_HANDLES)
+
+static uint32_t hslot(uint64_t h) { return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 40) & (HSLOTS - 1); }
+
+/* The slot of h, or of the empty slot where it would go. */
+static uint32_t hfind(const svc *s, uint64_t h) {
+    uint32_t i = hslot(h);
+    while (s->hkey[i] && s->hkey[i] != h)
+        i = (i + 1) & (HSLOTS - 1);
+    return i;
+}
+
+static bool hfull(const svc *s) { return s->hcount >= SV_MAX_VMM_HANDLES; }
+
+/* One more reference to h (a creation, an import, a retain); the caller checked hfull for a new one. */
+static void hadd(svc *s, uint64_t h) {
+    uint32_t i = hfind(s, h);
+    if (s->hkey[i] == h) {
+        s->hrefs[i]++;
+        return;
+    }
+    s->hkey[i] = h;
+    s->hrefs[i] = 1;
+    s->hcount++;
+}
+
+static bool hhas(const svc *s, uint64_t h) { return h && s->hkey[hfind(s, h)] == h; }
+
+/* One reference less; at none the slot empties (backward shift: no tombstones, probes stay short). */
+static void hdrop(svc *s, uint64_t h) {
+    uint32_t i = hfind(s, h);
+    if (s->hkey[i] != h || --s->hrefs[i] > 0)
+        return;
+    s->hcount--;
+    uint32_t j = i;
+    for (;;) {
+        s->hkey[i] = 0;
+        for (;;) {
+            j = (j + 1) & (HSLOTS - 1);
+            if (!s->hkey[j])
+                return;
+            uint32_t home = hslot(s->hkey[j]);
+            /* j's entry may move to i when its home is not in (i, j] (cyclically) */
+            if (i <= j ? (home <= i || home > j) : (home <= i && home > j))
+                break;
+        }
+        s->hkey[i] = s->hkey[j];
+        s->hrefs[i] = s->hrefs[j];
+        i = j;
+    }
 }
 
 static CUresult stream_of(svc *s, uint32_t v, CUstream *out) {
@@ -586,7 +650,6 @@ static CUresult run_library_load(svc *s, const struct sv_load_rec *L, uint8_t *o
 }
 
 static CUresult run_vmm(svc *s, unsigned op, const struct sv_vmm_rec *v, uint8_t *out, uint32_t *len) {
-    (void)s;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -619,17 +682,170 @@ static CUresult run_vmm(svc *s, unsigned op, const struct sv_vmm_rec *v, uint8_t
     case SV_OP_VMM_ADDR_FREE: return p_cuMemAddressFree(v->a, v->b);
     case SV_OP_VMM_CREATE: {
         CUmemGenericAllocationHandle h = 0;
+        if (hfull(s))
+            return CUDA_ERROR_OUT_OF_MEMORY; /* the process holds SV_MAX_VMM_HANDLES already */
         r = p_cuMemCreate(&h, v->a, &prop, v->b);
+        if (r == CUDA_SUCCESS)
+            hadd(s, h);
         uint64_t h64 = h;
         memcpy(out, &h64, sizeof h64);
         *len = sizeof h64;
         return r;
     }
-    case SV_OP_VMM_RELEASE: return p_cuMemRelease(v->a);
+    case SV_OP_VMM_RELEASE:
+        /* Only a handle this worker gave the process: the driver is not handed values it never made. */
+        if (!hhas(s, v->a))
+            return CUDA_ERROR_INVALID_VALUE;
+        if ((r = p_cuMemRelease(v->a)) == CUDA_SUCCESS)
+            hdrop(s, v->a);
+        return r;
     case SV_OP_VMM_MAP: return p_cuMemMap(v->a, v->b, v->c, v->d, v->e);
     case SV_OP_VMM_UNMAP: return p_cuMemUnmap(v->a, v->b);
     default: return CUDA_ERROR_INVALID_VALUE;
     }
+}
+
+/* ---- descriptors over the socket (served.h: VMM handles across processes) ---- */
+
+#define FD_WAIT_MS 10000 /* the client sent the descriptor before it published the record: it is there already */
+
+/*
+ * The descriptor of the import record seq: exactly one message, which must name seq and carry exactly one
+ * descriptor (any more are closed). 0 with *fd, or -1 (err filled): the socket no longer matches the ring.
+ */
+static int recv_fd(svc *s, uint64_t seq, int *fd) {
+    struct sv_fdmsg m;
+    char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+    struct iovec iov = {&m, sizeof m};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    ssize_t n;
+    *fd = -1;
+    for (;;) {
+        struct pollfd p = {.fd = s->sock, .events = POLLIN};
+        int pr = poll(&p, 1, FD_WAIT_MS);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            return fail(s, "import record %llu: no descriptor on the socket within %d ms", (unsigned long long)seq,
+                        FD_WAIT_MS);
+        n = recvmsg(s->sock, &h, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        break;
+    }
+    int got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+            if (got++ == 0)
+                *fd = f;
+            else
+                close(f); /* a record makes the worker hold one descriptor, for the length of the import */
+        }
+    }
+    if (n != (ssize_t)sizeof m || m.magic != SV_FD_MAGIC || m.seq != seq || got != 1 || (h.msg_flags & MSG_CTRUNC)) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        if (n == 0)
+            return fail(s, "import record %llu: the client closed its socket", (unsigned long long)seq);
+        return fail(s, "import record %llu: the socket's message (%zd bytes, seq %llu, %d descriptors) is not its own",
+                    (unsigned long long)seq, n, n == (ssize_t)sizeof m ? (unsigned long long)m.seq : 0ull, got);
+    }
+    return 0;
+}
+
+/* Sends fd with the message of seq: 0, or -1 (the client is gone or its socket full). */
+static int send_fd(svc *s, uint64_t seq, int fd) {
+    struct sv_fdmsg m = {SV_FD_MAGIC, 0, seq};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {&m, sizeof m};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    ssize_t n;
+    do
+        n = sendmsg(s->sock, &h, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof m ? 0 : -1;
+}
+
+/* SV_OP_VMM_IMPORT, EXPORT, RETAIN, PROPS: 0, or -1 when the socket no longer matches the ring (err filled). */
+static int run_share(svc *s, unsigned op, const struct sv_fd_rec *q, uint8_t *out, uint32_t *len, CUresult *res) {
+    CUresult r = CUDA_SUCCESS;
+    CUmemGenericAllocationHandle h = 0;
+    switch (op) {
+    case SV_OP_VMM_IMPORT: {
+        int fd;
+        if (recv_fd(s, q->seq, &fd) != 0)
+            return -1;
+        if (q->type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            r = CUDA_ERROR_NOT_SUPPORTED;
+        else if (hfull(s))
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else if ((r = p_cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) == CUDA_SUCCESS)
+            hadd(s, h);
+        close(fd); /* the driver keeps what it needs of it */
+        break;
+    }
+    case SV_OP_VMM_EXPORT: {
+        int fd = -1;
+        if (q->type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+            r = CUDA_ERROR_NOT_SUPPORTED;
+        else if (!hhas(s, q->handle))
+            r = CUDA_ERROR_INVALID_VALUE;
+        else if ((r = p_cuMemExportToShareableHandle(&fd, q->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ==
+                 CUDA_SUCCESS) {
+            if (send_fd(s, q->seq, fd) != 0)
+                r = CUDA_ERROR_OPERATING_SYSTEM;
+            close(fd); /* sent: the client's copy is the one that counts */
+        }
+        break;
+    }
+    case SV_OP_VMM_RETAIN:
+        if (hfull(s))
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else if ((r = p_cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)q->handle)) == CUDA_SUCCESS)
+            hadd(s, h);
+        break;
+    case SV_OP_VMM_PROPS: {
+        CUmemAllocationProp p;
+        memset(&p, 0, sizeof p);
+        struct sv_props o;
+        memset(&o, 0, sizeof o);
+        if (!hhas(s, q->handle)) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else if ((r = p_cuMemGetAllocationPropertiesFromHandle(&p, q->handle)) == CUDA_SUCCESS) {
+            o.type = (uint32_t)p.type;
+            o.handle_types = (uint32_t)p.requestedHandleTypes;
+            o.loc_type = (uint32_t)p.location.type;
+            /* the application knows the worker's device as 0 */
+            o.loc_id = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.location.id == W.dev ? 0 : p.location.id;
+            o.compression = p.allocFlags.compressionType;
+            o.rdma = p.allocFlags.gpuDirectRDMACapable;
+            o.usage = p.allocFlags.usage;
+        }
+        memcpy(out, &o, sizeof o);
+        *len = sizeof o;
+        *res = r;
+        return 0;
+    }
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    uint64_t h64 = h;
+    memcpy(out, &h64, sizeof h64);
+    *len = sizeof h64;
+    *res = r;
+    return 0;
 }
 
 /* One record: 0, or -1 when the ring is broken (err filled). */
@@ -1058,6 +1274,15 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
             r = p_cuMemSetAccess(q.ptr, q.size, d, q.count);
         break;
     }
+    case SV_OP_VMM_IMPORT:
+    case SV_OP_VMM_EXPORT:
+    case SV_OP_VMM_RETAIN:
+    case SV_OP_VMM_PROPS: {
+        PAYLOAD(struct sv_fd_rec, q);
+        if (run_share(s, rec->op, &q, out, &olen, &r) != 0)
+            return -1;
+        break;
+    }
     default: return fail(s, "record at %llu: unknown op %u", (unsigned long long)s->tail, rec->op);
     }
 
@@ -1230,6 +1455,15 @@ int sv_serve(int sock, char *err, size_t errlen) {
                 free(s.tab[j]);
             return fail(&s, "out of memory for the handle tables");
         }
+    s.hkey = calloc(HSLOTS, sizeof *s.hkey);
+    s.hrefs = calloc(HSLOTS, sizeof *s.hrefs);
+    if (!s.hkey || !s.hrefs) {
+        free(s.hkey);
+        free(s.hrefs);
+        for (unsigned k = 0; k < SV_K_COUNT; k++)
+            free(s.tab[k]);
+        return fail(&s, "out of memory for the VMM handle table");
+    }
     int rc = handshake(&s);
     if (rc == 1)
         rc = 0; /* the client left before it said anything */
@@ -1249,5 +1483,7 @@ int sv_serve(int sock, char *err, size_t errlen) {
                 }
         free(s.tab[k]);
     }
+    free(s.hkey);
+    free(s.hrefs);
     return rc;
 }

@@ -6,6 +6,7 @@
  * synchronizations, queries and synchronous copies and memsets), as a
  * launch's would on the driver.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,17 +14,29 @@
 
 #include "client.h"
 
+/* What a stream capture forwarded (below, before streams and events). */
+static void cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
+static void cap_taint(uint32_t stream, const char *why);
+
 /* The primary context, as the application sees it; which thread has it current; its retains. */
 #define SV_CTX ((CUcontext)sv_handle(0xcc, 1))
 static _Thread_local bool cur;
 static _Atomic int retained;
 
 static inline CUresult need_ctx(void) {
-    if (__builtin_expect(atomic_load_explicit(&sv_up, memory_order_relaxed) == 1 && cur, 1))
+    if (__builtin_expect(atomic_load_explicit(&sv_up, memory_order_relaxed) == SV_S_UP && cur, 1))
         return CUDA_SUCCESS;
     CUresult r = sv_ready();
-    return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_CONTEXT;
+    return r != CUDA_SUCCESS ? r : cur ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
+
+/* sv_enter for a function's body: the early returns of a call that uses the shared memory. */
+#define ENTER()                                                                                                        \
+    do {                                                                                                               \
+        CUresult r_ = sv_enter();                                                                                      \
+        if (r_ != CUDA_SUCCESS)                                                                                        \
+            return r_;                                                                                                 \
+    } while (0)
 
 #define NEED_CTX()                                                                                                     \
     do {                                                                                                               \
@@ -56,9 +69,73 @@ static CUresult stream_arg(CUstream h, uint32_t *out) {
     return CUDA_SUCCESS;
 }
 
+/*
+ * The device's constant answers (name, attributes, bus id, memory, UUID, the driver's version), kept once
+ * asked: answered here from then on, and while detached too (no worker then); forgotten when another worker
+ * takes the process (sv_api_attached), which may run on another GPU.
+ */
+#define QC_ATTRS 256
+#define QC_BYTES 256
+static struct {
+    pthread_mutex_t mu;
+    bool have[SV_Q_PRIMARY_STATE + 1];
+    uint32_t len[SV_Q_PRIMARY_STATE + 1];
+    uint8_t v[SV_Q_PRIMARY_STATE + 1][QC_BYTES];
+    bool attr_have[QC_ATTRS];
+    int32_t attr[QC_ATTRS];
+} QC = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static bool qc_constant(unsigned what) {
+    return what == SV_Q_NAME || what == SV_Q_BUSID || what == SV_Q_TOTALMEM || what == SV_Q_UUID ||
+           what == SV_Q_DRIVER_VERSION;
+}
+
 static CUresult query(unsigned what, int arg, void *out, uint32_t cap, uint32_t *len) {
+    bool attr = what == SV_Q_ATTR && arg >= 0 && arg < QC_ATTRS;
+    if (attr || qc_constant(what)) {
+        bool hit = false;
+        pthread_mutex_lock(&QC.mu);
+        if (attr && QC.attr_have[arg] && cap >= sizeof(int32_t)) {
+            memcpy(out, &QC.attr[arg], sizeof(int32_t));
+            if (len)
+                *len = sizeof(int32_t);
+            hit = true;
+        } else if (!attr && QC.have[what] && QC.len[what] <= cap) {
+            memcpy(out, QC.v[what], QC.len[what]);
+            if (len)
+                *len = QC.len[what];
+            hit = true;
+        }
+        pthread_mutex_unlock(&QC.mu);
+        if (hit)
+            return CUDA_SUCCESS;
+    }
     struct sv_query_rec q = {what, arg};
-    return sv_sync(SV_OP_QUERY, &q, sizeof q, out, cap, len, false);
+    uint32_t n = 0;
+    CUresult r = sv_sync(SV_OP_QUERY, &q, sizeof q, out, cap, &n, false);
+    if (len)
+        *len = n;
+    if (r == CUDA_SUCCESS && (attr || qc_constant(what)) && n <= QC_BYTES) {
+        pthread_mutex_lock(&QC.mu);
+        if (attr && n == sizeof(int32_t)) {
+            memcpy(&QC.attr[arg], out, sizeof(int32_t));
+            QC.attr_have[arg] = true;
+        } else if (!attr) {
+            memcpy(QC.v[what], out, n);
+            QC.len[what] = n;
+            QC.have[what] = true;
+        }
+        pthread_mutex_unlock(&QC.mu);
+    }
+    return r;
+}
+
+void sv_api_attached(bool device_changed) {
+    (void)device_changed; /* the same GPU may be another model's twin, or not: asked again either way */
+    pthread_mutex_lock(&QC.mu);
+    memset(QC.have, 0, sizeof QC.have);
+    memset(QC.attr_have, 0, sizeof QC.attr_have);
+    pthread_mutex_unlock(&QC.mu);
 }
 
 /* ---- initialization, devices ---- */
@@ -193,10 +270,22 @@ SV_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
     return r;
 }
 
+/* The primary context's flags as the process set them: a new worker's context gets them too. */
+static _Atomic int64_t primary_flags = -1;
+
+bool sv_primary_flags(unsigned *flags) {
+    int64_t f = atomic_load(&primary_flags);
+    *flags = f < 0 ? 0 : (unsigned)f;
+    return f >= 0;
+}
+
 SV_API CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
     NEED_DEV(dev);
     struct sv_id_rec q = {0, flags};
-    return sv_sync(SV_OP_PRIMARY_SET_FLAGS, &q, sizeof q, NULL, 0, NULL, false);
+    CUresult r = sv_sync(SV_OP_PRIMARY_SET_FLAGS, &q, sizeof q, NULL, 0, NULL, false);
+    if (r == CUDA_SUCCESS)
+        atomic_store(&primary_flags, (int64_t)flags);
+    return r;
 }
 
 SV_API CUresult cuCtxGetCurrent(CUcontext *pctx) {
@@ -305,7 +394,10 @@ SV_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h) 
     NEED_CTX();
     struct sv_mem_async_rec q = {bytesize, 0, 0};
     CUresult r = stream_arg(h, &q.stream);
-    return r != CUDA_SUCCESS ? r : alloc_reply(SV_OP_MEM_ALLOC_ASYNC, &q, sizeof q, dptr, bytesize);
+    if (r != CUDA_SUCCESS)
+        return r;
+    cap_taint(q.stream, "a stream-ordered allocation");
+    return alloc_reply(SV_OP_MEM_ALLOC_ASYNC, &q, sizeof q, dptr, bytesize);
 }
 
 SV_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
@@ -314,6 +406,7 @@ SV_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
     CUresult r = stream_arg(h, &q.stream);
     if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_MEM_FREE_ASYNC, &q, sizeof q)) != CUDA_SUCCESS)
         return r;
+    cap_taint(q.stream, "a stream-ordered free");
     sv_range_del(dptr);
     return CUDA_SUCCESS;
 }
@@ -349,13 +442,12 @@ SV_API CUresult cuMemHostUnregister(void *p) {
 /* ---- copies, through the staging slots ---- */
 
 /* Host to device: each chunk is copied into a staging slot here. Async: returns once all are staged. */
-static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint32_t stream, bool async) {
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (!src)
-        return CUDA_ERROR_INVALID_VALUE;
+
+static CUresult htod_in(CUdeviceptr dst, const void *src, size_t n, uint32_t stream, bool async) {
     uint32_t reply = 0;
     CUresult r;
+    if (async)
+        cap_taint(stream, "a copy from host memory (staged: its source would be gone)");
     if (!async && (r = sv_reply_claim(&reply)) != CUDA_SUCCESS)
         return r;
     r = CUDA_SUCCESS;
@@ -385,14 +477,23 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint32_t stream
     return r;
 }
 
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint32_t stream, bool async) {
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!src)
+        return CUDA_ERROR_INVALID_VALUE;
+    ENTER();
+    CUresult r = htod_in(dst, src, n, stream, async);
+    sv_leave();
+    return r;
+}
+
 #define DTOH_INFLIGHT 4u
 
 /* Device to host (pageable: done when it returns), a few chunks in flight. */
-static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
-    if (n == 0)
-        return CUDA_SUCCESS;
-    if (!dst)
-        return CUDA_ERROR_INVALID_VALUE;
+static CUresult dtoh_in(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
+    if (async)
+        cap_taint(stream, "a copy to host memory (staged)");
     struct {
         uint32_t slot;
         size_t off, len;
@@ -439,9 +540,25 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool
     return sv_take_deferred(r);
 }
 
+static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (!dst)
+        return CUDA_ERROR_INVALID_VALUE;
+    ENTER();
+    CUresult r = dtoh_in(dst, src, n, stream, async);
+    sv_leave();
+    return r;
+}
+
 static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
     struct sv_dtod_rec q = {dst, src, n, stream, async};
-    return async ? sv_async(SV_OP_DTOD, &q, sizeof q) : sv_sync(SV_OP_DTOD, &q, sizeof q, NULL, 0, NULL, true);
+    if (!async)
+        return sv_sync(SV_OP_DTOD, &q, sizeof q, NULL, 0, NULL, true);
+    CUresult r = sv_async(SV_OP_DTOD, &q, sizeof q);
+    if (r == CUDA_SUCCESS)
+        cap_note(stream, SV_OP_DTOD, &q, sizeof q);
+    return r;
 }
 
 SV_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
@@ -519,7 +636,11 @@ static CUresult memset_any(CUdeviceptr dst, uint32_t val, size_t n, unsigned ele
     CUresult r = async ? stream_arg(h, &q.stream) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
-    return async ? sv_async(SV_OP_MEMSET, &q, sizeof q) : sv_sync(SV_OP_MEMSET, &q, sizeof q, NULL, 0, NULL, true);
+    if (!async)
+        return sv_sync(SV_OP_MEMSET, &q, sizeof q, NULL, 0, NULL, true);
+    if ((r = sv_async(SV_OP_MEMSET, &q, sizeof q)) == CUDA_SUCCESS)
+        cap_note(q.stream, SV_OP_MEMSET, &q, sizeof q);
+    return r;
 }
 
 SV_API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return memset_any(d, v, n, 1, NULL, false); }
@@ -535,6 +656,145 @@ SV_API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUst
 }
 SV_API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream h) {
     return memset_any(d, v, n, 4, h, true);
+}
+
+/* ---- what a stream capture forwards, kept to capture it again (client.h: sv_caplog) ---- */
+
+#define CAP_SESSIONS 8u
+#define CAP_EVENTS 64u
+static struct {
+    pthread_mutex_t mu;
+    _Atomic int n; /* sessions: none is the common case, looked at without the lock */
+    sv_caplog *s[CAP_SESSIONS];
+    struct {
+        uint32_t ev;
+        sv_caplog *log;
+    } ev[CAP_EVENTS]; /* events recorded inside a capture: a stream that waits on one joins it */
+    unsigned nev;
+} CAP = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+void sv_caplog_put(sv_caplog *l) {
+    if (l && atomic_fetch_sub(&l->refs, 1) == 1) {
+        free(l->buf);
+        free(l);
+    }
+}
+
+/* The capture stream belongs to (CAP.mu held), or NULL. */
+static sv_caplog *cap_of(uint32_t stream) {
+    for (unsigned i = 0; i < CAP_SESSIONS; i++) {
+        sv_caplog *l = CAP.s[i];
+        for (uint32_t j = 0; l && j < l->nstreams; j++)
+            if (l->streams[j] == stream)
+                return l;
+    }
+    return NULL;
+}
+
+static void cap_append(sv_caplog *l, unsigned op, const void *pl, uint32_t plen) {
+    size_t need = 8 + ((size_t)plen + 7) / 8 * 8;
+    if (l->len + need > l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 4096;
+        while (cap < l->len + need)
+            cap *= 2;
+        uint8_t *b = realloc(l->buf, cap);
+        if (!b) {
+            l->bad = "out of memory keeping its records";
+            return;
+        }
+        l->buf = b;
+        l->cap = cap;
+    }
+    uint32_t h[2] = {op, plen};
+    memcpy(l->buf + l->len, h, sizeof h);
+    memcpy(l->buf + l->len + 8, pl, plen);
+    memset(l->buf + l->len + 8 + plen, 0, need - 8 - plen);
+    l->len += need;
+}
+
+/* A record forwarded on stream: kept if the stream captures. */
+static void cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen) {
+    if (__builtin_expect(!atomic_load_explicit(&CAP.n, memory_order_relaxed), 1))
+        return;
+    pthread_mutex_lock(&CAP.mu);
+    sv_caplog *l = cap_of(stream);
+    if (l && !l->bad)
+        cap_append(l, op, pl, plen);
+    if (l && op == SV_OP_EVENT_RECORD && CAP.nev < CAP_EVENTS) {
+        const struct sv_pair_rec *q = pl;
+        CAP.ev[CAP.nev].ev = q->a;
+        CAP.ev[CAP.nev++].log = l;
+    }
+    pthread_mutex_unlock(&CAP.mu);
+}
+
+/* Something forwarded on stream that capturing again would not reproduce. */
+static void cap_taint(uint32_t stream, const char *why) {
+    if (__builtin_expect(!atomic_load_explicit(&CAP.n, memory_order_relaxed), 1))
+        return;
+    pthread_mutex_lock(&CAP.mu);
+    sv_caplog *l = cap_of(stream);
+    if (l && !l->bad)
+        l->bad = why;
+    pthread_mutex_unlock(&CAP.mu);
+}
+
+/* cuStreamWaitEvent: a stream that waits on an event recorded in a capture joins that capture. */
+static void cap_wait(const struct sv_pair_rec *q) {
+    if (__builtin_expect(!atomic_load_explicit(&CAP.n, memory_order_relaxed), 1))
+        return;
+    pthread_mutex_lock(&CAP.mu);
+    sv_caplog *l = cap_of(q->a);
+    for (unsigned i = CAP.nev; !l && i-- > 0;)
+        if (CAP.ev[i].ev == q->b) {
+            l = CAP.ev[i].log;
+            if (l->nstreams < SV_CAP_STREAMS)
+                l->streams[l->nstreams++] = q->a;
+            else
+                l->bad = "more than 16 streams";
+        }
+    if (l && !l->bad)
+        cap_append(l, SV_OP_STREAM_WAIT_EVENT, q, sizeof *q);
+    pthread_mutex_unlock(&CAP.mu);
+}
+
+static void cap_begin(uint32_t stream, uint32_t mode) {
+    sv_caplog *l = calloc(1, sizeof *l);
+    pthread_mutex_lock(&CAP.mu);
+    unsigned i = 0;
+    while (i < CAP_SESSIONS && CAP.s[i])
+        i++;
+    if (l && i < CAP_SESSIONS && !cap_of(stream)) {
+        atomic_store(&l->refs, 1);
+        l->origin = stream;
+        l->mode = mode;
+        l->streams[0] = stream;
+        l->nstreams = 1;
+        CAP.s[i] = l;
+        atomic_fetch_add(&CAP.n, 1);
+        l = NULL;
+    }
+    pthread_mutex_unlock(&CAP.mu);
+    free(l); /* no room: the graph of this capture cannot be made again in another worker (said then) */
+}
+
+/* The capture that began on stream ends: its record, for the graph (NULL: none was kept). */
+static sv_caplog *cap_end(uint32_t stream) {
+    sv_caplog *l = NULL;
+    pthread_mutex_lock(&CAP.mu);
+    for (unsigned i = 0; i < CAP_SESSIONS; i++)
+        if (CAP.s[i] && CAP.s[i]->origin == stream) {
+            l = CAP.s[i];
+            CAP.s[i] = NULL;
+            atomic_fetch_sub(&CAP.n, 1);
+        }
+    unsigned k = 0;
+    for (unsigned i = 0; i < CAP.nev; i++)
+        if (CAP.ev[i].log != l)
+            CAP.ev[k++] = CAP.ev[i];
+    CAP.nev = k;
+    pthread_mutex_unlock(&CAP.mu);
+    return l;
 }
 
 /* ---- streams and events ---- */
@@ -599,14 +859,22 @@ SV_API CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
     CUresult r = stream_arg(h, &q.a);
     if (r != CUDA_SUCCESS)
         return r;
-    return q.b ? sv_async(SV_OP_STREAM_WAIT_EVENT, &q, sizeof q) : CUDA_ERROR_INVALID_HANDLE;
+    if (!q.b)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((r = sv_async(SV_OP_STREAM_WAIT_EVENT, &q, sizeof q)) == CUDA_SUCCESS)
+        cap_wait(&q);
+    return r;
 }
 
 SV_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
     NEED_CTX();
     struct sv_pair_rec q = {0, 0, (uint32_t)mode, 0};
     CUresult r = stream_arg(h, &q.a);
-    return r != CUDA_SUCCESS ? r : sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false);
+    if (r != CUDA_SUCCESS || (r = sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false)) != CUDA_SUCCESS)
+        return r;
+    if (q.a >= SV_STREAM_FIRST_ID)
+        cap_begin(q.a, q.flags);
+    return CUDA_SUCCESS;
 }
 
 SV_API CUresult cuStreamEndCapture(CUstream h, CUgraph *pg) {
@@ -620,12 +888,14 @@ SV_API CUresult cuStreamEndCapture(CUstream h, CUgraph *pg) {
     if (!(q.b = sv_id_new(SV_K_GRAPH)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     r = sv_sync(SV_OP_STREAM_END_CAPTURE, &q, sizeof q, NULL, 0, NULL, false);
+    sv_caplog *log = cap_end(q.a);
     if (r != CUDA_SUCCESS) {
+        sv_caplog_put(log);
         sv_id_drop(SV_K_GRAPH, q.b);
         return r;
     }
-    /* A captured graph cannot be made again from a record: a replay would have to capture it again. */
-    sv_id_set(SV_K_GRAPH, q.b, NULL);
+    /* What the capture forwarded: a new worker captures it again (replay.c). */
+    sv_id_set(SV_K_GRAPH, q.b, log);
     *pg = sv_handle(SV_K_GRAPH, q.b);
     return CUDA_SUCCESS;
 }
@@ -637,14 +907,25 @@ SV_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g, unsigned
     struct sv_graph_rec q = {0, sv_id(SV_K_GRAPH, g), flags};
     if (!q.graph)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (!(q.exec = sv_id_new(SV_K_EXEC)))
+    sv_exec *x = malloc(sizeof *x);
+    if (!x)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!(q.exec = sv_id_new(SV_K_EXEC))) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult r = sv_sync(SV_OP_GRAPH_INSTANTIATE, &q, sizeof q, NULL, 0, NULL, false);
     if (r != CUDA_SUCCESS) {
+        free(x);
         sv_id_drop(SV_K_EXEC, q.exec);
         return r;
     }
-    sv_id_set(SV_K_EXEC, q.exec, NULL);
+    /* The exec keeps the graph's capture: the graph is often destroyed while its exec lives on. */
+    x->log = sv_id_data(SV_K_GRAPH, q.graph);
+    if (x->log)
+        atomic_fetch_add(&x->log->refs, 1);
+    x->flags = flags;
+    sv_id_set(SV_K_EXEC, q.exec, x);
     *pe = sv_handle(SV_K_EXEC, q.exec);
     return CUDA_SUCCESS;
 }
@@ -655,7 +936,10 @@ SV_API CUresult cuGraphLaunch(CUgraphExec e, CUstream h) {
     if (!q.exec)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = stream_arg(h, &q.graph); /* graph: the stream, in a launch */
-    return r != CUDA_SUCCESS ? r : sv_async(SV_OP_GRAPH_LAUNCH, &q, sizeof q);
+    if (r != CUDA_SUCCESS)
+        return r;
+    cap_taint(q.graph, "a graph launched into it");
+    return sv_async(SV_OP_GRAPH_LAUNCH, &q, sizeof q);
 }
 
 SV_API CUresult cuGraphExecDestroy(CUgraphExec e) { return destroy(SV_K_EXEC, SV_OP_GRAPH_EXEC_DESTROY, e); }
@@ -672,7 +956,10 @@ static CUresult memop(CUstream h, CUdeviceptr addr, uint64_t value, unsigned kin
     NEED_CTX();
     struct sv_memop_rec q = {addr, value, 0, kind, flags, 0};
     CUresult r = stream_arg(h, &q.stream);
-    return r != CUDA_SUCCESS ? r : sv_async(SV_OP_STREAM_MEMOP, &q, sizeof q);
+    if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_STREAM_MEMOP, &q, sizeof q)) != CUDA_SUCCESS)
+        return r;
+    cap_note(q.stream, SV_OP_STREAM_MEMOP, &q, sizeof q);
+    return CUDA_SUCCESS;
 }
 
 SV_API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
@@ -705,7 +992,10 @@ SV_API CUresult cuEventRecord(CUevent e, CUstream h) {
     if (!q.a)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = stream_arg(h, &q.b);
-    return r != CUDA_SUCCESS ? r : sv_async(SV_OP_EVENT_RECORD, &q, sizeof q);
+    if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_EVENT_RECORD, &q, sizeof q)) != CUDA_SUCCESS)
+        return r;
+    cap_note(q.b, SV_OP_EVENT_RECORD, &q, sizeof q);
+    return CUDA_SUCCESS;
 }
 
 static CUresult event_sync_op(unsigned op, CUevent e) {
@@ -770,24 +1060,14 @@ static uint64_t image_size(const void *image) {
  * An image through staging (chunks that the reply slot's group collects), then its load record from rec
  * (op, payload of plen bytes), answered in reply; one image sequence at a time. The image is kept for a replay.
  */
-static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t plen, void *out, uint32_t cap,
-                           uint32_t *outlen, sv_image **keep) {
-    uint64_t size = image_size(image);
-    if (size == 0 || size > SV_MAX_IMAGE)
-        return CUDA_ERROR_INVALID_IMAGE;
-    sv_image *im = malloc(sizeof *im);
-    if (!im || !(im->image = malloc(size))) {
-        free(im);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    memcpy(im->image, image, size);
-    im->size = size;
+CUresult sv_send_image(const void *image, uint64_t size, unsigned op, void *rec, uint32_t plen, void *out, uint32_t cap,
+                       uint32_t *outlen) {
     memcpy(rec, &size, sizeof size); /* every load record starts with the size */
+    ENTER();
     uint32_t reply;
     CUresult r = sv_reply_claim(&reply);
     if (r != CUDA_SUCCESS) {
-        free(im->image);
-        free(im);
+        sv_leave();
         return r;
     }
     sv_image_lock();
@@ -795,7 +1075,7 @@ static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t p
         uint32_t len = size - off < SV_STAGE_BYTES ? (uint32_t)(size - off) : SV_STAGE_BYTES, slot;
         if ((r = sv_stage_claim(&slot)) != CUDA_SUCCESS)
             break;
-        memcpy(sv_sh->stage[slot], (const char *)im->image + off, len);
+        memcpy(sv_sh->stage[slot], (const char *)image + off, len);
         sv_slot s;
         if ((r = sv_begin(&s, SV_OP_IMAGE_CHUNK, sizeof(struct sv_rec) + sizeof(struct sv_image_rec), reply + 1,
                           SV_F_GROUP)) != CUDA_SUCCESS)
@@ -816,6 +1096,26 @@ static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t p
     if (r == CUDA_SUCCESS)
         r = sv_reply_wait(reply, out, cap, outlen);
     sv_reply_release(reply);
+    sv_leave();
+    return r;
+}
+
+static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t plen, void *out, uint32_t cap,
+                           uint32_t *outlen, sv_image **keep) {
+    uint64_t size = image_size(image);
+    if (size == 0 || size > SV_MAX_IMAGE)
+        return CUDA_ERROR_INVALID_IMAGE;
+    sv_image *im = malloc(sizeof *im);
+    if (!im || !(im->image = malloc(size))) {
+        free(im);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memcpy(im->image, image, size);
+    im->size = size;
+    CUresult r = sv_send_image(im->image, size, op, rec, plen, out, cap, outlen);
+    /* the load record as sent (its size included), for a replay */
+    memset(&im->rec, 0, sizeof im->rec);
+    memcpy(&im->rec, rec, plen < sizeof im->rec ? plen : sizeof im->rec);
     if (r != CUDA_SUCCESS) {
         free(im->image);
         free(im);
@@ -1126,9 +1426,12 @@ static CUresult launch(const void *fh, const unsigned grid[3], const unsigned bl
         return CUDA_ERROR_INVALID_VALUE;
     }
     sv_slot s;
+    ENTER();
     r = sv_begin(&s, SV_OP_LAUNCH, (uint32_t)(sizeof(struct sv_rec) + sizeof(struct sv_launch_rec) + nbytes), 0, 0);
-    if (r != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS) {
+        sv_leave();
         return r;
+    }
     struct sv_launch_rec *L = (struct sv_launch_rec *)(void *)s.payload;
     L->func = fid;
     L->kernel = isk;
@@ -1151,7 +1454,9 @@ static CUresult launch(const void *fh, const unsigned grid[3], const unsigned bl
     } else if (buf) {
         memcpy(args, buf, nbytes);
     }
+    cap_note(st, SV_OP_LAUNCH, s.payload, (uint32_t)(sizeof *L + nbytes));
     sv_commit(&s);
+    sv_leave();
     return CUDA_SUCCESS;
 }
 
@@ -1227,6 +1532,51 @@ SV_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationPr
     return r;
 }
 
+/* The address ranges the process reserved: a new worker reserves them again at the same addresses, before
+ * anything else of its takes device addresses (replay.c). */
+static struct {
+    pthread_mutex_t mu;
+    sv_reservation *v;
+    size_t n, cap;
+} RES = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void res_add(uint64_t base, uint64_t size, uint64_t align) {
+    pthread_mutex_lock(&RES.mu);
+    if (RES.n == RES.cap) {
+        size_t cap = RES.cap ? RES.cap * 2 : 64;
+        sv_reservation *v = realloc(RES.v, cap * sizeof *v);
+        if (!v) {
+            pthread_mutex_unlock(&RES.mu);
+            sv_warn("served mode: out of memory keeping the reservation at 0x%llx: a restore will not make it again",
+                    (unsigned long long)base);
+            return;
+        }
+        RES.v = v;
+        RES.cap = cap;
+    }
+    RES.v[RES.n++] = (sv_reservation){base, size, align};
+    pthread_mutex_unlock(&RES.mu);
+}
+
+static void res_del(uint64_t base) {
+    pthread_mutex_lock(&RES.mu);
+    for (size_t i = 0; i < RES.n; i++)
+        if (RES.v[i].base == base) {
+            RES.v[i] = RES.v[--RES.n];
+            break;
+        }
+    pthread_mutex_unlock(&RES.mu);
+}
+
+size_t sv_reservations(sv_reservation *out, size_t max) {
+    pthread_mutex_lock(&RES.mu);
+    size_t n = RES.n;
+    if (out)
+        memcpy(out, RES.v, (n < max ? n : max) * sizeof *out);
+    pthread_mutex_unlock(&RES.mu);
+    return n;
+}
+
 SV_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                     unsigned long long flags) {
     if (!ptr)
@@ -1237,6 +1587,7 @@ SV_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
     if (r == CUDA_SUCCESS) {
         *ptr = v;
         sv_range_add(v, size); /* device addresses, mapped or not: cuMemcpy asks */
+        res_add(v, size, alignment);
     }
     return r;
 }
@@ -1244,8 +1595,10 @@ SV_API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
 SV_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     struct sv_vmm_rec q = {.a = ptr, .b = size};
     CUresult r = vmm(SV_OP_VMM_ADDR_FREE, &q, NULL);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
         sv_range_del(ptr);
+        res_del(ptr);
+    }
     return r;
 }
 
@@ -1302,30 +1655,71 @@ SV_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     return sv_sync(SV_OP_VMM_SET_ACCESS, &q, sizeof q, NULL, 0, NULL, false);
 }
 
-#define VMM_SHARE_WHY "VMM handles that cross processes (export, import, retain) are not served yet"
+/* VMM handles across processes: POSIX file descriptors, which travel over the worker's socket (served.h). */
+#define VMM_TYPE_WHY "only POSIX file descriptors cross into and out of the worker"
 SV_API CUresult cuMemExportToShareableHandle(void *sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t,
                                              unsigned long long flags) {
-    (void)sh;
-    (void)h;
-    (void)t;
-    (void)flags;
-    SV_REFUSE(VMM_SHARE_WHY);
+    if (!sh || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        SV_REFUSE(VMM_TYPE_WHY);
+    NEED_INIT();
+    struct sv_fd_rec q = {0, h, (uint32_t)t, 0};
+    int fd = -1;
+    CUresult r = sv_recv_fd_rec(SV_OP_VMM_EXPORT, &q, NULL, 0, &fd);
+    if (r == CUDA_SUCCESS)
+        *(int *)sh = fd;
+    return r;
 }
+
 SV_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType t) {
-    (void)h;
-    (void)os;
-    (void)t;
-    SV_REFUSE(VMM_SHARE_WHY);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        SV_REFUSE(VMM_TYPE_WHY);
+    NEED_INIT();
+    int fd = (int)(intptr_t)os;
+    if (fd < 0 || fcntl(fd, F_GETFD) < 0)
+        return CUDA_ERROR_INVALID_VALUE; /* the caller keeps its descriptor, as with the driver */
+    struct sv_fd_rec q = {0, 0, (uint32_t)t, 0};
+    uint64_t v = 0;
+    CUresult r = sv_send_fd_rec(SV_OP_VMM_IMPORT, fd, &q, &v, sizeof v);
+    if (r == CUDA_SUCCESS)
+        *h = v;
+    return r;
 }
+
 SV_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
-    (void)h;
-    (void)addr;
-    SV_REFUSE(VMM_SHARE_WHY);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    struct sv_fd_rec q = {0, (uint64_t)(uintptr_t)addr, 0, 0};
+    uint64_t v = 0;
+    CUresult r = sv_sync(SV_OP_VMM_RETAIN, &q, sizeof q, &v, sizeof v, NULL, false);
+    if (r == CUDA_SUCCESS)
+        *h = v;
+    return r;
 }
+
 SV_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
-    (void)prop;
-    (void)h;
-    SV_REFUSE(VMM_SHARE_WHY);
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    struct sv_fd_rec q = {0, h, 0, 0};
+    struct sv_props o;
+    memset(&o, 0, sizeof o);
+    CUresult r = sv_sync(SV_OP_VMM_PROPS, &q, sizeof q, &o, sizeof o, NULL, false);
+    if (r == CUDA_SUCCESS) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = (CUmemAllocationType)o.type;
+        prop->requestedHandleTypes = (CUmemAllocationHandleType)o.handle_types;
+        prop->location.type = (CUmemLocationType)o.loc_type;
+        prop->location.id = o.loc_id;
+        prop->allocFlags.compressionType = o.compression;
+        prop->allocFlags.gpuDirectRDMACapable = o.rdma;
+        prop->allocFlags.usage = o.usage;
+    }
+    return r;
 }
 
 /* ---- a forked child: no context current, none retained (ring.c drops the rest) ---- */

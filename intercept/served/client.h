@@ -6,7 +6,8 @@
  *   ring.c    the helper's Serve, the handshake with the worker, the ring:
  *             enqueue, replies, staging, a dead worker, fork
  *   handles.c virtual handles and what is kept of each for a replay
- *   api.c     the forwarded entry points
+ *   api.c     the forwarded entry points; what a capture forwarded
+ *   replay.c  a detached process's objects made again in a new worker
  *   misc.c    what is answered here: errors, cuGetProcAddress, refusals
  */
 #ifndef GPUCR_SERVED_CLIENT_H
@@ -28,14 +29,23 @@
 /* The one error a call gets once the worker is gone. */
 #define SV_GONE CUDA_ERROR_DEVICE_UNAVAILABLE
 
-/* Up: cuInit succeeded and the worker answers. */
+/* sv_up's states: before cuInit; serving; the worker is gone; detached (a checkpoint: no worker, calls wait). */
+enum { SV_S_NONE = 0, SV_S_UP = 1, SV_S_GONE = 2, SV_S_DETACHED = 3 };
 SV_HIDDEN extern _Atomic int sv_up;
 SV_HIDDEN extern struct sv_shared *sv_sh;
 
 /* cuInit's work: the helper's Serve, the worker's handshake (once; a later call returns the first one's result). */
 SV_HIDDEN CUresult sv_connect(void);
-/* CUDA_SUCCESS while the worker serves; CUDA_ERROR_NOT_INITIALIZED before cuInit; SV_GONE after. */
+/* CUDA_SUCCESS after cuInit (serving, or detached); CUDA_ERROR_NOT_INITIALIZED before; SV_GONE once the worker is
+ * gone. What the library answers itself needs no more. */
 SV_HIDDEN CUresult sv_ready(void);
+/*
+ * Around everything that uses the shared memory (sv_begin and the reply and staging slots): sv_enter waits
+ * while the library is detached (until the attach), and fails as sv_ready does otherwise; sv_leave ends it.
+ * They nest on a thread. A detach waits until no thread is between them, so the ring can go away under none.
+ */
+SV_HIDDEN CUresult sv_enter(void);
+SV_HIDDEN void sv_leave(void);
 /* Marks the worker gone (why says how) and prints the one line that says so; returns SV_GONE. */
 SV_HIDDEN CUresult sv_gone(const char *why);
 
@@ -74,6 +84,16 @@ SV_HIDDEN bool sv_stage_try(uint32_t *slot); /* without waiting */
 SV_HIDDEN CUresult sv_stage_wait(uint32_t slot);
 SV_HIDDEN void sv_stage_release(uint32_t slot);
 
+/* A record whose descriptor travels on the socket (served.h): import (fd sent, the handle in out) and export
+ * (the handle in q, *fd received). Each: the worker's result. */
+SV_HIDDEN CUresult sv_send_fd_rec(unsigned op, int fd, struct sv_fd_rec *q, void *out, uint32_t cap);
+SV_HIDDEN CUresult sv_recv_fd_rec(unsigned op, struct sv_fd_rec *q, void *out, uint32_t cap, int *fd);
+
+/* Exported for the interposer (intercept/src/1_base.h: GC_SERVED_DETACH, GC_SERVED_ATTACH): 0, or -1 after a
+ * line that says why. */
+SV_API int gpucrServedDetach(void);
+SV_API int gpucrServedAttach(void);
+
 /* The image sequence (an image's chunks, then the record that loads it) from one thread at a time. */
 SV_HIDDEN void sv_image_lock(void);
 SV_HIDDEN void sv_image_unlock(void);
@@ -94,6 +114,9 @@ SV_HIDDEN void sv_id_drop(unsigned kind, uint32_t id);
 SV_HIDDEN void *sv_id_data(unsigned kind, uint32_t id);
 /* Forgets every handle (a forked child: they were its parent's worker's). */
 SV_HIDDEN void sv_handles_reset(void);
+/* For a replay: past the highest id of kind handed out, and whether id is live. */
+SV_HIDDEN uint32_t sv_id_end(unsigned kind);
+SV_HIDDEN bool sv_id_live(unsigned kind, uint32_t id);
 
 /* A function's or kernel's record: what a launch packs by, and what a replay would look it up by. */
 typedef struct {
@@ -104,11 +127,53 @@ typedef struct {
     uint32_t *off, *size;
 } sv_func;
 
-/* A module's or library's record: its image, for a replay. */
+/* A module's or library's record: its image and its load record (a library's JIT options), for a replay. */
 typedef struct {
     void *image;
     uint64_t size;
+    struct sv_load_rec rec;
 } sv_image;
+
+/*
+ * What a stream capture forwarded (api.c), for capturing it again in another worker: the records, each
+ * {uint32 op, uint32 payload bytes, payload, padded to 8}, the stream it began on with its mode, and the other
+ * streams it took in (through events). A graph holds one, and so does each graph exec made from it (a graph is
+ * often destroyed once instantiated). bad: it forwarded something a capture again would not reproduce
+ * (staged copies, allocations, graph launches).
+ */
+#define SV_CAP_STREAMS 16u
+typedef struct {
+    _Atomic int refs;
+    uint8_t *buf;
+    size_t len, cap;
+    uint32_t origin, mode;
+    uint32_t streams[SV_CAP_STREAMS];
+    uint32_t nstreams;
+    const char *bad; /* why not, or NULL */
+} sv_caplog;
+SV_HIDDEN void sv_caplog_put(sv_caplog *l);
+/* A graph exec's record. */
+typedef struct {
+    sv_caplog *log;
+    uint64_t flags;
+} sv_exec;
+
+/* ---- api.c, replay.c: taking a worker again after a detach ---- */
+
+/* The worker changed (device_changed: possibly onto another GPU): what was kept of the old one's answers goes. */
+SV_HIDDEN void sv_api_attached(bool device_changed);
+/* Makes every object of the process again in the new worker, under the same virtual handles (replay.c). */
+SV_HIDDEN CUresult sv_replay(void);
+/* An image through staging and its load record (api.c). */
+SV_HIDDEN CUresult sv_send_image(const void *image, uint64_t size, unsigned op, void *rec, uint32_t plen, void *out,
+                                 uint32_t cap, uint32_t *outlen);
+/* What replay.c needs of api.c's state: the primary context's flags (set: they were set), the reservations. */
+SV_HIDDEN bool sv_primary_flags(unsigned *flags);
+typedef struct {
+    uint64_t base, size, align;
+} sv_reservation;
+/* Copies up to max reservations into out; returns how many there are. */
+SV_HIDDEN size_t sv_reservations(sv_reservation *out, size_t max);
 
 /* A stream's or event's record: its flags, for a replay. */
 typedef struct {
@@ -130,5 +195,7 @@ SV_HIDDEN CUresult sv_refuse(_Atomic int *once, const char *fn, const char *why)
         return sv_refuse(&once_, __func__, why);                                                                       \
     } while (0)
 SV_HIDDEN void sv_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A line only with GPUCR_LOG=debug, as the interposer's. */
+SV_HIDDEN void sv_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

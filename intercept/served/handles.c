@@ -89,6 +89,11 @@ static void free_data(unsigned kind, void *d) {
         free(f->size);
     } else if (kind == SV_K_MODULE || kind == SV_K_LIBRARY) {
         free(((sv_image *)d)->image);
+    } else if (kind == SV_K_GRAPH) {
+        sv_caplog_put(d);
+        return;
+    } else if (kind == SV_K_EXEC) {
+        sv_caplog_put(((sv_exec *)d)->log);
     }
     free(d);
 }
@@ -175,4 +180,18 @@ bool sv_range_has(uint64_t p) {
     bool in = i > 0 && p - M.v[i - 1].base < M.v[i - 1].size;
     pthread_rwlock_unlock(&M.mu);
     return in;
+}
+
+uint32_t sv_id_end(unsigned kind) {
+    pthread_once(&T_once, T_init);
+    if (!T_ok)
+        return 0;
+    pthread_mutex_lock(&T[kind].mu);
+    uint32_t n = T[kind].next;
+    pthread_mutex_unlock(&T[kind].mu);
+    return n;
+}
+
+bool sv_id_live(unsigned kind, uint32_t id) {
+    return T_ok && id > 0 && id < sv_cap(kind) && atomic_load_explicit(&T[kind].live[id], memory_order_acquire);
 }

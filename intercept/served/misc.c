@@ -7,6 +7,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "client.h"
@@ -18,6 +19,22 @@ void sv_warn(const char *fmt, ...) {
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     fprintf(stderr, "gpucr: %s\n", buf);
+}
+
+void sv_debug(const char *fmt, ...) {
+    static int on = -1;
+    if (on < 0) {
+        const char *l = getenv("GPUCR_LOG");
+        on = l && strcmp(l, "debug") == 0;
+    }
+    if (!on)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpucr: debug: %s\n", buf);
 }
 
 CUresult sv_refuse(_Atomic int *once, const char *fn, const char *why) {

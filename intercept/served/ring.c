@@ -27,8 +27,13 @@
 #include "client.h"
 #include "wire.h"
 
-_Atomic int sv_up; /* 0: before cuInit (or a forked child's), 1: serving, 2: the worker is gone */
+_Atomic int sv_up; /* SV_S_*: before cuInit (or a forked child's), serving, the worker is gone, detached */
 struct sv_shared *sv_sh;
+
+/* Calls that use the shared memory (sv_enter .. sv_leave), nested ones counted once per thread; and the thread
+ * that replays the process's objects into a new worker, which alone may enter while detached. */
+static _Thread_local unsigned enter_depth;
+static _Thread_local bool replaying;
 
 static struct {
     pthread_mutex_t init_mu;
@@ -43,10 +48,17 @@ static struct {
     _Atomic uint32_t stage_next;
     pthread_mutex_t image_mu; /* one image's chunks at a time: the worker assembles one */
     _Atomic int gone_said;
+    _Atomic uint32_t inside;  /* threads between sv_enter and sv_leave: a detach waits for none */
+    pthread_mutex_t fd_mu;    /* descriptors on the socket in the ring's order; one export's answer at a time */
+    uint64_t fd_seq;
+    unsigned device;          /* what the first Serve asked for */
+    char uuid[64];            /* the device served (ServeReply.uuid): what an attach asks for again */
+    int32_t deferred_kept;    /* an asynchronous failure not yet returned when the ring went away at a detach */
 } R = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .prod_mu = PTHREAD_MUTEX_INITIALIZER,
     .image_mu = PTHREAD_MUTEX_INITIALIZER,
+    .fd_mu = PTHREAD_MUTEX_INITIALIZER,
     .sock = -1,
 };
 
@@ -81,8 +93,11 @@ static long long now_ns(void) {
 
 /* ---- a dead worker ---- */
 
+static void futex_wake_int(_Atomic int *a) { syscall(SYS_futex, (int *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+
 CUresult sv_gone(const char *why) {
-    atomic_store(&sv_up, 2);
+    atomic_store(&sv_up, SV_S_GONE);
+    futex_wake_int(&sv_up); /* calls that waited for an attach fail now */
     if (!atomic_exchange(&R.gone_said, 1))
         fprintf(stderr,
                 "gpucr: served mode: the worker (pid %d) is gone: %s; every GPU call fails from now on "
@@ -93,7 +108,7 @@ CUresult sv_gone(const char *why) {
 
 /* SV_GONE (and the line) when the worker's end of the socket closed, else CUDA_SUCCESS. */
 static CUresult check_worker(void) {
-    if (atomic_load(&sv_up) == 2)
+    if (atomic_load(&sv_up) == SV_S_GONE)
         return SV_GONE;
     struct pollfd p = {.fd = R.sock, .events = POLLRDHUP};
     if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)))
@@ -103,10 +118,47 @@ static CUresult check_worker(void) {
 
 CUresult sv_ready(void) {
     switch (atomic_load_explicit(&sv_up, memory_order_acquire)) {
-    case 1: return CUDA_SUCCESS;
-    case 2: return SV_GONE;
+    case SV_S_UP:
+    case SV_S_DETACHED: return CUDA_SUCCESS; /* initialized: a forwarded call waits in sv_enter */
+    case SV_S_GONE: return SV_GONE;
     default: return CUDA_ERROR_NOT_INITIALIZED;
     }
+}
+
+/* Whether this thread may use the shared memory in state st. */
+static inline bool may_enter(int st) { return st == SV_S_UP || (st == SV_S_DETACHED && replaying); }
+
+CUresult sv_enter(void) {
+    if (enter_depth) {
+        enter_depth++;
+        return CUDA_SUCCESS;
+    }
+    for (;;) {
+        int st = atomic_load(&sv_up);
+        if (may_enter(st)) {
+            /* Dekker with sv_detach: count in, then look at the state again (both seq_cst). */
+            atomic_fetch_add(&R.inside, 1);
+            if (may_enter(atomic_load(&sv_up))) {
+                enter_depth = 1;
+                return CUDA_SUCCESS;
+            }
+            if (atomic_fetch_sub(&R.inside, 1) == 1)
+                futex_wake(&R.inside);
+            continue;
+        }
+        if (st != SV_S_DETACHED)
+            return st == SV_S_GONE ? SV_GONE : CUDA_ERROR_NOT_INITIALIZED;
+        /* Detached (a checkpoint): wait for the attach, which wakes sv_up. Bounded, to look again. */
+        struct timespec ts = {0, PARK_NS};
+        syscall(SYS_futex, (int *)&sv_up, FUTEX_WAIT, SV_S_DETACHED, &ts, NULL, 0);
+    }
+}
+
+void sv_leave(void) {
+    if (--enter_depth)
+        return;
+    if (atomic_fetch_sub(&R.inside, 1) == 1 && atomic_load(&sv_up) == SV_S_DETACHED)
+        futex_wake(&R.inside);
 }
 
 /* Waits until *state is no longer pending (the worker's store), parking on it after a spin. */
@@ -164,7 +216,7 @@ typedef Gpucr__Helper__V1__Request Req;
 typedef Gpucr__Helper__V1__Response Resp;
 
 /* The worker's socket from the helper at path (-1: the line said why). */
-static int serve_from_helper(const char *path, unsigned device) {
+static int serve_from_helper(const char *path, unsigned device, const char *uuid) {
     int fd = unix_connect(path);
     if (fd < 0) {
         fprintf(stderr, "gpucr: served mode: no helper at %s (%s): no GPU for this process\n", path, strerror(errno));
@@ -195,6 +247,7 @@ static int serve_from_helper(const char *path, unsigned device) {
 
     Gpucr__Helper__V1__Serve sv = GPUCR__HELPER__V1__SERVE__INIT;
     sv.device = device;
+    sv.uuid = (char *)(uuid ? uuid : "");
     req = (Req)GPUCR__HELPER__V1__REQUEST__INIT;
     req.id = 2;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_SERVE;
@@ -217,6 +270,7 @@ static int serve_from_helper(const char *path, unsigned device) {
         return -1;
     }
     R.worker_pid = (int)resp->serve->worker_pid;
+    snprintf(R.uuid, sizeof R.uuid, "%s", resp->serve->uuid ? resp->serve->uuid : "");
     gpucr__helper__v1__response__free_unpacked(resp, NULL);
     return fds[0];
 }
@@ -324,7 +378,8 @@ CUresult sv_connect(void) {
         }
         device = (unsigned)v;
     }
-    int sock = r == CUDA_SUCCESS ? serve_from_helper(path, device) : -1;
+    R.device = device;
+    int sock = r == CUDA_SUCCESS ? serve_from_helper(path, device, NULL) : -1;
     if (r == CUDA_SUCCESS && sock < 0)
         r = CUDA_ERROR_NO_DEVICE;
     if (r == CUDA_SUCCESS) {
@@ -332,7 +387,7 @@ CUresult sv_connect(void) {
         r = handshake(sock);
         if (r == CUDA_SUCCESS) {
             R.head = R.next_head = R.tail_seen = 0;
-            atomic_store_explicit(&sv_up, 1, memory_order_release);
+            atomic_store_explicit(&sv_up, SV_S_UP, memory_order_release);
         }
     }
     R.init_done = true;
@@ -350,14 +405,18 @@ static void at_fork_child(void) {
         close(R.sock);
     R.sock = -1;
     R.worker_pid = 0;
-    atomic_store(&sv_up, 0);
+    atomic_store(&sv_up, SV_S_NONE);
     atomic_store(&R.gone_said, 0);
     atomic_store(&R.reply_bits, 0);
+    atomic_store(&R.inside, 0);
+    enter_depth = 0;
     R.init_done = false;
     R.head = R.next_head = R.tail_seen = 0;
+    R.deferred_kept = 0;
     pthread_mutex_init(&R.init_mu, NULL);
     pthread_mutex_init(&R.prod_mu, NULL);
     pthread_mutex_init(&R.image_mu, NULL);
+    pthread_mutex_init(&R.fd_mu, NULL);
     sv_handles_reset();
 }
 
@@ -397,9 +456,11 @@ static CUresult wait_room(uint64_t end) {
 }
 
 CUresult sv_begin(sv_slot *s, unsigned op, uint32_t len, uint32_t reply, unsigned flags) {
-    CUresult r = sv_ready();
-    if (r != CUDA_SUCCESS)
-        return r;
+    CUresult r = CUDA_SUCCESS;
+    if (!enter_depth || !sv_sh)
+        return sv_ready() == CUDA_SUCCESS ? CUDA_ERROR_ILLEGAL_STATE : sv_ready(); /* a caller outside sv_enter */
+    if (atomic_load_explicit(&sv_up, memory_order_relaxed) == SV_S_GONE)
+        return SV_GONE;
     len = (len + SV_REC_ALIGN - 1) & ~(SV_REC_ALIGN - 1);
     pthread_mutex_lock(&R.prod_mu);
     uint64_t head = R.head;
@@ -442,12 +503,16 @@ void sv_commit(sv_slot *s) {
 
 CUresult sv_async(unsigned op, const void *payload, uint32_t plen) {
     sv_slot s;
-    CUresult r = sv_begin(&s, op, (uint32_t)sizeof(struct sv_rec) + plen, 0, 0);
+    CUresult r = sv_enter();
     if (r != CUDA_SUCCESS)
         return r;
-    memcpy(s.payload, payload, plen);
-    sv_commit(&s);
-    return CUDA_SUCCESS;
+    r = sv_begin(&s, op, (uint32_t)sizeof(struct sv_rec) + plen, 0, 0);
+    if (r == CUDA_SUCCESS) {
+        memcpy(s.payload, payload, plen);
+        sv_commit(&s);
+    }
+    sv_leave();
+    return r;
 }
 
 /* ---- replies ---- */
@@ -507,9 +572,13 @@ CUresult sv_take_deferred(CUresult r) {
 static CUresult sync_call(unsigned op, const void *payload, uint32_t plen, const char *name, void *out, uint32_t cap,
                           uint32_t *outlen, bool syncpoint) {
     uint32_t slot;
-    CUresult r = sv_ready();
-    if (r != CUDA_SUCCESS || (r = sv_reply_claim(&slot)) != CUDA_SUCCESS)
+    CUresult r = sv_enter();
+    if (r != CUDA_SUCCESS)
         return r;
+    if ((r = sv_reply_claim(&slot)) != CUDA_SUCCESS) {
+        sv_leave();
+        return r;
+    }
     size_t nl = name ? strlen(name) + 1 : 0;
     sv_slot s;
     r = sv_begin(&s, op, (uint32_t)(sizeof(struct sv_rec) + plen + nl), slot + 1, 0);
@@ -521,7 +590,9 @@ static CUresult sync_call(unsigned op, const void *payload, uint32_t plen, const
         r = sv_reply_wait(slot, out, cap, outlen);
     }
     sv_reply_release(slot);
-    return syncpoint ? sv_take_deferred(r) : r;
+    r = syncpoint ? sv_take_deferred(r) : r;
+    sv_leave();
+    return r;
 }
 
 CUresult sv_sync(unsigned op, const void *payload, uint32_t plen, void *out, uint32_t cap, uint32_t *outlen,
@@ -593,3 +664,230 @@ void sv_stage_release(uint32_t slot) {
 
 void sv_image_lock(void) { pthread_mutex_lock(&R.image_mu); }
 void sv_image_unlock(void) { pthread_mutex_unlock(&R.image_mu); }
+
+/* ---- descriptors over the socket (served.h: VMM handles across processes) ---- */
+
+CUresult sv_send_fd_rec(unsigned op, int fd, struct sv_fd_rec *q, void *out, uint32_t cap) {
+    CUresult r = sv_enter();
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint32_t slot;
+    if ((r = sv_reply_claim(&slot)) != CUDA_SUCCESS) {
+        sv_leave();
+        return r;
+    }
+    /* The message and its record under one lock: the worker takes messages in the ring's order. */
+    pthread_mutex_lock(&R.fd_mu);
+    q->seq = ++R.fd_seq;
+    struct sv_fdmsg m = {SV_FD_MAGIC, 0, q->seq};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof cbuf);
+    struct iovec iov = {&m, sizeof m};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    ssize_t n;
+    do
+        n = sendmsg(R.sock, &h, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof m) {
+        pthread_mutex_unlock(&R.fd_mu);
+        sv_reply_release(slot);
+        sv_leave();
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+            return sv_gone("its socket closed (the worker exited or was killed)");
+        sv_warn("served mode: sending a descriptor to the worker: %s", n < 0 ? strerror(errno) : "short write");
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    sv_slot s;
+    r = sv_begin(&s, op, (uint32_t)(sizeof(struct sv_rec) + sizeof *q), slot + 1, 0);
+    if (r == CUDA_SUCCESS) {
+        memcpy(s.payload, q, sizeof *q);
+        sv_commit(&s);
+    }
+    pthread_mutex_unlock(&R.fd_mu);
+    if (r == CUDA_SUCCESS)
+        r = sv_reply_wait(slot, out, cap, NULL);
+    sv_reply_release(slot);
+    sv_leave();
+    return r;
+}
+
+#define FD_WAIT_MS 10000 /* the worker sent the descriptor before it answered */
+
+CUresult sv_recv_fd_rec(unsigned op, struct sv_fd_rec *q, void *out, uint32_t cap, int *fd) {
+    CUresult r = sv_enter();
+    if (r != CUDA_SUCCESS)
+        return r;
+    /* One export at a time: the message that follows a successful answer is this call's. */
+    pthread_mutex_lock(&R.fd_mu);
+    q->seq = ++R.fd_seq;
+    r = sv_sync(op, q, sizeof *q, out, cap, NULL, false);
+    *fd = -1;
+    if (r == CUDA_SUCCESS) {
+        struct sv_fdmsg m;
+        char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+        struct iovec iov = {&m, sizeof m};
+        struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
+        ssize_t n = -1;
+        for (;;) {
+            struct pollfd p = {.fd = R.sock, .events = POLLIN};
+            int pr = poll(&p, 1, FD_WAIT_MS);
+            if (pr < 0 && errno == EINTR)
+                continue;
+            if (pr > 0)
+                n = recvmsg(R.sock, &h, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+            if (pr > 0 && n < 0 && (errno == EINTR || errno == EAGAIN))
+                continue;
+            break;
+        }
+        int got = 0;
+        if (n > 0)
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                    continue;
+                size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < nfd; i++) {
+                    int f;
+                    memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+                    if (got++ == 0)
+                        *fd = f;
+                    else
+                        close(f);
+                }
+            }
+        if (n != (ssize_t)sizeof m || m.magic != SV_FD_MAGIC || m.seq != q->seq || got != 1) {
+            if (*fd >= 0)
+                close(*fd);
+            *fd = -1;
+            r = n == 0 ? sv_gone("its socket closed (the worker exited or was killed)") : CUDA_ERROR_OPERATING_SYSTEM;
+            if (r != SV_GONE)
+                sv_warn("served mode: the worker's exported descriptor did not come with its answer");
+        }
+    }
+    pthread_mutex_unlock(&R.fd_mu);
+    sv_leave();
+    return r;
+}
+
+/* ---- letting the worker go before a dump, taking another after ---- */
+
+#define DETACH_WAIT_NS 30000000000LL /* calls in flight at a detach: the interposer drained the device first */
+
+/* Closes the socket and unmaps the ring (the worker ends when it sees the socket close). */
+static void drop_worker(void) {
+    if (sv_sh) {
+        R.deferred_kept = atomic_load(&sv_sh->h.deferred);
+        munmap(sv_sh, sizeof *sv_sh);
+    }
+    sv_sh = NULL;
+    if (R.sock >= 0)
+        close(R.sock);
+    R.sock = -1;
+}
+
+SV_API int gpucrServedDetach(void) {
+    pthread_mutex_lock(&R.init_mu);
+    int st = atomic_load(&sv_up);
+    if (st != SV_S_UP) {
+        int rc = 0;
+        if (st == SV_S_GONE && (sv_sh || R.sock >= 0)) {
+            /* Nothing left to drain; what CRIU must not find goes anyway. */
+            drop_worker();
+            sv_warn("served mode: detach: the worker (pid %d) was gone already; this process's GPU objects are lost",
+                    R.worker_pid);
+            rc = -1;
+        }
+        pthread_mutex_unlock(&R.init_mu);
+        return rc; /* never initialized, or detached already */
+    }
+    atomic_store(&sv_up, SV_S_DETACHED); /* new calls wait in sv_enter */
+    long long t0 = now_ns();
+    for (;;) {
+        uint32_t n = atomic_load(&R.inside);
+        if (n == 0)
+            break;
+        if (now_ns() - t0 > DETACH_WAIT_NS || check_worker() != CUDA_SUCCESS) {
+            bool gone = atomic_load(&sv_up) == SV_S_GONE;
+            if (!gone) {
+                atomic_store(&sv_up, SV_S_UP);
+                futex_wake_int(&sv_up);
+            }
+            pthread_mutex_unlock(&R.init_mu);
+            sv_warn("served mode: detach: %s; the worker is kept", gone
+                                                                       ? "the worker is gone"
+                                                                       : "calls of this process still wait for the "
+                                                                         "worker after 30 s");
+            return -1;
+        }
+        struct timespec ts = {0, PARK_NS};
+        syscall(SYS_futex, (uint32_t *)&R.inside, FUTEX_WAIT, n, &ts, NULL, 0);
+    }
+    /* No thread uses the ring now: the worker runs what is in it, and synchronizes its context. */
+    replaying = true;
+    CUresult r = sv_sync(SV_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, false);
+    replaying = false;
+    if (r == SV_GONE) {
+        pthread_mutex_unlock(&R.init_mu);
+        return -1; /* sv_gone said why */
+    }
+    if (r != CUDA_SUCCESS && !R.deferred_kept)
+        R.deferred_kept = (int32_t)r; /* the next synchronizing call after the attach returns it */
+    if (atomic_load(&sv_sh->h.tail) != R.head) {
+        pthread_mutex_unlock(&R.init_mu);
+        sv_warn("served mode: detach: the worker did not run the whole ring");
+        return -1;
+    }
+    int pid = R.worker_pid;
+    drop_worker();
+    pthread_mutex_unlock(&R.init_mu);
+    sv_debug("served mode: detached from the worker (pid %d)", pid);
+    return 0;
+}
+
+SV_API int gpucrServedAttach(void) {
+    pthread_mutex_lock(&R.init_mu);
+    if (atomic_load(&sv_up) != SV_S_DETACHED) {
+        pthread_mutex_unlock(&R.init_mu);
+        return 0; /* attached already, or never initialized */
+    }
+    const char *env = getenv("GPUCR_SOCKET");
+    const char *path = env && *env ? env : "/run/gpucr/helper.sock";
+    char uuid[sizeof R.uuid];
+    memcpy(uuid, R.uuid, sizeof uuid);
+    int sock = serve_from_helper(path, R.device, uuid[0] ? uuid : NULL);
+    CUresult r = sock < 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+        R.sock = sock;
+        atomic_store(&R.gone_said, 0);
+        atomic_store(&R.reply_bits, 0);
+        atomic_store(&R.stage_next, 0);
+        R.head = R.next_head = R.tail_seen = 0;
+        r = handshake(sock);
+    }
+    if (r == CUDA_SUCCESS) {
+        sv_api_attached(strcmp(uuid, R.uuid) != 0);
+        replaying = true;
+        r = sv_replay();
+        replaying = false;
+    }
+    if (r == CUDA_SUCCESS && R.deferred_kept) {
+        /* the process's own failure from before the detach, for its next synchronizing call */
+        atomic_store(&sv_sh->h.deferred, R.deferred_kept);
+        R.deferred_kept = 0;
+    }
+    if (r != CUDA_SUCCESS) {
+        drop_worker();
+        sv_gone("no worker could take this process's GPU objects again after the checkpoint");
+        pthread_mutex_unlock(&R.init_mu);
+        return -1;
+    }
+    atomic_store(&sv_up, SV_S_UP);
+    futex_wake_int(&sv_up);
+    pthread_mutex_unlock(&R.init_mu);
+    sv_debug("served mode: attached to the worker (pid %d) on %s", R.worker_pid, R.uuid);
+    return 0;
+}

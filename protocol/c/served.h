@@ -35,7 +35,7 @@
 #include <stdint.h>
 
 #define SV_MAGIC 0x31565347u /* "GSV1" */
-#define SV_VERSION 1u
+#define SV_VERSION 2u
 
 #define SV_RING_BYTES (4u << 20)  /* the record ring */
 #define SV_NREPLY 64u             /* reply slots: synchronous calls in flight at once */
@@ -49,6 +49,7 @@
 #define SV_MAX_NAME 4096u         /* a kernel's (mangled) name, NUL included */
 #define SV_MAX_JIT 16u            /* JIT options of cuLibraryLoadData */
 #define SV_MAX_ACCESS 8u          /* access descriptors of cuMemSetAccess */
+#define SV_MAX_VMM_HANDLES (1u << 16) /* VMM handles a worker holds for its process at once (made, imported, retained) */
 
 /* Virtual handles: the kinds, and how many of each a process may hold at once. */
 enum sv_kind {
@@ -204,6 +205,10 @@ enum sv_op {
     SV_OP_VMM_MAP,
     SV_OP_VMM_UNMAP,
     SV_OP_VMM_SET_ACCESS,
+    SV_OP_VMM_IMPORT,
+    SV_OP_VMM_EXPORT,
+    SV_OP_VMM_RETAIN,
+    SV_OP_VMM_PROPS,
     SV_OP_COUNT
 };
 
@@ -304,6 +309,35 @@ struct sv_access_rec {
         int32_t loc_id;
         uint32_t flags;
     } d[SV_MAX_ACCESS];
+};
+
+/*
+ * VMM handles across processes. A file descriptor travels over the worker's socket (SOCK_SEQPACKET), one
+ * message of struct sv_fdmsg with the descriptor attached (SCM_RIGHTS), beside a record that names the same seq:
+ * - SV_OP_VMM_IMPORT (synchronous): the client sends the message, then publishes the record (both under one lock,
+ *   so the socket's order is the ring's); the worker takes exactly one message when it runs the record, imports
+ *   the descriptor and closes it. The reply: the handle (uint64).
+ * - SV_OP_VMM_EXPORT (synchronous): the worker exports handle, sends the message with the descriptor, then
+ *   answers; the client, which waits for one export at a time, takes the message after a successful reply.
+ * SV_OP_VMM_RETAIN: ptr in handle; the reply is the handle. SV_OP_VMM_PROPS: the reply is struct sv_props.
+ */
+#define SV_FD_MAGIC 0x44465347u /* "GSFD" */
+struct sv_fd_rec {
+    uint64_t seq;
+    uint64_t handle; /* export: the handle; retain: the address */
+    uint32_t type;   /* CUmemAllocationHandleType: POSIX file descriptors only */
+    uint32_t pad;
+};
+struct sv_fdmsg {
+    uint32_t magic, pad;
+    uint64_t seq;
+};
+struct sv_props {
+    uint32_t type, handle_types, loc_type;
+    int32_t loc_id; /* the worker's device is the application's 0 */
+    uint8_t compression, rdma;
+    uint16_t usage;
+    uint32_t pad;
 };
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2, "shared atomics must be lock-free");

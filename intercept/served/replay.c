@@ -1,0 +1,281 @@
+/*
+ * A detached process's objects made again in a new worker (client.h:
+ * sv_replay), under the same virtual handles, so that nothing the process
+ * holds changes: after a checkpoint's detach the process runs again (it was
+ * restored, or the dump is over) and gpucrServedAttach has a worker with a
+ * new ring; this runs first on it, while every other thread of the process
+ * still waits in sv_enter.
+ *
+ * In the order that later objects need earlier ones:
+ *   1. the primary context's flags, if the process set them;
+ *   2. the address ranges the process reserved, at the same addresses, before
+ *      anything else of the worker's takes device addresses (the interposer
+ *      maps the helper's memory into them again once this returns; the
+ *      memory itself was unmapped and released before the detach);
+ *   3. modules and libraries, from the images kept at their loads;
+ *   4. kernels and functions, by name (a kernel's function by its kernel);
+ *   5. streams and events, with their flags;
+ *   6. graphs, by capturing again what their capture forwarded (launches,
+ *      memsets, device copies, event records and waits, stream memory
+ *      operations: records that name virtual ids and device addresses, which
+ *      are the same now), and graph execs, instantiated again from the
+ *      capture they were made from (their graph is often destroyed).
+ * Objects the process had destroyed are not made; ids past them stay as they
+ * were. What cannot be made again (a capture with staged copies in it) is
+ * said once, and fails at its use, not here.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+/* A synchronous record of the replay: its result, the line that says which object it was when it failed. */
+static CUresult step(CUresult r, const char *what, uint32_t id) {
+    if (r != CUDA_SUCCESS && r != SV_GONE)
+        sv_warn("served mode: the new worker could not make %s %u again: CUresult %d", what, id, (int)r);
+    return r;
+}
+
+static CUresult reservations(void) {
+    size_t n = sv_reservations(NULL, 0);
+    if (!n)
+        return CUDA_SUCCESS;
+    sv_reservation *v = calloc(n, sizeof *v);
+    if (!v)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n = sv_reservations(v, n);
+    CUresult r = CUDA_SUCCESS;
+    for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        struct sv_vmm_rec q = {.a = v[i].size, .b = v[i].align, .c = v[i].base};
+        uint64_t got = 0;
+        r = sv_sync(SV_OP_VMM_RESERVE, &q, sizeof q, &got, sizeof got, NULL, false);
+        if (r == CUDA_SUCCESS && got != v[i].base) {
+            struct sv_vmm_rec f = {.a = got, .b = v[i].size};
+            (void)sv_sync(SV_OP_VMM_ADDR_FREE, &f, sizeof f, NULL, 0, NULL, false);
+            sv_warn("served mode: the new worker reserves 0x%llx (%llu bytes) at 0x%llx instead: the process's "
+                    "device addresses cannot be kept",
+                    (unsigned long long)v[i].base, (unsigned long long)v[i].size, (unsigned long long)got);
+            r = CUDA_ERROR_ALREADY_MAPPED;
+        } else if (r != CUDA_SUCCESS && r != SV_GONE) {
+            sv_warn("served mode: the new worker cannot reserve 0x%llx (%llu bytes) again: CUresult %d",
+                    (unsigned long long)v[i].base, (unsigned long long)v[i].size, (int)r);
+        }
+    }
+    free(v);
+    return r;
+}
+
+static CUresult images(void) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t id = 1, end = sv_id_end(SV_K_MODULE); id < end && r == CUDA_SUCCESS; id++) {
+        sv_image *im = sv_id_live(SV_K_MODULE, id) ? sv_id_data(SV_K_MODULE, id) : NULL;
+        if (!im)
+            continue;
+        struct sv_load_rec q = im->rec;
+        q.id = id;
+        r = step(sv_send_image(im->image, im->size, SV_OP_MODULE_LOAD, &q, sizeof q, NULL, 0, NULL), "module", id);
+    }
+    for (uint32_t id = 1, end = sv_id_end(SV_K_LIBRARY); id < end && r == CUDA_SUCCESS; id++) {
+        sv_image *im = sv_id_live(SV_K_LIBRARY, id) ? sv_id_data(SV_K_LIBRARY, id) : NULL;
+        if (!im)
+            continue;
+        struct sv_load_rec q = im->rec;
+        q.id = id;
+        static uint8_t out[SV_REPLY_DATA]; /* the JIT's logs: the first load said them already */
+        uint32_t olen = 0;
+        r = step(sv_send_image(im->image, im->size, SV_OP_LIBRARY_LOAD, &q, sizeof q, out, sizeof out, &olen),
+                 "library", id);
+    }
+    return r;
+}
+
+/* Whether a function's owner (a module, or a kernel whose library) is live: else it was not made again. */
+static bool owner_live(const sv_func *f) {
+    if (f->okind == SV_K_MODULE || f->okind == SV_K_LIBRARY)
+        return sv_id_live(f->okind, f->owner);
+    const sv_func *k = sv_id_live(SV_K_KERNEL, f->owner) ? sv_id_data(SV_K_KERNEL, f->owner) : NULL;
+    return k && sv_id_live(SV_K_LIBRARY, k->owner);
+}
+
+static CUresult functions(void) {
+    static struct sv_layout l; /* the worker's answer: the same image gives the same layout */
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t id = 1, end = sv_id_end(SV_K_KERNEL); id < end && r == CUDA_SUCCESS; id++) {
+        sv_func *f = sv_id_live(SV_K_KERNEL, id) ? sv_id_data(SV_K_KERNEL, id) : NULL;
+        if (!f || !f->name || !owner_live(f))
+            continue;
+        struct sv_get_rec q = {id, f->owner};
+        r = step(sv_sync_named(SV_OP_LIBRARY_GET_KERNEL, &q, sizeof q, f->name, &l, sizeof l, NULL), "kernel", id);
+    }
+    for (uint32_t id = 1, end = sv_id_end(SV_K_FUNC); id < end && r == CUDA_SUCCESS; id++) {
+        sv_func *f = sv_id_live(SV_K_FUNC, id) ? sv_id_data(SV_K_FUNC, id) : NULL;
+        if (!f || !owner_live(f))
+            continue;
+        struct sv_get_rec q = {id, f->owner};
+        if (f->okind == SV_K_MODULE && f->name)
+            r = sv_sync_named(SV_OP_MODULE_GET_FUNCTION, &q, sizeof q, f->name, &l, sizeof l, NULL);
+        else if (f->okind == SV_K_KERNEL)
+            r = sv_sync(SV_OP_KERNEL_GET_FUNCTION, &q, sizeof q, &l, sizeof l, NULL, false);
+        r = step(r, "function", id);
+    }
+    return r;
+}
+
+static CUresult flagged(unsigned kind, unsigned op, uint32_t first) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t id = first, end = sv_id_end(kind); id < end && r == CUDA_SUCCESS; id++) {
+        sv_flags *d = sv_id_live(kind, id) ? sv_id_data(kind, id) : NULL;
+        if (!d)
+            continue;
+        struct sv_id_rec q = {id, d->flags};
+        r = sv_async(op, &q, sizeof q);
+    }
+    return r;
+}
+
+/* ---- graphs: captured again ---- */
+
+#define TEMP_MAX 64u
+
+typedef struct {
+    unsigned kind[TEMP_MAX];
+    uint32_t id[TEMP_MAX];
+    unsigned n;
+} temps;
+
+/* A stream or event the capture names that the process destroyed since: made for the capture, then destroyed. */
+static CUresult need(temps *t, unsigned kind, uint32_t id) {
+    if (kind == SV_K_STREAM && id < SV_STREAM_FIRST_ID)
+        return CUDA_SUCCESS;
+    if (sv_id_live(kind, id))
+        return CUDA_SUCCESS;
+    for (unsigned i = 0; i < t->n; i++)
+        if (t->kind[i] == kind && t->id[i] == id)
+            return CUDA_SUCCESS;
+    if (t->n == TEMP_MAX)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    struct sv_id_rec q = {id, kind == SV_K_STREAM ? (unsigned)CU_STREAM_NON_BLOCKING
+                                                   : (unsigned)CU_EVENT_DISABLE_TIMING};
+    CUresult r = sv_async(kind == SV_K_STREAM ? SV_OP_STREAM_CREATE : SV_OP_EVENT_CREATE, &q, sizeof q);
+    if (r == CUDA_SUCCESS) {
+        t->kind[t->n] = kind;
+        t->id[t->n++] = id;
+    }
+    return r;
+}
+
+static void drop_temps(temps *t) {
+    for (unsigned i = 0; i < t->n; i++) {
+        struct sv_id_rec q = {t->id[i], 0};
+        (void)sv_async(t->kind[i] == SV_K_STREAM ? SV_OP_STREAM_DESTROY : SV_OP_EVENT_DESTROY, &q, sizeof q);
+    }
+    t->n = 0;
+}
+
+/* The streams and events the capture's records name, made where the process no longer has them. */
+static CUresult capture_needs(const sv_caplog *l, temps *t) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t i = 0; i < l->nstreams && r == CUDA_SUCCESS; i++)
+        r = need(t, SV_K_STREAM, l->streams[i]);
+    for (size_t off = 0; off + 8 <= l->len && r == CUDA_SUCCESS;) {
+        uint32_t h[2];
+        memcpy(h, l->buf + off, sizeof h);
+        const uint8_t *pl = l->buf + off + 8;
+        if (h[0] == SV_OP_EVENT_RECORD || h[0] == SV_OP_STREAM_WAIT_EVENT) {
+            struct sv_pair_rec q;
+            memcpy(&q, pl, sizeof q);
+            /* record: a event, b stream; wait: a stream, b event */
+            r = need(t, SV_K_EVENT, h[0] == SV_OP_EVENT_RECORD ? q.a : q.b);
+        }
+        off += 8 + ((size_t)h[1] + 7) / 8 * 8;
+    }
+    return r;
+}
+
+/* The capture l again, into the graph id. */
+static CUresult capture_again(const sv_caplog *l, uint32_t graph) {
+    temps t = {.n = 0};
+    CUresult r = capture_needs(l, &t);
+    struct sv_pair_rec b = {l->origin, 0, l->mode, 0};
+    if (r == CUDA_SUCCESS)
+        r = sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &b, sizeof b, NULL, 0, NULL, false);
+    if (r == CUDA_SUCCESS) {
+        for (size_t off = 0; off + 8 <= l->len && r == CUDA_SUCCESS;) {
+            uint32_t h[2];
+            memcpy(h, l->buf + off, sizeof h);
+            r = sv_async(h[0], l->buf + off + 8, h[1]);
+            off += 8 + ((size_t)h[1] + 7) / 8 * 8;
+        }
+        /* Ends the capture whatever came of the records, so the stream does not stay capturing. */
+        struct sv_pair_rec e = {l->origin, graph, 0, 0};
+        CUresult re = sv_sync(SV_OP_STREAM_END_CAPTURE, &e, sizeof e, NULL, 0, NULL, false);
+        if (r == CUDA_SUCCESS)
+            r = re;
+    }
+    drop_temps(&t);
+    return r;
+}
+
+static bool capturable(const sv_caplog *l, const char *what, uint32_t id) {
+    if (l && !l->bad)
+        return true;
+    sv_warn("served mode: %s %u cannot be made again in the new worker: %s; its use fails "
+            "(CUDA_ERROR_INVALID_HANDLE)",
+            what, id, l ? l->bad : "its capture was not kept (more than 8 captures at once)");
+    return false;
+}
+
+static CUresult graphs(void) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t id = 1, end = sv_id_end(SV_K_GRAPH); id < end && r == CUDA_SUCCESS; id++) {
+        if (!sv_id_live(SV_K_GRAPH, id))
+            continue;
+        const sv_caplog *l = sv_id_data(SV_K_GRAPH, id);
+        if (capturable(l, "graph", id))
+            r = step(capture_again(l, id), "graph", id);
+    }
+    for (uint32_t id = 1, end = sv_id_end(SV_K_EXEC); id < end && r == CUDA_SUCCESS; id++) {
+        const sv_exec *x = sv_id_live(SV_K_EXEC, id) ? sv_id_data(SV_K_EXEC, id) : NULL;
+        if (!x || !capturable(x->log, "graph exec", id))
+            continue;
+        /* A graph of the replay's own, instantiated, then destroyed: the exec does not need it. */
+        uint32_t g = sv_id_new(SV_K_GRAPH);
+        if (!g)
+            return step(CUDA_ERROR_OUT_OF_MEMORY, "graph exec", id);
+        r = capture_again(x->log, g);
+        if (r == CUDA_SUCCESS) {
+            struct sv_graph_rec q = {id, g, x->flags};
+            r = sv_sync(SV_OP_GRAPH_INSTANTIATE, &q, sizeof q, NULL, 0, NULL, false);
+            struct sv_id_rec d = {g, 0};
+            (void)sv_async(SV_OP_GRAPH_DESTROY, &d, sizeof d);
+        }
+        sv_id_drop(SV_K_GRAPH, g);
+        r = step(r, "graph exec", id);
+    }
+    return r;
+}
+
+CUresult sv_replay(void) {
+    unsigned flags;
+    CUresult r = CUDA_SUCCESS;
+    if (sv_primary_flags(&flags)) {
+        struct sv_id_rec q = {0, flags};
+        r = step(sv_sync(SV_OP_PRIMARY_SET_FLAGS, &q, sizeof q, NULL, 0, NULL, false), "the primary context", 0);
+    }
+    if (r == CUDA_SUCCESS)
+        r = reservations();
+    if (r == CUDA_SUCCESS)
+        r = images();
+    if (r == CUDA_SUCCESS)
+        r = functions();
+    if (r == CUDA_SUCCESS)
+        r = flagged(SV_K_STREAM, SV_OP_STREAM_CREATE, SV_STREAM_FIRST_ID);
+    if (r == CUDA_SUCCESS)
+        r = flagged(SV_K_EVENT, SV_OP_EVENT_CREATE, 1);
+    if (r == CUDA_SUCCESS)
+        r = graphs();
+    /* The creations above that were asynchronous: their failures come back here. */
+    if (r == CUDA_SUCCESS)
+        r = step(sv_sync(SV_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, true), "the context's streams and events", 0);
+    return r;
+}
