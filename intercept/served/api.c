@@ -1511,8 +1511,9 @@ static CUresult prop_rec(const CUmemAllocationProp *prop, struct sv_vmm_rec *q) 
     return CUDA_SUCCESS;
 }
 
+/* The VMM calls need no current context, as with the driver: the interposer's control thread makes them. */
 static CUresult vmm(unsigned op, struct sv_vmm_rec *q, uint64_t *out) {
-    NEED_CTX();
+    NEED_INIT();
     return sv_sync(op, q, sizeof *q, out, out ? sizeof *out : 0, NULL, false);
 }
 
@@ -1637,7 +1638,7 @@ SV_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         return CUDA_ERROR_INVALID_VALUE;
     if (count > SV_MAX_ACCESS)
         SV_REFUSE("more than 8 access descriptors");
-    NEED_CTX();
+    NEED_INIT();
     struct sv_access_rec q;
     memset(&q, 0, sizeof q);
     q.ptr = ptr;

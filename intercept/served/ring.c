@@ -836,10 +836,17 @@ SV_API int gpucrServedDetach(void) {
     }
     if (r != CUDA_SUCCESS && !R.deferred_kept)
         R.deferred_kept = (int32_t)r; /* the next synchronizing call after the attach returns it */
-    if (atomic_load(&sv_sh->h.tail) != R.head) {
-        pthread_mutex_unlock(&R.init_mu);
-        sv_warn("served mode: detach: the worker did not run the whole ring");
-        return -1;
+    /* The worker answers a record before it moves its tail past it: the synchronize's answer came, its tail
+     * follows at once. */
+    for (long long t1 = now_ns(); atomic_load(&sv_sh->h.tail) != R.head;) {
+        if (now_ns() - t1 > PARK_NS * 20 || check_worker() != CUDA_SUCCESS) {
+            sv_warn("served mode: detach: the worker did not finish the ring (tail %llu of %llu); it is let go",
+                    (unsigned long long)atomic_load(&sv_sh->h.tail), (unsigned long long)R.head);
+            drop_worker();
+            pthread_mutex_unlock(&R.init_mu);
+            return -1;
+        }
+        sched_yield();
     }
     int pid = R.worker_pid;
     drop_worker();

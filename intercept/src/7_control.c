@@ -451,6 +451,11 @@ static void do_detach(Req *req, Resp *resp, bool *detach) {
     } else if (!set_wake_path(req->detach->wake_path)) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST, "Detach: no wake path, or too long");
     } else {
+        /* Served mode: the worker's socket and ring go before the Ok, since the helper lets CRIU dump the process
+         * once it has the answer (it hangs up itself, without waiting for detached()); detached() then finds
+         * the worker let go already. */
+        if (gc_driver_served_detach() != 0)
+            gc_warn("served mode: the worker was not let go before the dump; the dump will refuse its socket");
         *detach = true;
         set_ok(resp);
     }
@@ -534,8 +539,9 @@ static void check_wake_file(void) {
  */
 static int detached(int ctl_fd) {
     gc_debug("detached: waiting for %s", G.wake_path);
-    /* Served mode: the worker's socket and ring go before the helper's connections, whose end tells the helper
-     * that CRIU may dump the process; a process that keeps them cannot be dumped. */
+    /* Served mode: the worker's socket and ring go before the helper's connections (do_detach let it go
+     * already; here for a helper that closed the control connection while this process was dropped): a process
+     * that keeps them cannot be dumped. */
     if (gc_driver_served_detach() != 0)
         gc_warn("served mode: the worker was not let go before the dump; the dump will refuse its socket");
     gc_link_detach(ctl_fd);
