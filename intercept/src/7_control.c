@@ -556,13 +556,17 @@ static int detached(int ctl_fd) {
             watch_check(&watch);
     }
     check_wake_file();
-    /* Served mode: a worker, with the context made again, before the helper gives the memory back into it. */
-    if (gc_driver_served_attach() != 0)
-        gc_warn("served mode: no worker after the dump; the GPU memory cannot come back");
 
     gc_debug("woken by %s: reattaching to the helper at %s (token %llu)", G.wake_path, gc_link_socket(),
              (unsigned long long)gc_link_token());
-    return gc_link_reattach();
+    int fd = gc_link_reattach();
+    /* Served mode: a worker, with the context made again, before the helper's memory comes back into it (its
+     * Reimport waits on the control connection until this thread reads it). After the reattach, so that the
+     * helper knows this process again and gives it a worker on the GPU that holds its memory (another one after
+     * a restore with a device map). */
+    if (gc_driver_served_attach() != 0)
+        gc_warn("served mode: no worker after the dump; the GPU memory cannot come back");
+    return fd;
 }
 
 /* HoldSync: peer sync operations stop at the count reached, which the reply says. */
