@@ -870,7 +870,8 @@ SV_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
     NEED_CTX();
     struct sv_pair_rec q = {0, 0, (uint32_t)mode, 0};
     CUresult r = stream_arg(h, &q.a);
-    if (r != CUDA_SUCCESS || (r = sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false)) != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS ||
+        (r = sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false)) != CUDA_SUCCESS)
         return r;
     if (q.a >= SV_STREAM_FIRST_ID)
         cap_begin(q.a, q.flags);

@@ -52,9 +52,10 @@ static CUresult reservations(void) {
         if (r == CUDA_SUCCESS && got != v[i].base) {
             struct sv_vmm_rec f = {.a = got, .b = v[i].size};
             (void)sv_sync(SV_OP_VMM_ADDR_FREE, &f, sizeof f, NULL, 0, NULL, false);
-            sv_warn("served mode: the new worker reserves 0x%llx (%llu bytes) at 0x%llx instead: the process's "
-                    "device addresses cannot be kept",
-                    (unsigned long long)v[i].base, (unsigned long long)v[i].size, (unsigned long long)got);
+            sv_warn(
+                "served mode: the new worker reserves 0x%llx (%llu bytes) at 0x%llx instead: the process's "
+                "device addresses cannot be kept",
+                (unsigned long long)v[i].base, (unsigned long long)v[i].size, (unsigned long long)got);
             r = CUDA_ERROR_ALREADY_MAPPED;
         } else if (r != CUDA_SUCCESS && r != SV_GONE) {
             sv_warn("served mode: the new worker cannot reserve 0x%llx (%llu bytes) again: CUresult %d",
@@ -154,8 +155,8 @@ static CUresult need(temps *t, unsigned kind, uint32_t id) {
             return CUDA_SUCCESS;
     if (t->n == TEMP_MAX)
         return CUDA_ERROR_NOT_SUPPORTED;
-    struct sv_id_rec q = {id, kind == SV_K_STREAM ? (unsigned)CU_STREAM_NON_BLOCKING
-                                                   : (unsigned)CU_EVENT_DISABLE_TIMING};
+    struct sv_id_rec q = {id,
+                          kind == SV_K_STREAM ? (unsigned)CU_STREAM_NON_BLOCKING : (unsigned)CU_EVENT_DISABLE_TIMING};
     CUresult r = sv_async(kind == SV_K_STREAM ? SV_OP_STREAM_CREATE : SV_OP_EVENT_CREATE, &q, sizeof q);
     if (r == CUDA_SUCCESS) {
         t->kind[t->n] = kind;
@@ -219,9 +220,10 @@ static CUresult capture_again(const sv_caplog *l, uint32_t graph) {
 static bool capturable(const sv_caplog *l, const char *what, uint32_t id) {
     if (l && !l->bad)
         return true;
-    sv_warn("served mode: %s %u cannot be made again in the new worker: %s; its use fails "
-            "(CUDA_ERROR_INVALID_HANDLE)",
-            what, id, l ? l->bad : "its capture was not kept (more than 8 captures at once)");
+    sv_warn(
+        "served mode: %s %u cannot be made again in the new worker: %s; its use fails "
+        "(CUDA_ERROR_INVALID_HANDLE)",
+        what, id, l ? l->bad : "its capture was not kept (more than 8 captures at once)");
     return false;
 }
 

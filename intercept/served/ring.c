@@ -48,12 +48,12 @@ static struct {
     _Atomic uint32_t stage_next;
     pthread_mutex_t image_mu; /* one image's chunks at a time: the worker assembles one */
     _Atomic int gone_said;
-    _Atomic uint32_t inside;  /* threads between sv_enter and sv_leave: a detach waits for none */
-    pthread_mutex_t fd_mu;    /* descriptors on the socket in the ring's order; one export's answer at a time */
+    _Atomic uint32_t inside; /* threads between sv_enter and sv_leave: a detach waits for none */
+    pthread_mutex_t fd_mu;   /* descriptors on the socket in the ring's order; one export's answer at a time */
     uint64_t fd_seq;
-    unsigned device;          /* what the first Serve asked for */
-    char uuid[64];            /* the device served (ServeReply.uuid): what an attach asks for again */
-    int32_t deferred_kept;    /* an asynchronous failure not yet returned when the ring went away at a detach */
+    unsigned device;       /* what the first Serve asked for */
+    char uuid[64];         /* the device served (ServeReply.uuid): what an attach asks for again */
+    int32_t deferred_kept; /* an asynchronous failure not yet returned when the ring went away at a detach */
 } R = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .prod_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -817,10 +817,9 @@ SV_API int gpucrServedDetach(void) {
                 futex_wake_int(&sv_up);
             }
             pthread_mutex_unlock(&R.init_mu);
-            sv_warn("served mode: detach: %s; the worker is kept", gone
-                                                                       ? "the worker is gone"
-                                                                       : "calls of this process still wait for the "
-                                                                         "worker after 30 s");
+            sv_warn("served mode: detach: %s; the worker is kept", gone ? "the worker is gone"
+                                                                        : "calls of this process still wait for the "
+                                                                          "worker after 30 s");
             return -1;
         }
         struct timespec ts = {0, PARK_NS};

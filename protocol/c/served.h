@@ -49,7 +49,8 @@
 #define SV_MAX_NAME 4096u         /* a kernel's (mangled) name, NUL included */
 #define SV_MAX_JIT 16u            /* JIT options of cuLibraryLoadData */
 #define SV_MAX_ACCESS 8u          /* access descriptors of cuMemSetAccess */
-#define SV_MAX_VMM_HANDLES (1u << 16) /* VMM handles a worker holds for its process at once (made, imported, retained) */
+#define SV_MAX_VMM_HANDLES                                                                                             \
+    (1u << 16) /* VMM handles a worker holds for its process at once (made, imported, retained) */
 
 /* Virtual handles: the kinds, and how many of each a process may hold at once. */
 enum sv_kind {
