@@ -37,11 +37,17 @@ for r in $(seq "$ROUNDS"); do
 		log=$LOGS/hb.$m.$r
 		img=/dev/shm/gpucr-served-cr/$m.$r
 		rm -rf "$img" && mkdir -p "$img"
-		"$GPUCR" run "${flags[@]}" --socket "$SOCK" -- "$BIN/heartbeat" "${ARGS[@]}" >"$log" 2>&1 &
+		# a session of its own, no terminal: what CRIU dumps without --shell-job
+		setsid "$GPUCR" run "${flags[@]}" --socket "$SOCK" -- "$BIN/heartbeat" "${ARGS[@]}" </dev/null >"$log" 2>&1 &
 		pid=$!
 		for _ in $(seq 600); do [ "$(hbs "$log")" -ge 5 ] && break; sleep 0.1; done
 		rss=$(awk '/^Rss:/{r=$2} /^Private_Dirty:/{d=$2} END{printf "%.0f/%.0f", r/1024, d/1024}' "/proc/$pid/smaps_rollup")
-		GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" checkpoint "$pid" -D "$img" --json >"$LOGS/dump.$m.$r" 2>&1 || bad "$m round $r: checkpoint: $(tail -2 "$LOGS/dump.$m.$r" | tr '\n' ' ')"
+		if ! GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" checkpoint "$pid" -D "$img" --json >"$LOGS/dump.$m.$r" 2>&1; then
+			bad "$m round $r: checkpoint: $(tail -2 "$LOGS/dump.$m.$r" | tr '\n' ' ')"
+			kill -9 "$pid" 2>/dev/null
+			wait "$pid" 2>/dev/null
+			continue
+		fi
 		wait "$pid" 2>/dev/null
 		pid_gone "$pid" || bad "$m round $r: pid $pid still there"
 		n=$(hbs "$log")
