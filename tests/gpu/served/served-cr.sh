@@ -7,8 +7,9 @@
 # heartbeat (tests/apps/heartbeat.c, MIB of device memory in 8 buffers,
 # default 8192) under `gpucr run` (in-process) and `gpucr run --served`, in
 # alternating order, ROUNDS rounds each (default 2): `gpucr checkpoint PID
-# -D DIR --json` (the process ends), `gpucr restore -D DIR`, the time from
-# the restore's start to its next heartbeat, whether the heartbeats go on
+# -D DIR --json` (the process ends), `gpucr restore -D DIR --json` (its
+# seconds: to the process running with its GPU back), the time from the
+# restore's start to its next heartbeat, whether the heartbeats go on
 # from where they stopped (each compared with an uninterrupted run's), and
 # the CRIU image's page files (what CRIU wrote of the process's host
 # memory). Images in /dev/shm. Logs in build/gpu/served-cr (and $OUT).
@@ -58,7 +59,7 @@ for r in $(seq "$ROUNDS"); do
 		sleep 1
 		kill -9 "$pid" 2>/dev/null
 		pid_gone "$pid"
-		echo "$m $r $(jf "$LOGS/dump.$m.$r" seconds) $(python3 -c "print(f'{${t1:-$t0}-$t0:.3f}' if '${t1}' else 'none')") ${pages:-?} $rss" >>"$LOGS/times.txt"
+		echo "$m $r $(jf "$LOGS/dump.$m.$r" seconds) $(jf "$LOGS/restore.$m.$r" seconds) $(python3 -c "print(f'{${t1:-$t0}-$t0:.3f}' if '${t1}' else 'none')") ${pages:-?} $rss" >>"$LOGS/times.txt"
 		# exactness: each heartbeat after the restore against an uninterrupted run's
 		want=$(timeout 300 "$BIN/heartbeat" --mib "$MIB" --buffers 8 --interval-ms 0 --hb-every 1 --iters "$(grep -c '^hb' "$log")" 2>&1 | grep '^hb' | awk '{print $2, $3}')
 		got=$(grep '^hb' "$log" | awk '{print $2, $3}')
@@ -70,6 +71,8 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 note "## checkpoint (process ends) and restore to its next heartbeat, heartbeat $MIB MiB"
-note "  mode round dump_s restore_to_hb_s criu_pages_MiB rss/private_dirty_MiB_before"
+note "  mode round dump_s restore_s restore_to_hb_s criu_pages_MiB rss/private_dirty_MiB_before"
+note "  (restore_s: the restore command, to the process running with its GPU back; restore_to_hb_s adds heartbeat's"
+note "  own time to its next heartbeat, which checksums every buffer)"
 sed 's/^/  /' "$LOGS/times.txt" | tee -a "$LOGS/summary.txt"
 exit $fail
