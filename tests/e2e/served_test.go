@@ -264,3 +264,23 @@ func TestServedRefusals(t *testing.T) {
 		t.Errorf("gpucr run --device without --served: %v\n%s", err, out)
 	}
 }
+
+// TestServedHelperGone: a helper killed under a served program takes
+// nothing from it: the worker is the program's, and the program computes
+// on, exactly, to its end.
+func TestServedHelperGone(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	args := []string{"--mib", "8", "--hb-every", "1"}
+	a := startServed(t, dir, h, env, "heartbeat", nil, append(args, "--interval-ms", "20", "--iters", "60")...)
+	a.waitIter(5, 30*time.Second)
+	w := workerOf(t, h, a.pid)
+	h.stop() // SIGKILL
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("served program whose helper was killed: exit %d:\n%s", code, tail(a.output(), 10))
+	}
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, 60))
+	waitDead(t, w, 10*time.Second)
+}
