@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "gpucr/cuerrors.h"
 #include "gpucr/procaddr.h"
 
 void sv_warn(const char *fmt, ...) {
@@ -46,75 +47,9 @@ CUresult sv_refuse(_Atomic int *once, const char *fn, const char *why) {
 
 /* ---- errors ---- */
 
-typedef struct {
-    CUresult code;
-    const char *name, *text;
-} err_ent;
+SV_API CUresult cuGetErrorString(CUresult error, const char **pStr) { return gc_error_lookup(error, pStr, 0); }
 
-#define E(code, text)                                                                                                  \
-    { code, #code, text }
-
-static const err_ent errs[] = {
-    E(CUDA_SUCCESS, "no error"),
-    E(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
-    E(CUDA_ERROR_OUT_OF_MEMORY, "out of memory"),
-    E(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
-    E(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
-    E(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library"),
-    E(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable"),
-    E(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"),
-    E(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
-    E(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
-    E(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
-    E(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed"),
-    E(CUDA_ERROR_UNMAP_FAILED, "unmapping of buffer object failed"),
-    E(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped"),
-    E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
-    E(CUDA_ERROR_NOT_MAPPED, "resource not mapped"),
-    E(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
-    E(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid"),
-    E(CUDA_ERROR_FILE_NOT_FOUND, "file not found"),
-    E(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS"),
-    E(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
-    E(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state"),
-    E(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
-    E(CUDA_ERROR_NOT_READY, "device not ready"),
-    E(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
-    E(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch"),
-    E(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "part or all of the requested memory range is already mapped"),
-    E(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "pointer does not correspond to a registered memory region"),
-    E(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"),
-    E(CUDA_ERROR_NOT_PERMITTED, "operation not permitted"),
-    E(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
-    E(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing"),
-    E(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-      "operation would make the legacy stream depend on a capturing blocking stream"),
-    E(CUDA_ERROR_TIMEOUT, "the operation timed out"),
-    E(CUDA_ERROR_UNKNOWN, "unknown error"),
-};
-
-static const err_ent *err_find(CUresult r) {
-    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++)
-        if (errs[i].code == r)
-            return &errs[i];
-    return NULL;
-}
-
-SV_API CUresult cuGetErrorString(CUresult error, const char **pStr) {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
-    const err_ent *e = err_find(error);
-    *pStr = e ? e->text : NULL;
-    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-SV_API CUresult cuGetErrorName(CUresult error, const char **pStr) {
-    if (!pStr)
-        return CUDA_ERROR_INVALID_VALUE;
-    const err_ent *e = err_find(error);
-    *pStr = e ? e->name : NULL;
-    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
+SV_API CUresult cuGetErrorName(CUresult error, const char **pStr) { return gc_error_lookup(error, pStr, 1); }
 
 /* ---- refused: the driver's private tables and the checkpoint API ---- */
 
