@@ -182,31 +182,6 @@ int sv_prepare(const char *libpath, int ordinal, char *err, size_t errlen) {
     return 0;
 }
 
-/* ---- futexes, shared with the client process ---- */
-
-static long futex_wait(_Atomic uint32_t *a, uint32_t val, long timeout_ns) {
-    struct timespec ts = {timeout_ns / 1000000000L, timeout_ns % 1000000000L};
-    return syscall(SYS_futex, (uint32_t *)a, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake(_Atomic uint32_t *a) { syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#else
-    atomic_signal_fence(memory_order_seq_cst);
-#endif
-}
-
-static long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* ---- the service ---- */
 
 struct wlayout {
@@ -265,9 +240,9 @@ static int wait_work(svc *s, uint64_t *head) {
         *head = atomic_load_explicit(&h->head, memory_order_acquire);
         if (*head != s->tail)
             return 1;
-        cpu_relax();
+        sv_cpu_relax();
         if ((i & 63) == 0) {
-            long long t = now_ns();
+            long long t = sv_now_ns();
             if (!t0)
                 t0 = t;
             else if (t - t0 > 50000) /* spin 50 us, then park */
@@ -284,7 +259,7 @@ static int wait_work(svc *s, uint64_t *head) {
             atomic_store_explicit(&h->wsleep, 0, memory_order_relaxed);
             return 1;
         }
-        futex_wait(&h->wseq, seq, 100000000L); /* 100 ms: the hang-up is looked for between waits */
+        sv_futex_wait(&h->wseq, seq, 100000000L); /* 100 ms: the hang-up is looked for between waits */
         atomic_store_explicit(&h->wsleep, 0, memory_order_relaxed);
         *head = atomic_load_explicit(&h->head, memory_order_acquire);
         if (*head != s->tail)
@@ -304,7 +279,7 @@ static void reply_done(svc *s, uint32_t reply, CUresult r, const void *data, uin
     rp->result = (int32_t)r;
     atomic_store_explicit(&rp->state, SV_DONE, memory_order_seq_cst);
     if (atomic_load_explicit(&rp->waiting, memory_order_seq_cst))
-        futex_wake(&rp->state);
+        sv_futex_wake(&rp->state);
 }
 
 static void stage_free(svc *s, uint32_t slot) {
@@ -312,7 +287,7 @@ static void stage_free(svc *s, uint32_t slot) {
     atomic_store_explicit(&s->sh->stagehdr[slot].state, SV_FREE, memory_order_seq_cst);
     if (atomic_load_explicit(&h->stage_wait, memory_order_seq_cst) && atomic_exchange(&h->stage_wait, 0)) {
         atomic_fetch_add(&h->stage_seq, 1);
-        futex_wake(&h->stage_seq);
+        sv_futex_wake(&h->stage_seq);
     }
 }
 
@@ -322,7 +297,7 @@ static void stage_done(svc *s, uint32_t slot, CUresult r, uint32_t len) {
     sh->len = len;
     atomic_store_explicit(&sh->state, SV_DONE, memory_order_seq_cst);
     if (atomic_load_explicit(&sh->waiting, memory_order_seq_cst))
-        futex_wake(&sh->state);
+        sv_futex_wake(&sh->state);
 }
 
 /* ---- handles ---- */
@@ -1435,7 +1410,7 @@ static int serve_loop(svc *s) {
             atomic_store_explicit(&h->tail, s->tail, memory_order_seq_cst);
             if (atomic_load_explicit(&h->room_wait, memory_order_seq_cst) && atomic_exchange(&h->room_wait, 0)) {
                 atomic_fetch_add(&h->room_seq, 1);
-                futex_wake(&h->room_seq);
+                sv_futex_wake(&h->room_seq);
             }
         }
     }

@@ -62,31 +62,6 @@ static struct {
     .sock = -1,
 };
 
-/* ---- futexes: shared with the worker, so not FUTEX_PRIVATE ---- */
-
-static void futex_wait(_Atomic uint32_t *a, uint32_t val, long timeout_ns) {
-    struct timespec ts = {timeout_ns / 1000000000L, timeout_ns % 1000000000L};
-    syscall(SYS_futex, (uint32_t *)a, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake(_Atomic uint32_t *a) { syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield" ::: "memory");
-#else
-    atomic_signal_fence(memory_order_seq_cst);
-#endif
-}
-
-static long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 #define SPIN_NS 20000L    /* a wait polls this long before it parks */
 #define PARK_NS 50000000L /* a parked wait looks at the worker's socket this often */
 #define WELCOME_MS 60000  /* the worker's answer to the hello */
@@ -143,7 +118,7 @@ CUresult sv_enter(void) {
                 return CUDA_SUCCESS;
             }
             if (atomic_fetch_sub(&R.inside, 1) == 1)
-                futex_wake(&R.inside);
+                sv_futex_wake(&R.inside);
             continue;
         }
         if (st != SV_S_DETACHED)
@@ -158,7 +133,7 @@ void sv_leave(void) {
     if (--enter_depth)
         return;
     if (atomic_fetch_sub(&R.inside, 1) == 1 && atomic_load(&sv_up) == SV_S_DETACHED)
-        futex_wake(&R.inside);
+        sv_futex_wake(&R.inside);
 }
 
 /* Waits until *state is no longer pending (the worker's store), parking on it after a spin. */
@@ -167,9 +142,9 @@ static CUresult wait_word(_Atomic uint32_t *state, _Atomic uint32_t *waiting, ui
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(state, memory_order_acquire) != pending)
             return CUDA_SUCCESS;
-        cpu_relax();
+        sv_cpu_relax();
         if ((i & 63) == 0) {
-            long long t = now_ns();
+            long long t = sv_now_ns();
             if (!t0)
                 t0 = t;
             else if (t - t0 > SPIN_NS)
@@ -180,7 +155,7 @@ static CUresult wait_word(_Atomic uint32_t *state, _Atomic uint32_t *waiting, ui
         atomic_store_explicit(waiting, 1, memory_order_seq_cst);
         if (atomic_load_explicit(state, memory_order_seq_cst) != pending)
             break;
-        futex_wait(state, pending, PARK_NS);
+        sv_futex_wait(state, pending, PARK_NS);
         if (atomic_load_explicit(state, memory_order_acquire) != pending)
             break;
         CUresult r = check_worker();
@@ -430,9 +405,9 @@ static CUresult wait_room(uint64_t end) {
         R.tail_seen = atomic_load_explicit(&h->tail, memory_order_acquire);
         if (end - R.tail_seen <= SV_RING_BYTES)
             return CUDA_SUCCESS;
-        cpu_relax();
+        sv_cpu_relax();
         if ((i & 63) == 0) {
-            long long t = now_ns();
+            long long t = sv_now_ns();
             if (!t0)
                 t0 = t;
             else if (t - t0 > SPIN_NS)
@@ -445,7 +420,7 @@ static CUresult wait_room(uint64_t end) {
         R.tail_seen = atomic_load_explicit(&h->tail, memory_order_seq_cst);
         if (end - R.tail_seen <= SV_RING_BYTES)
             return CUDA_SUCCESS;
-        futex_wait(&h->room_seq, seq, PARK_NS);
+        sv_futex_wait(&h->room_seq, seq, PARK_NS);
         R.tail_seen = atomic_load_explicit(&h->tail, memory_order_acquire);
         if (end - R.tail_seen <= SV_RING_BYTES)
             return CUDA_SUCCESS;
@@ -496,7 +471,7 @@ void sv_commit(sv_slot *s) {
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(&h->wsleep, memory_order_relaxed) && atomic_exchange(&h->wsleep, 0)) {
         atomic_fetch_add(&h->wseq, 1);
-        futex_wake(&h->wseq);
+        sv_futex_wake(&h->wseq);
     }
     pthread_mutex_unlock(&R.prod_mu);
 }
@@ -630,7 +605,7 @@ CUresult sv_stage_claim(uint32_t *slot) {
         if (sv_stage_try(slot))
             return CUDA_SUCCESS;
         if (round < 64) {
-            cpu_relax();
+            sv_cpu_relax();
             continue;
         }
         uint32_t seq = atomic_load(&h->stage_seq);
@@ -640,7 +615,7 @@ CUresult sv_stage_claim(uint32_t *slot) {
             any = atomic_load_explicit(&sv_sh->stagehdr[i].state, memory_order_seq_cst) == SV_FREE;
         if (any)
             continue;
-        futex_wait(&h->stage_seq, seq, PARK_NS);
+        sv_futex_wait(&h->stage_seq, seq, PARK_NS);
         CUresult r = check_worker();
         if (r != CUDA_SUCCESS)
             return r;
@@ -658,7 +633,7 @@ void sv_stage_release(uint32_t slot) {
     atomic_store_explicit(&sv_sh->stagehdr[slot].state, SV_FREE, memory_order_seq_cst);
     if (atomic_load_explicit(&h->stage_wait, memory_order_seq_cst) && atomic_exchange(&h->stage_wait, 0)) {
         atomic_fetch_add(&h->stage_seq, 1);
-        futex_wake(&h->stage_seq);
+        sv_futex_wake(&h->stage_seq);
     }
 }
 
@@ -805,12 +780,12 @@ SV_API int gpucrServedDetach(void) {
         return rc; /* never initialized, or detached already */
     }
     atomic_store(&sv_up, SV_S_DETACHED); /* new calls wait in sv_enter */
-    long long t0 = now_ns();
+    long long t0 = sv_now_ns();
     for (;;) {
         uint32_t n = atomic_load(&R.inside);
         if (n == 0)
             break;
-        if (now_ns() - t0 > DETACH_WAIT_NS || check_worker() != CUDA_SUCCESS) {
+        if (sv_now_ns() - t0 > DETACH_WAIT_NS || check_worker() != CUDA_SUCCESS) {
             bool gone = atomic_load(&sv_up) == SV_S_GONE;
             if (!gone) {
                 atomic_store(&sv_up, SV_S_UP);
@@ -837,8 +812,8 @@ SV_API int gpucrServedDetach(void) {
         R.deferred_kept = (int32_t)r; /* the next synchronizing call after the attach returns it */
     /* The worker answers a record before it moves its tail past it: the synchronize's answer came, its tail
      * follows at once. */
-    for (long long t1 = now_ns(); atomic_load(&sv_sh->h.tail) != R.head;) {
-        if (now_ns() - t1 > PARK_NS * 20 || check_worker() != CUDA_SUCCESS) {
+    for (long long t1 = sv_now_ns(); atomic_load(&sv_sh->h.tail) != R.head;) {
+        if (sv_now_ns() - t1 > PARK_NS * 20 || check_worker() != CUDA_SUCCESS) {
             sv_warn("served mode: detach: the worker did not finish the ring (tail %llu of %llu); it is let go",
                     (unsigned long long)atomic_load(&sv_sh->h.tail), (unsigned long long)R.head);
             drop_worker();

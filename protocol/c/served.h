@@ -30,9 +30,14 @@
 #ifndef GPUCR_PROTOCOL_SERVED_H
 #define GPUCR_PROTOCOL_SERVED_H
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #define SV_MAGIC 0x31565347u /* "GSV1" */
 #define SV_VERSION 2u
@@ -356,5 +361,35 @@ _Static_assert(sizeof(struct sv_hello) == 24 && sizeof(struct sv_welcome) == 256
 _Static_assert(SV_RING_BYTES % SV_REC_ALIGN == 0 && (SV_RING_BYTES & (SV_RING_BYTES - 1)) == 0, "ring size");
 _Static_assert(sizeof(struct sv_rec) + sizeof(struct sv_launch_rec) + SV_MAX_PARAM_BYTES < SV_RING_BYTES / 4,
                "a launch fits the ring many times over");
+
+/* ---- the wait primitives both sides use on the shared memory ---- */
+
+/* Futexes on the shared memory: the other side is another process, so not FUTEX_PRIVATE. The wait's result is
+ * the system call's (its errors, EAGAIN and ETIMEDOUT among them, are the caller's to read). */
+static inline long sv_futex_wait(_Atomic uint32_t *a, uint32_t val, long timeout_ns) {
+    struct timespec ts = {timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+    return syscall(SYS_futex, (uint32_t *)a, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static inline void sv_futex_wake(_Atomic uint32_t *a) {
+    syscall(SYS_futex, (uint32_t *)a, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* A spinning wait's pause between two looks. */
+static inline void sv_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+static inline long long sv_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 #endif
