@@ -9,6 +9,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -87,17 +88,13 @@ func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helper
 // too); else the device of req.Uuid, if set; else that of req.Device.
 func servedDevice(devices []Device, req *helperpb.Serve, self *client) (int, error) {
 	if self != nil {
-		at := -1
+		at := -1 // the one device of its memory; -2: several
 		self.mu.Lock()
 		for _, al := range self.allocs {
-			for i, d := range devices {
-				if d == al.dev {
-					if at >= 0 && at != i {
-						at = -2 // on several devices: served mode serves one
-					} else if at != -2 {
-						at = i
-					}
-				}
+			if i := slices.Index(devices, al.dev); at == -1 {
+				at = i
+			} else if i != at {
+				at = -2
 			}
 		}
 		self.mu.Unlock()
@@ -106,12 +103,11 @@ func servedDevice(devices []Device, req *helperpb.Serve, self *client) (int, err
 		}
 	}
 	if req.Uuid != "" {
-		for i, d := range devices {
-			if d.Info().GetUuid() == req.Uuid {
-				return i, nil
-			}
+		d := deviceByUUID(devices, req.Uuid)
+		if d == nil {
+			return 0, fmt.Errorf("no device %s in this helper", req.Uuid)
 		}
-		return 0, fmt.Errorf("no device %s in this helper", req.Uuid)
+		return slices.Index(devices, d), nil
 	}
 	if int(req.Device) >= len(devices) {
 		return 0, fmt.Errorf("no device %d (the helper has %d)", req.Device, len(devices))
