@@ -216,9 +216,7 @@ func (p *Pool) reap(w *Worker) {
 	defer p.mu.Unlock()
 	if _, ok := p.assigned[w]; ok {
 		delete(p.assigned, w)
-		if p.perUID[w.uid]--; p.perUID[w.uid] <= 0 {
-			delete(p.perUID, w.uid)
-		}
+		p.releaseUIDLocked(w.uid)
 		p.cfg.Log.Debug("served mode: worker ended", zap.Int("pid", w.pid), zap.Int64("client_pid", w.clientPid), zap.Error(err))
 		return
 	}
@@ -257,6 +255,14 @@ func WorkerEnv(environ []string) []string {
 		}
 	}
 	return out
+}
+
+// releaseUIDLocked gives back one of uid's workers counted against
+// MaxPerUID.
+func (p *Pool) releaseUIDLocked(uid uint32) {
+	if p.perUID[uid]--; p.perUID[uid] <= 0 {
+		delete(p.perUID, uid)
+	}
 }
 
 // ErrPerUID is the refusal of a worker past PoolConfig.MaxPerUID.
@@ -302,17 +308,13 @@ func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock in
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
-		if p.perUID[uid]--; p.perUID[uid] <= 0 {
-			delete(p.perUID, uid)
-		}
+		p.releaseUIDLocked(uid)
 		return nil, err
 	}
 	w.uid, w.clientPid, w.since = uid, pid, time.Now()
 	select {
 	case <-w.exited: // it served and ended already
-		if p.perUID[uid]--; p.perUID[uid] <= 0 {
-			delete(p.perUID, uid)
-		}
+		p.releaseUIDLocked(uid)
 	default:
 		p.assigned[w] = struct{}{}
 	}
