@@ -45,6 +45,11 @@ INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 SERVED_SRC := $(wildcard intercept/served/*.c)
 SERVED_HDR := $(wildcard intercept/served/*.h) protocol/c/served.h include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h $(PROTO_C_HDR)
 SERVED     := $(BUILD)/lib/served/libcuda.so.1
+# Served mode's runtime library: the CUDA runtime API made of the driver API,
+# in the application's place of NVIDIA's libcudart.so.13 (intercept/runtime/rt.h).
+RUNTIME_SRC := $(wildcard intercept/runtime/*.c)
+RUNTIME_HDR := $(wildcard intercept/runtime/*.h) include/gpucr/cudart.h include/gpucr/cudadrv.h intercept/runtime/libcudart.map
+RUNTIME     := $(BUILD)/lib/served/libcudart.so.13
 # C sources in a directory of their own: the Go test beside them (tests/intercept)
 # would otherwise make the go tool take the directory for a cgo package.
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
@@ -60,7 +65,7 @@ gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
 tools: $(TOOLS)
 intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
-served: $(SERVED)
+served: $(SERVED) $(RUNTIME)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
 # linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
@@ -86,6 +91,15 @@ $(SERVED): $(SERVED_SRC) $(SERVED_HDR) $(PROTO_C_SRC) Makefile
 	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
 		-Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..' -o $@ \
 		$(SERVED_SRC) $(PROTO_C_SRC) -lprotobuf-c -lpthread
+
+# Served mode's runtime library: only the runtime's functions are exported, under
+# the version node that programs linked against NVIDIA's runtime ask for. It
+# calls the driver that is loaded (served mode's, the simulated or the real one).
+$(RUNTIME): $(RUNTIME_SRC) $(RUNTIME_HDR) $(SIM_LIB) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,-soname,libcudart.so.13 -Wl,--version-script=intercept/runtime/libcudart.map -Wl,--no-undefined \
+		-o $@ $(RUNTIME_SRC) -L$(BUILD)/sim -lcuda -ldl -lpthread
 
 # The CRIU plugin. Built against CRIU's public criu-plugin.h only (-isystem:
 # its inline dummies have unused parameters); only CR_PLUGIN_DESC is exported.
