@@ -143,6 +143,23 @@ func prepareRun(cmd, socket string, environ []string) (string, []string, error) 
 	return path, env, nil
 }
 
+// preloadAfterFirst puts lib second in an LD_PRELOAD list (after the
+// interposer, which prepareRun put first), once; an empty lib changes nothing.
+func preloadAfterFirst(list, lib string) string {
+	if lib == "" {
+		return list
+	}
+	parts := strings.Split(list, ":")
+	out := parts[:1:1]
+	out = append(out, lib)
+	for _, p := range parts[1:] {
+		if p != lib && p != "" {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, ":")
+}
+
 // findServed is the served-mode library, found as findInterposer finds the
 // interposer: $GPUCR_SERVED_LIB, else <dir of gpucr>/../lib/served/libcuda.so.1,
 // else /usr/lib/gpucr/served/libcuda.so.1.
@@ -172,6 +189,11 @@ func findServed() (string, error) {
 // through it), with served mode's library as the driver under it
 // (GPUCR_LIBCUDA), whose directory comes first in LD_LIBRARY_PATH so that the
 // program's own libcuda.so.1 is that library too; GPUCR_SERVED_DEVICE set.
+// Served mode's runtime library (libcudart.so.13 beside the served library)
+// is preloaded right after the interposer: a program's libraries name
+// NVIDIA's runtime by soname, often through an RPATH that LD_LIBRARY_PATH
+// cannot override, and a preloaded object with that soname is the one the
+// dynamic linker gives them.
 func prepareServed(cmd, socket string, device uint, environ []string) (string, []string, error) {
 	lib, err := findServed()
 	if err != nil {
@@ -183,10 +205,16 @@ func prepareServed(cmd, socket string, device uint, environ []string) (string, [
 	}
 	dir := filepath.Dir(lib)
 	libPath := dir
+	runtime := filepath.Join(dir, "libcudart.so.13")
+	if _, err := os.Stat(runtime); err != nil {
+		runtime = ""
+	}
 	out := env[:0]
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
+		case "LD_PRELOAD":
+			out = append(out, "LD_PRELOAD="+preloadAfterFirst(v, runtime))
 		case "LD_LIBRARY_PATH":
 			for _, p := range strings.Split(v, ":") {
 				if p != "" && p != dir {
