@@ -27,29 +27,29 @@ static __thread int tls_device;       /* cudaSetDevice's, else 0 */
 static __thread bool tls_bound;       /* a context is current on this thread for tls_device */
 static __thread cudaError_t tls_last; /* the last error */
 
-/* The table by name, resolved through cuGetProcAddress: the symbol that the dynamic linker binds is the
- * interposer's where gpucr's interposer is loaded, so its wrappers are what the runtime calls. */
+/*
+ * The table by name, resolved through cuGetProcAddress: the symbol that the dynamic linker binds is the
+ * interposer's where gpucr's interposer is loaded, so its wrappers are what the runtime calls. Every entry is
+ * asked for as of CUDA 12.0, whose signatures the table declares: a base name resolves to the newest version
+ * not past the one asked for, and later versions changed some (CUDA 13's cuCtxSynchronize takes a context,
+ * 12.3's cuStreamGetCaptureInfo adds edge data).
+ */
+#define RT_DRIVER_ABI 12000
 static void resolve(void) {
 #define RT_NAME(field, name, params) {name, offsetof(struct rt_driver, field)},
     static const struct {
         const char *name;
         size_t off;
-    } names[] = {RT_DRIVER(RT_NAME)};
+    } names[] = {RT_DRIVER(RT_NAME){"cuStreamGetCaptureInfo", offsetof(struct rt_driver, StreamGetCaptureInfo)}};
 #undef RT_NAME
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         void *fn = NULL;
         CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        if (cuGetProcAddress_v2(names[i].name, &fn, GPUCR_CUDART_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st) !=
-                CUDA_SUCCESS ||
+        if (cuGetProcAddress_v2(names[i].name, &fn, RT_DRIVER_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS ||
             st != CU_GET_PROC_ADDRESS_SUCCESS)
             fn = NULL;
         memcpy((char *)&rt_drv + names[i].off, &fn, sizeof fn);
     }
-    void *fn = NULL;
-    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    if (cuGetProcAddress_v2("cuStreamGetCaptureInfo", &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) == CUDA_SUCCESS &&
-        st == CU_GET_PROC_ADDRESS_SUCCESS)
-        memcpy(&rt_drv.StreamGetCaptureInfo, &fn, sizeof fn);
 }
 
 static void init(void) {

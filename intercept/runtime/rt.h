@@ -34,9 +34,9 @@
 /* ---- driver.c ---- */
 
 /*
- * The driver's entry points the runtime calls, by the name cuGetProcAddress knows them by (its base name: the
- * driver hands out the newest version the runtime's CUDA version allows). One that the driver does not have
- * stays NULL, and a runtime function that needs it fails with cudaErrorNotSupported, naming it.
+ * The driver's entry points the runtime calls, by their base names, resolved as of CUDA 12.0 (driver.c says
+ * why), with that version's signatures. One that the driver does not have stays NULL, and a runtime function
+ * that needs it fails with cudaErrorNotSupported, naming it.
  */
 #define RT_DRIVER(X)                                                                                                   \
     X(Init, "cuInit", (unsigned int))                                                                                  \
@@ -120,8 +120,7 @@
 #define RT_FIELD(field, name, params) CUresult(*field) params;
 struct rt_driver {
     RT_DRIVER(RT_FIELD)
-    /* resolved as of CUDA 12.0 (its _v2, without edge data), which both the driver and served mode's library
-     * have; CUDA 12.3's version adds edge data, which the runtime does not ask for */
+    /* its _v2, without edge data (which the runtime does not ask for) */
     CUresult (*StreamGetCaptureInfo)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **,
                                      size_t *);
 };
