@@ -26,6 +26,10 @@ APP_COMMON := $(wildcard tests/apps/common/*.c)
 APP_HDR    := $(wildcard tests/apps/common/*.h) include/gpucr/cudadrv.h
 APP_SRC    := $(wildcard tests/apps/*.c)
 APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
+# Test applications on the CUDA runtime API: linked against served mode's
+# runtime library, found beside them through their RUNPATH.
+RT_APP_SRC := $(wildcard tests/apps/runtime/*.c)
+RT_APPS    := $(patsubst tests/apps/runtime/%.c,$(BUILD)/bin/%,$(RT_APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
@@ -60,7 +64,7 @@ GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.
 all: gpucr imagebench sim apps $(DRVTEST) intercept served plugin
 
 sim: $(SIM_LIB)
-apps: $(APPS)
+apps: $(APPS) $(RT_APPS)
 gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
 tools: $(TOOLS)
@@ -199,6 +203,11 @@ CUDA_LINK ?= -L$(BUILD)/sim
 $(BUILD)/bin/%: tests/apps/%.c $(APP_COMMON) $(APP_HDR) $(SIM_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(CUDA_LINK) -lcuda
+
+$(RT_APPS): $(BUILD)/bin/%: tests/apps/runtime/%.c $(APP_COMMON) $(APP_HDR) include/gpucr/cudart.h $(SIM_LIB) $(RUNTIME)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(CUDA_LINK) -lcuda \
+		-L$(BUILD)/lib/served -l:libcudart.so.13 -Wl,-rpath-link,$(BUILD)/sim -Wl,-rpath,'$$ORIGIN/../lib/served'
 
 $(DRVTEST): $(wildcard tests/drvtest/*.c tests/drvtest/*.h) $(APP_COMMON) $(APP_HDR) $(SIM_LIB)
 	@mkdir -p $(@D)

@@ -110,6 +110,9 @@ void gpuapp_ready(const gpuapp *a, unsigned long long mib, unsigned buffers);
  */
 void gpuapp_split_sizes(uint64_t total_bytes, unsigned count, uint64_t min_bytes, uint64_t *sizes);
 
+/* The heartbeat's kernels' PTX (app_hb_init, app_hb_step, app_hb_mix; common/hbptx.c). */
+extern const char gpuapp_hb_ptx[];
+
 /* The murmur3 32-bit finalizer, the same as the kernels' (host-side data). */
 static inline uint32_t gpuapp_mix32(uint32_t x) {
     x ^= x >> 16;
