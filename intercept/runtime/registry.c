@@ -13,6 +13,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,12 +28,15 @@ struct rt_wrapper {
     const void *filename_or_fatbins;
 };
 
+struct rt_var;
 struct rt_fatbin {
     const void *image;
     pthread_mutex_t mu;
     bool tried; /* loaded, or failed to: err says which */
     cudaError_t err;
     CUlibrary lib;
+    struct rt_var *vars; /* its variables, for a move to another worker */
+    struct rt_fatbin *next;
 };
 
 #define RT_FUNC_MAGIC 0x67637266u /* "gcrf": a cudaKernel_t this library handed out */
@@ -51,7 +55,8 @@ struct rt_var {
     const char *name;
     size_t size;
     _Atomic(CUdeviceptr) dptr;
-    struct rt_var *next;
+    void *saved; /* its contents while the process has no worker (gpucrRuntimeSave) */
+    struct rt_var *next, *next_in_fb;
 };
 
 #define RT_BUCKETS 65536
@@ -59,6 +64,7 @@ static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(struct rt_func *) funcs[RT_BUCKETS];   /* by host stub address */
 static _Atomic(struct rt_func *) by_self[RT_BUCKETS]; /* by the entry's own address (a cudaKernel_t) */
 static _Atomic(struct rt_var *) vars[RT_BUCKETS];
+static struct rt_fatbin *fatbins; /* every one registered, under reg_mu */
 
 static size_t bucket(const void *p) {
     uintptr_t v = (uintptr_t)p;
@@ -74,6 +80,10 @@ RT_API void **__cudaRegisterFatBinary(void *fatCubin) {
     const struct rt_wrapper *w = fatCubin;
     fb->image = w && w->magic == RT_FATBIN_WRAPPER_MAGIC ? w->data : fatCubin;
     pthread_mutex_init(&fb->mu, NULL);
+    pthread_mutex_lock(&reg_mu);
+    fb->next = fatbins;
+    fatbins = fb;
+    pthread_mutex_unlock(&reg_mu);
     /* the handle is opaque to nvcc's code, which hands it back in every later call */
     return (void **)fb;
 }
@@ -135,6 +145,8 @@ RT_API void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *device
     pthread_mutex_lock(&reg_mu);
     size_t b = bucket(hostVar);
     v->next = atomic_load_explicit(&vars[b], memory_order_relaxed);
+    v->next_in_fb = v->fb->vars;
+    v->fb->vars = v;
     atomic_store_explicit(&vars[b], v, memory_order_release);
     pthread_mutex_unlock(&reg_mu);
 }
@@ -224,6 +236,75 @@ cudaError_t rt_symbol(const void *symbol, CUdeviceptr *dptr, size_t *size) {
     if (size)
         *size = v->size;
     return cudaSuccess;
+}
+
+/*
+ * Served mode moves a process to another worker at a checkpoint (and at its restore): the worker loads the
+ * process's libraries again, so a __device__ or __constant__ variable comes back at another address with its
+ * image's initial value. gpucr's interposer calls these around the move (its gate closed, so no thread of the
+ * program runs GPU work meanwhile): the contents of every variable of every library loaded are read back
+ * before the worker goes, and after the new worker has the libraries again, each variable is looked up anew
+ * and gets them back. Kernels find their variables themselves; a program that kept a variable's address
+ * (cudaGetSymbolAddress) has the old one, as it would after any reload. 0, or -1 if a variable could not be
+ * saved or restored (each one says why).
+ */
+RT_API int gpucrRuntimeSave(void);
+RT_API int gpucrRuntimeSave(void) {
+    int rc = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (struct rt_fatbin *fb = fatbins; fb; fb = fb->next) {
+        if (!fb->tried || fb->err != cudaSuccess)
+            continue;
+        for (struct rt_var *v = fb->vars; v; v = v->next_in_fb) {
+            CUdeviceptr d;
+            size_t size;
+            cudaError_t e = rt_symbol(v->host, &d, &size);
+            free(v->saved);
+            v->saved = size ? malloc(size) : NULL;
+            if (e == cudaSuccess && size && !v->saved)
+                e = cudaErrorMemoryAllocation;
+            if (e == cudaSuccess && size)
+                e = DRV(MemcpyDtoH, (v->saved, d, size));
+            if (e != cudaSuccess) {
+                fprintf(stderr, "gpucr runtime: the variable %s could not be saved before the move: %s\n", v->name,
+                        cudaGetErrorString(e));
+                free(v->saved);
+                v->saved = NULL;
+                rc = -1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return rc;
+}
+
+RT_API int gpucrRuntimeRestore(void);
+RT_API int gpucrRuntimeRestore(void) {
+    int rc = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (struct rt_fatbin *fb = fatbins; fb; fb = fb->next) {
+        if (!fb->tried || fb->err != cudaSuccess)
+            continue;
+        for (struct rt_var *v = fb->vars; v; v = v->next_in_fb) {
+            atomic_store_explicit(&v->dptr, 0, memory_order_release);
+            if (!v->saved)
+                continue;
+            CUdeviceptr d;
+            size_t size;
+            cudaError_t e = rt_symbol(v->host, &d, &size);
+            if (e == cudaSuccess)
+                e = DRV(MemcpyHtoD, (d, v->saved, size));
+            if (e != cudaSuccess) {
+                fprintf(stderr, "gpucr runtime: the variable %s could not be restored after the move: %s\n", v->name,
+                        cudaGetErrorString(e));
+                rc = -1;
+            }
+            free(v->saved);
+            v->saved = NULL;
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return rc;
 }
 
 RT_API cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun) {

@@ -93,14 +93,40 @@ bool gc_driver_served(void) {
     return served_detach != NULL;
 }
 
+/*
+ * Served mode's runtime library (libcudart.so.13 of build/lib/served), where the program uses it: the contents of
+ * its __device__ variables, which a new worker's load of the program's libraries would start afresh, are saved
+ * before the worker goes and put back once the next one has the libraries (intercept/runtime/registry.c). Only
+ * the control thread calls these, once per move: runtime_saved keeps a second detach (detached() after
+ * do_detach) from reading variables with no worker.
+ */
+static bool runtime_saved;
+
 int gc_driver_served_detach(void) {
     gc_resolve();
-    return served_detach ? served_detach() : 0;
+    if (!served_detach)
+        return 0;
+    if (!runtime_saved) {
+        int (*save)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "gpucrRuntimeSave");
+        if (save && save() != 0)
+            gc_warn("served mode: the runtime's __device__ variables were not all saved; those come back as loaded");
+        runtime_saved = true;
+    }
+    return served_detach();
 }
 
 int gc_driver_served_attach(void) {
     gc_resolve();
-    return served_attach ? served_attach() : 0;
+    if (!served_attach)
+        return 0;
+    int rc = served_attach();
+    if (rc == 0 && runtime_saved) {
+        int (*restore)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "gpucrRuntimeRestore");
+        if (restore && restore() != 0)
+            gc_warn("served mode: the runtime's __device__ variables were not all restored");
+        runtime_saved = false;
+    }
+    return rc;
 }
 
 void *gc_real(int idx) {
