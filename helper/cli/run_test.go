@@ -45,3 +45,18 @@ func TestRunExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestPreloadAfterFirst: served mode's runtime goes right after the
+// interposer in LD_PRELOAD, once, whatever the user preloaded.
+func TestPreloadAfterFirst(t *testing.T) {
+	for _, c := range []struct{ list, lib, want string }{
+		{"/g/libgpucr.so", "/s/libcudart.so.13", "/g/libgpucr.so:/s/libcudart.so.13"},
+		{"/g/libgpucr.so:/u/a.so", "/s/libcudart.so.13", "/g/libgpucr.so:/s/libcudart.so.13:/u/a.so"},
+		{"/g/libgpucr.so:/s/libcudart.so.13:/u/a.so", "/s/libcudart.so.13", "/g/libgpucr.so:/s/libcudart.so.13:/u/a.so"},
+		{"/g/libgpucr.so:/u/a.so", "", "/g/libgpucr.so:/u/a.so"},
+	} {
+		if got := preloadAfterFirst(c.list, c.lib); got != c.want {
+			t.Errorf("preloadAfterFirst(%q, %q) = %q, want %q", c.list, c.lib, got, c.want)
+		}
+	}
+}
