@@ -13,6 +13,9 @@
 # from where they stopped (each compared with an uninterrupted run's), and
 # the CRIU image's page files (what CRIU wrote of the process's host
 # memory). Images in /dev/shm. Logs in build/gpu/served-cr (and $OUT).
+# TORCH=1: PyTorch instead (tests/gpu/served/torch_rt.py: MIB of device memory,
+# PyTorch's own kernels, served on served mode's runtime library), compared
+# with an uninterrupted run of the same script.
 set -u
 cd "$(dirname "$0")/../../.."
 . tests/gpu/lib.sh
@@ -29,6 +32,13 @@ trap 'kill $HELPER 2>/dev/null; rm -rf /dev/shm/gpucr-served-cr; [ -n "${OUT:-}"
 note_host "heartbeat --mib $MIB --buffers 8"
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info --served-pool 1 || { bad "the helper did not answer"; exit 1; }
 ARGS=(--mib "$MIB" --buffers 8 --interval-ms 100 --hb-every 1)
+APP=("$BIN/heartbeat" "${ARGS[@]}")
+# reference N: an uninterrupted run's first N heartbeats, "N checksum" a line
+reference() { timeout 300 "$BIN/heartbeat" --mib "$MIB" --buffers 8 --interval-ms 0 --hb-every 1 --iters "$1" 2>&1 | grep '^hb' | awk '{print $2, $3}'; }
+if [ "${TORCH:-0}" = 1 ]; then
+	APP=(python3 "$PWD/tests/gpu/served/torch_rt.py" --mib "$MIB" --steps 100000 --interval-ms 100)
+	reference() { timeout 300 python3 tests/gpu/served/torch_rt.py --mib "$MIB" --steps "$1" 2>&1 | grep '^hb' | awk '{print $2, $3}'; }
+fi
 for r in $(seq "$ROUNDS"); do
 	order="inproc served"
 	[ $((r % 2)) = 0 ] && order="served inproc"
@@ -39,9 +49,9 @@ for r in $(seq "$ROUNDS"); do
 		img=/dev/shm/gpucr-served-cr/$m.$r
 		rm -rf "$img" && mkdir -p "$img"
 		# a session of its own, no terminal: what CRIU dumps without --shell-job
-		setsid "$GPUCR" run "${flags[@]}" --socket "$SOCK" -- "$BIN/heartbeat" "${ARGS[@]}" </dev/null >"$log" 2>&1 &
+		setsid "$GPUCR" run "${flags[@]}" --socket "$SOCK" -- "${APP[@]}" </dev/null >"$log" 2>&1 &
 		pid=$!
-		for _ in $(seq 600); do [ "$(hbs "$log")" -ge 5 ] && break; sleep 0.1; done
+		for _ in $(seq 1200); do [ "$(hbs "$log")" -ge 5 ] && break; sleep 0.1; done
 		rss=$(awk '/^Rss:/{r=$2} /^Private_Dirty:/{d=$2} END{printf "%.0f/%.0f", r/1024, d/1024}' "/proc/$pid/smaps_rollup")
 		if ! GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" checkpoint "$pid" -D "$img" --json >"$LOGS/dump.$m.$r" 2>&1; then
 			bad "$m round $r: checkpoint: $(tail -2 "$LOGS/dump.$m.$r" | tr '\n' ' ')"
@@ -61,7 +71,7 @@ for r in $(seq "$ROUNDS"); do
 		pid_gone "$pid"
 		echo "$m $r $(jf "$LOGS/dump.$m.$r" seconds) $(jf "$LOGS/restore.$m.$r" seconds) $(python3 -c "print(f'{${t1:-$t0}-$t0:.3f}' if '${t1}' else 'none')") ${pages:-?} $rss" >>"$LOGS/times.txt"
 		# exactness: each heartbeat after the restore against an uninterrupted run's
-		want=$(timeout 300 "$BIN/heartbeat" --mib "$MIB" --buffers 8 --interval-ms 0 --hb-every 1 --iters "$(grep -c '^hb' "$log")" 2>&1 | grep '^hb' | awk '{print $2, $3}')
+		want=$(reference "$(grep -c '^hb' "$log")")
 		got=$(grep '^hb' "$log" | awk '{print $2, $3}')
 		if [ "$(echo "$got" | sort -n | uniq)" = "$(echo "$want" | sort -n | uniq | head -n "$(echo "$got" | sort -n | uniq | wc -l)")" ]; then
 			note "  $m round $r: heartbeats equal to an uninterrupted run's (through iteration $(echo "$got" | tail -1 | cut -d' ' -f1))"
@@ -70,7 +80,7 @@ for r in $(seq "$ROUNDS"); do
 		fi
 	done
 done
-note "## checkpoint (process ends) and restore to its next heartbeat, heartbeat $MIB MiB"
+note "## checkpoint (process ends) and restore to its next heartbeat, ${APP[*]}"
 note "  mode round dump_s restore_s restore_to_hb_s criu_pages_MiB rss/private_dirty_MiB_before"
 note "  (restore_s: the restore command, to the process running with its GPU back; restore_to_hb_s adds heartbeat's"
 note "  own time to its next heartbeat, which checksums every buffer)"
