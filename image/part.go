@@ -70,7 +70,7 @@ func (w *Writer) SealProcess(pid int) error {
 		ns = int(m.Buffers[0].GetNsPid())
 	}
 	m.Processes = []*imagepb.Process{{Pid: int64(pid), NsPid: int64(ns), Gpus: rec.gpus, Imports: importsPB(rec.imports),
-		StartTime: rec.start}}
+		StartTime: rec.start, Served: rec.served}}
 	m.Stats = statsToPB(st)
 	data, err := encodeManifest(m)
 	if err != nil {

@@ -180,6 +180,8 @@ type ProcessInfo struct {
 	// when it was checkpointed, which tells it apart from a later process
 	// with its pid; 0: unknown.
 	StartTime uint64
+	// Served: it ran in served mode, so it holds no driver state.
+	Served bool
 }
 
 // ImportInfo is one buffer of another process that a process maps: at

@@ -348,6 +348,7 @@ type procRec struct {
 	gpus    []string
 	imports []ImportInfo
 	start   uint64
+	served  bool
 }
 
 // AddProcessInfo is AddProcess with the GPUs the process could see.
@@ -376,6 +377,7 @@ func (w *Writer) AddProcessInfo(p ProcessInfo) error {
 	if p.StartTime != 0 {
 		r.start = p.StartTime
 	}
+	r.served = r.served || p.Served
 	w.procs[p.Pid] = r
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/helper/internal/uffd"
+	"github.com/gpucr/gpucr/image"
 )
 
 // lazySocket is where CRIU's lazy-pages daemon listens: its work directory,
@@ -147,6 +148,25 @@ func lazyFaultLimit() time.Duration {
 func LazyFaultCost() (cost, limit time.Duration, err error) {
 	cost, err = uffd.FaultCost(lazyProbePages)
 	return cost, lazyFaultLimit(), err
+}
+
+// servedOnly: every process of the image in dir ran in served mode, so no
+// NVIDIA restore waits on parked driver state after CRIU's: a lazy restore
+// pays whatever a fault costs. An image that cannot be read says no (and the
+// restore reports it further on).
+func servedOnly(dir string) bool {
+	im, err := image.Open(dir)
+	if err != nil {
+		return false
+	}
+	defer im.Close()
+	ps := im.Processes()
+	for _, p := range ps {
+		if !p.Served {
+			return false
+		}
+	}
+	return len(ps) > 0
 }
 
 // lazyPagesPay refuses a lazy restore of GPU processes where this host's

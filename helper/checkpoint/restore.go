@@ -141,7 +141,7 @@ func Restore(ctx context.Context, o RestoreOptions) (*RestoreResult, error) {
 	if statErr == nil && o.CRIU.PluginDir == "" {
 		return nil, fmt.Errorf("restore refused: %s holds GPU state (gpucr/), and %s", dir, o.CRIU.NoPlugin)
 	}
-	if o.LazyPages && statErr == nil {
+	if o.LazyPages && statErr == nil && !servedOnly(dir) {
 		if err := lazyPagesPay(); err != nil {
 			return nil, err
 		}

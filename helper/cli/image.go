@@ -243,6 +243,8 @@ type inspectProcess struct {
 	Pid   int64    `json:"pid"`
 	NsPid int64    `json:"ns_pid,omitempty"`
 	GPUs  []string `json:"gpus"`
+	// Served: it ran in served mode (its restore asks nothing of the driver).
+	Served bool `json:"served,omitempty"`
 }
 
 type originDoc struct {
@@ -335,7 +337,8 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 		Processes:   []inspectProcess{},
 	}
 	for _, p := range m.GetProcesses() {
-		doc.Processes = append(doc.Processes, inspectProcess{Pid: p.GetPid(), NsPid: p.GetNsPid(), GPUs: append([]string{}, p.GetGpus()...)})
+		doc.Processes = append(doc.Processes, inspectProcess{Pid: p.GetPid(), NsPid: p.GetNsPid(), GPUs: append([]string{}, p.GetGpus()...),
+			Served: p.GetServed()})
 	}
 	if ns := o.GetTimeUnixNano(); ns != 0 {
 		doc.Origin.Time = time.Unix(0, ns).UTC().Format(time.RFC3339)
@@ -432,7 +435,11 @@ func printInspect(w io.Writer, d inspectDoc) {
 		if len(p.GPUs) > 0 {
 			gpus = strings.Join(p.GPUs, ", ")
 		}
-		fmt.Fprintf(w, "process %d saw the GPUs: %s\n", p.Pid, gpus)
+		mode := ""
+		if p.Served {
+			mode = " (served mode)"
+		}
+		fmt.Fprintf(w, "process %d%s saw the GPUs: %s\n", p.Pid, mode, gpus)
 	}
 	t := d.Totals
 	fmt.Fprintf(w, "\ntotal:       %d buffers, %s, %s stored in this image\n", t.Buffers, humanBytes(t.LogicalBytes), humanBytes(t.StoredBytes))

@@ -399,7 +399,7 @@ func (r *checkpointRun) openImage() *stepError {
 	start := r.cl.proc.Start()
 	r.cl.mu.Unlock()
 	if err := w.AddProcessInfo(image.ProcessInfo{Pid: int(r.cl.pid), NsPid: int(proc.NsPid(r.cl.pid)), GPUs: r.gpus,
-		Imports: r.s.reg.importInfos(r.cl), StartTime: start}); err != nil {
+		Imports: r.s.reg.importInfos(r.cl), StartTime: start, Served: r.cl.served.Load()}); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_BAD_REQUEST, "image: %v", err)
 	}
 	if r.ahead != nil {

@@ -457,7 +457,11 @@ type Process struct {
 	// it was checkpointed: tells it apart from a later process with its pid
 	// (whether a process still waits for an unfinished image's part of it).
 	// 0: unknown.
-	StartTime     uint64 `protobuf:"varint,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	StartTime uint64 `protobuf:"varint,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// It ran in served mode: its GPU calls ran in a worker, so it holds no
+	// driver state and its restore asks nothing of NVIDIA's driver (a lazy
+	// restore need not wait for parked driver state).
+	Served        bool `protobuf:"varint,6,opt,name=served,proto3" json:"served,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -525,6 +529,13 @@ func (x *Process) GetStartTime() uint64 {
 		return x.StartTime
 	}
 	return 0
+}
+
+func (x *Process) GetServed() bool {
+	if x != nil {
+		return x.Served
+	}
+	return false
 }
 
 type Import struct {
@@ -1091,14 +1102,15 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06pruned\x18\b \x01(\bR\x06pruned\x12+\n" +
 	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\x125\n" +
 	"\tprocesses\x18\n" +
-	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"\x97\x01\n" +
+	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"\xaf\x01\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x15\n" +
 	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\x12\x12\n" +
 	"\x04gpus\x18\x03 \x03(\tR\x04gpus\x120\n" +
 	"\aimports\x18\x04 \x03(\v2\x16.gpucr.image.v1.ImportR\aimports\x12\x1d\n" +
 	"\n" +
-	"start_time\x18\x05 \x01(\x04R\tstartTime\"x\n" +
+	"start_time\x18\x05 \x01(\x04R\tstartTime\x12\x16\n" +
+	"\x06served\x18\x06 \x01(\bR\x06served\"x\n" +
 	"\x06Import\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
