@@ -473,7 +473,7 @@ func TestProcesses(t *testing.T) {
 	}
 	gpus := []string{"GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002"}
 	imports := []ImportInfo{{Address: 0x7000, Size: 4096, OwnerPid: 20, OwnerAddress: 0x1000}}
-	if err := w.AddProcessInfo(ProcessInfo{Pid: 10, GPUs: gpus, Imports: imports}); err != nil {
+	if err := w.AddProcessInfo(ProcessInfo{Pid: 10, GPUs: gpus, Imports: imports, Served: true}); err != nil {
 		t.Fatal(err)
 	}
 	bw, err := w.AddBuffer(BufferInfo{Pid: 20, NsPid: 2, Address: 0x1000, Size: 4096})
@@ -496,7 +496,7 @@ func TestProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []ProcessInfo{{10, 0, gpus, imports, 0}, {20, 2, nil, nil, 0}, {30, 3, nil, nil, 0}}
+	want := []ProcessInfo{{10, 0, gpus, imports, 0, true}, {20, 2, nil, nil, 0, false}, {30, 3, nil, nil, 0, false}}
 	if got := im.Processes(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Processes() = %v, want %v", got, want)
 	}
@@ -511,7 +511,7 @@ func TestProcesses(t *testing.T) {
 	if im, err = Open(dir); err != nil {
 		t.Fatal(err)
 	}
-	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil, nil, 0}}) {
+	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil, nil, 0, false}}) {
 		t.Errorf("without a process list: %v", got)
 	}
 
