@@ -291,3 +291,52 @@ RT_API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, u
 
 RT_API cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
 RT_API cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
+
+RT_API cudaError_t cudaThreadSynchronize(void);
+RT_API cudaError_t cudaThreadSynchronize(void) { return cudaDeviceSynchronize(); }
+
+/* The runtime's reset tears the primary context down; here the work is finished and the context kept (what
+ * programs call it for at exit), since a served process's context belongs to its worker. */
+RT_API cudaError_t cudaDeviceReset(void);
+RT_API cudaError_t cudaDeviceReset(void) { return cudaDeviceSynchronize(); }
+
+/* cudaDeviceSchedule* and cudaDeviceMapHost: the primary context's flags (cudaDeviceMapHost is always on). */
+#define RT_DEVICE_MAP_HOST 0x08
+RT_API cudaError_t cudaSetDeviceFlags(unsigned int flags);
+RT_API cudaError_t cudaSetDeviceFlags(unsigned int flags) {
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    CUdevice d;
+    if ((e = DRV(DeviceGet, (&d, rt_device()))) != cudaSuccess)
+        return rt_ret(e);
+    return rt_ret(DRV(DevicePrimaryCtxSetFlags, (d, flags & ~(unsigned)RT_DEVICE_MAP_HOST)));
+}
+
+RT_API cudaError_t cudaGetDeviceFlags(unsigned int *flags);
+RT_API cudaError_t cudaGetDeviceFlags(unsigned int *flags) {
+    if (!flags)
+        return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = rt_init();
+    if (e != cudaSuccess)
+        return rt_ret(e);
+    CUdevice d;
+    unsigned f = 0;
+    int active = 0;
+    if ((e = DRV(DeviceGet, (&d, rt_device()))) == cudaSuccess)
+        e = DRV(DevicePrimaryCtxGetState, (d, &f, &active));
+    if (e == cudaSuccess)
+        *flags = f | RT_DEVICE_MAP_HOST;
+    return rt_ret(e);
+}
+
+RT_API cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags);
+RT_API cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags) {
+    (void)deviceFlags;
+    (void)flags;
+    int cur = rt_device();
+    cudaError_t e = rt_set_device(device);
+    if (e == cudaSuccess && cur != device)
+        e = rt_set_device(cur);
+    return rt_ret(e);
+}

@@ -367,3 +367,19 @@ RT_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStream
         *edgeData_out = NULL; /* every edge a default one: the only kind the runtime's capture makes here */
     return cudaSuccess;
 }
+
+RT_API cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes);
+RT_API cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes) {
+    if (!numNodes)
+        return rt_ret(cudaErrorInvalidValue);
+    CTX();
+    return rt_ret(DRV(GraphGetNodes, (graph, nodes, numNodes)));
+}
+
+RT_API cudaError_t cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr);
+RT_API cudaError_t cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr) {
+    if (!functionPtr)
+        return rt_ret(cudaErrorInvalidValue);
+    CTX();
+    return rt_ret(rt_function(symbolPtr, functionPtr));
+}

@@ -391,3 +391,32 @@ RT_API cudaError_t cudaGetSymbolSize(size_t *size, const void *symbol) {
     CUdeviceptr d;
     return rt_ret(rt_symbol(symbol, &d, size));
 }
+
+RT_API cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height);
+RT_API cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height) {
+    if (!devPtr || !pitch)
+        return rt_ret(cudaErrorInvalidValue);
+    CTX();
+    CUdeviceptr d = 0;
+    /* 16: the widest element the driver aligns rows for */
+    cudaError_t e = DRV(MemAllocPitch, (&d, pitch, width, height, 16));
+    if (e == cudaSuccess)
+        *devPtr = (void *)(uintptr_t)d;
+    return rt_ret(e);
+}
+
+RT_API cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count);
+RT_API cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count) {
+    CTX();
+    if (dstDevice != srcDevice)
+        RT_REFUSE("copies between two GPUs are not provided by gpucr's runtime");
+    return rt_ret(copy(dst, src, count, cudaMemcpyDeviceToDevice, NULL, false));
+}
+
+RT_API cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags);
+RT_API cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
+    (void)devPtr;
+    (void)size;
+    (void)flags;
+    RT_REFUSE("unified (managed) memory is not provided by gpucr's runtime");
+}

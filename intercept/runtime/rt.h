@@ -115,7 +115,11 @@
     X(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", (CUgraphExec *, CUgraph, unsigned long long))          \
     X(GraphLaunch, "cuGraphLaunch", (CUgraphExec, CUstream))                                                           \
     X(GraphExecDestroy, "cuGraphExecDestroy", (CUgraphExec))                                                           \
-    X(GraphDestroy, "cuGraphDestroy", (CUgraph))
+    X(GraphDestroy, "cuGraphDestroy", (CUgraph))                                                                       \
+    X(GraphGetNodes, "cuGraphGetNodes", (CUgraph, CUgraphNode *, size_t *))                                            \
+    X(MemAllocPitch, "cuMemAllocPitch", (CUdeviceptr *, size_t *, size_t, size_t, unsigned int))                       \
+    X(DevicePrimaryCtxSetFlags, "cuDevicePrimaryCtxSetFlags", (CUdevice, unsigned int))                                \
+    X(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", (CUdevice, unsigned int *, int *))
 
 #define RT_FIELD(field, name, params) CUresult(*field) params;
 struct rt_driver {

@@ -27,6 +27,5 @@ UNSUPPORTED(cudaMemPoolSetAccess, POOL)
 UNSUPPORTED(cudaMemPoolTrimTo, POOL)
 
 #define GRAPH "building or inspecting graphs node by node is not provided by gpucr's runtime (capture is)"
-UNSUPPORTED(cudaGraphGetNodes, GRAPH)
 UNSUPPORTED(cudaGraphNodeGetDependencies, GRAPH)
 UNSUPPORTED(cudaGraphDebugDotPrint, GRAPH)
