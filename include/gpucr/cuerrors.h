@@ -37,6 +37,7 @@ static inline const gc_error_ent *gc_error_find(CUresult r) {
         GC_E(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped"),
         GC_E(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
         GC_E(CUDA_ERROR_NOT_MAPPED, "resource not mapped"),
+        GC_E(CUDA_ERROR_UNSUPPORTED_LIMIT, "limit is not supported on this architecture"),
         GC_E(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
         GC_E(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid"),
         GC_E(CUDA_ERROR_FILE_NOT_FOUND, "file not found"),

@@ -34,6 +34,9 @@
     P("cuCtxSetCurrent", cuCtxSetCurrent, 4000)                                                                        \
     P("cuCtxGetDevice", cuCtxGetDevice, 2000)                                                                          \
     P("cuCtxSynchronize", cuCtxSynchronize, 2000)                                                                      \
+    P("cuCtxSetLimit", cuCtxSetLimit, 3010)                                                                            \
+    P("cuCtxGetLimit", cuCtxGetLimit, 3010)                                                                            \
+    P("cuCtxGetStreamPriorityRange", cuCtxGetStreamPriorityRange, 5050)                                                \
     P("cuMemAlloc", cuMemAlloc_v2, 3020)                                                                               \
     P("cuMemAllocPitch", cuMemAllocPitch_v2, 3020)                                                                     \
     P("cuMemFree", cuMemFree_v2, 3020)                                                                                 \
@@ -46,6 +49,8 @@
     P("cuMemFreeHost", cuMemFreeHost, 2000)                                                                            \
     P("cuMemHostRegister", cuMemHostRegister_v2, 6050)                                                                 \
     P("cuMemHostUnregister", cuMemHostUnregister, 4000)                                                                \
+    P("cuPointerGetAttribute", cuPointerGetAttribute, 4000)                                                            \
+    P("cuPointerGetAttributes", cuPointerGetAttributes, 7000)                                                          \
     P("cuMemcpyHtoD", cuMemcpyHtoD_v2, 3020)                                                                           \
     P("cuMemcpyDtoH", cuMemcpyDtoH_v2, 3020)                                                                           \
     P("cuMemcpyDtoD", cuMemcpyDtoD_v2, 3020)                                                                           \
@@ -61,7 +66,12 @@
     P("cuMemsetD16Async", cuMemsetD16Async, 3020)                                                                      \
     P("cuMemsetD32Async", cuMemsetD32Async, 3020)                                                                      \
     P("cuStreamCreate", cuStreamCreate, 2000)                                                                          \
+    P("cuStreamCreateWithPriority", cuStreamCreateWithPriority, 5050)                                                  \
+    P("cuStreamGetPriority", cuStreamGetPriority, 5050)                                                                \
+    P("cuStreamGetFlags", cuStreamGetFlags, 5050)                                                                      \
     P("cuStreamBeginCapture", cuStreamBeginCapture_v2, 10010)                                                          \
+    P("cuStreamIsCapturing", cuStreamIsCapturing, 10000)                                                               \
+    P("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode, 10010)                                   \
     P("cuStreamEndCapture", cuStreamEndCapture, 10000)                                                                 \
     P("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040)                                               \
     P("cuGraphLaunch", cuGraphLaunch, 10000)                                                                           \
@@ -79,17 +89,21 @@
     P("cuLaunchHostFunc", cuLaunchHostFunc, 10000)                                                                     \
     P("cuEventCreate", cuEventCreate, 2000)                                                                            \
     P("cuEventRecord", cuEventRecord, 2000)                                                                            \
+    P("cuEventRecordWithFlags", cuEventRecordWithFlags, 11010)                                                         \
     P("cuEventQuery", cuEventQuery, 2000)                                                                              \
     P("cuEventSynchronize", cuEventSynchronize, 2000)                                                                  \
     P("cuEventElapsedTime", cuEventElapsedTime, 2000)                                                                  \
     P("cuEventElapsedTime", cuEventElapsedTime_v2, 12080)                                                              \
     P("cuEventDestroy", cuEventDestroy_v2, 4000)                                                                       \
     P("cuModuleLoadData", cuModuleLoadData, 2000)                                                                      \
+    P("cuModuleLoadFatBinary", cuModuleLoadFatBinary, 2000)                                                            \
     P("cuModuleGetFunction", cuModuleGetFunction, 2000)                                                                \
     P("cuModuleUnload", cuModuleUnload, 2000)                                                                          \
+    P("cuModuleGetGlobal", cuModuleGetGlobal_v2, 3020)                                                                 \
     P("cuLibraryLoadData", cuLibraryLoadData, 12000)                                                                   \
     P("cuLibraryGetKernel", cuLibraryGetKernel, 12000)                                                                 \
     P("cuLibraryUnload", cuLibraryUnload, 12000)                                                                       \
+    P("cuLibraryGetGlobal", cuLibraryGetGlobal, 12000)                                                                 \
     P("cuKernelGetFunction", cuKernelGetFunction, 12000)                                                               \
     P("cuFuncGetParamInfo", cuFuncGetParamInfo, 12040)                                                                 \
     P("cuKernelGetParamInfo", cuKernelGetParamInfo, 12040)                                                             \
@@ -99,6 +113,12 @@
     P("cuKernelGetLibrary", cuKernelGetLibrary, 12050)                                                                 \
     P("cuLaunchKernel", cuLaunchKernel, 4000)                                                                          \
     P("cuLaunchKernelEx", cuLaunchKernelEx, 11060)                                                                     \
+    P("cuFuncGetAttribute", cuFuncGetAttribute, 2020)                                                                  \
+    P("cuFuncSetAttribute", cuFuncSetAttribute, 9000)                                                                  \
+    P("cuFuncSetCacheConfig", cuFuncSetCacheConfig, 3000)                                                              \
+    P("cuOccupancyMaxActiveBlocksPerMultiprocessor", cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050)                \
+    P("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,    \
+      7000)                                                                                                            \
     P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity, 10020)                                           \
     P("cuMemCreate", cuMemCreate, 10020)                                                                               \
     P("cuMemRelease", cuMemRelease, 10020)                                                                             \

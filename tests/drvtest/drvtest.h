@@ -33,8 +33,8 @@ typedef struct dt_case {
 #define DT_SIM_ONLY 1u /* what it checks is the simulator's own behaviour */
 
 /* Each cases_*.c file defines one table, ended by {NULL}. */
-extern const dt_case dt_cases_basic[], dt_cases_mem[], dt_cases_stream[], dt_cases_module[], dt_cases_vmm[],
-    dt_cases_share[], dt_cases_ckpt[];
+extern const dt_case dt_cases_basic[], dt_cases_mem[], dt_cases_stream[], dt_cases_module[], dt_cases_func[],
+    dt_cases_vmm[], dt_cases_share[], dt_cases_ckpt[];
 
 /* Helper modes (drvtest --helper MODE ARG...), run in child processes by some cases. */
 typedef struct dt_helper {

@@ -22,8 +22,8 @@ const char *dt_self;
 const char *dt_case_name = "?";
 static int nfail;
 
-static const dt_case *const tables[] = {dt_cases_basic, dt_cases_mem,   dt_cases_stream, dt_cases_module,
-                                        dt_cases_vmm,   dt_cases_share, dt_cases_ckpt};
+static const dt_case *const tables[] = {dt_cases_basic, dt_cases_mem, dt_cases_stream, dt_cases_module,
+                                        dt_cases_func,  dt_cases_vmm, dt_cases_share,  dt_cases_ckpt};
 static const dt_helper *const helper_tables[] = {dt_helpers_basic, dt_helpers_vmm, dt_helpers_share, dt_helpers_ckpt};
 
 /* ---- checks ---- */

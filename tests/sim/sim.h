@@ -210,12 +210,18 @@ int sim_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadli
 
 /* ---- sim_device.c ---- */
 
+/* cuCtxSetLimit's limits (CUlimit 0..6) and the stream priorities (cuCtxGetStreamPriorityRange). */
+#define SIM_NLIMITS 7
+#define SIM_PRIO_LEAST 0
+#define SIM_PRIO_GREATEST (-5)
+
 struct sim_ctx {
     uint32_t magic;
     int dev;
-    int refs;          /* primary-context retains (mu) */
-    atomic_int alive;  /* between the first retain and the last release */
-    atomic_int sticky; /* a kernel fault: every later call in this context fails with it */
+    size_t limits[SIM_NLIMITS]; /* (mu) */
+    int refs;                   /* primary-context retains (mu) */
+    atomic_int alive;           /* between the first retain and the last release */
+    atomic_int sticky;          /* a kernel fault: every later call in this context fails with it */
     sim_stream *legacy;
     sim_stream *streams;      /* all streams, the legacy one included (mu) */
     int nstreams;             /* workers not yet exited (mu) */
@@ -232,6 +238,7 @@ bool sim_ctx_valid(sim_ctx *ctx);           /* one of ours, not necessarily aliv
 
 typedef struct sim_alloc {
     uint64_t addr, size; /* size as asked for */
+    uint64_t id;         /* unique in the process: CU_POINTER_ATTRIBUTE_BUFFER_ID */
     uint64_t mapped;     /* size rounded up to the protection granule */
     int dev;
     sim_ctx *ctx;
@@ -246,6 +253,28 @@ bool sim_host_is_pinned(const void *p, size_t n);
 CUresult sim_mem_free_locked(sim_alloc *a); /* memlock held for writing */
 void sim_mem_free_ctx(sim_ctx *ctx);        /* frees everything a dying context allocated */
 CUresult sim_mem_alloc_impl(sim_ctx *ctx, CUdeviceptr *dptr, size_t size);
+/* A new unique buffer id (allocations, VMM mappings). */
+uint64_t sim_buffer_id_next(void);
+/* Frees the allocation at addr if it is still the one whose id is id (module globals); takes memlock. */
+void sim_mem_free_if(uint64_t addr, uint64_t id);
+/* The id of the live allocation at addr, 0 if none; takes memlock. */
+uint64_t sim_mem_alloc_id(uint64_t addr);
+
+/* What cuPointerGetAttribute(s) knows of an address (sim_mem.c, with sim_vmm_ptr_info for VMM mappings). */
+typedef struct sim_ptrinfo {
+    unsigned type; /* CUmemorytype; 0: not the driver's */
+    sim_ctx *ctx;
+    int dev;             /* the ordinal; -1 for host memory */
+    uint64_t base, size; /* the allocation (RANGE_START_ADDR, RANGE_SIZE) */
+    uint64_t map_base, map_size;
+    uint64_t buffer_id;
+    int legacy_ipc, vmm;
+    unsigned access; /* CUmemAccess_flags of the current context's device */
+    uint64_t htypes; /* ALLOWED_HANDLE_TYPES */
+    int rdma;
+} sim_ptrinfo;
+/* memlock held. */
+bool sim_vmm_ptr_info(uint64_t p, int dev, sim_ptrinfo *out);
 /* Checkpoint support, memlock held for writing. */
 int sim_mem_park_all(void);
 int sim_mem_unpark_all(void);
@@ -277,6 +306,7 @@ struct sim_stream {
     uint32_t magic;
     sim_ctx *ctx;
     unsigned flags;
+    int priority; /* clamped to the context's range */
     int legacy;
     sim_op *head, *tail; /* pending, in order */
     sim_op *last;        /* last op queued (a reference), for dependencies and queries */
@@ -307,9 +337,12 @@ void sim_ctx_streams_stop(sim_ctx *ctx);     /* mu held; waits for every worker 
 int sim_streams_drain(uint64_t deadline_ns); /* all contexts; 0 or -1 at the deadline */
 void sim_stream_mark_fault(sim_ctx *ctx, CUresult r, const char *what);
 
-/* ---- sim_module.c ---- */
+/* ---- sim_module.c, sim_fatbin.c ---- */
 
 void sim_modules_free_ctx(sim_ctx *ctx); /* mu held */
+/* The PTX text of a loader's image: the image itself, or the PTX entry of a fat binary (or of a fat binary's
+ * wrapper), then in *owned (malloc'd; the caller frees it). */
+CUresult sim_image_text(const void *image, const char **text, char **owned);
 
 /* ---- sim_ckpt.c ---- */
 

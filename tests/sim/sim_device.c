@@ -216,6 +216,20 @@ SIM_API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevic
 
 /* ---- primary contexts ---- */
 
+/* A new context's limits: an H100's defaults under CUDA 13. */
+static void sim_ctx_limits_default(sim_ctx *ctx) {
+    static const size_t defaults[SIM_NLIMITS] = {
+        [CU_LIMIT_STACK_SIZE] = 1024,
+        [CU_LIMIT_PRINTF_FIFO_SIZE] = 1048576,
+        [CU_LIMIT_MALLOC_HEAP_SIZE] = 8388608,
+        [CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = 2,
+        [CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048,
+        [CU_LIMIT_MAX_L2_FETCH_GRANULARITY] = 64,
+        [CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 0,
+    };
+    memcpy(ctx->limits, defaults, sizeof defaults);
+}
+
 SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     sim_call c;
     CUresult r = sim_enter(&c, "cuDevicePrimaryCtxRetain", SIM_NEED_INIT);
@@ -231,6 +245,7 @@ SIM_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         atomic_store(&ctx->sticky, 0);
         ctx->streams = NULL;
         ctx->nstreams = 0;
+        sim_ctx_limits_default(ctx);
         r = sim_stream_create_locked(ctx, CU_STREAM_DEFAULT, 1, &ctx->legacy);
         if (r == CUDA_SUCCESS) {
             sim.dev[dev].primary = ctx;
@@ -347,4 +362,67 @@ SIM_API CUresult cuCtxSynchronize(void) {
     if (r == CUDA_SUCCESS)
         r = sim_ctx_sync(c.ctx);
     return sim_leave(&c, r);
+}
+
+/* ---- limits and stream priorities of the current context ---- */
+
+/* The most of the L2 that may be set aside for persisting accesses (an H100's
+ * CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE). */
+#define SIM_MAX_PERSISTING_L2 (82ull << 20)
+
+SIM_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuCtxSetLimit", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    switch (limit) {
+    case CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH:
+        /* device-side synchronization does not exist from compute capability 9.0 on */
+        return sim_leave(&c, CUDA_ERROR_UNSUPPORTED_LIMIT);
+    case CU_LIMIT_MAX_L2_FETCH_GRANULARITY:
+        if (value > 128)
+            return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+        break;
+    case CU_LIMIT_PERSISTING_L2_CACHE_SIZE:
+        if (value > SIM_MAX_PERSISTING_L2)
+            value = SIM_MAX_PERSISTING_L2; /* the driver sets the most it can, as for a hint */
+        break;
+    case CU_LIMIT_STACK_SIZE:
+    case CU_LIMIT_PRINTF_FIFO_SIZE:
+    case CU_LIMIT_MALLOC_HEAP_SIZE:
+    case CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: break;
+    default: return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    }
+    pthread_mutex_lock(&sim.mu);
+    c.ctx->limits[limit] = value;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, CUDA_SUCCESS);
+}
+
+SIM_API CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuCtxGetLimit", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!pvalue || (unsigned)limit >= SIM_NLIMITS)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    if (limit == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH)
+        return sim_leave(&c, CUDA_ERROR_UNSUPPORTED_LIMIT);
+    pthread_mutex_lock(&sim.mu);
+    *pvalue = c.ctx->limits[limit];
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, CUDA_SUCCESS);
+}
+
+/* Either pointer may be NULL. */
+SIM_API CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuCtxGetStreamPriorityRange", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (leastPriority)
+        *leastPriority = SIM_PRIO_LEAST;
+    if (greatestPriority)
+        *greatestPriority = SIM_PRIO_GREATEST;
+    return sim_leave(&c, CUDA_SUCCESS);
 }

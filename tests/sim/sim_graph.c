@@ -132,6 +132,52 @@ SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStat
     return sim_leave(&c, r);
 }
 
+/*
+ * Whether a stream captures. The legacy stream never does itself, but while a stream of its context captures
+ * in global mode the driver refuses to look at it (the question would join it to the capture), as sim_submit
+ * refuses work on it. The simulator refuses what would invalidate a capture instead of invalidating it, so
+ * CU_STREAM_CAPTURE_STATUS_INVALIDATED is never the answer here.
+ */
+SIM_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuStreamIsCapturing", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!captureStatus)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD) {
+        if (sim_ctx_capturing_locked(c.ctx))
+            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        else
+            *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+    } else {
+        sim_stream *s;
+        r = capture_stream_locked(c.ctx, hStream, &s);
+        if (r == CUDA_SUCCESS)
+            *captureStatus = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+/* The calling thread's capture mode. The simulator keeps it for the caller to exchange; what the driver
+ * refuses under it (potentially unsafe calls during another thread's capture) the simulator does not check. */
+static _Thread_local CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+SIM_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuThreadExchangeStreamCaptureMode", SIM_NEED_INIT);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    CUstreamCaptureMode old = thread_mode;
+    thread_mode = *mode;
+    *mode = old;
+    return sim_leave(&c, CUDA_SUCCESS);
+}
+
 SIM_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
     sim_call c;
     CUresult r = sim_enter(&c, "cuStreamEndCapture", SIM_NEED_CTX);

@@ -141,7 +141,8 @@ CUresult sim_mem_alloc_impl(sim_ctx *ctx, CUdeviceptr *dptr, size_t size) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto fail;
     }
-    *a = (sim_alloc){.addr = addr, .size = size, .mapped = mapped, .dev = ctx->dev, .ctx = ctx};
+    *a = (sim_alloc){
+        .addr = addr, .size = size, .id = sim_buffer_id_next(), .mapped = mapped, .dev = ctx->dev, .ctx = ctx};
     if (rs_insert(&p->allocs, (sim_range){addr, mapped, a, SIM_R_ALLOC, 0}) < 0) {
         mprotect((void *)(uintptr_t)addr, mapped, PROT_NONE);
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -184,6 +185,27 @@ CUresult sim_mem_free_locked(sim_alloc *a) {
     dev->used -= a->mapped;
     free(a);
     return CUDA_SUCCESS;
+}
+
+uint64_t sim_buffer_id_next(void) {
+    static _Atomic uint64_t next = 1;
+    return atomic_fetch_add(&next, 1);
+}
+
+void sim_mem_free_if(uint64_t addr, uint64_t id) {
+    pthread_rwlock_wrlock(&sim.memlock);
+    sim_alloc *a = find_alloc_start(addr);
+    if (a && a->id == id)
+        sim_mem_free_locked(a);
+    pthread_rwlock_unlock(&sim.memlock);
+}
+
+uint64_t sim_mem_alloc_id(uint64_t addr) {
+    pthread_rwlock_rdlock(&sim.memlock);
+    sim_alloc *a = find_alloc_start(addr);
+    uint64_t id = a ? a->id : 0;
+    pthread_rwlock_unlock(&sim.memlock);
+    return id;
 }
 
 void sim_mem_free_ctx(sim_ctx *ctx) {
@@ -522,4 +544,108 @@ int sim_mem_unpark_all(void) {
         sim_parked_free(&p->parked);
     }
     return 0;
+}
+
+/* ---- pointer attributes ---- */
+
+/* What the driver knows of p (memlock held); cur: the caller's context (its device's access), or NULL. */
+static void ptr_info(uint64_t p, const sim_ctx *cur, sim_ptrinfo *o) {
+    memset(o, 0, sizeof *o);
+    o->dev = -1;
+    sim_alloc *a = find_alloc_containing(p);
+    if (a) {
+        o->type = CU_MEMORYTYPE_DEVICE;
+        o->ctx = a->ctx;
+        o->dev = a->dev;
+        o->base = o->map_base = a->addr;
+        o->size = o->map_size = a->size;
+        o->buffer_id = a->id;
+        o->legacy_ipc = 1; /* cuMemAlloc memory can take cuIpcGetMemHandle */
+        o->access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        return;
+    }
+    if (sim_vmm_ptr_info(p, cur ? cur->dev : 0, o))
+        return;
+    ssize_t i = rs_find(&sim.host, p);
+    if (i >= 0) {
+        /* page-locked host memory: the same address on both sides (unified addressing) */
+        o->type = CU_MEMORYTYPE_HOST;
+        o->ctx = cur ? (sim_ctx *)cur : NULL;
+        o->dev = cur ? cur->dev : 0;
+        o->base = o->map_base = sim.host.v[i].start;
+        o->size = o->map_size = sim.host.v[i].len;
+        o->access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+}
+
+/*
+ * One attribute of o into data. unknown: the address is not the driver's, which makes cuPointerGetAttribute
+ * fail and cuPointerGetAttributes write zeros (measured on the driver).
+ */
+static CUresult put_attr(void *data, CUpointer_attribute a, const sim_ptrinfo *o, CUdeviceptr ptr, bool single) {
+    bool known = o->type != 0;
+    if (single && !known)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)o->ctx; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = o->type; break;
+    /* unified addressing: page-locked host memory has the same address on the device */
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = known ? ptr : 0; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        /* device memory has no host address: only host memory answers */
+        if (single && o->type != CU_MEMORYTYPE_HOST)
+            return CUDA_ERROR_INVALID_VALUE;
+        *(void **)data = o->type == CU_MEMORYTYPE_HOST ? (void *)(uintptr_t)ptr : NULL;
+        break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = o->buffer_id; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break; /* no managed memory in the simulator */
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = known ? o->dev : 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = o->legacy_ipc; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = o->base; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = o->size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = known; break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = o->htypes; break;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(int *)data = o->rdma; break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: *(unsigned *)data = o->access; break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(CUmemoryPool *)data = NULL; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = o->map_size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(void **)data = (void *)(uintptr_t)o->map_base; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(unsigned long long *)data = o->buffer_id; break;
+    case CU_POINTER_ATTRIBUTE_P2P_TOKENS:
+        /* tokens for GPUDirect RDMA between peers, which the simulator has not */
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult pointer_attrs(const char *name, unsigned n, const CUpointer_attribute *attrs, void **data,
+                              CUdeviceptr ptr, bool single) {
+    sim_call c;
+    CUresult r = sim_enter(&c, name, SIM_NEED_INIT);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (n == 0 || !attrs || !data)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    for (unsigned i = 0; i < n; i++)
+        if (!data[i])
+            return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_ptrinfo o;
+    pthread_rwlock_rdlock(&sim.memlock);
+    ptr_info(ptr, c.ctx, &o);
+    pthread_rwlock_unlock(&sim.memlock);
+    for (unsigned i = 0; i < n && r == CUDA_SUCCESS; i++)
+        r = put_attr(data[i], attrs[i], &o, ptr, single);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    void *d[1] = {data};
+    return pointer_attrs("cuPointerGetAttribute", 1, &attribute, d, ptr, true);
+}
+
+SIM_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                        CUdeviceptr ptr) {
+    return pointer_attrs("cuPointerGetAttributes", numAttributes, attributes, data, ptr, false);
 }

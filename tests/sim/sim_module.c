@@ -73,9 +73,22 @@ typedef struct sim_entry {
     simk_fn fn;
 } sim_entry;
 
+/* A module-scope variable in global or constant memory: device memory of its module's (sim_image.gsize). */
+typedef struct sim_global {
+    char *name;
+    size_t off, size;    /* in the module's block of globals */
+    unsigned char *init; /* its initializer's bytes, or NULL (zeros) */
+    bool is_const;
+} sim_global;
+
 typedef struct sim_image {
     sim_entry *e;
     unsigned n;
+    sim_global *g;
+    unsigned ng;
+    size_t gsize;      /* the globals' block */
+    size_t const_size; /* of which .const: CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES */
+    int ptx_version;   /* .version X.Y as 10 * X + Y */
 } sim_image;
 
 enum { T_END, T_WORD, T_STR, T_PUNCT, T_ERR };
@@ -267,6 +280,210 @@ static void image_free(sim_image *img) {
     free(img->e);
     img->e = NULL;
     img->n = 0;
+    for (unsigned i = 0; i < img->ng; i++) {
+        free(img->g[i].name);
+        free(img->g[i].init);
+    }
+    free(img->g);
+    img->g = NULL;
+    img->ng = 0;
+}
+
+static bool is_float_type(const char *t) { return t[1] == 'f'; }
+
+/* One initializer value of elem bytes into out: integers (decimal, 0x, 0b, octal), PTX's exact floats
+ * (0fXXXXXXXX, 0dXXXXXXXXXXXXXXXX), decimal floats. */
+static bool init_value(const char *tok, bool neg, const char *type, size_t elem, unsigned char *out) {
+    char *end;
+    if ((tok[0] == '0') && (tok[1] == 'f' || tok[1] == 'F' || tok[1] == 'd' || tok[1] == 'D') && tok[2]) {
+        unsigned long long bits = strtoull(tok + 2, &end, 16);
+        if (*end)
+            return false;
+        if (neg)
+            bits ^= (tok[1] == 'f' || tok[1] == 'F') ? 0x80000000ull : 0x8000000000000000ull;
+        if ((tok[1] == 'f' || tok[1] == 'F') && elem == 4) {
+            uint32_t b = (uint32_t)bits;
+            memcpy(out, &b, 4);
+            return true;
+        }
+        if ((tok[1] == 'd' || tok[1] == 'D') && elem == 8) {
+            memcpy(out, &bits, 8);
+            return true;
+        }
+        return false;
+    }
+    if (is_float_type(type)) {
+        double d = strtod(tok, &end);
+        if (*end)
+            return false;
+        if (neg)
+            d = -d;
+        if (elem == 4) {
+            float f = (float)d;
+            memcpy(out, &f, 4);
+        } else if (elem == 8) {
+            memcpy(out, &d, 8);
+        } else {
+            return false; /* half precision initializers: not parsed */
+        }
+        return true;
+    }
+    const char *t = tok;
+    int base = 0;
+    if (t[0] == '0' && (t[1] == 'b' || t[1] == 'B')) {
+        base = 2;
+        t += 2;
+    }
+    unsigned long long v = strtoull(t, &end, base);
+    if (*end == 'U' || *end == 'u')
+        end++;
+    if (*end || end == t)
+        return false;
+    if (neg)
+        v = (unsigned long long)(-(long long)v);
+    memcpy(out, &v, elem); /* little-endian: the low elem bytes */
+    return true;
+}
+
+/*
+ * After "=": an initializer, a value or a brace list (nested for arrays of arrays, flattened), up to the
+ * ';'. Values go into buf (cap bytes) at elem bytes each; *count says how many. false: not understood.
+ */
+static bool parse_init(lexer *L, const char *type, size_t elem, unsigned char *buf, size_t cap, size_t *count) {
+    int depth = 0;
+    *count = 0;
+    for (;;) {
+        lex(L);
+        if (punct(L, '{')) {
+            depth++;
+        } else if (punct(L, '}')) {
+            if (--depth < 0)
+                return false;
+        } else if (punct(L, ',')) {
+        } else if (punct(L, ';')) {
+            return depth == 0;
+        } else {
+            bool neg = false;
+            if (punct(L, '-')) {
+                neg = true;
+                lex(L);
+            }
+            if (L->kind != T_WORD)
+                return false;
+            if (buf) {
+                if ((*count + 1) * elem > cap || !init_value(L->tok, neg, type, elem, buf + *count * elem))
+                    return false;
+            }
+            (*count)++;
+        }
+    }
+}
+
+/* After .global or .const at module scope: a variable. Its storage is laid out in the module's block. */
+static bool parse_global(lexer *L, sim_image *img, bool is_const, bool external, unsigned *gcap) {
+    size_t align = 0, elem = 0, vec = 1;
+    char type[sizeof L->tok] = "";
+    for (;;) {
+        if (lex(L) != T_WORD)
+            return false;
+        if (L->tok[0] != '.')
+            break; /* the variable's name */
+        size_t ts = type_size(L->tok);
+        if (ts) {
+            elem = ts;
+            snprintf(type, sizeof type, "%s", L->tok);
+        } else if (strcmp(L->tok, ".align") == 0) {
+            if (lex(L) != T_WORD || !parse_uint(L->tok, &align) || align == 0 || (align & (align - 1)))
+                return false;
+        } else if (strcmp(L->tok, ".v2") == 0 || strcmp(L->tok, ".v4") == 0) {
+            vec = L->tok[2] - '0';
+        } else {
+            /* texture, surface and sampler references, and anything else: no storage the simulator gives */
+            elem = 0;
+            type[0] = 0;
+            while (L->kind != T_END && L->kind != T_ERR && !punct(L, ';'))
+                lex(L);
+            return L->kind != T_ERR;
+        }
+    }
+    if (!elem)
+        return false;
+    char name[sizeof L->tok];
+    memcpy(name, L->tok, sizeof name);
+    elem *= vec;
+    size_t count = 1;
+    bool open = false;
+    lex(L);
+    while (punct(L, '[')) {
+        size_t dim = 0;
+        lex(L);
+        if (punct(L, ']')) {
+            open = true; /* its size is its initializer's */
+        } else {
+            if (L->kind != T_WORD || !parse_uint(L->tok, &dim) || dim == 0 || (count * dim) / dim != count)
+                return false;
+            count *= dim;
+            if (lex(L) != T_PUNCT || !punct(L, ']'))
+                return false;
+        }
+        lex(L);
+    }
+    unsigned char *init = NULL;
+    if (punct(L, '=')) {
+        lexer save = *L;
+        size_t n = 0;
+        if (!parse_init(L, type, elem, NULL, 0, &n))
+            return false;
+        if (open)
+            count = n ? n : 1;
+        if (n > count || (elem && count > SIZE_MAX / elem))
+            return false;
+        init = calloc(count, elem);
+        if (!init)
+            return false;
+        *L = save;
+        if (!parse_init(L, type, elem, init, count * elem, &n)) {
+            /* valid PTX the simulator's initializer parser does not take (addresses of other variables...) */
+            sim_warn("PTX variable %s: its initializer is not understood by the simulator; it starts as zeros", name);
+            memset(init, 0, count * elem);
+        }
+    } else if (!punct(L, ';')) {
+        return false;
+    }
+    if (external || (open && !init)) {
+        free(init); /* a declaration of a variable defined elsewhere: no storage here */
+        return true;
+    }
+    if (count > SIZE_MAX / elem) {
+        free(init);
+        return false;
+    }
+    if (img->ng == *gcap) {
+        unsigned c = *gcap ? *gcap * 2 : 8;
+        sim_global *v = realloc(img->g, c * sizeof *v);
+        if (!v) {
+            free(init);
+            return false;
+        }
+        img->g = v;
+        *gcap = c;
+    }
+    sim_global *g = &img->g[img->ng];
+    size_t a = align > elem ? align : elem;
+    g->off = sim_align_up(img->gsize, a);
+    g->size = elem * count;
+    g->init = init;
+    g->is_const = is_const;
+    g->name = strdup(name);
+    if (!g->name) {
+        free(init);
+        return false;
+    }
+    img->ng++;
+    img->gsize = g->off + g->size;
+    if (is_const)
+        img->const_size += g->size;
+    return true;
 }
 
 static CUresult ptx_parse(const char *text, sim_image *img) {
@@ -277,15 +494,33 @@ static CUresult ptx_parse(const char *text, sim_image *img) {
         return CUDA_ERROR_INVALID_IMAGE;
     if (lex(&L) != T_WORD)
         return CUDA_ERROR_INVALID_PTX;
-    bool target = false;
+    {
+        char *dot;
+        long major = strtol(L.tok, &dot, 10);
+        long minor = *dot == '.' ? strtol(dot + 1, NULL, 10) : 0;
+        img->ptx_version = (int)(major * 10 + minor);
+    }
+    bool target = false, external = false;
     int depth = 0;
-    unsigned cap = 0;
+    unsigned cap = 0, gcap = 0;
     for (;;) {
         lex(&L);
         if (L.kind == T_END)
             break;
         if (L.kind == T_ERR)
             goto bad;
+        if (depth == 0 && L.kind == T_WORD && strcmp(L.tok, ".extern") == 0) {
+            external = true;
+            continue;
+        }
+        if (depth == 0 && L.kind == T_WORD && (strcmp(L.tok, ".global") == 0 || strcmp(L.tok, ".const") == 0)) {
+            if (!parse_global(&L, img, L.tok[1] == 'c', external, &gcap))
+                goto bad;
+            external = false;
+            continue;
+        }
+        if (L.kind == T_WORD && L.tok[0] == '.' && strcmp(L.tok, ".visible") != 0 && strcmp(L.tok, ".weak") != 0)
+            external = false; /* .extern qualifies only the declaration it begins */
         if (punct(&L, '{')) {
             depth++;
         } else if (punct(&L, '}')) {
@@ -331,17 +566,17 @@ bad:
     return CUDA_ERROR_INVALID_PTX;
 }
 
-/* Anything that is not PTX text is a binary image the simulator cannot run. */
+/* PTX text, or a fat binary's PTX (sim_fatbin.c); machine code is an image the simulator cannot run. */
 static CUresult image_load(const void *image, sim_image *img) {
     if (!image)
         return CUDA_ERROR_INVALID_VALUE;
-    uint32_t magic;
-    memcpy(&magic, image, sizeof magic);
-    const unsigned char *b = image;
-    if (magic == 0xBA55ED50u /* fatbin */ || magic == 0x466243B1u /* fatbin wrapper */ ||
-        (b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F') /* cubin */)
-        return CUDA_ERROR_INVALID_IMAGE;
-    CUresult r = ptx_parse(image, img);
+    const char *text;
+    char *owned;
+    CUresult r = sim_image_text(image, &text, &owned);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = ptx_parse(text, img);
+    free(owned);
     if (r != CUDA_SUCCESS)
         return r;
     for (unsigned i = 0; i < img->n; i++)
@@ -353,17 +588,37 @@ static CUresult image_load(const void *image, sim_image *img) {
 
 struct sim_module;
 
+/* Dynamic shared memory: what a launch may ask for by default, and the most a function may be set to allow
+ * (an H100's CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN). */
+#define SIM_SHMEM_DEFAULT 49152
+#define SIM_SHMEM_OPTIN 232448
+
 typedef struct sim_func {
     uint32_t magic;
     const sim_entry *entry;
     struct sim_module *mod; /* cuFuncGetModule; NULL for a library kernel's function (see there) */
+    const sim_image *img;   /* its module's or library's image */
+    int max_dyn_shmem;      /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (mu) */
+    int carveout;           /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (mu) */
+    CUfunc_cache cache;     /* cuFuncSetCacheConfig (mu) */
 } sim_func;
+
+static void func_init(sim_func *f, const sim_entry *e, struct sim_module *mod, const sim_image *img) {
+    f->magic = 0x46554e43u;
+    f->entry = e;
+    f->mod = mod;
+    f->img = img;
+    f->max_dyn_shmem = SIM_SHMEM_DEFAULT;
+    f->carveout = -1;
+    f->cache = CU_FUNC_CACHE_PREFER_NONE;
+}
 
 typedef struct sim_module {
     uint32_t magic;
     sim_ctx *ctx;
     sim_image img;
     sim_func *funcs;
+    uint64_t gbase, gid; /* the globals' block in ctx's memory and its allocation's id (0: none) */
     struct sim_module *next;
 } sim_module;
 
@@ -381,7 +636,40 @@ typedef struct sim_library {
     CUresult err; /* a lazily loaded image that failed: reported by cuLibraryGetKernel */
     sim_image img;
     sim_kernel *kernels;
+    /* The globals' block per device, made in the context that first asks (cuLibraryGetGlobal), with its
+     * allocation's id: a block whose context died since is made again. */
+    uint64_t gbase[SIM_MAX_DEVICES], gid[SIM_MAX_DEVICES];
 } sim_library;
+
+/* A block of device memory in ctx for img's globals, with their initial values: 0, or why not. */
+static CUresult globals_make(sim_ctx *ctx, const sim_image *img, uint64_t *base, uint64_t *id) {
+    *base = *id = 0;
+    if (!img->gsize)
+        return CUDA_SUCCESS;
+    CUdeviceptr p = 0;
+    CUresult r = sim_mem_alloc_impl(ctx, &p, img->gsize);
+    if (r != CUDA_SUCCESS)
+        return r;
+    /* a new allocation reads as zeros; its pages are the process's own mapping of the device's memfd */
+    for (unsigned i = 0; i < img->ng; i++)
+        if (img->g[i].init)
+            memcpy((void *)(uintptr_t)(p + img->g[i].off), img->g[i].init, img->g[i].size);
+    *base = p;
+    *id = sim_mem_alloc_id(p);
+    return CUDA_SUCCESS;
+}
+
+static CUresult global_find(const sim_image *img, uint64_t base, const char *name, CUdeviceptr *dptr, size_t *bytes) {
+    for (unsigned i = 0; i < img->ng; i++)
+        if (strcmp(img->g[i].name, name) == 0) {
+            if (dptr)
+                *dptr = base + img->g[i].off;
+            if (bytes)
+                *bytes = img->g[i].size;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_NOT_FOUND;
+}
 
 static sim_module *modules; /* mu */
 
@@ -410,9 +698,9 @@ void sim_modules_free_ctx(sim_ctx *ctx) {
     }
 }
 
-SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+static CUresult module_load(const char *name, CUmodule *module, const void *image) {
     sim_call c;
-    CUresult r = sim_enter(&c, "cuModuleLoadData", SIM_NEED_CTX);
+    CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
     if (!module)
@@ -421,6 +709,8 @@ SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!m)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
     r = image_load(image, &m->img);
+    if (r == CUDA_SUCCESS && (r = globals_make(c.ctx, &m->img, &m->gbase, &m->gid)) != CUDA_SUCCESS)
+        image_free(&m->img);
     if (r != CUDA_SUCCESS) {
         free(m);
         return sim_leave(&c, r);
@@ -431,19 +721,45 @@ SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     pthread_mutex_lock(&sim.mu);
     bool ok = m->funcs && sim_handle_add(m, SIM_H_MODULE) == 0;
     for (unsigned i = 0; ok && i < m->img.n; i++) {
-        m->funcs[i].magic = 0x46554e43u;
-        m->funcs[i].entry = &m->img.e[i];
-        m->funcs[i].mod = m;
+        func_init(&m->funcs[i], &m->img.e[i], m, &m->img);
         ok = sim_handle_add(&m->funcs[i], SIM_H_FUNC) == 0;
     }
     m->next = modules;
     modules = m;
+    uint64_t gbase = m->gbase, gid = m->gid;
     if (!ok) {
         module_free_locked(m);
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         *module = (CUmodule)m;
     }
+    pthread_mutex_unlock(&sim.mu);
+    if (!ok && gid)
+        sim_mem_free_if(gbase, gid);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    return module_load("cuModuleLoadData", module, image);
+}
+
+SIM_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    return module_load("cuModuleLoadFatBinary", module, fatCubin);
+}
+
+SIM_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuModuleGetGlobal_v2", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!name)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    sim_module *m = (sim_module *)hmod;
+    if (!sim_handle_is(m, SIM_H_MODULE))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        r = global_find(&m->img, m->gbase, name, dptr, bytes);
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
 }
@@ -478,12 +794,19 @@ SIM_API CUresult cuModuleUnload(CUmodule hmod) {
     CUresult r = sim_enter(&c, "cuModuleUnload", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
+    uint64_t gbase = 0, gid = 0;
     pthread_mutex_lock(&sim.mu);
-    if (!sim_handle_is(hmod, SIM_H_MODULE))
+    if (!sim_handle_is(hmod, SIM_H_MODULE)) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    else
+    } else {
+        gbase = ((sim_module *)hmod)->gbase;
+        gid = ((sim_module *)hmod)->gid;
         module_free_locked((sim_module *)hmod);
+    }
     pthread_mutex_unlock(&sim.mu);
+    /* its globals' memory, after mu (memlock comes first); a context that died took it already */
+    if (gid)
+        sim_mem_free_if(gbase, gid);
     return sim_leave(&c, r);
 }
 
@@ -539,8 +862,7 @@ SIM_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_o
         k->magic = 0x4b45524eu;
         k->entry = &l->img.e[i];
         k->lib = l;
-        k->func.magic = 0x46554e43u;
-        k->func.entry = k->entry;
+        func_init(&k->func, k->entry, NULL, &l->img);
         ok = sim_handle_add(k, SIM_H_KERNEL) == 0 && sim_handle_add(&k->func, SIM_H_FUNC) == 0;
     }
     if (!ok) {
@@ -585,12 +907,72 @@ SIM_API CUresult cuLibraryUnload(CUlibrary library) {
     CUresult r = sim_enter(&c, "cuLibraryUnload", SIM_CTX_OPTIONAL);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
+    uint64_t gbase[SIM_MAX_DEVICES], gid[SIM_MAX_DEVICES];
+    memset(gid, 0, sizeof gid);
     pthread_mutex_lock(&sim.mu);
-    if (!sim_handle_is(library, SIM_H_LIBRARY))
+    if (!sim_handle_is(library, SIM_H_LIBRARY)) {
         r = CUDA_ERROR_INVALID_HANDLE;
-    else
+    } else {
+        memcpy(gbase, ((sim_library *)library)->gbase, sizeof gbase);
+        memcpy(gid, ((sim_library *)library)->gid, sizeof gid);
         library_free_locked((sim_library *)library);
+    }
     pthread_mutex_unlock(&sim.mu);
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        if (gid[d])
+            sim_mem_free_if(gbase[d], gid[d]);
+    return sim_leave(&c, r);
+}
+
+/* A library's global in the current context's memory, made there at the first ask (libraries belong to no
+ * context; their globals do, one copy per device, as on the driver). */
+SIM_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuLibraryGetGlobal", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!name)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    int dev = c.ctx->dev;
+    pthread_mutex_lock(&sim.mu);
+    sim_library *l = (sim_library *)library;
+    if (!sim_handle_is(l, SIM_H_LIBRARY))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (l->err)
+        r = l->err;
+    else
+        r = global_find(&l->img, 0, name, NULL, NULL);
+    bool have = r == CUDA_SUCCESS && l->gid[dev] != 0;
+    uint64_t base = r == CUDA_SUCCESS ? l->gbase[dev] : 0, id = r == CUDA_SUCCESS ? l->gid[dev] : 0;
+    pthread_mutex_unlock(&sim.mu);
+    if (r == CUDA_SUCCESS && (!have || sim_mem_alloc_id(base) != id)) {
+        /* made outside mu (memory first); the image stays while the handle is used, as the driver's would */
+        uint64_t nb, nid;
+        r = globals_make(c.ctx, &l->img, &nb, &nid);
+        if (r == CUDA_SUCCESS) {
+            pthread_mutex_lock(&sim.mu);
+            if (!sim_handle_is(l, SIM_H_LIBRARY)) {
+                r = CUDA_ERROR_INVALID_HANDLE; /* unloaded meanwhile */
+            } else if (l->gid[dev] != id) {
+                base = l->gbase[dev]; /* another thread made it first */
+            } else {
+                l->gbase[dev] = base = nb;
+                l->gid[dev] = nid;
+                nid = 0;
+            }
+            pthread_mutex_unlock(&sim.mu);
+            if (nid)
+                sim_mem_free_if(nb, nid);
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&sim.mu);
+        if (sim_handle_is(l, SIM_H_LIBRARY))
+            r = global_find(&l->img, base, name, dptr, bytes);
+        else
+            r = CUDA_ERROR_INVALID_HANDLE;
+        pthread_mutex_unlock(&sim.mu);
+    }
     return sim_leave(&c, r);
 }
 
@@ -711,6 +1093,161 @@ SIM_API CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t
     return sim_leave(&c, r);
 }
 
+/* ---- function attributes and occupancy ---- */
+
+/* A function, or a kernel launched as one (its function): mu held. */
+static sim_func *func_locked(const void *h) {
+    int t = sim_handle_type(h);
+    return t == SIM_H_FUNC ? (sim_func *)h : t == SIM_H_KERNEL ? &((sim_kernel *)h)->func : NULL;
+}
+
+/* What the simulator says of a function's code, which it does not compile: no static shared or local memory,
+ * a fixed register count; the binary is the device's (compute capability 9.0), as a JIT-compiled PTX's is. */
+#define SIM_FUNC_REGS 32
+#define SIM_BINARY_VERSION 90
+
+SIM_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuFuncGetAttribute", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!pi)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    const sim_func *f = func_locked(hfunc);
+    int v = 0;
+    if (!f) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        switch (attrib) {
+        case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+        case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: v = 0; break;
+        case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: v = (int)f->img->const_size; break;
+        case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: v = 0; break;
+        case CU_FUNC_ATTRIBUTE_NUM_REGS: v = SIM_FUNC_REGS; break;
+        case CU_FUNC_ATTRIBUTE_PTX_VERSION: v = f->img->ptx_version; break;
+        case CU_FUNC_ATTRIBUTE_BINARY_VERSION: v = SIM_BINARY_VERSION; break;
+        case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: v = 0; break;
+        case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: v = f->max_dyn_shmem; break;
+        case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: v = f->carveout; break;
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+        case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: v = 0; break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    pthread_mutex_unlock(&sim.mu);
+    if (r == CUDA_SUCCESS)
+        *pi = v;
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuFuncSetAttribute", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    pthread_mutex_lock(&sim.mu);
+    sim_func *f = func_locked(hfunc);
+    if (!f) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        switch (attrib) {
+        case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            if (value < 0 || value > SIM_SHMEM_OPTIN)
+                r = CUDA_ERROR_INVALID_VALUE;
+            else
+                f->max_dyn_shmem = value;
+            break;
+        case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+            if (value < -1 || value > 100)
+                r = CUDA_ERROR_INVALID_VALUE;
+            else
+                f->carveout = value;
+            break;
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+        case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+        case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+            /* thread block clusters are not simulated */
+            r = CUDA_ERROR_NOT_SUPPORTED;
+            break;
+        default: r = CUDA_ERROR_INVALID_VALUE; /* read-only, or no attribute */
+        }
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuFuncSetCacheConfig", SIM_CTX_OPTIONAL);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if ((unsigned)config > CU_FUNC_CACHE_PREFER_EQUAL)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    sim_func *f = func_locked(hfunc);
+    if (!f)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else
+        f->cache = config; /* a preference: nothing the simulator's kernels do changes with it */
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+/* An H100's streaming multiprocessor: blocks, threads (warps), registers and shared memory it holds at once. */
+#define SM_BLOCKS 32
+#define SM_WARPS 64
+#define SM_REGS 65536
+#define SM_SHMEM 233472
+#define SM_SHMEM_RESERVED 1024 /* per block, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK */
+
+static CUresult occupancy(const char *name, int *numBlocks, CUfunction func, int blockSize, size_t dyn,
+                          unsigned flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!numBlocks || blockSize <= 0 || (flags & ~(unsigned)CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE))
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    pthread_mutex_lock(&sim.mu);
+    const sim_func *f = func_locked(func);
+    int maxdyn = f ? f->max_dyn_shmem : 0;
+    pthread_mutex_unlock(&sim.mu);
+    if (!f)
+        return sim_leave(&c, CUDA_ERROR_INVALID_HANDLE);
+    int n = 0;
+    if (blockSize <= 1024 && dyn <= (size_t)maxdyn) {
+        int warps = (blockSize + 31) / 32;
+        n = SM_BLOCKS;
+        if (SM_WARPS / warps < n)
+            n = SM_WARPS / warps;
+        if (SM_REGS / (SIM_FUNC_REGS * warps * 32) < n)
+            n = SM_REGS / (SIM_FUNC_REGS * warps * 32);
+        if (dyn && (int)(SM_SHMEM / (dyn + SM_SHMEM_RESERVED)) < n)
+            n = (int)(SM_SHMEM / (dyn + SM_SHMEM_RESERVED));
+    }
+    *numBlocks = n; /* a block the function cannot run: 0 blocks fit */
+    return sim_leave(&c, CUDA_SUCCESS);
+}
+
+SIM_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                             size_t dynamicSMemSize) {
+    return occupancy("cuOccupancyMaxActiveBlocksPerMultiprocessor", numBlocks, func, blockSize, dynamicSMemSize, 0);
+}
+
+SIM_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                                      size_t dynamicSMemSize, unsigned int flags) {
+    return occupancy("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", numBlocks, func, blockSize,
+                     dynamicSMemSize, flags);
+}
+
 /* ---- launches ---- */
 
 typedef struct {
@@ -746,7 +1283,7 @@ static CUresult run_kernel(sim_op *op) {
 static CUresult launch(sim_call *c, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                        unsigned bz, unsigned shared, CUstream h, void **kp, void **extra) {
     if (gx == 0 || gy == 0 || gz == 0 || gy > 65535 || gz > 65535 || bx == 0 || by == 0 || bz == 0 || bx > 1024 ||
-        by > 1024 || bz > 64 || (uint64_t)bx * by * bz > 1024 || shared > 49152)
+        by > 1024 || bz > 64 || (uint64_t)bx * by * bz > 1024 || shared > SIM_SHMEM_OPTIN)
         return CUDA_ERROR_INVALID_VALUE;
     if (kp && extra)
         return CUDA_ERROR_INVALID_VALUE;
@@ -771,11 +1308,16 @@ static CUresult launch(sim_call *c, CUfunction f, unsigned gx, unsigned gy, unsi
             return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&sim.mu);
-    int t = sim_handle_type(f);
-    const sim_entry *e = t == SIM_H_FUNC ? ((sim_func *)f)->entry : t == SIM_H_KERNEL ? ((sim_kernel *)f)->entry : NULL;
+    const sim_func *sf = func_locked(f);
+    const sim_entry *e = sf ? sf->entry : NULL;
     if (!e) {
         pthread_mutex_unlock(&sim.mu);
         return CUDA_ERROR_INVALID_HANDLE;
+    }
+    /* more dynamic shared memory than the function allows (48 KiB unless cuFuncSetAttribute raised it) */
+    if ((int)shared > sf->max_dyn_shmem) {
+        pthread_mutex_unlock(&sim.mu);
+        return CUDA_ERROR_INVALID_VALUE;
     }
     /*
      * Measured on the driver: a packed buffer may be shorter than the PTX

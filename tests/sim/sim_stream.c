@@ -334,20 +334,63 @@ int sim_streams_drain(uint64_t deadline_ns) {
 
 /* ---- stream API ---- */
 
-SIM_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+static CUresult stream_create(const char *name, CUstream *phStream, unsigned flags, int priority) {
     sim_call c;
-    CUresult r = sim_enter(&c, "cuStreamCreate", SIM_NEED_CTX);
+    CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    if (!phStream || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+    if (!phStream || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    /* A priority outside the context's range is clamped to it, as the driver does; the simulator's streams
+     * run concurrently whatever their priority, so it is only kept. */
+    if (priority > SIM_PRIO_LEAST)
+        priority = SIM_PRIO_LEAST;
+    if (priority < SIM_PRIO_GREATEST)
+        priority = SIM_PRIO_GREATEST;
     sim_stream *s;
     pthread_mutex_lock(&sim.mu);
-    r = sim_stream_create_locked(c.ctx, Flags, 0, &s);
+    r = sim_stream_create_locked(c.ctx, flags, 0, &s);
+    if (r == CUDA_SUCCESS)
+        s->priority = priority;
     pthread_mutex_unlock(&sim.mu);
     if (r == CUDA_SUCCESS)
         *phStream = (CUstream)s;
     return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    return stream_create("cuStreamCreate", phStream, Flags, 0);
+}
+
+SIM_API CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+    return stream_create("cuStreamCreateWithPriority", phStream, flags, priority);
+}
+
+/* A stream's priority or flags; the NULL, legacy and per-thread streams have priority 0 and no flags. */
+static CUresult stream_get(const char *name, CUstream h, int *priority, unsigned *flags) {
+    sim_call c;
+    CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!priority && !flags)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_stream *s;
+    pthread_mutex_lock(&sim.mu);
+    r = resolve_locked(c.ctx, h, &s);
+    if (r == CUDA_SUCCESS && priority)
+        *priority = s->priority;
+    if (r == CUDA_SUCCESS && flags)
+        *flags = s->flags;
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
+    return stream_get("cuStreamGetPriority", hStream, priority, NULL);
+}
+
+SIM_API CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
+    return stream_get("cuStreamGetFlags", hStream, NULL, flags);
 }
 
 SIM_API CUresult cuStreamDestroy_v2(CUstream hStream) {
@@ -497,11 +540,15 @@ SIM_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     return sim_leave(&c, CUDA_SUCCESS);
 }
 
-SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+static CUresult event_record(const char *name, CUevent hEvent, CUstream hStream, unsigned flags) {
     sim_call c;
-    CUresult r = sim_enter(&c, "cuEventRecord", SIM_NEED_CTX);
+    CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
+    /* CU_EVENT_RECORD_EXTERNAL changes only what a capture makes of the record, and the simulator refuses
+     * records on capturing streams: outside a capture it is a plain record, as on the driver. */
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     sim_op *op = sim_op_new(0, NULL);
     if (!op)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
@@ -522,6 +569,14 @@ SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     }
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
+}
+
+SIM_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+    return event_record("cuEventRecord", hEvent, hStream, CU_EVENT_RECORD_DEFAULT);
+}
+
+SIM_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags) {
+    return event_record("cuEventRecordWithFlags", hEvent, hStream, flags);
 }
 
 SIM_API CUresult cuEventQuery(CUevent hEvent) {

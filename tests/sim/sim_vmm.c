@@ -42,6 +42,7 @@ typedef struct sim_phys {
 
 typedef struct sim_vmap {
     uint64_t addr, size, off;
+    uint64_t id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
     sim_phys *phys;
     int prot;                   /* what the host mapping allows: the union of the locations' access */
     int dprot[SIM_MAX_DEVICES]; /* each device's access (cuMemSetAccess sets only the locations it names) */
@@ -270,7 +271,8 @@ SIM_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
             sim_warn("cuMemMap: mmap: %s", strerror(errno));
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            *m = (sim_vmap){.addr = ptr, .size = size, .off = offset, .phys = p, .prot = PROT_NONE};
+            *m = (sim_vmap){
+                .addr = ptr, .size = size, .off = offset, .id = sim_buffer_id_next(), .phys = p, .prot = PROT_NONE};
             if (rs_insert(&sim.vmaps, (sim_range){ptr, size, m, SIM_R_VMAP, PROT_NONE}) < 0) {
                 sim_map_reserve_fixed(ptr, size);
                 r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -626,4 +628,25 @@ int sim_vmm_unpark_all(void) {
         }
     }
     return 0;
+}
+
+/* A VMM mapping's pointer attributes (memlock held): no context owns VMM memory; the range is the mapping. */
+bool sim_vmm_ptr_info(uint64_t p, int dev, sim_ptrinfo *o) {
+    ssize_t i = rs_find(&sim.vmaps, p);
+    if (i < 0)
+        return false;
+    const sim_vmap *m = sim.vmaps.v[i].obj;
+    o->type = m->phys->host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    o->ctx = NULL;
+    o->dev = m->phys->host ? -1 : m->phys->dev;
+    o->base = o->map_base = m->addr;
+    o->size = o->map_size = m->size;
+    o->buffer_id = m->id;
+    o->vmm = 1;
+    o->htypes = m->phys->htypes;
+    int prot = dev >= 0 && dev < SIM_MAX_DEVICES ? m->dprot[dev] : 0;
+    o->access = (prot & PROT_WRITE)  ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                : (prot & PROT_READ) ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                     : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    return true;
 }
