@@ -119,7 +119,28 @@
     X(cuMemImportFromShareableHandle)                                                                                  \
     X(cuMemExportToShareableHandle)                                                                                    \
     X(cuMemRetainAllocationHandle)                                                                                     \
-    X(cuMemGetAllocationPropertiesFromHandle)
+    X(cuMemGetAllocationPropertiesFromHandle)                                                                          \
+    X(cuFuncGetAttribute)                                                                                              \
+    X(cuFuncSetAttribute)                                                                                              \
+    X(cuFuncSetCacheConfig)                                                                                            \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)                                                            \
+    X(cuModuleGetGlobal)                                                                                               \
+    X(cuLibraryGetGlobal)                                                                                              \
+    X(cuStreamCreateWithPriority)                                                                                      \
+    X(cuStreamIsCapturing)                                                                                             \
+    X(cuStreamGetCaptureInfo_v2)                                                                                       \
+    X(cuThreadExchangeStreamCaptureMode)                                                                               \
+    X(cuEventRecordWithFlags)                                                                                          \
+    X(cuPointerGetAttribute)                                                                                           \
+    X(cuPointerGetAttributes)                                                                                          \
+    X(cuCtxSetLimit)                                                                                                   \
+    X(cuCtxGetLimit)                                                                                                   \
+    X(cuCtxGetStreamPriorityRange)
+
+/* The capture query the driver exports under its _v2 name (cudadrv.h does not declare it). */
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus *captureStatus_out, cuuint64_t *id_out,
+                                   CUgraph *graph_out, const CUgraphNode **dependencies_out,
+                                   size_t *numDependencies_out);
 
 #define DRV_DECL(f) static __typeof__(&f) p_##f;
 DRV(DRV_DECL)
@@ -510,15 +531,154 @@ static CUresult run_query(svc *s, const struct sv_query_rec *q, uint8_t *out, ui
         *len = sizeof v;
         return r;
     }
+    case SV_Q_PRIO_RANGE: {
+        int v[2] = {0, 0};
+        r = p_cuCtxGetStreamPriorityRange(&v[0], &v[1]);
+        int32_t w[2] = {v[0], v[1]};
+        memcpy(out, w, sizeof w);
+        *len = sizeof w;
+        return r;
+    }
     default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
 
-/* A module or library image sent ahead of its load, exactly size bytes, NUL-terminated past them (PTX). */
+/*
+ * A module or library image sent ahead of its load, exactly size bytes, NUL-terminated past them (PTX). The
+ * driver reads a binary image as far as its headers say, with no length given: an image whose headers claim
+ * more than was sent would have it read past the buffer, so it is refused here. A fat binary's wrapper holds a
+ * pointer into the client's memory: the client sends the fat binary itself.
+ */
 static CUresult take_image(svc *s, uint64_t size) {
     if (size == 0 || size != s->image_len)
         return CUDA_ERROR_INVALID_VALUE;
+    const uint8_t *p = s->image;
+    uint32_t magic = 0;
+    if (size >= 4)
+        memcpy(&magic, p, 4);
+    if (magic == 0x466243B1u)
+        return CUDA_ERROR_INVALID_IMAGE;
+    if (magic == 0xBA55ED50u) {
+        uint16_t hs;
+        uint64_t fs;
+        if (size < 16)
+            return CUDA_ERROR_INVALID_IMAGE;
+        memcpy(&hs, p + 6, 2);
+        memcpy(&fs, p + 8, 8);
+        if (hs < 16 || fs > size || hs > size - fs)
+            return CUDA_ERROR_INVALID_IMAGE;
+    } else if (size >= 4 && p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F') {
+        uint64_t shoff, phoff;
+        uint16_t shentsize, shnum, phentsize, phnum;
+        if (size < 0x40 || p[4] != 2)
+            return CUDA_ERROR_INVALID_IMAGE;
+        memcpy(&phoff, p + 0x20, 8);
+        memcpy(&shoff, p + 0x28, 8);
+        memcpy(&phentsize, p + 0x36, 2);
+        memcpy(&phnum, p + 0x38, 2);
+        memcpy(&shentsize, p + 0x3a, 2);
+        memcpy(&shnum, p + 0x3c, 2);
+        if (shoff > size || (uint64_t)shentsize * shnum > size - shoff || phoff > size ||
+            (uint64_t)phentsize * phnum > size - phoff)
+            return CUDA_ERROR_INVALID_IMAGE;
+    }
     return CUDA_SUCCESS;
+}
+
+/* The function a record names: a function, or a kernel's function in this context (the driver's attribute and
+ * occupancy calls take functions). */
+static CUresult func_named(svc *s, uint32_t id, bool kernel, CUfunction *f) {
+    if (kernel) {
+        struct wkern *k = get(s, SV_K_KERNEL, id);
+        return k ? p_cuKernelGetFunction(f, k->k) : CUDA_ERROR_INVALID_HANDLE;
+    }
+    struct wfunc *fn = get(s, SV_K_FUNC, id);
+    if (!fn)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *f = fn->f;
+    return CUDA_SUCCESS;
+}
+
+static CUresult run_func_attr(svc *s, const struct sv_func_attr_rec *q, int32_t *out) {
+    CUfunction f = NULL;
+    CUresult r = func_named(s, q->func, q->kernel != 0, &f);
+    if (r != CUDA_SUCCESS)
+        return r;
+    int v = 0;
+    switch (q->what) {
+    case SV_FA_GET: r = p_cuFuncGetAttribute(&v, (CUfunction_attribute)q->attr, f); break;
+    case SV_FA_SET: r = p_cuFuncSetAttribute(f, (CUfunction_attribute)q->attr, q->value); break;
+    case SV_FA_CACHE: r = p_cuFuncSetCacheConfig(f, (CUfunc_cache)q->value); break;
+    case SV_FA_OCCUPANCY:
+        r = p_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&v, f, q->attr, (size_t)q->dyn, q->flags);
+        break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    *out = v;
+    return r;
+}
+
+/* The bytes the driver writes for a pointer attribute; 0: one the worker does not take (its size unknown here,
+ * or more than a reply's slot: P2P tokens). */
+static size_t ptr_attr_bytes(uint32_t a) {
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: return 8;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: return 4;
+    default: return 0;
+    }
+}
+
+/* Each attribute into its own zeroed 8-byte slot; the context and device as the application knows them. */
+static CUresult run_pointer_attrs(const struct sv_ptr_rec *q, uint8_t *out, uint32_t *len) {
+    if (q->n == 0 || q->n > SV_MAX_PTR_ATTRS || (q->single && q->n != 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v[SV_MAX_PTR_ATTRS];
+    void *data[SV_MAX_PTR_ATTRS];
+    CUpointer_attribute attrs[SV_MAX_PTR_ATTRS];
+    memset(v, 0, sizeof v);
+    for (uint32_t i = 0; i < q->n; i++) {
+        if (!ptr_attr_bytes(q->attr[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+        attrs[i] = (CUpointer_attribute)q->attr[i];
+        data[i] = &v[i];
+    }
+    CUresult r = q->single ? p_cuPointerGetAttribute(data[0], attrs[0], q->ptr)
+                           : p_cuPointerGetAttributes(q->n, attrs, data, q->ptr);
+    for (uint32_t i = 0; i < q->n; i++) {
+        if (attrs[i] == CU_POINTER_ATTRIBUTE_CONTEXT) {
+            CUcontext c;
+            memcpy(&c, &v[i], sizeof c);
+            v[i] = c && c == W.ctx ? SV_PTR_CTX_OURS : 0; /* never the worker's handle */
+        } else if (attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+            int32_t d;
+            memcpy(&d, &v[i], sizeof d);
+            if (d == (int32_t)W.dev)
+                d = 0; /* the application sees the worker's device as 0 */
+            v[i] = (uint32_t)d;
+        } else if (attrs[i] == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+            v[i] = 0;
+        }
+    }
+    memcpy(out, v, q->n * sizeof v[0]);
+    *len = q->n * (uint32_t)sizeof v[0];
+    return r;
 }
 
 static void drop_image(svc *s) {
@@ -1045,7 +1205,7 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
         if (!e)
             r = CUDA_ERROR_INVALID_HANDLE;
         else if ((r = stream_of(s, q.b, &st)) == CUDA_SUCCESS)
-            r = p_cuEventRecord(e, st);
+            r = q.flags ? p_cuEventRecordWithFlags(e, st, q.flags) : p_cuEventRecord(e, st);
         break;
     }
     case SV_OP_EVENT_QUERY:
@@ -1256,6 +1416,76 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
         PAYLOAD(struct sv_fd_rec, q);
         if (run_share(s, rec->op, &q, out, &olen, &r) != 0)
             return -1;
+        break;
+    }
+    case SV_OP_FUNC_ATTR: {
+        PAYLOAD(struct sv_func_attr_rec, q);
+        int32_t v = 0;
+        r = run_func_attr(s, &q, &v);
+        memcpy(out, &v, sizeof v);
+        olen = sizeof v;
+        break;
+    }
+    case SV_OP_GET_GLOBAL: {
+        PAYLOAD(struct sv_global_rec, q);
+        char name[SV_MAX_NAME];
+        const char *nm = name_after(pl, plen, sizeof q, name, sizeof name);
+        CUdeviceptr p = 0;
+        size_t bytes = 0;
+        void *h = get(s, q.library ? SV_K_LIBRARY : SV_K_MODULE, q.owner);
+        if (!nm)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else if (!h)
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else
+            r = q.library ? p_cuLibraryGetGlobal(&p, &bytes, h, nm) : p_cuModuleGetGlobal(&p, &bytes, h, nm);
+        uint64_t v[2] = {p, bytes};
+        memcpy(out, v, sizeof v);
+        olen = sizeof v;
+        break;
+    }
+    case SV_OP_STREAM_CREATE_PRIO: {
+        PAYLOAD(struct sv_pair_rec, q); /* a: the id, b: the priority */
+        CUstream h = NULL;
+        if (q.a < SV_STREAM_FIRST_ID || !id_free(s, SV_K_STREAM, q.a))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if ((r = p_cuStreamCreateWithPriority(&h, q.flags, (int32_t)q.b)) == CUDA_SUCCESS)
+            s->tab[SV_K_STREAM][q.a] = h;
+        break;
+    }
+    case SV_OP_CAPTURE_INFO: {
+        PAYLOAD(struct sv_id_rec, q);
+        struct sv_capture_info o;
+        memset(&o, 0, sizeof o);
+        CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+        cuuint64_t id = 0;
+        if ((r = stream_of(s, q.id, &st)) == CUDA_SUCCESS &&
+            (r = p_cuStreamGetCaptureInfo_v2(st, &cs, &id, NULL, NULL, NULL)) == CUDA_SUCCESS) {
+            o.status = (uint32_t)cs;
+            o.id = id;
+        }
+        memcpy(out, &o, sizeof o);
+        olen = sizeof o;
+        break;
+    }
+    case SV_OP_CAPTURE_MODE: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUstreamCaptureMode m = (CUstreamCaptureMode)q.id;
+        r = p_cuThreadExchangeStreamCaptureMode(&m);
+        break;
+    }
+    case SV_OP_POINTER_ATTRS: {
+        PAYLOAD(struct sv_ptr_rec, q);
+        r = run_pointer_attrs(&q, out, &olen);
+        break;
+    }
+    case SV_OP_CTX_LIMIT: {
+        PAYLOAD(struct sv_limit_rec, q);
+        size_t v = 0;
+        r = q.set ? p_cuCtxSetLimit((CUlimit)q.limit, (size_t)q.value) : p_cuCtxGetLimit(&v, (CUlimit)q.limit);
+        uint64_t v64 = v;
+        memcpy(out, &v64, sizeof v64);
+        olen = sizeof v64;
         break;
     }
     default: return fail(s, "record at %llu: unknown op %u", (unsigned long long)s->tail, rec->op);

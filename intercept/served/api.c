@@ -78,16 +78,16 @@ static CUresult stream_arg(CUstream h, uint32_t *out) {
 #define QC_BYTES 256
 static struct {
     pthread_mutex_t mu;
-    bool have[SV_Q_PRIMARY_STATE + 1];
-    uint32_t len[SV_Q_PRIMARY_STATE + 1];
-    uint8_t v[SV_Q_PRIMARY_STATE + 1][QC_BYTES];
+    bool have[SV_Q_COUNT];
+    uint32_t len[SV_Q_COUNT];
+    uint8_t v[SV_Q_COUNT][QC_BYTES];
     bool attr_have[QC_ATTRS];
     int32_t attr[QC_ATTRS];
 } QC = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static bool qc_constant(unsigned what) {
     return what == SV_Q_NAME || what == SV_Q_BUSID || what == SV_Q_TOTALMEM || what == SV_Q_UUID ||
-           what == SV_Q_DRIVER_VERSION;
+           what == SV_Q_DRIVER_VERSION || what == SV_Q_PRIO_RANGE;
 }
 
 static CUresult query(unsigned what, int arg, void *out, uint32_t cap, uint32_t *len) {
@@ -130,12 +130,16 @@ static CUresult query(unsigned what, int arg, void *out, uint32_t cap, uint32_t 
     return r;
 }
 
+/* The capture mode last sent to the worker's thread (cuThreadExchangeStreamCaptureMode, below). */
+static _Atomic int worker_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
 void sv_api_attached(bool device_changed) {
     (void)device_changed; /* the same GPU may be another model's twin, or not: asked again either way */
     pthread_mutex_lock(&QC.mu);
     memset(QC.have, 0, sizeof QC.have);
     memset(QC.attr_have, 0, sizeof QC.attr_have);
     pthread_mutex_unlock(&QC.mu);
+    atomic_store(&worker_mode, CU_STREAM_CAPTURE_MODE_GLOBAL); /* a new worker's thread starts in global mode */
 }
 
 /* ---- initialization, devices ---- */
@@ -315,6 +319,71 @@ SV_API CUresult cuCtxGetDevice(CUdevice *device) {
 SV_API CUresult cuCtxSynchronize(void) {
     NEED_CTX();
     return sv_sync(SV_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, true);
+}
+
+/* The limits the process set: a new worker's context gets them too (replay.c). */
+static struct {
+    pthread_mutex_t mu;
+    uint32_t set;
+    uint64_t v[SV_LIMITS];
+} LIM = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+uint32_t sv_limits(uint64_t v[SV_LIMITS]) {
+    pthread_mutex_lock(&LIM.mu);
+    uint32_t set = LIM.set;
+    memcpy(v, LIM.v, sizeof LIM.v);
+    pthread_mutex_unlock(&LIM.mu);
+    return set;
+}
+
+SV_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    NEED_CTX();
+    struct sv_limit_rec q = {(uint32_t)limit, 1, value};
+    CUresult r = sv_sync(SV_OP_CTX_LIMIT, &q, sizeof q, NULL, 0, NULL, false);
+    if (r == CUDA_SUCCESS && (unsigned)limit < SV_LIMITS) {
+        pthread_mutex_lock(&LIM.mu);
+        LIM.set |= 1u << limit;
+        LIM.v[limit] = value; /* as asked: the new worker's driver rounds or clamps it as this one did */
+        pthread_mutex_unlock(&LIM.mu);
+    }
+    return r;
+}
+
+/* Asked of the worker: its driver may have rounded what was set. */
+SV_API CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
+    if (!pvalue)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_limit_rec q = {(uint32_t)limit, 0, 0};
+    uint64_t v = 0;
+    CUresult r = sv_sync(SV_OP_CTX_LIMIT, &q, sizeof q, &v, sizeof v, NULL, false);
+    if (r == CUDA_SUCCESS)
+        *pvalue = (size_t)v;
+    return r;
+}
+
+/* The device's, asked once (a constant of the GPU, like its name). */
+static CUresult prio_range(int *least, int *greatest) {
+    int32_t v[2] = {0, 0};
+    CUresult r = query(SV_Q_PRIO_RANGE, 0, v, sizeof v, NULL);
+    if (r == CUDA_SUCCESS) {
+        *least = v[0];
+        *greatest = v[1];
+    }
+    return r;
+}
+
+SV_API CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+    NEED_CTX();
+    int l, g;
+    CUresult r = prio_range(&l, &g);
+    if (r == CUDA_SUCCESS) {
+        if (leastPriority)
+            *leastPriority = l;
+        if (greatestPriority)
+            *greatestPriority = g;
+    }
+    return r;
 }
 
 /* ---- memory ---- */
@@ -799,19 +868,27 @@ static sv_caplog *cap_end(uint32_t stream) {
 
 /* ---- streams and events ---- */
 
-/* A creation with a client-chosen id: asynchronous, the worker fails it later only where the driver would. */
-static CUresult create(unsigned kind, unsigned op, unsigned flags, void **out) {
+/* A creation with a client-chosen id: asynchronous, the worker fails it later only where the driver would. A
+ * stream with a priority (op SV_OP_STREAM_CREATE_PRIO) has it clamped already. */
+static CUresult create(unsigned kind, unsigned op, unsigned flags, int priority, void **out) {
     uint32_t id = sv_id_new(kind);
     if (!id)
         return CUDA_ERROR_OUT_OF_MEMORY; /* the worker's table for this kind is full */
-    sv_flags *d = malloc(sizeof *d);
+    sv_flags *d = calloc(1, sizeof *d);
     if (!d) {
         sv_id_drop(kind, id);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     d->flags = flags;
-    struct sv_id_rec q = {id, flags};
-    CUresult r = sv_async(op, &q, sizeof q);
+    d->priority = priority;
+    CUresult r;
+    if (op == SV_OP_STREAM_CREATE_PRIO) {
+        struct sv_pair_rec q = {id, (uint32_t)priority, flags, 0};
+        r = sv_async(op, &q, sizeof q);
+    } else {
+        struct sv_id_rec q = {id, flags};
+        r = sv_async(op, &q, sizeof q);
+    }
     if (r != CUDA_SUCCESS) {
         free(d);
         sv_id_drop(kind, id);
@@ -822,11 +899,23 @@ static CUresult create(unsigned kind, unsigned op, unsigned flags, void **out) {
     return CUDA_SUCCESS;
 }
 
+/* Streams that capture (begun here, not ended): none is the common case, in which a capture query is
+ * answered here, without a round trip. */
+static _Atomic int capturing;
+
+static void capture_mark(uint32_t stream, bool on) {
+    sv_flags *d = stream >= SV_STREAM_FIRST_ID ? sv_id_data(SV_K_STREAM, stream) : NULL;
+    if (d && atomic_exchange(&d->capturing, on) != on)
+        atomic_fetch_add(&capturing, on ? 1 : -1);
+}
+
 static CUresult destroy(unsigned kind, unsigned op, const void *h) {
     NEED_CTX();
     uint32_t id = sv_id(kind, h);
     if (!id)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (kind == SV_K_STREAM)
+        capture_mark(id, false); /* the driver ends a destroyed stream's capture */
     struct sv_id_rec q = {id, 0};
     CUresult r = sv_async(op, &q, sizeof q);
     if (r == CUDA_SUCCESS)
@@ -838,7 +927,120 @@ SV_API CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
-    return create(SV_K_STREAM, SV_OP_STREAM_CREATE, flags, (void **)ph);
+    return create(SV_K_STREAM, SV_OP_STREAM_CREATE, flags, 0, (void **)ph);
+}
+
+/* Clamped here to the device's range, as the driver clamps it, so the priority kept (cuStreamGetPriority, a
+ * replay) is the one the stream has. */
+SV_API CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority) {
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    int least, greatest;
+    CUresult r = prio_range(&least, &greatest);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (priority > least)
+        priority = least;
+    if (priority < greatest)
+        priority = greatest;
+    return create(SV_K_STREAM, SV_OP_STREAM_CREATE_PRIO, flags, priority, (void **)ph);
+}
+
+/* A stream's priority and flags, from its record; the NULL, legacy and per-thread streams have 0 and 0. */
+static CUresult stream_record(CUstream h, int *priority, unsigned *flags) {
+    NEED_CTX();
+    uint32_t id;
+    CUresult r = stream_arg(h, &id);
+    if (r != CUDA_SUCCESS)
+        return r;
+    const sv_flags *d = id >= SV_STREAM_FIRST_ID ? sv_id_data(SV_K_STREAM, id) : NULL;
+    if (priority)
+        *priority = d ? d->priority : 0;
+    if (flags)
+        *flags = d ? d->flags : 0;
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuStreamGetPriority(CUstream h, int *priority) {
+    if (!priority)
+        return CUDA_ERROR_INVALID_VALUE;
+    return stream_record(h, priority, NULL);
+}
+
+SV_API CUresult cuStreamGetFlags(CUstream h, unsigned int *flags) {
+    if (!flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    return stream_record(h, NULL, flags);
+}
+
+/*
+ * A stream's capture status (and the capture's id). While no stream of the process captures, every stream's
+ * status is NONE and the legacy stream is not refused: answered here, as PyTorch's allocator asks on every
+ * allocation. During a capture the worker's driver answers (it knows joined and invalidated captures).
+ */
+static CUresult capture_info(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id) {
+    NEED_CTX();
+    uint32_t st;
+    CUresult r = stream_arg(h, &st);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (atomic_load_explicit(&capturing, memory_order_acquire) == 0) {
+        *status = CU_STREAM_CAPTURE_STATUS_NONE;
+        return CUDA_SUCCESS;
+    }
+    struct sv_id_rec q = {st, 0};
+    struct sv_capture_info o;
+    memset(&o, 0, sizeof o);
+    r = sv_sync(SV_OP_CAPTURE_INFO, &q, sizeof q, &o, sizeof o, NULL, false);
+    if (r == CUDA_SUCCESS) {
+        *status = (CUstreamCaptureStatus)o.status;
+        if (id && o.status != CU_STREAM_CAPTURE_STATUS_NONE)
+            *id = o.id;
+    }
+    return r;
+}
+
+SV_API CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *status) {
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    return capture_info(h, status, NULL);
+}
+
+SV_API CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                          const CUgraphNode **deps, size_t *ndeps);
+SV_API CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                          const CUgraphNode **deps, size_t *ndeps) {
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = capture_info(h, status, id);
+    if (r != CUDA_SUCCESS || *status == CU_STREAM_CAPTURE_STATUS_NONE)
+        return r;
+    /* The graph being built has no handle of this library's before cuStreamEndCapture, and its nodes none at
+     * all (graphs are not built node by node in served mode). */
+    if (graph || deps || ndeps)
+        SV_REFUSE("the graph a capture builds and its nodes are not handed out during the capture");
+    return CUDA_SUCCESS;
+}
+
+/* The calling thread's capture mode is the application's; the worker runs every thread's calls on its one
+ * thread, whose mode follows the last one set in the process (ring order: calls after the exchange see it). */
+static _Thread_local int thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+SV_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    int m = (int)*mode;
+    if (atomic_exchange(&worker_mode, m) != m) {
+        struct sv_id_rec q = {(uint32_t)m, 0};
+        CUresult r = sv_async(SV_OP_CAPTURE_MODE, &q, sizeof q);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    *mode = (CUstreamCaptureMode)thread_mode;
+    thread_mode = m;
+    return CUDA_SUCCESS;
 }
 
 SV_API CUresult cuStreamDestroy_v2(CUstream h) { return destroy(SV_K_STREAM, SV_OP_STREAM_DESTROY, h); }
@@ -873,6 +1075,7 @@ SV_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
     if (r != CUDA_SUCCESS ||
         (r = sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false)) != CUDA_SUCCESS)
         return r;
+    capture_mark(q.a, true);
     if (q.a >= SV_STREAM_FIRST_ID)
         cap_begin(q.a, q.flags);
     return CUDA_SUCCESS;
@@ -889,6 +1092,8 @@ SV_API CUresult cuStreamEndCapture(CUstream h, CUgraph *pg) {
     if (!(q.b = sv_id_new(SV_K_GRAPH)))
         return CUDA_ERROR_OUT_OF_MEMORY;
     r = sv_sync(SV_OP_STREAM_END_CAPTURE, &q, sizeof q, NULL, 0, NULL, false);
+    if (r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_ILLEGAL_STATE && r != SV_GONE)
+        capture_mark(q.a, false); /* ended, with a graph or invalidated */
     sv_caplog *log = cap_end(q.a);
     if (r != CUDA_SUCCESS) {
         sv_caplog_put(log);
@@ -982,14 +1187,14 @@ SV_API CUresult cuEventCreate(CUevent *ph, unsigned int flags) {
     if (flags & CU_EVENT_INTERPROCESS)
         SV_REFUSE("interprocess events (IPC handles) are not served");
     NEED_CTX();
-    return create(SV_K_EVENT, SV_OP_EVENT_CREATE, flags, (void **)ph);
+    return create(SV_K_EVENT, SV_OP_EVENT_CREATE, flags, 0, (void **)ph);
 }
 
 SV_API CUresult cuEventDestroy_v2(CUevent e) { return destroy(SV_K_EVENT, SV_OP_EVENT_DESTROY, e); }
 
-SV_API CUresult cuEventRecord(CUevent e, CUstream h) {
+static CUresult event_record(CUevent e, CUstream h, unsigned flags) {
     NEED_CTX();
-    struct sv_pair_rec q = {sv_id(SV_K_EVENT, e), 0, 0, 0};
+    struct sv_pair_rec q = {sv_id(SV_K_EVENT, e), 0, flags, 0};
     if (!q.a)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = stream_arg(h, &q.b);
@@ -997,6 +1202,15 @@ SV_API CUresult cuEventRecord(CUevent e, CUstream h) {
         return r;
     cap_note(q.b, SV_OP_EVENT_RECORD, &q, sizeof q);
     return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuEventRecord(CUevent e, CUstream h) { return event_record(e, h, CU_EVENT_RECORD_DEFAULT); }
+
+/* Asynchronous as cuEventRecord: flags the driver does not know are said now, not at the next synchronization. */
+SV_API CUresult cuEventRecordWithFlags(CUevent e, CUstream h, unsigned int flags) {
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return event_record(e, h, flags);
 }
 
 static CUresult event_sync_op(unsigned op, CUevent e) {
@@ -1030,7 +1244,32 @@ SV_API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return cuE
 
 /* ---- modules, libraries, kernels ---- */
 
-/* An image's size from its header: an ELF's section and program headers' end, a fat binary's, or PTX text. */
+/*
+ * cudart's wrapper around a fat binary ({int32 magic 0x466243B1, int32 version 1 or 2, the fat binary, unused}),
+ * which the driver's loaders take too: its fat binary is what the worker gets, since the wrapper's pointer means
+ * nothing in another process. 0 with *out, or CUDA_ERROR_INVALID_IMAGE for a wrapper that holds none.
+ */
+static CUresult image_unwrap(const void *image, const void **out) {
+    uint32_t magic;
+    memcpy(&magic, image, sizeof magic);
+    *out = image;
+    if (magic != 0x466243B1u)
+        return CUDA_SUCCESS;
+    int32_t version;
+    const void *data;
+    memcpy(&version, (const char *)image + 4, sizeof version);
+    memcpy(&data, (const char *)image + 8, sizeof data);
+    if ((version != 1 && version != 2) || !data)
+        return CUDA_ERROR_INVALID_IMAGE;
+    memcpy(&magic, data, sizeof magic);
+    if (magic != 0xBA55ED50u)
+        return CUDA_ERROR_INVALID_IMAGE;
+    *out = data;
+    return CUDA_SUCCESS;
+}
+
+/* An image's size from its header: an ELF's section and program headers' end, a fat binary's, or PTX text. A
+ * wrapper is unwrapped first (image_unwrap). */
 static uint64_t image_size(const void *image) {
     const unsigned char *p = image;
     if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {
@@ -1103,6 +1342,9 @@ CUresult sv_send_image(const void *image, uint64_t size, unsigned op, void *rec,
 
 static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t plen, void *out, uint32_t cap,
                            uint32_t *outlen, sv_image **keep) {
+    CUresult ur = image_unwrap(image, &image);
+    if (ur != CUDA_SUCCESS)
+        return ur;
     uint64_t size = image_size(image);
     if (size == 0 || size > SV_MAX_IMAGE)
         return CUDA_ERROR_INVALID_IMAGE;
@@ -1113,6 +1355,7 @@ static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t p
     }
     memcpy(im->image, image, size);
     im->size = size;
+    im->globals = NULL;
     CUresult r = sv_send_image(im->image, size, op, rec, plen, out, cap, outlen);
     /* the load record as sent (its size included), for a replay */
     memset(&im->rec, 0, sizeof im->rec);
@@ -1124,6 +1367,12 @@ static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t p
     }
     *keep = im;
     return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuModuleLoadData(CUmodule *module, const void *image);
+/* The same load: the worker's driver takes a fat binary through cuModuleLoadData. */
+SV_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    return cuModuleLoadData(module, fatCubin);
 }
 
 SV_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
@@ -1249,6 +1498,7 @@ static CUresult get_function(unsigned op, unsigned kind, uint32_t owner, unsigne
     }
     f->owner = owner;
     f->okind = okind;
+    f->cache = -1; /* never set */
     f->n = l.n;
     f->bytes = l.bytes;
     for (uint32_t i = 0; i < l.n; i++) {
@@ -1388,6 +1638,220 @@ SV_API CUresult cuKernelGetLibrary(CUlibrary *plib, CUkernel h) {
         return CUDA_ERROR_INVALID_HANDLE;
     *plib = sv_handle(SV_K_LIBRARY, f->owner);
     return CUDA_SUCCESS;
+}
+
+/* ---- globals ---- */
+
+pthread_mutex_t sv_func_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A module's or library's global: the worker's address, kept with its image (a replay checks it stays), and known
+ * as device memory of the process (cuMemcpy, pointer attributes). */
+static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, unsigned kind, const void *h, const char *name) {
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_global_rec q = {sv_id(kind, h), kind == SV_K_LIBRARY};
+    if (!q.owner)
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t v[2] = {0, 0};
+    CUresult r = sv_sync_named(SV_OP_GET_GLOBAL, &q, sizeof q, name, v, sizeof v, NULL);
+    if (r != CUDA_SUCCESS)
+        return r;
+    sv_image *im = sv_id_data(kind, q.owner);
+    pthread_mutex_lock(&sv_func_mu);
+    bool known = false;
+    for (const sv_global *g = im ? im->globals : NULL; g && !known; g = g->next)
+        known = g->addr == v[0];
+    sv_global *g = known || !im ? NULL : calloc(1, sizeof *g);
+    if (g && (g->name = strdup(name))) {
+        g->addr = v[0];
+        g->size = v[1];
+        g->next = im->globals;
+        im->globals = g;
+        sv_range_add(v[0], v[1]);
+    } else if (g) {
+        free(g);
+        g = NULL;
+    }
+    pthread_mutex_unlock(&sv_func_mu);
+    if (!known && !g)
+        sv_warn("served mode: out of memory keeping the global %s: cuMemcpy will not know it for device memory", name);
+    if (dptr)
+        *dptr = v[0];
+    if (bytes)
+        *bytes = (size_t)v[1];
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
+    return get_global(dptr, bytes, SV_K_MODULE, hmod, name);
+}
+
+SV_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name) {
+    return get_global(dptr, bytes, SV_K_LIBRARY, library, name);
+}
+
+/* ---- function attributes, occupancy ---- */
+
+static CUresult func_attr(const void *h, unsigned what, int attr, int value, unsigned flags, uint64_t dyn,
+                          int32_t *out) {
+    uint32_t fid;
+    bool isk;
+    sv_func *f = func_of(h, &fid, &isk);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct sv_func_attr_rec q = {fid, isk, what, attr, value, flags, dyn};
+    int32_t v = 0;
+    CUresult r = sv_sync(SV_OP_FUNC_ATTR, &q, sizeof q, &v, sizeof v, NULL, false);
+    if (r == CUDA_SUCCESS && out)
+        *out = v;
+    if (r == CUDA_SUCCESS && (what == SV_FA_SET || what == SV_FA_CACHE)) {
+        /* kept for a new worker, whose function is a new one */
+        pthread_mutex_lock(&sv_func_mu);
+        if (what == SV_FA_CACHE) {
+            f->cache = value;
+        } else if (attr >= SV_FUNC_ATTR_FIRST && attr < SV_FUNC_ATTR_FIRST + SV_FUNC_ATTRS) {
+            f->attr_set |= 1u << (attr - SV_FUNC_ATTR_FIRST);
+            f->attr[attr - SV_FUNC_ATTR_FIRST] = value;
+        }
+        pthread_mutex_unlock(&sv_func_mu);
+    }
+    return r;
+}
+
+SV_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    int32_t v = 0;
+    CUresult r = func_attr(hfunc, SV_FA_GET, (int)attrib, 0, 0, 0, &v);
+    if (r == CUDA_SUCCESS)
+        *pi = v;
+    return r;
+}
+
+SV_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+    NEED_CTX();
+    return func_attr(hfunc, SV_FA_SET, (int)attrib, value, 0, 0, NULL);
+}
+
+SV_API CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+    NEED_CTX();
+    return func_attr(hfunc, SV_FA_CACHE, 0, (int)config, 0, 0, NULL);
+}
+
+SV_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+                                                                     size_t dynamicSMemSize, unsigned int flags) {
+    if (!numBlocks)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    int32_t v = 0;
+    CUresult r = func_attr(func, SV_FA_OCCUPANCY, blockSize, 0, flags, dynamicSMemSize, &v);
+    if (r == CUDA_SUCCESS)
+        *numBlocks = v;
+    return r;
+}
+
+SV_API CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
+                                                            size_t dynamicSMemSize) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize,
+                                                                CU_OCCUPANCY_DEFAULT);
+}
+
+/* ---- pointer attributes ---- */
+
+/* The bytes of an attribute's value (the driver's types); 0: not one this library forwards. */
+static size_t ptr_attr_size(unsigned a) {
+    switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: return 8;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: return 4;
+    default: return 0;
+    }
+}
+
+/*
+ * Forwarded for device memory of the process (its allocations, reservations, globals); anything else is memory
+ * the worker's driver cannot know (the process's host memory: pinned host memory is not served), answered here
+ * as the driver answers for memory it does not know: cuPointerGetAttribute fails, cuPointerGetAttributes gives
+ * zeros. A context comes back as the application's, never the worker's; a memory pool handle as NULL (the
+ * worker's pools are not the process's objects).
+ */
+static CUresult pointer_attrs(unsigned n, const CUpointer_attribute *attrs, void **data, CUdeviceptr ptr, bool single) {
+    if (n == 0 || !attrs || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_INIT();
+    for (unsigned i = 0; i < n; i++) {
+        if (!data[i])
+            return CUDA_ERROR_INVALID_VALUE;
+        if (attrs[i] == CU_POINTER_ATTRIBUTE_P2P_TOKENS)
+            SV_REFUSE("P2P tokens (GPUDirect RDMA between peers) are not forwarded");
+        if (!ptr_attr_size((unsigned)attrs[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!sv_range_has(ptr)) {
+        if (single)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (unsigned i = 0; i < n; i++)
+            memset(data[i], 0, ptr_attr_size((unsigned)attrs[i]));
+        return CUDA_SUCCESS;
+    }
+    for (unsigned at = 0; at < n;) {
+        unsigned k = n - at < SV_MAX_PTR_ATTRS ? n - at : SV_MAX_PTR_ATTRS;
+        struct sv_ptr_rec q;
+        memset(&q, 0, sizeof q);
+        q.ptr = ptr;
+        q.n = k;
+        q.single = single;
+        for (unsigned i = 0; i < k; i++)
+            q.attr[i] = (uint32_t)attrs[at + i];
+        uint64_t v[SV_MAX_PTR_ATTRS];
+        uint32_t len = 0;
+        CUresult r = sv_sync(SV_OP_POINTER_ATTRS, &q, sizeof q, v, sizeof v, &len, false);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (len < k * sizeof v[0])
+            return CUDA_ERROR_UNKNOWN; /* the worker's answer is not one value per attribute */
+        for (unsigned i = 0; i < k; i++) {
+            unsigned a = (unsigned)attrs[at + i];
+            if (a == CU_POINTER_ATTRIBUTE_CONTEXT) {
+                CUcontext c = v[i] == SV_PTR_CTX_OURS ? SV_CTX : NULL;
+                memcpy(data[at + i], &c, sizeof c);
+            } else if (a == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE) {
+                memset(data[at + i], 0, sizeof(CUmemoryPool));
+            } else {
+                memcpy(data[at + i], &v[i], ptr_attr_size(a)); /* little-endian: the low bytes */
+            }
+        }
+        at += k;
+    }
+    return CUDA_SUCCESS;
+}
+
+SV_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    void *d[1] = {data};
+    return pointer_attrs(1, &attribute, d, ptr, true);
+}
+
+SV_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                       CUdeviceptr ptr) {
+    return pointer_attrs(numAttributes, attributes, data, ptr, false);
 }
 
 /* ---- launches: the hot path ---- */

@@ -13,6 +13,7 @@
 #ifndef GPUCR_SERVED_CLIENT_H
 #define GPUCR_SERVED_CLIENT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -119,19 +120,36 @@ SV_HIDDEN uint32_t sv_id_end(unsigned kind);
 SV_HIDDEN bool sv_id_live(unsigned kind, uint32_t id);
 
 /* A function's or kernel's record: what a launch packs by, and what a replay would look it up by. */
+/* The function attributes cuFuncSetAttribute may set (CUfunction_attribute 8 .. 15), kept for a replay. */
+#define SV_FUNC_ATTR_FIRST 8
+#define SV_FUNC_ATTRS 8
 typedef struct {
     uint32_t owner; /* the module (function of a module), library (kernel) or kernel (function of a kernel) */
     unsigned okind; /* SV_K_MODULE, SV_K_LIBRARY or SV_K_KERNEL */
     char *name;     /* NULL for a kernel's function: the kernel's */
     uint32_t n, bytes;
     uint32_t *off, *size;
+    /* What the process set (sv_func_mu): bit i of attr_set, attribute SV_FUNC_ATTR_FIRST + i, in attr[i];
+     * cache: cuFuncSetCacheConfig's preference, -1 if never set. A new worker gets them again. */
+    uint32_t attr_set;
+    int32_t attr[SV_FUNC_ATTRS];
+    int32_t cache;
 } sv_func;
+SV_HIDDEN extern pthread_mutex_t sv_func_mu;
+
+/* A module global or library global the process asked for (its device memory): a new worker's must be the same. */
+typedef struct sv_global {
+    char *name;
+    uint64_t addr, size;
+    struct sv_global *next;
+} sv_global;
 
 /* A module's or library's record: its image and its load record (a library's JIT options), for a replay. */
 typedef struct {
     void *image;
     uint64_t size;
     struct sv_load_rec rec;
+    sv_global *globals; /* (sv_func_mu) */
 } sv_image;
 
 /*
@@ -175,10 +193,17 @@ typedef struct {
 /* Copies up to max reservations into out; returns how many there are. */
 SV_HIDDEN size_t sv_reservations(sv_reservation *out, size_t max);
 
-/* A stream's or event's record: its flags, for a replay. */
+/* A stream's or event's record: its flags (and a stream's priority, as clamped), for a replay; whether a
+ * stream captures (begun here, not ended yet). */
 typedef struct {
     unsigned flags;
+    int priority;
+    _Atomic int capturing;
 } sv_flags;
+
+/* The context limits the process set (cuCtxSetLimit), for a replay: bit i of the mask, limit i in v[i]. */
+#define SV_LIMITS 16
+SV_HIDDEN uint32_t sv_limits(uint64_t v[SV_LIMITS]);
 
 /* Device memory the application has (cuMemcpy's unified addressing asks which side a pointer is on). */
 SV_HIDDEN void sv_range_add(uint64_t base, uint64_t size);

@@ -88,7 +88,14 @@ static void free_data(unsigned kind, void *d) {
         free(f->off);
         free(f->size);
     } else if (kind == SV_K_MODULE || kind == SV_K_LIBRARY) {
-        free(((sv_image *)d)->image);
+        sv_image *im = d;
+        free(im->image);
+        for (sv_global *g = im->globals, *next; g; g = next) {
+            next = g->next;
+            sv_range_del(g->addr); /* the unload frees it in the worker */
+            free(g->name);
+            free(g);
+        }
     } else if (kind == SV_K_GRAPH) {
         sv_caplog_put(d);
         return;

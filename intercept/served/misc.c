@@ -94,18 +94,9 @@ SV_API CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
     SV_REFUSE(CKPT_WHY);
 }
 
+/* api.c: answered from the captures this library began, or by the worker during one */
 SV_API CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                                           const CUgraphNode **deps, size_t *ndeps);
-SV_API CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
-                                          const CUgraphNode **deps, size_t *ndeps) {
-    (void)h;
-    (void)status;
-    (void)id;
-    (void)graph;
-    (void)deps;
-    (void)ndeps;
-    SV_REFUSE("capture queries are not forwarded yet");
-}
 
 /* ---- cuGetProcAddress: this library's own entry points ---- */
 
@@ -123,7 +114,7 @@ typedef struct {
 #define P(base, sym, ver) {base, ver, (void *)sym},
 
 static const proc_ent procs[] = {GC_PROC_ADDRESSES(P)
-                                 /* the capture query, which the simulated driver does not have */
+                                 /* the capture query: the driver's _v2, which cudadrv.h does not declare */
                                  P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v2, 11030)};
 
 /* A base name for a CUDA version, as the driver resolves it (only base names; the newest not past the version). */

@@ -7,14 +7,17 @@
  * still waits in sv_enter.
  *
  * In the order that later objects need earlier ones:
- *   1. the primary context's flags, if the process set them;
+ *   1. the primary context's flags, if the process set them, and the
+ *      context's limits it set;
  *   2. the address ranges the process reserved, at the same addresses, before
  *      anything else of the worker's takes device addresses (the interposer
  *      maps the helper's memory into them again once this returns; the
  *      memory itself was unmapped and released before the detach);
  *   3. modules and libraries, from the images kept at their loads;
- *   4. kernels and functions, by name (a kernel's function by its kernel);
- *   5. streams and events, with their flags;
+ *   4. kernels and functions, by name (a kernel's function by its kernel),
+ *      with the attributes and cache preference the process set on them;
+ *      the globals the process asked for, which must be where they were;
+ *   5. streams and events, with their flags and priorities;
  *   6. graphs, by capturing again what their capture forwarded (launches,
  *      memsets, device copies, event records and waits, stream memory
  *      operations: records that name virtual ids and device addresses, which
@@ -122,15 +125,98 @@ static CUresult functions(void) {
     return r;
 }
 
+/* The attributes and cache preference set on a function or kernel (kernel: id names one), set again. */
+static CUresult func_attrs(const sv_func *f, uint32_t id, bool kernel) {
+    pthread_mutex_lock(&sv_func_mu);
+    uint32_t set = f->attr_set;
+    int32_t attr[SV_FUNC_ATTRS], cache = f->cache;
+    memcpy(attr, f->attr, sizeof attr);
+    pthread_mutex_unlock(&sv_func_mu);
+    CUresult r = CUDA_SUCCESS;
+    int32_t v;
+    for (unsigned i = 0; i < SV_FUNC_ATTRS && r == CUDA_SUCCESS; i++)
+        if (set & (1u << i)) {
+            struct sv_func_attr_rec q = {id, kernel, SV_FA_SET, (int32_t)(SV_FUNC_ATTR_FIRST + i), attr[i], 0, 0};
+            r = sv_sync(SV_OP_FUNC_ATTR, &q, sizeof q, &v, sizeof v, NULL, false);
+        }
+    if (r == CUDA_SUCCESS && cache >= 0) {
+        struct sv_func_attr_rec q = {id, kernel, SV_FA_CACHE, 0, cache, 0, 0};
+        r = sv_sync(SV_OP_FUNC_ATTR, &q, sizeof q, &v, sizeof v, NULL, false);
+    }
+    return step(r, kernel ? "the attributes of kernel" : "the attributes of function", id);
+}
+
+/*
+ * The globals the process holds addresses of, asked of the new worker: the same image loaded in the same order
+ * gives them the same addresses on the simulator, not necessarily on the driver. One that moved is said (the
+ * process's pointers to it are stale); what they held is not carried over (it was the old worker's memory).
+ */
+static CUresult globals_check(unsigned kind, uint32_t id, const sv_image *im) {
+    pthread_mutex_lock(&sv_func_mu);
+    const sv_global *first = im->globals;
+    pthread_mutex_unlock(&sv_func_mu);
+    CUresult r = CUDA_SUCCESS;
+    for (const sv_global *g = first; g && r == CUDA_SUCCESS; g = g->next) {
+        struct sv_global_rec q = {id, kind == SV_K_LIBRARY};
+        uint64_t v[2] = {0, 0};
+        r = step(sv_sync_named(SV_OP_GET_GLOBAL, &q, sizeof q, g->name, v, sizeof v, NULL), "a global of", id);
+        if (r == CUDA_SUCCESS && v[0] != g->addr)
+            sv_warn(
+                "served mode: the new worker has %s's global %s at 0x%llx, not at 0x%llx: the process's "
+                "pointers to it are stale",
+                kind == SV_K_LIBRARY ? "a library" : "a module", g->name, (unsigned long long)v[0],
+                (unsigned long long)g->addr);
+    }
+    return r;
+}
+
+static CUresult attributes(void) {
+    CUresult r = CUDA_SUCCESS;
+    for (uint32_t id = 1, end = sv_id_end(SV_K_KERNEL); id < end && r == CUDA_SUCCESS; id++) {
+        const sv_func *f = sv_id_live(SV_K_KERNEL, id) ? sv_id_data(SV_K_KERNEL, id) : NULL;
+        if (f && f->name && owner_live(f) && (f->attr_set || f->cache >= 0))
+            r = func_attrs(f, id, true);
+    }
+    for (uint32_t id = 1, end = sv_id_end(SV_K_FUNC); id < end && r == CUDA_SUCCESS; id++) {
+        const sv_func *f = sv_id_live(SV_K_FUNC, id) ? sv_id_data(SV_K_FUNC, id) : NULL;
+        if (f && owner_live(f) && (f->attr_set || f->cache >= 0))
+            r = func_attrs(f, id, false);
+    }
+    for (unsigned k = SV_K_MODULE; k <= SV_K_LIBRARY && r == CUDA_SUCCESS; k += SV_K_LIBRARY - SV_K_MODULE)
+        for (uint32_t id = 1, end = sv_id_end(k); id < end && r == CUDA_SUCCESS; id++) {
+            const sv_image *im = sv_id_live(k, id) ? sv_id_data(k, id) : NULL;
+            if (im)
+                r = globals_check(k, id, im);
+        }
+    return r;
+}
+
 static CUresult flagged(unsigned kind, unsigned op, uint32_t first) {
     CUresult r = CUDA_SUCCESS;
     for (uint32_t id = first, end = sv_id_end(kind); id < end && r == CUDA_SUCCESS; id++) {
         sv_flags *d = sv_id_live(kind, id) ? sv_id_data(kind, id) : NULL;
         if (!d)
             continue;
-        struct sv_id_rec q = {id, d->flags};
-        r = sv_async(op, &q, sizeof q);
+        if (op == SV_OP_STREAM_CREATE_PRIO) {
+            struct sv_pair_rec q = {id, (uint32_t)d->priority, d->flags, 0};
+            r = sv_async(op, &q, sizeof q);
+        } else {
+            struct sv_id_rec q = {id, d->flags};
+            r = sv_async(op, &q, sizeof q);
+        }
     }
+    return r;
+}
+
+static CUresult limits(void) {
+    uint64_t v[SV_LIMITS];
+    uint32_t set = sv_limits(v);
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned i = 0; i < SV_LIMITS && r == CUDA_SUCCESS; i++)
+        if (set & (1u << i)) {
+            struct sv_limit_rec q = {i, 1, v[i]};
+            r = step(sv_sync(SV_OP_CTX_LIMIT, &q, sizeof q, NULL, 0, NULL, false), "the context limit", i);
+        }
     return r;
 }
 
@@ -265,13 +351,17 @@ CUresult sv_replay(void) {
         r = step(sv_sync(SV_OP_PRIMARY_SET_FLAGS, &q, sizeof q, NULL, 0, NULL, false), "the primary context", 0);
     }
     if (r == CUDA_SUCCESS)
+        r = limits();
+    if (r == CUDA_SUCCESS)
         r = reservations();
     if (r == CUDA_SUCCESS)
         r = images();
     if (r == CUDA_SUCCESS)
         r = functions();
     if (r == CUDA_SUCCESS)
-        r = flagged(SV_K_STREAM, SV_OP_STREAM_CREATE, SV_STREAM_FIRST_ID);
+        r = attributes();
+    if (r == CUDA_SUCCESS)
+        r = flagged(SV_K_STREAM, SV_OP_STREAM_CREATE_PRIO, SV_STREAM_FIRST_ID);
     if (r == CUDA_SUCCESS)
         r = flagged(SV_K_EVENT, SV_OP_EVENT_CREATE, 1);
     if (r == CUDA_SUCCESS)

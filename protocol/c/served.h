@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #define SV_MAGIC 0x31565347u /* "GSV1" */
-#define SV_VERSION 2u
+#define SV_VERSION 3u
 
 #define SV_RING_BYTES (4u << 20)  /* the record ring */
 #define SV_NREPLY 64u             /* reply slots: synchronous calls in flight at once */
@@ -54,6 +54,7 @@
 #define SV_MAX_NAME 4096u         /* a kernel's (mangled) name, NUL included */
 #define SV_MAX_JIT 16u            /* JIT options of cuLibraryLoadData */
 #define SV_MAX_ACCESS 8u          /* access descriptors of cuMemSetAccess */
+#define SV_MAX_PTR_ATTRS 32u      /* attributes of one pointer-attribute record */
 #define SV_MAX_VMM_HANDLES                                                                                             \
     (1u << 16) /* VMM handles a worker holds for its process at once (made, imported, retained) */
 
@@ -215,6 +216,13 @@ enum sv_op {
     SV_OP_VMM_EXPORT,
     SV_OP_VMM_RETAIN,
     SV_OP_VMM_PROPS,
+    SV_OP_FUNC_ATTR,
+    SV_OP_GET_GLOBAL,
+    SV_OP_STREAM_CREATE_PRIO,
+    SV_OP_CAPTURE_INFO,
+    SV_OP_CAPTURE_MODE,
+    SV_OP_POINTER_ATTRS,
+    SV_OP_CTX_LIMIT,
     SV_OP_COUNT
 };
 
@@ -227,7 +235,9 @@ enum sv_query {
     SV_Q_UUID,           /* 16 bytes */
     SV_Q_DRIVER_VERSION, /* int32 */
     SV_Q_MEMINFO,        /* uint64 free, total */
-    SV_Q_PRIMARY_STATE   /* uint32 flags, int32 active */
+    SV_Q_PRIMARY_STATE,  /* uint32 flags, int32 active */
+    SV_Q_PRIO_RANGE,     /* int32 least, greatest (cuCtxGetStreamPriorityRange) */
+    SV_Q_COUNT
 };
 struct sv_query_rec {
     uint32_t what;
@@ -264,6 +274,8 @@ struct sv_pair_rec {
     uint32_t a, b; /* stream and event, event and stream, ... as each op says */
     uint32_t flags, pad;
 };
+/* SV_OP_EVENT_RECORD: a the event, b the stream, flags cuEventRecordWithFlags's (0: cuEventRecord).
+ * SV_OP_STREAM_CREATE_PRIO: a the stream's id, b its priority (int32), flags its flags. */
 struct sv_memop_rec {
     uint64_t addr, value;
     uint32_t stream, kind, flags, pad; /* kind: 0 write32, 1 write64, 2 wait32, 3 wait64 */
@@ -296,6 +308,42 @@ struct sv_launch_rec {
     uint32_t func, kernel; /* kernel: func names a kernel (a CUkernel launched as a function) */
     uint32_t grid[3], block[3];
     uint32_t shmem, stream, extra, cooperative, nbytes, pad;
+};
+/* SV_OP_FUNC_ATTR: a function's (kernel: func names a kernel, as in a launch) attribute got or set, its cache
+ * preference set, or its occupancy asked. The reply: int32 (the attribute, or the blocks). */
+enum { SV_FA_GET = 0, SV_FA_SET, SV_FA_CACHE, SV_FA_OCCUPANCY };
+struct sv_func_attr_rec {
+    uint32_t func, kernel;
+    uint32_t what;  /* SV_FA_* */
+    int32_t attr;   /* CUfunction_attribute; the block size for SV_FA_OCCUPANCY */
+    int32_t value;  /* the value set, the cache preference */
+    uint32_t flags; /* occupancy's */
+    uint64_t dyn;   /* occupancy's dynamic shared memory */
+};
+/* SV_OP_GET_GLOBAL: owner a module (library 0) or a library (1); the name, NUL-terminated, follows. The reply:
+ * uint64 address, bytes. */
+struct sv_global_rec {
+    uint32_t owner, library;
+};
+/* SV_OP_CAPTURE_INFO: struct sv_id_rec (id: the stream); the reply struct sv_capture_info.
+ * SV_OP_CAPTURE_MODE: struct sv_id_rec (id: the mode), asynchronous: the worker thread's capture mode. */
+struct sv_capture_info {
+    uint32_t status, pad;
+    uint64_t id;
+};
+/* SV_OP_POINTER_ATTRS: n attributes of ptr (single: cuPointerGetAttribute's semantics). The reply: one uint64 per
+ * attribute, its value in the low bytes; a context is SV_PTR_CTX_OURS (the worker's, the application's primary
+ * one) or 0, a device ordinal the application's. */
+#define SV_PTR_CTX_OURS 1u
+struct sv_ptr_rec {
+    uint64_t ptr;
+    uint32_t n, single;
+    uint32_t attr[SV_MAX_PTR_ATTRS];
+};
+/* SV_OP_CTX_LIMIT: cuCtxSetLimit (set) or cuCtxGetLimit; the reply: uint64 (the limit). */
+struct sv_limit_rec {
+    uint32_t limit, set;
+    uint64_t value;
 };
 struct sv_graph_rec {
     uint32_t exec, graph;
