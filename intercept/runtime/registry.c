@@ -250,6 +250,13 @@ cudaError_t rt_symbol(const void *symbol, CUdeviceptr *dptr, size_t *size) {
  */
 RT_API int gpucrRuntimeSave(void);
 RT_API int gpucrRuntimeSave(void) {
+    /* the interposer's control thread calls this: it needs the context current too */
+    cudaError_t ce = rt_ctx();
+    if (ce != cudaSuccess) {
+        fprintf(stderr, "gpucr runtime: no context to save the variables with before the move: %s\n",
+                cudaGetErrorString(ce));
+        return -1;
+    }
     int rc = 0;
     pthread_mutex_lock(&reg_mu);
     for (struct rt_fatbin *fb = fatbins; fb; fb = fb->next) {
@@ -280,6 +287,12 @@ RT_API int gpucrRuntimeSave(void) {
 
 RT_API int gpucrRuntimeRestore(void);
 RT_API int gpucrRuntimeRestore(void) {
+    cudaError_t ce = rt_ctx();
+    if (ce != cudaSuccess) {
+        fprintf(stderr, "gpucr runtime: no context to restore the variables with after the move: %s\n",
+                cudaGetErrorString(ce));
+        return -1;
+    }
     int rc = 0;
     pthread_mutex_lock(&reg_mu);
     for (struct rt_fatbin *fb = fatbins; fb; fb = fb->next) {
