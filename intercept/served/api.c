@@ -1683,6 +1683,38 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, unsigned kind, cons
     return CUDA_SUCCESS;
 }
 
+void sv_globals_save(void) {
+    for (unsigned k = SV_K_MODULE; k <= SV_K_LIBRARY; k += SV_K_LIBRARY - SV_K_MODULE)
+        for (uint32_t id = 1, end = sv_id_end(k); id < end; id++) {
+            sv_image *im = sv_id_live(k, id) ? sv_id_data(k, id) : NULL;
+            pthread_mutex_lock(&sv_func_mu);
+            sv_global *first = im ? im->globals : NULL;
+            pthread_mutex_unlock(&sv_func_mu);
+            for (sv_global *g = first; g; g = g->next) {
+                free(g->saved);
+                g->saved = g->size ? malloc(g->size) : NULL;
+                CUresult r = g->saved ? dtoh(g->saved, g->addr, g->size, SV_STREAM_NULL, false) : CUDA_SUCCESS;
+                if (r != CUDA_SUCCESS || (g->size && !g->saved)) {
+                    sv_warn(
+                        "served mode: the global %s (%llu bytes) could not be read at the detach (CUresult %d): "
+                        "the new worker's starts from its initial value",
+                        g->name, (unsigned long long)g->size, g->saved ? (int)r : (int)CUDA_ERROR_OUT_OF_MEMORY);
+                    free(g->saved);
+                    g->saved = NULL;
+                }
+            }
+        }
+}
+
+CUresult sv_global_restore(sv_global *g) {
+    if (!g->saved)
+        return CUDA_SUCCESS;
+    CUresult r = htod(g->addr, g->saved, g->size, SV_STREAM_NULL, false);
+    free(g->saved);
+    g->saved = NULL;
+    return r;
+}
+
 SV_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {
     return get_global(dptr, bytes, SV_K_MODULE, hmod, name);
 }

@@ -141,8 +141,13 @@ SV_HIDDEN extern pthread_mutex_t sv_func_mu;
 typedef struct sv_global {
     char *name;
     uint64_t addr, size;
+    void *saved; /* its contents, read at a detach, for the new worker's copy */
     struct sv_global *next;
 } sv_global;
+/* At a detach (ring.c), the worker synchronized: every global's contents read into saved (api.c). */
+SV_HIDDEN void sv_globals_save(void);
+/* At a replay: g's contents written into the new worker's copy at the same address, saved freed (api.c). */
+SV_HIDDEN CUresult sv_global_restore(sv_global *g);
 
 /* A module's or library's record: its image and its load record (a library's JIT options), for a replay. */
 typedef struct {

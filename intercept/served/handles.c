@@ -94,6 +94,7 @@ static void free_data(unsigned kind, void *d) {
             next = g->next;
             sv_range_del(g->addr); /* the unload frees it in the worker */
             free(g->name);
+            free(g->saved);
             free(g);
         }
     } else if (kind == SV_K_GRAPH) {

@@ -16,7 +16,8 @@
  *   3. modules and libraries, from the images kept at their loads;
  *   4. kernels and functions, by name (a kernel's function by its kernel),
  *      with the attributes and cache preference the process set on them;
- *      the globals the process asked for, which must be where they were;
+ *      the globals the process asked for, which must be where they were,
+ *      with what they held at the detach;
  *   5. streams and events, with their flags and priorities;
  *   6. graphs, by capturing again what their capture forwarded (launches,
  *      memsets, device copies, event records and waits, stream memory
@@ -147,16 +148,17 @@ static CUresult func_attrs(const sv_func *f, uint32_t id, bool kernel) {
 }
 
 /*
- * The globals the process holds addresses of, asked of the new worker: the same image loaded in the same order
- * gives them the same addresses on the simulator, not necessarily on the driver. One that moved is said (the
- * process's pointers to it are stale); what they held is not carried over (it was the old worker's memory).
+ * The globals the process holds addresses of, asked of the new worker, and given what they held at the detach
+ * (sv_globals_save). The same images loaded in the same order give them the same addresses on the simulator, not
+ * necessarily on the driver: one that moved is said (the process's pointers to it are stale) and keeps the new
+ * worker's initial value.
  */
 static CUresult globals_check(unsigned kind, uint32_t id, const sv_image *im) {
     pthread_mutex_lock(&sv_func_mu);
-    const sv_global *first = im->globals;
+    sv_global *first = im->globals;
     pthread_mutex_unlock(&sv_func_mu);
     CUresult r = CUDA_SUCCESS;
-    for (const sv_global *g = first; g && r == CUDA_SUCCESS; g = g->next) {
+    for (sv_global *g = first; g && r == CUDA_SUCCESS; g = g->next) {
         struct sv_global_rec q = {id, kind == SV_K_LIBRARY};
         uint64_t v[2] = {0, 0};
         r = step(sv_sync_named(SV_OP_GET_GLOBAL, &q, sizeof q, g->name, v, sizeof v, NULL), "a global of", id);
@@ -166,6 +168,8 @@ static CUresult globals_check(unsigned kind, uint32_t id, const sv_image *im) {
                 "pointers to it are stale",
                 kind == SV_K_LIBRARY ? "a library" : "a module", g->name, (unsigned long long)v[0],
                 (unsigned long long)g->addr);
+        else if (r == CUDA_SUCCESS)
+            r = step(sv_global_restore(g), "the contents of a global of", id);
     }
     return r;
 }

@@ -810,6 +810,10 @@ SV_API int gpucrServedDetach(void) {
     }
     if (r != CUDA_SUCCESS && !R.deferred_kept)
         R.deferred_kept = (int32_t)r; /* the next synchronizing call after the attach returns it */
+    /* Module and library globals are the worker's memory, not the helper's: what they hold goes with the process. */
+    replaying = true;
+    sv_globals_save();
+    replaying = false;
     /* The worker answers a record before it moves its tail past it: the synchronize's answer came, its tail
      * follows at once. */
     for (long long t1 = sv_now_ns(); atomic_load(&sv_sh->h.tail) != R.head;) {

@@ -24,6 +24,13 @@
  * fixed iteration (GRAPH_ITER) and salt; s1 waits for it (ev_graph). As a
  * training step's graph, it rewrites every buffer each time.
  *
+ * --attrs: driver state that the CUDA runtime sets, which a checkpoint must keep: s0 and s1 are made with
+ * priorities (-3, and one past the greatest, which the driver clamps), app_hb_step may take 64 KiB of dynamic
+ * shared memory (cuFuncSetAttribute) and every step launch asks for it, the context's malloc heap is 32 MiB
+ * (cuCtxSetLimit), and a module global (hb_count) holds the last iteration. Every iteration checks them all,
+ * and what the driver says of buffer 0 (cuPointerGetAttribute); a lost one ends the program with a line that
+ * says which. The checksums are those of a run without --attrs.
+ *
  * A heartbeat synchronizes both streams and checksums all buffers in order.
  * All arithmetic is on 32-bit unsigned integers, so the simulated driver and a
  * GPU compute the same bits.
@@ -52,6 +59,16 @@
 #define MEMSET_WORDS 1024u /* words of buffer 1 set every iteration */
 #define MIX_WORDS 65536u   /* words of buffer 0 mixed with buffer 1 */
 
+/* --attrs */
+#define ATTRS_SHMEM 65536u       /* dynamic shared memory of each step launch: more than the default 48 KiB */
+#define ATTRS_HEAP (32ull << 20) /* CU_LIMIT_MALLOC_HEAP_SIZE */
+#define ATTRS_PRIO 8             /* s1 asks for the greatest priority less this: clamped to the greatest */
+static const char attrs_ptx[] =
+    ".version 7.8\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    ".visible .global .align 4 .u32 hb_count;\n";
+
 typedef struct hb_state {
     gpuapp *app;
     unsigned k;
@@ -70,6 +87,12 @@ typedef struct hb_state {
     pid_t workers[16];
     int req[16], rep[16]; /* the parent's ends of each worker's pipes */
     uint32_t answer[16];
+    /* --attrs */
+    bool attrs;
+    int prio[2];
+    CUmodule attrs_mod;
+    CUdeviceptr count; /* hb_count */
+    bool counted;      /* hb_count holds the previous iteration */
 } hb_state;
 
 static void full_io(int fd, void *buf, size_t n, bool wr) {
@@ -153,6 +176,69 @@ static void capture_graph(hb_state *st) {
     CHECK(cuEventCreate(&st->ev_graph, CU_EVENT_DISABLE_TIMING));
 }
 
+/* --attrs: what was set is what the driver says now (after a restore too). */
+static void check_attrs(hb_state *st, uint32_t iter) {
+    for (int i = 0; i < 2; i++) {
+        int prio = 1;
+        CHECK(cuStreamGetPriority(st->s[i], &prio));
+        if (prio != st->prio[i])
+            gpuapp_die("--attrs: iteration %u: stream s%d has priority %d, not %d", iter, i, prio, st->prio[i]);
+    }
+    unsigned flags = 0;
+    CHECK(cuStreamGetFlags(st->s[1], &flags));
+    if (flags != CU_STREAM_NON_BLOCKING)
+        gpuapp_die("--attrs: iteration %u: stream s1 has flags %u", iter, flags);
+    int shmem = 0;
+    CHECK(cuFuncGetAttribute(&shmem, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, st->f_step));
+    if (shmem != (int)ATTRS_SHMEM)
+        gpuapp_die("--attrs: iteration %u: app_hb_step allows %d bytes of dynamic shared memory", iter, shmem);
+    size_t heap = 0;
+    CHECK(cuCtxGetLimit(&heap, CU_LIMIT_MALLOC_HEAP_SIZE));
+    if (heap != ATTRS_HEAP)
+        gpuapp_die("--attrs: iteration %u: the malloc heap limit is %zu", iter, heap);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CHECK(cuStreamIsCapturing(st->s[0], &cs));
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        gpuapp_die("--attrs: iteration %u: stream s0 captures (%d)", iter, (int)cs);
+    /* Buffer 0 is device memory of the process's context: its own, or none (the memory of a pool or of the
+     * virtual memory API belongs to no context), never another. */
+    CUcontext ctx = NULL;
+    unsigned type = 0;
+    int ordinal = -1;
+    CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void *data[] = {&ctx, &type, &ordinal};
+    CHECK(cuPointerGetAttributes(3, which, data, st->buf[0]));
+    if ((ctx && ctx != st->app->ctx) || type != CU_MEMORYTYPE_DEVICE || ordinal != st->app->dev)
+        gpuapp_die("--attrs: iteration %u: buffer 0: context %p (the process's: %p), memory type %u, device %d", iter,
+                   (void *)ctx, (void *)st->app->ctx, type, ordinal);
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, st->count));
+    if (type != CU_MEMORYTYPE_DEVICE)
+        gpuapp_die("--attrs: iteration %u: hb_count's memory type is %u", iter, type);
+    /* hb_count: the previous iteration's, written on s0, which ev_mix covers */
+    uint32_t count = 0;
+    CHECK(cuMemcpyDtoH(&count, st->count, sizeof count));
+    if (st->counted && count != iter - 1)
+        gpuapp_die("--attrs: iteration %u: hb_count holds %u, not %u", iter, count, iter - 1);
+}
+
+/* --attrs: the state, set. */
+static void set_attrs(hb_state *st) {
+    int least = 0, greatest = 0;
+    CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
+    st->prio[0] = -3 < greatest ? greatest : -3;
+    st->prio[1] = greatest;
+    CHECK(cuStreamCreateWithPriority(&st->s[0], CU_STREAM_DEFAULT, st->prio[0]));
+    CHECK(cuStreamCreateWithPriority(&st->s[1], CU_STREAM_NON_BLOCKING, greatest - ATTRS_PRIO));
+    CHECK(cuFuncSetAttribute(st->f_step, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)ATTRS_SHMEM));
+    CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, ATTRS_HEAP));
+    st->attrs_mod = gpuapp_load_ptx(attrs_ptx);
+    size_t bytes = 0;
+    CHECK(cuModuleGetGlobal(&st->count, &bytes, st->attrs_mod, "hb_count"));
+    if (bytes != 4)
+        gpuapp_die("--attrs: hb_count has %zu bytes", bytes);
+}
+
 static void step(void *p, uint32_t iter) {
     hb_state *st = p;
     CUstream s0 = st->s[0], s1 = st->s[1];
@@ -162,6 +248,8 @@ static void step(void *p, uint32_t iter) {
      * the pattern can be rewritten, and at most one iteration is in flight.
      */
     CHECK(cuEventSynchronize(st->ev_mix));
+    if (st->attrs)
+        check_attrs(st, iter);
     for (unsigned w = 0; w < st->nworkers; w++)
         full_io(st->req[w], &iter, sizeof iter, true);
     for (unsigned w = 0; w < st->nworkers; w++)
@@ -182,7 +270,8 @@ static void step(void *p, uint32_t iter) {
         uint32_t n = (uint32_t)(st->sizes[i] / 4);
         uint32_t it = iter, salt = salt_of(i);
         void *args[] = {&b, &n, &it, &salt};
-        CHECK(cuLaunchKernel(st->f_step, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, 0, st->s[i % 2], args, NULL));
+        CHECK(cuLaunchKernel(st->f_step, gpuapp_grid(n), 1, 1, GPUAPP_BLOCK, 1, 1, st->attrs ? ATTRS_SHMEM : 0,
+                             st->s[i % 2], args, NULL));
     }
 
     uint64_t n0 = st->sizes[0] / 4, n1 = st->sizes[1] / 4;
@@ -213,6 +302,10 @@ static void step(void *p, uint32_t iter) {
         void *sargs[] = {&dst, &still, &count, &nstill, &it};
         CHECK(cuLaunchKernel(st->f_mix, gpuapp_grid(count), 1, 1, GPUAPP_BLOCK, 1, 1, 0, s0, sargs, NULL));
     }
+    if (st->attrs) {
+        CHECK(cuMemsetD32Async(st->count, iter, 1, s0));
+        st->counted = true;
+    }
     CHECK(cuEventRecord(st->ev_mix, s0));
 }
 
@@ -232,8 +325,9 @@ int main(int argc, char **argv) {
     gpuapp app;
     hb_state st;
     gpuapp_parse(&app, "heartbeat",
-                 GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS | GPUAPP_OPT_GRAPH | GPUAPP_OPT_STILL, 64, 8,
-                 argc, argv);
+                 GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS | GPUAPP_OPT_GRAPH | GPUAPP_OPT_STILL |
+                     GPUAPP_OPT_ATTRS,
+                 64, 8, argc, argv);
     memset(&st, 0, sizeof(st));
     st.app = &app;
     st.k = app.buffers;
@@ -251,8 +345,13 @@ int main(int argc, char **argv) {
     st.f_step = gpuapp_function(st.mod, "app_hb_step");
     st.f_mix = gpuapp_function(st.mod, "app_hb_mix");
     /* One blocking and one non-blocking stream: both kinds get exercised. */
-    CHECK(cuStreamCreate(&st.s[0], CU_STREAM_DEFAULT));
-    CHECK(cuStreamCreate(&st.s[1], CU_STREAM_NON_BLOCKING));
+    st.attrs = app.attrs;
+    if (st.attrs) {
+        set_attrs(&st);
+    } else {
+        CHECK(cuStreamCreate(&st.s[0], CU_STREAM_DEFAULT));
+        CHECK(cuStreamCreate(&st.s[1], CU_STREAM_NON_BLOCKING));
+    }
     CHECK(cuEventCreate(&st.ev_s1, CU_EVENT_DISABLE_TIMING));
     CHECK(cuEventCreate(&st.ev_mix, CU_EVENT_DISABLE_TIMING));
 
@@ -296,6 +395,8 @@ int main(int argc, char **argv) {
     CHECK(cuStreamDestroy(st.s[0]));
     CHECK(cuStreamDestroy(st.s[1]));
     CHECK(cuModuleUnload(st.mod));
+    if (st.attrs_mod)
+        CHECK(cuModuleUnload(st.attrs_mod));
     gpuapp_context_release(&app);
     free(st.sizes);
     free(st.buf);

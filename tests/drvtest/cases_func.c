@@ -211,17 +211,9 @@ static void func_attributes(void) {
         EXPECT(v == 49152, "MAX_DYNAMIC_SHARED_SIZE_BYTES by default: %d", v);
     EXPECT_RC(cuFuncGetAttribute(NULL, CU_FUNC_ATTRIBUTE_NUM_REGS, f), CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuFuncGetAttribute(&v, (CUfunction_attribute)99, f), CUDA_ERROR_INVALID_VALUE);
-
-    /* more dynamic shared memory than allowed fails, until the function is allowed it */
-    CUdeviceptr p = dt_alloc(4096);
-    uint32_t val = 7, n = 128;
-    void *args[] = {&p, &val, &n};
-    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 65536, NULL, args, NULL), CUDA_ERROR_INVALID_VALUE);
     OK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 65536));
     if (EXPECT_RC(cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f), CUDA_SUCCESS))
         EXPECT(v == 65536, "MAX_DYNAMIC_SHARED_SIZE_BYTES after the set: %d", v);
-    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 65536, NULL, args, NULL), CUDA_SUCCESS);
-    EXPECT_RC(cuCtxSynchronize(), CUDA_SUCCESS);
     EXPECT_RC(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1 << 30),
               CUDA_ERROR_INVALID_VALUE);
     EXPECT_RC(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, -1), CUDA_ERROR_INVALID_VALUE);
@@ -238,6 +230,24 @@ static void func_attributes(void) {
     if (EXPECT_RC(cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f2), CUDA_SUCCESS))
         EXPECT(v == 49152, "another load's function: MAX_DYNAMIC_SHARED_SIZE_BYTES %d", v);
     OK(cuModuleUnload(m2));
+    OK(cuModuleUnload(m));
+}
+
+/* More dynamic shared memory than a function allows fails its launch, until the function is allowed it. */
+static void func_shared_launch(void) {
+    dt_init_ctx();
+    CUmodule m = dt_module();
+    CUfunction f = dt_function(m, "dt_fill");
+    CUdeviceptr p = dt_alloc(4096);
+    uint32_t val = 7, n = 128;
+    void *args[] = {&p, &val, &n};
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 65536, NULL, args, NULL), CUDA_ERROR_INVALID_VALUE);
+    OK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 65536));
+    EXPECT_RC(cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 65536, NULL, args, NULL), CUDA_SUCCESS);
+    EXPECT_RC(cuCtxSynchronize(), CUDA_SUCCESS);
+    uint32_t got = 0;
+    OK(cuMemcpyDtoH(&got, p + 4 * 127, sizeof got));
+    EXPECT(got == 7, "dt_fill with 64 KiB of dynamic shared memory wrote %u", got);
     OK(cuMemFree(p));
     OK(cuModuleUnload(m));
 }
@@ -463,6 +473,7 @@ const dt_case dt_cases_func[] = {
     {"module_globals", module_globals, 0},
     {"module_fatbin", module_fatbin, DT_SIM_ONLY},
     {"func_attributes", func_attributes, 0},
+    {"func_shared_launch", func_shared_launch, 0},
     {"func_attributes_sim", func_attributes_sim, DT_SIM_ONLY},
     {"occupancy", occupancy, 0},
     {"stream_priority", stream_priority, 0},

@@ -89,12 +89,15 @@ func startServed(t testing.TB, dir string, h *helperProc, env []string, name str
 }
 
 // servedCases are the programs served mode runs exactly: plain buffers on
-// two streams, the same with a CUDA graph replayed, with forked CPU workers
-// (a process tree), pointer chasing (device pointers stored in device
-// memory), and threads that allocate and free on their streams.
+// two streams, the same with a CUDA graph replayed, with the driver state
+// the CUDA runtime sets (stream priorities, a function attribute, a limit,
+// a module global, pointer attributes), with forked CPU workers (a process
+// tree), pointer chasing (device pointers stored in device memory), and
+// threads that allocate and free on their streams.
 var servedCases = []appCase{
 	{"heartbeat", []string{"--mib", "24", "--buffers", "7", "--hb-every", "5"}},
 	{"heartbeat", []string{"--graph", "--mib", "16", "--buffers", "5", "--hb-every", "5"}},
+	{"heartbeat", []string{"--attrs", "--mib", "8", "--buffers", "3", "--hb-every", "5"}},
 	{"heartbeat", []string{"--workers", "2", "--mib", "8", "--buffers", "3", "--hb-every", "5"}},
 	{"ptrchase", []string{"--mib", "8", "--hb-every", "5"}},
 }
@@ -283,4 +286,32 @@ func TestServedHelperGone(t *testing.T) {
 	}
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, 60))
 	waitDead(t, w, 10*time.Second)
+}
+
+// servedDriverCases are drvtest's cases of the driver calls the CUDA runtime
+// makes beyond loading and launching, which served mode forwards with the
+// driver's answers and errors (function attributes, occupancy, globals, fat
+// binaries, stream priorities and flags, capture status and mode, event
+// record flags, context limits). Not among them: pointer attributes of
+// cuMemAlloc memory (the interposer makes it VMM memory, which belongs to no
+// context) and of pinned host memory (not served), and launch errors (a
+// served launch is asynchronous: its error comes with the next
+// synchronization).
+var servedDriverCases = []string{"module_globals", "module_fatbin", "func_attributes", "func_attributes_sim",
+	"occupancy", "stream_priority", "stream_capture_status", "event_record_flags", "ctx_limits"}
+
+// TestServedDriverCalls: those drvtest cases pass under `gpucr run --served`
+// as they pass on the driver itself.
+func TestServedDriverCalls(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--served-pool", "2")
+	waitIdle(t, h, 2)
+	for _, c := range servedDriverCases {
+		out, err := runErr(time.Minute, env, binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--",
+			binPath(t, "drvtest"), c)
+		if err != nil || !strings.Contains(out, "ok "+c) {
+			t.Errorf("drvtest %s under gpucr run --served: %v\n%s", c, err, tail(out, 20))
+		}
+	}
 }

@@ -17,15 +17,19 @@ import (
 // TestServedCheckpointRestore: a served process checkpointed (stopped)
 // lets its worker go; restored, it gets another one and continues exactly
 // from its stop, for plain buffers on two streams, a CUDA graph replayed
-// every iteration, and device pointers stored in device memory. A
-// leave-running checkpoint of it continues at once (in a new worker), and
-// its image restores exactly too.
+// every iteration, the driver state the CUDA runtime sets (stream
+// priorities, a function attribute its launches need, a context limit, a
+// module global's contents: heartbeat --attrs checks them every
+// iteration), and device pointers stored in device memory. A leave-running
+// checkpoint of it continues at once (in a new worker), and its image
+// restores exactly too.
 func TestServedCheckpointRestore(t *testing.T) {
 	needTool(t, "criu")
 	env := gpucrEnv(t)
 	for i, c := range []appCase{
 		{"heartbeat", []string{"--mib", "16", "--buffers", "5"}},
 		{"heartbeat", []string{"--graph", "--mib", "8", "--buffers", "3"}},
+		{"heartbeat", []string{"--attrs", "--mib", "8", "--buffers", "3"}},
 		{"ptrchase", []string{"--mib", "8"}},
 	} {
 		t.Run(fmt.Sprintf("%s-%d", c.name, i), func(t *testing.T) {

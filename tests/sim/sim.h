@@ -243,6 +243,7 @@ typedef struct sim_alloc {
     int dev;
     sim_ctx *ctx;
     int free_pending; /* cuMemFreeAsync queued */
+    int pooled;       /* cuMemAllocAsync: the device's default memory pool's */
 } sim_alloc;
 
 CUresult sim_mem_init(void);

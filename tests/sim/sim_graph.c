@@ -116,6 +116,8 @@ SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStat
     sim_stream *s = NULL; /* the legacy and per-thread streams never capture */
     if (hStream != NULL && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD)
         r = capture_stream_locked(c.ctx, hStream, &s);
+    else if (sim_ctx_capturing_locked(c.ctx))
+        r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* as cuStreamIsCapturing: the legacy stream would join it */
     sim_graph *g = s ? s->capture : NULL;
     if (r == CUDA_SUCCESS) {
         *captureStatus_out = g ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;

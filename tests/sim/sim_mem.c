@@ -325,6 +325,13 @@ SIM_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hS
     sim_op_put(op);
     if (r == CUDA_SUCCESS)
         r = sim_mem_alloc_impl(c.ctx, dptr, bytesize);
+    if (r == CUDA_SUCCESS) {
+        pthread_rwlock_wrlock(&sim.memlock);
+        sim_alloc *a = find_alloc_start(*dptr);
+        if (a)
+            a->pooled = 1;
+        pthread_rwlock_unlock(&sim.memlock);
+    }
     return sim_leave(&c, r);
 }
 
@@ -555,12 +562,13 @@ static void ptr_info(uint64_t p, const sim_ctx *cur, sim_ptrinfo *o) {
     sim_alloc *a = find_alloc_containing(p);
     if (a) {
         o->type = CU_MEMORYTYPE_DEVICE;
-        o->ctx = a->ctx;
+        /* a memory pool's memory (stream-ordered allocation) belongs to the pool, not to a context */
+        o->ctx = a->pooled ? NULL : a->ctx;
         o->dev = a->dev;
         o->base = o->map_base = a->addr;
         o->size = o->map_size = a->size;
         o->buffer_id = a->id;
-        o->legacy_ipc = 1; /* cuMemAlloc memory can take cuIpcGetMemHandle */
+        o->legacy_ipc = !a->pooled; /* cuMemAlloc memory can take cuIpcGetMemHandle */
         o->access = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         return;
     }

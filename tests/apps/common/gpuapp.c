@@ -65,6 +65,10 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f, "  --still-mib N    also hold N MiB written once and only read afterwards (default 0)\n");
     if (accepted & GPUAPP_OPT_RANKS)
         fprintf(f, "  --ranks N        processes, one per device in turn (default %u)\n", a->ranks);
+    if (accepted & GPUAPP_OPT_ATTRS)
+        fprintf(f,
+                "  --attrs          also set stream priorities, a function attribute, a context limit and a module\n"
+                "                   global, and check every iteration that they hold\n");
     fprintf(f,
             "  --iters M        stop after iteration M with a done line (default: run forever)\n"
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
@@ -97,6 +101,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         O_GRAPH,
         O_STILL,
         O_RANKS,
+        O_ATTRS,
         O_ITERS,
         O_INTERVAL,
         O_HB,
@@ -112,6 +117,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         {"graph", no_argument, NULL, O_GRAPH},
         {"still-mib", required_argument, NULL, O_STILL},
         {"ranks", required_argument, NULL, O_RANKS},
+        {"attrs", no_argument, NULL, O_ATTRS},
         {"iters", required_argument, NULL, O_ITERS},
         {"interval-ms", required_argument, NULL, O_INTERVAL},
         {"hb-every", required_argument, NULL, O_HB},
@@ -166,6 +172,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             if (!(accepted & GPUAPP_OPT_RANKS))
                 goto bad;
             a->ranks = (unsigned)parse_num(a, accepted, "ranks", optarg, 2, 8);
+            break;
+        case O_ATTRS:
+            if (!(accepted & GPUAPP_OPT_ATTRS))
+                goto bad;
+            a->attrs = 1;
             break;
         case O_ITERS:
             /* Kernels take the iteration as a 32-bit number. */

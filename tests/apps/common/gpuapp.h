@@ -48,6 +48,8 @@ const char *gpuapp_err_string(CUresult r);
 #define GPUAPP_OPT_GRAPH 0x8u   /* --graph: part of each iteration replayed from a captured CUDA graph */
 #define GPUAPP_OPT_STILL 0x10u  /* --still-mib N: memory written once, then only read (weights beside state) */
 #define GPUAPP_OPT_RANKS 0x20u  /* --ranks N: processes (one per device) */
+#define GPUAPP_OPT_ATTRS                                                                                               \
+    0x40u /* --attrs: driver state the CUDA runtime sets (priorities, attributes, limits, globals) */
 
 typedef struct gpuapp {
     const char *name;     /* app=NAME in the ready line */
@@ -60,6 +62,7 @@ typedef struct gpuapp {
     int graph;            /* --graph */
     unsigned still_mib;   /* --still-mib N (default 0) */
     unsigned ranks;       /* --ranks N (default 2) */
+    int attrs;            /* --attrs */
     uint32_t seed;        /* --seed S: initial contents (default 1) */
     int ordinal;          /* --device D: device ordinal (default 0) */
     int show_device;      /* --show-device: each heartbeat names the GPU behind the ordinal (gpu=UUID) */
