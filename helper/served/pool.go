@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -144,6 +145,32 @@ func (p *Pool) fillLocked(d int) {
 	}
 }
 
+// addrNoRandomize is personality(2)'s ADDR_NO_RANDOMIZE.
+const addrNoRandomize = 0x0040000
+
+// startUnrandomized starts cmd with its address space laid out without
+// randomization. A process moved to another worker keeps its device
+// addresses, which the first worker's driver chose in that worker's address
+// space: with every worker laid out alike, the addresses one worker's
+// driver gave out are free in the next (with randomization a new worker's
+// libraries can sit where the process's memory was). The personality is a
+// thread's, inherited by what it forks: set on this locked thread around
+// the fork alone.
+func startUnrandomized(cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	old, _, errno := syscall.RawSyscall(syscall.SYS_PERSONALITY, 0xffffffff, 0, 0)
+	if errno != 0 {
+		return cmd.Start() // no personality to set: randomized as before
+	}
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PERSONALITY, old|addrNoRandomize, 0, 0); errno != 0 {
+		return cmd.Start()
+	}
+	err := cmd.Start()
+	syscall.RawSyscall(syscall.SYS_PERSONALITY, old, 0, 0) //nolint:errcheck // restoring what was read back just now
+	return err
+}
+
 // start runs one worker and waits until it has made its context.
 func (p *Pool) start(d int) (*Worker, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -163,7 +190,7 @@ func (p *Pool) start(d int) (*Worker, error) {
 	// A session of its own: a signal to the helper's process group (a
 	// terminal's ^C) is not one to the processes it serves.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	if err := startUnrandomized(cmd); err != nil {
 		mine.Close()
 		return nil, fmt.Errorf("worker for device %d: %w", d, err)
 	}

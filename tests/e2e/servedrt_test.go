@@ -69,6 +69,12 @@ func TestServedRuntimeChecksums(t *testing.T) {
 				strings.Contains(string(maps), "/sim/libcuda.so.1") {
 				t.Errorf("the served process does not map served mode's runtime and library alone:\n%s", maps)
 			}
+			// Every worker lays its address space out alike, so a process moved to the next one keeps its
+			// device addresses free there.
+			w := workerOf(t, h, a.pid)
+			if p, err := os.ReadFile(fmt.Sprintf("/proc/%d/personality", w)); err != nil || !strings.HasSuffix(strings.TrimSpace(string(p)), "40000") {
+				t.Errorf("worker %d's personality %q (%v): want ADDR_NO_RANDOMIZE (0040000)", w, p, err)
+			}
 			if code := a.wait(time.Minute); code != 0 {
 				t.Fatalf("exit %d under gpucr run --served:\n%s", code, tail(a.output(), 20))
 			}
