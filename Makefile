@@ -54,6 +54,8 @@ SERVED     := $(BUILD)/lib/served/libcuda.so.1
 RUNTIME_SRC := $(wildcard intercept/runtime/*.c)
 RUNTIME_HDR := $(wildcard intercept/runtime/*.h) include/gpucr/cudart.h include/gpucr/cudadrv.h intercept/runtime/libcudart.map
 RUNTIME     := $(BUILD)/lib/served/libcudart.so.13
+# Served mode's NVML: not available in a served process (intercept/nvml/nvml.c says why).
+SERVED_NVML := $(BUILD)/lib/served/libnvidia-ml.so.1
 # C sources in a directory of their own: the Go test beside them (tests/intercept)
 # would otherwise make the go tool take the directory for a cgo package.
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
@@ -69,7 +71,7 @@ gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
 tools: $(TOOLS)
 intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
-served: $(SERVED) $(RUNTIME)
+served: $(SERVED) $(RUNTIME) $(SERVED_NVML)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
 # linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
@@ -104,6 +106,10 @@ $(RUNTIME): $(RUNTIME_SRC) $(RUNTIME_HDR) $(SIM_LIB) Makefile
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
 		-Wl,-soname,libcudart.so.13 -Wl,--version-script=intercept/runtime/libcudart.map -Wl,--no-undefined \
 		-o $@ $(RUNTIME_SRC) -L$(BUILD)/sim -lcuda -ldl -lpthread
+
+$(SERVED_NVML): intercept/nvml/nvml.c Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,--no-undefined -o $@ $<
 
 # The CRIU plugin. Built against CRIU's public criu-plugin.h only (-isystem:
 # its inline dummies have unused parameters); only CR_PLUGIN_DESC is exported.
