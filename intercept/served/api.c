@@ -1027,8 +1027,9 @@ SV_API CUresult cuStreamGetCaptureInfo_v2(CUstream h, CUstreamCaptureStatus *sta
  * thread, whose mode follows the last one set in the process (ring order: calls after the exchange see it). */
 static _Thread_local int thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
+/* Any value is passed on, as the driver takes any (measured). */
 SV_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
-    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+    if (!mode)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_INIT();
     int m = (int)*mode;
@@ -1210,6 +1211,11 @@ SV_API CUresult cuEventRecord(CUevent e, CUstream h) { return event_record(e, h,
 SV_API CUresult cuEventRecordWithFlags(CUevent e, CUstream h, unsigned int flags) {
     if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
         return CUDA_ERROR_INVALID_VALUE;
+    /* An external record is for a capture's event node: outside any, the driver refuses it (measured). */
+    if ((flags & CU_EVENT_RECORD_EXTERNAL) && atomic_load(&capturing) == 0) {
+        NEED_CTX();
+        return sv_id(SV_K_EVENT, e) ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_INVALID_HANDLE;
+    }
     return event_record(e, h, flags);
 }
 
@@ -1725,14 +1731,15 @@ SV_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary l
 
 /* ---- function attributes, occupancy ---- */
 
+/* A function's attribute, cache preference or occupancy: functions only, as the driver takes no CUkernel for one
+ * here (CUDA_ERROR_INVALID_HANDLE, measured). */
 static CUresult func_attr(const void *h, unsigned what, int attr, int value, unsigned flags, uint64_t dyn,
                           int32_t *out) {
-    uint32_t fid;
-    bool isk;
-    sv_func *f = func_of(h, &fid, &isk);
+    uint32_t fid = sv_id(SV_K_FUNC, h);
+    sv_func *f = fid ? sv_id_data(SV_K_FUNC, fid) : NULL;
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
-    struct sv_func_attr_rec q = {fid, isk, what, attr, value, flags, dyn};
+    struct sv_func_attr_rec q = {fid, 0, what, attr, value, flags, dyn};
     int32_t v = 0;
     CUresult r = sv_sync(SV_OP_FUNC_ATTR, &q, sizeof q, &v, sizeof v, NULL, false);
     if (r == CUDA_SUCCESS && out)
@@ -1822,7 +1829,7 @@ static size_t ptr_attr_size(unsigned a) {
  * Forwarded for device memory of the process (its allocations, reservations, globals); anything else is memory
  * the worker's driver cannot know (the process's host memory: pinned host memory is not served), answered here
  * as the driver answers for memory it does not know: cuPointerGetAttribute fails, cuPointerGetAttributes gives
- * zeros. A context comes back as the application's, never the worker's; a memory pool handle as NULL (the
+ * zeros (and device -2). A context comes back as the application's, never the worker's; a memory pool handle as NULL (the
  * worker's pools are not the process's objects).
  */
 static CUresult pointer_attrs(unsigned n, const CUpointer_attribute *attrs, void **data, CUdeviceptr ptr, bool single) {
@@ -1840,8 +1847,11 @@ static CUresult pointer_attrs(unsigned n, const CUpointer_attribute *attrs, void
     if (!sv_range_has(ptr)) {
         if (single)
             return CUDA_ERROR_INVALID_VALUE;
-        for (unsigned i = 0; i < n; i++)
+        for (unsigned i = 0; i < n; i++) {
             memset(data[i], 0, ptr_attr_size((unsigned)attrs[i]));
+            if (attrs[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
+                *(int *)data[i] = -2; /* the driver's for memory it does not know (measured) */
+        }
         return CUDA_SUCCESS;
     }
     for (unsigned at = 0; at < n;) {

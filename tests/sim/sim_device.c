@@ -216,16 +216,16 @@ SIM_API CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevic
 
 /* ---- primary contexts ---- */
 
-/* A new context's limits: an H100's defaults under CUDA 13. */
+/* A new context's limits: an H200's defaults under driver 580 (measured). */
 static void sim_ctx_limits_default(sim_ctx *ctx) {
     static const size_t defaults[SIM_NLIMITS] = {
         [CU_LIMIT_STACK_SIZE] = 1024,
-        [CU_LIMIT_PRINTF_FIFO_SIZE] = 1048576,
+        [CU_LIMIT_PRINTF_FIFO_SIZE] = 8650752,
         [CU_LIMIT_MALLOC_HEAP_SIZE] = 8388608,
         [CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = 2,
         [CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048,
         [CU_LIMIT_MAX_L2_FETCH_GRANULARITY] = 64,
-        [CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 0,
+        [CU_LIMIT_PERSISTING_L2_CACHE_SIZE] = 11796480,
     };
     memcpy(ctx->limits, defaults, sizeof defaults);
 }
@@ -366,8 +366,8 @@ SIM_API CUresult cuCtxSynchronize(void) {
 
 /* ---- limits and stream priorities of the current context ---- */
 
-/* The most of the L2 that may be set aside for persisting accesses (an H100's
- * CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE). */
+/* The most of the L2 that may be set aside for persisting accesses: not measured (a set of 1 TiB fails on an
+ * H200); the H100's documented maximum is taken. */
 #define SIM_MAX_PERSISTING_L2 (82ull << 20)
 
 SIM_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
@@ -385,9 +385,11 @@ SIM_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
         break;
     case CU_LIMIT_PERSISTING_L2_CACHE_SIZE:
         if (value > SIM_MAX_PERSISTING_L2)
-            value = SIM_MAX_PERSISTING_L2; /* the driver sets the most it can, as for a hint */
+            return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
         break;
     case CU_LIMIT_STACK_SIZE:
+        value = (value + 15) / 16 * 16; /* measured: 1000 reads back as 1008 */
+        break;
     case CU_LIMIT_PRINTF_FIFO_SIZE:
     case CU_LIMIT_MALLOC_HEAP_SIZE:
     case CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: break;

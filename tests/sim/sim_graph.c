@@ -58,6 +58,15 @@ bool sim_ctx_capturing_locked(sim_ctx *ctx) {
     return false;
 }
 
+/* A blocking stream of ctx captures in global mode: the legacy stream, which synchronizes with blocking streams,
+ * would join its capture (a non-blocking stream's capture leaves it alone: measured); mu held. */
+static bool legacy_joins_capture_locked(sim_ctx *ctx) {
+    for (sim_stream *s = ctx->streams; s; s = s->next)
+        if (s->capture && s->capture->mode == CU_STREAM_CAPTURE_MODE_GLOBAL && !(s->flags & CU_STREAM_NON_BLOCKING))
+            return true;
+    return false;
+}
+
 static void put_ops_locked(sim_op **ops, size_t n) {
     for (size_t i = 0; i < n; i++)
         sim_op_put_locked(ops[i]);
@@ -116,7 +125,7 @@ SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStat
     sim_stream *s = NULL; /* the legacy and per-thread streams never capture */
     if (hStream != NULL && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD)
         r = capture_stream_locked(c.ctx, hStream, &s);
-    else if (sim_ctx_capturing_locked(c.ctx))
+    else if (legacy_joins_capture_locked(c.ctx))
         r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* as cuStreamIsCapturing: the legacy stream would join it */
     sim_graph *g = s ? s->capture : NULL;
     if (r == CUDA_SUCCESS) {
@@ -135,9 +144,8 @@ SIM_API CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStat
 }
 
 /*
- * Whether a stream captures. The legacy stream never does itself, but while a stream of its context captures
- * in global mode the driver refuses to look at it (the question would join it to the capture), as sim_submit
- * refuses work on it. The simulator refuses what would invalidate a capture instead of invalidating it, so
+ * Whether a stream captures. The legacy stream never does itself, but while a blocking stream of its context
+ * captures in global mode the driver refuses to look at it (the question would join it to the capture). The simulator refuses what would invalidate a capture instead of invalidating it, so
  * CU_STREAM_CAPTURE_STATUS_INVALIDATED is never the answer here.
  */
 SIM_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
@@ -149,7 +157,7 @@ SIM_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
     if (hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD) {
-        if (sim_ctx_capturing_locked(c.ctx))
+        if (legacy_joins_capture_locked(c.ctx))
             r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
         else
             *captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -164,7 +172,8 @@ SIM_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *ca
 }
 
 /* The calling thread's capture mode. The simulator keeps it for the caller to exchange; what the driver
- * refuses under it (potentially unsafe calls during another thread's capture) the simulator does not check. */
+ * refuses under it (potentially unsafe calls during another thread's capture) the simulator does not check.
+ * The driver takes any value (measured: 7 succeeds) and crashes on NULL, which the simulator refuses. */
 static _Thread_local CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 SIM_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
@@ -172,7 +181,7 @@ SIM_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
     CUresult r = sim_enter(&c, "cuThreadExchangeStreamCaptureMode", SIM_NEED_INIT);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+    if (!mode)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     CUstreamCaptureMode old = thread_mode;
     thread_mode = *mode;

@@ -588,7 +588,7 @@ static void ptr_info(uint64_t p, const sim_ctx *cur, sim_ptrinfo *o) {
 
 /*
  * One attribute of o into data. unknown: the address is not the driver's, which makes cuPointerGetAttribute
- * fail and cuPointerGetAttributes write zeros (measured on the driver).
+ * fail and cuPointerGetAttributes write zeros, and -2 for the device (measured on the driver).
  */
 static CUresult put_attr(void *data, CUpointer_attribute a, const sim_ptrinfo *o, CUdeviceptr ptr, bool single) {
     bool known = o->type != 0;
@@ -608,7 +608,7 @@ static CUresult put_attr(void *data, CUpointer_attribute a, const sim_ptrinfo *o
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(int *)data = 0; break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = o->buffer_id; break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break; /* no managed memory in the simulator */
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = known ? o->dev : 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = known ? o->dev : -2; break; /* measured */
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = o->legacy_ipc; break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = o->base; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = o->size; break;

@@ -88,7 +88,7 @@ typedef struct sim_image {
     unsigned ng;
     size_t gsize;      /* the globals' block */
     size_t const_size; /* of which .const: CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES */
-    int ptx_version;   /* .version X.Y as 10 * X + Y */
+    int ptx_version;   /* .target sm_XY as XY */
 } sim_image;
 
 enum { T_END, T_WORD, T_STR, T_PUNCT, T_ERR };
@@ -450,10 +450,10 @@ static bool parse_global(lexer *L, sim_image *img, bool is_const, bool external,
     } else if (!punct(L, ';')) {
         return false;
     }
-    if (external || (open && !init)) {
-        free(init); /* a declaration of a variable defined elsewhere: no storage here */
-        return true;
-    }
+    /* .extern: the driver gives a module's undefined variable storage of its own (measured) */
+    (void)external;
+    if (open && !init)
+        return true; /* no size: nothing to give storage */
     if (count > SIZE_MAX / elem) {
         free(init);
         return false;
@@ -494,12 +494,6 @@ static CUresult ptx_parse(const char *text, sim_image *img) {
         return CUDA_ERROR_INVALID_IMAGE;
     if (lex(&L) != T_WORD)
         return CUDA_ERROR_INVALID_PTX;
-    {
-        char *dot;
-        long major = strtol(L.tok, &dot, 10);
-        long minor = *dot == '.' ? strtol(dot + 1, NULL, 10) : 0;
-        img->ptx_version = (int)(major * 10 + minor);
-    }
     bool target = false, external = false;
     int depth = 0;
     unsigned cap = 0, gcap = 0;
@@ -528,6 +522,9 @@ static CUresult ptx_parse(const char *text, sim_image *img) {
                 goto bad;
         } else if (depth == 0 && L.kind == T_WORD && strcmp(L.tok, ".target") == 0) {
             target = true;
+            /* CU_FUNC_ATTRIBUTE_PTX_VERSION is the virtual architecture compiled for (measured: sm_75 gives 75) */
+            if (lex(&L) == T_WORD && strncmp(L.tok, "sm_", 3) == 0)
+                img->ptx_version = (int)strtol(L.tok + 3, NULL, 10);
         } else if (depth == 0 && L.kind == T_WORD && strcmp(L.tok, ".entry") == 0) {
             if (lex(&L) != T_WORD || L.tok[0] == '.')
                 goto bad;
@@ -618,7 +615,7 @@ typedef struct sim_module {
     sim_ctx *ctx;
     sim_image img;
     sim_func *funcs;
-    uint64_t gbase, gid; /* the globals' block in ctx's memory and its allocation's id (0: none) */
+    uint64_t *gaddr, *gid; /* each global's memory in ctx and its allocation's id (NULL: no globals) */
     struct sim_module *next;
 } sim_module;
 
@@ -636,38 +633,71 @@ typedef struct sim_library {
     CUresult err; /* a lazily loaded image that failed: reported by cuLibraryGetKernel */
     sim_image img;
     sim_kernel *kernels;
-    /* The globals' block per device, made in the context that first asks (cuLibraryGetGlobal), with its
-     * allocation's id: a block whose context died since is made again. */
-    uint64_t gbase[SIM_MAX_DEVICES], gid[SIM_MAX_DEVICES];
+    /* Each global's memory per device, made in the context that first asks (cuLibraryGetGlobal), with its
+     * allocation's id: memory whose context died since is made again. */
+    uint64_t *gaddr[SIM_MAX_DEVICES], *gid[SIM_MAX_DEVICES];
 } sim_library;
 
-/* A block of device memory in ctx for img's globals, with their initial values: 0, or why not. */
-static CUresult globals_make(sim_ctx *ctx, const sim_image *img, uint64_t *base, uint64_t *id) {
-    *base = *id = 0;
-    if (!img->gsize)
+/* Frees globals' memory made by globals_make (not under mu: memlock comes first). */
+static void globals_free(unsigned ng, uint64_t *addr, uint64_t *id) {
+    for (unsigned i = 0; addr && i < ng; i++)
+        if (id[i])
+            sim_mem_free_if(addr[i], id[i]); /* a context that died took it already */
+    free(addr);
+    free(id);
+}
+
+/*
+ * Device memory in ctx for each of img's globals, with their initial values: one allocation each, as the driver
+ * gives each variable its own address range (measured: cuMemGetAddressRange of a global is that variable).
+ */
+static CUresult globals_make(sim_ctx *ctx, const sim_image *img, uint64_t **addr, uint64_t **id) {
+    *addr = *id = NULL;
+    if (!img->ng)
         return CUDA_SUCCESS;
-    CUdeviceptr p = 0;
-    CUresult r = sim_mem_alloc_impl(ctx, &p, img->gsize);
-    if (r != CUDA_SUCCESS)
-        return r;
-    /* a new allocation reads as zeros; its pages are the process's own mapping of the device's memfd */
-    for (unsigned i = 0; i < img->ng; i++)
+    uint64_t *a = calloc(img->ng, sizeof *a), *d = calloc(img->ng, sizeof *d);
+    if (!a || !d) {
+        free(a);
+        free(d);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (unsigned i = 0; i < img->ng; i++) {
+        CUdeviceptr p = 0;
+        CUresult r = sim_mem_alloc_impl(ctx, &p, img->g[i].size ? img->g[i].size : 1);
+        if (r != CUDA_SUCCESS) {
+            globals_free(i, a, d);
+            return r;
+        }
+        /* a new allocation reads as zeros; its pages are the process's own mapping of the device's memfd */
         if (img->g[i].init)
-            memcpy((void *)(uintptr_t)(p + img->g[i].off), img->g[i].init, img->g[i].size);
-    *base = p;
-    *id = sim_mem_alloc_id(p);
+            memcpy((void *)(uintptr_t)p, img->g[i].init, img->g[i].size);
+        a[i] = p;
+        d[i] = sim_mem_alloc_id(p);
+    }
+    *addr = a;
+    *id = d;
     return CUDA_SUCCESS;
 }
 
-static CUresult global_find(const sim_image *img, uint64_t base, const char *name, CUdeviceptr *dptr, size_t *bytes) {
+/* Whether globals made by globals_make are still there (their context lived on). */
+static bool globals_live(unsigned ng, const uint64_t *addr, const uint64_t *id) {
+    return ng == 0 || (addr && sim_mem_alloc_id(addr[0]) == id[0]);
+}
+
+/* A global by name; an entry's name is an invalid value to the driver, not a missing global (measured). */
+static CUresult global_find(const sim_image *img, const uint64_t *addr, const char *name, CUdeviceptr *dptr,
+                            size_t *bytes) {
     for (unsigned i = 0; i < img->ng; i++)
         if (strcmp(img->g[i].name, name) == 0) {
             if (dptr)
-                *dptr = base + img->g[i].off;
+                *dptr = addr ? addr[i] : 0;
             if (bytes)
                 *bytes = img->g[i].size;
             return CUDA_SUCCESS;
         }
+    for (unsigned i = 0; i < img->n; i++)
+        if (strcmp(img->e[i].name, name) == 0)
+            return CUDA_ERROR_INVALID_VALUE;
     return CUDA_ERROR_NOT_FOUND;
 }
 
@@ -692,8 +722,11 @@ void sim_modules_free_ctx(sim_ctx *ctx) {
     sim_module *m = modules;
     while (m) {
         sim_module *next = m->next;
-        if (m->ctx == ctx)
+        if (m->ctx == ctx) {
+            free(m->gaddr); /* the memory itself goes with the context's */
+            free(m->gid);
             module_free_locked(m);
+        }
         m = next;
     }
 }
@@ -709,7 +742,7 @@ static CUresult module_load(const char *name, CUmodule *module, const void *imag
     if (!m)
         return sim_leave(&c, CUDA_ERROR_OUT_OF_MEMORY);
     r = image_load(image, &m->img);
-    if (r == CUDA_SUCCESS && (r = globals_make(c.ctx, &m->img, &m->gbase, &m->gid)) != CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS && (r = globals_make(c.ctx, &m->img, &m->gaddr, &m->gid)) != CUDA_SUCCESS)
         image_free(&m->img);
     if (r != CUDA_SUCCESS) {
         free(m);
@@ -726,7 +759,8 @@ static CUresult module_load(const char *name, CUmodule *module, const void *imag
     }
     m->next = modules;
     modules = m;
-    uint64_t gbase = m->gbase, gid = m->gid;
+    uint64_t *gaddr = m->gaddr, *gid = m->gid;
+    unsigned ng = m->img.ng;
     if (!ok) {
         module_free_locked(m);
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -734,8 +768,8 @@ static CUresult module_load(const char *name, CUmodule *module, const void *imag
         *module = (CUmodule)m;
     }
     pthread_mutex_unlock(&sim.mu);
-    if (!ok && gid)
-        sim_mem_free_if(gbase, gid);
+    if (!ok)
+        globals_free(ng, gaddr, gid);
     return sim_leave(&c, r);
 }
 
@@ -752,14 +786,14 @@ SIM_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule
     CUresult r = sim_enter(&c, "cuModuleGetGlobal_v2", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    if (!name)
+    if (!name || (!dptr && !bytes))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
     sim_module *m = (sim_module *)hmod;
     if (!sim_handle_is(m, SIM_H_MODULE))
         r = CUDA_ERROR_INVALID_HANDLE;
     else
-        r = global_find(&m->img, m->gbase, name, dptr, bytes);
+        r = global_find(&m->img, m->gaddr, name, dptr, bytes);
     pthread_mutex_unlock(&sim.mu);
     return sim_leave(&c, r);
 }
@@ -794,19 +828,19 @@ SIM_API CUresult cuModuleUnload(CUmodule hmod) {
     CUresult r = sim_enter(&c, "cuModuleUnload", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    uint64_t gbase = 0, gid = 0;
+    uint64_t *gaddr = NULL, *gid = NULL;
+    unsigned ng = 0;
     pthread_mutex_lock(&sim.mu);
     if (!sim_handle_is(hmod, SIM_H_MODULE)) {
         r = CUDA_ERROR_INVALID_HANDLE;
     } else {
-        gbase = ((sim_module *)hmod)->gbase;
+        gaddr = ((sim_module *)hmod)->gaddr;
         gid = ((sim_module *)hmod)->gid;
+        ng = ((sim_module *)hmod)->img.ng;
         module_free_locked((sim_module *)hmod);
     }
     pthread_mutex_unlock(&sim.mu);
-    /* its globals' memory, after mu (memlock comes first); a context that died took it already */
-    if (gid)
-        sim_mem_free_if(gbase, gid);
+    globals_free(ng, gaddr, gid); /* after mu: memlock comes first */
     return sim_leave(&c, r);
 }
 
@@ -907,20 +941,22 @@ SIM_API CUresult cuLibraryUnload(CUlibrary library) {
     CUresult r = sim_enter(&c, "cuLibraryUnload", SIM_CTX_OPTIONAL);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    uint64_t gbase[SIM_MAX_DEVICES], gid[SIM_MAX_DEVICES];
+    uint64_t *gaddr[SIM_MAX_DEVICES], *gid[SIM_MAX_DEVICES];
+    unsigned ng = 0;
+    memset(gaddr, 0, sizeof gaddr);
     memset(gid, 0, sizeof gid);
     pthread_mutex_lock(&sim.mu);
     if (!sim_handle_is(library, SIM_H_LIBRARY)) {
         r = CUDA_ERROR_INVALID_HANDLE;
     } else {
-        memcpy(gbase, ((sim_library *)library)->gbase, sizeof gbase);
+        memcpy(gaddr, ((sim_library *)library)->gaddr, sizeof gaddr);
         memcpy(gid, ((sim_library *)library)->gid, sizeof gid);
+        ng = ((sim_library *)library)->img.ng;
         library_free_locked((sim_library *)library);
     }
     pthread_mutex_unlock(&sim.mu);
     for (int d = 0; d < SIM_MAX_DEVICES; d++)
-        if (gid[d])
-            sim_mem_free_if(gbase[d], gid[d]);
+        globals_free(ng, gaddr[d], gid[d]);
     return sim_leave(&c, r);
 }
 
@@ -931,7 +967,7 @@ SIM_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary 
     CUresult r = sim_enter(&c, "cuLibraryGetGlobal", SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    if (!name)
+    if (!name || (!dptr && !bytes))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     int dev = c.ctx->dev;
     pthread_mutex_lock(&sim.mu);
@@ -941,34 +977,41 @@ SIM_API CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary 
     else if (l->err)
         r = l->err;
     else
-        r = global_find(&l->img, 0, name, NULL, NULL);
-    bool have = r == CUDA_SUCCESS && l->gid[dev] != 0;
-    uint64_t base = r == CUDA_SUCCESS ? l->gbase[dev] : 0, id = r == CUDA_SUCCESS ? l->gid[dev] : 0;
+        r = global_find(&l->img, NULL, name, NULL, NULL);
+    unsigned ng = r == CUDA_SUCCESS ? l->img.ng : 0;
+    uint64_t *addr = r == CUDA_SUCCESS ? l->gaddr[dev] : NULL, *id = r == CUDA_SUCCESS ? l->gid[dev] : NULL;
+    bool live = r == CUDA_SUCCESS && addr && globals_live(ng, addr, id);
     pthread_mutex_unlock(&sim.mu);
-    if (r == CUDA_SUCCESS && (!have || sim_mem_alloc_id(base) != id)) {
-        /* made outside mu (memory first); the image stays while the handle is used, as the driver's would */
-        uint64_t nb, nid;
-        r = globals_make(c.ctx, &l->img, &nb, &nid);
+    if (r == CUDA_SUCCESS && !live) {
+        /* made outside mu (memory first) */
+        uint64_t *na, *nid;
+        r = globals_make(c.ctx, &l->img, &na, &nid);
         if (r == CUDA_SUCCESS) {
+            uint64_t *olda = NULL, *oldid = NULL;
             pthread_mutex_lock(&sim.mu);
             if (!sim_handle_is(l, SIM_H_LIBRARY)) {
                 r = CUDA_ERROR_INVALID_HANDLE; /* unloaded meanwhile */
-            } else if (l->gid[dev] != id) {
-                base = l->gbase[dev]; /* another thread made it first */
+            } else if (l->gaddr[dev] != addr) {
+                olda = na; /* another thread made them first: these go */
+                oldid = nid;
             } else {
-                l->gbase[dev] = base = nb;
+                olda = l->gaddr[dev]; /* of a context that died: only the arrays are left */
+                oldid = l->gid[dev];
+                l->gaddr[dev] = na;
                 l->gid[dev] = nid;
-                nid = 0;
+                na = nid = NULL;
             }
             pthread_mutex_unlock(&sim.mu);
-            if (nid)
-                sim_mem_free_if(nb, nid);
+            if (r != CUDA_SUCCESS)
+                globals_free(ng, na, nid);
+            else
+                globals_free(ng, olda, oldid);
         }
     }
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&sim.mu);
         if (sim_handle_is(l, SIM_H_LIBRARY))
-            r = global_find(&l->img, base, name, dptr, bytes);
+            r = global_find(&l->img, l->gaddr[dev], name, dptr, bytes);
         else
             r = CUDA_ERROR_INVALID_HANDLE;
         pthread_mutex_unlock(&sim.mu);
@@ -1101,9 +1144,13 @@ static sim_func *func_locked(const void *h) {
     return t == SIM_H_FUNC ? (sim_func *)h : t == SIM_H_KERNEL ? &((sim_kernel *)h)->func : NULL;
 }
 
+/* A function for the attribute and occupancy calls, which take no CUkernel for one (measured:
+ * CUDA_ERROR_INVALID_HANDLE): mu held. */
+static sim_func *func_only_locked(const void *h) { return sim_handle_is(h, SIM_H_FUNC) ? (sim_func *)h : NULL; }
+
 /* What the simulator says of a function's code, which it does not compile: no static shared or local memory,
  * a fixed register count; the binary is the device's (compute capability 9.0), as a JIT-compiled PTX's is. */
-#define SIM_FUNC_REGS 32
+#define SIM_FUNC_REGS 32 /* what occupancy is computed with: 16 blocks of 128 threads, as a small kernel's */
 #define SIM_BINARY_VERSION 90
 
 SIM_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc) {
@@ -1114,7 +1161,7 @@ SIM_API CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunc
     if (!pi)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
-    const sim_func *f = func_locked(hfunc);
+    const sim_func *f = func_only_locked(hfunc);
     int v = 0;
     if (!f) {
         r = CUDA_ERROR_INVALID_HANDLE;
@@ -1151,7 +1198,7 @@ SIM_API CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attri
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
     pthread_mutex_lock(&sim.mu);
-    sim_func *f = func_locked(hfunc);
+    sim_func *f = func_only_locked(hfunc);
     if (!f) {
         r = CUDA_ERROR_INVALID_HANDLE;
     } else {
@@ -1192,7 +1239,7 @@ SIM_API CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
     if ((unsigned)config > CU_FUNC_CACHE_PREFER_EQUAL)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
-    sim_func *f = func_locked(hfunc);
+    sim_func *f = func_only_locked(hfunc);
     if (!f)
         r = CUDA_ERROR_INVALID_HANDLE;
     else
@@ -1217,7 +1264,7 @@ static CUresult occupancy(const char *name, int *numBlocks, CUfunction func, int
     if (!numBlocks || blockSize <= 0 || (flags & ~(unsigned)CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE))
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     pthread_mutex_lock(&sim.mu);
-    const sim_func *f = func_locked(func);
+    const sim_func *f = func_only_locked(func);
     int maxdyn = f ? f->max_dyn_shmem : 0;
     pthread_mutex_unlock(&sim.mu);
     if (!f)

@@ -545,8 +545,8 @@ static CUresult event_record(const char *name, CUevent hEvent, CUstream hStream,
     CUresult r = sim_enter(&c, name, SIM_NEED_CTX);
     if (r != CUDA_SUCCESS)
         return sim_leave(&c, r);
-    /* CU_EVENT_RECORD_EXTERNAL changes only what a capture makes of the record, and the simulator refuses
-     * records on capturing streams: outside a capture it is a plain record, as on the driver. */
+    /* CU_EVENT_RECORD_EXTERNAL is for captures (an event node), and the simulator refuses records on capturing
+     * streams; outside a capture the driver refuses it (measured: CUDA_ERROR_ILLEGAL_STATE). */
     if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
         return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
     sim_op *op = sim_op_new(0, NULL);
@@ -558,6 +558,8 @@ static CUresult event_record(const char *name, CUevent hEvent, CUstream hStream,
     r = event_check_locked(hEvent, &e);
     if (r == CUDA_SUCCESS)
         r = resolve_uncaptured_locked(c.ctx, hStream, &s);
+    if (r == CUDA_SUCCESS && (flags & CU_EVENT_RECORD_EXTERNAL))
+        r = CUDA_ERROR_ILLEGAL_STATE;
     if (r == CUDA_SUCCESS)
         r = enqueue_locked(s, op, NULL);
     if (r == CUDA_SUCCESS) {
