@@ -1653,7 +1653,7 @@ pthread_mutex_t sv_func_mu = PTHREAD_MUTEX_INITIALIZER;
 /* A module's or library's global: the worker's address, kept with its image (a replay checks it stays), and known
  * as device memory of the process (cuMemcpy, pointer attributes). */
 static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, unsigned kind, const void *h, const char *name) {
-    if (!name)
+    if (!name || (!dptr && !bytes)) /* one output may be left out, not both (measured) */
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
     struct sv_global_rec q = {sv_id(kind, h), kind == SV_K_LIBRARY};
@@ -2235,6 +2235,12 @@ SV_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
 static void api_fork_child(void) {
     cur = false;
     atomic_store(&retained, 0);
+    /* the parent's captures, limits and capture mode were its worker's: the child's worker starts without them */
+    atomic_store(&capturing, 0);
+    atomic_store(&worker_mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    LIM.set = 0;
+    pthread_mutex_init(&LIM.mu, NULL);
 }
 
 __attribute__((constructor)) static void api_init(void) { pthread_atfork(NULL, NULL, api_fork_child); }
