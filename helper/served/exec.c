@@ -159,12 +159,76 @@ static const char *errname(CUresult r) {
     return s;
 }
 
+/*
+ * The device addresses a served process reserves, taken from one window of the address space that every worker
+ * keeps for them. A process moved to another worker (a checkpoint, a restore) keeps its device addresses, which
+ * the new worker reserves again at the same place: that place must be free there. Left to the driver, the
+ * addresses fall among the worker's own mappings (its libraries, the driver's), which differ from worker to
+ * worker. So each worker maps the window (no access) before it loads the driver, which then places nothing of
+ * its own there, and hands out reservations from it by address, lowest first: the driver honours an address
+ * whose range is free, and a placeholder's range is made free just before. A reservation given up gets its
+ * placeholder back. A worker that cannot map the window, or a window used up, leaves the choice to the driver.
+ */
+#define SV_VA_BASE 0x100000000000ull /* 16 TiB: below where Linux places mappings, above the heap */
+#define SV_VA_SIZE 0x40000000000ull  /* 4 TiB */
+#define SV_VA_ALIGN (2ull << 20)
+static struct {
+    bool on;
+    uint64_t next; /* the lowest address not handed out */
+} VA;
+
+static bool in_window(uint64_t a, uint64_t size) {
+    return VA.on && a >= SV_VA_BASE && size <= SV_VA_SIZE && a - SV_VA_BASE <= SV_VA_SIZE - size;
+}
+
+static void window_map(void) {
+    void *p = mmap((void *)(uintptr_t)SV_VA_BASE, SV_VA_SIZE, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+    if ((uintptr_t)p != SV_VA_BASE) { /* a kernel that ignores MAP_FIXED_NOREPLACE: not the window */
+        munmap(p, SV_VA_SIZE);
+        return;
+    }
+    VA.on = true;
+    VA.next = SV_VA_BASE;
+}
+
+/* The placeholder back over [a, a + size) of the window. */
+static void window_cover(uint64_t a, uint64_t size) {
+    if (in_window(a, size))
+        (void)mmap((void *)(uintptr_t)a, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+}
+
+/* cuMemAddressReserve through the window: at addr if the process asks for one there (a replay), else at the
+ * window's next free address. */
+static CUresult window_reserve(CUdeviceptr *p, uint64_t size, uint64_t align, uint64_t addr, uint64_t flags) {
+    uint64_t al = align > SV_VA_ALIGN ? align : SV_VA_ALIGN;
+    uint64_t want = addr;
+    if (!want && VA.on && (al & (al - 1)) == 0)
+        want = (VA.next + al - 1) & ~(al - 1);
+    if (!in_window(want, size))
+        return p_cuMemAddressReserve(p, size, align, addr, flags);
+    munmap((void *)(uintptr_t)want, size);
+    CUresult r = p_cuMemAddressReserve(p, size, align, want, flags);
+    if (r != CUDA_SUCCESS || *p != want) {
+        /* the driver would not reserve it there (its own choice stands, outside the window): covered again */
+        window_cover(want, size);
+        return r;
+    }
+    if (want + size > VA.next)
+        VA.next = want + size;
+    return CUDA_SUCCESS;
+}
+
 int sv_prepare(const char *libpath, int ordinal, char *err, size_t errlen) {
     const char *path = libpath && *libpath ? libpath : "libcuda.so.1";
     if (W.prepared) {
         snprintf(err, errlen, "served worker: sv_prepare called twice");
         return -1;
     }
+    window_map(); /* before the driver maps anything of its own */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
@@ -808,13 +872,17 @@ static CUresult run_vmm(svc *s, unsigned op, const struct sv_vmm_rec *v, uint8_t
     }
     case SV_OP_VMM_RESERVE: {
         CUdeviceptr p = 0;
-        r = p_cuMemAddressReserve(&p, v->a, v->b, v->c, v->d);
+        r = window_reserve(&p, v->a, v->b, v->c, v->d);
         uint64_t p64 = p;
         memcpy(out, &p64, sizeof p64);
         *len = sizeof p64;
         return r;
     }
-    case SV_OP_VMM_ADDR_FREE: return p_cuMemAddressFree(v->a, v->b);
+    case SV_OP_VMM_ADDR_FREE:
+        r = p_cuMemAddressFree(v->a, v->b);
+        if (r == CUDA_SUCCESS)
+            window_cover(v->a, v->b);
+        return r;
     case SV_OP_VMM_CREATE: {
         CUmemGenericAllocationHandle h = 0;
         if (hfull(s))
