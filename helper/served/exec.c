@@ -160,66 +160,103 @@ static const char *errname(CUresult r) {
 }
 
 /*
- * The device addresses a served process reserves, taken from one window of the address space that every worker
- * keeps for them. A process moved to another worker (a checkpoint, a restore) keeps its device addresses, which
- * the new worker reserves again at the same place: that place must be free there. Left to the driver, the
- * addresses fall among the worker's own mappings (its libraries, the driver's), which differ from worker to
- * worker. So each worker maps the window (no access) before it loads the driver, which then places nothing of
- * its own there, and hands out reservations from it by address, lowest first: the driver honours an address
- * whose range is free, and a placeholder's range is made free just before. A reservation given up gets its
- * placeholder back. A worker that cannot map the window, or a window used up, leaves the choice to the driver.
+ * The device addresses a served process reserves come from one window that every worker reserves from the driver
+ * as it starts. A process moved to another worker (a checkpoint, a restore) keeps its device addresses, which the
+ * new worker must give it again. The driver does not take an address hint (driver 580 on an H200 ignored every
+ * one, inside its earlier ranges too: tests/gpu/served/vahint.c), and places small reservations among the
+ * process's own mappings, which differ from worker to worker; but a large reservation made first thing after the
+ * context lands at the same address in every process (0x10004000000 there, with or without address
+ * randomization). So each worker reserves SV_VA_SIZE there and hands out parts of it itself: a reservation is a
+ * range of the window (the lowest that fits, so the same calls give the same addresses), cuMemMap maps into it as
+ * into any reserved range, and a replay asks for the same ranges again. A worker whose window could not be
+ * reserved, or a window full, leaves reservations to the driver (then a moved process may not get them back).
  */
-#define SV_VA_BASE 0x100000000000ull /* 16 TiB: below where Linux places mappings, above the heap */
-#define SV_VA_SIZE 0x40000000000ull  /* 4 TiB */
+#define SV_VA_SIZE (1ull << 40)
 #define SV_VA_ALIGN (2ull << 20)
+#define SV_VA_MAX_RANGES 65536
 static struct {
-    bool on;
-    uint64_t next; /* the lowest address not handed out */
+    CUdeviceptr base; /* 0: no window */
+    struct va_range {
+        uint64_t a, size;
+    } * used; /* by address */
+    size_t n, cap;
 } VA;
 
 static bool in_window(uint64_t a, uint64_t size) {
-    return VA.on && a >= SV_VA_BASE && size <= SV_VA_SIZE && a - SV_VA_BASE <= SV_VA_SIZE - size;
+    return VA.base && a >= VA.base && size <= SV_VA_SIZE && a - VA.base <= SV_VA_SIZE - size;
 }
 
-static void window_map(void) {
-    void *p = mmap((void *)(uintptr_t)SV_VA_BASE, SV_VA_SIZE, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-    if (p == MAP_FAILED)
-        return;
-    if ((uintptr_t)p != SV_VA_BASE) { /* a kernel that ignores MAP_FIXED_NOREPLACE: not the window */
-        munmap(p, SV_VA_SIZE);
-        return;
+static void window_reserve_at_start(void) {
+    CUdeviceptr b = 0;
+    if (p_cuMemAddressReserve(&b, SV_VA_SIZE, SV_VA_ALIGN, 0, 0) == CUDA_SUCCESS)
+        VA.base = b;
+}
+
+/* Where [a, a + size) would go among the used ranges: its index, or -1 if it overlaps one. */
+static long va_slot(uint64_t a, uint64_t size) {
+    size_t i = 0;
+    while (i < VA.n && VA.used[i].a + VA.used[i].size <= a)
+        i++;
+    if (i < VA.n && VA.used[i].a < a + size)
+        return -1;
+    return (long)i;
+}
+
+static bool va_insert(size_t i, uint64_t a, uint64_t size) {
+    if (VA.n == VA.cap) {
+        size_t c = VA.cap ? VA.cap * 2 : 64;
+        if (c > SV_VA_MAX_RANGES)
+            return false;
+        struct va_range *u = realloc(VA.used, c * sizeof *u);
+        if (!u)
+            return false;
+        VA.used = u;
+        VA.cap = c;
     }
-    VA.on = true;
-    VA.next = SV_VA_BASE;
+    memmove(&VA.used[i + 1], &VA.used[i], (VA.n - i) * sizeof *VA.used);
+    VA.used[i] = (struct va_range){a, size};
+    VA.n++;
+    return true;
 }
 
-/* The placeholder back over [a, a + size) of the window. */
-static void window_cover(uint64_t a, uint64_t size) {
-    if (in_window(a, size))
-        (void)mmap((void *)(uintptr_t)a, size, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
-}
-
-/* cuMemAddressReserve through the window: at addr if the process asks for one there (a replay), else at the
- * window's next free address. */
+/* cuMemAddressReserve: a range of the window, at addr if it is one of the window's and free there (a replay),
+ * else the lowest that fits; the driver's own choice if there is no window or no room. */
 static CUresult window_reserve(CUdeviceptr *p, uint64_t size, uint64_t align, uint64_t addr, uint64_t flags) {
     uint64_t al = align > SV_VA_ALIGN ? align : SV_VA_ALIGN;
-    uint64_t want = addr;
-    if (!want && VA.on && (al & (al - 1)) == 0)
-        want = (VA.next + al - 1) & ~(al - 1);
-    if (!in_window(want, size))
+    if (!VA.base || flags != 0 || size == 0 || size % SV_VA_ALIGN || (al & (al - 1)))
         return p_cuMemAddressReserve(p, size, align, addr, flags);
-    munmap((void *)(uintptr_t)want, size);
-    CUresult r = p_cuMemAddressReserve(p, size, align, want, flags);
-    if (r != CUDA_SUCCESS || *p != want) {
-        /* the driver would not reserve it there (its own choice stands, outside the window): covered again */
-        window_cover(want, size);
-        return r;
+    long at = addr && addr % al == 0 && in_window(addr, size) ? va_slot(addr, size) : -1;
+    uint64_t a = addr;
+    if (at < 0) { /* first fit */
+        a = VA.base;
+        for (size_t i = 0; i <= VA.n; i++) {
+            a = (a + al - 1) & ~(al - 1);
+            uint64_t end = i < VA.n ? VA.used[i].a : VA.base + SV_VA_SIZE;
+            if (a <= end && end - a >= size) {
+                at = (long)i;
+                break;
+            }
+            if (i < VA.n)
+                a = VA.used[i].a + VA.used[i].size;
+        }
     }
-    if (want + size > VA.next)
-        VA.next = want + size;
+    if (at < 0 || !va_insert((size_t)at, a, size))
+        return p_cuMemAddressReserve(p, size, align, addr, flags);
+    *p = a;
     return CUDA_SUCCESS;
+}
+
+/* cuMemAddressFree: a window range is only given back to the window. */
+static CUresult window_free(uint64_t a, uint64_t size) {
+    if (!in_window(a, size))
+        return p_cuMemAddressFree(a, size);
+    for (size_t i = 0; i < VA.n; i++)
+        if (VA.used[i].a == a && VA.used[i].size == size) {
+            memmove(&VA.used[i], &VA.used[i + 1], (VA.n - i - 1) * sizeof *VA.used);
+            VA.n--;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE; /* not a reservation of the process's: as the driver answers one */
 }
 
 int sv_prepare(const char *libpath, int ordinal, char *err, size_t errlen) {
@@ -228,7 +265,6 @@ int sv_prepare(const char *libpath, int ordinal, char *err, size_t errlen) {
         snprintf(err, errlen, "served worker: sv_prepare called twice");
         return -1;
     }
-    window_map(); /* before the driver maps anything of its own */
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         snprintf(err, errlen, "dlopen %s: %s", path, dlerror());
@@ -261,6 +297,7 @@ int sv_prepare(const char *libpath, int ordinal, char *err, size_t errlen) {
     /* The context's lazy parts (the device's memory state) are made now, not at the served process's first call. */
     size_t fr = 0, tot = 0;
     STEP(p_cuMemGetInfo(&fr, &tot), "cuMemGetInfo");
+    window_reserve_at_start(); /* first thing after the context: at the same address in every worker */
 #undef STEP
     W.ordinal = ordinal;
     W.prepared = true;
@@ -878,11 +915,7 @@ static CUresult run_vmm(svc *s, unsigned op, const struct sv_vmm_rec *v, uint8_t
         *len = sizeof p64;
         return r;
     }
-    case SV_OP_VMM_ADDR_FREE:
-        r = p_cuMemAddressFree(v->a, v->b);
-        if (r == CUDA_SUCCESS)
-            window_cover(v->a, v->b);
-        return r;
+    case SV_OP_VMM_ADDR_FREE: return window_free(v->a, v->b);
     case SV_OP_VMM_CREATE: {
         CUmemGenericAllocationHandle h = 0;
         if (hfull(s))

@@ -75,10 +75,7 @@ func TestServedRuntimeChecksums(t *testing.T) {
 			if p, err := os.ReadFile(fmt.Sprintf("/proc/%d/personality", w)); err != nil || !strings.HasSuffix(strings.TrimSpace(string(p)), "40000") {
 				t.Errorf("worker %d's personality %q (%v): want ADDR_NO_RANDOMIZE (0040000)", w, p, err)
 			}
-			// and keeps the window its processes' device addresses come from (helper/served/exec.c)
-			if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w)); err != nil || !strings.Contains(string(m), "\n100000000000-") {
-				t.Errorf("worker %d maps no window at 0x100000000000 (%v):\n%s", w, err, m)
-			}
+
 			if code := a.wait(time.Minute); code != 0 {
 				t.Fatalf("exit %d under gpucr run --served:\n%s", code, tail(a.output(), 20))
 			}
