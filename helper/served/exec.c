@@ -105,6 +105,7 @@
     X(cuLaunchKernel)                                                                                                  \
     X(cuLaunchKernelEx)                                                                                                \
     X(cuGraphInstantiateWithFlags)                                                                                     \
+    X(cuGraphGetNodes)                                                                                                 \
     X(cuGraphLaunch)                                                                                                   \
     X(cuGraphExecDestroy)                                                                                              \
     X(cuGraphDestroy)                                                                                                  \
@@ -1464,6 +1465,16 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
             r = CUDA_ERROR_INVALID_HANDLE;
         else if ((r = stream_of(s, q.graph, &st)) == CUDA_SUCCESS) /* graph: the stream */
             r = p_cuGraphLaunch(e, st);
+        break;
+    }
+    case SV_OP_GRAPH_NODES: {
+        PAYLOAD(struct sv_id_rec, q);
+        CUgraph g = get(s, SV_K_GRAPH, q.id);
+        size_t n = 0;
+        r = g ? p_cuGraphGetNodes(g, NULL, &n) : CUDA_ERROR_INVALID_HANDLE;
+        uint64_t n64 = n;
+        memcpy(out, &n64, sizeof n64);
+        olen = sizeof n64;
         break;
     }
     case SV_OP_GRAPH_EXEC_DESTROY:

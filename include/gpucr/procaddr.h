@@ -77,6 +77,7 @@
     P("cuGraphLaunch", cuGraphLaunch, 10000)                                                                           \
     P("cuGraphExecDestroy", cuGraphExecDestroy, 10000)                                                                 \
     P("cuGraphDestroy", cuGraphDestroy, 10000)                                                                         \
+    P("cuGraphGetNodes", cuGraphGetNodes, 10000)                                                                       \
     P("cuStreamDestroy", cuStreamDestroy_v2, 4000)                                                                     \
     P("cuStreamSynchronize", cuStreamSynchronize, 2000)                                                                \
     P("cuStreamQuery", cuStreamQuery, 2000)                                                                            \

@@ -1152,6 +1152,24 @@ SV_API CUresult cuGraphLaunch(CUgraphExec e, CUstream h) {
 SV_API CUresult cuGraphExecDestroy(CUgraphExec e) { return destroy(SV_K_EXEC, SV_OP_GRAPH_EXEC_DESTROY, e); }
 SV_API CUresult cuGraphDestroy(CUgraph g) { return destroy(SV_K_GRAPH, SV_OP_GRAPH_DESTROY, g); }
 
+/* The number of a graph's nodes (PyTorch asks it of every graph it captures); the nodes themselves are the
+ * worker's, which no handle of this library's stands for. */
+SV_API CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *numNodes) {
+    if (!numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    struct sv_id_rec q = {sv_id(SV_K_GRAPH, g), 0};
+    if (!q.id)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (nodes && *numNodes)
+        SV_REFUSE("a graph's nodes are not forwarded (their number is)");
+    uint64_t n = 0;
+    CUresult r = sv_sync(SV_OP_GRAPH_NODES, &q, sizeof q, &n, sizeof n, NULL, false);
+    if (r == CUDA_SUCCESS)
+        *numNodes = (size_t)n;
+    return r;
+}
+
 SV_API CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data) {
     (void)h;
     (void)fn;

@@ -223,6 +223,7 @@ enum sv_op {
     SV_OP_CAPTURE_MODE,
     SV_OP_POINTER_ATTRS,
     SV_OP_CTX_LIMIT,
+    SV_OP_GRAPH_NODES, /* sv_id_rec: the graph; reply: uint64 its number of nodes */
     SV_OP_COUNT
 };
 

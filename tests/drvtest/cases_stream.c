@@ -3,6 +3,7 @@
  * when the host looks (dt_delay_write), and with events: never with timing
  * assumptions tighter than a few hundred milliseconds.
  */
+#include <dlfcn.h>
 #include "drvtest.h"
 
 /* exported by libcuda (CUDA 12.8 on), not declared by cudadrv.h: looked up by name */
@@ -213,6 +214,18 @@ static void graph_capture(void) {
     OK(cuStreamEndCapture(cs, &g));
     OK(cuStreamSynchronize(cs));
     EXPECT(read_u32(p) == 5, "captured work ran at capture (p[0] = %u)", read_u32(p));
+    /* two nodes: the launch and the memset; an array gets as many as fit, the rest NULL */
+    size_t nn = 0;
+    EXPECT_RC(cuGraphGetNodes(g, NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+    OK(cuGraphGetNodes(g, NULL, &nn));
+    EXPECT(nn == 2, "the captured graph has %zu nodes, want 2", nn);
+    if (!dlsym(RTLD_DEFAULT, "gpucrServedAttach")) { /* served mode gives the number only */
+        CUgraphNode nodes[3] = {NULL, NULL, NULL};
+        nn = 3;
+        OK(cuGraphGetNodes(g, nodes, &nn));
+        EXPECT(nn == 2 && nodes[0] && nodes[1] && !nodes[2], "nodes: %zu (%p %p %p)", nn, (void *)nodes[0],
+               (void *)nodes[1], (void *)nodes[2]);
+    }
     CUgraphExec x;
     OK(cuGraphInstantiateWithFlags(&x, g, 0));
     OK(cuGraphDestroy(g)); /* the executable graph stands alone */

@@ -323,3 +323,29 @@ SIM_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
 }
 
 SIM_API CUresult cuGraphDestroy(CUgraph hGraph) { return destroy("cuGraphDestroy", hGraph, SIM_H_GRAPH); }
+
+/* The nodes are the captured operations, in capture order; a node's handle is its operation's. As the driver: with
+ * no array, the count; with one of *numNodes entries, as many nodes as fit, the rest NULL, and *numNodes the number
+ * written. */
+SIM_API CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes) {
+    sim_call c;
+    CUresult r = sim_enter(&c, "cuGraphGetNodes", SIM_NEED_CTX);
+    if (r != CUDA_SUCCESS)
+        return sim_leave(&c, r);
+    if (!numNodes)
+        return sim_leave(&c, CUDA_ERROR_INVALID_VALUE);
+    sim_graph *g = (sim_graph *)hGraph;
+    pthread_mutex_lock(&sim.mu);
+    if (!sim_handle_is(g, SIM_H_GRAPH)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!nodes) {
+        *numNodes = g->n;
+    } else {
+        size_t k = *numNodes < g->n ? *numNodes : g->n;
+        for (size_t i = 0; i < *numNodes; i++)
+            nodes[i] = i < k ? (CUgraphNode)(void *)g->ops[i] : NULL;
+        *numNodes = k;
+    }
+    pthread_mutex_unlock(&sim.mu);
+    return sim_leave(&c, r);
+}

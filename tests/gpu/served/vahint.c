@@ -22,7 +22,8 @@ int main(void) {
         return 1;
     CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
     CUresult (*get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))dlsym(h, "cuDeviceGet");
-    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
     CUresult (*setcur)(CUcontext) = (CUresult(*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
     res_t reserve = (res_t)dlsym(h, "cuMemAddressReserve");
     free_t afree = (free_t)dlsym(h, "cuMemAddressFree");
@@ -35,7 +36,8 @@ int main(void) {
         for (unsigned i = 0; i < sizeof hints / sizeof hints[0]; i++) {
             uint64_t a = hints[i] + (placeholder ? 0x1000000000ull : 0);
             if (placeholder) {
-                void *p = mmap((void *)(uintptr_t)a, 2 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+                void *p = mmap((void *)(uintptr_t)a, 2 << 20, PROT_NONE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
                 printf("placeholder at %#lx: %p\n", (unsigned long)a, p);
                 munmap((void *)(uintptr_t)a, 2 << 20);
             }
