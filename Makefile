@@ -20,7 +20,7 @@ CPPFLAGS += -Iinclude -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
 PICFLAGS := -fPIC -fvisibility=hidden
 
 SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
-SIM_HDR    := $(wildcard tests/sim/*.h) include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h tests/apps/common/gpuapp.h
+SIM_HDR    := $(wildcard tests/sim/*.h) include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h include/gpucr/modfile.h tests/apps/common/gpuapp.h
 SIM_LIB    := $(BUILD)/sim/libcuda.so.1
 APP_COMMON := $(wildcard tests/apps/common/*.c)
 APP_HDR    := $(wildcard tests/apps/common/*.h) include/gpucr/cudadrv.h
@@ -47,7 +47,7 @@ INTERCEPT_UNIT := $(BUILD)/bin/intercept-unit
 # runs its GPU calls (docs/served-mode.md); its own directory, since
 # intercept/src's layering tests cover that one.
 SERVED_SRC := $(wildcard intercept/served/*.c)
-SERVED_HDR := $(wildcard intercept/served/*.h) protocol/c/served.h include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h $(PROTO_C_HDR)
+SERVED_HDR := $(wildcard intercept/served/*.h) protocol/c/served.h include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h include/gpucr/modfile.h $(PROTO_C_HDR)
 SERVED     := $(BUILD)/lib/served/libcuda.so.1
 # Served mode's runtime library: the CUDA runtime API made of the driver API,
 # in the application's place of NVIDIA's libcudart.so.13 (intercept/runtime/rt.h).

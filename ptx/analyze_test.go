@@ -63,7 +63,8 @@ func TestAnalyzeOwnKernels(t *testing.T) {
 }
 
 // cString is the concatenation of the C string literals from the first
-// `static const char ptx[] =` of a test application's source to its `;`.
+// `ptx[] =` of a test application's source (or the heartbeat's shared
+// `gpuapp_hb_ptx[] =`, tests/apps/common/hbptx.c) to its `;`.
 func cString(t *testing.T, file string) string {
 	t.Helper()
 	b, err := os.ReadFile(file)
@@ -72,6 +73,9 @@ func cString(t *testing.T, file string) string {
 	}
 	src := string(b)
 	start := strings.Index(src, "static const char ptx[] =")
+	if start < 0 {
+		start = strings.Index(src, "const char gpuapp_hb_ptx[] =")
+	}
 	if start < 0 {
 		t.Fatalf("%s: no ptx[]", file)
 	}
@@ -104,6 +108,14 @@ func cString(t *testing.T, file string) string {
 	return ""
 }
 
+// appSource is the file that holds a test application's PTX.
+func appSource(root, app string) string {
+	if app == "heartbeat" {
+		return filepath.Join(root, "tests/apps/common/hbptx.c")
+	}
+	return filepath.Join(root, "tests/apps", app+".c")
+}
+
 // The test applications' kernels: plain buffers are written through their
 // parameter; ptrchase writes through pointers it loads from a table in
 // device memory, which the analysis cannot follow and says so.
@@ -118,7 +130,7 @@ func TestAnalyzeTestApplications(t *testing.T) {
 		{"ptrchase", "app_pc_init", "app_pc_init_param_0:R app_pc_init_param_1:- app_pc_init_param_2:-", true},
 		{"ptrchase", "app_pc_step", "app_pc_step_param_0:R app_pc_step_param_1:- app_pc_step_param_2:-", true},
 	} {
-		m, err := Analyze(cString(t, filepath.Join(root, "tests/apps", tc.app+".c")))
+		m, err := Analyze(cString(t, appSource(root, tc.app)))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.app, err)
 		}

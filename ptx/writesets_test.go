@@ -1,7 +1,6 @@
 package ptx
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/testroot"
@@ -14,8 +13,8 @@ import (
 // and are undecided (app_pc_step reads through them too); an ELF image says nothing.
 func TestWriteSets(t *testing.T) {
 	root := testroot.Dir(t)
-	hb := cString(t, filepath.Join(root, "tests/apps/heartbeat.c"))
-	pc := cString(t, filepath.Join(root, "tests/apps/ptrchase.c"))
+	hb := cString(t, appSource(root, "heartbeat"))
+	pc := cString(t, appSource(root, "ptrchase"))
 	fat := fatbinContainer(
 		fatbinEntry(FatbinELF, 90, []byte("\x7fELF not really"), 0, 0, 64),
 		fatbinEntry(FatbinPTX, 90, []byte(hb+"\x00"), 0, 0, 64),

@@ -523,6 +523,7 @@ CUresult cuEventDestroy_v2(CUevent hEvent);
 
 /* Modules, libraries, kernels. */
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleLoad(CUmodule *module, const char *fname);
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
 CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin);
 CUresult cuModuleUnload(CUmodule hmod);

@@ -97,6 +97,7 @@
     P("cuEventElapsedTime", cuEventElapsedTime_v2, 12080)                                                              \
     P("cuEventDestroy", cuEventDestroy_v2, 4000)                                                                       \
     P("cuModuleLoadData", cuModuleLoadData, 2000)                                                                      \
+    P("cuModuleLoad", cuModuleLoad, 2000)                                                                              \
     P("cuModuleLoadFatBinary", cuModuleLoadFatBinary, 2000)                                                            \
     P("cuModuleGetFunction", cuModuleGetFunction, 2000)                                                                \
     P("cuModuleUnload", cuModuleUnload, 2000)                                                                          \

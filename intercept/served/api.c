@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "gpucr/modfile.h"
 
 /* What a stream capture forwarded (below, before streams and events). */
 static void cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
@@ -1395,6 +1396,21 @@ static CUresult load_image(const void *image, unsigned op, void *rec, uint32_t p
 
 SV_API CUresult cuModuleLoadData(CUmodule *module, const void *image);
 /* The same load: the worker's driver takes a fat binary through cuModuleLoadData. */
+/* Read here, where the file is the application's to open (Triton's and PyTorch's compiled kernels come as files),
+ * and loaded as its bytes. */
+SV_API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    NEED_CTX();
+    void *image = NULL;
+    CUresult r = gc_read_module_file(fname, SV_MAX_IMAGE, &image);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = cuModuleLoadData(module, image);
+    free(image);
+    return r;
+}
+
 SV_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
     return cuModuleLoadData(module, fatCubin);
 }

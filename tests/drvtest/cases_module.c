@@ -1,5 +1,8 @@
 /* Modules, libraries, parameter layouts, launches, sticky errors. */
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "drvtest.h"
 
@@ -310,8 +313,31 @@ static void sticky_error(void) {
     EXPECT_RC(cuDeviceGetCount(&n), CUDA_SUCCESS);
 }
 
+/* cuModuleLoad: the same PTX from a file; a path that is not there. */
+static void module_load_file(void) {
+    dt_init_ctx();
+    char path[] = "/tmp/drvtest-module-XXXXXX";
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0, "mkstemp: %s", strerror(errno));
+    if (fd < 0)
+        return;
+    size_t n = strlen(dt_ptx);
+    EXPECT(write(fd, dt_ptx, n) == (ssize_t)n, "write %s", path);
+    close(fd);
+    CUmodule m;
+    if (EXPECT_RC(cuModuleLoad(&m, path), CUDA_SUCCESS)) {
+        CUfunction f;
+        EXPECT_RC(cuModuleGetFunction(&f, m, "dt_fill"), CUDA_SUCCESS);
+        EXPECT_RC(cuModuleUnload(m), CUDA_SUCCESS);
+    }
+    unlink(path);
+    EXPECT_RC(cuModuleLoad(&m, path), CUDA_ERROR_FILE_NOT_FOUND);
+    EXPECT_RC(cuModuleLoad(&m, NULL), CUDA_ERROR_INVALID_VALUE);
+}
+
 const dt_case dt_cases_module[] = {
     {"module_load", module_load, 0},
+    {"module_load_file", module_load_file, 0},
     {"library_load", library_load, 0},
     {"param_info", param_info, 0},
     {"kernel_names", kernel_names, 0},

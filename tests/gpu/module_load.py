@@ -4,7 +4,7 @@ analysis of the PTX (AnalyzeModule) after it.
 
     python3 tests/gpu/module_load.py [N]
 
-Loads heartbeat's PTX (from tests/apps/heartbeat.c) N times (default 50),
+Loads heartbeat's PTX (from tests/apps/common/hbptx.c) N times (default 50),
 unloading each, and prints the median and the minimum in milliseconds."""
 import ast
 import ctypes
@@ -15,8 +15,8 @@ import sys
 import time
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-src = open(os.path.join(os.path.dirname(__file__), "../apps/heartbeat.c")).read()
-body = src[src.index("static const char ptx[] ="):]
+src = open(os.path.join(os.path.dirname(__file__), "../apps/common/hbptx.c")).read()
+body = src[src.index("const char gpuapp_hb_ptx[] ="):]
 body = body[: body.index(";\n")]
 body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
 ptx = "".join(ast.literal_eval(s) for s in re.findall(r'"(?:[^"\\]|\\.)*"', body)).encode() + b"\0"

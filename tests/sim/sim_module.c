@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpucr/modfile.h"
 #include "sim.h"
 
 /* ---- kernel registry, filled by SIMK_REGISTER constructors when the library loads ---- */
@@ -775,6 +776,21 @@ static CUresult module_load(const char *name, CUmodule *module, const void *imag
 
 SIM_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     return module_load("cuModuleLoadData", module, image);
+}
+
+/* The largest module file the simulator reads: a driver loads larger ones, but no test has one. */
+#define SIM_MAX_MODULE_FILE (256u << 20)
+
+SIM_API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *image = NULL;
+    CUresult r = gc_read_module_file(fname, SIM_MAX_MODULE_FILE, &image);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = module_load("cuModuleLoad", module, image);
+    free(image);
+    return r;
 }
 
 SIM_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {

@@ -1,9 +1,11 @@
 """PyTorch on served mode's runtime: work that needs only the CUDA runtime and
 PyTorch's own kernels (elementwise, reductions, sort, scans, indexing, a CUDA
-graph), then, with --matmul, a matrix product (cuBLAS). Prints "ready", a
+graph), then, with --matmul, a matrix product (cuBLAS), and with --compile the
+elementwise step through torch.compile (Triton's kernels, loaded through the
+driver API). Prints "ready", a
 heartbeat line per step and "done checksum=..." (the same on any runtime).
 
-    python3 torch_rt.py [--mib N] [--steps N] [--interval-ms N] [--matmul]
+    python3 torch_rt.py [--mib N] [--steps N] [--interval-ms N] [--matmul] [--graph] [--compile]
 """
 import argparse
 import time
@@ -16,6 +18,7 @@ ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--interval-ms", type=int, default=0)
 ap.add_argument("--matmul", action="store_true")
 ap.add_argument("--graph", action="store_true")
+ap.add_argument("--compile", action="store_true", help="the step's elementwise work through torch.compile (Triton)")
 a = ap.parse_args()
 
 dev = torch.device("cuda")
@@ -39,8 +42,14 @@ if a.graph:
 torch.cuda.synchronize()
 print("ready", flush=True)
 total = 0.0
+def advance(x):
+    return torch.remainder(x * 1.0001 + torch.sin(x) * 0.01, 1.0)
+
+
+if a.compile:
+    advance = torch.compile(advance)
 for step in range(1, a.steps + 1):
-    x = torch.remainder(x * 1.0001 + torch.sin(x) * 0.01, 1.0)
+    x = advance(x)
     s = x.double().sum().item()
     v, _ = torch.sort(x[idx])
     c = torch.cumsum(v, 0)[-1].item()
