@@ -6,14 +6,6 @@
 
 #include "rt.h"
 
-/* A call that needs the thread's context: make it current first, and record what fails. */
-#define CTX()                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = rt_ctx();                                                                                     \
-        if (e_ != cudaSuccess)                                                                                         \
-            return rt_ret(e_);                                                                                         \
-    } while (0)
-
 RT_API cudaError_t cudaGetDeviceCount(int *count) {
     if (!count)
         return rt_ret(cudaErrorInvalidValue);

@@ -7,13 +7,6 @@
 
 #include "rt.h"
 
-#define CTX()                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = rt_ctx();                                                                                     \
-        if (e_ != cudaSuccess)                                                                                         \
-            return rt_ret(e_);                                                                                         \
-    } while (0)
-
 /* ---- streams ---- */
 
 RT_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {

@@ -16,13 +16,6 @@
 
 #include "rt.h"
 
-#define CTX()                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = rt_ctx();                                                                                     \
-        if (e_ != cudaSuccess)                                                                                         \
-            return rt_ret(e_);                                                                                         \
-    } while (0)
-
 #define DPTR(p) ((CUdeviceptr)(uintptr_t)(p))
 
 RT_API cudaError_t cudaMalloc(void **devPtr, size_t size) {
@@ -328,49 +321,37 @@ static cudaError_t symbol_range(const void *symbol, size_t count, size_t offset,
     return cudaSuccess;
 }
 
+/* A copy into (to) or out of a variable, at offset: the direction must be the one into or out of device memory, or
+ * cudaMemcpyDefault (the variable's side is device memory, so copy() tells the other side's). */
+static cudaError_t symbol_copy(const void *symbol, void *other, size_t count, size_t offset, enum cudaMemcpyKind kind,
+                               bool to, cudaStream_t stream, bool async) {
+    enum cudaMemcpyKind across = to ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    if (kind != across && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
+        return cudaErrorInvalidMemcpyDirection;
+    CUdeviceptr at;
+    cudaError_t e = symbol_range(symbol, count, offset, &at);
+    if (e != cudaSuccess)
+        return e;
+    void *var = (void *)(uintptr_t)at;
+    return to ? copy(var, other, count, kind, stream, async) : copy(other, var, count, kind, stream, async);
+}
+
 RT_API cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src, size_t count, size_t offset,
                                       enum cudaMemcpyKind kind) {
     CTX();
-    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
-        return rt_ret(cudaErrorInvalidMemcpyDirection);
-    CUdeviceptr at;
-    cudaError_t e = symbol_range(symbol, count, offset, &at);
-    if (e == cudaSuccess)
-        e = copy((void *)(uintptr_t)at, src, count,
-                 kind == cudaMemcpyDefault ? (rt_is_device(src) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                           : kind,
-                 NULL, false);
-    return rt_ret(e);
+    return rt_ret(symbol_copy(symbol, (void *)src, count, offset, kind, true, NULL, false));
 }
 
 RT_API cudaError_t cudaMemcpyToSymbolAsync(const void *symbol, const void *src, size_t count, size_t offset,
                                            enum cudaMemcpyKind kind, cudaStream_t stream) {
     CTX();
-    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
-        return rt_ret(cudaErrorInvalidMemcpyDirection);
-    CUdeviceptr at;
-    cudaError_t e = symbol_range(symbol, count, offset, &at);
-    if (e == cudaSuccess)
-        e = copy((void *)(uintptr_t)at, src, count,
-                 kind == cudaMemcpyDefault ? (rt_is_device(src) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                           : kind,
-                 stream, true);
-    return rt_ret(e);
+    return rt_ret(symbol_copy(symbol, (void *)src, count, offset, kind, true, stream, true));
 }
 
 RT_API cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count, size_t offset,
                                         enum cudaMemcpyKind kind) {
     CTX();
-    if (kind != cudaMemcpyDeviceToHost && kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDefault)
-        return rt_ret(cudaErrorInvalidMemcpyDirection);
-    CUdeviceptr at;
-    cudaError_t e = symbol_range(symbol, count, offset, &at);
-    if (e == cudaSuccess)
-        e = copy(dst, (const void *)(uintptr_t)at, count,
-                 kind == cudaMemcpyDefault ? (rt_is_device(dst) ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
-                                           : kind,
-                 NULL, false);
-    return rt_ret(e);
+    return rt_ret(symbol_copy(symbol, dst, count, offset, kind, false, NULL, false));
 }
 
 RT_API cudaError_t cudaGetSymbolAddress(void **devPtr, const void *symbol) {

@@ -248,15 +248,18 @@ cudaError_t rt_symbol(const void *symbol, CUdeviceptr *dptr, size_t *size) {
  * (cudaGetSymbolAddress) has the old one, as it would after any reload. 0, or -1 if a variable could not be
  * saved or restored (each one says why).
  */
+/* The interposer's control thread calls these: it needs the context current too. */
+static bool move_ctx(const char *what) {
+    cudaError_t e = rt_ctx();
+    if (e != cudaSuccess)
+        fprintf(stderr, "gpucr runtime: no context to %s the move: %s\n", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+}
+
 RT_API int gpucrRuntimeSave(void);
 RT_API int gpucrRuntimeSave(void) {
-    /* the interposer's control thread calls this: it needs the context current too */
-    cudaError_t ce = rt_ctx();
-    if (ce != cudaSuccess) {
-        fprintf(stderr, "gpucr runtime: no context to save the variables with before the move: %s\n",
-                cudaGetErrorString(ce));
+    if (!move_ctx("save the variables before"))
         return -1;
-    }
     int rc = 0;
     pthread_mutex_lock(&reg_mu);
     for (struct rt_fatbin *fb = fatbins; fb; fb = fb->next) {
@@ -287,12 +290,8 @@ RT_API int gpucrRuntimeSave(void) {
 
 RT_API int gpucrRuntimeRestore(void);
 RT_API int gpucrRuntimeRestore(void) {
-    cudaError_t ce = rt_ctx();
-    if (ce != cudaSuccess) {
-        fprintf(stderr, "gpucr runtime: no context to restore the variables with after the move: %s\n",
-                cudaGetErrorString(ce));
+    if (!move_ctx("restore the variables after"))
         return -1;
-    }
     int rc = 0;
     pthread_mutex_lock(&reg_mu);
     for (struct rt_fatbin *fb = fatbins; fb; fb = fb->next) {

@@ -142,6 +142,13 @@ RT_HIDDEN cudaError_t rt_init(void);
 /* The first call's work (the table, cuInit), once; then the calling thread's context: the one current on it, or
  * the primary context of its device (cudaSetDevice's, else 0), made current. */
 RT_HIDDEN cudaError_t rt_ctx(void);
+/* The start of a runtime function that needs the thread's context: made current first, and a failure recorded. */
+#define CTX()                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = rt_ctx();                                                                                     \
+        if (e_ != cudaSuccess)                                                                                         \
+            return rt_ret(e_);                                                                                         \
+    } while (0)
 /* The device the calling thread uses (its cudaSetDevice, else 0), and setting it. */
 RT_HIDDEN int rt_device(void);
 RT_HIDDEN cudaError_t rt_set_device(int device);

@@ -1,16 +1,12 @@
 package e2e
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/gpucr/gpucr/helper/checkpoint"
 )
 
 // TestServedLazyRestore: an image of served processes restores with
@@ -39,23 +35,7 @@ func TestServedLazyRestore(t *testing.T) {
 		t.Errorf("gpucr image inspect --json does not say the process was served:\n%s", out)
 	}
 	slow := append(append([]string{}, env...), "GPUCR_LAZY_FAULT_LIMIT_US=0.001")
-	out := cliOK(t, h, slow, img, "restore", "-D", img, "--lazy-pages", "--json")
-	var rep struct {
-		Pid   int                     `json:"pid"`
-		Ready checkpoint.RestoreReady `json:"ready"`
-	}
-	if i := strings.LastIndex(out, "\n{"); i >= 0 {
-		out = out[i+1:]
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Pid != a.pid {
-		t.Fatalf("gpucr restore --lazy-pages --json: %v\n%s", err, out)
-	}
-	if r := rep.Ready; r.FirstInstruction <= 0 || r.HostResident < r.FirstInstruction {
-		t.Errorf("gpucr restore --lazy-pages: ready %+v; want the host memory in after the first instruction", r)
-	}
-	if b, err := os.ReadFile(filepath.Join(img, "lazy-pages.log")); err != nil || !strings.Contains(string(b), "UFFD transferred pages") {
-		t.Errorf("the lazy-pages daemon's log does not say it transferred the pages (%v):\n%s", err, tail(string(b), 10))
-	}
+	lazyRestore(t, h, slow, img, a.pid)
 	a.waitIter(before+20, time.Minute)
 	_ = syscall.Kill(a.pid, syscall.SIGKILL)
 	hbs := a.heartbeats()
