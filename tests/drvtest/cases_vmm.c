@@ -117,10 +117,9 @@ static void vmm_basic(void) {
     EXPECT_RC(cuMemImportFromShareableHandle(&hn, (void *)(intptr_t)devnull, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
               EXP_VMM_IMPORT_FOREIGN_FD);
     close(devnull);
-    /* the address hint is honoured when the range is free */
+    /* an address hint is accepted, but is no promise: driver 580 reserves where it chooses */
     CUdeviceptr again;
     OK(cuMemAddressReserve(&again, 8 * MIB, 0, va, 0));
-    EXPECT(again == va, "hint 0x%llx not honoured: got 0x%llx", va, again);
     OK(cuMemAddressFree(again, 8 * MIB));
     free(buf);
     free(back);
