@@ -147,17 +147,34 @@ RT_API cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_
 
 /* ---- launches ---- */
 
+/* A launch of the kernel f, once found. */
+static cudaError_t launch(CUfunction f, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                          cudaStream_t stream) {
+    if (sharedMem > 0xffffffffu)
+        return cudaErrorInvalidValue;
+    return DRV(LaunchKernel, (f, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y, blockDim.z,
+                              (unsigned)sharedMem, stream, args, NULL));
+}
+
 RT_API cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
                                     cudaStream_t stream) {
     CTX();
     CUfunction f;
     cudaError_t e = rt_function(func, &f);
-    if (e != cudaSuccess)
-        return rt_ret(e);
-    if (sharedMem > 0xffffffffu)
-        return rt_ret(cudaErrorInvalidValue);
-    return rt_ret(DRV(LaunchKernel, (f, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y, blockDim.z,
-                                     (unsigned)sharedMem, stream, args, NULL)));
+    if (e == cudaSuccess)
+        e = launch(f, gridDim, blockDim, args, sharedMem, stream);
+    return rt_ret(e);
+}
+
+/* nvcc's <<<>>>: the kernel handle its host stub got from __cudaGetKernel once. */
+RT_API cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+                                      cudaStream_t stream) {
+    CTX();
+    CUfunction f;
+    cudaError_t e = rt_kernel(kernel, &f);
+    if (e == cudaSuccess)
+        e = launch(f, gridDim, blockDim, args, sharedMem, stream);
+    return rt_ret(e);
 }
 
 RT_API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args) {

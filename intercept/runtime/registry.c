@@ -151,15 +151,20 @@ RT_API void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *device
     pthread_mutex_unlock(&reg_mu);
 }
 
-static struct rt_func *find_func(const void *p) {
-    for (struct rt_func *f = atomic_load_explicit(&funcs[bucket(p)], memory_order_acquire); f; f = f->next)
-        if (f->host == p)
-            return f;
-    /* a cudaKernel_t from cudaGetKernel, passed where a host function goes */
+/* The entry a cudaKernel_t (__cudaGetKernel's, cudaGetKernel's) is. */
+static struct rt_func *find_kernel(const void *p) {
     for (struct rt_func *f = atomic_load_explicit(&by_self[bucket(p)], memory_order_acquire); f; f = f->next_by_self)
         if ((const void *)f == p)
             return f;
     return NULL;
+}
+
+/* The entry of a host stub, or of a cudaKernel_t passed where a host function goes. */
+static struct rt_func *find_func(const void *p) {
+    for (struct rt_func *f = atomic_load_explicit(&funcs[bucket(p)], memory_order_acquire); f; f = f->next)
+        if (f->host == p)
+            return f;
+    return find_kernel(p);
 }
 
 /* The fat binary's library, loaded on first use (once; a failure is remembered and returned again). */
@@ -204,6 +209,13 @@ cudaError_t rt_function(const void *func, CUfunction *out) {
     if (!func)
         return cudaErrorInvalidDeviceFunction;
     struct rt_func *f = find_func(func);
+    if (!f)
+        return cudaErrorInvalidDeviceFunction;
+    return resolve_func(f, out);
+}
+
+cudaError_t rt_kernel(cudaKernel_t kernel, CUfunction *out) {
+    struct rt_func *f = kernel ? find_kernel(kernel) : NULL;
     if (!f)
         return cudaErrorInvalidDeviceFunction;
     return resolve_func(f, out);
@@ -364,9 +376,4 @@ RT_API cudaError_t __cudaPopCallConfiguration(dim3 *gridDim, dim3 *blockDim, siz
     *sharedMem = call_stack[call_depth].shmem;
     memcpy(stream, &call_stack[call_depth].stream, sizeof(void *));
     return cudaSuccess;
-}
-
-RT_API cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
-                                      cudaStream_t stream) {
-    return cudaLaunchKernel((const void *)kernel, gridDim, blockDim, args, sharedMem, stream);
 }

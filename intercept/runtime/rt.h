@@ -171,6 +171,8 @@ RT_HIDDEN cudaError_t rt_refuse(_Atomic int *once, const char *fn, const char *w
 /* The kernel a host function (a __global__ function's host stub) or a cudaKernel_t stands for, loaded on first
  * use: cudaErrorInvalidDeviceFunction for a pointer that names neither. */
 RT_HIDDEN cudaError_t rt_function(const void *func, CUfunction *out);
+/* The kernel a cudaKernel_t of this library's stands for (nvcc's launches: no lookup by host address). */
+RT_HIDDEN cudaError_t rt_kernel(cudaKernel_t kernel, CUfunction *out);
 /* A __device__ or __constant__ variable's device address and size, by its host shadow's address. */
 RT_HIDDEN cudaError_t rt_symbol(const void *symbol, CUdeviceptr *dptr, size_t *size);
 
