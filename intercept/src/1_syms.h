@@ -189,6 +189,8 @@ CUresult cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstrea
     X(cuMemAllocFromPoolAsync)                                                                                         \
     X(cuMemAllocFromPoolAsync_ptsz)                                                                                    \
     X(cuMemGetAddressRange_v2)                                                                                         \
+    X(cuPointerGetAttribute)                                                                                           \
+    X(cuPointerGetAttributes)                                                                                          \
     X(cuMemAllocManaged)                                                                                               \
     X(cuIpcGetMemHandle)                                                                                               \
     X(cuMemCreate)                                                                                                     \

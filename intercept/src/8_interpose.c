@@ -209,6 +209,29 @@ GC_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
     return r;
 }
 
+/* Pointer queries wait at the gate: between a checkpoint's drop of the process's memory and its return (or the
+ * freeze), the memory is unmapped, and the driver would answer for it as for memory it does not know. */
+GC_EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    __typeof__(&cuPointerGetAttribute) fn = GC_REAL(cuPointerGetAttribute);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r = fn(data, attribute, ptr);
+    gc_gate_leave();
+    return r;
+}
+
+GC_EXPORT CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                          CUdeviceptr ptr) {
+    __typeof__(&cuPointerGetAttributes) fn = GC_REAL(cuPointerGetAttributes);
+    if (!fn)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    gc_gate_enter();
+    CUresult r = fn(numAttributes, attributes, data, ptr);
+    gc_gate_leave();
+    return r;
+}
+
 GC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     __typeof__(&cuMemAllocManaged) fn = GC_REAL(cuMemAllocManaged);
     if (!fn)

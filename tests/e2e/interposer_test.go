@@ -182,6 +182,13 @@ func startUnderRun(t testing.TB, dir string, h *helperProc, env []string, name s
 	}
 	a.started() // gpucr run execs the command: same pid
 	t.Cleanup(a.kill)
+	// Registered after kill, so it runs first: a failed test shows what
+	// the application printed (a restored process's errors go there).
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s (pid %d) printed:\n%s", name, a.pid, tail(a.output(), 20))
+		}
+	})
 	a.waitFor(30*time.Second, "ready", func(out string, _ []heartbeat) bool {
 		return strings.Contains(out, "ready pid="+strconv.Itoa(a.pid))
 	})
