@@ -56,6 +56,11 @@ RUNTIME_HDR := $(wildcard intercept/runtime/*.h) include/gpucr/cudart.h include/
 RUNTIME     := $(BUILD)/lib/served/libcudart.so.13
 # Served mode's NVML: not available in a served process (intercept/nvml/nvml.c says why).
 SERVED_NVML := $(BUILD)/lib/served/libnvidia-ml.so.1
+# Served mode's cuBLAS and cuBLASLt: forward their calls to the worker, which runs NVIDIA's (intercept/blas/common.h).
+SERVED_BLAS_COMMON := intercept/blas/common.c
+SERVED_BLAS_HDR := intercept/blas/common.h intercept/served/ext.h protocol/c/served.h include/gpucr/cublas.h include/gpucr/cudadrv.h
+SERVED_CUBLAS   := $(BUILD)/lib/served/libcublas.so.13
+SERVED_CUBLASLT := $(BUILD)/lib/served/libcublasLt.so.13
 # C sources in a directory of their own: the Go test beside them (tests/intercept)
 # would otherwise make the go tool take the directory for a cgo package.
 INTERCEPT_UNIT_SRC := tests/intercept/c/unit.c
@@ -71,7 +76,7 @@ gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
 tools: $(TOOLS)
 intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
-served: $(SERVED) $(RUNTIME) $(SERVED_NVML)
+served: $(SERVED) $(RUNTIME) $(SERVED_NVML) $(SERVED_CUBLAS) $(SERVED_CUBLASLT)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
 # linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
@@ -89,6 +94,19 @@ $(INTERCEPT): $(INTERCEPT_SRC) $(INTERCEPT_HDR) $(PROTO_C_SRC) Makefile
 	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
 		-Wl,--no-undefined -Wl,-rpath,'$$ORIGIN' -o $@ $(INTERCEPT_SRC) $(PROTO_C_SRC) \
 		-lprotobuf-c -ldl -lpthread
+
+# Served mode's cuBLAS and cuBLASLt: exported under NVIDIA's version nodes (the
+# programs that link NVIDIA's libraries ask for their symbols by version).
+$(SERVED_CUBLAS): intercept/blas/blas.c $(SERVED_BLAS_COMMON) $(SERVED_BLAS_HDR) intercept/blas/libcublas.map Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,-soname,libcublas.so.13 -Wl,--version-script,intercept/blas/libcublas.map -Wl,--no-undefined -o $@ \
+		intercept/blas/blas.c $(SERVED_BLAS_COMMON) -ldl -lpthread
+$(SERVED_CUBLASLT): intercept/blas/lt.c $(SERVED_BLAS_COMMON) $(SERVED_BLAS_HDR) intercept/blas/libcublasLt.map Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Iprotocol/c $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,-soname,libcublasLt.so.13 -Wl,--version-script,intercept/blas/libcublasLt.map -Wl,--no-undefined -o $@ \
+		intercept/blas/lt.c $(SERVED_BLAS_COMMON) -ldl -lpthread
 
 # Served mode's libcuda.so.1: only driver entry points are exported
 # (-fvisibility=hidden, SV_API); protobuf-c is found beside it too ($$ORIGIN).

@@ -143,17 +143,21 @@ func prepareRun(cmd, socket string, environ []string) (string, []string, error) 
 	return path, env, nil
 }
 
-// preloadAfterFirst puts lib second in an LD_PRELOAD list (after the
-// interposer, which prepareRun put first), once; an empty lib changes nothing.
-func preloadAfterFirst(list, lib string) string {
-	if lib == "" {
-		return list
-	}
+// preloadAfterFirst puts libs right after the first entry of an LD_PRELOAD
+// list (the interposer, which prepareRun put first), in their order, once
+// each; empty ones are left out.
+func preloadAfterFirst(list string, libs ...string) string {
 	parts := strings.Split(list, ":")
 	out := parts[:1:1]
-	out = append(out, lib)
+	seen := map[string]bool{}
+	for _, l := range libs {
+		if l != "" && !seen[l] {
+			out = append(out, l)
+			seen[l] = true
+		}
+	}
 	for _, p := range parts[1:] {
-		if p != lib && p != "" {
+		if p != "" && !seen[p] {
 			out = append(out, p)
 		}
 	}
@@ -189,8 +193,9 @@ func findServed() (string, error) {
 // through it), with served mode's library as the driver under it
 // (GPUCR_LIBCUDA), whose directory comes first in LD_LIBRARY_PATH so that the
 // program's own libcuda.so.1 is that library too; GPUCR_SERVED_DEVICE set.
-// Served mode's runtime library (libcudart.so.13 beside the served library)
-// is preloaded right after the interposer: a program's libraries name
+// Served mode's runtime, cuBLAS and cuBLASLt (libcudart.so.13,
+// libcublas.so.13 and libcublasLt.so.13 beside the served library) are
+// preloaded right after the interposer: a program's libraries name
 // NVIDIA's runtime by soname, often through an RPATH that LD_LIBRARY_PATH
 // cannot override, and a preloaded object with that soname is the one the
 // dynamic linker gives them.
@@ -205,16 +210,19 @@ func prepareServed(cmd, socket string, device uint, environ []string) (string, [
 	}
 	dir := filepath.Dir(lib)
 	libPath := dir
-	runtime := filepath.Join(dir, "libcudart.so.13")
-	if _, err := os.Stat(runtime); err != nil {
-		runtime = ""
+	// The runtime, cuBLAS and cuBLASLt of served mode, where they were built.
+	var preload []string
+	for _, name := range []string{"libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13"} {
+		if p := filepath.Join(dir, name); fileExists(p) {
+			preload = append(preload, p)
+		}
 	}
 	out := env[:0]
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
 		case "LD_PRELOAD":
-			out = append(out, "LD_PRELOAD="+preloadAfterFirst(v, runtime))
+			out = append(out, "LD_PRELOAD="+preloadAfterFirst(v, preload...))
 		case "LD_LIBRARY_PATH":
 			for _, p := range strings.Split(v, ":") {
 				if p != "" && p != dir {
@@ -228,4 +236,10 @@ func prepareServed(cmd, socket string, device uint, environ []string) (string, [
 	}
 	out = append(out, "LD_LIBRARY_PATH="+libPath, "GPUCR_LIBCUDA="+lib, fmt.Sprintf("GPUCR_SERVED_DEVICE=%d", device))
 	return path, out, nil
+}
+
+// fileExists: path names something stat can see.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

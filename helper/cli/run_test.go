@@ -59,4 +59,17 @@ func TestPreloadAfterFirst(t *testing.T) {
 			t.Errorf("preloadAfterFirst(%q, %q) = %q, want %q", c.list, c.lib, got, c.want)
 		}
 	}
+	// The runtime, cuBLAS and cuBLASLt, in that order, each once.
+	for _, c := range []struct {
+		list string
+		libs []string
+		want string
+	}{
+		{"/g/libgpucr.so", []string{"/s/rt", "/s/blas", "/s/lt"}, "/g/libgpucr.so:/s/rt:/s/blas:/s/lt"},
+		{"/g/libgpucr.so:/s/blas:/u/a.so", []string{"/s/rt", "/s/blas", "/s/lt"}, "/g/libgpucr.so:/s/rt:/s/blas:/s/lt:/u/a.so"},
+	} {
+		if got := preloadAfterFirst(c.list, c.libs...); got != c.want {
+			t.Errorf("preloadAfterFirst(%q, %q) = %q, want %q", c.list, c.libs, got, c.want)
+		}
+	}
 }

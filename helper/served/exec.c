@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blas.h"
 #include "exec.h"
 #include "gpucr/cudadrv.h"
 #include "served.h"
@@ -494,6 +495,9 @@ static CUresult stream_of(svc *s, uint32_t v, CUstream *out) {
     default: *out = get(s, SV_K_STREAM, v); return *out ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
     }
 }
+
+/* blas.c's view of the streams. */
+static CUresult blas_stream(void *arg, uint32_t v, CUstream *out) { return stream_of(arg, v, out); }
 
 static void layout_free(struct wlayout *l) {
     free(l->off);
@@ -1600,7 +1604,17 @@ static int run_record(svc *s, const struct sv_rec *rec, const uint8_t *pl, uint3
         olen = sizeof v64;
         break;
     }
-    default: return fail(s, "record at %llu: unknown op %u", (unsigned long long)s->tail, rec->op);
+    default: {
+        if (!wblas_op(rec->op))
+            return fail(s, "record at %llu: unknown op %u", (unsigned long long)s->tail, rec->op);
+        int bad = 0;
+        wblas_env e = {s->tab, blas_stream, s};
+        r = wblas_run(&e, rec->op, pl, plen, out, &olen, &bad);
+        if (bad)
+            return fail(s, "record %u at %llu: %u bytes, malformed", rec->op, (unsigned long long)s->tail,
+                        (unsigned)plen);
+        break;
+    }
     }
 
     if (answered)
@@ -1790,6 +1804,8 @@ int sv_serve(int sock, char *err, size_t errlen) {
     if (s.sh)
         munmap(s.sh, sizeof(struct sv_shared));
     drop_image(&s);
+    wblas_env be = {s.tab, blas_stream, &s};
+    wblas_free(&be);
     for (unsigned k = 0; k < SV_K_COUNT; k++) {
         if (k == SV_K_FUNC || k == SV_K_KERNEL)
             for (uint32_t i = 0; i < sv_cap(k); i++)

@@ -16,7 +16,6 @@
 #include "gpucr/modfile.h"
 
 /* What a stream capture forwarded (below, before streams and events). */
-static void cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
 static void cap_taint(uint32_t stream, const char *why);
 
 /* The primary context, as the application sees it; which thread has it current; its retains. */
@@ -58,7 +57,7 @@ static inline CUresult need_ctx(void) {
             return CUDA_ERROR_INVALID_DEVICE;                                                                          \
     } while (0)
 
-static CUresult stream_arg(CUstream h, uint32_t *out) {
+CUresult sv_stream_arg(CUstream h, uint32_t *out) {
     if (h == NULL)
         *out = SV_STREAM_NULL;
     else if (h == CU_STREAM_LEGACY)
@@ -463,7 +462,7 @@ SV_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h) 
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
     struct sv_mem_async_rec q = {bytesize, 0, 0};
-    CUresult r = stream_arg(h, &q.stream);
+    CUresult r = sv_stream_arg(h, &q.stream);
     if (r != CUDA_SUCCESS)
         return r;
     cap_taint(q.stream, "a stream-ordered allocation");
@@ -473,7 +472,7 @@ SV_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h) 
 SV_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h) {
     NEED_CTX();
     struct sv_mem_async_rec q = {dptr, 0, 0};
-    CUresult r = stream_arg(h, &q.stream);
+    CUresult r = sv_stream_arg(h, &q.stream);
     if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_MEM_FREE_ASYNC, &q, sizeof q)) != CUDA_SUCCESS)
         return r;
     cap_taint(q.stream, "a stream-ordered free");
@@ -627,7 +626,7 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint32_t stream
         return sv_sync(SV_OP_DTOD, &q, sizeof q, NULL, 0, NULL, true);
     CUresult r = sv_async(SV_OP_DTOD, &q, sizeof q);
     if (r == CUDA_SUCCESS)
-        cap_note(stream, SV_OP_DTOD, &q, sizeof q);
+        sv_cap_note(stream, SV_OP_DTOD, &q, sizeof q);
     return r;
 }
 
@@ -649,21 +648,21 @@ SV_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 SV_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
     NEED_CTX();
     uint32_t st;
-    CUresult r = stream_arg(h, &st);
+    CUresult r = sv_stream_arg(h, &st);
     return r != CUDA_SUCCESS ? r : htod(dst, src, n, st, true);
 }
 
 SV_API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
     NEED_CTX();
     uint32_t st;
-    CUresult r = stream_arg(h, &st);
+    CUresult r = sv_stream_arg(h, &st);
     return r != CUDA_SUCCESS ? r : dtoh(dst, src, n, st, true);
 }
 
 SV_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
     NEED_CTX();
     uint32_t st;
-    CUresult r = stream_arg(h, &st);
+    CUresult r = sv_stream_arg(h, &st);
     return r != CUDA_SUCCESS ? r : dtod(dst, src, n, st, true);
 }
 
@@ -696,20 +695,20 @@ SV_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 SV_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
     NEED_CTX();
     uint32_t st;
-    CUresult r = stream_arg(h, &st);
+    CUresult r = sv_stream_arg(h, &st);
     return r != CUDA_SUCCESS ? r : copy_any(dst, src, n, st, true);
 }
 
 static CUresult memset_any(CUdeviceptr dst, uint32_t val, size_t n, unsigned elem, CUstream h, bool async) {
     NEED_CTX();
     struct sv_memset_rec q = {dst, n, val, elem, 0, async};
-    CUresult r = async ? stream_arg(h, &q.stream) : CUDA_SUCCESS;
+    CUresult r = async ? sv_stream_arg(h, &q.stream) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
     if (!async)
         return sv_sync(SV_OP_MEMSET, &q, sizeof q, NULL, 0, NULL, true);
     if ((r = sv_async(SV_OP_MEMSET, &q, sizeof q)) == CUDA_SUCCESS)
-        cap_note(q.stream, SV_OP_MEMSET, &q, sizeof q);
+        sv_cap_note(q.stream, SV_OP_MEMSET, &q, sizeof q);
     return r;
 }
 
@@ -783,7 +782,7 @@ static void cap_append(sv_caplog *l, unsigned op, const void *pl, uint32_t plen)
 }
 
 /* A record forwarded on stream: kept if the stream captures. */
-static void cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen) {
+void sv_cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen) {
     if (__builtin_expect(!atomic_load_explicit(&CAP.n, memory_order_relaxed), 1))
         return;
     pthread_mutex_lock(&CAP.mu);
@@ -952,7 +951,7 @@ SV_API CUresult cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int
 static CUresult stream_record(CUstream h, int *priority, unsigned *flags) {
     NEED_CTX();
     uint32_t id;
-    CUresult r = stream_arg(h, &id);
+    CUresult r = sv_stream_arg(h, &id);
     if (r != CUDA_SUCCESS)
         return r;
     const sv_flags *d = id >= SV_STREAM_FIRST_ID ? sv_id_data(SV_K_STREAM, id) : NULL;
@@ -983,7 +982,7 @@ SV_API CUresult cuStreamGetFlags(CUstream h, unsigned int *flags) {
 static CUresult capture_info(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id) {
     NEED_CTX();
     uint32_t st;
-    CUresult r = stream_arg(h, &st);
+    CUresult r = sv_stream_arg(h, &st);
     if (r != CUDA_SUCCESS)
         return r;
     if (atomic_load_explicit(&capturing, memory_order_acquire) == 0) {
@@ -1050,7 +1049,7 @@ SV_API CUresult cuStreamDestroy_v2(CUstream h) { return destroy(SV_K_STREAM, SV_
 static CUresult stream_sync_op(unsigned op, CUstream h) {
     NEED_CTX();
     struct sv_id_rec q = {0, 0};
-    CUresult r = stream_arg(h, &q.id);
+    CUresult r = sv_stream_arg(h, &q.id);
     return r != CUDA_SUCCESS ? r : sv_sync(op, &q, sizeof q, NULL, 0, NULL, true);
 }
 
@@ -1060,7 +1059,7 @@ SV_API CUresult cuStreamQuery(CUstream h) { return stream_sync_op(SV_OP_STREAM_Q
 SV_API CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
     NEED_CTX();
     struct sv_pair_rec q = {0, sv_id(SV_K_EVENT, e), flags, 0};
-    CUresult r = stream_arg(h, &q.a);
+    CUresult r = sv_stream_arg(h, &q.a);
     if (r != CUDA_SUCCESS)
         return r;
     if (!q.b)
@@ -1073,7 +1072,7 @@ SV_API CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
 SV_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) {
     NEED_CTX();
     struct sv_pair_rec q = {0, 0, (uint32_t)mode, 0};
-    CUresult r = stream_arg(h, &q.a);
+    CUresult r = sv_stream_arg(h, &q.a);
     if (r != CUDA_SUCCESS ||
         (r = sv_sync(SV_OP_STREAM_BEGIN_CAPTURE, &q, sizeof q, NULL, 0, NULL, false)) != CUDA_SUCCESS)
         return r;
@@ -1088,7 +1087,7 @@ SV_API CUresult cuStreamEndCapture(CUstream h, CUgraph *pg) {
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
     struct sv_pair_rec q = {0, 0, 0, 0};
-    CUresult r = stream_arg(h, &q.a);
+    CUresult r = sv_stream_arg(h, &q.a);
     if (r != CUDA_SUCCESS)
         return r;
     if (!(q.b = sv_id_new(SV_K_GRAPH)))
@@ -1143,7 +1142,7 @@ SV_API CUresult cuGraphLaunch(CUgraphExec e, CUstream h) {
     struct sv_graph_rec q = {sv_id(SV_K_EXEC, e), 0, 0};
     if (!q.exec)
         return CUDA_ERROR_INVALID_HANDLE;
-    CUresult r = stream_arg(h, &q.graph); /* graph: the stream, in a launch */
+    CUresult r = sv_stream_arg(h, &q.graph); /* graph: the stream, in a launch */
     if (r != CUDA_SUCCESS)
         return r;
     cap_taint(q.graph, "a graph launched into it");
@@ -1181,10 +1180,10 @@ SV_API CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data) {
 static CUresult memop(CUstream h, CUdeviceptr addr, uint64_t value, unsigned kind, unsigned flags) {
     NEED_CTX();
     struct sv_memop_rec q = {addr, value, 0, kind, flags, 0};
-    CUresult r = stream_arg(h, &q.stream);
+    CUresult r = sv_stream_arg(h, &q.stream);
     if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_STREAM_MEMOP, &q, sizeof q)) != CUDA_SUCCESS)
         return r;
-    cap_note(q.stream, SV_OP_STREAM_MEMOP, &q, sizeof q);
+    sv_cap_note(q.stream, SV_OP_STREAM_MEMOP, &q, sizeof q);
     return CUDA_SUCCESS;
 }
 
@@ -1217,10 +1216,10 @@ static CUresult event_record(CUevent e, CUstream h, unsigned flags) {
     struct sv_pair_rec q = {sv_id(SV_K_EVENT, e), 0, flags, 0};
     if (!q.a)
         return CUDA_ERROR_INVALID_HANDLE;
-    CUresult r = stream_arg(h, &q.b);
+    CUresult r = sv_stream_arg(h, &q.b);
     if (r != CUDA_SUCCESS || (r = sv_async(SV_OP_EVENT_RECORD, &q, sizeof q)) != CUDA_SUCCESS)
         return r;
-    cap_note(q.b, SV_OP_EVENT_RECORD, &q, sizeof q);
+    sv_cap_note(q.b, SV_OP_EVENT_RECORD, &q, sizeof q);
     return CUDA_SUCCESS;
 }
 
@@ -1941,7 +1940,7 @@ static CUresult launch(const void *fh, const unsigned grid[3], const unsigned bl
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
     uint32_t st;
-    CUresult r = stream_arg(h, &st);
+    CUresult r = sv_stream_arg(h, &st);
     if (r != CUDA_SUCCESS)
         return r;
     const void *buf = NULL;
@@ -1995,7 +1994,7 @@ static CUresult launch(const void *fh, const unsigned grid[3], const unsigned bl
     } else if (buf) {
         memcpy(args, buf, nbytes);
     }
-    cap_note(st, SV_OP_LAUNCH, s.payload, (uint32_t)(sizeof *L + nbytes));
+    sv_cap_note(st, SV_OP_LAUNCH, s.payload, (uint32_t)(sizeof *L + nbytes));
     sv_commit(&s);
     sv_leave();
     return CUDA_SUCCESS;

@@ -215,6 +215,18 @@ SV_HIDDEN void sv_range_add(uint64_t base, uint64_t size);
 SV_HIDDEN void sv_range_del(uint64_t base);
 SV_HIDDEN bool sv_range_has(uint64_t p);
 
+/* A stream argument as a record names it (served.h: SV_STREAM_*, else its id); CUDA_ERROR_INVALID_HANDLE for
+ * none of the process's streams. */
+SV_HIDDEN CUresult sv_stream_arg(CUstream h, uint32_t *out);
+/* A record forwarded on stream: kept if the stream captures (for capturing it again in another worker). */
+SV_HIDDEN void sv_cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
+
+/* ---- ext.c: what the libraries served beside this one (intercept/blas) use of it ---- */
+
+/* Their objects, made again in a new worker: after the streams and events, before the graphs (whose captures
+ * may hold their calls). */
+SV_HIDDEN CUresult sv_ext_replay(void);
+
 /* ---- misc.c ---- */
 
 /* The one-time line of a refused entry point. */

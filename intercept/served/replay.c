@@ -18,7 +18,9 @@
  *      with the attributes and cache preference the process set on them;
  *      the globals the process asked for, which must be where they were,
  *      with what they held at the detach;
- *   5. streams and events, with their flags and priorities;
+ *   5. streams and events, with their flags and priorities, then the objects
+ *      of the libraries served beside this one (cuBLAS's handles, cuBLASLt's
+ *      descriptors: ext.c), which name streams and are named by captures;
  *   6. graphs, by capturing again what their capture forwarded (launches,
  *      memsets, device copies, event records and waits, stream memory
  *      operations: records that name virtual ids and device addresses, which
@@ -368,6 +370,8 @@ CUresult sv_replay(void) {
         r = flagged(SV_K_STREAM, SV_OP_STREAM_CREATE_PRIO, SV_STREAM_FIRST_ID);
     if (r == CUDA_SUCCESS)
         r = flagged(SV_K_EVENT, SV_OP_EVENT_CREATE, 1);
+    if (r == CUDA_SUCCESS)
+        r = sv_ext_replay();
     if (r == CUDA_SUCCESS)
         r = graphs();
     /* The creations above that were asynchronous: their failures come back here. */

@@ -140,3 +140,16 @@ GATED(cuStreamBatchMemOp_v2, STAT_LAUNCHES,
 GATED(cuStreamBatchMemOp_v2_ptsz, STAT_LAUNCHES,
       (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags),
       (stream, count, paramArray, flags), gc_cow_all())
+
+/*
+ * The gate for libraries that queue GPU work without the driver's entry points: served mode's cuBLAS and
+ * cuBLASLt (intercept/blas), whose products run in the worker. Their writes are not known here, so a
+ * copy-on-write window saves everything first, as for a CUDA graph.
+ */
+GC_EXPORT void gpucrGateEnter(void) {
+    if (gc_gate_enter())
+        gc_cow_all();
+    gc_stat_add(STAT_LAUNCHES, 1);
+}
+
+GC_EXPORT void gpucrGateLeave(void) { gc_gate_leave(); }

@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #define SV_MAGIC 0x31565347u /* "GSV1" */
-#define SV_VERSION 3u
+#define SV_VERSION 4u
 
 #define SV_RING_BYTES (4u << 20)  /* the record ring */
 #define SV_NREPLY 64u             /* reply slots: synchronous calls in flight at once */
@@ -68,6 +68,12 @@ enum sv_kind {
     SV_K_EVENT,
     SV_K_GRAPH,
     SV_K_EXEC,
+    /* cuBLAS and cuBLASLt (intercept/blas): their handles, matmul descriptors, matrix layouts, preferences */
+    SV_K_BLAS,
+    SV_K_LT,
+    SV_K_LT_DESC,
+    SV_K_LT_LAYOUT,
+    SV_K_LT_PREF,
     SV_K_COUNT
 };
 #define SV_CAP_MODULE (1u << 14)
@@ -78,9 +84,15 @@ enum sv_kind {
 #define SV_CAP_EVENT (1u << 16)
 #define SV_CAP_GRAPH (1u << 12)
 #define SV_CAP_EXEC (1u << 12)
+#define SV_CAP_BLAS (1u << 10)
+#define SV_CAP_LT (1u << 10)
+#define SV_CAP_LT_DESC (1u << 12)
+#define SV_CAP_LT_LAYOUT (1u << 14)
+#define SV_CAP_LT_PREF (1u << 12)
 static inline uint32_t sv_cap(unsigned kind) {
-    static const uint32_t caps[SV_K_COUNT] = {SV_CAP_MODULE, SV_CAP_FUNC,  SV_CAP_LIBRARY, SV_CAP_KERNEL,
-                                              SV_CAP_STREAM, SV_CAP_EVENT, SV_CAP_GRAPH,   SV_CAP_EXEC};
+    static const uint32_t caps[SV_K_COUNT] = {
+        SV_CAP_MODULE, SV_CAP_FUNC, SV_CAP_LIBRARY, SV_CAP_KERNEL,  SV_CAP_STREAM,    SV_CAP_EVENT,  SV_CAP_GRAPH,
+        SV_CAP_EXEC,   SV_CAP_BLAS, SV_CAP_LT,      SV_CAP_LT_DESC, SV_CAP_LT_LAYOUT, SV_CAP_LT_PREF};
     return kind < SV_K_COUNT ? caps[kind] : 0;
 }
 /* A stream in a record: the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, else a stream id (>= 3). */
@@ -224,6 +236,20 @@ enum sv_op {
     SV_OP_POINTER_ATTRS,
     SV_OP_CTX_LIMIT,
     SV_OP_GRAPH_NODES, /* sv_id_rec: the graph; reply: uint64 its number of nodes */
+    /* cuBLAS and cuBLASLt (below: struct sv_blas_load ...) */
+    SV_OP_BLAS_LOAD,
+    SV_OP_BLAS_CREATE,
+    SV_OP_BLAS_DESTROY,
+    SV_OP_BLAS_SET,
+    SV_OP_BLAS_GEMM,
+    SV_OP_LT_CREATE,
+    SV_OP_LT_DESTROY,
+    SV_OP_LT_OBJ_CREATE,
+    SV_OP_LT_OBJ_DESTROY,
+    SV_OP_LT_OBJ_SET,
+    SV_OP_LT_OBJ_GET,
+    SV_OP_LT_HEURISTIC,
+    SV_OP_LT_MATMUL,
     SV_OP_COUNT
 };
 
@@ -364,6 +390,86 @@ struct sv_access_rec {
         int32_t loc_id;
         uint32_t flags;
     } d[SV_MAX_ACCESS];
+};
+
+/*
+ * cuBLAS and cuBLASLt, forwarded at their own boundary (docs/served-mode.md): the application's libcublas.so.13
+ * and libcublasLt.so.13 are gpucr's (intercept/blas), and the worker runs NVIDIA's. Each handle, descriptor,
+ * layout and preference is a virtual id of its kind; device pointers travel as they are; host scalars by value.
+ * The synchronous ones answer a cublasStatus_t as the reply's first int32 (the reply's result is the transport's);
+ * an asynchronous one's failure is deferred as CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_INVALID_VALUE, ...
+ *
+ * SV_OP_BLAS_LOAD (synchronous): which library (0 cuBLAS, 1 cuBLASLt), from the file whose path follows,
+ * NUL-terminated (the one the application would have loaded); the worker loads it once, as the process's user.
+ */
+#define SV_BLAS_PATH_MAX 4096u
+struct sv_blas_load {
+    uint32_t which, pad;
+};
+/* Its reply: then, if status is not 0, the worker's line (NUL-terminated) that says why. */
+struct sv_blas_loaded {
+    int32_t status, pad;
+    uint64_t version, cudart_version; /* cuBLAS: major * 10000 + minor * 100 + patch */
+    int32_t major, minor, patch, pad2;
+};
+/* SV_OP_BLAS_CREATE (synchronous) / SV_OP_BLAS_DESTROY, SV_OP_LT_CREATE (synchronous) / SV_OP_LT_DESTROY:
+ * struct sv_id_rec, the handle's id. */
+/* SV_OP_BLAS_SET: a handle's setting; what: */
+enum { SV_BS_WORKSPACE = 0, SV_BS_MATH, SV_BS_POINTER, SV_BS_ATOMICS };
+struct sv_blas_set {
+    uint32_t handle, what;
+    uint64_t a, b; /* workspace: address, bytes; else the mode in a */
+};
+/* SV_OP_BLAS_GEMM: one of the gemm family on the handle's stream (the stream travels with each call: the worker
+ * sets it on its handle when it changed). dev_scalars: alpha and beta are device addresses (pointer mode device),
+ * else their bytes. */
+enum { SV_GEMM_S = 0, SV_GEMM_D, SV_GEMM_EX, SV_GEMM_S_STRIDED, SV_GEMM_D_STRIDED, SV_GEMM_EX_STRIDED };
+struct sv_gemm_rec {
+    uint32_t handle, stream, fn, dev_scalars;
+    uint32_t transa, transb;
+    int32_t m, n, k, lda, ldb, ldc, batch;
+    int32_t atype, btype, ctype, compute, algo;
+    uint64_t a, b, c;
+    int64_t stride_a, stride_b, stride_c;
+    uint8_t alpha[16], beta[16];
+};
+/* SV_OP_LT_OBJ_CREATE: a matmul descriptor (a: compute type, b: scale type), a matrix layout (a: type, b: rows,
+ * c: cols, d: ld) or a preference. SV_OP_LT_OBJ_DESTROY: kind and id. SV_OP_LT_OBJ_SET: an attribute's value
+ * (size bytes of value). SV_OP_LT_OBJ_GET (synchronous): the reply is the status, the size written, the value. */
+#define SV_LT_ATTR_MAX 64u
+struct sv_lt_obj {
+    uint32_t kind, id; /* SV_K_LT_DESC, SV_K_LT_LAYOUT or SV_K_LT_PREF */
+    int64_t a, b, c, d;
+};
+struct sv_lt_attr {
+    uint32_t kind, id, attr, size;
+    uint8_t value[SV_LT_ATTR_MAX];
+};
+struct sv_lt_got {
+    int32_t status, pad;
+    uint64_t written;
+    uint8_t value[SV_LT_ATTR_MAX];
+};
+/* SV_OP_LT_HEURISTIC (synchronous): the reply is struct sv_lt_heur then count results of 96 bytes
+ * (cublasLtMatmulHeuristicResult_t). */
+#define SV_LT_HEUR_MAX 40u
+/* A cuBLASLt handle in a record: its id, or a cuBLAS handle's id with this bit (PyTorch passes its cuBLAS handle
+ * as its cuBLASLt handle, which NVIDIA's libraries allow). */
+#define SV_LT_FROM_BLAS 0x80000000u
+struct sv_lt_heur_rec {
+    uint32_t lt, desc, adesc, bdesc, cdesc, ddesc, pref;
+    int32_t requested;
+};
+struct sv_lt_heur {
+    int32_t status, count;
+};
+/* SV_OP_LT_MATMUL: cublasLtMatmul on stream; alpha and beta each a device address (*_dev) or its bytes. */
+struct sv_lt_matmul {
+    uint32_t lt, desc, adesc, bdesc, cdesc, ddesc, stream, has_algo;
+    uint32_t alpha_dev, beta_dev;
+    uint64_t a, b, c, d, workspace, workspace_size;
+    uint8_t alpha[16], beta[16];
+    uint64_t algo[8];
 };
 
 /*

@@ -1,0 +1,491 @@
+/*
+ * The served-mode worker's cuBLAS and cuBLASLt (blas.h). The client is
+ * another user's process: every id is bounds-checked against its kind's cap
+ * before use, every size against what its record holds, and the library's
+ * path is loaded only after the worker took that user (worker.go), so it
+ * runs nothing the process could not run itself.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+#include "gpucr/cublas.h"
+#include "served.h"
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+#define BLAS_FNS(X)                                                                                                    \
+    X(cublasCreate_v2)                                                                                                 \
+    X(cublasDestroy_v2)                                                                                                \
+    X(cublasSetStream_v2)                                                                                              \
+    X(cublasSetWorkspace_v2)                                                                                           \
+    X(cublasSetMathMode)                                                                                               \
+    X(cublasSetPointerMode_v2)                                                                                         \
+    X(cublasSetAtomicsMode)                                                                                            \
+    X(cublasSgemm_v2)                                                                                                  \
+    X(cublasDgemm_v2)                                                                                                  \
+    X(cublasGemmEx)                                                                                                    \
+    X(cublasSgemmStridedBatched)                                                                                       \
+    X(cublasDgemmStridedBatched)                                                                                       \
+    X(cublasGemmStridedBatchedEx)                                                                                      \
+    X(cublasGetProperty)                                                                                               \
+    X(cublasGetCudartVersion)
+
+#define LT_FNS(X)                                                                                                      \
+    X(cublasLtCreate)                                                                                                  \
+    X(cublasLtDestroy)                                                                                                 \
+    X(cublasLtMatmulDescCreate)                                                                                        \
+    X(cublasLtMatmulDescDestroy)                                                                                       \
+    X(cublasLtMatmulDescSetAttribute)                                                                                  \
+    X(cublasLtMatmulDescGetAttribute)                                                                                  \
+    X(cublasLtMatrixLayoutCreate)                                                                                      \
+    X(cublasLtMatrixLayoutDestroy)                                                                                     \
+    X(cublasLtMatrixLayoutSetAttribute)                                                                                \
+    X(cublasLtMatrixLayoutGetAttribute)                                                                                \
+    X(cublasLtMatmulPreferenceCreate)                                                                                  \
+    X(cublasLtMatmulPreferenceDestroy)                                                                                 \
+    X(cublasLtMatmulPreferenceSetAttribute)                                                                            \
+    X(cublasLtMatmulPreferenceGetAttribute)                                                                            \
+    X(cublasLtMatmulAlgoGetHeuristic)                                                                                  \
+    X(cublasLtMatmul)                                                                                                  \
+    X(cublasLtGetProperty)                                                                                             \
+    X(cublasLtGetVersion)                                                                                              \
+    X(cublasLtGetCudartVersion)
+
+#define DECL(f) static __typeof__(&f) p_##f;
+BLAS_FNS(DECL)
+LT_FNS(DECL)
+#undef DECL
+static bool have_blas, have_lt;
+
+/* A cuBLAS handle: the stream and pointer mode last set on it, set again only when a call's differ. */
+struct wbh {
+    cublasHandle_t h;
+    CUstream stream;
+    uint32_t stream_id;
+    int ptr_mode;
+};
+
+bool wblas_op(unsigned op) { return op >= SV_OP_BLAS_LOAD && op <= SV_OP_LT_MATMUL; }
+
+/* An asynchronous call's status, as the CUresult its deferral reports. */
+static CUresult as_cu(cublasStatus_t st) {
+    switch (st) {
+    case CUBLAS_STATUS_SUCCESS: return CUDA_SUCCESS;
+    case CUBLAS_STATUS_INVALID_VALUE: return CUDA_ERROR_INVALID_VALUE;
+    case CUBLAS_STATUS_NOT_SUPPORTED: return CUDA_ERROR_NOT_SUPPORTED;
+    case CUBLAS_STATUS_ALLOC_FAILED: return CUDA_ERROR_OUT_OF_MEMORY;
+    case CUBLAS_STATUS_NOT_INITIALIZED: return CUDA_ERROR_NOT_INITIALIZED;
+    case CUBLAS_STATUS_EXECUTION_FAILED: return CUDA_ERROR_LAUNCH_FAILED;
+    default: return CUDA_ERROR_UNKNOWN;
+    }
+}
+
+/* A synchronous call's answer: its status first. */
+static CUresult answer(uint8_t *out, uint32_t *olen, cublasStatus_t st) {
+    int32_t v = (int32_t)st;
+    memcpy(out, &v, sizeof v);
+    *olen = sizeof v;
+    return CUDA_SUCCESS;
+}
+
+static void *obj(const wblas_env *e, unsigned kind, uint32_t id) {
+    return id > 0 && id < sv_cap(kind) ? e->tab[kind][id] : NULL;
+}
+static bool slot_free(const wblas_env *e, unsigned kind, uint32_t id) {
+    return id > 0 && id < sv_cap(kind) && e->tab[kind][id] == NULL;
+}
+
+/* SV_OP_BLAS_LOAD: NVIDIA's library, from the path the process gave (NUL-terminated in the record), and its
+ * version. */
+static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *olen) {
+    struct sv_blas_load q;
+    memcpy(&q, pl, sizeof q);
+    struct sv_blas_loaded a;
+    memset(&a, 0, sizeof a);
+    char path[SV_BLAS_PATH_MAX];
+    char msg[512] = "";
+    uint32_t n = plen - (uint32_t)sizeof q;
+    if (n == 0 || n > sizeof path || q.which > 1) {
+        snprintf(msg, sizeof msg, "no library path in the record");
+    } else {
+        memcpy(path, pl + sizeof q, n);
+        if (path[n - 1] != 0) /* checked on the copy: the shared memory may change under the worker */
+            snprintf(msg, sizeof msg, "the library path is not terminated");
+    }
+    if (!msg[0] && !(q.which == 0 ? have_blas : have_lt)) {
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            snprintf(msg, sizeof msg, "%s", dlerror());
+        } else if (q.which == 0) {
+#define RES(f)                                                                                                         \
+    if (!msg[0] && !(p_##f = (__typeof__(p_##f))dlsym(h, STR(f))))                                                     \
+        snprintf(msg, sizeof msg, "the library exports no %s", STR(f));
+            BLAS_FNS(RES)
+            have_blas = !msg[0];
+        } else {
+            LT_FNS(RES)
+#undef RES
+            have_lt = !msg[0];
+        }
+    }
+    if (!msg[0] && q.which == 0) {
+        p_cublasGetProperty(MAJOR_VERSION, &a.major);
+        p_cublasGetProperty(MINOR_VERSION, &a.minor);
+        p_cublasGetProperty(PATCH_LEVEL, &a.patch);
+        a.version = (uint64_t)a.major * 10000 + (uint64_t)a.minor * 100 + (uint64_t)a.patch;
+        a.cudart_version = p_cublasGetCudartVersion();
+    } else if (!msg[0]) {
+        p_cublasLtGetProperty(MAJOR_VERSION, &a.major);
+        p_cublasLtGetProperty(MINOR_VERSION, &a.minor);
+        p_cublasLtGetProperty(PATCH_LEVEL, &a.patch);
+        a.version = p_cublasLtGetVersion();
+        a.cudart_version = p_cublasLtGetCudartVersion();
+    }
+    a.status = msg[0] ? CUBLAS_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_SUCCESS;
+    memcpy(out, &a, sizeof a);
+    *olen = sizeof a;
+    if (msg[0]) {
+        size_t ml = strlen(msg) + 1;
+        memcpy(out + sizeof a, msg, ml);
+        *olen += (uint32_t)ml;
+    }
+    return CUDA_SUCCESS;
+}
+
+static cublasStatus_t gemm(const wblas_env *e, const struct sv_gemm_rec *q) {
+    struct wbh *b = obj(e, SV_K_BLAS, q->handle);
+    if (!b)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    uint32_t sid = q->stream == SV_STREAM_NULL ? UINT32_MAX : q->stream;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (sid != b->stream_id) {
+        CUstream s;
+        if (e->stream(e->arg, q->stream, &s) != CUDA_SUCCESS)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        if ((st = p_cublasSetStream_v2(b->h, s)) != CUBLAS_STATUS_SUCCESS)
+            return st;
+        b->stream = s;
+        b->stream_id = sid;
+    }
+    int mode = q->dev_scalars ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST;
+    if (mode != b->ptr_mode) {
+        if ((st = p_cublasSetPointerMode_v2(b->h, (cublasPointerMode_t)mode)) != CUBLAS_STATUS_SUCCESS)
+            return st;
+        b->ptr_mode = mode;
+    }
+    uint64_t pa, pb;
+    memcpy(&pa, q->alpha, sizeof pa);
+    memcpy(&pb, q->beta, sizeof pb);
+    const void *alpha = q->dev_scalars ? (const void *)(uintptr_t)pa : (const void *)q->alpha;
+    const void *beta = q->dev_scalars ? (const void *)(uintptr_t)pb : (const void *)q->beta;
+    cublasOperation_t ta = (cublasOperation_t)q->transa, tb = (cublasOperation_t)q->transb;
+    const void *A = (const void *)(uintptr_t)q->a, *B = (const void *)(uintptr_t)q->b;
+    void *C = (void *)(uintptr_t)q->c;
+    switch (q->fn) {
+    case SV_GEMM_S:
+        return p_cublasSgemm_v2(b->h, ta, tb, q->m, q->n, q->k, alpha, A, q->lda, B, q->ldb, beta, C, q->ldc);
+    case SV_GEMM_D:
+        return p_cublasDgemm_v2(b->h, ta, tb, q->m, q->n, q->k, alpha, A, q->lda, B, q->ldb, beta, C, q->ldc);
+    case SV_GEMM_EX:
+        return p_cublasGemmEx(b->h, ta, tb, q->m, q->n, q->k, alpha, A, (cudaDataType)q->atype, q->lda, B,
+                              (cudaDataType)q->btype, q->ldb, beta, C, (cudaDataType)q->ctype, q->ldc,
+                              (cublasComputeType_t)q->compute, (cublasGemmAlgo_t)q->algo);
+    case SV_GEMM_S_STRIDED:
+        return p_cublasSgemmStridedBatched(b->h, ta, tb, q->m, q->n, q->k, alpha, A, q->lda, q->stride_a, B, q->ldb,
+                                           q->stride_b, beta, C, q->ldc, q->stride_c, q->batch);
+    case SV_GEMM_D_STRIDED:
+        return p_cublasDgemmStridedBatched(b->h, ta, tb, q->m, q->n, q->k, alpha, A, q->lda, q->stride_a, B, q->ldb,
+                                           q->stride_b, beta, C, q->ldc, q->stride_c, q->batch);
+    case SV_GEMM_EX_STRIDED:
+        return p_cublasGemmStridedBatchedEx(b->h, ta, tb, q->m, q->n, q->k, alpha, A, (cudaDataType)q->atype, q->lda,
+                                            q->stride_a, B, (cudaDataType)q->btype, q->ldb, q->stride_b, beta, C,
+                                            (cudaDataType)q->ctype, q->ldc, q->stride_c, q->batch,
+                                            (cublasComputeType_t)q->compute, (cublasGemmAlgo_t)q->algo);
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+}
+
+static bool lt_kind(uint32_t k) { return k == SV_K_LT_DESC || k == SV_K_LT_LAYOUT || k == SV_K_LT_PREF; }
+
+/* A cuBLASLt handle as a record names it (served.h: SV_LT_FROM_BLAS). */
+static void *lt_handle(const wblas_env *e, uint32_t v) {
+    if (v & SV_LT_FROM_BLAS) {
+        struct wbh *b = obj(e, SV_K_BLAS, v & ~SV_LT_FROM_BLAS);
+        return b ? (void *)b->h : NULL;
+    }
+    return obj(e, SV_K_LT, v);
+}
+
+static cublasStatus_t lt_set(const wblas_env *e, const struct sv_lt_attr *q) {
+    void *o = lt_kind(q->kind) ? obj(e, q->kind, q->id) : NULL;
+    if (!o || q->size > SV_LT_ATTR_MAX)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    switch (q->kind) {
+    case SV_K_LT_DESC:
+        return p_cublasLtMatmulDescSetAttribute(o, (cublasLtMatmulDescAttributes_t)q->attr, q->value, q->size);
+    case SV_K_LT_LAYOUT:
+        return p_cublasLtMatrixLayoutSetAttribute(o, (cublasLtMatrixLayoutAttribute_t)q->attr, q->value, q->size);
+    default:
+        return p_cublasLtMatmulPreferenceSetAttribute(o, (cublasLtMatmulPreferenceAttributes_t)q->attr, q->value,
+                                                      q->size);
+    }
+}
+
+static cublasStatus_t lt_create(const wblas_env *e, const struct sv_lt_obj *q) {
+    if (!lt_kind(q->kind) || !slot_free(e, q->kind, q->id))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    void *o = NULL;
+    cublasStatus_t st;
+    switch (q->kind) {
+    case SV_K_LT_DESC:
+        st = p_cublasLtMatmulDescCreate((cublasLtMatmulDesc_t *)&o, (cublasComputeType_t)q->a, (cudaDataType)q->b);
+        break;
+    case SV_K_LT_LAYOUT:
+        st = p_cublasLtMatrixLayoutCreate((cublasLtMatrixLayout_t *)&o, (cudaDataType)q->a, (uint64_t)q->b,
+                                          (uint64_t)q->c, q->d);
+        break;
+    default: st = p_cublasLtMatmulPreferenceCreate((cublasLtMatmulPreference_t *)&o); break;
+    }
+    if (st == CUBLAS_STATUS_SUCCESS)
+        e->tab[q->kind][q->id] = o;
+    return st;
+}
+
+static cublasStatus_t lt_destroy(const wblas_env *e, const struct sv_lt_obj *q) {
+    void *o = lt_kind(q->kind) ? obj(e, q->kind, q->id) : NULL;
+    if (!o)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    e->tab[q->kind][q->id] = NULL;
+    switch (q->kind) {
+    case SV_K_LT_DESC: return p_cublasLtMatmulDescDestroy(o);
+    case SV_K_LT_LAYOUT: return p_cublasLtMatrixLayoutDestroy(o);
+    default: return p_cublasLtMatmulPreferenceDestroy(o);
+    }
+}
+
+static CUresult lt_get(const wblas_env *e, const struct sv_lt_attr *q, uint8_t *out, uint32_t *olen) {
+    struct sv_lt_got g;
+    memset(&g, 0, sizeof g);
+    void *o = lt_kind(q->kind) ? obj(e, q->kind, q->id) : NULL;
+    size_t written = 0;
+    cublasStatus_t st;
+    if (!o || q->size > SV_LT_ATTR_MAX)
+        st = CUBLAS_STATUS_INVALID_VALUE;
+    else if (q->kind == SV_K_LT_DESC)
+        st = p_cublasLtMatmulDescGetAttribute(o, (cublasLtMatmulDescAttributes_t)q->attr, g.value, q->size, &written);
+    else if (q->kind == SV_K_LT_LAYOUT)
+        st =
+            p_cublasLtMatrixLayoutGetAttribute(o, (cublasLtMatrixLayoutAttribute_t)q->attr, g.value, q->size, &written);
+    else
+        st = p_cublasLtMatmulPreferenceGetAttribute(o, (cublasLtMatmulPreferenceAttributes_t)q->attr, g.value, q->size,
+                                                    &written);
+    g.status = (int32_t)st;
+    g.written = written;
+    memcpy(out, &g, sizeof g);
+    *olen = sizeof g;
+    return CUDA_SUCCESS;
+}
+
+static CUresult lt_heuristic(const wblas_env *e, const struct sv_lt_heur_rec *q, uint8_t *out, uint32_t *olen) {
+    struct sv_lt_heur h = {0, 0};
+    void *lt = lt_handle(e, q->lt), *d = obj(e, SV_K_LT_DESC, q->desc), *pref = obj(e, SV_K_LT_PREF, q->pref);
+    void *la = obj(e, SV_K_LT_LAYOUT, q->adesc), *lb = obj(e, SV_K_LT_LAYOUT, q->bdesc);
+    void *lc = obj(e, SV_K_LT_LAYOUT, q->cdesc), *ld = obj(e, SV_K_LT_LAYOUT, q->ddesc);
+    cublasLtMatmulHeuristicResult_t res[SV_LT_HEUR_MAX];
+    memset(res, 0, sizeof res);
+    int n = 0;
+    if (!lt)
+        h.status = CUBLAS_STATUS_NOT_INITIALIZED;
+    else if (!d || !pref || !la || !lb || !lc || !ld || q->requested <= 0)
+        h.status = CUBLAS_STATUS_INVALID_VALUE;
+    else
+        h.status = (int32_t)p_cublasLtMatmulAlgoGetHeuristic(
+            lt, d, la, lb, lc, ld, pref, q->requested < (int)SV_LT_HEUR_MAX ? q->requested : (int)SV_LT_HEUR_MAX, res,
+            &n);
+    if (n < 0 || n > (int)SV_LT_HEUR_MAX)
+        n = 0;
+    h.count = h.status == CUBLAS_STATUS_SUCCESS ? n : 0;
+    memcpy(out, &h, sizeof h);
+    memcpy(out + sizeof h, res, (size_t)h.count * sizeof res[0]);
+    *olen = (uint32_t)(sizeof h + (size_t)h.count * sizeof res[0]);
+    return CUDA_SUCCESS;
+}
+
+static cublasStatus_t lt_matmul(const wblas_env *e, const struct sv_lt_matmul *q) {
+    void *lt = lt_handle(e, q->lt), *d = obj(e, SV_K_LT_DESC, q->desc);
+    void *la = obj(e, SV_K_LT_LAYOUT, q->adesc), *lb = obj(e, SV_K_LT_LAYOUT, q->bdesc);
+    void *lc = obj(e, SV_K_LT_LAYOUT, q->cdesc), *ld = obj(e, SV_K_LT_LAYOUT, q->ddesc);
+    if (!lt)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!d || !la || !lb || !lc || !ld)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    CUstream st;
+    if (e->stream(e->arg, q->stream, &st) != CUDA_SUCCESS)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    uint64_t pa, pb;
+    memcpy(&pa, q->alpha, sizeof pa);
+    memcpy(&pb, q->beta, sizeof pb);
+    const void *alpha = q->alpha_dev ? (const void *)(uintptr_t)pa : (const void *)q->alpha;
+    const void *beta = q->beta_dev ? (const void *)(uintptr_t)pb : (const void *)q->beta;
+    cublasLtMatmulAlgo_t algo;
+    memcpy(algo.data, q->algo, sizeof algo.data);
+    return p_cublasLtMatmul(lt, d, alpha, (const void *)(uintptr_t)q->a, la, (const void *)(uintptr_t)q->b, lb, beta,
+                            (const void *)(uintptr_t)q->c, lc, (void *)(uintptr_t)q->d, ld, q->has_algo ? &algo : NULL,
+                            (void *)(uintptr_t)q->workspace, (size_t)q->workspace_size, st);
+}
+
+#define NEED(type)                                                                                                     \
+    if (plen < sizeof(type)) {                                                                                         \
+        *bad = -1;                                                                                                     \
+        return CUDA_ERROR_INVALID_VALUE;                                                                               \
+    }
+
+CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *olen,
+                   int *bad) {
+    *bad = 0;
+    *olen = 0;
+    if (op == SV_OP_BLAS_LOAD) {
+        NEED(struct sv_blas_load);
+        return load(pl, plen, out, olen);
+    }
+    bool lt_op = op >= SV_OP_LT_CREATE;
+    if (lt_op ? !have_lt : !have_blas) {
+        /* Before its load: a synchronous call answers, an asynchronous one fails at the next synchronization. */
+        if (op == SV_OP_BLAS_CREATE || op == SV_OP_LT_CREATE || op == SV_OP_LT_OBJ_GET || op == SV_OP_LT_HEURISTIC)
+            return answer(out, olen, CUBLAS_STATUS_NOT_INITIALIZED);
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    switch (op) {
+    case SV_OP_BLAS_CREATE: {
+        NEED(struct sv_id_rec);
+        struct sv_id_rec q;
+        memcpy(&q, pl, sizeof q);
+        if (!slot_free(e, SV_K_BLAS, q.id))
+            return answer(out, olen, CUBLAS_STATUS_INVALID_VALUE);
+        struct wbh *b = calloc(1, sizeof *b);
+        if (!b)
+            return answer(out, olen, CUBLAS_STATUS_ALLOC_FAILED);
+        cublasStatus_t st = p_cublasCreate_v2(&b->h);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            free(b);
+            return answer(out, olen, st);
+        }
+        b->ptr_mode = CUBLAS_POINTER_MODE_HOST;
+        e->tab[SV_K_BLAS][q.id] = b;
+        return answer(out, olen, st);
+    }
+    case SV_OP_BLAS_DESTROY: {
+        NEED(struct sv_id_rec);
+        struct sv_id_rec q;
+        memcpy(&q, pl, sizeof q);
+        struct wbh *b = obj(e, SV_K_BLAS, q.id);
+        if (!b)
+            return CUDA_ERROR_INVALID_HANDLE;
+        e->tab[SV_K_BLAS][q.id] = NULL;
+        cublasStatus_t st = p_cublasDestroy_v2(b->h);
+        free(b);
+        return as_cu(st);
+    }
+    case SV_OP_BLAS_SET: {
+        NEED(struct sv_blas_set);
+        struct sv_blas_set q;
+        memcpy(&q, pl, sizeof q);
+        struct wbh *b = obj(e, SV_K_BLAS, q.handle);
+        if (!b)
+            return CUDA_ERROR_INVALID_HANDLE;
+        switch (q.what) {
+        case SV_BS_WORKSPACE: return as_cu(p_cublasSetWorkspace_v2(b->h, (void *)(uintptr_t)q.a, (size_t)q.b));
+        case SV_BS_MATH: return as_cu(p_cublasSetMathMode(b->h, (cublasMath_t)q.a));
+        case SV_BS_POINTER: {
+            cublasStatus_t st = p_cublasSetPointerMode_v2(b->h, (cublasPointerMode_t)q.a);
+            if (st == CUBLAS_STATUS_SUCCESS)
+                b->ptr_mode = (int)q.a;
+            return as_cu(st);
+        }
+        case SV_BS_ATOMICS: return as_cu(p_cublasSetAtomicsMode(b->h, (cublasAtomicsMode_t)q.a));
+        default: return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    case SV_OP_BLAS_GEMM: {
+        NEED(struct sv_gemm_rec);
+        struct sv_gemm_rec q;
+        memcpy(&q, pl, sizeof q);
+        return as_cu(gemm(e, &q));
+    }
+    case SV_OP_LT_CREATE: {
+        NEED(struct sv_id_rec);
+        struct sv_id_rec q;
+        memcpy(&q, pl, sizeof q);
+        if (!slot_free(e, SV_K_LT, q.id))
+            return answer(out, olen, CUBLAS_STATUS_INVALID_VALUE);
+        cublasLtHandle_t h = NULL;
+        cublasStatus_t st = p_cublasLtCreate(&h);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            e->tab[SV_K_LT][q.id] = h;
+        return answer(out, olen, st);
+    }
+    case SV_OP_LT_DESTROY: {
+        NEED(struct sv_id_rec);
+        struct sv_id_rec q;
+        memcpy(&q, pl, sizeof q);
+        void *h = obj(e, SV_K_LT, q.id);
+        if (!h)
+            return CUDA_ERROR_INVALID_HANDLE;
+        e->tab[SV_K_LT][q.id] = NULL;
+        return as_cu(p_cublasLtDestroy(h));
+    }
+    case SV_OP_LT_OBJ_CREATE: {
+        NEED(struct sv_lt_obj);
+        struct sv_lt_obj q;
+        memcpy(&q, pl, sizeof q);
+        return as_cu(lt_create(e, &q));
+    }
+    case SV_OP_LT_OBJ_DESTROY: {
+        NEED(struct sv_lt_obj);
+        struct sv_lt_obj q;
+        memcpy(&q, pl, sizeof q);
+        return as_cu(lt_destroy(e, &q));
+    }
+    case SV_OP_LT_OBJ_SET: {
+        NEED(struct sv_lt_attr);
+        struct sv_lt_attr q;
+        memcpy(&q, pl, sizeof q);
+        return as_cu(lt_set(e, &q));
+    }
+    case SV_OP_LT_OBJ_GET: {
+        NEED(struct sv_lt_attr);
+        struct sv_lt_attr q;
+        memcpy(&q, pl, sizeof q);
+        return lt_get(e, &q, out, olen);
+    }
+    case SV_OP_LT_HEURISTIC: {
+        NEED(struct sv_lt_heur_rec);
+        struct sv_lt_heur_rec q;
+        memcpy(&q, pl, sizeof q);
+        return lt_heuristic(e, &q, out, olen);
+    }
+    case SV_OP_LT_MATMUL: {
+        NEED(struct sv_lt_matmul);
+        struct sv_lt_matmul q;
+        memcpy(&q, pl, sizeof q);
+        return as_cu(lt_matmul(e, &q));
+    }
+    default: *bad = -1; return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+void wblas_free(const wblas_env *e) {
+    for (uint32_t i = 0; i < sv_cap(SV_K_BLAS); i++)
+        free(e->tab[SV_K_BLAS][i]);
+}
+
+_Static_assert(sizeof(struct sv_reply) - 64 >= sizeof(struct sv_lt_heur) + SV_LT_HEUR_MAX * 96,
+               "a heuristic's results fit a reply");
+_Static_assert(sizeof(struct sv_lt_got) <= SV_REPLY_DATA, "an attribute's value fits a reply");
