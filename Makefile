@@ -20,8 +20,16 @@ CPPFLAGS += -Iinclude -D_GNU_SOURCE -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=2
 PICFLAGS := -fPIC -fvisibility=hidden
 
 SIM_SRC    := $(wildcard tests/sim/*.c) $(wildcard tests/sim/kernels/*.c)
-SIM_HDR    := $(wildcard tests/sim/*.h) include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h include/gpucr/modfile.h tests/apps/common/gpuapp.h
+SIM_HDR    := $(wildcard tests/sim/*.h) tests/sim/blas/sbkern.h include/gpucr/cudadrv.h include/gpucr/procaddr.h include/gpucr/cuerrors.h include/gpucr/modfile.h tests/apps/common/gpuapp.h
 SIM_LIB    := $(BUILD)/sim/libcuda.so.1
+# The simulated driver's cuBLAS and cuBLASLt (tests/sim/blas), beside it, and
+# their conformance test.
+BLAS_DIR   := tests/sim/blas
+BLAS_SRC   := $(BLAS_DIR)/simblas.c
+BLAS_HDR   := $(BLAS_DIR)/simblas.h $(BLAS_DIR)/sbkern.h include/gpucr/cublas.h include/gpucr/cudadrv.h
+CUBLAS     := $(BUILD)/sim/libcublas.so.13
+CUBLASLT   := $(BUILD)/sim/libcublasLt.so.13
+BLASTEST   := $(BUILD)/bin/blastest
 APP_COMMON := $(wildcard tests/apps/common/*.c)
 APP_HDR    := $(wildcard tests/apps/common/*.h) include/gpucr/cudadrv.h
 APP_SRC    := $(wildcard tests/apps/*.c)
@@ -68,9 +76,9 @@ GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.
 
 .PHONY: all sim apps gpucr imagebench tools intercept served clean demo test deps gpu-apps fmt vet proto plugin install uninstall man fmt-c lint-c fuzz
 
-all: gpucr imagebench sim apps $(DRVTEST) intercept served plugin
+all: gpucr imagebench sim apps $(DRVTEST) $(BLASTEST) intercept served plugin
 
-sim: $(SIM_LIB)
+sim: $(SIM_LIB) $(CUBLAS) $(CUBLASLT)
 apps: $(APPS) $(RT_APPS)
 gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
@@ -79,12 +87,31 @@ intercept: $(INTERCEPT) $(INTERCEPT_UNIT)
 served: $(SERVED) $(RUNTIME) $(SERVED_NVML) $(SERVED_CUBLAS) $(SERVED_CUBLASLT)
 
 # The simulated driver stands in for libcuda.so.1 (same soname), so programs
-# linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim.
+# linked with -lcuda run on it via LD_LIBRARY_PATH=$(BUILD)/sim. No contraction
+# of floating-point operations: the BLAS kernels (kernels/blas.c) round where
+# their PTX does.
 $(SIM_LIB): $(SIM_SRC) $(SIM_HDR) Makefile
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) -Itests/sim $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread \
-		-Wl,-soname,libcuda.so.1 -Wl,--no-undefined -o $@ $(SIM_SRC) -lpthread -lrt
+	$(CC) $(CPPFLAGS) -Itests/sim $(CFLAGS) -ffp-contract=off $(WARN) $(PICFLAGS) -shared -pthread \
+		-Wl,-soname,libcuda.so.1 -Wl,--no-undefined -o $@ $(SIM_SRC) -lpthread -lrt -lm
 	ln -sf libcuda.so.1 $(BUILD)/sim/libcuda.so
+
+# The simulated cuBLAS and cuBLASLt: the driver API only, each function
+# exported under the version node of the soname, as NVIDIA's libraries do
+# (libcublas.map, libcublasLt.map). The unversioned names are for linking.
+$(CUBLAS): $(BLAS_DIR)/cublas.c $(BLAS_SRC) $(BLAS_HDR) $(BLAS_DIR)/libcublas.map $(SIM_LIB) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread -Wl,-soname,libcublas.so.13 \
+		-Wl,--version-script=$(BLAS_DIR)/libcublas.map -Wl,--no-undefined -o $@ $(BLAS_DIR)/cublas.c $(BLAS_SRC) \
+		-L$(BUILD)/sim -lcuda -lpthread
+	ln -sf libcublas.so.13 $(BUILD)/sim/libcublas.so
+
+$(CUBLASLT): $(BLAS_DIR)/cublaslt.c $(BLAS_SRC) $(BLAS_HDR) $(BLAS_DIR)/libcublasLt.map $(SIM_LIB) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(WARN) $(PICFLAGS) -shared -pthread -Wl,-soname,libcublasLt.so.13 \
+		-Wl,--version-script=$(BLAS_DIR)/libcublasLt.map -Wl,--no-undefined -o $@ $(BLAS_DIR)/cublaslt.c $(BLAS_SRC) \
+		-L$(BUILD)/sim -lcuda -lpthread
+	ln -sf libcublasLt.so.13 $(BUILD)/sim/libcublasLt.so
 
 # The LD_PRELOAD interposer. Only the interposed driver entry points and dlsym
 # are exported (-fvisibility=hidden, GC_EXPORT); the protobuf-c runtime is
@@ -237,10 +264,35 @@ $(DRVTEST): $(wildcard tests/drvtest/*.c tests/drvtest/*.h) $(APP_COMMON) $(APP_
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $(wildcard tests/drvtest/*.c) $(APP_COMMON) $(CUDA_LINK) -lcuda
 
-# On the GPU machine: the same sources against the real driver.
+# Programs on cuBLAS: the simulated one here (found at run time through
+# LD_LIBRARY_PATH=$(BUILD)/sim, as the driver is); with gpu-apps NVIDIA's, from
+# CUBLAS_LIB_DIR (the pip wheel's directory, which has only the versioned
+# names), found there through the RUNPATH.
+BLAS_DEPS ?= $(CUBLAS) $(CUBLASLT)
+BLAS_LINK ?= -L$(BUILD)/sim -Wl,-rpath-link,$(BUILD)/sim
+BLAS_LIBS := -l:libcublas.so.13 -l:libcublasLt.so.13
+# blastest computes its references without contraction, as the kernels are defined.
+$(BLASTEST): $(BLAS_DIR)/blastest.c include/gpucr/cublas.h include/gpucr/cudadrv.h $(SIM_LIB) $(BLAS_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -ffp-contract=off $(WARN) -pthread -o $@ $< $(BLAS_LINK) $(BLAS_LIBS) $(CUDA_LINK) -lcuda -lm
+
+$(BUILD)/bin/blasbeat: tests/apps/blasbeat.c $(APP_COMMON) $(APP_HDR) include/gpucr/cublas.h $(SIM_LIB) $(BLAS_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(BLAS_LINK) $(BLAS_LIBS) \
+		$(CUDA_LINK) -lcuda
+
+# On the GPU machine: the same sources against the real driver, and the
+# programs on cuBLAS against NVIDIA's from CUBLAS_LIB_DIR (by default the
+# directory of the nvidia-cublas wheel that python3 finds; without one they
+# are left out, saying so).
+CUBLAS_LIB_DIR ?= $(shell python3 -c 'import glob, os, nvidia; print(os.path.dirname(sorted(glob.glob(os.path.join(nvidia.__path__[0], "*", "lib", "libcublas.so.*")))[-1]))' 2>/dev/null)
+GPU_BLAS_APPS   = $(BUILD)/gpu/bin/blasbeat $(BUILD)/gpu/bin/blastest
 gpu-apps:
-	$(MAKE) BUILD=$(BUILD)/gpu SIM_LIB= CUDA_LINK="-L/usr/local/cuda/lib64/stubs -L/usr/lib/x86_64-linux-gnu" \
-		$(patsubst tests/apps/%.c,$(BUILD)/gpu/bin/%,$(APP_SRC)) $(BUILD)/gpu/bin/drvtest
+	$(if $(CUBLAS_LIB_DIR),,@echo "gpu-apps: no cuBLAS found (set CUBLAS_LIB_DIR): blasbeat and blastest not built")
+	$(MAKE) BUILD=$(BUILD)/gpu SIM_LIB= BLAS_DEPS= CUDA_LINK="-L/usr/local/cuda/lib64/stubs -L/usr/lib/x86_64-linux-gnu" \
+		BLAS_LINK="-L$(CUBLAS_LIB_DIR) -Wl,-rpath,$(CUBLAS_LIB_DIR)" \
+		$(filter-out $(GPU_BLAS_APPS),$(patsubst tests/apps/%.c,$(BUILD)/gpu/bin/%,$(APP_SRC))) $(BUILD)/gpu/bin/drvtest \
+		$(if $(CUBLAS_LIB_DIR),$(GPU_BLAS_APPS))
 
 # cgo: the helper dlopen()s the driver (helper/cuda) and NVML (go-nvml), so
 # gpucr is linked dynamically against glibc. go-nvml's header declares many
