@@ -38,6 +38,9 @@ APPS       := $(patsubst tests/apps/%.c,$(BUILD)/bin/%,$(APP_SRC))
 # runtime library, found beside them through their RUNPATH.
 RT_APP_SRC := $(wildcard tests/apps/runtime/*.c)
 RT_APPS    := $(patsubst tests/apps/runtime/%.c,$(BUILD)/bin/%,$(RT_APP_SRC))
+# Served mode's attack probes: programs that write their worker's ring past gpucr's own libraries.
+SV_APP_SRC := $(wildcard tests/apps/served/*.c)
+SV_APPS    := $(patsubst tests/apps/served/%.c,$(BUILD)/bin/%,$(SV_APP_SRC))
 DRVTEST    := $(BUILD)/bin/drvtest
 GPUCR      := $(BUILD)/bin/gpucr
 IMAGEBENCH := $(BUILD)/bin/imagebench
@@ -79,7 +82,7 @@ GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.
 all: gpucr imagebench sim apps $(DRVTEST) $(BLASTEST) intercept served plugin
 
 sim: $(SIM_LIB) $(CUBLAS) $(CUBLASLT)
-apps: $(APPS) $(RT_APPS)
+apps: $(APPS) $(RT_APPS) $(SV_APPS)
 gpucr: $(GPUCR)
 imagebench: $(IMAGEBENCH)
 tools: $(TOOLS)
@@ -255,6 +258,10 @@ $(BUILD)/bin/%: tests/apps/%.c $(APP_COMMON) $(APP_HDR) $(SIM_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(CUDA_LINK) -lcuda
 
+$(SV_APPS): $(BUILD)/bin/%: tests/apps/served/%.c intercept/served/ext.h protocol/c/served.h include/gpucr/cublas.h $(SIM_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Iprotocol/c -Iintercept/served $(CFLAGS) $(WARN) -pthread -o $@ $< -L$(BUILD)/sim -lcuda -ldl
+
 $(RT_APPS): $(BUILD)/bin/%: tests/apps/runtime/%.c $(APP_COMMON) $(APP_HDR) include/gpucr/cudart.h $(SIM_LIB) $(RUNTIME)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(CUDA_LINK) -lcuda \
@@ -299,9 +306,16 @@ gpu-apps:
 # deprecated functions; their warnings are noise here.
 HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h helper/served/*.c helper/served/*.h) include/gpucr/cudadrv.h \
 	protocol/c/served.h
+# Go 1.26 places its heap at a random address in each process, which a served-mode worker (the same
+# binary) cannot have: where the driver lays out a worker's context and its address window must be the
+# same in every worker, or a process that moves to a new one loses its device addresses (an arena of
+# the Go heap where the previous worker's driver put its window moves the next one's). Go's opt-out is
+# a build-time experiment, to be removed in a later Go, by when the worker needs to be a program of its
+# own without Go's runtime.
+GPUCR_GOEXPERIMENT ?= norandomizedheapbase64
 $(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 	@mkdir -p $(@D)
-	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
+	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" GOEXPERIMENT=$(GPUCR_GOEXPERIMENT) $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
 
 # Static: scripts/bench-image.sh runs it on the GPU machine, which has no Go
 # toolchain.

@@ -28,7 +28,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/.carry/gpucr}
 prefix=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
 cd "$root"
-make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1
+make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1 build/lib/served/libcublas.so.13 build/lib/served/libcublasLt.so.13
 [ -x "$prefix/lib/ld-linux-x86-64.so.2" ] || bash scripts/install-criu.sh
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib/criu" "$out/lib/served"
@@ -36,7 +36,7 @@ cp build/bin/gpucr "$out/libexec/gpucr"
 cp build/lib/libgpucr.so "$out/lib/"
 cp build/lib/criu/gpucr_plugin.so "$out/lib/criu/"
 cp -L "$(ldconfig -p | awk '/libprotobuf-c.so.1 .*x86-64/{print $NF; exit}')" "$out/lib/libprotobuf-c.so.1"
-cp build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1 "$out/lib/served/"
+cp build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1 build/lib/served/libcublas.so.13 build/lib/served/libcublasLt.so.13 "$out/lib/served/"
 cp "$out/lib/libprotobuf-c.so.1" "$out/lib/served/"
 cp -L "$prefix/lib/ld-linux-x86-64.so.2" "$out/libexec/lib/"
 # Every library the loader resolves for gpucr, from the prefix.

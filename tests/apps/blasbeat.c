@@ -24,7 +24,8 @@
  * --device-scalars: alpha and beta come from device memory (pointer mode
  * DEVICE for both libraries). --lt-per-call: the Lt descriptor, layouts and
  * preference are made, asked for the algorithm and destroyed every
- * iteration, as PyTorch does; otherwise once at the start. Neither changes
+ * iteration, on the cuBLAS handle, as PyTorch does; otherwise once at the
+ * start, on a cuBLASLt handle of their own. Neither changes
  * the checksums.
  *
  * The checksum (gpuapp.h) covers C, Y and E, read back after both streams
@@ -197,7 +198,8 @@ static void own_options(bb_state *st, int *argc, char **argv) {
                     "blasbeat's own options:\n"
                     "  --n N            matrices of N x N+32 and N+32 x N+16 (default 64)\n"
                     "  --device-scalars alpha and beta in device memory (pointer mode DEVICE)\n"
-                    "  --lt-per-call    make and destroy the cuBLASLt descriptors every iteration\n");
+                    "  --lt-per-call    make and destroy the cuBLASLt descriptors every iteration, on the cuBLAS "
+                    "handle\n");
             argv[out++] = argv[i];
         }
     }
@@ -243,7 +245,11 @@ int main(int argc, char **argv) {
     BCHECK(cublasCreate_v2(&st.blas));
     BCHECK(cublasSetStream_v2(st.blas, st.s0));
     BCHECK(cublasSetPointerMode_v2(st.blas, st.device_scalars ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST));
-    BCHECK(cublasLtCreate(&st.lt));
+    /* --lt-per-call: PyTorch's way, its cuBLAS handle as its cuBLASLt handle too (NVIDIA's libraries allow it) */
+    if (st.lt_per_call)
+        st.lt = (cublasLtHandle_t)st.blas;
+    else
+        BCHECK(cublasLtCreate(&st.lt));
     if (!st.lt_per_call)
         plan_make(&st, &st.plan);
     CHECK(cuEventRecord(st.ev_s0, st.s0));
@@ -255,9 +261,10 @@ int main(int argc, char **argv) {
     gpuapp_loop(&app, &st, step, checksum);
 
     CHECK(cuCtxSynchronize());
-    if (!st.lt_per_call)
+    if (!st.lt_per_call) {
         plan_free(&st.plan);
-    BCHECK(cublasLtDestroy(st.lt));
+        BCHECK(cublasLtDestroy(st.lt));
+    }
     BCHECK(cublasDestroy_v2(st.blas));
     CUdeviceptr bufs[] = {st.c, st.y, st.e, st.b, st.w, st.bias, st.scalars};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

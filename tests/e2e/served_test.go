@@ -92,14 +92,18 @@ func startServed(t testing.TB, dir string, h *helperProc, env []string, name str
 // two streams, the same with a CUDA graph replayed, with the driver state
 // the CUDA runtime sets (stream priorities, a function attribute, a limit,
 // a module global, pointer attributes), with forked CPU workers (a process
-// tree), pointer chasing (device pointers stored in device memory), and
-// threads that allocate and free on their streams.
+// tree), pointer chasing (device pointers stored in device memory),
+// threads that allocate and free on their streams, and cuBLAS and cuBLASLt
+// (products on two streams, host and device scalars, descriptors made per
+// call on the cuBLAS handle as PyTorch does), which run in the worker.
 var servedCases = []appCase{
 	{"heartbeat", []string{"--mib", "24", "--buffers", "7", "--hb-every", "5"}},
 	{"heartbeat", []string{"--graph", "--mib", "16", "--buffers", "5", "--hb-every", "5"}},
 	{"heartbeat", []string{"--attrs", "--mib", "8", "--buffers", "3", "--hb-every", "5"}},
 	{"heartbeat", []string{"--workers", "2", "--mib", "8", "--buffers", "3", "--hb-every", "5"}},
 	{"ptrchase", []string{"--mib", "8", "--hb-every", "5"}},
+	{"blasbeat", []string{"--hb-every", "5"}},
+	{"blasbeat", []string{"--device-scalars", "--lt-per-call", "--hb-every", "5"}},
 }
 
 // TestServedChecksums: each program computes under `gpucr run --served`

@@ -20,7 +20,9 @@ import (
 // every iteration, the driver state the CUDA runtime sets (stream
 // priorities, a function attribute its launches need, a context limit, a
 // module global's contents: heartbeat --attrs checks them every
-// iteration), and device pointers stored in device memory. A leave-running
+// iteration), device pointers stored in device memory, and cuBLAS's and
+// cuBLASLt's handles, descriptors and settings (made again in the new
+// worker). A leave-running
 // checkpoint of it continues at once (in a new worker), and its image
 // restores exactly too.
 func TestServedCheckpointRestore(t *testing.T) {
@@ -31,6 +33,8 @@ func TestServedCheckpointRestore(t *testing.T) {
 		{"heartbeat", []string{"--graph", "--mib", "8", "--buffers", "3"}},
 		{"heartbeat", []string{"--attrs", "--mib", "8", "--buffers", "3"}},
 		{"ptrchase", []string{"--mib", "8"}},
+		{"blasbeat", []string{"--lt-per-call"}},
+		{"blasbeat", []string{"--device-scalars"}},
 	} {
 		t.Run(fmt.Sprintf("%s-%d", c.name, i), func(t *testing.T) {
 			dir := t.TempDir()

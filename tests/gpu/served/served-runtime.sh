@@ -11,7 +11,8 @@
 #    driver (LD_PRELOAD, no gpucr), and served (gpucr run --served): the same
 #    final checksum;
 # 2. torch_rt.py (PyTorch's own kernels, a CUDA graph; CASES), plain and
-#    served: the same checksum; with --matmul (cuBLAS) too.
+#    served: the same checksum; with --matmul (cuBLAS) and --linear (cuBLASLt)
+#    too, whose calls served mode forwards at the libraries' boundary.
 # Logs in build/gpu/served-rt (and $OUT).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -35,6 +36,18 @@ awk 'NR==FNR {have[$1]=1; next} !($1 in have)' "$LOGS/rt-exports.txt" "$LOGS/cud
 note "## imports from libcudart.so.13: $(awk '{print $1}' "$LOGS/cudart-imports.txt" | sort -u | wc -l) functions; not defined by gpucr's runtime: $(awk '{print $1}' "$LOGS/rt-missing.txt" | sort -u | wc -l)"
 awk '{print $1}' "$LOGS/rt-missing.txt" | sort | uniq -c | sort -rn | head -40 | tee -a "$LOGS/summary.txt"
 awk '{print $2}' "$LOGS/rt-missing.txt" | sort | uniq -c | sort -rn | head -20 | tee -a "$LOGS/summary.txt"
+# The same for served mode's cuBLAS and cuBLASLt, against PyTorch's own libraries (NVIDIA's other libraries
+# that import them, cuSOLVER's say, run in no served process yet); with the flags of PyTorch's libraries
+# (BIND_NOW would need every import defined at load).
+for lib in libcublas.so.13 libcublasLt.so.13; do
+	find "$site/torch" -name '*.so*' -type f 2>/dev/null | while read -r f; do
+		objdump -T "$f" 2>/dev/null | awk -v f="${f#"$site"/}" -v v="($lib)" '/\*UND\*/ && index($0, v) {print $NF, f}'
+	done | sort >"$LOGS/$lib-imports.txt"
+	objdump -T "$G/lib/served/$lib" | awk -v v="$lib" '!/\*UND\*/ && index($0, v) {print $NF}' | sort -u >"$LOGS/$lib-exports.txt"
+	awk 'NR==FNR {have[$1]=1; next} !($1 in have)' "$LOGS/$lib-exports.txt" "$LOGS/$lib-imports.txt" >"$LOGS/$lib-missing.txt"
+	note "## imports from $lib: $(awk '{print $1}' "$LOGS/$lib-imports.txt" | sort -u | wc -l) functions; not defined by gpucr's: $(awk '{print $1}' "$LOGS/$lib-missing.txt" | sort -u | tr '\n' ' ')"
+done
+readelf -d "$site/torch/lib/libtorch_cuda.so" 2>/dev/null | grep -E 'FLAGS|RUNPATH|RPATH' | tee -a "$LOGS/summary.txt"
 
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info --served-pool 2 || { bad "the helper did not answer"; exit 1; }
 pre() {
@@ -83,7 +96,8 @@ while read -r name args; do
 	same "$name" ${MODES:-rtlib served} -- $PY tests/gpu/served/torch_rt.py $args
 done <<<"${CASES:-torch --steps 8
 torch-graph --steps 8 --graph
-torch-matmul --steps 4 --matmul}"
+torch-matmul --steps 4 --matmul
+torch-linear --steps 4 --linear}"
 note "## helper log (served)"
 grep -iE 'served|worker|error' "$LOGS/helper.log" | tail -15 >>"$LOGS/summary.txt"
 exit "${fail:-0}"

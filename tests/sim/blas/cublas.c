@@ -16,7 +16,7 @@
 #include "simblas.h"
 
 struct cublasContext {
-    sb_kernels k;
+    sb_kernels k; /* first: the handle is a cuBLASLt handle too (cublaslt.c) */
     CUstream stream;
     cublasPointerMode_t pointer_mode;
     cublasMath_t math_mode;

@@ -148,6 +148,8 @@ static void attrs_init(sb_attrs *a, const unsigned char *sizes, size_t n) {
     a->n = n;
 }
 
+/* A cuBLAS handle is a cuBLASLt handle too (PyTorch passes its cuBLAS handle as its cuBLASLt one, as NVIDIA's
+ * libraries allow): both begin with their kernels, all that this library uses of a handle (cublas.c). */
 struct cublasLtContext {
     sb_kernels k;
 };

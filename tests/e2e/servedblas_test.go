@@ -1,0 +1,107 @@
+package e2e
+
+// Served mode's cuBLAS and cuBLASLt: gpucr's libcublas.so.13 and
+// libcublasLt.so.13 in the program forward to the worker, which runs the
+// cuBLAS the program would have loaded (here the simulated driver's,
+// build/sim/libcublas.so.13).
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestServedBlasAttack: a second user's served program that writes cuBLAS
+// records into its ring by hand (blasattack, past gpucr's libcublas.so.13,
+// which checks its callers first) gets each refused as it must be: a
+// library it cannot read is not loaded by its worker (which runs as that
+// user), paths without their end, ids out of range or taken, and records on
+// objects that do not exist are refused, and the worker serves on.
+func TestServedBlasAttack(t *testing.T) {
+	u := secondUser(t)
+	dir := sharedDir(t)
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--socket-mode", "0666", "--served-pool", "1")
+	waitIdle(t, h, 1)
+	lib, err := filepath.Abs(filepath.Join(buildDir(t), "sim", "libcublas.so.13"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A real library, readable by root alone: a worker that ran as root would load it.
+	secret := filepath.Join(dir, "secret-libcublas.so.13")
+	data, err := os.ReadFile(lib)
+	if err != nil {
+		t.Fatalf("the simulated cuBLAS is not built (run `make`): %v", err)
+	}
+	if err := os.WriteFile(secret, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--",
+		binPath(t, "blasattack"), lib, secret)
+	cmd.Env = env
+	asUser(cmd, u)
+	done := make(chan struct{})
+	var out []byte
+	go func() {
+		out, err = cmd.CombinedOutput()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("blasattack still running after a minute:\n%s", out)
+	}
+	if err != nil || !strings.Contains(string(out), "blasattack: ok") {
+		t.Fatalf("blasattack as uid %d: %v\n%s\nhelper:\n%s", u.UID, err, out, tail(h.logText(), 20))
+	}
+	if !strings.Contains(string(out), "probe load-secret says:") || !strings.Contains(string(out), "ermission denied") {
+		t.Errorf("the worker's refusal of a library its user cannot read does not say why:\n%s", out)
+	}
+}
+
+// TestServedWorkersLaidOutAlike: two workers of the pool have the same
+// mappings below the top-down area of libraries and thread stacks (the Go
+// heap, the driver's memory, the address window that device addresses come
+// from): a process that moves to a new worker finds its device addresses
+// free there only if every worker is laid out alike. Go 1.26 places its
+// heap at random unless built without it (Makefile: GPUCR_GOEXPERIMENT);
+// with it, one restore in about fifty lost a module global's address here.
+func TestServedWorkersLaidOutAlike(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--served-pool", "2")
+	waitIdle(t, h, 2)
+	workers := children(h.cmd.Process.Pid) // the idle workers: status lists the assigned ones
+	if len(workers) < 2 {
+		t.Fatalf("the helper has child processes %v, want its 2 workers", workers)
+	}
+	var layouts []string
+	for _, pid := range workers[:2] {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var low []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 {
+				continue
+			}
+			start, _, _ := strings.Cut(f[0], "-")
+			if a, err := strconv.ParseUint(start, 16, 64); err == nil && a < 0x7f0000000000 {
+				low = append(low, f[0]+" "+f[1])
+			}
+		}
+		layouts = append(layouts, strings.Join(low, "\n"))
+	}
+	if layouts[0] != layouts[1] {
+		t.Errorf("two workers are laid out differently:\n%s\n--- and ---\n%s", layouts[0], layouts[1])
+	}
+}
