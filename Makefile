@@ -283,7 +283,7 @@ $(BLASTEST): $(BLAS_DIR)/blastest.c include/gpucr/cublas.h include/gpucr/cudadrv
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -ffp-contract=off $(WARN) -pthread -o $@ $< $(BLAS_LINK) $(BLAS_LIBS) $(CUDA_LINK) -lcuda -lm
 
-$(BUILD)/bin/blasbeat: tests/apps/blasbeat.c $(APP_COMMON) $(APP_HDR) include/gpucr/cublas.h $(SIM_LIB) $(BLAS_DEPS)
+$(BUILD)/bin/blasbeat $(BUILD)/bin/blasbench: $(BUILD)/bin/%: tests/apps/%.c $(APP_COMMON) $(APP_HDR) include/gpucr/cublas.h $(SIM_LIB) $(BLAS_DEPS)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) -Itests/apps/common $(CFLAGS) $(WARN) -pthread -o $@ $< $(APP_COMMON) $(BLAS_LINK) $(BLAS_LIBS) \
 		$(CUDA_LINK) -lcuda
@@ -293,7 +293,7 @@ $(BUILD)/bin/blasbeat: tests/apps/blasbeat.c $(APP_COMMON) $(APP_HDR) include/gp
 # directory of the nvidia-cublas wheel that python3 finds; without one they
 # are left out, saying so).
 CUBLAS_LIB_DIR ?= $(shell python3 -c 'import glob, os, nvidia; print(os.path.dirname(sorted(glob.glob(os.path.join(nvidia.__path__[0], "*", "lib", "libcublas.so.*")))[-1]))' 2>/dev/null)
-GPU_BLAS_APPS   = $(BUILD)/gpu/bin/blasbeat $(BUILD)/gpu/bin/blastest
+GPU_BLAS_APPS   = $(BUILD)/gpu/bin/blasbeat $(BUILD)/gpu/bin/blasbench $(BUILD)/gpu/bin/blastest
 gpu-apps:
 	$(if $(CUBLAS_LIB_DIR),,@echo "gpu-apps: no cuBLAS found (set CUBLAS_LIB_DIR): blasbeat and blastest not built")
 	$(MAKE) BUILD=$(BUILD)/gpu SIM_LIB= BLAS_DEPS= CUDA_LINK="-L/usr/local/cuda/lib64/stubs -L/usr/lib/x86_64-linux-gnu" \

@@ -76,7 +76,10 @@ static cublasStatus_t lt_create_in_worker(const struct sv_ext *x, uint32_t id) {
 }
 
 /* A new worker: the library again, its handles, then each descriptor, layout and preference with its attributes. */
+static void heur_forget(void);
+
 static CUresult replay(void) {
+    heur_forget(); /* the new worker may run on another GPU */
     bool had;
     if (bl_reload(BL_CUBLASLT, &had) != CUBLAS_STATUS_SUCCESS)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -314,6 +317,117 @@ BL_API cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPrefere
 
 /* ---- the heuristic and the product ---- */
 
+/*
+ * The heuristic's answers, kept: PyTorch asks it before every product, with descriptors made afresh, and a round
+ * trip to the worker per product is the one synchronous call of a step's products. NVIDIA's heuristic answers the
+ * same question the same way on the same library and GPU, so the question is the key: the descriptor's, layouts'
+ * and preference's creation arguments and attributes, a device address among them by its alignment alone (the
+ * bias's changes from call to call; its alignment may matter). A new worker (maybe on another GPU) forgets them.
+ */
+#define HEUR_SLOTS 256
+#define HEUR_KEEP 4 /* results kept per question: PyTorch asks for 1 */
+typedef struct {
+    uint64_t hash;
+    uint8_t *key;
+    size_t key_len;
+    int count;
+    cublasLtMatmulHeuristicResult_t res[HEUR_KEEP];
+} heur_entry;
+static struct {
+    pthread_mutex_t mu;
+    heur_entry e[HEUR_SLOTS];
+} HC = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void heur_forget(void) {
+    pthread_mutex_lock(&HC.mu);
+    for (unsigned i = 0; i < HEUR_SLOTS; i++) {
+        free(HC.e[i].key);
+        memset(&HC.e[i], 0, sizeof HC.e[i]);
+    }
+    pthread_mutex_unlock(&HC.mu);
+}
+
+typedef struct {
+    uint8_t buf[4 * (sizeof(lt_obj) + 16)];
+    size_t len;
+    bool full;
+} keybuf;
+
+static void key_put(keybuf *k, const void *p, size_t n) {
+    if (k->len + n > sizeof k->buf) {
+        k->full = true;
+        return;
+    }
+    memcpy(k->buf + k->len, p, n);
+    k->len += n;
+}
+
+/* Whether a descriptor's attribute holds a device address. */
+static bool pointer_attr(uint32_t a) {
+    return a == CUBLASLT_MATMUL_DESC_BIAS_POINTER || a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER ||
+           (a >= CUBLASLT_MATMUL_DESC_A_SCALE_POINTER && a <= CUBLASLT_MATMUL_DESC_AMAX_D_POINTER) || a == 23 ||
+           a == 24;
+}
+
+static void key_obj(keybuf *k, lt_obj *o, bool desc) {
+    pthread_mutex_lock(&o->mu);
+    int64_t args[4] = {o->a, o->b, o->c, o->d};
+    key_put(k, args, sizeof args);
+    key_put(k, &o->n, sizeof o->n);
+    for (uint32_t i = 0; i < o->n; i++) {
+        lt_attr a = o->at[i];
+        if (desc && pointer_attr(a.attr) && a.size == sizeof(uint64_t)) {
+            uint64_t p;
+            memcpy(&p, a.v, sizeof p);
+            uint64_t align = p ? (uint64_t)__builtin_ctzll(p) : 64;
+            memcpy(a.v, &align, sizeof align);
+        }
+        key_put(k, &a.attr, sizeof a.attr);
+        key_put(k, &a.size, sizeof a.size);
+        key_put(k, a.v, a.size);
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The kept answer to k (count results into out), or false. */
+static bool heur_get(const keybuf *k, uint64_t h, int requested, cublasLtMatmulHeuristicResult_t *out, int *count) {
+    bool hit = false;
+    pthread_mutex_lock(&HC.mu);
+    heur_entry *e = &HC.e[h % HEUR_SLOTS];
+    if (e->key && e->hash == h && e->key_len == k->len && memcmp(e->key, k->buf, k->len) == 0) {
+        *count = e->count < requested ? e->count : requested; /* requested is part of the key: e->count */
+        memcpy(out, e->res, (size_t)*count * sizeof *out);
+        hit = true;
+    }
+    pthread_mutex_unlock(&HC.mu);
+    return hit;
+}
+
+static void heur_put(const keybuf *k, uint64_t h, const cublasLtMatmulHeuristicResult_t *res, int count) {
+    if (count > HEUR_KEEP)
+        return; /* more than is kept: asked again each time */
+    uint8_t *key = malloc(k->len);
+    if (!key)
+        return;
+    memcpy(key, k->buf, k->len);
+    pthread_mutex_lock(&HC.mu);
+    heur_entry *e = &HC.e[h % HEUR_SLOTS];
+    free(e->key);
+    e->hash = h;
+    e->key = key;
+    e->key_len = k->len;
+    e->count = count;
+    memcpy(e->res, res, (size_t)e->count * sizeof *res);
+    pthread_mutex_unlock(&HC.mu);
+}
+
 BL_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc,
                                                      cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
                                                      cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
@@ -337,6 +451,25 @@ BL_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandl
     if (!q.desc || !q.adesc || !q.bdesc || !q.cdesc || !q.ddesc || !q.pref || requestedAlgoCount <= 0 ||
         !heuristicResultsArray || !returnAlgoCount)
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* The question, as the key of the kept answers. */
+    keybuf k;
+    k.len = 0;
+    k.full = false;
+    key_put(&k, &q.requested, sizeof q.requested);
+    lt_obj *objs[6] = {x->id_data(SV_K_LT_DESC, q.desc),    x->id_data(SV_K_LT_LAYOUT, q.adesc),
+                       x->id_data(SV_K_LT_LAYOUT, q.bdesc), x->id_data(SV_K_LT_LAYOUT, q.cdesc),
+                       x->id_data(SV_K_LT_LAYOUT, q.ddesc), x->id_data(SV_K_LT_PREF, q.pref)};
+    for (unsigned i = 0; i < 6; i++)
+        if (objs[i])
+            key_obj(&k, objs[i], i == 0);
+        else
+            k.full = true; /* destroyed meanwhile: ask the worker, which says so */
+    uint64_t hash = k.full ? 0 : fnv1a(k.buf, k.len);
+    int kept = 0;
+    if (!k.full && heur_get(&k, hash, requestedAlgoCount, heuristicResultsArray, &kept)) {
+        *returnAlgoCount = kept;
+        return kept ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     uint8_t out[SV_REPLY_DATA];
     uint32_t len = 0;
     st = bl_sync(x, SV_OP_LT_HEURISTIC, &q, sizeof q, out, sizeof out, &len);
@@ -347,6 +480,8 @@ BL_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandl
         h.count = 0;
     memcpy(heuristicResultsArray, out + sizeof h, (size_t)h.count * sizeof heuristicResultsArray[0]);
     *returnAlgoCount = h.count;
+    if (!k.full && (st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED))
+        heur_put(&k, hash, heuristicResultsArray, h.count);
     return st;
 }
 
