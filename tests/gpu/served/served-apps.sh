@@ -13,7 +13,8 @@
 #    from the pool's pre-warmed workers (with the interposer over the served
 #    library, as gpucr run --served has it, and the library alone:
 #    servedlib); ROUNDS rounds in alternating order;
-# 3. steady cost: callbench (tests/apps/callbench.c) plain, under `gpucr run`
+# 3. steady cost: callbench (tests/apps/callbench.c) and blasbench (cuBLAS's
+#    gemm, a PyTorch-style cuBLASLt product) plain, under `gpucr run`
 #    and served, ROUNDS rounds in alternating order: the median ns per call
 #    and the added time against plain;
 # 4. memory: a running heartbeat's Rss and private dirty memory, plain,
@@ -112,6 +113,12 @@ for r in $(seq "$ROUNDS"); do
 		# shellcheck disable=SC2046
 		timeout 300 $(pre "$m") "$BIN/callbench" --calls "$CALLS" >"$LOGS/calls.$m.$r" 2>&1 ||
 			bad "callbench $m round $r: $(tail -2 "$LOGS/calls.$m.$r" | tr '\n' ' ')"
+		# cuBLAS and cuBLASLt (blasbench): served mode forwards them itself, so not under servedlib
+		if [ -x "$BIN/blasbench" ] && [ "$m" != servedlib ]; then
+			# shellcheck disable=SC2046
+			timeout 300 $(pre "$m") "$BIN/blasbench" --calls "${BLAS_CALLS:-20000}" >>"$LOGS/calls.$m.$r" 2>&1 ||
+				bad "blasbench $m round $r: $(tail -2 "$LOGS/calls.$m.$r" | tr '\n' ' ')"
+		fi
 	done
 done
 python3 - "$LOGS" "$ROUNDS" <<'PYEOF' | tee -a "$LOGS/summary.txt"
