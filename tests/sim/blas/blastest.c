@@ -4,10 +4,11 @@
  *
  * Every product is run on small problems (odd sizes, every transpose, leading
  * dimensions beyond the rows, batches with strides, both pointer modes, the
- * bias and ReLU epilogues) and compared with a host reference that computes
- * each element in the order sbkern.h defines: the bits must be equal. The
- * padding between columns and batches must be left as it was. Argument
- * errors must give the status cuBLAS documents.
+ * bias and ReLU epilogues; for gemv and dot, increments above 1 and
+ * negative) and compared with a host reference that computes each element
+ * in the order sbkern.h defines: the bits must be equal. The padding between
+ * columns and batches, and between a vector's elements, must be left as it
+ * was. Argument errors must give the status cuBLAS documents.
  *
  *   blastest             run every case
  *   blastest NAME...     run the named cases
@@ -876,6 +877,429 @@ static void c_no_context(void) {
     EXPECT(ok, "a handle made without a current context: see no_context_thread");
 }
 
+/* ---- cases: gemv and dot ----------------------------------------------------------- */
+
+/* Where element i of a vector of len elements with increment inc lies: BLAS walks it from its end if inc < 0. */
+static size_t vidx(int64_t i, int64_t len, int64_t inc) { return (size_t)(inc > 0 ? i * inc : (len - 1 - i) * -inc); }
+
+/* Elements a vector of len with increment inc spans. */
+static size_t vspan(int64_t len, int64_t inc) { return len > 0 ? (size_t)((len - 1) * (inc < 0 ? -inc : inc) + 1) : 0; }
+
+typedef struct vprob {
+    bool f64;
+    cublasOperation_t trans;
+    int m, n, lda, incx, incy;
+    double alpha, beta;
+} vprob;
+
+/* sbkern.h's gemv, element by element: y = alpha * op(A) * x + beta * y, with BLAS's quick returns. */
+#define GEMV_REF(NAME, T, F)                                                                                           \
+    static void NAME(const vprob *p, const T *a, const T *x, T *y) {                                                   \
+        T alpha = (T)p->alpha, beta = (T)p->beta;                                                                      \
+        bool t = p->trans != CUBLAS_OP_N;                                                                              \
+        int rows = t ? p->n : p->m, cols = t ? p->m : p->n;                                                            \
+        if (rows == 0 || cols == 0 || (alpha == 0 && beta == 1))                                                       \
+            return;                                                                                                    \
+        for (int i = 0; i < rows; i++) {                                                                               \
+            T acc = 0;                                                                                                 \
+            for (int l = 0; alpha != 0 && l < cols; l++) {                                                             \
+                T av = t ? a[l + (size_t)i * p->lda] : a[i + (size_t)l * p->lda];                                      \
+                acc = F(av, x[vidx(l, cols, p->incx)], acc);                                                           \
+            }                                                                                                          \
+            T r = alpha * acc, *yi = &y[vidx(i, rows, p->incy)];                                                       \
+            if (beta != 0)                                                                                             \
+                r = F(beta, *yi, r);                                                                                   \
+            *yi = r;                                                                                                   \
+        }                                                                                                              \
+    }
+GEMV_REF(gemv_ref32, float, fmaf)
+GEMV_REF(gemv_ref64, double, fma)
+
+/* The dot product in order: acc = fma(x_i, y_i, acc) for i = 0 .. n-1 (0 for n <= 0). */
+#define DOT_REF(NAME, T, F)                                                                                            \
+    static T NAME(int n, const T *x, int incx, const T *y, int incy) {                                                 \
+        T acc = 0;                                                                                                     \
+        for (int i = 0; i < n; i++)                                                                                    \
+            acc = F(x[vidx(i, n, incx)], y[vidx(i, n, incy)], acc);                                                    \
+        return acc;                                                                                                    \
+    }
+DOT_REF(dot_ref32, float, fmaf)
+DOT_REF(dot_ref64, double, fma)
+
+/*
+ * Against NVIDIA's libraries, whose sums go in an order of their own: a gemv
+ * row or a dot of hundreds of elements may differ by more than the gemm
+ * cases' tolerance.
+ */
+static double vec_tolerance(bool f64) { return f64 ? 1e-12 : 1e-4; }
+
+typedef struct vrun_opts {
+    bool device_scalars;
+    CUstream stream;
+    bool change_host; /* host pointer mode: alpha and beta change right after the call (must not matter) */
+    bool nan_a;       /* A and x hold NaNs (alpha 0: they must not be read) */
+} vrun_opts;
+
+/* Runs p through cublasSgemv_v2 / cublasDgemv_v2 and compares the whole y buffer (the gaps included). */
+static void run_gemv(vprob p, const vrun_opts *o, int line) {
+    bool t = p.trans != CUBLAS_OP_N;
+    int rows = t ? p.n : p.m, cols = t ? p.m : p.n;
+    prob q = {.f64 = p.f64};
+    size_t es = p.f64 ? 8 : 4, na = span(p.m, p.n, p.lda), nx = vspan(cols, p.incx), ny = vspan(rows, p.incy);
+    buf a = {0}, x = {0}, y = {0}, scal = {0};
+    void *want = NULL, *got = NULL;
+    cublasStatus_t st;
+    if (!buf_new(&a, &q, na, 0x6A0 + (uint32_t)line) || !buf_new(&x, &q, nx, 0x6B0 + (uint32_t)line) ||
+        !buf_new(&y, &q, ny, 0x6C0 + (uint32_t)line))
+        goto out;
+    /* beta == 0: y is not read, so NaNs there must not show; likewise A and x with alpha == 0 */
+    if (p.beta == 0) {
+        fill_nan(y.host, p.f64, ny);
+        if (cuMemcpyHtoD(y.dev, y.host, ny * es) != CUDA_SUCCESS)
+            fail(line, "upload");
+    }
+    if (o->nan_a) {
+        fill_nan(a.host, p.f64, na);
+        fill_nan(x.host, p.f64, nx);
+        if (cuMemcpyHtoD(a.dev, a.host, na * es) != CUDA_SUCCESS ||
+            cuMemcpyHtoD(x.dev, x.host, nx * es) != CUDA_SUCCESS)
+            fail(line, "upload");
+    }
+    want = malloc(ny * es + 1);
+    got = malloc(ny * es + 1);
+    if (!want || !got) {
+        fail(line, "out of memory");
+        goto out;
+    }
+    memcpy(want, y.host, ny * es);
+    if (p.f64)
+        gemv_ref64(&p, a.host, x.host, want);
+    else
+        gemv_ref32(&p, a.host, x.host, want);
+
+    float a32 = (float)p.alpha, b32 = (float)p.beta;
+    double a64 = p.alpha, b64 = p.beta;
+    const void *alpha = p.f64 ? (const void *)&a64 : (const void *)&a32;
+    const void *beta = p.f64 ? (const void *)&b64 : (const void *)&b32;
+    if (o->device_scalars) {
+        if (cuMemAlloc(&scal.dev, 16) != CUDA_SUCCESS || cuMemsetD32(scal.dev, 0xFFFFFFFFu, 4) != CUDA_SUCCESS ||
+            cuMemcpyHtoDAsync(scal.dev, alpha, es, o->stream) != CUDA_SUCCESS ||
+            cuMemcpyHtoDAsync(scal.dev + 8, beta, es, o->stream) != CUDA_SUCCESS) {
+            fail(line, "device scalars");
+            goto out;
+        }
+        alpha = (const void *)(uintptr_t)scal.dev;
+        beta = (const void *)(uintptr_t)(scal.dev + 8);
+    }
+    if (cublasSetStream_v2(H, o->stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetPointerMode_v2(H, o->device_scalars ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST) !=
+            CUBLAS_STATUS_SUCCESS) {
+        fail(line, "handle settings");
+        goto out;
+    }
+    st = p.f64 ? cublasDgemv_v2(H, p.trans, p.m, p.n, alpha, dp(&a), p.lda, dp(&x), p.incx, beta, dp(&y), p.incy)
+               : cublasSgemv_v2(H, p.trans, p.m, p.n, alpha, dp(&a), p.lda, dp(&x), p.incx, beta, dp(&y), p.incy);
+    if (o->change_host) {
+        a32 = b32 = 1e30f;
+        a64 = b64 = 1e300;
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fail(line, "gemv %dx%d trans %d incx %d incy %d: %s", p.m, p.n, (int)p.trans, p.incx, p.incy, st_name(st));
+        goto out;
+    }
+    if (cuStreamSynchronize(o->stream) != CUDA_SUCCESS || cuMemcpyDtoH(got, y.dev, ny * es) != CUDA_SUCCESS) {
+        fail(line, "synchronize and download");
+        goto out;
+    }
+    double tol = tolerance;
+    if (nvidia)
+        tolerance = vec_tolerance(p.f64);
+    if (!same(&q, got, want, ny, line))
+        fail(line, "gemv %dx%d trans %d lda %d incx %d incy %d alpha %g beta %g", p.m, p.n, (int)p.trans, p.lda, p.incx,
+             p.incy, p.alpha, p.beta);
+    tolerance = tol;
+out:
+    free(want);
+    free(got);
+    buf_free(&a);
+    buf_free(&x);
+    buf_free(&y);
+    buf_free(&scal);
+    if (cublasSetStream_v2(H, NULL) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetPointerMode_v2(H, CUBLAS_POINTER_MODE_HOST) != CUBLAS_STATUS_SUCCESS)
+        fail(line, "handle reset");
+}
+
+static const int vec_incs[][2] = {{1, 1}, {2, 3}, {-1, 1}, {1, -2}, {-3, -1}, {3, 2}};
+#define NINCS (sizeof vec_incs / sizeof vec_incs[0])
+
+/* Every operation on odd sizes (and more rows than a block has threads), padded A, increments of either sign. */
+static void gemv_cases(bool f64) {
+    static const int sizes[][2] = {{7, 5}, {13, 9}, {1, 17}, {16, 1}, {33, 20}, {300, 260}};
+    static const double scal[][2] = {{1.0, 0.0}, {0.75, -1.25}, {-2.0, 0.5}, {1.0, 1.0}, {0.5, -0.0}};
+    static const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C};
+    int line = 1;
+    for (size_t t = 0; t < sizeof ops / sizeof ops[0]; t++) {
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            for (size_t inc = 0; inc < NINCS; inc += 1 + (s + t) % 2) {
+                size_t k = (s + inc + t) % (sizeof scal / sizeof scal[0]);
+                int m = sizes[s][0], pad = (int)((s + inc) % 3) * 2;
+                vprob p = {.f64 = f64,
+                           .trans = ops[t],
+                           .m = m,
+                           .n = sizes[s][1],
+                           .lda = m + pad,
+                           .incx = vec_incs[inc][0],
+                           .incy = vec_incs[inc][1],
+                           .alpha = scal[k][0],
+                           .beta = scal[k][1]};
+                vrun_opts o = {.stream = (s + inc) % 2 ? S : NULL, .change_host = inc == 2};
+                run_gemv(p, &o, line++);
+            }
+        }
+    }
+}
+
+static void c_sgemv(void) { gemv_cases(false); }
+static void c_dgemv(void) { gemv_cases(true); }
+
+/* Pointer mode DEVICE: alpha and beta read from device memory when the kernel runs. */
+static void c_gemv_device_scalars(void) {
+    static const cublasOperation_t ops[] = {CUBLAS_OP_N, CUBLAS_OP_T};
+    int line = 1;
+    for (int f64 = 0; f64 < 2; f64++) {
+        for (size_t t = 0; t < 2; t++) {
+            for (size_t inc = 0; inc < NINCS; inc += 2) {
+                vprob p = {.f64 = f64,
+                           .trans = ops[t],
+                           .m = 19,
+                           .n = 11,
+                           .lda = 22,
+                           .incx = vec_incs[inc][0],
+                           .incy = vec_incs[inc][1],
+                           .alpha = 0.625,
+                           .beta = inc == 2 ? 0.0 : -1.5};
+                vrun_opts o = {.device_scalars = true, .stream = t ? S : NULL};
+                run_gemv(p, &o, line++);
+            }
+        }
+        /* the quick return alpha 0, beta 1 is taken where the scalars are read, in the kernel */
+        vprob p = {.f64 = f64, .trans = CUBLAS_OP_T, .m = 9, .n = 6, .lda = 9, .incx = -1, .incy = 2, .beta = 1.0};
+        vrun_opts o = {.device_scalars = true, .stream = S, .nan_a = true};
+        run_gemv(p, &o, line++);
+    }
+}
+
+/*
+ * BLAS's quick returns: an empty A leaves y as it is (even with beta 0);
+ * alpha 0 reads neither A nor x (NaNs there stay out), and with beta 1
+ * leaves y as it is.
+ */
+static void c_gemv_special(void) {
+    int line = 1;
+    for (int f64 = 0; f64 < 2; f64++) {
+        vprob p = {.f64 = f64, .trans = CUBLAS_OP_N, .m = 8, .n = 5, .lda = 9, .incx = 1, .incy = -2, .beta = 0.5};
+        vrun_opts o = {.nan_a = true};
+        run_gemv(p, &o, line++); /* alpha 0: y = beta * y */
+        p.beta = 1.0;
+        run_gemv(p, &o, line++); /* alpha 0, beta 1: y untouched */
+        p.trans = CUBLAS_OP_T;
+        p.beta = 0.0;
+        run_gemv(p, &o, line++); /* alpha 0, beta 0: y = 0, its NaNs not read */
+    }
+    /* m or n 0: nothing happens, y's NaNs and all (beta 0 would otherwise write y) */
+    float one = 1, zero = 0, host[8], back[8];
+    fill_nan(host, false, 8);
+    CUdeviceptr yd;
+    CU(cuMemAlloc(&yd, sizeof host));
+    CU(cuMemcpyHtoD(yd, host, sizeof host));
+    float *Y = (float *)(uintptr_t)yd;
+    EXPECT_ST(cublasSgemv_v2(H, CUBLAS_OP_N, 0, 4, &one, Y, 1, Y, 1, &zero, Y, 1), CUBLAS_STATUS_SUCCESS);
+    EXPECT_ST(cublasSgemv_v2(H, CUBLAS_OP_N, 4, 0, &one, Y, 4, Y, 1, &zero, Y, 1), CUBLAS_STATUS_SUCCESS);
+    EXPECT_ST(cublasSgemv_v2(H, CUBLAS_OP_T, 4, 0, &one, Y, 4, Y, 1, &zero, Y, 1), CUBLAS_STATUS_SUCCESS);
+    CU(cuCtxSynchronize());
+    CU(cuMemcpyDtoH(back, yd, sizeof back));
+    for (int i = 0; i < 8; i++)
+        EXPECT(isnan(back[i]), "y[%d] = %g after an empty gemv", i, back[i]);
+    CU(cuMemFree(yd));
+}
+
+/* The documented argument errors. */
+static void c_gemv_errors(void) {
+    float one = 1;
+    double oned = 1;
+    CUdeviceptr buf;
+    CU(cuMemAlloc(&buf, 4096));
+    float *P = (float *)(uintptr_t)buf;
+    double *PD = (double *)(uintptr_t)buf;
+    const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+    EXPECT_ST(cublasSgemv_v2(NULL, N, 2, 2, &one, P, 2, P, 1, &one, P + 8, 1), CUBLAS_STATUS_NOT_INITIALIZED);
+    EXPECT_ST(cublasDgemv_v2(NULL, N, 2, 2, &oned, PD, 2, PD, 1, &oned, PD + 8, 1), CUBLAS_STATUS_NOT_INITIALIZED);
+    /* negative sizes */
+    EXPECT_ST(cublasSgemv_v2(H, N, -1, 2, &one, P, 2, P, 1, &one, P + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasSgemv_v2(H, N, 2, -1, &one, P, 2, P, 1, &one, P + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasDgemv_v2(H, T, -3, 2, &oned, PD, 2, PD, 1, &oned, PD + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+    /* lda below max(1, m), whatever the operation */
+    EXPECT_ST(cublasSgemv_v2(H, N, 5, 3, &one, P, 4, P, 1, &one, P + 64, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasSgemv_v2(H, T, 5, 3, &one, P, 3, P, 1, &one, P + 64, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasSgemv_v2(H, N, 0, 3, &one, P, 0, P, 1, &one, P + 64, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasDgemv_v2(H, T, 5, 3, &oned, PD, 4, PD, 1, &oned, PD + 64, 1), CUBLAS_STATUS_INVALID_VALUE);
+    /* increments of 0 */
+    EXPECT_ST(cublasSgemv_v2(H, N, 2, 2, &one, P, 2, P, 0, &one, P + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasSgemv_v2(H, N, 2, 2, &one, P, 2, P, 1, &one, P + 8, 0), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasDgemv_v2(H, T, 2, 2, &oned, PD, 2, PD, 0, &oned, PD + 8, 0), CUBLAS_STATUS_INVALID_VALUE);
+    /* operations other than N, T and C */
+    EXPECT_ST(cublasSgemv_v2(H, CUBLAS_OP_CONJG, 2, 2, &one, P, 2, P, 1, &one, P + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasSgemv_v2(H, (cublasOperation_t)7, 2, 2, &one, P, 2, P, 1, &one, P + 8, 1),
+              CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasDgemv_v2(H, (cublasOperation_t)-1, 2, 2, &oned, PD, 2, PD, 1, &oned, PD + 8, 1),
+              CUBLAS_STATUS_INVALID_VALUE);
+    if (!nvidia) {
+        /* no alpha or beta (NVIDIA's reads them without a check) */
+        EXPECT_ST(cublasSgemv_v2(H, N, 2, 2, NULL, P, 2, P, 1, &one, P + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+        EXPECT_ST(cublasSgemv_v2(H, N, 2, 2, &one, P, 2, P, 1, NULL, P + 8, 1), CUBLAS_STATUS_INVALID_VALUE);
+    }
+    CU(cuCtxSynchronize());
+    CU(cuMemFree(buf));
+}
+
+/*
+ * One dot product of n elements with increments incx and incy, in the pointer
+ * mode given, on stream s: host mode must return with the result in place
+ * (no synchronization before it is read); device mode must write the result
+ * and nothing beside it.
+ */
+static void run_dot(bool f64, int n, int incx, int incy, bool device, CUstream s, int line) {
+    prob q = {.f64 = f64};
+    size_t es = f64 ? 8 : 4, nx = vspan(n, incx), ny = vspan(n, incy);
+    buf x = {0}, y = {0}, r = {0};
+    /* the result: element 1 of 3; the host result starts as NaN, so an unwritten one shows */
+    double want[3], got[3], host_r64 = NAN;
+    float host_r32 = NAN;
+    cublasStatus_t st;
+    if (!buf_new(&x, &q, nx, 0xD07 + (uint32_t)line) || !buf_new(&y, &q, ny, 0xD08 + (uint32_t)line) ||
+        !buf_new(&r, &q, 3, 0xD09 + (uint32_t)line))
+        goto out;
+    for (int i = 0; i < 3; i++)
+        want[i] = f64 ? ((double *)r.host)[i] : ((float *)r.host)[i];
+    want[1] = f64 ? dot_ref64(n, x.host, incx, y.host, incy) : dot_ref32(n, x.host, incx, y.host, incy);
+    if (cublasSetStream_v2(H, s) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetPointerMode_v2(H, device ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST) !=
+            CUBLAS_STATUS_SUCCESS) {
+        fail(line, "handle settings");
+        goto out;
+    }
+    void *res = device ? (void *)(uintptr_t)(r.dev + es) : f64 ? (void *)&host_r64 : (void *)&host_r32;
+    st = f64 ? cublasDdot_v2(H, n, dp(&x), incx, dp(&y), incy, res)
+             : cublasSdot_v2(H, n, dp(&x), incx, dp(&y), incy, res);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fail(line, "dot n %d incx %d incy %d: %s", n, incx, incy, st_name(st));
+        goto out;
+    }
+    if (device) {
+        unsigned char back[24];
+        if (cuStreamSynchronize(s) != CUDA_SUCCESS || cuMemcpyDtoH(back, r.dev, 3 * es) != CUDA_SUCCESS) {
+            fail(line, "synchronize and download");
+            goto out;
+        }
+        for (int i = 0; i < 3; i++) {
+            float v32;
+            double v64;
+            memcpy(f64 ? (void *)&v64 : (void *)&v32, back + i * es, es);
+            got[i] = f64 ? v64 : v32;
+        }
+    } else {
+        got[0] = want[0];
+        got[1] = f64 ? host_r64 : host_r32;
+        got[2] = want[2];
+    }
+    /* compared as doubles: a float converts exactly, so equal bits stay equal */
+    double tol = tolerance;
+    if (nvidia)
+        tolerance = vec_tolerance(f64);
+    prob q64 = {.f64 = true};
+    if (!same(&q64, got, want, 3, line))
+        fail(line, "dot %s n %d incx %d incy %d, %s pointer mode", f64 ? "double" : "float", n, incx, incy,
+             device ? "device" : "host");
+    tolerance = tol;
+out:
+    buf_free(&x);
+    buf_free(&y);
+    buf_free(&r);
+    if (cublasSetStream_v2(H, NULL) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetPointerMode_v2(H, CUBLAS_POINTER_MODE_HOST) != CUBLAS_STATUS_SUCCESS)
+        fail(line, "handle reset");
+}
+
+/* Both pointer modes, lengths beyond a block, increments of either sign, n <= 0 (the result is 0). */
+static void dot_cases(bool f64) {
+    static const int lens[] = {1, 7, 100, 1000, 4097, 0, -3};
+    int line = 1;
+    for (int device = 0; device < 2; device++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+            for (size_t inc = 0; inc < NINCS; inc++)
+                run_dot(f64, lens[l], vec_incs[inc][0], vec_incs[inc][1], device, (l + inc) % 2 ? S : NULL, line++);
+}
+
+static void c_sdot(void) { dot_cases(false); }
+static void c_ddot(void) { dot_cases(true); }
+
+/*
+ * A host-mode dot waits for the stream's earlier work: x is replaced by a
+ * device-to-device copy queued just before on the same non-blocking stream,
+ * and the result must be the new x's.
+ */
+static void c_dot_stream_order(void) {
+    for (int f64 = 0; f64 < 2; f64++) {
+        prob q = {.f64 = f64};
+        const int n = 5000;
+        size_t es = f64 ? 8 : 4;
+        buf x = {0}, x2 = {0}, y = {0};
+        if (buf_new(&x, &q, n, 0x51) && buf_new(&x2, &q, n, 0x52) && buf_new(&y, &q, n, 0x53)) {
+            double want = f64 ? dot_ref64(n, x2.host, 1, y.host, 1) : dot_ref32(n, x2.host, 1, y.host, 1);
+            double r64 = NAN;
+            float r32 = NAN;
+            cublasStatus_t st = CUBLAS_STATUS_INTERNAL_ERROR;
+            if (cublasSetStream_v2(H, S) != CUBLAS_STATUS_SUCCESS ||
+                cuMemcpyDtoDAsync(x.dev, x2.dev, n * es, S) != CUDA_SUCCESS)
+                fail(__LINE__, "stream and copy");
+            else
+                st = f64 ? cublasDdot_v2(H, n, dp(&x), 1, dp(&y), 1, &r64)
+                         : cublasSdot_v2(H, n, dp(&x), 1, dp(&y), 1, &r32);
+            EXPECT(st == CUBLAS_STATUS_SUCCESS, "dot: %s", st_name(st));
+            double got = f64 ? r64 : r32;
+            prob q64 = {.f64 = true};
+            double tol = tolerance;
+            if (nvidia)
+                tolerance = vec_tolerance(f64);
+            same(&q64, &got, &want, 1, __LINE__);
+            tolerance = tol;
+            EXPECT(cublasSetStream_v2(H, NULL) == CUBLAS_STATUS_SUCCESS, "stream reset");
+        }
+        buf_free(&x);
+        buf_free(&x2);
+        buf_free(&y);
+    }
+}
+
+/* The documented argument errors; the result is left alone. */
+static void c_dot_errors(void) {
+    CUdeviceptr buf;
+    CU(cuMemAlloc(&buf, 4096));
+    float *P = (float *)(uintptr_t)buf, r = 7;
+    double *PD = (double *)(uintptr_t)buf, rd = 7;
+    EXPECT_ST(cublasSdot_v2(NULL, 4, P, 1, P, 1, &r), CUBLAS_STATUS_NOT_INITIALIZED);
+    EXPECT_ST(cublasDdot_v2(NULL, 4, PD, 1, PD, 1, &rd), CUBLAS_STATUS_NOT_INITIALIZED);
+    EXPECT_ST(cublasSdot_v2(H, 4, P, 0, P, 1, &r), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasSdot_v2(H, 4, P, 1, P, 0, &r), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT_ST(cublasDdot_v2(H, 4, PD, 0, PD, 0, &rd), CUBLAS_STATUS_INVALID_VALUE);
+    EXPECT(r == 7 && rd == 7, "results %g %g after refused calls", r, rd);
+    if (!nvidia)
+        EXPECT_ST(cublasSdot_v2(H, 4, P, 1, P, 1, NULL), CUBLAS_STATUS_INVALID_VALUE);
+    CU(cuCtxSynchronize());
+    CU(cuMemFree(buf));
+}
+
 /* ---- cases: cuBLASLt --------------------------------------------------------------- */
 
 static void c_lt_library(void) {
@@ -1179,6 +1603,15 @@ static const bt_case cases[] = {
     {"special_scalars", c_special_scalars},
     {"empty", c_empty},
     {"gemm_errors", c_gemm_errors},
+    {"sgemv", c_sgemv},
+    {"dgemv", c_dgemv},
+    {"gemv_device_scalars", c_gemv_device_scalars},
+    {"gemv_special", c_gemv_special},
+    {"gemv_errors", c_gemv_errors},
+    {"sdot", c_sdot},
+    {"ddot", c_ddot},
+    {"dot_stream_order", c_dot_stream_order},
+    {"dot_errors", c_dot_errors},
     {"lt_library", c_lt_library},
     {"lt_attributes", c_lt_attributes},
     {"lt_matmul", c_lt_matmul},

@@ -1,17 +1,21 @@
 /*
  * The simulated driver's cuBLAS (libcublas.so.13): handles, their settings,
- * and the general matrix products (gemm, strided batched, Ex) in float and
- * double, as kernels on the handle's stream (simblas.h).
+ * the general matrix products (gemm, strided batched, Ex), the matrix-vector
+ * product (gemv) and the dot product in float and double, as kernels on the
+ * handle's stream (simblas.h).
  *
  * Arguments are checked as cuBLAS documents it: a NULL handle is
  * CUBLAS_STATUS_NOT_INITIALIZED; a negative size or count, an operation
  * other than N, T or C, a leading dimension below the rows it must hold (and
- * below 1) or a NULL alpha or beta is CUBLAS_STATUS_INVALID_VALUE; a type
- * combination the library does not compute is CUBLAS_STATUS_NOT_SUPPORTED;
- * a launch the driver refuses is CUBLAS_STATUS_EXECUTION_FAILED. Otherwise
- * the call only enqueues its work and returns.
+ * below 1), an increment of 0 or a NULL alpha, beta or result is
+ * CUBLAS_STATUS_INVALID_VALUE; a type combination the library does not
+ * compute is CUBLAS_STATUS_NOT_SUPPORTED; a launch the driver refuses is
+ * CUBLAS_STATUS_EXECUTION_FAILED. Otherwise the call only enqueues its work
+ * and returns, but for a dot product into host memory, which waits for it.
  */
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "simblas.h"
 
@@ -23,6 +27,10 @@ struct cublasContext {
     cublasAtomicsMode_t atomics_mode;
     void *workspace; /* cublasSetWorkspace's: kept, never needed by these kernels */
     size_t workspace_size;
+    /* A host-mode dot's result on the device, made at the first one; scratch_mu keeps a second thread's dot on the
+     * handle from writing it before the first one's result came back. */
+    pthread_mutex_t scratch_mu;
+    CUdeviceptr scratch;
 };
 
 SB_API cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
@@ -32,8 +40,14 @@ SB_API cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
     cublasHandle_t h = calloc(1, sizeof *h);
     if (!h)
         return CUBLAS_STATUS_ALLOC_FAILED;
+    if (pthread_mutex_init(&h->scratch_mu, NULL) != 0) {
+        free(h);
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    }
     cublasStatus_t st = sb_kernels_load(&h->k);
     if (st != CUBLAS_STATUS_SUCCESS) {
+        /* a mutex nobody locked: destroying it cannot fail */
+        (void)pthread_mutex_destroy(&h->scratch_mu);
         free(h);
         return st;
     }
@@ -47,7 +61,14 @@ SB_API cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
 SB_API cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
     if (!handle)
         return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (handle->scratch) {
+        /* As the module: a failure means the context went first and took the memory with it. */
+        CUresult r = cuMemFree(handle->scratch);
+        (void)r;
+    }
     sb_kernels_unload(&handle->k);
+    /* fails only while another thread's dot holds it, a use after destroy that cuBLAS does not define either */
+    (void)pthread_mutex_destroy(&handle->scratch_mu);
     free(handle);
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -295,4 +316,131 @@ SB_API cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOp
         return CUBLAS_STATUS_INVALID_VALUE;
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
                 batchCount, f64);
+}
+
+/* ---- gemv and dot ---------------------------------------------------------- */
+
+/* y = alpha * op(A) * x + beta * y, A m x n: the gemv kernel with op(A)'s rows as its rows. */
+static cublasStatus_t gemv(cublasHandle_t h, cublasOperation_t trans, int m, int n, const void *alpha, const void *A,
+                           int lda, const void *x, int incx, const void *beta, void *y, int incy, int f64) {
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    uint32_t t;
+    if (!op_ok(trans, &t) || m < 0 || n < 0 || lda < max1(m) || incx == 0 || incy == 0 || !alpha || !beta)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    /* BLAS's quick return: an empty A leaves y as it is (beta does not scale it either) */
+    if (m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    size_t es = f64 ? sizeof(double) : sizeof(float);
+    uint32_t rows = (uint32_t)(t ? n : m), cols = (uint32_t)(t ? m : n);
+    sb_gemv v = {
+        .f64 = f64,
+        .device_scalars = h->pointer_mode == CUBLAS_POINTER_MODE_DEVICE,
+        .alpha = alpha,
+        .beta = beta,
+        .a = (CUdeviceptr)(uintptr_t)A,
+        .x = sb_vec_origin(x, cols, incx, es),
+        .y = sb_vec_origin(y, rows, incy, es),
+        .rs = t ? lda : 1,
+        .cs = t ? 1 : lda,
+        .incx = incx,
+        .incy = incy,
+        .rows = rows,
+        .cols = cols,
+    };
+    return sb_gemv_launch(&h->k, &v, h->stream);
+}
+
+SB_API cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
+                                     const float *A, int lda, const float *x, int incx, const float *beta, float *y,
+                                     int incy) {
+    return gemv(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy, 0);
+}
+
+SB_API cublasStatus_t cublasDgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const double *alpha,
+                                     const double *A, int lda, const double *x, int incx, const double *beta, double *y,
+                                     int incy) {
+    return gemv(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy, 1);
+}
+
+/*
+ * A dot product into host memory: the kernel writes the handle's scratch
+ * element, which comes back once the stream has run everything up to it, so
+ * the call returns with the result in place as cuBLAS's does. ALLOC_FAILED
+ * if there is no scratch (cuBLAS's "the reduction buffer could not be
+ * allocated"); EXECUTION_FAILED if the stream's work failed.
+ */
+static cublasStatus_t dot_to_host(cublasHandle_t h, sb_gemv *v, void *result, size_t es) {
+    unsigned char val[sizeof(double)];
+    if (pthread_mutex_lock(&h->scratch_mu) != 0)
+        return CUBLAS_STATUS_INTERNAL_ERROR;
+    /* the scratch goes where the launch goes: the current context, or the handle's */
+    cublasStatus_t st = sb_enter(&h->k);
+    if (st == CUBLAS_STATUS_SUCCESS && !h->scratch && cuMemAlloc(&h->scratch, sizeof val) != CUDA_SUCCESS) {
+        h->scratch = 0;
+        st = CUBLAS_STATUS_ALLOC_FAILED;
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        v->y = h->scratch;
+        st = sb_gemv_launch(&h->k, v, h->stream);
+    }
+    if (st == CUBLAS_STATUS_SUCCESS && (cuMemcpyDtoHAsync(val, h->scratch, es, h->stream) != CUDA_SUCCESS ||
+                                        cuStreamSynchronize(h->stream) != CUDA_SUCCESS))
+        st = CUBLAS_STATUS_EXECUTION_FAILED;
+    if (pthread_mutex_unlock(&h->scratch_mu) != 0 && st == CUBLAS_STATUS_SUCCESS)
+        st = CUBLAS_STATUS_INTERNAL_ERROR;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        memcpy(result, val, es);
+    return st;
+}
+
+/*
+ * result = sum of x[i] * y[i]: the gemv kernel with one row, x as that row
+ * (its step incx), y as the vector, alpha 1 and beta 0 (so the sum is the
+ * accumulator's bits), written to result on the device or, in host pointer
+ * mode, through dot_to_host. n <= 0 is BLAS's quick return: the result is 0.
+ */
+static cublasStatus_t dot(cublasHandle_t h, int n, const void *x, int incx, const void *y, int incy, void *result,
+                          int f64) {
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (incx == 0 || incy == 0 || !result)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    static const float one32 = 1, zero32 = 0;
+    static const double one64 = 1, zero64 = 0;
+    size_t es = f64 ? sizeof(double) : sizeof(float);
+    uint32_t len = n > 0 ? (uint32_t)n : 0;
+    sb_gemv v = {
+        .f64 = f64,
+        .alpha = f64 ? (const void *)&one64 : (const void *)&one32,
+        .beta = f64 ? (const void *)&zero64 : (const void *)&zero32,
+        .a = sb_vec_origin(x, len, incx, es),
+        .x = sb_vec_origin(y, len, incy, es),
+        .rs = 0,
+        .cs = incx,
+        .incx = incy,
+        .incy = 1,
+        .rows = 1,
+        .cols = len,
+    };
+    if (h->pointer_mode == CUBLAS_POINTER_MODE_DEVICE) {
+        /* in stream order, the empty sum included: a later kernel reading the result finds the 0 */
+        v.y = (CUdeviceptr)(uintptr_t)result;
+        return sb_gemv_launch(&h->k, &v, h->stream);
+    }
+    if (len == 0) {
+        memcpy(result, f64 ? (const void *)&zero64 : (const void *)&zero32, es);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return dot_to_host(h, &v, result, es);
+}
+
+SB_API cublasStatus_t cublasSdot_v2(cublasHandle_t handle, int n, const float *x, int incx, const float *y, int incy,
+                                    float *result) {
+    return dot(handle, n, x, incx, y, incy, result, 0);
+}
+
+SB_API cublasStatus_t cublasDdot_v2(cublasHandle_t handle, int n, const double *x, int incx, const double *y, int incy,
+                                    double *result) {
+    return dot(handle, n, x, incx, y, incy, result, 1);
 }

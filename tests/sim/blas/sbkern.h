@@ -2,8 +2,8 @@
  * The simulated cuBLAS's kernels as both sides see them: the libraries
  * (tests/sim/blas, which launch them) and the simulated driver
  * (tests/sim/kernels/blas.c, which runs them). One kernel per element type,
- * simblas_gemm_f32 and simblas_gemm_f64, does every product the libraries
- * offer, batched:
+ * simblas_gemm_f32 and simblas_gemm_f64, does every matrix product the
+ * libraries offer, batched:
  *
  *   for every batch b < batch, column j < n, row i < m:
  *     acc = 0
@@ -24,6 +24,24 @@
  * Alpha and beta are the parameters' values, or with DEVICE_SCALARS the
  * element that alpha_ptr and beta_ptr point to (cuBLAS's device pointer
  * mode: read when the kernel runs).
+ *
+ * A second kernel per element type, simblas_gemv_f32 and simblas_gemv_f64,
+ * does the matrix-vector product (gemv) and the dot product (dot: one row
+ * of one, alpha 1, beta 0, y the result):
+ *
+ *   if alpha == 0 and beta == 1: nothing       (BLAS's quick return: y is not touched)
+ *   for every row i < rows:
+ *     acc = 0
+ *     if alpha != 0: for l = 0 .. cols-1: acc = fma(A[i*rs + l*cs], x[l*incx], acc)
+ *     t = alpha * acc
+ *     if beta != 0:  t = fma(beta, y[i*incy], t)   (y is not read otherwise)
+ *     y[i*incy] = t
+ *
+ * rounded as the gemm is, every index in elements and signed. A, x and y are
+ * the addresses of element 0 in BLAS's order: for a negative increment that
+ * is the vector's last element in memory (the library passes it), so the
+ * kernel walks every operand the same way whatever the signs. Alpha and beta
+ * come as the gemm's do (DEVICE_SCALARS).
  */
 #ifndef GPUCR_SIM_BLAS_SBKERN_H
 #define GPUCR_SIM_BLAS_SBKERN_H
@@ -57,7 +75,27 @@ enum {
     SBK_NPARAMS
 };
 
-/* SBK_FLAGS */
+/* simblas_gemv_*'s parameters, in the PTX's order (u64 pointers, s64 steps, the element type's alpha and beta,
+ * u32 sizes and flags: SBK_DEVICE_SCALARS only). */
+enum {
+    SBV_A,
+    SBV_X,
+    SBV_Y,
+    SBV_ALPHA_PTR,
+    SBV_BETA_PTR,
+    SBV_RS,
+    SBV_CS,
+    SBV_INCX,
+    SBV_INCY,
+    SBV_ALPHA,
+    SBV_BETA,
+    SBV_ROWS,
+    SBV_COLS,
+    SBV_FLAGS,
+    SBV_NPARAMS
+};
+
+/* SBK_FLAGS, SBV_FLAGS */
 #define SBK_TRANSA 0x1u
 #define SBK_TRANSB 0x2u
 #define SBK_BIAS_ON 0x4u

@@ -184,27 +184,147 @@ static const char gemm_template[] =
     "\tret;\n"
     "}\n";
 
+/*
+ * The matrix-vector kernels, simblas_gemv_f32 and simblas_gemv_f64, from a
+ * second template with the same placeholders and one more, the element
+ * type's one ({O}). Each thread takes rows i in a grid-stride loop and
+ * computes y's element as sbkern.h defines it; rows are independent, so any
+ * grid gives the same bits. The steps are signed element counts (sbkern.h):
+ * multiplied and shifted before they are added to an operand's address, so
+ * here too only y is found written through, and A, x, y, alpha_ptr and
+ * beta_ptr read.
+ */
+static const char gemv_template[] =
+    ".visible .entry {N}(\n"
+    "\t.param .u64 {N}_param_0,\n"  /* A */
+    "\t.param .u64 {N}_param_1,\n"  /* x */
+    "\t.param .u64 {N}_param_2,\n"  /* y */
+    "\t.param .u64 {N}_param_3,\n"  /* alpha_ptr */
+    "\t.param .u64 {N}_param_4,\n"  /* beta_ptr */
+    "\t.param .s64 {N}_param_5,\n"  /* rs: A's step from row i to i + 1 */
+    "\t.param .s64 {N}_param_6,\n"  /* cs: from column l to l + 1 */
+    "\t.param .s64 {N}_param_7,\n"  /* incx */
+    "\t.param .s64 {N}_param_8,\n"  /* incy */
+    "\t.param {T} {N}_param_9,\n"   /* alpha */
+    "\t.param {T} {N}_param_10,\n"  /* beta */
+    "\t.param .u32 {N}_param_11,\n" /* rows */
+    "\t.param .u32 {N}_param_12,\n" /* cols */
+    "\t.param .u32 {N}_param_13\n"  /* flags */
+    ")\n"
+    "{\n"
+    "\t.reg .pred %p<8>;\n"
+    "\t.reg .b32 %r<16>;\n"
+    "\t.reg .b64 %rd<24>;\n"
+    "\t.reg {T} %f<8>;\n"
+    "\n"
+    "\tld.param.u64 %rd1, [{N}_param_0];\n"
+    "\tld.param.u64 %rd2, [{N}_param_1];\n"
+    "\tld.param.u64 %rd3, [{N}_param_2];\n"
+    "\tld.param.u64 %rd4, [{N}_param_3];\n"
+    "\tld.param.u64 %rd5, [{N}_param_4];\n"
+    "\tld.param.s64 %rd6, [{N}_param_5];\n"
+    "\tld.param.s64 %rd7, [{N}_param_6];\n"
+    "\tld.param.s64 %rd8, [{N}_param_7];\n"
+    "\tld.param.s64 %rd9, [{N}_param_8];\n"
+    "\tld.param{T} %f1, [{N}_param_9];\n"
+    "\tld.param{T} %f2, [{N}_param_10];\n"
+    "\tld.param.u32 %r1, [{N}_param_11];\n"
+    "\tld.param.u32 %r2, [{N}_param_12];\n"
+    "\tld.param.u32 %r3, [{N}_param_13];\n"
+    "\tcvta.to.global.u64 %rd1, %rd1;\n"
+    "\tcvta.to.global.u64 %rd2, %rd2;\n"
+    "\tcvta.to.global.u64 %rd3, %rd3;\n"
+    "\tcvta.to.global.u64 %rd4, %rd4;\n"
+    "\tcvta.to.global.u64 %rd5, %rd5;\n"
+    "\tand.b32 %r4, %r3, 16;\n" /* device pointer mode: alpha and beta from memory */
+    "\tsetp.eq.u32 %p1, %r4, 0;\n"
+    "\t@%p1 bra $SV_scalars;\n"
+    "\tld.global{T} %f1, [%rd4];\n"
+    "\tld.global{T} %f2, [%rd5];\n"
+    "$SV_scalars:\n"
+    "\tsetp.eq{T} %p2, %f1, {Z};\n" /* alpha == 0 */
+    "\tsetp.eq{T} %p3, %f2, {O};\n"
+    "\tand.pred %p3, %p2, %p3;\n" /* and beta == 1: y stays as it is */
+    "\t@%p3 bra $SV_done;\n"
+    "\tsetp.eq.or.u32 %p2, %r2, 0, %p2;\n" /* no products: alpha == 0 or cols == 0 */
+    "\tsetp.eq{T} %p4, %f2, {Z};\n"        /* y not read: beta == 0 */
+    "\tshl.b64 %rd10, %rd7, {S};\n"        /* to A(i, l + 1), bytes */
+    "\tshl.b64 %rd11, %rd8, {S};\n"        /* to x(l + 1), bytes */
+    "\tcvt.u64.u32 %rd12, %r1;\n"          /* rows */
+    "\tmov.u32 %r5, %ctaid.x;\n"
+    "\tmov.u32 %r6, %ntid.x;\n"
+    "\tmov.u32 %r7, %tid.x;\n"
+    "\tmov.u32 %r8, %nctaid.x;\n"
+    "\tmul.wide.u32 %rd13, %r5, %r6;\n"
+    "\tcvt.u64.u32 %rd14, %r7;\n"
+    "\tadd.u64 %rd13, %rd13, %rd14;\n"  /* i */
+    "\tmul.wide.u32 %rd15, %r8, %r6;\n" /* grid stride */
+    "\tsetp.ge.u64 %p5, %rd13, %rd12;\n"
+    "\t@%p5 bra $SV_done;\n"
+    "$SV_row:\n"
+    "\tmov{T} %f3, {Z};\n" /* acc */
+    "\t@%p2 bra $SV_scale;\n"
+    "\tmul.lo.s64 %rd16, %rd13, %rd6;\n" /* i * rs */
+    "\tshl.b64 %rd16, %rd16, {S};\n"
+    "\tadd.s64 %rd17, %rd1, %rd16;\n" /* &A(i, 0) */
+    "\tmov.u64 %rd18, %rd2;\n"        /* &x(0) */
+    "\tmov.u32 %r9, %r2;\n"
+    "$SV_l:\n"
+    "\tld.global{T} %f4, [%rd17];\n"
+    "\tld.global{T} %f5, [%rd18];\n"
+    "\tfma.rn{T} %f3, %f4, %f5, %f3;\n"
+    "\tadd.s64 %rd17, %rd17, %rd10;\n"
+    "\tadd.s64 %rd18, %rd18, %rd11;\n"
+    "\tsub.u32 %r9, %r9, 1;\n"
+    "\tsetp.ne.u32 %p6, %r9, 0;\n"
+    "\t@%p6 bra $SV_l;\n"
+    "$SV_scale:\n"
+    "\tmul.rn{T} %f6, %f1, %f3;\n"       /* alpha * acc */
+    "\tmul.lo.s64 %rd19, %rd13, %rd9;\n" /* i * incy */
+    "\tshl.b64 %rd19, %rd19, {S};\n"
+    "\tadd.s64 %rd19, %rd3, %rd19;\n" /* &y(i) */
+    "\t@%p4 bra $SV_store;\n"
+    "\tld.global{T} %f7, [%rd19];\n"
+    "\tfma.rn{T} %f6, %f2, %f7, %f6;\n" /* + beta * y */
+    "$SV_store:\n"
+    "\tst.global{T} [%rd19], %f6;\n"
+    "\tadd.u64 %rd13, %rd13, %rd15;\n"
+    "\tsetp.lt.u64 %p5, %rd13, %rd12;\n"
+    "\t@%p5 bra $SV_row;\n"
+    "$SV_done:\n"
+    "\tret;\n"
+    "}\n";
+
 static const char ptx_header[] =
     ".version 7.8\n"
     ".target sm_75\n"
     ".address_size 64\n";
 
-/* The module's text: the header, then the template for float and for double, made once. Room for three copies
- * of the template: the placeholders put in make a copy a little longer (make_ptx fails rather than overflow). */
-static char sb_ptx[3 * sizeof gemm_template + sizeof ptx_header];
+/* The module's text: the header, then each template for float and for double, made once. Room for three copies
+ * of each template: the placeholders put in make a copy a little longer (make_ptx fails rather than overflow). */
+static char sb_ptx[3 * (sizeof gemm_template + sizeof gemv_template) + sizeof ptx_header];
 static pthread_once_t ptx_once = PTHREAD_ONCE_INIT;
 static int ptx_ok;
 
-/* Appends the template with its placeholders put in at *len; 0 if sb_ptx is too small (it is not). */
-static int expand(size_t *len, const char *name, const char *type, const char *shift, const char *zero) {
-    for (const char *t = gemm_template; *t;) {
+/* What a template's placeholders become for one element type. */
+typedef struct elem_type {
+    const char *type, *shift, *zero, *one;
+} elem_type;
+
+static const elem_type ty_f32 = {".f32", "2", "0f00000000", "0f3F800000"};
+static const elem_type ty_f64 = {".f64", "3", "0d0000000000000000", "0d3FF0000000000000"};
+
+/* Appends template tpl as entry name with its placeholders put in at *len; 0 if sb_ptx is too small (it is not). */
+static int expand(size_t *len, const char *tpl, const char *name, const elem_type *ty) {
+    for (const char *t = tpl; *t;) {
         const char *put = NULL;
         if (t[0] == '{' && t[1] && t[2] == '}') {
             switch (t[1]) {
             case 'N': put = name; break;
-            case 'T': put = type; break;
-            case 'S': put = shift; break;
-            case 'Z': put = zero; break;
+            case 'T': put = ty->type; break;
+            case 'S': put = ty->shift; break;
+            case 'Z': put = ty->zero; break;
+            case 'O': put = ty->one; break;
             }
         }
         size_t n = put ? strlen(put) : 1;
@@ -221,8 +341,10 @@ static int expand(size_t *len, const char *name, const char *type, const char *s
 static void make_ptx(void) {
     size_t len = strlen(ptx_header);
     memcpy(sb_ptx, ptx_header, len);
-    ptx_ok = expand(&len, "simblas_gemm_f32", ".f32", "2", "0f00000000") &&
-             expand(&len, "simblas_gemm_f64", ".f64", "3", "0d0000000000000000");
+    ptx_ok = expand(&len, gemm_template, "simblas_gemm_f32", &ty_f32) &&
+             expand(&len, gemm_template, "simblas_gemm_f64", &ty_f64) &&
+             expand(&len, gemv_template, "simblas_gemv_f32", &ty_f32) &&
+             expand(&len, gemv_template, "simblas_gemv_f64", &ty_f64);
 }
 
 /* ---- contexts and the module ------------------------------------------- */
@@ -266,7 +388,9 @@ cublasStatus_t sb_kernels_load(sb_kernels *k) {
         return CUBLAS_STATUS_NOT_INITIALIZED;
     }
     if (cuModuleGetFunction(&k->f32, k->mod, "simblas_gemm_f32") != CUDA_SUCCESS ||
-        cuModuleGetFunction(&k->f64, k->mod, "simblas_gemm_f64") != CUDA_SUCCESS) {
+        cuModuleGetFunction(&k->f64, k->mod, "simblas_gemm_f64") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&k->v32, k->mod, "simblas_gemv_f32") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&k->v64, k->mod, "simblas_gemv_f64") != CUDA_SUCCESS) {
         sb_kernels_unload(k);
         return CUBLAS_STATUS_INTERNAL_ERROR;
     }
@@ -285,7 +409,7 @@ void sb_kernels_unload(sb_kernels *k) {
         (void)r;
     }
     k->mod = NULL;
-    k->f32 = k->f64 = NULL;
+    k->f32 = k->f64 = k->v32 = k->v64 = NULL;
 }
 
 /* ---- launches ------------------------------------------------------------ */
@@ -293,15 +417,28 @@ void sb_kernels_unload(sb_kernels *k) {
 /* Threads per block, and the most blocks a launch asks for (the rest is the grid-stride loop's). */
 enum { SB_BLOCK = 256, SB_MAX_BLOCKS = 4096 };
 
-cublasStatus_t sb_gemm_launch(const sb_kernels *k, const sb_gemm *g, CUstream s) {
-    if (g->m == 0 || g->n == 0 || g->batch == 0)
-        return CUBLAS_STATUS_SUCCESS;
+/* The launch's grid: a thread per element, at most SB_MAX_BLOCKS blocks. */
+static unsigned grid_for(uint64_t elems) {
+    uint64_t blocks = (elems + SB_BLOCK - 1) / SB_BLOCK;
+    return (unsigned)(blocks > SB_MAX_BLOCKS ? SB_MAX_BLOCKS : blocks);
+}
+
+cublasStatus_t sb_enter(const sb_kernels *k) {
     CUcontext cur = NULL;
     if (cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
         return CUBLAS_STATUS_EXECUTION_FAILED;
     /* A thread that made none current gets the handle's, as the runtime gives it the device's primary context. */
     if (!cur && cuCtxSetCurrent(k->ctx) != CUDA_SUCCESS)
         return CUBLAS_STATUS_EXECUTION_FAILED;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t sb_gemm_launch(const sb_kernels *k, const sb_gemm *g, CUstream s) {
+    if (g->m == 0 || g->n == 0 || g->batch == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    cublasStatus_t st = sb_enter(k);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
 
     CUdeviceptr a = g->a, b = g->b, c = g->c, d = g->d, bias = g->bias, alpha_ptr = 0, beta_ptr = 0;
     int64_t sa = g->sa, sb = g->sb, sc = g->sc, sd = g->sd, sbias = g->sbias;
@@ -345,10 +482,56 @@ cublasStatus_t sb_gemm_launch(const sb_kernels *k, const sb_gemm *g, CUstream s)
         [SBK_BATCH] = &batch,
         [SBK_FLAGS] = &flags,
     };
-    uint64_t elems = (uint64_t)m * n * batch, blocks = (elems + SB_BLOCK - 1) / SB_BLOCK;
-    if (blocks > SB_MAX_BLOCKS)
-        blocks = SB_MAX_BLOCKS;
-    CUresult r = cuLaunchKernel(g->f64 ? k->f64 : k->f32, (unsigned)blocks, 1, 1, SB_BLOCK, 1, 1, 0, s, args, NULL);
+    CUresult r = cuLaunchKernel(g->f64 ? k->f64 : k->f32, grid_for((uint64_t)m * n * batch), 1, 1, SB_BLOCK, 1, 1, 0, s,
+                                args, NULL);
+    return r == CUDA_SUCCESS ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+CUdeviceptr sb_vec_origin(const void *p, uint32_t len, int64_t inc, size_t es) {
+    CUdeviceptr base = (CUdeviceptr)(uintptr_t)p;
+    /* (len - 1) * -inc fits: both came from ints */
+    return inc < 0 && len > 0 ? base + (CUdeviceptr)((int64_t)(len - 1) * -inc * (int64_t)es) : base;
+}
+
+cublasStatus_t sb_gemv_launch(const sb_kernels *k, const sb_gemv *v, CUstream s) {
+    if (v->rows == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    cublasStatus_t st = sb_enter(k);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    CUdeviceptr a = v->a, x = v->x, y = v->y, alpha_ptr = 0, beta_ptr = 0;
+    int64_t rs = v->rs, cs = v->cs, incx = v->incx, incy = v->incy;
+    uint32_t rows = v->rows, cols = v->cols, flags = 0;
+    float alpha32 = 0, beta32 = 0;
+    double alpha64 = 0, beta64 = 0;
+    if (v->device_scalars) {
+        flags |= SBK_DEVICE_SCALARS;
+        alpha_ptr = (CUdeviceptr)(uintptr_t)v->alpha;
+        beta_ptr = (CUdeviceptr)(uintptr_t)v->beta;
+    } else if (v->f64) {
+        memcpy(&alpha64, v->alpha, sizeof alpha64);
+        memcpy(&beta64, v->beta, sizeof beta64);
+    } else {
+        memcpy(&alpha32, v->alpha, sizeof alpha32);
+        memcpy(&beta32, v->beta, sizeof beta32);
+    }
+    void *args[SBV_NPARAMS] = {
+        [SBV_A] = &a,
+        [SBV_X] = &x,
+        [SBV_Y] = &y,
+        [SBV_ALPHA_PTR] = &alpha_ptr,
+        [SBV_BETA_PTR] = &beta_ptr,
+        [SBV_RS] = &rs,
+        [SBV_CS] = &cs,
+        [SBV_INCX] = &incx,
+        [SBV_INCY] = &incy,
+        [SBV_ALPHA] = v->f64 ? (void *)&alpha64 : (void *)&alpha32,
+        [SBV_BETA] = v->f64 ? (void *)&beta64 : (void *)&beta32,
+        [SBV_ROWS] = &rows,
+        [SBV_COLS] = &cols,
+        [SBV_FLAGS] = &flags,
+    };
+    CUresult r = cuLaunchKernel(v->f64 ? k->v64 : k->v32, grid_for(rows), 1, 1, SB_BLOCK, 1, 1, 0, s, args, NULL);
     return r == CUDA_SUCCESS ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 

@@ -32,7 +32,8 @@
 typedef struct sb_kernels {
     CUcontext ctx;
     CUmodule mod;
-    CUfunction f32, f64;
+    CUfunction f32, f64; /* simblas_gemm_* */
+    CUfunction v32, v64; /* simblas_gemv_* */
 } sb_kernels;
 
 /*
@@ -46,6 +47,13 @@ cublasStatus_t sb_kernels_load(sb_kernels *k);
 /* Unloads the module (the context may be gone already: its modules went with it). */
 void sb_kernels_unload(sb_kernels *k);
 
+/*
+ * Makes the handle's context current on a thread that has none, as the
+ * runtime would give it the device's primary context; work of the handle
+ * then goes to the current context. EXECUTION_FAILED if the driver refuses.
+ */
+cublasStatus_t sb_enter(const sb_kernels *k);
+
 /* One launch of simblas_gemm_f32 / _f64 (sbkern.h says what it computes). */
 typedef struct sb_gemm {
     int f64;            /* double elements (simblas_gemm_f64) */
@@ -58,12 +66,31 @@ typedef struct sb_gemm {
 } sb_gemm;
 
 /*
- * Enqueues g on stream s in the current context (or, on a thread that has
- * none, the handle's, made current as the runtime would). An empty product
+ * Enqueues g on stream s in the current context (sb_enter). An empty product
  * (m, n or batch 0) launches nothing. EXECUTION_FAILED if the driver refuses
  * the launch.
  */
 cublasStatus_t sb_gemm_launch(const sb_kernels *k, const sb_gemm *g, CUstream s);
+
+/* One launch of simblas_gemv_f32 / _f64 (sbkern.h says what it computes). */
+typedef struct sb_gemv {
+    int f64;            /* double elements (simblas_gemv_f64) */
+    int device_scalars; /* alpha and beta are device addresses, read by the kernel */
+    const void *alpha, *beta;
+    CUdeviceptr a, x, y;        /* each operand's element 0 in BLAS's order (sb_vec_origin) */
+    int64_t rs, cs, incx, incy; /* steps, elements, signed */
+    uint32_t rows, cols;
+} sb_gemv;
+
+/*
+ * Where element 0 of a vector of len elements of es bytes at p, increment
+ * inc, lies: p itself, or for a negative increment its last element, which
+ * BLAS takes first.
+ */
+CUdeviceptr sb_vec_origin(const void *p, uint32_t len, int64_t inc, size_t es);
+
+/* Enqueues v on stream s as sb_gemm_launch does; no rows launches nothing. */
+cublasStatus_t sb_gemv_launch(const sb_kernels *k, const sb_gemv *v, CUstream s);
 
 /* cublasGetStatusName / String and cublasLt's: the same for both libraries. */
 const char *sb_status_name(cublasStatus_t s);

@@ -1,15 +1,18 @@
 /*
  * The simulated driver's versions of the simulated cuBLAS's kernels
- * (simblas_gemm_f32, simblas_gemm_f64; their PTX is in tests/sim/blas/simblas.c
- * and what they compute is defined in tests/sim/blas/sbkern.h). Each element
+ * (simblas_gemm_f32, simblas_gemm_f64, simblas_gemv_f32, simblas_gemv_f64;
+ * their PTX is in tests/sim/blas/simblas.c and what they compute is defined
+ * in tests/sim/blas/sbkern.h). Each element
  * is computed in the order the definition gives, with fmaf / fma, so the bits
  * are those of the PTX on a GPU and of blastest's host reference. This file is
  * built with -ffp-contract=off (Makefile): a compiler that fused `alpha * acc`
  * with a following addition would round once where the PTX rounds twice.
  *
- * Every matrix of every batch goes through simk_dev() for the whole range the
- * kernel reads or writes ((cols - 1) * ld + rows elements); a range it refuses
- * makes the launch fail with CUDA_ERROR_ILLEGAL_ADDRESS, as a GPU fault would.
+ * Every matrix of every batch, and every vector, goes through simk_dev() for
+ * the whole range the kernel reads or writes ((cols - 1) * ld + rows
+ * elements; for signed steps, from the lowest element to the highest); a
+ * range it refuses makes the launch fail with CUDA_ERROR_ILLEGAL_ADDRESS, as
+ * a GPU fault would.
  */
 #include <math.h>
 #include <stdint.h>
@@ -124,3 +127,73 @@ SB_GEMM(simblas_gemm_f32, float, fmaf)
 SB_GEMM(simblas_gemm_f64, double, fma)
 SIMK_REGISTER("simblas_gemm_f32", simblas_gemm_f32);
 SIMK_REGISTER("simblas_gemm_f64", simblas_gemm_f64);
+
+/*
+ * Host address of element 0 of an operand of simblas_gemv_*: rows x cols
+ * elements of es bytes, element (i, l) at origin + (i * rs + l * cs) * es
+ * with signed steps (a vector: cols 1). NULL if the range from its lowest
+ * element to its highest is not all device memory, or does not fit in 64
+ * bits (no real operand's does).
+ */
+static void *strided(const simk_launch *L, CUdeviceptr origin, uint64_t rows, int64_t rs, uint64_t cols, int64_t cs,
+                     size_t es) {
+    int64_t r, c, lo, hi, span, bytes, below;
+    if (rows == 0 || cols == 0 || rows > INT64_MAX || cols > INT64_MAX ||
+        __builtin_mul_overflow((int64_t)(rows - 1), rs, &r) || __builtin_mul_overflow((int64_t)(cols - 1), cs, &c) ||
+        __builtin_add_overflow(r < 0 ? r : 0, c < 0 ? c : 0, &lo) ||
+        __builtin_add_overflow(r > 0 ? r : 0, c > 0 ? c : 0, &hi) || __builtin_sub_overflow(hi, lo, &span) ||
+        __builtin_add_overflow(span, 1, &span) || __builtin_mul_overflow(span, (int64_t)es, &bytes) ||
+        __builtin_sub_overflow((int64_t)0, lo, &below) || __builtin_mul_overflow(below, (int64_t)es, &below))
+        return NULL;
+    char *p = simk_dev(L, origin - (CUdeviceptr)below, (size_t)bytes);
+    return p ? p + below : NULL;
+}
+
+/* One matrix-vector kernel body per element type T with its fma F, in sbkern.h's order. */
+#define SB_GEMV(NAME, T, F)                                                                                            \
+    static CUresult NAME(const simk_launch *L) {                                                                       \
+        CUdeviceptr pa = SIMK_PARAM(L, SBV_A, CUdeviceptr), px = SIMK_PARAM(L, SBV_X, CUdeviceptr);                    \
+        CUdeviceptr py = SIMK_PARAM(L, SBV_Y, CUdeviceptr);                                                            \
+        int64_t rs = SIMK_PARAM(L, SBV_RS, int64_t), cs = SIMK_PARAM(L, SBV_CS, int64_t);                              \
+        int64_t incx = SIMK_PARAM(L, SBV_INCX, int64_t), incy = SIMK_PARAM(L, SBV_INCY, int64_t);                      \
+        T alpha = SIMK_PARAM(L, SBV_ALPHA, T), beta = SIMK_PARAM(L, SBV_BETA, T);                                      \
+        uint32_t rows = SIMK_PARAM(L, SBV_ROWS, uint32_t), cols = SIMK_PARAM(L, SBV_COLS, uint32_t);                   \
+        if (rows == 0)                                                                                                 \
+            return CUDA_SUCCESS;                                                                                       \
+        if (SIMK_PARAM(L, SBV_FLAGS, uint32_t) & SBK_DEVICE_SCALARS) {                                                 \
+            const T *ap = simk_dev(L, SIMK_PARAM(L, SBV_ALPHA_PTR, CUdeviceptr), sizeof(T));                           \
+            const T *bp = simk_dev(L, SIMK_PARAM(L, SBV_BETA_PTR, CUdeviceptr), sizeof(T));                            \
+            if (!ap || !bp)                                                                                            \
+                return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                     \
+            alpha = *ap;                                                                                               \
+            beta = *bp;                                                                                                \
+        }                                                                                                              \
+        if (alpha == 0 && beta == 1)                                                                                   \
+            return CUDA_SUCCESS;                                                                                       \
+        int products = alpha != 0 && cols != 0;                                                                        \
+        const T *a = NULL, *x = NULL;                                                                                  \
+        if (products) {                                                                                                \
+            a = strided(L, pa, rows, rs, cols, cs, sizeof(T));                                                         \
+            x = strided(L, px, cols, incx, 1, 0, sizeof(T));                                                           \
+            if (!a || !x)                                                                                              \
+                return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                     \
+        }                                                                                                              \
+        T *y = strided(L, py, rows, incy, 1, 0, sizeof(T));                                                            \
+        if (!y)                                                                                                        \
+            return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                         \
+        for (int64_t i = 0; i < (int64_t)rows; i++) {                                                                  \
+            T acc = 0;                                                                                                 \
+            for (int64_t l = 0; products && l < (int64_t)cols; l++)                                                    \
+                acc = F(a[i * rs + l * cs], x[l * incx], acc);                                                         \
+            T t = alpha * acc;                                                                                         \
+            if (beta != 0)                                                                                             \
+                t = F(beta, y[i * incy], t);                                                                           \
+            y[i * incy] = t;                                                                                           \
+        }                                                                                                              \
+        return CUDA_SUCCESS;                                                                                           \
+    }
+
+SB_GEMV(simblas_gemv_f32, float, fmaf)
+SB_GEMV(simblas_gemv_f64, double, fma)
+SIMK_REGISTER("simblas_gemv_f32", simblas_gemv_f32);
+SIMK_REGISTER("simblas_gemv_f64", simblas_gemv_f64);
