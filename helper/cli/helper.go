@@ -78,6 +78,8 @@ func helperCommand() *ucli.Command {
 				Usage: "served mode: keep N workers per device ready, each with its context made (0: served mode off)"},
 			&ucli.IntFlag{Name: "served-max-per-uid", Value: served.DefaultMaxPerUID,
 				Usage: "served mode: the most workers one uid's processes may have at a time"},
+			&ucli.StringFlag{Name: "served-cublas",
+				Usage: "served mode: a directory with NVIDIA's libcublas.so.13 and libcublasLt.so.13, which each worker loads while it waits (a served process that asks for these files then finds them loaded)"},
 			&ucli.BoolFlag{Name: "export-keeper", Value: true, Hidden: true,
 				Usage: "hold one small exported allocation per device, which keeps the driver's exports fast"},
 		},
@@ -223,7 +225,7 @@ func runHelper(c *ucli.Context) error {
 	} else if n > 0 && loadErr == nil {
 		exe, args := workerCommand()
 		cfg.Served = served.NewPool(served.PoolConfig{Exe: exe, Args: args, Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
-			MaxPerUID: c.Int("served-max-per-uid"), Log: log})
+			MaxPerUID: c.Int("served-max-per-uid"), CublasDir: c.String("served-cublas"), Log: log})
 	} else if n > 0 {
 		log.Warn("served mode: no driver, so no workers", zap.Error(loadErr))
 	}

@@ -18,9 +18,11 @@ func servedWorkerCommand() *ucli.Command {
 		Flags: []ucli.Flag{
 			&ucli.IntFlag{Name: "device", Usage: "the device's ordinal"},
 			&ucli.StringFlag{Name: "libcuda", Usage: "the driver library (default libcuda.so.1)"},
+			&ucli.StringFlag{Name: "cublas", Usage: "a directory whose cuBLAS and cuBLASLt to load ahead"},
 		},
 		Action: func(c *ucli.Context) error {
-			return served.RunWorker(c.Int("device"), c.String("libcuda"), os.NewFile(served.ControlFD, "served-control"))
+			return served.RunWorker(c.Int("device"), c.String("libcuda"), c.String("cublas"),
+				os.NewFile(served.ControlFD, "served-control"))
 		},
 	}
 }

@@ -35,7 +35,11 @@
     X(cublasDgemmStridedBatched)                                                                                       \
     X(cublasGemmStridedBatchedEx)                                                                                      \
     X(cublasGetProperty)                                                                                               \
-    X(cublasGetCudartVersion)
+    X(cublasGetCudartVersion)                                                                                          \
+    X(cublasSgemv_v2)                                                                                                  \
+    X(cublasDgemv_v2)                                                                                                  \
+    X(cublasSdot_v2)                                                                                                   \
+    X(cublasDdot_v2)
 
 #define LT_FNS(X)                                                                                                      \
     X(cublasLtCreate)                                                                                                  \
@@ -63,6 +67,8 @@ BLAS_FNS(DECL)
 LT_FNS(DECL)
 #undef DECL
 static bool have_blas, have_lt;
+/* Something was made with the library (0 cuBLAS, 1 cuBLASLt): it stays the one in use. */
+static bool made[2];
 
 /* A cuBLAS handle: the stream and pointer mode last set on it, set again only when a call's differ. */
 struct wbh {
@@ -72,7 +78,7 @@ struct wbh {
     int ptr_mode;
 };
 
-bool wblas_op(unsigned op) { return op >= SV_OP_BLAS_LOAD && op <= SV_OP_LT_MATMUL; }
+bool wblas_op(unsigned op) { return op >= SV_OP_BLAS_LOAD && op <= SV_OP_BLAS_DOT; }
 
 /* An asynchronous call's status, as the CUresult its deferral reports. */
 static CUresult as_cu(cublasStatus_t st) {
@@ -102,6 +108,68 @@ static bool slot_free(const wblas_env *e, unsigned kind, uint32_t id) {
     return id > 0 && id < sv_cap(kind) && e->tab[kind][id] == NULL;
 }
 
+/* The library loaded for which (0 cuBLAS, 1 cuBLASLt), whose functions the p_ pointers are. */
+static void *lib[2];
+
+/*
+ * Loads NVIDIA's library (which) from path, its functions into the p_ pointers; msg says why not. The same file
+ * again (loaded ahead, wblas_preload) costs nothing; another one replaces it only while nothing was made with it
+ * (a process's load comes before its first handle; a later one is a hostile client's).
+ */
+static void open_lib(unsigned which, const char *path, char *msg, size_t len) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(msg, len, "%s", dlerror());
+        return;
+    }
+    if (h == lib[which]) {
+        dlclose(h); /* the reference dlopen took again */
+        return;
+    }
+    if (lib[which] && made[which]) {
+        dlclose(h);
+        snprintf(msg, len, "another %s is in use already", which == 0 ? "cuBLAS" : "cuBLASLt");
+        return;
+    }
+    if (which == 0) {
+#define RES(f)                                                                                                         \
+    if (!msg[0] && !(p_##f = (__typeof__(p_##f))dlsym(h, STR(f))))                                                     \
+        snprintf(msg, len, "the library exports no %s", STR(f));
+        BLAS_FNS(RES)
+    } else {
+        LT_FNS(RES)
+#undef RES
+    }
+    if (msg[0]) {
+        dlclose(h);
+        /* the pointers may be half of this library's: another load must resolve them all again */
+        if (which == 0)
+            have_blas = false, lib[0] = NULL;
+        else
+            have_lt = false, lib[1] = NULL;
+        return;
+    }
+    lib[which] = h;
+    if (which == 0)
+        have_blas = true;
+    else
+        have_lt = true;
+}
+
+int wblas_preload(const char *dir, char *err, size_t errlen) {
+    static const char *const names[2] = {"libcublas.so.13", "libcublasLt.so.13"};
+    for (unsigned w = 0; w < 2; w++) {
+        char path[SV_BLAS_PATH_MAX], msg[512] = "";
+        snprintf(path, sizeof path, "%s/%s", dir, names[w]);
+        open_lib(w, path, msg, sizeof msg);
+        if (msg[0]) {
+            snprintf(err, errlen, "%s: %s", path, msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* SV_OP_BLAS_LOAD: NVIDIA's library, from the path the process gave (NUL-terminated in the record), and its
  * version. */
 static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *olen) {
@@ -119,22 +187,8 @@ static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *o
         if (path[n - 1] != 0) /* checked on the copy: the shared memory may change under the worker */
             snprintf(msg, sizeof msg, "the library path is not terminated");
     }
-    if (!msg[0] && !(q.which == 0 ? have_blas : have_lt)) {
-        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (!h) {
-            snprintf(msg, sizeof msg, "%s", dlerror());
-        } else if (q.which == 0) {
-#define RES(f)                                                                                                         \
-    if (!msg[0] && !(p_##f = (__typeof__(p_##f))dlsym(h, STR(f))))                                                     \
-        snprintf(msg, sizeof msg, "the library exports no %s", STR(f));
-            BLAS_FNS(RES)
-            have_blas = !msg[0];
-        } else {
-            LT_FNS(RES)
-#undef RES
-            have_lt = !msg[0];
-        }
-    }
+    if (!msg[0])
+        open_lib(q.which, path, msg, sizeof msg);
     if (!msg[0] && q.which == 0) {
         p_cublasGetProperty(MAJOR_VERSION, &a.major);
         p_cublasGetProperty(MINOR_VERSION, &a.minor);
@@ -159,27 +213,73 @@ static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *o
     return CUDA_SUCCESS;
 }
 
-static cublasStatus_t gemm(const wblas_env *e, const struct sv_gemm_rec *q) {
-    struct wbh *b = obj(e, SV_K_BLAS, q->handle);
+/* The handle of a call, with the call's stream and pointer mode set on it where they changed. */
+static cublasStatus_t handle_for(const wblas_env *e, uint32_t id, uint32_t stream, bool dev, struct wbh **out) {
+    struct wbh *b = obj(e, SV_K_BLAS, id);
     if (!b)
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    uint32_t sid = q->stream == SV_STREAM_NULL ? UINT32_MAX : q->stream;
+    uint32_t sid = stream == SV_STREAM_NULL ? UINT32_MAX : stream;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     if (sid != b->stream_id) {
         CUstream s;
-        if (e->stream(e->arg, q->stream, &s) != CUDA_SUCCESS)
+        if (e->stream(e->arg, stream, &s) != CUDA_SUCCESS)
             return CUBLAS_STATUS_INVALID_VALUE;
         if ((st = p_cublasSetStream_v2(b->h, s)) != CUBLAS_STATUS_SUCCESS)
             return st;
         b->stream = s;
         b->stream_id = sid;
     }
-    int mode = q->dev_scalars ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST;
+    int mode = dev ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST;
     if (mode != b->ptr_mode) {
         if ((st = p_cublasSetPointerMode_v2(b->h, (cublasPointerMode_t)mode)) != CUBLAS_STATUS_SUCCESS)
             return st;
         b->ptr_mode = mode;
     }
+    *out = b;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static cublasStatus_t gemv(const wblas_env *e, const struct sv_gemv_rec *q) {
+    struct wbh *b;
+    cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_scalars, &b);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    uint64_t pa, pb;
+    memcpy(&pa, q->alpha, sizeof pa);
+    memcpy(&pb, q->beta, sizeof pb);
+    const void *alpha = q->dev_scalars ? (const void *)(uintptr_t)pa : (const void *)q->alpha;
+    const void *beta = q->dev_scalars ? (const void *)(uintptr_t)pb : (const void *)q->beta;
+    cublasOperation_t t = (cublasOperation_t)q->trans;
+    if (q->fn == SV_GEMM_S)
+        return p_cublasSgemv_v2(b->h, t, q->m, q->n, alpha, (const float *)(uintptr_t)q->a, q->lda,
+                                (const float *)(uintptr_t)q->x, q->incx, beta, (float *)(uintptr_t)q->y, q->incy);
+    if (q->fn == SV_GEMM_D)
+        return p_cublasDgemv_v2(b->h, t, q->m, q->n, alpha, (const double *)(uintptr_t)q->a, q->lda,
+                                (const double *)(uintptr_t)q->x, q->incx, beta, (double *)(uintptr_t)q->y, q->incy);
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* A dot product into device memory (asynchronous), or into out (the call waits for it, as cuBLAS's does). */
+static cublasStatus_t dot(const wblas_env *e, const struct sv_dot_rec *q, uint8_t *result) {
+    struct wbh *b;
+    cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_result, &b);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    void *r = q->dev_result ? (void *)(uintptr_t)q->result : (void *)result;
+    if (q->fn == SV_GEMM_S)
+        return p_cublasSdot_v2(b->h, q->n, (const float *)(uintptr_t)q->x, q->incx, (const float *)(uintptr_t)q->y,
+                               q->incy, r);
+    if (q->fn == SV_GEMM_D)
+        return p_cublasDdot_v2(b->h, q->n, (const double *)(uintptr_t)q->x, q->incx, (const double *)(uintptr_t)q->y,
+                               q->incy, r);
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+static cublasStatus_t gemm(const wblas_env *e, const struct sv_gemm_rec *q) {
+    struct wbh *b;
+    cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_scalars, &b);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
     uint64_t pa, pb;
     memcpy(&pa, q->alpha, sizeof pa);
     memcpy(&pb, q->beta, sizeof pb);
@@ -253,8 +353,10 @@ static cublasStatus_t lt_create(const wblas_env *e, const struct sv_lt_obj *q) {
         break;
     default: st = p_cublasLtMatmulPreferenceCreate((cublasLtMatmulPreference_t *)&o); break;
     }
-    if (st == CUBLAS_STATUS_SUCCESS)
+    if (st == CUBLAS_STATUS_SUCCESS) {
         e->tab[q->kind][q->id] = o;
+        made[1] = true;
+    }
     return st;
 }
 
@@ -355,10 +457,11 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         NEED(struct sv_blas_load);
         return load(pl, plen, out, olen);
     }
-    bool lt_op = op >= SV_OP_LT_CREATE;
+    bool lt_op = op >= SV_OP_LT_CREATE && op <= SV_OP_LT_MATMUL;
     if (lt_op ? !have_lt : !have_blas) {
         /* Before its load: a synchronous call answers, an asynchronous one fails at the next synchronization. */
-        if (op == SV_OP_BLAS_CREATE || op == SV_OP_LT_CREATE || op == SV_OP_LT_OBJ_GET || op == SV_OP_LT_HEURISTIC)
+        if (op == SV_OP_BLAS_CREATE || op == SV_OP_LT_CREATE || op == SV_OP_LT_OBJ_GET || op == SV_OP_LT_HEURISTIC ||
+            op == SV_OP_BLAS_DOT)
             return answer(out, olen, CUBLAS_STATUS_NOT_INITIALIZED);
         return CUDA_ERROR_NOT_INITIALIZED;
     }
@@ -379,6 +482,7 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         }
         b->ptr_mode = CUBLAS_POINTER_MODE_HOST;
         e->tab[SV_K_BLAS][q.id] = b;
+        made[0] = true;
         return answer(out, olen, st);
     }
     case SV_OP_BLAS_DESTROY: {
@@ -419,6 +523,25 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         memcpy(&q, pl, sizeof q);
         return as_cu(gemm(e, &q));
     }
+    case SV_OP_BLAS_GEMV: {
+        NEED(struct sv_gemv_rec);
+        struct sv_gemv_rec q;
+        memcpy(&q, pl, sizeof q);
+        return as_cu(gemv(e, &q));
+    }
+    case SV_OP_BLAS_DOT: {
+        NEED(struct sv_dot_rec);
+        struct sv_dot_rec q;
+        memcpy(&q, pl, sizeof q);
+        uint8_t r[8] = {0};
+        cublasStatus_t st = dot(e, &q, r);
+        if (q.dev_result)
+            return as_cu(st);
+        answer(out, olen, st);
+        memcpy(out + *olen, r, sizeof r);
+        *olen += sizeof r;
+        return CUDA_SUCCESS;
+    }
     case SV_OP_LT_CREATE: {
         NEED(struct sv_id_rec);
         struct sv_id_rec q;
@@ -427,8 +550,10 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
             return answer(out, olen, CUBLAS_STATUS_INVALID_VALUE);
         cublasLtHandle_t h = NULL;
         cublasStatus_t st = p_cublasLtCreate(&h);
-        if (st == CUBLAS_STATUS_SUCCESS)
+        if (st == CUBLAS_STATUS_SUCCESS) {
             e->tab[SV_K_LT][q.id] = h;
+            made[1] = true;
+        }
         return answer(out, olen, st);
     }
     case SV_OP_LT_DESTROY: {

@@ -9,6 +9,7 @@
 #define GPUCR_HELPER_SERVED_BLAS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gpucr/cudadrv.h"
@@ -31,6 +32,10 @@ bool wblas_op(unsigned op);
  */
 CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *olen,
                    int *bad);
+
+/* Loads NVIDIA's cuBLAS and cuBLASLt from dir ahead of any record (the helper's --served-cublas): a load record
+ * that names the same files then costs nothing. 0, or -1 with err filled. */
+int wblas_preload(const char *dir, char *err, size_t errlen);
 
 /* At the service's end: the objects' records (the driver frees what they hold at the exit). */
 void wblas_free(const wblas_env *e);

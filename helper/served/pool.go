@@ -40,6 +40,10 @@ type PoolConfig struct {
 	Devices int
 	// LibCUDA is the driver the workers load ("": libcuda.so.1).
 	LibCUDA string
+	// CublasDir holds NVIDIA's cuBLAS and cuBLASLt, which each worker loads
+	// ahead of its assignment ("": none; a process's first cuBLAS call loads
+	// them then).
+	CublasDir string
 	// Env is the workers' environment (nil: the helper's, narrowed by
 	// WorkerEnv).
 	Env []string
@@ -182,6 +186,9 @@ func (p *Pool) start(d int) (*Worker, error) {
 	args := append(append([]string{}, p.cfg.Args...), WorkerCommand, "--device", fmt.Sprint(d))
 	if p.cfg.LibCUDA != "" {
 		args = append(args, "--libcuda", p.cfg.LibCUDA)
+	}
+	if p.cfg.CublasDir != "" {
+		args = append(args, "--cublas", p.cfg.CublasDir)
 	}
 	cmd := exec.Command(p.cfg.Exe, args...)
 	cmd.Env = p.cfg.Env

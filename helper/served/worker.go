@@ -12,6 +12,7 @@ package served
 #cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "exec.h"
+#include "blas.h"
 */
 import "C"
 
@@ -45,7 +46,7 @@ const WorkerCommand = "served-worker"
 // came with the assignment until its process closes it. The control socket
 // closing before the assignment (the helper gone, or letting it go) ends
 // it; after, the helper is out of the way.
-func RunWorker(ordinal int, libcuda string, ctl *os.File) error {
+func RunWorker(ordinal int, libcuda, cublasDir string, ctl *os.File) error {
 	// The context is current on one thread: the executor runs there.
 	runtime.LockOSThread()
 	nc, err := net.FileConn(ctl)
@@ -69,6 +70,12 @@ func RunWorker(ordinal int, libcuda string, ctl *os.File) error {
 	if err := prepare(libcuda, ordinal); err != nil {
 		_ = w.Write(&helperpb.Response{Error: &helperpb.Error{Code: helperpb.ErrorCode_ERROR_UNAVAILABLE, Message: err.Error()}}, nil)
 		return err
+	}
+	if cublasDir != "" {
+		// Not fatal: a process's first cuBLAS call loads what it names.
+		if err := preloadBlas(cublasDir); err != nil {
+			fmt.Fprintf(os.Stderr, "gpucr: served worker: %v\n", err)
+		}
 	}
 	ready := &helperpb.WorkerReady{Pid: int64(os.Getpid()), Device: uint32(ordinal), WarmNs: uint64(time.Since(began))}
 	if err := w.Write(&helperpb.Response{Body: &helperpb.Response_WorkerReady{WorkerReady: ready}}, nil); err != nil {
@@ -111,6 +118,19 @@ func prepare(libcuda string, ordinal int) error {
 	var buf [512]C.char
 	if C.sv_prepare(cpath, C.int(ordinal), &buf[0], C.size_t(len(buf))) != 0 {
 		return fmt.Errorf("served worker: device %d: %s", ordinal, C.GoString(&buf[0]))
+	}
+	return nil
+}
+
+// preloadBlas loads NVIDIA's cuBLAS and cuBLASLt from dir, as root and
+// before any process is served: the files are the administrator's choice
+// (the helper's --served-cublas), as the driver is.
+func preloadBlas(dir string) error {
+	cdir := C.CString(dir)
+	defer C.free(unsafe.Pointer(cdir))
+	var buf [512]C.char
+	if C.wblas_preload(cdir, &buf[0], C.size_t(len(buf))) != 0 {
+		return fmt.Errorf("loading cuBLAS ahead from %s: %s", dir, C.GoString(&buf[0]))
 	}
 	return nil
 }

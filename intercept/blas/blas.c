@@ -318,6 +318,93 @@ BL_API cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOp
                 bl_compute_scalar(computeType, Ctype));
 }
 
+/* ---- gemv and dot ---- */
+
+static cublasStatus_t gemv(cublasHandle_t handle, uint32_t fn, cublasOperation_t trans, int m, int n, const void *alpha,
+                           const void *A, int lda, const void *xv, int incx, const void *beta, void *y, int incy,
+                           size_t scalar) {
+    HANDLE(handle, x, id, b);
+    if (!trans_ok(trans) || m < 0 || n < 0 || lda < imax1(m) || incx == 0 || incy == 0 || !alpha || !beta)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (m == 0 || n == 0)
+        return CUBLAS_STATUS_SUCCESS;
+    struct sv_gemv_rec q;
+    memset(&q, 0, sizeof q);
+    q.handle = id;
+    q.stream = b->stream;
+    q.fn = fn;
+    q.dev_scalars = b->ptr_mode == CUBLAS_POINTER_MODE_DEVICE;
+    q.trans = (uint32_t)trans;
+    q.m = m, q.n = n, q.lda = lda, q.incx = incx, q.incy = incy;
+    q.a = (uint64_t)(uintptr_t)A, q.x = (uint64_t)(uintptr_t)xv, q.y = (uint64_t)(uintptr_t)y;
+    if (q.dev_scalars) {
+        uint64_t pa = (uint64_t)(uintptr_t)alpha, pb = (uint64_t)(uintptr_t)beta;
+        memcpy(q.alpha, &pa, sizeof pa);
+        memcpy(q.beta, &pb, sizeof pb);
+    } else {
+        memcpy(q.alpha, alpha, scalar);
+        memcpy(q.beta, beta, scalar);
+    }
+    bl_gate_enter();
+    cublasStatus_t st = bl_async(x, SV_OP_BLAS_GEMV, &q, sizeof q, q.stream);
+    bl_gate_leave();
+    return st;
+}
+
+BL_API cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
+                                     const float *A, int lda, const float *x, int incx, const float *beta, float *y,
+                                     int incy) {
+    return gemv(handle, SV_GEMM_S, trans, m, n, alpha, A, lda, x, incx, beta, y, incy, sizeof(float));
+}
+
+BL_API cublasStatus_t cublasDgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const double *alpha,
+                                     const double *A, int lda, const double *x, int incx, const double *beta, double *y,
+                                     int incy) {
+    return gemv(handle, SV_GEMM_D, trans, m, n, alpha, A, lda, x, incx, beta, y, incy, sizeof(double));
+}
+
+/* Into device memory (pointer mode device) an asynchronous record; into host memory a synchronous one, which
+ * waits for the stream's work as cuBLAS's does. */
+static cublasStatus_t dot(cublasHandle_t handle, uint32_t fn, int n, const void *xv, int incx, const void *yv, int incy,
+                          void *result, size_t size) {
+    HANDLE(handle, x, id, b);
+    if (!result)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    struct sv_dot_rec q;
+    memset(&q, 0, sizeof q);
+    q.handle = id;
+    q.stream = b->stream;
+    q.fn = fn;
+    q.dev_result = b->ptr_mode == CUBLAS_POINTER_MODE_DEVICE;
+    q.n = n, q.incx = incx, q.incy = incy;
+    q.x = (uint64_t)(uintptr_t)xv, q.y = (uint64_t)(uintptr_t)yv, q.result = (uint64_t)(uintptr_t)result;
+    bl_gate_enter();
+    cublasStatus_t st;
+    if (q.dev_result) {
+        st = bl_async(x, SV_OP_BLAS_DOT, &q, sizeof q, q.stream);
+    } else {
+        uint8_t out[4 + 8];
+        uint32_t len = 0;
+        st = bl_sync(x, SV_OP_BLAS_DOT, &q, sizeof q, out, sizeof out, &len);
+        if (st == CUBLAS_STATUS_SUCCESS && len >= 4 + size)
+            memcpy(result, out + 4, size);
+        else if (st == CUBLAS_STATUS_SUCCESS)
+            st = CUBLAS_STATUS_INTERNAL_ERROR;
+    }
+    bl_gate_leave();
+    return st;
+}
+
+BL_API cublasStatus_t cublasSdot_v2(cublasHandle_t handle, int n, const float *x, int incx, const float *y, int incy,
+                                    float *result) {
+    return dot(handle, SV_GEMM_S, n, x, incx, y, incy, result, sizeof(float));
+}
+
+BL_API cublasStatus_t cublasDdot_v2(cublasHandle_t handle, int n, const double *x, int incx, const double *y, int incy,
+                                    double *result) {
+    return dot(handle, SV_GEMM_D, n, x, incx, y, incy, result, sizeof(double));
+}
+
 /* ---- what PyTorch binds that is not forwarded yet: each fails, saying so once ---- */
 
 BL_REFUSED(LIB, cublasCgemm_v2)
@@ -326,12 +413,8 @@ BL_REFUSED(LIB, cublasCgemmStridedBatched)
 BL_REFUSED(LIB, cublasZgemmStridedBatched)
 BL_REFUSED(LIB, cublasSgemmEx)
 BL_REFUSED(LIB, cublasGemmBatchedEx)
-BL_REFUSED(LIB, cublasSgemv_v2)
-BL_REFUSED(LIB, cublasDgemv_v2)
 BL_REFUSED(LIB, cublasCgemv_v2)
 BL_REFUSED(LIB, cublasZgemv_v2)
-BL_REFUSED(LIB, cublasSdot_v2)
-BL_REFUSED(LIB, cublasDdot_v2)
 BL_REFUSED(LIB, cublasCdotu_v2)
 BL_REFUSED(LIB, cublasZdotu_v2)
 BL_REFUSED(LIB, cublasCdotc_v2)

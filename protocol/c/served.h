@@ -250,6 +250,8 @@ enum sv_op {
     SV_OP_LT_OBJ_GET,
     SV_OP_LT_HEURISTIC,
     SV_OP_LT_MATMUL,
+    SV_OP_BLAS_GEMV,
+    SV_OP_BLAS_DOT,
     SV_OP_COUNT
 };
 
@@ -432,6 +434,21 @@ struct sv_gemm_rec {
     uint64_t a, b, c;
     int64_t stride_a, stride_b, stride_c;
     uint8_t alpha[16], beta[16];
+};
+/* SV_OP_BLAS_GEMV: cublasSgemv or cublasDgemv (fn: SV_GEMM_S or SV_GEMM_D), as SV_OP_BLAS_GEMM. */
+struct sv_gemv_rec {
+    uint32_t handle, stream, fn, dev_scalars;
+    uint32_t trans;
+    int32_t m, n, lda, incx, incy;
+    uint64_t a, x, y;
+    uint8_t alpha[16], beta[16];
+};
+/* SV_OP_BLAS_DOT: cublasSdot or cublasDdot. dev_result: the result goes to device address result, asynchronously;
+ * else the record is synchronous and its reply is the status, then the result's bytes (8). */
+struct sv_dot_rec {
+    uint32_t handle, stream, fn, dev_result;
+    int32_t n, incx, incy, pad;
+    uint64_t x, y, result;
 };
 /* SV_OP_LT_OBJ_CREATE: a matmul descriptor (a: compute type, b: scale type), a matrix layout (a: type, b: rows,
  * c: cols, d: ld) or a preference. SV_OP_LT_OBJ_DESTROY: kind and id. SV_OP_LT_OBJ_SET: an attribute's value

@@ -14,6 +14,10 @@
  *   s0    waits for the previous iteration's Lt product (it read Y[1])
  *   s0    cublasSgemm_v2:              C   = (1/K) * Y[0] * B + 0.5 * C
  *   s0    cublasGemmStridedBatchedEx:  Y_b = (1/P) * C * W_b^T + 0.5 * Y_b, b < 3
+ *   s0    cublasSgemv_v2:              v   = (1/P) * C * W[0..P) + 0.5 * v
+ *   s0    cublasSdot_v2:               dot = v . v (host pointer mode: into host
+ *                                      memory, the call waiting for s0's work,
+ *                                      then copied to the device on s0)
  *   s1    waits for s0, then cublasLtMatmul with the heuristic's algorithm and
  *         EPILOGUE_BIAS:               E   = (1/K) * Y[1] * B + 0.5 * E + bias
  *
@@ -28,7 +32,7 @@
  * start, on a cuBLASLt handle of their own. Neither changes
  * the checksums.
  *
- * The checksum (gpuapp.h) covers C, Y and E, read back after both streams
+ * The checksum (gpuapp.h) covers C, Y, E, v and dot, read back after both streams
  * are synchronized. The simulated libraries compute every element in a fixed
  * order, so two runs print the same checksums; NVIDIA's pick their own
  * algorithms, and their checksums may change with the library or the GPU.
@@ -69,8 +73,10 @@ typedef struct bb_state {
     CUstream s0, s1;
     CUevent ev_s0, ev_lt; /* s0's work of an iteration; the Lt product */
     CUdeviceptr c, y, e, b, w, bias, scalars;
-    float *input; /* pageable: column 0 of Y[0] */
-    lt_plan plan; /* made once unless --lt-per-call */
+    CUdeviceptr v, dot; /* gemv's vector (M), dot's result (1 float) */
+    float dot_host;     /* host pointer mode: dot's result lands here first */
+    float *input;       /* pageable: column 0 of Y[0] */
+    lt_plan plan;       /* made once unless --lt-per-call */
     /* the scalars on the host; with --device-scalars the same floats at `scalars` */
     float sc[4];
 } bb_state;
@@ -153,6 +159,17 @@ static void step(void *p, uint32_t iter) {
                                       scalar(st, S_ALPHA_BATCH), C, CUDA_R_32F, st->m, 0, W, CUDA_R_32F, st->k,
                                       (long long)st->k * st->p, scalar(st, S_BETA), Y0, CUDA_R_32F, st->ldy, st->sy,
                                       BATCH, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    /* v = C W[0..P) / K + v / 2, then dot(v, v): into device memory, or (host pointer mode) into host memory once
+     * s0's work is done, as cuBLAS's host-mode dot waits for it, copied on into device memory */
+    float *V = (float *)(uintptr_t)st->v;
+    BCHECK(cublasSgemv_v2(st->blas, CUBLAS_OP_N, st->m, st->p, scalar(st, S_ALPHA_BATCH), C, st->m, W, 1,
+                          scalar(st, S_BETA), V, 1));
+    if (st->device_scalars) {
+        BCHECK(cublasSdot_v2(st->blas, st->m, V, 1, V, 1, (float *)(uintptr_t)st->dot));
+    } else {
+        BCHECK(cublasSdot_v2(st->blas, st->m, V, 1, V, 1, &st->dot_host));
+        CHECK(cuMemcpyHtoDAsync(st->dot, &st->dot_host, sizeof st->dot_host, st->s0));
+    }
     CHECK(cuEventRecord(st->ev_s0, st->s0));
 
     CHECK(cuStreamWaitEvent(st->s1, st->ev_s0, 0));
@@ -173,6 +190,8 @@ static uint64_t checksum(void *p) {
     h = gpuapp_sum_device(h, 0, st->c, (size_t)st->m * st->p * sizeof(float));
     h = gpuapp_sum_device(h, 1, st->y, (size_t)st->sy * BATCH * sizeof(float));
     h = gpuapp_sum_device(h, 2, st->e, (size_t)st->m * st->p * sizeof(float));
+    h = gpuapp_sum_device(h, 3, st->v, (size_t)st->m * sizeof(float));
+    h = gpuapp_sum_device(h, 4, st->dot, sizeof(float));
     return h;
 }
 
@@ -239,6 +258,10 @@ int main(int argc, char **argv) {
     st.b = upload_random((size_t)st.k * st.p, seed ^ 0xB0u);
     st.w = upload_random((size_t)st.k * st.p * BATCH, seed ^ 0x3Du);
     st.bias = upload_random((size_t)st.m, seed ^ 0xB1A5u);
+    CHECK(cuMemAlloc(&st.v, (size_t)st.m * sizeof(float)));
+    CHECK(cuMemsetD32(st.v, 0, (size_t)st.m));
+    CHECK(cuMemAlloc(&st.dot, sizeof(float)));
+    CHECK(cuMemsetD32(st.dot, 0, 1));
     CHECK(cuMemAlloc(&st.scalars, sizeof st.sc));
     CHECK(cuMemcpyHtoD(st.scalars, st.sc, sizeof st.sc));
 
@@ -266,7 +289,7 @@ int main(int argc, char **argv) {
         BCHECK(cublasLtDestroy(st.lt));
     }
     BCHECK(cublasDestroy_v2(st.blas));
-    CUdeviceptr bufs[] = {st.c, st.y, st.e, st.b, st.w, st.bias, st.scalars};
+    CUdeviceptr bufs[] = {st.c, st.y, st.e, st.b, st.w, st.bias, st.scalars, st.v, st.dot};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         CHECK(cuMemFree(bufs[i]));
     CHECK(cuEventDestroy(st.ev_s0));

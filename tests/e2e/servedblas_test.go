@@ -105,3 +105,44 @@ func TestServedWorkersLaidOutAlike(t *testing.T) {
 		t.Errorf("two workers are laid out differently:\n%s\n--- and ---\n%s", layouts[0], layouts[1])
 	}
 }
+
+// TestServedBlasLoadedAhead: with --served-cublas, each idle worker has
+// cuBLAS and cuBLASLt loaded before any process asks (a served process's
+// first product then waits for no library load), and a process that names
+// those files computes what it computes on the driver itself.
+func TestServedBlasLoadedAhead(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	sim, err := filepath.Abs(filepath.Join(buildDir(t), "sim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startHelper(t, dir, env, "--served-pool", "1", "--served-cublas", sim)
+	waitIdle(t, h, 1)
+	workers := children(h.cmd.Process.Pid)
+	if len(workers) < 1 {
+		t.Fatalf("the helper has no worker")
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", workers[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lib := range []string{"libcublas.so.13", "libcublasLt.so.13"} {
+		if !strings.Contains(string(maps), filepath.Join(sim, lib)) {
+			t.Errorf("idle worker %d has not loaded %s ahead", workers[0], lib)
+		}
+	}
+	args := []string{"--lt-per-call", "--iters", "30", "--interval-ms", "0"}
+	want := doneLine.FindStringSubmatch(run(t, time.Minute, env, binPath(t, "blasbeat"), args...))
+	a := startServed(t, t.TempDir(), h, env, "blasbeat", nil, args...)
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d served:\n%s", code, tail(a.output(), 10))
+	}
+	got := doneLine.FindStringSubmatch(a.output())
+	if want == nil || got == nil || got[2] != want[2] {
+		t.Fatalf("served with cuBLAS loaded ahead: %v; on the driver: %v", got, want)
+	}
+	if strings.Contains(a.output(), "gpucr: ") {
+		t.Errorf("warnings:\n%s", a.output())
+	}
+}
