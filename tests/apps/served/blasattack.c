@@ -118,6 +118,17 @@ int main(int argc, char **argv) {
     uint8_t hout[SV_REPLY_DATA];
     expect("heuristic-unloaded", sync_status(SV_OP_LT_HEURISTIC, &h, sizeof h, hout, NULL),
            CUBLAS_STATUS_NOT_INITIALIZED);
+    /* A gemv on a handle that does not exist; a dot into host memory (synchronous) on one: refused. */
+    struct sv_gemv_rec gv;
+    memset(&gv, 0, sizeof gv);
+    gv.handle = 77;
+    gv.m = gv.n = gv.lda = gv.incx = gv.incy = 1;
+    x->async(SV_OP_BLAS_GEMV, &gv, sizeof gv, SV_EXT_NO_STREAM);
+    struct sv_dot_rec dr;
+    memset(&dr, 0, sizeof dr);
+    dr.handle = 77;
+    dr.n = 4;
+    expect("dot-no-handle", sync_status(SV_OP_BLAS_DOT, &dr, sizeof dr, out, NULL), CUBLAS_STATUS_NOT_INITIALIZED);
     /* The worker still serves: another handle, made. */
     struct sv_id_rec id2 = {2, 0};
     expect("create-after", sync_status(SV_OP_BLAS_CREATE, &id2, sizeof id2, out, NULL), CUBLAS_STATUS_SUCCESS);
