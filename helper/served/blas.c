@@ -213,6 +213,14 @@ static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *o
     return CUDA_SUCCESS;
 }
 
+/* A scalar argument of a record: the device address its bytes hold (dev), or the bytes themselves (the record is
+ * the worker's copy, which outlives the call). */
+static const void *scalar_arg(uint32_t dev, const uint8_t bytes[16]) {
+    uint64_t p;
+    memcpy(&p, bytes, sizeof p);
+    return dev ? (const void *)(uintptr_t)p : (const void *)bytes;
+}
+
 /* The handle of a call, with the call's stream and pointer mode set on it where they changed. */
 static cublasStatus_t handle_for(const wblas_env *e, uint32_t id, uint32_t stream, bool dev, struct wbh **out) {
     struct wbh *b = obj(e, SV_K_BLAS, id);
@@ -244,11 +252,7 @@ static cublasStatus_t gemv(const wblas_env *e, const struct sv_gemv_rec *q) {
     cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_scalars, &b);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
-    uint64_t pa, pb;
-    memcpy(&pa, q->alpha, sizeof pa);
-    memcpy(&pb, q->beta, sizeof pb);
-    const void *alpha = q->dev_scalars ? (const void *)(uintptr_t)pa : (const void *)q->alpha;
-    const void *beta = q->dev_scalars ? (const void *)(uintptr_t)pb : (const void *)q->beta;
+    const void *alpha = scalar_arg(q->dev_scalars, q->alpha), *beta = scalar_arg(q->dev_scalars, q->beta);
     cublasOperation_t t = (cublasOperation_t)q->trans;
     if (q->fn == SV_GEMM_S)
         return p_cublasSgemv_v2(b->h, t, q->m, q->n, alpha, (const float *)(uintptr_t)q->a, q->lda,
@@ -280,11 +284,7 @@ static cublasStatus_t gemm(const wblas_env *e, const struct sv_gemm_rec *q) {
     cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_scalars, &b);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
-    uint64_t pa, pb;
-    memcpy(&pa, q->alpha, sizeof pa);
-    memcpy(&pb, q->beta, sizeof pb);
-    const void *alpha = q->dev_scalars ? (const void *)(uintptr_t)pa : (const void *)q->alpha;
-    const void *beta = q->dev_scalars ? (const void *)(uintptr_t)pb : (const void *)q->beta;
+    const void *alpha = scalar_arg(q->dev_scalars, q->alpha), *beta = scalar_arg(q->dev_scalars, q->beta);
     cublasOperation_t ta = (cublasOperation_t)q->transa, tb = (cublasOperation_t)q->transb;
     const void *A = (const void *)(uintptr_t)q->a, *B = (const void *)(uintptr_t)q->b;
     void *C = (void *)(uintptr_t)q->c;
@@ -431,11 +431,7 @@ static cublasStatus_t lt_matmul(const wblas_env *e, const struct sv_lt_matmul *q
     CUstream st;
     if (e->stream(e->arg, q->stream, &st) != CUDA_SUCCESS)
         return CUBLAS_STATUS_INVALID_VALUE;
-    uint64_t pa, pb;
-    memcpy(&pa, q->alpha, sizeof pa);
-    memcpy(&pb, q->beta, sizeof pb);
-    const void *alpha = q->alpha_dev ? (const void *)(uintptr_t)pa : (const void *)q->alpha;
-    const void *beta = q->beta_dev ? (const void *)(uintptr_t)pb : (const void *)q->beta;
+    const void *alpha = scalar_arg(q->alpha_dev, q->alpha), *beta = scalar_arg(q->beta_dev, q->beta);
     cublasLtMatmulAlgo_t algo;
     memcpy(algo.data, q->algo, sizeof algo.data);
     return p_cublasLtMatmul(lt, d, alpha, (const void *)(uintptr_t)q->a, la, (const void *)(uintptr_t)q->b, lb, beta,

@@ -226,6 +226,26 @@ BL_API const char *cublasGetStatusString(cublasStatus_t status) { return bl_stat
 static bool trans_ok(cublasOperation_t t) { return t == CUBLAS_OP_N || t == CUBLAS_OP_T || t == CUBLAS_OP_C; }
 static int imax1(int a) { return a > 1 ? a : 1; }
 
+/* alpha and beta into a record: their device addresses (pointer mode device), or scalar bytes of each. */
+static void put_scalars(bool dev, const void *alpha, const void *beta, size_t scalar, uint8_t a[16], uint8_t b[16]) {
+    if (dev) {
+        uint64_t pa = (uint64_t)(uintptr_t)alpha, pb = (uint64_t)(uintptr_t)beta;
+        memcpy(a, &pa, sizeof pa);
+        memcpy(b, &pb, sizeof pb);
+    } else {
+        memcpy(a, alpha, scalar);
+        memcpy(b, beta, scalar);
+    }
+}
+
+/* An operation's record, queued past the interposer's gate. */
+static cublasStatus_t queue(const struct sv_ext *x, unsigned op, const void *q, uint32_t len, uint32_t stream) {
+    bl_gate_enter();
+    cublasStatus_t st = bl_async(x, op, q, len, stream);
+    bl_gate_leave();
+    return st;
+}
+
 /* Checks the arguments as cuBLAS does, then queues the record; scalar bytes each of alpha and beta. */
 static cublasStatus_t gemm(cublasHandle_t handle, uint32_t fn, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                            int k, const void *alpha, const void *A, int atype, int lda, long long sa, const void *B,
@@ -249,18 +269,8 @@ static cublasStatus_t gemm(cublasHandle_t handle, uint32_t fn, cublasOperation_t
     q.atype = atype, q.btype = btype, q.ctype = ctype, q.compute = compute, q.algo = algo;
     q.a = (uint64_t)(uintptr_t)A, q.b = (uint64_t)(uintptr_t)B, q.c = (uint64_t)(uintptr_t)C;
     q.stride_a = sa, q.stride_b = sb, q.stride_c = sc;
-    if (q.dev_scalars) {
-        uint64_t pa = (uint64_t)(uintptr_t)alpha, pb = (uint64_t)(uintptr_t)beta;
-        memcpy(q.alpha, &pa, sizeof pa);
-        memcpy(q.beta, &pb, sizeof pb);
-    } else {
-        memcpy(q.alpha, alpha, scalar);
-        memcpy(q.beta, beta, scalar);
-    }
-    bl_gate_enter();
-    cublasStatus_t st = bl_async(x, SV_OP_BLAS_GEMM, &q, sizeof q, q.stream);
-    bl_gate_leave();
-    return st;
+    put_scalars(q.dev_scalars, alpha, beta, scalar, q.alpha, q.beta);
+    return queue(x, SV_OP_BLAS_GEMM, &q, sizeof q, q.stream);
 }
 
 BL_API cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
@@ -337,18 +347,8 @@ static cublasStatus_t gemv(cublasHandle_t handle, uint32_t fn, cublasOperation_t
     q.trans = (uint32_t)trans;
     q.m = m, q.n = n, q.lda = lda, q.incx = incx, q.incy = incy;
     q.a = (uint64_t)(uintptr_t)A, q.x = (uint64_t)(uintptr_t)xv, q.y = (uint64_t)(uintptr_t)y;
-    if (q.dev_scalars) {
-        uint64_t pa = (uint64_t)(uintptr_t)alpha, pb = (uint64_t)(uintptr_t)beta;
-        memcpy(q.alpha, &pa, sizeof pa);
-        memcpy(q.beta, &pb, sizeof pb);
-    } else {
-        memcpy(q.alpha, alpha, scalar);
-        memcpy(q.beta, beta, scalar);
-    }
-    bl_gate_enter();
-    cublasStatus_t st = bl_async(x, SV_OP_BLAS_GEMV, &q, sizeof q, q.stream);
-    bl_gate_leave();
-    return st;
+    put_scalars(q.dev_scalars, alpha, beta, scalar, q.alpha, q.beta);
+    return queue(x, SV_OP_BLAS_GEMV, &q, sizeof q, q.stream);
 }
 
 BL_API cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
