@@ -517,6 +517,59 @@ static cublasStatus_t scalars(lt_obj *d, const void *alpha, const void *beta, st
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* An object's creation and attributes as records under scratch id (served.h: SV_LT_SCRATCH), kept for the
+ * capture of stream. */
+static void note_object(const struct sv_ext *x, uint32_t stream, unsigned kind, uint32_t id, uint32_t scratch) {
+    lt_obj *o = x->id_data(kind, id);
+    if (!o)
+        return;
+    pthread_mutex_lock(&o->mu);
+    struct sv_lt_obj c = {kind, scratch, o->a, o->b, o->c, o->d};
+    x->cap_note(stream, SV_OP_LT_OBJ_CREATE, &c, sizeof c);
+    for (uint32_t i = 0; i < o->n; i++) {
+        struct sv_lt_attr a;
+        memset(&a, 0, sizeof a);
+        a.kind = kind, a.id = scratch, a.attr = o->at[i].attr, a.size = o->at[i].size;
+        memcpy(a.value, o->at[i].v, o->at[i].size);
+        x->cap_note(stream, SV_OP_LT_OBJ_SET, &a, sizeof a);
+    }
+    pthread_mutex_unlock(&o->mu);
+}
+
+/*
+ * A product made while its stream captures: what capturing it again in another worker takes is kept, not the
+ * record sent, which names the application's descriptor and layouts (PyTorch destroys them right after the
+ * product, and their ids are reused): the descriptor and layouts made under scratch ids, the product on those,
+ * and their destruction.
+ */
+static void note_for_capture(const struct sv_ext *x, const struct sv_lt_matmul *q) {
+    uint32_t dscr = sv_cap(SV_K_LT_DESC) - 1;
+    uint32_t lay[4] = {q->adesc, q->bdesc, q->cdesc, q->ddesc}, scr[4];
+    unsigned n = 0;
+    note_object(x, q->stream, SV_K_LT_DESC, q->desc, dscr);
+    for (unsigned i = 0; i < 4; i++) {
+        unsigned j = 0;
+        while (j < i && lay[j] != lay[i])
+            j++;
+        if (j < i) {
+            scr[i] = scr[j]; /* the same layout twice (C and D, often): one object */
+        } else {
+            scr[i] = sv_cap(SV_K_LT_LAYOUT) - 1 - n++;
+            note_object(x, q->stream, SV_K_LT_LAYOUT, lay[i], scr[i]);
+        }
+    }
+    struct sv_lt_matmul m = *q;
+    m.desc = dscr;
+    m.adesc = scr[0], m.bdesc = scr[1], m.cdesc = scr[2], m.ddesc = scr[3];
+    x->cap_note(q->stream, SV_OP_LT_MATMUL, &m, sizeof m);
+    struct sv_lt_obj d = {SV_K_LT_DESC, dscr, 0, 0, 0, 0};
+    x->cap_note(q->stream, SV_OP_LT_OBJ_DESTROY, &d, sizeof d);
+    for (unsigned k = 0; k < n; k++) {
+        struct sv_lt_obj l = {SV_K_LT_LAYOUT, sv_cap(SV_K_LT_LAYOUT) - 1 - k, 0, 0, 0, 0};
+        x->cap_note(q->stream, SV_OP_LT_OBJ_DESTROY, &l, sizeof l);
+    }
+}
+
 BL_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc, const void *alpha,
                                      const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
                                      cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
@@ -549,7 +602,9 @@ BL_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmu
         memcpy(q.algo, algo->data, sizeof q.algo);
     }
     bl_gate_enter();
-    st = bl_async(x, SV_OP_LT_MATMUL, &q, sizeof q, q.stream);
+    st = bl_async(x, SV_OP_LT_MATMUL, &q, sizeof q, SV_EXT_NO_STREAM);
+    if (st == CUBLAS_STATUS_SUCCESS && x->capturing(q.stream))
+        note_for_capture(x, &q);
     bl_gate_leave();
     return st;
 }

@@ -797,6 +797,15 @@ void sv_cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen) {
     pthread_mutex_unlock(&CAP.mu);
 }
 
+bool sv_cap_active(uint32_t stream) {
+    if (__builtin_expect(!atomic_load_explicit(&CAP.n, memory_order_relaxed), 1))
+        return false;
+    pthread_mutex_lock(&CAP.mu);
+    bool on = cap_of(stream) != NULL;
+    pthread_mutex_unlock(&CAP.mu);
+    return on;
+}
+
 /* Something forwarded on stream that capturing again would not reproduce. */
 static void cap_taint(uint32_t stream, const char *why) {
     if (__builtin_expect(!atomic_load_explicit(&CAP.n, memory_order_relaxed), 1))

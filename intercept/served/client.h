@@ -220,6 +220,8 @@ SV_HIDDEN bool sv_range_has(uint64_t p);
 SV_HIDDEN CUresult sv_stream_arg(CUstream h, uint32_t *out);
 /* A record forwarded on stream: kept if the stream captures (for capturing it again in another worker). */
 SV_HIDDEN void sv_cap_note(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
+/* Whether stream captures (a capture began on it or took it in). */
+SV_HIDDEN bool sv_cap_active(uint32_t stream);
 
 /* ---- ext.c: what the libraries served beside this one (intercept/blas) use of it ---- */
 

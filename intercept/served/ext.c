@@ -88,6 +88,8 @@ static const struct sv_ext EXT = {
     .id_end = sv_id_end,
     .id_live = sv_id_live,
     .on_replay = on_replay,
+    .capturing = sv_cap_active,
+    .cap_note = sv_cap_note,
     .warn = sv_warn,
     .debug = sv_debug,
 };

@@ -14,7 +14,7 @@
 
 #include "gpucr/cudadrv.h"
 
-#define SV_EXT_VERSION 1u
+#define SV_EXT_VERSION 2u
 #define SV_EXT_SYMBOL "gpucrServedExt"
 /* A record with no stream to note for a capture. */
 #define SV_EXT_NO_STREAM UINT32_MAX
@@ -41,6 +41,10 @@ struct sv_ext {
     bool (*id_live)(unsigned kind, uint32_t id);
     /* fn runs at each replay into a new worker, in the order registered; 0, or -1 (no room). */
     int (*on_replay)(CUresult (*fn)(void));
+    /* Whether stream captures; a record kept for its capture without being sent (what capturing it again in another
+     * worker takes, when that is not the record sent). */
+    bool (*capturing)(uint32_t stream);
+    void (*cap_note)(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
     void (*warn)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
     void (*debug)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 };

@@ -66,7 +66,7 @@ uint32_t sv_id_new(unsigned kind) {
     pthread_mutex_lock(&t->mu);
     if (t->nfree)
         id = t->free[--t->nfree];
-    else if (t->next < sv_cap(kind))
+    else if (t->next < sv_cap_client(kind))
         id = t->next++;
     pthread_mutex_unlock(&t->mu);
     return id;

@@ -33,6 +33,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -89,11 +90,20 @@ enum sv_kind {
 #define SV_CAP_LT_DESC (1u << 12)
 #define SV_CAP_LT_LAYOUT (1u << 14)
 #define SV_CAP_LT_PREF (1u << 12)
+/* The last ids of cuBLASLt's descriptors, layouts and preferences are never handed out to the application: a
+ * capture's record of a product names them instead, with the objects made and destroyed around it, so that
+ * capturing it again in another worker needs none of the application's objects, which are often gone by then. */
+#define SV_LT_SCRATCH 8u
 static inline uint32_t sv_cap(unsigned kind) {
     static const uint32_t caps[SV_K_COUNT] = {
         SV_CAP_MODULE, SV_CAP_FUNC, SV_CAP_LIBRARY, SV_CAP_KERNEL,  SV_CAP_STREAM,    SV_CAP_EVENT,  SV_CAP_GRAPH,
         SV_CAP_EXEC,   SV_CAP_BLAS, SV_CAP_LT,      SV_CAP_LT_DESC, SV_CAP_LT_LAYOUT, SV_CAP_LT_PREF};
     return kind < SV_K_COUNT ? caps[kind] : 0;
+}
+/* The ids of kind the client hands out: below this (SV_LT_SCRATCH). */
+static inline uint32_t sv_cap_client(unsigned kind) {
+    bool lt = kind == SV_K_LT_DESC || kind == SV_K_LT_LAYOUT || kind == SV_K_LT_PREF;
+    return sv_cap(kind) - (lt ? SV_LT_SCRATCH : 0);
 }
 /* A stream in a record: the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, else a stream id (>= 3). */
 #define SV_STREAM_NULL 0u

@@ -67,7 +67,8 @@ typedef struct bb_state {
     int m, k, p;  /* M, K, P */
     int ldy;      /* Y's leading dimension */
     long long sy; /* Y's batch stride, elements */
-    bool device_scalars, lt_per_call;
+    bool device_scalars, lt_per_call, graph;
+    CUgraphExec g0, g1; /* --graph: s0's and s1's products */
     cublasHandle_t blas;
     cublasLtHandle_t lt;
     CUstream s0, s1;
@@ -140,12 +141,52 @@ static void plan_free(lt_plan *pl) {
     memset(pl, 0, sizeof *pl);
 }
 
+/* s0's products of an iteration (captured once with --graph): C, Y, v, and dot(v, v) into device memory with
+ * device scalars (a host-mode dot waits for its result: never in a graph; step makes it). */
+static void work_s0(bb_state *st) {
+    float *Y0 = (float *)(uintptr_t)st->y;
+    float *C = (float *)(uintptr_t)st->c, *V = (float *)(uintptr_t)st->v;
+    const float *B = (const float *)(uintptr_t)st->b, *W = (const float *)(uintptr_t)st->w;
+    BCHECK(cublasSgemm_v2(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, st->m, st->p, st->k, scalar(st, S_ALPHA_GEMM), Y0,
+                          st->ldy, B, st->k, scalar(st, S_BETA), C, st->m));
+    BCHECK(cublasGemmStridedBatchedEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_T, st->m, st->k, st->p,
+                                      scalar(st, S_ALPHA_BATCH), C, CUDA_R_32F, st->m, 0, W, CUDA_R_32F, st->k,
+                                      (long long)st->k * st->p, scalar(st, S_BETA), Y0, CUDA_R_32F, st->ldy, st->sy,
+                                      BATCH, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    BCHECK(cublasSgemv_v2(st->blas, CUBLAS_OP_N, st->m, st->p, scalar(st, S_ALPHA_BATCH), C, st->m, W, 1,
+                          scalar(st, S_BETA), V, 1));
+    if (st->device_scalars)
+        BCHECK(cublasSdot_v2(st->blas, st->m, V, 1, V, 1, (float *)(uintptr_t)st->dot));
+}
+
+/* s1's product (captured once with --graph, its descriptors made and destroyed inside the capture with
+ * --lt-per-call, as PyTorch's are). */
+static void work_s1(bb_state *st) {
+    float *Y1 = (float *)(uintptr_t)(st->y + (CUdeviceptr)st->sy * sizeof(float));
+    float *E = (float *)(uintptr_t)st->e;
+    const float *B = (const float *)(uintptr_t)st->b;
+    if (st->lt_per_call)
+        plan_make(st, &st->plan);
+    BCHECK(cublasLtMatmul(st->lt, st->plan.desc, scalar(st, S_ALPHA_LT), Y1, st->plan.a, B, st->plan.b,
+                          scalar(st, S_BETA), E, st->plan.e, E, st->plan.e, &st->plan.algo, NULL, 0, st->s1));
+    if (st->lt_per_call)
+        plan_free(&st->plan);
+}
+
+/* --graph: s0's and s1's products captured on their streams, once. */
+static CUgraphExec capture(bb_state *st, CUstream s, void (*work)(bb_state *)) {
+    CUgraph g;
+    CUgraphExec x;
+    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    work(st);
+    CHECK(cuStreamEndCapture(s, &g));
+    CHECK(cuGraphInstantiateWithFlags(&x, g, 0));
+    CHECK(cuGraphDestroy(g));
+    return x;
+}
+
 static void step(void *p, uint32_t iter) {
     bb_state *st = p;
-    float *Y0 = (float *)(uintptr_t)st->y, *Y1 = (float *)(uintptr_t)(st->y + (CUdeviceptr)st->sy * sizeof(float));
-    float *C = (float *)(uintptr_t)st->c, *E = (float *)(uintptr_t)st->e;
-    const float *B = (const float *)(uintptr_t)st->b, *W = (const float *)(uintptr_t)st->w;
-
     /* the previous iteration's copy from st->input is done: it can be rewritten */
     CHECK(cuEventSynchronize(st->ev_s0));
     for (int i = 0; i < st->m; i++)
@@ -153,32 +194,23 @@ static void step(void *p, uint32_t iter) {
     CHECK(cuMemcpyHtoDAsync(st->y, st->input, (size_t)st->m * sizeof(float), st->s0));
     /* Y[1] was read by the previous Lt product on s1 */
     CHECK(cuStreamWaitEvent(st->s0, st->ev_lt, 0));
-    BCHECK(cublasSgemm_v2(st->blas, CUBLAS_OP_N, CUBLAS_OP_N, st->m, st->p, st->k, scalar(st, S_ALPHA_GEMM), Y0,
-                          st->ldy, B, st->k, scalar(st, S_BETA), C, st->m));
-    BCHECK(cublasGemmStridedBatchedEx(st->blas, CUBLAS_OP_N, CUBLAS_OP_T, st->m, st->k, st->p,
-                                      scalar(st, S_ALPHA_BATCH), C, CUDA_R_32F, st->m, 0, W, CUDA_R_32F, st->k,
-                                      (long long)st->k * st->p, scalar(st, S_BETA), Y0, CUDA_R_32F, st->ldy, st->sy,
-                                      BATCH, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    /* v = C W[0..P) / K + v / 2, then dot(v, v): into device memory, or (host pointer mode) into host memory once
-     * s0's work is done, as cuBLAS's host-mode dot waits for it, copied on into device memory */
-    float *V = (float *)(uintptr_t)st->v;
-    BCHECK(cublasSgemv_v2(st->blas, CUBLAS_OP_N, st->m, st->p, scalar(st, S_ALPHA_BATCH), C, st->m, W, 1,
-                          scalar(st, S_BETA), V, 1));
-    if (st->device_scalars) {
-        BCHECK(cublasSdot_v2(st->blas, st->m, V, 1, V, 1, (float *)(uintptr_t)st->dot));
-    } else {
-        BCHECK(cublasSdot_v2(st->blas, st->m, V, 1, V, 1, &st->dot_host));
+    if (st->g0)
+        CHECK(cuGraphLaunch(st->g0, st->s0));
+    else
+        work_s0(st);
+    if (!st->device_scalars) {
+        /* into host memory once s0's work is done (cuBLAS's host-mode dot waits for it), on into device memory */
+        BCHECK(
+            cublasSdot_v2(st->blas, st->m, (float *)(uintptr_t)st->v, 1, (float *)(uintptr_t)st->v, 1, &st->dot_host));
         CHECK(cuMemcpyHtoDAsync(st->dot, &st->dot_host, sizeof st->dot_host, st->s0));
     }
     CHECK(cuEventRecord(st->ev_s0, st->s0));
 
     CHECK(cuStreamWaitEvent(st->s1, st->ev_s0, 0));
-    if (st->lt_per_call)
-        plan_make(st, &st->plan);
-    BCHECK(cublasLtMatmul(st->lt, st->plan.desc, scalar(st, S_ALPHA_LT), Y1, st->plan.a, B, st->plan.b,
-                          scalar(st, S_BETA), E, st->plan.e, E, st->plan.e, &st->plan.algo, NULL, 0, st->s1));
-    if (st->lt_per_call)
-        plan_free(&st->plan);
+    if (st->g1)
+        CHECK(cuGraphLaunch(st->g1, st->s1));
+    else
+        work_s1(st);
     CHECK(cuEventRecord(st->ev_lt, st->s1));
 }
 
@@ -203,6 +235,8 @@ static void own_options(bb_state *st, int *argc, char **argv) {
             st->device_scalars = true;
         } else if (strcmp(argv[i], "--lt-per-call") == 0) {
             st->lt_per_call = true;
+        } else if (strcmp(argv[i], "--graph") == 0) {
+            st->graph = true;
         } else if (strcmp(argv[i], "--n") == 0 && i + 1 < *argc) {
             char *end = NULL;
             long v = strtol(argv[++i], &end, 10);
@@ -278,12 +312,20 @@ int main(int argc, char **argv) {
     CHECK(cuEventRecord(st.ev_s0, st.s0));
     CHECK(cuEventRecord(st.ev_lt, st.s1));
     CHECK(cuCtxSynchronize());
+    if (st.graph) {
+        st.g0 = capture(&st, st.s0, work_s0);
+        st.g1 = capture(&st, st.s1, work_s1);
+    }
 
     size_t bytes = ((size_t)st.m * st.p * 2 + (size_t)st.sy * BATCH + (size_t)st.k * st.p * (1 + BATCH) + st.m) * 4;
     gpuapp_ready(&app, bytes >> 20, 6);
     gpuapp_loop(&app, &st, step, checksum);
 
     CHECK(cuCtxSynchronize());
+    if (st.graph) {
+        CHECK(cuGraphExecDestroy(st.g0));
+        CHECK(cuGraphExecDestroy(st.g1));
+    }
     if (!st.lt_per_call) {
         plan_free(&st.plan);
         BCHECK(cublasLtDestroy(st.lt));

@@ -104,6 +104,7 @@ var servedCases = []appCase{
 	{"ptrchase", []string{"--mib", "8", "--hb-every", "5"}},
 	{"blasbeat", []string{"--hb-every", "5"}},
 	{"blasbeat", []string{"--device-scalars", "--lt-per-call", "--hb-every", "5"}},
+	{"blasbeat", []string{"--graph", "--lt-per-call", "--hb-every", "5"}},
 }
 
 // TestServedChecksums: each program computes under `gpucr run --served`

@@ -22,7 +22,8 @@ import (
 // module global's contents: heartbeat --attrs checks them every
 // iteration), device pointers stored in device memory, and cuBLAS's and
 // cuBLASLt's handles, descriptors and settings (made again in the new
-// worker). A leave-running
+// worker), with their products captured in CUDA graphs too (PyTorch's
+// descriptors, made and destroyed around each captured product). A leave-running
 // checkpoint of it continues at once (in a new worker), and its image
 // restores exactly too.
 func TestServedCheckpointRestore(t *testing.T) {
@@ -35,6 +36,7 @@ func TestServedCheckpointRestore(t *testing.T) {
 		{"ptrchase", []string{"--mib", "8"}},
 		{"blasbeat", []string{"--lt-per-call"}},
 		{"blasbeat", []string{"--device-scalars"}},
+		{"blasbeat", []string{"--graph", "--lt-per-call"}},
 	} {
 		t.Run(fmt.Sprintf("%s-%d", c.name, i), func(t *testing.T) {
 			dir := t.TempDir()
