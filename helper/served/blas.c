@@ -156,6 +156,11 @@ static void open_lib(unsigned which, const char *path, char *msg, size_t len) {
         have_lt = true;
 }
 
+/* A cuBLAS handle made ahead (wblas_preload) with the library it was made with: the process's first handle. Making
+ * one loads cuBLAS's own state into the context, which a waiting worker can do before anyone waits for it. */
+static cublasHandle_t spare;
+static void *spare_lib;
+
 int wblas_preload(const char *dir, char *err, size_t errlen) {
     static const char *const names[2] = {"libcublas.so.13", "libcublasLt.so.13"};
     for (unsigned w = 0; w < 2; w++) {
@@ -167,6 +172,13 @@ int wblas_preload(const char *dir, char *err, size_t errlen) {
             return -1;
         }
     }
+    cublasStatus_t st = p_cublasCreate_v2(&spare);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        spare = NULL;
+        snprintf(err, errlen, "cublasCreate: status %d", (int)st);
+        return -1;
+    }
+    spare_lib = lib[0];
     return 0;
 }
 
@@ -471,7 +483,12 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         struct wbh *b = calloc(1, sizeof *b);
         if (!b)
             return answer(out, olen, CUBLAS_STATUS_ALLOC_FAILED);
-        cublasStatus_t st = p_cublasCreate_v2(&b->h);
+        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+        if (spare && spare_lib == lib[0]) /* made ahead with the library in use, and never used */
+            b->h = spare;
+        else
+            st = p_cublasCreate_v2(&b->h);
+        spare = NULL;
         if (st != CUBLAS_STATUS_SUCCESS) {
             free(b);
             return answer(out, olen, st);

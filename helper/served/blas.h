@@ -33,8 +33,9 @@ bool wblas_op(unsigned op);
 CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *olen,
                    int *bad);
 
-/* Loads NVIDIA's cuBLAS and cuBLASLt from dir ahead of any record (the helper's --served-cublas): a load record
- * that names the same files then costs nothing. 0, or -1 with err filled. */
+/* Loads NVIDIA's cuBLAS and cuBLASLt from dir ahead of any record (the helper's --served-cublas), and makes the
+ * process's first cuBLAS handle: a load record that names the same files then costs nothing, nor does the first
+ * creation. On the thread whose context is current. 0, or -1 with err filled. */
 int wblas_preload(const char *dir, char *err, size_t errlen);
 
 /* At the service's end: the objects' records (the driver frees what they hold at the exit). */

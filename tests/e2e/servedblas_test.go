@@ -107,9 +107,10 @@ func TestServedWorkersLaidOutAlike(t *testing.T) {
 }
 
 // TestServedBlasLoadedAhead: with --served-cublas, each idle worker has
-// cuBLAS and cuBLASLt loaded before any process asks (a served process's
-// first product then waits for no library load), and a process that names
-// those files computes what it computes on the driver itself.
+// cuBLAS and cuBLASLt loaded and a cuBLAS handle made before any process
+// asks (a served process's first product, or a restored one's, then waits
+// for neither), and a process that names those files computes what it
+// computes on the driver itself, before and after a checkpoint and restore.
 func TestServedBlasLoadedAhead(t *testing.T) {
 	dir := t.TempDir()
 	env := gpucrEnv(t)
@@ -145,4 +146,19 @@ func TestServedBlasLoadedAhead(t *testing.T) {
 	if strings.Contains(a.output(), "gpucr: ") {
 		t.Errorf("warnings:\n%s", a.output())
 	}
+
+	// Checkpointed and restored: the new worker's handle is the one it made ahead.
+	needTool(t, "criu")
+	args = []string{"--lt-per-call", "--interval-ms", "20", "--hb-every", "1"}
+	b := startServed(t, t.TempDir(), h, env, "blasbeat", nil, args...)
+	b.waitIter(10, time.Minute)
+	img := dir + "/img"
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(b.pid), "-D", img)
+	b.reap(30 * time.Second)
+	waitPidFree(b.pid, 10*time.Second)
+	before := b.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	b.waitIter(before+10, time.Minute)
+	b.kill()
+	compareWithReference(t, b.heartbeats(), reference(t, env, "blasbeat", args, maxIter(b.heartbeats())))
 }
