@@ -182,6 +182,28 @@ int wblas_preload(const char *dir, char *err, size_t errlen) {
     return 0;
 }
 
+/* Settings were given: the handle made ahead was made without them. */
+static bool settings_given;
+
+/* One of the process's settings of cuBLAS (served.h: SV_BLAS_ENV_MAX): only the names cuBLAS reads are taken. */
+static void take_setting(const char *kv) {
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv)
+        return;
+    size_t nl = (size_t)(eq - kv);
+    bool ours = strncmp(kv, "CUBLAS", 6) == 0 || (nl == 20 && strncmp(kv, "NVIDIA_TF32_OVERRIDE", 20) == 0);
+    if (!ours || nl >= 128)
+        return;
+    char name[128];
+    memcpy(name, kv, nl);
+    name[nl] = 0;
+    for (size_t i = 0; i < nl; i++)
+        if (!((name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= '0' && name[i] <= '9') || name[i] == '_'))
+            return;
+    setenv(name, eq + 1, 1);
+    settings_given = true;
+}
+
 /* SV_OP_BLAS_LOAD: NVIDIA's library, from the path the process gave (NUL-terminated in the record), and its
  * version. */
 static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *olen) {
@@ -189,18 +211,22 @@ static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *o
     memcpy(&q, pl, sizeof q);
     struct sv_blas_loaded a;
     memset(&a, 0, sizeof a);
-    char path[SV_BLAS_PATH_MAX];
+    char buf[SV_BLAS_PATH_MAX + SV_BLAS_ENV_MAX];
     char msg[512] = "";
     uint32_t n = plen - (uint32_t)sizeof q;
-    if (n == 0 || n > sizeof path || q.which > 1) {
+    if (n == 0 || n > sizeof buf || q.which > 1) {
         snprintf(msg, sizeof msg, "no library path in the record");
     } else {
-        memcpy(path, pl + sizeof q, n);
-        if (path[n - 1] != 0) /* checked on the copy: the shared memory may change under the worker */
+        memcpy(buf, pl + sizeof q, n);
+        /* checked on the copy: the shared memory may change under the worker */
+        if (buf[n - 1] != 0 || strlen(buf) >= SV_BLAS_PATH_MAX)
             snprintf(msg, sizeof msg, "the library path is not terminated");
     }
-    if (!msg[0])
-        open_lib(q.which, path, msg, sizeof msg);
+    if (!msg[0]) {
+        for (size_t off = strlen(buf) + 1; off < n; off += strlen(buf + off) + 1)
+            take_setting(buf + off);
+        open_lib(q.which, buf, msg, sizeof msg);
+    }
     if (!msg[0] && q.which == 0) {
         p_cublasGetProperty(MAJOR_VERSION, &a.major);
         p_cublasGetProperty(MINOR_VERSION, &a.minor);
@@ -484,7 +510,7 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         if (!b)
             return answer(out, olen, CUBLAS_STATUS_ALLOC_FAILED);
         cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-        if (spare && spare_lib == lib[0]) /* made ahead with the library in use, and never used */
+        if (spare && spare_lib == lib[0] && !settings_given) /* made ahead as the process would, never used */
             b->h = spare;
         else
             st = p_cublasCreate_v2(&b->h);

@@ -18,6 +18,8 @@
 
 #include "common.h"
 
+extern char **environ;
+
 static const char *const sonames[2] = {"libcublas.so.13", "libcublasLt.so.13"};
 static const char *const env_names[2] = {"GPUCR_CUBLAS_PATH", "GPUCR_CUBLASLT_PATH"};
 
@@ -208,14 +210,26 @@ static void atfork_init(void) { pthread_atfork(NULL, NULL, forked_child); }
 static cublasStatus_t load_locked(const struct sv_ext *x, unsigned which) {
     if (!L.path[which][0])
         find_real(which, L.path[which], sizeof L.path[which]);
-    uint8_t rec[sizeof(struct sv_blas_load) + SV_BLAS_PATH_MAX];
+    uint8_t rec[sizeof(struct sv_blas_load) + SV_BLAS_PATH_MAX + SV_BLAS_ENV_MAX];
     struct sv_blas_load q = {which, 0};
     size_t n = strlen(L.path[which]) + 1;
     memcpy(rec, &q, sizeof q);
     memcpy(rec + sizeof q, L.path[which], n);
+    n += sizeof q;
+    /* cuBLAS's settings from this process's environment, which the worker's cuBLAS would not see otherwise */
+    size_t env = 0;
+    for (char **e = environ; e && *e; e++) {
+        bool ours = strncmp(*e, "CUBLAS", 6) == 0 || strncmp(*e, "NVIDIA_TF32_OVERRIDE=", 21) == 0;
+        size_t l = strlen(*e) + 1;
+        if (!ours || env + l > SV_BLAS_ENV_MAX)
+            continue;
+        memcpy(rec + n, *e, l);
+        n += l;
+        env += l;
+    }
     uint8_t out[sizeof(struct sv_blas_loaded) + 600];
     uint32_t len = 0;
-    CUresult r = x->sync(SV_OP_BLAS_LOAD, rec, (uint32_t)(sizeof q + n), out, sizeof out - 1, &len);
+    CUresult r = x->sync(SV_OP_BLAS_LOAD, rec, (uint32_t)n, out, sizeof out - 1, &len);
     if (r != CUDA_SUCCESS) {
         x->warn("served mode: %s: no answer from the worker: CUresult %d", sonames[which], (int)r);
         return CUBLAS_STATUS_NOT_INITIALIZED;

@@ -415,6 +415,10 @@ struct sv_access_rec {
  * NUL-terminated (the one the application would have loaded); the worker loads it once, as the process's user.
  */
 #define SV_BLAS_PATH_MAX 4096u
+/* After the path: the process's settings of the libraries, NUL-terminated NAME=VALUE strings (at most this many
+ * bytes): cuBLAS reads CUBLAS*, CUBLASLT* and NVIDIA_TF32_OVERRIDE from its process's environment, and the worker's is
+ * not the process's. The worker takes only those names. */
+#define SV_BLAS_ENV_MAX 2048u
 struct sv_blas_load {
     uint32_t which, pad;
 };

@@ -162,3 +162,30 @@ func TestServedBlasLoadedAhead(t *testing.T) {
 	b.kill()
 	compareWithReference(t, b.heartbeats(), reference(t, env, "blasbeat", args, maxIter(b.heartbeats())))
 }
+
+// TestServedBlasSettings: cuBLAS reads its settings (CUBLAS*, CUBLASLT*,
+// NVIDIA_TF32_OVERRIDE) from its process's environment; served, it runs in
+// the worker, which gets the program's settings with the library: the
+// simulated cuBLAS's API log, asked for in the program's environment, is
+// written by the worker's cuBLAS. Other variables do not travel.
+func TestServedBlasSettings(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	log := filepath.Join(dir, "cublas.log")
+	a := startServed(t, t.TempDir(), h, env, "blasbeat", func(c *exec.Cmd) {
+		c.Env = append(c.Env, "CUBLAS_LOGINFO_DBG=1", "CUBLAS_LOGDEST_DBG="+log)
+	}, "--iters", "3", "--interval-ms", "0")
+	w := workerOf(t, h, a.pid)
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d served:\n%s", code, tail(a.output(), 10))
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatalf("cuBLAS's log, asked for in the program's environment, was not written: %v", err)
+	}
+	if want := fmt.Sprintf("cublasCreate_v2() called (pid %d)", w); !strings.Contains(string(b), want) {
+		t.Errorf("cuBLAS's log does not say the worker (pid %d) made the handle:\n%s", w, b)
+	}
+}
