@@ -227,25 +227,33 @@ func TestServedWorkerTakesTheUser(t *testing.T) {
 }
 
 // TestServedWorkerGone: a worker killed under its program fails the
-// program's next GPU call with a message that says so, and the program
-// neither hangs nor crashes.
+// program's next GPU call (the driver's, or cuBLAS's) with a message that
+// says so, and the program neither hangs nor crashes.
 func TestServedWorkerGone(t *testing.T) {
 	dir := t.TempDir()
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, env, "--served-pool", "1")
 	waitIdle(t, h, 1)
-	a := startServed(t, dir, h, env, "heartbeat", nil, "--mib", "4", "--iters", "100000", "--interval-ms", "10")
-	a.waitIter(3, 30*time.Second)
-	w := workerOf(t, h, a.pid)
-	if err := syscall.Kill(w, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	code := a.wait(30 * time.Second)
-	if code == 0 || !strings.Contains(a.output(), "the worker (pid "+strconv.Itoa(w)+") is gone") {
-		t.Errorf("program whose worker was killed: exit %d:\n%s", code, tail(a.output(), 10))
-	}
-	if strings.Contains(a.output(), "Segmentation fault") || a.cmd.ProcessState.Sys().(syscall.WaitStatus).Signaled() {
-		t.Errorf("program whose worker was killed died of a signal:\n%s", tail(a.output(), 10))
+	// heartbeat's next call is the driver's; blasbeat's, cuBLAS's
+	for _, c := range []appCase{
+		{"heartbeat", []string{"--mib", "4"}},
+		{"blasbeat", []string{"--lt-per-call"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := startServed(t, t.TempDir(), h, env, c.name, nil, append(c.args, "--iters", "100000", "--interval-ms", "10")...)
+			a.waitIter(3, 30*time.Second)
+			w := workerOf(t, h, a.pid)
+			if err := syscall.Kill(w, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			code := a.wait(30 * time.Second)
+			if code == 0 || !strings.Contains(a.output(), "the worker (pid "+strconv.Itoa(w)+") is gone") {
+				t.Errorf("program whose worker was killed: exit %d:\n%s", code, tail(a.output(), 10))
+			}
+			if strings.Contains(a.output(), "Segmentation fault") || a.cmd.ProcessState.Sys().(syscall.WaitStatus).Signaled() {
+				t.Errorf("program whose worker was killed died of a signal:\n%s", tail(a.output(), 10))
+			}
+		})
 	}
 }
 
