@@ -153,9 +153,35 @@ static int search_object(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 /*
+ * A loaded object that is NVIDIA's library itself (its file named name, not this library: PyTorch loads the CUDA
+ * wheels' libraries by path before its own, which then bind to the preloaded stub), or one that sits beside it
+ * (another of the CUDA wheels' libraries, loaded by path: NVIDIA's libcudart.so.13, say).
+ */
+struct sibling {
+    const char *name;
+    const struct stat *self;
+    char *out;
+    size_t cap;
+    bool found;
+};
+
+static int search_sibling(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    struct sibling *s = arg;
+    const char *path = info->dlpi_name;
+    const char *slash = path ? strrchr(path, '/') : NULL;
+    if (s->found || !slash || !strstr(path, "/nvidia/"))
+        return s->found;
+    int w = snprintf(s->out, s->cap, "%.*s/%s", (int)(slash - path), path, s->name);
+    s->found = w > 0 && (size_t)w < s->cap && usable(s->out, s->self);
+    return s->found;
+}
+
+/*
  * NVIDIA's library (which): $GPUCR_CUBLAS_PATH / $GPUCR_CUBLASLT_PATH; else where the objects that need it
- * would have found it (their run paths: PyTorch's name the CUDA wheels' directories); else on LD_LIBRARY_PATH;
- * else its soname, for the worker's own search (the system's library directories).
+ * would have found it (their run paths: PyTorch's name the CUDA wheels' directories); else beside the CUDA
+ * wheels' libraries loaded by path; else on LD_LIBRARY_PATH; else its soname, for the worker's own search (the
+ * system's library directories).
  */
 static void find_real(unsigned which, char *out, size_t cap) {
     const char *name = sonames[which];
@@ -183,6 +209,10 @@ static void find_real(unsigned which, char *out, size_t cap) {
             }
         }
     }
+    struct sibling sb = {name, self, out, cap, false};
+    dl_iterate_phdr(search_sibling, &sb);
+    if (sb.found)
+        return;
     if (try_path(getenv("LD_LIBRARY_PATH"), NULL, name, self, out, cap))
         return;
     snprintf(out, cap, "%s", name);

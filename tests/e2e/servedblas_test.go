@@ -189,3 +189,40 @@ func TestServedBlasSettings(t *testing.T) {
 		t.Errorf("cuBLAS's log does not say the worker (pid %d) made the handle:\n%s", w, b)
 	}
 }
+
+// TestServedBlasFindsTheWheels: PyTorch loads the CUDA wheels' libraries by
+// path (site-packages/nvidia/.../lib) before its own; the worker loads
+// NVIDIA's cuBLAS from beside them, not from elsewhere on the search path.
+func TestServedBlasFindsTheWheels(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	wheel := filepath.Join(dir, "site-packages", "nvidia", "cu13", "lib")
+	if err := os.MkdirAll(wheel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, lib := range []string{"libcublas.so.13", "libcublasLt.so.13"} {
+		b, err := os.ReadFile(filepath.Join(buildDir(t), "sim", lib))
+		if err != nil {
+			t.Fatalf("the simulated cuBLAS is not built (run `make`): %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(wheel, lib), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	// the wheel's cuBLASLt loaded by path, as PyTorch's __init__ loads the wheels' libraries
+	a := startServed(t, t.TempDir(), h, env, "blasbeat", func(c *exec.Cmd) {
+		c.Env = append(c.Env, "LD_PRELOAD="+filepath.Join(wheel, "libcublasLt.so.13"))
+	}, "--iters", "100000", "--interval-ms", "20")
+	a.waitIter(3, 30*time.Second)
+	w := workerOf(t, h, a.pid)
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(maps), filepath.Join(wheel, "libcublas.so.13")) {
+		t.Errorf("worker %d did not load the wheel's cuBLAS (%s):\n%s", w, wheel, maps)
+	}
+	a.kill()
+}
