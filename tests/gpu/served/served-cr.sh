@@ -14,8 +14,10 @@
 # the CRIU image's page files (what CRIU wrote of the process's host
 # memory). Images in /dev/shm. Logs in build/gpu/served-cr (and $OUT).
 # TORCH=1: PyTorch instead (tests/gpu/served/torch_rt.py: MIB of device memory,
-# PyTorch's own kernels, served on served mode's runtime library), compared
-# with an uninterrupted run of the same script.
+# PyTorch's own kernels, served on served mode's runtime library; TORCH_ARGS
+# more of its options, --linear for cuBLAS and cuBLASLt), compared with an
+# uninterrupted run of the same script. BLASBEAT=1: blasbeat on NVIDIA's
+# cuBLAS (BLASBEAT_ARGS, default --lt-per-call).
 set -u
 cd "$(dirname "$0")/../../.."
 . tests/gpu/lib.sh
@@ -36,8 +38,16 @@ APP=("$BIN/heartbeat" "${ARGS[@]}")
 # reference N: an uninterrupted run's first N heartbeats, "N checksum" a line
 reference() { timeout 300 "$BIN/heartbeat" --mib "$MIB" --buffers 8 --interval-ms 0 --hb-every 1 --iters "$1" 2>&1 | grep '^hb' | awk '{print $2, $3}'; }
 if [ "${TORCH:-0}" = 1 ]; then
-	APP=(python3 "$PWD/tests/gpu/served/torch_rt.py" --mib "$MIB" --steps 100000 --interval-ms 100)
-	reference() { timeout 300 python3 tests/gpu/served/torch_rt.py --mib "$MIB" --steps "$1" 2>&1 | grep '^hb' | awk '{print $2, $3}'; }
+	# TORCH_ARGS: more of torch_rt.py's options (--linear: cuBLASLt and cuBLAS, forwarded at their boundary)
+	read -r -a targs <<<"${TORCH_ARGS:-}"
+	APP=(python3 "$PWD/tests/gpu/served/torch_rt.py" --mib "$MIB" --steps 100000 --interval-ms 100 "${targs[@]}")
+	reference() { timeout 300 python3 tests/gpu/served/torch_rt.py --mib "$MIB" --steps "$1" "${targs[@]}" 2>&1 | grep '^hb' | awk '{print $2, $3}'; }
+elif [ "${BLASBEAT:-0}" = 1 ]; then
+	# blasbeat (tests/apps/blasbeat.c) on NVIDIA's cuBLAS and cuBLASLt, with BLASBEAT_ARGS (--graph, --lt-per-call...)
+	read -r -a bargs <<<"${BLASBEAT_ARGS:---lt-per-call}"
+	[ -x "$BIN/blasbeat" ] || { bad "no $BIN/blasbeat (make gpu-apps found no cuBLAS)"; exit 1; }
+	APP=("$BIN/blasbeat" --interval-ms 100 --hb-every 1 "${bargs[@]}")
+	reference() { timeout 300 "$BIN/blasbeat" --interval-ms 0 --hb-every 1 --iters "$1" "${bargs[@]}" 2>&1 | grep '^hb' | awk '{print $2, $3}'; }
 fi
 for r in $(seq "$ROUNDS"); do
 	order="inproc served"
