@@ -5,6 +5,9 @@
  * not forwarded still exists, fails with CUDA_ERROR_NOT_SUPPORTED and says
  * why once.
  */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,13 +56,39 @@ SV_API CUresult cuGetErrorName(CUresult error, const char **pStr) { return gc_er
 
 /* ---- refused: the driver's private tables and the checkpoint API ---- */
 
+/*
+ * Asked for by NVIDIA's CUDA runtime, which libraries carry inside them too (cuDNN, CuPy's, programs built with
+ * nvcc's default static runtime): the line names the library that asked, once per library, which is what a user
+ * can act on (cuBLAS's and the shared runtime's have served mode's own in their place).
+ */
 SV_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
     if (!ppExportTable || !pExportTableId)
         return CUDA_ERROR_INVALID_VALUE;
     *ppExportTable = NULL;
-    SV_REFUSE(
-        "the driver's private export tables (the CUDA runtime's) are not forwarded; served mode forwards the "
-        "documented driver API");
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char said[8][256];
+    Dl_info di;
+    const char *who = dladdr(__builtin_return_address(0), &di) && di.dli_fname ? di.dli_fname : "the program";
+    const char *base = strrchr(who, '/') ? strrchr(who, '/') + 1 : who;
+    bool first = true;
+    pthread_mutex_lock(&mu);
+    for (unsigned i = 0; i < 8 && first; i++) {
+        if (strcmp(said[i], base) == 0)
+            first = false;
+        else if (!said[i][0]) {
+            snprintf(said[i], sizeof said[i], "%s", base);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    if (first)
+        sv_warn(
+            "served mode: %s asked for the driver's private export tables, which a process with no driver "
+            "cannot answer: it carries NVIDIA's CUDA runtime inside it (cuDNN, CuPy and programs built with "
+            "nvcc's default static runtime do), which served mode does not run yet; run it in-process (gpucr "
+            "run without --served) (CUDA_ERROR_NOT_SUPPORTED)",
+            base);
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 #define CKPT_WHY "the process holds no driver state in served mode: gpucr checkpoints it (gpucr checkpoint)"

@@ -64,6 +64,9 @@ func TestServedBlasAttack(t *testing.T) {
 	if !strings.Contains(string(out), "probe load-secret says:") || !strings.Contains(string(out), "ermission denied") {
 		t.Errorf("the worker's refusal of a library its user cannot read does not say why:\n%s", out)
 	}
+	if !strings.Contains(string(out), "blasattack asked for the driver's private export tables") {
+		t.Errorf("the refusal of the export tables does not name the program that asked:\n%s", out)
+	}
 }
 
 // TestServedWorkersLaidOutAlike: two workers of the pool have the same

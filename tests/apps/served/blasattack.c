@@ -132,6 +132,11 @@ int main(int argc, char **argv) {
     /* The worker still serves: another handle, made. */
     struct sv_id_rec id2 = {2, 0};
     expect("create-after", sync_status(SV_OP_BLAS_CREATE, &id2, sizeof id2, out, NULL), CUBLAS_STATUS_SUCCESS);
+    /* What NVIDIA's static runtime asks for first: refused, the line naming this program. */
+    const void *table = NULL;
+    CUuuid uuid;
+    memset(&uuid, 0x42, sizeof uuid);
+    expect("export-table", (int)cuGetExportTable(&table, &uuid), CUDA_ERROR_NOT_SUPPORTED);
     printf("blasattack: %s\n", failed ? "FAILED" : "ok");
     return failed;
 }
