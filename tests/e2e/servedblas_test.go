@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testroot"
 )
 
 // TestServedBlasAttack: a second user's served program that writes cuBLAS
@@ -226,6 +228,56 @@ func TestServedBlasFindsTheWheels(t *testing.T) {
 	}
 	if !strings.Contains(string(maps), filepath.Join(wheel, "libcublas.so.13")) {
 		t.Errorf("worker %d did not load the wheel's cuBLAS (%s):\n%s", w, wheel, maps)
+	}
+	a.kill()
+}
+
+// TestServedBlasFollowsRunpath: where PyTorch's libraries find cuBLAS, by
+// their run path ($ORIGIN/../../nvidia/.../lib), the worker loads it from:
+// blasbeat linked here with a run path to a directory of its own, which holds
+// the cuBLAS the worker must load (not the one on LD_LIBRARY_PATH).
+func TestServedBlasFollowsRunpath(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Fatalf("no C compiler: %v", err)
+	}
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	root := testroot.Dir(t)
+	sim := filepath.Join(buildDir(t), "sim")
+	wheel := filepath.Join(dir, "wheel")
+	if err := os.MkdirAll(wheel, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, lib := range []string{"libcublas.so.13", "libcublasLt.so.13"} {
+		b, err := os.ReadFile(filepath.Join(sim, lib))
+		if err != nil {
+			t.Fatalf("the simulated cuBLAS is not built (run `make`): %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(wheel, lib), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prog := filepath.Join(dir, "blasbeat")
+	build := exec.Command(cc, "-O2", "-D_GNU_SOURCE", "-I"+filepath.Join(root, "include"), "-I"+filepath.Join(root, "tests/apps/common"),
+		"-o", prog, filepath.Join(root, "tests/apps/blasbeat.c"), filepath.Join(root, "tests/apps/common/gpuapp.c"),
+		filepath.Join(root, "tests/apps/common/hbptx.c"), "-L"+sim, "-l:libcublas.so.13", "-l:libcublasLt.so.13", "-lcuda",
+		"-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/wheel", "-pthread")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building blasbeat with a run path: %v\n%s", err, out)
+	}
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	a := startUnderRun(t, t.TempDir(), h, env, "blasbeat", []string{"--served"},
+		[]string{prog, "--iters", "100000", "--interval-ms", "20"}, nil)
+	a.waitIter(3, 30*time.Second)
+	w := workerOf(t, h, a.pid)
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(maps), filepath.Join(wheel, "libcublas.so.13")) {
+		t.Errorf("worker %d did not load the cuBLAS of the program's run path (%s):\n%s", w, wheel, maps)
 	}
 	a.kill()
 }
