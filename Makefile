@@ -50,6 +50,10 @@ TOOLS      := $(BUILD)/bin/filebench $(BUILD)/bin/fatbinscan
 # and the round trip; the interposer and the CRIU plugin both link it.
 PROTO_C_SRC := protocol/c/helper.pb-c.c protocol/c/wire.c
 PROTO_C_HDR := protocol/c/helper.pb-c.h protocol/c/wire.h
+# Served mode's worker as a program of its own (helper/served/cworker/main.c): no Go runtime, so no Go heap at
+# a random address in a worker; the helper's pool runs it from beside gpucr.
+WORKER     := $(BUILD)/bin/gpucr-worker
+WORKER_SRC := helper/served/cworker/main.c helper/served/exec.c helper/served/blas.c $(PROTO_C_SRC)
 INTERCEPT_SRC := $(wildcard intercept/src/*.c)
 INTERCEPT_HDR := $(wildcard intercept/src/*.h) include/gpucr/cudadrv.h $(PROTO_C_HDR)
 INTERCEPT     := $(BUILD)/lib/libgpucr.so
@@ -79,7 +83,7 @@ GO_SRC     := $(shell find . -name '*.go' -not -path './build/*' -not -path './.
 
 .PHONY: all sim apps gpucr imagebench tools intercept served clean demo test deps gpu-apps fmt vet proto plugin install uninstall man fmt-c lint-c fuzz
 
-all: gpucr imagebench sim apps $(DRVTEST) $(BLASTEST) intercept served plugin
+all: gpucr imagebench sim apps $(DRVTEST) $(BLASTEST) intercept served plugin $(WORKER)
 
 sim: $(SIM_LIB) $(CUBLAS) $(CUBLASLT)
 apps: $(APPS) $(RT_APPS) $(SV_APPS)
@@ -164,6 +168,10 @@ $(SERVED_NVML): intercept/nvml/nvml.c Makefile
 # criu_get_image_dir comes from the criu binary, so no --no-undefined. It
 # shares protocol/c with the interposer, nothing of intercept/.
 CRIU_INCLUDE ?= /opt/gpucr/criu/include
+$(WORKER): $(WORKER_SRC) helper/served/exec.h helper/served/blas.h protocol/c/served.h include/gpucr/cublas.h include/gpucr/cudadrv.h $(PROTO_C_HDR) Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) -Ihelper/served -Iprotocol/c $(CFLAGS) $(WARN) -o $@ $(WORKER_SRC) -lprotobuf-c -ldl
+
 PLUGIN       := $(BUILD)/lib/criu/gpucr_plugin.so
 PLUGIN_SRC   := criuplugin/gpucr_plugin.c $(PROTO_C_SRC)
 plugin: $(PLUGIN)
@@ -208,12 +216,13 @@ INSTALL_DIRS   = $(CRIU_PLUGIN_DIR) $(PREFIX)/bin $(GPUCR_LIB_DIR) $(SYSTEMD_UNI
 	$(BASH_COMP_DIR) $(ZSH_COMP_DIR)
 INSTALLED_DIRS = $(GPUCR_LIB_DIR)/installed-dirs
 
-install: $(PLUGIN) $(GPUCR) $(INTERCEPT) man
+install: $(PLUGIN) $(GPUCR) $(WORKER) $(INTERCEPT) man
 	@for d in $(INSTALL_DIRS); do p="$(DESTDIR)$$d"; \
 		while [ ! -e "$$p" ]; do echo "$${p#"$(DESTDIR)"}"; p=$$(dirname "$$p"); done; \
 	done > $(BUILD)/installed-dirs.new
 	install -D -m 0755 $(PLUGIN) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so
 	install -D -m 0755 $(GPUCR) $(DESTDIR)$(PREFIX)/bin/gpucr
+	install -D -m 0755 $(WORKER) $(DESTDIR)$(PREFIX)/bin/gpucr-worker
 	install -D -m 0755 $(INTERCEPT) $(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so
 	install -d -m 0755 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
 	sed -e 's|^ExecStart=/usr/local/bin/gpucr |ExecStart=$(PREFIX)/bin/gpucr |' \
@@ -237,6 +246,7 @@ install: $(PLUGIN) $(GPUCR) $(INTERCEPT) man
 uninstall:
 	@dirs=$$(cat $(DESTDIR)$(INSTALLED_DIRS) 2>/dev/null); \
 	rm -f $(DESTDIR)$(INSTALLED_DIRS) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
+		$(DESTDIR)$(PREFIX)/bin/gpucr-worker \
 		$(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service \
 		$(DESTDIR)$(DOC_DIR)/helper-protocol.md $(DESTDIR)$(MAN_DIR)/gpucr.1 $(DESTDIR)$(MAN_DIR)/gpucr-*.1 \
 		$(DESTDIR)$(BASH_COMP_DIR)/gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr; \
@@ -306,16 +316,9 @@ gpu-apps:
 # deprecated functions; their warnings are noise here.
 HELPER_C_SRC := $(wildcard helper/cuda/*.c helper/cuda/*.h helper/served/*.c helper/served/*.h) include/gpucr/cudadrv.h \
 	protocol/c/served.h
-# Go 1.26 places its heap at a random address in each process, which a served-mode worker (the same
-# binary) cannot have: where the driver lays out a worker's context and its address window must be the
-# same in every worker, or a process that moves to a new one loses its device addresses (an arena of
-# the Go heap where the previous worker's driver put its window moves the next one's). Go's opt-out is
-# a build-time experiment, to be removed in a later Go, by when the worker needs to be a program of its
-# own without Go's runtime.
-GPUCR_GOEXPERIMENT ?= norandomizedheapbase64
 $(GPUCR): $(GO_SRC) $(HELPER_C_SRC)
 	@mkdir -p $(@D)
-	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" GOEXPERIMENT=$(GPUCR_GOEXPERIMENT) $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
+	CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" $(GO) build -trimpath -o $@ ./helper/cmd/gpucr
 
 # Static: scripts/bench-image.sh runs it on the GPU machine, which has no Go
 # toolchain.

@@ -28,20 +28,23 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/.carry/gpucr}
 prefix=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
 cd "$root"
-make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1 build/lib/served/libcublas.so.13 build/lib/served/libcublasLt.so.13
+make -s build/bin/gpucr build/lib/libgpucr.so build/lib/criu/gpucr_plugin.so build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1 build/lib/served/libcublas.so.13 build/lib/served/libcublasLt.so.13 build/bin/gpucr-worker
 [ -x "$prefix/lib/ld-linux-x86-64.so.2" ] || bash scripts/install-criu.sh
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/libexec/lib" "$out/lib/criu" "$out/lib/served"
 cp build/bin/gpucr "$out/libexec/gpucr"
+# served mode's worker, which the helper runs from beside gpucr's file, through the same loader
+cp build/bin/gpucr-worker "$out/libexec/gpucr-worker"
 cp build/lib/libgpucr.so "$out/lib/"
 cp build/lib/criu/gpucr_plugin.so "$out/lib/criu/"
 cp -L "$(ldconfig -p | awk '/libprotobuf-c.so.1 .*x86-64/{print $NF; exit}')" "$out/lib/libprotobuf-c.so.1"
 cp build/lib/served/libcuda.so.1 build/lib/served/libcudart.so.13 build/lib/served/libnvidia-ml.so.1 build/lib/served/libcublas.so.13 build/lib/served/libcublasLt.so.13 "$out/lib/served/"
 cp "$out/lib/libprotobuf-c.so.1" "$out/lib/served/"
 cp -L "$prefix/lib/ld-linux-x86-64.so.2" "$out/libexec/lib/"
-# Every library the loader resolves for gpucr, from the prefix.
-"$prefix/lib/ld-linux-x86-64.so.2" --library-path "$prefix/lib" --list build/bin/gpucr |
-	awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+# Every library the loader resolves for gpucr and its worker, from the prefix (protobuf-c from the system).
+for b in build/bin/gpucr build/bin/gpucr-worker; do
+	"$prefix/lib/ld-linux-x86-64.so.2" --library-path "$prefix/lib:$(dirname "$(ldconfig -p | awk '/libprotobuf-c.so.1 .*x86-64/{print $NF; exit}')")" --list "$b"
+done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
 	cp -L "$lib" "$out/libexec/lib/"
 done
 cat >"$out/bin/gpucr" <<'EOF'

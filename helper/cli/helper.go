@@ -224,6 +224,10 @@ func runHelper(c *ucli.Context) error {
 		return usageError{fmt.Errorf("--served-pool: %d is negative", n)}
 	} else if n > 0 && loadErr == nil {
 		exe, args := workerCommand()
+		if !strings.HasSuffix(exe, "gpucr-worker") && (len(args) == 0 || !strings.HasSuffix(args[len(args)-1], "gpucr-worker")) {
+			log.Warn("served mode: no gpucr-worker beside gpucr: the workers run gpucr's own served-worker, whose Go heap " +
+				"lies at a random address in each, so a process moved to a new worker may lose its device addresses")
+		}
 		cfg.Served = served.NewPool(served.PoolConfig{Exe: exe, Args: args, Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
 			MaxPerUID: c.Int("served-max-per-uid"), CublasDir: c.String("served-cublas"), Log: log})
 	} else if n > 0 {
@@ -359,17 +363,34 @@ func driverInfo(lib string, drv *cuda.Driver) *helperpb.DriverInfo {
 	return d
 }
 
-// workerCommand is how the helper starts its served-mode workers: its own
-// binary, or, where a dynamic loader runs gpucr (the GPU bundle's launcher,
-// scripts/make-gpucr-bundle.sh), that loader with its directory as the
-// library path and gpucr's file.
+// workerCommand is how the helper starts its served-mode workers: served
+// mode's worker program, gpucr-worker beside gpucr's file (no Go runtime,
+// whose heap Go 1.26 places at random in each process, where a worker's
+// driver would put its memory), else gpucr's own served-worker subcommand
+// (GPUCR_SERVED_WORKER=go asks for that one); where a dynamic loader runs
+// gpucr (the GPU bundle's launcher, scripts/make-gpucr-bundle.sh), through
+// that loader with its directory as the library path.
 func workerCommand() (string, []string) {
 	exe, err := os.Executable()
-	if err != nil || !dynamicLoader.MatchString(filepath.Base(exe)) {
+	if err != nil {
 		return "/proc/self/exe", nil
 	}
-	real, err := realExecutable()
-	if err != nil || real == exe {
+	loader := dynamicLoader.MatchString(filepath.Base(exe))
+	real := exe
+	if loader {
+		if r, err := realExecutable(); err == nil && r != exe {
+			real = r
+		} else {
+			loader = false
+		}
+	}
+	if w := filepath.Join(filepath.Dir(real), "gpucr-worker"); os.Getenv("GPUCR_SERVED_WORKER") != "go" && fileExists(w) {
+		if loader {
+			return exe, []string{"--library-path", filepath.Dir(exe), w}
+		}
+		return w, nil
+	}
+	if !loader {
 		return "/proc/self/exe", nil
 	}
 	return exe, []string{"--library-path", filepath.Dir(exe), real}

@@ -64,6 +64,7 @@ func TestMakeInstall(t *testing.T) {
 			}{
 				"/usr/lib/criu/gpucr_plugin.so":                   {plugin, 0o755},
 				want + "/bin/gpucr":                               {gpucr, 0o755},
+				want + "/bin/gpucr-worker":                        {binPath(t, "gpucr-worker"), 0o755},
 				"/usr/lib/gpucr/libgpucr.so":                      {interposer, 0o755},
 				want + "/share/doc/gpucr/helper-protocol.md":      {filepath.Join(root, "docs", "helper-protocol.md"), 0o644},
 				want + "/share/man/man1/gpucr-checkpoint.1":       {"", 0o644},

@@ -76,8 +76,9 @@ func TestServedBlasAttack(t *testing.T) {
 // heap, the driver's memory, the address window that device addresses come
 // from): a process that moves to a new worker finds its device addresses
 // free there only if every worker is laid out alike. Go 1.26 places its
-// heap at random unless built without it (Makefile: GPUCR_GOEXPERIMENT);
-// with it, one restore in about fifty lost a module global's address here.
+// heap at random in every process: with gpucr's own served-worker (Go), one
+// restore in about fifty lost a module global's address here; the pool runs
+// gpucr-worker (C, no Go runtime).
 func TestServedWorkersLaidOutAlike(t *testing.T) {
 	dir := t.TempDir()
 	env := gpucrEnv(t)
