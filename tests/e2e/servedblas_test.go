@@ -282,3 +282,36 @@ func TestServedBlasFollowsRunpath(t *testing.T) {
 	}
 	a.kill()
 }
+
+// TestServedGoWorker: with GPUCR_SERVED_WORKER=go the pool runs gpucr's own
+// served-worker (the fallback where gpucr-worker is missing), says in its
+// log what that costs, and a served program computes exactly on it.
+func TestServedGoWorker(t *testing.T) {
+	dir := t.TempDir()
+	env := append(gpucrEnv(t), "GPUCR_SERVED_WORKER=go")
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	workers := children(h.cmd.Process.Pid)
+	if len(workers) < 1 {
+		t.Fatal("the helper has no worker")
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", workers[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(cmdline), "gpucr-worker") || !strings.Contains(string(cmdline), "served-worker") {
+		t.Errorf("worker %d runs %q, want gpucr's served-worker", workers[0], strings.ReplaceAll(string(cmdline), "\x00", " "))
+	}
+	if !strings.Contains(h.logText(), "no gpucr-worker beside gpucr") {
+		t.Errorf("the helper's log does not say it runs the Go worker:\n%s", tail(h.logText(), 10))
+	}
+	args := []string{"--lt-per-call", "--iters", "20", "--interval-ms", "0"}
+	want := doneLine.FindStringSubmatch(run(t, time.Minute, env, binPath(t, "blasbeat"), args...))
+	a := startServed(t, t.TempDir(), h, env, "blasbeat", nil, args...)
+	if code := a.wait(time.Minute); code != 0 {
+		t.Fatalf("exit %d served:\n%s", code, tail(a.output(), 10))
+	}
+	if got := doneLine.FindStringSubmatch(a.output()); want == nil || got == nil || got[2] != want[2] {
+		t.Fatalf("served on the Go worker: %v; on the driver: %v", got, want)
+	}
+}
