@@ -223,8 +223,8 @@ func runHelper(c *ucli.Context) error {
 	if n := c.Int("served-pool"); n < 0 {
 		return usageError{fmt.Errorf("--served-pool: %d is negative", n)}
 	} else if n > 0 && loadErr == nil {
-		exe, args := workerCommand()
-		if !strings.HasSuffix(exe, "gpucr-worker") && (len(args) == 0 || !strings.HasSuffix(args[len(args)-1], "gpucr-worker")) {
+		exe, args, native := workerCommand()
+		if !native {
 			log.Warn("served mode: no gpucr-worker beside gpucr: the workers run gpucr's own served-worker, whose Go heap " +
 				"lies at a random address in each, so a process moved to a new worker may lose its device addresses")
 		}
@@ -369,11 +369,12 @@ func driverInfo(lib string, drv *cuda.Driver) *helperpb.DriverInfo {
 // driver would put its memory), else gpucr's own served-worker subcommand
 // (GPUCR_SERVED_WORKER=go asks for that one); where a dynamic loader runs
 // gpucr (the GPU bundle's launcher, scripts/make-gpucr-bundle.sh), through
-// that loader with its directory as the library path.
-func workerCommand() (string, []string) {
+// that loader with its directory as the library path. native: the worker is
+// gpucr-worker.
+func workerCommand() (exe string, args []string, native bool) {
 	exe, err := os.Executable()
 	if err != nil {
-		return "/proc/self/exe", nil
+		return "/proc/self/exe", nil, false
 	}
 	loader := dynamicLoader.MatchString(filepath.Base(exe))
 	real := exe
@@ -386,12 +387,12 @@ func workerCommand() (string, []string) {
 	}
 	if w := filepath.Join(filepath.Dir(real), "gpucr-worker"); os.Getenv("GPUCR_SERVED_WORKER") != "go" && fileExists(w) {
 		if loader {
-			return exe, []string{"--library-path", filepath.Dir(exe), w}
+			return exe, []string{"--library-path", filepath.Dir(exe), w}, true
 		}
-		return w, nil
+		return w, nil, true
 	}
 	if !loader {
-		return "/proc/self/exe", nil
+		return "/proc/self/exe", nil, false
 	}
-	return exe, []string{"--library-path", filepath.Dir(exe), real}
+	return exe, []string{"--library-path", filepath.Dir(exe), real}, false
 }

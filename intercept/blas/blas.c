@@ -198,19 +198,7 @@ BL_API cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int *version) {
 }
 
 BL_API cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value) {
-    const struct sv_ext *x;
-    if (!value)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    cublasStatus_t st = bl_ready(BL_CUBLAS, &x);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
-    const bl_info *in = bl_info_of(BL_CUBLAS);
-    switch (type) {
-    case MAJOR_VERSION: *value = in->major; return CUBLAS_STATUS_SUCCESS;
-    case MINOR_VERSION: *value = in->minor; return CUBLAS_STATUS_SUCCESS;
-    case PATCH_LEVEL: *value = in->patch; return CUBLAS_STATUS_SUCCESS;
-    default: return CUBLAS_STATUS_INVALID_VALUE;
-    }
+    return bl_property(BL_CUBLAS, type, value);
 }
 
 BL_API size_t cublasGetCudartVersion(void) {

@@ -157,17 +157,9 @@ static int search_object(struct dl_phdr_info *info, size_t size, void *arg) {
  * wheels' libraries by path before its own, which then bind to the preloaded stub), or one that sits beside it
  * (another of the CUDA wheels' libraries, loaded by path: NVIDIA's libcudart.so.13, say).
  */
-struct sibling {
-    const char *name;
-    const struct stat *self;
-    char *out;
-    size_t cap;
-    bool found;
-};
-
 static int search_sibling(struct dl_phdr_info *info, size_t size, void *arg) {
     (void)size;
-    struct sibling *s = arg;
+    struct search *s = arg;
     const char *path = info->dlpi_name;
     const char *slash = path ? strrchr(path, '/') : NULL;
     if (s->found || !slash || !strstr(path, "/nvidia/"))
@@ -209,7 +201,7 @@ static void find_real(unsigned which, char *out, size_t cap) {
             }
         }
     }
-    struct sibling sb = {name, self, out, cap, false};
+    struct search sb = {name, self, out, cap, false};
     dl_iterate_phdr(search_sibling, &sb);
     if (sb.found)
         return;
@@ -297,6 +289,21 @@ cublasStatus_t bl_ready(unsigned which, const struct sv_ext **xp) {
 }
 
 const bl_info *bl_info_of(unsigned which) { return &L.info[which]; }
+
+cublasStatus_t bl_property(unsigned which, libraryPropertyType type, int *value) {
+    const struct sv_ext *x;
+    if (!value)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    cublasStatus_t st = bl_ready(which, &x);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    switch (type) {
+    case MAJOR_VERSION: *value = L.info[which].major; return CUBLAS_STATUS_SUCCESS;
+    case MINOR_VERSION: *value = L.info[which].minor; return CUBLAS_STATUS_SUCCESS;
+    case PATCH_LEVEL: *value = L.info[which].patch; return CUBLAS_STATUS_SUCCESS;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+}
 
 cublasStatus_t bl_reload(unsigned which, bool *had) {
     const struct sv_ext *x = bl_ext();

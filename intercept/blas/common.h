@@ -47,6 +47,8 @@ typedef struct {
  */
 BL_HIDDEN cublasStatus_t bl_ready(unsigned which, const struct sv_ext **x);
 BL_HIDDEN const bl_info *bl_info_of(unsigned which);
+/* cublasGetProperty / cublasLtGetProperty: the library's version, as the worker's copy answered. */
+BL_HIDDEN cublasStatus_t bl_property(unsigned which, libraryPropertyType type, int *value);
 /* In a replay: the library loaded in the new worker if the process had it loaded; false: it had not. */
 BL_HIDDEN cublasStatus_t bl_reload(unsigned which, bool *had);
 

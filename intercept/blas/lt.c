@@ -161,15 +161,7 @@ BL_API cublasStatus_t cublasLtGetProperty(libraryPropertyType type, int *value) 
     if (!value)
         return CUBLAS_STATUS_INVALID_VALUE;
     cublasStatus_t st = ready(&x);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
-    const bl_info *in = bl_info_of(BL_CUBLASLT);
-    switch (type) {
-    case MAJOR_VERSION: *value = in->major; return CUBLAS_STATUS_SUCCESS;
-    case MINOR_VERSION: *value = in->minor; return CUBLAS_STATUS_SUCCESS;
-    case PATCH_LEVEL: *value = in->patch; return CUBLAS_STATUS_SUCCESS;
-    default: return CUBLAS_STATUS_INVALID_VALUE;
-    }
+    return st == CUBLAS_STATUS_SUCCESS ? bl_property(BL_CUBLASLT, type, value) : st;
 }
 
 BL_API const char *cublasLtGetStatusName(cublasStatus_t status) { return bl_status_name(status); }

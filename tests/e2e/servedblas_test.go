@@ -202,35 +202,14 @@ func TestServedBlasSettings(t *testing.T) {
 func TestServedBlasFindsTheWheels(t *testing.T) {
 	dir := t.TempDir()
 	env := gpucrEnv(t)
-	wheel := filepath.Join(dir, "site-packages", "nvidia", "cu13", "lib")
-	if err := os.MkdirAll(wheel, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, lib := range []string{"libcublas.so.13", "libcublasLt.so.13"} {
-		b, err := os.ReadFile(filepath.Join(buildDir(t), "sim", lib))
-		if err != nil {
-			t.Fatalf("the simulated cuBLAS is not built (run `make`): %v", err)
-		}
-		if err := os.WriteFile(filepath.Join(wheel, lib), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wheel := simBlasCopy(t, filepath.Join(dir, "site-packages", "nvidia", "cu13", "lib"))
 	h := startHelper(t, dir, env, "--served-pool", "1")
 	waitIdle(t, h, 1)
 	// the wheel's cuBLASLt loaded by path, as PyTorch's __init__ loads the wheels' libraries
 	a := startServed(t, t.TempDir(), h, env, "blasbeat", func(c *exec.Cmd) {
 		c.Env = append(c.Env, "LD_PRELOAD="+filepath.Join(wheel, "libcublasLt.so.13"))
 	}, "--iters", "100000", "--interval-ms", "20")
-	a.waitIter(3, 30*time.Second)
-	w := workerOf(t, h, a.pid)
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(maps), filepath.Join(wheel, "libcublas.so.13")) {
-		t.Errorf("worker %d did not load the wheel's cuBLAS (%s):\n%s", w, wheel, maps)
-	}
-	a.kill()
+	workerMaps(t, h, a, filepath.Join(wheel, "libcublas.so.13"))
 }
 
 // TestServedBlasFollowsRunpath: where PyTorch's libraries find cuBLAS, by
@@ -246,19 +225,7 @@ func TestServedBlasFollowsRunpath(t *testing.T) {
 	env := gpucrEnv(t)
 	root := testroot.Dir(t)
 	sim := filepath.Join(buildDir(t), "sim")
-	wheel := filepath.Join(dir, "wheel")
-	if err := os.MkdirAll(wheel, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, lib := range []string{"libcublas.so.13", "libcublasLt.so.13"} {
-		b, err := os.ReadFile(filepath.Join(sim, lib))
-		if err != nil {
-			t.Fatalf("the simulated cuBLAS is not built (run `make`): %v", err)
-		}
-		if err := os.WriteFile(filepath.Join(wheel, lib), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wheel := simBlasCopy(t, filepath.Join(dir, "wheel"))
 	prog := filepath.Join(dir, "blasbeat")
 	build := exec.Command(cc, "-O2", "-D_GNU_SOURCE", "-I"+filepath.Join(root, "include"), "-I"+filepath.Join(root, "tests/apps/common"),
 		"-o", prog, filepath.Join(root, "tests/apps/blasbeat.c"), filepath.Join(root, "tests/apps/common/gpuapp.c"),
@@ -271,16 +238,7 @@ func TestServedBlasFollowsRunpath(t *testing.T) {
 	waitIdle(t, h, 1)
 	a := startUnderRun(t, t.TempDir(), h, env, "blasbeat", []string{"--served"},
 		[]string{prog, "--iters", "100000", "--interval-ms", "20"}, nil)
-	a.waitIter(3, 30*time.Second)
-	w := workerOf(t, h, a.pid)
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(maps), filepath.Join(wheel, "libcublas.so.13")) {
-		t.Errorf("worker %d did not load the cuBLAS of the program's run path (%s):\n%s", w, wheel, maps)
-	}
-	a.kill()
+	workerMaps(t, h, a, filepath.Join(wheel, "libcublas.so.13"))
 }
 
 // TestServedGoWorker: with GPUCR_SERVED_WORKER=go the pool runs gpucr's own
@@ -314,4 +272,39 @@ func TestServedGoWorker(t *testing.T) {
 	if got := doneLine.FindStringSubmatch(a.output()); want == nil || got == nil || got[2] != want[2] {
 		t.Fatalf("served on the Go worker: %v; on the driver: %v", got, want)
 	}
+}
+
+// simBlasCopy copies the simulated cuBLAS and cuBLASLt into dir (made), as a
+// CUDA wheel's directory holds NVIDIA's, and returns dir.
+func simBlasCopy(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, lib := range []string{"libcublas.so.13", "libcublasLt.so.13"} {
+		b, err := os.ReadFile(filepath.Join(buildDir(t), "sim", lib))
+		if err != nil {
+			t.Fatalf("the simulated cuBLAS is not built (run `make`): %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, lib), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// workerMaps checks that the worker serving a, once it ran a few
+// iterations, has lib mapped (the cuBLAS it loaded), and ends a.
+func workerMaps(t *testing.T, h *helperProc, a *app, lib string) {
+	t.Helper()
+	a.waitIter(3, 30*time.Second)
+	w := workerOf(t, h, a.pid)
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", w))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(maps), lib) {
+		t.Errorf("worker %d did not load %s:\n%s", w, lib, maps)
+	}
+	a.kill()
 }
