@@ -113,6 +113,31 @@ func (p *Process) RunsOn() bool {
 	return p.Running() && RunsOn(p.pid, p.start) && p.Running()
 }
 
+// zombie says whether the process has exited but its parent has not reaped
+// it yet, so its pid is still taken. Through the pidfd the kernel answers
+// for this very process: a signal 0 reaches a zombie and fails with ESRCH
+// once it is reaped. By pid, /proc's state must say zombie as well as the
+// start time match: a process that took the pid may have started within
+// the same clock tick (10 ms) as the one that died.
+func (p *Process) zombie() bool {
+	if p == nil || p.Running() {
+		return false
+	}
+	if p.f != nil {
+		rc, err := p.f.SyscallConn()
+		if err != nil {
+			return false // closed: nothing is known of it any more
+		}
+		var serr error
+		if cerr := rc.Control(func(fd uintptr) { serr = unix.PidfdSendSignal(int(fd), 0, nil, 0) }); cerr != nil {
+			return false
+		}
+		return serr != unix.ESRCH
+	}
+	st, err := ReadStat(p.pid)
+	return err == nil && !st.Alive() && st.Start == p.start
+}
+
 // pidfdExited: the pidfd polls readable once its process has exited.
 func pidfdExited(f *os.File) bool {
 	rc, err := f.SyscallConn()

@@ -135,8 +135,8 @@ func WaitGone(ctx context.Context, procs []*Process) []*Process {
 				left = append(left, p)
 				continue
 			}
-			if st, err := ReadStat(p.pid); err == nil && st.Start == p.start {
-				left = append(left, p) // its zombie
+			if p.zombie() {
+				left = append(left, p)
 			}
 		}
 		if len(left) == 0 {

@@ -77,3 +77,38 @@ func TestHoldTreeSignal(t *testing.T) {
 		t.Errorf("AddDescendants after the pid was taken: %v", Pids(again))
 	}
 }
+
+// WaitGone waits while the process is a zombie (its pid still taken) and
+// returns once it is reaped, held by a pidfd or by pid and start time.
+func TestWaitGoneWaitsForTheZombie(t *testing.T) {
+	for _, byPid := range []bool{false, true} {
+		cmd := sleeper(t)
+		pid := Pid(cmd.Process.Pid)
+		var p *Process
+		var err error
+		if byPid {
+			p, err = newProcess(-1, pid, nil)
+		} else {
+			p, err = Open(pid)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, p.Exited(), "a killed child")
+		short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		if left := WaitGone(short, []*Process{p}); len(left) != 1 {
+			t.Errorf("by pid %v: WaitGone returned while the child is a zombie", byPid)
+		}
+		cancel()
+		_, _ = cmd.Process.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if left := WaitGone(ctx, []*Process{p}); len(left) != 0 {
+			t.Errorf("by pid %v: WaitGone waits for a reaped child", byPid)
+		}
+		cancel()
+		p.Close()
+	}
+}
