@@ -1807,6 +1807,51 @@ void   gpucr__helper__v1__served_pool__free_unpacked
   assert(message->base.descriptor == &gpucr__helper__v1__served_pool__descriptor);
   protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
 }
+void   gpucr__helper__v1__served_template__init
+                     (Gpucr__Helper__V1__ServedTemplate         *message)
+{
+  static const Gpucr__Helper__V1__ServedTemplate init_value = GPUCR__HELPER__V1__SERVED_TEMPLATE__INIT;
+  *message = init_value;
+}
+size_t gpucr__helper__v1__served_template__get_packed_size
+                     (const Gpucr__Helper__V1__ServedTemplate *message)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_template__descriptor);
+  return protobuf_c_message_get_packed_size ((const ProtobufCMessage*)(message));
+}
+size_t gpucr__helper__v1__served_template__pack
+                     (const Gpucr__Helper__V1__ServedTemplate *message,
+                      uint8_t       *out)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_template__descriptor);
+  return protobuf_c_message_pack ((const ProtobufCMessage*)message, out);
+}
+size_t gpucr__helper__v1__served_template__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServedTemplate *message,
+                      ProtobufCBuffer *buffer)
+{
+  assert(message->base.descriptor == &gpucr__helper__v1__served_template__descriptor);
+  return protobuf_c_message_pack_to_buffer ((const ProtobufCMessage*)message, buffer);
+}
+Gpucr__Helper__V1__ServedTemplate *
+       gpucr__helper__v1__served_template__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data)
+{
+  return (Gpucr__Helper__V1__ServedTemplate *)
+     protobuf_c_message_unpack (&gpucr__helper__v1__served_template__descriptor,
+                                allocator, len, data);
+}
+void   gpucr__helper__v1__served_template__free_unpacked
+                     (Gpucr__Helper__V1__ServedTemplate *message,
+                      ProtobufCAllocator *allocator)
+{
+  if(!message)
+    return;
+  assert(message->base.descriptor == &gpucr__helper__v1__served_template__descriptor);
+  protobuf_c_message_free_unpacked ((ProtobufCMessage*)message, allocator);
+}
 void   gpucr__helper__v1__served_worker__init
                      (Gpucr__Helper__V1__ServedWorker         *message)
 {
@@ -6247,7 +6292,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__status_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__served_pool__field_descriptors[3] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__served_pool__field_descriptors[4] =
 {
   {
     "idle",
@@ -6285,16 +6330,29 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__served_pool__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "templates",
+    4,
+    PROTOBUF_C_LABEL_REPEATED,
+    PROTOBUF_C_TYPE_MESSAGE,
+    offsetof(Gpucr__Helper__V1__ServedPool, n_templates),
+    offsetof(Gpucr__Helper__V1__ServedPool, templates),
+    &gpucr__helper__v1__served_template__descriptor,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__served_pool__field_indices_by_name[] = {
   1,   /* field[1] = assigned */
   0,   /* field[0] = idle */
+  3,   /* field[3] = templates */
   2,   /* field[2] = workers */
 };
 static const ProtobufCIntRange gpucr__helper__v1__served_pool__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__served_pool__descriptor =
 {
@@ -6304,11 +6362,101 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__served_pool__descriptor =
   "Gpucr__Helper__V1__ServedPool",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ServedPool),
-  3,
+  4,
   gpucr__helper__v1__served_pool__field_descriptors,
   gpucr__helper__v1__served_pool__field_indices_by_name,
   1,  gpucr__helper__v1__served_pool__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__served_pool__init,
+  NULL,NULL,NULL    /* reserved[123] */
+};
+static const ProtobufCFieldDescriptor gpucr__helper__v1__served_template__field_descriptors[5] =
+{
+  {
+    "worker_pid",
+    1,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_INT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedTemplate, worker_pid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "device",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedTemplate, device),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "uid",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedTemplate, uid),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "image_dir",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_STRING,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedTemplate, image_dir),
+    NULL,
+    &protobuf_c_empty_string,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+  {
+    "made_ns",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServedTemplate, made_ns),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
+};
+static const unsigned gpucr__helper__v1__served_template__field_indices_by_name[] = {
+  1,   /* field[1] = device */
+  3,   /* field[3] = image_dir */
+  4,   /* field[4] = made_ns */
+  2,   /* field[2] = uid */
+  0,   /* field[0] = worker_pid */
+};
+static const ProtobufCIntRange gpucr__helper__v1__served_template__number_ranges[1 + 1] =
+{
+  { 1, 0 },
+  { 0, 5 }
+};
+const ProtobufCMessageDescriptor gpucr__helper__v1__served_template__descriptor =
+{
+  PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC,
+  "gpucr.helper.v1.ServedTemplate",
+  "ServedTemplate",
+  "Gpucr__Helper__V1__ServedTemplate",
+  "gpucr.helper.v1",
+  sizeof(Gpucr__Helper__V1__ServedTemplate),
+  5,
+  gpucr__helper__v1__served_template__field_descriptors,
+  gpucr__helper__v1__served_template__field_indices_by_name,
+  1,  gpucr__helper__v1__served_template__number_ranges,
+  (ProtobufCMessageInit) gpucr__helper__v1__served_template__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
 static const ProtobufCFieldDescriptor gpucr__helper__v1__served_worker__field_descriptors[5] =
@@ -6401,7 +6549,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__served_worker__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__served_worker__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__load_resident__field_descriptors[1] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__load_resident__field_descriptors[2] =
 {
   {
     "image_dir",
@@ -6415,14 +6563,27 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__load_resident__field_de
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__LoadResident, template_),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__load_resident__field_indices_by_name[] = {
   0,   /* field[0] = image_dir */
+  1,   /* field[1] = template */
 };
 static const ProtobufCIntRange gpucr__helper__v1__load_resident__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 2 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__load_resident__descriptor =
 {
@@ -6432,7 +6593,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__load_resident__descriptor =
   "Gpucr__Helper__V1__LoadResident",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__LoadResident),
-  1,
+  2,
   gpucr__helper__v1__load_resident__field_descriptors,
   gpucr__helper__v1__load_resident__field_indices_by_name,
   1,  gpucr__helper__v1__load_resident__number_ranges,
@@ -6477,7 +6638,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__unload_resident__descriptor 
   (ProtobufCMessageInit) gpucr__helper__v1__unload_resident__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__resident_image__field_descriptors[6] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__resident_image__field_descriptors[7] =
 {
   {
     "image_dir",
@@ -6551,6 +6712,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__resident_image__field_d
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "templates",
+    7,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT32,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ResidentImage, templates),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__resident_image__field_indices_by_name[] = {
   2,   /* field[2] = buffers */
@@ -6559,11 +6732,12 @@ static const unsigned gpucr__helper__v1__resident_image__field_indices_by_name[]
   4,   /* field[4] = loaded_unix_ms */
   3,   /* field[3] = owner_uid */
   5,   /* field[5] = restores */
+  6,   /* field[6] = templates */
 };
 static const ProtobufCIntRange gpucr__helper__v1__resident_image__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 6 }
+  { 0, 7 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__resident_image__descriptor =
 {
@@ -6573,7 +6747,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__resident_image__descriptor =
   "Gpucr__Helper__V1__ResidentImage",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ResidentImage),
-  6,
+  7,
   gpucr__helper__v1__resident_image__field_descriptors,
   gpucr__helper__v1__resident_image__field_indices_by_name,
   1,  gpucr__helper__v1__resident_image__number_ranges,
@@ -7167,7 +7341,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__client_op_reply__descriptor 
   (ProtobufCMessageInit) gpucr__helper__v1__client_op_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[9] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descriptors[10] =
 {
   {
     "pid",
@@ -7277,6 +7451,18 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__checkpoint__field_descr
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template",
+    10,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Checkpoint, template_),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
   4,   /* field[4] = compress */
@@ -7287,12 +7473,13 @@ static const unsigned gpucr__helper__v1__checkpoint__field_indices_by_name[] = {
   2,   /* field[2] = leave_running */
   3,   /* field[3] = parent */
   0,   /* field[0] = pid */
+  9,   /* field[9] = template */
   5,   /* field[5] = timeout_ms */
 };
 static const ProtobufCIntRange gpucr__helper__v1__checkpoint__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 9 }
+  { 0, 10 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
 {
@@ -7302,7 +7489,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__checkpoint__descriptor =
   "Gpucr__Helper__V1__Checkpoint",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Checkpoint),
-  9,
+  10,
   gpucr__helper__v1__checkpoint__field_descriptors,
   gpucr__helper__v1__checkpoint__field_indices_by_name,
   1,  gpucr__helper__v1__checkpoint__number_ranges,
@@ -7834,7 +8021,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__restore_result__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__restore_result__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__detach__field_descriptors[1] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__detach__field_descriptors[2] =
 {
   {
     "wake_path",
@@ -7848,14 +8035,27 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__detach__field_descripto
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template",
+    2,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Detach, template_),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__detach__field_indices_by_name[] = {
+  1,   /* field[1] = template */
   0,   /* field[0] = wake_path */
 };
 static const ProtobufCIntRange gpucr__helper__v1__detach__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 1 }
+  { 0, 2 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor =
 {
@@ -7865,7 +8065,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__detach__descriptor =
   "Gpucr__Helper__V1__Detach",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Detach),
-  1,
+  2,
   gpucr__helper__v1__detach__field_descriptors,
   gpucr__helper__v1__detach__field_indices_by_name,
   1,  gpucr__helper__v1__detach__number_ranges,
@@ -8382,7 +8582,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__transfer__descriptor =
   (ProtobufCMessageInit) gpucr__helper__v1__transfer__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptors[2] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptors[3] =
 {
   {
     "device",
@@ -8408,15 +8608,28 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__serve__field_descriptor
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template_token",
+    3,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BYTES,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__Serve, template_token),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__serve__field_indices_by_name[] = {
   0,   /* field[0] = device */
+  2,   /* field[2] = template_token */
   1,   /* field[1] = uuid */
 };
 static const ProtobufCIntRange gpucr__helper__v1__serve__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 2 }
+  { 0, 3 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__serve__descriptor =
 {
@@ -8426,14 +8639,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__serve__descriptor =
   "Gpucr__Helper__V1__Serve",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__Serve),
-  2,
+  3,
   gpucr__helper__v1__serve__field_descriptors,
   gpucr__helper__v1__serve__field_indices_by_name,
   1,  gpucr__helper__v1__serve__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__serve__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__serve_reply__field_descriptors[3] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__serve_reply__field_descriptors[4] =
 {
   {
     "worker_pid",
@@ -8471,16 +8684,29 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__serve_reply__field_desc
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__ServeReply, template_),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__serve_reply__field_indices_by_name[] = {
   1,   /* field[1] = device */
+  3,   /* field[3] = template */
   2,   /* field[2] = uuid */
   0,   /* field[0] = worker_pid */
 };
 static const ProtobufCIntRange gpucr__helper__v1__serve_reply__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__serve_reply__descriptor =
 {
@@ -8490,14 +8716,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__serve_reply__descriptor =
   "Gpucr__Helper__V1__ServeReply",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__ServeReply),
-  3,
+  4,
   gpucr__helper__v1__serve_reply__field_descriptors,
   gpucr__helper__v1__serve_reply__field_indices_by_name,
   1,  gpucr__helper__v1__serve_reply__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__serve_reply__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__assign_worker__field_descriptors[4] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__assign_worker__field_descriptors[5] =
 {
   {
     "uid",
@@ -8547,17 +8773,30 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__assign_worker__field_de
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template",
+    5,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_BOOL,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__AssignWorker, template_),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__assign_worker__field_indices_by_name[] = {
   3,   /* field[3] = client_pid */
   1,   /* field[1] = gid */
   2,   /* field[2] = groups */
+  4,   /* field[4] = template */
   0,   /* field[0] = uid */
 };
 static const ProtobufCIntRange gpucr__helper__v1__assign_worker__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 4 }
+  { 0, 5 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__assign_worker__descriptor =
 {
@@ -8567,14 +8806,14 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__assign_worker__descriptor =
   "Gpucr__Helper__V1__AssignWorker",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__AssignWorker),
-  4,
+  5,
   gpucr__helper__v1__assign_worker__field_descriptors,
   gpucr__helper__v1__assign_worker__field_indices_by_name,
   1,  gpucr__helper__v1__assign_worker__number_ranges,
   (ProtobufCMessageInit) gpucr__helper__v1__assign_worker__init,
   NULL,NULL,NULL    /* reserved[123] */
 };
-static const ProtobufCFieldDescriptor gpucr__helper__v1__worker_ready__field_descriptors[3] =
+static const ProtobufCFieldDescriptor gpucr__helper__v1__worker_ready__field_descriptors[4] =
 {
   {
     "pid",
@@ -8612,16 +8851,29 @@ static const ProtobufCFieldDescriptor gpucr__helper__v1__worker_ready__field_des
     0,             /* flags */
     0,NULL,NULL    /* reserved1,reserved2, etc */
   },
+  {
+    "template_ns",
+    4,
+    PROTOBUF_C_LABEL_NONE,
+    PROTOBUF_C_TYPE_UINT64,
+    0,   /* quantifier_offset */
+    offsetof(Gpucr__Helper__V1__WorkerReady, template_ns),
+    NULL,
+    NULL,
+    0,             /* flags */
+    0,NULL,NULL    /* reserved1,reserved2, etc */
+  },
 };
 static const unsigned gpucr__helper__v1__worker_ready__field_indices_by_name[] = {
   1,   /* field[1] = device */
   0,   /* field[0] = pid */
+  3,   /* field[3] = template_ns */
   2,   /* field[2] = warm_ns */
 };
 static const ProtobufCIntRange gpucr__helper__v1__worker_ready__number_ranges[1 + 1] =
 {
   { 1, 0 },
-  { 0, 3 }
+  { 0, 4 }
 };
 const ProtobufCMessageDescriptor gpucr__helper__v1__worker_ready__descriptor =
 {
@@ -8631,7 +8883,7 @@ const ProtobufCMessageDescriptor gpucr__helper__v1__worker_ready__descriptor =
   "Gpucr__Helper__V1__WorkerReady",
   "gpucr.helper.v1",
   sizeof(Gpucr__Helper__V1__WorkerReady),
-  3,
+  4,
   gpucr__helper__v1__worker_ready__field_descriptors,
   gpucr__helper__v1__worker_ready__field_indices_by_name,
   1,  gpucr__helper__v1__worker_ready__number_ranges,

@@ -55,6 +55,7 @@ typedef struct Gpucr__Helper__V1__ClientStats Gpucr__Helper__V1__ClientStats;
 typedef struct Gpucr__Helper__V1__Status Gpucr__Helper__V1__Status;
 typedef struct Gpucr__Helper__V1__StatusReply Gpucr__Helper__V1__StatusReply;
 typedef struct Gpucr__Helper__V1__ServedPool Gpucr__Helper__V1__ServedPool;
+typedef struct Gpucr__Helper__V1__ServedTemplate Gpucr__Helper__V1__ServedTemplate;
 typedef struct Gpucr__Helper__V1__ServedWorker Gpucr__Helper__V1__ServedWorker;
 typedef struct Gpucr__Helper__V1__LoadResident Gpucr__Helper__V1__LoadResident;
 typedef struct Gpucr__Helper__V1__UnloadResident Gpucr__Helper__V1__UnloadResident;
@@ -1191,10 +1192,36 @@ struct  Gpucr__Helper__V1__ServedPool
   uint32_t assigned;
   size_t n_workers;
   Gpucr__Helper__V1__ServedWorker **workers;
+  /*
+   * Templates waiting for their process's restore (the caller's own;
+   * root: every one).
+   */
+  size_t n_templates;
+  Gpucr__Helper__V1__ServedTemplate **templates;
 };
 #define GPUCR__HELPER__V1__SERVED_POOL__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__served_pool__descriptor) \
-    , 0,NULL, 0, 0,NULL }
+    , 0,NULL, 0, 0,NULL, 0,NULL }
+
+
+struct  Gpucr__Helper__V1__ServedTemplate
+{
+  ProtobufCMessage base;
+  int64_t worker_pid;
+  uint32_t device;
+  uint32_t uid;
+  /*
+   * The image it was made from, as its loader named it.
+   */
+  char *image_dir;
+  /*
+   * How long running the script took.
+   */
+  uint64_t made_ns;
+};
+#define GPUCR__HELPER__V1__SERVED_TEMPLATE__INIT \
+ { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__served_template__descriptor) \
+    , 0, 0, 0, (char *)protobuf_c_empty_string, 0 }
 
 
 struct  Gpucr__Helper__V1__ServedWorker
@@ -1231,10 +1258,19 @@ struct  Gpucr__Helper__V1__LoadResident
 {
   ProtobufCMessage base;
   char *image_dir;
+  /*
+   * Served mode: also make a template of each served process in the image
+   * that kept a template's script (Checkpoint.template): a worker of the
+   * image owner's, on the device of the image's memory, that ran the script,
+   * kept until that process's restore attaches to it, the image is unloaded
+   * or the helper stops. Counted against the owner's workers
+   * (--served-max-per-uid).
+   */
+  protobuf_c_boolean template_;
 };
 #define GPUCR__HELPER__V1__LOAD_RESIDENT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__load_resident__descriptor) \
-    , (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, 0 }
 
 
 /*
@@ -1266,10 +1302,14 @@ struct  Gpucr__Helper__V1__ResidentImage
    * Restores served from it so far.
    */
   uint64_t restores;
+  /*
+   * Templates made for it and not yet attached to (LoadResident.template).
+   */
+  uint32_t templates;
 };
 #define GPUCR__HELPER__V1__RESIDENT_IMAGE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__resident_image__descriptor) \
-    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
+    , (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -1474,10 +1514,17 @@ struct  Gpucr__Helper__V1__Checkpoint
    * the image is committed or dropped.
    */
   protobuf_c_boolean concurrent;
+  /*
+   * Served mode, with detach: the process's library also writes the script
+   * that makes its objects in a new worker (protocol/c/served.h), which the
+   * image keeps for a template (LoadResident.template). Ignored for a
+   * process that is not served.
+   */
+  protobuf_c_boolean template_;
 };
 #define GPUCR__HELPER__V1__CHECKPOINT__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__checkpoint__descriptor) \
-    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0 }
+    , 0, (char *)protobuf_c_empty_string, 0, (char *)protobuf_c_empty_string, 0, 0, 0, 0, 0, 0 }
 
 
 /*
@@ -1653,10 +1700,15 @@ struct  Gpucr__Helper__V1__Detach
    * socket directory elsewhere).
    */
   char *wake_path;
+  /*
+   * Served mode: the library writes its template's script before it
+   * answers, and the Ok carries it (a sealed memfd, SCM_RIGHTS).
+   */
+  protobuf_c_boolean template_;
 };
 #define GPUCR__HELPER__V1__DETACH__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__detach__descriptor) \
-    , (char *)protobuf_c_empty_string }
+    , (char *)protobuf_c_empty_string, 0 }
 
 
 /*
@@ -1867,10 +1919,17 @@ struct  Gpucr__Helper__V1__Serve
    * map) puts on the GPU it names.
    */
   char *uuid;
+  /*
+   * A restored process whose checkpoint kept a template's script: the
+   * token of that script. A worker that ran it (a template, made by
+   * LoadResident with template set) is assigned if the caller is its user
+   * and the device is its device; else a worker from the pool, as without.
+   */
+  ProtobufCBinaryData template_token;
 };
 #define GPUCR__HELPER__V1__SERVE__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__serve__descriptor) \
-    , 0, (char *)protobuf_c_empty_string }
+    , 0, (char *)protobuf_c_empty_string, {0,NULL} }
 
 
 struct  Gpucr__Helper__V1__ServeReply
@@ -1882,10 +1941,15 @@ struct  Gpucr__Helper__V1__ServeReply
    * The device's UUID, "GPU-...", as nvidia-smi prints it.
    */
   char *uuid;
+  /*
+   * The worker is the template of template_token: it holds the process's
+   * objects already, and the process makes none of them again.
+   */
+  protobuf_c_boolean template_;
 };
 #define GPUCR__HELPER__V1__SERVE_REPLY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__serve_reply__descriptor) \
-    , 0, 0, (char *)protobuf_c_empty_string }
+    , 0, 0, (char *)protobuf_c_empty_string, 0 }
 
 
 /*
@@ -1903,10 +1967,17 @@ struct  Gpucr__Helper__V1__AssignWorker
    * The served process, for the worker's log lines.
    */
   int64_t client_pid;
+  /*
+   * A template (LoadResident with template): attached is a template's
+   * script (protocol/c/served.h), not a socket. The worker takes the user,
+   * runs the script, answers, and waits for a second AssignWorker, of the
+   * same user, with the socket of the process it then serves.
+   */
+  protobuf_c_boolean template_;
 };
 #define GPUCR__HELPER__V1__ASSIGN_WORKER__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__assign_worker__descriptor) \
-    , 0, 0, 0,NULL, 0 }
+    , 0, 0, 0,NULL, 0, 0 }
 
 
 /*
@@ -1922,10 +1993,15 @@ struct  Gpucr__Helper__V1__WorkerReady
    * How long making the context took.
    */
   uint64_t warm_ns;
+  /*
+   * The answer to a template's AssignWorker: how long running its script
+   * took.
+   */
+  uint64_t template_ns;
 };
 #define GPUCR__HELPER__V1__WORKER_READY__INIT \
  { PROTOBUF_C_MESSAGE_INIT (&gpucr__helper__v1__worker_ready__descriptor) \
-    , 0, 0, 0 }
+    , 0, 0, 0, 0 }
 
 
 /* Gpucr__Helper__V1__Request methods */
@@ -2688,6 +2764,25 @@ Gpucr__Helper__V1__ServedPool *
 void   gpucr__helper__v1__served_pool__free_unpacked
                      (Gpucr__Helper__V1__ServedPool *message,
                       ProtobufCAllocator *allocator);
+/* Gpucr__Helper__V1__ServedTemplate methods */
+void   gpucr__helper__v1__served_template__init
+                     (Gpucr__Helper__V1__ServedTemplate         *message);
+size_t gpucr__helper__v1__served_template__get_packed_size
+                     (const Gpucr__Helper__V1__ServedTemplate   *message);
+size_t gpucr__helper__v1__served_template__pack
+                     (const Gpucr__Helper__V1__ServedTemplate   *message,
+                      uint8_t             *out);
+size_t gpucr__helper__v1__served_template__pack_to_buffer
+                     (const Gpucr__Helper__V1__ServedTemplate   *message,
+                      ProtobufCBuffer     *buffer);
+Gpucr__Helper__V1__ServedTemplate *
+       gpucr__helper__v1__served_template__unpack
+                     (ProtobufCAllocator  *allocator,
+                      size_t               len,
+                      const uint8_t       *data);
+void   gpucr__helper__v1__served_template__free_unpacked
+                     (Gpucr__Helper__V1__ServedTemplate *message,
+                      ProtobufCAllocator *allocator);
 /* Gpucr__Helper__V1__ServedWorker methods */
 void   gpucr__helper__v1__served_worker__init
                      (Gpucr__Helper__V1__ServedWorker         *message);
@@ -3380,6 +3475,9 @@ typedef void (*Gpucr__Helper__V1__StatusReply_Closure)
 typedef void (*Gpucr__Helper__V1__ServedPool_Closure)
                  (const Gpucr__Helper__V1__ServedPool *message,
                   void *closure_data);
+typedef void (*Gpucr__Helper__V1__ServedTemplate_Closure)
+                 (const Gpucr__Helper__V1__ServedTemplate *message,
+                  void *closure_data);
 typedef void (*Gpucr__Helper__V1__ServedWorker_Closure)
                  (const Gpucr__Helper__V1__ServedWorker *message,
                   void *closure_data);
@@ -3522,6 +3620,7 @@ extern const ProtobufCMessageDescriptor gpucr__helper__v1__client_stats__descrip
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__status_reply__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__served_pool__descriptor;
+extern const ProtobufCMessageDescriptor gpucr__helper__v1__served_template__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__served_worker__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__load_resident__descriptor;
 extern const ProtobufCMessageDescriptor gpucr__helper__v1__unload_resident__descriptor;

@@ -550,6 +550,41 @@ _Static_assert(sizeof(struct sv_rec) + sizeof(struct sv_launch_rec) + SV_MAX_PAR
 
 /* ---- the wait primitives both sides use on the shared memory ---- */
 
+/* ---- a template's script ----
+ *
+ * What a checkpoint with a template keeps of a served process: the records its library would send a new worker to
+ * make its objects again (the replay of intercept/served/replay.c), written once at the detach, so that a worker can
+ * run them before the restore (gpucr image load --template) and the restored process then attaches to it with
+ * nothing left to make. A file in the image (the helper checks its hash), run by a worker as the image's owner: the
+ * worker trusts none of it, as it trusts nothing in the ring.
+ *
+ *   struct sv_script_hdr, then entries: struct sv_script_ent, the record (rec_len bytes: struct sv_rec and its
+ *   payload, as in the ring), the staging slot's contents the record reads (stage_len bytes, into slot stage_slot
+ *   before it runs: an image chunk's, a copy's), and what its reply must hold (expect_len bytes: an address the
+ *   process keeps), each part padded to 8 bytes.
+ *
+ * A record with a reply (not part of a group) must succeed, its reply data starting with the expected bytes; the
+ * script's last record is a synchronizing one that reports the asynchronous records' first failure.
+ */
+#define SV_SCRIPT_MAGIC 0x52435347u /* "GSCR" */
+#define SV_SCRIPT_VERSION 1u
+#define SV_SCRIPT_MAX (8ull << 30) /* the most a script may hold */
+#define SV_TOKEN_BYTES 16u
+
+struct sv_script_hdr {
+    uint32_t magic, version;
+    uint32_t sv_version; /* SV_VERSION of the records */
+    uint32_t pad;
+    uint8_t token[SV_TOKEN_BYTES]; /* the detach's: the restored process asks for the worker by it */
+    uint64_t entries;
+};
+
+struct sv_script_ent {
+    uint32_t rec_len, stage_len, stage_slot, expect_len;
+};
+
+static inline uint64_t sv_pad8(uint64_t n) { return (n + 7) & ~7ull; }
+
 /* Futexes on the shared memory: the other side is another process, so not FUTEX_PRIVATE. The wait's result is
  * the system call's (its errors, EAGAIN and ETIMEDOUT among them, are the caller's to read). */
 static inline long sv_futex_wait(_Atomic uint32_t *a, uint32_t val, long timeout_ns) {

@@ -461,7 +461,7 @@ func (x ClientOp_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClientOp_Op.Descriptor instead.
 func (ClientOp_Op) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48, 0}
 }
 
 type Transfer_Direction int32
@@ -510,7 +510,7 @@ func (x Transfer_Direction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Transfer_Direction.Descriptor instead.
 func (Transfer_Direction) EnumDescriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{65, 0}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{66, 0}
 }
 
 type Request struct {
@@ -3864,10 +3864,13 @@ func (x *StatusReply) GetServed() *ServedPool {
 }
 
 type ServedPool struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Idle          []uint32               `protobuf:"varint,1,rep,packed,name=idle,proto3" json:"idle,omitempty"`
-	Assigned      uint32                 `protobuf:"varint,2,opt,name=assigned,proto3" json:"assigned,omitempty"`
-	Workers       []*ServedWorker        `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Idle     []uint32               `protobuf:"varint,1,rep,packed,name=idle,proto3" json:"idle,omitempty"`
+	Assigned uint32                 `protobuf:"varint,2,opt,name=assigned,proto3" json:"assigned,omitempty"`
+	Workers  []*ServedWorker        `protobuf:"bytes,3,rep,name=workers,proto3" json:"workers,omitempty"`
+	// Templates waiting for their process's restore (the caller's own;
+	// root: every one).
+	Templates     []*ServedTemplate `protobuf:"bytes,4,rep,name=templates,proto3" json:"templates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3923,6 +3926,91 @@ func (x *ServedPool) GetWorkers() []*ServedWorker {
 	return nil
 }
 
+func (x *ServedPool) GetTemplates() []*ServedTemplate {
+	if x != nil {
+		return x.Templates
+	}
+	return nil
+}
+
+type ServedTemplate struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	WorkerPid int64                  `protobuf:"varint,1,opt,name=worker_pid,json=workerPid,proto3" json:"worker_pid,omitempty"`
+	Device    uint32                 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
+	Uid       uint32                 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	// The image it was made from, as its loader named it.
+	ImageDir string `protobuf:"bytes,4,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	// How long running the script took.
+	MadeNs        uint64 `protobuf:"varint,5,opt,name=made_ns,json=madeNs,proto3" json:"made_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServedTemplate) Reset() {
+	*x = ServedTemplate{}
+	mi := &file_protocol_helper_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServedTemplate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServedTemplate) ProtoMessage() {}
+
+func (x *ServedTemplate) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_helper_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServedTemplate.ProtoReflect.Descriptor instead.
+func (*ServedTemplate) Descriptor() ([]byte, []int) {
+	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ServedTemplate) GetWorkerPid() int64 {
+	if x != nil {
+		return x.WorkerPid
+	}
+	return 0
+}
+
+func (x *ServedTemplate) GetDevice() uint32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+func (x *ServedTemplate) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ServedTemplate) GetImageDir() string {
+	if x != nil {
+		return x.ImageDir
+	}
+	return ""
+}
+
+func (x *ServedTemplate) GetMadeNs() uint64 {
+	if x != nil {
+		return x.MadeNs
+	}
+	return 0
+}
+
 type ServedWorker struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Pid    int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -3938,7 +4026,7 @@ type ServedWorker struct {
 
 func (x *ServedWorker) Reset() {
 	*x = ServedWorker{}
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3950,7 +4038,7 @@ func (x *ServedWorker) String() string {
 func (*ServedWorker) ProtoMessage() {}
 
 func (x *ServedWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[40]
+	mi := &file_protocol_helper_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3963,7 +4051,7 @@ func (x *ServedWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServedWorker.ProtoReflect.Descriptor instead.
 func (*ServedWorker) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{40}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ServedWorker) GetPid() int64 {
@@ -4010,15 +4098,22 @@ func (x *ServedWorker) GetWarmNs() uint64 {
 // when a device runs out of it for a process, when unloaded, and when the
 // helper stops.
 type LoadResident struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ImageDir      string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ImageDir string                 `protobuf:"bytes,1,opt,name=image_dir,json=imageDir,proto3" json:"image_dir,omitempty"`
+	// Served mode: also make a template of each served process in the image
+	// that kept a template's script (Checkpoint.template): a worker of the
+	// image owner's, on the device of the image's memory, that ran the script,
+	// kept until that process's restore attaches to it, the image is unloaded
+	// or the helper stops. Counted against the owner's workers
+	// (--served-max-per-uid).
+	Template      bool `protobuf:"varint,2,opt,name=template,proto3" json:"template,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadResident) Reset() {
 	*x = LoadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4125,7 @@ func (x *LoadResident) String() string {
 func (*LoadResident) ProtoMessage() {}
 
 func (x *LoadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[41]
+	mi := &file_protocol_helper_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4138,7 @@ func (x *LoadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResident.ProtoReflect.Descriptor instead.
 func (*LoadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{41}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LoadResident) GetImageDir() string {
@@ -4051,6 +4146,13 @@ func (x *LoadResident) GetImageDir() string {
 		return x.ImageDir
 	}
 	return ""
+}
+
+func (x *LoadResident) GetTemplate() bool {
+	if x != nil {
+		return x.Template
+	}
+	return false
 }
 
 // UnloadResident (CLI, `gpucr image unload DIR`): give up the resident copy
@@ -4064,7 +4166,7 @@ type UnloadResident struct {
 
 func (x *UnloadResident) Reset() {
 	*x = UnloadResident{}
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4076,7 +4178,7 @@ func (x *UnloadResident) String() string {
 func (*UnloadResident) ProtoMessage() {}
 
 func (x *UnloadResident) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[42]
+	mi := &file_protocol_helper_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4089,7 +4191,7 @@ func (x *UnloadResident) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadResident.ProtoReflect.Descriptor instead.
 func (*UnloadResident) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{42}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UnloadResident) GetImageDir() string {
@@ -4108,14 +4210,16 @@ type ResidentImage struct {
 	OwnerUid     uint32 `protobuf:"varint,4,opt,name=owner_uid,json=ownerUid,proto3" json:"owner_uid,omitempty"`
 	LoadedUnixMs int64  `protobuf:"varint,5,opt,name=loaded_unix_ms,json=loadedUnixMs,proto3" json:"loaded_unix_ms,omitempty"`
 	// Restores served from it so far.
-	Restores      uint64 `protobuf:"varint,6,opt,name=restores,proto3" json:"restores,omitempty"`
+	Restores uint64 `protobuf:"varint,6,opt,name=restores,proto3" json:"restores,omitempty"`
+	// Templates made for it and not yet attached to (LoadResident.template).
+	Templates     uint32 `protobuf:"varint,7,opt,name=templates,proto3" json:"templates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResidentImage) Reset() {
 	*x = ResidentImage{}
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4127,7 +4231,7 @@ func (x *ResidentImage) String() string {
 func (*ResidentImage) ProtoMessage() {}
 
 func (x *ResidentImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[43]
+	mi := &file_protocol_helper_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4140,7 +4244,7 @@ func (x *ResidentImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidentImage.ProtoReflect.Descriptor instead.
 func (*ResidentImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{43}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ResidentImage) GetImageDir() string {
@@ -4185,6 +4289,13 @@ func (x *ResidentImage) GetRestores() uint64 {
 	return 0
 }
 
+func (x *ResidentImage) GetTemplates() uint32 {
+	if x != nil {
+		return x.Templates
+	}
+	return 0
+}
+
 // DriverInfo: the driver library the helper runs on (`gpucr check`).
 type DriverInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4208,7 +4319,7 @@ type DriverInfo struct {
 
 func (x *DriverInfo) Reset() {
 	*x = DriverInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4331,7 @@ func (x *DriverInfo) String() string {
 func (*DriverInfo) ProtoMessage() {}
 
 func (x *DriverInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[44]
+	mi := &file_protocol_helper_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4344,7 @@ func (x *DriverInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriverInfo.ProtoReflect.Descriptor instead.
 func (*DriverInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{44}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DriverInfo) GetLibrary() string {
@@ -4309,7 +4420,7 @@ type ClientInfo struct {
 
 func (x *ClientInfo) Reset() {
 	*x = ClientInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4321,7 +4432,7 @@ func (x *ClientInfo) String() string {
 func (*ClientInfo) ProtoMessage() {}
 
 func (x *ClientInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[45]
+	mi := &file_protocol_helper_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4334,7 +4445,7 @@ func (x *ClientInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientInfo.ProtoReflect.Descriptor instead.
 func (*ClientInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{45}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ClientInfo) GetPid() int64 {
@@ -4441,7 +4552,7 @@ type RejoinInfo struct {
 
 func (x *RejoinInfo) Reset() {
 	*x = RejoinInfo{}
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4453,7 +4564,7 @@ func (x *RejoinInfo) String() string {
 func (*RejoinInfo) ProtoMessage() {}
 
 func (x *RejoinInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[46]
+	mi := &file_protocol_helper_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4466,7 +4577,7 @@ func (x *RejoinInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejoinInfo.ProtoReflect.Descriptor instead.
 func (*RejoinInfo) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{46}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RejoinInfo) GetCount() uint64 {
@@ -4529,7 +4640,7 @@ type ClientOp struct {
 
 func (x *ClientOp) Reset() {
 	*x = ClientOp{}
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4541,7 +4652,7 @@ func (x *ClientOp) String() string {
 func (*ClientOp) ProtoMessage() {}
 
 func (x *ClientOp) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[47]
+	mi := &file_protocol_helper_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4554,7 +4665,7 @@ func (x *ClientOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOp.ProtoReflect.Descriptor instead.
 func (*ClientOp) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{47}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClientOp) GetPid() int64 {
@@ -4604,7 +4715,7 @@ type ClientOpReply struct {
 
 func (x *ClientOpReply) Reset() {
 	*x = ClientOpReply{}
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4616,7 +4727,7 @@ func (x *ClientOpReply) String() string {
 func (*ClientOpReply) ProtoMessage() {}
 
 func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[48]
+	mi := &file_protocol_helper_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4629,7 +4740,7 @@ func (x *ClientOpReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClientOpReply.ProtoReflect.Descriptor instead.
 func (*ClientOpReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{48}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ClientOpReply) GetTable() *BufferTable {
@@ -4699,14 +4810,19 @@ type Checkpoint struct {
 	// process already running), with it when CommitImage comes or the copy
 	// ends, whichever is later; Transfers reports the copy, finished once
 	// the image is committed or dropped.
-	Concurrent    bool `protobuf:"varint,9,opt,name=concurrent,proto3" json:"concurrent,omitempty"`
+	Concurrent bool `protobuf:"varint,9,opt,name=concurrent,proto3" json:"concurrent,omitempty"`
+	// Served mode, with detach: the process's library also writes the script
+	// that makes its objects in a new worker (protocol/c/served.h), which the
+	// image keeps for a template (LoadResident.template). Ignored for a
+	// process that is not served.
+	Template      bool `protobuf:"varint,10,opt,name=template,proto3" json:"template,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
 	*x = Checkpoint{}
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4718,7 +4834,7 @@ func (x *Checkpoint) String() string {
 func (*Checkpoint) ProtoMessage() {}
 
 func (x *Checkpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[49]
+	mi := &file_protocol_helper_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4731,7 +4847,7 @@ func (x *Checkpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Checkpoint.ProtoReflect.Descriptor instead.
 func (*Checkpoint) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{49}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Checkpoint) GetPid() int64 {
@@ -4797,6 +4913,13 @@ func (x *Checkpoint) GetConcurrent() bool {
 	return false
 }
 
+func (x *Checkpoint) GetTemplate() bool {
+	if x != nil {
+		return x.Template
+	}
+	return false
+}
+
 // CommitImage (plugin, at the end of a successful dump; abort after a failed
 // one): commits (or drops) the GPU image that this connection's Checkpoints
 // with defer_commit wrote into image_dir. Only then is the image visible.
@@ -4810,7 +4933,7 @@ type CommitImage struct {
 
 func (x *CommitImage) Reset() {
 	*x = CommitImage{}
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4822,7 +4945,7 @@ func (x *CommitImage) String() string {
 func (*CommitImage) ProtoMessage() {}
 
 func (x *CommitImage) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[50]
+	mi := &file_protocol_helper_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4835,7 +4958,7 @@ func (x *CommitImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitImage.ProtoReflect.Descriptor instead.
 func (*CommitImage) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{50}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CommitImage) GetImageDir() string {
@@ -4880,7 +5003,7 @@ type CheckpointReply struct {
 
 func (x *CheckpointReply) Reset() {
 	*x = CheckpointReply{}
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4892,7 +5015,7 @@ func (x *CheckpointReply) String() string {
 func (*CheckpointReply) ProtoMessage() {}
 
 func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[51]
+	mi := &file_protocol_helper_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4905,7 +5028,7 @@ func (x *CheckpointReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointReply.ProtoReflect.Descriptor instead.
 func (*CheckpointReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{51}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CheckpointReply) GetBuffers() uint64 {
@@ -4995,7 +5118,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5007,7 +5130,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[52]
+	mi := &file_protocol_helper_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5020,7 +5143,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{52}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Phase) GetName() string {
@@ -5048,7 +5171,7 @@ type ResumeCheckpointed struct {
 
 func (x *ResumeCheckpointed) Reset() {
 	*x = ResumeCheckpointed{}
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5060,7 +5183,7 @@ func (x *ResumeCheckpointed) String() string {
 func (*ResumeCheckpointed) ProtoMessage() {}
 
 func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[53]
+	mi := &file_protocol_helper_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5073,7 +5196,7 @@ func (x *ResumeCheckpointed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCheckpointed.ProtoReflect.Descriptor instead.
 func (*ResumeCheckpointed) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{53}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResumeCheckpointed) GetPid() int64 {
@@ -5103,7 +5226,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5115,7 +5238,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[54]
+	mi := &file_protocol_helper_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5128,7 +5251,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{54}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Abort) GetReason() string {
@@ -5152,7 +5275,7 @@ type WaitRestored struct {
 
 func (x *WaitRestored) Reset() {
 	*x = WaitRestored{}
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5164,7 +5287,7 @@ func (x *WaitRestored) String() string {
 func (*WaitRestored) ProtoMessage() {}
 
 func (x *WaitRestored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[55]
+	mi := &file_protocol_helper_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5177,7 +5300,7 @@ func (x *WaitRestored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitRestored.ProtoReflect.Descriptor instead.
 func (*WaitRestored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{55}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WaitRestored) GetImageDir() string {
@@ -5203,7 +5326,7 @@ type RestoreResults struct {
 
 func (x *RestoreResults) Reset() {
 	*x = RestoreResults{}
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5215,7 +5338,7 @@ func (x *RestoreResults) String() string {
 func (*RestoreResults) ProtoMessage() {}
 
 func (x *RestoreResults) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[56]
+	mi := &file_protocol_helper_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5228,7 +5351,7 @@ func (x *RestoreResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResults.ProtoReflect.Descriptor instead.
 func (*RestoreResults) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{56}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RestoreResults) GetResults() []*RestoreResult {
@@ -5255,7 +5378,7 @@ type RestoreResult struct {
 
 func (x *RestoreResult) Reset() {
 	*x = RestoreResult{}
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5267,7 +5390,7 @@ func (x *RestoreResult) String() string {
 func (*RestoreResult) ProtoMessage() {}
 
 func (x *RestoreResult) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[57]
+	mi := &file_protocol_helper_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5280,7 +5403,7 @@ func (x *RestoreResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResult.ProtoReflect.Descriptor instead.
 func (*RestoreResult) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{57}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RestoreResult) GetPid() int64 {
@@ -5323,14 +5446,17 @@ type Detach struct {
 	// Absolute, or relative to the directory of the client's own path to the
 	// helper socket (the helper sends "wake/PID": a container may mount the
 	// socket directory elsewhere).
-	WakePath      string `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
+	WakePath string `protobuf:"bytes,1,opt,name=wake_path,json=wakePath,proto3" json:"wake_path,omitempty"`
+	// Served mode: the library writes its template's script before it
+	// answers, and the Ok carries it (a sealed memfd, SCM_RIGHTS).
+	Template      bool `protobuf:"varint,2,opt,name=template,proto3" json:"template,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Detach) Reset() {
 	*x = Detach{}
-	mi := &file_protocol_helper_proto_msgTypes[58]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5342,7 +5468,7 @@ func (x *Detach) String() string {
 func (*Detach) ProtoMessage() {}
 
 func (x *Detach) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[58]
+	mi := &file_protocol_helper_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5355,7 +5481,7 @@ func (x *Detach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Detach.ProtoReflect.Descriptor instead.
 func (*Detach) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{58}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Detach) GetWakePath() string {
@@ -5363,6 +5489,13 @@ func (x *Detach) GetWakePath() string {
 		return x.WakePath
 	}
 	return ""
+}
+
+func (x *Detach) GetTemplate() bool {
+	if x != nil {
+		return x.Template
+	}
+	return false
 }
 
 // DumpDone (plugin, at the end of CRIU's dump): what became of a process
@@ -5380,7 +5513,7 @@ type DumpDone struct {
 
 func (x *DumpDone) Reset() {
 	*x = DumpDone{}
-	mi := &file_protocol_helper_proto_msgTypes[59]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5392,7 +5525,7 @@ func (x *DumpDone) String() string {
 func (*DumpDone) ProtoMessage() {}
 
 func (x *DumpDone) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[59]
+	mi := &file_protocol_helper_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5405,7 +5538,7 @@ func (x *DumpDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpDone.ProtoReflect.Descriptor instead.
 func (*DumpDone) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{59}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DumpDone) GetPid() int64 {
@@ -5448,7 +5581,7 @@ type PrepareRestore struct {
 
 func (x *PrepareRestore) Reset() {
 	*x = PrepareRestore{}
-	mi := &file_protocol_helper_proto_msgTypes[60]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5460,7 +5593,7 @@ func (x *PrepareRestore) String() string {
 func (*PrepareRestore) ProtoMessage() {}
 
 func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[60]
+	mi := &file_protocol_helper_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5473,7 +5606,7 @@ func (x *PrepareRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareRestore.ProtoReflect.Descriptor instead.
 func (*PrepareRestore) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{60}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *PrepareRestore) GetImageDir() string {
@@ -5510,7 +5643,7 @@ type AwaitLoad struct {
 
 func (x *AwaitLoad) Reset() {
 	*x = AwaitLoad{}
-	mi := &file_protocol_helper_proto_msgTypes[61]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5522,7 +5655,7 @@ func (x *AwaitLoad) String() string {
 func (*AwaitLoad) ProtoMessage() {}
 
 func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[61]
+	mi := &file_protocol_helper_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5535,7 +5668,7 @@ func (x *AwaitLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitLoad.ProtoReflect.Descriptor instead.
 func (*AwaitLoad) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{61}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
 }
 
 // Restored (plugin, RESUME_DEVICES_LATE): CRIU has restored pid; the helper
@@ -5551,7 +5684,7 @@ type Restored struct {
 
 func (x *Restored) Reset() {
 	*x = Restored{}
-	mi := &file_protocol_helper_proto_msgTypes[62]
+	mi := &file_protocol_helper_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5563,7 +5696,7 @@ func (x *Restored) String() string {
 func (*Restored) ProtoMessage() {}
 
 func (x *Restored) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[62]
+	mi := &file_protocol_helper_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5576,7 +5709,7 @@ func (x *Restored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Restored.ProtoReflect.Descriptor instead.
 func (*Restored) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{62}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Restored) GetPid() int64 {
@@ -5601,7 +5734,7 @@ type Transfers struct {
 
 func (x *Transfers) Reset() {
 	*x = Transfers{}
-	mi := &file_protocol_helper_proto_msgTypes[63]
+	mi := &file_protocol_helper_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5613,7 +5746,7 @@ func (x *Transfers) String() string {
 func (*Transfers) ProtoMessage() {}
 
 func (x *Transfers) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[63]
+	mi := &file_protocol_helper_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5626,7 +5759,7 @@ func (x *Transfers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfers.ProtoReflect.Descriptor instead.
 func (*Transfers) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{63}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *Transfers) GetImageDir() string {
@@ -5646,7 +5779,7 @@ type TransfersReply struct {
 
 func (x *TransfersReply) Reset() {
 	*x = TransfersReply{}
-	mi := &file_protocol_helper_proto_msgTypes[64]
+	mi := &file_protocol_helper_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5658,7 +5791,7 @@ func (x *TransfersReply) String() string {
 func (*TransfersReply) ProtoMessage() {}
 
 func (x *TransfersReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[64]
+	mi := &file_protocol_helper_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5671,7 +5804,7 @@ func (x *TransfersReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransfersReply.ProtoReflect.Descriptor instead.
 func (*TransfersReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{64}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *TransfersReply) GetTransfers() []*Transfer {
@@ -5727,7 +5860,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_protocol_helper_proto_msgTypes[65]
+	mi := &file_protocol_helper_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5739,7 +5872,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[65]
+	mi := &file_protocol_helper_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5752,7 +5885,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{65}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Transfer) GetImageDir() string {
@@ -5879,14 +6012,19 @@ type Serve struct {
 	// The device by UUID instead, when set: the one the process was served
 	// on before a checkpoint, which a restore onto other GPUs (its device
 	// map) puts on the GPU it names.
-	Uuid          string `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Uuid string `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	// A restored process whose checkpoint kept a template's script: the
+	// token of that script. A worker that ran it (a template, made by
+	// LoadResident with template set) is assigned if the caller is its user
+	// and the device is its device; else a worker from the pool, as without.
+	TemplateToken []byte `protobuf:"bytes,3,opt,name=template_token,json=templateToken,proto3" json:"template_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Serve) Reset() {
 	*x = Serve{}
-	mi := &file_protocol_helper_proto_msgTypes[66]
+	mi := &file_protocol_helper_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5898,7 +6036,7 @@ func (x *Serve) String() string {
 func (*Serve) ProtoMessage() {}
 
 func (x *Serve) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[66]
+	mi := &file_protocol_helper_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5911,7 +6049,7 @@ func (x *Serve) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Serve.ProtoReflect.Descriptor instead.
 func (*Serve) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{66}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Serve) GetDevice() uint32 {
@@ -5928,19 +6066,29 @@ func (x *Serve) GetUuid() string {
 	return ""
 }
 
+func (x *Serve) GetTemplateToken() []byte {
+	if x != nil {
+		return x.TemplateToken
+	}
+	return nil
+}
+
 type ServeReply struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	WorkerPid int64                  `protobuf:"varint,1,opt,name=worker_pid,json=workerPid,proto3" json:"worker_pid,omitempty"`
 	Device    uint32                 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
 	// The device's UUID, "GPU-...", as nvidia-smi prints it.
-	Uuid          string `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Uuid string `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	// The worker is the template of template_token: it holds the process's
+	// objects already, and the process makes none of them again.
+	Template      bool `protobuf:"varint,4,opt,name=template,proto3" json:"template,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServeReply) Reset() {
 	*x = ServeReply{}
-	mi := &file_protocol_helper_proto_msgTypes[67]
+	mi := &file_protocol_helper_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5952,7 +6100,7 @@ func (x *ServeReply) String() string {
 func (*ServeReply) ProtoMessage() {}
 
 func (x *ServeReply) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[67]
+	mi := &file_protocol_helper_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5965,7 +6113,7 @@ func (x *ServeReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServeReply.ProtoReflect.Descriptor instead.
 func (*ServeReply) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{67}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ServeReply) GetWorkerPid() int64 {
@@ -5989,6 +6137,13 @@ func (x *ServeReply) GetUuid() string {
 	return ""
 }
 
+func (x *ServeReply) GetTemplate() bool {
+	if x != nil {
+		return x.Template
+	}
+	return false
+}
+
 // helper -> worker, with the socket of the process it serves attached: take
 // this user, then serve that socket until it closes.
 type AssignWorker struct {
@@ -5997,14 +6152,19 @@ type AssignWorker struct {
 	Gid    uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
 	Groups []uint32               `protobuf:"varint,3,rep,packed,name=groups,proto3" json:"groups,omitempty"`
 	// The served process, for the worker's log lines.
-	ClientPid     int64 `protobuf:"varint,4,opt,name=client_pid,json=clientPid,proto3" json:"client_pid,omitempty"`
+	ClientPid int64 `protobuf:"varint,4,opt,name=client_pid,json=clientPid,proto3" json:"client_pid,omitempty"`
+	// A template (LoadResident with template): attached is a template's
+	// script (protocol/c/served.h), not a socket. The worker takes the user,
+	// runs the script, answers, and waits for a second AssignWorker, of the
+	// same user, with the socket of the process it then serves.
+	Template      bool `protobuf:"varint,5,opt,name=template,proto3" json:"template,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AssignWorker) Reset() {
 	*x = AssignWorker{}
-	mi := &file_protocol_helper_proto_msgTypes[68]
+	mi := &file_protocol_helper_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6016,7 +6176,7 @@ func (x *AssignWorker) String() string {
 func (*AssignWorker) ProtoMessage() {}
 
 func (x *AssignWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[68]
+	mi := &file_protocol_helper_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6029,7 +6189,7 @@ func (x *AssignWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignWorker.ProtoReflect.Descriptor instead.
 func (*AssignWorker) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{68}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *AssignWorker) GetUid() uint32 {
@@ -6060,6 +6220,13 @@ func (x *AssignWorker) GetClientPid() int64 {
 	return 0
 }
 
+func (x *AssignWorker) GetTemplate() bool {
+	if x != nil {
+		return x.Template
+	}
+	return false
+}
+
 // worker -> helper: the answer to the worker's start (context made, or why
 // not) and to AssignWorker (the user taken). Request id 0 is the start.
 type WorkerReady struct {
@@ -6067,14 +6234,17 @@ type WorkerReady struct {
 	Pid    int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	Device uint32                 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
 	// How long making the context took.
-	WarmNs        uint64 `protobuf:"varint,3,opt,name=warm_ns,json=warmNs,proto3" json:"warm_ns,omitempty"`
+	WarmNs uint64 `protobuf:"varint,3,opt,name=warm_ns,json=warmNs,proto3" json:"warm_ns,omitempty"`
+	// The answer to a template's AssignWorker: how long running its script
+	// took.
+	TemplateNs    uint64 `protobuf:"varint,4,opt,name=template_ns,json=templateNs,proto3" json:"template_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerReady) Reset() {
 	*x = WorkerReady{}
-	mi := &file_protocol_helper_proto_msgTypes[69]
+	mi := &file_protocol_helper_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6086,7 +6256,7 @@ func (x *WorkerReady) String() string {
 func (*WorkerReady) ProtoMessage() {}
 
 func (x *WorkerReady) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_helper_proto_msgTypes[69]
+	mi := &file_protocol_helper_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6099,7 +6269,7 @@ func (x *WorkerReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerReady.ProtoReflect.Descriptor instead.
 func (*WorkerReady) Descriptor() ([]byte, []int) {
-	return file_protocol_helper_proto_rawDescGZIP(), []int{69}
+	return file_protocol_helper_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *WorkerReady) GetPid() int64 {
@@ -6119,6 +6289,13 @@ func (x *WorkerReady) GetDevice() uint32 {
 func (x *WorkerReady) GetWarmNs() uint64 {
 	if x != nil {
 		return x.WarmNs
+	}
+	return 0
+}
+
+func (x *WorkerReady) GetTemplateNs() uint64 {
+	if x != nil {
+		return x.TemplateNs
 	}
 	return 0
 }
@@ -6370,30 +6547,40 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x0fresident_images\x18\x06 \x03(\v2\x1e.gpucr.helper.v1.ResidentImageR\x0eresidentImages\x12'\n" +
 	"\x0fresident_budget\x18\a \x01(\x04R\x0eresidentBudget\x12(\n" +
 	"\x10clients_left_out\x18\b \x01(\rR\x0eclientsLeftOut\x123\n" +
-	"\x06served\x18\t \x01(\v2\x1b.gpucr.helper.v1.ServedPoolR\x06served\"u\n" +
+	"\x06served\x18\t \x01(\v2\x1b.gpucr.helper.v1.ServedPoolR\x06served\"\xb4\x01\n" +
 	"\n" +
 	"ServedPool\x12\x12\n" +
 	"\x04idle\x18\x01 \x03(\rR\x04idle\x12\x1a\n" +
 	"\bassigned\x18\x02 \x01(\rR\bassigned\x127\n" +
-	"\aworkers\x18\x03 \x03(\v2\x1d.gpucr.helper.v1.ServedWorkerR\aworkers\"\x82\x01\n" +
+	"\aworkers\x18\x03 \x03(\v2\x1d.gpucr.helper.v1.ServedWorkerR\aworkers\x12=\n" +
+	"\ttemplates\x18\x04 \x03(\v2\x1f.gpucr.helper.v1.ServedTemplateR\ttemplates\"\x8f\x01\n" +
+	"\x0eServedTemplate\x12\x1d\n" +
+	"\n" +
+	"worker_pid\x18\x01 \x01(\x03R\tworkerPid\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\rR\x06device\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x1b\n" +
+	"\timage_dir\x18\x04 \x01(\tR\bimageDir\x12\x17\n" +
+	"\amade_ns\x18\x05 \x01(\x04R\x06madeNs\"\x82\x01\n" +
 	"\fServedWorker\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\rR\x06device\x12\x10\n" +
 	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x1d\n" +
 	"\n" +
 	"client_pid\x18\x04 \x01(\x03R\tclientPid\x12\x17\n" +
-	"\awarm_ns\x18\x05 \x01(\x04R\x06warmNs\"+\n" +
+	"\awarm_ns\x18\x05 \x01(\x04R\x06warmNs\"G\n" +
 	"\fLoadResident\x12\x1b\n" +
-	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"-\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x1a\n" +
+	"\btemplate\x18\x02 \x01(\bR\btemplate\"-\n" +
 	"\x0eUnloadResident\x12\x1b\n" +
-	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\xbb\x01\n" +
+	"\timage_dir\x18\x01 \x01(\tR\bimageDir\"\xd9\x01\n" +
 	"\rResidentImage\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x18\n" +
 	"\abuffers\x18\x03 \x01(\rR\abuffers\x12\x1b\n" +
 	"\towner_uid\x18\x04 \x01(\rR\bownerUid\x12$\n" +
 	"\x0eloaded_unix_ms\x18\x05 \x01(\x03R\floadedUnixMs\x12\x1a\n" +
-	"\brestores\x18\x06 \x01(\x04R\brestores\"\xc7\x01\n" +
+	"\brestores\x18\x06 \x01(\x04R\brestores\x12\x1c\n" +
+	"\ttemplates\x18\a \x01(\rR\ttemplates\"\xc7\x01\n" +
 	"\n" +
 	"DriverInfo\x12\x18\n" +
 	"\alibrary\x18\x01 \x01(\tR\alibrary\x12\x12\n" +
@@ -6452,7 +6639,7 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\x05table\x18\x01 \x01(\v2\x1c.gpucr.helper.v1.BufferTableR\x05table\x122\n" +
 	"\x05stats\x18\x02 \x01(\v2\x1c.gpucr.helper.v1.ClientStatsR\x05stats\x12\x1d\n" +
 	"\n" +
-	"sync_count\x18\x03 \x01(\x04R\tsyncCount\"\x8e\x02\n" +
+	"sync_count\x18\x03 \x01(\x04R\tsyncCount\"\xaa\x02\n" +
 	"\n" +
 	"Checkpoint\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x1b\n" +
@@ -6466,7 +6653,9 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\fdefer_commit\x18\b \x01(\bR\vdeferCommit\x12\x1e\n" +
 	"\n" +
 	"concurrent\x18\t \x01(\bR\n" +
-	"concurrent\"@\n" +
+	"concurrent\x12\x1a\n" +
+	"\btemplate\x18\n" +
+	" \x01(\bR\btemplate\"@\n" +
 	"\vCommitImage\x12\x1b\n" +
 	"\timage_dir\x18\x01 \x01(\tR\bimageDir\x12\x14\n" +
 	"\x05abort\x18\x02 \x01(\bR\x05abort\"\x97\x03\n" +
@@ -6502,9 +6691,10 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\timage_pid\x18\x02 \x01(\x03R\bimagePid\x123\n" +
 	"\x05state\x18\x03 \x01(\x0e2\x1d.gpucr.helper.v1.RestoreStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\x12.\n" +
-	"\x06phases\x18\x05 \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\"%\n" +
+	"\x06phases\x18\x05 \x03(\v2\x16.gpucr.helper.v1.PhaseR\x06phases\"A\n" +
 	"\x06Detach\x12\x1b\n" +
-	"\twake_path\x18\x01 \x01(\tR\bwakePath\"2\n" +
+	"\twake_path\x18\x01 \x01(\tR\bwakePath\x12\x1a\n" +
+	"\btemplate\x18\x02 \x01(\bR\btemplate\"2\n" +
 	"\bDumpDone\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x14\n" +
 	"\x05alive\x18\x02 \x01(\bR\x05alive\"i\n" +
@@ -6547,26 +6737,31 @@ const file_protocol_helper_proto_rawDesc = "" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eDIRECTION_DUMP\x10\x01\x12\x12\n" +
-	"\x0eDIRECTION_LOAD\x10\x02\"3\n" +
+	"\x0eDIRECTION_LOAD\x10\x02\"Z\n" +
 	"\x05Serve\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\rR\x06device\x12\x12\n" +
-	"\x04uuid\x18\x02 \x01(\tR\x04uuid\"W\n" +
+	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12%\n" +
+	"\x0etemplate_token\x18\x03 \x01(\fR\rtemplateToken\"s\n" +
 	"\n" +
 	"ServeReply\x12\x1d\n" +
 	"\n" +
 	"worker_pid\x18\x01 \x01(\x03R\tworkerPid\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\rR\x06device\x12\x12\n" +
-	"\x04uuid\x18\x03 \x01(\tR\x04uuid\"i\n" +
+	"\x04uuid\x18\x03 \x01(\tR\x04uuid\x12\x1a\n" +
+	"\btemplate\x18\x04 \x01(\bR\btemplate\"\x85\x01\n" +
 	"\fAssignWorker\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\rR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x16\n" +
 	"\x06groups\x18\x03 \x03(\rR\x06groups\x12\x1d\n" +
 	"\n" +
-	"client_pid\x18\x04 \x01(\x03R\tclientPid\"P\n" +
+	"client_pid\x18\x04 \x01(\x03R\tclientPid\x12\x1a\n" +
+	"\btemplate\x18\x05 \x01(\bR\btemplate\"q\n" +
 	"\vWorkerReady\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\rR\x06device\x12\x17\n" +
-	"\awarm_ns\x18\x03 \x01(\x04R\x06warmNs*8\n" +
+	"\awarm_ns\x18\x03 \x01(\x04R\x06warmNs\x12\x1f\n" +
+	"\vtemplate_ns\x18\x04 \x01(\x04R\n" +
+	"templateNs*8\n" +
 	"\aVersion\x12\x17\n" +
 	"\x13VERSION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10PROTOCOL_VERSION\x10\x01*|\n" +
@@ -6621,7 +6816,7 @@ func file_protocol_helper_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_helper_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_protocol_helper_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_protocol_helper_proto_goTypes = []any{
 	(Version)(0),               // 0: gpucr.helper.v1.Version
 	(Role)(0),                  // 1: gpucr.helper.v1.Role
@@ -6671,36 +6866,37 @@ var file_protocol_helper_proto_goTypes = []any{
 	(*Status)(nil),             // 45: gpucr.helper.v1.Status
 	(*StatusReply)(nil),        // 46: gpucr.helper.v1.StatusReply
 	(*ServedPool)(nil),         // 47: gpucr.helper.v1.ServedPool
-	(*ServedWorker)(nil),       // 48: gpucr.helper.v1.ServedWorker
-	(*LoadResident)(nil),       // 49: gpucr.helper.v1.LoadResident
-	(*UnloadResident)(nil),     // 50: gpucr.helper.v1.UnloadResident
-	(*ResidentImage)(nil),      // 51: gpucr.helper.v1.ResidentImage
-	(*DriverInfo)(nil),         // 52: gpucr.helper.v1.DriverInfo
-	(*ClientInfo)(nil),         // 53: gpucr.helper.v1.ClientInfo
-	(*RejoinInfo)(nil),         // 54: gpucr.helper.v1.RejoinInfo
-	(*ClientOp)(nil),           // 55: gpucr.helper.v1.ClientOp
-	(*ClientOpReply)(nil),      // 56: gpucr.helper.v1.ClientOpReply
-	(*Checkpoint)(nil),         // 57: gpucr.helper.v1.Checkpoint
-	(*CommitImage)(nil),        // 58: gpucr.helper.v1.CommitImage
-	(*CheckpointReply)(nil),    // 59: gpucr.helper.v1.CheckpointReply
-	(*Phase)(nil),              // 60: gpucr.helper.v1.Phase
-	(*ResumeCheckpointed)(nil), // 61: gpucr.helper.v1.ResumeCheckpointed
-	(*Abort)(nil),              // 62: gpucr.helper.v1.Abort
-	(*WaitRestored)(nil),       // 63: gpucr.helper.v1.WaitRestored
-	(*RestoreResults)(nil),     // 64: gpucr.helper.v1.RestoreResults
-	(*RestoreResult)(nil),      // 65: gpucr.helper.v1.RestoreResult
-	(*Detach)(nil),             // 66: gpucr.helper.v1.Detach
-	(*DumpDone)(nil),           // 67: gpucr.helper.v1.DumpDone
-	(*PrepareRestore)(nil),     // 68: gpucr.helper.v1.PrepareRestore
-	(*AwaitLoad)(nil),          // 69: gpucr.helper.v1.AwaitLoad
-	(*Restored)(nil),           // 70: gpucr.helper.v1.Restored
-	(*Transfers)(nil),          // 71: gpucr.helper.v1.Transfers
-	(*TransfersReply)(nil),     // 72: gpucr.helper.v1.TransfersReply
-	(*Transfer)(nil),           // 73: gpucr.helper.v1.Transfer
-	(*Serve)(nil),              // 74: gpucr.helper.v1.Serve
-	(*ServeReply)(nil),         // 75: gpucr.helper.v1.ServeReply
-	(*AssignWorker)(nil),       // 76: gpucr.helper.v1.AssignWorker
-	(*WorkerReady)(nil),        // 77: gpucr.helper.v1.WorkerReady
+	(*ServedTemplate)(nil),     // 48: gpucr.helper.v1.ServedTemplate
+	(*ServedWorker)(nil),       // 49: gpucr.helper.v1.ServedWorker
+	(*LoadResident)(nil),       // 50: gpucr.helper.v1.LoadResident
+	(*UnloadResident)(nil),     // 51: gpucr.helper.v1.UnloadResident
+	(*ResidentImage)(nil),      // 52: gpucr.helper.v1.ResidentImage
+	(*DriverInfo)(nil),         // 53: gpucr.helper.v1.DriverInfo
+	(*ClientInfo)(nil),         // 54: gpucr.helper.v1.ClientInfo
+	(*RejoinInfo)(nil),         // 55: gpucr.helper.v1.RejoinInfo
+	(*ClientOp)(nil),           // 56: gpucr.helper.v1.ClientOp
+	(*ClientOpReply)(nil),      // 57: gpucr.helper.v1.ClientOpReply
+	(*Checkpoint)(nil),         // 58: gpucr.helper.v1.Checkpoint
+	(*CommitImage)(nil),        // 59: gpucr.helper.v1.CommitImage
+	(*CheckpointReply)(nil),    // 60: gpucr.helper.v1.CheckpointReply
+	(*Phase)(nil),              // 61: gpucr.helper.v1.Phase
+	(*ResumeCheckpointed)(nil), // 62: gpucr.helper.v1.ResumeCheckpointed
+	(*Abort)(nil),              // 63: gpucr.helper.v1.Abort
+	(*WaitRestored)(nil),       // 64: gpucr.helper.v1.WaitRestored
+	(*RestoreResults)(nil),     // 65: gpucr.helper.v1.RestoreResults
+	(*RestoreResult)(nil),      // 66: gpucr.helper.v1.RestoreResult
+	(*Detach)(nil),             // 67: gpucr.helper.v1.Detach
+	(*DumpDone)(nil),           // 68: gpucr.helper.v1.DumpDone
+	(*PrepareRestore)(nil),     // 69: gpucr.helper.v1.PrepareRestore
+	(*AwaitLoad)(nil),          // 70: gpucr.helper.v1.AwaitLoad
+	(*Restored)(nil),           // 71: gpucr.helper.v1.Restored
+	(*Transfers)(nil),          // 72: gpucr.helper.v1.Transfers
+	(*TransfersReply)(nil),     // 73: gpucr.helper.v1.TransfersReply
+	(*Transfer)(nil),           // 74: gpucr.helper.v1.Transfer
+	(*Serve)(nil),              // 75: gpucr.helper.v1.Serve
+	(*ServeReply)(nil),         // 76: gpucr.helper.v1.ServeReply
+	(*AssignWorker)(nil),       // 77: gpucr.helper.v1.AssignWorker
+	(*WorkerReady)(nil),        // 78: gpucr.helper.v1.WorkerReady
 }
 var file_protocol_helper_proto_depIdxs = []int32{
 	12, // 0: gpucr.helper.v1.Request.hello:type_name -> gpucr.helper.v1.Hello
@@ -6722,24 +6918,24 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	30, // 16: gpucr.helper.v1.Request.resume:type_name -> gpucr.helper.v1.Resume
 	39, // 17: gpucr.helper.v1.Request.snapshot:type_name -> gpucr.helper.v1.Snapshot
 	40, // 18: gpucr.helper.v1.Request.get_stats:type_name -> gpucr.helper.v1.GetStats
-	66, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
-	62, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
+	67, // 19: gpucr.helper.v1.Request.detach:type_name -> gpucr.helper.v1.Detach
+	63, // 20: gpucr.helper.v1.Request.abort:type_name -> gpucr.helper.v1.Abort
 	38, // 21: gpucr.helper.v1.Request.unguard:type_name -> gpucr.helper.v1.Unguard
 	45, // 22: gpucr.helper.v1.Request.status:type_name -> gpucr.helper.v1.Status
-	55, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
-	57, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
-	61, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
-	67, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
-	68, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
-	70, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
-	58, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
-	71, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
-	63, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
-	69, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
-	49, // 33: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
-	50, // 34: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
-	74, // 35: gpucr.helper.v1.Request.serve:type_name -> gpucr.helper.v1.Serve
-	76, // 36: gpucr.helper.v1.Request.assign_worker:type_name -> gpucr.helper.v1.AssignWorker
+	56, // 23: gpucr.helper.v1.Request.client_op:type_name -> gpucr.helper.v1.ClientOp
+	58, // 24: gpucr.helper.v1.Request.checkpoint:type_name -> gpucr.helper.v1.Checkpoint
+	62, // 25: gpucr.helper.v1.Request.resume_checkpointed:type_name -> gpucr.helper.v1.ResumeCheckpointed
+	68, // 26: gpucr.helper.v1.Request.dump_done:type_name -> gpucr.helper.v1.DumpDone
+	69, // 27: gpucr.helper.v1.Request.prepare_restore:type_name -> gpucr.helper.v1.PrepareRestore
+	71, // 28: gpucr.helper.v1.Request.restored:type_name -> gpucr.helper.v1.Restored
+	59, // 29: gpucr.helper.v1.Request.commit_image:type_name -> gpucr.helper.v1.CommitImage
+	72, // 30: gpucr.helper.v1.Request.transfers:type_name -> gpucr.helper.v1.Transfers
+	64, // 31: gpucr.helper.v1.Request.wait_restored:type_name -> gpucr.helper.v1.WaitRestored
+	70, // 32: gpucr.helper.v1.Request.await_load:type_name -> gpucr.helper.v1.AwaitLoad
+	50, // 33: gpucr.helper.v1.Request.load_resident:type_name -> gpucr.helper.v1.LoadResident
+	51, // 34: gpucr.helper.v1.Request.unload_resident:type_name -> gpucr.helper.v1.UnloadResident
+	75, // 35: gpucr.helper.v1.Request.serve:type_name -> gpucr.helper.v1.Serve
+	77, // 36: gpucr.helper.v1.Request.assign_worker:type_name -> gpucr.helper.v1.AssignWorker
 	10, // 37: gpucr.helper.v1.Response.error:type_name -> gpucr.helper.v1.Error
 	13, // 38: gpucr.helper.v1.Response.hello:type_name -> gpucr.helper.v1.HelloReply
 	16, // 39: gpucr.helper.v1.Response.alloc:type_name -> gpucr.helper.v1.AllocReply
@@ -6747,14 +6943,14 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	41, // 41: gpucr.helper.v1.Response.table:type_name -> gpucr.helper.v1.BufferTable
 	44, // 42: gpucr.helper.v1.Response.stats:type_name -> gpucr.helper.v1.ClientStats
 	46, // 43: gpucr.helper.v1.Response.status:type_name -> gpucr.helper.v1.StatusReply
-	56, // 44: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
-	59, // 45: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
-	72, // 46: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
-	64, // 47: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
+	57, // 44: gpucr.helper.v1.Response.client_op:type_name -> gpucr.helper.v1.ClientOpReply
+	60, // 45: gpucr.helper.v1.Response.checkpoint:type_name -> gpucr.helper.v1.CheckpointReply
+	73, // 46: gpucr.helper.v1.Response.transfers:type_name -> gpucr.helper.v1.TransfersReply
+	65, // 47: gpucr.helper.v1.Response.restore_results:type_name -> gpucr.helper.v1.RestoreResults
 	36, // 48: gpucr.helper.v1.Response.module_kernels:type_name -> gpucr.helper.v1.ModuleKernels
 	24, // 49: gpucr.helper.v1.Response.sync_count:type_name -> gpucr.helper.v1.SyncCount
-	75, // 50: gpucr.helper.v1.Response.serve:type_name -> gpucr.helper.v1.ServeReply
-	77, // 51: gpucr.helper.v1.Response.worker_ready:type_name -> gpucr.helper.v1.WorkerReady
+	76, // 50: gpucr.helper.v1.Response.serve:type_name -> gpucr.helper.v1.ServeReply
+	78, // 51: gpucr.helper.v1.Response.worker_ready:type_name -> gpucr.helper.v1.WorkerReady
 	3,  // 52: gpucr.helper.v1.Error.code:type_name -> gpucr.helper.v1.ErrorCode
 	1,  // 53: gpucr.helper.v1.Hello.role:type_name -> gpucr.helper.v1.Role
 	14, // 54: gpucr.helper.v1.HelloReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
@@ -6770,29 +6966,30 @@ var file_protocol_helper_proto_depIdxs = []int32{
 	2,  // 64: gpucr.helper.v1.Allocation.kind:type_name -> gpucr.helper.v1.AllocKind
 	2,  // 65: gpucr.helper.v1.Buffer.kind:type_name -> gpucr.helper.v1.AllocKind
 	14, // 66: gpucr.helper.v1.StatusReply.devices:type_name -> gpucr.helper.v1.DeviceInfo
-	53, // 67: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
-	52, // 68: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
-	51, // 69: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
+	54, // 67: gpucr.helper.v1.StatusReply.clients:type_name -> gpucr.helper.v1.ClientInfo
+	53, // 68: gpucr.helper.v1.StatusReply.driver:type_name -> gpucr.helper.v1.DriverInfo
+	52, // 69: gpucr.helper.v1.StatusReply.resident_images:type_name -> gpucr.helper.v1.ResidentImage
 	47, // 70: gpucr.helper.v1.StatusReply.served:type_name -> gpucr.helper.v1.ServedPool
-	48, // 71: gpucr.helper.v1.ServedPool.workers:type_name -> gpucr.helper.v1.ServedWorker
-	4,  // 72: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
-	54, // 73: gpucr.helper.v1.ClientInfo.rejoined:type_name -> gpucr.helper.v1.RejoinInfo
-	6,  // 74: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
-	41, // 75: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
-	44, // 76: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
-	60, // 77: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
-	4,  // 78: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
-	65, // 79: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
-	5,  // 80: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
-	60, // 81: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
-	73, // 82: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
-	7,  // 83: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
-	60, // 84: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
-	85, // [85:85] is the sub-list for method output_type
-	85, // [85:85] is the sub-list for method input_type
-	85, // [85:85] is the sub-list for extension type_name
-	85, // [85:85] is the sub-list for extension extendee
-	0,  // [0:85] is the sub-list for field type_name
+	49, // 71: gpucr.helper.v1.ServedPool.workers:type_name -> gpucr.helper.v1.ServedWorker
+	48, // 72: gpucr.helper.v1.ServedPool.templates:type_name -> gpucr.helper.v1.ServedTemplate
+	4,  // 73: gpucr.helper.v1.ClientInfo.state:type_name -> gpucr.helper.v1.ClientState
+	55, // 74: gpucr.helper.v1.ClientInfo.rejoined:type_name -> gpucr.helper.v1.RejoinInfo
+	6,  // 75: gpucr.helper.v1.ClientOp.op:type_name -> gpucr.helper.v1.ClientOp.Op
+	41, // 76: gpucr.helper.v1.ClientOpReply.table:type_name -> gpucr.helper.v1.BufferTable
+	44, // 77: gpucr.helper.v1.ClientOpReply.stats:type_name -> gpucr.helper.v1.ClientStats
+	61, // 78: gpucr.helper.v1.CheckpointReply.phases:type_name -> gpucr.helper.v1.Phase
+	4,  // 79: gpucr.helper.v1.CheckpointReply.state:type_name -> gpucr.helper.v1.ClientState
+	66, // 80: gpucr.helper.v1.RestoreResults.results:type_name -> gpucr.helper.v1.RestoreResult
+	5,  // 81: gpucr.helper.v1.RestoreResult.state:type_name -> gpucr.helper.v1.RestoreState
+	61, // 82: gpucr.helper.v1.RestoreResult.phases:type_name -> gpucr.helper.v1.Phase
+	74, // 83: gpucr.helper.v1.TransfersReply.transfers:type_name -> gpucr.helper.v1.Transfer
+	7,  // 84: gpucr.helper.v1.Transfer.direction:type_name -> gpucr.helper.v1.Transfer.Direction
+	61, // 85: gpucr.helper.v1.Transfer.phases:type_name -> gpucr.helper.v1.Phase
+	86, // [86:86] is the sub-list for method output_type
+	86, // [86:86] is the sub-list for method input_type
+	86, // [86:86] is the sub-list for extension type_name
+	86, // [86:86] is the sub-list for extension extendee
+	0,  // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_protocol_helper_proto_init() }
@@ -6861,7 +7058,7 @@ func file_protocol_helper_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_helper_proto_rawDesc), len(file_protocol_helper_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   70,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

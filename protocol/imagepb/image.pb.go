@@ -461,7 +461,11 @@ type Process struct {
 	// It ran in served mode: its GPU calls ran in a worker, so it holds no
 	// driver state and its restore asks nothing of NVIDIA's driver (a lazy
 	// restore need not wait for parked driver state).
-	Served        bool `protobuf:"varint,6,opt,name=served,proto3" json:"served,omitempty"`
+	Served bool `protobuf:"varint,6,opt,name=served,proto3" json:"served,omitempty"`
+	// Served mode, a checkpoint with a template: the script its library
+	// wrote at the detach (protocol/c/served.h), kept in
+	// gpucr/template-HASH.script, HASH its SHA-256 in hex.
+	Template      *TemplateScript `protobuf:"bytes,7,opt,name=template,proto3" json:"template,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -538,6 +542,65 @@ func (x *Process) GetServed() bool {
 	return false
 }
 
+func (x *Process) GetTemplate() *TemplateScript {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+type TemplateScript struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sha256        []byte                 `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TemplateScript) Reset() {
+	*x = TemplateScript{}
+	mi := &file_protocol_image_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TemplateScript) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TemplateScript) ProtoMessage() {}
+
+func (x *TemplateScript) ProtoReflect() protoreflect.Message {
+	mi := &file_protocol_image_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TemplateScript.ProtoReflect.Descriptor instead.
+func (*TemplateScript) Descriptor() ([]byte, []int) {
+	return file_protocol_image_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TemplateScript) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+func (x *TemplateScript) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 type Import struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Where this process maps it.
@@ -552,7 +615,7 @@ type Import struct {
 
 func (x *Import) Reset() {
 	*x = Import{}
-	mi := &file_protocol_image_proto_msgTypes[3]
+	mi := &file_protocol_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +627,7 @@ func (x *Import) String() string {
 func (*Import) ProtoMessage() {}
 
 func (x *Import) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[3]
+	mi := &file_protocol_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +640,7 @@ func (x *Import) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Import.ProtoReflect.Descriptor instead.
 func (*Import) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{3}
+	return file_protocol_image_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Import) GetAddress() uint64 {
@@ -623,7 +686,7 @@ type Origin struct {
 
 func (x *Origin) Reset() {
 	*x = Origin{}
-	mi := &file_protocol_image_proto_msgTypes[4]
+	mi := &file_protocol_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +698,7 @@ func (x *Origin) String() string {
 func (*Origin) ProtoMessage() {}
 
 func (x *Origin) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[4]
+	mi := &file_protocol_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +711,7 @@ func (x *Origin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Origin.ProtoReflect.Descriptor instead.
 func (*Origin) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{4}
+	return file_protocol_image_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Origin) GetHost() string {
@@ -707,7 +770,7 @@ type Parent struct {
 
 func (x *Parent) Reset() {
 	*x = Parent{}
-	mi := &file_protocol_image_proto_msgTypes[5]
+	mi := &file_protocol_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +782,7 @@ func (x *Parent) String() string {
 func (*Parent) ProtoMessage() {}
 
 func (x *Parent) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[5]
+	mi := &file_protocol_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +795,7 @@ func (x *Parent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Parent.ProtoReflect.Descriptor instead.
 func (*Parent) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{5}
+	return file_protocol_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Parent) GetPath() string {
@@ -780,7 +843,7 @@ type Buffer struct {
 
 func (x *Buffer) Reset() {
 	*x = Buffer{}
-	mi := &file_protocol_image_proto_msgTypes[6]
+	mi := &file_protocol_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +855,7 @@ func (x *Buffer) String() string {
 func (*Buffer) ProtoMessage() {}
 
 func (x *Buffer) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[6]
+	mi := &file_protocol_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +868,7 @@ func (x *Buffer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Buffer.ProtoReflect.Descriptor instead.
 func (*Buffer) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{6}
+	return file_protocol_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Buffer) GetPid() int64 {
@@ -912,7 +975,7 @@ type Chunk struct {
 
 func (x *Chunk) Reset() {
 	*x = Chunk{}
-	mi := &file_protocol_image_proto_msgTypes[7]
+	mi := &file_protocol_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +987,7 @@ func (x *Chunk) String() string {
 func (*Chunk) ProtoMessage() {}
 
 func (x *Chunk) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[7]
+	mi := &file_protocol_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1000,7 @@ func (x *Chunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Chunk.ProtoReflect.Descriptor instead.
 func (*Chunk) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{7}
+	return file_protocol_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Chunk) GetSize() uint32 {
@@ -1011,7 +1074,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_protocol_image_proto_msgTypes[8]
+	mi := &file_protocol_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1086,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_protocol_image_proto_msgTypes[8]
+	mi := &file_protocol_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1099,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_protocol_image_proto_rawDescGZIP(), []int{8}
+	return file_protocol_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Stats) GetBytesIn() uint64 {
@@ -1102,7 +1165,7 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\x06pruned\x18\b \x01(\bR\x06pruned\x12+\n" +
 	"\x05stats\x18\t \x01(\v2\x15.gpucr.image.v1.StatsR\x05stats\x125\n" +
 	"\tprocesses\x18\n" +
-	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"\xaf\x01\n" +
+	" \x03(\v2\x17.gpucr.image.v1.ProcessR\tprocesses\"\xeb\x01\n" +
 	"\aProcess\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x15\n" +
 	"\x06ns_pid\x18\x02 \x01(\x03R\x05nsPid\x12\x12\n" +
@@ -1110,7 +1173,11 @@ const file_protocol_image_proto_rawDesc = "" +
 	"\aimports\x18\x04 \x03(\v2\x16.gpucr.image.v1.ImportR\aimports\x12\x1d\n" +
 	"\n" +
 	"start_time\x18\x05 \x01(\x04R\tstartTime\x12\x16\n" +
-	"\x06served\x18\x06 \x01(\bR\x06served\"x\n" +
+	"\x06served\x18\x06 \x01(\bR\x06served\x12:\n" +
+	"\btemplate\x18\a \x01(\v2\x1e.gpucr.image.v1.TemplateScriptR\btemplate\"<\n" +
+	"\x0eTemplateScript\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\fR\x06sha256\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\"x\n" +
 	"\x06Import\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
@@ -1191,39 +1258,41 @@ func file_protocol_image_proto_rawDescGZIP() []byte {
 }
 
 var file_protocol_image_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_protocol_image_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_protocol_image_proto_goTypes = []any{
-	(Compression)(0),     // 0: gpucr.image.v1.Compression
-	(AllocKind)(0),       // 1: gpucr.image.v1.AllocKind
-	(AllocFlag)(0),       // 2: gpucr.image.v1.AllocFlag
-	(Location)(0),        // 3: gpucr.image.v1.Location
-	(*ManifestFile)(nil), // 4: gpucr.image.v1.ManifestFile
-	(*Manifest)(nil),     // 5: gpucr.image.v1.Manifest
-	(*Process)(nil),      // 6: gpucr.image.v1.Process
-	(*Import)(nil),       // 7: gpucr.image.v1.Import
-	(*Origin)(nil),       // 8: gpucr.image.v1.Origin
-	(*Parent)(nil),       // 9: gpucr.image.v1.Parent
-	(*Buffer)(nil),       // 10: gpucr.image.v1.Buffer
-	(*Chunk)(nil),        // 11: gpucr.image.v1.Chunk
-	(*Stats)(nil),        // 12: gpucr.image.v1.Stats
+	(Compression)(0),       // 0: gpucr.image.v1.Compression
+	(AllocKind)(0),         // 1: gpucr.image.v1.AllocKind
+	(AllocFlag)(0),         // 2: gpucr.image.v1.AllocFlag
+	(Location)(0),          // 3: gpucr.image.v1.Location
+	(*ManifestFile)(nil),   // 4: gpucr.image.v1.ManifestFile
+	(*Manifest)(nil),       // 5: gpucr.image.v1.Manifest
+	(*Process)(nil),        // 6: gpucr.image.v1.Process
+	(*TemplateScript)(nil), // 7: gpucr.image.v1.TemplateScript
+	(*Import)(nil),         // 8: gpucr.image.v1.Import
+	(*Origin)(nil),         // 9: gpucr.image.v1.Origin
+	(*Parent)(nil),         // 10: gpucr.image.v1.Parent
+	(*Buffer)(nil),         // 11: gpucr.image.v1.Buffer
+	(*Chunk)(nil),          // 12: gpucr.image.v1.Chunk
+	(*Stats)(nil),          // 13: gpucr.image.v1.Stats
 }
 var file_protocol_image_proto_depIdxs = []int32{
-	8,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
+	9,  // 0: gpucr.image.v1.Manifest.origin:type_name -> gpucr.image.v1.Origin
 	0,  // 1: gpucr.image.v1.Manifest.compression:type_name -> gpucr.image.v1.Compression
-	9,  // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
-	10, // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
-	12, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
+	10, // 2: gpucr.image.v1.Manifest.parent:type_name -> gpucr.image.v1.Parent
+	11, // 3: gpucr.image.v1.Manifest.buffers:type_name -> gpucr.image.v1.Buffer
+	13, // 4: gpucr.image.v1.Manifest.stats:type_name -> gpucr.image.v1.Stats
 	6,  // 5: gpucr.image.v1.Manifest.processes:type_name -> gpucr.image.v1.Process
-	7,  // 6: gpucr.image.v1.Process.imports:type_name -> gpucr.image.v1.Import
-	1,  // 7: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
-	11, // 8: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
-	3,  // 9: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
-	0,  // 10: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	8,  // 6: gpucr.image.v1.Process.imports:type_name -> gpucr.image.v1.Import
+	7,  // 7: gpucr.image.v1.Process.template:type_name -> gpucr.image.v1.TemplateScript
+	1,  // 8: gpucr.image.v1.Buffer.kind:type_name -> gpucr.image.v1.AllocKind
+	12, // 9: gpucr.image.v1.Buffer.chunks:type_name -> gpucr.image.v1.Chunk
+	3,  // 10: gpucr.image.v1.Chunk.location:type_name -> gpucr.image.v1.Location
+	0,  // 11: gpucr.image.v1.Chunk.compression:type_name -> gpucr.image.v1.Compression
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_protocol_image_proto_init() }
@@ -1237,7 +1306,7 @@ func file_protocol_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_protocol_image_proto_rawDesc), len(file_protocol_image_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
