@@ -457,6 +457,11 @@ static int gpucr_pause_devices(int pid) {
      * written into the image after the process runs on. */
     const char *conc = getenv("GPUCR_CONCURRENT");
     ck.concurrent = conc && strcmp(conc, "1") == 0;
+    /* Served mode's template (gpucr checkpoint --template sets
+     * GPUCR_TEMPLATE=1): the library of a served process writes the script
+     * that makes its objects in a new worker, and the image keeps it. */
+    const char *tmpl = getenv("GPUCR_TEMPLATE");
+    ck.template_ = tmpl && strcmp(tmpl, "1") == 0;
     /* Every GPU process of the dump goes into one image, committed when the
      * dump has succeeded (CommitImage in exit(DUMP)). */
     ck.defer_commit = true;

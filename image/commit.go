@@ -160,7 +160,8 @@ func (w *Writer) manifest() *imagepb.Manifest {
 	}
 	for _, pid := range slices.Sorted(maps.Keys(procs)) {
 		m.Processes = append(m.Processes, &imagepb.Process{Pid: int64(pid), NsPid: int64(procs[pid].ns), Gpus: procs[pid].gpus,
-			Imports: importsPB(procs[pid].imports), StartTime: procs[pid].start, Served: procs[pid].served})
+			Imports: importsPB(procs[pid].imports), StartTime: procs[pid].start, Served: procs[pid].served,
+			Template: procs[pid].script.pb()})
 	}
 	m.Stats = statsToPB(st)
 	return m

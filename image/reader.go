@@ -250,7 +250,8 @@ func (im *Image) Processes() []ProcessInfo {
 	procs := map[int]ProcessInfo{}
 	for _, p := range im.m.GetProcesses() {
 		procs[int(p.GetPid())] = ProcessInfo{Pid: int(p.GetPid()), NsPid: int(p.GetNsPid()), GPUs: p.GetGpus(),
-			Imports: importsOf(p.GetImports()), StartTime: p.GetStartTime(), Served: p.GetServed()}
+			Imports: importsOf(p.GetImports()), StartTime: p.GetStartTime(), Served: p.GetServed(),
+			Template: p.GetTemplate() != nil}
 	}
 	for _, b := range im.m.GetBuffers() {
 		if p := procs[int(b.GetPid())]; b.GetPid() > 0 && p.NsPid == 0 {

@@ -496,7 +496,7 @@ func TestProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []ProcessInfo{{10, 0, gpus, imports, 0, true}, {20, 2, nil, nil, 0, false}, {30, 3, nil, nil, 0, false}}
+	want := []ProcessInfo{{10, 0, gpus, imports, 0, true, false}, {20, 2, nil, nil, 0, false, false}, {30, 3, nil, nil, 0, false, false}}
 	if got := im.Processes(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Processes() = %v, want %v", got, want)
 	}
@@ -511,7 +511,7 @@ func TestProcesses(t *testing.T) {
 	if im, err = Open(dir); err != nil {
 		t.Fatal(err)
 	}
-	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil, nil, 0, false}}) {
+	if got := im.Processes(); !reflect.DeepEqual(got, []ProcessInfo{{20, 2, nil, nil, 0, false, false}}) {
 		t.Errorf("without a process list: %v", got)
 	}
 

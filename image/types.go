@@ -182,6 +182,9 @@ type ProcessInfo struct {
 	StartTime uint64
 	// Served: it ran in served mode, so it holds no driver state.
 	Served bool
+	// Template: its checkpoint kept a template script
+	// (Image.TemplateScript).
+	Template bool
 }
 
 // ImportInfo is one buffer of another process that a process maps: at

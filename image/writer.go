@@ -53,6 +53,7 @@ type Writer struct {
 	buffers []*BufferWriter
 	spans   map[int][]span  // per pid, sorted by address: overlap check in AddBuffer
 	procs   map[int]procRec // AddProcess: by pid
+	scripts []createdFile   // AddTemplateScript: removed by an abort
 	bytesIn atomic.Int64
 
 	partsMu sync.Mutex // guards parts; never held with mu
@@ -349,6 +350,7 @@ type procRec struct {
 	imports []ImportInfo
 	start   uint64
 	served  bool
+	script  *TemplateScript
 }
 
 // AddProcessInfo is AddProcess with the GPUs the process could see.
@@ -609,6 +611,7 @@ func (w *Writer) Abort() error {
 // that made it, and every worker has ended.
 func (w *Writer) cleanup() error {
 	w.removeParts()
+	w.removeScripts()
 	if err := w.store.removeCreated(); err != nil {
 		return fmt.Errorf("image %s: clean up: %w", w.dir, err)
 	}

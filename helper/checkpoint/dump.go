@@ -37,6 +37,11 @@ type DumpOptions struct {
 	// after the tree runs again; Dump returns once the image is complete.
 	// The tree's stop no longer grows with its GPU memory.
 	Concurrent bool
+	// Template: a served process's library also writes the script that
+	// makes its objects in a new worker, which the image keeps for a
+	// template (gpucr image load --template): its restore then attaches to
+	// a worker that holds them already.
+	Template bool
 	// PreCopy copies the GPU memory while the tree runs, in rounds, before
 	// the dump stops it (precopy.go); the dump copies only what changed
 	// since the last round. The rounds go into Dir (PreCopyDir), and once
@@ -299,7 +304,8 @@ func dump(ctx context.Context, o DumpOptions, made *madeDirs) (*DumpResult, erro
 	rec := dumpRecordOf(o.CRIU)
 	j := job{dir: o.Dir, dump: true, criu: o.CRIU, env: o.Env, clients: tc.Clients, parent: pc.last, ev: ev, record: &rec,
 		concurrent: o.Concurrent && len(tc.Clients) > 0, leaveRunning: o.LeaveRunning && len(tc.Clients) > 0,
-		what: fmt.Sprintf("criu dump of pid %d", pid), frozen: o.Job.frozen(),
+		template: o.Template,
+		what:     fmt.Sprintf("criu dump of pid %d", pid), frozen: o.Job.frozen(),
 		fill: func(opts *rpc.CriuOpts) {
 			opts.Pid = proto.Int32(int32(pid))
 			opts.LeaveRunning = proto.Bool(o.LeaveRunning)

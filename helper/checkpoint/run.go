@@ -115,6 +115,7 @@ type job struct {
 	// on (DumpOptions.Concurrent); CRIU's images are published only once
 	// the GPU image is committed
 	concurrent bool
+	template   bool // the plugin asks served processes for their template's script
 	// leaveRunning: a dump whose GPU processes run on; it waits until they
 	// do (or resumeWait), for the report of their stop
 	leaveRunning bool
@@ -236,6 +237,9 @@ func run(ctx context.Context, j job) (*ran, error) {
 	}
 	if j.concurrent {
 		extra = append(extra, "GPUCR_CONCURRENT=1")
+	}
+	if j.template && j.dump {
+		extra = append(extra, "GPUCR_TEMPLATE=1")
 	}
 	if j.deviceMap != "" && !j.dump {
 		extra = append(extra, "GPUCR_DEVICE_MAP="+j.deviceMap)

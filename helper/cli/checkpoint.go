@@ -44,6 +44,7 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
 			&ucli.BoolFlag{Name: "concurrent", Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on, so that the stop does not grow with it; a helper that dies during a CRIU dump's stop then costs the process its GPU memory (default with --gpu-only, where the process never gives its memory up)"},
 			preCopyFlag(),
+			&ucli.BoolFlag{Name: "template", Usage: "served mode: keep in the image what a worker needs to hold the process's GPU objects before its restore (gpucr image load --template), so that the restore attaches to a worker that made them ahead"},
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
 			&ucli.BoolFlag{Name: "compress", Usage: "zstd-compress chunks (slow storage)"},
@@ -80,6 +81,9 @@ func checkpointCommand() *ucli.Command {
 			if c.Bool("gpu-only") && c.Int("pre-copy") > 0 {
 				return usageError{fmt.Errorf("checkpoint: --pre-copy is for a CRIU dump (a GPU-only checkpoint with --leave-running --concurrent stops the process only for its snapshot already)")}
 			}
+			if c.Bool("gpu-only") && c.Bool("template") {
+				return usageError{fmt.Errorf("checkpoint: --template is for a CRIU dump (a GPU-only checkpoint lets no served process go from its worker)")}
+			}
 			if c.Bool("gpu-only") {
 				r, err := checkpoint.DumpGPU(ctx, checkpoint.GPUOptions{Pid: pid, Dir: abs, Parent: parent,
 					LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
@@ -95,7 +99,7 @@ func checkpointCommand() *ucli.Command {
 				return err
 			}
 			res, err := checkpoint.Dump(ctx, checkpoint.DumpOptions{Pid: pid, Dir: abs, Parent: parent,
-				LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c),
+				LeaveRunning: c.Bool("leave-running"), Concurrent: concurrent(c), Template: c.Bool("template"),
 				PreCopy: checkpoint.PreCopy{Rounds: c.Int("pre-copy")},
 				Force:   c.Bool("force"), CRIU: criu, Env: env, Events: events.handle})
 			if err != nil {

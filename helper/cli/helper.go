@@ -228,7 +228,7 @@ func runHelper(c *ucli.Context) error {
 			log.Warn("served mode: no gpucr-worker beside gpucr: the workers run gpucr's own served-worker, whose Go heap " +
 				"lies at a random address in each, so a process moved to a new worker may lose its device addresses")
 		}
-		cfg.Served = served.NewPool(served.PoolConfig{Exe: exe, Args: args, Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
+		cfg.Served = served.NewPool(served.PoolConfig{Exe: exe, Args: args, Native: native, Size: n, Devices: len(cfg.Devices), LibCUDA: lib,
 			MaxPerUID: c.Int("served-max-per-uid"), CublasDir: c.String("served-cublas"), Log: log})
 	} else if n > 0 {
 		log.Warn("served mode: no driver, so no workers", zap.Error(loadErr))

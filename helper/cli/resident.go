@@ -29,11 +29,15 @@ func imageUnloadCommand(jsonFlag ucli.Flag) *ucli.Command {
 }
 
 func residentCommand(name, usage string, jsonFlag ucli.Flag, load bool) *ucli.Command {
+	flags := []ucli.Flag{jsonFlag, socketFlag()}
+	if load {
+		flags = append(flags, &ucli.BoolFlag{Name: "template", Usage: "served mode: also make a template of each served process the image was checkpointed with --template: a worker that holds its GPU objects before the restore, which the restore attaches to"})
+	}
 	return &ucli.Command{
 		Name:      name,
 		Usage:     usage,
 		ArgsUsage: "DIR",
-		Flags:     []ucli.Flag{jsonFlag, socketFlag()},
+		Flags:     flags,
 		Action:    func(c *ucli.Context) error { return residentCall(c, load) },
 	}
 }
@@ -44,6 +48,7 @@ type residentReport struct {
 	Resident  bool    `json:"resident"`
 	Bytes     uint64  `json:"bytes,omitempty"`
 	Buffers   uint32  `json:"buffers,omitempty"`
+	Templates uint32  `json:"templates,omitempty"`
 	Seconds   float64 `json:"seconds"`
 }
 
@@ -73,7 +78,8 @@ func residentCall(c *ucli.Context, load bool) error {
 	req := &helperpb.Request{Body: &helperpb.Request_UnloadResident{UnloadResident: &helperpb.UnloadResident{ImageDir: dir}}}
 	what := "unload"
 	if load {
-		req = &helperpb.Request{Body: &helperpb.Request_LoadResident{LoadResident: &helperpb.LoadResident{ImageDir: dir}}}
+		req = &helperpb.Request{Body: &helperpb.Request_LoadResident{LoadResident: &helperpb.LoadResident{ImageDir: dir,
+			Template: c.Bool("template")}}}
 		what = "load"
 	}
 	t := time.Now()
@@ -86,11 +92,14 @@ func residentCall(c *ucli.Context, load bool) error {
 		if st, err := conn.Status(ctx); err == nil {
 			for _, r := range st.ResidentImages {
 				if r.ImageDir == dir {
-					rep.Bytes, rep.Buffers = r.Bytes, r.Buffers
+					rep.Bytes, rep.Buffers, rep.Templates = r.Bytes, r.Buffers, r.Templates
 				}
 			}
 		}
 		line = fmt.Sprintf("%s: GPU data resident, %s in %d buffers (%.3f s)", dir, humanBytes(rep.Bytes), rep.Buffers, rep.Seconds)
+		if rep.Templates > 0 {
+			line += fmt.Sprintf("; %d templates wait for its restore", rep.Templates)
+		}
 	}
 	return report(c, rep, line, nil)
 }

@@ -43,6 +43,17 @@ type servedJSON struct {
 	Idle     []uint32           `json:"idle"`
 	Assigned uint32             `json:"assigned"`
 	Workers  []servedWorkerJSON `json:"workers"`
+	// Templates: workers that ran a checkpoint's template script and wait
+	// for its restore (gpucr image load --template).
+	Templates []servedTemplateJSON `json:"templates"`
+}
+
+type servedTemplateJSON struct {
+	Pid       int64   `json:"pid"`
+	Device    uint32  `json:"device"`
+	UID       uint32  `json:"uid"`
+	ImagesDir string  `json:"images_dir"`
+	ScriptSec float64 `json:"script_seconds"`
 }
 
 type servedWorkerJSON struct {
@@ -60,6 +71,7 @@ type residentJSON struct {
 	OwnerUID  uint32 `json:"owner_uid"`
 	LoadedMs  int64  `json:"loaded_unix_ms"`
 	Restores  uint64 `json:"restores"`
+	Templates uint32 `json:"templates"`
 }
 
 type deviceJSON struct {
@@ -126,16 +138,19 @@ func toStatusJSON(socket string, st *helperpb.StatusReply) statusJSON {
 		Devices: []deviceJSON{}, Clients: []clientJSON{}, Resident: []residentJSON{}, ResidentBudget: st.ResidentBudget,
 		ClientsLeftOut: st.ClientsLeftOut}
 	if p := st.Served; p != nil {
-		out.Served = &servedJSON{Idle: p.Idle, Assigned: p.Assigned, Workers: []servedWorkerJSON{}}
+		out.Served = &servedJSON{Idle: p.Idle, Assigned: p.Assigned, Workers: []servedWorkerJSON{}, Templates: []servedTemplateJSON{}}
 		if out.Served.Idle == nil {
 			out.Served.Idle = []uint32{}
 		}
 		for _, w := range p.Workers {
 			out.Served.Workers = append(out.Served.Workers, servedWorkerJSON{w.Pid, w.Device, w.Uid, w.ClientPid, float64(w.WarmNs) / 1e9})
 		}
+		for _, t := range p.Templates {
+			out.Served.Templates = append(out.Served.Templates, servedTemplateJSON{t.WorkerPid, t.Device, t.Uid, t.ImageDir, float64(t.MadeNs) / 1e9})
+		}
 	}
 	for _, r := range st.ResidentImages {
-		out.Resident = append(out.Resident, residentJSON{r.ImageDir, r.Bytes, r.Buffers, r.OwnerUid, r.LoadedUnixMs, r.Restores})
+		out.Resident = append(out.Resident, residentJSON{r.ImageDir, r.Bytes, r.Buffers, r.OwnerUid, r.LoadedUnixMs, r.Restores, r.Templates})
 	}
 	for _, d := range st.Devices {
 		out.Devices = append(out.Devices, deviceJSON{d.Ordinal, d.Uuid, d.Name, d.TotalMemory, d.FreeMemory, d.Granularity, d.PoolMemory,
@@ -293,8 +308,12 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		}
 		fmt.Fprintf(w, "resident images: %d, %s of %s\n", len(j.Resident), humanBytes(held), humanBytes(j.ResidentBudget))
 		for _, r := range j.Resident {
-			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served\n", printable.String(r.ImagesDir), humanBytes(r.Bytes), r.Buffers,
-				r.OwnerUID, r.Restores)
+			tmpl := ""
+			if r.Templates > 0 {
+				tmpl = fmt.Sprintf(", %d templates waiting", r.Templates)
+			}
+			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served%s\n", printable.String(r.ImagesDir), humanBytes(r.Bytes), r.Buffers,
+				r.OwnerUID, r.Restores, tmpl)
 		}
 	}
 	if p := j.Served; p != nil {
@@ -302,6 +321,10 @@ func printStatus(c *ucli.Context, j statusJSON) {
 		for _, sw := range p.Workers {
 			fmt.Fprintf(w, "  worker %d on device %d serves pid %d (uid %d); its context took %.3f s\n", sw.Pid, sw.Device, sw.ClientPid,
 				sw.UID, sw.WarmSec)
+		}
+		for _, t := range p.Templates {
+			fmt.Fprintf(w, "  template %d on device %d (uid %d) for a restore of %s; its script took %.3f s\n", t.Pid, t.Device, t.UID,
+				printable.String(t.ImagesDir), t.ScriptSec)
 		}
 	}
 	leftOut := ""

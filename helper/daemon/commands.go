@@ -93,7 +93,7 @@ func (s *Server) serveCLI(c *conn, helloID uint64, h *helperpb.Hello) {
 		case *helperpb.Request_LoadResident:
 			resp = s.loadResident(c, req.Id, b.LoadResident, c.takeFD())
 		case *helperpb.Request_UnloadResident:
-			resp = s.residents.unload(s.log, c, req.Id, b.UnloadResident, c.takeFD())
+			resp = s.residents.unload(s.log, s.served, c, req.Id, b.UnloadResident, c.takeFD())
 		case *helperpb.Request_AwaitLoad:
 			resp = pluginOnly(c, req.Id, func() *helperpb.Response { return awaitLoad(s.log, req.Id, plans) })
 		case *helperpb.Request_Restored:

@@ -8,6 +8,7 @@ package daemon
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,12 +29,25 @@ type control struct {
 	conn *conn
 	mu   sync.Mutex
 	next uint64
-	wait map[uint64]chan *helperpb.Response
+	wait map[uint64]*pendingAnswer
 	done chan struct{}
 	// asked: requests sent whose answer has not come (those given up on
 	// included: a late answer is still an answer). Only while some is
 	// due may the client send a frame larger than maxUnaskedAnswer.
 	asked atomic.Int64
+}
+
+// pendingAnswer is a request's answer to come: with the descriptor it may
+// carry (takesFD: a Detach that asks for a template's script), else one
+// that carries any is a broken client.
+type pendingAnswer struct {
+	ch      chan controlAnswer
+	takesFD bool
+}
+
+type controlAnswer struct {
+	resp *helperpb.Response
+	fd   *os.File // nil: none came
 }
 
 // maxAnswer caps the control connection's next frame.
@@ -64,7 +78,7 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 	}
 	c.peer.Close() // the client holds its process already
 	c.peer = nil
-	ctl := &control{conn: c, wait: map[uint64]chan *helperpb.Response{}, done: make(chan struct{})}
+	ctl := &control{conn: c, wait: map[uint64]*pendingAnswer{}, done: make(chan struct{})}
 	c.SetReadLimits(s.readLimits(c, ctl.maxAnswer, time.Time{}))
 	c.log = cl.log
 	if err := cl.controlUp(ctl); err != nil {
@@ -102,35 +116,61 @@ func (s *Server) serveControl(c *conn, helloID uint64, h *helperpb.Hello) {
 			return
 		}
 		ctl.answered()
-		if len(fds) > 0 {
+		ctl.mu.Lock()
+		p := ctl.wait[resp.Id]
+		if p != nil && (len(fds) == 0 || (p.takesFD && len(fds) == 1)) {
+			delete(ctl.wait, resp.Id)
+		}
+		ctl.mu.Unlock()
+		if len(fds) > 0 && (p == nil || !p.takesFD || len(fds) != 1) {
 			wire.CloseFDs(fds)
-			cl.log.Warn("file descriptors on a control response; closing the control connection")
+			cl.log.Warn("file descriptors on a control response that takes none; closing the control connection")
 			return
 		}
-		ctl.mu.Lock()
-		ch := ctl.wait[resp.Id]
-		delete(ctl.wait, resp.Id)
-		ctl.mu.Unlock()
-		if ch == nil {
+		if p == nil {
 			cl.log.Warn("control response nobody waits for (late or unknown id)", zap.Uint64("id", resp.Id))
 			continue
 		}
-		ch <- resp
+		a := controlAnswer{resp: resp}
+		if len(fds) == 1 {
+			a.fd = os.NewFile(uintptr(fds[0]), "control-answer")
+		}
+		p.ch <- a
 	}
 }
 
 // call sends req (its id is set here) with fds and waits up to timeout.
 func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration) (*helperpb.Response, error) {
-	ch := make(chan *helperpb.Response, 1)
+	a, err := ctl.exchange(req, fds, false, timeout)
+	return a.resp, err
+}
+
+// callTakingFD is call for a request whose answer may carry one descriptor
+// (nil when it came without one), the caller's to close.
+func (ctl *control) callTakingFD(req *helperpb.Request, timeout time.Duration) (*helperpb.Response, *os.File, error) {
+	a, err := ctl.exchange(req, nil, true, timeout)
+	return a.resp, a.fd, err
+}
+
+func (ctl *control) exchange(req *helperpb.Request, fds []int, takesFD bool, timeout time.Duration) (controlAnswer, error) {
+	ch := make(chan controlAnswer, 1)
 	ctl.mu.Lock()
 	ctl.next++
 	req.Id = ctl.next
-	ctl.wait[req.Id] = ch
+	ctl.wait[req.Id] = &pendingAnswer{ch: ch, takesFD: takesFD}
 	ctl.mu.Unlock()
 	forget := func() {
 		ctl.mu.Lock()
 		delete(ctl.wait, req.Id)
 		ctl.mu.Unlock()
+		// An answer that came as it was given up on: its descriptor goes.
+		select {
+		case a := <-ch:
+			if a.fd != nil {
+				a.fd.Close()
+			}
+		default:
+		}
 	}
 	ctl.asked.Add(1)
 	ctl.conn.wmu.Lock()
@@ -140,27 +180,27 @@ func (ctl *control) call(req *helperpb.Request, fds []int, timeout time.Duration
 	if err != nil {
 		ctl.answered()
 		forget()
-		return nil, fmt.Errorf("control connection: %w", err)
+		return controlAnswer{}, fmt.Errorf("control connection: %w", err)
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
-	case r := <-ch:
-		return r, nil
+	case a := <-ch:
+		return a, nil
 	case <-ctl.done:
 		// The answer may have come just before the connection closed (a
 		// client that detaches answers, then closes): both are ready then,
 		// and select picks either.
 		select {
-		case r := <-ch:
-			return r, nil
+		case a := <-ch:
+			return a, nil
 		default:
 		}
 		forget()
-		return nil, errNoControl
+		return controlAnswer{}, errNoControl
 	case <-t.C:
 		forget()
-		return nil, fmt.Errorf("no answer within %v", timeout)
+		return controlAnswer{}, fmt.Errorf("no answer within %v", timeout)
 	}
 }
 

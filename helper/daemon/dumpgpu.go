@@ -610,7 +610,18 @@ func (r *checkpointRun) detach() *stepError {
 	if err := r.cl.fire(evDetach); err != nil {
 		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 	}
-	if _, err := r.call(&helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: r.wake}}}); err != nil {
+	template := r.req.Template && r.cl.served.Load()
+	det := &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: r.wake, Template: template}}}
+	resp, script, err := r.ctl.callTakingFD(det, r.wait)
+	if err == nil && resp.Error != nil {
+		err = fmt.Errorf("%s: %s", resp.Error.Code, resp.Error.Message)
+	}
+	if err == nil && template {
+		r.keepTemplate(script)
+	} else if script != nil {
+		script.Close()
+	}
+	if err != nil {
 		if r.s.reg.parkedWithin(r.cl, time.Second) {
 			r.undos = wakeAndGiveBack // it detached all the same
 		} else {
@@ -626,6 +637,28 @@ func (r *checkpointRun) detach() *stepError {
 	r.ph.done("detach")
 	return nil
 }
+
+// keepTemplate puts the served process's template script (the Detach's
+// answer carried it, or nil: the library said why in the process's log)
+// into the image. Without it the checkpoint goes on: the restore replays,
+// as without a template.
+func (r *checkpointRun) keepTemplate(script *os.File) {
+	if script == nil {
+		r.log.Warn("served mode: the process gave no template's script; its image has no template")
+		return
+	}
+	defer script.Close()
+	t := time.Now()
+	if err := r.w.AddTemplateScript(int(r.cl.pid), script, maxTemplateScript); err != nil {
+		r.log.Warn("served mode: the template's script is not in the image", zap.Error(err))
+		return
+	}
+	r.ph.done("template-script")
+	r.log.Info("served mode: template's script kept", zap.Duration("seconds", time.Since(t)))
+}
+
+// maxTemplateScript bounds a template's script (served.h: SV_SCRIPT_MAX).
+const maxTemplateScript = 8 << 30
 
 // driverCheckpoint locks the process in the driver and checkpoints its
 // residual context (it is quiesced, drained and dropped by now), adding the

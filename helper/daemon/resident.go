@@ -34,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/helper/engine"
+	"github.com/gpucr/gpucr/helper/served"
 	"github.com/gpucr/gpucr/image"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
@@ -174,13 +175,15 @@ func (rs *residentSet) takeOldestOn(dev Device) *resident {
 
 // status lists every resident image for Status (residentsSeenBy picks a
 // caller's).
-func (rs *residentSet) status() []*helperpb.ResidentImage {
+// templates counts each directory's templates (templatesOf).
+func (rs *residentSet) status(templates map[string]uint32) []*helperpb.ResidentImage {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	var out []*helperpb.ResidentImage
 	for _, r := range rs.byKey {
 		out = append(out, &helperpb.ResidentImage{ImageDir: r.dir, Bytes: r.bytes, Buffers: uint32(len(r.made)),
-			OwnerUid: r.owner, LoadedUnixMs: r.loaded.UnixMilli(), Restores: r.restores.Load()})
+			OwnerUid: r.owner, LoadedUnixMs: r.loaded.UnixMilli(), Restores: r.restores.Load(),
+			Templates: templates[templateTag(r.key)]})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ImageDir < out[j].ImageDir })
 	return out
@@ -240,7 +243,7 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	}
 	defer releaseGPU()
 	ok, already, held := s.residents.reserve(key, imgID, size, s.cfg.ResidentMemory)
-	if already {
+	if already && !req.Template {
 		return okResp(id)
 	}
 	if !ok {
@@ -248,11 +251,16 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 			"the GPU image in %s needs %s: resident images may take %s (--resident-memory), and take %s already (gpucr image unload DIR gives one up)",
 			req.ImageDir, sizeStr(size), sizeStr(s.cfg.ResidentMemory), sizeStr(held))
 	}
-	defer s.residents.unreserve(size)
+	if !already {
+		defer s.residents.unreserve(size)
+	}
 
 	place, err := placeGPUs(imageGPUs(im, 0), s.cfg.Devices, im.Manifest().GetOrigin().GetGpuModel(), nil, s.pool.restoreRoom)
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "%v", err)
+	}
+	if already { // resident since an earlier load: its templates only
+		return s.makeTemplates(c, id, im, owner, key, req.ImageDir, place)
 	}
 	r := &resident{key: key, dir: req.ImageDir, id: imgID, owner: c.cred.Uid, imageOwner: owner, bytes: size, loaded: time.Now()}
 	var bufs []int
@@ -287,14 +295,22 @@ func (s *Server) loadResident(c *conn, id uint64, req *helperpb.LoadResident, di
 	}
 	if old := s.residents.put(r); old != nil { // another image written into the directory since
 		old.giveUp()
+		if s.served != nil {
+			s.served.DropTemplates(templateTag(key))
+		}
 	}
 	s.log.Info("image resident", zap.String("image", req.ImageDir), zap.Uint64("bytes", size),
 		zap.Int("buffers", len(r.regions)), zap.Duration("took", time.Since(r.loaded)))
+	if req.Template {
+		return s.makeTemplates(c, id, im, owner, key, req.ImageDir, place)
+	}
 	return okResp(id)
 }
 
 // unload runs an UnloadResident request.
-func (rs *residentSet) unload(log *zap.Logger, c *conn, id uint64, req *helperpb.UnloadResident, dir *os.File) *helperpb.Response {
+// The templates made from the directory's image go too (pool: nil when
+// served mode is off).
+func (rs *residentSet) unload(log *zap.Logger, pool *served.Pool, c *conn, id uint64, req *helperpb.UnloadResident, dir *os.File) *helperpb.Response {
 	var key residentKey
 	var err error
 	if dir != nil {
@@ -315,11 +331,19 @@ func (rs *residentSet) unload(log *zap.Logger, c *conn, id uint64, req *helperpb
 	if refused {
 		return errResp(id, helperpb.ErrorCode_ERROR_PERMISSION, "uid %d may not unload the GPU image in %s (uid %d's)", c.cred.Uid, req.ImageDir, r.owner)
 	}
-	if r == nil {
+	templates := 0
+	if pool != nil && (r != nil || c.cred.Uid == 0 || pool.TemplatesOnlyOf(templateTag(key), c.cred.Uid)) {
+		templates = pool.DropTemplates(templateTag(key))
+	}
+	if r == nil && templates == 0 {
 		return errResp(id, helperpb.ErrorCode_ERROR_NOT_FOUND, "the GPU image in %s is not resident", req.ImageDir)
 	}
-	r.giveUp()
-	log.Info("resident image given up", zap.String("image", r.dir), zap.Uint64("bytes", r.bytes))
+	if r != nil {
+		r.giveUp()
+		log.Info("resident image given up", zap.String("image", r.dir), zap.Uint64("bytes", r.bytes), zap.Int("templates", templates))
+	} else {
+		log.Info("templates given up", zap.String("image", req.ImageDir), zap.Int("templates", templates))
+	}
 	return okResp(id)
 }
 

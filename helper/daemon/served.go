@@ -66,7 +66,7 @@ func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helper
 	if err != nil {
 		return errResp(id, helperpb.ErrorCode_ERROR_STATE, "socketpair: %v", err), -1
 	}
-	w, err := pool.Serve(dev, c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1])
+	w, template, err := pool.Serve(dev, c.cred.Uid, c.cred.Gid, groups, int64(c.cred.Pid), pair[1], req.TemplateToken)
 	unix.Close(pair[1])
 	if err != nil {
 		unix.Close(pair[0])
@@ -77,9 +77,9 @@ func assignWorker(pool *served.Pool, cfg Config, c *conn, id uint64, req *helper
 		c.log.Warn("served mode: no worker", zap.Int("device", dev), zap.Error(err))
 		return errResp(id, code, "served mode: %v", err), -1
 	}
-	c.log.Info("served mode: worker assigned", zap.Int("worker_pid", w.Pid()), zap.Int("device", dev))
+	c.log.Info("served mode: worker assigned", zap.Int("worker_pid", w.Pid()), zap.Int("device", dev), zap.Bool("template", template))
 	return &helperpb.Response{Id: id, Body: &helperpb.Response_Serve{Serve: &helperpb.ServeReply{
-		WorkerPid: int64(w.Pid()), Device: uint32(dev), Uuid: cfg.Devices[dev].Info().GetUuid()}}}, pair[0]
+		WorkerPid: int64(w.Pid()), Device: uint32(dev), Uuid: cfg.Devices[dev].Info().GetUuid(), Template: template}}}, pair[0]
 }
 
 // servedDevice is the device a Serve gets a worker on: where the caller's
@@ -133,6 +133,10 @@ func servedStatus(pool *served.Pool, devices int) *helperpb.ServedPool {
 		out.Workers = append(out.Workers, &helperpb.ServedWorker{Pid: int64(w.Pid), Device: uint32(w.Device), Uid: w.UID,
 			ClientPid: w.ClientPid, WarmNs: uint64(w.Warm)})
 	}
+	for _, t := range pool.Templates() {
+		out.Templates = append(out.Templates, &helperpb.ServedTemplate{WorkerPid: int64(t.Pid), Device: uint32(t.Device),
+			Uid: t.UID, ImageDir: t.Image, MadeNs: uint64(t.Made)})
+	}
 	return out
 }
 
@@ -146,6 +150,11 @@ func servedSeenBy(p *helperpb.ServedPool, caller uint32) *helperpb.ServedPool {
 	for _, w := range p.Workers {
 		if w.Uid == caller {
 			out.Workers = append(out.Workers, w)
+		}
+	}
+	for _, t := range p.Templates {
+		if t.Uid == caller {
+			out.Templates = append(out.Templates, t)
 		}
 	}
 	return out

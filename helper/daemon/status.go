@@ -208,7 +208,7 @@ const quietFor = 5 * time.Second
 func (s *Server) status() *helperpb.StatusReply {
 	clients := s.reg.connectedClients()
 	out := &helperpb.StatusReply{HelperVersion: s.cfg.Version, Devices: devicesInfo(s.cfg.Devices), Unavailable: s.cfg.Unavailable,
-		Driver: s.cfg.Driver, ResidentImages: s.residents.status(), ResidentBudget: s.cfg.ResidentMemory,
+		Driver: s.cfg.Driver, ResidentImages: s.residents.status(templatesOf(s.served)), ResidentBudget: s.cfg.ResidentMemory,
 		Served: servedStatus(s.served, len(s.cfg.Devices))}
 	for i, d := range s.cfg.Devices {
 		if fm, ok := d.(interface{ FreeMemory() (uint64, error) }); ok {

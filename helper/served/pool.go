@@ -22,8 +22,9 @@ import (
 
 // Defaults of PoolConfig's zero fields.
 const (
-	DefaultStartTimeout = 60 * time.Second
-	DefaultMaxPerUID    = 16
+	DefaultStartTimeout    = 60 * time.Second
+	DefaultTemplateTimeout = 5 * time.Minute
+	DefaultMaxPerUID       = 16
 )
 
 // PoolConfig is how the helper keeps its workers.
@@ -34,6 +35,9 @@ type PoolConfig struct {
 	// that runs gpucr takes its library path and gpucr's file there).
 	Exe  string
 	Args []string
+	// Native: Exe is gpucr-worker, which runs templates (gpucr's own
+	// served-worker runs none).
+	Native bool
 	// Size is how many idle, pre-warmed workers each device keeps.
 	Size int
 	// Devices is how many devices there are (ordinals 0..Devices-1).
@@ -49,6 +53,8 @@ type PoolConfig struct {
 	Env []string
 	// StartTimeout bounds a worker's start, its context included.
 	StartTimeout time.Duration
+	// TemplateTimeout bounds a template's script (its module loads).
+	TemplateTimeout time.Duration
 	// MaxPerUID bounds the workers assigned to one uid at a time (root's
 	// are not bounded): each holds a context on a device, which the helper
 	// made on the user's behalf.
@@ -72,6 +78,10 @@ type Pool struct {
 	// failing holds, per device, the last start's error while starts fail:
 	// the pool does not start another in the background until a Take asks.
 	failing map[int]error
+	// templates: workers that ran a template's script and wait for its
+	// process (template.go), by the script's token. Each is counted in
+	// perUID.
+	templates map[string]*Worker
 }
 
 // Worker is one worker process, as the pool sees it.
@@ -87,6 +97,8 @@ type Worker struct {
 	uid       uint32
 	clientPid int64
 	since     time.Time
+	// set while it is a template (under the pool's lock)
+	tmpl *templateOf
 }
 
 // Pid is the worker's process id.
@@ -103,6 +115,9 @@ func NewPool(cfg PoolConfig) *Pool {
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
 	}
+	if cfg.TemplateTimeout <= 0 {
+		cfg.TemplateTimeout = DefaultTemplateTimeout
+	}
 	if cfg.MaxPerUID <= 0 {
 		cfg.MaxPerUID = DefaultMaxPerUID
 	}
@@ -113,7 +128,7 @@ func NewPool(cfg PoolConfig) *Pool {
 		cfg.Env = WorkerEnv(os.Environ())
 	}
 	p := &Pool{cfg: cfg, idle: map[int][]*Worker{}, starting: map[int]int{}, assigned: map[*Worker]struct{}{},
-		perUID: map[uint32]int{}, failing: map[int]error{}}
+		perUID: map[uint32]int{}, failing: map[int]error{}, templates: map[string]*Worker{}}
 	p.mu.Lock()
 	for d := 0; d < cfg.Devices; d++ {
 		p.fillLocked(d)
@@ -254,6 +269,12 @@ func (p *Pool) reap(w *Worker) {
 		p.cfg.Log.Debug("served mode: worker ended", zap.Int("pid", w.pid), zap.Int64("client_pid", w.clientPid), zap.Error(err))
 		return
 	}
+	if t := w.tmpl; t != nil && p.templates[t.token] == w {
+		delete(p.templates, t.token)
+		p.releaseUIDLocked(t.uid)
+		p.cfg.Log.Info("served mode: a template ended", zap.Int("pid", w.pid), zap.String("image", t.image), zap.Error(err))
+		return
+	}
 	idle := p.idle[w.device]
 	for i, x := range idle {
 		if x == w {
@@ -306,10 +327,39 @@ var ErrPerUID = errors.New("too many served processes for this user")
 // groups) and gives it sock, the worker's end of that process's socket:
 // from the pool's idle workers, or one started now if there is none. The
 // pool then starts another in the background.
-func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock int) (*Worker, error) {
+//
+// token (may be empty) names a template's script: the template that ran
+// it is assigned instead, if it is of this device, user, group and groups
+// (template says so); a template of anything else is left alone.
+func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock int, token []byte) (w *Worker, template bool, err error) {
 	if d < 0 || d >= p.cfg.Devices {
-		return nil, fmt.Errorf("no device %d (the helper has %d)", d, p.cfg.Devices)
+		return nil, false, fmt.Errorf("no device %d (the helper has %d)", d, p.cfg.Devices)
 	}
+	if w := p.takeTemplate(token, d, uid, gid, groups); w != nil {
+		if err := w.assign(uid, gid, groups, pid, sock, false, p.cfg.StartTimeout); err == nil {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			w.uid, w.clientPid, w.since = uid, pid, time.Now()
+			select {
+			case <-w.exited:
+				p.releaseUIDLocked(uid)
+			default:
+				p.assigned[w] = struct{}{}
+			}
+			return w, true, nil
+		} else {
+			w.kill()
+			p.mu.Lock()
+			p.releaseUIDLocked(uid) // the template's, which takeTemplate left counted
+			p.mu.Unlock()
+			p.cfg.Log.Warn("served mode: a template did not take its process; a worker from the pool does", zap.Error(err))
+		}
+	}
+	w, err = p.serve(d, uid, gid, groups, pid, sock)
+	return w, false, err
+}
+
+func (p *Pool) serve(d int, uid, gid uint32, groups []uint32, pid int64, sock int) (*Worker, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -334,7 +384,7 @@ func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock in
 		w, err = p.start(d)
 	}
 	if err == nil {
-		err = w.assign(uid, gid, groups, pid, sock, p.cfg.StartTimeout)
+		err = w.assign(uid, gid, groups, pid, sock, false, p.cfg.StartTimeout)
 		if err != nil {
 			w.kill()
 		}
@@ -355,18 +405,32 @@ func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock in
 	return w, nil
 }
 
-func (w *Worker) assign(uid, gid uint32, groups []uint32, pid int64, sock int, timeout time.Duration) error {
+// assign gives w the user and fd: the served process's socket, or with
+// template a template's script (the worker's control socket stays open
+// then, for the assignment of its process).
+func (w *Worker) assign(uid, gid uint32, groups []uint32, pid int64, fd int, template bool, timeout time.Duration) error {
+	_, err := w.assignFor(uid, gid, groups, pid, fd, template, timeout)
+	return err
+}
+
+func (w *Worker) assignFor(uid, gid uint32, groups []uint32, pid int64, fd int, template bool, timeout time.Duration) (*helperpb.WorkerReady, error) {
 	req := &helperpb.Request{Id: 1, Body: &helperpb.Request_AssignWorker{AssignWorker: &helperpb.AssignWorker{
-		Uid: uid, Gid: gid, Groups: groups, ClientPid: pid}}}
-	if err := w.ctl.Write(req, []int{sock}); err != nil {
-		return fmt.Errorf("worker %d: assigning: %w", w.pid, err)
+		Uid: uid, Gid: gid, Groups: groups, ClientPid: pid, Template: template}}}
+	if err := w.ctl.Write(req, []int{fd}); err != nil {
+		return nil, fmt.Errorf("worker %d: assigning: %w", w.pid, err)
 	}
-	if _, err := w.answer(timeout); err != nil {
-		return fmt.Errorf("worker %d: taking uid %d: %w", w.pid, uid, err)
+	ready, err := w.answer(timeout)
+	if err != nil {
+		if template {
+			return nil, fmt.Errorf("worker %d: the template's script as uid %d: %w", w.pid, uid, err)
+		}
+		return nil, fmt.Errorf("worker %d: taking uid %d: %w", w.pid, uid, err)
 	}
-	// The worker needs nothing more from the helper; it ends with its process.
-	w.ctl.Close()
-	return nil
+	if !template {
+		// The worker needs nothing more from the helper; it ends with its process.
+		w.ctl.Close()
+	}
+	return ready, nil
 }
 
 // WorkerInfo is one worker, for Status.

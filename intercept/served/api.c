@@ -1758,9 +1758,24 @@ CUresult sv_global_restore(sv_global *g) {
     if (!g->saved)
         return CUDA_SUCCESS;
     CUresult r = htod(g->addr, g->saved, g->size, SV_STREAM_NULL, false);
-    free(g->saved);
-    g->saved = NULL;
+    if (!sv_recording) {
+        free(g->saved);
+        g->saved = NULL;
+    }
     return r;
+}
+
+void sv_globals_forget_saved(void) {
+    for (unsigned k = SV_K_MODULE; k <= SV_K_LIBRARY; k += SV_K_LIBRARY - SV_K_MODULE)
+        for (uint32_t id = 1, end = sv_id_end(k); id < end; id++) {
+            sv_image *im = sv_id_live(k, id) ? sv_id_data(k, id) : NULL;
+            pthread_mutex_lock(&sv_func_mu);
+            for (sv_global *g = im ? im->globals : NULL; g; g = g->next) {
+                free(g->saved);
+                g->saved = NULL;
+            }
+            pthread_mutex_unlock(&sv_func_mu);
+        }
 }
 
 SV_API CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name) {

@@ -95,6 +95,18 @@ SV_HIDDEN CUresult sv_recv_fd_rec(unsigned op, struct sv_fd_rec *q, void *out, u
 SV_API int gpucrServedDetach(void);
 SV_API int gpucrServedAttach(void);
 
+/* A template's script (script.c): while sv_recording, a record committed goes into the script, not to a worker
+ * (sv_commit), and a synchronous one is answered at once. sv_script_expect gives the next answer's data: what a
+ * worker that runs the script must answer too. sv_script_end: the sealed memfd, or -1 (*why says why). */
+SV_HIDDEN extern bool sv_recording;
+SV_HIDDEN bool sv_script_begin(void);
+SV_HIDDEN void sv_script_record(const struct sv_rec *rec);
+SV_HIDDEN void sv_script_expect(const void *p, uint32_t n);
+SV_HIDDEN int sv_script_end(const uint8_t token[SV_TOKEN_BYTES], bool keep, const char **why);
+/* Exported for the interposer (GC_SERVED_SCRIPT): after a detach, the script of a template of this process (a
+ * sealed memfd, the caller's to close), or -1 after a line that says why. A later attach asks for that template. */
+SV_API int gpucrServedScript(void);
+
 /* The image sequence (an image's chunks, then the record that loads it) from one thread at a time. */
 SV_HIDDEN void sv_image_lock(void);
 SV_HIDDEN void sv_image_unlock(void);
@@ -146,8 +158,11 @@ typedef struct sv_global {
 } sv_global;
 /* At a detach (ring.c), the worker synchronized: every global's contents read into saved (api.c). */
 SV_HIDDEN void sv_globals_save(void);
-/* At a replay: g's contents written into the new worker's copy at the same address, saved freed (api.c). */
+/* At a replay: g's contents written into the new worker's copy at the same address, saved freed (api.c); kept
+ * while a script is written (the attach after it may replay). */
 SV_HIDDEN CUresult sv_global_restore(sv_global *g);
+/* An attach to a template, which has the globals' contents: what was saved for a replay goes. */
+SV_HIDDEN void sv_globals_forget_saved(void);
 
 /* A module's or library's record: its image and its load record (a library's JIT options), for a replay. */
 typedef struct {

@@ -54,6 +54,7 @@ static CUresult reservations(void) {
     for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
         struct sv_vmm_rec q = {.a = v[i].size, .b = v[i].align, .c = v[i].base};
         uint64_t got = 0;
+        sv_script_expect(&v[i].base, sizeof v[i].base); /* a template's worker must reserve it there too */
         r = sv_sync(SV_OP_VMM_RESERVE, &q, sizeof q, &got, sizeof got, NULL, false);
         if (r == CUDA_SUCCESS && got != v[i].base) {
             struct sv_vmm_rec f = {.a = got, .b = v[i].size};
@@ -163,6 +164,7 @@ static CUresult globals_check(unsigned kind, uint32_t id, const sv_image *im) {
     for (sv_global *g = first; g && r == CUDA_SUCCESS; g = g->next) {
         struct sv_global_rec q = {id, kind == SV_K_LIBRARY};
         uint64_t v[2] = {0, 0};
+        sv_script_expect(&g->addr, sizeof g->addr); /* where the process's pointers to it point */
         r = step(sv_sync_named(SV_OP_GET_GLOBAL, &q, sizeof q, g->name, v, sizeof v, NULL), "a global of", id);
         if (r == CUDA_SUCCESS && v[0] != g->addr)
             sv_warn(

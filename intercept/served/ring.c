@@ -54,6 +54,10 @@ static struct {
     unsigned device;       /* what the first Serve asked for */
     char uuid[64];         /* the device served (ServeReply.uuid): what an attach asks for again */
     int32_t deferred_kept; /* an asynchronous failure not yet returned when the ring went away at a detach */
+    /* The token of the script written at the last detach (gpucrServedScript): the attach asks for its template. */
+    uint8_t token[SV_TOKEN_BYTES];
+    bool have_token;
+    bool attached_template; /* the last attach found its template: nothing was made again */
 } R = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .prod_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -191,7 +195,10 @@ typedef Gpucr__Helper__V1__Request Req;
 typedef Gpucr__Helper__V1__Response Resp;
 
 /* The worker's socket from the helper at path (-1: the line said why). */
-static int serve_from_helper(const char *path, unsigned device, const char *uuid) {
+/* The helper's worker for this process: its socket, or -1 after a line that says why. token (may be NULL): the
+ * template asked for; *templ says whether the worker is it. */
+static int serve_from_helper(const char *path, unsigned device, const char *uuid, const uint8_t *token, bool *templ) {
+    *templ = false;
     int fd = unix_connect(path);
     if (fd < 0) {
         fprintf(stderr, "gpucr: served mode: no helper at %s (%s): no GPU for this process\n", path, strerror(errno));
@@ -223,6 +230,10 @@ static int serve_from_helper(const char *path, unsigned device, const char *uuid
     Gpucr__Helper__V1__Serve sv = GPUCR__HELPER__V1__SERVE__INIT;
     sv.device = device;
     sv.uuid = (char *)(uuid ? uuid : "");
+    if (token) {
+        sv.template_token.data = (uint8_t *)token;
+        sv.template_token.len = SV_TOKEN_BYTES;
+    }
     req = (Req)GPUCR__HELPER__V1__REQUEST__INIT;
     req.id = 2;
     req.body_case = GPUCR__HELPER__V1__REQUEST__BODY_SERVE;
@@ -245,6 +256,7 @@ static int serve_from_helper(const char *path, unsigned device, const char *uuid
         return -1;
     }
     R.worker_pid = (int)resp->serve->worker_pid;
+    *templ = token && resp->serve->template_;
     snprintf(R.uuid, sizeof R.uuid, "%s", resp->serve->uuid ? resp->serve->uuid : "");
     gpucr__helper__v1__response__free_unpacked(resp, NULL);
     return fds[0];
@@ -354,7 +366,8 @@ CUresult sv_connect(void) {
         device = (unsigned)v;
     }
     R.device = device;
-    int sock = r == CUDA_SUCCESS ? serve_from_helper(path, device, NULL) : -1;
+    bool templ;
+    int sock = r == CUDA_SUCCESS ? serve_from_helper(path, device, NULL, NULL, &templ) : -1;
     if (r == CUDA_SUCCESS && sock < 0)
         r = CUDA_ERROR_NO_DEVICE;
     if (r == CUDA_SUCCESS) {
@@ -464,7 +477,13 @@ CUresult sv_begin(sv_slot *s, unsigned op, uint32_t len, uint32_t reply, unsigne
 
 void sv_commit(sv_slot *s) {
     struct sv_header *h = &sv_sh->h;
-    (void)s;
+    if (sv_recording) {
+        /* No worker: the record goes into the script, answered there; the next one is written at the start. */
+        sv_script_record(s->rec);
+        R.head = R.next_head = R.tail_seen = 0;
+        pthread_mutex_unlock(&R.prod_mu);
+        return;
+    }
     R.head = R.next_head;
     atomic_store_explicit(&h->head, R.head, memory_order_release);
     /* Dekker with the parking worker (exec.c wait_work): publish, fence, then read its flag. */
@@ -843,7 +862,10 @@ SV_API int gpucrServedAttach(void) {
     const char *path = env && *env ? env : "/run/gpucr/helper.sock";
     char uuid[sizeof R.uuid];
     memcpy(uuid, R.uuid, sizeof uuid);
-    int sock = serve_from_helper(path, R.device, uuid[0] ? uuid : NULL);
+    bool templ = false;
+    int sock = serve_from_helper(path, R.device, uuid[0] ? uuid : NULL, R.have_token ? R.token : NULL, &templ);
+    R.have_token = false; /* one attach per script: the process runs on from here and its objects change */
+    R.attached_template = templ;
     CUresult r = sock < 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
     if (r == CUDA_SUCCESS) {
         R.sock = sock;
@@ -855,9 +877,14 @@ SV_API int gpucrServedAttach(void) {
     }
     if (r == CUDA_SUCCESS) {
         sv_api_attached(strcmp(uuid, R.uuid) != 0);
-        replaying = true;
-        r = sv_replay();
-        replaying = false;
+        if (templ) {
+            /* The worker ran this process's script before the restore: every object is there already. */
+            sv_globals_forget_saved();
+        } else {
+            replaying = true;
+            r = sv_replay();
+            replaying = false;
+        }
     }
     if (r == CUDA_SUCCESS && R.deferred_kept) {
         /* the process's own failure from before the detach, for its next synchronizing call */
@@ -873,6 +900,49 @@ SV_API int gpucrServedAttach(void) {
     atomic_store(&sv_up, SV_S_UP);
     futex_wake_int(&sv_up);
     pthread_mutex_unlock(&R.init_mu);
-    sv_debug("served mode: attached to the worker (pid %d) on %s", R.worker_pid, R.uuid);
+    sv_debug("served mode: attached to the worker (pid %d) on %s%s", R.worker_pid, R.uuid,
+             templ ? ", a template of this process" : "");
     return 0;
+}
+
+/* ---- a template's script ---- */
+
+SV_API int gpucrServedScript(void) {
+    pthread_mutex_lock(&R.init_mu);
+    if (atomic_load(&sv_up) != SV_S_DETACHED || sv_sh || R.sock >= 0) {
+        pthread_mutex_unlock(&R.init_mu);
+        sv_warn("served mode: no template's script: the process is not detached from its worker");
+        return -1;
+    }
+    /* The ring the replay writes into: private, with no worker behind it (sv_commit hands each record to the
+     * script). Every other thread of the process waits in sv_enter, as for an attach. */
+    struct sv_shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t token[SV_TOKEN_BYTES];
+    bool ok = sh != MAP_FAILED && getentropy(token, sizeof token) == 0 && sv_script_begin();
+    const char *why = "no memory for it";
+    int fd = -1;
+    if (ok) {
+        sv_sh = sh;
+        R.head = R.next_head = R.tail_seen = 0;
+        atomic_store(&R.reply_bits, 0);
+        atomic_store(&R.stage_next, 0);
+        sv_recording = true;
+        replaying = true;
+        CUresult r = sv_replay();
+        replaying = false;
+        sv_recording = false;
+        sv_sh = NULL;
+        fd = sv_script_end(token, r == CUDA_SUCCESS, &why);
+    }
+    if (sh != MAP_FAILED)
+        munmap(sh, sizeof *sh);
+    R.head = R.next_head = R.tail_seen = 0;
+    atomic_store(&R.reply_bits, 0);
+    R.have_token = fd >= 0;
+    if (fd >= 0)
+        memcpy(R.token, token, sizeof token);
+    pthread_mutex_unlock(&R.init_mu);
+    if (fd < 0)
+        sv_warn("served mode: no template's script for this checkpoint: %s", why);
+    return fd;
 }

@@ -57,9 +57,12 @@ GC_HIDDEN void gc_resolve(void);
  */
 #define GC_SERVED_DETACH "gpucrServedDetach"
 #define GC_SERVED_ATTACH "gpucrServedAttach"
+#define GC_SERVED_SCRIPT "gpucrServedScript"
 GC_HIDDEN bool gc_driver_served(void);
 GC_HIDDEN int gc_driver_served_detach(void);
 GC_HIDDEN int gc_driver_served_attach(void);
+/* After a detach: the served library's template script (a sealed memfd), or -1 (it said why). */
+GC_HIDDEN int gc_driver_served_script(void);
 
 /* The driver's entry point, by name (resolved on first use). */
 #define GC_REAL(name) ((__typeof__(&name))gc_real(SYM_##name))

@@ -29,6 +29,7 @@ static void *libcuda;
 /* Served mode's library's own entry point, where the driver is that library (NULL: a driver). */
 static int (*served_detach)(void);
 static int (*served_attach)(void);
+static int (*served_script)(void);
 static pthread_once_t dlsym_once = PTHREAD_ONCE_INIT;
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
 static _Atomic int resolved;
@@ -76,6 +77,7 @@ static void do_resolve(void) {
             syms[i].real = rd(libcuda, syms[i].name);
         served_detach = (int (*)(void))rd(libcuda, GC_SERVED_DETACH);
         served_attach = (int (*)(void))rd(libcuda, GC_SERVED_ATTACH);
+        served_script = (int (*)(void))rd(libcuda, GC_SERVED_SCRIPT);
     }
     gc_scan_set_query((gc_paraminfo_fn)syms[SYM_cuFuncGetParamInfo].real,
                       (gc_paraminfo_fn)syms[SYM_cuKernelGetParamInfo].real);
@@ -113,6 +115,15 @@ int gc_driver_served_detach(void) {
         runtime_saved = true;
     }
     return served_detach();
+}
+
+int gc_driver_served_script(void) {
+    gc_resolve();
+    if (!served_script) {
+        gc_warn("served mode: the driver library writes no template's script (an older gpucr's?)");
+        return -1;
+    }
+    return served_script();
 }
 
 int gc_driver_served_attach(void) {

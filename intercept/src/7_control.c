@@ -443,7 +443,7 @@ static bool set_wake_path(const char *w) {
 }
 
 /* Detach: only dropped, with both connections up; *detach tells control_main to go on with detached(). */
-static void do_detach(Req *req, Resp *resp, bool *detach) {
+static void do_detach(Req *req, Resp *resp, bool *detach, int *out_fd) {
     if (atomic_load(&G.state) != CLIENT_DROPPED) {
         set_error(resp, GPUCR__HELPER__V1__ERROR_CODE__ERROR_STATE, "Detach: not dropped");
     } else if (gc_link_state() != CONN_UP) {
@@ -454,8 +454,13 @@ static void do_detach(Req *req, Resp *resp, bool *detach) {
         /* Served mode: the worker's socket and ring go before the Ok, since the helper lets CRIU dump the process
          * once it has the answer (it hangs up itself, without waiting for detached()); detached() then finds
          * the worker let go already. */
-        if (gc_driver_served_detach() != 0)
+        int served = gc_driver_served_detach();
+        if (served != 0)
             gc_warn("served mode: the worker was not let go before the dump; the dump will refuse its socket");
+        /* A template's script: the replay a new worker would get, written now, while the process is as the dump
+         * keeps it; the Ok carries it. Without one the checkpoint goes on (the restore replays as always). */
+        if (served == 0 && req->detach->template_ && gc_driver_served())
+            *out_fd = gc_driver_served_script();
         *detach = true;
         set_ok(resp);
     }
@@ -707,6 +712,7 @@ serve:
         Resp resp = GPUCR__HELPER__V1__RESPONSE__INIT;
         snap_mem sm;
         bool snapped = false, detach = false;
+        int out_fd = -1; /* a descriptor the reply carries (Detach: a template's script) */
         static char abort_why[1024];
         abort_why[0] = 0;
         if (!req) {
@@ -751,7 +757,7 @@ serve:
                 snapped = true;
                 break;
             case GPUCR__HELPER__V1__REQUEST__BODY_GET_STATS: do_stats(&resp); break;
-            case GPUCR__HELPER__V1__REQUEST__BODY_DETACH: do_detach(req, &resp, &detach); break;
+            case GPUCR__HELPER__V1__REQUEST__BODY_DETACH: do_detach(req, &resp, &detach, &out_fd); break;
             case GPUCR__HELPER__V1__REQUEST__BODY_ABORT:
                 /* answered first, so the helper knows it was heard; then this process ends */
                 snprintf(abort_why, sizeof abort_why, "%s",
@@ -771,9 +777,12 @@ serve:
         rc = 0;
         if (out && olen) { /* every reply sets a body or an error: never empty */
             gpucr__helper__v1__response__pack(&resp, out);
-            rc = wire_send_frame(fd, out, olen, NULL, 0);
+            rc = wire_send_frame(fd, out, olen, out_fd >= 0 ? &out_fd : NULL, out_fd >= 0 ? 1 : 0);
         }
         free(out);
+        if (out_fd >= 0)
+            close(out_fd);
+        out_fd = -1;
         if (abort_why[0])
             gc_state_lost(abort_why);
         if (snapped)
