@@ -1772,51 +1772,372 @@ static int serve_loop(svc *s) {
     }
 }
 
-int sv_serve(int sock, char *err, size_t errlen) {
-    svc s;
-    memset(&s, 0, sizeof s);
-    s.sock = sock;
-    s.err = err;
-    s.errlen = errlen;
-    if (!W.prepared)
-        return fail(&s, "sv_serve before sv_prepare");
+/*
+ * The service's state lives as long as the worker: a template's script (sv_play) fills the handle tables that the
+ * process it then serves (sv_serve) names its objects by.
+ */
+static svc S;
+static bool S_made, S_played, S_served;
+
+static int svc_make(svc *s) {
+    if (S_made)
+        return 0;
     for (unsigned k = 0; k < SV_K_COUNT; k++)
-        if (!(s.tab[k] = calloc(sv_cap(k), sizeof(void *)))) {
-            for (unsigned j = 0; j < k; j++)
-                free(s.tab[j]);
-            return fail(&s, "out of memory for the handle tables");
+        if (!(s->tab[k] = calloc(sv_cap(k), sizeof(void *)))) {
+            for (unsigned j = 0; j < k; j++) {
+                free(s->tab[j]);
+                s->tab[j] = NULL;
+            }
+            return fail(s, "out of memory for the handle tables");
         }
-    s.hkey = calloc(HSLOTS, sizeof *s.hkey);
-    s.hrefs = calloc(HSLOTS, sizeof *s.hrefs);
-    if (!s.hkey || !s.hrefs) {
-        free(s.hkey);
-        free(s.hrefs);
-        for (unsigned k = 0; k < SV_K_COUNT; k++)
-            free(s.tab[k]);
-        return fail(&s, "out of memory for the VMM handle table");
+    s->hkey = calloc(HSLOTS, sizeof *s->hkey);
+    s->hrefs = calloc(HSLOTS, sizeof *s->hrefs);
+    if (!s->hkey || !s->hrefs) {
+        free(s->hkey);
+        free(s->hrefs);
+        s->hkey = NULL;
+        s->hrefs = NULL;
+        for (unsigned k = 0; k < SV_K_COUNT; k++) {
+            free(s->tab[k]);
+            s->tab[k] = NULL;
+        }
+        return fail(s, "out of memory for the VMM handle table");
     }
-    int rc = handshake(&s);
-    if (rc == 1)
-        rc = 0; /* the client left before it said anything */
-    else if (rc == 0)
-        rc = serve_loop(&s);
-    /* The worker ends with its client: the driver frees the context's objects at the exit. */
-    if (s.sh)
-        munmap(s.sh, sizeof(struct sv_shared));
-    drop_image(&s);
-    wblas_env be = {s.tab, blas_stream, &s};
+    S_made = true;
+    return 0;
+}
+
+static void svc_free(svc *s) {
+    if (!S_made)
+        return;
+    drop_image(s);
+    wblas_env be = {s->tab, blas_stream, s};
     wblas_free(&be);
     for (unsigned k = 0; k < SV_K_COUNT; k++) {
         if (k == SV_K_FUNC || k == SV_K_KERNEL)
             for (uint32_t i = 0; i < sv_cap(k); i++)
-                if (s.tab[k][i]) {
-                    struct wfunc *f = s.tab[k][i]; /* wkern has the same shape after its handle */
-                    layout_free(k == SV_K_FUNC ? &f->l : &((struct wkern *)s.tab[k][i])->l);
-                    free(s.tab[k][i]);
+                if (s->tab[k][i]) {
+                    struct wfunc *f = s->tab[k][i]; /* wkern has the same shape after its handle */
+                    layout_free(k == SV_K_FUNC ? &f->l : &((struct wkern *)s->tab[k][i])->l);
+                    free(s->tab[k][i]);
                 }
-        free(s.tab[k]);
+        free(s->tab[k]);
+        s->tab[k] = NULL;
     }
-    free(s.hkey);
-    free(s.hrefs);
+    free(s->hkey);
+    free(s->hrefs);
+    s->hkey = NULL;
+    s->hrefs = NULL;
+    S_made = false;
+}
+
+int sv_serve(int sock, char *err, size_t errlen) {
+    svc *s = &S;
+    s->err = err;
+    s->errlen = errlen;
+    if (!W.prepared)
+        return fail(s, "sv_serve before sv_prepare");
+    if (S_served)
+        return fail(s, "sv_serve called twice");
+    S_served = true;
+    if (svc_make(s) != 0)
+        return -1;
+    s->sock = sock;
+    s->sh = NULL;
+    s->tail = 0;
+    int rc = handshake(s);
+    if (rc == 1)
+        rc = 0; /* the client left before it said anything */
+    else if (rc == 0)
+        rc = serve_loop(s);
+    /* The worker ends with its client: the driver frees the context's objects at the exit. */
+    if (s->sh)
+        munmap(s->sh, sizeof(struct sv_shared));
+    s->sh = NULL;
+    svc_free(s);
+    return rc;
+}
+
+/* ---- a template's script (served.h: the records a checkpoint kept, run before the restore) ---- */
+
+static const char *const op_names[SV_OP_COUNT] = {
+    [SV_OP_PAD] = "PAD",
+    [SV_OP_QUERY] = "QUERY",
+    [SV_OP_PRIMARY_SET_FLAGS] = "PRIMARY_SET_FLAGS",
+    [SV_OP_CTX_SYNC] = "CTX_SYNC",
+    [SV_OP_MEM_ALLOC] = "MEM_ALLOC",
+    [SV_OP_MEM_ALLOC_PITCH] = "MEM_ALLOC_PITCH",
+    [SV_OP_MEM_FREE] = "MEM_FREE",
+    [SV_OP_MEM_RANGE] = "MEM_RANGE",
+    [SV_OP_MEM_ALLOC_ASYNC] = "MEM_ALLOC_ASYNC",
+    [SV_OP_MEM_FREE_ASYNC] = "MEM_FREE_ASYNC",
+    [SV_OP_HTOD] = "HTOD",
+    [SV_OP_DTOH] = "DTOH",
+    [SV_OP_DTOD] = "DTOD",
+    [SV_OP_MEMSET] = "MEMSET",
+    [SV_OP_STREAM_CREATE] = "STREAM_CREATE",
+    [SV_OP_STREAM_DESTROY] = "STREAM_DESTROY",
+    [SV_OP_STREAM_SYNC] = "STREAM_SYNC",
+    [SV_OP_STREAM_QUERY] = "STREAM_QUERY",
+    [SV_OP_STREAM_WAIT_EVENT] = "STREAM_WAIT_EVENT",
+    [SV_OP_STREAM_BEGIN_CAPTURE] = "STREAM_BEGIN_CAPTURE",
+    [SV_OP_STREAM_END_CAPTURE] = "STREAM_END_CAPTURE",
+    [SV_OP_STREAM_MEMOP] = "STREAM_MEMOP",
+    [SV_OP_EVENT_CREATE] = "EVENT_CREATE",
+    [SV_OP_EVENT_DESTROY] = "EVENT_DESTROY",
+    [SV_OP_EVENT_RECORD] = "EVENT_RECORD",
+    [SV_OP_EVENT_QUERY] = "EVENT_QUERY",
+    [SV_OP_EVENT_SYNC] = "EVENT_SYNC",
+    [SV_OP_EVENT_ELAPSED] = "EVENT_ELAPSED",
+    [SV_OP_IMAGE_CHUNK] = "IMAGE_CHUNK",
+    [SV_OP_MODULE_LOAD] = "MODULE_LOAD",
+    [SV_OP_MODULE_UNLOAD] = "MODULE_UNLOAD",
+    [SV_OP_MODULE_GET_FUNCTION] = "MODULE_GET_FUNCTION",
+    [SV_OP_LIBRARY_LOAD] = "LIBRARY_LOAD",
+    [SV_OP_LIBRARY_UNLOAD] = "LIBRARY_UNLOAD",
+    [SV_OP_LIBRARY_GET_KERNEL] = "LIBRARY_GET_KERNEL",
+    [SV_OP_KERNEL_GET_FUNCTION] = "KERNEL_GET_FUNCTION",
+    [SV_OP_LAUNCH] = "LAUNCH",
+    [SV_OP_GRAPH_INSTANTIATE] = "GRAPH_INSTANTIATE",
+    [SV_OP_GRAPH_LAUNCH] = "GRAPH_LAUNCH",
+    [SV_OP_GRAPH_EXEC_DESTROY] = "GRAPH_EXEC_DESTROY",
+    [SV_OP_GRAPH_DESTROY] = "GRAPH_DESTROY",
+    [SV_OP_VMM_GRANULARITY] = "VMM_GRANULARITY",
+    [SV_OP_VMM_RESERVE] = "VMM_RESERVE",
+    [SV_OP_VMM_ADDR_FREE] = "VMM_ADDR_FREE",
+    [SV_OP_VMM_CREATE] = "VMM_CREATE",
+    [SV_OP_VMM_RELEASE] = "VMM_RELEASE",
+    [SV_OP_VMM_MAP] = "VMM_MAP",
+    [SV_OP_VMM_UNMAP] = "VMM_UNMAP",
+    [SV_OP_VMM_SET_ACCESS] = "VMM_SET_ACCESS",
+    [SV_OP_VMM_IMPORT] = "VMM_IMPORT",
+    [SV_OP_VMM_EXPORT] = "VMM_EXPORT",
+    [SV_OP_VMM_RETAIN] = "VMM_RETAIN",
+    [SV_OP_VMM_PROPS] = "VMM_PROPS",
+    [SV_OP_FUNC_ATTR] = "FUNC_ATTR",
+    [SV_OP_GET_GLOBAL] = "GET_GLOBAL",
+    [SV_OP_STREAM_CREATE_PRIO] = "STREAM_CREATE_PRIO",
+    [SV_OP_CAPTURE_INFO] = "CAPTURE_INFO",
+    [SV_OP_CAPTURE_MODE] = "CAPTURE_MODE",
+    [SV_OP_POINTER_ATTRS] = "POINTER_ATTRS",
+    [SV_OP_CTX_LIMIT] = "CTX_LIMIT",
+    [SV_OP_GRAPH_NODES] = "GRAPH_NODES",
+    [SV_OP_BLAS_LOAD] = "BLAS_LOAD",
+    [SV_OP_BLAS_CREATE] = "BLAS_CREATE",
+    [SV_OP_BLAS_DESTROY] = "BLAS_DESTROY",
+    [SV_OP_BLAS_SET] = "BLAS_SET",
+    [SV_OP_BLAS_GEMM] = "BLAS_GEMM",
+    [SV_OP_LT_CREATE] = "LT_CREATE",
+    [SV_OP_LT_DESTROY] = "LT_DESTROY",
+    [SV_OP_LT_OBJ_CREATE] = "LT_OBJ_CREATE",
+    [SV_OP_LT_OBJ_DESTROY] = "LT_OBJ_DESTROY",
+    [SV_OP_LT_OBJ_SET] = "LT_OBJ_SET",
+    [SV_OP_LT_OBJ_GET] = "LT_OBJ_GET",
+    [SV_OP_LT_HEURISTIC] = "LT_HEURISTIC",
+    [SV_OP_LT_MATMUL] = "LT_MATMUL",
+    [SV_OP_BLAS_GEMV] = "BLAS_GEMV",
+    [SV_OP_BLAS_DOT] = "BLAS_DOT",
+};
+
+/* "record N (op NAME)", or "(op N)" for an op without a name here; "record N" before its op is known (op < 0). */
+static const char *rec_name(char *buf, size_t cap, uint64_t idx, long op) {
+    if (op < 0)
+        snprintf(buf, cap, "record %llu", (unsigned long long)idx);
+    else if (op < SV_OP_COUNT && op_names[op])
+        snprintf(buf, cap, "record %llu (op %s)", (unsigned long long)idx, op_names[op]);
+    else
+        snprintf(buf, cap, "record %llu (op %ld)", (unsigned long long)idx, op);
+    return buf;
+}
+
+/* At most 16 bytes as hex, "..." after when there are more. */
+static const char *hex(char *buf, size_t cap, const uint8_t *p, uint32_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (uint32_t i = 0; i < n && i < 16 && at + 3 < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%02x", p[i]);
+    if (n > 16 && at + 4 < cap)
+        snprintf(buf + at, cap - at, "...");
+    if (n == 0)
+        snprintf(buf, cap, "nothing");
+    return buf;
+}
+
+/* The script: the file's size, how far it was read. */
+typedef struct {
+    int fd;
+    uint64_t size, off;
+} script;
+
+/*
+ * n bytes at the script's offset into buf (NULL: skipped), then past them and their padding to 8 bytes. 0, or -1
+ * when the script (as its size said at the start, or as it reads now) ends before.
+ */
+static int script_take(svc *s, script *sc, void *buf, uint64_t n, const char *who, const char *what) {
+    uint64_t padded = sv_pad8(n);
+    if (padded > sc->size - sc->off)
+        return fail(s, "the script ends inside %s%s%s (%llu bytes at %llu of %llu)", who, *who ? "'s " : "", what,
+                    (unsigned long long)n, (unsigned long long)sc->off, (unsigned long long)sc->size);
+    uint8_t *p = buf;
+    uint64_t got = 0;
+    while (p && got < n) {
+        size_t want = n - got > (1u << 30) ? (1u << 30) : (size_t)(n - got);
+        ssize_t r = pread(sc->fd, p + got, want, (off_t)(sc->off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return fail(s, "reading the script at %llu: %s", (unsigned long long)(sc->off + got), strerror(errno));
+        if (r == 0)
+            return fail(s, "the script ends inside %s%s%s (it shrank to %llu bytes while it was read)", who,
+                        *who ? "'s " : "", what, (unsigned long long)(sc->off + got));
+        got += (uint64_t)r;
+    }
+    sc->off += padded;
+    return 0;
+}
+
+/* The records, one by one, on s->sh (private memory): 0, -1 (a malformed script), -2 (a record failed). */
+static int play(svc *s, int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return fail(s, "the script: fstat: %s", strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return fail(s, "the script is not a file (mode %#o)", (unsigned)st.st_mode);
+    if (st.st_size < 0 || (uint64_t)st.st_size > SV_SCRIPT_MAX)
+        return fail(s, "the script holds %lld bytes, more than %llu", (long long)st.st_size,
+                    (unsigned long long)SV_SCRIPT_MAX);
+    script sc = {fd, (uint64_t)st.st_size, 0};
+    struct sv_script_hdr hdr;
+    if (script_take(s, &sc, &hdr, sizeof hdr, "", "its header") != 0)
+        return -1;
+    if (hdr.magic != SV_SCRIPT_MAGIC)
+        return fail(s, "the script's magic is %#x, not %#x: not a template's script", hdr.magic, SV_SCRIPT_MAGIC);
+    if (hdr.version != SV_SCRIPT_VERSION || hdr.sv_version != SV_VERSION)
+        return fail(s,
+                    "the script is version %u of records of version %u; this worker runs version %u of records of "
+                    "version %u (update both to one gpucr)",
+                    hdr.version, hdr.sv_version, SV_SCRIPT_VERSION, SV_VERSION);
+    struct sv_header *h = &s->sh->h;
+    uint8_t expect[SV_REPLY_DATA];
+    char who[64], why[512], a[40], b[40];
+    uint32_t group = 0; /* the reply of the group the previous record was a member of; 0: none */
+    uint64_t i;
+    for (i = 0; i < hdr.entries; i++) {
+        struct sv_script_ent e;
+        struct sv_rec rec;
+        uint64_t at;
+        rec_name(who, sizeof who, i, -1);
+        if (script_take(s, &sc, &e, sizeof e, who, "entry") != 0)
+            return -1;
+        at = sc.off;
+        /* The op first, where the file holds it, so that every complaint below names it. */
+        long op = -1;
+        if (sc.size - sc.off >= sizeof rec && pread(fd, &rec, sizeof rec, (off_t)sc.off) == (ssize_t)sizeof rec)
+            op = rec.op;
+        rec_name(who, sizeof who, i, op);
+        if (e.rec_len < sizeof(struct sv_rec) || e.rec_len % SV_REC_ALIGN || e.rec_len > SV_RING_BYTES)
+            return fail(s, "%s: its length %u is not a record's (at least %zu, a multiple of %u, at most %u)", who,
+                        e.rec_len, sizeof(struct sv_rec), SV_REC_ALIGN, SV_RING_BYTES);
+        if (e.stage_len > SV_STAGE_BYTES)
+            return fail(s, "%s: %u bytes of staging, more than a slot's %u", who, e.stage_len, SV_STAGE_BYTES);
+        if (e.stage_len > 0 && e.stage_slot >= SV_NSTAGE)
+            return fail(s, "%s: staging slot %u of %u", who, e.stage_slot, SV_NSTAGE);
+        if (e.expect_len > SV_REPLY_DATA)
+            return fail(s, "%s: %u bytes expected of its reply, more than a reply's %u", who, e.expect_len,
+                        SV_REPLY_DATA);
+        /* At ring offset 0, as a client would have published it; the payload is read there. */
+        if (script_take(s, &sc, s->sh->ring, e.rec_len, who, "record") != 0)
+            return -1;
+        memcpy(&rec, s->sh->ring, sizeof rec);
+        rec_name(who, sizeof who, i, rec.op);
+        if (rec.len != e.rec_len)
+            return fail(s, "%s: its length %u is not its entry's %u", who, rec.len, e.rec_len);
+        if (rec.op == SV_OP_VMM_IMPORT || rec.op == SV_OP_VMM_EXPORT)
+            return fail(s, "%s passes a descriptor over the served process's socket: a template runs none", who);
+        if (rec.reply > SV_NREPLY)
+            return fail(s, "%s: reply slot %u of %u", who, rec.reply, SV_NREPLY);
+        bool member = (rec.flags & SV_F_GROUP) != 0;
+        if (e.expect_len > 0 && (rec.reply == 0 || member))
+            return fail(s, "%s: %u bytes expected of a reply it does not give", who, e.expect_len);
+        if (script_take(s, &sc, e.stage_len ? s->sh->stage[e.stage_slot] : NULL, e.stage_len, who, "staging") != 0 ||
+            script_take(s, &sc, expect, e.expect_len, who, "expected reply") != 0)
+            return -1;
+        if (e.stage_len > 0) { /* filled, as the client leaves a slot for the record that reads it */
+            struct sv_stagehdr *sg = &s->sh->stagehdr[e.stage_slot];
+            sg->result = 0;
+            sg->len = 0;
+            atomic_store(&sg->state, SV_PENDING);
+        }
+        struct sv_reply *rp = rec.reply ? &s->sh->reply[rec.reply - 1] : NULL;
+        if (rp && group != rec.reply) { /* claimed, as the client claims a slot (a group's once, at its first) */
+            rp->result = 0;
+            rp->len = 0;
+            atomic_store(&rp->state, SV_PENDING);
+        }
+        group = member ? rec.reply : 0;
+        s->tail = at; /* run_record's complaints name the record's offset in the script */
+        if (run_record(s, &rec, s->sh->ring + sizeof rec, rec.len - (uint32_t)sizeof rec) != 0) {
+            snprintf(why, sizeof why, "%s", s->err);
+            return fail(s, "%s is malformed: %s", who, why);
+        }
+        /* Checked at each record, so that the one that failed is named; the script's last is a synchronizing one
+         * in any case, as the restored process would have made after its replay. */
+        int32_t deferred = atomic_load(&h->deferred);
+        if (deferred != 0) {
+            fail(s, "%s failed in the template: %s (asynchronously)",
+                 rec_name(who, sizeof who, i, (long)atomic_load(&h->deferred_op)), errname((CUresult)deferred));
+            return -2;
+        }
+        if (!rp || member)
+            continue; /* no answer, or the group's last record gives it */
+        if (atomic_load(&rp->state) != SV_DONE) {
+            fail(s, "%s failed in the template: it gave no answer", who);
+            return -2;
+        }
+        if (rp->result != CUDA_SUCCESS) {
+            fail(s, "%s failed in the template: %s", who, errname((CUresult)rp->result));
+            return -2;
+        }
+        if (rp->len < e.expect_len || memcmp(rp->data, expect, e.expect_len) != 0) {
+            fail(s, "%s answered differently than at the checkpoint: %s here, %s there", who,
+                 hex(a, sizeof a, rp->data, rp->len), hex(b, sizeof b, expect, e.expect_len));
+            return -2;
+        }
+    }
+    if (group)
+        return fail(s, "the script ends inside a group (record %llu is a member, and none answers it)",
+                    (unsigned long long)(i - 1));
+    if (sc.off != sc.size)
+        return fail(s, "%llu bytes follow the script's last entry (record %llu)",
+                    (unsigned long long)(sc.size - sc.off), (unsigned long long)(i ? i - 1 : 0));
+    uint8_t extra;
+    if (pread(fd, &extra, 1, (off_t)sc.off) > 0)
+        return fail(s, "the script grew past its last entry while it was read");
+    return 0;
+}
+
+int sv_play(int fd, uint64_t *took_ns, char *err, size_t errlen) {
+    svc *s = &S;
+    long long t0 = sv_now_ns();
+    s->err = err;
+    s->errlen = errlen;
+    if (!W.prepared)
+        return fail(s, "sv_play before sv_prepare");
+    if (S_played || S_served)
+        return fail(s, "a worker runs one template's script, before it serves");
+    S_played = true;
+    if (svc_make(s) != 0)
+        return -1;
+    void *p = mmap(NULL, sizeof(struct sv_shared), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return fail(s, "mapping the template's shared memory: %s", strerror(errno));
+    s->sock = -1; /* none: records that use the socket are refused */
+    s->sh = p;
+    int rc = play(s, fd);
+    munmap(s->sh, sizeof(struct sv_shared));
+    s->sh = NULL; /* sv_serve maps the client's */
+    s->tail = 0;
+    if (rc == 0 && took_ns)
+        *took_ns = (uint64_t)(sv_now_ns() - t0);
     return rc;
 }

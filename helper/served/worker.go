@@ -40,6 +40,9 @@ const ControlFD = 3
 // WorkerCommand is the hidden subcommand that runs a worker.
 const WorkerCommand = "served-worker"
 
+// ErrNoTemplates is the answer of this worker to a template's AssignWorker.
+var ErrNoTemplates = errors.New("templates need gpucr-worker (gpucr served-worker runs none)")
+
 // RunWorker is the worker's whole life: make the context of device ordinal
 // (the driver at libcuda, "" for libcuda.so.1), say so on the control
 // socket, wait to be assigned, take the user, and serve the socket that
@@ -93,6 +96,12 @@ func RunWorker(ordinal int, libcuda, cublasDir string, ctl *os.File) error {
 	if a == nil || len(fds) != 1 {
 		wire.CloseFDs(fds)
 		return fmt.Errorf("served worker: expected AssignWorker with one socket, got %T with %d descriptors", req.Body, len(fds))
+	}
+	if a.Template {
+		// The script's file: gpucr-worker runs templates, this worker none.
+		wire.CloseFDs(fds)
+		_ = w.Write(&helperpb.Response{Id: req.Id, Error: &helperpb.Error{Code: helperpb.ErrorCode_ERROR_BAD_REQUEST, Message: ErrNoTemplates.Error()}}, nil)
+		return ErrNoTemplates
 	}
 	sock := fds[0]
 	defer unix.Close(sock)

@@ -15,6 +15,14 @@
  * load cuBLAS ahead), say so on the control socket (descriptor 3), wait for
  * AssignWorker with the served process's socket, take that process's user
  * for good, answer, and serve the socket until the process closes it.
+ *
+ * A template (AssignWorker.template: a script attached, not a socket): take
+ * the image owner's user, run the script (exec.h: sv_play), answer with how
+ * long it took, and wait for a second AssignWorker, of the same uid and gid,
+ * with the socket of the restored process that attaches; it finds its
+ * objects made. The helper closing the control socket meanwhile (the image
+ * unloaded) ends the template. A script that fails ends it too, after the
+ * error's answer: the worker then holds the failed script's objects.
  */
 #include <errno.h>
 #include <grp.h>
@@ -99,6 +107,40 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * The next request on the control socket, which must be AssignWorker with exactly one descriptor (the served
+ * process's socket, or a template's script): 1 with *req and *fd; 0 when the helper closed the socket (it let the
+ * worker go); -1 otherwise (said on stderr).
+ */
+static int next_assignment(Request **req, int *fd) {
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int fds[2], nfds = 0;
+    int rc = wire_recv_frame(CONTROL_FD, &buf, &len, fds, 2, &nfds);
+    if (rc == -EPIPE)
+        return 0;
+    if (rc != 0) {
+        fprintf(stderr, "gpucr: served worker: waiting to be assigned: %s\n", strerror(-rc));
+        return -1;
+    }
+    Request *r = gpucr__helper__v1__request__unpack(NULL, len, buf);
+    free(buf);
+    if (!r || r->body_case != GPUCR__HELPER__V1__REQUEST__BODY_ASSIGN_WORKER || nfds != 1) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        fprintf(stderr, "gpucr: served worker: expected AssignWorker with one descriptor\n");
+        if (r) {
+            answer(r->id, NULL, GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST,
+                   "served worker: expected AssignWorker with one descriptor");
+            gpucr__helper__v1__request__free_unpacked(r, NULL);
+        }
+        return -1;
+    }
+    *req = r;
+    *fd = fds[0];
+    return 1;
+}
+
 int main(int argc, char **argv) {
     int device = 0;
     const char *libcuda = NULL, *cublas = NULL;
@@ -139,32 +181,55 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    int fds[2], nfds = 0;
-    int rc = wire_recv_frame(CONTROL_FD, &buf, &len, fds, 2, &nfds);
-    if (rc == -EPIPE)
-        return 0; /* the helper let the worker go unassigned */
-    if (rc != 0) {
-        fprintf(stderr, "gpucr: served worker: waiting to be assigned: %s\n", strerror(-rc));
-        return 1;
-    }
-    Request *req = gpucr__helper__v1__request__unpack(NULL, len, buf);
-    free(buf);
-    if (!req || req->body_case != GPUCR__HELPER__V1__REQUEST__BODY_ASSIGN_WORKER || nfds != 1) {
-        for (int i = 0; i < nfds; i++)
-            close(fds[i]);
-        fprintf(stderr, "gpucr: served worker: expected AssignWorker with one socket\n");
-        if (req)
-            gpucr__helper__v1__request__free_unpacked(req, NULL);
-        return 1;
-    }
-    int sock = fds[0];
+    Request *req = NULL;
+    int sock = -1;
+    int rc = next_assignment(&req, &sock);
+    if (rc <= 0)
+        return -rc; /* 0: the helper let the worker go unassigned */
     const Gpucr__Helper__V1__AssignWorker *a = req->assign_worker;
     if (take_user(a->uid, a->gid, a->groups, a->n_groups, err, sizeof err) != 0) {
         answer(req->id, NULL, GPUCR__HELPER__V1__ERROR_CODE__ERROR_PERMISSION, err);
         fprintf(stderr, "gpucr: %s\n", err);
         return 1;
+    }
+    if (a->template_) {
+        /* A template: run the script, then wait for the process that attaches (the same user's). */
+        uint32_t uid = a->uid, gid = a->gid;
+        uint64_t took = 0;
+        rc = sv_play(sock, &took, err, sizeof err);
+        close(sock);
+        if (rc != 0) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "served worker: template: %s", err);
+            answer(req->id, NULL,
+                   rc == -2 ? GPUCR__HELPER__V1__ERROR_CODE__ERROR_DRIVER
+                            : GPUCR__HELPER__V1__ERROR_CODE__ERROR_BAD_REQUEST,
+                   msg);
+            fprintf(stderr, "gpucr: %s\n", msg);
+            return 1;
+        }
+        ready.template_ns = took;
+        if (answer(req->id, &ready, 0, NULL) != 0) {
+            fprintf(stderr, "gpucr: served worker: answering the template's assignment failed\n");
+            return 1;
+        }
+        gpucr__helper__v1__request__free_unpacked(req, NULL);
+        req = NULL;
+        rc = next_assignment(&req, &sock);
+        if (rc <= 0)
+            return -rc; /* 0: the helper let the template go (its image was unloaded) */
+        a = req->assign_worker;
+        if (a->template_ || a->uid != uid || a->gid != gid) {
+            char msg[200];
+            if (a->template_)
+                snprintf(msg, sizeof msg, "served worker: a template runs one script");
+            else
+                snprintf(msg, sizeof msg, "served worker: the template is uid %u gid %u's, not uid %u gid %u's", uid,
+                         gid, a->uid, a->gid);
+            answer(req->id, NULL, GPUCR__HELPER__V1__ERROR_CODE__ERROR_PERMISSION, msg);
+            fprintf(stderr, "gpucr: %s\n", msg);
+            return 1;
+        }
     }
     long long client = (long long)a->client_pid;
     if (answer(req->id, &ready, 0, NULL) != 0) {
