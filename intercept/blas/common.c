@@ -251,6 +251,17 @@ static cublasStatus_t load_locked(const struct sv_ext *x, unsigned which) {
     }
     uint8_t out[sizeof(struct sv_blas_loaded) + 600];
     uint32_t len = 0;
+    if (L.info[which].version) {
+        /* Loaded before (a replay): a template's worker must load the same library. */
+        struct sv_blas_loaded was;
+        memset(&was, 0, sizeof was);
+        was.version = L.info[which].version;
+        was.cudart_version = L.info[which].cudart_version;
+        was.major = L.info[which].major;
+        was.minor = L.info[which].minor;
+        was.patch = L.info[which].patch;
+        x->expect(&was, sizeof was);
+    }
     CUresult r = x->sync(SV_OP_BLAS_LOAD, rec, (uint32_t)n, out, sizeof out - 1, &len);
     if (r != CUDA_SUCCESS) {
         x->warn("served mode: %s: no answer from the worker: CUresult %d", sonames[which], (int)r);
@@ -353,6 +364,8 @@ cublasStatus_t bl_sync(const struct sv_ext *x, unsigned op, const void *pl, uint
                        uint32_t *outlen) {
     uint8_t buf[SV_REPLY_DATA];
     uint32_t len = 0;
+    static const int32_t ok = CUBLAS_STATUS_SUCCESS; /* what a template's worker must answer too */
+    x->expect(&ok, sizeof ok);
     CUresult r = x->sync(op, pl, plen, buf, sizeof buf, &len);
     if (r != CUDA_SUCCESS)
         return from_cu(r);

@@ -92,6 +92,7 @@ static const struct sv_ext EXT = {
     .cap_note = sv_cap_note,
     .warn = sv_warn,
     .debug = sv_debug,
+    .expect = sv_script_expect,
 };
 
 SV_API const struct sv_ext *gpucrServedExt(unsigned version) { return version == SV_EXT_VERSION ? &EXT : NULL; }

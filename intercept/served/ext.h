@@ -14,7 +14,7 @@
 
 #include "gpucr/cudadrv.h"
 
-#define SV_EXT_VERSION 2u
+#define SV_EXT_VERSION 3u
 #define SV_EXT_SYMBOL "gpucrServedExt"
 /* A record with no stream to note for a capture. */
 #define SV_EXT_NO_STREAM UINT32_MAX
@@ -47,6 +47,9 @@ struct sv_ext {
     void (*cap_note)(uint32_t stream, unsigned op, const void *pl, uint32_t plen);
     void (*warn)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
     void (*debug)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+    /* While a replay writes a template's script: the next synchronous record's answer, which a worker that runs the
+     * script must give too (its first n bytes); nothing otherwise. */
+    void (*expect)(const void *p, uint32_t n);
 };
 
 #endif

@@ -28,6 +28,12 @@ type servedStatus struct {
 			UID       json.Number `json:"uid"`
 			ClientPid json.Number `json:"client_pid"`
 		} `json:"workers"`
+		Templates []struct {
+			Pid       json.Number `json:"pid"`
+			Device    json.Number `json:"device"`
+			UID       json.Number `json:"uid"`
+			ImagesDir string      `json:"images_dir"`
+		} `json:"templates"`
 	} `json:"served"`
 }
 
