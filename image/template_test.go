@@ -91,6 +91,9 @@ func TestTemplateScript(t *testing.T) {
 	if _, err := im.TemplateScript(10); !errors.Is(err, ErrTemplateDamaged) || !strings.Contains(err.Error(), files[0]) {
 		t.Errorf("a damaged script: %v, want ErrTemplateDamaged naming %s", err, files[0])
 	}
+	if err := im.Verify(); !errors.Is(err, ErrTemplateDamaged) {
+		t.Errorf("Verify of an image with a damaged script: %v", err)
+	}
 	if err := os.WriteFile(files[0], script[:1000], 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,8 @@ const maxVerifyErrors = 1000
 // ancestors, and checks each file's size, CRC32C and content hash. A file
 // shared by several chunks is read once. It returns nil or the errors joined
 // (each a *ChunkError naming buffer, address, chunk and file; errors.Is
-// ErrCorrupt), at most maxVerifyErrors of them.
+// ErrCorrupt), at most maxVerifyErrors of them, and those of the template
+// scripts of served processes (ErrTemplateDamaged).
 func (im *Image) Verify() error {
 	type fileKey struct {
 		ancestor   uint32
@@ -93,6 +94,18 @@ func (im *Image) Verify() error {
 	}
 	if more > 0 {
 		errs = append(errs, fmt.Errorf("%w: %d more damaged chunks not listed", ErrCorrupt, more))
+	}
+	// Served processes' template scripts, against their size and hash.
+	for _, p := range im.m.GetProcesses() {
+		if p.GetTemplate() == nil {
+			continue
+		}
+		f, err := im.TemplateScript(int(p.GetPid()))
+		if err != nil {
+			errs = append(errs, err)
+		} else if f != nil {
+			f.Close()
+		}
 	}
 	return errors.Join(errs...)
 }
