@@ -216,7 +216,10 @@ INSTALL_DIRS   = $(CRIU_PLUGIN_DIR) $(PREFIX)/bin $(GPUCR_LIB_DIR) $(SYSTEMD_UNI
 	$(BASH_COMP_DIR) $(ZSH_COMP_DIR)
 INSTALLED_DIRS = $(GPUCR_LIB_DIR)/installed-dirs
 
-install: $(PLUGIN) $(GPUCR) $(WORKER) $(INTERCEPT) man
+# Served mode's libraries (gpucr run --served preloads them from $(GPUCR_LIB_DIR)/served).
+SERVED_LIBS := $(SERVED) $(RUNTIME) $(SERVED_NVML) $(SERVED_CUBLAS) $(SERVED_CUBLASLT)
+
+install: $(PLUGIN) $(GPUCR) $(WORKER) $(INTERCEPT) $(SERVED_LIBS) man
 	@for d in $(INSTALL_DIRS); do p="$(DESTDIR)$$d"; \
 		while [ ! -e "$$p" ]; do echo "$${p#"$(DESTDIR)"}"; p=$$(dirname "$$p"); done; \
 	done > $(BUILD)/installed-dirs.new
@@ -224,6 +227,8 @@ install: $(PLUGIN) $(GPUCR) $(WORKER) $(INTERCEPT) man
 	install -D -m 0755 $(GPUCR) $(DESTDIR)$(PREFIX)/bin/gpucr
 	install -D -m 0755 $(WORKER) $(DESTDIR)$(PREFIX)/bin/gpucr-worker
 	install -D -m 0755 $(INTERCEPT) $(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so
+	install -d -m 0755 $(DESTDIR)$(GPUCR_LIB_DIR)/served
+	install -m 0755 $(SERVED_LIBS) $(DESTDIR)$(GPUCR_LIB_DIR)/served/
 	install -d -m 0755 $(DESTDIR)$(SYSTEMD_UNIT_DIR)
 	sed -e 's|^ExecStart=/usr/local/bin/gpucr |ExecStart=$(PREFIX)/bin/gpucr |' \
 		-e 's|^Documentation=file:///usr/local/share/doc/gpucr/|Documentation=file://$(DOC_DIR)/|' \
@@ -248,9 +253,10 @@ uninstall:
 	rm -f $(DESTDIR)$(INSTALLED_DIRS) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
 		$(DESTDIR)$(PREFIX)/bin/gpucr-worker \
 		$(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service \
+		$(addprefix $(DESTDIR)$(GPUCR_LIB_DIR)/served/,$(notdir $(SERVED_LIBS))) \
 		$(DESTDIR)$(DOC_DIR)/helper-protocol.md $(DESTDIR)$(MAN_DIR)/gpucr.1 $(DESTDIR)$(MAN_DIR)/gpucr-*.1 \
 		$(DESTDIR)$(BASH_COMP_DIR)/gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr; \
-	for d in $$(printf '%s\n' $$dirs $(GPUCR_LIB_DIR) $(DOC_DIR) | sort -r -u); do \
+	for d in $$(printf '%s\n' $$dirs $(GPUCR_LIB_DIR)/served $(GPUCR_LIB_DIR) $(DOC_DIR) | sort -r -u); do \
 		rmdir "$(DESTDIR)$$d" 2>/dev/null || true; \
 	done
 

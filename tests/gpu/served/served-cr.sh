@@ -17,7 +17,11 @@
 # PyTorch's own kernels, served on served mode's runtime library; TORCH_ARGS
 # more of its options, --linear for cuBLAS and cuBLASLt), compared with an
 # uninterrupted run of the same script. BLASBEAT=1: blasbeat on NVIDIA's
-# cuBLAS (BLASBEAT_ARGS, default --lt-per-call).
+# cuBLAS (BLASBEAT_ARGS, default --lt-per-call). TEMPLATE=1: a third mode,
+# "template": served, checkpointed with --template, its image then loaded with
+# `gpucr image load --template` (GPU data resident, a worker that ran its
+# script: the load's seconds in load_s, outside the restore's) before the
+# restore, which attaches to that worker.
 set -u
 cd "$(dirname "$0")/../../.."
 . tests/gpu/lib.sh
@@ -32,7 +36,9 @@ SOCK=/run/gpucr/served-cr.sock
 HELPER=
 trap 'kill $HELPER 2>/dev/null; rm -rf /dev/shm/gpucr-served-cr; [ -n "${OUT:-}" ] && tar -czf "$OUT/served-cr-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
 note_host "heartbeat --mib $MIB --buffers 8"
-start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info --served-pool 1 || { bad "the helper did not answer"; exit 1; }
+hflags=(--log-level info --served-pool 1)
+[ "${TEMPLATE:-0}" = 1 ] && hflags+=(--resident-memory "$((MIB * 2 + 1024))M")
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" "${hflags[@]}" || { bad "the helper did not answer"; exit 1; }
 ARGS=(--mib "$MIB" --buffers 8 --interval-ms 100 --hb-every 1)
 APP=("$BIN/heartbeat" "${ARGS[@]}")
 # reference N: an uninterrupted run's first N heartbeats, "N checksum" a line
@@ -52,9 +58,15 @@ fi
 for r in $(seq "$ROUNDS"); do
 	order="inproc served"
 	[ $((r % 2)) = 0 ] && order="served inproc"
+	if [ "${TEMPLATE:-0}" = 1 ]; then
+		order="inproc served template"
+		[ $((r % 2)) = 0 ] && order="template served inproc"
+	fi
 	for m in $order; do
 		flags=()
-		[ "$m" = served ] && flags=(--served)
+		ckflags=()
+		[ "$m" != inproc ] && flags=(--served)
+		[ "$m" = template ] && ckflags=(--template)
 		log=$LOGS/hb.$m.$r
 		img=/dev/shm/gpucr-served-cr/$m.$r
 		rm -rf "$img" && mkdir -p "$img"
@@ -63,7 +75,7 @@ for r in $(seq "$ROUNDS"); do
 		pid=$!
 		for _ in $(seq 1200); do [ "$(hbs "$log")" -ge 5 ] && break; sleep 0.1; done
 		rss=$(awk '/^Rss:/{r=$2} /^Private_Dirty:/{d=$2} END{printf "%.0f/%.0f", r/1024, d/1024}' "/proc/$pid/smaps_rollup")
-		if ! GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" checkpoint "$pid" -D "$img" --json >"$LOGS/dump.$m.$r" 2>&1; then
+		if ! GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" checkpoint "$pid" -D "$img" "${ckflags[@]}" --json >"$LOGS/dump.$m.$r" 2>&1; then
 			bad "$m round $r: checkpoint: $(tail -2 "$LOGS/dump.$m.$r" | tr '\n' ' ')"
 			kill -9 "$pid" 2>/dev/null
 			wait "$pid" 2>/dev/null
@@ -73,13 +85,21 @@ for r in $(seq "$ROUNDS"); do
 		pid_gone "$pid" || bad "$m round $r: pid $pid still there"
 		n=$(hbs "$log")
 		pages=$(du -cm "$img"/pages-*.img 2>/dev/null | tail -1 | cut -f1)
+		load_s=-
+		if [ "$m" = template ]; then
+			tl=$(now)
+			GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" image load "$img" --template >"$LOGS/load.$m.$r" 2>&1 || bad "$m round $r: image load --template: $(tail -2 "$LOGS/load.$m.$r" | tr '\n' ' ')"
+			load_s=$(python3 -c "print(f'{$(now)-$tl:.3f}')")
+			ls -l "$img"/gpucr/template-*.script >>"$LOGS/load.$m.$r" 2>&1
+		fi
 		t0=$(now)
 		GPUCR_SOCKET=$SOCK timeout 300 "$GPUCR" restore -D "$img" --json >"$LOGS/restore.$m.$r" 2>&1 || bad "$m round $r: restore: $(tail -2 "$LOGS/restore.$m.$r" | tr '\n' ' ')"
 		t1=$(next_heartbeat "$log" "$n")
 		sleep 1
 		kill -9 "$pid" 2>/dev/null
 		pid_gone "$pid"
-		echo "$m $r $(jf "$LOGS/dump.$m.$r" seconds) $(jf "$LOGS/restore.$m.$r" seconds) $(python3 -c "print(f'{${t1:-$t0}-$t0:.3f}' if '${t1}' else 'none')") ${pages:-?} $rss" >>"$LOGS/times.txt"
+		[ "$m" = template ] && GPUCR_SOCKET=$SOCK "$GPUCR" image unload "$img" >/dev/null 2>&1
+		echo "$m $r $(jf "$LOGS/dump.$m.$r" seconds) $(jf "$LOGS/restore.$m.$r" seconds) $(python3 -c "print(f'{${t1:-$t0}-$t0:.3f}' if '${t1}' else 'none')") ${pages:-?} $rss $load_s" >>"$LOGS/times.txt"
 		# exactness: each heartbeat after the restore against an uninterrupted run's
 		want=$(reference "$(grep -c '^hb' "$log")")
 		got=$(grep '^hb' "$log" | awk '{print $2, $3}')
@@ -91,7 +111,7 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 note "## checkpoint (process ends) and restore to its next heartbeat, ${APP[*]}"
-note "  mode round dump_s restore_s restore_to_hb_s criu_pages_MiB rss/private_dirty_MiB_before"
+note "  mode round dump_s restore_s restore_to_hb_s criu_pages_MiB rss/private_dirty_MiB_before load_s"
 note "  (restore_s: the restore command, to the process running with its GPU back; restore_to_hb_s adds heartbeat's"
 note "  own time to its next heartbeat, which checksums every buffer)"
 sed 's/^/  /' "$LOGS/times.txt" | tee -a "$LOGS/summary.txt"
