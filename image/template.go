@@ -111,10 +111,13 @@ func (w *Writer) removeScripts() {
 }
 
 // TemplateScript is process pid's template script, if its checkpoint kept
-// one (nil, nil if not): a sealed memfd holding its bytes, read from the
-// image and checked against the manifest's size and hash before it is
-// returned, so that what its reader gets cannot change after the check. An
-// image of another user is refused as its chunks are (ReadOptions.Owner).
+// one (nil, nil if not): the file, opened read-only beneath the image's
+// gpucr/ (nothing followed), read through once and checked against the
+// manifest's size and hash, then handed back at its start. The check finds
+// damage; it does not make the bytes trusted (the image's owner can change
+// the file after it): whoever runs a script runs it as that owner, who could
+// send a worker the same records from a process of their own. An image of
+// another user is refused as its chunks are (ReadOptions.Owner).
 func (im *Image) TemplateScript(pid int) (*os.File, error) {
 	var t *TemplateScript
 	for _, p := range im.m.GetProcesses() {
@@ -134,30 +137,20 @@ func (im *Image) TemplateScript(pid int) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("process %d's template script: %w", pid, err)
 	}
-	defer src.Close()
-	mfd, err := unix.MemfdCreate("gpucr-template", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("process %d's template script: memfd: %w", pid, err)
-	}
-	out := os.NewFile(uintptr(mfd), "template-script")
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(out, h), io.LimitReader(src, int64(t.Size)+1))
+	n, err := io.Copy(h, io.LimitReader(src, int64(t.Size)+1))
 	if err != nil {
-		out.Close()
+		src.Close()
 		return nil, fmt.Errorf("process %d's template script %s: %w", pid, path, err)
 	}
 	if uint64(n) != t.Size || string(h.Sum(nil)) != string(t.SHA256[:]) {
-		out.Close()
+		src.Close()
 		return nil, fmt.Errorf("%w: %s (process %d) holds %d bytes whose SHA-256 is not the one the manifest names (%d bytes)",
 			ErrTemplateDamaged, path, pid, n, t.Size)
 	}
-	if _, err := unix.FcntlInt(out.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE|unix.F_SEAL_SEAL); err != nil {
-		out.Close()
-		return nil, fmt.Errorf("process %d's template script: sealing its copy: %w", pid, err)
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		src.Close()
+		return nil, fmt.Errorf("process %d's template script %s: %w", pid, path, err)
 	}
-	if _, err := out.Seek(0, io.SeekStart); err != nil {
-		out.Close()
-		return nil, err
-	}
-	return out, nil
+	return src, nil
 }
