@@ -251,3 +251,42 @@ func TestServedTemplateAttack(t *testing.T) {
 	a.kill()
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
 }
+
+// TestServedTemplateLeaveRunning: a leave-running checkpoint with --template
+// lets the process go on at once (in a new worker, by replay: no template
+// exists yet); once it is gone, its image restores into a template made
+// from the script, and goes on exactly from the checkpoint.
+func TestServedTemplateLeaveRunning(t *testing.T) {
+	needTool(t, "criu")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	h := startHelper(t, dir, env, "--served-pool", "1", "--resident-memory", "256M")
+	waitIdle(t, h, 1)
+	args := []string{"--graph", "--mib", "8", "--buffers", "3", "--interval-ms", "20", "--hb-every", "1"}
+	a := startServed(t, dir, h, env, "heartbeat", nil, args...)
+	a.waitIter(10, time.Minute)
+	img := dir + "/img"
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--template")
+	at := a.lastIter()
+	a.waitIter(at+10, time.Minute)
+	if strings.Contains(a.output(), "gpucr: ") {
+		t.Errorf("warnings after a leave-running checkpoint with --template:\n%s", tail(a.output(), 10))
+	}
+	a.kill()
+	waitPidFree(a.pid, 10*time.Second)
+	cliOK(t, h, env, img, "image", "load", img, "--template")
+	tw := templateOf(t, h, img)
+	if tw == 0 {
+		t.Fatal("no template after the load")
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+10, time.Minute)
+	if w := workerOf(t, h, a.pid); w != tw {
+		t.Errorf("the restored process is served by %d, not by its template %d", w, tw)
+	}
+	a.kill()
+	// The heartbeats after the restore repeat those from the checkpoint on,
+	// each equal to an uninterrupted run's.
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
+}
