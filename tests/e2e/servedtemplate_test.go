@@ -37,6 +37,27 @@ func templateOf(t testing.TB, h *helperProc, img string) int {
 	return 0
 }
 
+// templateSetup starts a helper with a pool and room for resident images
+// (and extra flags), and a served heartbeat with args, 10 heartbeats in.
+func templateSetup(t *testing.T, dir string, env []string, args []string, extra ...string) (*helperProc, *app) {
+	t.Helper()
+	h := startHelper(t, dir, env, append([]string{"--served-pool", "1", "--resident-memory", "256M"}, extra...)...)
+	waitIdle(t, h, 1)
+	a := startServed(t, dir, h, env, "heartbeat", nil, args...)
+	a.waitIter(10, time.Minute)
+	return h, a
+}
+
+// scriptIn is the one template script the image img holds.
+func scriptIn(t *testing.T, img string) string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(img, "gpucr", "template-*.script"))
+	if len(m) != 1 {
+		t.Fatalf("the image holds template scripts %v, want one", m)
+	}
+	return m[0]
+}
+
 // TestServedTemplate: a served process checkpointed with --template and its
 // image loaded with --template is restored into the worker that ran its
 // script: status lists the template until the restore takes it, the
@@ -66,9 +87,7 @@ func TestServedTemplate(t *testing.T) {
 			cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--template")
 			a.reap(30 * time.Second)
 			waitPidFree(a.pid, 10*time.Second)
-			if m, _ := filepath.Glob(filepath.Join(img, "gpucr", "template-*.script")); len(m) != 1 {
-				t.Fatalf("the image holds template scripts %v, want one", m)
-			}
+			scriptIn(t, img)
 			out := cliOK(t, h, env, img, "image", "load", img, "--template")
 			if !strings.Contains(out, "1 templates wait for its restore") {
 				t.Errorf("gpucr image load --template says:\n%s", out)
@@ -118,29 +137,23 @@ func TestServedTemplateDamaged(t *testing.T) {
 	needTool(t, "criu")
 	env := gpucrEnv(t)
 	dir := t.TempDir()
-	h := startHelper(t, dir, env, "--served-pool", "1", "--resident-memory", "256M")
-	waitIdle(t, h, 1)
 	args := []string{"--attrs", "--mib", "8", "--buffers", "3", "--interval-ms", "20", "--hb-every", "1"}
-	a := startServed(t, dir, h, env, "heartbeat", nil, args...)
-	a.waitIter(10, time.Minute)
+	h, a := templateSetup(t, dir, env, args)
 	img := dir + "/img"
 	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--template")
 	a.reap(30 * time.Second)
 	waitPidFree(a.pid, 10*time.Second)
-	m, _ := filepath.Glob(filepath.Join(img, "gpucr", "template-*.script"))
-	if len(m) != 1 {
-		t.Fatalf("the image holds template scripts %v, want one", m)
-	}
-	b, err := os.ReadFile(m[0])
+	script := scriptIn(t, img)
+	b, err := os.ReadFile(script)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b[len(b)/2] ^= 0x40
-	if err := os.WriteFile(m[0], b, 0o600); err != nil {
+	if err := os.WriteFile(script, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out, err := runErr(time.Minute, env, binPath(t, "gpucr"), "image", "load", img, "--template", "--socket", h.socket)
-	if err == nil || !strings.Contains(out, "template script damaged") || !strings.Contains(out, filepath.Base(m[0])) {
+	if err == nil || !strings.Contains(out, "template script damaged") || !strings.Contains(out, filepath.Base(script)) {
 		t.Errorf("gpucr image load --template of a damaged script: %v\n%s", err, out)
 	}
 	if tw := templateOf(t, h, img); tw != 0 {
@@ -163,11 +176,8 @@ func TestServedTemplateAttack(t *testing.T) {
 	u := secondUser(t)
 	dir := sharedDir(t)
 	env := gpucrEnv(t)
-	h := startHelper(t, dir, env, "--socket-mode", "0666", "--served-pool", "1", "--resident-memory", "256M")
-	waitIdle(t, h, 1)
 	args := []string{"--mib", "8", "--buffers", "3", "--interval-ms", "20", "--hb-every", "1"}
-	a := startServed(t, dir, h, env, "heartbeat", nil, args...)
-	a.waitIter(10, time.Minute)
+	h, a := templateSetup(t, dir, env, args, "--socket-mode", "0666")
 	img := dir + "/img"
 	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--template")
 	a.reap(30 * time.Second)
@@ -177,12 +187,8 @@ func TestServedTemplateAttack(t *testing.T) {
 	if tw == 0 {
 		t.Fatal("no template after the load")
 	}
-	m, _ := filepath.Glob(filepath.Join(img, "gpucr", "template-*.script"))
-	if len(m) != 1 {
-		t.Fatalf("template scripts %v", m)
-	}
 	hdr := make([]byte, 32)
-	f, err := os.Open(m[0])
+	f, err := os.Open(scriptIn(t, img))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,11 +266,8 @@ func TestServedTemplateLeaveRunning(t *testing.T) {
 	needTool(t, "criu")
 	env := gpucrEnv(t)
 	dir := t.TempDir()
-	h := startHelper(t, dir, env, "--served-pool", "1", "--resident-memory", "256M")
-	waitIdle(t, h, 1)
 	args := []string{"--graph", "--mib", "8", "--buffers", "3", "--interval-ms", "20", "--hb-every", "1"}
-	a := startServed(t, dir, h, env, "heartbeat", nil, args...)
-	a.waitIter(10, time.Minute)
+	h, a := templateSetup(t, dir, env, args)
 	img := dir + "/img"
 	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--template")
 	at := a.lastIter()
