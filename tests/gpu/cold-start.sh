@@ -20,8 +20,12 @@
 # before its host memory is read back), interleaved; MODES="plain ondemand
 # resident" takes them with `gpucr restore --on-demand` (the server runs
 # while its GPU data loads) and from a resident image (`gpucr image load`
-# before the round) too. Logs in
-# build/gpu/cold-start (and $OUT).
+# before the round) too. SERVED=1: the new build's server runs in served mode
+# (`gpucr run --served`, the helper with --served-pool 1), dumped with
+# --template when MODES has "template": that mode loads the image with
+# `gpucr image load --template` before the round (GPU data resident, a worker
+# that ran the server's script), and the restore attaches to that worker.
+# Logs in build/gpu/cold-start (and $OUT).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
@@ -67,17 +71,23 @@ PLAIN_ANSWER=$(cat "$LOGS/plain.seconds.answer")
 note "plain start to the first answer: $(cat "$LOGS/plain.seconds") s (answer $PLAIN_ANSWER)"
 
 run() {
-	local name=$1 g=$2/bin/gpucr modes=${3:-plain}
+	local name=$1 g=$2/bin/gpucr modes=${3:-plain} served=${4:-0}
+	local runflags=() hflags=(--resident-memory 40G) ckflags=()
+	if [ "$served" = 1 ]; then
+		runflags=(--served)
+		hflags+=(--served-pool 1)
+		case " $modes " in *" template "*) ckflags=(--template) ;; esac
+	fi
 	rm -rf "$IMG" && mkdir -p "$IMG"
-	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" --resident-memory 40G || { bad "$name: helper"; return; }
+	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" "${hflags[@]}" || { bad "$name: helper"; return; }
 	local port=$((19000 + RANDOM % 1000)) t0 pid P
 	t0=$(now)
-	setsid "$g" run --socket "$SOCK" -- python3 "$SERVER" serve "$WEIGHTS" "$port" >"$LOGS/$name-server.out" 2>&1 &
+	setsid "$g" run "${runflags[@]}" --socket "$SOCK" -- python3 "$SERVER" serve "$WEIGHTS" "$port" >"$LOGS/$name-server.out" 2>&1 &
 	pid=$!
 	first_answer "$port" "$pid" "$t0" "$LOGS/$name-start.seconds"
 	P=$(pgrep -f "^python3 $SERVER serve" | head -1)
 	[ -n "$P" ] || { bad "$name: the server did not start: $(tail -n 3 "$LOGS/$name-server.out")"; kill $HELPER; return; }
-	"$g" checkpoint "$P" -D "$IMG/d" --socket "$SOCK" --json >"$LOGS/$name-dump.json" 2>&1 || { bad "$name dump: $(tail -n 3 "$LOGS/$name-dump.json")"; kill $HELPER; return; }
+	"$g" checkpoint "$P" -D "$IMG/d" --socket "$SOCK" --json "${ckflags[@]}" >"$LOGS/$name-dump.json" 2>&1 || { bad "$name dump: $(tail -n 3 "$LOGS/$name-dump.json")"; kill $HELPER; return; }
 	pid_gone "$P"
 	for r in $(seq "$ROUNDS"); do
 	for mode in $modes; do
@@ -87,6 +97,7 @@ run() {
 		ondemand) flags=(--on-demand) ;;
 		ondemand-lazy) flags=(--on-demand --lazy-pages) ;;
 		resident) "$g" image load "$IMG/d" --socket "$SOCK" >"$LOGS/$tag-load.txt" 2>&1 || bad "$tag: image load: $(tail -n 2 "$LOGS/$tag-load.txt")" ;;
+		template) "$g" image load "$IMG/d" --template --socket "$SOCK" >"$LOGS/$tag-load.txt" 2>&1 || bad "$tag: image load --template: $(tail -n 2 "$LOGS/$tag-load.txt")" ;;
 		esac
 		t0=$(now)
 		"$g" restore -D "$IMG/d" --socket "$SOCK" --json "${flags[@]}" >"$LOGS/$tag.json" 2>&1 &
@@ -126,7 +137,7 @@ print(f"{name} restore {r}: first answer after {took:.2f} s ({'same answer' if a
       "; command phases: " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items()) + (f"; in the helper: {helper}" if helper else ""))
 PYEOF
 		pkill -9 -f "$SERVER serve"
-		[ "$mode" = resident ] && "$g" image unload "$IMG/d" --socket "$SOCK" >/dev/null 2>&1
+		case $mode in resident | template) "$g" image unload "$IMG/d" --socket "$SOCK" >/dev/null 2>&1 ;; esac
 		pid_gone "$P"
 	done
 	done
@@ -135,7 +146,7 @@ PYEOF
 	wait $HELPER 2>/dev/null
 }
 
-run new "$G" "${MODES:-$([ "${LAZY:-0}" = 1 ] && echo "plain lazy" || echo plain)}"
+run new "$G" "${MODES:-$([ "${LAZY:-0}" = 1 ] && echo "plain lazy" || echo plain)}" "${SERVED:-0}"
 [ -n "$BASE" ] && run base "$BASE"
 grep -q "ANSWER DIFFERS" "$LOGS/summary.txt" && fail=1
 [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/cold-start.txt"
