@@ -245,6 +245,9 @@ type inspectProcess struct {
 	GPUs  []string `json:"gpus"`
 	// Served: it ran in served mode (its restore asks nothing of the driver).
 	Served bool `json:"served,omitempty"`
+	// TemplateBytes: the size of the template script its checkpoint kept
+	// (gpucr checkpoint --template); 0: none.
+	TemplateBytes uint64 `json:"template_bytes,omitempty"`
 }
 
 type originDoc struct {
@@ -338,7 +341,7 @@ func buildInspect(dir string, m *imagepb.Manifest) inspectDoc {
 	}
 	for _, p := range m.GetProcesses() {
 		doc.Processes = append(doc.Processes, inspectProcess{Pid: p.GetPid(), NsPid: p.GetNsPid(), GPUs: append([]string{}, p.GetGpus()...),
-			Served: p.GetServed()})
+			Served: p.GetServed(), TemplateBytes: p.GetTemplate().GetSize()})
 	}
 	if ns := o.GetTimeUnixNano(); ns != 0 {
 		doc.Origin.Time = time.Unix(0, ns).UTC().Format(time.RFC3339)
@@ -438,6 +441,9 @@ func printInspect(w io.Writer, d inspectDoc) {
 		mode := ""
 		if p.Served {
 			mode = " (served mode)"
+		}
+		if p.TemplateBytes > 0 {
+			mode = fmt.Sprintf(" (served mode, a template script of %s)", humanBytes(p.TemplateBytes))
 		}
 		fmt.Fprintf(w, "process %d%s saw the GPUs: %s\n", p.Pid, mode, gpus)
 	}

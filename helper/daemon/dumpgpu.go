@@ -611,6 +611,9 @@ func (r *checkpointRun) detach() *stepError {
 		return stepFailed(helperpb.ErrorCode_ERROR_UNAVAILABLE, "detach: %v", err)
 	}
 	template := r.req.Template && r.cl.served.Load()
+	if r.req.Template && !template {
+		r.log.Info("a template was asked for, but the process is not served: its image has none")
+	}
 	det := &helperpb.Request{Body: &helperpb.Request_Detach{Detach: &helperpb.Detach{WakePath: r.wake, Template: template}}}
 	resp, script, err := r.ctl.callTakingFD(det, r.wait)
 	if err == nil && resp.Error != nil {

@@ -90,6 +90,9 @@ func TestServedTemplate(t *testing.T) {
 			a.reap(30 * time.Second)
 			waitPidFree(a.pid, 10*time.Second)
 			scriptIn(t, img)
+			if out := cliOK(t, h, env, img, "image", "inspect", img); !strings.Contains(out, "a template script of") {
+				t.Errorf("gpucr image inspect does not show the template script:\n%s", out)
+			}
 			out := cliOK(t, h, env, img, "image", "load", img, "--template")
 			if !strings.Contains(out, "1 templates wait for its restore") {
 				t.Errorf("gpucr image load --template says:\n%s", out)
