@@ -29,6 +29,11 @@
 #  3. CRIU >= 4.2 and criu-plugin.h: scripts/install-criu.sh (a private
 #     prefix with Debian forky's CRIU on Debian 12 and 13), which judges it
 #     by a real dump and restore (scripts/criu-selftest.sh).
+#  4. SeaweedFS's weed (Apache-2.0), the S3-compatible object store the tests
+#     of images on a level run against (scripts/s3-server.sh): built from its
+#     Go module at the version below into /usr/local/bin/weed (a few minutes,
+#     once; `go install` refuses the module, whose go.mod has a replace
+#     directive, so it is built in its own module directory).
 set -euo pipefail
 
 log() { printf '[install-deps] %s\n' "$*"; }
@@ -86,5 +91,23 @@ fi
 log "step 3: CRIU (scripts/install-criu.sh)"
 "$here/install-criu.sh"
 
+# ------------------------------------------------------------------ step 4
+WEED_MODULE=github.com/seaweedfs/seaweedfs
+WEED_VERSION=v0.0.0-20261109003541-7506e5f91cd6
+weed_stamp=/usr/local/share/gpucr/weed.version
+if [ -x /usr/local/bin/weed ] && [ "$(cat "$weed_stamp" 2>/dev/null)" = "$WEED_VERSION" ]; then
+	log "step 4: SeaweedFS $WEED_VERSION in /usr/local/bin/weed"
+else
+	log "step 4: building SeaweedFS's weed $WEED_VERSION (once; a few minutes)"
+	moddir=$(go mod download -json "$WEED_MODULE@$WEED_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	[ -d "$moddir" ] || die "go mod download $WEED_MODULE@$WEED_VERSION gave no module directory"
+	tmp=$(mktemp -d)
+	(cd "$moddir" && go build -trimpath -o "$tmp/weed" ./weed) || die "building weed failed"
+	install -D -m 0755 "$tmp/weed" /usr/local/bin/weed
+	rm -rf "$tmp"
+	mkdir -p "$(dirname "$weed_stamp")"
+	echo "$WEED_VERSION" >"$weed_stamp"
+fi
+
 criu=$(command -v criu) || die "criu is not on PATH after install-criu.sh"
-log "done: gcc $(gcc -dumpfullversion), $(go version | cut -d' ' -f3), runc $(runc --version | sed -n 's/^runc version //p'), podman $(podman --version | sed -n 's/^podman version //p'), $(protoc --version), protoc-c $(protoc-c --version 2>&1 | sed -n 's/^protobuf-c //p'), criu $("$criu" --version | sed -n 's/^Version: //p') ($criu; dump/restore self-test passed)"
+log "done: gcc $(gcc -dumpfullversion), $(go version | cut -d' ' -f3), runc $(runc --version | sed -n 's/^runc version //p'), podman $(podman --version | sed -n 's/^podman version //p'), $(protoc --version), protoc-c $(protoc-c --version 2>&1 | sed -n 's/^protobuf-c //p'), criu $("$criu" --version | sed -n 's/^Version: //p') ($criu; dump/restore self-test passed), SeaweedFS $WEED_VERSION"

@@ -25,6 +25,17 @@ go vet ./... || fail=1
 step "C: clang-format and cppcheck (make lint-c)"
 make --no-print-directory lint-c || fail=1
 
+step "the object store for the tests of images on a level (scripts/s3-server.sh)"
+s3dir=$(mktemp -d /tmp/gpucr-s3.XXXXXX)
+trap 'kill -9 "$(cat "$s3dir/weed.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$s3dir"' EXIT
+if GPUCR_TEST_S3_ENDPOINT=$(bash scripts/s3-server.sh "$s3dir" 18333); then
+	export GPUCR_TEST_S3_ENDPOINT
+	echo "SeaweedFS's S3 server at $GPUCR_TEST_S3_ENDPOINT"
+else
+	echo "no object store: the level tests fail"
+	fail=1
+fi
+
 step "go test -race ./... (unit and end-to-end)"
 # End-to-end tests drive CRIU and runc, which need root; they run serially
 # inside their package, packages in parallel.

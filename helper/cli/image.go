@@ -74,6 +74,9 @@ func imageCommand() *ucli.Command {
 			},
 			imageLoadCommand(jsonFlag),
 			imageUnloadCommand(jsonFlag),
+			imagePushCommand(jsonFlag),
+			imagePullCommand(jsonFlag),
+			imageLsCommand(jsonFlag),
 			imageReceiveCommand(),
 			imageDiscardCommand(),
 		},
@@ -83,7 +86,7 @@ func imageCommand() *ucli.Command {
 			if c.Args().Present() {
 				return usageError{fmt.Errorf("image: unknown subcommand %q", c.Args().First())}
 			}
-			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, rm, load, unload, receive or discard)")}
+			return usageError{errors.New("image: missing subcommand (inspect, verify, diff, gc, rm, load, unload, push, pull, ls, receive or discard)")}
 		},
 		OnUsageError: usage,
 	}

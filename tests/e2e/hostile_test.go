@@ -60,6 +60,9 @@ func TestMain(m *testing.M) {
 	}
 	leadSessionInsideNamespace()
 	code := m.Run()
+	for _, f := range atExit {
+		f()
+	}
 	if binCopyDir != "" {
 		os.RemoveAll(binCopyDir)
 	}

@@ -1,0 +1,342 @@
+package e2e
+
+// Images on a level that outlives the machine: `gpucr image push|pull|ls`
+// against a real S3-compatible server (SeaweedFS, scripts/s3-server.sh:
+// started by scripts/run-tests.sh, or here when a developer runs the tests
+// without it).
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/gpucr/gpucr/internal/testroot"
+)
+
+// atExit runs after every test of the binary (TestMain).
+var atExit []func()
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// The two users of scripts/s3-server.sh's server, each with a bucket of
+// its own.
+var s3Users = map[string][2]string{
+	"gpucr-a": {"AKIAGPUCRTESTA0000000", "gpucr-test-secret-a-000000000000000000000"},
+	"gpucr-b": {"AKIAGPUCRTESTB0000000", "gpucr-test-secret-b-000000000000000000000"},
+}
+
+var (
+	s3Once     sync.Once
+	s3Endpoint string
+	s3Err      error
+)
+
+// s3Server is the test object store's endpoint: $GPUCR_TEST_S3_ENDPOINT
+// (scripts/run-tests.sh started it), else one started now for this test
+// binary (weed on PATH: make deps installs it). Without one the test
+// fails under CI and is skipped elsewhere.
+func s3Server(t *testing.T) string {
+	t.Helper()
+	s3Once.Do(func() {
+		if s3Endpoint = os.Getenv("GPUCR_TEST_S3_ENDPOINT"); s3Endpoint != "" {
+			return
+		}
+		if _, err := exec.LookPath("weed"); err != nil {
+			s3Err = errors.New("no weed (SeaweedFS) on PATH: make deps installs it")
+			return
+		}
+		dir, err := os.MkdirTemp("", "gpucr-s3-")
+		if err != nil {
+			s3Err = err
+			return
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			s3Err = err
+			return
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if port > 50000 { // the script takes port+1.. and port+10001..
+			port -= 20000
+		}
+		out, err := exec.Command("bash", filepath.Join(testroot.Dir(t), "scripts", "s3-server.sh"), dir, strconv.Itoa(port)).Output()
+		if err != nil {
+			s3Err = fmt.Errorf("scripts/s3-server.sh: %v", err)
+			return
+		}
+		s3Endpoint = strings.TrimSpace(string(out))
+		atExit = append(atExit, func() {
+			if b, err := os.ReadFile(filepath.Join(dir, "weed.pid")); err == nil {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			os.RemoveAll(dir)
+		})
+	})
+	if s3Err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no object store for the test: %v", s3Err)
+		}
+		t.Skipf("no object store: %v", s3Err)
+	}
+	return s3Endpoint
+}
+
+// s3Env is env with user's credentials for the store at endpoint.
+func s3Env(env []string, endpoint, user string) []string {
+	k := s3Users[user]
+	return append(append([]string{}, env...), "AWS_ENDPOINT_URL="+endpoint, "AWS_ACCESS_KEY_ID="+k[0],
+		"AWS_SECRET_ACCESS_KEY="+k[1], "AWS_REGION=us-east-1")
+}
+
+// s3Client is a client of the store as user, its bucket (named as the
+// user) made if missing.
+func s3Client(t *testing.T, endpoint, user string) *minio.Client {
+	t.Helper()
+	k := s3Users[user]
+	c, err := minio.New(strings.TrimPrefix(endpoint, "http://"), &minio.Options{Creds: credentials.NewStaticV4(k[0], k[1], ""),
+		Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if ok, err := c.BucketExists(ctx, user); err != nil {
+		t.Fatalf("bucket %s: %v", user, err)
+	} else if !ok {
+		if err := c.MakeBucket(ctx, user, minio.MakeBucketOptions{Region: "us-east-1"}); err != nil {
+			t.Fatalf("make bucket %s: %v", user, err)
+		}
+	}
+	// A new bucket takes writes once the server has made its collection.
+	for {
+		_, err := c.PutObject(ctx, user, "probe", strings.NewReader("x"), 1, minio.PutObjectOptions{})
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("bucket %s takes no write: %v", user, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return c
+}
+
+// levelImage checkpoints a heartbeat run in-process into dir/img (it ends)
+// and returns the image, the app, and its helper.
+func levelImage(t *testing.T, dir string, env []string, mib string) (string, *app, *helperProc) {
+	t.Helper()
+	h := startHelper(t, dir, env)
+	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs(mib)...), nil)
+	a.waitIter(5, time.Minute)
+	img := dir + "/img"
+	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	return img, a, h
+}
+
+// levelArgs are heartbeat's arguments in these tests.
+func levelArgs(mib string) []string {
+	return []string{"--mib", mib, "--buffers", "4", "--interval-ms", "20", "--hb-every", "1"}
+}
+
+func gpucrOut(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	return runErr(2*time.Minute, env, binPath(t, "gpucr"), args...)
+}
+
+// TestLevelPushPullRestore: a checkpoint pushed to the object store, pushed
+// again under another name (nothing crosses: the bucket has every file),
+// listed, pulled into a new directory with every file checked, restores
+// there and continues exactly; neither the output nor --json carries the
+// secret key.
+func TestLevelPushPullRestore(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	s3Client(t, ep, "gpucr-a")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	img, a, h := levelImage(t, dir, env, "16")
+	senv := s3Env(env, ep, "gpucr-a")
+
+	out, err := gpucrOut(t, senv, "image", "push", img, "s3://gpucr-a/job/1", "--json")
+	if err != nil || !strings.Contains(out, `"moved_bytes"`) {
+		t.Fatalf("push: %v\n%s", err, out)
+	}
+	if strings.Contains(out, s3Users["gpucr-a"][1]) {
+		t.Errorf("the push's output holds the secret key:\n%s", out)
+	}
+	out, err = gpucrOut(t, senv, "image", "push", img, "s3://gpucr-a/job/1-again", "--json")
+	if err != nil || !strings.Contains(out, `"moved_bytes":0`) {
+		t.Errorf("the second push of the same image sent bytes: %v\n%s", err, out)
+	}
+	out, err = gpucrOut(t, senv, "image", "ls", "s3://gpucr-a/job")
+	if err != nil || !strings.Contains(out, "s3://gpucr-a/job/1\n") && !strings.HasSuffix(strings.TrimSpace(out), "s3://gpucr-a/job/1") ||
+		!strings.Contains(out, "s3://gpucr-a/job/1-again") {
+		t.Errorf("ls: %v\n%s", err, out)
+	}
+
+	pulled := filepath.Join(t.TempDir(), "node2")
+	if out, err := gpucrOut(t, senv, "image", "pull", "s3://gpucr-a/job/1", pulled); err != nil {
+		t.Fatalf("pull: %v\n%s", err, out)
+	}
+	if out, err := gpucrOut(t, env, "image", "verify", pulled); err != nil {
+		t.Errorf("verify of the pulled image: %v\n%s", err, out)
+	}
+	before := a.lastIter()
+	cliOK(t, h, env, pulled, "restore", "-D", pulled)
+	a.waitIter(before+5, time.Minute)
+	a.kill()
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", levelArgs("16"), maxIter(a.heartbeats())))
+}
+
+// TestLevelDamagedBlob: a file changed in the store is refused by name at
+// the pull, which leaves no image behind.
+func TestLevelDamagedBlob(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	c := s3Client(t, ep, "gpucr-a")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	img, _, _ := levelImage(t, dir, env, "4")
+	senv := s3Env(env, ep, "gpucr-a")
+	if out, err := gpucrOut(t, senv, "image", "push", img, "s3://gpucr-a/damaged/1"); err != nil {
+		t.Fatalf("push: %v\n%s", err, out)
+	}
+	// The manifest's blob: the same size, one byte changed.
+	m, err := os.ReadFile(filepath.Join(img, "gpucr", "manifest.pb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256Hex(m)
+	bad := bytes.Clone(m)
+	bad[len(bad)/2] ^= 1
+	ctx := context.Background()
+	if _, err := c.PutObject(ctx, "gpucr-a", ".gpucr/blobs/"+sum, bytes.NewReader(bad), int64(len(bad)), minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pulled := filepath.Join(t.TempDir(), "node2")
+	out, err := gpucrOut(t, senv, "image", "pull", "s3://gpucr-a/damaged/1", pulled)
+	if err == nil || !strings.Contains(out, "damaged in the object store") || !strings.Contains(out, "gpucr/manifest.pb") {
+		t.Errorf("pull of a damaged file: %v\n%s", err, out)
+	}
+	if ents, _ := os.ReadDir(pulled); len(ents) != 0 {
+		t.Errorf("a failed pull left %d entries in %s", len(ents), pulled)
+	}
+}
+
+// TestLevelInterruptedPush: a push killed once its first files are in the
+// store leaves no image listed (its index is written last); the next push
+// sends only what is missing.
+func TestLevelInterruptedPush(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	c := s3Client(t, ep, "gpucr-a")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	img, _, _ := levelImage(t, dir, env, "64")
+	senv := s3Env(env, ep, "gpucr-a")
+	// A bucket of its own, so that "the first blob" is this push's.
+	bucket := "gpucr-a"
+	ctx := context.Background()
+	blobs := func() int {
+		n := 0
+		for o := range c.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: ".gpucr/blobs/", Recursive: true}) {
+			if o.Err == nil {
+				n++
+			}
+		}
+		return n
+	}
+	had := blobs()
+	cmd := exec.Command(binPath(t, "gpucr"), "image", "push", img, "s3://gpucr-a/cut/1", "--jobs", "1")
+	cmd.Env = senv
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); blobs() == had; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no file reached the store in a minute")
+		}
+	}
+	_ = cmd.Process.Kill()
+	err := cmd.Wait()
+	if err == nil {
+		t.Skip("the push finished before it could be killed")
+	}
+	out, err := gpucrOut(t, senv, "image", "ls", "s3://gpucr-a/cut")
+	if err != nil || strings.Contains(out, "s3://gpucr-a/cut/1") {
+		t.Errorf("an interrupted push is listed: %v\n%s", err, out)
+	}
+	if out, err := gpucrOut(t, senv, "image", "pull", "s3://gpucr-a/cut/1", filepath.Join(t.TempDir(), "x")); err == nil ||
+		!strings.Contains(out, "no image there") {
+		t.Errorf("pull of an interrupted push: %v\n%s", err, out)
+	}
+	out, err = gpucrOut(t, senv, "image", "push", img, "s3://gpucr-a/cut/1", "--json")
+	if err != nil {
+		t.Fatalf("push again: %v\n%s", err, out)
+	}
+	if strings.Contains(out, `"blobs_had":0,`) {
+		t.Errorf("the push after an interrupted one sent every file again:\n%s", out)
+	}
+}
+
+// TestLevelOtherUser: a user whose credentials give no right to another's
+// bucket can neither list nor pull its images, and the refusal names the
+// object, not a key; a wrong secret is refused without being echoed.
+func TestLevelOtherUser(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	s3Client(t, ep, "gpucr-a")
+	s3Client(t, ep, "gpucr-b")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	img, _, _ := levelImage(t, dir, env, "4")
+	if out, err := gpucrOut(t, s3Env(env, ep, "gpucr-a"), "image", "push", img, "s3://gpucr-a/private/1"); err != nil {
+		t.Fatalf("push: %v\n%s", err, out)
+	}
+	benv := s3Env(env, ep, "gpucr-b")
+	if out, err := gpucrOut(t, benv, "image", "ls", "s3://gpucr-a/private"); err == nil || strings.Contains(out, "private/1") {
+		t.Errorf("user b listed user a's images: %v\n%s", err, out)
+	}
+	pulled := filepath.Join(t.TempDir(), "stolen")
+	out, err := gpucrOut(t, benv, "image", "pull", "s3://gpucr-a/private/1", pulled)
+	if err == nil {
+		t.Errorf("user b pulled user a's image:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(pulled, "gpucr", "manifest.pb")); err == nil {
+		t.Error("user b's refused pull left a manifest")
+	}
+	for _, k := range s3Users["gpucr-b"] {
+		if strings.Contains(out, k[len(k)-8:]) && k == s3Users["gpucr-b"][1] {
+			t.Errorf("the refusal holds the secret key:\n%s", out)
+		}
+	}
+	wrong := append(s3Env(env, ep, "gpucr-a"), "AWS_SECRET_ACCESS_KEY=not-the-secret-of-gpucr-a-00000000000000")
+	out, err = gpucrOut(t, wrong, "image", "ls", "s3://gpucr-a/private", "--json")
+	if err == nil || strings.Contains(out, "not-the-secret") {
+		t.Errorf("a wrong secret: %v\n%s", err, out)
+	}
+}
