@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpucr/gpucr/helper/checkpoint"
 	"github.com/gpucr/gpucr/helper/devicemap"
+	"github.com/gpucr/gpucr/image/level"
 )
 
 // restoreCommand is `gpucr restore -D DIR` (checkpoint.Restore).
@@ -18,7 +19,10 @@ func restoreCommand() *ucli.Command {
 		Name:  "restore",
 		Usage: "restore a process tree from DIR (CRIU with gpucr's plugin)",
 		Flags: append([]ucli.Flag{
-			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory"},
+			&ucli.StringFlag{Name: "images-dir", Aliases: []string{"D"}, Usage: "image directory, or an image on an object store (s3://BUCKET/PATH, pulled into --pull-dir first)"},
+			&ucli.StringFlag{Name: "pull-dir", Value: "/dev/shm/gpucr-pulled", Usage: "with -D s3://...: where images are pulled to (a directory per image, which the next restore of it uses)"},
+			&ucli.StringFlag{Name: "endpoint", Usage: "with -D s3://...: the object store's URL (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS S3)"},
+			&ucli.StringFlag{Name: "profile", Usage: "with -D s3://...: the credentials file's profile"},
 			shellJobFlag(),
 			pluginDirFlag(), socketFlag(), criuTimeoutFlag(),
 			&ucli.BoolFlag{Name: "lazy-pages", Usage: "run the restored tree before its host memory is read back: CRIU's lazy-pages daemon serves the pages it touches first, the rest in the background (the kernel's userfaultfd; `gpucr check` says whether it has it)"},
@@ -37,6 +41,30 @@ func restoreCommand() *ucli.Command {
 			dir := c.String("images-dir")
 			if dir == "" {
 				return usageError{errors.New("restore: -D DIR is required")}
+			}
+			pulledLine := ""
+			if level.IsURL(dir) {
+				r, st, err := levelStore(c, dir)
+				if err != nil {
+					return err
+				}
+				base, err := filepath.Abs(c.String("pull-dir"))
+				if err != nil {
+					return err
+				}
+				local, stats, pulled, err := st.PullCached(c.Context, r, base)
+				if err != nil {
+					return fmt.Errorf("restore: %w", err)
+				}
+				pulledLine = fmt.Sprintf("restore: %s is %s (already pulled)\n", r, local)
+				if pulled {
+					pulledLine = fmt.Sprintf("restore: pulled %s into %s: %d files, %s, %.3f s\n", r, local, stats.Files,
+						humanBytes(uint64(stats.Bytes)), stats.Seconds)
+				}
+				if !c.Bool("json") {
+					fmt.Fprint(c.App.ErrWriter, pulledLine)
+				}
+				dir = local
 			}
 			if dir, err = filepath.Abs(dir); err != nil {
 				return err

@@ -390,3 +390,34 @@ func (s *Store) List(ctx context.Context, r Ref) ([]Listed, error) {
 	}
 	return out, nil
 }
+
+// PullCached is Pull into a directory of base named by the image's id
+// (made 0700), which a later pull of the same image finds: an image
+// committed there with that id is used as it is (the restore checks every
+// GPU chunk it reads). It returns the directory and whether it was pulled
+// now.
+func (s *Store) PullCached(ctx context.Context, r Ref, base string) (dir string, st Stats, pulled bool, err error) {
+	idx, err := s.readIndex(ctx, r)
+	if err != nil {
+		return "", st, false, err
+	}
+	if len(idx.ImageID) == 0 || strings.Trim(idx.ImageID, "0123456789abcdef") != "" {
+		return "", st, false, fmt.Errorf("%s: its index names no image id", r)
+	}
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return "", st, false, err
+	}
+	dir = filepath.Join(base, idx.ImageID)
+	if im, err := image.Open(dir); err == nil {
+		same := hex.EncodeToString(im.Manifest().GetImageId()) == idx.ImageID
+		im.Close()
+		if same {
+			return dir, Stats{Reference: r.String(), ImageID: idx.ImageID}, false, nil
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return "", st, false, err
+	}
+	st, err = s.Pull(ctx, r, dir)
+	return dir, st, err == nil, err
+}

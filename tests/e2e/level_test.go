@@ -169,9 +169,9 @@ func gpucrOut(t *testing.T, env []string, args ...string) (string, error) {
 
 // TestLevelPushPullRestore: a checkpoint pushed to the object store, pushed
 // again under another name (nothing crosses: the bucket has every file),
-// listed, pulled into a new directory with every file checked, restores
-// there and continues exactly; neither the output nor --json carries the
-// secret key.
+// listed, pulled into a new directory with every file checked (the image
+// verifies there), and restored by its URL alone (restore -D s3://...),
+// continues exactly; neither the output nor --json carries the secret key.
 func TestLevelPushPullRestore(t *testing.T) {
 	needTool(t, "criu")
 	ep := s3Server(t)
@@ -205,9 +205,14 @@ func TestLevelPushPullRestore(t *testing.T) {
 	if out, err := gpucrOut(t, env, "image", "verify", pulled); err != nil {
 		t.Errorf("verify of the pulled image: %v\n%s", err, out)
 	}
+	// A node with nothing but the URL: restore -D s3://... pulls it first.
+	pullDir := t.TempDir()
 	before := a.lastIter()
-	cliOK(t, h, env, pulled, "restore", "-D", pulled)
+	out = cliOK(t, h, senv, pullDir, "restore", "-D", "s3://gpucr-a/job/1", "--pull-dir", pullDir)
 	a.waitIter(before+5, time.Minute)
+	if !strings.Contains(out, "pulled s3://gpucr-a/job/1 into "+pullDir+"/") {
+		t.Errorf("restore -D s3://... does not say where it pulled the image:\n%s", out)
+	}
 	a.kill()
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", levelArgs("16"), maxIter(a.heartbeats())))
 }
