@@ -18,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image"
+	"github.com/gpucr/gpucr/image/level"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -44,6 +45,7 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "leave-running", Usage: "give the process its GPU back at once"},
 			&ucli.BoolFlag{Name: "concurrent", Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on, so that the stop does not grow with it; a helper that dies during a CRIU dump's stop then costs the process its GPU memory (default with --gpu-only, where the process never gives its memory up)"},
 			preCopyFlag(),
+			&ucli.StringFlag{Name: "drain", Usage: "once the image is complete, push it to an object store in the background (s3://BUCKET/PATH: gpucr image push; credentials and endpoint from the environment, AWS_ENDPOINT_URL); gpucr status shows it"},
 			&ucli.BoolFlag{Name: "template", Usage: "served mode: keep in the image what a worker needs to hold the process's GPU objects before its restore (gpucr image load --template), so that the restore attaches to a worker that made them ahead"},
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
@@ -70,6 +72,11 @@ func checkpointCommand() *ucli.Command {
 			abs, err := filepath.Abs(dir)
 			if err != nil {
 				return err
+			}
+			if d := c.String("drain"); d != "" {
+				if _, err := level.Parse(d); err != nil {
+					return usageError{fmt.Errorf("checkpoint --drain: %w", err)}
+				}
 			}
 			ctx, stop := interruptible(c.Context)
 			defer stop()
@@ -132,7 +139,17 @@ func checkpointCommand() *ucli.Command {
 			if !res.GPUState {
 				line += "\nno GPU state saved: " + res.NoGPUState
 			}
-			return report(c, res, line, res.PluginMessages)
+			if err := report(c, res, line, res.PluginMessages); err != nil {
+				return err
+			}
+			if d := c.String("drain"); d != "" {
+				dpid, err := startDrain(abs, d)
+				if err != nil {
+					return fmt.Errorf("checkpoint %d is complete in %s, but its drain to %s did not start: %w", pid, abs, d, err)
+				}
+				fmt.Fprintf(c.App.ErrWriter, "gpucr: draining %s to %s in the background (pid %d; gpucr status shows it)\n", abs, d, dpid)
+			}
+			return nil
 		},
 	}
 }

@@ -5,11 +5,15 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/image/level"
 )
 
@@ -26,7 +30,8 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 		Name:      "push",
 		Usage:     "copy an image directory (the GPU image and CRIU's files) to an object store, s3://BUCKET/PATH; only the files the bucket lacks travel",
 		ArgsUsage: "DIR s3://BUCKET/PATH",
-		Flags:     levelFlags(jsonFlag),
+		Flags: append(levelFlags(jsonFlag), &ucli.BoolFlag{Name: "record", Hidden: true,
+			Usage: "record the push's progress where gpucr status finds drains (checkpoint --drain)"}),
 		Action: func(c *ucli.Context) error {
 			pos, err := commandArgs(c, 2, 2)
 			if err != nil {
@@ -40,7 +45,19 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 			if err != nil {
 				return err
 			}
+			var rec *level.Recorder
+			if c.Bool("record") {
+				if rec, err = level.NewRecorder(dir, r.String()); err != nil {
+					return err
+				}
+				st.OnProgress = rec.Progress
+			}
 			stats, err := st.Push(c.Context, dir, r)
+			if rec != nil {
+				if rerr := rec.End(err); rerr != nil && err == nil {
+					err = rerr
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -124,4 +141,56 @@ func levelStore(c *ucli.Context, u string) (level.Ref, *level.Store, error) {
 	}
 	st, err := level.Open(level.Options{Endpoint: c.String("endpoint"), Profile: c.String("profile"), Jobs: c.Int("jobs")})
 	return r, st, err
+}
+
+// startDrain starts `gpucr image push DIR URL --record` in a session of its
+// own, its output in a log beside its record, and returns its pid.
+func startDrain(dir, url string) (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	base := level.DrainDir()
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return 0, err
+	}
+	logf, err := os.CreateTemp(base, "drain-*.log")
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, err
+	}
+	defer devnull.Close()
+	cmd := exec.Command(exe, "image", "push", dir, url, "--record")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	// Not the checkpoint's process group: a ^C to it, or its end, is not the drain's.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	return pid, level.StartRecord(pid, dir, url)
+}
+
+// drainLine is a drain for a terminal: where it goes and how far it is.
+func drainLine(d level.Drain) string {
+	pct := 0.0
+	if d.Bytes > 0 {
+		pct = float64(d.BytesDone) / float64(d.Bytes)
+	} else if d.State == "done" {
+		pct = 1
+	}
+	const width = 20
+	bar := strings.Repeat("#", int(pct*width)) + strings.Repeat(".", width-int(pct*width))
+	s := fmt.Sprintf("  [%s] %3.0f%% %s -> %s: %s, %d/%d files, %s of %s (%s sent)", bar, pct*100, printable.String(d.Dir),
+		printable.String(d.URL), d.State, d.FilesDone, d.Files, humanBytes(uint64(d.BytesDone)), humanBytes(uint64(d.Bytes)),
+		humanBytes(uint64(d.BytesMoved)))
+	if d.Error != "" {
+		s += ": " + printable.String(d.Error)
+	}
+	return s
 }

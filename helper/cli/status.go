@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/helper/client"
 	"github.com/gpucr/gpucr/helper/internal/printable"
 	"github.com/gpucr/gpucr/helper/proc"
+	"github.com/gpucr/gpucr/image/level"
 	"github.com/gpucr/gpucr/protocol/helperpb"
 )
 
@@ -35,6 +36,9 @@ type statusJSON struct {
 	// Served: served mode's workers (gpucr helper --served-pool); absent
 	// where served mode is off.
 	Served *servedJSON `json:"served,omitempty"`
+	// Drains: the caller's pushes to an object store after a checkpoint
+	// (gpucr checkpoint --drain), running or recently ended.
+	Drains []level.Drain `json:"drains"`
 }
 
 // servedJSON is the pool: idle workers per device, how many serve
@@ -231,6 +235,9 @@ func statusCommand() *ucli.Command {
 				}
 			}
 			j := toStatusJSON(socket, st)
+			if j.Drains, err = level.Drains(); err != nil || j.Drains == nil {
+				j.Drains = []level.Drain{}
+			}
 			if only != 0 {
 				var mine []clientJSON
 				for _, cl := range j.Clients {
@@ -314,6 +321,12 @@ func printStatus(c *ucli.Context, j statusJSON) {
 			}
 			fmt.Fprintf(w, "  %s  %s in %d buffers, uid %d, %d restores served%s\n", printable.String(r.ImagesDir), humanBytes(r.Bytes), r.Buffers,
 				r.OwnerUID, r.Restores, tmpl)
+		}
+	}
+	if len(j.Drains) > 0 {
+		fmt.Fprintf(w, "drains to object stores: %d\n", len(j.Drains))
+		for _, d := range j.Drains {
+			fmt.Fprintln(w, drainLine(d))
 		}
 	}
 	if p := j.Served; p != nil {

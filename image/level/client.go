@@ -32,6 +32,9 @@ type Store struct {
 	c    *minio.Client
 	host string
 	jobs int
+	// OnProgress, if set, hears of every file a push has done (from one
+	// goroutine at a time).
+	OnProgress func(Progress)
 }
 
 // Open prepares a client for the store o names. Nothing is asked of the

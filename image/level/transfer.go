@@ -58,6 +58,12 @@ type Stats struct {
 	Reference string  `json:"url"`
 }
 
+// Progress is how far a push is.
+type Progress struct {
+	Files, FilesDone             int
+	Bytes, BytesDone, BytesMoved int64
+}
+
 // skipped says whether a directory entry stays behind: the image's lock
 // and temporary files (a write in progress, a crash's leftovers).
 func skipped(rel string) bool {
@@ -110,6 +116,22 @@ func (s *Store) Push(ctx context.Context, dir string, r Ref) (Stats, error) {
 	}
 	var moved atomic.Int64
 	var had atomic.Int64
+	var pmu sync.Mutex
+	prog := Progress{Files: len(files)}
+	for _, f := range files {
+		prog.Bytes += f.Size
+	}
+	progress := func(f *indexFile, sent int64) {
+		if s.OnProgress == nil {
+			return
+		}
+		pmu.Lock()
+		defer pmu.Unlock()
+		prog.FilesDone++
+		prog.BytesDone += f.Size
+		prog.BytesMoved += sent
+		s.OnProgress(prog)
+	}
 	err = s.each(ctx, len(files), func(ctx context.Context, i int) error {
 		f := &files[i]
 		sum, err := hashFile(filepath.Join(dir, filepath.FromSlash(f.Path)), f.Size)
@@ -120,6 +142,7 @@ func (s *Store) Push(ctx context.Context, dir string, r Ref) (Stats, error) {
 		key := blobKey(sum)
 		if info, err := s.c.StatObject(ctx, r.Bucket, key, minio.StatObjectOptions{}); err == nil && info.Size == f.Size {
 			had.Add(1)
+			progress(f, 0)
 			return nil
 		} else if err != nil && !notFound(err) {
 			return s.storeErr("push: looking for", r, key, err)
@@ -134,6 +157,7 @@ func (s *Store) Push(ctx context.Context, dir string, r Ref) (Stats, error) {
 			return s.storeErr("push: writing "+f.Path+" to", r, key, err)
 		}
 		moved.Add(f.Size)
+		progress(f, f.Size)
 		return nil
 	})
 	if err != nil {

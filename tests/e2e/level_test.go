@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -344,4 +345,100 @@ func TestLevelOtherUser(t *testing.T) {
 	if err == nil || strings.Contains(out, "not-the-secret") {
 		t.Errorf("a wrong secret: %v\n%s", err, out)
 	}
+}
+
+// drainOf is the drain to url that `gpucr status --json` lists (nil: none).
+func drainOf(t *testing.T, h *helperProc, env []string, url string) map[string]any {
+	t.Helper()
+	out, err := cli(t, h, env, "status", "--json")
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	var st struct {
+		Drains []map[string]any `json:"drains"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	for _, d := range st.Drains {
+		if d["url"] == url {
+			return d
+		}
+	}
+	return nil
+}
+
+// TestLevelDrain: checkpoint --drain returns once the image is complete and
+// pushes it in the background; status follows the drain to "done", and the
+// image then pulls and verifies. A drain killed on its way is "died" in
+// status and lists no image.
+func TestLevelDrain(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	s3Client(t, ep, "gpucr-a")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	senv := s3Env(env, ep, "gpucr-a")
+	h := startHelper(t, dir, env)
+	url := fmt.Sprintf("s3://gpucr-a/drained/%d", time.Now().UnixNano())
+	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs("16")...), nil)
+	a.waitIter(5, time.Minute)
+	img := dir + "/img"
+	out := cliOK(t, h, senv, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--drain", url)
+	if !strings.Contains(out, "draining "+img+" to "+url+" in the background") {
+		t.Errorf("checkpoint --drain says:\n%s", out)
+	}
+	var d map[string]any
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if d = drainOf(t, h, senv, url); d != nil && d["state"] != "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the drain is not over after a minute: %v", d)
+		}
+	}
+	if d["state"] != "done" || d["files_done"] != d["files"] || d["bytes_done"] != d["bytes"] {
+		t.Errorf("the drain ended %v", d)
+	}
+	if out, err := gpucrOut(t, env, "status", "--socket", h.socket); err != nil || !strings.Contains(out, "[####################] 100% "+img+" -> "+url+": done") {
+		t.Errorf("status does not show the finished drain: %v\n%s", err, out)
+	}
+	pulled := filepath.Join(t.TempDir(), "p")
+	if out, err := gpucrOut(t, senv, "image", "pull", url, pulled); err != nil {
+		t.Fatalf("pull of the drained image: %v\n%s", err, out)
+	}
+	if out, err := gpucrOut(t, env, "image", "verify", pulled); err != nil {
+		t.Errorf("verify: %v\n%s", err, out)
+	}
+
+	// A drain killed at once.
+	img2 := dir + "/img2"
+	url2 := url + "-killed"
+	out = cliOK(t, h, senv, img2, "checkpoint", strconv.Itoa(a.pid), "-D", img2, "--leave-running", "--drain", url2)
+	i := strings.Index(out, "in the background (pid ")
+	if i < 0 {
+		t.Fatalf("no drain pid in:\n%s", out)
+	}
+	var dpid int
+	if _, err := fmt.Sscanf(out[i:], "in the background (pid %d;", &dpid); err != nil || dpid <= 0 || syscall.Kill(dpid, syscall.SIGKILL) != nil {
+		t.Fatalf("could not kill drain %d", dpid)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		d = drainOf(t, h, senv, url2)
+		if d != nil && d["state"] != "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed drain is still running in status: %v", d)
+		}
+	}
+	if d["state"] != "died" && d["state"] != "done" {
+		t.Errorf("a killed drain is %v", d)
+	}
+	if d["state"] == "died" {
+		if out, err := gpucrOut(t, senv, "image", "ls", "s3://gpucr-a/drained"); err != nil || strings.Contains(out, url2) {
+			t.Errorf("a drain that died is listed: %v\n%s", err, out)
+		}
+	}
+	a.kill()
 }
