@@ -29,7 +29,7 @@ base=$((port + 1))
 setsid "$weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
 	-master.port="$base" -volume.port="$((base + 1))" -filer.port="$((base + 2))" \
 	-master.port.grpc="$((base + 10001))" -volume.port.grpc="$((base + 10002))" -filer.port.grpc="$((base + 10003))" \
-	-s3 -s3.port="$port" -s3.config="$dir/s3.json" -volume.max=0 \
+	-s3 -s3.port="$port" -s3.config="$dir/s3.json" -master.volumeSizeLimitMB=512 -volume.max=64 \
 	</dev/null >"$dir/weed.log" 2>&1 &
 echo $! >"$dir/weed.pid"
 for _ in $(seq 600); do
