@@ -28,7 +28,7 @@ make --no-print-directory lint-c || fail=1
 step "the object store for the tests of images on a level (scripts/s3-server.sh)"
 s3dir=$(mktemp -d /tmp/gpucr-s3.XXXXXX)
 trap 'kill -9 "$(cat "$s3dir/weed.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$s3dir"' EXIT
-if GPUCR_TEST_S3_ENDPOINT=$(bash scripts/s3-server.sh "$s3dir" 18333); then
+if GPUCR_TEST_S3_ENDPOINT=$(bash scripts/s3-server.sh "$s3dir"); then
 	export GPUCR_TEST_S3_ENDPOINT
 	echo "SeaweedFS's S3 server at $GPUCR_TEST_S3_ENDPOINT"
 else

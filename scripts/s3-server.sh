@@ -2,8 +2,11 @@
 # s3-server.sh: a SeaweedFS S3 server for the tests of images on an object
 # store (image/level, tests/e2e/level_test.go), on 127.0.0.1 only.
 #
-#   bash scripts/s3-server.sh DIR PORT    starts it in the background
+#   bash scripts/s3-server.sh DIR [PORT]   starts it in the background
 #
+# PORT is the S3 port (default: one free now); the server's other seven ports
+# (master, volume, filer, their gRPC ports and S3's) are ones free now too,
+# and its Iceberg and Lance listeners are off.
 # DIR holds its data, its log (DIR/weed.log), its pid (DIR/weed.pid) and its
 # identities (DIR/s3.json): two users, each with one bucket it may create,
 # write, read and list, and no right to the other's:
@@ -13,7 +16,12 @@
 # The keys are for this throwaway server only.
 set -euo pipefail
 dir=$1
-port=$2
+# Free ports, as the kernel hands them out (bound, then let go at once).
+read -r -a ports <<<"$(python3 -c 'import socket
+ss = [socket.socket() for _ in range(8)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))')"
+port=${2:-${ports[0]}}
 weed=$(command -v weed || true)
 [ -n "$weed" ] || { echo "s3-server.sh: no weed on PATH (make deps installs SeaweedFS)" >&2; exit 1; }
 mkdir -p "$dir/data"
@@ -25,11 +33,11 @@ cat >"$dir/s3.json" <<JSON
    "actions": ["Admin:gpucr-b", "Read:gpucr-b", "Write:gpucr-b", "List:gpucr-b", "Tagging:gpucr-b"]}
 ]}
 JSON
-base=$((port + 1))
 setsid "$weed" server -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-	-master.port="$base" -volume.port="$((base + 1))" -filer.port="$((base + 2))" \
-	-master.port.grpc="$((base + 10001))" -volume.port.grpc="$((base + 10002))" -filer.port.grpc="$((base + 10003))" \
-	-s3 -s3.port="$port" -s3.config="$dir/s3.json" -master.volumeSizeLimitMB=512 -volume.max=64 \
+	-master.port="${ports[1]}" -volume.port="${ports[2]}" -filer.port="${ports[3]}" \
+	-master.port.grpc="${ports[4]}" -volume.port.grpc="${ports[5]}" -filer.port.grpc="${ports[6]}" \
+	-s3 -s3.port="$port" -s3.port.grpc="${ports[7]}" -s3.port.iceberg=0 -s3.port.lance=0 \
+	-s3.config="$dir/s3.json" -master.volumeSizeLimitMB=512 -volume.max=64 \
 	</dev/null >"$dir/weed.log" 2>&1 &
 echo $! >"$dir/weed.pid"
 for _ in $(seq 600); do
@@ -45,6 +53,6 @@ except Exception: sys.exit(1)' "http://127.0.0.1:$port/" 2>/dev/null; then
 	sleep 0.1
 done
 echo "s3-server.sh: the S3 server did not answer on port $port (log: $dir/weed.log)" >&2
-tail -5 "$dir/weed.log" >&2 || true
+grep -E '^[EF][0-9]' "$dir/weed.log" | tail -5 >&2 || true
 kill "$(cat "$dir/weed.pid")" 2>/dev/null || true
 exit 1

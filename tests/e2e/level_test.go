@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,17 +69,7 @@ func s3Server(t *testing.T) string {
 			s3Err = err
 			return
 		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			s3Err = err
-			return
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if port > 50000 { // the script takes port+1.. and port+10001..
-			port -= 20000
-		}
-		out, err := exec.Command("bash", filepath.Join(testroot.Dir(t), "scripts", "s3-server.sh"), dir, strconv.Itoa(port)).Output()
+		out, err := exec.Command("bash", filepath.Join(testroot.Dir(t), "scripts", "s3-server.sh"), dir).Output()
 		if err != nil {
 			s3Err = fmt.Errorf("scripts/s3-server.sh: %v", err)
 			return
