@@ -337,29 +337,29 @@ func (p *Pool) Serve(d int, uid, gid uint32, groups []uint32, pid int64, sock in
 	}
 	if w := p.takeTemplate(token, d, uid, gid, groups); w != nil {
 		if err := w.assign(uid, gid, groups, pid, sock, false, p.cfg.StartTimeout); err == nil {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			w.uid, w.clientPid, w.since = uid, pid, time.Now()
-			select {
-			case <-w.exited:
-				p.releaseUIDLocked(uid)
-			default:
-				p.assigned[w] = struct{}{}
-			}
+			p.keepAssigned(w, uid, pid)
 			return w, true, nil
 		} else {
-			w.kill()
-			p.mu.Lock()
-			p.releaseUIDLocked(uid) // the template's, which takeTemplate left counted
-			p.mu.Unlock()
+			p.drop(w, uid) // and the template's count, which takeTemplate left
 			p.cfg.Log.Warn("served mode: a template did not take its process; a worker from the pool does", zap.Error(err))
 		}
 	}
-	w, err = p.serve(d, uid, gid, groups, pid, sock)
-	return w, false, err
+	if w, err = p.takeWorker(d, uid); err != nil {
+		return nil, false, err
+	}
+	if err := w.assign(uid, gid, groups, pid, sock, false, p.cfg.StartTimeout); err != nil {
+		p.drop(w, uid)
+		return nil, false, err
+	}
+	p.keepAssigned(w, uid, pid)
+	return w, false, nil
 }
 
-func (p *Pool) serve(d int, uid, gid uint32, groups []uint32, pid int64, sock int) (*Worker, error) {
+// takeWorker counts one of uid's workers against MaxPerUID and takes an
+// idle worker of device d, or one started now; the pool starts another in
+// the background. The count is the caller's to give back (drop,
+// releaseUIDLocked) or to keep with the worker.
+func (p *Pool) takeWorker(d int, uid uint32) (*Worker, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -378,31 +378,39 @@ func (p *Pool) serve(d int, uid, gid uint32, groups []uint32, pid int64, sock in
 	delete(p.failing, d) // asked for: starts may try again
 	p.fillLocked(d)
 	p.mu.Unlock()
-
-	var err error
-	if w == nil {
-		w, err = p.start(d)
+	if w != nil {
+		return w, nil
 	}
-	if err == nil {
-		err = w.assign(uid, gid, groups, pid, sock, false, p.cfg.StartTimeout)
-		if err != nil {
-			w.kill()
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	w, err := p.start(d)
 	if err != nil {
+		p.mu.Lock()
 		p.releaseUIDLocked(uid)
+		p.mu.Unlock()
 		return nil, err
 	}
+	return w, nil
+}
+
+// drop ends w, which took no process, and gives back uid's count of it.
+func (p *Pool) drop(w *Worker, uid uint32) {
+	w.kill() // outside the lock: its reaper takes it
+	p.mu.Lock()
+	p.releaseUIDLocked(uid)
+	p.mu.Unlock()
+}
+
+// keepAssigned records w as serving process pid of uid, unless it has served
+// and ended already.
+func (p *Pool) keepAssigned(w *Worker, uid uint32, pid int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	w.uid, w.clientPid, w.since = uid, pid, time.Now()
 	select {
-	case <-w.exited: // it served and ended already
+	case <-w.exited:
 		p.releaseUIDLocked(uid)
 	default:
 		p.assigned[w] = struct{}{}
 	}
-	return w, nil
 }
 
 // assign gives w the user and fd: the served process's socket, or with

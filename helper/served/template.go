@@ -32,7 +32,6 @@ type templateOf struct {
 	image  string   // the image's directory, as its loader named it
 	tag    string   // the caller's name for what it was made for (DropTemplates)
 	made   time.Duration
-	since  time.Time
 }
 
 // TemplateSpec is a template to make.
@@ -50,15 +49,11 @@ type TemplateSpec struct {
 	Image, Tag string
 }
 
-// ErrPoolRunsNoTemplates: the workers are gpucr's own served-worker, which runs no
-// template.
-var ErrPoolRunsNoTemplates = errors.New("templates need gpucr-worker (the pool runs gpucr served-worker, which runs none)")
-
 // Template makes a template: a worker of spec.Device takes the user and
 // runs the script. It returns how long the script took.
 func (p *Pool) Template(spec TemplateSpec) (time.Duration, error) {
 	if !p.cfg.Native {
-		return 0, ErrPoolRunsNoTemplates
+		return 0, ErrNoTemplates
 	}
 	if spec.Device < 0 || spec.Device >= p.cfg.Devices {
 		return 0, fmt.Errorf("no device %d (the helper has %d)", spec.Device, p.cfg.Devices)
@@ -68,55 +63,31 @@ func (p *Pool) Template(spec TemplateSpec) (time.Duration, error) {
 	}
 	token := string(spec.Token)
 	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return 0, errors.New("the helper is stopping")
-	}
-	if _, ok := p.templates[token]; ok {
-		p.mu.Unlock()
-		return 0, nil // made already (the image was loaded before)
-	}
-	if spec.UID != 0 && p.perUID[spec.UID] >= p.cfg.MaxPerUID {
-		p.mu.Unlock()
-		return 0, fmt.Errorf("%w: uid %d has %d (the helper's --served-max-per-uid)", ErrPerUID, spec.UID, p.cfg.MaxPerUID)
-	}
-	p.perUID[spec.UID]++
-	var w *Worker
-	if idle := p.idle[spec.Device]; len(idle) > 0 {
-		w = idle[0]
-		p.idle[spec.Device] = idle[1:]
-	}
-	delete(p.failing, spec.Device)
-	p.fillLocked(spec.Device)
+	_, made := p.templates[token]
 	p.mu.Unlock()
-
-	var err error
-	if w == nil {
-		w, err = p.start(spec.Device)
+	if made {
+		return 0, nil // the image was loaded before
 	}
-	var took time.Duration
-	if err == nil {
-		ready, aerr := w.assignFor(spec.UID, spec.GID, spec.Groups, 0, int(spec.Script.Fd()), true, p.cfg.TemplateTimeout)
-		if err = aerr; err != nil {
-			w.kill()
-		} else {
-			took = time.Duration(ready.TemplateNs)
-		}
+	w, err := p.takeWorker(spec.Device, spec.UID)
+	if err != nil {
+		return 0, err
 	}
+	ready, err := w.assignFor(spec.UID, spec.GID, spec.Groups, 0, int(spec.Script.Fd()), true, p.cfg.TemplateTimeout)
+	if err != nil {
+		p.drop(w, spec.UID)
+		return 0, err
+	}
+	took := time.Duration(ready.TemplateNs)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err == nil && p.templates[token] != nil {
-		err = errors.New("a template of this script was made meanwhile")
-		defer w.ctl.Close() // it ends, unassigned
-	}
-	if err != nil {
+	if p.templates[token] != nil {
 		p.releaseUIDLocked(spec.UID)
-		return 0, err
+		w.ctl.Close() // it ends, unassigned
+		return 0, errors.New("a template of this script was made meanwhile")
 	}
 	groups := slices.Clone(spec.Groups)
 	slices.Sort(groups)
-	w.tmpl = &templateOf{token: token, uid: spec.UID, gid: spec.GID, groups: groups, image: spec.Image, tag: spec.Tag,
-		made: took, since: time.Now()}
+	w.tmpl = &templateOf{token: token, uid: spec.UID, gid: spec.GID, groups: groups, image: spec.Image, tag: spec.Tag, made: took}
 	select {
 	case <-w.exited: // its script's end was its own
 		p.releaseUIDLocked(spec.UID)

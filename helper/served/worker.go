@@ -40,7 +40,8 @@ const ControlFD = 3
 // WorkerCommand is the hidden subcommand that runs a worker.
 const WorkerCommand = "served-worker"
 
-// ErrNoTemplates is the answer of this worker to a template's AssignWorker.
+// ErrNoTemplates: gpucr served-worker runs no template (its answer to a
+// template's AssignWorker, and the pool's refusal of one when it runs it).
 var ErrNoTemplates = errors.New("templates need gpucr-worker (gpucr served-worker runs none)")
 
 // RunWorker is the worker's whole life: make the context of device ordinal
