@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/gpucr/gpucr/image"
 )
@@ -202,33 +203,15 @@ func hashFile(p string, size int64) (string, error) {
 
 // each runs f(0..n-1), Jobs at once; the first error cancels the rest.
 func (s *Store) each(ctx context.Context, n int, f func(context.Context, int) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var next atomic.Int64
-	var once sync.Once
-	var first error
-	var wg sync.WaitGroup
-	for w := 0; w < s.jobs && w < n; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n || ctx.Err() != nil {
-					return
-				}
-				if err := f(ctx, i); err != nil {
-					once.Do(func() { first = err; cancel() })
-					return
-				}
-			}
-		}()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.jobs)
+	for i := 0; i < n && gctx.Err() == nil; i++ {
+		g.Go(func() error { return f(gctx, i) })
 	}
-	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		first = ctx.Err()
+	if err := g.Wait(); err != nil {
+		return err
 	}
-	return first
+	return ctx.Err() // the caller's, cancelled before any f failed
 }
 
 // readIndex fetches and checks r's index.
