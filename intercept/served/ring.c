@@ -936,8 +936,6 @@ SV_API int gpucrServedScript(void) {
     }
     if (sh != MAP_FAILED)
         munmap(sh, sizeof *sh);
-    R.head = R.next_head = R.tail_seen = 0;
-    atomic_store(&R.reply_bits, 0);
     R.have_token = fd >= 0;
     if (fd >= 0)
         memcpy(R.token, token, sizeof token);

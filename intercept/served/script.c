@@ -133,7 +133,7 @@ void sv_script_record(const struct sv_rec *rec) {
     S.entries++;
     if (st && slot < SV_NSTAGE)
         atomic_store(&sv_sh->stagehdr[slot].state, SV_FREE);
-    if (rec->reply && rec->reply <= SV_NREPLY && !(rec->flags & SV_F_GROUP)) {
+    if (answer && rec->reply <= SV_NREPLY) {
         struct sv_reply *rp = &sv_sh->reply[rec->reply - 1];
         memcpy(rp->data, S.expect, S.expect_len);
         rp->len = S.expect_len;
