@@ -133,18 +133,32 @@ func s3Client(t *testing.T, endpoint, user string) *minio.Client {
 	return c
 }
 
-// levelImage checkpoints a heartbeat run in-process into dir/img (it ends)
-// and returns the image, the app, and its helper.
-func levelImage(t *testing.T, dir string, env []string, mib string) (string, *app, *helperProc) {
+// levelCase is a level test's set-up: the store with user gpucr-a's client
+// (c) and environment (senv; env without credentials), and a heartbeat of
+// mib run in-process under helper h, checkpointed into img (it ended).
+type levelCase struct {
+	c         *minio.Client
+	env, senv []string
+	img       string
+	a         *app
+	h         *helperProc
+}
+
+func newLevelCase(t *testing.T, mib string) *levelCase {
 	t.Helper()
-	h := startHelper(t, dir, env)
-	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs(mib)...), nil)
-	a.waitIter(5, time.Minute)
-	img := dir + "/img"
-	cliOK(t, h, env, img, "checkpoint", strconv.Itoa(a.pid), "-D", img)
-	a.reap(30 * time.Second)
-	waitPidFree(a.pid, 10*time.Second)
-	return img, a, h
+	needTool(t, "criu")
+	ep := s3Server(t)
+	l := &levelCase{c: s3Client(t, ep, "gpucr-a"), env: gpucrEnv(t)}
+	l.senv = s3Env(l.env, ep, "gpucr-a")
+	dir := t.TempDir()
+	l.h = startHelper(t, dir, l.env)
+	l.a = startUnderRun(t, dir, l.h, l.env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs(mib)...), nil)
+	l.a.waitIter(5, time.Minute)
+	l.img = dir + "/img"
+	cliOK(t, l.h, l.env, l.img, "checkpoint", strconv.Itoa(l.a.pid), "-D", l.img)
+	l.a.reap(30 * time.Second)
+	waitPidFree(l.a.pid, 10*time.Second)
+	return l
 }
 
 // levelArgs are heartbeat's arguments in these tests.
@@ -163,13 +177,8 @@ func gpucrOut(t *testing.T, env []string, args ...string) (string, error) {
 // verifies there), and restored by its URL alone (restore -D s3://...),
 // continues exactly; neither the output nor --json carries the secret key.
 func TestLevelPushPullRestore(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	s3Client(t, ep, "gpucr-a")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	img, a, h := levelImage(t, dir, env, "16")
-	senv := s3Env(env, ep, "gpucr-a")
+	l := newLevelCase(t, "16")
+	env, senv, img, a, h := l.env, l.senv, l.img, l.a, l.h
 
 	out, err := gpucrOut(t, senv, "image", "push", img, "s3://gpucr-a/job/1", "--json")
 	if err != nil || !strings.Contains(out, `"moved_bytes"`) {
@@ -210,13 +219,8 @@ func TestLevelPushPullRestore(t *testing.T) {
 // TestLevelDamagedBlob: a file changed in the store is refused by name at
 // the pull, which leaves no image behind.
 func TestLevelDamagedBlob(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	c := s3Client(t, ep, "gpucr-a")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	img, _, _ := levelImage(t, dir, env, "4")
-	senv := s3Env(env, ep, "gpucr-a")
+	l := newLevelCase(t, "4")
+	c, senv, img := l.c, l.senv, l.img
 	if out, err := gpucrOut(t, senv, "image", "push", img, "s3://gpucr-a/damaged/1"); err != nil {
 		t.Fatalf("push: %v\n%s", err, out)
 	}
@@ -246,14 +250,9 @@ func TestLevelDamagedBlob(t *testing.T) {
 // store leaves no image listed (its index is written last); the next push
 // sends only what is missing.
 func TestLevelInterruptedPush(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	c := s3Client(t, ep, "gpucr-a")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	img, _, _ := levelImage(t, dir, env, "64")
-	senv := s3Env(env, ep, "gpucr-a")
-	// A bucket of its own, so that "the first blob" is this push's.
+	l := newLevelCase(t, "64")
+	c, senv, img := l.c, l.senv, l.img
+	// The bucket's blobs now: the push's first one is the first past them.
 	bucket := "gpucr-a"
 	ctx := context.Background()
 	blobs := func() int {
@@ -302,13 +301,9 @@ func TestLevelInterruptedPush(t *testing.T) {
 // bucket can neither list nor pull its images, and the refusal names the
 // object, not a key; a wrong secret is refused without being echoed.
 func TestLevelOtherUser(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	s3Client(t, ep, "gpucr-a")
+	l := newLevelCase(t, "4")
+	ep, env, img := s3Server(t), l.env, l.img
 	s3Client(t, ep, "gpucr-b")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	img, _, _ := levelImage(t, dir, env, "4")
 	if out, err := gpucrOut(t, s3Env(env, ep, "gpucr-a"), "image", "push", img, "s3://gpucr-a/private/1"); err != nil {
 		t.Fatalf("push: %v\n%s", err, out)
 	}

@@ -58,6 +58,18 @@ func scriptIn(t *testing.T, img string) string {
 	return m[0]
 }
 
+// restoreIntoTemplate restores img (the checkpoint of a) and checks that the
+// restored process runs on, served by its template's worker tw.
+func restoreIntoTemplate(t *testing.T, h *helperProc, env []string, img string, a *app, tw int) {
+	t.Helper()
+	before := a.lastIter()
+	cliOK(t, h, env, img, "restore", "-D", img)
+	a.waitIter(before+10, time.Minute)
+	if w := workerOf(t, h, a.pid); w != tw {
+		t.Errorf("the restored pid %d is served by worker %d, not by its template %d", a.pid, w, tw)
+	}
+}
+
 // TestServedTemplate: a served process checkpointed with --template and its
 // image loaded with --template is restored into the worker that ran its
 // script: status lists the template until the restore takes it, the
@@ -101,12 +113,7 @@ func TestServedTemplate(t *testing.T) {
 			if tw == 0 {
 				t.Fatalf("status lists no template of %s after the load:\n%s", img, tail(h.logText(), 20))
 			}
-			before := a.lastIter()
-			cliOK(t, h, env, img, "restore", "-D", img)
-			a.waitIter(before+10, time.Minute)
-			if w := workerOf(t, h, a.pid); w != tw {
-				t.Errorf("the restored pid %d is served by worker %d, not by its template %d", a.pid, w, tw)
-			}
+			restoreIntoTemplate(t, h, env, img, a, tw)
 			if left := templateOf(t, h, img); left != 0 {
 				t.Errorf("status still lists template %d after the restore took it", left)
 			}
@@ -119,7 +126,7 @@ func TestServedTemplate(t *testing.T) {
 			cliOK(t, h, env, img2, "checkpoint", strconv.Itoa(a.pid), "-D", img2, "--template")
 			a.reap(30 * time.Second)
 			waitPidFree(a.pid, 10*time.Second)
-			before = a.lastIter()
+			before := a.lastIter()
 			cliOK(t, h, env, img2, "restore", "-D", img2)
 			a.waitIter(before+10, time.Minute)
 			if strings.Contains(a.output(), "served mode: ") {
@@ -260,12 +267,7 @@ func TestServedTemplateAttack(t *testing.T) {
 		t.Errorf("after the other user's attempts the template is %d, want %d", now, tw)
 	}
 	// The template still serves its own process.
-	before := a.lastIter()
-	cliOK(t, h, env, img, "restore", "-D", img)
-	a.waitIter(before+10, time.Minute)
-	if w := workerOf(t, h, a.pid); w != tw {
-		t.Errorf("the restored process is served by %d, not by its template %d", w, tw)
-	}
+	restoreIntoTemplate(t, h, env, img, a, tw)
 	a.kill()
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", args, maxIter(a.heartbeats())))
 }
@@ -294,12 +296,7 @@ func TestServedTemplateLeaveRunning(t *testing.T) {
 	if tw == 0 {
 		t.Fatal("no template after the load")
 	}
-	before := a.lastIter()
-	cliOK(t, h, env, img, "restore", "-D", img)
-	a.waitIter(before+10, time.Minute)
-	if w := workerOf(t, h, a.pid); w != tw {
-		t.Errorf("the restored process is served by %d, not by its template %d", w, tw)
-	}
+	restoreIntoTemplate(t, h, env, img, a, tw)
 	a.kill()
 	// The heartbeats after the restore repeat those from the checkpoint on,
 	// each equal to an uninterrupted run's.
