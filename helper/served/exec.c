@@ -1996,8 +1996,52 @@ static int script_take(svc *s, script *sc, void *buf, uint64_t n, const char *wh
     return 0;
 }
 
+/*
+ * A module's or library's global that this worker placed elsewhere than the checkpointed one did. The driver
+ * chooses where globals go, in its own heap, and two workers that loaded the same images in the same order can
+ * still differ by a few hundred bytes (measured on an H200: a PyTorch server's library globals all 256 bytes
+ * lower). A replay says so and carries on; a template does the same: the script's copies of the global's
+ * contents, written for its old address, go to the new one.
+ */
+typedef struct moved_global {
+    uint64_t old, size, now;
+} moved_global;
+
+typedef struct moved_set {
+    moved_global *v;
+    size_t n, cap;
+} moved_set;
+
+static int moved_add(moved_set *m, uint64_t old, uint64_t size, uint64_t now) {
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 64;
+        moved_global *v = realloc(m->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        m->v = v;
+        m->cap = cap;
+    }
+    m->v[m->n++] = (moved_global){old, size, now};
+    return 0;
+}
+
+/* A copy to [dev, dev+len) of a global that moved: 1 and *to its new address; 0 if it is none's; -1 if it
+ * crosses a moved global's edge (the old ranges do not overlap: they were the checkpointed worker's globals). */
+static int moved_dest(const moved_set *m, uint64_t dev, uint64_t len, uint64_t *to) {
+    for (size_t i = 0; i < m->n; i++) {
+        const moved_global *g = &m->v[i];
+        if (dev + len <= g->old || dev >= g->old + g->size)
+            continue;
+        if (dev < g->old || dev + len > g->old + g->size)
+            return -1;
+        *to = g->now + (dev - g->old);
+        return 1;
+    }
+    return 0;
+}
+
 /* The records, one by one, on s->sh (private memory): 0, -1 (a malformed script), -2 (a record failed). */
-static int play(svc *s, int fd) {
+static int play(svc *s, int fd, moved_set *moved) {
     struct stat st;
     if (fstat(fd, &st) != 0)
         return fail(s, "the script: fstat: %s", strerror(errno));
@@ -2075,6 +2119,19 @@ static int play(svc *s, int fd) {
             atomic_store(&rp->state, SV_PENDING);
         }
         group = member ? rec.reply : 0;
+        if (rec.op == SV_OP_HTOD && moved->n && rec.len >= sizeof rec + sizeof(struct sv_copy_rec)) {
+            struct sv_copy_rec q;
+            uint64_t to;
+            memcpy(&q, s->sh->ring + sizeof rec, sizeof q);
+            int m = moved_dest(moved, q.dev, q.len, &to);
+            if (m < 0)
+                return fail(s, "%s copies %u bytes to 0x%llx, across the edge of a global this worker placed elsewhere",
+                            who, q.len, (unsigned long long)q.dev);
+            if (m > 0) {
+                q.dev = to;
+                memcpy(s->sh->ring + sizeof rec, &q, sizeof q);
+            }
+        }
         s->tail = at; /* run_record's complaints name the record's offset in the script */
         if (run_record(s, &rec, s->sh->ring + sizeof rec, rec.len - (uint32_t)sizeof rec) != 0) {
             snprintf(why, sizeof why, "%s", s->err);
@@ -2097,6 +2154,17 @@ static int play(svc *s, int fd) {
         if (rp->result != CUDA_SUCCESS) {
             fail(s, "%s failed in the template: %s", who, errname((CUresult)rp->result));
             return -2;
+        }
+        uint64_t ga[2], ge;
+        if (rec.op == SV_OP_GET_GLOBAL && e.expect_len == sizeof ge && rp->len >= sizeof ga &&
+            memcmp(rp->data, expect, sizeof ge) != 0) {
+            memcpy(ga, rp->data, sizeof ga);
+            memcpy(&ge, expect, sizeof ge);
+            if (moved_add(moved, ge, ga[1], ga[0]) != 0) {
+                fail(s, "%s: out of memory keeping the globals placed elsewhere", who);
+                return -2;
+            }
+            continue;
         }
         if (rp->len < e.expect_len || memcmp(rp->data, expect, e.expect_len) != 0) {
             fail(s, "%s answered differently than at the checkpoint: %s here, %s there", who,
@@ -2133,7 +2201,14 @@ int sv_play(int fd, uint64_t *took_ns, char *err, size_t errlen) {
         return fail(s, "mapping the template's shared memory: %s", strerror(errno));
     s->sock = -1; /* none: records that use the socket are refused */
     s->sh = p;
-    int rc = play(s, fd);
+    moved_set moved = {0};
+    int rc = play(s, fd, &moved);
+    if (rc == 0 && moved.n)
+        fprintf(stderr,
+                "gpucr: served worker: template: %zu globals placed elsewhere than at the checkpoint (0x%llx now at "
+                "0x%llx, the first); their contents went with them\n",
+                moved.n, (unsigned long long)moved.v[0].old, (unsigned long long)moved.v[0].now);
+    free(moved.v);
     munmap(s->sh, sizeof(struct sv_shared));
     s->sh = NULL; /* sv_serve maps the client's */
     s->tail = 0;

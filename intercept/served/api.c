@@ -1692,6 +1692,20 @@ SV_API CUresult cuKernelGetLibrary(CUlibrary *plib, CUkernel h) {
 
 pthread_mutex_t sv_func_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* g's record at addr (size bytes) now, and the process's device ranges with it; under sv_func_mu. */
+static void global_move_locked(sv_global *g, uint64_t addr, uint64_t size) {
+    sv_range_del(g->addr);
+    g->addr = addr;
+    g->size = size;
+    sv_range_add(addr, size);
+}
+
+void sv_global_moved(sv_global *g, uint64_t addr, uint64_t size) {
+    pthread_mutex_lock(&sv_func_mu);
+    global_move_locked(g, addr, size);
+    pthread_mutex_unlock(&sv_func_mu);
+}
+
 /* A module's or library's global: the worker's address, kept with its image (a replay checks it stays), and known
  * as device memory of the process (cuMemcpy, pointer attributes). */
 static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, unsigned kind, const void *h, const char *name) {
@@ -1707,9 +1721,14 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, unsigned kind, cons
         return r;
     sv_image *im = sv_id_data(kind, q.owner);
     pthread_mutex_lock(&sv_func_mu);
-    bool known = false;
-    for (const sv_global *g = im ? im->globals : NULL; g && !known; g = g->next)
-        known = g->addr == v[0];
+    /* By name: an image's globals have one name each, and a worker after a move may have one elsewhere. */
+    sv_global *had = NULL;
+    for (sv_global *g = im ? im->globals : NULL; g && !had; g = g->next)
+        if (strcmp(g->name, name) == 0)
+            had = g;
+    if (had && (had->addr != v[0] || had->size != v[1]))
+        global_move_locked(had, v[0], v[1]);
+    bool known = had != NULL;
     sv_global *g = known || !im ? NULL : calloc(1, sizeof *g);
     if (g && (g->name = strdup(name))) {
         g->addr = v[0];

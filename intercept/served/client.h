@@ -158,11 +158,18 @@ typedef struct sv_global {
 } sv_global;
 /* At a detach (ring.c), the worker synchronized: every global's contents read into saved (api.c). */
 SV_HIDDEN void sv_globals_save(void);
-/* At a replay: g's contents written into the new worker's copy at the same address, saved freed (api.c); kept
- * while a script is written (the attach after it may replay). */
+/* At a replay: g's contents written into the new worker's copy (at g->addr, where the replay found it), saved
+ * freed (api.c); kept while a script is written (the attach after it may replay). */
 SV_HIDDEN CUresult sv_global_restore(sv_global *g);
 /* An attach to a template, which has the globals' contents: what was saved for a replay goes. */
 SV_HIDDEN void sv_globals_forget_saved(void);
+/* g placed by the new worker at addr (size bytes): the process's record of it, and its device range, moved (api.c). */
+SV_HIDDEN void sv_global_moved(sv_global *g, uint64_t addr, uint64_t size);
+/* After a replay: one line for the globals it found elsewhere, if any (replay.c). */
+SV_HIDDEN void sv_globals_moved_say(void);
+/* After an attach to a template: each global's address asked of its worker, the process's record moved where it
+ * moved, and said (replay.c). */
+SV_HIDDEN CUresult sv_globals_refresh(void);
 
 /* A module's or library's record: its image and its load record (a library's JIT options), for a replay. */
 typedef struct {

@@ -16,8 +16,8 @@
  *   3. modules and libraries, from the images kept at their loads;
  *   4. kernels and functions, by name (a kernel's function by its kernel),
  *      with the attributes and cache preference the process set on them;
- *      the globals the process asked for, which must be where they were,
- *      with what they held at the detach;
+ *      the globals the process asked for, with what they held at the
+ *      detach (where the new worker placed them: see globals_check);
  *   5. streams and events, with their flags and priorities, then the objects
  *      of the libraries served beside this one (cuBLAS's handles, cuBLASLt's
  *      descriptors: ext.c), which name streams and are named by captures;
@@ -30,6 +30,7 @@
  * were. What cannot be made again (a capture with staged copies in it) is
  * said once, and fails at its use, not here.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,9 +154,44 @@ static CUresult func_attrs(const sv_func *f, uint32_t id, bool kernel) {
 /*
  * The globals the process holds addresses of, asked of the new worker, and given what they held at the detach
  * (sv_globals_save). The same images loaded in the same order give them the same addresses on the simulator, not
- * necessarily on the driver: one that moved is said (the process's pointers to it are stale) and keeps the new
- * worker's initial value.
+ * on the driver, which places globals in a heap of its own (measured on an H200: a PyTorch server's library
+ * globals came back 256 bytes lower). One that moved gets its contents at its new address, and the process's
+ * record of it the new address (its later lookups, copies and saves); an address the program itself kept is
+ * stale, which is said once for them all (sv_globals_moved_say).
  */
+static struct {
+    unsigned n, total;
+    char first[96];
+    uint64_t old, now;
+} moved;
+
+static void moved_note(const sv_global *g, uint64_t now) {
+    if (!moved.n++) {
+        snprintf(moved.first, sizeof moved.first, "%s", g->name);
+        moved.old = g->addr;
+        moved.now = now;
+    }
+}
+
+void sv_globals_moved_say(void) {
+    if (moved.n)
+        sv_warn(
+            "served mode: the new worker placed %u of the process's %u module globals elsewhere (%s%s at 0x%llx, "
+            "not 0x%llx): their contents went with them, but an address the program kept of one is stale",
+            moved.n, moved.total, moved.first, moved.n > 1 ? ", the first," : "", (unsigned long long)moved.now,
+            (unsigned long long)moved.old);
+    memset(&moved, 0, sizeof moved);
+}
+
+/* g where the worker has it now (v: its address and size): a move noted, the process's record moved. */
+static void global_now(sv_global *g, const uint64_t v[2]) {
+    moved.total++;
+    if (v[0] != g->addr) {
+        moved_note(g, v[0]);
+        sv_global_moved(g, v[0], v[1]);
+    }
+}
+
 static CUresult globals_check(unsigned kind, uint32_t id, const sv_image *im) {
     pthread_mutex_lock(&sv_func_mu);
     sv_global *first = im->globals;
@@ -164,17 +200,35 @@ static CUresult globals_check(unsigned kind, uint32_t id, const sv_image *im) {
     for (sv_global *g = first; g && r == CUDA_SUCCESS; g = g->next) {
         struct sv_global_rec q = {id, kind == SV_K_LIBRARY};
         uint64_t v[2] = {0, 0};
-        sv_script_expect(&g->addr, sizeof g->addr); /* where the process's pointers to it point */
+        /* where the process's pointers to it point; a template's worker that has it elsewhere moves the copy below */
+        sv_script_expect(&g->addr, sizeof g->addr);
         r = step(sv_sync_named(SV_OP_GET_GLOBAL, &q, sizeof q, g->name, v, sizeof v, NULL), "a global of", id);
-        if (r == CUDA_SUCCESS && v[0] != g->addr)
-            sv_warn(
-                "served mode: the new worker has %s's global %s at 0x%llx, not at 0x%llx: the process's "
-                "pointers to it are stale",
-                kind == SV_K_LIBRARY ? "a library" : "a module", g->name, (unsigned long long)v[0],
-                (unsigned long long)g->addr);
-        else if (r == CUDA_SUCCESS)
+        if (r == CUDA_SUCCESS) {
+            global_now(g, v);
             r = step(sv_global_restore(g), "the contents of a global of", id);
+        }
     }
+    return r;
+}
+
+/* After an attach to a template: where its worker placed each global, which the script could not say. */
+CUresult sv_globals_refresh(void) {
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned k = SV_K_MODULE; k <= SV_K_LIBRARY && r == CUDA_SUCCESS; k += SV_K_LIBRARY - SV_K_MODULE)
+        for (uint32_t id = 1, end = sv_id_end(k); id < end && r == CUDA_SUCCESS; id++) {
+            const sv_image *im = sv_id_live(k, id) ? sv_id_data(k, id) : NULL;
+            pthread_mutex_lock(&sv_func_mu);
+            sv_global *first = im ? im->globals : NULL;
+            pthread_mutex_unlock(&sv_func_mu);
+            for (sv_global *g = first; g && r == CUDA_SUCCESS; g = g->next) {
+                struct sv_global_rec q = {id, k == SV_K_LIBRARY};
+                uint64_t v[2] = {0, 0};
+                r = step(sv_sync_named(SV_OP_GET_GLOBAL, &q, sizeof q, g->name, v, sizeof v, NULL), "a global of", id);
+                if (r == CUDA_SUCCESS)
+                    global_now(g, v);
+            }
+        }
+    sv_globals_moved_say();
     return r;
 }
 
@@ -379,5 +433,6 @@ CUresult sv_replay(void) {
     /* The creations above that were asynchronous: their failures come back here. */
     if (r == CUDA_SUCCESS)
         r = step(sv_sync(SV_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, true), "the context's streams and events", 0);
+    sv_globals_moved_say();
     return r;
 }

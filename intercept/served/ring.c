@@ -878,8 +878,12 @@ SV_API int gpucrServedAttach(void) {
     if (r == CUDA_SUCCESS) {
         sv_api_attached(strcmp(uuid, R.uuid) != 0);
         if (templ) {
-            /* The worker ran this process's script before the restore: every object is there already. */
+            /* The worker ran this process's script before the restore: every object is there already, though
+             * a global may be elsewhere (sv_globals_refresh). */
             sv_globals_forget_saved();
+            replaying = true;
+            r = sv_globals_refresh();
+            replaying = false;
         } else {
             replaying = true;
             r = sv_replay();

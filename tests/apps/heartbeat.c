@@ -31,6 +31,10 @@
  * and what the driver says of buffer 0 (cuPointerGetAttribute); a lost one ends the program with a line that
  * says which. The checksums are those of a run without --attrs.
  *
+ * --moved-global (with --attrs): hb_count is looked up by name at each use, and a module with a global of its own
+ * is loaded before hb_count's and unloaded after it, leaving a hole that a worker which loads only the live modules
+ * (served mode's restore) fills with hb_count: its count must come back there.
+ *
  * A heartbeat synchronizes both streams and checksums all buffers in order.
  * All arithmetic is on 32-bit unsigned integers, so the simulated driver and a
  * GPU compute the same bits.
@@ -68,6 +72,12 @@ static const char attrs_ptx[] =
     ".target sm_75\n"
     ".address_size 64\n"
     ".visible .global .align 4 .u32 hb_count;\n";
+/* --moved-global: a module loaded before hb_count's and unloaded once that is loaded */
+static const char hole_ptx[] =
+    ".version 7.8\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    ".visible .global .align 4 .u32 hb_hole[1024];\n";
 
 typedef struct hb_state {
     gpuapp *app;
@@ -91,7 +101,8 @@ typedef struct hb_state {
     bool attrs;
     int prio[2];
     CUmodule attrs_mod;
-    CUdeviceptr count; /* hb_count */
+    CUdeviceptr count; /* hb_count (--moved-global: looked up at each use, count_at) */
+    bool moved_global; /* --moved-global */
     bool counted;      /* hb_count holds the previous iteration */
 } hb_state;
 
@@ -176,6 +187,16 @@ static void capture_graph(hb_state *st) {
     CHECK(cuEventCreate(&st->ev_graph, CU_EVENT_DISABLE_TIMING));
 }
 
+/* --attrs: hb_count's address; with --moved-global asked again at each use, as a program that copies to a
+ * symbol by name does, so a worker that placed it elsewhere is followed. */
+static CUdeviceptr count_at(hb_state *st) {
+    if (st->moved_global) {
+        size_t bytes = 0;
+        CHECK(cuModuleGetGlobal(&st->count, &bytes, st->attrs_mod, "hb_count"));
+    }
+    return st->count;
+}
+
 /* --attrs: what was set is what the driver says now (after a restore too). */
 static void check_attrs(hb_state *st, uint32_t iter) {
     for (int i = 0; i < 2; i++) {
@@ -212,12 +233,12 @@ static void check_attrs(hb_state *st, uint32_t iter) {
     if ((ctx && ctx != st->app->ctx) || type != CU_MEMORYTYPE_DEVICE || ordinal != st->app->dev)
         gpuapp_die("--attrs: iteration %u: buffer 0: context %p (the process's: %p), memory type %u, device %d", iter,
                    (void *)ctx, (void *)st->app->ctx, type, ordinal);
-    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, st->count));
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, count_at(st)));
     if (type != CU_MEMORYTYPE_DEVICE)
         gpuapp_die("--attrs: iteration %u: hb_count's memory type is %u", iter, type);
     /* hb_count: the previous iteration's, written on s0, which ev_mix covers */
     uint32_t count = 0;
-    CHECK(cuMemcpyDtoH(&count, st->count, sizeof count));
+    CHECK(cuMemcpyDtoH(&count, count_at(st), sizeof count));
     if (st->counted && count != iter - 1)
         gpuapp_die("--attrs: iteration %u: hb_count holds %u, not %u", iter, count, iter - 1);
 }
@@ -232,11 +253,19 @@ static void set_attrs(hb_state *st) {
     CHECK(cuStreamCreateWithPriority(&st->s[1], CU_STREAM_NON_BLOCKING, greatest - ATTRS_PRIO));
     CHECK(cuFuncSetAttribute(st->f_step, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)ATTRS_SHMEM));
     CHECK(cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, ATTRS_HEAP));
-    st->attrs_mod = gpuapp_load_ptx(attrs_ptx);
+    /* --moved-global: the hole's global takes device memory first, and is gone once hb_count's module has its
+     * own: a worker that loads the live modules alone (a restore's) puts hb_count where the hole was. */
+    CUmodule hole = st->moved_global ? gpuapp_load_ptx(hole_ptx) : NULL;
+    CUdeviceptr hole_at = 0;
     size_t bytes = 0;
+    if (hole)
+        CHECK(cuModuleGetGlobal(&hole_at, &bytes, hole, "hb_hole"));
+    st->attrs_mod = gpuapp_load_ptx(attrs_ptx);
     CHECK(cuModuleGetGlobal(&st->count, &bytes, st->attrs_mod, "hb_count"));
     if (bytes != 4)
         gpuapp_die("--attrs: hb_count has %zu bytes", bytes);
+    if (hole)
+        CHECK(cuModuleUnload(hole));
 }
 
 static void step(void *p, uint32_t iter) {
@@ -303,7 +332,7 @@ static void step(void *p, uint32_t iter) {
         CHECK(cuLaunchKernel(st->f_mix, gpuapp_grid(count), 1, 1, GPUAPP_BLOCK, 1, 1, 0, s0, sargs, NULL));
     }
     if (st->attrs) {
-        CHECK(cuMemsetD32Async(st->count, iter, 1, s0));
+        CHECK(cuMemsetD32Async(count_at(st), iter, 1, s0));
         st->counted = true;
     }
     CHECK(cuEventRecord(st->ev_mix, s0));
@@ -326,7 +355,7 @@ int main(int argc, char **argv) {
     hb_state st;
     gpuapp_parse(&app, "heartbeat",
                  GPUAPP_OPT_MIB | GPUAPP_OPT_BUFFERS | GPUAPP_OPT_WORKERS | GPUAPP_OPT_GRAPH | GPUAPP_OPT_STILL |
-                     GPUAPP_OPT_ATTRS,
+                     GPUAPP_OPT_ATTRS | GPUAPP_OPT_MOVED_GLOBAL,
                  64, 8, argc, argv);
     memset(&st, 0, sizeof(st));
     st.app = &app;
@@ -346,6 +375,9 @@ int main(int argc, char **argv) {
     st.f_mix = gpuapp_function(st.mod, "app_hb_mix");
     /* One blocking and one non-blocking stream: both kinds get exercised. */
     st.attrs = app.attrs;
+    st.moved_global = app.moved_global;
+    if (st.moved_global && !st.attrs)
+        gpuapp_die("--moved-global needs --attrs");
     if (st.attrs) {
         set_attrs(&st);
     } else {

@@ -69,6 +69,10 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
         fprintf(f,
                 "  --attrs          also set stream priorities, a function attribute, a context limit and a module\n"
                 "                   global, and check every iteration that they hold\n");
+    if (accepted & GPUAPP_OPT_MOVED_GLOBAL)
+        fprintf(f,
+                "  --moved-global   with --attrs: the module global is looked up at each use, and a module loaded\n"
+                "                   before its own and unloaded after leaves a hole that a new worker fills with it\n");
     fprintf(f,
             "  --iters M        stop after iteration M with a done line (default: run forever)\n"
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
@@ -102,6 +106,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         O_STILL,
         O_RANKS,
         O_ATTRS,
+        O_MOVED_GLOBAL,
         O_ITERS,
         O_INTERVAL,
         O_HB,
@@ -118,6 +123,7 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
         {"still-mib", required_argument, NULL, O_STILL},
         {"ranks", required_argument, NULL, O_RANKS},
         {"attrs", no_argument, NULL, O_ATTRS},
+        {"moved-global", no_argument, NULL, O_MOVED_GLOBAL},
         {"iters", required_argument, NULL, O_ITERS},
         {"interval-ms", required_argument, NULL, O_INTERVAL},
         {"hb-every", required_argument, NULL, O_HB},
@@ -177,6 +183,11 @@ void gpuapp_parse(gpuapp *a, const char *name, unsigned accepted, unsigned def_m
             if (!(accepted & GPUAPP_OPT_ATTRS))
                 goto bad;
             a->attrs = 1;
+            break;
+        case O_MOVED_GLOBAL:
+            if (!(accepted & GPUAPP_OPT_MOVED_GLOBAL))
+                goto bad;
+            a->moved_global = 1;
             break;
         case O_ITERS:
             /* Kernels take the iteration as a 32-bit number. */

@@ -50,6 +50,8 @@ const char *gpuapp_err_string(CUresult r);
 #define GPUAPP_OPT_RANKS 0x20u  /* --ranks N: processes (one per device) */
 #define GPUAPP_OPT_ATTRS                                                                                               \
     0x40u /* --attrs: driver state the CUDA runtime sets (priorities, attributes, limits, globals) */
+#define GPUAPP_OPT_MOVED_GLOBAL                                                                                        \
+    0x80u /* --moved-global: with --attrs, a global that a worker loading only the live modules places elsewhere */
 
 typedef struct gpuapp {
     const char *name;     /* app=NAME in the ready line */
@@ -63,6 +65,7 @@ typedef struct gpuapp {
     unsigned still_mib;   /* --still-mib N (default 0) */
     unsigned ranks;       /* --ranks N (default 2) */
     int attrs;            /* --attrs */
+    int moved_global;     /* --moved-global */
     uint32_t seed;        /* --seed S: initial contents (default 1) */
     int ordinal;          /* --device D: device ordinal (default 0) */
     int show_device;      /* --show-device: each heartbeat names the GPU behind the ordinal (gpu=UUID) */
