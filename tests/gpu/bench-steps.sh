@@ -15,7 +15,9 @@
 # distribution of every step of every run. DEADLINE (seconds, default 540)
 # bounds the whole: no run starts after it, a run is cut at it, and the table
 # and the plot are made of the pairs that finished (the table says how many).
-# Logs in build/gpu/steps.
+# SERVED=1: the gpucr runs are `gpucr run --served` (served mode: the
+# program's driver calls run in a worker of the helper's pool), so the
+# table's gpucr / plain is served mode's steady cost. Logs in build/gpu/steps.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
@@ -34,7 +36,15 @@ finish() {
 	fi
 }
 trap finish EXIT
-start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info || bad "the helper did not answer"
+runflags=()
+hflags=(--log-level info)
+what="gpucr run"
+if [ "${SERVED:-0}" = 1 ]; then
+	runflags=(--served)
+	hflags+=(--served-pool 1)
+	what="gpucr run --served"
+fi
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" "${hflags[@]}" || bad "the helper did not answer"
 
 DEADLINE=${DEADLINE:-540}
 T_END=$(($(date +%s) + DEADLINE))
@@ -48,7 +58,7 @@ for p in $(seq "$PAIRS"); do
 			break 2
 		fi
 		pre=()
-		[ $m = gpucr ] && pre=("$GPUCR" run --socket "$SOCK" --)
+		[ $m = gpucr ] && pre=("$GPUCR" run "${runflags[@]}" --socket "$SOCK" --)
 		# shellcheck disable=SC2086 # WORKLOADS is a list
 		timeout "$left" "${pre[@]}" python3 tests/gpu/bench_steps.py $WORKLOADS --steps "$STEPS" >"$LOGS/run.$m.$p" 2>"$LOGS/run.$m.$p.err"
 		rc=$?
@@ -60,7 +70,7 @@ for p in $(seq "$PAIRS"); do
 	done
 done
 
-note "## Step times, plain against gpucr run"
+note "## Step times, plain against $what (the table's gpucr)"
 note_host "$(python3 -c 'import torch; print("torch", torch.__version__)'); $PAIRS interleaved pairs, --steps $STEPS"
 python3 tests/gpu/steps_table.py "$LOGS" "$PAIRS" "$WORKLOADS" | tee -a "$LOGS/summary.txt"
 exit $fail

@@ -82,7 +82,10 @@ run() {
 	start_helper "$g" "$SOCK" "$LOGS/$name-helper.log" "${hflags[@]}" || { bad "$name: helper"; return; }
 	local port=$((19000 + RANDOM % 1000)) t0 pid P
 	t0=$(now)
-	setsid "$g" run "${runflags[@]}" --socket "$SOCK" -- python3 "$SERVER" serve "$WEIGHTS" "$port" >"$LOGS/$name-server.out" 2>&1 &
+	# appended to, not truncated: a restored server that writes (served mode says where its globals went) would
+	# leave the file longer than the image's record of it, which CRIU refuses at the next restore
+	: >"$LOGS/$name-server.out"
+	setsid "$g" run "${runflags[@]}" --socket "$SOCK" -- python3 "$SERVER" serve "$WEIGHTS" "$port" >>"$LOGS/$name-server.out" 2>&1 &
 	pid=$!
 	first_answer "$port" "$pid" "$t0" "$LOGS/$name-start.seconds"
 	P=$(pgrep -f "^python3 $SERVER serve" | head -1)

@@ -37,7 +37,11 @@ HELPER=
 trap 'kill $HELPER 2>/dev/null; rm -rf /dev/shm/gpucr-served-cr; [ -n "${OUT:-}" ] && tar -czf "$OUT/served-cr-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null' EXIT
 note_host "heartbeat --mib $MIB --buffers 8"
 hflags=(--log-level info --served-pool 1)
-[ "${TEMPLATE:-0}" = 1 ] && hflags+=(--resident-memory "$((MIB * 2 + 1024))M")
+# room for the template's resident image: PyTorch's holds more than MIB (its allocator's pools, cuBLAS's
+# workspaces: 12 GiB for --mib 2048 on an H200)
+resident=$((MIB * 2 + 1024))
+[ "${TORCH:-0}" = 1 ] && resident=$((MIB * 8 + 16384))
+[ "${TEMPLATE:-0}" = 1 ] && hflags+=(--resident-memory "${resident}M")
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" "${hflags[@]}" || { bad "the helper did not answer"; exit 1; }
 ARGS=(--mib "$MIB" --buffers 8 --interval-ms 100 --hb-every 1)
 APP=("$BIN/heartbeat" "${ARGS[@]}")
