@@ -35,6 +35,27 @@
 # SIM=1: on the simulated driver (no GPU; the C programs only), to try the
 # script itself: SIM=1 bash tests/gpu/matrix.sh build /opt/gpucr/criu
 # (GPUCR_PREFIX a build directory: bin/gpucr, lib/...).
+#
+# SERVED=1: the same rows in served mode (docs/served-mode.md): every program
+# under `gpucr run --served`, its CUDA calls run by a worker of the helper's
+# pool, the helper started with --served-pool SERVED_POOL (default: the
+# number of rows, since every program runs at once and each is one served
+# process; a restore, or a --leave-running checkpoint letting its process go
+# on, takes a fresh worker, and the pool refills behind each take). Step 3's
+# plain runs and the exactness check are the same. Where a row means
+# something else served (SERVED_ROWS below says why, row by row):
+#   fail     dump: the checkpoint must succeed and the restored run be
+#            exact, for a served process holds no driver files, so its
+#            forked children, GPUCR_FORK_SCRUB=0 or not, hold none either
+#   refuse   as in-process, and gpucr must also say on the program's stderr
+#            that served mode refuses the call (its one line)
+#   cannot   a program served mode does not run yet (JAX, CuPy): it runs
+#            served all the same, and its row is "not served" if gpucr
+#            refused it with its line before step 30, FAIL if it ended
+#            otherwise, and a dump row if it runs after all
+# Step 4 (DDP) is not run served, and its row says why. The table's "mode"
+# column says in which mode each row ran. Logs in build/gpu/matrix-served
+# (and $OUT/matrix-served-*): both modes can run in one device call.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
@@ -57,9 +78,13 @@ C_MIB=${C_MIB:-256}
 DEADLINE=${DEADLINE:-480}
 T_START=$(date +%s)
 left() { echo $((T_START + DEADLINE - $(date +%s))); }
-IMG=${IMG:-/dev/shm/gpucr-matrix}
+# TAG names the logs, images and $OUT files: apart for served mode.
+SERVED=${SERVED:-0}
+TAG=matrix
+[ "$SERVED" = 1 ] && TAG=matrix-served
+IMG=${IMG:-/dev/shm/gpucr-$TAG}
 W=$PWD/tests/gpu/matrix_workloads.py
-fresh_logs build/gpu/matrix
+fresh_logs "build/gpu/$TAG"
 rm -rf "$IMG" && mkdir -p "$IMG"
 # On PATH, not in GPUCR_CRIU (use_criu): the matrix keeps gpucr's own
 # lookup of CRIU on PATH.
@@ -97,14 +122,37 @@ ROWS=${ROWS:-$(printf '%s\n' "$ALL_ROWS" | cut -d'|' -f1 | grep -v '_window$' | 
 row() { printf '%s\n' "$ALL_ROWS" | awk -F'|' -v n="$1" '$1 == n'; }
 field() { row "$1" | cut -d'|' -f"$2"; }
 
+# Served mode (SERVED=1): the rows whose mode differs there, and why.
+# name | mode served | why
+SERVED_ROWS="
+dataloader_failed_dump|dump|a served process holds no driver files, so its forked DataLoader workers hold none either, GPUCR_FORK_SCRUB=0 or not: nothing is left that CRIU cannot dump
+workers_c_failed_dump|dump|a served process holds no driver files, so its forked workers hold none either, GPUCR_FORK_SCRUB=0 or not: nothing is left that CRIU cannot dump
+jax|cannot|JAX's XLA calls cuDNN, cuFFT and cuSPARSE too (docs/served-mode.md), which served mode does not forward: cuDNN carries NVIDIA's CUDA runtime inside it, which asks for the driver's private export tables
+cupy|cannot|CuPy's wheels carry NVIDIA's static CUDA runtime, which asks for the driver's private export tables; served mode runs only its own runtime, cuBLAS and cuBLASLt (docs/served-mode.md)
+"
+served_field() { printf '%s\n' "$SERVED_ROWS" | awk -F'|' -v n="$1" '$1 == n' | cut -d'|' -f"$2"; }
+# mode_of NAME: what row NAME does in this run's mode.
+mode_of() {
+	local m
+	[ "$SERVED" = 1 ] && m=$(served_field "$1" 2)
+	echo "${m:-$(field "$1" 2)}"
+}
+# refusal ERRLOG: the last line where gpucr says on a served program's
+# stderr that served mode refuses what it asked (the served library's
+# "gpucr: served mode: X is not supported" and its refusal of the export
+# tables, "... (CUDA_ERROR_NOT_SUPPORTED)", its runtime's "gpucr runtime: X:
+# ... not provided", its cuBLAS's "... not forwarded ..."), or nothing. The
+# last: a program may have got past an earlier one.
+refusal() { grep -hiE '^gpucr( runtime)?: .*not[ _](supported|provided|forwarded)' "$1" 2>/dev/null | tail -1 | cut -c1-300; }
+
 # lines LOG: what must equal between runs (hb lines without their time).
 lines() { awk '$1 == "step" || ($1 == "hb" && NF >= 3) { if ($1 == "hb") print $1, $2, $3; else print }' "$1" 2>/dev/null; }
 steps() { lines "$1" | wc -l; }
 # last_iter LOG: the iteration of LOG's last line.
 last_iter() { lines "$1" | tail -1 | awk '{print $2}'; }
 # start NAME LOG MODE [N]: a run of row NAME in the background, its output to
-# LOG. MODE gpucr: under gpucr run, slowed down, with no end; plain: at full
-# speed, up to step (C programs: iteration) N.
+# LOG. MODE gpucr: under gpucr run (--served with SERVED=1), slowed down, with
+# no end; plain: at full speed, up to step (C programs: iteration) N.
 start() {
 	local name=$1 log=$2 mode=$3 n=${4:-} env cmd delay=0.04
 	env=$(field "$name" 3)
@@ -124,13 +172,26 @@ start() {
 		# shellcheck disable=SC2086
 		(env $env MATRIX_DELAY=0 setsid $cmd </dev/null >>"$log" 2>"$log.err") &
 		PLAIN+=($!)
+	elif [ "$SERVED" = 1 ]; then
+		# Served: the exit status goes to LOG.exit, so that a program that
+		# served mode refuses ends its wait for step 30 at once (not the
+		# 300 s an in-process row waits for a program that died without
+		# "done"). It means the program's end only until its first
+		# checkpoint, which ends the original process too. JAX_PLATFORMS:
+		# JAX must fail where it cannot use the GPU, not go on on the CPU.
+		# shellcheck disable=SC2086
+		(
+			env $env JAX_PLATFORMS=cuda MATRIX_DELAY=$delay setsid "$GPUCR" run --served --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err"
+			echo $? >"$log.exit"
+		) &
 	else
 		# shellcheck disable=SC2086
 		(env $env MATRIX_DELAY=$delay setsid "$GPUCR" run --socket "$SOCK" -- $cmd </dev/null >>"$log" 2>"$log.err") &
 	fi
 }
-# wait_steps LOG N SECONDS: until LOG holds N step lines (or its program
-# ended, or the deadline came).
+# wait_steps LOG N SECONDS [EXIT]: until LOG holds N step lines (or its
+# program ended: LOG's "done", or the file EXIT, start's LOG.exit, is there;
+# or the deadline came).
 wait_steps() {
 	local t=$3
 	[ "$t" -le "$(left)" ] || t=$(left)
@@ -138,6 +199,7 @@ wait_steps() {
 	for _ in $(seq $((t * 10))); do
 		[ "$(steps "$1")" -ge "$2" ] && return 0
 		grep -q '^done' "$1" 2>/dev/null && return 1
+		[ -n "${4:-}" ] && [ -e "$4" ] && return 1
 		sleep 0.1
 	done
 	return 1
@@ -176,8 +238,8 @@ HELPER=
 # The logs reach $OUT whatever happens (a timeout's SIGTERM included).
 save() {
 	if [ -n "${OUT:-}" ]; then
-		cp "$LOGS/summary.txt" "$OUT/matrix-summary.txt" 2>/dev/null
-		tar -czf "$OUT/matrix-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+		cp "$LOGS/summary.txt" "$OUT/$TAG-summary.txt" 2>/dev/null
+		tar -czf "$OUT/$TAG-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
 	fi
 }
 stop_all() {
@@ -192,9 +254,31 @@ finish() {
 }
 trap finish EXIT
 trap 'note "TERMINATED after $(($(date +%s) - T_START)) s"; exit 1' TERM INT
+HFLAGS=(--log-level info)
+if [ "$SERVED" = 1 ]; then
+	# a worker for each program running at once (a forked child that
+	# initialises CUDA itself would take one more, started then)
+	SERVED_POOL=${SERVED_POOL:-$(echo "$ROWS" | wc -w)}
+	HFLAGS+=(--served-pool "$SERVED_POOL")
+fi
 # HELPER_FLAGS: say --concurrent-mode copy-on-write, with LEAVE_RUNNING_FLAGS=--concurrent.
 # shellcheck disable=SC2086
-start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" --log-level info ${HELPER_FLAGS:-} || bad "the helper did not answer"
+start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" "${HFLAGS[@]}" ${HELPER_FLAGS:-} || bad "the helper did not answer"
+if [ "$SERVED" = 1 ]; then
+	# The programs start once the pool is full (each then takes a worker
+	# whose context is made, as served mode is meant to run), or after 60 s.
+	pool_full() { "$GPUCR" status --json --socket "$SOCK" 2>/dev/null | grep -q "\"idle\":\[${SERVED_POOL}[],]"; }
+	t0=$(now)
+	for _ in $(seq 600); do
+		pool_full && break
+		sleep 0.1
+	done
+	if pool_full; then
+		note "mode: served (gpucr run --served; helper --served-pool $SERVED_POOL: $SERVED_POOL idle workers on device 0 after $(span "$t0" "$(now)"))"
+	else
+		bad "mode: served, but the pool did not get $SERVED_POOL idle workers in 60 s: $("$GPUCR" status --socket "$SOCK" 2>&1 | grep served)"
+	fi
+fi
 
 note ""
 note "## gpucr check"
@@ -213,23 +297,33 @@ cli() { # cli LOGNAME ARGS...: gpucr ARGS, output appended to LOGS/LOGNAME.cli; 
 }
 for r in $ROWS; do
 	log=$LOGS/$r.gpucr
-	mode=$(field "$r" 2)
+	mode=$(mode_of "$r")
 	note "$(($(date +%s) - T_START)) s: $r"
 	save
 	if [ "$mode" = refuse ]; then
-		wait_steps "$log" 1 120
+		wait_steps "$log" 1 120 "$log.exit"
 		for _ in $(seq 100); do grep -q '^done' "$log" && break; sleep 0.1; done
 		continue
 	fi
-	if ! wait_steps "$log" 30 300; then
-		RESULT[$r]=FAIL
-		DETAIL[$r]="never reached step 30 under gpucr: $(tail -c 300 "$log.err" | tr '\n' ' ')"
+	if ! wait_steps "$log" 30 300 "$log.exit"; then
+		why=
+		[ "$SERVED" = 1 ] && why=$(refusal "$log.err")
+		ended=
+		[ -e "$log.exit" ] && ended=" (it exited with status $(cat "$log.exit") after $(steps "$log") steps)"
+		if [ "$mode" = cannot ] && [ -n "$why" ]; then
+			# what served mode does not run must be refused, clearly
+			RESULT[$r]="not served"
+			DETAIL[$r]="$(served_field "$r" 3). gpucr refused it at the call$ended: $why"
+		else
+			RESULT[$r]=FAIL
+			DETAIL[$r]="never reached step 30 under gpucr$ended: $(tail -c 300 "$log.err" | tr '\n' ' ')${why:+ (served mode refused: $why)}"
+		fi
 		continue
 	fi
 	pid=$(pid_of "$log")
 	d=""
 	case $mode in
-	dump | again)
+	dump | again | cannot) # cannot: served mode ran it after all
 		round=0
 		for op in $([ "$mode" = again ] && echo "leave dump leave dump" || echo dump); do
 			round=$((round + 1))
@@ -289,7 +383,8 @@ stop_all
 PLAIN=()
 t0=$(now)
 for r in $ROWS; do
-	[ "$(field "$r" 2)" = refuse ] && continue
+	[ "$(mode_of "$r")" = refuse ] && continue
+	[ "${RESULT[$r]:-}" = "not served" ] && continue
 	n=$(last_iter "$LOGS/$r.gpucr")
 	[ -n "$n" ] || continue
 	case $(field "$r" 4) in app:*) ;; *) n=$((n + 1)) ;; esac # python steps count from 0
@@ -302,17 +397,23 @@ note "plain runs (2 per program, at once): $(span "$t0" "$(now)")"
 
 for r in $ROWS; do
 	log=$LOGS/$r.gpucr
-	if [ "$(field "$r" 2)" = refuse ]; then
-		if grep -q 'refused' "$log"; then
+	if [ "$(mode_of "$r")" = refuse ]; then
+		# served: gpucr must also have said that served mode refuses the call
+		why=
+		[ "$SERVED" = 1 ] && why=$(refusal "$log.err")
+		if grep -q 'refused' "$log" && { [ "$SERVED" != 1 ] || [ -n "$why" ]; }; then
 			RESULT[$r]=refused
-			DETAIL[$r]="the program's own call is refused: $(grep -h 'gpucr:' "$log.err" | head -1 | cut -c1-160) / $(grep refused "$log" | cut -c1-160)"
+			DETAIL[$r]="the program's own call is refused: ${why:-$(grep -h 'gpucr:' "$log.err" | head -1 | cut -c1-160)} / $(grep refused "$log" | cut -c1-160)"
+		elif grep -q 'refused' "$log"; then
+			RESULT[$r]=FAIL
+			DETAIL[$r]="refused, but gpucr said nothing on stderr of served mode refusing it: $(grep refused "$log" | cut -c1-160) / $(tail -c 200 "$log.err" | tr '\n' ' ')"
 		else
 			RESULT[$r]=FAIL
 			DETAIL[$r]="not refused: $(tail -2 "$log" | tr '\n' ' ')"
 		fi
 		continue
 	fi
-	[ "${RESULT[$r]:-}" = FAIL ] && continue
+	case ${RESULT[$r]:-} in FAIL | "not served") continue ;; esac
 	det=yes
 	[ "$(lines "$LOGS/$r.plain1")" = "$(lines "$LOGS/$r.plain2")" ] || det=no
 	if [ $det = no ]; then
@@ -326,18 +427,39 @@ for r in $ROWS; do
 	fi
 	DETAIL[$r]+=" $(steps "$log") lines equal to a plain run's; two plain runs identical: $det"
 done
+MODE=in-process
+[ "$SERVED" = 1 ] && MODE=served
 note ""
-note "| row | how | result | details |"
-note "|---|---|---|---|"
+note "| row | mode | how | result | details |"
+note "|---|---|---|---|---|"
 for r in $ROWS; do
-	note "| $r | $(field "$r" 2)$([ -n "$(field "$r" 3)" ] && echo " ($(field "$r" 3))") | ${RESULT[$r]:-?} | ${DETAIL[$r]:-} |"
+	# how: the row's mode in this run, and the in-process one where it differs
+	how=$(mode_of "$r")
+	[ "$how" != "$(field "$r" 2)" ] && how+=" (in-process: $(field "$r" 2))"
+	if [ "$SERVED" = 1 ]; then
+		why=$(refusal "$LOGS/$r.gpucr.err")
+		if [ "${RESULT[$r]:-}" = FAIL ] && [ -n "$why" ] && [[ ${DETAIL[$r]:-} != *"$why"* ]]; then
+			DETAIL[$r]+=" (served mode refused: $why)"
+		fi
+		if [ "$(mode_of "$r")" = cannot ] && [ "${RESULT[$r]:-}" = pass ]; then
+			DETAIL[$r]+=" (served mode ran it, though SERVED_ROWS lists it as a program it cannot run: mend SERVED_ROWS)"
+		elif [ "$(mode_of "$r")" != "$(field "$r" 2)" ] && [ "${RESULT[$r]:-}" != "not served" ]; then
+			DETAIL[$r]="served: $(served_field "$r" 3). ${DETAIL[$r]:-}"
+		fi
+	fi
+	note "| $r | $MODE | $how$([ -n "$(field "$r" 3)" ] && echo " ($(field "$r" 3))") | ${RESULT[$r]:-?} | ${DETAIL[$r]:-} |"
 	[ "${RESULT[$r]:-?}" = FAIL ] && fail=1
 done
 
 # 4. On a machine with 2 GPUs (DDP=0 leaves it out): a 2-rank DDP job, plain
 # and under gpucr run, served by the same helper (tests/gpu/ddp.sh); each run
-# may take half the time left, at most 240 s.
-if [ -z "$SIM" ] && [ "${DDP:-1}" = 1 ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+# may take half the time left, at most 240 s. Not served: DDP's ranks talk
+# through NCCL, which served mode does not forward (gpucr run --served puts
+# only its own runtime, cuBLAS and cuBLASLt in the program); the row says so.
+if [ -z "$SIM" ] && [ "${DDP:-1}" = 1 ] && [ "$SERVED" = 1 ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+	note ""
+	note "| ddp_2ranks | served | - | not run | served mode does not forward NCCL, which DDP's ranks use (its own runtime, cuBLAS and cuBLASLt only); the matrix without SERVED runs it in-process |"
+elif [ -z "$SIM" ] && [ "${DDP:-1}" = 1 ] && [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
 	lim=$((($(left) - 20) / 2))
 	[ $lim -gt 240 ] && lim=240
 	note ""
@@ -347,7 +469,7 @@ if [ -z "$SIM" ] && [ "${DDP:-1}" = 1 ] && [ "$(nvidia-smi -L 2>/dev/null | grep
 		SOCK=$SOCK LOGS=$LOGS/ddp LIMIT=$lim bash tests/gpu/ddp.sh "$G" >"$LOGS/ddp.txt" 2>&1
 		rc=$?
 		cat "$LOGS/ddp/summary.txt" >>"$LOGS/summary.txt"
-		if [ $rc = 0 ]; then note "| ddp_2ranks | plain, then gpucr run | pass |"; else bad "ddp_2ranks: see above"; fi
+		if [ $rc = 0 ]; then note "| ddp_2ranks | in-process | plain, then gpucr run | pass |"; else bad "ddp_2ranks: see above"; fi
 	fi
 fi
 grep -i '"level":"\(warn\|error\)"' "$LOGS/helper.log" | tail -20 >"$LOGS/helper-warnings.txt"
