@@ -2167,8 +2167,13 @@ static int play(svc *s, int fd, moved_set *moved) {
             continue;
         }
         if (rp->len < e.expect_len || memcmp(rp->data, expect, e.expect_len) != 0) {
-            fail(s, "%s answered differently than at the checkpoint: %s here, %s there", who,
-                 hex(a, sizeof a, rp->data, rp->len), hex(b, sizeof b, expect, e.expect_len));
+            /* cuBLAS's load answers with why it failed after its numbers */
+            char reason[256] = "";
+            uint32_t at_msg = (uint32_t)sizeof(struct sv_blas_loaded);
+            if (rec.op == SV_OP_BLAS_LOAD && rp->len > at_msg)
+                snprintf(reason, sizeof reason, " (%.*s)", (int)(rp->len - at_msg), (const char *)rp->data + at_msg);
+            fail(s, "%s answered differently than at the checkpoint: %s here, %s there%s", who,
+                 hex(a, sizeof a, rp->data, rp->len), hex(b, sizeof b, expect, e.expect_len), reason);
             return -2;
         }
     }

@@ -17,7 +17,10 @@
 # and the plot are made of the pairs that finished (the table says how many).
 # SERVED=1: the gpucr runs are `gpucr run --served` (served mode: the
 # program's driver calls run in a worker of the helper's pool), so the
-# table's gpucr / plain is served mode's steady cost. Logs in build/gpu/steps.
+# table's gpucr / plain is served mode's steady cost; both sides then run
+# bench_steps.py --no-cudnn (served mode does not forward cuDNN yet: PyTorch
+# takes its own attention and convolution kernels), so use WORKLOADS without
+# resnet50. Logs in build/gpu/steps.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/gpu/lib.sh
@@ -37,12 +40,14 @@ finish() {
 }
 trap finish EXIT
 runflags=()
+pyflags=()
 hflags=(--log-level info)
 what="gpucr run"
 if [ "${SERVED:-0}" = 1 ]; then
 	runflags=(--served)
 	hflags+=(--served-pool 1)
-	what="gpucr run --served"
+	what="gpucr run --served; both with --no-cudnn"
+	pyflags=(--no-cudnn)
 fi
 start_helper "$GPUCR" "$SOCK" "$LOGS/helper.log" "${hflags[@]}" || bad "the helper did not answer"
 
@@ -60,7 +65,7 @@ for p in $(seq "$PAIRS"); do
 		pre=()
 		[ $m = gpucr ] && pre=("$GPUCR" run "${runflags[@]}" --socket "$SOCK" --)
 		# shellcheck disable=SC2086 # WORKLOADS is a list
-		timeout "$left" "${pre[@]}" python3 tests/gpu/bench_steps.py $WORKLOADS --steps "$STEPS" >"$LOGS/run.$m.$p" 2>"$LOGS/run.$m.$p.err"
+		timeout "$left" "${pre[@]}" python3 tests/gpu/bench_steps.py $WORKLOADS --steps "$STEPS" "${pyflags[@]}" >"$LOGS/run.$m.$p" 2>"$LOGS/run.$m.$p.err"
 		rc=$?
 		if [ $rc = 124 ]; then
 			note "DEADLINE: pair $p ($m) cut"

@@ -177,8 +177,14 @@ def main():
     ap.add_argument("workload", nargs="+", choices=sorted(STEPS))
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--no-cudnn", action="store_true",
+                    help="PyTorch's own kernels where it would call cuDNN (attention, convolutions): "
+                         "what served mode runs, which does not forward cuDNN yet")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if a.no_cudnn:
+        torch.backends.cudnn.enabled = False
+        torch.backends.cuda.enable_cudnn_sdp(False)
     for w in a.workload:
         run(w, max(1, STEPS[w] * a.steps // 100), a.warmup)
         gc.collect()
