@@ -318,8 +318,9 @@ struct sim_stream {
 
 /* sim_graph.c: an op submitted to a capturing stream is recorded into its graph; mu held. */
 void sim_graph_record_locked(struct sim_graph *g, sim_op *op);
-/* A context with a stream capturing in global mode refuses the legacy stream; mu held. */
-bool sim_ctx_capturing_locked(sim_ctx *ctx);
+/* A blocking stream of the context captures (in any mode): work on the legacy stream, which would join that
+ * capture, is refused; mu held. */
+bool sim_ctx_blocking_capture_locked(sim_ctx *ctx);
 #define SIM_STREAM_MAGIC 0x5354524du
 
 sim_op *sim_op_new(size_t payload, sim_op_fn run);

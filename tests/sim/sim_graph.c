@@ -51,9 +51,16 @@ void sim_graph_record_locked(sim_graph *g, sim_op *op) {
     pthread_cond_broadcast(&sim.cv);
 }
 
-bool sim_ctx_capturing_locked(sim_ctx *ctx) {
+/*
+ * Work on the legacy stream, which synchronizes with blocking streams, would join a blocking stream's capture,
+ * whatever its mode: the driver refuses the launch (measured on an H200, driver 580: cuBLAS's product on the
+ * legacy stream is EXECUTION_FAILED under global and relaxed mode alike, and the capture is invalidated). A
+ * non-blocking stream's capture leaves the legacy stream alone (measured: the product runs, outside the capture).
+ * mu held.
+ */
+bool sim_ctx_blocking_capture_locked(sim_ctx *ctx) {
     for (sim_stream *s = ctx->streams; s; s = s->next)
-        if (s->capture && s->capture->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+        if (s->capture && !(s->flags & CU_STREAM_NON_BLOCKING))
             return true;
     return false;
 }

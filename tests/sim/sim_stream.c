@@ -235,7 +235,7 @@ CUresult sim_submit(sim_ctx *ctx, CUstream h, sim_op *op) {
     sim_stream *s;
     pthread_mutex_lock(&sim.mu);
     CUresult r = resolve_locked(ctx, h, &s);
-    if (r == CUDA_SUCCESS && s->legacy && sim_ctx_capturing_locked(ctx))
+    if (r == CUDA_SUCCESS && s->legacy && sim_ctx_blocking_capture_locked(ctx))
         r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* the driver: the legacy stream would join the capture */
     else if (r == CUDA_SUCCESS && s->capture)
         sim_graph_record_locked(s->capture, op);

@@ -4,15 +4,21 @@
  * product (gemv) and the dot product in float and double, as kernels on the
  * handle's stream (simblas.h).
  *
- * Arguments are checked as cuBLAS documents it: a NULL handle is
- * CUBLAS_STATUS_NOT_INITIALIZED; a negative size or count, an operation
- * other than N, T or C, a leading dimension below the rows it must hold (and
- * below 1), an increment of 0 or a NULL alpha, beta or result is
- * CUBLAS_STATUS_INVALID_VALUE; a type combination the library does not
- * compute is CUBLAS_STATUS_NOT_SUPPORTED; a launch the driver refuses is
- * CUBLAS_STATUS_EXECUTION_FAILED. Otherwise the call only enqueues its work
- * and returns, but for a dot product into host memory, which waits for it.
+ * Arguments are checked as NVIDIA's cuBLAS 13 checks them (measured on an
+ * H200 with blastest --nvidia and probes): a NULL handle is
+ * CUBLAS_STATUS_NOT_INITIALIZED; for the products a negative size or count,
+ * an operation other than N, T or C, a leading dimension below the rows it
+ * must hold (and below 1) or a NULL alpha or beta is
+ * CUBLAS_STATUS_INVALID_VALUE, but for cublasGemmStridedBatchedEx, whose
+ * negative batch count reaches a launch that fails (EXECUTION_FAILED); a
+ * type combination the library does not compute is
+ * CUBLAS_STATUS_NOT_SUPPORTED; a launch the driver refuses is
+ * CUBLAS_STATUS_EXECUTION_FAILED. gemv and dot check less (see there): an
+ * empty or negative size is a quick return, an increment of 0 a step of 0.
+ * Otherwise the call only enqueues its work and returns, but for a dot
+ * product into host memory, which waits for it.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -28,7 +34,10 @@ struct cublasContext {
     cublasPointerMode_t pointer_mode;
     cublasMath_t math_mode;
     cublasAtomicsMode_t atomics_mode;
-    void *workspace; /* cublasSetWorkspace's: kept, never needed by these kernels */
+    /* cublasSetWorkspace's, until cublasSetStream goes back to the default pool (user_workspace false): only the dot
+     * product needs room in it (ws_room) */
+    bool user_workspace;
+    void *workspace;
     size_t workspace_size;
     /* A host-mode dot's result on the device, made at the first one; scratch_mu keeps a second thread's dot on the
      * handle from writing it before the first one's result came back. */
@@ -68,7 +77,7 @@ SB_API cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
         free(h);
         return CUBLAS_STATUS_ALLOC_FAILED;
     }
-    cublasStatus_t st = sb_kernels_load(&h->k);
+    cublasStatus_t st = sb_kernels_load(&h->k, true);
     if (st != CUBLAS_STATUS_SUCCESS) {
         /* a mutex nobody locked: destroying it cannot fail */
         (void)pthread_mutex_destroy(&h->scratch_mu);
@@ -119,6 +128,7 @@ SB_API cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t str
         return CUBLAS_STATUS_NOT_INITIALIZED;
     handle->stream = streamId;
     /* cuBLAS documents that setting the stream drops a workspace the user set */
+    handle->user_workspace = false;
     handle->workspace = NULL;
     handle->workspace_size = 0;
     return CUBLAS_STATUS_SUCCESS;
@@ -133,12 +143,15 @@ SB_API cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t *st
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* The workspace must be aligned to 256 bytes, as cuBLAS requires; NULL (size 0) goes back to the default. */
+/*
+ * NVIDIA's takes any pointer and size (measured: every offset from a 256-byte boundary, sizes of 1 or 3 bytes, and
+ * NULL with a size are all SUCCESS); what does not fit shows when a function needs the room (ws_room). NULL with
+ * size 0 is a workspace of no room too, not the default pool back: only cublasSetStream gives that.
+ */
 SB_API cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void *workspace, size_t workspaceSizeInBytes) {
     if (!handle)
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (((uintptr_t)workspace & 255) != 0 || (!workspace && workspaceSizeInBytes))
-        return CUBLAS_STATUS_INVALID_VALUE;
+    handle->user_workspace = true;
     handle->workspace = workspace;
     handle->workspace_size = workspaceSizeInBytes;
     return CUBLAS_STATUS_SUCCESS;
@@ -218,23 +231,49 @@ static int op_ok(cublasOperation_t op, uint32_t *t) {
 static int max1(int x) { return x > 1 ? x : 1; }
 
 /*
+ * Whether beta, in host pointer mode, is a negative zero that NVIDIA's
+ * strided batched products multiply C by: for two or more matrices they read
+ * C unless beta's bits are all zero (measured: C of NaN gives NaN with beta
+ * -0.0 for every size, operation and element type tried), where a single
+ * product's kernels differ from one shape to the next and device pointer
+ * mode never reads C for a zero beta. So C is read here then too
+ * (SBK_READ_C); everywhere else -0.0 counts as zero.
+ */
+static int negative_zero_beta(const void *beta, int f64) {
+    if (f64) {
+        double b;
+        memcpy(&b, beta, sizeof b);
+        return b == 0 && signbit(b);
+    }
+    float b;
+    memcpy(&b, beta, sizeof b);
+    return b == 0 && signbit(b);
+}
+
+/*
  * Every product of this library: batch products C_b = alpha * op(A_b) *
- * op(B_b) + beta * C_b, X_b at X + b * strideX elements (batch 1: the plain
- * gemm), f64 saying the element type.
+ * op(B_b) + beta * C_b, X_b at X + b * strideX elements (batch 1, strided
+ * false: the plain gemm), f64 saying the element type. neg_batch is the
+ * status of a negative batch count once every other argument passed.
  */
 static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
                            const void *alpha, const void *A, int lda, long long sa, const void *B, int ldb,
-                           long long sb, const void *beta, void *C, int ldc, long long sc, int batch, int f64) {
+                           long long sb, const void *beta, void *C, int ldc, long long sc, int batch, int f64,
+                           bool strided, cublasStatus_t neg_batch) {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
     uint32_t ta, tb;
-    if (!op_ok(transa, &ta) || !op_ok(transb, &tb) || m < 0 || n < 0 || k < 0 || batch < 0)
+    if (!op_ok(transa, &ta) || !op_ok(transb, &tb) || m < 0 || n < 0 || k < 0)
         return CUBLAS_STATUS_INVALID_VALUE;
     if (lda < max1(ta ? k : m) || ldb < max1(tb ? n : k) || ldc < max1(m) || !alpha || !beta)
         return CUBLAS_STATUS_INVALID_VALUE;
+    if (batch < 0)
+        return neg_batch;
+    bool device_scalars = h->pointer_mode == CUBLAS_POINTER_MODE_DEVICE;
+    bool read_c = strided && batch >= 2 && !device_scalars && negative_zero_beta(beta, f64);
     sb_gemm g = {
         .f64 = f64,
-        .device_scalars = h->pointer_mode == CUBLAS_POINTER_MODE_DEVICE,
+        .device_scalars = device_scalars,
         .alpha = alpha,
         .beta = beta,
         .a = (CUdeviceptr)(uintptr_t)A,
@@ -253,7 +292,7 @@ static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t transa, cublasOpe
         .n = (uint32_t)n,
         .k = (uint32_t)k,
         .batch = (uint32_t)batch,
-        .flags = (ta ? SBK_TRANSA : 0) | (tb ? SBK_TRANSB : 0),
+        .flags = (ta ? SBK_TRANSA : 0) | (tb ? SBK_TRANSB : 0) | (read_c ? SBK_READ_C : 0),
     };
     return sb_gemm_launch(&h->k, &g, h->stream);
 }
@@ -261,13 +300,15 @@ static cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t transa, cublasOpe
 SB_API cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                      int n, int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                                      const float *beta, float *C, int ldc) {
-    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0);
+    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 0, false,
+                CUBLAS_STATUS_INVALID_VALUE);
 }
 
 SB_API cublasStatus_t cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
                                      int n, int k, const double *alpha, const double *A, int lda, const double *B,
                                      int ldb, const double *beta, double *C, int ldc) {
-    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 1);
+    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, 1, false,
+                CUBLAS_STATUS_INVALID_VALUE);
 }
 
 SB_API cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
@@ -276,7 +317,7 @@ SB_API cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOpe
                                                 long long int strideB, const float *beta, float *C, int ldc,
                                                 long long int strideC, int batchCount) {
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
-                batchCount, 0);
+                batchCount, 0, true, CUBLAS_STATUS_INVALID_VALUE);
 }
 
 SB_API cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
@@ -285,7 +326,7 @@ SB_API cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOpe
                                                 int ldb, long long int strideB, const double *beta, double *C, int ldc,
                                                 long long int strideC, int batchCount) {
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
-                batchCount, 1);
+                batchCount, 1, true, CUBLAS_STATUS_INVALID_VALUE);
 }
 
 /* The algorithms cublasGemmEx names: DEFAULT, ALGO0..23, DEFAULT_TENSOR_OP and ALGO0_TENSOR_OP..ALGO15_TENSOR_OP.
@@ -321,7 +362,8 @@ SB_API cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t tran
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!algo_ok(algo))
         return CUBLAS_STATUS_INVALID_VALUE;
-    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, f64);
+    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, f64, false,
+                CUBLAS_STATUS_INVALID_VALUE);
 }
 
 SB_API cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
@@ -338,25 +380,52 @@ SB_API cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOp
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!algo_ok(algo))
         return CUBLAS_STATUS_INVALID_VALUE;
+    /*
+     * NVIDIA's takes a negative batch count to a kernel launch: for the small float products measured (m, n and k up
+     * to 16, N and N) the launch fails and the call is EXECUTION_FAILED with C untouched; other kernels (double,
+     * larger or transposed products, and with another workspace) return SUCCESS having done nothing. Here: the
+     * former, for every shape.
+     */
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
-                batchCount, f64);
+                batchCount, f64, true, CUBLAS_STATUS_EXECUTION_FAILED);
 }
 
 /* ---- gemv and dot ---------------------------------------------------------- */
 
-/* y = alpha * op(A) * x + beta * y, A m x n: the gemv kernel with op(A)'s rows as its rows. */
+/*
+ * y = alpha * op(A) * x + beta * y, A m x n: the gemv kernel with op(A)'s
+ * rows as its rows, as NVIDIA's cuBLAS 13 does it (measured):
+ *  - m <= 0 or n <= 0 returns at once, y untouched, before anything is
+ *    checked (a negative size is no error, nor is lda then);
+ *  - N and CONJG (the conjugate of a real matrix is itself) compute A * x,
+ *    T and C A^T * x, both with lda >= max(1, m);
+ *  - any other operation computes as T would on an n x m matrix: y has m
+ *    elements, x n, element (i, l) of op(A) is A[l + i * lda], and lda must
+ *    be at least max(1, n);
+ *  - an increment of 0 is a step of 0 (every element of x is x[0]; every
+ *    element of y is y[0], which the rows write in an order of their own).
+ * A NULL alpha or beta (which NVIDIA's reads without a check) is
+ * INVALID_VALUE here.
+ */
 static cublasStatus_t gemv(cublasHandle_t h, cublasOperation_t trans, int m, int n, const void *alpha, const void *A,
                            int lda, const void *x, int incx, const void *beta, void *y, int incy, int f64) {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    uint32_t t;
-    if (!op_ok(trans, &t) || m < 0 || n < 0 || lda < max1(m) || incx == 0 || incy == 0 || !alpha || !beta)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    /* BLAS's quick return: an empty A leaves y as it is (beta does not scale it either) */
-    if (m == 0 || n == 0)
+    if (m <= 0 || n <= 0)
         return CUBLAS_STATUS_SUCCESS;
+    uint32_t rows, cols;
+    int64_t rs, cs;
+    int need;
+    switch (trans) {
+    case CUBLAS_OP_N:
+    case CUBLAS_OP_CONJG: rows = (uint32_t)m, cols = (uint32_t)n, rs = 1, cs = lda, need = m; break;
+    case CUBLAS_OP_T:
+    case CUBLAS_OP_C: rows = (uint32_t)n, cols = (uint32_t)m, rs = lda, cs = 1, need = m; break;
+    default: rows = (uint32_t)m, cols = (uint32_t)n, rs = lda, cs = 1, need = n; break;
+    }
+    if (lda < max1(need) || !alpha || !beta)
+        return CUBLAS_STATUS_INVALID_VALUE;
     size_t es = f64 ? sizeof(double) : sizeof(float);
-    uint32_t rows = (uint32_t)(t ? n : m), cols = (uint32_t)(t ? m : n);
     sb_gemv v = {
         .f64 = f64,
         .device_scalars = h->pointer_mode == CUBLAS_POINTER_MODE_DEVICE,
@@ -365,8 +434,8 @@ static cublasStatus_t gemv(cublasHandle_t h, cublasOperation_t trans, int m, int
         .a = (CUdeviceptr)(uintptr_t)A,
         .x = sb_vec_origin(x, cols, incx, es),
         .y = sb_vec_origin(y, rows, incy, es),
-        .rs = t ? lda : 1,
-        .cs = t ? 1 : lda,
+        .rs = rs,
+        .cs = cs,
         .incx = incx,
         .incy = incy,
         .rows = rows,
@@ -419,21 +488,44 @@ static cublasStatus_t dot_to_host(cublasHandle_t h, sb_gemv *v, void *result, si
 }
 
 /*
+ * Whether the handle's workspace has room for a dot product's partial
+ * result, one element of es bytes: always in the default pool; in a user's
+ * workspace (cublasSetWorkspace) what lies from the first 256-byte boundary
+ * at or after its start to its end (measured: 4 bytes at a boundary do for
+ * a float sum whatever n, not for a double one; 64 bytes 4 to 192 bytes
+ * before a boundary do not, 300 do; no room at all, NULL and 0 included,
+ * makes every dot NOT_SUPPORTED, in either pointer mode). A NULL workspace
+ * with a size is taken as room here, where NVIDIA's faults (MAPPING_ERROR,
+ * and the context is lost).
+ */
+static bool ws_room(const struct cublasContext *h, size_t es) {
+    if (!h->user_workspace)
+        return true;
+    uintptr_t p = (uintptr_t)h->workspace, pad = (256 - (p & 255)) & 255;
+    return h->workspace_size >= pad && h->workspace_size - pad >= es;
+}
+
+/*
  * result = sum of x[i] * y[i]: the gemv kernel with one row, x as that row
  * (its step incx), y as the vector, alpha 1 and beta 0 (so the sum is the
  * accumulator's bits), written to result on the device or, in host pointer
  * mode, through dot_to_host. n <= 0 is BLAS's quick return: the result is 0.
+ * An increment of 0 is a step of 0, as in NVIDIA's (measured: x[0] times
+ * every y). NOT_SUPPORTED, the result untouched, if the user's workspace has
+ * no room for it (ws_room).
  */
 static cublasStatus_t dot(cublasHandle_t h, int n, const void *x, int incx, const void *y, int incy, void *result,
                           int f64) {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (incx == 0 || incy == 0 || !result)
+    if (!result)
         return CUBLAS_STATUS_INVALID_VALUE;
     static const float one32 = 1, zero32 = 0;
     static const double one64 = 1, zero64 = 0;
     size_t es = f64 ? sizeof(double) : sizeof(float);
     uint32_t len = n > 0 ? (uint32_t)n : 0;
+    if (len && !ws_room(h, es))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     sb_gemv v = {
         .f64 = f64,
         .alpha = f64 ? (const void *)&one64 : (const void *)&one32,

@@ -172,7 +172,8 @@ SB_API cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle) {
     cublasLtHandle_t h = calloc(1, sizeof *h);
     if (!h)
         return CUBLAS_STATUS_ALLOC_FAILED;
-    cublasStatus_t st = sb_kernels_load(&h->k);
+    /* A thread with no current context keeps none (measured): the handle's products make it current (sb_enter). */
+    cublasStatus_t st = sb_kernels_load(&h->k, false);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(h);
         return st;
@@ -181,9 +182,11 @@ SB_API cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* NVIDIA's takes a NULL handle for an invalid value here (measured), where every other function of the library
+ * says NOT_INITIALIZED. */
 SB_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
     if (!lightHandle)
-        return CUBLAS_STATUS_NOT_INITIALIZED;
+        return CUBLAS_STATUS_INVALID_VALUE;
     sb_kernels_unload(&lightHandle->k);
     free(lightHandle);
     return CUBLAS_STATUS_SUCCESS;
@@ -448,7 +451,9 @@ static cublasStatus_t plan_of(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t 
 /*
  * One algorithm for every problem this library computes: no workspace, its
  * identifier in data[0]. A problem it does not compute gets no result and
- * the reason (NOT_SUPPORTED, or INVALID_VALUE for shapes that do not fit).
+ * the reason (NOT_SUPPORTED, or INVALID_VALUE for shapes that do not fit);
+ * *returnAlgoCount is written on success only, as NVIDIA's leaves it (and
+ * the results) alone on every error measured.
  */
 SB_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc,
                                                      cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
@@ -460,7 +465,6 @@ SB_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandl
         return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!preference || requestedAlgoCount < 1 || !heuristicResultsArray || !returnAlgoCount)
         return CUBLAS_STATUS_INVALID_VALUE;
-    *returnAlgoCount = 0;
     plan p;
     cublasStatus_t st = plan_of(operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p);
     if (st != CUBLAS_STATUS_SUCCESS)

@@ -9,7 +9,7 @@
  *     acc = 0
  *     if alpha != 0: for l = 0 .. k-1: acc = fma(opA(i, l), opB(l, j), acc)
  *     t = alpha * acc
- *     if beta != 0:  t = fma(beta, C[i + j*ldc], t)     (C is not read otherwise)
+ *     if beta != 0 or READ_C:  t = fma(beta, C[i + j*ldc], t)     (C is not read otherwise)
  *     if BIAS:       t = t + bias[i]
  *     if RELU:       t = t > 0 ? t : 0
  *     D[i + j*ldd] = t
@@ -23,7 +23,9 @@
  *
  * Alpha and beta are the parameters' values, or with DEVICE_SCALARS the
  * element that alpha_ptr and beta_ptr point to (cuBLAS's device pointer
- * mode: read when the kernel runs).
+ * mode: read when the kernel runs). READ_C reads C whatever beta is: the
+ * library sets it for a beta of -0.0 where NVIDIA's multiplies C by it
+ * (cublas.c).
  *
  * A second kernel per element type, simblas_gemv_f32 and simblas_gemv_f64,
  * does the matrix-vector product (gemv) and the dot product (dot: one row
@@ -36,6 +38,10 @@
  *     t = alpha * acc
  *     if beta != 0:  t = fma(beta, y[i*incy], t)   (y is not read otherwise)
  *     y[i*incy] = t
+ *
+ * (with incy 0 every row reads and writes y[0]: which row's value stays is
+ * the GPU's order, as it is NVIDIA's; the simulated driver's kernel reads
+ * y[0] before any row writes it and leaves the last row's)
  *
  * rounded as the gemm is, every index in elements and signed. A, x and y are
  * the addresses of element 0 in BLAS's order: for a negative increment that
@@ -101,5 +107,6 @@ enum {
 #define SBK_BIAS_ON 0x4u
 #define SBK_RELU 0x8u
 #define SBK_DEVICE_SCALARS 0x10u
+#define SBK_READ_C 0x20u
 
 #endif /* GPUCR_SIM_BLAS_SBKERN_H */

@@ -95,7 +95,9 @@ static const char gemm_template[] =
     "\tsetp.eq{T} %p4, %f1, {Z};\n"        /* no products: alpha == 0 */
     "\tsetp.eq.or.u32 %p4, %r3, 0, %p4;\n" /* or k == 0 */
     "\tsetp.eq{T} %p5, %f2, {Z};\n"        /* C not read: beta == 0 */
-    "\tmul.wide.u32 %rd17, %r1, %r2;\n"    /* m * n */
+    "\tand.b32 %r15, %r5, 32;\n"
+    "\tsetp.eq.and.u32 %p5, %r15, 0, %p5;\n" /* and not READ_C */
+    "\tmul.wide.u32 %rd17, %r1, %r2;\n"      /* m * n */
     "\tcvt.u64.u32 %rd18, %r4;\n"
     "\tmul.lo.u64 %rd19, %rd17, %rd18;\n" /* elements */
     "\tcvt.u64.u32 %rd20, %r1;\n"
@@ -369,18 +371,8 @@ static cublasStatus_t primary_context(CUcontext *out) {
     return st;
 }
 
-cublasStatus_t sb_kernels_load(sb_kernels *k) {
-    memset(k, 0, sizeof *k);
-    /* cuInit is idempotent; the runtime calls it before anything else too. */
-    if (cuInit(0) != CUDA_SUCCESS || cuCtxGetCurrent(&k->ctx) != CUDA_SUCCESS)
-        return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (!k->ctx) {
-        cublasStatus_t st = primary_context(&k->ctx);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            return st;
-        if (cuCtxSetCurrent(k->ctx) != CUDA_SUCCESS)
-            return CUBLAS_STATUS_NOT_INITIALIZED;
-    }
+/* The module, loaded into the current context. */
+static cublasStatus_t load_module(sb_kernels *k) {
     if (pthread_once(&ptx_once, make_ptx) != 0 || !ptx_ok)
         return CUBLAS_STATUS_INTERNAL_ERROR;
     if (cuModuleLoadData(&k->mod, sb_ptx) != CUDA_SUCCESS) {
@@ -395,6 +387,27 @@ cublasStatus_t sb_kernels_load(sb_kernels *k) {
         return CUBLAS_STATUS_INTERNAL_ERROR;
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t sb_kernels_load(sb_kernels *k, bool make_current) {
+    memset(k, 0, sizeof *k);
+    /* cuInit is idempotent; the runtime calls it before anything else too. */
+    if (cuInit(0) != CUDA_SUCCESS || cuCtxGetCurrent(&k->ctx) != CUDA_SUCCESS)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (k->ctx)
+        return load_module(k);
+    cublasStatus_t st = primary_context(&k->ctx);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    if (cuCtxSetCurrent(k->ctx) != CUDA_SUCCESS)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    st = load_module(k);
+    /* the thread had no context: without make_current it has none again (the module stays in the primary one) */
+    if (!make_current && cuCtxSetCurrent(NULL) != CUDA_SUCCESS && st == CUBLAS_STATUS_SUCCESS) {
+        sb_kernels_unload(k);
+        st = CUBLAS_STATUS_INTERNAL_ERROR;
+    }
+    return st;
 }
 
 void sb_kernels_unload(sb_kernels *k) {

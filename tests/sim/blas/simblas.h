@@ -13,6 +13,7 @@
 #ifndef GPUCR_SIM_BLAS_SIMBLAS_H
 #define GPUCR_SIM_BLAS_SIMBLAS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpucr/cublas.h"
@@ -39,11 +40,12 @@ typedef struct sb_kernels {
 /*
  * The context a new handle belongs to, as the CUDA runtime picks it for
  * NVIDIA's cuBLAS: the calling thread's current context, or else device 0's
- * primary context, retained once for the process and made current. The
- * kernels' module is loaded into it. NOT_INITIALIZED if there is no driver
- * or device to do that with.
+ * primary context, retained once for the process, and left current if
+ * make_current (cublasCreate; cublasLtCreate leaves a thread without a
+ * context as it was, as NVIDIA's does). The kernels' module is loaded into
+ * it. NOT_INITIALIZED if there is no driver or device to do that with.
  */
-cublasStatus_t sb_kernels_load(sb_kernels *k);
+cublasStatus_t sb_kernels_load(sb_kernels *k, bool make_current);
 /* Unloads the module (the context may be gone already: its modules went with it). */
 void sb_kernels_unload(sb_kernels *k);
 

@@ -85,7 +85,7 @@ static void *matrix(const simk_launch *L, CUdeviceptr base, int64_t stride, uint
             beta = *pb;                                                                                                \
         }                                                                                                              \
         int ta = !!(g.flags & SBK_TRANSA), tb = !!(g.flags & SBK_TRANSB);                                              \
-        int products = alpha != 0 && g.k != 0;                                                                         \
+        int products = alpha != 0 && g.k != 0, read_c = beta != 0 || (g.flags & SBK_READ_C);                           \
         for (uint32_t b = 0; b < g.batch; b++) {                                                                       \
             const T *a = NULL, *bm = NULL, *c = NULL, *bias = NULL;                                                    \
             if (products) {                                                                                            \
@@ -94,7 +94,7 @@ static void *matrix(const simk_launch *L, CUdeviceptr base, int64_t stride, uint
                 if (!a || !bm)                                                                                         \
                     return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                 \
             }                                                                                                          \
-            if (beta != 0 && !(c = matrix(L, g.c, g.sc, b, g.m, g.n, g.ldc, sizeof(T))))                               \
+            if (read_c && !(c = matrix(L, g.c, g.sc, b, g.m, g.n, g.ldc, sizeof(T))))                                  \
                 return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                     \
             if ((g.flags & SBK_BIAS_ON) && !(bias = matrix(L, g.bias, g.sbias, b, g.m, 1, g.m, sizeof(T))))            \
                 return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                     \
@@ -181,13 +181,14 @@ static void *strided(const simk_launch *L, CUdeviceptr origin, uint64_t rows, in
         T *y = strided(L, py, rows, incy, 1, 0, sizeof(T));                                                            \
         if (!y)                                                                                                        \
             return CUDA_ERROR_ILLEGAL_ADDRESS;                                                                         \
+        const T y0 = beta != 0 ? y[0] : 0; /* incy 0: every row reads y[0] as it was, as a GPU's threads do */         \
         for (int64_t i = 0; i < (int64_t)rows; i++) {                                                                  \
             T acc = 0;                                                                                                 \
             for (int64_t l = 0; products && l < (int64_t)cols; l++)                                                    \
                 acc = F(a[i * rs + l * cs], x[l * incx], acc);                                                         \
             T t = alpha * acc;                                                                                         \
             if (beta != 0)                                                                                             \
-                t = F(beta, y[i * incy], t);                                                                           \
+                t = F(beta, incy ? y[i * incy] : y0, t);                                                               \
             y[i * incy] = t;                                                                                           \
         }                                                                                                              \
         return CUDA_SUCCESS;                                                                                           \
