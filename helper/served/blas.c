@@ -41,6 +41,35 @@
     X(cublasSdot_v2)                                                                                                   \
     X(cublasDdot_v2)
 
+/* Level 1, 2 and 3 on real data (SV_OP_BLAS_CALL): looked up, not required (a library without one answers
+ * CUBLAS_STATUS_NOT_SUPPORTED to its calls). */
+#define BLAS_SD(X, f) X(cublasS##f##_v2) X(cublasD##f##_v2)
+#define BLAS_OPT_FNS(X)                                                                                                \
+    BLAS_SD(X, axpy)                                                                                                   \
+    BLAS_SD(X, copy)                                                                                                   \
+    BLAS_SD(X, scal)                                                                                                   \
+    BLAS_SD(X, swap)                                                                                                   \
+    BLAS_SD(X, rot)                                                                                                    \
+    BLAS_SD(X, rotm)                                                                                                   \
+    BLAS_SD(X, nrm2)                                                                                                   \
+    BLAS_SD(X, asum)                                                                                                   \
+    X(cublasIsamax_v2)                                                                                                 \
+    X(cublasIdamax_v2)                                                                                                 \
+    X(cublasIsamin_v2)                                                                                                 \
+    X(cublasIdamin_v2)                                                                                                 \
+    BLAS_SD(X, rotg)                                                                                                   \
+    BLAS_SD(X, rotmg)                                                                                                  \
+    BLAS_SD(X, trmv)                                                                                                   \
+    BLAS_SD(X, trsv)                                                                                                   \
+    BLAS_SD(X, ger)                                                                                                    \
+    BLAS_SD(X, syr)                                                                                                    \
+    BLAS_SD(X, syr2)                                                                                                   \
+    BLAS_SD(X, symv)                                                                                                   \
+    BLAS_SD(X, symm)                                                                                                   \
+    BLAS_SD(X, syrk)                                                                                                   \
+    BLAS_SD(X, syr2k)                                                                                                  \
+    BLAS_SD(X, trmm)
+
 #define LT_FNS(X)                                                                                                      \
     X(cublasLtCreate)                                                                                                  \
     X(cublasLtDestroy)                                                                                                 \
@@ -64,6 +93,7 @@
 
 #define DECL(f) static __typeof__(&f) p_##f;
 BLAS_FNS(DECL)
+BLAS_OPT_FNS(DECL)
 LT_FNS(DECL)
 #undef DECL
 static bool have_blas, have_lt;
@@ -78,7 +108,7 @@ struct wbh {
     int ptr_mode;
 };
 
-bool wblas_op(unsigned op) { return op >= SV_OP_BLAS_LOAD && op <= SV_OP_BLAS_DOT; }
+bool wblas_op(unsigned op) { return op >= SV_OP_BLAS_LOAD && op <= SV_OP_BLAS_CALL; }
 
 /* An asynchronous call's status, as the CUresult its deferral reports. */
 static CUresult as_cu(cublasStatus_t st) {
@@ -148,6 +178,11 @@ static void open_lib(unsigned which, const char *path, char *msg, size_t len) {
         else
             have_lt = false, lib[1] = NULL;
         return;
+    }
+    if (which == 0) {
+#define OPT(f) p_##f = (__typeof__(p_##f))dlsym(h, STR(f));
+        BLAS_OPT_FNS(OPT)
+#undef OPT
     }
     lib[which] = h;
     if (which == 0)
@@ -317,6 +352,98 @@ static cublasStatus_t dot(const wblas_env *e, const struct sv_dot_rec *q, uint8_
     return CUBLAS_STATUS_INVALID_VALUE;
 }
 
+/*
+ * SV_OP_BLAS_CALL (served.h): the function's arguments taken back from the record. A scalar it reads is device
+ * address p[k] (pointer mode device) or the j-th value of s; one it writes is p[k] or the j-th of out, which the
+ * reply carries (rotg's and rotmg's in-out scalars start as their values in s).
+ */
+static cublasStatus_t call(const wblas_env *e, const struct sv_blas_call *q, uint8_t out[SV_BLAS_CALL_OUT]) {
+    struct wbh *b;
+    cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_scalars, &b);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    union {
+        float f[SV_BLAS_CALL_SCALARS / sizeof(float)];
+        double d[SV_BLAS_CALL_SCALARS / sizeof(double)];
+    } sv;
+    union {
+        float f[SV_BLAS_CALL_OUT / sizeof(float)];
+        double d[SV_BLAS_CALL_OUT / sizeof(double)];
+        int i;
+    } rv;
+    memcpy(&sv, q->s, sizeof sv);
+    memset(&rv, 0, sizeof rv);
+    const bool dev = q->dev_scalars != 0;
+    const int32_t *i = q->i;
+    cublasHandle_t h = b->h;
+#define DP(k) ((void *)(uintptr_t)q->p[k])
+#define IN(T, k, j) (dev ? (T *)DP(k) : (T *)(void *)&sv + (j))
+#define OUT(T, k, j) (dev ? (T *)DP(k) : (T *)(void *)&rv + (j))
+#define RUN(f, ...) (p_##f ? p_##f(__VA_ARGS__) : CUBLAS_STATUS_NOT_SUPPORTED)
+#define CASES(X, x, T)                                                                                                 \
+    case SV_BF_##X##AXPY: st = RUN(cublas##X##axpy_v2, h, i[0], IN(T, 0, 0), DP(1), i[1], DP(2), i[2]); break;         \
+    case SV_BF_##X##COPY: st = RUN(cublas##X##copy_v2, h, i[0], DP(0), i[1], DP(1), i[2]); break;                      \
+    case SV_BF_##X##SCAL: st = RUN(cublas##X##scal_v2, h, i[0], IN(T, 0, 0), DP(1), i[1]); break;                      \
+    case SV_BF_##X##SWAP: st = RUN(cublas##X##swap_v2, h, i[0], DP(0), i[1], DP(1), i[2]); break;                      \
+    case SV_BF_##X##ROT:                                                                                               \
+        st = RUN(cublas##X##rot_v2, h, i[0], DP(0), i[1], DP(1), i[2], IN(T, 2, 0), IN(T, 3, 1));                      \
+        break;                                                                                                         \
+    case SV_BF_##X##ROTM: st = RUN(cublas##X##rotm_v2, h, i[0], DP(0), i[1], DP(1), i[2], IN(T, 2, 0)); break;         \
+    case SV_BF_##X##NRM2: st = RUN(cublas##X##nrm2_v2, h, i[0], DP(0), i[1], OUT(T, 1, 0)); break;                     \
+    case SV_BF_##X##ASUM: st = RUN(cublas##X##asum_v2, h, i[0], DP(0), i[1], OUT(T, 1, 0)); break;                     \
+    case SV_BF_I##X##AMAX: st = RUN(cublasI##x##amax_v2, h, i[0], DP(0), i[1], OUT(int, 1, 0)); break;                 \
+    case SV_BF_I##X##AMIN: st = RUN(cublasI##x##amin_v2, h, i[0], DP(0), i[1], OUT(int, 1, 0)); break;                 \
+    case SV_BF_##X##ROTG:                                                                                              \
+        if (!dev)                                                                                                      \
+            memcpy(&rv, &sv, 2 * sizeof(T)); /* a, b */                                                                \
+        st = RUN(cublas##X##rotg_v2, h, OUT(T, 0, 0), OUT(T, 1, 1), OUT(T, 2, 2), OUT(T, 3, 3));                       \
+        break;                                                                                                         \
+    case SV_BF_##X##ROTMG:                                                                                             \
+        if (!dev)                                                                                                      \
+            memcpy(&rv, &sv, 3 * sizeof(T)); /* d1, d2, x1 */                                                          \
+        st = RUN(cublas##X##rotmg_v2, h, OUT(T, 0, 0), OUT(T, 1, 1), OUT(T, 2, 2), IN(T, 3, 3), OUT(T, 4, 3));         \
+        break;                                                                                                         \
+    case SV_BF_##X##TRMV: st = RUN(cublas##X##trmv_v2, h, i[0], i[1], i[2], i[3], DP(0), i[4], DP(1), i[5]); break;    \
+    case SV_BF_##X##TRSV: st = RUN(cublas##X##trsv_v2, h, i[0], i[1], i[2], i[3], DP(0), i[4], DP(1), i[5]); break;    \
+    case SV_BF_##X##GER:                                                                                               \
+        st = RUN(cublas##X##ger_v2, h, i[0], i[1], IN(T, 0, 0), DP(1), i[2], DP(2), i[3], DP(3), i[4]);                \
+        break;                                                                                                         \
+    case SV_BF_##X##SYR: st = RUN(cublas##X##syr_v2, h, i[0], i[1], IN(T, 0, 0), DP(1), i[2], DP(2), i[3]); break;     \
+    case SV_BF_##X##SYR2:                                                                                              \
+        st = RUN(cublas##X##syr2_v2, h, i[0], i[1], IN(T, 0, 0), DP(1), i[2], DP(2), i[3], DP(3), i[4]);               \
+        break;                                                                                                         \
+    case SV_BF_##X##SYMV:                                                                                              \
+        st = RUN(cublas##X##symv_v2, h, i[0], i[1], IN(T, 0, 0), DP(1), i[2], DP(2), i[3], IN(T, 3, 1), DP(4), i[4]);  \
+        break;                                                                                                         \
+    case SV_BF_##X##SYMM:                                                                                              \
+        st = RUN(cublas##X##symm_v2, h, i[0], i[1], i[2], i[3], IN(T, 0, 0), DP(1), i[4], DP(2), i[5], IN(T, 3, 1),    \
+                 DP(4), i[6]);                                                                                         \
+        break;                                                                                                         \
+    case SV_BF_##X##SYRK:                                                                                              \
+        st = RUN(cublas##X##syrk_v2, h, i[0], i[1], i[2], i[3], IN(T, 0, 0), DP(1), i[4], IN(T, 2, 1), DP(3), i[5]);   \
+        break;                                                                                                         \
+    case SV_BF_##X##SYR2K:                                                                                             \
+        st = RUN(cublas##X##syr2k_v2, h, i[0], i[1], i[2], i[3], IN(T, 0, 0), DP(1), i[4], DP(2), i[5], IN(T, 3, 1),   \
+                 DP(4), i[6]);                                                                                         \
+        break;                                                                                                         \
+    case SV_BF_##X##TRMM:                                                                                              \
+        st = RUN(cublas##X##trmm_v2, h, i[0], i[1], i[2], i[3], i[4], i[5], IN(T, 0, 0), DP(1), i[6], DP(2), i[7],     \
+                 DP(3), i[8]);                                                                                         \
+        break;
+    switch (q->fn) {
+        CASES(S, s, float)
+        CASES(D, d, double)
+    default: st = CUBLAS_STATUS_INVALID_VALUE; break;
+    }
+#undef CASES
+#undef RUN
+#undef OUT
+#undef IN
+#undef DP
+    memcpy(out, &rv, sizeof rv);
+    return st;
+}
+
 static cublasStatus_t gemm(const wblas_env *e, const struct sv_gemm_rec *q) {
     struct wbh *b;
     cublasStatus_t st = handle_for(e, q->handle, q->stream, q->dev_scalars, &b);
@@ -477,6 +604,15 @@ static cublasStatus_t lt_matmul(const wblas_env *e, const struct sv_lt_matmul *q
                             (void *)(uintptr_t)q->workspace, (size_t)q->workspace_size, st);
 }
 
+/* Whether a SV_OP_BLAS_CALL record of plen bytes at pl waits for its answer. */
+static bool call_sync(const uint8_t *pl, uint32_t plen) {
+    struct sv_blas_call q;
+    if (plen < sizeof q)
+        return false;
+    memcpy(&q, pl, sizeof q);
+    return sv_blas_call_sync(q.fn, q.dev_scalars);
+}
+
 #define NEED(type)                                                                                                     \
     if (plen < sizeof(type)) {                                                                                         \
         *bad = -1;                                                                                                     \
@@ -495,7 +631,7 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
     if (lt_op ? !have_lt : !have_blas) {
         /* Before its load: a synchronous call answers, an asynchronous one fails at the next synchronization. */
         if (op == SV_OP_BLAS_CREATE || op == SV_OP_LT_CREATE || op == SV_OP_LT_OBJ_GET || op == SV_OP_LT_HEURISTIC ||
-            op == SV_OP_BLAS_DOT)
+            op == SV_OP_BLAS_DOT || (op == SV_OP_BLAS_CALL && call_sync(pl, plen)))
             return answer(out, olen, CUBLAS_STATUS_NOT_INITIALIZED);
         return CUDA_ERROR_NOT_INITIALIZED;
     }
@@ -579,6 +715,20 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         answer(out, olen, st);
         memcpy(out + *olen, r, sizeof r);
         *olen += sizeof r;
+        return CUDA_SUCCESS;
+    }
+    case SV_OP_BLAS_CALL: {
+        NEED(struct sv_blas_call);
+        struct sv_blas_call q;
+        memcpy(&q, pl, sizeof q);
+        uint8_t r[SV_BLAS_CALL_OUT];
+        cublasStatus_t st = call(e, &q, r);
+        if (!sv_blas_call_sync(q.fn, q.dev_scalars))
+            return as_cu(st);
+        answer(out, olen, st);
+        memset(out + *olen, 0, 4);
+        memcpy(out + *olen + 4, r, sizeof r);
+        *olen += 4 + (uint32_t)sizeof r;
         return CUDA_SUCCESS;
     }
     case SV_OP_LT_CREATE: {

@@ -1937,6 +1937,7 @@ static const char *const op_names[SV_OP_COUNT] = {
     [SV_OP_LT_MATMUL] = "LT_MATMUL",
     [SV_OP_BLAS_GEMV] = "BLAS_GEMV",
     [SV_OP_BLAS_DOT] = "BLAS_DOT",
+    [SV_OP_BLAS_CALL] = "BLAS_CALL",
 };
 
 /* "record N (op NAME)", or "(op N)" for an op without a name here; "record N" before its op is known (op < 0). */

@@ -45,6 +45,16 @@ typedef enum libraryPropertyType_t { MAJOR_VERSION = 0, MINOR_VERSION = 1, PATCH
 
 typedef CUstream cudaStream_t;
 
+/* ---- cuComplex.h ---- */
+
+typedef struct __attribute__((aligned(8))) {
+    float x, y;
+} cuFloatComplex;
+typedef cuFloatComplex cuComplex;
+typedef struct __attribute__((aligned(16))) {
+    double x, y;
+} cuDoubleComplex;
+
 /* ---- cuBLAS ---- */
 
 typedef enum {
@@ -85,6 +95,9 @@ typedef enum {
     CUBLAS_COMPUTE_32I_PEDANTIC = 73,
 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1, CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99 } cublasGemmAlgo_t;
+typedef enum { CUBLAS_FILL_MODE_LOWER = 0, CUBLAS_FILL_MODE_UPPER = 1, CUBLAS_FILL_MODE_FULL = 2 } cublasFillMode_t;
+typedef enum { CUBLAS_DIAG_NON_UNIT = 0, CUBLAS_DIAG_UNIT = 1 } cublasDiagType_t;
+typedef enum { CUBLAS_SIDE_LEFT = 0, CUBLAS_SIDE_RIGHT = 1 } cublasSideMode_t;
 
 struct cublasContext;
 typedef struct cublasContext *cublasHandle_t;
@@ -140,6 +153,232 @@ cublasStatus_t cublasSdot_v2(cublasHandle_t handle, int n, const float *x, int i
                              float *result);
 cublasStatus_t cublasDdot_v2(cublasHandle_t handle, int n, const double *x, int incx, const double *y, int incy,
                              double *result);
+
+/* Host memory to and from device memory, on a stream: elemSize bytes an element. */
+cublasStatus_t cublasSetVectorAsync(int n, int elemSize, const void *hostPtr, int incx, void *devicePtr, int incy,
+                                    cudaStream_t stream);
+cublasStatus_t cublasGetVectorAsync(int n, int elemSize, const void *devicePtr, int incx, void *hostPtr, int incy,
+                                    cudaStream_t stream);
+cublasStatus_t cublasSetMatrixAsync(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb,
+                                    cudaStream_t stream);
+cublasStatus_t cublasGetMatrixAsync(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb,
+                                    cudaStream_t stream);
+
+/* Level 1. Scalars (alpha, c, s, param, results) are host or device pointers, as the handle's pointer mode says. */
+cublasStatus_t cublasIsamax_v2(cublasHandle_t handle, int n, const float *x, int incx, int *result);
+cublasStatus_t cublasIdamax_v2(cublasHandle_t handle, int n, const double *x, int incx, int *result);
+cublasStatus_t cublasIcamax_v2(cublasHandle_t handle, int n, const cuComplex *x, int incx, int *result);
+cublasStatus_t cublasIzamax_v2(cublasHandle_t handle, int n, const cuDoubleComplex *x, int incx, int *result);
+cublasStatus_t cublasIsamin_v2(cublasHandle_t handle, int n, const float *x, int incx, int *result);
+cublasStatus_t cublasIdamin_v2(cublasHandle_t handle, int n, const double *x, int incx, int *result);
+cublasStatus_t cublasIcamin_v2(cublasHandle_t handle, int n, const cuComplex *x, int incx, int *result);
+cublasStatus_t cublasIzamin_v2(cublasHandle_t handle, int n, const cuDoubleComplex *x, int incx, int *result);
+cublasStatus_t cublasSasum_v2(cublasHandle_t handle, int n, const float *x, int incx, float *result);
+cublasStatus_t cublasDasum_v2(cublasHandle_t handle, int n, const double *x, int incx, double *result);
+cublasStatus_t cublasScasum_v2(cublasHandle_t handle, int n, const cuComplex *x, int incx, float *result);
+cublasStatus_t cublasDzasum_v2(cublasHandle_t handle, int n, const cuDoubleComplex *x, int incx, double *result);
+cublasStatus_t cublasSnrm2_v2(cublasHandle_t handle, int n, const float *x, int incx, float *result);
+cublasStatus_t cublasDnrm2_v2(cublasHandle_t handle, int n, const double *x, int incx, double *result);
+cublasStatus_t cublasScnrm2_v2(cublasHandle_t handle, int n, const cuComplex *x, int incx, float *result);
+cublasStatus_t cublasDznrm2_v2(cublasHandle_t handle, int n, const cuDoubleComplex *x, int incx, double *result);
+cublasStatus_t cublasSaxpy_v2(cublasHandle_t handle, int n, const float *alpha, const float *x, int incx, float *y,
+                              int incy);
+cublasStatus_t cublasDaxpy_v2(cublasHandle_t handle, int n, const double *alpha, const double *x, int incx, double *y,
+                              int incy);
+cublasStatus_t cublasCaxpy_v2(cublasHandle_t handle, int n, const cuComplex *alpha, const cuComplex *x, int incx,
+                              cuComplex *y, int incy);
+cublasStatus_t cublasZaxpy_v2(cublasHandle_t handle, int n, const cuDoubleComplex *alpha, const cuDoubleComplex *x,
+                              int incx, cuDoubleComplex *y, int incy);
+cublasStatus_t cublasScopy_v2(cublasHandle_t handle, int n, const float *x, int incx, float *y, int incy);
+cublasStatus_t cublasDcopy_v2(cublasHandle_t handle, int n, const double *x, int incx, double *y, int incy);
+cublasStatus_t cublasCcopy_v2(cublasHandle_t handle, int n, const cuComplex *x, int incx, cuComplex *y, int incy);
+cublasStatus_t cublasZcopy_v2(cublasHandle_t handle, int n, const cuDoubleComplex *x, int incx, cuDoubleComplex *y,
+                              int incy);
+cublasStatus_t cublasSscal_v2(cublasHandle_t handle, int n, const float *alpha, float *x, int incx);
+cublasStatus_t cublasDscal_v2(cublasHandle_t handle, int n, const double *alpha, double *x, int incx);
+cublasStatus_t cublasCscal_v2(cublasHandle_t handle, int n, const cuComplex *alpha, cuComplex *x, int incx);
+cublasStatus_t cublasCsscal_v2(cublasHandle_t handle, int n, const float *alpha, cuComplex *x, int incx);
+cublasStatus_t cublasZscal_v2(cublasHandle_t handle, int n, const cuDoubleComplex *alpha, cuDoubleComplex *x, int incx);
+cublasStatus_t cublasZdscal_v2(cublasHandle_t handle, int n, const double *alpha, cuDoubleComplex *x, int incx);
+cublasStatus_t cublasSswap_v2(cublasHandle_t handle, int n, float *x, int incx, float *y, int incy);
+cublasStatus_t cublasDswap_v2(cublasHandle_t handle, int n, double *x, int incx, double *y, int incy);
+cublasStatus_t cublasCswap_v2(cublasHandle_t handle, int n, cuComplex *x, int incx, cuComplex *y, int incy);
+cublasStatus_t cublasZswap_v2(cublasHandle_t handle, int n, cuDoubleComplex *x, int incx, cuDoubleComplex *y, int incy);
+cublasStatus_t cublasSrot_v2(cublasHandle_t handle, int n, float *x, int incx, float *y, int incy, const float *c,
+                             const float *s);
+cublasStatus_t cublasDrot_v2(cublasHandle_t handle, int n, double *x, int incx, double *y, int incy, const double *c,
+                             const double *s);
+cublasStatus_t cublasCrot_v2(cublasHandle_t handle, int n, cuComplex *x, int incx, cuComplex *y, int incy,
+                             const float *c, const cuComplex *s);
+cublasStatus_t cublasCsrot_v2(cublasHandle_t handle, int n, cuComplex *x, int incx, cuComplex *y, int incy,
+                              const float *c, const float *s);
+cublasStatus_t cublasZrot_v2(cublasHandle_t handle, int n, cuDoubleComplex *x, int incx, cuDoubleComplex *y, int incy,
+                             const double *c, const cuDoubleComplex *s);
+cublasStatus_t cublasZdrot_v2(cublasHandle_t handle, int n, cuDoubleComplex *x, int incx, cuDoubleComplex *y, int incy,
+                              const double *c, const double *s);
+cublasStatus_t cublasSrotg_v2(cublasHandle_t handle, float *a, float *b, float *c, float *s);
+cublasStatus_t cublasDrotg_v2(cublasHandle_t handle, double *a, double *b, double *c, double *s);
+cublasStatus_t cublasCrotg_v2(cublasHandle_t handle, cuComplex *a, cuComplex *b, float *c, cuComplex *s);
+cublasStatus_t cublasZrotg_v2(cublasHandle_t handle, cuDoubleComplex *a, cuDoubleComplex *b, double *c,
+                              cuDoubleComplex *s);
+cublasStatus_t cublasSrotm_v2(cublasHandle_t handle, int n, float *x, int incx, float *y, int incy, const float *param);
+cublasStatus_t cublasDrotm_v2(cublasHandle_t handle, int n, double *x, int incx, double *y, int incy,
+                              const double *param);
+cublasStatus_t cublasSrotmg_v2(cublasHandle_t handle, float *d1, float *d2, float *x1, const float *y1, float *param);
+cublasStatus_t cublasDrotmg_v2(cublasHandle_t handle, double *d1, double *d2, double *x1, const double *y1,
+                               double *param);
+
+/* Level 2. */
+cublasStatus_t cublasStrmv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const float *A, int lda, float *x, int incx);
+cublasStatus_t cublasDtrmv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const double *A, int lda, double *x, int incx);
+cublasStatus_t cublasCtrmv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const cuComplex *A, int lda, cuComplex *x, int incx);
+cublasStatus_t cublasZtrmv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const cuDoubleComplex *A, int lda, cuDoubleComplex *x,
+                              int incx);
+cublasStatus_t cublasStrsv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const float *A, int lda, float *x, int incx);
+cublasStatus_t cublasDtrsv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const double *A, int lda, double *x, int incx);
+cublasStatus_t cublasCtrsv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const cuComplex *A, int lda, cuComplex *x, int incx);
+cublasStatus_t cublasZtrsv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const cuDoubleComplex *A, int lda, cuDoubleComplex *x,
+                              int incx);
+cublasStatus_t cublasSger_v2(cublasHandle_t handle, int m, int n, const float *alpha, const float *x, int incx,
+                             const float *y, int incy, float *A, int lda);
+cublasStatus_t cublasDger_v2(cublasHandle_t handle, int m, int n, const double *alpha, const double *x, int incx,
+                             const double *y, int incy, double *A, int lda);
+cublasStatus_t cublasCgeru_v2(cublasHandle_t handle, int m, int n, const cuComplex *alpha, const cuComplex *x, int incx,
+                              const cuComplex *y, int incy, cuComplex *A, int lda);
+cublasStatus_t cublasCgerc_v2(cublasHandle_t handle, int m, int n, const cuComplex *alpha, const cuComplex *x, int incx,
+                              const cuComplex *y, int incy, cuComplex *A, int lda);
+cublasStatus_t cublasZgeru_v2(cublasHandle_t handle, int m, int n, const cuDoubleComplex *alpha,
+                              const cuDoubleComplex *x, int incx, const cuDoubleComplex *y, int incy,
+                              cuDoubleComplex *A, int lda);
+cublasStatus_t cublasZgerc_v2(cublasHandle_t handle, int m, int n, const cuDoubleComplex *alpha,
+                              const cuDoubleComplex *x, int incx, const cuDoubleComplex *y, int incy,
+                              cuDoubleComplex *A, int lda);
+cublasStatus_t cublasSsyr_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const float *alpha, const float *x,
+                             int incx, float *A, int lda);
+cublasStatus_t cublasDsyr_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const double *alpha, const double *x,
+                             int incx, double *A, int lda);
+cublasStatus_t cublasCsyr_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuComplex *alpha,
+                             const cuComplex *x, int incx, cuComplex *A, int lda);
+cublasStatus_t cublasZsyr_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuDoubleComplex *alpha,
+                             const cuDoubleComplex *x, int incx, cuDoubleComplex *A, int lda);
+cublasStatus_t cublasCher_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const float *alpha,
+                             const cuComplex *x, int incx, cuComplex *A, int lda);
+cublasStatus_t cublasZher_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const double *alpha,
+                             const cuDoubleComplex *x, int incx, cuDoubleComplex *A, int lda);
+cublasStatus_t cublasSsyr2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const float *alpha, const float *x,
+                              int incx, const float *y, int incy, float *A, int lda);
+cublasStatus_t cublasDsyr2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const double *alpha, const double *x,
+                              int incx, const double *y, int incy, double *A, int lda);
+cublasStatus_t cublasCsyr2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuComplex *alpha,
+                              const cuComplex *x, int incx, const cuComplex *y, int incy, cuComplex *A, int lda);
+cublasStatus_t cublasZsyr2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuDoubleComplex *alpha,
+                              const cuDoubleComplex *x, int incx, const cuDoubleComplex *y, int incy,
+                              cuDoubleComplex *A, int lda);
+cublasStatus_t cublasCher2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuComplex *alpha,
+                              const cuComplex *x, int incx, const cuComplex *y, int incy, cuComplex *A, int lda);
+cublasStatus_t cublasZher2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuDoubleComplex *alpha,
+                              const cuDoubleComplex *x, int incx, const cuDoubleComplex *y, int incy,
+                              cuDoubleComplex *A, int lda);
+cublasStatus_t cublasSsymv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const float *alpha, const float *A,
+                              int lda, const float *x, int incx, const float *beta, float *y, int incy);
+cublasStatus_t cublasDsymv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const double *alpha, const double *A,
+                              int lda, const double *x, int incx, const double *beta, double *y, int incy);
+cublasStatus_t cublasCsymv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuComplex *alpha,
+                              const cuComplex *A, int lda, const cuComplex *x, int incx, const cuComplex *beta,
+                              cuComplex *y, int incy);
+cublasStatus_t cublasZsymv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuDoubleComplex *alpha,
+                              const cuDoubleComplex *A, int lda, const cuDoubleComplex *x, int incx,
+                              const cuDoubleComplex *beta, cuDoubleComplex *y, int incy);
+cublasStatus_t cublasChemv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuComplex *alpha,
+                              const cuComplex *A, int lda, const cuComplex *x, int incx, const cuComplex *beta,
+                              cuComplex *y, int incy);
+cublasStatus_t cublasZhemv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const cuDoubleComplex *alpha,
+                              const cuDoubleComplex *A, int lda, const cuDoubleComplex *x, int incx,
+                              const cuDoubleComplex *beta, cuDoubleComplex *y, int incy);
+
+/* Level 3. */
+cublasStatus_t cublasSsymm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n,
+                              const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
+                              float *C, int ldc);
+cublasStatus_t cublasDsymm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n,
+                              const double *alpha, const double *A, int lda, const double *B, int ldb,
+                              const double *beta, double *C, int ldc);
+cublasStatus_t cublasCsymm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n,
+                              const cuComplex *alpha, const cuComplex *A, int lda, const cuComplex *B, int ldb,
+                              const cuComplex *beta, cuComplex *C, int ldc);
+cublasStatus_t cublasZsymm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n,
+                              const cuDoubleComplex *alpha, const cuDoubleComplex *A, int lda, const cuDoubleComplex *B,
+                              int ldb, const cuDoubleComplex *beta, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasChemm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n,
+                              const cuComplex *alpha, const cuComplex *A, int lda, const cuComplex *B, int ldb,
+                              const cuComplex *beta, cuComplex *C, int ldc);
+cublasStatus_t cublasZhemm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n,
+                              const cuDoubleComplex *alpha, const cuDoubleComplex *A, int lda, const cuDoubleComplex *B,
+                              int ldb, const cuDoubleComplex *beta, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasSsyrk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                              const float *alpha, const float *A, int lda, const float *beta, float *C, int ldc);
+cublasStatus_t cublasDsyrk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                              const double *alpha, const double *A, int lda, const double *beta, double *C, int ldc);
+cublasStatus_t cublasCsyrk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                              const cuComplex *alpha, const cuComplex *A, int lda, const cuComplex *beta, cuComplex *C,
+                              int ldc);
+cublasStatus_t cublasZsyrk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                              const cuDoubleComplex *alpha, const cuDoubleComplex *A, int lda,
+                              const cuDoubleComplex *beta, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasCherk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                              const float *alpha, const cuComplex *A, int lda, const float *beta, cuComplex *C,
+                              int ldc);
+cublasStatus_t cublasZherk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                              const double *alpha, const cuDoubleComplex *A, int lda, const double *beta,
+                              cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasSsyr2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                               const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta,
+                               float *C, int ldc);
+cublasStatus_t cublasDsyr2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                               const double *alpha, const double *A, int lda, const double *B, int ldb,
+                               const double *beta, double *C, int ldc);
+cublasStatus_t cublasCsyr2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                               const cuComplex *alpha, const cuComplex *A, int lda, const cuComplex *B, int ldb,
+                               const cuComplex *beta, cuComplex *C, int ldc);
+cublasStatus_t cublasZsyr2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                               const cuDoubleComplex *alpha, const cuDoubleComplex *A, int lda,
+                               const cuDoubleComplex *B, int ldb, const cuDoubleComplex *beta, cuDoubleComplex *C,
+                               int ldc);
+cublasStatus_t cublasCher2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                               const cuComplex *alpha, const cuComplex *A, int lda, const cuComplex *B, int ldb,
+                               const float *beta, cuComplex *C, int ldc);
+cublasStatus_t cublasZher2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,
+                               const cuDoubleComplex *alpha, const cuDoubleComplex *A, int lda,
+                               const cuDoubleComplex *B, int ldb, const double *beta, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasStrmm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+                              cublasOperation_t trans, cublasDiagType_t diag, int m, int n, const float *alpha,
+                              const float *A, int lda, const float *B, int ldb, float *C, int ldc);
+cublasStatus_t cublasDtrmm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+                              cublasOperation_t trans, cublasDiagType_t diag, int m, int n, const double *alpha,
+                              const double *A, int lda, const double *B, int ldb, double *C, int ldc);
+cublasStatus_t cublasCtrmm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+                              cublasOperation_t trans, cublasDiagType_t diag, int m, int n, const cuComplex *alpha,
+                              const cuComplex *A, int lda, const cuComplex *B, int ldb, cuComplex *C, int ldc);
+cublasStatus_t cublasZtrmm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,
+                              cublasOperation_t trans, cublasDiagType_t diag, int m, int n,
+                              const cuDoubleComplex *alpha, const cuDoubleComplex *A, int lda, const cuDoubleComplex *B,
+                              int ldb, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasCgemmBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                  int n, int k, const cuComplex *alpha, const cuComplex *const Aarray[], int lda,
+                                  const cuComplex *const Barray[], int ldb, const cuComplex *beta,
+                                  cuComplex *const Carray[], int ldc, int batchCount);
+cublasStatus_t cublasZgemmBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                  int n, int k, const cuDoubleComplex *alpha, const cuDoubleComplex *const Aarray[],
+                                  int lda, const cuDoubleComplex *const Barray[], int ldb, const cuDoubleComplex *beta,
+                                  cuDoubleComplex *const Carray[], int ldc, int batchCount);
 
 /* ---- cuBLASLt ---- */
 

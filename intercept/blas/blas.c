@@ -6,6 +6,7 @@
  * operations are asynchronous records, as cuBLAS queues them on the stream;
  * arguments cuBLAS would refuse are refused here, at the call.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -393,6 +394,542 @@ BL_API cublasStatus_t cublasDdot_v2(cublasHandle_t handle, int n, const double *
     return dot(handle, SV_GEMM_D, n, x, incx, y, incy, result, sizeof(double));
 }
 
+/* ---- level 1, 2 and 3 on real data (served.h: SV_OP_BLAS_CALL) ---- */
+
+/* A call's record, its arguments added in the function's order: integers, pointers, scalars. */
+typedef struct {
+    struct sv_blas_call q;
+    unsigned ni, np, ns; /* integers, pointers, scalar values so far */
+    size_t t;            /* bytes of the function's type */
+    bool null;           /* a scalar's pointer is NULL */
+} bl_call;
+
+static void c_begin(bl_call *c, uint32_t id, const bl_handle *b, uint32_t fn) {
+    memset(c, 0, sizeof *c);
+    c->q.handle = id;
+    c->q.stream = b->stream;
+    c->q.fn = fn;
+    c->q.dev_scalars = b->ptr_mode == CUBLAS_POINTER_MODE_DEVICE;
+    c->t = fn & 1 ? sizeof(double) : sizeof(float);
+}
+static void c_int(bl_call *c, int v) {
+    if (c->ni < SV_BLAS_CALL_INTS)
+        c->q.i[c->ni++] = v;
+}
+static void c_ptr(bl_call *c, const void *p) {
+    if (c->np < SV_BLAS_CALL_PTRS)
+        c->q.p[c->np++] = (uint64_t)(uintptr_t)p;
+}
+/* A scalar argument of n values that the function reads: its device address, or its values. */
+static void c_in(bl_call *c, const void *p, unsigned n) {
+    if (!p) {
+        c->null = true;
+    } else if (!c->q.dev_scalars && (c->ns + n) * c->t <= SV_BLAS_CALL_SCALARS) {
+        memcpy(c->q.s + c->ns * c->t, p, n * c->t);
+        c->ns += n;
+    }
+    c_ptr(c, c->q.dev_scalars ? p : NULL);
+}
+/* A scalar argument that the function writes (and may read: put its value with c_in): its device address. */
+static void c_out(bl_call *c, const void *p) {
+    if (!p)
+        c->null = true;
+    c_ptr(c, c->q.dev_scalars ? p : NULL);
+}
+
+/*
+ * Sends the call: asynchronous, or, where it writes host memory, synchronous, what it wrote into out (bytes of
+ * it). A NULL scalar is refused here, as cuBLAS refuses it.
+ */
+static cublasStatus_t c_send(const struct sv_ext *x, const bl_call *c, void *out, size_t bytes) {
+    if (c->null)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_gate_enter();
+    cublasStatus_t st;
+    if (!sv_blas_call_sync(c->q.fn, c->q.dev_scalars)) {
+        st = bl_async(x, SV_OP_BLAS_CALL, &c->q, sizeof c->q, c->q.stream);
+    } else {
+        uint8_t r[8 + SV_BLAS_CALL_OUT];
+        uint32_t len = 0;
+        st = bl_sync(x, SV_OP_BLAS_CALL, &c->q, sizeof c->q, r, sizeof r, &len);
+        if (st == CUBLAS_STATUS_SUCCESS && len >= 8 + bytes && bytes <= SV_BLAS_CALL_OUT)
+            memcpy(out, r + 8, bytes);
+        else if (st == CUBLAS_STATUS_SUCCESS)
+            st = CUBLAS_STATUS_INTERNAL_ERROR;
+    }
+    bl_gate_leave();
+    return st;
+}
+
+static bool uplo_ok(cublasFillMode_t u) { return u == CUBLAS_FILL_MODE_LOWER || u == CUBLAS_FILL_MODE_UPPER; }
+static bool diag_ok(cublasDiagType_t d) { return d == CUBLAS_DIAG_NON_UNIT || d == CUBLAS_DIAG_UNIT; }
+static bool side_ok(cublasSideMode_t s) { return s == CUBLAS_SIDE_LEFT || s == CUBLAS_SIDE_RIGHT; }
+
+/* axpy (alpha), scal (alpha, no y), copy and swap (neither) */
+static cublasStatus_t vec(cublasHandle_t handle, uint32_t fn, int n, const void *alpha, const void *xv, int incx,
+                          const void *yv, int incy, bool has_alpha, bool has_y) {
+    HANDLE(handle, x, id, b);
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, n);
+    if (has_alpha)
+        c_in(&c, alpha, 1);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    if (has_y) {
+        c_ptr(&c, yv);
+        c_int(&c, incy);
+    }
+    return c_send(x, &c, NULL, 0);
+}
+
+/* nrm2, asum, amax, amin: bytes of the result */
+static cublasStatus_t reduce(cublasHandle_t handle, uint32_t fn, int n, const void *xv, int incx, void *result,
+                             size_t bytes) {
+    HANDLE(handle, x, id, b);
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, n);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    c_out(&c, result);
+    return c_send(x, &c, result, bytes);
+}
+
+/* rot (c and s: one value each) and rotm (cv: param, five) */
+static cublasStatus_t rot(cublasHandle_t handle, uint32_t fn, int n, void *xv, int incx, void *yv, int incy,
+                          const void *cv, const void *sv, bool rotm) {
+    HANDLE(handle, x, id, b);
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, n);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    c_ptr(&c, yv);
+    c_int(&c, incy);
+    if (rotm) {
+        c_in(&c, cv, 5);
+    } else {
+        c_in(&c, cv, 1);
+        c_in(&c, sv, 1);
+    }
+    return c_send(x, &c, NULL, 0);
+}
+
+static cublasStatus_t rotg(cublasHandle_t handle, uint32_t fn, void *a, void *bv, void *cv, void *sv) {
+    HANDLE(handle, x, id, b);
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_in(&c, a, 1);
+    c_in(&c, bv, 1);
+    c_out(&c, cv);
+    c_out(&c, sv);
+    uint8_t r[4 * sizeof(double)];
+    cublasStatus_t st = c_send(x, &c, r, 4 * c.t);
+    if (st == CUBLAS_STATUS_SUCCESS && !c.q.dev_scalars) {
+        memcpy(a, r, c.t);
+        memcpy(bv, r + c.t, c.t);
+        memcpy(cv, r + 2 * c.t, c.t);
+        memcpy(sv, r + 3 * c.t, c.t);
+    }
+    return st;
+}
+
+static cublasStatus_t rotmg(cublasHandle_t handle, uint32_t fn, void *d1, void *d2, void *x1, const void *y1,
+                            void *param) {
+    HANDLE(handle, x, id, b);
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_in(&c, d1, 1);
+    c_in(&c, d2, 1);
+    c_in(&c, x1, 1);
+    c_in(&c, y1, 1);
+    c_out(&c, param);
+    uint8_t r[8 * sizeof(double)];
+    cublasStatus_t st = c_send(x, &c, r, 8 * c.t);
+    if (st == CUBLAS_STATUS_SUCCESS && !c.q.dev_scalars) {
+        memcpy(d1, r, c.t);
+        memcpy(d2, r + c.t, c.t);
+        memcpy(x1, r + 2 * c.t, c.t);
+        memcpy(param, r + 3 * c.t, 5 * c.t);
+    }
+    return st;
+}
+
+/* trmv and trsv */
+static cublasStatus_t trxv(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, cublasOperation_t trans,
+                           cublasDiagType_t diag, int n, const void *A, int lda, void *xv, int incx) {
+    HANDLE(handle, x, id, b);
+    if (!uplo_ok(uplo) || !trans_ok(trans) || !diag_ok(diag) || n < 0 || lda < imax1(n) || incx == 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, uplo);
+    c_int(&c, trans);
+    c_int(&c, diag);
+    c_int(&c, n);
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    return c_send(x, &c, NULL, 0);
+}
+
+static cublasStatus_t ger(cublasHandle_t handle, uint32_t fn, int m, int n, const void *alpha, const void *xv, int incx,
+                          const void *yv, int incy, void *A, int lda) {
+    HANDLE(handle, x, id, b);
+    if (m < 0 || n < 0 || incx == 0 || incy == 0 || lda < imax1(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, m);
+    c_int(&c, n);
+    c_in(&c, alpha, 1);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    c_ptr(&c, yv);
+    c_int(&c, incy);
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    return c_send(x, &c, NULL, 0);
+}
+
+/* syr (no y) and syr2 */
+static cublasStatus_t syr(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, int n, const void *alpha,
+                          const void *xv, int incx, const void *yv, int incy, void *A, int lda, bool has_y) {
+    HANDLE(handle, x, id, b);
+    if (!uplo_ok(uplo) || n < 0 || incx == 0 || (has_y && incy == 0) || lda < imax1(n))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, uplo);
+    c_int(&c, n);
+    c_in(&c, alpha, 1);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    if (has_y) {
+        c_ptr(&c, yv);
+        c_int(&c, incy);
+    }
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    return c_send(x, &c, NULL, 0);
+}
+
+static cublasStatus_t symv(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, int n, const void *alpha,
+                           const void *A, int lda, const void *xv, int incx, const void *beta, void *yv, int incy) {
+    HANDLE(handle, x, id, b);
+    if (!uplo_ok(uplo) || n < 0 || lda < imax1(n) || incx == 0 || incy == 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, uplo);
+    c_int(&c, n);
+    c_in(&c, alpha, 1);
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    c_ptr(&c, xv);
+    c_int(&c, incx);
+    c_in(&c, beta, 1);
+    c_ptr(&c, yv);
+    c_int(&c, incy);
+    return c_send(x, &c, NULL, 0);
+}
+
+static cublasStatus_t symm(cublasHandle_t handle, uint32_t fn, cublasSideMode_t side, cublasFillMode_t uplo, int m,
+                           int n, const void *alpha, const void *A, int lda, const void *B, int ldb, const void *beta,
+                           void *C, int ldc) {
+    HANDLE(handle, x, id, b);
+    if (!side_ok(side) || !uplo_ok(uplo) || m < 0 || n < 0 || lda < imax1(side == CUBLAS_SIDE_LEFT ? m : n) ||
+        ldb < imax1(m) || ldc < imax1(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, side);
+    c_int(&c, uplo);
+    c_int(&c, m);
+    c_int(&c, n);
+    c_in(&c, alpha, 1);
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    c_ptr(&c, B);
+    c_int(&c, ldb);
+    c_in(&c, beta, 1);
+    c_ptr(&c, C);
+    c_int(&c, ldc);
+    return c_send(x, &c, NULL, 0);
+}
+
+/* syrk (no B) and syr2k */
+static cublasStatus_t syrk(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, cublasOperation_t trans, int n,
+                           int k, const void *alpha, const void *A, int lda, const void *B, int ldb, const void *beta,
+                           void *C, int ldc, bool has_b) {
+    HANDLE(handle, x, id, b);
+    int rows = trans == CUBLAS_OP_N ? n : k;
+    if (!uplo_ok(uplo) || !trans_ok(trans) || n < 0 || k < 0 || lda < imax1(rows) || (has_b && ldb < imax1(rows)) ||
+        ldc < imax1(n))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, uplo);
+    c_int(&c, trans);
+    c_int(&c, n);
+    c_int(&c, k);
+    c_in(&c, alpha, 1);
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    if (has_b) {
+        c_ptr(&c, B);
+        c_int(&c, ldb);
+    }
+    c_in(&c, beta, 1);
+    c_ptr(&c, C);
+    c_int(&c, ldc);
+    return c_send(x, &c, NULL, 0);
+}
+
+static cublasStatus_t trmm(cublasHandle_t handle, uint32_t fn, cublasSideMode_t side, cublasFillMode_t uplo,
+                           cublasOperation_t trans, cublasDiagType_t diag, int m, int n, const void *alpha,
+                           const void *A, int lda, const void *B, int ldb, void *C, int ldc) {
+    HANDLE(handle, x, id, b);
+    if (!side_ok(side) || !uplo_ok(uplo) || !trans_ok(trans) || !diag_ok(diag) || m < 0 || n < 0 ||
+        lda < imax1(side == CUBLAS_SIDE_LEFT ? m : n) || ldb < imax1(m) || ldc < imax1(m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    bl_call c;
+    c_begin(&c, id, b, fn);
+    c_int(&c, side);
+    c_int(&c, uplo);
+    c_int(&c, trans);
+    c_int(&c, diag);
+    c_int(&c, m);
+    c_int(&c, n);
+    c_in(&c, alpha, 1);
+    c_ptr(&c, A);
+    c_int(&c, lda);
+    c_ptr(&c, B);
+    c_int(&c, ldb);
+    c_ptr(&c, C);
+    c_int(&c, ldc);
+    return c_send(x, &c, NULL, 0);
+}
+
+/* The S and D entry points of each: T the type, F the record's fn of the S one (the D one is F + 1). */
+#define BL_SD(X)                                                                                                       \
+    X(S, s, float, 0)                                                                                                  \
+    X(D, d, double, 1)
+
+#define LEVEL1(P, p, T, D)                                                                                             \
+    BL_API cublasStatus_t cublas##P##axpy_v2(cublasHandle_t handle, int n, const T *alpha, const T *x, int incx, T *y, \
+                                             int incy) {                                                               \
+        return vec(handle, SV_BF_SAXPY + D, n, alpha, x, incx, y, incy, true, true);                                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##copy_v2(cublasHandle_t handle, int n, const T *x, int incx, T *y, int incy) {     \
+        return vec(handle, SV_BF_SCOPY + D, n, NULL, x, incx, y, incy, false, true);                                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##scal_v2(cublasHandle_t handle, int n, const T *alpha, T *x, int incx) {           \
+        return vec(handle, SV_BF_SSCAL + D, n, alpha, x, incx, NULL, 0, true, false);                                  \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##swap_v2(cublasHandle_t handle, int n, T *x, int incx, T *y, int incy) {           \
+        return vec(handle, SV_BF_SSWAP + D, n, NULL, x, incx, y, incy, false, true);                                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##nrm2_v2(cublasHandle_t handle, int n, const T *x, int incx, T *result) {          \
+        return reduce(handle, SV_BF_SNRM2 + D, n, x, incx, result, sizeof(T));                                         \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##asum_v2(cublasHandle_t handle, int n, const T *x, int incx, T *result) {          \
+        return reduce(handle, SV_BF_SASUM + D, n, x, incx, result, sizeof(T));                                         \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublasI##p##amax_v2(cublasHandle_t handle, int n, const T *x, int incx, int *result) {       \
+        return reduce(handle, SV_BF_ISAMAX + D, n, x, incx, result, sizeof(int));                                      \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublasI##p##amin_v2(cublasHandle_t handle, int n, const T *x, int incx, int *result) {       \
+        return reduce(handle, SV_BF_ISAMIN + D, n, x, incx, result, sizeof(int));                                      \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##rot_v2(cublasHandle_t handle, int n, T *x, int incx, T *y, int incy, const T *c,  \
+                                            const T *s) {                                                              \
+        return rot(handle, SV_BF_SROT + D, n, x, incx, y, incy, c, s, false);                                          \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##rotm_v2(cublasHandle_t handle, int n, T *x, int incx, T *y, int incy,             \
+                                             const T *param) {                                                         \
+        return rot(handle, SV_BF_SROTM + D, n, x, incx, y, incy, param, NULL, true);                                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##rotg_v2(cublasHandle_t handle, T *a, T *b, T *c, T *s) {                          \
+        return rotg(handle, SV_BF_SROTG + D, a, b, c, s);                                                              \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##rotmg_v2(cublasHandle_t handle, T *d1, T *d2, T *x1, const T *y1, T *param) {     \
+        return rotmg(handle, SV_BF_SROTMG + D, d1, d2, x1, y1, param);                                                 \
+    }
+BL_SD(LEVEL1)
+
+#define LEVEL2(P, p, T, D)                                                                                             \
+    BL_API cublasStatus_t cublas##P##trmv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,    \
+                                             cublasDiagType_t diag, int n, const T *A, int lda, T *x, int incx) {      \
+        return trxv(handle, SV_BF_STRMV + D, uplo, trans, diag, n, A, lda, x, incx);                                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##trsv_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,    \
+                                             cublasDiagType_t diag, int n, const T *A, int lda, T *x, int incx) {      \
+        return trxv(handle, SV_BF_STRSV + D, uplo, trans, diag, n, A, lda, x, incx);                                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##ger_v2(cublasHandle_t handle, int m, int n, const T *alpha, const T *x, int incx, \
+                                            const T *y, int incy, T *A, int lda) {                                     \
+        return ger(handle, SV_BF_SGER + D, m, n, alpha, x, incx, y, incy, A, lda);                                     \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##syr_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha,       \
+                                            const T *x, int incx, T *A, int lda) {                                     \
+        return syr(handle, SV_BF_SSYR + D, uplo, n, alpha, x, incx, NULL, 0, A, lda, false);                           \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##syr2_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha,      \
+                                             const T *x, int incx, const T *y, int incy, T *A, int lda) {              \
+        return syr(handle, SV_BF_SSYR2 + D, uplo, n, alpha, x, incx, y, incy, A, lda, true);                           \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##symv_v2(cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha,      \
+                                             const T *A, int lda, const T *x, int incx, const T *beta, T *y,           \
+                                             int incy) {                                                               \
+        return symv(handle, SV_BF_SSYMV + D, uplo, n, alpha, A, lda, x, incx, beta, y, incy);                          \
+    }
+BL_SD(LEVEL2)
+
+#define LEVEL3(P, p, T, D)                                                                                             \
+    BL_API cublasStatus_t cublas##P##symm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,      \
+                                             int m, int n, const T *alpha, const T *A, int lda, const T *B, int ldb,   \
+                                             const T *beta, T *C, int ldc) {                                           \
+        return symm(handle, SV_BF_SSYMM + D, side, uplo, m, n, alpha, A, lda, B, ldb, beta, C, ldc);                   \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##syrk_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,    \
+                                             int n, int k, const T *alpha, const T *A, int lda, const T *beta, T *C,   \
+                                             int ldc) {                                                                \
+        return syrk(handle, SV_BF_SSYRK + D, uplo, trans, n, k, alpha, A, lda, NULL, 0, beta, C, ldc, false);          \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##syr2k_v2(cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans,   \
+                                              int n, int k, const T *alpha, const T *A, int lda, const T *B, int ldb,  \
+                                              const T *beta, T *C, int ldc) {                                          \
+        return syrk(handle, SV_BF_SSYR2K + D, uplo, trans, n, k, alpha, A, lda, B, ldb, beta, C, ldc, true);           \
+    }                                                                                                                  \
+    BL_API cublasStatus_t cublas##P##trmm_v2(cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo,      \
+                                             cublasOperation_t trans, cublasDiagType_t diag, int m, int n,             \
+                                             const T *alpha, const T *A, int lda, const T *B, int ldb, T *C,           \
+                                             int ldc) {                                                                \
+        return trmm(handle, SV_BF_STRMM + D, side, uplo, trans, diag, m, n, alpha, A, lda, B, ldb, C, ldc);            \
+    }
+BL_SD(LEVEL3)
+
+/* ---- host memory to and from device memory ---- */
+
+/*
+ * cuBLAS's copies are the driver's 2D copies, which served mode's driver does not have: its 1D copies (through
+ * the application's libcuda.so.1, on the stream) take a matrix at once where its columns are contiguous in device
+ * memory (packed here from host memory) or in both, else a column at a time. A copy from pageable host memory is
+ * staged when it returns, one into it done, as the driver's are.
+ */
+typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t, CUstream);
+static htod_fn p_htod;
+static dtoh_fn p_dtoh;
+static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
+static void copy_find(void) {
+    p_htod = (htod_fn)dlsym(RTLD_DEFAULT, "cuMemcpyHtoDAsync_v2");
+    p_dtoh = (dtoh_fn)dlsym(RTLD_DEFAULT, "cuMemcpyDtoHAsync_v2");
+}
+
+/* Arguments as cuBLAS checks them; CUBLAS_STATUS_SUCCESS with *none for nothing to copy. */
+static cublasStatus_t copy_args(int rows, int cols, int elem, int lda, int ldb, bool *none) {
+    *none = false;
+    if (rows < 0 || cols < 0 || elem <= 0 || lda <= 0 || ldb <= 0)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!bl_ext())
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    pthread_once(&copy_once, copy_find);
+    if (!p_htod || !p_dtoh)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    *none = rows == 0 || cols == 0;
+    /* a leading dimension shorter than a column: the 2D copy's pitch is less than its width */
+    return !*none && (lda < rows || ldb < rows) ? CUBLAS_STATUS_MAPPING_ERROR : CUBLAS_STATUS_SUCCESS;
+}
+
+static cublasStatus_t copied(CUresult r) {
+    return r == CUDA_SUCCESS ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_MAPPING_ERROR;
+}
+
+/* rows x cols elements of elem bytes from host memory (leading dimension lda, in elements) to device memory (ldb). */
+static cublasStatus_t set_matrix(int rows, int cols, int elem, const void *src, int lda, void *dst, int ldb,
+                                 cudaStream_t stream) {
+    bool none;
+    cublasStatus_t st = copy_args(rows, cols, elem, lda, ldb, &none);
+    if (st != CUBLAS_STATUS_SUCCESS || none)
+        return st;
+    const char *s = src;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst;
+    size_t col = (size_t)rows * (size_t)elem, n = col * (size_t)cols;
+    if (lda == rows && ldb == rows)
+        return copied(p_htod(d, s, n, stream));
+    char *buf = ldb == rows ? malloc(n) : NULL;
+    if (buf) {
+        for (int j = 0; j < cols; j++)
+            memcpy(buf + (size_t)j * col, s + (size_t)j * (size_t)lda * (size_t)elem, col);
+        CUresult r = p_htod(d, buf, n, stream);
+        free(buf);
+        return copied(r);
+    }
+    for (int j = 0; j < cols; j++) {
+        CUresult r =
+            p_htod(d + (size_t)j * (size_t)ldb * (size_t)elem, s + (size_t)j * (size_t)lda * (size_t)elem, col, stream);
+        if (r != CUDA_SUCCESS)
+            return copied(r);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* From device memory (lda) to host memory (ldb): the columns' span at once where it is not much more than they
+ * are, else a column at a time. */
+static cublasStatus_t get_matrix(int rows, int cols, int elem, const void *src, int lda, void *dst, int ldb,
+                                 cudaStream_t stream) {
+    bool none;
+    cublasStatus_t st = copy_args(rows, cols, elem, lda, ldb, &none);
+    if (st != CUBLAS_STATUS_SUCCESS || none)
+        return st;
+    CUdeviceptr s = (CUdeviceptr)(uintptr_t)src;
+    char *d = dst;
+    size_t col = (size_t)rows * (size_t)elem, n = col * (size_t)cols;
+    if (lda == rows && ldb == rows)
+        return copied(p_dtoh(d, s, n, stream));
+    size_t span = ((size_t)(cols - 1) * (size_t)lda + (size_t)rows) * (size_t)elem;
+    char *buf = span <= 2 * n + 65536 ? malloc(span) : NULL;
+    if (buf) {
+        CUresult r = p_dtoh(buf, s, span, stream);
+        for (int j = 0; j < cols && r == CUDA_SUCCESS; j++)
+            memcpy(d + (size_t)j * (size_t)ldb * (size_t)elem, buf + (size_t)j * (size_t)lda * (size_t)elem, col);
+        free(buf);
+        return copied(r);
+    }
+    for (int j = 0; j < cols; j++) {
+        CUresult r =
+            p_dtoh(d + (size_t)j * (size_t)ldb * (size_t)elem, s + (size_t)j * (size_t)lda * (size_t)elem, col, stream);
+        if (r != CUDA_SUCCESS)
+            return copied(r);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+BL_API cublasStatus_t cublasSetMatrixAsync(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb,
+                                           cudaStream_t stream) {
+    return set_matrix(rows, cols, elemSize, A, lda, B, ldb, stream);
+}
+
+BL_API cublasStatus_t cublasGetMatrixAsync(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb,
+                                           cudaStream_t stream) {
+    return get_matrix(rows, cols, elemSize, A, lda, B, ldb, stream);
+}
+
+/* A vector is a matrix of one row, its increment the leading dimension. */
+BL_API cublasStatus_t cublasSetVectorAsync(int n, int elemSize, const void *hostPtr, int incx, void *devicePtr,
+                                           int incy, cudaStream_t stream) {
+    return set_matrix(1, n, elemSize, hostPtr, incx, devicePtr, incy, stream);
+}
+
+BL_API cublasStatus_t cublasGetVectorAsync(int n, int elemSize, const void *devicePtr, int incx, void *hostPtr,
+                                           int incy, cudaStream_t stream) {
+    return get_matrix(1, n, elemSize, devicePtr, incx, hostPtr, incy, stream);
+}
+
 /* ---- what PyTorch binds that is not forwarded yet: each fails, saying so once ---- */
 
 BL_REFUSED(LIB, cublasCgemm_v2)
@@ -434,3 +971,83 @@ BL_REFUSED(LIB, cublasCgelsBatched)
 BL_REFUSED(LIB, cublasZgelsBatched)
 BL_REFUSED(LIB, cublasSgemmBatched)
 BL_REFUSED(LIB, cublasDgemmBatched)
+
+/* Complex level 1, 2 and 3 and batched complex gemm, with their own prototypes (P the type's letter, p it in
+ * lower case, RP and PR the prefixes of the mixed real and complex ones, T the type, R its real part's). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define REFUSED_COMPLEX(P, p, RP, PR, T, R)                                                                            \
+    BL_REFUSED_AS(LIB, cublas##P##axpy_v2,                                                                             \
+                  (cublasHandle_t handle, int n, const T *alpha, const T *x, int incx, T *y, int incy))                \
+    BL_REFUSED_AS(LIB, cublas##P##copy_v2, (cublasHandle_t handle, int n, const T *x, int incx, T *y, int incy))       \
+    BL_REFUSED_AS(LIB, cublas##P##scal_v2, (cublasHandle_t handle, int n, const T *alpha, T *x, int incx))             \
+    BL_REFUSED_AS(LIB, cublas##PR##scal_v2, (cublasHandle_t handle, int n, const R *alpha, T *x, int incx))            \
+    BL_REFUSED_AS(LIB, cublas##P##swap_v2, (cublasHandle_t handle, int n, T *x, int incx, T *y, int incy))             \
+    BL_REFUSED_AS(LIB, cublas##P##rot_v2,                                                                              \
+                  (cublasHandle_t handle, int n, T *x, int incx, T *y, int incy, const R *c, const T *s))              \
+    BL_REFUSED_AS(LIB, cublas##PR##rot_v2,                                                                             \
+                  (cublasHandle_t handle, int n, T *x, int incx, T *y, int incy, const R *c, const R *s))              \
+    BL_REFUSED_AS(LIB, cublas##P##rotg_v2, (cublasHandle_t handle, T * a, T * b, R * c, T * s))                        \
+    BL_REFUSED_AS(LIB, cublasI##p##amax_v2, (cublasHandle_t handle, int n, const T *x, int incx, int *result))         \
+    BL_REFUSED_AS(LIB, cublasI##p##amin_v2, (cublasHandle_t handle, int n, const T *x, int incx, int *result))         \
+    BL_REFUSED_AS(LIB, cublas##RP##asum_v2, (cublasHandle_t handle, int n, const T *x, int incx, R *result))           \
+    BL_REFUSED_AS(LIB, cublas##RP##nrm2_v2, (cublasHandle_t handle, int n, const T *x, int incx, R *result))           \
+    BL_REFUSED_AS(LIB, cublas##P##trmv_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, cublasDiagType_t diag,       \
+                   int n, const T *A, int lda, T *x, int incx))                                                        \
+    BL_REFUSED_AS(LIB, cublas##P##trsv_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, cublasDiagType_t diag,       \
+                   int n, const T *A, int lda, T *x, int incx))                                                        \
+    BL_REFUSED_AS(LIB, cublas##P##geru_v2,                                                                             \
+                  (cublasHandle_t handle, int m, int n, const T *alpha, const T *x, int incx, const T *y, int incy,    \
+                   T *A, int lda))                                                                                     \
+    BL_REFUSED_AS(LIB, cublas##P##gerc_v2,                                                                             \
+                  (cublasHandle_t handle, int m, int n, const T *alpha, const T *x, int incx, const T *y, int incy,    \
+                   T *A, int lda))                                                                                     \
+    BL_REFUSED_AS(                                                                                                     \
+        LIB, cublas##P##syr_v2,                                                                                        \
+        (cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha, const T *x, int incx, T *A, int lda))    \
+    BL_REFUSED_AS(                                                                                                     \
+        LIB, cublas##P##her_v2,                                                                                        \
+        (cublasHandle_t handle, cublasFillMode_t uplo, int n, const R *alpha, const T *x, int incx, T *A, int lda))    \
+    BL_REFUSED_AS(LIB, cublas##P##syr2_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha, const T *x, int incx,          \
+                   const T *y, int incy, T *A, int lda))                                                               \
+    BL_REFUSED_AS(LIB, cublas##P##her2_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha, const T *x, int incx,          \
+                   const T *y, int incy, T *A, int lda))                                                               \
+    BL_REFUSED_AS(LIB, cublas##P##symv_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha, const T *A, int lda,           \
+                   const T *x, int incx, const T *beta, T *y, int incy))                                               \
+    BL_REFUSED_AS(LIB, cublas##P##hemv_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, int n, const T *alpha, const T *A, int lda,           \
+                   const T *x, int incx, const T *beta, T *y, int incy))                                               \
+    BL_REFUSED_AS(LIB, cublas##P##symm_v2,                                                                             \
+                  (cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n, const T *alpha,  \
+                   const T *A, int lda, const T *B, int ldb, const T *beta, T *C, int ldc))                            \
+    BL_REFUSED_AS(LIB, cublas##P##hemm_v2,                                                                             \
+                  (cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, int m, int n, const T *alpha,  \
+                   const T *A, int lda, const T *B, int ldb, const T *beta, T *C, int ldc))                            \
+    BL_REFUSED_AS(LIB, cublas##P##syrk_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,                \
+                   const T *alpha, const T *A, int lda, const T *beta, T *C, int ldc))                                 \
+    BL_REFUSED_AS(LIB, cublas##P##herk_v2,                                                                             \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,                \
+                   const R *alpha, const T *A, int lda, const R *beta, T *C, int ldc))                                 \
+    BL_REFUSED_AS(LIB, cublas##P##syr2k_v2,                                                                            \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,                \
+                   const T *alpha, const T *A, int lda, const T *B, int ldb, const T *beta, T *C, int ldc))            \
+    BL_REFUSED_AS(LIB, cublas##P##her2k_v2,                                                                            \
+                  (cublasHandle_t handle, cublasFillMode_t uplo, cublasOperation_t trans, int n, int k,                \
+                   const T *alpha, const T *A, int lda, const T *B, int ldb, const R *beta, T *C, int ldc))            \
+    BL_REFUSED_AS(LIB, cublas##P##trmm_v2,                                                                             \
+                  (cublasHandle_t handle, cublasSideMode_t side, cublasFillMode_t uplo, cublasOperation_t trans,       \
+                   cublasDiagType_t diag, int m, int n, const T *alpha, const T *A, int lda, const T *B, int ldb,      \
+                   T *C, int ldc))                                                                                     \
+    BL_REFUSED_AS(LIB, cublas##P##gemmBatched,                                                                         \
+                  (cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,     \
+                   const T *alpha, const T *const Aarray[], int lda, const T *const Barray[], int ldb, const T *beta,  \
+                   T *const Carray[], int ldc, int batchCount))
+REFUSED_COMPLEX(C, c, Sc, Cs, cuComplex, float)
+REFUSED_COMPLEX(Z, z, Dz, Zd, cuDoubleComplex, double)
+#pragma GCC diagnostic pop

@@ -78,5 +78,11 @@ BL_HIDDEN cublasStatus_t bl_refuse(_Atomic int *once, const char *lib, const cha
         static _Atomic int once_;                                                                                      \
         return bl_refuse(&once_, lib, #name);                                                                          \
     }
+/* The same with the function's own prototype (params: its parameter list, as include/gpucr/cublas.h declares it). */
+#define BL_REFUSED_AS(lib, name, params)                                                                               \
+    BL_API cublasStatus_t name params {                                                                                \
+        static _Atomic int once_;                                                                                      \
+        return bl_refuse(&once_, lib, #name);                                                                          \
+    }
 
 #endif

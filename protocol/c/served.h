@@ -262,6 +262,7 @@ enum sv_op {
     SV_OP_LT_MATMUL,
     SV_OP_BLAS_GEMV,
     SV_OP_BLAS_DOT,
+    SV_OP_BLAS_CALL,
     SV_OP_COUNT
 };
 
@@ -464,6 +465,80 @@ struct sv_dot_rec {
     int32_t n, incx, incy, pad;
     uint64_t x, y, result;
 };
+/*
+ * SV_OP_BLAS_CALL: one of cuBLAS's level-1, 2 and 3 functions on real data (fn: SV_BF_*, each S then D: fn & 1 is
+ * double), on the handle's stream. Its arguments in the function's order: the integers (sizes, increments, leading
+ * dimensions, and uplo, trans, diag and side by value) in i; the pointers in p, device addresses (a scalar's only
+ * with dev_scalars, else 0); without dev_scalars, the values of the scalars it reads in s, packed, of the function's
+ * type (rotm's param is five of them). A function that writes scalars to host memory (pointer mode host: nrm2,
+ * asum, amax, amin, rotg, rotmg) is a synchronous record (sv_blas_call_sync): its reply is the status (int32), four
+ * bytes, then what it wrote, packed: the result (amax, amin: an int32), rotg's a, b, c, s, rotmg's d1, d2, x1 and
+ * param. The others are asynchronous.
+ */
+enum {
+    SV_BF_SAXPY = 0,
+    SV_BF_DAXPY,
+    SV_BF_SCOPY,
+    SV_BF_DCOPY,
+    SV_BF_SSCAL,
+    SV_BF_DSCAL,
+    SV_BF_SSWAP,
+    SV_BF_DSWAP,
+    SV_BF_SROT,
+    SV_BF_DROT,
+    SV_BF_SROTM,
+    SV_BF_DROTM,
+    /* those that write scalars */
+    SV_BF_SNRM2,
+    SV_BF_DNRM2,
+    SV_BF_SASUM,
+    SV_BF_DASUM,
+    SV_BF_ISAMAX,
+    SV_BF_IDAMAX,
+    SV_BF_ISAMIN,
+    SV_BF_IDAMIN,
+    SV_BF_SROTG,
+    SV_BF_DROTG,
+    SV_BF_SROTMG,
+    SV_BF_DROTMG,
+    /* level 2 */
+    SV_BF_STRMV,
+    SV_BF_DTRMV,
+    SV_BF_STRSV,
+    SV_BF_DTRSV,
+    SV_BF_SGER,
+    SV_BF_DGER,
+    SV_BF_SSYR,
+    SV_BF_DSYR,
+    SV_BF_SSYR2,
+    SV_BF_DSYR2,
+    SV_BF_SSYMV,
+    SV_BF_DSYMV,
+    /* level 3 */
+    SV_BF_SSYMM,
+    SV_BF_DSYMM,
+    SV_BF_SSYRK,
+    SV_BF_DSYRK,
+    SV_BF_SSYR2K,
+    SV_BF_DSYR2K,
+    SV_BF_STRMM,
+    SV_BF_DTRMM,
+    SV_BF_COUNT
+};
+#define SV_BLAS_CALL_INTS 10u
+#define SV_BLAS_CALL_PTRS 6u
+#define SV_BLAS_CALL_SCALARS 40u /* bytes: five doubles */
+#define SV_BLAS_CALL_OUT 64u     /* bytes a reply's result takes at most: eight doubles */
+struct sv_blas_call {
+    uint32_t handle, stream, fn, dev_scalars;
+    int32_t i[SV_BLAS_CALL_INTS];
+    uint64_t p[SV_BLAS_CALL_PTRS];
+    uint8_t s[SV_BLAS_CALL_SCALARS];
+};
+/* Whether a SV_OP_BLAS_CALL record of fn is synchronous (both sides decide by this). */
+static inline bool sv_blas_call_sync(uint32_t fn, uint32_t dev_scalars) {
+    return !dev_scalars && fn >= SV_BF_SNRM2 && fn <= SV_BF_DROTMG;
+}
 /* SV_OP_LT_OBJ_CREATE: a matmul descriptor (a: compute type, b: scale type), a matrix layout (a: type, b: rows,
  * c: cols, d: ld) or a preference. SV_OP_LT_OBJ_DESTROY: kind and id. SV_OP_LT_OBJ_SET: an attribute's value
  * (size bytes of value). SV_OP_LT_OBJ_GET (synchronous): the reply is the status, the size written, the value. */

@@ -6,6 +6,7 @@ package e2e
 // build/sim/libcublas.so.13).
 
 import (
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -307,4 +308,133 @@ func workerMaps(t *testing.T, h *helperProc, a *app, lib string) {
 		t.Errorf("worker %d did not load %s:\n%s", w, lib, maps)
 	}
 	a.kill()
+}
+
+// TestServedBlasExports: gpucr's libcublas.so.13 defines, under cuBLAS's
+// version node, every function of testdata/cublas-torch-linalg.txt: what
+// PyTorch's libtorch_cuda_linalg.so imports from cuBLAS beyond what it
+// defined before. A library that imports a function its cuBLAS lacks does
+// not load (bound now) or ends its process at the first call (bound
+// lazily); served mode forwards each of them or refuses it at the call.
+func TestServedBlasExports(t *testing.T) {
+	names := readNames(t, filepath.Join(testroot.Dir(t), "tests", "e2e", "testdata", "cublas-torch-linalg.txt"))
+	if len(names) != 108 {
+		t.Fatalf("testdata/cublas-torch-linalg.txt lists %d functions, want the 108 found missing", len(names))
+	}
+	lib := filepath.Join(buildDir(t), "lib", "served", "libcublas.so.13")
+	f, err := elf.Open(lib)
+	if err != nil {
+		t.Fatalf("served mode's cuBLAS is not built (run `make`): %v", err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := map[string]string{}
+	for _, s := range syms {
+		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC && elf.ST_BIND(s.Info) == elf.STB_GLOBAL {
+			version[s.Name] = s.Version
+		}
+	}
+	for _, n := range names {
+		v, ok := version[n]
+		switch {
+		case !ok:
+			t.Errorf("%s does not define %s", lib, n)
+		case v != "libcublas.so.13":
+			t.Errorf("%s defines %s under version %q, want libcublas.so.13 (NVIDIA's node)", lib, n, v)
+		}
+	}
+}
+
+// readNames is a file's lines, without blank ones and # comments.
+func readNames(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			names = append(names, line)
+		}
+	}
+	return names
+}
+
+// TestServedBlasLevels: cuBLAS's level-1, 2 and 3 functions and its copies,
+// served (blaslevels). The worker's cuBLAS is the simulated one with five of
+// them added (testdata/blasextra.c, built here: the simulated cuBLAS has
+// none of them), so what gpucr's libcublas.so.13 sends for axpy, nrm2,
+// amax, rotg and ger must reach a cuBLAS as the program called it, host and
+// device scalars alike, and results written to host memory must come back;
+// the copies between host and device memory, strided on either side, go
+// through served mode's driver; a complex function, which served mode
+// refuses, fails with CUBLAS_STATUS_NOT_SUPPORTED and one line that names
+// it, once however often it is called; a function the worker's cuBLAS lacks
+// (cublasSnrm2) fails at the call with CUBLAS_STATUS_NOT_SUPPORTED.
+func TestServedBlasLevels(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Fatalf("no C compiler: %v", err)
+	}
+	dir := t.TempDir()
+	root := testroot.Dir(t)
+	sim, err := filepath.Abs(filepath.Join(buildDir(t), "sim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := filepath.Join(dir, "libblasextra.so")
+	build := exec.Command(cc, "-O2", "-shared", "-fPIC", "-I"+filepath.Join(root, "include"), "-o", extra,
+		filepath.Join(root, "tests", "e2e", "testdata", "blasextra.c"), "-L"+sim, "-l:libcublas.so.13", "-lcuda", "-lm",
+		"-Wl,-soname,libblasextra.so", "-Wl,-rpath,"+sim, "-Wl,--no-undefined")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building blasextra: %v\n%s", err, out)
+	}
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	checks := []string{"Daxpy", "Dnrm2", "Idamax", "Drotg", "Dger", "copies", "refused", "missing"}
+	out, err := runErr(time.Minute, append(env, "GPUCR_CUBLAS_PATH="+extra), binPath(t, "gpucr"),
+		append([]string{"run", "--served", "--socket", h.socket, "--", binPath(t, "blaslevels")}, checks...)...)
+	ok := map[string]bool{}
+	refusals := map[string]int{}
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "ok "):
+			ok[strings.TrimPrefix(line, "ok ")] = true
+		case strings.HasPrefix(line, "FAIL "):
+			t.Error(line)
+		case strings.HasPrefix(line, "gpucr: "):
+			fn, found := strings.CutPrefix(line, "gpucr: served mode: cuBLAS's ")
+			fn, _, found2 := strings.Cut(fn, " is not forwarded to the worker yet (CUBLAS_STATUS_NOT_SUPPORTED)")
+			if !found || !found2 {
+				t.Errorf("a line from gpucr that is no refusal: %s", line)
+			}
+			refusals[fn]++
+		}
+	}
+	if err != nil {
+		t.Fatalf("blaslevels served: %v\n%s\nhelper:\n%s", err, tail(out, 40), tail(h.logText(), 20))
+	}
+	for _, fn := range []string{"Daxpy", "Dnrm2", "Idamax", "Drotg", "Dger"} {
+		for _, mode := range []string{"host", "device"} {
+			if !ok[fn+"/"+mode] {
+				t.Errorf("blaslevels reported no ok for %s/%s:\n%s", fn, mode, tail(out, 40))
+			}
+		}
+	}
+	for _, c := range []string{"setmatrix-5x4-6-8", "getmatrix-3x5-5000-3", "setvector-1x9-1-3000", "getvector-1x9-3000-1",
+		"Caxpy-again", "ZgemmBatched", "Snrm2-missing"} {
+		if !ok[c] {
+			t.Errorf("blaslevels reported no ok for %s:\n%s", c, tail(out, 40))
+		}
+	}
+	for _, fn := range []string{"cublasCaxpy_v2", "cublasScnrm2_v2", "cublasZgemmBatched"} {
+		if refusals[fn] != 1 {
+			t.Errorf("%s, called twice, was refused in %d lines, want 1:\n%s", fn, refusals[fn], tail(out, 40))
+		}
+	}
 }
