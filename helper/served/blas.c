@@ -253,13 +253,19 @@ static CUresult load(const uint8_t *pl, uint32_t plen, uint8_t *out, uint32_t *o
         snprintf(msg, sizeof msg, "no library path in the record");
     } else {
         memcpy(buf, pl + sizeof q, n);
-        /* checked on the copy: the shared memory may change under the worker */
-        if (buf[n - 1] != 0 || strlen(buf) >= SV_BLAS_PATH_MAX)
+        /* checked on the copy: the shared memory may change under the worker. The record's length is padded:
+         * the strings end at their terminators, an empty one or the record's end, not at its last byte. */
+        size_t plen0 = strnlen(buf, n);
+        if (plen0 == n || plen0 >= SV_BLAS_PATH_MAX)
             snprintf(msg, sizeof msg, "the library path is not terminated");
     }
     if (!msg[0]) {
-        for (size_t off = strlen(buf) + 1; off < n; off += strlen(buf + off) + 1)
+        for (size_t off = strlen(buf) + 1, l; off < n && buf[off]; off += l + 1) {
+            l = strnlen(buf + off, n - off);
+            if (l == n - off)
+                break; /* a setting cut off by the record's end: none */
             take_setting(buf + off);
+        }
         open_lib(q.which, buf, msg, sizeof msg);
     }
     if (!msg[0] && q.which == 0) {

@@ -661,3 +661,31 @@ func TestGoWorkerRunsNoTemplates(t *testing.T) {
 		t.Fatal("the Go worker exited 0 after refusing a template")
 	}
 }
+
+// TestTemplateBlasLoadPadded: cuBLAS's load in a script, its strings (the library's path, a setting) followed by
+// the record's padding, which need not be zeros (a client before zeroed padding left an older record's bytes
+// there: a PyTorch server's template failed with "the library path is not terminated"). The worker takes the
+// strings up to their terminators and loads the library.
+func TestTemplateBlasLoadPadded(t *testing.T) {
+	lib := filepath.Join(testroot.Dir(t), "build/sim/libcublas.so.13")
+	if _, err := os.Stat(lib); err != nil {
+		t.Skipf("no simulated cuBLAS (%v): make all builds it", err)
+	}
+	strs := lib + "\x00CUBLAS_WORKSPACE_CONFIG=:4096:8\x00"
+	align := int(sv(t, "SV_REC_ALIGN"))
+	junk := (align - (16+8+len(strs))%align) % align
+	if junk == 0 {
+		strs += "CUBLAS_X=1\x00"
+		junk = (align - (16+8+len(strs))%align) % align
+	}
+	payload := le(uint32(0), uint32(0), strs, bytes.Repeat([]byte{0x5a}, junk))
+	w := startTemplateWorker(t)
+	uid, gid := me()
+	resp := w.assign(1, true, uid, gid, memfd(t, script(t,
+		srec{op: "BLAS_LOAD", reply: 1, payload: payload, expect: le(int32(0))}, // status: CUBLAS_STATUS_SUCCESS
+		ctxSync(1),
+	)))
+	if r := resp.GetWorkerReady(); r == nil || r.TemplateNs == 0 {
+		t.Fatalf("a script whose cuBLAS load is followed by %d bytes of padding answered %v, want WorkerReady", junk, resp)
+	}
+}

@@ -449,6 +449,7 @@ CUresult sv_begin(sv_slot *s, unsigned op, uint32_t len, uint32_t reply, unsigne
         return sv_ready() == CUDA_SUCCESS ? CUDA_ERROR_ILLEGAL_STATE : sv_ready(); /* a caller outside sv_enter */
     if (atomic_load_explicit(&sv_up, memory_order_relaxed) == SV_S_GONE)
         return SV_GONE;
+    uint32_t asked = len;
     len = (len + SV_REC_ALIGN - 1) & ~(SV_REC_ALIGN - 1);
     pthread_mutex_lock(&R.prod_mu);
     uint64_t head = R.head;
@@ -471,6 +472,10 @@ CUresult sv_begin(sv_slot *s, unsigned op, uint32_t len, uint32_t reply, unsigne
     s->rec->reply = reply;
     s->rec->pad = 0;
     s->payload = (uint8_t *)(s->rec + 1);
+    /* The padding reads as zeros, not as an older record's bytes: the worker sees the padded length, so a payload
+     * of strings (cuBLAS's load) ends with its terminator, and a template's script holds no stale bytes. */
+    if (len > asked)
+        memset((uint8_t *)s->rec + asked, 0, len - asked);
     R.next_head = end;
     return CUDA_SUCCESS;
 }
