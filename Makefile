@@ -234,6 +234,9 @@ install: $(PLUGIN) $(GPUCR) $(WORKER) $(INTERCEPT) $(SERVED_LIBS) man
 		-e 's|^Documentation=file:///usr/local/share/doc/gpucr/|Documentation=file://$(DOC_DIR)/|' \
 		scripts/gpucr-helper.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service
+	sed -e 's|^\(Exec[A-Za-z]*\)=/usr/local/bin/gpucr |\1=$(PREFIX)/bin/gpucr |' \
+		scripts/gpucr-job@.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-job@.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-job@.service
 	install -D -m 0644 docs/helper-protocol.md $(DESTDIR)$(DOC_DIR)/helper-protocol.md
 	install -d -m 0755 $(DESTDIR)$(MAN_DIR)
 	install -m 0644 $(BUILD)/man/man1/*.1 $(DESTDIR)$(MAN_DIR)/
@@ -253,6 +256,7 @@ uninstall:
 	rm -f $(DESTDIR)$(INSTALLED_DIRS) $(DESTDIR)$(CRIU_PLUGIN_DIR)/gpucr_plugin.so $(DESTDIR)$(PREFIX)/bin/gpucr \
 		$(DESTDIR)$(PREFIX)/bin/gpucr-worker \
 		$(DESTDIR)$(GPUCR_LIB_DIR)/libgpucr.so $(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-helper.service \
+		'$(DESTDIR)$(SYSTEMD_UNIT_DIR)/gpucr-job@.service' \
 		$(addprefix $(DESTDIR)$(GPUCR_LIB_DIR)/served/,$(notdir $(SERVED_LIBS))) \
 		$(DESTDIR)$(DOC_DIR)/helper-protocol.md $(DESTDIR)$(MAN_DIR)/gpucr.1 $(DESTDIR)$(MAN_DIR)/gpucr-*.1 \
 		$(DESTDIR)$(BASH_COMP_DIR)/gpucr $(DESTDIR)$(ZSH_COMP_DIR)/_gpucr; \

@@ -46,6 +46,8 @@ func checkpointCommand() *ucli.Command {
 			&ucli.BoolFlag{Name: "concurrent", Usage: "with --leave-running: snapshot the GPU memory on the device and write it into the image while the process runs on, so that the stop does not grow with it; a helper that dies during a CRIU dump's stop then costs the process its GPU memory (default with --gpu-only, where the process never gives its memory up)"},
 			preCopyFlag(),
 			&ucli.StringFlag{Name: "drain", Usage: "once the image is complete, push it to an object store in the background (s3://BUCKET/PATH: gpucr image push; credentials and endpoint from the environment, AWS_ENDPOINT_URL); gpucr status shows it"},
+			&ucli.BoolFlag{Name: "wait", Usage: "with --drain: push in the foreground and return once the image is safe in the store (a final checkpoint on a preemption notice: README, \"Images on an object store\")"},
+			&ucli.DurationFlag{Name: "deadline", Usage: "with --drain --wait: the time from this command's start that the image must be safe by (a preemption notice's grace period); the report says whether it was, and a miss exits 1 (the push is not cut at it)"},
 			&ucli.BoolFlag{Name: "template", Usage: "served mode: keep in the image what a worker needs to hold the process's GPU objects before its restore (gpucr image load --template), so that the restore attaches to a worker that made them ahead"},
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
 			&ucli.BoolFlag{Name: "auto-parent", Usage: "the parent is the newest committed image beside DIR (a series such as -D base/N)"},
@@ -54,6 +56,7 @@ func checkpointCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long the process may take to reach a quiet point"},
 			&ucli.BoolFlag{Name: "json", Usage: "machine-readable output"}}, criuOptionFlags()...),
 		Action: func(c *ucli.Context) error {
+			began := time.Now() // a deadline counts from here: the notice
 			pos, err := flagsAnywhere(c)
 			if err != nil {
 				return helpOK(err)
@@ -77,6 +80,18 @@ func checkpointCommand() *ucli.Command {
 				if _, err := level.Parse(d); err != nil {
 					return usageError{fmt.Errorf("checkpoint --drain: %w", err)}
 				}
+			}
+			if c.Bool("wait") && c.String("drain") == "" {
+				return usageError{fmt.Errorf("checkpoint --wait: it waits for --drain's push, and no --drain was given")}
+			}
+			if c.IsSet("deadline") && !c.Bool("wait") {
+				return usageError{fmt.Errorf("checkpoint --deadline: it bounds --drain --wait (a background drain has no end to measure)")}
+			}
+			if c.IsSet("deadline") && c.Duration("deadline") <= 0 {
+				return usageError{fmt.Errorf("checkpoint --deadline: %s is no time to make it in", c.Duration("deadline"))}
+			}
+			if c.Bool("wait") && c.Bool("gpu-only") {
+				return usageError{fmt.Errorf("checkpoint --drain --wait: a GPU-only checkpoint is no image that restores elsewhere")}
 			}
 			ctx, stop := interruptible(c.Context)
 			defer stop()
@@ -138,6 +153,9 @@ func checkpointCommand() *ucli.Command {
 			}
 			if !res.GPUState {
 				line += "\nno GPU state saved: " + res.NoGPUState
+			}
+			if c.Bool("wait") {
+				return drainNow(ctx, c, began, pid, res, line, abs)
 			}
 			if err := report(c, res, line, res.PluginMessages); err != nil {
 				return err

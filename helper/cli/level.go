@@ -4,16 +4,20 @@ package cli
 // S3-compatible object store (image/level).
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/gpucr/gpucr/helper/checkpoint"
 	"github.com/gpucr/gpucr/helper/internal/printable"
+	"github.com/gpucr/gpucr/helper/proc"
 	"github.com/gpucr/gpucr/image/level"
 )
 
@@ -193,4 +197,60 @@ func drainLine(d level.Drain) string {
 		s += ": " + printable.String(d.Error)
 	}
 	return s
+}
+
+// drainedCheckpoint is `gpucr checkpoint --drain URL --wait`'s report: the
+// checkpoint's, its push, and how long from the command's start (a
+// preemption notice) until the image was safe in the store.
+type drainedCheckpoint struct {
+	*checkpoint.DumpResult
+	Drain       level.Stats `json:"drain"`
+	SafeSeconds float64     `json:"safe_seconds"`
+	// Deadline (--deadline) and whether the image was safe by it.
+	DeadlineSeconds float64 `json:"deadline_seconds,omitempty"`
+	DeadlineMet     *bool   `json:"deadline_met,omitempty"`
+}
+
+// drainNow pushes the image a checkpoint just completed in dir to
+// --drain's URL in the foreground, recorded where gpucr status finds
+// drains, and reports both; past --deadline it says so and exits 1 (the
+// image is safe all the same). A push that fails leaves the image in dir.
+func drainNow(ctx context.Context, c *ucli.Context, began time.Time, pid proc.Pid, res *checkpoint.DumpResult, line, dir string) error {
+	r, st, err := levelStore(c, c.String("drain"))
+	if err != nil {
+		return err
+	}
+	rec, err := level.NewRecorder(dir, r.String())
+	if err != nil {
+		return err
+	}
+	st.OnProgress = rec.Progress
+	stats, err := st.Push(ctx, dir, r)
+	if rerr := rec.End(err); rerr != nil && err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint %d is complete in %s, but its push to %s failed: %w", pid, dir, r, err)
+	}
+	out := drainedCheckpoint{DumpResult: res, Drain: stats, SafeSeconds: time.Since(began).Seconds()}
+	line += fmt.Sprintf("\n  pushed to %s: %d files, %s (%s sent, %d files the bucket had) in %.3f s", r, stats.Files,
+		humanBytes(uint64(stats.Bytes)), humanBytes(uint64(stats.Moved)), stats.BlobsHad, stats.Seconds)
+	line += fmt.Sprintf("\n  safe in the store %.3f s after the command started", out.SafeSeconds)
+	var missed error
+	if c.IsSet("deadline") {
+		d := c.Duration("deadline")
+		met := out.SafeSeconds <= d.Seconds()
+		out.DeadlineSeconds, out.DeadlineMet = d.Seconds(), &met
+		if met {
+			line += fmt.Sprintf(": within the deadline of %s", d)
+		} else {
+			line += fmt.Sprintf(": PAST the deadline of %s", d)
+			missed = fmt.Errorf("checkpoint %d: the image is safe at %s, but %.3f s after the command started, past the deadline of %s",
+				pid, r, out.SafeSeconds, d)
+		}
+	}
+	if err := report(c, out, line, res.PluginMessages); err != nil {
+		return err
+	}
+	return missed
 }

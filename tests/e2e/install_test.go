@@ -77,6 +77,7 @@ func TestMakeInstall(t *testing.T) {
 				want + "/share/bash-completion/completions/gpucr": {"", 0o644},
 				want + "/share/zsh/site-functions/_gpucr":         {"", 0o644},
 				unitPath: {"", 0o644},
+				want + "/lib/systemd/system/gpucr-job@.service": {"", 0o644},
 			} {
 				fi, err := os.Stat(destdir + path)
 				if err != nil {
@@ -93,6 +94,16 @@ func TestMakeInstall(t *testing.T) {
 				src, err2 := os.ReadFile(f.src)
 				if err1 != nil || err2 != nil || !bytes.Equal(got, src) {
 					t.Errorf("%s is not a copy of %s (%v, %v)", path, f.src, err1, err2)
+				}
+			}
+			job, err := os.ReadFile(destdir + want + "/lib/systemd/system/gpucr-job@.service")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range []string{"ExecStart=" + want + "/bin/gpucr run -- $JOB\n",
+				"ExecStop=" + want + "/bin/gpucr checkpoint $MAINPID -D ${GPUCR_FINAL_DIR} --force --drain ${GPUCR_FINAL_URL} --wait --deadline ${GPUCR_DEADLINE}\n"} {
+				if !strings.Contains(string(job), l) {
+					t.Errorf("the installed job unit has no line %q:\n%s", l, job)
 				}
 			}
 			unit, err := os.ReadFile(destdir + unitPath)

@@ -426,3 +426,96 @@ func TestLevelDrain(t *testing.T) {
 	}
 	a.kill()
 }
+
+// TestLevelPreemption: the final checkpoint on a preemption notice,
+// `checkpoint --drain URL --wait --deadline D`, returns once the image is
+// safe in the store and says whether that was within D; a node with only
+// the URL restores it, and it continues exactly. A deadline too short is
+// reported as missed (exit 1) with the image safe all the same. Another
+// user's attempt on the job is refused, and the job runs on.
+func TestLevelPreemption(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	s3Client(t, ep, "gpucr-a")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	senv := s3Env(env, ep, "gpucr-a")
+	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	url := fmt.Sprintf("s3://gpucr-a/preempted/%d", time.Now().UnixNano())
+	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs("16")...), nil)
+	a.waitIter(5, time.Minute)
+
+	if out, err := gpucrOut(t, senv, "checkpoint", strconv.Itoa(a.pid), "-D", dir+"/x", "--wait"); err == nil ||
+		!strings.Contains(out, "no --drain was given") {
+		t.Errorf("checkpoint --wait without --drain: %v\n%s", err, out)
+	}
+	if out, err := gpucrOut(t, senv, "checkpoint", strconv.Itoa(a.pid), "-D", dir+"/x", "--drain", url, "--deadline", "5s"); err == nil ||
+		!strings.Contains(out, "bounds --drain --wait") {
+		t.Errorf("checkpoint --deadline without --wait: %v\n%s", err, out)
+	}
+
+	// Another user, with credentials of their own, on this job.
+	u := secondUser(t)
+	theirs := filepath.Join(t.TempDir(), "theirs")
+	if err := os.MkdirAll(theirs, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(filepath.Dir(theirs), 0o777)
+	s3Client(t, ep, "gpucr-b")
+	cmd := exec.Command(binPath(t, "gpucr"), "checkpoint", strconv.Itoa(a.pid), "-D", theirs+"/img", "--socket", h.socket,
+		"--drain", "s3://gpucr-b/stolen", "--wait", "--deadline", "1m")
+	cmd.Env = append(s3Env(env, ep, "gpucr-b"), "GPUCR_DRAIN_DIR="+theirs+"/drains")
+	if out, err := asUser(cmd, u).CombinedOutput(); err == nil {
+		t.Errorf("uid %d took a final checkpoint of root's job:\n%s", u.UID, out)
+	}
+	before := a.lastIter()
+	a.waitIter(before+3, time.Minute)
+	if out, err := gpucrOut(t, s3Env(env, ep, "gpucr-b"), "image", "ls", "s3://gpucr-b/stolen"); err != nil || !strings.Contains(out, "no images") {
+		t.Errorf("the refused checkpoint left an image in the other user's bucket: %v\n%s", err, out)
+	}
+
+	img := dir + "/final"
+	out := cliOK(t, h, senv, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--drain", url, "--wait", "--deadline", "2m", "--json")
+	var rep struct {
+		Pid   int `json:"pid"`
+		Drain struct {
+			Files int    `json:"files"`
+			Bytes int64  `json:"bytes"`
+			URL   string `json:"url"`
+		} `json:"drain"`
+		Safe     float64 `json:"safe_seconds"`
+		Deadline float64 `json:"deadline_seconds"`
+		Met      *bool   `json:"deadline_met"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &rep); err != nil {
+		t.Fatalf("checkpoint --json: %v\n%s", err, out)
+	}
+	if rep.Pid != a.pid || rep.Drain.Files == 0 || rep.Drain.Bytes == 0 || rep.Drain.URL != url || rep.Safe <= 0 ||
+		rep.Deadline != 120 || rep.Met == nil || !*rep.Met {
+		t.Errorf("the final checkpoint's report: %+v\n%s", rep, out)
+	}
+	if d := drainOf(t, h, senv, url); d == nil || d["state"] != "done" {
+		t.Errorf("status lists the final checkpoint's push as %v, want done", d)
+	}
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+
+	// Another node: nothing but the URL.
+	pullDir := t.TempDir()
+	before = a.lastIter()
+	cliOK(t, h, senv, pullDir, "restore", "-D", url, "--pull-dir", pullDir)
+	a.waitIter(before+5, time.Minute)
+
+	// A deadline no push makes: reported, exit 1, the image safe anyway.
+	url2 := url + "-late"
+	img2 := dir + "/late"
+	out, err := cli(t, h, senv, "checkpoint", strconv.Itoa(a.pid), "-D", img2, "--drain", url2, "--wait", "--deadline", "1ms")
+	if err == nil || !strings.Contains(out, "past the deadline of 1ms") || !strings.Contains(out, "the image is safe at "+url2) {
+		t.Errorf("a missed deadline: %v\n%s", err, out)
+	}
+	if out, err := gpucrOut(t, senv, "image", "ls", url2); err != nil || !strings.Contains(out, url2) {
+		t.Errorf("the late image is not listed: %v\n%s", err, out)
+	}
+	a.reap(30 * time.Second)
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", levelArgs("16"), maxIter(a.heartbeats())))
+}
