@@ -46,21 +46,59 @@ func LatestOwned(base, skip string) (string, error) {
 
 // latest is Latest of own's images (nil: anyone's).
 func latest(base, skip string, own *Owner) (string, error) {
-	entries, err := os.ReadDir(base)
+	cands, err := committed(base, skip, own)
+	if err != nil {
+		return "", err
+	}
+	// Only as many are opened as are found broken.
+	for _, c := range cands {
+		if readable(c.Dir, own) {
+			return c.Dir, nil
+		}
+	}
+	return "", nil
+}
+
+// SeriesImage is one committed image of a series directory.
+type SeriesImage struct {
+	Dir string
+	// Taken: when the checkpoint was taken (its manifest's origin time).
+	Taken time.Time
+}
+
+// SeriesOwned lists the committed, unpruned images among base's
+// subdirectories, newest first, of one user as LatestOwned takes them.
+func SeriesOwned(base string) ([]SeriesImage, error) {
+	uid, err := pathOwner(base)
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil // the series starts here
+		return nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("image series %s: %w", base, err)
+		return nil, fmt.Errorf("image series %s: %w", base, err)
 	}
-	skipReal, _ := realDir(skip)
-	type candidate struct {
-		dir string
-		t   time.Time
-		i   int
+	real, err := ownedPath(base, uid)
+	if err != nil {
+		return nil, fmt.Errorf("image series %s: %w", base, err)
 	}
-	var cands []candidate
-	for i, e := range entries { // sorted by name
+	return committed(real, "", &Owner{UID: uid})
+}
+
+// committed is base's committed images (of own's, if set), but skip, newest
+// first; a tie in time goes to the later name.
+func committed(base, skip string, own *Owner) ([]SeriesImage, error) {
+	entries, err := os.ReadDir(base)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // the series starts here
+	}
+	if err != nil {
+		return nil, fmt.Errorf("image series %s: %w", base, err)
+	}
+	skipReal := ""
+	if skip != "" {
+		skipReal, _ = realDir(skip)
+	}
+	var cands []SeriesImage
+	for _, e := range entries { // sorted by name
 		if !e.IsDir() {
 			continue
 		}
@@ -69,22 +107,15 @@ func latest(base, skip string, own *Owner) (string, error) {
 			continue
 		}
 		if t, ok := committedAt(dir, own); ok {
-			cands = append(cands, candidate{dir, t, i})
+			cands = append(cands, SeriesImage{dir, t})
 		}
 	}
-	// Newest first; only as many are opened as are found broken.
-	sort.Slice(cands, func(a, b int) bool {
-		if !cands[a].t.Equal(cands[b].t) {
-			return cands[a].t.After(cands[b].t)
-		}
-		return cands[a].i > cands[b].i
-	})
-	for _, c := range cands {
-		if readable(c.dir, own) {
-			return c.dir, nil
-		}
+	// Stable: among equal times the order by name stays, reversed below.
+	sort.SliceStable(cands, func(a, b int) bool { return cands[a].Taken.Before(cands[b].Taken) })
+	for i, j := 0, len(cands)-1; i < j; i, j = i+1, j-1 {
+		cands[i], cands[j] = cands[j], cands[i]
 	}
-	return "", nil
+	return cands, nil
 }
 
 // readable says whether the image in dir opens (its ancestors resolve) and

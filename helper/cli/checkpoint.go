@@ -47,6 +47,7 @@ func checkpointCommand() *ucli.Command {
 			preCopyFlag(),
 			&ucli.StringFlag{Name: "drain", Usage: "once the image is complete, push it to an object store in the background (s3://BUCKET/PATH: gpucr image push; credentials and endpoint from the environment, AWS_ENDPOINT_URL); gpucr status shows it"},
 			&ucli.BoolFlag{Name: "wait", Usage: "with --drain: push in the foreground and return once the image is safe in the store (a final checkpoint on a preemption notice: README, \"Images on an object store\")"},
+			keepFlag(),
 			&ucli.DurationFlag{Name: "deadline", Usage: "with --drain --wait: the time from this command's start that the image must be safe by (a preemption notice's grace period); the report says whether it was, and a miss exits 1 (the push is not cut at it)"},
 			&ucli.BoolFlag{Name: "template", Usage: "served mode: keep in the image what a worker needs to hold the process's GPU objects before its restore (gpucr image load --template), so that the restore attaches to a worker that made them ahead"},
 			&ucli.StringFlag{Name: "parent", Usage: "parent image directory: an incremental GPU image (only chunks the parent chain lacks are copied)"},
@@ -80,6 +81,12 @@ func checkpointCommand() *ucli.Command {
 				if _, err := level.Parse(d); err != nil {
 					return usageError{fmt.Errorf("checkpoint --drain: %w", err)}
 				}
+			}
+			if c.IsSet("keep") && c.String("drain") == "" {
+				return usageError{fmt.Errorf("checkpoint --keep: images are pruned once safe at a level, and no --drain was given")}
+			}
+			if c.IsSet("keep") && c.Int("keep") < 1 {
+				return usageError{fmt.Errorf("checkpoint --keep %d: at least the newest image must stay", c.Int("keep"))}
 			}
 			if c.Bool("wait") && c.String("drain") == "" {
 				return usageError{fmt.Errorf("checkpoint --wait: it waits for --drain's push, and no --drain was given")}
@@ -161,7 +168,7 @@ func checkpointCommand() *ucli.Command {
 				return err
 			}
 			if d := c.String("drain"); d != "" {
-				dpid, err := startDrain(abs, d)
+				dpid, err := startDrain(abs, d, c.Int("keep"))
 				if err != nil {
 					return fmt.Errorf("checkpoint %d is complete in %s, but its drain to %s did not start: %w", pid, abs, d, err)
 				}

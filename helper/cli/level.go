@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,7 +36,7 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 		Usage:     "copy an image directory (the GPU image and CRIU's files) to an object store, s3://BUCKET/PATH; only the files the bucket lacks travel",
 		ArgsUsage: "DIR s3://BUCKET/PATH",
 		Flags: append(levelFlags(jsonFlag), &ucli.BoolFlag{Name: "record", Hidden: true,
-			Usage: "record the push's progress where gpucr status finds drains (checkpoint --drain)"}),
+			Usage: "record the push's progress where gpucr status finds drains (checkpoint --drain)"}, keepFlag()),
 		Action: func(c *ucli.Context) error {
 			pos, err := commandArgs(c, 2, 2)
 			if err != nil {
@@ -49,6 +50,9 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 			if err != nil {
 				return err
 			}
+			if c.IsSet("keep") && c.Int("keep") < 1 {
+				return usageError{fmt.Errorf("image push --keep %d: at least the newest image must stay", c.Int("keep"))}
+			}
 			var rec *level.Recorder
 			if c.Bool("record") {
 				if rec, err = level.NewRecorder(dir, r.String()); err != nil {
@@ -57,6 +61,7 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 				st.OnProgress = rec.Progress
 			}
 			stats, err := st.Push(c.Context, dir, r)
+			pruned, perr := pruneAfter(c, err, dir, rec)
 			if rec != nil {
 				if rerr := rec.End(err); rerr != nil && err == nil {
 					err = rerr
@@ -65,8 +70,12 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 			if err != nil {
 				return err
 			}
-			return report(c, stats, fmt.Sprintf("%s: %d files, %s; %s sent (%d files the bucket had), %.3f s", r, stats.Files,
-				humanBytes(uint64(stats.Bytes)), humanBytes(uint64(stats.Moved)), stats.BlobsHad, stats.Seconds), nil)
+			line := fmt.Sprintf("%s: %d files, %s; %s sent (%d files the bucket had), %.3f s", r, stats.Files,
+				humanBytes(uint64(stats.Bytes)), humanBytes(uint64(stats.Moved)), stats.BlobsHad, stats.Seconds) + prunedText(pruned)
+			if err := report(c, pushReport{Stats: stats, Pruned: pruned}, line, nil); err != nil {
+				return err
+			}
+			return perr
 		},
 	}
 }
@@ -147,9 +156,51 @@ func levelStore(c *ucli.Context, u string) (level.Ref, *level.Store, error) {
 	return r, st, err
 }
 
+// keepFlag is --keep: the series' images kept locally once a push is done.
+func keepFlag() ucli.Flag {
+	return &ucli.IntFlag{Name: "keep", Usage: "once the push is done, remove the local images of DIR's series (the images beside it) past the newest K, each only if a finished drain of it is on record (it is safe at a level) and no image that stays reads its chunks"}
+}
+
+// pushReport is a push's --json: its stats and, with --keep, the prune.
+type pushReport struct {
+	level.Stats
+	Pruned []level.Pruned `json:"pruned,omitempty"`
+}
+
+// pruneAfter prunes dir's series to --keep once its push succeeded
+// (pushErr nil), recording the result in rec; a prune that could not run
+// is an error of its own (the push stands).
+func pruneAfter(c *ucli.Context, pushErr error, dir string, rec *level.Recorder) ([]level.Pruned, error) {
+	if pushErr != nil || !c.IsSet("keep") {
+		return nil, nil
+	}
+	pruned, err := level.PruneSeries(dir, c.Int("keep"))
+	if rec != nil {
+		rec.SetPruned(pruned)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the push is done, but the series beside %s was not pruned: %w", dir, err)
+	}
+	return pruned, nil
+}
+
+// prunedText is the prune's lines for a terminal.
+func prunedText(pruned []level.Pruned) string {
+	var b strings.Builder
+	for _, p := range pruned {
+		if p.Removed {
+			fmt.Fprintf(&b, "\n  pruned %s (%s freed)", printable.String(p.Dir), humanBytes(uint64(p.BytesFreed)))
+		} else {
+			fmt.Fprintf(&b, "\n  kept %s: %s", printable.String(p.Dir), printable.String(p.Kept))
+		}
+	}
+	return b.String()
+}
+
 // startDrain starts `gpucr image push DIR URL --record` in a session of its
-// own, its output in a log beside its record, and returns its pid.
-func startDrain(dir, url string) (int, error) {
+// own, its output in a log beside its record, and returns its pid; keep > 0
+// prunes the series to it once the push is done (--keep).
+func startDrain(dir, url string, keep int) (int, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return 0, err
@@ -168,7 +219,11 @@ func startDrain(dir, url string) (int, error) {
 		return 0, err
 	}
 	defer devnull.Close()
-	cmd := exec.Command(exe, "image", "push", dir, url, "--record")
+	args := []string{"image", "push", dir, url, "--record"}
+	if keep > 0 {
+		args = append(args, "--keep", strconv.Itoa(keep))
+	}
+	cmd := exec.Command(exe, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
 	// Not the checkpoint's process group: a ^C to it, or its end, is not the drain's.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -196,6 +251,15 @@ func drainLine(d level.Drain) string {
 	if d.Error != "" {
 		s += ": " + printable.String(d.Error)
 	}
+	removed := 0
+	for _, p := range d.Pruned {
+		if p.Removed {
+			removed++
+		}
+	}
+	if len(d.Pruned) > 0 {
+		s += fmt.Sprintf("; then pruned %d older local images of its series (%d kept)", removed, len(d.Pruned)-removed)
+	}
 	return s
 }
 
@@ -209,6 +273,8 @@ type drainedCheckpoint struct {
 	// Deadline (--deadline) and whether the image was safe by it.
 	DeadlineSeconds float64 `json:"deadline_seconds,omitempty"`
 	DeadlineMet     *bool   `json:"deadline_met,omitempty"`
+	// Pruned: --keep's work on the series once the image was safe.
+	Pruned []level.Pruned `json:"pruned,omitempty"`
 }
 
 // drainNow pushes the image a checkpoint just completed in dir to
@@ -226,17 +292,19 @@ func drainNow(ctx context.Context, c *ucli.Context, began time.Time, pid proc.Pi
 	}
 	st.OnProgress = rec.Progress
 	stats, err := st.Push(ctx, dir, r)
+	pruned, perr := pruneAfter(c, err, dir, rec)
 	if rerr := rec.End(err); rerr != nil && err == nil {
 		err = rerr
 	}
 	if err != nil {
 		return fmt.Errorf("checkpoint %d is complete in %s, but its push to %s failed: %w", pid, dir, r, err)
 	}
-	out := drainedCheckpoint{DumpResult: res, Drain: stats, SafeSeconds: time.Since(began).Seconds()}
+	out := drainedCheckpoint{DumpResult: res, Drain: stats, SafeSeconds: time.Since(began).Seconds(), Pruned: pruned}
 	line += fmt.Sprintf("\n  pushed to %s: %d files, %s (%s sent, %d files the bucket had) in %.3f s", r, stats.Files,
 		humanBytes(uint64(stats.Bytes)), humanBytes(uint64(stats.Moved)), stats.BlobsHad, stats.Seconds)
 	line += fmt.Sprintf("\n  safe in the store %.3f s after the command started", out.SafeSeconds)
-	var missed error
+	line += prunedText(pruned)
+	missed := perr
 	if c.IsSet("deadline") {
 		d := c.Duration("deadline")
 		met := out.SafeSeconds <= d.Seconds()

@@ -34,6 +34,9 @@ type Drain struct {
 	State    string    `json:"state"`
 	Error    string    `json:"error,omitempty"`
 	Finished time.Time `json:"finished,omitzero"`
+	// Pruned: the series' older images that this drain's --keep removed or
+	// kept, once the push was done.
+	Pruned []Pruned `json:"pruned,omitempty"`
 }
 
 // DrainDir is where the caller's drains are recorded: $GPUCR_DRAIN_DIR, else
@@ -94,6 +97,9 @@ func (r *Recorder) Progress(p Progress) {
 		_ = r.write()
 	}
 }
+
+// SetPruned records what the prune after the push did (before End).
+func (r *Recorder) SetPruned(p []Pruned) { r.d.Pruned = p }
 
 // End records how the push ended.
 func (r *Recorder) End(err error) error {

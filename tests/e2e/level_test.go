@@ -519,3 +519,124 @@ func TestLevelPreemption(t *testing.T) {
 	a.reap(30 * time.Second)
 	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", levelArgs("16"), maxIter(a.heartbeats())))
 }
+
+// waitDrain waits for the drain to url to end, and returns its record.
+func waitDrain(t *testing.T, h *helperProc, env []string, url string) map[string]any {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if d := drainOf(t, h, env, url); d != nil && d["state"] != "running" {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the drain to %s is not over after a minute", url)
+		}
+	}
+}
+
+// TestLevelKeepNewest: a series checkpointed with --drain --keep 2 keeps
+// its newest two images locally; an older one goes once its own drain is
+// done, and one that no drain took (a checkpoint without --drain) stays,
+// said why. What was pruned locally still restores from the store.
+func TestLevelKeepNewest(t *testing.T) {
+	needTool(t, "criu")
+	ep := s3Server(t)
+	s3Client(t, ep, "gpucr-a")
+	env := gpucrEnv(t)
+	dir := t.TempDir()
+	senv := s3Env(env, ep, "gpucr-a")
+	h := startHelper(t, dir, env)
+	series := dir + "/series"
+	base := fmt.Sprintf("s3://gpucr-a/kept/%d", time.Now().UnixNano())
+	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs("8")...), nil)
+	a.waitIter(5, time.Minute)
+
+	if out, err := gpucrOut(t, senv, "checkpoint", strconv.Itoa(a.pid), "-D", series+"/x", "--keep", "2"); err == nil ||
+		!strings.Contains(out, "no --drain was given") {
+		t.Errorf("checkpoint --keep without --drain: %v\n%s", err, out)
+	}
+	// 0: local only. 1..4: drained, each pruning to the newest 2.
+	cliOK(t, h, senv, series+"/0", "checkpoint", strconv.Itoa(a.pid), "-D", series+"/0", "--leave-running")
+	for i := 1; i <= 4; i++ {
+		img, url := fmt.Sprintf("%s/%d", series, i), fmt.Sprintf("%s/%d", base, i)
+		a.waitIter(a.lastIter()+2, time.Minute)
+		cliOK(t, h, senv, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--drain", url, "--keep", "2")
+		if d := waitDrain(t, h, senv, url); d["state"] != "done" {
+			t.Fatalf("drain %d ended %v", i, d)
+		}
+	}
+	d := drainOf(t, h, senv, base+"/4")
+	pruned, _ := d["pruned"].([]any)
+	var removed []string
+	keptZero := false
+	for _, p := range pruned {
+		m := p.(map[string]any)
+		if m["removed"] == true {
+			removed = append(removed, filepath.Base(m["images_dir"].(string)))
+		} else if filepath.Base(m["images_dir"].(string)) == "0" && strings.Contains(fmt.Sprint(m["kept"]), "no finished drain") {
+			keptZero = true
+		}
+	}
+	if len(removed) != 1 || removed[0] != "2" || !keptZero {
+		t.Errorf("the last drain pruned %v and kept 0 (never drained): %v; want 2 removed (1 went with the drain before): %v", removed, keptZero, pruned)
+	}
+	for i, want := range []bool{true, false, false, true, true} {
+		_, err := os.Stat(fmt.Sprintf("%s/%d/gpucr/manifest.pb", series, i))
+		if (err == nil) != want {
+			t.Errorf("image %d locally: %v, want there %v", i, err, want)
+		}
+	}
+	if out, err := gpucrOut(t, env, "status", "--socket", h.socket); err != nil || !strings.Contains(out, "then pruned 1 older local images of its series (1 kept)") {
+		t.Errorf("status does not show the prune: %v\n%s", err, out)
+	}
+
+	// Another user who can read two of the series' images, and pushes
+	// them with drains of their own on record, prunes none of it: a series
+	// is pruned of its caller's images only (image.SeriesOwned).
+	u := secondUser(t)
+	for _, p := range []string{filepath.Dir(dir), dir, series} {
+		_ = os.Chmod(p, 0o755)
+	}
+	// Images 3 and 4 readable by all, so that the push runs and the prune
+	// itself must refuse to remove root's image.
+	for _, img := range []string{series + "/3", series + "/4"} {
+		_ = filepath.WalkDir(img, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				_ = os.Chmod(p, 0o755)
+			} else if err == nil {
+				_ = os.Chmod(p, 0o644)
+			}
+			return nil
+		})
+	}
+	theirs := t.TempDir()
+	_ = os.Chmod(theirs, 0o777)
+	s3Client(t, ep, "gpucr-b")
+	var out []byte
+	var err error
+	for _, args := range [][]string{{series + "/3", "s3://gpucr-b/theirs/3", "--record"},
+		{series + "/4", "s3://gpucr-b/theirs/4", "--record", "--keep", "1"}} {
+		cmd := exec.Command(binPath(t, "gpucr"), append([]string{"image", "push"}, args...)...)
+		cmd.Env = append(s3Env(env, ep, "gpucr-b"), "GPUCR_DRAIN_DIR="+theirs+"/drains")
+		o, e := asUser(cmd, u).CombinedOutput()
+		out, err = append(out, o...), e
+	}
+	if err != nil || strings.Contains(string(out), "pruned ") {
+		t.Errorf("uid %d's pushes of root's readable images: %v (they push; the prune takes only the caller's images)\n%s", u.UID, err, out)
+	}
+	for _, i := range []int{0, 3, 4} {
+		if _, serr := os.Stat(fmt.Sprintf("%s/%d/gpucr/manifest.pb", series, i)); serr != nil {
+			t.Errorf("uid %d's push --keep 1 (%v) removed root's image %d:\n%s", u.UID, err, i, out)
+		}
+	}
+
+	// Image 1, gone locally, restores from the store alone.
+	cliOK(t, h, senv, dir, "checkpoint", strconv.Itoa(a.pid), "-D", dir+"/last")
+	a.reap(30 * time.Second)
+	waitPidFree(a.pid, 10*time.Second)
+	pullDir := t.TempDir()
+	before := a.lastIter()
+	cliOK(t, h, senv, pullDir, "restore", "-D", base+"/1", "--pull-dir", pullDir)
+	a.waitIter(before+3, time.Minute)
+	a.kill()
+	compareWithReference(t, a.heartbeats(), reference(t, env, "heartbeat", levelArgs("8"), maxIter(a.heartbeats())))
+}
