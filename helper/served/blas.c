@@ -100,12 +100,15 @@ static bool have_blas, have_lt;
 /* Something was made with the library (0 cuBLAS, 1 cuBLASLt): it stays the one in use. */
 static bool made[2];
 
-/* A cuBLAS handle: the stream and pointer mode last set on it, set again only when a call's differ. */
+/* A cuBLAS handle: the stream and pointer mode last set on it, set again only when a call's differ; the process's
+ * workspace (ws_set: SV_BS_WORKSPACE's, until SV_BS_WORKSPACE_DEFAULT), set again after the stream. */
 struct wbh {
     cublasHandle_t h;
     CUstream stream;
     uint32_t stream_id;
     int ptr_mode;
+    bool ws_set;
+    uint64_t ws, ws_size;
 };
 
 bool wblas_op(unsigned op) { return op >= SV_OP_BLAS_LOAD && op <= SV_OP_BLAS_CALL; }
@@ -315,6 +318,10 @@ static cublasStatus_t handle_for(const wblas_env *e, uint32_t id, uint32_t strea
             return st;
         b->stream = s;
         b->stream_id = sid;
+        /* cuBLAS gave its default pool back: the process's cublasSetStream came before its workspace, if any */
+        if (b->ws_set &&
+            (st = p_cublasSetWorkspace_v2(b->h, (void *)(uintptr_t)b->ws, (size_t)b->ws_size)) != CUBLAS_STATUS_SUCCESS)
+            return st;
     }
     int mode = dev ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST;
     if (mode != b->ptr_mode) {
@@ -686,7 +693,21 @@ CUresult wblas_run(const wblas_env *e, unsigned op, const uint8_t *pl, uint32_t 
         if (!b)
             return CUDA_ERROR_INVALID_HANDLE;
         switch (q.what) {
-        case SV_BS_WORKSPACE: return as_cu(p_cublasSetWorkspace_v2(b->h, (void *)(uintptr_t)q.a, (size_t)q.b));
+        case SV_BS_WORKSPACE: {
+            cublasStatus_t st = p_cublasSetWorkspace_v2(b->h, (void *)(uintptr_t)q.a, (size_t)q.b);
+            if (st == CUBLAS_STATUS_SUCCESS)
+                b->ws_set = true, b->ws = q.a, b->ws_size = q.b;
+            return as_cu(st);
+        }
+        case SV_BS_WORKSPACE_DEFAULT: {
+            /* only cublasSetStream gives the default pool back: the NULL stream, the next call's set again */
+            cublasStatus_t st = p_cublasSetStream_v2(b->h, NULL);
+            b->stream = NULL;
+            b->stream_id = 0;
+            if (st == CUBLAS_STATUS_SUCCESS)
+                b->ws_set = false;
+            return as_cu(st);
+        }
         case SV_BS_MATH: return as_cu(p_cublasSetMathMode(b->h, (cublasMath_t)q.a));
         case SV_BS_POINTER: {
             cublasStatus_t st = p_cublasSetPointerMode_v2(b->h, (cublasPointerMode_t)q.a);

@@ -4,7 +4,11 @@
  * the math mode before every operation, so a setting travels to the worker
  * only when it changes, and the stream travels with each operation. The
  * operations are asynchronous records, as cuBLAS queues them on the stream;
- * arguments cuBLAS would refuse are refused here, at the call.
+ * arguments NVIDIA's cuBLAS 13 was measured to refuse are refused here, at the
+ * call, with its status, and what it was measured to take travels (gemv's and
+ * dot's odd arguments); arguments its documentation calls invalid that nobody
+ * measured make the record a probe, which NVIDIA's library answers at the call
+ * (bl_probe).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -15,13 +19,19 @@
 
 #define LIB "cuBLAS"
 
-/* A handle's settings (SV_K_BLAS data), what a new worker's handle gets again. */
+/*
+ * A handle's settings (SV_K_BLAS data), what a new worker's handle gets again. The workspace is the process's
+ * (ws_set: cublasSetWorkspace's, until cublasSetStream gives the default pool back, as NVIDIA's does) and the
+ * worker's handle's as last sent (sent_*): ws_send makes them one before each operation, so PyTorch's
+ * cublasSetStream and cublasSetWorkspace of the same workspace before every product send nothing.
+ */
 typedef struct {
     pthread_mutex_t mu;
     uint32_t stream;
     int32_t ptr_mode, math, atomics;
-    uint64_t ws, ws_size;
-    bool ws_set, math_set, atomics_set; /* set by the process: sent to a new worker's handle */
+    uint64_t ws, ws_size, sent_ws, sent_size;
+    bool ws_set, sent_set;
+    bool math_set, atomics_set; /* set by the process: sent to a new worker's handle */
 } bl_handle;
 
 static bl_handle *handle_of(const struct sv_ext *x, cublasHandle_t h, uint32_t *id) {
@@ -42,6 +52,23 @@ static cublasStatus_t send_set(const struct sv_ext *x, uint32_t id, uint32_t wha
     return bl_async(x, SV_OP_BLAS_SET, &q, sizeof q, SV_EXT_NO_STREAM);
 }
 
+/* The process's workspace to the worker's handle, where it differs from what that has. */
+static cublasStatus_t ws_send(const struct sv_ext *x, uint32_t id, bl_handle *b) {
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    pthread_mutex_lock(&b->mu);
+    if (b->ws_set != b->sent_set || (b->ws_set && (b->ws != b->sent_ws || b->ws_size != b->sent_size))) {
+        st = b->ws_set ? send_set(x, id, SV_BS_WORKSPACE, b->ws, b->ws_size)
+                       : send_set(x, id, SV_BS_WORKSPACE_DEFAULT, 0, 0);
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            b->sent_set = b->ws_set;
+            b->sent_ws = b->ws;
+            b->sent_size = b->ws_size;
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    return st;
+}
+
 static cublasStatus_t create_in_worker(const struct sv_ext *x, uint32_t id) {
     struct sv_id_rec q = {id, 0};
     return bl_sync(x, SV_OP_BLAS_CREATE, &q, sizeof q, NULL, 0, NULL);
@@ -60,8 +87,9 @@ static CUresult replay(void) {
         if (!b)
             continue;
         cublasStatus_t st = create_in_worker(x, id);
-        if (st == CUBLAS_STATUS_SUCCESS && b->ws_set)
-            st = send_set(x, id, SV_BS_WORKSPACE, b->ws, b->ws_size);
+        b->sent_set = false; /* a new handle's: the default pool */
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = ws_send(x, id, b);
         if (st == CUBLAS_STATUS_SUCCESS && b->math_set)
             st = send_set(x, id, SV_BS_MATH, (uint64_t)b->math, 0);
         if (st == CUBLAS_STATUS_SUCCESS && b->ptr_mode != CUBLAS_POINTER_MODE_HOST)
@@ -84,6 +112,7 @@ BL_API cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     x->on_replay(replay);
+    bl_ctx_current(); /* as the CUDA runtime in NVIDIA's makes the primary context current */
     uint32_t id = x->id_new(SV_K_BLAS);
     bl_handle *b = calloc(1, sizeof *b);
     if (!id || !b) {
@@ -111,12 +140,16 @@ BL_API cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
     return bl_async(x, SV_OP_BLAS_DESTROY, &q, sizeof q, SV_EXT_NO_STREAM);
 }
 
+/* The stream, and the default workspace pool again (NVIDIA's does that whatever the stream: measured). */
 BL_API cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId) {
     HANDLE(handle, x, id, b);
     uint32_t s;
     if (x->stream(streamId, &s) != CUDA_SUCCESS)
         return CUBLAS_STATUS_INVALID_VALUE;
+    pthread_mutex_lock(&b->mu);
     b->stream = s;
+    b->ws_set = false;
+    pthread_mutex_unlock(&b->mu);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -128,16 +161,19 @@ BL_API cublasStatus_t cublasGetStream_v2(cublasHandle_t handle, cudaStream_t *st
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/*
+ * Any pointer and size, as NVIDIA's takes them (measured: misaligned, a few bytes, NULL with a size; NULL and 0 is
+ * a workspace of no room, not the default pool): what does not fit shows where a function needs the room. It
+ * reaches the worker's handle with the next operation (ws_send).
+ */
 BL_API cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void *workspace, size_t workspaceSizeInBytes) {
     HANDLE(handle, x, id, b);
-    uint64_t ws = (uint64_t)(uintptr_t)workspace;
     pthread_mutex_lock(&b->mu);
-    bool same = b->ws_set && b->ws == ws && b->ws_size == workspaceSizeInBytes;
-    b->ws = ws;
+    b->ws = (uint64_t)(uintptr_t)workspace;
     b->ws_size = workspaceSizeInBytes;
     b->ws_set = true;
     pthread_mutex_unlock(&b->mu);
-    return same ? CUBLAS_STATUS_SUCCESS : send_set(x, id, SV_BS_WORKSPACE, ws, workspaceSizeInBytes);
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 BL_API cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
@@ -227,25 +263,49 @@ static void put_scalars(bool dev, const void *alpha, const void *beta, size_t sc
     }
 }
 
-/* An operation's record, queued past the interposer's gate. */
-static cublasStatus_t queue(const struct sv_ext *x, unsigned op, const void *q, uint32_t len, uint32_t stream) {
+/*
+ * An operation's record on handle id (b), queued past the interposer's gate: the thread given the handle's
+ * context where it has none, the process's workspace sent first where the worker's handle has another, then the
+ * record, asynchronous or, with probe, synchronous (bl_probe: NVIDIA's answer at the call).
+ */
+static cublasStatus_t queue(const struct sv_ext *x, uint32_t id, bl_handle *b, unsigned op, const void *q, uint32_t len,
+                            uint32_t stream, bool probe) {
+    bl_ctx_current();
     bl_gate_enter();
-    cublasStatus_t st = bl_async(x, op, q, len, stream);
+    cublasStatus_t st = ws_send(x, id, b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = probe ? bl_probe(x, op, q, len, stream) : bl_async(x, op, q, len, stream);
     bl_gate_leave();
     return st;
 }
 
-/* Checks the arguments as cuBLAS does, then queues the record; scalar bytes each of alpha and beta. */
+/*
+ * Checks the arguments as NVIDIA's cuBLAS 13 does (measured, blastest's gemm_errors): a NULL alpha or beta, a
+ * negative size, an operation other than N, T, C (and CONJG, below) or a leading dimension below the rows it holds
+ * (and below 1) is INVALID_VALUE, as is a negative count but for cublasGemmStridedBatchedEx's, which NVIDIA takes
+ * to a launch once every other argument passed: its answer depends on the kernel (EXECUTION_FAILED for a small
+ * float product, SUCCESS having done nothing for others), so the record is sent and the worker's library answers
+ * at the call. So does CONJG, which nobody measured in a product (gemv computes it as N). An empty product returns
+ * at once. Then the record is queued; scalar bytes each of alpha and beta.
+ */
 static cublasStatus_t gemm(cublasHandle_t handle, uint32_t fn, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                            int k, const void *alpha, const void *A, int atype, int lda, long long sa, const void *B,
                            int btype, int ldb, long long sb, const void *beta, void *C, int ctype, int ldc,
                            long long sc, int batch, int compute, int algo, size_t scalar) {
     HANDLE(handle, x, id, b);
-    if (!trans_ok(ta) || !trans_ok(tb) || m < 0 || n < 0 || k < 0 || batch < 0 || !alpha || !beta || scalar == 0 ||
-        lda < imax1(ta == CUBLAS_OP_N ? m : k) || ldb < imax1(tb == CUBLAS_OP_N ? k : n) || ldc < imax1(m))
+    if (!alpha || !beta || scalar == 0)
         return CUBLAS_STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0 || batch == 0)
-        return CUBLAS_STATUS_SUCCESS; /* nothing to compute: cuBLAS returns at once */
+    bool probe = ta == CUBLAS_OP_CONJG || tb == CUBLAS_OP_CONJG;
+    if (!probe) {
+        if (!trans_ok(ta) || !trans_ok(tb) || m < 0 || n < 0 || k < 0 || lda < imax1(ta == CUBLAS_OP_N ? m : k) ||
+            ldb < imax1(tb == CUBLAS_OP_N ? k : n) || ldc < imax1(m))
+            return CUBLAS_STATUS_INVALID_VALUE;
+        if (batch < 0 && fn != SV_GEMM_EX_STRIDED)
+            return CUBLAS_STATUS_INVALID_VALUE;
+        probe = batch < 0;
+        if (!probe && (m == 0 || n == 0 || batch == 0))
+            return CUBLAS_STATUS_SUCCESS; /* nothing to compute: cuBLAS returns at once */
+    }
     struct sv_gemm_rec q;
     memset(&q, 0, sizeof q);
     q.handle = id;
@@ -259,7 +319,7 @@ static cublasStatus_t gemm(cublasHandle_t handle, uint32_t fn, cublasOperation_t
     q.a = (uint64_t)(uintptr_t)A, q.b = (uint64_t)(uintptr_t)B, q.c = (uint64_t)(uintptr_t)C;
     q.stride_a = sa, q.stride_b = sb, q.stride_c = sc;
     put_scalars(q.dev_scalars, alpha, beta, scalar, q.alpha, q.beta);
-    return queue(x, SV_OP_BLAS_GEMM, &q, sizeof q, q.stream);
+    return queue(x, id, b, SV_OP_BLAS_GEMM, &q, sizeof q, q.stream, probe);
 }
 
 BL_API cublasStatus_t cublasSgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
@@ -319,14 +379,22 @@ BL_API cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOp
 
 /* ---- gemv and dot ---- */
 
+/*
+ * gemv's arguments as NVIDIA's cuBLAS 13 checks them (measured, blastest's gemv_errors and gemv_odd_args), not
+ * as BLAS would: m or n <= 0 returns at once, before anything else is looked at, and does nothing; then only lda
+ * is checked, against m for N, T, C and CONJG and against n for any other operation (which NVIDIA computes as T on
+ * an n x m matrix; CONJG as N). An increment of 0 is a step of 0, computed. A NULL alpha or beta, which NVIDIA's
+ * reads without a check, is INVALID_VALUE here (its values travel in the record).
+ */
 static cublasStatus_t gemv(cublasHandle_t handle, uint32_t fn, cublasOperation_t trans, int m, int n, const void *alpha,
                            const void *A, int lda, const void *xv, int incx, const void *beta, void *y, int incy,
                            size_t scalar) {
     HANDLE(handle, x, id, b);
-    if (!trans_ok(trans) || m < 0 || n < 0 || lda < imax1(m) || incx == 0 || incy == 0 || !alpha || !beta)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (m == 0 || n == 0)
+    if (m <= 0 || n <= 0)
         return CUBLAS_STATUS_SUCCESS;
+    bool by_m = trans == CUBLAS_OP_N || trans == CUBLAS_OP_T || trans == CUBLAS_OP_C || trans == CUBLAS_OP_CONJG;
+    if (lda < imax1(by_m ? m : n) || !alpha || !beta)
+        return CUBLAS_STATUS_INVALID_VALUE;
     struct sv_gemv_rec q;
     memset(&q, 0, sizeof q);
     q.handle = id;
@@ -337,7 +405,7 @@ static cublasStatus_t gemv(cublasHandle_t handle, uint32_t fn, cublasOperation_t
     q.m = m, q.n = n, q.lda = lda, q.incx = incx, q.incy = incy;
     q.a = (uint64_t)(uintptr_t)A, q.x = (uint64_t)(uintptr_t)xv, q.y = (uint64_t)(uintptr_t)y;
     put_scalars(q.dev_scalars, alpha, beta, scalar, q.alpha, q.beta);
-    return queue(x, SV_OP_BLAS_GEMV, &q, sizeof q, q.stream);
+    return queue(x, id, b, SV_OP_BLAS_GEMV, &q, sizeof q, q.stream, false);
 }
 
 BL_API cublasStatus_t cublasSgemv_v2(cublasHandle_t handle, cublasOperation_t trans, int m, int n, const float *alpha,
@@ -352,8 +420,25 @@ BL_API cublasStatus_t cublasDgemv_v2(cublasHandle_t handle, cublasOperation_t tr
     return gemv(handle, SV_GEMM_D, trans, m, n, alpha, A, lda, x, incx, beta, y, incy, sizeof(double));
 }
 
-/* Into device memory (pointer mode device) an asynchronous record; into host memory a synchronous one, which
- * waits for the stream's work as cuBLAS's does. */
+/*
+ * Whether a workspace the process set has room for the dot product's partial result, one element of es bytes,
+ * from its first 256-byte boundary on: NVIDIA's is NOT_SUPPORTED without it (measured, blastest's
+ * dot_workspace). The default pool has room.
+ */
+static bool ws_room(bl_handle *b, size_t es) {
+    pthread_mutex_lock(&b->mu);
+    uint64_t pad = (256 - (b->ws & 255)) & 255;
+    bool room = !b->ws_set || (b->ws_size >= pad && b->ws_size - pad >= es);
+    pthread_mutex_unlock(&b->mu);
+    return room;
+}
+
+/*
+ * Into device memory (pointer mode device) an asynchronous record, a probe (bl_probe: NVIDIA's library answers
+ * at the call) where the workspace may have no room for it; into host memory a synchronous one, which waits for
+ * the stream's work as cuBLAS's does. An increment of 0 is a step of 0 (NVIDIA's, measured): nothing here is
+ * refused but a NULL result.
+ */
 static cublasStatus_t dot(cublasHandle_t handle, uint32_t fn, int n, const void *xv, int incx, const void *yv, int incy,
                           void *result, size_t size) {
     HANDLE(handle, x, id, b);
@@ -367,10 +452,14 @@ static cublasStatus_t dot(cublasHandle_t handle, uint32_t fn, int n, const void 
     q.dev_result = b->ptr_mode == CUBLAS_POINTER_MODE_DEVICE;
     q.n = n, q.incx = incx, q.incy = incy;
     q.x = (uint64_t)(uintptr_t)xv, q.y = (uint64_t)(uintptr_t)yv, q.result = (uint64_t)(uintptr_t)result;
+    bl_ctx_current();
     bl_gate_enter();
-    cublasStatus_t st;
-    if (q.dev_result) {
-        st = bl_async(x, SV_OP_BLAS_DOT, &q, sizeof q, q.stream);
+    cublasStatus_t st = ws_send(x, id, b); /* the dot product's partial result takes room in it */
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        /* the transport failed: said as it is */
+    } else if (q.dev_result) {
+        st = n > 0 && !ws_room(b, size) ? bl_probe(x, SV_OP_BLAS_DOT, &q, sizeof q, q.stream)
+                                        : bl_async(x, SV_OP_BLAS_DOT, &q, sizeof q, q.stream);
     } else {
         uint8_t out[4 + 8];
         uint32_t len = 0;
@@ -396,16 +485,28 @@ BL_API cublasStatus_t cublasDdot_v2(cublasHandle_t handle, int n, const double *
 
 /* ---- level 1, 2 and 3 on real data (served.h: SV_OP_BLAS_CALL) ---- */
 
-/* A call's record, its arguments added in the function's order: integers, pointers, scalars. */
+/*
+ * A call's record, its arguments added in the function's order: integers, pointers, scalars.
+ *
+ * Nobody measured what NVIDIA's library refuses of these (its gemv refuses far less than BLAS and its
+ * documentation say: an increment of 0 is a step of 0 there, a negative size a quick return), so nothing is
+ * refused here that can travel: arguments the documentation calls invalid make the record a probe (bl_probe),
+ * which NVIDIA's library answers at the call, and the calls PyTorch makes stay asynchronous. A NULL scalar in host
+ * memory cannot travel (its value does): INVALID_VALUE, as NVIDIA's gemm answers it; in device memory its address
+ * travels, a probe.
+ */
 typedef struct {
     struct sv_blas_call q;
+    bl_handle *b;
     unsigned ni, np, ns; /* integers, pointers, scalar values so far */
     size_t t;            /* bytes of the function's type */
-    bool null;           /* a scalar's pointer is NULL */
+    bool null;           /* a scalar's pointer is NULL, in host memory */
+    bool probe;          /* arguments NVIDIA's library may refuse: it answers at the call */
 } bl_call;
 
-static void c_begin(bl_call *c, uint32_t id, const bl_handle *b, uint32_t fn) {
+static void c_begin(bl_call *c, uint32_t id, bl_handle *b, uint32_t fn) {
     memset(c, 0, sizeof *c);
+    c->b = b;
     c->q.handle = id;
     c->q.stream = b->stream;
     c->q.fn = fn;
@@ -423,7 +524,10 @@ static void c_ptr(bl_call *c, const void *p) {
 /* A scalar argument of n values that the function reads: its device address, or its values. */
 static void c_in(bl_call *c, const void *p, unsigned n) {
     if (!p) {
-        c->null = true;
+        if (c->q.dev_scalars)
+            c->probe = true;
+        else
+            c->null = true;
     } else if (!c->q.dev_scalars && (c->ns + n) * c->t <= SV_BLAS_CALL_SCALARS) {
         memcpy(c->q.s + c->ns * c->t, p, n * c->t);
         c->ns += n;
@@ -432,22 +536,28 @@ static void c_in(bl_call *c, const void *p, unsigned n) {
 }
 /* A scalar argument that the function writes (and may read: put its value with c_in): its device address. */
 static void c_out(bl_call *c, const void *p) {
-    if (!p)
+    if (!p && c->q.dev_scalars)
+        c->probe = true;
+    else if (!p)
         c->null = true;
     c_ptr(c, c->q.dev_scalars ? p : NULL);
 }
 
 /*
- * Sends the call: asynchronous, or, where it writes host memory, synchronous, what it wrote into out (bytes of
- * it). A NULL scalar is refused here, as cuBLAS refuses it.
+ * Sends the call: asynchronous (a probe synchronous, bl_probe), or, where it writes host memory, synchronous, what
+ * it wrote into out (bytes of it). A NULL scalar in host memory is refused here.
  */
 static cublasStatus_t c_send(const struct sv_ext *x, const bl_call *c, void *out, size_t bytes) {
     if (c->null)
         return CUBLAS_STATUS_INVALID_VALUE;
+    bl_ctx_current();
     bl_gate_enter();
-    cublasStatus_t st;
-    if (!sv_blas_call_sync(c->q.fn, c->q.dev_scalars)) {
-        st = bl_async(x, SV_OP_BLAS_CALL, &c->q, sizeof c->q, c->q.stream);
+    cublasStatus_t st = ws_send(x, c->q.handle, c->b);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        /* the transport failed: said as it is */
+    } else if (!sv_blas_call_sync(c->q.fn, c->q.dev_scalars)) {
+        st = c->probe ? bl_probe(x, SV_OP_BLAS_CALL, &c->q, sizeof c->q, c->q.stream)
+                      : bl_async(x, SV_OP_BLAS_CALL, &c->q, sizeof c->q, c->q.stream);
     } else {
         uint8_t r[8 + SV_BLAS_CALL_OUT];
         uint32_t len = 0;
@@ -560,10 +670,9 @@ static cublasStatus_t rotmg(cublasHandle_t handle, uint32_t fn, void *d1, void *
 static cublasStatus_t trxv(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, cublasOperation_t trans,
                            cublasDiagType_t diag, int n, const void *A, int lda, void *xv, int incx) {
     HANDLE(handle, x, id, b);
-    if (!uplo_ok(uplo) || !trans_ok(trans) || !diag_ok(diag) || n < 0 || lda < imax1(n) || incx == 0)
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = !uplo_ok(uplo) || !trans_ok(trans) || !diag_ok(diag) || n < 0 || lda < imax1(n) || incx == 0;
     c_int(&c, uplo);
     c_int(&c, trans);
     c_int(&c, diag);
@@ -578,10 +687,9 @@ static cublasStatus_t trxv(cublasHandle_t handle, uint32_t fn, cublasFillMode_t 
 static cublasStatus_t ger(cublasHandle_t handle, uint32_t fn, int m, int n, const void *alpha, const void *xv, int incx,
                           const void *yv, int incy, void *A, int lda) {
     HANDLE(handle, x, id, b);
-    if (m < 0 || n < 0 || incx == 0 || incy == 0 || lda < imax1(m))
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = m < 0 || n < 0 || incx == 0 || incy == 0 || lda < imax1(m);
     c_int(&c, m);
     c_int(&c, n);
     c_in(&c, alpha, 1);
@@ -598,10 +706,9 @@ static cublasStatus_t ger(cublasHandle_t handle, uint32_t fn, int m, int n, cons
 static cublasStatus_t syr(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, int n, const void *alpha,
                           const void *xv, int incx, const void *yv, int incy, void *A, int lda, bool has_y) {
     HANDLE(handle, x, id, b);
-    if (!uplo_ok(uplo) || n < 0 || incx == 0 || (has_y && incy == 0) || lda < imax1(n))
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = !uplo_ok(uplo) || n < 0 || incx == 0 || (has_y && incy == 0) || lda < imax1(n);
     c_int(&c, uplo);
     c_int(&c, n);
     c_in(&c, alpha, 1);
@@ -619,10 +726,9 @@ static cublasStatus_t syr(cublasHandle_t handle, uint32_t fn, cublasFillMode_t u
 static cublasStatus_t symv(cublasHandle_t handle, uint32_t fn, cublasFillMode_t uplo, int n, const void *alpha,
                            const void *A, int lda, const void *xv, int incx, const void *beta, void *yv, int incy) {
     HANDLE(handle, x, id, b);
-    if (!uplo_ok(uplo) || n < 0 || lda < imax1(n) || incx == 0 || incy == 0)
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = !uplo_ok(uplo) || n < 0 || lda < imax1(n) || incx == 0 || incy == 0;
     c_int(&c, uplo);
     c_int(&c, n);
     c_in(&c, alpha, 1);
@@ -640,11 +746,10 @@ static cublasStatus_t symm(cublasHandle_t handle, uint32_t fn, cublasSideMode_t 
                            int n, const void *alpha, const void *A, int lda, const void *B, int ldb, const void *beta,
                            void *C, int ldc) {
     HANDLE(handle, x, id, b);
-    if (!side_ok(side) || !uplo_ok(uplo) || m < 0 || n < 0 || lda < imax1(side == CUBLAS_SIDE_LEFT ? m : n) ||
-        ldb < imax1(m) || ldc < imax1(m))
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = !side_ok(side) || !uplo_ok(uplo) || m < 0 || n < 0 || lda < imax1(side == CUBLAS_SIDE_LEFT ? m : n) ||
+              ldb < imax1(m) || ldc < imax1(m);
     c_int(&c, side);
     c_int(&c, uplo);
     c_int(&c, m);
@@ -666,11 +771,10 @@ static cublasStatus_t syrk(cublasHandle_t handle, uint32_t fn, cublasFillMode_t 
                            void *C, int ldc, bool has_b) {
     HANDLE(handle, x, id, b);
     int rows = trans == CUBLAS_OP_N ? n : k;
-    if (!uplo_ok(uplo) || !trans_ok(trans) || n < 0 || k < 0 || lda < imax1(rows) || (has_b && ldb < imax1(rows)) ||
-        ldc < imax1(n))
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = !uplo_ok(uplo) || !trans_ok(trans) || n < 0 || k < 0 || lda < imax1(rows) ||
+              (has_b && ldb < imax1(rows)) || ldc < imax1(n);
     c_int(&c, uplo);
     c_int(&c, trans);
     c_int(&c, n);
@@ -692,11 +796,10 @@ static cublasStatus_t trmm(cublasHandle_t handle, uint32_t fn, cublasSideMode_t 
                            cublasOperation_t trans, cublasDiagType_t diag, int m, int n, const void *alpha,
                            const void *A, int lda, const void *B, int ldb, void *C, int ldc) {
     HANDLE(handle, x, id, b);
-    if (!side_ok(side) || !uplo_ok(uplo) || !trans_ok(trans) || !diag_ok(diag) || m < 0 || n < 0 ||
-        lda < imax1(side == CUBLAS_SIDE_LEFT ? m : n) || ldb < imax1(m) || ldc < imax1(m))
-        return CUBLAS_STATUS_INVALID_VALUE;
     bl_call c;
     c_begin(&c, id, b, fn);
+    c.probe = !side_ok(side) || !uplo_ok(uplo) || !trans_ok(trans) || !diag_ok(diag) || m < 0 || n < 0 ||
+              lda < imax1(side == CUBLAS_SIDE_LEFT ? m : n) || ldb < imax1(m) || ldc < imax1(m);
     c_int(&c, side);
     c_int(&c, uplo);
     c_int(&c, trans);

@@ -384,6 +384,43 @@ cublasStatus_t bl_async(const struct sv_ext *x, unsigned op, const void *pl, uin
     return from_cu(x->async(op, pl, plen, stream));
 }
 
+cublasStatus_t bl_probe(const struct sv_ext *x, unsigned op, const void *pl, uint32_t plen, uint32_t stream) {
+    uint8_t out[8];
+    uint32_t len = 0;
+    /* the worker's status as its CUresult (helper/served/blas.c: as_cu), which from_cu takes back */
+    CUresult r = x->sync(op, pl, plen, out, sizeof out, &len);
+    if (r == CUDA_SUCCESS && stream != SV_EXT_NO_STREAM)
+        x->cap_note(stream, op, pl, plen);
+    return from_cu(r);
+}
+
+/* ---- the thread's current context ---- */
+
+static CUresult (*ctx_get)(CUcontext *), (*ctx_set)(CUcontext);
+static CUcontext primary;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT, primary_once = PTHREAD_ONCE_INIT;
+static void ctx_find(void) {
+    ctx_get = (CUresult(*)(CUcontext *))dlsym(RTLD_DEFAULT, "cuCtxGetCurrent");
+    ctx_set = (CUresult(*)(CUcontext))dlsym(RTLD_DEFAULT, "cuCtxSetCurrent");
+}
+static void primary_retain(void) {
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult(*)(CUcontext *, CUdevice))dlsym(RTLD_DEFAULT, "cuDevicePrimaryCtxRetain");
+    CUcontext c = NULL;
+    if (retain && retain(&c, 0) == CUDA_SUCCESS)
+        primary = c;
+}
+
+void bl_ctx_current(void) {
+    pthread_once(&ctx_once, ctx_find);
+    CUcontext c = NULL;
+    if (!ctx_get || !ctx_set || ctx_get(&c) != CUDA_SUCCESS || c)
+        return;
+    pthread_once(&primary_once, primary_retain);
+    if (primary)
+        ctx_set(primary);
+}
+
 /* ---- sizes, names ---- */
 
 size_t bl_type_size(cudaDataType t) {

@@ -69,6 +69,19 @@ BL_HIDDEN cublasStatus_t bl_sync(const struct sv_ext *x, unsigned op, const void
                                  uint32_t cap, uint32_t *outlen);
 /* An asynchronous record's transport failure as a cublasStatus_t (the call's own failure comes later). */
 BL_HIDDEN cublasStatus_t bl_async(const struct sv_ext *x, unsigned op, const void *pl, uint32_t plen, uint32_t stream);
+/*
+ * An asynchronous record sent as a synchronous one, for arguments whose answer only NVIDIA's library knows (ones
+ * its documentation calls invalid but nobody measured it refuse): the worker runs it as ever and its status comes
+ * back at the call (the reply's CUresult, served.h), not at the next synchronizing one; noted for the capture of
+ * stream as bl_async notes it, if it ran.
+ */
+BL_HIDDEN cublasStatus_t bl_probe(const struct sv_ext *x, unsigned op, const void *pl, uint32_t plen, uint32_t stream);
+
+/*
+ * A thread with no current context gets served mode's (device 0's primary context, retained once), as NVIDIA's
+ * cuBLAS gives it the handle's at cublasCreate and at each product (measured: cublasLtCreate does not).
+ */
+BL_HIDDEN void bl_ctx_current(void);
 
 /* A refused entry point: the one line that says so, and CUBLAS_STATUS_NOT_SUPPORTED. */
 BL_HIDDEN cublasStatus_t bl_refuse(_Atomic int *once, const char *lib, const char *fn);

@@ -136,11 +136,13 @@ BL_API cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* A NULL handle is INVALID_VALUE here, where NVIDIA's other functions say NOT_INITIALIZED (measured); so is any
+ * other that is not a live one. */
 BL_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle) {
     const struct sv_ext *x = bl_ext();
     uint32_t id = x ? x->id_of(SV_K_LT, lightHandle) : 0;
     if (!id)
-        return CUBLAS_STATUS_NOT_INITIALIZED;
+        return CUBLAS_STATUS_INVALID_VALUE;
     struct sv_id_rec q = {id, 0};
     x->id_drop(SV_K_LT, id);
     return bl_async(x, SV_OP_LT_DESTROY, &q, sizeof q, SV_EXT_NO_STREAM);
@@ -206,6 +208,48 @@ static cublasStatus_t obj_destroy(unsigned kind, const void *h) {
     return bl_async(x, SV_OP_LT_OBJ_DESTROY, &q, sizeof q, SV_EXT_NO_STREAM);
 }
 
+/*
+ * The attributes of each kind, by size, that NVIDIA's library took: NVIDIA's refuses an attribute it does not have
+ * and a size other than its type's (measured, blastest's lt_attributes), which only it knows. The first setting of
+ * each is a probe (bl_probe), which it answers at the call; those it took are sent asynchronously from then on
+ * (PyTorch sets a few of them around every product).
+ */
+#define LT_TOOK 256
+static struct {
+    pthread_mutex_t mu;
+    uint32_t n;
+    uint64_t key[LT_TOOK];
+} TOOK = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t took_key(unsigned kind, uint32_t attr, size_t size) {
+    return (uint64_t)kind << 48 | (uint64_t)attr << 8 | (uint64_t)size; /* size <= SV_LT_ATTR_MAX */
+}
+
+static bool took(uint64_t key) {
+    bool found = false;
+    pthread_mutex_lock(&TOOK.mu);
+    for (uint32_t i = 0; i < TOOK.n && !found; i++)
+        found = TOOK.key[i] == key;
+    pthread_mutex_unlock(&TOOK.mu);
+    return found;
+}
+
+static void took_add(uint64_t key) {
+    pthread_mutex_lock(&TOOK.mu);
+    if (TOOK.n < LT_TOOK)
+        TOOK.key[TOOK.n++] = key; /* past that many, each one a probe */
+    pthread_mutex_unlock(&TOOK.mu);
+}
+
+/* An attribute's slot in o (index o->n: a new one), or LT_ATTRS: no room. o->mu held. */
+static uint32_t attr_slot(const lt_obj *o, uint32_t attr) {
+    uint32_t i = 0;
+    while (i < o->n && o->at[i].attr != attr)
+        i++;
+    return i < LT_ATTRS ? i : LT_ATTRS;
+}
+
+/* A setting NVIDIA's library refuses is not kept (nor made again in a new worker). */
 static cublasStatus_t obj_set(unsigned kind, const void *h, uint32_t attr, const void *buf, size_t size) {
     const struct sv_ext *x = bl_ext();
     uint32_t id = 0;
@@ -215,21 +259,35 @@ static cublasStatus_t obj_set(unsigned kind, const void *h, uint32_t attr, const
     lt_attr a = {attr, (uint32_t)size, {0}};
     memcpy(a.v, buf, size);
     pthread_mutex_lock(&o->mu);
-    uint32_t i = 0;
-    while (i < o->n && o->at[i].attr != attr)
-        i++;
-    bool room = i < LT_ATTRS;
-    if (room) {
-        o->at[i] = a;
-        if (i == o->n)
-            o->n++;
-    }
+    bool room = attr_slot(o, attr) < LT_ATTRS;
     pthread_mutex_unlock(&o->mu);
     if (!room) {
         static _Atomic int once;
         return bl_refuse(&once, LIB, "an attribute past the 16th of one object");
     }
-    return set_in_worker(x, kind, id, &a);
+    uint64_t key = took_key(kind, attr, size);
+    cublasStatus_t st;
+    if (took(key)) {
+        st = set_in_worker(x, kind, id, &a);
+    } else {
+        struct sv_lt_attr q;
+        memset(&q, 0, sizeof q);
+        q.kind = kind, q.id = id, q.attr = a.attr, q.size = a.size;
+        memcpy(q.value, a.v, a.size);
+        st = bl_probe(x, SV_OP_LT_OBJ_SET, &q, sizeof q, SV_EXT_NO_STREAM);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return st;
+        took_add(key);
+    }
+    pthread_mutex_lock(&o->mu);
+    uint32_t i = attr_slot(o, attr);
+    if (i < LT_ATTRS) {
+        o->at[i] = a;
+        if (i == o->n)
+            o->n++;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return st;
 }
 
 static cublasStatus_t obj_get(unsigned kind, const void *h, uint32_t attr, void *buf, size_t size, size_t *written) {
@@ -457,9 +515,11 @@ BL_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandl
         else
             k.full = true; /* destroyed meanwhile: ask the worker, which says so */
     uint64_t hash = k.full ? 0 : fnv1a(k.buf, k.len);
+    /* NVIDIA's leaves the count and the results as they were when it fails (measured) */
     int kept = 0;
     if (!k.full && heur_get(&k, hash, requestedAlgoCount, heuristicResultsArray, &kept)) {
-        *returnAlgoCount = kept;
+        if (kept)
+            *returnAlgoCount = kept;
         return kept ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
     }
     uint8_t out[SV_REPLY_DATA];
@@ -468,10 +528,12 @@ BL_API cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandl
     struct sv_lt_heur h = {0, 0};
     if (len >= sizeof h)
         memcpy(&h, out, sizeof h);
-    if (h.count < 0 || h.count > q.requested || len < sizeof h + (size_t)h.count * sizeof heuristicResultsArray[0])
+    if (st != CUBLAS_STATUS_SUCCESS || h.count < 0 || h.count > q.requested ||
+        len < sizeof h + (size_t)h.count * sizeof heuristicResultsArray[0])
         h.count = 0;
     memcpy(heuristicResultsArray, out + sizeof h, (size_t)h.count * sizeof heuristicResultsArray[0]);
-    *returnAlgoCount = h.count;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        *returnAlgoCount = h.count;
     if (!k.full && (st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED))
         heur_put(&k, hash, heuristicResultsArray, h.count);
     return st;
@@ -562,6 +624,37 @@ static void note_for_capture(const struct sv_ext *x, const struct sv_lt_matmul *
     }
 }
 
+/* A layout's rows and columns, as made or set since. */
+static void layout_dims(lt_obj *l, uint64_t *rows, uint64_t *cols) {
+    *rows = (uint64_t)l->b;
+    *cols = (uint64_t)l->c;
+    attr_get(l, CUBLASLT_MATRIX_LAYOUT_ROWS, rows, sizeof *rows);
+    attr_get(l, CUBLASLT_MATRIX_LAYOUT_COLS, cols, sizeof *cols);
+}
+
+/* Whether op(A) (m x k), op(B) (k x n), C and D (m x n) fit together, with operations N, T or C. */
+static bool shapes_fit(lt_obj *d, lt_obj *a, lt_obj *b, lt_obj *c, lt_obj *dd) {
+    int32_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    attr_get(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    attr_get(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T && ta != CUBLAS_OP_C) ||
+        (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T && tb != CUBLAS_OP_C))
+        return false;
+    uint64_t ar, ac, br, bc, cr, cc, m, n;
+    layout_dims(a, &ar, &ac);
+    layout_dims(b, &br, &bc);
+    layout_dims(c, &cr, &cc);
+    layout_dims(dd, &m, &n);
+    bool at = ta != CUBLAS_OP_N, bt = tb != CUBLAS_OP_N;
+    uint64_t k = at ? ar : ac;
+    return (at ? ac : ar) == m && (bt ? bc : br) == k && (bt ? br : bc) == n && cr == m && cc == n;
+}
+
+/*
+ * The product, asynchronous: its failure comes back at the next synchronizing call. Shapes that do not fit,
+ * which NVIDIA's refuses (INVALID_VALUE, measured), make it a probe (bl_probe) that NVIDIA's library answers at
+ * the call.
+ */
 BL_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc, const void *alpha,
                                      const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
                                      cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
@@ -593,8 +686,13 @@ BL_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmu
         q.has_algo = 1;
         memcpy(q.algo, algo->data, sizeof q.algo);
     }
+    lt_obj *la = x->id_data(SV_K_LT_LAYOUT, q.adesc), *lb = x->id_data(SV_K_LT_LAYOUT, q.bdesc);
+    lt_obj *lc = x->id_data(SV_K_LT_LAYOUT, q.cdesc), *ld = x->id_data(SV_K_LT_LAYOUT, q.ddesc);
+    bool probe = !la || !lb || !lc || !ld || !shapes_fit(d, la, lb, lc, ld);
+    bl_ctx_current();
     bl_gate_enter();
-    st = bl_async(x, SV_OP_LT_MATMUL, &q, sizeof q, SV_EXT_NO_STREAM);
+    st = probe ? bl_probe(x, SV_OP_LT_MATMUL, &q, sizeof q, SV_EXT_NO_STREAM)
+               : bl_async(x, SV_OP_LT_MATMUL, &q, sizeof q, SV_EXT_NO_STREAM);
     if (st == CUBLAS_STATUS_SUCCESS && x->capturing(q.stream))
         note_for_capture(x, &q);
     bl_gate_leave();

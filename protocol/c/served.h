@@ -431,8 +431,10 @@ struct sv_blas_loaded {
 };
 /* SV_OP_BLAS_CREATE (synchronous) / SV_OP_BLAS_DESTROY, SV_OP_LT_CREATE (synchronous) / SV_OP_LT_DESTROY:
  * struct sv_id_rec, the handle's id. */
-/* SV_OP_BLAS_SET: a handle's setting; what: */
-enum { SV_BS_WORKSPACE = 0, SV_BS_MATH, SV_BS_POINTER, SV_BS_ATOMICS };
+/* SV_OP_BLAS_SET: a handle's setting; what: SV_BS_WORKSPACE the process's workspace (kept by the worker across the
+ * stream it sets for a call, which gives cuBLAS's default pool back), SV_BS_WORKSPACE_DEFAULT the default pool
+ * again (the process's cublasSetStream gave it back), else a mode. */
+enum { SV_BS_WORKSPACE = 0, SV_BS_MATH, SV_BS_POINTER, SV_BS_ATOMICS, SV_BS_WORKSPACE_DEFAULT };
 struct sv_blas_set {
     uint32_t handle, what;
     uint64_t a, b; /* workspace: address, bytes; else the mode in a */

@@ -374,7 +374,11 @@ func readNames(t *testing.T, path string) []string {
 // through served mode's driver; a complex function, which served mode
 // refuses, fails with CUBLAS_STATUS_NOT_SUPPORTED and one line that names
 // it, once however often it is called; a function the worker's cuBLAS lacks
-// (cublasSnrm2) fails at the call with CUBLAS_STATUS_NOT_SUPPORTED.
+// (cublasSnrm2) fails at the call with CUBLAS_STATUS_NOT_SUPPORTED; and
+// arguments that cuBLAS's documentation calls invalid, which nobody measured
+// NVIDIA's refuse, are not refused by gpucr's library but answered at the
+// call by the worker's (blasextra's cublasDger computes an increment of 0 as
+// a step of 0 and refuses a leading dimension below the rows).
 func TestServedBlasLevels(t *testing.T) {
 	cc, err := exec.LookPath("cc")
 	if err != nil {
@@ -396,7 +400,7 @@ func TestServedBlasLevels(t *testing.T) {
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, env, "--served-pool", "1")
 	waitIdle(t, h, 1)
-	checks := []string{"Daxpy", "Dnrm2", "Idamax", "Drotg", "Dger", "copies", "refused", "missing"}
+	checks := []string{"Daxpy", "Dnrm2", "Idamax", "Drotg", "Dger", "copies", "refused", "missing", "probes"}
 	out, err := runErr(time.Minute, append(env, "GPUCR_CUBLAS_PATH="+extra), binPath(t, "gpucr"),
 		append([]string{"run", "--served", "--socket", h.socket, "--", binPath(t, "blaslevels")}, checks...)...)
 	ok := map[string]bool{}
@@ -427,7 +431,7 @@ func TestServedBlasLevels(t *testing.T) {
 		}
 	}
 	for _, c := range []string{"setmatrix-5x4-6-8", "getmatrix-3x5-5000-3", "setvector-1x9-1-3000", "getvector-1x9-3000-1",
-		"Caxpy-again", "ZgemmBatched", "Snrm2-missing"} {
+		"Caxpy-again", "ZgemmBatched", "Snrm2-missing", "Dger-incx-zero/host", "Dger-lda-short", "Dger-lda-short-untouched"} {
 		if !ok[c] {
 			t.Errorf("blaslevels reported no ok for %s:\n%s", c, tail(out, 40))
 		}
@@ -436,5 +440,43 @@ func TestServedBlasLevels(t *testing.T) {
 		if refusals[fn] != 1 {
 			t.Errorf("%s, called twice, was refused in %d lines, want 1:\n%s", fn, refusals[fn], tail(out, 40))
 		}
+	}
+}
+
+// TestServedBlasConformance runs blastest served: gpucr's libcublas.so.13
+// and libcublasLt.so.13 in the program, the simulated cuBLAS (which answers
+// as NVIDIA's cuBLAS 13 does, tests/sim/blas) in the worker. Every case must
+// pass as it passes on the simulated cuBLAS itself (TestBlasConformance):
+// the products bit for bit, and each argument error with the status
+// NVIDIA's gives at the call, whether the program's side answers it, checks
+// it first or sends it for the worker's library to answer. blastest
+// --served leaves out the few calls that served mode sends asynchronously
+// and whose refusal therefore comes back at the next synchronizing call (a
+// launch that fails, types or an algorithm the simulation does not
+// compute). Each case is a subtest.
+func TestServedBlasConformance(t *testing.T) {
+	dir := t.TempDir()
+	env := gpucrEnv(t)
+	h := startHelper(t, dir, env, "--served-pool", "1")
+	waitIdle(t, h, 1)
+	out, err := runErr(5*time.Minute, env, binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--",
+		binPath(t, "blastest"), "--served")
+	cases := 0
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "ok "):
+			cases++
+			t.Run(strings.TrimPrefix(line, "ok "), func(*testing.T) {})
+		case strings.HasPrefix(line, "FAIL "):
+			cases++
+			name, msg, _ := strings.Cut(strings.TrimPrefix(line, "FAIL "), ":")
+			t.Run(name, func(t *testing.T) { t.Error(strings.TrimSpace(msg)) })
+		}
+	}
+	if err != nil {
+		t.Errorf("blastest served: %v\n%s\nhelper:\n%s", err, tail(out, 60), tail(h.logText(), 20))
+	}
+	if cases < 30 {
+		t.Errorf("blastest served reported only %d cases:\n%s", cases, tail(out, 40))
 	}
 }

@@ -13,6 +13,11 @@
  *             either side or both, gaps left as they were, and the arguments cuBLAS refuses
  *   refused   complex functions that served mode refuses, each called twice: CUBLAS_STATUS_NOT_SUPPORTED
  *   missing   cublasSnrm2 in a worker whose cuBLAS has none: CUBLAS_STATUS_NOT_SUPPORTED
+ *   probes    served, on TestServedBlasLevels's cuBLAS (testdata/blasextra.c): cublasDger with arguments cuBLAS's
+ *             documentation calls invalid reaches the worker's library, which answers at the call: an increment
+ *             of 0, which that library computes as a step of 0 (as NVIDIA's gemv does), and a leading dimension
+ *             below the rows, which it refuses (INVALID_VALUE at the call, nothing left for the next
+ *             synchronizing call, A untouched)
  * The functions run on a stream of their own, in both pointer modes (NAME/host, NAME/device). One line a check,
  * "ok NAME" or "FAIL NAME: why", then "done PASS FAIL"; exit status 0 only if none failed.
  */
@@ -844,6 +849,31 @@ static void refused(void) {
     release();
 }
 
+static void probes(void) {
+    enum { M = 13 };
+    const ops *o = &ops_D;
+    double a[16 * MN], x[LX], y[LY], want[16 * MN], got[16 * MN], alpha = 0.5;
+    fill(a, 16 * MN, 21), fill(x, LX, 22), fill(y, LY, 23);
+    memcpy(want, a, sizeof a);
+    for (int j = 0; j < MN; j++)
+        for (int i = 0; i < M; i++)
+            AT(want, 16, i, j) += 0.5 * x[0] * y[j * INCY];
+    dev_mode = false; /* the handle's pointer mode is host between checks */
+    void *da = up(o, a, 16 * MN), *dx = up(o, x, LX), *dy = up(o, y, LY);
+    cublasStatus_t st = o->ger(M, MN, &alpha, dx, 0, dy, INCY, da, 16);
+    down(o, da, 16 * MN, got);
+    check(o, "Dger", "incx-zero", st, got, want, 16 * MN);
+    st = o->ger(M, MN, &alpha, dx, INCX, dy, INCY, da, 5);
+    CUresult r = cuCtxSynchronize();
+    down(o, da, 16 * MN, a);
+    char why[96];
+    snprintf(why, sizeof why, "status %d (want %d), then cuCtxSynchronize %d", (int)st,
+             (int)CUBLAS_STATUS_INVALID_VALUE, (int)r);
+    result("Dger-lda-short", NULL, st == CUBLAS_STATUS_INVALID_VALUE && r == CUDA_SUCCESS ? NULL : why);
+    result("Dger-lda-short-untouched", NULL, memcmp(a, got, sizeof a) == 0 ? NULL : "A changed");
+    release();
+}
+
 static void missing(void) {
     double v[4] = {1, 2, 2, 4};
     float r = 0;
@@ -859,7 +889,7 @@ int main(int argc, char **argv) {
         first = 3;
     }
     if (first >= argc) {
-        fprintf(stderr, "usage: blaslevels [--lib LIBRARY] levels|NAME|copies|refused|missing...\n");
+        fprintf(stderr, "usage: blaslevels [--lib LIBRARY] levels|NAME|copies|refused|missing|probes...\n");
         return 2;
     }
     CUdevice dev;
@@ -885,6 +915,8 @@ int main(int argc, char **argv) {
             refused();
         else if (strcmp(argv[i], "missing") == 0)
             missing();
+        else if (strcmp(argv[i], "probes") == 0)
+            probes();
         else if (!levels_check(argv[i])) {
             fprintf(stderr, "blaslevels: no check %s\n", argv[i]);
             return 2;

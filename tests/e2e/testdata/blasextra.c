@@ -3,6 +3,8 @@
  * (build/sim/libcublas.so.13), whose functions the worker finds through it, and adds five of the level-1 and
  * level-2 functions that one lacks, computed on the host from device memory after the handle's stream is done:
  * cublasDaxpy_v2, cublasDnrm2_v2, cublasIdamax_v2, cublasDrotg_v2 and cublasDger_v2, in both pointer modes.
+ * cublasDger_v2 refuses what BLAS refuses but an increment of 0, which it takes as a step of 0 (blaslevels'
+ * probes: served mode sends both, and this library answers).
  * TestServedBlasLevels (servedblas_test.go) builds it and has the worker load it (GPUCR_CUBLAS_PATH): what
  * gpucr's libcublas.so.13 sends for those functions must reach a cuBLAS as the program called it.
  */
@@ -133,6 +135,9 @@ API cublasStatus_t cublasDger_v2(cublasHandle_t handle, int m, int n, const doub
                                  const double *y, int incy, double *A, int lda) {
     bool dev;
     cublasStatus_t st = begin(handle, &dev);
+    /* BLAS's checks but for the increments: 0 is a step of 0 (as NVIDIA's gemv takes it) */
+    if (st == CUBLAS_STATUS_SUCCESS && (m < 0 || n < 0 || lda < (m > 1 ? m : 1)))
+        st = CUBLAS_STATUS_INVALID_VALUE;
     if (st != CUBLAS_STATUS_SUCCESS || m <= 0 || n <= 0)
         return st;
     double a, *xv = calloc((size_t)m, sizeof *xv), *yv = calloc((size_t)n, sizeof *yv),

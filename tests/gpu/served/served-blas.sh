@@ -9,7 +9,9 @@
 # 2. blasbeat plain and served (gpucr run --served), for each of CASES: the
 #    same done line (cuBLAS's and cuBLASLt's calls ran in the worker, on
 #    NVIDIA's libraries; PyTorch-style descriptors per call, CUDA graphs,
-#    device scalars);
+#    device scalars); then blastest --nvidia --served, served: its checks
+#    answered through served mode as NVIDIA's libraries answer them (the
+#    argument errors at the call);
 # 3. the same served with the helper's --served-cublas (the worker loads the
 #    libraries and makes a handle ahead): the same done line;
 # 4. blasbench plain, under gpucr run and served, ROUNDS rounds in
@@ -65,6 +67,9 @@ same() { # same LABEL HELPER_FLAGS...
 }
 note "## blasbeat, plain against served"
 same served
+timeout 300 "$GPUCR" run --served --socket "$SOCK" -- "$BIN/blastest" --nvidia --served >"$LOGS/blastest.served.txt" 2>&1 ||
+	bad "blastest --nvidia --served, served: $(tail -3 "$LOGS/blastest.served.txt" | tr '\n' ' ')"
+note "blastest --nvidia --served, served: $(tail -1 "$LOGS/blastest.served.txt")"
 same served-cublas --served-cublas "$dir"
 
 # ---- 4 ----
