@@ -315,7 +315,12 @@ func run(ctx context.Context, j job) (*ran, error) {
 			logPath = ""
 		}
 		if err != nil && !errors.Is(err, fs.ErrNotExist) { // CRIU writes one of the two statistics
-			j.ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("CRIU's %s could not be placed in the image directory: %v", name, err)})
+			why := err.Error()
+			if errors.Is(err, unix.ENOSPC) {
+				// said once, by the failure's hint, not again with each file
+				why = "its file system is full"
+			}
+			j.ev.emit(Event{Kind: Warning, Text: fmt.Sprintf("CRIU's %s could not be placed in the image directory: %s", name, why)})
 		}
 	}
 	if bgErr != nil {
