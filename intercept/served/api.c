@@ -551,6 +551,7 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, uint32_t stream
         return CUDA_SUCCESS;
     if (!src)
         return CUDA_ERROR_INVALID_VALUE;
+    dst = sv_moved_addr(dst, n);
     ENTER();
     CUresult r = htod_in(dst, src, n, stream, async);
     sv_leave();
@@ -614,6 +615,7 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool
         return CUDA_SUCCESS;
     if (!dst)
         return CUDA_ERROR_INVALID_VALUE;
+    src = sv_moved_addr(src, n);
     ENTER();
     CUresult r = dtoh_in(dst, src, n, stream, async);
     sv_leave();
@@ -621,7 +623,7 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, uint32_t stream, bool
 }
 
 static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, uint32_t stream, bool async) {
-    struct sv_dtod_rec q = {dst, src, n, stream, async};
+    struct sv_dtod_rec q = {sv_moved_addr(dst, n), sv_moved_addr(src, n), n, stream, async};
     if (!async)
         return sv_sync(SV_OP_DTOD, &q, sizeof q, NULL, 0, NULL, true);
     CUresult r = sv_async(SV_OP_DTOD, &q, sizeof q);
@@ -668,6 +670,8 @@ SV_API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n,
 
 /* Unified addressing: the side of each pointer is known from the device memory this process has. */
 static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n, uint32_t st, bool async) {
+    dst = sv_moved_addr(dst, n);
+    src = sv_moved_addr(src, n);
     bool dd = sv_range_has(dst), sd = sv_range_has(src);
     if (dd && sd)
         return dtod(dst, src, n, st, async);
@@ -701,7 +705,7 @@ SV_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
 
 static CUresult memset_any(CUdeviceptr dst, uint32_t val, size_t n, unsigned elem, CUstream h, bool async) {
     NEED_CTX();
-    struct sv_memset_rec q = {dst, n, val, elem, 0, async};
+    struct sv_memset_rec q = {sv_moved_addr(dst, n * elem), n, val, elem, 0, async};
     CUresult r = async ? sv_stream_arg(h, &q.stream) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
@@ -1692,8 +1696,80 @@ SV_API CUresult cuKernelGetLibrary(CUlibrary *plib, CUkernel h) {
 
 pthread_mutex_t sv_func_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/*
+ * The old ranges of globals a new worker placed elsewhere, each with where its global is now: a copy, memset or
+ * pointer query that names an address in one (the program kept it, or looked it up just before the checkpoint
+ * and used it just after) reaches the global where it is. A range stops being one once a global of the worker's
+ * takes part of it. Kernels' arguments and pointers stored in device memory are not translated.
+ */
+typedef struct {
+    uint64_t old, size, now;
+} moved_range;
+static pthread_rwlock_t moved_mu = PTHREAD_RWLOCK_INITIALIZER;
+static moved_range *moved_v;
+static size_t moved_cap;
+static _Atomic size_t moved_n;
+
+/* Ranges whose old addresses [at, at+size) now name a global of the worker's: no longer translated. */
+static void moved_drop_overlaps_wr(uint64_t at, uint64_t size) {
+    size_t n = atomic_load(&moved_n), k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (moved_v[i].old + moved_v[i].size <= at || moved_v[i].old >= at + size)
+            moved_v[k++] = moved_v[i];
+    atomic_store_explicit(&moved_n, k, memory_order_release);
+}
+
+/* A global at [at, at+size) now: an old range there names it, not what moved away from it. */
+static void moved_taken(uint64_t at, uint64_t size) {
+    if (!atomic_load_explicit(&moved_n, memory_order_acquire))
+        return;
+    pthread_rwlock_wrlock(&moved_mu);
+    moved_drop_overlaps_wr(at, size ? size : 1);
+    pthread_rwlock_unlock(&moved_mu);
+}
+
+/* A global moved from [old, old+size) to now. */
+static void moved_add(uint64_t old, uint64_t size, uint64_t now, uint64_t now_size) {
+    pthread_rwlock_wrlock(&moved_mu);
+    moved_drop_overlaps_wr(now, now_size ? now_size : 1);
+    size_t n = atomic_load(&moved_n);
+    for (size_t i = 0; i < n; i++)
+        if (moved_v[i].now == old) /* moved before: its first address follows it too */
+            moved_v[i].now = now;
+    if (n == moved_cap) {
+        size_t cap = moved_cap ? 2 * moved_cap : 16;
+        moved_range *v = realloc(moved_v, cap * sizeof *v);
+        if (v) {
+            moved_v = v;
+            moved_cap = cap;
+        }
+    }
+    if (n < moved_cap) {
+        moved_v[n] = (moved_range){old, size ? size : 1, now};
+        atomic_store_explicit(&moved_n, n + 1, memory_order_release);
+    }
+    pthread_rwlock_unlock(&moved_mu);
+}
+
+CUdeviceptr sv_moved_addr(CUdeviceptr p, size_t n) {
+    if (!atomic_load_explicit(&moved_n, memory_order_acquire))
+        return p;
+    pthread_rwlock_rdlock(&moved_mu);
+    size_t cnt = atomic_load(&moved_n);
+    for (size_t i = 0; i < cnt; i++) {
+        const moved_range *m = &moved_v[i];
+        if (p >= m->old && p - m->old < m->size && n <= m->size - (p - m->old)) {
+            p = m->now + (p - m->old);
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&moved_mu);
+    return p;
+}
+
 /* g's record at addr (size bytes) now, and the process's device ranges with it; under sv_func_mu. */
 static void global_move_locked(sv_global *g, uint64_t addr, uint64_t size) {
+    moved_add(g->addr, g->size, addr, size);
     sv_range_del(g->addr);
     g->addr = addr;
     g->size = size;
@@ -1736,6 +1812,7 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, unsigned kind, cons
         g->next = im->globals;
         im->globals = g;
         sv_range_add(v[0], v[1]);
+        moved_taken(v[0], v[1]);
     } else if (g) {
         free(g);
         g = NULL;
@@ -1920,6 +1997,7 @@ static CUresult pointer_attrs(unsigned n, const CUpointer_attribute *attrs, void
         if (!ptr_attr_size((unsigned)attrs[i]))
             return CUDA_ERROR_INVALID_VALUE;
     }
+    ptr = sv_moved_addr(ptr, 1);
     if (!sv_range_has(ptr)) {
         if (single)
             return CUDA_ERROR_INVALID_VALUE;

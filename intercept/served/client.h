@@ -165,6 +165,9 @@ SV_HIDDEN CUresult sv_global_restore(sv_global *g);
 SV_HIDDEN void sv_globals_forget_saved(void);
 /* g placed by the new worker at addr (size bytes): the process's record of it, and its device range, moved (api.c). */
 SV_HIDDEN void sv_global_moved(sv_global *g, uint64_t addr, uint64_t size);
+/* p (n bytes from it) where it lies in the old range of a global a new worker placed elsewhere: the address the
+ * global's bytes have now; else p (api.c). */
+SV_HIDDEN CUdeviceptr sv_moved_addr(CUdeviceptr p, size_t n);
 /* After a replay: one line for the globals it found elsewhere, if any (replay.c). */
 SV_HIDDEN void sv_globals_moved_say(void);
 /* After an attach to a template: each global's address asked of its worker, the process's record moved where it

@@ -156,8 +156,9 @@ static CUresult func_attrs(const sv_func *f, uint32_t id, bool kernel) {
  * (sv_globals_save). The same images loaded in the same order give them the same addresses on the simulator, not
  * on the driver, which places globals in a heap of its own (measured on an H200: a PyTorch server's library
  * globals came back 256 bytes lower). One that moved gets its contents at its new address, and the process's
- * record of it the new address (its later lookups, copies and saves); an address the program itself kept is
- * stale, which is said once for them all (sv_globals_moved_say).
+ * record of it the new address (its later lookups, copies and saves); a copy, memset or pointer query through its
+ * old address is translated (sv_moved_addr), but a kernel argument or a pointer stored in device memory that holds
+ * one is stale, which is said once for them all (sv_globals_moved_say).
  */
 static struct {
     unsigned n, total;
@@ -177,7 +178,8 @@ void sv_globals_moved_say(void) {
     if (moved.n)
         sv_warn(
             "served mode: the new worker placed %u of the process's %u module globals elsewhere (%s%s at 0x%llx, "
-            "not 0x%llx): their contents went with them, but an address the program kept of one is stale",
+            "not 0x%llx): their contents went with them, and copies through an old address reach them, but a kernel "
+            "argument or a pointer in device memory that holds one is stale",
             moved.n, moved.total, moved.first, moved.n > 1 ? ", the first," : "", (unsigned long long)moved.now,
             (unsigned long long)moved.old);
     memset(&moved, 0, sizeof moved);

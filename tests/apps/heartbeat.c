@@ -31,9 +31,9 @@
  * and what the driver says of buffer 0 (cuPointerGetAttribute); a lost one ends the program with a line that
  * says which. The checksums are those of a run without --attrs.
  *
- * --moved-global (with --attrs): hb_count is looked up by name at each use, and a module with a global of its own
- * is loaded before hb_count's and unloaded after it, leaving a hole that a worker which loads only the live modules
- * (served mode's restore) fills with hb_count: its count must come back there.
+ * --moved-global (with --attrs): a module with a global of its own is loaded before hb_count's and unloaded after
+ * it, leaving a hole that a worker which loads only the live modules (served mode's restore) fills with hb_count:
+ * its count must come back there, reached both by its address looked up anew and by the one kept from the start.
  *
  * A heartbeat synchronizes both streams and checksums all buffers in order.
  * All arithmetic is on 32-bit unsigned integers, so the simulated driver and a
@@ -103,6 +103,7 @@ typedef struct hb_state {
     CUmodule attrs_mod;
     CUdeviceptr count; /* hb_count (--moved-global: looked up at each use, count_at) */
     bool moved_global; /* --moved-global */
+    unsigned lookups;  /* --moved-global: count_at's calls */
     bool counted;      /* hb_count holds the previous iteration */
 } hb_state;
 
@@ -187,12 +188,15 @@ static void capture_graph(hb_state *st) {
     CHECK(cuEventCreate(&st->ev_graph, CU_EVENT_DISABLE_TIMING));
 }
 
-/* --attrs: hb_count's address; with --moved-global asked again at each use, as a program that copies to a
- * symbol by name does, so a worker that placed it elsewhere is followed. */
+/* --attrs: hb_count's address. With --moved-global, every other use asks for it again, as a program that copies
+ * to a symbol by name does, and the others use the address found at the start, as a program that kept it does:
+ * after a restore that placed hb_count elsewhere both must reach it. */
 static CUdeviceptr count_at(hb_state *st) {
-    if (st->moved_global) {
+    if (st->moved_global && (st->lookups++ & 1)) {
+        CUdeviceptr now = 0;
         size_t bytes = 0;
-        CHECK(cuModuleGetGlobal(&st->count, &bytes, st->attrs_mod, "hb_count"));
+        CHECK(cuModuleGetGlobal(&now, &bytes, st->attrs_mod, "hb_count"));
+        return now;
     }
     return st->count;
 }

@@ -70,9 +70,10 @@ static void usage(const gpuapp *a, unsigned accepted, int status) {
                 "  --attrs          also set stream priorities, a function attribute, a context limit and a module\n"
                 "                   global, and check every iteration that they hold\n");
     if (accepted & GPUAPP_OPT_MOVED_GLOBAL)
-        fprintf(f,
-                "  --moved-global   with --attrs: the module global is looked up at each use, and a module loaded\n"
-                "                   before its own and unloaded after leaves a hole that a new worker fills with it\n");
+        fprintf(
+            f,
+            "  --moved-global   with --attrs: a module loaded before the global's and unloaded after leaves a hole\n"
+            "                   that a new worker fills with it; its address is looked up anew at every other use\n");
     fprintf(f,
             "  --iters M        stop after iteration M with a done line (default: run forever)\n"
             "  --interval-ms T  sleep T ms between iterations (default 50)\n"
