@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"strings"
 	"testing"
 	"time"
@@ -13,20 +12,7 @@ import (
 // errors. Each of its cases is reported as a subtest.
 func TestBlasConformance(t *testing.T) {
 	out, err := runErr(5*time.Minute, simEnv(t), binPath(t, "blastest"))
-	cases := 0
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "ok "):
-			cases++
-			t.Run(strings.TrimPrefix(line, "ok "), func(*testing.T) {})
-		case strings.HasPrefix(line, "FAIL "):
-			cases++
-			name, msg, _ := strings.Cut(strings.TrimPrefix(line, "FAIL "), ":")
-			t.Run(name, func(t *testing.T) { t.Error(strings.TrimSpace(msg)) })
-		}
-	}
+	cases := checkerCases(t, out)
 	if err != nil {
 		t.Errorf("blastest: %v\n%s", err, tail(out, 40))
 	}

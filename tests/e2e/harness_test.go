@@ -91,6 +91,26 @@ func runErr(timeout time.Duration, env []string, name string, args ...string) (s
 	return b.String(), err
 }
 
+// checkerCases turns a checker's output (blastest, drvtest: a line `ok
+// NAME` or `FAIL NAME: WHY` per case) into subtests of t, a failed case
+// failing its subtest, and returns how many cases it reported.
+func checkerCases(t *testing.T, out string) int {
+	t.Helper()
+	cases := 0
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "ok "):
+			cases++
+			t.Run(strings.TrimPrefix(line, "ok "), func(*testing.T) {})
+		case strings.HasPrefix(line, "FAIL "):
+			cases++
+			name, msg, _ := strings.Cut(strings.TrimPrefix(line, "FAIL "), ":")
+			t.Run(name, func(t *testing.T) { t.Error(strings.TrimSpace(msg)) })
+		}
+	}
+	return cases
+}
+
 // heartbeat is one `hb ITER CHECKSUM TIME` line of a test application.
 type heartbeat struct {
 	Iter     int

@@ -133,28 +133,37 @@ func s3Client(t *testing.T, endpoint, user string) *minio.Client {
 	return c
 }
 
-// levelCase is a level test's set-up: the store with user gpucr-a's client
-// (c) and environment (senv; env without credentials), and a heartbeat of
-// mib run in-process under helper h, checkpointed into img (it ended).
+// levelCase is a level test's set-up: the store at ep with user gpucr-a's
+// client (c) and environment (senv; env without credentials), and a
+// heartbeat of mib run in-process under helper h (its files in dir), 5
+// heartbeats in; newLevelCase also checkpointed it into img (it ended).
 type levelCase struct {
 	c         *minio.Client
+	ep, dir   string
 	env, senv []string
 	img       string
 	a         *app
 	h         *helperProc
 }
 
-func newLevelCase(t *testing.T, mib string) *levelCase {
+// newLevelJob is a levelCase whose heartbeat runs on; hflags go to the
+// helper.
+func newLevelJob(t *testing.T, mib string, hflags ...string) *levelCase {
 	t.Helper()
 	needTool(t, "criu")
-	ep := s3Server(t)
-	l := &levelCase{c: s3Client(t, ep, "gpucr-a"), env: gpucrEnv(t)}
-	l.senv = s3Env(l.env, ep, "gpucr-a")
-	dir := t.TempDir()
-	l.h = startHelper(t, dir, l.env)
-	l.a = startUnderRun(t, dir, l.h, l.env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs(mib)...), nil)
+	l := &levelCase{ep: s3Server(t), env: gpucrEnv(t), dir: t.TempDir()}
+	l.c = s3Client(t, l.ep, "gpucr-a")
+	l.senv = s3Env(l.env, l.ep, "gpucr-a")
+	l.h = startHelper(t, l.dir, l.env, hflags...)
+	l.a = startUnderRun(t, l.dir, l.h, l.env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs(mib)...), nil)
 	l.a.waitIter(5, time.Minute)
-	l.img = dir + "/img"
+	return l
+}
+
+func newLevelCase(t *testing.T, mib string) *levelCase {
+	t.Helper()
+	l := newLevelJob(t, mib)
+	l.img = l.dir + "/img"
 	cliOK(t, l.h, l.env, l.img, "checkpoint", strconv.Itoa(l.a.pid), "-D", l.img)
 	l.a.reap(30 * time.Second)
 	waitPidFree(l.a.pid, 10*time.Second)
@@ -357,30 +366,15 @@ func drainOf(t *testing.T, h *helperProc, env []string, url string) map[string]a
 // image then pulls and verifies. A drain killed on its way is "died" in
 // status and lists no image.
 func TestLevelDrain(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	s3Client(t, ep, "gpucr-a")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	senv := s3Env(env, ep, "gpucr-a")
-	h := startHelper(t, dir, env)
+	l := newLevelJob(t, "16")
+	env, senv, dir, h, a := l.env, l.senv, l.dir, l.h, l.a
 	url := fmt.Sprintf("s3://gpucr-a/drained/%d", time.Now().UnixNano())
-	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs("16")...), nil)
-	a.waitIter(5, time.Minute)
 	img := dir + "/img"
 	out := cliOK(t, h, senv, img, "checkpoint", strconv.Itoa(a.pid), "-D", img, "--leave-running", "--drain", url)
 	if !strings.Contains(out, "draining "+img+" to "+url+" in the background") {
 		t.Errorf("checkpoint --drain says:\n%s", out)
 	}
-	var d map[string]any
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if d = drainOf(t, h, senv, url); d != nil && d["state"] != "running" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the drain is not over after a minute: %v", d)
-		}
-	}
+	d := waitDrain(t, h, senv, url)
 	if d["state"] != "done" || d["files_done"] != d["files"] || d["bytes_done"] != d["bytes"] {
 		t.Errorf("the drain ended %v", d)
 	}
@@ -434,16 +428,9 @@ func TestLevelDrain(t *testing.T) {
 // reported as missed (exit 1) with the image safe all the same. Another
 // user's attempt on the job is refused, and the job runs on.
 func TestLevelPreemption(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	s3Client(t, ep, "gpucr-a")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	senv := s3Env(env, ep, "gpucr-a")
-	h := startHelper(t, dir, env, "--socket-mode", "0666")
+	l := newLevelJob(t, "16", "--socket-mode", "0666")
+	ep, env, senv, dir, h, a := l.ep, l.env, l.senv, l.dir, l.h, l.a
 	url := fmt.Sprintf("s3://gpucr-a/preempted/%d", time.Now().UnixNano())
-	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs("16")...), nil)
-	a.waitIter(5, time.Minute)
 
 	if out, err := gpucrOut(t, senv, "checkpoint", strconv.Itoa(a.pid), "-D", dir+"/x", "--wait"); err == nil ||
 		!strings.Contains(out, "no --drain was given") {
@@ -538,17 +525,10 @@ func waitDrain(t *testing.T, h *helperProc, env []string, url string) map[string
 // done, and one that no drain took (a checkpoint without --drain) stays,
 // said why. What was pruned locally still restores from the store.
 func TestLevelKeepNewest(t *testing.T) {
-	needTool(t, "criu")
-	ep := s3Server(t)
-	s3Client(t, ep, "gpucr-a")
-	env := gpucrEnv(t)
-	dir := t.TempDir()
-	senv := s3Env(env, ep, "gpucr-a")
-	h := startHelper(t, dir, env)
+	l := newLevelJob(t, "8")
+	ep, env, senv, dir, h, a := l.ep, l.env, l.senv, l.dir, l.h, l.a
 	series := dir + "/series"
 	base := fmt.Sprintf("s3://gpucr-a/kept/%d", time.Now().UnixNano())
-	a := startUnderRun(t, dir, h, env, "heartbeat", nil, append([]string{binPath(t, "heartbeat")}, levelArgs("8")...), nil)
-	a.waitIter(5, time.Minute)
 
 	if out, err := gpucrOut(t, senv, "checkpoint", strconv.Itoa(a.pid), "-D", series+"/x", "--keep", "2"); err == nil ||
 		!strings.Contains(out, "no --drain was given") {

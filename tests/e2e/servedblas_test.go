@@ -461,18 +461,7 @@ func TestServedBlasConformance(t *testing.T) {
 	waitIdle(t, h, 1)
 	out, err := runErr(5*time.Minute, env, binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--",
 		binPath(t, "blastest"), "--served")
-	cases := 0
-	for _, line := range strings.Split(out, "\n") {
-		switch {
-		case strings.HasPrefix(line, "ok "):
-			cases++
-			t.Run(strings.TrimPrefix(line, "ok "), func(*testing.T) {})
-		case strings.HasPrefix(line, "FAIL "):
-			cases++
-			name, msg, _ := strings.Cut(strings.TrimPrefix(line, "FAIL "), ":")
-			t.Run(name, func(t *testing.T) { t.Error(strings.TrimSpace(msg)) })
-		}
-	}
+	cases := checkerCases(t, out)
 	if err != nil {
 		t.Errorf("blastest served: %v\n%s\nhelper:\n%s", err, tail(out, 60), tail(h.logText(), 20))
 	}

@@ -85,23 +85,8 @@ func TestServedNVMLNotAvailable(t *testing.T) {
 	env := gpucrEnv(t)
 	h := startHelper(t, dir, env, "--served-pool", "1")
 	waitIdle(t, h, 1)
-	cmd := exec.Command(binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--",
+	text, err := runErr(time.Minute, env, binPath(t, "gpucr"), "run", "--served", "--socket", h.socket, "--",
 		probe, filepath.Join(root, "tests", "e2e", "testdata", "nvml-torch-driver-api.txt"))
-	cmd.Env = env
-	done := make(chan struct{})
-	var out []byte
-	go func() {
-		out, err = cmd.CombinedOutput()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("nvmlprobe still running after a minute:\n%s", out)
-	}
-	text := string(out)
 	if err != nil || !strings.Contains(text, "nvmlprobe: ok") {
 		t.Fatalf("nvmlprobe under gpucr run --served: %v\n%s\nhelper:\n%s", err, text, tail(h.logText(), 20))
 	}
