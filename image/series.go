@@ -98,7 +98,7 @@ func committed(base, skip string, own *Owner) ([]SeriesImage, error) {
 		skipReal, _ = realDir(skip)
 	}
 	var cands []SeriesImage
-	for _, e := range entries { // sorted by name
+	for _, e := range entries {
 		if !e.IsDir() {
 			continue
 		}
@@ -110,11 +110,12 @@ func committed(base, skip string, own *Owner) ([]SeriesImage, error) {
 			cands = append(cands, SeriesImage{dir, t})
 		}
 	}
-	// Stable: among equal times the order by name stays, reversed below.
-	sort.SliceStable(cands, func(a, b int) bool { return cands[a].Taken.Before(cands[b].Taken) })
-	for i, j := 0, len(cands)-1; i < j; i, j = i+1, j-1 {
-		cands[i], cands[j] = cands[j], cands[i]
-	}
+	sort.Slice(cands, func(a, b int) bool {
+		if !cands[a].Taken.Equal(cands[b].Taken) {
+			return cands[a].Taken.After(cands[b].Taken)
+		}
+		return cands[a].Dir > cands[b].Dir // the same folder: the later name
+	})
 	return cands, nil
 }
 

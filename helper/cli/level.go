@@ -53,25 +53,11 @@ func imagePushCommand(jsonFlag ucli.Flag) *ucli.Command {
 			if c.IsSet("keep") && c.Int("keep") < 1 {
 				return usageError{fmt.Errorf("image push --keep %d: at least the newest image must stay", c.Int("keep"))}
 			}
-			var rec *level.Recorder
-			if c.Bool("record") {
-				if rec, err = level.NewRecorder(dir, r.String()); err != nil {
-					return err
-				}
-				st.OnProgress = rec.Progress
-			}
-			stats, err := st.Push(c.Context, dir, r)
-			pruned, perr := pruneAfter(c, err, dir, rec)
-			if rec != nil {
-				if rerr := rec.End(err); rerr != nil && err == nil {
-					err = rerr
-				}
-			}
+			stats, pruned, perr, err := pushImage(c.Context, c, st, r, dir, c.Bool("record"))
 			if err != nil {
 				return err
 			}
-			line := fmt.Sprintf("%s: %d files, %s; %s sent (%d files the bucket had), %.3f s", r, stats.Files,
-				humanBytes(uint64(stats.Bytes)), humanBytes(uint64(stats.Moved)), stats.BlobsHad, stats.Seconds) + prunedText(pruned)
+			line := fmt.Sprintf("%s: %s", r, pushedText(stats)) + prunedText(pruned)
 			if err := report(c, pushReport{Stats: stats, Pruned: pruned}, line, nil); err != nil {
 				return err
 			}
@@ -184,6 +170,35 @@ func pruneAfter(c *ucli.Context, pushErr error, dir string, rec *level.Recorder)
 	return pruned, nil
 }
 
+// pushImage pushes dir to r; record: its progress and end where gpucr
+// status finds drains. With --keep the series is pruned once the push is
+// done (pruneAfter). err is the push's (or its record's); perr the
+// prune's, the push standing.
+func pushImage(ctx context.Context, c *ucli.Context, st *level.Store, r level.Ref, dir string,
+	record bool) (stats level.Stats, pruned []level.Pruned, perr, err error) {
+	var rec *level.Recorder
+	if record {
+		if rec, err = level.NewRecorder(dir, r.String()); err != nil {
+			return stats, nil, nil, err
+		}
+		st.OnProgress = rec.Progress
+	}
+	stats, err = st.Push(ctx, dir, r)
+	pruned, perr = pruneAfter(c, err, dir, rec)
+	if rec != nil {
+		if rerr := rec.End(err); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	return stats, pruned, perr, err
+}
+
+// pushedText is what a push moved, for a terminal.
+func pushedText(s level.Stats) string {
+	return fmt.Sprintf("%d files, %s; %s sent (%d files the bucket had), %.3f s", s.Files, humanBytes(uint64(s.Bytes)),
+		humanBytes(uint64(s.Moved)), s.BlobsHad, s.Seconds)
+}
+
 // prunedText is the prune's lines for a terminal.
 func prunedText(pruned []level.Pruned) string {
 	var b strings.Builder
@@ -286,22 +301,12 @@ func drainNow(ctx context.Context, c *ucli.Context, began time.Time, pid proc.Pi
 	if err != nil {
 		return err
 	}
-	rec, err := level.NewRecorder(dir, r.String())
-	if err != nil {
-		return err
-	}
-	st.OnProgress = rec.Progress
-	stats, err := st.Push(ctx, dir, r)
-	pruned, perr := pruneAfter(c, err, dir, rec)
-	if rerr := rec.End(err); rerr != nil && err == nil {
-		err = rerr
-	}
+	stats, pruned, perr, err := pushImage(ctx, c, st, r, dir, true)
 	if err != nil {
 		return fmt.Errorf("checkpoint %d is complete in %s, but its push to %s failed: %w", pid, dir, r, err)
 	}
 	out := drainedCheckpoint{DumpResult: res, Drain: stats, SafeSeconds: time.Since(began).Seconds(), Pruned: pruned}
-	line += fmt.Sprintf("\n  pushed to %s: %d files, %s (%s sent, %d files the bucket had) in %.3f s", r, stats.Files,
-		humanBytes(uint64(stats.Bytes)), humanBytes(uint64(stats.Moved)), stats.BlobsHad, stats.Seconds)
+	line += fmt.Sprintf("\n  pushed to %s: %s", r, pushedText(stats))
 	line += fmt.Sprintf("\n  safe in the store %.3f s after the command started", out.SafeSeconds)
 	line += prunedText(pruned)
 	missed := perr

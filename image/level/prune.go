@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/gpucr/gpucr/image"
 )
@@ -49,13 +50,13 @@ func PruneSeries(dir string, keep int) ([]Pruned, error) {
 	var out []Pruned
 	kept := 0
 	for _, s := range series {
-		real, _ := filepath.EvalSymlinks(s.Dir)
+		real, err := filepath.EvalSymlinks(s.Dir)
 		if real == self || kept < keep {
 			kept++
 			continue
 		}
 		p := Pruned{Dir: s.Dir}
-		if !drained(drains, s) {
+		if err != nil || !drained(drains, real, s.Taken) {
 			p.Kept = "no finished drain of it is on record: it is on no level"
 			out = append(out, p)
 			continue
@@ -75,15 +76,12 @@ func PruneSeries(dir string, keep int) ([]Pruned, error) {
 	return out, nil
 }
 
-// drained: a drain of s's directory finished ("done") and started after s
-// was taken, so it pushed this image and not one the directory held before.
-func drained(drains []Drain, s image.SeriesImage) bool {
-	real, err := filepath.EvalSymlinks(s.Dir)
-	if err != nil {
-		return false
-	}
+// drained: a drain of the image directory real (symlinks resolved)
+// finished ("done") and started after its image was taken, so it pushed
+// this image and not one the directory held before.
+func drained(drains []Drain, real string, taken time.Time) bool {
 	for _, d := range drains {
-		if d.State != "done" || d.Started.Before(s.Taken) {
+		if d.State != "done" || d.Started.Before(taken) {
 			continue
 		}
 		if dr, err := filepath.EvalSymlinks(d.Dir); err == nil && dr == real {
